@@ -1,0 +1,124 @@
+"""The export orchestration every backend shares: stage, build, manifest, parity, commit.
+
+    python -c "import exporters; exporters.export('models/minilm-imdb', 'torch-bf16', '/tmp/v')"
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qserve import QserveError
+from qserve.artifact import checkpoint_hash, library_versions, staged_dir, write_manifest
+from qserve.variants import VariantSpec
+
+# Fixed probe texts for the parity gate: short and long, positive, negative and mixed,
+# plus markup and an empty-ish input, so padding and truncation paths are both exercised.
+PROBES = [
+    "A wonderful, moving film with superb performances. I loved every minute.",
+    "Terrible. The plot made no sense and the acting was wooden; I walked out.",
+    "It was fine, I guess. Some good scenes, some boring ones.",
+    "ok",
+    "The cinematography is gorgeous but the script is lazy and the ending is predictable. " * 12,
+    "Not bad at all!<br /><br />Would watch again with friends.",
+    "I expected to hate it, and I did not: the second half completely won me over.",
+    "Worst movie of the year. Avoid.",
+]
+
+# Max |Δlogit| tolerated per variant family before the export warns (recorded either way).
+TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2, "bf16": 1.5e-1, "int8": 5e-1, "nf4": 1.0, "fp4": 1.5, "int4": 1.0}
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
+                   "added_tokens.json")
+
+
+class ParityError(QserveError):
+    """The variant's outputs have the wrong shape or dtype: it computes something else."""
+
+
+def checkpoint_info(checkpoint: Path) -> dict[str, Any]:
+    cfg_path = checkpoint / "config.json"
+    if not cfg_path.is_file():
+        raise QserveError(f"{checkpoint} is not a checkpoint directory (no config.json); "
+                          "pass a directory written by `qserve train` or save_pretrained")
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    id2label = cfg.get("id2label") or {"0": "LABEL_0", "1": "LABEL_1"}
+    labels = [id2label[str(i)] if str(i) in id2label else id2label[i] for i in range(len(id2label))]
+    meta_path = checkpoint / "qserve_model.json"
+    meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+    return {"labels": labels, "model_type": cfg.get("model_type"),
+            "max_length": int(meta.get("max_length", 256)), "model_name": meta.get("model_name", checkpoint.name)}
+
+
+def copy_tokenizer(checkpoint: Path, out: Path) -> None:
+    for n in TOKENIZER_FILES:
+        if (checkpoint / n).is_file():
+            shutil.copy2(checkpoint / n, out / n)
+    if (checkpoint / "qserve_model.json").is_file():
+        shutil.copy2(checkpoint / "qserve_model.json", out / "qserve_model.json")
+
+
+def reference_logits(checkpoint: Path, texts: list[str], max_length: int) -> np.ndarray:
+    """fp32 torch logits of the source checkpoint: the yardstick every variant is held to."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(checkpoint)
+    model = AutoModelForSequenceClassification.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    enc = tok(texts, truncation=True, max_length=max_length, padding=True, return_tensors="pt",
+              return_token_type_ids=False)
+    with torch.inference_mode():
+        return model(**enc).logits.float().numpy()
+
+
+def parity(ref: np.ndarray, got: np.ndarray, tolerance: float, name: str) -> dict[str, Any]:
+    if got.shape != ref.shape:
+        raise ParityError(f"{name}: output shape {got.shape} differs from the fp32 reference {ref.shape}")
+    if not np.issubdtype(got.dtype, np.floating) or not np.all(np.isfinite(got)):
+        raise ParityError(f"{name}: outputs are {got.dtype} with non-finite values; expected finite float logits")
+    max_abs = float(np.max(np.abs(got - ref)))
+    agree = float(np.mean(got.argmax(-1) == ref.argmax(-1)))
+    ok = max_abs <= tolerance
+    if not ok:
+        warnings.warn(f"{name}: max |Δlogit| {max_abs:.4g} exceeds tolerance {tolerance:g} "
+                      f"(prediction agreement on probes {agree:.0%}); recorded in the manifest", stacklevel=3)
+    return {"probes": len(ref), "max_abs_logit_diff": max_abs, "agreement": agree,
+            "tolerance": tolerance, "within_tolerance": ok}
+
+
+def export_variant(checkpoint: Path, spec: VariantSpec, out: Path, force: bool = False,
+                   options: dict[str, Any] | None = None, device: str = "cpu",
+                   probes: list[str] | None = None) -> dict[str, Any]:
+    from exporters import get_builder
+    from qserve.runtime import load_runtime
+
+    info = checkpoint_info(checkpoint)
+    spec = replace(spec, options={**spec.options, **(options or {})})
+    texts = probes or PROBES
+    with staged_dir(out, force=force) as tmp:
+        extra = get_builder(spec.name)(checkpoint, tmp, spec, dict(spec.options)) or {}
+        copy_tokenizer(checkpoint, tmp)
+        manifest = {
+            "spec": spec.to_json(),
+            "model_name": info["model_name"],
+            "labels": info["labels"],
+            "max_length": info["max_length"],
+            "source": {"path": str(checkpoint.resolve()), "sha256": checkpoint_hash(checkpoint)},
+            "export_device": device,
+            "versions": library_versions(),
+            **extra,
+        }
+        write_manifest(tmp, manifest)
+        runtime = load_runtime(tmp, device=device)
+        got = runtime.logits(texts)
+        runtime.close()
+        ref = reference_logits(checkpoint, texts, info["max_length"])
+        manifest["parity"] = parity(ref, got, TOLERANCE[spec.dtype], spec.name)
+        written = write_manifest(tmp, manifest)
+    return written

@@ -1,0 +1,5 @@
+import sys
+
+from qserve.cli import main
+
+sys.exit(main())

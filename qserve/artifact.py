@@ -1,0 +1,189 @@
+"""The variant directory: weights + tokenizer + manifest.json, written atomically, verified on load.
+
+    python -c "from qserve.artifact import verify; print(verify('models/minilm-imdb-variants/onnx-int8'))"
+
+A variant is built in a hidden temporary directory beside its destination and
+renamed into place only when complete, so a crash or a failed parity gate leaves
+nothing behind, and an existing variant is replaced only when asked (`force`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from qserve import QserveError
+
+MANIFEST = "manifest.json"
+FORMAT = "qserve-variant/1"
+
+
+class VariantError(QserveError):
+    """A variant directory that is missing, half-written, tampered with or of another format."""
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def hash_files(root: Path) -> dict[str, dict[str, Any]]:
+    """sha256 and size of every file under root except the manifest itself."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.name != MANIFEST:
+            out[p.relative_to(root).as_posix()] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+    return out
+
+
+def checkpoint_hash(checkpoint: Path) -> str:
+    """One hash for a checkpoint directory: sha256 over its files' names and hashes."""
+    h = hashlib.sha256()
+    for rel, info in hash_files(Path(checkpoint)).items():
+        h.update(f"{rel}\0{info['sha256']}\n".encode())
+    return h.hexdigest()
+
+
+def library_versions(names: tuple[str, ...] = ("torch", "transformers", "optimum", "optimum-onnx", "onnx",
+                                               "onnxruntime", "onnxruntime-gpu", "bitsandbytes", "lightning",
+                                               "qserve")) -> dict[str, str]:
+    from importlib import metadata
+
+    out = {}
+    for n in names:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[n] = metadata.version(n)
+    return out
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON via a temp file + rename so a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=False, default=str)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def refuse_existing(dest: Path, force: bool, flag: str = "--force") -> None:
+    """Never overwrite silently: an existing non-empty destination needs `force`."""
+    dest = Path(dest)
+    if dest.exists() and (dest.is_file() or any(dest.iterdir())) and not force:
+        raise QserveError(f"{dest} already exists; pass {flag} to replace it, or choose another --out")
+
+
+@contextlib.contextmanager
+def staged_dir(dest: Path, force: bool = False) -> Iterator[Path]:
+    """Yield a temp dir beside `dest`; on success rename it into place, on error delete it.
+
+    The old destination (with --force) is moved aside first and removed only after
+    the new one is in place, so a crash never leaves the user with neither.
+    """
+    dest = Path(dest)
+    refuse_existing(dest, force)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes 0700; a variant is meant to be shared and served
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if dest.exists():
+        old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+        os.replace(dest, old)
+    os.replace(tmp, dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def write_manifest(root: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Hash every file in root, then write manifest.json (format tag, files, creation time)."""
+    root = Path(root)
+    data = {"format": FORMAT, **manifest}
+    data["files"] = hash_files(root)
+    data.setdefault("created", now_iso())
+    write_json_atomic(root / MANIFEST, data)
+    return data
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    root = Path(root)
+    path = root / MANIFEST
+    if not root.is_dir():
+        raise VariantError(f"{root} is not a directory; expected a variant directory made by `qserve export`")
+    if not path.is_file():
+        raise VariantError(f"{path} is missing: {root} is not a complete qserve variant (re-run `qserve export`)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise VariantError(f"{path} is not valid JSON ({e}); the variant is damaged, re-export it") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise VariantError(f"{path} has format {data.get('format') if isinstance(data, dict) else None!r}; "
+                           f"this qserve reads {FORMAT!r}")
+    for key in ("spec", "files", "labels", "max_length"):
+        if key not in data:
+            raise VariantError(f"{path} lacks the {key!r} field; the variant is damaged, re-export it")
+    return data
+
+
+def verify(root: Path, check_hashes: bool = True) -> dict[str, Any]:
+    """Read the manifest and check every listed file: present, same size, same sha256.
+
+    Returns the manifest. Raises VariantError naming the first bad file.
+    """
+    root = Path(root)
+    data = read_manifest(root)
+    for rel, info in data["files"].items():
+        p = root / rel
+        if not p.is_file():
+            raise VariantError(f"{p} is listed in the manifest but missing; the variant is incomplete")
+        size = p.stat().st_size
+        if size != info["bytes"]:
+            raise VariantError(f"{p} is {size} bytes, the manifest says {info['bytes']}: truncated or altered")
+        if check_hashes and sha256_file(p) != info["sha256"]:
+            raise VariantError(f"{p} does not match its sha256 in the manifest: the file was altered")
+    return data
+
+
+def dir_size(root: Path) -> int:
+    return sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())

