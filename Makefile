@@ -1,0 +1,28 @@
+# Two commands are the contract (README): `make demo` runs the main job, `make test` the tests.
+# Both create .venv on first use. torch==2.13.0 goes in FIRST: a CPU build of it lies on
+# local disk, while any other torch request would pull a multi-GB CUDA build.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+EXTRAS ?= cpu,dev
+
+.PHONY: install demo test clean-venv
+
+$(STAMP): pyproject.toml
+	rm -f $(VENV)/.installed-*
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/qserve pipeline
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+clean-venv:
+	rm -rf $(VENV)
