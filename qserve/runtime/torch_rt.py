@@ -20,19 +20,14 @@ class TorchRuntime(Runtime):
         spec = self.manifest["spec"]
         kwargs = {}
         if spec["backend"] == "bnb":
-            from qserve import QserveError
-
-            try:
-                import bitsandbytes  # noqa: F401
-            except ImportError as e:
-                raise QserveError(f"{self.name} needs bitsandbytes: pip install bitsandbytes==0.50.2 ({e})") from e
-            # The quantization config is stored in config.json; weights load already quantized.
-            kwargs["device_map"] = {"": self.device}
+            kwargs = _bnb_load_kwargs(self.variant_dir, self.name, self.device)
         else:
             kwargs["dtype"] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[spec["dtype"]]
         self.model = AutoModelForSequenceClassification.from_pretrained(self.variant_dir, **kwargs).eval()
         if spec["backend"] == "torch":
             self.model.to(self.device)
+        else:
+            _bnb_prepare(self.model, self.device)
         self._torch = torch
 
     def forward(self, batch: dict[str, np.ndarray]) -> np.ndarray:
@@ -48,3 +43,59 @@ class TorchRuntime(Runtime):
 
     def close(self) -> None:
         self.model = None
+
+
+# -- bitsandbytes ---------------------------------------------------------------------
+
+def _bnb_load_kwargs(variant_dir, name: str, device: str) -> dict:
+    """from_pretrained kwargs for a bnb variant: its config.json carries the quantization_config,
+    and the safetensors hold the already-quantized weights, so no source checkpoint is needed."""
+    import json
+    import logging
+
+    from qserve import QserveError
+    from qserve.artifact import VariantError
+
+    for module in ("bitsandbytes", "accelerate"):
+        try:
+            __import__(module)
+        except ImportError as e:
+            raise QserveError(f"{name} needs {module} to load: "
+                              f"pip install bitsandbytes==0.50.2 accelerate ({e})") from e
+    cfg = json.loads((variant_dir / "config.json").read_text(encoding="utf-8"))
+    if (cfg.get("quantization_config") or {}).get("quant_method") != "bitsandbytes":
+        # Without it transformers would silently load the tensors as a plain model.
+        raise VariantError(f"{variant_dir}/config.json has no bitsandbytes quantization_config; "
+                           "the variant is damaged or not a bnb export, re-run `qserve export`")
+    # LLM.int8 quantizes activations from fp16 by design, and bitsandbytes logs that at WARNING
+    # on every int8 matmul (12 lines per request for a 6-layer model): drop just that message.
+    bnb_log = logging.getLogger("bitsandbytes.autograd._functions")
+    if not any(isinstance(f, _DropInt8CastWarning) for f in bnb_log.filters):
+        bnb_log.addFilter(_DropInt8CastWarning())
+    # dtype "auto" = the dtype config.json records for the unquantized modules (fp32 from our
+    # exporter); without it transformers' bnb loader would cast them to fp16.
+    return {"device_map": {"": device}, "dtype": "auto"}
+
+
+class _DropInt8CastWarning:
+    def filter(self, record) -> bool:
+        return not str(record.msg).startswith("MatMul8bitLt: inputs will be cast")
+
+
+def _bnb_prepare(model, device: str) -> None:
+    """Route 4-bit layers the CPU bf16 kernel cannot take to bitsandbytes' generic path.
+
+    bitsandbytes 0.50.2 repacks Linear4bit weights for its AVX512-BF16 CPU kernel on the first
+    forward, which needs out_features % 32 == 0 and in_features % blocksize == 0; other
+    shapes crash there ("shape '[32, 0]' is invalid"). Real encoders (dim 384/768) fit;
+    narrow test models do not. The generic path dequantizes and computes the same result.
+    """
+    if not device.startswith("cpu"):
+        return
+    import bitsandbytes as bnb
+
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit) and hasattr(module, "support_avx512bf16_for_cpu"):
+            state = module.weight.quant_state
+            if module.out_features % 32 or module.in_features % state.blocksize:
+                module.support_avx512bf16_for_cpu = False

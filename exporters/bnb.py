@@ -1,0 +1,165 @@
+"""bnb-int8 / bnb-nf4 / bnb-fp4: bitsandbytes weight quantization, saved already quantized.
+
+    qserve export models/minilm-l6-distilbert-imdb --bits 4 --backend bnb --dtype nf4
+
+The fp32 checkpoint is loaded through transformers with a `BitsAndBytesConfig`
+(quantization happens on load, on CPU), then written with save_pretrained: the
+safetensors file holds int8 weights + row scales (LLM.int8) or packed 4-bit
+weights + block absmax (nf4/fp4), and config.json holds the quantization_config,
+so loading the variant never needs the fp32 checkpoint again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from qserve import QserveError
+from qserve.variants import VariantSpec
+
+# The classification head stays in full precision: it is tiny (dim*dim + dim*labels), so
+# quantizing it saves nothing, costs accuracy exactly where the logits are made, and the
+# CPU 4-bit kernel needs out_features divisible by 32 ("N must be divisible by block_n"),
+# which a 2-label classifier never is.
+SKIP_MODULES = ("pre_classifier", "classifier")
+
+# Options each variant understands, with their defaults.
+OPTIONS: dict[str, dict[str, Any]] = {
+    "bnb-int8": {"llm_int8_threshold": 6.0},
+    "bnb-nf4": {"double_quant": False},
+    "bnb-fp4": {"double_quant": False},
+}
+OPTION_HELP = {
+    "llm_int8_threshold": "a number >= 0 (activation outlier threshold; 0 turns the fp16 outlier path off)",
+    "double_quant": "true or false (also quantize the 4-bit block scales)",
+}
+# bitsandbytes computes 4-bit matmuls in bf16: the CPU kernel is bf16-only, and bf16 keeps
+# fp32's range on CUDA.
+COMPUTE_DTYPE_4BIT = "bfloat16"
+# Modules bnb does not quantize (embeddings, LayerNorm, head) stay fp32. transformers would
+# default them to fp16, which has no fast CPU kernels, and fp32 LayerNorm/softmax keep parity.
+UNQUANTIZED_DTYPE = "float32"
+
+INSTALL_HINT = "pip install bitsandbytes==0.50.2 accelerate"
+
+
+def require_bnb(name: str) -> None:
+    """Fail with an install hint, not a traceback, when bitsandbytes or accelerate is missing."""
+    for module in ("bitsandbytes", "accelerate"):
+        try:
+            __import__(module)
+        except ImportError as e:
+            raise QserveError(f"{name} needs {module}: {INSTALL_HINT} ({e})") from e
+
+
+def resolve_options(spec: VariantSpec, options: dict[str, Any]) -> dict[str, Any]:
+    """Defaults merged with the user's options, each checked; unknown keys name the allowed ones."""
+    allowed = OPTIONS.get(spec.name)
+    if allowed is None:
+        raise QserveError(f"exporters.bnb builds {', '.join(OPTIONS)}, not {spec.name!r}")
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise QserveError(f"{spec.name} does not understand option(s) {', '.join(map(repr, unknown))}; "
+                          f"allowed: {', '.join(f'{k} ({OPTION_HELP[k]})' for k in allowed)}")
+    out = {**allowed, **options}
+    if "llm_int8_threshold" in out:
+        out["llm_int8_threshold"] = _number(out["llm_int8_threshold"], "llm_int8_threshold")
+    if "double_quant" in out:
+        out["double_quant"] = _boolean(out["double_quant"], "double_quant")
+    return out
+
+
+def _number(value: Any, key: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if isinstance(value, bool) or not number >= 0:  # `not >=` also rejects NaN
+        raise QserveError(f"option {key} must be {OPTION_HELP[key]} (got {value!r})")
+    return number
+
+
+def _boolean(value: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise QserveError(f"option {key} must be {OPTION_HELP[key]} (got {value!r})")
+
+
+def quantization_kwargs(spec: VariantSpec, opts: dict[str, Any]) -> dict[str, Any]:
+    """The BitsAndBytesConfig arguments for a variant (plain JSON, recorded in the manifest)."""
+    if spec.dtype == "int8":
+        return {"load_in_8bit": True, "llm_int8_threshold": opts["llm_int8_threshold"],
+                "llm_int8_skip_modules": list(SKIP_MODULES)}
+    if spec.dtype in ("nf4", "fp4"):
+        # llm_int8_skip_modules is also the 4-bit skip list in transformers' bnb integration.
+        return {"load_in_4bit": True, "bnb_4bit_quant_type": spec.dtype,
+                "bnb_4bit_compute_dtype": COMPUTE_DTYPE_4BIT,
+                "bnb_4bit_use_double_quant": opts["double_quant"],
+                "llm_int8_skip_modules": list(SKIP_MODULES)}
+    raise QserveError(f"{spec.name}: bitsandbytes stores int8, nf4 or fp4, not {spec.dtype!r}")
+
+
+def quantized_linears(model: Any) -> dict[str, Any]:
+    """name -> module for every bitsandbytes Linear (8-bit or 4-bit) in the model."""
+    import bitsandbytes as bnb
+
+    return {n: m for n, m in model.named_modules() if isinstance(m, (bnb.nn.Linear8bitLt, bnb.nn.Linear4bit))}
+
+
+def weight_bytes(weights_file: Path, linears: dict[str, tuple[int, int]]) -> dict[str, int]:
+    """Bytes the quantized linears take on disk (weights + scales + quant state) vs fp32."""
+    from safetensors import safe_open
+
+    _ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                 "BOOL": 1}
+    stored = 0
+    with safe_open(str(weights_file), framework="pt") as f:
+        for key in f.keys():
+            # `<module>.weight` and its quant-state entries (`<module>.weight.SCB`, `.absmax`, ...)
+            module, sep, _ = key.partition(".weight")
+            if sep and module in linears:
+                sl = f.get_slice(key)
+                n = 1
+                for d in sl.get_shape():
+                    n *= d
+                stored += n * _ITEMSIZE[sl.get_dtype()]
+    fp32 = sum(o * i * 4 for o, i in linears.values())
+    return {"quantized_linear_bytes": stored, "quantized_linear_bytes_fp32": fp32}
+
+
+def build(checkpoint: Path, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, Any]:
+    opts = resolve_options(spec, options)
+    require_bnb(spec.name)
+    import torch
+    from transformers import AutoModelForSequenceClassification, BitsAndBytesConfig
+
+    qkwargs = quantization_kwargs(spec, opts)
+    config_kwargs = dict(qkwargs)
+    if "bnb_4bit_compute_dtype" in config_kwargs:
+        config_kwargs["bnb_4bit_compute_dtype"] = getattr(torch, config_kwargs["bnb_4bit_compute_dtype"])
+    # Quantize on CPU whatever the export device: the stored format is the same, and CPU
+    # always exists. Loading on CUDA later moves the already-quantized tensors.
+    model = AutoModelForSequenceClassification.from_pretrained(
+        checkpoint, quantization_config=BitsAndBytesConfig(**config_kwargs), device_map={"": "cpu"},
+        dtype=getattr(torch, UNQUANTIZED_DTYPE)).eval()
+    linears = quantized_linears(model)
+    if not linears:
+        raise QserveError(f"{spec.name}: bitsandbytes quantized no Linear layer of {checkpoint}; "
+                          "is it a DistilBERT-style classifier?")
+    shapes = {n: (m.out_features, m.in_features) for n, m in linears.items()}
+    model.save_pretrained(out, safe_serialization=True)
+    weights = Path(out) / "model.safetensors"
+    sizes = weight_bytes(weights, shapes) if weights.is_file() else {}
+    return {"bnb": {
+        "quantization_config": qkwargs,
+        "options": opts,
+        "unquantized_dtype": UNQUANTIZED_DTYPE,
+        "quantized_linear_modules": len(linears),
+        "skipped_modules": list(SKIP_MODULES),
+        **sizes,
+    }}
