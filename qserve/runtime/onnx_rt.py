@@ -1,0 +1,73 @@
+"""Runtime for ONNX variants: one onnxruntime InferenceSession on the variant's model.onnx.
+
+    python -c "from qserve.runtime import load_runtime; print(load_runtime('models/minilm-imdb-variants/onnx-int8', 'cpu').predict(['fine']))"
+
+CPU runs on CPUExecutionProvider; `cuda[:N]` asks for CUDAExecutionProvider, which
+only the onnxruntime-gpu wheel ships (`pip install 'qserve[gpu]'`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from qserve import QserveError
+from qserve.runtime.base import Runtime
+
+MODEL_FILE = "model.onnx"
+CPU_HINT = "pip install 'qserve[cpu]'"
+GPU_HINT = "pip uninstall -y onnxruntime && pip install 'qserve[gpu]'"
+
+
+class OnnxRuntime(Runtime):
+    def _load(self) -> None:
+        try:
+            import onnxruntime as ort
+        except ImportError as e:
+            raise QserveError(f"{self.name} needs onnxruntime: {CPU_HINT} (or 'qserve[gpu]' for CUDA) ({e})") from e
+        path = self.variant_dir / MODEL_FILE
+        if not path.is_file():
+            from qserve.artifact import VariantError
+
+            raise VariantError(f"{path} is missing: {self.variant_dir} is not an ONNX variant")
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if self.options.threads:
+            so.intra_op_num_threads = int(self.options.threads)
+        so.log_severity_level = 3  # errors only: ORT's warnings about unused initializers are noise here
+        providers = self._providers(ort)
+        self.session = ort.InferenceSession(str(path), sess_options=so, providers=providers)
+        if self.device.startswith("cuda") and "CUDAExecutionProvider" not in self.session.get_providers():
+            # ORT falls back to CPU silently when CUDA/cuDNN libraries fail to load; a CUDA
+            # benchmark that quietly ran on CPU would be a lie, so refuse.
+            raise QserveError(f"{self.name}: CUDAExecutionProvider failed to initialise (CUDA/cuDNN libraries "
+                              f"not found?); install a matching CUDA runtime with {GPU_HINT}, or use --device cpu")
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        outputs = [o.name for o in self.session.get_outputs()]
+        self.output_name = "logits" if "logits" in outputs else outputs[0]
+
+    def _providers(self, ort) -> list:
+        if not self.device.startswith("cuda"):
+            return ["CPUExecutionProvider"]
+        if not self.manifest["spec"].get("cuda", True):
+            raise QserveError(f"{self.name} has no CUDA kernels in ONNX Runtime; load it with --device cpu")
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise QserveError(f"{self.name} on {self.device} needs onnxruntime-gpu (this onnxruntime offers "
+                              f"{', '.join(ort.get_available_providers())}): {GPU_HINT}")
+        device_id = int(self.device.split(":", 1)[1]) if ":" in self.device else 0
+        return [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"]
+
+    def forward(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        feed = {}
+        for name in self.input_names:
+            if name in batch:
+                feed[name] = np.ascontiguousarray(batch[name], dtype=np.int64)
+            elif name == "token_type_ids":  # BERT-layout graphs; DistilBERT declares none
+                feed[name] = np.zeros_like(batch["input_ids"], dtype=np.int64)
+            else:
+                raise QserveError(f"{self.variant_dir / MODEL_FILE} expects input {name!r}, which the tokenizer "
+                                  f"does not produce (it gives {', '.join(batch)})")
+        (logits,) = self.session.run([self.output_name], feed)
+        return np.asarray(logits, dtype=np.float32)
+
+    def close(self) -> None:
+        self.session = None
