@@ -1,0 +1,266 @@
+"""Serving benchmark: what dynamic batching buys, and what the HTTP layer costs.
+
+    python benchmarks/serve_bench.py models/minilm-imdb-variants/onnx-int8 \\
+        --bench-report benchmarks/reports/<run>/report.json --duration 15
+
+Steps, all in one run on one machine:
+1. the model's own batch-1 latency: runtime.predict([text]) in this process on the
+   same texts the load tool sends (and, if --bench-report is given, the b1 numbers
+   `qserve bench` recorded for this variant, quoted next to it);
+2. `qserve serve` in a child process with --max-batch-size 1 (no batching), then
+   with the default batching; each gets `qserve loadtest` at concurrency 1 and 32
+   (every answer checked against a sequential first pass);
+3. benchmarks/reports/serve/serve_report.{json,md}: p50 at concurrency 1 vs the
+   model's b1 p50 (= serving overhead) and throughput at concurrency 32, batched vs
+   unbatched (ratio). The server runs in its own process so the client's Python
+   does not share its GIL; both still share the machine's cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from qserve import QserveError  # noqa: E402
+
+log = logging.getLogger("serve_bench")
+
+
+def model_b1_direct(variant: Path, device: str, threads: int | None, texts: list[str],
+                    budget_s: float) -> dict[str, Any]:
+    import numpy as np
+
+    from qserve.runtime import RuntimeOptions, load_runtime
+
+    rt = load_runtime(variant, device, RuntimeOptions(threads=threads))
+    for t in texts[:10]:  # warm-up
+        rt.predict([t])
+    samples: list[float] = []
+    start = time.perf_counter()
+    while len(samples) < 50 or (time.perf_counter() - start < budget_s and len(samples) < 5000):
+        t = texts[len(samples) % len(texts)]
+        t0 = time.perf_counter()
+        rt.predict([t])
+        samples.append((time.perf_counter() - t0) * 1e3)
+    a = np.asarray(samples)
+    info = {"name": rt.name, "model_name": rt.manifest.get("model_name"), "backend": rt.manifest["spec"]["backend"],
+            "max_length": rt.max_length}
+    rt.close()
+    return {"variant": info, "p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)),
+            "mean_ms": float(a.mean()), "calls": len(samples)}
+
+
+def model_b1_from_report(path: Path, name: str, variant: Path) -> dict[str, Any]:
+    """b1 latencies `qserve bench` recorded for this variant (matched by name or directory)."""
+    report = json.loads(path.read_text(encoding="utf-8"))
+    variants = report.get("variants", [])
+    same_dir = [v for v in variants if v.get("dir") and Path(v["dir"]).resolve() == variant.resolve()]
+    for v in same_dir or [v for v in variants if v.get("name") == name]:
+            seq = (report.get("headline") or {}).get("seq")
+            fixed = next((r for r in v.get("fixed") or [] if r.get("batch") == 1 and r.get("seq") == seq
+                          and "p50" in r), None)
+            real = next((r for r in v.get("real_text") or [] if r.get("batch") == 1 and "p50" in r), None)
+            return {"path": str(path), "variant": v.get("name"),
+                    "fixed_b1_p50_ms": fixed["p50"] if fixed else None, "fixed_seq": seq,
+                    "real_text_b1_p50_ms": real["p50"] if real else None,
+                    "real_text_mean_padded_len": real.get("mean_padded_len") if real else None}
+    return {"path": str(path), "error": f"no variant named {name!r} in the report"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape_batches(url: str) -> tuple[float, float]:
+    """(number of forwards, texts in them) from the server's batch-size histogram."""
+    import httpx2
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx2.get(f"{url}/metrics", timeout=10, trust_env=False).text
+    vals = {s.name: s.value for f in text_string_to_metric_families(text) if f.name == "qserve_batch_size"
+            for s in f.samples if s.name.endswith(("_count", "_sum"))}
+    return vals.get("qserve_batch_size_count", 0.0), vals.get("qserve_batch_size_sum", 0.0)
+
+
+def run_server(args: argparse.Namespace, max_batch_size: int, texts: list[str], workdir: Path) -> dict[str, Any]:
+    import httpx2
+
+    from qserve.serve.loadtest import run_loadtest
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "qserve.serve", "serve", str(args.variant_dir), "--port", str(port),
+           "--max-batch-size", str(max_batch_size), "--device", args.device, "--log-level", "warning"]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    if args.max_wait_ms is not None:
+        cmd += ["--max-wait-ms", str(args.max_wait_ms)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    logf = open(workdir / f"server-b{max_batch_size}.log", "w+")
+    proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if proc.poll() is not None:
+                raise QserveError(f"server exited ({proc.returncode}): {Path(logf.name).read_text()[-2000:]}")
+            try:
+                if httpx2.get(f"{url}/ready", timeout=2, trust_env=False).status_code == 200:
+                    break
+            except httpx2.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise QserveError("server not ready after 180 s")
+            time.sleep(0.2)
+        marks: dict[tuple[str, int], tuple[float, float]] = {}
+        report = run_loadtest(url, [args.concurrency_low, args.concurrency_high], args.duration, texts=texts,
+                              max_requests=args.max_requests,
+                              on_level=lambda when, c: marks.__setitem__((when, c), scrape_batches(url)))
+        for lv in report["levels"]:
+            c = lv["concurrency"]
+            (n0, s0), (n1, s1) = marks[("start", c)], marks[("end", c)]
+            lv["server_forwards"] = int(n1 - n0)
+            lv["mean_batch_size"] = (s1 - s0) / (n1 - n0) if n1 > n0 else None
+        report["max_batch_size"] = max_batch_size
+        return report
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        logf.close()
+
+
+def render_md(rep: dict[str, Any]) -> str:
+    s, v, st = rep["summary"], rep["variant"], rep["settings"]
+
+    def f(x: Any, nd: int = 2) -> str:
+        return "–" if x is None else f"{x:,.{nd}f}"
+
+    br = rep["model_b1"].get("bench_report") or {}
+    L = [f"# Serving benchmark: {v['name']} ({v['model_name']})", "",
+         f"Created {rep['created']} on {rep['environment']['machine']} ({rep['environment']['cpu_count']} logical "
+         f"CPUs, Python {rep['environment']['python']}). Server: `qserve serve` in a child process, "
+         f"threads={st['threads'] or 'library default'}, device={st['device']}; client: `qserve loadtest`, "
+         f"{st['duration_s']:.0f} s per level, {st['texts']} short review sentences, every answer checked against "
+         "a sequential first pass. Client and server share the machine's cores.", "",
+         "## Headline", "",
+         "| | value |", "|---|---:|",
+         f"| model b1 p50, runtime.predict in-process (ms) | {f(s['model_b1_p50_ms'])} |",
+         f"| served p50 at concurrency 1, batching on (ms) | {f(s['p50_c1_batched_ms'])} |",
+         f"| served p50 at concurrency 1, batch size 1 (ms) | {f(s['p50_c1_unbatched_ms'])} |",
+         f"| HTTP + queue overhead at c1 (ms) | {f(s['overhead_c1_ms'])} |",
+         f"| throughput at concurrency {st['concurrency_high']}, batching on (req/s) | {f(s['rps_high_batched'], 1)} |",
+         f"| throughput at concurrency {st['concurrency_high']}, batch size 1 (req/s) | "
+         f"{f(s['rps_high_unbatched'], 1)} |",
+         f"| batching speed-up at concurrency {st['concurrency_high']} | **{f(s['throughput_ratio'])}x** |",
+         f"| mean texts per forward at c{st['concurrency_high']}, batching on | {f(s['mean_batch_high_batched'])} |",
+         f"| errors / lost / mismatched answers (all runs) | {s['errors']} / {s['lost']} / {s['mismatched']} |", ""]
+    if br and "error" not in br:
+        L += [f"`qserve bench` for the same variant ({br['path']}): b1 p50 {f(br.get('fixed_b1_p50_ms'))} ms at "
+              f"fixed seq {br.get('fixed_seq')}, {f(br.get('real_text_b1_p50_ms'))} ms on real test texts (mean "
+              f"padded length {f(br.get('real_text_mean_padded_len'), 0)} tokens; these sentences are shorter).", ""]
+    elif br:
+        L += [f"bench report {br['path']}: {br['error']}", ""]
+    L += ["## Per run", "", "| server | concurrency | requests | p50 ms | p99 ms | req/s | texts/forward | errors |",
+          "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for key in ("unbatched", "batched"):
+        run = rep["runs"][key]
+        for lv in run["levels"]:
+            L.append(f"| max batch {run['max_batch_size']} | {lv['concurrency']} | {lv['requests']} | "
+                     f"{f(lv['p50_ms'])} | {f(lv['p99_ms'])} | {f(lv['throughput_rps'], 1)} | "
+                     f"{f(lv.get('mean_batch_size'))} | {lv['errors']} |")
+    L += ["", "Overhead = served p50 at concurrency 1 (batching on) minus the model's own b1 p50: JSON, HTTP, "
+          "the queue hop and the thread hand-off. At concurrency "
+          f"{st['concurrency_high']} the unbatched server runs one forward per request, so its throughput is "
+          "1 / (b1 latency + overhead); the batched one amortizes each forward over many requests.", ""]
+    return "\n".join(L)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("variant_dir", type=Path)
+    p.add_argument("--bench-report", type=Path, help="a `qserve bench` report.json holding this variant")
+    p.add_argument("--duration", type=float, default=15.0, help="seconds per concurrency level (default 15)")
+    p.add_argument("--concurrency-low", type=int, default=1)
+    p.add_argument("--concurrency-high", type=int, default=32)
+    p.add_argument("--max-requests", type=int, default=100_000, help="request cap per level")
+    p.add_argument("--threads", type=int, default=None, help="intra-op threads for model and servers")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--max-wait-ms", type=float, default=None, help="batched server's max wait (default: serve's)")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "reports" / "serve")
+    p.add_argument("--force", action="store_true", help="replace an existing serve_report.json")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    from qserve.artifact import now_iso, refuse_existing, write_json_atomic, write_text_atomic
+    from qserve.serve.config import ServeConfig
+    from qserve.serve.loadtest import default_texts
+
+    try:
+        refuse_existing(args.out / "serve_report.json", args.force)
+        texts = default_texts()
+        log.info("measuring the model's own b1 latency in-process")
+        direct = model_b1_direct(args.variant_dir, args.device, args.threads, texts, budget_s=min(10.0, args.duration))
+        model_b1: dict[str, Any] = {"direct": {k: direct[k] for k in ("p50_ms", "p99_ms", "mean_ms", "calls")}}
+        if args.bench_report:
+            model_b1["bench_report"] = model_b1_from_report(args.bench_report, direct["variant"]["name"],
+                                                            args.variant_dir)
+        runs = {}
+        with tempfile.TemporaryDirectory(prefix="serve-bench-") as tmp:
+            for key, mbs in (("unbatched", 1), ("batched", ServeConfig.max_batch_size)):
+                log.info("server with --max-batch-size %d: loadtest at %d and %d clients, %.0f s each", mbs,
+                         args.concurrency_low, args.concurrency_high, args.duration)
+                runs[key] = run_server(args, mbs, texts, Path(tmp))
+    except QserveError as e:
+        print(f"serve_bench: error: {e}", file=sys.stderr)
+        return 2
+
+    def level(key: str, c: int) -> dict[str, Any]:
+        return next(lv for lv in runs[key]["levels"] if lv["concurrency"] == c)
+
+    lo_b, hi_b = level("batched", args.concurrency_low), level("batched", args.concurrency_high)
+    lo_u, hi_u = level("unbatched", args.concurrency_low), level("unbatched", args.concurrency_high)
+    all_levels = [lv for r in runs.values() for lv in r["levels"]]
+    summary = {
+        "model_b1_p50_ms": direct["p50_ms"], "p50_c1_batched_ms": lo_b["p50_ms"], "p50_c1_unbatched_ms": lo_u["p50_ms"],
+        "overhead_c1_ms": (lo_b["p50_ms"] - direct["p50_ms"]) if lo_b["p50_ms"] is not None else None,
+        "rps_high_batched": hi_b["throughput_rps"], "rps_high_unbatched": hi_u["throughput_rps"],
+        "throughput_ratio": hi_b["throughput_rps"] / hi_u["throughput_rps"] if hi_u["throughput_rps"] else None,
+        "mean_batch_high_batched": hi_b.get("mean_batch_size"),
+        "errors": sum(lv["errors"] for lv in all_levels), "lost": sum(lv["lost"] for lv in all_levels),
+        "mismatched": sum(lv["mismatched"] for lv in all_levels)}
+    rep = {"created": now_iso(), "variant": {**direct["variant"], "dir": str(args.variant_dir)},
+           "environment": {"machine": platform.platform(), "cpu_count": os.cpu_count(),
+                           "python": platform.python_version()},
+           "settings": {"duration_s": args.duration, "concurrency_low": args.concurrency_low,
+                        "concurrency_high": args.concurrency_high, "threads": args.threads, "device": args.device,
+                        "max_wait_ms": args.max_wait_ms if args.max_wait_ms is not None else ServeConfig.max_wait_ms,
+                        "batched_max_batch_size": ServeConfig.max_batch_size, "texts": len(texts)},
+           "model_b1": model_b1, "summary": summary, "runs": runs}
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(args.out / "serve_report.json", rep)
+    write_text_atomic(args.out / "serve_report.md", render_md(rep))
+    print(render_md(rep))
+    return 0 if not (summary["errors"] or summary["lost"] or summary["mismatched"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

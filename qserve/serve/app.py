@@ -1,0 +1,258 @@
+"""The FastAPI app factory: load the variant in the lifespan, batch requests, serve two APIs.
+
+    qserve serve models/minilm-imdb-variants/onnx-int8 --port 8000
+    curl -s -H 'Content-Type: application/json' -d '{"inputs": ["great", "awful"]}' 127.0.0.1:8000/v1/classify
+
+The lifespan starts the load in the background, so the server answers at once:
+/health is 200 from the first moment, /ready (and /v2/health/ready) is 503 until
+the model is loaded and warmed up, and inference routes answer 503 meanwhile.
+Routes live in routes.py; this file owns state, lifecycle and error mapping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from qserve import __version__
+from qserve.serve.batcher import Batcher, BatchResult, NotAccepting, QueueFull
+from qserve.serve.config import ServeConfig
+from qserve.serve.errors import ApiError
+from qserve.serve.guard import Arrivals, GuardMiddleware
+from qserve.serve.metrics import Metrics
+
+log = logging.getLogger("qserve.serve")
+
+Loader = Callable[[ServeConfig], Any]
+"""config -> an object with the runtime contract (predict, truncated, labels, name, max_length, manifest)."""
+
+
+@dataclass(eq=False)
+class ServeState:
+    config: ServeConfig
+    metrics: Metrics
+    loader: Loader
+    on_load_failure: Callable[[BaseException], None] | None = None
+    arrivals: Arrivals = field(default_factory=Arrivals)
+    executor: ThreadPoolExecutor | None = None
+    runtime: Any = None
+    batcher: Batcher | None = None
+    name: str | None = None
+    load_error: str | None = None
+    closing: bool = False
+    load_task: asyncio.Task | None = field(default=None, repr=False)
+
+    @property
+    def ready(self) -> bool:
+        return self.batcher is not None and not self.closing
+
+    def not_ready_reason(self) -> str:
+        if self.closing:
+            return "server is shutting down"
+        if self.load_error:
+            return f"model failed to load: {self.load_error}"
+        return "model is loading; retry when /ready answers 200"
+
+    def require_ready(self) -> None:
+        if not self.ready:
+            raise ApiError(503, self.not_ready_reason(), {"Retry-After": "1"})
+
+    def require_model(self, name: str) -> None:
+        self.require_ready()
+        if name != self.name:
+            raise ApiError(404, f"unknown model {name!r}; this server serves exactly one model: {self.name!r}")
+
+    def check_texts(self, texts: list[Any], where: str) -> None:
+        cfg = self.config
+        if not texts:
+            raise ApiError(422, f"{where} is empty; send 1..{cfg.max_inputs} texts")
+        if len(texts) > cfg.max_inputs:
+            raise ApiError(422, f"{where} has {len(texts)} texts; at most {cfg.max_inputs} per request "
+                                "(--max-inputs); split the request")
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise ApiError(422, f"{where}[{i}] is {type(t).__name__}; every input must be a string")
+            if not t.strip():
+                raise ApiError(422, f"{where}[{i}] is an empty string; every text needs at least one "
+                                    "non-space character")
+            if len(t) > cfg.max_chars:
+                raise ApiError(422, f"{where}[{i}] has {len(t)} characters; at most {cfg.max_chars} "
+                                    "(--max-chars). Texts over the model's token limit are truncated, "
+                                    "but the character limit bounds the work per request")
+
+    async def classify(self, texts: list[str], request: Request) -> BatchResult:
+        """Queue texts for batched inference; map every failure to an HTTP answer."""
+        self.require_ready()
+        self.arrivals.end(request.scope)  # from here on this request is queued, not arriving
+        try:
+            return await self.batcher.submit(texts, self.config.request_timeout_s)
+        except QueueFull as e:
+            self.metrics.rejected.labels("queue_full").inc()
+            raise ApiError(429, str(e), {"Retry-After": str(e.retry_after_s)}) from None
+        except NotAccepting:
+            raise ApiError(503, "server is shutting down; retry on another replica", {"Retry-After": "1"}) from None
+        except TimeoutError:
+            raise ApiError(504, f"no answer within {self.config.request_timeout_s} s "
+                                "(--request-timeout-s); the model may be overloaded") from None
+        except Exception as e:
+            rid = request.state.request_id
+            log.error("request %s: inference failed: %s: %s", rid, type(e).__name__, e)
+            raise ApiError(500, f"inference failed for this request ({type(e).__name__}); "
+                                f"quote request id {rid}. Other requests are unaffected") from None
+
+
+def _default_loader(cfg: ServeConfig) -> Any:
+    from qserve.runtime import RuntimeOptions, load_runtime
+
+    return load_runtime(cfg.variant_dir, cfg.device, RuntimeOptions(threads=cfg.threads))
+
+
+def _infer_fn(runtime: Any) -> Callable[[list[str]], tuple[np.ndarray, list[bool]]]:
+    def infer(texts: list[str]) -> tuple[np.ndarray, list[bool]]:
+        # Both calls tokenize, so both stay on the inference thread (the tokenizer is not thread-safe).
+        probs = np.asarray(runtime.predict(texts), dtype=np.float32)
+        return probs, [bool(t) for t in runtime.truncated(texts)]
+
+    return infer
+
+
+async def _load(app: FastAPI, st: ServeState) -> None:
+    loop = asyncio.get_running_loop()
+    cfg = st.config
+    try:
+        runtime = await loop.run_in_executor(st.executor, st.loader, cfg)
+        infer = _infer_fn(runtime)
+        # One warm-up call: first-call costs (allocator, ORT graph init) should not land on a client.
+        await loop.run_in_executor(st.executor, infer, ["warm-up"])
+    except Exception as e:
+        st.load_error = f"{type(e).__name__}: {e}"
+        log.error("could not load %s: %s", cfg.variant_dir, st.load_error)
+        if st.on_load_failure is not None:
+            st.on_load_failure(e)
+        return
+    st.runtime = runtime
+    st.name = cfg.model_name or runtime.name
+    batcher = Batcher(infer, st.executor, max_batch_size=cfg.max_batch_size, max_wait_ms=cfg.max_wait_ms,
+                      max_queue=cfg.max_queue, metrics=st.metrics, arriving=lambda: st.arrivals.n)
+    batcher.start()
+    st.batcher = batcher
+    st.metrics.ready.set(1)
+    log.info("serving %s (%s, labels %s) with max batch %d, max wait %.1f ms", st.name,
+             runtime.manifest.get("model_name"), runtime.labels, cfg.max_batch_size, cfg.max_wait_ms)
+
+
+def create_app(config: ServeConfig, loader: Loader | None = None,
+               on_load_failure: Callable[[BaseException], None] | None = None) -> FastAPI:
+    """Build the app. `loader(config)` returns the runtime (default: load_runtime on config.variant_dir);
+    tests inject wrappers through it. `on_load_failure` lets the CLI exit when loading fails."""
+    config.validate()
+    st = ServeState(config=config, metrics=Metrics(), loader=loader or _default_loader,
+                    on_load_failure=on_load_failure)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        st.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qserve-infer")
+        st.load_task = asyncio.create_task(_load(app, st))
+        try:
+            yield
+        finally:
+            # uvicorn has already let in-flight requests finish; now drain what is still queued.
+            st.closing = True
+            st.metrics.ready.set(0)
+            await st.load_task
+            if st.batcher is not None:
+                await st.batcher.close()
+            if st.runtime is not None and hasattr(st.runtime, "close"):
+                await asyncio.get_running_loop().run_in_executor(st.executor, st.runtime.close)
+            st.executor.shutdown(wait=True)
+            log.info("shutdown complete")
+
+    app = FastAPI(title="qserve", version=__version__, lifespan=lifespan,
+                  description="Text classification with dynamic batching: an HF pipeline-style API "
+                              "(/v1) and the KServe V2 Open Inference Protocol (/v2).")
+    app.state.qserve = st
+    _install_error_handlers(app)
+    from qserve.serve.routes import add_routes
+
+    add_routes(app, st)
+    app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
+                       metrics=st.metrics, routes=app.router.routes, arrivals=st.arrivals)
+    _install_openapi(app, bool(config.api_key))
+    return app
+
+
+def _error(request: Request, status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    rid = getattr(request.state, "request_id", None)
+    return JSONResponse({"error": message, "request_id": rid}, status_code=status, headers=headers)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    st: ServeState = app.state.qserve
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return _error(request, exc.status, exc.message, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        cfg = st.config
+        if request.url.path.startswith("/v2/"):
+            allowed = ('expected {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [n], '
+                       f'"data": [n strings]}}]}} with 1..{cfg.max_inputs} non-empty texts of at most '
+                       f"{cfg.max_chars} characters")
+        else:
+            allowed = ('expected {"inputs": str | list[str], "top_k": int >= 1 | null} with '
+                       f"1..{cfg.max_inputs} non-empty texts of at most {cfg.max_chars} characters")
+        errors = exc.errors()
+        bad_json = [e for e in errors if e.get("type") == "json_invalid"]
+        if bad_json:
+            detail = bad_json[0].get("ctx", {}).get("error", "JSON decode error")
+            return _error(request, 400, f"malformed JSON body ({detail}); {allowed}")
+        parts = []
+        for e in errors[:4]:
+            loc = ".".join(str(p) for p in e.get("loc", ())[1:]) or "body"
+            parts.append(f"{loc}: {e.get('msg')}")
+        return _error(request, 422, f"invalid request: {'; '.join(parts)}; {allowed}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = str(exc.detail)
+        if exc.status_code == 404:
+            message = (f"no route {request.url.path}; see /docs. Inference: POST /v1/classify or "
+                       "POST /v2/models/{name}/infer")
+        elif exc.status_code == 405:
+            message = f"method {request.method} not allowed on {request.url.path}; see /docs"
+        return _error(request, exc.status_code, message, getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        rid = getattr(request.state, "request_id", None)
+        log.exception("request %s: unhandled error", rid)
+        return _error(request, 500, f"internal error; quote request id {rid}")
+
+
+def _install_openapi(app: FastAPI, auth: bool) -> None:
+    def openapi() -> dict:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        if auth:  # the guard enforces it; this makes /docs offer an Authorize button
+            schema.setdefault("components", {})["securitySchemes"] = {
+                "bearer": {"type": "http", "scheme": "bearer"}}
+            schema["security"] = [{"bearer": []}]
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi

@@ -1,0 +1,215 @@
+"""Dynamic batching: texts from concurrent requests are gathered into one forward pass.
+
+    python -m pytest tests/test_serve_batching.py -q
+
+Each request's texts enter one bounded FIFO as separate items. A single collector
+task takes up to `max_batch_size` items, waiting at most `max_wait_ms` after the
+oldest queued item arrived (items that queued while the previous batch ran go at
+once, and nothing waits when no other request is on its way in), runs the batch on the single inference thread (see config.py for why one)
+and hands every request exactly its own rows, in order. A request with more texts
+than fit in one batch simply spans several batches.
+
+Failure isolation: if a batch raises and it held several requests, each request is
+re-run on its own, so only the request that breaks the model fails (500) and its
+neighbours still get answers. The collector itself never dies from a batch error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("qserve.serve")
+
+InferFn = Callable[[list[str]], tuple[np.ndarray, list[bool]]]
+"""texts -> (probabilities [n, k] float32, truncated flags [n]); synchronous, CPU-heavy."""
+
+
+class QueueFull(Exception):
+    def __init__(self, depth: int, limit: int, retry_after_s: int):
+        super().__init__(f"inference queue is full ({depth} of {limit} texts waiting); retry after "
+                         f"{retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+class NotAccepting(Exception):
+    """The batcher is draining for shutdown."""
+
+
+@dataclass
+class BatchResult:
+    probs: np.ndarray
+    truncated: list[bool]
+
+
+@dataclass(eq=False)
+class _Pending:
+    n: int
+    future: asyncio.Future
+    rows: list[Any] = field(default_factory=list)
+    trunc: list[bool] = field(default_factory=list)
+    remaining: int = 0
+
+    def __post_init__(self) -> None:
+        self.rows = [None] * self.n
+        self.trunc = [False] * self.n
+        self.remaining = self.n
+
+    def fill(self, index: int, row: np.ndarray, truncated: bool) -> None:
+        if self.future.done():  # cancelled (client gone, timeout) or already failed
+            return
+        self.rows[index] = row
+        self.trunc[index] = truncated
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.future.set_result(BatchResult(np.stack(self.rows), list(self.trunc)))
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+
+@dataclass(eq=False)
+class _Item:
+    pending: _Pending
+    index: int
+    text: str
+    enqueued: float
+
+
+class Batcher:
+    def __init__(self, infer: InferFn, executor: Executor, *, max_batch_size: int, max_wait_ms: float,
+                 max_queue: int, metrics: Any = None, arriving: Callable[[], int] | None = None):
+        self.infer = infer
+        self.executor = executor
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_ms / 1000.0
+        self.max_queue = max_queue
+        self.metrics = metrics
+        self.arriving = arriving  # requests on their way to the queue (see guard.Arrivals)
+        self._items: deque[_Item] = deque()
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._task: asyncio.Task | None = None
+        self._batch_s_ema = 0.05  # seed for Retry-After until real batches are timed
+
+    # -- producer side (event loop) ----------------------------------------------------
+    @property
+    def depth(self) -> int:
+        return len(self._items)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="qserve-batcher")
+
+    def enqueue(self, texts: list[str]) -> asyncio.Future:
+        """Queue texts at once or raise QueueFull/NotAccepting; never waits."""
+        if self._closing:
+            raise NotAccepting("server is shutting down")
+        if len(self._items) + len(texts) > self.max_queue:
+            raise QueueFull(len(self._items), self.max_queue, self.retry_after_s())
+        loop = asyncio.get_running_loop()
+        pending = _Pending(len(texts), loop.create_future())
+        now = loop.time()
+        self._items.extend(_Item(pending, i, t, now) for i, t in enumerate(texts))
+        self._set_depth()
+        self._wake.set()
+        return pending.future
+
+    async def submit(self, texts: list[str], timeout_s: float | None = None) -> BatchResult:
+        fut = self.enqueue(texts)
+        return await asyncio.wait_for(fut, timeout_s) if timeout_s else await fut
+
+    def retry_after_s(self) -> int:
+        batches_ahead = math.ceil(max(1, len(self._items)) / self.max_batch_size)
+        return max(1, math.ceil(batches_ahead * self._batch_s_ema))
+
+    async def close(self) -> None:
+        """Stop accepting, finish everything already queued, then return."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+
+    # -- collector (one task) -----------------------------------------------------------
+    def _set_depth(self) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_depth.set(len(self._items))
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._drop_dead()
+            if not self._items:
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            # Wait for the batch to fill, but never past max_wait after the oldest item queued.
+            deadline = self._items[0].enqueued + self.max_wait_s
+            while len(self._items) < self.max_batch_size and not self._closing:
+                if self.arriving is not None and self.arriving() <= 0:
+                    break  # nobody else is on the way: waiting would only add latency
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), remaining)
+                except TimeoutError:
+                    break
+            batch = [self._items.popleft() for _ in range(min(self.max_batch_size, len(self._items)))]
+            self._set_depth()
+            batch = [it for it in batch if not it.pending.future.done()]
+            if batch:
+                try:
+                    await self._run_batch(batch, isolate=True)
+                except Exception:  # the collector must outlive any bug in a batch
+                    log.exception("batch collector error")
+                    for it in batch:
+                        it.pending.fail(RuntimeError("internal batching error"))
+
+    def _drop_dead(self) -> None:
+        while self._items and self._items[0].pending.future.done():
+            self._items.popleft()
+            self._set_depth()
+
+    async def _run_batch(self, batch: list[_Item], isolate: bool) -> None:
+        loop = asyncio.get_running_loop()
+        texts = [it.text for it in batch]
+        t0 = time.perf_counter()
+        try:
+            probs, truncated = await loop.run_in_executor(self.executor, self.infer, texts)
+            if len(probs) != len(texts) or len(truncated) != len(texts):
+                raise RuntimeError(f"runtime returned {len(probs)} rows for {len(texts)} texts")
+        except Exception as e:
+            if self.metrics is not None:
+                self.metrics.batch_failures.inc()
+            owners = list(dict.fromkeys(it.pending for it in batch))
+            if isolate and len(owners) > 1:
+                log.warning("batch of %d texts from %d requests failed (%s: %s); re-running each request alone",
+                            len(texts), len(owners), type(e).__name__, e)
+                for owner in owners:
+                    await self._run_batch([it for it in batch if it.pending is owner], isolate=False)
+                return
+            for owner in owners:
+                owner.fail(e)
+            return
+        elapsed = time.perf_counter() - t0
+        self._batch_s_ema = 0.8 * self._batch_s_ema + 0.2 * elapsed
+        if self.metrics is not None:
+            self.metrics.batch_size.observe(len(texts))
+            self.metrics.inference.observe(elapsed)
+            self.metrics.texts.inc(len(texts))
+            self.metrics.truncated.inc(sum(bool(t) for t in truncated))
+        for it, row, tr in zip(batch, probs, truncated):
+            it.pending.fill(it.index, row, bool(tr))

@@ -1,0 +1,104 @@
+"""Serving settings: one dataclass, filled from defaults < QSERVE_* env vars < CLI flags.
+
+    QSERVE_MAX_BATCH_SIZE=16 QSERVE_API_KEY=secret qserve serve models/minilm-imdb-variants/onnx-int8
+
+Concurrency model (why there is no `--workers N`): a variant is served by ONE process
+with ONE inference thread. torch and ONNX Runtime already spread a single forward
+over all cores with their intra-op thread pools (`--threads`), so running two
+batches at once only splits the same cores between them and thrashes caches; on
+CUDA, kernels from one process are serialized anyway. The HF fast tokenizer also
+mutates its truncation state per call and is not safe to share across threads.
+Throughput therefore comes from dynamic batching (many requests -> one forward),
+while the asyncio event loop keeps accepting and validating requests.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from qserve import QserveError
+
+ENV_PREFIX = "QSERVE_"
+
+
+@dataclass
+class ServeConfig:
+    """Everything `qserve serve` can be told. Each field is also the env var QSERVE_<FIELD>."""
+
+    variant_dir: str = ""
+    """Variant directory (weights + tokenizer + manifest.json) to serve."""
+    host: str = "127.0.0.1"
+    """Interface to bind; the default keeps the server on loopback."""
+    port: int = 8000
+    """TCP port (0 = any free port)."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N or auto."""
+    threads: int | None = None
+    """Intra-op threads for torch / ONNX Runtime (None = library default: all cores)."""
+    max_batch_size: int = 32
+    """Most texts run in one forward pass."""
+    max_wait_ms: float = 5.0
+    """How long the oldest queued text may wait for a batch to fill before it runs anyway."""
+    max_queue: int = 1024
+    """Most texts waiting for inference; beyond it requests get 429 with Retry-After."""
+    max_inputs: int = 64
+    """Most texts in one request."""
+    max_chars: int = 20_000
+    """Most characters in one text (longer token sequences are truncated, not refused)."""
+    max_body_bytes: int = 1 << 20
+    """Largest request body accepted (413 beyond it)."""
+    request_timeout_s: float = 60.0
+    """A request still unanswered after this long gets 504 (guards against a stuck model)."""
+    api_key: str | None = None
+    """Bearer token required on every route except health/ready/docs; None disables auth."""
+    model_name: str | None = None
+    """Name the model is served under (V2 routes, responses); default: the variant's spec name."""
+
+    def validate(self) -> ServeConfig:
+        def need(cond: bool, flag: str, msg: str) -> None:
+            if not cond:
+                raise QserveError(f"--{flag.replace('_', '-')} (or {ENV_PREFIX}{flag.upper()}) {msg}")
+
+        need(1 <= self.max_batch_size <= 4096, "max_batch_size", f"must be 1..4096, got {self.max_batch_size}")
+        need(0 <= self.max_wait_ms <= 10_000, "max_wait_ms", f"must be 0..10000 ms, got {self.max_wait_ms}")
+        need(1 <= self.max_inputs <= 4096, "max_inputs", f"must be 1..4096, got {self.max_inputs}")
+        need(self.max_queue >= self.max_inputs, "max_queue",
+             f"must be >= --max-inputs ({self.max_inputs}) so a full request can ever fit, got {self.max_queue}")
+        need(self.max_chars >= 1, "max_chars", f"must be >= 1, got {self.max_chars}")
+        need(self.max_body_bytes >= 1024, "max_body_bytes", f"must be >= 1024, got {self.max_body_bytes}")
+        need(self.request_timeout_s > 0, "request_timeout_s", f"must be > 0, got {self.request_timeout_s}")
+        need(0 <= self.port <= 65535, "port", f"must be 0..65535, got {self.port}")
+        need(self.threads is None or self.threads >= 1, "threads", f"must be >= 1, got {self.threads}")
+        need(self.api_key is None or len(self.api_key) >= 8, "api_key",
+             "must be at least 8 characters (or unset to disable auth)")
+        return self
+
+
+def _convert(name: str, raw: str, typ: Any) -> Any:
+    typ = str(typ)
+    try:
+        if "int" in typ:
+            return int(raw)
+        if "float" in typ:
+            return float(raw)
+    except ValueError:
+        raise QserveError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid number ({typ})") from None
+    return raw
+
+
+def config_from_sources(flags: Mapping[str, Any] | None = None,
+                        environ: Mapping[str, str] | None = None) -> ServeConfig:
+    """Defaults, then QSERVE_<FIELD> env vars, then flags that were given (not None)."""
+    environ = os.environ if environ is None else environ
+    flags = flags or {}
+    values: dict[str, Any] = {}
+    for f in fields(ServeConfig):
+        env_val = environ.get(ENV_PREFIX + f.name.upper())
+        if env_val not in (None, ""):
+            values[f.name] = _convert(f.name, env_val, f.type)
+        if flags.get(f.name) is not None:
+            values[f.name] = flags[f.name]
+    return ServeConfig(**values).validate()

@@ -1,0 +1,68 @@
+"""Run an app under a real uvicorn server: in the foreground (CLI) or a background thread (tests).
+
+    python -c "from qserve.serve.server import ServerThread; from qserve.serve.app import create_app; \\
+from qserve.serve.config import ServeConfig; s = ServerThread(create_app(ServeConfig(variant_dir='V'))).start(); print(s.url); s.stop()"
+
+Port 0 lets the OS pick a free port at bind time (no probe-then-bind race); the
+bound port is read back from the listening socket.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from qserve import QserveError
+
+
+def uvicorn_config(app: Any, host: str, port: int, log_level: str = "info", log_config: Any = "default") -> Any:
+    import uvicorn
+
+    kwargs: dict[str, Any] = {}
+    if log_config != "default":
+        kwargs["log_config"] = log_config
+    # One process, one event loop: the model lives in this process (see config.py for why).
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", workers=1,
+                          timeout_graceful_shutdown=None, **kwargs)
+
+
+class ServerThread:
+    """A uvicorn.Server on a daemon thread; `stop()` is a graceful shutdown (in-flight work finishes)."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+        import uvicorn
+
+        # log_config=None: keep the host process's logging (pytest's caplog sees everything).
+        self.server = uvicorn.Server(uvicorn_config(app, host, port, log_level, log_config=None))
+        self.thread = threading.Thread(target=self.server.run, name="qserve-uvicorn", daemon=True)
+        self.host = host
+        self.port: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise QserveError(f"uvicorn exited during startup on {self.host}")
+            if time.monotonic() > deadline:
+                raise QserveError(f"uvicorn did not start within {timeout} s")
+            time.sleep(0.01)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise QserveError(f"uvicorn did not stop within {timeout} s")
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
