@@ -1,0 +1,150 @@
+"""Turn child results into report entries: agreement with fp32, speed-up, distance to the floor.
+
+    python -m pytest tests/test_bench_report.py -q
+
+Pure functions over JSON-shaped dicts (no torch), so the parent and the tests share them.
+Per-text predictions come back from the children only to compute agreement here;
+they are dropped before report.json is written.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qserve.bench.runner import REFERENCES
+
+MEMORY_KEYS = ("peak_rss_mb", "peak_rss_load_mb", "rss_before_load_mb", "rss_after_load_mb", "model_rss_mb",
+               "polled_peak_rss_mb")
+
+
+def variant_entry(meta: dict[str, Any], res: dict[str, Any]) -> dict[str, Any]:
+    manifest = meta.get("manifest") or {}
+    spec = manifest.get("spec") or {}
+    from pathlib import Path
+
+    entry: dict[str, Any] = {
+        "name": res.get("name") or spec.get("name") or Path(meta["dir"]).name,
+        "dir": meta["dir"],
+        "status": res.get("status", "failed"),
+        "spec": spec or None,
+        "model_name": manifest.get("model_name"),
+        "parity": manifest.get("parity"),
+        "disk_bytes": meta.get("disk_bytes"),
+        "weights_bytes": meta.get("weights_bytes"),
+        "load_s": res.get("load_s"),
+        "import_s": res.get("import_s"),
+        "wall_s": res.get("wall_s"),
+        "device": res.get("device"),
+        "memory": {k: res[k] for k in MEMORY_KEYS if res.get(k) is not None},
+        "fixed": res.get("fixed") or [],
+        "real_text": res.get("real_text") or [],
+        "accuracy": None,
+        "agreement": None,
+        "data": res.get("data"),
+    }
+    if res.get("cuda"):
+        entry["memory"]["cuda"] = res["cuda"]
+    acc = res.get("accuracy")
+    if acc:
+        entry["_predictions"] = acc.get("predictions")
+        entry["accuracy"] = {k: v for k, v in acc.items() if k != "predictions"}
+    if entry["status"] != "ok":
+        entry.update({k: res.get(k) for k in ("error", "failure", "stage", "returncode", "traceback", "log_tail")})
+        if meta.get("manifest_error"):
+            entry["manifest_error"] = meta["manifest_error"]
+    return entry
+
+
+def model_block(metas: list[dict[str, Any]]) -> dict[str, Any]:
+    from qserve.bench.floor import model_dims
+
+    names = sorted({(m.get("manifest") or {}).get("model_name") for m in metas} - {None})
+    config = next((m["config"] for m in metas if m.get("config")), None)
+    block: dict[str, Any] = {"names": names, "name": names[0] if len(names) == 1 else ", ".join(names) or None}
+    if config:
+        try:
+            block["dims"] = model_dims(config)
+            block["model_type"] = config.get("model_type")
+        except ValueError as e:
+            block["dims_error"] = str(e)
+    return block
+
+
+def shape_stats(entry: dict[str, Any], batch: int, seq: int) -> dict[str, Any] | None:
+    for rec in entry.get("fixed") or []:
+        if rec.get("batch") == batch and rec.get("seq") == seq and "p50" in rec:
+            return rec
+    return None
+
+
+def agreement(preds: list[int] | None, ref: list[int] | None) -> float | None:
+    if not preds or not ref or len(preds) != len(ref):
+        return None
+    return sum(int(a == b) for a, b in zip(preds, ref)) / len(preds)
+
+
+def _unique_names(variants: list[dict[str, Any]]) -> None:
+    """The first variant keeps its spec name; a later one with the same name gets its directory added."""
+    from pathlib import Path
+
+    seen: set[str] = set()
+    for v in variants:
+        name = v["name"]
+        if name in seen:
+            p = Path(v["dir"])
+            name = f"{v['name']} ({p.name})"
+            if name in seen:
+                name = f"{v['name']} ({p.parent.name}/{p.name})"
+        seen.add(name)
+        v["name"] = name
+
+
+def finish(report: dict[str, Any]) -> dict[str, Any]:
+    """Fill agreement, speed-up and floor fields in place; drop predictions."""
+    from qserve.bench.floor import floor_ms, peak_for
+
+    variants = report["variants"]
+    _unique_names(variants)
+    ok = [v for v in variants if v["status"] == "ok"]
+    by_spec = {(v.get("spec") or {}).get("name"): v for v in reversed(ok)}  # first one wins
+
+    # agreement: against torch-fp32 (else onnx-fp32) on the very same test texts
+    ref = next((by_spec[n] for n in REFERENCES if n in by_spec and by_spec[n].get("_predictions")), None)
+    report["agreement_reference"] = ref["name"] if ref else None
+    for v in ok:
+        if ref is None or not v.get("_predictions"):
+            continue
+        a, r = v["accuracy"], ref["accuracy"]
+        if (a.get("dataset"), a.get("seed"), a.get("n")) == (r.get("dataset"), r.get("seed"), r.get("n")):
+            v["agreement"] = agreement(v["_predictions"], ref["_predictions"])
+    for v in variants:
+        v.pop("_predictions", None)
+
+    # speed-up at the headline shape, against torch-fp32 measured in this run
+    b, s = report["headline"]["batch"], report["headline"]["seq"]
+    base = by_spec.get("torch-fp32")
+    base_stats = shape_stats(base, b, s) if base else None
+    report["speedup_reference"] = base["name"] if base_stats else None
+    for v in variants:
+        st = shape_stats(v, b, s)
+        v["speedup_vs_torch_fp32"] = (base_stats["p50"] / st["p50"]) if (st and base_stats) else None
+
+    # distance to the compute floor at the headline shape: against the machine's peak, and
+    # against the best rate measured on the model's own GEMM shapes (a gentler, workload-matched bound)
+    floor = report.get("floor") or {}
+    flops = ((floor.get("flops_per_sequence") or {}).get(str(s)) or {}).get("total")
+    for v in variants:
+        v["floor"] = None
+        st = shape_stats(v, b, s)
+        dtype = (v.get("spec") or {}).get("dtype")
+        if not (flops and dtype):
+            continue
+        rec: dict[str, Any] = {}
+        for key, prefix in (("peaks", ""), ("model_peaks", "model_")):
+            pk = peak_for(dtype, floor.get(key) or {})
+            if pk:
+                fm = floor_ms(flops, b, pk[1])
+                rec.update({f"{prefix}peak": pk[0], f"{prefix}gflops": pk[1], f"{prefix}floor_ms": fm,
+                            f"{prefix}p50_over_floor": (st["p50"] / fm) if st else None})
+        v["floor"] = rec or None
+    return report

@@ -1,0 +1,119 @@
+"""BenchConfig: every knob of a benchmark run, as one JSON-serialisable dataclass.
+
+    python -c "from qserve.bench.config import BenchConfig; print(BenchConfig(batch_sizes=[1, 8]))"
+
+The parent writes this config into each child's job file, and into report.json,
+so a report always says exactly how it was measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from qserve import QserveError
+
+DEFAULT_BATCH_SIZES = (1, 8, 32)
+DEFAULT_SEQ_LENS = (32, 128, 256)
+# The headline shape the summary table quotes (latency columns, speed-up, floor).
+HEADLINE_BATCH = 1
+HEADLINE_SEQ = 128
+
+
+@dataclass
+class BenchConfig:
+    """How to benchmark a set of variants. Attribute docstrings are the CLI help."""
+
+    batch_sizes: list[int] = field(default_factory=lambda: list(DEFAULT_BATCH_SIZES))
+    """Batch sizes for fixed-shape latency (--batch-sizes 1,8,32)."""
+    seq_lens: list[int] = field(default_factory=lambda: list(DEFAULT_SEQ_LENS))
+    """Sequence lengths in tokens for fixed-shape latency (--seq-lens 32,128,256)."""
+    threads: int | None = None
+    """Intra-op threads for torch and ONNX Runtime; None = the machine's physical cores."""
+    device: str = "cpu"
+    """cpu, cuda or auto."""
+    out: Path | None = None
+    """Report directory; None = benchmarks/reports/<model>-<device>-t<threads>."""
+    accuracy: bool = True
+    """Measure accuracy on the held-out test split when the variant names its dataset."""
+    dataset: str | None = None
+    """Dataset override; None = the `dataset` key of the variant's qserve_model.json."""
+    seed: int | None = None
+    """Split seed override; None = the variant's `seed` (else 42)."""
+    max_eval_samples: int | None = None
+    """Cap on test texts for accuracy; None = the variant's `max_eval_samples` (else the whole split)."""
+    real_text_samples: int = 128
+    """IMDb test texts used for real-text latency (dynamic padding); 0 skips it."""
+    time_budget_s: float = 3.0
+    """Seconds of timed iterations per shape; a shape stops at max_iters or when the budget is spent."""
+    warmup: int = 3
+    """Warm-up calls per shape before timing (stops early once half the time budget is spent)."""
+    min_iters: int = 3
+    """Timed calls per shape even when the budget is spent, so slow variants still get a p50."""
+    max_iters: int = 500
+    """Upper bound on timed calls per shape."""
+    floor: bool = True
+    """Measure peak GEMM FLOP/s (fp32, bf16, int8) in a child to state the compute floor."""
+    floor_budget_s: float = 1.0
+    """Seconds per GEMM shape when measuring the peak."""
+    child_timeout_s: float = 3600.0
+    """A variant's child is killed (and reported failed) after this many seconds."""
+    name: str | None = None
+    """Run name used for the default --out directory."""
+    force: bool = False
+    """Replace an existing non-empty report directory."""
+
+    def validate(self) -> "BenchConfig":
+        for flag, values in (("--batch-sizes", self.batch_sizes), ("--seq-lens", self.seq_lens)):
+            if not values or any((not isinstance(v, int)) or v < 1 for v in values):
+                raise QserveError(f"{flag} must be a comma-separated list of positive integers (got {values!r})")
+        if any(s < 2 for s in self.seq_lens):
+            raise QserveError(f"--seq-lens values must be >= 2 (room for [CLS] and [SEP]); got {self.seq_lens}")
+        if self.threads is not None and self.threads < 1:
+            raise QserveError(f"--threads must be a positive integer (got {self.threads})")
+        if self.device not in ("cpu", "cuda", "auto") and not self.device.startswith("cuda:"):
+            raise QserveError(f"--device must be one of cpu, cuda, auto or cuda:N (got {self.device!r})")
+        if self.time_budget_s <= 0:
+            raise QserveError(f"--time-budget must be > 0 seconds (got {self.time_budget_s})")
+        if self.warmup < 0 or self.min_iters < 1 or self.max_iters < self.min_iters:
+            raise QserveError(f"need --warmup >= 0 and 1 <= --min-iters <= --max-iters "
+                              f"(got {self.warmup}, {self.min_iters}, {self.max_iters})")
+        if self.max_eval_samples is not None and self.max_eval_samples < 1:
+            raise QserveError(f"--max-eval-samples must be >= 1 (got {self.max_eval_samples})")
+        if self.real_text_samples < 0:
+            raise QserveError(f"--real-text-samples must be >= 0 (got {self.real_text_samples})")
+        self.batch_sizes = sorted(set(self.batch_sizes))
+        self.seq_lens = sorted(set(self.seq_lens))
+        return self
+
+    def headline(self) -> tuple[int, int]:
+        """(batch, seq) quoted in the summary: b1/s128 when measured, else the nearest measured."""
+        b = HEADLINE_BATCH if HEADLINE_BATCH in self.batch_sizes else min(self.batch_sizes)
+        s = HEADLINE_SEQ if HEADLINE_SEQ in self.seq_lens else min(self.seq_lens, key=lambda x: abs(x - HEADLINE_SEQ))
+        return b, s
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["out"] = str(self.out) if self.out is not None else None
+        return d
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "BenchConfig":
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in data.items() if k in known}
+        if kw.get("out") is not None:
+            kw["out"] = Path(kw["out"])
+        return cls(**kw)
+
+
+def parse_int_list(text: str, flag: str) -> list[int]:
+    """'1,8,32' -> [1, 8, 32]; anything else is an error naming the flag."""
+    try:
+        values = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise QserveError(f"{flag} must be a comma-separated list of positive integers, e.g. 1,8,32 "
+                          f"(got {text!r})") from None
+    if not values or any(v < 1 for v in values):
+        raise QserveError(f"{flag} must be a comma-separated list of positive integers, e.g. 1,8,32 (got {text!r})")
+    return values

@@ -1,0 +1,272 @@
+"""What runs inside a benchmark child: load one variant, time it, write one JSON result.
+
+    python -m qserve.bench.measure job.json result.json    # `qserve bench` writes job.json for you
+
+One variant per process, so its peak memory is its own (VmHWM of a fresh process)
+and a crash (segfault, OOM kill) takes down only this variant. Everything goes
+through `load_runtime`, the same path the server uses. A failure after loading is
+written into the result with the stage it happened in, and the exit code is 1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+# Used when no dataset text is available: long enough to fill any sequence length
+# once repeated, and real English so the ids are ordinary vocabulary ids.
+FALLBACK_TEXT = ("The film opens slowly, but the performances are strong and the story builds to an ending "
+                 "that feels earned. Some scenes drag, and the dialogue is uneven, yet I would watch it again.")
+FAULT_ENV = "QSERVE_BENCH_FAULT"
+"""Test hook: '<variant dir name>:abort|exit|raise' makes that variant's child fail after loading."""
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set of this process: VmHWM (Linux), else ru_maxrss."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r / 2**20 if sys.platform == "darwin" else r / 1024
+
+
+def time_calls(fn, sync, warmup: int, budget_s: float, min_iters: int, max_iters: int) -> list[float]:
+    """Latencies (ms) of fn()+sync() after warm-up, bounded by iterations and time."""
+    w0 = time.perf_counter()
+    for _ in range(warmup):
+        fn()
+        sync()
+        if time.perf_counter() - w0 > budget_s / 2:
+            break  # a slow variant is warm after one call; don't spend its budget here
+    samples: list[float] = []
+    start = time.perf_counter()
+    while len(samples) < max_iters and (len(samples) < min_iters or time.perf_counter() - start < budget_s):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return samples
+
+
+def synthetic_batch(rt, batch: int, seq: int, text: str):
+    """Exactly (batch, seq) of real token ids: [CLS] body... [SEP], full attention mask."""
+    import numpy as np
+
+    enc = rt.tokenize([text])
+    ids = enc["input_ids"][0][enc["attention_mask"][0] == 1]
+    cls_id, sep_id, body = int(ids[0]), int(ids[-1]), ids[1:-1]
+    if body.size == 0:
+        body = np.array([cls_id], dtype=np.int64)
+    rows = []
+    for r in range(batch):  # rows start at different offsets so a batch is not one row repeated
+        idx = (np.arange(seq - 2) + 7 * r) % body.size
+        rows.append(np.concatenate([[cls_id], body[idx], [sep_id]]))
+    input_ids = np.asarray(rows, dtype=np.int64)
+    return {"input_ids": input_ids, "attention_mask": np.ones_like(input_ids)}
+
+
+def fixed_shapes(rt, job: dict[str, Any], text: str) -> list[dict[str, Any]]:
+    from qserve.bench.stats import summarize, throughput
+
+    out = []
+    for b in job["batch_sizes"]:
+        for s in job["seq_lens"]:
+            rec: dict[str, Any] = {"batch": b, "seq": s}
+            try:
+                batch = synthetic_batch(rt, b, s, text)
+                samples = time_calls(lambda: rt.forward(batch), rt.synchronize, job["warmup"],
+                                     job["time_budget_s"], job["min_iters"], job["max_iters"])
+                rec.update(summarize(samples))
+                rec["throughput"] = throughput(b * len(samples), sum(samples) / 1e3)
+                rec["tokens_per_s"] = rec["throughput"] * s
+            except Exception as e:  # e.g. seq beyond the position table: this shape only
+                rec["error"] = f"{type(e).__name__}: {e}"[:500]
+            log(f"{rt.name} b{b}/s{s}: " + (f"p50 {rec['p50']:.2f} ms ({rec['count']} calls)"
+                                             if "p50" in rec else rec["error"]))
+            out.append(rec)
+    return out
+
+
+def real_text(rt, job: dict[str, Any], texts: list[str]) -> list[dict[str, Any]]:
+    """predict() on consecutive batches of real texts: tokenization + dynamic padding included."""
+    from qserve.bench.stats import summarize, throughput
+
+    out = []
+    for b in job["batch_sizes"]:
+        batches = [texts[i:i + b] for i in range(0, len(texts), b)] or [texts]
+        padded: list[int] = []
+        n_texts = 0
+        samples: list[float] = []
+        rt.predict(batches[0])  # warm-up
+        rt.synchronize()
+        start = time.perf_counter()
+        i = 0
+        while len(samples) < job["max_iters"] and (len(samples) < job["min_iters"]
+                                                    or time.perf_counter() - start < job["time_budget_s"]):
+            chunk = batches[i % len(batches)]
+            t0 = time.perf_counter()
+            rt.predict(chunk)
+            rt.synchronize()
+            samples.append((time.perf_counter() - t0) * 1e3)
+            n_texts += len(chunk)
+            i += 1
+        for chunk in batches[:min(len(batches), len(samples))]:
+            padded.append(int(rt.tokenize(chunk)["input_ids"].shape[1]))
+        rec = {"batch": b, **summarize(samples), "texts": n_texts,
+               "throughput": throughput(n_texts, sum(samples) / 1e3),
+               "mean_padded_len": sum(padded) / len(padded) if padded else None}
+        log(f"{rt.name} real text b{b}: p50 {rec['p50']:.2f} ms, {rec['throughput']:.1f} texts/s")
+        out.append(rec)
+    return out
+
+
+def accuracy(rt, ev: dict[str, Any], batch: int = 32) -> dict[str, Any]:
+    texts, labels = ev["texts"], ev["labels"]
+    preds: list[int] = []
+    t0 = time.perf_counter()
+    for i in range(0, len(texts), batch):
+        preds.extend(int(p) for p in rt.predict(texts[i:i + batch]).argmax(-1))
+    seconds = time.perf_counter() - t0
+    correct = sum(int(p == y) for p, y in zip(preds, labels))
+    return {"dataset": ev.get("dataset"), "seed": ev.get("seed"), "n": len(texts),
+            "accuracy": correct / len(texts) if texts else None, "seconds": seconds, "predictions": preds}
+
+
+def _preimport(backend: str) -> None:
+    """Import the backend's libraries before the baseline, so 'model memory' excludes them."""
+    import transformers  # noqa: F401  (the tokenizer, every backend)
+
+    if backend in ("torch", "bnb"):
+        import torch  # noqa: F401
+    elif backend == "onnx":
+        import onnxruntime  # noqa: F401
+
+
+def _fault(variant_dir: Path) -> None:
+    spec = os.environ.get(FAULT_ENV, "")
+    name, _, mode = spec.partition(":")
+    if not spec or name != variant_dir.name:
+        return
+    log(f"injected fault {mode!r} in {variant_dir.name}")
+    if mode == "abort":
+        os.abort()
+    if mode == "exit":
+        os._exit(3)
+    raise RuntimeError(f"injected failure ({FAULT_ENV}={spec})")
+
+
+def measure(job: dict[str, Any]) -> dict[str, Any]:
+    """Run every measurement for one variant; raises with `stage` set on the result dict."""
+    from qserve.artifact import library_versions, read_manifest
+
+    res: dict[str, Any] = {"variant_dir": job["variant_dir"], "pid": os.getpid(), "stage": "import"}
+    job["_result"] = res
+    variant_dir = Path(job["variant_dir"])
+    t0 = time.perf_counter()
+    backend = read_manifest(variant_dir)["spec"]["backend"]
+    _preimport(backend)
+    res["import_s"] = time.perf_counter() - t0
+    res["rss_before_load_mb"] = rss_mb()
+
+    res["stage"] = "load"
+    from qserve.runtime import RuntimeOptions, load_runtime
+
+    t0 = time.perf_counter()
+    rt = load_runtime(variant_dir, device=job["device"], options=RuntimeOptions(threads=job.get("threads")))
+    res["load_s"] = time.perf_counter() - t0
+    res["rss_after_load_mb"] = rss_mb()
+    res["peak_rss_load_mb"] = peak_rss_mb()
+    res["name"], res["labels"], res["max_length"] = rt.name, list(rt.labels), rt.max_length
+    res["device"] = rt.device
+    log(f"{rt.name}: loaded in {res['load_s']:.2f} s")
+    _fault(variant_dir)
+
+    cuda = str(rt.device).startswith("cuda")  # a fresh process: torch's peak counters cover the load too
+    data = job.get("data") or {}
+    texts = data.get("real_texts") or []
+    res["stage"] = "fixed"
+    res["fixed"] = fixed_shapes(rt, job, " ".join(texts[:8]) if texts else FALLBACK_TEXT)
+    if texts:
+        res["stage"] = "real_text"
+        res["real_text"] = real_text(rt, job, texts)
+    if data.get("eval"):
+        res["stage"] = "accuracy"
+        res["accuracy"] = accuracy(rt, data["eval"])
+        log(f"{rt.name}: accuracy {res['accuracy']['accuracy']:.4f} on {res['accuracy']['n']} texts")
+
+    res["stage"] = "done"
+    res["peak_rss_mb"] = peak_rss_mb()
+    res["model_rss_mb"] = res["rss_after_load_mb"] - res["rss_before_load_mb"]
+    if cuda:
+        import torch
+
+        free, total = torch.cuda.mem_get_info()
+        # ONNX Runtime's CUDA allocations are invisible to torch's counters; device-wide use covers them
+        res["cuda"] = {"max_allocated_mb": torch.cuda.max_memory_allocated() / 2**20,
+                       "max_reserved_mb": torch.cuda.max_memory_reserved() / 2**20,
+                       "device_used_mb": (total - free) / 2**20, "gpu": torch.cuda.get_device_name()}
+    res["env"] = child_env(backend)
+    res["versions"] = library_versions()
+    rt.close()
+    return res
+
+
+def child_env(backend: str) -> dict[str, Any]:
+    """Thread counts as the libraries actually see them, in this child."""
+    env: dict[str, Any] = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    if "torch" in sys.modules:
+        import torch
+
+        env["torch_threads"] = torch.get_num_threads()
+        env["torch_interop_threads"] = torch.get_num_interop_threads()
+        if torch.cuda.is_available():
+            env["gpu"] = torch.cuda.get_device_name()
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    import json
+
+    from qserve.artifact import write_json_atomic
+
+    argv = sys.argv[1:] if argv is None else argv
+    job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    if job.get("data_file"):
+        job["data"] = json.loads(Path(job["data_file"]).read_text(encoding="utf-8"))
+    out = Path(argv[1])
+    try:
+        res = measure(job)
+    except BaseException as e:  # report the failure as data; the parent marks the variant failed
+        res = job.get("_result") or {"variant_dir": job.get("variant_dir")}
+        res["error"] = f"{type(e).__name__}: {e}"
+        res["traceback"] = traceback.format_exc()[-4000:]
+        res["peak_rss_mb"] = peak_rss_mb()
+        write_json_atomic(out, res)
+        log(f"{job.get('variant_dir')}: failed in stage {res.get('stage')}: {res['error']}")
+        return 1
+    write_json_atomic(out, res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

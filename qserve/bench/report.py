@@ -1,0 +1,303 @@
+"""Render a benchmark report: report.json (everything), report.csv, report.md, PNG plots.
+
+    qserve report benchmarks/reports/minilm-l6-distilbert-cpu-t2      # re-render md/csv/png from report.json
+
+Rendering is a pure function of report.json (no clock, no machine queries), so
+`qserve report` reproduces the md byte for byte.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from qserve import QserveError
+
+FILES = ("report.json", "report.csv", "report.md")
+
+
+def load_report(path: str | Path) -> tuple[dict[str, Any], Path]:
+    """Read report.json (or DIR/report.json); returns (report, its directory)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "report.json"
+    if not p.is_file():
+        raise QserveError(f"{p} does not exist; pass a report.json or the directory `qserve bench` wrote")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise QserveError(f"{p} is not valid JSON ({e})") from None
+    if not isinstance(data, dict) or not str(data.get("format", "")).startswith("qserve-bench/"):
+        raise QserveError(f"{p} is not a qserve bench report (format {data.get('format') if isinstance(data, dict) else None!r})")
+    return data, p.parent
+
+
+def _f(x: Any, nd: int = 2, suffix: str = "") -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:,.{nd}f}{suffix}"
+    return f"{x}{suffix}"
+
+
+def _shape(v: dict[str, Any], b: int, s: int) -> dict[str, Any] | None:
+    for rec in v.get("fixed") or []:
+        if rec.get("batch") == b and rec.get("seq") == s and "p50" in rec:
+            return rec
+    return None
+
+
+def peak_memory(v: dict[str, Any]) -> tuple[float | None, str]:
+    """(MiB, what it is): CUDA max allocated on GPU, else the child's peak RSS."""
+    mem = v.get("memory") or {}
+    if mem.get("cuda"):
+        if mem["cuda"].get("max_allocated_mb"):
+            return mem["cuda"]["max_allocated_mb"], "CUDA max allocated"
+        return mem["cuda"].get("device_used_mb"), "CUDA device used"
+    return mem.get("peak_rss_mb"), "peak RSS"
+
+
+def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One dict per variant with the headline columns (used by md, csv and plots)."""
+    b, s = report["headline"]["batch"], report["headline"]["seq"]
+    bmax = max(report["config"]["batch_sizes"])
+    rows = []
+    for v in report["variants"]:
+        st, big = _shape(v, b, s), _shape(v, bmax, s)
+        mem, _ = peak_memory(v)
+        acc = v.get("accuracy") or {}
+        fl = v.get("floor") or {}
+        rows.append({
+            "variant": v["name"], "status": v["status"],
+            "size_mb": v["disk_bytes"] / 1e6 if v.get("disk_bytes") is not None else None,
+            "load_s": v.get("load_s"),
+            "p50_ms": st["p50"] if st else None, "p99_ms": st["p99"] if st else None,
+            "throughput": big["throughput"] if big else None,
+            "peak_mem_mib": mem, "accuracy": acc.get("accuracy"), "agreement": v.get("agreement"),
+            "speedup": v.get("speedup_vs_torch_fp32"), "floor_ms": fl.get("floor_ms"),
+            "p50_over_floor": fl.get("p50_over_floor"), "floor_peak": fl.get("peak"),
+        })
+    return rows
+
+
+def _table(header: list[str], rows: list[list[str]], align: list[str] | None = None) -> list[str]:
+    align = align or ["---"] + ["---:"] * (len(header) - 1)
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def _floor_lines(report: dict[str, Any]) -> list[str]:
+    b, s = report["headline"]["batch"], report["headline"]["seq"]
+    floor = report.get("floor") or {}
+    fl = (floor.get("flops_per_sequence") or {}).get(str(s))
+    lines = ["## Compute floor", ""]
+    if not fl:
+        return lines + [f"Not stated: {floor.get('error', 'no FLOP count')}.", ""]
+    threads = floor.get("threads", report["config"].get("threads"))
+    lines.append(f"One sequence of {s} tokens costs **{fl['total'] / 1e9:.3f} GFLOP** "
+                 f"(linear layers {fl['linear'] / 1e9:.3f} = 2 × {fl['params_linear'] / 1e6:.2f}M params × {s}; "
+                 f"attention {fl['attention'] / 1e9:.3f} = 2·2·S²·d per layer; head {fl['head'] / 1e6:.2f} MFLOP; "
+                 "embeddings excluded). Peak GEMM rates measured on this machine at "
+                 f"{threads} threads (best-of-N timing; the model's own GEMM shapes at {b * s} rows, "
+                 "then larger saturating shapes):")
+    lines.append("")
+    peaks, mpeaks = floor.get("peaks") or {}, floor.get("model_peaks") or {}
+    if not peaks:
+        lines += [f"Peak not measured: {floor.get('error', 'floor measurement disabled (--no-floor)')}.", ""]
+        return lines
+    rows = []
+    for name in ("fp32", "bf16", "fp16", "int8"):
+        for kind, table in (("machine peak", peaks), (f"at the model's shapes (M={b * s})", mpeaks)):
+            if name in table:
+                p = table[name]
+                fm = fl["total"] * b / (p["gflops"] * 1e9) * 1e3
+                rows.append([name, kind, f"{p['gflops']:,.1f}", p["method"], "×".join(map(str, p["shape"])),
+                             f"{fm:.2f}"])
+    lines += _table(["compute", "rate", "GFLOP/s (GOP/s for int8)", "measured with", "M×K×N",
+                     f"floor b{b}/s{s} (ms)"], rows, ["---", "---", "---:", "---", "---", "---:"])
+    lines += ["", "Each variant is held to the peak of its compute type (fp32 → fp32, bf16 → bf16, int8 → int8; "
+              "4-bit and other low-bit formats → the fastest peak measured). The summary table's floor uses the "
+              "machine peak (the hardest bound); the model-shape floor is what the fastest measured kernel reaches "
+              "on this workload's own matrices. p50/floor = 1.0 would mean every FLOP ran at that rate.", ""]
+    vrows = []
+    for v in report["variants"]:
+        f = v.get("floor") or {}
+        if v["status"] != "ok" or not f:
+            continue
+        vrows.append([v["name"], f.get("peak") or "–", _f(f.get("floor_ms"), 2), _f(f.get("p50_over_floor"), 2, "×"),
+                      _f(f.get("model_floor_ms"), 2), _f(f.get("model_p50_over_floor"), 2, "×")])
+    if vrows:
+        lines += _table(["variant", "compute", "floor, machine peak (ms)", "p50/floor", "floor, model shapes (ms)",
+                         "p50/model-shape floor"], vrows) + [""]
+    return lines
+
+
+def render_md(report: dict[str, Any]) -> str:
+    cfg, env = report["config"], report["environment"]
+    b, s = report["headline"]["batch"], report["headline"]["seq"]
+    bmax = max(cfg["batch_sizes"])
+    model = report.get("model") or {}
+    dev = env.get("gpu") if str(cfg["device"]).startswith("cuda") else (env.get("cpu") or {}).get("model")
+    L = [f"# Benchmark: {model.get('name') or 'variants'} on {cfg['device']}, threads={cfg['threads']}", ""]
+    L.append(f"Run `{report['run']['name']}`, created {report['created']}, {dev}. "
+             f"Latency: fixed-shape batches of real token ids (full attention mask), after warm-up, "
+             f"≤{cfg['time_budget_s']:g} s or ≤{cfg['max_iters']} calls per shape (≥{cfg['min_iters']}). "
+             f"Each variant ran in its own process, loaded through `load_runtime`, as served.")
+    L.append("")
+    suite = report.get("suite") or {}
+    if suite:
+        fails = suite.get("export_failures") or {}
+        L += [f"Suite `{suite.get('script')}`" + (": **random weights, speed only** (accuracy is meaningless here)"
+                                                  if suite.get("random_weights") else "")
+              + (". Export failed for " + "; ".join(f"{k} ({v})" for k, v in sorted(fails.items())) if fails else "")
+              + ".", ""]
+    _, memkind = peak_memory(next(iter(report["variants"]), {}))
+    ref = report.get("agreement_reference")
+    header = ["variant", "size (MB)", "load (s)", f"p50 b{b}/s{s} (ms)", f"p99 b{b}/s{s} (ms)",
+              f"throughput b{bmax}/s{s} (seq/s)", f"{memkind} (MiB)", "accuracy",
+              f"agreement vs {ref or 'fp32'}", "speed-up vs torch-fp32", f"floor b{b}/s{s} (ms)", "p50/floor"]
+    rows = []
+    for r in summary_rows(report):
+        if r["status"] != "ok":
+            rows.append([f"{r['variant']} **FAILED**", _f(r["size_mb"], 1)] + ["–"] * (len(header) - 2))
+            continue
+        rows.append([r["variant"], _f(r["size_mb"], 1), _f(r["load_s"], 2), _f(r["p50_ms"], 2), _f(r["p99_ms"], 2),
+                     _f(r["throughput"], 1), _f(r["peak_mem_mib"], 0),
+                     _f(r["accuracy"] * 100, 2, "%") if r["accuracy"] is not None else "–",
+                     _f(r["agreement"] * 100, 2, "%") if r["agreement"] is not None else "–",
+                     _f(r["speedup"], 2, "×"), _f(r["floor_ms"], 2),
+                     _f(r["p50_over_floor"], 2, "×") + (f" ({r['floor_peak']})" if r["floor_peak"] else "")])
+    L += _table(header, rows) + [""]
+    notes = []
+    if not any(r["accuracy"] is not None for r in summary_rows(report)):
+        notes.append("accuracy not measured (speed-only run, or the variants name no dataset)")
+    if report.get("speedup_reference") is None:
+        notes.append(f"no torch-fp32 result at b{b}/s{s} in this run, so no speed-up column")
+    if notes:
+        L += ["Notes: " + "; ".join(notes) + ".", ""]
+    L += _checks(report) + _floor_lines(report)
+    L += _grid(report) + _real_text(report) + _failures(report) + _env(report)
+    L += ["## Plots", "", "![latency vs batch size](latency_vs_batch.png)", ""]
+    if any(r["accuracy"] is not None for r in summary_rows(report)):
+        L += ["![accuracy vs size](accuracy_vs_size.png)", ""]
+    return "\n".join(L).rstrip() + "\n"
+
+
+def _checks(report: dict[str, Any]) -> list[str]:
+    """Targets a suite asked this run to meet (e.g. benchmarks/distilbert_base_speed.py), if any."""
+    checks = report.get("checks") or []
+    if not checks:
+        return []
+    rows = [[c["name"], _f(c.get("value"), 2, c.get("unit", "")), c.get("target", ""),
+             {True: "**pass**", False: "**FAIL**"}.get(c.get("passed"), "not measured")] for c in checks]
+    return ["## Checks", ""] + _table(["check", "measured", "target", "result"], rows,
+                                      ["---", "---:", "---", "---"]) + [""]
+
+
+def _grid(report: dict[str, Any]) -> list[str]:
+    cfg = report["config"]
+    shapes = [(b, s) for s in cfg["seq_lens"] for b in cfg["batch_sizes"]]
+    rows = []
+    for v in report["variants"]:
+        if v["status"] != "ok":
+            continue
+        cells = []
+        for b, s in shapes:
+            st = _shape(v, b, s)
+            cells.append(f"{st['p50']:.2f} / {st['p99']:.2f}" if st else "error")
+        rows.append([v["name"]] + cells)
+    if not rows:
+        return []
+    return (["## Latency grid (p50 / p99 ms)", ""] + _table(["variant"] + [f"b{b}/s{s}" for b, s in shapes], rows)
+            + ["", "Full statistics (count, mean, p90, p95, stdev, throughput) per shape are in report.json and report.csv.", ""])
+
+
+def _real_text(report: dict[str, Any]) -> list[str]:
+    rows = []
+    for v in report["variants"]:
+        for rt in v.get("real_text") or []:
+            rows.append([v["name"], str(rt["batch"]), _f(rt.get("p50"), 2), _f(rt.get("p99"), 2),
+                         _f(rt.get("throughput"), 1), _f(rt.get("mean_padded_len"), 1), str(rt.get("count"))])
+    if not rows:
+        return []
+    ds = next((v["data"] for v in report["variants"] if v.get("data")), {}) or {}
+    return ([f"## Real text ({ds.get('dataset')} test split, predict() with tokenization and dynamic padding)", ""]
+            + _table(["variant", "batch", "p50 (ms)", "p99 (ms)", "texts/s", "mean padded length", "calls"], rows)
+            + [""])
+
+
+def _failures(report: dict[str, Any]) -> list[str]:
+    bad = [v for v in report["variants"] if v["status"] != "ok"]
+    if not bad:
+        return []
+    L = ["## Failures", ""]
+    for v in bad:
+        L.append(f"- **{v['name']}** ({v['dir']}): {v.get('failure') or 'failed'} in stage `{v.get('stage')}`: "
+                 f"{(v.get('error') or '').splitlines()[0] if v.get('error') else ''}")
+    return L + [""]
+
+
+def _env(report: dict[str, Any]) -> list[str]:
+    env, cfg = report["environment"], report["config"]
+    cpu = env.get("cpu") or {}
+    child = env.get("child") or {}
+    vers = ", ".join(f"{k} {v}" for k, v in sorted((env.get("versions") or {}).items()))
+    return ["## Environment", "",
+            f"- CPU: {cpu.get('model')} ({cpu.get('cores')} logical, {env.get('physical_cores')} physical cores); "
+            f"flags: {', '.join(cpu.get('flags') or []) or 'none of interest'}",
+            f"- GPU: {env.get('gpu') or 'none'}; device: {cfg['device']}",
+            f"- threads: {cfg['threads']} (torch sees {child.get('torch_threads', '–')}, "
+            f"OMP_NUM_THREADS={child.get('OMP_NUM_THREADS', '–')}; ONNX Runtime intra-op = {cfg['threads']})",
+            f"- load average (1/5/15 min): {_la(env.get('load_avg_start'))} at start, {_la(env.get('load_avg_end'))} "
+            f"at end (with {cpu.get('cores')} logical CPUs; a busy machine inflates p50/p99, the per-shape `min` "
+            "in report.json is the least disturbed call)",
+            f"- Python {env.get('python')} on {env.get('platform')}",
+            f"- {vers}", ""]
+
+
+def _la(x: Any) -> str:
+    return "/".join(f"{v:.2f}" for v in x) if x else "–"
+
+
+CSV_FIELDS = ["variant", "status", "kind", "batch", "seq", "count", "mean_ms", "p50_ms", "p90_ms", "p95_ms",
+              "p99_ms", "stdev_ms", "min_ms", "throughput", "size_mb", "load_s", "peak_mem_mib", "accuracy", "agreement",
+              "speedup_vs_torch_fp32", "floor_ms", "p50_over_floor", "error"]
+
+
+def render_csv(report: dict[str, Any]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    w.writeheader()
+    for v, r in zip(report["variants"], summary_rows(report)):
+        base = {"variant": v["name"], "status": v["status"], "size_mb": r["size_mb"], "load_s": r["load_s"],
+                "peak_mem_mib": r["peak_mem_mib"], "accuracy": r["accuracy"], "agreement": r["agreement"],
+                "speedup_vs_torch_fp32": r["speedup"], "floor_ms": r["floor_ms"], "p50_over_floor": r["p50_over_floor"]}
+        if v["status"] != "ok":
+            w.writerow({**base, "kind": "failed", "error": v.get("error")})
+            continue
+        for kind in ("fixed", "real_text"):
+            for rec in v.get(kind) or []:
+                row = {**base, "kind": kind, "batch": rec.get("batch"), "seq": rec.get("seq", ""),
+                       "count": rec.get("count"), "throughput": rec.get("throughput"), "error": rec.get("error")}
+                for k in ("mean", "p50", "p90", "p95", "p99", "stdev", "min"):
+                    row[f"{k}_ms"] = rec.get(k)
+                w.writerow(row)
+    return buf.getvalue()
+
+
+def write_reports(report: dict[str, Any], out: str | Path, write_json: bool = True) -> list[Path]:
+    """Write report.json (unless re-rendering), report.csv, report.md and the plots into `out`."""
+    from qserve.artifact import write_json_atomic, write_text_atomic
+    from qserve.bench.plots import write_plots
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if write_json:
+        write_json_atomic(out / "report.json", report)
+    write_text_atomic(out / "report.csv", render_csv(report))
+    write_text_atomic(out / "report.md", render_md(report))
+    return [out / f for f in FILES] + write_plots(report, out)

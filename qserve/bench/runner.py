@@ -1,0 +1,259 @@
+"""Child-process orchestration: one process per variant, then agreement, floor and reports.
+
+    python -c "from pathlib import Path; from qserve.bench.runner import run_bench; from qserve.bench.config import BenchConfig; run_bench([Path('models/minilm-imdb-variants/onnx-int8')], BenchConfig(batch_sizes=[1], seq_lens=[128]))"
+
+The parent never imports torch: it reads manifests, loads the evaluation texts once
+(so every variant sees the same inputs), starts `python -m qserve.bench.measure` per
+variant with the thread count pinned in its environment, polls its RSS, and turns a
+crash, a timeout or an error into a `failed` entry while the other variants run on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from qserve import QserveError
+from qserve.bench.config import BenchConfig
+
+log = logging.getLogger("qserve.bench")
+FORMAT = "qserve-bench/1"
+REFERENCES = ("torch-fp32", "onnx-fp32")  # agreement and speed-up are measured against these
+PKG_ROOT = Path(__file__).resolve().parents[2]  # the directory holding qserve/ and exporters/
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def variant_meta(vdir: Path) -> dict[str, Any]:
+    """What the parent can read without loading: manifest, qserve_model.json, config.json, size."""
+    from qserve.artifact import VariantError, dir_size, read_manifest
+
+    meta: dict[str, Any] = {"dir": str(vdir), "manifest": None, "model": _read_json(vdir / "qserve_model.json") or {},
+                            "config": _read_json(vdir / "config.json")}
+    try:
+        meta["manifest"] = read_manifest(vdir)
+    except VariantError as e:
+        meta["manifest_error"] = str(e)
+    if vdir.is_dir():
+        meta["disk_bytes"] = dir_size(vdir)
+        files = (meta["manifest"] or {}).get("files") or {}
+        meta["weights_bytes"] = sum(i["bytes"] for r, i in files.items()
+                                    if not r.startswith(("tokenizer", "vocab", "special_tokens", "added_tokens"))
+                                    and r.endswith((".safetensors", ".bin", ".onnx", ".onnx_data", ".data", ".pt")))
+    return meta
+
+
+def default_out(cfg: BenchConfig, metas: list[dict[str, Any]]) -> Path:
+    if cfg.name:
+        name = cfg.name
+    else:
+        models = [(m["manifest"] or {}).get("model_name") for m in metas if m.get("manifest")]
+        name = f"{models[0] if models else 'bench'}-{cfg.device}-t{cfg.threads}"
+    return Path("benchmarks") / "reports" / name
+
+
+def data_key(cfg: BenchConfig, meta: dict[str, Any]) -> tuple[str | None, int, int | None, bool]:
+    """(dataset, seed, max_eval_samples, accuracy?) for one variant: flags override qserve_model.json."""
+    m = meta["model"]
+    dataset = cfg.dataset or m.get("dataset")
+    seed = cfg.seed if cfg.seed is not None else int(m.get("seed", 42))
+    max_eval = cfg.max_eval_samples if cfg.max_eval_samples is not None else m.get("max_eval_samples")
+    acc = bool(cfg.accuracy and dataset)
+    # Real-text latency needs text even for a speed-only run: the embedded IMDb test split.
+    return (dataset or "default"), seed, max_eval, acc
+
+
+def load_texts(key: tuple, cfg: BenchConfig, cache: dict) -> dict[str, Any]:
+    """Real-text inputs and (when asked) the labelled test split, loaded once per key."""
+    dataset, seed, max_eval, acc = key
+    if key in cache:
+        return cache[key]
+    out: dict[str, Any] = {"dataset": dataset, "seed": seed, "max_eval_samples": max_eval}
+    if cfg.real_text_samples or acc:
+        try:
+            from qserve.data import load_dataset
+
+            splits = load_dataset(dataset, seed=seed, max_eval_samples=max_eval)
+            test = splits.test
+            texts, labels = list(test.texts), list(test.labels)
+            if max_eval:
+                texts, labels = texts[:max_eval], labels[:max_eval]
+            out["dataset"] = getattr(splits, "name", dataset)
+            out["real_texts"] = texts[:cfg.real_text_samples]
+            if acc:
+                out["eval"] = {"dataset": getattr(splits, "name", dataset), "seed": seed, "texts": texts,
+                               "labels": labels, "label_names": list(splits.labels)}
+        except Exception as e:  # no data is a skipped measurement, not a failed run
+            out["error"] = f"{type(e).__name__}: {e}"
+            log.warning("bench: could not load dataset %r (%s); real-text latency and accuracy skipped", dataset, e)
+    cache[key] = out
+    return out
+
+
+def _child_env(cfg: BenchConfig) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(PKG_ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
+    for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[k] = str(cfg.threads)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env["TOKENIZERS_PARALLELISM"] = "false"  # the tokenizer must not steal the benchmark's cores
+    if cfg.device == "cpu":
+        env["QSERVE_FORCE_CPU"] = "1"  # never initialise CUDA in a CPU benchmark
+    return env
+
+
+def run_child(module: str, job: dict[str, Any], work: Path, tag: str, cfg: BenchConfig) -> dict[str, Any]:
+    """Run `python -m module job.json result.json`; returns the result or a failure record."""
+    import psutil
+
+    job_path, res_path, log_path = work / f"{tag}.job.json", work / f"{tag}.result.json", work / f"{tag}.log"
+    job_path.write_text(json.dumps(job), encoding="utf-8")
+    t0 = time.perf_counter()
+    with open(log_path, "wb") as logf:
+        proc = subprocess.Popen([sys.executable, "-m", module, str(job_path), str(res_path)],
+                                stdout=logf, stderr=subprocess.STDOUT, env=_child_env(cfg), cwd=os.getcwd())
+        polled, timed_out = 0.0, False
+        try:
+            ps = psutil.Process(proc.pid)
+        except psutil.Error:
+            ps = None
+        while proc.poll() is None:
+            try:
+                polled = max(polled, ps.memory_info().rss / 2**20) if ps else polled
+            except psutil.Error:
+                pass
+            if time.perf_counter() - t0 > cfg.child_timeout_s:
+                proc.kill()
+                timed_out = True
+            time.sleep(0.05)
+        rc = proc.wait()
+    wall = time.perf_counter() - t0
+    res = _read_json(res_path) if res_path.is_file() else None
+    tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
+    if res is None:
+        res = {"stage": "unknown"}
+    res.update({"returncode": rc, "wall_s": wall, "polled_peak_rss_mb": polled})
+    if rc != 0 or res.get("error") or timed_out:
+        if timed_out:
+            why = f"killed after --child-timeout {cfg.child_timeout_s:g} s"
+        elif rc < 0:
+            why = f"child died with signal {signal.Signals(-rc).name}"
+        else:
+            why = f"child exited with code {rc}"
+        res["status"] = "failed"
+        res["error"] = res.get("error") or why
+        res["failure"] = why
+        res["log_tail"] = tail
+    else:
+        res["status"] = "ok"
+    return res
+
+
+def run_floor(cfg: BenchConfig, config: dict[str, Any] | None, work: Path) -> dict[str, Any]:
+    from qserve.bench.floor import flops_per_sequence, gemm_shapes
+
+    if config is None:
+        return {"error": "no variant has a config.json to count FLOPs from"}
+    try:
+        b, s = cfg.headline()
+        flops = {str(s_): flops_per_sequence(config, s_) for s_ in cfg.seq_lens}
+    except ValueError as e:
+        return {"error": str(e)}
+    out: dict[str, Any] = {"flops_per_sequence": flops}
+    if cfg.floor:
+        job = {"threads": cfg.threads, "device": cfg.device, "budget_s": cfg.floor_budget_s,
+               "shapes": gemm_shapes(config, b * s), "model_shapes": 3}
+        res = run_child("qserve.bench.floor", job, work, "floor", cfg)
+        if res.get("status") == "failed":
+            out["error"] = res["error"]
+            out["log_tail"] = res.get("log_tail")
+        else:
+            out.update({k: res[k] for k in ("peaks", "model_peaks", "attempts", "threads", "torch_threads")
+                        if k in res})
+    return out
+
+
+def run_bench(variant_dirs: list[Path], cfg: BenchConfig) -> dict[str, Any]:
+    """Benchmark every variant in its own child; write report.json/csv/md and plots into cfg.out."""
+    from qserve.artifact import now_iso, refuse_existing
+    from qserve.bench import analysis
+    from qserve.bench.envinfo import environment, merge_child_env, physical_cores
+    from qserve.bench.report import write_reports
+
+    if not variant_dirs:
+        raise QserveError("qserve bench needs at least one VARIANT_DIR")
+    cfg.validate()
+    if cfg.threads is None:
+        cfg.threads = physical_cores()
+    if cfg.device != "cpu":
+        from qserve.devices import resolve_device
+
+        cfg.device = resolve_device(cfg.device)
+    dirs = [Path(d) for d in variant_dirs]
+    metas = [variant_meta(d) for d in dirs]
+    out = Path(cfg.out) if cfg.out else default_out(cfg, metas)
+    cfg.out = out
+    refuse_existing(out, cfg.force)
+    created = now_iso()
+    env = environment(cfg.threads, cfg.device)
+    cache: dict = {}
+    results: list[dict[str, Any]] = []
+    raw: list[dict[str, Any]] = []  # child results as returned (thread counts, GPU name)
+    with tempfile.TemporaryDirectory(prefix="qserve-bench-") as tmp:
+        work = Path(tmp)
+        config = next((m["config"] for m in metas if m.get("config")), None)
+        log.info("bench: measuring the compute floor at %d threads", cfg.threads)
+        floor = run_floor(cfg, config, work)
+        for i, (d, meta) in enumerate(zip(dirs, metas)):
+            key = data_key(cfg, meta)
+            data = load_texts(key, cfg, cache)
+            data_file = work / f"data-{abs(hash(key))}.json"
+            if not data_file.exists():
+                payload = {"real_texts": data.get("real_texts") or []}
+                if key[3] and data.get("eval"):
+                    payload["eval"] = data["eval"]
+                data_file.write_text(json.dumps(payload), encoding="utf-8")
+            job = {"variant_dir": str(d.resolve()), "device": cfg.device, "threads": cfg.threads,
+                   "batch_sizes": cfg.batch_sizes, "seq_lens": cfg.seq_lens, "time_budget_s": cfg.time_budget_s,
+                   "warmup": cfg.warmup, "min_iters": cfg.min_iters, "max_iters": cfg.max_iters,
+                   "data_file": str(data_file)}
+            log.info("bench: [%d/%d] %s", i + 1, len(dirs), d)
+            res = run_child("qserve.bench.measure", job, work, f"v{i}", cfg)
+            res["data"] = {k: v for k, v in data.items() if k in ("dataset", "seed", "max_eval_samples", "error")}
+            if res["status"] == "failed":
+                log.error("bench: %s failed (%s): %s", d, res.get("failure"), res.get("error"))
+            else:
+                log.info("bench: %s done in %.1f s", d, res["wall_s"])
+            raw.append(res)
+            results.append(analysis.variant_entry(meta, res))
+    from qserve.bench.envinfo import load_avg
+
+    env["load_avg_end"] = load_avg()
+    report = {
+        "format": FORMAT,
+        "created": created,
+        "run": {"name": out.name, "out": str(out)},
+        "config": cfg.to_json(),
+        "environment": merge_child_env(env, raw),
+        "headline": dict(zip(("batch", "seq"), cfg.headline())),
+        "model": analysis.model_block(metas),
+        "floor": floor,
+        "variants": results,
+    }
+    analysis.finish(report)
+    write_reports(report, out)
+    return report
