@@ -53,6 +53,15 @@ class OnnxRuntime(Runtime):
         if "CUDAExecutionProvider" not in ort.get_available_providers():
             raise QserveError(f"{self.name} on {self.device} needs onnxruntime-gpu (this onnxruntime offers "
                               f"{', '.join(ort.get_available_providers())}): {GPU_HINT}")
+        # onnxruntime-gpu finds the CUDA/cuDNN libraries of the pip nvidia-* packages only once they are
+        # preloaded (or torch was imported first, which a bench child of an ONNX variant never does);
+        # otherwise the session falls back to CPU and _load refuses it. Best effort: the check in _load
+        # still names the failure.
+        if hasattr(ort, "preload_dlls"):
+            try:
+                ort.preload_dlls()
+            except Exception:  # noqa: BLE001
+                pass
         device_id = int(self.device.split(":", 1)[1]) if ":" in self.device else 0
         return [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"]
 
