@@ -86,10 +86,16 @@ def _bench_stage(variants: list[Path], report_dir: Path, args, device: str, forc
         if json.loads(stamp.read_text(encoding="utf-8")) == key:
             print(f"   reusing {report_dir / 'report.md'} (same variants; --force to re-measure)")
             return report_dir / "report.md"
+    # Re-measuring replaces a report this pipeline wrote (it has the stamp); anything else
+    # in the way needs --force, like every other output.
+    owned = stamp.is_file() or not report_dir.exists() or not any(report_dir.iterdir())
+    if not owned and not force:
+        raise QserveError(f"{report_dir} already holds files the pipeline did not write; pass --force "
+                          "to replace them, or choose another --report-dir")
     cfg = BenchConfig(batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
                       seq_lens=[int(s) for s in args.seq_lens.split(",")],
                       threads=args.threads, device=device, out=report_dir,
-                      max_eval_samples=args.bench_eval_samples)
+                      max_eval_samples=args.bench_eval_samples, force=True)
     run_bench(variants, cfg)
     from qserve.artifact import write_json_atomic
 
