@@ -36,7 +36,7 @@ def options_for(name: str, args: argparse.Namespace, strict: bool) -> dict:
     opts = {}
     for key, (flag, owners) in OPTION_FLAGS.items():
         value = getattr(args, key, None)
-        if value is None or value is False:
+        if value is None:
             continue
         if name in owners:
             opts[key] = value
@@ -159,14 +159,16 @@ def register(sub) -> None:
                                  "Default: <checkpoint>-variants/<variant>")
     p.add_argument("--force", action="store_true", help="replace an existing variant directory")
     p.add_argument("--device", default="auto", help="auto|cpu|cuda: device for defaults and the parity check")
-    p.add_argument("--per-channel", action="store_true", default=None, help="onnx-int8: per-channel weight scales")
+    p.add_argument("--per-channel", action=argparse.BooleanOptionalAction, default=None,
+                   help="onnx-int8: one weight scale per output channel (default on: on the embedded default "
+                        "it lifts agreement with fp32 from 96.8%% to 99.0%% for ~4%% latency)")
     p.add_argument("--block-size", type=int, help="onnx-int4: quantization block size (default 32)")
     p.add_argument("--accuracy-level", type=int, choices=[0, 1, 2, 3, 4],
                    help="onnx-int4: MatMulNBits accuracy_level (4 = int8 compute, fastest on CPU; default 4)")
-    p.add_argument("--quantize-embeddings", action="store_true", default=None,
+    p.add_argument("--quantize-embeddings", action=argparse.BooleanOptionalAction, default=None,
                    help="onnx-int4: also quantize the word-embedding Gather to 4 bits")
     p.add_argument("--llm-int8-threshold", type=float, help="bnb-int8: outlier threshold (default 6.0)")
-    p.add_argument("--double-quant", action="store_true", default=None, help="bnb-nf4/fp4: quantize the scales too")
+    p.add_argument("--double-quant", action=argparse.BooleanOptionalAction, default=None, help="bnb-nf4/fp4: quantize the scales too")
     p.set_defaults(func=cmd_export)
 
     v = sub.add_parser("variants", help="list variant directories with size and parity")

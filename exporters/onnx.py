@@ -39,7 +39,7 @@ MODEL_FILE = "model.onnx"
 OPTIONS: dict[str, dict[str, Any]] = {
     "onnx-fp32": {"opset": None},
     "onnx-fp16": {"opset": None},
-    "onnx-int8": {"opset": None, "per_channel": False, "reduce_range": False, "optimize": False},
+    "onnx-int8": {"opset": None, "per_channel": True, "reduce_range": False, "optimize": False},
     "onnx-int4": {"opset": None, "block_size": 32, "accuracy_level": 4, "symmetric": False,
                   "quantize_embeddings": False},
 }

@@ -160,16 +160,16 @@ def test_int8_graph_holds_signed_int8_quantized_ops(onnx_variants):
     assert float_matmuls_with_weights == []
     _assert_signed_int8_linear_weights(path)
     q = manifest["onnx"]["quantization"]
-    assert (q["preset"], q["weight_type"], q["per_channel"], q["reduce_range"]) == ("avx512_vnni", "QInt8", False, False)
+    assert (q["preset"], q["weight_type"], q["per_channel"], q["reduce_range"]) == ("avx512_vnni", "QInt8", True, False)
     assert "fusions" not in manifest["onnx"]
 
 
 def test_int8_optimize_fuses_attention_before_quantizing(tiny_checkpoint, reference, tmp_path):
     out = tmp_path / "onnx-int8-fused"
-    manifest = exporters.export(tiny_checkpoint, "onnx-int8", out, options={"optimize": True, "per_channel": True})
+    manifest = exporters.export(tiny_checkpoint, "onnx-int8", out, options={"optimize": True, "per_channel": False})
     assert {"QAttention", "SkipLayerNormalization"} <= _ops(out)
     assert manifest["onnx"]["fusions"]["Attention"] == 2  # one per layer of the tiny model
-    assert manifest["onnx"]["quantization"]["per_channel"] is True
+    assert manifest["onnx"]["quantization"]["per_channel"] is False
     _assert_signed_int8_linear_weights(out)
     runtime = load_runtime(out, "cpu")
     got = runtime.logits(TEXTS)
