@@ -13,7 +13,9 @@ cannot be pointed at someone else's service.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
+import json
 import ipaddress
 import socket
 import time
@@ -73,8 +75,8 @@ def read_texts_file(path: str | Path) -> tuple[list[str], list[str] | None]:
 def classify_url(url: str) -> str:
     """The /v1/classify URL for a base URL, after checking the host is loopback."""
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise QserveError(f"URL {url!r}: expected http://127.0.0.1:PORT (a loopback address)")
+    if parts.scheme != "http" or not parts.hostname:
+        raise QserveError(f"URL {url!r}: expected http://127.0.0.1:PORT (plain http to a loopback address)")
     try:
         infos = socket.getaddrinfo(parts.hostname, parts.port or 80, proto=socket.IPPROTO_TCP)
     except socket.gaierror as e:
@@ -87,6 +89,67 @@ def classify_url(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}{path}"
 
 
+class Conn:
+    """One keep-alive HTTP/1.1 connection that POSTs JSON: the load generator's whole client.
+
+    The load tool shares the machine with the server it measures (2 cores here), so its
+    own CPU per request must be small: a general-purpose async client (httpx) spent more
+    CPU per request than the server did, capping the measured throughput at the
+    client's speed. This speaks just enough HTTP/1.1 for qserve's answers
+    (Content-Length or chunked bodies, keep-alive, reconnect after Connection: close).
+    """
+
+    def __init__(self, url: str, headers: dict[str, str], timeout_s: float):
+        parts = urlsplit(url)
+        if parts.scheme != "http":
+            raise QserveError(f"URL {url!r}: loadtest speaks plain http to loopback servers only")
+        self.host, self.port = parts.hostname, parts.port or 80
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        self.head = (f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+                     f"Content-Type: application/json\r\n{extra}Content-Length: ").encode()
+        self.timeout_s = timeout_s
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, body: bytes) -> tuple[int, bytes]:
+        return await asyncio.wait_for(self._post(body), self.timeout_s)
+
+    async def _post(self, body: bytes) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        self.writer.write(self.head + str(len(body)).encode() + b"\r\n\r\n" + body)
+        try:
+            head = await self.reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            await self.close()
+            raise
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ", 2)[1])
+        hdrs = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+        if "content-length" in hdrs:
+            data = await self.reader.readexactly(int(hdrs["content-length"]))
+        elif hdrs.get("transfer-encoding", "").lower() == "chunked":
+            chunks = []
+            while size := int((await self.reader.readuntil(b"\r\n")).strip(), 16):
+                chunks.append(await self.reader.readexactly(size))
+                await self.reader.readexactly(2)
+            await self.reader.readuntil(b"\r\n")
+            data = b"".join(chunks)
+        else:
+            data = await self.reader.read()
+            hdrs["connection"] = "close"
+        if hdrs.get("connection", "").lower() == "close":
+            await self.close()
+        return status, data
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            with contextlib.suppress(Exception):
+                await self.writer.wait_closed()
+        self.reader = self.writer = None
+
+
 def _percentiles(lat_s: list[float]) -> dict[str, float | None]:
     if not lat_s:
         return {"p50_ms": None, "p90_ms": None, "p99_ms": None, "mean_ms": None, "max_ms": None}
@@ -95,19 +158,19 @@ def _percentiles(lat_s: list[float]) -> dict[str, float | None]:
             "p99_ms": float(np.percentile(a, 99)), "mean_ms": float(a.mean()), "max_ms": float(a.max())}
 
 
-async def _expected_pass(client: Any, url: str, texts: list[str]) -> tuple[list[str], list[np.ndarray]]:
+async def _expected_pass(conn: Conn, url: str, texts: list[str]) -> tuple[list[str], list[np.ndarray]]:
     labels, scores = [], []
     for t in dict.fromkeys(texts):
-        r = await client.post(url, json={"inputs": t})
-        if r.status_code != 200:
-            raise QserveError(f"sequential pass: {url} answered {r.status_code}: {r.text[:300]}")
-        preds = r.json()["predictions"][0]
+        status, data = await conn.post(json.dumps({"inputs": t}).encode())
+        if status != 200:
+            raise QserveError(f"sequential pass: {url} answered {status}: {data[:300].decode(errors='replace')}")
+        preds = json.loads(data)["predictions"][0]
         labels.append(preds[0]["label"])
         scores.append({p["label"]: p["score"] for p in preds})
     return labels, scores
 
 
-async def _level(client: Any, url: str, texts: list[str], expected: list[str], exp_scores: list[dict] | None,
+async def _level(make_conn: Callable[[], Conn], url: str, texts: list[str], expected: list[str], exp_scores: list[dict] | None,
                  concurrency: int, duration_s: float, max_requests: int) -> dict[str, Any]:
     lat: list[float] = []
     errors: Counter[str] = Counter()
@@ -115,7 +178,10 @@ async def _level(client: Any, url: str, texts: list[str], expected: list[str], e
     max_diff = [0.0]
     end = time.perf_counter() + duration_s
 
+    bodies = [json.dumps({"inputs": t}).encode() for t in texts]
+
     async def worker(wid: int) -> None:
+        conn = make_conn()
         i = wid
         while time.perf_counter() < end and counts["sent"] < max_requests:
             counts["sent"] += 1
@@ -123,22 +189,25 @@ async def _level(client: Any, url: str, texts: list[str], expected: list[str], e
             i += concurrency
             t0 = time.perf_counter()
             try:
-                r = await client.post(url, json={"inputs": texts[idx]})
+                status, data = await conn.post(bodies[idx])
             except Exception as e:  # noqa: BLE001 - every failure is a counted outcome
                 errors[f"no answer: {type(e).__name__}"] += 1
+                await conn.close()
                 continue
             counts["answered"] += 1
-            if r.status_code != 200:
-                errors[f"HTTP {r.status_code}"] += 1
+            if status != 200:
+                errors[f"HTTP {status}"] += 1
                 continue
             lat.append(time.perf_counter() - t0)
-            preds = r.json()["predictions"][0]
+            preds = json.loads(data)["predictions"][0]
             counts["ok"] += 1
             if preds[0]["label"] != expected[idx]:
                 counts["mismatched"] += 1
             if exp_scores is not None:
                 got = {p["label"]: p["score"] for p in preds}
                 max_diff[0] = max(max_diff[0], max(abs(got[k] - v) for k, v in exp_scores[idx].items()))
+
+        await conn.close()
 
     t0 = time.perf_counter()
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
@@ -153,28 +222,30 @@ async def _level(client: Any, url: str, texts: list[str], expected: list[str], e
 async def _run(url: str, concurrencies: list[int], duration_s: float, texts: list[str],
                labels: list[str] | None, max_requests: int, api_key: str | None,
                timeout_s: float, on_level: Callable[[str, int], None] | None) -> dict[str, Any]:
-    import httpx2
-
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    limits = httpx2.Limits(max_connections=max(concurrencies), max_keepalive_connections=max(concurrencies))
-    async with httpx2.AsyncClient(headers=headers, limits=limits, timeout=timeout_s, trust_env=False) as client:
-        t0 = time.perf_counter()
-        if labels is None:
-            uniq_labels, uniq_scores = await _expected_pass(client, url, texts)
-            by_text = dict(zip(dict.fromkeys(texts), zip(uniq_labels, uniq_scores)))
-            expected = [by_text[t][0] for t in texts]
-            exp_scores = [by_text[t][1] for t in texts]
-            source = "sequential pass"
-        else:
-            expected, exp_scores, source = labels, None, "file"
-        seq_s = time.perf_counter() - t0
-        levels = []
-        for c in concurrencies:
-            if on_level:
-                on_level("start", c)
-            levels.append(await _level(client, url, texts, expected, exp_scores, c, duration_s, max_requests))
-            if on_level:
-                on_level("end", c)
+
+    def make_conn() -> Conn:
+        return Conn(url, headers, timeout_s)
+
+    t0 = time.perf_counter()
+    if labels is None:
+        first = make_conn()
+        uniq_labels, uniq_scores = await _expected_pass(first, url, texts)
+        await first.close()
+        by_text = dict(zip(dict.fromkeys(texts), zip(uniq_labels, uniq_scores)))
+        expected = [by_text[t][0] for t in texts]
+        exp_scores = [by_text[t][1] for t in texts]
+        source = "sequential pass"
+    else:
+        expected, exp_scores, source = labels, None, "file"
+    seq_s = time.perf_counter() - t0
+    levels = []
+    for c in concurrencies:
+        if on_level:
+            on_level("start", c)
+        levels.append(await _level(make_conn, url, texts, expected, exp_scores, c, duration_s, max_requests))
+        if on_level:
+            on_level("end", c)
     return {"url": url, "texts": len(texts), "expected_from": source, "sequential_pass_s": seq_s,
             "duration_s": duration_s, "max_requests": max_requests, "levels": levels}
 
