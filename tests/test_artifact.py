@@ -146,6 +146,9 @@ def test_runtime_predict_contract(tiny_variant):
     assert probs.shape == (3, 2) and probs.dtype.name == "float32"
     assert abs(float(probs.sum(axis=1).max()) - 1) < 1e-5
     assert rt.truncated(["short", "awful " * 200]) == [False, True]
+    # the server's one-tokenization path gives the same probabilities and the same flags
+    cprobs, flags = rt.classify(["a great movie", "awful " * 200, "ok"])
+    assert flags == [False, True, False] and abs(cprobs - probs).max() < 1e-6
     # the same text alone or padded in a batch gives the same probabilities
     alone = rt.predict(["a great movie"])[0]
     assert abs(alone - probs[0]).max() < 1e-5

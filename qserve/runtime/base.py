@@ -50,11 +50,17 @@ class Runtime:
         """Wait for queued device work (CUDA) so timings are honest; no-op on CPU."""
 
     # -- shared path -----------------------------------------------------------------
-    def tokenize(self, texts: list[str]) -> dict[str, np.ndarray]:
-        enc = self.tokenizer(list(texts), truncation=True, max_length=self.max_length, padding=True,
-                             return_tensors="np")
+    def _encode(self, texts: list[str]):
+        return self.tokenizer(list(texts), truncation=True, max_length=self.max_length, padding=True,
+                              return_tensors="np")
+
+    @staticmethod
+    def _batch(enc) -> dict[str, np.ndarray]:
         return {"input_ids": enc["input_ids"].astype(np.int64),
                 "attention_mask": enc["attention_mask"].astype(np.int64)}
+
+    def tokenize(self, texts: list[str]) -> dict[str, np.ndarray]:
+        return self._batch(self._encode(texts))
 
     def truncated(self, texts: list[str]) -> list[bool]:
         """Which texts are longer than max_length tokens (and so were cut)."""
@@ -67,6 +73,15 @@ class Runtime:
     def predict(self, texts: list[str]) -> np.ndarray:
         """Class probabilities [len(texts), num_labels] (float32, rows sum to 1)."""
         return softmax(self.logits(texts))
+
+    def classify(self, texts: list[str]) -> tuple[np.ndarray, list[bool]]:
+        """predict() plus, per text, whether it was cut to max_length, from ONE tokenization (the
+        server's path: tokenizing a second time just for the flags cost every request)."""
+        enc = self._encode(texts)
+        probs = softmax(self.forward(self._batch(enc)).astype(np.float32))
+        if enc.encodings is None:  # a slow (Python) tokenizer keeps no overflow record
+            return probs, self.truncated(texts)
+        return probs, [len(e.overflowing) > 0 for e in enc.encodings]
 
     def close(self) -> None:
         """Release the model (bench children exit anyway; serve calls this on shutdown)."""

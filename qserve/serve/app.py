@@ -121,9 +121,9 @@ def _default_loader(cfg: ServeConfig) -> Any:
 
 def _infer_fn(runtime: Any) -> Callable[[list[str]], tuple[np.ndarray, list[bool]]]:
     def infer(texts: list[str]) -> tuple[np.ndarray, list[bool]]:
-        # Both calls tokenize, so both stay on the inference thread (the tokenizer is not thread-safe).
-        probs = np.asarray(runtime.predict(texts), dtype=np.float32)
-        return probs, [bool(t) for t in runtime.truncated(texts)]
+        # Tokenizing happens here, on the inference thread: the fast tokenizer is not thread-safe.
+        probs, truncated = runtime.classify(texts)
+        return np.asarray(probs, dtype=np.float32), [bool(t) for t in truncated]
 
     return infer
 
