@@ -3,7 +3,8 @@
     qserve pipeline                                   # embedded default, ~10-15 min on 2 CPU cores
     qserve pipeline --model distilbert-base-uncased --dataset imdb   # hub path, needs network
 
-Everything lands in one run directory (default models/<model>-<dataset>/): checkpoint/,
+Everything lands in one run directory (default models/<model>-<dataset>/, e.g.
+models/minilm-l6-distilbert-imdb/): checkpoint/,
 variants/<name>/, report/. Re-running reuses each finished stage whose inputs are
 unchanged (same training config; variants built from the same checkpoint hash;
 a report over the same variant manifests) unless --force.
@@ -38,10 +39,12 @@ def _train_stage(cfg, run_dir: Path, force: bool) -> Path:
 
     ckpt = run_dir / "checkpoint"
     metrics_path = ckpt / "train_metrics.json"
-    want = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+    # Where the checkpoint lives and --force say nothing about what was trained.
+    ignore = {"out", "force"}
+    want = {k: v for k, v in json.loads(json.dumps(dataclasses.asdict(cfg), default=str)).items() if k not in ignore}
     if metrics_path.is_file() and not force:
-        have = json.loads(metrics_path.read_text(encoding="utf-8")).get("config")
-        if have == want:
+        have = json.loads(metrics_path.read_text(encoding="utf-8")).get("config") or {}
+        if {k: v for k, v in have.items() if k not in ignore} == want:
             print(f"   reusing {ckpt} (same training config; --force to retrain)")
             return ckpt
         raise QserveError(f"{ckpt} was trained with another config; pass --force to retrain, "
@@ -109,7 +112,7 @@ def run_pipeline(args: argparse.Namespace) -> Path:
     from qserve.variants import supported
 
     device = resolve_device(args.device)
-    run_dir = Path(args.run_dir) if args.run_dir else Path("models") / f"{_slug(args.model)}-{_slug(args.dataset)}"
+    run_dir = Path(args.run_dir) if args.run_dir else Path("models") / _run_name(args.model, args.dataset)
     cfg = TrainConfig(model=args.model, dataset=args.dataset, precision=args.precision, epochs=args.epochs,
                       batch_size=args.batch_size, lr=args.lr, max_length=args.max_length,
                       max_samples=args.max_samples, seed=args.seed, out=str(run_dir / "checkpoint"),
@@ -130,12 +133,12 @@ def run_pipeline(args: argparse.Namespace) -> Path:
     return report
 
 
-def _slug(s: str) -> str:
-    from qserve.modeling import DEFAULT_NAME
+def _run_name(model: str, dataset: str) -> str:
+    """models/<model>-<dataset>: the embedded default is minilm-l6-distilbert-imdb."""
+    from qserve.modeling import model_name_for
 
-    if s == "default":
-        return DEFAULT_NAME
-    return Path(s).name.replace("/", "-") or "model"
+    data = {"default": "imdb", "imdb-embedded": "imdb"}.get(dataset, Path(dataset).stem or dataset)
+    return f"{model_name_for(model)}-{data}".replace("/", "-")
 
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
@@ -166,7 +169,8 @@ def register(sub) -> None:
     p.add_argument("--bench-eval-samples", type=int, default=1000,
                    help="test reviews for bench accuracy/agreement per variant (default %(default)s)")
     p.add_argument("--device", default="auto", help="auto|cpu|cuda")
-    p.add_argument("--run-dir", help="where checkpoint/, variants/ and report/ go (default models/<model>-<dataset>)")
+    p.add_argument("--run-dir", help="where checkpoint/, variants/ and report/ go (default models/<model>-<dataset>, "
+                                        "e.g. models/minilm-l6-distilbert-imdb)")
     p.add_argument("--report-dir", help="where the report goes (default <run-dir>/report)")
     p.add_argument("--force", action="store_true", help="redo every stage even if its outputs are current")
     p.set_defaults(func=cmd_pipeline)
