@@ -98,7 +98,7 @@ def _bench_stage(variants: list[Path], report_dir: Path, args, device: str, forc
     cfg = BenchConfig(batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
                       seq_lens=[int(s) for s in args.seq_lens.split(",")],
                       threads=args.threads, device=device, out=report_dir,
-                      max_eval_samples=args.bench_eval_samples, force=True)
+                      max_eval_samples=args.bench_eval_samples, time_budget_s=args.time_budget, force=True)
     run_bench(variants, cfg)
     from qserve.artifact import write_json_atomic
 
@@ -166,6 +166,8 @@ def register(sub) -> None:
     p.add_argument("--batch-sizes", default="1,8,32", help="bench batch sizes (default %(default)s)")
     p.add_argument("--seq-lens", default="128", help="bench sequence lengths (default %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="bench threads (default: all cores)")
+    p.add_argument("--time-budget", type=float, default=2.0,
+                   help="bench seconds of timed calls per shape (default %(default)s; `qserve bench` uses 3)")
     p.add_argument("--bench-eval-samples", type=int, default=1000,
                    help="test reviews for bench accuracy/agreement per variant (default %(default)s)")
     p.add_argument("--device", default="auto", help="auto|cpu|cuda")
