@@ -73,9 +73,14 @@ def accuracy_vs_size(report: dict[str, Any], path: Path) -> Path | None:
     if not pts:
         return None
     fig, ax = plt.subplots(figsize=(7, 5), constrained_layout=True)
+    placed: list[tuple[float, float]] = []
     for i, (x, y, name) in enumerate(pts):
         ax.scatter([x], [y], marker=MARKERS[i % len(MARKERS)], s=60, label=name)
-        ax.annotate(name, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+        # Variants often coincide (torch-fp32 and onnx-fp32: same size, same accuracy); stack
+        # their labels instead of printing them on top of each other.
+        near = sum(1 for px, py in placed if abs(px - x) / x < 0.25 and abs(py - y) < 0.15)
+        placed.append((x, y))
+        ax.annotate(name, (x, y), textcoords="offset points", xytext=(6, 4 + 11 * near), fontsize=8)
     ax.set_xscale("log")
     from matplotlib.ticker import FuncFormatter
 
