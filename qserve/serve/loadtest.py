@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import numpy as np
 
 from qserve import QserveError
 
@@ -151,14 +150,17 @@ class Conn:
 
 
 def _percentiles(lat_s: list[float]) -> dict[str, float | None]:
+    """Client-side latency percentiles, computed by the bench's (tested) statistics."""
+    from qserve.bench.stats import percentile
+
     if not lat_s:
         return {"p50_ms": None, "p90_ms": None, "p99_ms": None, "mean_ms": None, "max_ms": None}
-    a = np.asarray(lat_s) * 1000.0
-    return {"p50_ms": float(np.percentile(a, 50)), "p90_ms": float(np.percentile(a, 90)),
-            "p99_ms": float(np.percentile(a, 99)), "mean_ms": float(a.mean()), "max_ms": float(a.max())}
+    ms = [x * 1000.0 for x in lat_s]
+    return {"p50_ms": percentile(ms, 50), "p90_ms": percentile(ms, 90), "p99_ms": percentile(ms, 99),
+            "mean_ms": sum(ms) / len(ms), "max_ms": max(ms)}
 
 
-async def _expected_pass(conn: Conn, url: str, texts: list[str]) -> tuple[list[str], list[np.ndarray]]:
+async def _expected_pass(conn: Conn, url: str, texts: list[str]) -> tuple[list[str], list[dict[str, float]]]:
     labels, scores = [], []
     for t in dict.fromkeys(texts):
         status, data = await conn.post(json.dumps({"inputs": t}).encode())
