@@ -15,6 +15,8 @@ loads it unchanged. Then:
   pre-processing measured no faster here (DistilBERT-base size, b1/s128, 1 thread:
   fp32 111 ms, int8 37 ms plain, 40 ms fused, 37 ms pre-processed), so the default
   stays the plain graph, which needs no contrib ops beyond the quantized MatMuls.
+  Before quantizing, activation outliers are smoothed into the weights (exporters.smoothing,
+  calibrated on training texts; option smooth=false turns it off).
 - int4: MatMulNBits weight-only 4-bit, blockwise; accuracy_level 4 computes in int8.
 """
 
@@ -39,11 +41,12 @@ MODEL_FILE = "model.onnx"
 OPTIONS: dict[str, dict[str, Any]] = {
     "onnx-fp32": {"opset": None},
     "onnx-fp16": {"opset": None},
-    "onnx-int8": {"opset": None, "per_channel": True, "reduce_range": False, "optimize": False},
+    "onnx-int8": {"opset": None, "per_channel": True, "reduce_range": False, "optimize": False, "smooth": True,
+                  "calibration_samples": 64, "keep_fp32": ""},
     "onnx-int4": {"opset": None, "block_size": 32, "accuracy_level": 4, "symmetric": False,
                   "quantize_embeddings": False},
 }
-_BOOL_OPTIONS = {"per_channel", "reduce_range", "optimize", "symmetric", "quantize_embeddings"}
+_BOOL_OPTIONS = {"per_channel", "reduce_range", "optimize", "symmetric", "quantize_embeddings", "smooth"}
 
 
 def resolve_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -56,6 +59,13 @@ def resolve_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
         raise QserveError(f"unknown option(s) {', '.join(map(repr, unknown))} for {name}; "
                           f"allowed: {', '.join(f'{k} (default {v!r})' for k, v in allowed.items())}")
     opts = {**allowed, **options}
+    if opts.get("optimize") is True and "smooth" not in options:
+        # The smoothing Mul sits between each LayerNorm and its q/k/v MatMuls, which is exactly
+        # the pattern ORT's attention fusion matches: asking for the fused graph turns it off.
+        opts["smooth"] = False
+    if opts.get("optimize") is True and opts.get("smooth") is True:
+        raise QserveError(f"options optimize and smooth for {name} exclude each other (the smoothing Mul blocks "
+                          "ORT's attention fusion); drop smooth=true, or set optimize=false")
     if opts.get("quantize_embeddings") and opts["opset"] not in (None, 21):
         raise QserveError(f"option quantize_embeddings for {name} needs opset 21 (4-bit Gather weights are an "
                           f"opset-21 type); drop opset or set it to 21 (got {opts['opset']!r})")
@@ -65,6 +75,14 @@ def resolve_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     if opts["opset"] is not None and (isinstance(opts["opset"], bool) or not isinstance(opts["opset"], int)
                                       or not 14 <= opts["opset"] <= 21):
         raise QserveError(f"option opset for {name} must be an integer from 14 to 21 (got {opts['opset']!r})")
+    if "calibration_samples" in opts:
+        c = opts["calibration_samples"]
+        if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= 1024:
+            raise QserveError(f"option calibration_samples for {name} must be an integer from 1 to 1024 "
+                              f"(training texts used to choose the smoothing; got {c!r})")
+    if "keep_fp32" in opts and not isinstance(opts["keep_fp32"], str):
+        raise QserveError(f"option keep_fp32 for {name} must be a comma-separated string of MatMul node-name parts, "
+                          f"e.g. 'layer.0/ffn/lin2' (got {opts['keep_fp32']!r})")
     if "block_size" in opts:
         b = opts["block_size"]
         if isinstance(b, bool) or not isinstance(b, int) or b < 16 or b & (b - 1):
@@ -97,7 +115,7 @@ def build(checkpoint: Path, out: Path, spec: VariantSpec, options: dict[str, Any
         elif spec.dtype == "fp16":
             record = convert_fp16(src, dst)
         elif spec.dtype == "int8":
-            record = quantize_int8(src, dst, _read_config(fp32_dir), opts, Path(scratch))
+            record = quantize_int8(src, dst, _read_config(fp32_dir), opts, Path(scratch), checkpoint)
         elif spec.dtype == "int4":
             record = quantize_int4(src, dst, opts)
         else:  # the OPTIONS table and the variant table disagree: a programming error
@@ -188,18 +206,25 @@ def optimize_bert(src: Path, dst: Path, config: dict[str, Any]) -> dict[str, int
     return {k: int(v) for k, v in optimized.get_fused_operator_statistics().items() if v}
 
 
-def quantize_int8(src: Path, dst: Path, config: dict[str, Any], opts: dict[str, Any], scratch: Path) -> dict[str, Any]:
+def quantize_int8(src: Path, dst: Path, config: dict[str, Any], opts: dict[str, Any], scratch: Path,
+                  checkpoint: Path) -> dict[str, Any]:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     record: dict[str, Any] = {}
+    keep = kept_fp32(src, opts["keep_fp32"])  # before the slow steps: a pattern matching nothing fails at once
+    if opts["smooth"]:
+        src = smooth_fp32(src, scratch / "smoothed.onnx", checkpoint, opts["calibration_samples"], record)
     if opts["optimize"]:
         fused = scratch / "fused.onnx"
         record["fusions"] = optimize_bert(src, fused, config)
         src = fused
+        keep = kept_fp32(src, opts["keep_fp32"])  # fusion renames some MatMuls: match on the graph quantized
+    if keep:
+        record["kept_fp32"] = keep
     with _quiet():
         quantize_dynamic(str(src), str(dst), per_channel=opts["per_channel"], reduce_range=opts["reduce_range"],
-                         weight_type=QuantType.QInt8,
+                         weight_type=QuantType.QInt8, nodes_to_exclude=keep,
                          # Shape inference cannot type the outputs of fused contrib ops (Attention,
                          # SkipLayerNormalization); every float tensor in this graph is fp32.
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
@@ -211,6 +236,39 @@ def quantize_int8(src: Path, dst: Path, config: dict[str, Any], opts: dict[str, 
         "per_channel": opts["per_channel"], "reduce_range": opts["reduce_range"],
     }
     return record
+
+
+def kept_fp32(src: Path, patterns: str) -> list[str]:
+    """Names of the weight MatMuls matching any comma-separated part of `patterns`; each part must match."""
+    parts = [p.strip() for p in patterns.split(",") if p.strip()]
+    if not parts:
+        return []
+    import onnx
+
+    graph = onnx.load(str(src), load_external_data=False).graph
+    inits = {i.name for i in graph.initializer}
+    names = [n.name for n in graph.node if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1 and n.input[1] in inits]
+    unmatched = [p for p in parts if not any(p in n for n in names)]
+    if unmatched:
+        raise QserveError(f"option keep_fp32: {', '.join(map(repr, unmatched))} matches no MatMul with weights; "
+                          f"node names look like {', '.join(names[:3])}, ... ({len(names)} in all)")
+    return [n for n in names if any(p in n for p in parts)]
+
+
+def smooth_fp32(src: Path, dst: Path, checkpoint: Path, samples: int, record: dict[str, Any]) -> Path:
+    """Write the smoothed fp32 graph to `dst` (see exporters.smoothing); fill record["smoothing"]."""
+    import onnx
+
+    from exporters import smoothing
+    from exporters.core import checkpoint_info
+
+    texts, source = smoothing.calibration_texts(checkpoint, samples)
+    batches = smoothing.calibration_batches(checkpoint, texts, checkpoint_info(checkpoint)["max_length"])
+    with _quiet():
+        model, record["smoothing"] = smoothing.smooth(onnx.load(str(src)), batches)
+    record["smoothing"]["calibration"] = source
+    onnx.save(model, str(dst))
+    return dst
 
 
 def quantize_int4(src: Path, dst: Path, opts: dict[str, Any]) -> dict[str, Any]:

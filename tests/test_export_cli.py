@@ -32,11 +32,23 @@ def test_export_refuses_existing_without_force(tiny_checkpoint, tmp_path, capsys
     ([], "say what to export"),
     (["--all", "--bits", "8"], "do not combine"),
     (["--bits", "8", "--block-size", "64"], "--block-size applies to onnx-int4, not onnx-int8"),
+    (["--bits", "4", "--backend", "bnb", "--no-smooth"], "--smooth applies to onnx-int8, not bnb-nf4"),
+    (["--bits", "8", "--keep-fp32", "nonesuch"], "'nonesuch' matches no MatMul"),
+    (["--bits", "8", "--calibration-samples", "0"], "calibration_samples for onnx-int8 must be an integer from 1"),
 ])
 def test_export_bad_flags(tiny_checkpoint, tmp_path, capsys, argv, message):
     assert main(["export", str(tiny_checkpoint), "--out", str(tmp_path / "v"), "--device", "cpu", *argv]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "v").exists()
+
+
+def test_export_int8_flags_reach_the_exporter(tiny_checkpoint, tmp_path):
+    out = tmp_path / "int8"
+    assert main(["export", str(tiny_checkpoint), "--bits", "8", "--out", str(out), "--device", "cpu",
+                 "--no-smooth", "--keep-fp32", "layer.1/ffn/lin2"]) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["spec"]["options"] == {"smooth": False, "keep_fp32": "layer.1/ffn/lin2"}
+    assert "smoothing" not in m["onnx"] and m["onnx"]["kept_fp32"] == ["/distilbert/transformer/layer.1/ffn/lin2/MatMul"]
 
 
 def test_export_not_a_checkpoint(tmp_path, capsys):

@@ -1,0 +1,187 @@
+"""Activation smoothing before dynamic int8: move activation outliers into the weights.
+
+    qserve export models/minilm-imdb --bits 8 --backend onnx            # smoothing on (the default)
+    qserve export models/minilm-imdb --bits 8 --backend onnx --no-smooth
+
+Dynamic int8 quantizes each MatMul's input with one uint8 scale per tensor. In BERT-family
+encoders a few hidden channels carry values 10-15x the median (measured on the embedded
+default: LayerNorm outputs up to 28 against a median channel max of 2), so that one scale
+is coarse for every other channel. SmoothQuant's rewrite (Xiao et al., 2023) divides
+input channel k by s_k and multiplies weight row k by s_k: exact in fp32 (checked to
+1e-6 on the embedded default), but it flattens the activations the quantizer sees while
+the per-channel int8 weights absorb the scale.
+
+s_k = max|X_k|^a / max|W_k|^(1-a), with a chosen per group of MatMuls sharing an input
+(q/k/v, out_lin, lin1, lin2) from a grid, by the error of a numpy simulation of ORT's
+quantizers (uint8 asymmetric per batch for X, int8 symmetric per column for W) on
+calibration batches padded the way serving and the bench pad them; a group keeps no
+smoothing when none beats the plain quantization. Measured on the embedded default
+(2,000 test reviews, batches of 32): mean |Δ logit margin| against fp32 0.086 -> 0.056.
+Each smoothed group costs one element-wise Mul in the graph.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # below 0.5 never won on the embedded default (full 0-1 grid tried)
+
+
+def weight_groups(model: Any) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """Initializers by name, and the MatMuls with a constant weight grouped by their activation input."""
+    inits = {i.name: i for i in model.graph.initializer}
+    groups: dict[str, list[Any]] = {}
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and node.input[1] in inits and node.input[0] not in inits:
+            groups.setdefault(node.input[0], []).append(node)
+    return inits, groups
+
+
+def capture(model: Any, tensors: list[str], batches: list[dict[str, np.ndarray]]) -> Iterator[list[np.ndarray]]:
+    """Run the fp32 graph on each batch; yield the named tensors as (rows, channels), one batch at a time."""
+    import onnx
+    import onnxruntime as ort
+
+    probe = copy.deepcopy(model)
+    for t in tensors:
+        probe.graph.output.append(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None))
+    so = ort.SessionOptions()
+    # Unfused graph: fusions could swallow the tensors we tap.
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    names = {i.name for i in sess.get_inputs()}
+    for batch in batches:
+        feed = {k: v for k, v in batch.items() if k in names}
+        if "token_type_ids" in names and "token_type_ids" not in feed:
+            feed["token_type_ids"] = np.zeros_like(batch["input_ids"])
+        yield [np.asarray(out, dtype=np.float32).reshape(-1, out.shape[-1]) for out in sess.run(tensors, feed)]
+
+
+def quant_act(x: np.ndarray) -> np.ndarray:
+    """ORT DynamicQuantizeLinear, quantize-dequantize: uint8, asymmetric, range always holds 0."""
+    lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+    scale = (hi - lo) / 255.0 or 1.0
+    zero = np.clip(np.round(-lo / scale), 0, 255)
+    return (np.clip(np.round(x / scale) + zero, 0, 255) - zero) * scale
+
+
+def quant_weight(w: np.ndarray) -> np.ndarray:
+    """Per-column symmetric int8 (ORT's per-channel QInt8 weights), quantize-dequantize."""
+    scale = np.abs(w).max(axis=0, keepdims=True) / 127.0
+    scale[scale == 0] = 1.0
+    return np.round(w / scale) * scale
+
+
+def scales(x_max: np.ndarray, w_max: np.ndarray, alpha: float) -> np.ndarray:
+    """SmoothQuant's s = max|X|^a / max|W|^(1-a) per input channel (a = 0: weights decide, 1: activations)."""
+    return np.clip(np.maximum(x_max, 1e-5) ** alpha / np.maximum(w_max, 1e-5) ** (1 - alpha), 1e-5, 1e5)
+
+
+def smooth(model: Any, batches: list[dict[str, np.ndarray]], alphas: tuple[float, ...] = ALPHAS) -> tuple[Any, dict]:
+    """Return a smoothed copy of the fp32 ONNX `model` and the record of what was chosen.
+
+    Two passes over the calibration batches, one batch's activations in memory at a time:
+    the first finds each input channel's max |x| (padding rows included), the second adds up, per group and per
+    alpha, the squared error of the simulated int8 outputs on real (unpadded) rows, with
+    the activation range taken over the whole padded batch as at run time.
+    """
+    from onnx import helper, numpy_helper
+
+    model = copy.deepcopy(model)
+    inits, groups = weight_groups(model)
+    weights: dict[str, list[np.ndarray]] = {}
+    for tensor, consumers in groups.items():
+        ws = [numpy_helper.to_array(inits[c.input[1]]).astype(np.float32) for c in consumers]
+        if all(w.ndim == 2 and w.shape[0] == ws[0].shape[0] for w in ws):
+            weights[tensor] = ws  # plain (K, N) projections of one input; anything else is left alone
+    tensors = list(weights)
+    keeps = [b["attention_mask"].reshape(-1).astype(bool) for b in batches]
+    x_max = {t: 0.0 for t in tensors}
+    for outs in capture(model, tensors, batches):
+        for t, x in zip(tensors, outs):
+            # Padding rows too: they share the batch's int8 range, so a channel they inflate must not be amplified.
+            x_max[t] = np.maximum(x_max[t], np.abs(x).max(axis=0))
+    candidates = {t: [np.ones_like(x_max[t])] + [scales(x_max[t], np.abs(np.concatenate(weights[t], axis=1)).max(axis=1), a)
+                                                 for a in alphas] for t in tensors}
+    err = {t: np.zeros(len(alphas) + 1) for t in tensors}
+    ref = dict.fromkeys(tensors, 0.0)
+    for outs, keep in zip(capture(model, tensors, batches), keeps):
+        for t, x in zip(tensors, outs):
+            ys = [x[keep] @ w for w in weights[t]]
+            ref[t] += sum(float((y ** 2).sum()) for y in ys)
+            for i, s in enumerate(candidates[t]):
+                xq = quant_act(x / s)[keep]
+                err[t][i] += sum(float(((xq @ quant_weight(w * s[:, None]) - y) ** 2).sum())
+                                 for w, y in zip(weights[t], ys))
+    chosen: dict[str, float | None] = {}
+    inserts = []
+    for t in tensors:
+        rel = err[t] / ref[t] if ref[t] else err[t]
+        best = int(np.argmin(rel))  # index 0 is "no smoothing": kept unless an alpha beats it
+        chosen[t] = None if best == 0 else alphas[best - 1]
+        if best == 0:
+            continue
+        s = candidates[t][best].astype(np.float32)
+        scale_name, out = f"{t}_smooth_inv", f"{t}_smoothed"
+        model.graph.initializer.append(numpy_helper.from_array((1.0 / s).astype(np.float32), scale_name))
+        for c, w in zip(groups[t], weights[t]):
+            c.input[0] = out
+            inits[c.input[1]].CopyFrom(numpy_helper.from_array((w * s[:, None]).astype(np.float32), c.input[1]))
+        inserts.append((groups[t][0], helper.make_node("Mul", [t, scale_name], [out], name=f"{t}_smooth")))
+    for first, node in inserts:  # before the group's first consumer keeps the graph topologically sorted
+        model.graph.node.insert(list(model.graph.node).index(first), node)
+    n = max(len(tensors), 1)
+    rels = {t: err[t] / ref[t] if ref[t] else err[t] for t in tensors}
+    record = {"method": "SmoothQuant-style per-channel activation smoothing (exact fp32 rewrite), alpha per group "
+                        "by simulated int8 error", "alpha_grid": list(alphas),
+              "groups": len(tensors), "smoothed": len(inserts), "alphas": chosen,
+              "simulated_rel_error": {"plain": round(float(sum(r[0] for r in rels.values()) / n), 8),
+                                      "smoothed": round(float(sum(r.min() for r in rels.values()) / n), 8)}}
+    return model, record
+
+
+def calibration_texts(checkpoint: Any, n: int) -> tuple[list[str], str]:
+    """`n` training texts of the dataset the checkpoint was fine-tuned on, else the parity probes.
+
+    Training texts only: the held-out split the bench scores agreement on never calibrates.
+    """
+    import json
+    import logging
+    from pathlib import Path
+
+    meta_path = Path(checkpoint) / "qserve_model.json"
+    meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+    dataset = meta.get("dataset")
+    if dataset:
+        try:
+            from qserve.data import load_dataset
+
+            splits = load_dataset(dataset, seed=int(meta.get("seed", 42)))
+            texts = [t for t in splits.train.texts[:n] if t.strip()]
+            if texts:
+                return texts, f"{getattr(splits, 'name', dataset)} train split, first {len(texts)} texts"
+        except Exception as e:  # noqa: BLE001 - a missing dataset costs calibration quality, not the export
+            logging.getLogger(__name__).warning("smoothing: could not load %r for calibration (%s); "
+                                                "using the parity probe texts", dataset, e)
+    from exporters.core import PROBES
+
+    return list(PROBES), f"the {len(PROBES)} parity probe texts (no dataset recorded with the checkpoint)"
+
+
+def calibration_batches(checkpoint: Any, texts: list[str], max_length: int, batch_size: int = 16) -> list[dict]:
+    """Tokenized, padded batches of `texts`: padding rows enter the int8 ranges at run time, so here too."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(checkpoint))
+    out = []
+    for i in range(0, len(texts), batch_size):
+        enc = tok(texts[i:i + batch_size], truncation=True, max_length=max_length, padding=True,
+                  return_tensors="np", return_token_type_ids=False)
+        out.append({"input_ids": enc["input_ids"].astype(np.int64),
+                    "attention_mask": enc["attention_mask"].astype(np.int64)})
+    return out
