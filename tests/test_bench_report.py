@@ -108,6 +108,21 @@ def test_md_has_every_column_and_states_the_floor():
     assert "Test CPU" in md and "threads: 2" in md
 
 
+def test_checks_section_says_pass_fail_context_or_not_measured():
+    r = synthetic_report()
+    r["checks"] = [
+        {"name": "speed-up", "value": 3.5, "unit": "×", "target": ">= 3.0×", "passed": True},
+        {"name": "floor ratio", "value": 1.9, "unit": "×", "target": "<= 1.5×", "passed": False},
+        {"name": "context ratio", "value": 1.8, "unit": "×", "target": "(context)", "passed": None},
+        {"name": "missing ratio", "value": None, "unit": "×", "target": "<= 1.5×", "passed": None},
+    ]
+    md = render_md(r)
+    assert "| speed-up | 3.50× | >= 3.0× | **pass** |" in md
+    assert "| floor ratio | 1.90× | <= 1.5× | **FAIL** |" in md
+    assert "| context ratio | 1.80× | (context) | – |" in md
+    assert "| missing ratio | – | <= 1.5× | not measured |" in md
+
+
 def test_csv_rows_and_summary():
     r = synthetic_report()
     rows = list(csv.DictReader(io.StringIO(render_csv(r))))

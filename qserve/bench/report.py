@@ -192,8 +192,13 @@ def _checks(report: dict[str, Any]) -> list[str]:
     checks = report.get("checks") or []
     if not checks:
         return []
-    rows = [[c["name"], _f(c.get("value"), 2, c.get("unit", "")), c.get("target", ""),
-             {True: "**pass**", False: "**FAIL**"}.get(c.get("passed"), "not measured")] for c in checks]
+    def result(c: dict[str, Any]) -> str:
+        if c.get("passed") is not None:
+            return "**pass**" if c["passed"] else "**FAIL**"
+        # A row with no target (context only) has nothing to pass; only a missing value is "not measured".
+        return "not measured" if c.get("value") is None else "–"
+
+    rows = [[c["name"], _f(c.get("value"), 2, c.get("unit", "")), c.get("target", ""), result(c)] for c in checks]
     return ["## Checks", ""] + _table(["check", "measured", "target", "result"], rows,
                                       ["---", "---:", "---", "---"]) + [""]
 
