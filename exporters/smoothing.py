@@ -17,7 +17,8 @@ quantizers (uint8 asymmetric per batch for X, int8 symmetric per column for W) o
 calibration batches padded the way serving and the bench pad them; a group keeps no
 smoothing when none beats the plain quantization. Measured on the embedded default
 (2,000 test reviews, batches of 32): mean |Δ logit margin| against fp32 0.086 -> 0.056.
-Each smoothed group costs one element-wise Mul in the graph.
+Each smoothed group costs one element-wise Mul in the graph: about 2% of b1/s128 latency
+at DistilBERT-base dims (interleaved A/B, 21.99 vs 21.75 and 22.49 vs 21.62 ms).
 """
 
 from __future__ import annotations
