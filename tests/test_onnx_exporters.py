@@ -233,6 +233,33 @@ def test_threads_option_gives_same_logits(onnx_variants):
     np.testing.assert_allclose(one.logits(TEXTS), load_runtime(path, "cpu").logits(TEXTS), atol=1e-5)
 
 
+def test_cpu_sessions_skip_the_slow_fused_skip_layernorm(onnx_variants, monkeypatch, tmp_path):
+    """The runtime turns off ORT's SkipLayerNormFusion on CPU (slower there, see onnx_rt.py)."""
+    import onnxruntime as ort
+
+    path, _ = onnx_variants["onnx-int8"]
+    seen = {}
+    real = ort.InferenceSession
+
+    def spy(model, sess_options=None, providers=None, **kw):
+        seen.update(kw)
+        sess_options.optimized_model_filepath = str(tmp_path / "optimized.onnx")  # what ORT really ran
+        return real(model, sess_options=sess_options, providers=providers, **kw)
+
+    monkeypatch.setattr(ort, "InferenceSession", spy)
+    load_runtime(path, "cpu").logits(TEXTS)
+    assert seen["disabled_optimizers"] == ["SkipLayerNormFusion"]
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}
+    assert "SkipLayerNormalization" not in ops and "LayerNormalization" in ops
+    # With the fusion left on, ORT does fuse this graph: the option is what keeps it out.
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "fused.onnx")
+    real(str(path / "model.onnx"), sess_options=so, providers=["CPUExecutionProvider"])
+    assert "SkipLayerNormalization" in {n.op_type for n in onnx.load(str(tmp_path / "fused.onnx")).graph.node}
+
+
 def _ort_has_cuda() -> bool:
     import onnxruntime as ort
 
