@@ -10,7 +10,9 @@ then, each in a fresh process with the same thread settings, a plain
 same input ids ([CLS] + the same tiled WordPiece ids + [SEP], full mask). The plain
 loops run once before and once after the bench (a shared machine drifts; the two
 p50s bracket it) and the ratio is qserve p50 / mean of the plain p50s: near 1.0 means
-the harness adds nothing and measures what the libraries do.
+the harness adds nothing and measures what the libraries do. The whole bracket runs
+--rounds times (default 5) and each variant is judged by its median round: bursts on a
+shared machine last tens of seconds and land in one round, on one side.
 Writes benchmarks/reports/crosscheck.md and crosscheck.json.
 """
 
@@ -115,18 +117,44 @@ def render_md(data: dict) -> str:
          "import: `onnxruntime.InferenceSession(model.onnx)` with intra_op_num_threads and, like qserve's CPU "
          "runtime, SkipLayerNormFusion off; and "
          "`AutoModelForSequenceClassification` fp32 under `torch.inference_mode()` with `torch.set_num_threads`. "
-         "Same input ids, same thread count. Ratio = qserve p50 / mean of the two plain p50s.", "",
-         "| variant | qserve p50 (ms) | plain p50 before / after (ms) | ratio | qserve calls | plain calls |",
-         "|---|---:|---:|---:|---:|---:|"]
+         "Same input ids, same thread count. Ratio = qserve p50 / mean of the two plain p50s, per round; "
+         f"{data.get('rounds', 1)} rounds, each variant's median round shown and judged (a burst on this shared "
+         "machine lands in one round, on one side).", "",
+         "| variant | qserve p50 (ms) | plain p50 before / after (ms) | ratio (median round) | qserve calls | "
+         "plain calls | ratio per round |",
+         "|---|---:|---:|---:|---:|---:|---|"]
     for name, row in data["rows"].items():
         L.append(f"| {name} | {row['qserve_p50']:.2f} | {row['plain_before']['p50']:.2f} / "
                  f"{row['plain_after']['p50']:.2f} | {row['ratio']:.3f} | {row['qserve_count']} | "
-                 f"{row['plain_before']['count']} + {row['plain_after']['count']} |")
+                 f"{row['plain_before']['count']} + {row['plain_after']['count']} | "
+                 f"{', '.join(f'{x:.3f}' for x in row.get('round_ratios', [row['ratio']]))} |")
     sq, sp = data.get("speedup_qserve"), data.get("speedup_plain")
     if sq and sp:
         L += ["", f"onnx-int8 speed-up over torch-fp32: **{sq:.2f}×** by qserve bench, **{sp:.2f}×** by the plain loops."]
     L += ["", f"Verdict: {data['verdict']}", ""]
     return "\n".join(L)
+
+
+def one_round(pairs: dict, args: argparse.Namespace, BenchConfig, run_bench) -> dict:
+    """Plain loops, then qserve bench, then plain loops again: one bracketed comparison per variant."""
+    before = {name: run_child(kind, d, args) for name, (kind, d) in pairs.items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = BenchConfig(batch_sizes=[args.batch], seq_lens=[args.seq], threads=args.threads, device="cpu",
+                          out=Path(tmp) / "bench", accuracy=False, real_text_samples=0, floor=False,
+                          time_budget_s=args.time_budget, warmup=5, min_iters=5)
+        report = run_bench([d for _, d in pairs.values()], cfg)
+    rows: dict = {None: report}
+    for v in report["variants"]:
+        name = (v.get("spec") or {}).get("name")
+        st = next((r for r in v.get("fixed") or [] if "p50" in r), None)
+        if v["status"] != "ok" or st is None:
+            raise SystemExit(f"qserve bench failed for {name}: {v.get('error')}")
+        after = run_child(pairs[name][0], pairs[name][1], args)
+        plain_p50 = (before[name]["p50"] + after["p50"]) / 2
+        rows[name] = {"qserve_p50": st["p50"], "qserve_count": st["count"], "plain_p50": plain_p50,
+                      "ratio": st["p50"] / plain_p50, "plain_before": before[name], "plain_after": after,
+                      "qserve": {k: st[k] for k in ("count", "mean", "p50", "p90", "p99", "min")}}
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--time-budget", type=float, default=5.0)
+    p.add_argument("--rounds", type=int, default=5,
+                   help="bracketed rounds; the verdict uses each variant's median round ratio (default 5)")
     p.add_argument("--tolerance", type=float, default=0.10, help="|ratio - 1| counted as agreement (default 0.10)")
     p.add_argument("--child", nargs=3, metavar=("KIND", "VARIANT_DIR", "OUT_JSON"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -155,26 +185,18 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(d) for _, d in pairs.values() if not (d / "manifest.json").is_file()]
     if missing:
         raise SystemExit(f"missing variants: {', '.join(missing)}; run benchmarks/distilbert_base_speed.py first")
-    before = {name: run_child(kind, d, args) for name, (kind, d) in pairs.items()}
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = BenchConfig(batch_sizes=[args.batch], seq_lens=[args.seq], threads=args.threads, device="cpu",
-                          out=Path(tmp) / "bench", accuracy=False, real_text_samples=0, floor=False,
-                          time_budget_s=args.time_budget, warmup=5, min_iters=5)
-        report = run_bench([d for _, d in pairs.values()], cfg)
+    rounds = [one_round(pairs, args, BenchConfig, run_bench) for _ in range(args.rounds)]
     rows = {}
-    for v in report["variants"]:
-        name = (v.get("spec") or {}).get("name")
-        st = next((r for r in v.get("fixed") or [] if "p50" in r), None)
-        if v["status"] != "ok" or st is None:
-            raise SystemExit(f"qserve bench failed for {name}: {v.get('error')}")
-        after = run_child(pairs[name][0], pairs[name][1], args)
-        plain_p50 = (before[name]["p50"] + after["p50"]) / 2
-        rows[name] = {"qserve_p50": st["p50"], "qserve_count": st["count"], "plain_p50": plain_p50,
-                      "ratio": st["p50"] / plain_p50, "plain_before": before[name], "plain_after": after,
-                      "qserve": {k: st[k] for k in ("count", "mean", "p50", "p90", "p99", "min")}}
+    for name in pairs:
+        per = [r[name] for r in rounds]
+        # The median round: a burst on this shared machine lands in one round, on one side.
+        mid = sorted(per, key=lambda r: r["ratio"])[len(per) // 2]
+        rows[name] = {**mid, "ratio": statistics.median(r["ratio"] for r in per),
+                      "round_ratios": [r["ratio"] for r in per]}
+    report = rounds[-1][None]
     ok = all(abs(r["ratio"] - 1) <= args.tolerance for r in rows.values())
     data = {"created": now_iso(), "batch": args.batch, "seq": args.seq, "threads": args.threads,
-            "tolerance": args.tolerance, "rows": rows,
+            "tolerance": args.tolerance, "rounds": args.rounds, "rows": rows,
             "speedup_qserve": rows["torch-fp32"]["qserve_p50"] / rows["onnx-int8"]["qserve_p50"],
             "speedup_plain": rows["torch-fp32"]["plain_p50"] / rows["onnx-int8"]["plain_p50"],
             "environment": report["environment"],
