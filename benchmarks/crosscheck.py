@@ -135,7 +135,7 @@ def render_md(data: dict) -> str:
     return "\n".join(L)
 
 
-def one_round(pairs: dict, args: argparse.Namespace, BenchConfig, run_bench) -> dict:
+def one_round(pairs: dict, args: argparse.Namespace, BenchConfig, run_bench) -> tuple[dict, dict]:
     """Plain loops, then qserve bench, then plain loops again: one bracketed comparison per variant."""
     before = {name: run_child(kind, d, args) for name, (kind, d) in pairs.items()}
     with tempfile.TemporaryDirectory() as tmp:
@@ -143,7 +143,7 @@ def one_round(pairs: dict, args: argparse.Namespace, BenchConfig, run_bench) -> 
                           out=Path(tmp) / "bench", accuracy=False, real_text_samples=0, floor=False,
                           time_budget_s=args.time_budget, warmup=5, min_iters=5)
         report = run_bench([d for _, d in pairs.values()], cfg)
-    rows: dict = {None: report}
+    rows: dict = {}
     for v in report["variants"]:
         name = (v.get("spec") or {}).get("name")
         st = next((r for r in v.get("fixed") or [] if "p50" in r), None)
@@ -154,7 +154,7 @@ def one_round(pairs: dict, args: argparse.Namespace, BenchConfig, run_bench) -> 
         rows[name] = {"qserve_p50": st["p50"], "qserve_count": st["count"], "plain_p50": plain_p50,
                       "ratio": st["p50"] / plain_p50, "plain_before": before[name], "plain_after": after,
                       "qserve": {k: st[k] for k in ("count", "mean", "p50", "p90", "p99", "min")}}
-    return rows
+    return report, rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(d) for _, d in pairs.values() if not (d / "manifest.json").is_file()]
     if missing:
         raise SystemExit(f"missing variants: {', '.join(missing)}; run benchmarks/distilbert_base_speed.py first")
-    rounds = [one_round(pairs, args, BenchConfig, run_bench) for _ in range(args.rounds)]
+    results = [one_round(pairs, args, BenchConfig, run_bench) for _ in range(args.rounds)]
+    rounds = [r for _, r in results]
     rows = {}
     for name in pairs:
         per = [r[name] for r in rounds]
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         mid = sorted(per, key=lambda r: r["ratio"])[len(per) // 2]
         rows[name] = {**mid, "ratio": statistics.median(r["ratio"] for r in per),
                       "round_ratios": [r["ratio"] for r in per]}
-    report = rounds[-1][None]
+    report = results[-1][0]
     ok = all(abs(r["ratio"] - 1) <= args.tolerance for r in rows.values())
     data = {"created": now_iso(), "batch": args.batch, "seq": args.seq, "threads": args.threads,
             "tolerance": args.tolerance, "rounds": args.rounds, "rows": rows,

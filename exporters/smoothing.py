@@ -109,6 +109,8 @@ def smooth(model: Any, batches: list[dict[str, np.ndarray]], alphas: tuple[float
             x_max[t] = np.maximum(x_max[t], np.abs(x).max(axis=0))
     candidates = {t: [np.ones_like(x_max[t])] + [scales(x_max[t], np.abs(np.concatenate(weights[t], axis=1)).max(axis=1), a)
                                                  for a in alphas] for t in tensors}
+    # Quantized weights depend only on the candidate, not on the batch: once each.
+    wq = {t: [[quant_weight(w * c[:, None]) for w in weights[t]] for c in candidates[t]] for t in tensors}
     err = {t: np.zeros(len(alphas) + 1) for t in tensors}
     ref = dict.fromkeys(tensors, 0.0)
     for outs, keep in zip(capture(model, tensors, batches), keeps):
@@ -117,13 +119,12 @@ def smooth(model: Any, batches: list[dict[str, np.ndarray]], alphas: tuple[float
             ref[t] += sum(float((y ** 2).sum()) for y in ys)
             for i, s in enumerate(candidates[t]):
                 xq = quant_act(x / s)[keep]
-                err[t][i] += sum(float(((xq @ quant_weight(w * s[:, None]) - y) ** 2).sum())
-                                 for w, y in zip(weights[t], ys))
+                err[t][i] += sum(float(((xq @ w2 - y) ** 2).sum()) for w2, y in zip(wq[t][i], ys))
+    rels = {t: err[t] / ref[t] if ref[t] else err[t] for t in tensors}
     chosen: dict[str, float | None] = {}
     inserts = []
     for t in tensors:
-        rel = err[t] / ref[t] if ref[t] else err[t]
-        best = int(np.argmin(rel))  # index 0 is "no smoothing": kept unless an alpha beats it
+        best = int(np.argmin(rels[t]))  # index 0 is "no smoothing": kept unless an alpha beats it
         chosen[t] = None if best == 0 else alphas[best - 1]
         if best == 0:
             continue
@@ -137,7 +138,6 @@ def smooth(model: Any, batches: list[dict[str, np.ndarray]], alphas: tuple[float
     for first, node in inserts:  # before the group's first consumer keeps the graph topologically sorted
         model.graph.node.insert(list(model.graph.node).index(first), node)
     n = max(len(tensors), 1)
-    rels = {t: err[t] / ref[t] if ref[t] else err[t] for t in tensors}
     record = {"method": "SmoothQuant-style per-channel activation smoothing (exact fp32 rewrite), alpha per group "
                         "by simulated int8 error", "alpha_grid": list(alphas),
               "groups": len(tensors), "smoothed": len(inserts), "alphas": chosen,
