@@ -136,6 +136,9 @@ def test_double_quant_and_threshold_options_reach_the_config(tiny_checkpoint, tm
     ("bnb-nf4", {"llm_int8_threshold": 3.0}, ["'llm_int8_threshold'", "double_quant"]),
     ("bnb-int8", {"llm_int8_threshold": -1}, ["llm_int8_threshold", ">= 0", "-1"]),
     ("bnb-fp4", {"double_quant": "maybe"}, ["double_quant", "true or false", "maybe"]),
+    ("bnb-fp4", {"clip": "sometimes"}, ["clip", "true or false", "sometimes"]),
+    ("bnb-nf4", {"calibration_samples": 0}, ["calibration_samples", "from 1 to 1024", "0"]),
+    ("bnb-int8", {"clip": True}, ["'clip'", "llm_int8_threshold"]),
 ])
 def test_bad_options_are_refused_before_anything_is_written(tiny_checkpoint, tmp_path, name, options, words):
     out = tmp_path / name
@@ -167,3 +170,30 @@ def test_bnb_variant_without_quantization_config_is_refused(bnb_variants, tmp_pa
     write_manifest(broken, manifest)  # re-hashed, so only the missing config is wrong
     with pytest.raises(VariantError, match="quantization_config"):
         load_runtime(broken, device="cpu")
+
+
+@pytest.mark.parametrize("name", ["bnb-nf4", "bnb-fp4"])
+def test_4bit_layers_compute_with_bitsandbytes_own_quantization(tiny_checkpoint, tmp_path, name):
+    """Each 4-bit layer multiplies by bitsandbytes' quantization of the checkpoint weight, whose
+    blocks run over the flattened weight: also for rows shorter than a block (in_features 32
+    here), where bitsandbytes 0.50.2's own CPU dequantize blocks per row and gets it wrong."""
+    import bitsandbytes.functional as F
+    import torch
+    from safetensors.torch import load_file
+
+    out = tmp_path / name
+    exporters.export(tiny_checkpoint, name, out, options={"clip": False})
+    rt = load_runtime(out, device="cpu")
+    ref = load_file(str(tiny_checkpoint / "model.safetensors"))
+    modules = dict(rt.model.named_modules())
+    g = torch.Generator().manual_seed(0)
+    for layer in ("distilbert.transformer.layer.0.attention.q_lin", "distilbert.transformer.layer.1.ffn.lin2"):
+        module, w = modules[layer], ref[f"{layer}.weight"]
+        q, state = F.quantize_4bit(w.reshape(-1).contiguous(), blocksize=64, quant_type=name.split("-")[1])
+        w4 = F.dequantize_4bit(q, state).reshape(w.shape)
+        x = torch.randn(2, 5, module.in_features, generator=g)
+        expected = torch.nn.functional.linear(x.bfloat16(), w4.bfloat16(), ref[f"{layer}.bias"].bfloat16()).float()
+        with torch.inference_mode():
+            got = module(x)
+        torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-3)
+    rt.close()

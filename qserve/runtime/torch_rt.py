@@ -83,19 +83,46 @@ class _DropInt8CastWarning:
 
 
 def _bnb_prepare(model, device: str) -> None:
-    """Route 4-bit layers the CPU bf16 kernel cannot take to bitsandbytes' generic path.
+    """Work around two bitsandbytes 0.50.2 CPU limits for 4-bit layers of narrow shapes.
 
-    bitsandbytes 0.50.2 repacks Linear4bit weights for its AVX512-BF16 CPU kernel on the first
-    forward, which needs out_features % 32 == 0 and in_features % blocksize == 0; other
-    shapes crash there ("shape '[32, 0]' is invalid"). Real encoders (dim 384/768) fit;
-    narrow test models do not. The generic path dequantizes and computes the same result.
+    1. It repacks Linear4bit weights for its AVX512-BF16 kernel on the first forward, which
+       needs out_features % 32 == 0 and in_features % blocksize == 0; other shapes crash
+       there ("shape '[32, 0]' is invalid"). Those go to the generic path.
+    2. The generic CPU dequantize blocks each row on its own, while the quantizer's blocks
+       run over the flattened weight: when in_features % blocksize != 0 it computes with
+       wrong weights (on a 32x32 layer max |error| 1.65 against 0.45 when read flat). Those
+       layers get a forward that dequantizes the stored blocks in their own (flat) layout.
+    Real encoders (dim 384/768, FFN 1536/3072) fit both; the tests' tiny models do not.
     """
     if not device.startswith("cpu"):
         return
     import bitsandbytes as bnb
 
     for module in model.modules():
-        if isinstance(module, bnb.nn.Linear4bit) and hasattr(module, "support_avx512bf16_for_cpu"):
+        if isinstance(module, bnb.nn.Linear4bit):
             state = module.weight.quant_state
-            if module.out_features % 32 or module.in_features % state.blocksize:
+            if hasattr(module, "support_avx512bf16_for_cpu") and (
+                    module.out_features % 32 or module.in_features % state.blocksize):
                 module.support_avx512bf16_for_cpu = False
+            if module.in_features % state.blocksize:
+                module.forward = _flat_dequantized_forward(module)
+
+
+def _flat_dequantized_forward(module):
+    """A Linear4bit forward that dequantizes the weight as stored (flat blocks), then runs a plain linear."""
+    import copy
+
+    import bitsandbytes.functional as F
+    import torch
+
+    state = copy.copy(module.weight.quant_state)
+    shape = state.shape
+    state.shape = torch.Size([shape.numel()])
+
+    def forward(x):
+        dtype = module.compute_dtype or x.dtype
+        w = F.dequantize_4bit(module.weight.data.reshape(-1), state).reshape(shape).to(dtype)
+        bias = None if module.bias is None else module.bias.to(dtype)
+        return torch.nn.functional.linear(x.to(dtype), w, bias).to(x.dtype)
+
+    return forward
