@@ -19,7 +19,8 @@ from qserve import QserveError
 OPTION_FLAGS = {
     "per_channel": ("--per-channel", {"onnx-int8"}),
     "smooth": ("--smooth", {"onnx-int8"}),
-    "calibration_samples": ("--calibration-samples", {"onnx-int8"}),
+    "clip": ("--clip", {"bnb-nf4", "bnb-fp4"}),
+    "calibration_samples": ("--calibration-samples", {"onnx-int8", "bnb-nf4", "bnb-fp4"}),
     "keep_fp32": ("--keep-fp32", {"onnx-int8"}),
     "block_size": ("--block-size", {"onnx-int4"}),
     "accuracy_level": ("--accuracy-level", {"onnx-int4"}),
@@ -168,7 +169,7 @@ def register(sub) -> None:
     p.add_argument("--smooth", action=argparse.BooleanOptionalAction, default=None,
                    help="onnx-int8: smooth activation outliers into the weights before quantizing (default on)")
     p.add_argument("--calibration-samples", type=int,
-                   help="onnx-int8: training texts that choose the smoothing (default 64)")
+                   help="onnx-int8, bnb-nf4/fp4: training texts that choose the smoothing or the clipping (default 64)")
     p.add_argument("--keep-fp32", metavar="PATTERNS",
                    help="onnx-int8: comma-separated parts of MatMul node names to leave in fp32, e.g. "
                         "'layer.0/ffn/lin2,layer.1/ffn/lin2' (more accurate, larger, slower)")
@@ -179,6 +180,10 @@ def register(sub) -> None:
                    help="onnx-int4: also quantize the word-embedding Gather to 4 bits")
     p.add_argument("--llm-int8-threshold", type=float, help="bnb-int8: outlier threshold (default 6.0)")
     p.add_argument("--double-quant", action=argparse.BooleanOptionalAction, default=None, help="bnb-nf4/fp4: quantize the scales too")
+    p.add_argument("--clip", action=argparse.BooleanOptionalAction, default=None,
+                   help="bnb-nf4/fp4: clip each 64-weight block to the range that minimises its output error on "
+                        "calibration texts before quantizing (default on: bnb-fp4 agreement with fp32 on the "
+                        "embedded default 96.25%% -> 98.05%%)")
     p.set_defaults(func=cmd_export)
 
     v = sub.add_parser("variants", help="list variant directories with size and parity")

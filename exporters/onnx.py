@@ -259,11 +259,11 @@ def smooth_fp32(src: Path, dst: Path, checkpoint: Path, samples: int, record: di
     """Write the smoothed fp32 graph to `dst` (see exporters.smoothing); fill record["smoothing"]."""
     import onnx
 
-    from exporters import smoothing
+    from exporters import calibration, smoothing
     from exporters.core import checkpoint_info
 
-    texts, source = smoothing.calibration_texts(checkpoint, samples)
-    batches = smoothing.calibration_batches(checkpoint, texts, checkpoint_info(checkpoint)["max_length"])
+    texts, source = calibration.calibration_texts(checkpoint, samples)
+    batches = calibration.calibration_batches(checkpoint, texts, checkpoint_info(checkpoint)["max_length"])
     with _quiet():
         model, record["smoothing"] = smoothing.smooth(onnx.load(str(src)), batches)
     record["smoothing"]["calibration"] = source

@@ -35,6 +35,9 @@ def test_export_refuses_existing_without_force(tiny_checkpoint, tmp_path, capsys
     (["--bits", "4", "--backend", "bnb", "--no-smooth"], "--smooth applies to onnx-int8, not bnb-nf4"),
     (["--bits", "8", "--keep-fp32", "nonesuch"], "'nonesuch' matches no MatMul"),
     (["--bits", "8", "--calibration-samples", "0"], "calibration_samples for onnx-int8 must be an integer from 1"),
+    (["--bits", "8", "--no-clip"], "--clip applies to bnb-fp4, bnb-nf4, not onnx-int8"),
+    (["--bits", "4", "--backend", "bnb", "--dtype", "fp4", "--calibration-samples", "2000"],
+     "calibration_samples must be an integer from 1 to 1024"),
 ])
 def test_export_bad_flags(tiny_checkpoint, tmp_path, capsys, argv, message):
     assert main(["export", str(tiny_checkpoint), "--out", str(tmp_path / "v"), "--device", "cpu", *argv]) == 2
@@ -49,6 +52,19 @@ def test_export_int8_flags_reach_the_exporter(tiny_checkpoint, tmp_path):
     m = json.loads((out / "manifest.json").read_text())
     assert m["spec"]["options"] == {"smooth": False, "keep_fp32": "layer.1/ffn/lin2"}
     assert "smoothing" not in m["onnx"] and m["onnx"]["kept_fp32"] == ["/distilbert/transformer/layer.1/ffn/lin2/MatMul"]
+
+
+def test_export_fp4_flags_reach_the_exporter(tiny_checkpoint, tmp_path):
+    out = tmp_path / "fp4"
+    assert main(["export", str(tiny_checkpoint), "--bits", "4", "--backend", "bnb", "--dtype", "fp4", "--out", str(out),
+                 "--device", "cpu", "--calibration-samples", "3"]) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["spec"]["options"] == {"calibration_samples": 3}
+    assert m["bnb"]["clipping"]["calibration"] == "the 3 parity probe texts (no dataset recorded with the checkpoint)"
+    out2 = tmp_path / "fp4-plain"
+    assert main(["export", str(tiny_checkpoint), "--bits", "4", "--backend", "bnb", "--dtype", "fp4", "--out", str(out2),
+                 "--device", "cpu", "--no-clip"]) == 0
+    assert "clipping" not in json.loads((out2 / "manifest.json").read_text())["bnb"]
 
 
 def test_export_not_a_checkpoint(tmp_path, capsys):

@@ -15,7 +15,7 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("optimum.exporters.onnx")
 
 import exporters  # noqa: E402
-from exporters import smoothing  # noqa: E402
+from exporters import calibration, smoothing  # noqa: E402
 from exporters.core import PROBES  # noqa: E402
 from qserve import QserveError  # noqa: E402
 from qserve.runtime import load_runtime  # noqa: E402
@@ -85,8 +85,8 @@ def test_smoothing_is_exact_in_fp32_and_lowers_int8_error(outlier_checkpoint, tm
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     model = _fp32_graph(outlier_checkpoint, tmp_path / "fp32")
-    texts, source = smoothing.calibration_texts(outlier_checkpoint, 32)
-    batches = smoothing.calibration_batches(outlier_checkpoint, texts, 64, batch_size=8)
+    texts, source = calibration.calibration_texts(outlier_checkpoint, 32)
+    batches = calibration.calibration_batches(outlier_checkpoint, texts, 64, batch_size=8)
     smoothed, record = smoothing.smooth(model, batches)
 
     assert record["groups"] == 2 * 4  # per layer: q/k/v input, out_lin input, lin1 input, lin2 input
@@ -95,7 +95,7 @@ def test_smoothing_is_exact_in_fp32_and_lowers_int8_error(outlier_checkpoint, tm
     muls = [n for n in smoothed.graph.node if n.name.endswith("_smooth")]
     assert len(muls) == record["smoothed"]
 
-    test = smoothing.calibration_batches(outlier_checkpoint, TEXTS, 64, batch_size=len(TEXTS))[0]
+    test = calibration.calibration_batches(outlier_checkpoint, TEXTS, 64, batch_size=len(TEXTS))[0]
     ref = _run(model, test)
     np.testing.assert_allclose(_run(smoothed, test), ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
 
@@ -118,14 +118,14 @@ def test_smoothing_is_exact_in_fp32_and_lowers_int8_error(outlier_checkpoint, tm
 def test_calibration_reads_the_training_split_of_the_recorded_dataset(outlier_checkpoint, tiny_checkpoint):
     from qserve.data import load_dataset
 
-    texts, source = smoothing.calibration_texts(outlier_checkpoint, 10)
+    texts, source = calibration.calibration_texts(outlier_checkpoint, 10)
     meta = json.loads((outlier_checkpoint / "qserve_model.json").read_text())
     splits = load_dataset(meta["dataset"], seed=meta["seed"])
     assert texts == list(splits.train.texts[:10])
     assert not set(texts) & set(splits.test.texts)  # held-out texts never calibrate
     assert "train split" in source
     # A checkpoint that names no dataset falls back to the parity probes, and says so.
-    texts, source = smoothing.calibration_texts(tiny_checkpoint, 10)
+    texts, source = calibration.calibration_texts(tiny_checkpoint, 10)
     assert texts == PROBES and "probe" in source
 
 

@@ -1,0 +1,53 @@
+"""Calibration texts for the exporters that look at activations (onnx-int8 smoothing, bnb 4-bit clipping).
+
+    python -c "from exporters.calibration import calibration_texts; print(calibration_texts('models/minilm-l6-distilbert-imdb/checkpoint', 4))"
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def calibration_texts(checkpoint: Any, n: int) -> tuple[list[str], str]:
+    """`n` training texts of the dataset the checkpoint was fine-tuned on, else the parity probes.
+
+    Training texts only: the held-out split the bench scores agreement on never calibrates.
+    """
+    import json
+    import logging
+    from pathlib import Path
+
+    meta_path = Path(checkpoint) / "qserve_model.json"
+    meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+    dataset = meta.get("dataset")
+    if dataset:
+        try:
+            from qserve.data import load_dataset
+
+            splits = load_dataset(dataset, seed=int(meta.get("seed", 42)))
+            texts = [t for t in splits.train.texts[:n] if t.strip()]
+            if texts:
+                return texts, f"{getattr(splits, 'name', dataset)} train split, first {len(texts)} texts"
+        except Exception as e:  # noqa: BLE001 - a missing dataset costs calibration quality, not the export
+            logging.getLogger(__name__).warning("calibration: could not load dataset %r (%s); "
+                                                "using the parity probe texts", dataset, e)
+    from exporters.core import PROBES
+
+    probes = list(PROBES)[:n]
+    return probes, f"the {len(probes)} parity probe texts (no dataset recorded with the checkpoint)"
+
+
+def calibration_batches(checkpoint: Any, texts: list[str], max_length: int, batch_size: int = 16) -> list[dict]:
+    """Tokenized, padded batches of `texts`: padding rows enter the int8 ranges at run time, so here too."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(checkpoint))
+    out = []
+    for i in range(0, len(texts), batch_size):
+        enc = tok(texts[i:i + batch_size], truncation=True, max_length=max_length, padding=True,
+                  return_tensors="np", return_token_type_ids=False)
+        out.append({"input_ids": enc["input_ids"].astype(np.int64),
+                    "attention_mask": enc["attention_mask"].astype(np.int64)})
+    return out

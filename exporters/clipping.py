@@ -1,0 +1,147 @@
+"""Activation-aware weight clipping before bitsandbytes 4-bit: each block's range chosen by its output error.
+
+    qserve export models/minilm-l6-distilbert-imdb --bits 4 --backend bnb --dtype fp4             # clipping on
+    qserve export models/minilm-l6-distilbert-imdb --bits 4 --backend bnb --dtype fp4 --no-clip
+
+bitsandbytes stores 4-bit weights in blocks of 64, each scaled by its absmax: the one largest
+weight sets the grid for the other 63. fp4's grid (E2M1) is coarse at the top (0.667 -> 1.0),
+so a block's typical weights land on few codes. Clipping a block to r * absmax (r <= 1) spends
+error on its few largest weights to buy a finer grid for the rest. r is chosen per block from
+RATIOS to minimise sum_j E[x_j^2] * (q(w_j) - w_j)^2, the squared error the block adds to its
+layer's output (for independent inputs), with E[x_j^2] measured on calibration texts of the
+training split, padding excluded: the clipping search of AWQ (Lin et al., 2024), without
+AWQ's scaling. r = 1 (no clipping) is a candidate and wins ties, so under that measure no
+block gets worse.
+
+Clamp-then-quantize is exact: a block clamped to +-s has absmax s, so bitsandbytes' own
+quantizer stores the scale s and the nearest code of w/s (tested bit for bit). The variant is
+plain bitsandbytes format; loading and running it change in nothing.
+Measured on the embedded default, 2,000 test reviews, bf16 compute: agreement with fp32
+bnb-fp4 96.25% -> 98.05%, bnb-nf4 see README (exporters.bnb records each export's numbers).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+RATIOS = tuple(round(1.0 - 0.01 * i, 2) for i in range(71))  # 1.00 down to 0.30; smaller never won here
+
+
+def bnb_block_size() -> int:
+    """The block size bitsandbytes gives 4-bit weights quantized through transformers (64; 128 on ROCm)."""
+    import bitsandbytes as bnb
+    import torch
+
+    return int(bnb.nn.Params4bit(torch.empty(0), requires_grad=False).blocksize)
+
+
+def code_book(quant_type: str):
+    """bitsandbytes' 16 code values for `quant_type` (nf4 or fp4), sorted, and the midpoints between them."""
+    import bitsandbytes.functional as F
+
+    codes = F.get_4bit_type(quant_type, device="cpu").float().sort().values
+    return codes, (codes[1:] + codes[:-1]) / 2
+
+
+def second_moments(model: Any, batches: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """E[x_j^2] of each named Linear's input, per input channel, over the batches' unpadded tokens."""
+    import torch
+
+    sums: dict[str, Any] = {}
+    counts = dict.fromkeys(names, 0)
+    mask: list[Any] = [None]
+
+    def hook(name):
+        def record(_module, inputs, _output):
+            x = inputs[0].detach().float()
+            rows = x[mask[0]] if x.dim() == 3 and x.shape[:2] == mask[0].shape else x.reshape(-1, x.shape[-1])
+            sums[name] = sums.get(name, 0) + (rows ** 2).sum(0)
+            counts[name] += rows.shape[0]
+        return record
+
+    modules = dict(model.named_modules())
+    handles = [modules[n].register_forward_hook(hook(n)) for n in names]
+    try:
+        with torch.inference_mode():
+            for batch in batches:
+                feed = {k: torch.from_numpy(v) for k, v in batch.items()}
+                mask[0] = feed["attention_mask"].bool()
+                model(**feed)
+    finally:
+        for h in handles:
+            h.remove()
+    return {n: sums[n] / max(counts[n], 1) for n in names}
+
+
+def clip_blocks(weight: Any, h: Any, quant_type: str, block: int, ratios: tuple[float, ...] = RATIOS):
+    """Clip each `block`-sized run of the flattened (out, in) `weight` to its best r * absmax.
+
+    Blocks run over the flattened weight, as bitsandbytes lays them out (they may span rows).
+    Returns (clipped weight, chosen r per block, weighted error before, after).
+    """
+    import torch
+
+    codes, mids = code_book(quant_type)
+    out_f, in_f = weight.shape
+    w = weight.detach().float().reshape(-1)
+    hw = h.float().reshape(1, in_f).expand(out_f, in_f).reshape(-1)
+    pad = (-w.numel()) % block  # a partial last block: zero weights clamp and quantize to zero
+    W = torch.nn.functional.pad(w, (0, pad)).reshape(-1, block)
+    H = torch.nn.functional.pad(hw, (0, pad)).reshape(-1, block)
+    amax = W.abs().amax(1, keepdim=True)
+    safe = torch.where(amax > 0, amax, torch.ones_like(amax))
+    best_r = torch.ones_like(amax)
+    best_e = plain = None
+    for r in ratios:  # 1.0 first: a later ratio must be strictly better to win
+        s = safe * r
+        q = codes[torch.bucketize((W / s).clamp(-1, 1), mids)] * s
+        e = (H * (q - W) ** 2).sum(1, keepdim=True)
+        if best_e is None:
+            best_e = plain = e
+            continue
+        better = e < best_e
+        best_e = torch.where(better, e, best_e)
+        best_r = torch.where(better, torch.full_like(best_r, r), best_r)
+    bound = amax * best_r
+    clipped = torch.maximum(torch.minimum(W, bound), -bound).reshape(-1)[:w.numel()]
+    return (clipped.reshape(out_f, in_f).to(weight.dtype), best_r.reshape(-1),
+            float(plain.sum()), float(best_e.sum()))
+
+
+def clip_checkpoint(checkpoint: Path, dst: Path, quant_type: str, samples: int,
+                    skip: tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
+    """Write `checkpoint` to `dst` with every Linear bnb will quantize clipped for `quant_type`.
+
+    Returns the manifest record and the names of the clipped Linears (the caller checks they
+    are exactly the ones bitsandbytes then quantized).
+    """
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from exporters.calibration import calibration_batches, calibration_texts
+    from exporters.core import checkpoint_info
+
+    block = bnb_block_size()
+    model = AutoModelForSequenceClassification.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    names = [n for n, m in model.named_modules()
+             if isinstance(m, torch.nn.Linear) and n.split(".")[-1] not in skip]
+    texts, source = calibration_texts(checkpoint, samples)
+    batches = calibration_batches(checkpoint, texts, checkpoint_info(checkpoint)["max_length"])
+    moments = second_moments(model, batches, names)
+    modules = dict(model.named_modules())
+    ratios, before, after = [], 0.0, 0.0
+    with torch.no_grad():
+        for n in names:
+            clipped, r, e0, e1 = clip_blocks(modules[n].weight, moments[n], quant_type, block)
+            modules[n].weight.copy_(clipped)
+            ratios.append(r)
+            before, after = before + e0, after + e1
+    model.save_pretrained(dst, safe_serialization=True)
+    r = torch.cat(ratios)
+    return {"method": "activation-aware weight clipping (AWQ's clip search): per block, r * absmax with r from "
+                      f"{RATIOS[-1]:.2f}-1.00 minimising sum E[x^2] (q(w) - w)^2",
+            "quant_type": quant_type, "block_size": block, "calibration": source, "linears": len(names),
+            "blocks": int(r.numel()), "blocks_clipped": int((r < 1).sum()), "mean_ratio": round(float(r.mean()), 4),
+            "weighted_error": {"plain": before, "clipped": after,
+                               "ratio": round(after / before, 4) if before else None}}, names
