@@ -8,8 +8,8 @@ safetensors file holds int8 weights + row scales (LLM.int8) or packed 4-bit
 weights + block absmax (nf4/fp4), and config.json holds the quantization_config,
 so loading the variant never needs the fp32 checkpoint again.
 
-nf4/fp4 first clip each weight block to the range that minimises its output error on
-calibration texts (exporters.clipping; `--no-clip` turns it off): same format, better grid.
+fp4 (and nf4 with `--clip`) first clips each weight block to the range that minimises its
+output error on calibration texts (exporters.clipping): same format, better grid.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ SKIP_MODULES = ("pre_classifier", "classifier")
 # Options each variant understands, with their defaults.
 OPTIONS: dict[str, dict[str, Any]] = {
     "bnb-int8": {"llm_int8_threshold": 6.0},
-    "bnb-nf4": {"double_quant": False, "clip": True, "calibration_samples": 64},
+    # clip: on for fp4, where it lifts agreement with fp32 (embedded default: 96.4% -> 98.3% in the
+    # pipeline's bench); off for nf4, where it moved neither agreement nor logit error beyond noise.
+    "bnb-nf4": {"double_quant": False, "clip": False, "calibration_samples": 64},
     "bnb-fp4": {"double_quant": False, "clip": True, "calibration_samples": 64},
 }
 OPTION_HELP = {

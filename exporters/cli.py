@@ -182,8 +182,8 @@ def register(sub) -> None:
     p.add_argument("--double-quant", action=argparse.BooleanOptionalAction, default=None, help="bnb-nf4/fp4: quantize the scales too")
     p.add_argument("--clip", action=argparse.BooleanOptionalAction, default=None,
                    help="bnb-nf4/fp4: clip each 64-weight block to the range that minimises its output error on "
-                        "calibration texts before quantizing (default on: bnb-fp4 agreement with fp32 on the "
-                        "embedded default 96.25%% -> 98.05%%)")
+                        "calibration texts before quantizing (default on for fp4: agreement with fp32 on the "
+                        "embedded default 96.4%% -> 98.3%%; off for nf4, where it changed nothing beyond noise)")
     p.set_defaults(func=cmd_export)
 
     v = sub.add_parser("variants", help="list variant directories with size and parity")

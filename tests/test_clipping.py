@@ -130,6 +130,10 @@ def test_clipped_export_lowers_every_layers_output_error(tiny_checkpoint, tmp_pa
         e_plain = _weighted_error(w, _dequantized(plain, n), moments[n])
         assert e_clip <= e_plain * (1 + 1e-6), n
     assert not list(tmp_path.glob("**/qserve-clip-*"))
+    nf4 = exporters.export(tiny_checkpoint, "bnb-nf4", tmp_path / "nf4")  # off by default for nf4 ...
+    assert nf4["bnb"]["options"]["clip"] is False and "clipping" not in nf4["bnb"]
+    nf4c = exporters.export(tiny_checkpoint, "bnb-nf4", tmp_path / "nf4c", options={"clip": True})  # ... on request
+    assert nf4c["bnb"]["clipping"]["quant_type"] == "nf4"
 
 
 def test_clipping_mismatch_with_what_bitsandbytes_quantized_is_refused(tiny_checkpoint, tmp_path, monkeypatch):
@@ -144,5 +148,5 @@ def test_clipping_mismatch_with_what_bitsandbytes_quantized_is_refused(tiny_chec
 
     monkeypatch.setattr(bnb, "quantization_kwargs", skip_ffn_too)
     with pytest.raises(QserveError, match=r"clipping covered 12 Linears but bitsandbytes quantized 10.*--no-clip"):
-        exporters.export(tiny_checkpoint, "bnb-nf4", tmp_path / "v")
+        exporters.export(tiny_checkpoint, "bnb-nf4", tmp_path / "v", options={"clip": True})
     assert not list(tmp_path.iterdir())
