@@ -149,24 +149,26 @@ def build(checkpoint: Path, out: Path, spec: VariantSpec, options: dict[str, Any
     opts = resolve_options(spec, options)
     require_bnb(spec.name)
     record: dict[str, Any] = {}
-    if opts.get("clip"):
-        from exporters import clipping
+    # The clipped fp32 weights are only an input to bitsandbytes' quantizer: a scratch copy,
+    # never part of the variant, kept until the quantized model is saved (the unquantized
+    # tensors may still be mapped from it).
+    with tempfile.TemporaryDirectory(prefix="qserve-clip-") as scratch:
+        source = checkpoint
+        if opts.get("clip"):
+            from exporters import clipping
 
-        # The clipped fp32 weights are only an input to bitsandbytes' quantizer: a scratch copy,
-        # never part of the variant.
-        with tempfile.TemporaryDirectory(prefix="qserve-clip-") as scratch:
+            source = Path(scratch)
             record["clipping"], clipped = clipping.clip_checkpoint(
-                checkpoint, Path(scratch), spec.dtype, opts["calibration_samples"], SKIP_MODULES)
-            model = _quantized_model(Path(scratch), spec, opts)
-        _check_clipped(model, clipped, record["clipping"]["block_size"], spec.name)
-    else:
-        model = _quantized_model(checkpoint, spec, opts)
-    linears = quantized_linears(model)
-    if not linears:
-        raise QserveError(f"{spec.name}: bitsandbytes quantized no Linear layer of {checkpoint}; "
-                          "is it a DistilBERT-style classifier?")
-    shapes = {n: (m.out_features, m.in_features) for n, m in linears.items()}
-    model.save_pretrained(out, safe_serialization=True)
+                checkpoint, source, spec.dtype, opts["calibration_samples"], SKIP_MODULES)
+        model = _quantized_model(source, spec, opts)
+        if "clipping" in record:
+            _check_clipped(model, clipped, record["clipping"]["block_size"], spec.name)
+        linears = quantized_linears(model)
+        if not linears:
+            raise QserveError(f"{spec.name}: bitsandbytes quantized no Linear layer of {checkpoint}; "
+                              "is it a DistilBERT-style classifier?")
+        shapes = {n: (m.out_features, m.in_features) for n, m in linears.items()}
+        model.save_pretrained(out, safe_serialization=True)
     weights = Path(out) / "model.safetensors"
     sizes = weight_bytes(weights, shapes) if weights.is_file() else {}
     return {"bnb": {
