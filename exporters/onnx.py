@@ -16,7 +16,9 @@ loads it unchanged. Then:
   fp32 111 ms, int8 37 ms plain, 40 ms fused, 37 ms pre-processed), so the default
   stays the plain graph, which needs no contrib ops beyond the quantized MatMuls.
   Before quantizing, activation outliers are smoothed into the weights (exporters.smoothing,
-  calibrated on training texts; option smooth=false turns it off).
+  calibrated on training texts; option smooth=false turns it off). After it, the mean shift
+  of the int8 logits against fp32 on the same texts is taken out of the output bias
+  (correct_logit_bias; option correct_bias=false turns it off).
 - int4: MatMulNBits weight-only 4-bit, blockwise; accuracy_level 4 computes in int8.
 """
 
@@ -32,6 +34,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from qserve import QserveError
 from qserve.variants import VariantSpec
 
@@ -42,11 +46,12 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "onnx-fp32": {"opset": None},
     "onnx-fp16": {"opset": None},
     "onnx-int8": {"opset": None, "per_channel": True, "reduce_range": False, "optimize": False, "smooth": True,
-                  "calibration_samples": 64, "keep_fp32": ""},
+                  "correct_bias": True, "calibration_samples": 64, "keep_fp32": ""},
     "onnx-int4": {"opset": None, "block_size": 32, "accuracy_level": 4, "symmetric": False,
                   "quantize_embeddings": False},
 }
-_BOOL_OPTIONS = {"per_channel", "reduce_range", "optimize", "symmetric", "quantize_embeddings", "smooth"}
+_BOOL_OPTIONS = {"per_channel", "reduce_range", "optimize", "symmetric", "quantize_embeddings", "smooth",
+                 "correct_bias"}
 
 
 def resolve_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -79,7 +84,7 @@ def resolve_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
         c = opts["calibration_samples"]
         if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= 1024:
             raise QserveError(f"option calibration_samples for {name} must be an integer from 1 to 1024 "
-                              f"(training texts used to choose the smoothing; got {c!r})")
+                              f"(training texts that choose the smoothing and the bias correction; got {c!r})")
     if "keep_fp32" in opts and not isinstance(opts["keep_fp32"], str):
         raise QserveError(f"option keep_fp32 for {name} must be a comma-separated string of MatMul node-name parts, "
                           f"e.g. 'layer.0/ffn/lin2' (got {opts['keep_fp32']!r})")
@@ -212,6 +217,7 @@ def quantize_int8(src: Path, dst: Path, config: dict[str, Any], opts: dict[str, 
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     record: dict[str, Any] = {}
+    reference = src  # the plain fp32 graph: what the bias correction holds the int8 logits to
     keep = kept_fp32(src, opts["keep_fp32"])  # before the slow steps: a pattern matching nothing fails at once
     if opts["smooth"]:
         src = smooth_fp32(src, scratch / "smoothed.onnx", checkpoint, opts["calibration_samples"], record)
@@ -228,6 +234,8 @@ def quantize_int8(src: Path, dst: Path, config: dict[str, Any], opts: dict[str, 
                          # Shape inference cannot type the outputs of fused contrib ops (Attention,
                          # SkipLayerNormalization); every float tensor in this graph is fp32.
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    if opts["correct_bias"]:
+        record["bias_correction"] = correct_logit_bias(dst, reference, checkpoint, opts["calibration_samples"])
     record["quantization"] = {
         # The same recipe as optimum's AutoQuantizationConfig.avx512_vnni(is_static=False):
         # dynamic, QOperator format, uint8 activations x signed int8 weights (the VNNI u8s8 kernel).
@@ -269,6 +277,60 @@ def smooth_fp32(src: Path, dst: Path, checkpoint: Path, samples: int, record: di
     record["smoothing"]["calibration"] = source
     onnx.save(model, str(dst))
     return dst
+
+
+def correct_logit_bias(quantized: Path, reference: Path, checkpoint: Path, samples: int) -> dict[str, Any]:
+    """Take the int8 graph's mean logit shift against fp32, on calibration texts, out of its output bias.
+
+    Quantization noise is not zero-mean at the output: on the embedded default the int8 logit
+    margin sat +0.036 above fp32's on average, on training and test texts alike, which tips
+    near-boundary reviews one way only. The output is `Add(MatMul(...), bias)`, so subtracting
+    the shift from that bias moves every output by exactly -shift, at no run-time cost.
+    Measured there (2,000 test reviews, batches of 32): agreement with fp32 98.75% -> 99.05%,
+    mean signed margin error +0.036 -> 0.000 (mean |error| unchanged, 0.056).
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    from exporters import calibration
+    from exporters.core import checkpoint_info
+
+    model = onnx.load(str(quantized))
+    inits = {i.name: i for i in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    output = model.graph.output[0].name
+    node = producer.get(output)
+    uses = [i for n in model.graph.node for i in n.input]
+    bias = next((i for i in node.input if i in inits), None) if node is not None and node.op_type == "Add" else None
+    if bias is None or uses.count(bias) != 1:
+        return {"applied": False, "why": f"the output {output!r} is not an Add of a bias used nowhere else"}
+    texts, source = calibration.calibration_texts(checkpoint, samples)
+    batches = calibration.calibration_batches(checkpoint, texts, checkpoint_info(checkpoint)["max_length"])
+    shift = (_logits(quantized, batches) - _logits(reference, batches)).mean(axis=0)
+    b = numpy_helper.to_array(inits[bias]).astype(np.float32)
+    if b.shape != shift.shape:
+        return {"applied": False, "why": f"bias {bias!r} has shape {b.shape}, the logits {shift.shape}"}
+    inits[bias].CopyFrom(numpy_helper.from_array((b - shift).astype(np.float32), bias))
+    onnx.save(model, str(quantized))
+    return {"applied": True, "method": "mean int8 - fp32 logits on the calibration texts, subtracted from the "
+                                      "output bias", "bias": bias, "shift": [round(float(v), 6) for v in shift],
+            "calibration": source}
+
+
+def _logits(model_path: Path, batches: list[dict[str, Any]]) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
+    names = {i.name for i in sess.get_inputs()}
+    out = []
+    for batch in batches:
+        feed = {k: v for k, v in batch.items() if k in names}
+        if "token_type_ids" in names:
+            feed["token_type_ids"] = np.zeros_like(batch["input_ids"])
+        out.append(sess.run(None, feed)[0])
+    return np.concatenate(out).astype(np.float64)
 
 
 def quantize_int4(src: Path, dst: Path, opts: dict[str, Any]) -> dict[str, Any]:

@@ -36,6 +36,7 @@ def test_export_refuses_existing_without_force(tiny_checkpoint, tmp_path, capsys
     (["--bits", "8", "--keep-fp32", "nonesuch"], "'nonesuch' matches no MatMul"),
     (["--bits", "8", "--calibration-samples", "0"], "calibration_samples for onnx-int8 must be an integer from 1"),
     (["--bits", "8", "--no-clip"], "--clip applies to bnb-fp4, bnb-nf4, not onnx-int8"),
+    (["--bits", "4", "--no-correct-bias"], "--correct-bias applies to onnx-int8, not onnx-int4"),
     (["--bits", "4", "--backend", "bnb", "--dtype", "fp4", "--calibration-samples", "2000"],
      "calibration_samples must be an integer from 1 to 1024"),
 ])
@@ -48,9 +49,10 @@ def test_export_bad_flags(tiny_checkpoint, tmp_path, capsys, argv, message):
 def test_export_int8_flags_reach_the_exporter(tiny_checkpoint, tmp_path):
     out = tmp_path / "int8"
     assert main(["export", str(tiny_checkpoint), "--bits", "8", "--out", str(out), "--device", "cpu",
-                 "--no-smooth", "--keep-fp32", "layer.1/ffn/lin2"]) == 0
+                 "--no-smooth", "--no-correct-bias", "--keep-fp32", "layer.1/ffn/lin2"]) == 0
     m = json.loads((out / "manifest.json").read_text())
-    assert m["spec"]["options"] == {"smooth": False, "keep_fp32": "layer.1/ffn/lin2"}
+    assert m["spec"]["options"] == {"smooth": False, "correct_bias": False, "keep_fp32": "layer.1/ffn/lin2"}
+    assert "bias_correction" not in m["onnx"]
     assert "smoothing" not in m["onnx"] and m["onnx"]["kept_fp32"] == ["/distilbert/transformer/layer.1/ffn/lin2/MatMul"]
 
 
