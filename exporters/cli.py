@@ -173,7 +173,8 @@ def register(sub) -> None:
                    help="onnx-int8: take the mean int8-vs-fp32 logit shift on calibration texts out of the output "
                         "bias (default on: agreement with fp32 98.75%% -> 99.05%% on the embedded default)")
     p.add_argument("--calibration-samples", type=int,
-                   help="onnx-int8, bnb-nf4/fp4: training texts that choose the smoothing or the clipping (default 64)")
+                   help="onnx-int8, bnb-nf4/fp4: training texts that calibrate onnx-int8's smoothing and bias "
+                        "correction, or bnb's clipping (default 64)")
     p.add_argument("--keep-fp32", metavar="PATTERNS",
                    help="onnx-int8: comma-separated parts of MatMul node names to leave in fp32, e.g. "
                         "'layer.0/ffn/lin2,layer.1/ffn/lin2' (more accurate, larger, slower)")
