@@ -76,9 +76,9 @@ def resolve_options(spec: VariantSpec, options: dict[str, Any]) -> dict[str, Any
         if key in out:
             out[key] = _boolean(out[key], key)
     if "calibration_samples" in out:
-        c = out["calibration_samples"]
-        if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= 1024:
-            raise QserveError(f"option calibration_samples must be {OPTION_HELP['calibration_samples']} (got {c!r})")
+        from exporters.calibration import check_samples
+
+        check_samples(out["calibration_samples"], spec.name, "the weight clipping")
     return out
 
 

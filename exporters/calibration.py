@@ -51,3 +51,32 @@ def calibration_batches(checkpoint: Any, texts: list[str], max_length: int, batc
         out.append({"input_ids": enc["input_ids"].astype(np.int64),
                     "attention_mask": enc["attention_mask"].astype(np.int64)})
     return out
+
+
+def calibration_set(checkpoint: Any, samples: int) -> tuple[list[dict], str]:
+    """The calibration batches for `checkpoint` (at its max length) and where their texts came from.
+
+    One call per export: every calibrated step of that export reads the same batches.
+    """
+    from exporters.core import checkpoint_info
+
+    texts, source = calibration_texts(checkpoint, samples)
+    return calibration_batches(checkpoint, texts, checkpoint_info(checkpoint)["max_length"]), source
+
+
+def check_samples(value: Any, name: str, purpose: str) -> int:
+    """The calibration_samples option, checked: an integer from 1 to 1024."""
+    from qserve import QserveError
+
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1024:
+        raise QserveError(f"option calibration_samples for {name} must be an integer from 1 to 1024 "
+                          f"(training texts that calibrate {purpose}; got {value!r})")
+    return value
+
+
+def feed(input_names: set[str], batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """An ONNX session's inputs from a calibration batch (zero token types where the graph wants them)."""
+    out = {k: v for k, v in batch.items() if k in input_names}
+    if "token_type_ids" in input_names and "token_type_ids" not in out:
+        out["token_type_ids"] = np.zeros_like(batch["input_ids"])
+    return out

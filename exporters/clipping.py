@@ -123,15 +123,13 @@ def clip_checkpoint(checkpoint: Path, dst: Path, quant_type: str, samples: int,
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    from exporters.calibration import calibration_batches, calibration_texts
-    from exporters.core import checkpoint_info
+    from exporters.calibration import calibration_set
 
     block = bnb_block_size()
     model = AutoModelForSequenceClassification.from_pretrained(checkpoint, dtype=torch.float32).eval()
     names = [n for n, m in model.named_modules()
              if isinstance(m, torch.nn.Linear) and n.split(".")[-1] not in skip]
-    texts, source = calibration_texts(checkpoint, samples)
-    batches = calibration_batches(checkpoint, texts, checkpoint_info(checkpoint)["max_length"])
+    batches, source = calibration_set(checkpoint, samples)
     moments = second_moments(model, batches, names)
     modules = dict(model.named_modules())
     ratios, before, after = [], 0.0, 0.0

@@ -81,10 +81,9 @@ def resolve_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
                                       or not 14 <= opts["opset"] <= 21):
         raise QserveError(f"option opset for {name} must be an integer from 14 to 21 (got {opts['opset']!r})")
     if "calibration_samples" in opts:
-        c = opts["calibration_samples"]
-        if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= 1024:
-            raise QserveError(f"option calibration_samples for {name} must be an integer from 1 to 1024 "
-                              f"(training texts that choose the smoothing and the bias correction; got {c!r})")
+        from exporters.calibration import check_samples
+
+        check_samples(opts["calibration_samples"], name, "the smoothing and the bias correction")
     if "keep_fp32" in opts and not isinstance(opts["keep_fp32"], str):
         raise QserveError(f"option keep_fp32 for {name} must be a comma-separated string of MatMul node-name parts, "
                           f"e.g. 'layer.0/ffn/lin2' (got {opts['keep_fp32']!r})")
@@ -219,8 +218,12 @@ def quantize_int8(src: Path, dst: Path, config: dict[str, Any], opts: dict[str, 
     record: dict[str, Any] = {}
     reference = src  # the plain fp32 graph: what the bias correction holds the int8 logits to
     keep = kept_fp32(src, opts["keep_fp32"])  # before the slow steps: a pattern matching nothing fails at once
+    if opts["smooth"] or opts["correct_bias"]:
+        from exporters.calibration import calibration_set
+
+        batches, source = calibration_set(checkpoint, opts["calibration_samples"])  # read once, used by both
     if opts["smooth"]:
-        src = smooth_fp32(src, scratch / "smoothed.onnx", checkpoint, opts["calibration_samples"], record)
+        src = smooth_fp32(src, scratch / "smoothed.onnx", batches, source, record)
     if opts["optimize"]:
         fused = scratch / "fused.onnx"
         record["fusions"] = optimize_bert(src, fused, config)
@@ -235,7 +238,7 @@ def quantize_int8(src: Path, dst: Path, config: dict[str, Any], opts: dict[str, 
                          # SkipLayerNormalization); every float tensor in this graph is fp32.
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     if opts["correct_bias"]:
-        record["bias_correction"] = correct_logit_bias(dst, reference, checkpoint, opts["calibration_samples"])
+        record["bias_correction"] = correct_logit_bias(dst, reference, batches, source)
     record["quantization"] = {
         # The same recipe as optimum's AutoQuantizationConfig.avx512_vnni(is_static=False):
         # dynamic, QOperator format, uint8 activations x signed int8 weights (the VNNI u8s8 kernel).
@@ -263,15 +266,12 @@ def kept_fp32(src: Path, patterns: str) -> list[str]:
     return [n for n in names if any(p in n for p in parts)]
 
 
-def smooth_fp32(src: Path, dst: Path, checkpoint: Path, samples: int, record: dict[str, Any]) -> Path:
+def smooth_fp32(src: Path, dst: Path, batches: list[dict[str, Any]], source: str, record: dict[str, Any]) -> Path:
     """Write the smoothed fp32 graph to `dst` (see exporters.smoothing); fill record["smoothing"]."""
     import onnx
 
-    from exporters import calibration, smoothing
-    from exporters.core import checkpoint_info
+    from exporters import smoothing
 
-    texts, source = calibration.calibration_texts(checkpoint, samples)
-    batches = calibration.calibration_batches(checkpoint, texts, checkpoint_info(checkpoint)["max_length"])
     with _quiet():
         model, record["smoothing"] = smoothing.smooth(onnx.load(str(src)), batches)
     record["smoothing"]["calibration"] = source
@@ -279,7 +279,8 @@ def smooth_fp32(src: Path, dst: Path, checkpoint: Path, samples: int, record: di
     return dst
 
 
-def correct_logit_bias(quantized: Path, reference: Path, checkpoint: Path, samples: int) -> dict[str, Any]:
+def correct_logit_bias(quantized: Path, reference: Path, batches: list[dict[str, Any]],
+                       source: str) -> dict[str, Any]:
     """Take the int8 graph's mean logit shift against fp32, on calibration texts, out of its output bias.
 
     Quantization noise is not zero-mean at the output: on the embedded default the int8 logit
@@ -292,9 +293,6 @@ def correct_logit_bias(quantized: Path, reference: Path, checkpoint: Path, sampl
     import onnx
     from onnx import numpy_helper
 
-    from exporters import calibration
-    from exporters.core import checkpoint_info
-
     model = onnx.load(str(quantized))
     inits = {i.name: i for i in model.graph.initializer}
     producer = {o: n for n in model.graph.node for o in n.output}
@@ -304,8 +302,6 @@ def correct_logit_bias(quantized: Path, reference: Path, checkpoint: Path, sampl
     bias = next((i for i in node.input if i in inits), None) if node is not None and node.op_type == "Add" else None
     if bias is None or uses.count(bias) != 1:
         return {"applied": False, "why": f"the output {output!r} is not an Add of a bias used nowhere else"}
-    texts, source = calibration.calibration_texts(checkpoint, samples)
-    batches = calibration.calibration_batches(checkpoint, texts, checkpoint_info(checkpoint)["max_length"])
     shift = (_logits(quantized, batches) - _logits(reference, batches)).mean(axis=0)
     b = numpy_helper.to_array(inits[bias]).astype(np.float32)
     if b.shape != shift.shape:
@@ -320,17 +316,13 @@ def correct_logit_bias(quantized: Path, reference: Path, checkpoint: Path, sampl
 def _logits(model_path: Path, batches: list[dict[str, Any]]) -> Any:
     import onnxruntime as ort
 
+    from exporters.calibration import feed
+
     so = ort.SessionOptions()
     so.log_severity_level = 3
     sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
     names = {i.name for i in sess.get_inputs()}
-    out = []
-    for batch in batches:
-        feed = {k: v for k, v in batch.items() if k in names}
-        if "token_type_ids" in names:
-            feed["token_type_ids"] = np.zeros_like(batch["input_ids"])
-        out.append(sess.run(None, feed)[0])
-    return np.concatenate(out).astype(np.float64)
+    return np.concatenate([sess.run(None, feed(names, b))[0] for b in batches]).astype(np.float64)
 
 
 def quantize_int4(src: Path, dst: Path, opts: dict[str, Any]) -> dict[str, Any]:

@@ -47,6 +47,8 @@ def capture(model: Any, tensors: list[str], batches: list[dict[str, np.ndarray]]
     import onnx
     import onnxruntime as ort
 
+    from exporters.calibration import feed
+
     probe = copy.deepcopy(model)
     for t in tensors:
         probe.graph.output.append(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None))
@@ -57,10 +59,8 @@ def capture(model: Any, tensors: list[str], batches: list[dict[str, np.ndarray]]
     sess = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
     names = {i.name for i in sess.get_inputs()}
     for batch in batches:
-        feed = {k: v for k, v in batch.items() if k in names}
-        if "token_type_ids" in names and "token_type_ids" not in feed:
-            feed["token_type_ids"] = np.zeros_like(batch["input_ids"])
-        yield [np.asarray(out, dtype=np.float32).reshape(-1, out.shape[-1]) for out in sess.run(tensors, feed)]
+        yield [np.asarray(out, dtype=np.float32).reshape(-1, out.shape[-1])
+               for out in sess.run(tensors, feed(names, batch))]
 
 
 def quant_act(x: np.ndarray) -> np.ndarray:

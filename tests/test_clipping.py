@@ -16,7 +16,7 @@ from safetensors.torch import load_file  # noqa: E402
 
 import exporters  # noqa: E402
 from exporters import clipping  # noqa: E402
-from exporters.calibration import calibration_batches, calibration_texts  # noqa: E402
+from exporters.calibration import calibration_batches, calibration_set  # noqa: E402
 from qserve import QserveError  # noqa: E402
 from qserve.artifact import read_manifest  # noqa: E402
 from qserve.runtime import load_runtime  # noqa: E402
@@ -120,9 +120,9 @@ def test_clipped_export_lowers_every_layers_output_error(tiny_checkpoint, tmp_pa
     # The stored weights themselves: per layer, the clipped variant's output error (weighted by
     # the same calibration activations) is below the plain variant's.
     fp32 = AutoModelForSequenceClassification.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
-    texts, _ = calibration_texts(tiny_checkpoint, 64)
+    batches, _ = calibration_set(tiny_checkpoint, 64)  # what the exporter calibrated on
     names = [n for n, mod in fp32.named_modules() if isinstance(mod, torch.nn.Linear) and "classifier" not in n]
-    moments = clipping.second_moments(fp32, calibration_batches(tiny_checkpoint, texts, 64), names)
+    moments = clipping.second_moments(fp32, batches, names)
     ref = load_file(str(tiny_checkpoint / "model.safetensors"))
     for n in names:
         w = ref[f"{n}.weight"].float()
