@@ -18,6 +18,28 @@ CPU_HINT = "pip install 'qserve[cpu]'"
 GPU_HINT = "pip uninstall -y onnxruntime && pip install 'qserve[gpu]'"
 
 
+def session_options(ort, threads: int | None):
+    """The SessionOptions every qserve ONNX session runs with (the bench, the server, the breakdown script)."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        so.intra_op_num_threads = int(threads)
+    so.log_severity_level = 3  # errors only: ORT's warnings about unused initializers are noise here
+    return so
+
+
+def disabled_optimizers(device: str) -> list[str]:
+    """ORT graph rewrites this runtime turns off on `device` (also used by benchmarks/int8_breakdown.py)."""
+    if device.startswith("cuda"):
+        return []  # the fused CUDA kernel is the fast one there
+    # On CPU, ORT's fused SkipLayerNormalization is slower than the Add + LayerNormalization
+    # it replaces in the int8 graphs (profiled at DistilBERT-base dims, b1/s128: 1.5 ms for 6
+    # fused ops vs 0.26 ms for 7 plain LayerNorms). Interleaved A/B, 2 threads: onnx-int8
+    # 21.14 -> 19.85 ms and 22.96 -> 20.59 ms there, MiniLM int8 8.67 -> 8.15 ms; onnx-fp32
+    # and onnx-int4 unchanged (60.99 / 60.62, 60.38 / 60.18 ms).
+    return ["SkipLayerNormFusion"]
+
+
 class OnnxRuntime(Runtime):
     def _load(self) -> None:
         try:
@@ -29,14 +51,9 @@ class OnnxRuntime(Runtime):
             from qserve.artifact import VariantError
 
             raise VariantError(f"{path} is missing: {self.variant_dir} is not an ONNX variant")
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if self.options.threads:
-            so.intra_op_num_threads = int(self.options.threads)
-        so.log_severity_level = 3  # errors only: ORT's warnings about unused initializers are noise here
         providers = self._providers(ort)
-        self.session = ort.InferenceSession(str(path), sess_options=so, providers=providers,
-                                            disabled_optimizers=self._disabled_optimizers())
+        self.session = ort.InferenceSession(str(path), sess_options=session_options(ort, self.options.threads),
+                                            providers=providers, disabled_optimizers=disabled_optimizers(self.device))
         if self.device.startswith("cuda") and "CUDAExecutionProvider" not in self.session.get_providers():
             # ORT falls back to CPU silently when CUDA/cuDNN libraries fail to load; a CUDA
             # benchmark that quietly ran on CPU would be a lie, so refuse.
@@ -45,16 +62,6 @@ class OnnxRuntime(Runtime):
         self.input_names = [i.name for i in self.session.get_inputs()]
         outputs = [o.name for o in self.session.get_outputs()]
         self.output_name = "logits" if "logits" in outputs else outputs[0]
-
-    def _disabled_optimizers(self) -> list[str]:
-        if self.device.startswith("cuda"):
-            return []  # the fused CUDA kernel is the fast one there
-        # On CPU, ORT's fused SkipLayerNormalization is slower than the Add + LayerNormalization
-        # it replaces in the int8 graphs (profiled at DistilBERT-base dims, b1/s128: 1.5 ms for 6
-        # fused ops vs 0.26 ms for 7 plain LayerNorms). Interleaved A/B, 2 threads: onnx-int8
-        # 21.14 -> 19.85 ms and 22.96 -> 20.59 ms there, MiniLM int8 8.67 -> 8.15 ms; onnx-fp32
-        # and onnx-int4 unchanged (60.99 / 60.62, 60.38 / 60.18 ms).
-        return ["SkipLayerNormFusion"]
 
     def _providers(self, ort) -> list:
         if not self.device.startswith("cuda"):
