@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.util
 import json
 import subprocess
 import sys
@@ -19,16 +18,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def tools():
-    spec = importlib.util.spec_from_file_location("gpu_tools", ROOT / "benchmarks" / "gpu_tools.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("gpu_tools")
 
 
 def _record_line(name: str, data: bytes) -> str:

@@ -9,22 +9,18 @@ once, in a class, and that the report's numbers follow from its inputs.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[1]
 OUTSIDE = "outside kernels (executor, allocation)"
 GEMMS = "int8 GEMMs (with activation quantization)"
 
 
 @pytest.fixture(scope="module")
 def bd():
-    spec = importlib.util.spec_from_file_location("int8_breakdown", ROOT / "benchmarks" / "int8_breakdown.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("int8_breakdown")
 
 
 @pytest.fixture(scope="module")
