@@ -183,9 +183,9 @@ def mha_graph(ckpt: Path, fp32_graph: Path, dst: Path, options: dict) -> None:
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
-    from exporters.onnx import _read_config, quantize_int8, resolve_options
+    from exporters.onnx import quantize_int8, resolve_options
 
-    config = _read_config(ckpt)
+    config = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
     fo = FusionOptions("bert")
     fo.use_multi_head_attention = True
     fo.use_raw_attention_mask(True)  # the 2-D padding mask as given, as the plain graph reads it
@@ -279,7 +279,8 @@ def render(r: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", type=Path, default=ROOT / "models" / "distilbert-base-dims")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "reports" / "int8-breakdown")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "reports" / "int8-breakdown",
+                   help="report directory (default %(default)s; its report.json/md are replaced)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--calls", type=int, default=200, help="profiled calls (default %(default)s)")
     p.add_argument("--rounds", type=int, default=25, help="interleaved rounds (default %(default)s)")
@@ -290,7 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         from qserve.artifact import write_text_atomic
 
-        report = json.loads((args.out / "report.json").read_text(encoding="utf-8"))
+        src = args.out / "report.json"
+        if not src.is_file():
+            raise SystemExit(f"--render needs {src}: run the script once without --render, or point --out at a "
+                             "directory holding its report.json")
+        report = json.loads(src.read_text(encoding="utf-8"))
         write_text_atomic(args.out / "report.md", render(report))
         print(f"report: {args.out / 'report.md'}")
         return 0
@@ -325,12 +330,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from qserve.bench.envinfo import environment
 
+    shown = {k: str(v.relative_to(ROOT)) if v.is_relative_to(ROOT) else str(v) for k, v in graphs.items()}
     report = {"model": "distilbert-base-dims-random", "batch": batch, "seq": seq, "threads": args.threads,
-              "flops": flops, "peaks": peaks["peaks"], "model_peaks": peaks["model_peaks"],
-              "timing": timing, "calls_per_turn": args.turn, "profile": prof, "graphs": {k: str(v.relative_to(ROOT)) if v.is_relative_to(ROOT)
-                                                          else str(v) for k, v in graphs.items()},
-              "onnxruntime": ort.__version__, "environment": environment(args.threads, "cpu"),
-              "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+              "flops": flops, "peaks": peaks["peaks"], "model_peaks": peaks["model_peaks"], "timing": timing,
+              "calls_per_turn": args.turn, "profile": prof, "graphs": shown, "onnxruntime": ort.__version__,
+              "environment": environment(args.threads, "cpu"), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     args.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out / "report.json", report)
     write_text_atomic(args.out / "report.md", render(report))
