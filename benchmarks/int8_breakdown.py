@@ -48,9 +48,12 @@ CLASSES = {
     "shape arithmetic and lookups (Shape, Gather, ...)": {"Shape", "Gather", "Concat", "Slice", "ConstantOfShape",
                                                           "DequantizeLinear", "ReduceSum"},
 }
-ALTERNATIVES = {"smooth off": {"smooth": False}, "optimize on (QAttention)": {"optimize": True}}
+# name -> (directory under --models/breakdown, exporter options)
+ALTERNATIVES = {"smooth off": ("smooth-off", {"smooth": False}),
+                "optimize on (QAttention)": ("optimize-on", {"optimize": True})}
 # MultiHeadAttention keeps q/k/v as separate int8 MatMuls and fuses only the attention core.
-MHA = {"MHA fusion, smooth off": {"smooth": False, "correct_bias": False}, "MHA fusion + smoothing": {}}
+MHA = {"MHA fusion, smooth off": ("mha-plain", {"smooth": False, "correct_bias": False}),
+       "MHA fusion + smoothing": ("mha-smooth", {})}
 
 
 def op_class(op: str) -> str:
@@ -166,13 +169,12 @@ def build_alternatives(ckpt: Path, fp32_graph: Path, root: Path, rebuild: bool) 
     import exporters
 
     out: dict[str, Path] = {}
-    for name, options in ALTERNATIVES.items():
-        dest = root / name.split(" (")[0].replace(" ", "-")
-        if rebuild or not (dest / "manifest.json").is_file():
-            exporters.export(ckpt, "onnx-int8", dest, force=True, options=options)
-        out[name] = dest / "model.onnx"
-    for name, options in MHA.items():
-        out[name] = root / ("mha-" + ("smooth" if options.get("smooth", True) else "plain")) / "model.onnx"
+    for name, (folder, options) in ALTERNATIVES.items():
+        if rebuild or not (root / folder / "manifest.json").is_file():
+            exporters.export(ckpt, "onnx-int8", root / folder, force=True, options=options)
+        out[name] = root / folder / "model.onnx"
+    for name, (folder, options) in MHA.items():
+        out[name] = root / folder / "model.onnx"
         if rebuild or not out[name].is_file():
             mha_graph(ckpt, fp32_graph, out[name], options)
     return out
@@ -242,7 +244,7 @@ def render(r: dict) -> str:
         f"GEMMs as measured plus attention at the fp32 peak, with every other op free: {bound:.2f} ms = "
         f"{bound / floor:.2f}× the floor. That is the least this graph structure could take on these kernels.",
         "", "## Where the shipped graph's time goes", "",
-        f"ORT's profiler over {prof.get('calls', prof['runs'])} calls, the faster {prof['runs']} of them counted "
+        f"ORT's profiler over {prof['calls']} calls, the faster {prof['runs']} of them counted "
         f"({prof['profiled_ms_per_run']:.2f} ms per profiled call; "
         f"the profiler adds its own cost, so each class's share is applied to the best unprofiled round, "
         f"{best:.2f} ms). Profiled call / best round = {prof['profiled_ms_per_run'] / best:.2f}"
@@ -256,7 +258,7 @@ def render(r: dict) -> str:
                      f"{', '.join(sorted(c['ops'])) or '–'} |")
     rounds = len(next(iter(t.values()))["rounds_ms"])
     lines += ["", "## Other int8 graphs of the same model, timed interleaved", "",
-              f"{rounds} rounds; in each, every graph makes {r.get('calls_per_turn', 30)} calls in turn, so a noisy minute "
+              f"{rounds} rounds; in each, every graph makes {r['calls_per_turn']} calls in turn, so a noisy minute "
               "hits all of them. "
               "Ratio = median over rounds of (graph / shipped) in the same round. A round is quiet when the shipped "
               f"graph ran within {QUIET - 1:.0%} of its best round: bursts of this shared machine slow some kernels "

@@ -61,13 +61,13 @@ def test_report_numbers_follow_from_flops_peaks_and_profile(bd, profiled):
     flops = {"total": 10e9, "linear": 9e9, "attention": 1e9}
     peaks = {"int8": {"gflops": 1000.0, "method": "m", "shape": [1, 2, 3]},
              "fp32": {"gflops": 200.0, "method": "m", "shape": [1, 2, 3]}}
-    prof = {"runs": 10, "profiled_ms_per_run": 20.0, "ops": {},
+    prof = {"calls": 20, "runs": 10, "profiled_ms_per_run": 20.0, "ops": {},
             "classes": {GEMMS: {"ms": 12.0, "nodes": 4, "ops": ["DynamicQuantizeMatMul"]},
                         OUTSIDE: {"ms": 8.0, "nodes": 0, "ops": []}}}
     timing = bd.summarize_rounds({"shipped onnx-int8": [14.0, 16.0], "other": [12.6, 12.0]},
                                  {"shipped onnx-int8": 0.0, "other": 0.01})
     md = bd.render({"model": "m", "batch": 1, "seq": 128, "threads": 2, "flops": flops, "peaks": peaks,
-                    "timing": timing, "profile": prof, "graphs": {"shipped onnx-int8": "a.onnx"},
+                    "timing": timing, "calls_per_turn": 20, "profile": prof, "graphs": {"shipped onnx-int8": "a.onnx"},
                     "onnxruntime": "x", "environment": {"cpu": {"model": "cpu"}}, "created": "now"})
     assert "**Int8 floor: 10.00 ms**" in md
     assert "**15.00 ms = 1.50× the floor**; its best round 14.00 ms = 1.40×" in md  # median of 14 and 16
@@ -75,7 +75,8 @@ def test_report_numbers_follow_from_flops_peaks_and_profile(bd, profiled):
     assert "share of that best round: 8.40 ms, 0.93× the 9.00 ms their FLOPs need" in md
     assert "they need 5.00 ms" in md and "13.40 ms = 1.34× the floor" in md
     # round 2 (shipped 16 > 1.1 x 14) is a burst round: only round 1 ranks the graphs (12.6 / 14 = 0.9)
-    assert "Quiet rounds: 1 of 2." in md
+    assert "Quiet rounds: 1 of 2." in md and "every graph makes 20 calls in turn" in md
+    assert "profiler over 20 calls, the faster 10 of them counted" in md
     assert "Fastest by quiet-round ratio: other (0.900 of the shipped graph); its best round is 1.20× the floor" in md
     assert "| int8 GEMMs (with activation quantization) | 4 | 60.0% | 8.40 | DynamicQuantizeMatMul |" in md
     assert "Profiled call / best round = 1.43; quiet runs here read 1.1-1.2" in md  # 20 / 14: flagged
