@@ -5,6 +5,15 @@
 A variant is built in a hidden temporary directory beside its destination and
 renamed into place only when complete, so a crash or a failed parity gate leaves
 nothing behind, and an existing variant is replaced only when asked (`force`).
+
+Integrity on load (`verify`): every listed file must match its size and sha256; the
+manifest's own content must match the digest recorded in it (`manifest_sha256`), so
+an edit to labels, max_length or the spec is refused; labels and max_length are also
+cross-checked against the hashed files they came from (config.json id2label,
+qserve_model.json, the model's position table); and a file the manifest does not list
+is refused unless the caller allows extra files. Manifests written before the digest
+existed still load: the cross-checks cover the fields that change answers, and a
+warning says the rest is unverified.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ import contextlib
 import datetime as _dt
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -24,6 +34,10 @@ from qserve import QserveError
 
 MANIFEST = "manifest.json"
 FORMAT = "qserve-variant/1"
+DIGEST_KEY = "manifest_sha256"
+ALLOW_EXTRA_HINT = "--allow-extra-files (QSERVE_ALLOW_EXTRA_FILES=1 for serve)"
+
+log = logging.getLogger("qserve.artifact")
 
 
 class VariantError(QserveError):
@@ -124,12 +138,22 @@ def staged_dir(dest: Path, force: bool = False) -> Iterator[Path]:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def manifest_digest(data: dict[str, Any]) -> str:
+    """sha256 of the manifest's content (every field but the digest itself), canonical JSON."""
+    body = {k: v for k, v in data.items() if k != DIGEST_KEY}
+    canon = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+    return hashlib.sha256(canon.encode("ascii")).hexdigest()
+
+
 def write_manifest(root: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """Hash every file in root, then write manifest.json (format tag, files, creation time)."""
+    """Hash every file in root, then write manifest.json (format tag, files, creation time, own digest)."""
     root = Path(root)
-    data = {"format": FORMAT, **manifest}
+    data = {"format": FORMAT, **{k: v for k, v in manifest.items() if k != DIGEST_KEY}}
     data["files"] = hash_files(root)
     data.setdefault("created", now_iso())
+    # Round-trip through JSON first so the digest covers exactly what a reader will see.
+    data = json.loads(json.dumps(data, default=str))
+    data[DIGEST_KEY] = manifest_digest(data)
     write_json_atomic(root / MANIFEST, data)
     return data
 
@@ -154,13 +178,34 @@ def read_manifest(root: Path) -> dict[str, Any]:
     return data
 
 
-def verify(root: Path, check_hashes: bool = True) -> dict[str, Any]:
-    """Read the manifest and check every listed file: present, same size, same sha256.
+def verify(root: Path, check_hashes: bool = True, allow_extra_files: bool = False) -> dict[str, Any]:
+    """Read the manifest and check it: its own digest, every listed file (present, same size,
+    same sha256), no unlisted file (unless `allow_extra_files`), and the fields that change
+    answers against the files they came from.
 
-    Returns the manifest. Raises VariantError naming the first bad file.
+    Returns the manifest. Raises VariantError naming the first problem.
     """
     root = Path(root)
     data = read_manifest(root)
+    path = root / MANIFEST
+    recorded = data.get(DIGEST_KEY)
+    if recorded is None:
+        log.warning("%s has no %s (written before qserve recorded one): labels and max_length are "
+                    "cross-checked against the variant's files, its other fields are unverified; re-export "
+                    "the variant to seal it", path, DIGEST_KEY)
+    elif recorded != manifest_digest(data):
+        raise VariantError(f"{path} was edited after export: its content no longer matches its recorded "
+                           f"{DIGEST_KEY}. Fields such as labels, max_length and spec change every answer, so an "
+                           "edited manifest is refused; re-export the variant (`qserve export ... --force`)")
+    extra = sorted(rel for rel in _files_on_disk(root) if rel not in data["files"])
+    if extra:
+        shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+        if not allow_extra_files:
+            raise VariantError(f"{root} holds {len(extra)} file(s) its manifest does not list: {shown}. A variant "
+                               "holds exactly the files it was exported with; remove them, or pass "
+                               f"{ALLOW_EXTRA_HINT} to load it anyway")
+        log.warning("%s: ignoring %d file(s) the manifest does not list (allowed by --allow-extra-files): %s",
+                    root, len(extra), shown)
     for rel, info in data["files"].items():
         p = root / rel
         if not p.is_file():
@@ -170,7 +215,52 @@ def verify(root: Path, check_hashes: bool = True) -> dict[str, Any]:
             raise VariantError(f"{p} is {size} bytes, the manifest says {info['bytes']}: truncated or altered")
         if check_hashes and sha256_file(p) != info["sha256"]:
             raise VariantError(f"{p} does not match its sha256 in the manifest: the file was altered")
+    _cross_check(root, data)
     return data
+
+
+def _files_on_disk(root: Path) -> list[str]:
+    return [p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and p.name != MANIFEST]
+
+
+def _read_listed_json(root: Path, data: dict[str, Any], rel: str) -> dict[str, Any] | None:
+    """A JSON file the manifest lists (so verify has hashed it), or None."""
+    if rel not in data["files"]:
+        return None
+    try:
+        obj = json.loads((root / rel).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise VariantError(f"{root / rel} is not valid JSON ({e}); the variant is damaged, re-export it") from None
+    return obj if isinstance(obj, dict) else None
+
+
+def _cross_check(root: Path, data: dict[str, Any]) -> None:
+    """The manifest's labels and max_length must agree with the hashed files they came from."""
+    path = root / MANIFEST
+    labels, max_length = data["labels"], data["max_length"]
+    if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
+        raise VariantError(f"{path}: labels must be a non-empty list of strings, got {labels!r}")
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+        raise VariantError(f"{path}: max_length must be an integer >= 2, got {max_length!r}")
+    config = _read_listed_json(root, data, "config.json")
+    if config is not None:
+        id2label = config.get("id2label")
+        if isinstance(id2label, dict) and id2label:
+            try:
+                from_config = [id2label[str(i)] for i in range(len(id2label))]
+            except KeyError:
+                from_config = None
+            if from_config is not None and from_config != labels:
+                raise VariantError(f"{path} says labels {labels} but the hashed config.json maps ids to "
+                                   f"{from_config}: the manifest was edited; re-export the variant")
+        positions = config.get("max_position_embeddings")
+        if isinstance(positions, int) and max_length > positions:
+            raise VariantError(f"{path} says max_length {max_length} but the model has only {positions} "
+                               "positions (config.json): the manifest was edited; re-export the variant")
+    meta = _read_listed_json(root, data, "qserve_model.json")
+    if meta is not None and "max_length" in meta and meta["max_length"] != max_length:
+        raise VariantError(f"{path} says max_length {max_length} but the hashed qserve_model.json says "
+                           f"{meta['max_length']}: the manifest was edited; re-export the variant")
 
 
 def dir_size(root: Path) -> int:

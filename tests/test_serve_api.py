@@ -135,8 +135,8 @@ def test_v1_models_summarizes_the_manifest(client):
 
 V1_BAD = [
     ({"inputs": []}, 422, "empty"),
-    ({"inputs": ""}, 422, "empty string"),
-    ({"inputs": ["ok", "   "]}, 422, "inputs[1] is an empty string"),
+    ({"inputs": ""}, 422, "at least 1 character"),
+    ({"inputs": ["ok", "   "]}, 422, "inputs[1] has no visible character"),
     ({"inputs": 5}, 422, "valid string"),
     ({"inputs": ["ok", 3]}, 422, "valid string"),
     ({"inputs": ["x"] * (MAX_INPUTS + 1)}, 422, f"at most {MAX_INPUTS} per request"),
@@ -183,12 +183,12 @@ def _v2(data, datatype="BYTES", shape=None, **extra):
 
 V2_BAD = [
     ("nope", _v2(["hi"]), 404, "unknown model 'nope'"),
-    ("torch-fp32", _v2([1.0], datatype="FP32"), 400, "only 'BYTES'"),
+    ("torch-fp32", _v2([1.0], datatype="FP32"), 422, "'BYTES'"),
     ("torch-fp32", _v2(["a", "b"], shape=[3]), 400, "use [n] or [n, 1]"),
-    ("torch-fp32", _v2([]), 422, "empty"),
-    ("torch-fp32", _v2(["ok", 7]), 422, "must be a string"),
-    ("torch-fp32", _v2(["hi"], outputs=[{"name": "logits"}]), 400, "'probabilities'"),
-    ("torch-fp32", {"inputs": [_v2(["a"])["inputs"][0]] * 2}, 400, "exactly one BYTES tensor"),
+    ("torch-fp32", _v2([]), 422, "at least 1 item"),
+    ("torch-fp32", _v2(["ok", 7]), 422, "valid string"),
+    ("torch-fp32", _v2(["hi"], outputs=[{"name": "logits"}]), 422, "'probabilities'"),
+    ("torch-fp32", {"inputs": [_v2(["a"])["inputs"][0]] * 2}, 422, "at most 1 item"),
     ("torch-fp32", {"inputs": "hi"}, 422, '"datatype": "BYTES"'),
 ]
 

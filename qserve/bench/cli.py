@@ -52,6 +52,8 @@ def register(subparsers) -> None:
                    help="report directory (default benchmarks/reports/<model>-<device>-t<threads>)")
     p.add_argument("--name", default=None, help="run name for the default --out")
     p.add_argument("--force", action="store_true", help="replace an existing non-empty --out")
+    p.add_argument("--allow-extra-files", action="store_true",
+                   help="load variants whose directory holds files the manifest does not list (refused by default)")
     p.add_argument("--no-accuracy", dest="accuracy", action="store_false",
                    help="speed only: skip accuracy and agreement")
     p.add_argument("--dataset", default=None, help="dataset for accuracy (default: the variant's qserve_model.json)")
@@ -90,6 +92,7 @@ def config_from_args(args) -> "BenchConfig":  # noqa: F821
         seed=args.seed, max_eval_samples=args.max_eval_samples, real_text_samples=args.real_text_samples,
         time_budget_s=args.time_budget, warmup=args.warmup, min_iters=args.min_iters, max_iters=args.max_iters,
         floor=args.floor, floor_budget_s=args.floor_budget, child_timeout_s=args.child_timeout, name=args.name, force=args.force,
+        allow_extra_files=args.allow_extra_files,
     ).validate()
 
 

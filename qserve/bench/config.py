@@ -63,6 +63,8 @@ class BenchConfig:
     """Run name used for the default --out directory."""
     force: bool = False
     """Replace an existing non-empty report directory."""
+    allow_extra_files: bool = False
+    """Load variants whose directory holds files the manifest does not list (refused by default)."""
 
     def validate(self) -> "BenchConfig":
         for flag, values in (("--batch-sizes", self.batch_sizes), ("--seq-lens", self.seq_lens)):

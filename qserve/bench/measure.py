@@ -192,7 +192,8 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     from qserve.runtime import RuntimeOptions, load_runtime
 
     t0 = time.perf_counter()
-    rt = load_runtime(variant_dir, device=job["device"], options=RuntimeOptions(threads=job.get("threads")))
+    rt = load_runtime(variant_dir, device=job["device"], options=RuntimeOptions(threads=job.get("threads")),
+                      allow_extra_files=bool(job.get("allow_extra_files")))
     res["load_s"] = time.perf_counter() - t0
     res["rss_after_load_mb"] = rss_mb()
     res["peak_rss_load_mb"] = peak_rss_mb()

@@ -18,12 +18,13 @@ __all__ = ["Runtime", "RuntimeOptions", "load_runtime"]
 
 
 def load_runtime(variant_dir: str | Path, device: str = "auto", options: RuntimeOptions | None = None,
-                 verify_hashes: bool = True) -> Runtime:
+                 verify_hashes: bool = True, allow_extra_files: bool = False) -> Runtime:
     from qserve.artifact import verify
     from qserve.devices import resolve_device
 
     variant_dir = Path(variant_dir)
-    manifest: dict[str, Any] = verify(variant_dir, check_hashes=verify_hashes)
+    manifest: dict[str, Any] = verify(variant_dir, check_hashes=verify_hashes,
+                                     allow_extra_files=allow_extra_files)
     device = resolve_device(device)
     options = options or RuntimeOptions()
     backend = manifest["spec"]["backend"]

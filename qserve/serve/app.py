@@ -30,11 +30,13 @@ from qserve import __version__
 from qserve.serve.batcher import Batcher, BatchResult, NotAccepting, QueueFull
 from qserve.serve.config import ServeConfig
 from qserve.serve.errors import ApiError
-from qserve.serve.guard import Arrivals, GuardMiddleware
+from qserve.serve.guard import OPEN_PATHS, Arrivals, GuardMiddleware
 from qserve.serve.metrics import Metrics
+from qserve.serve.texts import text_problem
 
 log = logging.getLogger("qserve.serve")
 
+INFERENCE_PATHS = frozenset({"/v1/classify", "/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"})
 Loader = Callable[[ServeConfig], Any]
 """config -> an object with the runtime contract (predict, truncated, labels, name, max_length, manifest)."""
 
@@ -65,6 +67,13 @@ class ServeState:
             return f"model failed to load: {self.load_error}"
         return "model is loading; retry when /ready answers 200"
 
+    def queue_full_retry_after(self) -> int | None:
+        """Retry-After seconds while not one more text fits in the queue, else None (see guard.py)."""
+        b = self.batcher
+        if b is None or not b.full:
+            return None
+        return b.retry_after_s()
+
     def require_ready(self) -> None:
         if not self.ready:
             raise ApiError(503, self.not_ready_reason(), {"Retry-After": "1"})
@@ -84,9 +93,9 @@ class ServeState:
         for i, t in enumerate(texts):
             if not isinstance(t, str):
                 raise ApiError(422, f"{where}[{i}] is {type(t).__name__}; every input must be a string")
-            if not t.strip():
-                raise ApiError(422, f"{where}[{i}] is an empty string; every text needs at least one "
-                                    "non-space character")
+            problem = text_problem(t)
+            if problem:
+                raise ApiError(422, f"{where}[{i}] {problem}")
             if len(t) > cfg.max_chars:
                 raise ApiError(422, f"{where}[{i}] has {len(t)} characters; at most {cfg.max_chars} "
                                     "(--max-chars). Texts over the model's token limit are truncated, "
@@ -116,7 +125,8 @@ class ServeState:
 def _default_loader(cfg: ServeConfig) -> Any:
     from qserve.runtime import RuntimeOptions, load_runtime
 
-    return load_runtime(cfg.variant_dir, cfg.device, RuntimeOptions(threads=cfg.threads))
+    return load_runtime(cfg.variant_dir, cfg.device, RuntimeOptions(threads=cfg.threads),
+                        allow_extra_files=cfg.allow_extra_files)
 
 
 def _infer_fn(runtime: Any) -> Callable[[list[str]], tuple[np.ndarray, list[bool]]]:
@@ -188,13 +198,18 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
 
     add_routes(app, st)
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
-                       metrics=st.metrics, routes=app.router.routes, arrivals=st.arrivals)
-    _install_openapi(app, bool(config.api_key))
+                       metrics=st.metrics, routes=app.router.routes, arrivals=st.arrivals,
+                       queue_full=st.queue_full_retry_after, inference_paths=INFERENCE_PATHS,
+                       metrics_public=config.metrics_public)
+    _install_openapi(app, config)
     return app
 
 
 def _error(request: Request, status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     rid = getattr(request.state, "request_id", None)
+    # A message may quote client input (a field name, say) holding a lone surrogate: escape it, so
+    # rendering the error can never fail.
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     return JSONResponse({"error": message, "request_id": rid}, status_code=status, headers=headers)
 
 
@@ -243,16 +258,46 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _error(request, 500, f"internal error; quote request id {rid}")
 
 
-def _install_openapi(app: FastAPI, auth: bool) -> None:
+def _install_openapi(app: FastAPI, config: ServeConfig) -> None:
     def openapi() -> dict:
         if app.openapi_schema:
             return app.openapi_schema
         schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-        if auth:  # the guard enforces it; this makes /docs offer an Authorize button
+        from qserve.serve.v2 import register_schemas
+
+        register_schemas(schema)
+        _publish_limits(schema, config)
+        if config.api_key:  # the guard enforces it; this makes /docs offer an Authorize button
             schema.setdefault("components", {})["securitySchemes"] = {
                 "bearer": {"type": "http", "scheme": "bearer"}}
             schema["security"] = [{"bearer": []}]
+            for path in OPEN_PATHS | ({"/metrics"} if config.metrics_public else set()):
+                for op in schema["paths"].get(path, {}).values():
+                    op["security"] = []
         app.openapi_schema = schema
         return schema
 
     app.openapi = openapi
+
+
+def _publish_limits(schema: dict, config: ServeConfig) -> None:
+    """Write the server's own limits (--max-inputs, --max-chars) into the request schemas, so the
+    document says exactly what this server accepts."""
+    comps = schema.get("components", {}).get("schemas", {})
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "string" and "pattern" in node:  # a text (schemas.Text)
+                node["maxLength"] = config.max_chars
+            items = node.get("items")
+            if node.get("type") == "array" and isinstance(items, dict) and (
+                    "pattern" in items or items.get("type") == "array"):  # a list of texts (maybe nested)
+                node.setdefault("maxItems", config.max_inputs)
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    for name in ("ClassifyRequest", "V2InputTensor"):
+        walk(comps.get(name))

@@ -107,6 +107,11 @@ class Batcher:
     def depth(self) -> int:
         return len(self._items)
 
+    @property
+    def full(self) -> bool:
+        """No room for even one more text: a request can be refused before its body is read."""
+        return len(self._items) >= self.max_queue
+
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="qserve-batcher")
 
@@ -156,7 +161,8 @@ class Batcher:
                 continue
             # Wait for the batch to fill, but never past max_wait after the oldest item queued.
             deadline = self._items[0].enqueued + self.max_wait_s
-            while len(self._items) < self.max_batch_size and not self._closing:
+            # A full queue cannot grow, so waiting for more would only delay the admitted texts.
+            while len(self._items) < min(self.max_batch_size, self.max_queue) and not self._closing:
                 if self.arriving is not None and self.arriving() <= 0:
                     break  # nobody else is on the way: waiting would only add latency
                 remaining = deadline - loop.time()
@@ -170,6 +176,10 @@ class Batcher:
             batch = [self._items.popleft() for _ in range(min(self.max_batch_size, len(self._items)))]
             self._set_depth()
             batch = [it for it in batch if not it.pending.future.done()]
+            if batch and self.metrics is not None:
+                now = loop.time()
+                for it in batch:
+                    self.metrics.queue_wait.observe(now - it.enqueued)
             if batch:
                 try:
                     await self._run_batch(batch, isolate=True)

@@ -44,6 +44,17 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--request-timeout-s", type=float, help="answer 504 after this long [60]")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (prefer env QSERVE_API_KEY)")
     p.add_argument("--model-name", help="name to serve the model under [the variant's spec name]")
+    p.add_argument("--allow-extra-files", action="store_true", default=None,
+                   help="serve a variant whose directory holds files its manifest does not list [refused]")
+    p.add_argument("--metrics-public", action="store_true", default=None,
+                   help="leave /metrics open without the API key, for a Prometheus scraper [needs the key]")
+    p.add_argument("--header-timeout-s", type=float,
+                   help="close a connection whose request headers are not complete within this long [10]")
+    p.add_argument("--body-timeout-s", type=float,
+                   help="close a connection whose request body is not complete this long after its headers [30]")
+    p.add_argument("--keep-alive-s", type=float, help="close an idle kept-alive connection after this long [5]")
+    p.add_argument("--max-connections", type=int,
+                   help="most open connections; a new one beyond it gets 503 and is closed [512]")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run_serve)
 

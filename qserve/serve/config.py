@@ -56,6 +56,19 @@ class ServeConfig:
     """Bearer token required on every route except health/ready/docs; None disables auth."""
     model_name: str | None = None
     """Name the model is served under (V2 routes, responses); default: the variant's spec name."""
+    allow_extra_files: bool = False
+    """Serve a variant whose directory holds files its manifest does not list (refused by default)."""
+    metrics_public: bool = False
+    """Leave /metrics open without the API key (for a Prometheus scraper on a trusted network)."""
+    header_timeout_s: float = 10.0
+    """A connection must deliver a request's complete headers within this long (from connect, or from
+    the request's first byte on a kept-alive connection), else it is closed (408)."""
+    body_timeout_s: float = 30.0
+    """A request's body must arrive completely within this long after its headers, else 408 + close."""
+    keep_alive_s: float = 5.0
+    """An idle kept-alive connection is closed after this long without a new request."""
+    max_connections: int = 512
+    """Most open connections; beyond it a new connection gets 503 and is closed at once."""
 
     def validate(self) -> ServeConfig:
         def need(cond: bool, flag: str, msg: str) -> None:
@@ -72,6 +85,11 @@ class ServeConfig:
         need(self.request_timeout_s > 0, "request_timeout_s", f"must be > 0, got {self.request_timeout_s}")
         need(0 <= self.port <= 65535, "port", f"must be 0..65535, got {self.port}")
         need(self.threads is None or self.threads >= 1, "threads", f"must be >= 1, got {self.threads}")
+        for flag in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
+            v = getattr(self, flag)
+            need(0 < v <= 3600, flag, f"must be > 0 and <= 3600 seconds, got {v}")
+        need(1 <= self.max_connections <= 1_000_000, "max_connections",
+             f"must be 1..1000000, got {self.max_connections}")
         need(self.api_key is None or len(self.api_key) >= 8, "api_key",
              "must be at least 8 characters (or unset to disable auth)")
         return self
@@ -79,6 +97,12 @@ class ServeConfig:
 
 def _convert(name: str, raw: str, typ: Any) -> Any:
     typ = str(typ)
+    if typ == "bool":
+        if raw.strip().lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.strip().lower() in ("0", "false", "no", "off"):
+            return False
+        raise QserveError(f"{ENV_PREFIX}{name.upper()}={raw!r}: expected 1/true/yes or 0/false/no")
     try:
         if "int" in typ:
             return int(raw)

@@ -26,6 +26,7 @@ OPEN_PATHS = frozenset({"/health", "/ready", "/v2/health/live", "/v2/health/read
                         "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 JSON_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _RID = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
+DISCONNECTED = object()  # _read_body's answer when the client left before its body was complete
 
 
 def token_ok(authorization: str | None, api_key: str) -> bool:
@@ -38,6 +39,13 @@ def token_ok(authorization: str | None, api_key: str) -> bool:
 def is_json(content_type: str | None) -> bool:
     mime = (content_type or "").split(";", 1)[0].strip().lower()
     return mime == "application/json" or (mime.startswith("application/") and mime.endswith("+json"))
+
+
+def v2_body_ok(content_type: str | None) -> bool:
+    """V2 clients (tritonclient.http) send no Content-Type; Triton and KServe read that as JSON, and
+    binary tensor data may be labelled application/octet-stream."""
+    mime = (content_type or "").split(";", 1)[0].strip().lower()
+    return not mime or is_json(mime) or mime == "application/octet-stream"
 
 
 def error_body(message: str, request_id: str | None) -> bytes:
@@ -67,23 +75,31 @@ class Arrivals:
 
 class GuardMiddleware:
     def __init__(self, app: Any, *, api_key: str | None, max_body_bytes: int, metrics: Any, routes: Any,
-                 arrivals: Arrivals | None = None):
+                 arrivals: Arrivals | None = None, queue_full: Any = None, inference_paths: frozenset = frozenset(),
+                 metrics_public: bool = False):
         self.app = app
         self.arrivals = arrivals or Arrivals()
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
         self.routes = routes  # the FastAPI router's routes, to label metrics by template
+        # queue_full() -> Retry-After seconds when no text fits in the queue, else None: lets a flood be
+        # refused before its bodies are read or parsed, so a refusal costs microseconds, not a parse.
+        self.queue_full = queue_full
+        self.inference_paths = inference_paths
+        self.open_paths = OPEN_PATHS | ({"/metrics"} if metrics_public else set())
 
-    def _route_path(self, scope: dict) -> str:
-        route = scope.get("route")
-        if route is not None and getattr(route, "path", None):
-            return route.path
+    def _match(self, scope: dict) -> tuple[Any, str]:
+        """(the route this method + path reach, or None; the path template for metrics). A path that
+        exists under another method matches PARTIAL: routing then answers 405, so no body rule applies."""
+        partial = None
         for r in self.routes:
             match, _ = r.matches(scope)
             if match == Match.FULL:
-                return getattr(r, "path", "unmatched")
-        return "unmatched"
+                return r, getattr(r, "path", "unmatched")
+            if match == Match.PARTIAL and partial is None:
+                partial = r
+        return None, getattr(partial, "path", "unmatched")
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -111,32 +127,48 @@ class GuardMiddleware:
             await send_wrapped({"type": "http.response.start", "status": code, "headers": hdrs})
             await send_wrapped({"type": "http.response.body", "body": body})
 
+        route, template = None, "unmatched"
         try:
             path = scope["path"]
-            if self.api_key and path not in OPEN_PATHS and not token_ok(headers.get("authorization"), self.api_key):
+            if self.api_key and path not in self.open_paths and not token_ok(headers.get("authorization"),
+                                                                               self.api_key):
                 why = "missing" if "authorization" not in headers else "invalid"
                 await refuse(401, f"{why} credentials: send the header 'Authorization: Bearer <api key>'",
                              "unauthorized", {"WWW-Authenticate": 'Bearer realm="qserve"'})
                 return
-            if method in JSON_BODY_METHODS:
+            route, template = self._match(scope)
+            if method in JSON_BODY_METHODS and route is not None:
+                if template in self.inference_paths and self.queue_full is not None:
+                    retry_after = self.queue_full()
+                    if retry_after is not None:
+                        await refuse(429, "inference queue is full; retry after "
+                                          f"{retry_after} s", "queue_full", {"Retry-After": str(retry_after)})
+                        self.metrics.rejection.observe(time.perf_counter() - start)
+                        return
                 self.arrivals.begin(scope)
-                if not is_json(headers.get("content-type")):
-                    await refuse(415, f"Content-Type must be application/json, got "
-                                      f"{headers.get('content-type', 'none')!r}", "content_type")
+                ctype = headers.get("content-type")
+                if not (v2_body_ok(ctype) if path.startswith("/v2/") else is_json(ctype)):
+                    allowed = ("application/json, application/octet-stream or none (= JSON)"
+                               if path.startswith("/v2/") else "application/json")
+                    await refuse(415, f"Content-Type must be {allowed}, got {ctype or 'none'!r}", "content_type")
                     return
                 body = await self._read_body(headers, receive)
                 if body is None:
                     await refuse(413, f"request body is over the limit of {self.max_body_bytes} bytes "
                                       "(--max-body-bytes); send fewer or shorter texts per request", "body_too_large")
                     return
+                if body is DISCONNECTED:
+                    return  # the client left (or its body timed out): nobody to answer
                 receive = _replay(body, receive)
             await self.app(scope, receive, send_wrapped)
         finally:
             self.arrivals.end(scope)
-            self.metrics.observe_request(self._route_path(scope), method, status[0], time.perf_counter() - start)
+            if scope.get("route") is not None and getattr(scope["route"], "path", None):
+                template = scope["route"].path
+            self.metrics.observe_request(template, method, status[0], time.perf_counter() - start)
 
-    async def _read_body(self, headers: Headers, receive: Any) -> bytes | None:
-        """The whole body, or None as soon as it is known to exceed the limit."""
+    async def _read_body(self, headers: Headers, receive: Any) -> Any:
+        """The whole body, None as soon as it is known to exceed the limit, DISCONNECTED if the client left."""
         declared = headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
             return None
@@ -144,7 +176,7 @@ class GuardMiddleware:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                break
+                return DISCONNECTED
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:

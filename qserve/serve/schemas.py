@@ -9,9 +9,16 @@ quote the configured values.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from qserve.serve.texts import VISIBLE_PATTERN
+
+# A text: a real JSON string (no coercion), non-empty, with a visible character. The pattern is
+# published for clients; the server checks the same rule in code (texts.py) to name the input.
+Text = Annotated[str, Field(strict=True, min_length=1, json_schema_extra={"pattern": VISIBLE_PATTERN})]
+V2_OUTPUTS = ("probabilities", "label", "truncated")
 
 
 class ClassifyRequest(BaseModel):
@@ -19,10 +26,12 @@ class ClassifyRequest(BaseModel):
         "examples": [{"inputs": "A moving, beautifully shot film."},
                      {"inputs": ["Loved it.", "A waste of two hours."], "top_k": 1}]})
 
-    inputs: str | list[str] = Field(description="One text, or a list of texts.")
-    top_k: int | None = Field(default=None, ge=1,
-                              description="Labels per input, best first; null = all labels.")
-    model: str | None = Field(default=None, description="Optional: must equal the served model's name.")
+    inputs: Text | Annotated[list[Text], Field(min_length=1)] = Field(description="One text, or a list of texts.")
+    top_k: Annotated[int, Field(strict=True, ge=1)] | None = Field(
+        default=None, description="Labels per input, best first; null = all labels. An integer: \"2\" and "
+                                  "true are refused.")
+    model: Annotated[str, Field(strict=True)] | None = Field(
+        default=None, description="Optional: must equal the served model's name.")
 
 
 class LabelScore(BaseModel):
@@ -46,30 +55,63 @@ class ErrorResponse(BaseModel):
 
 
 class V2Tensor(BaseModel):
-    """A tensor in the Open Inference Protocol's JSON form (data row-major; may be nested)."""
+    """An output tensor in the Open Inference Protocol's JSON form (data row-major), or, with the
+    binary tensor data extension, parameters.binary_data_size bytes after the JSON header."""
 
     model_config = ConfigDict(extra="allow")
     name: str
     shape: list[int]
     datatype: str
     parameters: dict[str, Any] | None = None
-    data: list[Any]
+    data: list[Any] | None = None
+
+
+class V2InputParameters(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    binary_data_size: Annotated[int, Field(strict=True, ge=0)] | None = Field(
+        default=None, description="Binary tensor data extension: the tensor's bytes follow the JSON header "
+                                  "(each BYTES element as a 4-byte little-endian length + UTF-8 bytes).")
+
+
+class V2InputTensor(BaseModel):
+    """The one input: n UTF-8 texts as a BYTES tensor of shape [n] or [n, 1], in `data` (flat or nested)
+    or as binary data after the JSON header (Inference-Header-Content-Length)."""
+
+    model_config = ConfigDict(extra="allow")
+    name: Literal["text"] = Field(description="The model's input name, from GET /v2/models/{name}.")
+    shape: Annotated[list[Annotated[int, Field(strict=True, ge=1)]], Field(min_length=1, max_length=2)]
+    datatype: Literal["BYTES"]
+    parameters: V2InputParameters | None = None
+    data: Annotated[list[Text], Field(min_length=1)] | Annotated[
+        list[Annotated[list[Text], Field(min_length=1, max_length=1)]], Field(min_length=1)] | None = None
+
+
+class V2OutputParameters(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    binary_data: Annotated[bool, Field(strict=True)] | None = Field(
+        default=None, description="Return this output as binary data after the JSON header.")
 
 
 class V2RequestedOutput(BaseModel):
     model_config = ConfigDict(extra="allow")
-    name: str
-    parameters: dict[str, Any] | None = None
+    name: Literal["probabilities", "label", "truncated"]
+    parameters: V2OutputParameters | None = None
+
+
+class V2RequestParameters(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    binary_data_output: Annotated[bool, Field(strict=True)] | None = Field(
+        default=None, description="Return every output as binary data (Triton's binary tensor data extension).")
 
 
 class V2InferRequest(BaseModel):
     model_config = ConfigDict(extra="allow", json_schema_extra={
         "examples": [{"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES",
                                   "data": ["Loved it.", "A waste of two hours."]}]}]})
-    id: str | None = None
-    parameters: dict[str, Any] | None = None
-    inputs: list[V2Tensor]
-    outputs: list[V2RequestedOutput] | None = None
+    id: Annotated[str, Field(strict=True)] | None = None
+    parameters: V2RequestParameters | None = None
+    inputs: Annotated[list[V2InputTensor], Field(min_length=1, max_length=1)]
+    outputs: Annotated[list[V2RequestedOutput], Field(min_length=1)] | None = None
 
 
 class V2InferResponse(BaseModel):

@@ -1,0 +1,294 @@
+"""The KServe V2 / Open Inference Protocol, as Triton's and KServe's own clients speak it.
+
+    python -c "import numpy as np, tritonclient.http as t; c = t.InferenceServerClient('127.0.0.1:8000'); \\
+i = t.InferInput('text', [1], 'BYTES'); i.set_data_from_numpy(np.array([b'great'], dtype=object)); \\
+print(c.infer('onnx-int8', [i]).as_numpy('probabilities'))"
+
+What a stock client sends, and what this module does with it:
+- no Content-Type at all (tritonclient.http): the body is JSON, as Triton and KServe assume;
+- the binary tensor data extension (tritonclient's default): an `Inference-Header-Content-Length`
+  header says how many bytes of the body are the JSON header; an input with
+  `parameters.binary_data_size` takes that many bytes of what follows, in input order (a BYTES
+  element is a 4-byte little-endian length + its UTF-8 bytes). Outputs come back the same way when
+  asked: `parameters.binary_data_output` for all, or `binary_data` per requested output;
+- GET /v2/models/{name}/config answers a Triton-style model configuration;
+- every error is the protocol's {"error": "..."} (plus our request_id).
+Versioned paths (/v2/models/{name}/versions/1/...) answer like the unversioned ones.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from math import prod
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from qserve import __version__
+from qserve.serve.errors import ApiError
+from qserve.serve.schemas import (V2_OUTPUTS, ErrorResponse, V2InferRequest, V2InferResponse,
+                                  V2ModelMetadata, flatten)
+from qserve.serve.texts import unicode_problem
+
+HEADER_LENGTH = "inference-header-content-length"
+VERSION = "1"
+EXTENSIONS = ["binary_tensor_data", "model_configuration"]
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": ErrorResponse} for code in codes}
+
+
+# 401: with --api-key; 415: a Content-Type that is neither JSON nor octet-stream; 413: over --max-body-bytes.
+INFER_ERRORS = _errors(400, 401, 404, 413, 415, 422, 429, 500, 503, 504)
+INFER_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **INFER_ERRORS,
+    200: {"description": "JSON, or with binary outputs: JSON header (Inference-Header-Content-Length bytes) "
+                         "followed by the outputs' bytes",
+          "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+}
+INFER_BODY = {"requestBody": {"required": True, "content": {
+    "application/json": {"schema": {"$ref": "#/components/schemas/V2InferRequest"}},
+    "application/octet-stream": {"schema": {"type": "string", "format": "binary"},
+                                 "description": "JSON header + binary tensor data (Inference-Header-Content-Length)"},
+}}}
+
+
+# -- request decoding ---------------------------------------------------------------------------
+def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
+    if header_length is None:
+        return body, b""
+    if not header_length.strip().isdigit() or int(header_length) > len(body):
+        raise ApiError(400, f"Inference-Header-Content-Length {header_length!r} must be an integer between 0 "
+                            f"and the body's {len(body)} bytes: the length of the JSON header before binary data")
+    n = int(header_length)
+    return body[:n], body[n:]
+
+
+def _parse_request(body: bytes, header_length: str | None) -> tuple[V2InferRequest, bytes]:
+    head, binary = _split_body(body, header_length)
+    try:
+        obj = json.loads(head)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        hint = "" if header_length is not None else (
+            "; binary tensor data needs the Inference-Header-Content-Length header")
+        raise ApiError(400, f"malformed JSON body ({e}){hint}") from None
+    try:
+        return V2InferRequest.model_validate(obj), binary
+    except ValidationError as e:
+        raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from None
+
+
+def _bytes_elements(raw: bytes, where: str) -> list[str]:
+    """Decode a binary BYTES tensor: repeated (uint32 LE length, that many UTF-8 bytes)."""
+    out, pos = [], 0
+    while pos < len(raw):
+        if pos + 4 > len(raw):
+            raise ApiError(400, f"{where}: {len(raw) - pos} trailing byte(s) where a 4-byte element length "
+                                "was expected; each BYTES element is a little-endian uint32 length + its bytes")
+        (n,) = struct.unpack_from("<I", raw, pos)
+        pos += 4
+        if pos + n > len(raw):
+            raise ApiError(400, f"{where}: element {len(out)} declares {n} bytes but only {len(raw) - pos} remain")
+        try:
+            out.append(raw[pos:pos + n].decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise ApiError(422, f"{where}[{len(out)}] is not valid UTF-8: byte 0x{raw[pos + e.start]:02x} at "
+                                f"offset {e.start} ({e.reason}); send UTF-8 text") from None
+        pos += n
+    return out
+
+
+def request_texts(st: Any, req: V2InferRequest, binary: bytes) -> list[str]:
+    tensor = req.inputs[0]
+    size = tensor.parameters.binary_data_size if tensor.parameters else None
+    if size is not None:
+        if tensor.data is not None:
+            raise ApiError(400, "inputs[0] has both data and parameters.binary_data_size; send one of them")
+        if size != len(binary):
+            raise ApiError(400, f"inputs[0].parameters.binary_data_size is {size} but {len(binary)} bytes follow "
+                                "the JSON header (Inference-Header-Content-Length)")
+        data = _bytes_elements(binary, "inputs[0]")
+    else:
+        if tensor.data is None:
+            raise ApiError(400, "inputs[0] has no data: send the texts in data, or as binary data with "
+                                "parameters.binary_data_size and the Inference-Header-Content-Length header")
+        if binary:
+            raise ApiError(400, f"{len(binary)} bytes follow the JSON header but no input declares "
+                                "parameters.binary_data_size")
+        data = flatten(tensor.data)
+    shape = tensor.shape
+    if (len(shape) == 2 and shape[1] != 1) or prod(shape) != len(data):
+        raise ApiError(400, f"inputs[0].shape {shape} does not describe its {len(data)} data elements; "
+                            "use [n] or [n, 1] with n = number of texts")
+    st.check_texts(data, "inputs[0].data")
+    return data
+
+
+def requested_outputs(req: V2InferRequest) -> list[tuple[str, bool]]:
+    """(output name, as binary?) in the order the client asked for them."""
+    default = bool(req.parameters and req.parameters.binary_data_output)
+    if not req.outputs:
+        return [(name, default) for name in V2_OUTPUTS]
+    out = []
+    for o in req.outputs:
+        flag = o.parameters.binary_data if o.parameters and o.parameters.binary_data is not None else default
+        out.append((o.name, flag))
+    return out
+
+
+# -- response encoding ---------------------------------------------------------------------------
+def _binary(datatype: str, values: Any) -> bytes:
+    if datatype == "FP32":
+        return np.ascontiguousarray(values, dtype="<f4").tobytes()
+    if datatype == "BOOL":
+        return np.asarray(values, dtype=np.bool_).tobytes()
+    parts = []
+    for v in values:
+        b = v.encode("utf-8")
+        parts += [struct.pack("<I", len(b)), b]
+    return b"".join(parts)
+
+
+def encode_response(head: dict[str, Any], tensors: list[tuple[dict[str, Any], Any, bool]]) -> Response:
+    """head + [(tensor meta, values, binary?)] -> JSON, or JSON header + binary tensor data."""
+    outputs, blobs = [], []
+    for meta, values, as_binary in tensors:
+        if as_binary:
+            blob = _binary(meta["datatype"], values)
+            blobs.append(blob)
+            outputs.append({**meta, "parameters": {"binary_data_size": len(blob)}})
+        else:
+            data = [float(x) for x in np.asarray(values).reshape(-1)] if meta["datatype"] == "FP32" else list(values)
+            outputs.append({**meta, "data": data})
+    body = {**head, "outputs": outputs}
+    if not blobs:
+        return JSONResponse(body)
+    header = json.dumps(body, separators=(",", ":")).encode("utf-8")
+    return Response(header + b"".join(blobs), media_type="application/octet-stream",
+                    headers={"Inference-Header-Content-Length": str(len(header))})
+
+
+# -- routes -------------------------------------------------------------------------------------
+def model_config(st: Any) -> dict[str, Any]:
+    """Triton's model configuration shape (what tritonclient's get_model_config returns)."""
+    cfg, k = st.config, len(st.runtime.labels)
+    spec = st.runtime.manifest.get("spec", {})
+    return {
+        "name": st.name, "platform": f"qserve_{spec.get('backend', 'unknown')}", "backend": "qserve",
+        "version_policy": {"specific": {"versions": [VERSION]}},
+        "max_batch_size": 0,  # shapes below include the batch dimension (-1 = n texts)
+        "input": [{"name": "text", "data_type": "TYPE_STRING", "dims": [-1]}],
+        "output": [{"name": "probabilities", "data_type": "TYPE_FP32", "dims": [-1, k]},
+                   {"name": "label", "data_type": "TYPE_STRING", "dims": [-1]},
+                   {"name": "truncated", "data_type": "TYPE_BOOL", "dims": [-1]}],
+        "dynamic_batching": {"max_queue_delay_microseconds": int(cfg.max_wait_ms * 1000),
+                             "preferred_batch_size": [cfg.max_batch_size]},
+        "parameters": {"labels": {"string_value": ",".join(st.runtime.labels)},
+                       "max_length": {"string_value": str(st.runtime.max_length)},
+                       "max_inputs": {"string_value": str(cfg.max_inputs)},
+                       "max_chars": {"string_value": str(cfg.max_chars)}},
+    }
+
+
+def _check_version(version: str) -> None:
+    if version != VERSION:
+        raise ApiError(404, f"unknown model version {version!r}; this server serves version {VERSION!r}")
+
+
+def add_v2_routes(app: FastAPI, st: Any) -> None:  # noqa: C901 - a flat list of small routes
+    @app.get("/v2", tags=["v2"], summary="Server metadata", responses=_errors(401))
+    async def v2_server() -> dict:
+        return {"name": "qserve", "version": __version__, "extensions": EXTENSIONS}
+
+    @app.get("/v2/health/live", tags=["v2"], summary="Server live")
+    async def v2_live() -> dict:
+        return {"live": True}
+
+    @app.get("/v2/health/ready", tags=["v2"], summary="Server ready (503 until the model is loaded)",
+             responses={503: {"description": "not ready yet"}})
+    async def v2_ready() -> JSONResponse:
+        return JSONResponse({"ready": st.ready}, status_code=200 if st.ready else 503)
+
+    def metadata() -> dict:
+        k = len(st.runtime.labels)
+        spec = st.runtime.manifest.get("spec", {})
+        return {"name": st.name, "versions": [VERSION], "platform": f"qserve_{spec.get('backend', 'unknown')}",
+                "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
+                "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": [-1, k]},
+                            {"name": "label", "datatype": "BYTES", "shape": [-1]},
+                            {"name": "truncated", "datatype": "BOOL", "shape": [-1]}],
+                "parameters": {"labels": ",".join(st.runtime.labels), "max_length": st.runtime.max_length,
+                               "model_name": st.runtime.manifest.get("model_name")}}
+
+    async def infer(name: str, request: Request) -> Response:
+        st.require_model(name)
+        body = await request.body()
+        req, binary = _parse_request(body, request.headers.get(HEADER_LENGTH))
+        if req.id is not None and unicode_problem(req.id):
+            raise ApiError(422, f"id {unicode_problem(req.id)}")
+        texts = request_texts(st, req, binary)
+        wanted = requested_outputs(req)
+        result = await st.classify(texts, request)
+        n, k = result.probs.shape
+        labels = st.runtime.labels
+        values = {"probabilities": ({"name": "probabilities", "datatype": "FP32", "shape": [n, k]}, result.probs),
+                  "label": ({"name": "label", "datatype": "BYTES", "shape": [n]},
+                            [labels[j] for j in result.probs.argmax(axis=1)]),
+                  "truncated": ({"name": "truncated", "datatype": "BOOL", "shape": [n]}, result.truncated)}
+        head = {"model_name": st.name, "model_version": VERSION, "id": req.id or request.state.request_id,
+                "parameters": {"labels": ",".join(labels), "max_length": st.runtime.max_length}}
+        return encode_response(head, [(*values[w], as_binary) for w, as_binary in wanted])
+
+    model_errors = _errors(401, 404, 503)
+    for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        versioned = "{version}" in prefix
+        note = " (version 1 only)" if versioned else ""
+
+        def with_version(fn: Any, versioned: bool = versioned) -> Any:
+            if not versioned:
+                return fn
+
+            async def wrapped(name: str, version: str, request: Request) -> Any:
+                _check_version(version)
+                return await fn(name, request)
+
+            wrapped.__name__ = fn.__name__ + "_versioned"
+            return wrapped
+
+        async def v2_metadata(name: str, request: Request) -> dict:
+            st.require_model(name)
+            return metadata()
+
+        async def v2_model_ready(name: str, request: Request) -> dict:
+            st.require_model(name)
+            return {"name": st.name, "ready": True}
+
+        async def v2_config(name: str, request: Request) -> dict:
+            st.require_model(name)
+            return model_config(st)
+
+        app.add_api_route(prefix, with_version(v2_metadata), methods=["GET"], tags=["v2"],
+                          response_model=V2ModelMetadata, responses=model_errors,
+                          summary="Model metadata: a BYTES text input, FP32 probabilities out" + note)
+        app.add_api_route(prefix + "/ready", with_version(v2_model_ready), methods=["GET"], tags=["v2"],
+                          responses=model_errors, summary="Model ready (404 for another model name)" + note)
+        app.add_api_route(prefix + "/config", with_version(v2_config), methods=["GET"], tags=["v2"],
+                          responses=model_errors, summary="Triton-style model configuration" + note)
+        app.add_api_route(prefix + "/infer", with_version(infer), methods=["POST"], tags=["v2"],
+                          response_model=V2InferResponse, responses=INFER_RESPONSES, openapi_extra=INFER_BODY,
+                          summary="Infer: one BYTES input of n texts -> probabilities FP32 [n, k], label, "
+                                  "truncated; JSON or binary tensor data" + note)
+
+
+def register_schemas(schema: dict[str, Any]) -> None:
+    """Put V2InferRequest (read by hand, so FastAPI does not know it) into the OpenAPI components."""
+    full = V2InferRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    comps = schema.setdefault("components", {}).setdefault("schemas", {})
+    comps.update(full.pop("$defs", {}))
+    comps["V2InferRequest"] = full
