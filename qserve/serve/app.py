@@ -32,7 +32,7 @@ from qserve.serve.config import ServeConfig
 from qserve.serve.errors import ApiError
 from qserve.serve.guard import OPEN_PATHS, Arrivals, GuardMiddleware
 from qserve.serve.metrics import Metrics
-from qserve.serve.texts import text_problem
+from qserve.serve.texts import text_problem, unicode_problem
 
 log = logging.getLogger("qserve.serve")
 
@@ -235,6 +235,10 @@ def _install_error_handlers(app: FastAPI) -> None:
         if bad_json:
             detail = bad_json[0].get("ctx", {}).get("error", "JSON decode error")
             return _error(request, 400, f"malformed JSON body ({detail}); {allowed}")
+        for e in errors:  # pydantic says only "not a valid string" for a lone surrogate: say why
+            value = e.get("input")
+            if isinstance(value, str) and unicode_problem(value):
+                return _error(request, 422, f"{_loc(e)} {unicode_problem(value)}")
         parts = []
         for e in errors[:4]:
             loc = ".".join(str(p) for p in e.get("loc", ())[1:]) or "body"
@@ -256,6 +260,17 @@ def _install_error_handlers(app: FastAPI) -> None:
         rid = getattr(request.state, "request_id", None)
         log.exception("request %s: unhandled error", rid)
         return _error(request, 500, f"internal error; quote request id {rid}")
+
+
+def _loc(error: dict) -> str:
+    """pydantic's loc as the client wrote it: ("body", "inputs", "list[str]", 1) -> inputs[1]."""
+    out = ""
+    for p in error.get("loc", ())[1:]:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif "[" not in p and "-" not in p:  # skip union-member tags such as constrained-str
+            out += f".{p}" if out else p
+    return out or "body"
 
 
 def _install_openapi(app: FastAPI, config: ServeConfig) -> None:
