@@ -174,7 +174,7 @@ def test_lone_surrogate_is_a_422_naming_the_input_and_costs_nobody_else(client, 
 @pytest.mark.parametrize("body,fragment", [
     ({"inputs": "ok", "top_k": "2"}, "top_k"),
     ({"inputs": "ok", "top_k": True}, "top_k"),
-    ({"inputs": "ok", "top_k": 1.0}, "top_k"),
+    ({"inputs": "ok", "top_k": 1.5}, "top_k"),
     ({"inputs": b"\xef\xbb\xbf".decode() + "\u200d\u00a0\t"}, "no visible character"),
     ({"inputs": ["ok", "\u2028\u200b"]}, "inputs[1] has no visible character"),
     ({"inputs": ["ok"], "model": 3}, "model"),

@@ -36,6 +36,7 @@ from qserve.serve.texts import text_problem, unicode_problem
 
 log = logging.getLogger("qserve.serve")
 
+MAX_SHAPE_BRANCHES = 256  # above this --max-inputs, the shape/data pairing is stated in prose only
 INFERENCE_PATHS = frozenset({"/v1/classify", "/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"})
 Loader = Callable[[ServeConfig], Any]
 """config -> an object with the runtime contract (predict, truncated, labels, name, max_length, manifest)."""
@@ -316,3 +317,8 @@ def _publish_limits(schema: dict, config: ServeConfig) -> None:
 
     for name in ("ClassifyRequest", "V2InputTensor"):
         walk(comps.get(name))
+    tensor = comps.get("V2InputTensor")
+    if tensor is not None and config.max_inputs <= MAX_SHAPE_BRANCHES:
+        # JSON Schema cannot say "shape matches len(data)", but it can list every valid pairing.
+        tensor["anyOf"] = [{"properties": {"shape": {"enum": [[n], [n, 1]]}, "data": {"minItems": n, "maxItems": n}}}
+                           for n in range(1, config.max_inputs + 1)]

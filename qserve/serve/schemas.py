@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from qserve.serve.texts import VISIBLE_PATTERN
 
@@ -21,13 +21,37 @@ Text = Annotated[str, Field(strict=True, min_length=1, json_schema_extra={"patte
 V2_OUTPUTS = ("probabilities", "label", "truncated")
 
 
+def _json_int(v: Any) -> Any:
+    """JSON has one number type: 2.0 is the integer 2 (as JSON Schema says), but "2" and true are not."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+def json_int(**limits: Any) -> Any:
+    """An integer as JSON means it: no strings, no booleans, no fractions (limits as in Field: ge=1)."""
+    return Annotated[int, Field(strict=True, **limits), BeforeValidator(_json_int)]
+
+
+def _json_form(schema: dict[str, Any]) -> None:
+    """The published input schema is the plain JSON form (data required, not null); the binary tensor
+    data extension, which replaces data by parameters.binary_data_size and bytes after the JSON header,
+    cannot be validated as JSON and is described in the infer operation instead."""
+    props = schema["properties"]
+    props["data"]["anyOf"] = [s for s in props["data"]["anyOf"] if s.get("type") != "null"]
+    props["parameters"] = {"anyOf": [{"type": "object"}, {"type": "null"}],
+                           "description": "Tensor parameters; with the binary tensor data extension, "
+                                          "binary_data_size (bytes after the JSON header) replaces data."}
+    schema["required"] = sorted(set(schema.get("required", [])) | {"data"})
+
+
 class ClassifyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={
         "examples": [{"inputs": "A moving, beautifully shot film."},
                      {"inputs": ["Loved it.", "A waste of two hours."], "top_k": 1}]})
 
     inputs: Text | Annotated[list[Text], Field(min_length=1)] = Field(description="One text, or a list of texts.")
-    top_k: Annotated[int, Field(strict=True, ge=1)] | None = Field(
+    top_k: json_int(ge=1) | None = Field(
         default=None, description="Labels per input, best first; null = all labels. An integer: \"2\" and "
                                   "true are refused.")
     model: Annotated[str, Field(strict=True)] | None = Field(
@@ -68,7 +92,7 @@ class V2Tensor(BaseModel):
 
 class V2InputParameters(BaseModel):
     model_config = ConfigDict(extra="allow")
-    binary_data_size: Annotated[int, Field(strict=True, ge=0)] | None = Field(
+    binary_data_size: json_int(ge=0) | None = Field(
         default=None, description="Binary tensor data extension: the tensor's bytes follow the JSON header "
                                   "(each BYTES element as a 4-byte little-endian length + UTF-8 bytes).")
 
@@ -77,9 +101,9 @@ class V2InputTensor(BaseModel):
     """The one input: n UTF-8 texts as a BYTES tensor of shape [n] or [n, 1], in `data` (flat or nested)
     or as binary data after the JSON header (Inference-Header-Content-Length)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=_json_form)
     name: Literal["text"] = Field(description="The model's input name, from GET /v2/models/{name}.")
-    shape: Annotated[list[Annotated[int, Field(strict=True, ge=1)]], Field(min_length=1, max_length=2)]
+    shape: Annotated[list[json_int(ge=1)], Field(min_length=1, max_length=2)]
     datatype: Literal["BYTES"]
     parameters: V2InputParameters | None = None
     data: Annotated[list[Text], Field(min_length=1)] | Annotated[

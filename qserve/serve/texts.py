@@ -16,10 +16,9 @@ import re
 
 # Characters that show nothing: whitespace (\s), C0/C1 controls, soft hyphen, combining grapheme
 # joiner, Hangul fillers, Mongolian and variation selectors, zero-width and bidi controls,
-# word joiner .. invisible operators, BOM, and the surrogate range (never valid on its own).
+# word joiner .. invisible operators, BOM. (Surrogates are refused before this rule applies.)
 _INVISIBLE = (r"\s\u0000-\u001f\u007f-\u009f\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f"
-              r"\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
-              r"\ud800-\udfff")
+              r"\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb")
 VISIBLE_PATTERN = f"[^{_INVISIBLE}]"
 _VISIBLE = re.compile(VISIBLE_PATTERN)
 

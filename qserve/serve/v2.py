@@ -53,10 +53,14 @@ INFER_RESPONSES: dict[int | str, dict[str, Any]] = {
           "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
 }
 INFER_BODY = {"requestBody": {"required": True, "content": {
-    "application/json": {"schema": {"$ref": "#/components/schemas/V2InferRequest"}},
-    "application/octet-stream": {"schema": {"type": "string", "format": "binary"},
-                                 "description": "JSON header + binary tensor data (Inference-Header-Content-Length)"},
-}}}
+    "application/json": {"schema": {"$ref": "#/components/schemas/V2InferRequest"}}}}}
+INFER_DESCRIPTION = (
+    "The body is JSON; a missing Content-Type means JSON (as tritonclient sends it). Binary tensor data "
+    "extension: with the header `Inference-Header-Content-Length: N`, the first N bytes are the JSON "
+    "header and the input's bytes follow, declared by `inputs[0].parameters.binary_data_size` instead of "
+    "`data` (each BYTES element a 4-byte little-endian length + UTF-8 bytes). Ask for binary outputs with "
+    "`parameters.binary_data_output: true` or `outputs[i].parameters.binary_data: true`; the answer is "
+    "then the JSON header (its length in the response's Inference-Header-Content-Length) + the bytes.")
 
 
 # -- request decoding ---------------------------------------------------------------------------
@@ -282,6 +286,7 @@ def add_v2_routes(app: FastAPI, st: Any) -> None:  # noqa: C901 - a flat list of
                           responses=model_errors, summary="Triton-style model configuration" + note)
         app.add_api_route(prefix + "/infer", with_version(infer), methods=["POST"], tags=["v2"],
                           response_model=V2InferResponse, responses=INFER_RESPONSES, openapi_extra=INFER_BODY,
+                          description=INFER_DESCRIPTION,
                           summary="Infer: one BYTES input of n texts -> probabilities FP32 [n, k], label, "
                                   "truncated; JSON or binary tensor data" + note)
 
