@@ -152,3 +152,97 @@ def test_runtime_predict_contract(tiny_variant):
     # the same text alone or padded in a batch gives the same probabilities
     alone = rt.predict(["a great movie"])[0]
     assert abs(alone - probs[0]).max() < 1e-5
+
+
+# -- manifest integrity (issue 14): fields that change answers cannot be edited silently ---------------
+def _edit_manifest(vdir, reseal: bool, **changes):
+    from qserve.artifact import DIGEST_KEY, manifest_digest
+
+    m = json.loads((vdir / "manifest.json").read_text())
+    m.update(changes)
+    if reseal:  # what a careful editor would do: recompute the digest too
+        m[DIGEST_KEY] = manifest_digest(m)
+    (vdir / "manifest.json").write_text(json.dumps(m))
+    return m
+
+
+def test_manifest_records_its_own_digest(tiny_variant):
+    from qserve.artifact import DIGEST_KEY, manifest_digest
+
+    m = verify(tiny_variant)
+    assert len(m[DIGEST_KEY]) == 64 and m[DIGEST_KEY] == manifest_digest(m)
+
+
+def test_swapped_labels_are_refused(copy_of):
+    _edit_manifest(copy_of, reseal=False, labels=["positive", "negative"])
+    with pytest.raises(VariantError, match="edited after export.*manifest_sha256"):
+        load_runtime(copy_of, device="cpu")
+    # Resealed: the hashed config.json still maps 0 -> negative.
+    _edit_manifest(copy_of, reseal=True, labels=["positive", "negative"])
+    with pytest.raises(VariantError, match=r"labels \['positive', 'negative'\] but the hashed config.json"):
+        load_runtime(copy_of, device="cpu")
+
+
+def test_edited_max_length_is_refused_even_when_resealed(copy_of):
+    _edit_manifest(copy_of, reseal=True, max_length=16)
+    with pytest.raises(VariantError, match="max_length 16 but the hashed qserve_model.json says 64"):
+        verify(copy_of)
+    _edit_manifest(copy_of, reseal=True, max_length=100_000)
+    with pytest.raises(VariantError, match="max_length 100000"):
+        verify(copy_of)
+
+
+def test_edited_spec_is_refused(copy_of):
+    m = json.loads((copy_of / "manifest.json").read_text())
+    _edit_manifest(copy_of, reseal=False, spec={**m["spec"], "options": {"anything": 1}})
+    with pytest.raises(VariantError, match="edited after export"):
+        verify(copy_of)
+
+
+def test_older_manifest_without_digest_loads_with_a_warning_and_is_still_cross_checked(copy_of, caplog):
+    from qserve.artifact import DIGEST_KEY
+
+    m = json.loads((copy_of / "manifest.json").read_text())
+    del m[DIGEST_KEY]
+    (copy_of / "manifest.json").write_text(json.dumps(m))
+    with caplog.at_level("WARNING", logger="qserve.artifact"):
+        assert verify(copy_of)["labels"] == ["negative", "positive"]
+    assert "no manifest_sha256" in caplog.text and "re-export" in caplog.text
+    m["labels"] = ["positive", "negative"]
+    (copy_of / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(VariantError, match="hashed config.json"):
+        verify(copy_of)
+
+
+def test_unexpected_file_is_refused_unless_allowed(copy_of, caplog):
+    (copy_of / "notes.txt").write_text("dropped in later")
+    (copy_of / "sub").mkdir()
+    (copy_of / "sub" / "model.onnx").write_bytes(b"\0" * 10)
+    with pytest.raises(VariantError, match=r"2 file\(s\) its manifest does not list: notes.txt, sub/model.onnx"
+                                           r".*--allow-extra-files"):
+        load_runtime(copy_of, device="cpu")
+    with caplog.at_level("WARNING", logger="qserve.artifact"):
+        rt = load_runtime(copy_of, device="cpu", allow_extra_files=True)
+    assert rt.predict(["fine"]).shape == (1, 2) and "notes.txt" in caplog.text
+
+
+def test_serve_and_bench_take_allow_extra_files(copy_of):
+    from qserve.serve.config import config_from_sources
+
+    assert config_from_sources({}, {"QSERVE_ALLOW_EXTRA_FILES": "1"}).allow_extra_files is True
+    assert config_from_sources({"allow_extra_files": True}, {}).allow_extra_files is True
+    with pytest.raises(QserveError, match="QSERVE_ALLOW_EXTRA_FILES='maybe'"):
+        config_from_sources({}, {"QSERVE_ALLOW_EXTRA_FILES": "maybe"})
+    import subprocess
+    import sys
+
+    (copy_of / "extra.bin").write_bytes(b"x")
+    proc = subprocess.run([sys.executable, "-m", "qserve.serve", "serve", str(copy_of), "--port", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "extra.bin" in proc.stderr and "--allow-extra-files" in proc.stderr
+    from qserve.cli import build_parser
+
+    args = build_parser().parse_args(["bench", str(copy_of), "--allow-extra-files"])
+    from qserve.bench.cli import config_from_args
+
+    assert config_from_args(args).allow_extra_files is True
