@@ -184,6 +184,11 @@ def test_v1_is_strict(client, body, fragment):
     assert r.status_code == 422 and fragment in r.json()["error"], r.text
 
 
+def test_json_integer_2_0_is_an_integer(client):
+    r = client.post("/v1/classify", json={"inputs": ["ok"], "top_k": 1.0})
+    assert r.status_code == 200 and len(r.json()["predictions"][0]) == 1
+
+
 def test_wrong_method_is_405_with_allow_and_missing_content_type_only_ok_on_v2(client):
     for method, path in (("PUT", "/v1/classify"), ("PUT", "/health"), ("DELETE", "/v2/models/torch-fp32/infer"),
                          ("POST", "/v1/models")):
