@@ -146,3 +146,17 @@ def test_cli_process_from_env_serves_and_exits_cleanly_on_sigterm(tiny_variant, 
         log.close()
     text = (tmp_path / "serve.log").read_text()
     assert "shutdown complete" in text and KEY not in text
+
+
+def test_metrics_public_opens_only_metrics(tiny_variant):
+    from qserve.serve.app import create_app
+    from qserve.serve.config import ServeConfig
+    from qserve.serve.server import ServerThread
+
+    cfg = ServeConfig(variant_dir=str(tiny_variant), threads=1, api_key=KEY, metrics_public=True)
+    with ServerThread(create_app(cfg)) as srv, httpx2.Client(base_url=srv.url, trust_env=False) as c:
+        r = c.get("/metrics")
+        assert r.status_code == 200 and "qserve_open_connections" in r.text
+        assert c.get("/v1/models").status_code == 401
+        spec = c.get("/openapi.json").json()
+        assert spec["paths"]["/metrics"]["get"]["security"] == [] and spec["security"] == [{"bearer": []}]

@@ -100,16 +100,20 @@ def test_full_queue_answers_429_at_once_and_accepted_work_completes(tiny_variant
             queued = [asyncio.create_task(c.post("/v1/classify", json={"inputs": f"queued {i}"})) for i in range(4)]
             await _until(lambda: _queued(c, 4), "4 queued texts")
             flood = await asyncio.gather(*(c.post("/v1/classify", json={"inputs": f"flood {i}"}) for i in range(10)))
+            # Refused before the body is read: even a malformed body gets 429, not 400 (nothing was parsed).
+            unparsed = await c.post("/v1/classify", content=b'{"inputs": ', headers={"content-type": "application/json"})
+            metrics = (await c.get("/metrics")).text
             w.release.set()
-            return await held, await asyncio.gather(*queued), flood
+            return await held, await asyncio.gather(*queued), flood + [unparsed], metrics
 
     try:
-        held, queued, flood = asyncio.run(go())
+        held, queued, flood, metrics = asyncio.run(go())
     finally:
         w.release.set()
         srv.stop()
     assert held.status_code == 200 and [r.status_code for r in queued] == [200] * 4
-    assert [r.status_code for r in flood] == [429] * 10  # answered while the worker was still held
+    assert [r.status_code for r in flood] == [429] * 11  # answered while the worker was still held
+    assert _gauge(metrics, "qserve_rejection_seconds_count") == 11  # each refusal timed by the server
     assert all(int(r.headers["retry-after"]) >= 1 for r in flood)
     assert "queue is full" in flood[0].json()["error"]
 
