@@ -2,8 +2,10 @@
 
     qserve serve models/minilm-imdb-variants/onnx-int8        # then open http://127.0.0.1:8000/docs
 
-config.py (settings, env), app.py (factory, lifespan), routes.py (/v1, /v2, probes),
-batcher.py (dynamic batching), guard.py (auth, limits, request ids, metrics per
-request), metrics.py (Prometheus), loadtest.py + cli.py (`qserve serve`,
+config.py (settings, env), app.py (factory, lifespan), routes.py (/v1, probes), v2.py
+(the KServe V2 / Open Inference Protocol, binary tensor data included), texts.py (what
+counts as a valid text), batcher.py (dynamic batching), guard.py (auth, limits, early
+429, request ids, metrics per request), connections.py (header/body/keep-alive timeouts,
+connection cap), metrics.py (Prometheus), loadtest.py + cli.py (`qserve serve`,
 `qserve loadtest`). Nothing here is imported by `import qserve`.
 """
