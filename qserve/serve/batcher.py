@@ -7,7 +7,10 @@ task takes up to `max_batch_size` items, waiting at most `max_wait_ms` after the
 oldest queued item arrived (items that queued while the previous batch ran go at
 once, and nothing waits when no other request is on its way in), runs the batch on the single inference thread (see config.py for why one)
 and hands every request exactly its own rows, in order. A request with more texts
-than fit in one batch simply spans several batches.
+than fit in one batch simply spans several batches. When the text that completes a
+batch is queued while the collector waits, that enqueue call submits the batch to the
+inference thread itself: under a flood, the forward pass of the admitted texts then
+overlaps the refusals instead of starting after them.
 
 Failure isolation: if a batch raises and it held several requests, each request is
 re-run on its own, so only the request that breaks the model fails (500) and its
@@ -101,6 +104,8 @@ class Batcher:
         self._closing = False
         self._task: asyncio.Task | None = None
         self._batch_s_ema = 0.05  # seed for Retry-After until real batches are timed
+        self._running = False  # a batch is in the inference thread
+        self._launched: tuple[list[_Item], Any] | None = None  # a batch enqueue() already started
 
     # -- producer side (event loop) ----------------------------------------------------
     @property
@@ -126,6 +131,11 @@ class Batcher:
         now = loop.time()
         self._items.extend(_Item(pending, i, t, now) for i, t in enumerate(texts))
         self._set_depth()
+        if not self._running and self._launched is None and len(self._items) >= self._fill_target():
+            # The batch is complete: start its forward pass now, from this very call. Waking the
+            # collector instead would start it only after everything else this event-loop turn
+            # does, such as refusing a flood of other requests.
+            self._launched = self._take_batch(loop)
         self._wake.set()
         return pending.future
 
@@ -153,52 +163,69 @@ class Batcher:
         loop = asyncio.get_running_loop()
         while True:
             self._drop_dead()
-            if not self._items:
+            if not self._items and self._launched is None:
                 if self._closing:
                     return
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             # Wait for the batch to fill, but never past max_wait after the oldest item queued.
-            deadline = self._items[0].enqueued + self.max_wait_s
-            # A full queue cannot grow, so waiting for more would only delay the admitted texts.
-            while len(self._items) < min(self.max_batch_size, self.max_queue) and not self._closing:
+            deadline = self._items[0].enqueued + self.max_wait_s if self._items else 0.0
+            while len(self._items) < self._fill_target() and not self._closing and self._launched is None:
                 if self.arriving is not None and self.arriving() <= 0:
                     break  # nobody else is on the way: waiting would only add latency
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
+                # A timer that sets the event, not wait_for: wait_for wraps the wait in a task, which
+                # costs extra event-loop turns before this collector sees a full queue.
                 self._wake.clear()
+                timer = loop.call_later(remaining, self._wake.set)
                 try:
-                    await asyncio.wait_for(self._wake.wait(), remaining)
-                except TimeoutError:
-                    break
-            batch = [self._items.popleft() for _ in range(min(self.max_batch_size, len(self._items)))]
-            self._set_depth()
-            batch = [it for it in batch if not it.pending.future.done()]
-            if batch and self.metrics is not None:
-                now = loop.time()
-                for it in batch:
-                    self.metrics.queue_wait.observe(now - it.enqueued)
+                    await self._wake.wait()
+                finally:
+                    timer.cancel()
+            batch, started = self._launched or self._take_batch(loop)
+            self._launched = None
             if batch:
+                self._running = True
                 try:
-                    await self._run_batch(batch, isolate=True)
+                    await self._run_batch(batch, isolate=True, started=started)
                 except Exception:  # the collector must outlive any bug in a batch
                     log.exception("batch collector error")
                     for it in batch:
                         it.pending.fail(RuntimeError("internal batching error"))
+                finally:
+                    self._running = False
+
+    def _fill_target(self) -> int:
+        # A full queue cannot grow, so waiting for more would only delay the admitted texts.
+        return min(self.max_batch_size, self.max_queue)
+
+    def _take_batch(self, loop: asyncio.AbstractEventLoop) -> tuple[list[_Item], Any]:
+        """Pop the next batch and submit it to the inference thread at once: (items, (t0, future))."""
+        batch = [self._items.popleft() for _ in range(min(self.max_batch_size, len(self._items)))]
+        self._set_depth()
+        batch = [it for it in batch if not it.pending.future.done()]
+        if not batch:
+            return batch, None
+        now = loop.time()
+        if self.metrics is not None:
+            for it in batch:
+                self.metrics.queue_wait.observe(now - it.enqueued)
+        return batch, (time.perf_counter(), loop.run_in_executor(self.executor, self.infer, [it.text for it in batch]))
 
     def _drop_dead(self) -> None:
         while self._items and self._items[0].pending.future.done():
             self._items.popleft()
             self._set_depth()
 
-    async def _run_batch(self, batch: list[_Item], isolate: bool) -> None:
+    async def _run_batch(self, batch: list[_Item], isolate: bool, started: Any = None) -> None:
         loop = asyncio.get_running_loop()
         texts = [it.text for it in batch]
-        t0 = time.perf_counter()
+        t0, fut = started or (time.perf_counter(), loop.run_in_executor(self.executor, self.infer, texts))
         try:
-            probs, truncated = await loop.run_in_executor(self.executor, self.infer, texts)
+            probs, truncated = await fut
             if len(probs) != len(texts) or len(truncated) != len(texts):
                 raise RuntimeError(f"runtime returned {len(probs)} rows for {len(texts)} texts")
         except Exception as e:
