@@ -127,7 +127,7 @@ class GuardMiddleware:
             await send_wrapped({"type": "http.response.start", "status": code, "headers": hdrs})
             await send_wrapped({"type": "http.response.body", "body": body})
 
-        route, template = None, "unmatched"
+        route, template = self._match(scope)
         try:
             path = scope["path"]
             if self.api_key and path not in self.open_paths and not token_ok(headers.get("authorization"),
@@ -136,7 +136,6 @@ class GuardMiddleware:
                 await refuse(401, f"{why} credentials: send the header 'Authorization: Bearer <api key>'",
                              "unauthorized", {"WWW-Authenticate": 'Bearer realm="qserve"'})
                 return
-            route, template = self._match(scope)
             if method in JSON_BODY_METHODS and route is not None:
                 if template in self.inference_paths and self.queue_full is not None:
                     retry_after = self.queue_full()
@@ -158,7 +157,8 @@ class GuardMiddleware:
                                       "(--max-body-bytes); send fewer or shorter texts per request", "body_too_large")
                     return
                 if body is DISCONNECTED:
-                    return  # the client left (or its body timed out): nobody to answer
+                    status[0] = 499  # nginx's "client closed request": counted, nobody to answer
+                    return
                 receive = _replay(body, receive)
             await self.app(scope, receive, send_wrapped)
         finally:
