@@ -128,6 +128,12 @@ def test_triton_client_errors_carry_the_message(triton):
         triton.infer("torch-fp32", [inp])
 
 
+def test_compressed_request_is_a_clear_415(triton):
+    with pytest.raises(InferenceServerException, match="Content-Encoding 'gzip' is not accepted") as e:
+        triton.infer("torch-fp32", [_text_input(["ok"], True)], request_compression_algorithm="gzip")
+    assert e.value.status() == "415"
+
+
 def _binary_body(head: dict, raw: bytes) -> tuple[bytes, dict]:
     header = json.dumps(head).encode()
     return header + raw, {"Inference-Header-Content-Length": str(len(header))}

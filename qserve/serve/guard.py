@@ -151,6 +151,11 @@ class GuardMiddleware:
                                if path.startswith("/v2/") else "application/json")
                     await refuse(415, f"Content-Type must be {allowed}, got {ctype or 'none'!r}", "content_type")
                     return
+                encoding = headers.get("content-encoding", "identity").strip().lower()
+                if encoding not in ("", "identity"):
+                    await refuse(415, f"Content-Encoding {encoding!r} is not accepted; send the body "
+                                      "uncompressed (tritonclient: no request_compression_algorithm)", "content_type")
+                    return
                 body = await self._read_body(headers, receive)
                 if body is None:
                     await refuse(413, f"request body is over the limit of {self.max_body_bytes} bytes "
