@@ -336,6 +336,8 @@ def _fit(fabric, cfg: TrainConfig, data, out: Path, device: str, t0: float) -> d
             fabric.clip_gradients(model, optimizer, max_norm=MAX_GRAD_NORM, error_if_nonfinite=False)
             t_opt = time.perf_counter()
             optimizer.step()
+            if cuda:
+                torch.cuda.synchronize()  # else this times the kernel launches only
             opt_times.append(time.perf_counter() - t_opt)
             optimizer.zero_grad(set_to_none=True)
             sched.step()
@@ -359,8 +361,8 @@ def _fit(fabric, cfg: TrainConfig, data, out: Path, device: str, t0: float) -> d
     test = evaluate(fabric, model, test_ex, cfg.batch_size * 2, pad_id)
     if not cuda:
         rss_peak = max(rss_peak, proc.memory_info().rss)
-    opt = {"optimizer": type(getattr(optimizer, "optimizer", optimizer)).__module__.split(".")[0] + "."
-                        + type(getattr(optimizer, "optimizer", optimizer)).__name__,
+    opt_cls = type(getattr(optimizer, "optimizer", optimizer))  # Fabric wraps the optimizer
+    opt = {"optimizer": f"{opt_cls.__module__.split('.')[0]}.{opt_cls.__name__}",
            "optimizer_state_bytes": optimizer_state_bytes(optimizer),
            "optimizer_step_median_s": round(statistics.median(opt_times[1:] or opt_times), 6) if opt_times else None}
     metrics = _metrics(fabric, cfg, data, device, base_name, t0, train_time, step_times, seen, epoch_val, val,
