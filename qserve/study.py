@@ -1,28 +1,36 @@
 """Precision study: the same fine-tune once per precision, each in its own process.
 
-    qserve train --compare --max-samples 2000 --max-length 128     # -> benchmarks/reports/precision/
+    qserve train --compare --max-samples 3000 --max-length 128     # -> benchmarks/reports/precision/
 
-Same data, seed and hyper-parameters for every run; only `--precision` changes. Each
-run is a child `python -m qserve.train` process, so peak memory (RSS on CPU,
+Same data, seed and hyper-parameters for every run; only `--precision` changes (and, for
+bf16-true, `--bf16-update`: the compensated update and the plain one that loses small
+steps). Each run is a child `python -m qserve.train` process, so peak memory (RSS on CPU,
 max_memory_reserved on CUDA) belongs to that precision alone. CPU runs 32-true,
 bf16-mixed and bf16-true (16-mixed has no CPU path); CUDA runs all four (bf16 only
-where the GPU supports it). Writes precision_study.json and precision_study.md, with
+where the GPU supports it). One precision runs a second time with another `--seed` on the
+same data split (`--noise-precision`), so the report can say which accuracy gaps are
+larger than run-to-run noise. Writes precision_study.json and precision_study.md, with
 the seed project's A100 figures beside ours, labelled as a reference.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
 
 DEFAULT_DIR = "benchmarks/reports/precision"
+DEFAULT_BF16_UPDATES = ("compensated", "plain")
+KEPT = ("train_time_s", "wall_time_s", "optimizer_steps", "step_time_median_s", "samples_per_s", "peak_memory_bytes",
+        "peak_memory_kind", "val_accuracy", "test_accuracy", "sizes", "device", "model_name", "optimizer",
+        "optimizer_state_bytes", "optimizer_step_median_s")
 
 # The seed project's published numbers (not measured by qserve): DistilBERT-base,
 # IMDb 35k train reviews, 3 epochs, batch 12, one A100.
@@ -62,97 +70,180 @@ def child_argv(cfg, precision: str, out: Path) -> list[str]:
     return argv + ["--precision", precision, "--out", str(out)]
 
 
-def compare(cfg, precisions: list[str] | None, out_dir) -> dict[str, Any]:
-    """Run cfg once per precision (children), write precision_study.json/.md in out_dir, return the study."""
+def label(run: dict[str, Any]) -> str:
+    """How a run is named in the report: its precision, the bf16-true update, a seed that differs."""
+    name = run["precision"]
+    if run["precision"] == "bf16-true":
+        name += f" ({run['bf16_update']})"
+    return name + (f", seed {run['seed']}" if run.get("noise") else "")
+
+
+def plan(cfg, precisions: list[str] | None, device: str, bf16_updates: list[str] | None,
+         noise_precision: str | None) -> list[dict[str, Any]]:
+    """The runs of a study, in order: one per precision (bf16-true once per update), then the noise run."""
+    from qserve.train import BF16_UPDATES, PRECISIONS, split_seed
+
+    supported = supported_precisions(device)
+    for p in list(precisions or []) + ([noise_precision] if noise_precision not in (None, "none") else []):
+        if p not in PRECISIONS:
+            raise QserveError(f"--precision must be one of {', '.join(PRECISIONS)} (got {p!r})")
+        if p not in supported:
+            raise QserveError(f"--precision {p} is not supported on {device}; this device runs "
+                              f"{', '.join(supported)}")
+    for u in bf16_updates or []:
+        if u not in BF16_UPDATES:
+            raise QserveError(f"--bf16-update must be one of {', '.join(BF16_UPDATES)} (got {u!r})")
+    chosen = list(dict.fromkeys(precisions)) if precisions else supported
+    updates = list(dict.fromkeys(bf16_updates)) if bf16_updates else list(DEFAULT_BF16_UPDATES)
+    runs = []
+    for p in chosen:
+        for u in (updates if p == "bf16-true" else [cfg.bf16_update]):
+            runs.append({"precision": p, "bf16_update": u, "seed": cfg.seed, "noise": False})
+    if noise_precision == "none":
+        return runs
+    if noise_precision is None:
+        noise_precision = "bf16-mixed" if "bf16-mixed" in chosen else chosen[0]
+    if noise_precision not in chosen:
+        raise QserveError(f"--noise-precision {noise_precision} is not among the precisions studied "
+                          f"({', '.join(chosen)}); pick one of them or none")
+    first = next(r for r in runs if r["precision"] == noise_precision)
+    runs.append({**first, "seed": cfg.seed + 1, "noise": True, "data_seed": split_seed(cfg)})
+    return runs
+
+
+def compare(cfg, precisions: list[str] | None, out_dir, bf16_updates: list[str] | None = None,
+            noise_precision: str | None = None) -> dict[str, Any]:
+    """Run cfg once per precision (children), write precision_study.json/.md in out_dir, return the study.
+
+    noise_precision: the precision run a second time with seed + 1 on the same data split
+    (default bf16-mixed, else the first studied; "none" skips it).
+    """
     from qserve.artifact import library_versions, now_iso, refuse_existing, write_json_atomic, write_text_atomic
     from qserve.devices import cpu_info, resolve_device
-    from qserve.train import PRECISIONS, validate
+    from qserve.train import validate
 
     validate(cfg)
     out_dir = Path(out_dir)
     device = resolve_device(cfg.device)
-    supported = supported_precisions(device)
-    if precisions:
-        for p in precisions:
-            if p not in PRECISIONS:
-                raise QserveError(f"--precision must be one of {', '.join(PRECISIONS)} (got {p!r})")
-            if p not in supported:
-                raise QserveError(f"--precision {p} is not supported on {device}; this device runs "
-                                  f"{', '.join(supported)}")
-        chosen = list(dict.fromkeys(precisions))
-    else:
-        chosen = supported
+    todo = plan(cfg, precisions, device, bf16_updates, noise_precision)
     refuse_existing(out_dir / "precision_study.json", cfg.force)
-    runs = []
+    runs: list[dict[str, Any]] = []
+    base = {"device": device, "cpu": cpu_info(), "precisions": list(dict.fromkeys(r["precision"] for r in todo)),
+            "config": {f.name: getattr(cfg, f.name) for f in fields(cfg)
+                       if f.name not in ("precision", "out", "force", "bf16_update")},
+            "reference": REFERENCE, "versions": library_versions()}
     with tempfile.TemporaryDirectory(prefix="qserve-precision-") as tmp:
-        for p in chosen:
-            ckpt = Path(tmp) / p
-            argv = child_argv(cfg, p, ckpt)
-            print(f"== precision {p}: {' '.join(argv[1:])}", file=sys.stderr, flush=True)
+        for i, spec in enumerate(todo):
+            run_cfg = replace(cfg, bf16_update=spec["bf16_update"], seed=spec["seed"],
+                              data_seed=spec.get("data_seed", cfg.data_seed))
+            ckpt = Path(tmp) / f"run{i}"
+            argv = child_argv(run_cfg, spec["precision"], ckpt)
+            print(f"== {label(spec)}: {' '.join(argv[1:])}", file=sys.stderr, flush=True)
             env = {**os.environ, "PYTHONUNBUFFERED": "1"}
             proc = subprocess.run(argv, env=env, check=False)
             metrics_path = ckpt / "train_metrics.json"
+            run = {**spec, "label": label(spec)}
             if proc.returncode != 0 or not metrics_path.is_file():
-                runs.append({"precision": p, "ok": False, "exit_code": proc.returncode,
+                runs.append({**run, "ok": False, "exit_code": proc.returncode,
                              "error": "the training run failed; its output is above"})
-                continue
-            import json
-
-            m = json.loads(metrics_path.read_text(encoding="utf-8"))
-            runs.append({"precision": p, "ok": True, **{k: m.get(k) for k in (
-                "train_time_s", "wall_time_s", "optimizer_steps", "step_time_median_s", "samples_per_s",
-                "peak_memory_bytes", "peak_memory_kind", "val_accuracy", "test_accuracy", "sizes", "device",
-                "model_name")}, "gpu": m.get("gpu")})
+            else:
+                m = json.loads(metrics_path.read_text(encoding="utf-8"))
+                runs.append({**run, "ok": True, **{k: m.get(k) for k in KEPT}, "gpu": m.get("gpu")})
+            if any(r["ok"] for r in runs):
+                # rewritten after every run: a study cut short keeps the runs it finished
+                study = {**base, "runs": runs, **summarize(runs), "complete": i + 1 == len(todo),
+                         "created": now_iso()}
+                write_json_atomic(out_dir / "precision_study.json", study)
+                write_text_atomic(out_dir / "precision_study.md", render_markdown(study))
     if not any(r["ok"] for r in runs):
-        raise QserveError(f"every precision run failed ({', '.join(chosen)}); see the output above")
-    by = {r["precision"]: r for r in runs if r["ok"]}
-    base = by.get("32-true", {}).get("step_time_median_s")
-    for r in runs:
-        if r["ok"] and base:
-            r["step_time_vs_32_true"] = round(r["step_time_median_s"] / base, 3)
-    study = {
-        "device": device, "cpu": cpu_info(), "precisions": chosen, "runs": runs,
-        "bf16_mixed_over_32_true_step_time": by.get("bf16-mixed", {}).get("step_time_vs_32_true"),
-        "config": {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name not in ("precision", "out", "force")},
-        "reference": REFERENCE, "versions": library_versions(), "created": now_iso(),
-    }
-    write_json_atomic(out_dir / "precision_study.json", study)
-    write_text_atomic(out_dir / "precision_study.md", render_markdown(study))
+        raise QserveError(f"every precision run failed ({', '.join(r['label'] for r in runs)}); see the output above")
     return study
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Step-time ratios to 32-true, the two-seed noise, and each run's test-accuracy gap to bf16-mixed."""
+    ok = [r for r in runs if r["ok"]]
+    main = [r for r in ok if not r["noise"]]
+    base = next((r["step_time_median_s"] for r in main if r["precision"] == "32-true"), None)
+    for r in ok:
+        if base:
+            r["step_time_vs_32_true"] = round(r["step_time_median_s"] / base, 3)
+    noise = None
+    extra = next((r for r in ok if r["noise"]), None)
+    if extra:
+        first = next((r for r in main if (r["precision"], r["bf16_update"]) == (extra["precision"],
+                                                                              extra["bf16_update"])), None)
+        if first:
+            noise = {"label": first["label"], "seeds": [first["seed"], extra["seed"]],
+                     "test_accuracy": [first["test_accuracy"], extra["test_accuracy"]],
+                     "test_accuracy_abs_diff": round(abs(first["test_accuracy"] - extra["test_accuracy"]), 6)}
+    ref = next((r for r in main if r["precision"] == "bf16-mixed"), None)
+    gaps = {}
+    if ref:
+        for r in main:
+            if r is not ref:
+                gap = r["test_accuracy"] - ref["test_accuracy"]
+                gaps[r["label"]] = {"test_accuracy_minus_bf16_mixed": round(gap, 6),
+                                    "exceeds_noise": None if noise is None
+                                    else abs(gap) > noise["test_accuracy_abs_diff"]}
+    by = {r["precision"]: r for r in main if r["precision"] != "bf16-true" or r["bf16_update"] != "plain"}
+    return {"bf16_mixed_over_32_true_step_time": by.get("bf16-mixed", {}).get("step_time_vs_32_true"),
+            "noise": noise, "gaps_to_bf16_mixed": gaps}
 
 
 def _fmt(v, spec: str, scale: float = 1.0) -> str:
     return "—" if v is None else format(v * scale, spec)
 
 
+def _amx(cpu: dict[str, Any]) -> str:
+    return "with AMX (amx_bf16)" if "amx_bf16" in cpu.get("flags", []) else "no AMX"
+
+
 def render_markdown(study: dict[str, Any]) -> str:
     cfg = study["config"]
     ok = [r for r in study["runs"] if r["ok"]]
     sizes = ok[0]["sizes"] if ok else {}
+    cpu = study["cpu"]
     where = study["device"] if study["device"] == "cpu" else (ok[0].get("gpu") if ok else study["device"])
     lines = [
         "# Precision study (qserve)", "",
         f"Model `{ok[0]['model_name'] if ok else cfg['model']}` fine-tuned on `{cfg['dataset']}` "
         f"(train {sizes.get('train')}, val {sizes.get('val')}, test {sizes.get('test')}), {cfg['epochs']} epoch(s), "
         f"batch {cfg['batch_size']}, max length {cfg['max_length']}, lr {cfg['lr']}, seed {cfg['seed']}, "
-        f"on {where} ({study['cpu']['model']}, {study['cpu']['cores']} cores, flags: "
-        f"{' '.join(study['cpu']['flags'])}). Each precision ran in its own process.", "",
-        "| precision | train time (min) | median step (s) | step time vs 32-true | samples/s | peak memory (GB) "
-        "| val acc | test acc |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"on {where}: **{cpu['model']}, {_amx(cpu)}**, {cpu['cores']} cores, flags: {' '.join(cpu['flags'])}. "
+        "Each run in its own process, one after the other."
+        + ("" if study.get("complete", True) else " **Incomplete: the study stopped before its last run.**"), "",
+        "| run | optimizer | train time (min) | median step (s) | step vs 32-true | optimizer step (s) "
+        "| optimizer state (MB) | peak memory (GB) | val acc | test acc |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in study["runs"]:
         if not r["ok"]:
-            lines.append(f"| {r['precision']} | failed (exit {r['exit_code']}) | | | | | | |")
+            lines.append(f"| {r['label']} | failed (exit {r['exit_code']}) | | | | | | | | |")
             continue
-        lines.append(f"| {r['precision']} | {_fmt(r['train_time_s'], '.2f', 1 / 60)} | "
+        lines.append(f"| {r['label']} | {r.get('optimizer') or '—'} | {_fmt(r['train_time_s'], '.2f', 1 / 60)} | "
                      f"{_fmt(r['step_time_median_s'], '.4f')} | {_fmt(r.get('step_time_vs_32_true'), '.2f')}x | "
-                     f"{_fmt(r['samples_per_s'], '.1f')} | {_fmt(r['peak_memory_bytes'], '.2f', 1e-9)} | "
+                     f"{_fmt(r.get('optimizer_step_median_s'), '.4f')} | "
+                     f"{_fmt(r.get('optimizer_state_bytes'), '.1f', 1e-6)} | "
+                     f"{_fmt(r['peak_memory_bytes'], '.2f', 1e-9)} | "
                      f"{_fmt(r['val_accuracy'], '.2%', 1)} | {_fmt(r['test_accuracy'], '.2%', 1)} |")
     ratio = study.get("bf16_mixed_over_32_true_step_time")
     kind = ok[0]["peak_memory_kind"] if ok else ""
-    lines += ["", f"bf16-mixed / 32-true median step time: **{_fmt(ratio, '.2f')}x**. Peak memory is {kind}.", "",
-              "## Reference: the seed project's A100 figures (not measured by qserve)", "",
+    lines += ["", f"bf16-mixed / 32-true median step time: **{_fmt(ratio, '.2f')}x**. Peak memory is {kind}; "
+              "optimizer state is the bytes of the optimizer's per-parameter tensors (moments, Kahan buffer).", ""]
+    noise = study.get("noise")
+    if noise:
+        a, b = noise["test_accuracy"]
+        lines.append(f"Run-to-run noise: {noise['label']} with seeds {noise['seeds'][0]} and {noise['seeds'][1]} "
+                     f"(same data split) scored {a:.2%} and {b:.2%} test accuracy: "
+                     f"**{noise['test_accuracy_abs_diff'] * 100:.2f} points** apart.")
+    gaps = study.get("gaps_to_bf16_mixed") or {}
+    if gaps:
+        lines += ["", "| run | test acc minus bf16-mixed (points) | larger than the noise |", "|---|---:|---|"]
+        for name, g in gaps.items():
+            exceeds = {None: "—", True: "yes", False: "no"}[g["exceeds_noise"]]
+            lines.append(f"| {name} | {g['test_accuracy_minus_bf16_mixed'] * 100:+.2f} | {exceeds} |")
+    lines += ["", "## Reference: the seed project's A100 figures (not measured by qserve)", "",
               f"{study['reference']['setup']}.", "",
               "| precision | train time (min) | peak memory (GB) | test acc |", "|---|---:|---:|---:|"]
     for p, r in study["reference"]["runs"].items():

@@ -29,6 +29,9 @@ from qserve import QserveError
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "bf16-true")
+# How bf16-true lands AdamW updates on bf16 weights. An update below half a bf16 ulp of its
+# weight (2^-9 relative) rounds away in a plain `p.add_(u)`, so small early steps are lost.
+BF16_UPDATES = ("compensated", "plain")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 MAX_GRAD_NORM = 1.0  # the usual fine-tuning clip; keeps the first high-lr steps from diverging
 FILES_WRITTEN = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -61,8 +64,12 @@ class TrainConfig:
     """Train on a seeded, stratified subset of this many examples (val/test unaffected; 0 on the CLI = all)."""
     max_eval_samples: int | None = 2000
     """Cap val and test at this many examples each (seeded, stratified; 0 on the CLI = no cap); bench reuses it."""
+    bf16_update: str = "compensated"
+    """bf16-true only: compensated (torch-optimi AdamW, Kahan summation into a bf16 buffer) or plain (torch AdamW on bf16 weights: updates below half a bf16 ulp round away)."""
     seed: int = 42
     """Seed for the split, subsampling, head init, shuffling and dropout."""
+    data_seed: int | None = None
+    """Seed for the split and subsampling only (default: --seed); lets two seeds train on the same data."""
     out: str | None = None
     """Output directory (default: models/<model_name>-<dataset>-<precision>)."""
     device: str = "auto"
@@ -95,6 +102,8 @@ def validate(cfg: TrainConfig) -> None:
     """Reject bad values before anything heavy loads; messages name the flag and what is allowed."""
     if cfg.precision not in PRECISIONS:
         raise QserveError(f"--precision must be one of {', '.join(PRECISIONS)} (got {cfg.precision!r})")
+    if cfg.bf16_update not in BF16_UPDATES:
+        raise QserveError(f"--bf16-update must be one of {', '.join(BF16_UPDATES)} (got {cfg.bf16_update!r})")
     if cfg.matmul_precision is not None and cfg.matmul_precision not in MATMUL_PRECISIONS:
         raise QserveError(f"--matmul-precision must be one of {', '.join(MATMUL_PRECISIONS)} "
                           f"(got {cfg.matmul_precision!r})")
@@ -109,6 +118,47 @@ def validate(cfg: TrainConfig) -> None:
         raise QserveError(f"--warmup-ratio must be in [0, 1) (got {cfg.warmup_ratio!r})")
     if cfg.weight_decay < 0:
         raise QserveError(f"--weight-decay must be >= 0 (got {cfg.weight_decay!r})")
+
+
+def split_seed(cfg: TrainConfig) -> int:
+    """The seed of the data split and subsample (what bench and export rebuild the test split from)."""
+    return cfg.seed if cfg.data_seed is None else cfg.data_seed
+
+
+def build_optimizer(groups: list[dict[str, Any]], cfg: TrainConfig):
+    """AdamW for cfg.precision; bf16-true gets one whose small updates still land on bf16 weights.
+
+    torch's AdamW on bf16 parameters computes and stores in bf16, and `p - lr * m / sqrt(v)`
+    rounds to the nearest bf16: with lr 1e-4 most updates are below half an ulp and vanish.
+    Kahan summation keeps that rounding error in a bf16 buffer and adds it back next step
+    (2 bytes more per parameter than plain bf16 AdamW, half of fp32 AdamW's 8).
+    torch-optimi's AdamW rather than torchao's stochastic-rounding one: both keep the
+    accuracy, but torchao's is a private class (`_AdamW`) that torch.compiles each parameter
+    shape at the first step (a C++ compiler at run time, ~40 s here).
+    """
+    import torch
+
+    if cfg.precision != "bf16-true" or cfg.bf16_update == "plain":
+        return torch.optim.AdamW(groups, lr=cfg.lr)
+    from optimi import AdamW
+
+    # torch's AdamW defaults (optimi's own are betas (0.9, 0.99), eps 1e-6), so only how the
+    # update lands differs from the other precisions' optimizer. foreach=False: on CPU the
+    # per-tensor loop measured faster than the foreach path (no triton here).
+    return AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, kahan_sum=True, foreach=False)
+
+
+def optimizer_state_bytes(optimizer) -> int:
+    """Bytes of the optimizer's per-parameter tensors (moments, Kahan buffers; not the weights).
+
+    0-d tensors (torch's per-parameter step counters) are left out: bookkeeping, not state
+    that grows with the model.
+    """
+    import torch
+
+    inner = getattr(optimizer, "optimizer", optimizer)  # Fabric wraps the optimizer
+    return sum(v.numel() * v.element_size() for st in inner.state.values() for v in st.values()
+               if isinstance(v, torch.Tensor) and v.dim() > 0)
 
 
 def check_precision(precision: str, device: str) -> None:
@@ -213,7 +263,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     validate(cfg)
     device = resolve_device(cfg.device)
     check_precision(cfg.precision, device)
-    data = load_dataset(cfg.dataset, max_samples=cfg.max_samples, seed=cfg.seed,
+    data = load_dataset(cfg.dataset, max_samples=cfg.max_samples, seed=split_seed(cfg),
                         max_eval_samples=cfg.max_eval_samples)
     base_name = model_name_for(cfg.model)
     out = Path(cfg.out) if cfg.out else Path("models") / f"{base_name}-{data.info['short_name']}-{cfg.precision}"
@@ -252,7 +302,7 @@ def _fit(fabric, cfg: TrainConfig, data, out: Path, device: str, t0: float) -> d
     groups = [{"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
                "weight_decay": cfg.weight_decay},
               {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr)
+    optimizer = build_optimizer(groups, cfg)
     model, optimizer = fabric.setup(model, optimizer)
     loader = fabric.setup_dataloaders(loader)
     steps_per_epoch = -(-len(loader) // cfg.grad_accum)
@@ -264,7 +314,7 @@ def _fit(fabric, cfg: TrainConfig, data, out: Path, device: str, t0: float) -> d
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     proc, rss_peak = psutil.Process(), 0
-    step_times, epoch_val, seen, train_time = [], [], 0, 0.0
+    step_times, opt_times, epoch_val, seen, train_time = [], [], [], 0, 0.0
     last_loss = float("nan")
     for epoch in range(cfg.epochs):
         model.train()
@@ -284,7 +334,11 @@ def _fit(fabric, cfg: TrainConfig, data, out: Path, device: str, t0: float) -> d
                 continue
             # error_if_nonfinite=False: 16-mixed's first steps overflow by design; the scaler skips them.
             fabric.clip_gradients(model, optimizer, max_norm=MAX_GRAD_NORM, error_if_nonfinite=False)
+            t_opt = time.perf_counter()
             optimizer.step()
+            if cuda:
+                torch.cuda.synchronize()  # else this times the kernel launches only
+            opt_times.append(time.perf_counter() - t_opt)
             optimizer.zero_grad(set_to_none=True)
             sched.step()
             if cuda:
@@ -307,8 +361,12 @@ def _fit(fabric, cfg: TrainConfig, data, out: Path, device: str, t0: float) -> d
     test = evaluate(fabric, model, test_ex, cfg.batch_size * 2, pad_id)
     if not cuda:
         rss_peak = max(rss_peak, proc.memory_info().rss)
+    opt_cls = type(getattr(optimizer, "optimizer", optimizer))  # Fabric wraps the optimizer
+    opt = {"optimizer": f"{opt_cls.__module__.split('.')[0]}.{opt_cls.__name__}",
+           "optimizer_state_bytes": optimizer_state_bytes(optimizer),
+           "optimizer_step_median_s": round(statistics.median(opt_times[1:] or opt_times), 6) if opt_times else None}
     metrics = _metrics(fabric, cfg, data, device, base_name, t0, train_time, step_times, seen, epoch_val, val,
-                       test, last_loss, rss_peak)
+                       test, last_loss, rss_peak, opt)
     if fabric.is_global_zero:
         _write(out, cfg, model.module, tok, base_name, data, metrics)
         log.info("wrote %s: val %.4f, test %.4f, %.1f s training", out, val["accuracy"], test["accuracy"],
@@ -318,7 +376,7 @@ def _fit(fabric, cfg: TrainConfig, data, out: Path, device: str, t0: float) -> d
 
 
 def _metrics(fabric, cfg, data, device, base_name, t0, train_time, step_times, seen, epoch_val, val, test,
-             last_loss, rss_peak) -> dict[str, Any]:
+             last_loss, rss_peak, opt) -> dict[str, Any]:
     from qserve.artifact import library_versions, now_iso
     from qserve.devices import cpu_info
 
@@ -330,7 +388,8 @@ def _metrics(fabric, cfg, data, device, base_name, t0, train_time, step_times, s
     timed = step_times[1:] if len(step_times) > 1 else step_times  # the first step pays one-off warm-up
     return {
         "model_name": f"{base_name}-{data.info['short_name']}", "base_model": base_name, "dataset": data.name,
-        "precision": cfg.precision, "device": device, "world_size": fabric.world_size, **hw,
+        "precision": cfg.precision, "bf16_update": cfg.bf16_update if cfg.precision == "bf16-true" else None,
+        **opt, "device": device, "world_size": fabric.world_size, **hw,
         "wall_time_s": round(time.perf_counter() - t0, 3), "train_time_s": round(train_time, 3),
         "optimizer_steps": len(step_times),
         "step_time_median_s": round(statistics.median(timed), 6) if timed else None,
@@ -355,7 +414,7 @@ def _write(out: Path, cfg: TrainConfig, model, tok, base_name: str, data, metric
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         write_json_atomic(tmp / "qserve_model.json", {
-            "model_name": metrics["model_name"], "base_model": base_name, "dataset": data.name, "seed": cfg.seed,
+            "model_name": metrics["model_name"], "base_model": base_name, "dataset": data.name, "seed": split_seed(cfg),
             "max_length": cfg.max_length, "max_eval_samples": cfg.max_eval_samples, "labels": list(data.labels)})
         write_json_atomic(tmp / "train_metrics.json", metrics)
 
@@ -379,8 +438,12 @@ def register(subparsers) -> None:
                    "to choose the precisions compared (default: all the device supports).")
     for name, typ in (("epochs", int), ("batch_size", int), ("lr", float), ("weight_decay", float),
                       ("warmup_ratio", float), ("grad_accum", int), ("max_length", int), ("max_samples", int),
-                      ("max_eval_samples", int), ("seed", int)):
+                      ("max_eval_samples", int), ("seed", int), ("data_seed", int)):
         p.add_argument("--" + name.replace("_", "-"), type=typ, default=getattr(d, name), help=h(name))
+    p.add_argument("--bf16-update", action="append", choices=BF16_UPDATES,
+                   metavar="{" + ",".join(BF16_UPDATES) + "}",
+                   help=docs["bf16_update"][:-1] + f" (default: {d.bf16_update}). With --compare, repeat it to run "
+                   "bf16-true once per value (default: compensated and plain).")
     p.add_argument("--out", default=None, help=docs["out"] + " With --compare: the report directory "
                    "(default benchmarks/reports/precision).")
     p.add_argument("--device", default=d.device, help=h("device"))
@@ -391,7 +454,11 @@ def register(subparsers) -> None:
     p.add_argument("--force", action="store_true", help=docs["force"])
     p.add_argument("--compare", action="store_true",
                    help="run the same fine-tune once per precision, each in its own process, and write "
-                        "precision_study.json/.md (time, step time, peak memory, accuracy)")
+                        "precision_study.json/.md (time, step time, optimizer state, peak memory, accuracy)")
+    p.add_argument("--noise-precision", choices=(*PRECISIONS, "none"), default=None,
+                   metavar="{" + ",".join((*PRECISIONS, "none")) + "}",
+                   help="with --compare: the precision run a second time with --seed + 1 on the same data, "
+                        "to measure run-to-run noise (default: bf16-mixed, else the first studied; none: skip)")
     p.set_defaults(func=run)
 
 
@@ -401,10 +468,14 @@ def config_from_args(args) -> TrainConfig:
     if len(precisions) > 1 and not getattr(args, "compare", False):
         raise QserveError(f"--precision was given {len(precisions)} times; give it once, or add --compare "
                           "to compare several")
+    updates = kwargs.pop("bf16_update", None) or [TrainConfig.bf16_update]
+    if len(updates) > 1 and not getattr(args, "compare", False):
+        raise QserveError(f"--bf16-update was given {len(updates)} times; give it once, or add --compare "
+                          "to compare several")
     for name in ("max_samples", "max_eval_samples"):
         if kwargs.get(name) == 0:
             kwargs[name] = None  # 0 = no cap: the command line has no other way to say None
-    return TrainConfig(precision=precisions[0], **kwargs)
+    return TrainConfig(precision=precisions[0], bf16_update=updates[0], **kwargs)
 
 
 def run(args) -> int:
@@ -414,7 +485,8 @@ def run(args) -> int:
 
         out_dir = Path(args.out) if args.out else Path(DEFAULT_DIR)
         cfg.out = None
-        study = compare(cfg, args.precision, out_dir)
+        study = compare(cfg, args.precision, out_dir, bf16_updates=args.bf16_update,
+                        noise_precision=args.noise_precision)
         print(f"precision study: {out_dir / 'precision_study.md'} ({len(study['runs'])} runs)")
         return 0 if all(r.get("ok") for r in study["runs"]) else 1
     m = train(cfg)
