@@ -137,12 +137,21 @@ class QserveReplica:
         return app
 
 
-def application(settings: dict[str, Any], scaling: Scaling, cores: int | None = None) -> Any:
+def logging_config(log_level: str) -> dict[str, Any]:
+    """Ray's logging for --log-level: an access-log line per request only at info/debug, as uvicorn does
+    (on two cores that line is a measurable share of a request's CPU)."""
+    return {"log_level": log_level.upper(), "enable_access_log": log_level.lower() in ("debug", "info")}
+
+
+def application(settings: dict[str, Any], scaling: Scaling, cores: int | None = None,
+                log_level: str | None = None) -> Any:
     """The bound Ray Serve application for these ServeConfig settings and this scaling."""
     from qserve.serve.config import ServeConfig
 
     mbs = settings.get("max_batch_size") or ServeConfig.max_batch_size
     opts = deployment_options(scaling, mbs, cores)
+    if log_level:
+        opts["logging_config"] = logging_config(log_level)
     # A replica that cannot load will not load on retry #20 either: fail the deploy quickly.
     return serve.deployment(QserveReplica, max_constructor_retry_count=3).options(**opts).bind(settings)
 
@@ -183,10 +192,11 @@ def run_ray(cfg: Any, scaling: Scaling, address: str | None, log_level: str = "i
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        serve.start(http_options={"host": cfg.host, "port": port})
+        serve.start(http_options={"host": cfg.host, "port": port}, logging_config=logging_config(log_level))
         t0 = time.perf_counter()
         try:
-            serve.run(application(settings, scaling, cores if local else None), name=APP_NAME, route_prefix="/")
+            serve.run(application(settings, scaling, cores if local else None, log_level), name=APP_NAME,
+                      route_prefix="/")
         except Exception as e:  # noqa: BLE001 - Ray's deploy failure carries the replica's load error
             print(f"qserve serve: error: Ray could not start {cfg.variant_dir}: {e}", flush=True)
             return 2
