@@ -300,3 +300,28 @@ def test_missing_ray_extra_names_the_install_command(tiny_variant):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert "pip install 'qserve[ray]'" in proc.stderr and "ray[serve]==2.60.0" in proc.stderr
+
+
+def test_scaling_flags_map_to_ray_options(tiny_variant, monkeypatch, capsys):
+    from qserve.cli import main
+    from qserve.deploy import Scaling, deployment_options
+
+    fixed = deployment_options(Scaling.parse("2", None, None, None), max_batch_size=32, cores=2)
+    assert fixed["num_replicas"] == 2 and fixed["ray_actor_options"] == {"num_cpus": 1.0}
+    assert fixed["max_ongoing_requests"] == 64 and "autoscaling_config" not in fixed
+    auto = deployment_options(Scaling.parse("auto", 1, 4, 2), max_batch_size=16, cores=2)
+    assert auto["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "initial_replicas": 1,
+                                          "target_ongoing_requests": 16}
+    assert auto["ray_actor_options"] == {"num_cpus": 2.0} and "num_replicas" not in auto
+    for argv, fragment in [(["--replicas", "2"], "only apply with --engine ray"),
+                           (["--engine", "ray", "--replicas", "0"], "--replicas 0: must be >= 1"),
+                           (["--engine", "ray", "--replicas", "two"], "positive integer or 'auto'"),
+                           (["--engine", "ray", "--replicas", "2", "--min-replicas", "1"], "only apply with --replicas auto"),
+                           (["--engine", "ray", "--replicas", "auto", "--min-replicas", "3", "--max-replicas", "2"],
+                            "need 0 <= min <= max")]:
+        assert main(["serve", str(tiny_variant), *argv]) == 2
+        assert fragment in capsys.readouterr().err, argv
+    # More CPUs than the machine has would leave Ray waiting forever: refused before Ray starts.
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert main(["serve", str(tiny_variant), "--engine", "ray", "--replicas", "2", "--threads", "2"]) == 2
+    assert "4 CPUs, but this machine has 2" in capsys.readouterr().err
