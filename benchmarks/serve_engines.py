@@ -310,4 +310,35 @@ def render_md(rep: dict[str, Any]) -> str:
         t = s[f"trivial_{c}"]
         L.append(f"| {c[1:].split('-')[0]} | {f(t['uvicorn_rps'])} | {f(t['ray_rps'])} | {t['ratio']:.2f} | "
                  f"{1e3 / t['uvicorn_rps']:.2f} | {1e3 / t['ray_rps']:.2f} |")
+    L += ["", "## Where Ray's share goes, and sizing", ""] + [f"- {line}" for line in explain(rep)]
     return "\n".join(L) + "\n"
+
+
+def explain(rep: dict[str, Any]) -> list[str]:
+    """The proxy-hop arithmetic and the per-replica numbers a reader sizes a cluster from."""
+    s, agg = rep["summary"], rep["summary"]["cells"]
+    t32 = s["trivial_c32-t1"]
+    hop_ms = t32["ms_per_request_ray"] - t32["ms_per_request_uvicorn"]
+    out = [f"Proxy hop: with no model, Ray Serve spends {t32['ms_per_request_ray']:.2f} ms of the machine's "
+           f"{rep['machine']['cores']} cores per request at c32 against {t32['ms_per_request_uvicorn']:.2f} ms for "
+           f"plain uvicorn: {hop_ms:.2f} ms extra per request (HTTP proxy actor, request pickling, the actor call "
+           "to the replica, the replica's own ASGI pass, Ray's router and metrics), paid per request, not per text."]
+    for cell, k in (("c32-t1", 1), ("c32-t32", 32)):
+        u = agg["uvicorn"][cell]["rps"]
+        pred = 1.0 / (1.0 / u + hop_ms / 1e3)
+        got = agg["ray-1"][cell]["rps"]
+        out.append(f"{k} text(s)/request at c32: uvicorn {u:.1f} req/s = {1e3 / u:.2f} ms per request; adding the "
+                   f"hop predicts {pred:.1f} req/s for Ray with 1 replica ({pred / u:.0%} of uvicorn); measured "
+                   f"{got:.1f} req/s ({got / u:.0%}).")
+    for r in rep["settings"]["replicas"]:
+        for cell in ("c32-t1", "c32-t32"):
+            a = agg[f"ray-{r}"][cell]
+            out.append(f"Per replica, ray-{r} ({rep['machine']['cores'] // r} core(s) each), {cell}: "
+                       f"{a['rps'] / r:.1f} req/s = {a['texts_per_s'] / r:.1f} texts/s per replica at p99 "
+                       f"{a['p99_ms']:.0f} ms.")
+    a = agg["ray-2"]["c32-t1"] if "ray-2" in agg else agg["ray-1"]["c32-t1"]
+    out.append("Sizing rule: replicas = ceil(target req/s / per-replica req/s), with the per-replica rate "
+               "measured at a load whose p99 fits the budget (here c32 per machine gives p99 "
+               f"{a['p99_ms']:.0f} ms for 1 text/request; a tighter budget means fewer requests in flight per "
+               "replica, by Little's law in-flight = rate x latency, so a lower rate per replica).")
+    return out
