@@ -35,6 +35,8 @@ from fastapi.responses import JSONResponse
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("serve_engines")
 CELLS = [(1, 1), (32, 1), (1, 32), (32, 32)]  # (concurrency, texts per request)
+ROLES = ["client (bench process)", "uvicorn engine", "trivial uvicorn", "ray proxy", "ray replica ray1",
+         "ray replica ray2", "ray replica trivial", "ray system (gcs, raylet, controller, agents)"]
 
 
 def cpu_model() -> dict[str, Any]:
@@ -75,6 +77,40 @@ def _trivial_ray_deployment() -> Any:
 
     return serve.deployment(Trivial, name="Trivial", num_replicas=1, max_ongoing_requests=64,
                             ray_actor_options={"num_cpus": 0}, logging_config=logging_config("warning"))
+
+
+# -- where the CPU goes: process CPU seconds by role, read before and after each cell ---------------
+def cpu_by_role(named: dict[int, str]) -> dict[str, float]:
+    """user+system CPU seconds so far of every process that takes part, grouped by role.
+
+    named: pid -> role for the child servers; Ray processes are told apart by their titles."""
+    import psutil
+
+    out: dict[str, float] = {}
+    me = os.getpid()
+    for p in psutil.process_iter(["pid", "cmdline", "cpu_times"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+            t = p.info["cpu_times"]
+        except (psutil.Error, TypeError):
+            continue
+        if t is None:
+            continue
+        if p.info["pid"] == me:
+            role = "client (bench process)"
+        elif p.info["pid"] in named:
+            role = named[p.info["pid"]]
+        elif "ProxyActor" in cmd:
+            role = "ray proxy"
+        elif "ServeReplica:" in cmd:
+            role = "ray replica " + cmd.split("ServeReplica:", 1)[1].split(":", 1)[0]
+        elif any(k in cmd for k in ("ServeController", "gcs_server", "raylet", "ray/_private", "ray/dashboard",
+                                     "ray::", "default_worker")):
+            role = "ray system (gcs, raylet, controller, agents)"
+        else:
+            continue
+        out[role] = out.get(role, 0.0) + t.user + t.system
+    return out
 
 
 # -- load generation ---------------------------------------------------------------------------
@@ -210,6 +246,7 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
         for key, url in urls.items():
             _wait_ready(url) if not key.startswith("trivial") else None
         engines = ["uvicorn"] + [f"ray-{r}" for r in replicas]
+        named = {procs[0].pid: "uvicorn engine", procs[1].pid: "trivial uvicorn"}
         bodies = {k: _bodies(texts, k) for k in (1, 32)}
         results: dict[str, dict[str, list]] = {}
         for rnd in range(rounds):
@@ -217,14 +254,20 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
                 # 32 texts per request at c32 is ~1,000 texts per wave: give it time for several waves.
                 d = duration_s * (3 if c * k > 256 else 1)
                 for eng in engines if rnd % 2 == 0 else list(reversed(engines)):
+                    cpu0 = cpu_by_role(named)
                     res = asyncio.run(_cell(f"{urls[eng]}/v1/classify", bodies[k], expect, c, d, labels))
+                    cpu1 = cpu_by_role(named)
+                    res["cpu_s"] = {r: cpu1[r] - cpu0.get(r, 0.0) for r in cpu1 if cpu1[r] - cpu0.get(r, 0.0) > 0.005}
                     results.setdefault(eng, {}).setdefault(f"c{c}-t{k}", []).append(res)
                     log.info("round %d %s c%d x %d texts: %.1f req/s, %.1f texts/s, p50 %.1f ms, p99 %.1f ms, "
                              "errors %d lost %d", rnd + 1, eng, c, k, res["rps"], res["texts_per_s"],
                              res["p50_ms"] or -1, res["p99_ms"] or -1, res["errors"], res["lost"])
             for c in (1, 32):
                 for eng in ("trivial-uvicorn", "trivial-ray"):
+                    cpu0 = cpu_by_role(named)
                     res = asyncio.run(_cell(f"{urls[eng]}/v1/classify", bodies[1], None, c, duration_s / 2, None))
+                    cpu1 = cpu_by_role(named)
+                    res["cpu_s"] = {r: cpu1[r] - cpu0.get(r, 0.0) for r in cpu1 if cpu1[r] - cpu0.get(r, 0.0) > 0.005}
                     results.setdefault(eng, {}).setdefault(f"c{c}-t1", []).append(res)
                     log.info("round %d %s c%d: %.1f req/s p50 %.2f ms", rnd + 1, eng, c, res["rps"],
                              res["p50_ms"] or -1)
@@ -258,7 +301,11 @@ def _agg(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "p99_ms": statistics.median(r["p99_ms"] for r in runs if r["p99_ms"] is not None),
             "rps_rounds": [r["rps"] for r in runs], "requests": sum(r["requests"] for r in runs),
             "errors": sum(r["errors"] for r in runs), "lost": sum(r["lost"] for r in runs),
-            "max_score_diff": max((r["max_score_diff"] or 0.0) for r in runs)}
+            "max_score_diff": max((r["max_score_diff"] or 0.0) for r in runs),
+            # CPU milliseconds per answered request, by process role, pooled over the rounds
+            "cpu_ms_per_request": {role: 1e3 * sum(r.get("cpu_s", {}).get(role, 0.0) for r in runs)
+                                   / max(1, sum(r["ok"] for r in runs))
+                                   for role in sorted({k for r in runs for k in r.get("cpu_s", {})})}}
 
 
 def summarize(results: dict[str, dict[str, list]], replicas: list[int]) -> dict[str, Any]:
@@ -310,6 +357,13 @@ def render_md(rep: dict[str, Any]) -> str:
         t = s[f"trivial_{c}"]
         L.append(f"| {c[1:].split('-')[0]} | {f(t['uvicorn_rps'])} | {f(t['ray_rps'])} | {t['ratio']:.2f} | "
                  f"{1e3 / t['uvicorn_rps']:.2f} | {1e3 / t['ray_rps']:.2f} |")
+    L += ["", "## CPU per request, by process (ms of CPU per answered request, psutil, pooled over rounds)", "",
+          "| engine | cell | " + " | ".join(ROLES) + " | total |", "|---|---|" + "---:|" * (len(ROLES) + 1)]
+    for eng, cells in agg.items():
+        for cell, a in cells.items():
+            cpu = a.get("cpu_ms_per_request") or {}
+            row = [cpu.get(r, 0.0) for r in ROLES]
+            L.append(f"| {eng} | {cell} | " + " | ".join(f"{x:.2f}" for x in row) + f" | {sum(cpu.values()):.2f} |")
     L += ["", "## Where Ray's share goes, and sizing", ""] + [f"- {line}" for line in explain(rep)]
     return "\n".join(L) + "\n"
 
