@@ -164,8 +164,9 @@ def run_deploy_ray(args: argparse.Namespace) -> int:
     ServeConfig(variant_dir=str(variant), **{k: v for k, v in settings.items() if v is not None}).validate()
     doc = serve_config(str(variant), settings, scaling, args.host, args.port)
     header = ("# Ray Serve config written by `qserve deploy ray`: start it with `serve run <this file>`,\n"
-              "# `serve deploy <this file>` on a running cluster, or paste it under a KubeRay RayService's\n"
-              "# spec.serveConfigV2. variant_dir must exist at this absolute path on every Ray node.\n"
+              "# `serve deploy <this file>` on a running cluster, or paste its `applications:` block under a\n"
+              "# KubeRay RayService's spec.serveConfigV2 (KubeRay owns the proxy's host and port there).\n"
+              "# variant_dir must exist at this absolute path on every Ray node.\n"
               "# Auth: set QSERVE_API_KEY in the replicas' environment (never in this file).\n")
     write_text_atomic(out, header + yaml.safe_dump(doc, sort_keys=False))
     print(f"wrote {out}: {scaling.replicas or 'auto'} replica(s) of {variant}; start with `serve run {out}`")
