@@ -258,7 +258,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-wait-ms", type=float, default=None, help="batched server's max wait (default: serve's)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "reports" / "serve")
     p.add_argument("--force", action="store_true", help="replace an existing serve_report.json")
+    p.add_argument("--engine", choices=["uvicorn", "ray"], default="uvicorn",
+                   help="ray: uvicorn vs Ray Serve replicas side by side (benchmarks/serve_engines.py)")
+    p.add_argument("--replicas", default="1,2", help="with --engine ray: Ray replica counts to compare")
+    p.add_argument("--rounds", type=int, default=3, help="with --engine ray: interleaved rounds per cell")
+    p.add_argument("--reviews", type=int, default=256, help="with --engine ray: real test reviews sent")
     args = p.parse_args(argv)
+    if args.engine == "ray":
+        return run_engines(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -317,6 +324,26 @@ def main(argv: list[str] | None = None) -> int:
     write_text_atomic(args.out / "serve_report.md", render_md(rep))
     print(render_md(rep))
     return 0 if not (summary["errors"] or summary["lost"] or summary["mismatched"]) else 1
+
+
+def run_engines(args: argparse.Namespace) -> int:
+    """--engine ray: uvicorn vs Ray Serve replicas, interleaved in one run (see serve_engines.py)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import serve_engines
+
+    out = args.out if args.out != ROOT / "benchmarks" / "reports" / "serve" else \
+        ROOT / "benchmarks" / "reports" / "serve-ray"
+    try:
+        replicas = [int(x) for x in args.replicas.split(",") if x.strip()]
+        rep = serve_engines.run(args.variant_dir, replicas, args.duration, args.rounds, args.reviews, out, args.force)
+    except (QserveError, ValueError) as e:
+        print(f"serve_bench: error: {e}", file=sys.stderr)
+        return 2
+    print(serve_engines.render_md(rep))
+    return 0
 
 
 if __name__ == "__main__":

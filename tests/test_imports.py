@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-HEAVY = ["torch", "onnxruntime", "bitsandbytes", "transformers", "lightning", "optimum"]
+HEAVY = ["torch", "onnxruntime", "bitsandbytes", "transformers", "lightning", "optimum", "ray"]
 
 
 def _loaded_after(code: str) -> set[str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -56,6 +56,8 @@ class ServeState:
     load_error: str | None = None
     closing: bool = False
     load_task: asyncio.Task | None = field(default=None, repr=False)
+    # /v1/models' engine block; the Ray engine swaps in one that asks the Serve controller.
+    engine_info: Callable[[], Awaitable[dict[str, Any]]] = field(default=lambda: _single_process_info(), repr=False)
 
     @property
     def ready(self) -> bool:
@@ -121,6 +123,10 @@ class ServeState:
             log.error("request %s: inference failed: %s: %s", rid, type(e).__name__, e)
             raise ApiError(500, f"inference failed for this request ({type(e).__name__}); "
                                 f"quote request id {rid}. Other requests are unaffected") from None
+
+
+async def _single_process_info() -> dict[str, Any]:
+    return {"engine": "uvicorn", "replica_count": 1}
 
 
 def _default_loader(cfg: ServeConfig) -> Any:

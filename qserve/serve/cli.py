@@ -56,6 +56,15 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-connections", type=int,
                    help="most open connections; a new one beyond it gets 503 and is closed [512]")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    ray = p.add_argument_group("engine", "uvicorn: one process (default). ray: Ray Serve replicas of the same app "
+                                         "behind Ray's HTTP proxy on --host/--port (needs the qserve[ray] extra)")
+    ray.add_argument("--engine", choices=["uvicorn", "ray"], default="uvicorn", help="serving engine [uvicorn]")
+    ray.add_argument("--replicas", help="ray: N replicas, or auto (autoscaling) [1]")
+    ray.add_argument("--min-replicas", type=int, help="ray, --replicas auto: fewest replicas [1]")
+    ray.add_argument("--max-replicas", type=int, help="ray, --replicas auto: most replicas [max(min, 2)]")
+    ray.add_argument("--ray-address", help="ray: join this cluster (auto, ray://host:10001) [start a local Ray "
+                                           "with this machine's cores, shut it down on exit]; CPUs per replica = "
+                                           "--threads, else cores / replicas")
     p.set_defaults(func=run_serve)
 
 
@@ -94,6 +103,19 @@ def run_serve(args: argparse.Namespace) -> int:
         raise QserveError(f"VARIANT_DIR {cfg.variant_dir}: no manifest.json; export one with `qserve export`")
     if cfg.host not in ("127.0.0.1", "localhost", "::1") and not cfg.api_key:
         log.warning("binding %s without an API key: anyone who can reach this port can use the model", cfg.host)
+
+    ray_flags = {"--replicas": args.replicas, "--min-replicas": args.min_replicas,
+                 "--max-replicas": args.max_replicas, "--ray-address": args.ray_address}
+    if args.engine == "ray":
+        from qserve.deploy import Scaling
+
+        scaling = Scaling.parse(args.replicas, args.min_replicas, args.max_replicas, cfg.threads)
+        from qserve.serve.ray_engine import run_ray  # imports Ray; a clear error names the extra if missing
+
+        return run_ray(cfg, scaling, args.ray_address, args.log_level)
+    given = [flag for flag, v in ray_flags.items() if v is not None]
+    if given:
+        raise QserveError(f"{', '.join(given)} only apply with --engine ray (this is --engine {args.engine})")
 
     import uvicorn
 

@@ -55,7 +55,7 @@ def add_routes(app: FastAPI, st: Any) -> None:  # noqa: C901 - a flat list of sm
              responses={code: {"model": ErrorResponse} for code in (401, 503)})
     async def v1_models() -> dict:
         st.require_ready()
-        return {"models": [model_summary(st)]}
+        return {"models": [model_summary(st)], **(await st.engine_info())}
 
     @app.post("/v1/classify", tags=["v1"], response_model=ClassifyResponse, responses=ERRORS,
               summary="Classify one text or a list; [{label, score}] per input, best first")

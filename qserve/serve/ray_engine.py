@@ -1,0 +1,227 @@
+"""The Ray Serve engine: the one FastAPI app (create_app) as N replicas behind Ray's HTTP proxy.
+
+    qserve serve models/minilm-imdb-variants/onnx-int8 --engine ray --replicas 2
+    qserve deploy ray "$PWD/models/minilm-imdb-variants/onnx-int8" --out serve_config.yaml && serve run serve_config.yaml
+
+Each replica is a Ray actor that builds the app with create_app (so routes, schemas,
+limits, auth, error bodies and metrics are the uvicorn engine's, not a copy), mounted
+through `@serve.ingress` in its late-bound form: Ray calls `__serve_build_asgi_app__`
+inside the replica, after the constructor, so the app and its model are built there
+and never pickled. The app's lifespan loads the variant with load_runtime (manifest
+verified) and starts the replica's own Batcher: dynamic batching happens inside each
+replica, over the requests Ray's router sends it (`max_ongoing_requests` = 2 batches).
+
+Ray only marks a replica RUNNING once its ASGI lifespan startup completes; ReplicaMiddleware
+holds that completion until the model is loaded and warmed up (or fails the startup
+with the load error), so the router never sends a request to a replica still loading.
+It also stamps every response with `X-Qserve-Replica` (Ray's replica id). /v1/models
+reports the engine, the replica count and each replica's state (from the Serve
+controller); /metrics is per replica (the one that answered: see the header and the
+`qserve_replica_info` gauge).
+
+Importing this module imports Ray; without the `ray` extra it raises a QserveError
+naming the install command. `import qserve` never imports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from qserve import QserveError
+from qserve.deploy import APP_NAME, DEPLOYMENT_NAME, RAY_INSTALL_HINT, Scaling, app_args, deployment_options
+
+try:
+    import ray
+    from ray import serve
+except ImportError as e:  # the optional extra is missing
+    raise QserveError(f"the Ray engine needs Ray Serve, which is not installed here ({e}); install it with: "
+                      f"{RAY_INSTALL_HINT}") from None
+
+log = logging.getLogger("qserve.serve")
+
+REPLICA_HEADER = "X-Qserve-Replica"
+
+
+class ReplicaMiddleware:
+    """Outermost ASGI layer of a replica's app: replica header on every response; lifespan gated on the load."""
+
+    def __init__(self, app: Any, *, replica_id: str, state: Any):
+        self.app = app
+        self.header = (REPLICA_HEADER.lower().encode(), replica_id.encode())
+        self.state = state
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, self._gate_startup(send))
+            return
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def stamp(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                # Ray's proxy appends its own X-Request-ID (the same id the guard used, as it forwards
+                # the header to us): drop ours so clients see one header, not "id, id".
+                hdrs = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"]
+                message = {**message, "headers": hdrs + [self.header]}
+            await send(message)
+
+        await self.app(scope, receive, stamp)
+
+    def _gate_startup(self, send: Any) -> Any:
+        st = self.state
+
+        async def gated(message: dict) -> None:
+            if message["type"] == "lifespan.startup.complete" and st.load_task is not None:
+                await asyncio.shield(st.load_task)
+                if st.load_error:
+                    message = {"type": "lifespan.startup.failed",
+                               "message": f"could not load {st.config.variant_dir}: {st.load_error}"}
+            await send(message)
+
+        return gated
+
+
+async def ray_engine_info(replica_id: str) -> dict[str, Any]:
+    """engine, replica count and each replica's state, as the Serve controller sees them now."""
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeInstanceDetails
+
+    ctx = serve.get_replica_context()
+    info: dict[str, Any] = {"engine": "ray", "replica": replica_id, "app": ctx.app_name,
+                            "deployment": ctx.deployment}
+    try:
+        # The controller call is a blocking ray.get: keep it off the replica's event loop.
+        details = ServeInstanceDetails(**await asyncio.to_thread(_get_global_client().get_serve_details))
+        dep = details.applications[ctx.app_name].deployments[ctx.deployment]
+        replicas = [{"id": r.replica_id, "state": str(getattr(r.state, "value", r.state)), "node_id": r.node_id,
+                     "pid": r.pid} for r in dep.replicas]
+        info.update(status=str(getattr(dep.status, "value", dep.status)), target_replicas=dep.target_num_replicas,
+                    replica_count=sum(r["state"] == "RUNNING" for r in replicas), replicas=replicas)
+    except Exception as e:  # noqa: BLE001 - the model summary must still answer if the controller is busy
+        info.update(replica_count=None, replicas=None, replicas_error=f"{type(e).__name__}: {e}")
+    return info
+
+
+@serve.ingress()  # late-bound: __serve_build_asgi_app__ builds the app inside the replica
+class QserveReplica:
+    def __init__(self, settings: dict[str, Any]):
+        from qserve.serve.config import config_from_sources
+
+        # Settings from the builder args, then QSERVE_* in the replica's own environment (the API key).
+        self.cfg = config_from_sources({k: v for k, v in settings.items() if v is not None})
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+
+    def __serve_build_asgi_app__(self) -> Any:
+        from prometheus_client import Gauge
+
+        from qserve.serve.app import create_app
+
+        app = create_app(self.cfg)
+        st = app.state.qserve
+        replica_id = self.replica_id
+
+        async def engine_info() -> dict[str, Any]:
+            return await ray_engine_info(replica_id)
+
+        st.engine_info = engine_info
+        Gauge("qserve_replica_info", "The replica this /metrics scrape came from (Ray engine: per-replica metrics)",
+              ["engine", "replica"], registry=st.metrics.registry).labels("ray", replica_id).set(1)
+        app.add_middleware(ReplicaMiddleware, replica_id=replica_id, state=st)
+        return app
+
+
+def logging_config(log_level: str) -> dict[str, Any]:
+    """Ray's logging for --log-level: an access-log line per request only at info/debug, as uvicorn does
+    (on two cores that line is a measurable share of a request's CPU)."""
+    return {"log_level": log_level.upper(), "enable_access_log": log_level.lower() in ("debug", "info")}
+
+
+def application(settings: dict[str, Any], scaling: Scaling, cores: int | None = None,
+                log_level: str | None = None) -> Any:
+    """The bound Ray Serve application for these ServeConfig settings and this scaling."""
+    from qserve.serve.config import ServeConfig
+
+    mbs = settings.get("max_batch_size") or ServeConfig.max_batch_size
+    opts = deployment_options(scaling, mbs, cores)
+    if log_level:
+        opts["logging_config"] = logging_config(log_level)
+    # A replica that cannot load will not load on retry #20 either: fail the deploy quickly.
+    return serve.deployment(QserveReplica, max_constructor_retry_count=3).options(**opts).bind(settings)
+
+
+def build_app(args: dict[str, Any]) -> Any:
+    """Ray Serve application builder (the config's import_path): args = the ServeConfig fields to set.
+
+    Deployment options in the config file's `deployments:` entry override the defaults set here."""
+    from qserve.serve.config import ServeConfig
+
+    args = dict(args or {})
+    if not args.get("variant_dir"):
+        raise QserveError("args.variant_dir is missing: the absolute variant path every node can read")
+    ServeConfig(**args).validate()  # unknown keys or bad values fail the deploy with the flag's message
+    threads = args.get("threads")
+    return application(args, Scaling(1, num_cpus=float(threads) if threads else None))
+
+
+def run_ray(cfg: Any, scaling: Scaling, address: str | None, log_level: str = "info") -> int:
+    """`qserve serve --engine ray`: start (or join) Ray, run the app on --host/--port, wait for a signal."""
+    local = address is None
+    cores = os.cpu_count() or 1
+    threads = cfg.threads or scaling.threads_per_replica(cores if local else None)
+    settings = app_args(cfg.variant_dir, {**vars(cfg), "threads": threads})
+    if cfg.api_key:  # through the actor's init args, never into a config file
+        settings["api_key"] = cfg.api_key
+    need = scaling.cpus_per_replica(cores) * (scaling.replicas or scaling.min_replicas or 1)
+    if local and need > cores:
+        raise QserveError(f"{scaling.replicas or scaling.min_replicas} replica(s) x {scaling.cpus_per_replica(cores)}"
+                          f" CPUs (--threads) = {need:g} CPUs, but this machine has {cores}; lower --threads or "
+                          "--replicas (Ray would otherwise wait forever for CPUs)")
+    port = cfg.port or _free_port(cfg.host)
+    if local:
+        ray.init(num_cpus=cores, include_dashboard=False, logging_level=log_level.upper())
+    else:
+        ray.init(address=address, logging_level=log_level.upper())
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        serve.start(http_options={"host": cfg.host, "port": port}, logging_config=logging_config(log_level))
+        t0 = time.perf_counter()
+        try:
+            serve.run(application(settings, scaling, cores if local else None, log_level), name=APP_NAME,
+                      route_prefix="/")
+        except Exception as e:  # noqa: BLE001 - Ray's deploy failure carries the replica's load error
+            print(f"qserve serve: error: Ray could not start {cfg.variant_dir}: {e}", flush=True)
+            return 2
+        log.info("Ray engine: %s replica(s) of %s ready in %.1f s on http://%s:%d (Ray %s%s)",
+                 scaling.replicas or f"{scaling.min_replicas}..{scaling.max_replicas}", cfg.variant_dir,
+                 time.perf_counter() - t0, cfg.host, port, ray.__version__,
+                 ", local instance" if local else f", cluster {address}")
+        while not stop.wait(1.0):  # a timed wait keeps the main thread responsive to signals
+            pass
+        return 0
+    finally:
+        try:
+            serve.delete(APP_NAME)
+            if local:
+                serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+__all__ = ["DEPLOYMENT_NAME", "QserveReplica", "REPLICA_HEADER", "application", "build_app", "run_ray"]
