@@ -23,6 +23,7 @@ OPTION_FLAGS = {
     "clip": ("--clip", {"bnb-nf4", "bnb-fp4"}),
     "calibration_samples": ("--calibration-samples", {"onnx-int8", "bnb-nf4", "bnb-fp4", "ov-int8"}),
     "keep_fp32": ("--keep-fp32", {"onnx-int8"}),
+    "inference_precision": ("--inference-precision", {"ov-int8"}),
     "block_size": ("--block-size", {"onnx-int4"}),
     "accuracy_level": ("--accuracy-level", {"onnx-int4"}),
     "quantize_embeddings": ("--quantize-embeddings", {"onnx-int4"}),
@@ -185,6 +186,9 @@ def register(sub) -> None:
     p.add_argument("--keep-fp32", metavar="PATTERNS",
                    help="onnx-int8: comma-separated parts of MatMul node names to leave in fp32, e.g. "
                         "'layer.0/ffn/lin2,layer.1/ffn/lin2' (more accurate, larger, slower)")
+    p.add_argument("--inference-precision", choices=["f32", "bf16"],
+                   help="ov-int8: precision of the ops NNCF leaves unquantized (default f32; bf16 needs a CPU "
+                        "with avx512_bf16 or AMX)")
     p.add_argument("--block-size", type=int, help="onnx-int4: quantization block size (default 32)")
     p.add_argument("--accuracy-level", type=int, choices=[0, 1, 2, 3, 4],
                    help="onnx-int4: MatMulNBits accuracy_level (4 = int8 compute, fastest on CPU; default 4)")

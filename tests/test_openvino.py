@@ -202,3 +202,11 @@ def test_probe_crash_is_an_error_not_a_crash_when_loading(ov_variants, monkeypat
     finally:
         monkeypatch.delenv(ov_probe.FAULT_ENV)
         ov_probe.reset()
+
+
+def test_probe_crash_keeps_the_pipeline_exporting(probe_crashes, tiny_checkpoint, tmp_path, capsys):
+    from qserve.pipeline import _export_stage
+
+    dirs = _export_stage(tiny_checkpoint, tmp_path, "cpu", ["ov-int8", "torch-fp32"], force=False)
+    assert dirs == [tmp_path / "variants" / "torch-fp32"]
+    assert "skipped: ov-int8 unavailable on this CPU: OpenVINO's CPU plugin died with SIGFPE" in capsys.readouterr().out
