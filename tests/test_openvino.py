@@ -95,6 +95,17 @@ def test_runtime_matches_fp32_reference_and_is_batch_invariant(ov_variants, refe
     # One text, one answer: alone (no padding) vs in the mixed, mostly padded batch.
     alone = np.concatenate([rt.predict([t]) for t in TEXTS])
     assert np.abs(alone - rt.predict(TEXTS)).max() <= 1e-5
+    # ov-int8 runs every batch at max_length (see openvino_rt.fixed_length); the float variants as padded
+    assert rt.fixed_length is (name == "ov-int8")
+
+
+def test_pad_to_pads_like_the_tokenizer():
+    from qserve.runtime.openvino_rt import pad_to
+
+    feed = {"input_ids": np.array([[101, 7, 102]]), "attention_mask": np.array([[1, 1, 1]])}
+    out = pad_to(feed, 5, pad_id=0)
+    assert out["input_ids"].tolist() == [[101, 7, 102, 0, 0]] and out["attention_mask"].tolist() == [[1, 1, 1, 0, 0]]
+    assert pad_to(feed, 3)["input_ids"] is feed["input_ids"]
 
 
 def test_runtime_is_thread_safe(ov_variants):
