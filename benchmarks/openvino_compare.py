@@ -169,18 +169,27 @@ def goals(report: dict[str, Any]) -> dict[str, Any]:
     if not cands:
         return {"recommended": None, "why": "no agreement measured (speed only)" if not qual else "none meets the bar"}
     label = min(cands)[1]
+    checks = []
+    # the fastest label here, and ov-int8 (what the pipeline can recommend: the bf16-hint label is an option)
+    for lb in dict.fromkeys([label, "ov-int8"]):
+        if lb in speed and lb in qual:
+            checks += _checks(lb, speed, qual)
+    return {"recommended": label, "checks": checks}
+
+
+def _checks(label: str, speed: dict[str, Any], qual: dict[str, Any]) -> list[dict[str, Any]]:
     s = dict(speed[label])
     if label == BASELINE:
         s.update({"b1_p50_vs_baseline": 1.0, "b32_vs_baseline": 1.0})
     agr = qual[label]["agreement"]
-    return {"recommended": label, "checks": [
+    return [
         {"name": f"{label} b1/s128 p50 / {BASELINE}", "value": s.get("b1_p50_vs_baseline"), "target": "<= 0.8",
          "passed": s.get("b1_p50_vs_baseline") is not None and s["b1_p50_vs_baseline"] <= 0.8},
         {"name": f"{label} b32/s128 throughput / {BASELINE}", "value": s.get("b32_vs_baseline"), "target": ">= 1.3",
          "passed": s.get("b32_vs_baseline") is not None and s["b32_vs_baseline"] >= 1.3},
         {"name": f"{label} agreement with {REFERENCE} ({qual[label]['n']} test reviews)", "value": agr,
          "target": ">= 0.991", "passed": agr >= 0.991},
-    ]}
+    ]
 
 
 def render(report: dict[str, Any]) -> str:
@@ -220,7 +229,8 @@ def render(report: dict[str, Any]) -> str:
     L += ["| " + " | ".join(r) + " |" for r in rows] + [""]
     g = report.get("goals") or {}
     if g.get("checks"):
-        L += [f"## Goals for the recommended variant ({g['recommended']}: fastest at b1 meeting the agreement bar)", "",
+        L += [f"## Goals (fastest here meeting the agreement bar: {g['recommended']}; and ov-int8, the pipeline's "
+              "recommendation)", "",
               "| check | measured | target | result |", "|---|---:|---|---|"]
         for c in g["checks"]:
             L.append(f"| {c['name']} | {c['value']:.3f} | {c['target']} | {'**pass**' if c['passed'] else '**FAIL**'} |")
@@ -248,7 +258,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--eval-samples", type=int, default=2000)
     p.add_argument("--invariance", type=int, default=256, help="texts compared alone vs batched (0 = skip)")
+    p.add_argument("--render", action="store_true", help="only re-render report.md (and goals) from --out/report.json")
     args = p.parse_args(argv)
+    if args.render:
+        from qserve.artifact import write_json_atomic, write_text_atomic
+
+        report = json.loads((args.out / "report.json").read_text(encoding="utf-8"))
+        report["goals"] = goals(report)
+        write_json_atomic(args.out / "report.json", report)
+        write_text_atomic(args.out / "report.md", render(report))
+        return 0
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[k] = str(args.threads)
 
