@@ -5,7 +5,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
-EXTRAS ?= cpu,dev,ray
+EXTRAS ?= cpu,openvino,dev,ray
 
 .PHONY: install demo test clean-venv
 

@@ -30,6 +30,9 @@ _BUILDERS: dict[str, str] = {
     "onnx-fp16": "exporters.onnx:build",
     "onnx-int8": "exporters.onnx:build",
     "onnx-int4": "exporters.onnx:build",
+    "ov-fp32": "exporters.openvino:build",
+    "ov-bf16": "exporters.openvino:build",
+    "ov-int8": "exporters.openvino:build",
 }
 assert set(_BUILDERS) == set(VARIANTS), "every variant in qserve.variants needs a builder"
 

@@ -71,6 +71,7 @@ def checkpoint_hash(checkpoint: Path) -> str:
 
 def library_versions(names: tuple[str, ...] = ("torch", "transformers", "optimum", "optimum-onnx", "onnx",
                                                "onnxruntime", "onnxruntime-gpu", "bitsandbytes", "lightning",
+                                               "openvino", "nncf", "optimum-intel",
                                                "qserve")) -> dict[str, str]:
     from importlib import metadata
 

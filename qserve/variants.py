@@ -13,7 +13,7 @@ from typing import Any
 
 from qserve import QserveError
 
-BACKENDS = ("torch", "bnb", "onnx")
+BACKENDS = ("torch", "bnb", "onnx", "openvino")
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,11 @@ VARIANTS: dict[str, VariantSpec] = {
         # dynamic int8 has no CUDA kernels in ORT's CUDA EP: CPU only.
         VariantSpec("onnx-int8", "onnx", 8, "int8", cuda=False),
         VariantSpec("onnx-int4", "onnx", 4, "int4"),
+        # OpenVINO's CPU plugin (exporters.openvino): CPU only. ov-bf16 is the fp32 IR compiled
+        # with the bf16 inference-precision hint; ov-int8 is NNCF post-training quantization.
+        VariantSpec("ov-fp32", "openvino", 32, "fp32", cuda=False),
+        VariantSpec("ov-bf16", "openvino", 16, "bf16", cuda=False),
+        VariantSpec("ov-int8", "openvino", 8, "int8", cuda=False),
     ]
 }
 

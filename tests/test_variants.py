@@ -43,3 +43,13 @@ def test_supported_per_device():
     assert "onnx-int8" in cpu and "torch-fp16" not in cpu
     assert "torch-fp16" in {s.name for s in supported("cpu", include_slow=True)}
     assert "onnx-int8" not in {s.name for s in supported("cuda")}
+
+
+def test_openvino_variants_are_cpu_only_and_resolvable():
+    assert resolve(8, backend="openvino").name == "ov-int8"
+    assert resolve(16, backend="openvino").name == "ov-bf16"
+    assert resolve(32, backend="openvino").name == "ov-fp32"
+    assert {"ov-fp32", "ov-bf16", "ov-int8"} <= {s.name for s in supported("cpu")}
+    assert not {"ov-fp32", "ov-bf16", "ov-int8"} & {s.name for s in supported("cuda")}
+    with pytest.raises(QserveError, match="no CUDA kernels"):
+        resolve(8, backend="openvino", device="cuda")

@@ -147,4 +147,8 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
                 rec.update({f"{prefix}peak": pk[0], f"{prefix}gflops": pk[1], f"{prefix}floor_ms": fm,
                             f"{prefix}p50_over_floor": (st["p50"] / fm) if st else None})
         v["floor"] = rec or None
+
+    from qserve.bench.recommend import recommend
+
+    report["recommended"] = recommend(report)
     return report

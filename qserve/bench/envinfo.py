@@ -28,7 +28,8 @@ def environment(threads: int, device: str) -> dict[str, Any]:
     from qserve.devices import cpu_info
 
     versions = library_versions(("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime",
-                                 "onnxruntime-gpu", "bitsandbytes", "numpy", "psutil", "matplotlib", "qserve"))
+                                 "onnxruntime-gpu", "bitsandbytes", "openvino", "nncf", "optimum-intel", "numpy", "psutil",
+                                 "matplotlib", "qserve"))
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),

@@ -155,6 +155,9 @@ def render_md(report: dict[str, Any]) -> str:
                                                   if suite.get("random_weights") else "")
               + (". Export failed for " + "; ".join(f"{k} ({v})" for k, v in sorted(fails.items())) if fails else "")
               + ".", ""]
+    from qserve.bench.recommend import md_lines
+
+    L += md_lines(report)
     _, memkind = peak_memory(next(iter(report["variants"]), {}))
     ref = report.get("agreement_reference")
     header = ["variant", "size (MB)", "load (s)", f"p50 b{b}/s{s} (ms)", f"p99 b{b}/s{s} (ms)",

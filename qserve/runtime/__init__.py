@@ -36,6 +36,10 @@ def load_runtime(variant_dir: str | Path, device: str = "auto", options: Runtime
         from qserve.runtime.onnx_rt import OnnxRuntime
 
         return OnnxRuntime(variant_dir, manifest, device, options)
+    if backend == "openvino":
+        from qserve.runtime.openvino_rt import OpenVINORuntime
+
+        return OpenVINORuntime(variant_dir, manifest, device, options)
     from qserve.artifact import VariantError
 
-    raise VariantError(f"{variant_dir}/manifest.json names backend {backend!r}; known: torch, bnb, onnx")
+    raise VariantError(f"{variant_dir}/manifest.json names backend {backend!r}; known: torch, bnb, onnx, openvino")

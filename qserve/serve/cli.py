@@ -30,7 +30,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                     "inference thread; throughput comes from dynamic batching and the backend's intra-op "
                     "threads (--threads). Every flag can be set as env var QSERVE_<FLAG>; defaults in [].")
     p.add_argument("variant_dir", nargs="?", default=None,
-                   help="variant directory (env QSERVE_VARIANT_DIR)")
+                   help="variant directory, or a model dir from `qserve pipeline` (serves the variant its report "
+                        "recommends: the fastest meeting the agreement bar) (env QSERVE_VARIANT_DIR)")
     p.add_argument("--host", help="interface to bind [127.0.0.1]; anything else should use --api-key")
     p.add_argument("--port", type=int, help="TCP port, 0 = any free one [8000]")
     p.add_argument("--device", help="cpu, cuda, cuda:N or auto [auto]")
@@ -99,6 +100,19 @@ def run_serve(args: argparse.Namespace) -> int:
     cfg = config_from_sources(flags)
     if not cfg.variant_dir:
         raise QserveError("no variant: give VARIANT_DIR or set QSERVE_VARIANT_DIR")
+    selection = None
+    model_dir = Path(cfg.variant_dir)
+    if not (model_dir / "manifest.json").is_file() and any((model_dir / d).is_dir() for d in ("report", "variants")):
+        # A model dir (`qserve pipeline`'s run dir): serve the variant its bench report recommends.
+        from qserve.bench.recommend import from_model_dir
+
+        vdir, selection = from_model_dir(cfg.variant_dir)
+        log.info("model dir %s: serving %s (%s; from %s)", cfg.variant_dir, selection["variant"], selection["why"],
+                 selection["report"])
+        if selection["same_cpu"] is False:
+            log.warning("that report was measured on %s, not on this CPU: the fastest variant here may differ "
+                        "(re-run `qserve pipeline` here, or pass a variant dir)", selection["measured_on"])
+        cfg.variant_dir = str(vdir)
     if not (Path(cfg.variant_dir) / "manifest.json").is_file():
         raise QserveError(f"VARIANT_DIR {cfg.variant_dir}: no manifest.json; export one with `qserve export`")
     if cfg.host not in ("127.0.0.1", "localhost", "::1") and not cfg.api_key:
@@ -130,7 +144,16 @@ def run_serve(args: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True
 
-    app = create_app(cfg, on_load_failure=on_load_failure)
+    loader = None
+    if selection is not None:
+        from qserve.serve.app import _default_loader
+
+        def loader(config):  # the runtime carries why it was chosen, for /v1/models
+            runtime = _default_loader(config)
+            runtime.selection = selection
+            return runtime
+
+    app = create_app(cfg, loader=loader, on_load_failure=on_load_failure)
     server = uvicorn.Server(uvicorn_config(app, cfg.host, cfg.port, args.log_level))
     server.run()
     if failed:

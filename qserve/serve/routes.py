@@ -24,7 +24,7 @@ def model_summary(st: Any) -> dict[str, Any]:
             "max_length": st.runtime.max_length, "parity": m.get("parity"), "created": m.get("created"),
             "device": getattr(st.runtime, "device", None), "files": len(files),
             "bytes": sum(int(f.get("bytes", 0)) for f in files.values() if isinstance(f, dict)),
-            "versions": m.get("versions")}
+            "versions": m.get("versions"), "selection": getattr(st.runtime, "selection", None)}
 
 
 def top_labels(row: np.ndarray, labels: list[str], top_k: int | None) -> list[dict[str, Any]]:

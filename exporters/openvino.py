@@ -1,0 +1,156 @@
+"""ov-fp32 / ov-bf16 / ov-int8: the checkpoint as an OpenVINO IR, quantized by NNCF for int8.
+
+    qserve export models/minilm-l6-distilbert-imdb/checkpoint --variant ov-int8
+
+- The IR comes from optimum-intel (`OVModelForSequenceClassification.from_pretrained(ckpt,
+  export=True)`, weights kept fp32), so `OVModelForSequenceClassification.from_pretrained(variant)`
+  loads a variant dir unchanged: openvino_model.xml/.bin + config.json.
+- ov-fp32 and ov-bf16 share that IR; they differ in the inference-precision hint the
+  runtime compiles with (qserve.runtime.openvino_rt), recorded in the spec.
+- ov-int8 runs `nncf.quantize` on it (model_type TRANSFORMER, NNCF's MIXED preset:
+  symmetric int8 weights per output channel, asymmetric int8 activations per tensor with
+  STATIC ranges from calibration). On the way NNCF applies SmoothQuant (alpha 0.95 on
+  MatMuls, one fixed strength where our onnx-int8 searches one per MatMul group) and fast
+  bias correction (every quantized layer's bias shift, where onnx-int8 corrects the output
+  logits only). Calibration texts: the checkpoint's own training set
+  (exporters.calibration), one unpadded text per sample, 300 by default.
+  Static activation ranges are why ov-int8 answers do not depend on batchmates:
+  onnx-int8 scales activations per batch at run time.
+
+optimum-intel's OVQuantizer wraps the same `nncf.quantize` call but wants a `datasets`
+Dataset for calibration, which qserve does not install; calling NNCF directly keeps the
+same algorithm and the same files.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from qserve import QserveError
+from qserve.variants import VariantSpec
+
+MODEL_FILE = "openvino_model.xml"
+WEIGHTS_FILE = "openvino_model.bin"
+HINT = "pip install 'qserve[openvino]'"
+
+OPTIONS: dict[str, dict[str, Any]] = {
+    "ov-fp32": {},
+    "ov-bf16": {},
+    # inference_precision bf16 = the int8 IR with its non-quantized ops in bf16 (AMX/avx512_bf16 only)
+    "ov-int8": {"calibration_samples": 300, "inference_precision": "f32"},
+}
+
+
+def resolve_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    if name not in OPTIONS:
+        raise QserveError(f"exporters.openvino builds {', '.join(OPTIONS)}; got {name!r}")
+    allowed = OPTIONS[name]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        listed = ", ".join(f"{k} (default {v!r})" for k, v in allowed.items()) or "none"
+        raise QserveError(f"unknown option(s) {', '.join(map(repr, unknown))} for {name}; allowed: {listed}")
+    opts = {**allowed, **options}
+    if "calibration_samples" in opts:
+        from exporters.calibration import check_samples
+
+        check_samples(opts["calibration_samples"], name, "NNCF's activation ranges, SmoothQuant and bias correction")
+    if opts.get("inference_precision", "f32") not in ("f32", "bf16"):
+        raise QserveError(f"option inference_precision for {name} must be f32 or bf16 "
+                          f"(got {opts['inference_precision']!r})")
+    return opts
+
+
+def build(checkpoint: Path, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, Any]:
+    """Write openvino_model.xml/.bin + config.json for `spec` into `out`; return the manifest's "openvino" record."""
+    from qserve.runtime.ov_probe import require
+
+    opts = resolve_options(spec.name, options)
+    precision = "bf16" if spec.dtype == "bf16" else opts.get("inference_precision", "f32")
+    # Probe first (in a child): NNCF and the parity check run OpenVINO in this process.
+    probed = require("int8" if spec.dtype == "int8" and precision == "f32" else precision, spec.name)
+    try:
+        import openvino as ov
+        from optimum.intel import OVModelForSequenceClassification
+    except ImportError as e:
+        raise QserveError(f"{spec.name} needs openvino, nncf and optimum-intel: {HINT} ({e})") from e
+    record: dict[str, Any] = {"inference_precision": precision, "options": opts,
+                              "exported_with": "optimum.intel.OVModelForSequenceClassification (export=True)",
+                              "probe": {k: probed.get(k) for k in ("version", "device")}}
+    with tempfile.TemporaryDirectory(prefix="qserve-ov-") as scratch:
+        fp32 = Path(scratch) / "fp32"
+        with _quiet():
+            model = OVModelForSequenceClassification.from_pretrained(str(checkpoint), export=True, compile=False,
+                                                                     local_files_only=True)
+            model.save_pretrained(fp32)  # weights stay fp32 (save_model(compress_to_fp16=False))
+        if spec.dtype == "int8":
+            ir = ov.Core().read_model(str(fp32 / MODEL_FILE))
+            quantized, record["quantization"] = quantize_int8(ir, checkpoint, opts)
+            ov.save_model(quantized, str(out / MODEL_FILE), compress_to_fp16=False)
+        else:
+            shutil.move(str(fp32 / MODEL_FILE), out / MODEL_FILE)
+            shutil.move(str(fp32 / WEIGHTS_FILE), out / WEIGHTS_FILE)
+        shutil.copy2(fp32 / "config.json", out / "config.json")
+    ops: dict[str, int] = {}
+    for op in ov.Core().read_model(str(out / MODEL_FILE)).get_ops():
+        ops[op.get_type_name()] = ops.get(op.get_type_name(), 0) + 1
+    record["ops"] = dict(sorted(ops.items()))
+    return {"openvino": record}
+
+
+def quantize_int8(ir, checkpoint: Path, opts: dict[str, Any]):
+    """nncf.quantize with the transformer preset on training texts; returns (model, manifest record)."""
+    import nncf
+
+    from exporters.calibration import calibration_batches, calibration_texts
+    from exporters.core import checkpoint_info
+
+    texts, source = calibration_texts(checkpoint, opts["calibration_samples"])
+    # batch 1, unpadded: each sample's ranges are those of real tokens at their own length
+    items = calibration_batches(checkpoint, texts, checkpoint_info(checkpoint)["max_length"], batch_size=1)
+    names = {p.any_name for p in ir.inputs}
+    items = [{k: v for k, v in b.items() if k in names} for b in items]
+    with _quiet():
+        quantized = nncf.quantize(ir, nncf.Dataset(items), model_type=nncf.ModelType.TRANSFORMER,
+                                  subset_size=len(items), fast_bias_correction=True)
+    fq = sum(1 for op in quantized.get_ops() if op.get_type_name() == "FakeQuantize")
+    if fq == 0:
+        raise QserveError(f"nncf.quantize inserted no FakeQuantize into {checkpoint}'s IR: nothing was quantized")
+    return quantized, {
+        "method": "nncf.quantize (post-training, static)", "model_type": "TRANSFORMER",
+        "preset": "MIXED (NNCF's transformer default: symmetric per-channel int8 weights, asymmetric per-tensor "
+                  "int8 activations)",
+        "smooth_quant": "NNCF default for TRANSFORMER (alpha 0.95 on MatMuls)",
+        "bias_correction": "fast (NNCF FastBiasCorrection)", "calibration": source, "subset_size": len(items),
+        "fake_quantize_ops": fq, "nncf": getattr(nncf, "__version__", None),
+    }
+
+
+class _quiet:
+    """Silence NNCF's progress bars and the exporters' tracer chatter."""
+
+    def __enter__(self):
+        import warnings
+
+        self._warn = warnings.catch_warnings()
+        self._warn.__enter__()
+        warnings.simplefilter("ignore")
+        self._levels = {n: logging.getLogger(n).level for n in ("", "nncf", "optimum", "transformers")}
+        for n in self._levels:
+            logging.getLogger(n).setLevel(logging.ERROR)
+        try:
+            import nncf
+
+            nncf.set_log_level(logging.ERROR)
+        except ImportError:
+            pass
+        return self
+
+    def __exit__(self, *exc):
+        for n, level in self._levels.items():
+            logging.getLogger(n).setLevel(level)
+        self._warn.__exit__(*exc)
+        return False

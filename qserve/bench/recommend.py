@@ -1,0 +1,100 @@
+"""The recommended variant: the fastest one on this machine that meets the agreement bar.
+
+    qserve serve models/minilm-l6-distilbert-imdb      # a model dir: serves the report's recommendation
+
+A bench report names it (report.json "recommended", the headline of report.md):
+among variants measured in that run, the lowest p50 at the headline shape (b1/s128)
+whose agreement with fp32 on the test split is at least the bar for its bits
+(int8 >= 99%, 4-bit >= 97%; 16/32-bit variants are held to the int8 bar). Speed
+comes from the same report, so from the machine that ran it: the report names that
+CPU, and `qserve serve MODEL_DIR` warns when it is not the one serving.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from qserve import QserveError
+
+AGREEMENT_BAR = {4: 0.97, 8: 0.99, 16: 0.99, 32: 0.99}
+
+
+def bar_for(bits: int | None) -> float:
+    return AGREEMENT_BAR.get(int(bits or 8), 0.99)
+
+
+def recommend(report: dict[str, Any]) -> dict[str, Any]:
+    """{"variant", "dir", "p50_ms", "agreement", "bar", "shape", "why", "cpu", "ranking"} or {"variant": None, "why"}."""
+    from qserve.bench.analysis import shape_stats
+
+    b, s = report["headline"]["batch"], report["headline"]["seq"]
+    ref = report.get("agreement_reference")
+    cpu = ((report.get("environment") or {}).get("cpu") or {}).get("model")
+    ranking = []
+    for v in report["variants"]:
+        st = shape_stats(v, b, s) if v.get("status") == "ok" else None
+        if st is None:
+            continue
+        bits = (v.get("spec") or {}).get("bits")
+        agr, bar = v.get("agreement"), bar_for(bits)
+        ranking.append({"variant": v["name"], "dir": v["dir"], "p50_ms": st["p50"], "agreement": agr, "bar": bar,
+                        "bits": bits, "meets_bar": agr is not None and agr >= bar})
+    ranking.sort(key=lambda r: r["p50_ms"])
+    shape = f"b{b}/s{s}"
+    ok = [r for r in ranking if r["meets_bar"]]
+    if not ok:
+        why = ("no variant has an agreement measurement (speed-only run)" if all(r["agreement"] is None for r in ranking)
+               else "no variant meets its agreement bar")
+        return {"variant": None, "why": why, "shape": shape, "cpu": cpu, "ranking": ranking}
+    best = ok[0]
+    faster = [r["variant"] for r in ranking if r["p50_ms"] < best["p50_ms"]]
+    why = (f"fastest at {shape} (p50 {best['p50_ms']:.2f} ms) among variants whose agreement with {ref or 'fp32'} "
+           f"meets the bar (int8 >= 99%, 4-bit >= 97%, 16/32-bit >= 99%): {best['agreement']:.2%} >= {best['bar']:.0%}"
+           + (f"; faster but below the bar: {', '.join(faster)}" if faster else ""))
+    return {**{k: best[k] for k in ("variant", "dir", "p50_ms", "agreement", "bar")}, "shape": shape, "why": why,
+            "cpu": cpu, "reference": ref, "ranking": ranking}
+
+
+def md_lines(report: dict[str, Any]) -> list[str]:
+    rec = report.get("recommended")
+    if not rec:
+        return []
+    if not rec.get("variant"):
+        return [f"**Recommended variant: none** ({rec['why']}).", ""]
+    return [f"**Recommended variant on this machine ({rec.get('cpu')}): {rec['variant']}**, {rec['why']}. "
+            "`qserve serve MODEL_DIR` serves it by default.", ""]
+
+
+def from_model_dir(model_dir: str | Path) -> tuple[Path, dict[str, Any]]:
+    """(variant dir, selection record) for a pipeline run dir: MODEL_DIR/report/report.json + MODEL_DIR/variants/."""
+    model_dir = Path(model_dir)
+    path = model_dir / "report" / "report.json"
+    if not path.is_file():
+        raise QserveError(f"{model_dir} is neither a variant dir (no manifest.json) nor a model dir with a bench "
+                          f"report ({path} is missing); pass a variant dir, or run `qserve pipeline` first")
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise QserveError(f"{path} is not valid JSON ({e}); re-run `qserve pipeline`") from None
+    rec = report.get("recommended") or recommend(report)
+    if not rec.get("variant"):
+        raise QserveError(f"{path} recommends no variant ({rec.get('why')}); pass a variant dir instead")
+    name = rec["variant"]
+    vdir = model_dir / "variants" / name
+    if not (vdir / "manifest.json").is_file():
+        vdir = Path(rec["dir"])
+    if not (vdir / "manifest.json").is_file():
+        raise QserveError(f"{path} recommends {name}, but neither {model_dir / 'variants' / name} nor {rec['dir']} "
+                          f"holds it; re-export it or pass a variant dir")
+    here = _cpu_model()
+    return vdir, {"variant": name, "why": rec["why"], "report": str(path), "measured_on": rec.get("cpu"),
+                  "same_cpu": here == rec.get("cpu") if here and rec.get("cpu") else None}
+
+
+def _cpu_model() -> str | None:
+    from qserve.devices import cpu_info
+
+    model = cpu_info().get("model")
+    return None if model == "unknown" else model
