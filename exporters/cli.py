@@ -23,6 +23,7 @@ OPTION_FLAGS = {
     "clip": ("--clip", {"bnb-nf4", "bnb-fp4"}),
     "calibration_samples": ("--calibration-samples", {"onnx-int8", "bnb-nf4", "bnb-fp4"}),
     "keep_fp32": ("--keep-fp32", {"onnx-int8"}),
+    "activation_scales": ("--activation-scales", {"onnx-int8"}),
     "block_size": ("--block-size", {"onnx-int4"}),
     "accuracy_level": ("--accuracy-level", {"onnx-int4"}),
     "quantize_embeddings": ("--quantize-embeddings", {"onnx-int4"}),
@@ -178,6 +179,10 @@ def register(sub) -> None:
     p.add_argument("--keep-fp32", metavar="PATTERNS",
                    help="onnx-int8: comma-separated parts of MatMul node names to leave in fp32, e.g. "
                         "'layer.0/ffn/lin2,layer.1/ffn/lin2' (more accurate, larger, slower)")
+    p.add_argument("--activation-scales", choices=["per-tensor", "per-row"],
+                   help="onnx-int8: per-tensor (default: ORT dynamic quantization, one scale per batch; the runtime "
+                        "runs it row by row) or per-row (each token row its own scale in the graph; rows independent "
+                        "when batched, slower at batch 1; see README)")
     p.add_argument("--block-size", type=int, help="onnx-int4: quantization block size (default 32)")
     p.add_argument("--accuracy-level", type=int, choices=[0, 1, 2, 3, 4],
                    help="onnx-int4: MatMulNBits accuracy_level (4 = int8 compute, fastest on CPU; default 4)")
