@@ -198,7 +198,8 @@ def render(r: dict[str, Any]) -> str:
                   "each candidate as it runs: the batched one batched, the row-by-row one row by row)."]
     inv = next(iter(r["invariance"].values()), {})
     tl = inv.get("token_lengths") or {}
-    L += ["", f"Invariance: {inv.get('texts')} test reviews spread over the length range ({tl.get('min')} to "
+    L += ["", f"Invariance: {inv.get('texts')} test reviews spread over the length range, every other one cut to its "
+              f"opening words ({tl.get('min')} to "
               f"{tl.get('max')} tokens, median {tl.get('median')}), each scored alone, then in shuffled batches of "
               "8 and of 32 (short ones padded next to long ones); the largest |Δprobability| and the label flips "
               "over both. Timings: the per-round medians are in report.json.", ""]

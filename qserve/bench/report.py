@@ -262,7 +262,8 @@ def _invariance(report: dict[str, Any]) -> list[str]:
         return []
     tl = info.get("token_lengths") or {}
     return (["## Batch invariance (one text, one answer)", "",
-             f"{info['texts']} test reviews of varied length ({tl.get('min')} to {tl.get('max')} tokens, median "
+             f"{info['texts']} test reviews of varied length (every other one cut to its opening words; {tl.get('min')} "
+             f"to {tl.get('max')} tokens, median "
              f"{tl.get('median')}) scored alone with predict([text]), then in shuffled mixed batches of 8 and of 32 "
              "(short reviews padded next to long ones), through the same predict() the server calls: the largest "
              "|Δprobability| and the label flips against the text alone. A variant whose kernels let rows see each "
