@@ -102,3 +102,18 @@ def test_bad_batch_dependent_option_names_the_allowed_values():
 
     with pytest.raises(QserveError, match="rows, batched"):
         RuntimeOptions(batch_dependent="sometimes")
+
+
+def test_llm_int8_is_run_row_by_row_only_where_it_picks_outliers_per_batch():
+    """bnb-int8 on CUDA takes fp16 outlier columns over the whole batch (batch-dependent); on CPU
+    bitsandbytes dequantizes and runs one linear (row-independent, measured by the bnb test)."""
+    from types import SimpleNamespace
+
+    from qserve.runtime.torch_rt import _llm_int8_picks_outliers_per_batch as per_batch
+
+    model = SimpleNamespace(config=SimpleNamespace(quantization_config={"llm_int8_threshold": 6.0}))
+    assert per_batch(model, {"dtype": "int8"}, "cuda:0")
+    assert not per_batch(model, {"dtype": "int8"}, "cpu")
+    assert not per_batch(model, {"dtype": "nf4"}, "cuda")
+    model.config.quantization_config = {"llm_int8_threshold": 0.0}  # no outlier decomposition: rows independent
+    assert not per_batch(model, {"dtype": "int8"}, "cuda")

@@ -28,6 +28,7 @@ class TorchRuntime(Runtime):
             self.model.to(self.device)
         else:
             _bnb_prepare(self.model, self.device)
+            self.batch_invariant = not _llm_int8_picks_outliers_per_batch(self.model, spec, self.device)
         self._torch = torch
 
     def forward(self, batch: dict[str, np.ndarray]) -> np.ndarray:
@@ -46,6 +47,17 @@ class TorchRuntime(Runtime):
 
 
 # -- bitsandbytes ---------------------------------------------------------------------
+
+def _llm_int8_picks_outliers_per_batch(model, spec: dict, device: str) -> bool:
+    """LLM.int8 on CUDA computes in fp16 every input column where any row of the batch exceeds the
+    threshold, so a row's result depends on its batchmates (the runtime then runs rows alone). On CPU
+    bitsandbytes 0.50 dequantizes the int8 weights and runs one plain linear: rows stay independent."""
+    if spec["dtype"] != "int8" or not device.startswith("cuda"):
+        return False
+    qc = getattr(model.config, "quantization_config", None)
+    threshold = qc.get("llm_int8_threshold", 6.0) if isinstance(qc, dict) else getattr(qc, "llm_int8_threshold", 6.0)
+    return float(threshold or 0.0) > 0.0
+
 
 def _bnb_load_kwargs(variant_dir, name: str, device: str) -> dict:
     """from_pretrained kwargs for a bnb variant: its config.json carries the quantization_config,
