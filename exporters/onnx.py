@@ -253,7 +253,7 @@ def quantize_int8(src: Path, dst: Path, config: dict[str, Any], opts: dict[str, 
             record["bias_correction"] = correct_logit_bias(dst, reference, batches, source)
         record["quantization"] = {
             "method": "exporters.rowwise", "mode": "per-row", "activation_scales": "per-row",
-            "format": "MatMulInteger", "weight_type": "QInt8", "activation_type": "QUInt8 (symmetric, zero point 128)",
+            "format": "MatMulIntegerToFloat", "weight_type": "QInt8", "activation_type": "QUInt8 (symmetric, zero point 128)",
             "per_channel": True, "reduce_range": False,
         }
         return record

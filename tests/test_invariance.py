@@ -91,7 +91,7 @@ def test_per_row_graph_is_row_independent_when_batched(variants):
     rt = load_runtime(variants["onnx-int8 per-row"], "cpu", RuntimeOptions(threads=1))
     assert rt.batch_invariant and not rt.row_by_row  # one forward per batch, no row splitting needed
     assert rt.manifest["onnx"]["quantization"]["activation_scales"] == "per-row"
-    assert "MatMulInteger" in rt.manifest["onnx"]["ops"] and "DynamicQuantizeLinear" not in rt.manifest["onnx"]["ops"]
+    assert "MatMulIntegerToFloat" in rt.manifest["onnx"]["ops"] and "DynamicQuantizeLinear" not in rt.manifest["onnx"]["ops"]
     batch = rt.tokenize(TEXTS)
     alone = np.concatenate([rt.forward(rt.tokenize([t])) for t in TEXTS])
     assert np.abs(rt.forward(batch) - alone).max() <= 1e-5  # the raw batched forward itself
