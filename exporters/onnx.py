@@ -235,6 +235,11 @@ def quantize_int8(src: Path, dst: Path, config: dict[str, Any], opts: dict[str, 
         from exporters.calibration import calibration_set
 
         batches, source = calibration_set(checkpoint, opts["calibration_samples"])  # read once, used by both
+        if opts["activation_scales"] == "per-tensor":
+            from exporters.calibration import rows_alone
+
+            # The runtime answers each text alone (one text, one answer): calibrate on the ranges it sees.
+            batches = rows_alone(batches)
     if opts["smooth"]:
         src = smooth_fp32(src, scratch / "smoothed.onnx", batches, source, record)
     if opts["optimize"]:
