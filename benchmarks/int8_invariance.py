@@ -4,9 +4,11 @@
     python benchmarks/int8_invariance.py --base-dims       # DistilBERT-base dims, random weights: speed + invariance
 
 Candidates (all from the same checkpoint; smoothing and bias correction as the exporter's defaults):
-- per-tensor, batched: today's graph (ORT dynamic quantization, one activation scale per batch) run
-  as one forward per batch (RuntimeOptions(batch_dependent="batched"));
-- per-tensor, row by row: the same graph, run one unpadded row at a time by the runtime (the default);
+- today's graph, batched: ORT dynamic quantization, one activation scale per batch, smoothing and bias
+  correction calibrated on padded batches, run as one forward per batch (exporter option row_by_row=false);
+- today's graph, row by row: the same graph, run one unpadded row at a time by the runtime;
+- per-tensor scales calibrated alone, row by row: the exporter's default now (calibration on each text
+  alone, as the runtime then runs it);
 - per-row scales: exporter option activation_scales=per-row (exporters.rowwise);
 - MatMulNBits 8-bit, accuracy_level 4: ORT's blockwise weight-only kernel, whose int8 compute
   quantizes each row of A per block of 32 (graph only, swapped into the runtime);
@@ -32,9 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-TODAY, ROWS, PER_ROW, NBITS, QDQ = ("per-tensor scales, batched (today)", "per-tensor scales, row by row (default)",
-                                    "per-row scales in the graph", "MatMulNBits 8-bit, accuracy_level 4",
-                                    "static QDQ, calibrated per-tensor scales")
+TODAY, TODAY_ROWS, ROWS, PER_ROW, NBITS, QDQ = (
+    "today's graph, batched", "today's graph, row by row", "per-tensor scales calibrated alone, row by row (default)",
+    "per-row scales in the graph", "MatMulNBits 8-bit, accuracy_level 4", "static QDQ, calibrated per-tensor scales")
 
 
 def build_graph(kind: str, smoothed_fp32: Path, dst: Path, ckpt: Path) -> Path:
@@ -102,13 +104,16 @@ def runtimes(ckpt: Path, root: Path, threads: int, graph_only: bool) -> dict[str
     from qserve.runtime.onnx_rt import disabled_optimizers, session_options
 
     dirs = {"onnx-fp32": ("onnx-fp32", {}), "per-tensor": ("onnx-int8", {}),
+            "per-tensor-batched": ("onnx-int8", {"row_by_row": False}),
             "per-row": ("onnx-int8", {"activation_scales": "per-row"})}
     for folder, (name, options) in dirs.items():
         if not (root / folder / "manifest.json").is_file():
             logging.info("exporting %s %s", name, options)
             exporters.export(ckpt, name, root / folder, force=True, options=options)
     rts = {"onnx-fp32": load_runtime(root / "onnx-fp32", "cpu", RuntimeOptions(threads=threads)),
-           TODAY: load_runtime(root / "per-tensor", "cpu", RuntimeOptions(threads=threads, batch_dependent="batched")),
+           TODAY: load_runtime(root / "per-tensor-batched", "cpu", RuntimeOptions(threads=threads)),
+           TODAY_ROWS: load_runtime(root / "per-tensor-batched", "cpu",
+                                    RuntimeOptions(threads=threads, batch_dependent="rows")),
            ROWS: load_runtime(root / "per-tensor", "cpu", RuntimeOptions(threads=threads)),
            PER_ROW: load_runtime(root / "per-row", "cpu", RuntimeOptions(threads=threads))}
     if graph_only:
@@ -185,13 +190,16 @@ def render(r: dict[str, Any]) -> str:
          "| candidate | agreement with onnx-fp32 | accuracy | b1/s128 p50 (ms) | vs today's graph (median of "
          "per-round ratios) | real reviews, b32 (texts/s) | max abs Δprob alone vs batches of 8/32 | label flips |",
          "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for name, t in r["timing"].items():
+    names = list(dict.fromkeys([*r["timing"], *r["invariance"], *(r.get("agreement") or {})]))
+    for name in names:
+        t = r["timing"].get(name) or {}
         a = (r.get("agreement") or {}).get(name) or {}
         inv = r["invariance"].get(name) or {}
         L.append(f"| {name} | {f(a.get('agreement', None) and a['agreement'] * 100)}{'%' if a else ''} | "
-                 f"{f(a.get('accuracy', None) and a['accuracy'] * 100)}{'%' if a else ''} | {f(t['b1_p50_ms'])} | "
-                 f"{f(t['b1_ratio_to_today'], 3)}x | {f(t['real_b32_texts_per_s'], 1)} | "
-                 f"{inv.get('max_abs_dprob', 0):.2g} | {inv.get('flips')} of {inv.get('scored')} |")
+                 f"{f(a.get('accuracy', None) and a['accuracy'] * 100)}{'%' if a else ''} | {f(t.get('b1_p50_ms'))} | "
+                 f"{f(t.get('b1_ratio_to_today'), 3)}{'x' if t else ''} | {f(t.get('real_b32_texts_per_s'), 1)} | "
+                 f"{f(inv.get('max_abs_dprob'), 6) if inv else '–'} | "
+                 f"{str(inv.get('flips')) + ' of ' + str(inv.get('scored')) if inv else '–'} |")
     if r.get("agreement"):
         n = next(iter(r["agreement"].values()))["n"]
         L += ["", f"Agreement and accuracy on the first {n} reviews of the test split (predict() in batches of 32, "
@@ -202,7 +210,8 @@ def render(r: dict[str, Any]) -> str:
               f"opening words ({tl.get('min')} to "
               f"{tl.get('max')} tokens, median {tl.get('median')}), each scored alone, then in shuffled batches of "
               "8 and of 32 (short ones padded next to long ones); the largest |Δprobability| and the label flips "
-              "over both. Timings: the per-round medians are in report.json.", ""]
+              "over both. Timings: the per-round medians are in report.json. Measured: "
+              + ", ".join(f"{k} {v}" for k, v in (r.get("measured") or {}).items()) + ".", ""]
     return "\n".join(L)
 
 
@@ -243,22 +252,39 @@ def main(argv: list[str] | None = None) -> int:
     test = load_dataset("default", seed=42, max_eval_samples=2000).test
     texts, labels = list(test.texts), list(test.labels)
     real = texts[:128]
-    logging.info("timing %d candidates, %d rounds", len(rts), args.rounds)
-    tm = timing(rts, real, args.rounds, args.calls)
-    inv_texts = invariance.select_texts(texts, args.invariance_texts)
-    inv = {}
-    for name, rt in rts.items():
-        inv[name] = {"token_lengths": None, **invariance.compare(rt.predict, inv_texts)}
-        lens = rt.tokenize(inv_texts)["attention_mask"].sum(axis=1)
-        inv[name]["texts"] = len(inv_texts)
-        inv[name]["token_lengths"] = {"min": int(lens.min()), "median": float(sorted(lens)[len(lens) // 2]),
-                                      "max": int(lens.max())}
-        logging.info("invariance %s: %s", name, invariance.cell(inv[name]))
-    agr = agreement(rts, texts[:args.eval], labels[:args.eval]) if args.eval else None
-    report = {"model": model, "checkpoint": str(args.checkpoint), "threads": args.threads, "rounds": args.rounds,
-              "calls": args.calls, "real_texts": len(real), "timing": tm, "invariance": inv, "agreement": agr,
-              "onnxruntime": ort.__version__, "environment": environment(args.threads, "cpu"),
-              "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    # Each part can run alone (--rounds 0, --invariance-texts 0, --eval 0 skip theirs) and the parts not
+    # measured now are kept from the report already in --out: the timings need the quiet machine, the
+    # rest does not.
+    prev = json.loads((out / "report.json").read_text(encoding="utf-8")) if (out / "report.json").is_file() else {}
+    if prev.get("checkpoint") != str(args.checkpoint):
+        prev = {}
+    when = dict(prev.get("measured") or {})
+    tm = inv = agr = None
+    if args.rounds:
+        logging.info("timing %d candidates, %d rounds", len(rts), args.rounds)
+        tm = timing(rts, real, args.rounds, args.calls)
+        when["timing"] = now
+    if args.invariance_texts:
+        inv_texts = invariance.select_texts(texts, args.invariance_texts)
+        inv = {}
+        for name, rt in rts.items():
+            inv[name] = invariance.compare(rt.predict, inv_texts)
+            lens = rt.tokenize(inv_texts)["attention_mask"].sum(axis=1)
+            inv[name]["texts"] = len(inv_texts)
+            inv[name]["token_lengths"] = {"min": int(lens.min()), "median": float(sorted(lens)[len(lens) // 2]),
+                                          "max": int(lens.max())}
+            logging.info("invariance %s: %s", name, invariance.cell(inv[name]))
+        when["invariance"] = now
+    if args.eval:
+        agr = agreement(rts, texts[:args.eval], labels[:args.eval])
+        when["agreement"] = now
+    report = {"model": model, "checkpoint": str(args.checkpoint), "threads": args.threads,
+              "rounds": args.rounds if tm else prev.get("rounds"), "calls": args.calls if tm else prev.get("calls"),
+              "real_texts": len(real), "timing": tm if tm is not None else prev.get("timing") or {},
+              "invariance": inv if inv is not None else prev.get("invariance") or {},
+              "agreement": agr if agr is not None else prev.get("agreement"), "measured": when,
+              "onnxruntime": ort.__version__, "environment": environment(args.threads, "cpu"), "created": now}
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "report.json", report)
     write_text_atomic(out / "report.md", render(report))

@@ -24,6 +24,7 @@ OPTION_FLAGS = {
     "calibration_samples": ("--calibration-samples", {"onnx-int8", "bnb-nf4", "bnb-fp4"}),
     "keep_fp32": ("--keep-fp32", {"onnx-int8"}),
     "activation_scales": ("--activation-scales", {"onnx-int8"}),
+    "row_by_row": ("--row-by-row", {"onnx-int8"}),
     "block_size": ("--block-size", {"onnx-int4"}),
     "accuracy_level": ("--accuracy-level", {"onnx-int4"}),
     "quantize_embeddings": ("--quantize-embeddings", {"onnx-int4"}),
@@ -183,6 +184,10 @@ def register(sub) -> None:
                    help="onnx-int8: per-tensor (default: ORT dynamic quantization, one scale per batch; the runtime "
                         "runs it row by row) or per-row (each token row its own scale in the graph; rows independent "
                         "when batched, slower at batch 1; see README)")
+    p.add_argument("--row-by-row", action=argparse.BooleanOptionalAction, default=None,
+                   help="onnx-int8 per-tensor: calibrate on each text alone and have the runtime run batches row by "
+                        "row (default on: one text, one answer); --no-row-by-row rebuilds the graph of before "
+                        "(calibrated on padded batches, forwarded as one batch: answers move with batchmates)")
     p.add_argument("--block-size", type=int, help="onnx-int4: quantization block size (default 32)")
     p.add_argument("--accuracy-level", type=int, choices=[0, 1, 2, 3, 4],
                    help="onnx-int4: MatMulNBits accuracy_level (4 = int8 compute, fastest on CPU; default 4)")

@@ -117,3 +117,16 @@ def test_llm_int8_is_run_row_by_row_only_where_it_picks_outliers_per_batch():
     assert not per_batch(model, {"dtype": "nf4"}, "cuda")
     model.config.quantization_config = {"llm_int8_threshold": 0.0}  # no outlier decomposition: rows independent
     assert not per_batch(model, {"dtype": "int8"}, "cuda")
+
+
+def test_row_by_row_false_rebuilds_the_graph_of_before(tiny_checkpoint, variants, tmp_path):
+    """The exporter option keeps the per-batch graph reachable for side-by-side runs: calibrated on padded
+    batches and forwarded as one batch by default (answers move with batchmates)."""
+    m = exporters.export(tiny_checkpoint, "onnx-int8", tmp_path / "v", options={"row_by_row": False})
+    assert m["onnx"]["quantization"]["row_by_row"] is False
+    before = load_runtime(tmp_path / "v", "cpu", RuntimeOptions(threads=1))
+    assert not before.row_by_row and compare(before.predict, TEXTS)["max_abs_dprob"] > 1e-5
+    now = load_runtime(variants["onnx-int8"], "cpu", RuntimeOptions(threads=1))
+    assert now.manifest["onnx"]["quantization"]["row_by_row"] is True and now.row_by_row
+    # Same graph ops, different calibration: the bias shift is taken on each text alone now.
+    assert m["onnx"]["bias_correction"].get("shift") != now.manifest["onnx"]["bias_correction"].get("shift")

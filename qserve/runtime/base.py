@@ -20,16 +20,17 @@ class RuntimeOptions:
     """Intra-op threads (torch.set_num_threads / ORT intra_op_num_threads); None = library default."""
     max_length: int | None = None
     """Truncation length; None = the variant's own max_length from its manifest."""
-    batch_dependent: str = "rows"
+    batch_dependent: str | None = None
     """How to run a variant whose kernels let a row see its batchmates (onnx-int8's one activation
-    scale per batch): "rows" (default) runs each text alone, unpadded, inside the one call, so its
-    answer is the one it gets alone; "batched" runs the batch as one forward, as the graph was built
-    (answers then move with batchmates and padding; for side-by-side measurements only)."""
+    scale per batch): "rows" runs each text alone, unpadded, inside the one call, so its answer is the
+    one it gets alone; "batched" runs the batch as one forward (answers then move with batchmates and
+    padding; for side-by-side measurements). None = what the variant's manifest asks (rows, unless it
+    was exported with row_by_row=false to rebuild the graph of before)."""
 
     def __post_init__(self) -> None:
         from qserve import QserveError
 
-        if self.batch_dependent not in BATCH_DEPENDENT:
+        if self.batch_dependent is not None and self.batch_dependent not in BATCH_DEPENDENT:
             raise QserveError(f"batch_dependent must be one of {', '.join(BATCH_DEPENDENT)} "
                               f"(got {self.batch_dependent!r})")
 
@@ -48,6 +49,8 @@ class Runtime:
 
     batch_invariant: bool = True
     """Whether forward() computes every row independently of the others (up to float rounding)."""
+    default_batch_dependent: str = "rows"
+    """How the variant asks to be run when batch_invariant is False (RuntimeOptions.batch_dependent overrides)."""
 
     def __init__(self, variant_dir: Path, manifest: dict[str, Any], device: str, options: RuntimeOptions):
         from transformers import AutoTokenizer
@@ -65,7 +68,7 @@ class Runtime:
     @property
     def row_by_row(self) -> bool:
         """Whether run() splits batches into single unpadded rows (a batch-dependent variant, by default)."""
-        return not self.batch_invariant and self.options.batch_dependent == "rows"
+        return not self.batch_invariant and (self.options.batch_dependent or self.default_batch_dependent) == "rows"
 
     # -- backend hooks -------------------------------------------------------------
     def _load(self) -> None:  # pragma: no cover - abstract

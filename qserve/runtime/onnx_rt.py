@@ -51,6 +51,8 @@ def per_batch_activation_scales(manifest: dict) -> bool:
 class OnnxRuntime(Runtime):
     def _load(self) -> None:
         self.batch_invariant = not per_batch_activation_scales(self.manifest)
+        quant = (self.manifest.get("onnx") or {}).get("quantization") or {}
+        self.default_batch_dependent = "rows" if quant.get("row_by_row", True) else "batched"
         try:
             import onnxruntime as ort
         except ImportError as e:
