@@ -6,9 +6,9 @@
 Candidates (all from the same checkpoint; smoothing and bias correction as the exporter's defaults):
 - today's graph, batched: ORT dynamic quantization, one activation scale per batch, smoothing and bias
   correction calibrated on padded batches, run as one forward per batch (exporter option row_by_row=false);
-- today's graph, row by row: the same graph, run one unpadded row at a time by the runtime;
-- per-tensor scales calibrated alone, row by row: the exporter's default now (calibration on each text
-  alone, as the runtime then runs it);
+- today's graph, row by row: the same graph, run one unpadded row at a time by the runtime (the default);
+- calibrated alone: the same recipe with smoothing and bias correction calibrated on each text alone
+  (exporter option calibrate_alone=true), run row by row;
 - per-row scales: exporter option activation_scales=per-row (exporters.rowwise);
 - MatMulNBits 8-bit, accuracy_level 4: ORT's blockwise weight-only kernel, whose int8 compute
   quantizes each row of A per block of 32 (graph only, swapped into the runtime);
@@ -34,9 +34,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-TODAY, TODAY_ROWS, ROWS, PER_ROW, NBITS, QDQ = (
-    "today's graph, batched", "today's graph, row by row", "per-tensor scales calibrated alone, row by row (default)",
-    "per-row scales in the graph", "MatMulNBits 8-bit, accuracy_level 4", "static QDQ, calibrated per-tensor scales")
+TODAY, ROWS, ALONE, PER_ROW, NBITS, QDQ = (
+    "today's graph, batched", "today's graph, row by row (the default now)",
+    "per-tensor scales calibrated on each text alone, row by row", "per-row scales in the graph",
+    "MatMulNBits 8-bit, accuracy_level 4", "static QDQ, calibrated per-tensor scales")
 
 
 def build_graph(kind: str, smoothed_fp32: Path, dst: Path, ckpt: Path) -> Path:
@@ -105,6 +106,7 @@ def runtimes(ckpt: Path, root: Path, threads: int, graph_only: bool) -> dict[str
 
     dirs = {"onnx-fp32": ("onnx-fp32", {}), "per-tensor": ("onnx-int8", {}),
             "per-tensor-batched": ("onnx-int8", {"row_by_row": False}),
+            "per-tensor-alone": ("onnx-int8", {"calibrate_alone": True}),
             "per-row": ("onnx-int8", {"activation_scales": "per-row"})}
     for folder, (name, options) in dirs.items():
         if not (root / folder / "manifest.json").is_file():
@@ -112,9 +114,8 @@ def runtimes(ckpt: Path, root: Path, threads: int, graph_only: bool) -> dict[str
             exporters.export(ckpt, name, root / folder, force=True, options=options)
     rts = {"onnx-fp32": load_runtime(root / "onnx-fp32", "cpu", RuntimeOptions(threads=threads)),
            TODAY: load_runtime(root / "per-tensor-batched", "cpu", RuntimeOptions(threads=threads)),
-           TODAY_ROWS: load_runtime(root / "per-tensor-batched", "cpu",
-                                    RuntimeOptions(threads=threads, batch_dependent="rows")),
            ROWS: load_runtime(root / "per-tensor", "cpu", RuntimeOptions(threads=threads)),
+           ALONE: load_runtime(root / "per-tensor-alone", "cpu", RuntimeOptions(threads=threads)),
            PER_ROW: load_runtime(root / "per-row", "cpu", RuntimeOptions(threads=threads))}
     if graph_only:
         smoothed = smoothed_graph(ckpt, root / "graphs" / "smoothed-fp32.onnx")

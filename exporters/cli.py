@@ -185,9 +185,9 @@ def register(sub) -> None:
                         "runs it row by row) or per-row (each token row its own scale in the graph; rows independent "
                         "when batched, slower at batch 1; see README)")
     p.add_argument("--row-by-row", action=argparse.BooleanOptionalAction, default=None,
-                   help="onnx-int8 per-tensor: calibrate on each text alone and have the runtime run batches row by "
-                        "row (default on: one text, one answer); --no-row-by-row rebuilds the graph of before "
-                        "(calibrated on padded batches, forwarded as one batch: answers move with batchmates)")
+                   help="onnx-int8 per-tensor: the runtime runs batches row by row (default on: one text, one "
+                        "answer); --no-row-by-row records that it forwards them as one batch, as before (answers "
+                        "move with batchmates: for side-by-side comparison)")
     p.add_argument("--block-size", type=int, help="onnx-int4: quantization block size (default 32)")
     p.add_argument("--accuracy-level", type=int, choices=[0, 1, 2, 3, 4],
                    help="onnx-int4: MatMulNBits accuracy_level (4 = int8 compute, fastest on CPU; default 4)")

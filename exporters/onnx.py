@@ -47,14 +47,14 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "onnx-fp16": {"opset": None},
     "onnx-int8": {"opset": None, "per_channel": True, "reduce_range": False, "optimize": False, "smooth": True,
                   "correct_bias": True, "calibration_samples": 64, "keep_fp32": "",
-                  "activation_scales": "per-tensor", "row_by_row": True},
+                  "activation_scales": "per-tensor", "row_by_row": True, "calibrate_alone": False},
     "onnx-int4": {"opset": None, "block_size": 32, "accuracy_level": 4, "symmetric": False,
                   "quantize_embeddings": False},
 }
 # per-tensor: ORT dynamic quantization, one activation scale per MatMul input, i.e. per batch (the
 # runtime runs such a graph row by row to keep one text one answer); per-row: exporters.rowwise.
 ACTIVATION_SCALES = ("per-tensor", "per-row")
-_BOOL_OPTIONS = {"row_by_row", "per_channel", "reduce_range", "optimize", "symmetric", "quantize_embeddings", "smooth",
+_BOOL_OPTIONS = {"row_by_row", "calibrate_alone", "per_channel", "reduce_range", "optimize", "symmetric", "quantize_embeddings", "smooth",
                  "correct_bias"}
 
 
@@ -238,11 +238,11 @@ def quantize_int8(src: Path, dst: Path, config: dict[str, Any], opts: dict[str, 
         from exporters.calibration import calibration_set
 
         batches, source = calibration_set(checkpoint, opts["calibration_samples"])  # read once, used by both
-        if opts["activation_scales"] == "per-tensor" and opts["row_by_row"]:
+        if opts["calibrate_alone"]:
             from exporters.calibration import rows_alone
 
-            # The runtime answers each text alone (one text, one answer): calibrate on the ranges it sees.
-            # row_by_row=false keeps the graph of before: calibrated on padded batches, run as one batch.
+            # Each text alone, as the runtime answers it: measured no better than padded batches on the
+            # embedded default (99.40% vs 99.60% agreement on 2,000 test reviews, both run row by row).
             batches = rows_alone(batches)
     if opts["smooth"]:
         src = smooth_fp32(src, scratch / "smoothed.onnx", batches, source, record)
@@ -278,7 +278,7 @@ def quantize_int8(src: Path, dst: Path, config: dict[str, Any], opts: dict[str, 
         # The same recipe as optimum's AutoQuantizationConfig.avx512_vnni(is_static=False):
         # dynamic, QOperator format, uint8 activations x signed int8 weights (the VNNI u8s8 kernel).
         "preset": "avx512_vnni", "method": "onnxruntime.quantization.quantize_dynamic", "mode": "dynamic",
-        "activation_scales": "per-tensor", "row_by_row": opts["row_by_row"],
+        "activation_scales": "per-tensor", "row_by_row": opts["row_by_row"], "calibrate_alone": opts["calibrate_alone"],
         "format": "QOperator", "weight_type": "QInt8", "activation_type": "QUInt8",
         "per_channel": opts["per_channel"], "reduce_range": opts["reduce_range"],
     }
