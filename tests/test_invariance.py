@@ -26,7 +26,7 @@ TEXTS = ["ok", "bad", "Worst movie of the year. Avoid.", "A wonderful, moving fi
 # Probability bounds (README, "One text, one answer"): exact-rounding variants 1e-5; bf16 and
 # bitsandbytes the bound measured for them on the embedded default.
 BOUND = {"torch-fp32": 1e-5, "onnx-fp32": 1e-5, "onnx-int8": 1e-5, "onnx-int8 per-row": 1e-5, "onnx-int4": 1e-5,
-         "torch-bf16": 2e-2, "bnb-int8": 2e-2, "bnb-nf4": 2e-2, "bnb-fp4": 2e-2}
+         "torch-bf16": 1e-2, "bnb-int8": 1e-5, "bnb-nf4": 1e-2, "bnb-fp4": 1e-2}
 VARIANTS = {"torch-fp32": ("torch-fp32", {}), "torch-bf16": ("torch-bf16", {}), "onnx-fp32": ("onnx-fp32", {}),
             "onnx-int8": ("onnx-int8", {}), "onnx-int8 per-row": ("onnx-int8", {"activation_scales": "per-row"}),
             "onnx-int4": ("onnx-int4", {})}
@@ -105,15 +105,14 @@ def test_bad_batch_dependent_option_names_the_allowed_values():
 
 
 def test_llm_int8_is_run_row_by_row_only_where_it_picks_outliers_per_batch():
-    """bnb-int8 on CUDA takes fp16 outlier columns over the whole batch (batch-dependent); on CPU
-    bitsandbytes dequantizes and runs one linear (row-independent, measured by the bnb test)."""
+    """bnb-int8 takes its 16-bit outlier columns over the whole batch (batch-dependent: 0.056 in probability
+    measured on the embedded default), unless the threshold is 0; the 4-bit variants have no outliers."""
     from types import SimpleNamespace
 
     from qserve.runtime.torch_rt import _llm_int8_picks_outliers_per_batch as per_batch
 
     model = SimpleNamespace(config=SimpleNamespace(quantization_config={"llm_int8_threshold": 6.0}))
-    assert per_batch(model, {"dtype": "int8"}, "cuda:0")
-    assert not per_batch(model, {"dtype": "int8"}, "cpu")
+    assert per_batch(model, {"dtype": "int8"}, "cuda:0") and per_batch(model, {"dtype": "int8"}, "cpu")
     assert not per_batch(model, {"dtype": "nf4"}, "cuda")
     model.config.quantization_config = {"llm_int8_threshold": 0.0}  # no outlier decomposition: rows independent
     assert not per_batch(model, {"dtype": "int8"}, "cuda")

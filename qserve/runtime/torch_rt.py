@@ -49,10 +49,10 @@ class TorchRuntime(Runtime):
 # -- bitsandbytes ---------------------------------------------------------------------
 
 def _llm_int8_picks_outliers_per_batch(model, spec: dict, device: str) -> bool:
-    """LLM.int8 on CUDA computes in fp16 every input column where any row of the batch exceeds the
-    threshold, so a row's result depends on its batchmates (the runtime then runs rows alone). On CPU
-    bitsandbytes 0.50 dequantizes the int8 weights and runs one plain linear: rows stay independent."""
-    if spec["dtype"] != "int8" or not device.startswith("cuda"):
+    """LLM.int8 computes in 16-bit every input column where any row of the batch exceeds the threshold,
+    so a row's result depends on its batchmates (the runtime then runs rows alone). Measured on the
+    embedded default on CPU: up to 0.056 in probability between a review alone and in a batch."""
+    if spec["dtype"] != "int8":
         return False
     qc = getattr(model.config, "quantization_config", None)
     threshold = qc.get("llm_int8_threshold", 6.0) if isinstance(qc, dict) else getattr(qc, "llm_int8_threshold", 6.0)
