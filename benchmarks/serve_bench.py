@@ -59,7 +59,7 @@ def model_b1_direct(variant: Path, device: str, threads: int | None, texts: list
         samples.append((time.perf_counter() - t0) * 1e3)
     a = np.asarray(samples)
     info = {"name": rt.name, "model_name": rt.manifest.get("model_name"), "backend": rt.manifest["spec"]["backend"],
-            "max_length": rt.max_length}
+            "max_length": rt.max_length, "row_by_row": rt.row_by_row}
     rt.close()
     return {"variant": info, "p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)),
             "mean_ms": float(a.mean()), "calls": len(samples)}
@@ -209,6 +209,9 @@ def render_md(rep: dict[str, Any]) -> str:
          f"| highest speed-up this run allowed (model's b{ce.get('batch')} texts/s over the unbatched server's "
          f"req/s) | {f(s.get('ratio_bound'))}x |",
          f"| errors / lost / mismatched answers (all runs) | {s['errors']} / {s['lost']} / {s['mismatched']} |", ""]
+    if v.get("row_by_row"):
+        L += [f"{v['name']}'s graph scales activations per batch, so the runtime runs every batch row by row "
+              "(one text, one answer): batching here amortizes the per-request hand-off, not the forward.", ""]
     if br and "error" not in br:
         L += [f"`qserve bench` for the same variant ({br['path']}): b1 p50 {f(br.get('fixed_b1_p50_ms'))} ms at "
               f"fixed seq {br.get('fixed_seq')}, {f(br.get('real_text_b1_p50_ms'))} ms on real test texts (mean "

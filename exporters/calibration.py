@@ -64,6 +64,13 @@ def calibration_set(checkpoint: Any, samples: int) -> tuple[list[dict], str]:
     return calibration_batches(checkpoint, texts, checkpoint_info(checkpoint)["max_length"]), source
 
 
+def rows_alone(batches: list[dict]) -> list[dict]:
+    """Each text of `batches` as a batch of its own, unpadded: how the runtime runs a graph whose
+    activation scale spans the batch (onnx-int8), so calibration sees the ranges serving sees."""
+    return [{k: v[i][b["attention_mask"][i].astype(bool)][None] for k, v in b.items()}
+            for b in batches for i in range(len(b["input_ids"]))]
+
+
 def check_samples(value: Any, name: str, purpose: str) -> int:
     """The calibration_samples option, checked: an integer from 1 to 1024."""
     from qserve import QserveError

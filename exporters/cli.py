@@ -24,6 +24,8 @@ OPTION_FLAGS = {
     "calibration_samples": ("--calibration-samples", {"onnx-int8", "bnb-nf4", "bnb-fp4", "ov-int8"}),
     "keep_fp32": ("--keep-fp32", {"onnx-int8"}),
     "inference_precision": ("--inference-precision", {"ov-int8"}),
+    "activation_scales": ("--activation-scales", {"onnx-int8"}),
+    "row_by_row": ("--row-by-row", {"onnx-int8"}),
     "block_size": ("--block-size", {"onnx-int4"}),
     "accuracy_level": ("--accuracy-level", {"onnx-int4"}),
     "quantize_embeddings": ("--quantize-embeddings", {"onnx-int4"}),
@@ -189,6 +191,14 @@ def register(sub) -> None:
     p.add_argument("--inference-precision", choices=["f32", "bf16"],
                    help="ov-int8: precision of the ops NNCF leaves unquantized (default f32; bf16 needs a CPU "
                         "with avx512_bf16 or AMX)")
+    p.add_argument("--activation-scales", choices=["per-tensor", "per-row"],
+                   help="onnx-int8: per-tensor (default: ORT dynamic quantization, one scale per batch; the runtime "
+                        "runs it row by row) or per-row (each token row its own scale in the graph; rows independent "
+                        "when batched, slower at batch 1; see README)")
+    p.add_argument("--row-by-row", action=argparse.BooleanOptionalAction, default=None,
+                   help="onnx-int8 per-tensor: the runtime runs batches row by row (default on: one text, one "
+                        "answer); --no-row-by-row records that it forwards them as one batch, as before (answers "
+                        "move with batchmates: for side-by-side comparison)")
     p.add_argument("--block-size", type=int, help="onnx-int4: quantization block size (default 32)")
     p.add_argument("--accuracy-level", type=int, choices=[0, 1, 2, 3, 4],
                    help="onnx-int4: MatMulNBits accuracy_level (4 = int8 compute, fastest on CPU; default 4)")

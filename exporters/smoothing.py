@@ -14,7 +14,7 @@ the per-channel int8 weights absorb the scale.
 s_k = max|X_k|^a / max|W_k|^(1-a), with a chosen per group of MatMuls sharing an input
 (q/k/v, out_lin, lin1, lin2) from a grid, by the error of a numpy simulation of ORT's
 quantizers (uint8 asymmetric per batch for X, int8 symmetric per column for W) on
-calibration batches padded the way serving and the bench pad them; a group keeps no
+calibration batches padded the way the bench pads them; a group keeps no
 smoothing when none beats the plain quantization. Measured on the embedded default
 (2,000 test reviews, batches of 32): mean |Δ logit margin| against fp32 0.086 -> 0.056.
 Each smoothed group costs one element-wise Mul in the graph: about 2% of b1/s128 latency

@@ -46,7 +46,8 @@ def bench_run(tmp_path_factory):
     shutil.copytree(good, crashy)
 
     cfg = BenchConfig(batch_sizes=[1, 2], seq_lens=[8, 16], threads=1, out=root / "report", time_budget_s=0.05,
-                      warmup=1, min_iters=3, max_iters=20, real_text_samples=4, floor_budget_s=0.02)
+                      warmup=1, min_iters=3, max_iters=20, real_text_samples=4, floor_budget_s=0.02,
+                      invariance_samples=12)
     old = os.environ.get(FAULT_ENV)
     os.environ[FAULT_ENV] = "crashy:abort"  # the child of `crashy` calls os.abort() after loading
     try:
@@ -133,3 +134,20 @@ def test_cli_flag_errors_name_the_flag(capsys):
     assert "--batch-sizes" in capsys.readouterr().err
     assert main(["bench", "/nonexistent-variant"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_batch_invariance_column(bench_run):
+    """Each text scored alone and in mixed batches of 8 and 32 (12 test texts: one batch of 12 at '32')."""
+    import csv
+
+    report, out, _ = bench_run
+    good = next(v for v in report["variants"] if v["status"] == "ok")
+    inv = good["invariance"]
+    assert inv["texts"] == 12 and set(inv["by_batch"]) == {"8", "32"} and inv["scored"] == 24
+    assert inv["max_abs_dprob"] <= 1e-5 and inv["flips"] == 0 and inv["row_by_row"] is False
+    lens = inv["token_lengths"]
+    assert lens["min"] < lens["max"]  # varied length: padding really happens in the mixed batches
+    md = (out / "report.md").read_text()
+    assert "## Batch invariance (one text, one answer)" in md and "batch invariance: max |Δprob| / label flips" in md
+    rows = list(csv.DictReader((out / "report.csv").open()))
+    assert {r["invariance_flips"] for r in rows if r["variant"] == good["name"]} == {"0"}

@@ -12,7 +12,7 @@ import exporters
 from exporters.calibration import calibration_texts
 from exporters.core import reference_logits
 from qserve import QserveError
-from qserve.runtime import load_runtime
+from qserve.runtime import RuntimeOptions, load_runtime
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,8 @@ def int8_pair(tiny_checkpoint, tmp_path_factory):
 
 
 def _logits(variant, texts):
-    rt = load_runtime(variant, device="cpu")
+    # The graph as calibrated (one forward per batch); served, it runs row by row (tests/test_invariance.py).
+    rt = load_runtime(variant, device="cpu", options=RuntimeOptions(batch_dependent="batched"))
     try:
         return rt.logits(texts).astype(np.float64)
     finally:

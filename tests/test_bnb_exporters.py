@@ -197,3 +197,16 @@ def test_4bit_layers_compute_with_bitsandbytes_own_quantization(tiny_checkpoint,
             got = module(x)
         torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-3)
     rt.close()
+
+
+@pytest.mark.parametrize("name", BNB)
+def test_text_scores_within_the_published_bound_alone_and_in_mixed_batches(bnb_variants, name):
+    """One text, one answer (README): bitsandbytes stays within its kernels' rounding when batched."""
+    from test_invariance import BOUND, TEXTS, random_mixed_batches
+
+    from qserve.runtime import RuntimeOptions
+
+    runtime = load_runtime(bnb_variants[name], "cpu", RuntimeOptions(threads=1))
+    worst, flips = random_mixed_batches(runtime, TEXTS, seed=7)
+    assert worst <= BOUND[name], f"{name}: max |Δprob| {worst:.3g} alone vs in batches"
+    assert flips == 0

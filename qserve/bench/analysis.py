@@ -38,6 +38,7 @@ def variant_entry(meta: dict[str, Any], res: dict[str, Any]) -> dict[str, Any]:
         "memory": {k: res[k] for k in MEMORY_KEYS if res.get(k) is not None},
         "fixed": res.get("fixed") or [],
         "real_text": res.get("real_text") or [],
+        "invariance": res.get("invariance"),
         "accuracy": None,
         "agreement": None,
         "data": res.get("data"),

@@ -62,6 +62,9 @@ def register(subparsers) -> None:
                    help="cap on test texts for accuracy (default: the variant's, else the whole test split)")
     p.add_argument("--real-text-samples", type=int, default=d.real_text_samples,
                    help="test texts for real-text latency; 0 skips it (default %(default)s)")
+    p.add_argument("--invariance-samples", type=int, default=d.invariance_samples,
+                   help="test texts scored alone and in mixed batches of 8 and 32 (batch invariance); 0 skips it "
+                        "(default %(default)s)")
     p.add_argument("--time-budget", type=float, default=d.time_budget_s,
                    help="seconds of timed calls per shape (default %(default)s)")
     p.add_argument("--warmup", type=int, default=d.warmup, help="warm-up calls per shape (default %(default)s)")
@@ -90,6 +93,7 @@ def config_from_args(args) -> "BenchConfig":  # noqa: F821
         batch_sizes=parse_int_list(args.batch_sizes, "--batch-sizes"), seq_lens=parse_int_list(args.seq_lens, "--seq-lens"),
         threads=args.threads, device=args.device, out=args.out, accuracy=args.accuracy, dataset=args.dataset,
         seed=args.seed, max_eval_samples=args.max_eval_samples, real_text_samples=args.real_text_samples,
+        invariance_samples=args.invariance_samples,
         time_budget_s=args.time_budget, warmup=args.warmup, min_iters=args.min_iters, max_iters=args.max_iters,
         floor=args.floor, floor_budget_s=args.floor_budget, child_timeout_s=args.child_timeout, name=args.name, force=args.force,
         allow_extra_files=args.allow_extra_files,

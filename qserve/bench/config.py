@@ -45,6 +45,8 @@ class BenchConfig:
     """Cap on test texts for accuracy; None = the variant's `max_eval_samples` (else the whole split)."""
     real_text_samples: int = 128
     """IMDb test texts used for real-text latency (dynamic padding); 0 skips it."""
+    invariance_samples: int = 96
+    """Test texts of varied length scored alone and in mixed batches of 8 and 32 (batch invariance); 0 skips it."""
     time_budget_s: float = 3.0
     """Seconds of timed iterations per shape; a shape stops at max_iters or when the budget is spent."""
     warmup: int = 3
@@ -83,6 +85,8 @@ class BenchConfig:
                               f"(got {self.warmup}, {self.min_iters}, {self.max_iters})")
         if self.max_eval_samples is not None and self.max_eval_samples < 1:
             raise QserveError(f"--max-eval-samples must be >= 1 (got {self.max_eval_samples})")
+        if self.invariance_samples < 0:
+            raise QserveError(f"--invariance-samples must be >= 0 (got {self.invariance_samples})")
         if self.real_text_samples < 0:
             raise QserveError(f"--real-text-samples must be >= 0 (got {self.real_text_samples})")
         self.batch_sizes = sorted(set(self.batch_sizes))

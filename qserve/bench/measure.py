@@ -94,7 +94,7 @@ def fixed_shapes(rt, job: dict[str, Any], text: str) -> list[dict[str, Any]]:
             rec: dict[str, Any] = {"batch": b, "seq": s}
             try:
                 batch = synthetic_batch(rt, b, s, text)
-                samples = time_calls(lambda: rt.forward(batch), rt.synchronize, job["warmup"],
+                samples = time_calls(lambda: rt.run(batch), rt.synchronize, job["warmup"],
                                      job["time_budget_s"], job["min_iters"], job["max_iters"])
                 rec.update(summarize(samples))
                 rec["throughput"] = throughput(b * len(samples), sum(samples) / 1e3)
@@ -214,6 +214,12 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
         res["stage"] = "accuracy"
         res["accuracy"] = accuracy(rt, data["eval"])
         log(f"{rt.name}: accuracy {res['accuracy']['accuracy']:.4f} on {res['accuracy']['n']} texts")
+    if data.get("invariance_texts"):
+        from qserve.bench import invariance
+
+        res["stage"] = "invariance"
+        res["invariance"] = invariance.measure(rt, data["invariance_texts"])
+        log(f"{rt.name}: batch invariance {invariance.cell(res['invariance'])} (max |Δprob| / label flips)")
 
     res["stage"] = "done"
     res["peak_rss_mb"] = peak_rss_mb()

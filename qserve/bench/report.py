@@ -79,6 +79,9 @@ def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
             "peak_mem_mib": mem, "accuracy": acc.get("accuracy"), "agreement": v.get("agreement"),
             "speedup": v.get("speedup_vs_torch_fp32"), "floor_ms": fl.get("floor_ms"),
             "p50_over_floor": fl.get("p50_over_floor"), "floor_peak": fl.get("peak"),
+            "invariance_max_abs_dprob": (v.get("invariance") or {}).get("max_abs_dprob"),
+            "invariance_flips": (v.get("invariance") or {}).get("flips"),
+            "invariance": invariance_cell(v.get("invariance")),
         })
     return rows
 
@@ -162,7 +165,8 @@ def render_md(report: dict[str, Any]) -> str:
     ref = report.get("agreement_reference")
     header = ["variant", "size (MB)", "load (s)", f"p50 b{b}/s{s} (ms)", f"p99 b{b}/s{s} (ms)",
               f"throughput b{bmax}/s{s} (seq/s)", f"{memkind} (MiB)", "accuracy",
-              f"agreement vs {ref or 'fp32'}", "speed-up vs torch-fp32", f"floor b{b}/s{s} (ms)", "p50/floor"]
+              f"agreement vs {ref or 'fp32'}", "speed-up vs torch-fp32", f"floor b{b}/s{s} (ms)", "p50/floor",
+              "batch invariance: max |Δprob| / label flips"]
     rows = []
     for r in summary_rows(report):
         if r["status"] != "ok":
@@ -173,7 +177,8 @@ def render_md(report: dict[str, Any]) -> str:
                      _f(r["accuracy"] * 100, 2, "%") if r["accuracy"] is not None else "–",
                      _f(r["agreement"] * 100, 2, "%") if r["agreement"] is not None else "–",
                      _f(r["speedup"], 2, "×"), _f(r["floor_ms"], 2),
-                     _f(r["p50_over_floor"], 2, "×") + (f" ({r['floor_peak']})" if r["floor_peak"] else "")])
+                     _f(r["p50_over_floor"], 2, "×") + (f" ({r['floor_peak']})" if r["floor_peak"] else ""),
+                     r["invariance"]])
     L += _table(header, rows) + [""]
     notes = []
     if not any(r["accuracy"] is not None for r in summary_rows(report)):
@@ -183,7 +188,7 @@ def render_md(report: dict[str, Any]) -> str:
     if notes:
         L += ["Notes: " + "; ".join(notes) + ".", ""]
     L += _checks(report) + _floor_lines(report)
-    L += _grid(report) + _real_text(report) + _failures(report) + _env(report)
+    L += _grid(report) + _real_text(report) + _invariance(report) + _failures(report) + _env(report)
     L += ["## Plots", "", "![latency vs batch size](latency_vs_batch.png)", ""]
     if any(r["accuracy"] is not None for r in summary_rows(report)):
         L += ["![accuracy vs size](accuracy_vs_size.png)", ""]
@@ -238,6 +243,38 @@ def _real_text(report: dict[str, Any]) -> list[str]:
             + [""])
 
 
+def invariance_cell(inv: dict[str, Any] | None) -> str:
+    from qserve.bench.invariance import cell
+
+    return cell(inv)
+
+
+def _invariance(report: dict[str, Any]) -> list[str]:
+    rows, info = [], None
+    for v in report["variants"]:
+        inv = v.get("invariance")
+        if v["status"] != "ok" or not inv:
+            continue
+        info = info or inv
+        by = inv.get("by_batch") or {}
+        raw = inv.get("batched_graph")
+        rows.append([v["name"], "row by row" if inv.get("row_by_row") else "batched"]
+                    + [f"{by[k]['max_abs_dprob']:.2g} / {by[k]['flips']}" if k in by else "–" for k in ("8", "32")]
+                    + [f"{raw['max_abs_dprob']:.3g} / {raw['flips']} of {raw['scored']}" if raw else "–"])
+    if not rows:
+        return []
+    tl = info.get("token_lengths") or {}
+    return (["## Batch invariance (one text, one answer)", "",
+             f"{info['texts']} test reviews of varied length (every other one cut to its opening words; {tl.get('min')} "
+             f"to {tl.get('max')} tokens, median "
+             f"{tl.get('median')}) scored alone with predict([text]), then in shuffled mixed batches of 8 and of 32 "
+             "(short reviews padded next to long ones), through the same predict() the server calls: the largest "
+             "|Δprobability| and the label flips against the text alone. A variant whose kernels let rows see each "
+             "other is run row by row by the runtime; the last column shows what one batched forward of its graph "
+             "would answer.", ""]
+            + _table(["variant", "runs a batch", "batches of 8", "batches of 32", "if run batched"], rows) + [""])
+
+
 def _failures(report: dict[str, Any]) -> list[str]:
     bad = [v for v in report["variants"] if v["status"] != "ok"]
     if not bad:
@@ -273,7 +310,8 @@ def _la(x: Any) -> str:
 
 CSV_FIELDS = ["variant", "status", "kind", "batch", "seq", "count", "mean_ms", "p50_ms", "p90_ms", "p95_ms",
               "p99_ms", "stdev_ms", "min_ms", "throughput", "size_mb", "load_s", "peak_mem_mib", "accuracy", "agreement",
-              "speedup_vs_torch_fp32", "floor_ms", "p50_over_floor", "error"]
+              "speedup_vs_torch_fp32", "floor_ms", "p50_over_floor", "invariance_max_abs_dprob", "invariance_flips",
+              "error"]
 
 
 def render_csv(report: dict[str, Any]) -> str:
@@ -283,7 +321,8 @@ def render_csv(report: dict[str, Any]) -> str:
     for v, r in zip(report["variants"], summary_rows(report)):
         base = {"variant": v["name"], "status": v["status"], "size_mb": r["size_mb"], "load_s": r["load_s"],
                 "peak_mem_mib": r["peak_mem_mib"], "accuracy": r["accuracy"], "agreement": r["agreement"],
-                "speedup_vs_torch_fp32": r["speedup"], "floor_ms": r["floor_ms"], "p50_over_floor": r["p50_over_floor"]}
+                "speedup_vs_torch_fp32": r["speedup"], "floor_ms": r["floor_ms"], "p50_over_floor": r["p50_over_floor"],
+                "invariance_max_abs_dprob": r["invariance_max_abs_dprob"], "invariance_flips": r["invariance_flips"]}
         if v["status"] != "ok":
             w.writerow({**base, "kind": "failed", "error": v.get("error")})
             continue

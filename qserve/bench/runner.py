@@ -82,7 +82,7 @@ def load_texts(key: tuple, cfg: BenchConfig, cache: dict) -> dict[str, Any]:
     if key in cache:
         return cache[key]
     out: dict[str, Any] = {"dataset": dataset, "seed": seed, "max_eval_samples": max_eval}
-    if cfg.real_text_samples or acc:
+    if cfg.real_text_samples or acc or cfg.invariance_samples:
         try:
             from qserve.data import load_dataset
 
@@ -93,6 +93,9 @@ def load_texts(key: tuple, cfg: BenchConfig, cache: dict) -> dict[str, Any]:
                 texts, labels = texts[:max_eval], labels[:max_eval]
             out["dataset"] = getattr(splits, "name", dataset)
             out["real_texts"] = texts[:cfg.real_text_samples]
+            from qserve.bench.invariance import select_texts
+
+            out["invariance_texts"] = select_texts(texts, cfg.invariance_samples)
             if acc:
                 out["eval"] = {"dataset": getattr(splits, "name", dataset), "seed": seed, "texts": texts,
                                "labels": labels, "label_names": list(splits.labels)}
@@ -223,7 +226,8 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig) -> dict[str, Any]:
             data = load_texts(key, cfg, cache)
             data_file = work / f"data-{abs(hash(key))}.json"
             if not data_file.exists():
-                payload = {"real_texts": data.get("real_texts") or []}
+                payload = {"real_texts": data.get("real_texts") or [],
+                           "invariance_texts": data.get("invariance_texts") or []}
                 if key[3] and data.get("eval"):
                     payload["eval"] = data["eval"]
                 data_file.write_text(json.dumps(payload), encoding="utf-8")

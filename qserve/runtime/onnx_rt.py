@@ -40,8 +40,19 @@ def disabled_optimizers(device: str) -> list[str]:
     return ["SkipLayerNormFusion"]
 
 
+def per_batch_activation_scales(manifest: dict) -> bool:
+    """Whether the variant's graph quantizes activations with one scale per input tensor (ORT's dynamic
+    quantization: DynamicQuantizeLinear / DynamicQuantizeMatMul), i.e. one scale per batch, so a row's
+    result depends on its batchmates and their padding."""
+    quant = (manifest.get("onnx") or {}).get("quantization") or {}
+    return quant.get("mode") == "dynamic"
+
+
 class OnnxRuntime(Runtime):
     def _load(self) -> None:
+        self.batch_invariant = not per_batch_activation_scales(self.manifest)
+        quant = (self.manifest.get("onnx") or {}).get("quantization") or {}
+        self.default_batch_dependent = "rows" if quant.get("row_by_row", True) else "batched"
         try:
             import onnxruntime as ort
         except ImportError as e:
