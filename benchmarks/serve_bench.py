@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from qserve import QserveError  # noqa: E402
+from qserve.devices import cpu_info  # noqa: E402
 
 log = logging.getLogger("serve_bench")
 
@@ -178,6 +179,12 @@ def run_server(args: argparse.Namespace, max_batch_size: int, texts: list[str], 
         logf.close()
 
 
+def _machine(env: dict[str, Any]) -> str:
+    from qserve.devices import cpu_label
+
+    return f"{cpu_label(env['cpu'])}, {env['machine']}" if env.get("cpu") else env["machine"]
+
+
 def render_md(rep: dict[str, Any]) -> str:
     s, v, st = rep["summary"], rep["variant"], rep["settings"]
 
@@ -187,7 +194,7 @@ def render_md(rep: dict[str, Any]) -> str:
     br = rep["model_b1"].get("bench_report") or {}
     ce = rep.get("model_ceiling") or {}
     L = [f"# Serving benchmark: {v['name']} ({v['model_name']})", "",
-         f"Created {rep['created']} on {rep['environment']['machine']} ({rep['environment']['cpu_count']} logical "
+         f"Created {rep['created']} on {_machine(rep['environment'])} ({rep['environment']['cpu_count']} logical "
          f"CPUs, Python {rep['environment']['python']}). Server: `qserve serve` in a child process, "
          f"threads={st['threads'] or 'library default'}, device={st['device']}; client: `qserve loadtest`, "
          f"{st['duration_s']:.0f} s per level, {st['texts']} short review sentences, every answer checked against "
@@ -315,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         "errors": sum(lv["errors"] for lv in all_levels), "lost": sum(lv["lost"] for lv in all_levels),
         "mismatched": sum(lv["mismatched"] for lv in all_levels)}
     rep = {"created": now_iso(), "variant": {**direct["variant"], "dir": str(args.variant_dir)},
-           "environment": {"machine": platform.platform(), "cpu_count": os.cpu_count(),
+           "environment": {"machine": platform.platform(), "cpu": cpu_info(), "cpu_count": os.cpu_count(),
                            "python": platform.python_version()},
            "settings": {"duration_s": args.duration, "concurrency_low": args.concurrency_low,
                         "concurrency_high": args.concurrency_high, "threads": args.threads, "device": args.device,

@@ -60,3 +60,10 @@ def cpu_info() -> dict:
         pass
     wanted = ["avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_bf16", "amx_int8", "fma"]
     return {"model": model, "cores": os.cpu_count(), "flags": [f for f in wanted if f in flags]}
+
+
+def cpu_label(info: dict | None = None) -> str:
+    """'<model>, AMX (amx_bf16 amx_int8)' or '<model>, no AMX': how every report names its machine."""
+    info = info or cpu_info()
+    amx = [f for f in info.get("flags", []) if f.startswith("amx")]
+    return f"{info.get('model', 'unknown')}, " + (f"AMX ({' '.join(amx)})" if amx else "no AMX")
