@@ -78,6 +78,21 @@ class Runtime:
         """input_ids/attention_mask (int64, [B, S]) -> float32 logits [B, num_labels]."""
         raise NotImplementedError
 
+    def graph_feed(self, batch: dict[str, np.ndarray], input_names: list[str], model_file: str) -> dict[str, np.ndarray]:
+        """The int64 feed an exported graph (ONNX, OpenVINO IR) asks for, by its input names."""
+        feed = {}
+        for name in input_names:
+            if name in batch:
+                feed[name] = np.ascontiguousarray(batch[name], dtype=np.int64)
+            elif name == "token_type_ids":  # BERT-layout graphs; DistilBERT declares none
+                feed[name] = np.zeros_like(batch["input_ids"], dtype=np.int64)
+            else:
+                from qserve import QserveError
+
+                raise QserveError(f"{self.variant_dir / model_file} expects input {name!r}, which the tokenizer "
+                                  f"does not produce (it gives {', '.join(batch)})")
+        return feed
+
     def synchronize(self) -> None:
         """Wait for queued device work (CUDA) so timings are honest; no-op on CPU."""
 

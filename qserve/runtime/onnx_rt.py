@@ -95,15 +95,7 @@ class OnnxRuntime(Runtime):
         return [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"]
 
     def forward(self, batch: dict[str, np.ndarray]) -> np.ndarray:
-        feed = {}
-        for name in self.input_names:
-            if name in batch:
-                feed[name] = np.ascontiguousarray(batch[name], dtype=np.int64)
-            elif name == "token_type_ids":  # BERT-layout graphs; DistilBERT declares none
-                feed[name] = np.zeros_like(batch["input_ids"], dtype=np.int64)
-            else:
-                raise QserveError(f"{self.variant_dir / MODEL_FILE} expects input {name!r}, which the tokenizer "
-                                  f"does not produce (it gives {', '.join(batch)})")
+        feed = self.graph_feed(batch, self.input_names, MODEL_FILE)
         (logits,) = self.session.run([self.output_name], feed)
         return np.asarray(logits, dtype=np.float32)
 

@@ -135,15 +135,7 @@ class OpenVINORuntime(Runtime):
         return req
 
     def forward(self, batch: dict[str, np.ndarray]) -> np.ndarray:
-        feed = {}
-        for name in self.input_names:
-            if name in batch:
-                feed[name] = np.ascontiguousarray(batch[name], dtype=np.int64)
-            elif name == "token_type_ids":
-                feed[name] = np.zeros_like(batch["input_ids"], dtype=np.int64)
-            else:
-                raise QserveError(f"{self.variant_dir / MODEL_FILE} expects input {name!r}, which the tokenizer "
-                                  f"does not produce (it gives {', '.join(batch)})")
+        feed = self.graph_feed(batch, self.input_names, MODEL_FILE)
         if self.fixed_length:
             feed = pad_to(feed, self.max_length, self.tokenizer.pad_token_id or 0)
         result = self._request().infer(feed)
