@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -64,3 +66,26 @@ def tiny_variant(tiny_checkpoint, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("variants") / "torch-fp32"
     exporters.export(tiny_checkpoint, "torch-fp32", out)
     return out
+
+
+@contextmanager
+def serving(cfg):
+    """A real uvicorn server for `cfg` (ServeConfig) on a free port, yielded once /ready answers 200;
+    stopped afterwards, and torch's thread count (which the server sets) put back."""
+    import httpx2
+    import torch
+
+    from qserve.serve.app import create_app
+    from qserve.serve.server import ServerThread
+
+    threads = torch.get_num_threads()
+    srv = ServerThread(create_app(cfg)).start()
+    try:
+        with httpx2.Client(base_url=srv.url, timeout=30, trust_env=False) as c:
+            deadline = time.monotonic() + 30
+            while c.get("/ready").status_code != 200 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        yield srv
+    finally:
+        srv.stop()
+        torch.set_num_threads(threads)

@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+from conftest import serving
 
 httpx2 = pytest.importorskip("httpx2")
 
@@ -23,25 +24,12 @@ CAP = 16
 
 @pytest.fixture(scope="module")
 def server(tiny_variant):
-    import torch
-
-    from qserve.serve.app import create_app
     from qserve.serve.config import ServeConfig
-    from qserve.serve.server import ServerThread
 
-    threads = torch.get_num_threads()
     cfg = ServeConfig(variant_dir=str(tiny_variant), threads=1, header_timeout_s=TIMEOUT_S,
                       body_timeout_s=TIMEOUT_S, keep_alive_s=TIMEOUT_S, max_connections=CAP)
-    srv = ServerThread(create_app(cfg)).start()
-    try:
-        with httpx2.Client(base_url=srv.url, timeout=30, trust_env=False) as c:
-            deadline = time.monotonic() + 30
-            while c.get("/ready").status_code != 200 and time.monotonic() < deadline:
-                time.sleep(0.05)
+    with serving(cfg) as srv:
         yield srv
-    finally:
-        srv.stop()
-        torch.set_num_threads(threads)
 
 
 def _closed(server, reason: str) -> float:

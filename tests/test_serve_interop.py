@@ -11,6 +11,7 @@ import struct
 
 import numpy as np
 import pytest
+from conftest import serving
 
 httpx2 = pytest.importorskip("httpx2")
 httpclient = pytest.importorskip("tritonclient.http")
@@ -21,27 +22,11 @@ TEXTS = ["A wonderful, moving film.", "Dreadful, I walked out.", "ok"]
 
 @pytest.fixture(scope="module")
 def server(tiny_variant):
-    import torch
-
-    from qserve.serve.app import create_app
     from qserve.serve.config import ServeConfig
-    from qserve.serve.server import ServerThread
 
-    threads = torch.get_num_threads()
     cfg = ServeConfig(variant_dir=str(tiny_variant), threads=1, max_inputs=8, max_chars=500)
-    srv = ServerThread(create_app(cfg)).start()
-    try:
-        with httpx2.Client(base_url=srv.url, timeout=30, trust_env=False) as c:
-            for _ in range(300):
-                if c.get("/ready").status_code == 200:
-                    break
-                import time
-
-                time.sleep(0.05)
+    with serving(cfg) as srv:
         yield srv
-    finally:
-        srv.stop()
-        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

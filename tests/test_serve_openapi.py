@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import serving
 
 httpx2 = pytest.importorskip("httpx2")
 pytest.importorskip("schemathesis")
@@ -25,28 +26,15 @@ MAX_EXAMPLES = 12
 
 @pytest.fixture(scope="module")
 def server(tiny_variant):
-    import torch
-
-    from qserve.serve.app import create_app
     from qserve.serve.config import ServeConfig
-    from qserve.serve.server import ServerThread
 
-    threads = torch.get_num_threads()
     # Small limits keep generated bodies small; the body limit fits the largest valid request
     # (8 texts x 200 characters, each up to 12 bytes as a JSON \\u escape pair), so every schema-valid
     # body is accepted, as the document promises.
     cfg = ServeConfig(variant_dir=str(tiny_variant), threads=1, max_inputs=8, max_chars=200, max_queue=256,
                       max_body_bytes=64 * 1024)
-    srv = ServerThread(create_app(cfg)).start()
-    try:
-        with httpx2.Client(base_url=srv.url, timeout=30, trust_env=False) as c:
-            deadline = time.monotonic() + 30
-            while c.get("/ready").status_code != 200 and time.monotonic() < deadline:
-                time.sleep(0.05)
+    with serving(cfg) as srv:
         yield srv
-    finally:
-        srv.stop()
-        torch.set_num_threads(threads)
 
 
 def test_openapi_states_the_limits(server):
