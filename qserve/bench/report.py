@@ -144,7 +144,12 @@ def render_md(report: dict[str, Any]) -> str:
     b, s = report["headline"]["batch"], report["headline"]["seq"]
     bmax = max(cfg["batch_sizes"])
     model = report.get("model") or {}
-    dev = env.get("gpu") if str(cfg["device"]).startswith("cuda") else (env.get("cpu") or {}).get("model")
+    if str(cfg["device"]).startswith("cuda"):
+        dev = env.get("gpu")
+    else:
+        from qserve.devices import cpu_label
+
+        dev = cpu_label(env["cpu"]) if env.get("cpu") else None
     L = [f"# Benchmark: {model.get('name') or 'variants'} on {cfg['device']}, threads={cfg['threads']}", ""]
     L.append(f"Run `{report['run']['name']}`, created {report['created']}, {dev}. "
              f"Latency: fixed-shape batches of real token ids (full attention mask), after warm-up, "
