@@ -27,7 +27,6 @@ from typing import Any
 from qserve import QserveError
 
 DEFAULT_DIR = "benchmarks/reports/precision"
-DEFAULT_BF16_UPDATES = ("compensated", "plain")
 KEPT = ("train_time_s", "wall_time_s", "optimizer_steps", "step_time_median_s", "samples_per_s", "peak_memory_bytes",
         "peak_memory_kind", "val_accuracy", "test_accuracy", "sizes", "device", "model_name", "optimizer",
         "optimizer_state_bytes", "optimizer_step_median_s")
@@ -46,7 +45,7 @@ REFERENCE = {
 
 
 def supported_precisions(device: str) -> list[str]:
-    from qserve.train import PRECISIONS
+    from qserve.precision import PRECISIONS
 
     if device == "cpu":
         return [p for p in PRECISIONS if p != "16-mixed"]
@@ -81,7 +80,8 @@ def label(run: dict[str, Any]) -> str:
 def plan(cfg, precisions: list[str] | None, device: str, bf16_updates: list[str] | None,
          noise_precision: str | None) -> list[dict[str, Any]]:
     """The runs of a study, in order: one per precision (bf16-true once per update), then the noise run."""
-    from qserve.train import BF16_UPDATES, PRECISIONS, split_seed
+    from qserve.precision import BF16_UPDATES, PRECISIONS
+    from qserve.train import split_seed
 
     supported = supported_precisions(device)
     for p in list(precisions or []) + ([noise_precision] if noise_precision not in (None, "none") else []):
@@ -94,7 +94,7 @@ def plan(cfg, precisions: list[str] | None, device: str, bf16_updates: list[str]
         if u not in BF16_UPDATES:
             raise QserveError(f"--bf16-update must be one of {', '.join(BF16_UPDATES)} (got {u!r})")
     chosen = list(dict.fromkeys(precisions)) if precisions else supported
-    updates = list(dict.fromkeys(bf16_updates)) if bf16_updates else list(DEFAULT_BF16_UPDATES)
+    updates = list(dict.fromkeys(bf16_updates)) if bf16_updates else list(BF16_UPDATES)  # all of them: the study shows both
     runs = []
     for p in chosen:
         for u in (updates if p == "bf16-true" else [cfg.bf16_update]):

@@ -121,7 +121,7 @@ def _drift_error(update: str, steps: int = 100, lr: float = 1e-4) -> float:
 
     import torch
 
-    from qserve.train import build_optimizer
+    from qserve.precision import build_optimizer
 
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
@@ -131,7 +131,7 @@ def _drift_error(update: str, steps: int = 100, lr: float = 1e-4) -> float:
     start = torch.cat([p.detach().flatten() for p in ref.parameters()])
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=lr)
     opt = build_optimizer([{"params": list(net.parameters()), "weight_decay": 0.01}],
-                          TrainConfig(precision="bf16-true", bf16_update=update, lr=lr))
+                          "bf16-true", update, lr)
     for _ in range(steps):
         for model, o, inp in ((ref, ref_opt, x), (net, opt, x.bfloat16())):
             torch.nn.functional.mse_loss(model(inp).float(), y).backward()
@@ -188,10 +188,10 @@ def test_bad_dataset_file_is_refused(tiny_checkpoint, tmp_path):
 
 def test_bf16_on_cpu_without_native_support_warns(monkeypatch, caplog):
     from qserve import devices
-    from qserve.train import check_precision
+    from qserve.precision import check_precision
 
     monkeypatch.setattr(devices, "cpu_supports_bf16", lambda: False)
-    with caplog.at_level(logging.WARNING, logger="qserve.train"):
+    with caplog.at_level(logging.WARNING, logger="qserve.precision"):
         check_precision("bf16-mixed", "cpu")
     assert "emulated and slow" in caplog.text
     caplog.clear()
