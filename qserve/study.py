@@ -94,7 +94,7 @@ def plan(cfg, precisions: list[str] | None, device: str, bf16_updates: list[str]
         if u not in BF16_UPDATES:
             raise QserveError(f"--bf16-update must be one of {', '.join(BF16_UPDATES)} (got {u!r})")
     chosen = list(dict.fromkeys(precisions)) if precisions else supported
-    updates = list(dict.fromkeys(bf16_updates)) if bf16_updates else list(BF16_UPDATES)  # all of them: the study shows both
+    updates = list(dict.fromkeys(bf16_updates)) if bf16_updates else list(BF16_UPDATES)  # both, side by side
     runs = []
     for p in chosen:
         for u in (updates if p == "bf16-true" else [cfg.bf16_update]):
