@@ -60,7 +60,8 @@ def model_b1_direct(variant: Path, device: str, threads: int | None, texts: list
         samples.append((time.perf_counter() - t0) * 1e3)
     a = np.asarray(samples)
     info = {"name": rt.name, "model_name": rt.manifest.get("model_name"), "backend": rt.manifest["spec"]["backend"],
-            "max_length": rt.max_length, "row_by_row": rt.row_by_row}
+            "max_length": rt.max_length, "row_by_row": rt.row_by_row,
+            "row_workers": getattr(rt, "row_workers", 1)}
     rt.close()
     return {"variant": info, "p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)),
             "mean_ms": float(a.mean()), "calls": len(samples)}
@@ -217,8 +218,13 @@ def render_md(rep: dict[str, Any]) -> str:
          f"req/s) | {f(s.get('ratio_bound'))}x |",
          f"| errors / lost / mismatched answers (all runs) | {s['errors']} / {s['lost']} / {s['mismatched']} |", ""]
     if v.get("row_by_row"):
+        workers = v.get("row_workers", 1)
+        side = (f"; a batch's rows run {workers} at a time, each whole on one thread (a lone short row keeps two "
+                "intra-op threads only partly busy), while a batch of one keeps every intra-op thread"
+                if workers > 1 else "")
         L += [f"{v['name']}'s graph scales activations per batch, so the runtime runs every batch row by row "
-              "(one text, one answer): batching here amortizes the per-request hand-off, not the forward.", ""]
+              f"(one text, one answer){side}. Batching amortizes the per-request hand-off"
+              + (" and lets rows run side by side." if workers > 1 else ", not the forward."), ""]
     if br and "error" not in br:
         L += [f"`qserve bench` for the same variant ({br['path']}): b1 p50 {f(br.get('fixed_b1_p50_ms'))} ms at "
               f"fixed seq {br.get('fixed_seq')}, {f(br.get('real_text_b1_p50_ms'))} ms on real test texts (mean "

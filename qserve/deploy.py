@@ -28,8 +28,8 @@ APP_NAME = "qserve"
 DEPLOYMENT_NAME = "QserveReplica"
 RAY_INSTALL_HINT = "pip install 'qserve[ray]'  (installs ray[serve]==2.60.0)"
 # ServeConfig fields a replica needs; host/port belong to Ray's proxy, the API key to the environment.
-APP_FIELDS = ("device", "threads", "max_batch_size", "max_wait_ms", "max_queue", "max_inputs", "max_chars",
-              "max_body_bytes", "request_timeout_s", "model_name")
+APP_FIELDS = ("device", "threads", "row_workers", "max_batch_size", "max_wait_ms", "max_queue", "max_inputs",
+              "max_chars", "max_body_bytes", "request_timeout_s", "model_name")
 
 
 @dataclass
@@ -138,7 +138,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.set_defaults(func=run_deploy_ray)
 
 
-_FIELD_TYPES = {"max_batch_size": int, "max_wait_ms": float, "max_queue": int, "max_inputs": int,
+_FIELD_TYPES = {"row_workers": int, "max_batch_size": int, "max_wait_ms": float, "max_queue": int, "max_inputs": int,
                 "max_chars": int, "max_body_bytes": int, "request_timeout_s": float}
 
 

@@ -36,6 +36,14 @@ def resolve_device(device: str = "auto") -> str:
     raise QserveError(f"--device must be one of {', '.join(DEVICES)} or cuda:N (got {device!r})")
 
 
+def usable_cores() -> int:
+    """Logical CPUs this process may run on (its affinity mask: a container's or taskset's limit)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
 def cpu_supports_bf16() -> bool:
     """True when the CPU has native bf16 dot products (avx512_bf16 / AMX), so bf16 is fast."""
     try:

@@ -97,11 +97,32 @@ def test_per_row_graph_is_row_independent_when_batched(variants):
     assert np.abs(rt.forward(batch) - alone).max() <= 1e-5  # the raw batched forward itself
 
 
+def test_rows_run_side_by_side_still_get_their_alone_answers(variants):
+    """row_workers > 1: a batch's rows run at once on single-threaded workers of a second session;
+    each text still gets the answer it gets alone (from the full-pool session), in batch order."""
+    path = variants["onnx-int8"]
+    side = load_runtime(path, "cpu", RuntimeOptions(threads=2, row_workers=3))
+    one = load_runtime(path, "cpu", RuntimeOptions(threads=2, row_workers=1))
+    assert side.row_workers == 3 and side.row_session is not None and one.row_session is None
+    alone = np.concatenate([side.predict([t]) for t in TEXTS])  # b1: the main session, not the workers
+    np.testing.assert_allclose(side.predict(TEXTS), alone, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(side.predict(TEXTS[::-1]), alone[::-1], rtol=0, atol=1e-6)  # order kept
+    np.testing.assert_array_equal(one.predict(TEXTS), alone)
+    worst, flips = random_mixed_batches(side, TEXTS, seed=5)
+    assert worst <= BOUND["onnx-int8"] and flips == 0
+    # A batch-invariant graph is forwarded whole: no second session for it.
+    assert load_runtime(variants["onnx-fp32"], "cpu", RuntimeOptions(threads=2)).row_session is None
+    side.close()
+    assert side.row_pool is None
+
+
 def test_bad_batch_dependent_option_names_the_allowed_values():
     from qserve import QserveError
 
     with pytest.raises(QserveError, match="rows, batched"):
         RuntimeOptions(batch_dependent="sometimes")
+    with pytest.raises(QserveError, match=r"row_workers must be an integer >= 1 or None \(got 0\)"):
+        RuntimeOptions(row_workers=0)
 
 
 def test_llm_int8_is_run_row_by_row_only_where_it_picks_outliers_per_batch():

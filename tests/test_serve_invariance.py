@@ -36,7 +36,7 @@ def _texts() -> list[str]:
     return [x for pair in zip(short[:32], short[32:] + long) for x in pair][:64]
 
 
-def _serve_and_compare(variant, batch_dependent: str) -> tuple[int, float, int]:
+def _serve_and_compare(variant, batch_dependent: str, row_workers: int = 1) -> tuple[int, float, int]:
     """(label differences, max |Δscore|, forwards) of 64 concurrent clients vs the sequential pass."""
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -48,7 +48,8 @@ def _serve_and_compare(variant, batch_dependent: str) -> tuple[int, float, int]:
     texts = _texts()
     cfg = ServeConfig(variant_dir=str(variant), threads=1, max_batch_size=32, max_wait_ms=50)
     app = create_app(cfg, loader=lambda c: load_runtime(c.variant_dir, "cpu",
-                                                        RuntimeOptions(threads=1, batch_dependent=batch_dependent)))
+                                                        RuntimeOptions(threads=1, batch_dependent=batch_dependent,
+                                                                       row_workers=row_workers)))
     with ServerThread(app) as srv, httpx2.Client(base_url=srv.url, timeout=60, trust_env=False) as c:
         for _ in range(300):
             if c.get("/ready").status_code == 200:
@@ -82,8 +83,9 @@ def _serve_and_compare(variant, batch_dependent: str) -> tuple[int, float, int]:
     return flips, worst, n_forwards
 
 
-def test_served_onnx_int8_answers_64_concurrent_clients_as_the_sequential_pass(int8_variant):
-    flips, worst, forwards = _serve_and_compare(int8_variant, "rows")
+@pytest.mark.parametrize("row_workers", [1, 2])  # 2: a batch's rows run side by side (the default on 2 cores)
+def test_served_onnx_int8_answers_64_concurrent_clients_as_the_sequential_pass(int8_variant, row_workers):
+    flips, worst, forwards = _serve_and_compare(int8_variant, "rows", row_workers)
     assert forwards < 64, "64 concurrent requests were never batched"
     assert flips == 0 and worst <= 1e-5, f"{flips} label differences, max |Δscore| {worst:.3g}"
 
@@ -92,3 +94,16 @@ def test_the_same_check_catches_a_server_whose_answers_move_with_batchmates(int8
     flips, worst, forwards = _serve_and_compare(int8_variant, "batched")
     assert forwards < 64
     assert worst > 1e-5  # the per-batch graph forwarded as one batch: scores move with batchmates
+
+
+def test_row_workers_setting_reaches_every_engine_and_names_its_flag():
+    from qserve import QserveError
+    from qserve.deploy import app_args
+    from qserve.serve.config import config_from_sources
+
+    assert config_from_sources({}, {"QSERVE_ROW_WORKERS": "2"}).row_workers == 2
+    assert config_from_sources({"row_workers": 1}, {"QSERVE_ROW_WORKERS": "2"}).row_workers == 1  # flag wins
+    with pytest.raises(QserveError, match=r"--row-workers \(or QSERVE_ROW_WORKERS\) must be >= 1, got 0"):
+        config_from_sources({"row_workers": 0}, {})
+    # Ray replicas build their ServeConfig from these settings (qserve deploy ray, --engine ray).
+    assert app_args("/abs/v", {"row_workers": 2, "threads": 2})["row_workers"] == 2

@@ -26,6 +26,10 @@ class RuntimeOptions:
     one it gets alone; "batched" runs the batch as one forward (answers then move with batchmates and
     padding; for side-by-side measurements). None = what the variant's manifest asks (rows, unless it
     was exported with row_by_row=false to rebuild the graph of before)."""
+    row_workers: int | None = None
+    """How many rows of a row-by-row batch run side by side, each single-threaded (backends that can:
+    ONNX Runtime on CPU). None = as many as intra-op threads (`threads`, else the cores); 1 = one row
+    at a time on the full intra-op pool. Never changes an answer: each row is still computed alone."""
 
     def __post_init__(self) -> None:
         from qserve import QserveError
@@ -33,6 +37,9 @@ class RuntimeOptions:
         if self.batch_dependent is not None and self.batch_dependent not in BATCH_DEPENDENT:
             raise QserveError(f"batch_dependent must be one of {', '.join(BATCH_DEPENDENT)} "
                               f"(got {self.batch_dependent!r})")
+        if self.row_workers is not None and (isinstance(self.row_workers, bool) or not isinstance(
+                self.row_workers, int) or self.row_workers < 1):
+            raise QserveError(f"row_workers must be an integer >= 1 or None (got {self.row_workers!r})")
 
 
 BATCH_DEPENDENT = ("rows", "batched")
@@ -126,8 +133,13 @@ class Runtime:
         rows = []
         for i, mask in enumerate(batch["attention_mask"]):
             keep = mask.astype(bool)  # the row as it is tokenized alone: no padding
-            rows.append(self.forward({k: v[i][keep][None] for k, v in batch.items()}))
-        return np.concatenate(rows)
+            rows.append({k: v[i][keep][None] for k, v in batch.items()})
+        return np.concatenate(self.forward_rows(rows))
+
+    def forward_rows(self, rows: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+        """forward() of each single-row batch, in order. A backend that can run rows side by side
+        (each on its own thread, nothing shared between them) overrides this; the answers must not change."""
+        return [self.forward(r) for r in rows]
 
     def logits(self, texts: list[str]) -> np.ndarray:
         return self.run(self.tokenize(texts)).astype(np.float32)

@@ -70,9 +70,46 @@ class OnnxRuntime(Runtime):
             # benchmark that quietly ran on CPU would be a lie, so refuse.
             raise QserveError(f"{self.name}: CUDAExecutionProvider failed to initialise (CUDA/cuDNN libraries "
                               f"not found?); install a matching CUDA runtime with {GPU_HINT}, or use --device cpu")
+        self.row_workers, self.row_session, self.row_pool = self._row_runner(ort, path, providers)
         self.input_names = [i.name for i in self.session.get_inputs()]
         outputs = [o.name for o in self.session.get_outputs()]
         self.output_name = "logits" if "logits" in outputs else outputs[0]
+
+    def _row_runner(self, ort, path, providers):
+        """A second, single-threaded session and a pool to run a row-by-row batch's rows side by side.
+
+        A lone short row keeps two intra-op threads only partly busy (thread hand-offs per op, and
+        spinning while the other waits); rows of one batch are independent, so on CPU each runs whole
+        on one core instead. ORT sessions are safe to run from several threads at once, and the GIL
+        is released inside run(). Batches of one row (the unbatched path) keep the full pool.
+        """
+        workers = self.options.row_workers
+        if workers is None:
+            from qserve.devices import usable_cores
+
+            workers = self.options.threads or usable_cores()
+        if not self.row_by_row or workers < 2 or self.device.startswith("cuda"):
+            return 1, None, None
+        from concurrent.futures import ThreadPoolExecutor
+
+        session = ort.InferenceSession(str(path), sess_options=session_options(ort, 1), providers=providers,
+                                       disabled_optimizers=disabled_optimizers(self.device))
+        return workers, session, ThreadPoolExecutor(workers, thread_name_prefix="qserve-rows")
+
+    def forward_rows(self, rows: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+        if self.row_pool is None or len(rows) < 2:
+            return super().forward_rows(rows)
+        n = self.row_workers
+        # Interleaved shares (rows i, i+n, ...) so long and short rows spread over the workers.
+        shares = [self.row_pool.submit(self._rows_on, self.row_session, rows[k::n]) for k in range(min(n, len(rows)))]
+        out: list[np.ndarray] = [None] * len(rows)  # type: ignore[list-item]
+        for k, fut in enumerate(shares):
+            out[k::n] = fut.result()
+        return out
+
+    def _rows_on(self, session, rows: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+        return [np.asarray(session.run([self.output_name], self.graph_feed(r, self.input_names, MODEL_FILE))[0],
+                           dtype=np.float32) for r in rows]
 
     def _providers(self, ort) -> list:
         if not self.device.startswith("cuda"):
@@ -100,4 +137,6 @@ class OnnxRuntime(Runtime):
         return np.asarray(logits, dtype=np.float32)
 
     def close(self) -> None:
-        self.session = None
+        if self.row_pool is not None:
+            self.row_pool.shutdown(wait=True)
+        self.session = self.row_session = self.row_pool = None

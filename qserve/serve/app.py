@@ -132,7 +132,8 @@ async def _single_process_info() -> dict[str, Any]:
 def _default_loader(cfg: ServeConfig) -> Any:
     from qserve.runtime import RuntimeOptions, load_runtime
 
-    return load_runtime(cfg.variant_dir, cfg.device, RuntimeOptions(threads=cfg.threads),
+    options = RuntimeOptions(threads=cfg.threads, row_workers=cfg.row_workers)
+    return load_runtime(cfg.variant_dir, cfg.device, options,
                         allow_extra_files=cfg.allow_extra_files)
 
 

@@ -36,6 +36,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, help="TCP port, 0 = any free one [8000]")
     p.add_argument("--device", help="cpu, cuda, cuda:N or auto [auto]")
     p.add_argument("--threads", type=int, help="intra-op threads of torch / ONNX Runtime [library default]")
+    p.add_argument("--row-workers", type=int, help="onnx-int8 (run row by row): rows of a batch computed side by "
+                                                  "side, one thread each [--threads, else cores]; 1 = one at a time")
     p.add_argument("--max-batch-size", type=int, help="most texts in one forward pass [32]; 1 disables batching")
     p.add_argument("--max-wait-ms", type=float, help="longest wait for a batch to fill [5]")
     p.add_argument("--max-queue", type=int, help="most texts waiting; beyond it 429 + Retry-After [1024]")
