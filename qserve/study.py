@@ -112,17 +112,26 @@ def plan(cfg, precisions: list[str] | None, device: str, bf16_updates: list[str]
 
 
 def compare(cfg, precisions: list[str] | None, out_dir, bf16_updates: list[str] | None = None,
-            noise_precision: str | None = None) -> dict[str, Any]:
+            noise_precision: str | None = None, step_rounds: int = 0, step_samples: int = 768) -> dict[str, Any]:
     """Run cfg once per precision (children), write precision_study.json/.md in out_dir, return the study.
 
     noise_precision: the precision run a second time with seed + 1 on the same data split
     (default bf16-mixed, else the first studied; "none" skips it).
+    step_rounds: after the full runs, time the step again in this many rounds of short children
+    (step_samples training examples each), every run once per round, taking turns: the full runs
+    follow one another over many minutes, and a machine whose speed drifts that slowly moves their
+    step times more than precisions differ (two bf16-mixed seeds read 0.81 and 0.95 s on one study).
     """
     from qserve.artifact import library_versions, now_iso, refuse_existing, write_json_atomic, write_text_atomic
     from qserve.devices import cpu_info, resolve_device
     from qserve.train import validate
 
     validate(cfg)
+    if isinstance(step_rounds, bool) or not isinstance(step_rounds, int) or step_rounds < 0:
+        raise QserveError(f"--step-rounds must be an integer >= 0 (got {step_rounds!r})")
+    if isinstance(step_samples, bool) or not isinstance(step_samples, int) or step_samples < 3 * cfg.batch_size:
+        raise QserveError(f"--step-samples must be an integer >= 3 x --batch-size ({3 * cfg.batch_size}), "
+                          f"so each child times at least two steps after its first (got {step_samples!r})")
     out_dir = Path(out_dir)
     device = resolve_device(cfg.device)
     todo = plan(cfg, precisions, device, bf16_updates, noise_precision)
@@ -132,32 +141,49 @@ def compare(cfg, precisions: list[str] | None, out_dir, bf16_updates: list[str] 
             "config": {f.name: getattr(cfg, f.name) for f in fields(cfg)
                        if f.name not in ("precision", "out", "force", "bf16_update")},
             "reference": REFERENCE, "versions": library_versions()}
+    base["step_rounds"] = {"rounds": step_rounds, "samples": step_samples} if step_rounds else None
     with tempfile.TemporaryDirectory(prefix="qserve-precision-") as tmp:
+        def write(complete: bool) -> dict[str, Any]:
+            # rewritten after every child: a study cut short keeps the runs it finished
+            study = {**base, "runs": runs, **summarize(runs), "complete": complete, "created": now_iso()}
+            write_json_atomic(out_dir / "precision_study.json", study)
+            write_text_atomic(out_dir / "precision_study.md", render_markdown(study))
+            return study
+
         for i, spec in enumerate(todo):
-            run_cfg = replace(cfg, bf16_update=spec["bf16_update"], seed=spec["seed"],
-                              data_seed=spec.get("data_seed", cfg.data_seed))
-            ckpt = Path(tmp) / f"run{i}"
-            argv = child_argv(run_cfg, spec["precision"], ckpt)
-            print(f"== {label(spec)}: {' '.join(argv[1:])}", file=sys.stderr, flush=True)
-            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-            proc = subprocess.run(argv, env=env, check=False)
-            metrics_path = ckpt / "train_metrics.json"
+            m, code = _child(cfg, spec, Path(tmp) / f"run{i}", label(spec))
             run = {**spec, "label": label(spec)}
-            if proc.returncode != 0 or not metrics_path.is_file():
-                runs.append({**run, "ok": False, "exit_code": proc.returncode,
+            if m is None:
+                runs.append({**run, "ok": False, "exit_code": code,
                              "error": "the training run failed; its output is above"})
             else:
-                m = json.loads(metrics_path.read_text(encoding="utf-8"))
                 runs.append({**run, "ok": True, **{k: m.get(k) for k in KEPT}, "gpu": m.get("gpu")})
             if any(r["ok"] for r in runs):
-                # rewritten after every run: a study cut short keeps the runs it finished
-                study = {**base, "runs": runs, **summarize(runs), "complete": i + 1 == len(todo),
-                         "created": now_iso()}
-                write_json_atomic(out_dir / "precision_study.json", study)
-                write_text_atomic(out_dir / "precision_study.md", render_markdown(study))
+                study = write(complete=i + 1 == len(todo) and not step_rounds)
+        for k in range(step_rounds if any(r["ok"] for r in runs) else 0):
+            for j, (spec, run) in enumerate(zip(todo, runs)):
+                if spec["noise"] or not run["ok"]:
+                    continue  # the noise run repeats a precision already timed
+                short = replace(cfg, max_samples=step_samples, max_eval_samples=cfg.batch_size)
+                m, _ = _child(short, spec, Path(tmp) / f"step{k}-{j}", f"{label(spec)}, step round {k + 1}")
+                run.setdefault("step_rounds_s", []).append(None if m is None else m.get("step_time_median_s"))
+            study = write(complete=k + 1 == step_rounds)
     if not any(r["ok"] for r in runs):
         raise QserveError(f"every precision run failed ({', '.join(r['label'] for r in runs)}); see the output above")
     return study
+
+
+def _child(cfg, spec: dict[str, Any], out: Path, name: str) -> tuple[dict[str, Any] | None, int]:
+    """One `python -m qserve.train` child for spec: (its train_metrics.json, exit code); None if it failed."""
+    run_cfg = replace(cfg, bf16_update=spec["bf16_update"], seed=spec["seed"],
+                      data_seed=spec.get("data_seed", cfg.data_seed))
+    argv = child_argv(run_cfg, spec["precision"], out)
+    print(f"== {name}: {' '.join(argv[1:])}", file=sys.stderr, flush=True)
+    proc = subprocess.run(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"}, check=False)
+    metrics_path = out / "train_metrics.json"
+    if proc.returncode != 0 or not metrics_path.is_file():
+        return None, proc.returncode
+    return json.loads(metrics_path.read_text(encoding="utf-8")), 0
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -188,7 +214,25 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                                     else abs(gap) > noise["test_accuracy_abs_diff"]}
     by = {r["precision"]: r for r in main if r["precision"] != "bf16-true" or r["bf16_update"] != "plain"}
     return {"bf16_mixed_over_32_true_step_time": by.get("bf16-mixed", {}).get("step_time_vs_32_true"),
-            "noise": noise, "gaps_to_bf16_mixed": gaps}
+            "noise": noise, "gaps_to_bf16_mixed": gaps, **_interleaved(main, by)}
+
+
+def _interleaved(main: list[dict[str, Any]], by: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Each run's median step over the interleaved rounds, and its ratio to 32-true's and bf16-mixed's."""
+    import statistics
+
+    for r in main:
+        got = [x for x in r.get("step_rounds_s") or [] if x is not None]
+        r["step_interleaved_s"] = round(statistics.median(got), 6) if got else None
+    out: dict[str, Any] = {}
+    for name, ref in (("32_true", by.get("32-true")), ("bf16_mixed", by.get("bf16-mixed"))):
+        base = (ref or {}).get("step_interleaved_s")
+        for r in main:
+            if base and r["step_interleaved_s"]:
+                r[f"step_interleaved_vs_{name}"] = round(r["step_interleaved_s"] / base, 3)
+    true = by.get("bf16-true", {})
+    out["bf16_true_over_bf16_mixed_step_interleaved"] = true.get("step_interleaved_vs_bf16_mixed")
+    return out
 
 
 def _fmt(v, spec: str, scale: float = 1.0) -> str:
@@ -231,6 +275,21 @@ def render_markdown(study: dict[str, Any]) -> str:
     kind = ok[0]["peak_memory_kind"] if ok else ""
     lines += ["", f"bf16-mixed / 32-true median step time: **{_fmt(ratio, '.2f')}x**. Peak memory is {kind}; "
               "optimizer state is the bytes of the optimizer's per-parameter tensors (moments, Kahan buffer).", ""]
+    rounds = study.get("step_rounds")
+    if rounds and any(r.get("step_rounds_s") for r in ok):
+        n = max(len(r.get("step_rounds_s") or []) for r in ok)
+        lines += [f"Step time, interleaved: after the full runs, {n} round(s) of short children ({rounds['samples']} "
+                  "training examples each, the same batches for every run); every run once per round, taking "
+                  "turns, so a machine whose speed drifts over minutes slows all of them alike. Median step of "
+                  "each child (first step left out), then the median over rounds:", "",
+                  "| run | per round (s) | median (s) | vs 32-true | vs bf16-mixed |", "|---|---|---:|---:|---:|"]
+        for r in ok:
+            if r.get("step_rounds_s"):
+                per = ", ".join(_fmt(x, ".4f") for x in r["step_rounds_s"])
+                lines.append(f"| {r['label']} | {per} | {_fmt(r.get('step_interleaved_s'), '.4f')} | "
+                             f"{_fmt(r.get('step_interleaved_vs_32_true'), '.3f')}x | "
+                             f"{_fmt(r.get('step_interleaved_vs_bf16_mixed'), '.3f')}x |")
+        lines.append("")
     noise = study.get("noise")
     if noise:
         a, b = noise["test_accuracy"]

@@ -388,6 +388,12 @@ def register(subparsers) -> None:
                    metavar="{" + ",".join((*PRECISIONS, "none")) + "}",
                    help="with --compare: the precision run a second time with --seed + 1 on the same data, "
                         "to measure run-to-run noise (default: bf16-mixed, else the first studied; none: skip)")
+    p.add_argument("--step-rounds", type=int, default=3,
+                   help="with --compare: after the full runs, time each run's step again in this many rounds of "
+                        "short children taking turns, so machine drift hits every precision alike; 0 skips "
+                        "(default: 3)")
+    p.add_argument("--step-samples", type=int, default=768,
+                   help="with --step-rounds: training examples per short child (default: 768, 48 steps of 16)")
     p.set_defaults(func=run)
 
 
@@ -415,7 +421,8 @@ def run(args) -> int:
         out_dir = Path(args.out) if args.out else Path(DEFAULT_DIR)
         cfg.out = None
         study = compare(cfg, args.precision, out_dir, bf16_updates=args.bf16_update,
-                        noise_precision=args.noise_precision)
+                        noise_precision=args.noise_precision, step_rounds=args.step_rounds,
+                        step_samples=args.step_samples)
         print(f"precision study: {out_dir / 'precision_study.md'} ({len(study['runs'])} runs)")
         return 0 if all(r.get("ok") for r in study["runs"]) else 1
     m = train(cfg)

@@ -294,7 +294,7 @@ def test_study_runs_each_precision_in_a_child(tiny_checkpoint, separable_csv, tm
     from qserve.study import compare
 
     cfg = tiny_cfg(tiny_checkpoint, separable_csv, None, epochs=1, max_eval_samples=8)
-    study = compare(cfg, ["32-true", "bf16-mixed"], tmp_path / "report")
+    study = compare(cfg, ["32-true", "bf16-mixed"], tmp_path / "report", step_rounds=1, step_samples=48)
     assert sorted(p.name for p in (tmp_path / "report").iterdir()) == ["precision_study.json",
                                                                        "precision_study.md"]
     runs = {r["label"]: r for r in study["runs"]}
@@ -307,13 +307,20 @@ def test_study_runs_each_precision_in_a_child(tiny_checkpoint, separable_csv, tm
     assert study["noise"]["seeds"] == [42, 43] and study["noise"]["test_accuracy"] == [
         runs["bf16-mixed"]["test_accuracy"], runs["bf16-mixed, seed 43"]["test_accuracy"]]
     assert set(study["gaps_to_bf16_mixed"]) == {"32-true"}
+    # one interleaved step round: a short child per timed run (not the noise run), ratios to both bases
+    assert [len(r.get("step_rounds_s") or []) for r in runs.values()] == [1, 1, 0] and study["complete"]
+    assert runs["32-true"]["step_interleaved_vs_32_true"] == 1.0 == runs["bf16-mixed"]["step_interleaved_vs_bf16_mixed"]
+    assert runs["32-true"]["step_interleaved_vs_bf16_mixed"] > 0
     md = (tmp_path / "report" / "precision_study.md").read_text()
+    assert "Step time, interleaved: after the full runs, 1 round(s)" in md
     assert "| bf16-mixed | torch.AdamW |" in md and "Run-to-run noise: bf16-mixed with seeds 42 and 43" in md
     assert "not measured by qserve" in md and "| bf16-true | 5.22 | 2.87 | 92.69% |" in md
     assert ("with AMX" in md) == ("amx_bf16" in study["cpu"]["flags"])
     assert json.loads((tmp_path / "report" / "precision_study.json").read_text())["reference"]["runs"]
     with pytest.raises(QserveError, match="already exists"):
         compare(cfg, ["32-true"], tmp_path / "report")
+    with pytest.raises(QserveError, match=r"--step-samples must be an integer >= 3 x --batch-size \(48\)"):
+        compare(cfg, ["32-true"], tmp_path / "other", step_rounds=1, step_samples=20)
 
 
 def test_study_summary_compares_gaps_with_the_two_seed_noise():
