@@ -230,8 +230,17 @@ def _interleaved(main: list[dict[str, Any]], by: dict[str, dict[str, Any]]) -> d
         for r in main:
             if base and r["step_interleaved_s"]:
                 r[f"step_interleaved_vs_{name}"] = round(r["step_interleaved_s"] / base, 3)
+    # Paired by round as well: two runs of one round met the same machine speed, so the median of the
+    # per-round ratios is the steadier statistic when the machine drifts between rounds.
+    mixed = (by.get("bf16-mixed") or {}).get("step_rounds_s") or []
+    for r in main:
+        pairs = [a / b for a, b in zip(r.get("step_rounds_s") or [], mixed) if a and b]
+        if pairs:
+            r["step_round_ratios_vs_bf16_mixed"] = [round(x, 3) for x in pairs]
+            r["step_round_ratio_median_vs_bf16_mixed"] = round(statistics.median(pairs), 3)
     true = by.get("bf16-true", {})
     out["bf16_true_over_bf16_mixed_step_interleaved"] = true.get("step_interleaved_vs_bf16_mixed")
+    out["bf16_true_over_bf16_mixed_step_round_ratio_median"] = true.get("step_round_ratio_median_vs_bf16_mixed")
     return out
 
 
@@ -282,13 +291,16 @@ def render_markdown(study: dict[str, Any]) -> str:
                   "training examples each, the same batches for every run); every run once per round, taking "
                   "turns, so a machine whose speed drifts over minutes slows all of them alike. Median step of "
                   "each child (first step left out), then the median over rounds:", "",
-                  "| run | per round (s) | median (s) | vs 32-true | vs bf16-mixed |", "|---|---|---:|---:|---:|"]
+                  "| run | per round (s) | median (s) | vs 32-true | vs bf16-mixed | vs bf16-mixed, round by round "
+                  "(median) |", "|---|---|---:|---:|---:|---|"]
         for r in ok:
             if r.get("step_rounds_s"):
                 per = ", ".join(_fmt(x, ".4f") for x in r["step_rounds_s"])
+                paired = ", ".join(f"{x:.3f}" for x in r.get("step_round_ratios_vs_bf16_mixed") or [])
                 lines.append(f"| {r['label']} | {per} | {_fmt(r.get('step_interleaved_s'), '.4f')} | "
                              f"{_fmt(r.get('step_interleaved_vs_32_true'), '.3f')}x | "
-                             f"{_fmt(r.get('step_interleaved_vs_bf16_mixed'), '.3f')}x |")
+                             f"{_fmt(r.get('step_interleaved_vs_bf16_mixed'), '.3f')}x | {paired} "
+                             f"({_fmt(r.get('step_round_ratio_median_vs_bf16_mixed'), '.3f')}x) |")
         lines.append("")
     noise = study.get("noise")
     if noise:

@@ -369,3 +369,25 @@ def test_ddp_on_two_cpu_processes_counts_every_eval_example_once(tiny_checkpoint
     with torch.no_grad():
         pred = model(**enc).logits.argmax(-1).tolist()
     assert m["test_accuracy"] == pytest.approx(sum(p == y for p, y in zip(pred, data.test.labels)) / 7)
+
+
+def test_interleaved_step_rounds_are_compared_round_by_round():
+    from qserve.study import render_markdown, summarize
+
+    def run(label, precision, rounds, update="compensated"):
+        return {"label": label, "precision": precision, "bf16_update": update, "seed": 42, "noise": False,
+                "ok": True, "test_accuracy": 0.8, "val_accuracy": 0.8, "step_time_median_s": 1.0, "step_rounds_s": rounds,
+                "sizes": {}, "model_name": "m", "train_time_s": 60.0, "peak_memory_bytes": 1e9, "peak_memory_kind": "RSS"}
+
+    runs = [run("32-true", "32-true", [1.2, 1.6, 1.5]), run("bf16-mixed", "bf16-mixed", [0.8, 1.1, 1.0]),
+            run("bf16-true (compensated)", "bf16-true", [0.88, 1.0, None])]  # a failed short child: None
+    s = summarize(runs)
+    assert runs[2]["step_interleaved_s"] == pytest.approx(0.94)  # median of the rounds it finished
+    assert runs[2]["step_round_ratios_vs_bf16_mixed"] == [1.1, 0.909]
+    assert s["bf16_true_over_bf16_mixed_step_round_ratio_median"] == pytest.approx(1.0045, abs=1e-3)
+    assert runs[0]["step_interleaved_vs_32_true"] == 1.0 and runs[1]["step_interleaved_vs_32_true"] == 0.667
+    md = render_markdown({"config": {"model": "m", "dataset": "d", "epochs": 1, "batch_size": 16, "max_length": 128,
+                                     "lr": 1e-4, "seed": 42}, "runs": runs, "device": "cpu",
+                          "step_rounds": {"rounds": 3, "samples": 768},
+                          "cpu": {"model": "x", "cores": 2, "flags": []}, "reference": {"setup": "s", "runs": {}}, **s})
+    assert "| bf16-true (compensated) | 0.8800, 1.0000, — | 0.9400 |" in md and "1.100, 0.909 (1.005x)" in md
