@@ -145,7 +145,10 @@ def test_failing_batch_fails_only_its_own_request(tiny_variant, runtime):
     finally:
         w.release.set()
         srv.stop()
-    assert sorted(w.batches[2]) == sorted([BOOM, *good])  # [warm-up, HOLD, the shared batch, re-runs...]
+    # [warm-up alone, warm-up batch (the batched path, before /ready), HOLD, the shared batch, re-runs...]
+    hold = w.batches.index([HOLD])
+    assert w.batches[0] == ["warm-up"] and len(w.batches[1]) > 1 and hold == 2
+    assert sorted(w.batches[hold + 1]) == sorted([BOOM, *good])
     assert boom.status_code == 500
     err = boom.json()
     assert err["request_id"] == boom.headers["x-request-id"] and err["request_id"] in err["error"]
