@@ -61,7 +61,7 @@ def model_b1_direct(variant: Path, device: str, threads: int | None, texts: list
     a = np.asarray(samples)
     info = {"name": rt.name, "model_name": rt.manifest.get("model_name"), "backend": rt.manifest["spec"]["backend"],
             "max_length": rt.max_length, "row_by_row": rt.row_by_row,
-            "row_workers": getattr(rt, "row_workers", 1)}
+            "row_workers": rt.row_workers}
     rt.close()
     return {"variant": info, "p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)),
             "mean_ms": float(a.mean()), "calls": len(samples)}

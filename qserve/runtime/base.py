@@ -56,6 +56,8 @@ class Runtime:
 
     batch_invariant: bool = True
     """Whether forward() computes every row independently of the others (up to float rounding)."""
+    row_workers: int = 1
+    """How many rows of a row-by-row batch forward_rows() runs at once (backends that can set more)."""
     default_batch_dependent: str = "rows"
     """How the variant asks to be run when batch_invariant is False (RuntimeOptions.batch_dependent overrides)."""
 

@@ -108,8 +108,7 @@ class OnnxRuntime(Runtime):
         return out
 
     def _rows_on(self, session, rows: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
-        return [np.asarray(session.run([self.output_name], self.graph_feed(r, self.input_names, MODEL_FILE))[0],
-                           dtype=np.float32) for r in rows]
+        return [self._run(session, r) for r in rows]
 
     def _providers(self, ort) -> list:
         if not self.device.startswith("cuda"):
@@ -132,8 +131,10 @@ class OnnxRuntime(Runtime):
         return [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"]
 
     def forward(self, batch: dict[str, np.ndarray]) -> np.ndarray:
-        feed = self.graph_feed(batch, self.input_names, MODEL_FILE)
-        (logits,) = self.session.run([self.output_name], feed)
+        return self._run(self.session, batch)
+
+    def _run(self, session, batch: dict[str, np.ndarray]) -> np.ndarray:
+        (logits,) = session.run([self.output_name], self.graph_feed(batch, self.input_names, MODEL_FILE))
         return np.asarray(logits, dtype=np.float32)
 
     def close(self) -> None:
