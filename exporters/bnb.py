@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
-from qserve.variants import VariantSpec
+from qserve.variants import REGISTRY, VariantSpec, merge_options, option_defaults
 
 # The classification head stays in full precision: it is tiny (dim*dim + dim*labels), so
 # quantizing it saves nothing, costs accuracy exactly where the logits are made, and the
@@ -27,20 +27,8 @@ from qserve.variants import VariantSpec
 # which a 2-label classifier never is.
 SKIP_MODULES = ("pre_classifier", "classifier")
 
-# Options each variant understands, with their defaults.
-OPTIONS: dict[str, dict[str, Any]] = {
-    "bnb-int8": {"llm_int8_threshold": 6.0},
-    # clip: on for fp4, where it lifts agreement with fp32 (embedded default: 96.4% -> 98.3% in the
-    # pipeline's bench); off for nf4, where it moved neither agreement nor logit error beyond noise.
-    "bnb-nf4": {"double_quant": False, "clip": False, "calibration_samples": 64},
-    "bnb-fp4": {"double_quant": False, "clip": True, "calibration_samples": 64},
-}
-OPTION_HELP = {
-    "llm_int8_threshold": "a number >= 0 (activation outlier threshold; 0 turns the fp16 outlier path off)",
-    "double_quant": "true or false (also quantize the 4-bit block scales)",
-    "clip": "true or false (clip each weight block to the range that minimises its output error; exporters.clipping)",
-    "calibration_samples": "an integer from 1 to 1024 (training texts that measure the activations for clip)",
-}
+# Options each variant understands, with their defaults (declared in the backend registry).
+OPTIONS: dict[str, dict[str, Any]] = {s.name: option_defaults(s.name) for s in REGISTRY["bnb"].variants}
 # bitsandbytes computes 4-bit matmuls in bf16: the CPU kernel is bf16-only, and bf16 keeps
 # fp32's range on CUDA.
 COMPUTE_DTYPE_4BIT = "bfloat16"
@@ -48,7 +36,7 @@ COMPUTE_DTYPE_4BIT = "bfloat16"
 # default them to fp16, which has no fast CPU kernels, and fp32 LayerNorm/softmax keep parity.
 UNQUANTIZED_DTYPE = "float32"
 
-INSTALL_HINT = "pip install bitsandbytes==0.50.2 accelerate"
+INSTALL_HINT = REGISTRY["bnb"].install
 
 
 def require_bnb(name: str) -> None:
@@ -62,14 +50,9 @@ def require_bnb(name: str) -> None:
 
 def resolve_options(spec: VariantSpec, options: dict[str, Any]) -> dict[str, Any]:
     """Defaults merged with the user's options, each checked; unknown keys name the allowed ones."""
-    allowed = OPTIONS.get(spec.name)
-    if allowed is None:
+    if spec.name not in OPTIONS:
         raise QserveError(f"exporters.bnb builds {', '.join(OPTIONS)}, not {spec.name!r}")
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise QserveError(f"{spec.name} does not understand option(s) {', '.join(map(repr, unknown))}; "
-                          f"allowed: {', '.join(f'{k} ({OPTION_HELP[k]})' for k in allowed)}")
-    out = {**allowed, **options}
+    out = merge_options(spec.name, options)
     if "llm_int8_threshold" in out:
         out["llm_int8_threshold"] = _number(out["llm_int8_threshold"], "llm_int8_threshold")
     for key in ("double_quant", "clip"):
@@ -88,7 +71,7 @@ def _number(value: Any, key: str) -> float:
     except (TypeError, ValueError):
         number = float("nan")
     if isinstance(value, bool) or not number >= 0:  # `not >=` also rejects NaN
-        raise QserveError(f"option {key} must be {OPTION_HELP[key]} (got {value!r})")
+        raise QserveError(f"option {key} must be a number >= 0 (got {value!r})")
     return number
 
 
@@ -100,7 +83,7 @@ def _boolean(value: Any, key: str) -> bool:
         return True
     if text in ("0", "false", "no", "off"):
         return False
-    raise QserveError(f"option {key} must be {OPTION_HELP[key]} (got {value!r})")
+    raise QserveError(f"option {key} must be true or false (got {value!r})")
 
 
 def quantization_kwargs(spec: VariantSpec, opts: dict[str, Any]) -> dict[str, Any]:

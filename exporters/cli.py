@@ -14,23 +14,11 @@ import time
 from pathlib import Path
 
 from qserve import QserveError
+from qserve.variants import BACKENDS, BITS, DEFAULT_FOR_BITS, DTYPES, VARIANTS, Option, OptionValue, flag_options
 
-# Exporter options: flag -> (option key, the variants that understand it).
-OPTION_FLAGS = {
-    "per_channel": ("--per-channel", {"onnx-int8"}),
-    "smooth": ("--smooth", {"onnx-int8"}),
-    "correct_bias": ("--correct-bias", {"onnx-int8"}),
-    "clip": ("--clip", {"bnb-nf4", "bnb-fp4"}),
-    "calibration_samples": ("--calibration-samples", {"onnx-int8", "bnb-nf4", "bnb-fp4", "ov-int8"}),
-    "keep_fp32": ("--keep-fp32", {"onnx-int8"}),
-    "inference_precision": ("--inference-precision", {"ov-int8"}),
-    "activation_scales": ("--activation-scales", {"onnx-int8"}),
-    "row_by_row": ("--row-by-row", {"onnx-int8"}),
-    "block_size": ("--block-size", {"onnx-int4"}),
-    "accuracy_level": ("--accuracy-level", {"onnx-int4"}),
-    "quantize_embeddings": ("--quantize-embeddings", {"onnx-int4"}),
-    "llm_int8_threshold": ("--llm-int8-threshold", {"bnb-int8"}),
-    "double_quant": ("--double-quant", {"bnb-nf4", "bnb-fp4"}),
+# Exporter options with a flag: option key -> (flag, the variants that understand it), from the registry.
+OPTION_FLAGS: dict[str, tuple[str, set[str]]] = {
+    key: (opts[0].flag, {name for o in opts for name in o.defaults}) for key, opts in flag_options().items()
 }
 
 
@@ -153,19 +141,40 @@ def cmd_variants(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub) -> None:
-    from qserve.variants import VARIANTS
+def _default_text(opt: Option) -> str:
+    def show(v: OptionValue) -> str:
+        return ("on" if v else "off") if isinstance(v, bool) else str(v)
 
+    values = {n: v for n, v in opt.defaults.items() if v not in (None, "")}  # None/"": nothing to show
+    if not values:
+        return ""
+    if len(set(map(repr, values.values()))) == 1:
+        return f" (default {show(next(iter(values.values())))})"
+    return " (default " + ", ".join(f"{show(v)} for {n}" for n, v in values.items()) + ")"
+
+
+def _add_option_flag(p: argparse.ArgumentParser, opts: list[Option]) -> None:
+    """One `qserve export` flag for an option key; its help names each backend's variants and defaults."""
+    help_text = "; ".join(f"{', '.join(o.defaults)}: {o.help}{_default_text(o)}" for o in opts)
+    help_text = help_text.replace("%", "%%")  # argparse %-formats help strings
+    first = opts[0]
+    if first.kind is bool:
+        p.add_argument(first.flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+    else:
+        p.add_argument(first.flag, type=first.kind, choices=list(first.choices) or None, metavar=first.metavar,
+                       help=help_text)
+
+
+def register(sub) -> None:
+    defaults = "; ".join(f"on {dev.upper()}: " + ", ".join(f"{b} -> {n}" for b, n in table.items())
+                         for dev, table in DEFAULT_FOR_BITS.items())
     p = sub.add_parser("export", help="turn a checkpoint into quantized / converted variants",
                        description="Export a fine-tuned checkpoint to a served-ready variant directory "
-                                   "(weights + tokenizer + manifest.json). Defaults per --bits on CPU: "
-                                   "32 -> onnx-fp32, 16 -> torch-bf16, 8 -> onnx-int8, 4 -> onnx-int4; "
-                                   "on CUDA: 32 -> torch-fp32, 16 -> torch-fp16, 8 -> bnb-int8, 4 -> bnb-nf4.")
+                                   f"(weights + tokenizer + manifest.json). Defaults per --bits {defaults}.")
     p.add_argument("checkpoint", help="checkpoint directory (from `qserve train` or save_pretrained)")
-    p.add_argument("--bits", type=int, choices=[32, 16, 8, 4], help="weight bits; picks the device's default backend")
-    p.add_argument("--backend", choices=["torch", "bnb", "onnx", "openvino"], help="with --bits: which backend produces it")
-    p.add_argument("--dtype", choices=["fp32", "fp16", "bf16", "int8", "nf4", "fp4", "int4"],
-                   help="with --bits: which storage type (e.g. --bits 16 --dtype fp16)")
+    p.add_argument("--bits", type=int, choices=list(BITS), help="weight bits; picks the device's default backend")
+    p.add_argument("--backend", choices=list(BACKENDS), help="with --bits: which backend produces it")
+    p.add_argument("--dtype", choices=list(DTYPES), help="with --bits: which storage type (e.g. --bits 16 --dtype fp16)")
     p.add_argument("--variant", choices=list(VARIANTS), help="name the variant directly")
     p.add_argument("--all", action="store_true", help="every variant the device supports (existing ones kept)")
     p.add_argument("--include-slow", action="store_true",
@@ -174,42 +183,8 @@ def register(sub) -> None:
                                  "Default: <checkpoint>-variants/<variant>")
     p.add_argument("--force", action="store_true", help="replace an existing variant directory")
     p.add_argument("--device", default="auto", help="auto|cpu|cuda: device for defaults and the parity check")
-    p.add_argument("--per-channel", action=argparse.BooleanOptionalAction, default=None,
-                   help="onnx-int8: one weight scale per output channel (default on: on the embedded default "
-                        "it lifts agreement with fp32 from 96.8%% to 99.0%% for ~4%% latency)")
-    p.add_argument("--smooth", action=argparse.BooleanOptionalAction, default=None,
-                   help="onnx-int8: smooth activation outliers into the weights before quantizing (default on)")
-    p.add_argument("--correct-bias", action=argparse.BooleanOptionalAction, default=None,
-                   help="onnx-int8: take the mean int8-vs-fp32 logit shift on calibration texts out of the output "
-                        "bias (default on: agreement with fp32 98.75%% -> 99.05%% on the embedded default)")
-    p.add_argument("--calibration-samples", type=int,
-                   help="onnx-int8, bnb-nf4/fp4, ov-int8: training texts that calibrate onnx-int8's smoothing and "
-                        "bias correction, bnb's clipping (default 64), or NNCF's ov-int8 quantization (default 300)")
-    p.add_argument("--keep-fp32", metavar="PATTERNS",
-                   help="onnx-int8: comma-separated parts of MatMul node names to leave in fp32, e.g. "
-                        "'layer.0/ffn/lin2,layer.1/ffn/lin2' (more accurate, larger, slower)")
-    p.add_argument("--inference-precision", choices=["f32", "bf16"],
-                   help="ov-int8: precision of the ops NNCF leaves unquantized (default f32; bf16 needs a CPU "
-                        "with avx512_bf16 or AMX)")
-    p.add_argument("--activation-scales", choices=["per-tensor", "per-row"],
-                   help="onnx-int8: per-tensor (default: ORT dynamic quantization, one scale per batch; the runtime "
-                        "runs it row by row) or per-row (each token row its own scale in the graph; rows independent "
-                        "when batched, slower at batch 1; see README)")
-    p.add_argument("--row-by-row", action=argparse.BooleanOptionalAction, default=None,
-                   help="onnx-int8 per-tensor: the runtime runs batches row by row (default on: one text, one "
-                        "answer); --no-row-by-row records that it forwards them as one batch, as before (answers "
-                        "move with batchmates: for side-by-side comparison)")
-    p.add_argument("--block-size", type=int, help="onnx-int4: quantization block size (default 32)")
-    p.add_argument("--accuracy-level", type=int, choices=[0, 1, 2, 3, 4],
-                   help="onnx-int4: MatMulNBits accuracy_level (4 = int8 compute, fastest on CPU; default 4)")
-    p.add_argument("--quantize-embeddings", action=argparse.BooleanOptionalAction, default=None,
-                   help="onnx-int4: also quantize the word-embedding Gather to 4 bits")
-    p.add_argument("--llm-int8-threshold", type=float, help="bnb-int8: outlier threshold (default 6.0)")
-    p.add_argument("--double-quant", action=argparse.BooleanOptionalAction, default=None, help="bnb-nf4/fp4: quantize the scales too")
-    p.add_argument("--clip", action=argparse.BooleanOptionalAction, default=None,
-                   help="bnb-nf4/fp4: clip each 64-weight block to the range that minimises its output error on "
-                        "calibration texts before quantizing (default on for fp4: agreement with fp32 on the "
-                        "embedded default 96.4%% -> 98.3%%; off for nf4, where it changed nothing beyond noise)")
+    for opts in flag_options().values():
+        _add_option_flag(p, opts)
     p.set_defaults(func=cmd_export)
 
     v = sub.add_parser("variants", help="list variant directories with size and parity")

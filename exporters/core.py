@@ -8,15 +8,19 @@ from __future__ import annotations
 import json
 import shutil
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from qserve import QserveError
 from qserve.artifact import checkpoint_hash, library_versions, staged_dir, write_manifest
-from qserve.variants import VariantSpec
+from qserve.variants import VariantSpec, backend_of, load_target
+
+Builder = Callable[[Path, Path, VariantSpec, dict[str, Any]], dict[str, Any]]
+"""(checkpoint_dir, out_dir, spec, options) -> the extra manifest fields of the variant it wrote into out_dir."""
 
 # Fixed probe texts for the parity gate: short and long, positive, negative and mixed,
 # plus markup and an empty-ish input, so padding and truncation paths are both exercised.
@@ -92,10 +96,15 @@ def parity(ref: np.ndarray, got: np.ndarray, tolerance: float, name: str) -> dic
             "tolerance": tolerance, "within_tolerance": ok}
 
 
+def get_builder(name: str) -> Builder:
+    """The function the registry names for variant `name`, imported now (a missing backend fails here)."""
+    backend = backend_of(name)
+    return cast(Builder, load_target(backend.exporter, backend))
+
+
 def export_variant(checkpoint: Path, spec: VariantSpec, out: Path, force: bool = False,
                    options: dict[str, Any] | None = None, device: str = "cpu",
                    probes: list[str] | None = None) -> dict[str, Any]:
-    from exporters import get_builder
     from qserve.runtime import load_runtime
 
     info = checkpoint_info(checkpoint)

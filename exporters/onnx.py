@@ -37,20 +37,12 @@ from typing import Any
 import numpy as np
 
 from qserve import QserveError
-from qserve.variants import VariantSpec
+from qserve.variants import REGISTRY, VariantSpec, merge_options, option_defaults
 
 MODEL_FILE = "model.onnx"
 
-# Options each variant understands, with their defaults. None = the library's own default.
-OPTIONS: dict[str, dict[str, Any]] = {
-    "onnx-fp32": {"opset": None},
-    "onnx-fp16": {"opset": None},
-    "onnx-int8": {"opset": None, "per_channel": True, "reduce_range": False, "optimize": False, "smooth": True,
-                  "correct_bias": True, "calibration_samples": 64, "keep_fp32": "",
-                  "activation_scales": "per-tensor", "row_by_row": True, "calibrate_alone": False},
-    "onnx-int4": {"opset": None, "block_size": 32, "accuracy_level": 4, "symmetric": False,
-                  "quantize_embeddings": False},
-}
+# Options each variant understands, with their defaults (declared in the backend registry).
+OPTIONS: dict[str, dict[str, Any]] = {s.name: option_defaults(s.name) for s in REGISTRY["onnx"].variants}
 # per-tensor: ORT dynamic quantization, one activation scale per MatMul input, i.e. per batch (the
 # runtime runs such a graph row by row to keep one text one answer); per-row: exporters.rowwise.
 ACTIVATION_SCALES = ("per-tensor", "per-row")
@@ -62,12 +54,7 @@ def resolve_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     """Merge `options` over the variant's defaults; unknown names and bad values are QserveErrors."""
     if name not in OPTIONS:
         raise QserveError(f"exporters.onnx builds {', '.join(OPTIONS)}; got {name!r}")
-    allowed = OPTIONS[name]
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise QserveError(f"unknown option(s) {', '.join(map(repr, unknown))} for {name}; "
-                          f"allowed: {', '.join(f'{k} (default {v!r})' for k, v in allowed.items())}")
-    opts = {**allowed, **options}
+    opts = merge_options(name, options)
     if opts.get("optimize") is True and "smooth" not in options:
         # The smoothing Mul sits between each LayerNorm and its q/k/v MatMuls, which is exactly
         # the pattern ORT's attention fusion matches: asking for the fused graph turns it off.

@@ -31,29 +31,20 @@ from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
-from qserve.variants import VariantSpec
+from qserve.variants import REGISTRY, VariantSpec, merge_options, option_defaults
 
 MODEL_FILE = "openvino_model.xml"
 WEIGHTS_FILE = "openvino_model.bin"
-HINT = "pip install 'qserve[openvino]'"
+HINT = REGISTRY["openvino"].install
 
-OPTIONS: dict[str, dict[str, Any]] = {
-    "ov-fp32": {},
-    "ov-bf16": {},
-    # inference_precision bf16 = the int8 IR with its non-quantized ops in bf16 (AMX/avx512_bf16 only)
-    "ov-int8": {"calibration_samples": 300, "inference_precision": "f32"},
-}
+# Options each variant understands, with their defaults (declared in the backend registry).
+OPTIONS: dict[str, dict[str, Any]] = {s.name: option_defaults(s.name) for s in REGISTRY["openvino"].variants}
 
 
 def resolve_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     if name not in OPTIONS:
         raise QserveError(f"exporters.openvino builds {', '.join(OPTIONS)}; got {name!r}")
-    allowed = OPTIONS[name]
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        listed = ", ".join(f"{k} (default {v!r})" for k, v in allowed.items()) or "none"
-        raise QserveError(f"unknown option(s) {', '.join(map(repr, unknown))} for {name}; allowed: {listed}")
-    opts = {**allowed, **options}
+    opts = merge_options(name, options)
     if "calibration_samples" in opts:
         from exporters.calibration import check_samples
 

@@ -1,19 +1,28 @@
-"""The variant table: every way qserve can store a model, in one place.
+"""The backend registry: every way qserve can store and run a model, declared once.
 
     qserve export models/minilm-imdb --bits 8      # -> onnx-int8 on CPU
 
-Names, bits defaults and device support live only here; exporters register a
-builder per name and the runtime dispatches on `backend`.
+Each `Backend` in `REGISTRY` declares its variants, the exporter function that builds
+them, the runtime class that runs them and the exporter options they understand (with
+defaults and `qserve export` help). Exporter and runtime are "module:attr" strings,
+imported only when one of the backend's variants is exported or loaded: importing this
+module imports no torch, onnxruntime or OpenVINO, and a missing library fails only its
+own backend's variants. Everything else derives from the registry: `VARIANTS`,
+`BACKENDS`, the exporters' builder lookup and option defaults, `load_runtime`'s
+dispatch, the export command's option flags. A new backend is an exporter module, a
+runtime module and one entry here.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from qserve import QserveError
 
-BACKENDS = ("torch", "bnb", "onnx", "openvino")
+OptionValue = bool | int | float | str | None
+"""An exporter option's value as it travels through the CLI, the options dict and the manifest."""
 
 
 @dataclass(frozen=True)
@@ -37,29 +46,123 @@ class VariantSpec:
         return cls(**data)
 
 
-VARIANTS: dict[str, VariantSpec] = {
-    s.name: s
-    for s in [
-        VariantSpec("torch-fp32", "torch", 32, "fp32"),
-        VariantSpec("torch-bf16", "torch", 16, "bf16"),
-        # fp16 matmuls on CPU have no fast kernel (~270 ms vs ~80 fp32 measured):
-        # exportable and loadable on CPU, but `--all` skips it there.
-        VariantSpec("torch-fp16", "torch", 16, "fp16"),
-        VariantSpec("bnb-int8", "bnb", 8, "int8"),
-        VariantSpec("bnb-nf4", "bnb", 4, "nf4"),
-        VariantSpec("bnb-fp4", "bnb", 4, "fp4"),
-        VariantSpec("onnx-fp32", "onnx", 32, "fp32"),
-        VariantSpec("onnx-fp16", "onnx", 16, "fp16"),
-        # dynamic int8 has no CUDA kernels in ORT's CUDA EP: CPU only.
-        VariantSpec("onnx-int8", "onnx", 8, "int8", cuda=False),
-        VariantSpec("onnx-int4", "onnx", 4, "int4"),
-        # OpenVINO's CPU plugin (exporters.openvino): CPU only. ov-bf16 is the fp32 IR compiled
-        # with the bf16 inference-precision hint; ov-int8 is NNCF post-training quantization.
-        VariantSpec("ov-fp32", "openvino", 32, "fp32", cuda=False),
-        VariantSpec("ov-bf16", "openvino", 16, "bf16", cuda=False),
-        VariantSpec("ov-int8", "openvino", 8, "int8", cuda=False),
-    ]
-}
+@dataclass(frozen=True)
+class Option:
+    """One exporter option: its key in the variant's options, its default per variant, its flag."""
+
+    key: str
+    defaults: dict[str, OptionValue]
+    """Variant name -> default, for exactly the variants that understand the option (None = the library's)."""
+    kind: type = bool
+    """bool (a --flag/--no-flag pair), int, float or str."""
+    help: str = ""
+    """`qserve export --help` text, without the default (derived from `defaults`). Empty: no flag, the
+    option is set through `exporters.export(..., options=...)` only."""
+    choices: tuple[OptionValue, ...] = ()
+    metavar: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A way to produce and run variants: one exporter module, one runtime class."""
+
+    name: str
+    exporter: str
+    """"module:function" that writes a variant's weights: (checkpoint_dir, out_dir, spec, options) -> extra
+    manifest fields."""
+    runtime: str
+    """"module:Class", a qserve.runtime.base.Runtime subclass built as (variant_dir, manifest, device, options)."""
+    variants: tuple[VariantSpec, ...]
+    options: tuple[Option, ...] = ()
+    libraries: tuple[str, ...] = ()
+    """What a bench child imports before its memory baseline, so 'model memory' leaves the libraries out."""
+    install: str = ""
+    """The install hint shown when the exporter or runtime module cannot be imported."""
+
+
+_CALIBRATION = "training texts that calibrate"
+
+REGISTRY: dict[str, Backend] = {b.name: b for b in (
+    Backend(
+        "torch", "exporters.torch_dtype:build", "qserve.runtime.torch_rt:TorchRuntime",
+        (VariantSpec("torch-fp32", "torch", 32, "fp32"),
+         VariantSpec("torch-bf16", "torch", 16, "bf16"),
+         # fp16 matmuls on CPU have no fast kernel: exportable and loadable there, but `--all` skips it.
+         VariantSpec("torch-fp16", "torch", 16, "fp16")),
+        libraries=("torch",)),
+    Backend(
+        "bnb", "exporters.bnb:build", "qserve.runtime.torch_rt:TorchRuntime",
+        (VariantSpec("bnb-int8", "bnb", 8, "int8"),
+         VariantSpec("bnb-nf4", "bnb", 4, "nf4"),
+         VariantSpec("bnb-fp4", "bnb", 4, "fp4")),
+        options=(
+            Option("llm_int8_threshold", {"bnb-int8": 6.0}, float,
+                   "LLM.int8 activation outlier threshold (0 turns the fp16 outlier path off)"),
+            Option("double_quant", {"bnb-nf4": False, "bnb-fp4": False}, bool, "quantize the 4-bit block scales too"),
+            # on for fp4, where it lifts agreement with fp32; off for nf4, where it changed nothing beyond noise
+            Option("clip", {"bnb-nf4": False, "bnb-fp4": True}, bool,
+                   "clip each 64-weight block to the range that minimises its output error on calibration texts "
+                   "before quantizing (exporters.clipping)"),
+            Option("calibration_samples", {"bnb-nf4": 64, "bnb-fp4": 64}, int, f"{_CALIBRATION} the clipping"),
+        ),
+        libraries=("torch",), install="pip install bitsandbytes==0.50.2 accelerate"),
+    Backend(
+        "onnx", "exporters.onnx:build", "qserve.runtime.onnx_rt:OnnxRuntime",
+        (VariantSpec("onnx-fp32", "onnx", 32, "fp32"),
+         VariantSpec("onnx-fp16", "onnx", 16, "fp16"),
+         # dynamic int8 has no CUDA kernels in ORT's CUDA EP: CPU only.
+         VariantSpec("onnx-int8", "onnx", 8, "int8", cuda=False),
+         VariantSpec("onnx-int4", "onnx", 4, "int4")),
+        options=(
+            Option("opset", {"onnx-fp32": None, "onnx-fp16": None, "onnx-int8": None, "onnx-int4": None}, int),
+            Option("per_channel", {"onnx-int8": True}, bool, "one weight scale per output channel"),
+            Option("reduce_range", {"onnx-int8": False}, bool),
+            Option("optimize", {"onnx-int8": False}, bool),
+            Option("smooth", {"onnx-int8": True}, bool,
+                   "smooth activation outliers into the weights before quantizing (exporters.smoothing)"),
+            Option("correct_bias", {"onnx-int8": True}, bool,
+                   "take the mean int8-vs-fp32 logit shift on calibration texts out of the output bias"),
+            Option("calibration_samples", {"onnx-int8": 64}, int, f"{_CALIBRATION} the smoothing and bias correction"),
+            Option("keep_fp32", {"onnx-int8": ""}, str,
+                   "comma-separated parts of MatMul node names to leave in fp32, e.g. "
+                   "'layer.0/ffn/lin2,layer.1/ffn/lin2' (more accurate, larger, slower)", metavar="PATTERNS"),
+            Option("activation_scales", {"onnx-int8": "per-tensor"}, str,
+                   "per-tensor: ORT dynamic quantization, one activation scale per batch (the runtime runs it row "
+                   "by row); per-row: each token row its own scale in the graph, rows independent when batched",
+                   choices=("per-tensor", "per-row")),
+            Option("row_by_row", {"onnx-int8": True}, bool,
+                   "with per-tensor scales the runtime runs batches row by row (one text, one answer); "
+                   "--no-row-by-row records that it forwards them as one batch (answers move with batchmates)"),
+            Option("calibrate_alone", {"onnx-int8": False}, bool),
+            Option("block_size", {"onnx-int4": 32}, int, "quantization block size"),
+            Option("accuracy_level", {"onnx-int4": 4}, int,
+                   "MatMulNBits accuracy_level (4 = int8 compute, the CPU fast path)", choices=(0, 1, 2, 3, 4)),
+            Option("symmetric", {"onnx-int4": False}, bool),
+            Option("quantize_embeddings", {"onnx-int4": False}, bool, "also quantize the word-embedding Gather to 4 bits"),
+        ),
+        libraries=("onnxruntime",), install="pip install 'qserve[cpu]' (or 'qserve[gpu]' for CUDA)"),
+    Backend(
+        # OpenVINO's CPU plugin: CPU only. ov-bf16 is the fp32 IR compiled with the bf16
+        # inference-precision hint; ov-int8 is NNCF post-training quantization.
+        "openvino", "exporters.openvino:build", "qserve.runtime.openvino_rt:OpenVINORuntime",
+        (VariantSpec("ov-fp32", "openvino", 32, "fp32", cuda=False),
+         VariantSpec("ov-bf16", "openvino", 16, "bf16", cuda=False),
+         VariantSpec("ov-int8", "openvino", 8, "int8", cuda=False)),
+        options=(
+            Option("calibration_samples", {"ov-int8": 300}, int, f"{_CALIBRATION} NNCF's quantization"),
+            Option("inference_precision", {"ov-int8": "f32"}, str,
+                   "precision of the ops NNCF leaves unquantized (bf16 needs avx512_bf16 or AMX)",
+                   choices=("f32", "bf16")),
+        ),
+        install="pip install 'qserve[openvino]'"),
+)}
+
+VARIANTS: dict[str, VariantSpec] = {s.name: s for b in REGISTRY.values() for s in b.variants}
+BACKENDS = tuple(REGISTRY)
 
 # `qserve export --bits N` without --backend: the measured fast path per device.
 DEFAULT_FOR_BITS = {
@@ -68,7 +171,8 @@ DEFAULT_FOR_BITS = {
 }
 # Variants `--all` skips on a device because they run but only slowly there.
 SLOW_ON = {"cpu": {"torch-fp16"}, "cuda": set()}
-DTYPES = {"fp32", "fp16", "bf16", "int8", "nf4", "fp4", "int4"}
+DTYPES = ("fp32", "fp16", "bf16", "int8", "nf4", "fp4", "int4")
+BITS = (32, 16, 8, 4)
 
 
 def get_spec(name: str) -> VariantSpec:
@@ -80,14 +184,59 @@ def get_spec(name: str) -> VariantSpec:
         ) from None
 
 
+def backend_of(name: str) -> Backend:
+    """The registry entry that builds and runs variant `name`."""
+    return REGISTRY[get_spec(name).backend]
+
+
+def load_target(target: str, backend: Backend) -> object:
+    """Import a registry "module:attr" string; a module that cannot be imported fails this backend only."""
+    module, _, attr = target.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except ImportError as e:
+        names = ", ".join(s.name for s in backend.variants)
+        hint = f"; {backend.install}" if backend.install else ""
+        raise QserveError(f"the {backend.name} backend ({names}) is unavailable: importing {module} failed "
+                          f"({e}){hint}") from e
+
+
+def option_defaults(name: str) -> dict[str, OptionValue]:
+    """The exporter options variant `name` understands, with their defaults, in declaration order."""
+    return {o.key: o.defaults[name] for o in backend_of(name).options if name in o.defaults}
+
+
+def merge_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """`options` over variant `name`'s defaults; an unknown key is an error naming the allowed ones."""
+    allowed = option_defaults(name)
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        listed = ", ".join(f"{k} (default {v!r})" for k, v in allowed.items()) or "none"
+        raise QserveError(f"unknown option(s) {', '.join(map(repr, unknown))} for {name}; allowed: {listed}")
+    return {**allowed, **options}
+
+
+def flag_options() -> dict[str, list[Option]]:
+    """Every option that has a `qserve export` flag, by key (backends may share a key, e.g. calibration_samples)."""
+    out: dict[str, list[Option]] = {}
+    for b in REGISTRY.values():
+        for o in b.options:
+            if o.help:
+                out.setdefault(o.key, []).append(o)
+    for key, opts in out.items():
+        if len({(o.kind, o.choices) for o in opts}) > 1:  # one flag, one parser: a registry mistake
+            raise TypeError(f"backends declare option {key!r} with different types or choices")
+    return out
+
+
 def valid_combinations() -> str:
     return ", ".join(f"--bits {s.bits} --backend {s.backend} --dtype {s.dtype} ({s.name})" for s in VARIANTS.values())
 
 
 def resolve(bits: int, backend: str | None = None, dtype: str | None = None, device: str = "cpu") -> VariantSpec:
     """Pick the variant for `--bits/--backend/--dtype`; an impossible mix names the valid ones."""
-    if bits not in (32, 16, 8, 4):
-        raise QserveError(f"--bits must be one of 32, 16, 8, 4 (got {bits})")
+    if bits not in BITS:
+        raise QserveError(f"--bits must be one of {', '.join(map(str, BITS))} (got {bits})")
     if backend is not None and backend not in BACKENDS:
         raise QserveError(f"--backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
     if dtype is not None and dtype not in DTYPES:

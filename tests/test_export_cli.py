@@ -84,3 +84,16 @@ def test_variants_flags_invalid_dir(tiny_variant, tmp_path, capsys):
     assert main(["variants", str(tmp_path), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert rows[0]["status"].startswith("invalid:") and "vocab.txt" in rows[0]["status"]
+
+
+def test_export_help_derives_option_flags_from_the_registry(capsys):
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "--clip, --no-clip bnb-nf4, bnb-fp4: clip each 64-weight block" in out
+    assert "(default off for bnb-nf4, on for bnb-fp4)" in out
+    assert ("--calibration-samples CALIBRATION_SAMPLES bnb-nf4, bnb-fp4: training texts that calibrate the "
+            "clipping (default 64); onnx-int8:") in out
+    assert "ov-int8: training texts that calibrate NNCF's quantization (default 300)" in out
+    assert "--backend {torch,bnb,onnx,openvino}" in out
+    assert "on CPU: 32 -> onnx-fp32, 16 -> torch-bf16, 8 -> onnx-int8, 4 -> onnx-int4" in out

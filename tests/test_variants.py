@@ -53,3 +53,77 @@ def test_openvino_variants_are_cpu_only_and_resolvable():
     assert not {"ov-fp32", "ov-bf16", "ov-int8"} & {s.name for s in supported("cuda")}
     with pytest.raises(QserveError, match="no CUDA kernels"):
         resolve(8, backend="openvino", device="cuda")
+
+
+# -- the backend registry -------------------------------------------------------------------
+
+def test_registry_entries_are_consistent():
+    from qserve.variants import BACKENDS, REGISTRY
+
+    assert BACKENDS == ("torch", "bnb", "onnx", "openvino")
+    for name, backend in REGISTRY.items():
+        assert backend.name == name and backend.variants
+        assert {s.backend for s in backend.variants} == {name}
+        for opt in backend.options:
+            assert set(opt.defaults) <= {s.name for s in backend.variants}, (name, opt.key)
+            assert all(v is None or isinstance(v, opt.kind) for v in opt.defaults.values()), (name, opt.key)
+    assert sum(len(b.variants) for b in REGISTRY.values()) == len(VARIANTS) == 13
+
+
+def test_every_registry_target_resolves():
+    import exporters
+    from qserve.runtime import Runtime, runtime_class
+    from qserve.variants import REGISTRY
+
+    for backend in REGISTRY:
+        assert issubclass(runtime_class(backend), Runtime)
+    for name in VARIANTS:
+        assert callable(exporters.get_builder(name))
+
+
+def test_a_missing_backend_fails_only_its_own_variants(monkeypatch):
+    import sys
+
+    import exporters
+    from qserve.runtime import runtime_class
+
+    monkeypatch.setitem(sys.modules, "exporters.openvino", None)  # makes `import exporters.openvino` fail
+    monkeypatch.setitem(sys.modules, "qserve.runtime.openvino_rt", None)
+    with pytest.raises(QserveError, match=r"openvino backend \(ov-fp32, ov-bf16, ov-int8\) is unavailable.*"
+                                          r"pip install 'qserve\[openvino\]'"):
+        exporters.get_builder("ov-int8")
+    with pytest.raises(QserveError, match="importing qserve.runtime.openvino_rt failed"):
+        runtime_class("openvino")
+    assert callable(exporters.get_builder("onnx-int8"))
+    assert runtime_class("onnx").__name__ == "OnnxRuntime"
+
+
+def test_exporter_options_and_flags_derive_from_the_registry():
+    from exporters import bnb, onnx, openvino
+    from exporters.cli import OPTION_FLAGS
+    from qserve.variants import merge_options, option_defaults
+
+    assert OPTION_FLAGS == {
+        "llm_int8_threshold": ("--llm-int8-threshold", {"bnb-int8"}),
+        "double_quant": ("--double-quant", {"bnb-nf4", "bnb-fp4"}),
+        "clip": ("--clip", {"bnb-nf4", "bnb-fp4"}),
+        "calibration_samples": ("--calibration-samples", {"onnx-int8", "bnb-nf4", "bnb-fp4", "ov-int8"}),
+        "per_channel": ("--per-channel", {"onnx-int8"}),
+        "smooth": ("--smooth", {"onnx-int8"}),
+        "correct_bias": ("--correct-bias", {"onnx-int8"}),
+        "keep_fp32": ("--keep-fp32", {"onnx-int8"}),
+        "activation_scales": ("--activation-scales", {"onnx-int8"}),
+        "row_by_row": ("--row-by-row", {"onnx-int8"}),
+        "block_size": ("--block-size", {"onnx-int4"}),
+        "accuracy_level": ("--accuracy-level", {"onnx-int4"}),
+        "quantize_embeddings": ("--quantize-embeddings", {"onnx-int4"}),
+        "inference_precision": ("--inference-precision", {"ov-int8"}),
+    }
+    assert bnb.OPTIONS["bnb-fp4"] == {"double_quant": False, "clip": True, "calibration_samples": 64}
+    assert list(onnx.OPTIONS["onnx-int4"]) == ["opset", "block_size", "accuracy_level", "symmetric",
+                                              "quantize_embeddings"]
+    assert openvino.OPTIONS == {"ov-fp32": {}, "ov-bf16": {}, "ov-int8": option_defaults("ov-int8")}
+    assert merge_options("ov-int8", {"calibration_samples": 8}) == {"calibration_samples": 8,
+                                                                   "inference_precision": "f32"}
+    with pytest.raises(QserveError, match=r"unknown option\(s\) 'clip' for onnx-int8; allowed: opset \(default None\)"):
+        merge_options("onnx-int8", {"clip": True})

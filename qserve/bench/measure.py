@@ -153,13 +153,17 @@ def accuracy(rt, ev: dict[str, Any], batch: int = 32) -> dict[str, Any]:
 
 
 def _preimport(backend: str) -> None:
-    """Import the backend's libraries before the baseline, so 'model memory' excludes them."""
+    """Import the backend's libraries (the registry's `libraries`) before the baseline, so 'model memory'
+    excludes them; an unknown backend is left for load_runtime to refuse."""
+    import importlib
+
     import transformers  # noqa: F401  (the tokenizer, every backend)
 
-    if backend in ("torch", "bnb"):
-        import torch  # noqa: F401
-    elif backend == "onnx":
-        import onnxruntime  # noqa: F401
+    from qserve.variants import REGISTRY
+
+    entry = REGISTRY.get(backend)
+    for module in entry.libraries if entry else ():
+        importlib.import_module(module)
 
 
 def _fault(variant_dir: Path) -> None:

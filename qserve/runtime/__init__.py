@@ -1,45 +1,43 @@
-"""The runtime contract shared by bench and serve: one loader, one predict().
+"""The runtime contract shared by bench, serve and export: one loader, one Runtime interface.
 
     python -c "from qserve.runtime import load_runtime; r = load_runtime('models/minilm-imdb-variants/onnx-int8'); print(r.predict(['great film']))"
 
-`load_runtime(variant_dir, device)` verifies the manifest, then dispatches on the
-spec's backend. Every runtime tokenizes the same way (truncation to the variant's
-max_length, dynamic padding) so a benchmark measures exactly what is served.
+`load_runtime(variant_dir, device)` verifies the manifest, then builds the runtime class
+the backend registry (qserve.variants) names for the spec's backend. Every runtime is a
+`Runtime` (qserve.runtime.base): the same tokenization (truncation to the variant's
+max_length, dynamic padding) and the same methods (`predict`, `classify`, `logits`,
+`run`) over a backend's `forward`, so a benchmark measures exactly what is served.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from qserve.runtime.base import Runtime, RuntimeOptions
 
-__all__ = ["Runtime", "RuntimeOptions", "load_runtime"]
+__all__ = ["Runtime", "RuntimeOptions", "load_runtime", "runtime_class"]
+
+
+def runtime_class(backend: str) -> type[Runtime]:
+    """The Runtime subclass the registry names for `backend`, imported now (a missing backend fails here)."""
+    from qserve.variants import REGISTRY, load_target
+
+    entry = REGISTRY[backend]
+    return cast("type[Runtime]", load_target(entry.runtime, entry))
 
 
 def load_runtime(variant_dir: str | Path, device: str = "auto", options: RuntimeOptions | None = None,
                  verify_hashes: bool = True, allow_extra_files: bool = False) -> Runtime:
-    from qserve.artifact import verify
+    from qserve.artifact import VariantError, verify
     from qserve.devices import resolve_device
+    from qserve.variants import BACKENDS
 
     variant_dir = Path(variant_dir)
     manifest: dict[str, Any] = verify(variant_dir, check_hashes=verify_hashes,
                                      allow_extra_files=allow_extra_files)
     device = resolve_device(device)
-    options = options or RuntimeOptions()
     backend = manifest["spec"]["backend"]
-    if backend in ("torch", "bnb"):
-        from qserve.runtime.torch_rt import TorchRuntime
-
-        return TorchRuntime(variant_dir, manifest, device, options)
-    if backend == "onnx":
-        from qserve.runtime.onnx_rt import OnnxRuntime
-
-        return OnnxRuntime(variant_dir, manifest, device, options)
-    if backend == "openvino":
-        from qserve.runtime.openvino_rt import OpenVINORuntime
-
-        return OpenVINORuntime(variant_dir, manifest, device, options)
-    from qserve.artifact import VariantError
-
-    raise VariantError(f"{variant_dir}/manifest.json names backend {backend!r}; known: torch, bnb, onnx, openvino")
+    if backend not in BACKENDS:
+        raise VariantError(f"{variant_dir}/manifest.json names backend {backend!r}; known: {', '.join(BACKENDS)}")
+    return runtime_class(backend)(variant_dir, manifest, device, options or RuntimeOptions())
