@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # serve_engines and netutil beside this script
 
 from qserve import QserveError  # noqa: E402
 from qserve.devices import cpu_info  # noqa: E402
@@ -114,12 +114,6 @@ def model_b1_from_report(path: Path, name: str, variant: Path) -> dict[str, Any]
     return {"path": str(path), "error": f"no variant named {name!r} in the report"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def scrape_batches(url: str) -> tuple[float, float]:
     """(number of forwards, texts in them) from the server's batch-size histogram."""
     import httpx2
@@ -133,7 +127,7 @@ def scrape_batches(url: str) -> tuple[float, float]:
 
 def run_server(args: argparse.Namespace, max_batch_size: int, texts: list[str], workdir: Path) -> dict[str, Any]:
     import httpx2
-
+    from netutil import free_port
     from qserve.serve.loadtest import run_loadtest
 
     port = free_port()
@@ -347,7 +341,6 @@ def run_engines(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import serve_engines
 
     out = args.out if args.out != ROOT / "benchmarks" / "reports" / "serve" else \

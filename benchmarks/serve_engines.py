@@ -202,7 +202,7 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
     from qserve.deploy import Scaling
     from qserve.runtime import RuntimeOptions, load_runtime
     from qserve.serve.ray_engine import application, logging_config
-    from serve_bench import free_port
+    from netutil import free_port
 
     refuse_existing(out / "report.json", force)
     cores = os.cpu_count() or 1

@@ -15,6 +15,7 @@ import argparse
 import importlib
 import logging
 import sys
+from collections.abc import Callable
 
 from qserve import QserveError, __version__
 
@@ -49,6 +50,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def command_func(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
+    """The function that runs the parsed command. `qserve train --compare` is the precision study:
+    qserve.study runs qserve.train in child processes, so train cannot call the study back without an
+    import circle; the composition root picks the stage instead."""
+    if args.command == "train" and getattr(args, "compare", False):
+        from qserve.study import run_compare
+
+        return run_compare
+    return args.func
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -61,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        return int(command_func(args)(args) or 0)
     except QserveError as e:
         print(f"qserve {args.command}: error: {e}", file=sys.stderr)
         return 2

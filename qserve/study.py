@@ -15,6 +15,7 @@ the seed project's A100 figures beside ours, labelled as a reference.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -109,6 +110,21 @@ def plan(cfg, precisions: list[str] | None, device: str, bf16_updates: list[str]
     first = next(r for r in runs if r["precision"] == noise_precision)
     runs.append({**first, "seed": cfg.seed + 1, "noise": True, "data_seed": split_seed(cfg)})
     return runs
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    """`qserve train --compare`: the precision study over the train command's flags (qserve.cli sends
+    the command here; qserve.train itself never imports this module)."""
+    from qserve.train import config_from_args
+
+    cfg = config_from_args(args)
+    out_dir = Path(args.out) if args.out else Path(DEFAULT_DIR)
+    cfg.out = None
+    study = compare(cfg, args.precision, out_dir, bf16_updates=args.bf16_update,
+                    noise_precision=args.noise_precision, step_rounds=args.step_rounds,
+                    step_samples=args.step_samples)
+    print(f"precision study: {out_dir / 'precision_study.md'} ({len(study['runs'])} runs)")
+    return 0 if all(r.get("ok") for r in study["runs"]) else 1
 
 
 def compare(cfg, precisions: list[str] | None, out_dir, bf16_updates: list[str] | None = None,

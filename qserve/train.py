@@ -414,17 +414,12 @@ def config_from_args(args) -> TrainConfig:
 
 
 def run(args) -> int:
+    """`qserve train`: one fine-tune. (`--compare` is the precision study, qserve.study, which runs this
+    module in children: the composition root, qserve.cli, sends it there, so train never imports study.)"""
+    if getattr(args, "compare", False):
+        raise QserveError("--compare runs the precision study: use `qserve train --compare ...` "
+                          "(`python -m qserve.train` runs one fine-tune)")
     cfg = config_from_args(args)
-    if args.compare:
-        from qserve.study import DEFAULT_DIR, compare
-
-        out_dir = Path(args.out) if args.out else Path(DEFAULT_DIR)
-        cfg.out = None
-        study = compare(cfg, args.precision, out_dir, bf16_updates=args.bf16_update,
-                        noise_precision=args.noise_precision, step_rounds=args.step_rounds,
-                        step_samples=args.step_samples)
-        print(f"precision study: {out_dir / 'precision_study.md'} ({len(study['runs'])} runs)")
-        return 0 if all(r.get("ok") for r in study["runs"]) else 1
     m = train(cfg)
     if m is None:  # a DDP worker rank: rank 0 reports
         return 0

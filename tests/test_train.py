@@ -272,6 +272,19 @@ def test_study_refuses_16_mixed_on_cpu(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_train_compare_is_dispatched_to_the_study_by_the_composition_root(tmp_path, capsys):
+    """qserve.train never imports qserve.study (the study runs train in children); qserve.cli routes
+    `train --compare` to it, and `python -m qserve.train --compare` says where the study lives."""
+    from qserve import cli, train as train_module
+
+    out = tmp_path / "study"
+    assert cli.main(["train", "--compare", "--precision", "16-mixed", "--device", "cpu", "--out", str(out)]) == 2
+    assert "16-mixed is not supported on cpu" in capsys.readouterr().err  # the study's own refusal
+    assert not out.exists()
+    assert train_module.main(["--compare"]) == 2
+    assert "use `qserve train --compare" in capsys.readouterr().err
+
+
 def test_study_plan_runs_bf16_true_per_update_and_one_noise_seed_on_the_same_split():
     from qserve.study import plan
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from qserve.bench.runner import REFERENCES
+from qserve.bench.stats import shape_stats
+
+REFERENCES = ("torch-fp32", "onnx-fp32")  # agreement and speed-up are measured against these, first found wins
 
 MEMORY_KEYS = ("peak_rss_mb", "peak_rss_load_mb", "rss_before_load_mb", "rss_after_load_mb", "model_rss_mb",
                "polled_peak_rss_mb")
@@ -69,13 +71,6 @@ def model_block(metas: list[dict[str, Any]]) -> dict[str, Any]:
         except ValueError as e:
             block["dims_error"] = str(e)
     return block
-
-
-def shape_stats(entry: dict[str, Any], batch: int, seq: int) -> dict[str, Any] | None:
-    for rec in entry.get("fixed") or []:
-        if rec.get("batch") == batch and rec.get("seq") == seq and "p50" in rec:
-            return rec
-    return None
 
 
 def agreement(preds: list[int] | None, ref: list[int] | None) -> float | None:

@@ -27,7 +27,7 @@ def bar_for(bits: int | None) -> float:
 
 def recommend(report: dict[str, Any]) -> dict[str, Any]:
     """{"variant", "dir", "p50_ms", "agreement", "bar", "shape", "why", "cpu", "ranking"} or {"variant": None, "why"}."""
-    from qserve.bench.analysis import shape_stats
+    from qserve.bench.stats import shape_stats
 
     b, s = report["headline"]["batch"], report["headline"]["seq"]
     ref = report.get("agreement_reference")

@@ -26,7 +26,6 @@ from qserve.bench.config import BenchConfig
 
 log = logging.getLogger("qserve.bench")
 FORMAT = "qserve-bench/1"
-REFERENCES = ("torch-fp32", "onnx-fp32")  # agreement and speed-up are measured against these
 PKG_ROOT = Path(__file__).resolve().parents[2]  # the directory holding qserve/ and exporters/
 
 

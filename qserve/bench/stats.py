@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -55,3 +56,11 @@ def summarize(samples_ms: Sequence[float]) -> dict[str, float | int]:
 def throughput(items: int, seconds: float) -> float:
     """Items per second; 0.0 when nothing was timed."""
     return items / seconds if seconds > 0 else 0.0
+
+
+def shape_stats(entry: dict[str, Any], batch: int, seq: int) -> dict[str, Any] | None:
+    """A report entry's latency summary at one fixed shape (batch, seq), or None if it was not measured."""
+    for rec in entry.get("fixed") or []:
+        if rec.get("batch") == batch and rec.get("seq") == seq and "p50" in rec:
+            return rec
+    return None
