@@ -1,6 +1,6 @@
-"""The Runtime base class: tokenization and softmax shared by all backends.
+"""The Runtime base class: tokenization, the row-by-row path and softmax shared by all backends.
 
-    python -m pytest tests/test_runtime.py -q
+    python -c "import numpy as np; from qserve.runtime.base import softmax; print(softmax(np.array([[0.0, 1.0]])))"
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ BATCH_DEPENDENT = ("rows", "batched")
 class Runtime:
     """A loaded variant. Subclasses implement `_load()` and `forward(batch) -> logits`.
 
-    Invariant (DESIGN.md): one text, one answer. A backend whose forward lets rows see each other
+    Invariant: one text, one answer. A backend whose forward lets rows see each other
     sets `batch_invariant = False` in `_load`; `run()` then computes such a variant one row at a
     time (unless RuntimeOptions.batch_dependent == "batched"), so bench, serve and every engine
     that calls predict/classify get answers that do not depend on batchmates or padding.
@@ -124,12 +124,8 @@ class Runtime:
         return [len(ids) > self.max_length for ids in lens]
 
     def run(self, batch: dict[str, np.ndarray]) -> np.ndarray:
-        """forward() under the invariant: a batch-dependent variant runs one unpadded row at a time.
-
-        On the CPUs measured a batch buys a quantized encoder little compute (onnx-int8 of the embedded
-        default classified real reviews at about the same texts/s at b1 and b32), while the server's
-        batching still amortizes each request's hand-off over the whole batch; see README.
-        """
+        """forward() under the invariant: a batch-dependent variant runs one unpadded row at a time
+        (forward_rows), a batch-invariant one, or a single row, in one forward."""
         if not self.row_by_row or len(batch["input_ids"]) == 1:
             return self.forward(batch)
         rows = []

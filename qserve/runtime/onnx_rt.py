@@ -32,11 +32,8 @@ def disabled_optimizers(device: str) -> list[str]:
     """ORT graph rewrites this runtime turns off on `device` (also used by benchmarks/int8_breakdown.py)."""
     if device.startswith("cuda"):
         return []  # the fused CUDA kernel is the fast one there
-    # On CPU, ORT's fused SkipLayerNormalization is slower than the Add + LayerNormalization
-    # it replaces in the int8 graphs (profiled at DistilBERT-base dims, b1/s128: 1.5 ms for 6
-    # fused ops vs 0.26 ms for 7 plain LayerNorms). Interleaved A/B, 2 threads: onnx-int8
-    # 21.14 -> 19.85 ms and 22.96 -> 20.59 ms there, MiniLM int8 8.67 -> 8.15 ms; onnx-fp32
-    # and onnx-int4 unchanged (60.99 / 60.62, 60.38 / 60.18 ms).
+    # On CPU, ORT's fused SkipLayerNormalization is slower than the Add + LayerNormalization it
+    # replaces in the int8 graphs, and no faster in the others (profiled by benchmarks/int8_breakdown.py).
     return ["SkipLayerNormFusion"]
 
 

@@ -49,10 +49,8 @@ def compile_config(precision: str, threads: int | None) -> dict[str, Any]:
                            # one stream: requests are batched by the server, and a second stream would
                            # split the cores that one forward pass should use
                            "NUM_STREAMS": "1",
-                           # Pinned workers cannot leave a core another process is using: on a shared
-                           # 2-core machine (load ~8) the tiny fixture's b1/s128 p50 read 0.87-1.68 ms
-                           # pinned against 0.67 ms unpinned, in the same process (best calls 0.41-0.45
-                           # ms either way).
+                           # pinned workers cannot leave a core another process is using, which
+                           # stalls them on a shared machine
                            "ENABLE_CPU_PINNING": False}
     if threads:
         cfg["INFERENCE_NUM_THREADS"] = int(threads)
@@ -80,13 +78,11 @@ def compiled_model(variant_dir, manifest: dict[str, Any], precision: str, thread
 def fixed_length(manifest: dict[str, Any]) -> bool:
     """Whether every batch runs padded to max_length: ov-int8's way to one text, one answer.
 
-    OpenVINO's answers do not depend on a text's batchmates at a given padded length (b8 vs
-    b32 at s128: bit-identical), but its fp32 reductions over the sequence (softmax, scores x V)
-    round slightly differently at different lengths, and in ov-int8 such a last-bit change can
-    tip an activation across an int8 rounding boundary downstream: at DistilBERT-base dims a
-    64-review test gave max |Δprob| 3.6e-4 alone vs in batches of 32 (ov-fp32: 1.2e-7), one
-    review of 87 tokens moving its logits by 9.7e-4. One length for every call removes the
-    length from the computation; it costs short texts the work of max_length tokens.
+    OpenVINO's answers do not depend on a text's batchmates at a given padded length, but its
+    fp32 reductions over the sequence round slightly differently at different lengths, and in
+    ov-int8 such a last-bit change can tip an activation across an int8 rounding boundary
+    downstream. One length for every call removes the length from the computation; it costs
+    short texts the work of max_length tokens.
     """
     spec = manifest["spec"]
     return bool((spec.get("options") or {}).get("fixed_length", spec["dtype"] == "int8"))

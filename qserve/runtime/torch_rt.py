@@ -50,8 +50,8 @@ class TorchRuntime(Runtime):
 
 def _llm_int8_picks_outliers_per_batch(model, spec: dict, device: str) -> bool:
     """LLM.int8 computes in 16-bit every input column where any row of the batch exceeds the threshold,
-    so a row's result depends on its batchmates (the runtime then runs rows alone). Measured on the
-    embedded default on CPU: up to 0.056 in probability between a review alone and in a batch."""
+    so a row's result depends on its batchmates (the runtime then runs rows alone); threshold 0 turns
+    that outlier path off."""
     if spec["dtype"] != "int8":
         return False
     qc = getattr(model.config, "quantization_config", None)
@@ -102,8 +102,8 @@ def _bnb_prepare(model, device: str) -> None:
        there ("shape '[32, 0]' is invalid"). Those go to the generic path.
     2. The generic CPU dequantize blocks each row on its own, while the quantizer's blocks
        run over the flattened weight: when in_features % blocksize != 0 it computes with
-       wrong weights (on a 32x32 layer max |error| 1.65 against 0.45 when read flat). Those
-       layers get a forward that dequantizes the stored blocks in their own (flat) layout.
+       wrong weights. Those layers get a forward that dequantizes the stored blocks in their
+       own (flat) layout.
     Real encoders (dim 384/768, FFN 1536/3072) fit both; the tests' tiny models do not.
     """
     if not device.startswith("cpu"):
