@@ -174,7 +174,8 @@ def register(sub) -> None:
     p.add_argument("checkpoint", help="checkpoint directory (from `qserve train` or save_pretrained)")
     p.add_argument("--bits", type=int, choices=list(BITS), help="weight bits; picks the device's default backend")
     p.add_argument("--backend", choices=list(BACKENDS), help="with --bits: which backend produces it")
-    p.add_argument("--dtype", choices=list(DTYPES), help="with --bits: which storage type (e.g. --bits 16 --dtype fp16)")
+    p.add_argument("--dtype", choices=list(DTYPES),
+                   help="with --bits: which storage type (e.g. --bits 16 --dtype fp16)")
     p.add_argument("--variant", choices=list(VARIANTS), help="name the variant directly")
     p.add_argument("--all", action="store_true", help="every variant the device supports (existing ones kept)")
     p.add_argument("--include-slow", action="store_true",

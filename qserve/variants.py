@@ -142,7 +142,8 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
             Option("accuracy_level", {"onnx-int4": 4}, int,
                    "MatMulNBits accuracy_level (4 = int8 compute, the CPU fast path)", choices=(0, 1, 2, 3, 4)),
             Option("symmetric", {"onnx-int4": False}, bool),
-            Option("quantize_embeddings", {"onnx-int4": False}, bool, "also quantize the word-embedding Gather to 4 bits"),
+            Option("quantize_embeddings", {"onnx-int4": False}, bool,
+                   "also quantize the word-embedding Gather to 4 bits"),
         ),
         libraries=("onnxruntime",), install="pip install 'qserve[cpu]' (or 'qserve[gpu]' for CUDA)"),
     Backend(
