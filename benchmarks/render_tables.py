@@ -178,6 +178,21 @@ def serve() -> str:
     return _table(head, rows) + _src(rel)
 
 
+def stages() -> str:
+    """The `make reports` stages: what each re-runs, the CPU its reports record, and how long it takes."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import rebuild_reports
+
+    rows = []
+    for st in rebuild_reports.STAGES:
+        cpus = sorted({c or "not recorded" for c in rebuild_reports.recorded(st).values()}) or ["no report yet"]
+        reports = ", ".join(f"`{Path(r.json).relative_to('benchmarks/reports')}`" for r in st.reports)
+        rows.append([f"`{st.name}`", st.what + ("" if not st.notes else " (" + " ".join(st.notes) + ")"), reports,
+                     ", ".join(cpus), st.duration])
+    head = ["STAGE", "what it re-runs", "reports (under benchmarks/reports/)", "measured on", "duration on 2 cores"]
+    return _table(head, rows, ["---"] * 5) + "\n\n<sub>Rendered from `benchmarks/rebuild_reports.py` and the CPU each report's JSON records.</sub>"
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "embedded-default": embedded_default,
     "embedded-default-amd": embedded_default_amd,
@@ -186,6 +201,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "rows-side-by-side": rows_side_by_side,
     "precision": precision,
     "serve": serve,
+    "stages": stages,
 }
 
 
