@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's qserve, not an installed one
 MODELS = "models/minilm-l6-distilbert-imdb"
 VARIANT = f"{MODELS}/variants/onnx-int8"
 BENCH_MD = "qserve.bench.report:render_md"
@@ -178,7 +179,6 @@ BY_NAME = {s.name: s for s in STAGES}
 
 
 def cpu_here() -> str:
-    sys.path.insert(0, str(ROOT))
     from qserve.provenance import cpu_now
 
     return cpu_now()[0]

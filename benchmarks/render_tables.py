@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "benchmarks" / "reports"
+sys.path.insert(0, str(ROOT))  # this checkout's qserve, not an installed one
 MARKER = re.compile(r"^<!-- table:(?P<name>[a-z0-9-]+) -->\n(?P<body>.*?)^<!-- /table -->$", re.M | re.S)
 
 
@@ -44,7 +45,6 @@ def _pct(x: float | None, nd: int = 2) -> str:
 
 def _src(*rels: str) -> str:
     """The line under a table naming the JSON it came from and the CPU that measured it."""
-    sys.path.insert(0, str(ROOT))
     from qserve.provenance import recorded_cpu
 
     parts = [f"`benchmarks/reports/{r}` ({recorded_cpu(_load(r)) or 'CPU not recorded'})" for r in rels]
