@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 EXTRAS ?= cpu,openvino,dev,ray
 
-.PHONY: install demo test clean-venv
+.PHONY: install demo test reports clean-venv
 
 $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
@@ -23,6 +23,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+# Re-run the committed reports one stage at a time on the CPU that measured them, then re-render the
+# README's and docs' tables from their JSON (benchmarks/rebuild_reports.py; docs/bench.md lists stages).
+# No STAGE: list the stages. FORCE=1 on another CPU: re-render md from JSON, measure nothing.
+reports: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/rebuild_reports.py $(STAGE) $(if $(filter 1 yes true,$(FORCE)),--force)
 
 clean-venv:
 	rm -rf $(VENV)

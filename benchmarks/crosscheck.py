@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     from qserve.artifact import now_iso, write_json_atomic, write_text_atomic
     from qserve.bench import BenchConfig, run_bench
+    from qserve.provenance import provenance, with_header
 
     pairs = {"torch-fp32": ("torch", args.variants_root / "torch-fp32"),
              "onnx-int8": ("onnx", args.variants_root / "onnx-int8")}
@@ -200,13 +201,13 @@ def main(argv: list[str] | None = None) -> int:
             "tolerance": args.tolerance, "rounds": args.rounds, "rows": rows,
             "speedup_qserve": rows["torch-fp32"]["qserve_p50"] / rows["onnx-int8"]["qserve_p50"],
             "speedup_plain": rows["torch-fp32"]["plain_p50"] / rows["onnx-int8"]["plain_p50"],
-            "environment": report["environment"],
+            "environment": report["environment"], "provenance": provenance(),
             "verdict": (f"qserve bench and the plain loops agree within ±{args.tolerance:.0%} for both variants."
                         if ok else f"DISAGREE: at least one ratio is outside 1 ± {args.tolerance:.0%}; "
                                    "investigate before trusting the report.")}
     args.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out / "crosscheck.json", data)
-    write_text_atomic(args.out / "crosscheck.md", render_md(data))
+    write_text_atomic(args.out / "crosscheck.md", with_header(render_md(data), data["provenance"]))
     print(render_md(data))
     return 0 if ok else 1
 

@@ -245,12 +245,14 @@ def main() -> int:
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(60)
+    from qserve.provenance import provenance, with_header
+
     report = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
               "environment": environment(args.threads, "cpu"), "shared_machine": True,
-              "floods": rounds, "slow_clients": slow, "connections_closed": closed}
+              "floods": rounds, "slow_clients": slow, "connections_closed": closed, "provenance": provenance()}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    (args.out / "report.md").write_text(render(report))
+    (args.out / "report.md").write_text(with_header(render(report), report["provenance"]))
     print((args.out / "report.md").read_text())
     return 0
 

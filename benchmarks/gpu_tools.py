@@ -363,8 +363,12 @@ def render(data: dict[str, Any]) -> str:
 
 def summary(work: Path, out: Path) -> dict[str, Any]:
     data = collect(work)
+    from qserve.provenance import provenance, with_header
+
+    data["provenance"] = provenance()
     out.mkdir(parents=True, exist_ok=True)
-    for name, text in (("gpu_check.json", json.dumps(data, indent=2, default=str)), ("summary.md", render(data))):
+    for name, text in (("gpu_check.json", json.dumps(data, indent=2, default=str)),
+                       ("summary.md", with_header(render(data), data["provenance"]))):
         tmp = out / f".{name}.tmp"
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, out / name)

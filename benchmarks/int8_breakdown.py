@@ -298,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--render needs {src}: run the script once without --render, or point --out at a "
                              "directory holding its report.json")
         report = json.loads(src.read_text(encoding="utf-8"))
-        write_text_atomic(args.out / "report.md", render(report))
+        from qserve.provenance import with_header
+
+        write_text_atomic(args.out / "report.md", with_header(render(report), report.get("provenance")))
         print(f"report: {args.out / 'report.md'}")
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -331,15 +333,17 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime as ort
 
     from qserve.bench.envinfo import environment
+    from qserve.provenance import provenance, with_header
 
     shown = {k: str(v.relative_to(ROOT)) if v.is_relative_to(ROOT) else str(v) for k, v in graphs.items()}
     report = {"model": "distilbert-base-dims-random", "batch": batch, "seq": seq, "threads": args.threads,
               "flops": flops, "peaks": peaks["peaks"], "model_peaks": peaks["model_peaks"], "timing": timing,
               "calls_per_turn": args.turn, "profile": prof, "graphs": shown, "onnxruntime": ort.__version__,
-              "environment": environment(args.threads, "cpu"), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+              "environment": environment(args.threads, "cpu"), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "provenance": provenance()}
     args.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out / "report.json", report)
-    write_text_atomic(args.out / "report.md", render(report))
+    write_text_atomic(args.out / "report.md", with_header(render(report), report["provenance"]))
     print(f"report: {args.out / 'report.md'}")
     return 0
 

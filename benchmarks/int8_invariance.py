@@ -238,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     from qserve.bench import invariance
     from qserve.bench.envinfo import environment
     from qserve.data import load_dataset
+    from qserve.provenance import provenance, with_header
 
     if args.base_dims:
         from distilbert_base_speed import build_checkpoint
@@ -285,10 +286,11 @@ def main(argv: list[str] | None = None) -> int:
               "real_texts": len(real), "timing": tm if tm is not None else prev.get("timing") or {},
               "invariance": inv if inv is not None else prev.get("invariance") or {},
               "agreement": agr if agr is not None else prev.get("agreement"), "measured": when,
-              "onnxruntime": ort.__version__, "environment": environment(args.threads, "cpu"), "created": now}
+              "onnxruntime": ort.__version__, "environment": environment(args.threads, "cpu"), "created": now,
+              "provenance": provenance()}
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "report.json", report)
-    write_text_atomic(out / "report.md", render(report))
+    write_text_atomic(out / "report.md", with_header(render(report), report["provenance"]))
     print(render(report))
     return 0
 

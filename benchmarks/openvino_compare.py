@@ -265,8 +265,10 @@ def main(argv: list[str] | None = None) -> int:
 
         report = json.loads((args.out / "report.json").read_text(encoding="utf-8"))
         report["goals"] = goals(report)
+        from qserve.provenance import with_header
+
         write_json_atomic(args.out / "report.json", report)
-        write_text_atomic(args.out / "report.md", render(report))
+        write_text_atomic(args.out / "report.md", with_header(render(report), report.get("provenance")))
         return 0
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[k] = str(args.threads)
@@ -274,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     from qserve.artifact import library_versions, now_iso, write_json_atomic, write_text_atomic
     from qserve.bench.envinfo import load_avg
     from qserve.devices import cpu_info
+    from qserve.provenance import provenance, with_header
     from qserve.runtime import RuntimeOptions, load_runtime
 
     labels = args.labels.split(",")
@@ -320,9 +323,10 @@ def main(argv: list[str] | None = None) -> int:
     env["versions"] = library_versions(("torch", "onnxruntime", "openvino", "nncf", "optimum-intel", "transformers"))
     report["environment"] = env
     report["goals"] = goals(report)
+    report["provenance"] = provenance()
     args.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out / "report.json", report)
-    write_text_atomic(args.out / "report.md", render(report))
+    write_text_atomic(args.out / "report.md", with_header(render(report), report["provenance"]))
     print(render(report))
     return 0
 

@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from qserve.artifact import now_iso, write_json_atomic, write_text_atomic
     from qserve.devices import cpu_label
+    from qserve.provenance import provenance, with_header
     from qserve.modeling import load_for_training
 
     fp32, _, name = load_for_training("default", ["negative", "positive"])
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     rep = {"created": now_iso(), "cpu": cpu_label(), "model": name, "parameters": n,
            "tensors": len(list(fp32.parameters())), "threads": torch.get_num_threads(), "rounds": args.rounds,
            "ms": {k: {"median": round(statistics.median(v) * 1e3, 2), "rounds": [round(x * 1e3, 2) for x in v]}
-                  for k, v in times.items()}}
+                  for k, v in times.items()}, "provenance": provenance()}
     base = rep["ms"][next(iter(makers))]["median"]
     lines = [f"# Optimizer step alone ({name}, {n / 1e6:.1f}M parameters in {rep['tensors']} tensors)", "",
              f"Created {rep['created']} on {rep['cpu']}, {rep['threads']} threads, {args.rounds} rounds taking "
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {k} | {v['median']:.1f} | {v['median'] / base:.2f}x | {', '.join(f'{x:.1f}' for x in v['rounds'])} |")
     args.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out / "optimizer_step.json", rep)
-    write_text_atomic(args.out / "optimizer_step.md", "\n".join(lines) + "\n")
+    write_text_atomic(args.out / "optimizer_step.md", with_header("\n".join(lines) + "\n", rep["provenance"]))
     print("\n".join(lines))
     return 0
 

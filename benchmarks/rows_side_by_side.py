@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     from qserve.artifact import now_iso, write_json_atomic, write_text_atomic
     from qserve.data import load_dataset
     from qserve.devices import cpu_label, usable_cores
+    from qserve.provenance import provenance, with_header
     from qserve.runtime import RuntimeOptions, load_runtime
     from qserve.serve.loadtest import default_texts
 
@@ -87,10 +88,11 @@ def main(argv: list[str] | None = None) -> int:
                                  - alone[k]).max()) for k, v in sets.items()) for m in MODES}
     rep = {"created": now_iso(), "variant": str(args.variant_dir), "cpu": cpu_label(), "threads": threads,
            "rounds": args.rounds, "batches": [1, 32], "sets": {k: len(v) for k, v in sets.items()},
-           "rates": measure(rts, sets, [1, 32], args.rounds), "max_abs_dprob_vs_alone": dprob}
+           "rates": measure(rts, sets, [1, 32], args.rounds), "max_abs_dprob_vs_alone": dprob,
+           "provenance": provenance()}
     args.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out / "report.json", rep)
-    write_text_atomic(args.out / "report.md", render(rep))
+    write_text_atomic(args.out / "report.md", with_header(render(rep), rep["provenance"]))
     print(render(rep))
     return 0
 

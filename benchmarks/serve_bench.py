@@ -281,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from qserve.artifact import now_iso, refuse_existing, write_json_atomic, write_text_atomic
+    from qserve.provenance import provenance, with_header
     from qserve.serve.config import ServeConfig
     from qserve.serve.loadtest import default_texts
 
@@ -328,10 +329,11 @@ def main(argv: list[str] | None = None) -> int:
                         "concurrency_high": args.concurrency_high, "threads": args.threads, "device": args.device,
                         "max_wait_ms": args.max_wait_ms if args.max_wait_ms is not None else ServeConfig.max_wait_ms,
                         "batched_max_batch_size": ServeConfig.max_batch_size, "texts": len(texts)},
-           "model_b1": model_b1, "model_ceiling": ceiling, "summary": summary, "runs": runs}
+           "model_b1": model_b1, "model_ceiling": ceiling, "summary": summary, "runs": runs,
+           "provenance": provenance()}
     args.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out / "serve_report.json", rep)
-    write_text_atomic(args.out / "serve_report.md", render_md(rep))
+    write_text_atomic(args.out / "serve_report.md", with_header(render_md(rep), rep["provenance"]))
     print(render_md(rep))
     return 0 if not (summary["errors"] or summary["lost"] or summary["mismatched"]) else 1
 

@@ -200,6 +200,7 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
 
     from qserve.artifact import now_iso, refuse_existing, write_json_atomic, write_text_atomic
     from qserve.deploy import Scaling
+    from qserve.provenance import provenance, with_header
     from qserve.runtime import RuntimeOptions, load_runtime
     from qserve.serve.ray_engine import application, logging_config
     from netutil import free_port
@@ -285,9 +286,9 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
                                                                       "dir": str(variant)},
            "settings": {"duration_s": duration_s, "rounds": rounds, "texts": len(texts), "cells": CELLS,
                         "server_settings": settings, "replicas": replicas, "ray": ray.__version__},
-           "results": results, "summary": summarize(results, replicas)}
+           "results": results, "summary": summarize(results, replicas), "provenance": provenance()}
     write_json_atomic(out / "report.json", rep)
-    write_text_atomic(out / "report.md", render_md(rep))
+    write_text_atomic(out / "report.md", with_header(render_md(rep), rep["provenance"]))
     return rep
 
 

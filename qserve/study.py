@@ -139,6 +139,7 @@ def compare(cfg, precisions: list[str] | None, out_dir, bf16_updates: list[str] 
     step times more than precisions differ (two bf16-mixed seeds read 0.81 and 0.95 s on one study).
     """
     from qserve.artifact import library_versions, now_iso, refuse_existing, write_json_atomic, write_text_atomic
+    from qserve.provenance import provenance, with_header
     from qserve.devices import cpu_info, resolve_device
     from qserve.train import validate
 
@@ -153,7 +154,7 @@ def compare(cfg, precisions: list[str] | None, out_dir, bf16_updates: list[str] 
     todo = plan(cfg, precisions, device, bf16_updates, noise_precision)
     refuse_existing(out_dir / "precision_study.json", cfg.force)
     runs: list[dict[str, Any]] = []
-    base = {"device": device, "cpu": cpu_info(), "precisions": list(dict.fromkeys(r["precision"] for r in todo)),
+    base = {"device": device, "cpu": cpu_info(), "provenance": provenance(), "precisions": list(dict.fromkeys(r["precision"] for r in todo)),
             "config": {f.name: getattr(cfg, f.name) for f in fields(cfg)
                        if f.name not in ("precision", "out", "force", "bf16_update")},
             "reference": REFERENCE, "versions": library_versions()}
@@ -163,7 +164,7 @@ def compare(cfg, precisions: list[str] | None, out_dir, bf16_updates: list[str] 
             # rewritten after every child: a study cut short keeps the runs it finished
             study = {**base, "runs": runs, **summarize(runs), "complete": complete, "created": now_iso()}
             write_json_atomic(out_dir / "precision_study.json", study)
-            write_text_atomic(out_dir / "precision_study.md", render_markdown(study))
+            write_text_atomic(out_dir / "precision_study.md", with_header(render_markdown(study), study["provenance"]))
             return study
 
         for i, spec in enumerate(todo):

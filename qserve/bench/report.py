@@ -197,7 +197,9 @@ def render_md(report: dict[str, Any]) -> str:
     L += ["## Plots", "", "![latency vs batch size](latency_vs_batch.png)", ""]
     if any(r["accuracy"] is not None for r in summary_rows(report)):
         L += ["![accuracy vs size](accuracy_vs_size.png)", ""]
-    return "\n".join(L).rstrip() + "\n"
+    from qserve.provenance import with_header
+
+    return with_header("\n".join(L).rstrip() + "\n", report.get("provenance"))
 
 
 def _checks(report: dict[str, Any]) -> list[str]:

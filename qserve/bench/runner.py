@@ -244,6 +244,7 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig) -> dict[str, Any]:
             raw.append(res)
             results.append(analysis.variant_entry(meta, res))
     from qserve.bench.envinfo import load_avg
+    from qserve.provenance import provenance
 
     env["load_avg_end"] = load_avg()
     report = {
@@ -252,6 +253,7 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig) -> dict[str, Any]:
         "run": {"name": out.name, "out": str(out)},
         "config": cfg.to_json(),
         "environment": merge_child_env(env, raw),
+        "provenance": provenance(),
         "headline": dict(zip(("batch", "seq"), cfg.headline())),
         "model": analysis.model_block(metas),
         "floor": floor,

@@ -1,0 +1,304 @@
+"""Re-run the committed reports, one stage at a time, on the CPU that measured them.
+
+    make reports                                  # list the stages, their reports, CPUs and durations
+    make reports STAGE=serve                      # re-run one stage (python benchmarks/rebuild_reports.py serve)
+    make reports STAGE=openvino FORCE=1           # on another CPU: only re-render its md from its own JSON
+
+A stage runs its commands from the repository root, then re-renders the README's and docs' tables
+(benchmarks/render_tables.py). Before running, it reads the CPU each of its committed reports records
+(`provenance.cpu`, else the report's own environment block) and compares it with /proc/cpuinfo: a
+report from another CPU is never regenerated here. The stage refuses, naming both CPUs; with FORCE=1
+it re-renders each report's md from its JSON instead (where the script has a renderer) and measures
+nothing. To replace a report with one from this machine on purpose, delete its directory first: a
+stage whose reports are absent runs anywhere.
+
+Durations are for 2 cores, from the reports' own timings where they have them, else estimates
+(labelled so). STAGE=all runs every stage in order and skips, with the same message, those from
+another CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's qserve, not an installed one
+MODELS = "models/minilm-l6-distilbert-imdb"
+VARIANT = f"{MODELS}/variants/onnx-int8"
+BENCH_MD = "qserve.bench.report:render_md"
+
+
+@dataclass(frozen=True)
+class Report:
+    json: str
+    """the report's JSON, relative to the repository root"""
+    md: str | None = None
+    """the md rendered from it, if any"""
+    render: str | None = None
+    """"module:function" turning the JSON into the md (a benchmarks/ script or a qserve module), or None"""
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    what: str
+    commands: tuple[str, ...]
+    reports: tuple[Report, ...]
+    duration: str
+    needs: tuple[str, ...] = ()
+    """paths an earlier stage (or `make demo`) leaves behind on this machine"""
+    notes: tuple[str, ...] = field(default=())
+
+
+def _bench(d: str) -> Report:
+    return Report(f"benchmarks/reports/{d}/report.json", f"benchmarks/reports/{d}/report.md", BENCH_MD)
+
+
+PIPELINE = "$QSERVE pipeline --threads 2 --force --report-dir benchmarks/reports/{d} && cp {m}/checkpoint/train_metrics.json benchmarks/reports/{d}/"
+STAGES: tuple[Stage, ...] = (
+    Stage("embedded-default", "the pipeline (train, export every variant, bench) on the embedded default: the "
+          "headline table", (PIPELINE.format(d="embedded-default", m=MODELS),), (_bench("embedded-default"),),
+          "~27 min: training 13.1 min and the variants' bench 10.9 min (the reports' own timings); export and the "
+          "compute floor ~3 min (estimate)"),
+    Stage("embedded-default-amd", "the same pipeline on the AMD EPYC (its own checkpoint)",
+          (PIPELINE.format(d="embedded-default-amd", m=MODELS),), (_bench("embedded-default-amd"),),
+          "12.5 min: the measured wall time of that run (training 5.9 min of it)"),
+    Stage("embedded-default-full-test", "agreement of every CPU variant (and torch-fp16) on all 2,000 test reviews",
+          (f"$QSERVE export {MODELS}/checkpoint --variant torch-fp16 --out {MODELS}/extra/torch-fp16 --force",
+           f"$QSERVE bench {MODELS}/variants/{{torch-fp32,torch-bf16,bnb-int8,bnb-nf4,bnb-fp4,onnx-fp32,onnx-fp16,"
+           f"onnx-int8,onnx-int4}} {MODELS}/extra/torch-fp16 --batch-sizes 1 --seq-lens 128 --no-floor "
+           "--real-text-samples 0 --threads 2 --time-budget 1 --out benchmarks/reports/embedded-default-full-test "
+           "--force"),
+          (_bench("embedded-default-full-test"),),
+          "~10 min: the bench 9.1 min (the report's own timings); the torch-fp16 export ~0.5 min (estimate)",
+          needs=(f"{MODELS}/checkpoint", f"{MODELS}/variants/onnx-int8")),
+    Stage("precision", "the precision study (one fine-tune per precision, a second seed) and the optimizer step",
+          ("$QSERVE train --compare --max-samples 6000 --max-eval-samples 2000 --out benchmarks/reports/precision "
+           "--force",
+           "$PY benchmarks/optimizer_step.py --rounds 5 --out benchmarks/reports/precision"),
+          (Report("benchmarks/reports/precision/precision_study.json", "benchmarks/reports/precision/precision_study.md",
+                  "qserve.study:render_markdown"),
+           Report("benchmarks/reports/precision/optimizer_step.json", "benchmarks/reports/precision/optimizer_step.md")),
+          "~50 min: the five full runs 29.4 min (the report's own timings); the interleaved step rounds ~19 min "
+          "and the optimizer step ~2 min (estimates)"),
+    Stage("distilbert-base-dims", "speed at DistilBERT-base size (random weights)",
+          ("$PY benchmarks/distilbert_base_speed.py --threads 2",), (_bench("distilbert-base-dims"),),
+          "~13 min: the bench 7.6 min (the report's own timings); building the checkpoint and six exports ~5 min "
+          "(estimate)"),
+    Stage("int8-breakdown", "where onnx-int8's time goes at DistilBERT-base dims, and smoothing's cost in answers",
+          ("$PY benchmarks/int8_breakdown.py --threads 2",
+           f"$QSERVE export {MODELS}/checkpoint --variant onnx-int8 --no-smooth --out {MODELS}/extra/onnx-int8-nosmooth "
+           "--force",
+           f"$QSERVE bench {MODELS}/variants/torch-fp32 {MODELS}/variants/onnx-int8 {MODELS}/extra/onnx-int8-nosmooth "
+           "--batch-sizes 1 --seq-lens 128 --no-floor --real-text-samples 0 --threads 2 --time-budget 1 "
+           "--out benchmarks/reports/int8-breakdown/smooth-off-agreement --force"),
+          (Report("benchmarks/reports/int8-breakdown/report.json", "benchmarks/reports/int8-breakdown/report.md",
+                  "int8_breakdown:render"), _bench("int8-breakdown/smooth-off-agreement")),
+          "~6 min (estimate: the script's own 2-3 min plus four first-time exports); the agreement bench 1.5 min "
+          "(its report's own timings)",
+          needs=("models/distilbert-base-dims/variants/onnx-int8", f"{MODELS}/checkpoint")),
+    Stage("crosscheck", "qserve bench against plain onnxruntime / torch loops",
+          ("$PY benchmarks/crosscheck.py --threads 2",),
+          (Report("benchmarks/reports/crosscheck.json", "benchmarks/reports/crosscheck.md", "crosscheck:render_md"),),
+          "~9 min (estimate: 5 rounds of a 2-variant bench plus 4 plain-loop children)",
+          needs=("models/distilbert-base-dims/variants/onnx-int8",)),
+    Stage("int8-invariance", "one text, one answer: onnx-int8's candidate fixes, and how a batch's rows run",
+          ("$PY benchmarks/int8_invariance.py --rounds 6",
+           "$PY benchmarks/int8_invariance.py --base-dims --rounds 6",
+           f"$PY benchmarks/rows_side_by_side.py {VARIANT} --threads 2"),
+          (Report("benchmarks/reports/int8-invariance/embedded-default/report.json",
+                  "benchmarks/reports/int8-invariance/embedded-default/report.md", "int8_invariance:render"),
+           Report("benchmarks/reports/int8-invariance/distilbert-base-dims/report.json",
+                  "benchmarks/reports/int8-invariance/distilbert-base-dims/report.md", "int8_invariance:render"),
+           Report("benchmarks/reports/int8-invariance/rows-side-by-side/report.json",
+                  "benchmarks/reports/int8-invariance/rows-side-by-side/report.md", "rows_side_by_side:render"),
+           Report("benchmarks/reports/int8-invariance/embedded-default/variants-invariance.json")),
+          "~25 min (estimate: candidate exports, 6 timing rounds and 2,000-review agreement for each model, then "
+          "5 rounds of rows side by side)",
+          needs=(f"{MODELS}/checkpoint", VARIANT),
+          notes=("variants-invariance.json came from a side run (qserve.bench.invariance per variant); no command "
+                 "regenerates it: the invariance column of the embedded-default stage measures the same thing.",)),
+    Stage("openvino", "OpenVINO vs onnx-int8 and torch-bf16, one process, rounds interleaved",
+          (f"$PY benchmarks/openvino_compare.py {MODELS}/checkpoint --out benchmarks/reports/openvino/embedded-default",
+           "$PY benchmarks/openvino_compare.py --distilbert-base --rounds 4 "
+           "--out benchmarks/reports/openvino/distilbert-base-dims"),
+          (Report("benchmarks/reports/openvino/embedded-default/report.json",
+                  "benchmarks/reports/openvino/embedded-default/report.md", "openvino_compare:render"),
+           Report("benchmarks/reports/openvino/distilbert-base-dims/report.json",
+                  "benchmarks/reports/openvino/distilbert-base-dims/report.md", "openvino_compare:render")),
+          "~11 min (estimate; the script's docstring gives ~5 min for the embedded default, the rest is "
+          "DistilBERT-base dims and its exports)",
+          needs=(f"{MODELS}/checkpoint",)),
+    Stage("serve", "onnx-int8 served over HTTP: batching on vs off, concurrency 1 and 32",
+          (f"$PY benchmarks/serve_bench.py {VARIANT} --duration 15 --force",),
+          (Report("benchmarks/reports/serve/serve_report.json", "benchmarks/reports/serve/serve_report.md",
+                  "serve_bench:render_md"),),
+          "~2.5 min: 1.8 min of timed load and in-process model timing (the report's own settings); server "
+          "start-ups ~0.5 min (estimate)",
+          needs=(VARIANT,)),
+    Stage("serve-ray", "uvicorn vs Ray Serve replicas, interleaved",
+          (f"$PY benchmarks/serve_bench.py {VARIANT} --engine ray --replicas 1,2 --duration 4 --rounds 3 "
+           "--reviews 256 --out benchmarks/reports/serve-ray --force",),
+          (Report("benchmarks/reports/serve-ray/report.json", "benchmarks/reports/serve-ray/report.md",
+                  "serve_engines:render_md"),),
+          "~6 min: 2.4 min of timed load (the report's own settings); Ray start-ups and the trivial-app cell "
+          "~3.5 min (estimate)",
+          needs=(VARIANT,),
+          notes=("STALE: its ~0.09 max score difference comes from per-batch int8 activation scales, which the "
+                 "row-by-row runtime has since removed; re-run on the AMX Xeon.",)),
+    Stage("serve-openvino", "the recommended ov-int8 served next to onnx-int8",
+          (f"$PY benchmarks/serve_bench.py {VARIANT} --duration 6 --threads 2 "
+           "--out benchmarks/reports/serve-openvino/onnx-int8 --force",
+           f"$PY benchmarks/serve_bench.py {MODELS}/variants/ov-int8 --duration 6 --threads 2 "
+           "--out benchmarks/reports/serve-openvino/ov-int8 --force"),
+          (Report("benchmarks/reports/serve-openvino/onnx-int8/serve_report.json",
+                  "benchmarks/reports/serve-openvino/onnx-int8/serve_report.md", "serve_bench:render_md"),
+           Report("benchmarks/reports/serve-openvino/ov-int8/serve_report.json",
+                  "benchmarks/reports/serve-openvino/ov-int8/serve_report.md", "serve_bench:render_md")),
+          "~3 min (estimate: 2 x 48 s of timed load and model timing from the reports' settings, plus start-ups)",
+          needs=(VARIANT, f"{MODELS}/variants/ov-int8"),
+          notes=("STALE: compares against onnx-int8 as it ran before batch invariance (batched, 39 label "
+                 "changes); re-run on the AMX Xeon.",)),
+    Stage("flood", "overload: do admitted requests wait behind refusals?",
+          (f"$PY benchmarks/flood_bench.py {VARIANT} --baseline-ref 99c8efd --rounds 3 --out benchmarks/reports/flood",),
+          (Report("benchmarks/reports/flood/report.json", "benchmarks/reports/flood/report.md", "flood_bench:render"),),
+          "~3 min (estimate: 3 rounds of 300-request floods on two servers, then the slow-client rounds)",
+          needs=(VARIANT,)),
+)
+BY_NAME = {s.name: s for s in STAGES}
+
+
+def cpu_here() -> str:
+    from qserve.provenance import cpu_now
+
+    return cpu_now()[0]
+
+
+def recorded(stage: Stage, root: Path = ROOT) -> dict[str, str | None]:
+    """{report json: the CPU it records} for the stage's reports that exist."""
+    from qserve.provenance import recorded_cpu
+
+    out = {}
+    for r in stage.reports:
+        p = root / r.json
+        if p.is_file():
+            out[r.json] = recorded_cpu(json.loads(p.read_text(encoding="utf-8")))
+    return out
+
+
+def plan(stage: Stage, here: str, force: bool, root: Path = ROOT) -> tuple[str, str]:
+    """("run" | "rerender" | "refuse", why)."""
+    other = {j: c for j, c in recorded(stage, root).items() if c and c != here}
+    if not other:
+        return "run", f"stage {stage.name}: its reports were measured on this CPU ({here}) or are absent"
+    names = "; ".join(f"{j} on {c}" for j, c in other.items())
+    if force:
+        return "rerender", (f"stage {stage.name}: measured on another CPU ({names}); this is {here}. FORCE=1: "
+                            "re-rendering md from each report's JSON, measuring nothing")
+    return "refuse", (f"stage {stage.name} refused: its reports were measured on another CPU ({names}) and this "
+                      f"machine is {here}. A report is only regenerated on the CPU that measured it. FORCE=1 "
+                      "re-renders its md from its own JSON instead; to replace it with a report from this "
+                      "machine, delete the report's directory first.")
+
+
+def _renderer(spec: str) -> Callable[[dict], str]:
+    mod, fn = spec.split(":")
+    if mod.startswith("qserve."):
+        return getattr(importlib.import_module(mod), fn)
+    spec_ = importlib.util.spec_from_file_location(f"_bench_{mod}", ROOT / "benchmarks" / f"{mod}.py")
+    module = importlib.util.module_from_spec(spec_)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec_.loader.exec_module(module)
+    return getattr(module, fn)
+
+
+def rerender(stage: Stage, root: Path = ROOT) -> list[str]:
+    """Re-write each report's md from its JSON (provenance header included); returns what it did, per report."""
+    from qserve.provenance import with_header
+
+    done = []
+    for r in stage.reports:
+        src = root / r.json
+        if not src.is_file() or not r.md:
+            continue
+        if not r.render:
+            done.append(f"{r.md}: kept (its script renders md only while measuring)")
+            continue
+        report = json.loads(src.read_text(encoding="utf-8"))
+        (root / r.md).write_text(with_header(_renderer(r.render)(report), report.get("provenance")), encoding="utf-8")
+        done.append(f"{r.md}: re-rendered from {r.json}")
+    return done
+
+
+def run_stage(stage: Stage, force: bool) -> int:
+    here = cpu_here()
+    action, why = plan(stage, here, force)
+    print(why, flush=True)
+    if action == "refuse":
+        return 2
+    if action == "rerender":
+        for line in rerender(stage):
+            print("  " + line)
+    else:
+        missing = [n for n in stage.needs if not (ROOT / n).exists()]
+        if missing:
+            print(f"stage {stage.name} needs {', '.join(missing)}: run `make reports STAGE=embedded-default` (or the "
+                  "stage that builds them, see `make reports`) on this machine first", file=sys.stderr)
+            return 2
+        env = {**os.environ, "PY": sys.executable, "QSERVE": f"{sys.executable} -m qserve", "HF_HUB_OFFLINE": "1",
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        t0 = time.monotonic()
+        for cmd in stage.commands:
+            print(f"+ {cmd}", flush=True)
+            rc = subprocess.run(["bash", "-c", f"set -eo pipefail; {cmd}"], cwd=ROOT, env=env).returncode
+            if rc:
+                print(f"stage {stage.name}: command failed (exit {rc}): {cmd}", file=sys.stderr)
+                return rc
+        print(f"stage {stage.name} done in {(time.monotonic() - t0) / 60:.1f} min (documented: {stage.duration})")
+    for note in stage.notes:
+        print(f"note: {note}")
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "render_tables.py")], cwd=ROOT).returncode
+
+
+def describe() -> str:
+    here = cpu_here()
+    lines = [f"Stages of `make reports STAGE=<name>` (this machine: {here}); STAGE=all runs them in order.", ""]
+    for s in STAGES:
+        cpus = sorted({c or "not recorded" for c in recorded(s).values()}) or ["no report yet"]
+        lines += [f"{s.name}: {s.what}", f"    measured on: {', '.join(cpus)}", f"    duration on 2 cores: {s.duration}"]
+        lines += [f"    note: {n}" for n in s.notes]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("stage", nargs="?", help=f"one of: {', '.join(BY_NAME)}, all (none: list them)")
+    p.add_argument("--force", action="store_true",
+                   help="on another CPU than the reports': re-render md from their JSON instead of refusing")
+    args = p.parse_args(argv)
+    if not args.stage:
+        print(describe())
+        return 0
+    if args.stage != "all" and args.stage not in BY_NAME:
+        print(f"STAGE={args.stage!r} is not a stage; choose one of: {', '.join(BY_NAME)}, all", file=sys.stderr)
+        return 2
+    todo = list(STAGES) if args.stage == "all" else [BY_NAME[args.stage]]
+    failed = [s.name for s in todo if run_stage(s, args.force)]
+    if failed:
+        print(f"stages not rebuilt: {', '.join(failed)}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

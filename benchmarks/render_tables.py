@@ -1,0 +1,251 @@
+"""Render the README's and docs' measured tables from the committed reports' JSON.
+
+    python benchmarks/render_tables.py            # rewrite every table between its markers
+    python benchmarks/render_tables.py --check    # exit 1 and print a diff when a table disagrees with its JSON
+
+A table lives in a markdown file between `<!-- table:NAME -->` and `<!-- /table -->`; NAME is a key of
+TABLES below, and the same table may appear in several files. Only the lines between the markers are
+written, so the prose around a table stays hand-written; numbers in tables are never copied by hand.
+`make reports` runs this after every stage; tests/test_docs.py runs it with --check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+REPORTS = ROOT / "benchmarks" / "reports"
+sys.path.insert(0, str(ROOT))  # this checkout's qserve, not an installed one
+MARKER = re.compile(r"^<!-- table:(?P<name>[a-z0-9-]+) -->\n(?P<body>.*?)^<!-- /table -->$", re.M | re.S)
+
+
+def _load(rel: str) -> dict[str, Any]:
+    return json.loads((REPORTS / rel).read_text(encoding="utf-8"))
+
+
+def _table(header: list[str], rows: list[list[str]], align: list[str] | None = None) -> str:
+    align = align or ["---"] + ["---:"] * (len(header) - 1)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def _num(x: float | None, nd: int = 2, suffix: str = "") -> str:
+    return "–" if x is None else f"{x:,.{nd}f}{suffix}"
+
+
+def _pct(x: float | None, nd: int = 2) -> str:
+    return "–" if x is None else f"{x * 100:.{nd}f}%"
+
+
+def _src(*rels: str) -> str:
+    """The line under a table naming the JSON it came from and the CPU that measured it."""
+    from qserve.provenance import recorded_cpu
+
+    parts = [f"`benchmarks/reports/{r}` ({recorded_cpu(_load(r)) or 'CPU not recorded'})" for r in rels]
+    return "\n\n<sub>Rendered from " + ", ".join(parts) + " by `benchmarks/render_tables.py`.</sub>"
+
+
+def _shape(v: dict[str, Any], b: int, s: int) -> dict[str, Any] | None:
+    return next((r for r in v.get("fixed") or [] if r.get("batch") == b and r.get("seq") == s and "p50" in r), None)
+
+
+def _inv(inv: dict[str, Any] | None) -> str:
+    if not inv:
+        return "–"
+    d = inv["max_abs_dprob"]
+    return (f"{d:.1e} / {inv['flips']}" if d else f"0 / {inv['flips']}") + (" (row by row)" if inv.get("row_by_row") else "")
+
+
+def embedded_default() -> str:
+    """Every variant of the pipeline's checkpoint, the reference bench (AMX Xeon)."""
+    rel = "embedded-default/report.json"
+    r = _load(rel)
+    rec = (r.get("recommended") or {}).get("variant")
+    n = r["config"].get("max_eval_samples")
+    rows = []
+    for v in r["variants"]:
+        if v["status"] != "ok":
+            rows.append([f"{v['name']} (failed)"] + ["–"] * 6)
+            continue
+        b1, b32 = _shape(v, 1, 128), _shape(v, 32, 128)
+        name = f"**{v['name']}** (recommended)" if v["name"] == rec else v["name"]
+        rows.append([name, _num(v["disk_bytes"] / 1e6, 1), _num(b1 and b1["p50"]), _num(b32 and b32["throughput"], 1),
+                     _pct((v.get("accuracy") or {}).get("accuracy"), 1), _pct(v.get("agreement"), 1),
+                     _inv(v.get("invariance"))])
+    head = ["variant", "size MB", "p50 b1/s128 ms", "b32/s128 seq/s", f"accuracy ({n:,})",
+            f"agreement with fp32 ({n:,})", "max \\|Δprob\\| alone vs batched / flips"]
+    return _table(head, rows) + _src(rel)
+
+
+def embedded_default_amd() -> str:
+    """The same pipeline on the AMD EPYC (another checkpoint), with agreement on all 2,000 test reviews."""
+    pipe_rel, full_rel = "embedded-default-amd/report.json", "embedded-default-full-test/report.json"
+    pipe, full = _load(pipe_rel), _load(full_rel)
+    by_full = {v["name"]: v for v in full["variants"]}
+    rows = []
+    names = [v["name"] for v in pipe["variants"]] + [n for n in by_full if n not in {v["name"] for v in pipe["variants"]}]
+    by_pipe = {v["name"]: v for v in pipe["variants"]}
+    for name in names:
+        p, f = by_pipe.get(name) or {}, by_full.get(name) or {}
+        b1 = _shape(p, 1, 128) if p else None
+        size = (p or f).get("disk_bytes")
+        rows.append([name if p else f"{name} (not in the pipeline on CPU)", _num(size and size / 1e6, 1),
+                     _num(b1 and b1["p50"]), _pct((p.get("accuracy") or {}).get("accuracy"), 1),
+                     _pct(p.get("agreement"), 1), _pct(f.get("agreement"), 2)])
+    head = ["variant", "size MB", "p50 b1/s128 ms", "accuracy (1,000)", "agreement with fp32 (1,000)", "(2,000)"]
+    return _table(head, rows) + _src(pipe_rel, full_rel)
+
+
+def int8_invariance() -> str:
+    """The candidate fixes for onnx-int8's batch dependence, side by side."""
+    rel = "int8-invariance/embedded-default/report.json"
+    r = _load(rel)
+    names = list(dict.fromkeys([*r["timing"], *r["invariance"], *(r.get("agreement") or {})]))
+    rows = []
+    for name in names:
+        t, a, inv = r["timing"].get(name) or {}, (r.get("agreement") or {}).get(name) or {}, r["invariance"].get(name) or {}
+        rows.append([name, _pct(a.get("agreement")), _num(t.get("b1_p50_ms"), 2, " ms"),
+                     _num(t.get("b1_ratio_to_today"), 3, "x"), _num(t.get("real_b32_texts_per_s"), 1),
+                     "–" if not inv else f"{inv['max_abs_dprob']:.2g}",
+                     "–" if not inv else f"{inv['flips']} of {inv['scored']}"])
+    n = next(iter((r.get("agreement") or {}).values()), {}).get("n")
+    head = ["candidate", f"agreement with onnx-fp32 ({n:,})" if n else "agreement", "b1/s128 p50",
+            "vs today's graph, batched", "real reviews b32 texts/s", "max \\|Δprob\\| alone vs batched", "label flips"]
+    return _table(head, rows) + _src(rel)
+
+
+def variants_invariance() -> str:
+    """Batch invariance bound per variant of the embedded default (each text alone vs in batches of 8 and 32)."""
+    rel = "int8-invariance/embedded-default/variants-invariance.json"
+    r = _load(rel)
+    rows = [[name, f"{v['max_abs_dprob']:.2g}", f"{v['flips']} of {v['scored']}", "yes" if v.get("row_by_row") else "no"]
+            for name, v in r["variants"].items()]
+    return _table(["variant", "max \\|Δprob\\|", "label flips", "run row by row"], rows) + _src(rel)
+
+
+def rows_side_by_side() -> str:
+    """How a row-by-row variant runs a batch: one forward, rows one at a time, rows side by side (texts/s)."""
+    rel = "int8-invariance/rows-side-by-side/report.json"
+    r = _load(rel)
+    modes = ["batched", "rows, one at a time", "rows, side by side"]
+    rows = []
+    for texts, n in r["sets"].items():
+        for b in r["batches"]:
+            rows.append([f"{n} {texts}", str(b)] + [_num((r["rates"].get(f"{texts}|b{b}|{m}") or {}).get("texts_per_s"), 1)
+                                                    for m in modes])
+    rows.append(["max \\|Δprob\\| vs each text alone", ""] + [f"{r['max_abs_dprob_vs_alone'][m]:.2g}" for m in modes])
+    head = ["texts", "batch", "one forward (answers move)", "rows, one at a time", "rows, side by side"]
+    return _table(head, rows) + _src(rel)
+
+
+def precision() -> str:
+    """The precision study: one fine-tune per precision, plus a second seed for the noise."""
+    rel = "precision/precision_study.json"
+    r = _load(rel)
+    rows = []
+    for run in r["runs"]:
+        if not run.get("ok"):
+            rows.append([run["label"], "failed"] + ["–"] * 6)
+            continue
+        rows.append([run["label"], str(run.get("optimizer")), _num(run.get("train_time_s") and run["train_time_s"] / 60, 1),
+                     _num(run.get("step_time_median_s"), 3), _num(run.get("step_interleaved_vs_bf16_mixed"), 2, "x"),
+                     _num(run.get("optimizer_state_bytes") and run["optimizer_state_bytes"] / 1e6, 0),
+                     _pct(run.get("val_accuracy")), _pct(run.get("test_accuracy"))])
+    head = ["run", "optimizer", "train time (min)", "median step (s)", "interleaved step vs bf16-mixed",
+            "optimizer state (MB)", "val acc", "test acc"]
+    return _table(head, rows, ["---", "---"] + ["---:"] * 6) + _src(rel)
+
+
+def serve() -> str:
+    """Serving onnx-int8 over HTTP: unbatched vs batched server, concurrency 1 and 32."""
+    rel = "serve/serve_report.json"
+    r = _load(rel)
+    rows = []
+    for key, label in (("unbatched", "max batch 1"), ("batched", f"max batch {r['settings']['batched_max_batch_size']}")):
+        for lv in r["runs"][key]["levels"]:
+            rows.append([label, str(lv["concurrency"]), _num(lv["throughput_rps"], 1), _num(lv["p50_ms"]),
+                         _num(lv["p99_ms"]), _num(lv.get("mean_batch_size"), 1), str(lv["mismatched"])])
+    s, c = r["summary"], r["model_ceiling"]
+    rows.append(["the model alone, in process", "", f"{c['texts_per_s_b1']:.1f} (b1) / {c['texts_per_s_batched']:.1f} "
+                 f"(b{c['batch']})", _num(s["model_b1_p50_ms"]), "", "", ""])
+    head = ["server", "concurrency", "req/s", "p50 ms", "p99 ms", "mean batch", "mismatched answers"]
+    return _table(head, rows) + _src(rel)
+
+
+def stages() -> str:
+    """The `make reports` stages: what each re-runs, the CPU its reports record, and how long it takes."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import rebuild_reports
+
+    rows = []
+    for st in rebuild_reports.STAGES:
+        cpus = sorted({c or "not recorded" for c in rebuild_reports.recorded(st).values()}) or ["no report yet"]
+        reports = ", ".join(f"`{Path(r.json).relative_to('benchmarks/reports')}`" for r in st.reports)
+        rows.append([f"`{st.name}`", st.what + ("" if not st.notes else " (" + " ".join(st.notes) + ")"), reports,
+                     ", ".join(cpus), st.duration])
+    head = ["STAGE", "what it re-runs", "reports (under benchmarks/reports/)", "measured on", "duration on 2 cores"]
+    return _table(head, rows, ["---"] * 5) + "\n\n<sub>Rendered from `benchmarks/rebuild_reports.py` and the CPU each report's JSON records.</sub>"
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    "embedded-default": embedded_default,
+    "embedded-default-amd": embedded_default_amd,
+    "int8-invariance": int8_invariance,
+    "variants-invariance": variants_invariance,
+    "rows-side-by-side": rows_side_by_side,
+    "precision": precision,
+    "serve": serve,
+    "stages": stages,
+}
+
+
+def markdown_files(root: Path = ROOT) -> list[Path]:
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
+def render_file(text: str, rendered: dict[str, str], where: str = "") -> str:
+    def sub(m: re.Match[str]) -> str:
+        name = m["name"]
+        if name not in TABLES:
+            raise SystemExit(f"{where}: unknown table {name!r}; known: {', '.join(TABLES)}")
+        if name not in rendered:
+            rendered[name] = TABLES[name]()
+        return f"<!-- table:{name} -->\n{rendered[name]}\n<!-- /table -->"
+
+    return MARKER.sub(sub, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 with a diff if any table is stale")
+    p.add_argument("files", nargs="*", type=Path, help="markdown files (default: README.md and docs/**/*.md)")
+    args = p.parse_args(argv)
+    rendered: dict[str, str] = {}
+    stale = []
+    for path in args.files or markdown_files():
+        text = path.read_text(encoding="utf-8")
+        new = render_file(text, rendered, str(path))
+        if new == text:
+            continue
+        if args.check:
+            stale.append(path)
+            sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True),
+                                                       f"{path} (committed)", f"{path} (from the reports' JSON)"))
+        else:
+            path.write_text(new, encoding="utf-8")
+            print(f"updated {path}")
+    if stale:
+        print(f"\n{len(stale)} file(s) hold tables that disagree with their reports' JSON: "
+              f"{', '.join(map(str, stale))}; run `python benchmarks/render_tables.py`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
