@@ -7,19 +7,21 @@ Each replica is a Ray actor that builds the app with create_app (so routes, sche
 limits, auth, error bodies and metrics are the uvicorn engine's, not a copy), mounted
 through `@serve.ingress` in its late-bound form: Ray calls `__serve_build_asgi_app__`
 inside the replica, after the constructor, so the app and its model are built there
-and never pickled. The app's lifespan loads the variant with load_runtime (manifest
-verified) and starts the replica's own Batcher: dynamic batching happens inside each
-replica, over the requests Ray's router sends it (`max_ongoing_requests` = 2 batches).
+and never pickled (only the settings and the selection, plain data, travel). The app's
+lifespan loads the variant (state.load_model: load_runtime, manifest verified) and starts
+the replica's own Batcher: dynamic batching happens inside each replica, over the
+requests Ray's router sends it (`max_ongoing_requests` = 2 batches).
 
 Ray only marks a replica RUNNING once its ASGI lifespan startup completes; ReplicaMiddleware
 holds that completion until the model is loaded and warmed up (or fails the startup
 with the load error), so the router never sends a request to a replica still loading.
 It also stamps every response with `X-Qserve-Replica` (Ray's replica id). /v1/models
 reports the engine, the replica count and each replica's state (from the Serve
-controller); /metrics is per replica (the one that answered: see the header and the
+controller), and the selection when a model dir chose the variant; /metrics is per replica (the one that answered: see the header and the
 `qserve_replica_info` gauge).
 
-Importing this module imports Ray; without the `ray` extra it raises a QserveError
+Without --ray-address, `qserve serve --engine ray` starts a local Ray instance even where
+`ray start` recorded a cluster (see run_ray). Importing this module imports Ray; without the `ray` extra it raises a QserveError
 naming the install command. `import qserve` never imports it.
 """
 
