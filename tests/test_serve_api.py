@@ -133,6 +133,29 @@ def test_v1_models_summarizes_the_manifest(client):
     assert m["spec"]["backend"] == "torch" and m["parity"]["agreement"] == 1.0 and m["files"] > 0
 
 
+def test_v1_models_says_why_a_model_dir_chose_the_variant(client, tiny_variant):
+    """`qserve serve MODEL_DIR` hands create_app the report's selection (the Ray engine: test_serve_ray_local)."""
+    import torch
+
+    from qserve.serve.app import create_app
+    from qserve.serve.config import ServeConfig
+    from qserve.serve.server import ServerThread
+
+    assert client.get("/v1/models").json()["models"][0]["selection"] is None  # a variant dir: nothing chosen
+    selection = {"variant": "torch-fp32", "why": "fastest meeting its bar", "report": "/run/report/report.json",
+                 "measured_on": "Test CPU", "same_cpu": False}
+    threads = torch.get_num_threads()
+    srv = ServerThread(create_app(ServeConfig(variant_dir=str(tiny_variant), threads=1), selection=selection)).start()
+    try:
+        with httpx2.Client(base_url=srv.url, timeout=30, trust_env=False) as c:
+            _wait_ready(c)
+            (m,) = c.get("/v1/models").json()["models"]
+            assert m["id"] == "torch-fp32" and m["selection"] == selection
+    finally:
+        srv.stop()
+        torch.set_num_threads(threads)
+
+
 V1_BAD = [
     ({"inputs": []}, 422, "empty"),
     ({"inputs": ""}, 422, "at least 1 character"),

@@ -2,7 +2,8 @@
 
     qserve serve models/minilm-imdb-variants/onnx-int8        # then open http://127.0.0.1:8000/docs
 
-config.py (settings, env), app.py (factory, lifespan), routes.py (/v1, probes), v2.py
+config.py (settings, env), state.py (the models by name, their loader, batchers and
+lifecycle), app.py (factory, error bodies, OpenAPI), routes.py (/v1, probes), v2.py
 (the KServe V2 / Open Inference Protocol, binary tensor data included), texts.py (what
 counts as a valid text), batcher.py (dynamic batching), guard.py (auth, limits, early
 429, request ids, metrics per request), connections.py (header/body/keep-alive timeouts,

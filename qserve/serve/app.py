@@ -1,4 +1,4 @@
-"""The FastAPI app factory: load the variant in the lifespan, batch requests, serve two APIs.
+"""The FastAPI app factory: the serving state (state.py) wired into the lifespan, error bodies, OpenAPI.
 
     qserve serve models/minilm-imdb-variants/onnx-int8 --port 8000
     curl -s -H 'Content-Type: application/json' -d '{"inputs": ["great", "awful"]}' 127.0.0.1:8000/v1/classify
@@ -6,21 +6,18 @@
 The lifespan starts the load in the background, so the server answers at once:
 /health is 200 from the first moment, /ready (and /v2/health/ready) is 503 until
 the model is loaded and warmed up, and inference routes answer 503 meanwhile.
-Routes live in routes.py; this file owns state, lifecycle and error mapping.
+Routes live in routes.py and v2.py; the models and their lifecycle in state.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -28,194 +25,45 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from qserve import __version__
-from qserve.serve.batcher import Batcher, BatchResult, NotAccepting, QueueFull
 from qserve.serve.config import ServeConfig
 from qserve.serve.errors import ApiError
-from qserve.serve.guard import OPEN_PATHS, Arrivals, GuardMiddleware
+from qserve.serve.guard import OPEN_PATHS, GuardMiddleware
 from qserve.serve.metrics import Metrics
-from qserve.serve.texts import text_problem, unicode_problem
+from qserve.serve.state import Loader, Selection, ServeState, load_model
+from qserve.serve.texts import unicode_problem
 
 log = logging.getLogger("qserve.serve")
 
 MAX_SHAPE_BRANCHES = 256  # above this --max-inputs, the shape/data pairing is stated in prose only
 INFERENCE_PATHS = frozenset({"/v1/classify", "/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"})
-Loader = Callable[[ServeConfig], Any]
-"""config -> an object with the runtime contract (predict, truncated, labels, name, max_length, manifest)."""
-
-
-@dataclass(eq=False)
-class ServeState:
-    config: ServeConfig
-    metrics: Metrics
-    loader: Loader
-    on_load_failure: Callable[[BaseException], None] | None = None
-    arrivals: Arrivals = field(default_factory=Arrivals)
-    executor: ThreadPoolExecutor | None = None
-    runtime: Any = None
-    batcher: Batcher | None = None
-    name: str | None = None
-    load_error: str | None = None
-    closing: bool = False
-    load_task: asyncio.Task | None = field(default=None, repr=False)
-    # /v1/models' engine block; the Ray engine swaps in one that asks the Serve controller.
-    engine_info: Callable[[], Awaitable[dict[str, Any]]] = field(default=lambda: _single_process_info(), repr=False)
-
-    @property
-    def ready(self) -> bool:
-        return self.batcher is not None and not self.closing
-
-    def not_ready_reason(self) -> str:
-        if self.closing:
-            return "server is shutting down"
-        if self.load_error:
-            return f"model failed to load: {self.load_error}"
-        return "model is loading; retry when /ready answers 200"
-
-    def queue_full_retry_after(self) -> int | None:
-        """Retry-After seconds while not one more text fits in the queue, else None (see guard.py)."""
-        b = self.batcher
-        if b is None or not b.full:
-            return None
-        return b.retry_after_s()
-
-    def require_ready(self) -> None:
-        if not self.ready:
-            raise ApiError(503, self.not_ready_reason(), {"Retry-After": "1"})
-
-    def require_model(self, name: str) -> None:
-        self.require_ready()
-        if name != self.name:
-            raise ApiError(404, f"unknown model {name!r}; this server serves exactly one model: {self.name!r}")
-
-    def check_texts(self, texts: list[Any], where: str) -> None:
-        cfg = self.config
-        if not texts:
-            raise ApiError(422, f"{where} is empty; send 1..{cfg.max_inputs} texts")
-        if len(texts) > cfg.max_inputs:
-            raise ApiError(422, f"{where} has {len(texts)} texts; at most {cfg.max_inputs} per request "
-                                "(--max-inputs); split the request")
-        for i, t in enumerate(texts):
-            if not isinstance(t, str):
-                raise ApiError(422, f"{where}[{i}] is {type(t).__name__}; every input must be a string")
-            problem = text_problem(t)
-            if problem:
-                raise ApiError(422, f"{where}[{i}] {problem}")
-            if len(t) > cfg.max_chars:
-                raise ApiError(422, f"{where}[{i}] has {len(t)} characters; at most {cfg.max_chars} "
-                                    "(--max-chars). Texts over the model's token limit are truncated, "
-                                    "but the character limit bounds the work per request")
-
-    async def classify(self, texts: list[str], request: Request) -> BatchResult:
-        """Queue texts for batched inference; map every failure to an HTTP answer."""
-        self.require_ready()
-        self.arrivals.end(request.scope)  # from here on this request is queued, not arriving
-        try:
-            return await self.batcher.submit(texts, self.config.request_timeout_s)
-        except QueueFull as e:
-            self.metrics.rejected.labels("queue_full").inc()
-            raise ApiError(429, str(e), {"Retry-After": str(e.retry_after_s)}) from None
-        except NotAccepting:
-            raise ApiError(503, "server is shutting down; retry on another replica", {"Retry-After": "1"}) from None
-        except TimeoutError:
-            raise ApiError(504, f"no answer within {self.config.request_timeout_s} s "
-                                "(--request-timeout-s); the model may be overloaded") from None
-        except Exception as e:
-            rid = request.state.request_id
-            log.error("request %s: inference failed: %s: %s", rid, type(e).__name__, e)
-            raise ApiError(500, f"inference failed for this request ({type(e).__name__}); "
-                                f"quote request id {rid}. Other requests are unaffected") from None
-
-
-async def _single_process_info() -> dict[str, Any]:
-    return {"engine": "uvicorn", "replica_count": 1}
-
-
-def _default_loader(cfg: ServeConfig) -> Any:
-    from qserve.runtime import RuntimeOptions, load_runtime
-
-    options = RuntimeOptions(threads=cfg.threads, row_workers=cfg.row_workers)
-    return load_runtime(cfg.variant_dir, cfg.device, options,
-                        allow_extra_files=cfg.allow_extra_files)
-
-
-def _infer_fn(runtime: Any) -> Callable[[list[str]], tuple[np.ndarray, list[bool]]]:
-    def infer(texts: list[str]) -> tuple[np.ndarray, list[bool]]:
-        # Tokenizing happens here, on the inference thread: the fast tokenizer is not thread-safe.
-        probs, truncated = runtime.classify(texts)
-        return np.asarray(probs, dtype=np.float32), [bool(t) for t in truncated]
-
-    return infer
-
-
-async def _load(app: FastAPI, st: ServeState) -> None:
-    loop = asyncio.get_running_loop()
-    cfg = st.config
-    try:
-        runtime = await loop.run_in_executor(st.executor, st.loader, cfg)
-        infer = _infer_fn(runtime)
-        # Warm-up: first-call costs (allocator, ORT graph init) should not land on a client. A batch of one
-        # and a batch of several take different paths (onnx-int8's rows go to their own single-threaded
-        # session and workers): in process, the first batch of 16 after a lone warm-up text took 43-45 ms,
-        # the next ones 23-28 ms.
-        await loop.run_in_executor(st.executor, infer, ["warm-up"])
-        if cfg.max_batch_size > 1:
-            # getattr: a test's loader may hand in a wrapper that exposes only predict/classify
-            n = min(cfg.max_batch_size, 2 * max(1, getattr(runtime, "row_workers", 1)))
-            await loop.run_in_executor(st.executor, infer, [f"warm-up {i}" for i in range(n)])
-        # Everything loaded by now (torch, transformers, ORT, the app) lives as long as the server. Left in
-        # the cyclic GC, each full collection under load walked those millions of objects and stopped every
-        # thread for 330-415 ms, about every 5 s at c32 (gc.callbacks, this Xeon): the p99 tail. Freezing
-        # them leaves collections only the objects requests create.
-        gc.collect()
-        gc.freeze()
-    except Exception as e:
-        st.load_error = f"{type(e).__name__}: {e}"
-        log.error("could not load %s: %s", cfg.variant_dir, st.load_error)
-        if st.on_load_failure is not None:
-            st.on_load_failure(e)
-        return
-    st.runtime = runtime
-    st.name = cfg.model_name or runtime.name
-    batcher = Batcher(infer, st.executor, max_batch_size=cfg.max_batch_size, max_wait_ms=cfg.max_wait_ms,
-                      max_queue=cfg.max_queue, metrics=st.metrics, arriving=lambda: st.arrivals.n)
-    batcher.start()
-    st.batcher = batcher
-    st.metrics.ready.set(1)
-    log.info("serving %s (%s, labels %s) with max batch %d, max wait %.1f ms", st.name,
-             runtime.manifest.get("model_name"), runtime.labels, cfg.max_batch_size, cfg.max_wait_ms)
 
 
 def create_app(config: ServeConfig, loader: Loader | None = None,
-               on_load_failure: Callable[[BaseException], None] | None = None) -> FastAPI:
-    """Build the app. `loader(config)` returns the runtime (default: load_runtime on config.variant_dir);
-    tests inject wrappers through it. `on_load_failure` lets the CLI exit when loading fails."""
+               on_load_failure: Callable[[BaseException], None] | None = None,
+               selection: Selection | None = None) -> FastAPI:
+    """Build the app. `loader(config)` returns the model (default: state.load_model, load_runtime on
+    config.variant_dir); tests inject wrappers through it. `on_load_failure` lets the CLI exit when loading
+    fails. `selection` says why this variant was chosen (a model dir's report), shown in /v1/models."""
     config.validate()
-    st = ServeState(config=config, metrics=Metrics(), loader=loader or _default_loader,
+    st = ServeState(config=config, metrics=Metrics(), loader=loader or load_model, selection=selection,
                     on_load_failure=on_load_failure)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         st.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qserve-infer")
-        st.load_task = asyncio.create_task(_load(app, st))
+        st.load_task = asyncio.create_task(st.start())
         try:
             yield
         finally:
             # uvicorn has already let in-flight requests finish; now drain what is still queued.
-            st.closing = True
-            st.metrics.ready.set(0)
-            await st.load_task
-            if st.batcher is not None:
-                await st.batcher.close()
-            if st.runtime is not None and hasattr(st.runtime, "close"):
-                await asyncio.get_running_loop().run_in_executor(st.executor, st.runtime.close)
-            st.executor.shutdown(wait=True)
+            await st.stop()
             log.info("shutdown complete")
 
     app = FastAPI(title="qserve", version=__version__, lifespan=lifespan,
                   description="Text classification with dynamic batching: an HF pipeline-style API "
                               "(/v1) and the KServe V2 Open Inference Protocol (/v2).")
     app.state.qserve = st
-    _install_error_handlers(app)
+    _install_error_handlers(app, st)
     from qserve.serve.routes import add_routes
 
     add_routes(app, st)
@@ -235,9 +83,7 @@ def _error(request: Request, status: int, message: str, headers: dict[str, str] 
     return JSONResponse({"error": message, "request_id": rid}, status_code=status, headers=headers)
 
 
-def _install_error_handlers(app: FastAPI) -> None:
-    st: ServeState = app.state.qserve
-
+def _install_error_handlers(app: FastAPI, st: ServeState) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         return _error(request, exc.status, exc.message, exc.headers)

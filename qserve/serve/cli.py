@@ -128,7 +128,7 @@ def run_serve(args: argparse.Namespace) -> int:
         scaling = Scaling.parse(args.replicas, args.min_replicas, args.max_replicas, cfg.threads)
         from qserve.serve.ray_engine import run_ray  # imports Ray; a clear error names the extra if missing
 
-        return run_ray(cfg, scaling, args.ray_address, args.log_level)
+        return run_ray(cfg, scaling, args.ray_address, args.log_level, selection)
     given = [flag for flag, v in ray_flags.items() if v is not None]
     if given:
         raise QserveError(f"{', '.join(given)} only apply with --engine ray (this is --engine {args.engine})")
@@ -146,16 +146,7 @@ def run_serve(args: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True
 
-    loader = None
-    if selection is not None:
-        from qserve.serve.app import _default_loader
-
-        def loader(config):  # the runtime carries why it was chosen, for /v1/models
-            runtime = _default_loader(config)
-            runtime.selection = selection
-            return runtime
-
-    app = create_app(cfg, loader=loader, on_load_failure=on_load_failure)
+    app = create_app(cfg, on_load_failure=on_load_failure, selection=selection)
     server = uvicorn.Server(uvicorn_config(app, cfg.host, cfg.port, args.log_level))
     server.run()
     if failed:

@@ -7,19 +7,21 @@ Each replica is a Ray actor that builds the app with create_app (so routes, sche
 limits, auth, error bodies and metrics are the uvicorn engine's, not a copy), mounted
 through `@serve.ingress` in its late-bound form: Ray calls `__serve_build_asgi_app__`
 inside the replica, after the constructor, so the app and its model are built there
-and never pickled. The app's lifespan loads the variant with load_runtime (manifest
-verified) and starts the replica's own Batcher: dynamic batching happens inside each
-replica, over the requests Ray's router sends it (`max_ongoing_requests` = 2 batches).
+and never pickled (only the settings and the selection, plain data, travel). The app's
+lifespan loads the variant (state.load_model: load_runtime, manifest verified) and starts
+the replica's own Batcher: dynamic batching happens inside each replica, over the
+requests Ray's router sends it (`max_ongoing_requests` = 2 batches).
 
 Ray only marks a replica RUNNING once its ASGI lifespan startup completes; ReplicaMiddleware
 holds that completion until the model is loaded and warmed up (or fails the startup
 with the load error), so the router never sends a request to a replica still loading.
 It also stamps every response with `X-Qserve-Replica` (Ray's replica id). /v1/models
 reports the engine, the replica count and each replica's state (from the Serve
-controller); /metrics is per replica (the one that answered: see the header and the
+controller), and the selection when a model dir chose the variant; /metrics is per replica (the one that answered: see the header and the
 `qserve_replica_info` gauge).
 
-Importing this module imports Ray; without the `ray` extra it raises a QserveError
+Without --ray-address, `qserve serve --engine ray` starts a local Ray instance even where
+`ray start` recorded a cluster (see run_ray). Importing this module imports Ray; without the `ray` extra it raises a QserveError
 naming the install command. `import qserve` never imports it.
 """
 
@@ -33,8 +35,12 @@ import threading
 import time
 from typing import Any
 
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
 from qserve import QserveError
 from qserve.deploy import APP_NAME, DEPLOYMENT_NAME, RAY_INSTALL_HINT, Scaling, app_args, deployment_options
+from qserve.serve.config import ServeConfig
+from qserve.serve.state import Selection, ServeState
 
 try:
     import ray
@@ -51,12 +57,12 @@ REPLICA_HEADER = "X-Qserve-Replica"
 class ReplicaMiddleware:
     """Outermost ASGI layer of a replica's app: replica header on every response; lifespan gated on the load."""
 
-    def __init__(self, app: Any, *, replica_id: str, state: Any):
+    def __init__(self, app: ASGIApp, *, replica_id: str, state: ServeState):
         self.app = app
         self.header = (REPLICA_HEADER.lower().encode(), replica_id.encode())
         self.state = state
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self.app(scope, receive, self._gate_startup(send))
             return
@@ -64,7 +70,7 @@ class ReplicaMiddleware:
             await self.app(scope, receive, send)
             return
 
-        async def stamp(message: dict) -> None:
+        async def stamp(message: Message) -> None:
             if message["type"] == "http.response.start":
                 # Ray's proxy appends its own X-Request-ID (the same id the guard used, as it forwards
                 # the header to us): drop ours so clients see one header, not "id, id".
@@ -74,10 +80,10 @@ class ReplicaMiddleware:
 
         await self.app(scope, receive, stamp)
 
-    def _gate_startup(self, send: Any) -> Any:
+    def _gate_startup(self, send: Send) -> Send:
         st = self.state
 
-        async def gated(message: dict) -> None:
+        async def gated(message: Message) -> None:
             if message["type"] == "lifespan.startup.complete" and st.load_task is not None:
                 await asyncio.shield(st.load_task)
                 if st.load_error:
@@ -111,20 +117,21 @@ async def ray_engine_info(replica_id: str) -> dict[str, Any]:
 
 @serve.ingress()  # late-bound: __serve_build_asgi_app__ builds the app inside the replica
 class QserveReplica:
-    def __init__(self, settings: dict[str, Any]):
+    def __init__(self, settings: dict[str, Any], selection: Selection | None = None):
         from qserve.serve.config import config_from_sources
 
         # Settings from the builder args, then QSERVE_* in the replica's own environment (the API key).
         self.cfg = config_from_sources({k: v for k, v in settings.items() if v is not None})
+        self.selection = selection
         self.replica_id = serve.get_replica_context().replica_id.unique_id
 
-    def __serve_build_asgi_app__(self) -> Any:
+    def __serve_build_asgi_app__(self) -> ASGIApp:
         from prometheus_client import Gauge
 
         from qserve.serve.app import create_app
 
-        app = create_app(self.cfg)
-        st = app.state.qserve
+        app = create_app(self.cfg, selection=self.selection)
+        st: ServeState = app.state.qserve
         replica_id = self.replica_id
 
         async def engine_info() -> dict[str, Any]:
@@ -144,24 +151,21 @@ def logging_config(log_level: str) -> dict[str, Any]:
 
 
 def application(settings: dict[str, Any], scaling: Scaling, cores: int | None = None,
-                log_level: str | None = None) -> Any:
-    """The bound Ray Serve application for these ServeConfig settings and this scaling."""
-    from qserve.serve.config import ServeConfig
-
+                log_level: str | None = None, selection: Selection | None = None) -> Any:
+    """The bound Ray Serve application for these ServeConfig settings and this scaling; `selection` (why a
+    model dir's variant was chosen) travels to every replica for /v1/models."""
     mbs = settings.get("max_batch_size") or ServeConfig.max_batch_size
     opts = deployment_options(scaling, mbs, cores)
     if log_level:
         opts["logging_config"] = logging_config(log_level)
     # A replica that cannot load will not load on retry #20 either: fail the deploy quickly.
-    return serve.deployment(QserveReplica, max_constructor_retry_count=3).options(**opts).bind(settings)
+    return serve.deployment(QserveReplica, max_constructor_retry_count=3).options(**opts).bind(settings, selection)
 
 
 def build_app(args: dict[str, Any]) -> Any:
     """Ray Serve application builder (the config's import_path): args = the ServeConfig fields to set.
 
     Deployment options in the config file's `deployments:` entry override the defaults set here."""
-    from qserve.serve.config import ServeConfig
-
     args = dict(args or {})
     if not args.get("variant_dir"):
         raise QserveError("args.variant_dir is missing: the absolute variant path every node can read")
@@ -170,8 +174,25 @@ def build_app(args: dict[str, Any]) -> Any:
     return application(args, Scaling(1, num_cpus=float(threads) if threads else None))
 
 
-def run_ray(cfg: Any, scaling: Scaling, address: str | None, log_level: str = "info") -> int:
-    """`qserve serve --engine ray`: start (or join) Ray, run the app on --host/--port, wait for a signal."""
+def recorded_cluster() -> str | None:
+    """The cluster a plain ray.init() would join instead of starting one: RAY_ADDRESS, or the address
+    `ray start` records in Ray's temp dir (still there after that cluster crashed)."""
+    if os.environ.get("RAY_ADDRESS"):
+        return os.environ["RAY_ADDRESS"]
+    try:
+        from ray._private.utils import read_ray_address  # Ray's own lookup (Ray is pinned: see deploy.py)
+
+        return read_ray_address()
+    except Exception:  # noqa: BLE001 - only feeds a log line
+        return None
+
+
+def run_ray(cfg: ServeConfig, scaling: Scaling, address: str | None, log_level: str = "info",
+            selection: Selection | None = None) -> int:
+    """`qserve serve --engine ray`: start (or join) Ray, run the app on --host/--port, wait for a signal.
+
+    Without --ray-address this always starts a local instance, even where `ray start` left a cluster
+    (running, or its stale address file after a crash) that a plain ray.init() would try to join."""
     local = address is None
     cores = os.cpu_count() or 1
     threads = cfg.threads or scaling.threads_per_replica(cores if local else None)
@@ -185,7 +206,13 @@ def run_ray(cfg: Any, scaling: Scaling, address: str | None, log_level: str = "i
                           "--replicas (Ray would otherwise wait forever for CPUs)")
     port = cfg.port or _free_port(cfg.host)
     if local:
-        ray.init(num_cpus=cores, include_dashboard=False, logging_level=log_level.upper())
+        found = recorded_cluster()
+        if found:
+            log.warning("Ray records a cluster at %s (from `ray start` or RAY_ADDRESS; it may have stopped since); "
+                        "starting a separate local Ray instance, as without --ray-address. To serve on that "
+                        "cluster instead, pass --ray-address %s", found, found)
+        # address="local": a new instance, never the recorded cluster (which would also refuse num_cpus).
+        ray.init(address="local", num_cpus=cores, include_dashboard=False, logging_level=log_level.upper())
     else:
         ray.init(address=address, logging_level=log_level.upper())
     stop = threading.Event()
@@ -195,8 +222,8 @@ def run_ray(cfg: Any, scaling: Scaling, address: str | None, log_level: str = "i
         serve.start(http_options={"host": cfg.host, "port": port}, logging_config=logging_config(log_level))
         t0 = time.perf_counter()
         try:
-            serve.run(application(settings, scaling, cores if local else None, log_level), name=APP_NAME,
-                      route_prefix="/")
+            serve.run(application(settings, scaling, cores if local else None, log_level, selection),
+                      name=APP_NAME, route_prefix="/")
         except Exception as e:  # noqa: BLE001 - Ray's deploy failure carries the replica's load error
             print(f"qserve serve: error: Ray could not start {cfg.variant_dir}: {e}", flush=True)
             return 2

@@ -12,19 +12,10 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from qserve.serve.schemas import ClassifyRequest, ClassifyResponse, ErrorResponse
+from qserve.serve.state import ServeState
 
 # Every status a route can answer (401 only with --api-key; 404 when `model` names another model).
 ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 415, 422, 429, 500, 503, 504)}
-
-
-def model_summary(st: Any) -> dict[str, Any]:
-    m = st.runtime.manifest
-    files = m.get("files") or {}
-    return {"id": st.name, "model_name": m.get("model_name"), "spec": m.get("spec"), "labels": list(st.runtime.labels),
-            "max_length": st.runtime.max_length, "parity": m.get("parity"), "created": m.get("created"),
-            "device": getattr(st.runtime, "device", None), "files": len(files),
-            "bytes": sum(int(f.get("bytes", 0)) for f in files.values() if isinstance(f, dict)),
-            "versions": m.get("versions"), "selection": getattr(st.runtime, "selection", None)}
 
 
 def top_labels(row: np.ndarray, labels: list[str], top_k: int | None) -> list[dict[str, Any]]:
@@ -32,7 +23,7 @@ def top_labels(row: np.ndarray, labels: list[str], top_k: int | None) -> list[di
     return [{"label": labels[j], "score": float(row[j])} for j in order]
 
 
-def add_routes(app: FastAPI, st: Any) -> None:  # noqa: C901 - a flat list of small routes
+def add_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat list of small routes
     # -- liveness, readiness, metrics -------------------------------------------------------
     @app.get("/health", tags=["health"], summary="Liveness: 200 while the process serves HTTP")
     async def health() -> dict:
@@ -42,7 +33,7 @@ def add_routes(app: FastAPI, st: Any) -> None:  # noqa: C901 - a flat list of sm
              responses={503: {"description": 'Not ready yet: {"ready": false, "reason": "..."}'}})
     async def ready() -> JSONResponse:
         if st.ready:
-            return JSONResponse({"ready": True, "model": st.name})
+            return JSONResponse({"ready": True, "model": st.default})
         return JSONResponse({"ready": False, "reason": st.not_ready_reason()}, status_code=503)
 
     @app.get("/metrics", tags=["health"], summary="Prometheus metrics (needs the API key unless --metrics-public)",
@@ -55,22 +46,20 @@ def add_routes(app: FastAPI, st: Any) -> None:  # noqa: C901 - a flat list of sm
              responses={code: {"model": ErrorResponse} for code in (401, 503)})
     async def v1_models() -> dict:
         st.require_ready()
-        return {"models": [model_summary(st)], **(await st.engine_info())}
+        return {"models": [m.summary() for m in st.models.values()], **(await st.engine_info())}
 
     @app.post("/v1/classify", tags=["v1"], response_model=ClassifyResponse, responses=ERRORS,
               summary="Classify one text or a list; [{label, score}] per input, best first")
     async def classify(body: ClassifyRequest, request: Request) -> JSONResponse:
-        st.require_ready()
-        if body.model is not None:
-            st.require_model(body.model)
+        model = st.model(body.model)
         texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
         st.check_texts(texts, "inputs")
-        result = await st.classify(texts, request)
-        labels = st.runtime.labels
+        result = await st.classify(model, texts, request)
+        rt = model.runtime
         return JSONResponse({
-            "model": st.name, "model_name": st.runtime.manifest.get("model_name"),
-            "predictions": [top_labels(row, labels, body.top_k) for row in result.probs],
-            "truncated": result.truncated, "max_length": st.runtime.max_length})
+            "model": model.name, "model_name": rt.manifest.get("model_name"),
+            "predictions": [top_labels(row, rt.labels, body.top_k) for row in result.probs],
+            "truncated": result.truncated, "max_length": rt.max_length})
 
     # -- /v2: KServe V2 / Open Inference Protocol (v2.py) -----------------------------------
     from qserve.serve.v2 import add_v2_routes

@@ -33,6 +33,7 @@ from qserve import __version__
 from qserve.serve.errors import ApiError
 from qserve.serve.schemas import (V2_OUTPUTS, ErrorResponse, V2InferRequest, V2InferResponse,
                                   V2ModelMetadata, flatten)
+from qserve.serve.state import ServedModel, ServeState
 from qserve.serve.texts import unicode_problem
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -108,7 +109,7 @@ def _bytes_elements(raw: bytes, where: str) -> list[str]:
     return out
 
 
-def request_texts(st: Any, req: V2InferRequest, binary: bytes) -> list[str]:
+def request_texts(st: ServeState, req: V2InferRequest, binary: bytes) -> list[str]:
     tensor = req.inputs[0]
     size = tensor.parameters.binary_data_size if tensor.parameters else None
     if size is not None:
@@ -179,12 +180,13 @@ def encode_response(head: dict[str, Any], tensors: list[tuple[dict[str, Any], An
 
 
 # -- routes -------------------------------------------------------------------------------------
-def model_config(st: Any) -> dict[str, Any]:
+def model_config(st: ServeState, model: ServedModel) -> dict[str, Any]:
     """Triton's model configuration shape (what tritonclient's get_model_config returns)."""
-    cfg, k = st.config, len(st.runtime.labels)
-    spec = st.runtime.manifest.get("spec", {})
+    rt = model.runtime
+    cfg, k = st.config, len(rt.labels)
+    spec = rt.manifest.get("spec", {})
     return {
-        "name": st.name, "platform": f"qserve_{spec.get('backend', 'unknown')}", "backend": "qserve",
+        "name": model.name, "platform": f"qserve_{spec.get('backend', 'unknown')}", "backend": "qserve",
         "version_policy": {"specific": {"versions": [VERSION]}},
         "max_batch_size": 0,  # shapes below include the batch dimension (-1 = n texts)
         "input": [{"name": "text", "data_type": "TYPE_STRING", "dims": [-1]}],
@@ -193,8 +195,8 @@ def model_config(st: Any) -> dict[str, Any]:
                    {"name": "truncated", "data_type": "TYPE_BOOL", "dims": [-1]}],
         "dynamic_batching": {"max_queue_delay_microseconds": int(cfg.max_wait_ms * 1000),
                              "preferred_batch_size": [cfg.max_batch_size]},
-        "parameters": {"labels": {"string_value": ",".join(st.runtime.labels)},
-                       "max_length": {"string_value": str(st.runtime.max_length)},
+        "parameters": {"labels": {"string_value": ",".join(rt.labels)},
+                       "max_length": {"string_value": str(rt.max_length)},
                        "max_inputs": {"string_value": str(cfg.max_inputs)},
                        "max_chars": {"string_value": str(cfg.max_chars)}},
     }
@@ -205,7 +207,7 @@ def _check_version(version: str) -> None:
         raise ApiError(404, f"unknown model version {version!r}; this server serves version {VERSION!r}")
 
 
-def add_v2_routes(app: FastAPI, st: Any) -> None:  # noqa: C901 - a flat list of small routes
+def add_v2_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat list of small routes
     @app.get("/v2", tags=["v2"], summary="Server metadata", responses=_errors(401))
     async def v2_server() -> dict:
         return {"name": "qserve", "version": __version__, "extensions": EXTENSIONS}
@@ -219,34 +221,35 @@ def add_v2_routes(app: FastAPI, st: Any) -> None:  # noqa: C901 - a flat list of
     async def v2_ready() -> JSONResponse:
         return JSONResponse({"ready": st.ready}, status_code=200 if st.ready else 503)
 
-    def metadata() -> dict:
-        k = len(st.runtime.labels)
-        spec = st.runtime.manifest.get("spec", {})
-        return {"name": st.name, "versions": [VERSION], "platform": f"qserve_{spec.get('backend', 'unknown')}",
+    def metadata(model: ServedModel) -> dict:
+        rt = model.runtime
+        k = len(rt.labels)
+        spec = rt.manifest.get("spec", {})
+        return {"name": model.name, "versions": [VERSION], "platform": f"qserve_{spec.get('backend', 'unknown')}",
                 "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
                 "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": [-1, k]},
                             {"name": "label", "datatype": "BYTES", "shape": [-1]},
                             {"name": "truncated", "datatype": "BOOL", "shape": [-1]}],
-                "parameters": {"labels": ",".join(st.runtime.labels), "max_length": st.runtime.max_length,
-                               "model_name": st.runtime.manifest.get("model_name")}}
+                "parameters": {"labels": ",".join(rt.labels), "max_length": rt.max_length,
+                               "model_name": rt.manifest.get("model_name")}}
 
     async def infer(name: str, request: Request) -> Response:
-        st.require_model(name)
+        model = st.model(name)
         body = await request.body()
         req, binary = _parse_request(body, request.headers.get(HEADER_LENGTH))
         if req.id is not None and unicode_problem(req.id):
             raise ApiError(422, f"id {unicode_problem(req.id)}")
         texts = request_texts(st, req, binary)
         wanted = requested_outputs(req)
-        result = await st.classify(texts, request)
+        result = await st.classify(model, texts, request)
         n, k = result.probs.shape
-        labels = st.runtime.labels
+        labels = model.runtime.labels
         values = {"probabilities": ({"name": "probabilities", "datatype": "FP32", "shape": [n, k]}, result.probs),
                   "label": ({"name": "label", "datatype": "BYTES", "shape": [n]},
                             [labels[j] for j in result.probs.argmax(axis=1)]),
                   "truncated": ({"name": "truncated", "datatype": "BOOL", "shape": [n]}, result.truncated)}
-        head = {"model_name": st.name, "model_version": VERSION, "id": req.id or request.state.request_id,
-                "parameters": {"labels": ",".join(labels), "max_length": st.runtime.max_length}}
+        head = {"model_name": model.name, "model_version": VERSION, "id": req.id or request.state.request_id,
+                "parameters": {"labels": ",".join(labels), "max_length": model.runtime.max_length}}
         return encode_response(head, [(*values[w], as_binary) for w, as_binary in wanted])
 
     model_errors = _errors(401, 404, 503)
@@ -266,16 +269,13 @@ def add_v2_routes(app: FastAPI, st: Any) -> None:  # noqa: C901 - a flat list of
             return wrapped
 
         async def v2_metadata(name: str, request: Request) -> dict:
-            st.require_model(name)
-            return metadata()
+            return metadata(st.model(name))
 
         async def v2_model_ready(name: str, request: Request) -> dict:
-            st.require_model(name)
-            return {"name": st.name, "ready": True}
+            return {"name": st.model(name).name, "ready": True}
 
         async def v2_config(name: str, request: Request) -> dict:
-            st.require_model(name)
-            return model_config(st)
+            return model_config(st, st.model(name))
 
         app.add_api_route(prefix, with_version(v2_metadata), methods=["GET"], tags=["v2"],
                           response_model=V2ModelMetadata, responses=model_errors,
