@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import inspect
 import textwrap
 import types
@@ -73,8 +74,7 @@ def field_docs(cls: type) -> dict[str, str]:
     """Attribute docstrings of a dataclass (the string literal under each field), whitespace collapsed."""
     docs: dict[str, str] = {}
     for klass in [k for k in reversed(cls.__mro__) if dataclasses.is_dataclass(k)]:  # a subclass's doc wins
-        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0]
-        assert isinstance(body, ast.ClassDef)
+        body = _class_node(klass)
         for node, nxt in zip(body.body, body.body[1:]):
             if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
                     and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
@@ -96,17 +96,20 @@ def add_flags(parser: argparse._ActionsContainer, cls: type, names: Iterable[str
     unset: every flag's parsed default is None, so `build` can tell a flag that was given from
     one that was not (and then try the env var); the help still shows the field's default.
     env_prefix: name in each flag's help the env var it can also come from.
-    defaults / help: per-field replacements for the default and the help text.
+    defaults / help: per-field replacements for the default and for the whole help text.
     """
     docs = field_docs(cls)
     defaults, help = defaults or {}, help or {}
     for fi in _fields(cls, names):
         spec = fi.spec
         default = defaults[fi.name] if fi.name in defaults else fi.default
-        text = help.get(fi.name) or docs.get(fi.name)
-        if not text:
+        if fi.name in help:  # said in full by the caller, default included
+            text = help[fi.name].replace("%", "%%")
+        elif fi.name in docs:
+            text = _help(docs[fi.name], fi, default, env_prefix)
+        else:
             raise TypeError(f"{cls.__name__}.{fi.name} has no docstring: every flag needs its help")
-        kw: dict[str, typing.Any] = {"help": _help(text, fi, default, env_prefix)}
+        kw: dict[str, typing.Any] = {"help": text}
         if spec.metavar:
             kw["metavar"] = spec.metavar
         if spec.choices is not None:
@@ -170,6 +173,29 @@ def build(cls: type[C], args: argparse.Namespace | Mapping[str, object], names: 
 
 
 # -- internals ------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _module_tree(filename: str) -> ast.Module:
+    return ast.parse(Path(filename).read_text(encoding="utf-8"))
+
+
+def _class_node(cls: type) -> ast.ClassDef:
+    """The class statement of `cls`: its module parsed once (cheap `--help`), else inspect's slower search."""
+    filename = inspect.getsourcefile(cls)
+    if filename and "<locals>" not in cls.__qualname__:
+        body: list[ast.stmt] = _module_tree(filename).body
+        node: ast.ClassDef | None = None
+        for part in cls.__qualname__.split("."):
+            node = next((n for n in body if isinstance(n, ast.ClassDef) and n.name == part), None)
+            if node is None:
+                break
+            body = node.body
+        if node is not None:
+            return node
+    node = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
+    assert isinstance(node, ast.ClassDef)
+    return node
+
 
 REQUIRED = object()
 """The default of a field that has none: a required flag, or a required positional."""

@@ -7,5 +7,6 @@ config.py (settings, env), app.py (factory, lifespan), routes.py (/v1, probes), 
 counts as a valid text), batcher.py (dynamic batching), guard.py (auth, limits, early
 429, request ids, metrics per request), connections.py (header/body/keep-alive timeouts,
 connection cap), metrics.py (Prometheus), loadtest.py + cli.py (`qserve serve`,
-`qserve loadtest`). Nothing here is imported by `import qserve`.
+`qserve loadtest`), deploy.py (Ray deployment options, `qserve deploy ray`) and
+ray_engine.py (`--engine ray`). Nothing here is imported by `import qserve`.
 """

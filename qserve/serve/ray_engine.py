@@ -34,7 +34,7 @@ import time
 from typing import Any
 
 from qserve import QserveError
-from qserve.deploy import APP_NAME, DEPLOYMENT_NAME, RAY_INSTALL_HINT, Scaling, app_args, deployment_options
+from qserve.serve.deploy import APP_NAME, DEPLOYMENT_NAME, RAY_INSTALL_HINT, Scaling, app_args, deployment_options
 
 try:
     import ray
