@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +29,14 @@ IMPORT_PATH = "qserve.serve.ray_engine:build_app"
 APP_NAME = "qserve"
 DEPLOYMENT_NAME = "QserveReplica"
 RAY_INSTALL_HINT = "pip install 'qserve[ray]'  (installs ray[serve]==2.60.0)"
-# ServeConfig fields a replica needs; host/port belong to Ray's proxy, the API key to the environment.
-APP_FIELDS = ("device", "threads", "row_workers", "max_batch_size", "max_wait_ms", "max_queue", "max_inputs",
-              "max_chars", "max_body_bytes", "request_timeout_s", "model_name")
+# ServeConfig fields that are not a replica's app settings: the variant is the builder's first arg,
+# host/port and the connection limits belong to Ray's proxy (to uvicorn in `qserve serve`), the API key
+# to the replicas' environment (never a config file).
+PROXY_FIELDS = ("variant_dir", "host", "port", "api_key", "header_timeout_s", "body_timeout_s", "keep_alive_s",
+                "max_connections")
+# Every other ServeConfig field configures the app inside each replica, so a new field reaches Ray (and
+# `qserve deploy ray` gets its flag) with no edit here.
+APP_FIELDS = tuple(f.name for f in fields(ServeConfig) if f.name not in PROXY_FIELDS)
 
 
 @dataclass
