@@ -53,8 +53,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     # unset: a flag not given parses to None, so its env var (then the default) decides
     add_flags(p, ServeConfig, unset=True, env_prefix=ENV_PREFIX)
     add_flags(p, ServeCommand, ("log_level",))
-    ray = p.add_argument_group("engine", "uvicorn: one process (default). ray: Ray Serve replicas of the same app "
-                                         "behind Ray's HTTP proxy on --host/--port (needs the qserve[ray] extra)")
+    ray = p.add_argument_group("engine", "How the app runs; the flags after --engine apply to --engine ray only.")
     add_flags(ray, ServeCommand, ("engine",))
     add_flags(ray, RayOptions, unset=True)  # unset: given only with --engine ray
     p.set_defaults(func=run_serve)
