@@ -199,8 +199,8 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
     from ray import serve
 
     from qserve.artifact import now_iso, refuse_existing, write_json_atomic, write_text_atomic
-    from qserve.deploy import Scaling
     from qserve.provenance import provenance, with_header
+    from qserve.serve.deploy import Scaling
     from qserve.runtime import RuntimeOptions, load_runtime
     from qserve.serve.ray_engine import application, logging_config
     from netutil import free_port

@@ -29,7 +29,7 @@ COMMANDS = [
     ("report", "qserve.bench.cli"),
     ("serve", "qserve.serve.cli"),
     ("loadtest", "qserve.serve.cli"),
-    ("deploy", "qserve.deploy"),
+    ("deploy", "qserve.serve.deploy"),
 ]
 
 

@@ -14,17 +14,16 @@ The test accuracy is that of the final weights (no checkpoint selection on val).
 from __future__ import annotations
 
 import argparse
-import ast
-import inspect
 import logging
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
+from qserve.configflags import add_flags, build, flag
 from qserve.precision import (BF16_UPDATES, MATMUL_PRECISIONS, PRECISIONS, build_optimizer, check_precision,
                               optimizer_state_bytes, peak_memory)
 
@@ -37,12 +36,16 @@ FILES_WRITTEN = ("config.json", "model.safetensors", "tokenizer.json", "tokenize
 
 @dataclass
 class TrainConfig:
+    """One fine-tuning run. Each field is a `qserve train` flag; its docstring is the help."""
+
     model: str = "default"
     """`default` (embedded MiniLM in DistilBERT layout), a local checkpoint directory, or a hub id."""
     dataset: str = "default"
     """`default`/`imdb-embedded`, `rotten-tomatoes`, a local .csv/.jsonl/.json (text,label) or a hub id."""
-    precision: str = "bf16-mixed"
-    """Training precision: 32-true, 16-mixed (CUDA only), bf16-mixed or bf16-true."""
+    precision: str = field(default="bf16-mixed", metadata=flag(
+        choices=PRECISIONS, repeat=True, default_text="bf16-mixed; with --compare, all the device supports"))
+    """Training precision: 32-true, 16-mixed (CUDA only), bf16-mixed or bf16-true. With --compare, give it
+    several times to choose the precisions compared."""
     epochs: int = 1
     """Passes over the training set."""
     batch_size: int = 16
@@ -61,21 +64,25 @@ class TrainConfig:
     """Train on a seeded, stratified subset of this many examples (val/test unaffected; 0 on the CLI = all)."""
     max_eval_samples: int | None = 2000
     """Cap val and test at this many examples each (seeded, stratified; 0 on the CLI = no cap); bench reuses it."""
-    bf16_update: str = "compensated"
-    """bf16-true only: compensated (torch-optimi AdamW, Kahan summation into a bf16 buffer) or plain (torch AdamW on bf16 weights: updates below half a bf16 ulp round away)."""
+    bf16_update: str = field(default="compensated", metadata=flag(
+        choices=BF16_UPDATES, repeat=True, default_text="compensated; with --compare, compensated and plain"))
+    """bf16-true only: compensated (torch-optimi AdamW, Kahan summation into a bf16 buffer) or plain (torch
+    AdamW on bf16 weights: updates below half a bf16 ulp round away). With --compare, give it several times
+    to run bf16-true once per value."""
     seed: int = 42
     """Seed for the split, subsampling, head init, shuffling and dropout."""
-    data_seed: int | None = None
-    """Seed for the split and subsampling only (default: --seed); lets two seeds train on the same data."""
-    out: str | None = None
-    """Output directory (default: models/<model_name>-<dataset>-<precision>)."""
+    data_seed: int | None = field(default=None, metadata=flag(default_text="--seed"))
+    """Seed for the split and subsampling only (None: seed); lets two seeds train on the same data."""
+    out: str | None = field(default=None, metadata=flag(
+        default_text="models/<model_name>-<dataset>-<precision>; with --compare, benchmarks/reports/precision"))
+    """Output directory (with --compare: the report directory)."""
     device: str = "auto"
     """auto (CUDA when available), cpu, cuda or cuda:N."""
     devices: int = 1
     """Processes/GPUs for data-parallel training (Fabric DDP when > 1)."""
     strategy: str = "auto"
     """Fabric strategy: auto, ddp, ddp_spawn, fsdp, ..."""
-    matmul_precision: str | None = None
+    matmul_precision: str | None = field(default=None, metadata=flag(choices=MATMUL_PRECISIONS))
     """torch.set_float32_matmul_precision: highest, high (TF32 on Ampere+) or medium."""
     force: bool = False
     """Replace an existing output directory."""
@@ -83,16 +90,22 @@ class TrainConfig:
     """DataLoader worker processes (tokenization is done up front, so 0 is usually right)."""
 
 
-def field_docs(cls: type) -> dict[str, str]:
-    """Attribute docstrings of a dataclass (the string literal under each field), for CLI help."""
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body
-    docs = {}
-    for node, nxt in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
-                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
-            docs[node.target.id] = nxt.value.value
-    return docs
+@dataclass
+class CompareOptions:
+    """`qserve train --compare`: the precision study's own flags (the study itself is qserve/study.py)."""
+
+    compare: bool = False
+    """Run the same fine-tune once per precision, each in its own process, and write precision_study.json/.md
+    (time, step time, optimizer state, peak memory, accuracy)."""
+    noise_precision: str | None = field(default=None, metadata=flag(
+        choices=(*PRECISIONS, "none"), default_text="bf16-mixed, else the first studied"))
+    """With --compare: the precision run a second time with --seed + 1 on the same data, to measure
+    run-to-run noise (none: skip)."""
+    step_rounds: int = 3
+    """With --compare: after the full runs, time each run's step again in this many rounds of short children
+    taking turns, so machine drift hits every precision alike; 0 skips."""
+    step_samples: int = 768
+    """With --step-rounds: training examples per short child (768 = 48 steps of 16)."""
 
 
 def validate(cfg: TrainConfig) -> None:
@@ -351,66 +364,28 @@ def _write(out: Path, cfg: TrainConfig, model, tok, base_name: str, data, metric
 # -- CLI ---------------------------------------------------------------------------------
 
 def register(subparsers) -> None:
-    docs = field_docs(TrainConfig)
-    d = TrainConfig()
-
-    def h(name: str) -> str:
-        return f"{docs[name]} (default: {getattr(d, name)})"
-
     p = subparsers.add_parser("train", help="fine-tune a classifier (Lightning Fabric)",
                               description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=d.model, help=h("model"))
-    p.add_argument("--dataset", default=d.dataset, help=h("dataset"))
-    p.add_argument("--precision", action="append", choices=PRECISIONS, metavar="{" + ",".join(PRECISIONS) + "}",
-                   help=docs["precision"][:-1] + f" (default: {d.precision}). With --compare, repeat it "
-                   "to choose the precisions compared (default: all the device supports).")
-    for name, typ in (("epochs", int), ("batch_size", int), ("lr", float), ("weight_decay", float),
-                      ("warmup_ratio", float), ("grad_accum", int), ("max_length", int), ("max_samples", int),
-                      ("max_eval_samples", int), ("seed", int), ("data_seed", int)):
-        p.add_argument("--" + name.replace("_", "-"), type=typ, default=getattr(d, name), help=h(name))
-    p.add_argument("--bf16-update", action="append", choices=BF16_UPDATES,
-                   metavar="{" + ",".join(BF16_UPDATES) + "}",
-                   help=docs["bf16_update"][:-1] + f" (default: {d.bf16_update}). With --compare, repeat it to run "
-                   "bf16-true once per value (default: compensated and plain).")
-    p.add_argument("--out", default=None, help=docs["out"] + " With --compare: the report directory "
-                   "(default benchmarks/reports/precision).")
-    p.add_argument("--device", default=d.device, help=h("device"))
-    p.add_argument("--devices", type=int, default=d.devices, help=h("devices"))
-    p.add_argument("--strategy", default=d.strategy, help=h("strategy"))
-    p.add_argument("--matmul-precision", choices=MATMUL_PRECISIONS, default=None, help=docs["matmul_precision"])
-    p.add_argument("--num-workers", type=int, default=d.num_workers, help=h("num_workers"))
-    p.add_argument("--force", action="store_true", help=docs["force"])
-    p.add_argument("--compare", action="store_true",
-                   help="run the same fine-tune once per precision, each in its own process, and write "
-                        "precision_study.json/.md (time, step time, optimizer state, peak memory, accuracy)")
-    p.add_argument("--noise-precision", choices=(*PRECISIONS, "none"), default=None,
-                   metavar="{" + ",".join((*PRECISIONS, "none")) + "}",
-                   help="with --compare: the precision run a second time with --seed + 1 on the same data, "
-                        "to measure run-to-run noise (default: bf16-mixed, else the first studied; none: skip)")
-    p.add_argument("--step-rounds", type=int, default=3,
-                   help="with --compare: after the full runs, time each run's step again in this many rounds of "
-                        "short children taking turns, so machine drift hits every precision alike; 0 skips "
-                        "(default: 3)")
-    p.add_argument("--step-samples", type=int, default=768,
-                   help="with --step-rounds: training examples per short child (default: 768, 48 steps of 16)")
+    add_flags(p, TrainConfig)
+    add_flags(p, CompareOptions)
     p.set_defaults(func=run)
 
 
-def config_from_args(args) -> TrainConfig:
-    kwargs = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
-    precisions = kwargs.pop("precision") or [TrainConfig.precision]
-    if len(precisions) > 1 and not getattr(args, "compare", False):
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    compare = bool(getattr(args, "compare", False))
+    precisions = args.precision or [TrainConfig.precision]
+    if len(precisions) > 1 and not compare:
         raise QserveError(f"--precision was given {len(precisions)} times; give it once, or add --compare "
                           "to compare several")
-    updates = kwargs.pop("bf16_update", None) or [TrainConfig.bf16_update]
-    if len(updates) > 1 and not getattr(args, "compare", False):
+    updates = getattr(args, "bf16_update", None) or [TrainConfig.bf16_update]
+    if len(updates) > 1 and not compare:
         raise QserveError(f"--bf16-update was given {len(updates)} times; give it once, or add --compare "
                           "to compare several")
-    for name in ("max_samples", "max_eval_samples"):
-        if kwargs.get(name) == 0:
-            kwargs[name] = None  # 0 = no cap: the command line has no other way to say None
-    return TrainConfig(precision=precisions[0], bf16_update=updates[0], **kwargs)
+    # 0 = no cap: the command line has no other way to say None
+    caps = {name: None for name in ("max_samples", "max_eval_samples") if getattr(args, name, None) == 0}
+    return build(TrainConfig, args, overrides={"precision": precisions[0], "bf16_update": updates[0], **caps},
+                 error=QserveError)
 
 
 def run(args) -> int:

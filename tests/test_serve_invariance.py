@@ -98,7 +98,7 @@ def test_the_same_check_catches_a_server_whose_answers_move_with_batchmates(int8
 
 def test_row_workers_setting_reaches_every_engine_and_names_its_flag():
     from qserve import QserveError
-    from qserve.deploy import app_args
+    from qserve.serve.deploy import app_args
     from qserve.serve.config import config_from_sources
 
     assert config_from_sources({}, {"QSERVE_ROW_WORKERS": "2"}).row_workers == 2

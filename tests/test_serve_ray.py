@@ -74,7 +74,7 @@ def ray_url():
 
 @pytest.fixture(scope="module")
 def ray_app(ray_url, tiny_variant):
-    from qserve.deploy import Scaling
+    from qserve.serve.deploy import Scaling
     from qserve.serve.ray_engine import application
 
     # 2 replicas x 1 CPU: what `qserve serve --engine ray --replicas 2` picks on a 2-core machine.
@@ -304,7 +304,7 @@ def test_missing_ray_extra_names_the_install_command(tiny_variant):
 
 def test_scaling_flags_map_to_ray_options(tiny_variant, monkeypatch, capsys):
     from qserve.cli import main
-    from qserve.deploy import Scaling, deployment_options
+    from qserve.serve.deploy import Scaling, deployment_options
 
     fixed = deployment_options(Scaling.parse("2", None, None, None), max_batch_size=32, cores=2)
     assert fixed["num_replicas"] == 2 and fixed["ray_actor_options"] == {"num_cpus": 1.0}

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from qserve import QserveError
-from qserve.train import FILES_WRITTEN, TrainConfig, config_from_args, field_docs, train
+from qserve.configflags import field_docs
+from qserve.train import FILES_WRITTEN, TrainConfig, config_from_args, train
 
 POS = ["great", "wonderful", "superb", "loved", "brilliant"]
 NEG = ["awful", "boring", "terrible", "hated", "dull"]

@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qserve import QserveError
+
+if TYPE_CHECKING:
+    from qserve.bench.config import BenchConfig
 
 
 def expand_variant_dirs(paths: list[str]) -> list[Path]:
@@ -35,48 +39,13 @@ def expand_variant_dirs(paths: list[str]) -> list[Path]:
 
 def register(subparsers) -> None:
     from qserve.bench.config import BenchConfig
+    from qserve.configflags import add_flags
 
-    d = BenchConfig()
     p = subparsers.add_parser(
         "bench", help="benchmark variants (latency, throughput, memory, size, accuracy), each in its own process",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("variants", nargs="+", metavar="VARIANT_DIR", help="variant directories (or a folder of them)")
-    p.add_argument("--batch-sizes", default=",".join(map(str, d.batch_sizes)),
-                   help="comma-separated batch sizes for fixed-shape latency (default %(default)s)")
-    p.add_argument("--seq-lens", default=",".join(map(str, d.seq_lens)),
-                   help="comma-separated sequence lengths in tokens (default %(default)s)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="intra-op threads for torch and ONNX Runtime (default: physical cores)")
-    p.add_argument("--device", default=d.device, help="cpu, cuda, cuda:N or auto (default %(default)s)")
-    p.add_argument("--out", type=Path, default=None,
-                   help="report directory (default benchmarks/reports/<model>-<device>-t<threads>)")
-    p.add_argument("--name", default=None, help="run name for the default --out")
-    p.add_argument("--force", action="store_true", help="replace an existing non-empty --out")
-    p.add_argument("--allow-extra-files", action="store_true",
-                   help="load variants whose directory holds files the manifest does not list (refused by default)")
-    p.add_argument("--no-accuracy", dest="accuracy", action="store_false",
-                   help="speed only: skip accuracy and agreement")
-    p.add_argument("--dataset", default=None, help="dataset for accuracy (default: the variant's qserve_model.json)")
-    p.add_argument("--seed", type=int, default=None, help="split seed (default: the variant's, else 42)")
-    p.add_argument("--max-eval-samples", type=int, default=None,
-                   help="cap on test texts for accuracy (default: the variant's, else the whole test split)")
-    p.add_argument("--real-text-samples", type=int, default=d.real_text_samples,
-                   help="test texts for real-text latency; 0 skips it (default %(default)s)")
-    p.add_argument("--invariance-samples", type=int, default=d.invariance_samples,
-                   help="test texts scored alone and in mixed batches of 8 and 32 (batch invariance); 0 skips it "
-                        "(default %(default)s)")
-    p.add_argument("--time-budget", type=float, default=d.time_budget_s,
-                   help="seconds of timed calls per shape (default %(default)s)")
-    p.add_argument("--warmup", type=int, default=d.warmup, help="warm-up calls per shape (default %(default)s)")
-    p.add_argument("--min-iters", type=int, default=d.min_iters,
-                   help="timed calls per shape even past the budget (default %(default)s)")
-    p.add_argument("--max-iters", type=int, default=d.max_iters, help="cap on timed calls per shape (default %(default)s)")
-    p.add_argument("--no-floor", dest="floor", action="store_false",
-                   help="skip measuring peak GEMM rates (the floor is then not stated)")
-    p.add_argument("--floor-budget", type=float, default=d.floor_budget_s,
-                   help="seconds per GEMM shape when measuring peak rates (default %(default)s)")
-    p.add_argument("--child-timeout", type=float, default=d.child_timeout_s,
-                   help="kill a variant's process after this many seconds (default %(default)s)")
+    add_flags(p, BenchConfig)
     p.set_defaults(func=cmd_bench)
 
     r = subparsers.add_parser("report", help="re-render report.md/csv and plots from a bench report.json",
@@ -86,18 +55,11 @@ def register(subparsers) -> None:
     r.set_defaults(func=cmd_report)
 
 
-def config_from_args(args) -> "BenchConfig":  # noqa: F821
-    from qserve.bench.config import BenchConfig, parse_int_list
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    from qserve.bench.config import BenchConfig
+    from qserve.configflags import build
 
-    return BenchConfig(
-        batch_sizes=parse_int_list(args.batch_sizes, "--batch-sizes"), seq_lens=parse_int_list(args.seq_lens, "--seq-lens"),
-        threads=args.threads, device=args.device, out=args.out, accuracy=args.accuracy, dataset=args.dataset,
-        seed=args.seed, max_eval_samples=args.max_eval_samples, real_text_samples=args.real_text_samples,
-        invariance_samples=args.invariance_samples,
-        time_budget_s=args.time_budget, warmup=args.warmup, min_iters=args.min_iters, max_iters=args.max_iters,
-        floor=args.floor, floor_budget_s=args.floor_budget, child_timeout_s=args.child_timeout, name=args.name, force=args.force,
-        allow_extra_files=args.allow_extra_files,
-    ).validate()
+    return build(BenchConfig, args, error=QserveError).validate()
 
 
 def cmd_bench(args) -> int:

@@ -1,4 +1,4 @@
-"""BenchConfig: every knob of a benchmark run, as one JSON-serialisable dataclass.
+"""BenchConfig: every knob of a benchmark run, as one JSON-serialisable dataclass (and `qserve bench`'s flags).
 
     python -c "from qserve.bench.config import BenchConfig; print(BenchConfig(batch_sizes=[1, 8]))"
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
+from qserve.configflags import flag
 
 DEFAULT_BATCH_SIZES = (1, 8, 32)
 DEFAULT_SEQ_LENS = (32, 128, 256)
@@ -23,31 +24,33 @@ HEADLINE_SEQ = 128
 
 @dataclass
 class BenchConfig:
-    """How to benchmark a set of variants. Attribute docstrings are the CLI help."""
+    """How to benchmark a set of variants. Each field is a `qserve bench` flag; its docstring is the help."""
 
     batch_sizes: list[int] = field(default_factory=lambda: list(DEFAULT_BATCH_SIZES))
-    """Batch sizes for fixed-shape latency (--batch-sizes 1,8,32)."""
+    """Comma-separated batch sizes for fixed-shape latency."""
     seq_lens: list[int] = field(default_factory=lambda: list(DEFAULT_SEQ_LENS))
-    """Sequence lengths in tokens for fixed-shape latency (--seq-lens 32,128,256)."""
-    threads: int | None = None
-    """Intra-op threads for torch and ONNX Runtime; None = the machine's physical cores."""
+    """Comma-separated sequence lengths in tokens for fixed-shape latency."""
+    threads: int | None = field(default=None, metadata=flag(default_text="physical cores"))
+    """Intra-op threads for torch and ONNX Runtime."""
     device: str = "cpu"
-    """cpu, cuda or auto."""
-    out: Path | None = None
-    """Report directory; None = benchmarks/reports/<model>-<device>-t<threads>."""
+    """cpu, cuda, cuda:N or auto."""
+    out: Path | None = field(default=None, metadata=flag(default_text="benchmarks/reports/<model>-<device>-t<threads>, "
+                                                                   "or benchmarks/reports/<--name>"))
+    """Report directory."""
     accuracy: bool = True
-    """Measure accuracy on the held-out test split when the variant names its dataset."""
-    dataset: str | None = None
-    """Dataset override; None = the `dataset` key of the variant's qserve_model.json."""
-    seed: int | None = None
-    """Split seed override; None = the variant's `seed` (else 42)."""
-    max_eval_samples: int | None = None
-    """Cap on test texts for accuracy; None = the variant's `max_eval_samples` (else the whole split)."""
+    """Measure accuracy and agreement on the held-out test split when the variant names its dataset."""
+    dataset: str | None = field(default=None, metadata=flag(default_text="the variant's qserve_model.json"))
+    """Dataset for accuracy."""
+    seed: int | None = field(default=None, metadata=flag(default_text="the variant's, else 42"))
+    """Split seed for the test split."""
+    max_eval_samples: int | None = field(default=None, metadata=flag(default_text="the variant's, else the whole "
+                                                                               "test split"))
+    """Cap on test texts for accuracy."""
     real_text_samples: int = 128
-    """IMDb test texts used for real-text latency (dynamic padding); 0 skips it."""
+    """Test texts used for real-text latency (dynamic padding); 0 skips it."""
     invariance_samples: int = 96
     """Test texts of varied length scored alone and in mixed batches of 8 and 32 (batch invariance); 0 skips it."""
-    time_budget_s: float = 3.0
+    time_budget_s: float = field(default=3.0, metadata=flag(option="--time-budget"))
     """Seconds of timed iterations per shape; a shape stops at max_iters or when the budget is spent."""
     warmup: int = 3
     """Warm-up calls per shape before timing (stops early once half the time budget is spent)."""
@@ -56,13 +59,14 @@ class BenchConfig:
     max_iters: int = 500
     """Upper bound on timed calls per shape."""
     floor: bool = True
-    """Measure peak GEMM FLOP/s (fp32, bf16, int8) in a child to state the compute floor."""
-    floor_budget_s: float = 1.0
+    """Measure peak GEMM FLOP/s (fp32, bf16, int8) in a child to state the compute floor (without it the
+    floor is not stated)."""
+    floor_budget_s: float = field(default=1.0, metadata=flag(option="--floor-budget"))
     """Seconds per GEMM shape when measuring the peak."""
-    child_timeout_s: float = 3600.0
+    child_timeout_s: float = field(default=3600.0, metadata=flag(option="--child-timeout"))
     """A variant's child is killed (and reported failed) after this many seconds."""
     name: str | None = None
-    """Run name used for the default --out directory."""
+    """Run name for the default --out (benchmarks/reports/<name>)."""
     force: bool = False
     """Replace an existing non-empty report directory."""
     allow_extra_files: bool = False

@@ -8,5 +8,6 @@ lifecycle), app.py (factory, error bodies, OpenAPI), routes.py (/v1, probes), v2
 counts as a valid text), batcher.py (dynamic batching), guard.py (auth, limits, early
 429, request ids, metrics per request), connections.py (header/body/keep-alive timeouts,
 connection cap), metrics.py (Prometheus), loadtest.py + cli.py (`qserve serve`,
-`qserve loadtest`). Nothing here is imported by `import qserve`.
+`qserve loadtest`), deploy.py (Ray deployment options, `qserve deploy ray`) and
+ray_engine.py (`--engine ray`). Nothing here is imported by `import qserve`.
 """

@@ -3,9 +3,10 @@
     qserve serve models/minilm-imdb-variants/onnx-int8 --max-batch-size 32 --max-wait-ms 5
     qserve loadtest http://127.0.0.1:8000 --concurrency 1,8,32,64 --duration 10
 
-Every serve flag can also come from the environment as QSERVE_<FLAG> (e.g.
-QSERVE_PORT, QSERVE_API_KEY); a flag given on the command line wins. Prefer
-QSERVE_API_KEY to --api-key: command lines are visible to other local users.
+Every serve setting (a ServeConfig field: serve/config.py) is a flag and can also come
+from the environment as QSERVE_<FLAG> (e.g. QSERVE_PORT, QSERVE_API_KEY); a flag given on
+the command line wins. Prefer QSERVE_API_KEY to --api-key: command lines are visible to
+other local users.
 """
 
 from __future__ import annotations
@@ -14,60 +15,47 @@ import argparse
 import logging
 import os
 import sys
-from dataclasses import fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from qserve import QserveError
+from qserve.configflags import ENV_PREFIX, add_flags, config_values, flag, option_name
 
 log = logging.getLogger("qserve.serve")
 
 
+ENGINES = ("uvicorn", "ray")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass
+class ServeCommand:
+    """How `qserve serve` runs the app: not app settings, so flags only (no env var)."""
+
+    engine: str = field(default="uvicorn", metadata=flag(choices=ENGINES))
+    """uvicorn: one process. ray: Ray Serve replicas of the same app behind Ray's HTTP proxy on --host/--port
+    (needs the qserve[ray] extra)."""
+    log_level: str = field(default="info", metadata=flag(choices=LOG_LEVELS))
+    """Server log level; at info and debug every request gets an access-log line."""
+
+
 def _add_serve(sub: argparse._SubParsersAction) -> None:
+    from qserve.serve.config import ServeConfig
+    from qserve.serve.deploy import RayOptions
+
     p = sub.add_parser(
         "serve", help="serve a variant over HTTP with dynamic batching",
         description="Serve one variant with FastAPI + uvicorn: POST /v1/classify (HF pipeline format), "
                     "the KServe V2 protocol under /v2, /health, /ready, /metrics, /docs. One process, one "
                     "inference thread; throughput comes from dynamic batching and the backend's intra-op "
-                    "threads (--threads). Every flag can be set as env var QSERVE_<FLAG>; defaults in [].")
-    p.add_argument("variant_dir", nargs="?", default=None,
-                   help="variant directory, or a model dir from `qserve pipeline` (serves the variant its report "
-                        "recommends: the fastest meeting the agreement bar) (env QSERVE_VARIANT_DIR)")
-    p.add_argument("--host", help="interface to bind [127.0.0.1]; anything else should use --api-key")
-    p.add_argument("--port", type=int, help="TCP port, 0 = any free one [8000]")
-    p.add_argument("--device", help="cpu, cuda, cuda:N or auto [auto]")
-    p.add_argument("--threads", type=int, help="intra-op threads of torch / ONNX Runtime [library default]")
-    p.add_argument("--row-workers", type=int, help="onnx-int8 (run row by row): rows of a batch computed side by "
-                                                  "side, one thread each [--threads, else cores]; 1 = one at a time")
-    p.add_argument("--max-batch-size", type=int, help="most texts in one forward pass [32]; 1 disables batching")
-    p.add_argument("--max-wait-ms", type=float, help="longest wait for a batch to fill [5]")
-    p.add_argument("--max-queue", type=int, help="most texts waiting; beyond it 429 + Retry-After [1024]")
-    p.add_argument("--max-inputs", type=int, help="most texts per request [64]")
-    p.add_argument("--max-chars", type=int, help="most characters per text [20000]")
-    p.add_argument("--max-body-bytes", type=int, help="largest request body, 413 beyond it [1048576]")
-    p.add_argument("--request-timeout-s", type=float, help="answer 504 after this long [60]")
-    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (prefer env QSERVE_API_KEY)")
-    p.add_argument("--model-name", help="name to serve the model under [the variant's spec name]")
-    p.add_argument("--allow-extra-files", action="store_true", default=None,
-                   help="serve a variant whose directory holds files its manifest does not list [refused]")
-    p.add_argument("--metrics-public", action="store_true", default=None,
-                   help="leave /metrics open without the API key, for a Prometheus scraper [needs the key]")
-    p.add_argument("--header-timeout-s", type=float,
-                   help="close a connection whose request headers are not complete within this long [10]")
-    p.add_argument("--body-timeout-s", type=float,
-                   help="close a connection whose request body is not complete this long after its headers [30]")
-    p.add_argument("--keep-alive-s", type=float, help="close an idle kept-alive connection after this long [5]")
-    p.add_argument("--max-connections", type=int,
-                   help="most open connections; a new one beyond it gets 503 and is closed [512]")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    ray = p.add_argument_group("engine", "uvicorn: one process (default). ray: Ray Serve replicas of the same app "
-                                         "behind Ray's HTTP proxy on --host/--port (needs the qserve[ray] extra)")
-    ray.add_argument("--engine", choices=["uvicorn", "ray"], default="uvicorn", help="serving engine [uvicorn]")
-    ray.add_argument("--replicas", help="ray: N replicas, or auto (autoscaling) [1]")
-    ray.add_argument("--min-replicas", type=int, help="ray, --replicas auto: fewest replicas [1]")
-    ray.add_argument("--max-replicas", type=int, help="ray, --replicas auto: most replicas [max(min, 2)]")
-    ray.add_argument("--ray-address", help="ray: join this cluster (auto, ray://host:10001) [start a local Ray "
-                                           "with this machine's cores, shut it down on exit]; CPUs per replica = "
-                                           "--threads, else cores / replicas")
+                    "threads (--threads). Every setting can also come from its env var (QSERVE_<FLAG>, named "
+                    "in its help); a flag given on the command line wins.")
+    # unset: a flag not given parses to None, so its env var (then the default) decides
+    add_flags(p, ServeConfig, unset=True, env_prefix=ENV_PREFIX)
+    add_flags(p, ServeCommand, ("log_level",))
+    ray = p.add_argument_group("engine", "How the app runs; the flags after --engine apply to --engine ray only.")
+    add_flags(ray, ServeCommand, ("engine",))
+    add_flags(ray, RayOptions, unset=True)  # unset: given only with --engine ray
     p.set_defaults(func=run_serve)
 
 
@@ -96,10 +84,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from qserve.serve.config import ServeConfig, config_from_sources
+    from qserve.serve.config import config_from_sources
+    from qserve.serve.deploy import RayOptions, Scaling
 
-    flags = {f.name: getattr(args, f.name, None) for f in fields(ServeConfig)}
-    cfg = config_from_sources(flags)
+    cfg = config_from_sources(args)
     if not cfg.variant_dir:
         raise QserveError("no variant: give VARIANT_DIR or set QSERVE_VARIANT_DIR")
     selection = None
@@ -120,16 +108,12 @@ def run_serve(args: argparse.Namespace) -> int:
     if cfg.host not in ("127.0.0.1", "localhost", "::1") and not cfg.api_key:
         log.warning("binding %s without an API key: anyone who can reach this port can use the model", cfg.host)
 
-    ray_flags = {"--replicas": args.replicas, "--min-replicas": args.min_replicas,
-                 "--max-replicas": args.max_replicas, "--ray-address": args.ray_address}
     if args.engine == "ray":
-        from qserve.deploy import Scaling
-
         scaling = Scaling.parse(args.replicas, args.min_replicas, args.max_replicas, cfg.threads)
         from qserve.serve.ray_engine import run_ray  # imports Ray; a clear error names the extra if missing
 
         return run_ray(cfg, scaling, args.ray_address, args.log_level, selection)
-    given = [flag for flag, v in ray_flags.items() if v is not None]
+    given = [option_name(RayOptions, name) for name in config_values(RayOptions, args)]
     if given:
         raise QserveError(f"{', '.join(given)} only apply with --engine ray (this is --engine {args.engine})")
 

@@ -18,35 +18,36 @@ threaded workers read 1.8x the texts/s of one 2-thread session on short reviews)
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass, field
 
 from qserve import QserveError
-
-ENV_PREFIX = "QSERVE_"
+from qserve.configflags import ENV_PREFIX, build, flag
 
 
 @dataclass
 class ServeConfig:
-    """Everything `qserve serve` can be told. Each field is also the env var QSERVE_<FIELD>."""
+    """Everything `qserve serve` can be told. Each field is a flag (its docstring the help) and the env var
+    QSERVE_<FIELD>; a flag given on the command line wins over the env var, which wins over the default."""
 
-    variant_dir: str = ""
-    """Variant directory (weights + tokenizer + manifest.json) to serve."""
+    variant_dir: str = field(default="", metadata=flag(positional=True))
+    """Variant directory (weights + tokenizer + manifest.json) to serve, or a model dir from `qserve pipeline`
+    (serves the variant its bench report recommends: the fastest meeting the agreement bar)."""
     host: str = "127.0.0.1"
-    """Interface to bind; the default keeps the server on loopback."""
+    """Interface to bind; the default keeps the server on loopback (anything else should use --api-key)."""
     port: int = 8000
     """TCP port (0 = any free port)."""
     device: str = "auto"
     """cpu, cuda, cuda:N or auto."""
-    threads: int | None = None
-    """Intra-op threads for torch / ONNX Runtime (None = library default: all cores)."""
-    row_workers: int | None = None
-    """Rows of a row-by-row batch (onnx-int8) run side by side, one thread each (None = --threads, else
-    the cores; 1 = one row at a time on all intra-op threads). Answers are the same either way."""
+    threads: int | None = field(default=None, metadata=flag(default_text="the library's: all cores"))
+    """Intra-op threads for torch / ONNX Runtime."""
+    row_workers: int | None = field(default=None, metadata=flag(default_text="--threads, else the cores"))
+    """Rows of a row-by-row batch (onnx-int8) run side by side, one thread each (1 = one row at a time on
+    all intra-op threads). Answers are the same either way."""
     max_batch_size: int = 32
-    """Most texts run in one forward pass."""
+    """Most texts run in one forward pass (1 disables batching)."""
     max_wait_ms: float = 5.0
     """How long the oldest queued text may wait for a batch to fill before it runs anyway."""
     max_queue: int = 1024
@@ -60,9 +61,10 @@ class ServeConfig:
     request_timeout_s: float = 60.0
     """A request still unanswered after this long gets 504 (guards against a stuck model)."""
     api_key: str | None = None
-    """Bearer token required on every route except health/ready/docs; None disables auth."""
-    model_name: str | None = None
-    """Name the model is served under (V2 routes, responses); default: the variant's spec name."""
+    """Bearer token ('Authorization: Bearer KEY') required on every route except health/ready/docs; None
+    disables auth. Prefer the env var to the flag: command lines are visible to other local users."""
+    model_name: str | None = field(default=None, metadata=flag(default_text="the variant's spec name"))
+    """Name the model is served under (V2 routes, responses)."""
     allow_extra_files: bool = False
     """Serve a variant whose directory holds files its manifest does not list (refused by default)."""
     metrics_public: bool = False
@@ -103,34 +105,8 @@ class ServeConfig:
         return self
 
 
-def _convert(name: str, raw: str, typ: Any) -> Any:
-    typ = str(typ)
-    if typ == "bool":
-        if raw.strip().lower() in ("1", "true", "yes", "on"):
-            return True
-        if raw.strip().lower() in ("0", "false", "no", "off"):
-            return False
-        raise QserveError(f"{ENV_PREFIX}{name.upper()}={raw!r}: expected 1/true/yes or 0/false/no")
-    try:
-        if "int" in typ:
-            return int(raw)
-        if "float" in typ:
-            return float(raw)
-    except ValueError:
-        raise QserveError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid number ({typ})") from None
-    return raw
-
-
-def config_from_sources(flags: Mapping[str, Any] | None = None,
+def config_from_sources(flags: argparse.Namespace | Mapping[str, object] | None = None,
                         environ: Mapping[str, str] | None = None) -> ServeConfig:
-    """Defaults, then QSERVE_<FIELD> env vars, then flags that were given (not None)."""
+    """Defaults, then QSERVE_<FIELD> env vars, then flags that were given (not None); validated."""
     environ = os.environ if environ is None else environ
-    flags = flags or {}
-    values: dict[str, Any] = {}
-    for f in fields(ServeConfig):
-        env_val = environ.get(ENV_PREFIX + f.name.upper())
-        if env_val not in (None, ""):
-            values[f.name] = _convert(f.name, env_val, f.type)
-        if flags.get(f.name) is not None:
-            values[f.name] = flags[f.name]
-    return ServeConfig(**values).validate()
+    return build(ServeConfig, flags or {}, environ=environ, env_prefix=ENV_PREFIX, error=QserveError).validate()

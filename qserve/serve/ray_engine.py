@@ -38,8 +38,8 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qserve import QserveError
-from qserve.deploy import APP_NAME, DEPLOYMENT_NAME, RAY_INSTALL_HINT, Scaling, app_args, deployment_options
 from qserve.serve.config import ServeConfig
+from qserve.serve.deploy import APP_NAME, DEPLOYMENT_NAME, RAY_INSTALL_HINT, Scaling, app_args, deployment_options
 from qserve.serve.state import Selection, ServeState
 
 try:

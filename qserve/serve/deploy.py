@@ -1,4 +1,4 @@
-"""`qserve deploy ray`: write a Ray Serve config that Ray's own `serve run` (or KubeRay) starts unchanged.
+"""Ray deployment options, and `qserve deploy ray`: a Ray Serve config that `serve run` (or KubeRay) starts.
 
     qserve deploy ray /srv/models/minilm-imdb-variants/onnx-int8 --replicas 2 --out serve_config.yaml
     serve run serve_config.yaml          # or: serve deploy serve_config.yaml; or KubeRay's serveConfigV2
@@ -17,19 +17,54 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
+from qserve.configflags import add_flags, config_values, flag
+from qserve.serve.config import ServeConfig
 
 IMPORT_PATH = "qserve.serve.ray_engine:build_app"
 APP_NAME = "qserve"
 DEPLOYMENT_NAME = "QserveReplica"
 RAY_INSTALL_HINT = "pip install 'qserve[ray]'  (installs ray[serve]==2.60.0)"
-# ServeConfig fields a replica needs; host/port belong to Ray's proxy, the API key to the environment.
-APP_FIELDS = ("device", "threads", "row_workers", "max_batch_size", "max_wait_ms", "max_queue", "max_inputs",
-              "max_chars", "max_body_bytes", "request_timeout_s", "model_name")
+# ServeConfig fields that are not a replica's app settings: the variant is the builder's first arg,
+# host/port and the connection limits belong to Ray's proxy (to uvicorn in `qserve serve`), the API key
+# to the replicas' environment (never a config file).
+PROXY_FIELDS = ("variant_dir", "host", "port", "api_key", "header_timeout_s", "body_timeout_s", "keep_alive_s",
+                "max_connections")
+# Every other ServeConfig field configures the app inside each replica, so a new field reaches Ray (and
+# `qserve deploy ray` gets its flag) with no edit here.
+APP_FIELDS = tuple(f.name for f in fields(ServeConfig) if f.name not in PROXY_FIELDS)
+
+
+@dataclass
+class RayOptions:
+    """How the app is laid out on Ray: flags of `qserve serve --engine ray` and `qserve deploy ray`."""
+
+    replicas: str = "1"
+    """N replicas, or auto: autoscale between --min-replicas and --max-replicas on ongoing requests."""
+    min_replicas: int | None = field(default=None, metadata=flag(default_text="1"))
+    """With --replicas auto: fewest replicas."""
+    max_replicas: int | None = field(default=None, metadata=flag(default_text="max(--min-replicas, 2)"))
+    """With --replicas auto: most replicas."""
+    ray_address: str | None = field(default=None, metadata=flag(
+        default_text="start a local Ray with this machine's cores, shut it down on exit"))
+    """serve --engine ray: join this Ray cluster (auto, ray://host:10001). CPUs per replica = --threads,
+    else cores / replicas."""
+
+
+@dataclass
+class RayConfigFile:
+    """What `qserve deploy ray` serves and where it writes the config."""
+
+    variant_dir: str = field(metadata=flag(positional=True))
+    """ABSOLUTE path of the variant directory, readable on every Ray node."""
+    out: str
+    """Where to write the YAML (e.g. serve_config.yaml)."""
+    force: bool = False
+    """Replace an existing --out file."""
 
 
 @dataclass
@@ -99,8 +134,6 @@ def app_args(variant_dir: str, settings: dict[str, Any]) -> dict[str, Any]:
 def serve_config(variant_dir: str, settings: dict[str, Any], scaling: Scaling, host: str, port: int,
                  cores: int | None = None) -> dict[str, Any]:
     """A whole ServeDeploySchema document: what `serve run` / `serve deploy` / serveConfigV2 read."""
-    from qserve.serve.config import ServeConfig
-
     settings = dict(settings)
     settings.setdefault("threads", scaling.threads_per_replica(cores))
     mbs = settings.get("max_batch_size") or ServeConfig.max_batch_size
@@ -122,31 +155,24 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "VARIANT_DIR must be an absolute path that every Ray node can read (a shared volume, "
                     "or baked into the image); the API key is not written: set QSERVE_API_KEY in the "
                     "replicas' environment.")
-    r.add_argument("variant_dir", help="ABSOLUTE path of the variant directory, readable on every node")
-    r.add_argument("--out", required=True, help="where to write the YAML (e.g. serve_config.yaml)")
-    r.add_argument("--replicas", default="1", help="N or auto [1]")
-    r.add_argument("--min-replicas", type=int, help="with --replicas auto [1]")
-    r.add_argument("--max-replicas", type=int, help="with --replicas auto [max(min, 2)]")
-    r.add_argument("--threads", type=int, help="CPUs and intra-op threads per replica [cores / replicas]")
-    r.add_argument("--host", default="0.0.0.0", help="interface Ray's proxy binds [0.0.0.0: in a cluster the "
-                                                     "proxy must be reachable; put auth (QSERVE_API_KEY) in front]")
-    r.add_argument("--port", type=int, default=8000, help="proxy port [8000]")
-    for f in APP_FIELDS:
-        if f != "threads":
-            r.add_argument(f"--{f.replace('_', '-')}", dest=f, type=_FIELD_TYPES.get(f, str), help="as for serve")
-    r.add_argument("--force", action="store_true", help="replace an existing --out file")
+    add_flags(r, RayConfigFile, ("variant_dir", "out"))
+    add_flags(r, RayOptions, ("replicas", "min_replicas", "max_replicas"))
+    add_flags(r, ServeConfig, ("threads",), unset=True, help={
+        "threads": "CPUs Ray reserves, and intra-op threads, per replica (default: the machine's cores / replicas)."})
+    add_flags(r, ServeConfig, ("host", "port"), defaults={"host": "0.0.0.0"}, help={
+        "host": "Interface Ray's proxy binds (default: 0.0.0.0, so that it is reachable in a cluster; set "
+                "QSERVE_API_KEY in the replicas' environment)."})
+    # The replica's own settings: the same flags as `qserve serve`, unset unless given.
+    add_flags(r, ServeConfig, [f for f in APP_FIELDS if f != "threads"], unset=True)
+    add_flags(r, RayConfigFile, ("force",))
     r.set_defaults(func=run_deploy_ray)
 
-
-_FIELD_TYPES = {"row_workers": int, "max_batch_size": int, "max_wait_ms": float, "max_queue": int, "max_inputs": int,
-                "max_chars": int, "max_body_bytes": int, "request_timeout_s": float}
 
 
 def run_deploy_ray(args: argparse.Namespace) -> int:
     import yaml
 
     from qserve.artifact import write_text_atomic
-    from qserve.serve.config import ServeConfig
 
     variant = Path(args.variant_dir)
     if not variant.is_absolute():
@@ -160,8 +186,8 @@ def run_deploy_ray(args: argparse.Namespace) -> int:
     if out.exists() and not args.force:
         raise QserveError(f"--out {out} exists; pass --force to replace it")
     scaling = Scaling.parse(args.replicas, args.min_replicas, args.max_replicas, args.threads)
-    settings = {f: getattr(args, f, None) for f in APP_FIELDS}
-    ServeConfig(variant_dir=str(variant), **{k: v for k, v in settings.items() if v is not None}).validate()
+    settings = config_values(ServeConfig, args, APP_FIELDS, error=QserveError)  # the flags given; no env here
+    ServeConfig(variant_dir=str(variant), **settings).validate()
     doc = serve_config(str(variant), settings, scaling, args.host, args.port)
     header = ("# Ray Serve config written by `qserve deploy ray`: start it with `serve run <this file>`,\n"
               "# `serve deploy <this file>` on a running cluster, or paste its `applications:` block under a\n"
