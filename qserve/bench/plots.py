@@ -1,6 +1,6 @@
 """PNG charts for a benchmark report (matplotlib, Agg backend: no display needed).
 
-    qserve report benchmarks/reports/embedded-default     # re-draws decision.png, latency_vs_batch.png, accuracy_vs_size.png
+    qserve report benchmarks/reports/embedded-default   # re-draws decision, latency_vs_batch, accuracy_vs_size.png
 
 decision.png answers the question the report exists for: which variant is fast and
 faithful here? Left, the latency the recommendation ranks by (p50 at the headline
@@ -104,11 +104,19 @@ def _freeze_layout(fig) -> None:
     fig.set_layout_engine("none")
 
 
+def _furniture(fig, *more) -> list:
+    """Legends and titles (and `more` artists): a label pushed out of its axes must not land on them."""
+    r = fig.canvas.get_renderer()
+    parts = list(fig.legends) + [a.title for a in fig.axes] + list(more)
+    return [p.get_window_extent(r) for p in parts]
+
+
 def _title(report: dict[str, Any]) -> str:
     cfg = report["config"]
     cpu = ((report.get("environment") or {}).get("cpu") or {}).get("model")
     where = cpu if not str(cfg["device"]).startswith("cuda") else (report.get("environment") or {}).get("gpu")
-    return f"{(report.get('model') or {}).get('name') or 'variants'} on {where or cfg['device']}, threads={cfg['threads']}"
+    name = (report.get("model") or {}).get("name") or "variants"
+    return f"{name} on {where or cfg['device']}, threads={cfg['threads']}"
 
 
 # -- decision chart ----------------------------------------------------------------------------------------
@@ -148,7 +156,7 @@ def decision_figure(report: dict[str, Any]):
 
     fig, axes = plt.subplots(1, 2, figsize=(13.5, 5.8), dpi=DPI, layout="constrained")
     panels = [(axes[0], "p50", f"p50 latency of one batch at b{b}/s{s} (ms, log scale): left is faster",
-               f"Latency (what the recommendation ranks by) vs agreement"),
+               "Latency (what the recommendation ranks by) vs agreement"),
               (axes[1], "throughput", f"throughput at b{bmax}/s{s} (sequences/s, log scale): right is faster",
                f"Throughput at batch {bmax} vs agreement")]
     bars = sorted({bar for bar in AGREEMENT_BAR.values()}, reverse=True)
@@ -189,7 +197,7 @@ def decision_figure(report: dict[str, Any]):
         handles.append(Line2D([], [], linestyle="", marker="o", markersize=13, markerfacecolor="none",
                               markeredgecolor="black", markeredgewidth=1.8, label=f"recommended: {rec}"))
     fig.legend(handles=handles, loc="outside right center", fontsize=8, frameon=False, labelspacing=0.9)
-    fig.suptitle(f"Which variant is fast and faithful? {_title(report)}"
+    head = fig.suptitle(f"Which variant is fast and faithful? {_title(report)}"
                  + (f" — recommended: {rec}" if rec else " — no variant meets its bar"), fontsize=12)
     _freeze_layout(fig)
     for ax, key, *_ in panels:
@@ -198,7 +206,7 @@ def decision_figure(report: dict[str, Any]):
                         bold=p["name"] == rec)
                   for p in pts if p[key] is not None]
         labels.sort(key=lambda lab: not lab.bold)  # the recommendation gets the first pick of spots
-        place(ax, labels)
+        place(ax, labels, avoid=_furniture(fig, head))
     return fig
 
 
@@ -305,7 +313,7 @@ def accuracy_figure(report: dict[str, Any]):
     ax.grid(True, which="both", alpha=0.3)
     _freeze_layout(fig)
     labels.sort(key=lambda lab: not lab.bold)
-    place(ax, labels)
+    place(ax, labels, avoid=_furniture(fig))
     return fig
 
 
