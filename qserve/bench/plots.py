@@ -198,7 +198,7 @@ def decision_figure(report: dict[str, Any]):
                               markeredgecolor="black", markeredgewidth=1.8, label=f"recommended: {rec}"))
     fig.legend(handles=handles, loc="outside right center", fontsize=8, frameon=False, labelspacing=0.9)
     head = fig.suptitle(f"Which variant is fast and faithful? {_title(report)}"
-                 + (f" — recommended: {rec}" if rec else " — no variant meets its bar"), fontsize=12)
+                        + (f" — recommended: {rec}" if rec else " — no variant meets its bar"), fontsize=12)
     _freeze_layout(fig)
     for ax, key, *_ in panels:
         labels = [Label(p[key], p["agreement"] * 100, p["name"] + (" (recommended)" if p["name"] == rec else ""),
