@@ -62,8 +62,8 @@ def bench_run(tmp_path_factory):
 
 def test_writes_exactly_the_report_files(bench_run):
     _, out, _ = bench_run
-    assert sorted(p.name for p in out.iterdir()) == ["accuracy_vs_size.png", "latency_vs_batch.png", "report.csv",
-                                                     "report.json", "report.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["accuracy_vs_size.png", "decision.png", "latency_vs_batch.png",
+                                                     "report.csv", "report.html", "report.json", "report.md"]
     assert json.loads((out / "report.json").read_text())["format"] == "qserve-bench/1"
 
 
@@ -148,6 +148,6 @@ def test_batch_invariance_column(bench_run):
     lens = inv["token_lengths"]
     assert lens["min"] < lens["max"]  # varied length: padding really happens in the mixed batches
     md = (out / "report.md").read_text()
-    assert "## Batch invariance (one text, one answer)" in md and "batch invariance: max |Δprob| / label flips" in md
+    assert "## Batch invariance (one text, one answer)" in md and "batch invariance: max \\|Δprob\\| / label flips" in md
     rows = list(csv.DictReader((out / "report.csv").open()))
     assert {r["invariance_flips"] for r in rows if r["variant"] == good["name"]} == {"0"}

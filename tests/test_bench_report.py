@@ -139,7 +139,8 @@ def test_write_and_rerender_from_json(tmp_path):
     r = synthetic_report()
     written = write_reports(r, tmp_path / "rep")
     names = sorted(p.name for p in written)
-    assert names == ["accuracy_vs_size.png", "latency_vs_batch.png", "report.csv", "report.json", "report.md"]
+    assert names == ["accuracy_vs_size.png", "decision.png", "latency_vs_batch.png", "report.csv", "report.html",
+                     "report.json", "report.md"]
     md = (tmp_path / "rep" / "report.md").read_text()
     csv_text = (tmp_path / "rep" / "report.csv").read_text()
     (tmp_path / "rep" / "report.md").unlink()

@@ -4,8 +4,8 @@
     qserve report benchmarks/reports/minilm-l6-distilbert-cpu-t2
 
 `qserve bench` writes into --out (default benchmarks/reports/<model>-<device>-t<threads>,
-or benchmarks/reports/<--name>): report.json, report.csv, report.md,
-latency_vs_batch.png and (when accuracy was measured) accuracy_vs_size.png. It refuses
+or benchmarks/reports/<--name>): report.json, report.csv, report.md, report.html,
+latency_vs_batch.png and (when accuracy was measured) decision.png and accuracy_vs_size.png. It refuses
 to overwrite a non-empty --out without --force. A VARIANT_DIR that holds variant
 directories (e.g. models/minilm-imdb-variants) stands for all of them.
 """
@@ -48,8 +48,8 @@ def register(subparsers) -> None:
     add_flags(p, BenchConfig)
     p.set_defaults(func=cmd_bench)
 
-    r = subparsers.add_parser("report", help="re-render report.md/csv and plots from a bench report.json",
-                              description="Re-render report.md, report.csv and the PNG plots from report.json.")
+    r = subparsers.add_parser("report", help="re-render report.md/csv/html and plots from a bench report.json",
+                              description="Re-render report.md, report.csv, report.html and the PNG plots from report.json.")
     r.add_argument("report", metavar="REPORT_JSON_OR_DIR", help="report.json or the directory holding it")
     r.add_argument("--out", type=Path, default=None, help="write here instead of beside report.json")
     r.set_defaults(func=cmd_report)
@@ -69,7 +69,7 @@ def cmd_bench(args) -> int:
     report = run_bench(expand_variant_dirs(args.variants), cfg)
     out = Path(report["run"]["out"])
     print((out / "report.md").read_text(encoding="utf-8").split("\n## ", 1)[0].rstrip())
-    print(f"\nwrote {out}/report.md, report.json, report.csv and plots")
+    print(f"\nwrote {out}/report.md, report.html, report.json, report.csv and plots")
     failed = [v["name"] for v in report["variants"] if v["status"] != "ok"]
     if failed:
         print(f"{len(failed)} variant(s) failed: {', '.join(failed)} (details in report.md)")

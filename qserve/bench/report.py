@@ -1,6 +1,6 @@
-"""Render a benchmark report: report.json (everything), report.csv, report.md, PNG plots.
+"""Render a benchmark report: report.json (everything), report.csv, report.md, report.html, PNG charts.
 
-    qserve report benchmarks/reports/minilm-l6-distilbert-cpu-t2      # re-render md/csv/png from report.json
+    qserve report benchmarks/reports/minilm-l6-distilbert-cpu-t2      # re-render md/csv/html/png from report.json
 
 Rendering is a pure function of report.json (no clock, no machine queries), so
 `qserve report` reproduces the md byte for byte.
@@ -16,7 +16,7 @@ from typing import Any
 
 from qserve import QserveError
 
-FILES = ("report.json", "report.csv", "report.md")
+FILES = ("report.json", "report.csv", "report.md", "report.html")
 
 
 def load_report(path: str | Path) -> tuple[dict[str, Any], Path]:
@@ -166,12 +166,14 @@ def render_md(report: dict[str, Any]) -> str:
     from qserve.bench.recommend import md_lines
 
     L += md_lines(report)
+    if any(r["agreement"] is not None for r in summary_rows(report) if r["status"] == "ok"):
+        L += ["![which variant is fast and faithful: latency and throughput against agreement](decision.png)", ""]
     _, memkind = peak_memory(next(iter(report["variants"]), {}))
     ref = report.get("agreement_reference")
     header = ["variant", "size (MB)", "load (s)", f"p50 b{b}/s{s} (ms)", f"p99 b{b}/s{s} (ms)",
               f"throughput b{bmax}/s{s} (seq/s)", f"{memkind} (MiB)", "accuracy",
               f"agreement vs {ref or 'fp32'}", "speed-up vs torch-fp32", f"floor b{b}/s{s} (ms)", "p50/floor",
-              "batch invariance: max |Δprob| / label flips"]
+              "batch invariance: max \\|Δprob\\| / label flips"]  # escaped: a bare pipe would split the column
     rows = []
     for r in summary_rows(report):
         if r["status"] != "ok":
@@ -346,6 +348,7 @@ def render_csv(report: dict[str, Any]) -> str:
 def write_reports(report: dict[str, Any], out: str | Path, write_json: bool = True) -> list[Path]:
     """Write report.json (unless re-rendering), report.csv, report.md and the plots into `out`."""
     from qserve.artifact import write_json_atomic, write_text_atomic
+    from qserve.bench.html import render_html
     from qserve.bench.plots import write_plots
 
     out = Path(out)
@@ -353,5 +356,8 @@ def write_reports(report: dict[str, Any], out: str | Path, write_json: bool = Tr
     if write_json:
         write_json_atomic(out / "report.json", report)
     write_text_atomic(out / "report.csv", render_csv(report))
-    write_text_atomic(out / "report.md", render_md(report))
-    return [out / f for f in FILES] + write_plots(report, out)
+    md = render_md(report)
+    write_text_atomic(out / "report.md", md)
+    charts = write_plots(report, out)
+    write_text_atomic(out / "report.html", render_html(report, md, {p.name: p.read_bytes() for p in charts}))
+    return [out / f for f in FILES] + charts

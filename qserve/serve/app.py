@@ -64,9 +64,11 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
                               "(/v1) and the KServe V2 Open Inference Protocol (/v2).")
     app.state.qserve = st
     _install_error_handlers(app, st)
+    from qserve.serve.page import add_page
     from qserve.serve.routes import add_routes
 
     add_routes(app, st)
+    add_page(app, config)  # GET / (the served models' page) and GET /v1/report
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
                        metrics=st.metrics, routes=app.router.routes, arrivals=st.arrivals,
                        queue_full=st.queue_full_retry_after, inference_paths=INFERENCE_PATHS,

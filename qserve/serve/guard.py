@@ -21,8 +21,9 @@ from typing import Any
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.routing import Match
 
-# Probes and docs stay open so orchestrators and humans can reach them without the key.
-OPEN_PATHS = frozenset({"/health", "/ready", "/v2/health/live", "/v2/health/ready", "/docs",
+# Probes and docs stay open so orchestrators and humans can reach them without the key; so does the
+# page at / (page.py), which holds no model data and asks for the key itself.
+OPEN_PATHS = frozenset({"/", "/health", "/ready", "/v2/health/live", "/v2/health/ready", "/docs",
                         "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 JSON_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _RID = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")

@@ -1,0 +1,154 @@
+"""report.html: the whole benchmark report as one self-contained page to open in a browser.
+
+    qserve report benchmarks/reports/embedded-default && xdg-open benchmarks/reports/embedded-default/report.html
+
+The machine and the recommendation come first, then the decision chart, then
+everything report.md says (its tables and sections, converted here, so the two never
+disagree), with the charts inline as data: URIs. The page has no script, and its
+Content-Security-Policy allows nothing but inline styles and data: images: opened
+from disk or mailed around, it fetches nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from typing import Any
+
+_IMAGE = re.compile(r"^!\[([^\]]*)\]\(([^)]+)\)$")
+_CELL_SPLIT = re.compile(r"(?<!\\)\|")
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
+
+STYLE = """
+body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1b1f24;background:#fff}
+main,header{max-width:1500px;margin:0 auto;padding:0 24px}
+header{padding-top:18px}
+h1{font-size:1.5em;margin:.3em 0}
+h2{font-size:1.2em;margin:1.6em 0 .5em;border-bottom:1px solid #d8dee4;padding-bottom:.2em}
+.machine{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:.6em 0;color:#3a434d}
+.machine dt{font-weight:600}
+.machine dd{margin:0}
+.rec{border-left:5px solid #009E73;background:#eef8f4;padding:10px 14px;margin:12px 0;border-radius:4px}
+.rec.none{border-color:#D55E00;background:#fdf1ea}
+.rec .name{font-size:1.25em;font-weight:700}
+figure{margin:14px 0}
+figure img{max-width:100%;height:auto;border:1px solid #e3e7eb;border-radius:4px}
+figcaption{color:#57606a;font-size:.9em}
+.scroll{overflow-x:auto;margin:.5em 0}
+table{border-collapse:collapse;font-size:.88em;font-variant-numeric:tabular-nums}
+th,td{border:1px solid #d8dee4;padding:4px 8px;white-space:nowrap}
+th{background:#f3f5f7;position:sticky;top:0;vertical-align:bottom;white-space:normal;min-width:5em}
+tr:nth-child(even) td{background:#fafbfc}
+tr.recommended td{background:#eef8f4;font-weight:600}
+td.r,th.r{text-align:right}
+code{background:#f3f5f7;padding:0 3px;border-radius:3px;font-size:.92em}
+footer{max-width:1500px;margin:2em auto;padding:0 24px;color:#57606a;font-size:.85em}
+"""
+
+
+def _inline(text: str) -> str:
+    """The markdown report.md uses inside a line: `code`, **bold**, and \\| in table cells."""
+    out = html.escape(text.replace("\\|", "|"), quote=False)
+    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+    return re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", out)
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in _CELL_SPLIT.split(line.strip().strip("|"))]
+
+
+def _table(lines: list[str], highlight: str | None) -> str:
+    head, align, body = _cells(lines[0]), _cells(lines[1]), [_cells(x) for x in lines[2:]]
+    cls = [' class="r"' if a.endswith(":") else "" for a in align] + [""] * len(head)
+    rows = ["<tr>" + "".join(f"<th{cls[i]}>{_inline(c)}</th>" for i, c in enumerate(head)) + "</tr>"]
+    for r in body:
+        mark = ' class="recommended"' if highlight and r and r[0] == highlight else ""
+        rows.append(f"<tr{mark}>" + "".join(f"<td{cls[i]}>{_inline(c)}</td>" for i, c in enumerate(r)) + "</tr>")
+    return '<div class="scroll"><table>\n' + "\n".join(rows) + "\n</table></div>"
+
+
+def _figure(alt: str, data: bytes) -> str:
+    b64 = base64.b64encode(data).decode("ascii")
+    return (f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}">'
+            f"<figcaption>{html.escape(alt)}</figcaption></figure>")
+
+
+def md_to_html(md: str, images: dict[str, bytes], highlight: str | None = None, skip: set[str] = frozenset()) -> str:
+    """report.md's own subset of markdown (headings, paragraphs, lists, tables, images) as HTML.
+    Images are inlined from `images` (file name -> bytes); lines in `skip` are left out."""
+    blocks: list[list[str]] = [[]]
+    for line in md.splitlines():
+        if line.strip() and line not in skip:
+            blocks[-1].append(line)
+        elif blocks[-1]:
+            blocks.append([])
+    out = []
+    for b in (b for b in blocks if b):
+        first = b[0]
+        if first.startswith("#"):
+            level = min(len(first) - len(first.lstrip("#")), 4)
+            out.append(f"<h{level}>{_inline(first.lstrip('#').strip())}</h{level}>")
+            b = b[1:]
+            if not b:
+                continue
+            first = b[0]
+        if first.startswith("|") and len(b) >= 2:
+            out.append(_table(b, highlight))
+        elif all(x.startswith("- ") for x in b):
+            out.append("<ul>" + "".join(f"<li>{_inline(x[2:])}</li>" for x in b) + "</ul>")
+        elif len(b) == 1 and _IMAGE.match(first):
+            alt, src = _IMAGE.match(first).groups()
+            if src in images:
+                out.append(_figure(alt, images[src]))
+        else:
+            out.append(f"<p>{_inline(' '.join(b))}</p>")
+    return "\n".join(out)
+
+
+def _machine(report: dict[str, Any]) -> list[tuple[str, str]]:
+    env, cfg = report.get("environment") or {}, report["config"]
+    cpu = env.get("cpu") or {}
+    rows = [("CPU", f"{cpu.get('model', '–')} ({cpu.get('cores', '–')} logical cores"
+                    + (f", {', '.join(cpu['flags'])}" if cpu.get("flags") else "") + ")")]
+    if env.get("gpu") or str(cfg["device"]).startswith("cuda"):
+        rows.append(("GPU", str(env.get("gpu") or "–")))
+    rows.append(("device, threads", f"{cfg['device']}, {cfg['threads']}"))
+    rows.append(("run", f"{report['run']['name']}, created {report.get('created', '–')}"))
+    return rows
+
+
+def render_html(report: dict[str, Any], md: str, images: dict[str, bytes]) -> str:
+    """The page, from report.json, the report.md rendered from it, and the charts' PNG bytes."""
+    from qserve.bench.recommend import md_lines
+
+    model = report.get("model") or {}
+    cfg = report["config"]
+    title = f"{model.get('name') or 'variants'} on {cfg['device']}: qserve benchmark"
+    rec = report.get("recommended") or {}
+    top = [f"<h1>{html.escape(md.splitlines()[0].lstrip('#').strip())}</h1>", '<dl class="machine">']
+    top += [f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in _machine(report)]
+    top.append("</dl>")
+    if rec.get("variant"):
+        top.append(f'<section class="rec" id="recommended">Recommended on this machine: '
+                   f'<span class="name">{html.escape(rec["variant"])}</span><br>{html.escape(rec.get("why", ""))}. '
+                   "<code>qserve serve MODEL_DIR</code> serves it by default.</section>")
+    elif rec:
+        top.append(f'<section class="rec none" id="recommended">No variant recommended: '
+                   f"{html.escape(rec.get('why', ''))}.</section>")
+    if "decision.png" in images:
+        top.append(_figure("Which variant is fast and faithful: latency and throughput against agreement with "
+                           "the fp32 reference (marker area: size on disk; ringed: the recommendation)",
+                           images["decision.png"]))
+    # shown up top already: the title, the recommendation sentence and the decision chart
+    skip = {md.splitlines()[0], *md_lines(report)} | {ln for ln in md.splitlines() if "(decision.png)" in ln}
+    body = md_to_html(md, images, highlight=rec.get("variant"), skip=skip)
+    return ("<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+            f"<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">\n"
+            "<link rel=\"icon\" href=\"data:,\">\n"
+            f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n<header>\n"
+            + "\n".join(top) + "\n</header>\n<main>\n" + body + "\n</main>\n"
+            "<footer>Written by <code>qserve bench</code> / <code>qserve report</code> from report.json; "
+            "report.md, report.csv and report.json beside this file hold the same numbers.</footer>\n"
+            "</body>\n</html>\n")
