@@ -261,6 +261,23 @@ class Pieces:
 Encoder = Callable[[list[str]], list[list[int]]]
 
 
+def encoder(tokenizer: Any) -> Encoder:
+    """texts -> their ids, tokenized once without truncation and without special tokens."""
+    def encode(texts: list[str]) -> list[list[int]]:
+        # verbose=False: a text past the model's length is expected here, the policy cuts it next
+        return tokenizer(list(texts), add_special_tokens=False, truncation=False, verbose=False,
+                         return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+
+    return encode
+
+
+def split_texts(tokenizer: Any, texts: list[str], policy: str | LongTextPolicy | None, max_length: int,
+                max_windows: int = MAX_WINDOWS) -> Pieces:
+    """split() with one policy for every text and the tokenizer's own template (training, export, bench)."""
+    p = resolve(policy, max_length)
+    return split(encoder(tokenizer), template(tokenizer), list(texts), [p] * len(texts), max_length, max_windows)
+
+
 def split(encode: Encoder, tmpl: Template, texts: list[str], policies: Sequence[LongTextPolicy], max_length: int,
           max_windows: int = MAX_WINDOWS) -> Pieces:
     """Tokenize `texts` once, without truncation (`encode`: texts -> ids without special tokens), then cut

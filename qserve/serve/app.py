@@ -141,8 +141,8 @@ def _default_loader(cfg: ServeConfig) -> Any:
 def _infer_fn(runtime: Any) -> Callable[[list[str]], tuple[np.ndarray, list[bool]]]:
     def infer(texts: list[str]) -> tuple[np.ndarray, list[bool]]:
         # Tokenizing happens here, on the inference thread: the fast tokenizer is not thread-safe.
-        probs, truncated = runtime.classify(texts)
-        return np.asarray(probs, dtype=np.float32), [bool(t) for t in truncated]
+        result = runtime.classify(texts)
+        return np.asarray(result.probs, dtype=np.float32), [bool(t) for t in result.truncated]
 
     return infer
 
