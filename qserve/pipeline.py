@@ -44,6 +44,7 @@ def _train_stage(cfg, run_dir: Path, force: bool) -> Path:
     want = {k: v for k, v in json.loads(json.dumps(dataclasses.asdict(cfg), default=str)).items() if k not in ignore}
     if metrics_path.is_file() and not force:
         have = json.loads(metrics_path.read_text(encoding="utf-8")).get("config") or {}
+        have.setdefault("long_text", "head")  # checkpoints trained before the policy existed read the head
         if {k: v for k, v in have.items() if k not in ignore} == want:
             print(f"   reusing {ckpt} (same training config; --force to retrain)")
             return ckpt
