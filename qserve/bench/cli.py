@@ -60,6 +60,10 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=None, help="split seed (default: the variant's, else 42)")
     p.add_argument("--max-eval-samples", type=int, default=None,
                    help="cap on test texts for accuracy (default: the variant's, else the whole test split)")
+    p.add_argument("--long-text", default=None, metavar="POLICIES",
+                   help="compare long-text policies on the test split, e.g. head,head-tail,windows (each of head, "
+                        "tail, head-tail[:H], windows[:W[:S[:mean|max]]]): accuracy, agreement and texts/s per "
+                        "policy, head always included (default: each variant's own policy only)")
     p.add_argument("--real-text-samples", type=int, default=d.real_text_samples,
                    help="test texts for real-text latency; 0 skips it (default %(default)s)")
     p.add_argument("--invariance-samples", type=int, default=d.invariance_samples,
@@ -94,6 +98,7 @@ def config_from_args(args) -> "BenchConfig":  # noqa: F821
         threads=args.threads, device=args.device, out=args.out, accuracy=args.accuracy, dataset=args.dataset,
         seed=args.seed, max_eval_samples=args.max_eval_samples, real_text_samples=args.real_text_samples,
         invariance_samples=args.invariance_samples,
+        long_text=args.long_text.split(",") if args.long_text is not None else None,
         time_budget_s=args.time_budget, warmup=args.warmup, min_iters=args.min_iters, max_iters=args.max_iters,
         floor=args.floor, floor_budget_s=args.floor_budget, child_timeout_s=args.child_timeout, name=args.name, force=args.force,
         allow_extra_files=args.allow_extra_files,

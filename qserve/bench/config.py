@@ -45,6 +45,8 @@ class BenchConfig:
     """Cap on test texts for accuracy; None = the variant's `max_eval_samples` (else the whole split)."""
     real_text_samples: int = 128
     """IMDb test texts used for real-text latency (dynamic padding); 0 skips it."""
+    long_text: list[str] | None = None
+    """Long-text policies to compare on the test split (--long-text head,head-tail,windows): accuracy, agreement and texts/s per policy; head is always included. None = each variant's own policy only."""
     invariance_samples: int = 96
     """Test texts of varied length scored alone and in mixed batches of 8 and 32 (batch invariance); 0 skips it."""
     time_budget_s: float = 3.0
@@ -89,6 +91,10 @@ class BenchConfig:
             raise QserveError(f"--invariance-samples must be >= 0 (got {self.invariance_samples})")
         if self.real_text_samples < 0:
             raise QserveError(f"--real-text-samples must be >= 0 (got {self.real_text_samples})")
+        if self.long_text is not None:
+            from qserve.longtext import parse_list
+
+            self.long_text = parse_list(",".join(self.long_text), "--long-text")
         self.batch_sizes = sorted(set(self.batch_sizes))
         self.seq_lens = sorted(set(self.seq_lens))
         return self
