@@ -29,7 +29,7 @@ DEPLOYMENT_NAME = "QserveReplica"
 RAY_INSTALL_HINT = "pip install 'qserve[ray]'  (installs ray[serve]==2.60.0)"
 # ServeConfig fields a replica needs; host/port belong to Ray's proxy, the API key to the environment.
 APP_FIELDS = ("device", "threads", "row_workers", "max_batch_size", "max_wait_ms", "max_queue", "max_inputs",
-              "max_chars", "max_body_bytes", "request_timeout_s", "model_name")
+              "max_chars", "max_body_bytes", "request_timeout_s", "model_name", "long_text", "max_windows")
 
 
 @dataclass
@@ -139,7 +139,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 _FIELD_TYPES = {"row_workers": int, "max_batch_size": int, "max_wait_ms": float, "max_queue": int, "max_inputs": int,
-                "max_chars": int, "max_body_bytes": int, "request_timeout_s": float}
+                "max_chars": int, "max_body_bytes": int, "request_timeout_s": float, "max_windows": int}
 
 
 def run_deploy_ray(args: argparse.Namespace) -> int:

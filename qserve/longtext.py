@@ -27,6 +27,7 @@ the CLI, the artifact checks and the server's request validation can use it free
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,11 @@ TRAIN_DEFAULT = "head"
 MAX_WINDOWS = 8
 """Default cap on the windows of one text (--max-windows)."""
 DEFAULT_STRIDE_FRACTION = (3, 4)  # windows: stride = 3/4 of the window (measured: 87.8% at 126/96)
+
+
+NUMBER = "[1-9][0-9]{0,8}"
+"""A policy's integers: positive, no leading zeros, at most 9 digits."""
+_NUMBER = re.compile(NUMBER)
 
 
 class LongTextError(QserveError):
@@ -99,9 +105,8 @@ class LongTextPolicy:
             if not 3 <= window <= max_length:
                 raise _bad(str(self), f"W must be 3..{max_length} (the model reads {max_length} tokens)", flag)
             num, den = DEFAULT_STRIDE_FRACTION
+            # S may exceed the window: the tokens between windows are then unseen, and the text truncated
             stride = max(1, window * num // den) if self.stride is None else self.stride
-            if not 1 <= stride <= window:
-                raise _bad(str(self), f"S must be 1..{window} (the window)", flag)
             return LongTextPolicy("windows", window=window, stride=stride, agg=self.agg or "mean")
         return self
 
@@ -120,14 +125,14 @@ def parse(text: str | LongTextPolicy | None, flag: str = "long_text") -> LongTex
         return text
     if not isinstance(text, str):
         raise _bad(text, f"must be a string, got {type(text).__name__}", flag)
-    parts = text.strip().lower().split(":")
+    parts = text.split(":")
     kind, args = parts[0], parts[1:]
     if kind not in KINDS:
         raise _bad(text, f"unknown policy {kind!r}", flag)
 
     def integer(s: str, name: str) -> int:
-        if not s.isdigit():
-            raise _bad(text, f"{name} must be a positive integer, got {s!r}", flag)
+        if not _NUMBER.fullmatch(s):
+            raise _bad(text, f"{name} must be a positive integer of at most 9 digits, got {s!r}", flag)
         return int(s)
 
     if kind in ("head", "tail"):
@@ -145,9 +150,36 @@ def parse(text: str | LongTextPolicy | None, flag: str = "long_text") -> LongTex
     agg = args[2] if len(args) > 2 else None
     if agg is not None and agg not in AGGREGATIONS:
         raise _bad(text, f"AGG must be one of {', '.join(AGGREGATIONS)}, got {agg!r}", flag)
-    if (window is not None and window < 1) or (stride is not None and stride < 1):
-        raise _bad(text, "W and S must be >= 1", flag)
     return LongTextPolicy(kind, window=window, stride=stride, agg=agg)
+
+
+def pattern(max_length: int | None = None) -> str:
+    """A regular expression (Python re and ECMA-262 alike) matching exactly the policy strings parse()
+    accepts, and with `max_length` exactly those resolve(.., max_length) accepts: what the server
+    publishes in its OpenAPI schema."""
+    h = w = NUMBER
+    if max_length is not None:
+        h, w = int_range_pattern(1, max_length - 1), int_range_pattern(3, max_length)
+    agg = "|".join(AGGREGATIONS)
+    return (f"^(?:head|tail|head-tail(?::(?:{h}))?|"
+            f"windows(?::(?:{w})?(?::(?:{NUMBER})?(?::(?:{agg}))?)?)?)$")
+
+
+def int_range_pattern(lo: int, hi: int) -> str:
+    """A regex alternation matching exactly the decimal integers lo..hi (1 <= lo, no leading zeros)."""
+    parts = []
+    while lo <= hi:
+        k = 0  # the largest block of 10**k numbers starting at lo that fits
+        while lo % 10 ** (k + 1) == 0 and lo + 10 ** (k + 1) - 1 <= hi:
+            k += 1
+        size, n = 10 ** k, 1
+        while (lo // size) % 10 + n <= 9 and lo + (n + 1) * size - 1 <= hi:
+            n += 1
+        a, b = str(lo), str(lo + n * size - 1)
+        d1, d2 = a[len(a) - k - 1], b[len(b) - k - 1]
+        parts.append(a[:len(a) - k - 1] + (d1 if d1 == d2 else f"[{d1}-{d2}]") + ("[0-9]" * k))
+        lo += n * size
+    return "|".join(parts)
 
 
 def resolve(text: str | LongTextPolicy | None, max_length: int, flag: str = "long_text") -> LongTextPolicy:

@@ -12,7 +12,7 @@ from qserve.longtext import (FORMS, LongTextError, LongTextPolicy, Pieces, aggre
 @pytest.mark.parametrize("text,full", [
     ("head", "head"), ("tail", "tail"), ("head-tail", "head-tail:64"), ("head-tail:40", "head-tail:40"),
     ("windows", "windows:128:96:mean"), ("windows:64", "windows:64:48:mean"), ("windows:64:32", "windows:64:32:mean"),
-    ("windows:100:50:max", "windows:100:50:max"), ("windows::48", "windows:128:48:mean"), (" Head-Tail:3 ", "head-tail:3"),
+    ("windows:100:50:max", "windows:100:50:max"), ("windows::48", "windows:128:48:mean"), ("windows:64:100", "windows:64:100:mean"),
 ])
 def test_resolve_writes_the_policy_out_in_full_and_round_trips(text, full):
     p = resolve(text, 128)
@@ -21,14 +21,15 @@ def test_resolve_writes_the_policy_out_in_full_and_round_trips(text, full):
 
 
 @pytest.mark.parametrize("text", ["", "middle", "head:3", "tail:1", "head-tail:x", "head-tail:1:2", "windows:a",
-                                  "windows:64:32:median", "windows:1:2:3:4", "head-tail:-3"])
+                                  "windows:64:32:median", "windows:1:2:3:4", "head-tail:-3",
+                                  " head", "Head", "head-tail:064", "windows:64:1234567890", "head-tail:\u00b2"])
 def test_a_bad_policy_string_names_the_allowed_forms(text):
     with pytest.raises(LongTextError) as e:
         parse(text, "--long-text")
     assert "--long-text" in str(e.value) and FORMS in str(e.value)
 
 
-@pytest.mark.parametrize("text", ["head-tail:128", "head-tail:0", "windows:129", "windows:64:65", "windows:2"])
+@pytest.mark.parametrize("text", ["head-tail:128", "head-tail:0", "windows:129", "windows:2", "windows:0"])
 def test_a_policy_that_does_not_fit_the_model_is_refused(text):
     with pytest.raises(LongTextError, match="allowed forms"):
         resolve(text, 128)
@@ -109,3 +110,44 @@ def test_the_template_is_read_from_the_tokenizer():
     body = tok(text, add_special_tokens=False)["input_ids"]
     (piece,) = cut(body, parse("head"), 64, t.specials, len(t.prefix)).pieces
     assert t.wrap(piece) == tok(text, truncation=True, max_length=64)["input_ids"]
+
+
+def test_a_stride_past_the_window_leaves_gaps_and_flags_the_text():
+    c = cut(IDS, resolve("windows:32:40", 128), 128, 2, 1)
+    assert [p[0] for p in c.pieces] == [1000, 1040, 1080, 1120, 1160, 1200, 1240, 1270] and c.truncated
+
+
+def test_int_range_pattern_matches_exactly_the_range():
+    import re
+
+    from qserve.longtext import int_range_pattern
+
+    for lo, hi in [(1, 1), (1, 9), (1, 63), (3, 64), (1, 511), (3, 512), (7, 1000), (95, 2048)]:
+        rx = re.compile(f"(?:{int_range_pattern(lo, hi)})")
+        assert [n for n in range(0, 2 * hi + 10) if rx.fullmatch(str(n))] == list(range(lo, hi + 1))
+        assert not rx.fullmatch("0" + str(lo))
+
+
+def test_the_published_pattern_accepts_exactly_what_the_server_accepts():
+    import itertools
+    import re
+
+    from qserve.longtext import pattern
+
+    nums = ["", "0", "1", "2", "3", "31", "32", "33", "63", "64", "65", "999999999", "1000000000", "01", "x"]
+    cands = {"head", "tail", "head-tail", "windows", "Head", " tail", "head:1", "windows:"}
+    cands |= {f"head-tail:{n}" for n in nums}
+    for w, st, agg in itertools.product(nums, nums, ["", "mean", "max", "median"]):
+        cands |= {f"windows:{w}", f"windows:{w}:{st}", f"windows:{w}:{st}:{agg}"}
+    shape, bounded = re.compile(pattern()), re.compile(pattern(64))
+
+    def ok(fn, c):
+        try:
+            fn(c)
+            return True
+        except LongTextError:
+            return False
+
+    for c in sorted(cands):
+        assert bool(shape.fullmatch(c)) == ok(parse, c), c
+        assert bool(bounded.fullmatch(c)) == ok(lambda x: resolve(x, 64), c), c

@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from qserve import __version__
+from qserve.runtime.base import Classification
 from qserve.serve.batcher import Batcher, BatchResult, NotAccepting, QueueFull
 from qserve.serve.config import ServeConfig
 from qserve.serve.errors import ApiError
@@ -105,12 +106,24 @@ class ServeState:
                                     "(--max-chars). Texts over the model's token limit are truncated, "
                                     "but the character limit bounds the work per request")
 
-    async def classify(self, texts: list[str], request: Request) -> BatchResult:
-        """Queue texts for batched inference; map every failure to an HTTP answer."""
+    def check_policy(self, policy: str | None, where: str) -> str | None:
+        """A request's long-text policy written out in full for the served variant (422 naming the forms)."""
+        if policy is None:
+            return None
+        from qserve.longtext import LongTextError
+
+        try:
+            return str(self.runtime.resolve_policy(policy, where))
+        except LongTextError as e:
+            raise ApiError(422, str(e)) from None
+
+    async def classify(self, texts: list[str], request: Request, policy: str | None = None) -> BatchResult:
+        """Queue texts for batched inference (read by `policy`, None = the server's default); map every
+        failure to an HTTP answer."""
         self.require_ready()
         self.arrivals.end(request.scope)  # from here on this request is queued, not arriving
         try:
-            return await self.batcher.submit(texts, self.config.request_timeout_s)
+            return await self.batcher.submit(texts, self.config.request_timeout_s, policy)
         except QueueFull as e:
             self.metrics.rejected.labels("queue_full").inc()
             raise ApiError(429, str(e), {"Retry-After": str(e.retry_after_s)}) from None
@@ -133,16 +146,19 @@ async def _single_process_info() -> dict[str, Any]:
 def _default_loader(cfg: ServeConfig) -> Any:
     from qserve.runtime import RuntimeOptions, load_runtime
 
-    options = RuntimeOptions(threads=cfg.threads, row_workers=cfg.row_workers)
+    # max_rows: windows of long texts make more rows than texts; a forward never runs more than a full batch
+    options = RuntimeOptions(threads=cfg.threads, row_workers=cfg.row_workers, long_text=cfg.long_text,
+                             max_windows=cfg.max_windows, max_rows=cfg.max_batch_size)
     return load_runtime(cfg.variant_dir, cfg.device, options,
                         allow_extra_files=cfg.allow_extra_files)
 
 
-def _infer_fn(runtime: Any) -> Callable[[list[str]], tuple[np.ndarray, list[bool]]]:
-    def infer(texts: list[str]) -> tuple[np.ndarray, list[bool]]:
+def _infer_fn(runtime: Any) -> Callable[[list[str], list[str | None] | None], Classification]:
+    def infer(texts: list[str], policies: list[str | None] | None = None) -> Classification:
         # Tokenizing happens here, on the inference thread: the fast tokenizer is not thread-safe.
-        result = runtime.classify(texts)
-        return np.asarray(result.probs, dtype=np.float32), [bool(t) for t in result.truncated]
+        r = runtime.classify(texts, policies)
+        return Classification(np.asarray(r.probs, dtype=np.float32), [bool(t) for t in r.truncated],
+                              [int(n) for n in r.tokens], [int(w) for w in r.windows])
 
     return infer
 
@@ -317,6 +333,25 @@ def _install_openapi(app: FastAPI, config: ServeConfig) -> None:
     app.openapi = openapi
 
 
+def _publish_long_text(comps: dict, config: ServeConfig) -> None:
+    """The long_text pattern bounded by the served variant's max_length (read from its manifest, so the
+    document is right before the model has loaded), so a client knows which H and W this server takes."""
+    import json
+    from pathlib import Path
+
+    from qserve.longtext import pattern
+
+    try:
+        max_length = int(json.loads((Path(config.variant_dir) / "manifest.json").read_text("utf-8"))["max_length"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # no readable manifest: the unbounded form stays
+    shape, bounded = pattern(), pattern(max_length)
+    for name in ("ClassifyRequest", "V2RequestParameters"):
+        for alt in ((comps.get(name) or {}).get("properties", {}).get("long_text") or {}).get("anyOf", []):
+            if alt.get("pattern") == shape:
+                alt["pattern"] = bounded
+
+
 def _publish_limits(schema: dict, config: ServeConfig) -> None:
     """Write the server's own limits (--max-inputs, --max-chars) into the request schemas, so the
     document says exactly what this server accepts."""
@@ -338,6 +373,7 @@ def _publish_limits(schema: dict, config: ServeConfig) -> None:
 
     for name in ("ClassifyRequest", "V2InputTensor"):
         walk(comps.get(name))
+    _publish_long_text(comps, config)
     tensor = comps.get("V2InputTensor")
     if tensor is not None and config.max_inputs <= MAX_SHAPE_BRANCHES:
         # JSON Schema cannot say "shape matches len(data)", but it can list every valid pairing.

@@ -43,6 +43,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-queue", type=int, help="most texts waiting; beyond it 429 + Retry-After [1024]")
     p.add_argument("--max-inputs", type=int, help="most texts per request [64]")
     p.add_argument("--max-chars", type=int, help="most characters per text [20000]")
+    p.add_argument("--long-text", metavar="POLICY",
+                   help="what to read of a text longer than max_length when a request names no long_text: head, "
+                        "tail, head-tail[:H] or windows[:W[:S[:mean|max]]] [the variant's manifest, else head]")
+    p.add_argument("--max-windows", type=int, help="most windows one text gets under a windows policy [8]")
     p.add_argument("--max-body-bytes", type=int, help="largest request body, 413 beyond it [1048576]")
     p.add_argument("--request-timeout-s", type=float, help="answer 504 after this long [60]")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (prefer env QSERVE_API_KEY)")
@@ -109,6 +113,8 @@ def run_serve(args: argparse.Namespace) -> int:
         from qserve.bench.recommend import from_model_dir
 
         vdir, selection = from_model_dir(cfg.variant_dir)
+        if cfg.long_text is None and selection.get("long_text"):
+            cfg.long_text = selection["long_text"]  # the report's policy at >= half head's texts/s
         log.info("model dir %s: serving %s (%s; from %s)", cfg.variant_dir, selection["variant"], selection["why"],
                  selection["report"])
         if selection["same_cpu"] is False:

@@ -21,7 +21,8 @@ def model_summary(st: Any) -> dict[str, Any]:
     m = st.runtime.manifest
     files = m.get("files") or {}
     return {"id": st.name, "model_name": m.get("model_name"), "spec": m.get("spec"), "labels": list(st.runtime.labels),
-            "max_length": st.runtime.max_length, "parity": m.get("parity"), "created": m.get("created"),
+            "max_length": st.runtime.max_length, "long_text": str(getattr(st.runtime, "long_text", "head")),
+            "parity": m.get("parity"), "created": m.get("created"),
             "device": getattr(st.runtime, "device", None), "files": len(files),
             "bytes": sum(int(f.get("bytes", 0)) for f in files.values() if isinstance(f, dict)),
             "versions": m.get("versions"), "selection": getattr(st.runtime, "selection", None)}
@@ -65,12 +66,14 @@ def add_routes(app: FastAPI, st: Any) -> None:  # noqa: C901 - a flat list of sm
             st.require_model(body.model)
         texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
         st.check_texts(texts, "inputs")
-        result = await st.classify(texts, request)
+        policy = st.check_policy(body.long_text, "long_text")
+        result = await st.classify(texts, request, policy)
         labels = st.runtime.labels
         return JSONResponse({
             "model": st.name, "model_name": st.runtime.manifest.get("model_name"),
             "predictions": [top_labels(row, labels, body.top_k) for row in result.probs],
-            "truncated": result.truncated, "max_length": st.runtime.max_length})
+            "truncated": result.truncated, "tokens": result.tokens, "windows": result.windows,
+            "long_text": policy or str(st.runtime.long_text), "max_length": st.runtime.max_length})
 
     # -- /v2: KServe V2 / Open Inference Protocol (v2.py) -----------------------------------
     from qserve.serve.v2 import add_v2_routes

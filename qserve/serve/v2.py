@@ -228,6 +228,7 @@ def add_v2_routes(app: FastAPI, st: Any) -> None:  # noqa: C901 - a flat list of
                             {"name": "label", "datatype": "BYTES", "shape": [-1]},
                             {"name": "truncated", "datatype": "BOOL", "shape": [-1]}],
                 "parameters": {"labels": ",".join(st.runtime.labels), "max_length": st.runtime.max_length,
+                               "long_text": str(st.runtime.long_text),
                                "model_name": st.runtime.manifest.get("model_name")}}
 
     async def infer(name: str, request: Request) -> Response:
@@ -238,7 +239,8 @@ def add_v2_routes(app: FastAPI, st: Any) -> None:  # noqa: C901 - a flat list of
             raise ApiError(422, f"id {unicode_problem(req.id)}")
         texts = request_texts(st, req, binary)
         wanted = requested_outputs(req)
-        result = await st.classify(texts, request)
+        policy = st.check_policy(req.parameters.long_text if req.parameters else None, "parameters.long_text")
+        result = await st.classify(texts, request, policy)
         n, k = result.probs.shape
         labels = st.runtime.labels
         values = {"probabilities": ({"name": "probabilities", "datatype": "FP32", "shape": [n, k]}, result.probs),
@@ -246,7 +248,8 @@ def add_v2_routes(app: FastAPI, st: Any) -> None:  # noqa: C901 - a flat list of
                             [labels[j] for j in result.probs.argmax(axis=1)]),
                   "truncated": ({"name": "truncated", "datatype": "BOOL", "shape": [n]}, result.truncated)}
         head = {"model_name": st.name, "model_version": VERSION, "id": req.id or request.state.request_id,
-                "parameters": {"labels": ",".join(labels), "max_length": st.runtime.max_length}}
+                "parameters": {"labels": ",".join(labels), "max_length": st.runtime.max_length,
+                               "long_text": policy or str(st.runtime.long_text)}}
         return encode_response(head, [(*values[w], as_binary) for w, as_binary in wanted])
 
     model_errors = _errors(401, 404, 503)
