@@ -12,7 +12,8 @@ from qserve.longtext import (FORMS, LongTextError, LongTextPolicy, Pieces, aggre
 @pytest.mark.parametrize("text,full", [
     ("head", "head"), ("tail", "tail"), ("head-tail", "head-tail:64"), ("head-tail:40", "head-tail:40"),
     ("windows", "windows:128:96:mean"), ("windows:64", "windows:64:48:mean"), ("windows:64:32", "windows:64:32:mean"),
-    ("windows:100:50:max", "windows:100:50:max"), ("windows::48", "windows:128:48:mean"), ("windows:64:100", "windows:64:100:mean"),
+    ("windows:100:50:max", "windows:100:50:max"), ("windows::48", "windows:128:48:mean"),
+    ("windows:64:100", "windows:64:100:mean"),
 ])
 def test_resolve_writes_the_policy_out_in_full_and_round_trips(text, full):
     p = resolve(text, 128)
