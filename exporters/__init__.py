@@ -21,13 +21,15 @@ __all__ = ["export", "get_builder"]
 
 
 def export(checkpoint: str | Path, name: str, out: str | Path, force: bool = False,
-           options: dict[str, Any] | None = None, device: str = "cpu", probes: list[str] | None = None) -> dict:
-    """Build variant `name` from `checkpoint` into `out`; returns the written manifest."""
+           options: dict[str, Any] | None = None, device: str = "cpu", probes: list[str] | None = None,
+           long_text: str | None = None) -> dict:
+    """Build variant `name` from `checkpoint` into `out`; returns the written manifest. `long_text`
+    overrides the long-text policy the checkpoint recorded (see qserve/longtext.py)."""
     from exporters.core import export_variant
     from qserve.variants import get_spec
 
     return export_variant(Path(checkpoint), get_spec(name), Path(out), force=force,
-                          options=options or {}, device=device, probes=probes)
+                          options=options or {}, device=device, probes=probes, long_text=long_text)
 
 
 def get_builder(name: str) -> Builder:

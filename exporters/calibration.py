@@ -5,9 +5,34 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
+
+_EXPORT_POLICY: ContextVar[str | None] = ContextVar("qserve_export_long_text", default=None)
+
+
+@contextlib.contextmanager
+def policy_for_export(policy: str) -> Iterator[None]:
+    """While a variant is built, its calibration texts are cut by the variant's long-text policy
+    (what it will be served with; `qserve export --long-text` may override the checkpoint's)."""
+    token = _EXPORT_POLICY.set(policy)
+    try:
+        yield
+    finally:
+        _EXPORT_POLICY.reset(token)
+
+
+def calibration_policy(checkpoint: Any) -> str:
+    """The variant's policy during an export, else the checkpoint's recorded one (else head)."""
+    from pathlib import Path
+
+    from exporters.core import variant_policy
+
+    return _EXPORT_POLICY.get() or variant_policy(Path(checkpoint))
 
 
 def calibration_texts(checkpoint: Any, n: int) -> tuple[list[str], str]:
@@ -39,18 +64,20 @@ def calibration_texts(checkpoint: Any, n: int) -> tuple[list[str], str]:
     return probes, f"the {len(probes)} parity probe texts (no dataset recorded with the checkpoint)"
 
 
-def calibration_batches(checkpoint: Any, texts: list[str], max_length: int, batch_size: int = 16) -> list[dict]:
-    """Tokenized, padded batches of `texts`: padding rows enter the int8 ranges at run time, so here too."""
+def calibration_batches(checkpoint: Any, texts: list[str], max_length: int, batch_size: int = 16,
+                        policy: str | None = None) -> list[dict]:
+    """Tokenized, padded batches of the pieces of `texts` under the long-text `policy` (None: the one being
+    exported, see calibration_policy): the rows the variant will run. Padding rows enter the int8 ranges
+    at run time, so here too."""
     from transformers import AutoTokenizer
 
+    from qserve import longtext
+
     tok = AutoTokenizer.from_pretrained(str(checkpoint))
-    out = []
-    for i in range(0, len(texts), batch_size):
-        enc = tok(texts[i:i + batch_size], truncation=True, max_length=max_length, padding=True,
-                  return_tensors="np", return_token_type_ids=False)
-        out.append({"input_ids": enc["input_ids"].astype(np.int64),
-                    "attention_mask": enc["attention_mask"].astype(np.int64)})
-    return out
+    pieces = longtext.split_texts(tok, texts, policy or calibration_policy(checkpoint), max_length)
+    pad_id = int(tok.pad_token_id or 0)
+    return [longtext.pad(pieces.ids[i:i + batch_size], pad_id, tok.padding_side)
+            for i in range(0, len(pieces.ids), batch_size)]
 
 
 def calibration_set(checkpoint: Any, samples: int) -> tuple[list[dict], str]:

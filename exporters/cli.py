@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from qserve import QserveError
+from qserve import QserveError, longtext
 from qserve.variants import BACKENDS, BITS, DEFAULT_FOR_BITS, DTYPES, VARIANTS, Option, OptionValue, flag_options
 
 # Exporter options with a flag: option key -> (flag, the variants that understand it), from the registry.
@@ -50,6 +50,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise QserveError(f"CHECKPOINT {checkpoint} is not a checkpoint directory (no config.json); "
                           "pass a directory written by `qserve train` or save_pretrained")
     device = resolve_device(args.device)
+    if args.long_text:
+        from exporters.core import variant_policy
+
+        variant_policy(checkpoint, args.long_text)  # a bad policy fails once, before any variant is built
     if args.all:
         if args.bits or args.backend or args.dtype or args.variant:
             raise QserveError("--all exports every supported variant; do not combine it with "
@@ -78,7 +82,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         try:
             m = exporters.export(checkpoint, spec.name, dest, force=args.force,
-                                 options=options_for(spec.name, args, strict=not args.all), device=device)
+                                 options=options_for(spec.name, args, strict=not args.all), device=device,
+                                 long_text=args.long_text)
         except OpenVINOUnavailable as e:
             if not args.all:
                 raise
@@ -93,7 +98,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             continue
         p = m["parity"]
         size = sum(f["bytes"] for f in m["files"].values())
-        print(f"    done in {time.perf_counter() - t0:.1f}s: {size / 1e6:.1f} MB, parity max|Δlogit| "
+        print(f"    done in {time.perf_counter() - t0:.1f}s: {size / 1e6:.1f} MB, long text {m['long_text']}, "
+              f"parity max|Δlogit| "
               f"{p['max_abs_logit_diff']:.3g} (tol {p['tolerance']:g}), probe agreement {p['agreement']:.0%}")
     if failures:
         print(f"failed: {', '.join(failures)}", file=sys.stderr)
@@ -184,6 +190,11 @@ def register(sub) -> None:
                                  "Default: <checkpoint>-variants/<variant>")
     p.add_argument("--force", action="store_true", help="replace an existing variant directory")
     p.add_argument("--device", default="auto", help="auto|cpu|cuda: device for defaults and the parity check")
+    # Not a registry option: every variant records a long-text policy in its manifest, whatever its backend.
+    p.add_argument("--long-text", metavar="POLICY",
+                   help=f"what the variant reads of a text longer than max_length, recorded in its manifest and "
+                        f"served by default: {longtext.FORMS} (default: the checkpoint's qserve_model.json, "
+                        f"else {longtext.DEFAULT})")
     for opts in flag_options().values():
         _add_option_flag(p, opts)
     p.set_defaults(func=cmd_export)

@@ -57,7 +57,20 @@ def checkpoint_info(checkpoint: Path) -> dict[str, Any]:
     meta_path = checkpoint / "qserve_model.json"
     meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
     return {"labels": labels, "model_type": cfg.get("model_type"),
-            "max_length": int(meta.get("max_length", 256)), "model_name": meta.get("model_name", checkpoint.name)}
+            "max_length": int(meta.get("max_length", 256)), "model_name": meta.get("model_name", checkpoint.name),
+            "long_text": meta.get("long_text")}
+
+
+def variant_policy(checkpoint: Path, long_text: str | None = None) -> str:
+    """The long-text policy a variant of `checkpoint` records, written out in full: `long_text`
+    (qserve export --long-text) over the checkpoint's qserve_model.json, else head."""
+    from qserve import longtext
+
+    info = checkpoint_info(checkpoint)
+    if long_text:
+        return str(longtext.resolve(long_text, info["max_length"], "--long-text"))
+    recorded = info["long_text"] or longtext.DEFAULT
+    return str(longtext.resolve(recorded, info["max_length"], f"{checkpoint}/qserve_model.json long_text"))
 
 
 def copy_tokenizer(checkpoint: Path, out: Path) -> None:
@@ -68,17 +81,23 @@ def copy_tokenizer(checkpoint: Path, out: Path) -> None:
         shutil.copy2(checkpoint / "qserve_model.json", out / "qserve_model.json")
 
 
-def reference_logits(checkpoint: Path, texts: list[str], max_length: int) -> np.ndarray:
-    """fp32 torch logits of the source checkpoint: the yardstick every variant is held to."""
+def reference_logits(checkpoint: Path, texts: list[str], max_length: int, policy: str | None = None) -> np.ndarray:
+    """fp32 torch logits of the source checkpoint under the long-text `policy` (None = head): the
+    yardstick every variant is held to. A windowed text's windows are scored and aggregated as the runtime does."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from qserve import longtext
+
     tok = AutoTokenizer.from_pretrained(checkpoint)
     model = AutoModelForSequenceClassification.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    enc = tok(texts, truncation=True, max_length=max_length, padding=True, return_tensors="pt",
-              return_token_type_ids=False)
+    pieces = longtext.split_texts(tok, texts, policy, max_length)
+    out = []
     with torch.inference_mode():
-        return model(**enc).logits.float().numpy()
+        for i in range(0, len(pieces.ids), 64):
+            batch = longtext.pad(pieces.ids[i:i + 64], int(tok.pad_token_id or 0), tok.padding_side)
+            out.append(model(**{k: torch.from_numpy(v) for k, v in batch.items()}).logits.float().numpy())
+    return longtext.aggregate(np.concatenate(out), pieces)
 
 
 def parity(ref: np.ndarray, got: np.ndarray, tolerance: float, name: str) -> dict[str, Any]:
@@ -104,13 +123,15 @@ def get_builder(name: str) -> Builder:
 
 def export_variant(checkpoint: Path, spec: VariantSpec, out: Path, force: bool = False,
                    options: dict[str, Any] | None = None, device: str = "cpu",
-                   probes: list[str] | None = None) -> dict[str, Any]:
+                   probes: list[str] | None = None, long_text: str | None = None) -> dict[str, Any]:
+    from exporters.calibration import policy_for_export
     from qserve.runtime import load_runtime
 
     info = checkpoint_info(checkpoint)
+    policy = variant_policy(checkpoint, long_text)  # before the slow build: a bad --long-text fails at once
     spec = replace(spec, options={**spec.options, **(options or {})})
     texts = probes or PROBES
-    with staged_dir(out, force=force) as tmp:
+    with staged_dir(out, force=force) as tmp, policy_for_export(policy):
         extra = get_builder(spec.name)(checkpoint, tmp, spec, dict(spec.options)) or {}
         copy_tokenizer(checkpoint, tmp)
         manifest = {
@@ -118,6 +139,7 @@ def export_variant(checkpoint: Path, spec: VariantSpec, out: Path, force: bool =
             "model_name": info["model_name"],
             "labels": info["labels"],
             "max_length": info["max_length"],
+            "long_text": policy,
             "source": {"path": str(checkpoint.resolve()), "sha256": checkpoint_hash(checkpoint)},
             "export_device": device,
             "versions": library_versions(),
@@ -127,7 +149,7 @@ def export_variant(checkpoint: Path, spec: VariantSpec, out: Path, force: bool =
         runtime = load_runtime(tmp, device=device)
         got = runtime.logits(texts)
         runtime.close()
-        ref = reference_logits(checkpoint, texts, info["max_length"])
+        ref = reference_logits(checkpoint, texts, info["max_length"], policy)
         manifest["parity"] = parity(ref, got, TOLERANCE[spec.dtype], spec.name)
         written = write_manifest(tmp, manifest)
     return written

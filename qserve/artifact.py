@@ -258,6 +258,17 @@ def _cross_check(root: Path, data: dict[str, Any]) -> None:
         if isinstance(positions, int) and max_length > positions:
             raise VariantError(f"{path} says max_length {max_length} but the model has only {positions} "
                                "positions (config.json): the manifest was edited; re-export the variant")
+    policy = data.get("long_text")
+    if policy is not None:  # absent: a variant from before the policy was recorded, served as head
+        from qserve.longtext import LongTextError, resolve
+
+        try:
+            full = str(resolve(policy, max_length, "long_text"))
+        except LongTextError as e:
+            raise VariantError(f"{path}: {e}") from None
+        if full != policy:
+            raise VariantError(f"{path}: long_text {policy!r} is not written out in full ({full!r}); "
+                               "the manifest was edited; re-export the variant")
     meta = _read_listed_json(root, data, "qserve_model.json")
     if meta is not None and "max_length" in meta and meta["max_length"] != max_length:
         raise VariantError(f"{path} says max_length {max_length} but the hashed qserve_model.json says "

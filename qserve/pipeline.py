@@ -44,6 +44,7 @@ def _train_stage(cfg, run_dir: Path, force: bool) -> Path:
     want = {k: v for k, v in json.loads(json.dumps(dataclasses.asdict(cfg), default=str)).items() if k not in ignore}
     if metrics_path.is_file() and not force:
         have = json.loads(metrics_path.read_text(encoding="utf-8")).get("config") or {}
+        have.setdefault("long_text", "head")  # checkpoints trained before the policy existed read the head
         if {k: v for k, v in have.items() if k not in ignore} == want:
             print(f"   reusing {ckpt} (same training config; --force to retrain)")
             return ckpt
@@ -88,7 +89,10 @@ def _bench_stage(variants: list[Path], report_dir: Path, args, device: str, forc
     from qserve.artifact import read_manifest
     from qserve.bench import BenchConfig, run_bench
 
+    long_text = [x for x in (args.bench_long_text or "").split(",") if x.strip()] or None
     key = {str(v.name): read_manifest(v)["files"] for v in variants}
+    if long_text:
+        key["--long-text"] = long_text  # another comparison is another report
     stamp = report_dir / "inputs.json"
     if (report_dir / "report.json").is_file() and stamp.is_file() and not force:
         if json.loads(stamp.read_text(encoding="utf-8")) == key:
@@ -103,7 +107,8 @@ def _bench_stage(variants: list[Path], report_dir: Path, args, device: str, forc
     cfg = BenchConfig(batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
                       seq_lens=[int(s) for s in args.seq_lens.split(",")],
                       threads=args.threads, device=device, out=report_dir,
-                      max_eval_samples=args.bench_eval_samples, time_budget_s=args.time_budget, force=True)
+                      max_eval_samples=args.bench_eval_samples, time_budget_s=args.time_budget, force=True,
+                      long_text=long_text)
     run_bench(variants, cfg)
     from qserve.artifact import write_json_atomic
 
@@ -175,6 +180,10 @@ def register(sub) -> None:
                    help="bench seconds of timed calls per shape (default %(default)s; `qserve bench` uses 3)")
     p.add_argument("--bench-eval-samples", type=int, default=1000,
                    help="test reviews for bench accuracy/agreement per variant (default %(default)s)")
+    p.add_argument("--bench-long-text", default="head,head-tail,windows", metavar="POLICIES",
+                   help="long-text policies the bench compares on the test split; the report names the most accurate "
+                        "at >= half head's texts/s (what `qserve serve RUN_DIR` serves) and the most accurate "
+                        "overall; '' skips the comparison (default %(default)s)")
     p.add_argument("--device", default="auto", help="auto|cpu|cuda")
     p.add_argument("--run-dir", help="where checkpoint/, variants/ and report/ go (default models/<model>-<dataset>, "
                                         "e.g. models/minilm-l6-distilbert-imdb)")

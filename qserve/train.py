@@ -7,7 +7,7 @@
 Writes, atomically (staged temp dir renamed into place; an existing --out needs --force):
 an HF checkpoint (config.json with id2label/label2id, model.safetensors in fp32 whatever the
 training precision, tokenizer files), `qserve_model.json` (what exporters and bench read:
-model_name, max_length, dataset, seed, max_eval_samples, labels) and `train_metrics.json`.
+model_name, max_length, long_text, dataset, seed, max_eval_samples, labels) and `train_metrics.json`.
 The test accuracy is that of the final weights (no checkpoint selection on val).
 """
 
@@ -24,6 +24,7 @@ from typing import Any
 
 from qserve import QserveError
 from qserve.configflags import add_flags, build, flag
+from qserve.longtext import TRAIN_DEFAULT
 from qserve.precision import (BF16_UPDATES, MATMUL_PRECISIONS, PRECISIONS, build_optimizer, check_precision,
                               optimizer_state_bytes, peak_memory)
 
@@ -60,6 +61,9 @@ class TrainConfig:
     """Forward passes per optimizer step (effective batch = batch_size * grad_accum * devices)."""
     max_length: int = 128
     """Truncate texts to this many tokens (also recorded for export, bench and serve)."""
+    long_text: str = field(default=TRAIN_DEFAULT, metadata=flag(metavar="POLICY"))
+    """What training, validation and test read of a text longer than max_length: head, tail or head-tail[:H]
+    (H tokens from the start, the rest from the end); recorded for export, bench and serve."""
     max_samples: int | None = None
     """Train on a seeded, stratified subset of this many examples (val/test unaffected; 0 on the CLI = all)."""
     max_eval_samples: int | None = 2000
@@ -128,6 +132,18 @@ def validate(cfg: TrainConfig) -> None:
         raise QserveError(f"--warmup-ratio must be in [0, 1) (got {cfg.warmup_ratio!r})")
     if cfg.weight_decay < 0:
         raise QserveError(f"--weight-decay must be >= 0 (got {cfg.weight_decay!r})")
+    train_policy(cfg)
+
+
+def train_policy(cfg: TrainConfig) -> str:
+    """cfg.long_text written out in full for cfg.max_length; windows is refused (an inference policy)."""
+    from qserve import longtext
+
+    policy = longtext.resolve(cfg.long_text, cfg.max_length, "--long-text")
+    if not policy.trainable:
+        raise QserveError(f"--long-text {cfg.long_text}: windows is an inference policy (export or serve it with "
+                          f"--long-text); training uses one of {', '.join(longtext.TRAINING_KINDS)}")
+    return str(policy)
 
 
 def split_seed(cfg: TrainConfig) -> int:
@@ -154,9 +170,11 @@ class PadCollate:
                 "labels": torch.tensor([lab for _, lab in batch], dtype=torch.long)}
 
 
-def _encode(tok, split, max_length: int) -> list[tuple[list[int], int]]:
-    ids = tok(split.texts, truncation=True, max_length=max_length)["input_ids"]
-    return list(zip(ids, split.labels))
+def _encode(tok, split, max_length: int, policy: str) -> list[tuple[list[int], int]]:
+    """(ids, label) per text, cut by the long-text policy exactly as export, bench and serve cut it."""
+    from qserve.longtext import split_texts
+
+    return list(zip(split_texts(tok, split.texts, policy, max_length).ids, split.labels))
 
 
 def evaluate(fabric, model, examples: list[tuple[list[int], int]], batch_size: int, pad_id: int) -> dict[str, float]:
@@ -236,7 +254,8 @@ def _fit(fabric, cfg: TrainConfig, data, out: Path, device: str, t0: float) -> d
     if limit and cfg.max_length > limit:
         raise QserveError(f"--max-length {cfg.max_length} exceeds the model's {limit} positions")
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-    train_ex, val_ex, test_ex = (_encode(tok, s, cfg.max_length) for s in (data.train, data.val, data.test))
+    policy = train_policy(cfg)
+    train_ex, val_ex, test_ex = (_encode(tok, s, cfg.max_length, policy) for s in (data.train, data.val, data.test))
     loader = torch.utils.data.DataLoader(train_ex, batch_size=cfg.batch_size, shuffle=True,
                                          collate_fn=PadCollate(pad_id), num_workers=cfg.num_workers,
                                          generator=torch.Generator().manual_seed(cfg.seed))
@@ -357,7 +376,8 @@ def _write(out: Path, cfg: TrainConfig, model, tok, base_name: str, data, metric
         tok.save_pretrained(tmp)
         write_json_atomic(tmp / "qserve_model.json", {
             "model_name": metrics["model_name"], "base_model": base_name, "dataset": data.name, "seed": split_seed(cfg),
-            "max_length": cfg.max_length, "max_eval_samples": cfg.max_eval_samples, "labels": list(data.labels)})
+            "max_length": cfg.max_length, "long_text": train_policy(cfg), "max_eval_samples": cfg.max_eval_samples,
+            "labels": list(data.labels)})
         write_json_atomic(tmp / "train_metrics.json", metrics)
 
 

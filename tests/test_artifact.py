@@ -124,7 +124,7 @@ def test_staged_dir_refuses_existing_file(tmp_path):
 def test_parity_shape_mismatch_fails(tiny_checkpoint, tmp_path, monkeypatch):
     from exporters import core
 
-    monkeypatch.setattr(core, "reference_logits", lambda c, t, m: __import__("numpy").zeros((len(t), 3)))
+    monkeypatch.setattr(core, "reference_logits", lambda c, t, m, p=None: __import__("numpy").zeros((len(t), 3)))
     with pytest.raises(core.ParityError, match="shape"):
         exporters.export(tiny_checkpoint, "torch-fp32", tmp_path / "v")
     assert list(tmp_path.iterdir()) == []
@@ -147,8 +147,9 @@ def test_runtime_predict_contract(tiny_variant):
     assert abs(float(probs.sum(axis=1).max()) - 1) < 1e-5
     assert rt.truncated(["short", "awful " * 200]) == [False, True]
     # the server's one-tokenization path gives the same probabilities and the same flags
-    cprobs, flags = rt.classify(["a great movie", "awful " * 200, "ok"])
-    assert flags == [False, True, False] and abs(cprobs - probs).max() < 1e-6
+    result = rt.classify(["a great movie", "awful " * 200, "ok"])
+    assert result.truncated == [False, True, False] and abs(result.probs - probs).max() < 1e-6
+    assert result.windows == [1, 1, 1] and result.tokens == [5, 202, 3]
     # the same text alone or padded in a batch gives the same probabilities
     alone = rt.predict(["a great movie"])[0]
     assert abs(alone - probs[0]).max() < 1e-5

@@ -82,9 +82,9 @@ def test_onnx_int8_runs_its_per_batch_graph_row_by_row(variants):
     # Row by row gives exactly the graph's answers for each text alone, batch order preserved.
     alone = np.concatenate([batched.predict([t]) for t in TEXTS])
     np.testing.assert_array_equal(served.predict(TEXTS), alone)
-    probs, truncated = served.classify(TEXTS)
-    np.testing.assert_array_equal(probs, alone)
-    assert truncated == served.truncated(TEXTS)
+    result = served.classify(TEXTS)
+    np.testing.assert_array_equal(result.probs, alone)
+    assert result.truncated == served.truncated(TEXTS)
 
 
 def test_per_row_graph_is_row_independent_when_batched(variants):

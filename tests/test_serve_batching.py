@@ -36,14 +36,14 @@ class Wrapped:
     def close(self):
         """The module fixture owns the real runtime; the app's shutdown must not close it."""
 
-    def classify(self, texts):
+    def classify(self, texts, policy=None):
         self.batches.append(list(texts))
         if HOLD in texts:
             self.entered.set()
             assert self.release.wait(30), "test never released the worker"
         if BOOM in texts:
             raise RuntimeError("injected fault")
-        return self.inner.classify(texts)
+        return self.inner.classify(texts, policy)
 
 
 @pytest.fixture(scope="module")

@@ -72,8 +72,41 @@ def test_training_learns_and_records_metrics(trained, separable_csv):
     assert saved["config"]["lr"] == 5e-3 and "torch" in saved["versions"] and "lightning" in saved["versions"]
     meta = json.loads((out / "qserve_model.json").read_text())
     assert meta == {"model_name": f"{Path(saved['base_model']).name}-toy", "base_model": saved["base_model"],
-                    "dataset": str(separable_csv.resolve()), "seed": 42, "max_length": 32,
+                    "dataset": str(separable_csv.resolve()), "seed": 42, "max_length": 32, "long_text": "head",
                     "max_eval_samples": 2000, "labels": ["negative", "positive"]}
+
+
+@pytest.fixture(scope="module")
+def ending_csv(tmp_path_factory) -> Path:
+    """200 long reviews whose sentiment words come last, past the first 32 tokens."""
+    rng = random.Random(1)
+    path = tmp_path_factory.mktemp("data") / "ending.csv"
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        for i in range(200):
+            lab = i % 2
+            words = [rng.choice(FILLER) for _ in range(34)] + [rng.choice(POS if lab else NEG) for _ in range(3)]
+            w.writerow([" ".join(words), "positive" if lab else "negative"])
+    return path
+
+
+def test_training_reads_long_texts_by_its_long_text_policy(tiny_checkpoint, ending_csv, tmp_path):
+    """The label sits in the last token: head never sees it, head-tail does (train, val and test alike)."""
+    head = train(tiny_cfg(tiny_checkpoint, ending_csv, tmp_path / "head", epochs=6))
+    ht = train(tiny_cfg(tiny_checkpoint, ending_csv, tmp_path / "ht", epochs=6, long_text="head-tail"))
+    assert ht["val_accuracy"] >= 0.9 and ht["test_accuracy"] >= 0.9
+    assert head["val_accuracy"] <= 0.75
+    assert json.loads((tmp_path / "ht" / "qserve_model.json").read_text())["long_text"] == "head-tail:16"
+    assert ht["config"]["long_text"] == "head-tail"
+
+
+@pytest.mark.parametrize("bad,why", [("windows", "inference policy"), ("middle", "allowed forms"),
+                                     ("head-tail:40", "H must be 1..31")])
+def test_training_refuses_a_policy_it_cannot_train_on(tiny_checkpoint, separable_csv, tmp_path, bad, why):
+    with pytest.raises(QserveError, match=why) as e:
+        train(tiny_cfg(tiny_checkpoint, separable_csv, tmp_path / "x", long_text=bad))
+    assert "--long-text" in str(e.value) and not (tmp_path / "x").exists()
 
 
 def test_checkpoint_reproduces_test_accuracy_from_its_metadata(trained):

@@ -41,6 +41,8 @@ def variant_entry(meta: dict[str, Any], res: dict[str, Any]) -> dict[str, Any]:
         "fixed": res.get("fixed") or [],
         "real_text": res.get("real_text") or [],
         "invariance": res.get("invariance"),
+        "long_text": res.get("long_text"),
+        "long_text_policies": res.get("long_text_policies"),
         "accuracy": None,
         "agreement": None,
         "data": res.get("data"),
@@ -113,6 +115,9 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
         a, r = v["accuracy"], ref["accuracy"]
         if (a.get("dataset"), a.get("seed"), a.get("n")) == (r.get("dataset"), r.get("seed"), r.get("n")):
             v["agreement"] = agreement(v["_predictions"], ref["_predictions"])
+    from qserve.bench import policies
+
+    policies.add_agreement(variants, ref)  # per policy, against the reference under the same policy
     for v in variants:
         v.pop("_predictions", None)
 
@@ -147,4 +152,5 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
     from qserve.bench.recommend import recommend
 
     report["recommended"] = recommend(report)
+    policies.finish(report)
     return report

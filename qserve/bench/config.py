@@ -48,6 +48,11 @@ class BenchConfig:
     """Cap on test texts for accuracy."""
     real_text_samples: int = 128
     """Test texts used for real-text latency (dynamic padding); 0 skips it."""
+    long_text: list[str] | None = field(default=None, metadata=flag(metavar="POLICIES",
+                                                                    default_text="each variant's own policy only"))
+    """Comma-separated long-text policies to compare on the test split, e.g. head,head-tail,windows (each of
+    head, tail, head-tail[:H], windows[:W[:S[:mean|max]]]): accuracy, agreement and texts/s per policy; head is
+    always included."""
     invariance_samples: int = 96
     """Test texts of varied length scored alone and in mixed batches of 8 and 32 (batch invariance); 0 skips it."""
     time_budget_s: float = field(default=3.0, metadata=flag(option="--time-budget"))
@@ -93,6 +98,10 @@ class BenchConfig:
             raise QserveError(f"--invariance-samples must be >= 0 (got {self.invariance_samples})")
         if self.real_text_samples < 0:
             raise QserveError(f"--real-text-samples must be >= 0 (got {self.real_text_samples})")
+        if self.long_text is not None:
+            from qserve.longtext import parse_list
+
+            self.long_text = parse_list(",".join(self.long_text), "--long-text")
         self.batch_sizes = sorted(set(self.batch_sizes))
         self.seq_lens = sorted(set(self.seq_lens))
         return self

@@ -141,6 +141,7 @@ def real_text(rt, job: dict[str, Any], texts: list[str]) -> list[dict[str, Any]]
 
 
 def accuracy(rt, ev: dict[str, Any], batch: int = 32) -> dict[str, Any]:
+    """predict() over the test texts under the variant's own long-text policy (as served)."""
     texts, labels = ev["texts"], ev["labels"]
     preds: list[int] = []
     t0 = time.perf_counter()
@@ -148,7 +149,7 @@ def accuracy(rt, ev: dict[str, Any], batch: int = 32) -> dict[str, Any]:
         preds.extend(int(p) for p in rt.predict(texts[i:i + batch]).argmax(-1))
     seconds = time.perf_counter() - t0
     correct = sum(int(p == y) for p, y in zip(preds, labels))
-    return {"dataset": ev.get("dataset"), "seed": ev.get("seed"), "n": len(texts),
+    return {"dataset": ev.get("dataset"), "seed": ev.get("seed"), "n": len(texts), "policy": str(rt.long_text),
             "accuracy": correct / len(texts) if texts else None, "seconds": seconds, "predictions": preds}
 
 
@@ -202,6 +203,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     res["rss_after_load_mb"] = rss_mb()
     res["peak_rss_load_mb"] = peak_rss_mb()
     res["name"], res["labels"], res["max_length"] = rt.name, list(rt.labels), rt.max_length
+    res["long_text"] = str(rt.long_text)
     res["device"] = rt.device
     log(f"{rt.name}: loaded in {res['load_s']:.2f} s")
     _fault(variant_dir)
@@ -218,6 +220,14 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
         res["stage"] = "accuracy"
         res["accuracy"] = accuracy(rt, data["eval"])
         log(f"{rt.name}: accuracy {res['accuracy']['accuracy']:.4f} on {res['accuracy']['n']} texts")
+        if job.get("long_text"):
+            from qserve.bench import policies
+
+            res["stage"] = "long_text"
+            res["long_text_policies"] = policies.measure(rt, data["eval"], job["long_text"], own=res["accuracy"])
+            for r in res["long_text_policies"]:
+                log(f"{rt.name} {r['policy']}: accuracy {r['accuracy']:.4f}, {r['texts_per_s'] or 0:.1f} texts/s, "
+                    f"{r['mean_windows']:.2f} windows per text")
     if data.get("invariance_texts"):
         from qserve.bench import invariance
 

@@ -89,8 +89,10 @@ def from_model_dir(model_dir: str | Path) -> tuple[Path, dict[str, Any]]:
         raise QserveError(f"{path} recommends {name}, but neither {model_dir / 'variants' / name} nor {rec['dir']} "
                           f"holds it; re-export it or pass a variant dir")
     here = _cpu_model()
+    # the long-text policy the report names for serving (bench --long-text), else the variant's own
+    long_text = ((report.get("long_text") or {}).get("fast") or {}).get("policy")
     return vdir, {"variant": name, "why": rec["why"], "report": str(path), "measured_on": rec.get("cpu"),
-                  "same_cpu": here == rec.get("cpu") if here and rec.get("cpu") else None}
+                  "same_cpu": here == rec.get("cpu") if here and rec.get("cpu") else None, "long_text": long_text}
 
 
 def _cpu_model() -> str | None:

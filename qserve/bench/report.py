@@ -192,10 +192,16 @@ def render_md(report: dict[str, Any]) -> str:
         notes.append("accuracy not measured (speed-only run, or the variants name no dataset)")
     if report.get("speedup_reference") is None:
         notes.append(f"no torch-fp32 result at b{b}/s{s} in this run, so no speed-up column")
+    own = {v["name"]: v.get("long_text") for v in report["variants"] if v.get("long_text")}
+    if any(p != "head" for p in own.values()):  # accuracy above is under each variant's own policy
+        notes.append("long-text policy per variant: " + ", ".join(f"{k} {p}" for k, p in own.items()))
     if notes:
         L += ["Notes: " + "; ".join(notes) + ".", ""]
     L += _checks(report) + _floor_lines(report)
-    L += _grid(report) + _real_text(report) + _invariance(report) + _failures(report) + _env(report)
+    from qserve.bench.policies import md_lines as long_text_lines
+
+    L += _grid(report) + _real_text(report) + long_text_lines(report) + _invariance(report) + _failures(report)
+    L += _env(report)
     L += ["## Plots", "", "![latency vs batch size](latency_vs_batch.png)", ""]
     if any(r["accuracy"] is not None for r in summary_rows(report)):
         L += ["![accuracy vs size](accuracy_vs_size.png)", ""]

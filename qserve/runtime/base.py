@@ -1,15 +1,27 @@
-"""The Runtime base class: tokenization, the row-by-row path and softmax shared by all backends.
+"""The Runtime base class: tokenization, the long-text policy, the row-by-row path and softmax shared by all backends.
 
     python -c "import numpy as np; from qserve.runtime.base import softmax; print(softmax(np.array([[0.0, 1.0]])))"
+
+A batch of N texts is tokenized once, without truncation, then each text is cut by its long-text
+policy (qserve/longtext.py) into one piece, or several windows; the M >= N pieces are padded and
+forwarded (at most `max_rows` per forward), and each text's logits are aggregated from its own
+pieces only, so its answer does not depend on its batchmates.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from qserve import longtext
+from qserve.longtext import LongTextPolicy
+
+PolicyArg = str | LongTextPolicy | Sequence[str | LongTextPolicy | None] | None
+"""A policy for every text, one per text (None = the runtime's default), or None for the default."""
 
 
 @dataclass
@@ -26,6 +38,13 @@ class RuntimeOptions:
     one it gets alone; "batched" runs the batch as one forward (answers then move with batchmates and
     padding; for side-by-side measurements). None = what the variant's manifest asks (rows, unless it
     was exported with row_by_row=false to rebuild the graph of before)."""
+    long_text: str | None = None
+    """Long-text policy for texts that name none (head, tail, head-tail:H, windows:W:S:AGG); None = the
+    manifest's `long_text`, else head."""
+    max_windows: int = longtext.MAX_WINDOWS
+    """Most windows one text gets under a windows policy (more are spread over it; it is then truncated)."""
+    max_rows: int | None = None
+    """Most pieces (texts or windows) in one forward; more run as several forwards. None = no cap."""
     row_workers: int | None = None
     """How many rows of a row-by-row batch run side by side, each single-threaded (backends that can:
     ONNX Runtime on CPU). None = as many as intra-op threads (`threads`, else the cores); 1 = one row
@@ -40,9 +59,29 @@ class RuntimeOptions:
         if self.row_workers is not None and (isinstance(self.row_workers, bool) or not isinstance(
                 self.row_workers, int) or self.row_workers < 1):
             raise QserveError(f"row_workers must be an integer >= 1 or None (got {self.row_workers!r})")
+        for name in ("max_windows", "max_rows"):
+            v = getattr(self, name)
+            if (v is not None or name == "max_windows") and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise QserveError(f"{name} must be an integer >= 1 (got {v!r})")
+        if self.long_text is not None:
+            longtext.parse(self.long_text, "--long-text")
 
 
 BATCH_DEPENDENT = ("rows", "batched")
+
+
+@dataclass
+class Classification:
+    """What classify() answers for N texts."""
+
+    probs: np.ndarray
+    """[N, num_labels] float32, rows sum to 1."""
+    truncated: list[bool]
+    """Per text: was part of it unseen (longer than max_length under head/tail/head-tail, or capped windows)."""
+    tokens: list[int]
+    """Per text: its token count, special tokens included."""
+    windows: list[int]
+    """Per text: how many pieces were scored (1 unless a windows policy cut it)."""
 
 
 class Runtime:
@@ -72,6 +111,19 @@ class Runtime:
         self.labels: list[str] = list(manifest["labels"])
         self.max_length: int = int(options.max_length or manifest["max_length"])
         self.tokenizer = AutoTokenizer.from_pretrained(self.variant_dir)
+        self.template = longtext.template(self.tokenizer)
+        self._encode = longtext.encoder(self.tokenizer)
+        self.pad_id = int(self.tokenizer.pad_token_id or 0)
+        recorded = manifest.get("long_text")
+        try:
+            self.recorded_long_text = self.resolve_policy(recorded or longtext.DEFAULT, "manifest long_text")
+        except longtext.LongTextError as e:
+            from qserve.artifact import VariantError
+
+            raise VariantError(f"{self.variant_dir}/manifest.json: {e}") from None
+        self.long_text: LongTextPolicy = (self.resolve_policy(options.long_text, "--long-text")
+                                          if options.long_text else self.recorded_long_text)
+        """The policy of texts that name none: --long-text, else the manifest's, else head."""
         self._load()
 
     @property
@@ -106,22 +158,61 @@ class Runtime:
         """Wait for queued device work (CUDA) so timings are honest; no-op on CPU."""
 
     # -- shared path -----------------------------------------------------------------
-    def _encode(self, texts: list[str]):
-        return self.tokenizer(list(texts), truncation=True, max_length=self.max_length, padding=True,
-                              return_tensors="np")
+    def resolve_policy(self, policy: str | LongTextPolicy | None, flag: str = "long_text") -> LongTextPolicy:
+        """A policy string for this variant, written out in full (None = the runtime's default)."""
+        if policy is None:
+            return self.long_text
+        p = longtext.resolve(policy, self.max_length, flag)
+        if p.kind == "windows" and int(p.window or 0) <= self.template.specials:
+            raise longtext.LongTextError(f"{flag} {policy!s}: a window of {p.window} tokens leaves no room for text "
+                                         f"beside the {self.template.specials} special tokens; allowed forms: "
+                                         f"{longtext.FORMS}")
+        return p
 
-    @staticmethod
-    def _batch(enc) -> dict[str, np.ndarray]:
-        return {"input_ids": enc["input_ids"].astype(np.int64),
-                "attention_mask": enc["attention_mask"].astype(np.int64)}
+    def _policies(self, policy: PolicyArg, n: int) -> list[LongTextPolicy]:
+        if policy is None or isinstance(policy, (str, LongTextPolicy)):
+            return [self.resolve_policy(policy)] * n
+        if len(policy) != n:
+            raise ValueError(f"{len(policy)} long-text policies for {n} texts")
+        cache: dict[Any, LongTextPolicy] = {}
+        out = []
+        for p in policy:
+            if p not in cache:
+                cache[p] = self.resolve_policy(p)
+            out.append(cache[p])
+        return out
 
-    def tokenize(self, texts: list[str]) -> dict[str, np.ndarray]:
-        return self._batch(self._encode(texts))
+    def split(self, texts: list[str], policy: PolicyArg = None) -> longtext.Pieces:
+        """Cut `texts` into the pieces the model scores under `policy` (see qserve/longtext.py)."""
+        return longtext.split(self._encode, self.template, list(texts), self._policies(policy, len(texts)),
+                              self.max_length, self.options.max_windows)
 
-    def truncated(self, texts: list[str]) -> list[bool]:
-        """Which texts are longer than max_length tokens (and so were cut)."""
-        lens = self.tokenizer(list(texts), truncation=False, add_special_tokens=True)["input_ids"]
-        return [len(ids) > self.max_length for ids in lens]
+    def pad(self, rows: list[list[int]]) -> dict[str, np.ndarray]:
+        """Pieces (with special tokens) -> an int64 input_ids/attention_mask batch, padded as the tokenizer pads."""
+        return longtext.pad(rows, self.pad_id, getattr(self.tokenizer, "padding_side", "right"))
+
+    def tokenize(self, texts: list[str], policy: PolicyArg = None) -> dict[str, np.ndarray]:
+        """The padded batch of every piece of `texts` (one row per text unless a text is windowed)."""
+        return self.pad(self.split(texts, policy).ids)
+
+    def truncated(self, texts: list[str], policy: PolicyArg = None) -> list[bool]:
+        """Which texts have tokens the model does not see under `policy`."""
+        return self.split(texts, policy).truncated
+
+    def forward_pieces(self, rows: list[list[int]]) -> np.ndarray:
+        """Logits [len(rows), k] of padded pieces, at most options.max_rows per forward (shortest together)."""
+        cap = self.options.max_rows
+        if not cap or len(rows) <= cap:
+            return self.run(self.pad(rows)).astype(np.float32)
+        order = sorted(range(len(rows)), key=lambda j: len(rows[j]))  # similar lengths share a forward
+        out: np.ndarray | None = None
+        for start in range(0, len(order), cap):
+            idx = order[start:start + cap]
+            got = self.run(self.pad([rows[j] for j in idx])).astype(np.float32)
+            if out is None:
+                out = np.empty((len(rows), got.shape[1]), dtype=np.float32)
+            out[idx] = got
+        return out
 
     def run(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         """forward() under the invariant: a batch-dependent variant runs one unpadded row at a time
@@ -139,21 +230,21 @@ class Runtime:
         (each on its own thread, nothing shared between them) overrides this; the answers must not change."""
         return [self.forward(r) for r in rows]
 
-    def logits(self, texts: list[str]) -> np.ndarray:
-        return self.run(self.tokenize(texts)).astype(np.float32)
+    def logits(self, texts: list[str], policy: PolicyArg = None) -> np.ndarray:
+        """Text logits [len(texts), num_labels] under `policy`, a windowed text's aggregated."""
+        pieces = self.split(texts, policy)
+        return longtext.aggregate(self.forward_pieces(pieces.ids), pieces)
 
-    def predict(self, texts: list[str]) -> np.ndarray:
+    def predict(self, texts: list[str], policy: PolicyArg = None) -> np.ndarray:
         """Class probabilities [len(texts), num_labels] (float32, rows sum to 1)."""
-        return softmax(self.logits(texts))
+        return softmax(self.logits(texts, policy))
 
-    def classify(self, texts: list[str]) -> tuple[np.ndarray, list[bool]]:
-        """predict() plus, per text, whether it was cut to max_length, from ONE tokenization (the
-        server's path: tokenizing a second time just for the flags cost every request)."""
-        enc = self._encode(texts)
-        probs = softmax(self.run(self._batch(enc)).astype(np.float32))
-        if enc.encodings is None:  # a slow (Python) tokenizer keeps no overflow record
-            return probs, self.truncated(texts)
-        return probs, [len(e.overflowing) > 0 for e in enc.encodings]
+    def classify(self, texts: list[str], policy: PolicyArg = None) -> Classification:
+        """predict() plus, per text, its token count, the windows scored and whether part of it was unseen,
+        from ONE tokenization (the server's path)."""
+        pieces = self.split(texts, policy)
+        probs = softmax(longtext.aggregate(self.forward_pieces(pieces.ids), pieces))
+        return Classification(probs, list(pieces.truncated), list(pieces.tokens), list(pieces.windows))
 
     def close(self) -> None:
         """Release the model (bench children exit anyway; serve calls this on shutdown)."""

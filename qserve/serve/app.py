@@ -165,6 +165,25 @@ def _install_openapi(app: FastAPI, config: ServeConfig) -> None:
     app.openapi = openapi
 
 
+def _publish_long_text(comps: dict, config: ServeConfig) -> None:
+    """The long_text pattern bounded by the served variant's max_length (read from its manifest, so the
+    document is right before the model has loaded), so a client knows which H and W this server takes."""
+    import json
+    from pathlib import Path
+
+    from qserve.longtext import pattern
+
+    try:
+        max_length = int(json.loads((Path(config.variant_dir) / "manifest.json").read_text("utf-8"))["max_length"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # no readable manifest: the unbounded form stays
+    shape, bounded = pattern(), pattern(max_length)
+    for name in ("ClassifyRequest", "V2RequestParameters"):
+        for alt in ((comps.get(name) or {}).get("properties", {}).get("long_text") or {}).get("anyOf", []):
+            if alt.get("pattern") == shape:
+                alt["pattern"] = bounded
+
+
 def _publish_limits(schema: dict, config: ServeConfig) -> None:
     """Write the server's own limits (--max-inputs, --max-chars) into the request schemas, so the
     document says exactly what this server accepts."""
@@ -186,6 +205,7 @@ def _publish_limits(schema: dict, config: ServeConfig) -> None:
 
     for name in ("ClassifyRequest", "V2InputTensor"):
         walk(comps.get(name))
+    _publish_long_text(comps, config)
     tensor = comps.get("V2InputTensor")
     if tensor is not None and config.max_inputs <= MAX_SHAPE_BRANCHES:
         # JSON Schema cannot say "shape matches len(data)", but it can list every valid pairing.

@@ -2,11 +2,14 @@
 
     python -m pytest tests/test_serve_batching.py -q
 
-Each request's texts enter one bounded FIFO as separate items. A single collector
+Each request's texts enter one bounded FIFO as separate items, each with the request's long-text
+policy (None = the server's default). A single collector
 task takes up to `max_batch_size` items, waiting at most `max_wait_ms` after the
 oldest queued item arrived (items that queued while the previous batch ran go at
 once, and nothing waits when no other request is on its way in), runs the batch on the single inference thread (see config.py for why one)
-and hands every request exactly its own rows, in order. A request with more texts
+and hands every request exactly its own rows, in order. Limits count texts: the runtime cuts a
+windowed text into several pieces itself and aggregates them back into the text's one answer, which
+depends on that text alone, so texts of different requests and policies share a batch safely. A request with more texts
 than fit in one batch simply spans several batches. When the text that completes a
 batch is queued while the collector waits, that enqueue call submits the batch to the
 inference thread itself: under a flood, the forward pass of the admitted texts then
@@ -31,10 +34,13 @@ from typing import Any
 
 import numpy as np
 
+from qserve.runtime.base import Classification
+
 log = logging.getLogger("qserve.serve")
 
-InferFn = Callable[[list[str]], tuple[np.ndarray, list[bool]]]
-"""texts -> (probabilities [n, k] float32, truncated flags [n]); synchronous, CPU-heavy."""
+InferFn = Callable[[list[str], list[str | None]], Classification]
+"""(texts, their long-text policies) -> Classification (probabilities [n, k] float32, truncated, tokens and
+windows per text); synchronous, CPU-heavy."""
 
 
 class QueueFull(Exception):
@@ -52,6 +58,8 @@ class NotAccepting(Exception):
 class BatchResult:
     probs: np.ndarray
     truncated: list[bool]
+    tokens: list[int] = field(default_factory=list)
+    windows: list[int] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -60,21 +68,28 @@ class _Pending:
     future: asyncio.Future
     rows: list[Any] = field(default_factory=list)
     trunc: list[bool] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    windows: list[int] = field(default_factory=list)
     remaining: int = 0
 
     def __post_init__(self) -> None:
         self.rows = [None] * self.n
         self.trunc = [False] * self.n
+        self.tokens = [0] * self.n
+        self.windows = [0] * self.n
         self.remaining = self.n
 
-    def fill(self, index: int, row: np.ndarray, truncated: bool) -> None:
+    def fill(self, index: int, row: np.ndarray, truncated: bool, tokens: int, windows: int) -> None:
         if self.future.done():  # cancelled (client gone, timeout) or already failed
             return
         self.rows[index] = row
         self.trunc[index] = truncated
+        self.tokens[index] = tokens
+        self.windows[index] = windows
         self.remaining -= 1
         if self.remaining == 0:
-            self.future.set_result(BatchResult(np.stack(self.rows), list(self.trunc)))
+            self.future.set_result(BatchResult(np.stack(self.rows), list(self.trunc), list(self.tokens),
+                                               list(self.windows)))
 
     def fail(self, exc: BaseException) -> None:
         if not self.future.done():
@@ -87,6 +102,7 @@ class _Item:
     index: int
     text: str
     enqueued: float
+    policy: str | None = None
 
 
 class Batcher:
@@ -120,8 +136,9 @@ class Batcher:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="qserve-batcher")
 
-    def enqueue(self, texts: list[str]) -> asyncio.Future:
-        """Queue texts at once or raise QueueFull/NotAccepting; never waits."""
+    def enqueue(self, texts: list[str], policy: str | None = None) -> asyncio.Future:
+        """Queue texts (each read by `policy`, None = the runtime's default) at once or raise
+        QueueFull/NotAccepting; never waits."""
         if self._closing:
             raise NotAccepting("server is shutting down")
         if len(self._items) + len(texts) > self.max_queue:
@@ -129,7 +146,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         pending = _Pending(len(texts), loop.create_future())
         now = loop.time()
-        self._items.extend(_Item(pending, i, t, now) for i, t in enumerate(texts))
+        self._items.extend(_Item(pending, i, t, now, policy) for i, t in enumerate(texts))
         self._set_depth()
         if not self._running and self._launched is None and len(self._items) >= self._fill_target():
             # The batch is complete: start its forward pass now, from this very call. Waking the
@@ -139,8 +156,8 @@ class Batcher:
         self._wake.set()
         return pending.future
 
-    async def submit(self, texts: list[str], timeout_s: float | None = None) -> BatchResult:
-        fut = self.enqueue(texts)
+    async def submit(self, texts: list[str], timeout_s: float | None = None, policy: str | None = None) -> BatchResult:
+        fut = self.enqueue(texts, policy)
         return await asyncio.wait_for(fut, timeout_s) if timeout_s else await fut
 
     def retry_after_s(self) -> int:
@@ -213,7 +230,8 @@ class Batcher:
         if self.metrics is not None:
             for it in batch:
                 self.metrics.queue_wait.observe(now - it.enqueued)
-        return batch, (time.perf_counter(), loop.run_in_executor(self.executor, self.infer, [it.text for it in batch]))
+        return batch, (time.perf_counter(), loop.run_in_executor(self.executor, self.infer, [it.text for it in batch],
+                                                                 [it.policy for it in batch]))
 
     def _drop_dead(self) -> None:
         while self._items and self._items[0].pending.future.done():
@@ -223,10 +241,12 @@ class Batcher:
     async def _run_batch(self, batch: list[_Item], isolate: bool, started: Any = None) -> None:
         loop = asyncio.get_running_loop()
         texts = [it.text for it in batch]
-        t0, fut = started or (time.perf_counter(), loop.run_in_executor(self.executor, self.infer, texts))
+        t0, fut = started or (time.perf_counter(), loop.run_in_executor(self.executor, self.infer, texts,
+                                                                        [it.policy for it in batch]))
         try:
-            probs, truncated = await fut
-            if len(probs) != len(texts) or len(truncated) != len(texts):
+            result = await fut
+            probs, truncated = result.probs, result.truncated
+            if any(len(x) != len(texts) for x in (probs, truncated, result.tokens, result.windows)):
                 raise RuntimeError(f"runtime returned {len(probs)} rows for {len(texts)} texts")
         except Exception as e:
             if self.metrics is not None:
@@ -248,5 +268,5 @@ class Batcher:
             self.metrics.inference.observe(elapsed)
             self.metrics.texts.inc(len(texts))
             self.metrics.truncated.inc(sum(bool(t) for t in truncated))
-        for it, row, tr in zip(batch, probs, truncated):
-            it.pending.fill(it.index, row, bool(tr))
+        for it, row, tr, n, w in zip(batch, probs, truncated, result.tokens, result.windows):
+            it.pending.fill(it.index, row, bool(tr), int(n), int(w))

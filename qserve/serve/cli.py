@@ -97,6 +97,8 @@ def run_serve(args: argparse.Namespace) -> int:
         from qserve.bench.recommend import from_model_dir
 
         vdir, selection = from_model_dir(cfg.variant_dir)
+        if cfg.long_text is None and selection["long_text"]:
+            cfg.long_text = selection["long_text"]  # the report's policy at >= half head's texts/s
         log.info("model dir %s: serving %s (%s; from %s)", cfg.variant_dir, selection["variant"], selection["why"],
                  selection["report"])
         if selection["same_cpu"] is False:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from qserve import QserveError
 from qserve.configflags import ENV_PREFIX, build, flag
+from qserve.longtext import MAX_WINDOWS, parse
 
 
 @dataclass
@@ -47,7 +48,8 @@ class ServeConfig:
     """Rows of a row-by-row batch (onnx-int8) run side by side, one thread each (1 = one row at a time on
     all intra-op threads). Answers are the same either way."""
     max_batch_size: int = 32
-    """Most texts run in one forward pass (1 disables batching)."""
+    """Most texts run in one forward pass (1 disables batching). A windowed text's windows are cut from it
+    inside the runtime, which forwards at most this many pieces at once."""
     max_wait_ms: float = 5.0
     """How long the oldest queued text may wait for a batch to fill before it runs anyway."""
     max_queue: int = 1024
@@ -55,7 +57,12 @@ class ServeConfig:
     max_inputs: int = 64
     """Most texts in one request."""
     max_chars: int = 20_000
-    """Most characters in one text (longer token sequences are truncated, not refused)."""
+    """Most characters in one text (longer token sequences are cut by the long-text policy, not refused)."""
+    long_text: str | None = field(default=None, metadata=flag(metavar="POLICY",
+                                                              default_text="the variant's manifest, else head"))
+    """Long-text policy of requests that name none: head, tail, head-tail[:H] or windows[:W[:S[:mean|max]]]."""
+    max_windows: int = MAX_WINDOWS
+    """Most windows one text gets under a windows policy (more are spread over it; it is then truncated)."""
     max_body_bytes: int = 1 << 20
     """Largest request body accepted (413 beyond it)."""
     request_timeout_s: float = 60.0
@@ -90,6 +97,9 @@ class ServeConfig:
         need(self.max_queue >= self.max_inputs, "max_queue",
              f"must be >= --max-inputs ({self.max_inputs}) so a full request can ever fit, got {self.max_queue}")
         need(self.max_chars >= 1, "max_chars", f"must be >= 1, got {self.max_chars}")
+        need(1 <= self.max_windows <= 256, "max_windows", f"must be 1..256, got {self.max_windows}")
+        if self.long_text is not None:
+            parse(self.long_text, f"--long-text (or {ENV_PREFIX}LONG_TEXT)")
         need(self.max_body_bytes >= 1024, "max_body_bytes", f"must be >= 1024, got {self.max_body_bytes}")
         need(self.request_timeout_s > 0, "request_timeout_s", f"must be > 0, got {self.request_timeout_s}")
         need(0 <= self.port <= 65535, "port", f"must be 0..65535, got {self.port}")

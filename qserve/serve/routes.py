@@ -54,12 +54,14 @@ def add_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat lis
         model = st.model(body.model)
         texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
         st.check_texts(texts, "inputs")
-        result = await st.classify(model, texts, request)
+        policy = model.check_policy(body.long_text, "long_text")
+        result = await st.classify(model, texts, request, policy)
         rt = model.runtime
         return JSONResponse({
             "model": model.name, "model_name": rt.manifest.get("model_name"),
             "predictions": [top_labels(row, rt.labels, body.top_k) for row in result.probs],
-            "truncated": result.truncated, "max_length": rt.max_length})
+            "truncated": result.truncated, "tokens": result.tokens, "windows": result.windows,
+            "long_text": policy or str(rt.long_text), "max_length": rt.max_length})
 
     # -- /v2: KServe V2 / Open Inference Protocol (v2.py) -----------------------------------
     from qserve.serve.v2 import add_v2_routes

@@ -13,12 +13,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from qserve.longtext import pattern as long_text_pattern
 from qserve.serve.texts import VISIBLE_PATTERN
 
 # A text: a real JSON string (no coercion), non-empty, with a visible character. The pattern is
 # published for clients; the server checks the same rule in code (texts.py) to name the input.
 Text = Annotated[str, Field(strict=True, min_length=1, json_schema_extra={"pattern": VISIBLE_PATTERN})]
 V2_OUTPUTS = ("probabilities", "label", "truncated")
+# A long-text policy string; app.py publishes the bounds of the served model's max_length in its place.
+LongText = Annotated[str, Field(strict=True, json_schema_extra={"pattern": long_text_pattern()})]
 
 
 def _json_int(v: Any) -> Any:
@@ -56,6 +59,9 @@ class ClassifyRequest(BaseModel):
                                   "true are refused.")
     model: Annotated[str, Field(strict=True)] | None = Field(
         default=None, description="Optional: must equal the served model's name.")
+    long_text: LongText | None = Field(
+        default=None, description="What to read of a text longer than max_length tokens: head, tail, head-tail[:H] "
+                                  "or windows[:W[:S[:mean|max]]]; null = the server's default.")
 
 
 class LabelScore(BaseModel):
@@ -69,8 +75,12 @@ class ClassifyResponse(BaseModel):
     predictions: list[list[LabelScore]] = Field(
         description="Per input, in input order: [{label, score}] sorted by score (the HF "
                     "text-classification pipeline format).")
-    truncated: list[bool] = Field(description="Per input: was the text longer than max_length tokens and cut.")
-    max_length: int = Field(description="Token limit each text was truncated to.")
+    truncated: list[bool] = Field(description="Per input: was part of the text unseen (longer than max_length "
+                                              "tokens, or more windows than --max-windows).")
+    tokens: list[int] = Field(description="Per input: the text's token count, special tokens included.")
+    windows: list[int] = Field(description="Per input: how many pieces of the text were scored (1 unless windowed).")
+    long_text: str = Field(description="The long-text policy applied, written out in full.")
+    max_length: int = Field(description="Most tokens the model reads at once (per window when windowed).")
 
 
 class ErrorResponse(BaseModel):
@@ -126,6 +136,9 @@ class V2RequestParameters(BaseModel):
     model_config = ConfigDict(extra="allow")
     binary_data_output: Annotated[bool, Field(strict=True)] | None = Field(
         default=None, description="Return every output as binary data (Triton's binary tensor data extension).")
+    long_text: LongText | None = Field(
+        default=None, description="What to read of a text longer than max_length tokens: head, tail, head-tail[:H] "
+                                  "or windows[:W[:S[:mean|max]]]; null = the server's default.")
 
 
 class V2InferRequest(BaseModel):

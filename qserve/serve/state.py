@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict
@@ -25,7 +25,9 @@ from typing import Any, Protocol, TypedDict
 import numpy as np
 from starlette.requests import Request
 
-from qserve.serve.batcher import Batcher, BatchResult, NotAccepting, QueueFull
+from qserve.longtext import LongTextError, LongTextPolicy
+from qserve.runtime.base import Classification
+from qserve.serve.batcher import Batcher, BatchResult, InferFn, NotAccepting, QueueFull
 from qserve.serve.config import ServeConfig
 from qserve.serve.errors import ApiError
 from qserve.serve.guard import Arrivals
@@ -42,14 +44,21 @@ class ModelRuntime(Protocol):
     """The variant's spec name (the served name unless --model-name overrides it)."""
     labels: list[str]
     max_length: int
-    """Token limit; longer texts are truncated, and classify() says which were."""
+    """Tokens the model reads at once; a longer text is cut by a long-text policy, and classify() says how."""
+    long_text: LongTextPolicy
+    """The policy of texts whose request names none (--long-text, else the variant's manifest, else head)."""
     manifest: dict[str, Any]
     device: str
     row_workers: int
     """Rows of a batch computed side by side (1 unless the backend runs rows on their own threads)."""
 
-    def classify(self, texts: list[str]) -> tuple[np.ndarray, list[bool]]:
-        """Probabilities [len(texts), len(labels)] and, per text, whether it was truncated."""
+    def resolve_policy(self, policy: str | LongTextPolicy | None, flag: str = "long_text") -> LongTextPolicy:
+        """A policy string written out in full for this variant; LongTextError (naming `flag`) if it cannot be."""
+        ...
+
+    def classify(self, texts: list[str], policy: Sequence[str | None] | None = None) -> Classification:
+        """Probabilities [len(texts), len(labels)] and, per text, whether part of it went unseen, its token
+        count and how many windows were scored; `policy` gives each text's policy (None = long_text)."""
         ...
 
     def close(self) -> None: ...
@@ -67,13 +76,17 @@ class Selection(TypedDict):
     report: str
     measured_on: str | None
     same_cpu: bool | None
+    long_text: str | None
+    """The long-text policy the report names for serving (bench --long-text), else None (the variant's own)."""
 
 
 def load_model(config: ServeConfig) -> ModelRuntime:
     """The default Loader: load_runtime on config.variant_dir (manifest verified) with the serve flags."""
     from qserve.runtime import RuntimeOptions, load_runtime
 
-    options = RuntimeOptions(threads=config.threads, row_workers=config.row_workers)
+    # max_rows: windows of long texts make more rows than texts; a forward never runs more than a full batch
+    options = RuntimeOptions(threads=config.threads, row_workers=config.row_workers, long_text=config.long_text,
+                             max_windows=config.max_windows, max_rows=config.max_batch_size)
     return load_runtime(config.variant_dir, config.device, options, allow_extra_files=config.allow_extra_files)
 
 
@@ -92,21 +105,32 @@ class ServedModel:
         m = rt.manifest
         files = m.get("files") or {}
         return {"id": self.name, "model_name": m.get("model_name"), "spec": m.get("spec"), "labels": list(rt.labels),
-                "max_length": rt.max_length, "parity": m.get("parity"), "created": m.get("created"),
+                "max_length": rt.max_length, "long_text": str(rt.long_text), "parity": m.get("parity"), "created": m.get("created"),
                 "device": rt.device, "files": len(files),
                 "bytes": sum(int(f.get("bytes", 0)) for f in files.values() if isinstance(f, dict)),
                 "versions": m.get("versions"), "selection": self.selection}
+
+    def check_policy(self, policy: str | None, where: str) -> str | None:
+        """A request's long-text policy written out in full for this model (None: the model's default);
+        422 naming `where` and the allowed forms when it is not one, or does not fit the model."""
+        if policy is None:
+            return None
+        try:
+            return str(self.runtime.resolve_policy(policy, where))
+        except LongTextError as e:
+            raise ApiError(422, str(e)) from None
 
 
 async def _single_process_info() -> dict[str, Any]:
     return {"engine": "uvicorn", "replica_count": 1}
 
 
-def _infer_fn(runtime: ModelRuntime) -> Callable[[list[str]], tuple[np.ndarray, list[bool]]]:
-    def infer(texts: list[str]) -> tuple[np.ndarray, list[bool]]:
+def _infer_fn(runtime: ModelRuntime) -> InferFn:
+    def infer(texts: list[str], policies: list[str | None]) -> Classification:
         # Tokenizing happens here, on the inference thread: the fast tokenizer is not thread-safe.
-        probs, truncated = runtime.classify(texts)
-        return np.asarray(probs, dtype=np.float32), [bool(t) for t in truncated]
+        r = runtime.classify(texts, policies)
+        return Classification(np.asarray(r.probs, dtype=np.float32), [bool(t) for t in r.truncated],
+                              [int(n) for n in r.tokens], [int(w) for w in r.windows])
 
     return infer
 
@@ -153,10 +177,10 @@ class ServeState:
         try:
             # Warm-up, so first-call costs (allocator, graph init) do not land on a client. A batch of one and
             # a batch of several can take different paths (onnx-int8 runs a batch's rows on their own workers).
-            await loop.run_in_executor(self.executor, infer, ["warm-up"])
+            await loop.run_in_executor(self.executor, infer, ["warm-up"], [None])
             if cfg.max_batch_size > 1:
                 n = min(cfg.max_batch_size, 2 * max(1, runtime.row_workers))
-                await loop.run_in_executor(self.executor, infer, [f"warm-up {i}" for i in range(n)])
+                await loop.run_in_executor(self.executor, infer, [f"warm-up {i}" for i in range(n)], [None] * n)
         except Exception:
             await loop.run_in_executor(self.executor, runtime.close)  # a model that cannot answer is not kept
             raise
@@ -242,15 +266,17 @@ class ServeState:
                 raise ApiError(422, f"{where}[{i}] {problem}")
             if len(t) > cfg.max_chars:
                 raise ApiError(422, f"{where}[{i}] has {len(t)} characters; at most {cfg.max_chars} "
-                                    "(--max-chars). Texts over the model's token limit are truncated, "
-                                    "but the character limit bounds the work per request")
+                                    "(--max-chars). Texts over the model's token limit are cut by the long-text "
+                                    "policy, but the character limit bounds the work per request")
 
-    async def classify(self, model: ServedModel, texts: list[str], request: Request) -> BatchResult:
-        """Queue texts on the model's batcher; map every failure to an HTTP answer."""
+    async def classify(self, model: ServedModel, texts: list[str], request: Request,
+                       policy: str | None = None) -> BatchResult:
+        """Queue texts on the model's batcher, each read by `policy` (model.check_policy's; None = the
+        model's default); map every failure to an HTTP answer."""
         self.require_ready()
         self.arrivals.end(request.scope)  # from here on this request is queued, not arriving
         try:
-            return await model.batcher.submit(texts, self.config.request_timeout_s)
+            return await model.batcher.submit(texts, self.config.request_timeout_s, policy)
         except QueueFull as e:
             self.metrics.rejected.labels("queue_full").inc()
             raise ApiError(429, str(e), {"Retry-After": str(e.retry_after_s)}) from None

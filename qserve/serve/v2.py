@@ -231,7 +231,7 @@ def add_v2_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat 
                             {"name": "label", "datatype": "BYTES", "shape": [-1]},
                             {"name": "truncated", "datatype": "BOOL", "shape": [-1]}],
                 "parameters": {"labels": ",".join(rt.labels), "max_length": rt.max_length,
-                               "model_name": rt.manifest.get("model_name")}}
+                               "long_text": str(rt.long_text), "model_name": rt.manifest.get("model_name")}}
 
     async def infer(name: str, request: Request) -> Response:
         model = st.model(name)
@@ -241,7 +241,8 @@ def add_v2_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat 
             raise ApiError(422, f"id {unicode_problem(req.id)}")
         texts = request_texts(st, req, binary)
         wanted = requested_outputs(req)
-        result = await st.classify(model, texts, request)
+        policy = model.check_policy(req.parameters.long_text if req.parameters else None, "parameters.long_text")
+        result = await st.classify(model, texts, request, policy)
         n, k = result.probs.shape
         labels = model.runtime.labels
         values = {"probabilities": ({"name": "probabilities", "datatype": "FP32", "shape": [n, k]}, result.probs),
@@ -249,7 +250,8 @@ def add_v2_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat 
                             [labels[j] for j in result.probs.argmax(axis=1)]),
                   "truncated": ({"name": "truncated", "datatype": "BOOL", "shape": [n]}, result.truncated)}
         head = {"model_name": model.name, "model_version": VERSION, "id": req.id or request.state.request_id,
-                "parameters": {"labels": ",".join(labels), "max_length": model.runtime.max_length}}
+                "parameters": {"labels": ",".join(labels), "max_length": model.runtime.max_length,
+                               "long_text": policy or str(model.runtime.long_text)}}
         return encode_response(head, [(*values[w], as_binary) for w, as_binary in wanted])
 
     model_errors = _errors(401, 404, 503)

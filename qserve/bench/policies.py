@@ -1,0 +1,128 @@
+"""Long-text policies side by side: accuracy, agreement and texts/s on real test texts, per policy.
+
+    qserve bench models/minilm-l6-distilbert-imdb/variants/torch-fp32 --long-text head,head-tail,windows
+
+Each variant's child scores the test split once per policy (predict() in batches of 32, tokenization,
+cutting and aggregation included, as served), so texts/s is what the policy costs on real texts. The
+parent adds agreement with the reference variant under the same policy, and names two policies for the
+served variant: the most accurate whose texts/s is at least half of head's (`fast`, what
+`qserve serve MODEL_DIR` serves) and the most accurate overall (`best`). head is always measured: it
+is the baseline of the speed rule.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+SPEED_FRACTION = 0.5
+"""`fast`: the most accurate policy whose texts/s is at least this fraction of head's."""
+
+
+def with_head(policies: list[str]) -> list[str]:
+    return list(dict.fromkeys(["head", *policies]))
+
+
+def measure(rt: Any, ev: dict[str, Any], policies: list[str], own: dict[str, Any] | None = None,
+            batch: int = 32) -> list[dict[str, Any]]:
+    """Child side: one record per policy (resolved for this variant), predictions included for the parent.
+
+    `own` is the variant's accuracy record under its own policy: reused rather than measured twice."""
+    texts, labels = ev["texts"], ev["labels"]
+    out = []
+    for asked in with_head(policies):
+        policy = str(rt.resolve_policy(asked, "--long-text"))
+        if own and own.get("policy") == policy and own.get("predictions") is not None:
+            preds, seconds = own["predictions"], own["seconds"]
+        else:
+            preds, seconds = [], 0.0
+            for i in range(0, len(texts), batch):
+                t0 = time.perf_counter()
+                probs = rt.predict(texts[i:i + batch], policy)
+                rt.synchronize()
+                seconds += time.perf_counter() - t0
+                preds.extend(int(p) for p in probs.argmax(-1))
+        pieces = rt.split(texts, policy)  # untimed: how many windows and how much text went unseen
+        out.append({"asked": asked, "policy": policy, "n": len(texts),
+                    "accuracy": sum(int(p == y) for p, y in zip(preds, labels)) / len(texts) if texts else None,
+                    "seconds": seconds, "texts_per_s": len(texts) / seconds if seconds else None,
+                    "mean_windows": sum(pieces.windows) / len(texts) if texts else None,
+                    "truncated": sum(pieces.truncated) / len(texts) if texts else None, "predictions": preds})
+    return out
+
+
+def add_agreement(variants: list[dict[str, Any]], ref: dict[str, Any] | None) -> None:
+    """Parent side: agreement of each policy's predictions with the reference variant's under the same policy."""
+    from qserve.bench.analysis import agreement
+
+    ref_preds = {r["policy"]: r.get("predictions") for r in (ref or {}).get("long_text_policies") or []}
+    for v in variants:
+        for r in v.get("long_text_policies") or []:
+            r["agreement"] = agreement(r.get("predictions"), ref_preds.get(r["policy"])) if ref else None
+    for v in variants:
+        for r in v.get("long_text_policies") or []:
+            r.pop("predictions", None)
+
+
+def choose(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """{"fast", "best", "head"}: the most accurate policy at >= half head's texts/s, and the most accurate."""
+    scored = [r for r in records if r.get("accuracy") is not None]
+    head = next((r for r in scored if r["asked"] == "head"), None)
+    if not scored or head is None or not head.get("texts_per_s"):
+        return None
+    # ties go to the faster policy
+    rank = sorted(scored, key=lambda r: (-r["accuracy"], -(r.get("texts_per_s") or 0.0)))
+    quick = [r for r in rank if (r.get("texts_per_s") or 0.0) >= SPEED_FRACTION * head["texts_per_s"]]
+    keep = ("policy", "accuracy", "agreement", "texts_per_s", "mean_windows", "truncated")
+    return {"fast": {k: quick[0].get(k) for k in keep}, "best": {k: rank[0].get(k) for k in keep},
+            "head": {k: head.get(k) for k in keep}}
+
+
+def finish(report: dict[str, Any]) -> None:
+    """report["long_text"]: the two named policies, for the recommended variant (else the reference, else the
+    first measured)."""
+    variants = [v for v in report["variants"] if v.get("status") == "ok" and v.get("long_text_policies")]
+    if not variants:
+        return
+    rec = (report.get("recommended") or {}).get("variant")
+    ref = report.get("agreement_reference")
+    v = (next((x for x in variants if x["name"] == rec), None) or next((x for x in variants if x["name"] == ref), None)
+         or variants[0])
+    picked = choose(v["long_text_policies"])
+    if picked is None:
+        return
+    f, b = picked["fast"], picked["best"]
+    why = (f"on {v['name']}: {f['policy']} is the most accurate policy ({f['accuracy']:.2%}) at >= "
+           f"{SPEED_FRACTION:.0%} of head's texts/s ({f['texts_per_s']:.1f} vs {picked['head']['texts_per_s']:.1f}); "
+           f"the most accurate overall is {b['policy']} ({b['accuracy']:.2%}, {b['texts_per_s']:.1f} texts/s)")
+    report["long_text"] = {"variant": v["name"], **picked, "why": why}
+
+
+def _pct(x: Any) -> str:
+    return "–" if x is None else f"{x * 100:.2f}%"
+
+
+def md_lines(report: dict[str, Any]) -> list[str]:
+    rows = []
+    for v in report["variants"]:
+        if v.get("status") != "ok":
+            continue
+        for r in v.get("long_text_policies") or []:
+            rows.append(f"| {v['name']} | {r['policy']} | {_pct(r.get('accuracy'))} | {_pct(r.get('agreement'))} | "
+                        + ("–" if not r.get("texts_per_s") else f"{r['texts_per_s']:.1f}")
+                        + f" | {r.get('mean_windows') or 0:.2f} | {_pct(r.get('truncated'))} |")
+    if not rows:
+        return []
+    ref = report.get("agreement_reference") or "fp32"
+    n = next(r["n"] for v in report["variants"] for r in v.get("long_text_policies") or [])
+    L = ["## Long texts: policies compared", "",
+         f"The first {n} test texts scored under each long-text policy (predict() in batches of 32: tokenization, "
+         f"cutting, every window and the aggregation included); agreement is with {ref} under the same policy; "
+         "`truncated` is the share of texts with tokens no piece covered.", "",
+         "| variant | policy | accuracy | agreement | texts/s | windows per text | truncated |",
+         "|---|---|---:|---:|---:|---:|---:|", *rows, ""]
+    lt = report.get("long_text")
+    if lt:
+        L += [f"**Long-text policy served: {lt['fast']['policy']}** (most accurate overall: {lt['best']['policy']}); "
+              f"{lt['why']}. `qserve serve MODEL_DIR` serves {lt['fast']['policy']}.", ""]
+    return L

@@ -1,0 +1,74 @@
+"""`qserve bench --long-text`: accuracy, agreement and texts/s per policy, and the two policies named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from qserve.bench.policies import choose
+
+
+def test_choose_names_the_most_accurate_at_half_heads_speed_and_the_most_accurate():
+    recs = [{"asked": "head", "policy": "head", "accuracy": 0.826, "texts_per_s": 100.0},
+            {"asked": "tail", "policy": "tail", "accuracy": 0.854, "texts_per_s": 99.0},
+            {"asked": "head-tail", "policy": "head-tail:64", "accuracy": 0.861, "texts_per_s": 98.0},
+            {"asked": "windows", "policy": "windows:128:96:mean", "accuracy": 0.878, "texts_per_s": 33.0}]
+    picked = choose(recs)
+    assert picked["fast"]["policy"] == "head-tail:64" and picked["best"]["policy"] == "windows:128:96:mean"
+    recs[3]["texts_per_s"] = 50.0  # exactly half of head's: fast enough
+    assert choose(recs)["fast"]["policy"] == "windows:128:96:mean"
+    assert choose([r for r in recs if r["asked"] != "head"]) is None  # no baseline, no speed rule
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    import exporters
+    from conftest import build_tiny_checkpoint
+    from qserve.bench.config import BenchConfig
+    from qserve.bench.runner import run_bench
+
+    root = tmp_path_factory.mktemp("bench-lt")
+    ckpt = build_tiny_checkpoint(root / "checkpoint")
+    (ckpt / "qserve_model.json").write_text(json.dumps({"model_name": "tiny-distilbert", "max_length": 64,
+                                                        "dataset": "default", "seed": 42, "max_eval_samples": 24}))
+    variant = root / "variants" / "torch-fp32"
+    exporters.export(ckpt, "torch-fp32", variant)
+    cfg = BenchConfig(batch_sizes=[1], seq_lens=[16], threads=1, out=root / "report", time_budget_s=0.05, warmup=1,
+                      min_iters=2, max_iters=5, real_text_samples=0, invariance_samples=0, floor=False,
+                      long_text=["head-tail", "windows"])
+    return run_bench([variant], cfg), root
+
+
+def test_bench_reports_each_policy_on_real_test_texts(bench_run):
+    report, root = bench_run
+    v = report["variants"][0]
+    assert v["status"] == "ok" and v["long_text"] == "head"
+    recs = {r["policy"]: r for r in v["long_text_policies"]}
+    assert list(recs) == ["head", "head-tail:32", "windows:64:48:mean"]  # head always, as the baseline
+    for r in recs.values():
+        assert r["n"] == 24 and 0 <= r["accuracy"] <= 1 and r["texts_per_s"] > 0 and r["agreement"] == 1.0
+        assert "predictions" not in r
+    assert recs["head"]["accuracy"] == v["accuracy"]["accuracy"]  # the same run under the variant's own policy
+    assert recs["windows:64:48:mean"]["mean_windows"] > 1 and recs["head"]["mean_windows"] == 1
+    assert recs["head"]["truncated"] > recs["windows:64:48:mean"]["truncated"]  # most reviews exceed 64 tokens
+    lt = report["long_text"]
+    assert lt["variant"] == "torch-fp32" and lt["fast"]["policy"] in recs and lt["best"]["policy"] in recs
+    md = (root / "report" / "report.md").read_text()
+    assert "## Long texts: policies compared" in md and f"Long-text policy served: {lt['fast']['policy']}" in md
+
+
+def test_serving_a_model_dir_picks_the_reports_fast_policy(bench_run):
+    import shutil
+
+    from qserve.bench.recommend import from_model_dir
+
+    report, root = bench_run
+    shutil.copytree(root / "report", root / "model" / "report")
+    shutil.copytree(root / "variants", root / "model" / "variants")
+    data = json.loads((root / "model" / "report" / "report.json").read_text())
+    data["recommended"] = {"variant": "torch-fp32", "dir": str(root / "variants" / "torch-fp32"), "why": "test"}
+    (root / "model" / "report" / "report.json").write_text(json.dumps(data))
+    vdir, selection = from_model_dir(root / "model")
+    assert vdir == root / "model" / "variants" / "torch-fp32"
+    assert selection["long_text"] == report["long_text"]["fast"]["policy"]
