@@ -5,34 +5,18 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from contextvars import ContextVar
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-_EXPORT_POLICY: ContextVar[str | None] = ContextVar("qserve_export_long_text", default=None)
-
-
-@contextlib.contextmanager
-def policy_for_export(policy: str) -> Iterator[None]:
-    """While a variant is built, its calibration texts are cut by the variant's long-text policy
-    (what it will be served with; `qserve export --long-text` may override the checkpoint's)."""
-    token = _EXPORT_POLICY.set(policy)
-    try:
-        yield
-    finally:
-        _EXPORT_POLICY.reset(token)
-
 
 def calibration_policy(checkpoint: Any) -> str:
-    """The variant's policy during an export, else the checkpoint's recorded one (else head)."""
-    from pathlib import Path
+    """The long-text policy of the variant being exported (exporters.core.export_policy): its calibration
+    texts are cut as it will be served."""
+    from exporters.core import export_policy
 
-    from exporters.core import variant_policy
-
-    return _EXPORT_POLICY.get() or variant_policy(Path(checkpoint))
+    return export_policy(Path(checkpoint))
 
 
 def calibration_texts(checkpoint: Any, n: int) -> tuple[list[str], str]:
@@ -42,7 +26,6 @@ def calibration_texts(checkpoint: Any, n: int) -> tuple[list[str], str]:
     """
     import json
     import logging
-    from pathlib import Path
 
     meta_path = Path(checkpoint) / "qserve_model.json"
     meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}

@@ -5,10 +5,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -73,6 +75,26 @@ def variant_policy(checkpoint: Path, long_text: str | None = None) -> str:
     return str(longtext.resolve(recorded, info["max_length"], f"{checkpoint}/qserve_model.json long_text"))
 
 
+_EXPORT_POLICY: ContextVar[str | None] = ContextVar("qserve_export_long_text", default=None)
+
+
+@contextlib.contextmanager
+def policy_for_export(policy: str) -> Iterator[None]:
+    """While a variant is built, export_policy() answers `policy`: the builder's calibration texts are cut
+    by the long-text policy the variant will be served with (`qserve export --long-text` may override the
+    checkpoint's)."""
+    token = _EXPORT_POLICY.set(policy)
+    try:
+        yield
+    finally:
+        _EXPORT_POLICY.reset(token)
+
+
+def export_policy(checkpoint: Path) -> str:
+    """The policy of the variant being exported, else the checkpoint's recorded one (else head)."""
+    return _EXPORT_POLICY.get() or variant_policy(checkpoint)
+
+
 def copy_tokenizer(checkpoint: Path, out: Path) -> None:
     for n in TOKENIZER_FILES:
         if (checkpoint / n).is_file():
@@ -124,7 +146,6 @@ def get_builder(name: str) -> Builder:
 def export_variant(checkpoint: Path, spec: VariantSpec, out: Path, force: bool = False,
                    options: dict[str, Any] | None = None, device: str = "cpu",
                    probes: list[str] | None = None, long_text: str | None = None) -> dict[str, Any]:
-    from exporters.calibration import policy_for_export
     from qserve.runtime import load_runtime
 
     info = checkpoint_info(checkpoint)

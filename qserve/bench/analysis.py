@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qserve.bench.stats import shape_stats
+from qserve.bench.stats import agreement, shape_stats
 
 REFERENCES = ("torch-fp32", "onnx-fp32")  # agreement and speed-up are measured against these, first found wins
 
@@ -73,12 +73,6 @@ def model_block(metas: list[dict[str, Any]]) -> dict[str, Any]:
         except ValueError as e:
             block["dims_error"] = str(e)
     return block
-
-
-def agreement(preds: list[int] | None, ref: list[int] | None) -> float | None:
-    if not preds or not ref or len(preds) != len(ref):
-        return None
-    return sum(int(a == b) for a, b in zip(preds, ref)) / len(preds)
 
 
 def _unique_names(variants: list[dict[str, Any]]) -> None:

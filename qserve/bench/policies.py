@@ -53,7 +53,7 @@ def measure(rt: Any, ev: dict[str, Any], policies: list[str], own: dict[str, Any
 
 def add_agreement(variants: list[dict[str, Any]], ref: dict[str, Any] | None) -> None:
     """Parent side: agreement of each policy's predictions with the reference variant's under the same policy."""
-    from qserve.bench.analysis import agreement
+    from qserve.bench.stats import agreement
 
     ref_preds = {r["policy"]: r.get("predictions") for r in (ref or {}).get("long_text_policies") or []}
     for v in variants:

@@ -1,4 +1,4 @@
-"""Latency statistics: count/mean/p50/p90/p95/p99/stdev, the optimum-benchmark set.
+"""Latency statistics (count/mean/p50/p90/p95/p99/stdev, the optimum-benchmark set) and prediction agreement.
 
     python -c "from qserve.bench.stats import summarize; print(summarize([1.0, 2.0, 3.0, 4.0]))"
 
@@ -64,3 +64,10 @@ def shape_stats(entry: dict[str, Any], batch: int, seq: int) -> dict[str, Any] |
         if rec.get("batch") == batch and rec.get("seq") == seq and "p50" in rec:
             return rec
     return None
+
+
+def agreement(preds: list[int] | None, ref: list[int] | None) -> float | None:
+    """Share of predictions equal to the reference's, text by text (None unless both cover the same texts)."""
+    if not preds or not ref or len(preds) != len(ref):
+        return None
+    return sum(int(a == b) for a, b in zip(preds, ref)) / len(preds)
