@@ -122,7 +122,7 @@ def _title(report: dict[str, Any]) -> str:
 # -- decision chart ----------------------------------------------------------------------------------------
 def decision_points(report: dict[str, Any]) -> list[dict[str, Any]]:
     """Per variant with an agreement: name, p50 (headline shape), throughput (largest batch), size, bits."""
-    from qserve.bench.report import summary_rows
+    from qserve.bench.summary import summary_rows
 
     spec = {v["name"]: v.get("spec") or {} for v in report["variants"]}
     return [{"name": r["variant"], "p50": r["p50_ms"], "throughput": r["throughput"], "size_mb": r["size_mb"],

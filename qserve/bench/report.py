@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
+from qserve.bench.summary import fixed_shape, invariance_cell, peak_memory, summary_rows
 
 FILES = ("report.json", "report.csv", "report.md", "report.html")
 
@@ -41,49 +42,6 @@ def _f(x: Any, nd: int = 2, suffix: str = "") -> str:
     if isinstance(x, float):
         return f"{x:,.{nd}f}{suffix}"
     return f"{x}{suffix}"
-
-
-def _shape(v: dict[str, Any], b: int, s: int) -> dict[str, Any] | None:
-    for rec in v.get("fixed") or []:
-        if rec.get("batch") == b and rec.get("seq") == s and "p50" in rec:
-            return rec
-    return None
-
-
-def peak_memory(v: dict[str, Any]) -> tuple[float | None, str]:
-    """(MiB, what it is): CUDA max allocated on GPU, else the child's peak RSS."""
-    mem = v.get("memory") or {}
-    if mem.get("cuda"):
-        if mem["cuda"].get("max_allocated_mb"):
-            return mem["cuda"]["max_allocated_mb"], "CUDA max allocated"
-        return mem["cuda"].get("device_used_mb"), "CUDA device used"
-    return mem.get("peak_rss_mb"), "peak RSS"
-
-
-def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """One dict per variant with the headline columns (used by md, csv and plots)."""
-    b, s = report["headline"]["batch"], report["headline"]["seq"]
-    bmax = max(report["config"]["batch_sizes"])
-    rows = []
-    for v in report["variants"]:
-        st, big = _shape(v, b, s), _shape(v, bmax, s)
-        mem, _ = peak_memory(v)
-        acc = v.get("accuracy") or {}
-        fl = v.get("floor") or {}
-        rows.append({
-            "variant": v["name"], "status": v["status"],
-            "size_mb": v["disk_bytes"] / 1e6 if v.get("disk_bytes") is not None else None,
-            "load_s": v.get("load_s"),
-            "p50_ms": st["p50"] if st else None, "p99_ms": st["p99"] if st else None,
-            "throughput": big["throughput"] if big else None,
-            "peak_mem_mib": mem, "accuracy": acc.get("accuracy"), "agreement": v.get("agreement"),
-            "speedup": v.get("speedup_vs_torch_fp32"), "floor_ms": fl.get("floor_ms"),
-            "p50_over_floor": fl.get("p50_over_floor"), "floor_peak": fl.get("peak"),
-            "invariance_max_abs_dprob": (v.get("invariance") or {}).get("max_abs_dprob"),
-            "invariance_flips": (v.get("invariance") or {}).get("flips"),
-            "invariance": invariance_cell(v.get("invariance")),
-        })
-    return rows
 
 
 def _table(header: list[str], rows: list[list[str]], align: list[str] | None = None) -> list[str]:
@@ -235,7 +193,7 @@ def _grid(report: dict[str, Any]) -> list[str]:
             continue
         cells = []
         for b, s in shapes:
-            st = _shape(v, b, s)
+            st = fixed_shape(v, b, s)
             cells.append(f"{st['p50']:.2f} / {st['p99']:.2f}" if st else "error")
         rows.append([v["name"]] + cells)
     if not rows:
@@ -256,12 +214,6 @@ def _real_text(report: dict[str, Any]) -> list[str]:
     return ([f"## Real text ({ds.get('dataset')} test split, predict() with tokenization and dynamic padding)", ""]
             + _table(["variant", "batch", "p50 (ms)", "p99 (ms)", "texts/s", "mean padded length", "calls"], rows)
             + [""])
-
-
-def invariance_cell(inv: dict[str, Any] | None) -> str:
-    from qserve.bench.invariance import cell
-
-    return cell(inv)
 
 
 def _invariance(report: dict[str, Any]) -> list[str]:

@@ -1,0 +1,62 @@
+"""The headline row of each variant in a bench report: what the md table, the csv, the charts and the
+served models' page all show.
+
+    python -c "from qserve.bench.report import load_report; from qserve.bench.summary import summary_rows; \\
+print(summary_rows(load_report('benchmarks/reports/embedded-default')[0])[0])"
+
+A pure function of report.json, below both report.py (md/csv/html) and plots.py (charts), which each use it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def fixed_shape(v: dict[str, Any], b: int, s: int) -> dict[str, Any] | None:
+    """The variant's fixed-shape latency record at batch b, seq s (None when not measured)."""
+    for rec in v.get("fixed") or []:
+        if rec.get("batch") == b and rec.get("seq") == s and "p50" in rec:
+            return rec
+    return None
+
+
+def peak_memory(v: dict[str, Any]) -> tuple[float | None, str]:
+    """(MiB, what it is): CUDA max allocated on GPU, else the child's peak RSS."""
+    mem = v.get("memory") or {}
+    if mem.get("cuda"):
+        if mem["cuda"].get("max_allocated_mb"):
+            return mem["cuda"]["max_allocated_mb"], "CUDA max allocated"
+        return mem["cuda"].get("device_used_mb"), "CUDA device used"
+    return mem.get("peak_rss_mb"), "peak RSS"
+
+
+def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One dict per variant with the headline columns (used by md, csv and plots)."""
+    b, s = report["headline"]["batch"], report["headline"]["seq"]
+    bmax = max(report["config"]["batch_sizes"])
+    rows = []
+    for v in report["variants"]:
+        st, big = fixed_shape(v, b, s), fixed_shape(v, bmax, s)
+        mem, _ = peak_memory(v)
+        acc = v.get("accuracy") or {}
+        fl = v.get("floor") or {}
+        rows.append({
+            "variant": v["name"], "status": v["status"],
+            "size_mb": v["disk_bytes"] / 1e6 if v.get("disk_bytes") is not None else None,
+            "load_s": v.get("load_s"),
+            "p50_ms": st["p50"] if st else None, "p99_ms": st["p99"] if st else None,
+            "throughput": big["throughput"] if big else None,
+            "peak_mem_mib": mem, "accuracy": acc.get("accuracy"), "agreement": v.get("agreement"),
+            "speedup": v.get("speedup_vs_torch_fp32"), "floor_ms": fl.get("floor_ms"),
+            "p50_over_floor": fl.get("p50_over_floor"), "floor_peak": fl.get("peak"),
+            "invariance_max_abs_dprob": (v.get("invariance") or {}).get("max_abs_dprob"),
+            "invariance_flips": (v.get("invariance") or {}).get("flips"),
+            "invariance": invariance_cell(v.get("invariance")),
+        })
+    return rows
+
+
+def invariance_cell(inv: dict[str, Any] | None) -> str:
+    from qserve.bench.invariance import cell
+
+    return cell(inv)
