@@ -121,6 +121,8 @@ def test_page_asks_for_the_key_classifies_and_shows_why(driver, keyed_server):
     _wait(d, lambda: "torch-fp32" in d.find_element(By.ID, "models").text, "the served model never showed")
     models = d.find_element(By.ID, "models").text
     assert "negative, positive" in models and "64 tokens" in models and "tiny-distilbert" in models
+    # the long-text policy /v1/models reports, in words
+    assert "head: a text longer than 64 tokens is read as the first 64 tokens" in models
     _wait(d, lambda: "ov-bf16" in d.find_element(By.ID, "report").text, "the recommendation never showed")
     assert "serves torch-fp32 instead" in d.find_element(By.ID, "report").text
 
@@ -131,6 +133,24 @@ def test_page_asks_for_the_key_classifies_and_shows_why(driver, keyed_server):
     with httpx2.Client(base_url=keyed_server.url, timeout=30, trust_env=False) as c:
         api = c.post("/v1/classify", json={"inputs": REVIEW}, headers={"Authorization": f"Bearer {KEY}"}).json()
     assert shown == api["predictions"][0][0]["label"]
+    read = d.find_element(By.CSS_SELECTOR, "#result .read").text
+    assert read == f"{api['tokens'][0]} tokens, read under head"
+
+    # a long text under the windows policy chosen on the page: the answer says how it was read
+    from selenium.webdriver.support.ui import Select
+
+    Select(d.find_element(By.ID, "policy")).select_by_value("windows")
+    d.find_element(By.ID, "text").send_keys(" " + REVIEW * 6)
+    d.find_element(By.ID, "classify").click()
+    _wait(d, lambda: "windows" in d.execute_script(
+        "const r = document.querySelector('#result .read'); return r ? r.textContent : ''"),
+        "the page never said the text was read as windows")
+    with httpx2.Client(base_url=keyed_server.url, timeout=30, trust_env=False) as c:
+        api = c.post("/v1/classify", json={"inputs": REVIEW + " " + REVIEW * 6, "long_text": "windows"},
+                     headers={"Authorization": f"Bearer {KEY}"}).json()
+    assert api["windows"][0] > 1
+    assert d.find_element(By.CSS_SELECTOR, "#result .read").text == \
+        f"{api['tokens'][0]} tokens, read under {api['long_text']} as {api['windows'][0]} windows"
     # the counters come from /metrics: the page's own classification is counted
     _wait(d, lambda: d.find_element(By.ID, "m-requests").text not in ("–", "0"), "counters never updated")
     assert "ms" in d.find_element(By.ID, "m-latency").text
