@@ -131,6 +131,7 @@ def test_the_schema_publishes_the_policies_this_server_accepts(client):
     for name in ("ClassifyRequest", "V2RequestParameters"):
         (text, _null) = comps[name]["properties"]["long_text"]["anyOf"]
         assert text["pattern"] == pattern(64)  # H 1..63, W 3..64 for the tiny variant's max_length 64
+        assert "maxLength" not in text  # --max-chars bounds the texts, not the policy string
     body = comps["ClassifyResponse"]["properties"]
     assert {"tokens", "windows", "truncated", "long_text"} <= set(body)
 

@@ -197,8 +197,9 @@ def _publish_limits(schema: dict, config: ServeConfig) -> None:
             if node.get("type") == "array" and isinstance(items, dict) and (
                     "pattern" in items or items.get("type") == "array"):  # a list of texts (maybe nested)
                 node.setdefault("maxItems", config.max_inputs)
-            for v in node.values():
-                walk(v)
+            for k, v in node.items():
+                if k != "long_text":  # a policy string, not a text: _publish_long_text bounds it
+                    walk(v)
         elif isinstance(node, list):
             for v in node:
                 walk(v)
