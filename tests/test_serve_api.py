@@ -143,7 +143,7 @@ def test_v1_models_says_why_a_model_dir_chose_the_variant(client, tiny_variant):
 
     assert client.get("/v1/models").json()["models"][0]["selection"] is None  # a variant dir: nothing chosen
     selection = {"variant": "torch-fp32", "why": "fastest meeting its bar", "report": "/run/report/report.json",
-                 "measured_on": "Test CPU", "same_cpu": False}
+                 "measured_on": "Test CPU", "same_cpu": False, "long_text": None}
     threads = torch.get_num_threads()
     srv = ServerThread(create_app(ServeConfig(variant_dir=str(tiny_variant), threads=1), selection=selection)).start()
     try:
