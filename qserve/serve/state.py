@@ -8,7 +8,9 @@ A Loader turns a ServeConfig into a ModelRuntime (the default, load_model, is lo
 config.variant_dir with the manifest verified). ServeState.add() warms that runtime up, starts
 its Batcher and keeps the three together as a ServedModel under the model's name, with the
 Selection that says why this variant was chosen (when a model dir picked it). Routes, the V2
-protocol and the Ray engine reach a model only through ServeState.model(name). Today a server
+protocol and the Ray engine reach a model only through ServeState.model(name). A request's
+long_text is resolved for that model (ServedModel.check_policy) and travels with each of its texts
+through the batcher to the runtime, which cuts and aggregates them (qserve/longtext.py). Today a server
 holds exactly one model, the default, loaded by ServeState.start() in the app's lifespan.
 """
 
@@ -105,8 +107,8 @@ class ServedModel:
         m = rt.manifest
         files = m.get("files") or {}
         return {"id": self.name, "model_name": m.get("model_name"), "spec": m.get("spec"), "labels": list(rt.labels),
-                "max_length": rt.max_length, "long_text": str(rt.long_text), "parity": m.get("parity"), "created": m.get("created"),
-                "device": rt.device, "files": len(files),
+                "max_length": rt.max_length, "long_text": str(rt.long_text), "parity": m.get("parity"),
+                "created": m.get("created"), "device": rt.device, "files": len(files),
                 "bytes": sum(int(f.get("bytes", 0)) for f in files.values() if isinstance(f, dict)),
                 "versions": m.get("versions"), "selection": self.selection}
 
