@@ -47,9 +47,10 @@ def calibration_batches(checkpoint: Any, texts: list[str], max_length: int, batc
     out = []
     for i in range(0, len(texts), batch_size):
         enc = tok(texts[i:i + batch_size], truncation=True, max_length=max_length, padding=True,
-                  return_tensors="np", return_token_type_ids=False)
-        out.append({"input_ids": enc["input_ids"].astype(np.int64),
-                    "attention_mask": enc["attention_mask"].astype(np.int64)})
+                  return_tensors="np")
+        # token_type_ids too where the tokenizer makes them; each consumer feeds what its model takes (feed()).
+        out.append({k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")
+                    if k in enc})
     return out
 
 

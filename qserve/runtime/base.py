@@ -93,7 +93,7 @@ class Runtime:
         for name in input_names:
             if name in batch:
                 feed[name] = np.ascontiguousarray(batch[name], dtype=np.int64)
-            elif name == "token_type_ids":  # BERT-layout graphs; DistilBERT declares none
+            elif name == "token_type_ids":  # a graph with segment ids fed by a tokenizer that makes none: segment 0
                 feed[name] = np.zeros_like(batch["input_ids"], dtype=np.int64)
             else:
                 from qserve import QserveError
@@ -112,8 +112,11 @@ class Runtime:
 
     @staticmethod
     def _batch(enc) -> dict[str, np.ndarray]:
-        return {"input_ids": enc["input_ids"].astype(np.int64),
-                "attention_mask": enc["attention_mask"].astype(np.int64)}
+        batch = {"input_ids": enc["input_ids"].astype(np.int64),
+                 "attention_mask": enc["attention_mask"].astype(np.int64)}
+        if "token_type_ids" in enc:  # segment ids where the tokenizer makes them; forward() feeds what its model takes
+            batch["token_type_ids"] = enc["token_type_ids"].astype(np.int64)
+        return batch
 
     def tokenize(self, texts: list[str]) -> dict[str, np.ndarray]:
         return self._batch(self._encode(texts))
