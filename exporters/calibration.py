@@ -59,7 +59,9 @@ def calibration_batches(checkpoint: Any, texts: list[str], max_length: int, batc
     tok = AutoTokenizer.from_pretrained(str(checkpoint))
     pieces = longtext.split_texts(tok, texts, policy or calibration_policy(checkpoint), max_length)
     pad_id = int(tok.pad_token_id or 0)
-    return [longtext.pad(pieces.ids[i:i + batch_size], pad_id, tok.padding_side)
+    # token_type_ids too where the tokenizer makes them; each consumer feeds what its model takes (feed()).
+    segments = "token_type_ids" in tok.model_input_names
+    return [longtext.pad(pieces.ids[i:i + batch_size], pad_id, tok.padding_side, segments)
             for i in range(0, len(pieces.ids), batch_size)]
 
 

@@ -71,7 +71,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     single_dir = len(specs) == 1 and args.out is not None and not args.all
     failures = []
     import exporters
+    from exporters.core import ExportFailed, one_line
     from qserve.runtime.ov_probe import OpenVINOUnavailable
+    from qserve.variants import UnsupportedVariant
 
     for i, spec in enumerate(specs, 1):
         dest = root if single_dir else root / spec.name
@@ -84,17 +86,21 @@ def cmd_export(args: argparse.Namespace) -> int:
             m = exporters.export(checkpoint, spec.name, dest, force=args.force,
                                  options=options_for(spec.name, args, strict=not args.all), device=device,
                                  long_text=args.long_text)
-        except OpenVINOUnavailable as e:
+        except (OpenVINOUnavailable, UnsupportedVariant) as e:
             if not args.all:
                 raise
-            # A CPU whose OpenVINO plugin crashes or lacks bf16 skips those variants; the rest go on.
+            # A CPU whose OpenVINO plugin crashes or lacks bf16, or an architecture the variant cannot
+            # hold, skips those variants; the rest go on.
             print(f"    skipped: {e}", file=sys.stderr)
             continue
-        except QserveError:
+        except QserveError as e:
             if not args.all:
                 raise
+            # One line per failed variant (the exporter's traceback is behind -v); the others go on.
             failures.append(spec.name)
-            print(f"    failed: {sys.exc_info()[1]}", file=sys.stderr)
+            kind, detail = ((e.exc_type, e.detail) if isinstance(e, ExportFailed)
+                            else (type(e).__name__, one_line(str(e))))
+            print(f"    failed: {spec.name}: {kind}: {detail}", file=sys.stderr)
             continue
         p = m["parity"]
         size = sum(f["bytes"] for f in m["files"].values())

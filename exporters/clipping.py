@@ -64,12 +64,15 @@ def second_moments(model: Any, batches: list[dict[str, Any]], names: list[str]) 
             counts[name] += rows.shape[0]
         return record
 
+    from qserve.modeling import model_inputs
+
     modules = dict(model.named_modules())
     handles = [modules[n].register_forward_hook(hook(n)) for n in names]
+    inputs = model_inputs(model)
     try:
         with torch.inference_mode():
             for batch in batches:
-                feed = {k: torch.from_numpy(v) for k, v in batch.items()}
+                feed = {k: torch.from_numpy(v) for k, v in batch.items() if k in inputs}
                 mask[0] = feed["attention_mask"].bool()
                 model(**feed)
     finally:
@@ -113,6 +116,13 @@ def clip_blocks(weight: Any, h: Any, quant_type: str, block: int, ratios: tuple[
             float(plain.sum()), float(best_e.sum()))
 
 
+def skipped(name: str, skip: tuple[str, ...]) -> bool:
+    """Whether bitsandbytes leaves module `name` unquantized for llm_int8_skip_modules `skip`: transformers'
+    rule (integrations.bitsandbytes), a key naming the module or any module it sits in, so RoBERTa's
+    classifier.dense and classifier.out_proj stay fp32 with the `classifier` they belong to."""
+    return any(key == name or key + "." in name for key in skip)
+
+
 def clip_checkpoint(checkpoint: Path, dst: Path, quant_type: str, samples: int,
                     skip: tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
     """Write `checkpoint` to `dst` with every Linear bnb will quantize clipped for `quant_type`.
@@ -127,8 +137,7 @@ def clip_checkpoint(checkpoint: Path, dst: Path, quant_type: str, samples: int,
 
     block = bnb_block_size()
     model = AutoModelForSequenceClassification.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    names = [n for n, m in model.named_modules()
-             if isinstance(m, torch.nn.Linear) and n.split(".")[-1] not in skip]
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and not skipped(n, skip)]
     batches, source = calibration_set(checkpoint, samples)
     moments = second_moments(model, batches, names)
     modules = dict(model.named_modules())

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import shutil
+import tempfile
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -19,7 +22,10 @@ import numpy as np
 
 from qserve import QserveError
 from qserve.artifact import checkpoint_hash, library_versions, staged_dir, write_manifest
-from qserve.variants import VariantSpec, backend_of, load_target
+from qserve.modeling import ARCHITECTURES
+from qserve.variants import UnsupportedVariant, VariantSpec, backend_of, load_target, unsupported_reason
+
+log = logging.getLogger(__name__)
 
 Builder = Callable[[Path, Path, VariantSpec, dict[str, Any]], dict[str, Any]]
 """(checkpoint_dir, out_dir, spec, options) -> the extra manifest fields of the variant it wrote into out_dir."""
@@ -40,12 +46,31 @@ PROBES = [
 # Max |Δlogit| tolerated per variant family before the export warns (recorded either way).
 TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2, "bf16": 1.5e-1, "int8": 5e-1, "nf4": 1.0, "fp4": 1.5, "int4": 1.0}
 
+# Truncation length of a variant whose checkpoint records none (no qserve_model.json).
+DEFAULT_MAX_LENGTH = 256
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                    "added_tokens.json")
 
 
 class ParityError(QserveError):
     """The variant's outputs have the wrong shape or dtype: it computes something else."""
+
+
+class ExportFailed(QserveError):
+    """A library raised something other than a QserveError while building or checking a variant: the
+    user gets one line (variant, exception type, message), `qserve -v` the traceback."""
+
+    def __init__(self, variant: str, arch: str, error: BaseException):
+        self.variant, self.exc_type = variant, type(error).__name__
+        self.detail = one_line(str(error)) or "(no message)"
+        super().__init__(f"{variant} failed for {arch}: {self.exc_type}: {self.detail}")
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """A multi-line library message (OpenVINO's carry source paths on their first lines) as one line."""
+    flat = " ".join(line.strip() for line in text.splitlines() if line.strip())
+    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
 
 
 def checkpoint_info(checkpoint: Path) -> dict[str, Any]:
@@ -58,8 +83,14 @@ def checkpoint_info(checkpoint: Path) -> dict[str, Any]:
     labels = [id2label[str(i)] if str(i) in id2label else id2label[i] for i in range(len(id2label))]
     meta_path = checkpoint / "qserve_model.json"
     meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+    if "max_length" in meta:
+        max_length = int(meta["max_length"])
+    else:  # a checkpoint qserve did not train: DEFAULT_MAX_LENGTH tokens, or what fits the model's positions
+        from qserve.modeling import usable_positions
+
+        max_length = min(DEFAULT_MAX_LENGTH, usable_positions(cfg) or DEFAULT_MAX_LENGTH)
     return {"labels": labels, "model_type": cfg.get("model_type"),
-            "max_length": int(meta.get("max_length", 256)), "model_name": meta.get("model_name", checkpoint.name),
+            "max_length": max_length, "model_name": meta.get("model_name", checkpoint.name),
             "long_text": meta.get("long_text")}
 
 
@@ -110,15 +141,18 @@ def reference_logits(checkpoint: Path, texts: list[str], max_length: int, policy
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from qserve import longtext
+    from qserve.modeling import model_inputs
 
     tok = AutoTokenizer.from_pretrained(checkpoint)
     model = AutoModelForSequenceClassification.from_pretrained(checkpoint, dtype=torch.float32).eval()
     pieces = longtext.split_texts(tok, texts, policy, max_length)
+    segments = "token_type_ids" in tok.model_input_names
+    takes = set(model_inputs(model))  # token_type_ids where the model takes them, as the runtimes feed them
     out = []
     with torch.inference_mode():
         for i in range(0, len(pieces.ids), 64):
-            batch = longtext.pad(pieces.ids[i:i + 64], int(tok.pad_token_id or 0), tok.padding_side)
-            out.append(model(**{k: torch.from_numpy(v) for k, v in batch.items()}).logits.float().numpy())
+            batch = longtext.pad(pieces.ids[i:i + 64], int(tok.pad_token_id or 0), tok.padding_side, segments)
+            out.append(model(**{k: torch.from_numpy(v) for k, v in batch.items() if k in takes}).logits.float().numpy())
     return longtext.aggregate(np.concatenate(out), pieces)
 
 
@@ -137,6 +171,29 @@ def parity(ref: np.ndarray, got: np.ndarray, tolerance: float, name: str) -> dic
             "tolerance": tolerance, "within_tolerance": ok}
 
 
+# Intermediate exports shared by a checkpoint's variants in this process (the fp32 ONNX graph, the fp32
+# OpenVINO IR), by (checkpoint content hash, what was exported): `export --all` traces the model once
+# per backend instead of once per variant. Each lives in a temp dir removed when the process ends.
+_SHARED: dict[tuple, tempfile.TemporaryDirectory] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_export(checkpoint: Path, what: tuple, make: Callable[[Path], object]) -> Path:
+    """A directory holding `make(dir)`'s output for `checkpoint`, made once per process (a failed make is
+    not kept). The caller copies out of it and never changes it."""
+    key = (checkpoint_hash(checkpoint), *what)  # content, not path: a checkpoint retrained in place is new
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            scratch = tempfile.TemporaryDirectory(prefix="qserve-shared-")
+            try:
+                make(Path(scratch.name) / "out")
+            except BaseException:
+                scratch.cleanup()
+                raise
+            _SHARED[key] = scratch
+        return Path(_SHARED[key].name) / "out"
+
+
 def get_builder(name: str) -> Builder:
     """The function the registry names for variant `name`, imported now (a missing backend fails here)."""
     backend = backend_of(name)
@@ -146,10 +203,25 @@ def get_builder(name: str) -> Builder:
 def export_variant(checkpoint: Path, spec: VariantSpec, out: Path, force: bool = False,
                    options: dict[str, Any] | None = None, device: str = "cpu",
                    probes: list[str] | None = None, long_text: str | None = None) -> dict[str, Any]:
+    info = checkpoint_info(checkpoint)
+    arch = ARCHITECTURES.get(info["model_type"] or "", info["model_type"] or "an unknown architecture")
+    reason = unsupported_reason(spec.name, info["model_type"])
+    if reason:
+        raise UnsupportedVariant(f"{spec.name} unsupported for {arch}: {reason}")
+    policy = variant_policy(checkpoint, long_text)  # before the slow build: a bad --long-text fails at once
+    try:
+        return _export(checkpoint, info, spec, out, force, options, device, probes, policy)
+    except QserveError:
+        raise
+    except Exception as e:  # noqa: BLE001 - torch, optimum, ORT, OpenVINO and NNCF raise anything
+        log.debug("exporting %s from %s", spec.name, checkpoint, exc_info=True)
+        raise ExportFailed(spec.name, arch, e) from e
+
+
+def _export(checkpoint: Path, info: dict[str, Any], spec: VariantSpec, out: Path, force: bool,
+            options: dict[str, Any] | None, device: str, probes: list[str] | None, policy: str) -> dict[str, Any]:
     from qserve.runtime import load_runtime
 
-    info = checkpoint_info(checkpoint)
-    policy = variant_policy(checkpoint, long_text)  # before the slow build: a bad --long-text fails at once
     spec = replace(spec, options={**spec.options, **(options or {})})
     texts = probes or PROBES
     with staged_dir(out, force=force) as tmp, policy_for_export(policy):

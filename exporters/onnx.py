@@ -3,9 +3,9 @@
     qserve export models/minilm-imdb --bits 8 --backend onnx     # -> onnx-int8 (avx512_vnni preset)
 
 Every variant starts from one optimum-onnx export (task text-classification, dynamic
-batch and sequence axes) made in a scratch directory; only model.onnx and config.json
-move into the variant, so `ORTModelForSequenceClassification.from_pretrained(variant)`
-loads it unchanged. Then:
+batch and sequence axes), made once per checkpoint and process (core.shared_export);
+only model.onnx and config.json are copied into the variant, so
+`ORTModelForSequenceClassification.from_pretrained(variant)` loads it unchanged. Then:
 
 - fp16: onnxruntime.transformers.float16 with fp32 inputs/outputs (onnxconverter-common's
   converter writes graphs ORT refuses to load).
@@ -108,16 +108,19 @@ def build(checkpoint: Path, out: Path, spec: VariantSpec, options: dict[str, Any
     opts = resolve_options(spec.name, options)
     _require_onnxruntime()
     checkpoint, out = Path(checkpoint), Path(out)
+    from exporters.core import shared_export
+
     with tempfile.TemporaryDirectory(prefix="qserve-onnx-") as scratch:
-        fp32_dir = Path(scratch) / "fp32"
         opset = opts["opset"]
         if opts.get("quantize_embeddings"):
             opset = 21  # GatherBlockQuantized stores int4 data, which only opset 21 graphs may hold
-        opset = export_fp32(checkpoint, fp32_dir, opset=opset)
+        # One optimum export per checkpoint and opset in this process, shared by the ONNX variants.
+        fp32_dir = shared_export(checkpoint, ("onnx", opset), lambda d: export_fp32(checkpoint, d, opset=opset))
         src = fp32_dir / MODEL_FILE
+        opset = graph_opset(src)
         dst = out / MODEL_FILE
         if spec.dtype == "fp32":
-            shutil.move(str(src), dst)
+            shutil.copy2(src, dst)
             record: dict[str, Any] = {}
         elif spec.dtype == "fp16":
             record = convert_fp16(src, dst)
@@ -181,9 +184,14 @@ def export_fp32(checkpoint: Path, out: Path, opset: int | None = None) -> int:
         # Over 2 GB: external data. Far beyond a DistilBERT; refuse rather than ship half a model.
         raise QserveError(f"{checkpoint} exports to an ONNX model with external data (> 2 GB); "
                           "qserve's ONNX variants support single-file models only")
+    return graph_opset(out / MODEL_FILE)
+
+
+def graph_opset(path: Path) -> int:
+    """The default-domain opset an ONNX file was written with."""
     import onnx
 
-    model = onnx.load(str(out / MODEL_FILE), load_external_data=False)
+    model = onnx.load(str(path), load_external_data=False)
     return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
 
 

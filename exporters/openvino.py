@@ -5,6 +5,8 @@
 - The IR comes from optimum-intel (`OVModelForSequenceClassification.from_pretrained(ckpt,
   export=True)`, weights kept fp32), so `OVModelForSequenceClassification.from_pretrained(variant)`
   loads a variant dir unchanged: openvino_model.xml/.bin + config.json.
+- One optimum-intel export per checkpoint and process (`fp32_ir`): `--all` copies or quantizes it
+  three times instead of exporting three times.
 - ov-fp32 and ov-bf16 share that IR; they differ in the inference-precision hint the
   runtime compiles with (qserve.runtime.openvino_rt), recorded in the spec.
 - ov-int8 runs `nncf.quantize` on it (model_type TRANSFORMER, NNCF's MIXED preset:
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -71,20 +72,15 @@ def build(checkpoint: Path, out: Path, spec: VariantSpec, options: dict[str, Any
     record: dict[str, Any] = {"inference_precision": precision, "options": opts,
                               "exported_with": "optimum.intel.OVModelForSequenceClassification (export=True)",
                               "probe": {k: probed.get(k) for k in ("version", "device")}}
-    with tempfile.TemporaryDirectory(prefix="qserve-ov-") as scratch:
-        fp32 = Path(scratch) / "fp32"
-        with _quiet():
-            model = OVModelForSequenceClassification.from_pretrained(str(checkpoint), export=True, compile=False,
-                                                                     local_files_only=True)
-            model.save_pretrained(fp32)  # weights stay fp32 (save_model(compress_to_fp16=False))
-        if spec.dtype == "int8":
-            ir = ov.Core().read_model(str(fp32 / MODEL_FILE))
-            quantized, record["quantization"] = quantize_int8(ir, checkpoint, opts)
-            ov.save_model(quantized, str(out / MODEL_FILE), compress_to_fp16=False)
-        else:
-            shutil.move(str(fp32 / MODEL_FILE), out / MODEL_FILE)
-            shutil.move(str(fp32 / WEIGHTS_FILE), out / WEIGHTS_FILE)
-        shutil.copy2(fp32 / "config.json", out / "config.json")
+    fp32 = fp32_ir(checkpoint, OVModelForSequenceClassification)
+    if spec.dtype == "int8":
+        ir = ov.Core().read_model(str(fp32 / MODEL_FILE))
+        quantized, record["quantization"] = quantize_int8(ir, checkpoint, opts)
+        ov.save_model(quantized, str(out / MODEL_FILE), compress_to_fp16=False)
+    else:
+        shutil.copy2(fp32 / MODEL_FILE, out / MODEL_FILE)
+        shutil.copy2(fp32 / WEIGHTS_FILE, out / WEIGHTS_FILE)
+    shutil.copy2(fp32 / "config.json", out / "config.json")
     ops: dict[str, int] = {}
     for op in ov.Core().read_model(str(out / MODEL_FILE)).get_ops():
         ops[op.get_type_name()] = ops.get(op.get_type_name(), 0) + 1
@@ -92,18 +88,32 @@ def build(checkpoint: Path, out: Path, spec: VariantSpec, options: dict[str, Any
     return {"openvino": record}
 
 
+def fp32_ir(checkpoint: Path, exporter: Any) -> Path:
+    """A directory holding the checkpoint's fp32 IR (openvino_model.xml/.bin + config.json), exported once
+    per process: ov-fp32, ov-bf16 and ov-int8 all start from it."""
+    from exporters.core import shared_export
+
+    def make(out: Path) -> None:
+        with _quiet():
+            model = exporter.from_pretrained(str(checkpoint), export=True, compile=False, local_files_only=True)
+            model.save_pretrained(out)  # weights stay fp32 (save_model(compress_to_fp16=False))
+
+    return shared_export(checkpoint, ("openvino-ir",), make)
+
+
 def quantize_int8(ir, checkpoint: Path, opts: dict[str, Any]):
     """nncf.quantize with the transformer preset on training texts; returns (model, manifest record)."""
     import nncf
 
-    from exporters.calibration import calibration_batches, calibration_texts
+    from exporters.calibration import calibration_batches, calibration_texts, feed
     from exporters.core import checkpoint_info
 
     texts, source = calibration_texts(checkpoint, opts["calibration_samples"])
     # batch 1, unpadded: each sample's ranges are those of real tokens at their own length
     items = calibration_batches(checkpoint, texts, checkpoint_info(checkpoint)["max_length"], batch_size=1)
+    # Every input the IR declares: a BERT-layout IR left without token_type_ids runs with a stale shape.
     names = {p.any_name for p in ir.inputs}
-    items = [{k: v for k, v in b.items() if k in names} for b in items]
+    items = [feed(names, b) for b in items]
     with _quiet():
         quantized = nncf.quantize(ir, nncf.Dataset(items), model_type=nncf.ModelType.TRANSFORMER,
                                   subset_size=len(items), fast_bias_correction=True)

@@ -115,10 +115,13 @@ def smooth(model: Any, batches: list[dict[str, np.ndarray]], alphas: tuple[float
     ref = dict.fromkeys(tensors, 0.0)
     for outs, keep in zip(capture(model, tensors, batches), keeps):
         for t, x in zip(tensors, outs):
-            ys = [x[keep] @ w for w in weights[t]]
+            # A tensor with one row per token drops its padding rows; one with a row per text (a pooled
+            # head's input, e.g. ModernBERT's) has none to drop.
+            real = keep if len(x) == len(keep) else slice(None)
+            ys = [x[real] @ w for w in weights[t]]
             ref[t] += sum(float((y ** 2).sum()) for y in ys)
             for i, s in enumerate(candidates[t]):
-                xq = quant_act(x / s)[keep]
+                xq = quant_act(x / s)[real]
                 err[t][i] += sum(float(((xq @ w2 - y) ** 2).sum()) for w2, y in zip(wq[t][i], ys))
     rels = {t: err[t] / ref[t] if ref[t] else err[t] for t in tensors}
     chosen: dict[str, float | None] = {}

@@ -328,8 +328,10 @@ def split(encode: Encoder, tmpl: Template, texts: list[str], policies: Sequence[
     return out
 
 
-def pad(rows: list[list[int]], pad_id: int, side: str = "right") -> dict[str, Any]:
-    """int64 input_ids / attention_mask [len(rows), longest], padded as the tokenizer pads."""
+def pad(rows: list[list[int]], pad_id: int, side: str = "right", segments: bool = False) -> dict[str, Any]:
+    """int64 input_ids / attention_mask [len(rows), longest], padded as the tokenizer pads; with `segments`
+    (a tokenizer whose model_input_names has token_type_ids: BERT, ALBERT, ELECTRA, DeBERTa) also the
+    token_type_ids a single text gets from it: all 0."""
     import numpy as np
 
     width = max((len(r) for r in rows), default=0)
@@ -339,6 +341,8 @@ def pad(rows: list[list[int]], pad_id: int, side: str = "right") -> dict[str, An
         sl = slice(width - len(r), width) if side == "left" else slice(0, len(r))
         input_ids[i, sl] = r
         mask[i, sl] = 1
+    if segments:
+        return {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": np.zeros_like(input_ids)}
     return {"input_ids": input_ids, "attention_mask": mask}
 
 

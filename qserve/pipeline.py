@@ -58,6 +58,7 @@ def _export_stage(ckpt: Path, run_dir: Path, device: str, names: list[str], forc
     import exporters
     from qserve.artifact import VariantError, checkpoint_hash, verify
     from qserve.runtime.ov_probe import OpenVINOUnavailable
+    from qserve.variants import UnsupportedVariant
 
     src_hash = checkpoint_hash(ckpt)
     out = []
@@ -75,7 +76,7 @@ def _export_stage(ckpt: Path, run_dir: Path, device: str, names: list[str], forc
         print(f"   [{i}/{len(names)}] {name}: exporting ...", flush=True)
         try:
             m = exporters.export(ckpt, name, dest, force=True, device=device)
-        except OpenVINOUnavailable as e:  # the other variants export, bench and report as usual
+        except (OpenVINOUnavailable, UnsupportedVariant) as e:  # the others export, bench and report as usual
             print(f"       skipped: {e}", flush=True)
             continue
         p = m["parity"]

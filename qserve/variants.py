@@ -163,6 +163,22 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
 )}
 
 VARIANTS: dict[str, VariantSpec] = {s.name: s for b in REGISTRY.values() for s in b.variants}
+
+# What a variant cannot do for an architecture (config.json model_type), and why: checked before any work,
+# so `qserve export` answers "<variant> unsupported for <arch>: <reason>" at once and `--all` and the pipeline
+# step over it. Every cell not listed here exports, loads, passes parity and serves for each architecture
+# in qserve.modeling.ARCHITECTURES (tests/test_byo_matrix.py; docs/byo-matrix.md is its result).
+UNSUPPORTED: dict[tuple[str, str], str] = {}
+
+
+class UnsupportedVariant(QserveError):
+    """The variant cannot be built for this checkpoint's architecture (declared in UNSUPPORTED)."""
+
+
+def unsupported_reason(name: str, model_type: str | None) -> str | None:
+    """Why variant `name` cannot be built for architecture `model_type`, or None when it can."""
+    get_spec(name)
+    return UNSUPPORTED.get((name, model_type or ""))
 BACKENDS = tuple(REGISTRY)
 
 # `qserve export --bits N` without --backend: the measured fast path per device.

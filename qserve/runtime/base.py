@@ -145,7 +145,7 @@ class Runtime:
         for name in input_names:
             if name in batch:
                 feed[name] = np.ascontiguousarray(batch[name], dtype=np.int64)
-            elif name == "token_type_ids":  # BERT-layout graphs; DistilBERT declares none
+            elif name == "token_type_ids":  # a graph with segment ids fed by a tokenizer that makes none: segment 0
                 feed[name] = np.zeros_like(batch["input_ids"], dtype=np.int64)
             else:
                 from qserve import QserveError

@@ -30,10 +30,14 @@ class TorchRuntime(Runtime):
             _bnb_prepare(self.model, self.device)
             self.batch_invariant = not _llm_int8_picks_outliers_per_batch(self.model, spec, self.device)
         self._torch = torch
+        from qserve.modeling import model_inputs
+
+        self.input_names = model_inputs(self.model)
 
     def forward(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         torch = self._torch
-        feed = {k: torch.from_numpy(v).to(self.device) for k, v in batch.items()}
+        # The model's own inputs decide: token_type_ids reach BERT-layout models, not DistilBERT or ModernBERT.
+        feed = {k: torch.from_numpy(v).to(self.device) for k, v in batch.items() if k in self.input_names}
         with torch.inference_mode():
             logits = self.model(**feed).logits
         return logits.float().cpu().numpy()

@@ -1,0 +1,166 @@
+"""Bring your own BERT, on real weights: the embedded all-MiniLM-L6-v2 as a BertForSequenceClassification.
+
+    python benchmarks/byo_bert.py                      # train -> export --all -> agreement -> bench -> serve (~25 min)
+    python benchmarks/byo_bert.py --skip-bench         # without the latency bench (~12 min)
+
+The embedded default maps these weights into DistilBERT's layout; here they load as what they are
+(`qserve train --model embedded-bert`: segment embeddings, pooler, token_type_ids in every graph),
+the layout issue #21 found ov-int8 crashing on. Each stage is the real CLI in a child process:
+
+1. `qserve train --model embedded-bert --max-samples 1500` (IMDb, the embedded data set)
+2. `qserve export CHECKPOINT --all` (a failed variant is one line and a non-zero exit: recorded, not fatal)
+3. agreement of every variant with the checkpoint's fp32 predictions on 2,000 held-out test reviews,
+   through `load_runtime(...).predict`, the path bench and serve use; bar: ov-int8 >= 99%
+4. `qserve bench` over the variants (latency, memory, accuracy; its own report under report/)
+5. `qserve serve` on ov-int8: one /v1/classify request must return the in-process answer
+
+Writes benchmarks/reports/byo-bert/report.{json,md} (the run directory, models/byo-bert by default, holds
+the checkpoint, variants and bench report). Exit status 1 when ov-int8 misses the bar or a stage fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "benchmarks" / "reports" / "byo-bert"
+BAR = {"ov-int8": 0.99}
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+       "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
+def qserve(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    print("$ qserve " + " ".join(argv), flush=True)
+    res = subprocess.run([sys.executable, "-m", "qserve", *argv], cwd=REPO, env=ENV, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    print(res.stdout[-4000:], flush=True)
+    if check and res.returncode != 0:
+        raise SystemExit(f"qserve {argv[0]} exited {res.returncode}")
+    return res
+
+
+def agreement(checkpoint: Path, variants: list[Path], samples: int) -> dict[str, dict]:
+    """Each variant's prediction agreement with the checkpoint's fp32 on `samples` test reviews."""
+    import numpy as np
+
+    from exporters.core import checkpoint_info, reference_logits
+    from qserve.data import load_dataset
+    from qserve.runtime import load_runtime
+
+    meta = json.loads((checkpoint / "qserve_model.json").read_text(encoding="utf-8"))
+    texts = load_dataset(meta["dataset"], seed=int(meta.get("seed", 42))).test.texts[:samples]
+    max_length = checkpoint_info(checkpoint)["max_length"]
+    ref = np.concatenate([reference_logits(checkpoint, texts[i:i + 64], max_length)
+                          for i in range(0, len(texts), 64)])
+    out = {}
+    for v in variants:
+        t0 = time.perf_counter()
+        rt = load_runtime(v, "cpu")
+        got = np.concatenate([rt.logits(texts[i:i + 32]) for i in range(0, len(texts), 32)])
+        rt.close()
+        out[v.name] = {"agreement": float(np.mean(got.argmax(-1) == ref.argmax(-1))),
+                       "max_abs_logit_diff": float(np.abs(got - ref).max()),
+                       "mean_abs_margin_error": float(np.mean(np.abs(np.diff(got, axis=1) - np.diff(ref, axis=1)))),
+                       "seconds": round(time.perf_counter() - t0, 1)}
+        print(f"  {v.name}: agreement {out[v.name]['agreement']:.2%}", flush=True)
+    return out
+
+
+def serve_check(variant: Path) -> dict:
+    """`qserve serve` on `variant` in a child; one request, compared with the in-process answer."""
+    import httpx2
+
+    from qserve.runtime import load_runtime
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "qserve", "serve", str(variant), "--port", str(port),
+                             "--device", "cpu"], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    text = "A wonderful, moving film with superb performances."
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                if httpx2.get(url + "/ready", trust_env=False, timeout=5).status_code == 200:
+                    break
+            except httpx2.HTTPError:
+                pass
+            time.sleep(0.5)
+        r = httpx2.post(url + "/v1/classify", json={"inputs": text}, trust_env=False, timeout=30)
+        served = max(p["score"] for p in r.json()["predictions"][0])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    rt = load_runtime(variant, "cpu")
+    local = float(rt.predict([text]).max())
+    rt.close()
+    return {"variant": variant.name, "status": r.status_code, "served_score": served, "local_score": local,
+            "match": abs(served - local) < 1e-5}
+
+
+def render(report: dict) -> str:
+    lines = [f"# Bring your own BERT: {report['model']} (`--model embedded-bert`)", "",
+             f"Trained with `qserve train --model embedded-bert --max-samples {report['max_samples']}`; "
+             f"agreement with that checkpoint's fp32 on {report['samples']:,} held-out test reviews, through "
+             "`load_runtime(...).predict`. Generated by `python benchmarks/byo_bert.py`.", "",
+             f"export --all: exit {report['export']['exit']}" + (f", failed: {report['export']['failed']}"
+                                                                  if report['export']['failed'] else ""), "",
+             "| variant | agreement | max abs logit diff | mean abs margin error | bar |", "|---|---|---|---|---|"]
+    for name, r in report["agreement"].items():
+        bar = f">= {BAR[name]:.0%}: {'pass' if r['agreement'] >= BAR[name] else 'FAIL'}" if name in BAR else ""
+        lines.append(f"| {name} | {r['agreement']:.2%} | {r['max_abs_logit_diff']:.3g} | "
+                     f"{r['mean_abs_margin_error']:.3g} | {bar} |")
+    if report.get("serve"):
+        s = report["serve"]
+        lines += ["", f"serve: {s['variant']} answered {s['status']}, score {s['served_score']:.6f} "
+                      f"(in-process {s['local_score']:.6f}, {'same' if s['match'] else 'DIFFERENT'})"]
+    if report.get("bench"):
+        lines += ["", f"bench report: {report['bench']}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--run-dir", type=Path, default=REPO / "models" / "byo-bert")
+    p.add_argument("--max-samples", type=int, default=1500, help="training reviews (default %(default)s)")
+    p.add_argument("--samples", type=int, default=2000, help="test reviews for agreement (default %(default)s)")
+    p.add_argument("--skip-bench", action="store_true", help="skip `qserve bench` (latency and memory)")
+    p.add_argument("--out", type=Path, default=OUT)
+    args = p.parse_args(argv)
+    ckpt, variants_dir = args.run_dir / "checkpoint", args.run_dir / "variants"
+    if not (ckpt / "qserve_model.json").is_file():
+        qserve("train", "--model", "embedded-bert", "--max-samples", str(args.max_samples), "--out", str(ckpt))
+    exported = qserve("export", str(ckpt), "--all", "--out", str(variants_dir), "--device", "cpu", check=False)
+    # one indented "    failed: VARIANT: TYPE: message" line per failed variant
+    failed = [ln.split(":")[1].strip() for ln in exported.stdout.splitlines() if ln.startswith("    failed: ")]
+    variants = sorted(d for d in variants_dir.iterdir() if (d / "manifest.json").is_file())
+    report = {"model": "minilm-l6-bert", "max_samples": args.max_samples, "samples": args.samples,
+              "export": {"exit": exported.returncode, "failed": failed},
+              "agreement": agreement(ckpt, variants, args.samples)}
+    if not args.skip_bench:
+        bench_dir = args.run_dir / "report"
+        qserve("bench", *map(str, variants), "--out", str(bench_dir), "--device", "cpu", "--force")
+        report["bench"] = str(bench_dir / "report.md")
+    if (variants_dir / "ov-int8").is_dir():
+        report["serve"] = serve_check(variants_dir / "ov-int8")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    (args.out / "report.md").write_text(render(report), encoding="utf-8")
+    print(render(report))
+    ok = all(report["agreement"].get(n, {}).get("agreement", 0.0) >= b for n, b in BAR.items())
+    ok = ok and exported.returncode == 0 and (report.get("serve") or {}).get("match", False)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
