@@ -124,7 +124,8 @@ def test_every_variant(arch, root):
         rt = load_runtime(dest, "cpu")
         try:
             got = rt.logits(TEXTS)
-            probs, truncated = rt.classify(TEXTS)
+            res = rt.classify(TEXTS)
+            probs, truncated = res.probs, res.truncated
         finally:
             rt.close()
         worst = max(float(np.abs(got - ref).max()), parity["max_abs_logit_diff"])  # these texts, the probes

@@ -114,6 +114,8 @@ class Runtime:
         self.template = longtext.template(self.tokenizer)
         self._encode = longtext.encoder(self.tokenizer)
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
+        # Segment ids where the tokenizer makes them (BERT, ALBERT, ELECTRA, DeBERTa): one text is segment 0.
+        self.segments = "token_type_ids" in getattr(self.tokenizer, "model_input_names", ())
         recorded = manifest.get("long_text")
         try:
             self.recorded_long_text = self.resolve_policy(recorded or longtext.DEFAULT, "manifest long_text")
@@ -189,7 +191,7 @@ class Runtime:
 
     def pad(self, rows: list[list[int]]) -> dict[str, np.ndarray]:
         """Pieces (with special tokens) -> an int64 input_ids/attention_mask batch, padded as the tokenizer pads."""
-        return longtext.pad(rows, self.pad_id, getattr(self.tokenizer, "padding_side", "right"))
+        return longtext.pad(rows, self.pad_id, getattr(self.tokenizer, "padding_side", "right"), self.segments)
 
     def tokenize(self, texts: list[str], policy: PolicyArg = None) -> dict[str, np.ndarray]:
         """The padded batch of every piece of `texts` (one row per text unless a text is windowed)."""
