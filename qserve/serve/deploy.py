@@ -162,8 +162,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_flags(r, ServeConfig, ("host", "port"), defaults={"host": "0.0.0.0"}, help={
         "host": "Interface Ray's proxy binds (default: 0.0.0.0, so that it is reachable in a cluster; set "
                 "QSERVE_API_KEY in the replicas' environment)."})
-    # The replica's own settings: the same flags as `qserve serve`, unset unless given.
-    add_flags(r, ServeConfig, [f for f in APP_FIELDS if f != "threads"], unset=True)
+    # The replica's own settings: the same flags as `qserve serve`, unset unless given (the file serves
+    # VARIANT_DIR: several models or a repository are `qserve serve --engine ray`'s).
+    add_flags(r, ServeConfig, [f for f in APP_FIELDS if f not in ("threads", "model_repository")], unset=True)
     add_flags(r, RayConfigFile, ("force",))
     r.set_defaults(func=run_deploy_ray)
 
