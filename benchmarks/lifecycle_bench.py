@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import platform
@@ -257,7 +256,8 @@ def summarize(shadow: list[dict[str, Any]], swaps: list[dict[str, Any]]) -> dict
             "swap_max_during_ms": med(swaps, "latency", "during", "max_ms"),
             "rss_before_mb": med(swaps, "rss_mb", "before"), "rss_peak_during_mb": med(swaps, "rss_mb", "during_peak"),
             "rss_after_mb": med(swaps, "rss_mb", "after"),
-            "errors": sum(r[k]["errors"] for r in shadow for k in ("plain", "shadowed")) + sum(r["errors"] for r in swaps),
+            "errors": sum(r[k]["errors"] for r in shadow for k in ("plain", "shadowed"))
+            + sum(r["errors"] for r in swaps),
             "lost": sum(r[k]["lost"] for r in shadow for k in ("plain", "shadowed")) + sum(r["lost"] for r in swaps),
             "other_versions": sum(r["other_versions"] for r in swaps)}
 
@@ -269,17 +269,22 @@ def render(rep: dict[str, Any]) -> str:
     def f(x: Any, nd: int = 1) -> str:
         return "–" if x is None else f"{x:,.{nd}f}"
 
+    def pct(x: Any, nd: int = 1) -> str:
+        return f(None if x is None else 100 * x, nd)
+
     sh = rep.get("shadow_state") or {}
     L = [f"# Model lifecycle: shadow cost, hot swap latency and memory ({v['served']['name']})", "",
          f"Created {rep['created']} on {env['cpu']} ({env['cpu_count']} logical CPUs, Python {env['python']}). "
-         f"Servers: `qserve serve --model-repository` in child processes, threads={st['threads'] or 'library default'}; "
+         "Servers: `qserve serve --model-repository` in child processes, "
+         f"threads={st['threads'] or 'library default'}; "
          f"clients in this process, one review per request. Served {v['served']['dir']}; shadow reference "
-         f"{v['reference']['dir']} at rate {st['shadow_rate']}; swaps between the served dir and {v['swap_to']['dir']}.",
+         f"{v['reference']['dir']} at rate {st['shadow_rate']}; swaps between the served dir and "
+         f"{v['swap_to']['dir']}.",
          "", "## Headline", "", "| | value |", "|---|---:|",
          f"| throughput at {st['concurrency']} clients, plain (req/s) | {f(s['rps_plain'])} |",
          f"| throughput at {st['concurrency']} clients, shadow at rate {st['shadow_rate']} (req/s) | "
          f"{f(s['rps_shadowed'])} |",
-         f"| shadow cost (1 - shadowed / plain) | **{f(100 * s['shadow_cost'] if s['shadow_cost'] is not None else None)}%** |",
+         f"| shadow cost (1 - shadowed / plain) | **{pct(s['shadow_cost'])}%** |",
          f"| p99 plain / shadowed (ms) | {f(s['p99_plain_ms'])} / {f(s['p99_shadowed_ms'])} |",
          f"| swap: load call, load + warm-up + switch + release (s) | {f(s['swap_load_s'], 2)} |",
          f"| swap: p99 before / during the load at {st['swap_concurrency']} clients (ms) | "
@@ -290,9 +295,9 @@ def render(rep: dict[str, Any]) -> str:
          f"| errors / lost / answers naming neither version (all runs) | {s['errors']} / {s['lost']} / "
          f"{s['other_versions']} |", ""]
     if sh:
-        L += [f"The shadowed server's reference re-scored {sh.get('samples')} sampled texts in its last window and "
-              f"dropped {sh.get('dropped')} (queue full); rolling agreement {f(100 * sh['agreement'], 2) if sh.get('agreement') is not None else '–'}% "
-              f"against the bar {f(100 * sh['bar'], 0) if sh.get('bar') else '–'}%.", ""]
+        L += [f"The shadowed server's reference re-scored {sh.get('samples')} sampled texts and "
+              f"dropped {sh.get('dropped')} (queue full); rolling agreement {pct(sh.get('agreement'), 2)}% against "
+              f"the bar {pct(sh.get('bar'), 0)}%.", ""]
     L += ["## Shadow rounds", "", "| round | plain req/s | shadowed req/s | plain p99 ms | shadowed p99 ms |",
           "|---:|---:|---:|---:|---:|"]
     for i, r in enumerate(rep["shadow_rounds"]):
@@ -306,7 +311,8 @@ def render(rep: dict[str, Any]) -> str:
         L.append(f"| {i} | {r['from']} -> {r['to']} | {f(r['load_s'], 2)} | {f(lat['before']['p50_ms'])} / "
                  f"{f(lat['during']['p50_ms'])} / {f(lat['after']['p50_ms'])} | {f(lat['before']['p99_ms'])} / "
                  f"{f(lat['during']['p99_ms'])} / {f(lat['after']['p99_ms'])} | {f(m['before'], 0)} / "
-                 f"{f(m['during_peak'], 0)} / {f(m['after'], 0)} | {r['answered_by']['old']} / {r['answered_by']['new']} |")
+                 f"{f(m['during_peak'], 0)} / {f(m['after'], 0)} | {r['answered_by']['old']} / "
+                 f"{r['answered_by']['new']} |")
     L += ["", "During a swap the new version loads on a side thread while the old one keeps serving, both in "
           "memory (the peak); its warm-up shares the inference thread; the switch is one assignment, then the old "
           "version drains what it accepted and is closed and collected (gc.unfreeze, collect, freeze). A swap's "

@@ -1,20 +1,19 @@
 """The serving state: the models a server holds by name, how each is loaded, warmed, swapped and released,
 and the checks every route shares.
 
-    python -c "from qserve.serve.state import load_model; from qserve.serve.config import ServeConfig; \\
-m = load_model(ServeConfig(variant_dir='models/minilm-imdb-variants/onnx-int8', device='cpu')); print(m.name, m.labels)"
+    python -m pytest tests/test_serve_lifecycle.py -q
 
-A Loader turns a ServeConfig into a ModelRuntime (the default, load_model, is load_runtime on
-config.variant_dir with the manifest verified). ServeState.load(name) reads the model's directory
-(repository.py says which), loads it on a side thread while the inference thread keeps serving,
-warms it up, starts its Batcher and puts the three under the name as a ServedModel, with its
-version (the manifest's short hash). A name that is already serving is swapped: one dict
-assignment on the event loop switches every later request to the new model, while the old
-Batcher drains what it had accepted; then the old runtime is closed and freed: by refcounting, or,
-when a reference cycle holds it, by gc.unfreeze, collect, freeze (the post-warm-up freeze must not
-pin it). A weakref proves it is gone (ServeState.retired). Routes,
-the V2 protocol and the Ray engine reach a model only through ServeState.model(name), and queue
-texts through ServeState.classify, which answers with the model that actually ran them.
+A Loader turns a ServeConfig into a ModelRuntime (served.py; the default, load_model, is
+load_runtime on config.variant_dir with the manifest verified). ServeState.load(name) reads the
+model's directory (repository.py says which), loads it on a side thread while the inference thread
+keeps serving, warms it up, starts its Batcher and puts the three under the name as a ServedModel,
+with its version (the manifest's short hash). A name that is already serving is swapped: one dict
+assignment on the event loop switches every later request to the new model, while the old Batcher
+drains what it had accepted; then the old runtime is closed and freed: by refcounting, or, when a
+reference cycle holds it, by gc.unfreeze, collect, freeze (the post-warm-up freeze must not pin
+it). A weakref proves it is gone (ServeState.retired). Routes, the V2 protocol and the Ray engine
+reach a model only through ServeState.model(name), and queue texts through ServeState.classify,
+which answers with the model that actually ran them.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ import weakref
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 import numpy as np
 from starlette.requests import Request
@@ -37,100 +36,19 @@ from qserve.serve.batcher import Batcher, BatchResult, NotAccepting, QueueFull
 from qserve.serve.config import ServeConfig
 from qserve.serve.errors import ApiError
 from qserve.serve.guard import Arrivals
-from qserve.serve.metrics import Metrics, ModelMetrics
+from qserve.serve.metrics import Metrics
 from qserve.serve.repository import ModelSource, Repository, Selection, model_version, resolve
+from qserve.serve.served import Loader, ModelRuntime, Retired, ServedModel, infer_fn, load_model
 from qserve.serve.shadow import Shadow, parse_shadows
 from qserve.serve.texts import text_problem
+
+__all__ = ["Loader", "ModelRuntime", "Retired", "Selection", "ServeState", "ServedModel", "load_model"]
 
 log = logging.getLogger("qserve.serve")
 
 
-class ModelRuntime(Protocol):
-    """What serve needs from a loaded variant; qserve.runtime.Runtime (load_runtime's result) is one."""
-
-    name: str
-    """The variant's spec name (the served name unless --model-name or NAME=DIR overrides it)."""
-    labels: list[str]
-    max_length: int
-    """Token limit; longer texts are truncated, and classify() says which were."""
-    manifest: dict[str, Any]
-    device: str
-    row_workers: int
-    """Rows of a batch computed side by side (1 unless the backend runs rows on their own threads)."""
-
-    def classify(self, texts: list[str]) -> tuple[np.ndarray, list[bool]]:
-        """Probabilities [len(texts), len(labels)] and, per text, whether it was truncated."""
-        ...
-
-    def close(self) -> None: ...
-
-
-Loader = Callable[[ServeConfig], ModelRuntime]
-"""config -> the loaded model; create_app takes one (tests wrap the real runtime through it)."""
-Offer = Callable[[list[str], np.ndarray], None]
-
-
-def load_model(config: ServeConfig) -> ModelRuntime:
-    """The default Loader: load_runtime on config.variant_dir (manifest verified) with the serve flags."""
-    from qserve.runtime import RuntimeOptions, load_runtime
-
-    options = RuntimeOptions(threads=config.threads, row_workers=config.row_workers)
-    return load_runtime(config.variant_dir, config.device, options, allow_extra_files=config.allow_extra_files)
-
-
-@dataclass(eq=False)
-class ServedModel:
-    """One model a server answers for: its runtime, its batcher, its name, version and origin."""
-
-    name: str
-    runtime: ModelRuntime
-    batcher: Batcher
-    version: str = ""
-    """The manifest's short hash: what every answer of this model carries as model_version."""
-    variant_dir: str = ""
-    selection: Selection | None = None
-    metrics: ModelMetrics | None = field(default=None, repr=False)
-    shadow: Shadow | None = field(default=None, repr=False)
-
-    def summary(self) -> dict[str, Any]:
-        """The model's entry in /v1/models: manifest facts, no file contents."""
-        rt = self.runtime
-        m = rt.manifest
-        files = m.get("files") or {}
-        return {"id": self.name, "version": self.version, "model_name": m.get("model_name"), "spec": m.get("spec"),
-                "labels": list(rt.labels), "max_length": rt.max_length, "parity": m.get("parity"),
-                "created": m.get("created"), "device": rt.device, "dir": self.variant_dir, "files": len(files),
-                "bytes": sum(int(f.get("bytes", 0)) for f in files.values() if isinstance(f, dict)),
-                "versions": m.get("versions"), "selection": self.selection,
-                "shadow": self.shadow.summary() if self.shadow is not None else None}
-
-
-class Retired(NamedTuple):
-    """A model version that was swapped out or unloaded, and a weak reference to its runtime."""
-
-    name: str
-    version: str
-    runtime: weakref.ref
-
-    @property
-    def released(self) -> bool:
-        return self.runtime() is None
-
-
 async def _single_process_info() -> dict[str, Any]:
     return {"engine": "uvicorn", "replica_count": 1}
-
-
-def _infer_fn(runtime: ModelRuntime, offer: Offer | None = None) -> Callable[[list[str]], tuple[np.ndarray, list[bool]]]:
-    def infer(texts: list[str]) -> tuple[np.ndarray, list[bool]]:
-        # Tokenizing happens here, on the inference thread: the fast tokenizer is not thread-safe.
-        probs, truncated = runtime.classify(texts)
-        probs = np.asarray(probs, dtype=np.float32)
-        if offer is not None:  # the shadow samples what was served; it never blocks
-            offer(texts, probs)
-        return probs, [bool(t) for t in truncated]
-
-    return infer
 
 
 @dataclass(eq=False)
@@ -271,7 +189,7 @@ class ServeState:
             shadow = self.shadows.get(source.name)
             if shadow is not None:
                 shadow.attach(version, list(runtime.labels), (runtime.manifest.get("spec") or {}).get("bits"))
-            warm = _infer_fn(runtime)
+            warm = infer_fn(runtime)
             # Warm-up on the inference thread, so first-call costs (allocator, graph init) do not land on a
             # client. A batch of one and a batch of several can take different paths (onnx-int8 runs a
             # batch's rows on their own workers).
@@ -291,7 +209,7 @@ class ServeState:
             def offer(texts: list[str], probs: np.ndarray, shadow: Shadow = shadow, version: str = version) -> None:
                 shadow.offer(texts, probs, version)
         mm = self.metrics.for_model(source.name)
-        batcher = Batcher(_infer_fn(runtime, offer), self.executor, max_batch_size=cfg.max_batch_size,
+        batcher = Batcher(infer_fn(runtime, offer), self.executor, max_batch_size=cfg.max_batch_size,
                           max_wait_ms=cfg.max_wait_ms, max_queue=cfg.max_queue, metrics=mm,
                           arriving=lambda: self.arrivals.n)
         batcher.start()
