@@ -123,6 +123,8 @@ class ServeConfig:
         need(not (self.variant_dir and self.model_repository), "model_repository",
              f"replaces DIRs: give DIRs ({self.variant_dir}) or --model-repository ({self.model_repository}), "
              "not both")
+        need(not (self.model_name and self.model_repository), "model_name",
+             "names a single DIR's model; under --model-repository each model is named by its directory")
         need(self.api_key is None or len(self.api_key) >= 8, "api_key",
              "must be at least 8 characters (or unset to disable auth)")
         return self

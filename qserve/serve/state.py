@@ -157,7 +157,8 @@ class ServeState:
         """Stop serving `name`: later requests naming it get 404; what it accepted still finishes."""
         assert self.repository is not None
         async with self._lock:
-            self.repository.source(name)  # 404 for a name this server does not know
+            if name not in self.models:
+                self.repository.source(name)  # 404 for a name this server does not know
             model = self.models.pop(name, None)
             if model is None:
                 return
