@@ -74,6 +74,6 @@ def test_schemathesis_all_checks_pass(server, tmp_path):
 
     metrics = httpx2.get(server.url + "/metrics", trust_env=False).text
     for route in ("/v1/classify", "/v2/models/{name}/infer"):
-        m = re.search(r'qserve_requests_total\{method="POST",route="%s",status="200"\} ([0-9.e+]+)' % re.escape(route),
-                      metrics)
+        series = r'qserve_requests_total\{method="POST",model="torch-fp32",route="%s",status="200"\} ([0-9.e+]+)'
+        m = re.search(series % re.escape(route), metrics)
         assert m and float(m.group(1)) >= 1, (route, [ln for ln in metrics.splitlines() if route in ln][:8])
