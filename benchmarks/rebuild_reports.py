@@ -169,6 +169,17 @@ STAGES: tuple[Stage, ...] = (
           needs=(VARIANT, f"{MODELS}/variants/ov-int8"),
           notes=("STALE: compares against onnx-int8 as it ran before batch invariance (batched, 39 label "
                  "changes); re-run on the AMX Xeon.",)),
+    Stage("lifecycle", "several models per server: shadow agreement's throughput cost, a hot swap's latency blip "
+          "and memory",
+          (f"$QSERVE export {MODELS}/checkpoint --variant onnx-int8 --out {MODELS}/extra/onnx-int8-v2 --force",
+           f"$PY benchmarks/lifecycle_bench.py {VARIANT} --swap-to {MODELS}/extra/onnx-int8-v2 "
+           f"--reference {MODELS}/variants/onnx-fp32 --shadow-rate 0.05 --duration 10 --rounds 3 "
+           "--out benchmarks/reports/lifecycle --force"),
+          (Report("benchmarks/reports/lifecycle/report.json", "benchmarks/reports/lifecycle/report.md",
+                  "lifecycle_bench:render"),),
+          "~4 min (estimate: a new onnx-int8 version exported and calibrated ~1 min, two server start-ups, "
+          "3 x 2 cells of 11 s and 3 swaps of ~10 s under load)",
+          needs=(VARIANT, f"{MODELS}/variants/onnx-fp32", f"{MODELS}/checkpoint")),
     Stage("flood", "overload: do admitted requests wait behind refusals?",
           (f"$PY benchmarks/flood_bench.py {VARIANT} --baseline-ref 99c8efd --rounds 3 --out benchmarks/reports/flood",),
           (Report("benchmarks/reports/flood/report.json", "benchmarks/reports/flood/report.md", "flood_bench:render"),),

@@ -13,7 +13,11 @@ What a stock client sends, and what this module does with it:
   asked: `parameters.binary_data_output` for all, or `binary_data` per requested output;
 - GET /v2/models/{name}/config answers a Triton-style model configuration;
 - every error is the protocol's {"error": "..."} (plus our request_id).
-Versioned paths (/v2/models/{name}/versions/1/...) answer like the unversioned ones.
+A model's version is its manifest's short hash (GET /v2/models/{name} lists it; every infer answer
+carries it as model_version). Versioned paths (/v2/models/{name}/versions/{version}/...) answer like
+the unversioned ones for the version being served, 404 for any other; a path without a version
+reaches whatever version serves now (after a hot swap, the new one). The repository extension
+(index, load, unload) is v2_repository.py.
 """
 
 from __future__ import annotations
@@ -37,8 +41,7 @@ from qserve.serve.state import ServedModel, ServeState
 from qserve.serve.texts import unicode_problem
 
 HEADER_LENGTH = "inference-header-content-length"
-VERSION = "1"
-EXTENSIONS = ["binary_tensor_data", "model_configuration"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository"]
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -187,7 +190,7 @@ def model_config(st: ServeState, model: ServedModel) -> dict[str, Any]:
     spec = rt.manifest.get("spec", {})
     return {
         "name": model.name, "platform": f"qserve_{spec.get('backend', 'unknown')}", "backend": "qserve",
-        "version_policy": {"specific": {"versions": [VERSION]}},
+        "version_policy": {"specific": {"versions": [model.version]}},
         "max_batch_size": 0,  # shapes below include the batch dimension (-1 = n texts)
         "input": [{"name": "text", "data_type": "TYPE_STRING", "dims": [-1]}],
         "output": [{"name": "probabilities", "data_type": "TYPE_FP32", "dims": [-1, k]},
@@ -202,9 +205,11 @@ def model_config(st: ServeState, model: ServedModel) -> dict[str, Any]:
     }
 
 
-def _check_version(version: str) -> None:
-    if version != VERSION:
-        raise ApiError(404, f"unknown model version {version!r}; this server serves version {VERSION!r}")
+def _check_version(st: ServeState, name: str, version: str) -> None:
+    model = st.model(name)
+    if version != model.version:
+        raise ApiError(404, f"unknown model version {version!r} of {model.name!r}; it serves version "
+                            f"{model.version!r} (GET /v2/models/{model.name}), or leave the version out")
 
 
 def add_v2_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat list of small routes
@@ -225,7 +230,7 @@ def add_v2_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat 
         rt = model.runtime
         k = len(rt.labels)
         spec = rt.manifest.get("spec", {})
-        return {"name": model.name, "versions": [VERSION], "platform": f"qserve_{spec.get('backend', 'unknown')}",
+        return {"name": model.name, "versions": [model.version], "platform": f"qserve_{spec.get('backend', 'unknown')}",
                 "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
                 "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": [-1, k]},
                             {"name": "label", "datatype": "BYTES", "shape": [-1]},
@@ -234,22 +239,24 @@ def add_v2_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat 
                                "long_text": str(rt.long_text), "model_name": rt.manifest.get("model_name")}}
 
     async def infer(name: str, request: Request) -> Response:
-        model = st.model(name)
+        model = st.model(name, request)
         body = await request.body()
         req, binary = _parse_request(body, request.headers.get(HEADER_LENGTH))
         if req.id is not None and unicode_problem(req.id):
             raise ApiError(422, f"id {unicode_problem(req.id)}")
         texts = request_texts(st, req, binary)
         wanted = requested_outputs(req)
-        policy = model.check_policy(req.parameters.long_text if req.parameters else None, "parameters.long_text")
-        result = await st.classify(model, texts, request, policy)
+        long_text = req.parameters.long_text if req.parameters else None
+        # the model that answered (a swap may intervene); the policy is checked against it
+        model, result = await st.classify(model, texts, request, long_text, "parameters.long_text")
+        policy = model.check_policy(long_text, "parameters.long_text")
         n, k = result.probs.shape
         labels = model.runtime.labels
         values = {"probabilities": ({"name": "probabilities", "datatype": "FP32", "shape": [n, k]}, result.probs),
                   "label": ({"name": "label", "datatype": "BYTES", "shape": [n]},
                             [labels[j] for j in result.probs.argmax(axis=1)]),
                   "truncated": ({"name": "truncated", "datatype": "BOOL", "shape": [n]}, result.truncated)}
-        head = {"model_name": model.name, "model_version": VERSION, "id": req.id or request.state.request_id,
+        head = {"model_name": model.name, "model_version": model.version, "id": req.id or request.state.request_id,
                 "parameters": {"labels": ",".join(labels), "max_length": model.runtime.max_length,
                                "long_text": policy or str(model.runtime.long_text)}}
         return encode_response(head, [(*values[w], as_binary) for w, as_binary in wanted])
@@ -257,27 +264,27 @@ def add_v2_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat 
     model_errors = _errors(401, 404, 503)
     for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
         versioned = "{version}" in prefix
-        note = " (version 1 only)" if versioned else ""
+        note = " (the version being served only)" if versioned else ""
 
         def with_version(fn: Any, versioned: bool = versioned) -> Any:
             if not versioned:
                 return fn
 
             async def wrapped(name: str, version: str, request: Request) -> Any:
-                _check_version(version)
+                _check_version(st, name, version)
                 return await fn(name, request)
 
             wrapped.__name__ = fn.__name__ + "_versioned"
             return wrapped
 
         async def v2_metadata(name: str, request: Request) -> dict:
-            return metadata(st.model(name))
+            return metadata(st.model(name, request))
 
         async def v2_model_ready(name: str, request: Request) -> dict:
-            return {"name": st.model(name).name, "ready": True}
+            return {"name": st.model(name, request).name, "ready": True}
 
         async def v2_config(name: str, request: Request) -> dict:
-            return model_config(st, st.model(name))
+            return model_config(st, st.model(name, request))
 
         app.add_api_route(prefix, with_version(v2_metadata), methods=["GET"], tags=["v2"],
                           response_model=V2ModelMetadata, responses=model_errors,
