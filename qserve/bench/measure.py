@@ -196,12 +196,14 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     from qserve.runtime import RuntimeOptions, load_runtime
 
     t0 = time.perf_counter()
-    rt = load_runtime(variant_dir, device=job["device"], options=RuntimeOptions(threads=job.get("threads")),
+    options = RuntimeOptions(threads=job.get("threads"), length_buckets=job.get("length_buckets") or "auto")
+    rt = load_runtime(variant_dir, device=job["device"], options=options,
                       allow_extra_files=bool(job.get("allow_extra_files")))
     res["load_s"] = time.perf_counter() - t0
     res["rss_after_load_mb"] = rss_mb()
     res["peak_rss_load_mb"] = peak_rss_mb()
     res["name"], res["labels"], res["max_length"] = rt.name, list(rt.labels), rt.max_length
+    res["length_buckets"] = list(rt.buckets) if rt.buckets else None
     res["device"] = rt.device
     log(f"{rt.name}: loaded in {res['load_s']:.2f} s")
     _fault(variant_dir)

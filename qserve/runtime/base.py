@@ -5,11 +5,15 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+Phase = tuple[str, int, int, dict[str, Any]]
+"""(name, start time.time_ns(), end time.time_ns(), attributes): one step of a classify() call, for traces."""
 
 
 @dataclass
@@ -30,6 +34,12 @@ class RuntimeOptions:
     """How many rows of a row-by-row batch run side by side, each single-threaded (backends that can:
     ONNX Runtime on CPU). None = as many as intra-op threads (`threads`, else the cores); 1 = one row
     at a time on the full intra-op pool. Never changes an answer: each row is still computed alone."""
+    length_buckets: str | tuple[int, ...] = "auto"
+    """Token lengths a variant that needs fixed shapes (ov-int8) pads each text to (qserve.runtime.buckets):
+    "auto" (powers of two from 32, then max_length), "off" (max_length for every text) or e.g. (32, 64, 128).
+    A text's bucket depends on its own length only. Variants that run unpadded ignore it."""
+    max_batch_tokens: int | None = None
+    """Cap on rows x padded length per forward; a larger batch runs as several forwards. None = no cap."""
 
     def __post_init__(self) -> None:
         from qserve import QserveError
@@ -40,6 +50,12 @@ class RuntimeOptions:
         if self.row_workers is not None and (isinstance(self.row_workers, bool) or not isinstance(
                 self.row_workers, int) or self.row_workers < 1):
             raise QserveError(f"row_workers must be an integer >= 1 or None (got {self.row_workers!r})")
+        from qserve.runtime.buckets import parse
+
+        parse(self.length_buckets)  # a bad value fails here, naming --length-buckets
+        if self.max_batch_tokens is not None and (isinstance(self.max_batch_tokens, bool) or not isinstance(
+                self.max_batch_tokens, int) or self.max_batch_tokens < 2):
+            raise QserveError(f"--max-batch-tokens must be an integer >= 2 or unset (got {self.max_batch_tokens!r})")
 
 
 BATCH_DEPENDENT = ("rows", "batched")
@@ -60,6 +76,11 @@ class Runtime:
     """How many rows of a row-by-row batch forward_rows() runs at once (backends that can set more)."""
     default_batch_dependent: str = "rows"
     """How the variant asks to be run when batch_invariant is False (RuntimeOptions.batch_dependent overrides)."""
+    fixed_shapes: bool = False
+    """Whether a text's answer depends on the padded length it runs at, so each text must always run at a
+    length fixed by itself alone (set in _load; ov-int8). Such a variant runs length-bucketed."""
+    buckets: tuple[int, ...] | None = None
+    """The lengths run() pads each text to (qserve.runtime.buckets), or None: batches run as tokenized."""
 
     def __init__(self, variant_dir: Path, manifest: dict[str, Any], device: str, options: RuntimeOptions):
         from transformers import AutoTokenizer
@@ -73,6 +94,9 @@ class Runtime:
         self.max_length: int = int(options.max_length or manifest["max_length"])
         self.tokenizer = AutoTokenizer.from_pretrained(self.variant_dir)
         self._load()
+        from qserve.runtime.buckets import resolve
+
+        self.buckets = resolve(options.length_buckets, self.max_length, self.fixed_shapes)
 
     @property
     def row_by_row(self) -> bool:
@@ -124,15 +148,38 @@ class Runtime:
         return [len(ids) > self.max_length for ids in lens]
 
     def run(self, batch: dict[str, np.ndarray]) -> np.ndarray:
-        """forward() under the invariant: a batch-dependent variant runs one unpadded row at a time
-        (forward_rows), a batch-invariant one, or a single row, in one forward."""
-        if not self.row_by_row or len(batch["input_ids"]) == 1:
+        """forward() under the invariant: a fixed-shape variant runs each text padded to its length bucket
+        (one forward per bucket), a batch-dependent one one unpadded row at a time (forward_rows), a
+        batch-invariant one, or a single row, in one forward (split by --max-batch-tokens if set)."""
+        if self.buckets is not None:
+            return self._run_bucketed(batch)
+        n, width = batch["input_ids"].shape
+        cap = self.options.max_batch_tokens
+        if not self.row_by_row and cap and n > 1 and n * width > cap:
+            step = max(1, cap // width)
+            return np.concatenate([self.forward({k: v[i:i + step] for k, v in batch.items()})
+                                   for i in range(0, n, step)])
+        if not self.row_by_row or n == 1:
             return self.forward(batch)
         rows = []
         for i, mask in enumerate(batch["attention_mask"]):
             keep = mask.astype(bool)  # the row as it is tokenized alone: no padding
             rows.append({k: v[i][keep][None] for k, v in batch.items()})
         return np.concatenate(self.forward_rows(rows))
+
+    def _run_bucketed(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        from qserve.runtime.buckets import fit_rows, plan
+
+        lengths = batch["attention_mask"].sum(axis=1)
+        pad_id = self.tokenizer.pad_token_id or 0
+        out: np.ndarray | None = None
+        for bucket, rows in plan(lengths, self.buckets or (), self.options.max_batch_tokens):
+            logits = self.forward(fit_rows(batch, rows, bucket, pad_id))
+            if out is None:
+                out = np.empty((len(lengths), logits.shape[1]), dtype=logits.dtype)
+            out[rows] = logits
+        assert out is not None  # a batch has at least one row
+        return out
 
     def forward_rows(self, rows: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
         """forward() of each single-row batch, in order. A backend that can run rows side by side
@@ -146,11 +193,24 @@ class Runtime:
         """Class probabilities [len(texts), num_labels] (float32, rows sum to 1)."""
         return softmax(self.logits(texts))
 
-    def classify(self, texts: list[str]) -> tuple[np.ndarray, list[bool]]:
+    def classify(self, texts: list[str], phases: list[Phase] | None = None) -> tuple[np.ndarray, list[bool]]:
         """predict() plus, per text, whether it was cut to max_length, from ONE tokenization (the
-        server's path: tokenizing a second time just for the flags cost every request)."""
-        enc = self._encode(texts)
-        probs = softmax(self.run(self._batch(enc)).astype(np.float32))
+        server's path: tokenizing a second time just for the flags cost every request). `phases`, when
+        given (tracing), gets (name, start ns, end ns, attributes) for tokenize and inference."""
+        if phases is None:
+            enc = self._encode(texts)
+            probs = softmax(self.run(self._batch(enc)).astype(np.float32))
+        else:
+            t0 = time.time_ns()
+            enc = self._encode(texts)
+            batch = self._batch(enc)
+            t1 = time.time_ns()
+            probs = softmax(self.run(batch).astype(np.float32))
+            t2 = time.time_ns()
+            shape = f"{len(texts)}x{batch['input_ids'].shape[1]}"
+            phases += [("tokenize", t0, t1, {"qserve.texts": len(texts)}),
+                       ("inference", t1, t2, {"qserve.texts": len(texts), "qserve.tokenized_shape": shape,
+                                              "qserve.buckets": ",".join(map(str, self.buckets or ())) or "none"})]
         if enc.encodings is None:  # a slow (Python) tokenizer keeps no overflow record
             return probs, self.truncated(texts)
         return probs, [len(e.overflowing) > 0 for e in enc.encodings]

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import numpy as np
 from starlette.requests import Request
@@ -31,6 +31,9 @@ from qserve.serve.errors import ApiError
 from qserve.serve.guard import Arrivals
 from qserve.serve.metrics import Metrics
 from qserve.serve.texts import text_problem
+
+if TYPE_CHECKING:
+    from qserve.runtime.base import Phase
 
 log = logging.getLogger("qserve.serve")
 
@@ -47,9 +50,12 @@ class ModelRuntime(Protocol):
     device: str
     row_workers: int
     """Rows of a batch computed side by side (1 unless the backend runs rows on their own threads)."""
+    buckets: tuple[int, ...] | None
+    """Token lengths each text is padded to (a fixed-shape variant: qserve.runtime.buckets), else None."""
 
-    def classify(self, texts: list[str]) -> tuple[np.ndarray, list[bool]]:
-        """Probabilities [len(texts), len(labels)] and, per text, whether it was truncated."""
+    def classify(self, texts: list[str], phases: list[Phase] | None = None) -> tuple[np.ndarray, list[bool]]:
+        """Probabilities [len(texts), len(labels)] and, per text, whether it was truncated; `phases` (tracing
+        only) gets the call's steps (tokenize, inference) with their times."""
         ...
 
     def close(self) -> None: ...
@@ -73,7 +79,8 @@ def load_model(config: ServeConfig) -> ModelRuntime:
     """The default Loader: load_runtime on config.variant_dir (manifest verified) with the serve flags."""
     from qserve.runtime import RuntimeOptions, load_runtime
 
-    options = RuntimeOptions(threads=config.threads, row_workers=config.row_workers)
+    options = RuntimeOptions(threads=config.threads, row_workers=config.row_workers,
+                             length_buckets=config.length_buckets, max_batch_tokens=config.max_batch_tokens)
     return load_runtime(config.variant_dir, config.device, options, allow_extra_files=config.allow_extra_files)
 
 
@@ -92,7 +99,8 @@ class ServedModel:
         m = rt.manifest
         files = m.get("files") or {}
         return {"id": self.name, "model_name": m.get("model_name"), "spec": m.get("spec"), "labels": list(rt.labels),
-                "max_length": rt.max_length, "parity": m.get("parity"), "created": m.get("created"),
+                "max_length": rt.max_length, "length_buckets": list(rt.buckets) if rt.buckets else None,
+                "parity": m.get("parity"), "created": m.get("created"),
                 "device": rt.device, "files": len(files),
                 "bytes": sum(int(f.get("bytes", 0)) for f in files.values() if isinstance(f, dict)),
                 "versions": m.get("versions"), "selection": self.selection}
