@@ -27,14 +27,18 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from qserve.runtime.base import Phase
+
 log = logging.getLogger("qserve.serve")
 
-InferFn = Callable[[list[str]], tuple[np.ndarray, list[bool]]]
-"""texts -> (probabilities [n, k] float32, truncated flags [n]); synchronous, CPU-heavy."""
+InferFn = Callable[[list[str]], tuple[np.ndarray, list[bool]] | tuple[np.ndarray, list[bool], "list[Phase]"]]
+"""texts -> (probabilities [n, k] float32, truncated flags [n]) and, when tracing, the batch's steps (Phase:
+name, start/end ns, attributes), which every request in the batch gets in its BatchResult; synchronous, CPU-heavy."""
 
 
 class QueueFull(Exception):
@@ -52,6 +56,8 @@ class NotAccepting(Exception):
 class BatchResult:
     probs: np.ndarray
     truncated: list[bool]
+    phases: list[Phase] = field(default_factory=list)
+    """When tracing: the steps of every batch this request's texts ran in."""
 
 
 @dataclass(eq=False)
@@ -61,20 +67,24 @@ class _Pending:
     rows: list[Any] = field(default_factory=list)
     trunc: list[bool] = field(default_factory=list)
     remaining: int = 0
+    batches: list[list[Phase]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.rows = [None] * self.n
         self.trunc = [False] * self.n
         self.remaining = self.n
 
-    def fill(self, index: int, row: np.ndarray, truncated: bool) -> None:
+    def fill(self, index: int, row: np.ndarray, truncated: bool, phases: list[Phase] | None = None) -> None:
         if self.future.done():  # cancelled (client gone, timeout) or already failed
             return
         self.rows[index] = row
         self.trunc[index] = truncated
         self.remaining -= 1
+        if phases is not None and all(b is not phases for b in self.batches):
+            self.batches.append(phases)
         if self.remaining == 0:
-            self.future.set_result(BatchResult(np.stack(self.rows), list(self.trunc)))
+            self.future.set_result(BatchResult(np.stack(self.rows), list(self.trunc),
+                                               [p for b in self.batches for p in b]))
 
     def fail(self, exc: BaseException) -> None:
         if not self.future.done():
@@ -225,7 +235,9 @@ class Batcher:
         texts = [it.text for it in batch]
         t0, fut = started or (time.perf_counter(), loop.run_in_executor(self.executor, self.infer, texts))
         try:
-            probs, truncated = await fut
+            out = await fut
+            probs, truncated = out[0], out[1]
+            phases = out[2] if len(out) > 2 else None  # an InferFn that records its steps (tracing on)
             if len(probs) != len(texts) or len(truncated) != len(texts):
                 raise RuntimeError(f"runtime returned {len(probs)} rows for {len(texts)} texts")
         except Exception as e:
@@ -249,4 +261,4 @@ class Batcher:
             self.metrics.texts.inc(len(texts))
             self.metrics.truncated.inc(sum(bool(t) for t in truncated))
         for it, row, tr in zip(batch, probs, truncated):
-            it.pending.fill(it.index, row, bool(tr))
+            it.pending.fill(it.index, row, bool(tr), phases)

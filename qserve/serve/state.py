@@ -25,15 +25,17 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 import numpy as np
 from starlette.requests import Request
 
-from qserve.serve.batcher import Batcher, BatchResult, NotAccepting, QueueFull
+from qserve.serve.batcher import Batcher, BatchResult, InferFn, NotAccepting, QueueFull
 from qserve.serve.config import ServeConfig
 from qserve.serve.errors import ApiError
 from qserve.serve.guard import Arrivals
 from qserve.serve.metrics import Metrics
 from qserve.serve.texts import text_problem
+from qserve.serve.tracing import TRACE_KEY
 
 if TYPE_CHECKING:
     from qserve.runtime.base import Phase
+    from qserve.serve.tracing import Tracing
 
 log = logging.getLogger("qserve.serve")
 
@@ -110,13 +112,18 @@ async def _single_process_info() -> dict[str, Any]:
     return {"engine": "uvicorn", "replica_count": 1}
 
 
-def _infer_fn(runtime: ModelRuntime) -> Callable[[list[str]], tuple[np.ndarray, list[bool]]]:
+def _infer_fn(runtime: ModelRuntime, traced: bool = False) -> InferFn:
     def infer(texts: list[str]) -> tuple[np.ndarray, list[bool]]:
         # Tokenizing happens here, on the inference thread: the fast tokenizer is not thread-safe.
         probs, truncated = runtime.classify(texts)
         return np.asarray(probs, dtype=np.float32), [bool(t) for t in truncated]
 
-    return infer
+    def infer_traced(texts: list[str]) -> tuple[np.ndarray, list[bool], list[Phase]]:
+        phases: list[Phase] = []  # the runtime's steps (tokenize, inference, ...) for the batch's traces
+        probs, truncated = runtime.classify(texts, phases=phases)
+        return np.asarray(probs, dtype=np.float32), [bool(t) for t in truncated], phases
+
+    return infer_traced if traced else infer
 
 
 @dataclass(eq=False)
@@ -129,6 +136,8 @@ class ServeState:
     selection: Selection | None = None
     """Why the default model's variant was chosen, when a model dir chose it."""
     on_load_failure: Callable[[BaseException], None] | None = None
+    tracing: Tracing | None = None
+    """OpenTelemetry tracing (tracing.py), or None: off, and a request pays one `is None` check for it."""
     arrivals: Arrivals = field(default_factory=Arrivals)
     executor: ThreadPoolExecutor | None = None
     models: dict[str, ServedModel] = field(default_factory=dict)
@@ -157,7 +166,7 @@ class ServeState:
         """Load, warm up and start batching one model; it serves as soon as this returns."""
         loop = asyncio.get_running_loop()
         runtime = await loop.run_in_executor(self.executor, self.loader, cfg)
-        infer = _infer_fn(runtime)
+        infer = _infer_fn(runtime, traced=self.tracing is not None)
         try:
             # Warm-up, so first-call costs (allocator, graph init) do not land on a client. A batch of one and
             # a batch of several can take different paths (onnx-int8 runs a batch's rows on their own workers).
@@ -255,8 +264,24 @@ class ServeState:
 
     async def classify(self, model: ServedModel, texts: list[str], request: Request) -> BatchResult:
         """Queue texts on the model's batcher; map every failure to an HTTP answer."""
+        return await self.submit(model, texts, request.scope, request.state.request_id)
+
+    async def submit(self, model: ServedModel, texts: list[str], scope: dict[str, Any], request_id: str) -> BatchResult:
+        """classify() for any protocol: `scope` (an ASGI scope, or the gRPC service's stand-in) carries the
+        request's arrival mark and, with tracing on, its RequestTrace."""
         self.require_ready()
-        self.arrivals.end(request.scope)  # from here on this request is queued, not arriving
+        self.arrivals.end(scope)  # from here on this request is queued, not arriving
+        if self.tracing is None:  # all that tracing costs a request when it is off
+            return await self._submit(model, texts, request_id)
+        trace = (scope.get("state") or {}).get(TRACE_KEY)
+        if trace is None:
+            return await self._submit(model, texts, request_id)
+        trace.queued()
+        result = await self._submit(model, texts, request_id)
+        trace.answered(result.phases)
+        return result
+
+    async def _submit(self, model: ServedModel, texts: list[str], rid: str) -> BatchResult:
         try:
             return await model.batcher.submit(texts, self.config.request_timeout_s)
         except QueueFull as e:
@@ -268,7 +293,6 @@ class ServeState:
             raise ApiError(504, f"no answer within {self.config.request_timeout_s} s "
                                 "(--request-timeout-s); the model may be overloaded") from None
         except Exception as e:
-            rid = request.state.request_id
             log.error("request %s: inference failed: %s: %s", rid, type(e).__name__, e)
             raise ApiError(500, f"inference failed for this request ({type(e).__name__}); "
                                 f"quote request id {rid}. Other requests are unaffected") from None
