@@ -63,7 +63,8 @@ def recommend(report: dict[str, Any]) -> dict[str, Any]:
     shape = "b1 on real test texts, each at its own length" if by_real else f"b{b}/s{s}"
     ok = [r for r in ranking if r["meets_bar"]]
     if not ok:
-        why = ("no variant has an agreement measurement (speed-only run)" if all(r["agreement"] is None for r in ranking)
+        speed_only = all(r["agreement"] is None for r in ranking)
+        why = ("no variant has an agreement measurement (speed-only run)" if speed_only
                else "no variant meets its agreement bar")
         return {"variant": None, "why": why, "shape": shape, "cpu": cpu, "ranking": ranking}
     best = ok[0]

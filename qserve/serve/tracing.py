@@ -86,7 +86,8 @@ def from_env(environ: Mapping[str, str] | None = None) -> Tracing | None:
             if protocol == "grpc":
                 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
             else:
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # type: ignore[assignment]
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[assignment]
+                    OTLPSpanExporter)
         except ImportError as e:
             raise QserveError(f"OTLP over {protocol} needs the exporter: pip install 'qserve[otel]' ({e})") from None
         exporter = OTLPSpanExporter()  # endpoint, headers, timeout: from the OTEL_EXPORTER_OTLP_* variables
