@@ -66,3 +66,27 @@ def test_unpadded_variant_ignores_buckets_and_max_batch_tokens_keeps_answers(tin
         RuntimeOptions(max_batch_tokens=1)
     with pytest.raises(QserveError, match="--length-buckets"):
         RuntimeOptions(length_buckets="short")
+
+
+def test_each_text_runs_at_the_same_padded_length_alone_and_in_any_batch(tiny_variant):
+    # The structural half of one text, one answer: whatever shares its batch, a text is fed at its own bucket.
+    from qserve.runtime import RuntimeOptions, load_runtime
+    from qserve.serve.loadtest import default_texts
+
+    rt = load_runtime(tiny_variant, "cpu", RuntimeOptions(threads=1))
+    rt.buckets = (16, 32, 64)  # as a fixed-shape variant gets them
+    seen: dict[tuple[int, ...], set[int]] = {}
+    forward = rt.forward
+
+    def spy(batch):
+        for ids, mask in zip(batch["input_ids"], batch["attention_mask"]):
+            seen.setdefault(tuple(ids[mask.astype(bool)]), set()).add(ids.shape[0])
+        return forward(batch)
+
+    rt.forward = spy
+    texts = default_texts(24) + ["fine " * 50]
+    alone = np.concatenate([rt.predict([t]) for t in texts])
+    mixed = rt.predict(texts[::-1])[::-1]
+    assert len(seen) == len(texts) and all(len(widths) == 1 for widths in seen.values())
+    assert {w for widths in seen.values() for w in widths} == {16, 32, 64}
+    assert np.abs(alone - mixed).max() <= 1e-5
