@@ -110,3 +110,36 @@ def test_bucketed_ov_int8_answers_alike_sequential_and_32_way_concurrent(ov_int8
     labels = rt.labels
     for want, got in zip(alone, seq[:6]):
         assert {p["label"]: p["score"] for p in got} == pytest.approx(dict(zip(labels, map(float, want))), abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def onnx_int8(tiny_checkpoint, tmp_path_factory):
+    pytest.importorskip("onnxruntime")
+    import exporters
+
+    out = tmp_path_factory.mktemp("served") / "onnx-int8"
+    exporters.export(tiny_checkpoint, "onnx-int8", out)
+    return out
+
+
+def test_serve_buckets_benchmark_runs_on_the_tiny_fixture(onnx_int8, ov_int8, tmp_path):
+    # The benchmark script end to end, seconds long: every server (the baseline from this commit's own code),
+    # both text sets, both protocols; the lead runs it for real with the command in its docstring.
+    from conftest import load_benchmark
+
+    sb = load_benchmark("serve_buckets")
+    out = tmp_path / "report"
+    rc = sb.main([str(onnx_int8), str(ov_int8), "--baseline-ref", "HEAD", "--duration", "0.3", "--rounds", "1",
+                  "--sentences", "6", "--reviews", "6", "--threads", "1", "--out", str(out)])
+    rep = __import__("json").loads((out / "report.json").read_text())
+    assert rc == 0 and rep["summary"]["mismatched"] == rep["summary"]["errors"] == rep["summary"]["lost"] == 0
+    assert rep["servers"]["ov-int8"]["length_buckets"] == [32, 64]
+    assert rep["servers"]["ov-int8 padded"]["length_buckets"] == [64]
+    cells = rep["summary"]["cells"]
+    assert len(cells) == 2 * 2 * 5 and all(c["requests"] > 0 for c in cells.values())
+    comp = rep["summary"]["comparisons"]["sentences | c32"]
+    assert all(comp[k]["ratio"] > 0 for k in ("ov_buckets_over_onnx_int8", "grpc_over_http",
+                                              "tracing_off_over_baseline", "ov_buckets_over_ov_padded"))
+    md = (out / "report.md").read_text()
+    assert "by `python benchmarks/serve_buckets.py " in md  # provenance: the command, commit and CPU
+    assert "| sentences | 32 |" in md and "gRPC / HTTP" in md
