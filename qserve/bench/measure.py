@@ -114,7 +114,7 @@ def real_text(rt, job: dict[str, Any], texts: list[str]) -> list[dict[str, Any]]
     out = []
     for b in job["batch_sizes"]:
         batches = [texts[i:i + b] for i in range(0, len(texts), b)] or [texts]
-        padded: list[int] = []
+        padded: list[float] = []
         n_texts = 0
         samples: list[float] = []
         rt.predict(batches[0])  # warm-up
@@ -131,7 +131,13 @@ def real_text(rt, job: dict[str, Any], texts: list[str]) -> list[dict[str, Any]]
             n_texts += len(chunk)
             i += 1
         for chunk in batches[:min(len(batches), len(samples))]:
-            padded.append(int(rt.tokenize(chunk)["input_ids"].shape[1]))
+            mask = rt.tokenize(chunk)["attention_mask"]
+            if rt.buckets:  # a length-bucketed variant runs each text at its bucket, not at the batch's longest
+                from qserve.runtime.buckets import bucket_for
+
+                padded.append(sum(bucket_for(int(n), rt.buckets) for n in mask.sum(axis=1)) / len(chunk))
+            else:
+                padded.append(int(mask.shape[1]))
         rec = {"batch": b, **summarize(samples), "texts": n_texts,
                "throughput": throughput(n_texts, sum(samples) / 1e3),
                "mean_padded_len": sum(padded) / len(padded) if padded else None}
