@@ -172,13 +172,11 @@ class Runtime:
 
         lengths = batch["attention_mask"].sum(axis=1)
         pad_id = self.tokenizer.pad_token_id or 0
-        out: np.ndarray | None = None
-        for bucket, rows in plan(lengths, self.buckets or (), self.options.max_batch_tokens):
-            logits = self.forward(fit_rows(batch, rows, bucket, pad_id))
-            if out is None:
-                out = np.empty((len(lengths), logits.shape[1]), dtype=logits.dtype)
-            out[rows] = logits
-        assert out is not None  # a batch has at least one row
+        parts = [(rows, self.forward(fit_rows(batch, rows, bucket, pad_id)))
+                 for bucket, rows in plan(lengths, self.buckets or (), self.options.max_batch_tokens)]
+        out = np.empty((len(lengths), parts[0][1].shape[1]), dtype=parts[0][1].dtype)
+        for rows, logits in parts:
+            out[rows] = logits  # back in the batch's order
         return out
 
     def forward_rows(self, rows: list[dict[str, np.ndarray]]) -> list[np.ndarray]:

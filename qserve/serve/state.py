@@ -189,8 +189,9 @@ class ServeState:
         self.models[name] = model
         if self.default is None:
             self.default = name
-        log.info("serving %s (%s, labels %s) with max batch %d, max wait %.1f ms", name,
-                 runtime.manifest.get("model_name"), runtime.labels, cfg.max_batch_size, cfg.max_wait_ms)
+        log.info("serving %s (%s, labels %s) with max batch %d, max wait %.1f ms, length buckets %s", name,
+                 runtime.manifest.get("model_name"), runtime.labels, cfg.max_batch_size, cfg.max_wait_ms,
+                 runtime.buckets or "none (runs unpadded)")
         return model
 
     async def stop(self) -> None:
