@@ -65,7 +65,8 @@ def test_recorded_cpu_reads_every_report_layout(report, cpu):
 
 
 def _reports():
-    return [r for s in rebuild_reports.STAGES for r in s.reports]
+    # a pending stage (a new benchmark not yet run on its machine) has no report to check until it runs
+    return [r for s in rebuild_reports.STAGES for r in s.reports if not (s.pending and not (ROOT / r.json).exists())]
 
 
 @pytest.mark.parametrize("report", _reports(), ids=lambda r: r.json)

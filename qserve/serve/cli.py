@@ -114,6 +114,9 @@ def run_serve(args: argparse.Namespace) -> int:
         log.warning("binding %s without an API key: anyone who can reach this port can use the model", cfg.host)
 
     if args.engine == "ray":
+        if cfg.grpc_port is not None:
+            raise QserveError("--grpc-port (or QSERVE_GRPC_PORT) applies to --engine uvicorn only: the Ray engine "
+                              "serves HTTP (/v1 and the V2 REST API); unset it, or serve gRPC with --engine uvicorn")
         scaling = Scaling.parse(args.replicas, args.min_replicas, args.max_replicas, cfg.threads)
         from qserve.serve.ray_engine import run_ray  # imports Ray; a clear error names the extra if missing
 

@@ -99,6 +99,15 @@ class ServeConfig:
     """An idle kept-alive connection is closed after this long without a new request."""
     max_connections: int = 512
     """Most open connections; beyond it a new connection gets 503 and is closed at once."""
+    length_buckets: str = "auto"
+    """Token lengths a variant that needs fixed shapes (ov-int8) pads each text to, e.g. 32,64,128: a batch runs
+    as one forward per bucket and a text's bucket depends on its own length only, so its answer does not. auto:
+    powers of two from 32, then max_length; off: every text at max_length. Variants that run unpadded ignore it."""
+    max_batch_tokens: int | None = field(default=None, metadata=flag(default_text="no cap"))
+    """Most rows x padded length in one forward; a larger batch runs as several forwards."""
+    grpc_port: int | None = field(default=None, metadata=flag(default_text="off"))
+    """Also serve the KServe V2 gRPC API (tritonclient.grpc) on this port, beside HTTP, with the same model,
+    limits, auth (metadata 'authorization: Bearer KEY') and metrics (0 = any free port; --engine uvicorn only)."""
 
     def validate(self) -> ServeConfig:
         def need(cond: bool, flag: str, msg: str) -> None:
@@ -137,6 +146,15 @@ class ServeConfig:
              "names a single DIR's model; under --model-repository each model is named by its directory")
         need(self.api_key is None or len(self.api_key) >= 8, "api_key",
              "must be at least 8 characters (or unset to disable auth)")
+        from qserve.runtime.buckets import parse as parse_buckets
+
+        parse_buckets(self.length_buckets)  # names --length-buckets and what it allows
+        need(self.max_batch_tokens is None or self.max_batch_tokens >= 2, "max_batch_tokens",
+             f"must be >= 2 tokens (or unset for no cap), got {self.max_batch_tokens}")
+        need(self.grpc_port is None or 0 <= self.grpc_port <= 65535, "grpc_port",
+             f"must be 0..65535 (or unset: no gRPC), got {self.grpc_port}")
+        need(self.grpc_port is None or self.grpc_port == 0 or self.grpc_port != self.port, "grpc_port",
+             f"must differ from --port ({self.port})")
         return self
 
 

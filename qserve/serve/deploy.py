@@ -31,9 +31,9 @@ DEPLOYMENT_NAME = "QserveReplica"
 RAY_INSTALL_HINT = "pip install 'qserve[ray]'  (installs ray[serve]==2.60.0)"
 # ServeConfig fields that are not a replica's app settings: the variant is the builder's first arg,
 # host/port and the connection limits belong to Ray's proxy (to uvicorn in `qserve serve`), the API key
-# to the replicas' environment (never a config file).
+# to the replicas' environment (never a config file); the Ray engine serves HTTP only, so no grpc_port.
 PROXY_FIELDS = ("variant_dir", "host", "port", "api_key", "header_timeout_s", "body_timeout_s", "keep_alive_s",
-                "max_connections")
+                "max_connections", "grpc_port")
 # Every other ServeConfig field configures the app inside each replica, so a new field reaches Ray (and
 # `qserve deploy ray` gets its flag) with no edit here.
 APP_FIELDS = tuple(f.name for f in fields(ServeConfig) if f.name not in PROXY_FIELDS)

@@ -134,6 +134,7 @@ class QserveReplica:
 
         # Settings from the builder args, then QSERVE_* in the replica's own environment (the API key).
         self.cfg = config_from_sources({k: v for k, v in settings.items() if v is not None})
+        self.cfg.grpc_port = None  # the Ray engine serves HTTP only (QSERVE_GRPC_PORT must not bind per replica)
         self.selection = selection
         self.models = [tuple(m) for m in models] if models else None  # (name, dir): `qserve serve DIR DIR ...`
         self.replica_id = serve.get_replica_context().replica_id.unique_id

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from qserve.longtext import LongTextError, LongTextPolicy
-from qserve.runtime.base import Classification
+from qserve.runtime.base import Classification, Phase
 from qserve.serve.batcher import Batcher, InferFn
 from qserve.serve.config import ServeConfig
 from qserve.serve.errors import ApiError
@@ -40,14 +40,19 @@ class ModelRuntime(Protocol):
     device: str
     row_workers: int
     """Rows of a batch computed side by side (1 unless the backend runs rows on their own threads)."""
+    buckets: tuple[int, ...] | None
+    """Token lengths each text (each window of one) is padded to (a fixed-shape variant: qserve.runtime.buckets),
+    else None."""
 
     def resolve_policy(self, policy: str | LongTextPolicy | None, flag: str = "long_text") -> LongTextPolicy:
         """A policy string written out in full for this variant; LongTextError (naming `flag`) if it cannot be."""
         ...
 
-    def classify(self, texts: list[str], policy: Sequence[str | None] | None = None) -> Classification:
+    def classify(self, texts: list[str], policy: Sequence[str | None] | None = None,
+                 phases: list[Phase] | None = None) -> Classification:
         """Probabilities [len(texts), len(labels)] and, per text, whether part of it went unseen, its token
-        count and how many windows were scored; `policy` gives each text's policy (None = long_text)."""
+        count and how many windows were scored; `policy` gives each text's policy (None = long_text); `phases`
+        (tracing only) gets the call's steps (tokenize, windows when a text was cut, inference) with their times."""
         ...
 
     def close(self) -> None: ...
@@ -65,7 +70,8 @@ def load_model(config: ServeConfig) -> ModelRuntime:
 
     # max_rows: windows of long texts make more rows than texts; a forward never runs more than a full batch
     options = RuntimeOptions(threads=config.threads, row_workers=config.row_workers, long_text=config.long_text,
-                             max_windows=config.max_windows, max_rows=config.max_batch_size)
+                             max_windows=config.max_windows, max_rows=config.max_batch_size,
+                             length_buckets=config.length_buckets, max_batch_tokens=config.max_batch_tokens)
     return load_runtime(config.variant_dir, config.device, options, allow_extra_files=config.allow_extra_files)
 
 
@@ -90,6 +96,7 @@ class ServedModel:
         files = m.get("files") or {}
         return {"id": self.name, "version": self.version, "model_name": m.get("model_name"), "spec": m.get("spec"),
                 "labels": list(rt.labels), "max_length": rt.max_length, "long_text": str(rt.long_text),
+                "length_buckets": list(rt.buckets) if rt.buckets else None,
                 "parity": m.get("parity"),
                 "created": m.get("created"), "device": rt.device, "dir": self.variant_dir, "files": len(files),
                 "bytes": sum(int(f.get("bytes", 0)) for f in files.values() if isinstance(f, dict)),
@@ -119,15 +126,17 @@ class Retired(NamedTuple):
         return self.runtime() is None
 
 
-def infer_fn(runtime: ModelRuntime, offer: Offer | None = None) -> InferFn:
-    def infer(texts: list[str], policies: list[str | None]) -> Classification:
+def infer_fn(runtime: ModelRuntime, offer: Offer | None = None, traced: bool = False) -> InferFn:
+    """The batcher's InferFn for `runtime`; `traced`: it also hands back the runtime's steps for traces."""
+    def infer(texts: list[str], policies: list[str | None]) -> tuple[Classification, list[Phase] | None]:
         # Tokenizing happens here, on the inference thread: the fast tokenizer is not thread-safe.
-        r = runtime.classify(texts, policies)
+        phases: list[Phase] | None = [] if traced else None  # the steps (tokenize, windows, inference)
+        r = runtime.classify(texts, policies) if phases is None else runtime.classify(texts, policies, phases)
         probs = np.asarray(r.probs, dtype=np.float32)
         if offer is not None:  # the shadow samples what was served, under the policy it was served by; never blocks
             default = str(runtime.long_text)
             offer(texts, [p or default for p in policies], probs)
         return Classification(probs, [bool(t) for t in r.truncated], [int(n) for n in r.tokens],
-                              [int(w) for w in r.windows])
+                              [int(w) for w in r.windows]), phases
 
     return infer

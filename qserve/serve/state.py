@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from starlette.requests import Request
@@ -44,6 +44,10 @@ from qserve.serve.repository import ModelSource, Repository, Selection, model_ve
 from qserve.serve.served import Loader, ModelRuntime, Retired, ServedModel, infer_fn, load_model
 from qserve.serve.shadow import Shadow, parse_shadows
 from qserve.serve.texts import text_problem
+from qserve.serve.tracing import TRACE_KEY
+
+if TYPE_CHECKING:
+    from qserve.serve.tracing import Tracing
 
 __all__ = ["Loader", "ModelRuntime", "Retired", "Selection", "ServeState", "ServedModel", "load_model"]
 
@@ -66,6 +70,8 @@ class ServeState:
     selection: Selection | None = None
     """Why the default model's variant was chosen, when the caller chose it (a model dir says so itself)."""
     on_load_failure: Callable[[BaseException], None] | None = None
+    tracing: Tracing | None = None
+    """OpenTelemetry tracing (tracing.py), or None: off, and a request pays one `is None` check for it."""
     arrivals: Arrivals = field(default_factory=Arrivals)
     executor: ThreadPoolExecutor | None = None
     models: dict[str, ServedModel] = field(default_factory=dict)
@@ -148,9 +154,9 @@ class ServeState:
                 self.metrics.version.remove(name, old.version)
             self.metrics.version.labels(name, new.version).set(1)
             self.metrics.loads.labels(name, "swapped" if old else "loaded").inc()
-            log.info("serving %s version %s (%s, %s, labels %s)%s", name, new.version,
+            log.info("serving %s version %s (%s, %s, labels %s, length buckets %s)%s", name, new.version,
                      new.runtime.manifest.get("model_name"), new.variant_dir, new.runtime.labels,
-                     f", replacing version {old.version}" if old else "")
+                     new.runtime.buckets or "none (runs unpadded)", f", replacing version {old.version}" if old else "")
             if old is not None:
                 retired = await self._retire(old)
                 del old  # the last strong reference this frame held: the collection can now free it
@@ -217,7 +223,7 @@ class ServeState:
                       version: str = version) -> None:
                 shadow.offer(texts, policies, probs, version)
         mm = self.metrics.for_model(source.name)
-        batcher = Batcher(infer_fn(runtime, offer), self.executor, max_batch_size=cfg.max_batch_size,
+        batcher = Batcher(infer_fn(runtime, offer, traced=self.tracing is not None), self.executor, max_batch_size=cfg.max_batch_size,
                           max_wait_ms=cfg.max_wait_ms, max_queue=cfg.max_queue, metrics=mm,
                           arriving=lambda: self.arrivals.n)
         batcher.start()
@@ -346,16 +352,32 @@ class ServeState:
         default; 422 naming `where` when the model cannot apply it); map every failure to an HTTP answer.
         Returns the model that answered: the one serving `model.name` now (after a hot swap since the route
         looked it up, the new one, against which the policy is checked)."""
+        return await self.submit(model, texts, request.scope, request.state.request_id, long_text, where)
+
+    async def submit(self, model: ServedModel, texts: list[str], scope: dict[str, Any], request_id: str,
+                     long_text: str | None = None, where: str = "long_text") -> tuple[ServedModel, BatchResult]:
+        """classify() for any protocol: `scope` (an ASGI scope, or the gRPC service's stand-in) carries the
+        request's arrival mark, the model label of its metrics and, with tracing on, its RequestTrace."""
         self.require_ready()
-        self.arrivals.end(request.scope)  # from here on this request is queued, not arriving
+        self.arrivals.end(scope)  # from here on this request is queued, not arriving
         # No await between this lookup and the enqueue: a model in self.models is always accepting.
         current = self.models.get(model.name)
         if current is None:
             raise ApiError(404, f"model {model.name!r} was unloaded; serving: {', '.join(map(repr, self.models))}")
-        request.state.qserve_model = current.name
+        state = scope.setdefault("state", {})
+        state["qserve_model"] = current.name  # what request.state.qserve_model reads on HTTP
         policy = current.check_policy(long_text, where)
+        trace = state.get(TRACE_KEY) if self.tracing is not None else None  # all tracing costs when it is off
+        if trace is None:
+            return current, await self._submit(current, texts, request_id, policy)
+        trace.queued()
+        result = await self._submit(current, texts, request_id, policy)
+        trace.answered(result.phases)
+        return current, result
+
+    async def _submit(self, current: ServedModel, texts: list[str], rid: str, policy: str | None) -> BatchResult:
         try:
-            return current, await current.batcher.submit(texts, self.config.request_timeout_s, policy)
+            return await current.batcher.submit(texts, self.config.request_timeout_s, policy)
         except QueueFull as e:
             self.metrics.reject("queue_full", current.name)
             raise ApiError(429, str(e), {"Retry-After": str(e.retry_after_s)}) from None
@@ -365,7 +387,6 @@ class ServeState:
             raise ApiError(504, f"no answer within {self.config.request_timeout_s} s "
                                 "(--request-timeout-s); the model may be overloaded") from None
         except Exception as e:
-            rid = request.state.request_id
             log.error("request %s: inference failed: %s: %s", rid, type(e).__name__, e)
             raise ApiError(500, f"inference failed for this request ({type(e).__name__}); "
                                 f"quote request id {rid}. Other requests are unaffected") from None

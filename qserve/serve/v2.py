@@ -34,6 +34,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from qserve import __version__
+from qserve.serve.batcher import BatchResult
 from qserve.serve.errors import ApiError
 from qserve.serve.schemas import (V2_OUTPUTS, ErrorResponse, V2InferRequest, V2InferResponse,
                                   V2ModelMetadata, flatten)
@@ -92,7 +93,7 @@ def _parse_request(body: bytes, header_length: str | None) -> tuple[V2InferReque
         raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from None
 
 
-def _bytes_elements(raw: bytes, where: str) -> list[str]:
+def bytes_elements(raw: bytes, where: str) -> list[str]:
     """Decode a binary BYTES tensor: repeated (uint32 LE length, that many UTF-8 bytes)."""
     out, pos = [], 0
     while pos < len(raw):
@@ -121,7 +122,7 @@ def request_texts(st: ServeState, req: V2InferRequest, binary: bytes) -> list[st
         if size != len(binary):
             raise ApiError(400, f"inputs[0].parameters.binary_data_size is {size} but {len(binary)} bytes follow "
                                 "the JSON header (Inference-Header-Content-Length)")
-        data = _bytes_elements(binary, "inputs[0]")
+        data = bytes_elements(binary, "inputs[0]")
     else:
         if tensor.data is None:
             raise ApiError(400, "inputs[0] has no data: send the texts in data, or as binary data with "
@@ -151,7 +152,7 @@ def requested_outputs(req: V2InferRequest) -> list[tuple[str, bool]]:
 
 
 # -- response encoding ---------------------------------------------------------------------------
-def _binary(datatype: str, values: Any) -> bytes:
+def tensor_bytes(datatype: str, values: Any) -> bytes:
     if datatype == "FP32":
         return np.ascontiguousarray(values, dtype="<f4").tobytes()
     if datatype == "BOOL":
@@ -168,7 +169,7 @@ def encode_response(head: dict[str, Any], tensors: list[tuple[dict[str, Any], An
     outputs, blobs = [], []
     for meta, values, as_binary in tensors:
         if as_binary:
-            blob = _binary(meta["datatype"], values)
+            blob = tensor_bytes(meta["datatype"], values)
             blobs.append(blob)
             outputs.append({**meta, "parameters": {"binary_data_size": len(blob)}})
         else:
@@ -183,6 +184,16 @@ def encode_response(head: dict[str, Any], tensors: list[tuple[dict[str, Any], An
 
 
 # -- routes -------------------------------------------------------------------------------------
+def output_values(model: ServedModel, result: BatchResult) -> dict[str, tuple[dict[str, Any], Any]]:
+    """Every output by name: (tensor meta {name, datatype, shape}, values), for HTTP and gRPC alike."""
+    n, k = result.probs.shape
+    labels = model.runtime.labels
+    return {"probabilities": ({"name": "probabilities", "datatype": "FP32", "shape": [n, k]}, result.probs),
+            "label": ({"name": "label", "datatype": "BYTES", "shape": [n]},
+                      [labels[j] for j in result.probs.argmax(axis=1)]),
+            "truncated": ({"name": "truncated", "datatype": "BOOL", "shape": [n]}, result.truncated)}
+
+
 def model_config(st: ServeState, model: ServedModel) -> dict[str, Any]:
     """Triton's model configuration shape (what tritonclient's get_model_config returns)."""
     rt = model.runtime
@@ -205,8 +216,22 @@ def model_config(st: ServeState, model: ServedModel) -> dict[str, Any]:
     }
 
 
-def _check_version(st: ServeState, name: str, version: str) -> None:
-    model = st.model(name)
+def model_metadata(model: ServedModel) -> dict[str, Any]:
+    """The V2 model metadata (HTTP GET /v2/models/{name}; gRPC ModelMetadata)."""
+    rt = model.runtime
+    k = len(rt.labels)
+    spec = rt.manifest.get("spec", {})
+    return {"name": model.name, "versions": [model.version], "platform": f"qserve_{spec.get('backend', 'unknown')}",
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
+            "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": [-1, k]},
+                        {"name": "label", "datatype": "BYTES", "shape": [-1]},
+                        {"name": "truncated", "datatype": "BOOL", "shape": [-1]}],
+            "parameters": {"labels": ",".join(rt.labels), "max_length": rt.max_length,
+                           "long_text": str(rt.long_text), "model_name": rt.manifest.get("model_name")}}
+
+
+def check_version(model: ServedModel, version: str) -> None:
+    """404 unless `version` is the one `model` serves now (HTTP /versions/{version}/..., gRPC model_version)."""
     if version != model.version:
         raise ApiError(404, f"unknown model version {version!r} of {model.name!r}; it serves version "
                             f"{model.version!r} (GET /v2/models/{model.name}), or leave the version out")
@@ -226,18 +251,6 @@ def add_v2_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat 
     async def v2_ready() -> JSONResponse:
         return JSONResponse({"ready": st.ready}, status_code=200 if st.ready else 503)
 
-    def metadata(model: ServedModel) -> dict:
-        rt = model.runtime
-        k = len(rt.labels)
-        spec = rt.manifest.get("spec", {})
-        return {"name": model.name, "versions": [model.version], "platform": f"qserve_{spec.get('backend', 'unknown')}",
-                "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
-                "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": [-1, k]},
-                            {"name": "label", "datatype": "BYTES", "shape": [-1]},
-                            {"name": "truncated", "datatype": "BOOL", "shape": [-1]}],
-                "parameters": {"labels": ",".join(rt.labels), "max_length": rt.max_length,
-                               "long_text": str(rt.long_text), "model_name": rt.manifest.get("model_name")}}
-
     async def infer(name: str, request: Request) -> Response:
         model = st.model(name, request)
         body = await request.body()
@@ -250,12 +263,8 @@ def add_v2_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat 
         # the model that answered (a swap may intervene); the policy is checked against it
         model, result = await st.classify(model, texts, request, long_text, "parameters.long_text")
         policy = model.check_policy(long_text, "parameters.long_text")
-        n, k = result.probs.shape
+        values = output_values(model, result)
         labels = model.runtime.labels
-        values = {"probabilities": ({"name": "probabilities", "datatype": "FP32", "shape": [n, k]}, result.probs),
-                  "label": ({"name": "label", "datatype": "BYTES", "shape": [n]},
-                            [labels[j] for j in result.probs.argmax(axis=1)]),
-                  "truncated": ({"name": "truncated", "datatype": "BOOL", "shape": [n]}, result.truncated)}
         head = {"model_name": model.name, "model_version": model.version, "id": req.id or request.state.request_id,
                 "parameters": {"labels": ",".join(labels), "max_length": model.runtime.max_length,
                                "long_text": policy or str(model.runtime.long_text)}}
@@ -271,14 +280,14 @@ def add_v2_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat 
                 return fn
 
             async def wrapped(name: str, version: str, request: Request) -> Any:
-                _check_version(st, name, version)
+                check_version(st.model(name, request), version)
                 return await fn(name, request)
 
             wrapped.__name__ = fn.__name__ + "_versioned"
             return wrapped
 
         async def v2_metadata(name: str, request: Request) -> dict:
-            return metadata(st.model(name, request))
+            return model_metadata(st.model(name, request))
 
         async def v2_model_ready(name: str, request: Request) -> dict:
             return {"name": st.model(name, request).name, "ready": True}

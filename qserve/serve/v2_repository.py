@@ -14,7 +14,9 @@ print(c.get_model_repository_index()); c.load_model('onnx-int8'); c.unload_model
 - POST /v2/repository/models/{name}/unload: stop serving it (requests naming it then get 404);
   what it already accepted finishes first.
 All three sit behind the API key when one is set (the guard checks every route but the probes).
-Under the Ray engine a call reaches one replica and applies to that replica only.
+Under the Ray engine a call reaches one replica and applies to that replica only. The gRPC service
+(grpc_v2.py: RepositoryIndex, RepositoryModelLoad, RepositoryModelUnload) calls the same functions
+below (index, load, unload), behind the same key.
 """
 
 from __future__ import annotations
@@ -53,6 +55,35 @@ def _parameters(body: dict[str, Any], allowed: str) -> dict[str, Any]:
     return params
 
 
+def index(st: ServeState, ready_only: bool) -> list[dict[str, str]]:
+    """The repository index: [{name, version, state, reason}], READY ones only when `ready_only`."""
+    st.require_ready()
+    models = st.index()
+    return [m for m in models if m["state"] == "READY"] if ready_only else models
+
+
+def model_label(st: ServeState, name: str, loading: bool) -> str:
+    """The `model` label a repository call's metrics carry: the name when this server knows it, else ""."""
+    return name if name in st.models or (loading and _known(st, name)) else ""
+
+
+async def load(st: ServeState, name: str, overrides: list[str]) -> dict[str, str]:
+    """(Re)load `name` from its own directory; `overrides`: the parameter names the client sent (refused)."""
+    st.require_ready()
+    if overrides:
+        raise ApiError(400, f"load takes no parameters (got {', '.join(sorted(overrides))}): a model is loaded from "
+                            "its own directory on the server, never from a configuration or files a client sends")
+    model = await st.load(name)
+    return {"name": model.name, "version": model.version, "state": "READY"}
+
+
+async def unload(st: ServeState, name: str) -> dict[str, str]:
+    """Stop serving `name`; what it accepted finishes first."""
+    st.require_ready()
+    await st.unload(name)
+    return {"name": name, "state": "UNAVAILABLE"}
+
+
 def add_repository_routes(app: FastAPI, st: ServeState) -> None:
     @app.post("/v2/repository/index", tags=["v2 repository"], responses=ERRORS, openapi_extra=BODY,
               summary="Every model this server can load, its version and state (READY, LOADING, UNAVAILABLE)")
@@ -62,30 +93,23 @@ def add_repository_routes(app: FastAPI, st: ServeState) -> None:
         ready_only = body.get("ready", False)
         if not isinstance(ready_only, bool):
             raise ApiError(400, f"ready is {type(ready_only).__name__}; expected true or false")
-        index = st.index()
-        return [m for m in index if m["state"] == "READY"] if ready_only else index
+        return index(st, ready_only)
 
     @app.post("/v2/repository/models/{name}/load", tags=["v2 repository"], responses=ERRORS, openapi_extra=BODY,
               summary="(Re)load a model from its own directory; hot swap when it is serving")
     async def repository_load(name: str, request: Request) -> dict[str, str]:
         st.require_ready()
         params = _parameters(await _body(request, '{} (no parameters)'), "an object")
-        if params:
-            overrides = ", ".join(sorted(params))
-            raise ApiError(400, f"load takes no parameters (got {overrides}): a model is loaded from its own "
-                                "directory on the server, never from a configuration or files a client sends")
-        request.state.qserve_model = name if name in st.models or _known(st, name) else ""
-        model = await st.load(name)
-        return {"name": model.name, "version": model.version, "state": "READY"}
+        request.state.qserve_model = model_label(st, name, loading=True)
+        return await load(st, name, list(params))
 
     @app.post("/v2/repository/models/{name}/unload", tags=["v2 repository"], responses=ERRORS, openapi_extra=BODY,
               summary="Stop serving a model; what it accepted finishes first")
     async def repository_unload(name: str, request: Request) -> dict[str, str]:
         st.require_ready()
         _parameters(await _body(request, '{"parameters": {"unload_dependents": false}}'), "an object")
-        request.state.qserve_model = name if name in st.models else ""
-        await st.unload(name)
-        return {"name": name, "state": "UNAVAILABLE"}
+        request.state.qserve_model = model_label(st, name, loading=False)
+        return await unload(st, name)
 
 
 def _known(st: ServeState, name: str) -> bool:
