@@ -90,3 +90,27 @@ def test_each_text_runs_at_the_same_padded_length_alone_and_in_any_batch(tiny_va
     assert len(seen) == len(texts) and all(len(widths) == 1 for widths in seen.values())
     assert {w for widths in seen.values() for w in widths} == {16, 32, 64}
     assert np.abs(alone - mixed).max() <= 1e-5
+
+
+def test_each_window_of_a_long_text_runs_at_its_own_bucket_and_the_text_keeps_one_answer(tiny_variant):
+    # Buckets and long texts compose: a windowed text's pieces are rows like any other, each padded to the
+    # bucket of its own length; the pieces aggregate back into the text's one answer, whatever shares the batch.
+    from qserve.runtime import RuntimeOptions, load_runtime
+
+    rt = load_runtime(tiny_variant, "cpu", RuntimeOptions(threads=1, max_rows=4))
+    rt.buckets = (16, 32, 64)
+    widths: list[int] = []
+    forward = rt.forward
+    rt.forward = lambda b: widths.extend([b["input_ids"].shape[1]] * len(b["input_ids"])) or forward(b)
+    long = " ".join(f"scene{i % 30} was {'great' if i % 3 else 'dull'}" for i in range(60))
+    pieces = rt.split([long], "windows:24:16")
+    assert pieces.windows[0] > 2 and {len(p) for p in pieces.ids} == {24}
+    alone = rt.classify([long], "windows:24:16")
+    assert widths == [32] * len(pieces.ids)  # each window at its own bucket, not at max_length (64)
+    widths.clear()
+    texts = ["ok", long, "a fine film " * 4, "bad " * 40]
+    mixed = rt.classify(texts, ["head", "windows:24:16", "windows", None])
+    assert sorted(widths) == sorted(bucket_for(len(p), rt.buckets) for p in rt.split(
+        texts, ["head", "windows:24:16", "windows", None]).ids) and {16, 32, 64} <= set(widths)
+    assert mixed.windows[1] == alone.windows[0] and mixed.tokens[1] == alone.tokens[0]
+    assert np.abs(mixed.probs[1] - alone.probs[0]).max() <= 1e-6

@@ -72,12 +72,15 @@ def test_tritonclient_grpc_infers_health_and_metadata_without_a_key(servers):
     meta = c.get_server_metadata()
     assert meta.name == "qserve" and "binary_tensor_data" in meta.extensions
     md = c.get_model_metadata("torch-fp32")
+    (version,) = md.versions  # the manifest's short hash, as HTTP lists it
+    assert httpx2.get(f"{srv.url}/v2/models/torch-fp32", timeout=30, trust_env=False).json()["versions"] == [version]
     assert [i.name for i in md.inputs] == ["text"] and md.inputs[0].datatype == "BYTES"
     assert [(o.name, o.datatype) for o in md.outputs] == [("probabilities", "FP32"), ("label", "BYTES"),
                                                           ("truncated", "BOOL")]
     cfg = c.get_model_config("torch-fp32").config
     assert cfg.name == "torch-fp32" and cfg.input[0].data_type == 13  # TYPE_STRING
     assert cfg.parameters["labels"].string_value == "negative,positive"
+    assert cfg.parameters["model_version"].string_value == version
 
     res = c.infer("torch-fp32", [_input(TEXTS)])
     probs = res.as_numpy("probabilities")
@@ -87,11 +90,11 @@ def test_tritonclient_grpc_infers_health_and_metadata_without_a_key(servers):
     assert [x.decode() for x in res.as_numpy("label")] == [labels[j] for j in probs.argmax(1)]
     assert res.as_numpy("truncated").tolist() == [False] * 3
     resp = res.get_response()
-    assert resp.model_name == "torch-fp32" and resp.model_version == "1"
-    assert resp.parameters["max_length"].int64_param == 64
+    assert resp.model_name == "torch-fp32" and resp.model_version == version
+    assert resp.parameters["max_length"].int64_param == 64 and resp.parameters["long_text"].string_param == "head"
 
     # [n, 1], a chosen output, an explicit version, and contents.bytes_contents instead of raw bytes
-    res = c.infer("torch-fp32", [_input(TEXTS, [3, 1])], model_version="1",
+    res = c.infer("torch-fp32", [_input(TEXTS, [3, 1])], model_version=version,
                   outputs=[grpcclient.InferRequestedOutput("label")])
     assert res.as_numpy("probabilities") is None and len(res.as_numpy("label")) == 3
     from tritonclient.grpc import service_pb2, service_pb2_grpc
@@ -175,9 +178,9 @@ def test_grpc_requests_are_counted_in_the_same_metrics(servers):
         c.infer("nope", [_input(TEXTS)])
     text = httpx2.get(f"{srv.url}/metrics", timeout=30, trust_env=False).text
     route = 'route="/inference.GRPCInferenceService/ModelInfer"'
-    assert any(route in line and 'method="GRPC"' in line and 'status="200"' in line for line in text.splitlines()
-               if line.startswith("qserve_requests_total"))
-    assert any(route in line and 'status="404"' in line for line in text.splitlines()
+    assert any(route in line and 'method="GRPC"' in line and 'status="200"' in line and 'model="torch-fp32"' in line
+               for line in text.splitlines() if line.startswith("qserve_requests_total"))
+    assert any(route in line and 'status="404"' in line and 'model=""' in line for line in text.splitlines()
                if line.startswith("qserve_requests_total"))
 
 
@@ -197,14 +200,16 @@ def test_a_body_over_the_limit_is_refused_with_the_http_message(tiny_variant):
         torch.set_num_threads(threads)
 
 
-def test_serving_without_grpc_or_tracing_imports_neither():
+def test_serving_without_grpc_or_tracing_imports_neither(tiny_variant):
     # (FastAPI itself imports the OpenTelemetry API when it is installed; the SDK and exporters are ours)
     code = ("import sys\nfrom qserve.serve.app import create_app\nfrom qserve.serve.config import ServeConfig\n"
-            "create_app(ServeConfig(variant_dir='unused'))\n"
+            "create_app(ServeConfig(variant_dir=sys.argv[1]))\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'tritonclient')\n"
             "             or m.startswith(('opentelemetry.sdk', 'opentelemetry.exporter'))))")
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("OTEL_")}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    # (the app names its models when it is built, so it needs a real variant dir, though nothing loads)
+    out = subprocess.run([sys.executable, "-c", code, str(tiny_variant)], capture_output=True, text=True, check=True,
+                         env=env)
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 

@@ -141,6 +141,9 @@ def test_requests_are_traced_to_an_otlp_collector_with_named_steps(tiny_variant,
             assert len(fresh) == 32 and fresh != CLIENT_TRACE
             bad = c.post("/v1/classify", json={"inputs": []})
             assert bad.status_code == 422 and len(bad.headers["x-trace-id"]) == 32
+            long = " ".join(f"scene{i % 30} was {'great' if i % 3 else 'dull'}" for i in range(60))
+            win = c.post("/v1/classify", json={"inputs": [long, "short"], "long_text": "windows"})
+            assert win.status_code == 200 and win.json()["windows"][0] > 1
         import grpc
         from tritonclient.grpc import service_pb2, service_pb2_grpc
 
@@ -178,5 +181,15 @@ def test_requests_are_traced_to_an_otlp_collector_with_named_steps(tiny_variant,
         assert order[-1].end_time_unix_nano <= root.end_time_unix_nano
         attrs = {a.key: a.value for a in steps["inference"].attributes}
         assert attrs["qserve.texts"].int_value >= 1 and attrs["qserve.buckets"].string_value == "none"
+    # a windowed text: a windows step (the cut) between tokenize and inference
+    spans = by_trace[win.headers["x-trace-id"]]
+    (root,) = [s for s in spans if s.name == "POST /v1/classify"]
+    steps = {s.name: s for s in spans if s.parent_span_id == root.span_id}
+    assert set(steps) == STEPS | {"windows"}
+    for a, b in (("tokenize", "windows"), ("windows", "inference")):
+        assert steps[a].end_time_unix_nano <= steps[b].start_time_unix_nano + 1_000
+    attrs = {a.key: a.value for a in steps["windows"].attributes}
+    assert attrs["qserve.windowed_texts"].int_value == 1 and attrs["qserve.pieces"].int_value == 1 + win.json()[
+        "windows"][0]
     refused = {s.name for s in by_trace[bad.headers["x-trace-id"]]}
     assert refused == {"POST /v1/classify", "receive"}  # refused before its texts were queued

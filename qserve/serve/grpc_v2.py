@@ -186,7 +186,12 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def config(scope: dict[str, Any], rid: str) -> Any:
-            cfg = model_config(self.st, self._model(request.name, request.version, scope))
+            model = self._model(request.name, request.version, scope)
+            cfg = model_config(self.st, model)
+            # The proto's version_policy holds int64 versions; ours are manifest hashes: the one version
+            # serving now goes in the parameters instead (ModelMetadata's versions list it too).
+            cfg["version_policy"] = {"latest": {"num_versions": 1}}
+            cfg["parameters"]["model_version"] = {"string_value": model.version}
             return service_pb2.ModelConfigResponse(config=json_format.ParseDict(cfg, model_config_pb2.ModelConfig()))
         return await self._call("ModelConfig", context, config)
 
