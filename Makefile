@@ -5,7 +5,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
-EXTRAS ?= cpu,openvino,dev,ray
+EXTRAS ?= cpu,openvino,dev,ray,grpc,otel
 
 .PHONY: install demo test reports clean-venv
 

@@ -58,6 +58,8 @@ class Stage:
     needs: tuple[str, ...] = ()
     """paths an earlier stage (or `make demo`) leaves behind on this machine"""
     notes: tuple[str, ...] = field(default=())
+    pending: str | None = None
+    """why the stage has no committed report yet (a new benchmark waiting for its machine); None: it has one"""
 
 
 def _bench(d: str) -> Report:
@@ -169,6 +171,27 @@ STAGES: tuple[Stage, ...] = (
           needs=(VARIANT, f"{MODELS}/variants/ov-int8"),
           notes=("STALE: compares against onnx-int8 as it ran before batch invariance (batched, 39 label "
                  "changes); re-run on the AMX Xeon.",)),
+    Stage("lifecycle", "several models per server: shadow agreement's throughput cost, a hot swap's latency blip "
+          "and memory",
+          (f"$QSERVE export {MODELS}/checkpoint --variant onnx-int8 --out {MODELS}/extra/onnx-int8-v2 --force",
+           f"$PY benchmarks/lifecycle_bench.py {VARIANT} --swap-to {MODELS}/extra/onnx-int8-v2 "
+           f"--reference {MODELS}/variants/onnx-fp32 --shadow-rate 0.05 --duration 10 --rounds 3 "
+           "--out benchmarks/reports/lifecycle --force"),
+          (Report("benchmarks/reports/lifecycle/report.json", "benchmarks/reports/lifecycle/report.md",
+                  "lifecycle_bench:render"),),
+          "~4 min (estimate: a new onnx-int8 version exported and calibrated ~1 min, two server start-ups, "
+          "3 x 2 cells of 11 s and 3 swaps of ~10 s under load)",
+          needs=(VARIANT, f"{MODELS}/variants/onnx-fp32", f"{MODELS}/checkpoint")),
+    Stage("serve-buckets", "length-bucketed ov-int8 served against onnx-int8 (sentences and reviews, c1 and c32), "
+          "gRPC vs HTTP, tracing off vs the code before it",
+          (f"$PY benchmarks/serve_buckets.py {VARIANT} {MODELS}/variants/ov-int8 --baseline-ref 0546bd7 --threads 2 "
+           "--duration 5 --rounds 3 --out benchmarks/reports/serve-buckets --force",),
+          (Report("benchmarks/reports/serve-buckets/report.json", "benchmarks/reports/serve-buckets/report.md",
+                  "serve_buckets:render"),),
+          "~10 min (estimate: 3 rounds x 20 cells x 5 s of timed load, four server start-ups and the sequential "
+          "passes over 512 texts per server)",
+          needs=(VARIANT, f"{MODELS}/variants/ov-int8"),
+          pending="new with length buckets, gRPC and tracing: to be measured on the AMX Xeon"),
     Stage("flood", "overload: do admitted requests wait behind refusals?",
           (f"$PY benchmarks/flood_bench.py {VARIANT} --baseline-ref 99c8efd --rounds 3 --out benchmarks/reports/flood",),
           (Report("benchmarks/reports/flood/report.json", "benchmarks/reports/flood/report.md", "flood_bench:render"),),
@@ -276,6 +299,7 @@ def describe() -> str:
     for s in STAGES:
         cpus = sorted({c or "not recorded" for c in recorded(s).values()}) or ["no report yet"]
         lines += [f"{s.name}: {s.what}", f"    measured on: {', '.join(cpus)}", f"    duration on 2 cores: {s.duration}"]
+        lines += [f"    pending: {s.pending}"] if s.pending else []
         lines += [f"    note: {n}" for n in s.notes]
     return "\n".join(lines)
 

@@ -185,7 +185,8 @@ def stages() -> str:
 
     rows = []
     for st in rebuild_reports.STAGES:
-        cpus = sorted({c or "not recorded" for c in rebuild_reports.recorded(st).values()}) or ["no report yet"]
+        cpus = sorted({c or "not recorded" for c in rebuild_reports.recorded(st).values()}) or [
+            f"no report yet ({st.pending})" if st.pending else "no report yet"]
         reports = ", ".join(f"`{Path(r.json).relative_to('benchmarks/reports')}`" for r in st.reports)
         rows.append([f"`{st.name}`", st.what + ("" if not st.notes else " (" + " ".join(st.notes) + ")"), reports,
                      ", ".join(cpus), st.duration])

@@ -69,9 +69,9 @@ def tiny_variant(tiny_checkpoint, tmp_path_factory) -> Path:
 
 
 @contextmanager
-def serving(cfg):
-    """A real uvicorn server for `cfg` (ServeConfig) on a free port, yielded once /ready answers 200;
-    stopped afterwards, and torch's thread count (which the server sets) put back."""
+def serving(cfg, **app_kwargs):
+    """A real uvicorn server for `cfg` (ServeConfig; `app_kwargs` go to create_app) on a free port, yielded
+    once /ready answers 200; stopped afterwards, and torch's thread count (which the server sets) put back."""
     import httpx2
     import torch
 
@@ -79,7 +79,7 @@ def serving(cfg):
     from qserve.serve.server import ServerThread
 
     threads = torch.get_num_threads()
-    srv = ServerThread(create_app(cfg)).start()
+    srv = ServerThread(create_app(cfg, **app_kwargs)).start()
     try:
         with httpx2.Client(base_url=srv.url, timeout=30, trust_env=False) as c:
             deadline = time.monotonic() + 30

@@ -95,17 +95,43 @@ def test_runtime_matches_fp32_reference_and_is_batch_invariant(ov_variants, refe
     # One text, one answer: alone (no padding) vs in the mixed, mostly padded batch.
     alone = np.concatenate([rt.predict([t]) for t in TEXTS])
     assert np.abs(alone - rt.predict(TEXTS)).max() <= 1e-5
-    # ov-int8 runs every batch at max_length (see openvino_rt.fixed_length); the float variants as padded
+    # ov-int8 runs each text at its length bucket (see openvino_rt.fixed_length); the float variants as padded
     assert rt.fixed_length is (name == "ov-int8")
+    assert rt.buckets == ((32, 64) if name == "ov-int8" else None)  # auto buckets for the fixture's max_length 64
 
 
-def test_pad_to_pads_like_the_tokenizer():
-    from qserve.runtime.openvino_rt import pad_to
+def test_fit_rows_pads_like_the_tokenizer():
+    from qserve.runtime.buckets import fit_rows
 
-    feed = {"input_ids": np.array([[101, 7, 102]]), "attention_mask": np.array([[1, 1, 1]])}
-    out = pad_to(feed, 5, pad_id=0)
+    batch = {"input_ids": np.array([[101, 7, 102, 0], [101, 7, 8, 102]]),
+             "attention_mask": np.array([[1, 1, 1, 0], [1, 1, 1, 1]])}
+    out = fit_rows(batch, [0], 5, pad_id=0)
     assert out["input_ids"].tolist() == [[101, 7, 102, 0, 0]] and out["attention_mask"].tolist() == [[1, 1, 1, 0, 0]]
-    assert pad_to(feed, 3)["input_ids"] is feed["input_ids"]
+    out = fit_rows(batch, [1, 0], 4, pad_id=9)
+    assert out["input_ids"].tolist() == [[101, 7, 8, 102], [101, 7, 102, 9]]
+
+
+def test_ov_int8_runs_each_text_at_its_bucket_and_answers_alike_in_any_batch(ov_variants):
+    from qserve.runtime import RuntimeOptions
+
+    path, _ = _variant(ov_variants, "ov-int8")
+    texts = TEXTS * 3
+    shapes: list[tuple[int, int]] = []
+    rt = load_runtime(path, "cpu", RuntimeOptions(length_buckets="auto", max_batch_tokens=128))
+    forward = rt.forward
+    rt.forward = lambda b: shapes.append(b["input_ids"].shape) or forward(b)
+    batched = rt.predict(texts)
+    assert {s for _, s in shapes} == {32, 64} and all(r * s <= 128 for r, s in shapes)
+    alone = np.concatenate([rt.predict([t]) for t in texts])
+    assert np.array_equal(alone, batched)  # the bucket is the text's own: no batchmate moves a bit
+    # off: every text at max_length, as before buckets (one length for every forward)
+    off = load_runtime(path, "cpu", RuntimeOptions(length_buckets="off"))
+    assert off.buckets == (64,)
+    shapes.clear()
+    off_forward = off.forward
+    off.forward = lambda b: shapes.append(b["input_ids"].shape) or off_forward(b)
+    assert (off.predict(texts).argmax(-1) == batched.argmax(-1)).all()
+    assert {s for _, s in shapes} == {64}
 
 
 def test_runtime_is_thread_safe(ov_variants):

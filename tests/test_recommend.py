@@ -54,3 +54,19 @@ def test_model_dir_resolves_to_the_recommended_variant(tiny_variant, tmp_path):
     shutil.rmtree(vdir)
     with pytest.raises(QserveError, match="recommends torch-fp32, but neither"):
         from_model_dir(model_dir)
+
+
+def test_real_texts_at_their_own_length_rank_before_the_headline_shape():
+    # ov-int8 wins b1/s128, but on real texts (short, each at its own length) onnx-int8 is faster
+    rep = _report([("torch-fp32", 32, 20.0, 1.0, "ok"), ("onnx-int8", 8, 7.0, 0.995, "ok"),
+                   ("ov-int8", 8, 5.0, 0.995, "ok")])
+    for v, real in zip(rep["variants"], (9.0, 2.0, 3.5)):
+        v["real_text"] = [{"batch": 1, "p50": real}, {"batch": 8, "p50": real * 4}]
+    rec = recommend(rep)
+    assert rec["variant"] == "onnx-int8" and rec["p50_ms"] == 2.0 and rec["shape"].startswith("b1 on real test texts")
+    assert "b1/s128 p50 7.00 ms" in rec["why"]
+    assert [(r["variant"], r["fixed_p50_ms"]) for r in rec["ranking"]] == [("onnx-int8", 7.0), ("ov-int8", 5.0),
+                                                                           ("torch-fp32", 20.0)]
+    # one candidate without real-text latency: the whole ranking falls back to the headline shape
+    del rep["variants"][2]["real_text"]
+    assert recommend(rep)["variant"] == "ov-int8"

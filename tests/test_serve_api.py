@@ -272,7 +272,7 @@ def test_concurrent_requests_are_batched(server, client):
     assert batches < 16, "16 concurrent single-text requests ran as 16 separate forwards"
     assert batches - single >= 1  # at least one forward held more than one request's text
     text = client.get("/metrics").text
-    assert 'qserve_requests_total{method="POST",route="/v1/classify",status="200"}' in text
+    assert 'qserve_requests_total{method="POST",model="torch-fp32",route="/v1/classify",status="200"}' in text
     assert "qserve_inference_seconds_count" in text and "qserve_queue_depth" in text
 
 

@@ -74,10 +74,12 @@ async def _until(predicate, what: str, tries: int = 600) -> None:
 
 
 def _gauge(metrics_text: str, name: str) -> float:
-    for line in metrics_text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise KeyError(name)
+    """A series' value summed over its labels (one model here: its `model` label)."""
+    values = [float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines()
+              if line.startswith((name + " ", name + "{"))]
+    if not values:
+        raise KeyError(name)
+    return sum(values)
 
 
 async def _queued(c, n: int) -> bool:

@@ -92,10 +92,13 @@ def test_triton_client_infer_matches_the_runtime(triton, reference, binary_in, b
 def test_triton_client_mixed_outputs_and_versioned_path(triton, reference):
     outs = [httpclient.InferRequestedOutput("label", binary_data=False),
             httpclient.InferRequestedOutput("probabilities", binary_data=True)]
-    res = triton.infer("torch-fp32", [_text_input(TEXTS[:2], True)], outputs=outs, model_version="1",
+    (version,) = triton.get_model_metadata("torch-fp32")["versions"]  # the manifest's short hash
+    assert version == reference.manifest["manifest_sha256"][:12]
+    res = triton.infer("torch-fp32", [_text_input(TEXTS[:2], True)], outputs=outs, model_version=version,
                        request_id="req-7")
     raw = res.get_response()
     assert [o["name"] for o in raw["outputs"]] == ["label", "probabilities"] and raw["id"] == "req-7"
+    assert raw["model_version"] == version
     np.testing.assert_allclose(res.as_numpy("probabilities"), reference.predict(TEXTS[:2]), atol=1e-5)
     with pytest.raises(InferenceServerException, match="unknown model version '2'"):
         triton.infer("torch-fp32", [_text_input(TEXTS[:1], True)], model_version="2")

@@ -101,10 +101,10 @@ def _model_dir(tmp_path: Path, variant: Path) -> Path:
     return model_dir
 
 
-def _serve_and_ask(model_dir: Path, env: dict[str, str], log: Path) -> dict:
-    """Run `qserve serve MODEL_DIR --engine ray`, return its /v1/models, stop it with SIGINT (exit 0)."""
+def _serve_and_ask(model_dir: Path, env: dict[str, str], log: Path, more: tuple[str, ...] = ()) -> dict:
+    """Run `qserve serve MODEL_DIR [MORE...] --engine ray`, return its /v1/models, stop it with SIGINT (exit 0)."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "qserve", "serve", str(model_dir), "--engine", "ray", "--replicas", "1",
+    cmd = [sys.executable, "-m", "qserve", "serve", str(model_dir), *more, "--engine", "ray", "--replicas", "1",
            "--threads", "1", "--port", str(port), "--log-level", "warning"]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -159,6 +159,9 @@ def test_local_instance_beside_a_running_and_a_crashed_ray_start_cluster(ray_tmp
     # 2. the cluster crashed: its address file stays behind, pointing at nothing
     _end_processes_under(temp_dir)
     assert address_file.read_text().strip() == address
-    info = _serve_and_ask(model_dir, env, tmp_path / "stale.log")
+    # ... and a second model by name: the replica holds both (the names travel from the command line)
+    info = _serve_and_ask(model_dir, env, tmp_path / "stale.log", more=(f"b={tiny_variant}",))
     assert info["engine"] == "ray" and info["models"][0]["selection"]["variant"] == tiny_variant.name
+    assert [m["id"] for m in info["models"]] == [tiny_variant.name, "b"] and info["default"] == tiny_variant.name
+    assert info["models"][1]["version"] == info["models"][0]["version"]  # the same variant dir
     assert f"Ray records a cluster at {address}" in (tmp_path / "stale.log").read_text()

@@ -76,6 +76,9 @@ class BenchConfig:
     """Replace an existing non-empty report directory."""
     allow_extra_files: bool = False
     """Load variants whose directory holds files the manifest does not list (refused by default)."""
+    length_buckets: str = "auto"
+    """Token lengths a fixed-shape variant (ov-int8) pads each text to, as `qserve serve --length-buckets`: auto,
+    off (max_length) or e.g. 32,64,128. The bench runs variants exactly as the server does with the same value."""
 
     def validate(self) -> "BenchConfig":
         for flag, values in (("--batch-sizes", self.batch_sizes), ("--seq-lens", self.seq_lens)):
@@ -96,6 +99,9 @@ class BenchConfig:
             raise QserveError(f"--max-eval-samples must be >= 1 (got {self.max_eval_samples})")
         if self.invariance_samples < 0:
             raise QserveError(f"--invariance-samples must be >= 0 (got {self.invariance_samples})")
+        from qserve.runtime.buckets import parse
+
+        parse(self.length_buckets)
         if self.real_text_samples < 0:
             raise QserveError(f"--real-text-samples must be >= 0 (got {self.real_text_samples})")
         if self.long_text is not None:

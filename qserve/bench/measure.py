@@ -114,7 +114,7 @@ def real_text(rt, job: dict[str, Any], texts: list[str]) -> list[dict[str, Any]]
     out = []
     for b in job["batch_sizes"]:
         batches = [texts[i:i + b] for i in range(0, len(texts), b)] or [texts]
-        padded: list[int] = []
+        padded: list[float] = []
         n_texts = 0
         samples: list[float] = []
         rt.predict(batches[0])  # warm-up
@@ -131,7 +131,13 @@ def real_text(rt, job: dict[str, Any], texts: list[str]) -> list[dict[str, Any]]
             n_texts += len(chunk)
             i += 1
         for chunk in batches[:min(len(batches), len(samples))]:
-            padded.append(int(rt.tokenize(chunk)["input_ids"].shape[1]))
+            mask = rt.tokenize(chunk)["attention_mask"]
+            if rt.buckets:  # a length-bucketed variant runs each text at its bucket, not at the batch's longest
+                from qserve.runtime.buckets import bucket_for
+
+                padded.append(sum(bucket_for(int(n), rt.buckets) for n in mask.sum(axis=1)) / len(chunk))
+            else:
+                padded.append(int(mask.shape[1]))
         rec = {"batch": b, **summarize(samples), "texts": n_texts,
                "throughput": throughput(n_texts, sum(samples) / 1e3),
                "mean_padded_len": sum(padded) / len(padded) if padded else None}
@@ -197,13 +203,15 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     from qserve.runtime import RuntimeOptions, load_runtime
 
     t0 = time.perf_counter()
-    rt = load_runtime(variant_dir, device=job["device"], options=RuntimeOptions(threads=job.get("threads")),
+    options = RuntimeOptions(threads=job.get("threads"), length_buckets=job.get("length_buckets") or "auto")
+    rt = load_runtime(variant_dir, device=job["device"], options=options,
                       allow_extra_files=bool(job.get("allow_extra_files")))
     res["load_s"] = time.perf_counter() - t0
     res["rss_after_load_mb"] = rss_mb()
     res["peak_rss_load_mb"] = peak_rss_mb()
     res["name"], res["labels"], res["max_length"] = rt.name, list(rt.labels), rt.max_length
     res["long_text"] = str(rt.long_text)
+    res["length_buckets"] = list(rt.buckets) if rt.buckets else None
     res["device"] = rt.device
     log(f"{rt.name}: loaded in {res['load_s']:.2f} s")
     _fault(variant_dir)

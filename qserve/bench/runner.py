@@ -234,7 +234,7 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig) -> dict[str, Any]:
                    "batch_sizes": cfg.batch_sizes, "seq_lens": cfg.seq_lens, "time_budget_s": cfg.time_budget_s,
                    "warmup": cfg.warmup, "min_iters": cfg.min_iters, "max_iters": cfg.max_iters,
                    "data_file": str(data_file), "allow_extra_files": cfg.allow_extra_files,
-                   "long_text": cfg.long_text}
+                   "long_text": cfg.long_text, "length_buckets": cfg.length_buckets}
             log.info("bench: [%d/%d] %s", i + 1, len(dirs), d)
             res = run_child("qserve.bench.measure", job, work, f"v{i}", cfg)
             res["data"] = {k: v for k, v in data.items() if k in ("dataset", "seed", "max_eval_samples", "error")}

@@ -10,6 +10,7 @@ pieces only, so its answer does not depend on its batchmates.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,9 @@ from qserve.longtext import LongTextPolicy
 
 PolicyArg = str | LongTextPolicy | Sequence[str | LongTextPolicy | None] | None
 """A policy for every text, one per text (None = the runtime's default), or None for the default."""
+
+Phase = tuple[str, int, int, dict[str, Any]]
+"""(name, start time.time_ns(), end time.time_ns(), attributes): one step of a classify() call, for traces."""
 
 
 @dataclass
@@ -49,6 +53,12 @@ class RuntimeOptions:
     """How many rows of a row-by-row batch run side by side, each single-threaded (backends that can:
     ONNX Runtime on CPU). None = as many as intra-op threads (`threads`, else the cores); 1 = one row
     at a time on the full intra-op pool. Never changes an answer: each row is still computed alone."""
+    length_buckets: str | tuple[int, ...] = "auto"
+    """Token lengths a variant that needs fixed shapes (ov-int8) pads each text to (qserve.runtime.buckets):
+    "auto" (powers of two from 32, then max_length), "off" (max_length for every text) or e.g. (32, 64, 128).
+    A text's bucket depends on its own length only. Variants that run unpadded ignore it."""
+    max_batch_tokens: int | None = None
+    """Cap on rows x padded length per forward; a larger batch runs as several forwards. None = no cap."""
 
     def __post_init__(self) -> None:
         from qserve import QserveError
@@ -65,6 +75,12 @@ class RuntimeOptions:
                 raise QserveError(f"{name} must be an integer >= 1 (got {v!r})")
         if self.long_text is not None:
             longtext.parse(self.long_text, "--long-text")
+        from qserve.runtime.buckets import parse
+
+        parse(self.length_buckets)  # a bad value fails here, naming --length-buckets
+        if self.max_batch_tokens is not None and (isinstance(self.max_batch_tokens, bool) or not isinstance(
+                self.max_batch_tokens, int) or self.max_batch_tokens < 2):
+            raise QserveError(f"--max-batch-tokens must be an integer >= 2 or unset (got {self.max_batch_tokens!r})")
 
 
 BATCH_DEPENDENT = ("rows", "batched")
@@ -99,6 +115,11 @@ class Runtime:
     """How many rows of a row-by-row batch forward_rows() runs at once (backends that can set more)."""
     default_batch_dependent: str = "rows"
     """How the variant asks to be run when batch_invariant is False (RuntimeOptions.batch_dependent overrides)."""
+    fixed_shapes: bool = False
+    """Whether a text's answer depends on the padded length it runs at, so each text must always run at a
+    length fixed by itself alone (set in _load; ov-int8). Such a variant runs length-bucketed."""
+    buckets: tuple[int, ...] | None = None
+    """The lengths run() pads each text to (qserve.runtime.buckets), or None: batches run as tokenized."""
 
     def __init__(self, variant_dir: Path, manifest: dict[str, Any], device: str, options: RuntimeOptions):
         from transformers import AutoTokenizer
@@ -127,6 +148,9 @@ class Runtime:
                                           if options.long_text else self.recorded_long_text)
         """The policy of texts that name none: --long-text, else the manifest's, else head."""
         self._load()
+        from qserve.runtime.buckets import resolve
+
+        self.buckets = resolve(options.length_buckets, self.max_length, self.fixed_shapes)
 
     @property
     def row_by_row(self) -> bool:
@@ -217,15 +241,36 @@ class Runtime:
         return out
 
     def run(self, batch: dict[str, np.ndarray]) -> np.ndarray:
-        """forward() under the invariant: a batch-dependent variant runs one unpadded row at a time
-        (forward_rows), a batch-invariant one, or a single row, in one forward."""
-        if not self.row_by_row or len(batch["input_ids"]) == 1:
+        """forward() under the invariant: a fixed-shape variant runs each text padded to its length bucket
+        (one forward per bucket), a batch-dependent one one unpadded row at a time (forward_rows), a
+        batch-invariant one, or a single row, in one forward (split by --max-batch-tokens if set)."""
+        if self.buckets is not None:
+            return self._run_bucketed(batch)
+        n, width = batch["input_ids"].shape
+        cap = self.options.max_batch_tokens
+        if not self.row_by_row and cap and n > 1 and n * width > cap:
+            step = max(1, cap // width)
+            return np.concatenate([self.forward({k: v[i:i + step] for k, v in batch.items()})
+                                   for i in range(0, n, step)])
+        if not self.row_by_row or n == 1:
             return self.forward(batch)
         rows = []
         for i, mask in enumerate(batch["attention_mask"]):
             keep = mask.astype(bool)  # the row as it is tokenized alone: no padding
             rows.append({k: v[i][keep][None] for k, v in batch.items()})
         return np.concatenate(self.forward_rows(rows))
+
+    def _run_bucketed(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        from qserve.runtime.buckets import fit_rows, plan
+
+        lengths = batch["attention_mask"].sum(axis=1)
+        pad_id = self.tokenizer.pad_token_id or 0
+        parts = [(rows, self.forward(fit_rows(batch, rows, bucket, pad_id)))
+                 for bucket, rows in plan(lengths, self.buckets or (), self.options.max_batch_tokens)]
+        out = np.empty((len(lengths), parts[0][1].shape[1]), dtype=parts[0][1].dtype)
+        for rows, logits in parts:
+            out[rows] = logits  # back in the batch's order
+        return out
 
     def forward_rows(self, rows: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
         """forward() of each single-row batch, in order. A backend that can run rows side by side
@@ -241,11 +286,34 @@ class Runtime:
         """Class probabilities [len(texts), num_labels] (float32, rows sum to 1)."""
         return softmax(self.logits(texts, policy))
 
-    def classify(self, texts: list[str], policy: PolicyArg = None) -> Classification:
+    def classify(self, texts: list[str], policy: PolicyArg = None, phases: list[Phase] | None = None) -> Classification:
         """predict() plus, per text, its token count, the windows scored and whether part of it was unseen,
-        from ONE tokenization (the server's path)."""
-        pieces = self.split(texts, policy)
+        from ONE tokenization (the server's path). `phases`, when given (tracing), gets (name, start ns, end ns,
+        attributes) for tokenize, windows (only when a text was cut into several) and inference."""
+        if phases is None:
+            pieces = self.split(texts, policy)
+            probs = softmax(longtext.aggregate(self.forward_pieces(pieces.ids), pieces))
+            return Classification(probs, list(pieces.truncated), list(pieces.tokens), list(pieces.windows))
+        t0 = time.time_ns()
+        ids = self._encode(list(texts))
+        t1 = time.time_ns()
+        # the cut, timed apart from the tokenizer: a windows step when it made more pieces than texts
+        pieces = longtext.split(lambda _: ids, self.template, list(texts), self._policies(policy, len(texts)),
+                                self.max_length, self.options.max_windows)
+        t2 = time.time_ns()
         probs = softmax(longtext.aggregate(self.forward_pieces(pieces.ids), pieces))
+        t3 = time.time_ns()
+        width = max((len(r) for r in pieces.ids), default=0)
+        windowed = sum(w > 1 for w in pieces.windows)
+        if windowed:
+            phases += [("tokenize", t0, t1, {"qserve.texts": len(texts)}),
+                       ("windows", t1, t2, {"qserve.texts": len(texts), "qserve.windowed_texts": windowed,
+                                            "qserve.pieces": len(pieces.ids)})]
+        else:
+            phases.append(("tokenize", t0, t2, {"qserve.texts": len(texts)}))
+        phases.append(("inference", t2, t3, {"qserve.texts": len(texts), "qserve.pieces": len(pieces.ids),
+                                             "qserve.tokenized_shape": f"{len(pieces.ids)}x{width}",
+                                             "qserve.buckets": ",".join(map(str, self.buckets or ())) or "none"}))
         return Classification(probs, list(pieces.truncated), list(pieces.tokens), list(pieces.windows))
 
     def close(self) -> None:

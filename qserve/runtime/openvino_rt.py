@@ -81,21 +81,12 @@ def fixed_length(manifest: dict[str, Any]) -> bool:
     OpenVINO's answers do not depend on a text's batchmates at a given padded length, but its
     fp32 reductions over the sequence round slightly differently at different lengths, and in
     ov-int8 such a last-bit change can tip an activation across an int8 rounding boundary
-    downstream. One length for every call removes the length from the computation; it costs
-    short texts the work of max_length tokens.
+    downstream. Running each text at a length that depends on the text alone (its length bucket,
+    qserve.runtime.buckets) removes the batch from the computation; padding every text to
+    max_length, as before buckets (--length-buckets off), cost short texts the work of max_length tokens.
     """
     spec = manifest["spec"]
     return bool((spec.get("options") or {}).get("fixed_length", spec["dtype"] == "int8"))
-
-
-def pad_to(feed: dict[str, np.ndarray], length: int, pad_id: int = 0) -> dict[str, np.ndarray]:
-    """Right-pad every [B, S] input to [B, length] as the tokenizer pads (input ids with pad_id, the rest 0)."""
-    out = {}
-    for name, arr in feed.items():
-        extra = length - arr.shape[1]
-        value = pad_id if name == "input_ids" else 0
-        out[name] = np.pad(arr, ((0, 0), (0, extra)), constant_values=value) if extra > 0 else arr
-    return out
 
 
 class OpenVINORuntime(Runtime):
@@ -122,6 +113,9 @@ class OpenVINORuntime(Runtime):
         outputs = [o.any_name for o in self.compiled.outputs]
         self.output_index = outputs.index("logits") if "logits" in outputs else 0
         self.fixed_length = fixed_length(self.manifest)
+        # The base runtime pads each text to its length bucket (qserve.runtime.buckets; --length-buckets off:
+        # max_length, the one length of before), so forward() gets batches already at a fixed length.
+        self.fixed_shapes = self.fixed_length
         self._local = threading.local()
 
     def _request(self):
@@ -132,8 +126,6 @@ class OpenVINORuntime(Runtime):
 
     def forward(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         feed = self.graph_feed(batch, self.input_names, MODEL_FILE)
-        if self.fixed_length:
-            feed = pad_to(feed, self.max_length, self.tokenizer.pad_token_id or 0)
         result = self._request().infer(feed)
         # The request reuses its output buffer on the next call: copy before handing it out.
         return np.array(result[self.output_index], dtype=np.float32, copy=True)

@@ -5,8 +5,10 @@
 
 The lifespan starts the load in the background, so the server answers at once:
 /health is 200 from the first moment, /ready (and /v2/health/ready) is 503 until
-the model is loaded and warmed up, and inference routes answer 503 meanwhile.
-Routes live in routes.py and v2.py; the models and their lifecycle in state.py.
+every model is loaded and warmed up, and inference routes answer 503 meanwhile.
+Routes live in routes.py, v2.py and v2_repository.py; the models and their lifecycle in state.py. With
+--grpc-port the lifespan also serves the V2 gRPC API (grpc_v2.py) on the same state; OTEL_* variables turn
+on traces (tracing.py).
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ from qserve.serve.config import ServeConfig
 from qserve.serve.errors import ApiError
 from qserve.serve.guard import OPEN_PATHS, GuardMiddleware
 from qserve.serve.metrics import Metrics
+from qserve.serve.repository import Repository
 from qserve.serve.state import Loader, Selection, ServeState, load_model
 from qserve.serve.texts import unicode_problem
+from qserve.serve.tracing import TraceMiddleware
+from qserve.serve.tracing import from_env as tracing_from_env
 
 log = logging.getLogger("qserve.serve")
 
@@ -40,23 +45,34 @@ INFERENCE_PATHS = frozenset({"/v1/classify", "/v2/models/{name}/infer", "/v2/mod
 
 def create_app(config: ServeConfig, loader: Loader | None = None,
                on_load_failure: Callable[[BaseException], None] | None = None,
-               selection: Selection | None = None) -> FastAPI:
-    """Build the app. `loader(config)` returns the model (default: state.load_model, load_runtime on
+               selection: Selection | None = None, repository: Repository | None = None) -> FastAPI:
+    """Build the app. `loader(config)` returns a model (default: state.load_model, load_runtime on
     config.variant_dir); tests inject wrappers through it. `on_load_failure` lets the CLI exit when loading
-    fails. `selection` says why this variant was chosen (a model dir's report), shown in /v1/models."""
+    fails. `selection` says why the default model's variant was chosen, shown in /v1/models (a model dir
+    says so itself). `repository` names the models and their dirs (default: config's DIR or
+    --model-repository); a name clash or a --shadow naming no model raises QserveError here."""
     config.validate()
     st = ServeState(config=config, metrics=Metrics(), loader=loader or load_model, selection=selection,
-                    on_load_failure=on_load_failure)
+                    on_load_failure=on_load_failure, repository=repository, tracing=tracing_from_env())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         st.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qserve-infer")
         st.load_task = asyncio.create_task(st.start())
+        grpc = None
         try:
+            if config.grpc_port is not None:  # the V2 gRPC service, on this event loop and this state
+                from qserve.serve.grpc_v2 import start_grpc
+
+                grpc = app.state.grpc = await start_grpc(st, config.host, config.grpc_port)
             yield
         finally:
+            if grpc is not None:
+                await grpc.stop()
             # uvicorn has already let in-flight requests finish; now drain what is still queued.
             await st.stop()
+            if st.tracing is not None:
+                st.tracing.shutdown()  # exports the spans still buffered
             log.info("shutdown complete")
 
     app = FastAPI(title="qserve", version=__version__, lifespan=lifespan,
@@ -68,11 +84,13 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
     from qserve.serve.routes import add_routes
 
     add_routes(app, st)
-    add_page(app, config)  # GET / (the served models' page) and GET /v1/report
+    add_page(app, st)  # GET / (the served models' page) and GET /v1/report
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
                        metrics=st.metrics, routes=app.router.routes, arrivals=st.arrivals,
                        queue_full=st.queue_full_retry_after, inference_paths=INFERENCE_PATHS,
                        metrics_public=config.metrics_public)
+    if st.tracing is not None:  # outermost: a request's trace covers auth, body and checks too
+        app.add_middleware(TraceMiddleware, tracing=st.tracing, skip=OPEN_PATHS | {"/metrics"})
     _install_openapi(app, config)
     return app
 

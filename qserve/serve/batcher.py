@@ -34,13 +34,14 @@ from typing import Any
 
 import numpy as np
 
-from qserve.runtime.base import Classification
+from qserve.runtime.base import Classification, Phase
 
 log = logging.getLogger("qserve.serve")
 
-InferFn = Callable[[list[str], list[str | None]], Classification]
-"""(texts, their long-text policies) -> Classification (probabilities [n, k] float32, truncated, tokens and
-windows per text); synchronous, CPU-heavy."""
+InferFn = Callable[[list[str], list[str | None]], tuple[Classification, list[Phase] | None]]
+"""(texts, their long-text policies) -> (Classification: probabilities [n, k] float32, truncated, tokens and
+windows per text; when tracing, the batch's steps (Phase: name, start/end ns, attributes), which every request
+in the batch gets in its BatchResult, else None); synchronous, CPU-heavy."""
 
 
 class QueueFull(Exception):
@@ -60,6 +61,8 @@ class BatchResult:
     truncated: list[bool]
     tokens: list[int] = field(default_factory=list)
     windows: list[int] = field(default_factory=list)
+    phases: list[Phase] = field(default_factory=list)
+    """When tracing: the steps of every batch this request's texts ran in."""
 
 
 @dataclass(eq=False)
@@ -71,6 +74,7 @@ class _Pending:
     tokens: list[int] = field(default_factory=list)
     windows: list[int] = field(default_factory=list)
     remaining: int = 0
+    batches: list[list[Phase]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.rows = [None] * self.n
@@ -79,7 +83,8 @@ class _Pending:
         self.windows = [0] * self.n
         self.remaining = self.n
 
-    def fill(self, index: int, row: np.ndarray, truncated: bool, tokens: int, windows: int) -> None:
+    def fill(self, index: int, row: np.ndarray, truncated: bool, tokens: int, windows: int,
+             phases: list[Phase] | None = None) -> None:
         if self.future.done():  # cancelled (client gone, timeout) or already failed
             return
         self.rows[index] = row
@@ -87,9 +92,11 @@ class _Pending:
         self.tokens[index] = tokens
         self.windows[index] = windows
         self.remaining -= 1
+        if phases is not None and all(b is not phases for b in self.batches):
+            self.batches.append(phases)
         if self.remaining == 0:
             self.future.set_result(BatchResult(np.stack(self.rows), list(self.trunc), list(self.tokens),
-                                               list(self.windows)))
+                                               list(self.windows), [p for b in self.batches for p in b]))
 
     def fail(self, exc: BaseException) -> None:
         if not self.future.done():
@@ -244,7 +251,7 @@ class Batcher:
         t0, fut = started or (time.perf_counter(), loop.run_in_executor(self.executor, self.infer, texts,
                                                                         [it.policy for it in batch]))
         try:
-            result = await fut
+            result, phases = await fut  # phases: the batch's steps when tracing is on, else None
             probs, truncated = result.probs, result.truncated
             if any(len(x) != len(texts) for x in (probs, truncated, result.tokens, result.windows)):
                 raise RuntimeError(f"runtime returned {len(probs)} rows for {len(texts)} texts")
@@ -269,4 +276,4 @@ class Batcher:
             self.metrics.texts.inc(len(texts))
             self.metrics.truncated.inc(sum(bool(t) for t in truncated))
         for it, row, tr, n, w in zip(batch, probs, truncated, result.tokens, result.windows):
-            it.pending.fill(it.index, row, bool(tr), int(n), int(w))
+            it.pending.fill(it.index, row, bool(tr), int(n), int(w), phases)

@@ -1,6 +1,8 @@
 """`qserve serve` and `qserve loadtest`.
 
     qserve serve models/minilm-imdb-variants/onnx-int8 --max-batch-size 32 --max-wait-ms 5
+    qserve serve int8=models/m/variants/onnx-int8 fp32=models/m/variants/torch-fp32   # two models, by name
+    qserve serve --model-repository models/repo --shadow int8=models/m/variants/onnx-fp32
     qserve loadtest http://127.0.0.1:8000 --concurrency 1,8,32,64 --duration 10
 
 Every serve setting (a ServeConfig field: serve/config.py) is a flag and can also come
@@ -40,18 +42,26 @@ class ServeCommand:
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
+    from dataclasses import fields
+
+    from qserve.configflags import field_docs
     from qserve.serve.config import ServeConfig
     from qserve.serve.deploy import RayOptions
 
     p = sub.add_parser(
-        "serve", help="serve a variant over HTTP with dynamic batching",
-        description="Serve one variant with FastAPI + uvicorn: POST /v1/classify (HF pipeline format), "
-                    "the KServe V2 protocol under /v2, /health, /ready, /metrics, /docs. One process, one "
-                    "inference thread; throughput comes from dynamic batching and the backend's intra-op "
-                    "threads (--threads). Every setting can also come from its env var (QSERVE_<FLAG>, named "
-                    "in its help); a flag given on the command line wins.")
+        "serve", help="serve one or several variants over HTTP with dynamic batching",
+        description="Serve variants with FastAPI + uvicorn: POST /v1/classify (HF pipeline format), "
+                    "the KServe V2 protocol under /v2 (with the model repository extension: load, hot swap, "
+                    "unload), /health, /ready, /metrics, /docs. One process, one inference thread; "
+                    "throughput comes from dynamic batching and the backend's intra-op threads (--threads). "
+                    "Every setting can also come from its env var (QSERVE_<FLAG>, named in its help); a flag "
+                    "given on the command line wins.")
+    # DIR [DIR...]: the one positional that takes several values (QSERVE_VARIANT_DIR holds one).
+    p.add_argument("variant_dir", nargs="*", default=None, metavar="DIR",
+                   help=field_docs(ServeConfig)["variant_dir"].replace("%", "%%") + f" (env {ENV_PREFIX}VARIANT_DIR)")
     # unset: a flag not given parses to None, so its env var (then the default) decides
-    add_flags(p, ServeConfig, unset=True, env_prefix=ENV_PREFIX)
+    add_flags(p, ServeConfig, [f.name for f in fields(ServeConfig) if f.name != "variant_dir"], unset=True,
+              env_prefix=ENV_PREFIX)
     add_flags(p, ServeCommand, ("log_level",))
     ray = p.add_argument_group("engine", "How the app runs; the flags after --engine apply to --engine ray only.")
     add_flags(ray, ServeCommand, ("engine",))
@@ -86,35 +96,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     from qserve.serve.config import config_from_sources
     from qserve.serve.deploy import RayOptions, Scaling
+    from qserve.serve.repository import Repository, sources_from_dirs, sources_from_root
 
+    dirs = list(args.variant_dir or [])
+    args.variant_dir = dirs[0] if dirs else None  # none given: QSERVE_VARIANT_DIR decides
     cfg = config_from_sources(args)
-    if not cfg.variant_dir:
-        raise QserveError("no variant: give VARIANT_DIR or set QSERVE_VARIANT_DIR")
-    selection = None
-    model_dir = Path(cfg.variant_dir)
-    if not (model_dir / "manifest.json").is_file() and any((model_dir / d).is_dir() for d in ("report", "variants")):
-        # A model dir (`qserve pipeline`'s run dir): serve the variant its bench report recommends.
-        from qserve.bench.recommend import from_model_dir
-
-        vdir, selection = from_model_dir(cfg.variant_dir)
-        if cfg.long_text is None and selection["long_text"]:
-            cfg.long_text = selection["long_text"]  # the report's policy at >= half head's texts/s
-        log.info("model dir %s: serving %s (%s; from %s)", cfg.variant_dir, selection["variant"], selection["why"],
-                 selection["report"])
-        if selection["same_cpu"] is False:
-            log.warning("that report was measured on %s, not on this CPU: the fastest variant here may differ "
-                        "(re-run `qserve pipeline` here, or pass a variant dir)", selection["measured_on"])
-        cfg.variant_dir = str(vdir)
-    if not (Path(cfg.variant_dir) / "manifest.json").is_file():
-        raise QserveError(f"VARIANT_DIR {cfg.variant_dir}: no manifest.json; export one with `qserve export`")
+    if cfg.model_repository:
+        repository = Repository(sources_from_root(cfg.model_repository), cfg.model_repository)
+    else:
+        # Names are fixed here, reading manifests only: a clash is refused before anything loads.
+        repository = Repository(sources_from_dirs(dirs or ([cfg.variant_dir] if cfg.variant_dir else []),
+                                                  cfg.model_name))
+        cfg.variant_dir = repository.initial[0].path
+    for source in repository.initial:
+        log.info("model %s: %s", source.name, source.path)
     if cfg.host not in ("127.0.0.1", "localhost", "::1") and not cfg.api_key:
         log.warning("binding %s without an API key: anyone who can reach this port can use the model", cfg.host)
 
     if args.engine == "ray":
+        if cfg.grpc_port is not None:
+            raise QserveError("--grpc-port (or QSERVE_GRPC_PORT) applies to --engine uvicorn only: the Ray engine "
+                              "serves HTTP (/v1 and the V2 REST API); unset it, or serve gRPC with --engine uvicorn")
         scaling = Scaling.parse(args.replicas, args.min_replicas, args.max_replicas, cfg.threads)
         from qserve.serve.ray_engine import run_ray  # imports Ray; a clear error names the extra if missing
 
-        return run_ray(cfg, scaling, args.ray_address, args.log_level, selection)
+        return run_ray(cfg, scaling, args.ray_address, args.log_level, repository=repository)
     given = [option_name(RayOptions, name) for name in config_values(RayOptions, args)]
     if given:
         raise QserveError(f"{', '.join(given)} only apply with --engine ray (this is --engine {args.engine})")
@@ -132,11 +138,12 @@ def run_serve(args: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True
 
-    app = create_app(cfg, on_load_failure=on_load_failure, selection=selection)
+    app = create_app(cfg, on_load_failure=on_load_failure, repository=repository)
     server = uvicorn.Server(uvicorn_config(app, cfg.host, cfg.port, args.log_level))
     server.run()
     if failed:
-        print(f"qserve serve: error: could not load {cfg.variant_dir}: {failed[0]}", file=sys.stderr)
+        what = cfg.model_repository or ", ".join(s.path for s in repository.initial)
+        print(f"qserve serve: error: could not load {what}: {failed[0]}", file=sys.stderr)
         return 2
     return 0
 

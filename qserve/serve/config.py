@@ -33,9 +33,11 @@ class ServeConfig:
     """Everything `qserve serve` can be told. Each field is a flag (its docstring the help) and the env var
     QSERVE_<FIELD>; a flag given on the command line wins over the env var, which wins over the default."""
 
-    variant_dir: str = field(default="", metadata=flag(positional=True))
+    variant_dir: str = field(default="", metadata=flag(positional=True, metavar="DIR"))
     """Variant directory (weights + tokenizer + manifest.json) to serve, or a model dir from `qserve pipeline`
-    (serves the variant its bench report recommends: the fastest meeting the agreement bar)."""
+    (serves the variant its bench report recommends: the fastest meeting the agreement bar). Several models:
+    DIR DIR ..., each optionally NAME=DIR (default name: the variant's spec name); requests name one, the
+    first is the default. The env var holds one DIR."""
     host: str = "127.0.0.1"
     """Interface to bind; the default keeps the server on loopback (anything else should use --api-key)."""
     port: int = 8000
@@ -72,6 +74,18 @@ class ServeConfig:
     disables auth. Prefer the env var to the flag: command lines are visible to other local users."""
     model_name: str | None = field(default=None, metadata=flag(default_text="the variant's spec name"))
     """Name the model is served under (V2 routes, responses)."""
+    model_repository: str | None = field(default=None, metadata=flag(metavar="ROOT"))
+    """Serve every subdirectory of ROOT (each a variant or a model dir), named by its directory, instead of
+    DIRs; POST /v2/repository/models/NAME/load (re)reads ROOT/NAME."""
+    shadow: list[str] | None = field(default=None, metadata=flag(repeat=True, metavar="NAME=REFERENCE_DIR"))
+    """Re-score a sample of model NAME's served texts with the variant in REFERENCE_DIR (e.g. its fp32
+    export) on a thread of its own; rolling agreement and |dprob| go to /metrics and /v1/models, and a
+    warning is logged when agreement falls under the variant's bench bar. Repeat per model."""
+    shadow_rate: float = 0.05
+    """Share of a shadowed model's served texts re-scored by its reference (0 < rate <= 1)."""
+    shadow_threads: int = 1
+    """Intra-op threads of each shadow reference (ONNX Runtime / OpenVINO; a torch reference shares torch's
+    process-wide pool); its samples are dropped, and counted, while it cannot keep up."""
     allow_extra_files: bool = False
     """Serve a variant whose directory holds files its manifest does not list (refused by default)."""
     metrics_public: bool = False
@@ -85,6 +99,15 @@ class ServeConfig:
     """An idle kept-alive connection is closed after this long without a new request."""
     max_connections: int = 512
     """Most open connections; beyond it a new connection gets 503 and is closed at once."""
+    length_buckets: str = "auto"
+    """Token lengths a variant that needs fixed shapes (ov-int8) pads each text to, e.g. 32,64,128: a batch runs
+    as one forward per bucket and a text's bucket depends on its own length only, so its answer does not. auto:
+    powers of two from 32, then max_length; off: every text at max_length. Variants that run unpadded ignore it."""
+    max_batch_tokens: int | None = field(default=None, metadata=flag(default_text="no cap"))
+    """Most rows x padded length in one forward; a larger batch runs as several forwards."""
+    grpc_port: int | None = field(default=None, metadata=flag(default_text="off"))
+    """Also serve the KServe V2 gRPC API (tritonclient.grpc) on this port, beside HTTP, with the same model,
+    limits, auth (metadata 'authorization: Bearer KEY') and metrics (0 = any free port; --engine uvicorn only)."""
 
     def validate(self) -> ServeConfig:
         def need(cond: bool, flag: str, msg: str) -> None:
@@ -110,8 +133,28 @@ class ServeConfig:
             need(0 < v <= 3600, flag, f"must be > 0 and <= 3600 seconds, got {v}")
         need(1 <= self.max_connections <= 1_000_000, "max_connections",
              f"must be 1..1000000, got {self.max_connections}")
+        need(0 < self.shadow_rate <= 1, "shadow_rate", f"must be > 0 and <= 1, got {self.shadow_rate}")
+        need(self.shadow_threads >= 1, "shadow_threads", f"must be >= 1, got {self.shadow_threads}")
+        for entry in self.shadow or []:
+            name, sep, ref = entry.partition("=")
+            need(bool(sep and name.strip() and ref.strip()), "shadow",
+                 f"takes NAME=REFERENCE_DIR (a served model's name, then the reference variant's dir), got {entry!r}")
+        need(not (self.variant_dir and self.model_repository), "model_repository",
+             f"replaces DIRs: give DIRs ({self.variant_dir}) or --model-repository ({self.model_repository}), "
+             "not both")
+        need(not (self.model_name and self.model_repository), "model_name",
+             "names a single DIR's model; under --model-repository each model is named by its directory")
         need(self.api_key is None or len(self.api_key) >= 8, "api_key",
              "must be at least 8 characters (or unset to disable auth)")
+        from qserve.runtime.buckets import parse as parse_buckets
+
+        parse_buckets(self.length_buckets)  # names --length-buckets and what it allows
+        need(self.max_batch_tokens is None or self.max_batch_tokens >= 2, "max_batch_tokens",
+             f"must be >= 2 tokens (or unset for no cap), got {self.max_batch_tokens}")
+        need(self.grpc_port is None or 0 <= self.grpc_port <= 65535, "grpc_port",
+             f"must be 0..65535 (or unset: no gRPC), got {self.grpc_port}")
+        need(self.grpc_port is None or self.grpc_port == 0 or self.grpc_port != self.port, "grpc_port",
+             f"must differ from --port ({self.port})")
         return self
 
 

@@ -31,9 +31,9 @@ DEPLOYMENT_NAME = "QserveReplica"
 RAY_INSTALL_HINT = "pip install 'qserve[ray]'  (installs ray[serve]==2.60.0)"
 # ServeConfig fields that are not a replica's app settings: the variant is the builder's first arg,
 # host/port and the connection limits belong to Ray's proxy (to uvicorn in `qserve serve`), the API key
-# to the replicas' environment (never a config file).
+# to the replicas' environment (never a config file); the Ray engine serves HTTP only, so no grpc_port.
 PROXY_FIELDS = ("variant_dir", "host", "port", "api_key", "header_timeout_s", "body_timeout_s", "keep_alive_s",
-                "max_connections")
+                "max_connections", "grpc_port")
 # Every other ServeConfig field configures the app inside each replica, so a new field reaches Ray (and
 # `qserve deploy ray` gets its flag) with no edit here.
 APP_FIELDS = tuple(f.name for f in fields(ServeConfig) if f.name not in PROXY_FIELDS)
@@ -162,8 +162,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_flags(r, ServeConfig, ("host", "port"), defaults={"host": "0.0.0.0"}, help={
         "host": "Interface Ray's proxy binds (default: 0.0.0.0, so that it is reachable in a cluster; set "
                 "QSERVE_API_KEY in the replicas' environment)."})
-    # The replica's own settings: the same flags as `qserve serve`, unset unless given.
-    add_flags(r, ServeConfig, [f for f in APP_FIELDS if f != "threads"], unset=True)
+    # The replica's own settings: the same flags as `qserve serve`, unset unless given (the file serves
+    # VARIANT_DIR: several models or a repository are `qserve serve --engine ray`'s).
+    add_flags(r, ServeConfig, [f for f in APP_FIELDS if f not in ("threads", "model_repository")], unset=True)
     add_flags(r, RayConfigFile, ("force",))
     r.set_defaults(func=run_deploy_ray)
 
@@ -187,6 +188,9 @@ def run_deploy_ray(args: argparse.Namespace) -> int:
         raise QserveError(f"--out {out} exists; pass --force to replace it")
     scaling = Scaling.parse(args.replicas, args.min_replicas, args.max_replicas, args.threads)
     settings = config_values(ServeConfig, args, APP_FIELDS, error=QserveError)  # the flags given; no env here
+    for entry in settings.get("shadow") or []:  # type: ignore[union-attr]
+        if not Path(str(entry).partition("=")[2]).is_absolute():
+            raise QserveError(f"--shadow {entry}: REFERENCE_DIR must be an absolute path, readable on every Ray node")
     ServeConfig(variant_dir=str(variant), **settings).validate()
     doc = serve_config(str(variant), settings, scaling, args.host, args.port)
     header = ("# Ray Serve config written by `qserve deploy ray`: start it with `serve run <this file>`,\n"

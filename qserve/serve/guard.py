@@ -84,23 +84,25 @@ class GuardMiddleware:
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
         self.routes = routes  # the FastAPI router's routes, to label metrics by template
-        # queue_full() -> Retry-After seconds when no text fits in the queue, else None: lets a flood be
-        # refused before its bodies are read or parsed, so a refusal costs microseconds, not a parse.
+        # queue_full(model named by the path, or None) -> Retry-After seconds when no text fits in that queue
+        # (every queue, when the body will name the model), else None: lets a flood be refused before its
+        # bodies are read or parsed, so a refusal costs microseconds, not a parse.
         self.queue_full = queue_full
         self.inference_paths = inference_paths
         self.open_paths = OPEN_PATHS | ({"/metrics"} if metrics_public else set())
 
-    def _match(self, scope: dict) -> tuple[Any, str]:
-        """(the route this method + path reach, or None; the path template for metrics). A path that
-        exists under another method matches PARTIAL: routing then answers 405, so no body rule applies."""
+    def _match(self, scope: dict) -> tuple[Any, str, str | None]:
+        """(the route this method + path reach, or None; the path template for metrics; the model the path
+        names, if any). A path that exists under another method matches PARTIAL: routing then answers 405,
+        so no body rule applies."""
         partial = None
         for r in self.routes:
-            match, _ = r.matches(scope)
+            match, child = r.matches(scope)
             if match == Match.FULL:
-                return r, getattr(r, "path", "unmatched")
+                return r, getattr(r, "path", "unmatched"), (child.get("path_params") or {}).get("name")
             if match == Match.PARTIAL and partial is None:
                 partial = r
-        return None, getattr(partial, "path", "unmatched")
+        return None, getattr(partial, "path", "unmatched"), None
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -120,15 +122,16 @@ class GuardMiddleware:
                 MutableHeaders(scope=message)["X-Request-ID"] = rid
             await send(message)
 
-        async def refuse(code: int, message: str, reason: str, extra: dict[str, str] | None = None) -> None:
-            self.metrics.rejected.labels(reason).inc()
+        async def refuse(code: int, message: str, reason: str, extra: dict[str, str] | None = None,
+                         model: str = "") -> None:
+            self.metrics.reject(reason, model)
             body = error_body(message, rid)
             hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
             hdrs += [(k.lower().encode(), v.encode()) for k, v in (extra or {}).items()]
             await send_wrapped({"type": "http.response.start", "status": code, "headers": hdrs})
             await send_wrapped({"type": "http.response.body", "body": body})
 
-        route, template = self._match(scope)
+        route, template, named = self._match(scope)
         try:
             path = scope["path"]
             if self.api_key and path not in self.open_paths and not token_ok(headers.get("authorization"),
@@ -139,11 +142,12 @@ class GuardMiddleware:
                 return
             if method in JSON_BODY_METHODS and route is not None:
                 if template in self.inference_paths and self.queue_full is not None:
-                    retry_after = self.queue_full()
+                    retry_after = self.queue_full(named)
                     if retry_after is not None:
                         await refuse(429, "inference queue is full; retry after "
-                                          f"{retry_after} s", "queue_full", {"Retry-After": str(retry_after)})
-                        self.metrics.rejection.observe(time.perf_counter() - start)
+                                          f"{retry_after} s", "queue_full", {"Retry-After": str(retry_after)},
+                                     named or "")
+                        self.metrics.rejection.labels(named or "").observe(time.perf_counter() - start)
                         return
                 self.arrivals.begin(scope)
                 ctype = headers.get("content-type")
@@ -171,7 +175,9 @@ class GuardMiddleware:
             self.arrivals.end(scope)
             if scope.get("route") is not None and getattr(scope["route"], "path", None):
                 template = scope["route"].path
-            self.metrics.observe_request(template, method, status[0], time.perf_counter() - start)
+            # The model label: set by the route once it resolved a served model (never a client's free text).
+            model = (scope.get("state") or {}).get("qserve_model") or ""
+            self.metrics.observe_request(template, method, status[0], time.perf_counter() - start, model)
 
     async def _read_body(self, headers: Headers, receive: Any) -> Any:
         """The whole body, None as soon as it is known to exceed the limit, DISCONNECTED if the client left."""

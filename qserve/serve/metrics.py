@@ -4,9 +4,15 @@
 
 A registry per app (not prometheus_client's global REGISTRY) lets several apps
 live in one process, as tests and benchmarks do, without "Duplicated timeseries".
+Every series about requests or models carries a `model` label (the served name; "" for a
+request that never reached one, such as /health or a 401); the connection series describe
+the TCP server and carry none. A Batcher gets a ModelMetrics: the same attribute names,
+bound to its model's label.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -22,37 +28,95 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        self.requests = Counter("qserve_requests_total", "HTTP requests by route template, method and status",
-                                ["route", "method", "status"], registry=r)
+        m = ["model"]
+        self.requests = Counter("qserve_requests_total", "HTTP requests by route template, method, status and model",
+                                ["route", "method", "status", "model"], registry=r)
         self.latency = Histogram("qserve_request_latency_seconds", "HTTP request latency (server side)",
-                                 ["route", "method", "status"], buckets=LATENCY_BUCKETS, registry=r)
-        self.batch_size = Histogram("qserve_batch_size", "Texts per forward pass", buckets=BATCH_BUCKETS,
+                                 ["route", "method", "status", "model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("qserve_batch_size", "Texts per forward pass", m, buckets=BATCH_BUCKETS,
                                     registry=r)
-        self.queue_depth = Gauge("qserve_queue_depth", "Texts waiting for a batch", registry=r)
-        self.inference = Histogram("qserve_inference_seconds", "Wall time of one batch in the runtime",
+        self.queue_depth = Gauge("qserve_queue_depth", "Texts waiting for a batch", m, registry=r)
+        self.inference = Histogram("qserve_inference_seconds", "Wall time of one batch in the runtime", m,
                                    buckets=LATENCY_BUCKETS, registry=r)
-        self.texts = Counter("qserve_texts_total", "Texts classified", registry=r)
-        self.truncated = Counter("qserve_truncated_texts_total", "Texts cut to the model's max_length", registry=r)
-        self.batch_failures = Counter("qserve_batch_failures_total", "Batches whose runtime call raised",
+        self.texts = Counter("qserve_texts_total", "Texts classified", m, registry=r)
+        self.truncated = Counter("qserve_truncated_texts_total", "Texts cut to the model's max_length", m,
+                                 registry=r)
+        self.batch_failures = Counter("qserve_batch_failures_total", "Batches whose runtime call raised", m,
                                       registry=r)
         self.rejected = Counter("qserve_rejected_total", "Requests refused before inference, by reason",
-                                ["reason"], registry=r)
-        self.ready = Gauge("qserve_model_ready", "1 once the model is loaded and serving", registry=r)
+                                ["reason", "model"], registry=r)
+        self.ready = Gauge("qserve_model_ready", "1 while the model is loaded and serving", m, registry=r)
         self.queue_wait = Histogram("qserve_queue_wait_seconds",
                                     "Per admitted text: time from entering the queue to the start of its forward pass",
-                                    buckets=QUEUE_WAIT_BUCKETS, registry=r)
+                                    m, buckets=QUEUE_WAIT_BUCKETS, registry=r)
         self.rejection = Histogram("qserve_rejection_seconds",
                                    "Server time spent refusing a request before inference (429 queue full)",
-                                   buckets=REJECTION_BUCKETS, registry=r)
+                                   m, buckets=REJECTION_BUCKETS, registry=r)
         self.connections = Gauge("qserve_open_connections", "HTTP connections open now", registry=r)
         self.connections_closed = Counter(
             "qserve_connections_closed_total", "Connections the server closed on its own, by reason "
             "(idle, header_timeout, body_timeout, keep_alive, connection_limit)", ["reason"], registry=r)
+        self.depth_parts: dict[str, dict[int, int]] = {}  # per model: each live batcher's queue depth
+        # Lifecycle: loads, swaps and unloads by outcome; the version each model serves (value 1).
+        self.loads = Counter("qserve_model_loads_total", "Repository loads by outcome (loaded, swapped, refused) "
+                             "and unloads", ["model", "outcome"], registry=r)
+        self.version = Gauge("qserve_model_version_info", "The version (manifest short hash) a model serves",
+                             ["model", "version"], registry=r)
+        # Shadow agreement (shadow.py): the served model against its reference on sampled live texts.
+        self.shadow_agreement = Gauge("qserve_shadow_agreement", "Rolling share of sampled texts whose label "
+                                      "equals the reference's", m, registry=r)
+        self.shadow_dprob = Gauge("qserve_shadow_abs_dprob", "Rolling quantiles of max |prob - reference prob| "
+                                  "per sampled text", ["model", "quantile"], registry=r)
+        self.shadow_samples = Counter("qserve_shadow_samples_total", "Sampled texts the reference re-scored", m,
+                                      registry=r)
+        self.shadow_dropped = Counter("qserve_shadow_dropped_total", "Sampled texts dropped because the shadow "
+                                      "queue was full (the reference could not keep up)", m, registry=r)
+        self.shadow_bar = Gauge("qserve_shadow_agreement_bar", "The variant's agreement bar (its bench bar for "
+                                "its bits)", m, registry=r)
 
-    def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
-        labels = (route, method, str(status))
+    def observe_request(self, route: str, method: str, status: int, seconds: float, model: str = "") -> None:
+        labels = (route, method, str(status), model)
         self.requests.labels(*labels).inc()
         self.latency.labels(*labels).observe(seconds)
 
+    def reject(self, reason: str, model: str = "") -> None:
+        self.rejected.labels(reason, model).inc()
+
+    def for_model(self, name: str) -> ModelMetrics:
+        """The series one model's Batcher writes, bound to its label."""
+        return ModelMetrics(self, name)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ModelMetrics:
+    """What a Batcher records (batch_size, queue_depth, inference, texts, truncated, batch_failures,
+    queue_wait), bound to one model's label. During a hot swap the old model's batcher drains beside the
+    new one: the queue depth gauge shows the sum of both."""
+
+    def __init__(self, metrics: Metrics, name: str):
+        self.name = name
+        self.batch_size = metrics.batch_size.labels(name)
+        self.inference = metrics.inference.labels(name)
+        self.texts = metrics.texts.labels(name)
+        self.truncated = metrics.truncated.labels(name)
+        self.batch_failures = metrics.batch_failures.labels(name)
+        self.queue_wait = metrics.queue_wait.labels(name)
+        self.queue_depth = _SharedDepth(metrics.queue_depth.labels(name), metrics.depth_parts.setdefault(name, {}))
+
+
+class _SharedDepth:
+    """queue_depth.set(n) from one of possibly two batchers of a model (old and new during a swap)."""
+
+    def __init__(self, gauge: Any, parts: dict[int, int]):
+        self.gauge = gauge
+        self.parts = parts  # every live batcher's depth for this model, by share
+
+    def set(self, n: int) -> None:
+        self.parts[id(self)] = n
+        self.gauge.set(sum(self.parts.values()))
+
+    def release(self) -> None:
+        self.parts.pop(id(self), None)
+        self.gauge.set(sum(self.parts.values()))

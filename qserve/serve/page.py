@@ -1,19 +1,20 @@
-"""The served models' page at `/`, and /v1/report, the bench numbers behind the served variant.
+"""The served models' page at `/`, and /v1/report, the bench numbers behind each served variant.
 
     qserve serve models/minilm-l6-distilbert-imdb      # then open http://127.0.0.1:8000/ in a browser
 
 The page (page.html, one file: its style and script inline, nothing fetched from
 anywhere else) says what is served, why, and how it is doing, and has a box to try
-a text. It holds no model data: its script reads everything from the JSON routes
+a text on any served model. It holds no model data: its script reads everything from the JSON routes
 (/v1/models, /v2/models/{name}, /v1/report, /metrics) and classifies through
 /v1/classify, as any client would. So the page itself is open, and with --api-key
 set it asks for the key and sends it as a bearer token on every call; the key stays
 in the browser tab's memory, never on the server or in storage.
 
-/v1/report finds the bench report of a `qserve pipeline` run dir
-(MODEL_DIR/report/report.json beside MODEL_DIR/variants/<served variant>) and
+/v1/report?model=NAME (default: the default model) finds the bench report of a
+`qserve pipeline` run dir (MODEL_DIR/report/report.json beside
+MODEL_DIR/variants/<served variant>) of the variant that model serves now and
 answers with the recommendation and the served variant's row; without one, it
-says where it looked.
+says where it looked. The page asks once per model /v1/models lists.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ import json
 import re
 from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Query
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 
-from qserve.serve.config import ServeConfig
 from qserve.serve.schemas import ErrorResponse
+from qserve.serve.state import ServeState
 
 PAGE = Path(__file__).with_name("page.html")
 
@@ -51,6 +52,8 @@ class BenchRow(BaseModel):
 class ReportSummary(BaseModel):
     """Why this variant: the bench report beside it, if there is one."""
 
+    model: str | None = None
+    """The served model's name (several models: each has its own report)."""
     served: str
     """The served variant's directory name (its name in the report)."""
     report: str | None = None
@@ -130,8 +133,9 @@ def _csp(page: str) -> str:
             "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
-def add_page(app: FastAPI, config: ServeConfig) -> None:
+def add_page(app: FastAPI, st: ServeState) -> None:
     """GET / (the page, open: see guard.OPEN_PATHS) and GET /v1/report (needs the key like every JSON route)."""
+    config = st.config
     # Whether to ask for a key is the one server fact the page carries, so it never has to fail a call to learn it.
     page = PAGE.read_text(encoding="utf-8").replace("{{AUTH}}", "required" if config.api_key else "none")
     headers = {"Content-Security-Policy": _csp(page), "X-Content-Type-Options": "nosniff",
@@ -142,7 +146,13 @@ def add_page(app: FastAPI, config: ServeConfig) -> None:
         return HTMLResponse(page, headers=headers)
 
     @app.get("/v1/report", tags=["v1"], response_model=ReportSummary,
-             summary="The bench report behind the served variant: the recommendation and its row",
-             responses={401: {"model": ErrorResponse}})
-    def v1_report() -> ReportSummary:  # a plain def: FastAPI runs the file reads in its thread pool
-        return report_summary(config.variant_dir)
+             summary="The bench report behind a served model's variant: the recommendation and its row",
+             responses={401: {"model": ErrorResponse}, 404: {"model": ErrorResponse},
+                        503: {"model": ErrorResponse}})
+    def v1_report(model: str | None = Query(default=None, description="A served model (GET /v1/models lists "
+                                                                       "them); default: the default model.")
+                  ) -> ReportSummary:  # a plain def: FastAPI runs the file reads in its thread pool
+        served = st.model(model)
+        out = report_summary(served.variant_dir or config.variant_dir)
+        out.model = served.name
+        return out

@@ -20,6 +20,15 @@ reports the engine, the replica count and each replica's state (from the Serve
 controller), and the selection when a model dir chose the variant; /metrics is per replica (the one that answered: see the header and the
 `qserve_replica_info` gauge).
 
+Several models (DIR DIR ..., NAME=DIR, --model-repository) and shadows: every replica holds the
+same ServeState with all the models, because a replica runs the same FastAPI app as uvicorn does;
+the app routes by name inside the replica (no Serve multiplexing, no deployment per model). That
+keeps one code path and one set of routes, at the cost of each replica's memory holding every
+model. The names travel to the replicas as plain data (name, dir), each replica loads them itself.
+The repository API (load, unload, hot swap) reaches the one replica Ray routes the call to and
+applies to that replica only: to roll a new version to every replica, redeploy (`serve deploy`
+with the same config re-creates the replicas, which load the directories' current contents).
+
 Without --ray-address, `qserve serve --engine ray` starts a local Ray instance even where
 `ray start` recorded a cluster (see run_ray). Importing this module imports Ray; without the `ray` extra it raises a QserveError
 naming the install command. `import qserve` never imports it.
@@ -33,6 +42,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -40,6 +50,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from qserve import QserveError
 from qserve.serve.config import ServeConfig
 from qserve.serve.deploy import APP_NAME, DEPLOYMENT_NAME, RAY_INSTALL_HINT, Scaling, app_args, deployment_options
+from qserve.serve.repository import ModelSource, Repository
 from qserve.serve.state import Selection, ServeState
 
 try:
@@ -117,12 +128,15 @@ async def ray_engine_info(replica_id: str) -> dict[str, Any]:
 
 @serve.ingress()  # late-bound: __serve_build_asgi_app__ builds the app inside the replica
 class QserveReplica:
-    def __init__(self, settings: dict[str, Any], selection: Selection | None = None):
+    def __init__(self, settings: dict[str, Any], selection: Selection | None = None,
+                 models: list[tuple[str, str]] | None = None):
         from qserve.serve.config import config_from_sources
 
         # Settings from the builder args, then QSERVE_* in the replica's own environment (the API key).
         self.cfg = config_from_sources({k: v for k, v in settings.items() if v is not None})
+        self.cfg.grpc_port = None  # the Ray engine serves HTTP only (QSERVE_GRPC_PORT must not bind per replica)
         self.selection = selection
+        self.models = [tuple(m) for m in models] if models else None  # (name, dir): `qserve serve DIR DIR ...`
         self.replica_id = serve.get_replica_context().replica_id.unique_id
 
     def __serve_build_asgi_app__(self) -> ASGIApp:
@@ -130,7 +144,10 @@ class QserveReplica:
 
         from qserve.serve.app import create_app
 
-        app = create_app(self.cfg, selection=self.selection)
+        repository = None
+        if self.models:
+            repository = Repository([ModelSource(name, path) for name, path in self.models])
+        app = create_app(self.cfg, selection=self.selection, repository=repository)
         st: ServeState = app.state.qserve
         replica_id = self.replica_id
 
@@ -151,15 +168,17 @@ def logging_config(log_level: str) -> dict[str, Any]:
 
 
 def application(settings: dict[str, Any], scaling: Scaling, cores: int | None = None,
-                log_level: str | None = None, selection: Selection | None = None) -> Any:
-    """The bound Ray Serve application for these ServeConfig settings and this scaling; `selection` (why a
-    model dir's variant was chosen) travels to every replica for /v1/models."""
+                log_level: str | None = None, selection: Selection | None = None,
+                models: list[tuple[str, str]] | None = None) -> Any:
+    """The bound Ray Serve application for these ServeConfig settings and this scaling; `selection` (why the
+    default model's variant was chosen) and `models` ((name, dir) of each model) travel to every replica."""
     mbs = settings.get("max_batch_size") or ServeConfig.max_batch_size
     opts = deployment_options(scaling, mbs, cores)
     if log_level:
         opts["logging_config"] = logging_config(log_level)
     # A replica that cannot load will not load on retry #20 either: fail the deploy quickly.
-    return serve.deployment(QserveReplica, max_constructor_retry_count=3).options(**opts).bind(settings, selection)
+    return serve.deployment(QserveReplica, max_constructor_retry_count=3).options(**opts).bind(settings, selection,
+                                                                                               models)
 
 
 def build_app(args: dict[str, Any]) -> Any:
@@ -167,8 +186,9 @@ def build_app(args: dict[str, Any]) -> Any:
 
     Deployment options in the config file's `deployments:` entry override the defaults set here."""
     args = dict(args or {})
-    if not args.get("variant_dir"):
-        raise QserveError("args.variant_dir is missing: the absolute variant path every node can read")
+    if not args.get("variant_dir") and not args.get("model_repository"):
+        raise QserveError("args.variant_dir is missing: the absolute variant path every node can read (or "
+                          "args.model_repository: a directory of models every node can read)")
     ServeConfig(**args).validate()  # unknown keys or bad values fail the deploy with the flag's message
     threads = args.get("threads")
     return application(args, Scaling(1, num_cpus=float(threads) if threads else None))
@@ -188,7 +208,7 @@ def recorded_cluster() -> str | None:
 
 
 def run_ray(cfg: ServeConfig, scaling: Scaling, address: str | None, log_level: str = "info",
-            selection: Selection | None = None) -> int:
+            selection: Selection | None = None, repository: Repository | None = None) -> int:
     """`qserve serve --engine ray`: start (or join) Ray, run the app on --host/--port, wait for a signal.
 
     Without --ray-address this always starts a local instance, even where `ray start` left a cluster
@@ -197,6 +217,14 @@ def run_ray(cfg: ServeConfig, scaling: Scaling, address: str | None, log_level: 
     cores = os.cpu_count() or 1
     threads = cfg.threads or scaling.threads_per_replica(cores if local else None)
     settings = app_args(cfg.variant_dir, {**vars(cfg), "threads": threads})
+    if cfg.model_repository:
+        settings.pop("variant_dir")  # the replicas read the repository: ROOT's subdirectories
+        settings["model_repository"] = str(Path(cfg.model_repository).resolve())
+    if cfg.shadow:  # replicas may run in another working directory
+        settings["shadow"] = [f"{n}={Path(d).resolve()}" for n, _, d in (e.partition("=") for e in cfg.shadow)]
+    # DIRs: the names fixed here (a clash was refused) travel as data; --model-repository: replicas scan ROOT.
+    models = None if repository is None or repository.root is not None else [
+        (s.name, str(Path(s.path).resolve())) for s in repository.initial]
     if cfg.api_key:  # through the actor's init args, never into a config file
         settings["api_key"] = cfg.api_key
     need = scaling.cpus_per_replica(cores) * (scaling.replicas or scaling.min_replicas or 1)
@@ -222,7 +250,7 @@ def run_ray(cfg: ServeConfig, scaling: Scaling, address: str | None, log_level: 
         serve.start(http_options={"host": cfg.host, "port": port}, logging_config=logging_config(log_level))
         t0 = time.perf_counter()
         try:
-            serve.run(application(settings, scaling, cores if local else None, log_level, selection),
+            serve.run(application(settings, scaling, cores if local else None, log_level, selection, models),
                       name=APP_NAME, route_prefix="/")
         except Exception as e:  # noqa: BLE001 - Ray's deploy failure carries the replica's load error
             print(f"qserve serve: error: Ray could not start {cfg.variant_dir}: {e}", flush=True)

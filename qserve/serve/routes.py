@@ -42,28 +42,32 @@ def add_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat lis
         return Response(st.metrics.render(), media_type=st.metrics.content_type)
 
     # -- /v1: HF text-classification pipeline format -----------------------------------------
-    @app.get("/v1/models", tags=["v1"], summary="The served variant's manifest summary",
+    @app.get("/v1/models", tags=["v1"], summary="Every served model: manifest summary, version, shadow agreement",
              responses={code: {"model": ErrorResponse} for code in (401, 503)})
     async def v1_models() -> dict:
         st.require_ready()
-        return {"models": [m.summary() for m in st.models.values()], **(await st.engine_info())}
+        return {"models": [m.summary() for m in st.models.values()], "default": st.default,
+                **(await st.engine_info())}
 
     @app.post("/v1/classify", tags=["v1"], response_model=ClassifyResponse, responses=ERRORS,
               summary="Classify one text or a list; [{label, score}] per input, best first")
     async def classify(body: ClassifyRequest, request: Request) -> JSONResponse:
-        model = st.model(body.model)
+        model = st.model(body.model, request)
         texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
         st.check_texts(texts, "inputs")
+        # the model that answered (a swap may intervene); the policy is checked against it
+        model, result = await st.classify(model, texts, request, body.long_text, "long_text")
         policy = model.check_policy(body.long_text, "long_text")
-        result = await st.classify(model, texts, request, policy)
         rt = model.runtime
         return JSONResponse({
-            "model": model.name, "model_name": rt.manifest.get("model_name"),
+            "model": model.name, "model_version": model.version, "model_name": rt.manifest.get("model_name"),
             "predictions": [top_labels(row, rt.labels, body.top_k) for row in result.probs],
             "truncated": result.truncated, "tokens": result.tokens, "windows": result.windows,
             "long_text": policy or str(rt.long_text), "max_length": rt.max_length})
 
     # -- /v2: KServe V2 / Open Inference Protocol (v2.py) -----------------------------------
     from qserve.serve.v2 import add_v2_routes
+    from qserve.serve.v2_repository import add_repository_routes
 
     add_v2_routes(app, st)
+    add_repository_routes(app, st)

@@ -58,7 +58,8 @@ class ClassifyRequest(BaseModel):
         default=None, description="Labels per input, best first; null = all labels. An integer: \"2\" and "
                                   "true are refused.")
     model: Annotated[str, Field(strict=True)] | None = Field(
-        default=None, description="Optional: must equal the served model's name.")
+        default=None, description="Optional: the served model to use (GET /v1/models lists them); default: the "
+                                  "first one the server was started with.")
     long_text: LongText | None = Field(
         default=None, description="What to read of a text longer than max_length tokens: head, tail, head-tail[:H] "
                                   "or windows[:W[:S[:mean|max]]]; null = the server's default.")
@@ -71,6 +72,8 @@ class LabelScore(BaseModel):
 
 class ClassifyResponse(BaseModel):
     model: str = Field(description="Name the variant is served under.")
+    model_version: str = Field(description="The answering model's version: its manifest's short hash (a hot "
+                                           "swap changes it).")
     model_name: str = Field(description="The fine-tuned model the variant was exported from.")
     predictions: list[list[LabelScore]] = Field(
         description="Per input, in input order: [{label, score}] sorted by score (the HF "

@@ -1,224 +1,290 @@
-"""The serving state: the models a server holds by name, how one is loaded and warmed, and the checks
-every route shares.
+"""The serving state: the models a server holds by name, how each is loaded, warmed, swapped and released,
+and the checks every route shares.
 
-    python -c "from qserve.serve.state import load_model; from qserve.serve.config import ServeConfig; \\
-m = load_model(ServeConfig(variant_dir='models/minilm-imdb-variants/onnx-int8', device='cpu')); print(m.name, m.labels)"
+    python -m pytest tests/test_serve_lifecycle.py -q
 
-A Loader turns a ServeConfig into a ModelRuntime (the default, load_model, is load_runtime on
-config.variant_dir with the manifest verified). ServeState.add() warms that runtime up, starts
-its Batcher and keeps the three together as a ServedModel under the model's name, with the
-Selection that says why this variant was chosen (when a model dir picked it). Routes, the V2
-protocol and the Ray engine reach a model only through ServeState.model(name). A request's
-long_text is resolved for that model (ServedModel.check_policy) and travels with each of its texts
-through the batcher to the runtime, which cuts and aggregates them (qserve/longtext.py). Today a server
-holds exactly one model, the default, loaded by ServeState.start() in the app's lifespan.
+A Loader turns a ServeConfig into a ModelRuntime (served.py; the default, load_model, is
+load_runtime on config.variant_dir with the manifest verified). ServeState.load(name) reads the
+model's directory (repository.py says which), loads it on a side thread while the inference thread
+keeps serving, warms it up, starts its Batcher and puts the three under the name as a ServedModel,
+with its version (the manifest's short hash). A name that is already serving is swapped: one dict
+assignment on the event loop switches every later request to the new model, while the old Batcher
+drains what it had accepted; then the old runtime is closed and freed: by refcounting, or, when a
+reference cycle holds it, by gc.unfreeze, collect, freeze (the post-warm-up freeze must not pin
+it). A weakref proves it is gone (ServeState.retired). Routes, the V2 protocol and the Ray engine
+reach a model only through ServeState.model(name), and queue texts through ServeState.classify,
+which answers with the model that actually ran them. A request's long_text is resolved for the model
+that runs it (ServedModel.check_policy) and travels with each of its texts through the batcher to
+the runtime, which cuts and aggregates them (qserve/longtext.py); a shadow re-scores a sampled text
+under that same policy.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+import weakref
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from starlette.requests import Request
 
-from qserve.longtext import LongTextError, LongTextPolicy
-from qserve.runtime.base import Classification
-from qserve.serve.batcher import Batcher, BatchResult, InferFn, NotAccepting, QueueFull
+from qserve import QserveError
+from qserve.serve.batcher import Batcher, BatchResult, NotAccepting, QueueFull
 from qserve.serve.config import ServeConfig
 from qserve.serve.errors import ApiError
 from qserve.serve.guard import Arrivals
 from qserve.serve.metrics import Metrics
+from qserve.serve.repository import ModelSource, Repository, Selection, model_version, resolve
+from qserve.serve.served import Loader, ModelRuntime, Retired, ServedModel, infer_fn, load_model
+from qserve.serve.shadow import Shadow, parse_shadows
 from qserve.serve.texts import text_problem
+from qserve.serve.tracing import TRACE_KEY
+
+if TYPE_CHECKING:
+    from qserve.serve.tracing import Tracing
+
+__all__ = ["Loader", "ModelRuntime", "Retired", "Selection", "ServeState", "ServedModel", "load_model"]
 
 log = logging.getLogger("qserve.serve")
-
-
-class ModelRuntime(Protocol):
-    """What serve needs from a loaded variant; qserve.runtime.Runtime (load_runtime's result) is one."""
-
-    name: str
-    """The variant's spec name (the served name unless --model-name overrides it)."""
-    labels: list[str]
-    max_length: int
-    """Tokens the model reads at once; a longer text is cut by a long-text policy, and classify() says how."""
-    long_text: LongTextPolicy
-    """The policy of texts whose request names none (--long-text, else the variant's manifest, else head)."""
-    manifest: dict[str, Any]
-    device: str
-    row_workers: int
-    """Rows of a batch computed side by side (1 unless the backend runs rows on their own threads)."""
-
-    def resolve_policy(self, policy: str | LongTextPolicy | None, flag: str = "long_text") -> LongTextPolicy:
-        """A policy string written out in full for this variant; LongTextError (naming `flag`) if it cannot be."""
-        ...
-
-    def classify(self, texts: list[str], policy: Sequence[str | None] | None = None) -> Classification:
-        """Probabilities [len(texts), len(labels)] and, per text, whether part of it went unseen, its token
-        count and how many windows were scored; `policy` gives each text's policy (None = long_text)."""
-        ...
-
-    def close(self) -> None: ...
-
-
-Loader = Callable[[ServeConfig], ModelRuntime]
-"""config -> the loaded model; create_app takes one (tests wrap the real runtime through it)."""
-
-
-class Selection(TypedDict):
-    """Why a model dir's variant was served (qserve.bench.recommend.from_model_dir): /v1/models' `selection`."""
-
-    variant: str
-    why: str
-    report: str
-    measured_on: str | None
-    same_cpu: bool | None
-    long_text: str | None
-    """The long-text policy the report names for serving (bench --long-text), else None (the variant's own)."""
-
-
-def load_model(config: ServeConfig) -> ModelRuntime:
-    """The default Loader: load_runtime on config.variant_dir (manifest verified) with the serve flags."""
-    from qserve.runtime import RuntimeOptions, load_runtime
-
-    # max_rows: windows of long texts make more rows than texts; a forward never runs more than a full batch
-    options = RuntimeOptions(threads=config.threads, row_workers=config.row_workers, long_text=config.long_text,
-                             max_windows=config.max_windows, max_rows=config.max_batch_size)
-    return load_runtime(config.variant_dir, config.device, options, allow_extra_files=config.allow_extra_files)
-
-
-@dataclass(eq=False)
-class ServedModel:
-    """One model a server answers for: its runtime, its batcher, its name and why it was chosen."""
-
-    name: str
-    runtime: ModelRuntime
-    batcher: Batcher
-    selection: Selection | None = None
-
-    def summary(self) -> dict[str, Any]:
-        """The model's entry in /v1/models: manifest facts, no file contents."""
-        rt = self.runtime
-        m = rt.manifest
-        files = m.get("files") or {}
-        return {"id": self.name, "model_name": m.get("model_name"), "spec": m.get("spec"), "labels": list(rt.labels),
-                "max_length": rt.max_length, "long_text": str(rt.long_text), "parity": m.get("parity"),
-                "created": m.get("created"), "device": rt.device, "files": len(files),
-                "bytes": sum(int(f.get("bytes", 0)) for f in files.values() if isinstance(f, dict)),
-                "versions": m.get("versions"), "selection": self.selection}
-
-    def check_policy(self, policy: str | None, where: str) -> str | None:
-        """A request's long-text policy written out in full for this model (None: the model's default);
-        422 naming `where` and the allowed forms when it is not one, or does not fit the model."""
-        if policy is None:
-            return None
-        try:
-            return str(self.runtime.resolve_policy(policy, where))
-        except LongTextError as e:
-            raise ApiError(422, str(e)) from None
 
 
 async def _single_process_info() -> dict[str, Any]:
     return {"engine": "uvicorn", "replica_count": 1}
 
 
-def _infer_fn(runtime: ModelRuntime) -> InferFn:
-    def infer(texts: list[str], policies: list[str | None]) -> Classification:
-        # Tokenizing happens here, on the inference thread: the fast tokenizer is not thread-safe.
-        r = runtime.classify(texts, policies)
-        return Classification(np.asarray(r.probs, dtype=np.float32), [bool(t) for t in r.truncated],
-                              [int(n) for n in r.tokens], [int(w) for w in r.windows])
-
-    return infer
-
-
 @dataclass(eq=False)
 class ServeState:
-    """Everything a running server knows: settings, metrics, the models by name, and its lifecycle."""
+    """Everything a running server knows: settings, metrics, the models by name, and their lifecycle."""
 
     config: ServeConfig
     metrics: Metrics
     loader: Loader = load_model
+    repository: Repository | None = None
+    """Where each name loads from; None: the one model config.variant_dir names."""
     selection: Selection | None = None
-    """Why the default model's variant was chosen, when a model dir chose it."""
+    """Why the default model's variant was chosen, when the caller chose it (a model dir says so itself)."""
     on_load_failure: Callable[[BaseException], None] | None = None
+    tracing: Tracing | None = None
+    """OpenTelemetry tracing (tracing.py), or None: off, and a request pays one `is None` check for it."""
     arrivals: Arrivals = field(default_factory=Arrivals)
     executor: ThreadPoolExecutor | None = None
     models: dict[str, ServedModel] = field(default_factory=dict)
     default: str | None = None
-    """The name of the model requests get when they name none."""
+    """The name of the model requests get when they name none: the first one."""
+    shadows: dict[str, Shadow] = field(default_factory=dict)
+    retired: list[Retired] = field(default_factory=list)
+    loading: set[str] = field(default_factory=set)
     load_error: str | None = None
+    started: bool = False
     closing: bool = False
     load_task: asyncio.Task | None = field(default=None, repr=False)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     # /v1/models' engine block; the Ray engine swaps in one that asks the Serve controller.
     engine_info: Callable[[], Awaitable[dict[str, Any]]] = field(default=_single_process_info, repr=False)
 
+    def __post_init__(self) -> None:
+        if self.repository is None:
+            self.repository = Repository.from_config(self.config.variant_dir, self.config.model_name,
+                                                     self.config.model_repository)
+        names = [s.name for s in self.repository.initial]
+        for name, ref in parse_shadows(self.config.shadow).items():
+            if name not in names:
+                raise QserveError(f"--shadow {name}={ref}: no model is named {name!r}; this server serves "
+                                  f"{', '.join(map(repr, names))}")
+
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
-        """Load the default model (the lifespan runs this as a task, so the server answers meanwhile)."""
+        """Load every model and shadow reference (the lifespan runs this as a task, so the server answers
+        meanwhile); the first model is the default."""
+        repo = self.repository
+        assert repo is not None
         try:
-            await self.add(self.config, self.selection)
+            loop = asyncio.get_running_loop()
+            for name, ref in parse_shadows(self.config.shadow).items():
+                shadow = Shadow(name, ref, self.config.shadow_rate, self.config.shadow_threads, self.metrics,
+                                self.config.device, self.config.allow_extra_files,
+                                max_windows=self.config.max_windows)
+                self.shadows[name] = shadow
+                await loop.run_in_executor(None, shadow.load)
+            self.default = repo.initial[0].name
+            for source in repo.initial:
+                await self.load(source.name, initial=True)
         except Exception as e:
             self.load_error = f"{type(e).__name__}: {e}"
-            log.error("could not load %s: %s", self.config.variant_dir, self.load_error)
+            log.error("could not load %s: %s", self.config.model_repository or self.config.variant_dir,
+                      self.load_error)
             if self.on_load_failure is not None:
                 self.on_load_failure(e)
             return
-        self.metrics.ready.set(1)
+        self.started = True
 
-    async def add(self, cfg: ServeConfig, selection: Selection | None = None) -> ServedModel:
-        """Load, warm up and start batching one model; it serves as soon as this returns."""
+    async def load(self, name: str, initial: bool = False) -> ServedModel:
+        """Load (or reload: hot swap) model `name` from its directory; returns once it serves.
+
+        A directory that fails verification or warm-up is refused (400, with the reason) and whatever
+        served the name before keeps serving."""
+        assert self.repository is not None
+        async with self._lock:
+            if self.closing:
+                raise ApiError(503, "server is shutting down", {"Retry-After": "1"})
+            source = self.repository.source(name)
+            old = self.models.get(name)
+            self.loading.add(name)
+            try:
+                new = await self._prepare(source)
+            except Exception as e:
+                self.metrics.loads.labels(name, "refused").inc()
+                if initial:
+                    raise
+                keeps = f"; version {old.version} keeps serving" if old else ""
+                log.error("load of %s from %s refused: %s: %s%s", name, source.path, type(e).__name__, e, keeps)
+                raise ApiError(400, f"load of model {name!r} refused ({source.path}): {type(e).__name__}: {e}"
+                                    f"{keeps}") from None
+            finally:
+                self.loading.discard(name)
+            self.models[name] = new  # the switch: every request from here on gets the new model
+            self.metrics.ready.labels(name).set(1)
+            if old is not None:
+                self.metrics.version.remove(name, old.version)
+            self.metrics.version.labels(name, new.version).set(1)
+            self.metrics.loads.labels(name, "swapped" if old else "loaded").inc()
+            log.info("serving %s version %s (%s, %s, labels %s, length buckets %s)%s", name, new.version,
+                     new.runtime.manifest.get("model_name"), new.variant_dir, new.runtime.labels,
+                     new.runtime.buckets or "none (runs unpadded)", f", replacing version {old.version}" if old else "")
+            if old is not None:
+                retired = await self._retire(old)
+                del old  # the last strong reference this frame held: the collection can now free it
+                await self._collect(retired)
+            return new
+
+    async def unload(self, name: str) -> None:
+        """Stop serving `name`: later requests naming it get 404; what it accepted still finishes."""
+        assert self.repository is not None
+        async with self._lock:
+            if name not in self.models:
+                self.repository.source(name)  # 404 for a name this server does not know
+            model = self.models.pop(name, None)
+            if model is None:
+                return
+            self.metrics.ready.labels(name).set(0)
+            self.metrics.version.remove(name, model.version)
+            self.metrics.loads.labels(name, "unloaded").inc()
+            log.info("unloading %s version %s", name, model.version)
+            retired = await self._retire(model)
+            del model
+            await self._collect(retired)
+
+    async def _prepare(self, source: ModelSource) -> ServedModel:
+        """Resolve, load (side thread), warm up (inference thread) and start batching one model."""
         loop = asyncio.get_running_loop()
-        runtime = await loop.run_in_executor(self.executor, self.loader, cfg)
-        infer = _infer_fn(runtime)
+        vdir, selection = await loop.run_in_executor(None, resolve, source.path)
+        if selection is None and self.selection is not None and source.name == self.default:
+            selection = self.selection
+        elif selection is not None:
+            log.info("model %s: model dir %s serves %s (%s; from %s)", source.name, source.path, selection["variant"],
+                     selection["why"], selection["report"])
+            if selection["same_cpu"] is False:
+                log.warning("that report was measured on %s, not on this CPU: the fastest variant here may differ "
+                            "(re-run `qserve pipeline` here, or pass a variant dir)", selection["measured_on"])
+        # A model dir's report may name the long-text policy to serve (bench --long-text); --long-text wins.
+        long_text = self.config.long_text or (selection or {}).get("long_text")
+        cfg = dataclasses.replace(self.config, variant_dir=str(vdir), model_name=source.name, long_text=long_text)
+        # A side thread: loading takes seconds, and the inference thread keeps serving the old version.
+        runtime = await loop.run_in_executor(None, self.loader, cfg)
         try:
-            # Warm-up, so first-call costs (allocator, graph init) do not land on a client. A batch of one and
-            # a batch of several can take different paths (onnx-int8 runs a batch's rows on their own workers).
-            await loop.run_in_executor(self.executor, infer, ["warm-up"], [None])
+            version = model_version(runtime.manifest)
+            shadow = self.shadows.get(source.name)
+            if shadow is not None:
+                shadow.attach(version, list(runtime.labels), (runtime.manifest.get("spec") or {}).get("bits"))
+            warm = infer_fn(runtime)
+            # Warm-up on the inference thread, so first-call costs (allocator, graph init) do not land on a
+            # client. A batch of one and a batch of several can take different paths (onnx-int8 runs a
+            # batch's rows on their own workers).
+            await loop.run_in_executor(self.executor, warm, ["warm-up"], [None])
             if cfg.max_batch_size > 1:
                 n = min(cfg.max_batch_size, 2 * max(1, runtime.row_workers))
-                await loop.run_in_executor(self.executor, infer, [f"warm-up {i}" for i in range(n)], [None] * n)
+                await loop.run_in_executor(self.executor, warm, [f"warm-up {i}" for i in range(n)], [None] * n)
         except Exception:
-            await loop.run_in_executor(self.executor, runtime.close)  # a model that cannot answer is not kept
+            await loop.run_in_executor(None, runtime.close)  # a model that cannot answer is not kept
             raise
         # What is loaded by now (libraries, model) lives as long as the server: move it out of the cyclic
         # GC, so full collections under load walk only what requests create.
         gc.collect()
         gc.freeze()
-        name = cfg.model_name or runtime.name
-        batcher = Batcher(infer, self.executor, max_batch_size=cfg.max_batch_size, max_wait_ms=cfg.max_wait_ms,
-                          max_queue=cfg.max_queue, metrics=self.metrics, arriving=lambda: self.arrivals.n)
+        offer = None
+        if shadow is not None:
+            def offer(texts: list[str], policies: list[str], probs: np.ndarray, shadow: Shadow = shadow,
+                      version: str = version) -> None:
+                shadow.offer(texts, policies, probs, version)
+        mm = self.metrics.for_model(source.name)
+        batcher = Batcher(infer_fn(runtime, offer, traced=self.tracing is not None), self.executor, max_batch_size=cfg.max_batch_size,
+                          max_wait_ms=cfg.max_wait_ms, max_queue=cfg.max_queue, metrics=mm,
+                          arriving=lambda: self.arrivals.n)
         batcher.start()
-        model = ServedModel(name=name, runtime=runtime, batcher=batcher, selection=selection)
-        self.models[name] = model
-        if self.default is None:
-            self.default = name
-        log.info("serving %s (%s, labels %s) with max batch %d, max wait %.1f ms", name,
-                 runtime.manifest.get("model_name"), runtime.labels, cfg.max_batch_size, cfg.max_wait_ms)
-        return model
+        return ServedModel(name=source.name, runtime=runtime, batcher=batcher, version=version,
+                           variant_dir=str(vdir), selection=selection, metrics=mm, shadow=shadow)
+
+    async def _retire(self, model: ServedModel) -> Retired:
+        """Drain a model that no longer serves and close it; a weakref to its runtime says when it is gone."""
+        loop = asyncio.get_running_loop()
+        await model.batcher.close()  # what it accepted finishes on it
+        if model.metrics is not None:
+            model.metrics.queue_depth.release()
+        await loop.run_in_executor(self.executor, model.runtime.close)
+        retired = Retired(model.name, model.version, weakref.ref(model.runtime))
+        self.retired = [*self.retired[-7:], retired]
+        return retired
+
+    async def _collect(self, retired: Retired) -> None:
+        """Free a retired model's memory (the caller has dropped its references)."""
+        # Most runtimes go with their last reference; handlers that got their answers from it drop theirs
+        # within a few loop turns.
+        for _ in range(20):
+            if retired.released:
+                log.info("released %s version %s", retired.name, retired.version)
+                return
+            await asyncio.sleep(0.01)
+        # A reference cycle holds it, and since the post-warm-up gc.freeze() it sits in the permanent
+        # generation, where no collection looks: thaw everything, collect, freeze what remains. One full
+        # pass over the heap (~0.5 s with torch loaded, on 2 cores), so only when refcounting was not enough.
+        for attempt in range(3):
+            gc.unfreeze()
+            gc.collect()
+            gc.freeze()
+            if retired.released:
+                log.info("released %s version %s (a reference cycle: collected)", retired.name, retired.version)
+                return
+            await asyncio.sleep(0.05)
+        log.warning("%s version %s is still referenced after its release; its memory stays in use",
+                    retired.name, retired.version)
 
     async def stop(self) -> None:
         """Refuse new work, let the load finish, drain every model's queue, release the models."""
         self.closing = True
-        self.metrics.ready.set(0)
+        for name in self.models:
+            self.metrics.ready.labels(name).set(0)
         if self.load_task is not None:
             await self.load_task
         loop = asyncio.get_running_loop()
-        for model in self.models.values():
-            await model.batcher.close()
-            await loop.run_in_executor(self.executor, model.runtime.close)
+        async with self._lock:  # a repository load in progress finishes first
+            for model in self.models.values():
+                await model.batcher.close()
+                await loop.run_in_executor(self.executor, model.runtime.close)
+        for shadow in self.shadows.values():
+            await loop.run_in_executor(None, shadow.close)
         if self.executor is not None:
             self.executor.shutdown(wait=True)
 
     # -- what routes ask -----------------------------------------------------------------------
     @property
     def ready(self) -> bool:
-        return self.default is not None and not self.closing
+        return self.started and not self.closing
 
     def not_ready_reason(self) -> str:
         if self.closing:
@@ -227,30 +293,39 @@ class ServeState:
             return f"model failed to load: {self.load_error}"
         return "model is loading; retry when /ready answers 200"
 
-    def queue_full_retry_after(self) -> int | None:
-        """Retry-After seconds while not one more text fits in the default model's queue, else None
-        (guard.py asks before the body names a model)."""
-        if self.default is None:
+    def queue_full_retry_after(self, name: str | None = None) -> int | None:
+        """Retry-After seconds while not one more text fits in the queue of model `name` (None: the body will
+        name it, so only when every model's queue is full), else None. guard.py asks before reading the body."""
+        if name is not None:
+            model = self.models.get(name)
+            batchers = [model.batcher] if model is not None else []
+        else:
+            batchers = [m.batcher for m in self.models.values()]
+        if not batchers or not all(b.full for b in batchers):
             return None
-        b = self.models[self.default].batcher
-        if not b.full:
-            return None
-        return b.retry_after_s()
+        return min(b.retry_after_s() for b in batchers)
 
     def require_ready(self) -> None:
         if not self.ready:
             raise ApiError(503, self.not_ready_reason(), {"Retry-After": "1"})
 
-    def model(self, name: str | None = None) -> ServedModel:
-        """The model called `name` (None: the default); 503 while not ready, 404 for a name not served."""
+    def model(self, name: str | None = None, request: Request | None = None) -> ServedModel:
+        """The model called `name` (None: the default); 503 while not ready, 404 for a name not served.
+        With `request`, the request's metrics carry the model's name."""
         self.require_ready()
         if name is None:
             name = self.default
-        model = self.models.get(name)
+        model = self.models.get(name)  # type: ignore[arg-type]
         if model is None:
+            serving = ", ".join(map(repr, self.models)) or "none"
+            if name == self.default:
+                raise ApiError(404, f"the default model {name!r} is unloaded; name a model (serving: {serving}) "
+                                    "or load it again")
             if len(self.models) == 1:
-                raise ApiError(404, f"unknown model {name!r}; this server serves exactly one model: {self.default!r}")
-            raise ApiError(404, f"unknown model {name!r}; this server serves {', '.join(map(repr, self.models))}")
+                raise ApiError(404, f"unknown model {name!r}; this server serves exactly one model: {serving}")
+            raise ApiError(404, f"unknown model {name!r}; this server serves {serving}")
+        if request is not None:
+            request.state.qserve_model = model.name
         return model
 
     def check_texts(self, texts: list[Any], where: str) -> None:
@@ -271,16 +346,40 @@ class ServeState:
                                     "(--max-chars). Texts over the model's token limit are cut by the long-text "
                                     "policy, but the character limit bounds the work per request")
 
-    async def classify(self, model: ServedModel, texts: list[str], request: Request,
-                       policy: str | None = None) -> BatchResult:
-        """Queue texts on the model's batcher, each read by `policy` (model.check_policy's; None = the
-        model's default); map every failure to an HTTP answer."""
+    async def classify(self, model: ServedModel, texts: list[str], request: Request, long_text: str | None = None,
+                       where: str = "long_text") -> tuple[ServedModel, BatchResult]:
+        """Queue texts on the model's batcher, each read by the request's `long_text` (None = the model's
+        default; 422 naming `where` when the model cannot apply it); map every failure to an HTTP answer.
+        Returns the model that answered: the one serving `model.name` now (after a hot swap since the route
+        looked it up, the new one, against which the policy is checked)."""
+        return await self.submit(model, texts, request.scope, request.state.request_id, long_text, where)
+
+    async def submit(self, model: ServedModel, texts: list[str], scope: dict[str, Any], request_id: str,
+                     long_text: str | None = None, where: str = "long_text") -> tuple[ServedModel, BatchResult]:
+        """classify() for any protocol: `scope` (an ASGI scope, or the gRPC service's stand-in) carries the
+        request's arrival mark, the model label of its metrics and, with tracing on, its RequestTrace."""
         self.require_ready()
-        self.arrivals.end(request.scope)  # from here on this request is queued, not arriving
+        self.arrivals.end(scope)  # from here on this request is queued, not arriving
+        # No await between this lookup and the enqueue: a model in self.models is always accepting.
+        current = self.models.get(model.name)
+        if current is None:
+            raise ApiError(404, f"model {model.name!r} was unloaded; serving: {', '.join(map(repr, self.models))}")
+        state = scope.setdefault("state", {})
+        state["qserve_model"] = current.name  # what request.state.qserve_model reads on HTTP
+        policy = current.check_policy(long_text, where)
+        trace = state.get(TRACE_KEY) if self.tracing is not None else None  # all tracing costs when it is off
+        if trace is None:
+            return current, await self._submit(current, texts, request_id, policy)
+        trace.queued()
+        result = await self._submit(current, texts, request_id, policy)
+        trace.answered(result.phases)
+        return current, result
+
+    async def _submit(self, current: ServedModel, texts: list[str], rid: str, policy: str | None) -> BatchResult:
         try:
-            return await model.batcher.submit(texts, self.config.request_timeout_s, policy)
+            return await current.batcher.submit(texts, self.config.request_timeout_s, policy)
         except QueueFull as e:
-            self.metrics.rejected.labels("queue_full").inc()
+            self.metrics.reject("queue_full", current.name)
             raise ApiError(429, str(e), {"Retry-After": str(e.retry_after_s)}) from None
         except NotAccepting:
             raise ApiError(503, "server is shutting down; retry on another replica", {"Retry-After": "1"}) from None
@@ -288,7 +387,19 @@ class ServeState:
             raise ApiError(504, f"no answer within {self.config.request_timeout_s} s "
                                 "(--request-timeout-s); the model may be overloaded") from None
         except Exception as e:
-            rid = request.state.request_id
             log.error("request %s: inference failed: %s: %s", rid, type(e).__name__, e)
             raise ApiError(500, f"inference failed for this request ({type(e).__name__}); "
                                 f"quote request id {rid}. Other requests are unaffected") from None
+
+    def index(self) -> list[dict[str, str]]:
+        """The repository index (Triton's shape): every model this server can load, and its state."""
+        assert self.repository is not None
+        names = [s.name for s in self.repository.known()]
+        names += [n for n in self.models if n not in names]
+        out = []
+        for name in names:
+            model = self.models.get(name)
+            state = "READY" if model is not None else ("LOADING" if name in self.loading else "UNAVAILABLE")
+            out.append({"name": name, "version": model.version if model else "", "state": state,
+                        "reason": "" if model is not None else ("loading" if name in self.loading else "unloaded")})
+        return out

@@ -13,7 +13,11 @@ What a stock client sends, and what this module does with it:
   asked: `parameters.binary_data_output` for all, or `binary_data` per requested output;
 - GET /v2/models/{name}/config answers a Triton-style model configuration;
 - every error is the protocol's {"error": "..."} (plus our request_id).
-Versioned paths (/v2/models/{name}/versions/1/...) answer like the unversioned ones.
+A model's version is its manifest's short hash (GET /v2/models/{name} lists it; every infer answer
+carries it as model_version). Versioned paths (/v2/models/{name}/versions/{version}/...) answer like
+the unversioned ones for the version being served, 404 for any other; a path without a version
+reaches whatever version serves now (after a hot swap, the new one). The repository extension
+(index, load, unload) is v2_repository.py.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from qserve import __version__
+from qserve.serve.batcher import BatchResult
 from qserve.serve.errors import ApiError
 from qserve.serve.schemas import (V2_OUTPUTS, ErrorResponse, V2InferRequest, V2InferResponse,
                                   V2ModelMetadata, flatten)
@@ -37,8 +42,7 @@ from qserve.serve.state import ServedModel, ServeState
 from qserve.serve.texts import unicode_problem
 
 HEADER_LENGTH = "inference-header-content-length"
-VERSION = "1"
-EXTENSIONS = ["binary_tensor_data", "model_configuration"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository"]
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -89,7 +93,7 @@ def _parse_request(body: bytes, header_length: str | None) -> tuple[V2InferReque
         raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from None
 
 
-def _bytes_elements(raw: bytes, where: str) -> list[str]:
+def bytes_elements(raw: bytes, where: str) -> list[str]:
     """Decode a binary BYTES tensor: repeated (uint32 LE length, that many UTF-8 bytes)."""
     out, pos = [], 0
     while pos < len(raw):
@@ -118,7 +122,7 @@ def request_texts(st: ServeState, req: V2InferRequest, binary: bytes) -> list[st
         if size != len(binary):
             raise ApiError(400, f"inputs[0].parameters.binary_data_size is {size} but {len(binary)} bytes follow "
                                 "the JSON header (Inference-Header-Content-Length)")
-        data = _bytes_elements(binary, "inputs[0]")
+        data = bytes_elements(binary, "inputs[0]")
     else:
         if tensor.data is None:
             raise ApiError(400, "inputs[0] has no data: send the texts in data, or as binary data with "
@@ -148,7 +152,7 @@ def requested_outputs(req: V2InferRequest) -> list[tuple[str, bool]]:
 
 
 # -- response encoding ---------------------------------------------------------------------------
-def _binary(datatype: str, values: Any) -> bytes:
+def tensor_bytes(datatype: str, values: Any) -> bytes:
     if datatype == "FP32":
         return np.ascontiguousarray(values, dtype="<f4").tobytes()
     if datatype == "BOOL":
@@ -165,7 +169,7 @@ def encode_response(head: dict[str, Any], tensors: list[tuple[dict[str, Any], An
     outputs, blobs = [], []
     for meta, values, as_binary in tensors:
         if as_binary:
-            blob = _binary(meta["datatype"], values)
+            blob = tensor_bytes(meta["datatype"], values)
             blobs.append(blob)
             outputs.append({**meta, "parameters": {"binary_data_size": len(blob)}})
         else:
@@ -180,6 +184,16 @@ def encode_response(head: dict[str, Any], tensors: list[tuple[dict[str, Any], An
 
 
 # -- routes -------------------------------------------------------------------------------------
+def output_values(model: ServedModel, result: BatchResult) -> dict[str, tuple[dict[str, Any], Any]]:
+    """Every output by name: (tensor meta {name, datatype, shape}, values), for HTTP and gRPC alike."""
+    n, k = result.probs.shape
+    labels = model.runtime.labels
+    return {"probabilities": ({"name": "probabilities", "datatype": "FP32", "shape": [n, k]}, result.probs),
+            "label": ({"name": "label", "datatype": "BYTES", "shape": [n]},
+                      [labels[j] for j in result.probs.argmax(axis=1)]),
+            "truncated": ({"name": "truncated", "datatype": "BOOL", "shape": [n]}, result.truncated)}
+
+
 def model_config(st: ServeState, model: ServedModel) -> dict[str, Any]:
     """Triton's model configuration shape (what tritonclient's get_model_config returns)."""
     rt = model.runtime
@@ -187,7 +201,7 @@ def model_config(st: ServeState, model: ServedModel) -> dict[str, Any]:
     spec = rt.manifest.get("spec", {})
     return {
         "name": model.name, "platform": f"qserve_{spec.get('backend', 'unknown')}", "backend": "qserve",
-        "version_policy": {"specific": {"versions": [VERSION]}},
+        "version_policy": {"specific": {"versions": [model.version]}},
         "max_batch_size": 0,  # shapes below include the batch dimension (-1 = n texts)
         "input": [{"name": "text", "data_type": "TYPE_STRING", "dims": [-1]}],
         "output": [{"name": "probabilities", "data_type": "TYPE_FP32", "dims": [-1, k]},
@@ -202,9 +216,25 @@ def model_config(st: ServeState, model: ServedModel) -> dict[str, Any]:
     }
 
 
-def _check_version(version: str) -> None:
-    if version != VERSION:
-        raise ApiError(404, f"unknown model version {version!r}; this server serves version {VERSION!r}")
+def model_metadata(model: ServedModel) -> dict[str, Any]:
+    """The V2 model metadata (HTTP GET /v2/models/{name}; gRPC ModelMetadata)."""
+    rt = model.runtime
+    k = len(rt.labels)
+    spec = rt.manifest.get("spec", {})
+    return {"name": model.name, "versions": [model.version], "platform": f"qserve_{spec.get('backend', 'unknown')}",
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
+            "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": [-1, k]},
+                        {"name": "label", "datatype": "BYTES", "shape": [-1]},
+                        {"name": "truncated", "datatype": "BOOL", "shape": [-1]}],
+            "parameters": {"labels": ",".join(rt.labels), "max_length": rt.max_length,
+                           "long_text": str(rt.long_text), "model_name": rt.manifest.get("model_name")}}
+
+
+def check_version(model: ServedModel, version: str) -> None:
+    """404 unless `version` is the one `model` serves now (HTTP /versions/{version}/..., gRPC model_version)."""
+    if version != model.version:
+        raise ApiError(404, f"unknown model version {version!r} of {model.name!r}; it serves version "
+                            f"{model.version!r} (GET /v2/models/{model.name}), or leave the version out")
 
 
 def add_v2_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat list of small routes
@@ -221,35 +251,21 @@ def add_v2_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat 
     async def v2_ready() -> JSONResponse:
         return JSONResponse({"ready": st.ready}, status_code=200 if st.ready else 503)
 
-    def metadata(model: ServedModel) -> dict:
-        rt = model.runtime
-        k = len(rt.labels)
-        spec = rt.manifest.get("spec", {})
-        return {"name": model.name, "versions": [VERSION], "platform": f"qserve_{spec.get('backend', 'unknown')}",
-                "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
-                "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": [-1, k]},
-                            {"name": "label", "datatype": "BYTES", "shape": [-1]},
-                            {"name": "truncated", "datatype": "BOOL", "shape": [-1]}],
-                "parameters": {"labels": ",".join(rt.labels), "max_length": rt.max_length,
-                               "long_text": str(rt.long_text), "model_name": rt.manifest.get("model_name")}}
-
     async def infer(name: str, request: Request) -> Response:
-        model = st.model(name)
+        model = st.model(name, request)
         body = await request.body()
         req, binary = _parse_request(body, request.headers.get(HEADER_LENGTH))
         if req.id is not None and unicode_problem(req.id):
             raise ApiError(422, f"id {unicode_problem(req.id)}")
         texts = request_texts(st, req, binary)
         wanted = requested_outputs(req)
-        policy = model.check_policy(req.parameters.long_text if req.parameters else None, "parameters.long_text")
-        result = await st.classify(model, texts, request, policy)
-        n, k = result.probs.shape
+        long_text = req.parameters.long_text if req.parameters else None
+        # the model that answered (a swap may intervene); the policy is checked against it
+        model, result = await st.classify(model, texts, request, long_text, "parameters.long_text")
+        policy = model.check_policy(long_text, "parameters.long_text")
+        values = output_values(model, result)
         labels = model.runtime.labels
-        values = {"probabilities": ({"name": "probabilities", "datatype": "FP32", "shape": [n, k]}, result.probs),
-                  "label": ({"name": "label", "datatype": "BYTES", "shape": [n]},
-                            [labels[j] for j in result.probs.argmax(axis=1)]),
-                  "truncated": ({"name": "truncated", "datatype": "BOOL", "shape": [n]}, result.truncated)}
-        head = {"model_name": model.name, "model_version": VERSION, "id": req.id or request.state.request_id,
+        head = {"model_name": model.name, "model_version": model.version, "id": req.id or request.state.request_id,
                 "parameters": {"labels": ",".join(labels), "max_length": model.runtime.max_length,
                                "long_text": policy or str(model.runtime.long_text)}}
         return encode_response(head, [(*values[w], as_binary) for w, as_binary in wanted])
@@ -257,27 +273,27 @@ def add_v2_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat 
     model_errors = _errors(401, 404, 503)
     for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
         versioned = "{version}" in prefix
-        note = " (version 1 only)" if versioned else ""
+        note = " (the version being served only)" if versioned else ""
 
         def with_version(fn: Any, versioned: bool = versioned) -> Any:
             if not versioned:
                 return fn
 
             async def wrapped(name: str, version: str, request: Request) -> Any:
-                _check_version(version)
+                check_version(st.model(name, request), version)
                 return await fn(name, request)
 
             wrapped.__name__ = fn.__name__ + "_versioned"
             return wrapped
 
         async def v2_metadata(name: str, request: Request) -> dict:
-            return metadata(st.model(name))
+            return model_metadata(st.model(name, request))
 
         async def v2_model_ready(name: str, request: Request) -> dict:
-            return {"name": st.model(name).name, "ready": True}
+            return {"name": st.model(name, request).name, "ready": True}
 
         async def v2_config(name: str, request: Request) -> dict:
-            return model_config(st, st.model(name))
+            return model_config(st, st.model(name, request))
 
         app.add_api_route(prefix, with_version(v2_metadata), methods=["GET"], tags=["v2"],
                           response_model=V2ModelMetadata, responses=model_errors,
