@@ -153,9 +153,12 @@ def main(argv: list[str] | None = None) -> int:
         report["bench"] = str(bench_dir / "report.md")
     if (variants_dir / "ov-int8").is_dir():
         report["serve"] = serve_check(variants_dir / "ov-int8")
+    from qserve.provenance import provenance, with_header
+
+    report["provenance"] = provenance()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    (args.out / "report.md").write_text(render(report), encoding="utf-8")
+    (args.out / "report.md").write_text(with_header(render(report), report["provenance"]), encoding="utf-8")
     print(render(report))
     ok = all(report["agreement"].get(n, {}).get("agreement", 0.0) >= b for n, b in BAR.items())
     ok = ok and exported.returncode == 0 and (report.get("serve") or {}).get("match", False)
