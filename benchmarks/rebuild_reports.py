@@ -153,11 +153,9 @@ STAGES: tuple[Stage, ...] = (
            "--reviews 256 --out benchmarks/reports/serve-ray --force",),
           (Report("benchmarks/reports/serve-ray/report.json", "benchmarks/reports/serve-ray/report.md",
                   "serve_engines:render_md"),),
-          "~6 min: 2.4 min of timed load (the report's own settings); Ray start-ups and the trivial-app cell "
-          "~3.5 min (estimate)",
-          needs=(VARIANT,),
-          notes=("STALE: its ~0.09 max score difference comes from per-batch int8 activation scales, which the "
-                 "row-by-row runtime has since removed; re-run on the AMX Xeon.",)),
+          "6.7 min, measured on the AMD EPYC (2.4 min of it timed load; Ray start-ups and the trivial-app "
+          "cell the rest)",
+          needs=(VARIANT,)),
     Stage("serve-openvino", "the recommended ov-int8 served next to onnx-int8",
           (f"$PY benchmarks/serve_bench.py {VARIANT} --duration 6 --threads 2 "
            "--out benchmarks/reports/serve-openvino/onnx-int8 --force",
@@ -167,10 +165,19 @@ STAGES: tuple[Stage, ...] = (
                   "benchmarks/reports/serve-openvino/onnx-int8/serve_report.md", "serve_bench:render_md"),
            Report("benchmarks/reports/serve-openvino/ov-int8/serve_report.json",
                   "benchmarks/reports/serve-openvino/ov-int8/serve_report.md", "serve_bench:render_md")),
-          "~3 min (estimate: 2 x 48 s of timed load and model timing from the reports' settings, plus start-ups)",
-          needs=(VARIANT, f"{MODELS}/variants/ov-int8"),
-          notes=("STALE: compares against onnx-int8 as it ran before batch invariance (batched, 39 label "
-                 "changes); re-run on the AMX Xeon.",)),
+          "2.7 min, measured on the AMD EPYC (2 x 48 s of timed load and model timing, plus start-ups)",
+          needs=(VARIANT, f"{MODELS}/variants/ov-int8")),
+    Stage("long-text", "every long-text policy (head, tail, head-tail, windows) on the 2,000 test reviews, on the "
+          "pipeline's checkpoint (trained with the default policy, head-tail)",
+          (f"$QSERVE bench {MODELS}/variants/onnx-fp32 --long-text head,tail,head-tail,windows "
+           "--max-eval-samples 2000 --batch-sizes 1 --seq-lens 128 --no-floor --time-budget 1 "
+           "--out benchmarks/reports/long-text --force "
+           f"&& cp {MODELS}/checkpoint/train_metrics.json benchmarks/reports/long-text/",),
+          (_bench("long-text"),),
+          "5.7 min: the bench's own 343 s for one variant under four policies (windows 3.2x the forwards)",
+          needs=(f"{MODELS}/variants/onnx-fp32", f"{MODELS}/checkpoint"),
+          notes=("The trained-head column (the same policies on a checkpoint trained with head) and the full-data "
+                 "run are not measured yet.",)),
     Stage("lifecycle", "several models per server: shadow agreement's throughput cost, a hot swap's latency blip "
           "and memory",
           (f"$QSERVE export {MODELS}/checkpoint --variant onnx-int8 --out {MODELS}/extra/onnx-int8-v2 --force",
@@ -179,8 +186,8 @@ STAGES: tuple[Stage, ...] = (
            "--out benchmarks/reports/lifecycle --force"),
           (Report("benchmarks/reports/lifecycle/report.json", "benchmarks/reports/lifecycle/report.md",
                   "lifecycle_bench:render"),),
-          "~4 min (estimate: a new onnx-int8 version exported and calibrated ~1 min, two server start-ups, "
-          "3 x 2 cells of 11 s and 3 swaps of ~10 s under load)",
+          "2.5 min, measured on the AMD EPYC (a new onnx-int8 version exported and calibrated, two server "
+          "start-ups, 3 x 2 cells of 11 s and 3 swaps under load)",
           needs=(VARIANT, f"{MODELS}/variants/onnx-fp32", f"{MODELS}/checkpoint")),
     Stage("serve-buckets", "length-bucketed ov-int8 served against onnx-int8 (sentences and reviews, c1 and c32), "
           "gRPC vs HTTP, tracing off vs the code before it",
@@ -188,10 +195,9 @@ STAGES: tuple[Stage, ...] = (
            "--duration 5 --rounds 3 --out benchmarks/reports/serve-buckets --force",),
           (Report("benchmarks/reports/serve-buckets/report.json", "benchmarks/reports/serve-buckets/report.md",
                   "serve_buckets:render"),),
-          "~10 min (estimate: 3 rounds x 20 cells x 5 s of timed load, four server start-ups and the sequential "
-          "passes over 512 texts per server)",
-          needs=(VARIANT, f"{MODELS}/variants/ov-int8"),
-          pending="new with length buckets, gRPC and tracing: to be measured on the AMX Xeon"),
+          "5.9 min, measured on the AMD EPYC (3 rounds x 20 cells x 5 s of timed load, four server start-ups "
+          "and the sequential passes over 512 texts per server)",
+          needs=(VARIANT, f"{MODELS}/variants/ov-int8")),
     Stage("flood", "overload: do admitted requests wait behind refusals?",
           (f"$PY benchmarks/flood_bench.py {VARIANT} --baseline-ref 99c8efd --rounds 3 --out benchmarks/reports/flood",),
           (Report("benchmarks/reports/flood/report.json", "benchmarks/reports/flood/report.md", "flood_bench:render"),),

@@ -72,7 +72,7 @@ def test_training_learns_and_records_metrics(trained, separable_csv):
     assert saved["config"]["lr"] == 5e-3 and "torch" in saved["versions"] and "lightning" in saved["versions"]
     meta = json.loads((out / "qserve_model.json").read_text())
     assert meta == {"model_name": f"{Path(saved['base_model']).name}-toy", "base_model": saved["base_model"],
-                    "dataset": str(separable_csv.resolve()), "seed": 42, "max_length": 32, "long_text": "head",
+                    "dataset": str(separable_csv.resolve()), "seed": 42, "max_length": 32, "long_text": "head-tail:16",
                     "max_eval_samples": 2000, "labels": ["negative", "positive"]}
 
 
@@ -93,7 +93,7 @@ def ending_csv(tmp_path_factory) -> Path:
 
 def test_training_reads_long_texts_by_its_long_text_policy(tiny_checkpoint, ending_csv, tmp_path):
     """The label sits in the last token: head never sees it, head-tail does (train, val and test alike)."""
-    head = train(tiny_cfg(tiny_checkpoint, ending_csv, tmp_path / "head", epochs=6))
+    head = train(tiny_cfg(tiny_checkpoint, ending_csv, tmp_path / "head", epochs=6, long_text="head"))
     ht = train(tiny_cfg(tiny_checkpoint, ending_csv, tmp_path / "ht", epochs=6, long_text="head-tail"))
     assert ht["val_accuracy"] >= 0.9 and ht["test_accuracy"] >= 0.9
     assert head["val_accuracy"] <= 0.75
