@@ -95,8 +95,12 @@ def test_failed_export_leaves_nothing(tiny_checkpoint, tmp_path, monkeypatch):
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(td, "build", boom)
-    with pytest.raises(RuntimeError, match="disk full"):
+    from exporters.core import ExportFailed
+
+    # A library's exception reaches the user as one line naming the variant (the cause stays chained).
+    with pytest.raises(ExportFailed, match="torch-fp32 failed for DistilBERT: RuntimeError: disk full") as e:
         exporters.export(tiny_checkpoint, "torch-fp32", tmp_path / "v")
+    assert isinstance(e.value.__cause__, RuntimeError)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -105,9 +109,10 @@ def test_failed_force_export_keeps_the_old_variant(tiny_checkpoint, tmp_path, mo
     exporters.export(tiny_checkpoint, "torch-fp32", out)
     before = (out / "manifest.json").read_bytes()
     import exporters.torch_dtype as td
+    from exporters.core import ExportFailed
 
     monkeypatch.setattr(td, "build", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("crash")))
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ExportFailed, match="RuntimeError: crash"):
         exporters.export(tiny_checkpoint, "torch-fp32", out, force=True)
     assert (out / "manifest.json").read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["v"]
