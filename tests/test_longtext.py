@@ -97,7 +97,9 @@ def test_split_wraps_each_piece_and_aggregate_combines_a_texts_own_pieces():
     batch = pad([[1, 2, 3], [4]], 0)
     assert batch["input_ids"].tolist() == [[1, 2, 3], [4, 0, 0]] and batch["attention_mask"].tolist() == [[1, 1, 1],
                                                                                                            [1, 0, 0]]
-    assert aggregate(logits[:3], Pieces([], [0, 1, 2], [], [1, 1, 1], [], ["mean"] * 3)) is not None
+    # one piece per text: each text's logits are its piece's, untouched
+    np.testing.assert_array_equal(aggregate(logits[:3], Pieces([], [0, 1, 2], [], [1, 1, 1], [], ["mean"] * 3)),
+                                  logits[:3])
 
 
 def test_the_template_is_read_from_the_tokenizer():
