@@ -209,7 +209,7 @@ STAGES: tuple[Stage, ...] = (
            "--out benchmarks/reports/serve-windows --force",),
           (Report("benchmarks/reports/serve-windows/report.json", "benchmarks/reports/serve-windows/report.md",
                   "serve_windows:render"),),
-          "~8 min (estimate: 2,000 reviews sent four times, alone and from 32 clients under head and "
+          "~7 min (estimate: 2,000 reviews sent four times, alone and from 32 clients under head and "
           "windows:128:96:mean, windows ~3.2 pieces a text; one server start-up)",
           needs=(f"{MODELS}/variants/onnx-fp32",),
           pending="a new benchmark"),

@@ -19,9 +19,10 @@ policy is head's c32 texts/s divided by that policy's mean windows per text (fro
 `windows`): a text of 3 windows costs 3 forwards of a head-cut text, so windows cannot beat it; the bar
 is windowed texts/s >= 0.9x the ceiling. Writes report.json and report.md (with provenance) to --out.
 
-Time: the 2,000 reviews under head and windows:128:96:mean take ~8 min on 2 cores (each text four times:
-c1 and c32, under each policy; windows score ~3.2 pieces a text). `--policies head,windows:128:96:mean,
-windows:128:126:mean` adds windows without overlap (126 text tokens a window, ~2.9 a text), ~5 min more.
+Time (estimate, 2 cores, onnx-fp32): ~7 min for the 2,000 reviews under head and windows:128:96:mean, each
+text sent four times (c1 and c32 under each policy; windows score ~3.2 pieces a text, so they take ~3/4
+of it). `--policies head,windows:128:96:mean,windows:128:126:mean` adds windows without overlap (126 text
+tokens a window, ~2.9 a text): ~4 min more.
 """
 
 from __future__ import annotations
@@ -173,6 +174,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     from qserve.devices import cpu_info
     from qserve.longtext import parse_list
     from qserve.provenance import command_line, provenance
+    from qserve.serve.config import ServeConfig
     from serve_bench import scrape_batches
     from serve_buckets import Server
 
@@ -223,7 +225,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     return {"created": now_iso(), "environment": {"cpu": cpu_info(), "cpu_count": os.cpu_count()},
             "settings": {"variant": str(args.variant_dir), "reviews": len(texts), "rounds": args.rounds,
                          "concurrency": args.concurrency, "per_request": args.per_request, "policies": policies,
-                         "threads": args.threads, "max_batch_size": args.max_batch_size, "ratio_bar": RATIO_BAR},
+                         "threads": args.threads, "max_batch_size": args.max_batch_size,
+                         "max_windows": ServeConfig.max_windows, "ratio_bar": RATIO_BAR},
             "server": srv.info, "summary": summary,
             "provenance": {**provenance(), "command": command_line([__file__, *argv])}}
 
@@ -244,7 +247,8 @@ def render(rep: dict[str, Any]) -> str:
     L = [f"# Served windows on real reviews: {rep['server'].get('variant')}", "",
          f"Created {rep['created']} on {cpu_label(rep['environment']['cpu'])} ({rep['environment']['cpu_count']} "
          f"logical CPUs), threads={st['threads'] or 'library default'}, max batch size "
-         f"{st['max_batch_size'] or 'the server default'}. One `qserve serve` of `{st['variant']}` (max_length "
+         f"{st['max_batch_size'] or 'the server default'}, at most {st.get('max_windows')} windows a text. One "
+         f"`qserve serve` of `{st['variant']}` (max_length "
          f"{rep['server'].get('max_length')}); the first {st['reviews']:,} reviews of the IMDb test split, each sent "
          f"once alone (c1, the reference) and once from {conc} concurrent clients ({st['per_request']} text(s) per "
          f"request), under every policy; {st['rounds']} rounds interleave the policies (order reversed every other "
@@ -275,7 +279,8 @@ def render(rep: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("variant_dir", type=Path, nargs="?", default=ROOT / "models/minilm-l6-distilbert-imdb/variants/onnx-fp32",
+    p.add_argument("variant_dir", type=Path, nargs="?",
+                   default=ROOT / "models" / "minilm-l6-distilbert-imdb" / "variants" / "onnx-fp32",
                    help="the variant served (default: models/minilm-l6-distilbert-imdb/variants/onnx-fp32)")
     p.add_argument("--policies", default=POLICIES, help=f"long-text policies, comma-separated; head is always "
                                                         f"among them (default {POLICIES})")
