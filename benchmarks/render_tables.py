@@ -178,6 +178,81 @@ def serve() -> str:
     return _table(head, rows) + _src(rel)
 
 
+NOT_MEASURED = "not measured"
+# The checkpoints of the long-text policies table: (report dir, column label); each its own `make reports` stage.
+LONG_TEXT_RUNS = (("long-text-head", "trained head"),  # 6,000 reviews, 1 epoch
+                  ("long-text", "trained head-tail"),  # the same recipe: the pipeline's checkpoint
+                  ("long-text-full", "full data"))  # head-tail, all 19,922 training reviews, 2 epochs
+
+
+def _maybe(rel: str) -> dict[str, Any] | None:
+    """A report's JSON, or None while its stage has not run (a pending stage's table says "not measured")."""
+    return _load(rel) if (REPORTS / rel).is_file() else None
+
+
+def _src_some(rels: list[str]) -> str:
+    """_src of the reports that exist, naming the stage that writes each missing one."""
+    have = [r for r in rels if (REPORTS / r).is_file()]
+    missing = [f"`{r}` (`make reports STAGE={r.split('/')[0]}`)" for r in rels if r not in have]
+    src = _src(*have) if have else "\n\n<sub>Rendered by `benchmarks/render_tables.py`.</sub>"
+    return src[:-len("</sub>")] + (f" Not measured yet: {', '.join(missing)}.</sub>" if missing else "</sub>")
+
+
+def _policies(report: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """{written-out policy: its row} of the first variant a `qserve bench --long-text` report measured."""
+    for v in (report or {}).get("variants") or []:
+        if v.get("long_text_policies"):
+            return {p["policy"]: p for p in v["long_text_policies"]}
+    return {}
+
+
+def long_text_policies() -> str:
+    """Every long-text policy on the 2,000 test reviews, per checkpoint: accuracy and texts/s of one bench run."""
+    rels = [f"{d}/report.json" for d, _ in LONG_TEXT_RUNS]
+    runs = [_policies(_maybe(r)) for r in rels]
+    names = list(dict.fromkeys(p for run in runs for p in run))
+    rows = []
+    for name in names:
+        first = next(run[name] for run in runs if name in run)  # same texts, same tokenizer: same cut
+        cells = []
+        for run in runs:
+            p = run.get(name)
+            cells += [_pct(p["accuracy"]), _num(p["texts_per_s"], 1)] if p else [NOT_MEASURED, NOT_MEASURED]
+        rows.append([name, *cells, _num(first.get("mean_windows")), _pct(first.get("truncated"))])
+    if not rows:
+        rows.append([NOT_MEASURED] + ["–"] * (2 * len(runs) + 2))
+    head = ["policy"] + [h for _, label in LONG_TEXT_RUNS for h in (f"{label}: accuracy", "texts/s")] + [
+        "windows per text", "texts with unseen tokens"]
+    return _table(head, rows) + _src_some(rels)
+
+
+def long_text_summary() -> str:
+    """The README's short form: the pipeline's checkpoint, every policy's accuracy and texts/s from one run."""
+    rel = "long-text/report.json"
+    run = _policies(_maybe(rel))
+    rows = [[name, _pct(p["accuracy"]), _num(p["texts_per_s"], 1), _num(p.get("mean_windows"))]
+            for name, p in run.items()] or [[NOT_MEASURED, "–", "–", "–"]]
+    return _table(["policy", "test accuracy (2,000)", "texts/s", "windows per text"], rows) + _src_some([rel])
+
+
+def serve_windows() -> str:
+    """Windows served at concurrency 32: answers against each text alone, texts/s against the window ceiling."""
+    rel = "serve-windows/report.json"
+    r = _maybe(rel)
+    conc = (r or {}).get("settings", {}).get("concurrency", 32)
+    head = ["policy", "c1 texts/s", f"c{conc} texts/s", "windows per text", "ceiling texts/s (head / windows)",
+            f"c{conc} / ceiling", f"label changes c{conc} vs c1", "max \\|Δprob\\|"]
+    if r is None:
+        return _table(head, [[NOT_MEASURED] + ["–"] * (len(head) - 1)]) + _src_some([rel])
+    rows = []
+    for name, p in r["summary"]["policies"].items():
+        ch = p["c32_vs_c1"]
+        rows.append([name, _num(p["c1_texts_per_s"], 1), _num(p["c32_texts_per_s"], 1), _num(p["windows_per_text"]),
+                     _num(p.get("ceiling_texts_per_s"), 1), _num(p.get("ratio_to_ceiling"), 2, "x"),
+                     f"{ch['label_changes']} of {ch['compared']:,}", f"{ch['max_abs_dprob']:.1e}"])
+    return _table(head, rows) + _src_some([rel])
+
+
 def stages() -> str:
     """The `make reports` stages: what each re-runs, the CPU its reports record, and how long it takes."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -202,6 +277,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "rows-side-by-side": rows_side_by_side,
     "precision": precision,
     "serve": serve,
+    "long-text-policies": long_text_policies,
+    "long-text-summary": long_text_summary,
+    "serve-windows": serve_windows,
     "stages": stages,
 }
 

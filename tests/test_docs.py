@@ -82,3 +82,30 @@ def test_readme_is_a_front_door():
     nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     for page in sorted((ROOT / "docs").glob("*.md")):
         assert page.name in nav, f"{page.name} is not in mkdocs.yml's nav"
+
+
+def test_a_pending_report_renders_not_measured_and_fills_in_once_it_exists(tmp_path, monkeypatch):
+    # the long-text tables read three checkpoints' reports and the served-windows one; a stage not run yet
+    # is a "not measured" column (or row), never a crash, and its numbers appear as soon as its JSON does
+    import json
+
+    monkeypatch.setattr(render_tables, "REPORTS", tmp_path)
+    committed = ROOT / "benchmarks" / "reports"
+    (tmp_path / "long-text").mkdir()
+    shutil.copy(committed / "long-text" / "report.json", tmp_path / "long-text" / "report.json")
+    table = render_tables.long_text_policies()
+    head_row = next(line for line in table.splitlines() if line.startswith("| head |"))
+    cells = [c.strip() for c in head_row.strip("|").split("|")]
+    assert cells[1:3] == ["not measured"] * 2 and cells[5:7] == ["not measured"] * 2  # head-trained, full data
+    assert cells[3].endswith("%") and cells[3] != "not measured"  # the head-tail checkpoint's own accuracy
+    assert "STAGE=long-text-head" in table and "STAGE=long-text-full" in table
+    assert "not measured" in render_tables.serve_windows() and "STAGE=serve-windows" in render_tables.serve_windows()
+
+    report = json.loads((committed / "long-text" / "report.json").read_text(encoding="utf-8"))
+    for p in report["variants"][0]["long_text_policies"]:
+        p["accuracy"] = 0.5  # a different checkpoint: its own numbers, in its own columns
+    (tmp_path / "long-text-head").mkdir()
+    (tmp_path / "long-text-head" / "report.json").write_text(json.dumps(report), encoding="utf-8")
+    head_row = next(line for line in render_tables.long_text_policies().splitlines() if line.startswith("| head |"))
+    cells = [c.strip() for c in head_row.strip("|").split("|")]
+    assert cells[1] == "50.00%" and cells[3] != "50.00%" and cells[5] == "not measured"
