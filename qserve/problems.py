@@ -160,7 +160,7 @@ def metrics(preds: list[Any], labels: Sequence[Label], problem: str, num_labels:
 
 def multi_hot(label: Label, num_labels: int) -> list[float]:
     """A multi-label target (its label ids) as the float vector BCE-with-logits trains on."""
-    ids = label if isinstance(label, tuple) else (int(label),)
+    ids = label if isinstance(label, (tuple, list)) else (int(label),)  # a list after a trip through JSON
     return [1.0 if i in ids else 0.0 for i in range(num_labels)]
 
 
