@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from qserve import QserveError, problems
-from tests.conftest import build_tiny_checkpoint, serving
+from conftest import build_tiny_checkpoint, serving
 
 httpx2 = pytest.importorskip("httpx2")
 
