@@ -95,3 +95,23 @@ def v2_config_outputs(problem: str, k: int) -> list[dict[str, Any]]:
     types = {"FP32": "TYPE_FP32", "BYTES": "TYPE_STRING", "BOOL": "TYPE_BOOL"}
     return [{"name": o["name"], "data_type": types[o["datatype"]], "dims": o["shape"]}
             for o in v2_metadata_outputs(problem, k)]
+
+
+def publish_outputs(comps: dict[str, Any], variant_dir: str) -> None:
+    """In the OpenAPI document, what the served variant (read from its manifest, so the document is right
+    before the model has loaded) answers: the V2 output names of its problem type, and a `threshold` only a
+    multi-label model takes (null for the others)."""
+    import json
+    from pathlib import Path
+
+    try:
+        manifest = json.loads((Path(variant_dir.split("=", 1)[-1]) / "manifest.json").read_text("utf-8"))
+        problem = problems.from_manifest(manifest)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return  # no readable manifest (several models, a model dir, a repository): every name stays
+    name = ((comps.get("V2RequestedOutput") or {}).get("properties") or {}).get("name")
+    if isinstance(name, dict) and "enum" in name:
+        name["enum"] = list(output_names(problem))
+    threshold = ((comps.get("ClassifyRequest") or {}).get("properties") or {}).get("threshold")
+    if problem != problems.MULTI and isinstance(threshold, dict) and "anyOf" in threshold:
+        threshold["anyOf"] = [alt for alt in threshold["anyOf"] if alt.get("type") == "null"]

@@ -56,7 +56,7 @@ def _threshold(v: Any) -> Any:
     return float(v)
 
 
-Threshold = Annotated[float, BeforeValidator(_threshold)]
+Threshold = Annotated[float, BeforeValidator(_threshold), Field(json_schema_extra={"minimum": 0, "maximum": 1})]
 
 
 class ClassifyRequest(BaseModel):
