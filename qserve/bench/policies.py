@@ -28,6 +28,8 @@ def measure(rt: Any, ev: dict[str, Any], policies: list[str], own: dict[str, Any
     """Child side: one record per policy (resolved for this variant), predictions included for the parent.
 
     `own` is the variant's accuracy record under its own policy: reused rather than measured twice."""
+    from qserve import problems
+
     texts, labels = ev["texts"], ev["labels"]
     out = []
     for asked in with_head(policies):
@@ -41,10 +43,10 @@ def measure(rt: Any, ev: dict[str, Any], policies: list[str], own: dict[str, Any
                 probs = rt.predict(texts[i:i + batch], policy)
                 rt.synchronize()
                 seconds += time.perf_counter() - t0
-                preds.extend(int(p) for p in probs.argmax(-1))
+                preds.extend(problems.predictions(probs, rt.problem_type))
         pieces = rt.split(texts, policy)  # untimed: how many windows and how much text went unseen
-        out.append({"asked": asked, "policy": policy, "n": len(texts),
-                    "accuracy": sum(int(p == y) for p, y in zip(preds, labels)) / len(texts) if texts else None,
+        quality = problems.metrics(preds, labels, rt.problem_type, len(rt.labels))
+        out.append({"asked": asked, "policy": policy, "n": len(texts), "accuracy": quality.get("accuracy"),
                     "seconds": seconds, "texts_per_s": len(texts) / seconds if seconds else None,
                     "mean_windows": sum(pieces.windows) / len(texts) if texts else None,
                     "truncated": sum(pieces.truncated) / len(texts) if texts else None, "predictions": preds})
@@ -53,12 +55,14 @@ def measure(rt: Any, ev: dict[str, Any], policies: list[str], own: dict[str, Any
 
 def add_agreement(variants: list[dict[str, Any]], ref: dict[str, Any] | None) -> None:
     """Parent side: agreement of each policy's predictions with the reference variant's under the same policy."""
-    from qserve.bench.stats import agreement
+    from qserve.problems import SINGLE, agreement
 
     ref_preds = {r["policy"]: r.get("predictions") for r in (ref or {}).get("long_text_policies") or []}
+    acc = (ref or {}).get("accuracy") or {}
+    problem, span = acc.get("problem_type", SINGLE), acc.get("label_range")
     for v in variants:
         for r in v.get("long_text_policies") or []:
-            r["agreement"] = agreement(r.get("predictions"), ref_preds.get(r["policy"])) if ref else None
+            r["agreement"] = agreement(r.get("predictions"), ref_preds.get(r["policy"]), problem, span) if ref else None
     for v in variants:
         for r in v.get("long_text_policies") or []:
             r.pop("predictions", None)

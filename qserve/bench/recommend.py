@@ -7,7 +7,9 @@ among variants measured in that run, the lowest median batch-1 latency over the 
 test texts, each run at its own length (what people send; a length-bucketed variant
 at its bucket, as the server runs it), whose agreement with fp32 on the test split is
 at least the bar for its bits (int8 >= 99%, 4-bit >= 97%; 16/32-bit variants are held
-to the int8 bar). A run without real-text latency for every candidate ranks by the
+to the int8 bar). Agreement is by the model's problem type (qserve/problems.py): the same top label;
+for multi-label the same on/off per label (99% at 8 bits); for regression 1 - mean |Δvalue| / the labels'
+range, so the bar is a mean error of at most 1% of the range at 8 bits (3% at 4). A run without real-text latency for every candidate ranks by the
 headline shape (b1/s128) instead; the ranking quotes both. Speed comes from the same
 report, so from the machine that ran it: the report names that CPU, and `qserve serve
 MODEL_DIR` warns when it is not the one serving.
@@ -71,7 +73,8 @@ def recommend(report: dict[str, Any]) -> dict[str, Any]:
     faster = [r["variant"] for r in ranking if r["p50_ms"] < best["p50_ms"]]
     fixed = (f"; b{b}/s{s} p50 {best['fixed_p50_ms']:.2f} ms" if by_real and best["fixed_p50_ms"] is not None
              else "")
-    why = (f"fastest at {shape} (median {best['p50_ms']:.2f} ms{fixed}) among variants whose agreement with "
+    metric = f" ({report['agreement_metric']})" if report.get("agreement_metric") else ""
+    why = (f"fastest at {shape} (median {best['p50_ms']:.2f} ms{fixed}) among variants whose agreement{metric} with "
            f"{ref or 'fp32'} meets the bar (int8 >= 99%, 4-bit >= 97%, 16/32-bit >= 99%): {best['agreement']:.2%} >= "
            f"{best['bar']:.0%}" + (f"; faster but below the bar: {', '.join(faster)}" if faster else ""))
     return {**{k: best[k] for k in ("variant", "dir", "p50_ms", "agreement", "bar")}, "shape": shape, "why": why,

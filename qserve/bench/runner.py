@@ -64,20 +64,21 @@ def default_out(cfg: BenchConfig, metas: list[dict[str, Any]]) -> Path:
     return Path("benchmarks") / "reports" / name
 
 
-def data_key(cfg: BenchConfig, meta: dict[str, Any]) -> tuple[str | None, int, int | None, bool]:
-    """(dataset, seed, max_eval_samples, accuracy?) for one variant: flags override qserve_model.json."""
+def data_key(cfg: BenchConfig, meta: dict[str, Any]) -> tuple[str | None, int, int | None, bool, str | None]:
+    """(dataset, seed, max_eval_samples, accuracy?, problem type) for one variant: flags override
+    qserve_model.json; the problem type is the manifest's (how the labels are read)."""
     m = meta["model"]
     dataset = cfg.dataset or m.get("dataset")
     seed = cfg.seed if cfg.seed is not None else int(m.get("seed", 42))
     max_eval = cfg.max_eval_samples if cfg.max_eval_samples is not None else m.get("max_eval_samples")
     acc = bool(cfg.accuracy and dataset)
     # Real-text latency needs text even for a speed-only run: the embedded IMDb test split.
-    return (dataset or "default"), seed, max_eval, acc
+    return (dataset or "default"), seed, max_eval, acc, (meta.get("manifest") or {}).get("problem_type")
 
 
 def load_texts(key: tuple, cfg: BenchConfig, cache: dict) -> dict[str, Any]:
     """Real-text inputs and (when asked) the labelled test split, loaded once per key."""
-    dataset, seed, max_eval, acc = key
+    dataset, seed, max_eval, acc, problem = key
     if key in cache:
         return cache[key]
     out: dict[str, Any] = {"dataset": dataset, "seed": seed, "max_eval_samples": max_eval}
@@ -85,7 +86,7 @@ def load_texts(key: tuple, cfg: BenchConfig, cache: dict) -> dict[str, Any]:
         try:
             from qserve.data import load_dataset
 
-            splits = load_dataset(dataset, seed=seed, max_eval_samples=max_eval)
+            splits = load_dataset(dataset, seed=seed, max_eval_samples=max_eval, problem_type=problem)
             test = splits.test
             texts, labels = list(test.texts), list(test.labels)
             if max_eval:

@@ -1,11 +1,12 @@
-"""The Runtime base class: tokenization, the long-text policy, the row-by-row path and softmax shared by all backends.
+"""The Runtime base class: tokenization, the long-text policy, the row-by-row path and the scores shared by all backends.
 
     python -c "import numpy as np; from qserve.runtime.base import softmax; print(softmax(np.array([[0.0, 1.0]])))"
 
 A batch of N texts is tokenized once, without truncation, then each text is cut by its long-text
 policy (qserve/longtext.py) into one piece, or several windows; the M >= N pieces are padded and
 forwarded (at most `max_rows` per forward), and each text's logits are aggregated from its own
-pieces only, so its answer does not depend on its batchmates.
+pieces only, so its answer does not depend on its batchmates. The aggregated logits become scores by the
+variant's problem type (qserve/problems.py) in one place, scores(): softmax, a sigmoid per label, or the value.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from qserve import longtext
+from qserve import longtext, problems
 from qserve.longtext import LongTextPolicy
 
 PolicyArg = str | LongTextPolicy | Sequence[str | LongTextPolicy | None] | None
@@ -91,13 +92,16 @@ class Classification:
     """What classify() answers for N texts."""
 
     probs: np.ndarray
-    """[N, num_labels] float32, rows sum to 1."""
+    """[N, num_labels] float32 scores by `problem_type`: softmax rows (sum to 1), a sigmoid per label
+    (multi-label), or the values (regression, [N, 1])."""
     truncated: list[bool]
     """Per text: was part of it unseen (longer than max_length under head/tail/head-tail, or capped windows)."""
     tokens: list[int]
     """Per text: its token count, special tokens included."""
     windows: list[int]
     """Per text: how many pieces were scored (1 unless a windows policy cut it)."""
+    problem_type: str = problems.SINGLE
+    """What `probs` holds: qserve.problems.SINGLE, MULTI or REGRESSION."""
 
 
 class Runtime:
@@ -130,6 +134,8 @@ class Runtime:
         self.options = options
         self.name: str = manifest["spec"]["name"]
         self.labels: list[str] = list(manifest["labels"])
+        self.problem_type: str = problems.from_manifest(manifest)
+        """How logits become scores (qserve/problems.py); a manifest without one is single-label."""
         self.max_length: int = int(options.max_length or manifest["max_length"])
         self.tokenizer = AutoTokenizer.from_pretrained(self.variant_dir)
         self.template = longtext.template(self.tokenizer)
@@ -282,9 +288,14 @@ class Runtime:
         pieces = self.split(texts, policy)
         return longtext.aggregate(self.forward_pieces(pieces.ids), pieces)
 
+    def scores(self, logits: np.ndarray) -> np.ndarray:
+        """Text logits -> scores by the variant's problem type: the one place predict and classify make them."""
+        return problems.scores(logits, self.problem_type)
+
     def predict(self, texts: list[str], policy: PolicyArg = None) -> np.ndarray:
-        """Class probabilities [len(texts), num_labels] (float32, rows sum to 1)."""
-        return softmax(self.logits(texts, policy))
+        """Scores [len(texts), num_labels] (float32): class probabilities (rows sum to 1) for a single-label
+        variant, a sigmoid per label for multi-label, the values for regression."""
+        return self.scores(self.logits(texts, policy))
 
     def classify(self, texts: list[str], policy: PolicyArg = None, phases: list[Phase] | None = None) -> Classification:
         """predict() plus, per text, its token count, the windows scored and whether part of it was unseen,
@@ -292,8 +303,9 @@ class Runtime:
         attributes) for tokenize, windows (only when a text was cut into several) and inference."""
         if phases is None:
             pieces = self.split(texts, policy)
-            probs = softmax(longtext.aggregate(self.forward_pieces(pieces.ids), pieces))
-            return Classification(probs, list(pieces.truncated), list(pieces.tokens), list(pieces.windows))
+            probs = self.scores(longtext.aggregate(self.forward_pieces(pieces.ids), pieces))
+            return Classification(probs, list(pieces.truncated), list(pieces.tokens), list(pieces.windows),
+                                  self.problem_type)
         t0 = time.time_ns()
         ids = self._encode(list(texts))
         t1 = time.time_ns()
@@ -301,7 +313,7 @@ class Runtime:
         pieces = longtext.split(lambda _: ids, self.template, list(texts), self._policies(policy, len(texts)),
                                 self.max_length, self.options.max_windows)
         t2 = time.time_ns()
-        probs = softmax(longtext.aggregate(self.forward_pieces(pieces.ids), pieces))
+        probs = self.scores(longtext.aggregate(self.forward_pieces(pieces.ids), pieces))
         t3 = time.time_ns()
         width = max((len(r) for r in pieces.ids), default=0)
         windowed = sum(w > 1 for w in pieces.windows)
@@ -314,7 +326,8 @@ class Runtime:
         phases.append(("inference", t2, t3, {"qserve.texts": len(texts), "qserve.pieces": len(pieces.ids),
                                              "qserve.tokenized_shape": f"{len(pieces.ids)}x{width}",
                                              "qserve.buckets": ",".join(map(str, self.buckets or ())) or "none"}))
-        return Classification(probs, list(pieces.truncated), list(pieces.tokens), list(pieces.windows))
+        return Classification(probs, list(pieces.truncated), list(pieces.tokens), list(pieces.windows),
+                              self.problem_type)
 
     def close(self) -> None:
         """Release the model (bench children exit anyway; serve calls this on shutdown)."""

@@ -225,6 +225,9 @@ def _publish_limits(schema: dict, config: ServeConfig) -> None:
     for name in ("ClassifyRequest", "V2InputTensor"):
         walk(comps.get(name))
     _publish_long_text(comps, config)
+    from qserve.serve.outputs import publish_outputs
+
+    publish_outputs(comps, config.variant_dir)
     tensor = comps.get("V2InputTensor")
     if tensor is not None and config.max_inputs <= MAX_SHAPE_BRANCHES:
         # JSON Schema cannot say "shape matches len(data)", but it can list every valid pairing.

@@ -63,6 +63,9 @@ class ServeConfig:
     long_text: str | None = field(default=None, metadata=flag(metavar="POLICY",
                                                               default_text="the variant's manifest, else head"))
     """Long-text policy of requests that name none: head, tail, head-tail[:H] or windows[:W[:S[:mean|max]]]."""
+    threshold: float = 0.5
+    """Multi-label models: the sigmoid score at and above which a label is `on` in /v1 answers (a request's
+    `threshold` overrides it). Single-label and regression models have no threshold."""
     max_windows: int = MAX_WINDOWS
     """Most windows one text gets under a windows policy (more are spread over it; it is then truncated)."""
     max_body_bytes: int = 1 << 20
@@ -120,6 +123,8 @@ class ServeConfig:
         need(self.max_queue >= self.max_inputs, "max_queue",
              f"must be >= --max-inputs ({self.max_inputs}) so a full request can ever fit, got {self.max_queue}")
         need(self.max_chars >= 1, "max_chars", f"must be >= 1, got {self.max_chars}")
+        need(not isinstance(self.threshold, bool) and 0 <= self.threshold <= 1, "threshold",
+             f"must be a number in [0, 1], got {self.threshold}")
         need(1 <= self.max_windows <= 256, "max_windows", f"must be 1..256, got {self.max_windows}")
         if self.long_text is not None:
             parse(self.long_text, f"--long-text (or {ENV_PREFIX}LONG_TEXT)")

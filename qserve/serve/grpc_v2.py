@@ -43,7 +43,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from qserve import __version__
 from qserve.serve.errors import ApiError
 from qserve.serve.guard import token_ok
-from qserve.serve.schemas import V2_OUTPUTS
+from qserve.serve.outputs import check_outputs, output_names
 from qserve.serve.texts import unicode_problem
 from qserve.serve.tracing import TRACE_HEADER, TRACE_KEY
 from qserve.serve import v2_repository as repo
@@ -208,10 +208,11 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             if unicode_problem(request.id):
                 raise ApiError(422, f"id {unicode_problem(request.id)}")
             texts = request_texts(st, request)
-            wanted = requested_outputs(request)
+            wanted = requested_outputs(request, model.runtime.problem_type, model.name)
             long_text = _long_text(request)
             # the model that answered (a hot swap may intervene); the policy is checked against it
             model, result = await st.submit(model, texts, scope, rid, long_text, "parameters.long_text")
+            check_outputs(model.runtime.problem_type, wanted, model.name)  # the model that answered (a swap)
             values = output_values(model, result)
             rt = model.runtime
             out = service_pb2.ModelInferResponse(model_name=model.name, model_version=model.version,
@@ -303,10 +304,8 @@ def request_texts(st: ServeState, req: Any) -> list[str]:
     return data
 
 
-def requested_outputs(req: Any) -> list[str]:
-    """Output names in the order asked for (none asked: all of them)."""
-    names = [o.name for o in req.outputs] or list(V2_OUTPUTS)
-    for i, name in enumerate(names):
-        if name not in V2_OUTPUTS:
-            raise ApiError(422, f"outputs[{i}].name is {name!r}; this model's outputs are {', '.join(V2_OUTPUTS)}")
+def requested_outputs(req: Any, problem: str, model: str) -> list[str]:
+    """Output names in the order asked for (none asked: all of the model's, by its problem type)."""
+    names = [o.name for o in req.outputs] or list(output_names(problem))
+    check_outputs(problem, names, model)
     return names

@@ -5,22 +5,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
+from qserve.serve.outputs import request_threshold, v1_predictions
 from qserve.serve.schemas import ClassifyRequest, ClassifyResponse, ErrorResponse
 from qserve.serve.state import ServeState
 
 # Every status a route can answer (401 only with --api-key; 404 when `model` names another model).
 ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 415, 422, 429, 500, 503, 504)}
-
-
-def top_labels(row: np.ndarray, labels: list[str], top_k: int | None) -> list[dict[str, Any]]:
-    order = np.argsort(-row, kind="stable")[: (top_k or len(labels))]
-    return [{"label": labels[j], "score": float(row[j])} for j in order]
 
 
 def add_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat list of small routes
@@ -55,13 +48,16 @@ def add_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat lis
         model = st.model(body.model, request)
         texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
         st.check_texts(texts, "inputs")
+        request_threshold(model.runtime.problem_type, body.threshold, st.config.threshold, model.name)
         # the model that answered (a swap may intervene); the policy is checked against it
         model, result = await st.classify(model, texts, request, body.long_text, "long_text")
         policy = model.check_policy(body.long_text, "long_text")
         rt = model.runtime
+        threshold = request_threshold(rt.problem_type, body.threshold, st.config.threshold, model.name)
         return JSONResponse({
             "model": model.name, "model_version": model.version, "model_name": rt.manifest.get("model_name"),
-            "predictions": [top_labels(row, rt.labels, body.top_k) for row in result.probs],
+            "predictions": v1_predictions(result.probs, rt.labels, rt.problem_type, body.top_k, threshold),
+            "problem_type": rt.problem_type, **({"threshold": threshold} if threshold is not None else {}),
             "truncated": result.truncated, "tokens": result.tokens, "windows": result.windows,
             "long_text": policy or str(rt.long_text), "max_length": rt.max_length})
 

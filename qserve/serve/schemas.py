@@ -19,7 +19,8 @@ from qserve.serve.texts import VISIBLE_PATTERN
 # A text: a real JSON string (no coercion), non-empty, with a visible character. The pattern is
 # published for clients; the server checks the same rule in code (texts.py) to name the input.
 Text = Annotated[str, Field(strict=True, min_length=1, json_schema_extra={"pattern": VISIBLE_PATTERN})]
-V2_OUTPUTS = ("probabilities", "label", "truncated")
+V2_OUTPUTS = ("probabilities", "label", "value", "truncated")
+"""Every V2 output name; a model has those of its problem type (qserve/serve/outputs.py)."""
 # A long-text policy string; app.py publishes the bounds of the served model's max_length in its place.
 LongText = Annotated[str, Field(strict=True, json_schema_extra={"pattern": long_text_pattern()})]
 
@@ -48,6 +49,16 @@ def _json_form(schema: dict[str, Any]) -> None:
     schema["required"] = sorted(set(schema.get("required", [])) | {"data"})
 
 
+def _threshold(v: Any) -> Any:
+    """A multi-label threshold: a JSON number in [0, 1] (no strings, no booleans)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+        raise ValueError(f"must be a number in [0, 1] (got {v!r})")
+    return float(v)
+
+
+Threshold = Annotated[float, BeforeValidator(_threshold), Field(json_schema_extra={"minimum": 0, "maximum": 1})]
+
+
 class ClassifyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={
         "examples": [{"inputs": "A moving, beautifully shot film."},
@@ -63,11 +74,16 @@ class ClassifyRequest(BaseModel):
     long_text: LongText | None = Field(
         default=None, description="What to read of a text longer than max_length tokens: head, tail, head-tail[:H] "
                                   "or windows[:W[:S[:mean|max]]]; null = the server's default.")
+    threshold: Threshold | None = Field(
+        default=None, description="Multi-label models only: the sigmoid score in [0, 1] at and above which a label "
+                                  "is on; null = the server's --threshold (default 0.5).")
 
 
 class LabelScore(BaseModel):
-    label: str
-    score: float
+    label: str = Field(description='The label; "value" for a regression model.')
+    score: float = Field(description="Softmax probability (single-label), sigmoid score (multi-label) or the "
+                                     "predicted value (regression).")
+    on: bool | None = Field(default=None, description="Multi-label models only: score >= the threshold.")
 
 
 class ClassifyResponse(BaseModel):
@@ -77,7 +93,10 @@ class ClassifyResponse(BaseModel):
     model_name: str = Field(description="The fine-tuned model the variant was exported from.")
     predictions: list[list[LabelScore]] = Field(
         description="Per input, in input order: [{label, score}] sorted by score (the HF "
-                    "text-classification pipeline format).")
+                    "text-classification pipeline format); multi-label: every label with `on`; regression: "
+                    '[{"label": "value", "score": v}].')
+    problem_type: str = Field(description="single_label_classification, multi_label_classification or regression.")
+    threshold: float | None = Field(default=None, description="Multi-label models only: the threshold applied.")
     truncated: list[bool] = Field(description="Per input: was part of the text unseen (longer than max_length "
                                               "tokens, or more windows than --max-windows).")
     tokens: list[int] = Field(description="Per input: the text's token count, special tokens included.")
@@ -131,7 +150,7 @@ class V2OutputParameters(BaseModel):
 
 class V2RequestedOutput(BaseModel):
     model_config = ConfigDict(extra="allow")
-    name: Literal["probabilities", "label", "truncated"]
+    name: Literal["probabilities", "label", "value", "truncated"]
     parameters: V2OutputParameters | None = None
 
 

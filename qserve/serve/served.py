@@ -95,7 +95,7 @@ class ServedModel:
         m = rt.manifest
         files = m.get("files") or {}
         return {"id": self.name, "version": self.version, "model_name": m.get("model_name"), "spec": m.get("spec"),
-                "labels": list(rt.labels), "max_length": rt.max_length, "long_text": str(rt.long_text),
+                "labels": list(rt.labels), "problem_type": rt.problem_type, "max_length": rt.max_length, "long_text": str(rt.long_text),
                 "length_buckets": list(rt.buckets) if rt.buckets else None,
                 "parity": m.get("parity"),
                 "created": m.get("created"), "device": rt.device, "dir": self.variant_dir, "files": len(files),

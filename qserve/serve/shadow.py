@@ -187,7 +187,7 @@ class Shadow:
                 return
 
     def _record(self, served: np.ndarray, ref: np.ndarray, version: str) -> None:
-        agree = served.argmax(axis=1) == ref.argmax(axis=1)
+        agree = row_agreement(served, ref, self.reference.problem_type, self.reference.variant_dir)
         dprob = np.abs(served - ref).max(axis=1)
         with self._lock:
             if version != self.version:
@@ -219,7 +219,7 @@ class Shadow:
         n = len(self._window)
         if not n:
             return {"window": 0, "agreement": None, "abs_dprob": None}
-        agree = np.fromiter((a for a, _ in self._window), dtype=bool, count=n)
+        agree = np.fromiter((a for a, _ in self._window), dtype=np.float64, count=n)
         dprob = np.fromiter((d for _, d in self._window), dtype=np.float64, count=n)
         qs = {q: float(v) for (q, _), v in zip(QUANTILES, np.quantile(dprob, [p for _, p in QUANTILES]))}
         return {"window": n, "agreement": float(agree.mean()), "abs_dprob": {**qs, "max": float(dprob.max())}}
@@ -233,3 +233,20 @@ class Shadow:
                 "version": self.version, "samples": samples, **stats, "bar": self.bar,
                 "below_bar": below if stats["window"] >= min(MIN_SAMPLES, WINDOW) else None,
                 "dropped": self.dropped, "failures": self.failures, "window_size": WINDOW}
+
+
+def row_agreement(served: np.ndarray, ref: np.ndarray, problem: str, variant_dir: Path) -> np.ndarray:
+    """Per text, how far the served answer agrees with the reference's, as the bench measures it
+    (qserve.problems.agreement): same top label (single-label), share of labels with the same on/off at 0.5
+    (multi-label), 1 - |Δvalue| / the training labels' range from qserve_model.json, else 1 (regression)."""
+    from qserve import problems
+
+    if problem == problems.MULTI:
+        return ((served >= 0.5) == (ref >= 0.5)).mean(axis=1)
+    if problem == problems.REGRESSION:
+        import json
+
+        meta = Path(variant_dir) / "qserve_model.json"
+        span = json.loads(meta.read_text(encoding="utf-8")).get("label_range") if meta.is_file() else None
+        return 1.0 - np.abs(served - ref).mean(axis=1) / float(span or 1.0)
+    return (served.argmax(axis=1) == ref.argmax(axis=1)).astype(np.float64)

@@ -36,7 +36,8 @@ from pydantic import ValidationError
 from qserve import __version__
 from qserve.serve.batcher import BatchResult
 from qserve.serve.errors import ApiError
-from qserve.serve.schemas import (V2_OUTPUTS, ErrorResponse, V2InferRequest, V2InferResponse,
+from qserve.serve import outputs
+from qserve.serve.schemas import (ErrorResponse, V2InferRequest, V2InferResponse,
                                   V2ModelMetadata, flatten)
 from qserve.serve.state import ServedModel, ServeState
 from qserve.serve.texts import unicode_problem
@@ -139,11 +140,13 @@ def request_texts(st: ServeState, req: V2InferRequest, binary: bytes) -> list[st
     return data
 
 
-def requested_outputs(req: V2InferRequest) -> list[tuple[str, bool]]:
-    """(output name, as binary?) in the order the client asked for them."""
+def requested_outputs(req: V2InferRequest, model: ServedModel) -> list[tuple[str, bool]]:
+    """(output name, as binary?) in the order the client asked for them (none asked: all of the model's)."""
     default = bool(req.parameters and req.parameters.binary_data_output)
+    problem = model.runtime.problem_type
     if not req.outputs:
-        return [(name, default) for name in V2_OUTPUTS]
+        return [(name, default) for name in outputs.output_names(problem)]
+    outputs.check_outputs(problem, [o.name for o in req.outputs], model.name)
     out = []
     for o in req.outputs:
         flag = o.parameters.binary_data if o.parameters and o.parameters.binary_data is not None else default
@@ -185,13 +188,9 @@ def encode_response(head: dict[str, Any], tensors: list[tuple[dict[str, Any], An
 
 # -- routes -------------------------------------------------------------------------------------
 def output_values(model: ServedModel, result: BatchResult) -> dict[str, tuple[dict[str, Any], Any]]:
-    """Every output by name: (tensor meta {name, datatype, shape}, values), for HTTP and gRPC alike."""
-    n, k = result.probs.shape
-    labels = model.runtime.labels
-    return {"probabilities": ({"name": "probabilities", "datatype": "FP32", "shape": [n, k]}, result.probs),
-            "label": ({"name": "label", "datatype": "BYTES", "shape": [n]},
-                      [labels[j] for j in result.probs.argmax(axis=1)]),
-            "truncated": ({"name": "truncated", "datatype": "BOOL", "shape": [n]}, result.truncated)}
+    """Every output by name: (tensor meta {name, datatype, shape}, values), for HTTP and gRPC alike; which
+    outputs a model has depends on its problem type (outputs.py)."""
+    return outputs.v2_values(model.runtime.problem_type, model.runtime.labels, result.probs, result.truncated)
 
 
 def model_config(st: ServeState, model: ServedModel) -> dict[str, Any]:
@@ -204,12 +203,11 @@ def model_config(st: ServeState, model: ServedModel) -> dict[str, Any]:
         "version_policy": {"specific": {"versions": [model.version]}},
         "max_batch_size": 0,  # shapes below include the batch dimension (-1 = n texts)
         "input": [{"name": "text", "data_type": "TYPE_STRING", "dims": [-1]}],
-        "output": [{"name": "probabilities", "data_type": "TYPE_FP32", "dims": [-1, k]},
-                   {"name": "label", "data_type": "TYPE_STRING", "dims": [-1]},
-                   {"name": "truncated", "data_type": "TYPE_BOOL", "dims": [-1]}],
+        "output": outputs.v2_config_outputs(rt.problem_type, k),
         "dynamic_batching": {"max_queue_delay_microseconds": int(cfg.max_wait_ms * 1000),
                              "preferred_batch_size": [cfg.max_batch_size]},
         "parameters": {"labels": {"string_value": ",".join(rt.labels)},
+                       "problem_type": {"string_value": rt.problem_type},
                        "max_length": {"string_value": str(rt.max_length)},
                        "max_inputs": {"string_value": str(cfg.max_inputs)},
                        "max_chars": {"string_value": str(cfg.max_chars)}},
@@ -223,10 +221,8 @@ def model_metadata(model: ServedModel) -> dict[str, Any]:
     spec = rt.manifest.get("spec", {})
     return {"name": model.name, "versions": [model.version], "platform": f"qserve_{spec.get('backend', 'unknown')}",
             "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
-            "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": [-1, k]},
-                        {"name": "label", "datatype": "BYTES", "shape": [-1]},
-                        {"name": "truncated", "datatype": "BOOL", "shape": [-1]}],
-            "parameters": {"labels": ",".join(rt.labels), "max_length": rt.max_length,
+            "outputs": outputs.v2_metadata_outputs(rt.problem_type, k),
+            "parameters": {"labels": ",".join(rt.labels), "problem_type": rt.problem_type, "max_length": rt.max_length,
                            "long_text": str(rt.long_text), "model_name": rt.manifest.get("model_name")}}
 
 
@@ -258,11 +254,12 @@ def add_v2_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat 
         if req.id is not None and unicode_problem(req.id):
             raise ApiError(422, f"id {unicode_problem(req.id)}")
         texts = request_texts(st, req, binary)
-        wanted = requested_outputs(req)
+        wanted = requested_outputs(req, model)
         long_text = req.parameters.long_text if req.parameters else None
         # the model that answered (a swap may intervene); the policy is checked against it
         model, result = await st.classify(model, texts, request, long_text, "parameters.long_text")
         policy = model.check_policy(long_text, "parameters.long_text")
+        outputs.check_outputs(model.runtime.problem_type, [w for w, _ in wanted], model.name)  # after a swap too
         values = output_values(model, result)
         labels = model.runtime.labels
         head = {"model_name": model.name, "model_version": model.version, "id": req.id or request.state.request_id,
