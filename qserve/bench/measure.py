@@ -147,12 +147,14 @@ def real_text(rt, job: dict[str, Any], texts: list[str]) -> list[dict[str, Any]]
 
 
 def accuracy(rt, ev: dict[str, Any], batch: int = 32) -> dict[str, Any]:
-    """predict() over the test texts under the variant's own long-text policy (as served)."""
-    texts, labels = ev["texts"], ev["labels"]
+    """predict() over the test texts (text pairs, for a pair split) under the variant's own long-text policy
+    (as served; a pair is truncated as its tokenizer truncates it)."""
+    texts, labels, pairs = ev["texts"], ev["labels"], ev.get("pairs")  # pairs: a text-pair test split
     preds: list[int] = []
     t0 = time.perf_counter()
     for i in range(0, len(texts), batch):
-        preds.extend(int(p) for p in rt.predict(texts[i:i + batch]).argmax(-1))
+        chunk = None if pairs is None else pairs[i:i + batch]
+        preds.extend(int(p) for p in rt.predict(texts[i:i + batch], pairs=chunk).argmax(-1))
     seconds = time.perf_counter() - t0
     correct = sum(int(p == y) for p, y in zip(preds, labels))
     return {"dataset": ev.get("dataset"), "seed": ev.get("seed"), "n": len(texts), "policy": str(rt.long_text),
