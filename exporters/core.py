@@ -265,7 +265,7 @@ def _export(checkpoint: Path, info: dict[str, Any], spec: VariantSpec, out: Path
         runtime = load_runtime(tmp, device=device)
         got = runtime.logits(texts, pairs=pairs)
         runtime.close()
-        ref = reference_logits(checkpoint, texts, info["max_length"], policy, pairs)
+        ref = reference_logits(checkpoint, texts, info["max_length"], policy, pairs=pairs)
         manifest["parity"] = parity(ref, got, TOLERANCE[spec.dtype], spec.name)
         written = write_manifest(tmp, manifest)
     return written

@@ -243,6 +243,9 @@ def test_served_pairs_over_v1_and_v2_http(server, pair_model):
         assert body["truncated"] == [False, False, True, True, True]
         one = c.post("/v1/classify", json={"model": "pairs", "inputs": {"text": texts[0], "text_pair": pairs[0]}})
         np.testing.assert_allclose(_probs_v1(one.json()), want[:1], atol=1e-5)
+        spec = c.get("/openapi.json").json()["components"]["schemas"]  # the default model takes pairs only
+        assert all("TextPair" in str(alt) for alt in spec["ClassifyRequest"]["properties"]["inputs"]["anyOf"])
+        assert spec["V2InferRequest"]["properties"]["inputs"]["minItems"] == 2
         meta = c.get("/v2/models/pairs").json()
         assert [i["name"] for i in meta["inputs"]] == ["text", "text_pair"]
         assert [i["name"] for i in c.get("/v2/models/single").json()["inputs"]] == ["text"]

@@ -106,3 +106,42 @@ def metadata_inputs(runtime: Any) -> list[dict[str, Any]]:
 def config_inputs(runtime: Any) -> list[dict[str, Any]]:
     """Triton model-config inputs of a served model."""
     return [{"name": name, "data_type": "TYPE_STRING", "dims": [-1]} for name in inputs_of(runtime)]
+
+
+def publish_inputs(comps: dict[str, Any], variant_dir: str) -> None:
+    """Narrow the request schemas to what the default model (its manifest `inputs`) takes, so a schema-valid
+    request is one it accepts: a one-text model's document has no {text, text_pair} and no `text_pair` input,
+    a pair model's no lone texts and two V2 inputs. No readable manifest: both forms stay."""
+    import json
+    from pathlib import Path
+
+    from qserve.textpairs import PairError, model_inputs
+
+    try:
+        pair = model_inputs(json.loads((Path(variant_dir) / "manifest.json").read_text("utf-8"))) == PAIR
+    except (OSError, ValueError, TypeError, PairError):
+        return
+
+    def keep(alts: list[Any]) -> list[Any]:
+        is_pair = [("TextPair" in a.get("$ref", "")) for a in alts]
+        return [a for a, p in zip(alts, is_pair) if p == pair] if any(is_pair) else alts
+
+    request = comps.get("ClassifyRequest") or {}
+    if isinstance(request.get("examples"), list):  # examples are requests too: only the model's own form
+        request["examples"] = [e for e in request["examples"]
+                               if pair == any(isinstance(x, dict) for x in (e.get("inputs") if isinstance(
+                                   e.get("inputs"), list) else [e.get("inputs")]))]
+    inputs = (request.get("properties") or {}).get("inputs") or {}
+    if "anyOf" in inputs:
+        inputs["anyOf"] = keep(inputs["anyOf"])
+        for alt in inputs["anyOf"]:
+            if isinstance(alt.get("items"), dict) and "anyOf" in alt["items"]:
+                alt["items"]["anyOf"] = keep(alt["items"]["anyOf"])
+    tensors = ((comps.get("V2InferRequest") or {}).get("properties") or {}).get("inputs") or {}
+    name = ((comps.get("V2InputTensor") or {}).get("properties") or {}).get("name") or {}
+    if pair:
+        tensors["minItems"] = 2
+    else:
+        tensors["maxItems"] = 1
+        if "enum" in name:
+            name["enum"] = [TEXT]
