@@ -24,31 +24,48 @@ def calibration_texts(checkpoint: Any, n: int) -> tuple[list[str], str]:
 
     Training texts only: the held-out split the bench scores agreement on never calibrates.
     """
+    texts, _, source = calibration_inputs(checkpoint, n)
+    return texts, source
+
+
+def calibration_inputs(checkpoint: Any, n: int) -> tuple[list[str], list[str] | None, str]:
+    """calibration_texts() with each text's text_pair for a pair model (qserve/textpairs.py), else None:
+    a pair model is calibrated on the pairs it will serve, encoded as its tokenizer encodes them."""
     import json
     import logging
 
     meta_path = Path(checkpoint) / "qserve_model.json"
     meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
     dataset = meta.get("dataset")
+    from qserve.textpairs import PROBE_PAIRS, takes_pairs
+
+    pair = takes_pairs(meta, f"{meta_path} inputs")
     if dataset:
         try:
             from qserve.data import load_dataset
 
             splits = load_dataset(dataset, seed=int(meta.get("seed", 42)))
-            texts = [t for t in splits.train.texts[:n] if t.strip()]
-            if texts:
-                return texts, f"{getattr(splits, 'name', dataset)} train split, first {len(texts)} texts"
+            train = splits.train
+            keep = [i for i, t in enumerate(train.texts[:n]) if t.strip()]
+            texts = [train.texts[i] for i in keep]
+            pairs = [train.pairs[i] for i in keep] if pair and train.pairs is not None else None
+            if texts and pair == (pairs is not None):
+                return texts, pairs, f"{getattr(splits, 'name', dataset)} train split, first {len(texts)} texts"
         except Exception as e:  # noqa: BLE001 - a missing dataset costs calibration quality, not the export
             logging.getLogger(__name__).warning("calibration: could not load dataset %r (%s); "
                                                 "using the parity probe texts", dataset, e)
+    if pair:
+        chosen = list(PROBE_PAIRS)[:n]
+        return ([a for a, _ in chosen], [b for _, b in chosen],
+                f"the {len(chosen)} parity probe pairs (no pair dataset recorded with the checkpoint)")
     from exporters.core import PROBES
 
     probes = list(PROBES)[:n]
-    return probes, f"the {len(probes)} parity probe texts (no dataset recorded with the checkpoint)"
+    return probes, None, f"the {len(probes)} parity probe texts (no dataset recorded with the checkpoint)"
 
 
 def calibration_batches(checkpoint: Any, texts: list[str], max_length: int, batch_size: int = 16,
-                        policy: str | None = None) -> list[dict]:
+                        policy: str | None = None, pairs: list[str] | None = None) -> list[dict]:
     """Tokenized, padded batches of the pieces of `texts` under the long-text `policy` (None: the one being
     exported, see calibration_policy): the rows the variant will run. Padding rows enter the int8 ranges
     at run time, so here too."""
@@ -57,11 +74,17 @@ def calibration_batches(checkpoint: Any, texts: list[str], max_length: int, batc
     from qserve import longtext
 
     tok = AutoTokenizer.from_pretrained(str(checkpoint))
-    pieces = longtext.split_texts(tok, texts, policy or calibration_policy(checkpoint), max_length)
+    if pairs is not None:  # a pair model: the tokenizer's pair encoding, segment ids included
+        from qserve.textpairs import split_pairs
+
+        pieces = split_pairs(tok, texts, pairs, max_length)
+    else:
+        pieces = longtext.split_texts(tok, texts, policy or calibration_policy(checkpoint), max_length)
     pad_id = int(tok.pad_token_id or 0)
     # token_type_ids too where the tokenizer makes them; each consumer feeds what its model takes (feed()).
     segments = "token_type_ids" in tok.model_input_names
-    return [longtext.pad(pieces.ids[i:i + batch_size], pad_id, tok.padding_side, segments)
+    return [longtext.pad(pieces.ids[i:i + batch_size], pad_id, tok.padding_side, segments,
+                         None if pieces.types is None else pieces.types[i:i + batch_size])
             for i in range(0, len(pieces.ids), batch_size)]
 
 
@@ -72,8 +95,8 @@ def calibration_set(checkpoint: Any, samples: int) -> tuple[list[dict], str]:
     """
     from exporters.core import checkpoint_info
 
-    texts, source = calibration_texts(checkpoint, samples)
-    return calibration_batches(checkpoint, texts, checkpoint_info(checkpoint)["max_length"]), source
+    texts, pairs, source = calibration_inputs(checkpoint, samples)
+    return calibration_batches(checkpoint, texts, checkpoint_info(checkpoint)["max_length"], pairs=pairs), source
 
 
 def rows_alone(batches: list[dict]) -> list[dict]:

@@ -90,11 +90,12 @@ def checkpoint_info(checkpoint: Path) -> dict[str, Any]:
 
         max_length = min(DEFAULT_MAX_LENGTH, usable_positions(cfg) or DEFAULT_MAX_LENGTH)
     from qserve.problems import from_config
+    from qserve.textpairs import model_inputs
 
     return {"labels": labels, "model_type": cfg.get("model_type"),
             "max_length": max_length, "model_name": meta.get("model_name", checkpoint.name),
             "long_text": meta.get("long_text"), "problem_type": from_config(cfg, str(cfg_path)),
-            "label_range": meta.get("label_range")}
+            "label_range": meta.get("label_range"), "inputs": model_inputs(meta, f"{meta_path} inputs")}
 
 
 def variant_policy(checkpoint: Path, long_text: str | None = None) -> str:
@@ -137,9 +138,11 @@ def copy_tokenizer(checkpoint: Path, out: Path) -> None:
         shutil.copy2(checkpoint / "qserve_model.json", out / "qserve_model.json")
 
 
-def reference_logits(checkpoint: Path, texts: list[str], max_length: int, policy: str | None = None) -> np.ndarray:
+def reference_logits(checkpoint: Path, texts: list[str], max_length: int, policy: str | None = None,
+                     pairs: list[str] | None = None) -> np.ndarray:
     """fp32 torch logits of the source checkpoint under the long-text `policy` (None = head): the
-    yardstick every variant is held to. A windowed text's windows are scored and aggregated as the runtime does."""
+    yardstick every variant is held to. A windowed text's windows are scored and aggregated as the runtime does;
+    with `pairs` (a pair model), each (text, pair) as its tokenizer encodes and truncates it."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -148,15 +151,33 @@ def reference_logits(checkpoint: Path, texts: list[str], max_length: int, policy
 
     tok = AutoTokenizer.from_pretrained(checkpoint)
     model = AutoModelForSequenceClassification.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    pieces = longtext.split_texts(tok, texts, policy, max_length)
+    if pairs is not None:
+        from qserve.textpairs import split_pairs
+
+        pieces = split_pairs(tok, texts, pairs, max_length)
+    else:
+        pieces = longtext.split_texts(tok, texts, policy, max_length)
     segments = "token_type_ids" in tok.model_input_names
     takes = set(model_inputs(model))  # token_type_ids where the model takes them, as the runtimes feed them
     out = []
     with torch.inference_mode():
         for i in range(0, len(pieces.ids), 64):
-            batch = longtext.pad(pieces.ids[i:i + 64], int(tok.pad_token_id or 0), tok.padding_side, segments)
+            batch = longtext.pad(pieces.ids[i:i + 64], int(tok.pad_token_id or 0), tok.padding_side, segments,
+                                 None if pieces.types is None else pieces.types[i:i + 64])
             out.append(model(**{k: torch.from_numpy(v) for k, v in batch.items() if k in takes}).logits.float().numpy())
     return longtext.aggregate(np.concatenate(out), pieces)
+
+
+def parity_inputs(info: dict[str, Any], probes: list[str] | None) -> tuple[list[str], list[str] | None]:
+    """The parity probes: the given texts or PROBES, or for a pair model the probe pairs (textpairs.PROBE_PAIRS;
+    given texts are then paired with themselves reversed in order, so every probe is a pair)."""
+    from qserve.textpairs import PAIR, PROBE_PAIRS
+
+    if tuple(info["inputs"]) != PAIR:
+        return list(probes or PROBES), None
+    if probes:
+        return list(probes), list(reversed(probes))
+    return [a for a, _ in PROBE_PAIRS], [b for _, b in PROBE_PAIRS]
 
 
 def parity(ref: np.ndarray, got: np.ndarray, tolerance: float, name: str, problem: str = "single_label_classification",
@@ -236,7 +257,7 @@ def _export(checkpoint: Path, info: dict[str, Any], spec: VariantSpec, out: Path
     from qserve.runtime import load_runtime
 
     spec = replace(spec, options={**spec.options, **(options or {})})
-    texts = probes or PROBES
+    texts, pairs = parity_inputs(info, probes)
     with staged_dir(out, force=force) as tmp, policy_for_export(policy):
         extra = get_builder(spec.name)(checkpoint, tmp, spec, dict(spec.options)) or {}
         copy_tokenizer(checkpoint, tmp)
@@ -247,6 +268,7 @@ def _export(checkpoint: Path, info: dict[str, Any], spec: VariantSpec, out: Path
             "problem_type": info["problem_type"],
             "max_length": info["max_length"],
             "long_text": policy,
+            "inputs": list(info["inputs"]),
             "source": {"path": str(checkpoint.resolve()), "sha256": checkpoint_hash(checkpoint)},
             "export_device": device,
             "versions": library_versions(),
@@ -254,9 +276,9 @@ def _export(checkpoint: Path, info: dict[str, Any], spec: VariantSpec, out: Path
         }
         write_manifest(tmp, manifest)
         runtime = load_runtime(tmp, device=device)
-        got = runtime.logits(texts)
+        got = runtime.logits(texts, pairs=pairs)
         runtime.close()
-        ref = reference_logits(checkpoint, texts, info["max_length"], policy)
+        ref = reference_logits(checkpoint, texts, info["max_length"], policy, pairs=pairs)
         manifest["parity"] = parity(ref, got, TOLERANCE[spec.dtype], spec.name, info["problem_type"],
                                     info["label_range"])
         written = write_manifest(tmp, manifest)

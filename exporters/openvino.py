@@ -105,12 +105,13 @@ def quantize_int8(ir, checkpoint: Path, opts: dict[str, Any]):
     """nncf.quantize with the transformer preset on training texts; returns (model, manifest record)."""
     import nncf
 
-    from exporters.calibration import calibration_batches, calibration_texts, feed
+    from exporters.calibration import calibration_batches, calibration_inputs, feed
     from exporters.core import checkpoint_info
 
-    texts, source = calibration_texts(checkpoint, opts["calibration_samples"])
+    texts, pairs, source = calibration_inputs(checkpoint, opts["calibration_samples"])
     # batch 1, unpadded: each sample's ranges are those of real tokens at their own length
-    items = calibration_batches(checkpoint, texts, checkpoint_info(checkpoint)["max_length"], batch_size=1)
+    items = calibration_batches(checkpoint, texts, checkpoint_info(checkpoint)["max_length"], batch_size=1,
+                                pairs=pairs)
     # Every input the IR declares: a BERT-layout IR left without token_type_ids runs with a stale shape.
     names = {p.any_name for p in ir.inputs}
     items = [feed(names, b) for b in items]

@@ -13,7 +13,9 @@ positive) and make a seeded, stratified 80/10/10 split. With the default seed 42
 `rotten-tomatoes` is the 8,530 sentences from the same file, same treatment:
 train 6,826 / val 852 / test 852.
 
-A local `.csv`, `.jsonl` or `.json` file needs `text` and `label` columns. Labels are
+A local `.csv`, `.jsonl` or `.json` file needs `text` and `label` columns, and may have a
+`text_pair` column (NLI, cross-encoders, rerankers: then every row needs one, and the model
+trained on it takes text pairs, qserve/textpairs.py). Labels are
 either integers 0..K-1 (every class present; names become LABEL_0..LABEL_K-1) or
 strings, mapped to ids in sorted order (`negative` -> 0, `positive` -> 1). Exact
 duplicate texts are dropped (so no review sits in both train and test) and the file
@@ -57,6 +59,9 @@ SENTIMENT_LABELS = ["negative", "positive"]
 VAL_FRACTION = 0.1
 TEST_FRACTION = 0.1
 LOCAL_SUFFIXES = (".csv", ".jsonl", ".json")
+TEXT_PAIR_COLUMN = "text_pair"
+"""The optional second-text column of a local file (a pair dataset)."""
+MISSING = object()
 HUB_HINT = "pip install 'qserve[hub]' (the `datasets` package) and network access to huggingface.co"
 
 
@@ -65,6 +70,8 @@ class Split:
     texts: list[str]
     labels: list[Label]
     """Class ids (single-label), sorted tuples of ids (multi-label) or floats (regression)."""
+    pairs: list[str] | None = None
+    """Each text's `text_pair` (a pair dataset), else None."""
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -72,6 +79,13 @@ class Split:
     def __post_init__(self) -> None:
         if len(self.texts) != len(self.labels):
             raise ValueError(f"Split has {len(self.texts)} texts but {len(self.labels)} labels")
+        if self.pairs is not None and len(self.pairs) != len(self.texts):
+            raise ValueError(f"Split has {len(self.texts)} texts but {len(self.pairs)} text pairs")
+
+    def take(self, idx: list[int]) -> Split:
+        """The examples at `idx`, in that order (pairs kept)."""
+        return Split([self.texts[i] for i in idx], [self.labels[i] for i in idx],
+                     None if self.pairs is None else [self.pairs[i] for i in idx])
 
 
 @dataclass
@@ -157,7 +171,7 @@ def stratified_subsample(split: Split, n: int, seed: int, purpose: str) -> Split
     for c in sorted(by_class):
         keep += rng.sample(by_class[c], quota[c])
     keep.sort()
-    return Split([split.texts[i] for i in keep], [split.labels[i] for i in keep])
+    return split.take(keep)
 
 
 def _class_counts(split: Split, names: list[str]) -> dict[str, int]:
@@ -173,11 +187,12 @@ def _class_counts(split: Split, names: list[str]) -> dict[str, int]:
 
 def _finish(name: str, short_name: str, labels: list[str], texts: list[str], ids: list[Label], seed: int,
             max_samples: int | None, max_eval_samples: int | None, info: dict[str, Any],
-            presplit: tuple[Split, Split, Split] | None = None, problem_type: str = SINGLE) -> DatasetSplits:
+            presplit: tuple[Split, Split, Split] | None = None, problem_type: str = SINGLE,
+            pairs: list[str] | None = None) -> DatasetSplits:
     """Split (unless the source came split), subsample, and record what was done."""
     if presplit is None:
         tr, va, te = stratified_split([stratum(i) for i in ids], seed)
-        train, val, test = (Split([texts[i] for i in ix], [ids[i] for i in ix]) for ix in (tr, va, te))
+        train, val, test = (Split(texts, ids, pairs).take(ix) for ix in (tr, va, te))
     else:
         train, val, test = presplit
     full = {"train": len(train), "val": len(val), "test": len(test)}
@@ -248,8 +263,9 @@ def _load_embedded(name: str, seed: int, max_samples: int | None, max_eval_sampl
 
 # -- local files ----------------------------------------------------------------------
 
-def _read_local(path: Path) -> list[tuple[int, Any, Any]]:
-    """Rows as (line number, text, label), with errors naming the file and line."""
+def _read_local(path: Path) -> tuple[list[tuple[int, Any, Any]], list[Any] | None]:
+    """Rows as (line number, text, label), with errors naming the file and line, and each row's text_pair
+    (MISSING where a row has none) when the file has that column, else None."""
     try:
         raw = path.read_bytes()
     except OSError as e:
@@ -264,6 +280,7 @@ def _read_local(path: Path) -> list[tuple[int, Any, Any]]:
         raise QserveError(f"{path}: the file is empty; expected rows with `text` and `label`")
     suffix = path.suffix.lower()
     rows: list[tuple[int, Any, Any]] = []
+    pairs: list[Any] = []
     if suffix == ".csv":
         reader = csv.DictReader(io.StringIO(content, newline=""))
         cols = reader.fieldnames or []
@@ -275,6 +292,7 @@ def _read_local(path: Path) -> list[tuple[int, Any, Any]]:
         try:
             for row in reader:
                 rows.append((start, row["text"], row["label"]))
+                pairs.append(row.get(TEXT_PAIR_COLUMN, MISSING) if TEXT_PAIR_COLUMN in cols else MISSING)
                 start = reader.line_num + 1
         except csv.Error as e:
             raise QserveError(f"{path}, line {reader.line_num}: malformed CSV ({e})") from None
@@ -287,6 +305,7 @@ def _read_local(path: Path) -> list[tuple[int, Any, Any]]:
             except json.JSONDecodeError as e:
                 raise QserveError(f"{path}, line {n}: malformed JSON ({e.msg} at column {e.colno})") from None
             rows.append(_json_row(path, n, obj))
+            pairs.append(obj.get(TEXT_PAIR_COLUMN, MISSING))
     elif suffix == ".json":
         try:
             data = json.loads(content)
@@ -297,8 +316,13 @@ def _read_local(path: Path) -> list[tuple[int, Any, Any]]:
                 raise QserveError(f"{path}: `text` has {len(data['text'])} entries but `label` has "
                                   f"{len(data['label'])}")
             rows = [(i, t, lab) for i, (t, lab) in enumerate(zip(data["text"], data["label"]), 1)]
+            column = data.get(TEXT_PAIR_COLUMN)
+            if column is not None and (not isinstance(column, list) or len(column) != len(rows)):
+                raise QserveError(f"{path}: `text_pair` must be a list as long as `text` ({len(rows)} entries)")
+            pairs = list(column or [])
         elif isinstance(data, list):
             rows = [_json_row(path, i, obj, what="item") for i, obj in enumerate(data, 1)]
+            pairs = [obj.get(TEXT_PAIR_COLUMN, MISSING) for obj in data]
         else:
             raise QserveError(f"{path}: expected a JSON list of {{\"text\", \"label\"}} objects or an object of "
                               "`text` and `label` lists")
@@ -306,7 +330,23 @@ def _read_local(path: Path) -> list[tuple[int, Any, Any]]:
         raise QserveError(f"--dataset {path}: unsupported file type {suffix!r}; use {', '.join(LOCAL_SUFFIXES)}")
     if not rows:
         raise QserveError(f"{path}: no data rows; expected rows with `text` and `label`")
-    return rows
+    return rows, (pairs if any(p is not MISSING for p in pairs) else None)
+
+
+def _check_pairs(path: Path, rows: list[tuple[int, Any, Any]], pairs: list[Any]) -> list[str]:
+    """A file with a text_pair column: every row has one, a non-empty string (errors name the row)."""
+    where = "row" if path.suffix.lower() == ".json" else "line"
+    out = []
+    for (n, _, _), pair in zip(rows, pairs):
+        if pair is MISSING:
+            raise QserveError(f"{path}, {where} {n}: no `text_pair`, which other rows have; a pair dataset needs "
+                              "`text_pair` on every row (or on none, for one text per example)")
+        if not isinstance(pair, str):
+            raise QserveError(f"{path}, {where} {n}: text_pair must be a string (got {type(pair).__name__})")
+        if not pair.strip():
+            raise QserveError(f"{path}, {where} {n}: text_pair is empty")
+        out.append(pair)
+    return out
 
 
 def _json_row(path: Path, n: int, obj: Any, what: str = "line") -> tuple[int, Any, Any]:
@@ -354,7 +394,7 @@ def _label_ids(path: Path, rows: list[tuple[int, Any, Any]]) -> tuple[list[str],
 
 def _load_local(path: Path, seed: int, max_samples: int | None, max_eval_samples: int | None,
                 problem_type: str | None = None) -> DatasetSplits:
-    rows = _read_local(path)
+    rows, raw_pairs = _read_local(path)
     where = "row" if path.suffix.lower() == ".json" else "line"
     texts = []
     for n, text, _ in rows:
@@ -364,13 +404,19 @@ def _load_local(path: Path, seed: int, max_samples: int | None, max_eval_samples
             raise QserveError(f"{path}, {where} {n}: text is empty")
         texts.append(text)
     names, ids, problem = _labels(path, rows, where, problem_type)
-    texts, ids, dropped = dedupe(texts, ids)
+    pairs = _check_pairs(path, rows, raw_pairs) if raw_pairs is not None else None
+    if pairs is None:
+        texts, ids, dropped = dedupe(texts, ids)
+    else:  # a pair is a duplicate only when both of its texts are
+        keys, ids, dropped = dedupe([json.dumps([t, p]) for t, p in zip(texts, pairs)], ids)
+        texts, pairs = (list(x) for x in zip(*(json.loads(k) for k in keys)))
     info = {"source": f"local file {path}", "rows": len(rows), "duplicates_dropped": dropped,
             "cleaning": "none (exact duplicate texts dropped)", "problem_type": problem,
             "split": "seeded random 80/10/10" if problem == REGRESSION else "seeded stratified 80/10/10"
-            + (" (by label set)" if problem == MULTI else "")}
+            + (" (by label set)" if problem == MULTI else ""),
+            **({"inputs": ["text", TEXT_PAIR_COLUMN]} if pairs else {})}
     return _finish(str(path), path.stem, names, texts, ids, seed, max_samples, max_eval_samples, info,
-                   problem_type=problem)
+                   problem_type=problem, pairs=pairs)
 
 
 def _labels(path: Path, rows: list[tuple[int, Any, Any]], where: str,

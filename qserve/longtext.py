@@ -290,6 +290,8 @@ class Pieces:
     truncated: list[bool]
     aggs: list[str]
     """Per text: how its pieces' logits combine (one piece: nothing to combine)."""
+    types: list[list[int]] | None = None
+    """Each piece's token_type_ids, for text pairs (qserve/textpairs.py); None: segment 0 throughout."""
 
 
 Encoder = Callable[[list[str]], list[list[int]]]
@@ -330,10 +332,11 @@ def split(encode: Encoder, tmpl: Template, texts: list[str], policies: Sequence[
     return out
 
 
-def pad(rows: list[list[int]], pad_id: int, side: str = "right", segments: bool = False) -> dict[str, Any]:
+def pad(rows: list[list[int]], pad_id: int, side: str = "right", segments: bool = False,
+        types: list[list[int]] | None = None) -> dict[str, Any]:
     """int64 input_ids / attention_mask [len(rows), longest], padded as the tokenizer pads; with `segments`
     (a tokenizer whose model_input_names has token_type_ids: BERT, ALBERT, ELECTRA, DeBERTa) also the
-    token_type_ids a single text gets from it: all 0."""
+    token_type_ids: each row's `types` (a text pair's segments, Pieces.types), else all 0 (one text)."""
     import numpy as np
 
     width = max((len(r) for r in rows), default=0)
@@ -344,7 +347,10 @@ def pad(rows: list[list[int]], pad_id: int, side: str = "right", segments: bool 
         input_ids[i, sl] = r
         mask[i, sl] = 1
     if segments:
-        return {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": np.zeros_like(input_ids)}
+        tt = np.zeros_like(input_ids)
+        for i, t in enumerate(types or ()):
+            tt[i, slice(width - len(t), width) if side == "left" else slice(0, len(t))] = t
+        return {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": tt}
     return {"input_ids": input_ids, "attention_mask": mask}
 
 

@@ -7,9 +7,10 @@
 Writes, atomically (staged temp dir renamed into place; an existing --out needs --force):
 an HF checkpoint (config.json with id2label/label2id, model.safetensors in fp32 whatever the
 training precision, tokenizer files), `qserve_model.json` (what exporters and bench read:
-model_name, max_length, long_text, dataset, seed, max_eval_samples, labels, problem_type) and
-`train_metrics.json`. The test metrics are those of the final weights (no checkpoint selection on val):
-accuracy (single-label), exact-match and per-label accuracy (multi-label), MAE and RMSE (regression).
+model_name, max_length, long_text, dataset, seed, max_eval_samples, labels, problem_type, and inputs
+["text", "text_pair"] for a model trained on a dataset with a text_pair column) and `train_metrics.json`.
+The test metrics are those of the final weights (no checkpoint selection on val): accuracy (single-label),
+exact-match and per-label accuracy (multi-label), MAE and RMSE (regression).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class TrainConfig:
     model: str = "default"
     """`default` (embedded MiniLM in DistilBERT layout), a local checkpoint directory, or a hub id."""
     dataset: str = "default"
-    """`default`/`imdb-embedded`, `rotten-tomatoes`, a local .csv/.jsonl/.json (text,label) or a hub id."""
+    """`default`/`imdb-embedded`, `rotten-tomatoes`, a local .csv/.jsonl/.json (text,label; a text_pair column
+    trains a pair model) or a hub id."""
     problem_type: str | None = field(default=None, metadata=flag(choices=tuple(SHORT), default_text="inferred"))
     """single (softmax, cross-entropy), multi (multi-label: sigmoid per label, BCE) or regression (one value,
     MSE). Default: from the data file: a list of labels per row -> multi, a non-integer number -> regression."""
@@ -164,26 +166,45 @@ class PadCollate:
     def __init__(self, pad_id: int):
         self.pad_id = pad_id
 
-    def __call__(self, batch: list[tuple[list[int], Any]]) -> dict[str, Any]:
+    def __call__(self, batch: list[tuple]) -> dict[str, Any]:
         import torch
 
-        width = max(len(ids) for ids, _ in batch)
+        width = max(len(ex[0]) for ex in batch)
         input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, (ids, _) in enumerate(batch):
-            input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-            mask[i, : len(ids)] = 1
-        return {"input_ids": input_ids, "attention_mask": mask,
-                "labels": torch.tensor([lab for _, lab in batch],  # class ids, multi-hot rows or [value]
-                                       dtype=torch.long if isinstance(batch[0][1], int) else torch.float32)}
+        for i, ex in enumerate(batch):
+            input_ids[i, : len(ex[0])] = torch.tensor(ex[0], dtype=torch.long)
+            mask[i, : len(ex[0])] = 1
+        out = {"input_ids": input_ids, "attention_mask": mask,
+               "labels": torch.tensor([ex[1] for ex in batch],  # class ids, multi-hot rows or [value]
+                                      dtype=torch.long if isinstance(batch[0][1], int) else torch.float32)}
+        if len(batch[0]) > 2:  # text pairs: (ids, target, token_type_ids), the second segment 1
+            types = torch.zeros_like(input_ids)
+            for i, ex in enumerate(batch):
+                types[i, : len(ex[2])] = torch.tensor(ex[2], dtype=torch.long)
+            out["token_type_ids"] = types
+        return out
 
 
-def _encode(tok, split, max_length: int, policy: str, problem: str, k: int) -> list[tuple[list[int], Any]]:
-    """(ids, target) per text, cut by the long-text policy exactly as export, bench and serve cut it."""
+def _inputs(batch: dict[str, Any]) -> dict[str, Any]:
+    """The model's inputs of a collated batch (token_type_ids only for pairs, whose tokenizer makes them)."""
+    return {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
+
+
+def _encode(tok, split, max_length: int, policy: str, problem: str, k: int) -> list[tuple]:
+    """(ids, target) per text, cut by the long-text policy exactly as export, bench and serve cut it; for a
+    pair split (ids, target, token_type_ids) per pair, as the tokenizer encodes and truncates it (textpairs.py)."""
     from qserve.longtext import split_texts
 
-    return list(zip(split_texts(tok, split.texts, policy, max_length).ids,
-                    (target(lab, problem, k) for lab in split.labels)))
+    targets = [target(lab, problem, k) for lab in split.labels]
+    if split.pairs is not None:
+        from qserve.textpairs import split_pairs
+
+        pieces = split_pairs(tok, split.texts, split.pairs, max_length)
+        if pieces.types is not None:
+            return list(zip(pieces.ids, targets, pieces.types))
+        return list(zip(pieces.ids, targets))
+    return list(zip(split_texts(tok, split.texts, policy, max_length).ids, targets))
 
 
 def evaluate(fabric, model, examples: list[tuple[list[int], Any]], batch_size: int, pad_id: int,
@@ -209,7 +230,7 @@ def evaluate(fabric, model, examples: list[tuple[list[int], Any]], batch_size: i
             chunk = idx[start:start + batch_size]
             batch = fabric.to_device(collate([examples[i] for i in chunk]))
             w = torch.tensor(weights[start:start + batch_size], dtype=torch.float64, device=fabric.device)
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+            logits = model(**_inputs(batch)).logits.float()
             loss_sum += (loss(logits, batch["labels"], problem, reduction="none").double() * w).sum()
             for key, per in batch_sums(logits, batch["labels"], problem).items():
                 sums[key] = sums.get(key, 0) + (per * w).sum()
@@ -295,7 +316,7 @@ def _fit(fabric, cfg: TrainConfig, data, out: Path, device: str, t0: float) -> d
         for i, batch in enumerate(bar):
             accumulating = (i + 1) % cfg.grad_accum != 0 and i + 1 != len(loader)
             with fabric.no_backward_sync(model, enabled=accumulating):
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+                logits = model(**_inputs(batch)).logits
                 step_loss = loss(logits, batch["labels"], problem)
                 fabric.backward(step_loss / cfg.grad_accum)
             seen += len(batch["labels"]) * fabric.world_size
@@ -388,8 +409,16 @@ def _write(out: Path, cfg: TrainConfig, model, tok, base_name: str, data, metric
             "model_name": metrics["model_name"], "base_model": base_name, "dataset": data.name, "seed": split_seed(cfg),
             "max_length": cfg.max_length, "long_text": train_policy(cfg), "max_eval_samples": cfg.max_eval_samples,
             "labels": list(data.labels), "problem_type": data.problem_type,
-            **({"label_range": value_range(data.train.labels)} if data.problem_type == REGRESSION else {})})
+            **({"label_range": value_range(data.train.labels)} if data.problem_type == REGRESSION else {}),
+            **_pair_meta(data)})
         write_json_atomic(tmp / "train_metrics.json", metrics)
+
+
+def _pair_meta(data) -> dict[str, Any]:
+    """`inputs` for qserve_model.json: recorded only for a model trained on text pairs (absent = one text)."""
+    from qserve.textpairs import PAIR
+
+    return {"inputs": list(PAIR)} if data.train.pairs is not None else {}
 
 
 # -- CLI ---------------------------------------------------------------------------------

@@ -129,7 +129,7 @@ def test_staged_dir_refuses_existing_file(tmp_path):
 def test_parity_shape_mismatch_fails(tiny_checkpoint, tmp_path, monkeypatch):
     from exporters import core
 
-    monkeypatch.setattr(core, "reference_logits", lambda c, t, m, p=None: __import__("numpy").zeros((len(t), 3)))
+    monkeypatch.setattr(core, "reference_logits", lambda c, t, m, p=None, pairs=None: __import__("numpy").zeros((len(t), 3)))
     with pytest.raises(core.ParityError, match="shape"):
         exporters.export(tiny_checkpoint, "torch-fp32", tmp_path / "v")
     assert list(tmp_path.iterdir()) == []

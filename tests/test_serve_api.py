@@ -211,7 +211,10 @@ V2_BAD = [
     ("torch-fp32", _v2([]), 422, "at least 1 item"),
     ("torch-fp32", _v2(["ok", 7]), 422, "valid string"),
     ("torch-fp32", _v2(["hi"], outputs=[{"name": "logits"}]), 422, "'probabilities'"),
-    ("torch-fp32", {"inputs": [_v2(["a"])["inputs"][0]] * 2}, 422, "at most 1 item"),
+    ("torch-fp32", {"inputs": [_v2(["a"])["inputs"][0]] * 2}, 422, "repeats inputs[0]"),
+    ("torch-fp32", {"inputs": [_v2(["a"])["inputs"][0]] * 3}, 422, "at most 2 items"),
+    ("torch-fp32", {"inputs": [_v2(["a"])["inputs"][0], {**_v2(["b"])["inputs"][0], "name": "text_pair"}]}, 422,
+     "it is not a pair model"),
     ("torch-fp32", {"inputs": "hi"}, 422, '"datatype": "BYTES"'),
 ]
 

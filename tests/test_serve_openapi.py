@@ -39,9 +39,11 @@ def server(tiny_variant):
 def test_openapi_states_the_limits(server):
     spec = httpx2.get(server.url + "/openapi.json", trust_env=False).json()
     req = spec["components"]["schemas"]["ClassifyRequest"]["properties"]["inputs"]["anyOf"]
-    text, texts = req
+    text, texts = req  # a one-text model: no {text, text_pair} form (serve/pairs.py publish_inputs)
     assert text["minLength"] == 1 and text["maxLength"] == 200 and "pattern" in text
-    assert texts["minItems"] == 1 and texts["maxItems"] == 8
+    assert texts["minItems"] == 1 and texts["maxItems"] == 8 and "TextPair" not in str(req)
+    assert all(p["maxLength"] == 200 for p in spec["components"]["schemas"]["TextPair"]["properties"].values())
+    assert spec["components"]["schemas"]["V2InputTensor"]["properties"]["name"]["enum"] == ["text"]
     assert spec["components"]["schemas"]["V2RequestedOutput"]["properties"]["name"]["enum"] == [
         "probabilities", "label", "truncated"]
     ready = spec["paths"]["/v2/models/{name}/ready"]["get"]["responses"]

@@ -147,15 +147,18 @@ def real_text(rt, job: dict[str, Any], texts: list[str]) -> list[dict[str, Any]]
 
 
 def accuracy(rt, ev: dict[str, Any], batch: int = 32) -> dict[str, Any]:
-    """predict() over the test texts under the variant's own long-text policy (as served); quality by the
-    variant's problem type (qserve.problems.metrics: accuracy, + label_accuracy for multi-label, or MAE/RMSE)."""
+    """predict() over the test texts (text pairs, for a pair split) under the variant's own long-text policy
+    (as served; a pair is truncated as its tokenizer truncates it); quality by the variant's problem type
+    (qserve.problems.metrics: accuracy, + label_accuracy for multi-label, or MAE/RMSE)."""
     from qserve import problems
 
     texts, labels, problem = ev["texts"], ev["labels"], rt.problem_type
+    pairs = ev.get("pairs")  # a text-pair test split
     preds: list[Any] = []
     t0 = time.perf_counter()
     for i in range(0, len(texts), batch):
-        preds.extend(problems.predictions(rt.predict(texts[i:i + batch]), problem))
+        chunk = None if pairs is None else pairs[i:i + batch]
+        preds.extend(problems.predictions(rt.predict(texts[i:i + batch], pairs=chunk), problem))
     seconds = time.perf_counter() - t0
     extra: dict[str, Any] = {"problem_type": problem} if problem != problems.SINGLE else {}
     if problem == problems.REGRESSION:  # the yardstick of regression agreement: mean |Δ| as a share of it

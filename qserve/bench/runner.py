@@ -98,7 +98,8 @@ def load_texts(key: tuple, cfg: BenchConfig, cache: dict) -> dict[str, Any]:
             out["invariance_texts"] = select_texts(texts, cfg.invariance_samples)
             if acc:
                 out["eval"] = {"dataset": getattr(splits, "name", dataset), "seed": seed, "texts": texts,
-                               "labels": labels, "label_names": list(splits.labels)}
+                               "labels": labels, "label_names": list(splits.labels),
+                               **({"pairs": list(test.pairs)[:len(texts)]} if test.pairs is not None else {})}
         except Exception as e:  # no data is a skipped measurement, not a failed run
             out["error"] = f"{type(e).__name__}: {e}"
             log.warning("bench: could not load dataset %r (%s); real-text latency and accuracy skipped", dataset, e)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from qserve import longtext, problems
+from qserve import longtext, problems, textpairs
 from qserve.longtext import LongTextPolicy
 
 PolicyArg = str | LongTextPolicy | Sequence[str | LongTextPolicy | None] | None
@@ -143,6 +143,8 @@ class Runtime:
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
         # Segment ids where the tokenizer makes them (BERT, ALBERT, ELECTRA, DeBERTa): one text is segment 0.
         self.segments = "token_type_ids" in getattr(self.tokenizer, "model_input_names", ())
+        self.inputs: tuple[str, ...] = self._inputs(manifest)
+        """What one input of this model is: ("text",), or ("text", "text_pair") for a pair model (textpairs.py)."""
         recorded = manifest.get("long_text")
         try:
             self.recorded_long_text = self.resolve_policy(recorded or longtext.DEFAULT, "manifest long_text")
@@ -214,33 +216,59 @@ class Runtime:
             out.append(cache[p])
         return out
 
-    def split(self, texts: list[str], policy: PolicyArg = None) -> longtext.Pieces:
-        """Cut `texts` into the pieces the model scores under `policy` (see qserve/longtext.py)."""
+    def _inputs(self, manifest: dict[str, Any]) -> tuple[str, ...]:
+        try:
+            return textpairs.model_inputs(manifest, "manifest inputs")
+        except textpairs.PairError as e:
+            from qserve.artifact import VariantError
+
+            raise VariantError(f"{self.variant_dir}/manifest.json: {e}") from None
+
+    def _pair_pieces(self, texts: list[str], pairs: list[str], policy: PolicyArg) -> longtext.Pieces:
+        """The pieces of text pairs: the tokenizer's own pair encoding and truncation (never windowed; the
+        policy is still checked). A pair model also scores a lone text (pairs=None), as its tokenizer encodes
+        one; the server refuses that (serve/pairs.py). Pairs for a one-text model are refused here."""
+        if self.inputs != textpairs.PAIR:
+            raise textpairs.PairError(f"{self.name} takes one text per input (manifest inputs {list(self.inputs)}); "
+                                      "text_pair is for a model trained on text pairs")
+        self._policies(policy, len(texts))
+        return textpairs.split_pairs(self.tokenizer, texts, pairs, self.max_length)
+
+    def split(self, texts: list[str], policy: PolicyArg = None, pairs: list[str] | None = None) -> longtext.Pieces:
+        """Cut `texts` (with their `pairs`, for a pair model) into the pieces the model scores under `policy`
+        (see qserve/longtext.py, qserve/textpairs.py)."""
+        if pairs is not None:
+            return self._pair_pieces(list(texts), list(pairs), policy)
         return longtext.split(self._encode, self.template, list(texts), self._policies(policy, len(texts)),
                               self.max_length, self.options.max_windows)
 
-    def pad(self, rows: list[list[int]]) -> dict[str, np.ndarray]:
-        """Pieces (with special tokens) -> an int64 input_ids/attention_mask batch, padded as the tokenizer pads."""
-        return longtext.pad(rows, self.pad_id, getattr(self.tokenizer, "padding_side", "right"), self.segments)
+    def pad(self, rows: list[list[int]], types: list[list[int]] | None = None) -> dict[str, np.ndarray]:
+        """Pieces (with special tokens) -> an int64 input_ids/attention_mask batch, padded as the tokenizer pads
+        (token_type_ids too where it makes them: `types`, a text pair's segments, else 0)."""
+        return longtext.pad(rows, self.pad_id, getattr(self.tokenizer, "padding_side", "right"), self.segments,
+                            types)
 
-    def tokenize(self, texts: list[str], policy: PolicyArg = None) -> dict[str, np.ndarray]:
+    def tokenize(self, texts: list[str], policy: PolicyArg = None, pairs: list[str] | None = None
+                 ) -> dict[str, np.ndarray]:
         """The padded batch of every piece of `texts` (one row per text unless a text is windowed)."""
-        return self.pad(self.split(texts, policy).ids)
+        pieces = self.split(texts, policy, pairs)
+        return self.pad(pieces.ids, pieces.types)
 
-    def truncated(self, texts: list[str], policy: PolicyArg = None) -> list[bool]:
-        """Which texts have tokens the model does not see under `policy`."""
-        return self.split(texts, policy).truncated
+    def truncated(self, texts: list[str], policy: PolicyArg = None, pairs: list[str] | None = None) -> list[bool]:
+        """Which texts (pairs) have tokens the model does not see under `policy`."""
+        return self.split(texts, policy, pairs).truncated
 
-    def forward_pieces(self, rows: list[list[int]]) -> np.ndarray:
+    def forward_pieces(self, rows: list[list[int]], types: list[list[int]] | None = None) -> np.ndarray:
         """Logits [len(rows), k] of padded pieces, at most options.max_rows per forward (shortest together)."""
         cap = self.options.max_rows
         if not cap or len(rows) <= cap:
-            return self.run(self.pad(rows)).astype(np.float32)
+            return self.run(self.pad(rows, types)).astype(np.float32)
         order = sorted(range(len(rows)), key=lambda j: len(rows[j]))  # similar lengths share a forward
         out: np.ndarray | None = None
         for start in range(0, len(order), cap):
             idx = order[start:start + cap]
-            got = self.run(self.pad([rows[j] for j in idx])).astype(np.float32)
+            got = self.run(self.pad([rows[j] for j in idx], None if types is None else [types[j] for j in idx]
+                                    )).astype(np.float32)
             if out is None:
                 out = np.empty((len(rows), got.shape[1]), dtype=np.float32)
             out[idx] = got
@@ -283,24 +311,46 @@ class Runtime:
         (each on its own thread, nothing shared between them) overrides this; the answers must not change."""
         return [self.forward(r) for r in rows]
 
-    def logits(self, texts: list[str], policy: PolicyArg = None) -> np.ndarray:
-        """Text logits [len(texts), num_labels] under `policy`, a windowed text's aggregated."""
-        pieces = self.split(texts, policy)
-        return longtext.aggregate(self.forward_pieces(pieces.ids), pieces)
+    def logits(self, texts: list[str], policy: PolicyArg = None, pairs: list[str] | None = None) -> np.ndarray:
+        """Text logits [len(texts), num_labels] under `policy`, a windowed text's aggregated; with `pairs`
+        (a pair model), the logits of each (text, pair)."""
+        pieces = self.split(texts, policy, pairs)
+        return longtext.aggregate(self.forward_pieces(pieces.ids, pieces.types), pieces)
 
     def scores(self, logits: np.ndarray) -> np.ndarray:
         """Text logits -> scores by the variant's problem type: the one place predict and classify make them."""
         return problems.scores(logits, self.problem_type)
 
-    def predict(self, texts: list[str], policy: PolicyArg = None) -> np.ndarray:
+    def predict(self, texts: list[str], policy: PolicyArg = None, pairs: list[str] | None = None) -> np.ndarray:
         """Scores [len(texts), num_labels] (float32): class probabilities (rows sum to 1) for a single-label
-        variant, a sigmoid per label for multi-label, the values for regression."""
-        return self.scores(self.logits(texts, policy))
+        variant, a sigmoid per label for multi-label, the values for regression; with `pairs` (a pair model),
+        those of each (text, pair)."""
+        return self.scores(self.logits(texts, policy, pairs))
 
-    def classify(self, texts: list[str], policy: PolicyArg = None, phases: list[Phase] | None = None) -> Classification:
+    def _classify_pairs(self, texts: list[str], pairs: list[str], policy: PolicyArg,
+                        phases: list[Phase] | None) -> Classification:
+        t0 = time.time_ns()
+        pieces = self.split(texts, policy, pairs)
+        t1 = time.time_ns()
+        probs = self.scores(longtext.aggregate(self.forward_pieces(pieces.ids, pieces.types), pieces))
+        if phases is not None:
+            width = max((len(r) for r in pieces.ids), default=0)
+            phases += [("tokenize", t0, t1, {"qserve.texts": len(texts), "qserve.text_pairs": len(texts)}),
+                       ("inference", t1, time.time_ns(), {"qserve.texts": len(texts), "qserve.pieces": len(pieces.ids),
+                                                          "qserve.tokenized_shape": f"{len(pieces.ids)}x{width}",
+                                                          "qserve.buckets": ",".join(map(str, self.buckets or ()))
+                                                          or "none"})]
+        return Classification(probs, list(pieces.truncated), list(pieces.tokens), list(pieces.windows),
+                              self.problem_type)
+
+    def classify(self, texts: list[str], policy: PolicyArg = None, phases: list[Phase] | None = None,
+                 pairs: list[str] | None = None) -> Classification:
         """predict() plus, per text, its token count, the windows scored and whether part of it was unseen,
         from ONE tokenization (the server's path). `phases`, when given (tracing), gets (name, start ns, end ns,
-        attributes) for tokenize, windows (only when a text was cut into several) and inference."""
+        attributes) for tokenize, windows (only when a text was cut into several) and inference. `pairs`: the
+        second text of each input, for a pair model (qserve/textpairs.py: never windowed)."""
+        if pairs is not None:
+            return self._classify_pairs(list(texts), list(pairs), policy, phases)
         if phases is None:
             pieces = self.split(texts, policy)
             probs = self.scores(longtext.aggregate(self.forward_pieces(pieces.ids), pieces))

@@ -116,7 +116,8 @@ def _install_error_handlers(app: FastAPI, st: ServeState) -> None:
                        f'"data": [n strings]}}]}} with 1..{cfg.max_inputs} non-empty texts of at most '
                        f"{cfg.max_chars} characters")
         else:
-            allowed = ('expected {"inputs": str | list[str], "top_k": int >= 1 | null} with '
+            allowed = ('expected {"inputs": str | list[str], "top_k": int >= 1 | null} (a text-pair model: '
+                       '{"text", "text_pair"} objects in place of strings) with '
                        f"1..{cfg.max_inputs} non-empty texts of at most {cfg.max_chars} characters")
         errors = exc.errors()
         bad_json = [e for e in errors if e.get("type") == "json_invalid"]
@@ -213,7 +214,8 @@ def _publish_limits(schema: dict, config: ServeConfig) -> None:
                 node["maxLength"] = config.max_chars
             items = node.get("items")
             if node.get("type") == "array" and isinstance(items, dict) and (
-                    "pattern" in items or items.get("type") == "array"):  # a list of texts (maybe nested)
+                    "pattern" in items or items.get("type") == "array"  # a list of texts (maybe nested)
+                    or any("pattern" in a for a in items.get("anyOf", []))):  # texts or text pairs
                 node.setdefault("maxItems", config.max_inputs)
             for k, v in node.items():
                 if k != "long_text":  # a policy string, not a text: _publish_long_text bounds it
@@ -222,12 +224,14 @@ def _publish_limits(schema: dict, config: ServeConfig) -> None:
             for v in node:
                 walk(v)
 
-    for name in ("ClassifyRequest", "V2InputTensor"):
+    for name in ("ClassifyRequest", "TextPair", "V2InputTensor"):
         walk(comps.get(name))
     _publish_long_text(comps, config)
     from qserve.serve.outputs import publish_outputs
+    from qserve.serve.pairs import publish_inputs
 
     publish_outputs(comps, config.variant_dir)
+    publish_inputs(comps, config.variant_dir)  # a text-pair model's forms only where the model takes them
     tensor = comps.get("V2InputTensor")
     if tensor is not None and config.max_inputs <= MAX_SHAPE_BRANCHES:
         # JSON Schema cannot say "shape matches len(data)", but it can list every valid pairing.

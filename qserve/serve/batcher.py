@@ -38,8 +38,8 @@ from qserve.runtime.base import Classification, Phase
 
 log = logging.getLogger("qserve.serve")
 
-InferFn = Callable[[list[str], list[str | None]], tuple[Classification, list[Phase] | None]]
-"""(texts, their long-text policies) -> (Classification: probabilities [n, k] float32, truncated, tokens and
+InferFn = Callable[..., tuple[Classification, list[Phase] | None]]
+"""(texts, their long-text policies[, their text pairs: only for a pair model's batch]) -> (Classification: probabilities [n, k] float32, truncated, tokens and
 windows per text; when tracing, the batch's steps (Phase: name, start/end ns, attributes), which every request
 in the batch gets in its BatchResult, else None); synchronous, CPU-heavy."""
 
@@ -110,6 +110,17 @@ class _Item:
     text: str
     enqueued: float
     policy: str | None = None
+    pair: str | None = None
+    """The text's text_pair (a pair model's input), else None."""
+
+
+def _infer_args(batch: list[_Item]) -> tuple[Any, ...]:
+    """InferFn's arguments for a batch: texts and policies, plus the pairs when its items carry them (a batch
+    holds one model's items, and a model takes pairs for every input or for none)."""
+    args: tuple[Any, ...] = ([it.text for it in batch], [it.policy for it in batch])
+    if batch and batch[0].pair is not None:
+        args += ([it.pair or "" for it in batch],)
+    return args
 
 
 class Batcher:
@@ -143,9 +154,9 @@ class Batcher:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="qserve-batcher")
 
-    def enqueue(self, texts: list[str], policy: str | None = None) -> asyncio.Future:
-        """Queue texts (each read by `policy`, None = the runtime's default) at once or raise
-        QueueFull/NotAccepting; never waits."""
+    def enqueue(self, texts: list[str], policy: str | None = None, pairs: list[str] | None = None) -> asyncio.Future:
+        """Queue texts (each read by `policy`, None = the runtime's default; with its text pair for a pair model)
+        at once or raise QueueFull/NotAccepting; never waits."""
         if self._closing:
             raise NotAccepting("server is shutting down")
         if len(self._items) + len(texts) > self.max_queue:
@@ -153,7 +164,8 @@ class Batcher:
         loop = asyncio.get_running_loop()
         pending = _Pending(len(texts), loop.create_future())
         now = loop.time()
-        self._items.extend(_Item(pending, i, t, now, policy) for i, t in enumerate(texts))
+        self._items.extend(_Item(pending, i, t, now, policy, None if pairs is None else pairs[i])
+                           for i, t in enumerate(texts))
         self._set_depth()
         if not self._running and self._launched is None and len(self._items) >= self._fill_target():
             # The batch is complete: start its forward pass now, from this very call. Waking the
@@ -163,8 +175,9 @@ class Batcher:
         self._wake.set()
         return pending.future
 
-    async def submit(self, texts: list[str], timeout_s: float | None = None, policy: str | None = None) -> BatchResult:
-        fut = self.enqueue(texts, policy)
+    async def submit(self, texts: list[str], timeout_s: float | None = None, policy: str | None = None,
+                     pairs: list[str] | None = None) -> BatchResult:
+        fut = self.enqueue(texts, policy, pairs)
         return await asyncio.wait_for(fut, timeout_s) if timeout_s else await fut
 
     def retry_after_s(self) -> int:
@@ -237,8 +250,7 @@ class Batcher:
         if self.metrics is not None:
             for it in batch:
                 self.metrics.queue_wait.observe(now - it.enqueued)
-        return batch, (time.perf_counter(), loop.run_in_executor(self.executor, self.infer, [it.text for it in batch],
-                                                                 [it.policy for it in batch]))
+        return batch, (time.perf_counter(), loop.run_in_executor(self.executor, self.infer, *_infer_args(batch)))
 
     def _drop_dead(self) -> None:
         while self._items and self._items[0].pending.future.done():
@@ -248,8 +260,8 @@ class Batcher:
     async def _run_batch(self, batch: list[_Item], isolate: bool, started: Any = None) -> None:
         loop = asyncio.get_running_loop()
         texts = [it.text for it in batch]
-        t0, fut = started or (time.perf_counter(), loop.run_in_executor(self.executor, self.infer, texts,
-                                                                        [it.policy for it in batch]))
+        t0, fut = started or (time.perf_counter(), loop.run_in_executor(self.executor, self.infer,
+                                                                        *_infer_args(batch)))
         try:
             result, phases = await fut  # phases: the batch's steps when tracing is on, else None
             probs, truncated = result.probs, result.truncated

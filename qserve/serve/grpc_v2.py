@@ -22,7 +22,7 @@ Same rules as HTTP: every RPC but ServerLive and ServerReady needs the API key w
 mapped to its gRPC code (STATUS below; Retry-After and the request id travel in trailing
 metadata); and the same metrics, labelled route=/inference.GRPCInferenceService/<Method>,
 method=GRPC, status=the HTTP status the same answer has on /v2 and model=the model it reached. An inference input is the
-BYTES tensor `text` of shape [n] or [n, 1], in raw_input_contents (tritonclient's default: a
+BYTES tensor `text` of shape [n] or [n, 1] (and for a text-pair model `text_pair`, same shape), in raw_input_contents (tritonclient's default: a
 4-byte little-endian length + UTF-8 bytes per element) or in contents.bytes_contents; outputs
 come back in raw_output_contents, as Triton answers.
 """
@@ -44,6 +44,7 @@ from qserve import __version__
 from qserve.serve.errors import ApiError
 from qserve.serve.guard import token_ok
 from qserve.serve.outputs import check_outputs, output_names
+from qserve.serve.pairs import v2_inputs
 from qserve.serve.texts import unicode_problem
 from qserve.serve.tracing import TRACE_HEADER, TRACE_KEY
 from qserve.serve import v2_repository as repo
@@ -61,7 +62,8 @@ STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTI
           413: grpc.StatusCode.RESOURCE_EXHAUSTED, 422: grpc.StatusCode.INVALID_ARGUMENT,
           429: grpc.StatusCode.RESOURCE_EXHAUSTED, 500: grpc.StatusCode.INTERNAL, 503: grpc.StatusCode.UNAVAILABLE,
           504: grpc.StatusCode.DEADLINE_EXCEEDED}
-INPUT_RULE = "send one BYTES input named 'text' of shape [n] or [n, 1] (GET the model metadata)"
+INPUT_RULE = ("send one BYTES input named 'text' of shape [n] or [n, 1], plus 'text_pair' of the same shape for a "
+              "text-pair model (GET the model metadata)")
 
 
 class GrpcServer:
@@ -207,11 +209,11 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             model = self._model(request.model_name, request.model_version, scope)
             if unicode_problem(request.id):
                 raise ApiError(422, f"id {unicode_problem(request.id)}")
-            texts = request_texts(st, request)
+            texts, pairs = request_texts(st, request, model)
             wanted = requested_outputs(request, model.runtime.problem_type, model.name)
             long_text = _long_text(request)
             # the model that answered (a hot swap may intervene); the policy is checked against it
-            model, result = await st.submit(model, texts, scope, rid, long_text, "parameters.long_text")
+            model, result = await st.submit(model, texts, scope, rid, long_text, "parameters.long_text", pairs)
             check_outputs(model.runtime.problem_type, wanted, model.name)  # the model that answered (a swap)
             values = output_values(model, result)
             rt = model.runtime
@@ -269,38 +271,45 @@ def _long_text(request: Any) -> str | None:
     return p.string_param
 
 
-def request_texts(st: ServeState, req: Any) -> list[str]:
-    """The texts of a ModelInferRequest, checked as the HTTP /v2 route checks them."""
-    if len(req.inputs) != 1:
+def request_texts(st: ServeState, req: Any, model: ServedModel) -> tuple[list[str], list[str] | None]:
+    """(texts, text pairs or None) of a ModelInferRequest: `text`, and `text_pair` for a pair model, checked
+    as the HTTP /v2 route checks them (serve/pairs.py)."""
+    if not 1 <= len(req.inputs) <= 2:
         raise ApiError(422, f"the request has {len(req.inputs)} inputs; {INPUT_RULE}")
-    tensor = req.inputs[0]
-    if tensor.name != "text":
-        raise ApiError(422, f"inputs[0].name is {tensor.name!r}; {INPUT_RULE}")
-    if tensor.datatype != "BYTES":
-        raise ApiError(422, f"inputs[0].datatype is {tensor.datatype!r}; {INPUT_RULE}")
-    raw, listed = list(req.raw_input_contents), list(tensor.contents.bytes_contents)
-    if raw and listed:
-        raise ApiError(400, "inputs[0] has both raw_input_contents and contents.bytes_contents; send one of them")
-    if len(raw) > 1:
-        raise ApiError(400, f"raw_input_contents has {len(raw)} entries for 1 input")
-    if raw:
-        data = bytes_elements(raw[0], "inputs[0]")
+    raw = list(req.raw_input_contents)
+    if raw and len(raw) != len(req.inputs):
+        raise ApiError(400, f"raw_input_contents has {len(raw)} entries for {len(req.inputs)} input(s)")
+    named: dict[str, tuple[int, list[str]]] = {}
+    for i, tensor in enumerate(req.inputs):
+        if tensor.name not in ("text", "text_pair") or tensor.name in named:
+            raise ApiError(422, f"inputs[{i}].name is {tensor.name!r}; {INPUT_RULE}")
+        if tensor.datatype != "BYTES":
+            raise ApiError(422, f"inputs[{i}].datatype is {tensor.datatype!r}; {INPUT_RULE}")
+        named[tensor.name] = (i, _tensor_texts(tensor, raw[i] if raw else None, i))
+    return v2_inputs(st, model, named)
+
+
+def _tensor_texts(tensor: Any, raw: bytes | None, i: int) -> list[str]:
+    listed = list(tensor.contents.bytes_contents)
+    if raw is not None and listed:
+        raise ApiError(400, f"inputs[{i}] has both raw_input_contents and contents.bytes_contents; send one of them")
+    if raw is not None:
+        data = bytes_elements(raw, f"inputs[{i}]")
     elif listed:
         data = []
-        for i, b in enumerate(listed):
+        for j, b in enumerate(listed):
             try:
                 data.append(b.decode("utf-8"))
             except UnicodeDecodeError as e:
-                raise ApiError(422, f"inputs[0][{i}] is not valid UTF-8: byte 0x{b[e.start]:02x} at offset "
+                raise ApiError(422, f"inputs[{i}][{j}] is not valid UTF-8: byte 0x{b[e.start]:02x} at offset "
                                     f"{e.start} ({e.reason}); send UTF-8 text") from None
     else:
-        raise ApiError(400, "inputs[0] has no data: send the texts in raw_input_contents (tritonclient's "
+        raise ApiError(400, f"inputs[{i}] has no data: send the texts in raw_input_contents (tritonclient's "
                             "set_data_from_numpy) or in contents.bytes_contents")
     shape = list(tensor.shape)
     if not 1 <= len(shape) <= 2 or (len(shape) == 2 and shape[1] != 1) or prod(shape) != len(data):
-        raise ApiError(400, f"inputs[0].shape {shape} does not describe its {len(data)} data elements; "
+        raise ApiError(400, f"inputs[{i}].shape {shape} does not describe its {len(data)} data elements; "
                             "use [n] or [n, 1] with n = number of texts")
-    st.check_texts(data, "inputs[0].data")
     return data
 
 

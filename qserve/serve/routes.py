@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from qserve.serve.outputs import request_threshold, v1_predictions
+from qserve.serve.pairs import v1_inputs
 from qserve.serve.schemas import ClassifyRequest, ClassifyResponse, ErrorResponse
 from qserve.serve.state import ServeState
 
@@ -46,11 +47,10 @@ def add_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat lis
               summary="Classify one text or a list; [{label, score}] per input, best first")
     async def classify(body: ClassifyRequest, request: Request) -> JSONResponse:
         model = st.model(body.model, request)
-        texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
-        st.check_texts(texts, "inputs")
+        texts, pairs = v1_inputs(st, model, body.inputs)  # a pair model's {text, text_pair} (pairs.py)
         request_threshold(model.runtime.problem_type, body.threshold, st.config.threshold, model.name)
         # the model that answered (a swap may intervene); the policy is checked against it
-        model, result = await st.classify(model, texts, request, body.long_text, "long_text")
+        model, result = await st.classify(model, texts, request, body.long_text, "long_text", pairs=pairs)
         policy = model.check_policy(body.long_text, "long_text")
         rt = model.runtime
         threshold = request_threshold(rt.problem_type, body.threshold, st.config.threshold, model.name)

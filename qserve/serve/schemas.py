@@ -59,12 +59,23 @@ def _threshold(v: Any) -> Any:
 Threshold = Annotated[float, BeforeValidator(_threshold), Field(json_schema_extra={"minimum": 0, "maximum": 1})]
 
 
+class TextPair(BaseModel):
+    """One input of a text-pair model (NLI, cross-encoder, reranker): the HF pipeline's dict form."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: Text
+    text_pair: Text
+
+
 class ClassifyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={
         "examples": [{"inputs": "A moving, beautifully shot film."},
-                     {"inputs": ["Loved it.", "A waste of two hours."], "top_k": 1}]})
+                     {"inputs": ["Loved it.", "A waste of two hours."], "top_k": 1},
+                     {"inputs": [{"text": "A man plays a guitar.", "text_pair": "Someone makes music."}]}]})
 
-    inputs: Text | Annotated[list[Text], Field(min_length=1)] = Field(description="One text, or a list of texts.")
+    inputs: Text | TextPair | Annotated[list[Text | TextPair], Field(min_length=1)] = Field(
+        description="One text, or a list of texts; for a text-pair model (its inputs in GET /v1/models), "
+                    "{text, text_pair} objects instead of texts.")
     top_k: json_int(ge=1) | None = Field(
         default=None, description="Labels per input, best first; null = all labels. An integer: \"2\" and "
                                   "true are refused.")
@@ -130,11 +141,13 @@ class V2InputParameters(BaseModel):
 
 
 class V2InputTensor(BaseModel):
-    """The one input: n UTF-8 texts as a BYTES tensor of shape [n] or [n, 1], in `data` (flat or nested)
-    or as binary data after the JSON header (Inference-Header-Content-Length)."""
+    """An input: n UTF-8 texts as a BYTES tensor of shape [n] or [n, 1], in `data` (flat or nested)
+    or as binary data after the JSON header (Inference-Header-Content-Length). `text`, and for a
+    text-pair model also `text_pair` (same shape)."""
 
     model_config = ConfigDict(extra="allow", json_schema_extra=_json_form)
-    name: Literal["text"] = Field(description="The model's input name, from GET /v2/models/{name}.")
+    name: Literal["text", "text_pair"] = Field(description="The model's input name, from GET /v2/models/{name}: "
+                                                           "text, and text_pair for a text-pair model.")
     shape: Annotated[list[json_int(ge=1)], Field(min_length=1, max_length=2)]
     datatype: Literal["BYTES"]
     parameters: V2InputParameters | None = None
@@ -169,7 +182,7 @@ class V2InferRequest(BaseModel):
                                   "data": ["Loved it.", "A waste of two hours."]}]}]})
     id: Annotated[str, Field(strict=True)] | None = None
     parameters: V2RequestParameters | None = None
-    inputs: Annotated[list[V2InputTensor], Field(min_length=1, max_length=1)]
+    inputs: Annotated[list[V2InputTensor], Field(min_length=1, max_length=2)]
     outputs: Annotated[list[V2RequestedOutput], Field(min_length=1)] | None = None
 
 

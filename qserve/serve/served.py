@@ -49,10 +49,11 @@ class ModelRuntime(Protocol):
         ...
 
     def classify(self, texts: list[str], policy: Sequence[str | None] | None = None,
-                 phases: list[Phase] | None = None) -> Classification:
+                 phases: list[Phase] | None = None, pairs: list[str] | None = None) -> Classification:
         """Probabilities [len(texts), len(labels)] and, per text, whether part of it went unseen, its token
         count and how many windows were scored; `policy` gives each text's policy (None = long_text); `phases`
-        (tracing only) gets the call's steps (tokenize, windows when a text was cut, inference) with their times."""
+        (tracing only) gets the call's steps (tokenize, windows when a text was cut, inference) with their times;
+        `pairs`: each text's text_pair, for a pair model (its `inputs` are ("text", "text_pair"))."""
         ...
 
     def close(self) -> None: ...
@@ -95,7 +96,8 @@ class ServedModel:
         m = rt.manifest
         files = m.get("files") or {}
         return {"id": self.name, "version": self.version, "model_name": m.get("model_name"), "spec": m.get("spec"),
-                "labels": list(rt.labels), "problem_type": rt.problem_type, "max_length": rt.max_length, "long_text": str(rt.long_text),
+                "labels": list(rt.labels), "problem_type": rt.problem_type, "inputs": list(rt.inputs),
+                "max_length": rt.max_length, "long_text": str(rt.long_text),
                 "length_buckets": list(rt.buckets) if rt.buckets else None,
                 "parity": m.get("parity"),
                 "created": m.get("created"), "device": rt.device, "dir": self.variant_dir, "files": len(files),
@@ -128,12 +130,17 @@ class Retired(NamedTuple):
 
 def infer_fn(runtime: ModelRuntime, offer: Offer | None = None, traced: bool = False) -> InferFn:
     """The batcher's InferFn for `runtime`; `traced`: it also hands back the runtime's steps for traces."""
-    def infer(texts: list[str], policies: list[str | None]) -> tuple[Classification, list[Phase] | None]:
+    def infer(texts: list[str], policies: list[str | None],
+              pairs: list[str] | None = None) -> tuple[Classification, list[Phase] | None]:
         # Tokenizing happens here, on the inference thread: the fast tokenizer is not thread-safe.
         phases: list[Phase] | None = [] if traced else None  # the steps (tokenize, windows, inference)
-        r = runtime.classify(texts, policies) if phases is None else runtime.classify(texts, policies, phases)
+        if pairs is not None:  # a pair model's batch (serve/pairs.py)
+            r = runtime.classify(texts, policies, phases, pairs=pairs)
+        else:
+            r = runtime.classify(texts, policies) if phases is None else runtime.classify(texts, policies, phases)
         probs = np.asarray(r.probs, dtype=np.float32)
-        if offer is not None:  # the shadow samples what was served, under the policy it was served by; never blocks
+        if offer is not None and pairs is None:  # the shadow samples what was served (single texts: its
+            # reference is scored on texts), under the policy it was served by; never blocks
             default = str(runtime.long_text)
             offer(texts, [p or default for p in policies], probs)
         return Classification(probs, [bool(t) for t in r.truncated], [int(n) for n in r.tokens],

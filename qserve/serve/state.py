@@ -40,6 +40,7 @@ from qserve.serve.config import ServeConfig
 from qserve.serve.errors import ApiError
 from qserve.serve.guard import Arrivals
 from qserve.serve.metrics import Metrics
+from qserve.serve.pairs import check_same_inputs, takes_pairs
 from qserve.serve.repository import ModelSource, Repository, Selection, model_version, resolve
 from qserve.serve.served import Loader, ModelRuntime, Retired, ServedModel, infer_fn, load_model
 from qserve.serve.shadow import Shadow, parse_shadows
@@ -206,10 +207,12 @@ class ServeState:
             # Warm-up on the inference thread, so first-call costs (allocator, graph init) do not land on a
             # client. A batch of one and a batch of several can take different paths (onnx-int8 runs a
             # batch's rows on their own workers).
-            await loop.run_in_executor(self.executor, warm, ["warm-up"], [None])
+            pair = takes_pairs(runtime)  # a pair model warms up on pairs: the path it serves
+            await loop.run_in_executor(self.executor, warm, ["warm-up"], [None], ["warm-up"] if pair else None)
             if cfg.max_batch_size > 1:
                 n = min(cfg.max_batch_size, 2 * max(1, runtime.row_workers))
-                await loop.run_in_executor(self.executor, warm, [f"warm-up {i}" for i in range(n)], [None] * n)
+                texts = [f"warm-up {i}" for i in range(n)]
+                await loop.run_in_executor(self.executor, warm, texts, [None] * n, texts if pair else None)
         except Exception:
             await loop.run_in_executor(None, runtime.close)  # a model that cannot answer is not kept
             raise
@@ -347,17 +350,19 @@ class ServeState:
                                     "policy, but the character limit bounds the work per request")
 
     async def classify(self, model: ServedModel, texts: list[str], request: Request, long_text: str | None = None,
-                       where: str = "long_text") -> tuple[ServedModel, BatchResult]:
+                       where: str = "long_text", pairs: list[str] | None = None) -> tuple[ServedModel, BatchResult]:
         """Queue texts on the model's batcher, each read by the request's `long_text` (None = the model's
         default; 422 naming `where` when the model cannot apply it); map every failure to an HTTP answer.
         Returns the model that answered: the one serving `model.name` now (after a hot swap since the route
         looked it up, the new one, against which the policy is checked)."""
-        return await self.submit(model, texts, request.scope, request.state.request_id, long_text, where)
+        return await self.submit(model, texts, request.scope, request.state.request_id, long_text, where, pairs)
 
     async def submit(self, model: ServedModel, texts: list[str], scope: dict[str, Any], request_id: str,
-                     long_text: str | None = None, where: str = "long_text") -> tuple[ServedModel, BatchResult]:
+                     long_text: str | None = None, where: str = "long_text",
+                     pairs: list[str] | None = None) -> tuple[ServedModel, BatchResult]:
         """classify() for any protocol: `scope` (an ASGI scope, or the gRPC service's stand-in) carries the
-        request's arrival mark, the model label of its metrics and, with tracing on, its RequestTrace."""
+        request's arrival mark, the model label of its metrics and, with tracing on, its RequestTrace.
+        `pairs`: each text's text_pair, for a pair model (serve/pairs.py checked them against the model)."""
         self.require_ready()
         self.arrivals.end(scope)  # from here on this request is queued, not arriving
         # No await between this lookup and the enqueue: a model in self.models is always accepting.
@@ -367,17 +372,19 @@ class ServeState:
         state = scope.setdefault("state", {})
         state["qserve_model"] = current.name  # what request.state.qserve_model reads on HTTP
         policy = current.check_policy(long_text, where)
+        check_same_inputs(current, pairs)
         trace = state.get(TRACE_KEY) if self.tracing is not None else None  # all tracing costs when it is off
         if trace is None:
-            return current, await self._submit(current, texts, request_id, policy)
+            return current, await self._submit(current, texts, request_id, policy, pairs)
         trace.queued()
-        result = await self._submit(current, texts, request_id, policy)
+        result = await self._submit(current, texts, request_id, policy, pairs)
         trace.answered(result.phases)
         return current, result
 
-    async def _submit(self, current: ServedModel, texts: list[str], rid: str, policy: str | None) -> BatchResult:
+    async def _submit(self, current: ServedModel, texts: list[str], rid: str, policy: str | None,
+                      pairs: list[str] | None = None) -> BatchResult:
         try:
-            return await current.batcher.submit(texts, self.config.request_timeout_s, policy)
+            return await current.batcher.submit(texts, self.config.request_timeout_s, policy, pairs)
         except QueueFull as e:
             self.metrics.reject("queue_full", current.name)
             raise ApiError(429, str(e), {"Retry-After": str(e.retry_after_s)}) from None

@@ -37,6 +37,7 @@ from qserve import __version__
 from qserve.serve.batcher import BatchResult
 from qserve.serve.errors import ApiError
 from qserve.serve import outputs
+from qserve.serve.pairs import config_inputs, metadata_inputs, v2_inputs
 from qserve.serve.schemas import (ErrorResponse, V2InferRequest, V2InferResponse,
                                   V2ModelMetadata, flatten)
 from qserve.serve.state import ServedModel, ServeState
@@ -63,10 +64,12 @@ INFER_BODY = {"requestBody": {"required": True, "content": {
 INFER_DESCRIPTION = (
     "The body is JSON; a missing Content-Type means JSON (as tritonclient sends it). Binary tensor data "
     "extension: with the header `Inference-Header-Content-Length: N`, the first N bytes are the JSON "
-    "header and the input's bytes follow, declared by `inputs[0].parameters.binary_data_size` instead of "
+    "header and the inputs' bytes follow in input order, each declared by its `parameters.binary_data_size` "
+    "instead of "
     "`data` (each BYTES element a 4-byte little-endian length + UTF-8 bytes). Ask for binary outputs with "
     "`parameters.binary_data_output: true` or `outputs[i].parameters.binary_data: true`; the answer is "
-    "then the JSON header (its length in the response's Inference-Header-Content-Length) + the bytes.")
+    "then the JSON header (its length in the response's Inference-Header-Content-Length) + the bytes. A "
+    "text-pair model takes a second BYTES input `text_pair` of the same shape as `text`.")
 
 
 # -- request decoding ---------------------------------------------------------------------------
@@ -114,30 +117,42 @@ def bytes_elements(raw: bytes, where: str) -> list[str]:
     return out
 
 
-def request_texts(st: ServeState, req: V2InferRequest, binary: bytes) -> list[str]:
-    tensor = req.inputs[0]
-    size = tensor.parameters.binary_data_size if tensor.parameters else None
-    if size is not None:
-        if tensor.data is not None:
-            raise ApiError(400, "inputs[0] has both data and parameters.binary_data_size; send one of them")
-        if size != len(binary):
-            raise ApiError(400, f"inputs[0].parameters.binary_data_size is {size} but {len(binary)} bytes follow "
-                                "the JSON header (Inference-Header-Content-Length)")
-        data = bytes_elements(binary, "inputs[0]")
-    else:
-        if tensor.data is None:
-            raise ApiError(400, "inputs[0] has no data: send the texts in data, or as binary data with "
-                                "parameters.binary_data_size and the Inference-Header-Content-Length header")
-        if binary:
-            raise ApiError(400, f"{len(binary)} bytes follow the JSON header but no input declares "
-                                "parameters.binary_data_size")
-        data = flatten(tensor.data)
-    shape = tensor.shape
-    if (len(shape) == 2 and shape[1] != 1) or prod(shape) != len(data):
-        raise ApiError(400, f"inputs[0].shape {shape} does not describe its {len(data)} data elements; "
-                            "use [n] or [n, 1] with n = number of texts")
-    st.check_texts(data, "inputs[0].data")
-    return data
+def request_texts(st: ServeState, req: V2InferRequest, binary: bytes,
+                  model: ServedModel | None = None) -> tuple[list[str], list[str] | None]:
+    """(texts, text pairs or None) of a request: `text`, and `text_pair` for a pair model (serve/pairs.py),
+    each in data or as binary data (the inputs' bytes follow the JSON header in input order)."""
+    named: dict[str, tuple[int, list[str]]] = {}
+    declared = sum(t.parameters.binary_data_size or 0 for t in req.inputs if t.parameters)
+    if declared != len(binary):
+        raise ApiError(400, f"the inputs' parameters.binary_data_size add up to {declared} but {len(binary)} bytes "
+                            "follow the JSON header (Inference-Header-Content-Length)" if declared else
+                            f"{len(binary)} bytes follow the JSON header but no input declares "
+                            "parameters.binary_data_size")
+    offset = 0
+    for i, tensor in enumerate(req.inputs):
+        if tensor.name in named:
+            raise ApiError(422, f"inputs[{i}].name {tensor.name!r} repeats inputs[{named[tensor.name][0]}]; each "
+                                "input once: text, and text_pair for a text-pair model")
+        size = tensor.parameters.binary_data_size if tensor.parameters else None
+        if size is not None:
+            if tensor.data is not None:
+                raise ApiError(400, f"inputs[{i}] has both data and parameters.binary_data_size; send one of them")
+            data = bytes_elements(binary[offset:offset + size], f"inputs[{i}]")
+            offset += size
+        else:
+            if tensor.data is None:
+                raise ApiError(400, f"inputs[{i}] has no data: send the texts in data, or as binary data with "
+                                    "parameters.binary_data_size and the Inference-Header-Content-Length header")
+            data = flatten(tensor.data)
+        shape = tensor.shape
+        if (len(shape) == 2 and shape[1] != 1) or prod(shape) != len(data):
+            raise ApiError(400, f"inputs[{i}].shape {shape} does not describe its {len(data)} data elements; "
+                                "use [n] or [n, 1] with n = number of texts")
+        named[tensor.name] = (i, data)
+    if model is None:  # the one-text rule (no model to ask)
+        st.check_texts(named["text"][1] if "text" in named else [], "inputs[0].data")
+        return named["text"][1], None
+    return v2_inputs(st, model, named)
 
 
 def requested_outputs(req: V2InferRequest, model: ServedModel) -> list[tuple[str, bool]]:
@@ -202,7 +217,7 @@ def model_config(st: ServeState, model: ServedModel) -> dict[str, Any]:
         "name": model.name, "platform": f"qserve_{spec.get('backend', 'unknown')}", "backend": "qserve",
         "version_policy": {"specific": {"versions": [model.version]}},
         "max_batch_size": 0,  # shapes below include the batch dimension (-1 = n texts)
-        "input": [{"name": "text", "data_type": "TYPE_STRING", "dims": [-1]}],
+        "input": config_inputs(rt),
         "output": outputs.v2_config_outputs(rt.problem_type, k),
         "dynamic_batching": {"max_queue_delay_microseconds": int(cfg.max_wait_ms * 1000),
                              "preferred_batch_size": [cfg.max_batch_size]},
@@ -220,7 +235,7 @@ def model_metadata(model: ServedModel) -> dict[str, Any]:
     k = len(rt.labels)
     spec = rt.manifest.get("spec", {})
     return {"name": model.name, "versions": [model.version], "platform": f"qserve_{spec.get('backend', 'unknown')}",
-            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
+            "inputs": metadata_inputs(rt),
             "outputs": outputs.v2_metadata_outputs(rt.problem_type, k),
             "parameters": {"labels": ",".join(rt.labels), "problem_type": rt.problem_type, "max_length": rt.max_length,
                            "long_text": str(rt.long_text), "model_name": rt.manifest.get("model_name")}}
@@ -253,11 +268,11 @@ def add_v2_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat 
         req, binary = _parse_request(body, request.headers.get(HEADER_LENGTH))
         if req.id is not None and unicode_problem(req.id):
             raise ApiError(422, f"id {unicode_problem(req.id)}")
-        texts = request_texts(st, req, binary)
+        texts, pairs = request_texts(st, req, binary, model)
         wanted = requested_outputs(req, model)
         long_text = req.parameters.long_text if req.parameters else None
         # the model that answered (a swap may intervene); the policy is checked against it
-        model, result = await st.classify(model, texts, request, long_text, "parameters.long_text")
+        model, result = await st.classify(model, texts, request, long_text, "parameters.long_text", pairs=pairs)
         policy = model.check_policy(long_text, "parameters.long_text")
         outputs.check_outputs(model.runtime.problem_type, [w for w, _ in wanted], model.name)  # after a swap too
         values = output_values(model, result)
@@ -294,7 +309,8 @@ def add_v2_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat 
 
         app.add_api_route(prefix, with_version(v2_metadata), methods=["GET"], tags=["v2"],
                           response_model=V2ModelMetadata, responses=model_errors,
-                          summary="Model metadata: a BYTES text input, FP32 probabilities out" + note)
+                          summary="Model metadata: a BYTES text input (and text_pair for a pair model), FP32 "
+                                  "probabilities out" + note)
         app.add_api_route(prefix + "/ready", with_version(v2_model_ready), methods=["GET"], tags=["v2"],
                           responses=model_errors, summary="Model ready (404 for another model name)" + note)
         app.add_api_route(prefix + "/config", with_version(v2_config), methods=["GET"], tags=["v2"],
