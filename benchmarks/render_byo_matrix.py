@@ -1,6 +1,7 @@
 """The "bring your own model" support matrix (architecture x variant), as tests/test_byo_matrix.py observed it.
 
     python benchmarks/render_byo_matrix.py           # the full matrix test (~5 min), rewriting docs/byo-matrix.md
+                                                     # and the matrix in README.md's "Bring your own model"
     python benchmarks/render_byo_matrix.py --check   # the same run, failing if docs/byo-matrix.md disagrees
 
 The page is never edited by hand: the matrix test exports every variant of a tiny checkpoint of each
@@ -21,6 +22,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "byo-matrix.md"
+README = REPO / "README.md"
+README_MARKS = ("<!-- byo-matrix -->", "<!-- /byo-matrix -->")
+"""The README's "Bring your own model" section holds the same table (and notes) between these markers."""
 TEST = "tests/test_byo_matrix.py"
 ENV = "QSERVE_BYO_MATRIX"
 YES = "yes"
@@ -45,6 +49,11 @@ def render(cells: dict[str, dict[str, str]], archs: dict[str, str], variants: li
     `archs` maps model_type -> display name, in row order; `variants` gives the column order.
     Reasons become numbered notes under the table, so the table stays readable.
     """
+    return HEADER + "\n" + table(cells, archs, variants)
+
+
+def table(cells: dict[str, dict[str, str]], archs: dict[str, str], variants: list[str]) -> str:
+    """The matrix and its numbered notes, without the page's prose (the README's block)."""
     notes: list[str] = []
     rows = []
     for model_type, name in archs.items():
@@ -59,7 +68,7 @@ def render(cells: dict[str, dict[str, str]], archs: dict[str, str], variants: li
                 notes.append(reason)
             row.append(f"no ({notes.index(reason) + 1})")
         rows.append(row)
-    lines = [HEADER, "| architecture | " + " | ".join(variants) + " |",
+    lines = ["| architecture | " + " | ".join(variants) + " |",
              "|---|" + "---|" * len(variants)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     if notes:
@@ -82,6 +91,21 @@ def parse(page: str) -> dict[str, dict[str, str]]:
             note = re.fullmatch(r"no \((\d+)\)", c)
             cells[model_type][v] = f"unsupported: {notes[note.group(1)]}" if note else c
     return cells
+
+
+def readme_block(readme: str) -> str:
+    """The matrix block between README_MARKS in the README's text ('' when the markers are missing)."""
+    start, end = README_MARKS
+    if start not in readme or end not in readme:
+        return ""
+    return readme.split(start, 1)[1].split(end, 1)[0].strip("\n") + "\n"
+
+
+def with_readme_block(readme: str, block: str) -> str:
+    """The README's text with its matrix block replaced by `block`."""
+    start, end = README_MARKS
+    head, rest = readme.split(start, 1)
+    return head + start + "\n" + block + end + rest.split(end, 1)[1]
 
 
 def main(argv: list[str] | None = None) -> int:

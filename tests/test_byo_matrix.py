@@ -11,7 +11,7 @@ per architecture a request to a real server. A variant the registry declares uns
 architecture must be refused up front with its reason. Segment ids are checked separately: on a
 model that has them, each graph backend must compute with the ids it is given, not zeros.
 What the test observed is rendered by benchmarks/render_byo_matrix.py and must equal the committed
-docs/byo-matrix.md (cells a run did not observe are not compared).
+docs/byo-matrix.md and the README's block (cells a run did not observe are not compared).
 
 Time: calibrated variants use 2-4 texts here. optimum-intel's export is most of an OpenVINO
 variant's cost (5-20 s per tiny model on 2 cores), so by default the ov-* variants run on two
@@ -202,6 +202,8 @@ def test_matrix_page():
                         "run it with QSERVE_BYO_FULL=1 on a CPU where OpenVINO works")
         render.PAGE.parent.mkdir(exist_ok=True)
         render.PAGE.write_text(render.render(RESULTS, ARCHITECTURES, variants), encoding="utf-8")
+        render.README.write_text(render.with_readme_block(render.README.read_text(encoding="utf-8"), render.table(
+            RESULTS, ARCHITECTURES, variants)), encoding="utf-8")
     committed = render.parse(render.PAGE.read_text(encoding="utf-8"))
     assert sorted(committed) == sorted(ARCHITECTURES) == sorted(ARCHS)
     for arch in ARCHS:
@@ -211,3 +213,6 @@ def test_matrix_page():
             f"{render.PAGE} disagrees with what the test observed for {arch}; "
             "run `python benchmarks/render_byo_matrix.py` and commit the page")
     assert render.PAGE.read_text(encoding="utf-8") == render.render(committed, ARCHITECTURES, variants)
+    # the README's "Bring your own model" section shows the same matrix
+    assert render.readme_block(render.README.read_text(encoding="utf-8")) == render.table(
+        committed, ARCHITECTURES, variants), "README.md's byo-matrix block differs from docs/byo-matrix.md"
