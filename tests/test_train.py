@@ -73,7 +73,8 @@ def test_training_learns_and_records_metrics(trained, separable_csv):
     meta = json.loads((out / "qserve_model.json").read_text())
     assert meta == {"model_name": f"{Path(saved['base_model']).name}-toy", "base_model": saved["base_model"],
                     "dataset": str(separable_csv.resolve()), "seed": 42, "max_length": 32, "long_text": "head-tail:16",
-                    "max_eval_samples": 2000, "labels": ["negative", "positive"]}
+                    "max_eval_samples": 2000, "labels": ["negative", "positive"],
+                    "problem_type": "single_label_classification"}
 
 
 @pytest.fixture(scope="module")
