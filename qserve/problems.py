@@ -225,7 +225,7 @@ def headline(m: dict[str, Any]) -> str:
     return f"accuracy {m['accuracy']:.4f}"
 
 
-# -- labels of local data files (qserve/data.py) ---------------------------------------------------
+# -- labels of local data files (qserve/localdata.py) ----------------------------------------------
 
 _FLOAT = r"\s*[-+]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][-+]?\d+)\s*"
 _INT = r"\s*-?\d+\s*"

@@ -27,10 +27,10 @@ from typing import Any
 from qserve import QserveError
 from qserve.configflags import add_flags, build, flag
 from qserve.longtext import TRAIN_DEFAULT
-from qserve.problems import (REGRESSION, SHORT, SINGLE, batch_sums, finish_sums, from_flag, headline, loss, target,
-                             value_range)
+from qserve.problems import REGRESSION, SHORT, from_flag, headline, loss, value_range
 from qserve.precision import (BF16_UPDATES, MATMUL_PRECISIONS, PRECISIONS, build_optimizer, check_precision,
                               optimizer_state_bytes, peak_memory)
+from qserve.trainbatch import PadCollate, batch_inputs, encode_split, evaluate
 
 log = logging.getLogger(__name__)
 
@@ -160,84 +160,6 @@ def split_seed(cfg: TrainConfig) -> int:
     return cfg.seed if cfg.data_seed is None else cfg.data_seed
 
 
-class PadCollate:
-    """Pad each batch to its own longest sequence (dynamic padding; order untouched)."""
-
-    def __init__(self, pad_id: int):
-        self.pad_id = pad_id
-
-    def __call__(self, batch: list[tuple]) -> dict[str, Any]:
-        import torch
-
-        width = max(len(ex[0]) for ex in batch)
-        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, ex in enumerate(batch):
-            input_ids[i, : len(ex[0])] = torch.tensor(ex[0], dtype=torch.long)
-            mask[i, : len(ex[0])] = 1
-        out = {"input_ids": input_ids, "attention_mask": mask,
-               "labels": torch.tensor([ex[1] for ex in batch],  # class ids, multi-hot rows or [value]
-                                      dtype=torch.long if isinstance(batch[0][1], int) else torch.float32)}
-        if len(batch[0]) > 2:  # text pairs: (ids, target, token_type_ids), the second segment 1
-            types = torch.zeros_like(input_ids)
-            for i, ex in enumerate(batch):
-                types[i, : len(ex[2])] = torch.tensor(ex[2], dtype=torch.long)
-            out["token_type_ids"] = types
-        return out
-
-
-def _inputs(batch: dict[str, Any]) -> dict[str, Any]:
-    """The model's inputs of a collated batch (token_type_ids only for pairs, whose tokenizer makes them)."""
-    return {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
-
-
-def _encode(tok, split, max_length: int, policy: str, problem: str, k: int) -> list[tuple]:
-    """(ids, target) per text, cut by the long-text policy exactly as export, bench and serve cut it; for a
-    pair split (ids, target, token_type_ids) per pair, as the tokenizer encodes and truncates it (textpairs.py)."""
-    from qserve.longtext import split_texts
-
-    targets = [target(lab, problem, k) for lab in split.labels]
-    if split.pairs is not None:
-        from qserve.textpairs import split_pairs
-
-        pieces = split_pairs(tok, split.texts, split.pairs, max_length)
-        if pieces.types is not None:
-            return list(zip(pieces.ids, targets, pieces.types))
-        return list(zip(pieces.ids, targets))
-    return list(zip(split_texts(tok, split.texts, policy, max_length).ids, targets))
-
-
-def evaluate(fabric, model, examples: list[tuple[list[int], Any]], batch_size: int, pad_id: int,
-             problem: str = SINGLE) -> dict[str, float]:
-    """Metrics (qserve.problems.finish_sums) and mean loss over `examples`, sharded over ranks and summed exactly.
-
-    Each rank gets the same number of batches (short shards are padded with weight-0
-    examples), so DDP ranks never wait on each other and nothing is counted twice.
-    """
-    import torch
-
-    ws, rank = fabric.world_size, fabric.global_rank
-    idx = list(range(rank, len(examples), ws))
-    per_rank = -(-len(examples) // ws)
-    weights = [1.0] * len(idx) + [0.0] * (per_rank - len(idx))
-    idx += [0] * (per_rank - len(idx))
-    collate = PadCollate(pad_id)
-    sums: dict[str, Any] = {}
-    loss_sum = torch.zeros((), dtype=torch.float64, device=fabric.device)
-    model.eval()
-    with torch.no_grad():
-        for start in range(0, per_rank, batch_size):
-            chunk = idx[start:start + batch_size]
-            batch = fabric.to_device(collate([examples[i] for i in chunk]))
-            w = torch.tensor(weights[start:start + batch_size], dtype=torch.float64, device=fabric.device)
-            logits = model(**_inputs(batch)).logits.float()
-            loss_sum += (loss(logits, batch["labels"], problem, reduction="none").double() * w).sum()
-            for key, per in batch_sums(logits, batch["labels"], problem).items():
-                sums[key] = sums.get(key, 0) + (per * w).sum()
-    totals = {k: float(fabric.all_reduce(v, reduce_op="sum")) for k, v in sums.items()}
-    return finish_sums(totals, float(fabric.all_reduce(loss_sum, reduce_op="sum")), len(examples), problem)
-
-
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Fine-tune per `cfg`, write the checkpoint to cfg.out (or the default), return the metrics.
 
@@ -284,7 +206,7 @@ def _fit(fabric, cfg: TrainConfig, data, out: Path, device: str, t0: float) -> d
         raise QserveError(f"--max-length {cfg.max_length} exceeds the model's {limit} positions")
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     policy = train_policy(cfg)
-    train_ex, val_ex, test_ex = (_encode(tok, s, cfg.max_length, policy, problem, len(data.labels))
+    train_ex, val_ex, test_ex = (encode_split(tok, s, cfg.max_length, policy, problem, len(data.labels))
                                  for s in (data.train, data.val, data.test))
     loader = torch.utils.data.DataLoader(train_ex, batch_size=cfg.batch_size, shuffle=True,
                                          collate_fn=PadCollate(pad_id), num_workers=cfg.num_workers,
@@ -316,7 +238,7 @@ def _fit(fabric, cfg: TrainConfig, data, out: Path, device: str, t0: float) -> d
         for i, batch in enumerate(bar):
             accumulating = (i + 1) % cfg.grad_accum != 0 and i + 1 != len(loader)
             with fabric.no_backward_sync(model, enabled=accumulating):
-                logits = model(**_inputs(batch)).logits
+                logits = model(**batch_inputs(batch)).logits
                 step_loss = loss(logits, batch["labels"], problem)
                 fabric.backward(step_loss / cfg.grad_accum)
             seen += len(batch["labels"]) * fabric.world_size
