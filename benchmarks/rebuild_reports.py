@@ -190,18 +190,17 @@ STAGES: tuple[Stage, ...] = (
            LONG_EXPORT.format(m=HEAD_MODELS),
            LONG_BENCH.format(m=HEAD_MODELS, d="long-text-head")),
           (_bench("long-text-head"),),
-          "~13 min (estimate: training 5.9 min in embedded-default-amd's own timing, 20 min in long-text's on a "
-          "busier machine; the onnx-fp32 export ~0.5 min; the policy bench 5.7 min as in long-text)",
-          pending="a new checkpoint, trained after the long-text policies landed"),
+          "~13 min, measured on the AMD EPYC: training 375 steps at a median 1.16 s (7.2 min quiet; its "
+          "train_metrics.json says 14.6 min because other work shared the cores for part of it), the onnx-fp32 "
+          "export 11 s, the policy bench 5.5 min"),
     Stage("long-text-full", "the long-text stage's policy bench on the full data: every training review (19,922), "
           "2 epochs, head-tail",
           (LONG_TRAIN.format(m=FULL_MODELS, samples=0, epochs=2, policy="head-tail"),
            LONG_EXPORT.format(m=FULL_MODELS),
            LONG_BENCH.format(m=FULL_MODELS, d="long-text-full")),
           (_bench("long-text-full"),),
-          "~45 min (estimate: training ~39 min, 6.6x the samples of a 6,000-review epoch at embedded-default-amd's "
-          "5.9 min, up to ~2.2 h at long-text's 20 min; the export ~0.5 min; the policy bench 5.7 min)",
-          pending="a new checkpoint: the full-data run"),
+          "~56 min, measured on the AMD EPYC: training 47.5 min (2 x 1,246 steps at a median 1.14 s), the "
+          "onnx-fp32 export 8 s, the policy bench ~5.5 min"),
     Stage("serve-windows", "windows served on the 2,000 test reviews: answers at concurrency 32 against each "
           "text's answer alone, and windowed texts/s against the ceiling head's texts/s over the windows per "
           "text sets",
@@ -209,10 +208,9 @@ STAGES: tuple[Stage, ...] = (
            "--out benchmarks/reports/serve-windows --force",),
           (Report("benchmarks/reports/serve-windows/report.json", "benchmarks/reports/serve-windows/report.md",
                   "serve_windows:render"),),
-          "~7 min (estimate: 2,000 reviews sent four times, alone and from 32 clients under head and "
-          "windows:128:96:mean, windows ~3.2 pieces a text; one server start-up)",
-          needs=(f"{MODELS}/variants/onnx-fp32",),
-          pending="a new benchmark"),
+          "6.9 min, measured on the AMD EPYC (2,000 reviews sent four times, alone and from 32 clients under "
+          "head and windows:128:96:mean, 3.22 windows a text; one server start-up)",
+          needs=(f"{MODELS}/variants/onnx-fp32",)),
     Stage("lifecycle", "several models per server: shadow agreement's throughput cost, a hot swap's latency blip "
           "and memory",
           (f"$QSERVE export {MODELS}/checkpoint --variant onnx-int8 --out {MODELS}/extra/onnx-int8-v2 --force",
