@@ -231,6 +231,14 @@ STAGES: tuple[Stage, ...] = (
           "5.9 min, measured on the AMD EPYC (3 rounds x 20 cells x 5 s of timed load, four server start-ups "
           "and the sequential passes over 512 texts per server)",
           needs=(VARIANT, f"{MODELS}/variants/ov-int8")),
+    Stage("byo-bert", "bring your own BERT on real weights: the embedded MiniLM as a BertForSequenceClassification, "
+          "trained on 1,500 reviews, exported to every variant, agreement with its fp32 on 2,000 test reviews, "
+          "the variants' bench and one served answer",
+          ("rm -rf models/byo-bert && $PY benchmarks/byo_bert.py",),
+          (Report("benchmarks/reports/byo-bert/report.json", "benchmarks/reports/byo-bert/report.md",
+                  "byo_bert:render_md"), _bench("byo-bert/bench")),
+          "~37 min, measured on the AMD EPYC (training ~3 min, then 33.5 min: export --all 4 min, agreement of "
+          "12 variants on 2,000 reviews 12 min, their bench 17 min, one served answer)"),
     Stage("flood", "overload: do admitted requests wait behind refusals?",
           (f"$PY benchmarks/flood_bench.py {VARIANT} --baseline-ref 99c8efd --rounds 3 --out benchmarks/reports/flood",),
           (Report("benchmarks/reports/flood/report.json", "benchmarks/reports/flood/report.md", "flood_bench:render"),),
