@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -366,6 +367,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="replace an existing report")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
+    return finish("serve_buckets", args, argv, run, render, lambda s: s["errors"] or s["lost"] or s["mismatched"])
+
+
+def finish(tag: str, args: argparse.Namespace, argv: list[str], run_fn: Callable[[argparse.Namespace, list[str]], dict],
+           render_fn: Callable[[dict], str], failed: Callable[[dict], Any]) -> int:
+    """A serving benchmark's main after its flags: run it, write report.json and report.md (provenance header),
+    print the md. Exit status 2 on a setup error, 1 when `failed(summary)` says the run missed its bar, else 0."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -374,15 +382,14 @@ def main(argv: list[str] | None = None) -> int:
     from qserve.provenance import with_header
 
     try:
-        rep = run(args, argv)
+        rep = run_fn(args, argv)
     except (QserveError, RuntimeError, subprocess.CalledProcessError) as e:
-        print(f"serve_buckets: error: {e}", file=sys.stderr)
+        print(f"{tag}: error: {e}", file=sys.stderr)
         return 2
     write_json_atomic(args.out / "report.json", rep)
-    write_text_atomic(args.out / "report.md", with_header(render(rep), rep["provenance"]))
-    print(render(rep))
-    s = rep["summary"]
-    return 1 if s["errors"] or s["lost"] or s["mismatched"] else 0
+    write_text_atomic(args.out / "report.md", with_header(render_fn(rep), rep["provenance"]))
+    print(render_fn(rep))
+    return 1 if failed(rep["summary"]) else 0
 
 
 if __name__ == "__main__":

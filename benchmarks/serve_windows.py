@@ -298,23 +298,10 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     args.rounds = min(args.rounds, args.reviews)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx2").setLevel(logging.WARNING)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from qserve import QserveError
-    from qserve.artifact import write_json_atomic, write_text_atomic
-    from qserve.provenance import with_header
+    from serve_buckets import finish
 
-    try:
-        rep = run(args, argv)
-    except (QserveError, RuntimeError, subprocess.CalledProcessError) as e:
-        print(f"serve_windows: error: {e}", file=sys.stderr)
-        return 2
-    write_json_atomic(args.out / "report.json", rep)
-    write_text_atomic(args.out / "report.md", with_header(render(rep), rep["provenance"]))
-    print(render(rep))
-    s = rep["summary"]
-    return 1 if s["label_changes"] or s["errors"] or s["lost"] or s["missing"] else 0
+    return finish("serve_windows", args, argv, run, render,
+                  lambda s: s["label_changes"] or s["errors"] or s["lost"] or s["missing"])
 
 
 if __name__ == "__main__":
