@@ -1,6 +1,6 @@
 """The Runtime base class: tokenization, the long-text policy, the row-by-row path and the scores shared by all backends.
 
-    python -c "import numpy as np; from qserve.runtime.base import softmax; print(softmax(np.array([[0.0, 1.0]])))"
+    python -c "import numpy as np; from qserve.problems import scores; print(scores(np.array([[0.0, 1.0]]), 'single_label_classification'))"
 
 A batch of N texts is tokenized once, without truncation, then each text is cut by its long-text
 policy (qserve/longtext.py) into one piece, or several windows; the M >= N pieces are padded and
@@ -382,8 +382,3 @@ class Runtime:
     def close(self) -> None:
         """Release the model (bench children exit anyway; serve calls this on shutdown)."""
 
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    z = logits - logits.max(axis=-1, keepdims=True)
-    e = np.exp(z)
-    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
