@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +100,13 @@ class Classification:
     """Per text: its token count, special tokens included."""
     windows: list[int]
     """Per text: how many pieces were scored (1 unless a windows policy cut it)."""
+    logits: np.ndarray
+    """[N, num_labels] float32: the model's raw outputs (a windowed text's aggregated), before `probs` were made
+    of them (softmax, sigmoid or the value): what a protocol with raw scores (TEI's raw_scores) answers."""
     problem_type: str = problems.SINGLE
     """What `probs` holds: qserve.problems.SINGLE, MULTI or REGRESSION."""
+    phases: list[Phase] = field(default_factory=list)
+    """When tracing (serve): the steps of every batch these texts ran in; else empty."""
 
 
 class Runtime:
@@ -332,7 +337,8 @@ class Runtime:
         t0 = time.time_ns()
         pieces = self.split(texts, policy, pairs)
         t1 = time.time_ns()
-        probs = self.scores(longtext.aggregate(self.forward_pieces(pieces.ids, pieces.types), pieces))
+        logits = longtext.aggregate(self.forward_pieces(pieces.ids, pieces.types), pieces)
+        probs = self.scores(logits)
         if phases is not None:
             width = max((len(r) for r in pieces.ids), default=0)
             phases += [("tokenize", t0, t1, {"qserve.texts": len(texts), "qserve.text_pairs": len(texts)}),
@@ -340,7 +346,7 @@ class Runtime:
                                                           "qserve.tokenized_shape": f"{len(pieces.ids)}x{width}",
                                                           "qserve.buckets": ",".join(map(str, self.buckets or ()))
                                                           or "none"})]
-        return Classification(probs, list(pieces.truncated), list(pieces.tokens), list(pieces.windows),
+        return Classification(probs, list(pieces.truncated), list(pieces.tokens), list(pieces.windows), logits,
                               self.problem_type)
 
     def classify(self, texts: list[str], policy: PolicyArg = None, phases: list[Phase] | None = None,
@@ -353,9 +359,9 @@ class Runtime:
             return self._classify_pairs(list(texts), list(pairs), policy, phases)
         if phases is None:
             pieces = self.split(texts, policy)
-            probs = self.scores(longtext.aggregate(self.forward_pieces(pieces.ids), pieces))
-            return Classification(probs, list(pieces.truncated), list(pieces.tokens), list(pieces.windows),
-                                  self.problem_type)
+            logits = longtext.aggregate(self.forward_pieces(pieces.ids), pieces)
+            return Classification(self.scores(logits), list(pieces.truncated), list(pieces.tokens),
+                                  list(pieces.windows), logits, self.problem_type)
         t0 = time.time_ns()
         ids = self._encode(list(texts))
         t1 = time.time_ns()
@@ -363,7 +369,8 @@ class Runtime:
         pieces = longtext.split(lambda _: ids, self.template, list(texts), self._policies(policy, len(texts)),
                                 self.max_length, self.options.max_windows)
         t2 = time.time_ns()
-        probs = self.scores(longtext.aggregate(self.forward_pieces(pieces.ids), pieces))
+        logits = longtext.aggregate(self.forward_pieces(pieces.ids), pieces)
+        probs = self.scores(logits)
         t3 = time.time_ns()
         width = max((len(r) for r in pieces.ids), default=0)
         windowed = sum(w > 1 for w in pieces.windows)
@@ -376,7 +383,7 @@ class Runtime:
         phases.append(("inference", t2, t3, {"qserve.texts": len(texts), "qserve.pieces": len(pieces.ids),
                                              "qserve.tokenized_shape": f"{len(pieces.ids)}x{width}",
                                              "qserve.buckets": ",".join(map(str, self.buckets or ())) or "none"}))
-        return Classification(probs, list(pieces.truncated), list(pieces.tokens), list(pieces.windows),
+        return Classification(probs, list(pieces.truncated), list(pieces.tokens), list(pieces.windows), logits,
                               self.problem_type)
 
     def close(self) -> None:

@@ -43,7 +43,6 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from qserve import __version__
 from qserve.serve.errors import ApiError
 from qserve.serve.guard import token_ok
-from qserve.serve.outputs import check_outputs, output_names
 from qserve.serve.pairs import v2_inputs
 from qserve.serve.texts import unicode_problem
 from qserve.serve.tracing import TRACE_HEADER, TRACE_KEY
@@ -210,20 +209,15 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             if unicode_problem(request.id):
                 raise ApiError(422, f"id {unicode_problem(request.id)}")
             texts, pairs = request_texts(st, request, model)
-            wanted = requested_outputs(request, model.runtime.problem_type, model.name)
-            long_text = _long_text(request)
-            # the model that answered (a hot swap may intervene); the policy is checked against it
-            model, result = await st.submit(model, texts, scope, rid, long_text, "parameters.long_text", pairs)
-            check_outputs(model.runtime.problem_type, wanted, model.name)  # the model that answered (a swap)
-            values = output_values(model, result)
-            rt = model.runtime
-            out = service_pb2.ModelInferResponse(model_name=model.name, model_version=model.version,
-                                                 id=request.id or rid)
-            out.parameters["labels"].string_param = ",".join(rt.labels)
-            out.parameters["max_length"].int64_param = rt.max_length
-            out.parameters["long_text"].string_param = model.check_policy(long_text, "parameters.long_text") or str(
-                rt.long_text)
-            for name in wanted:
+            asked = [o.name for o in request.outputs]  # none: all of the model's (submit resolves them)
+            a = await st.submit(model, texts, scope, rid, _long_text(request), "parameters.long_text", pairs,
+                                outputs=asked)
+            values = output_values(a)
+            out = service_pb2.ModelInferResponse(model_name=a.name, model_version=a.version, id=request.id or rid)
+            out.parameters["labels"].string_param = ",".join(a.labels)
+            out.parameters["max_length"].int64_param = a.max_length
+            out.parameters["long_text"].string_param = a.policy
+            for name in a.outputs:
                 meta, data = values[name]
                 out.outputs.add(name=name, datatype=meta["datatype"], shape=meta["shape"])
                 out.raw_output_contents.append(tensor_bytes(meta["datatype"], data))
@@ -311,10 +305,3 @@ def _tensor_texts(tensor: Any, raw: bytes | None, i: int) -> list[str]:
         raise ApiError(400, f"inputs[{i}].shape {shape} does not describe its {len(data)} data elements; "
                             "use [n] or [n, 1] with n = number of texts")
     return data
-
-
-def requested_outputs(req: Any, problem: str, model: str) -> list[str]:
-    """Output names in the order asked for (none asked: all of the model's, by its problem type)."""
-    names = [o.name for o in req.outputs] or list(output_names(problem))
-    check_outputs(problem, names, model)
-    return names

@@ -139,11 +139,12 @@ def infer_fn(runtime: ModelRuntime, offer: Offer | None = None, traced: bool = F
         else:
             r = runtime.classify(texts, policies) if phases is None else runtime.classify(texts, policies, phases)
         probs = np.asarray(r.probs, dtype=np.float32)
+        logits = np.asarray(r.logits, dtype=np.float32)
         if offer is not None and pairs is None:  # the shadow samples what was served (single texts: its
             # reference is scored on texts), under the policy it was served by; never blocks
             default = str(runtime.long_text)
             offer(texts, [p or default for p in policies], probs)
         return Classification(probs, [bool(t) for t in r.truncated], [int(n) for n in r.tokens],
-                              [int(w) for w in r.windows]), phases
+                              [int(w) for w in r.windows], logits, r.problem_type), phases
 
     return infer
