@@ -198,7 +198,7 @@ def parity(ref: np.ndarray, got: np.ndarray, tolerance: float, name: str, proble
     if not ok:
         warnings.warn(f"{name}: max |Δlogit| {max_abs:.4g} exceeds tolerance {tolerance:g} "
                       f"(prediction agreement on probes {agree:.0%}); recorded in the manifest", stacklevel=3)
-    extra = {"problem_type": problem} if problem != problems.SINGLE else {}
+    extra: dict[str, Any] = {"problem_type": problem} if problem != problems.SINGLE else {}
     if problem == problems.REGRESSION:
         extra["mean_abs_diff"] = float(np.mean(np.abs(got - ref)))
     return {"probes": len(ref), "max_abs_logit_diff": max_abs, "agreement": agree,

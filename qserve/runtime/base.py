@@ -277,6 +277,7 @@ class Runtime:
             if out is None:
                 out = np.empty((len(rows), got.shape[1]), dtype=np.float32)
             out[idx] = got
+        assert out is not None  # len(rows) > cap >= 1: the loop ran
         return out
 
     def run(self, batch: dict[str, np.ndarray]) -> np.ndarray:

@@ -181,7 +181,7 @@ def _install_openapi(app: FastAPI, config: ServeConfig) -> None:
         app.openapi_schema = schema
         return schema
 
-    app.openapi = openapi
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to customise the document
 
 
 def _publish_long_text(comps: dict, config: ServeConfig) -> None:
@@ -208,7 +208,7 @@ def _publish_limits(schema: dict, config: ServeConfig) -> None:
     document says exactly what this server accepts."""
     comps = schema.get("components", {}).get("schemas", {})
 
-    def walk(node: Any) -> None:
+    def walk(node: Any) -> None:  # Any: any node of the OpenAPI JSON document
         if isinstance(node, dict):
             if node.get("type") == "string" and "pattern" in node:  # a text (schemas.Text)
                 node["maxLength"] = config.max_chars

@@ -30,12 +30,15 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from qserve import problems
 from qserve.runtime.base import Classification, Phase
+
+if TYPE_CHECKING:
+    from qserve.serve.metrics import ModelMetrics
 
 log = logging.getLogger("qserve.serve")
 
@@ -48,6 +51,10 @@ class InferFn(Protocol):
 
     def __call__(self, texts: list[str], policies: list[str | None],
                  pairs: list[str] | None = None) -> tuple[Classification, list[Phase] | None]: ...
+
+
+Started = tuple[float, "asyncio.Future[tuple[Classification, list[Phase] | None]]"]
+"""A batch on the inference thread: (perf_counter when it was submitted, the future of InferFn's result)."""
 
 
 class QueueFull(Exception):
@@ -127,8 +134,8 @@ def _infer_args(batch: list[_Item]) -> tuple[list[str], list[str | None]] | tupl
 
 
 class Batcher:
-    def __init__(self, infer: InferFn, executor: Executor, *, max_batch_size: int, max_wait_ms: float,
-                 max_queue: int, metrics: Any = None, arriving: Callable[[], int] | None = None):
+    def __init__(self, infer: InferFn, executor: Executor | None, *, max_batch_size: int, max_wait_ms: float,
+                 max_queue: int, metrics: ModelMetrics | None = None, arriving: Callable[[], int] | None = None):
         self.infer = infer
         self.executor = executor
         self.max_batch_size = max_batch_size
@@ -142,7 +149,7 @@ class Batcher:
         self._task: asyncio.Task | None = None
         self._batch_s_ema = 0.05  # seed for Retry-After until real batches are timed
         self._running = False  # a batch is in the inference thread
-        self._launched: tuple[list[_Item], Any] | None = None  # a batch enqueue() already started
+        self._launched: tuple[list[_Item], Started | None] | None = None  # a batch enqueue() already started
 
     # -- producer side (event loop) ----------------------------------------------------
     @property
@@ -244,7 +251,7 @@ class Batcher:
         # A full queue cannot grow, so waiting for more would only delay the admitted texts.
         return min(self.max_batch_size, self.max_queue)
 
-    def _take_batch(self, loop: asyncio.AbstractEventLoop) -> tuple[list[_Item], Any]:
+    def _take_batch(self, loop: asyncio.AbstractEventLoop) -> tuple[list[_Item], Started | None]:
         """Pop the next batch and submit it to the inference thread at once: (items, (t0, future))."""
         batch = [self._items.popleft() for _ in range(min(self.max_batch_size, len(self._items)))]
         self._set_depth()
@@ -262,7 +269,7 @@ class Batcher:
             self._items.popleft()
             self._set_depth()
 
-    async def _run_batch(self, batch: list[_Item], isolate: bool, started: Any = None) -> None:
+    async def _run_batch(self, batch: list[_Item], isolate: bool, started: Started | None = None) -> None:
         loop = asyncio.get_running_loop()
         texts = [it.text for it in batch]
         t0, fut = started or (time.perf_counter(), loop.run_in_executor(self.executor, self.infer,

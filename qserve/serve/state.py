@@ -3,7 +3,8 @@ and the checks every route shares.
 
     python -m pytest tests/test_serve_lifecycle.py -q
 
-A Loader turns a ServeConfig into a ModelRuntime (served.py; the default, load_model, is
+A Loader (served.py) turns a ServeConfig into a ModelRuntime (the runtime contract, qserve/runtime/contract.py;
+the default, load_model, is
 load_runtime on config.variant_dir with the manifest verified). ServeState.load(name) reads the
 model's directory (repository.py says which), loads it on a side thread while the inference thread
 keeps serving, warms it up, starts its Batcher and puts the three under the name as a ServedModel,
@@ -26,7 +27,7 @@ import dataclasses
 import gc
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -197,7 +198,7 @@ class ServeState:
                 log.warning("that report was measured on %s, not on this CPU: the fastest variant here may differ "
                             "(re-run `qserve pipeline` here, or pass a variant dir)", selection["measured_on"])
         # A model dir's report may name the long-text policy to serve (bench --long-text); --long-text wins.
-        long_text = self.config.long_text or (selection or {}).get("long_text")
+        long_text = self.config.long_text or (selection.get("long_text") if selection else None)
         cfg = dataclasses.replace(self.config, variant_dir=str(vdir), model_name=source.name, long_text=long_text)
         # A side thread: loading takes seconds, and the inference thread keeps serving the old version.
         runtime = await loop.run_in_executor(None, self.loader, cfg)
@@ -211,11 +212,12 @@ class ServeState:
             # client. A batch of one and a batch of several can take different paths (onnx-int8 runs a
             # batch's rows on their own workers).
             pair = takes_pairs(runtime)  # a pair model warms up on pairs: the path it serves
-            await loop.run_in_executor(self.executor, warm, ["warm-up"], [None], ["warm-up"] if pair else None)
+            default: list[str | None] = [None]  # the model's own policy
+            await loop.run_in_executor(self.executor, warm, ["warm-up"], default, ["warm-up"] if pair else None)
             if cfg.max_batch_size > 1:
                 n = min(cfg.max_batch_size, 2 * max(1, runtime.row_workers))
                 texts = [f"warm-up {i}" for i in range(n)]
-                await loop.run_in_executor(self.executor, warm, texts, [None] * n, texts if pair else None)
+                await loop.run_in_executor(self.executor, warm, texts, default * n, texts if pair else None)
         except Exception:
             await loop.run_in_executor(None, runtime.close)  # a model that cannot answer is not kept
             raise
@@ -334,7 +336,7 @@ class ServeState:
             request.state.qserve_model = model.name
         return model
 
-    def check_texts(self, texts: list[Any], where: str) -> None:
+    def check_texts(self, texts: Sequence[object], where: str) -> None:
         cfg = self.config
         if not texts:
             raise ApiError(422, f"{where} is empty; send 1..{cfg.max_inputs} texts")
@@ -359,7 +361,7 @@ class ServeState:
         return await self.submit(model, texts, request.scope, request.state.request_id, long_text, where, pairs,
                                  threshold, outputs)
 
-    async def submit(self, model: ServedModel, texts: list[str], scope: dict[str, Any], request_id: str,
+    async def submit(self, model: ServedModel, texts: list[str], scope: MutableMapping[str, Any], request_id: str,
                      long_text: str | None = None, where: str = "long_text", pairs: list[str] | None = None,
                      threshold: float | None = None, outputs: Sequence[str] | None = None) -> Answer:
         """Queue texts on the batcher of the model serving `model.name` now (after a hot swap since the route

@@ -99,7 +99,8 @@ def _parse_request(body: bytes, header_length: str | None) -> tuple[V2InferReque
 
 def bytes_elements(raw: bytes, where: str) -> list[str]:
     """Decode a binary BYTES tensor: repeated (uint32 LE length, that many UTF-8 bytes)."""
-    out, pos = [], 0
+    out: list[str] = []
+    pos = 0
     while pos < len(raw):
         if pos + 4 > len(raw):
             raise ApiError(400, f"{where}: {len(raw) - pos} trailing byte(s) where a 4-byte element length "
@@ -164,7 +165,7 @@ def requested_outputs(req: V2InferRequest) -> tuple[bool, list[tuple[str, bool]]
 
 
 # -- response encoding ---------------------------------------------------------------------------
-def tensor_bytes(datatype: str, values: Any) -> bytes:
+def tensor_bytes(datatype: str, values: Any) -> bytes:  # Any: an FP32 array, BYTES strs or BOOLs (outputs.py)
     if datatype == "FP32":
         return np.ascontiguousarray(values, dtype="<f4").tobytes()
     if datatype == "BOOL":
@@ -278,11 +279,11 @@ def add_v2_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat 
         versioned = "{version}" in prefix
         note = " (the version being served only)" if versioned else ""
 
-        def with_version(fn: Any, versioned: bool = versioned) -> Any:
+        def with_version(fn: Any, versioned: bool = versioned) -> Any:  # Any: each route's own signature
             if not versioned:
                 return fn
 
-            async def wrapped(name: str, version: str, request: Request) -> Any:
+            async def wrapped(name: str, version: str, request: Request) -> Any:  # Any: what `fn` answers
                 check_version(st.model(name, request), version)
                 return await fn(name, request)
 
