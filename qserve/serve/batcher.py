@@ -124,7 +124,8 @@ class _Item:
     """The text's text_pair (a pair model's input), else None."""
 
 
-def _infer_args(batch: list[_Item]) -> tuple[list[str], list[str | None]] | tuple[list[str], list[str | None], list[str]]:
+def _infer_args(batch: list[_Item]
+                ) -> tuple[list[str], list[str | None]] | tuple[list[str], list[str | None], list[str]]:
     """InferFn's arguments for a batch: texts and policies, plus the pairs when its items carry them (a batch
     holds one model's items, and a model takes pairs for every input or for none)."""
     texts, policies = [it.text for it in batch], [it.policy for it in batch]

@@ -151,20 +151,20 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         raise AssertionError("unreachable: context.abort() raises grpc.aio.AbortError")  # pragma: no cover
 
     # -- health and metadata -------------------------------------------------------------------
-    async def ServerLive(self, request: service_pb2.ServerLiveRequest, context: grpc.aio.ServicerContext
-                            ) -> service_pb2.ServerLiveResponse:
+    async def ServerLive(self, request: service_pb2.ServerLiveRequest,
+                      context: grpc.aio.ServicerContext) -> service_pb2.ServerLiveResponse:
         async def live(scope: Scope, rid: str) -> Reply:
             return service_pb2.ServerLiveResponse(live=True)
         return await self._call("ServerLive", context, live)
 
-    async def ServerReady(self, request: service_pb2.ServerReadyRequest, context: grpc.aio.ServicerContext
-                             ) -> service_pb2.ServerReadyResponse:
+    async def ServerReady(self, request: service_pb2.ServerReadyRequest,
+                       context: grpc.aio.ServicerContext) -> service_pb2.ServerReadyResponse:
         async def ready(scope: Scope, rid: str) -> Reply:
             return service_pb2.ServerReadyResponse(ready=self.st.ready)
         return await self._call("ServerReady", context, ready)
 
-    async def ServerMetadata(self, request: service_pb2.ServerMetadataRequest, context: grpc.aio.ServicerContext
-                                ) -> service_pb2.ServerMetadataResponse:
+    async def ServerMetadata(self, request: service_pb2.ServerMetadataRequest,
+                          context: grpc.aio.ServicerContext) -> service_pb2.ServerMetadataResponse:
         async def server(scope: Scope, rid: str) -> Reply:
             return service_pb2.ServerMetadataResponse(name="qserve", version=__version__, extensions=EXTENSIONS)
         return await self._call("ServerMetadata", context, server)
@@ -177,8 +177,8 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             check_version(model, version)
         return model
 
-    async def ModelReady(self, request: service_pb2.ModelReadyRequest, context: grpc.aio.ServicerContext
-                            ) -> service_pb2.ModelReadyResponse:
+    async def ModelReady(self, request: service_pb2.ModelReadyRequest,
+                      context: grpc.aio.ServicerContext) -> service_pb2.ModelReadyResponse:
         async def ready(scope: Scope, rid: str) -> Reply:
             if not self.st.ready:  # as tritonclient reads HTTP's 503: not ready, not an error
                 return service_pb2.ModelReadyResponse(ready=False)
@@ -186,8 +186,8 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             return service_pb2.ModelReadyResponse(ready=True)
         return await self._call("ModelReady", context, ready)
 
-    async def ModelMetadata(self, request: service_pb2.ModelMetadataRequest, context: grpc.aio.ServicerContext
-                               ) -> service_pb2.ModelMetadataResponse:
+    async def ModelMetadata(self, request: service_pb2.ModelMetadataRequest,
+                         context: grpc.aio.ServicerContext) -> service_pb2.ModelMetadataResponse:
         async def metadata(scope: Scope, rid: str) -> Reply:
             m = model_metadata(self._model(request.name, request.version, scope))
             tensor = service_pb2.ModelMetadataResponse.TensorMetadata
@@ -196,8 +196,8 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 inputs=[tensor(**t) for t in m["inputs"]], outputs=[tensor(**t) for t in m["outputs"]])
         return await self._call("ModelMetadata", context, metadata)
 
-    async def ModelConfig(self, request: service_pb2.ModelConfigRequest, context: grpc.aio.ServicerContext
-                             ) -> service_pb2.ModelConfigResponse:
+    async def ModelConfig(self, request: service_pb2.ModelConfigRequest,
+                       context: grpc.aio.ServicerContext) -> service_pb2.ModelConfigResponse:
         async def config(scope: Scope, rid: str) -> Reply:
             model = self._model(request.name, request.version, scope)
             cfg = model_config(self.st, model)
@@ -209,8 +209,8 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return await self._call("ModelConfig", context, config)
 
     # -- inference ------------------------------------------------------------------------------
-    async def ModelInfer(self, request: service_pb2.ModelInferRequest, context: grpc.aio.ServicerContext
-                            ) -> service_pb2.ModelInferResponse:
+    async def ModelInfer(self, request: service_pb2.ModelInferRequest,
+                      context: grpc.aio.ServicerContext) -> service_pb2.ModelInferResponse:
         async def infer(scope: Scope, rid: str) -> Reply:
             st = self.st
             size = request.ByteSize()
@@ -238,16 +238,16 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return await self._call("ModelInfer", context, infer)
 
     # -- the repository extension (v2_repository.py: the same calls as HTTP) --------------------------
-    async def RepositoryIndex(self, request: service_pb2.RepositoryIndexRequest, context: grpc.aio.ServicerContext
-                                 ) -> service_pb2.RepositoryIndexResponse:
+    async def RepositoryIndex(self, request: service_pb2.RepositoryIndexRequest,
+                           context: grpc.aio.ServicerContext) -> service_pb2.RepositoryIndexResponse:
         async def index(scope: Scope, rid: str) -> Reply:
             _repository(request.repository_name)
             entry = service_pb2.RepositoryIndexResponse.ModelIndex
             return service_pb2.RepositoryIndexResponse(models=[entry(**m) for m in repo.index(self.st, request.ready)])
         return await self._call("RepositoryIndex", context, index)
 
-    async def RepositoryModelLoad(self, request: service_pb2.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
-                                     ) -> service_pb2.RepositoryModelLoadResponse:
+    async def RepositoryModelLoad(self, request: service_pb2.RepositoryModelLoadRequest,
+                               context: grpc.aio.ServicerContext) -> service_pb2.RepositoryModelLoadResponse:
         async def load(scope: Scope, rid: str) -> Reply:
             _repository(request.repository_name)
             scope["state"]["qserve_model"] = repo.model_label(self.st, request.model_name, loading=True)
@@ -255,8 +255,8 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             return service_pb2.RepositoryModelLoadResponse()
         return await self._call("RepositoryModelLoad", context, load)
 
-    async def RepositoryModelUnload(self, request: service_pb2.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
-                                       ) -> service_pb2.RepositoryModelUnloadResponse:
+    async def RepositoryModelUnload(self, request: service_pb2.RepositoryModelUnloadRequest,
+                                 context: grpc.aio.ServicerContext) -> service_pb2.RepositoryModelUnloadResponse:
         async def unload(scope: Scope, rid: str) -> Reply:
             _repository(request.repository_name)
             scope["state"]["qserve_model"] = repo.model_label(self.st, request.model_name, loading=False)
@@ -281,7 +281,8 @@ def _long_text(request: service_pb2.ModelInferRequest) -> str | None:
     return p.string_param
 
 
-def request_texts(st: ServeState, req: service_pb2.ModelInferRequest, model: ServedModel) -> tuple[list[str], list[str] | None]:
+def request_texts(st: ServeState, req: service_pb2.ModelInferRequest,
+                  model: ServedModel) -> tuple[list[str], list[str] | None]:
     """(texts, text pairs or None) of a ModelInferRequest: `text`, and `text_pair` for a pair model, checked
     as the HTTP /v2 route checks them (serve/pairs.py)."""
     if not 1 <= len(req.inputs) <= 2:

@@ -78,7 +78,8 @@ def v1_inputs(st: TextChecks, model: ServedModel, inputs: str | TextPair | list[
     return texts, pairs
 
 
-def v2_inputs(st: TextChecks, model: ServedModel, named: dict[str, tuple[int, list[str]]]) -> tuple[list[str], list[str] | None]:
+def v2_inputs(st: TextChecks, model: ServedModel,
+              named: dict[str, tuple[int, list[str]]]) -> tuple[list[str], list[str] | None]:
     """V2 inputs by name -> (texts, pairs or None): `named` maps each input's name to (its index in the
     request, its decoded elements). Same rules on HTTP and gRPC."""
     rule = (f"model {model.name!r} takes BYTES inputs {TEXT!r} and {TEXT_PAIR!r} of the same shape [n] or [n, 1]"

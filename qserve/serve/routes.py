@@ -16,7 +16,8 @@ from qserve.serve.schemas import ClassifyRequest, ClassifyResponse, ErrorRespons
 from qserve.serve.state import ServeState
 
 # Every status a route can answer (401 only with --api-key; 404 when `model` names another model).
-ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 415, 422, 429, 500, 503, 504)}
+ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse}
+                                           for code in (400, 401, 404, 413, 415, 422, 429, 500, 503, 504)}
 
 
 def add_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat list of small routes

@@ -16,8 +16,8 @@ it). A weakref proves it is gone (ServeState.retired). Routes, the V2 protocol a
 reach a model only through ServeState.model(name), and queue texts through ServeState.submit
 (classify on HTTP), which resolves the request's policy, threshold and outputs once, for the model that
 actually runs the texts, and returns one Answer (answer.py) that the protocol only encodes. The policy
-travels with each of its texts through the batcher to the runtime, which cuts and aggregates them (qserve/longtext.py); a shadow re-scores a sampled text
-under that same policy.
+travels with each of its texts through the batcher to the runtime, which cuts and aggregates them
+(qserve/longtext.py); a shadow re-scores a sampled text under that same policy.
 """
 
 from __future__ import annotations
