@@ -120,7 +120,11 @@ def md_lines(report: dict[str, Any]) -> list[str]:
     L = ["## Long texts: policies compared", "",
          f"The first {n} test texts scored under each long-text policy (predict() in batches of 32: tokenization, "
          f"cutting, every window and the aggregation included); agreement is with {ref} under the same policy; "
-         "`truncated` is the share of texts with tokens no piece covered.", "",
+         "`truncated` is the share of texts with tokens no piece covered."
+         + (" Compared on the reference and the recommended variant only, the records the served policy is "
+            "qualified and chosen on; every other variant is scored once, under its own policy (docs/bench.md)."
+            if any(v.get("status") == "ok" and v.get("accuracy") and not v.get("long_text_policies")
+                   for v in report["variants"]) else ""), "",
          "| variant | policy | accuracy | agreement | texts/s | windows per text | truncated |",
          "|---|---|---:|---:|---:|---:|---:|", *rows, ""]
     lt = report.get("long_text")
