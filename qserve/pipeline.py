@@ -1,6 +1,6 @@
 """`qserve pipeline`: the main job. train -> export every supported variant -> bench -> report.
 
-    qserve pipeline                                   # embedded default, ~10-15 min on 2 CPU cores
+    qserve pipeline                                   # embedded default, <= 12 min on 2 CPU cores
     qserve pipeline --model distilbert-base-uncased --dataset imdb   # hub path, needs network
 
 Everything lands in one run directory (default models/<model>-<dataset>/, e.g.
@@ -30,8 +30,10 @@ def _stage(i: int, n: int, title: str) -> float:
     return time.perf_counter()
 
 
-def _done(t0: float, what: str) -> None:
-    print(f"   {what} ({time.perf_counter() - t0:.0f}s)", flush=True)
+def _done(t0: float, what: str) -> float:
+    took = time.perf_counter() - t0
+    print(f"   {what} ({took:.0f}s)", flush=True)
+    return took
 
 
 def _train_stage(cfg, run_dir: Path, force: bool) -> Path:
@@ -99,9 +101,10 @@ def _bench_stage(variants: list[Path], report_dir: Path, args, device: str, forc
         if json.loads(stamp.read_text(encoding="utf-8")) == key:
             print(f"   reusing {report_dir / 'report.md'} (same variants; --force to re-measure)")
             return report_dir / "report.md"
-    # Re-measuring replaces a report this pipeline wrote (it has the stamp); anything else
-    # in the way needs --force, like every other output.
-    owned = stamp.is_file() or not report_dir.exists() or not any(report_dir.iterdir())
+    # Re-measuring replaces a report this pipeline wrote (it has the stamp, or the measurements of a bench
+    # killed before it finished); anything else in the way needs --force, like every other output.
+    store = report_dir / "measured"
+    owned = (stamp.is_file() or store.is_dir() or not report_dir.exists() or not any(report_dir.iterdir()))
     if not owned and not force:
         raise QserveError(f"{report_dir} already holds files the pipeline did not write; pass --force "
                           "to replace them, or choose another --report-dir")
@@ -110,7 +113,7 @@ def _bench_stage(variants: list[Path], report_dir: Path, args, device: str, forc
                       threads=args.threads, device=device, out=report_dir,
                       max_eval_samples=args.bench_eval_samples, time_budget_s=args.time_budget, force=True,
                       long_text=long_text)
-    run_bench(variants, cfg)
+    run_bench(variants, cfg, store=store, reuse=not force)  # a killed bench resumes: bench/store.py
     from qserve.artifact import write_json_atomic
 
     write_json_atomic(stamp, key)
@@ -130,17 +133,23 @@ def run_pipeline(args: argparse.Namespace) -> Path:
                       device=device, force=args.force)
     names = args.variants.split(",") if args.variants else [s.name for s in supported(device)]
     t_all = time.perf_counter()
+    times: dict[str, float] = {}
     t0 = _stage(1, 3, f"train {args.model} on {args.dataset} ({args.precision}, {device})")
     ckpt = _train_stage(cfg, run_dir, args.force)
-    _done(t0, f"checkpoint: {ckpt}")
+    times["train"] = _done(t0, f"checkpoint: {ckpt}")
     t0 = _stage(2, 3, f"export {len(names)} variants: {', '.join(names)}")
     variants = _export_stage(ckpt, run_dir, device, names, args.force)
-    _done(t0, f"variants: {run_dir / 'variants'}")
+    times["export"] = _done(t0, f"variants: {run_dir / 'variants'}")
     t0 = _stage(3, 3, "bench + report")
-    report = _bench_stage(variants, Path(args.report_dir) if args.report_dir else run_dir / "report",
-                          args, device, args.force)
-    _done(t0, "benchmarked")
-    print(f"\npipeline finished in {(time.perf_counter() - t_all) / 60:.1f} min\nreport: {report}", flush=True)
+    report_dir = Path(args.report_dir) if args.report_dir else run_dir / "report"
+    report = _bench_stage(variants, report_dir, args, device, args.force)
+    times["bench"] = _done(t0, "benchmarked")
+    times["total"] = time.perf_counter() - t_all
+    from qserve.bench.stages import print_stages, record_stages
+
+    record_stages(report_dir, times)
+    print_stages(times)
+    print(f"\npipeline finished in {times['total'] / 60:.1f} min\nreport: {report}", flush=True)
     return report
 
 

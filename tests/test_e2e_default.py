@@ -61,6 +61,9 @@ def test_pipeline_outputs(run_dir):
         assert (run_dir / "report" / p).stat().st_size > 0
     md = (run_dir / "report" / "report.md").read_text()
     assert "onnx-int8" in md and "Compute floor" in md
+    stages = report["pipeline"]["stage_s"]  # the run that measured the report keeps its stage times
+    assert set(stages) == {"train", "export", "bench", "total"} and stages["total"] >= stages["bench"] > 0
+    assert "## Pipeline stages" in md
 
 
 def test_rerun_reuses_every_stage(run_dir):

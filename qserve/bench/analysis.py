@@ -44,6 +44,7 @@ def variant_entry(meta: dict[str, Any], res: dict[str, Any]) -> dict[str, Any]:
         "invariance": res.get("invariance"),
         "long_text": res.get("long_text"),
         "long_text_policies": res.get("long_text_policies"),
+        **({"eval_cut": res["eval_cut"]} if res.get("eval_cut") else {}),
         "accuracy": None,
         "agreement": None,
         "data": res.get("data"),
@@ -92,6 +93,26 @@ def _unique_names(variants: list[dict[str, Any]]) -> None:
         v["name"] = name
 
 
+def agreement_with(v: dict[str, Any], ref: dict[str, Any] | None) -> float | None:
+    """Agreement of v's predictions with the reference's on the very same test texts: the same split, and
+    the reference's first n when v was scored on fewer (the bench's eval cut for a variant that cannot be
+    recommended: measure.eval_cut)."""
+    if ref is None or not v.get("_predictions") or not ref.get("_predictions"):
+        return None
+    a, r = v["accuracy"], ref["accuracy"]
+    n = a.get("n")
+    if (a.get("dataset"), a.get("seed")) != (r.get("dataset"), r.get("seed")) or not n or n > (r.get("n") or 0):
+        return None
+    return agreement(v["_predictions"], ref["_predictions"][:n], r.get("problem_type", SINGLE), r.get("label_range"))
+
+
+def reference(variants: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The variant agreement is measured against: torch-fp32, else onnx-fp32 (first found), with predictions."""
+    ok = [v for v in variants if v.get("status") == "ok"]
+    by_spec = {(v.get("spec") or {}).get("name"): v for v in reversed(ok)}
+    return next((by_spec[n] for n in REFERENCES if n in by_spec and by_spec[n].get("_predictions")), None)
+
+
 def finish(report: dict[str, Any]) -> dict[str, Any]:
     """Fill agreement, speed-up and floor fields in place; drop predictions."""
     from qserve.bench.floor import floor_ms, peak_for
@@ -102,15 +123,10 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
     by_spec = {(v.get("spec") or {}).get("name"): v for v in reversed(ok)}  # first one wins
 
     # agreement: against torch-fp32 (else onnx-fp32) on the very same test texts
-    ref = next((by_spec[n] for n in REFERENCES if n in by_spec and by_spec[n].get("_predictions")), None)
+    ref = reference(variants)
     report["agreement_reference"] = ref["name"] if ref else None
     for v in ok:
-        if ref is None or not v.get("_predictions"):
-            continue
-        a, r = v["accuracy"], ref["accuracy"]
-        if (a.get("dataset"), a.get("seed"), a.get("n")) == (r.get("dataset"), r.get("seed"), r.get("n")):
-            v["agreement"] = agreement(v["_predictions"], ref["_predictions"], r.get("problem_type", SINGLE),
-                                       r.get("label_range"))
+        v["agreement"] = agreement_with(v, ref)
     if ref is not None and ref["accuracy"].get("problem_type", SINGLE) != SINGLE:
         report["agreement_metric"] = AGREEMENT_METRIC[ref["accuracy"]["problem_type"]]
     from qserve.bench import policies

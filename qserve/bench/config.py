@@ -46,6 +46,10 @@ class BenchConfig:
     max_eval_samples: int | None = field(default=None, metadata=flag(default_text="the variant's, else the whole "
                                                                                "test split"))
     """Cap on test texts for accuracy."""
+    slow_eval_samples: int = 200
+    """Test texts for a variant whose b1 on real texts is slower than one of this run already meeting its agreement
+    bar (it cannot be recommended; its accuracy and agreement say they are on this many texts); 0 scores every
+    variant on every text."""
     real_text_samples: int = 128
     """Test texts used for real-text latency (dynamic padding); 0 skips it."""
     long_text: list[str] | None = field(default=None, metadata=flag(metavar="POLICIES",
@@ -97,6 +101,8 @@ class BenchConfig:
                               f"(got {self.warmup}, {self.min_iters}, {self.max_iters})")
         if self.max_eval_samples is not None and self.max_eval_samples < 1:
             raise QserveError(f"--max-eval-samples must be >= 1 (got {self.max_eval_samples})")
+        if self.slow_eval_samples < 0:
+            raise QserveError(f"--slow-eval-samples must be >= 0 (got {self.slow_eval_samples})")
         if self.invariance_samples < 0:
             raise QserveError(f"--invariance-samples must be >= 0 (got {self.invariance_samples})")
         from qserve.runtime.buckets import parse

@@ -146,26 +146,40 @@ def real_text(rt, job: dict[str, Any], texts: list[str]) -> list[dict[str, Any]]
     return out
 
 
-def accuracy(rt, ev: dict[str, Any], batch: int = 32) -> dict[str, Any]:
+def accuracy(rt, ev: dict[str, Any], batch: int = 32, cache: dict[str, Any] | None = None) -> dict[str, Any]:
     """predict() over the test texts (text pairs, for a pair split) under the variant's own long-text policy
-    (as served; a pair is truncated as its tokenizer truncates it); quality by the variant's problem type
-    (qserve.problems.metrics: accuracy, + label_accuracy for multi-label, or MAE/RMSE)."""
+    (as served; a pair is truncated as its tokenizer truncates it), in length-sorted batches (evalpass.py);
+    quality by the variant's problem type (qserve.problems.metrics: accuracy, + label_accuracy for
+    multi-label, or MAE/RMSE)."""
     from qserve import problems
+    from qserve.bench import evalpass
 
     texts, labels, problem = ev["texts"], ev["labels"], rt.problem_type
     pairs = ev.get("pairs")  # a text-pair test split
-    preds: list[Any] = []
-    t0 = time.perf_counter()
-    for i in range(0, len(texts), batch):
-        chunk = None if pairs is None else pairs[i:i + batch]
-        preds.extend(problems.predictions(rt.predict(texts[i:i + batch], pairs=chunk), problem))
-    seconds = time.perf_counter() - t0
+    cache = cache or {}
+    stats = evalpass.piece_stats(rt, texts, rt.long_text, cache.get("dir"), cache.get("tokenizer"), pairs)
+    preds, seconds = evalpass.score(rt, texts, None, stats["tokens"], batch, pairs)
     extra: dict[str, Any] = {"problem_type": problem} if problem != problems.SINGLE else {}
     if problem == problems.REGRESSION:  # the yardstick of regression agreement: mean |Δ| as a share of it
         extra["label_range"] = problems.value_range(labels)
     return {"dataset": ev.get("dataset"), "seed": ev.get("seed"), "n": len(texts), "policy": str(rt.long_text),
             **problems.metrics(preds, labels, problem, len(rt.labels)), **extra, "seconds": seconds,
             "predictions": preds}
+
+
+def eval_cut(job: dict[str, Any], res: dict[str, Any], ev: dict[str, Any]) -> dict[str, Any]:
+    """The test texts this variant scores: all of them, or the first job["slow_eval_samples"] when its b1 on real
+    texts is slower than job["bound_ms"], a variant of this run that already meets its agreement bar: the
+    recommendation (the fastest meeting its bar) cannot be this one whatever its agreement, so its figures
+    cost less and say on how many texts they were measured (docs/bench.md, "Cheap where it is honest")."""
+    bound, cut = job.get("bound_ms"), job.get("slow_eval_samples")
+    real = next((r for r in res.get("real_text") or [] if r.get("batch") == 1 and "p50" in r), None)
+    if bound is None or not cut or real is None or real["p50"] <= bound or cut >= len(ev["texts"]):
+        return ev
+    res["eval_cut"] = {"n": cut, "of": len(ev["texts"]), "real_b1_p50_ms": real["p50"], "bound_ms": bound,
+                       "bound_variant": job.get("bound_variant")}
+    return {**ev, "texts": ev["texts"][:cut], "labels": ev["labels"][:cut],
+            **({"pairs": ev["pairs"][:cut]} if ev.get("pairs") is not None else {})}
 
 
 def _preimport(backend: str) -> None:
@@ -227,6 +241,22 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
 
     cuda = str(rt.device).startswith("cuda")  # a fresh process: torch's peak counters cover the load too
     data = job.get("data") or {}
+    manifest = read_manifest(variant_dir)
+    from qserve.bench.evalpass import tokenizer_key
+
+    cache = {"dir": job.get("token_cache"), "tokenizer": tokenizer_key(manifest.get("files") or {})}
+    if job.get("mode") == "policies":  # the second pass, on the reference and the recommended variant only
+        from qserve.bench import policies
+
+        res["stage"] = "long_text"
+        res["long_text_policies"] = policies.measure(rt, data["eval"], job["long_text"], own=job.get("own"),
+                                                     cache=cache)
+        for r in res["long_text_policies"]:
+            log(f"{rt.name} {r['policy']}: accuracy {r['accuracy']:.4f}, {r['texts_per_s'] or 0:.1f} texts/s, "
+                f"{r['mean_windows']:.2f} windows per text")
+        res["stage"] = "done"
+        rt.close()
+        return res
     texts = data.get("real_texts") or []
     res["stage"] = "fixed"
     res["fixed"] = fixed_shapes(rt, job, " ".join(texts[:8]) if texts else FALLBACK_TEXT)
@@ -235,7 +265,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
         res["real_text"] = real_text(rt, job, texts)
     if data.get("eval"):
         res["stage"] = "accuracy"
-        res["accuracy"] = accuracy(rt, data["eval"])
+        res["accuracy"] = accuracy(rt, eval_cut(job, res, data["eval"]), cache=cache)
         from qserve.problems import headline
 
         log(f"{rt.name}: {headline(res['accuracy'])} on {res['accuracy']['n']} texts")
@@ -243,7 +273,8 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
             from qserve.bench import policies
 
             res["stage"] = "long_text"
-            res["long_text_policies"] = policies.measure(rt, data["eval"], job["long_text"], own=res["accuracy"])
+            res["long_text_policies"] = policies.measure(rt, data["eval"], job["long_text"], own=res["accuracy"],
+                                                         cache=cache)
             for r in res["long_text_policies"]:
                 log(f"{rt.name} {r['policy']}: accuracy {r['accuracy']:.4f}, {r['texts_per_s'] or 0:.1f} texts/s, "
                     f"{r['mean_windows']:.2f} windows per text")

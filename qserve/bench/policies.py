@@ -12,7 +12,6 @@ is the baseline of the speed rule.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 SPEED_FRACTION = 0.5
@@ -24,32 +23,31 @@ def with_head(policies: list[str]) -> list[str]:
 
 
 def measure(rt: Any, ev: dict[str, Any], policies: list[str], own: dict[str, Any] | None = None,
-            batch: int = 32) -> list[dict[str, Any]]:
+            batch: int = 32, cache: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Child side: one record per policy (resolved for this variant), predictions included for the parent.
 
-    `own` is the variant's accuracy record under its own policy: reused rather than measured twice."""
+    `own` is the variant's accuracy record under its own policy: reused rather than measured twice. Texts are
+    scored in length-sorted batches (evalpass.score: the same answers, in the texts' order); the untimed
+    piece counts come from the tokenizer's cache when another variant already cut the same texts."""
     from qserve import problems
+    from qserve.bench import evalpass
 
     texts, labels = ev["texts"], ev["labels"]
+    cache = cache or {}
     out = []
     for asked in with_head(policies):
-        policy = str(rt.resolve_policy(asked, "--long-text"))
-        if own and own.get("policy") == policy and own.get("predictions") is not None:
+        policy = rt.resolve_policy(asked, "--long-text")
+        stats = evalpass.piece_stats(rt, texts, policy, cache.get("dir"), cache.get("tokenizer"))
+        if own and own.get("policy") == str(policy) and own.get("predictions") is not None \
+                and len(own["predictions"]) == len(texts):
             preds, seconds = own["predictions"], own["seconds"]
         else:
-            preds, seconds = [], 0.0
-            for i in range(0, len(texts), batch):
-                t0 = time.perf_counter()
-                probs = rt.predict(texts[i:i + batch], policy)
-                rt.synchronize()
-                seconds += time.perf_counter() - t0
-                preds.extend(problems.predictions(probs, rt.problem_type))
-        pieces = rt.split(texts, policy)  # untimed: how many windows and how much text went unseen
+            preds, seconds = evalpass.score(rt, texts, policy, stats["tokens"], batch)
         quality = problems.metrics(preds, labels, rt.problem_type, len(rt.labels))
-        out.append({"asked": asked, "policy": policy, "n": len(texts), "accuracy": quality.get("accuracy"),
+        out.append({"asked": asked, "policy": str(policy), "n": len(texts), "accuracy": quality.get("accuracy"),
                     "seconds": seconds, "texts_per_s": len(texts) / seconds if seconds else None,
-                    "mean_windows": sum(pieces.windows) / len(texts) if texts else None,
-                    "truncated": sum(pieces.truncated) / len(texts) if texts else None, "predictions": preds})
+                    "mean_windows": sum(stats["windows"]) / len(texts) if texts else None,
+                    "truncated": sum(stats["truncated"]) / len(texts) if texts else None, "predictions": preds})
     return out
 
 
@@ -122,7 +120,11 @@ def md_lines(report: dict[str, Any]) -> list[str]:
     L = ["## Long texts: policies compared", "",
          f"The first {n} test texts scored under each long-text policy (predict() in batches of 32: tokenization, "
          f"cutting, every window and the aggregation included); agreement is with {ref} under the same policy; "
-         "`truncated` is the share of texts with tokens no piece covered.", "",
+         "`truncated` is the share of texts with tokens no piece covered."
+         + (" Compared on the reference and the recommended variant only, the records the served policy is "
+            "qualified and chosen on; every other variant is scored once, under its own policy (docs/bench.md)."
+            if any(v.get("status") == "ok" and v.get("accuracy") and not v.get("long_text_policies")
+                   for v in report["variants"]) else ""), "",
          "| variant | policy | accuracy | agreement | texts/s | windows per text | truncated |",
          "|---|---|---:|---:|---:|---:|---:|", *rows, ""]
     lt = report.get("long_text")

@@ -133,14 +133,16 @@ def render_md(report: dict[str, Any]) -> str:
               f"agreement vs {ref or 'fp32'}", "speed-up vs torch-fp32", f"floor b{b}/s{s} (ms)", "p50/floor",
               "batch invariance: max \\|Δprob\\| / label flips"]  # escaped: a bare pipe would split the column
     rows = []
+    full_n = max((r["eval_n"] or 0 for r in summary_rows(report)), default=0)
     for r in summary_rows(report):
         if r["status"] != "ok":
             rows.append([f"{r['variant']} **FAILED**", _f(r["size_mb"], 1)] + ["–"] * (len(header) - 2))
             continue
+        few = f" ({r['eval_n']} texts)" if r["eval_n"] and r["eval_n"] < full_n else ""  # the eval cut: say so
         rows.append([r["variant"], _f(r["size_mb"], 1), _f(r["load_s"], 2), _f(r["p50_ms"], 2), _f(r["p99_ms"], 2),
                      _f(r["throughput"], 1), _f(r["peak_mem_mib"], 0),
-                     _f(r["accuracy"] * 100, 2, "%") if r["accuracy"] is not None else "–",
-                     _f(r["agreement"] * 100, 2, "%") if r["agreement"] is not None else "–",
+                     _f(r["accuracy"] * 100, 2, "%") + few if r["accuracy"] is not None else "–",
+                     _f(r["agreement"] * 100, 2, "%") + few if r["agreement"] is not None else "–",
                      _f(r["speedup"], 2, "×"), _f(r["floor_ms"], 2),
                      _f(r["p50_over_floor"], 2, "×") + (f" ({r['floor_peak']})" if r["floor_peak"] else ""),
                      r["invariance"]])
@@ -150,6 +152,14 @@ def render_md(report: dict[str, Any]) -> str:
         notes.append("accuracy not measured (speed-only run, or the variants name no dataset)")
     if report.get("speedup_reference") is None:
         notes.append(f"no torch-fp32 result at b{b}/s{s} in this run, so no speed-up column")
+    cut = [v for v in report["variants"] if (v.get("eval_cut") or {}).get("n")]
+    if cut:
+        c = cut[0]["eval_cut"]
+        why = ", ".join(f"{v['name']} {v['eval_cut']['real_b1_p50_ms']:.2f} ms vs {v['eval_cut'].get('bound_variant')} "
+                        f"{v['eval_cut']['bound_ms']:.2f} ms" for v in cut)
+        notes.append(f"accuracy and agreement of {', '.join(v['name'] for v in cut)} on the first {c['n']} of "
+                     f"{c['of']} test texts: each is slower at b1 on real texts than a variant measured before it "
+                     f"that meets its agreement bar ({why}), so none of them can be recommended (docs/bench.md)")
     own = {v["name"]: v.get("long_text") for v in report["variants"] if v.get("long_text")}
     if any(p != "head" for p in own.values()):  # accuracy above is under each variant's own policy
         notes.append("long-text policy per variant: " + ", ".join(f"{k} {p}" for k, p in own.items()))
@@ -159,7 +169,7 @@ def render_md(report: dict[str, Any]) -> str:
     from qserve.bench.policies import md_lines as long_text_lines
 
     L += _grid(report) + _real_text(report) + long_text_lines(report) + _invariance(report) + _failures(report)
-    L += _env(report)
+    L += _stage_lines(report) + _env(report)
     L += ["## Plots", "", "![latency vs batch size](latency_vs_batch.png)", ""]
     if any(r["accuracy"] is not None for r in summary_rows(report)):
         L += ["![accuracy vs size](accuracy_vs_size.png)", ""]
@@ -241,6 +251,17 @@ def _invariance(report: dict[str, Any]) -> list[str]:
              "other is run row by row by the runtime; the last column shows what one batched forward of its graph "
              "would answer.", ""]
             + _table(["variant", "runs a batch", "batches of 8", "batches of 32", "if run batched"], rows) + [""])
+
+
+def _stage_lines(report: dict[str, Any]) -> list[str]:
+    """The stage times of the `qserve pipeline` run that wrote this report (bench/stages.py)."""
+    st = (report.get("pipeline") or {}).get("stage_s") or {}
+    if not st:
+        return []
+    rows = [[k, f"{st[k]:,.0f}", f"{st[k] / 60:.1f}"] for k in ("train", "export", "bench", "total") if k in st]
+    return (["## Pipeline stages", "", "Wall time of each stage of the `qserve pipeline` run that wrote this report "
+             "(a stage that reused its finished outputs takes seconds).", ""]
+            + _table(["stage", "seconds", "minutes"], rows) + [""])
 
 
 def _failures(report: dict[str, Any]) -> list[str]:

@@ -191,8 +191,53 @@ def run_floor(cfg: BenchConfig, config: dict[str, Any] | None, work: Path) -> di
     return out
 
 
-def run_bench(variant_dirs: list[Path], cfg: BenchConfig) -> dict[str, Any]:
-    """Benchmark every variant in its own child; write report.json/csv/md and plots into cfg.out."""
+def _order(metas: list[dict[str, Any]]) -> list[int]:
+    """Measuring order (the report keeps the given order): the agreement reference first, then fewer weight
+    bytes first. A fast variant that meets its bar, measured early, is the bound below which a slower one
+    cannot be recommended (measure.eval_cut); the order only decides how soon that bound is known."""
+    from qserve.bench.analysis import REFERENCES
+
+    names = [((m.get("manifest") or {}).get("spec") or {}).get("name") for m in metas]
+    ref = next((names.index(n) for n in REFERENCES if n in names), None)
+    rest = sorted((i for i in range(len(metas)) if i != ref), key=lambda i: (metas[i].get("weights_bytes") or 0, i))
+    return ([ref] if ref is not None else []) + rest
+
+
+def _meets_bar(entry: dict[str, Any], ref: dict[str, Any] | None) -> float | None:
+    """The entry's real-text b1 p50 when it meets its agreement bar against `ref` (else None)."""
+    from qserve.bench.analysis import agreement_with
+    from qserve.bench.recommend import bar_for, real_text_b1
+
+    if entry.get("status") != "ok" or (entry.get("accuracy") or {}).get("n") != (ref or {}).get("accuracy", {}).get("n"):
+        return None  # only a variant scored on every text sets the bound
+    agr, real = agreement_with(entry, ref), real_text_b1(entry)
+    return real["p50"] if agr is not None and real is not None and agr >= bar_for((entry.get("spec") or {}).get("bits")) else None
+
+
+def _measure(mode: str, d: Path, meta: dict[str, Any], job: dict[str, Any], data: dict[str, Any], work: Path,
+             tag: str, cfg: BenchConfig, store: Path | None, reuse: bool) -> dict[str, Any]:
+    """One child (or its stored result when `reuse` and the key matches)."""
+    from qserve.bench import store as stored
+
+    k = stored.key((meta.get("manifest") or {}).get("files"), job, data)
+    res = stored.load(store, d, mode, k) if reuse else None
+    if res is not None:
+        log.info("bench: %s %s: reusing the measurement in %s", d.name, mode, store)
+        res["reused"] = True
+        return res
+    res = run_child("qserve.bench.measure", job, work, tag, cfg)
+    stored.save(store, d, mode, k, res)
+    return res
+
+
+def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = None,
+              reuse: bool = False) -> dict[str, Any]:
+    """Benchmark every variant in its own child; write report.json/csv/md and plots into cfg.out.
+
+    Every variant is measured under its own long-text policy (what serving that variant answers); the
+    --long-text comparison then runs on the reference and the recommended variant only, the two whose
+    records decide and qualify the policy served (docs/bench.md, "Which variants compare policies").
+    `store`: keep each finished measurement there; `reuse`: read the ones whose key matches (resume)."""
     from qserve.artifact import now_iso, refuse_existing
     from qserve.bench import analysis
     from qserve.bench.envinfo import environment, merge_child_env, physical_cores
@@ -215,14 +260,19 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig) -> dict[str, Any]:
     created = now_iso()
     env = environment(cfg.threads, cfg.device)
     cache: dict = {}
-    results: list[dict[str, Any]] = []
-    raw: list[dict[str, Any]] = []  # child results as returned (thread counts, GPU name)
+    raw: dict[int, dict[str, Any]] = {}  # child results as returned (thread counts, GPU name)
+    entries: dict[int, dict[str, Any]] = {}
+    jobs: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="qserve-bench-") as tmp:
         work = Path(tmp)
+        token_cache = str((store or work) / "pieces")
         config = next((m["config"] for m in metas if m.get("config")), None)
         log.info("bench: measuring the compute floor at %d threads", cfg.threads)
         floor = run_floor(cfg, config, work)
-        for i, (d, meta) in enumerate(zip(dirs, metas)):
+        ref: dict[str, Any] | None = None
+        bound: tuple[float, str] | None = None
+        for step, i in enumerate(_order(metas)):
+            d, meta = dirs[i], metas[i]
             key = data_key(cfg, meta)
             data = load_texts(key, cfg, cache)
             data_file = work / f"data-{abs(hash(key))}.json"
@@ -236,16 +286,39 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig) -> dict[str, Any]:
                    "batch_sizes": cfg.batch_sizes, "seq_lens": cfg.seq_lens, "time_budget_s": cfg.time_budget_s,
                    "warmup": cfg.warmup, "min_iters": cfg.min_iters, "max_iters": cfg.max_iters,
                    "data_file": str(data_file), "allow_extra_files": cfg.allow_extra_files,
-                   "long_text": cfg.long_text, "length_buckets": cfg.length_buckets}
-            log.info("bench: [%d/%d] %s", i + 1, len(dirs), d)
-            res = run_child("qserve.bench.measure", job, work, f"v{i}", cfg)
+                   "long_text": None, "length_buckets": cfg.length_buckets, "token_cache": token_cache,
+                   "slow_eval_samples": cfg.slow_eval_samples,
+                   "bound_ms": bound[0] if bound else None, "bound_variant": bound[1] if bound else None}
+            ident = {"key": list(key), "n_eval": len((data.get("eval") or {}).get("texts") or []),
+                     "real": len(data.get("real_texts") or []), "invariance": len(data.get("invariance_texts") or [])}
+            jobs[i] = (job, ident)
+            log.info("bench: [%d/%d] %s", step + 1, len(dirs), d)
+            res = _measure("variant", d, meta, job, ident, work, f"v{i}", cfg, store, reuse)
             res["data"] = {k: v for k, v in data.items() if k in ("dataset", "seed", "max_eval_samples", "error")}
             if res["status"] == "failed":
                 log.error("bench: %s failed (%s): %s", d, res.get("failure"), res.get("error"))
             else:
                 log.info("bench: %s done in %.1f s", d, res["wall_s"])
-            raw.append(res)
-            results.append(analysis.variant_entry(meta, res))
+            raw[i] = res
+            entries[i] = analysis.variant_entry(meta, res)
+            if step == 0 and entries[i]["name"] and analysis.reference([entries[i]]) is entries[i]:
+                ref = entries[i]
+            p50 = _meets_bar(entries[i], ref) if ref is not None else None
+            if p50 is not None and (bound is None or p50 < bound[0]):
+                bound = (p50, entries[i]["name"])
+        if cfg.long_text:
+            for i in _policy_candidates([entries[j] for j in range(len(dirs))], metas, cfg):
+                job, ident = jobs[i]
+                own = raw[i].get("accuracy") or {}
+                pjob = {**job, "mode": "policies", "long_text": cfg.long_text, "bound_ms": None,
+                        "bound_variant": None, "own": {k: own.get(k) for k in ("policy", "predictions", "seconds")}}
+                log.info("bench: %s: long-text policies %s", dirs[i], ",".join(cfg.long_text))
+                res = _measure("policies", dirs[i], metas[i], pjob, ident, work, f"p{i}", cfg, store, reuse)
+                if res["status"] == "ok":
+                    entries[i]["long_text_policies"] = res["long_text_policies"]
+                else:
+                    log.error("bench: %s: policy comparison failed: %s", dirs[i], res.get("error"))
+                    entries[i]["long_text_policies_error"] = res.get("error")
     from qserve.bench.envinfo import load_avg
     from qserve.provenance import provenance
 
@@ -255,13 +328,32 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig) -> dict[str, Any]:
         "created": created,
         "run": {"name": out.name, "out": str(out)},
         "config": cfg.to_json(),
-        "environment": merge_child_env(env, raw),
+        "environment": merge_child_env(env, [raw[i] for i in range(len(dirs))]),
         "provenance": provenance(),
         "headline": dict(zip(("batch", "seq"), cfg.headline())),
         "model": analysis.model_block(metas),
         "floor": floor,
-        "variants": results,
+        "variants": [entries[i] for i in range(len(dirs))],
     }
     analysis.finish(report)
     write_reports(report, out)
     return report
+
+
+def _policy_candidates(entries: list[dict[str, Any]], metas: list[dict[str, Any]], cfg: BenchConfig) -> list[int]:
+    """Indices of the variants that compare policies: the reference (every policy's agreement is against it)
+    and the one the recommendation chooses (policies.finish reads its records to name the served policy);
+    with neither, the first measured, as policies.finish falls back."""
+    import copy
+
+    from qserve.bench import analysis
+
+    draft = {"variants": copy.deepcopy(entries), "headline": dict(zip(("batch", "seq"), cfg.headline())),
+             "config": cfg.to_json(), "floor": {}, "environment": {}}
+    analysis.finish(draft)  # the same rule, on the same records: which variant the report will recommend
+    names = [v["name"] for v in draft["variants"]]
+    want = [draft.get("agreement_reference"), (draft.get("recommended") or {}).get("variant")]
+    picked = list(dict.fromkeys(names.index(n) for n in want if n in names))
+    if not picked:
+        picked = [i for i, v in enumerate(entries) if v.get("status") == "ok" and v.get("accuracy")][:1]
+    return picked

@@ -47,6 +47,7 @@ def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
             "p50_ms": st["p50"] if st else None, "p99_ms": st["p99"] if st else None,
             "throughput": big["throughput"] if big else None,
             "peak_mem_mib": mem, "accuracy": acc.get("accuracy"), "agreement": v.get("agreement"),
+            "eval_n": acc.get("n"),
             "speedup": v.get("speedup_vs_torch_fp32"), "floor_ms": fl.get("floor_ms"),
             "p50_over_floor": fl.get("p50_over_floor"), "floor_peak": fl.get("peak"),
             "invariance_max_abs_dprob": (v.get("invariance") or {}).get("max_abs_dprob"),

@@ -41,7 +41,12 @@ class BenchRow(BaseModel):
     variant: str
     size_mb: float | None = None
     p50_ms: float | None = None
+    """p50 of the figure the recommendation ranks by (ReportSummary.shape): b1 on real test texts, else b1/s128."""
     p99_ms: float | None = None
+    fixed_p50_ms: float | None = None
+    """p50 at the headline fixed shape (b1/s128), whatever the ranking used."""
+    meets_bar: bool | None = None
+    """Whether its agreement meets its bar: a variant the recommendation could choose."""
     throughput: float | None = None
     accuracy: float | None = None
     agreement: float | None = None
@@ -71,7 +76,8 @@ class ReportSummary(BaseModel):
     measured_files_match: bool | None = None
     """Whether the report measured these exact files (the pipeline's inputs.json); None if unknown."""
     rows: list[BenchRow] = []
-    """The served variant's row, then the recommended one's if it is another."""
+    """The served variant's row, then the recommended one's if it is another, then every other candidate (meets
+    its agreement bar) in the recommendation's order."""
 
 
 def report_candidates(variant_dir: str | Path) -> list[Path]:
@@ -99,17 +105,35 @@ def report_summary(variant_dir: str | Path) -> ReportSummary:
     rec = report.get("recommended") or {}
     env, cfg = report.get("environment") or {}, report.get("config") or {}
     machine = env.get("gpu") if str(cfg.get("device", "")).startswith("cuda") else (env.get("cpu") or {}).get("model")
-    keep = [served] + ([rec["variant"]] if rec.get("variant") and rec["variant"] != served else [])
+    ranking = {r["variant"]: r for r in rec.get("ranking") or []}
+    keep = list(dict.fromkeys([served] + ([rec["variant"]] if rec.get("variant") else [])
+                              + [n for n, r in ranking.items() if r.get("meets_bar")]))
     out = ReportSummary(
         served=served, report=str(path), created=report.get("created"), machine=machine, threads=cfg.get("threads"),
         shape=rec.get("shape") or "b{batch}/s{seq}".format(**report["headline"]),
         batch_max=max(cfg.get("batch_sizes") or [0]) or None, recommended=rec.get("variant"), why=rec.get("why"),
         served_is_recommended=(rec["variant"] == served) if rec.get("variant") else None,
         measured_files_match=_same_files(path.parent / "inputs.json", v),
-        rows=[BenchRow(variant=n, **{k: rows[n][k] for k in BenchRow.model_fields if k != "variant"})
-              for n in keep if n in rows])
+        rows=[_row(n, rows[n], ranking.get(n), report) for n in keep if n in rows])
     if served not in rows:
         out.reason = f"{path} has no measured row for {served}"
+    return out
+
+
+def _row(name: str, row: dict, ranked: dict | None, report: dict) -> BenchRow:
+    """The summary row, its latency the one the recommendation ranked by (so the page and the ranking agree)."""
+    from qserve.bench.recommend import real_text_b1
+
+    plain = {k: row.get(k) for k in BenchRow.model_fields if k in row and k != "variant"}
+    out = BenchRow(variant=name, **plain, fixed_p50_ms=row.get("p50_ms"),
+                   meets_bar=ranked.get("meets_bar") if ranked else None)
+    rec = report.get("recommended") or {}
+    if ranked and ranked.get("real_b1_p50_ms") is not None and ranked.get("p50_ms") == ranked["real_b1_p50_ms"]:
+        v = next((x for x in report["variants"] if x["name"] == name), {})
+        real = real_text_b1(v) or {}
+        out.p50_ms, out.p99_ms = ranked["p50_ms"], real.get("p99")
+    elif rec.get("ranking") and ranked is None:
+        out.p50_ms = out.p99_ms = None  # not ranked (no latency the ranking used)
     return out
 
 

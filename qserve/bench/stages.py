@@ -1,0 +1,46 @@
+"""The pipeline's stage times (train, export, bench, total), printed at its end and kept in its report.
+
+    qserve pipeline      # ends with "stage times: train 384s, export 84s, bench 231s, total 11.7 min"
+
+report.json gets {"pipeline": {"stage_s": {...}}} from the run that measured the report (a re-run that
+reuses the whole report leaves it, and its bytes, as they are), and report.md a "Pipeline stages" table.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+STAGES = ("train", "export", "bench", "total")
+
+
+def line(times: dict[str, float]) -> str:
+    parts = [f"{k} {times[k]:.0f}s" for k in STAGES[:-1] if k in times]
+    return "stage times: " + ", ".join(parts) + (f", total {times['total'] / 60:.1f} min" if "total" in times else "")
+
+
+def print_stages(times: dict[str, float]) -> None:
+    print("\n" + line(times), flush=True)
+
+
+def record_stages(report_dir: Path, times: dict[str, float]) -> bool:
+    """Add the stage times to a report this run wrote (one without them yet); re-render its md and html."""
+    from qserve.artifact import write_json_atomic, write_text_atomic
+    from qserve.bench.html import render_html
+    from qserve.bench.plots import CHARTS
+    from qserve.bench.report import render_md
+
+    path = Path(report_dir) / "report.json"
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if report.get("pipeline"):
+        return False  # reused: the times of the run that measured it stay
+    report["pipeline"] = {"stage_s": {k: round(times[k], 1) for k in STAGES if k in times}}
+    write_json_atomic(path, report)
+    md = render_md(report)
+    write_text_atomic(path.parent / "report.md", md)
+    images = {n: (path.parent / n).read_bytes() for n in CHARTS if (path.parent / n).is_file()}
+    write_text_atomic(path.parent / "report.html", render_html(report, md, images))
+    return True
