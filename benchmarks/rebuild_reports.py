@@ -244,6 +244,16 @@ STAGES: tuple[Stage, ...] = (
           (Report("benchmarks/reports/flood/report.json", "benchmarks/reports/flood/report.md", "flood_bench:render"),),
           "~3 min (estimate: 3 rounds of 300-request floods on two servers, then the slow-client rounds)",
           needs=(VARIANT,)),
+    Stage("serve-overhead", "what a request costs beyond the model at 1 and 32 clients (wrk), by the server's own "
+          "CPU time: onnx-int8 and the recommended variant, the code before (b7b3591) and after",
+          (f"$PY benchmarks/serve_overhead.py {VARIANT} {MODELS} --baseline-ref b7b3591 --rounds 2 --duration 15 "
+           "--out benchmarks/reports/serve-overhead",),
+          (Report("benchmarks/reports/serve-overhead/report.json", "benchmarks/reports/serve-overhead/report.md",
+                  "serve_overhead:render"),),
+          "~12 min (estimate: 2 variants x 2 code trees x 2 rounds, each ~85 s: the in-process loops 2 x 15 s, wrk "
+          "2 x 15 s, a server start-up and 64 checked answers)",
+          needs=(VARIANT, f"{MODELS}/report"), pending="new benchmark: needs `wrk` (apt-get install wrk) and the quiet "
+          "machine"),
 )
 BY_NAME = {s.name: s for s in STAGES}
 

@@ -109,6 +109,8 @@ def fixed_shapes(rt, job: dict[str, Any], text: str) -> list[dict[str, Any]]:
 
 def real_text(rt, job: dict[str, Any], texts: list[str]) -> list[dict[str, Any]]:
     """predict() on consecutive batches of real texts: tokenization + dynamic padding included."""
+    import numpy as np
+
     from qserve.bench.stats import summarize, throughput
 
     out = []
@@ -130,8 +132,11 @@ def real_text(rt, job: dict[str, Any], texts: list[str]) -> list[dict[str, Any]]
             samples.append((time.perf_counter() - t0) * 1e3)
             n_texts += len(chunk)
             i += 1
+        tok_ms: list[float] = []  # the text's own tokenization (+ cut and padding), timed apart from the model
         for chunk in batches[:min(len(batches), len(samples))]:
+            t0 = time.perf_counter()
             mask = rt.tokenize(chunk)["attention_mask"]
+            tok_ms.append((time.perf_counter() - t0) * 1e3)
             if rt.buckets:  # a length-bucketed variant runs each text at its bucket, not at the batch's longest
                 from qserve.runtime.buckets import bucket_for
 
@@ -140,7 +145,9 @@ def real_text(rt, job: dict[str, Any], texts: list[str]) -> list[dict[str, Any]]
                 padded.append(int(mask.shape[1]))
         rec = {"batch": b, **summarize(samples), "texts": n_texts,
                "throughput": throughput(n_texts, sum(samples) / 1e3),
-               "mean_padded_len": sum(padded) / len(padded) if padded else None}
+               "mean_padded_len": sum(padded) / len(padded) if padded else None,
+               # real-text p50 vs fixed-shape p50 + this: what the real-text path costs beyond tokenizing
+               "tokenize_p50_ms": float(np.median(tok_ms)) if tok_ms else None}
         log(f"{rt.name} real text b{b}: p50 {rec['p50']:.2f} ms, {rec['throughput']:.1f} texts/s")
         out.append(rec)
     return out

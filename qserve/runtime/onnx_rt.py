@@ -24,6 +24,13 @@ def session_options(ort, threads: int | None):
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads:
         so.intra_op_num_threads = int(threads)
+    # No spinning: by default ORT's pool threads busy-wait for more work after every parallel section and
+    # after run() returns. Between a server's requests that spin takes the core the event loop needs to
+    # parse the next request and write the answer, and on a shared machine it competes with everything
+    # else: measured on 2 cores (benchmarks/serve_overhead.py), onnx-int8 b1 spent ~1.8x the CPU per
+    # call spinning, for no faster answer. Blocking threads wake on a condition variable instead.
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     so.log_severity_level = 3  # errors only: ORT's warnings about unused initializers are noise here
     return so
 
