@@ -30,10 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 WORDS = {0: ["awful", "boring", "dull"], 1: ["great", "superb", "loved"]}
 
 
-@pytest.fixture(scope="module")
-def toy_csv(tmp_path_factory) -> Path:
+def toy_rows(path: Path) -> Path:
+    """200 short reviews, the label given by one sentiment word (the pipeline tests use it too)."""
     rng = random.Random(1)
-    path = tmp_path_factory.mktemp("data") / "toy.csv"
     with open(path, "w", encoding="utf-8", newline="") as f:
         w = csv.writer(f)
         w.writerow(["text", "label"])
@@ -41,6 +40,11 @@ def toy_csv(tmp_path_factory) -> Path:
             words = [rng.choice(["the", "film", "plot", "was", "a"]) for _ in range(5)] + [rng.choice(WORDS[i % 2])]
             w.writerow([" ".join(words) + f" {i}", "positive" if i % 2 else "negative"])
     return path
+
+
+@pytest.fixture(scope="module")
+def toy_csv(tmp_path_factory) -> Path:
+    return toy_rows(tmp_path_factory.mktemp("data") / "toy.csv")
 
 
 def cfg_for(ckpt: Path, data: Path, out: Path, **kw) -> TrainConfig:
@@ -90,7 +94,8 @@ CASES = [("32-true", 3, "after:1", 1), ("bf16-mixed", 5, "after:2", 1), ("bf16-t
 
 
 @pytest.mark.parametrize("precision, every, hook, accum", CASES, ids=[c[0] for c in CASES])
-def test_killed_run_resumes_to_the_same_weights(tiny_checkpoint, toy_csv, tmp_path, precision, every, hook, accum):
+def test_killed_run_resumes_to_the_same_weights(tiny_checkpoint, toy_csv, tmp_path, capsys, precision, every, hook,
+                                                accum):
     ref = tmp_path / "uninterrupted"
     train(cfg_for(tiny_checkpoint, toy_csv, ref, precision=precision, grad_accum=accum, checkpoint_every=0))
     out = tmp_path / "killed"
@@ -107,27 +112,22 @@ def test_killed_run_resumes_to_the_same_weights(tiny_checkpoint, toy_csv, tmp_pa
     if precision == "32-true":  # another config is refused by name, the run left as it was
         with pytest.raises(QserveError, match=r"another config \(--lr 0\.005 recorded, 0\.001 now\).*--force"):
             train(cfg_for(tiny_checkpoint, toy_csv, out, lr=1e-3, checkpoint_every=every))
-    m = train(cfg_for(tiny_checkpoint, toy_csv, out, precision=precision, grad_accum=accum, checkpoint_every=every))
+        assert (out / CHECKPOINT).is_file()
+    capsys.readouterr()
+    m = train(cfg)  # the same command again: it resumes, and says so
+    assert f"resuming at step {at} of {2 * steps_per_epoch}" in capsys.readouterr().out
     assert m["resumed_at_steps"] == [at] and m["optimizer_steps"] == 2 * steps_per_epoch
     assert sorted(p.name for p in out.iterdir()) == sorted(FILES_WRITTEN)  # the checkpoint is gone
     assert_same_run(ref, out)
-
-
-def test_resume_says_where_it_resumes_and_a_finished_run_is_not_retrained(tiny_checkpoint, toy_csv, tmp_path):
-    out = tmp_path / "run"
-    cfg = cfg_for(tiny_checkpoint, toy_csv, out, checkpoint_every=7)
-    kill_run(cfg, "after:1")
-    res = subprocess.run(argv_for(cfg), cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                         capture_output=True, text=True, timeout=240)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "resuming at step 7 of 20 (epoch 1/2, batch 7/10)" in res.stdout
-    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
-    m = train(cfg)  # the same command again: nothing is retrained, the recorded metrics come back
-    assert m["resumed_at_steps"] == [7] and {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
-    with pytest.raises(QserveError, match=r"--resume: .* finished run, nothing to resume"):
-        train(cfg_for(tiny_checkpoint, toy_csv, out, resume=True))
-    with pytest.raises(QserveError, match=r"finished run trained with another config \(--epochs 2 recorded, 3 now"):
-        train(cfg_for(tiny_checkpoint, toy_csv, out, epochs=3))
+    if precision == "32-true":  # once more: a finished run is never retrained, the recorded metrics come back
+        before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+        assert train(cfg)["resumed_at_steps"] == [at]
+        assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+        with pytest.raises(QserveError, match=r"--resume: .* finished run, nothing to resume"):
+            train(cfg_for(tiny_checkpoint, toy_csv, out, resume=True))
+        with pytest.raises(QserveError, match=r"finished run trained with another config \(--epochs 2 recorded, "
+                                              r"3 now"):
+            train(cfg_for(tiny_checkpoint, toy_csv, out, epochs=3))
 
 
 def test_plan_choices_name_the_flags(tmp_path):
