@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def measure(precision: str, saves: int, scratch: Path) -> dict:
+def measure(precision: str, saves: int, scratch: Path, model_name: str = "default") -> dict:
     import torch
     from lightning.fabric import Fabric
 
@@ -33,7 +33,7 @@ def measure(precision: str, saves: int, scratch: Path) -> dict:
     from qserve.precision import build_optimizer
 
     fabric = Fabric(accelerator="cpu", devices=1, precision=precision)
-    model, _, _ = load_for_training("default", ["negative", "positive"])
+    model, _, _ = load_for_training(model_name, ["negative", "positive"])
     params = sum(p.numel() for p in model.parameters())
     optimizer = build_optimizer([{"params": list(model.parameters())}], precision, "compensated", 1e-4)
     model, optimizer = fabric.setup(model, optimizer)
@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--saves", type=int, default=5)
     p.add_argument("--precision", action="append", help="default: 32-true, bf16-mixed, bf16-true")
+    p.add_argument("--model", default="default", help="default: the embedded model (a checkpoint dir to smoke-test)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "reports" / "checkpoint_cost")
     args = p.parse_args(argv)
 
@@ -74,11 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     for precision in args.precision or ["32-true", "bf16-mixed", "bf16-true"]:
         scratch = Path(tempfile.mkdtemp(prefix=".checkpoint-cost-", dir=args.out))
         try:
-            rows.append(measure(precision, args.saves, scratch))
+            rows.append(measure(precision, args.saves, scratch, args.model))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         print(rows[-1], flush=True)
-    rep = {"created": now_iso(), "cpu": cpu_label(), "saves": args.saves, "runs": rows, "provenance": provenance()}
+    rep = {"created": now_iso(), "cpu": cpu_label(), "model": args.model, "saves": args.saves, "runs": rows, "provenance": provenance()}
     lines = ["| precision | checkpoint (MB) | wall s / checkpoint | CPU s / checkpoint | share at ~300 s interval |",
              "|---|---:|---:|---:|---:|"]
     lines += [f"| {r['precision']} | {r['bytes'] / 1e6:.0f} | {r['wall_s_median']:.2f} | {r['cpu_s_median']:.2f} | "

@@ -73,6 +73,7 @@ class Progress:
     opt_times: list[float] = field(default_factory=list)
     epoch_val: list[Any] = field(default_factory=list)
     resumed_at: list[int] = field(default_factory=list)
+    saved: int = 0  # checkpoints written so far, this one included
     checkpoints: list[float] = field(default_factory=list)  # seconds each checkpoint write took
 
 
@@ -198,7 +199,7 @@ def load(fabric, out: Path, state: dict[str, Any]) -> dict[str, Any]:
 def summary(prog: Progress) -> dict[str, Any]:
     """What train_metrics.json records of checkpointing: how many, their median write time, and the steps
     a killed run was resumed at (only for a resumed run)."""
-    out: dict[str, Any] = {"checkpoints_written": len(prog.checkpoints),
+    out: dict[str, Any] = {"checkpoints_written": prog.saved,
                            "checkpoint_write_median_s": (round(statistics.median(prog.checkpoints), 4)
                                                          if prog.checkpoints else None)}
     if prog.resumed_at:

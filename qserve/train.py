@@ -27,7 +27,7 @@ from typing import Any
 from qserve import QserveError
 from qserve.configflags import add_flags, build, field_docs, flag
 from qserve.longtext import TRAIN_DEFAULT
-from qserve.problems import REGRESSION, SHORT, from_flag, headline, loss, value_range
+from qserve.problems import SHORT, from_flag, headline, loss
 from qserve.precision import (BF16_UPDATES, MATMUL_PRECISIONS, PRECISIONS, build_optimizer, check_precision,
                               optimizer_state_bytes, peak_memory)
 from qserve.trainbatch import PadCollate, batch_inputs, encode_split, evaluate
@@ -208,7 +208,7 @@ def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float) -> dict[s
     import torch
     from tqdm.auto import tqdm
 
-    from qserve import resume
+    from qserve import resume, trainout
     from qserve.modeling import load_for_training
 
     out = todo.out
@@ -259,10 +259,11 @@ def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float) -> dict[s
 
     def checkpoint(epoch_state, t_epoch: float) -> None:
         t = time.perf_counter()
+        prog.saved += 1  # counted in its own snapshot, so a resumed run goes on counting from it
         wall = prog.wall_before + t - t0
         snap = {**asdict(prog), "train_time": prog.train_time + t - t_epoch, "wall_before": wall}
         resume.save(fabric, out, {**objects, "progress": snap, "epoch_generator": epoch_state,
-                                  "rng": resume.rng_states(), "config": asdict(cfg)}, len(prog.checkpoints) + 1)
+                                  "rng": resume.rng_states(), "config": asdict(cfg)}, prog.saved)
         prog.checkpoints.append(round(time.perf_counter() - t, 4))
 
     cuda = device.startswith("cuda")
@@ -340,70 +341,13 @@ def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float) -> dict[s
            "optimizer_state_bytes": optimizer_state_bytes(optimizer),
            "optimizer_step_median_s": round(statistics.median(opt_times[1:] or opt_times), 6) if opt_times else None,
            **resume.summary(prog)}
-    metrics = _metrics(fabric, cfg, data, device, base_name, t0 - prog.wall_before, prog.train_time,
+    metrics = trainout.metrics(fabric, cfg, data, device, base_name, t0 - prog.wall_before, prog.train_time,
                        prog.step_times, prog.seen, prog.epoch_val, val, test, prog.last_loss, prog.rss_peak, opt)
     if fabric.is_global_zero:
-        _write(out, cfg, model.module, tok, base_name, data, metrics)
+        trainout.write(out, cfg, model.module, tok, base_name, data, metrics, split_seed(cfg), policy)
         log.info("wrote %s: val %s, test %s, %.1f s training", out, headline(val), headline(test), prog.train_time)
     fabric.barrier()
     return metrics if fabric.is_global_zero else None
-
-
-def _metrics(fabric, cfg, data, device, base_name, t0, train_time, step_times, seen, epoch_val, val, test,
-             last_loss, rss_peak, opt) -> dict[str, Any]:
-    from qserve.artifact import library_versions, now_iso
-    from qserve.devices import cpu_info
-
-    hw: dict[str, Any] = {"cpu": cpu_info()}
-    if device.startswith("cuda"):
-        import torch
-
-        hw["gpu"] = torch.cuda.get_device_name(fabric.device)
-    timed = step_times[1:] if len(step_times) > 1 else step_times  # the first step pays one-off warm-up
-    return {
-        "model_name": f"{base_name}-{data.info['short_name']}", "base_model": base_name, "dataset": data.name,
-        "precision": cfg.precision, "bf16_update": cfg.bf16_update if cfg.precision == "bf16-true" else None,
-        **opt, "device": device, "world_size": fabric.world_size, **hw,
-        "wall_time_s": round(time.perf_counter() - t0, 3), "train_time_s": round(train_time, 3),
-        "optimizer_steps": len(step_times),
-        "step_time_median_s": round(statistics.median(timed), 6) if timed else None,
-        "samples_per_s": round(seen / train_time, 3) if train_time else None,
-        **peak_memory(device, rss_peak),
-        "train_loss_last_epoch": round(last_loss, 6), "problem_type": data.problem_type,
-        # val_/test_ accuracy (+ label_accuracy for multi-label), or mae and rmse (regression), and loss
-        **{f"{part}_{k}": v for part, m in (("val", val), ("test", test)) for k, v in m.items() if k != "n"},
-        f"val_{'mae' if 'mae' in val else 'accuracy'}_per_epoch": epoch_val,
-        "sizes": data.info["sizes"], "dataset_info": {k: v for k, v in data.info.items() if k != "sizes"},
-        "config": asdict(cfg), "versions": library_versions(), "created": now_iso(),
-    }
-
-
-def _write(out: Path, cfg: TrainConfig, model, tok, base_name: str, data, metrics: dict[str, Any]) -> None:
-    import torch
-
-    from qserve.artifact import staged_dir, write_json_atomic
-
-    # force: out holds only this run's own checkpoint by now (resume.plan refused anyone else's files)
-    with staged_dir(out, force=True) as tmp:
-        # fp32 on disk whatever the training precision (bf16-true trains bf16 weights):
-        # exporters derive every lower-precision variant from this one reference.
-        model = model.to(device="cpu", dtype=torch.float32)
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        write_json_atomic(tmp / "qserve_model.json", {
-            "model_name": metrics["model_name"], "base_model": base_name, "dataset": data.name, "seed": split_seed(cfg),
-            "max_length": cfg.max_length, "long_text": train_policy(cfg), "max_eval_samples": cfg.max_eval_samples,
-            "labels": list(data.labels), "problem_type": data.problem_type,
-            **({"label_range": value_range(data.train.labels)} if data.problem_type == REGRESSION else {}),
-            **_pair_meta(data)})
-        write_json_atomic(tmp / "train_metrics.json", metrics)
-
-
-def _pair_meta(data) -> dict[str, Any]:
-    """`inputs` for qserve_model.json: recorded only for a model trained on text pairs (absent = one text)."""
-    from qserve.textpairs import PAIR
-
-    return {"inputs": list(PAIR)} if data.train.pairs is not None else {}
 
 
 # -- CLI ---------------------------------------------------------------------------------

@@ -1,4 +1,17 @@
-"""Pipeline naming and stage reuse rules (the full run is in test_e2e_default.py)."""
+"""Pipeline naming, stage reuse, and a pipeline killed in each stage (the full run is in test_e2e_default.py).
+
+    python -m pytest tests/test_pipeline.py -q
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
 
 from qserve.pipeline import _run_name
 
@@ -11,16 +24,6 @@ def test_run_dir_names():
 
 
 # -- a killed pipeline picks up where it stopped ---------------------------------------------
-
-import json  # noqa: E402
-import os  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # What a report row says that does not depend on timing or paths: what the variant is and how it answers.
@@ -45,7 +48,10 @@ def _run_in_process(argv: list[str]) -> None:
 def _rows(run: Path) -> list[dict]:
     """The report's per-variant rows, timings and paths left out."""
     rows = json.loads((run / "report" / "report.json").read_text())["variants"]
-    return [{k: row.get(k) for k in ROW_KEYS} for row in rows]
+    def untimed(v):
+        return {k: x for k, x in v.items() if k != "seconds"} if isinstance(v, dict) else v
+
+    return [{k: untimed(row.get(k)) for k in ROW_KEYS} for row in rows]
 
 
 def _killed_when(argv: list[str], line: str, then=None, env: dict | None = None) -> str:
@@ -108,6 +114,9 @@ def test_pipeline_killed_in_each_stage_finishes_with_the_same_report(tiny_checkp
     assert out.count("reusing") == 3 and "exporting" not in out and "resuming" not in out, out
     assert verify(run / "variants" / "torch-fp32")["created"] == first["created"]
     assert _rows(run) == _rows(ref)
+    from test_resume import assert_same_run
+
+    assert_same_run(ref / "checkpoint", run / "checkpoint")  # killed in training, resumed: the same weights
     assert sorted(p.name for p in (run / "variants").iterdir()) == ["torch-bf16", "torch-fp32"]
 
 

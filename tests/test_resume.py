@@ -117,6 +117,7 @@ def test_killed_run_resumes_to_the_same_weights(tiny_checkpoint, toy_csv, tmp_pa
     m = train(cfg)  # the same command again: it resumes, and says so
     assert f"resuming at step {at} of {2 * steps_per_epoch}" in capsys.readouterr().out
     assert m["resumed_at_steps"] == [at] and m["optimizer_steps"] == 2 * steps_per_epoch
+    assert m["checkpoints_written"] == (2 * steps_per_epoch - 1) // every  # none at the last step: the end follows
     assert sorted(p.name for p in out.iterdir()) == sorted(FILES_WRITTEN)  # the checkpoint is gone
     assert_same_run(ref, out)
     if precision == "32-true":  # once more: a finished run is never retrained, the recorded metrics come back
@@ -160,3 +161,21 @@ def test_checkpoint_every_is_validated(tiny_checkpoint, toy_csv, tmp_path):
     with pytest.raises(QserveError, match=r"--checkpoint-every must be an integer >= 0 \(got -1\)"):
         train(cfg_for(tiny_checkpoint, toy_csv, tmp_path / "o", checkpoint_every=-1))
     assert not (tmp_path / "o").exists()
+
+
+def test_ddp_run_killed_on_every_rank_resumes_to_the_same_weights(tiny_checkpoint, toy_csv, tmp_path):
+    """--devices 2 (Fabric DDP, gloo): both ranks die after the first checkpoint; the re-run resumes both."""
+    import torch
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(max(1, torch.get_num_threads() // 2))}
+    runs = {}
+    for name, hook in (("uninterrupted", None), ("killed", "after:1"), ("killed", None)):
+        cfg = cfg_for(tiny_checkpoint, toy_csv, tmp_path / name, batch_size=8, epochs=1, devices=2, strategy="ddp",
+                      checkpoint_every=4 if name == "killed" else 0)
+        proc = subprocess.run(argv_for(cfg), cwd=ROOT, env={**env, **({KILL_ENV: hook} if hook else {})},
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == (-signal.SIGKILL if hook else 0), proc.stderr[-3000:]
+        runs[name, hook] = proc.stdout
+    assert "resuming at step 4 of 10 (epoch 1/1, batch 4/10)" in runs["killed", None]
+    assert runs["killed", None].count("resuming") == 1 and runs["killed", None].count("trained ") == 1  # rank 0
+    assert_same_run(tmp_path / "uninterrupted", tmp_path / "killed")
