@@ -244,6 +244,13 @@ STAGES: tuple[Stage, ...] = (
           (Report("benchmarks/reports/flood/report.json", "benchmarks/reports/flood/report.md", "flood_bench:render"),),
           "~3 min (estimate: 3 rounds of 300-request floods on two servers, then the slow-client rounds)",
           needs=(VARIANT,)),
+    Stage("checkpoint-cost", "one resumable training checkpoint of the embedded default per precision: wall and CPU "
+          "seconds, size, share of training at the default ~5-minute interval",
+          ("$PY benchmarks/checkpoint_cost.py --saves 5",),
+          (Report("benchmarks/reports/checkpoint_cost/checkpoint_cost.json",
+                  "benchmarks/reports/checkpoint_cost/checkpoint_cost.md"),),
+          "~1-2 min (estimate: 3 precisions x 5 saves of a 180-270 MB file, plus loading the model)",
+          pending="a new benchmark (#34), waiting for a quiet machine"),
 )
 BY_NAME = {s.name: s for s in STAGES}
 
