@@ -29,7 +29,7 @@ from qserve.configflags import add_flags, build, field_docs, flag
 from qserve.longtext import TRAIN_DEFAULT
 from qserve.problems import SHORT, from_flag, headline, loss
 from qserve.precision import (BF16_UPDATES, MATMUL_PRECISIONS, PRECISIONS, build_optimizer, check_precision,
-                              optimizer_state_bytes, peak_memory)
+                              optimizer_state_bytes)
 from qserve.trainbatch import PadCollate, batch_inputs, encode_split, evaluate
 
 log = logging.getLogger(__name__)

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from qserve.precision import peak_memory
 from qserve.problems import REGRESSION, value_range
 
 
