@@ -254,6 +254,13 @@ STAGES: tuple[Stage, ...] = (
           "2 x 15 s, a server start-up and 64 checked answers)",
           needs=(VARIANT, f"{MODELS}/report"), pending="new benchmark: needs `wrk` (apt-get install wrk) and the quiet "
           "machine"),
+    Stage("checkpoint-cost", "one resumable training checkpoint of the embedded default per precision: wall and CPU "
+          "seconds, size, share of training at the default ~5-minute interval",
+          ("$PY benchmarks/checkpoint_cost.py --saves 5",),
+          (Report("benchmarks/reports/checkpoint_cost/checkpoint_cost.json",
+                  "benchmarks/reports/checkpoint_cost/checkpoint_cost.md"),),
+          "~1-2 min (estimate: 3 precisions x 5 saves of a 180-270 MB file, plus loading the model)",
+          pending="a new benchmark (#34), waiting for a quiet machine"),
 )
 BY_NAME = {s.name: s for s in STAGES}
 

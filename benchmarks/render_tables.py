@@ -253,6 +253,18 @@ def serve_windows() -> str:
     return _table(head, rows) + _src_some([rel])
 
 
+def checkpoint_cost() -> str:
+    """What one resumable training checkpoint costs (benchmarks/checkpoint_cost.py), per precision."""
+    rel = "checkpoint_cost/checkpoint_cost.json"
+    r = _maybe(rel)
+    head = ["precision", "checkpoint (MB)", "wall s / checkpoint", "CPU s / checkpoint", "share at ~300 s interval"]
+    if r is None:
+        return _table(head, [[NOT_MEASURED] * 5]) + _src_some([rel]).replace("checkpoint_cost`)", "checkpoint-cost`)")
+    rows = [[x["precision"], _num(x["bytes"] / 1e6, 0), _num(x["wall_s_median"]), _num(x["cpu_s_median"]),
+             _pct(x["share_at_default_interval"])] for x in r["runs"]]
+    return _table(head, rows) + _src(rel)
+
+
 def stages() -> str:
     """The `make reports` stages: what each re-runs, the CPU its reports record, and how long it takes."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -281,6 +293,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "long-text-summary": long_text_summary,
     "serve-windows": serve_windows,
     "stages": stages,
+    "checkpoint-cost": checkpoint_cost,
 }
 
 

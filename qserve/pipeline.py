@@ -7,7 +7,9 @@ Everything lands in one run directory (default models/<model>-<dataset>/, e.g.
 models/minilm-l6-distilbert-imdb/): checkpoint/,
 variants/<name>/, report/. Re-running reuses each finished stage whose inputs are
 unchanged (same training config; variants built from the same checkpoint hash;
-a report over the same variant manifests) unless --force.
+a report over the same variant manifests) unless --force. A killed pipeline picks up where it stopped:
+an unfinished training resumes from its last checkpoint (qserve.resume), a variant whose export was
+cut short (only its hidden staging dir exists) is exported again, finished variants are kept.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -37,22 +40,23 @@ def _done(t0: float, what: str) -> float:
 
 
 def _train_stage(cfg, run_dir: Path, force: bool) -> Path:
-    from qserve.train import train
+    from qserve.resume import STARTED, config_diff, describe_diff
+    from qserve.train import TrainConfig, train
 
     ckpt = run_dir / "checkpoint"
     metrics_path = ckpt / "train_metrics.json"
-    # Where the checkpoint lives and --force say nothing about what was trained.
-    ignore = {"out", "force"}
-    want = {k: v for k, v in json.loads(json.dumps(dataclasses.asdict(cfg), default=str)).items() if k not in ignore}
-    if metrics_path.is_file() and not force:
+    want, defaults = dataclasses.asdict(cfg), dataclasses.asdict(TrainConfig())
+    # checkpoints trained before the policy existed read the head; fields added since count as their default
+    defaults = {**defaults, "long_text": "head"}
+    if metrics_path.is_file() and not (ckpt / STARTED).is_file() and not force:
         have = json.loads(metrics_path.read_text(encoding="utf-8")).get("config") or {}
-        have.setdefault("long_text", "head")  # checkpoints trained before the policy existed read the head
-        if {k: v for k, v in have.items() if k not in ignore} == want:
+        diff = config_diff(want, have, defaults)
+        if not diff:
             print(f"   reusing {ckpt} (same training config; --force to retrain)")
             return ckpt
         raise QserveError(f"{ckpt} was trained with another config; pass --force to retrain, "
-                          f"or --run-dir to use another directory")
-    train(cfg)
+                          f"or --run-dir to use another directory ({describe_diff(diff, want, have, defaults)})")
+    train(cfg)  # an unfinished run in ckpt (a killed pipeline) resumes from its last checkpoint
     return ckpt
 
 
@@ -74,6 +78,8 @@ def _export_stage(ckpt: Path, run_dir: Path, device: str, names: list[str], forc
                     continue
             except VariantError as e:
                 print(f"   [{i}/{len(names)}] {name}: existing dir is invalid ({e}); rebuilding")
+        for stale in dest.parent.glob(f".{name}.tmp-*"):  # a killed export's staging dir: never trusted, never kept
+            shutil.rmtree(stale, ignore_errors=True)
         t0 = time.perf_counter()
         print(f"   [{i}/{len(names)}] {name}: exporting ...", flush=True)
         try:
@@ -130,7 +136,7 @@ def run_pipeline(args: argparse.Namespace) -> Path:
     cfg = TrainConfig(model=args.model, dataset=args.dataset, precision=args.precision, epochs=args.epochs,
                       batch_size=args.batch_size, lr=args.lr, max_length=args.max_length,
                       max_samples=args.max_samples, seed=args.seed, out=str(run_dir / "checkpoint"),
-                      device=device, force=args.force)
+                      device=device, force=args.force, checkpoint_every=args.checkpoint_every)
     names = args.variants.split(",") if args.variants else [s.name for s in supported(device)]
     t_all = time.perf_counter()
     times: dict[str, float] = {}
@@ -182,6 +188,9 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=int, default=PIPELINE_TRAIN["batch_size"])
     p.add_argument("--lr", type=float, default=PIPELINE_TRAIN["lr"])
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS",
+                   help="training writes a resumable checkpoint every STEPS optimizer steps, so a killed pipeline "
+                        "resumes its training (default: about every 5 minutes of training; 0: never)")
     p.add_argument("--variants", help="comma list of variants (default: every one the device supports)")
     p.add_argument("--batch-sizes", default="1,8,32", help="bench batch sizes (default %(default)s)")
     p.add_argument("--seq-lens", default="128", help="bench sequence lengths (default %(default)s)")

@@ -63,7 +63,9 @@ def child_argv(cfg, precision: str, out: Path) -> list[str]:
         flag = "--" + f.name.replace("_", "-")
         if f.name in ("precision", "out", "force"):
             continue
-        if f.name in ("max_samples", "max_eval_samples") and v is None:
+        if f.name == "resume":
+            argv += [] if v is None else ["--resume" if v else "--no-resume"]
+        elif f.name in ("max_samples", "max_eval_samples") and v is None:
             argv += [flag, "0"]  # 0 = no cap on the command line
         elif v is not None:
             argv += [flag, str(v)]

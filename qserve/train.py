@@ -20,16 +20,16 @@ import logging
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
-from qserve.configflags import add_flags, build, flag
+from qserve.configflags import add_flags, build, field_docs, flag
 from qserve.longtext import TRAIN_DEFAULT
-from qserve.problems import REGRESSION, SHORT, from_flag, headline, loss, value_range
+from qserve.problems import SHORT, from_flag, headline, loss
 from qserve.precision import (BF16_UPDATES, MATMUL_PRECISIONS, PRECISIONS, build_optimizer, check_precision,
-                              optimizer_state_bytes, peak_memory)
+                              optimizer_state_bytes)
 from qserve.trainbatch import PadCollate, batch_inputs, encode_split, evaluate
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,13 @@ class TrainConfig:
     matmul_precision: str | None = field(default=None, metadata=flag(choices=MATMUL_PRECISIONS))
     """torch.set_float32_matmul_precision: highest, high (TF32 on Ampere+) or medium."""
     force: bool = False
-    """Replace an existing output directory."""
+    """Replace an existing output directory (and start an unfinished run over, whatever its config)."""
+    checkpoint_every: int | None = field(default=None, metadata=flag(default_text="about every 5 min of training"))
+    """Write a resumable checkpoint into --out every this many optimizer steps, atomically, keeping only the
+    latest (default: the steps of about 5 minutes, from the first steps' median time; 0: never)."""
+    resume: bool | None = field(default=None, metadata=flag(default_text="resume an unfinished run in --out"))
+    """--resume: continue the unfinished run in --out (an error if there is none); --no-resume: start it over.
+    Default: resume when --out holds an unfinished run with this config."""
     num_workers: int = 0
     """DataLoader worker processes (tokenization is done up front, so 0 is usually right)."""
 
@@ -130,8 +136,10 @@ def validate(cfg: TrainConfig) -> None:
         raise QserveError(f"--matmul-precision must be one of {', '.join(MATMUL_PRECISIONS)} "
                           f"(got {cfg.matmul_precision!r})")
     for name, low in (("epochs", 1), ("batch_size", 1), ("grad_accum", 1), ("max_length", 8), ("devices", 1),
-                      ("num_workers", 0)):
+                      ("num_workers", 0), ("checkpoint_every", 0)):
         v = getattr(cfg, name)
+        if v is None and name == "checkpoint_every":
+            continue
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise QserveError(f"--{name.replace('_', '-')} must be an integer >= {low} (got {v!r})")
     if not cfg.lr > 0:
@@ -163,9 +171,11 @@ def split_seed(cfg: TrainConfig) -> int:
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Fine-tune per `cfg`, write the checkpoint to cfg.out (or the default), return the metrics.
 
+    An out dir holding an unfinished run with the same config resumes it (qserve.resume); one holding
+    a finished run with the same config is returned as it is, never retrained.
     With several DDP processes every rank trains; rank 0 writes and gets the metrics, the others None.
     """
-    from qserve.artifact import refuse_existing
+    from qserve import resume
     from qserve.data import load_dataset
     from qserve.devices import resolve_device
     from qserve.modeling import model_name_for
@@ -178,7 +188,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                         max_eval_samples=cfg.max_eval_samples, problem_type=from_flag(cfg.problem_type))
     base_name = model_name_for(cfg.model)
     out = Path(cfg.out) if cfg.out else Path("models") / f"{base_name}-{data.info['short_name']}-{cfg.precision}"
-    refuse_existing(out, cfg.force)  # before minutes of training, not after
+    # before minutes of training, not after
+    todo = resume.plan(out, asdict(cfg), asdict(TrainConfig()), cfg.resume, cfg.force)
+    if todo.action == "finished":
+        print(f"{out} already holds this finished run; not retraining it (--force trains it again)", flush=True)
+        return todo.finished_metrics
     from lightning.fabric import Fabric
 
     devices: int | list[int]
@@ -187,16 +201,18 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         devices = [int(device.split(":", 1)[1])]
     fabric = Fabric(accelerator=accelerator, devices=devices, strategy=cfg.strategy, precision=cfg.precision)
     # launch() starts the DDP processes when devices > 1; every rank runs _fit, rank 0 writes.
-    return fabric.launch(_fit, cfg, data, out, device, t0)
+    return fabric.launch(_fit, cfg, data, todo, device, t0)
 
 
-def _fit(fabric, cfg: TrainConfig, data, out: Path, device: str, t0: float) -> dict[str, Any] | None:
+def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float) -> dict[str, Any] | None:
     import psutil
     import torch
     from tqdm.auto import tqdm
 
+    from qserve import resume, trainout
     from qserve.modeling import load_for_training
 
+    out = todo.out
     fabric.seed_everything(cfg.seed, verbose=False)
     if cfg.matmul_precision:
         torch.set_float32_matmul_precision(cfg.matmul_precision)
@@ -209,9 +225,10 @@ def _fit(fabric, cfg: TrainConfig, data, out: Path, device: str, t0: float) -> d
     policy = train_policy(cfg)
     train_ex, val_ex, test_ex = (encode_split(tok, s, cfg.max_length, policy, problem, len(data.labels))
                                  for s in (data.train, data.val, data.test))
+    # The shuffling generator: its state at an epoch's start fixes that epoch's order (checkpointed).
+    gen = torch.Generator().manual_seed(cfg.seed)
     loader = torch.utils.data.DataLoader(train_ex, batch_size=cfg.batch_size, shuffle=True,
-                                         collate_fn=PadCollate(pad_id), num_workers=cfg.num_workers,
-                                         generator=torch.Generator().manual_seed(cfg.seed))
+                                         collate_fn=PadCollate(pad_id), num_workers=cfg.num_workers, generator=gen)
     no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight")
     groups = [{"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
                "weight_decay": cfg.weight_decay},
@@ -224,26 +241,64 @@ def _fit(fabric, cfg: TrainConfig, data, out: Path, device: str, t0: float) -> d
     warmup = int(total * cfg.warmup_ratio)
     sched = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: (s + 1) / (warmup + 1) if s < warmup else max(0.0, (total - s) / max(1, total - warmup)))
+    objects = {"model": model, "optimizer": optimizer, "scheduler": sched}
+    scaler = getattr(fabric.strategy.precision, "scaler", None)  # 16-mixed's GradScaler
+    if scaler is not None:
+        objects["scaler"] = scaler
+    prog, epoch_gen, rng = resume.Progress(), None, None
+    if todo.action == "resume":
+        rest = resume.load(fabric, out, objects)
+        prog, epoch_gen, rng = resume.Progress(**rest["progress"]), rest["epoch_generator"], rest["rng"]
+        prog.resumed_at.append(prog.step)
+        if fabric.is_global_zero:
+            print(f"resuming at step {prog.step} of {total} (epoch {prog.epoch + 1}/{cfg.epochs}, batch "
+                  f"{prog.batch}/{len(loader)}) from {out / resume.CHECKPOINT}", flush=True)
+    elif fabric.is_global_zero:
+        resume.record_start(out, asdict(cfg))
+    fabric.barrier()
+    every = cfg.checkpoint_every if cfg.checkpoint_every is not None else resume.auto_interval(prog.step_times)
+
+    def checkpoint(epoch_state, t_epoch: float) -> None:
+        t = time.perf_counter()
+        prog.saved += 1  # counted in its own snapshot, so a resumed run goes on counting from it
+        wall = prog.wall_before + t - t0
+        snap = {**asdict(prog), "train_time": prog.train_time + t - t_epoch, "wall_before": wall}
+        resume.save(fabric, out, {**objects, "progress": snap, "epoch_generator": epoch_state,
+                                  "rng": resume.rng_states(), "config": asdict(cfg)}, prog.saved)
+        prog.checkpoints.append(round(time.perf_counter() - t, 4))
+
     cuda = device.startswith("cuda")
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    proc, rss_peak = psutil.Process(), 0
-    step_times, opt_times, epoch_val, seen, train_time = [], [], [], 0, 0.0
-    last_loss = float("nan")
-    for epoch in range(cfg.epochs):
+    proc = psutil.Process()
+    for epoch in range(prog.epoch, cfg.epochs):
         model.train()
-        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not fabric.is_global_zero,
-                   mininterval=0.5 if sys.stderr.isatty() else 10, dynamic_ncols=True)
+        resuming = epoch_gen is not None
+        if resuming:
+            gen.set_state(epoch_gen)  # replay this epoch's order exactly, then skip what was trained
+        epoch_state = gen.get_state()
+        if hasattr(loader, "_num_iter_calls"):
+            loader._num_iter_calls = epoch  # Fabric sets a DistributedSampler's epoch from its count of iter() calls
+        it = iter(loader)
+        skip = prog.batch if resuming else 0
+        for _ in range(skip):
+            next(it)
+        if resuming:
+            resume.set_rng_states(rng)  # dropout draws continue where the killed run stopped
+        else:
+            prog.run_loss, prog.run_n = 0.0, 0
+        epoch_gen = rng = None
+        bar = tqdm(it, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not fabric.is_global_zero, initial=skip,
+                   total=len(loader), mininterval=0.5 if sys.stderr.isatty() else 10, dynamic_ncols=True)
         t_epoch = t_step = time.perf_counter()
-        run_loss, run_n = 0.0, 0
-        for i, batch in enumerate(bar):
+        for i, batch in enumerate(bar, start=skip):
             accumulating = (i + 1) % cfg.grad_accum != 0 and i + 1 != len(loader)
             with fabric.no_backward_sync(model, enabled=accumulating):
                 logits = model(**batch_inputs(batch)).logits
                 step_loss = loss(logits, batch["labels"], problem)
                 fabric.backward(step_loss / cfg.grad_accum)
-            seen += len(batch["labels"]) * fabric.world_size
-            run_loss, run_n = run_loss + float(step_loss.detach()), run_n + 1
+            prog.seen += len(batch["labels"]) * fabric.world_size
+            prog.run_loss, prog.run_n = prog.run_loss + float(step_loss.detach()), prog.run_n + 1
             if accumulating:
                 continue
             # error_if_nonfinite=False: 16-mixed's first steps overflow by design; the scaler skips them.
@@ -252,96 +307,48 @@ def _fit(fabric, cfg: TrainConfig, data, out: Path, device: str, t0: float) -> d
             optimizer.step()
             if cuda:
                 torch.cuda.synchronize()  # else this times the kernel launches only
-            opt_times.append(time.perf_counter() - t_opt)
+            prog.opt_times.append(time.perf_counter() - t_opt)
             optimizer.zero_grad(set_to_none=True)
             sched.step()
             if cuda:
                 torch.cuda.synchronize()
             now = time.perf_counter()
-            step_times.append(now - t_step)
-            t_step = now
+            prog.step_times.append(now - t_step)
             if not cuda:
-                rss_peak = max(rss_peak, proc.memory_info().rss)
-            last_loss = run_loss / run_n
-            bar.set_postfix(loss=f"{last_loss:.4f}", samples_s=f"{seen / (train_time + now - t_epoch):.1f}",
-                            refresh=False)
+                prog.rss_peak = max(prog.rss_peak, proc.memory_info().rss)
+            prog.last_loss = prog.run_loss / prog.run_n
+            prog.step, prog.epoch, prog.batch = prog.step + 1, epoch, i + 1
+            bar.set_postfix(loss=f"{prog.last_loss:.4f}",
+                            samples_s=f"{prog.seen / (prog.train_time + now - t_epoch):.1f}", refresh=False)
+            if every is None:
+                every = resume.auto_interval(prog.step_times)
+            if every and prog.step % every == 0 and prog.step < total:
+                checkpoint(epoch_state, t_epoch)
+            t_step = time.perf_counter()  # a checkpoint's write is not the next step's time
         bar.close()
-        train_time += time.perf_counter() - t_epoch
+        prog.train_time += time.perf_counter() - t_epoch
+        prog.epoch, prog.batch = epoch + 1, 0
         val = evaluate(fabric, model, val_ex, cfg.batch_size * 2, pad_id, problem)
-        epoch_val.append(val.get("accuracy", val.get("mae")))
+        prog.epoch_val.append(val.get("accuracy", val.get("mae")))
         if fabric.is_global_zero:
             log.info("epoch %d/%d: train loss %.4f, val %s (%d examples)", epoch + 1, cfg.epochs,
-                     last_loss, headline(val), val["n"])
+                     prog.last_loss, headline(val), val["n"])
     test = evaluate(fabric, model, test_ex, cfg.batch_size * 2, pad_id, problem)
     if not cuda:
-        rss_peak = max(rss_peak, proc.memory_info().rss)
+        prog.rss_peak = max(prog.rss_peak, proc.memory_info().rss)
     opt_cls = type(getattr(optimizer, "optimizer", optimizer))  # Fabric wraps the optimizer
+    opt_times = prog.opt_times
     opt = {"optimizer": f"{opt_cls.__module__.split('.')[0]}.{opt_cls.__name__}",
            "optimizer_state_bytes": optimizer_state_bytes(optimizer),
-           "optimizer_step_median_s": round(statistics.median(opt_times[1:] or opt_times), 6) if opt_times else None}
-    metrics = _metrics(fabric, cfg, data, device, base_name, t0, train_time, step_times, seen, epoch_val, val,
-                       test, last_loss, rss_peak, opt)
+           "optimizer_step_median_s": round(statistics.median(opt_times[1:] or opt_times), 6) if opt_times else None,
+           **resume.summary(prog)}
+    metrics = trainout.metrics(fabric, cfg, data, device, base_name, t0 - prog.wall_before, prog.train_time,
+                       prog.step_times, prog.seen, prog.epoch_val, val, test, prog.last_loss, prog.rss_peak, opt)
     if fabric.is_global_zero:
-        _write(out, cfg, model.module, tok, base_name, data, metrics)
-        log.info("wrote %s: val %s, test %s, %.1f s training", out, headline(val), headline(test), train_time)
+        trainout.write(out, cfg, model.module, tok, base_name, data, metrics, split_seed(cfg), policy)
+        log.info("wrote %s: val %s, test %s, %.1f s training", out, headline(val), headline(test), prog.train_time)
     fabric.barrier()
     return metrics if fabric.is_global_zero else None
-
-
-def _metrics(fabric, cfg, data, device, base_name, t0, train_time, step_times, seen, epoch_val, val, test,
-             last_loss, rss_peak, opt) -> dict[str, Any]:
-    from qserve.artifact import library_versions, now_iso
-    from qserve.devices import cpu_info
-
-    hw: dict[str, Any] = {"cpu": cpu_info()}
-    if device.startswith("cuda"):
-        import torch
-
-        hw["gpu"] = torch.cuda.get_device_name(fabric.device)
-    timed = step_times[1:] if len(step_times) > 1 else step_times  # the first step pays one-off warm-up
-    return {
-        "model_name": f"{base_name}-{data.info['short_name']}", "base_model": base_name, "dataset": data.name,
-        "precision": cfg.precision, "bf16_update": cfg.bf16_update if cfg.precision == "bf16-true" else None,
-        **opt, "device": device, "world_size": fabric.world_size, **hw,
-        "wall_time_s": round(time.perf_counter() - t0, 3), "train_time_s": round(train_time, 3),
-        "optimizer_steps": len(step_times),
-        "step_time_median_s": round(statistics.median(timed), 6) if timed else None,
-        "samples_per_s": round(seen / train_time, 3) if train_time else None,
-        **peak_memory(device, rss_peak),
-        "train_loss_last_epoch": round(last_loss, 6), "problem_type": data.problem_type,
-        # val_/test_ accuracy (+ label_accuracy for multi-label), or mae and rmse (regression), and loss
-        **{f"{part}_{k}": v for part, m in (("val", val), ("test", test)) for k, v in m.items() if k != "n"},
-        f"val_{'mae' if 'mae' in val else 'accuracy'}_per_epoch": epoch_val,
-        "sizes": data.info["sizes"], "dataset_info": {k: v for k, v in data.info.items() if k != "sizes"},
-        "config": asdict(cfg), "versions": library_versions(), "created": now_iso(),
-    }
-
-
-def _write(out: Path, cfg: TrainConfig, model, tok, base_name: str, data, metrics: dict[str, Any]) -> None:
-    import torch
-
-    from qserve.artifact import staged_dir, write_json_atomic
-
-    with staged_dir(out, force=cfg.force) as tmp:
-        # fp32 on disk whatever the training precision (bf16-true trains bf16 weights):
-        # exporters derive every lower-precision variant from this one reference.
-        model = model.to(device="cpu", dtype=torch.float32)
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        write_json_atomic(tmp / "qserve_model.json", {
-            "model_name": metrics["model_name"], "base_model": base_name, "dataset": data.name, "seed": split_seed(cfg),
-            "max_length": cfg.max_length, "long_text": train_policy(cfg), "max_eval_samples": cfg.max_eval_samples,
-            "labels": list(data.labels), "problem_type": data.problem_type,
-            **({"label_range": value_range(data.train.labels)} if data.problem_type == REGRESSION else {}),
-            **_pair_meta(data)})
-        write_json_atomic(tmp / "train_metrics.json", metrics)
-
-
-def _pair_meta(data) -> dict[str, Any]:
-    """`inputs` for qserve_model.json: recorded only for a model trained on text pairs (absent = one text)."""
-    from qserve.textpairs import PAIR
-
-    return {"inputs": list(PAIR)} if data.train.pairs is not None else {}
 
 
 # -- CLI ---------------------------------------------------------------------------------
@@ -350,7 +357,10 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="fine-tune a classifier (Lightning Fabric)",
                               description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_flags(p, TrainConfig)
+    add_flags(p, TrainConfig, [f.name for f in fields(TrainConfig) if f.name != "resume"])
+    # three states (unset = resume if there is a run to resume), which a plain bool flag cannot say
+    p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=None,
+                   help=field_docs(TrainConfig)["resume"].replace("%", "%%"))
     add_flags(p, CompareOptions)
     p.set_defaults(func=run)
 
