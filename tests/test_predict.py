@@ -185,7 +185,7 @@ def test_bad_rows_get_their_error_and_the_rest_are_scored(tiny_variant, tmp_path
 
 def _cmd(variant: Path, src: Path, out: Path) -> list[str]:
     return [sys.executable, "-m", "qserve", "predict", str(variant), str(src), "--out", str(out), "--chunk-rows",
-            "20", "--batch-size", "8", "--threads", "1"]
+            "10", "--batch-size", "8", "--threads", "1"]
 
 
 def test_kill_9_then_the_same_command_gives_exactly_the_uninterrupted_output(variants, tiny_variant, tmp_path):
@@ -193,10 +193,10 @@ def test_kill_9_then_the_same_command_gives_exactly_the_uninterrupted_output(var
     from qserve.predict.files import LEDGER
     from qserve.predict.job import PredictConfig, run
 
-    rows = [{"id": i, "text": t} for i, t in enumerate(_texts(800))]
+    rows = [{"id": i, "text": t} for i, t in enumerate(_texts(400))]
     src = _write_jsonl(tmp_path / "in.jsonl", rows)
     ref, out = tmp_path / "ref.jsonl", tmp_path / "out.jsonl"
-    assert _predict(tiny_variant, src, "--out", ref, "--chunk-rows", "20", "--batch-size", "8") == 0
+    assert _predict(tiny_variant, src, "--out", ref, "--chunk-rows", "10", "--batch-size", "8") == 0
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     parts = Path(f"{out}.parts")
     proc = subprocess.Popen(_cmd(tiny_variant, src, out), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -212,14 +212,14 @@ def test_kill_9_then_the_same_command_gives_exactly_the_uninterrupted_output(var
 
     # another TARGET (or INPUT) than the ledger's is refused, naming both
     with pytest.raises(QserveError, match=f"TARGET {tiny_variant}, not {variants['int8']}"):
-        run(PredictConfig(str(variants["int8"]), str(src), str(out), chunk_rows=20, quiet=True))
+        run(PredictConfig(str(variants["int8"]), str(src), str(out), chunk_rows=10, quiet=True))
     with pytest.raises(QserveError, match=f"INPUT {src}, not {tmp_path / 'ref.jsonl'}"):
-        run(PredictConfig(str(tiny_variant), str(tmp_path / "ref.jsonl"), str(out), chunk_rows=20, quiet=True))
+        run(PredictConfig(str(tiny_variant), str(tmp_path / "ref.jsonl"), str(out), chunk_rows=10, quiet=True))
 
     again = subprocess.run(_cmd(tiny_variant, src, out), env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert f"{done * 20} from earlier parts" in again.stderr
-    assert "800 rows" in again.stderr and "0 failed" in again.stderr
+    assert f"{done * 10} from earlier parts" in again.stderr
+    assert "400 rows" in again.stderr and "0 failed" in again.stderr
     assert out.read_bytes() == ref.read_bytes()  # every row once, same answers, same order
     assert not parts.exists()
 
