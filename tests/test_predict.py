@@ -172,7 +172,8 @@ def test_bad_rows_get_their_error_and_the_rest_are_scored(tiny_variant, tmp_path
     csv_in = tmp_path / "in.csv"
     csv_in.write_text("id,body\n1,hello\n")
     from qserve import QserveError
-    from qserve.predict.job import PredictConfig, run
+    from qserve.predict.job import PredictConfig
+    from qserve.predict.runner import run
 
     with pytest.raises(QserveError, match=r"row 2 \(id 1\): text is empty"):
         run(PredictConfig(str(tiny_variant), str(src), str(tmp_path / "f.jsonl"), on_error="fail", id_column="id",
@@ -191,7 +192,8 @@ def _cmd(variant: Path, src: Path, out: Path) -> list[str]:
 def test_kill_9_then_the_same_command_gives_exactly_the_uninterrupted_output(variants, tiny_variant, tmp_path):
     from qserve import QserveError
     from qserve.predict.files import LEDGER
-    from qserve.predict.job import PredictConfig, run
+    from qserve.predict.job import PredictConfig
+    from qserve.predict.runner import run
 
     rows = [{"id": i, "text": t} for i, t in enumerate(_texts(400))]
     src = _write_jsonl(tmp_path / "in.jsonl", rows)

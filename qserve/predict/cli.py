@@ -60,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    from qserve.predict.job import run
+    from qserve.predict.runner import run
 
     names = [f for f in PredictConfig.__dataclass_fields__]
     cfg = PredictConfig(**{n: getattr(args, n) for n in names})

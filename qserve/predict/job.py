@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -109,7 +108,7 @@ def resolve_model(cfg: PredictConfig) -> Model:
     if sel is not None:
         log.info("model dir %s: scoring with %s (%s)", cfg.target, sel["variant"], sel["why"])
     # as ServeState._prepare: --long-text wins, else the policy the model dir's report names, else the variant's
-    long_text = cfg.long_text or (sel or {}).get("long_text")
+    long_text = cfg.long_text or (sel["long_text"] if sel else None)
     version = model_version(read_manifest(Path(vdir)))
     return Model(str(Path(vdir).resolve()), long_text, dict(sel) if sel else None, version, cfg.threads, cfg.device,
                  cfg.batch_size)
@@ -246,78 +245,9 @@ def check_columns(inp: Any, rows: list[Row], cfg: PredictConfig) -> None:
             raise QserveError(f"{cfg.input} has no column {col!r} ({flag}); its columns: {', '.join(seen) or 'none'}")
 
 
-def run(cfg: PredictConfig) -> dict[str, Any]:
-    """Run the job on its engine; returns the summary (rows, seconds, rows_per_s, failed, ...)."""
-    from qserve.predict import files
-
-    cfg.validate()
-    fmt = files.output_format(cfg.out)
-    inp = files.open_input(cfg.input)
-    model = resolve_model(cfg)
-    out = Path(cfg.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    done = files.prepare(out, fmt, ledger(cfg, model), cfg.force)
-    t0 = time.perf_counter()
-    try:
-        if cfg.engine == "ray":
-            from qserve.predict.ray_data import run_ray
-
-            extra = run_ray(cfg, model, inp, fmt)
-            count, scored = extra.pop("parts"), extra.pop("scored")
-        else:
-            count, scored = _run_local(cfg, model, inp, fmt, done)
-            extra = {"engine": "local"}
-    except QserveError:
-        # A job refused before its first part (a missing column, --on-error fail) leaves no ledger behind that
-        # would refuse the corrected command.
-        if files.complete_parts(files.parts_dir(out), fmt) == 0:
-            import shutil
-
-            shutil.rmtree(files.parts_dir(out), ignore_errors=True)
-        raise
-    rows, failed = files.merge(files.parts_dir(out), count, out, fmt)
-    secs = time.perf_counter() - t0
-    summary = {"rows": rows, "seconds": round(secs, 3), "rows_per_s": round(scored / secs, 2) if secs else None,
-               "scored_now": scored, "resumed_rows": rows - scored, "failed": failed, "out": str(out),
-               "variant": model.variant_dir, **extra}
-    if not cfg.quiet:
-        resumed = f", {rows - scored} from earlier parts" if rows > scored else ""
-        nodes = extra.get("rows_per_node")
-        print(f"qserve predict: {rows} rows ({scored} scored now{resumed}) in {secs:.1f} s, "
-              f"{summary['rows_per_s']} rows/s, {failed} failed -> {out}"
-              + (f" (rows per node: {nodes})" if nodes else ""), file=sys.stderr)
-    return summary
-
-
 def progress(cfg: PredictConfig, total: int | None, initial: int) -> Any:
     """A tqdm bar (rows/s, ETA) on a terminal; nothing when --quiet or stderr is not one."""
     from tqdm import tqdm
 
     return tqdm(total=total, initial=initial, unit="rows", dynamic_ncols=True, smoothing=0.1,
                 disable=cfg.quiet or not sys.stderr.isatty())
-
-
-def _run_local(cfg: PredictConfig, model: Model, inp: Any, fmt: str, done: int) -> tuple[int, int]:
-    """Score chunk by chunk after the `done` complete parts; returns (parts, rows scored now)."""
-    from qserve.predict import files
-
-    rt = model.load()
-    types = answer_types(rt, cfg.all_scores) if fmt == "parquet" else None
-    parts = files.parts_dir(cfg.out)
-    index, scored = done, 0
-    bar = progress(cfg, inp.total(), done * cfg.chunk_rows)
-    try:
-        for chunk in inp.chunks(cfg.chunk_rows, skip=done * cfg.chunk_rows):
-            if index == 0:
-                check_columns(inp, chunk, cfg)
-            out = score_chunk(rt, chunk, cfg, first_row=index * cfg.chunk_rows + 1)
-            files.write_part(out, files.part_path(parts, index, fmt), fmt, types)
-            index += 1
-            scored += len(chunk)
-            bar.update(len(chunk))
-    finally:
-        bar.close()
-        rt.close()
-    if index == 0 and done == 0:
-        check_columns(inp, [], cfg)
-    return index, scored

@@ -97,7 +97,7 @@ def replicas(value: str, threads: int | None, cpus: int) -> int:
 def start_ray(address: str | None, quiet: bool) -> bool:
     """Join --ray-address, else start a local instance (address='local': never a recorded cluster).
     Returns whether this process started it."""
-    level = "ERROR" if quiet else "WARNING"
+    level = logging.ERROR if quiet else logging.WARNING
     if ray.is_initialized():
         return False
     if address:
