@@ -49,6 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default=d.device, help="auto, cpu, cuda, cuda:N")
     p.add_argument("--force", action="store_true", help="start over: drop OUTPUT.parts/ and overwrite OUTPUT")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary line")
+    p.add_argument("--json", dest="json_out", default=None, metavar="PATH",
+                   help="also write the summary (rows, seconds, rows/s, failed, rows per node) as JSON here")
     ray = p.add_argument_group("engine", "Where the job runs; the flags after --engine apply to --engine ray only.")
     ray.add_argument("--engine", choices=ENGINES, default=d.engine,
                      help="local: this process. ray: Ray Data, an actor pool with one runtime per actor (needs the "
@@ -65,4 +67,10 @@ def run_predict(args: argparse.Namespace) -> int:
     names = [f for f in PredictConfig.__dataclass_fields__]
     cfg = PredictConfig(**{n: getattr(args, n) for n in names})
     summary = run(cfg)
+    if args.json_out:
+        from pathlib import Path
+
+        from qserve.artifact import write_json_atomic
+
+        write_json_atomic(Path(args.json_out), summary)
     return 1 if summary["failed"] and cfg.on_error == "fail" else 0

@@ -122,7 +122,7 @@ def run_ray(cfg: PredictConfig, model: Model, inp: Input, fmt: str) -> dict[str,
         ctx.enable_progress_bars = False  # the driver's own bar counts rows written
         ds = _dataset(inp).map_batches(Scorer, fn_constructor_args=(cfg, model), batch_size=cfg.chunk_rows,
                                        batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=n),
-                                       num_cpus=threads)
+                                       num_cpus=threads, scheduling_strategy="SPREAD")  # actors over the nodes
         log.info("Ray Data: %d actor(s) x %d thread(s) of %s (Ray %s%s)", n, threads, model.variant_dir,
                  ray.__version__, ", local instance" if started else f", cluster {cfg.ray_address}")
         parts = parts_dir(cfg.out)
