@@ -29,6 +29,7 @@ COMMANDS = [
     ("report", "qserve.bench.cli"),
     ("serve", "qserve.serve.cli"),
     ("loadtest", "qserve.serve.cli"),
+    ("predict", "qserve.predict.cli"),
     ("deploy", "qserve.serve.deploy"),
 ]
 
