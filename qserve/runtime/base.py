@@ -87,6 +87,10 @@ class RuntimeOptions:
 BATCH_DEPENDENT = ("rows", "batched")
 
 
+def _f32(logits: Any) -> np.ndarray:
+    return np.asarray(logits, dtype=np.float32)
+
+
 @dataclass
 class Classification:
     """What classify() answers for N texts."""
@@ -102,6 +106,9 @@ class Classification:
     """Per text: how many pieces were scored (1 unless a windows policy cut it)."""
     problem_type: str = problems.SINGLE
     """What `probs` holds: qserve.problems.SINGLE, MULTI or REGRESSION."""
+    logits: np.ndarray | None = None
+    """[N, num_labels] float32: the text logits `probs` were made from (a windowed text's aggregated), for
+    protocols that answer raw scores (TEI's raw_scores, function_to_apply); None from runtimes that keep none."""
 
 
 class Runtime:
@@ -332,7 +339,8 @@ class Runtime:
         t0 = time.time_ns()
         pieces = self.split(texts, policy, pairs)
         t1 = time.time_ns()
-        probs = self.scores(longtext.aggregate(self.forward_pieces(pieces.ids, pieces.types), pieces))
+        logits = longtext.aggregate(self.forward_pieces(pieces.ids, pieces.types), pieces)
+        probs = self.scores(logits)
         if phases is not None:
             width = max((len(r) for r in pieces.ids), default=0)
             phases += [("tokenize", t0, t1, {"qserve.texts": len(texts), "qserve.text_pairs": len(texts)}),
@@ -341,7 +349,7 @@ class Runtime:
                                                           "qserve.buckets": ",".join(map(str, self.buckets or ()))
                                                           or "none"})]
         return Classification(probs, list(pieces.truncated), list(pieces.tokens), list(pieces.windows),
-                              self.problem_type)
+                              self.problem_type, _f32(logits))
 
     def classify(self, texts: list[str], policy: PolicyArg = None, phases: list[Phase] | None = None,
                  pairs: list[str] | None = None) -> Classification:
@@ -353,9 +361,9 @@ class Runtime:
             return self._classify_pairs(list(texts), list(pairs), policy, phases)
         if phases is None:
             pieces = self.split(texts, policy)
-            probs = self.scores(longtext.aggregate(self.forward_pieces(pieces.ids), pieces))
-            return Classification(probs, list(pieces.truncated), list(pieces.tokens), list(pieces.windows),
-                                  self.problem_type)
+            logits = longtext.aggregate(self.forward_pieces(pieces.ids), pieces)
+            return Classification(self.scores(logits), list(pieces.truncated), list(pieces.tokens),
+                                  list(pieces.windows), self.problem_type, _f32(logits))
         t0 = time.time_ns()
         ids = self._encode(list(texts))
         t1 = time.time_ns()
@@ -363,7 +371,8 @@ class Runtime:
         pieces = longtext.split(lambda _: ids, self.template, list(texts), self._policies(policy, len(texts)),
                                 self.max_length, self.options.max_windows)
         t2 = time.time_ns()
-        probs = self.scores(longtext.aggregate(self.forward_pieces(pieces.ids), pieces))
+        logits = longtext.aggregate(self.forward_pieces(pieces.ids), pieces)
+        probs = self.scores(logits)
         t3 = time.time_ns()
         width = max((len(r) for r in pieces.ids), default=0)
         windowed = sum(w > 1 for w in pieces.windows)
@@ -377,7 +386,7 @@ class Runtime:
                                              "qserve.tokenized_shape": f"{len(pieces.ids)}x{width}",
                                              "qserve.buckets": ",".join(map(str, self.buckets or ())) or "none"}))
         return Classification(probs, list(pieces.truncated), list(pieces.tokens), list(pieces.windows),
-                              self.problem_type)
+                              self.problem_type, _f32(logits))
 
     def close(self) -> None:
         """Release the model (bench children exit anyway; serve calls this on shutdown)."""

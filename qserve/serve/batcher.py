@@ -63,6 +63,8 @@ class BatchResult:
     windows: list[int] = field(default_factory=list)
     phases: list[Phase] = field(default_factory=list)
     """When tracing: the steps of every batch this request's texts ran in."""
+    logits: np.ndarray | None = None
+    """[n, k] float32 text logits `probs` were made from (None when the runtime keeps none)."""
 
 
 @dataclass(eq=False)
@@ -75,19 +77,22 @@ class _Pending:
     windows: list[int] = field(default_factory=list)
     remaining: int = 0
     batches: list[list[Phase]] = field(default_factory=list)
+    logits: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.rows = [None] * self.n
+        self.logits = [None] * self.n
         self.trunc = [False] * self.n
         self.tokens = [0] * self.n
         self.windows = [0] * self.n
         self.remaining = self.n
 
     def fill(self, index: int, row: np.ndarray, truncated: bool, tokens: int, windows: int,
-             phases: list[Phase] | None = None) -> None:
+             phases: list[Phase] | None = None, logits: np.ndarray | None = None) -> None:
         if self.future.done():  # cancelled (client gone, timeout) or already failed
             return
         self.rows[index] = row
+        self.logits[index] = logits
         self.trunc[index] = truncated
         self.tokens[index] = tokens
         self.windows[index] = windows
@@ -95,8 +100,9 @@ class _Pending:
         if phases is not None and all(b is not phases for b in self.batches):
             self.batches.append(phases)
         if self.remaining == 0:
+            logits = None if any(x is None for x in self.logits) else np.stack(self.logits)
             self.future.set_result(BatchResult(np.stack(self.rows), list(self.trunc), list(self.tokens),
-                                               list(self.windows), [p for b in self.batches for p in b]))
+                                               list(self.windows), [p for b in self.batches for p in b], logits))
 
     def fail(self, exc: BaseException) -> None:
         if not self.future.done():
@@ -287,5 +293,7 @@ class Batcher:
             self.metrics.inference.observe(elapsed)
             self.metrics.texts.inc(len(texts))
             self.metrics.truncated.inc(sum(bool(t) for t in truncated))
-        for it, row, tr, n, w in zip(batch, probs, truncated, result.tokens, result.windows):
-            it.pending.fill(it.index, row, bool(tr), int(n), int(w), phases)
+        logits = getattr(result, "logits", None)
+        rows = [None] * len(batch) if logits is None else logits
+        for it, row, tr, n, w, z in zip(batch, probs, truncated, result.tokens, result.windows, rows):
+            it.pending.fill(it.index, row, bool(tr), int(n), int(w), phases, z)

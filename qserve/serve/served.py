@@ -143,7 +143,9 @@ def infer_fn(runtime: ModelRuntime, offer: Offer | None = None, traced: bool = F
             # reference is scored on texts), under the policy it was served by; never blocks
             default = str(runtime.long_text)
             offer(texts, [p or default for p in policies], probs)
+        logits = getattr(r, "logits", None)  # raw scores (TEI raw_scores, function_to_apply); a test double may keep none
         return Classification(probs, [bool(t) for t in r.truncated], [int(n) for n in r.tokens],
-                              [int(w) for w in r.windows]), phases
+                              [int(w) for w in r.windows], runtime.problem_type,
+                              None if logits is None else np.asarray(logits, dtype=np.float32)), phases
 
     return infer
