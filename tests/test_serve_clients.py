@@ -297,3 +297,21 @@ def _answers_one(c, protocol: str, text: str) -> tuple[str, float]:
     o = {x["name"]: x["data"] for x in c.post("/v2/models/single/infer", json={"inputs": [
         {"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}).json()["outputs"]}
     return o["label"][0], max(o["probabilities"])
+
+
+def test_auth_covers_the_new_routes_and_post_root(tiny_variant):
+    from qserve.serve.config import ServeConfig
+
+    with serving(ServeConfig(variant_dir=str(tiny_variant), threads=1, api_key="s3cret-key")) as srv, httpx2.Client(
+            base_url=srv.url, timeout=30, trust_env=False) as c:
+        assert c.get("/").status_code == 200  # the page stays open
+        for path, body in (("/", {"inputs": "x", "parameters": {}}), ("/predict", {"inputs": "x"}),
+                           ("/classify", {"input": "x"}), ("/tokenize", {"inputs": "x"})):
+            r = c.post(path, json=body)
+            assert r.status_code == 401, path
+            assert ("error_type" in r.json()) is (path != "/classify"), r.json()  # TEI's shape on TEI's routes
+            ok = c.post(path, json=body, headers={"Authorization": "Bearer s3cret-key"})
+            assert ok.status_code == 200, (path, ok.text)
+        assert c.get("/info").status_code == 401
+        r = c.request("OPTIONS", "/", headers={"Authorization": "Bearer s3cret-key"})
+        assert r.status_code == 405 and r.headers["allow"] == "GET, POST"

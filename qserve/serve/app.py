@@ -134,7 +134,7 @@ def _error(request: Request, status: int, message: str, headers: dict[str, str] 
 def _install_error_handlers(app: FastAPI, st: ServeState) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return _error(request, exc.status, exc.message, exc.headers)
+        return _error(request, exc.status, exc.message, exc.headers, getattr(exc, "body_error", False))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -178,6 +178,12 @@ def _install_error_handlers(app: FastAPI, st: ServeState) -> None:
                        "POST /v2/models/{name}/infer")
         elif exc.status_code == 405:
             message = f"method {request.method} not allowed on {request.url.path}; see /docs"
+            # Starlette's Allow names the first route of the path only: / is GET (the page) and POST (TEI)
+            methods = sorted({m for r in app.routes if getattr(r, "path", None) == request.url.path
+                              for m in (getattr(r, "methods", None) or ())})
+            if methods:
+                return _error(request, 405, message, {**(getattr(exc, "headers", None) or {}),
+                                                      "Allow": ", ".join(methods)})
         return _error(request, exc.status_code, message, getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
@@ -233,8 +239,11 @@ def _publish_long_text(comps: dict, config: ServeConfig) -> None:
         max_length = int(json.loads((Path(config.variant_dir) / "manifest.json").read_text("utf-8"))["max_length"])
     except (OSError, ValueError, KeyError, TypeError):
         return  # no readable manifest: the unbounded form stays
+    from qserve.serve.vllm_api import publish as publish_vllm
+
+    publish_vllm(comps, max_length)
     shape, bounded = pattern(), pattern(max_length)
-    for name in ("ClassifyRequest", "V2RequestParameters"):
+    for name in ("ClassifyRequest", "V2RequestParameters", "TeiPredictRequest", "TeiRootRequest", "VllmClassifyRequest"):
         for alt in ((comps.get(name) or {}).get("properties", {}).get("long_text") or {}).get("anyOf", []):
             if alt.get("pattern") == shape:
                 alt["pattern"] = bounded

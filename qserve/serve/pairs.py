@@ -121,6 +121,9 @@ def publish_inputs(comps: dict[str, Any], variant_dir: str) -> None:
         pair = model_inputs(json.loads((Path(variant_dir) / "manifest.json").read_text("utf-8"))) == PAIR
     except (OSError, ValueError, TypeError, PairError):
         return
+    from qserve.serve.tei import publish as publish_tei
+
+    publish_tei(comps, pair)  # TEI's sequences: [text] or [text, text_pair], as the model takes them
 
     def keep(alts: list[Any]) -> list[Any]:
         is_pair = [("TextPair" in a.get("$ref", "")) for a in alts]

@@ -47,7 +47,7 @@ from qserve.serve.state import ServedModel, ServeState
 PREDICT_PATHS = frozenset({"/predict", "/"})
 PATHS = frozenset({"/predict", "/", "/info", "/tokenize", "/decode"})
 TYPES = {400: "empty", 413: "validation", 422: "validation", 424: "backend", 429: "overloaded", 503: "unhealthy"}
-STATUS_OF = {400: 413, 404: 413, 413: 413, 415: 422, 422: 413, 429: 429, 500: 424, 503: 503, 504: 424}
+STATUS_OF = {400: 422, 404: 413, 413: 413, 415: 422, 422: 413, 429: 429, 500: 424, 503: 503, 504: 424}
 """A qserve status inside a TEI route -> TEI's: a check that refused the input is TEI's Validation (413)."""
 POLICY = {"Right": "head", "right": "head", "Left": "tail", "left": "tail"}
 
@@ -82,7 +82,7 @@ class TeiPredictRequest(BaseModel):
                     "reads several strings as a batch); or a batch of [text] / [text, text_pair] lists.")
     truncate: Annotated[bool, Field(strict=True)] | None = Field(
         default=None, description="Cut a text longer than max_length tokens (null: true, as TEI's --auto-truncate); "
-                                  "false: such a text is refused (413).")
+                                  "false: such a text is refused (413). With long_text, the policy applies.")
     truncation_direction: Literal["Right", "Left", "right", "left"] = Field(
         default="Right", description="Right keeps the start of a long text (qserve head), Left its end (tail).")
     raw_scores: Annotated[bool, Field(strict=True)] = Field(default=False, description="Logits instead of scores.")
@@ -129,7 +129,26 @@ class TeiDecodeRequest(BaseModel):
     skip_special_tokens: Annotated[bool, Field(strict=True)] = True
 
 
-ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": TeiError} for code in (401, 413, 422, 424, 429, 503)}
+# 401 with --api-key; 415 a body that is not JSON; 413 validation (and a body over --max-body-bytes)
+ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": TeiError}
+                                           for code in (401, 413, 415, 422, 424, 429, 503)}
+
+
+def publish(comps: dict[str, Any], pair: bool) -> None:
+    """Narrow TEI's `inputs` in the OpenAPI document to the forms the default model takes: a one-text model's
+    sequences are [text] (a pair would be refused), a pair model's [text, text_pair] (a lone text would be)."""
+    for name in ("TeiPredictRequest", "TeiRootRequest"):
+        inputs = (((comps.get(name) or {}).get("properties") or {}).get("inputs") or {})
+        alts = inputs.get("anyOf") or []
+        if len(alts) != 3:
+            continue
+        text, flat, nested = alts
+        if pair:
+            flat.update(minItems=2, maxItems=2)
+            nested["items"].update(minItems=2)
+            inputs["anyOf"] = [flat, nested]
+        else:
+            nested["items"].update(maxItems=1)
 
 
 # -- decoding ---------------------------------------------------------------------------------------
@@ -165,15 +184,24 @@ def sequences(st: ServeState, model: ServedModel, inputs: Any) -> tuple[list[str
     return texts, pairs, batch
 
 
-def policy_of(body: TeiPredictRequest, pair: bool) -> str:
-    """The qserve long-text policy a TEI request asks for."""
+def body_error(e: ApiError) -> ApiError:
+    """Mark a refusal of a field's value (not of the input): TEI answers it 422, as a body it cannot read."""
+    e.body_error = True  # type: ignore[attr-defined]
+    return e
+
+
+def policy_of(body: TeiPredictRequest, model: ServedModel, pair: bool) -> str:
+    """The qserve long-text policy a TEI request asks for: `long_text` when given (it replaces truncate and
+    truncation_direction), else head (Right) or tail (Left)."""
     if body.long_text is not None:
-        if body.truncate is False:
-            raise ApiError(422, "long_text reads a long text by a policy; truncate=false refuses one: send one of them")
+        try:
+            model.check_policy(body.long_text, "long_text")  # a policy the model cannot apply: 422, named
+        except ApiError as e:
+            raise body_error(e) from None
         return body.long_text
     if pair and POLICY[body.truncation_direction] == "tail":
-        raise ApiError(422, "truncation_direction Left is not supported for text pairs: a pair is cut as its "
-                            "tokenizer cuts it (longest first); send Right or leave it out")
+        raise body_error(ApiError(422, "truncation_direction Left is not supported for text pairs: a pair is cut as "
+                                       "its tokenizer cuts it (longest first); send Right or leave it out"))
     return POLICY[body.truncation_direction]
 
 
@@ -219,7 +247,7 @@ async def predict(st: ServeState, body: TeiPredictRequest, request: Request,
                   hf: HfParameters | None = None) -> Any:
     model = st.model(None, request)
     texts, pairs, batch = sequences(st, model, body.inputs)
-    model, result = await answer(st, request, texts, pairs, policy_of(body, pairs is not None))
+    model, result = await answer(st, request, texts, pairs, policy_of(body, model, pairs is not None))
     check_length(model, result, body.truncate is not False or body.long_text is not None)
     if hf is not None:  # the HF Inference API form (InferenceClient): one list per input, label first
         rows = predictions(transform(result, model.runtime.problem_type, hf.function_to_apply), model, hf.top_k)

@@ -51,7 +51,7 @@ class VllmClassifyRequest(BaseModel):
     user: Annotated[str, Field(strict=True)] | None = Field(default=None, description="Accepted, unused (OpenAI).")
     long_text: LongText | None = Field(
         default=None, description="qserve extra: a long-text policy (head, tail, head-tail[:H], "
-                                  "windows[:W[:S[:mean|max]]]) in place of truncate_prompt_tokens.")
+                                  "windows[:W[:S[:mean|max]]]); when given, it replaces truncate_prompt_tokens.")
 
 
 class VllmClassification(BaseModel):
@@ -77,16 +77,22 @@ class VllmClassifyResponse(BaseModel):
     usage: VllmUsage
 
 
+def publish(comps: dict[str, Any], max_length: int) -> None:
+    """In the OpenAPI document, the truncate_prompt_tokens this server takes: -1, or max_length and more."""
+    prop = (((comps.get("VllmClassifyRequest") or {}).get("properties") or {}).get("truncate_prompt_tokens") or {})
+    if "anyOf" in prop:
+        prop["anyOf"] = [{"type": "integer", "enum": [-1]}, {"type": "integer", "minimum": max_length},
+                         {"type": "null"}]
+
+
 def policy_of(body: VllmClassifyRequest, max_length: int) -> str | None:
     """The qserve long-text policy a /classify request asks for (None: the model's default)."""
     k = body.truncate_prompt_tokens
-    if k is None:
-        return body.long_text
-    if body.long_text is not None:
-        raise ApiError(422, "send truncate_prompt_tokens or long_text, not both")
-    if k == 0 or 0 < k < max_length:
+    if k is not None and 0 <= k < max_length:
         raise ApiError(422, f"truncate_prompt_tokens {k}: qserve reads {max_length} tokens of a text (the model's "
                             "max_length); send -1 (keep the last max_length tokens) or leave it out")
+    if k is None or body.long_text is not None:  # long_text, qserve's own, replaces truncate_prompt_tokens
+        return body.long_text
     return "tail"
 
 
