@@ -110,6 +110,7 @@ def clip_blocks(weight: Any, h: Any, quant_type: str, block: int, ratios: tuple[
         better = e < best_e
         best_e = torch.where(better, e, best_e)
         best_r = torch.where(better, torch.full_like(best_r, r), best_r)
+    assert plain is not None and best_e is not None  # the loop ran at least once (ratios is not empty)
     bound = amax * best_r
     clipped = torch.maximum(torch.minimum(W, bound), -bound).reshape(-1)[:w.numel()]
     return (clipped.reshape(out_f, in_f).to(weight.dtype), best_r.reshape(-1),

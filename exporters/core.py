@@ -23,6 +23,7 @@ import numpy as np
 from qserve import QserveError
 from qserve.artifact import checkpoint_hash, library_versions, staged_dir, write_manifest
 from qserve.modeling import ARCHITECTURES
+from qserve.variants import TOLERANCE as VARIANT_TOLERANCE
 from qserve.variants import UnsupportedVariant, VariantSpec, backend_of, load_target, unsupported_reason
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,9 @@ PROBES = [
     "Worst movie of the year. Avoid.",
 ]
 
-# Max |Δlogit| tolerated per variant family before the export warns (recorded either way).
-TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2, "bf16": 1.5e-1, "int8": 5e-1, "nf4": 1.0, "fp4": 1.5, "int4": 1.0}
+# Max |Δlogit| tolerated per variant family before the export warns (recorded either way): each variant's
+# VariantSpec.tolerance, by dtype (qserve.variants). The one table this module reads (tests patch it).
+TOLERANCE: dict[str, float] = dict(VARIANT_TOLERANCE)
 
 # Truncation length of a variant whose checkpoint records none (no qserve_model.json).
 DEFAULT_MAX_LENGTH = 256
@@ -226,7 +228,7 @@ def parity(ref: np.ndarray, got: np.ndarray, tolerance: float, name: str, proble
     if not ok:
         warnings.warn(f"{name}: max |Δlogit| {max_abs:.4g} exceeds tolerance {tolerance:g} "
                       f"(prediction agreement on probes {agree:.0%}); recorded in the manifest", stacklevel=3)
-    extra = {"problem_type": problem} if problem != problems.SINGLE else {}
+    extra: dict[str, Any] = {"problem_type": problem} if problem != problems.SINGLE else {}
     if problem == problems.REGRESSION:
         extra["mean_abs_diff"] = float(np.mean(np.abs(got - ref)))
     return {"probes": len(ref), "max_abs_logit_diff": max_abs, "agreement": agree,

@@ -102,7 +102,7 @@ def smooth(model: Any, batches: list[dict[str, np.ndarray]], alphas: tuple[float
             weights[tensor] = ws  # plain (K, N) projections of one input; anything else is left alone
     tensors = list(weights)
     keeps = [b["attention_mask"].reshape(-1).astype(bool) for b in batches]
-    x_max = {t: 0.0 for t in tensors}
+    x_max: dict[str, Any] = {t: 0.0 for t in tensors}  # 0.0, then each tensor's channel maxima (an array)
     for outs in capture(model, tensors, batches):
         for t, x in zip(tensors, outs):
             # Padding rows too: they share the batch's int8 range, so a channel they inflate must not be amplified.

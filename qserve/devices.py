@@ -56,7 +56,7 @@ def cpu_supports_bf16() -> bool:
 
 def cpu_info() -> dict:
     """CPU model and the instruction-set flags that decide our fast paths."""
-    model, flags = "unknown", set()
+    model, flags = "unknown", set[str]()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:

@@ -80,8 +80,8 @@ def _read_local(path: Path) -> tuple[list[tuple[int, Any, Any]], list[Any] | Non
     try:
         content = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise QserveError(f"{path}, line {line}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+        at = raw[: e.start].count(b"\n") + 1
+        raise QserveError(f"{path}, line {at}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); "
                           "save the file as UTF-8") from None
     if not content.strip():
         raise QserveError(f"{path}: the file is empty; expected rows with `text` and `label`")
@@ -169,7 +169,7 @@ def _json_row(path: Path, n: int, obj: Any, what: str = "line") -> tuple[int, An
 def _label_ids(path: Path, rows: list[tuple[int, Any, Any]]) -> tuple[list[str], list[int]]:
     """Integer labels must be 0..K-1 with every class present; strings map to sorted ids."""
     where = "row" if path.suffix.lower() == ".json" else "line"
-    values = []
+    values: list[Any] = []
     kind = None
     for n, _, lab in rows:
         if isinstance(lab, str) and path.suffix.lower() == ".csv" and re.fullmatch(r"\s*-?\d+\s*", lab):
@@ -181,7 +181,7 @@ def _label_ids(path: Path, rows: list[tuple[int, Any, Any]]) -> tuple[list[str],
             kind = this
         elif kind != this:
             raise QserveError(f"{path}, {where} {n}: label {lab!r} mixes integer and string labels; use one kind")
-        if this == "int" and lab < 0:
+        if isinstance(lab, int) and lab < 0:
             raise QserveError(f"{path}, {where} {n}: label {lab} is negative; integer labels must be 0..K-1")
         values.append(lab.strip() if isinstance(lab, str) else lab)
     if kind == "str":

@@ -294,7 +294,7 @@ def local_labels(path: Any, rows: Sequence[tuple[int, Any, Any]], problem: str,
         sets.append([x.strip() if isinstance(x, str) else x for x in items])
     if kinds == {"int"}:
         names = [f"LABEL_{i}" for i in range(max(x for s in sets for x in s) + 1)]
-        index = {i: i for i in range(len(names))}
+        index: dict[Any, int] = {i: i for i in range(len(names))}
     else:
         names = sorted({x for s in sets for x in s})
         index = {x: i for i, x in enumerate(names)}

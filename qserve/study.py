@@ -154,7 +154,7 @@ def compare(cfg, precisions: list[str] | None, out_dir, bf16_updates: list[str] 
     todo = plan(cfg, precisions, device, bf16_updates, noise_precision)
     refuse_existing(out_dir / "precision_study.json", cfg.force)
     runs: list[dict[str, Any]] = []
-    base = {"device": device, "cpu": cpu_info(), "provenance": provenance(), "precisions": list(dict.fromkeys(r["precision"] for r in todo)),
+    base: dict[str, Any] = {"device": device, "cpu": cpu_info(), "provenance": provenance(), "precisions": list(dict.fromkeys(r["precision"] for r in todo)),
             "config": {f.name: getattr(cfg, f.name) for f in fields(cfg)
                        if f.name not in ("precision", "out", "force", "bf16_update")},
             "reference": REFERENCE, "versions": library_versions()}

@@ -181,6 +181,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     refuse_existing(out, cfg.force)  # before minutes of training, not after
     from lightning.fabric import Fabric
 
+    devices: int | list[int]
     accelerator, devices = ("cpu", cfg.devices) if device == "cpu" else ("cuda", cfg.devices)
     if device.startswith("cuda:"):
         devices = [int(device.split(":", 1)[1])]
@@ -189,7 +190,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     return fabric.launch(_fit, cfg, data, out, device, t0)
 
 
-def _fit(fabric, cfg: TrainConfig, data, out: Path, device: str, t0: float) -> dict[str, Any]:
+def _fit(fabric, cfg: TrainConfig, data, out: Path, device: str, t0: float) -> dict[str, Any] | None:
     import psutil
     import torch
     from tqdm.auto import tqdm

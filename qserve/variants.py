@@ -16,7 +16,7 @@ runtime module and one entry here.
 from __future__ import annotations
 
 import importlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from qserve import QserveError
@@ -25,9 +25,15 @@ OptionValue = bool | int | float | str | None
 """An exporter option's value as it travels through the CLI, the options dict and the manifest."""
 
 
+STORED = ("name", "backend", "bits", "dtype", "cpu", "cuda", "options")
+"""The fields a manifest's `spec` records (to_json); the rest of a VariantSpec is policy, read from here."""
+DEVICES = ("cpu", "cuda")
+
+
 @dataclass(frozen=True)
 class VariantSpec:
-    """What a variant is: the backend that runs it and how its weights are stored."""
+    """Everything about one variant, declared once: the backend that runs it, how its weights are stored, the
+    parity it must keep, where it is the default, where it is too slow for `--all`, what it cannot build."""
 
     name: str
     backend: str
@@ -37,13 +43,28 @@ class VariantSpec:
     """Whether the variant runs on CPU at all (speed is the benchmark's business)."""
     cuda: bool = True
     options: dict[str, Any] = field(default_factory=dict)
+    tolerance: float = 0.0
+    """Max |Δlogit| against the fp32 checkpoint on the probe texts before the export warns (recorded either
+    way); one value per dtype (variants of one dtype must agree: exporters.core.TOLERANCE is by dtype)."""
+    default_for: tuple[str, ...] = ()
+    """The devices ("cpu", "cuda") on which `qserve export --bits N` without --backend picks this variant:
+    the measured fast path for its bits there."""
+    slow_on: tuple[str, ...] = ()
+    """The devices on which `--all` skips it: it runs there, but only slowly."""
+    unsupported: dict[str, str] = field(default_factory=dict)
+    """Architecture (config.json model_type) -> why the variant cannot be built for it; checked before any
+    work. Every architecture not listed exports, loads, passes parity and serves (tests/test_byo_matrix.py)."""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """What the manifest records as `spec` (the stored fields only, so manifests keep their bytes)."""
+        return {k: v for k, v in asdict(self).items() if k in STORED}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "VariantSpec":
-        return cls(**data)
+        """A manifest's `spec` back as the variant: its stored fields over the registry's declaration (the
+        policy fields: tolerance, default_for, slow_on, unsupported), or those alone for a name not declared."""
+        declared = VARIANTS.get(data.get("name", ""))
+        return replace(declared, **data) if declared is not None else cls(**data)
 
 
 @dataclass(frozen=True)
@@ -89,16 +110,16 @@ _CALIBRATION = "training texts that calibrate"
 REGISTRY: dict[str, Backend] = {b.name: b for b in (
     Backend(
         "torch", "exporters.torch_dtype:build", "qserve.runtime.torch_rt:TorchRuntime",
-        (VariantSpec("torch-fp32", "torch", 32, "fp32"),
-         VariantSpec("torch-bf16", "torch", 16, "bf16"),
+        (VariantSpec("torch-fp32", "torch", 32, "fp32", tolerance=1e-3, default_for=("cuda",)),
+         VariantSpec("torch-bf16", "torch", 16, "bf16", tolerance=1.5e-1, default_for=("cpu",)),
          # fp16 matmuls on CPU have no fast kernel: exportable and loadable there, but `--all` skips it.
-         VariantSpec("torch-fp16", "torch", 16, "fp16")),
+         VariantSpec("torch-fp16", "torch", 16, "fp16", tolerance=5e-2, default_for=("cuda",), slow_on=("cpu",))),
         libraries=("torch",)),
     Backend(
         "bnb", "exporters.bnb:build", "qserve.runtime.torch_rt:TorchRuntime",
-        (VariantSpec("bnb-int8", "bnb", 8, "int8"),
-         VariantSpec("bnb-nf4", "bnb", 4, "nf4"),
-         VariantSpec("bnb-fp4", "bnb", 4, "fp4")),
+        (VariantSpec("bnb-int8", "bnb", 8, "int8", tolerance=5e-1, default_for=("cuda",)),
+         VariantSpec("bnb-nf4", "bnb", 4, "nf4", tolerance=1.0, default_for=("cuda",)),
+         VariantSpec("bnb-fp4", "bnb", 4, "fp4", tolerance=1.5)),
         options=(
             Option("llm_int8_threshold", {"bnb-int8": 6.0}, float,
                    "LLM.int8 activation outlier threshold (0 turns the fp16 outlier path off)"),
@@ -112,11 +133,11 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
         libraries=("torch",), install="pip install bitsandbytes==0.50.2 accelerate"),
     Backend(
         "onnx", "exporters.onnx:build", "qserve.runtime.onnx_rt:OnnxRuntime",
-        (VariantSpec("onnx-fp32", "onnx", 32, "fp32"),
-         VariantSpec("onnx-fp16", "onnx", 16, "fp16"),
+        (VariantSpec("onnx-fp32", "onnx", 32, "fp32", tolerance=1e-3, default_for=("cpu",)),
+         VariantSpec("onnx-fp16", "onnx", 16, "fp16", tolerance=5e-2),
          # dynamic int8 has no CUDA kernels in ORT's CUDA EP: CPU only.
-         VariantSpec("onnx-int8", "onnx", 8, "int8", cuda=False),
-         VariantSpec("onnx-int4", "onnx", 4, "int4")),
+         VariantSpec("onnx-int8", "onnx", 8, "int8", cuda=False, tolerance=5e-1, default_for=("cpu",)),
+         VariantSpec("onnx-int4", "onnx", 4, "int4", tolerance=1.0, default_for=("cpu",))),
         options=(
             Option("opset", {"onnx-fp32": None, "onnx-fp16": None, "onnx-int8": None, "onnx-int4": None}, int),
             Option("per_channel", {"onnx-int8": True}, bool, "one weight scale per output channel"),
@@ -150,9 +171,9 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
         # OpenVINO's CPU plugin: CPU only. ov-bf16 is the fp32 IR compiled with the bf16
         # inference-precision hint; ov-int8 is NNCF post-training quantization.
         "openvino", "exporters.openvino:build", "qserve.runtime.openvino_rt:OpenVINORuntime",
-        (VariantSpec("ov-fp32", "openvino", 32, "fp32", cuda=False),
-         VariantSpec("ov-bf16", "openvino", 16, "bf16", cuda=False),
-         VariantSpec("ov-int8", "openvino", 8, "int8", cuda=False)),
+        (VariantSpec("ov-fp32", "openvino", 32, "fp32", cuda=False, tolerance=1e-3),
+         VariantSpec("ov-bf16", "openvino", 16, "bf16", cuda=False, tolerance=1.5e-1),
+         VariantSpec("ov-int8", "openvino", 8, "int8", cuda=False, tolerance=5e-1)),
         options=(
             Option("calibration_samples", {"ov-int8": 300}, int, f"{_CALIBRATION} NNCF's quantization"),
             Option("inference_precision", {"ov-int8": "f32"}, str,
@@ -164,11 +185,13 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
 
 VARIANTS: dict[str, VariantSpec] = {s.name: s for b in REGISTRY.values() for s in b.variants}
 
-# What a variant cannot do for an architecture (config.json model_type), and why: checked before any work,
-# so `qserve export` answers "<variant> unsupported for <arch>: <reason>" at once and `--all` and the pipeline
-# step over it. Every cell not listed here exports, loads, passes parity and serves for each architecture
-# in qserve.modeling.ARCHITECTURES (tests/test_byo_matrix.py; docs/byo-matrix.md is its result).
-UNSUPPORTED: dict[tuple[str, str], str] = {}
+# The tables other modules read, derived from the specs (each fact is declared once, on its variant).
+# UNSUPPORTED: what a variant cannot do for an architecture (config.json model_type), and why: checked before
+# any work, so `qserve export` answers "<variant> unsupported for <arch>: <reason>" at once and `--all` and the
+# pipeline step over it. Every cell not listed exports, loads, passes parity and serves for each architecture
+# in qserve.modeling.ARCHITECTURES (tests/test_byo_matrix.py; docs/byo-matrix.md is its result). None yet.
+UNSUPPORTED: dict[tuple[str, str], str] = {(s.name, arch): why for s in VARIANTS.values()
+                                           for arch, why in s.unsupported.items()}
 
 
 class UnsupportedVariant(QserveError):
@@ -181,15 +204,33 @@ def unsupported_reason(name: str, model_type: str | None) -> str | None:
     return UNSUPPORTED.get((name, model_type or ""))
 BACKENDS = tuple(REGISTRY)
 
-# `qserve export --bits N` without --backend: the measured fast path per device.
-DEFAULT_FOR_BITS = {
-    "cpu": {32: "onnx-fp32", 16: "torch-bf16", 8: "onnx-int8", 4: "onnx-int4"},
-    "cuda": {32: "torch-fp32", 16: "torch-fp16", 8: "bnb-int8", 4: "bnb-nf4"},
-}
-# Variants `--all` skips on a device because they run but only slowly there.
-SLOW_ON = {"cpu": {"torch-fp16"}, "cuda": set()}
 DTYPES = ("fp32", "fp16", "bf16", "int8", "nf4", "fp4", "int4")
 BITS = (32, 16, 8, 4)
+
+
+def _defaults_for_bits() -> dict[str, dict[int, str]]:
+    """device -> bits -> the variant whose spec says it is that default; exactly one per (device, bits)."""
+    out: dict[str, dict[int, str]] = {}
+    for dev in DEVICES:
+        table: dict[int, str] = {}
+        for bits in BITS:
+            names = [s.name for s in VARIANTS.values() if dev in s.default_for and s.bits == bits]
+            if len(names) != 1:  # a registry mistake: fail at import, not at `qserve export --bits`
+                raise TypeError(f"--bits {bits} on {dev}: {len(names)} variants declare default_for ({names})")
+            table[bits] = names[0]
+        out[dev] = table
+    return out
+
+
+# `qserve export --bits N` without --backend: the measured fast path per device (VariantSpec.default_for).
+DEFAULT_FOR_BITS: dict[str, dict[int, str]] = _defaults_for_bits()
+# Variants `--all` skips on a device because they run but only slowly there (VariantSpec.slow_on).
+SLOW_ON: dict[str, set[str]] = {dev: {s.name for s in VARIANTS.values() if dev in s.slow_on} for dev in DEVICES}
+# Parity tolerance by dtype (VariantSpec.tolerance), what exporters.core checks against.
+TOLERANCE: dict[str, float] = {}
+for _s in VARIANTS.values():
+    if TOLERANCE.setdefault(_s.dtype, _s.tolerance) != _s.tolerance:
+        raise TypeError(f"{_s.name}: tolerance {_s.tolerance} differs from the other {_s.dtype} variants'")
 
 
 def get_spec(name: str) -> VariantSpec:

@@ -127,3 +127,21 @@ def test_exporter_options_and_flags_derive_from_the_registry():
                                                                    "inference_precision": "f32"}
     with pytest.raises(QserveError, match=r"unknown option\(s\) 'clip' for onnx-int8; allowed: opset \(default None\)"):
         merge_options("onnx-int8", {"clip": True})
+
+
+def test_each_variant_fact_is_a_field_of_its_one_declaration():
+    """Tolerance, default-for-bits, slow-on and the unsupported reasons live on the VariantSpec; the tables
+    other modules read are derived from them, and a manifest records only what the variant stores."""
+    from qserve import variants
+    from exporters.core import TOLERANCE
+
+    assert variants.DEFAULT_FOR_BITS == {
+        dev: {bits: next(s.name for s in VARIANTS.values() if dev in s.default_for and s.bits == bits)
+              for bits in variants.BITS} for dev in variants.DEVICES}
+    assert variants.DEFAULT_FOR_BITS["cpu"] == {32: "onnx-fp32", 16: "torch-bf16", 8: "onnx-int8", 4: "onnx-int4"}
+    assert variants.SLOW_ON == {"cpu": {"torch-fp16"}, "cuda": set()} and VARIANTS["torch-fp16"].slow_on == ("cpu",)
+    assert all(TOLERANCE[s.dtype] == s.tolerance > 0 for s in VARIANTS.values())
+    assert variants.UNSUPPORTED == {(s.name, a): why for s in VARIANTS.values() for a, why in s.unsupported.items()}
+    stored = VARIANTS["onnx-int8"].to_json()
+    assert list(stored) == list(variants.STORED)  # the manifest's spec keeps its keys and bytes
+    assert VariantSpec.from_json(stored).default_for == ("cpu",)  # the policy comes back from the declaration

@@ -64,7 +64,7 @@ def variant_entry(meta: dict[str, Any], res: dict[str, Any]) -> dict[str, Any]:
 def model_block(metas: list[dict[str, Any]]) -> dict[str, Any]:
     from qserve.bench.floor import model_dims
 
-    names = sorted({(m.get("manifest") or {}).get("model_name") for m in metas} - {None})
+    names: list[str] = sorted(n for n in {(m.get("manifest") or {}).get("model_name") for m in metas} if n is not None)
     config = next((m["config"] for m in metas if m.get("config")), None)
     block: dict[str, Any] = {"names": names, "name": names[0] if len(names) == 1 else ", ".join(names) or None}
     if config:
@@ -123,7 +123,7 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
     b, s = report["headline"]["batch"], report["headline"]["seq"]
     base = by_spec.get("torch-fp32")
     base_stats = shape_stats(base, b, s) if base else None
-    report["speedup_reference"] = base["name"] if base_stats else None
+    report["speedup_reference"] = base["name"] if base and base_stats else None
     for v in variants:
         st = shape_stats(v, b, s)
         v["speedup_vs_torch_fp32"] = (base_stats["p50"] / st["p50"]) if (st and base_stats) else None

@@ -72,7 +72,7 @@ def peak_for(dtype: str, peaks: dict[str, Any]) -> tuple[str, float] | None:
         return None
     chain = PEAK_FOR_DTYPE.get(dtype)
     if chain is None:  # 4-bit and other low-bit formats: the fastest rate measured
-        best = max(measured, key=measured.get)
+        best = max(measured, key=lambda k: measured[k])
         return best, measured[best]
     for name in chain:
         if name in measured:

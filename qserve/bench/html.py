@@ -74,7 +74,7 @@ def _figure(alt: str, data: bytes) -> str:
             f"<figcaption>{html.escape(alt)}</figcaption></figure>")
 
 
-def md_to_html(md: str, images: dict[str, bytes], highlight: str | None = None, skip: set[str] = frozenset()) -> str:
+def md_to_html(md: str, images: dict[str, bytes], highlight: str | None = None, skip: frozenset[str] | set[str] = frozenset()) -> str:
     """report.md's own subset of markdown (headings, paragraphs, lists, tables, images) as HTML.
     Images are inlined from `images` (file name -> bytes); lines in `skip` are left out."""
     blocks: list[list[str]] = [[]]
@@ -97,8 +97,8 @@ def md_to_html(md: str, images: dict[str, bytes], highlight: str | None = None, 
             out.append(_table(b, highlight))
         elif all(x.startswith("- ") for x in b):
             out.append("<ul>" + "".join(f"<li>{_inline(x[2:])}</li>" for x in b) + "</ul>")
-        elif len(b) == 1 and _IMAGE.match(first):
-            alt, src = _IMAGE.match(first).groups()
+        elif len(b) == 1 and (image := _IMAGE.match(first)):
+            alt, src = image.groups()
             if src in images:
                 out.append(_figure(alt, images[src]))
         else:

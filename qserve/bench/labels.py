@@ -63,7 +63,7 @@ def place(ax: Axes, labels: list[Label], avoid: list[Bbox] | None = None, fontsi
           max_radius_px: float = 320.0) -> list[Annotation]:
     """Annotate each point with its text where it overlaps nothing placed before it; returns the annotations."""
     fig = ax.figure
-    renderer = fig.canvas.get_renderer()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # the Agg canvas (the only one used) has it
     px_to_pt = 72.0 / fig.dpi
     inner = ax.get_window_extent(renderer)
     inner_area = (inner.x0, inner.y0, inner.x1, inner.y1)

@@ -212,7 +212,7 @@ def decision_figure(report: dict[str, Any]):
 
 def _size_refs(biggest: float) -> list[float]:
     """Two or three round sizes for the legend, up to the biggest variant."""
-    nice = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000]
+    nice: list[float] = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000]
     return [x for x in nice if x <= biggest][-3:] or [1]
 
 

@@ -210,14 +210,15 @@ def _real_text(report: dict[str, Any]) -> list[str]:
                          _f(rt.get("throughput"), 1), _f(rt.get("mean_padded_len"), 1), str(rt.get("count"))])
     if not rows:
         return []
-    ds = next((v["data"] for v in report["variants"] if v.get("data")), {}) or {}
+    ds: dict[str, Any] = next((v["data"] for v in report["variants"] if v.get("data")), {}) or {}
     return ([f"## Real text ({ds.get('dataset')} test split, predict() with tokenization and dynamic padding)", ""]
             + _table(["variant", "batch", "p50 (ms)", "p99 (ms)", "texts/s", "mean padded length", "calls"], rows)
             + [""])
 
 
 def _invariance(report: dict[str, Any]) -> list[str]:
-    rows, info = [], None
+    rows: list[list[str]] = []
+    info: dict[str, Any] | None = None
     for v in report["variants"]:
         inv = v.get("invariance")
         if v["status"] != "ok" or not inv:
@@ -228,7 +229,7 @@ def _invariance(report: dict[str, Any]) -> list[str]:
         rows.append([v["name"], "row by row" if inv.get("row_by_row") else "batched"]
                     + [f"{by[k]['max_abs_dprob']:.2g} / {by[k]['flips']}" if k in by else "–" for k in ("8", "32")]
                     + [f"{raw['max_abs_dprob']:.3g} / {raw['flips']} of {raw['scored']}" if raw else "–"])
-    if not rows:
+    if not rows or info is None:  # rows are only added with an info
         return []
     tl = info.get("token_lengths") or {}
     return (["## Batch invariance (one text, one answer)", "",

@@ -6,7 +6,8 @@
 the backend registry (qserve.variants) names for the spec's backend. Every runtime is a
 `Runtime` (qserve.runtime.base): the same tokenization (truncation to the variant's
 max_length, dynamic padding) and the same methods (`predict`, `classify`, `logits`,
-`run`) over a backend's `forward`, so a benchmark measures exactly what is served.
+`run`) over a backend's `forward`, so a benchmark measures exactly what is served. What serving and
+bench may use of one is the typed contract ModelRuntime (contract.py), which mypy checks (tests/test_types.py).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
-from qserve.runtime.base import Runtime, RuntimeOptions
+from qserve.runtime.base import Classification, Runtime, RuntimeOptions
+from qserve.runtime.contract import ModelRuntime
 
-__all__ = ["Runtime", "RuntimeOptions", "load_runtime", "runtime_class"]
+__all__ = ["Classification", "ModelRuntime", "Runtime", "RuntimeOptions", "load_runtime", "runtime_class"]
 
 
 def runtime_class(backend: str) -> type[Runtime]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -87,10 +87,6 @@ class RuntimeOptions:
 BATCH_DEPENDENT = ("rows", "batched")
 
 
-def _f32(logits: Any) -> np.ndarray:
-    return np.asarray(logits, dtype=np.float32)
-
-
 @dataclass
 class Classification:
     """What classify() answers for N texts."""
@@ -104,11 +100,13 @@ class Classification:
     """Per text: its token count, special tokens included."""
     windows: list[int]
     """Per text: how many pieces were scored (1 unless a windows policy cut it)."""
+    logits: np.ndarray
+    """[N, num_labels] float32: the model's raw outputs (a windowed text's aggregated), before `probs` were made
+    of them (softmax, sigmoid or the value): what a protocol with raw scores (TEI's raw_scores) answers."""
     problem_type: str = problems.SINGLE
     """What `probs` holds: qserve.problems.SINGLE, MULTI or REGRESSION."""
-    logits: np.ndarray | None = None
-    """[N, num_labels] float32: the text logits `probs` were made from (a windowed text's aggregated), for
-    protocols that answer raw scores (TEI's raw_scores, function_to_apply); None from runtimes that keep none."""
+    phases: list[Phase] = field(default_factory=list)
+    """When tracing (serve): the steps of every batch these texts ran in; else empty."""
 
 
 class Runtime:
@@ -279,6 +277,7 @@ class Runtime:
             if out is None:
                 out = np.empty((len(rows), got.shape[1]), dtype=np.float32)
             out[idx] = got
+        assert out is not None  # len(rows) > cap >= 1: the loop ran
         return out
 
     def run(self, batch: dict[str, np.ndarray]) -> np.ndarray:
@@ -348,8 +347,8 @@ class Runtime:
                                                           "qserve.tokenized_shape": f"{len(pieces.ids)}x{width}",
                                                           "qserve.buckets": ",".join(map(str, self.buckets or ()))
                                                           or "none"})]
-        return Classification(probs, list(pieces.truncated), list(pieces.tokens), list(pieces.windows),
-                              self.problem_type, _f32(logits))
+        return Classification(probs, list(pieces.truncated), list(pieces.tokens), list(pieces.windows), logits,
+                              self.problem_type)
 
     def classify(self, texts: list[str], policy: PolicyArg = None, phases: list[Phase] | None = None,
                  pairs: list[str] | None = None) -> Classification:
@@ -363,7 +362,7 @@ class Runtime:
             pieces = self.split(texts, policy)
             logits = longtext.aggregate(self.forward_pieces(pieces.ids), pieces)
             return Classification(self.scores(logits), list(pieces.truncated), list(pieces.tokens),
-                                  list(pieces.windows), self.problem_type, _f32(logits))
+                                  list(pieces.windows), logits, self.problem_type)
         t0 = time.time_ns()
         ids = self._encode(list(texts))
         t1 = time.time_ns()
@@ -385,8 +384,8 @@ class Runtime:
         phases.append(("inference", t2, t3, {"qserve.texts": len(texts), "qserve.pieces": len(pieces.ids),
                                              "qserve.tokenized_shape": f"{len(pieces.ids)}x{width}",
                                              "qserve.buckets": ",".join(map(str, self.buckets or ())) or "none"}))
-        return Classification(probs, list(pieces.truncated), list(pieces.tokens), list(pieces.windows),
-                              self.problem_type, _f32(logits))
+        return Classification(probs, list(pieces.truncated), list(pieces.tokens), list(pieces.windows), logits,
+                              self.problem_type)
 
     def close(self) -> None:
         """Release the model (bench children exit anyway; serve calls this on shutdown)."""

@@ -71,6 +71,7 @@ def resolve(spec: str | Sequence[int] | None, max_length: int, fixed_shapes: boo
         return (max_length,)
     if parsed == AUTO:
         return auto_buckets(max_length)
+    assert not isinstance(parsed, str)  # parse() answers OFF, AUTO or the lengths
     return tuple(sorted({b for b in parsed if b < max_length} | {max_length}))
 
 

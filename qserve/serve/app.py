@@ -224,7 +224,7 @@ def _install_openapi(app: FastAPI, config: ServeConfig) -> None:
         app.openapi_schema = schema
         return schema
 
-    app.openapi = openapi
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to customise the document
 
 
 def _publish_long_text(comps: dict, config: ServeConfig) -> None:
@@ -254,7 +254,7 @@ def _publish_limits(schema: dict, config: ServeConfig) -> None:
     document says exactly what this server accepts."""
     comps = schema.get("components", {}).get("schemas", {})
 
-    def walk(node: Any) -> None:
+    def walk(node: Any) -> None:  # Any: any node of the OpenAPI JSON document
         if isinstance(node, dict):
             if node.get("type") == "string" and "pattern" in node:  # a text (schemas.Text)
                 node["maxLength"] = config.max_chars
@@ -279,6 +279,12 @@ def _publish_limits(schema: dict, config: ServeConfig) -> None:
 
     publish_outputs(comps, config.variant_dir)
     publish_inputs(comps, config.variant_dir)  # a text-pair model's forms only where the model takes them
+    from qserve.serve.pairs import variant_takes_pairs
+    from qserve.serve.tei import publish as publish_tei
+
+    pair = variant_takes_pairs(config.variant_dir)
+    if pair is not None:
+        publish_tei(comps, pair)  # TEI's sequences: [text] or [text, text_pair], as the model takes them
     tensor = comps.get("V2InputTensor")
     if tensor is not None and config.max_inputs <= MAX_SHAPE_BRANCHES:
         # JSON Schema cannot say "shape matches len(data)", but it can list every valid pairing.

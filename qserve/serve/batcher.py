@@ -30,18 +30,31 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from qserve import problems
 from qserve.runtime.base import Classification, Phase
+
+if TYPE_CHECKING:
+    from qserve.serve.metrics import ModelMetrics
 
 log = logging.getLogger("qserve.serve")
 
-InferFn = Callable[..., tuple[Classification, list[Phase] | None]]
-"""(texts, their long-text policies[, their text pairs: only for a pair model's batch]) -> (Classification: probabilities [n, k] float32, truncated, tokens and
-windows per text; when tracing, the batch's steps (Phase: name, start/end ns, attributes), which every request
-in the batch gets in its BatchResult, else None); synchronous, CPU-heavy."""
+class InferFn(Protocol):
+    """What the batcher runs on the inference thread: synchronous, CPU-heavy.
+
+    (texts, their long-text policies (None = the runtime's default)[, their text pairs: only for a pair model's
+    batch]) -> (Classification of the texts, in order; when tracing, the batch's steps (Phase: name, start/end
+    ns, attributes), which every request in the batch gets in its Classification.phases, else None)."""
+
+    def __call__(self, texts: list[str], policies: list[str | None],
+                 pairs: list[str] | None = None) -> tuple[Classification, list[Phase] | None]: ...
+
+
+Started = tuple[float, "asyncio.Future[tuple[Classification, list[Phase] | None]]"]
+"""A batch on the inference thread: (perf_counter when it was submitted, the future of InferFn's result)."""
 
 
 class QueueFull(Exception):
@@ -55,44 +68,35 @@ class NotAccepting(Exception):
     """The batcher is draining for shutdown."""
 
 
-@dataclass
-class BatchResult:
-    probs: np.ndarray
-    truncated: list[bool]
-    tokens: list[int] = field(default_factory=list)
-    windows: list[int] = field(default_factory=list)
-    phases: list[Phase] = field(default_factory=list)
-    """When tracing: the steps of every batch this request's texts ran in."""
-    logits: np.ndarray | None = None
-    """[n, k] float32 text logits `probs` were made from (None when the runtime keeps none)."""
-
-
 @dataclass(eq=False)
 class _Pending:
     n: int
     future: asyncio.Future
     rows: list[Any] = field(default_factory=list)
+    raw: list[Any] = field(default_factory=list)
+    """Each text's logits row."""
+    problem_type: str = problems.SINGLE
     trunc: list[bool] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     windows: list[int] = field(default_factory=list)
     remaining: int = 0
     batches: list[list[Phase]] = field(default_factory=list)
-    logits: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.rows = [None] * self.n
-        self.logits = [None] * self.n
+        self.raw = [None] * self.n
         self.trunc = [False] * self.n
         self.tokens = [0] * self.n
         self.windows = [0] * self.n
         self.remaining = self.n
 
-    def fill(self, index: int, row: np.ndarray, truncated: bool, tokens: int, windows: int,
-             phases: list[Phase] | None = None, logits: np.ndarray | None = None) -> None:
+    def fill(self, index: int, row: np.ndarray, logits: np.ndarray, truncated: bool, tokens: int, windows: int,
+             problem_type: str, phases: list[Phase] | None = None) -> None:
         if self.future.done():  # cancelled (client gone, timeout) or already failed
             return
         self.rows[index] = row
-        self.logits[index] = logits
+        self.raw[index] = logits
+        self.problem_type = problem_type
         self.trunc[index] = truncated
         self.tokens[index] = tokens
         self.windows[index] = windows
@@ -100,9 +104,9 @@ class _Pending:
         if phases is not None and all(b is not phases for b in self.batches):
             self.batches.append(phases)
         if self.remaining == 0:
-            logits = None if any(x is None for x in self.logits) else np.stack(self.logits)
-            self.future.set_result(BatchResult(np.stack(self.rows), list(self.trunc), list(self.tokens),
-                                               list(self.windows), [p for b in self.batches for p in b], logits))
+            self.future.set_result(Classification(np.stack(self.rows), list(self.trunc), list(self.tokens),
+                                                  list(self.windows), np.stack(self.raw), self.problem_type,
+                                                  [p for b in self.batches for p in b]))
 
     def fail(self, exc: BaseException) -> None:
         if not self.future.done():
@@ -120,18 +124,19 @@ class _Item:
     """The text's text_pair (a pair model's input), else None."""
 
 
-def _infer_args(batch: list[_Item]) -> tuple[Any, ...]:
+def _infer_args(batch: list[_Item]
+                ) -> tuple[list[str], list[str | None]] | tuple[list[str], list[str | None], list[str]]:
     """InferFn's arguments for a batch: texts and policies, plus the pairs when its items carry them (a batch
     holds one model's items, and a model takes pairs for every input or for none)."""
-    args: tuple[Any, ...] = ([it.text for it in batch], [it.policy for it in batch])
+    texts, policies = [it.text for it in batch], [it.policy for it in batch]
     if batch and batch[0].pair is not None:
-        args += ([it.pair or "" for it in batch],)
-    return args
+        return texts, policies, [it.pair or "" for it in batch]
+    return texts, policies
 
 
 class Batcher:
-    def __init__(self, infer: InferFn, executor: Executor, *, max_batch_size: int, max_wait_ms: float,
-                 max_queue: int, metrics: Any = None, arriving: Callable[[], int] | None = None):
+    def __init__(self, infer: InferFn, executor: Executor | None, *, max_batch_size: int, max_wait_ms: float,
+                 max_queue: int, metrics: ModelMetrics | None = None, arriving: Callable[[], int] | None = None):
         self.infer = infer
         self.executor = executor
         self.max_batch_size = max_batch_size
@@ -145,7 +150,7 @@ class Batcher:
         self._task: asyncio.Task | None = None
         self._batch_s_ema = 0.05  # seed for Retry-After until real batches are timed
         self._running = False  # a batch is in the inference thread
-        self._launched: tuple[list[_Item], Any] | None = None  # a batch enqueue() already started
+        self._launched: tuple[list[_Item], Started | None] | None = None  # a batch enqueue() already started
 
     # -- producer side (event loop) ----------------------------------------------------
     @property
@@ -182,7 +187,9 @@ class Batcher:
         return pending.future
 
     async def submit(self, texts: list[str], timeout_s: float | None = None, policy: str | None = None,
-                     pairs: list[str] | None = None) -> BatchResult:
+                     pairs: list[str] | None = None) -> Classification:
+        """The request's texts answered: their rows of the batches they ran in (Classification.phases: the
+        steps of those batches, when tracing)."""
         fut = self.enqueue(texts, policy, pairs)
         return await asyncio.wait_for(fut, timeout_s) if timeout_s else await fut
 
@@ -245,7 +252,7 @@ class Batcher:
         # A full queue cannot grow, so waiting for more would only delay the admitted texts.
         return min(self.max_batch_size, self.max_queue)
 
-    def _take_batch(self, loop: asyncio.AbstractEventLoop) -> tuple[list[_Item], Any]:
+    def _take_batch(self, loop: asyncio.AbstractEventLoop) -> tuple[list[_Item], Started | None]:
         """Pop the next batch and submit it to the inference thread at once: (items, (t0, future))."""
         batch = [self._items.popleft() for _ in range(min(self.max_batch_size, len(self._items)))]
         self._set_depth()
@@ -263,7 +270,7 @@ class Batcher:
             self._items.popleft()
             self._set_depth()
 
-    async def _run_batch(self, batch: list[_Item], isolate: bool, started: Any = None) -> None:
+    async def _run_batch(self, batch: list[_Item], isolate: bool, started: Started | None = None) -> None:
         loop = asyncio.get_running_loop()
         texts = [it.text for it in batch]
         t0, fut = started or (time.perf_counter(), loop.run_in_executor(self.executor, self.infer,
@@ -271,7 +278,7 @@ class Batcher:
         try:
             result, phases = await fut  # phases: the batch's steps when tracing is on, else None
             probs, truncated = result.probs, result.truncated
-            if any(len(x) != len(texts) for x in (probs, truncated, result.tokens, result.windows)):
+            if any(len(x) != len(texts) for x in (probs, result.logits, truncated, result.tokens, result.windows)):
                 raise RuntimeError(f"runtime returned {len(probs)} rows for {len(texts)} texts")
         except Exception as e:
             if self.metrics is not None:
@@ -293,7 +300,5 @@ class Batcher:
             self.metrics.inference.observe(elapsed)
             self.metrics.texts.inc(len(texts))
             self.metrics.truncated.inc(sum(bool(t) for t in truncated))
-        logits = getattr(result, "logits", None)
-        rows = [None] * len(batch) if logits is None else logits
-        for it, row, tr, n, w, z in zip(batch, probs, truncated, result.tokens, result.windows, rows):
-            it.pending.fill(it.index, row, bool(tr), int(n), int(w), phases, z)
+        for it, row, raw, tr, n, w in zip(batch, probs, result.logits, truncated, result.tokens, result.windows):
+            it.pending.fill(it.index, row, raw, bool(tr), int(n), int(w), result.problem_type, phases)

@@ -26,7 +26,11 @@ Timers are loop.call_later handles: a slow client costs no task and no thread.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from qserve.serve.metrics import Metrics
 
 REASONS = ("idle", "header_timeout", "body_timeout", "keep_alive", "connection_limit")
 
@@ -38,7 +42,7 @@ def _raw_response(status: bytes, message: str, extra: bytes = b"") -> bytes:
 
 
 def protocol_class(*, header_timeout_s: float, body_timeout_s: float, max_connections: int,
-                   metrics: Any = None) -> type:
+                   metrics: Metrics | None = None) -> type:
     """A uvicorn `http=` protocol class bound to these limits and this app's metrics."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -51,7 +55,7 @@ def protocol_class(*, header_timeout_s: float, body_timeout_s: float, max_connec
         _got_bytes = False
 
         # -- connection lifecycle -----------------------------------------------------------
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport: asyncio.Transport) -> None:
             over = len(self.connections) >= max_connections
             super().connection_made(transport)
             if metrics is not None:
@@ -98,7 +102,7 @@ def protocol_class(*, header_timeout_s: float, body_timeout_s: float, max_connec
             super().timeout_keep_alive_handler()
 
         # -- timers ---------------------------------------------------------------------------
-        def _arm(self, delay: float, callback: Any) -> None:
+        def _arm(self, delay: float, callback: Callable[[], object]) -> None:
             self._disarm()
             self._timer = self.loop.call_later(delay, callback)
 

@@ -188,7 +188,7 @@ def run_deploy_ray(args: argparse.Namespace) -> int:
         raise QserveError(f"--out {out} exists; pass --force to replace it")
     scaling = Scaling.parse(args.replicas, args.min_replicas, args.max_replicas, args.threads)
     settings = config_values(ServeConfig, args, APP_FIELDS, error=QserveError)  # the flags given; no env here
-    for entry in settings.get("shadow") or []:  # type: ignore[union-attr]
+    for entry in settings.get("shadow") or []:
         if not Path(str(entry).partition("=")[2]).is_absolute():
             raise QserveError(f"--shadow {entry}: REFERENCE_DIR must be an absolute path, readable on every Ray node")
     ServeConfig(variant_dir=str(variant), **settings).validate()

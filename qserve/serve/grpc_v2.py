@@ -34,7 +34,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from math import prod
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 from google.protobuf import json_format
@@ -43,7 +43,6 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from qserve import __version__
 from qserve.serve.errors import ApiError
 from qserve.serve.guard import token_ok
-from qserve.serve.outputs import check_outputs, output_names
 from qserve.serve.pairs import v2_inputs
 from qserve.serve.texts import unicode_problem
 from qserve.serve.tracing import TRACE_HEADER, TRACE_KEY
@@ -56,6 +55,11 @@ if TYPE_CHECKING:
     from qserve.serve.state import ServeState
 
 log = logging.getLogger("qserve.serve")
+# The request and reply types are the messages tritonclient's generated modules define (service_pb2); they ship
+# no type stubs, so mypy reads them as Any, but each RPC names its own.
+Scope = dict[str, Any]
+"""The ASGI-scope stand-in of one RPC: {"state": {...}}, what ServeState.submit reads and writes."""
+Reply = TypeVar("Reply")
 SERVICE = "inference.GRPCInferenceService"
 OPEN_METHODS = frozenset({"ServerLive", "ServerReady"})  # probes, as /v2/health/* on HTTP
 STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED, 404: grpc.StatusCode.NOT_FOUND,
@@ -102,7 +106,7 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.st = st
 
     async def _call(self, method: str, context: grpc.aio.ServicerContext,
-                    handler: Callable[[dict[str, Any], str], Awaitable[Any]]) -> Any:
+                    handler: Callable[[Scope, str], Awaitable[Reply]]) -> Reply:
         """Auth, request id, tracing, metrics and error mapping around one RPC."""
         st = self.st
         start = time.perf_counter()
@@ -110,7 +114,7 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         incoming = meta.get("x-request-id", "")
         rid = incoming if 0 < len(incoming) <= 64 and incoming.replace("-", "").replace(".", "").replace(
             "_", "").isalnum() and incoming.isascii() else uuid.uuid4().hex
-        scope: dict[str, Any] = {"state": {}}  # what state.submit reads from an ASGI scope
+        scope: Scope = {"state": {}}  # what state.submit reads from an ASGI scope
         trace = None
         if st.tracing is not None and method not in OPEN_METHODS:
             trace = scope["state"][TRACE_KEY] = st.tracing.begin(f"{SERVICE}/{method}", meta, {
@@ -144,24 +148,28 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                                        scope["state"].get("qserve_model") or "")
             if trace is not None:
                 trace.finish(None, status, {"rpc.grpc.status_code": STATUS.get(status, grpc.StatusCode.OK).value[0]})
+        raise AssertionError("unreachable: context.abort() raises grpc.aio.AbortError")  # pragma: no cover
 
     # -- health and metadata -------------------------------------------------------------------
-    async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def live(scope: dict[str, Any], rid: str) -> Any:
+    async def ServerLive(self, request: service_pb2.ServerLiveRequest,
+                      context: grpc.aio.ServicerContext) -> service_pb2.ServerLiveResponse:
+        async def live(scope: Scope, rid: str) -> Reply:
             return service_pb2.ServerLiveResponse(live=True)
         return await self._call("ServerLive", context, live)
 
-    async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def ready(scope: dict[str, Any], rid: str) -> Any:
+    async def ServerReady(self, request: service_pb2.ServerReadyRequest,
+                       context: grpc.aio.ServicerContext) -> service_pb2.ServerReadyResponse:
+        async def ready(scope: Scope, rid: str) -> Reply:
             return service_pb2.ServerReadyResponse(ready=self.st.ready)
         return await self._call("ServerReady", context, ready)
 
-    async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def server(scope: dict[str, Any], rid: str) -> Any:
+    async def ServerMetadata(self, request: service_pb2.ServerMetadataRequest,
+                          context: grpc.aio.ServicerContext) -> service_pb2.ServerMetadataResponse:
+        async def server(scope: Scope, rid: str) -> Reply:
             return service_pb2.ServerMetadataResponse(name="qserve", version=__version__, extensions=EXTENSIONS)
         return await self._call("ServerMetadata", context, server)
 
-    def _model(self, name: str, version: str, scope: dict[str, Any]) -> ServedModel:
+    def _model(self, name: str, version: str, scope: Scope) -> ServedModel:
         """The model called `name` (empty: the default), at `version` when one is given; labels the metrics."""
         model = self.st.model(name or None)
         scope["state"]["qserve_model"] = model.name
@@ -169,16 +177,18 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             check_version(model, version)
         return model
 
-    async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def ready(scope: dict[str, Any], rid: str) -> Any:
+    async def ModelReady(self, request: service_pb2.ModelReadyRequest,
+                      context: grpc.aio.ServicerContext) -> service_pb2.ModelReadyResponse:
+        async def ready(scope: Scope, rid: str) -> Reply:
             if not self.st.ready:  # as tritonclient reads HTTP's 503: not ready, not an error
                 return service_pb2.ModelReadyResponse(ready=False)
             self._model(request.name, request.version, scope)
             return service_pb2.ModelReadyResponse(ready=True)
         return await self._call("ModelReady", context, ready)
 
-    async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def metadata(scope: dict[str, Any], rid: str) -> Any:
+    async def ModelMetadata(self, request: service_pb2.ModelMetadataRequest,
+                         context: grpc.aio.ServicerContext) -> service_pb2.ModelMetadataResponse:
+        async def metadata(scope: Scope, rid: str) -> Reply:
             m = model_metadata(self._model(request.name, request.version, scope))
             tensor = service_pb2.ModelMetadataResponse.TensorMetadata
             return service_pb2.ModelMetadataResponse(
@@ -186,8 +196,9 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 inputs=[tensor(**t) for t in m["inputs"]], outputs=[tensor(**t) for t in m["outputs"]])
         return await self._call("ModelMetadata", context, metadata)
 
-    async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def config(scope: dict[str, Any], rid: str) -> Any:
+    async def ModelConfig(self, request: service_pb2.ModelConfigRequest,
+                       context: grpc.aio.ServicerContext) -> service_pb2.ModelConfigResponse:
+        async def config(scope: Scope, rid: str) -> Reply:
             model = self._model(request.name, request.version, scope)
             cfg = model_config(self.st, model)
             # The proto's version_policy holds int64 versions; ours are manifest hashes: the one version
@@ -198,8 +209,9 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return await self._call("ModelConfig", context, config)
 
     # -- inference ------------------------------------------------------------------------------
-    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def infer(scope: dict[str, Any], rid: str) -> Any:
+    async def ModelInfer(self, request: service_pb2.ModelInferRequest,
+                      context: grpc.aio.ServicerContext) -> service_pb2.ModelInferResponse:
+        async def infer(scope: Scope, rid: str) -> Reply:
             st = self.st
             size = request.ByteSize()
             if size > st.config.max_body_bytes:
@@ -210,20 +222,15 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             if unicode_problem(request.id):
                 raise ApiError(422, f"id {unicode_problem(request.id)}")
             texts, pairs = request_texts(st, request, model)
-            wanted = requested_outputs(request, model.runtime.problem_type, model.name)
-            long_text = _long_text(request)
-            # the model that answered (a hot swap may intervene); the policy is checked against it
-            model, result = await st.submit(model, texts, scope, rid, long_text, "parameters.long_text", pairs)
-            check_outputs(model.runtime.problem_type, wanted, model.name)  # the model that answered (a swap)
-            values = output_values(model, result)
-            rt = model.runtime
-            out = service_pb2.ModelInferResponse(model_name=model.name, model_version=model.version,
-                                                 id=request.id or rid)
-            out.parameters["labels"].string_param = ",".join(rt.labels)
-            out.parameters["max_length"].int64_param = rt.max_length
-            out.parameters["long_text"].string_param = model.check_policy(long_text, "parameters.long_text") or str(
-                rt.long_text)
-            for name in wanted:
+            asked = [o.name for o in request.outputs]  # none: all of the model's (submit resolves them)
+            a = await st.submit(model, texts, scope, rid, _long_text(request), "parameters.long_text", pairs,
+                                outputs=asked)
+            values = output_values(a)
+            out = service_pb2.ModelInferResponse(model_name=a.name, model_version=a.version, id=request.id or rid)
+            out.parameters["labels"].string_param = ",".join(a.labels)
+            out.parameters["max_length"].int64_param = a.max_length
+            out.parameters["long_text"].string_param = a.policy
+            for name in a.outputs:
                 meta, data = values[name]
                 out.outputs.add(name=name, datatype=meta["datatype"], shape=meta["shape"])
                 out.raw_output_contents.append(tensor_bytes(meta["datatype"], data))
@@ -231,23 +238,26 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return await self._call("ModelInfer", context, infer)
 
     # -- the repository extension (v2_repository.py: the same calls as HTTP) --------------------------
-    async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def index(scope: dict[str, Any], rid: str) -> Any:
+    async def RepositoryIndex(self, request: service_pb2.RepositoryIndexRequest,
+                           context: grpc.aio.ServicerContext) -> service_pb2.RepositoryIndexResponse:
+        async def index(scope: Scope, rid: str) -> Reply:
             _repository(request.repository_name)
             entry = service_pb2.RepositoryIndexResponse.ModelIndex
             return service_pb2.RepositoryIndexResponse(models=[entry(**m) for m in repo.index(self.st, request.ready)])
         return await self._call("RepositoryIndex", context, index)
 
-    async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def load(scope: dict[str, Any], rid: str) -> Any:
+    async def RepositoryModelLoad(self, request: service_pb2.RepositoryModelLoadRequest,
+                               context: grpc.aio.ServicerContext) -> service_pb2.RepositoryModelLoadResponse:
+        async def load(scope: Scope, rid: str) -> Reply:
             _repository(request.repository_name)
             scope["state"]["qserve_model"] = repo.model_label(self.st, request.model_name, loading=True)
             await repo.load(self.st, request.model_name, list(request.parameters))
             return service_pb2.RepositoryModelLoadResponse()
         return await self._call("RepositoryModelLoad", context, load)
 
-    async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def unload(scope: dict[str, Any], rid: str) -> Any:
+    async def RepositoryModelUnload(self, request: service_pb2.RepositoryModelUnloadRequest,
+                                 context: grpc.aio.ServicerContext) -> service_pb2.RepositoryModelUnloadResponse:
+        async def unload(scope: Scope, rid: str) -> Reply:
             _repository(request.repository_name)
             scope["state"]["qserve_model"] = repo.model_label(self.st, request.model_name, loading=False)
             await repo.unload(self.st, request.model_name)
@@ -260,7 +270,7 @@ def _repository(name: str) -> None:
         raise ApiError(400, f"repository_name {name!r}: this server has one model repository; leave it empty")
 
 
-def _long_text(request: Any) -> str | None:
+def _long_text(request: service_pb2.ModelInferRequest) -> str | None:
     """ModelInfer's parameters.long_text (a string_param), else None: the model's default policy."""
     if "long_text" not in request.parameters:
         return None
@@ -271,7 +281,8 @@ def _long_text(request: Any) -> str | None:
     return p.string_param
 
 
-def request_texts(st: ServeState, req: Any, model: ServedModel) -> tuple[list[str], list[str] | None]:
+def request_texts(st: ServeState, req: service_pb2.ModelInferRequest,
+                  model: ServedModel) -> tuple[list[str], list[str] | None]:
     """(texts, text pairs or None) of a ModelInferRequest: `text`, and `text_pair` for a pair model, checked
     as the HTTP /v2 route checks them (serve/pairs.py)."""
     if not 1 <= len(req.inputs) <= 2:
@@ -289,7 +300,7 @@ def request_texts(st: ServeState, req: Any, model: ServedModel) -> tuple[list[st
     return v2_inputs(st, model, named)
 
 
-def _tensor_texts(tensor: Any, raw: bytes | None, i: int) -> list[str]:
+def _tensor_texts(tensor: service_pb2.ModelInferRequest.InferInputTensor, raw: bytes | None, i: int) -> list[str]:
     listed = list(tensor.contents.bytes_contents)
     if raw is not None and listed:
         raise ApiError(400, f"inputs[{i}] has both raw_input_contents and contents.bytes_contents; send one of them")
@@ -311,10 +322,3 @@ def _tensor_texts(tensor: Any, raw: bytes | None, i: int) -> list[str]:
         raise ApiError(400, f"inputs[{i}].shape {shape} does not describe its {len(data)} data elements; "
                             "use [n] or [n, 1] with n = number of texts")
     return data
-
-
-def requested_outputs(req: Any, problem: str, model: str) -> list[str]:
-    """Output names in the order asked for (none asked: all of the model's, by its problem type)."""
-    names = [o.name for o in req.outputs] or list(output_names(problem))
-    check_outputs(problem, names, model)
-    return names

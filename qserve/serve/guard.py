@@ -16,10 +16,15 @@ import json
 import re
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import Headers, MutableHeaders
-from starlette.routing import Match
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from qserve.serve.metrics import Metrics
 
 # Probes and docs stay open so orchestrators and humans can reach them without the key; so does the
 # page at / (page.py), which holds no model data and asks for the key itself.
@@ -64,20 +69,22 @@ class Arrivals:
     def __init__(self) -> None:
         self.n = 0
 
-    def begin(self, scope: dict) -> None:
+    def begin(self, scope: MutableMapping[str, Any]) -> None:
         scope.setdefault("state", {})[self.KEY] = True
         self.n += 1
 
-    def end(self, scope: dict) -> None:
+    def end(self, scope: MutableMapping[str, Any]) -> None:
         state = scope.get("state") or {}
         if state.pop(self.KEY, False):
             self.n -= 1
 
 
 class GuardMiddleware:
-    def __init__(self, app: Any, *, api_key: str | None, max_body_bytes: int, metrics: Any, routes: Any,
-                 arrivals: Arrivals | None = None, queue_full: Any = None, inference_paths: frozenset = frozenset(),
-                 metrics_public: bool = False, tei: Any = None):
+    def __init__(self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int, metrics: Metrics,
+                 routes: Sequence[BaseRoute], arrivals: Arrivals | None = None,
+                 queue_full: Callable[[str | None], int | None] | None = None,
+                 inference_paths: frozenset[str] = frozenset(), metrics_public: bool = False,
+                 tei: Callable[[str, str, int, str], bytes | None] | None = None):
         self.app = app
         self.arrivals = arrivals or Arrivals()
         self.api_key = api_key
@@ -94,7 +101,7 @@ class GuardMiddleware:
         # routes answer every refusal in TEI's {"error", "error_type"} (app.py wires serve/tei.py in)
         self.tei = tei
 
-    def _match(self, scope: dict) -> tuple[Any, str, str | None]:
+    def _match(self, scope: Scope) -> tuple[BaseRoute | None, str, str | None]:
         """(the route this method + path reach, or None; the path template for metrics; the model the path
         names, if any). A path that exists under another method matches PARTIAL: routing then answers 405,
         so no body rule applies."""
@@ -107,7 +114,7 @@ class GuardMiddleware:
                 partial = r
         return None, getattr(partial, "path", "unmatched"), None
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -119,7 +126,7 @@ class GuardMiddleware:
         start = time.perf_counter()
         status = [500]
 
-        async def send_wrapped(message: dict) -> None:
+        async def send_wrapped(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
                 MutableHeaders(scope=message)["X-Request-ID"] = rid
@@ -185,7 +192,7 @@ class GuardMiddleware:
             model = (scope.get("state") or {}).get("qserve_model") or ""
             self.metrics.observe_request(template, method, status[0], time.perf_counter() - start, model)
 
-    async def _read_body(self, headers: Headers, receive: Any) -> Any:
+    async def _read_body(self, headers: Headers, receive: Receive) -> Any:  # Any: bytes, None or DISCONNECTED
         """The whole body, None as soon as it is known to exceed the limit, DISCONNECTED if the client left."""
         declared = headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
@@ -205,10 +212,10 @@ class GuardMiddleware:
         return b"".join(chunks)
 
 
-def _replay(body: bytes, receive: Any) -> Any:
+def _replay(body: bytes, receive: Receive) -> Receive:
     sent = False
 
-    async def replay() -> dict:
+    async def replay() -> Message:
         nonlocal sent
         if not sent:
             sent = True

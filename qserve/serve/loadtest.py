@@ -81,7 +81,7 @@ def classify_url(url: str) -> str:
     except socket.gaierror as e:
         raise QserveError(f"URL {url!r}: cannot resolve {parts.hostname!r} ({e})") from None
     addrs = {info[4][0] for info in infos}
-    if not addrs or not all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs):
+    if not addrs or not all(ipaddress.ip_address(str(a).split("%")[0]).is_loopback for a in addrs):
         raise QserveError(f"URL {url!r}: {parts.hostname} is not a loopback address ({sorted(addrs)}); "
                           "loadtest only targets 127.0.0.0/8, ::1 or localhost")
     path = parts.path.rstrip("/") or "/v1/classify"
@@ -116,6 +116,7 @@ class Conn:
     async def _post(self, body: bytes) -> tuple[int, bytes]:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None  # opened with the writer, above or on an earlier call
         self.writer.write(self.head + str(len(body)).encode() + b"\r\n\r\n" + body)
         try:
             head = await self.reader.readuntil(b"\r\n\r\n")

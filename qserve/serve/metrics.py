@@ -128,7 +128,7 @@ class ModelMetrics:
 class _SharedDepth:
     """queue_depth.set(n) from one of possibly two batchers of a model (old and new during a swap)."""
 
-    def __init__(self, gauge: Any, parts: dict[int, int]):
+    def __init__(self, gauge: Gauge, parts: dict[int, int]):
         self.gauge = gauge
         self.parts = parts  # every live batcher's depth for this model, by share
 

@@ -14,24 +14,34 @@ the model takes). An input counts once against --max-inputs; --max-chars holds f
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
+from qserve.runtime.contract import ModelRuntime
 from qserve.serve.errors import ApiError
-from qserve.textpairs import PAIR, SINGLE, TEXT, TEXT_PAIR
+from qserve.serve.schemas import TextPair
+from qserve.serve.served import ServedModel
+from qserve.textpairs import PAIR, TEXT, TEXT_PAIR
 
 PAIR_FORM = '{"text": "...", "text_pair": "..."}'
 
 
-def inputs_of(runtime: Any) -> tuple[str, ...]:
+class TextChecks(Protocol):
+    """What these checks need of the serving state (state.ServeState, which imports this module)."""
+
+    def check_texts(self, texts: Sequence[object], where: str) -> None: ...
+
+
+def inputs_of(runtime: ModelRuntime) -> tuple[str, ...]:
     """What one input of a served model is: ("text",) or ("text", "text_pair")."""
-    return tuple(getattr(runtime, "inputs", SINGLE))
+    return runtime.inputs
 
 
-def takes_pairs(runtime: Any) -> bool:
+def takes_pairs(runtime: ModelRuntime) -> bool:
     return inputs_of(runtime) == PAIR
 
 
-def check_texts(st: Any, texts: list[Any], where: str, field: str | None = None) -> None:
+def check_texts(st: TextChecks, texts: Sequence[object], where: str, field: str | None = None) -> None:
     """ServeState.check_texts, with each error naming `where[i].field` (a text of a /v1 pair) when given."""
     try:
         st.check_texts(texts, where)
@@ -42,7 +52,8 @@ def check_texts(st: Any, texts: list[Any], where: str, field: str | None = None)
         raise
 
 
-def v1_inputs(st: Any, model: Any, inputs: Any, where: str = "inputs") -> tuple[list[str], list[str] | None]:
+def v1_inputs(st: TextChecks, model: ServedModel, inputs: str | TextPair | list[str | TextPair],
+              where: str = "inputs") -> tuple[list[str], list[str] | None]:
     """/v1 `inputs` (a text, a {"text", "text_pair"} object, or a list of either) -> (texts, pairs or None),
     checked against what `model` takes and against the server's limits."""
     single = not isinstance(inputs, list)
@@ -59,14 +70,16 @@ def v1_inputs(st: Any, model: Any, inputs: Any, where: str = "inputs") -> tuple[
                                 f"{TEXT}, {TEXT_PAIR}); send {PAIR_FORM}")
     if not pair_model:
         check_texts(st, items, where)
-        return list(items), None
-    texts, pairs = [it.text for it in items], [it.text_pair for it in items]
+        return [it for it in items if isinstance(it, str)], None
+    texts = [it.text for it in items if isinstance(it, TextPair)]
+    pairs = [it.text_pair for it in items if isinstance(it, TextPair)]
     check_texts(st, texts, where, TEXT)
     check_texts(st, pairs, where, TEXT_PAIR)
     return texts, pairs
 
 
-def v2_inputs(st: Any, model: Any, named: dict[str, tuple[int, list[str]]]) -> tuple[list[str], list[str] | None]:
+def v2_inputs(st: TextChecks, model: ServedModel,
+              named: dict[str, tuple[int, list[str]]]) -> tuple[list[str], list[str] | None]:
     """V2 inputs by name -> (texts, pairs or None): `named` maps each input's name to (its index in the
     request, its decoded elements). Same rules on HTTP and gRPC."""
     rule = (f"model {model.name!r} takes BYTES inputs {TEXT!r} and {TEXT_PAIR!r} of the same shape [n] or [n, 1]"
@@ -90,7 +103,7 @@ def v2_inputs(st: Any, model: Any, named: dict[str, tuple[int, list[str]]]) -> t
     return texts, pairs
 
 
-def check_same_inputs(model: Any, pairs: list[str] | None) -> None:
+def check_same_inputs(model: ServedModel, pairs: list[str] | None) -> None:
     """After a hot swap between a route's checks and the queue: the model now serving must take the same inputs."""
     if takes_pairs(model.runtime) != (pairs is not None):
         what = f"{TEXT}, {TEXT_PAIR}" if takes_pairs(model.runtime) else TEXT
@@ -98,32 +111,36 @@ def check_same_inputs(model: Any, pairs: list[str] | None) -> None:
                             "send the request again in that form")
 
 
-def metadata_inputs(runtime: Any) -> list[dict[str, Any]]:
+def metadata_inputs(runtime: ModelRuntime) -> list[dict[str, Any]]:
     """The V2 metadata inputs of a served model: text, and text_pair for a pair model."""
     return [{"name": name, "datatype": "BYTES", "shape": [-1]} for name in inputs_of(runtime)]
 
 
-def config_inputs(runtime: Any) -> list[dict[str, Any]]:
+def config_inputs(runtime: ModelRuntime) -> list[dict[str, Any]]:
     """Triton model-config inputs of a served model."""
     return [{"name": name, "data_type": "TYPE_STRING", "dims": [-1]} for name in inputs_of(runtime)]
 
 
-def publish_inputs(comps: dict[str, Any], variant_dir: str) -> None:
-    """Narrow the request schemas to what the default model (its manifest `inputs`) takes, so a schema-valid
-    request is one it accepts: a one-text model's document has no {text, text_pair} and no `text_pair` input,
-    a pair model's no lone texts and two V2 inputs. No readable manifest: both forms stay."""
+def variant_takes_pairs(variant_dir: str) -> bool | None:
+    """Whether the variant in `variant_dir` (its manifest `inputs`) is a pair model; None: no readable manifest."""
     import json
     from pathlib import Path
 
     from qserve.textpairs import PairError, model_inputs
 
     try:
-        pair = model_inputs(json.loads((Path(variant_dir) / "manifest.json").read_text("utf-8"))) == PAIR
+        return model_inputs(json.loads((Path(variant_dir) / "manifest.json").read_text("utf-8"))) == PAIR
     except (OSError, ValueError, TypeError, PairError):
-        return
-    from qserve.serve.tei import publish as publish_tei
+        return None
 
-    publish_tei(comps, pair)  # TEI's sequences: [text] or [text, text_pair], as the model takes them
+
+def publish_inputs(comps: dict[str, Any], variant_dir: str) -> None:
+    """Narrow the request schemas to what the default model (its manifest `inputs`) takes, so a schema-valid
+    request is one it accepts: a one-text model's document has no {text, text_pair} and no `text_pair` input,
+    a pair model's no lone texts and two V2 inputs. No readable manifest: both forms stay."""
+    pair = variant_takes_pairs(variant_dir)
+    if pair is None:
+        return
 
     def keep(alts: list[Any]) -> list[Any]:
         is_pair = [("TextPair" in a.get("$ref", "")) for a in alts]

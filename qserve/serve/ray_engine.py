@@ -169,7 +169,7 @@ def logging_config(log_level: str) -> dict[str, Any]:
 
 def application(settings: dict[str, Any], scaling: Scaling, cores: int | None = None,
                 log_level: str | None = None, selection: Selection | None = None,
-                models: list[tuple[str, str]] | None = None) -> Any:
+                models: list[tuple[str, str]] | None = None) -> Any:  # a ray.serve Application (no stubs)
     """The bound Ray Serve application for these ServeConfig settings and this scaling; `selection` (why the
     default model's variant was chosen) and `models` ((name, dir) of each model) travel to every replica."""
     mbs = settings.get("max_batch_size") or ServeConfig.max_batch_size
@@ -181,7 +181,7 @@ def application(settings: dict[str, Any], scaling: Scaling, cores: int | None = 
                                                                                                models)
 
 
-def build_app(args: dict[str, Any]) -> Any:
+def build_app(args: dict[str, Any]) -> Any:  # a ray.serve Application (no stubs)
     """Ray Serve application builder (the config's import_path): args = the ServeConfig fields to set.
 
     Deployment options in the config file's `deployments:` entry override the defaults set here."""

@@ -5,16 +5,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
-from qserve.serve.outputs import request_threshold, v1_predictions
+from qserve.serve.outputs import v1_predictions
 from qserve.serve.pairs import v1_inputs
 from qserve.serve.schemas import ClassifyRequest, ClassifyResponse, ErrorResponse
 from qserve.serve.state import ServeState
 
 # Every status a route can answer (401 only with --api-key; 404 when `model` names another model).
-ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 415, 422, 429, 500, 503, 504)}
+ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse}
+                                           for code in (400, 401, 404, 413, 415, 422, 429, 500, 503, 504)}
 
 
 def add_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat list of small routes
@@ -51,18 +54,13 @@ def add_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat lis
     async def classify(body: ClassifyRequest, request: Request) -> JSONResponse:
         model = st.model(body.model, request)
         texts, pairs = v1_inputs(st, model, body.inputs)  # a pair model's {text, text_pair} (pairs.py)
-        request_threshold(model.runtime.problem_type, body.threshold, st.config.threshold, model.name)
-        # the model that answered (a swap may intervene); the policy is checked against it
-        model, result = await st.classify(model, texts, request, body.long_text, "long_text", pairs=pairs)
-        policy = model.check_policy(body.long_text, "long_text")
-        rt = model.runtime
-        threshold = request_threshold(rt.problem_type, body.threshold, st.config.threshold, model.name)
+        a = await st.classify(model, texts, request, body.long_text, "long_text", pairs, body.threshold)
         return JSONResponse({
-            "model": model.name, "model_version": model.version, "model_name": rt.manifest.get("model_name"),
-            "predictions": v1_predictions(result.probs, rt.labels, rt.problem_type, body.top_k, threshold),
-            "problem_type": rt.problem_type, **({"threshold": threshold} if threshold is not None else {}),
-            "truncated": result.truncated, "tokens": result.tokens, "windows": result.windows,
-            "long_text": policy or str(rt.long_text), "max_length": rt.max_length})
+            "model": a.name, "model_version": a.version, "model_name": a.runtime.manifest.get("model_name"),
+            "predictions": v1_predictions(a.probs, a.labels, a.problem_type, body.top_k, a.threshold),
+            "problem_type": a.problem_type, **({"threshold": a.threshold} if a.threshold is not None else {}),
+            "truncated": a.truncated, "tokens": a.tokens, "windows": a.windows,
+            "long_text": a.policy, "max_length": a.max_length})
 
     # -- /v2: KServe V2 / Open Inference Protocol (v2.py) -----------------------------------
     from qserve.serve.v2 import add_v2_routes

@@ -25,16 +25,24 @@ V2_OUTPUTS = ("probabilities", "label", "value", "truncated")
 LongText = Annotated[str, Field(strict=True, json_schema_extra={"pattern": long_text_pattern()})]
 
 
-def _json_int(v: Any) -> Any:
+def _json_int(v: Any) -> Any:  # Any: a before-validator sees any JSON value
     """JSON has one number type: 2.0 is the integer 2 (as JSON Schema says), but "2" and true are not."""
     if isinstance(v, float) and v.is_integer():
         return int(v)
     return v
 
 
-def json_int(**limits: Any) -> Any:
+def json_int(**limits: Any) -> Any:  # Any: an Annotated type made at run time (Field's keywords)
     """An integer as JSON means it: no strings, no booleans, no fractions (limits as in Field: ge=1)."""
     return Annotated[int, Field(strict=True, **limits), BeforeValidator(_json_int)]
+
+
+# json_int's two uses, spelled out: a type checker reads an annotation, not a call that makes one.
+PositiveJsonInt = Annotated[int, Field(strict=True, ge=1), BeforeValidator(_json_int)]
+NonNegativeJsonInt = Annotated[int, Field(strict=True, ge=0), BeforeValidator(_json_int)]
+# TEI's and vLLM's integers (serve/tei.py, serve/vllm_api.py): a token id (TEI's u32), a truncation length
+TokenIdJsonInt = Annotated[int, Field(strict=True, ge=0, le=2**32 - 1), BeforeValidator(_json_int)]
+TruncationJsonInt = Annotated[int, Field(strict=True, ge=-1), BeforeValidator(_json_int)]
 
 
 def _json_form(schema: dict[str, Any]) -> None:
@@ -49,7 +57,7 @@ def _json_form(schema: dict[str, Any]) -> None:
     schema["required"] = sorted(set(schema.get("required", [])) | {"data"})
 
 
-def _threshold(v: Any) -> Any:
+def _threshold(v: Any) -> Any:  # Any: a before-validator sees any JSON value
     """A multi-label threshold: a JSON number in [0, 1] (no strings, no booleans)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
         raise ValueError(f"must be a number in [0, 1] (got {v!r})")
@@ -76,7 +84,7 @@ class ClassifyRequest(BaseModel):
     inputs: Text | TextPair | Annotated[list[Text | TextPair], Field(min_length=1)] = Field(
         description="One text, or a list of texts; for a text-pair model (its inputs in GET /v1/models), "
                     "{text, text_pair} objects instead of texts.")
-    top_k: json_int(ge=1) | None = Field(
+    top_k: PositiveJsonInt | None = Field(
         default=None, description="Labels per input, best first; null = all labels. An integer: \"2\" and "
                                   "true are refused.")
     model: Annotated[str, Field(strict=True)] | None = Field(
@@ -135,7 +143,7 @@ class V2Tensor(BaseModel):
 
 class V2InputParameters(BaseModel):
     model_config = ConfigDict(extra="allow")
-    binary_data_size: json_int(ge=0) | None = Field(
+    binary_data_size: NonNegativeJsonInt | None = Field(
         default=None, description="Binary tensor data extension: the tensor's bytes follow the JSON header "
                                   "(each BYTES element as a 4-byte little-endian length + UTF-8 bytes).")
 
@@ -148,7 +156,7 @@ class V2InputTensor(BaseModel):
     model_config = ConfigDict(extra="allow", json_schema_extra=_json_form)
     name: Literal["text", "text_pair"] = Field(description="The model's input name, from GET /v2/models/{name}: "
                                                            "text, and text_pair for a text-pair model.")
-    shape: Annotated[list[json_int(ge=1)], Field(min_length=1, max_length=2)]
+    shape: Annotated[list[PositiveJsonInt], Field(min_length=1, max_length=2)]
     datatype: Literal["BYTES"]
     parameters: V2InputParameters | None = None
     data: Annotated[list[Text], Field(min_length=1)] | Annotated[

@@ -10,53 +10,21 @@ state.py builds and swaps these; routes reach them through ServeState.model(name
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from qserve.longtext import LongTextError, LongTextPolicy
+from qserve.longtext import LongTextError
 from qserve.runtime.base import Classification, Phase
+from qserve.runtime.contract import ModelRuntime
 from qserve.serve.batcher import Batcher, InferFn
 from qserve.serve.config import ServeConfig
 from qserve.serve.errors import ApiError
 from qserve.serve.metrics import ModelMetrics
 from qserve.serve.repository import Selection
 from qserve.serve.shadow import Shadow
-
-
-class ModelRuntime(Protocol):
-    """What serve needs from a loaded variant; qserve.runtime.Runtime (load_runtime's result) is one."""
-
-    name: str
-    """The variant's spec name (the served name unless --model-name or NAME=DIR overrides it)."""
-    labels: list[str]
-    max_length: int
-    """Tokens the model reads at once; a longer text is cut by a long-text policy, and classify() says how."""
-    long_text: LongTextPolicy
-    """The policy of texts whose request names none (--long-text, else the variant's manifest, else head)."""
-    manifest: dict[str, Any]
-    device: str
-    row_workers: int
-    """Rows of a batch computed side by side (1 unless the backend runs rows on their own threads)."""
-    buckets: tuple[int, ...] | None
-    """Token lengths each text (each window of one) is padded to (a fixed-shape variant: qserve.runtime.buckets),
-    else None."""
-
-    def resolve_policy(self, policy: str | LongTextPolicy | None, flag: str = "long_text") -> LongTextPolicy:
-        """A policy string written out in full for this variant; LongTextError (naming `flag`) if it cannot be."""
-        ...
-
-    def classify(self, texts: list[str], policy: Sequence[str | None] | None = None,
-                 phases: list[Phase] | None = None, pairs: list[str] | None = None) -> Classification:
-        """Probabilities [len(texts), len(labels)] and, per text, whether part of it went unseen, its token
-        count and how many windows were scored; `policy` gives each text's policy (None = long_text); `phases`
-        (tracing only) gets the call's steps (tokenize, windows when a text was cut, inference) with their times;
-        `pairs`: each text's text_pair, for a pair model (its `inputs` are ("text", "text_pair"))."""
-        ...
-
-    def close(self) -> None: ...
 
 
 Loader = Callable[[ServeConfig], ModelRuntime]
@@ -139,13 +107,12 @@ def infer_fn(runtime: ModelRuntime, offer: Offer | None = None, traced: bool = F
         else:
             r = runtime.classify(texts, policies) if phases is None else runtime.classify(texts, policies, phases)
         probs = np.asarray(r.probs, dtype=np.float32)
+        logits = np.asarray(r.logits, dtype=np.float32)
         if offer is not None and pairs is None:  # the shadow samples what was served (single texts: its
             # reference is scored on texts), under the policy it was served by; never blocks
             default = str(runtime.long_text)
             offer(texts, [p or default for p in policies], probs)
-        logits = getattr(r, "logits", None)  # raw scores (TEI raw_scores, function_to_apply); a test double may keep none
         return Classification(probs, [bool(t) for t in r.truncated], [int(n) for n in r.tokens],
-                              [int(w) for w in r.windows], runtime.problem_type,
-                              None if logits is None else np.asarray(logits, dtype=np.float32)), phases
+                              [int(w) for w in r.windows], logits, r.problem_type), phases
 
     return infer

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qserve import QserveError
 
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp
 
-def uvicorn_config(app: Any, host: str, port: int, log_level: str = "info", log_config: Any = "default") -> Any:
+
+def uvicorn_config(app: ASGIApp, host: str, port: int, log_level: str = "info",
+                   log_config: str | dict[str, Any] | None = "default") -> Any:  # a uvicorn.Config (no stubs)
     import uvicorn
 
     kwargs: dict[str, Any] = {}
@@ -38,7 +42,7 @@ def uvicorn_config(app: Any, host: str, port: int, log_level: str = "info", log_
 class ServerThread:
     """A uvicorn.Server on a daemon thread; `stop()` is a graceful shutdown (in-flight work finishes)."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
         import uvicorn
 
         # log_config=None: keep the host process's logging (pytest's caplog sees everything).
@@ -72,5 +76,5 @@ class ServerThread:
     def __enter__(self) -> ServerThread:
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from qserve import QserveError
+from qserve.runtime.contract import ModelRuntime
 from qserve.serve.metrics import Metrics
 
 log = logging.getLogger("qserve.serve")
@@ -70,7 +71,7 @@ class Shadow:
         self.allow_extra_files = allow_extra_files
         self.max_windows = max_windows
         """The served model's --max-windows: a windowed text gets the same windows from the reference."""
-        self.reference: Any = None
+        self.reference: ModelRuntime | None = None
         self.reference_spec: str | None = None
         self._rng = random.Random(seed)  # only the inference thread draws from it
         self._queue: queue.Queue[tuple[str, str, np.ndarray, str] | None] = queue.Queue(QUEUE_TEXTS)
@@ -173,21 +174,23 @@ class Shadow:
                 batch.append(nxt)
             batch = [b for b in batch if b[3] == self.version]  # samples of a swapped-out version describe it
             if batch:
+                reference = self.reference
                 try:
+                    assert reference is not None, "the reference is closed"
                     # the served text's own policy: a windowed text is compared with the reference's windows
-                    ref = self.reference.classify([t for t, _, _, _ in batch], [p for _, p, _, _ in batch]).probs
+                    ref = reference.classify([t for t, _, _, _ in batch], [p for _, p, _, _ in batch]).probs
                 except Exception as e:  # noqa: BLE001 - the shadow must never take the server down
                     self.failures += 1
                     log.error("shadow %s: reference %s failed on %d texts: %s: %s", self.model, self.reference_dir,
                               len(batch), type(e).__name__, e)
                 else:
                     self._record(np.stack([p for _, _, p, _ in batch]), np.asarray(ref, dtype=np.float32),
-                                 batch[0][3])
+                                 batch[0][3], reference)
             if stop:
                 return
 
-    def _record(self, served: np.ndarray, ref: np.ndarray, version: str) -> None:
-        agree = row_agreement(served, ref, self.reference.problem_type, self.reference.variant_dir)
+    def _record(self, served: np.ndarray, ref: np.ndarray, version: str, reference: ModelRuntime) -> None:
+        agree = row_agreement(served, ref, reference.problem_type, reference.variant_dir)
         dprob = np.abs(served - ref).max(axis=1)
         with self._lock:
             if version != self.version:

@@ -3,7 +3,8 @@ and the checks every route shares.
 
     python -m pytest tests/test_serve_lifecycle.py -q
 
-A Loader turns a ServeConfig into a ModelRuntime (served.py; the default, load_model, is
+A Loader (served.py) turns a ServeConfig into a ModelRuntime (the runtime contract, qserve/runtime/contract.py;
+the default, load_model, is
 load_runtime on config.variant_dir with the manifest verified). ServeState.load(name) reads the
 model's directory (repository.py says which), loads it on a side thread while the inference thread
 keeps serving, warms it up, starts its Batcher and puts the three under the name as a ServedModel,
@@ -12,11 +13,11 @@ assignment on the event loop switches every later request to the new model, whil
 drains what it had accepted; then the old runtime is closed and freed: by refcounting, or, when a
 reference cycle holds it, by gc.unfreeze, collect, freeze (the post-warm-up freeze must not pin
 it). A weakref proves it is gone (ServeState.retired). Routes, the V2 protocol and the Ray engine
-reach a model only through ServeState.model(name), and queue texts through ServeState.classify,
-which answers with the model that actually ran them. A request's long_text is resolved for the model
-that runs it (ServedModel.check_policy) and travels with each of its texts through the batcher to
-the runtime, which cuts and aggregates them (qserve/longtext.py); a shadow re-scores a sampled text
-under that same policy.
+reach a model only through ServeState.model(name), and queue texts through ServeState.submit
+(classify on HTTP), which resolves the request's policy, threshold and outputs once, for the model that
+actually runs the texts, and returns one Answer (answer.py) that the protocol only encodes. The policy
+travels with each of its texts through the batcher to the runtime, which cuts and aggregates them
+(qserve/longtext.py); a shadow re-scores a sampled text under that same policy.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import dataclasses
 import gc
 import logging
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -35,11 +36,14 @@ import numpy as np
 from starlette.requests import Request
 
 from qserve import QserveError
-from qserve.serve.batcher import Batcher, BatchResult, NotAccepting, QueueFull
+from qserve.runtime.base import Classification
+from qserve.serve.answer import Answer
+from qserve.serve.batcher import Batcher, NotAccepting, QueueFull
 from qserve.serve.config import ServeConfig
 from qserve.serve.errors import ApiError
 from qserve.serve.guard import Arrivals
 from qserve.serve.metrics import Metrics
+from qserve.serve.outputs import check_outputs, output_names, request_threshold
 from qserve.serve.pairs import check_same_inputs, takes_pairs
 from qserve.serve.repository import ModelSource, Repository, Selection, model_version, resolve
 from qserve.serve.served import Loader, ModelRuntime, Retired, ServedModel, infer_fn, load_model
@@ -50,7 +54,7 @@ from qserve.serve.tracing import TRACE_KEY
 if TYPE_CHECKING:
     from qserve.serve.tracing import Tracing
 
-__all__ = ["Loader", "ModelRuntime", "Retired", "Selection", "ServeState", "ServedModel", "load_model"]
+__all__ = ["Answer", "Loader", "ModelRuntime", "Retired", "Selection", "ServeState", "ServedModel", "load_model"]
 
 log = logging.getLogger("qserve.serve")
 
@@ -194,7 +198,7 @@ class ServeState:
                 log.warning("that report was measured on %s, not on this CPU: the fastest variant here may differ "
                             "(re-run `qserve pipeline` here, or pass a variant dir)", selection["measured_on"])
         # A model dir's report may name the long-text policy to serve (bench --long-text); --long-text wins.
-        long_text = self.config.long_text or (selection or {}).get("long_text")
+        long_text = self.config.long_text or (selection.get("long_text") if selection else None)
         cfg = dataclasses.replace(self.config, variant_dir=str(vdir), model_name=source.name, long_text=long_text)
         # A side thread: loading takes seconds, and the inference thread keeps serving the old version.
         runtime = await loop.run_in_executor(None, self.loader, cfg)
@@ -208,11 +212,12 @@ class ServeState:
             # client. A batch of one and a batch of several can take different paths (onnx-int8 runs a
             # batch's rows on their own workers).
             pair = takes_pairs(runtime)  # a pair model warms up on pairs: the path it serves
-            await loop.run_in_executor(self.executor, warm, ["warm-up"], [None], ["warm-up"] if pair else None)
+            default: list[str | None] = [None]  # the model's own policy
+            await loop.run_in_executor(self.executor, warm, ["warm-up"], default, ["warm-up"] if pair else None)
             if cfg.max_batch_size > 1:
                 n = min(cfg.max_batch_size, 2 * max(1, runtime.row_workers))
                 texts = [f"warm-up {i}" for i in range(n)]
-                await loop.run_in_executor(self.executor, warm, texts, [None] * n, texts if pair else None)
+                await loop.run_in_executor(self.executor, warm, texts, default * n, texts if pair else None)
         except Exception:
             await loop.run_in_executor(None, runtime.close)  # a model that cannot answer is not kept
             raise
@@ -331,7 +336,7 @@ class ServeState:
             request.state.qserve_model = model.name
         return model
 
-    def check_texts(self, texts: list[Any], where: str) -> None:
+    def check_texts(self, texts: Sequence[object], where: str) -> None:
         cfg = self.config
         if not texts:
             raise ApiError(422, f"{where} is empty; send 1..{cfg.max_inputs} texts")
@@ -350,19 +355,25 @@ class ServeState:
                                     "policy, but the character limit bounds the work per request")
 
     async def classify(self, model: ServedModel, texts: list[str], request: Request, long_text: str | None = None,
-                       where: str = "long_text", pairs: list[str] | None = None) -> tuple[ServedModel, BatchResult]:
-        """Queue texts on the model's batcher, each read by the request's `long_text` (None = the model's
-        default; 422 naming `where` when the model cannot apply it); map every failure to an HTTP answer.
-        Returns the model that answered: the one serving `model.name` now (after a hot swap since the route
-        looked it up, the new one, against which the policy is checked)."""
-        return await self.submit(model, texts, request.scope, request.state.request_id, long_text, where, pairs)
+                       where: str = "long_text", pairs: list[str] | None = None, threshold: float | None = None,
+                       outputs: Sequence[str] | None = None) -> Answer:
+        """submit() for an HTTP route: the request's scope and request id come from `request`."""
+        return await self.submit(model, texts, request.scope, request.state.request_id, long_text, where, pairs,
+                                 threshold, outputs)
 
-    async def submit(self, model: ServedModel, texts: list[str], scope: dict[str, Any], request_id: str,
-                     long_text: str | None = None, where: str = "long_text",
-                     pairs: list[str] | None = None) -> tuple[ServedModel, BatchResult]:
-        """classify() for any protocol: `scope` (an ASGI scope, or the gRPC service's stand-in) carries the
-        request's arrival mark, the model label of its metrics and, with tracing on, its RequestTrace.
-        `pairs`: each text's text_pair, for a pair model (serve/pairs.py checked them against the model)."""
+    async def submit(self, model: ServedModel, texts: list[str], scope: MutableMapping[str, Any], request_id: str,
+                     long_text: str | None = None, where: str = "long_text", pairs: list[str] | None = None,
+                     threshold: float | None = None, outputs: Sequence[str] | None = None) -> Answer:
+        """Queue texts on the batcher of the model serving `model.name` now (after a hot swap since the route
+        looked it up, the new one), resolve against that model, once, what the request asked for, and return
+        the Answer; every failure is an ApiError (an HTTP status, which gRPC maps to its code).
+
+        Resolved in this order, each a 422 naming the field: `threshold` (multi-label only; None = --threshold),
+        the V2 `outputs` (names the request asked for, [] = all of the model's; None = a protocol without
+        outputs), `long_text` (named `where`; None = the model's default), and that the model takes the inputs
+        sent (`pairs`: each text's text_pair, for a pair model; serve/pairs.py checked them against `model`).
+        `scope` (an ASGI scope, or the gRPC service's stand-in) carries the request's arrival mark, the model
+        label of its metrics and, with tracing on, its RequestTrace."""
         self.require_ready()
         self.arrivals.end(scope)  # from here on this request is queued, not arriving
         # No await between this lookup and the enqueue: a model in self.models is always accepting.
@@ -371,18 +382,27 @@ class ServeState:
             raise ApiError(404, f"model {model.name!r} was unloaded; serving: {', '.join(map(repr, self.models))}")
         state = scope.setdefault("state", {})
         state["qserve_model"] = current.name  # what request.state.qserve_model reads on HTTP
+        rt = current.runtime
+        resolved_threshold = request_threshold(rt.problem_type, threshold, self.config.threshold, current.name)
+        names: tuple[str, ...] = ()
+        if outputs is not None:
+            names = tuple(outputs) or output_names(rt.problem_type)
+            check_outputs(rt.problem_type, list(names), current.name)
         policy = current.check_policy(long_text, where)
         check_same_inputs(current, pairs)
         trace = state.get(TRACE_KEY) if self.tracing is not None else None  # all tracing costs when it is off
         if trace is None:
-            return current, await self._submit(current, texts, request_id, policy, pairs)
-        trace.queued()
-        result = await self._submit(current, texts, request_id, policy, pairs)
-        trace.answered(result.phases)
-        return current, result
+            result = await self._submit(current, texts, request_id, policy, pairs)
+        else:
+            trace.queued()
+            result = await self._submit(current, texts, request_id, policy, pairs)
+            trace.answered(result.phases)
+        return Answer(model=current, name=current.name, version=current.version, policy=policy or str(rt.long_text),
+                      threshold=resolved_threshold, outputs=names, probs=result.probs, logits=result.logits,
+                      truncated=result.truncated, tokens=result.tokens, windows=result.windows, phases=result.phases)
 
     async def _submit(self, current: ServedModel, texts: list[str], rid: str, policy: str | None,
-                      pairs: list[str] | None = None) -> BatchResult:
+                      pairs: list[str] | None = None) -> Classification:
         try:
             return await current.batcher.submit(texts, self.config.request_timeout_s, policy, pairs)
         except QueueFull as e:

@@ -37,11 +37,11 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from qserve import __version__, problems
-from qserve.serve.batcher import BatchResult
+from qserve.serve.answer import Answer
 from qserve.serve.errors import ApiError
 from qserve.serve.outputs import v1_predictions
 from qserve.serve.pairs import check_texts, takes_pairs
-from qserve.serve.schemas import LongText, Text, json_int
+from qserve.serve.schemas import LongText, PositiveJsonInt, Text, TokenIdJsonInt
 from qserve.serve.state import ServedModel, ServeState
 
 PREDICT_PATHS = frozenset({"/predict", "/"})
@@ -93,7 +93,7 @@ class TeiPredictRequest(BaseModel):
 
 class HfParameters(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    top_k: json_int(ge=1) | None = Field(default=None, description="Labels per input, best first; null = all.")
+    top_k: PositiveJsonInt | None = Field(default=None, description="Labels per input, best first; null = all.")
     function_to_apply: Literal["softmax", "sigmoid", "none"] | None = Field(
         default=None, description="Applied to the logits; null = the model's own scores (softmax, sigmoid, value).")
 
@@ -119,13 +119,10 @@ class TeiTokenizeRequest(BaseModel):
     add_special_tokens: Annotated[bool, Field(strict=True)] = True
 
 
-TokenId = json_int(ge=0, le=2**32 - 1)  # TEI's u32
-
-
 class TeiDecodeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    ids: Annotated[list[TokenId], Field(min_length=1)] | Annotated[
-        list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
+    ids: Annotated[list[TokenIdJsonInt], Field(min_length=1)] | Annotated[
+        list[Annotated[list[TokenIdJsonInt], Field(min_length=1)]], Field(min_length=1)]
     skip_special_tokens: Annotated[bool, Field(strict=True)] = True
 
 
@@ -206,40 +203,36 @@ def policy_of(body: TeiPredictRequest, model: ServedModel, pair: bool) -> str:
 
 
 # -- the one call into the serving state ---------------------------------------------------------------
-async def answer(st: ServeState, request: Request, texts: list[str], pairs: list[str] | None,
-                 policy: str) -> tuple[ServedModel, BatchResult]:
-    """Queue the texts on the default model under `policy`: every protocol's one call (state.py)."""
-    model = st.model(None, request)
+async def answer(st: ServeState, request: Request, model: ServedModel, texts: list[str], pairs: list[str] | None,
+                 policy: str) -> Answer:
+    """Queue the texts on `model` (the default) under `policy`: every protocol's one call (state.py)."""
     return await st.classify(model, texts, request, policy, "long_text", pairs=pairs)
 
 
 # -- encoding ---------------------------------------------------------------------------------------
-def transform(result: BatchResult, problem: str, function: str | None) -> np.ndarray:
+def transform(ans: Answer, function: str | None) -> np.ndarray:
     """The scores a request asked for: the model's own (bit for bit /v1's), or `function` of the logits."""
-    if function is None or (function, problem) in (("softmax", problems.SINGLE), ("sigmoid", problems.MULTI)):
-        return result.probs
-    if result.logits is None:
-        raise ApiError(500, "this runtime keeps no logits; leave out raw_scores / function_to_apply")
+    if function is None or (function, ans.problem_type) in (("softmax", problems.SINGLE), ("sigmoid", problems.MULTI)):
+        return ans.probs
     if function == "none":
-        return result.logits
+        return ans.logits
     kind = problems.SINGLE if function == "softmax" else problems.MULTI
-    return np.asarray(problems.scores(result.logits, kind), dtype=np.float32)
+    return np.asarray(problems.scores(ans.logits, kind), dtype=np.float32)
 
 
-def predictions(scores: np.ndarray, model: ServedModel, top_k: int | None = None) -> list[list[dict[str, Any]]]:
-    rt = model.runtime
+def predictions(scores: np.ndarray, ans: Answer, top_k: int | None = None) -> list[list[dict[str, Any]]]:
     # every label sorted by score (a regression model: its value), as /v1 orders them
-    problem = rt.problem_type if rt.problem_type == problems.REGRESSION else problems.SINGLE
+    problem = ans.problem_type if ans.problem_type == problems.REGRESSION else problems.SINGLE
     return [[{"score": p["score"], "label": p["label"]} for p in row]
-            for row in v1_predictions(scores, list(rt.labels), problem, top_k, None)]
+            for row in v1_predictions(scores, list(ans.labels), problem, top_k, None)]
 
 
-def check_length(model: ServedModel, result: BatchResult, truncate: bool) -> None:
+def check_length(ans: Answer, truncate: bool) -> None:
     if truncate:
         return
-    for n, cut in zip(result.tokens, result.truncated):
+    for n, cut in zip(ans.tokens, ans.truncated):
         if cut:
-            raise ApiError(413, f"Input validation error: `inputs` must have less than {model.runtime.max_length} "
+            raise ApiError(413, f"Input validation error: `inputs` must have less than {ans.max_length} "
                                 f"tokens. Given: {n}")
 
 
@@ -247,12 +240,12 @@ async def predict(st: ServeState, body: TeiPredictRequest, request: Request,
                   hf: HfParameters | None = None) -> Any:
     model = st.model(None, request)
     texts, pairs, batch = sequences(st, model, body.inputs)
-    model, result = await answer(st, request, texts, pairs, policy_of(body, model, pairs is not None))
-    check_length(model, result, body.truncate is not False or body.long_text is not None)
+    ans = await answer(st, request, model, texts, pairs, policy_of(body, model, pairs is not None))
+    check_length(ans, body.truncate is not False or body.long_text is not None)
     if hf is not None:  # the HF Inference API form (InferenceClient): one list per input, label first
-        rows = predictions(transform(result, model.runtime.problem_type, hf.function_to_apply), model, hf.top_k)
+        rows = predictions(transform(ans, hf.function_to_apply), ans, hf.top_k)
         return [[{"label": p["label"], "score": p["score"]} for p in row] for row in rows]
-    rows = predictions(transform(result, model.runtime.problem_type, "none" if body.raw_scores else None), model)
+    rows = predictions(transform(ans, "none" if body.raw_scores else None), ans)
     return rows if batch else rows[0]
 
 
@@ -297,15 +290,13 @@ async def on_inference_thread(st: ServeState, fn: Any, *args: Any) -> Any:
 
 
 def add_tei_routes(app: FastAPI, st: ServeState) -> None:
-    common = {"tags": ["tei"], "responses": ERRORS}
-
-    @app.post("/predict", response_model=list[TeiPrediction] | list[list[TeiPrediction]], **common,
-              summary="TEI: classify a text, a pair or a batch; [{score, label}] per input, by score")
+    @app.post("/predict", response_model=list[TeiPrediction] | list[list[TeiPrediction]], tags=["tei"],
+              responses=ERRORS, summary="TEI: classify a text, a pair or a batch; [{score, label}] per input, by score")
     async def tei_predict(body: TeiPredictRequest, request: Request) -> JSONResponse:
         return JSONResponse(await predict(st, body, request))
 
-    @app.post("/", response_model=list[TeiPrediction] | list[list[TeiPrediction]], **common,
-              summary="TEI's / for a classifier (= /predict); with `parameters`, huggingface_hub's "
+    @app.post("/", response_model=list[TeiPrediction] | list[list[TeiPrediction]], tags=["tei"],
+              responses=ERRORS, summary="TEI's / for a classifier (= /predict); with `parameters`, huggingface_hub's "
                       "InferenceClient form, answered [[{label, score}]]")
     async def tei_root(body: TeiRootRequest, request: Request) -> JSONResponse:
         hf = (body.parameters or HfParameters()) if "parameters" in body.model_fields_set else None
@@ -316,14 +307,14 @@ def add_tei_routes(app: FastAPI, st: ServeState) -> None:
     async def tei_info() -> dict:
         return info(st)
 
-    @app.post("/tokenize", **common, summary="TEI: the default model's tokens of each input")
+    @app.post("/tokenize", tags=["tei"], responses=ERRORS, summary="TEI: the default model's tokens of each input")
     async def tei_tokenize(body: TeiTokenizeRequest, request: Request) -> list:
         texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
         check_texts(st, texts, "inputs")
         model = st.model(None, request)
         return await on_inference_thread(st, _tokenize, model.runtime.tokenizer, texts, body.add_special_tokens)
 
-    @app.post("/decode", **common, summary="TEI: token ids back to text with the default model's tokenizer")
+    @app.post("/decode", tags=["tei"], responses=ERRORS, summary="TEI: token ids back to text with the default model's tokenizer")
     async def tei_decode(body: TeiDecodeRequest, request: Request) -> list[str]:
         rows = [body.ids] if body.ids and isinstance(body.ids[0], int) else list(body.ids)
         if len(rows) > st.config.max_inputs:

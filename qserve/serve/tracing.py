@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from qserve import QserveError, __version__
 
 if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
 
@@ -75,7 +76,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Tracing | None:
         raise QserveError(f"tracing is on (OTEL_TRACES_EXPORTER / OTEL_EXPORTER_OTLP_ENDPOINT is set) but the "
                           f"OpenTelemetry SDK is missing: pip install 'qserve[otel]' ({e})") from None
     if kind == "console":
-        exporter: Any = ConsoleSpanExporter()
+        exporter: Any = ConsoleSpanExporter()  # one of three OpenTelemetry exporter classes (no stubs: Any anyway)
     else:
         protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
                     or "http/protobuf").strip().lower()
@@ -86,8 +87,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Tracing | None:
             if protocol == "grpc":
                 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
             else:
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[assignment]
-                    OTLPSpanExporter)
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         except ImportError as e:
             raise QserveError(f"OTLP over {protocol} needs the exporter: pip install 'qserve[otel]' ({e})") from None
         exporter = OTLPSpanExporter()  # endpoint, headers, timeout: from the OTEL_EXPORTER_OTLP_* variables
@@ -173,12 +173,12 @@ class RequestTrace:
 class TraceMiddleware:
     """ASGI: a RequestTrace per traced HTTP request, its id in X-Trace-Id; added only when tracing is on."""
 
-    def __init__(self, app: Any, *, tracing: Tracing, skip: frozenset[str]):
+    def __init__(self, app: ASGIApp, *, tracing: Tracing, skip: frozenset[str]):
         self.app = app
         self.tracing = tracing
         self.skip = skip
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # POST / is TEI's predict (traced); GET / is the page (skipped, as every open path)
         if scope["type"] != "http" or (scope["path"] in self.skip and not (
                 scope["path"] == "/" and scope.get("method") == "POST")):
@@ -193,7 +193,7 @@ class TraceMiddleware:
         scope.setdefault("state", {})[TRACE_KEY] = trace
         status = [500]
 
-        async def send_traced(message: dict) -> None:
+        async def send_traced(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
                 MutableHeaders(scope=message)["X-Trace-Id"] = trace.trace_id

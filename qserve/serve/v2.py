@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from qserve import __version__
-from qserve.serve.batcher import BatchResult
+from qserve.serve.answer import Answer
 from qserve.serve.errors import ApiError
 from qserve.serve import outputs
 from qserve.serve.pairs import config_inputs, metadata_inputs, v2_inputs
@@ -99,7 +99,8 @@ def _parse_request(body: bytes, header_length: str | None) -> tuple[V2InferReque
 
 def bytes_elements(raw: bytes, where: str) -> list[str]:
     """Decode a binary BYTES tensor: repeated (uint32 LE length, that many UTF-8 bytes)."""
-    out, pos = [], 0
+    out: list[str] = []
+    pos = 0
     while pos < len(raw):
         if pos + 4 > len(raw):
             raise ApiError(400, f"{where}: {len(raw) - pos} trailing byte(s) where a 4-byte element length "
@@ -155,22 +156,16 @@ def request_texts(st: ServeState, req: V2InferRequest, binary: bytes,
     return v2_inputs(st, model, named)
 
 
-def requested_outputs(req: V2InferRequest, model: ServedModel) -> list[tuple[str, bool]]:
-    """(output name, as binary?) in the order the client asked for them (none asked: all of the model's)."""
+def requested_outputs(req: V2InferRequest) -> tuple[bool, list[tuple[str, bool]]]:
+    """(as binary by default?, [(output name, as binary?)] in the order the client asked for them; empty: it
+    named none, so it gets all of the model's). ServeState.submit checks the names against the model."""
     default = bool(req.parameters and req.parameters.binary_data_output)
-    problem = model.runtime.problem_type
-    if not req.outputs:
-        return [(name, default) for name in outputs.output_names(problem)]
-    outputs.check_outputs(problem, [o.name for o in req.outputs], model.name)
-    out = []
-    for o in req.outputs:
-        flag = o.parameters.binary_data if o.parameters and o.parameters.binary_data is not None else default
-        out.append((o.name, flag))
-    return out
+    return default, [(o.name, o.parameters.binary_data if o.parameters and o.parameters.binary_data is not None
+                      else default) for o in req.outputs or ()]
 
 
 # -- response encoding ---------------------------------------------------------------------------
-def tensor_bytes(datatype: str, values: Any) -> bytes:
+def tensor_bytes(datatype: str, values: Any) -> bytes:  # Any: an FP32 array, BYTES strs or BOOLs (outputs.py)
     if datatype == "FP32":
         return np.ascontiguousarray(values, dtype="<f4").tobytes()
     if datatype == "BOOL":
@@ -202,10 +197,10 @@ def encode_response(head: dict[str, Any], tensors: list[tuple[dict[str, Any], An
 
 
 # -- routes -------------------------------------------------------------------------------------
-def output_values(model: ServedModel, result: BatchResult) -> dict[str, tuple[dict[str, Any], Any]]:
+def output_values(a: Answer) -> dict[str, tuple[dict[str, Any], Any]]:
     """Every output by name: (tensor meta {name, datatype, shape}, values), for HTTP and gRPC alike; which
     outputs a model has depends on its problem type (outputs.py)."""
-    return outputs.v2_values(model.runtime.problem_type, model.runtime.labels, result.probs, result.truncated)
+    return outputs.v2_values(a.problem_type, a.labels, a.probs, a.truncated)
 
 
 def model_config(st: ServeState, model: ServedModel) -> dict[str, Any]:
@@ -269,29 +264,26 @@ def add_v2_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat 
         if req.id is not None and unicode_problem(req.id):
             raise ApiError(422, f"id {unicode_problem(req.id)}")
         texts, pairs = request_texts(st, req, binary, model)
-        wanted = requested_outputs(req, model)
+        binary_default, asked = requested_outputs(req)
         long_text = req.parameters.long_text if req.parameters else None
-        # the model that answered (a swap may intervene); the policy is checked against it
-        model, result = await st.classify(model, texts, request, long_text, "parameters.long_text", pairs=pairs)
-        policy = model.check_policy(long_text, "parameters.long_text")
-        outputs.check_outputs(model.runtime.problem_type, [w for w, _ in wanted], model.name)  # after a swap too
-        values = output_values(model, result)
-        labels = model.runtime.labels
-        head = {"model_name": model.name, "model_version": model.version, "id": req.id or request.state.request_id,
-                "parameters": {"labels": ",".join(labels), "max_length": model.runtime.max_length,
-                               "long_text": policy or str(model.runtime.long_text)}}
-        return encode_response(head, [(*values[w], as_binary) for w, as_binary in wanted])
+        a = await st.classify(model, texts, request, long_text, "parameters.long_text", pairs,
+                              outputs=[name for name, _ in asked])
+        values = output_values(a)
+        flags = [flag for _, flag in asked] or [binary_default] * len(a.outputs)
+        head = {"model_name": a.name, "model_version": a.version, "id": req.id or request.state.request_id,
+                "parameters": {"labels": ",".join(a.labels), "max_length": a.max_length, "long_text": a.policy}}
+        return encode_response(head, [(*values[w], flag) for w, flag in zip(a.outputs, flags)])
 
     model_errors = _errors(401, 404, 503)
     for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
         versioned = "{version}" in prefix
         note = " (the version being served only)" if versioned else ""
 
-        def with_version(fn: Any, versioned: bool = versioned) -> Any:
+        def with_version(fn: Any, versioned: bool = versioned) -> Any:  # Any: each route's own signature
             if not versioned:
                 return fn
 
-            async def wrapped(name: str, version: str, request: Request) -> Any:
+            async def wrapped(name: str, version: str, request: Request) -> Any:  # Any: what `fn` answers
                 check_version(st.model(name, request), version)
                 return await fn(name, request)
 

@@ -29,10 +29,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from qserve.serve.batcher import BatchResult
+from qserve.serve.answer import Answer
 from qserve.serve.errors import ApiError
 from qserve.serve.pairs import v1_inputs
-from qserve.serve.schemas import ErrorResponse, LongText, Text, json_int
+from qserve.serve.schemas import ErrorResponse, LongText, Text, TextPair, TruncationJsonInt
 from qserve.serve.state import ServedModel, ServeState
 
 PATHS = frozenset({"/classify"})
@@ -45,7 +45,7 @@ class VllmClassifyRequest(BaseModel):
     model: Annotated[str, Field(strict=True)] | None = Field(
         default=None, description="The served model (GET /v1/models); null = the default.")
     input: Text | Annotated[list[Text], Field(min_length=1)] = Field(description="A text or a list of texts.")
-    truncate_prompt_tokens: json_int(ge=-1) | None = Field(
+    truncate_prompt_tokens: TruncationJsonInt | None = Field(
         default=None, description="-1 (or >= max_length): keep the last max_length tokens of a long text "
                                   "(vLLM's left truncation); null: the model's long-text policy.")
     user: Annotated[str, Field(strict=True)] | None = Field(default=None, description="Accepted, unused (OpenAI).")
@@ -98,22 +98,22 @@ def policy_of(body: VllmClassifyRequest, max_length: int) -> str | None:
 
 # -- the one call into the serving state -----------------------------------------------------------------
 async def answer(st: ServeState, request: Request, model: ServedModel, texts: list[str],
-                 policy: str | None) -> tuple[ServedModel, BatchResult]:
+                 policy: str | None) -> Answer:
     """Queue the texts on `model` under `policy` (None: its default): every protocol's one call (state.py)."""
     return await st.classify(model, texts, request, policy, "long_text")
 
 
-def encode(model: ServedModel, result: BatchResult) -> dict[str, Any]:
-    labels = list(model.runtime.labels)
-    rows = np.asarray(result.probs)
+def encode(ans: Answer) -> dict[str, Any]:
+    labels = list(ans.labels)
+    rows = np.asarray(ans.probs)
     data = []
     for i, row in enumerate(rows):
         j = int(np.argmax(row))
         data.append({"index": i, "label": labels[j] if j < len(labels) else str(j),
                      "probs": [float(x) for x in row], "num_classes": int(row.shape[0])})
-    n = int(sum(result.tokens))
+    n = int(sum(ans.tokens))
     return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-            "model": model.name, "data": data,
+            "model": ans.name, "data": data,
             "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0, "prompt_tokens_details": None}}
 
 
@@ -139,6 +139,6 @@ def add_vllm_routes(app: FastAPI, st: ServeState) -> None:
               summary="vLLM: classify a text or a list; per input its label, probs and num_classes")
     async def vllm_classify(body: VllmClassifyRequest, request: Request) -> JSONResponse:
         model = st.model(body.model, request)
-        texts, _ = v1_inputs(st, model, body.input, "input")  # a pair model refuses lone texts (pairs.py)
-        model, result = await answer(st, request, model, texts, policy_of(body, model.runtime.max_length))
-        return JSONResponse(encode(model, result))
+        inputs: str | list[str | TextPair] = body.input if isinstance(body.input, str) else list(body.input)
+        texts, _ = v1_inputs(st, model, inputs, "input")  # a pair model refuses lone texts (pairs.py)
+        return JSONResponse(encode(await answer(st, request, model, texts, policy_of(body, model.runtime.max_length))))

@@ -1,0 +1,61 @@
+"""The runtime contract: what serving and the benchmarks use of a loaded variant, checked by mypy.
+
+    python -m mypy qserve/runtime qserve/serve
+
+Every backend's runtime is a Runtime (base.py), which implements this; serve (served.py, state.py, the
+protocol modules), the shadow and bench hold a ModelRuntime, so an attribute a caller reads that a backend
+does not have, or a call with the wrong types, fails the type check (tests/test_types.py) instead of a
+request. A test may wrap a real runtime (tests/test_serve_batching.py) as long as it keeps this shape.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+from qserve.longtext import LongTextPolicy
+from qserve.runtime.base import Classification, Phase, PolicyArg
+
+
+class ModelRuntime(Protocol):
+    """A loaded variant, as everything above qserve.runtime sees it."""
+
+    name: str
+    """The variant's spec name (the served name unless --model-name or NAME=DIR overrides it)."""
+    labels: list[str]
+    problem_type: str
+    """How logits become scores: qserve.problems.SINGLE, MULTI or REGRESSION (the manifest's problem_type)."""
+    inputs: tuple[str, ...]
+    """What one input is: ("text",), or ("text", "text_pair") for a pair model (qserve/textpairs.py)."""
+    max_length: int
+    """Tokens the model reads at once; a longer text is cut by a long-text policy, and classify() says how."""
+    long_text: LongTextPolicy
+    """The policy of texts whose request names none (--long-text, else the variant's manifest, else head)."""
+    tokenizer: Any
+    """The variant's transformers tokenizer (TEI's /tokenize and /decode; an untyped library mypy does not follow);
+    not thread-safe: used on the inference thread only."""
+    manifest: dict[str, Any]  # the verified manifest.json as read (qserve/artifact.py); typed artifacts: not yet
+    device: str
+    variant_dir: Path
+    """The variant's directory (verified when loaded)."""
+    row_workers: int
+    """Rows of a batch computed side by side (1 unless the backend runs rows on their own threads)."""
+    buckets: tuple[int, ...] | None
+    """Token lengths each text (each window of one) is padded to (a fixed-shape variant: qserve.runtime.buckets),
+    else None."""
+
+    def resolve_policy(self, policy: str | LongTextPolicy | None, flag: str = "long_text") -> LongTextPolicy:
+        """A policy string written out in full for this variant; LongTextError (naming `flag`) if it cannot be."""
+        ...
+
+    def classify(self, texts: list[str], policy: PolicyArg = None, phases: list[Phase] | None = None,
+                 pairs: list[str] | None = None) -> Classification:
+        """Probabilities and logits [len(texts), len(labels)] and, per text, whether part of it went unseen, its
+        token count and how many windows were scored; `policy` gives each text's policy (None = long_text);
+        `phases` (tracing only) gets the call's steps (tokenize, windows when a text was cut, inference) with
+        their times; `pairs`: each text's text_pair, for a pair model (its `inputs` are ("text", "text_pair"))."""
+        ...
+
+    def close(self) -> None:
+        """Release the model (serve calls this when a version is swapped out, unloaded or shut down)."""
+        ...
