@@ -157,6 +157,14 @@ STAGES: tuple[Stage, ...] = (
           "~2.5 min: 1.8 min of timed load and in-process model timing (the report's own settings); server "
           "start-ups ~0.5 min (estimate)",
           needs=(VARIANT,)),
+    Stage("serve-protocols", "64 real reviews through /v1, V2 (HTTP, gRPC), TEI and vLLM, alone and concurrently: "
+          "identical answers; /v1 c32 throughput of the code before the new routes and after, interleaved",
+          (f"$PY benchmarks/serve_protocols.py {VARIANT} --reviews 64 --duration 10 --rounds 3 "
+           "--out benchmarks/reports/serve-protocols --force",),
+          (Report("benchmarks/reports/serve-protocols/report.json", "benchmarks/reports/serve-protocols/report.md",
+                  "serve_protocols:render_md"),),
+          "~2.5 min (estimate): 6 x 10 s of timed load, 7 server start-ups, 640 answer requests",
+          needs=(VARIANT,), pending="new with issue #31: waits for its quiet block"),
     Stage("serve-ray", "uvicorn vs Ray Serve replicas, interleaved",
           (f"$PY benchmarks/serve_bench.py {VARIANT} --engine ray --replicas 1,2 --duration 4 --rounds 3 "
            "--reviews 256 --out benchmarks/reports/serve-ray --force",),

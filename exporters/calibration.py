@@ -37,9 +37,12 @@ def calibration_inputs(checkpoint: Any, n: int) -> tuple[list[str], list[str] | 
     meta_path = Path(checkpoint) / "qserve_model.json"
     meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
     dataset = meta.get("dataset")
-    from qserve.textpairs import PROBE_PAIRS, takes_pairs
+    from qserve.textpairs import PAIR, PROBE_PAIRS
 
-    pair = takes_pairs(meta, f"{meta_path} inputs")
+    from exporters.core import checkpoint_info
+
+    # the checkpoint's qserve_model.json, or what `qserve export --inputs` declares for it
+    pair = tuple(checkpoint_info(Path(checkpoint))["inputs"]) == PAIR
     if dataset:
         try:
             from qserve.data import load_dataset

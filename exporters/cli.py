@@ -54,6 +54,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         from exporters.core import variant_policy
 
         variant_policy(checkpoint, args.long_text)  # a bad policy fails once, before any variant is built
+    from exporters.core import parse_inputs
+
+    inputs = parse_inputs(args.inputs)  # a bad --inputs fails once, before any variant is built
     if args.all:
         if args.bits or args.backend or args.dtype or args.variant:
             raise QserveError("--all exports every supported variant; do not combine it with "
@@ -85,7 +88,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         try:
             m = exporters.export(checkpoint, spec.name, dest, force=args.force,
                                  options=options_for(spec.name, args, strict=not args.all), device=device,
-                                 long_text=args.long_text)
+                                 long_text=args.long_text, inputs=inputs)
         except (OpenVINOUnavailable, UnsupportedVariant) as e:
             if not args.all:
                 raise
@@ -197,6 +200,11 @@ def register(sub) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing variant directory")
     p.add_argument("--device", default="auto", help="auto|cpu|cuda: device for defaults and the parity check")
     # Not a registry option: every variant records a long-text policy in its manifest, whatever its backend.
+    p.add_argument("--inputs", metavar="INPUTS", choices=None,
+                   help="what one input of the model is: text, or text,text_pair for a model that reads text "
+                        "pairs (NLI, cross-encoder) saved by save_pretrained elsewhere; recorded in the manifest "
+                        "and used by calibration, parity and serving (default: the checkpoint's qserve_model.json, "
+                        "else text)")
     p.add_argument("--long-text", metavar="POLICY",
                    help=f"what the variant reads of a text longer than max_length, recorded in its manifest and "
                         f"served by default: {longtext.FORMS} (default: the checkpoint's qserve_model.json, "

@@ -97,7 +97,35 @@ def checkpoint_info(checkpoint: Path) -> dict[str, Any]:
     return {"labels": labels, "model_type": cfg.get("model_type"),
             "max_length": max_length, "model_name": meta.get("model_name", checkpoint.name),
             "long_text": meta.get("long_text"), "problem_type": from_config(cfg, str(cfg_path)),
-            "label_range": meta.get("label_range"), "inputs": model_inputs(meta, f"{meta_path} inputs")}
+            "label_range": meta.get("label_range"), "inputs": _EXPORT_INPUTS.get() or model_inputs(
+                meta, f"{meta_path} inputs")}
+
+
+_EXPORT_INPUTS: ContextVar[tuple[str, ...] | None] = ContextVar("qserve_export_inputs", default=None)
+
+
+def parse_inputs(value: str | None) -> tuple[str, ...] | None:
+    """`qserve export --inputs text` or `text,text_pair` -> the inputs tuple (None: the checkpoint's own)."""
+    if value is None:
+        return None
+    from qserve.textpairs import ALLOWED
+
+    got = tuple(p.strip() for p in value.split(","))
+    if got not in ALLOWED:
+        raise QserveError(f"--inputs {value!r}: allowed values are " + " or ".join(",".join(a) for a in ALLOWED)
+                          + " (text_pair: a model that reads two texts, such as an NLI or cross-encoder classifier)")
+    return got
+
+
+@contextlib.contextmanager
+def inputs_for_export(inputs: tuple[str, ...] | None) -> Iterator[None]:
+    """While a variant is built, checkpoint_info() (and so calibration, parity and the manifest) answers
+    `inputs` (qserve export --inputs): a model trained elsewhere declares that it reads text pairs."""
+    token = _EXPORT_INPUTS.set(inputs)
+    try:
+        yield
+    finally:
+        _EXPORT_INPUTS.reset(token)
 
 
 def variant_policy(checkpoint: Path, long_text: str | None = None) -> str:
@@ -238,7 +266,14 @@ def get_builder(name: str) -> Builder:
 
 def export_variant(checkpoint: Path, spec: VariantSpec, out: Path, force: bool = False,
                    options: dict[str, Any] | None = None, device: str = "cpu",
-                   probes: list[str] | None = None, long_text: str | None = None) -> dict[str, Any]:
+                   probes: list[str] | None = None, long_text: str | None = None,
+                   inputs: tuple[str, ...] | None = None) -> dict[str, Any]:
+    with inputs_for_export(inputs or _EXPORT_INPUTS.get()):
+        return _export_variant(checkpoint, spec, out, force, options, device, probes, long_text)
+
+
+def _export_variant(checkpoint: Path, spec: VariantSpec, out: Path, force: bool, options: dict[str, Any] | None,
+                    device: str, probes: list[str] | None, long_text: str | None) -> dict[str, Any]:
     info = checkpoint_info(checkpoint)
     arch = ARCHITECTURES.get(info["model_type"] or "", info["model_type"] or "an unknown architecture")
     reason = unsupported_reason(spec.name, info["model_type"])

@@ -107,7 +107,9 @@ def test_page_is_open_holds_no_model_data_and_fetches_nothing(keyed_server):
         assert rep["served_is_recommended"] is False and rep["measured_files_match"] is None
         assert [row["variant"] for row in rep["rows"]] == ["torch-fp32", "ov-bf16"]
         assert rep["rows"][1]["p50_ms"] == pytest.approx(json.loads(EMBEDDED.read_text())["recommended"]["p50_ms"])
-        assert "/" not in c.get("/openapi.json", headers=auth).json()["paths"]  # a page, not an API operation
+        # a page: HTML, open (POST / beside it is TEI's predict: serve/tei.py)
+        page_op = c.get("/openapi.json", headers=auth).json()["paths"]["/"]["get"]
+        assert list(page_op["responses"]["200"]["content"]) == ["text/html"] and page_op["security"] == []
 
 
 def test_page_asks_for_the_key_classifies_and_shows_why(driver, keyed_server):

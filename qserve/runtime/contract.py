@@ -31,6 +31,9 @@ class ModelRuntime(Protocol):
     """Tokens the model reads at once; a longer text is cut by a long-text policy, and classify() says how."""
     long_text: LongTextPolicy
     """The policy of texts whose request names none (--long-text, else the variant's manifest, else head)."""
+    tokenizer: Any
+    """The variant's transformers tokenizer (TEI's /tokenize and /decode; an untyped library mypy does not follow);
+    not thread-safe: used on the inference thread only."""
     manifest: dict[str, Any]  # the verified manifest.json as read (qserve/artifact.py); typed artifacts: not yet
     device: str
     variant_dir: Path

@@ -40,7 +40,8 @@ from qserve.serve.tracing import from_env as tracing_from_env
 log = logging.getLogger("qserve.serve")
 
 MAX_SHAPE_BRANCHES = 256  # above this --max-inputs, the shape/data pairing is stated in prose only
-INFERENCE_PATHS = frozenset({"/v1/classify", "/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"})
+INFERENCE_PATHS = frozenset({"/v1/classify", "/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer",
+                             "/predict", "/", "/classify"})  # POST / is TEI's predict (GET / is the page)
 
 
 def create_app(config: ServeConfig, loader: Loader | None = None,
@@ -83,38 +84,73 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
     from qserve.serve.page import add_page
     from qserve.serve.routes import add_routes
 
+    from qserve.serve.tei import add_tei_routes
+    from qserve.serve.vllm_api import add_vllm_routes
+
     add_routes(app, st)
     add_page(app, st)  # GET / (the served models' page) and GET /v1/report
+    add_tei_routes(app, st)  # TEI's /predict, POST / (huggingface_hub's InferenceClient), /info, /tokenize, /decode
+    add_vllm_routes(app, st)  # vLLM's /classify
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
                        metrics=st.metrics, routes=app.router.routes, arrivals=st.arrivals,
                        queue_full=st.queue_full_retry_after, inference_paths=INFERENCE_PATHS,
-                       metrics_public=config.metrics_public)
+                       metrics_public=config.metrics_public, tei=_tei_refusal)
     if st.tracing is not None:  # outermost: a request's trace covers auth, body and checks too
         app.add_middleware(TraceMiddleware, tracing=st.tracing, skip=OPEN_PATHS | {"/metrics"})
     _install_openapi(app, config)
     return app
 
 
-def _error(request: Request, status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def _tei_request(path: str, method: str) -> bool:
+    from qserve.serve.tei import is_tei
+
+    return is_tei(path, method)
+
+
+def _tei_refusal(path: str, method: str, status: int, message: str) -> bytes | None:
+    """The guard's refusal (401, 413, 415, 429) on a TEI route, in TEI's error shape."""
+    if not _tei_request(path, method):
+        return None
+    import json
+
+    from qserve.serve.tei import error_body
+
+    return json.dumps(error_body(status if status in (401, 413, 429) else 422, message)).encode()
+
+
+def _error(request: Request, status: int, message: str, headers: dict[str, str] | None = None,
+           validation: bool = False) -> JSONResponse:
     rid = getattr(request.state, "request_id", None)
     # A message may quote client input (a field name, say) holding a lone surrogate: escape it, so
     # rendering the error can never fail.
     message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    if _tei_request(request.url.path, request.method):  # TEI's routes answer TEI's {"error", "error_type"}
+        from qserve.serve.tei import error_response
+
+        return error_response(status, message, headers, validation)
     return JSONResponse({"error": message, "request_id": rid}, status_code=status, headers=headers)
 
 
 def _install_error_handlers(app: FastAPI, st: ServeState) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return _error(request, exc.status, exc.message, exc.headers)
+        return _error(request, exc.status, exc.message, exc.headers, getattr(exc, "body_error", False))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         cfg = st.config
+        tei = _tei_request(request.url.path, request.method)
         if request.url.path.startswith("/v2/"):
             allowed = ('expected {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [n], '
                        f'"data": [n strings]}}]}} with 1..{cfg.max_inputs} non-empty texts of at most '
                        f"{cfg.max_chars} characters")
+        elif tei:
+            allowed = ('expected TEI\'s {"inputs": str | [text] | [text, text_pair] | [[text, text_pair], ...], '
+                       '"truncate": bool, "truncation_direction": "Right" | "Left", "raw_scores": bool} with '
+                       f"1..{cfg.max_inputs} non-empty texts of at most {cfg.max_chars} characters")
+        elif request.url.path == "/classify":
+            allowed = ('expected vLLM\'s {"model": str | null, "input": str | list[str], "truncate_prompt_tokens": '
+                       f"int | null}} with 1..{cfg.max_inputs} non-empty texts of at most {cfg.max_chars} characters")
         else:
             allowed = ('expected {"inputs": str | list[str], "top_k": int >= 1 | null} (a text-pair model: '
                        '{"text", "text_pair"} objects in place of strings) with '
@@ -123,16 +159,16 @@ def _install_error_handlers(app: FastAPI, st: ServeState) -> None:
         bad_json = [e for e in errors if e.get("type") == "json_invalid"]
         if bad_json:
             detail = bad_json[0].get("ctx", {}).get("error", "JSON decode error")
-            return _error(request, 400, f"malformed JSON body ({detail}); {allowed}")
+            return _error(request, 400, f"malformed JSON body ({detail}); {allowed}", validation=tei)
         for e in errors:  # pydantic says only "not a valid string" for a lone surrogate: say why
             value = e.get("input")
             if isinstance(value, str) and unicode_problem(value):
-                return _error(request, 422, f"{_loc(e)} {unicode_problem(value)}")
+                return _error(request, 422, f"{_loc(e)} {unicode_problem(value)}", validation=tei)
         parts = []
         for e in errors[:4]:
             loc = ".".join(str(p) for p in e.get("loc", ())[1:]) or "body"
             parts.append(f"{loc}: {e.get('msg')}")
-        return _error(request, 422, f"invalid request: {'; '.join(parts)}; {allowed}")
+        return _error(request, 422, f"invalid request: {'; '.join(parts)}; {allowed}", validation=tei)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -142,6 +178,12 @@ def _install_error_handlers(app: FastAPI, st: ServeState) -> None:
                        "POST /v2/models/{name}/infer")
         elif exc.status_code == 405:
             message = f"method {request.method} not allowed on {request.url.path}; see /docs"
+            # Starlette's Allow names the first route of the path only: / is GET (the page) and POST (TEI)
+            methods = sorted({m for r in app.routes if getattr(r, "path", None) == request.url.path
+                              for m in (getattr(r, "methods", None) or ())})
+            if methods:
+                return _error(request, 405, message, {**(getattr(exc, "headers", None) or {}),
+                                                      "Allow": ", ".join(methods)})
         return _error(request, exc.status_code, message, getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
@@ -176,8 +218,9 @@ def _install_openapi(app: FastAPI, config: ServeConfig) -> None:
                 "bearer": {"type": "http", "scheme": "bearer"}}
             schema["security"] = [{"bearer": []}]
             for path in OPEN_PATHS | ({"/metrics"} if config.metrics_public else set()):
-                for op in schema["paths"].get(path, {}).values():
-                    op["security"] = []
+                for method, op in schema["paths"].get(path, {}).items():
+                    if path != "/" or method == "get":  # POST / is TEI's predict: it needs the key
+                        op["security"] = []
         app.openapi_schema = schema
         return schema
 
@@ -196,8 +239,11 @@ def _publish_long_text(comps: dict, config: ServeConfig) -> None:
         max_length = int(json.loads((Path(config.variant_dir) / "manifest.json").read_text("utf-8"))["max_length"])
     except (OSError, ValueError, KeyError, TypeError):
         return  # no readable manifest: the unbounded form stays
+    from qserve.serve.vllm_api import publish as publish_vllm
+
+    publish_vllm(comps, max_length)
     shape, bounded = pattern(), pattern(max_length)
-    for name in ("ClassifyRequest", "V2RequestParameters"):
+    for name in ("ClassifyRequest", "V2RequestParameters", "TeiPredictRequest", "TeiRootRequest", "VllmClassifyRequest"):
         for alt in ((comps.get(name) or {}).get("properties", {}).get("long_text") or {}).get("anyOf", []):
             if alt.get("pattern") == shape:
                 alt["pattern"] = bounded
@@ -224,7 +270,8 @@ def _publish_limits(schema: dict, config: ServeConfig) -> None:
             for v in node:
                 walk(v)
 
-    for name in ("ClassifyRequest", "TextPair", "V2InputTensor"):
+    for name in ("ClassifyRequest", "TextPair", "V2InputTensor", "TeiPredictRequest", "TeiRootRequest",
+                 "TeiTokenizeRequest", "VllmClassifyRequest"):
         walk(comps.get(name))
     _publish_long_text(comps, config)
     from qserve.serve.outputs import publish_outputs
@@ -232,6 +279,12 @@ def _publish_limits(schema: dict, config: ServeConfig) -> None:
 
     publish_outputs(comps, config.variant_dir)
     publish_inputs(comps, config.variant_dir)  # a text-pair model's forms only where the model takes them
+    from qserve.serve.pairs import variant_takes_pairs
+    from qserve.serve.tei import publish as publish_tei
+
+    pair = variant_takes_pairs(config.variant_dir)
+    if pair is not None:
+        publish_tei(comps, pair)  # TEI's sequences: [text] or [text, text_pair], as the model takes them
     tensor = comps.get("V2InputTensor")
     if tensor is not None and config.max_inputs <= MAX_SHAPE_BRANCHES:
         # JSON Schema cannot say "shape matches len(data)", but it can list every valid pairing.

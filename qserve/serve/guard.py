@@ -83,7 +83,8 @@ class GuardMiddleware:
     def __init__(self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int, metrics: Metrics,
                  routes: Sequence[BaseRoute], arrivals: Arrivals | None = None,
                  queue_full: Callable[[str | None], int | None] | None = None,
-                 inference_paths: frozenset[str] = frozenset(), metrics_public: bool = False):
+                 inference_paths: frozenset[str] = frozenset(), metrics_public: bool = False,
+                 tei: Callable[[str, str, int, str], bytes | None] | None = None):
         self.app = app
         self.arrivals = arrivals or Arrivals()
         self.api_key = api_key
@@ -96,6 +97,9 @@ class GuardMiddleware:
         self.queue_full = queue_full
         self.inference_paths = inference_paths
         self.open_paths = OPEN_PATHS | ({"/metrics"} if metrics_public else set())
+        # tei(path, method, status, message) -> TEI's error body for a request on a TEI route, else None: those
+        # routes answer every refusal in TEI's {"error", "error_type"} (app.py wires serve/tei.py in)
+        self.tei = tei
 
     def _match(self, scope: Scope) -> tuple[BaseRoute | None, str, str | None]:
         """(the route this method + path reach, or None; the path template for metrics; the model the path
@@ -131,7 +135,8 @@ class GuardMiddleware:
         async def refuse(code: int, message: str, reason: str, extra: dict[str, str] | None = None,
                          model: str = "") -> None:
             self.metrics.reject(reason, model)
-            body = error_body(message, rid)
+            body = (self.tei(scope["path"], method, code, message) if self.tei is not None else None) or error_body(
+                message, rid)
             hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
             hdrs += [(k.lower().encode(), v.encode()) for k, v in (extra or {}).items()]
             await send_wrapped({"type": "http.response.start", "status": code, "headers": hdrs})
@@ -140,7 +145,9 @@ class GuardMiddleware:
         route, template, named = self._match(scope)
         try:
             path = scope["path"]
-            if self.api_key and path not in self.open_paths and not token_ok(headers.get("authorization"),
+            # GET / is the page (open); POST / is TEI's predict, which needs the key like any inference route
+            is_open = path in self.open_paths and not (path == "/" and method not in ("GET", "HEAD"))
+            if self.api_key and not is_open and not token_ok(headers.get("authorization"),
                                                                                self.api_key):
                 why = "missing" if "authorization" not in headers else "invalid"
                 await refuse(401, f"{why} credentials: send the header 'Authorization: Bearer <api key>'",

@@ -23,6 +23,22 @@ REJECTION_BUCKETS = (5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3,
 QUEUE_WAIT_BUCKETS = (1e-4, 5e-4, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
+TEI_ROUTES = frozenset({"/predict", "/info", "/tokenize", "/decode"})
+
+
+def protocol_of(route: str, method: str) -> str:
+    """The protocol a route template belongs to: v1, v2, tei (POST / too: TEI's predict), vllm, or other."""
+    if route.startswith("/v2"):
+        return "v2"
+    if route in TEI_ROUTES or (route == "/" and method == "POST"):
+        return "tei"
+    if route == "/classify":
+        return "vllm"
+    if route.startswith("/v1/"):
+        return "v1"
+    return "other"
+
+
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
@@ -31,6 +47,8 @@ class Metrics:
         m = ["model"]
         self.requests = Counter("qserve_requests_total", "HTTP requests by route template, method, status and model",
                                 ["route", "method", "status", "model"], registry=r)
+        self.protocol = Counter("qserve_protocol_requests_total", "HTTP requests by protocol (v1, v2, tei, vllm, "
+                                "other), status and model", ["protocol", "status", "model"], registry=r)
         self.latency = Histogram("qserve_request_latency_seconds", "HTTP request latency (server side)",
                                  ["route", "method", "status", "model"], buckets=LATENCY_BUCKETS, registry=r)
         self.batch_size = Histogram("qserve_batch_size", "Texts per forward pass", m, buckets=BATCH_BUCKETS,
@@ -78,6 +96,7 @@ class Metrics:
         labels = (route, method, str(status), model)
         self.requests.labels(*labels).inc()
         self.latency.labels(*labels).observe(seconds)
+        self.protocol.labels(protocol_of(route, method), str(status), model).inc()
 
     def reject(self, reason: str, model: str = "") -> None:
         self.rejected.labels(reason, model).inc()

@@ -165,7 +165,8 @@ def add_page(app: FastAPI, st: ServeState) -> None:
     headers = {"Content-Security-Policy": _csp(page), "X-Content-Type-Options": "nosniff",
                "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache"}
 
-    @app.get("/", include_in_schema=False, response_class=HTMLResponse)
+    # In the document beside TEI's POST / (serve/tei.py), so the path's Allow (GET, POST) is what it lists.
+    @app.get("/", tags=["page"], response_class=HTMLResponse, summary="The served models' page (HTML, open)")
     async def index() -> HTMLResponse:
         return HTMLResponse(page, headers=headers)
 

@@ -43,8 +43,11 @@ def add_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat lis
              responses={code: {"model": ErrorResponse} for code in (401, 503)})
     async def v1_models() -> dict:
         st.require_ready()
+        from qserve.serve.vllm_api import openai_models
+
+        # OpenAI's list shape (object, data) beside qserve's own keys, so OpenAI-style clients can list models
         return {"models": [m.summary() for m in st.models.values()], "default": st.default,
-                **(await st.engine_info())}
+                **(await st.engine_info()), **openai_models(st)}
 
     @app.post("/v1/classify", tags=["v1"], response_model=ClassifyResponse, responses=ERRORS,
               summary="Classify one text or a list; [{label, score}] per input, best first")

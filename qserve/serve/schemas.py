@@ -40,6 +40,9 @@ def json_int(**limits: Any) -> Any:  # Any: an Annotated type made at run time (
 # json_int's two uses, spelled out: a type checker reads an annotation, not a call that makes one.
 PositiveJsonInt = Annotated[int, Field(strict=True, ge=1), BeforeValidator(_json_int)]
 NonNegativeJsonInt = Annotated[int, Field(strict=True, ge=0), BeforeValidator(_json_int)]
+# TEI's and vLLM's integers (serve/tei.py, serve/vllm_api.py): a token id (TEI's u32), a truncation length
+TokenIdJsonInt = Annotated[int, Field(strict=True, ge=0, le=2**32 - 1), BeforeValidator(_json_int)]
+TruncationJsonInt = Annotated[int, Field(strict=True, ge=-1), BeforeValidator(_json_int)]
 
 
 def _json_form(schema: dict[str, Any]) -> None:

@@ -179,7 +179,9 @@ class TraceMiddleware:
         self.skip = skip
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.skip:
+        # POST / is TEI's predict (traced); GET / is the page (skipped, as every open path)
+        if scope["type"] != "http" or (scope["path"] in self.skip and not (
+                scope["path"] == "/" and scope.get("method") == "POST")):
             await self.app(scope, receive, send)
             return
         from starlette.datastructures import MutableHeaders
