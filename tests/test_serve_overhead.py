@@ -104,3 +104,15 @@ def test_summary_and_render_hold_the_targets():
     assert not so.failed(rep)
     rep["variants"][0]["codes"]["after"]["summary"] = sb
     assert so.failed(rep)
+
+
+def test_onnx_sessions_do_not_spin_between_runs():
+    """Spinning pool threads took the event loop's core between a server's requests (benchmarks/serve_overhead.py)."""
+    import onnxruntime as ort
+
+    from qserve.runtime.onnx_rt import session_options
+
+    so_ = session_options(ort, 2)
+    assert so_.intra_op_num_threads == 2
+    assert so_.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert so_.get_session_config_entry("session.inter_op.allow_spinning") == "0"
