@@ -113,7 +113,8 @@ def review_texts(n: int) -> list[str]:
 
 
 def code_env(code_root: Path) -> dict[str, str]:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(code_root)}
+    # TOKENIZERS_PARALLELISM as the caller has it, for server and in-process alike: what a user's server gets
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(code_root)}
 
 
 def in_process(code_root: Path, variant: Path, texts: list[str], args: argparse.Namespace) -> dict[str, Any]:
@@ -231,7 +232,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     if args.wrk is None:
         raise QserveError("wrk is not installed: apt-get install wrk (Debian), or put it on PATH")
     texts = review_texts(args.texts)
-    variants = [(str(p), resolve(p)[0]) for p in args.variants]
+    variants: list[tuple[str, Path]] = []
+    for p in args.variants:  # a model dir whose recommended variant is also given is measured once
+        vdir = resolve(p)[0]
+        if all(vdir.resolve() != v.resolve() for _, v in variants):
+            variants.append((str(p), vdir))
     workdir = Path(tempfile.mkdtemp(prefix="serve-overhead-"))
     codes: dict[str, Path] = {"after": ROOT}
     if args.baseline_ref:
@@ -259,7 +264,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     return {"created": now_iso(), "environment": {"cpu": cpu_info(), "cpu_count": os.cpu_count()},
             "settings": {"threads": args.threads, "long_text": args.long_text, "texts": len(texts),
                          "mean_chars": sum(map(len, texts)) / len(texts), "duration_s": args.duration,
-                         "rounds": args.rounds, "log_level": args.log_level, "baseline_ref": args.baseline_ref,
+                         "rounds": args.rounds, "log_level": args.log_level,
+                         "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM"), "baseline_ref": args.baseline_ref,
                          "load_generator": "wrk -t1 (one thread)", "targets": {
                              "overhead_ms": OVERHEAD_TARGET_MS, "throughput_ratio": THROUGHPUT_TARGET}},
             "variants": results, "provenance": {**provenance(), "command": command_line([__file__, *argv])}}

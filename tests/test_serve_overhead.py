@@ -1,19 +1,16 @@
-"""The serving-overhead benchmark's pieces and the one-client dispatch it measures.
+"""The serving-overhead benchmark's pieces: the wrk script it generates (run by the real wrk), its summary and report.
 
     python -m pytest tests/test_serve_overhead.py -q
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import subprocess
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import numpy as np
 import pytest
 
 from conftest import load_benchmark
@@ -109,28 +106,13 @@ def test_summary_and_render_hold_the_targets():
     assert so.failed(rep)
 
 
-@pytest.mark.parametrize("arriving", [0, 1])
-def test_one_clients_text_starts_at_enqueue_unless_another_request_is_coming(tiny_variant, arriving):
-    """Nothing else on its way in: the forward pass starts from enqueue itself (no collector turn, no wait);
-    another request arriving: the text waits for it (up to max_wait_ms). Either way its answer is its own."""
-    from qserve.runtime import load_runtime
-    from qserve.serve.batcher import Batcher
-    from qserve.serve.served import infer_fn
+def test_onnx_sessions_do_not_spin_between_runs():
+    """Spinning pool threads took the event loop's core between a server's requests (benchmarks/serve_overhead.py)."""
+    import onnxruntime as ort
 
-    rt = load_runtime(tiny_variant, "cpu")
-    alone = rt.predict(["a quiet film"])
+    from qserve.runtime.onnx_rt import session_options
 
-    async def go():
-        with ThreadPoolExecutor(1) as ex:
-            b = Batcher(infer_fn(rt), ex, max_batch_size=8, max_wait_ms=50, max_queue=64, arriving=lambda: arriving)
-            b.start()
-            fut = b.enqueue(["a quiet film"])
-            launched = b._launched is not None
-            res = await fut
-            await b.close()
-            return launched, res
-
-    launched, res = asyncio.run(go())
-    assert launched == (arriving == 0)
-    np.testing.assert_allclose(res.probs, alone, atol=1e-6)
-    rt.close()
+    so_ = session_options(ort, 2)
+    assert so_.intra_op_num_threads == 2
+    assert so_.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert so_.get_session_config_entry("session.inter_op.allow_spinning") == "0"

@@ -27,8 +27,10 @@ def session_options(ort, threads: int | None):
     # No spinning: by default ORT's pool threads busy-wait for more work after every parallel section and
     # after run() returns. Between a server's requests that spin takes the core the event loop needs to
     # parse the next request and write the answer, and on a shared machine it competes with everything
-    # else: measured on 2 cores (benchmarks/serve_overhead.py), onnx-int8 b1 spent ~1.8x the CPU per
-    # call spinning, for no faster answer. Blocking threads wake on a condition variable instead.
+    # else. Measured by process CPU time on the 2-core AMD EPYC shared with other work, the pipeline's
+    # onnx-int8 spent about 2x the CPU per b1 call spinning (predict([review]) 38 vs 18 ms; rt.run of
+    # b1/s128 31.5 vs 15.1 ms), the served b1 request 36 vs 19.5 ms (benchmarks/serve_overhead.py, whose
+    # before/after columns re-measure it). Blocking threads wake on a condition variable instead.
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     so.log_severity_level = 3  # errors only: ORT's warnings about unused initializers are noise here

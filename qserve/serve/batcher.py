@@ -178,10 +178,8 @@ class Batcher:
         self._items.extend(_Item(pending, i, t, now, policy, None if pairs is None else pairs[i])
                            for i, t in enumerate(texts))
         self._set_depth()
-        if not self._running and self._launched is None and (len(self._items) >= self._fill_target()
-                                                              or self._nobody_arriving()):
-            # The batch is complete (or nothing else is on its way in, so the collector would not wait
-            # either: one client's request): start its forward pass now, from this very call. Waking the
+        if not self._running and self._launched is None and len(self._items) >= self._fill_target():
+            # The batch is complete: start its forward pass now, from this very call. Waking the
             # collector instead would start it only after everything else this event-loop turn
             # does, such as refusing a flood of other requests.
             self._launched = self._take_batch(loop)
@@ -224,7 +222,7 @@ class Batcher:
             # Wait for the batch to fill, but never past max_wait after the oldest item queued.
             deadline = self._items[0].enqueued + self.max_wait_s if self._items else 0.0
             while len(self._items) < self._fill_target() and not self._closing and self._launched is None:
-                if self._nobody_arriving():
+                if self.arriving is not None and self.arriving() <= 0:
                     break  # nobody else is on the way: waiting would only add latency
                 remaining = deadline - loop.time()
                 if remaining <= 0:
@@ -249,9 +247,6 @@ class Batcher:
                         it.pending.fail(RuntimeError("internal batching error"))
                 finally:
                     self._running = False
-
-    def _nobody_arriving(self) -> bool:
-        return self.arriving is not None and self.arriving() <= 0
 
     def _fill_target(self) -> int:
         # A full queue cannot grow, so waiting for more would only delay the admitted texts.
