@@ -153,19 +153,19 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     # -- health and metadata -------------------------------------------------------------------
     async def ServerLive(self, request: service_pb2.ServerLiveRequest,
                       context: grpc.aio.ServicerContext) -> service_pb2.ServerLiveResponse:
-        async def live(scope: Scope, rid: str) -> Reply:
+        async def live(scope: Scope, rid: str) -> service_pb2.ServerLiveResponse:
             return service_pb2.ServerLiveResponse(live=True)
         return await self._call("ServerLive", context, live)
 
     async def ServerReady(self, request: service_pb2.ServerReadyRequest,
                        context: grpc.aio.ServicerContext) -> service_pb2.ServerReadyResponse:
-        async def ready(scope: Scope, rid: str) -> Reply:
+        async def ready(scope: Scope, rid: str) -> service_pb2.ServerReadyResponse:
             return service_pb2.ServerReadyResponse(ready=self.st.ready)
         return await self._call("ServerReady", context, ready)
 
     async def ServerMetadata(self, request: service_pb2.ServerMetadataRequest,
                           context: grpc.aio.ServicerContext) -> service_pb2.ServerMetadataResponse:
-        async def server(scope: Scope, rid: str) -> Reply:
+        async def server(scope: Scope, rid: str) -> service_pb2.ServerMetadataResponse:
             return service_pb2.ServerMetadataResponse(name="qserve", version=__version__, extensions=EXTENSIONS)
         return await self._call("ServerMetadata", context, server)
 
@@ -179,7 +179,7 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelReady(self, request: service_pb2.ModelReadyRequest,
                       context: grpc.aio.ServicerContext) -> service_pb2.ModelReadyResponse:
-        async def ready(scope: Scope, rid: str) -> Reply:
+        async def ready(scope: Scope, rid: str) -> service_pb2.ModelReadyResponse:
             if not self.st.ready:  # as tritonclient reads HTTP's 503: not ready, not an error
                 return service_pb2.ModelReadyResponse(ready=False)
             self._model(request.name, request.version, scope)
@@ -188,7 +188,7 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelMetadata(self, request: service_pb2.ModelMetadataRequest,
                          context: grpc.aio.ServicerContext) -> service_pb2.ModelMetadataResponse:
-        async def metadata(scope: Scope, rid: str) -> Reply:
+        async def metadata(scope: Scope, rid: str) -> service_pb2.ModelMetadataResponse:
             m = model_metadata(self._model(request.name, request.version, scope))
             tensor = service_pb2.ModelMetadataResponse.TensorMetadata
             return service_pb2.ModelMetadataResponse(
@@ -198,7 +198,7 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelConfig(self, request: service_pb2.ModelConfigRequest,
                        context: grpc.aio.ServicerContext) -> service_pb2.ModelConfigResponse:
-        async def config(scope: Scope, rid: str) -> Reply:
+        async def config(scope: Scope, rid: str) -> service_pb2.ModelConfigResponse:
             model = self._model(request.name, request.version, scope)
             cfg = model_config(self.st, model)
             # The proto's version_policy holds int64 versions; ours are manifest hashes: the one version
@@ -211,7 +211,7 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     # -- inference ------------------------------------------------------------------------------
     async def ModelInfer(self, request: service_pb2.ModelInferRequest,
                       context: grpc.aio.ServicerContext) -> service_pb2.ModelInferResponse:
-        async def infer(scope: Scope, rid: str) -> Reply:
+        async def infer(scope: Scope, rid: str) -> service_pb2.ModelInferResponse:
             st = self.st
             size = request.ByteSize()
             if size > st.config.max_body_bytes:
@@ -240,7 +240,7 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     # -- the repository extension (v2_repository.py: the same calls as HTTP) --------------------------
     async def RepositoryIndex(self, request: service_pb2.RepositoryIndexRequest,
                            context: grpc.aio.ServicerContext) -> service_pb2.RepositoryIndexResponse:
-        async def index(scope: Scope, rid: str) -> Reply:
+        async def index(scope: Scope, rid: str) -> service_pb2.RepositoryIndexResponse:
             _repository(request.repository_name)
             entry = service_pb2.RepositoryIndexResponse.ModelIndex
             return service_pb2.RepositoryIndexResponse(models=[entry(**m) for m in repo.index(self.st, request.ready)])
@@ -248,7 +248,7 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def RepositoryModelLoad(self, request: service_pb2.RepositoryModelLoadRequest,
                                context: grpc.aio.ServicerContext) -> service_pb2.RepositoryModelLoadResponse:
-        async def load(scope: Scope, rid: str) -> Reply:
+        async def load(scope: Scope, rid: str) -> service_pb2.RepositoryModelLoadResponse:
             _repository(request.repository_name)
             scope["state"]["qserve_model"] = repo.model_label(self.st, request.model_name, loading=True)
             await repo.load(self.st, request.model_name, list(request.parameters))
@@ -257,7 +257,7 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def RepositoryModelUnload(self, request: service_pb2.RepositoryModelUnloadRequest,
                                  context: grpc.aio.ServicerContext) -> service_pb2.RepositoryModelUnloadResponse:
-        async def unload(scope: Scope, rid: str) -> Reply:
+        async def unload(scope: Scope, rid: str) -> service_pb2.RepositoryModelUnloadResponse:
             _repository(request.repository_name)
             scope["state"]["qserve_model"] = repo.model_label(self.st, request.model_name, loading=False)
             await repo.unload(self.st, request.model_name)
