@@ -163,7 +163,7 @@ STAGES: tuple[Stage, ...] = (
            "--out benchmarks/reports/serve-protocols --force",),
           (Report("benchmarks/reports/serve-protocols/report.json", "benchmarks/reports/serve-protocols/report.md",
                   "serve_protocols:render_md"),),
-          "~2.5 min (estimate): 6 x 10 s of timed load, 7 server start-ups, 640 answer requests",
+          "~4 min (estimate): 6 x 10 s of timed load on /v1, 7 server start-ups, 640 answer requests",
           needs=(VARIANT,), pending="new with issue #31: waits for its quiet block"),
     Stage("serve-ray", "uvicorn vs Ray Serve replicas, interleaved",
           (f"$PY benchmarks/serve_bench.py {VARIANT} --engine ray --replicas 1,2 --duration 4 --rounds 3 "

@@ -224,7 +224,10 @@ def render_md(rep: dict[str, Any]) -> str:
                      f"{co['same_label']}/{a['texts']} | {co['bit_identical']}/{a['texts']} | "
                      f"{max(al['max_abs_diff'], co['max_abs_diff']):.3g} |")
     lines += ["", f"Concurrent: {a['workers']} requests in flight, every protocol mixed in a shuffled order "
-                  f"({a['concurrent_wall_s']:.1f} s).", "",
+                  f"({a['concurrent_wall_s']:.1f} s). Alone, each protocol sends the text alone, as /v1 did: the "
+                  "same bits are the claim. Concurrently a text shares its batch; a variant that runs each row "
+                  "alone (onnx-int8) gives the same bits still, a padded torch batch may move a score by an ulp, on "
+                  "/v1 itself too (its own row above).", "",
               f"## /v1 at concurrency 32: `{rep['old_ref']}` (old) and this checkout (new), interleaved", "",
               "| round | old req/s | new req/s | new / old | old server CPU ms/req | new server CPU ms/req |",
               "|---|---|---|---|---|---|"]

@@ -46,8 +46,12 @@ def models(tiny_variant, tmp_path_factory) -> dict[str, Path]:
 
     tmp = tmp_path_factory.mktemp("clients")
     bert = build("bert", tmp / "bert-pair")
-    return {"single": tiny_variant, "bert_ckpt": bert,
-            "pair": _export(bert, tmp / "pair", inputs=("text", "text_pair")),
+    from qserve.cli import main
+
+    # as a user declares it: the CLI flag, on a plain save_pretrained BERT classifier (no qserve_model.json)
+    assert main(["export", str(bert), "--variant", "torch-fp32", "--out", str(tmp / "pair"),
+                 "--inputs", "text,text_pair", "--device", "cpu"]) == 0
+    return {"single": tiny_variant, "bert_ckpt": bert, "pair": tmp / "pair",
             "multi": _export(_problem_checkpoint(tmp / "multi-ckpt", "multi_label_classification", 3), tmp / "multi"),
             "reg": _export(_problem_checkpoint(tmp / "reg-ckpt", "regression", 1), tmp / "reg")}
 
@@ -194,6 +198,15 @@ def test_pair_model_from_save_pretrained_scores_as_transformers(models, client, 
         {"name": "text_pair", "datatype": "BYTES", "shape": [2], "data": [b for _, b in PAIRS]}]}).json()
     probs = np.array(next(o for o in v2["outputs"] if o["name"] == "probabilities")["data"]).reshape(2, -1)
     np.testing.assert_allclose(probs, np.exp(want) / np.exp(want).sum(1, keepdims=True), atol=1e-5)
+
+
+def test_export_inputs_names_the_allowed_values():
+    from exporters.core import parse_inputs
+    from qserve import QserveError
+
+    assert parse_inputs("text, text_pair") == ("text", "text_pair") and parse_inputs(None) is None
+    with pytest.raises(QserveError, match=r"--inputs 'text,pair': allowed values are text or text,text_pair"):
+        parse_inputs("text,pair")
 
 
 def test_vllm_classify_per_problem_type(client):
