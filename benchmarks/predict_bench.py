@@ -205,6 +205,12 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def render(report: dict) -> str:
+    from qserve.provenance import with_header
+
+    return with_header(_render(report), report.get("provenance"))
+
+
+def _render(report: dict) -> str:
     c, lo, sm = report["ceiling"], report["local"], report["local_small"]
     rt = report["ratios"]
     lines = [
@@ -257,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if (out / "report.json").exists() and not args.force:
         raise SystemExit(f"{out}/report.json exists; pass --force to measure again")
-    report = measure(args)
+    from qserve.provenance import provenance
+
+    report = {"provenance": provenance(), **measure(args)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "report.md").write_text(render(report))

@@ -157,6 +157,15 @@ STAGES: tuple[Stage, ...] = (
           "~2.5 min: 1.8 min of timed load and in-process model timing (the report's own settings); server "
           "start-ups ~0.5 min (estimate)",
           needs=(VARIANT,)),
+    Stage("predict", "`qserve predict` over all 25,000 IMDb reviews with the pipeline's recommended variant: rows/s "
+          "vs the in-process b32 ceiling, peak RSS (25,000 vs 2,500 rows), Ray Data on 1 node and a 2-node cluster",
+          (f"$PY benchmarks/predict_bench.py {MODELS} --force",),
+          (Report("benchmarks/reports/predict/report.json", "benchmarks/reports/predict/report.md",
+                  "predict_bench:render"),),
+          "~20 min (estimate: four 25,000-review jobs at ~80-100 reviews/s on 2 cores, a 2,500-review job, the "
+          "3,200-review ceiling and Ray start-ups)",
+          needs=(f"{MODELS}/report/report.json",),
+          pending="new in issue 33: no report until this stage runs on the reference machine"),
     Stage("serve-ray", "uvicorn vs Ray Serve replicas, interleaved",
           (f"$PY benchmarks/serve_bench.py {VARIANT} --engine ray --replicas 1,2 --duration 4 --rounds 3 "
            "--reviews 256 --out benchmarks/reports/serve-ray --force",),
