@@ -38,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 OUT = ROOT / "benchmarks" / "reports" / "predict"
+CHUNK_ROWS = 2048  # predict's default; --chunk-rows (smoke runs: small, so several actors get batches)
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
        "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
 
@@ -94,7 +95,7 @@ def ceiling(target: str, corpus: Path, rows: int, threads: int) -> None:
 def predict(target: str, corpus: Path, out: Path, *extra: str, env: dict[str, str] | None = None) -> dict:
     summary = out.with_suffix(".summary.json")
     cmd = [sys.executable, "-m", "qserve", "predict", target, str(corpus), "--out", str(out), "--force", "--quiet",
-           "--json", str(summary), *extra]
+           "--json", str(summary), "--chunk-rows", str(CHUNK_ROWS), *extra]
     run = timed(cmd, env)
     s = json.loads(summary.read_text())
     return {**{k: s[k] for k in ("rows", "seconds", "rows_per_s", "failed")},
@@ -246,6 +247,7 @@ def _render(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global CHUNK_ROWS
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "_ceiling":
         ceiling(argv[1], Path(argv[2]), int(argv[3]), int(argv[4]))
@@ -258,8 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--no-ray", dest="ray", action="store_false", help="skip the Ray Data runs")
     p.add_argument("--out", default=str(OUT))
+    p.add_argument("--chunk-rows", type=int, default=CHUNK_ROWS, help="predict's --chunk-rows in every run")
     p.add_argument("--force", action="store_true")
     args = p.parse_args(argv)
+    CHUNK_ROWS = args.chunk_rows
     out = Path(args.out)
     if (out / "report.json").exists() and not args.force:
         raise SystemExit(f"{out}/report.json exists; pass --force to measure again")

@@ -162,8 +162,8 @@ STAGES: tuple[Stage, ...] = (
           (f"$PY benchmarks/predict_bench.py {MODELS} --force",),
           (Report("benchmarks/reports/predict/report.json", "benchmarks/reports/predict/report.md",
                   "predict_bench:render"),),
-          "~20 min (estimate: four 25,000-review jobs at ~80-100 reviews/s on 2 cores, a 2,500-review job, the "
-          "3,200-review ceiling and Ray start-ups)",
+          "~25 min (estimate from a 400-review smoke run of onnx-int8 on 2 cores, ~68 reviews/s: three "
+          "25,000-review jobs ~6 min each, a 2,500-review job, the 3,200-review ceiling, Ray start-ups)",
           needs=(f"{MODELS}/report/report.json",),
           pending="new in issue 33: no report until this stage runs on the reference machine"),
     Stage("serve-ray", "uvicorn vs Ray Serve replicas, interleaved",
