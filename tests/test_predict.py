@@ -257,3 +257,14 @@ def test_threshold_is_refused_for_a_model_that_is_not_multi_label(tiny_variant, 
     src = _write_jsonl(tmp_path / "in.jsonl", [{"text": "fine"}])
     with pytest.raises(QserveError, match="--threshold applies to multi-label models only; .* single-label"):
         run(PredictConfig(str(tiny_variant), str(src), str(tmp_path / "o.jsonl"), threshold=0.3, quiet=True))
+
+
+def test_stdin_jsonl_is_read_like_a_file(tiny_variant, tmp_path, monkeypatch):
+    import io
+
+    rows = [{"id": i, "text": t} for i, t in enumerate(_texts(12))]
+    src = _write_jsonl(tmp_path / "in.jsonl", rows)
+    assert _predict(tiny_variant, src, "--out", tmp_path / "file.jsonl") == 0
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(src.read_bytes())))
+    assert _predict(tiny_variant, "-", "--out", tmp_path / "stdin.jsonl") == 0
+    assert (tmp_path / "stdin.jsonl").read_bytes() == (tmp_path / "file.jsonl").read_bytes()
