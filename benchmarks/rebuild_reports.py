@@ -165,6 +165,15 @@ STAGES: tuple[Stage, ...] = (
                   "serve_protocols:render_md"),),
           "~4 min (estimate): 6 x 10 s of timed load on /v1, 7 server start-ups, 640 answer requests",
           needs=(VARIANT,), pending="new with issue #31: waits for its quiet block"),
+    Stage("predict", "`qserve predict` over all 25,000 IMDb reviews with the pipeline's recommended variant: rows/s "
+          "vs the in-process b32 ceiling, peak RSS (25,000 vs 2,500 rows), Ray Data on 1 node and a 2-node cluster",
+          (f"$PY benchmarks/predict_bench.py {MODELS} --force",),
+          (Report("benchmarks/reports/predict/report.json", "benchmarks/reports/predict/report.md",
+                  "predict_bench:render"),),
+          "~25 min (estimate from a 400-review smoke run of onnx-int8 on 2 cores, ~68 reviews/s: three "
+          "25,000-review jobs ~6 min each, a 2,500-review job, the 3,200-review ceiling, Ray start-ups)",
+          needs=(f"{MODELS}/report/report.json",),
+          pending="new in issue 33: no report until this stage runs on the reference machine"),
     Stage("serve-ray", "uvicorn vs Ray Serve replicas, interleaved",
           (f"$PY benchmarks/serve_bench.py {VARIANT} --engine ray --replicas 1,2 --duration 4 --rounds 3 "
            "--reviews 256 --out benchmarks/reports/serve-ray --force",),

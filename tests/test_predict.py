@@ -238,7 +238,7 @@ def test_csv_and_parquet_directory_in_the_same_answers(tiny_variant, tmp_path):
         pq.write_table(pa.table({"id": list(range(k * 10, k * 10 + 10)), "text": texts[k * 10:k * 10 + 10]}),
                        d / f"{k}.parquet")
     assert _predict(tiny_variant, src, "--out", tmp_path / "a.csv") == 0
-    assert _predict(tiny_variant, d, "--out", tmp_path / "b.jsonl", "--chunk-rows", "7") == 0
+    assert _predict(tiny_variant, d, "--out", tmp_path / "b.jsonl") == 0  # one chunk over three files
     import csv
 
     a = list(csv.DictReader((tmp_path / "a.csv").open()))
@@ -247,3 +247,24 @@ def test_csv_and_parquet_directory_in_the_same_answers(tiny_variant, tmp_path):
     assert [r["id"] for r in b] == list(range(30))
     assert [float(r["score"]) for r in a] == [r["score"] for r in b]
     assert [r["label"] for r in a] == [r["label"] for r in b]
+
+
+def test_threshold_is_refused_for_a_model_that_is_not_multi_label(tiny_variant, tmp_path):
+    from qserve import QserveError
+    from qserve.predict.job import PredictConfig
+    from qserve.predict.runner import run
+
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"text": "fine"}])
+    with pytest.raises(QserveError, match="--threshold applies to multi-label models only; .* single-label"):
+        run(PredictConfig(str(tiny_variant), str(src), str(tmp_path / "o.jsonl"), threshold=0.3, quiet=True))
+
+
+def test_stdin_jsonl_is_read_like_a_file(tiny_variant, tmp_path, monkeypatch):
+    import io
+
+    rows = [{"id": i, "text": t} for i, t in enumerate(_texts(12))]
+    src = _write_jsonl(tmp_path / "in.jsonl", rows)
+    assert _predict(tiny_variant, src, "--out", tmp_path / "file.jsonl") == 0
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(src.read_bytes())))
+    assert _predict(tiny_variant, "-", "--out", tmp_path / "stdin.jsonl") == 0
+    assert (tmp_path / "stdin.jsonl").read_bytes() == (tmp_path / "file.jsonl").read_bytes()

@@ -109,7 +109,12 @@ def resolve_model(cfg: PredictConfig) -> Model:
         log.info("model dir %s: scoring with %s (%s)", cfg.target, sel["variant"], sel["why"])
     # as ServeState._prepare: --long-text wins, else the policy the model dir's report names, else the variant's
     long_text = cfg.long_text or (sel["long_text"] if sel else None)
-    version = model_version(read_manifest(Path(vdir)))
+    manifest = read_manifest(Path(vdir))
+    if cfg.threshold is not None and problems.from_manifest(manifest) != problems.MULTI:
+        kind = "single-label" if problems.from_manifest(manifest) == problems.SINGLE else "regression"
+        raise QserveError(f"--threshold applies to multi-label models only; {vdir} is a {kind} model: leave "
+                          "--threshold out")
+    version = model_version(manifest)
     return Model(str(Path(vdir).resolve()), long_text, dict(sel) if sel else None, version, cfg.threads, cfg.device,
                  cfg.batch_size)
 

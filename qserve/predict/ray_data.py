@@ -120,9 +120,15 @@ def run_ray(cfg: PredictConfig, model: Model, inp: Input, fmt: str) -> dict[str,
         ctx = ray.data.DataContext.get_current()
         ctx.execution_options.preserve_order = True  # rows come back in input order
         ctx.enable_progress_bars = False  # the driver's own bar counts rows written
-        ds = _dataset(inp).map_batches(Scorer, fn_constructor_args=(cfg, model), batch_size=cfg.chunk_rows,
-                                       batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=n),
-                                       num_cpus=threads, scheduling_strategy="SPREAD")  # actors over the nodes
+        import warnings
+
+        with warnings.catch_warnings():
+            # SPREAD puts the actors on different nodes; Ray 2.60 (pinned) has no named parameter for it yet and
+            # warns that the generic remote args go away in 2.64
+            warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
+            ds = _dataset(inp).map_batches(Scorer, fn_constructor_args=(cfg, model), batch_size=cfg.chunk_rows,
+                                           batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=n),
+                                           num_cpus=threads, scheduling_strategy="SPREAD")
         log.info("Ray Data: %d actor(s) x %d thread(s) of %s (Ray %s%s)", n, threads, model.variant_dir,
                  ray.__version__, ", local instance" if started else f", cluster {cfg.ray_address}")
         parts = parts_dir(cfg.out)
