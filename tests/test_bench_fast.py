@@ -194,3 +194,21 @@ def test_page_shows_the_ranked_latency_and_every_candidate(tmp_path):
     for row in summary.rows:
         assert row.p50_ms == by[row.variant]["real_b1_p50_ms"]  # the figure ranked, not b1/s128
         assert row.fixed_p50_ms == by[row.variant]["fixed_p50_ms"] and row.meets_bar == by[row.variant]["meets_bar"]
+
+
+def test_policy_agreement_on_the_texts_both_scored():
+    """The reference compares policies on the eval cut's first texts when it is not the recommended variant:
+    the recommended variant's agreement per policy is on those, and says so."""
+    from qserve.bench.policies import add_agreement, md_lines
+
+    ref = {"name": "torch-fp32", "status": "ok", "accuracy": {"n": 4},
+           "long_text_policies": [{"policy": "tail", "n": 2, "accuracy": 0.5, "predictions": [1, 0]}]}
+    rec = {"name": "ov-int8", "status": "ok", "accuracy": {"n": 4},
+           "long_text_policies": [{"policy": "tail", "n": 4, "accuracy": 0.75, "predictions": [1, 1, 0, 0]}]}
+    add_agreement([ref, rec], ref)
+    r = rec["long_text_policies"][0]
+    assert r["agreement"] == 0.5 and r["agreement_n"] == 2 and "predictions" not in r
+    assert "agreement_n" not in ref["long_text_policies"][0]
+    md = "\n".join(md_lines({"variants": [ref, rec], "agreement_reference": "torch-fp32"}))
+    assert "| torch-fp32 | tail | 50.00% (2 texts) | 100.00% (2 texts) |" in md
+    assert "| ov-int8 | tail | 75.00% | 50.00% (2 texts) |" in md

@@ -256,8 +256,10 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
         from qserve.bench import policies
 
         res["stage"] = "long_text"
-        res["long_text_policies"] = policies.measure(rt, data["eval"], job["long_text"], own=job.get("own"),
-                                                     cache=cache)
+        ev, limit = data["eval"], job.get("eval_limit")
+        if limit and limit < len(ev["texts"]):
+            ev = {**ev, "texts": ev["texts"][:limit], "labels": ev["labels"][:limit]}
+        res["long_text_policies"] = policies.measure(rt, ev, job["long_text"], own=job.get("own"), cache=cache)
         for r in res["long_text_policies"]:
             log(f"{rt.name} {r['policy']}: accuracy {r['accuracy']:.4f}, {r['texts_per_s'] or 0:.1f} texts/s, "
                 f"{r['mean_windows']:.2f} windows per text")

@@ -60,7 +60,14 @@ def add_agreement(variants: list[dict[str, Any]], ref: dict[str, Any] | None) ->
     problem, span = acc.get("problem_type", SINGLE), acc.get("label_range")
     for v in variants:
         for r in v.get("long_text_policies") or []:
-            r["agreement"] = agreement(r.get("predictions"), ref_preds.get(r["policy"]), problem, span) if ref else None
+            mine, theirs = r.get("predictions"), ref_preds.get(r["policy"])
+            if ref is None or mine is None or theirs is None:
+                r["agreement"] = None
+                continue
+            m = min(len(mine), len(theirs))  # the reference scored fewer when it is not the recommended variant
+            r["agreement"] = agreement(mine[:m], theirs[:m], problem, span)
+            if m < len(mine):
+                r["agreement_n"] = m
     for v in variants:
         for r in v.get("long_text_policies") or []:
             r.pop("predictions", None)
@@ -106,17 +113,20 @@ def _pct(x: Any) -> str:
 
 def md_lines(report: dict[str, Any]) -> list[str]:
     rows = []
+    top = max((r["n"] for v in report["variants"] for r in v.get("long_text_policies") or []), default=0)
     for v in report["variants"]:
         if v.get("status") != "ok":
             continue
         for r in v.get("long_text_policies") or []:
-            rows.append(f"| {v['name']} | {r['policy']} | {_pct(r.get('accuracy'))} | {_pct(r.get('agreement'))} | "
+            few = f" ({r['n']} texts)" if r["n"] < top else ""
+            agr = _pct(r.get("agreement")) + (f" ({r['agreement_n']} texts)" if r.get("agreement_n") else few)
+            rows.append(f"| {v['name']} | {r['policy']} | {_pct(r.get('accuracy'))}{few} | {agr} | "
                         + ("–" if not r.get("texts_per_s") else f"{r['texts_per_s']:.1f}")
                         + f" | {r.get('mean_windows') or 0:.2f} | {_pct(r.get('truncated'))} |")
     if not rows:
         return []
     ref = report.get("agreement_reference") or "fp32"
-    n = next(r["n"] for v in report["variants"] for r in v.get("long_text_policies") or [])
+    n = top
     L = ["## Long texts: policies compared", "",
          f"The first {n} test texts scored under each long-text policy (predict() in batches of 32: tokenization, "
          f"cutting, every window and the aggregation included); agreement is with {ref} under the same policy; "

@@ -191,6 +191,15 @@ def run_floor(cfg: BenchConfig, config: dict[str, Any] | None, work: Path) -> di
     return out
 
 
+def _texts_sha(data: dict[str, Any]) -> str:
+    """Which texts a measurement saw (real-text, invariance, the labelled test split): part of its store key."""
+    import hashlib
+
+    ev = data.get("eval") or {}
+    seen = [data.get("real_texts"), data.get("invariance_texts"), ev.get("texts"), ev.get("labels"), ev.get("pairs")]
+    return hashlib.sha256(json.dumps(seen, default=str).encode()).hexdigest()
+
+
 def _order(metas: list[dict[str, Any]]) -> list[int]:
     """Measuring order (the report keeps the given order): the agreement reference first, then fewer weight
     bytes first. A fast variant that meets its bar, measured early, is the bound below which a slower one
@@ -289,8 +298,7 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = N
                    "long_text": None, "length_buckets": cfg.length_buckets, "token_cache": token_cache,
                    "slow_eval_samples": cfg.slow_eval_samples,
                    "bound_ms": bound[0] if bound else None, "bound_variant": bound[1] if bound else None}
-            ident = {"key": list(key), "n_eval": len((data.get("eval") or {}).get("texts") or []),
-                     "real": len(data.get("real_texts") or []), "invariance": len(data.get("invariance_texts") or [])}
+            ident = {"key": list(key), "texts": _texts_sha(data)}
             jobs[i] = (job, ident)
             log.info("bench: [%d/%d] %s", step + 1, len(dirs), d)
             res = _measure("variant", d, meta, job, ident, work, f"v{i}", cfg, store, reuse)
@@ -307,11 +315,17 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = N
             if p50 is not None and (bound is None or p50 < bound[0]):
                 bound = (p50, entries[i]["name"])
         if cfg.long_text:
-            for i in _policy_candidates([entries[j] for j in range(len(dirs))], metas, cfg):
+            picked, rec = _policy_candidates([entries[j] for j in range(len(dirs))], metas, cfg)
+            for i in picked:
                 job, ident = jobs[i]
                 own = raw[i].get("accuracy") or {}
+                # The reference's policy records only feed the agreement column (choose() reads the recommended
+                # variant's): when it is not the recommended one it scores the eval cut's first texts, and each
+                # agreement says on how many (policies.add_agreement, "agreement_n").
+                limit = cfg.slow_eval_samples if (i != rec and cfg.slow_eval_samples) else None
                 pjob = {**job, "mode": "policies", "long_text": cfg.long_text, "bound_ms": None,
-                        "bound_variant": None, "own": {k: own.get(k) for k in ("policy", "predictions", "seconds")}}
+                        "bound_variant": None, "eval_limit": limit,
+                        "own": {k: own.get(k) for k in ("policy", "predictions", "seconds")}}
                 log.info("bench: %s: long-text policies %s", dirs[i], ",".join(cfg.long_text))
                 res = _measure("policies", dirs[i], metas[i], pjob, ident, work, f"p{i}", cfg, store, reuse)
                 if res["status"] == "ok":
@@ -340,10 +354,12 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = N
     return report
 
 
-def _policy_candidates(entries: list[dict[str, Any]], metas: list[dict[str, Any]], cfg: BenchConfig) -> list[int]:
-    """Indices of the variants that compare policies: the reference (every policy's agreement is against it)
-    and the one the recommendation chooses (policies.finish reads its records to name the served policy);
-    with neither, the first measured, as policies.finish falls back."""
+def _policy_candidates(entries: list[dict[str, Any]], metas: list[dict[str, Any]],
+                       cfg: BenchConfig) -> tuple[list[int], int | None]:
+    """(indices of the variants that compare policies, the one whose records name the served policy): the
+    reference (every policy's agreement is against it) and the one the recommendation chooses (policies.finish
+    reads its records); with no recommendation the reference's records decide, as policies.finish falls back,
+    and with neither the first measured."""
     import copy
 
     from qserve.bench import analysis
@@ -356,4 +372,5 @@ def _policy_candidates(entries: list[dict[str, Any]], metas: list[dict[str, Any]
     picked = list(dict.fromkeys(names.index(n) for n in want if n in names))
     if not picked:
         picked = [i for i, v in enumerate(entries) if v.get("status") == "ok" and v.get("accuracy")][:1]
-    return picked
+    rec = want[1] if want[1] in names else None
+    return picked, (names.index(rec) if rec else (picked[0] if picked else None))
