@@ -78,7 +78,8 @@ def _export_stage(ckpt: Path, run_dir: Path, device: str, names: list[str], forc
                     continue
             except VariantError as e:
                 print(f"   [{i}/{len(names)}] {name}: existing dir is invalid ({e}); rebuilding")
-        for stale in dest.parent.glob(f".{name}.tmp-*"):  # a killed export's staging dir: never trusted, never kept
+        # a killed export's staging dir (or the old copy a --force replace had moved aside): never trusted or kept
+        for stale in [*dest.parent.glob(f".{name}.tmp-*"), *dest.parent.glob(f".{name}.old-*")]:
             shutil.rmtree(stale, ignore_errors=True)
         t0 = time.perf_counter()
         print(f"   [{i}/{len(names)}] {name}: exporting ...", flush=True)

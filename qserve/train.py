@@ -4,7 +4,8 @@
     qserve train --model distilbert-base-uncased --dataset imdb --precision 16-mixed --devices 2
     qserve train --compare --max-samples 2000           # one run per precision -> precision_study.md
 
-Writes, atomically (staged temp dir renamed into place; an existing --out needs --force):
+Writes, atomically (staged temp dir renamed into place; an --out holding anything but this run needs --force;
+while training, a resumable checkpoint every --checkpoint-every steps: qserve/resume.py):
 an HF checkpoint (config.json with id2label/label2id, model.safetensors in fp32 whatever the
 training precision, tokenizer files), `qserve_model.json` (what exporters and bench read:
 model_name, max_length, long_text, dataset, seed, max_eval_samples, labels, problem_type, and inputs
