@@ -193,7 +193,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     todo = resume.plan(out, asdict(cfg), asdict(TrainConfig()), cfg.resume, cfg.force)
     if todo.action == "finished":
         print(f"{out} already holds this finished run; not retraining it (--force trains it again)", flush=True)
-        return todo.finished_metrics
+        return todo.finished_metrics or {}
     from lightning.fabric import Fabric
 
     devices: int | list[int]
@@ -284,7 +284,7 @@ def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float) -> dict[s
         skip = prog.batch if resuming else 0
         for _ in range(skip):
             next(it)
-        if resuming:
+        if resuming and rng is not None:
             resume.set_rng_states(rng)  # dropout draws continue where the killed run stopped
         else:
             prog.run_loss, prog.run_n = 0.0, 0

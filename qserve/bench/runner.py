@@ -364,7 +364,7 @@ def _policy_candidates(entries: list[dict[str, Any]], metas: list[dict[str, Any]
 
     from qserve.bench import analysis
 
-    draft = {"variants": copy.deepcopy(entries), "headline": dict(zip(("batch", "seq"), cfg.headline())),
+    draft: dict[str, Any] = {"variants": copy.deepcopy(entries), "headline": dict(zip(("batch", "seq"), cfg.headline())),
              "config": cfg.to_json(), "floor": {}, "environment": {}}
     analysis.finish(draft)  # the same rule, on the same records: which variant the report will recommend
     names = [v["name"] for v in draft["variants"]]

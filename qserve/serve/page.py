@@ -24,6 +24,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Query
 from fastapi.responses import HTMLResponse
@@ -129,7 +130,7 @@ def _row(name: str, row: dict, ranked: dict | None, report: dict) -> BenchRow:
                    meets_bar=ranked.get("meets_bar") if ranked else None)
     rec = report.get("recommended") or {}
     if ranked and ranked.get("real_b1_p50_ms") is not None and ranked.get("p50_ms") == ranked["real_b1_p50_ms"]:
-        v = next((x for x in report["variants"] if x["name"] == name), {})
+        v: dict[str, Any] = next((x for x in report["variants"] if x["name"] == name), {})
         real = real_text_b1(v) or {}
         out.p50_ms, out.p99_ms = ranked["p50_ms"], real.get("p99")
     elif rec.get("ranking") and ranked is None:
