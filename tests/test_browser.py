@@ -105,7 +105,10 @@ def test_page_is_open_holds_no_model_data_and_fetches_nothing(keyed_server):
         rep = c.get("/v1/report", headers=auth).json()
         assert rep["served"] == "torch-fp32" and rep["recommended"] == "ov-bf16"
         assert rep["served_is_recommended"] is False and rep["measured_files_match"] is None
-        assert [row["variant"] for row in rep["rows"]] == ["torch-fp32", "ov-bf16"]
+        # the served variant, the recommended one, then every other candidate that meets its bar, in ranked order
+        ranked = json.loads(EMBEDDED.read_text())["recommended"]["ranking"]
+        candidates = [r["variant"] for r in ranked if r.get("meets_bar") and r["variant"] not in ("torch-fp32", "ov-bf16")]
+        assert candidates and [row["variant"] for row in rep["rows"]] == ["torch-fp32", "ov-bf16", *candidates]
         assert rep["rows"][1]["p50_ms"] == pytest.approx(json.loads(EMBEDDED.read_text())["recommended"]["p50_ms"])
         # a page: HTML, open (POST / beside it is TEI's predict: serve/tei.py)
         page_op = c.get("/openapi.json", headers=auth).json()["paths"]["/"]["get"]

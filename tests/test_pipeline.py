@@ -49,7 +49,11 @@ def _rows(run: Path) -> list[dict]:
     """The report's per-variant rows, timings and paths left out."""
     rows = json.loads((run / "report" / "report.json").read_text())["variants"]
     def untimed(v):
-        return {k: x for k, x in v.items() if k != "seconds"} if isinstance(v, dict) else v
+        # parity's max |Δlogit| of a bf16 export moves in its 7th digit between two processes (oneDNN's bf16
+        # kernels are not bit-stable across runs on this CPU); 4 significant digits keep every real change
+        if isinstance(v, float):
+            return float(f"{v:.4g}")
+        return {k: untimed(x) for k, x in v.items() if k != "seconds"} if isinstance(v, dict) else v
 
     return [{k: untimed(row.get(k)) for k in ROW_KEYS} for row in rows]
 
@@ -120,17 +124,21 @@ def test_pipeline_killed_in_each_stage_finishes_with_the_same_report(tiny_checkp
     assert sorted(p.name for p in (run / "variants").iterdir()) == ["torch-bf16", "torch-fp32"]
 
 
-@pytest.mark.skip(reason="needs per-variant bench resume (#30, branch fastbench): enable when it is merged")
-def test_pipeline_killed_in_the_bench_keeps_each_finished_measurement(tiny_checkpoint, tmp_path, capsys):
+def test_pipeline_killed_in_the_bench_keeps_each_finished_measurement(tiny_checkpoint, tmp_path):
     from test_resume import toy_rows
 
     data = toy_rows(tmp_path / "toy.csv")
     run = tmp_path / "run"
     argv = _tiny_pipeline(run, tiny_checkpoint, data)
-    _run_in_process([*argv, "--variants", "torch-fp32"])  # train, export one variant
-    # killed after the first variant's measurement is written, during the second's
-    _killed_when(argv, "torch-bf16", then=lambda: any((run / "report").rglob("*torch-fp32*")))
-    capsys.readouterr()
+    store = run / "report" / "measured"
+    done = lambda name: sorted(store.glob(f"{name}-*.variant.json")) if store.is_dir() else []  # noqa: E731
+    # killed in the bench: the reference's measurement is stored, the second variant's is not yet
+    _killed_when(argv, "== [3/3]", then=lambda: bool(done("torch-fp32")) and not done("torch-bf16"))
+    assert done("torch-fp32") and not done("torch-bf16") and not (run / "report" / "report.json").exists()
+    kept = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in done("torch-fp32")}
     _run_in_process(argv)
-    out = capsys.readouterr().out
-    assert "torch-fp32" in out and "reusing" in out.split("== [3/3]")[1], out
+    # the finished measurement was read back, not redone; only the missing one was measured
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in done("torch-fp32")} == kept
+    assert done("torch-bf16")
+    rows = json.loads((run / "report" / "report.json").read_text())["variants"]
+    assert [(r["name"], r["status"]) for r in rows] == [("torch-fp32", "ok"), ("torch-bf16", "ok")]
