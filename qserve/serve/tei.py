@@ -14,9 +14,11 @@ What TEI (v1.9) answers for a classifier, and what qserve does with each field:
 - Length: TEI reads `truncate` absent as its server's --auto-truncate. qserve takes true: every other
   qserve protocol reads a long text by a policy rather than refusing it, so the same text gets the same
   answer here as on /v1. truncate=true cuts at max_length tokens: truncation_direction Right keeps the
-  start (qserve's `head`), Left keeps the end (`tail`); truncate=false refuses a longer text (413, TEI's
-  "`inputs` must have less than N tokens"). qserve's own policies stay reachable through the extra field
-  `long_text` (head, tail, head-tail[:H], windows[:W[:S[:AGG]]]), which replaces truncate/direction.
+  start (qserve's `head`), Left keeps the end (`tail`); absent, the served model's own policy reads it (what
+  /v1 reads: a text within max_length is read whole either way, and a long one gets /v1's answer, the
+  policy the model was trained and chosen for, rather than TEI's head cut); truncate=false refuses a longer
+  text (413, TEI's "`inputs` must have less than N tokens"). qserve's own policies stay reachable through
+  the extra field `long_text` (head, tail, head-tail[:H], windows[:W[:S[:AGG]]]), which replaces both.
 - POST / answers as /predict (TEI routes / by model type). huggingface_hub's InferenceClient posts there
   {"inputs": text, "parameters": {"top_k", "function_to_apply"}}: a body with `parameters` is the HF
   Inference API form, answered [[{label, score}, ...]] (one list per input, top_k of them), with
@@ -83,8 +85,9 @@ class TeiPredictRequest(BaseModel):
     truncate: Annotated[bool, Field(strict=True)] | None = Field(
         default=None, description="Cut a text longer than max_length tokens (null: true, as TEI's --auto-truncate); "
                                   "false: such a text is refused (413). With long_text, the policy applies.")
-    truncation_direction: Literal["Right", "Left", "right", "left"] = Field(
-        default="Right", description="Right keeps the start of a long text (qserve head), Left its end (tail).")
+    truncation_direction: Literal["Right", "Left", "right", "left"] | None = Field(
+        default=None, description="Right keeps the start of a long text (qserve head), Left its end (tail); "
+                                  "absent: the served model's own long-text policy, as /v1 reads the text.")
     raw_scores: Annotated[bool, Field(strict=True)] = Field(default=False, description="Logits instead of scores.")
     long_text: LongText | None = Field(
         default=None, description="qserve extra: a long-text policy (head, tail, head-tail[:H], "
@@ -187,15 +190,17 @@ def body_error(e: ApiError) -> ApiError:
     return e
 
 
-def policy_of(body: TeiPredictRequest, model: ServedModel, pair: bool) -> str:
+def policy_of(body: TeiPredictRequest, model: ServedModel, pair: bool) -> str | None:
     """The qserve long-text policy a TEI request asks for: `long_text` when given (it replaces truncate and
-    truncation_direction), else head (Right) or tail (Left)."""
+    truncation_direction), else head (Right) or tail (Left), else None: the model's own, as /v1 reads it."""
     if body.long_text is not None:
         try:
             model.check_policy(body.long_text, "long_text")  # a policy the model cannot apply: 422, named
         except ApiError as e:
             raise body_error(e) from None
         return body.long_text
+    if body.truncation_direction is None:
+        return None
     if pair and POLICY[body.truncation_direction] == "tail":
         raise body_error(ApiError(422, "truncation_direction Left is not supported for text pairs: a pair is cut as "
                                        "its tokenizer cuts it (longest first); send Right or leave it out"))
@@ -204,7 +209,7 @@ def policy_of(body: TeiPredictRequest, model: ServedModel, pair: bool) -> str:
 
 # -- the one call into the serving state ---------------------------------------------------------------
 async def answer(st: ServeState, request: Request, model: ServedModel, texts: list[str], pairs: list[str] | None,
-                 policy: str) -> Answer:
+                 policy: str | None) -> Answer:
     """Queue the texts on `model` (the default) under `policy`: every protocol's one call (state.py)."""
     return await st.classify(model, texts, request, policy, "long_text", pairs=pairs)
 
