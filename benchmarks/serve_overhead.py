@@ -328,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-level", default="info", help="server --log-level (default info: access log on)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/reports/serve-overhead")
     args = p.parse_args(argv)
+    # absolute: the code before runs from its own tree, where a path relative to this checkout means nothing
+    args.variants = [v.resolve() for v in args.variants]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from qserve import QserveError
     from qserve.artifact import write_json_atomic, write_text_atomic
