@@ -84,6 +84,12 @@ STAGES: tuple[Stage, ...] = (
     Stage("embedded-default-amd", "the same pipeline on the AMD EPYC (its own checkpoint)",
           (PIPELINE.format(d="embedded-default-amd", m=MODELS),), (_bench("embedded-default-amd"),),
           "12.5 min: the measured wall time of that run (training 5.9 min of it)"),
+    Stage("pipeline-fast-amd", "`make demo`'s pipeline after issue 30 (policies compared on the reference and the "
+          "recommended variant, the eval cut, stage times) on the AMD EPYC, its own checkpoint",
+          ("$QSERVE pipeline --force --report-dir benchmarks/reports/pipeline-fast-amd && "
+           f"cp {MODELS}/checkpoint/train_metrics.json benchmarks/reports/pipeline-fast-amd/",),
+          (_bench("pipeline-fast-amd"),),
+          "18.2 min: the measured wall time of that run (train 6.6, export 1.6, bench 10.0 min)"),
     Stage("embedded-default-full-test", "agreement of every CPU variant (and torch-fp16) on all 2,000 test reviews",
           (f"$QSERVE export {MODELS}/checkpoint --variant torch-fp16 --out {MODELS}/extra/torch-fp16 --force",
            f"$QSERVE bench {MODELS}/variants/{{torch-fp32,torch-bf16,bnb-int8,bnb-nf4,bnb-fp4,onnx-fp32,onnx-fp16,"
@@ -164,16 +170,15 @@ STAGES: tuple[Stage, ...] = (
           (Report("benchmarks/reports/serve-protocols/report.json", "benchmarks/reports/serve-protocols/report.md",
                   "serve_protocols:render_md"),),
           "~4 min (estimate): 6 x 10 s of timed load on /v1, 7 server start-ups, 640 answer requests",
-          needs=(VARIANT,), pending="new with issue #31: waits for its quiet block"),
+          needs=(VARIANT,)),
     Stage("predict", "`qserve predict` over all 25,000 IMDb reviews with the pipeline's recommended variant: rows/s "
           "vs the in-process b32 ceiling, peak RSS (25,000 vs 2,500 rows), Ray Data on 1 node and a 2-node cluster",
           (f"$PY benchmarks/predict_bench.py {MODELS} --force",),
           (Report("benchmarks/reports/predict/report.json", "benchmarks/reports/predict/report.md",
                   "predict_bench:render"),),
-          "~25 min (estimate from a 400-review smoke run of onnx-int8 on 2 cores, ~68 reviews/s: three "
-          "25,000-review jobs ~6 min each, a 2,500-review job, the 3,200-review ceiling, Ray start-ups)",
-          needs=(f"{MODELS}/report/report.json",),
-          pending="new in issue 33: no report until this stage runs on the reference machine"),
+          "14.2 min, measured on the AMD EPYC (three 25,000-review jobs of ~4.2 min each with ov-bf16 under tail, "
+          "the 2,500-review job, the 3,200-review ceiling, Ray start-ups)",
+          needs=(f"{MODELS}/report/report.json",)),
     Stage("serve-ray", "uvicorn vs Ray Serve replicas, interleaved",
           (f"$PY benchmarks/serve_bench.py {VARIANT} --engine ray --replicas 1,2 --duration 4 --rounds 3 "
            "--reviews 256 --out benchmarks/reports/serve-ray --force",),
@@ -263,21 +268,19 @@ STAGES: tuple[Stage, ...] = (
           needs=(VARIANT,)),
     Stage("serve-overhead", "what a request costs beyond the model at 1 and 32 clients (wrk), by the server's own "
           "CPU time: onnx-int8 and the recommended variant, the code before (b7b3591) and after",
-          (f"$PY benchmarks/serve_overhead.py {VARIANT} {MODELS} --baseline-ref b7b3591 --rounds 2 --duration 15 "
+          (f"$PY benchmarks/serve_overhead.py {VARIANT} {MODELS} --baseline-ref b7b3591 --rounds 1 --duration 15 "
            "--out benchmarks/reports/serve-overhead",),
           (Report("benchmarks/reports/serve-overhead/report.json", "benchmarks/reports/serve-overhead/report.md",
                   "serve_overhead:render"),),
-          "~12 min (estimate: 2 variants x 2 code trees x 2 rounds, each ~85 s: the in-process loops 2 x 15 s, wrk "
-          "2 x 15 s, a server start-up and 64 checked answers)",
-          needs=(VARIANT, f"{MODELS}/report"), pending="new benchmark: needs `wrk` (apt-get install wrk) and the quiet "
-          "machine"),
+          "5.2 min, measured on the AMD EPYC (2 variants x 2 code trees x 1 round, each ~80 s: the in-process "
+          "loops, wrk at 1 and 32 clients for 15 s each, a server start-up and 64 checked answers)",
+          needs=(VARIANT, f"{MODELS}/report")),
     Stage("checkpoint-cost", "one resumable training checkpoint of the embedded default per precision: wall and CPU "
           "seconds, size, share of training at the default ~5-minute interval",
           ("$PY benchmarks/checkpoint_cost.py --saves 5",),
           (Report("benchmarks/reports/checkpoint_cost/checkpoint_cost.json",
                   "benchmarks/reports/checkpoint_cost/checkpoint_cost.md"),),
-          "~1-2 min (estimate: 3 precisions x 5 saves of a 180-270 MB file, plus loading the model)",
-          pending="a new benchmark (#34), waiting for a quiet machine"),
+          "0.4 min (21 s), measured on the AMD EPYC (3 precisions x 5 saves of a 180-270 MB file, plus loading the model)"),
 )
 BY_NAME = {s.name: s for s in STAGES}
 
