@@ -62,6 +62,10 @@ def test_policies_compared_only_on_the_reference_and_the_recommended(fast_run):
     compared = {v["name"] for v in report["variants"] if v.get("long_text_policies")}
     assert compared == {rec, ref}
     assert report["long_text"]["variant"] == rec  # the served policy is chosen on the recommended variant
+    _, _, _, store = fast_run
+    passes = sorted(p.name.rsplit("-", 1)[0] for p in store.glob("*.policies.json"))
+    # the reference compares policies in its own variant child; only the recommended one gets a policy pass
+    assert passes == ([] if rec == ref else [rec])
     for v in report["variants"]:
         assert v["status"] == "ok" and v["accuracy"]["policy"] == "head"  # each scored once, under its own policy
         assert v["accuracy"]["n"] == 24 or v.get("eval_cut", {}).get("n") == v["accuracy"]["n"]
@@ -212,3 +216,23 @@ def test_policy_agreement_on_the_texts_both_scored():
     md = "\n".join(md_lines({"variants": [ref, rec], "agreement_reference": "torch-fp32"}))
     assert "| torch-fp32 | tail | 50.00% (2 texts) | 100.00% (2 texts) |" in md
     assert "| ov-int8 | tail | 75.00% | 50.00% (2 texts) |" in md
+
+
+def test_a_variant_that_cannot_be_recommended_checks_invariance_on_fewer_texts_and_says_so():
+    from qserve.bench import invariance
+    from qserve.bench.report import _invariance
+
+    texts = [f"text {i} " * (i + 1) for i in range(96)]
+    few = invariance.cut(texts, invariance.SLOW_TEXTS)
+    assert len(few) == invariance.SLOW_TEXTS and few[0] == texts[0] and few[-1] == texts[-1]
+    assert len(set(few)) == len(few) and invariance.cut(texts, 200) == texts
+
+    def inv(n):
+        return {"texts": n, "row_by_row": False, "token_lengths": {"min": 3, "max": 128, "median": 60.0},
+                "by_batch": {"8": {"max_abs_dprob": 0.0, "flips": 0}, "32": {"max_abs_dprob": 0.0, "flips": 0}}}
+
+    report = {"variants": [{"name": "slow", "status": "ok", "invariance": inv(32)},
+                           {"name": "fast", "status": "ok", "invariance": inv(96)}]}
+    text = "\n".join(_invariance(report))
+    assert text.count("(32 texts)") == 1 and "96 test reviews" in text and "fewer of them" in text
+    assert "| fast | batched |" in text
