@@ -157,9 +157,9 @@ def _label_maps(labels: list[str] | int) -> tuple[list[str], dict[int, str], dic
     if isinstance(labels, int):
         labels = [f"LABEL_{i}" for i in range(labels)]
     labels = [str(x) for x in labels]
-    from qserve.problems import REGRESSION_LABEL
+    from qserve.problemtypes import REGRESSION_LABEL
 
-    # one output only as a regression head (qserve.problems); a classifier needs two distinct labels
+    # one output only as a regression head (qserve.problemtypes); a classifier needs two distinct labels
     if (len(labels) < 2 and labels != [REGRESSION_LABEL]) or len(set(labels)) != len(labels):
         raise QserveError(f"labels must be at least two distinct names, or [{REGRESSION_LABEL!r}] for regression "
                           f"(got {labels})")

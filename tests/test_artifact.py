@@ -233,7 +233,7 @@ def test_unexpected_file_is_refused_unless_allowed(copy_of, caplog):
 
 
 def test_serve_and_bench_take_allow_extra_files(copy_of):
-    from qserve.serve.config import config_from_sources
+    from qserve.serve.infra.config import config_from_sources
 
     assert config_from_sources({}, {"QSERVE_ALLOW_EXTRA_FILES": "1"}).allow_extra_files is True
     assert config_from_sources({"allow_extra_files": True}, {}).allow_extra_files is True

@@ -178,7 +178,7 @@ def test_decision_chart_plots_what_the_recommendation_ranks_by():
 
 
 def test_page_shows_the_ranked_latency_and_every_candidate(tmp_path):
-    from qserve.serve.page import report_summary
+    from qserve.serve.protocols.page import report_summary
 
     report = _ranked_by_real_text()
     (tmp_path / "report").mkdir()

@@ -41,7 +41,7 @@ def crowded(report: dict) -> dict:
 def _label_boxes(fig):
     from matplotlib.text import Text
 
-    from qserve.bench.labels import LABEL_GID
+    from qserve.bench.chartlabels import LABEL_GID
 
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
@@ -59,7 +59,7 @@ def test_no_two_labels_overlap(report, which, chart):
     import matplotlib.pyplot as plt
 
     from qserve.bench import plots
-    from qserve.bench.labels import boxes_overlap
+    from qserve.bench.chartlabels import boxes_overlap
 
     r = report if which == "real" else crowded(report)
     fig = getattr(plots, chart)(r)

@@ -81,7 +81,7 @@ def run_dir(tiny_checkpoint, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def keyed_server(run_dir):
-    from qserve.serve.config import ServeConfig
+    from qserve.serve.infra.config import ServeConfig
 
     cfg = ServeConfig(variant_dir=str(run_dir / "variants" / "torch-fp32"), threads=1, api_key=KEY)
     with serving(cfg) as srv:
@@ -110,7 +110,7 @@ def test_page_is_open_holds_no_model_data_and_fetches_nothing(keyed_server):
         candidates = [r["variant"] for r in ranked if r.get("meets_bar") and r["variant"] not in ("torch-fp32", "ov-bf16")]
         assert candidates and [row["variant"] for row in rep["rows"]] == ["torch-fp32", "ov-bf16", *candidates]
         assert rep["rows"][1]["p50_ms"] == pytest.approx(json.loads(EMBEDDED.read_text())["recommended"]["p50_ms"])
-        # a page: HTML, open (POST / beside it is TEI's predict: serve/tei.py)
+        # a page: HTML, open (POST / beside it is TEI's predict: serve/protocols/tei.py)
         page_op = c.get("/openapi.json", headers=auth).json()["paths"]["/"]["get"]
         assert list(page_op["responses"]["200"]["content"]) == ["text/html"] and page_op["security"] == []
 

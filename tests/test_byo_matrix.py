@@ -71,7 +71,7 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 def _served_answer(variant_dir: Path) -> list[float]:
     import httpx2
 
-    from qserve.serve.config import ServeConfig
+    from qserve.serve.infra.config import ServeConfig
 
     with serving(ServeConfig(variant_dir=str(variant_dir), threads=1, max_wait_ms=1)) as srv:
         r = httpx2.post(srv.url + "/v1/classify", json={"inputs": TEXTS[:2]}, timeout=30, trust_env=False)

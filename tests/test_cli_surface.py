@@ -94,7 +94,7 @@ def _run(monkeypatch, argv: list[str], env: dict[str, str]) -> tuple[int, set[st
 
 def _serve_config(monkeypatch, env: dict[str, str]):
     """The ServeConfig `qserve serve` builds from `env` (it then stops: the variant dir does not exist)."""
-    from qserve.serve.config import ServeConfig
+    from qserve.serve.infra.config import ServeConfig
 
     built: list[ServeConfig] = []
     validate = ServeConfig.validate
@@ -140,7 +140,7 @@ def test_each_serve_env_var_sets_its_field(monkeypatch, expected):
 
 
 def test_a_serve_flag_wins_over_its_env_var(monkeypatch):
-    from qserve.serve.config import ServeConfig
+    from qserve.serve.infra.config import ServeConfig
 
     built: list[ServeConfig] = []
     validate = ServeConfig.validate

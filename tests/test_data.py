@@ -1,4 +1,4 @@
-"""qserve.data: the embedded datasets, local files and their errors, determinism.
+"""qserve.data.datasets: the embedded datasets, local files and their errors, determinism.
 
     python -m pytest tests/test_data.py -q
 """
@@ -13,7 +13,7 @@ import types
 import pytest
 
 from qserve import QserveError
-from qserve.data import Split, load_dataset, stratified_subsample
+from qserve.data.datasets import Split, load_dataset, stratified_subsample
 
 
 def write_csv(path, rows, header=("text", "label")):
@@ -178,7 +178,7 @@ def test_hub_id_without_datasets_package_gives_install_hint(monkeypatch):
 
 
 class _FakeSplit:
-    """The slice of a `datasets.Dataset` that qserve.data reads (the hub is not reachable here)."""
+    """The slice of a `datasets.Dataset` that qserve.data.datasets reads (the hub is not reachable here)."""
 
     def __init__(self, texts, labels, names):
         self._cols = {"text": texts, "label": labels}

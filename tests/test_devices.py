@@ -94,7 +94,7 @@ def test_train_applies_matmul_precision(tiny_checkpoint, tmp_path):
 
     import torch
 
-    from qserve.train import TrainConfig, train
+    from qserve.training.train import TrainConfig, train
 
     data = tmp_path / "toy.csv"
     with open(data, "w", newline="", encoding="utf-8") as f:

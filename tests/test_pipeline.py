@@ -91,7 +91,7 @@ def test_pipeline_killed_in_each_stage_finishes_with_the_same_report(tiny_checkp
     from test_resume import toy_rows
 
     from qserve.artifact import verify
-    from qserve.resume import CHECKPOINT, KILL_ENV
+    from qserve.training.resume import CHECKPOINT, KILL_ENV
 
     data = toy_rows(tmp_path / "toy.csv")
     ref = tmp_path / "uninterrupted"

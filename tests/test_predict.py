@@ -82,7 +82,7 @@ def _predict(*argv: str) -> int:
 
 def _v1(variant: Path, texts: list[str], pairs: list[str] | None = None, **body) -> list[dict]:
     """What a real server (uvicorn on 127.0.0.1) answers for each text, one request per 64."""
-    from qserve.serve.config import ServeConfig
+    from qserve.serve.infra.config import ServeConfig
 
     out = []
     with serving(ServeConfig(variant_dir=str(variant), port=0, threads=1, max_wait_ms=1)) as srv, \

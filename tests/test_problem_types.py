@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qserve import QserveError, problems
+from qserve import QserveError, problemtypes as problems
 from conftest import build_tiny_checkpoint, serving
 
 httpx2 = pytest.importorskip("httpx2")
@@ -51,7 +51,7 @@ def write_regression(path: Path, n: int = 80) -> Path:
 # -- data ---------------------------------------------------------------------------------------
 
 def test_local_files_infer_the_problem_type_and_split_accordingly(tmp_path):
-    from qserve.data import load_dataset
+    from qserve.data.datasets import load_dataset
 
     multi = load_dataset(str(write_multi(tmp_path / "m.jsonl")))
     assert multi.problem_type == problems.MULTI and multi.labels == ["politics", "sports", "tech"]
@@ -73,7 +73,7 @@ def test_local_files_infer_the_problem_type_and_split_accordingly(tmp_path):
 
 
 def test_bad_labels_and_flags_are_named(tmp_path):
-    from qserve.data import load_dataset
+    from qserve.data.datasets import load_dataset
 
     p = tmp_path / "bad.jsonl"
     p.write_text(json.dumps({"text": "a", "label": ["x", 1]}) + "\n", encoding="utf-8")
@@ -175,8 +175,8 @@ def test_an_edited_problem_type_is_refused(variants, tmp_path):
 
 def test_served_end_to_end_through_v1_and_v2(variants, tiny_variant):
     from qserve.runtime import load_runtime
-    from qserve.serve.config import ServeConfig
-    from qserve.serve.repository import Repository, sources_from_dirs
+    from qserve.serve.infra.config import ServeConfig
+    from qserve.serve.core.repository import Repository, sources_from_dirs
 
     ref = {k: load_runtime(v) for k, v in variants.items()}
     repo = Repository(sources_from_dirs([f"multi={variants['multi']}", f"reg={variants['regression']}",

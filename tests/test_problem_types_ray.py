@@ -30,7 +30,7 @@ def test_regression_model_on_ray_answers_its_value(tmp_path):
 
     from qserve.cli import main
     from qserve.runtime import load_runtime
-    from qserve.serve.deploy import Scaling
+    from qserve.serve.infra.deploy import Scaling
     from qserve.serve.ray_engine import application
 
     base = build_tiny_checkpoint(tmp_path / "base")

@@ -1,4 +1,4 @@
-"""Resumable training (qserve.resume): a real `python -m qserve.train` killed with SIGKILL, then resumed.
+"""Resumable training (qserve.training.resume): a real `python -m qserve.training.train` killed with SIGKILL, then resumed.
 
     python -m pytest tests/test_resume.py -q
 
@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from qserve import QserveError
-from qserve.resume import CHECKPOINT, KILL_ENV, PARTIAL_SUFFIX, STARTED
-from qserve.train import FILES_WRITTEN, TrainConfig, train
+from qserve.training.resume import CHECKPOINT, KILL_ENV, PARTIAL_SUFFIX, STARTED
+from qserve.training.train import FILES_WRITTEN, TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = {0: ["awful", "boring", "dull"], 1: ["great", "superb", "loved"]}
@@ -54,7 +54,7 @@ def cfg_for(ckpt: Path, data: Path, out: Path, **kw) -> TrainConfig:
 
 
 def argv_for(cfg: TrainConfig) -> list[str]:
-    from qserve.study import child_argv
+    from qserve.training.study import child_argv
 
     return child_argv(cfg, cfg.precision, Path(cfg.out))
 
@@ -134,7 +134,7 @@ def test_killed_run_resumes_to_the_same_weights(tiny_checkpoint, toy_csv, tmp_pa
 def test_plan_choices_name_the_flags(tmp_path):
     from dataclasses import asdict
 
-    from qserve.resume import plan, record_start
+    from qserve.training.resume import plan, record_start
 
     cfg, defaults = asdict(TrainConfig(out=str(tmp_path / "o"))), asdict(TrainConfig())
     out = tmp_path / "o"

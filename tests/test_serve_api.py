@@ -21,8 +21,8 @@ def server(tiny_variant):
     import torch
 
     from qserve.serve.app import create_app
-    from qserve.serve.config import ServeConfig
-    from qserve.serve.server import ServerThread
+    from qserve.serve.infra.config import ServeConfig
+    from qserve.serve.infra.uvicorn_server import ServerThread
 
     threads = torch.get_num_threads()
     # threads=1: the test machine's cores are shared; one intra-op thread avoids OpenMP spin contention.
@@ -138,8 +138,8 @@ def test_v1_models_says_why_a_model_dir_chose_the_variant(client, tiny_variant):
     import torch
 
     from qserve.serve.app import create_app
-    from qserve.serve.config import ServeConfig
-    from qserve.serve.server import ServerThread
+    from qserve.serve.infra.config import ServeConfig
+    from qserve.serve.infra.uvicorn_server import ServerThread
 
     assert client.get("/v1/models").json()["models"][0]["selection"] is None  # a variant dir: nothing chosen
     selection = {"variant": "torch-fp32", "why": "fastest meeting its bar", "report": "/run/report/report.json",
@@ -227,7 +227,7 @@ def test_v2_bad_input(client, name, body, status, fragment):
 
 
 def test_64_concurrent_clients_each_get_exactly_their_own_answers(server, reference):
-    from qserve.serve.loadtest import default_texts, run_loadtest
+    from qserve.bench.loadtest import default_texts, run_loadtest
 
     # Direct check: 64 clients at once, distinct texts (some multi-text requests), answers vs the runtime.
     texts = default_texts(96)
@@ -287,8 +287,8 @@ def test_objects_loaded_before_ready_are_frozen_out_of_the_cyclic_gc(tiny_varian
     import torch
 
     from qserve.serve.app import create_app
-    from qserve.serve.config import ServeConfig
-    from qserve.serve.server import ServerThread
+    from qserve.serve.infra.config import ServeConfig
+    from qserve.serve.infra.uvicorn_server import ServerThread
 
     threads = torch.get_num_threads()
     gc.unfreeze()  # other servers in this process may have frozen already

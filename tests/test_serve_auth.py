@@ -29,8 +29,8 @@ def auth_server(tiny_variant):
     import torch
 
     from qserve.serve.app import create_app
-    from qserve.serve.config import ServeConfig
-    from qserve.serve.server import ServerThread
+    from qserve.serve.infra.config import ServeConfig
+    from qserve.serve.infra.uvicorn_server import ServerThread
 
     threads = torch.get_num_threads()
     cfg = ServeConfig(variant_dir=str(tiny_variant), threads=1, api_key=KEY)
@@ -69,7 +69,7 @@ def test_auth_rejects_missing_and_wrong_tokens_and_never_logs_them(auth_server, 
 
 
 def test_config_precedence_flags_over_env_over_defaults():
-    from qserve.serve.config import ServeConfig, config_from_sources
+    from qserve.serve.infra.config import ServeConfig, config_from_sources
 
     env = {"QSERVE_MAX_BATCH_SIZE": "8", "QSERVE_PORT": "9000", "QSERVE_API_KEY": "from-env-key"}
     cfg = config_from_sources({"port": 9100, "max_wait_ms": None}, env)
@@ -98,7 +98,7 @@ def test_cli_registers_serve_and_loadtest(tmp_path):
 
 
 def test_loadtest_refuses_non_loopback_targets_and_unbounded_runs():
-    from qserve.serve.loadtest import classify_url, run_loadtest
+    from qserve.bench.loadtest import classify_url, run_loadtest
 
     assert classify_url("http://127.0.0.1:8000") == "http://127.0.0.1:8000/v1/classify"
     assert classify_url("http://localhost:8000/") == "http://localhost:8000/v1/classify"
@@ -150,8 +150,8 @@ def test_cli_process_from_env_serves_and_exits_cleanly_on_sigterm(tiny_variant, 
 
 def test_metrics_public_opens_only_metrics(tiny_variant):
     from qserve.serve.app import create_app
-    from qserve.serve.config import ServeConfig
-    from qserve.serve.server import ServerThread
+    from qserve.serve.infra.config import ServeConfig
+    from qserve.serve.infra.uvicorn_server import ServerThread
 
     cfg = ServeConfig(variant_dir=str(tiny_variant), threads=1, api_key=KEY, metrics_public=True)
     with ServerThread(create_app(cfg)) as srv, httpx2.Client(base_url=srv.url, trust_env=False) as c:

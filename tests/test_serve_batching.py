@@ -59,8 +59,8 @@ def runtime(tiny_variant):
 
 def _start(tiny_variant, loader, **cfg):
     from qserve.serve.app import create_app
-    from qserve.serve.config import ServeConfig
-    from qserve.serve.server import ServerThread
+    from qserve.serve.infra.config import ServeConfig
+    from qserve.serve.infra.uvicorn_server import ServerThread
 
     return ServerThread(create_app(ServeConfig(variant_dir=str(tiny_variant), **cfg), loader=loader)).start()
 

@@ -37,7 +37,7 @@ def ov_int8(tiny_checkpoint, tmp_path_factory):
 
 
 def _texts() -> list[str]:
-    from qserve.serve.loadtest import default_texts
+    from qserve.bench.loadtest import default_texts
 
     short = default_texts(32)  # 10-40 tokens
     long = [f"{t} " * (2 + i % 3) for i, t in enumerate(short)]  # 40-64 (truncated) tokens
@@ -57,14 +57,14 @@ def test_bucketed_ov_int8_answers_alike_sequential_and_32_way_concurrent(ov_int8
 
     from qserve.runtime import load_runtime
     from qserve.serve.app import create_app
-    from qserve.serve.config import ServeConfig
-    from qserve.serve.server import ServerThread
+    from qserve.serve.infra.config import ServeConfig
+    from qserve.serve.infra.uvicorn_server import ServerThread
 
     texts = _texts()
     shapes: list[int] = []
 
     def loader(cfg):  # the real loader's runtime, with each forward's padded length noted
-        from qserve.serve.state import load_model
+        from qserve.serve.core.state import load_model
 
         rt = load_model(cfg)
         forward = rt.forward

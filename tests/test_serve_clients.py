@@ -58,8 +58,8 @@ def models(tiny_variant, tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def server(models):
-    from qserve.serve.config import ServeConfig
-    from qserve.serve.repository import Repository, sources_from_dirs
+    from qserve.serve.infra.config import ServeConfig
+    from qserve.serve.core.repository import Repository, sources_from_dirs
 
     repo = Repository(sources_from_dirs([f"{k}={models[k]}" for k in ("single", "pair", "multi", "reg")]))
     cfg = ServeConfig(variant_dir=str(models["single"]), threads=1, max_inputs=64, max_chars=20000, max_wait_ms=2,
@@ -179,8 +179,8 @@ def test_pair_model_from_save_pretrained_scores_as_transformers(models, client, 
                                    return_tensors="pt")).logits[0].numpy() for a, b in PAIRS])
     labels = list(manifest["labels"])
     # TEI with raw_scores: the logits, each pair scored as transformers scores it
-    from qserve.serve.repository import Repository  # noqa: F401 - the pair model is not the default: its own server
-    from qserve.serve.config import ServeConfig
+    from qserve.serve.core.repository import Repository  # noqa: F401 - the pair model is not the default: its own server
+    from qserve.serve.infra.config import ServeConfig
 
     with serving(ServeConfig(variant_dir=str(models["pair"]), threads=1)) as srv, httpx2.Client(
             base_url=srv.url, timeout=30, trust_env=False) as c:
@@ -271,7 +271,7 @@ def _answers(client, grpc_target: str, texts: list[str]) -> dict[str, list[tuple
 def test_one_text_one_answer_across_protocols(server, client):
     import random
 
-    from qserve.data import load_dataset
+    from qserve.data.datasets import load_dataset
 
     texts = list(load_dataset("default", seed=0).test.texts[:16])  # real reviews, most past 64 tokens
     grpc_target = f"{server.host}:{server.server.config.app.state.grpc.port}"
@@ -313,7 +313,7 @@ def _answers_one(c, protocol: str, text: str) -> tuple[str, float]:
 
 
 def test_auth_covers_the_new_routes_and_post_root(tiny_variant):
-    from qserve.serve.config import ServeConfig
+    from qserve.serve.infra.config import ServeConfig
 
     with serving(ServeConfig(variant_dir=str(tiny_variant), threads=1, api_key="s3cret-key")) as srv, httpx2.Client(
             base_url=srv.url, timeout=30, trust_env=False) as c:

@@ -24,7 +24,7 @@ CAP = 16
 
 @pytest.fixture(scope="module")
 def server(tiny_variant):
-    from qserve.serve.config import ServeConfig
+    from qserve.serve.infra.config import ServeConfig
 
     cfg = ServeConfig(variant_dir=str(tiny_variant), threads=1, header_timeout_s=TIMEOUT_S,
                       body_timeout_s=TIMEOUT_S, keep_alive_s=TIMEOUT_S, max_connections=CAP)

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from qserve.cli import main
-from qserve.serve.config import ServeConfig, config_from_sources
-from qserve.serve.deploy import APP_FIELDS, PROXY_FIELDS, app_args
+from qserve.serve.infra.config import ServeConfig, config_from_sources
+from qserve.serve.infra.deploy import APP_FIELDS, PROXY_FIELDS, app_args
 
 
 @pytest.fixture

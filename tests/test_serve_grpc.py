@@ -1,4 +1,4 @@
-"""KServe V2 over gRPC (serve/grpc_v2.py) with Triton's own client, tritonclient.grpc, on a live server.
+"""KServe V2 over gRPC (serve/protocols/grpc_v2.py) with Triton's own client, tritonclient.grpc, on a live server.
 
     python -m pytest tests/test_serve_grpc.py -q
 
@@ -25,8 +25,8 @@ TEXTS = ["A wonderful film, I loved it.", "Dull and far too long.", "ok"]
 
 def _start(tiny_variant, **cfg):
     from qserve.serve.app import create_app
-    from qserve.serve.config import ServeConfig
-    from qserve.serve.server import ServerThread
+    from qserve.serve.infra.config import ServeConfig
+    from qserve.serve.infra.uvicorn_server import ServerThread
 
     app = create_app(ServeConfig(variant_dir=str(tiny_variant), threads=1, grpc_port=0, **cfg))
     srv = ServerThread(app).start()
@@ -202,7 +202,7 @@ def test_a_body_over_the_limit_is_refused_with_the_http_message(tiny_variant):
 
 def test_serving_without_grpc_or_tracing_imports_neither(tiny_variant):
     # (FastAPI itself imports the OpenTelemetry API when it is installed; the SDK and exporters are ours)
-    code = ("import sys\nfrom qserve.serve.app import create_app\nfrom qserve.serve.config import ServeConfig\n"
+    code = ("import sys\nfrom qserve.serve.app import create_app\nfrom qserve.serve.infra.config import ServeConfig\n"
             "create_app(ServeConfig(variant_dir=sys.argv[1]))\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'tritonclient')\n"
             "             or m.startswith(('opentelemetry.sdk', 'opentelemetry.exporter'))))")

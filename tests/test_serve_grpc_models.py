@@ -33,8 +33,8 @@ def _long_text(value):
 
 
 def test_grpc_routes_by_name_reads_long_text_and_runs_the_repository(tiny_variant, other):  # noqa: F811
-    from qserve.serve.config import ServeConfig
-    from qserve.serve.repository import Repository, sources_from_dirs
+    from qserve.serve.infra.config import ServeConfig
+    from qserve.serve.core.repository import Repository, sources_from_dirs
 
     ref = {"a": _runtime(tiny_variant), "b": _runtime(other["onnx-fp32"])}
     repo = Repository(sources_from_dirs([f"a={tiny_variant}", f"b={other['onnx-fp32']}"]))

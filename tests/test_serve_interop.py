@@ -22,7 +22,7 @@ TEXTS = ["A wonderful, moving film.", "Dreadful, I walked out.", "ok"]
 
 @pytest.fixture(scope="module")
 def server(tiny_variant):
-    from qserve.serve.config import ServeConfig
+    from qserve.serve.infra.config import ServeConfig
 
     cfg = ServeConfig(variant_dir=str(tiny_variant), threads=1, max_inputs=8, max_chars=500)
     with serving(cfg) as srv:

@@ -29,7 +29,7 @@ def int8_variant(tiny_checkpoint, tmp_path_factory):
 
 
 def _texts() -> list[str]:
-    from qserve.serve.loadtest import default_texts
+    from qserve.bench.loadtest import default_texts
 
     short = default_texts(48)
     long = [f"{t} " * (3 + i % 5) for i, t in enumerate(short[:16])]  # 40-64+ tokens: pads the short ones
@@ -42,8 +42,8 @@ def _serve_and_compare(variant, batch_dependent: str, row_workers: int = 1) -> t
 
     from qserve.runtime import RuntimeOptions, load_runtime
     from qserve.serve.app import create_app
-    from qserve.serve.config import ServeConfig
-    from qserve.serve.server import ServerThread
+    from qserve.serve.infra.config import ServeConfig
+    from qserve.serve.infra.uvicorn_server import ServerThread
 
     texts = _texts()
     cfg = ServeConfig(variant_dir=str(variant), threads=1, max_batch_size=32, max_wait_ms=50)
@@ -98,8 +98,8 @@ def test_the_same_check_catches_a_server_whose_answers_move_with_batchmates(int8
 
 def test_row_workers_setting_reaches_every_engine_and_names_its_flag():
     from qserve import QserveError
-    from qserve.serve.deploy import app_args
-    from qserve.serve.config import config_from_sources
+    from qserve.serve.infra.deploy import app_args
+    from qserve.serve.infra.config import config_from_sources
 
     assert config_from_sources({}, {"QSERVE_ROW_WORKERS": "2"}).row_workers == 2
     assert config_from_sources({"row_workers": 1}, {"QSERVE_ROW_WORKERS": "2"}).row_workers == 1  # flag wins

@@ -63,14 +63,14 @@ def _state(srv):
 
 
 def _cfg(variant: Path | str = "", **kw):
-    from qserve.serve.config import ServeConfig
+    from qserve.serve.infra.config import ServeConfig
 
     return ServeConfig(variant_dir=str(variant), threads=1, max_inputs=64, max_wait_ms=2, **kw)
 
 
 # -- several models ---------------------------------------------------------------------------------
 def test_two_models_answer_by_name_through_v1_and_v2(tiny_variant, other):
-    from qserve.serve.repository import Repository, sources_from_dirs
+    from qserve.serve.core.repository import Repository, sources_from_dirs
 
     ref = {"a": _runtime(tiny_variant), "b": _runtime(other["onnx-fp32"])}
     want = {name: rt.predict(TEXTS[:4]) for name, rt in ref.items()}
@@ -107,7 +107,7 @@ def test_two_models_answer_by_name_through_v1_and_v2(tiny_variant, other):
 def test_a_name_clash_is_refused_at_start_naming_both_dirs(tiny_variant, other, capsys):
     from qserve import QserveError
     from qserve.cli import main
-    from qserve.serve.repository import sources_from_dirs
+    from qserve.serve.core.repository import sources_from_dirs
 
     # Both variants are named by their spec name, torch-fp32.
     assert main(["serve", str(tiny_variant), str(other["torch-fp32"])]) == 2
@@ -156,7 +156,7 @@ def _cyclic_loader(cfg):
     """The real loader, plus a reference cycle on the runtime, as real models can hold (a module that
     refers back to its parent, a bound method kept as a hook): only the cyclic GC can free such a runtime,
     and the post-warm-up gc.freeze() puts it out of that GC's reach until the swap thaws it."""
-    from qserve.serve.state import load_model
+    from qserve.serve.core.state import load_model
 
     rt = load_model(cfg)
     rt.cycle = [rt]

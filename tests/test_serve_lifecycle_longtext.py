@@ -21,7 +21,7 @@ LONG = [" ".join(f"scene{i % 40} was {'great' if (i + k) % 3 else 'dull'}" for i
 
 
 def test_each_model_reads_long_texts_by_the_request_policy_and_has_its_report(tiny_variant, other):  # noqa: F811
-    from qserve.serve.repository import Repository, sources_from_dirs
+    from qserve.serve.core.repository import Repository, sources_from_dirs
 
     ref = {"a": _runtime(tiny_variant), "b": _runtime(other["onnx-fp32"])}
     repo = Repository(sources_from_dirs([f"a={tiny_variant}", f"b={other['onnx-fp32']}"]))

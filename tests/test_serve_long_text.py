@@ -29,7 +29,7 @@ def reference(tiny_variant):
 
 @pytest.fixture(scope="module")
 def client(tiny_variant):
-    from qserve.serve.config import ServeConfig
+    from qserve.serve.infra.config import ServeConfig
 
     cfg = ServeConfig(variant_dir=str(tiny_variant), device="cpu", threads=1, max_batch_size=8, max_wait_ms=20,
                       max_inputs=16)
@@ -101,7 +101,7 @@ def test_windowed_answers_do_not_move_under_concurrent_mixed_requests(client, re
 
 
 def test_the_servers_default_policy_and_max_windows(tiny_variant, reference):
-    from qserve.serve.config import ServeConfig
+    from qserve.serve.infra.config import ServeConfig
 
     cfg = ServeConfig(variant_dir=str(tiny_variant), device="cpu", threads=1, long_text="windows", max_windows=3)
     with serving(cfg) as srv, httpx2.Client(base_url=srv.url, timeout=60, trust_env=False) as c:
@@ -115,7 +115,7 @@ def test_the_servers_default_policy_and_max_windows(tiny_variant, reference):
 
 def test_a_bad_server_policy_names_the_flag():
     from qserve import QserveError
-    from qserve.serve.config import ServeConfig
+    from qserve.serve.infra.config import ServeConfig
 
     with pytest.raises(QserveError, match="--long-text") as e:
         ServeConfig(variant_dir="x", long_text="sideways").validate()
@@ -137,7 +137,7 @@ def test_the_schema_publishes_the_policies_this_server_accepts(client):
 
 
 def test_ray_replicas_get_the_policy_and_the_window_cap():
-    from qserve.serve.deploy import app_args
+    from qserve.serve.infra.deploy import app_args
 
     args = app_args("/models/v", {"long_text": "windows", "max_windows": 3, "port": 1})
     assert args == {"variant_dir": "/models/v", "long_text": "windows", "max_windows": 3}

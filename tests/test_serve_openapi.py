@@ -25,7 +25,7 @@ MAX_EXAMPLES = 12
 
 @pytest.fixture(scope="module")
 def server(tiny_variant):
-    from qserve.serve.config import ServeConfig
+    from qserve.serve.infra.config import ServeConfig
 
     # Small limits keep generated bodies small; the body limit fits the largest valid request
     # (8 texts x 200 characters, each up to 12 bytes as a JSON \\u escape pair), so every schema-valid
@@ -39,7 +39,7 @@ def server(tiny_variant):
 def test_openapi_states_the_limits(server):
     spec = httpx2.get(server.url + "/openapi.json", trust_env=False).json()
     req = spec["components"]["schemas"]["ClassifyRequest"]["properties"]["inputs"]["anyOf"]
-    text, texts = req  # a one-text model: no {text, text_pair} form (serve/pairs.py publish_inputs)
+    text, texts = req  # a one-text model: no {text, text_pair} form (serve/core/pairs.py publish_inputs)
     assert text["minLength"] == 1 and text["maxLength"] == 200 and "pattern" in text
     assert texts["minItems"] == 1 and texts["maxItems"] == 8 and "TextPair" not in str(req)
     assert all(p["maxLength"] == 200 for p in spec["components"]["schemas"]["TextPair"]["properties"].values())

@@ -74,7 +74,7 @@ def ray_url():
 
 @pytest.fixture(scope="module")
 def ray_app(ray_url, tiny_variant):
-    from qserve.serve.deploy import Scaling
+    from qserve.serve.infra.deploy import Scaling
     from qserve.serve.ray_engine import application
 
     # 2 replicas x 1 CPU: what `qserve serve --engine ray --replicas 2` picks on a 2-core machine.
@@ -114,7 +114,7 @@ def test_two_replicas_running_and_reported(ray_app):
 
 
 def test_64_clients_x_8_requests_all_answered_exactly_across_replicas(ray_app, ray_url, reference):
-    from qserve.serve.loadtest import default_texts
+    from qserve.bench.loadtest import default_texts
 
     texts = default_texts(96)
     plan = [[texts[(w * 8 + k) % len(texts)] for k in range(8)] for w in range(64)]
@@ -148,8 +148,8 @@ def uvicorn_client(tiny_variant):
     import torch
 
     from qserve.serve.app import create_app
-    from qserve.serve.config import ServeConfig
-    from qserve.serve.server import ServerThread
+    from qserve.serve.infra.config import ServeConfig
+    from qserve.serve.infra.uvicorn_server import ServerThread
 
     threads = torch.get_num_threads()
     srv = ServerThread(create_app(ServeConfig(variant_dir=str(tiny_variant), **SETTINGS))).start()
@@ -188,7 +188,7 @@ def test_bad_input_gets_the_same_4xx_bodies_as_uvicorn(ray_app, uvicorn_client):
 
 
 def test_killed_replica_is_replaced_and_no_request_hangs(ray_app, ray_url, reference):
-    from qserve.serve.loadtest import default_texts
+    from qserve.bench.loadtest import default_texts
 
     before = _wait_running(ray_app, 2)
     victim = before["replicas"][0]
@@ -304,7 +304,7 @@ def test_missing_ray_extra_names_the_install_command(tiny_variant):
 
 def test_scaling_flags_map_to_ray_options(tiny_variant, monkeypatch, capsys):
     from qserve.cli import main
-    from qserve.serve.deploy import Scaling, deployment_options
+    from qserve.serve.infra.deploy import Scaling, deployment_options
 
     fixed = deployment_options(Scaling.parse("2", None, None, None), max_batch_size=32, cores=2)
     assert fixed["num_replicas"] == 2 and fixed["ray_actor_options"] == {"num_cpus": 1.0}

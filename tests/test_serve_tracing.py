@@ -1,4 +1,4 @@
-"""OpenTelemetry traces (serve/tracing.py) end to end: the OTEL_* environment turns them on, a live server
+"""OpenTelemetry traces (serve/infra/tracing.py) end to end: the OTEL_* environment turns them on, a live server
 exports over OTLP (http/protobuf and grpc) to a collector running in this test, and the spans are checked.
 
     python -m pytest tests/test_serve_tracing.py -q
@@ -23,7 +23,7 @@ httpx2 = pytest.importorskip("httpx2")
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc  # noqa: E402
 
 from qserve import QserveError  # noqa: E402
-from qserve.serve.tracing import wanted  # noqa: E402
+from qserve.serve.infra.tracing import wanted  # noqa: E402
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -93,7 +93,7 @@ def test_the_environment_decides_and_bad_values_name_the_allowed_ones():
     assert wanted({"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}) is None
     with pytest.raises(QserveError, match="OTEL_TRACES_EXPORTER='zipkin': qserve exports traces with one of otlp"):
         wanted({"OTEL_TRACES_EXPORTER": "zipkin"})
-    from qserve.serve.tracing import from_env
+    from qserve.serve.infra.tracing import from_env
 
     with pytest.raises(QserveError, match="http/protobuf or grpc"):
         from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
@@ -101,8 +101,8 @@ def test_the_environment_decides_and_bad_values_name_the_allowed_ones():
 
 def test_no_otel_environment_no_trace_middleware(tiny_variant, monkeypatch):
     from qserve.serve.app import create_app
-    from qserve.serve.config import ServeConfig
-    from qserve.serve.tracing import TraceMiddleware
+    from qserve.serve.infra.config import ServeConfig
+    from qserve.serve.infra.tracing import TraceMiddleware
 
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_EXPORTER"):
         monkeypatch.delenv(name, raising=False)
@@ -116,8 +116,8 @@ def test_requests_are_traced_to_an_otlp_collector_with_named_steps(tiny_variant,
     import torch
 
     from qserve.serve.app import create_app
-    from qserve.serve.config import ServeConfig
-    from qserve.serve.server import ServerThread
+    from qserve.serve.infra.config import ServeConfig
+    from qserve.serve.infra.uvicorn_server import ServerThread
 
     col = Collector()
     port, stop_collector = (_http_collector if protocol == "http/protobuf" else _grpc_collector)(col)

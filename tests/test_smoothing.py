@@ -118,7 +118,7 @@ def test_smoothing_is_exact_in_fp32_and_lowers_int8_error(outlier_checkpoint, tm
 
 
 def test_calibration_reads_the_training_split_of_the_recorded_dataset(outlier_checkpoint, tiny_checkpoint):
-    from qserve.data import load_dataset
+    from qserve.data.datasets import load_dataset
 
     texts, source = calibration.calibration_texts(outlier_checkpoint, 10)
     meta = json.loads((outlier_checkpoint / "qserve_model.json").read_text())

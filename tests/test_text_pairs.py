@@ -82,7 +82,7 @@ def test_pair_pieces_are_what_the_tokenizer_makes(tmp_path):
 # -- the data file -------------------------------------------------------------------------------------
 def test_local_files_read_a_text_pair_column(tmp_path):
     from qserve import QserveError
-    from qserve.data import load_dataset
+    from qserve.data.datasets import load_dataset
 
     d = load_dataset(str(_pairs_file(tmp_path / "pairs.jsonl")))
     assert d.info["inputs"] == ["text", "text_pair"] and d.labels == ["other", "same"]
@@ -195,7 +195,7 @@ def test_a_one_text_model_refuses_pairs(tiny_variant):
 
 def test_bench_accuracy_scores_the_pair_test_split(pair_model):
     from qserve.bench.measure import accuracy
-    from qserve.data import load_dataset
+    from qserve.data.datasets import load_dataset
     from qserve.runtime import load_runtime
 
     test = load_dataset(json.loads((pair_model["checkpoint"] / "qserve_model.json").read_text())["dataset"]).test
@@ -212,8 +212,8 @@ def test_bench_accuracy_scores_the_pair_test_split(pair_model):
 # -- served: /v1, V2 HTTP, V2 gRPC ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server(pair_model, tiny_variant):
-    from qserve.serve.config import ServeConfig
-    from qserve.serve.repository import Repository, sources_from_dirs
+    from qserve.serve.infra.config import ServeConfig
+    from qserve.serve.core.repository import Repository, sources_from_dirs
 
     repo = Repository(sources_from_dirs([f"pairs={pair_model['onnx-int8']}", f"single={tiny_variant}"]))
     cfg = ServeConfig(variant_dir=str(pair_model["onnx-int8"]), threads=1, max_wait_ms=2, grpc_port=0,

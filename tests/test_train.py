@@ -1,4 +1,4 @@
-"""qserve.train and qserve.study on a tiny DistilBERT and a tiny local CSV (seconds each).
+"""qserve.training.train and qserve.training.study on a tiny DistilBERT and a tiny local CSV (seconds each).
 
     python -m pytest tests/test_train.py -q
 """
@@ -18,7 +18,7 @@ import pytest
 
 from qserve import QserveError
 from qserve.configflags import field_docs
-from qserve.train import FILES_WRITTEN, TrainConfig, config_from_args, train
+from qserve.training.train import FILES_WRITTEN, TrainConfig, config_from_args, train
 
 POS = ["great", "wonderful", "superb", "loved", "brilliant"]
 NEG = ["awful", "boring", "terrible", "hated", "dull"]
@@ -115,7 +115,7 @@ def test_checkpoint_reproduces_test_accuracy_from_its_metadata(trained):
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from qserve.data import load_dataset
+    from qserve.data.datasets import load_dataset
 
     out, metrics = trained
     meta = json.loads((out / "qserve_model.json").read_text())
@@ -156,7 +156,7 @@ def _drift_error(update: str, steps: int = 100, lr: float = 1e-4) -> float:
 
     import torch
 
-    from qserve.precision import build_optimizer
+    from qserve.training.precision import build_optimizer
 
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
@@ -223,10 +223,10 @@ def test_bad_dataset_file_is_refused(tiny_checkpoint, tmp_path):
 
 def test_bf16_on_cpu_without_native_support_warns(monkeypatch, caplog):
     from qserve import devices
-    from qserve.precision import check_precision
+    from qserve.training.precision import check_precision
 
     monkeypatch.setattr(devices, "cpu_supports_bf16", lambda: False)
-    with caplog.at_level(logging.WARNING, logger="qserve.precision"):
+    with caplog.at_level(logging.WARNING, logger="qserve.training.precision"):
         check_precision("bf16-mixed", "cpu")
     assert "emulated and slow" in caplog.text
     caplog.clear()
@@ -239,7 +239,7 @@ def test_bf16_on_cpu_without_native_support_warns(monkeypatch, caplog):
 def parse(argv):
     import argparse
 
-    from qserve.train import register
+    from qserve.training.train import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
@@ -280,18 +280,18 @@ def test_cli_rejects_bad_precision_and_repeats_without_compare(capsys):
 
 
 def test_child_argv_round_trips_the_config():
-    from qserve.study import child_argv
+    from qserve.training.study import child_argv
 
     cfg = TrainConfig(model="m", dataset="x.csv", epochs=2, lr=3e-5, max_samples=None, max_eval_samples=None,
                       matmul_precision="medium", force=True, bf16_update="plain", data_seed=3)
     argv = child_argv(cfg, "bf16-true", Path("/tmp/o"))
-    assert argv[1:3] == ["-m", "qserve.train"]
+    assert argv[1:3] == ["-m", "qserve.training.train"]
     back = config_from_args(parse(argv[3:]))
     assert back == TrainConfig(**{**cfg.__dict__, "precision": "bf16-true", "out": "/tmp/o", "force": False})
 
 
 def test_import_stays_light():
-    code = ("import sys, qserve.train, qserve.study, qserve.data, qserve.modeling; "
+    code = ("import sys, qserve.training.train, qserve.training.study, qserve.data.datasets, qserve.modeling; "
             "heavy = [m for m in ('torch', 'transformers', 'lightning') if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -300,7 +300,7 @@ def test_import_stays_light():
 # -- precision study --------------------------------------------------------------------
 
 def test_study_refuses_16_mixed_on_cpu(tmp_path):
-    from qserve.study import compare
+    from qserve.training.study import compare
 
     with pytest.raises(QserveError, match="16-mixed is not supported on cpu"):
         compare(TrainConfig(device="cpu"), ["16-mixed"], tmp_path)
@@ -308,9 +308,10 @@ def test_study_refuses_16_mixed_on_cpu(tmp_path):
 
 
 def test_train_compare_is_dispatched_to_the_study_by_the_composition_root(tmp_path, capsys):
-    """qserve.train never imports qserve.study (the study runs train in children); qserve.cli routes
-    `train --compare` to it, and `python -m qserve.train --compare` says where the study lives."""
-    from qserve import cli, train as train_module
+    """qserve.training.train never imports qserve.training.study (the study runs train in children); qserve.cli routes
+    `train --compare` to it, and `python -m qserve.training.train --compare` says where the study lives."""
+    from qserve import cli
+    from qserve.training import train as train_module
 
     out = tmp_path / "study"
     assert cli.main(["train", "--compare", "--precision", "16-mixed", "--device", "cpu", "--out", str(out)]) == 2
@@ -321,7 +322,7 @@ def test_train_compare_is_dispatched_to_the_study_by_the_composition_root(tmp_pa
 
 
 def test_study_plan_runs_bf16_true_per_update_and_one_noise_seed_on_the_same_split():
-    from qserve.study import plan
+    from qserve.training.study import plan
 
     runs = plan(TrainConfig(seed=5), None, "cpu", None, None)
     assert [(r["precision"], r["bf16_update"], r["seed"], r["noise"]) for r in runs] == [
@@ -339,7 +340,7 @@ def test_study_plan_runs_bf16_true_per_update_and_one_noise_seed_on_the_same_spl
 
 
 def test_study_runs_each_precision_in_a_child(tiny_checkpoint, separable_csv, tmp_path):
-    from qserve.study import compare
+    from qserve.training.study import compare
 
     cfg = tiny_cfg(tiny_checkpoint, separable_csv, None, epochs=1, max_eval_samples=8)
     study = compare(cfg, ["32-true", "bf16-mixed"], tmp_path / "report", step_rounds=1, step_samples=48)
@@ -372,7 +373,7 @@ def test_study_runs_each_precision_in_a_child(tiny_checkpoint, separable_csv, tm
 
 
 def test_study_summary_compares_gaps_with_the_two_seed_noise():
-    from qserve.study import render_markdown, summarize
+    from qserve.training.study import render_markdown, summarize
 
     def run(label, precision, acc, update="compensated", seed=42, noise=False):
         return {"label": label, "precision": precision, "bf16_update": update, "seed": seed, "noise": noise,
@@ -398,10 +399,10 @@ def test_ddp_on_two_cpu_processes_counts_every_eval_example_once(tiny_checkpoint
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from qserve.data import load_dataset
+    from qserve.data.datasets import load_dataset
 
     out = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "qserve.train", "--model", str(tiny_checkpoint), "--dataset", str(separable_csv),
+    cmd = [sys.executable, "-m", "qserve.training.train", "--model", str(tiny_checkpoint), "--dataset", str(separable_csv),
            "--max-length", "32", "--batch-size", "8", "--lr", "5e-3", "--epochs", "2", "--precision", "32-true",
            "--device", "cpu", "--devices", "2", "--strategy", "ddp", "--max-eval-samples", "7", "--out", str(out)]
     proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
@@ -420,7 +421,7 @@ def test_ddp_on_two_cpu_processes_counts_every_eval_example_once(tiny_checkpoint
 
 
 def test_interleaved_step_rounds_are_compared_round_by_round():
-    from qserve.study import render_markdown, summarize
+    from qserve.training.study import render_markdown, summarize
 
     def run(label, precision, rounds, update="compensated"):
         return {"label": label, "precision": precision, "bf16_update": update, "seed": 42, "noise": False,

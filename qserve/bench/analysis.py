@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from qserve.bench.stats import shape_stats
-from qserve.problems import AGREEMENT_METRIC, SINGLE, agreement
+from qserve.problemtypes import AGREEMENT_METRIC, SINGLE, agreement
 
 REFERENCES = ("torch-fp32", "onnx-fp32")  # agreement and speed-up are measured against these, first found wins
 

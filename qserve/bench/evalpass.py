@@ -62,7 +62,7 @@ def sorted_batches(lengths: list[int], batch: int) -> list[list[int]]:
 def score(rt: Any, texts: list[str], policy: Any, lengths: list[int] | None, batch: int = 32,
           pairs: list[str] | None = None) -> tuple[list[Any], float]:
     """(predictions in the texts' order, seconds spent in predict()); sorted by `lengths` when given."""
-    from qserve import problems
+    from qserve import problemtypes as problems
 
     groups = (sorted_batches(lengths, batch) if lengths is not None
               else [list(range(i, min(i + batch, len(texts)))) for i in range(0, len(texts), batch)])

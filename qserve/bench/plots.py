@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qserve.bench.labels import Label, place
+from qserve.bench.chartlabels import Label, place
 
 DPI = 110
 # Okabe & Ito's palette, which stays distinct under every common colour-vision deficiency.
