@@ -101,7 +101,7 @@ async def send_all(url: str, labels: list[str], texts: list[str], policy: str, c
     return out, time.perf_counter() - t0, n
 
 
-# -- pure parts (tests/test_serve_windows.py) ----------------------------------------------------
+# -- pure parts (tests/unit/test_serve_windows.py) ----------------------------------------------------
 def changes(ref: list[Answer | None], got: list[Answer | None]) -> dict[str, Any]:
     """Against the reference answer of the same text: label changes, the largest |Δprob|, and how many texts
     have both answers (a text missing either is counted as missing, never as agreeing)."""

@@ -117,7 +117,7 @@ def bert_to_distilbert(bert_state_dict: dict[str, Any], bert_config: Any) -> tup
     return dcfg, out
 
 
-# The encoder architectures qserve exports, serves and tests (tests/test_byo_matrix.py), by config.json
+# The encoder architectures qserve exports, serves and tests (tests/integration/test_byo_matrix.py), by config.json
 # model_type, with the name outputs use. Another model_type may work; these are the ones proven.
 ARCHITECTURES = {
     "distilbert": "DistilBERT", "bert": "BERT", "roberta": "RoBERTa", "xlm-roberta": "XLM-RoBERTa",

@@ -1,6 +1,6 @@
 """Turn child results into report entries: agreement with fp32, speed-up, distance to the floor.
 
-    python -m pytest tests/test_bench_report.py -q
+    python -m pytest tests/unit/test_bench_report.py -q
 
 Pure functions over JSON-shaped dicts (no torch), so the parent and the tests share them.
 Per-text predictions come back from the children only to compute agreement here;

@@ -1,6 +1,6 @@
 """The accuracy pass of a bench child: score test texts in length-sorted batches, tokenize each text once per tokenizer.
 
-    python -m pytest tests/test_bench_fast.py -q
+    python -m pytest tests/integration/test_bench_fast.py -q
 
 `score` runs predict() (tokenization, cutting, every window and the aggregation included, as served) over
 batches of texts of similar length, so short reviews are not padded to the longest one in a batch of 32;

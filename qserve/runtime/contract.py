@@ -4,8 +4,8 @@
 
 Every backend's runtime is a Runtime (base.py), which implements this; serve (served_model.py, state.py, the
 protocol modules), the shadow and bench hold a ModelRuntime, so an attribute a caller reads that a backend
-does not have, or a call with the wrong types, fails the type check (tests/test_types.py) instead of a
-request. A test may wrap a real runtime (tests/test_serve_batching.py) as long as it keeps this shape.
+does not have, or a call with the wrong types, fails the type check (tests/unit/test_types.py) instead of a
+request. A test may wrap a real runtime (tests/integration/test_serve_batching.py) as long as it keeps this shape.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What each training precision needs: the device checks, the optimizer, and how memory is counted.
 
-    python -m pytest tests/test_train.py -q -k "bf16 or precision"
+    python -m pytest tests/unit/test_train_precision.py -q -k "bf16 or precision"
 
 train.py runs the fine-tune; this module holds the per-precision choices it makes, so the
 precision study (study.py) and the tests read the same ones.

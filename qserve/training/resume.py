@@ -1,6 +1,6 @@
 """Resumable training: the checkpoint `qserve train` writes while it trains, and what a re-run does with it.
 
-    python -m pytest tests/test_resume.py -q
+    python -m pytest tests/integration/test_resume.py -q
 
 While it trains, `qserve train` keeps two files in its out dir: `train_started.json` (the config the run
 was started with, written once before the first step) and `resume.ckpt` (the latest resumable state,
@@ -16,7 +16,7 @@ replaces the out dir and both files are gone: a dir holding train_metrics.json i
 Re-running the same command on a dir with an unfinished run resumes it (`--resume` insists, `--no-resume`
 starts it over); a config other than the recorded one is refused, naming the fields (--force starts over).
 
-Test hook (used by tests/test_resume.py to kill a real run at a chosen moment; unset in normal use):
+Test hook (used by tests/integration/test_resume.py to kill a real run at a chosen moment; unset in normal use):
 QSERVE_TEST_CHECKPOINT_KILL=after:N  SIGKILLs the process (every DDP rank) once its N-th checkpoint is in
 place; =torn:N  SIGKILLs it in the middle of writing the N-th (the temp file half written, never renamed).
 """

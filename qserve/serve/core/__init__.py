@@ -1,6 +1,6 @@
 """The serving core: the one serving state and what it needs, below every protocol.
 
-    python -m pytest tests/unit/test_serve_lifecycle.py -q
+    python -m pytest tests/integration/test_serve_lifecycle.py -q
 
 state.py (ServeState: the models by name, their loader and lifecycle; submit resolves a request once),
 served_model.py (one served model: runtime + batcher + version + shadow, the default loader), answer.py

@@ -1,6 +1,6 @@
 """The one value every protocol encodes: what a served model answered for one request, everything resolved.
 
-    python -m pytest tests/test_serve_api.py tests/test_serve_grpc.py -q
+    python -m pytest tests/integration/test_serve_api.py tests/integration/test_serve_grpc.py -q
 
 ServeState.submit (state.py) looks up the model serving the request's name at the moment its texts are
 queued (after a hot swap, the new one), resolves against that model, once, what the request asked for

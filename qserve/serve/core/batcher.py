@@ -1,6 +1,6 @@
 """Dynamic batching: texts from concurrent requests are gathered into one forward pass.
 
-    python -m pytest tests/test_serve_batching.py -q
+    python -m pytest tests/integration/test_serve_batching.py -q
 
 Each request's texts enter one bounded FIFO as separate items, each with the request's long-text
 policy (None = the server's default). A single collector

@@ -1,7 +1,7 @@
 """The serving state: the models a server holds by name, how each is loaded, warmed, swapped and released,
 and the checks every route shares.
 
-    python -m pytest tests/test_serve_lifecycle.py -q
+    python -m pytest tests/integration/test_serve_lifecycle.py -q
 
 A Loader (served_model.py) turns a ServeConfig into a ModelRuntime (the runtime contract, qserve/runtime/contract.py;
 the default, load_model, is
