@@ -128,7 +128,7 @@ def scrape_batches(url: str) -> tuple[float, float]:
 def run_server(args: argparse.Namespace, max_batch_size: int, texts: list[str], workdir: Path) -> dict[str, Any]:
     import httpx2
     from netutil import free_port
-    from qserve.serve.loadtest import run_loadtest
+    from qserve.bench.loadtest import run_loadtest
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -282,8 +282,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from qserve.artifact import now_iso, refuse_existing, write_json_atomic, write_text_atomic
     from qserve.provenance import provenance, with_header
-    from qserve.serve.config import ServeConfig
-    from qserve.serve.loadtest import default_texts
+    from qserve.serve.infra.config import ServeConfig
+    from qserve.bench.loadtest import default_texts
 
     try:
         refuse_existing(args.out / "serve_report.json", args.force)

@@ -8,7 +8,7 @@ models/minilm-l6-distilbert-imdb/): checkpoint/,
 variants/<name>/, report/. Re-running reuses each finished stage whose inputs are
 unchanged (same training config; variants built from the same checkpoint hash;
 a report over the same variant manifests) unless --force. A killed pipeline picks up where it stopped:
-an unfinished training resumes from its last checkpoint (qserve.resume), a variant whose export was
+an unfinished training resumes from its last checkpoint (qserve.training.resume), a variant whose export was
 cut short (only its hidden staging dir exists) is exported again, finished variants are kept.
 """
 
@@ -43,8 +43,8 @@ def _done(t0: float, what: str) -> float:
 
 
 def _train_stage(cfg, run_dir: Path, force: bool) -> Path:
-    from qserve.resume import STARTED, config_diff, describe_diff
-    from qserve.train import TrainConfig, train
+    from qserve.training.resume import STARTED, config_diff, describe_diff
+    from qserve.training.train import TrainConfig, train
 
     ckpt = run_dir / "checkpoint"
     metrics_path = ckpt / "train_metrics.json"
@@ -132,7 +132,7 @@ def _bench_stage(variants: list[Path], report_dir: Path, args, device: str, forc
 
 def run_pipeline(args: argparse.Namespace) -> Path:
     from qserve.devices import resolve_device
-    from qserve.train import TrainConfig
+    from qserve.training.train import TrainConfig
     from qserve.variants import supported
 
     device = resolve_device(args.device)

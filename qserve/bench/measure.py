@@ -156,9 +156,9 @@ def real_text(rt, job: dict[str, Any], texts: list[str]) -> list[dict[str, Any]]
 def accuracy(rt, ev: dict[str, Any], batch: int = 32, cache: dict[str, Any] | None = None) -> dict[str, Any]:
     """predict() over the test texts (text pairs, for a pair split) under the variant's own long-text policy
     (as served; a pair is truncated as its tokenizer truncates it), in length-sorted batches (evalpass.py);
-    quality by the variant's problem type (qserve.problems.metrics: accuracy, + label_accuracy for
+    quality by the variant's problem type (qserve.problemtypes.metrics: accuracy, + label_accuracy for
     multi-label, or MAE/RMSE)."""
-    from qserve import problems
+    from qserve import problemtypes as problems
     from qserve.bench import evalpass
 
     texts, labels, problem = ev["texts"], ev["labels"], rt.problem_type
@@ -295,7 +295,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     if data.get("eval"):
         _stage(res, "accuracy")
         res["accuracy"] = accuracy(rt, eval_cut(job, res, data["eval"]), cache=cache)
-        from qserve.problems import headline
+        from qserve.problemtypes import headline
 
         log(f"{rt.name}: {headline(res['accuracy'])} on {res['accuracy']['n']} texts")
         if job.get("long_text"):  # the reference compares policies in its own child (runner: the first one)

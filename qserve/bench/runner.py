@@ -84,7 +84,7 @@ def load_texts(key: tuple, cfg: BenchConfig, cache: dict) -> dict[str, Any]:
     out: dict[str, Any] = {"dataset": dataset, "seed": seed, "max_eval_samples": max_eval}
     if cfg.real_text_samples or acc or cfg.invariance_samples:
         try:
-            from qserve.data import load_dataset
+            from qserve.data.datasets import load_dataset
 
             splits = load_dataset(dataset, seed=seed, max_eval_samples=max_eval, problem_type=problem)
             test = splits.test
