@@ -106,6 +106,23 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """utime + stime so far (seconds) of `pid`'s threads, by role: the event loop (the main thread), the
+    inference thread (qserve-infer), a row-by-row runtime's row workers (qserve-rows) and every other
+    thread (the backend's intra-op pool, the tokenizer's, uvloop's)."""
+    out = {"event_loop": 0.0, "inference": 0.0, "rows": 0.0, "other": 0.0}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended between the listing and the read
+            continue
+        role = ("event_loop" if task.name == str(pid) else "inference" if name.startswith("qserve-infer")
+                else "rows" if name.startswith("qserve-rows") else "other")
+        out[role] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 def review_texts(n: int) -> list[str]:
     from qserve.data.datasets import load_dataset
 
@@ -177,15 +194,18 @@ def served(code_root: Path, variant: Path, texts: list[str], expected: dict[str,
         levels = {}
         for clients in (1, BATCH):
             c0, r0 = proc_cpu_s(proc.pid), resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = thread_cpu_s(proc.pid)
             out = subprocess.run([args.wrk, "-t1", f"-c{clients}", f"-d{args.duration:g}s", "--timeout", "30s",
                                   "--latency", "-s", str(lua), f"http://127.0.0.1:{port}"],
                                  capture_output=True, text=True, check=True)
             c1, r1 = proc_cpu_s(proc.pid), resource.getrusage(resource.RUSAGE_CHILDREN)
+            t1 = thread_cpu_s(proc.pid)
             w = parse_wrk(out.stdout)
             n = max(1, w["requests"])
             levels[str(clients)] = {"requests": w["requests"], "errors": w["errors"], "p50_ms": w["p50_us"] / 1e3,
                                     "p99_ms": w["p99_us"] / 1e3, "req_s": w["requests"] / (w["duration_us"] / 1e6),
                                     "server_cpu_ms_per_req": (c1 - c0) * 1e3 / n,
+                                    "thread_cpu_ms_per_req": {k: (t1[k] - t0[k]) * 1e3 / n for k in t1},
                                     "client_cpu_ms_per_req": ((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime))
                                     * 1e3 / n}
         return {"answers_max_abs_diff": worst, "label_flips": flips, "levels": levels}
@@ -304,6 +324,23 @@ def render(rep: dict[str, Any]) -> str:
                      f"{f(c32['server_cpu_ms_per_req'])} | {f(ip['b32']['cpu_ms_per_text'])} | "
                      f"{f(c1['client_cpu_ms_per_req'], 3)} / {f(c32['client_cpu_ms_per_req'], 3)} | "
                      f"{sv['label_flips']}, {sv['answers_max_abs_diff']:.2g} |")
+    L += ["", "Where the server's CPU goes, ms per request by thread (from /proc/PID/task: the event loop is the "
+          "main thread: HTTP, validation, the answer, logging; inference: tokenizing, cutting and the runtime's own "
+          "thread; rows: a row-by-row runtime's workers; other: the backend's intra-op pool and the rest). The "
+          f"ceiling at {BATCH} clients: the in-process CPU per text over that plus the event loop's CPU per request, "
+          "what the served texts/s can reach while the model and the loop share the cores.", "",
+          f"| variant | code | c1: event loop / inference / rows / other | c{BATCH}: event loop / inference / rows / "
+          f"other | c{BATCH} ceiling |", "|---|---|---:|---:|---:|"]
+    for v in rep["variants"]:
+        for code, r in v["codes"].items():
+            lv, ip = r["served"]["levels"], r["in_process"]
+            th = [lv[k].get("thread_cpu_ms_per_req") or {} for k in ("1", str(BATCH))]
+            if not all(th):
+                continue
+            cells = [" / ".join(f(t.get(k)) for k in ("event_loop", "inference", "rows", "other")) for t in th]
+            per_text = ip["b32"]["cpu_ms_per_text"]
+            ceiling = per_text / (per_text + th[1]["event_loop"]) if per_text else None
+            L.append(f"| {v['name']} | {code} | {cells[0]} | {cells[1]} | {f(ceiling)}x |")
     L += ["", "A model dir given on the command line stands for the variant `qserve serve` recommends from it "
           "(its report). Every review is first posted once and its served top label and score compared with its "
           "in-process answer; wrk errors (non-2xx, timeouts) per level are in report.json.", ""]

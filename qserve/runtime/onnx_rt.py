@@ -98,9 +98,12 @@ class OnnxRuntime(Runtime):
             return 1, None, None
         from concurrent.futures import ThreadPoolExecutor
 
+        from qserve.runtime.threadnames import named
+
         session = ort.InferenceSession(str(path), sess_options=session_options(ort, 1), providers=providers,
                                        disabled_optimizers=disabled_optimizers(self.device))
-        return workers, session, ThreadPoolExecutor(workers, thread_name_prefix="qserve-rows")
+        return workers, session, ThreadPoolExecutor(workers, thread_name_prefix="qserve-rows",
+                                                        initializer=named("qserve-rows"))
 
     def forward_rows(self, rows: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
         if self.row_pool is None or len(rows) < 2:

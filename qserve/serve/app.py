@@ -34,6 +34,7 @@ from qserve.serve.infra.metrics import Metrics
 from qserve.serve.core.repository import Repository
 from qserve.serve.core.state import Loader, Selection, ServeState, load_model
 from qserve.serve.core.texts import unicode_problem
+from qserve.runtime.threadnames import named
 from qserve.serve.infra.tracing import TraceMiddleware
 from qserve.serve.infra.tracing import from_env as tracing_from_env
 
@@ -58,7 +59,8 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        st.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qserve-infer")
+        st.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qserve-infer",
+                                         initializer=named("qserve-infer"))  # its OS name: profilers see it
         st.load_task = asyncio.create_task(st.start())
         grpc = None
         try:

@@ -1,0 +1,34 @@
+"""OS-level names for qserve's worker threads, so `top -H`, perf and /proc/PID/task show which is which.
+
+    python -c "from qserve.runtime.threadnames import name_thread; name_thread('qserve-x')"
+
+Python's thread names stay inside Python (3.11 does not pass them to the OS); a ThreadPoolExecutor
+given `initializer=named("qserve-infer")` sets the kernel's name (15 bytes at most) of each of its
+threads. benchmarks/serve_overhead.py reads them to split the server's CPU time by thread. Best effort:
+on a system without prctl the threads keep the process's name.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+from collections.abc import Callable
+
+_PR_SET_NAME = 15
+
+
+def name_thread(name: str) -> None:
+    """Give the calling thread the OS name `name` (cut to the kernel's 15 bytes)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def named(name: str) -> Callable[[], None]:
+    """An executor initializer: each worker thread names itself `name`."""
+    return lambda: name_thread(name)
