@@ -41,6 +41,8 @@ def variant_entry(meta: dict[str, Any], res: dict[str, Any]) -> dict[str, Any]:
         "memory": {k: res[k] for k in MEMORY_KEYS if res.get(k) is not None},
         "fixed": res.get("fixed") or [],
         "real_text": res.get("real_text") or [],
+        "real_text_check": res.get("real_text_check"),
+        "stage_s": res.get("stage_s"),
         "invariance": res.get("invariance"),
         "long_text": res.get("long_text"),
         "long_text_policies": res.get("long_text_policies"),

@@ -153,6 +153,44 @@ def real_text(rt, job: dict[str, Any], texts: list[str]) -> list[dict[str, Any]]
     return out
 
 
+CHECK_PAIRS = 12
+"""Call pairs of real_text_check: enough for a median, a fraction of a second for a fast variant."""
+CHECK_BOUND = 1.15
+"""The real-text b1 path within this factor of the fixed-shape b1 forward plus the text's own tokenization."""
+
+
+def real_text_check(rt, job: dict[str, Any], texts: list[str]) -> dict[str, Any] | None:
+    """Real-text b1 (predict([text])) against the fixed b1 shape's forward plus that text's tokenization, timed
+    call by call in turn (fixed, real, tokenize; CHECK_PAIRS times), so both see the same machine: the grid and
+    the real-text pass run seconds apart, and on a shared 2-core machine their ratio moved by up to 1.6x
+    between those windows where in turn it stays within a few percent. The ratio is what predict() costs beyond
+    the model's forward and the tokenizer."""
+    if 1 not in job["batch_sizes"] or not texts:
+        return None
+    seq = 128 if 128 in job["seq_lens"] else max(job["seq_lens"])
+    fixed = synthetic_batch(rt, 1, seq, " ".join(texts[:8]))
+    rt.run(fixed)
+    rt.synchronize()
+    f: list[float] = []
+    r: list[float] = []
+    tk: list[float] = []
+    for k in range(CHECK_PAIRS):
+        one = [texts[k % len(texts)]]
+        for fn, out in ((lambda: rt.run(fixed), f), (lambda: rt.predict(one), r)):
+            t0 = time.perf_counter()
+            fn()
+            rt.synchronize()
+            out.append((time.perf_counter() - t0) * 1e3)
+        t0 = time.perf_counter()
+        rt.tokenize(one)
+        tk.append((time.perf_counter() - t0) * 1e3)
+    import statistics
+
+    fm, rm, tm = statistics.median(f), statistics.median(r), statistics.median(tk)
+    return {"pairs": CHECK_PAIRS, "seq": seq, "fixed_p50": fm, "real_p50": rm, "tokenize_p50": tm,
+            "ratio": rm / (fm + tm), "bound": CHECK_BOUND, "within": rm / (fm + tm) <= CHECK_BOUND}
+
+
 def accuracy(rt, ev: dict[str, Any], batch: int = 32, cache: dict[str, Any] | None = None) -> dict[str, Any]:
     """predict() over the test texts (text pairs, for a pair split) under the variant's own long-text policy
     (as served; a pair is truncated as its tokenizer truncates it), in length-sorted batches (evalpass.py);
@@ -292,6 +330,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     if texts:
         _stage(res, "real_text")
         res["real_text"] = real_text(rt, job, texts)
+        res["real_text_check"] = real_text_check(rt, job, texts)
     if data.get("eval"):
         _stage(res, "accuracy")
         res["accuracy"] = accuracy(rt, eval_cut(job, res, data["eval"]), cache=cache)

@@ -168,7 +168,7 @@ def render_md(report: dict[str, Any]) -> str:
     L += _checks(report) + _floor_lines(report)
     from qserve.bench.policies import md_lines as long_text_lines
 
-    L += _grid(report) + _real_text(report) + long_text_lines(report) + _invariance(report) + _failures(report)
+    L += _grid(report) + _real_text(report) + long_text_lines(report) + _invariance(report) + _bench_time_lines(report) + _failures(report)
     L += _stage_lines(report) + _env(report)
     L += ["## Plots", "", "![latency vs batch size](latency_vs_batch.png)", ""]
     if any(r["accuracy"] is not None for r in summary_rows(report)):
@@ -223,7 +223,22 @@ def _real_text(report: dict[str, Any]) -> list[str]:
     ds: dict[str, Any] = next((v["data"] for v in report["variants"] if v.get("data")), {}) or {}
     return ([f"## Real text ({ds.get('dataset')} test split, predict() with tokenization and dynamic padding)", ""]
             + _table(["variant", "batch", "p50 (ms)", "p99 (ms)", "texts/s", "mean padded length", "calls"], rows)
-            + [""])
+            + [""] + _real_text_check(report))
+
+
+def _real_text_check(report: dict[str, Any]) -> list[str]:
+    """The real-text b1 path against the fixed b1 forward + the text's tokenization, timed in turn (measure.py)."""
+    checks = [(v["name"], v["real_text_check"]) for v in report["variants"] if v.get("real_text_check")]
+    if not checks:
+        return []
+    c0 = checks[0][1]
+    rows = [[name, _f(c["real_p50"], 2), _f(c["fixed_p50"], 2), _f(c["tokenize_p50"], 2),
+             f"{c['ratio']:.2f}x " + ("✓" if c["within"] else "✗")] for name, c in checks]
+    return ([f"What the real-text path costs beyond the model and the tokenizer: predict([text]) against the fixed "
+             f"b1/s{c0['seq']} forward plus that text's own tokenization, timed in turn call by call "
+             f"({c0['pairs']} each), so both see the same machine; the bound is {c0['bound']}x.", ""]
+            + _table(["variant", "real-text b1 p50 (ms)", f"fixed b1/s{c0['seq']} p50 (ms)", "tokenize p50 (ms)",
+                      "real / (fixed + tokenize)"], rows) + [""])
 
 
 def _invariance(report: dict[str, Any]) -> list[str]:
@@ -265,6 +280,21 @@ def _stage_lines(report: dict[str, Any]) -> list[str]:
     return (["## Pipeline stages", "", "Wall time of each stage of the `qserve pipeline` run that wrote this report "
              "(a stage that reused its finished outputs takes seconds).", ""]
             + _table(["stage", "seconds", "minutes"], rows) + [""])
+
+
+BENCH_STEPS = ("import", "load", "fixed", "real_text", "accuracy", "long_text", "invariance")
+
+
+def _bench_time_lines(report: dict[str, Any]) -> list[str]:
+    """Where the bench stage's time went: each variant's first-pass child, by step (measure.py's stage_s)."""
+    timed = [v for v in report["variants"] if v.get("stage_s")]
+    if not timed:
+        return []
+    rows = [[v["name"], _f(v.get("wall_s"), 1)] + [_f(v["stage_s"].get(k), 1) if k in v["stage_s"] else "–"
+                                                    for k in BENCH_STEPS] for v in timed]
+    return (["## Where the bench's time went", "", "Each variant's child, wall seconds by step (`long_text`: the "
+             "reference's policy comparison; the recommended variant's policy pass is a second child, not shown).",
+             ""] + _table(["variant", "child", *BENCH_STEPS], rows) + [""])
 
 
 def _failures(report: dict[str, Any]) -> list[str]:

@@ -78,7 +78,8 @@ def test_a_killed_bench_resumes_measuring_only_what_is_missing(fast_run):
     kept = [n for n in stamps if n.endswith(".variant.json")]
     assert len(kept) == 2 and all(after[n] == stamps[n] for n in kept)  # reused, not re-measured
     assert any(n.startswith("copy-b-") and n.endswith(".variant.json") for n in after)  # now measured
-    timing = {"wall_s", "load_s", "import_s", "fixed", "real_text", "memory", "device", "speedup_vs_torch_fp32", "floor"}
+    timing = {"wall_s", "load_s", "import_s", "fixed", "real_text", "memory", "device", "speedup_vs_torch_fp32", "floor",
+              "stage_s", "real_text_check"}
     for a, b in zip(first["variants"][:2], second["variants"][:2]):
         if a["name"] not in (first["recommended"]["variant"], second["recommended"]["variant"]):
             assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}
@@ -236,3 +237,22 @@ def test_a_variant_that_cannot_be_recommended_checks_invariance_on_fewer_texts_a
     text = "\n".join(_invariance(report))
     assert text.count("(32 texts)") == 1 and "96 test reviews" in text and "fewer of them" in text
     assert "| fast | batched |" in text
+
+
+def test_each_child_says_where_its_time_went_and_checks_its_real_text_path(fast_run):
+    from qserve.bench.measure import CHECK_BOUND, CHECK_PAIRS
+
+    _, report, _, store = fast_run
+    md = (store.parent / "report.md").read_text()
+    for v in report["variants"]:
+        st = v["stage_s"]
+        assert {"import", "load", "fixed", "real_text", "accuracy"} <= set(st) and "done" not in st
+        assert all(x >= 0 for x in st.values()) and sum(st.values()) <= v["wall_s"]
+        c = v["real_text_check"]
+        assert c["pairs"] == CHECK_PAIRS and c["seq"] == 16 and c["bound"] == CHECK_BOUND
+        assert c["ratio"] == pytest.approx(c["real_p50"] / (c["fixed_p50"] + c["tokenize_p50"]))
+        assert c["within"] == (c["ratio"] <= CHECK_BOUND)
+        assert f"| {v['name']} | {v['real_text_check']['real_p50']:.2f} |" in md
+    ref = next(v for v in report["variants"] if v["name"] == report["agreement_reference"])
+    assert "long_text" in ref["stage_s"]  # the reference compared the policies in this child
+    assert "Where the bench's time went" in md and "real / (fixed + tokenize)" in md
