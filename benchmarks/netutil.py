@@ -130,19 +130,14 @@ def finish(tag: str, args: argparse.Namespace, argv: list[str], run_fn: Callable
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from qserve import QserveError
-    from qserve.artifact import write_json_atomic, write_text_atomic
-    from qserve.provenance import provenance, with_header
+    from reportio import write_report
 
     try:
         rep = run_fn(args, argv)
     except (QserveError, RuntimeError, subprocess.CalledProcessError) as e:
         print(f"{tag}: error: {e}", file=sys.stderr)
         return 2
-    rep.setdefault("provenance", provenance())  # every report says which code and machine made it
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out / "report.json", rep)
-    write_text_atomic(args.out / "report.md", with_header(render_fn(rep), rep["provenance"]))
-    print(render_fn(rep))
+    write_report(args.out, rep, render_fn(rep))
     return 1 if failed(rep) else 0
 
 
