@@ -21,7 +21,7 @@ install: $(STAMP)
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/qserve pipeline
 
-# The browser tests (tests/test_browser.py) drive the system's chromium through chromedriver. As root (CI)
+# The browser tests (tests/e2e/test_browser.py) drive the system's chromium through chromedriver. As root (CI)
 # install them when missing; elsewhere, or if apt fails, those tests skip and say why (under CI=true they fail).
 test: $(STAMP)
 	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \

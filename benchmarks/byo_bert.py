@@ -51,7 +51,7 @@ def agreement(checkpoint: Path, variants: list[Path], samples: int) -> dict[str,
     import numpy as np
 
     from exporters.core import checkpoint_info, reference_logits, variant_policy
-    from qserve.data import load_dataset
+    from qserve.data.datasets import load_dataset
     from qserve.runtime import load_runtime
 
     meta = json.loads((checkpoint / "qserve_model.json").read_text(encoding="utf-8"))

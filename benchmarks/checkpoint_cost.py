@@ -4,7 +4,7 @@
 
 Builds exactly what `qserve train` checkpoints for each precision (model, AdamW with its state after
 one step, or torch-optimi's Kahan AdamW on bf16 weights for bf16-true, the LR scheduler, RNG states,
-the data generator, progress) and writes it with qserve.resume.save (fabric.save to a temp file, fsync,
+the data generator, progress) and writes it with qserve.training.resume.save (fabric.save to a temp file, fsync,
 rename) --saves times into a scratch dir beside --out. Reports per precision: the file's size, the median
 wall seconds and process CPU seconds per checkpoint, and its share of training time at the default
 interval (one checkpoint per ~300 s of training: share = t / (300 + t)). Goal: under 2%.
@@ -29,9 +29,9 @@ def measure(precision: str, saves: int, scratch: Path, model_name: str = "defaul
     import torch
     from lightning.fabric import Fabric
 
-    from qserve import resume
+    from qserve.training import resume
     from qserve.modeling import load_for_training
-    from qserve.precision import build_optimizer
+    from qserve.training.precision import build_optimizer
 
     fabric = Fabric(accelerator="cpu", devices=1, precision=precision)
     model, _, _ = load_for_training(model_name, ["negative", "positive"])

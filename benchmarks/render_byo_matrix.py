@@ -1,4 +1,4 @@
-"""The "bring your own model" support matrix (architecture x variant), as tests/test_byo_matrix.py observed it.
+"""The "bring your own model" support matrix (architecture x variant), as tests/integration/test_byo_matrix.py observed it.
 
     python benchmarks/render_byo_matrix.py           # the full matrix test (~5 min), rewriting docs/byo-matrix.md
                                                      # and the matrix in README.md's "Bring your own model"
@@ -25,7 +25,7 @@ PAGE = REPO / "docs" / "byo-matrix.md"
 README = REPO / "README.md"
 README_MARKS = ("<!-- byo-matrix -->", "<!-- /byo-matrix -->")
 """The README's "Bring your own model" section holds the same table (and notes) between these markers."""
-TEST = "tests/test_byo_matrix.py"
+TEST = "tests/integration/test_byo_matrix.py"
 ENV = "QSERVE_BYO_MATRIX"
 YES = "yes"
 

@@ -6,7 +6,7 @@
 A table lives in a markdown file between `<!-- table:NAME -->` and `<!-- /table -->`; NAME is a key of
 TABLES below, and the same table may appear in several files. Only the lines between the markers are
 written, so the prose around a table stays hand-written; numbers in tables are never copied by hand.
-`make reports` runs this after every stage; tests/test_docs.py runs it with --check.
+`make reports` runs this after every stage; tests/unit/test_docs.py runs it with --check.
 """
 
 from __future__ import annotations

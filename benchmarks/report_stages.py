@@ -81,7 +81,7 @@ STAGES: tuple[Stage, ...] = (
            "--force",
            "$PY benchmarks/optimizer_step.py --rounds 5 --out benchmarks/reports/precision"),
           (Report("benchmarks/reports/precision/precision_study.json", "benchmarks/reports/precision/precision_study.md",
-                  "qserve.study:render_markdown"),
+                  "qserve.training.study:render_markdown"),
            Report("benchmarks/reports/precision/optimizer_step.json", "benchmarks/reports/precision/optimizer_step.md")),
           "~50 min: the five full runs 29.4 min (the report's own timings); the interleaved step rounds ~19 min "
           "and the optimizer step ~2 min (estimates)"),

@@ -73,11 +73,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from qserve.artifact import now_iso
     from reportio import write_report
-    from qserve.data import load_dataset
+    from qserve.data.datasets import load_dataset
     from qserve.devices import cpu_label, usable_cores
     from qserve.provenance import provenance
     from qserve.runtime import RuntimeOptions, load_runtime
-    from qserve.serve.loadtest import default_texts
+    from qserve.bench.loadtest import default_texts
 
     threads = args.threads or usable_cores()
     rts = {m: load_runtime(args.variant_dir, "cpu", RuntimeOptions(threads=threads, **kw)) for m, kw in MODES.items()}

@@ -115,7 +115,7 @@ def model_b1_from_report(path: Path, name: str, variant: Path) -> dict[str, Any]
 
 def run_server(args: argparse.Namespace, max_batch_size: int, texts: list[str], workdir: Path) -> dict[str, Any]:
     from netutil import Server, scrape_batches
-    from qserve.serve.loadtest import run_loadtest
+    from qserve.bench.loadtest import run_loadtest
 
     flags = [str(args.variant_dir), "--max-batch-size", str(max_batch_size), "--device", args.device,
              "--log-level", "warning"]
@@ -249,8 +249,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from qserve.artifact import now_iso, refuse_existing, write_json_atomic, write_text_atomic
     from qserve.provenance import provenance, with_header
-    from qserve.serve.config import ServeConfig
-    from qserve.serve.loadtest import default_texts
+    from qserve.serve.infra.config import ServeConfig
+    from qserve.bench.loadtest import default_texts
 
     try:
         refuse_existing(args.out / "serve_report.json", args.force)

@@ -44,7 +44,7 @@ CONCURRENCY = (1, 32)
 
 
 def load_texts(sentences: int, reviews: int) -> dict[str, list[str]]:
-    from qserve.data import load_dataset
+    from qserve.data.datasets import load_dataset
 
     rt = load_dataset("rotten-tomatoes").test.texts[:sentences]
     imdb = load_dataset("default").test.texts[:reviews]
@@ -87,7 +87,7 @@ def _http_scores(data: bytes, labels: list[str]) -> list[float]:
 
 async def sequential(srv: Server, texts: list[str]) -> dict[str, list[float]]:
     """The server's answer for each text sent alone, one request at a time."""
-    from qserve.serve.loadtest import Conn
+    from qserve.bench.loadtest import Conn
 
     conn, out = Conn(f"{srv.url}/v1/classify", {}, 120.0), {}
     for t in texts:
@@ -118,7 +118,7 @@ async def cell(srv: Server, protocol: str, texts: list[str], expect: dict[str, l
     import numpy as np
 
     from qserve.bench.stats import percentile
-    from qserve.serve.loadtest import Conn
+    from qserve.bench.loadtest import Conn
 
     lat: list[float] = []
     n = {"sent": 0, "ok": 0, "errors": 0, "lost": 0, "mismatched": 0}

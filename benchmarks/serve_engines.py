@@ -48,7 +48,7 @@ def cpu_model() -> dict[str, Any]:
 
 
 def test_reviews(n: int) -> list[str]:
-    from qserve.data import load_dataset
+    from qserve.data.datasets import load_dataset
 
     return load_dataset("default", max_eval_samples=max(n, 200)).test.texts[:n]
 
@@ -116,7 +116,7 @@ def cpu_by_role(named: dict[int, str]) -> dict[str, float]:
 # -- load generation ---------------------------------------------------------------------------
 async def _cell(url: str, bodies: list[tuple[bytes, list[str]]], expect: dict[str, list[float]] | None,
                 concurrency: int, duration_s: float, labels: list[str] | None) -> dict[str, Any]:
-    from qserve.serve.loadtest import Conn, _percentiles
+    from qserve.bench.loadtest import Conn, _percentiles
 
     lat: list[float] = []
     n = {"sent": 0, "ok": 0, "texts": 0, "errors": 0, "lost": 0}
@@ -178,7 +178,7 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
 
     from qserve.artifact import now_iso, refuse_existing, write_json_atomic, write_text_atomic
     from qserve.provenance import provenance, with_header
-    from qserve.serve.deploy import Scaling
+    from qserve.serve.infra.deploy import Scaling
     from qserve.runtime import RuntimeOptions, load_runtime
     from qserve.serve.ray_engine import application, logging_config
     from netutil import free_port, serve_cmd, start, stop, wait_ready

@@ -102,7 +102,7 @@ def parse_wrk(out: str) -> dict[str, Any]:
 
 
 def review_texts(n: int) -> list[str]:
-    from qserve.data import load_dataset
+    from qserve.data.datasets import load_dataset
 
     return load_dataset("default", max_eval_samples=max(n, 8)).test.texts[:n]
 
@@ -192,7 +192,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     from qserve import QserveError
     from qserve.devices import cpu_info
     from qserve.provenance import command_line, provenance
-    from qserve.serve.repository import resolve
+    from qserve.serve.core.repository import resolve
     from qserve.artifact import now_iso
 
     args.wrk = shutil.which("wrk")

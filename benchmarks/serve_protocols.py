@@ -4,7 +4,7 @@
         --reviews 64 --duration 10 --rounds 3 --out benchmarks/reports/serve-protocols --force
 
 Two parts, one machine, the server in its own process (so the client's Python does not share its GIL):
-1. answers: `--reviews` real IMDb test reviews (the embedded set, qserve.data) scored through /v1, V2 over
+1. answers: `--reviews` real IMDb test reviews (the embedded set, qserve.data.datasets) scored through /v1, V2 over
    HTTP and over gRPC, TEI's /predict and vLLM's /classify, first each text alone (one request at a time),
    then every (protocol, text) request at once in a shuffled order (32 in flight): every protocol's label and
    score row must equal /v1's alone, to the last bit (`bit_identical`), and `max_abs_diff` says by how much
@@ -41,7 +41,7 @@ Answer = tuple[str, tuple[float, ...]]
 
 
 def reviews(n: int) -> list[str]:
-    from qserve.data import load_dataset
+    from qserve.data.datasets import load_dataset
 
     return list(load_dataset("default").test.texts[:n])
 
@@ -151,7 +151,7 @@ def old_tree(ref: str, where: Path) -> Path:
 def throughput(trees: dict[str, Path], variant: Path, rounds: int, duration: float, texts: list[str],
                threads: int | None, workdir: Path) -> dict[str, Any]:
     from netutil import free_port, proc_cpu_s, stop, wait_ready
-    from qserve.serve.loadtest import run_loadtest
+    from qserve.bench.loadtest import run_loadtest
 
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in trees}
     for r in range(rounds):

@@ -50,7 +50,7 @@ Answer = tuple[list[float], int]
 
 def load_reviews(n: int, seed: int = 42) -> tuple[list[str], list[int]]:
     """The first n reviews of the embedded IMDb test split and their labels, as `qserve bench` reads them."""
-    from qserve.data import load_dataset
+    from qserve.data.datasets import load_dataset
 
     test = load_dataset("default", seed=seed, max_eval_samples=n).test
     return list(test.texts)[:n], list(test.labels)[:n]
@@ -71,7 +71,7 @@ async def send_all(url: str, labels: list[str], texts: list[str], policy: str, c
                    per_request: int) -> tuple[list[Answer | None], float, dict[str, int]]:
     """Every text once, `per_request` texts per request, from `concurrency` clients taking the next request as
     they finish one: (answer per text, None where it got none; elapsed seconds; errors and lost requests)."""
-    from qserve.serve.loadtest import Conn
+    from qserve.bench.loadtest import Conn
 
     chunks = [list(range(i, min(i + per_request, len(texts)))) for i in range(0, len(texts), per_request)]
     out: list[Answer | None] = [None] * len(texts)
@@ -100,7 +100,7 @@ async def send_all(url: str, labels: list[str], texts: list[str], policy: str, c
     return out, time.perf_counter() - t0, n
 
 
-# -- pure parts (tests/test_serve_windows.py) ----------------------------------------------------
+# -- pure parts (tests/unit/test_serve_windows.py) ----------------------------------------------------
 def changes(ref: list[Answer | None], got: list[Answer | None]) -> dict[str, Any]:
     """Against the reference answer of the same text: label changes, the largest |Δprob|, and how many texts
     have both answers (a text missing either is counted as missing, never as agreeing)."""
@@ -173,7 +173,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     from qserve.devices import cpu_info
     from qserve.longtext import parse_list
     from qserve.provenance import command_line, provenance
-    from qserve.serve.config import ServeConfig
+    from qserve.serve.infra.config import ServeConfig
     from netutil import scrape_batches
     from serve_buckets import Server
 

@@ -45,7 +45,7 @@ def calibration_inputs(checkpoint: Any, n: int) -> tuple[list[str], list[str] | 
     pair = tuple(checkpoint_info(Path(checkpoint))["inputs"]) == PAIR
     if dataset:
         try:
-            from qserve.data import load_dataset
+            from qserve.data.datasets import load_dataset
 
             splits = load_dataset(dataset, seed=int(meta.get("seed", 42)))
             train = splits.train

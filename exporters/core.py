@@ -91,7 +91,7 @@ def checkpoint_info(checkpoint: Path) -> dict[str, Any]:
         from qserve.modeling import usable_positions
 
         max_length = min(DEFAULT_MAX_LENGTH, usable_positions(cfg) or DEFAULT_MAX_LENGTH)
-    from qserve.problems import from_config
+    from qserve.problemtypes import from_config
     from qserve.textpairs import model_inputs
 
     return {"labels": labels, "model_type": cfg.get("model_type"),
@@ -212,10 +212,10 @@ def parity_inputs(info: dict[str, Any], probes: list[str] | None) -> tuple[list[
 
 def parity(ref: np.ndarray, got: np.ndarray, tolerance: float, name: str, problem: str = "single_label_classification",
            label_range: float | None = None) -> dict[str, Any]:
-    """Max |Δlogit| against the fp32 reference and agreement by problem type (qserve.problems.agreement):
+    """Max |Δlogit| against the fp32 reference and agreement by problem type (qserve.problemtypes.agreement):
     the same top label, the same on/off label at 0.5 (multi-label), or 1 - mean |Δvalue| / the labels' range
     (regression; the training labels' range from qserve_model.json, else the reference's own on the probes)."""
-    from qserve import problems
+    from qserve import problemtypes as problems
 
     if got.shape != ref.shape:
         raise ParityError(f"{name}: output shape {got.shape} differs from the fp32 reference {ref.shape}")

@@ -3,7 +3,7 @@
     qserve pipeline            # train -> export -> bench -> report on the embedded default
 
 Importing this package must stay cheap: no torch, onnxruntime or bitsandbytes here
-(tests/test_imports.py holds us to it), so `qserve --help` answers at once.
+(tests/unit/test_imports.py holds us to it), so `qserve --help` answers at once.
 """
 
 __version__ = "0.1.0"

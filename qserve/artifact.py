@@ -279,7 +279,7 @@ def _cross_check(root: Path, data: dict[str, Any]) -> None:
 def _check_problem_type(path: Path, data: dict[str, Any], config: dict[str, Any]) -> None:
     """The manifest's problem type (absent: single-label, a manifest from before problem types) must be the
     hashed config.json's: it decides whether logits are read by softmax, sigmoid or as values."""
-    from qserve.problems import PROBLEM_TYPES, from_config
+    from qserve.problemtypes import PROBLEM_TYPES, from_config
 
     recorded = data.get("problem_type")
     if recorded is None:

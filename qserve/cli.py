@@ -22,7 +22,7 @@ from qserve import QserveError, __version__
 # module that owns each sub-command, in help order
 COMMANDS = [
     ("pipeline", "qserve.pipeline"),
-    ("train", "qserve.train"),
+    ("train", "qserve.training.train"),
     ("export", "exporters.cli"),
     ("variants", "exporters.cli"),
     ("bench", "qserve.bench.cli"),
@@ -30,7 +30,7 @@ COMMANDS = [
     ("serve", "qserve.serve.cli"),
     ("loadtest", "qserve.serve.cli"),
     ("predict", "qserve.predict.cli"),
-    ("deploy", "qserve.serve.deploy"),
+    ("deploy", "qserve.serve.infra.deploy"),
 ]
 
 
@@ -53,10 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def command_func(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
     """The function that runs the parsed command. `qserve train --compare` is the precision study:
-    qserve.study runs qserve.train in child processes, so train cannot call the study back without an
+    qserve.training.study runs qserve.training.train in child processes, so train cannot call the study back without an
     import circle; the composition root picks the stage instead."""
     if args.command == "train" and getattr(args, "compare", False):
-        from qserve.study import run_compare
+        from qserve.training.study import run_compare
 
         return run_compare
     return args.func

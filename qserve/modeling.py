@@ -117,7 +117,7 @@ def bert_to_distilbert(bert_state_dict: dict[str, Any], bert_config: Any) -> tup
     return dcfg, out
 
 
-# The encoder architectures qserve exports, serves and tests (tests/test_byo_matrix.py), by config.json
+# The encoder architectures qserve exports, serves and tests (tests/integration/test_byo_matrix.py), by config.json
 # model_type, with the name outputs use. Another model_type may work; these are the ones proven.
 ARCHITECTURES = {
     "distilbert": "DistilBERT", "bert": "BERT", "roberta": "RoBERTa", "xlm-roberta": "XLM-RoBERTa",
@@ -157,9 +157,9 @@ def _label_maps(labels: list[str] | int) -> tuple[list[str], dict[int, str], dic
     if isinstance(labels, int):
         labels = [f"LABEL_{i}" for i in range(labels)]
     labels = [str(x) for x in labels]
-    from qserve.problems import REGRESSION_LABEL
+    from qserve.problemtypes import REGRESSION_LABEL
 
-    # one output only as a regression head (qserve.problems); a classifier needs two distinct labels
+    # one output only as a regression head (qserve.problemtypes); a classifier needs two distinct labels
     if (len(labels) < 2 and labels != [REGRESSION_LABEL]) or len(set(labels)) != len(labels):
         raise QserveError(f"labels must be at least two distinct names, or [{REGRESSION_LABEL!r}] for regression "
                           f"(got {labels})")

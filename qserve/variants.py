@@ -53,7 +53,7 @@ class VariantSpec:
     """The devices on which `--all` skips it: it runs there, but only slowly."""
     unsupported: dict[str, str] = field(default_factory=dict)
     """Architecture (config.json model_type) -> why the variant cannot be built for it; checked before any
-    work. Every architecture not listed exports, loads, passes parity and serves (tests/test_byo_matrix.py)."""
+    work. Every architecture not listed exports, loads, passes parity and serves (tests/integration/test_byo_matrix.py)."""
 
     def to_json(self) -> dict[str, Any]:
         """What the manifest records as `spec` (the stored fields only, so manifests keep their bytes)."""
@@ -189,7 +189,7 @@ VARIANTS: dict[str, VariantSpec] = {s.name: s for b in REGISTRY.values() for s i
 # UNSUPPORTED: what a variant cannot do for an architecture (config.json model_type), and why: checked before
 # any work, so `qserve export` answers "<variant> unsupported for <arch>: <reason>" at once and `--all` and the
 # pipeline step over it. Every cell not listed exports, loads, passes parity and serves for each architecture
-# in qserve.modeling.ARCHITECTURES (tests/test_byo_matrix.py; docs/byo-matrix.md is its result). None yet.
+# in qserve.modeling.ARCHITECTURES (tests/integration/test_byo_matrix.py; docs/byo-matrix.md is its result). None yet.
 UNSUPPORTED: dict[tuple[str, str], str] = {(s.name, arch): why for s in VARIANTS.values()
                                            for arch, why in s.unsupported.items()}
 

@@ -76,7 +76,7 @@ def serving(cfg, **app_kwargs):
     import torch
 
     from qserve.serve.app import create_app
-    from qserve.serve.server import ServerThread
+    from qserve.serve.infra.uvicorn_server import ServerThread
 
     threads = torch.get_num_threads()
     srv = ServerThread(create_app(cfg, **app_kwargs)).start()

@@ -1,6 +1,6 @@
 """Turn child results into report entries: agreement with fp32, speed-up, distance to the floor.
 
-    python -m pytest tests/test_bench_report.py -q
+    python -m pytest tests/unit/test_bench_report.py -q
 
 Pure functions over JSON-shaped dicts (no torch), so the parent and the tests share them.
 Per-text predictions come back from the children only to compute agreement here;
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from qserve.bench.stats import shape_stats
-from qserve.problems import AGREEMENT_METRIC, SINGLE, agreement
+from qserve.problemtypes import AGREEMENT_METRIC, SINGLE, agreement
 
 REFERENCES = ("torch-fp32", "onnx-fp32")  # agreement and speed-up are measured against these, first found wins
 

@@ -1,6 +1,6 @@
 """The accuracy pass of a bench child: score test texts in length-sorted batches, tokenize each text once per tokenizer.
 
-    python -m pytest tests/test_bench_fast.py -q
+    python -m pytest tests/integration/test_bench_fast.py -q
 
 `score` runs predict() (tokenization, cutting, every window and the aggregation included, as served) over
 batches of texts of similar length, so short reviews are not padded to the longest one in a batch of 32;
@@ -62,7 +62,7 @@ def sorted_batches(lengths: list[int], batch: int) -> list[list[int]]:
 def score(rt: Any, texts: list[str], policy: Any, lengths: list[int] | None, batch: int = 32,
           pairs: list[str] | None = None) -> tuple[list[Any], float]:
     """(predictions in the texts' order, seconds spent in predict()); sorted by `lengths` when given."""
-    from qserve import problems
+    from qserve import problemtypes as problems
 
     groups = (sorted_batches(lengths, batch) if lengths is not None
               else [list(range(i, min(i + batch, len(texts)))) for i in range(0, len(texts), batch)])

@@ -156,9 +156,9 @@ def real_text(rt, job: dict[str, Any], texts: list[str]) -> list[dict[str, Any]]
 def accuracy(rt, ev: dict[str, Any], batch: int = 32, cache: dict[str, Any] | None = None) -> dict[str, Any]:
     """predict() over the test texts (text pairs, for a pair split) under the variant's own long-text policy
     (as served; a pair is truncated as its tokenizer truncates it), in length-sorted batches (evalpass.py);
-    quality by the variant's problem type (qserve.problems.metrics: accuracy, + label_accuracy for
+    quality by the variant's problem type (qserve.problemtypes.metrics: accuracy, + label_accuracy for
     multi-label, or MAE/RMSE)."""
-    from qserve import problems
+    from qserve import problemtypes as problems
     from qserve.bench import evalpass
 
     texts, labels, problem = ev["texts"], ev["labels"], rt.problem_type
@@ -189,6 +189,22 @@ def eval_cut(job: dict[str, Any], res: dict[str, Any], ev: dict[str, Any]) -> di
             **({"pairs": ev["pairs"][:cut]} if ev.get("pairs") is not None else {})}
 
 
+def _policies(rt, res: dict[str, Any], ev: dict[str, Any], job: dict[str, Any], own: dict[str, Any] | None,
+              cache: dict[str, Any]) -> None:
+    """res["long_text_policies"]: every policy of job["long_text"] on the test texts, or on their first
+    job["eval_limit"] (a reference that is not the recommended variant: its records feed agreement only)."""
+    from qserve.bench import policies
+
+    _stage(res, "long_text")
+    limit = job.get("eval_limit")
+    if limit and limit < len(ev["texts"]):
+        ev = {**ev, "texts": ev["texts"][:limit], "labels": ev["labels"][:limit]}
+    res["long_text_policies"] = policies.measure(rt, ev, job["long_text"], own=own, cache=cache)
+    for r in res["long_text_policies"]:
+        log(f"{rt.name} {r['policy']}: accuracy {r['accuracy']:.4f}, {r['texts_per_s'] or 0:.1f} texts/s, "
+            f"{r['mean_windows']:.2f} windows per text")
+
+
 def _preimport(backend: str) -> None:
     """Import the backend's libraries (the registry's `libraries`) before the baseline, so 'model memory'
     excludes them; an unknown backend is left for load_runtime to refuse."""
@@ -216,11 +232,24 @@ def _fault(variant_dir: Path) -> None:
     raise RuntimeError(f"injected failure ({FAULT_ENV}={spec})")
 
 
+def _stage(res: dict[str, Any], name: str) -> None:
+    """Enter stage `name` (what a failure names): the stage left gets its seconds in res["stage_s"], the
+    breakdown of where a variant's bench time goes."""
+    now = time.perf_counter()
+    if "_t" in res:
+        spent = res.setdefault("stage_s", {})
+        spent[res["stage"]] = round(spent.get(res["stage"], 0.0) + now - res["_t"], 3)
+    res["stage"], res["_t"] = name, now
+    if name == "done":
+        del res["_t"]
+
+
 def measure(job: dict[str, Any]) -> dict[str, Any]:
     """Run every measurement for one variant; raises with `stage` set on the result dict."""
     from qserve.artifact import library_versions, read_manifest
 
-    res: dict[str, Any] = {"variant_dir": job["variant_dir"], "pid": os.getpid(), "stage": "import"}
+    res: dict[str, Any] = {"variant_dir": job["variant_dir"], "pid": os.getpid()}
+    _stage(res, "import")
     job["_result"] = res
     variant_dir = Path(job["variant_dir"])
     t0 = time.perf_counter()
@@ -229,7 +258,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     res["import_s"] = time.perf_counter() - t0
     res["rss_before_load_mb"] = rss_mb()
 
-    res["stage"] = "load"
+    _stage(res, "load")
     from qserve.runtime import RuntimeOptions, load_runtime
 
     t0 = time.perf_counter()
@@ -252,49 +281,36 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     from qserve.bench.evalpass import tokenizer_key
 
     cache = {"dir": job.get("token_cache"), "tokenizer": tokenizer_key(manifest.get("files") or {})}
-    if job.get("mode") == "policies":  # the second pass, on the reference and the recommended variant only
-        from qserve.bench import policies
-
-        res["stage"] = "long_text"
-        ev, limit = data["eval"], job.get("eval_limit")
-        if limit and limit < len(ev["texts"]):
-            ev = {**ev, "texts": ev["texts"][:limit], "labels": ev["labels"][:limit]}
-        res["long_text_policies"] = policies.measure(rt, ev, job["long_text"], own=job.get("own"), cache=cache)
-        for r in res["long_text_policies"]:
-            log(f"{rt.name} {r['policy']}: accuracy {r['accuracy']:.4f}, {r['texts_per_s'] or 0:.1f} texts/s, "
-                f"{r['mean_windows']:.2f} windows per text")
-        res["stage"] = "done"
+    if job.get("mode") == "policies":  # the second pass, on the recommended variant (and a reference re-scored)
+        _policies(rt, res, data["eval"], job, job.get("own"), cache)
+        _stage(res, "done")
         rt.close()
         return res
     texts = data.get("real_texts") or []
-    res["stage"] = "fixed"
+    _stage(res, "fixed")
     res["fixed"] = fixed_shapes(rt, job, " ".join(texts[:8]) if texts else FALLBACK_TEXT)
     if texts:
-        res["stage"] = "real_text"
+        _stage(res, "real_text")
         res["real_text"] = real_text(rt, job, texts)
     if data.get("eval"):
-        res["stage"] = "accuracy"
+        _stage(res, "accuracy")
         res["accuracy"] = accuracy(rt, eval_cut(job, res, data["eval"]), cache=cache)
-        from qserve.problems import headline
+        from qserve.problemtypes import headline
 
         log(f"{rt.name}: {headline(res['accuracy'])} on {res['accuracy']['n']} texts")
-        if job.get("long_text"):
-            from qserve.bench import policies
-
-            res["stage"] = "long_text"
-            res["long_text_policies"] = policies.measure(rt, data["eval"], job["long_text"], own=res["accuracy"],
-                                                         cache=cache)
-            for r in res["long_text_policies"]:
-                log(f"{rt.name} {r['policy']}: accuracy {r['accuracy']:.4f}, {r['texts_per_s'] or 0:.1f} texts/s, "
-                    f"{r['mean_windows']:.2f} windows per text")
+        if job.get("long_text"):  # the reference compares policies in its own child (runner: the first one)
+            _policies(rt, res, data["eval"], job, res["accuracy"], cache)
     if data.get("invariance_texts"):
         from qserve.bench import invariance
 
-        res["stage"] = "invariance"
-        res["invariance"] = invariance.measure(rt, data["invariance_texts"])
+        _stage(res, "invariance")
+        inv_texts = data["invariance_texts"]
+        if res.get("eval_cut"):  # cannot be recommended (eval_cut): its invariance on fewer texts, their count kept
+            inv_texts = invariance.cut(inv_texts, invariance.SLOW_TEXTS)
+        res["invariance"] = invariance.measure(rt, inv_texts)
         log(f"{rt.name}: batch invariance {invariance.cell(res['invariance'])} (max |Δprob| / label flips)")
 
-    res["stage"] = "done"
+    _stage(res, "done")
     res["peak_rss_mb"] = peak_rss_mb()
     res["model_rss_mb"] = res["rss_after_load_mb"] - res["rss_before_load_mb"]
     if cuda:
@@ -339,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:  # report the failure as data; the parent marks the variant failed
         res = job.get("_result") or {"variant_dir": job.get("variant_dir")}
         res["error"] = f"{type(e).__name__}: {e}"
+        res.pop("_t", None)  # the failed stage's start mark (_stage), not a result
         res["traceback"] = traceback.format_exc()[-4000:]
         res["peak_rss_mb"] = peak_rss_mb()
         write_json_atomic(out, res)

@@ -13,7 +13,7 @@ batch size, one line per variant, one legend for both panels.
 accuracy_vs_size.png: test accuracy with its 95% interval against size on disk.
 
 Every variant has its own colour-marker pair from a colour-blind-safe palette
-(Okabe-Ito), the same in every chart; labels go through labels.place, so they never
+(Okabe-Ito), the same in every chart; labels go through chartlabels.place, so they never
 overlap.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qserve.bench.labels import Label, place
+from qserve.bench.chartlabels import Label, place
 
 DPI = 110
 # Okabe & Ito's palette, which stays distinct under every common colour-vision deficiency.
@@ -99,7 +99,7 @@ def _plain_log_ticks(axis) -> None:
 
 
 def _freeze_layout(fig) -> None:
-    """Run the layout once, then fix it: labels.place works in pixels (see labels.py)."""
+    """Run the layout once, then fix it: chartlabels.place works in pixels (see chartlabels.py)."""
     fig.canvas.draw()
     fig.set_layout_engine("none")
 

@@ -7,7 +7,7 @@ among variants measured in that run, the lowest median batch-1 latency over the 
 test texts, each run at its own length (what people send; a length-bucketed variant
 at its bucket, as the server runs it), whose agreement with fp32 on the test split is
 at least the bar for its bits (int8 >= 99%, 4-bit >= 97%; 16/32-bit variants are held
-to the int8 bar). Agreement is by the model's problem type (qserve/problems.py): the same top label;
+to the int8 bar). Agreement is by the model's problem type (qserve/problemtypes.py): the same top label;
 for multi-label the same on/off per label (99% at 8 bits); for regression 1 - mean |Δvalue| / the labels'
 range, so the bar is a mean error of at most 1% of the range at 8 bits (3% at 4). A run without real-text latency for every candidate ranks by the
 headline shape (b1/s128) instead; the ranking quotes both. Speed comes from the same

@@ -228,15 +228,16 @@ def _real_text(report: dict[str, Any]) -> list[str]:
 
 def _invariance(report: dict[str, Any]) -> list[str]:
     rows: list[list[str]] = []
-    info: dict[str, Any] | None = None
+    checked = [v["invariance"] for v in report["variants"] if v["status"] == "ok" and v.get("invariance")]
+    info: dict[str, Any] | None = max(checked, key=lambda inv: inv.get("texts") or 0, default=None)
     for v in report["variants"]:
         inv = v.get("invariance")
-        if v["status"] != "ok" or not inv:
+        if v["status"] != "ok" or not inv or info is None:
             continue
-        info = info or inv
         by = inv.get("by_batch") or {}
         raw = inv.get("batched_graph")
-        rows.append([v["name"], "row by row" if inv.get("row_by_row") else "batched"]
+        few = f" ({inv['texts']} texts)" if inv.get("texts") != info.get("texts") else ""  # an eval-cut variant
+        rows.append([v["name"], ("row by row" if inv.get("row_by_row") else "batched") + few]
                     + [f"{by[k]['max_abs_dprob']:.2g} / {by[k]['flips']}" if k in by else "–" for k in ("8", "32")]
                     + [f"{raw['max_abs_dprob']:.3g} / {raw['flips']} of {raw['scored']}" if raw else "–"])
     if not rows or info is None:  # rows are only added with an info
@@ -249,7 +250,9 @@ def _invariance(report: dict[str, Any]) -> list[str]:
              "(short reviews padded next to long ones), through the same predict() the server calls: the largest "
              "|Δprobability| and the label flips against the text alone. A variant whose kernels let rows see each "
              "other is run row by row by the runtime; the last column shows what one batched forward of its graph "
-             "would answer.", ""]
+             "would answer."
+             + (" A variant that cannot be recommended (the eval cut) is checked on fewer of them, spread over the "
+                "same range; the count is beside its row." if any("texts)" in r[1] for r in rows) else ""), ""]
             + _table(["variant", "runs a batch", "batches of 8", "batches of 32", "if run batched"], rows) + [""])
 
 

@@ -84,7 +84,7 @@ def load_texts(key: tuple, cfg: BenchConfig, cache: dict) -> dict[str, Any]:
     out: dict[str, Any] = {"dataset": dataset, "seed": seed, "max_eval_samples": max_eval}
     if cfg.real_text_samples or acc or cfg.invariance_samples:
         try:
-            from qserve.data import load_dataset
+            from qserve.data.datasets import load_dataset
 
             splits = load_dataset(dataset, seed=seed, max_eval_samples=max_eval, problem_type=problem)
             test = splits.test
@@ -204,12 +204,17 @@ def _order(metas: list[dict[str, Any]]) -> list[int]:
     """Measuring order (the report keeps the given order): the agreement reference first, then fewer weight
     bytes first. A fast variant that meets its bar, measured early, is the bound below which a slower one
     cannot be recommended (measure.eval_cut); the order only decides how soon that bound is known."""
+    ref = _reference_index(metas)
+    rest = sorted((i for i in range(len(metas)) if i != ref), key=lambda i: (metas[i].get("weights_bytes") or 0, i))
+    return ([ref] if ref is not None else []) + rest
+
+
+def _reference_index(metas: list[dict[str, Any]]) -> int | None:
+    """The variant agreement is measured against (analysis.REFERENCES: torch-fp32, else onnx-fp32), by its spec."""
     from qserve.bench.analysis import REFERENCES
 
     names = [((m.get("manifest") or {}).get("spec") or {}).get("name") for m in metas]
-    ref = next((names.index(n) for n in REFERENCES if n in names), None)
-    rest = sorted((i for i in range(len(metas)) if i != ref), key=lambda i: (metas[i].get("weights_bytes") or 0, i))
-    return ([ref] if ref is not None else []) + rest
+    return next((names.index(n) for n in REFERENCES if n in names), None)
 
 
 def _meets_bar(entry: dict[str, Any], ref: dict[str, Any] | None) -> float | None:
@@ -280,7 +285,9 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = N
         floor = run_floor(cfg, config, work)
         ref: dict[str, Any] | None = None
         bound: tuple[float, str] | None = None
-        for step, i in enumerate(_order(metas)):
+        order = _order(metas)
+        ref_index = _reference_index(metas)
+        for step, i in enumerate(order):
             d, meta = dirs[i], metas[i]
             key = data_key(cfg, meta)
             data = load_texts(key, cfg, cache)
@@ -298,6 +305,11 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = N
                    "long_text": None, "length_buckets": cfg.length_buckets, "token_cache": token_cache,
                    "slow_eval_samples": cfg.slow_eval_samples,
                    "bound_ms": bound[0] if bound else None, "bound_variant": bound[1] if bound else None}
+            if cfg.long_text and step == 0 and i == ref_index:
+                # The reference's policy records only feed the agreement column: scored here, in the child that
+                # is loaded anyway, on the eval cut's first texts (the policy pass re-scores it in full only if it
+                # turns out to be the recommended variant, whose records choose the served policy).
+                job.update({"long_text": cfg.long_text, "eval_limit": cfg.slow_eval_samples or None})
             ident = {"key": list(key), "texts": _texts_sha(data)}
             jobs[i] = (job, ident)
             log.info("bench: [%d/%d] %s", step + 1, len(dirs), d)
@@ -306,7 +318,8 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = N
             if res["status"] == "failed":
                 log.error("bench: %s failed (%s): %s", d, res.get("failure"), res.get("error"))
             else:
-                log.info("bench: %s done in %.1f s", d, res["wall_s"])
+                log.info("bench: %s done in %.1f s (%s)", d, res["wall_s"],
+                         ", ".join(f"{k} {v:.1f}" for k, v in (res.get("stage_s") or {}).items()))
             raw[i] = res
             entries[i] = analysis.variant_entry(meta, res)
             if step == 0 and entries[i]["name"] and analysis.reference([entries[i]]) is entries[i]:
@@ -318,6 +331,9 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = N
             picked, rec = _policy_candidates([entries[j] for j in range(len(dirs))], metas, cfg)
             for i in picked:
                 job, ident = jobs[i]
+                done = entries[i].get("long_text_policies")
+                if done and (i != rec or all(r["n"] == (entries[i].get("accuracy") or {}).get("n") for r in done)):
+                    continue  # the reference, compared in its own child already (on every text, if it is chosen)
                 own = raw[i].get("accuracy") or {}
                 # The reference's policy records only feed the agreement column (choose() reads the recommended
                 # variant's): when it is not the recommended one it scores the eval cut's first texts, and each

@@ -19,12 +19,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qserve import QserveError, problems
+from qserve import QserveError, problemtypes as problems
 from qserve.predict.files import ROW_ERROR, Row
 
 if TYPE_CHECKING:
     from qserve.runtime import Runtime
-    from qserve.serve.repository import Selection
+    from qserve.serve.core.repository import Selection
 
 log = logging.getLogger("qserve.predict")
 
@@ -89,8 +89,8 @@ class Model:
 
     def load(self) -> Runtime:
         """The runtime, through the server's Loader with the server's settings."""
-        from qserve.serve.config import ServeConfig
-        from qserve.serve.served import load_model
+        from qserve.serve.infra.config import ServeConfig
+        from qserve.serve.core.served_model import load_model
 
         cfg = ServeConfig(variant_dir=self.variant_dir, threads=self.threads, device=self.device,
                           long_text=self.long_text, max_batch_size=self.batch_size)
@@ -101,7 +101,7 @@ class Model:
 def resolve_model(cfg: PredictConfig) -> Model:
     """TARGET -> the variant and policy `qserve serve TARGET` would serve (the server's own resolve)."""
     from qserve.artifact import read_manifest
-    from qserve.serve.repository import model_version, resolve
+    from qserve.serve.core.repository import model_version, resolve
 
     vdir, selection = resolve(cfg.target)
     sel: Selection | None = selection
@@ -139,7 +139,7 @@ def answer_types(rt: Runtime, all_scores: bool) -> dict[str, Any]:
 
 
 def _problem(row: Row, column: str, flag: str, max_chars: int) -> str | None:
-    from qserve.serve.texts import text_problem
+    from qserve.serve.core.texts import text_problem
 
     if column not in row:
         return f"column {column!r} ({flag}) is missing from this row"
@@ -169,7 +169,7 @@ def row_problem(row: Row, cfg: PredictConfig) -> str | None:
 def score_chunk(rt: Runtime, rows: list[Row], cfg: PredictConfig, first_row: int = 1) -> list[Row]:
     """Each row with its answer columns (or its error), in input order. `first_row`: the 1-based number of
     rows[0] in INPUT, for --on-error fail's message."""
-    from qserve.serve.outputs import v1_predictions
+    from qserve.serve.core.outputs import v1_predictions
 
     threshold = (cfg.threshold if cfg.threshold is not None else problems.DEFAULT_THRESHOLD) \
         if rt.problem_type == problems.MULTI else None

@@ -7,7 +7,7 @@ the backend registry (qserve.variants) names for the spec's backend. Every runti
 `Runtime` (qserve.runtime.base): the same tokenization (truncation to the variant's
 max_length, dynamic padding) and the same methods (`predict`, `classify`, `logits`,
 `run`) over a backend's `forward`, so a benchmark measures exactly what is served. What serving and
-bench may use of one is the typed contract ModelRuntime (contract.py), which mypy checks (tests/test_types.py).
+bench may use of one is the typed contract ModelRuntime (contract.py), which mypy checks (tests/unit/test_types.py).
 """
 
 from __future__ import annotations

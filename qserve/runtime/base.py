@@ -1,12 +1,12 @@
 """The Runtime base class: tokenization, the long-text policy, the row-by-row path and the scores shared by all backends.
 
-    python -c "import numpy as np; from qserve.problems import scores; print(scores(np.array([[0.0, 1.0]]), 'single_label_classification'))"
+    python -c "import numpy as np; from qserve.problemtypes import scores; print(scores(np.array([[0.0, 1.0]]), 'single_label_classification'))"
 
 A batch of N texts is tokenized once, without truncation, then each text is cut by its long-text
 policy (qserve/longtext.py) into one piece, or several windows; the M >= N pieces are padded and
 forwarded (at most `max_rows` per forward), and each text's logits are aggregated from its own
 pieces only, so its answer does not depend on its batchmates. The aggregated logits become scores by the
-variant's problem type (qserve/problems.py) in one place, scores(): softmax, a sigmoid per label, or the value.
+variant's problem type (qserve/problemtypes.py) in one place, scores(): softmax, a sigmoid per label, or the value.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from qserve import longtext, problems, textpairs
+from qserve import longtext, problemtypes as problems, textpairs
 from qserve.longtext import LongTextPolicy
 
 PolicyArg = str | LongTextPolicy | Sequence[str | LongTextPolicy | None] | None
@@ -104,7 +104,7 @@ class Classification:
     """[N, num_labels] float32: the model's raw outputs (a windowed text's aggregated), before `probs` were made
     of them (softmax, sigmoid or the value): what a protocol with raw scores (TEI's raw_scores) answers."""
     problem_type: str = problems.SINGLE
-    """What `probs` holds: qserve.problems.SINGLE, MULTI or REGRESSION."""
+    """What `probs` holds: qserve.problemtypes.SINGLE, MULTI or REGRESSION."""
     phases: list[Phase] = field(default_factory=list)
     """When tracing (serve): the steps of every batch these texts ran in; else empty."""
 
@@ -140,7 +140,7 @@ class Runtime:
         self.name: str = manifest["spec"]["name"]
         self.labels: list[str] = list(manifest["labels"])
         self.problem_type: str = problems.from_manifest(manifest)
-        """How logits become scores (qserve/problems.py); a manifest without one is single-label."""
+        """How logits become scores (qserve/problemtypes.py); a manifest without one is single-label."""
         self.max_length: int = int(options.max_length or manifest["max_length"])
         self.tokenizer = AutoTokenizer.from_pretrained(self.variant_dir)
         self.template = longtext.template(self.tokenizer)
@@ -232,7 +232,7 @@ class Runtime:
     def _pair_pieces(self, texts: list[str], pairs: list[str], policy: PolicyArg) -> longtext.Pieces:
         """The pieces of text pairs: the tokenizer's own pair encoding and truncation (never windowed; the
         policy is still checked). A pair model also scores a lone text (pairs=None), as its tokenizer encodes
-        one; the server refuses that (serve/pairs.py). Pairs for a one-text model are refused here."""
+        one; the server refuses that (serve/core/pairs.py). Pairs for a one-text model are refused here."""
         if self.inputs != textpairs.PAIR:
             raise textpairs.PairError(f"{self.name} takes one text per input (manifest inputs {list(self.inputs)}); "
                                       "text_pair is for a model trained on text pairs")

@@ -2,10 +2,10 @@
 
     python -m mypy qserve/runtime qserve/serve
 
-Every backend's runtime is a Runtime (base.py), which implements this; serve (served.py, state.py, the
+Every backend's runtime is a Runtime (base.py), which implements this; serve (served_model.py, state.py, the
 protocol modules), the shadow and bench hold a ModelRuntime, so an attribute a caller reads that a backend
-does not have, or a call with the wrong types, fails the type check (tests/test_types.py) instead of a
-request. A test may wrap a real runtime (tests/test_serve_batching.py) as long as it keeps this shape.
+does not have, or a call with the wrong types, fails the type check (tests/unit/test_types.py) instead of a
+request. A test may wrap a real runtime (tests/integration/test_serve_batching.py) as long as it keeps this shape.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class ModelRuntime(Protocol):
     """The variant's spec name (the served name unless --model-name or NAME=DIR overrides it)."""
     labels: list[str]
     problem_type: str
-    """How logits become scores: qserve.problems.SINGLE, MULTI or REGRESSION (the manifest's problem_type)."""
+    """How logits become scores: qserve.problemtypes.SINGLE, MULTI or REGRESSION (the manifest's problem_type)."""
     inputs: tuple[str, ...]
     """What one input is: ("text",), or ("text", "text_pair") for a pair model (qserve/textpairs.py)."""
     max_length: int

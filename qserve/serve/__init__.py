@@ -2,13 +2,18 @@
 
     qserve serve models/minilm-imdb-variants/onnx-int8        # then open http://127.0.0.1:8000/docs
 
-config.py (settings, env), state.py (the models by name, their loader, batchers and
-lifecycle; submit resolves a request once), answer.py (the Answer every protocol encodes), app.py (factory, error bodies, OpenAPI), routes.py (/v1, probes), v2.py
-(the KServe V2 / Open Inference Protocol, binary tensor data included), texts.py (what
-counts as a valid text), batcher.py (dynamic batching), guard.py (auth, limits, early
-429, request ids, metrics per request), connections.py (header/body/keep-alive timeouts,
-connection cap), metrics.py (Prometheus), loadtest.py + cli.py (`qserve serve`,
-`qserve loadtest`), deploy.py (Ray deployment options, `qserve deploy ray`) and
-ray_engine.py (`--engine ray`); docs/architecture.md has all of them, by role, and a request's path.
-Nothing here is imported by `import qserve`.
+Top to bottom (pyproject.toml's import-linter contract "serve-layers"):
+
+- cli.py + __main__.py: `qserve serve`, `qserve deploy ray`, `qserve loadtest` (its client is
+  qserve/bench/loadtest.py).
+- ray_engine.py (`--engine ray`: Ray Serve replicas on the same app) and app.py (the FastAPI app
+  factory: the serving state in the lifespan, error bodies, OpenAPI): the wiring.
+- protocols/: /v1 and the probes (routes.py), KServe V2 over HTTP (v2.py, v2_repository.py) and
+  gRPC (grpc_v2.py), TEI (tei.py), vLLM (vllm_api.py), the served models' page (page.py).
+- core/: the one serving state (state.py) and what it needs: served_model.py, answer.py, batcher.py,
+  outputs.py, pairs.py, texts.py, schemas.py, shadow.py, repository.py, guard.py, errors.py.
+- infra/: config.py, metrics.py, tracing.py, connections.py, uvicorn_server.py, deploy.py.
+
+docs/architecture.md has all of them, by role, and a request's path. Nothing here is imported by
+`import qserve`.
 """

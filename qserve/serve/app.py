@@ -27,15 +27,15 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from qserve import __version__
-from qserve.serve.config import ServeConfig
-from qserve.serve.errors import ApiError
-from qserve.serve.guard import OPEN_PATHS, GuardMiddleware
-from qserve.serve.metrics import Metrics
-from qserve.serve.repository import Repository
-from qserve.serve.state import Loader, Selection, ServeState, load_model
-from qserve.serve.texts import unicode_problem
-from qserve.serve.tracing import TraceMiddleware
-from qserve.serve.tracing import from_env as tracing_from_env
+from qserve.serve.infra.config import ServeConfig
+from qserve.serve.core.errors import ApiError
+from qserve.serve.core.guard import OPEN_PATHS, GuardMiddleware
+from qserve.serve.infra.metrics import Metrics
+from qserve.serve.core.repository import Repository
+from qserve.serve.core.state import Loader, Selection, ServeState, load_model
+from qserve.serve.core.texts import unicode_problem
+from qserve.serve.infra.tracing import TraceMiddleware
+from qserve.serve.infra.tracing import from_env as tracing_from_env
 
 log = logging.getLogger("qserve.serve")
 
@@ -63,7 +63,7 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
         grpc = None
         try:
             if config.grpc_port is not None:  # the V2 gRPC service, on this event loop and this state
-                from qserve.serve.grpc_v2 import start_grpc
+                from qserve.serve.protocols.grpc_v2 import start_grpc
 
                 grpc = app.state.grpc = await start_grpc(st, config.host, config.grpc_port)
             yield
@@ -81,11 +81,11 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
                               "(/v1) and the KServe V2 Open Inference Protocol (/v2).")
     app.state.qserve = st
     _install_error_handlers(app, st)
-    from qserve.serve.page import add_page
-    from qserve.serve.routes import add_routes
+    from qserve.serve.protocols.page import add_page
+    from qserve.serve.protocols.routes import add_routes
 
-    from qserve.serve.tei import add_tei_routes
-    from qserve.serve.vllm_api import add_vllm_routes
+    from qserve.serve.protocols.tei import add_tei_routes
+    from qserve.serve.protocols.vllm_api import add_vllm_routes
 
     add_routes(app, st)
     add_page(app, st)  # GET / (the served models' page) and GET /v1/report
@@ -102,7 +102,7 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
 
 
 def _tei_request(path: str, method: str) -> bool:
-    from qserve.serve.tei import is_tei
+    from qserve.serve.protocols.tei import is_tei
 
     return is_tei(path, method)
 
@@ -113,7 +113,7 @@ def _tei_refusal(path: str, method: str, status: int, message: str) -> bytes | N
         return None
     import json
 
-    from qserve.serve.tei import error_body
+    from qserve.serve.protocols.tei import error_body
 
     return json.dumps(error_body(status if status in (401, 413, 429) else 422, message)).encode()
 
@@ -125,7 +125,7 @@ def _error(request: Request, status: int, message: str, headers: dict[str, str] 
     # rendering the error can never fail.
     message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     if _tei_request(request.url.path, request.method):  # TEI's routes answer TEI's {"error", "error_type"}
-        from qserve.serve.tei import error_response
+        from qserve.serve.protocols.tei import error_response
 
         return error_response(status, message, headers, validation)
     return JSONResponse({"error": message, "request_id": rid}, status_code=status, headers=headers)
@@ -209,7 +209,7 @@ def _install_openapi(app: FastAPI, config: ServeConfig) -> None:
         if app.openapi_schema:
             return app.openapi_schema
         schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-        from qserve.serve.v2 import register_schemas
+        from qserve.serve.protocols.v2 import register_schemas
 
         register_schemas(schema)
         _publish_limits(schema, config)
@@ -239,7 +239,7 @@ def _publish_long_text(comps: dict, config: ServeConfig) -> None:
         max_length = int(json.loads((Path(config.variant_dir) / "manifest.json").read_text("utf-8"))["max_length"])
     except (OSError, ValueError, KeyError, TypeError):
         return  # no readable manifest: the unbounded form stays
-    from qserve.serve.vllm_api import publish as publish_vllm
+    from qserve.serve.protocols.vllm_api import publish as publish_vllm
 
     publish_vllm(comps, max_length)
     shape, bounded = pattern(), pattern(max_length)
@@ -274,13 +274,13 @@ def _publish_limits(schema: dict, config: ServeConfig) -> None:
                  "TeiTokenizeRequest", "VllmClassifyRequest"):
         walk(comps.get(name))
     _publish_long_text(comps, config)
-    from qserve.serve.outputs import publish_outputs
-    from qserve.serve.pairs import publish_inputs
+    from qserve.serve.core.outputs import publish_outputs
+    from qserve.serve.core.pairs import publish_inputs
 
     publish_outputs(comps, config.variant_dir)
     publish_inputs(comps, config.variant_dir)  # a text-pair model's forms only where the model takes them
-    from qserve.serve.pairs import variant_takes_pairs
-    from qserve.serve.tei import publish as publish_tei
+    from qserve.serve.core.pairs import variant_takes_pairs
+    from qserve.serve.protocols.tei import publish as publish_tei
 
     pair = variant_takes_pairs(config.variant_dir)
     if pair is not None:

@@ -5,7 +5,7 @@
     qserve serve --model-repository models/repo --shadow int8=models/m/variants/onnx-fp32
     qserve loadtest http://127.0.0.1:8000 --concurrency 1,8,32,64 --duration 10
 
-Every serve setting (a ServeConfig field: serve/config.py) is a flag and can also come
+Every serve setting (a ServeConfig field: serve/infra/config.py) is a flag and can also come
 from the environment as QSERVE_<FLAG> (e.g. QSERVE_PORT, QSERVE_API_KEY); a flag given on
 the command line wins. Prefer QSERVE_API_KEY to --api-key: command lines are visible to
 other local users.
@@ -45,8 +45,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     from dataclasses import fields
 
     from qserve.configflags import field_docs
-    from qserve.serve.config import ServeConfig
-    from qserve.serve.deploy import RayOptions
+    from qserve.serve.infra.config import ServeConfig
+    from qserve.serve.infra.deploy import RayOptions
 
     p = sub.add_parser(
         "serve", help="serve one or several variants over HTTP with dynamic batching",
@@ -94,9 +94,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from qserve.serve.config import config_from_sources
-    from qserve.serve.deploy import RayOptions, Scaling
-    from qserve.serve.repository import Repository, sources_from_dirs, sources_from_root
+    from qserve.serve.infra.config import config_from_sources
+    from qserve.serve.infra.deploy import RayOptions, Scaling
+    from qserve.serve.core.repository import Repository, sources_from_dirs, sources_from_root
 
     dirs = list(args.variant_dir or [])
     args.variant_dir = dirs[0] if dirs else None  # none given: QSERVE_VARIANT_DIR decides
@@ -128,7 +128,7 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from qserve.serve.app import create_app
-    from qserve.serve.server import uvicorn_config
+    from qserve.serve.infra.uvicorn_server import uvicorn_config
 
     failed: list[BaseException] = []
     server: uvicorn.Server | None = None
@@ -150,7 +150,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def run_loadtest_cmd(args: argparse.Namespace) -> int:
     from qserve.artifact import write_json_atomic
-    from qserve.serve.loadtest import format_report, read_texts_file, run_loadtest
+    from qserve.bench.loadtest import format_report, read_texts_file, run_loadtest
 
     try:
         levels = [int(x) for x in args.concurrency.split(",") if x.strip()]

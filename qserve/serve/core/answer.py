@@ -1,0 +1,67 @@
+"""The one value every protocol encodes: what a served model answered for one request, everything resolved.
+
+    python -m pytest tests/integration/test_serve_api.py tests/integration/test_serve_grpc.py -q
+
+ServeState.submit (state.py) looks up the model serving the request's name at the moment its texts are
+queued (after a hot swap, the new one), resolves against that model, once, what the request asked for
+(the long-text policy written out in full, the multi-label threshold, the V2 outputs), queues the texts
+and returns an Answer. A protocol module (routes.py for /v1, v2.py for V2 HTTP, grpc_v2.py for V2 gRPC)
+only decodes its request into submit's parameters and encodes the Answer: no check runs twice, and no
+part of an answer comes from another model than the one that computed it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from qserve.runtime.base import Phase
+from qserve.serve.core.served_model import ModelRuntime, ServedModel
+
+
+@dataclass(frozen=True, eq=False)
+class Answer:
+    """One request's answer: the model that computed it and, per text, its scores and how it was read."""
+
+    model: ServedModel
+    """The model that answered: the one serving the name when the texts were queued."""
+    name: str
+    """Its served name (model.name)."""
+    version: str
+    """Its version, the manifest's short hash (model.version): every answer carries it as model_version."""
+    policy: str
+    """The long-text policy the texts were read by, written out in full: the request's, else the model's default."""
+    threshold: float | None
+    """The multi-label threshold in effect (the request's, else --threshold); None for any other problem type."""
+    outputs: tuple[str, ...]
+    """The V2 outputs to answer, in order: those the request named, else all of the model's (outputs.py);
+    empty when the protocol has no outputs to name (/v1)."""
+    probs: np.ndarray
+    """[n, labels] float32 scores by the model's problem type (softmax, a sigmoid per label, or the value)."""
+    logits: np.ndarray
+    """[n, labels] float32 raw model outputs before softmax/sigmoid (a windowed text's aggregated)."""
+    truncated: list[bool]
+    """Per text: whether part of it went unseen under `policy`."""
+    tokens: list[int]
+    """Per text: its token count, special tokens included."""
+    windows: list[int]
+    """Per text: how many pieces were scored (1 unless a windows policy cut it)."""
+    phases: list[Phase]
+    """When tracing: the steps (tokenize, windows, inference) of every batch the texts ran in; else empty."""
+
+    @property
+    def runtime(self) -> ModelRuntime:
+        return self.model.runtime
+
+    @property
+    def problem_type(self) -> str:
+        return self.model.runtime.problem_type
+
+    @property
+    def labels(self) -> list[str]:
+        return self.model.runtime.labels
+
+    @property
+    def max_length(self) -> int:
+        return self.model.runtime.max_length

@@ -1,0 +1,304 @@
+"""Dynamic batching: texts from concurrent requests are gathered into one forward pass.
+
+    python -m pytest tests/integration/test_serve_batching.py -q
+
+Each request's texts enter one bounded FIFO as separate items, each with the request's long-text
+policy (None = the server's default). A single collector
+task takes up to `max_batch_size` items, waiting at most `max_wait_ms` after the
+oldest queued item arrived (items that queued while the previous batch ran go at
+once, and nothing waits when no other request is on its way in), runs the batch on the single inference thread (see config.py for why one)
+and hands every request exactly its own rows, in order. Limits count texts: the runtime cuts a
+windowed text into several pieces itself and aggregates them back into the text's one answer, which
+depends on that text alone, so texts of different requests and policies share a batch safely. A request with more texts
+than fit in one batch simply spans several batches. When the text that completes a
+batch is queued while the collector waits, that enqueue call submits the batch to the
+inference thread itself: under a flood, the forward pass of the admitted texts then
+overlaps the refusals instead of starting after them.
+
+Failure isolation: if a batch raises and it held several requests, each request is
+re-run on its own, so only the request that breaks the model fails (500) and its
+neighbours still get answers. The collector itself never dies from a batch error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from qserve import problemtypes as problems
+from qserve.runtime.base import Classification, Phase
+
+if TYPE_CHECKING:
+    from qserve.serve.infra.metrics import ModelMetrics
+
+log = logging.getLogger("qserve.serve")
+
+class InferFn(Protocol):
+    """What the batcher runs on the inference thread: synchronous, CPU-heavy.
+
+    (texts, their long-text policies (None = the runtime's default)[, their text pairs: only for a pair model's
+    batch]) -> (Classification of the texts, in order; when tracing, the batch's steps (Phase: name, start/end
+    ns, attributes), which every request in the batch gets in its Classification.phases, else None)."""
+
+    def __call__(self, texts: list[str], policies: list[str | None],
+                 pairs: list[str] | None = None) -> tuple[Classification, list[Phase] | None]: ...
+
+
+Started = tuple[float, "asyncio.Future[tuple[Classification, list[Phase] | None]]"]
+"""A batch on the inference thread: (perf_counter when it was submitted, the future of InferFn's result)."""
+
+
+class QueueFull(Exception):
+    def __init__(self, depth: int, limit: int, retry_after_s: int):
+        super().__init__(f"inference queue is full ({depth} of {limit} texts waiting); retry after "
+                         f"{retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+class NotAccepting(Exception):
+    """The batcher is draining for shutdown."""
+
+
+@dataclass(eq=False)
+class _Pending:
+    n: int
+    future: asyncio.Future
+    rows: list[Any] = field(default_factory=list)
+    raw: list[Any] = field(default_factory=list)
+    """Each text's logits row."""
+    problem_type: str = problems.SINGLE
+    trunc: list[bool] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    windows: list[int] = field(default_factory=list)
+    remaining: int = 0
+    batches: list[list[Phase]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.rows = [None] * self.n
+        self.raw = [None] * self.n
+        self.trunc = [False] * self.n
+        self.tokens = [0] * self.n
+        self.windows = [0] * self.n
+        self.remaining = self.n
+
+    def fill(self, index: int, row: np.ndarray, logits: np.ndarray, truncated: bool, tokens: int, windows: int,
+             problem_type: str, phases: list[Phase] | None = None) -> None:
+        if self.future.done():  # cancelled (client gone, timeout) or already failed
+            return
+        self.rows[index] = row
+        self.raw[index] = logits
+        self.problem_type = problem_type
+        self.trunc[index] = truncated
+        self.tokens[index] = tokens
+        self.windows[index] = windows
+        self.remaining -= 1
+        if phases is not None and all(b is not phases for b in self.batches):
+            self.batches.append(phases)
+        if self.remaining == 0:
+            self.future.set_result(Classification(np.stack(self.rows), list(self.trunc), list(self.tokens),
+                                                  list(self.windows), np.stack(self.raw), self.problem_type,
+                                                  [p for b in self.batches for p in b]))
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+
+@dataclass(eq=False)
+class _Item:
+    pending: _Pending
+    index: int
+    text: str
+    enqueued: float
+    policy: str | None = None
+    pair: str | None = None
+    """The text's text_pair (a pair model's input), else None."""
+
+
+def _infer_args(batch: list[_Item]
+                ) -> tuple[list[str], list[str | None]] | tuple[list[str], list[str | None], list[str]]:
+    """InferFn's arguments for a batch: texts and policies, plus the pairs when its items carry them (a batch
+    holds one model's items, and a model takes pairs for every input or for none)."""
+    texts, policies = [it.text for it in batch], [it.policy for it in batch]
+    if batch and batch[0].pair is not None:
+        return texts, policies, [it.pair or "" for it in batch]
+    return texts, policies
+
+
+class Batcher:
+    def __init__(self, infer: InferFn, executor: Executor | None, *, max_batch_size: int, max_wait_ms: float,
+                 max_queue: int, metrics: ModelMetrics | None = None, arriving: Callable[[], int] | None = None):
+        self.infer = infer
+        self.executor = executor
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_ms / 1000.0
+        self.max_queue = max_queue
+        self.metrics = metrics
+        self.arriving = arriving  # requests on their way to the queue (see guard.Arrivals)
+        self._items: deque[_Item] = deque()
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._task: asyncio.Task | None = None
+        self._batch_s_ema = 0.05  # seed for Retry-After until real batches are timed
+        self._running = False  # a batch is in the inference thread
+        self._launched: tuple[list[_Item], Started | None] | None = None  # a batch enqueue() already started
+
+    # -- producer side (event loop) ----------------------------------------------------
+    @property
+    def depth(self) -> int:
+        return len(self._items)
+
+    @property
+    def full(self) -> bool:
+        """No room for even one more text: a request can be refused before its body is read."""
+        return len(self._items) >= self.max_queue
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="qserve-batcher")
+
+    def enqueue(self, texts: list[str], policy: str | None = None, pairs: list[str] | None = None) -> asyncio.Future:
+        """Queue texts (each read by `policy`, None = the runtime's default; with its text pair for a pair model)
+        at once or raise QueueFull/NotAccepting; never waits."""
+        if self._closing:
+            raise NotAccepting("server is shutting down")
+        if len(self._items) + len(texts) > self.max_queue:
+            raise QueueFull(len(self._items), self.max_queue, self.retry_after_s())
+        loop = asyncio.get_running_loop()
+        pending = _Pending(len(texts), loop.create_future())
+        now = loop.time()
+        self._items.extend(_Item(pending, i, t, now, policy, None if pairs is None else pairs[i])
+                           for i, t in enumerate(texts))
+        self._set_depth()
+        if not self._running and self._launched is None and len(self._items) >= self._fill_target():
+            # The batch is complete: start its forward pass now, from this very call. Waking the
+            # collector instead would start it only after everything else this event-loop turn
+            # does, such as refusing a flood of other requests.
+            self._launched = self._take_batch(loop)
+        self._wake.set()
+        return pending.future
+
+    async def submit(self, texts: list[str], timeout_s: float | None = None, policy: str | None = None,
+                     pairs: list[str] | None = None) -> Classification:
+        """The request's texts answered: their rows of the batches they ran in (Classification.phases: the
+        steps of those batches, when tracing)."""
+        fut = self.enqueue(texts, policy, pairs)
+        return await asyncio.wait_for(fut, timeout_s) if timeout_s else await fut
+
+    def retry_after_s(self) -> int:
+        batches_ahead = math.ceil(max(1, len(self._items)) / self.max_batch_size)
+        return max(1, math.ceil(batches_ahead * self._batch_s_ema))
+
+    async def close(self) -> None:
+        """Stop accepting, finish everything already queued, then return."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+
+    # -- collector (one task) -----------------------------------------------------------
+    def _set_depth(self) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_depth.set(len(self._items))
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._drop_dead()
+            if not self._items and self._launched is None:
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            # Wait for the batch to fill, but never past max_wait after the oldest item queued.
+            deadline = self._items[0].enqueued + self.max_wait_s if self._items else 0.0
+            while len(self._items) < self._fill_target() and not self._closing and self._launched is None:
+                if self.arriving is not None and self.arriving() <= 0:
+                    break  # nobody else is on the way: waiting would only add latency
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                # A timer that sets the event, not wait_for: wait_for wraps the wait in a task, which
+                # costs extra event-loop turns before this collector sees a full queue.
+                self._wake.clear()
+                timer = loop.call_later(remaining, self._wake.set)
+                try:
+                    await self._wake.wait()
+                finally:
+                    timer.cancel()
+            batch, started = self._launched or self._take_batch(loop)
+            self._launched = None
+            if batch:
+                self._running = True
+                try:
+                    await self._run_batch(batch, isolate=True, started=started)
+                except Exception:  # the collector must outlive any bug in a batch
+                    log.exception("batch collector error")
+                    for it in batch:
+                        it.pending.fail(RuntimeError("internal batching error"))
+                finally:
+                    self._running = False
+
+    def _fill_target(self) -> int:
+        # A full queue cannot grow, so waiting for more would only delay the admitted texts.
+        return min(self.max_batch_size, self.max_queue)
+
+    def _take_batch(self, loop: asyncio.AbstractEventLoop) -> tuple[list[_Item], Started | None]:
+        """Pop the next batch and submit it to the inference thread at once: (items, (t0, future))."""
+        batch = [self._items.popleft() for _ in range(min(self.max_batch_size, len(self._items)))]
+        self._set_depth()
+        batch = [it for it in batch if not it.pending.future.done()]
+        if not batch:
+            return batch, None
+        now = loop.time()
+        if self.metrics is not None:
+            for it in batch:
+                self.metrics.queue_wait.observe(now - it.enqueued)
+        return batch, (time.perf_counter(), loop.run_in_executor(self.executor, self.infer, *_infer_args(batch)))
+
+    def _drop_dead(self) -> None:
+        while self._items and self._items[0].pending.future.done():
+            self._items.popleft()
+            self._set_depth()
+
+    async def _run_batch(self, batch: list[_Item], isolate: bool, started: Started | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        texts = [it.text for it in batch]
+        t0, fut = started or (time.perf_counter(), loop.run_in_executor(self.executor, self.infer,
+                                                                        *_infer_args(batch)))
+        try:
+            result, phases = await fut  # phases: the batch's steps when tracing is on, else None
+            probs, truncated = result.probs, result.truncated
+            if any(len(x) != len(texts) for x in (probs, result.logits, truncated, result.tokens, result.windows)):
+                raise RuntimeError(f"runtime returned {len(probs)} rows for {len(texts)} texts")
+        except Exception as e:
+            if self.metrics is not None:
+                self.metrics.batch_failures.inc()
+            owners = list(dict.fromkeys(it.pending for it in batch))
+            if isolate and len(owners) > 1:
+                log.warning("batch of %d texts from %d requests failed (%s: %s); re-running each request alone",
+                            len(texts), len(owners), type(e).__name__, e)
+                for owner in owners:
+                    await self._run_batch([it for it in batch if it.pending is owner], isolate=False)
+                return
+            for owner in owners:
+                owner.fail(e)
+            return
+        elapsed = time.perf_counter() - t0
+        self._batch_s_ema = 0.8 * self._batch_s_ema + 0.2 * elapsed
+        if self.metrics is not None:
+            self.metrics.batch_size.observe(len(texts))
+            self.metrics.inference.observe(elapsed)
+            self.metrics.texts.inc(len(texts))
+            self.metrics.truncated.inc(sum(bool(t) for t in truncated))
+        for it, row, raw, tr, n, w in zip(batch, probs, result.logits, truncated, result.tokens, result.windows):
+            it.pending.fill(it.index, row, raw, bool(tr), int(n), int(w), result.problem_type, phases)

@@ -1,0 +1,117 @@
+"""What a served model answers, by its problem type: /v1 predictions and the V2 (HTTP and gRPC) outputs.
+
+    curl -s -d '{"inputs": ["goal in the last minute"], "threshold": 0.4}' 127.0.0.1:8000/v1/classify
+
+single-label   /v1 [{label, score}] best first (softmax);   V2 probabilities FP32 [n, k], label BYTES [n]
+multi-label    /v1 every label {label, score, on} best first (sigmoid; on: score >= threshold);
+               V2 probabilities FP32 [n, k] (the sigmoid per label)
+regression     /v1 [{"label": "value", "score": v}];          V2 value FP32 [n, 1]
+and V2 truncated BOOL [n] for every model. The threshold is --threshold (default 0.5), or the request's
+`threshold`; a threshold sent to a model that is not multi-label is refused (422).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from qserve import problemtypes as problems
+from qserve.serve.core.errors import ApiError
+
+OUTPUTS = {problems.SINGLE: ("probabilities", "label", "truncated"),
+           problems.MULTI: ("probabilities", "truncated"),
+           problems.REGRESSION: ("value", "truncated")}
+"""V2 output names per problem type, in the order they are answered when a request names none."""
+
+
+def output_names(problem: str) -> tuple[str, ...]:
+    return OUTPUTS[problem]
+
+
+def check_outputs(problem: str, names: list[str], model: str) -> None:
+    """422 naming the first requested output this model does not have, and the ones it has."""
+    have = output_names(problem)
+    for i, name in enumerate(names):
+        if name not in have:
+            raise ApiError(422, f"outputs[{i}].name is {name!r}; model {model!r} ({problems.short(problem)}) has "
+                                f"outputs {', '.join(have)}")
+
+
+def request_threshold(problem: str, value: float | None, default: float, model: str) -> float | None:
+    """The threshold a /v1 request is answered at (multi-label only; None for the others)."""
+    if problem != problems.MULTI:
+        if value is not None:
+            kind = "single-label" if problem == problems.SINGLE else "a regression model"
+            raise ApiError(422, f"threshold applies to multi-label models only; model {model!r} is {kind}: "
+                                "leave threshold out")
+        return None
+    return default if value is None else value
+
+
+def v1_predictions(scores: np.ndarray, labels: list[str], problem: str, top_k: int | None,
+                   threshold: float | None) -> list[list[dict[str, Any]]]:
+    """Per text: [{label, score}] best first (top_k of them), plus `on` per label for multi-label;
+    regression: [{"label": "value", "score": v}] (one entry per output)."""
+    out = []
+    for row in scores:
+        if problem == problems.REGRESSION:
+            names = [problems.REGRESSION_LABEL] if len(row) == 1 else labels
+            out.append([{"label": names[j], "score": float(v)} for j, v in enumerate(row)])
+            continue
+        order = np.argsort(-row, kind="stable")[: (top_k or len(labels))]
+        if problem == problems.MULTI:
+            thr = problems.DEFAULT_THRESHOLD if threshold is None else threshold
+            out.append([{"label": labels[j], "score": float(row[j]), "on": bool(row[j] >= thr)} for j in order])
+        else:
+            out.append([{"label": labels[j], "score": float(row[j])} for j in order])
+    return out
+
+
+def v2_values(problem: str, labels: list[str], scores: np.ndarray,
+              truncated: list[bool]) -> dict[str, tuple[dict[str, Any], Any]]:
+    """Every V2 output of this problem type by name: (tensor meta {name, datatype, shape}, values)."""
+    n, k = scores.shape
+    out: dict[str, tuple[dict[str, Any], Any]] = {}
+    if problem == problems.REGRESSION:
+        out["value"] = ({"name": "value", "datatype": "FP32", "shape": [n, k]}, scores)
+    else:
+        out["probabilities"] = ({"name": "probabilities", "datatype": "FP32", "shape": [n, k]}, scores)
+    if problem == problems.SINGLE:
+        out["label"] = ({"name": "label", "datatype": "BYTES", "shape": [n]}, [labels[j] for j in scores.argmax(axis=1)])
+    out["truncated"] = ({"name": "truncated", "datatype": "BOOL", "shape": [n]}, truncated)
+    return out
+
+
+def v2_metadata_outputs(problem: str, k: int) -> list[dict[str, Any]]:
+    """The model metadata's outputs (GET /v2/models/{name}, gRPC ModelMetadata)."""
+    meta = {"probabilities": {"datatype": "FP32", "shape": [-1, k]}, "value": {"datatype": "FP32", "shape": [-1, k]},
+            "label": {"datatype": "BYTES", "shape": [-1]}, "truncated": {"datatype": "BOOL", "shape": [-1]}}
+    return [{"name": name, **meta[name]} for name in output_names(problem)]
+
+
+def v2_config_outputs(problem: str, k: int) -> list[dict[str, Any]]:
+    """The Triton-style model configuration's outputs (GET /v2/models/{name}/config, gRPC ModelConfig)."""
+    types = {"FP32": "TYPE_FP32", "BYTES": "TYPE_STRING", "BOOL": "TYPE_BOOL"}
+    return [{"name": o["name"], "data_type": types[o["datatype"]], "dims": o["shape"]}
+            for o in v2_metadata_outputs(problem, k)]
+
+
+def publish_outputs(comps: dict[str, Any], variant_dir: str) -> None:
+    """In the OpenAPI document, what the served variant (read from its manifest, so the document is right
+    before the model has loaded) answers: the V2 output names of its problem type, and a `threshold` only a
+    multi-label model takes (null for the others)."""
+    import json
+    from pathlib import Path
+
+    try:
+        manifest = json.loads((Path(variant_dir.split("=", 1)[-1]) / "manifest.json").read_text("utf-8"))
+        problem = problems.from_manifest(manifest)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return  # no readable manifest (several models, a model dir, a repository): every name stays
+    name = ((comps.get("V2RequestedOutput") or {}).get("properties") or {}).get("name")
+    if isinstance(name, dict) and "enum" in name:
+        name["enum"] = list(output_names(problem))
+    threshold = ((comps.get("ClassifyRequest") or {}).get("properties") or {}).get("threshold")
+    if problem != problems.MULTI and isinstance(threshold, dict) and "anyOf" in threshold:
+        threshold["anyOf"] = [alt for alt in threshold["anyOf"] if alt.get("type") == "null"]

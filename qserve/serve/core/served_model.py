@@ -1,0 +1,118 @@
+"""One served model: the runtime contract serve needs, the default loader, the ServedModel unit
+(runtime + batcher + version + shadow) and the weak trace a retired version leaves.
+
+    python -c "from qserve.serve.core.served_model import load_model; from qserve.serve.infra.config import ServeConfig; \\
+m = load_model(ServeConfig(variant_dir='models/minilm-imdb-variants/onnx-int8', device='cpu')); print(m.name)"
+
+state.py builds and swaps these; routes reach them through ServeState.model(name).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from qserve.longtext import LongTextError
+from qserve.runtime.base import Classification, Phase
+from qserve.runtime.contract import ModelRuntime
+from qserve.serve.core.batcher import Batcher, InferFn
+from qserve.serve.infra.config import ServeConfig
+from qserve.serve.core.errors import ApiError
+from qserve.serve.infra.metrics import ModelMetrics
+from qserve.serve.core.repository import Selection
+from qserve.serve.core.shadow import Shadow
+
+
+Loader = Callable[[ServeConfig], ModelRuntime]
+"""config -> the loaded model; create_app takes one (tests wrap the real runtime through it)."""
+Offer = Callable[[list[str], list[str], np.ndarray], None]
+"""(texts, the policy each was read by, written out in full, their served probabilities) -> None."""
+
+
+def load_model(config: ServeConfig) -> ModelRuntime:
+    """The default Loader: load_runtime on config.variant_dir (manifest verified) with the serve flags."""
+    from qserve.runtime import RuntimeOptions, load_runtime
+
+    # max_rows: windows of long texts make more rows than texts; a forward never runs more than a full batch
+    options = RuntimeOptions(threads=config.threads, row_workers=config.row_workers, long_text=config.long_text,
+                             max_windows=config.max_windows, max_rows=config.max_batch_size,
+                             length_buckets=config.length_buckets, max_batch_tokens=config.max_batch_tokens)
+    return load_runtime(config.variant_dir, config.device, options, allow_extra_files=config.allow_extra_files)
+
+
+@dataclass(eq=False)
+class ServedModel:
+    """One model a server answers for: its runtime, its batcher, its name, version and origin."""
+
+    name: str
+    runtime: ModelRuntime
+    batcher: Batcher
+    version: str = ""
+    """The manifest's short hash: what every answer of this model carries as model_version."""
+    variant_dir: str = ""
+    selection: Selection | None = None
+    metrics: ModelMetrics | None = field(default=None, repr=False)
+    shadow: Shadow | None = field(default=None, repr=False)
+
+    def summary(self) -> dict[str, Any]:
+        """The model's entry in /v1/models: manifest facts, no file contents."""
+        rt = self.runtime
+        m = rt.manifest
+        files = m.get("files") or {}
+        return {"id": self.name, "version": self.version, "model_name": m.get("model_name"), "spec": m.get("spec"),
+                "labels": list(rt.labels), "problem_type": rt.problem_type, "inputs": list(rt.inputs),
+                "max_length": rt.max_length, "long_text": str(rt.long_text),
+                "length_buckets": list(rt.buckets) if rt.buckets else None,
+                "parity": m.get("parity"),
+                "created": m.get("created"), "device": rt.device, "dir": self.variant_dir, "files": len(files),
+                "bytes": sum(int(f.get("bytes", 0)) for f in files.values() if isinstance(f, dict)),
+                "versions": m.get("versions"), "selection": self.selection,
+                "shadow": self.shadow.summary() if self.shadow is not None else None}
+
+    def check_policy(self, policy: str | None, where: str) -> str | None:
+        """A request's long-text policy written out in full for this model (None: the model's default);
+        422 naming `where` and the allowed forms when it is not one, or does not fit the model."""
+        if policy is None:
+            return None
+        try:
+            return str(self.runtime.resolve_policy(policy, where))
+        except LongTextError as e:
+            raise ApiError(422, str(e)) from None
+
+
+class Retired(NamedTuple):
+    """A model version that was swapped out or unloaded, and a weak reference to its runtime."""
+
+    name: str
+    version: str
+    runtime: weakref.ref
+
+    @property
+    def released(self) -> bool:
+        return self.runtime() is None
+
+
+def infer_fn(runtime: ModelRuntime, offer: Offer | None = None, traced: bool = False) -> InferFn:
+    """The batcher's InferFn for `runtime`; `traced`: it also hands back the runtime's steps for traces."""
+    def infer(texts: list[str], policies: list[str | None],
+              pairs: list[str] | None = None) -> tuple[Classification, list[Phase] | None]:
+        # Tokenizing happens here, on the inference thread: the fast tokenizer is not thread-safe.
+        phases: list[Phase] | None = [] if traced else None  # the steps (tokenize, windows, inference)
+        if pairs is not None:  # a pair model's batch (serve/core/pairs.py)
+            r = runtime.classify(texts, policies, phases, pairs=pairs)
+        else:
+            r = runtime.classify(texts, policies) if phases is None else runtime.classify(texts, policies, phases)
+        probs = np.asarray(r.probs, dtype=np.float32)
+        logits = np.asarray(r.logits, dtype=np.float32)
+        if offer is not None and pairs is None:  # the shadow samples what was served (single texts: its
+            # reference is scored on texts), under the policy it was served by; never blocks
+            default = str(runtime.long_text)
+            offer(texts, [p or default for p in policies], probs)
+        return Classification(probs, [bool(t) for t in r.truncated], [int(n) for n in r.tokens],
+                              [int(w) for w in r.windows], logits, r.problem_type), phases
+
+    return infer

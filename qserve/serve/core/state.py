@@ -1,0 +1,432 @@
+"""The serving state: the models a server holds by name, how each is loaded, warmed, swapped and released,
+and the checks every route shares.
+
+    python -m pytest tests/integration/test_serve_lifecycle.py -q
+
+A Loader (served_model.py) turns a ServeConfig into a ModelRuntime (the runtime contract, qserve/runtime/contract.py;
+the default, load_model, is
+load_runtime on config.variant_dir with the manifest verified). ServeState.load(name) reads the
+model's directory (repository.py says which), loads it on a side thread while the inference thread
+keeps serving, warms it up, starts its Batcher and puts the three under the name as a ServedModel,
+with its version (the manifest's short hash). A name that is already serving is swapped: one dict
+assignment on the event loop switches every later request to the new model, while the old Batcher
+drains what it had accepted; then the old runtime is closed and freed: by refcounting, or, when a
+reference cycle holds it, by gc.unfreeze, collect, freeze (the post-warm-up freeze must not pin
+it). A weakref proves it is gone (ServeState.retired). Routes, the V2 protocol and the Ray engine
+reach a model only through ServeState.model(name), and queue texts through ServeState.submit
+(classify on HTTP), which resolves the request's policy, threshold and outputs once, for the model that
+actually runs the texts, and returns one Answer (answer.py) that the protocol only encodes. The policy
+travels with each of its texts through the batcher to the runtime, which cuts and aggregates them
+(qserve/longtext.py); a shadow re-scores a sampled text under that same policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import logging
+import weakref
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from starlette.requests import Request
+
+from qserve import QserveError
+from qserve.runtime.base import Classification
+from qserve.serve.core.answer import Answer
+from qserve.serve.core.batcher import Batcher, NotAccepting, QueueFull
+from qserve.serve.infra.config import ServeConfig
+from qserve.serve.core.errors import ApiError
+from qserve.serve.core.guard import Arrivals
+from qserve.serve.infra.metrics import Metrics
+from qserve.serve.core.outputs import check_outputs, output_names, request_threshold
+from qserve.serve.core.pairs import check_same_inputs, takes_pairs
+from qserve.serve.core.repository import ModelSource, Repository, Selection, model_version, resolve
+from qserve.serve.core.served_model import Loader, ModelRuntime, Retired, ServedModel, infer_fn, load_model
+from qserve.serve.core.shadow import Shadow, parse_shadows
+from qserve.serve.core.texts import text_problem
+from qserve.serve.infra.tracing import TRACE_KEY
+
+if TYPE_CHECKING:
+    from qserve.serve.infra.tracing import Tracing
+
+__all__ = ["Answer", "Loader", "ModelRuntime", "Retired", "Selection", "ServeState", "ServedModel", "load_model"]
+
+log = logging.getLogger("qserve.serve")
+
+
+async def _single_process_info() -> dict[str, Any]:
+    return {"engine": "uvicorn", "replica_count": 1}
+
+
+@dataclass(eq=False)
+class ServeState:
+    """Everything a running server knows: settings, metrics, the models by name, and their lifecycle."""
+
+    config: ServeConfig
+    metrics: Metrics
+    loader: Loader = load_model
+    repository: Repository | None = None
+    """Where each name loads from; None: the one model config.variant_dir names."""
+    selection: Selection | None = None
+    """Why the default model's variant was chosen, when the caller chose it (a model dir says so itself)."""
+    on_load_failure: Callable[[BaseException], None] | None = None
+    tracing: Tracing | None = None
+    """OpenTelemetry tracing (tracing.py), or None: off, and a request pays one `is None` check for it."""
+    arrivals: Arrivals = field(default_factory=Arrivals)
+    executor: ThreadPoolExecutor | None = None
+    models: dict[str, ServedModel] = field(default_factory=dict)
+    default: str | None = None
+    """The name of the model requests get when they name none: the first one."""
+    shadows: dict[str, Shadow] = field(default_factory=dict)
+    retired: list[Retired] = field(default_factory=list)
+    loading: set[str] = field(default_factory=set)
+    load_error: str | None = None
+    started: bool = False
+    closing: bool = False
+    load_task: asyncio.Task | None = field(default=None, repr=False)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    # /v1/models' engine block; the Ray engine swaps in one that asks the Serve controller.
+    engine_info: Callable[[], Awaitable[dict[str, Any]]] = field(default=_single_process_info, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.repository is None:
+            self.repository = Repository.from_config(self.config.variant_dir, self.config.model_name,
+                                                     self.config.model_repository)
+        names = [s.name for s in self.repository.initial]
+        for name, ref in parse_shadows(self.config.shadow).items():
+            if name not in names:
+                raise QserveError(f"--shadow {name}={ref}: no model is named {name!r}; this server serves "
+                                  f"{', '.join(map(repr, names))}")
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load every model and shadow reference (the lifespan runs this as a task, so the server answers
+        meanwhile); the first model is the default."""
+        repo = self.repository
+        assert repo is not None
+        try:
+            loop = asyncio.get_running_loop()
+            for name, ref in parse_shadows(self.config.shadow).items():
+                shadow = Shadow(name, ref, self.config.shadow_rate, self.config.shadow_threads, self.metrics,
+                                self.config.device, self.config.allow_extra_files,
+                                max_windows=self.config.max_windows)
+                self.shadows[name] = shadow
+                await loop.run_in_executor(None, shadow.load)
+            self.default = repo.initial[0].name
+            for source in repo.initial:
+                await self.load(source.name, initial=True)
+        except Exception as e:
+            self.load_error = f"{type(e).__name__}: {e}"
+            log.error("could not load %s: %s", self.config.model_repository or self.config.variant_dir,
+                      self.load_error)
+            if self.on_load_failure is not None:
+                self.on_load_failure(e)
+            return
+        self.started = True
+
+    async def load(self, name: str, initial: bool = False) -> ServedModel:
+        """Load (or reload: hot swap) model `name` from its directory; returns once it serves.
+
+        A directory that fails verification or warm-up is refused (400, with the reason) and whatever
+        served the name before keeps serving."""
+        assert self.repository is not None
+        async with self._lock:
+            if self.closing:
+                raise ApiError(503, "server is shutting down", {"Retry-After": "1"})
+            source = self.repository.source(name)
+            old = self.models.get(name)
+            self.loading.add(name)
+            try:
+                new = await self._prepare(source)
+            except Exception as e:
+                self.metrics.loads.labels(name, "refused").inc()
+                if initial:
+                    raise
+                keeps = f"; version {old.version} keeps serving" if old else ""
+                log.error("load of %s from %s refused: %s: %s%s", name, source.path, type(e).__name__, e, keeps)
+                raise ApiError(400, f"load of model {name!r} refused ({source.path}): {type(e).__name__}: {e}"
+                                    f"{keeps}") from None
+            finally:
+                self.loading.discard(name)
+            self.models[name] = new  # the switch: every request from here on gets the new model
+            self.metrics.ready.labels(name).set(1)
+            if old is not None:
+                self.metrics.version.remove(name, old.version)
+            self.metrics.version.labels(name, new.version).set(1)
+            self.metrics.loads.labels(name, "swapped" if old else "loaded").inc()
+            log.info("serving %s version %s (%s, %s, labels %s, length buckets %s)%s", name, new.version,
+                     new.runtime.manifest.get("model_name"), new.variant_dir, new.runtime.labels,
+                     new.runtime.buckets or "none (runs unpadded)", f", replacing version {old.version}" if old else "")
+            if old is not None:
+                retired = await self._retire(old)
+                del old  # the last strong reference this frame held: the collection can now free it
+                await self._collect(retired)
+            return new
+
+    async def unload(self, name: str) -> None:
+        """Stop serving `name`: later requests naming it get 404; what it accepted still finishes."""
+        assert self.repository is not None
+        async with self._lock:
+            if name not in self.models:
+                self.repository.source(name)  # 404 for a name this server does not know
+            model = self.models.pop(name, None)
+            if model is None:
+                return
+            self.metrics.ready.labels(name).set(0)
+            self.metrics.version.remove(name, model.version)
+            self.metrics.loads.labels(name, "unloaded").inc()
+            log.info("unloading %s version %s", name, model.version)
+            retired = await self._retire(model)
+            del model
+            await self._collect(retired)
+
+    async def _prepare(self, source: ModelSource) -> ServedModel:
+        """Resolve, load (side thread), warm up (inference thread) and start batching one model."""
+        loop = asyncio.get_running_loop()
+        vdir, selection = await loop.run_in_executor(None, resolve, source.path)
+        if selection is None and self.selection is not None and source.name == self.default:
+            selection = self.selection
+        elif selection is not None:
+            log.info("model %s: model dir %s serves %s (%s; from %s)", source.name, source.path, selection["variant"],
+                     selection["why"], selection["report"])
+            if selection["same_cpu"] is False:
+                log.warning("that report was measured on %s, not on this CPU: the fastest variant here may differ "
+                            "(re-run `qserve pipeline` here, or pass a variant dir)", selection["measured_on"])
+        # A model dir's report may name the long-text policy to serve (bench --long-text); --long-text wins.
+        long_text = self.config.long_text or (selection.get("long_text") if selection else None)
+        cfg = dataclasses.replace(self.config, variant_dir=str(vdir), model_name=source.name, long_text=long_text)
+        # A side thread: loading takes seconds, and the inference thread keeps serving the old version.
+        runtime = await loop.run_in_executor(None, self.loader, cfg)
+        try:
+            version = model_version(runtime.manifest)
+            shadow = self.shadows.get(source.name)
+            if shadow is not None:
+                shadow.attach(version, list(runtime.labels), (runtime.manifest.get("spec") or {}).get("bits"))
+            warm = infer_fn(runtime)
+            # Warm-up on the inference thread, so first-call costs (allocator, graph init) do not land on a
+            # client. A batch of one and a batch of several can take different paths (onnx-int8 runs a
+            # batch's rows on their own workers).
+            pair = takes_pairs(runtime)  # a pair model warms up on pairs: the path it serves
+            default: list[str | None] = [None]  # the model's own policy
+            await loop.run_in_executor(self.executor, warm, ["warm-up"], default, ["warm-up"] if pair else None)
+            if cfg.max_batch_size > 1:
+                n = min(cfg.max_batch_size, 2 * max(1, runtime.row_workers))
+                texts = [f"warm-up {i}" for i in range(n)]
+                await loop.run_in_executor(self.executor, warm, texts, default * n, texts if pair else None)
+        except Exception:
+            await loop.run_in_executor(None, runtime.close)  # a model that cannot answer is not kept
+            raise
+        # What is loaded by now (libraries, model) lives as long as the server: move it out of the cyclic
+        # GC, so full collections under load walk only what requests create.
+        gc.collect()
+        gc.freeze()
+        offer = None
+        if shadow is not None:
+            def offer(texts: list[str], policies: list[str], probs: np.ndarray, shadow: Shadow = shadow,
+                      version: str = version) -> None:
+                shadow.offer(texts, policies, probs, version)
+        mm = self.metrics.for_model(source.name)
+        batcher = Batcher(infer_fn(runtime, offer, traced=self.tracing is not None), self.executor, max_batch_size=cfg.max_batch_size,
+                          max_wait_ms=cfg.max_wait_ms, max_queue=cfg.max_queue, metrics=mm,
+                          arriving=lambda: self.arrivals.n)
+        batcher.start()
+        return ServedModel(name=source.name, runtime=runtime, batcher=batcher, version=version,
+                           variant_dir=str(vdir), selection=selection, metrics=mm, shadow=shadow)
+
+    async def _retire(self, model: ServedModel) -> Retired:
+        """Drain a model that no longer serves and close it; a weakref to its runtime says when it is gone."""
+        loop = asyncio.get_running_loop()
+        await model.batcher.close()  # what it accepted finishes on it
+        if model.metrics is not None:
+            model.metrics.queue_depth.release()
+        await loop.run_in_executor(self.executor, model.runtime.close)
+        retired = Retired(model.name, model.version, weakref.ref(model.runtime))
+        self.retired = [*self.retired[-7:], retired]
+        return retired
+
+    async def _collect(self, retired: Retired) -> None:
+        """Free a retired model's memory (the caller has dropped its references)."""
+        # Most runtimes go with their last reference; handlers that got their answers from it drop theirs
+        # within a few loop turns.
+        for _ in range(20):
+            if retired.released:
+                log.info("released %s version %s", retired.name, retired.version)
+                return
+            await asyncio.sleep(0.01)
+        # A reference cycle holds it, and since the post-warm-up gc.freeze() it sits in the permanent
+        # generation, where no collection looks: thaw everything, collect, freeze what remains. One full
+        # pass over the heap (~0.5 s with torch loaded, on 2 cores), so only when refcounting was not enough.
+        for attempt in range(3):
+            gc.unfreeze()
+            gc.collect()
+            gc.freeze()
+            if retired.released:
+                log.info("released %s version %s (a reference cycle: collected)", retired.name, retired.version)
+                return
+            await asyncio.sleep(0.05)
+        log.warning("%s version %s is still referenced after its release; its memory stays in use",
+                    retired.name, retired.version)
+
+    async def stop(self) -> None:
+        """Refuse new work, let the load finish, drain every model's queue, release the models."""
+        self.closing = True
+        for name in self.models:
+            self.metrics.ready.labels(name).set(0)
+        if self.load_task is not None:
+            await self.load_task
+        loop = asyncio.get_running_loop()
+        async with self._lock:  # a repository load in progress finishes first
+            for model in self.models.values():
+                await model.batcher.close()
+                await loop.run_in_executor(self.executor, model.runtime.close)
+        for shadow in self.shadows.values():
+            await loop.run_in_executor(None, shadow.close)
+        if self.executor is not None:
+            self.executor.shutdown(wait=True)
+
+    # -- what routes ask -----------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.started and not self.closing
+
+    def not_ready_reason(self) -> str:
+        if self.closing:
+            return "server is shutting down"
+        if self.load_error:
+            return f"model failed to load: {self.load_error}"
+        return "model is loading; retry when /ready answers 200"
+
+    def queue_full_retry_after(self, name: str | None = None) -> int | None:
+        """Retry-After seconds while not one more text fits in the queue of model `name` (None: the body will
+        name it, so only when every model's queue is full), else None. guard.py asks before reading the body."""
+        if name is not None:
+            model = self.models.get(name)
+            batchers = [model.batcher] if model is not None else []
+        else:
+            batchers = [m.batcher for m in self.models.values()]
+        if not batchers or not all(b.full for b in batchers):
+            return None
+        return min(b.retry_after_s() for b in batchers)
+
+    def require_ready(self) -> None:
+        if not self.ready:
+            raise ApiError(503, self.not_ready_reason(), {"Retry-After": "1"})
+
+    def model(self, name: str | None = None, request: Request | None = None) -> ServedModel:
+        """The model called `name` (None: the default); 503 while not ready, 404 for a name not served.
+        With `request`, the request's metrics carry the model's name."""
+        self.require_ready()
+        if name is None:
+            name = self.default
+        model = self.models.get(name)  # type: ignore[arg-type]
+        if model is None:
+            serving = ", ".join(map(repr, self.models)) or "none"
+            if name == self.default:
+                raise ApiError(404, f"the default model {name!r} is unloaded; name a model (serving: {serving}) "
+                                    "or load it again")
+            if len(self.models) == 1:
+                raise ApiError(404, f"unknown model {name!r}; this server serves exactly one model: {serving}")
+            raise ApiError(404, f"unknown model {name!r}; this server serves {serving}")
+        if request is not None:
+            request.state.qserve_model = model.name
+        return model
+
+    def check_texts(self, texts: Sequence[object], where: str) -> None:
+        cfg = self.config
+        if not texts:
+            raise ApiError(422, f"{where} is empty; send 1..{cfg.max_inputs} texts")
+        if len(texts) > cfg.max_inputs:
+            raise ApiError(422, f"{where} has {len(texts)} texts; at most {cfg.max_inputs} per request "
+                                "(--max-inputs); split the request")
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise ApiError(422, f"{where}[{i}] is {type(t).__name__}; every input must be a string")
+            problem = text_problem(t)
+            if problem:
+                raise ApiError(422, f"{where}[{i}] {problem}")
+            if len(t) > cfg.max_chars:
+                raise ApiError(422, f"{where}[{i}] has {len(t)} characters; at most {cfg.max_chars} "
+                                    "(--max-chars). Texts over the model's token limit are cut by the long-text "
+                                    "policy, but the character limit bounds the work per request")
+
+    async def classify(self, model: ServedModel, texts: list[str], request: Request, long_text: str | None = None,
+                       where: str = "long_text", pairs: list[str] | None = None, threshold: float | None = None,
+                       outputs: Sequence[str] | None = None) -> Answer:
+        """submit() for an HTTP route: the request's scope and request id come from `request`."""
+        return await self.submit(model, texts, request.scope, request.state.request_id, long_text, where, pairs,
+                                 threshold, outputs)
+
+    async def submit(self, model: ServedModel, texts: list[str], scope: MutableMapping[str, Any], request_id: str,
+                     long_text: str | None = None, where: str = "long_text", pairs: list[str] | None = None,
+                     threshold: float | None = None, outputs: Sequence[str] | None = None) -> Answer:
+        """Queue texts on the batcher of the model serving `model.name` now (after a hot swap since the route
+        looked it up, the new one), resolve against that model, once, what the request asked for, and return
+        the Answer; every failure is an ApiError (an HTTP status, which gRPC maps to its code).
+
+        Resolved in this order, each a 422 naming the field: `threshold` (multi-label only; None = --threshold),
+        the V2 `outputs` (names the request asked for, [] = all of the model's; None = a protocol without
+        outputs), `long_text` (named `where`; None = the model's default), and that the model takes the inputs
+        sent (`pairs`: each text's text_pair, for a pair model; serve/core/pairs.py checked them against `model`).
+        `scope` (an ASGI scope, or the gRPC service's stand-in) carries the request's arrival mark, the model
+        label of its metrics and, with tracing on, its RequestTrace."""
+        self.require_ready()
+        self.arrivals.end(scope)  # from here on this request is queued, not arriving
+        # No await between this lookup and the enqueue: a model in self.models is always accepting.
+        current = self.models.get(model.name)
+        if current is None:
+            raise ApiError(404, f"model {model.name!r} was unloaded; serving: {', '.join(map(repr, self.models))}")
+        state = scope.setdefault("state", {})
+        state["qserve_model"] = current.name  # what request.state.qserve_model reads on HTTP
+        rt = current.runtime
+        resolved_threshold = request_threshold(rt.problem_type, threshold, self.config.threshold, current.name)
+        names: tuple[str, ...] = ()
+        if outputs is not None:
+            names = tuple(outputs) or output_names(rt.problem_type)
+            check_outputs(rt.problem_type, list(names), current.name)
+        policy = current.check_policy(long_text, where)
+        check_same_inputs(current, pairs)
+        trace = state.get(TRACE_KEY) if self.tracing is not None else None  # all tracing costs when it is off
+        if trace is None:
+            result = await self._submit(current, texts, request_id, policy, pairs)
+        else:
+            trace.queued()
+            result = await self._submit(current, texts, request_id, policy, pairs)
+            trace.answered(result.phases)
+        return Answer(model=current, name=current.name, version=current.version, policy=policy or str(rt.long_text),
+                      threshold=resolved_threshold, outputs=names, probs=result.probs, logits=result.logits,
+                      truncated=result.truncated, tokens=result.tokens, windows=result.windows, phases=result.phases)
+
+    async def _submit(self, current: ServedModel, texts: list[str], rid: str, policy: str | None,
+                      pairs: list[str] | None = None) -> Classification:
+        try:
+            return await current.batcher.submit(texts, self.config.request_timeout_s, policy, pairs)
+        except QueueFull as e:
+            self.metrics.reject("queue_full", current.name)
+            raise ApiError(429, str(e), {"Retry-After": str(e.retry_after_s)}) from None
+        except NotAccepting:
+            raise ApiError(503, "server is shutting down; retry on another replica", {"Retry-After": "1"}) from None
+        except TimeoutError:
+            raise ApiError(504, f"no answer within {self.config.request_timeout_s} s "
+                                "(--request-timeout-s); the model may be overloaded") from None
+        except Exception as e:
+            log.error("request %s: inference failed: %s: %s", rid, type(e).__name__, e)
+            raise ApiError(500, f"inference failed for this request ({type(e).__name__}); "
+                                f"quote request id {rid}. Other requests are unaffected") from None
+
+    def index(self) -> list[dict[str, str]]:
+        """The repository index (Triton's shape): every model this server can load, and its state."""
+        assert self.repository is not None
+        names = [s.name for s in self.repository.known()]
+        names += [n for n in self.models if n not in names]
+        out = []
+        for name in names:
+            model = self.models.get(name)
+            state = "READY" if model is not None else ("LOADING" if name in self.loading else "UNAVAILABLE")
+            out.append({"name": name, "version": model.version if model else "", "state": state,
+                        "reason": "" if model is not None else ("loading" if name in self.loading else "unloaded")})
+        return out

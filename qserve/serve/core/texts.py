@@ -1,0 +1,44 @@
+"""What counts as a text the server will classify: valid Unicode with at least one visible character.
+
+    python -c "from qserve.serve.core.texts import text_problem; print(text_problem('\\u200b\\u200b'))"
+
+JSON lets a client send a lone UTF-16 surrogate ("\\ud800"): Python decodes it into a str
+that no tokenizer or UTF-8 encoder accepts, so it is refused here, per text and with its
+index, before anything is queued. A text of only whitespace, control or zero-width
+characters carries nothing to classify and is refused too. VISIBLE_PATTERN is the same
+rule as a regular expression (Python re and ECMA-262 alike), published in the OpenAPI
+schema so generated clients and fuzzers know exactly what is accepted.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Characters that show nothing: whitespace (\s), C0/C1 controls, soft hyphen, combining grapheme
+# joiner, Hangul fillers, Mongolian and variation selectors, zero-width and bidi controls,
+# word joiner .. invisible operators, BOM. (Surrogates are refused before this rule applies.)
+_INVISIBLE = (r"\s\u0000-\u001f\u007f-\u009f\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f"
+              r"\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb")
+VISIBLE_PATTERN = f"[^{_INVISIBLE}]"
+_VISIBLE = re.compile(VISIBLE_PATTERN)
+
+
+def unicode_problem(text: str) -> str | None:
+    """Why `text` is not valid Unicode (a lone surrogate), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return (f"is not valid Unicode: lone surrogate U+{ord(text[e.start]):04X} at character {e.start} "
+                "(a \\uD800-\\uDFFF escape must be half of a high-low pair); send UTF-8 text")
+    return None
+
+
+def text_problem(text: str) -> str | None:
+    """Why the server will not classify `text` (invalid Unicode, nothing visible), or None."""
+    problem = unicode_problem(text)
+    if problem:
+        return problem
+    if not _VISIBLE.search(text):
+        return ("has no visible character (only whitespace, control or zero-width characters); every text "
+                "needs at least one")
+    return None

@@ -1,0 +1,146 @@
+"""Connection hygiene for uvicorn: header-read, body-read and keep-alive timeouts, and a connection cap.
+
+    qserve serve VARIANT --header-timeout-s 10 --body-timeout-s 30 --keep-alive-s 5 --max-connections 512
+    curl -s 127.0.0.1:8000/metrics | grep qserve_connections_closed_total
+
+uvicorn closes an idle kept-alive connection (timeout_keep_alive), but nothing bounds a
+connection that never finishes its request: one that sends nothing, or its headers one
+byte a second (slowloris), or a body that never completes, stays open until the
+open-files limit, and `limit_concurrency` only answers 503 once headers are complete.
+So this module subclasses uvicorn's httptools protocol (the parser qserve installs) with
+three timers and a cap:
+
+- headers: from connect (or from the first byte of the next request on a kept-alive
+  connection) to the end of the headers, at most `header_timeout_s`;
+- body: from the end of the headers to the end of the body, at most `body_timeout_s`;
+- keep-alive: uvicorn's own timer, counted here when it closes a connection;
+- cap: a connection beyond `max_connections` gets 503 and is closed at once, before any of
+  its bytes are parsed.
+
+A timed-out request gets 408 + close when no response has started yet (a silent idle
+connection is just closed). Every close is counted by reason in
+qserve_connections_closed_total, and qserve_open_connections tracks the live count.
+Timers are loop.call_later handles: a slow client costs no task and no thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from qserve.serve.infra.metrics import Metrics
+
+REASONS = ("idle", "header_timeout", "body_timeout", "keep_alive", "connection_limit")
+
+
+def _raw_response(status: bytes, message: str, extra: bytes = b"") -> bytes:
+    body = ('{"error":"%s"}' % message).encode()
+    return (b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\nconnection: close\r\n" + extra
+            + b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def protocol_class(*, header_timeout_s: float, body_timeout_s: float, max_connections: int,
+                   metrics: Metrics | None = None) -> type:
+    """A uvicorn `http=` protocol class bound to these limits and this app's metrics."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    def closed(reason: str) -> None:
+        if metrics is not None:
+            metrics.connections_closed.labels(reason).inc()
+
+    class GuardedHttpToolsProtocol(HttpToolsProtocol):
+        _timer: asyncio.TimerHandle | None = None
+        _got_bytes = False
+
+        # -- connection lifecycle -----------------------------------------------------------
+        def connection_made(self, transport: asyncio.Transport) -> None:
+            over = len(self.connections) >= max_connections
+            super().connection_made(transport)
+            if metrics is not None:
+                metrics.connections.set(len(self.connections))
+            if over:
+                closed("connection_limit")
+                transport.write(_raw_response(b"503 Service Unavailable",
+                                              f"too many open connections (--max-connections {max_connections}); "
+                                              "retry shortly", b"retry-after: 1\r\n"))
+                transport.close()
+                return
+            self._arm(header_timeout_s, self._header_timeout)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+            if metrics is not None:
+                metrics.connections.set(len(self.connections))
+
+        def data_received(self, data: bytes) -> None:
+            if data:
+                self._got_bytes = True
+            super().data_received(data)
+
+        # -- request phases (httptools parser callbacks) --------------------------------------
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            if self._timer is None:  # a new request on a kept-alive connection: headers timer again
+                self._arm(header_timeout_s, self._header_timeout)
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+            if self.cycle is not None and self.cycle.more_body:
+                self._arm(body_timeout_s, self._body_timeout)
+
+        def on_message_complete(self) -> None:
+            self._disarm()
+            super().on_message_complete()
+
+        def timeout_keep_alive_handler(self) -> None:
+            if not self.transport.is_closing():
+                closed("keep_alive")
+            super().timeout_keep_alive_handler()
+
+        # -- timers ---------------------------------------------------------------------------
+        def _arm(self, delay: float, callback: Callable[[], object]) -> None:
+            self._disarm()
+            self._timer = self.loop.call_later(delay, callback)
+
+        def _disarm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _header_timeout(self) -> None:
+            self._timer = None
+            if self.transport.is_closing():
+                return
+            if self.cycle is not None and not self.cycle.response_complete:
+                # A pipelined request behind one still being answered: give it the full time again.
+                self._arm(header_timeout_s, self._header_timeout)
+                return
+            if self._got_bytes:
+                closed("header_timeout")
+                self.transport.write(_raw_response(b"408 Request Timeout",
+                                                   f"request headers not complete within {header_timeout_s} s "
+                                                   "(--header-timeout-s)"))
+            else:
+                closed("idle")
+            self.transport.close()
+
+        def _body_timeout(self) -> None:
+            self._timer = None
+            cycle = self.cycle
+            if self.transport.is_closing() or cycle is None or not cycle.more_body:
+                return
+            closed("body_timeout")
+            if not cycle.response_started:
+                self.transport.write(_raw_response(b"408 Request Timeout",
+                                                   f"request body not complete within {body_timeout_s} s "
+                                                   "(--body-timeout-s)"))
+            # The app sees a disconnect; nothing it writes afterwards reaches the socket.
+            cycle.disconnected = True
+            cycle.message_event.set()
+            self.transport.close()
+
+    return GuardedHttpToolsProtocol

@@ -1,0 +1,184 @@
+"""The served models' page at `/`, and /v1/report, the bench numbers behind each served variant.
+
+    qserve serve models/minilm-l6-distilbert-imdb      # then open http://127.0.0.1:8000/ in a browser
+
+The page (page.html, one file: its style and script inline, nothing fetched from
+anywhere else) says what is served, why, and how it is doing, and has a box to try
+a text on any served model. It holds no model data: its script reads everything from the JSON routes
+(/v1/models, /v2/models/{name}, /v1/report, /metrics) and classifies through
+/v1/classify, as any client would. So the page itself is open, and with --api-key
+set it asks for the key and sends it as a bearer token on every call; the key stays
+in the browser tab's memory, never on the server or in storage.
+
+/v1/report?model=NAME (default: the default model) finds the bench report of a
+`qserve pipeline` run dir (MODEL_DIR/report/report.json beside
+MODEL_DIR/variants/<served variant>) of the variant that model serves now and
+answers with the recommendation and the served variant's row; without one, it
+says where it looked. The page asks once per model /v1/models lists.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Query
+from fastapi.responses import HTMLResponse
+from pydantic import BaseModel
+
+from qserve.serve.core.schemas import ErrorResponse
+from qserve.serve.core.state import ServeState
+
+PAGE = Path(__file__).with_name("page.html")
+
+
+class BenchRow(BaseModel):
+    """One variant's headline numbers from the bench report (None where not measured)."""
+
+    variant: str
+    size_mb: float | None = None
+    p50_ms: float | None = None
+    """p50 of the figure the recommendation ranks by (ReportSummary.shape): b1 on real test texts, else b1/s128."""
+    p99_ms: float | None = None
+    fixed_p50_ms: float | None = None
+    """p50 at the headline fixed shape (b1/s128), whatever the ranking used."""
+    meets_bar: bool | None = None
+    """Whether its agreement meets its bar: a variant the recommendation could choose."""
+    throughput: float | None = None
+    accuracy: float | None = None
+    agreement: float | None = None
+    speedup: float | None = None
+    peak_mem_mib: float | None = None
+
+
+class ReportSummary(BaseModel):
+    """Why this variant: the bench report beside it, if there is one."""
+
+    model: str | None = None
+    """The served model's name (several models: each has its own report)."""
+    served: str
+    """The served variant's directory name (its name in the report)."""
+    report: str | None = None
+    """Path of the report.json read; None when there is none (see reason)."""
+    reason: str | None = None
+    created: str | None = None
+    machine: str | None = None
+    threads: int | None = None
+    shape: str | None = None
+    """The headline shape the recommendation ranks by, e.g. b1/s128."""
+    batch_max: int | None = None
+    recommended: str | None = None
+    why: str | None = None
+    served_is_recommended: bool | None = None
+    measured_files_match: bool | None = None
+    """Whether the report measured these exact files (the pipeline's inputs.json); None if unknown."""
+    rows: list[BenchRow] = []
+    """The served variant's row, then the recommended one's if it is another, then every other candidate (meets
+    its agreement bar) in the recommendation's order."""
+
+
+def report_candidates(variant_dir: str | Path) -> list[Path]:
+    v = Path(variant_dir)
+    return [v.parent.parent / "report" / "report.json"]  # `qserve pipeline`: RUN/variants/NAME, RUN/report/
+
+
+def report_summary(variant_dir: str | Path) -> ReportSummary:
+    from qserve import QserveError
+    from qserve.bench.report import load_report, summary_rows
+
+    if not variant_dir:
+        return ReportSummary(served="", reason="no variant dir configured")
+    v = Path(variant_dir)
+    served = v.name
+    path = next((p for p in report_candidates(v) if p.is_file()), None)
+    if path is None:
+        where = ", ".join(str(p) for p in report_candidates(v))
+        return ReportSummary(served=served, reason=f"no bench report at {where}; `qserve pipeline` writes one")
+    try:
+        report, _ = load_report(path)
+    except QserveError as e:
+        return ReportSummary(served=served, report=str(path), reason=str(e))
+    rows = {r["variant"]: r for r in summary_rows(report) if r["status"] == "ok"}
+    rec = report.get("recommended") or {}
+    env, cfg = report.get("environment") or {}, report.get("config") or {}
+    machine = env.get("gpu") if str(cfg.get("device", "")).startswith("cuda") else (env.get("cpu") or {}).get("model")
+    ranking = {r["variant"]: r for r in rec.get("ranking") or []}
+    keep = list(dict.fromkeys([served] + ([rec["variant"]] if rec.get("variant") else [])
+                              + [n for n, r in ranking.items() if r.get("meets_bar")]))
+    out = ReportSummary(
+        served=served, report=str(path), created=report.get("created"), machine=machine, threads=cfg.get("threads"),
+        shape=rec.get("shape") or "b{batch}/s{seq}".format(**report["headline"]),
+        batch_max=max(cfg.get("batch_sizes") or [0]) or None, recommended=rec.get("variant"), why=rec.get("why"),
+        served_is_recommended=(rec["variant"] == served) if rec.get("variant") else None,
+        measured_files_match=_same_files(path.parent / "inputs.json", v),
+        rows=[_row(n, rows[n], ranking.get(n), report) for n in keep if n in rows])
+    if served not in rows:
+        out.reason = f"{path} has no measured row for {served}"
+    return out
+
+
+def _row(name: str, row: dict, ranked: dict | None, report: dict) -> BenchRow:
+    """The summary row, its latency the one the recommendation ranked by (so the page and the ranking agree)."""
+    from qserve.bench.recommend import real_text_b1
+
+    plain = {k: row.get(k) for k in BenchRow.model_fields if k in row and k != "variant"}
+    out = BenchRow(variant=name, **plain, fixed_p50_ms=row.get("p50_ms"),
+                   meets_bar=ranked.get("meets_bar") if ranked else None)
+    rec = report.get("recommended") or {}
+    if ranked and ranked.get("real_b1_p50_ms") is not None and ranked.get("p50_ms") == ranked["real_b1_p50_ms"]:
+        v: dict[str, Any] = next((x for x in report["variants"] if x["name"] == name), {})
+        real = real_text_b1(v) or {}
+        out.p50_ms, out.p99_ms = ranked["p50_ms"], real.get("p99")
+    elif rec.get("ranking") and ranked is None:
+        out.p50_ms = out.p99_ms = None  # not ranked (no latency the ranking used)
+    return out
+
+
+def _same_files(stamp: Path, variant_dir: Path) -> bool | None:
+    """The pipeline stamps the manifests' file lists it measured; compare with what is served."""
+    from qserve.artifact import VariantError, read_manifest
+
+    try:
+        measured = json.loads(stamp.read_text(encoding="utf-8")).get(variant_dir.name)
+        served = read_manifest(variant_dir)["files"]
+    except (OSError, ValueError, AttributeError, VariantError, KeyError):
+        return None
+    return None if measured is None else measured == served
+
+
+def _csp(page: str) -> str:
+    """Only this page's own inline script (by hash) and styles run; it may talk to this server only."""
+    scripts = re.findall(r"<script>(.*?)</script>", page, flags=re.S)
+    hashes = " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(s.encode()).digest()).decode()}'" for s in scripts)
+    return (f"default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; connect-src 'self'; "
+            "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+def add_page(app: FastAPI, st: ServeState) -> None:
+    """GET / (the page, open: see guard.OPEN_PATHS) and GET /v1/report (needs the key like every JSON route)."""
+    config = st.config
+    # Whether to ask for a key is the one server fact the page carries, so it never has to fail a call to learn it.
+    page = PAGE.read_text(encoding="utf-8").replace("{{AUTH}}", "required" if config.api_key else "none")
+    headers = {"Content-Security-Policy": _csp(page), "X-Content-Type-Options": "nosniff",
+               "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache"}
+
+    # In the document beside TEI's POST / (serve/protocols/tei.py), so the path's Allow (GET, POST) is what it lists.
+    @app.get("/", tags=["page"], response_class=HTMLResponse, summary="The served models' page (HTML, open)")
+    async def index() -> HTMLResponse:
+        return HTMLResponse(page, headers=headers)
+
+    @app.get("/v1/report", tags=["v1"], response_model=ReportSummary,
+             summary="The bench report behind a served model's variant: the recommendation and its row",
+             responses={401: {"model": ErrorResponse}, 404: {"model": ErrorResponse},
+                        503: {"model": ErrorResponse}})
+    def v1_report(model: str | None = Query(default=None, description="A served model (GET /v1/models lists "
+                                                                       "them); default: the default model.")
+                  ) -> ReportSummary:  # a plain def: FastAPI runs the file reads in its thread pool
+        served = st.model(model)
+        out = report_summary(served.variant_dir or config.variant_dir)
+        out.model = served.name
+        return out

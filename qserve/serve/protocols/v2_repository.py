@@ -1,0 +1,121 @@
+"""The KServe / Triton model repository extension, as tritonclient calls it: index, load, unload.
+
+    python -c "import tritonclient.http as t; c = t.InferenceServerClient('127.0.0.1:8000'); \\
+print(c.get_model_repository_index()); c.load_model('onnx-int8'); c.unload_model('onnx-int8')"
+
+- POST /v2/repository/index: every model this server can load, as Triton lists them:
+  [{"name", "version", "state": "READY" | "LOADING" | "UNAVAILABLE", "reason"}]; the body may be
+  empty or {"ready": true} (ready models only).
+- POST /v2/repository/models/{name}/load: (re)read the model's own directory (ROOT/name under
+  --model-repository, else the DIR it was started with) and serve it; a name that is serving is
+  hot-swapped (state.py). Answers once the new version serves, with it; a directory that fails
+  verification or warm-up is refused (400, the reason) and the old version keeps serving. A load
+  never reads a path the client sends: Triton's `config` and `file:` overrides are refused.
+- POST /v2/repository/models/{name}/unload: stop serving it (requests naming it then get 404);
+  what it already accepted finishes first.
+All three sit behind the API key when one is set (the guard checks every route but the probes).
+Under the Ray engine a call reaches one replica and applies to that replica only. The gRPC service
+(grpc_v2.py: RepositoryIndex, RepositoryModelLoad, RepositoryModelUnload) calls the same functions
+below (index, load, unload), behind the same key.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request
+
+from qserve.serve.core.errors import ApiError
+from qserve.serve.core.schemas import ErrorResponse
+from qserve.serve.core.state import ServeState
+
+ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 415, 503)}
+BODY = {"requestBody": {"required": False, "content": {"application/json": {"schema": {"type": "object"}}}}}
+
+
+async def _body(request: Request, allowed: str) -> dict[str, Any]:
+    """The JSON object body; an empty body (tritonclient's index call) is {}."""
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        obj = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ApiError(400, f"malformed JSON body ({e}); expected {allowed}") from None
+    if not isinstance(obj, dict):
+        raise ApiError(400, f"the body is a JSON {type(obj).__name__}; expected {allowed}")
+    return obj
+
+
+def _parameters(body: dict[str, Any], allowed: str) -> dict[str, Any]:
+    params = body.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise ApiError(400, f"parameters is a JSON {type(params).__name__}; expected {allowed}")
+    return params
+
+
+def index(st: ServeState, ready_only: bool) -> list[dict[str, str]]:
+    """The repository index: [{name, version, state, reason}], READY ones only when `ready_only`."""
+    st.require_ready()
+    models = st.index()
+    return [m for m in models if m["state"] == "READY"] if ready_only else models
+
+
+def model_label(st: ServeState, name: str, loading: bool) -> str:
+    """The `model` label a repository call's metrics carry: the name when this server knows it, else ""."""
+    return name if name in st.models or (loading and _known(st, name)) else ""
+
+
+async def load(st: ServeState, name: str, overrides: list[str]) -> dict[str, str]:
+    """(Re)load `name` from its own directory; `overrides`: the parameter names the client sent (refused)."""
+    st.require_ready()
+    if overrides:
+        raise ApiError(400, f"load takes no parameters (got {', '.join(sorted(overrides))}): a model is loaded from "
+                            "its own directory on the server, never from a configuration or files a client sends")
+    model = await st.load(name)
+    return {"name": model.name, "version": model.version, "state": "READY"}
+
+
+async def unload(st: ServeState, name: str) -> dict[str, str]:
+    """Stop serving `name`; what it accepted finishes first."""
+    st.require_ready()
+    await st.unload(name)
+    return {"name": name, "state": "UNAVAILABLE"}
+
+
+def add_repository_routes(app: FastAPI, st: ServeState) -> None:
+    @app.post("/v2/repository/index", tags=["v2 repository"], responses=ERRORS, openapi_extra=BODY,
+              summary="Every model this server can load, its version and state (READY, LOADING, UNAVAILABLE)")
+    async def repository_index(request: Request) -> list[dict[str, str]]:
+        st.require_ready()
+        body = await _body(request, '{} or {"ready": true}')
+        ready_only = body.get("ready", False)
+        if not isinstance(ready_only, bool):
+            raise ApiError(400, f"ready is {type(ready_only).__name__}; expected true or false")
+        return index(st, ready_only)
+
+    @app.post("/v2/repository/models/{name}/load", tags=["v2 repository"], responses=ERRORS, openapi_extra=BODY,
+              summary="(Re)load a model from its own directory; hot swap when it is serving")
+    async def repository_load(name: str, request: Request) -> dict[str, str]:
+        st.require_ready()
+        params = _parameters(await _body(request, '{} (no parameters)'), "an object")
+        request.state.qserve_model = model_label(st, name, loading=True)
+        return await load(st, name, list(params))
+
+    @app.post("/v2/repository/models/{name}/unload", tags=["v2 repository"], responses=ERRORS, openapi_extra=BODY,
+              summary="Stop serving a model; what it accepted finishes first")
+    async def repository_unload(name: str, request: Request) -> dict[str, str]:
+        st.require_ready()
+        _parameters(await _body(request, '{"parameters": {"unload_dependents": false}}'), "an object")
+        request.state.qserve_model = model_label(st, name, loading=False)
+        return await unload(st, name)
+
+
+def _known(st: ServeState, name: str) -> bool:
+    try:
+        assert st.repository is not None
+        st.repository.source(name)
+        return True
+    except ApiError:
+        return False

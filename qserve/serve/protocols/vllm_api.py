@@ -1,0 +1,144 @@
+"""vLLM's pooling API for a classifier: POST /classify, and OpenAI's model list beside /v1/models' own.
+
+    curl -s -H 'Content-Type: application/json' -d '{"model": "onnx-int8", "input": ["great", "awful"]}' \\
+      127.0.0.1:8000/classify
+
+As vLLM (docs/models/pooling_models/classify.md) answers it: {"id": "classify-...", "object": "list",
+"created", "model", "data": [{"index", "label", "probs", "num_classes"}], "usage": {"prompt_tokens",
+"total_tokens", "completion_tokens": 0, "prompt_tokens_details": null}}. `probs` are the model's scores by
+its problem type (a softmax row; multi-label: a sigmoid per label; regression: the value), `label` the
+label of the highest one, as vLLM's classify activation and argmax give them. `model` selects a served
+model (null: the default); an unknown name is a 404 naming the served ones.
+
+Length: vLLM refuses a prompt longer than the model unless `truncate_prompt_tokens` is set; qserve reads
+it by the model's long-text policy instead, so the same text gets the same answer as on /v1 (say
+`long_text`, qserve's extra field, for another policy). truncate_prompt_tokens -1 (or max_length and more)
+keeps the last max_length tokens, as vLLM's left truncation does (qserve's `tail`); fewer tokens than the
+model reads is refused (422). Errors keep qserve's {"error", "request_id"} body.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from qserve.serve.core.answer import Answer
+from qserve.serve.core.errors import ApiError
+from qserve.serve.core.pairs import v1_inputs
+from qserve.serve.core.schemas import ErrorResponse, LongText, Text, TextPair, TruncationJsonInt
+from qserve.serve.core.state import ServedModel, ServeState
+
+PATHS = frozenset({"/classify"})
+
+
+class VllmClassifyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"input": "A moving, beautifully shot film."}, {"model": None, "input": ["Loved it.", "Dreadful."]}]})
+
+    model: Annotated[str, Field(strict=True)] | None = Field(
+        default=None, description="The served model (GET /v1/models); null = the default.")
+    input: Text | Annotated[list[Text], Field(min_length=1)] = Field(description="A text or a list of texts.")
+    truncate_prompt_tokens: TruncationJsonInt | None = Field(
+        default=None, description="-1 (or >= max_length): keep the last max_length tokens of a long text "
+                                  "(vLLM's left truncation); null: the model's long-text policy.")
+    user: Annotated[str, Field(strict=True)] | None = Field(default=None, description="Accepted, unused (OpenAI).")
+    long_text: LongText | None = Field(
+        default=None, description="qserve extra: a long-text policy (head, tail, head-tail[:H], "
+                                  "windows[:W[:S[:mean|max]]]); when given, it replaces truncate_prompt_tokens.")
+
+
+class VllmClassification(BaseModel):
+    index: int
+    label: str
+    probs: list[float]
+    num_classes: int
+
+
+class VllmUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+    completion_tokens: int = 0
+    prompt_tokens_details: None = None
+
+
+class VllmClassifyResponse(BaseModel):
+    id: str
+    object: Literal["list"]
+    created: int
+    model: str
+    data: list[VllmClassification]
+    usage: VllmUsage
+
+
+def publish(comps: dict[str, Any], max_length: int) -> None:
+    """In the OpenAPI document, the truncate_prompt_tokens this server takes: -1, or max_length and more."""
+    prop = (((comps.get("VllmClassifyRequest") or {}).get("properties") or {}).get("truncate_prompt_tokens") or {})
+    if "anyOf" in prop:
+        prop["anyOf"] = [{"type": "integer", "enum": [-1]}, {"type": "integer", "minimum": max_length},
+                         {"type": "null"}]
+
+
+def policy_of(body: VllmClassifyRequest, max_length: int) -> str | None:
+    """The qserve long-text policy a /classify request asks for (None: the model's default)."""
+    k = body.truncate_prompt_tokens
+    if k is not None and 0 <= k < max_length:
+        raise ApiError(422, f"truncate_prompt_tokens {k}: qserve reads {max_length} tokens of a text (the model's "
+                            "max_length); send -1 (keep the last max_length tokens) or leave it out")
+    if k is None or body.long_text is not None:  # long_text, qserve's own, replaces truncate_prompt_tokens
+        return body.long_text
+    return "tail"
+
+
+# -- the one call into the serving state -----------------------------------------------------------------
+async def answer(st: ServeState, request: Request, model: ServedModel, texts: list[str],
+                 policy: str | None) -> Answer:
+    """Queue the texts on `model` under `policy` (None: its default): every protocol's one call (state.py)."""
+    return await st.classify(model, texts, request, policy, "long_text")
+
+
+def encode(ans: Answer) -> dict[str, Any]:
+    labels = list(ans.labels)
+    rows = np.asarray(ans.probs)
+    data = []
+    for i, row in enumerate(rows):
+        j = int(np.argmax(row))
+        data.append({"index": i, "label": labels[j] if j < len(labels) else str(j),
+                     "probs": [float(x) for x in row], "num_classes": int(row.shape[0])})
+    n = int(sum(ans.tokens))
+    return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+            "model": ans.name, "data": data,
+            "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0, "prompt_tokens_details": None}}
+
+
+def created(model: ServedModel) -> int:
+    """The manifest's creation time as Unix seconds (OpenAI's `created`); 0 when it has none."""
+    try:
+        return int(datetime.fromisoformat(str(model.runtime.manifest.get("created"))).timestamp())
+    except (TypeError, ValueError):
+        return 0
+
+
+def openai_models(st: ServeState) -> dict[str, Any]:
+    """OpenAI's list shape, carried beside /v1/models' own keys."""
+    return {"object": "list", "data": [{"id": m.name, "object": "model", "created": created(m), "owned_by": "qserve"}
+                                      for m in st.models.values()]}
+
+
+def add_vllm_routes(app: FastAPI, st: ServeState) -> None:
+    errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse}
+                                               for code in (400, 401, 404, 413, 415, 422, 429, 500, 503, 504)}
+
+    @app.post("/classify", tags=["vllm"], response_model=VllmClassifyResponse, responses=errors,
+              summary="vLLM: classify a text or a list; per input its label, probs and num_classes")
+    async def vllm_classify(body: VllmClassifyRequest, request: Request) -> JSONResponse:
+        model = st.model(body.model, request)
+        inputs: str | list[str | TextPair] = body.input if isinstance(body.input, str) else list(body.input)
+        texts, _ = v1_inputs(st, model, inputs, "input")  # a pair model refuses lone texts (pairs.py)
+        return JSONResponse(encode(await answer(st, request, model, texts, policy_of(body, model.runtime.max_length))))

@@ -1,0 +1,76 @@
+"""What a finished `qserve train` writes: train_metrics.json's content and the checkpoint directory.
+
+    python -c "from qserve.training.outputs import pair_meta; help(pair_meta)"
+
+train.py's loop hands its results here; the checkpoint is written through artifact.staged_dir (a temp dir
+renamed into place), so a reader never sees half of one.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from qserve.training.precision import peak_memory
+from qserve.problemtypes import REGRESSION, value_range
+
+
+def metrics(fabric, cfg, data, device, base_name, t0, train_time, step_times, seen, epoch_val, val, test,
+             last_loss, rss_peak, opt) -> dict[str, Any]:
+    from qserve.artifact import library_versions, now_iso
+    from qserve.devices import cpu_info
+
+    hw: dict[str, Any] = {"cpu": cpu_info()}
+    if device.startswith("cuda"):
+        import torch
+
+        hw["gpu"] = torch.cuda.get_device_name(fabric.device)
+    timed = step_times[1:] if len(step_times) > 1 else step_times  # the first step pays one-off warm-up
+    return {
+        "model_name": f"{base_name}-{data.info['short_name']}", "base_model": base_name, "dataset": data.name,
+        "precision": cfg.precision, "bf16_update": cfg.bf16_update if cfg.precision == "bf16-true" else None,
+        **opt, "device": device, "world_size": fabric.world_size, **hw,
+        "wall_time_s": round(time.perf_counter() - t0, 3), "train_time_s": round(train_time, 3),
+        "optimizer_steps": len(step_times),
+        "step_time_median_s": round(statistics.median(timed), 6) if timed else None,
+        "samples_per_s": round(seen / train_time, 3) if train_time else None,
+        **peak_memory(device, rss_peak),
+        "train_loss_last_epoch": round(last_loss, 6), "problem_type": data.problem_type,
+        # val_/test_ accuracy (+ label_accuracy for multi-label), or mae and rmse (regression), and loss
+        **{f"{part}_{k}": v for part, m in (("val", val), ("test", test)) for k, v in m.items() if k != "n"},
+        f"val_{'mae' if 'mae' in val else 'accuracy'}_per_epoch": epoch_val,
+        "sizes": data.info["sizes"], "dataset_info": {k: v for k, v in data.info.items() if k != "sizes"},
+        "config": asdict(cfg), "versions": library_versions(), "created": now_iso(),
+    }
+
+
+def write(out: Path, cfg, model, tok, base_name: str, data, metrics: dict[str, Any], seed: int, policy: str) -> None:
+    """The finished checkpoint dir, staged and renamed over `out` (which holds only this run's resume files)."""
+    import torch
+
+    from qserve.artifact import staged_dir, write_json_atomic
+
+    # force: out holds only this run's own checkpoint by now (resume.plan refused anyone else's files)
+    with staged_dir(out, force=True) as tmp:
+        # fp32 on disk whatever the training precision (bf16-true trains bf16 weights):
+        # exporters derive every lower-precision variant from this one reference.
+        model = model.to(device="cpu", dtype=torch.float32)
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        write_json_atomic(tmp / "qserve_model.json", {
+            "model_name": metrics["model_name"], "base_model": base_name, "dataset": data.name, "seed": seed,
+            "max_length": cfg.max_length, "long_text": policy, "max_eval_samples": cfg.max_eval_samples,
+            "labels": list(data.labels), "problem_type": data.problem_type,
+            **({"label_range": value_range(data.train.labels)} if data.problem_type == REGRESSION else {}),
+            **pair_meta(data)})
+        write_json_atomic(tmp / "train_metrics.json", metrics)
+
+
+def pair_meta(data) -> dict[str, Any]:
+    """`inputs` for qserve_model.json: recorded only for a model trained on text pairs (absent = one text)."""
+    from qserve.textpairs import PAIR
+
+    return {"inputs": list(PAIR)} if data.train.pairs is not None else {}

@@ -1,0 +1,343 @@
+"""Precision study: the same fine-tune once per precision, each in its own process.
+
+    qserve train --compare --max-samples 3000 --max-length 128     # -> benchmarks/reports/precision/
+
+Same data, seed and hyper-parameters for every run; only `--precision` changes (and, for
+bf16-true, `--bf16-update`: the compensated update and the plain one that loses small
+steps). Each run is a child `python -m qserve.training.train` process, so peak memory (RSS on CPU,
+max_memory_reserved on CUDA) belongs to that precision alone. CPU runs 32-true,
+bf16-mixed and bf16-true (16-mixed has no CPU path); CUDA runs all four (bf16 only
+where the GPU supports it). One precision runs a second time with another `--seed` on the
+same data split (`--noise-precision`), so the report can say which accuracy gaps are
+larger than run-to-run noise. Writes precision_study.json and precision_study.md, with
+the seed project's A100 figures beside ours, labelled as a reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+from qserve import QserveError
+
+DEFAULT_DIR = "benchmarks/reports/precision"
+KEPT = ("train_time_s", "wall_time_s", "optimizer_steps", "step_time_median_s", "samples_per_s", "peak_memory_bytes",
+        "peak_memory_kind", "val_accuracy", "test_accuracy", "sizes", "device", "model_name", "optimizer",
+        "optimizer_state_bytes", "optimizer_step_median_s")
+
+# The seed project's published numbers (not measured by qserve): DistilBERT-base,
+# IMDb 35k train reviews, 3 epochs, batch 12, one A100.
+REFERENCE = {
+    "setup": "DistilBERT-base (66M), IMDb 35k train, 3 epochs, batch 12, NVIDIA A100 (seed project, not ours)",
+    "runs": {
+        "32-true": {"train_time_min": 21.75, "peak_memory_gb": 5.37, "test_accuracy": 0.8992},
+        "16-mixed": {"train_time_min": 7.25, "peak_memory_gb": 4.31, "test_accuracy": 0.9215},
+        "bf16-mixed": {"train_time_min": 7.45, "peak_memory_gb": 4.46, "test_accuracy": 0.9261},
+        "bf16-true": {"train_time_min": 5.22, "peak_memory_gb": 2.87, "test_accuracy": 0.9269},
+    },
+}
+
+
+def supported_precisions(device: str) -> list[str]:
+    from qserve.training.precision import PRECISIONS
+
+    if device == "cpu":
+        return [p for p in PRECISIONS if p != "16-mixed"]
+    import torch
+
+    return [p for p in PRECISIONS if not p.startswith("bf16") or torch.cuda.is_bf16_supported()]
+
+
+def child_argv(cfg, precision: str, out: Path) -> list[str]:
+    """The `python -m qserve.training.train` command line reproducing cfg with another precision and --out."""
+    argv = [sys.executable, "-m", "qserve.training.train"]
+    for f in fields(cfg):
+        v = getattr(cfg, f.name)
+        flag = "--" + f.name.replace("_", "-")
+        if f.name in ("precision", "out", "force"):
+            continue
+        if f.name == "resume":
+            argv += [] if v is None else ["--resume" if v else "--no-resume"]
+        elif f.name in ("max_samples", "max_eval_samples") and v is None:
+            argv += [flag, "0"]  # 0 = no cap on the command line
+        elif v is not None:
+            argv += [flag, str(v)]
+    return argv + ["--precision", precision, "--out", str(out)]
+
+
+def label(run: dict[str, Any]) -> str:
+    """How a run is named in the report: its precision, the bf16-true update, a seed that differs."""
+    name = run["precision"]
+    if run["precision"] == "bf16-true":
+        name += f" ({run['bf16_update']})"
+    return name + (f", seed {run['seed']}" if run.get("noise") else "")
+
+
+def plan(cfg, precisions: list[str] | None, device: str, bf16_updates: list[str] | None,
+         noise_precision: str | None) -> list[dict[str, Any]]:
+    """The runs of a study, in order: one per precision (bf16-true once per update), then the noise run."""
+    from qserve.training.precision import BF16_UPDATES, PRECISIONS
+    from qserve.training.train import split_seed
+
+    supported = supported_precisions(device)
+    for p in list(precisions or []) + ([noise_precision] if noise_precision not in (None, "none") else []):
+        if p not in PRECISIONS:
+            raise QserveError(f"--precision must be one of {', '.join(PRECISIONS)} (got {p!r})")
+        if p not in supported:
+            raise QserveError(f"--precision {p} is not supported on {device}; this device runs "
+                              f"{', '.join(supported)}")
+    for u in bf16_updates or []:
+        if u not in BF16_UPDATES:
+            raise QserveError(f"--bf16-update must be one of {', '.join(BF16_UPDATES)} (got {u!r})")
+    chosen = list(dict.fromkeys(precisions)) if precisions else supported
+    updates = list(dict.fromkeys(bf16_updates)) if bf16_updates else list(BF16_UPDATES)  # both, side by side
+    runs = []
+    for p in chosen:
+        for u in (updates if p == "bf16-true" else [cfg.bf16_update]):
+            runs.append({"precision": p, "bf16_update": u, "seed": cfg.seed, "noise": False})
+    if noise_precision == "none":
+        return runs
+    if noise_precision is None:
+        noise_precision = "bf16-mixed" if "bf16-mixed" in chosen else chosen[0]
+    if noise_precision not in chosen:
+        raise QserveError(f"--noise-precision {noise_precision} is not among the precisions studied "
+                          f"({', '.join(chosen)}); pick one of them or none")
+    first = next(r for r in runs if r["precision"] == noise_precision)
+    runs.append({**first, "seed": cfg.seed + 1, "noise": True, "data_seed": split_seed(cfg)})
+    return runs
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    """`qserve train --compare`: the precision study over the train command's flags (qserve.cli sends
+    the command here; qserve.training.train itself never imports this module)."""
+    from qserve.training.train import config_from_args
+
+    cfg = config_from_args(args)
+    out_dir = Path(args.out) if args.out else Path(DEFAULT_DIR)
+    cfg.out = None
+    study = compare(cfg, args.precision, out_dir, bf16_updates=args.bf16_update,
+                    noise_precision=args.noise_precision, step_rounds=args.step_rounds,
+                    step_samples=args.step_samples)
+    print(f"precision study: {out_dir / 'precision_study.md'} ({len(study['runs'])} runs)")
+    return 0 if all(r.get("ok") for r in study["runs"]) else 1
+
+
+def compare(cfg, precisions: list[str] | None, out_dir, bf16_updates: list[str] | None = None,
+            noise_precision: str | None = None, step_rounds: int = 0, step_samples: int = 768) -> dict[str, Any]:
+    """Run cfg once per precision (children), write precision_study.json/.md in out_dir, return the study.
+
+    noise_precision: the precision run a second time with seed + 1 on the same data split
+    (default bf16-mixed, else the first studied; "none" skips it).
+    step_rounds: after the full runs, time the step again in this many rounds of short children
+    (step_samples training examples each), every run once per round, taking turns: the full runs
+    follow one another over many minutes, and a machine whose speed drifts that slowly moves their
+    step times more than precisions differ (two bf16-mixed seeds read 0.81 and 0.95 s on one study).
+    """
+    from qserve.artifact import library_versions, now_iso, refuse_existing, write_json_atomic, write_text_atomic
+    from qserve.provenance import provenance, with_header
+    from qserve.devices import cpu_info, resolve_device
+    from qserve.training.train import validate
+
+    validate(cfg)
+    if isinstance(step_rounds, bool) or not isinstance(step_rounds, int) or step_rounds < 0:
+        raise QserveError(f"--step-rounds must be an integer >= 0 (got {step_rounds!r})")
+    if isinstance(step_samples, bool) or not isinstance(step_samples, int) or step_samples < 3 * cfg.batch_size:
+        raise QserveError(f"--step-samples must be an integer >= 3 x --batch-size ({3 * cfg.batch_size}), "
+                          f"so each child times at least two steps after its first (got {step_samples!r})")
+    out_dir = Path(out_dir)
+    device = resolve_device(cfg.device)
+    todo = plan(cfg, precisions, device, bf16_updates, noise_precision)
+    refuse_existing(out_dir / "precision_study.json", cfg.force)
+    runs: list[dict[str, Any]] = []
+    base: dict[str, Any] = {"device": device, "cpu": cpu_info(), "provenance": provenance(), "precisions": list(dict.fromkeys(r["precision"] for r in todo)),
+            "config": {f.name: getattr(cfg, f.name) for f in fields(cfg)
+                       if f.name not in ("precision", "out", "force", "bf16_update")},
+            "reference": REFERENCE, "versions": library_versions()}
+    base["step_rounds"] = {"rounds": step_rounds, "samples": step_samples} if step_rounds else None
+    with tempfile.TemporaryDirectory(prefix="qserve-precision-") as tmp:
+        def write(complete: bool) -> dict[str, Any]:
+            # rewritten after every child: a study cut short keeps the runs it finished
+            study = {**base, "runs": runs, **summarize(runs), "complete": complete, "created": now_iso()}
+            write_json_atomic(out_dir / "precision_study.json", study)
+            write_text_atomic(out_dir / "precision_study.md", with_header(render_markdown(study), study["provenance"]))
+            return study
+
+        for i, spec in enumerate(todo):
+            m, code = _child(cfg, spec, Path(tmp) / f"run{i}", label(spec))
+            run = {**spec, "label": label(spec)}
+            if m is None:
+                runs.append({**run, "ok": False, "exit_code": code,
+                             "error": "the training run failed; its output is above"})
+            else:
+                runs.append({**run, "ok": True, **{k: m.get(k) for k in KEPT}, "gpu": m.get("gpu")})
+            if any(r["ok"] for r in runs):
+                study = write(complete=i + 1 == len(todo) and not step_rounds)
+        for k in range(step_rounds if any(r["ok"] for r in runs) else 0):
+            for j, (spec, run) in enumerate(zip(todo, runs)):
+                if spec["noise"] or not run["ok"]:
+                    continue  # the noise run repeats a precision already timed
+                short = replace(cfg, max_samples=step_samples, max_eval_samples=cfg.batch_size)
+                m, _ = _child(short, spec, Path(tmp) / f"step{k}-{j}", f"{label(spec)}, step round {k + 1}")
+                run.setdefault("step_rounds_s", []).append(None if m is None else m.get("step_time_median_s"))
+            study = write(complete=k + 1 == step_rounds)
+    if not any(r["ok"] for r in runs):
+        raise QserveError(f"every precision run failed ({', '.join(r['label'] for r in runs)}); see the output above")
+    return study
+
+
+def _child(cfg, spec: dict[str, Any], out: Path, name: str) -> tuple[dict[str, Any] | None, int]:
+    """One `python -m qserve.training.train` child for spec: (its train_metrics.json, exit code); None if it failed."""
+    run_cfg = replace(cfg, bf16_update=spec["bf16_update"], seed=spec["seed"],
+                      data_seed=spec.get("data_seed", cfg.data_seed))
+    argv = child_argv(run_cfg, spec["precision"], out)
+    print(f"== {name}: {' '.join(argv[1:])}", file=sys.stderr, flush=True)
+    proc = subprocess.run(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"}, check=False)
+    metrics_path = out / "train_metrics.json"
+    if proc.returncode != 0 or not metrics_path.is_file():
+        return None, proc.returncode
+    return json.loads(metrics_path.read_text(encoding="utf-8")), 0
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Step-time ratios to 32-true, the two-seed noise, and each run's test-accuracy gap to bf16-mixed."""
+    ok = [r for r in runs if r["ok"]]
+    main = [r for r in ok if not r["noise"]]
+    base = next((r["step_time_median_s"] for r in main if r["precision"] == "32-true"), None)
+    for r in ok:
+        if base:
+            r["step_time_vs_32_true"] = round(r["step_time_median_s"] / base, 3)
+    noise = None
+    extra = next((r for r in ok if r["noise"]), None)
+    if extra:
+        first = next((r for r in main if (r["precision"], r["bf16_update"]) == (extra["precision"],
+                                                                              extra["bf16_update"])), None)
+        if first:
+            noise = {"label": first["label"], "seeds": [first["seed"], extra["seed"]],
+                     "test_accuracy": [first["test_accuracy"], extra["test_accuracy"]],
+                     "test_accuracy_abs_diff": round(abs(first["test_accuracy"] - extra["test_accuracy"]), 6)}
+    ref = next((r for r in main if r["precision"] == "bf16-mixed"), None)
+    gaps = {}
+    if ref:
+        for r in main:
+            if r is not ref:
+                gap = r["test_accuracy"] - ref["test_accuracy"]
+                gaps[r["label"]] = {"test_accuracy_minus_bf16_mixed": round(gap, 6),
+                                    "exceeds_noise": None if noise is None
+                                    else abs(gap) > noise["test_accuracy_abs_diff"]}
+    by = {r["precision"]: r for r in main if r["precision"] != "bf16-true" or r["bf16_update"] != "plain"}
+    return {"bf16_mixed_over_32_true_step_time": by.get("bf16-mixed", {}).get("step_time_vs_32_true"),
+            "noise": noise, "gaps_to_bf16_mixed": gaps, **_interleaved(main, by)}
+
+
+def _interleaved(main: list[dict[str, Any]], by: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Each run's median step over the interleaved rounds, and its ratio to 32-true's and bf16-mixed's."""
+    import statistics
+
+    for r in main:
+        got = [x for x in r.get("step_rounds_s") or [] if x is not None]
+        r["step_interleaved_s"] = round(statistics.median(got), 6) if got else None
+    out: dict[str, Any] = {}
+    for name, ref in (("32_true", by.get("32-true")), ("bf16_mixed", by.get("bf16-mixed"))):
+        base = (ref or {}).get("step_interleaved_s")
+        for r in main:
+            if base and r["step_interleaved_s"]:
+                r[f"step_interleaved_vs_{name}"] = round(r["step_interleaved_s"] / base, 3)
+    # Paired by round as well: two runs of one round met the same machine speed, so the median of the
+    # per-round ratios is the steadier statistic when the machine drifts between rounds.
+    mixed = (by.get("bf16-mixed") or {}).get("step_rounds_s") or []
+    for r in main:
+        pairs = [a / b for a, b in zip(r.get("step_rounds_s") or [], mixed) if a and b]
+        if pairs:
+            r["step_round_ratios_vs_bf16_mixed"] = [round(x, 3) for x in pairs]
+            r["step_round_ratio_median_vs_bf16_mixed"] = round(statistics.median(pairs), 3)
+    true = by.get("bf16-true", {})
+    out["bf16_true_over_bf16_mixed_step_interleaved"] = true.get("step_interleaved_vs_bf16_mixed")
+    out["bf16_true_over_bf16_mixed_step_round_ratio_median"] = true.get("step_round_ratio_median_vs_bf16_mixed")
+    return out
+
+
+def _fmt(v, spec: str, scale: float = 1.0) -> str:
+    return "—" if v is None else format(v * scale, spec)
+
+
+def _amx(cpu: dict[str, Any]) -> str:
+    return "with AMX (amx_bf16)" if "amx_bf16" in cpu.get("flags", []) else "no AMX"
+
+
+def render_markdown(study: dict[str, Any]) -> str:
+    cfg = study["config"]
+    ok = [r for r in study["runs"] if r["ok"]]
+    sizes = ok[0]["sizes"] if ok else {}
+    cpu = study["cpu"]
+    where = study["device"] if study["device"] == "cpu" else (ok[0].get("gpu") if ok else study["device"])
+    lines = [
+        "# Precision study (qserve)", "",
+        f"Model `{ok[0]['model_name'] if ok else cfg['model']}` fine-tuned on `{cfg['dataset']}` "
+        f"(train {sizes.get('train')}, val {sizes.get('val')}, test {sizes.get('test')}), {cfg['epochs']} epoch(s), "
+        f"batch {cfg['batch_size']}, max length {cfg['max_length']}, lr {cfg['lr']}, seed {cfg['seed']}, "
+        f"on {where}: **{cpu['model']}, {_amx(cpu)}**, {cpu['cores']} cores, flags: {' '.join(cpu['flags'])}. "
+        "Each run in its own process, one after the other."
+        + ("" if study.get("complete", True) else " **Incomplete: the study stopped before its last run.**"), "",
+        "| run | optimizer | train time (min) | median step (s) | step vs 32-true | optimizer step (s) "
+        "| optimizer state (MB) | peak memory (GB) | val acc | test acc |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in study["runs"]:
+        if not r["ok"]:
+            lines.append(f"| {r['label']} | failed (exit {r['exit_code']}) | | | | | | | | |")
+            continue
+        lines.append(f"| {r['label']} | {r.get('optimizer') or '—'} | {_fmt(r['train_time_s'], '.2f', 1 / 60)} | "
+                     f"{_fmt(r['step_time_median_s'], '.4f')} | {_fmt(r.get('step_time_vs_32_true'), '.2f')}x | "
+                     f"{_fmt(r.get('optimizer_step_median_s'), '.4f')} | "
+                     f"{_fmt(r.get('optimizer_state_bytes'), '.1f', 1e-6)} | "
+                     f"{_fmt(r['peak_memory_bytes'], '.2f', 1e-9)} | "
+                     f"{_fmt(r['val_accuracy'], '.2%', 1)} | {_fmt(r['test_accuracy'], '.2%', 1)} |")
+    ratio = study.get("bf16_mixed_over_32_true_step_time")
+    kind = ok[0]["peak_memory_kind"] if ok else ""
+    lines += ["", f"bf16-mixed / 32-true median step time: **{_fmt(ratio, '.2f')}x**. Peak memory is {kind}; "
+              "optimizer state is the bytes of the optimizer's per-parameter tensors (moments, Kahan buffer).", ""]
+    rounds = study.get("step_rounds")
+    if rounds and any(r.get("step_rounds_s") for r in ok):
+        n = max(len(r.get("step_rounds_s") or []) for r in ok)
+        lines += [f"Step time, interleaved: after the full runs, {n} round(s) of short children ({rounds['samples']} "
+                  "training examples each, the same batches for every run); every run once per round, taking "
+                  "turns, so a machine whose speed drifts over minutes slows all of them alike. Median step of "
+                  "each child (first step left out), then the median over rounds:", "",
+                  "| run | per round (s) | median (s) | vs 32-true | vs bf16-mixed | vs bf16-mixed, round by round "
+                  "(median) |", "|---|---|---:|---:|---:|---|"]
+        for r in ok:
+            if r.get("step_rounds_s"):
+                per = ", ".join(_fmt(x, ".4f") for x in r["step_rounds_s"])
+                paired = ", ".join(f"{x:.3f}" for x in r.get("step_round_ratios_vs_bf16_mixed") or [])
+                lines.append(f"| {r['label']} | {per} | {_fmt(r.get('step_interleaved_s'), '.4f')} | "
+                             f"{_fmt(r.get('step_interleaved_vs_32_true'), '.3f')}x | "
+                             f"{_fmt(r.get('step_interleaved_vs_bf16_mixed'), '.3f')}x | {paired} "
+                             f"({_fmt(r.get('step_round_ratio_median_vs_bf16_mixed'), '.3f')}x) |")
+        lines.append("")
+    noise = study.get("noise")
+    if noise:
+        a, b = noise["test_accuracy"]
+        lines.append(f"Run-to-run noise: {noise['label']} with seeds {noise['seeds'][0]} and {noise['seeds'][1]} "
+                     f"(same data split) scored {a:.2%} and {b:.2%} test accuracy: "
+                     f"**{noise['test_accuracy_abs_diff'] * 100:.2f} points** apart.")
+    gaps = study.get("gaps_to_bf16_mixed") or {}
+    if gaps:
+        lines += ["", "| run | test acc minus bf16-mixed (points) | larger than the noise |", "|---|---:|---|"]
+        for name, g in gaps.items():
+            exceeds = {None: "—", True: "yes", False: "no"}[g["exceeds_noise"]]
+            lines.append(f"| {name} | {g['test_accuracy_minus_bf16_mixed'] * 100:+.2f} | {exceeds} |")
+    lines += ["", "## Reference: the seed project's A100 figures (not measured by qserve)", "",
+              f"{study['reference']['setup']}.", "",
+              "| precision | train time (min) | peak memory (GB) | test acc |", "|---|---:|---:|---:|"]
+    for p, r in study["reference"]["runs"].items():
+        lines.append(f"| {p} | {r['train_time_min']:.2f} | {r['peak_memory_gb']:.2f} | {r['test_accuracy']:.2%} |")
+    lines += ["", "Different model, data size, epochs and hardware: compare the ratios between precisions, "
+              "not the absolute numbers.", ""]
+    return "\n".join(lines)

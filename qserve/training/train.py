@@ -1,0 +1,415 @@
+"""Fine-tune a text classifier with Lightning Fabric; precision is a parameter.
+
+    qserve train --max-samples 4000 --epochs 1          # embedded MiniLM-DistilBERT on embedded IMDb
+    qserve train --model distilbert-base-uncased --dataset imdb --precision 16-mixed --devices 2
+    qserve train --compare --max-samples 2000           # one run per precision -> precision_study.md
+
+Writes, atomically (staged temp dir renamed into place; an --out holding anything but this run needs --force;
+while training, a resumable checkpoint every --checkpoint-every steps: qserve/training/resume.py):
+an HF checkpoint (config.json with id2label/label2id, model.safetensors in fp32 whatever the
+training precision, tokenizer files), `qserve_model.json` (what exporters and bench read:
+model_name, max_length, long_text, dataset, seed, max_eval_samples, labels, problem_type, and inputs
+["text", "text_pair"] for a model trained on a dataset with a text_pair column) and `train_metrics.json`.
+The test metrics are those of the final weights (no checkpoint selection on val): accuracy (single-label),
+exact-match and per-label accuracy (multi-label), MAE and RMSE (regression).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from qserve import QserveError
+from qserve.configflags import add_flags, build, field_docs, flag
+from qserve.longtext import TRAIN_DEFAULT
+from qserve.problemtypes import SHORT, from_flag, headline, loss
+from qserve.training.precision import (BF16_UPDATES, MATMUL_PRECISIONS, PRECISIONS, build_optimizer, check_precision,
+                              optimizer_state_bytes)
+from qserve.training.batches import PadCollate, batch_inputs, encode_split, evaluate
+
+log = logging.getLogger(__name__)
+
+MAX_GRAD_NORM = 1.0  # the usual fine-tuning clip; keeps the first high-lr steps from diverging
+FILES_WRITTEN = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                 "special_tokens_map.json", "vocab.txt", "qserve_model.json", "train_metrics.json")
+
+
+@dataclass
+class TrainConfig:
+    """One fine-tuning run. Each field is a `qserve train` flag; its docstring is the help."""
+
+    model: str = "default"
+    """`default` (embedded MiniLM in DistilBERT layout), a local checkpoint directory, or a hub id."""
+    dataset: str = "default"
+    """`default`/`imdb-embedded`, `rotten-tomatoes`, a local .csv/.jsonl/.json (text,label; a text_pair column
+    trains a pair model) or a hub id."""
+    problem_type: str | None = field(default=None, metadata=flag(choices=tuple(SHORT), default_text="inferred"))
+    """single (softmax, cross-entropy), multi (multi-label: sigmoid per label, BCE) or regression (one value,
+    MSE). Default: from the data file: a list of labels per row -> multi, a non-integer number -> regression."""
+    precision: str = field(default="bf16-mixed", metadata=flag(
+        choices=PRECISIONS, repeat=True, default_text="bf16-mixed; with --compare, all the device supports"))
+    """Training precision: 32-true, 16-mixed (CUDA only), bf16-mixed or bf16-true. With --compare, give it
+    several times to choose the precisions compared."""
+    epochs: int = 1
+    """Passes over the training set."""
+    batch_size: int = 16
+    """Examples per forward pass (per device)."""
+    lr: float = 1e-4
+    """Peak AdamW learning rate (after linear warm-up, then linear decay to 0)."""
+    weight_decay: float = 0.01
+    """AdamW weight decay (not applied to biases and LayerNorm weights)."""
+    warmup_ratio: float = 0.1
+    """Fraction of optimizer steps spent warming the learning rate up from 0."""
+    grad_accum: int = 1
+    """Forward passes per optimizer step (effective batch = batch_size * grad_accum * devices)."""
+    max_length: int = 128
+    """Truncate texts to this many tokens (also recorded for export, bench and serve)."""
+    long_text: str = field(default=TRAIN_DEFAULT, metadata=flag(metavar="POLICY"))
+    """What training, validation and test read of a text longer than max_length: head, tail or head-tail[:H]
+    (H tokens from the start, the rest from the end); recorded for export, bench and serve."""
+    max_samples: int | None = None
+    """Train on a seeded, stratified subset of this many examples (val/test unaffected; 0 on the CLI = all)."""
+    max_eval_samples: int | None = 2000
+    """Cap val and test at this many examples each (seeded, stratified; 0 on the CLI = no cap); bench reuses it."""
+    bf16_update: str = field(default="compensated", metadata=flag(
+        choices=BF16_UPDATES, repeat=True, default_text="compensated; with --compare, compensated and plain"))
+    """bf16-true only: compensated (torch-optimi AdamW, Kahan summation into a bf16 buffer) or plain (torch
+    AdamW on bf16 weights: updates below half a bf16 ulp round away). With --compare, give it several times
+    to run bf16-true once per value."""
+    seed: int = 42
+    """Seed for the split, subsampling, head init, shuffling and dropout."""
+    data_seed: int | None = field(default=None, metadata=flag(default_text="--seed"))
+    """Seed for the split and subsampling only (None: seed); lets two seeds train on the same data."""
+    out: str | None = field(default=None, metadata=flag(
+        default_text="models/<model_name>-<dataset>-<precision>; with --compare, benchmarks/reports/precision"))
+    """Output directory (with --compare: the report directory)."""
+    device: str = "auto"
+    """auto (CUDA when available), cpu, cuda or cuda:N."""
+    devices: int = 1
+    """Processes/GPUs for data-parallel training (Fabric DDP when > 1)."""
+    strategy: str = "auto"
+    """Fabric strategy: auto, ddp, ddp_spawn, fsdp, ..."""
+    matmul_precision: str | None = field(default=None, metadata=flag(choices=MATMUL_PRECISIONS))
+    """torch.set_float32_matmul_precision: highest, high (TF32 on Ampere+) or medium."""
+    force: bool = False
+    """Replace an existing output directory (and start an unfinished run over, whatever its config)."""
+    checkpoint_every: int | None = field(default=None, metadata=flag(default_text="about every 5 min of training"))
+    """Write a resumable checkpoint into --out every this many optimizer steps, atomically, keeping only the
+    latest (default: the steps of about 5 minutes, from the first steps' median time; 0: never)."""
+    resume: bool | None = field(default=None, metadata=flag(default_text="resume an unfinished run in --out"))
+    """--resume: continue the unfinished run in --out (an error if there is none); --no-resume: start it over.
+    Default: resume when --out holds an unfinished run with this config."""
+    num_workers: int = 0
+    """DataLoader worker processes (tokenization is done up front, so 0 is usually right)."""
+
+
+@dataclass
+class CompareOptions:
+    """`qserve train --compare`: the precision study's own flags (the study itself is qserve/training/study.py)."""
+
+    compare: bool = False
+    """Run the same fine-tune once per precision, each in its own process, and write precision_study.json/.md
+    (time, step time, optimizer state, peak memory, accuracy)."""
+    noise_precision: str | None = field(default=None, metadata=flag(
+        choices=(*PRECISIONS, "none"), default_text="bf16-mixed, else the first studied"))
+    """With --compare: the precision run a second time with --seed + 1 on the same data, to measure
+    run-to-run noise (none: skip)."""
+    step_rounds: int = 3
+    """With --compare: after the full runs, time each run's step again in this many rounds of short children
+    taking turns, so machine drift hits every precision alike; 0 skips."""
+    step_samples: int = 768
+    """With --step-rounds: training examples per short child (768 = 48 steps of 16)."""
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Reject bad values before anything heavy loads; messages name the flag and what is allowed."""
+    if cfg.precision not in PRECISIONS:
+        raise QserveError(f"--precision must be one of {', '.join(PRECISIONS)} (got {cfg.precision!r})")
+    if cfg.bf16_update not in BF16_UPDATES:
+        raise QserveError(f"--bf16-update must be one of {', '.join(BF16_UPDATES)} (got {cfg.bf16_update!r})")
+    if cfg.matmul_precision is not None and cfg.matmul_precision not in MATMUL_PRECISIONS:
+        raise QserveError(f"--matmul-precision must be one of {', '.join(MATMUL_PRECISIONS)} "
+                          f"(got {cfg.matmul_precision!r})")
+    for name, low in (("epochs", 1), ("batch_size", 1), ("grad_accum", 1), ("max_length", 8), ("devices", 1),
+                      ("num_workers", 0), ("checkpoint_every", 0)):
+        v = getattr(cfg, name)
+        if v is None and name == "checkpoint_every":
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise QserveError(f"--{name.replace('_', '-')} must be an integer >= {low} (got {v!r})")
+    if not cfg.lr > 0:
+        raise QserveError(f"--lr must be > 0 (got {cfg.lr!r})")
+    if not 0 <= cfg.warmup_ratio < 1:
+        raise QserveError(f"--warmup-ratio must be in [0, 1) (got {cfg.warmup_ratio!r})")
+    if cfg.weight_decay < 0:
+        raise QserveError(f"--weight-decay must be >= 0 (got {cfg.weight_decay!r})")
+    train_policy(cfg)
+    from_flag(cfg.problem_type)
+
+
+def train_policy(cfg: TrainConfig) -> str:
+    """cfg.long_text written out in full for cfg.max_length; windows is refused (an inference policy)."""
+    from qserve import longtext
+
+    policy = longtext.resolve(cfg.long_text, cfg.max_length, "--long-text")
+    if not policy.trainable:
+        raise QserveError(f"--long-text {cfg.long_text}: windows is an inference policy (export or serve it with "
+                          f"--long-text); training uses one of {', '.join(longtext.TRAINING_KINDS)}")
+    return str(policy)
+
+
+def split_seed(cfg: TrainConfig) -> int:
+    """The seed of the data split and subsample (what bench and export rebuild the test split from)."""
+    return cfg.seed if cfg.data_seed is None else cfg.data_seed
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Fine-tune per `cfg`, write the checkpoint to cfg.out (or the default), return the metrics.
+
+    An out dir holding an unfinished run with the same config resumes it (qserve.training.resume); one holding
+    a finished run with the same config is returned as it is, never retrained.
+    With several DDP processes every rank trains; rank 0 writes and gets the metrics, the others None.
+    """
+    from qserve.training import resume
+    from qserve.data.datasets import load_dataset
+    from qserve.devices import resolve_device
+    from qserve.modeling import model_name_for
+
+    t0 = time.perf_counter()
+    validate(cfg)
+    device = resolve_device(cfg.device)
+    check_precision(cfg.precision, device)
+    data = load_dataset(cfg.dataset, max_samples=cfg.max_samples, seed=split_seed(cfg),
+                        max_eval_samples=cfg.max_eval_samples, problem_type=from_flag(cfg.problem_type))
+    base_name = model_name_for(cfg.model)
+    out = Path(cfg.out) if cfg.out else Path("models") / f"{base_name}-{data.info['short_name']}-{cfg.precision}"
+    # before minutes of training, not after
+    todo = resume.plan(out, asdict(cfg), asdict(TrainConfig()), cfg.resume, cfg.force)
+    if todo.action == "finished":
+        print(f"{out} already holds this finished run; not retraining it (--force trains it again)", flush=True)
+        return todo.finished_metrics or {}
+    from lightning.fabric import Fabric
+
+    devices: int | list[int]
+    accelerator, devices = ("cpu", cfg.devices) if device == "cpu" else ("cuda", cfg.devices)
+    if device.startswith("cuda:"):
+        devices = [int(device.split(":", 1)[1])]
+    fabric = Fabric(accelerator=accelerator, devices=devices, strategy=cfg.strategy, precision=cfg.precision)
+    # launch() starts the DDP processes when devices > 1; every rank runs _fit, rank 0 writes.
+    return fabric.launch(_fit, cfg, data, todo, device, t0)
+
+
+def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float) -> dict[str, Any] | None:
+    import psutil
+    import torch
+    from tqdm.auto import tqdm
+
+    from qserve.training import outputs as trainout, resume
+    from qserve.modeling import load_for_training
+
+    out = todo.out
+    fabric.seed_everything(cfg.seed, verbose=False)
+    if cfg.matmul_precision:
+        torch.set_float32_matmul_precision(cfg.matmul_precision)
+    model, tok, base_name = load_for_training(cfg.model, data.labels)
+    model.config.problem_type = problem = data.problem_type  # saved in config.json: how the logits are read
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit and cfg.max_length > limit:
+        raise QserveError(f"--max-length {cfg.max_length} exceeds the model's {limit} positions")
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+    policy = train_policy(cfg)
+    train_ex, val_ex, test_ex = (encode_split(tok, s, cfg.max_length, policy, problem, len(data.labels))
+                                 for s in (data.train, data.val, data.test))
+    # The shuffling generator: its state at an epoch's start fixes that epoch's order (checkpointed).
+    gen = torch.Generator().manual_seed(cfg.seed)
+    loader = torch.utils.data.DataLoader(train_ex, batch_size=cfg.batch_size, shuffle=True,
+                                         collate_fn=PadCollate(pad_id), num_workers=cfg.num_workers, generator=gen)
+    no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight")
+    groups = [{"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
+               "weight_decay": cfg.weight_decay},
+              {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0}]
+    optimizer = build_optimizer(groups, cfg.precision, cfg.bf16_update, cfg.lr)
+    model, optimizer = fabric.setup(model, optimizer)
+    loader = fabric.setup_dataloaders(loader)
+    steps_per_epoch = -(-len(loader) // cfg.grad_accum)
+    total = steps_per_epoch * cfg.epochs
+    warmup = int(total * cfg.warmup_ratio)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: (s + 1) / (warmup + 1) if s < warmup else max(0.0, (total - s) / max(1, total - warmup)))
+    objects = {"model": model, "optimizer": optimizer, "scheduler": sched}
+    scaler = getattr(fabric.strategy.precision, "scaler", None)  # 16-mixed's GradScaler
+    if scaler is not None:
+        objects["scaler"] = scaler
+    prog, epoch_gen, rng = resume.Progress(), None, None
+    if todo.action == "resume":
+        rest = resume.load(fabric, out, objects)
+        prog, epoch_gen, rng = resume.Progress(**rest["progress"]), rest["epoch_generator"], rest["rng"]
+        prog.resumed_at.append(prog.step)
+        if fabric.is_global_zero:
+            print(f"resuming at step {prog.step} of {total} (epoch {prog.epoch + 1}/{cfg.epochs}, batch "
+                  f"{prog.batch}/{len(loader)}) from {out / resume.CHECKPOINT}", flush=True)
+    elif fabric.is_global_zero:
+        resume.record_start(out, asdict(cfg))
+    fabric.barrier()
+    every = cfg.checkpoint_every if cfg.checkpoint_every is not None else resume.auto_interval(prog.step_times)
+
+    def checkpoint(epoch_state, t_epoch: float) -> None:
+        t = time.perf_counter()
+        prog.saved += 1  # counted in its own snapshot, so a resumed run goes on counting from it
+        wall = prog.wall_before + t - t0
+        snap = {**asdict(prog), "train_time": prog.train_time + t - t_epoch, "wall_before": wall}
+        resume.save(fabric, out, {**objects, "progress": snap, "epoch_generator": epoch_state,
+                                  "rng": resume.rng_states(), "config": asdict(cfg)}, prog.saved)
+        prog.checkpoints.append(round(time.perf_counter() - t, 4))
+
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    proc = psutil.Process()
+    for epoch in range(prog.epoch, cfg.epochs):
+        model.train()
+        resuming = epoch_gen is not None
+        if resuming:
+            gen.set_state(epoch_gen)  # replay this epoch's order exactly, then skip what was trained
+        epoch_state = gen.get_state()
+        if hasattr(loader, "_num_iter_calls"):
+            loader._num_iter_calls = epoch  # Fabric sets a DistributedSampler's epoch from its count of iter() calls
+        it = iter(loader)
+        skip = prog.batch if resuming else 0
+        for _ in range(skip):
+            next(it)
+        if resuming and rng is not None:
+            resume.set_rng_states(rng)  # dropout draws continue where the killed run stopped
+        else:
+            prog.run_loss, prog.run_n = 0.0, 0
+        epoch_gen = rng = None
+        bar = tqdm(it, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not fabric.is_global_zero, initial=skip,
+                   total=len(loader), mininterval=0.5 if sys.stderr.isatty() else 10, dynamic_ncols=True)
+        t_epoch = t_step = time.perf_counter()
+        for i, batch in enumerate(bar, start=skip):
+            accumulating = (i + 1) % cfg.grad_accum != 0 and i + 1 != len(loader)
+            with fabric.no_backward_sync(model, enabled=accumulating):
+                logits = model(**batch_inputs(batch)).logits
+                step_loss = loss(logits, batch["labels"], problem)
+                fabric.backward(step_loss / cfg.grad_accum)
+            prog.seen += len(batch["labels"]) * fabric.world_size
+            prog.run_loss, prog.run_n = prog.run_loss + float(step_loss.detach()), prog.run_n + 1
+            if accumulating:
+                continue
+            # error_if_nonfinite=False: 16-mixed's first steps overflow by design; the scaler skips them.
+            fabric.clip_gradients(model, optimizer, max_norm=MAX_GRAD_NORM, error_if_nonfinite=False)
+            t_opt = time.perf_counter()
+            optimizer.step()
+            if cuda:
+                torch.cuda.synchronize()  # else this times the kernel launches only
+            prog.opt_times.append(time.perf_counter() - t_opt)
+            optimizer.zero_grad(set_to_none=True)
+            sched.step()
+            if cuda:
+                torch.cuda.synchronize()
+            now = time.perf_counter()
+            prog.step_times.append(now - t_step)
+            if not cuda:
+                prog.rss_peak = max(prog.rss_peak, proc.memory_info().rss)
+            prog.last_loss = prog.run_loss / prog.run_n
+            prog.step, prog.epoch, prog.batch = prog.step + 1, epoch, i + 1
+            bar.set_postfix(loss=f"{prog.last_loss:.4f}",
+                            samples_s=f"{prog.seen / (prog.train_time + now - t_epoch):.1f}", refresh=False)
+            if every is None:
+                every = resume.auto_interval(prog.step_times)
+            if every and prog.step % every == 0 and prog.step < total:
+                checkpoint(epoch_state, t_epoch)
+            t_step = time.perf_counter()  # a checkpoint's write is not the next step's time
+        bar.close()
+        prog.train_time += time.perf_counter() - t_epoch
+        prog.epoch, prog.batch = epoch + 1, 0
+        val = evaluate(fabric, model, val_ex, cfg.batch_size * 2, pad_id, problem)
+        prog.epoch_val.append(val.get("accuracy", val.get("mae")))
+        if fabric.is_global_zero:
+            log.info("epoch %d/%d: train loss %.4f, val %s (%d examples)", epoch + 1, cfg.epochs,
+                     prog.last_loss, headline(val), val["n"])
+    test = evaluate(fabric, model, test_ex, cfg.batch_size * 2, pad_id, problem)
+    if not cuda:
+        prog.rss_peak = max(prog.rss_peak, proc.memory_info().rss)
+    opt_cls = type(getattr(optimizer, "optimizer", optimizer))  # Fabric wraps the optimizer
+    opt_times = prog.opt_times
+    opt = {"optimizer": f"{opt_cls.__module__.split('.')[0]}.{opt_cls.__name__}",
+           "optimizer_state_bytes": optimizer_state_bytes(optimizer),
+           "optimizer_step_median_s": round(statistics.median(opt_times[1:] or opt_times), 6) if opt_times else None,
+           **resume.summary(prog)}
+    metrics = trainout.metrics(fabric, cfg, data, device, base_name, t0 - prog.wall_before, prog.train_time,
+                       prog.step_times, prog.seen, prog.epoch_val, val, test, prog.last_loss, prog.rss_peak, opt)
+    if fabric.is_global_zero:
+        trainout.write(out, cfg, model.module, tok, base_name, data, metrics, split_seed(cfg), policy)
+        log.info("wrote %s: val %s, test %s, %.1f s training", out, headline(val), headline(test), prog.train_time)
+    fabric.barrier()
+    return metrics if fabric.is_global_zero else None
+
+
+# -- CLI ---------------------------------------------------------------------------------
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("train", help="fine-tune a classifier (Lightning Fabric)",
+                              description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_flags(p, TrainConfig, [f.name for f in fields(TrainConfig) if f.name != "resume"])
+    # three states (unset = resume if there is a run to resume), which a plain bool flag cannot say
+    p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=None,
+                   help=field_docs(TrainConfig)["resume"].replace("%", "%%"))
+    add_flags(p, CompareOptions)
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    compare = bool(getattr(args, "compare", False))
+    precisions = args.precision or [TrainConfig.precision]
+    if len(precisions) > 1 and not compare:
+        raise QserveError(f"--precision was given {len(precisions)} times; give it once, or add --compare "
+                          "to compare several")
+    updates = getattr(args, "bf16_update", None) or [TrainConfig.bf16_update]
+    if len(updates) > 1 and not compare:
+        raise QserveError(f"--bf16-update was given {len(updates)} times; give it once, or add --compare "
+                          "to compare several")
+    # 0 = no cap: the command line has no other way to say None
+    caps = {name: None for name in ("max_samples", "max_eval_samples") if getattr(args, name, None) == 0}
+    return build(TrainConfig, args, overrides={"precision": precisions[0], "bf16_update": updates[0], **caps},
+                 error=QserveError)
+
+
+def run(args) -> int:
+    """`qserve train`: one fine-tune. (`--compare` is the precision study, qserve.training.study, which runs this
+    module in children: the composition root, qserve.cli, sends it there, so train never imports study.)"""
+    if getattr(args, "compare", False):
+        raise QserveError("--compare runs the precision study: use `qserve train --compare ...` "
+                          "(`python -m qserve.training.train` runs one fine-tune)")
+    cfg = config_from_args(args)
+    m = train(cfg)
+    if m is None:  # a DDP worker rank: rank 0 reports
+        return 0
+    metric = "mae" if "test_mae" in m else "accuracy"
+    print(f"trained {m['model_name']} ({cfg.precision}, {m['device']}): val {metric} {m[f'val_{metric}']:.4f}, "
+          f"test {metric} {m[f'test_{metric}']:.4f}, {m['train_time_s']:.1f} s training")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m qserve.training.train ...`: the train command alone (what --compare runs per precision)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(prog="qserve")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["train", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return args.func(args)
+    except QserveError as e:
+        print(f"qserve train: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""The variant directory format: round trip, tamper detection, no overwrite, atomicity."""
+
+import json
+import shutil
+
+import pytest
+
+import exporters
+from qserve import QserveError
+from qserve.artifact import VariantError, read_manifest, staged_dir, verify
+from qserve.runtime import load_runtime
+
+
+def test_manifest_round_trip(tiny_variant, tiny_checkpoint):
+    m = verify(tiny_variant)
+    assert m["format"] == "qserve-variant/1"
+    assert m["spec"]["name"] == "torch-fp32" and m["spec"]["backend"] == "torch"
+    assert m["labels"] == ["negative", "positive"]
+    assert m["model_name"] == "tiny-distilbert" and m["max_length"] == 64
+    assert len(m["source"]["sha256"]) == 64
+    assert m["parity"]["agreement"] == 1.0 and m["parity"]["max_abs_logit_diff"] < 1e-4
+    assert "torch" in m["versions"] and "transformers" in m["versions"]
+    # every file in the dir but the manifest is listed with its size
+    on_disk = {p.name for p in tiny_variant.iterdir()} - {"manifest.json"}
+    assert set(m["files"]) == on_disk
+    assert read_manifest(tiny_variant) == m
+
+
+def test_exact_files_of_a_torch_variant(tiny_variant):
+    assert sorted(p.name for p in tiny_variant.iterdir()) == [
+        "config.json", "manifest.json", "model.safetensors", "qserve_model.json", "special_tokens_map.json",
+        "tokenizer.json", "tokenizer_config.json", "vocab.txt",
+    ]
+
+
+@pytest.fixture
+def copy_of(tiny_variant, tmp_path):
+    dst = tmp_path / "v"
+    shutil.copytree(tiny_variant, dst)
+    return dst
+
+
+def test_altered_file_is_refused(copy_of):
+    cfg = copy_of / "config.json"
+    data = cfg.read_bytes()
+    cfg.write_bytes(data.replace(b"negative", b"NEGATIVE"))  # same size, other content
+    with pytest.raises(VariantError, match=r"config\.json does not match its sha256"):
+        load_runtime(copy_of, device="cpu")
+
+
+def test_truncated_file_is_refused(copy_of):
+    w = copy_of / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:1000])
+    with pytest.raises(VariantError, match=r"model\.safetensors is 1000 bytes.*truncated"):
+        verify(copy_of)
+
+
+def test_missing_file_and_manifest(copy_of):
+    (copy_of / "vocab.txt").unlink()
+    with pytest.raises(VariantError, match=r"vocab\.txt is listed in the manifest but missing"):
+        verify(copy_of)
+    (copy_of / "manifest.json").unlink()
+    with pytest.raises(VariantError, match=r"manifest\.json is missing"):
+        verify(copy_of)
+
+
+def test_garbled_manifest(copy_of):
+    (copy_of / "manifest.json").write_text("{not json")
+    with pytest.raises(VariantError, match="not valid JSON"):
+        verify(copy_of)
+    (copy_of / "manifest.json").write_text(json.dumps({"format": "other/9"}))
+    with pytest.raises(VariantError, match="format 'other/9'"):
+        verify(copy_of)
+
+
+def test_refuses_to_overwrite_without_force(tiny_checkpoint, tiny_variant):
+    before = (tiny_variant / "manifest.json").read_bytes()
+    with pytest.raises(QserveError, match="already exists; pass --force"):
+        exporters.export(tiny_checkpoint, "torch-fp32", tiny_variant)
+    assert (tiny_variant / "manifest.json").read_bytes() == before
+
+
+def test_force_replaces(tiny_checkpoint, tmp_path):
+    out = tmp_path / "v"
+    first = exporters.export(tiny_checkpoint, "torch-bf16", out)
+    second = exporters.export(tiny_checkpoint, "torch-bf16", out, force=True)
+    assert verify(out)["created"] == second["created"] and first["spec"] == second["spec"]
+    assert [p.name for p in tmp_path.iterdir()] == ["v"]  # no temp or old dirs left behind
+
+
+def test_failed_export_leaves_nothing(tiny_checkpoint, tmp_path, monkeypatch):
+    import exporters.torch_dtype as td
+
+    def boom(*a, **k):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(td, "build", boom)
+    from exporters.core import ExportFailed
+
+    # A library's exception reaches the user as one line naming the variant (the cause stays chained).
+    with pytest.raises(ExportFailed, match="torch-fp32 failed for DistilBERT: RuntimeError: disk full") as e:
+        exporters.export(tiny_checkpoint, "torch-fp32", tmp_path / "v")
+    assert isinstance(e.value.__cause__, RuntimeError)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_force_export_keeps_the_old_variant(tiny_checkpoint, tmp_path, monkeypatch):
+    out = tmp_path / "v"
+    exporters.export(tiny_checkpoint, "torch-fp32", out)
+    before = (out / "manifest.json").read_bytes()
+    import exporters.torch_dtype as td
+    from exporters.core import ExportFailed
+
+    monkeypatch.setattr(td, "build", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("crash")))
+    with pytest.raises(ExportFailed, match="RuntimeError: crash"):
+        exporters.export(tiny_checkpoint, "torch-fp32", out, force=True)
+    assert (out / "manifest.json").read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["v"]
+
+
+def test_staged_dir_refuses_existing_file(tmp_path):
+    (tmp_path / "x").write_text("keep me")
+    with pytest.raises(QserveError, match="already exists"):
+        with staged_dir(tmp_path / "x"):
+            pass
+    assert (tmp_path / "x").read_text() == "keep me"
+
+
+def test_parity_shape_mismatch_fails(tiny_checkpoint, tmp_path, monkeypatch):
+    from exporters import core
+
+    monkeypatch.setattr(core, "reference_logits", lambda c, t, m, p=None, pairs=None: __import__("numpy").zeros((len(t), 3)))
+    with pytest.raises(core.ParityError, match="shape"):
+        exporters.export(tiny_checkpoint, "torch-fp32", tmp_path / "v")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_parity_tolerance_miss_warns_and_is_recorded(tiny_checkpoint, tmp_path, monkeypatch):
+    from exporters import core
+
+    monkeypatch.setitem(core.TOLERANCE, "bf16", 1e-9)
+    with pytest.warns(UserWarning, match=r"max \|Δlogit\| .* exceeds tolerance 1e-09"):
+        m = exporters.export(tiny_checkpoint, "torch-bf16", tmp_path / "v")
+    assert m["parity"]["within_tolerance"] is False
+    assert verify(tmp_path / "v")["parity"]["tolerance"] == 1e-9
+
+
+def test_runtime_predict_contract(tiny_variant):
+    rt = load_runtime(tiny_variant, device="cpu")
+    probs = rt.predict(["a great movie", "awful " * 200, "ok"])
+    assert probs.shape == (3, 2) and probs.dtype.name == "float32"
+    assert abs(float(probs.sum(axis=1).max()) - 1) < 1e-5
+    assert rt.truncated(["short", "awful " * 200]) == [False, True]
+    # the server's one-tokenization path gives the same probabilities and the same flags
+    result = rt.classify(["a great movie", "awful " * 200, "ok"])
+    assert result.truncated == [False, True, False] and abs(result.probs - probs).max() < 1e-6
+    assert result.windows == [1, 1, 1] and result.tokens == [5, 202, 3]
+    # the same text alone or padded in a batch gives the same probabilities
+    alone = rt.predict(["a great movie"])[0]
+    assert abs(alone - probs[0]).max() < 1e-5
+
+
+# -- manifest integrity (issue 14): fields that change answers cannot be edited silently ---------------
+def _edit_manifest(vdir, reseal: bool, **changes):
+    from qserve.artifact import DIGEST_KEY, manifest_digest
+
+    m = json.loads((vdir / "manifest.json").read_text())
+    m.update(changes)
+    if reseal:  # what a careful editor would do: recompute the digest too
+        m[DIGEST_KEY] = manifest_digest(m)
+    (vdir / "manifest.json").write_text(json.dumps(m))
+    return m
+
+
+def test_manifest_records_its_own_digest(tiny_variant):
+    from qserve.artifact import DIGEST_KEY, manifest_digest
+
+    m = verify(tiny_variant)
+    assert len(m[DIGEST_KEY]) == 64 and m[DIGEST_KEY] == manifest_digest(m)
+
+
+def test_swapped_labels_are_refused(copy_of):
+    _edit_manifest(copy_of, reseal=False, labels=["positive", "negative"])
+    with pytest.raises(VariantError, match="edited after export.*manifest_sha256"):
+        load_runtime(copy_of, device="cpu")
+    # Resealed: the hashed config.json still maps 0 -> negative.
+    _edit_manifest(copy_of, reseal=True, labels=["positive", "negative"])
+    with pytest.raises(VariantError, match=r"labels \['positive', 'negative'\] but the hashed config.json"):
+        load_runtime(copy_of, device="cpu")
+
+
+def test_edited_max_length_is_refused_even_when_resealed(copy_of):
+    _edit_manifest(copy_of, reseal=True, max_length=16)
+    with pytest.raises(VariantError, match="max_length 16 but the hashed qserve_model.json says 64"):
+        verify(copy_of)
+    _edit_manifest(copy_of, reseal=True, max_length=100_000)
+    with pytest.raises(VariantError, match="max_length 100000"):
+        verify(copy_of)
+
+
+def test_edited_spec_is_refused(copy_of):
+    m = json.loads((copy_of / "manifest.json").read_text())
+    _edit_manifest(copy_of, reseal=False, spec={**m["spec"], "options": {"anything": 1}})
+    with pytest.raises(VariantError, match="edited after export"):
+        verify(copy_of)
+
+
+def test_older_manifest_without_digest_loads_with_a_warning_and_is_still_cross_checked(copy_of, caplog):
+    from qserve.artifact import DIGEST_KEY
+
+    m = json.loads((copy_of / "manifest.json").read_text())
+    del m[DIGEST_KEY]
+    (copy_of / "manifest.json").write_text(json.dumps(m))
+    with caplog.at_level("WARNING", logger="qserve.artifact"):
+        assert verify(copy_of)["labels"] == ["negative", "positive"]
+    assert "no manifest_sha256" in caplog.text and "re-export" in caplog.text
+    m["labels"] = ["positive", "negative"]
+    (copy_of / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(VariantError, match="hashed config.json"):
+        verify(copy_of)
+
+
+def test_unexpected_file_is_refused_unless_allowed(copy_of, caplog):
+    (copy_of / "notes.txt").write_text("dropped in later")
+    (copy_of / "sub").mkdir()
+    (copy_of / "sub" / "model.onnx").write_bytes(b"\0" * 10)
+    with pytest.raises(VariantError, match=r"2 file\(s\) its manifest does not list: notes.txt, sub/model.onnx"
+                                           r".*--allow-extra-files"):
+        load_runtime(copy_of, device="cpu")
+    with caplog.at_level("WARNING", logger="qserve.artifact"):
+        rt = load_runtime(copy_of, device="cpu", allow_extra_files=True)
+    assert rt.predict(["fine"]).shape == (1, 2) and "notes.txt" in caplog.text
+
+
+def test_serve_and_bench_take_allow_extra_files(copy_of):
+    from qserve.serve.infra.config import config_from_sources
+
+    assert config_from_sources({}, {"QSERVE_ALLOW_EXTRA_FILES": "1"}).allow_extra_files is True
+    assert config_from_sources({"allow_extra_files": True}, {}).allow_extra_files is True
+    with pytest.raises(QserveError, match="QSERVE_ALLOW_EXTRA_FILES='maybe'"):
+        config_from_sources({}, {"QSERVE_ALLOW_EXTRA_FILES": "maybe"})
+    import subprocess
+    import sys
+
+    (copy_of / "extra.bin").write_bytes(b"x")
+    proc = subprocess.run([sys.executable, "-m", "qserve.serve", "serve", str(copy_of), "--port", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "extra.bin" in proc.stderr and "--allow-extra-files" in proc.stderr
+    from qserve.cli import build_parser
+
+    args = build_parser().parse_args(["bench", str(copy_of), "--allow-extra-files"])
+    from qserve.bench.cli import config_from_args
+
+    assert config_from_args(args).allow_extra_files is True

@@ -1,0 +1,56 @@
+"""`qserve export --all` on a checkpoint qserve did not train: failures are one line each, the rest go on.
+
+    python -m pytest tests/integration/test_export_all.py -q
+
+Real exporters on a tiny BERT (tests/tiny_archs.py) through the real CLI entry point.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tiny_archs import build
+
+from qserve.cli import main
+from qserve.variants import supported
+
+LIMIT = ("onnx-int4", "bert")
+REASON = "MatMulNBits has no kernel for it"
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory) -> Path:
+    return build("bert", tmp_path_factory.mktemp("byo") / "checkpoint")
+
+
+def test_unsupported_is_refused_up_front(bert, tmp_path, capsys, monkeypatch):
+    from qserve import variants
+
+    monkeypatch.setitem(variants.UNSUPPORTED, LIMIT, REASON)
+    assert main(["export", str(bert), "--variant", "onnx-int4", "--out", str(tmp_path / "v")]) == 2
+    assert f"qserve export: error: onnx-int4 unsupported for BERT: {REASON}" in capsys.readouterr().err
+    assert not (tmp_path / "v").exists()
+
+
+def test_all_goes_on_past_a_failed_and_an_unsupported_variant(bert, tmp_path, capsys, monkeypatch):
+    """onnx-int8 fails for real (its exporter finds no MatMul named by --keep-fp32): one stderr line with the
+    variant, the exception type and the message, no traceback. onnx-int4 is declared unsupported for BERT:
+    skipped with its reason. Every other variant is written; the exit status is 1."""
+    from qserve import variants
+
+    monkeypatch.setitem(variants.UNSUPPORTED, LIMIT, REASON)
+    out = tmp_path / "variants"
+    rc = main(["export", str(bert), "--all", "--out", str(out), "--device", "cpu", "--keep-fp32", "nonesuch",
+               "--calibration-samples", "2"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "Traceback" not in err
+    failed = [ln.strip() for ln in err.splitlines() if "failed: " in ln]
+    assert len(failed) == 2, err
+    assert failed[0].startswith("failed: onnx-int8: QserveError: option keep_fp32: 'nonesuch' matches no MatMul")
+    assert failed[1] == "failed: onnx-int8"  # the summary line
+    assert f"skipped: onnx-int4 unsupported for BERT: {REASON}" in err
+    skipped_ov = {s.name for s in supported("cpu") if f"skipped: {s.name} unavailable on this CPU" in err}
+    written = {p.parent.name for p in out.glob("*/manifest.json")}
+    assert written == {s.name for s in supported("cpu")} - {"onnx-int8", "onnx-int4"} - skipped_ov

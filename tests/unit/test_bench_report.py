@@ -1,0 +1,162 @@
+"""Report assembly and rendering from synthetic child results (no child processes here).
+
+    python -m pytest tests/unit/test_bench_report.py -q
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from qserve import QserveError
+from qserve.bench import analysis
+from qserve.bench.config import BenchConfig
+from qserve.bench.report import load_report, render_csv, render_md, summary_rows, write_reports
+from qserve.bench.stats import summarize
+
+
+def _fixed(p50s: dict[tuple[int, int], float]) -> list[dict]:
+    out = []
+    for (b, s), p in p50s.items():
+        rec = {"batch": b, "seq": s, **summarize([p * 0.9, p, p, p * 1.5])}
+        rec["throughput"] = b / (rec["mean"] / 1e3)
+        out.append(rec)
+    return out
+
+
+def _meta(name: str, dtype: str, backend: str) -> dict:
+    spec = {"name": name, "backend": backend, "bits": 32, "dtype": dtype}
+    return {"dir": f"/v/{name}", "manifest": {"spec": spec, "model_name": "m", "parity": {"agreement": 1.0}},
+            "model": {"dataset": "default"}, "config": None, "disk_bytes": 1_000_000 * (4 if dtype == "fp32" else 1)}
+
+
+def _ok(name: str, p50: float, preds: list[int]) -> dict:
+    return {"status": "ok", "name": name, "load_s": 0.5, "import_s": 1.0, "wall_s": 3.0, "device": "cpu",
+            "peak_rss_mb": 500.0, "model_rss_mb": 50.0,
+            "fixed": _fixed({(1, 128): p50, (8, 128): p50 * 4}),
+            "real_text": [{"batch": 1, **summarize([p50, p50 * 1.2]), "texts": 2, "throughput": 10.0,
+                           "mean_padded_len": 100.0}],
+            "accuracy": {"dataset": "imdb-embedded", "seed": 42, "n": 4, "accuracy": sum(preds) / 4,
+                         "predictions": preds, "seconds": 0.1}}
+
+
+def synthetic_report() -> dict:
+    cfg = BenchConfig(batch_sizes=[1, 8], seq_lens=[128], threads=2).validate()
+    metas = [_meta("torch-fp32", "fp32", "torch"), _meta("onnx-int8", "int8", "onnx"), _meta("broken", "fp32", "torch")]
+    raws = [_ok("torch-fp32", 40.0, [1, 1, 0, 0]), _ok("onnx-int8", 10.0, [1, 0, 0, 0]),
+            {"status": "failed", "error": "VariantError: tampered", "failure": "child exited with code 1",
+             "stage": "load", "returncode": 1, "log_tail": "..."}]
+    cfg_dims = {"dim": 768, "n_layers": 6, "hidden_dim": 3072, "n_heads": 12}
+    from qserve.bench.floor import flops_per_sequence
+
+    report = {
+        "format": "qserve-bench/1", "created": "2020-01-01T00:00:00+00:00",
+        "run": {"name": "synthetic", "out": "x"}, "config": cfg.to_json(),
+        "environment": {"cpu": {"model": "Test CPU", "cores": 2, "flags": ["avx2"]}, "threads": 2, "device": "cpu",
+                        "versions": {"torch": "0"}, "python": "3", "platform": "linux", "gpu": None},
+        "headline": {"batch": 1, "seq": 128}, "model": {"name": "m"},
+        "floor": {"flops_per_sequence": {"128": flops_per_sequence(cfg_dims, 128)}, "threads": 2,
+                  "peaks": {"fp32": {"gflops": 100.0, "method": "torch.matmul", "shape": [1024, 1024, 1024]},
+                            "int8": {"gflops": 400.0, "method": "onnxruntime MatMulInteger", "shape": [128, 768, 3072]}},
+                  "model_peaks": {"int8": {"gflops": 200.0, "method": "onnxruntime MatMulInteger",
+                                           "shape": [128, 768, 3072]}}},
+        "variants": [analysis.variant_entry(m, r) for m, r in zip(metas, raws)],
+    }
+    return analysis.finish(report)
+
+
+def test_agreement_speedup_and_floor_are_computed():
+    r = synthetic_report()
+    v = {x["name"]: x for x in r["variants"]}
+    assert r["agreement_reference"] == "torch-fp32" and r["speedup_reference"] == "torch-fp32"
+    assert v["torch-fp32"]["agreement"] == 1.0
+    assert v["onnx-int8"]["agreement"] == 0.75  # 3 of 4 predictions match fp32
+    assert v["onnx-int8"]["speedup_vs_torch_fp32"] == pytest.approx(4.0)
+    fl = v["onnx-int8"]["floor"]
+    assert fl["peak"] == "int8" and fl["floor_ms"] == pytest.approx(11_174_808_576 / 400e9 * 1e3)
+    assert fl["p50_over_floor"] == pytest.approx(10.0 / fl["floor_ms"])
+    assert fl["model_floor_ms"] == pytest.approx(2 * fl["floor_ms"])
+    assert v["torch-fp32"]["floor"]["peak"] == "fp32" and "model_floor_ms" not in v["torch-fp32"]["floor"]
+    assert all("_predictions" not in x for x in r["variants"])  # predictions never reach report.json
+    assert v["broken"]["status"] == "failed" and v["broken"]["stage"] == "load"
+    assert v["broken"]["speedup_vs_torch_fp32"] is None
+
+
+def test_agreement_needs_the_same_test_texts():
+    metas = [_meta("torch-fp32", "fp32", "torch"), _meta("onnx-int8", "int8", "onnx")]
+    a, b = _ok("torch-fp32", 40.0, [1, 1, 0, 0]), _ok("onnx-int8", 10.0, [1, 1, 0, 0])
+    b["accuracy"]["seed"] = 7  # another split: agreement would compare different texts
+    rep = {"headline": {"batch": 1, "seq": 128}, "floor": {},
+           "variants": [analysis.variant_entry(m, x) for m, x in zip(metas, [a, b])]}
+    analysis.finish(rep)
+    assert rep["variants"][0]["agreement"] == 1.0 and rep["variants"][1]["agreement"] is None
+
+
+def test_md_has_every_column_and_states_the_floor():
+    md = render_md(synthetic_report())
+    for col in ("size (MB)", "load (s)", "p50 b1/s128 (ms)", "p99 b1/s128 (ms)", "throughput b8/s128 (seq/s)",
+                "peak RSS (MiB)", "accuracy", "agreement vs torch-fp32", "speed-up vs torch-fp32",
+                "floor b1/s128 (ms)", "p50/floor"):
+        assert col in md, col
+    assert "11.175 GFLOP" in md  # the distilbert-base-dims count at S=128
+    assert "| onnx-int8 | 1.0 | 0.50 | 10.00 |" in md
+    assert "4.00×" in md and "75.00%" in md
+    assert "broken **FAILED**" in md and "## Failures" in md and "VariantError: tampered" in md
+    assert "Test CPU" in md and "threads: 2" in md
+
+
+def test_checks_section_says_pass_fail_context_or_not_measured():
+    r = synthetic_report()
+    r["checks"] = [
+        {"name": "speed-up", "value": 3.5, "unit": "×", "target": ">= 3.0×", "passed": True},
+        {"name": "floor ratio", "value": 1.9, "unit": "×", "target": "<= 1.5×", "passed": False},
+        {"name": "context ratio", "value": 1.8, "unit": "×", "target": "(context)", "passed": None},
+        {"name": "missing ratio", "value": None, "unit": "×", "target": "<= 1.5×", "passed": None},
+    ]
+    md = render_md(r)
+    assert "| speed-up | 3.50× | >= 3.0× | **pass** |" in md
+    assert "| floor ratio | 1.90× | <= 1.5× | **FAIL** |" in md
+    assert "| context ratio | 1.80× | (context) | – |" in md
+    assert "| missing ratio | – | <= 1.5× | not measured |" in md
+
+
+def test_csv_rows_and_summary():
+    r = synthetic_report()
+    rows = list(csv.DictReader(io.StringIO(render_csv(r))))
+    kinds = [(x["variant"], x["kind"], x["batch"]) for x in rows]
+    assert ("torch-fp32", "fixed", "1") in kinds and ("onnx-int8", "real_text", "1") in kinds
+    assert ("broken", "failed", "") in kinds
+    s = {x["variant"]: x for x in summary_rows(r)}
+    assert s["onnx-int8"]["throughput"] == pytest.approx(r["variants"][1]["fixed"][1]["throughput"])
+
+
+def test_write_and_rerender_from_json(tmp_path):
+    from qserve.cli import main
+
+    r = synthetic_report()
+    written = write_reports(r, tmp_path / "rep")
+    names = sorted(p.name for p in written)
+    assert names == ["accuracy_vs_size.png", "decision.png", "latency_vs_batch.png", "report.csv", "report.html",
+                     "report.json", "report.md"]
+    md = (tmp_path / "rep" / "report.md").read_text()
+    csv_text = (tmp_path / "rep" / "report.csv").read_text()
+    (tmp_path / "rep" / "report.md").unlink()
+    (tmp_path / "rep" / "report.csv").unlink()
+    assert main(["report", str(tmp_path / "rep")]) == 0
+    assert (tmp_path / "rep" / "report.md").read_text() == md
+    assert (tmp_path / "rep" / "report.csv").read_text() == csv_text
+    assert main(["report", str(tmp_path / "rep" / "report.json"), "--out", str(tmp_path / "other")]) == 0
+    assert (tmp_path / "other" / "report.md").read_text() == md
+    assert json.loads((tmp_path / "other" / "report.json").read_text()) == json.loads(
+        (tmp_path / "rep" / "report.json").read_text())
+
+
+def test_load_report_rejects_other_files(tmp_path):
+    with pytest.raises(QserveError, match="does not exist"):
+        load_report(tmp_path)
+    (tmp_path / "report.json").write_text('{"format": "something-else"}')
+    with pytest.raises(QserveError, match="not a qserve bench report"):
+        load_report(tmp_path)

@@ -1,0 +1,111 @@
+"""The docs build cleanly and their measured tables match the reports' JSON.
+
+    python -m pytest -q tests/unit/test_docs.py
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import render_tables  # noqa: E402
+
+
+def _mkdocs(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_mkdocs_build_strict_has_no_warning(tmp_path):
+    res = _mkdocs(ROOT / "mkdocs.yml", tmp_path / "site")
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "WARNING" not in out, out
+    page = (tmp_path / "site" / "measurements" / "index.html").read_text(encoding="utf-8")
+    assert "ov-bf16" in page and "<table>" in page  # the rendered tables made it into the site
+
+
+def test_mkdocs_strict_fails_on_a_broken_link(tmp_path):
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    with open(tmp_path / "docs" / "bench.md", "a", encoding="utf-8") as f:
+        f.write("\nSee [a page that does not exist](no-such-page.md).\n")
+    res = _mkdocs(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert res.returncode != 0
+    assert "no-such-page.md" in res.stdout + res.stderr
+
+
+def test_every_table_matches_its_report_json(capsys):
+    rc = render_tables.main(["--check"])
+    assert rc == 0, capsys.readouterr().out
+
+
+def test_a_hand_edited_table_number_is_caught_and_rewritten(tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index("<!-- table:embedded-default -->")
+    row_at = text.index("| onnx-int8 |", start)
+    row_end = text.index("\n", row_at)
+    cells = text[row_at:row_end].split(" | ")
+    cells[2] = "0.01"  # the b1 p50 column, edited by hand
+    readme.write_text(text[:row_at] + " | ".join(cells) + text[row_end:], encoding="utf-8")
+    assert render_tables.main(["--check", str(readme)]) == 1
+    assert "0.01" in capsys.readouterr().out
+    assert render_tables.main([str(readme)]) == 0
+    assert readme.read_text(encoding="utf-8") == text
+
+
+def test_unknown_table_name_is_refused(tmp_path):
+    doc = tmp_path / "x.md"
+    doc.write_text("<!-- table:no-such-table -->\n<!-- /table -->\n", encoding="utf-8")
+    try:
+        render_tables.main(["--check", str(doc)])
+    except SystemExit as e:
+        assert "no-such-table" in str(e) and "embedded-default" in str(e)
+    else:
+        raise AssertionError("an unknown table name was accepted")
+
+
+def test_readme_is_a_front_door():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 170
+    for must in ("make demo", "make test", "qserve export", "qserve bench", "qserve serve", "curl ", "--engine ray",
+                 "<!-- table:embedded-default -->", "docs/measurements.md"):
+        assert must in text, must
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        assert page.name in nav, f"{page.name} is not in mkdocs.yml's nav"
+
+
+def test_a_pending_report_renders_not_measured_and_fills_in_once_it_exists(tmp_path, monkeypatch):
+    # the long-text tables read three checkpoints' reports and the served-windows one; a stage not run yet
+    # is a "not measured" column (or row), never a crash, and its numbers appear as soon as its JSON does
+    import json
+
+    monkeypatch.setattr(render_tables, "REPORTS", tmp_path)
+    committed = ROOT / "benchmarks" / "reports"
+    (tmp_path / "long-text").mkdir()
+    shutil.copy(committed / "long-text" / "report.json", tmp_path / "long-text" / "report.json")
+    table = render_tables.long_text_policies()
+    head_row = next(line for line in table.splitlines() if line.startswith("| head |"))
+    cells = [c.strip() for c in head_row.strip("|").split("|")]
+    assert cells[1:3] == ["not measured"] * 2 and cells[5:7] == ["not measured"] * 2  # head-trained, full data
+    assert cells[3].endswith("%") and cells[3] != "not measured"  # the head-tail checkpoint's own accuracy
+    assert "STAGE=long-text-head" in table and "STAGE=long-text-full" in table
+    assert "not measured" in render_tables.serve_windows() and "STAGE=serve-windows" in render_tables.serve_windows()
+
+    report = json.loads((committed / "long-text" / "report.json").read_text(encoding="utf-8"))
+    for p in report["variants"][0]["long_text_policies"]:
+        p["accuracy"] = 0.5  # a different checkpoint: its own numbers, in its own columns
+    (tmp_path / "long-text-head").mkdir()
+    (tmp_path / "long-text-head" / "report.json").write_text(json.dumps(report), encoding="utf-8")
+    head_row = next(line for line in render_tables.long_text_policies().splitlines() if line.startswith("| head |"))
+    cells = [c.strip() for c in head_row.strip("|").split("|")]
+    assert cells[1] == "50.00%" and cells[3] != "50.00%" and cells[5] == "not measured"

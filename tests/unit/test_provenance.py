@@ -1,0 +1,133 @@
+"""Report provenance (command, commit, CPU) and `make reports`' refusal to regenerate on another CPU.
+
+    python -m pytest -q tests/unit/test_provenance.py
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from qserve.provenance import command_line, git_commit, md_line, provenance, recorded_cpu, with_header
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import rebuild_reports  # noqa: E402
+
+
+def test_provenance_names_command_commit_and_cpu():
+    from qserve.devices import cpu_info
+
+    info = cpu_info()
+    p = provenance(["benchmarks/serve_bench.py", "models/x", "--duration", "15"])
+    assert p["command"] == "python benchmarks/serve_bench.py models/x --duration 15"
+    assert p["cpu"] == info["model"]
+    assert p["amx"] is any(f.startswith("amx") for f in info["flags"])
+    assert p["commit"] == "unknown" or re.fullmatch(r"[0-9a-f]{40}", p["commit"])
+
+
+def test_commit_is_unknown_outside_git(tmp_path):
+    assert git_commit(tmp_path) == "unknown"
+
+
+def test_command_line_is_what_a_user_retypes():
+    assert command_line(["/venv/bin/qserve", "bench", "a dir"]) == "qserve bench 'a dir'"
+    assert command_line([str(ROOT / "qserve" / "__main__.py"), "serve"]) == "qserve serve"
+    assert command_line([str(ROOT / "benchmarks" / "flood_bench.py"), "v"]) == "python benchmarks/flood_bench.py v"
+
+
+def test_md_header_goes_under_the_title_once():
+    prov = {"command": "qserve bench v", "commit": "abc", "cpu": "Some CPU", "amx": False}
+    md = with_header("# Title\n\nBody.\n", prov)
+    assert md.splitlines()[:3] == ["# Title", "", md_line(prov)]
+    assert "AMX no" in md_line(prov) and "`abc`" in md_line(prov)
+    assert with_header(md, prov) == md
+    assert with_header("# T\n", None) == "# T\n"
+
+
+@pytest.mark.parametrize("report, cpu", [
+    ({"provenance": {"cpu": "A"}, "environment": {"cpu": {"model": "B"}}}, "A"),
+    ({"environment": {"cpu": {"model": "B", "flags": []}}}, "B"),
+    ({"cpu": {"model": "C"}}, "C"),
+    ({"cpu": "Intel(R) Xeon(R) Processor, AMX (amx_bf16 amx_int8)"}, "Intel(R) Xeon(R) Processor"),
+    ({"cpu": "AMD EPYC, no AMX"}, "AMD EPYC"),
+    ({"machine": {"cpu": "D", "amx": True}}, "D"),
+    ({}, None),
+])
+def test_recorded_cpu_reads_every_report_layout(report, cpu):
+    assert recorded_cpu(report) == cpu
+
+
+def _reports():
+    # a pending stage (a new benchmark not yet run on its machine) has no report to check until it runs
+    return [r for s in rebuild_reports.STAGES for r in s.reports if not (s.pending and not (ROOT / r.json).exists())]
+
+
+@pytest.mark.parametrize("report", _reports(), ids=lambda r: r.json)
+def test_every_committed_report_records_its_provenance(report):
+    # only a pending stage may lack its report (_reports() leaves those out): any other missing one fails
+    assert (ROOT / report.json).is_file(), f"{report.json} is missing: `make reports STAGE=...` writes it"
+    data = json.loads((ROOT / report.json).read_text(encoding="utf-8"))
+    prov = data["provenance"]
+    assert prov["command"] and prov["commit"] and prov["cpu"] and isinstance(prov["amx"], bool)
+    assert prov["cpu"] == recorded_cpu({k: v for k, v in data.items() if k != "provenance"}) or "note" in prov
+    if report.md:
+        md = (ROOT / report.md).read_text(encoding="utf-8")
+        assert md_line(prov) in md.split("\n")[:6], f"{report.md} lacks its provenance header"
+
+
+def test_every_report_writing_script_records_provenance():
+    for script in sorted((ROOT / "benchmarks").glob("*.py")):
+        text = script.read_text(encoding="utf-8")
+        writes_report = re.search(r"write_json_atomic\(|report\.json\"\)\.write_text|gpu_check\.json", text)
+        if writes_report and script.name not in ("distilbert_base_speed.py", "rebuild_reports.py"):
+            assert "provenance()" in text, f"{script.name} writes a report without provenance"
+    # distilbert_base_speed.py writes through run_bench, which records it
+    assert "provenance()" in (ROOT / "qserve" / "bench" / "runner.py").read_text(encoding="utf-8")
+
+
+def _copy_stage(stage, root: Path) -> None:
+    for r in stage.reports:
+        for rel in filter(None, (r.json, r.md)):
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / rel, root / rel)
+
+
+def test_a_stage_refuses_another_cpu_and_force_only_rerenders(tmp_path):
+    stage = rebuild_reports.BY_NAME["serve"]
+    _copy_stage(stage, tmp_path)
+    recorded = json.loads((tmp_path / stage.reports[0].json).read_text())["provenance"]["cpu"]
+    action, why = rebuild_reports.plan(stage, "Some Other CPU", force=False, root=tmp_path)
+    assert action == "refuse" and recorded in why and "Some Other CPU" in why and "FORCE=1" in why
+    assert rebuild_reports.plan(stage, "Some Other CPU", force=True, root=tmp_path)[0] == "rerender"
+    assert rebuild_reports.plan(stage, recorded, force=False, root=tmp_path)[0] == "run"
+    assert rebuild_reports.plan(stage, "Some Other CPU", force=False, root=tmp_path / "empty")[0] == "run"
+    md = tmp_path / stage.reports[0].md
+    committed = md.read_text(encoding="utf-8")
+    md.write_text("stale\n", encoding="utf-8")
+    assert rebuild_reports.rerender(stage, tmp_path) == [f"{stage.reports[0].md}: re-rendered from {stage.reports[0].json}"]
+    assert md.read_text(encoding="utf-8") == committed  # md is a pure function of the JSON, header included
+
+
+@pytest.mark.parametrize("name", ["crosscheck", "int8-invariance", "openvino", "serve-ray", "serve-openvino", "flood"])
+def test_rerender_reproduces_the_committed_md(tmp_path, name):
+    stage = rebuild_reports.BY_NAME[name]
+    _copy_stage(stage, tmp_path)
+    done = rebuild_reports.rerender(stage, tmp_path)
+    assert done
+    for r in stage.reports:
+        if r.md and r.render:
+            assert (tmp_path / r.md).read_text(encoding="utf-8") == (ROOT / r.md).read_text(encoding="utf-8"), r.md
+
+
+def test_stages_document_a_duration_and_unknown_stage_is_refused(capsys):
+    for s in rebuild_reports.STAGES:
+        assert "min" in s.duration and s.commands and s.reports
+    assert rebuild_reports.main(["no-such-stage"]) == 2
+    assert "embedded-default" in capsys.readouterr().err

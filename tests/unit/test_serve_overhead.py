@@ -1,0 +1,118 @@
+"""The serving-overhead benchmark's pieces: the wrk script it generates (run by the real wrk), its summary and report.
+
+    python -m pytest tests/unit/test_serve_overhead.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from conftest import load_benchmark
+
+so = load_benchmark("serve_overhead")
+
+TRICKY = ['a "quoted" review \\ with a backslash', "two\nlines\r and a tab\t", "café — naïve ☃", "plain"]
+
+
+def test_wrk_posts_each_review_as_its_own_json_body():
+    """The generated Lua, run by the real wrk against a loopback server, sends exactly the reviews' bodies."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        pytest.skip("wrk is not installed (apt-get install wrk)")
+    got: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):  # noqa: N802 - http.server's name
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            got.append({"path": self.path, "type": self.headers["Content-Type"], "body": json.loads(body)})
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        import tempfile
+        from pathlib import Path
+
+        with tempfile.TemporaryDirectory() as d:
+            lua = Path(d) / "r.lua"
+            lua.write_text(so.wrk_script(TRICKY), encoding="utf-8")
+            out = subprocess.run([wrk, "-t1", "-c1", "-d1s", "--latency", "-s", str(lua),
+                                  f"http://127.0.0.1:{srv.server_address[1]}"], capture_output=True, text=True,
+                                 check=True, timeout=30)
+    finally:
+        srv.shutdown()
+    summary = so.parse_wrk(out.stdout)
+    assert summary["requests"] >= len(TRICKY) and summary["errors"] == 0 and summary["p50_us"] > 0
+    # in turn (wrk builds one request at start-up, so the turn may begin past the first review)
+    sent = [g["body"]["inputs"][0] for g in got]
+    start = TRICKY.index(sent[0])
+    assert sent == [TRICKY[(start + k) % len(TRICKY)] for k in range(len(sent))]
+    assert {g["path"] for g in got} == {"/v1/classify"} and {g["type"] for g in got} == {"application/json"}
+
+
+def test_parse_wrk_names_a_missing_summary():
+    with pytest.raises(RuntimeError, match="no summary"):
+        so.parse_wrk("Running 1s test\nconnection refused")
+
+
+def _level(p50: float, req_s: float, cpu: float) -> dict:
+    return {"requests": 100, "errors": 0, "p50_ms": p50, "p99_ms": p50 * 2, "req_s": req_s,
+            "server_cpu_ms_per_req": cpu, "client_cpu_ms_per_req": 0.05}
+
+
+def test_summary_and_render_hold_the_targets():
+    inproc = {"b1": {"p50_ms": 8.0, "calls": 10, "cpu_ms_per_call": 9.0},
+              "b32": {"texts_per_s": 140.0, "cpu_ms_per_text": 13.0, "texts": 300}}
+    good = {"answers_max_abs_diff": 0.0, "label_flips": 0, "levels": {"1": _level(8.6, 110, 9.4),
+                                                                       "32": _level(30, 136.0, 14.0)}}
+    bad = {"answers_max_abs_diff": 0.0, "label_flips": 0, "levels": {"1": _level(12.0, 80, 14.0),
+                                                                      "32": _level(40, 120.0, 16.0)}}
+    s = so.summarize(inproc, good)
+    assert s["overhead_ms"] == pytest.approx(0.6) and s["overhead_ok"]
+    assert s["throughput_ratio"] == pytest.approx(136 / 140) and s["throughput_ok"]
+    assert s["server_cpu_ms_over_model_c1"] == pytest.approx(0.4)
+    sb = so.summarize(inproc, bad)
+    assert not sb["overhead_ok"] and not sb["throughput_ok"]
+    # the median over rounds, key by key; flips and errors keep their worst round
+    m = so._median([{"in_process": inproc, "served": good}, {"in_process": inproc, "served": bad},
+                    {"in_process": inproc, "served": {**good, "label_flips": 3}}])
+    assert m["served"]["levels"]["1"]["p50_ms"] == 8.6 and m["served"]["label_flips"] == 3
+    rep = {"created": "now", "environment": {"cpu": {"model": "Some CPU", "flags": ["amx_int8"]}, "cpu_count": 2},
+           "settings": {"threads": 2, "long_text": "head", "texts": 4, "mean_chars": 1170.0, "duration_s": 1,
+                        "rounds": 1, "log_level": "info", "baseline_ref": "b7b3591", "load_generator": "wrk -t1",
+                        "targets": {"overhead_ms": 1.0, "throughput_ratio": 0.95}},
+           "variants": [{"name": "onnx-int8", "codes": {
+               "before": {"in_process": inproc, "served": bad, "summary": sb},
+               "after": {"in_process": inproc, "served": good, "summary": s}}}]}
+    md = so.render(rep)
+    assert "Some CPU, AMX (amx_int8)" in md and "`b7b3591`" in md
+    assert "| onnx-int8 | before |" in md and "**4.00** ✗" in md and "**0.60** ✓" in md
+    assert not so.failed(rep)
+    rep["variants"][0]["codes"]["after"]["summary"] = sb
+    assert so.failed(rep)
+
+
+def test_onnx_sessions_do_not_spin_between_runs():
+    """Spinning pool threads took the event loop's core between a server's requests (benchmarks/serve_overhead.py)."""
+    import onnxruntime as ort
+
+    from qserve.runtime.onnx_rt import session_options
+
+    so_ = session_options(ort, 2)
+    assert so_.intra_op_num_threads == 2
+    assert so_.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert so_.get_session_config_entry("session.inter_op.allow_spinning") == "0"
