@@ -1,12 +1,13 @@
-"""The offline GPU check's summary: every stage's outcome, versions and numbers, as gpu_check.json + summary.md.
+"""The offline GPU check's summary: every stage's outcome, versions and numbers, as JSON and as markdown.
 
     python benchmarks/gpu_tools.py summary WORK_DIR OUT_DIR      # the CLI (run by benchmarks/gpu_check.sh)
+
+collect() reads the work dir, render() makes the md; gpu_tools.summary writes both with provenance.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ def read_skipped(path: Path) -> dict[str, str]:
 
 
 def collect(work: Path) -> dict[str, Any]:
-    """Everything the check produced, as one JSON-shaped dict (gpu_check.json)."""
+    """Everything the check produced, as one JSON-shaped dict (what gpu_tools.summary writes)."""
     out: dict[str, Any] = {"format": "qserve-gpu-check/1", "run": _read(work / "run.json") or {},
                            "env": _read(work / "env.json"), "stages": read_stages(work / "stages.tsv"),
                            "training": {}, "variants": {}, "skipped": read_skipped(work / "skipped.tsv"),
@@ -140,17 +141,3 @@ def render(data: dict[str, Any]) -> str:
         L += [f"- {name}: {why}" for name, why in data["skipped"].items()]
     L += ["", "Logs, train metrics, manifests and the full bench report are in gpu_check_files.tar.gz.", ""]
     return "\n".join(L)
-
-
-def summary(work: Path, out: Path) -> dict[str, Any]:
-    data = collect(work)
-    from qserve.provenance import provenance, with_header
-
-    data["provenance"] = provenance()
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in (("gpu_check.json", json.dumps(data, indent=2, default=str)),
-                       ("summary.md", with_header(render(data), data["provenance"]))):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, out / name)
-    return data

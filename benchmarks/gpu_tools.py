@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its two halves beside this script
 
 from gpu_pack import TRANSPORT, _file_metadata, pack_dist, slim_wheel, unpack  # noqa: E402,F401
-from gpu_summary import summary  # noqa: E402
+from gpu_summary import collect, render  # noqa: E402
 
 
 # -- there: probing ----------------------------------------------------------------------------
@@ -110,6 +110,20 @@ def ort_cuda_status() -> dict[str, Any]:
         return {"ok": True, "reason": f"onnxruntime-gpu {ort.__version__}: CUDAExecutionProvider starts"}
     except Exception as e:  # noqa: BLE001
         return {"ok": False, "reason": f"CUDAExecutionProvider failed: {type(e).__name__}: {e}"[:400]}
+
+
+def summary(work: Path, out: Path) -> dict[str, Any]:
+    data = collect(work)
+    from qserve.provenance import provenance, with_header
+
+    data["provenance"] = provenance()
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in (("gpu_check.json", json.dumps(data, indent=2, default=str)),
+                       ("summary.md", with_header(render(data), data["provenance"]))):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, out / name)
+    return data
 
 
 def main(argv: list[str] | None = None) -> int:
