@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))  # netutil beside this script
 OUT = REPO / "benchmarks" / "reports" / "byo-bert"
 BAR = {"ov-int8": 0.99}
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -83,30 +83,20 @@ def serve_check(variant: Path) -> dict:
     """`qserve serve` on `variant` in a child; one request, compared with the in-process answer."""
     import httpx2
 
+    from netutil import free_port, start, stop, wait_ready
     from qserve.runtime import load_runtime
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "qserve", "serve", str(variant), "--port", str(port),
-                             "--device", "cpu"], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    port = free_port()
+    proc = start([sys.executable, "-m", "qserve", "serve", str(variant), "--port", str(port), "--device", "cpu"],
+                 REPO, subprocess.DEVNULL, ENV)
     text = "A wonderful, moving film with superb performances."
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            try:
-                if httpx2.get(url + "/ready", trust_env=False, timeout=5).status_code == 200:
-                    break
-            except httpx2.HTTPError:
-                pass
-            time.sleep(0.5)
+        wait_ready(url, proc, 180)
         r = httpx2.post(url + "/v1/classify", json={"inputs": text}, trust_env=False, timeout=30)
         served = max(p["score"] for p in r.json()["predictions"][0])
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        stop(proc)
     rt = load_runtime(variant, "cpu")
     local = float(rt.predict([text]).max())
     rt.close()

@@ -22,6 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # reportio beside this script
 
 
 def measure(precision: str, saves: int, scratch: Path, model_name: str = "default") -> dict:
@@ -66,9 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "reports" / "checkpoint_cost")
     args = p.parse_args(argv)
 
-    from qserve.artifact import now_iso, write_json_atomic, write_text_atomic
+    from qserve.artifact import now_iso
+    from reportio import write_report
     from qserve.devices import cpu_label
-    from qserve.provenance import provenance, with_header
+    from qserve.provenance import provenance
 
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -84,9 +86,7 @@ def main(argv: list[str] | None = None) -> int:
              "|---|---:|---:|---:|---:|"]
     lines += [f"| {r['precision']} | {r['bytes'] / 1e6:.0f} | {r['wall_s_median']:.2f} | {r['cpu_s_median']:.2f} | "
               f"{100 * r['share_at_default_interval']:.2f}% |" for r in rows]
-    write_json_atomic(args.out / "checkpoint_cost.json", rep)
-    write_text_atomic(args.out / "checkpoint_cost.md", with_header("\n".join(lines) + "\n", rep["provenance"]))
-    print("\n".join(lines))
+    write_report(args.out, rep, "\n".join(lines) + "\n", "checkpoint_cost")
     return 0
 
 

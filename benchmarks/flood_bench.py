@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import socket
 import statistics
 import subprocess
@@ -36,35 +35,22 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # netutil beside this script
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from netutil import archive_tree, free_port, start, stop as stop_server, wait_ready  # noqa: E402
 
 
 def start_server(variant: Path, code_root: Path, args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen, int]:
+    # -c, not -m: the server prints which tree's qserve it runs (the baseline's or this checkout's)
     port = free_port()
     cmd = [sys.executable, "-c", "import sys, qserve; print('qserve from', qserve.__file__, flush=True); "
            "sys.argv = ['qserve', *sys.argv[1:]]; import runpy; runpy.run_module('qserve.serve', run_name='__main__')",
            "serve", str(variant), "--port", str(port), "--max-inputs", str(args.max_inputs), "--max-queue",
            str(args.max_queue), "--threads", str(args.threads), "--log-level", "warning"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(code_root)}
-    proc = subprocess.Popen(cmd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=code_root)
-    deadline = time.monotonic() + 180
-    while True:
-        if proc.poll() is not None:
-            raise SystemExit(f"server from {code_root} exited: {log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as r:
-                if r.status == 200:
-                    return proc, port
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit("server not ready after 180 s")
-        time.sleep(0.2)
+    logf = open(log, "w")
+    proc = start(cmd, code_root, logf)
+    wait_ready(f"http://127.0.0.1:{port}", proc, 180, f"server from {code_root}", logf)
+    return proc, port
 
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:
@@ -206,10 +192,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="flood-"))
     sides = {"current": ROOT}
     if args.baseline_ref:
-        old = work / "baseline"
-        old.mkdir()
-        subprocess.run(f"git -C {ROOT} archive {args.baseline_ref} qserve | tar -x -C {old}", shell=True, check=True)
-        sides = {"baseline": old, "current": ROOT}
+        sides = {"baseline": archive_tree(ROOT, args.baseline_ref, work / "baseline"), "current": ROOT}
     servers = {name: start_server(args.variant_dir.resolve(), root, args, work / f"{name}.log")
                for name, root in sides.items()}
     text = "A wonderful, moving film with superb performances."
@@ -243,8 +226,7 @@ def main() -> int:
         closed = {k[1][0][1]: v for k, v in scrape(port).items() if k[0] == "qserve_connections_closed_total"}
     finally:
         for proc, _ in servers.values():
-            proc.terminate()
-            proc.wait(60)
+            stop_server(proc)
     from qserve.provenance import provenance, with_header
 
     report = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},

@@ -27,7 +27,6 @@ import logging
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -39,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # netutil beside this script
 
+import netutil  # noqa: E402
 from qserve import QserveError  # noqa: E402
 
 log = logging.getLogger("lifecycle_bench")
@@ -46,55 +46,21 @@ MODEL = "m"
 
 
 # -- servers --------------------------------------------------------------------------------------
-class Server:
+class Server(netutil.Server):
     """`qserve serve --model-repository ROOT` in a child process (its own GIL), ready to take load."""
 
     def __init__(self, args: argparse.Namespace, root: Path, workdir: Path, tag: str, shadow: bool):
-        from netutil import free_port
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "qserve.serve", "serve", "--model-repository", str(root), "--port",
-               str(self.port), "--device", args.device, "--log-level", "warning"]
+        flags = ["--model-repository", str(root), "--device", args.device, "--log-level", "warning"]
         if args.threads:
-            cmd += ["--threads", str(args.threads)]
+            flags += ["--threads", str(args.threads)]
         if shadow:
-            cmd += ["--shadow", f"{MODEL}={args.reference}", "--shadow-rate", str(args.shadow_rate)]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-        self.tag = tag
-        self.logf = open(workdir / f"server-{tag}.log", "w+")
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.logf, stderr=subprocess.STDOUT, cwd=ROOT)
-
-    def wait_ready(self) -> Server:
-        import httpx2
-
-        deadline = time.monotonic() + 300
-        while True:
-            if self.proc.poll() is not None:
-                raise QserveError(f"{self.tag} server exited ({self.proc.returncode}): "
-                                  f"{Path(self.logf.name).read_text()[-2000:]}")
-            try:
-                if httpx2.get(f"{self.url}/ready", timeout=2, trust_env=False).status_code == 200:
-                    break
-            except httpx2.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise QserveError(f"{self.tag} server not ready after 300 s")
-            time.sleep(0.2)
-        return self
+            flags += ["--shadow", f"{MODEL}={args.reference}", "--shadow-rate", str(args.shadow_rate)]
+        super().__init__(flags, ROOT, workdir / f"server-{tag}.log", tag=f"{tag} server")
 
     def model(self) -> dict[str, Any]:
         import httpx2
 
         return httpx2.get(f"{self.url}/v1/models", timeout=30, trust_env=False).json()["models"][0]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.logf.close()
 
 
 class RssSampler:

@@ -38,6 +38,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # reportio beside this script
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
@@ -273,10 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[k] = str(args.threads)
 
-    from qserve.artifact import library_versions, now_iso, write_json_atomic, write_text_atomic
+    from qserve.artifact import library_versions, now_iso
+    from reportio import write_report
     from qserve.bench.envinfo import load_avg
     from qserve.devices import cpu_info
-    from qserve.provenance import provenance, with_header
+    from qserve.provenance import provenance
     from qserve.runtime import RuntimeOptions, load_runtime
 
     labels = args.labels.split(",")
@@ -324,10 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     report["environment"] = env
     report["goals"] = goals(report)
     report["provenance"] = provenance()
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out / "report.json", report)
-    write_text_atomic(args.out / "report.md", with_header(render(report), report["provenance"]))
-    print(render(report))
+    write_report(args.out, report, render(report))
     return 0
 
 

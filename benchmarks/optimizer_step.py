@@ -20,6 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # reportio beside this script
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,9 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from optimi import AdamW as KahanAdamW
 
-    from qserve.artifact import now_iso, write_json_atomic, write_text_atomic
+    from qserve.artifact import now_iso
+    from reportio import write_report
     from qserve.devices import cpu_label
-    from qserve.provenance import provenance, with_header
+    from qserve.provenance import provenance
     from qserve.modeling import load_for_training
 
     fp32, _, name = load_for_training("default", ["negative", "positive"])
@@ -74,10 +76,7 @@ def main(argv: list[str] | None = None) -> int:
              "| optimizer | step (ms) | vs fp32 AdamW | rounds (ms) |", "|---|---:|---:|---|"]
     for k, v in rep["ms"].items():
         lines.append(f"| {k} | {v['median']:.1f} | {v['median'] / base:.2f}x | {', '.join(f'{x:.1f}' for x in v['rounds'])} |")
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out / "optimizer_step.json", rep)
-    write_text_atomic(args.out / "optimizer_step.md", with_header("\n".join(lines) + "\n", rep["provenance"]))
-    print("\n".join(lines))
+    write_report(args.out, rep, "\n".join(lines) + "\n", "optimizer_step")
     return 0
 
 

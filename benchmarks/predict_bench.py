@@ -28,7 +28,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # netutil beside this script
+
+from netutil import free_port  # noqa: E402
 OUT = ROOT / "benchmarks" / "reports" / "predict"
 CHUNK_ROWS = 2048  # predict's default; --chunk-rows (smoke runs: small, so several actors get batches)
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
@@ -103,16 +105,10 @@ def predict(target: str, corpus: Path, out: Path, *extra: str, env: dict[str, st
             "peak_rss_mib": run["peak_rss_mib"], "cpu_s": run["cpu_s"], "command": " ".join(cmd[2:])}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ports() -> list[str]:
     flags = ("--node-manager-port", "--object-manager-port", "--metrics-export-port", "--dashboard-agent-listen-port",
              "--dashboard-agent-grpc-port", "--runtime-env-agent-port")
-    return [x for f in flags for x in (f, str(_free_port()))]  # two nodes on one machine must not share one
+    return [x for f in flags for x in (f, str(free_port()))]  # two nodes on one machine must not share one
 
 
 def two_node_cluster(head_cpus: int, worker_cpus: int) -> tuple[str, Path, dict[str, str]]:
@@ -123,7 +119,7 @@ def two_node_cluster(head_cpus: int, worker_cpus: int) -> tuple[str, Path, dict[
     ray_bin = str(Path(sys.executable).with_name("ray"))
     temp = Path(tempfile.mkdtemp(prefix="qserve-predict-ray-", dir="/tmp"))
     env = {**ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
-    port = _free_port()
+    port = free_port()
     common = ["--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
     address = f"127.0.0.1:{port}"
     try:

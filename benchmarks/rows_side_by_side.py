@@ -22,6 +22,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # reportio beside this script
 
 MODES = {"batched": {"batch_dependent": "batched"}, "rows, one at a time": {"row_workers": 1},
          "rows, side by side": {}}
@@ -70,10 +71,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
 
-    from qserve.artifact import now_iso, write_json_atomic, write_text_atomic
+    from qserve.artifact import now_iso
+    from reportio import write_report
     from qserve.data.datasets import load_dataset
     from qserve.devices import cpu_label, usable_cores
-    from qserve.provenance import provenance, with_header
+    from qserve.provenance import provenance
     from qserve.runtime import RuntimeOptions, load_runtime
     from qserve.bench.loadtest import default_texts
 
@@ -90,10 +92,7 @@ def main(argv: list[str] | None = None) -> int:
            "rounds": args.rounds, "batches": [1, 32], "sets": {k: len(v) for k, v in sets.items()},
            "rates": measure(rts, sets, [1, 32], args.rounds), "max_abs_dprob_vs_alone": dprob,
            "provenance": provenance()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out / "report.json", rep)
-    write_text_atomic(args.out / "report.md", with_header(render(rep), rep["provenance"]))
-    print(render(rep))
+    write_report(args.out, rep, render(rep))
     return 0
 
 

@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -114,46 +113,19 @@ def model_b1_from_report(path: Path, name: str, variant: Path) -> dict[str, Any]
     return {"path": str(path), "error": f"no variant named {name!r} in the report"}
 
 
-def scrape_batches(url: str) -> tuple[float, float]:
-    """(number of forwards, texts in them) from the server's batch-size histogram."""
-    import httpx2
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx2.get(f"{url}/metrics", timeout=10, trust_env=False).text
-    vals = {s.name: s.value for f in text_string_to_metric_families(text) if f.name == "qserve_batch_size"
-            for s in f.samples if s.name.endswith(("_count", "_sum"))}
-    return vals.get("qserve_batch_size_count", 0.0), vals.get("qserve_batch_size_sum", 0.0)
-
-
 def run_server(args: argparse.Namespace, max_batch_size: int, texts: list[str], workdir: Path) -> dict[str, Any]:
-    import httpx2
-    from netutil import free_port
+    from netutil import Server, scrape_batches
     from qserve.bench.loadtest import run_loadtest
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "qserve.serve", "serve", str(args.variant_dir), "--port", str(port),
-           "--max-batch-size", str(max_batch_size), "--device", args.device, "--log-level", "warning"]
+    flags = [str(args.variant_dir), "--max-batch-size", str(max_batch_size), "--device", args.device,
+             "--log-level", "warning"]
     if args.threads:
-        cmd += ["--threads", str(args.threads)]
+        flags += ["--threads", str(args.threads)]
     if args.max_wait_ms is not None:
-        cmd += ["--max-wait-ms", str(args.max_wait_ms)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    logf = open(workdir / f"server-b{max_batch_size}.log", "w+")
-    proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT)
+        flags += ["--max-wait-ms", str(args.max_wait_ms)]
+    srv = Server(flags, ROOT, workdir / f"server-b{max_batch_size}.log")
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                raise QserveError(f"server exited ({proc.returncode}): {Path(logf.name).read_text()[-2000:]}")
-            try:
-                if httpx2.get(f"{url}/ready", timeout=2, trust_env=False).status_code == 200:
-                    break
-            except httpx2.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise QserveError("server not ready after 180 s")
-            time.sleep(0.2)
+        url = srv.wait_ready(180).url
         marks: dict[tuple[str, int], tuple[float, float]] = {}
         report = run_loadtest(url, [args.concurrency_low, args.concurrency_high], args.duration, texts=texts,
                               max_requests=args.max_requests,
@@ -166,12 +138,7 @@ def run_server(args: argparse.Namespace, max_batch_size: int, texts: list[str], 
         report["max_batch_size"] = max_batch_size
         return report
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        logf.close()
+        srv.stop()
 
 
 def _machine(env: dict[str, Any]) -> str:

@@ -26,17 +26,17 @@ import json
 import logging
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import netutil  # noqa: E402
 
 log = logging.getLogger("serve_buckets")
 TEXT_SETS = ("sentences", "reviews")
@@ -52,55 +52,31 @@ def load_texts(sentences: int, reviews: int) -> dict[str, list[str]]:
 
 
 # -- servers -----------------------------------------------------------------------------------
-class Server:
-    def __init__(self, key: str, variant: Path, code: Path, extra: list[str], args: argparse.Namespace, logs: Path):
-        from netutil import free_port
+class Server(netutil.Server):
+    """`qserve serve VARIANT EXTRA` of the code at `code` ("GRPC" in `extra` becomes a free gRPC port), tracing
+    off; once ready it knows the model's labels and what /v1/models says about it."""
 
-        self.key, self.variant, self.code = key, variant, code
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.grpc_port = free_port() if "--grpc-port" in extra else None
+    def __init__(self, key: str, variant: Path, code: Path, extra: list[str], args: argparse.Namespace, logs: Path):
+        self.key, self.variant = key, variant
+        self.grpc_port = netutil.free_port() if "--grpc-port" in extra else None
         extra = [str(self.grpc_port) if x == "GRPC" else x for x in extra]
-        cmd = [sys.executable, "-m", "qserve.serve", "serve", str(variant.resolve()), "--port", str(self.port),
-               "--device", "cpu", "--log-level", "warning", *extra]
-        if args.threads:
-            cmd += ["--threads", str(args.threads)]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}  # tracing off everywhere
-        env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(code))
-        self.logf = open(logs / f"{key.replace(' ', '-').replace('@', '')}.log", "w")
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.logf, stderr=subprocess.STDOUT, cwd=code)
+        env = netutil.code_env(code, {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")})
+        super().__init__([str(variant.resolve()), "--device", "cpu", "--log-level", "warning", *extra,
+                          *(["--threads", str(args.threads)] if args.threads else [])], code,
+                         logs / f"{key.replace(' ', '-').replace('@', '')}.log", tag=key, env=env)
         self.labels: list[str] = []
         self.info: dict[str, Any] = {}
 
-    def wait_ready(self, timeout: float = 300.0) -> None:
+    def wait_ready(self, timeout: float = 300.0) -> Server:
         import httpx2
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.logf.flush()
-                raise RuntimeError(f"{self.key}: server exited with {self.proc.returncode}: "
-                                   f"{Path(self.logf.name).read_text()[-2000:]}")
-            try:
-                if httpx2.get(f"{self.url}/ready", timeout=2, trust_env=False).status_code == 200:
-                    model = httpx2.get(f"{self.url}/v1/models", timeout=10, trust_env=False).json()["models"][0]
-                    self.labels = list(model["labels"])
-                    self.info = {"variant": model["id"], "dir": str(self.variant), "code": str(self.code),
-                                 "max_length": model.get("max_length"), "length_buckets": model.get("length_buckets"),
-                                 "grpc": self.grpc_port is not None}
-                    return
-            except httpx2.TransportError:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError(f"{self.key}: not ready after {timeout} s")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.logf.close()
+        super().wait_ready(timeout)
+        model = httpx2.get(f"{self.url}/v1/models", timeout=10, trust_env=False).json()["models"][0]
+        self.labels = list(model["labels"])
+        self.info = {"variant": model["id"], "dir": str(self.variant), "code": str(self.code),
+                     "max_length": model.get("max_length"), "length_buckets": model.get("length_buckets"),
+                     "grpc": self.grpc_port is not None}
+        return self
 
 
 # -- clients -----------------------------------------------------------------------------------
@@ -230,10 +206,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             servers.append(Server("ov-int8", args.ov_int8, ROOT, ["--grpc-port", "GRPC"], args, logs))
             servers.append(Server("ov-int8 padded", args.ov_int8, ROOT, ["--length-buckets", "off"], args, logs))
             if args.baseline_ref:
-                old = Path(tmp) / "baseline"
-                old.mkdir()
-                subprocess.run(f"git -C {ROOT} archive {args.baseline_ref} qserve | tar -x -C {old}", shell=True,
-                               check=True)
+                old = netutil.archive_tree(ROOT, args.baseline_ref, Path(tmp) / "baseline")
                 servers.append(Server(f"onnx-int8 @{args.baseline_ref}", args.onnx_int8, old, [], args, logs))
             for s in servers:
                 s.wait_ready()
@@ -367,29 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="replace an existing report")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
-    return finish("serve_buckets", args, argv, run, render, lambda s: s["errors"] or s["lost"] or s["mismatched"])
-
-
-def finish(tag: str, args: argparse.Namespace, argv: list[str], run_fn: Callable[[argparse.Namespace, list[str]], dict],
-           render_fn: Callable[[dict], str], failed: Callable[[dict], Any]) -> int:
-    """A serving benchmark's main after its flags: run it, write report.json and report.md (provenance header),
-    print the md. Exit status 2 on a setup error, 1 when `failed(summary)` says the run missed its bar, else 0."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx2").setLevel(logging.WARNING)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from qserve import QserveError
-    from qserve.artifact import write_json_atomic, write_text_atomic
-    from qserve.provenance import with_header
-
-    try:
-        rep = run_fn(args, argv)
-    except (QserveError, RuntimeError, subprocess.CalledProcessError) as e:
-        print(f"{tag}: error: {e}", file=sys.stderr)
-        return 2
-    write_json_atomic(args.out / "report.json", rep)
-    write_text_atomic(args.out / "report.md", with_header(render_fn(rep), rep["provenance"]))
-    print(render_fn(rep))
-    return 1 if failed(rep["summary"]) else 0
+    return netutil.finish("serve_buckets", args, argv, run, render,
+                  lambda rep: rep["summary"]["errors"] or rep["summary"]["lost"] or rep["summary"]["mismatched"])
 
 
 if __name__ == "__main__":

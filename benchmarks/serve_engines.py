@@ -170,28 +170,6 @@ def _bodies(texts: list[str], per_request: int) -> list[tuple[bytes, list[str]]]
     return out
 
 
-# -- servers -----------------------------------------------------------------------------------
-def _wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 300.0) -> None:
-    import httpx2
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx2.get(f"{url}/ready", timeout=2, trust_env=False).status_code == 200:
-                return
-        except httpx2.TransportError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} not ready after {timeout} s")
-
-
-def _uvicorn_child(cmd_tail: list[str], port: int, logf: Any) -> subprocess.Popen:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, *cmd_tail], env=env, stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT)
-
-
 def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_texts: int, out: Path,
         force: bool = False) -> dict[str, Any]:
     import httpx2  # noqa: F401 - fail early without the serve deps
@@ -203,7 +181,7 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
     from qserve.serve.infra.deploy import Scaling
     from qserve.runtime import RuntimeOptions, load_runtime
     from qserve.serve.ray_engine import application, logging_config
-    from netutil import free_port
+    from netutil import free_port, serve_cmd, start, stop, wait_ready
 
     refuse_existing(out / "report.json", force)
     cores = os.cpu_count() or 1
@@ -221,15 +199,15 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
     try:
         port = free_port()
         urls["uvicorn"] = f"http://127.0.0.1:{port}"
-        procs.append(_uvicorn_child(["-m", "qserve.serve", "serve", str(variant), "--port", str(port), "--device",
-                                     "cpu", "--threads", str(cores), "--max-queue", "4096", "--max-body-bytes",
-                                     str(1 << 22), "--log-level", "warning"], port, open(logs / "uvicorn.log", "w")))
+        procs.append(start(serve_cmd(str(variant), "--port", str(port), "--device", "cpu", "--threads", str(cores),
+                                     "--max-queue", "4096", "--max-body-bytes", str(1 << 22), "--log-level",
+                                     "warning"), ROOT, open(logs / "uvicorn.log", "w")))
         tport = free_port()
         urls["trivial-uvicorn"] = f"http://127.0.0.1:{tport}"
-        procs.append(_uvicorn_child(["-c", "import sys, uvicorn; sys.path.insert(0, 'benchmarks'); "
-                                           "from serve_engines import trivial_app; "
-                                           f"uvicorn.run(trivial_app(), port={tport}, log_level='warning')"],
-                                    tport, open(logs / "trivial-uvicorn.log", "w")))
+        procs.append(start([sys.executable, "-c", "import sys, uvicorn; sys.path.insert(0, 'benchmarks'); "
+                                                  "from serve_engines import trivial_app; "
+                                                  f"uvicorn.run(trivial_app(), port={tport}, log_level='warning')"],
+                           ROOT, open(logs / "trivial-uvicorn.log", "w")))
         # One local Ray; every app reserves its CPUs logically, only the measured one is busy.
         need = sum(cores for _ in replicas)
         ray.init(num_cpus=need, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
@@ -244,8 +222,9 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
             urls[f"ray-{r}"] = f"http://127.0.0.1:{rport}/ray{r}"
         serve.run(_trivial_ray_deployment().bind(), name="trivial", route_prefix="/trivial")
         urls["trivial-ray"] = f"http://127.0.0.1:{rport}/trivial"
-        for key, url in urls.items():
-            _wait_ready(url) if not key.startswith("trivial") else None
+        for key, url in urls.items():  # the trivial apps have no /ready: their first request waits instead
+            if not key.startswith("trivial"):
+                wait_ready(url, procs[0] if key == "uvicorn" else None)
         engines = ["uvicorn"] + [f"ray-{r}" for r in replicas]
         named = {procs[0].pid: "uvicorn engine", procs[1].pid: "trivial uvicorn"}
         bodies = {k: _bodies(texts, k) for k in (1, 32)}
@@ -274,11 +253,7 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
                              res["p50_ms"] or -1)
     finally:
         for p in procs:
-            p.terminate()
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+            stop(p)
         if ray.is_initialized():
             serve.shutdown()
             ray.shutdown()

@@ -31,13 +31,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from netutil import Server, archive_tree, code_env, finish  # noqa: E402
 
 OVERHEAD_TARGET_MS = 1.0
 THROUGHPUT_TARGET = 0.95
@@ -100,12 +101,6 @@ def parse_wrk(out: str) -> dict[str, Any]:
     return json.loads(line[4:])
 
 
-def proc_cpu_s(pid: int) -> float:
-    """utime + stime of every thread of `pid` so far (seconds)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def thread_cpu_s(pid: int) -> dict[str, float]:
     """utime + stime so far (seconds) of `pid`'s threads, by role: the event loop (the main thread), the
     inference thread (qserve-infer), a row-by-row runtime's row workers (qserve-rows) and every other
@@ -129,11 +124,6 @@ def review_texts(n: int) -> list[str]:
     return load_dataset("default", max_eval_samples=max(n, 8)).test.texts[:n]
 
 
-def code_env(code_root: Path) -> dict[str, str]:
-    # TOKENIZERS_PARALLELISM as the caller has it, for server and in-process alike: what a user's server gets
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(code_root)}
-
-
 def in_process(code_root: Path, variant: Path, texts: list[str], args: argparse.Namespace) -> dict[str, Any]:
     cfg = {"variant": str(variant), "threads": args.threads, "long_text": args.long_text, "texts": texts,
            "seconds": args.duration, "batch": BATCH}
@@ -155,32 +145,14 @@ def _post(conn: http.client.HTTPConnection, text: str) -> dict[str, Any]:
 
 def served(code_root: Path, variant: Path, texts: list[str], expected: dict[str, Any], workdir: Path,
            args: argparse.Namespace) -> dict[str, Any]:
-    from netutil import free_port
-
-    port = free_port()
-    cmd = [sys.executable, "-m", "qserve.serve", "serve", str(variant), "--port", str(port), "--long-text",
-           args.long_text, "--log-level", args.log_level]
+    flags = [str(variant), "--long-text", args.long_text, "--log-level", args.log_level]
     if args.threads:
-        cmd += ["--threads", str(args.threads)]
-    log = open(workdir / f"server-{port}.log", "w+")
-    proc = subprocess.Popen(cmd, env=code_env(code_root), cwd=code_root, stdout=log, stderr=subprocess.STDOUT)
+        flags += ["--threads", str(args.threads)]
+    srv = Server(flags, code_root, workdir / f"server-{variant.name}-{code_root.name}.log")
+    port = srv.port
     try:
+        srv.wait_ready(240)
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        deadline = time.monotonic() + 240
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited ({proc.returncode}): {Path(log.name).read_text()[-2000:]}")
-            try:
-                conn.request("GET", "/ready")
-                r = conn.getresponse()
-                r.read()
-                if r.status == 200:
-                    break
-            except OSError:
-                conn.close()
-            if time.monotonic() > deadline:
-                raise RuntimeError("server not ready after 240 s")
-            time.sleep(0.2)
         # one text, one answer: each review served alone = its in-process answer
         labels, worst, flips = expected["labels"], 0.0, 0
         for text, want in zip(texts, expected["answers"]):
@@ -193,13 +165,13 @@ def served(code_root: Path, variant: Path, texts: list[str], expected: dict[str,
         lua.write_text(wrk_script(texts), encoding="utf-8")
         levels = {}
         for clients in (1, BATCH):
-            c0, r0 = proc_cpu_s(proc.pid), resource.getrusage(resource.RUSAGE_CHILDREN)
-            t0 = thread_cpu_s(proc.pid)
+            c0, r0 = srv.cpu_s(), resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = thread_cpu_s(srv.proc.pid)
             out = subprocess.run([args.wrk, "-t1", f"-c{clients}", f"-d{args.duration:g}s", "--timeout", "30s",
                                   "--latency", "-s", str(lua), f"http://127.0.0.1:{port}"],
                                  capture_output=True, text=True, check=True)
-            c1, r1 = proc_cpu_s(proc.pid), resource.getrusage(resource.RUSAGE_CHILDREN)
-            t1 = thread_cpu_s(proc.pid)
+            c1, r1 = srv.cpu_s(), resource.getrusage(resource.RUSAGE_CHILDREN)
+            t1 = thread_cpu_s(srv.proc.pid)
             w = parse_wrk(out.stdout)
             n = max(1, w["requests"])
             levels[str(clients)] = {"requests": w["requests"], "errors": w["errors"], "p50_ms": w["p50_us"] / 1e3,
@@ -210,12 +182,7 @@ def served(code_root: Path, variant: Path, texts: list[str], expected: dict[str,
                                     * 1e3 / n}
         return {"answers_max_abs_diff": worst, "label_flips": flips, "levels": levels}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        srv.stop()
 
 
 def _median(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -260,10 +227,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="serve-overhead-"))
     codes: dict[str, Path] = {"after": ROOT}
     if args.baseline_ref:
-        old = workdir / "before"
-        old.mkdir()
-        subprocess.run(f"git -C {ROOT} archive {args.baseline_ref} qserve | tar -x -C {old}", shell=True, check=True)
-        codes = {"before": old, **codes}
+        codes = {"before": archive_tree(ROOT, args.baseline_ref, workdir / "before"), **codes}
     results: list[dict[str, Any]] = []
     for given, vdir in variants:
         per_code: dict[str, list[dict[str, Any]]] = {c: [] for c in codes}
@@ -367,21 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     # absolute: the code before runs from its own tree, where a path relative to this checkout means nothing
     args.variants = [v.resolve() for v in args.variants]
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from qserve import QserveError
-    from qserve.artifact import write_json_atomic, write_text_atomic
-    from qserve.provenance import with_header
-
-    try:
-        rep = run(args, argv)
-    except (QserveError, RuntimeError, subprocess.CalledProcessError) as e:
-        print(f"serve_overhead: error: {e}", file=sys.stderr)
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out / "report.json", rep)
-    write_text_atomic(args.out / "report.md", with_header(render(rep), rep["provenance"]))
-    print(render(rep))
-    return 1 if failed(rep) else 0
+    return finish("serve_overhead", args, argv, run, render, failed)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ Writes report.json and report.md under --out.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import subprocess
@@ -49,43 +48,15 @@ def reviews(n: int) -> list[str]:
 
 def start_server(tree: Path, variant: Path, port: int, grpc_port: int | None, threads: int | None,
                  logf: Any) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "qserve.serve", "serve", str(variant.resolve()), "--port", str(port),
-           "--log-level", "warning", "--max-inputs", "64", "--max-chars", "100000"]
+    from netutil import serve_cmd, start
+
+    cmd = serve_cmd(str(variant.resolve()), "--port", str(port), "--log-level", "warning", "--max-inputs", "64",
+                    "--max-chars", "100000")
     if grpc_port is not None:
         cmd += ["--grpc-port", str(grpc_port)]
     if threads:
         cmd += ["--threads", str(threads)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(tree)}
-    return subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, cwd=tree)
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300.0) -> None:
-    import httpx2
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise QserveError(f"server exited ({proc.returncode}) before it was ready")
-        try:
-            if httpx2.get(f"{url}/ready", timeout=2, trust_env=False).status_code == 200:
-                return
-        except httpx2.TransportError:
-            pass
-        time.sleep(0.2)
-    raise QserveError(f"{url} not ready after {timeout:.0f} s")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    return start(cmd, tree, logf)
 
 
 # -- part 1: answers ----------------------------------------------------------------------------------
@@ -179,7 +150,7 @@ def old_tree(ref: str, where: Path) -> Path:
 
 def throughput(trees: dict[str, Path], variant: Path, rounds: int, duration: float, texts: list[str],
                threads: int | None, workdir: Path) -> dict[str, Any]:
-    from netutil import free_port
+    from netutil import free_port, proc_cpu_s, stop, wait_ready
     from qserve.bench.loadtest import run_loadtest
 
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in trees}
@@ -190,10 +161,10 @@ def throughput(trees: dict[str, Path], variant: Path, rounds: int, duration: flo
             with open(workdir / f"{key}-{r}.log", "w+") as logf:
                 proc = start_server(tree, variant, port, None, threads, logf)
                 try:
-                    wait_ready(url, proc)
-                    cpu0 = cpu_seconds(proc.pid)
+                    wait_ready(url, proc, log=logf)
+                    cpu0 = proc_cpu_s(proc.pid)
                     level = run_loadtest(url, [32], duration, texts=texts)["levels"][0]
-                    cpu = cpu_seconds(proc.pid) - cpu0
+                    cpu = proc_cpu_s(proc.pid) - cpu0
                 finally:
                     stop(proc)
             runs[key].append({"round": r, "rps": level["throughput_rps"], "p50_ms": level["p50_ms"],
@@ -256,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import platform
 
-    from netutil import free_port
+    from netutil import free_port, stop, wait_ready
     from qserve.artifact import now_iso, refuse_existing, write_json_atomic, write_text_atomic
     from qserve.provenance import provenance, with_header
 
@@ -270,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             with open(work / "answers.log", "w+") as logf:
                 proc = start_server(ROOT, args.variant_dir, port, grpc_port, args.threads, logf)
                 try:
-                    wait_ready(url, proc)
+                    wait_ready(url, proc, log=logf)
                     ans = answers(url, f"127.0.0.1:{grpc_port}", texts, args.workers)
                 finally:
                     stop(proc)

@@ -32,7 +32,6 @@ import asyncio
 import json
 import logging
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,7 +39,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # serve_buckets (the server) and serve_bench (its metrics)
+sys.path.insert(0, str(ROOT / "benchmarks"))  # serve_buckets (the server) and netutil (its metrics, the ending)
 
 log = logging.getLogger("serve_windows")
 POLICIES = "head,windows:128:96:mean"
@@ -175,7 +174,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     from qserve.longtext import parse_list
     from qserve.provenance import command_line, provenance
     from qserve.serve.infra.config import ServeConfig
-    from serve_bench import scrape_batches
+    from netutil import scrape_batches
     from serve_buckets import Server
 
     refuse_existing(args.out / "report.json", args.force)
@@ -298,10 +297,10 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     args.rounds = min(args.rounds, args.reviews)
-    from serve_buckets import finish
+    from netutil import finish
 
-    return finish("serve_windows", args, argv, run, render,
-                  lambda s: s["label_changes"] or s["errors"] or s["lost"] or s["missing"])
+    return finish("serve_windows", args, argv, run, render, lambda rep: rep["summary"]["label_changes"]
+                  or rep["summary"]["errors"] or rep["summary"]["lost"] or rep["summary"]["missing"])
 
 
 if __name__ == "__main__":

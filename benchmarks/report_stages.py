@@ -1,0 +1,262 @@
+"""The stages of `make reports`: what each runs, the reports it writes, where they render from, how long it takes.
+
+    python benchmarks/rebuild_reports.py          # lists them (make reports), with the CPU each report records
+
+Data only (benchmarks/rebuild_reports.py decides and runs): commands are bash lines run from the repository
+root with $PY (this interpreter) and $QSERVE (`$PY -m qserve`) set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MODELS = "models/minilm-l6-distilbert-imdb"
+VARIANT = f"{MODELS}/variants/onnx-int8"
+BENCH_MD = "qserve.bench.report:render_md"
+
+
+@dataclass(frozen=True)
+class Report:
+    json: str
+    """the report's JSON, relative to the repository root"""
+    md: str | None = None
+    """the md rendered from it, if any"""
+    render: str | None = None
+    """"module:function" turning the JSON into the md (a benchmarks/ script or a qserve module), or None"""
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    what: str
+    commands: tuple[str, ...]
+    reports: tuple[Report, ...]
+    duration: str
+    needs: tuple[str, ...] = ()
+    """paths an earlier stage (or `make demo`) leaves behind on this machine"""
+    notes: tuple[str, ...] = field(default=())
+    pending: str | None = None
+    """why the stage has no committed report yet (a new benchmark waiting for its machine); None: it has one"""
+
+
+def _bench(d: str) -> Report:
+    return Report(f"benchmarks/reports/{d}/report.json", f"benchmarks/reports/{d}/report.md", BENCH_MD)
+
+
+HEAD_MODELS = "models/minilm-l6-distilbert-imdb-head"
+FULL_MODELS = "models/minilm-l6-distilbert-imdb-full"
+# the long-text stages: the pipeline's recipe trained under a policy, its onnx-fp32, every policy benched
+LONG_TRAIN = ("$QSERVE train --max-samples {samples} --max-length 128 --epochs {epochs} --batch-size 16 --lr 1e-4 "
+              "--precision bf16-mixed --long-text {policy} --out {m}/checkpoint --force")
+LONG_EXPORT = "$QSERVE export {m}/checkpoint --variant onnx-fp32 --out {m}/variants/onnx-fp32 --force"
+LONG_BENCH = ("$QSERVE bench {m}/variants/onnx-fp32 --long-text head,tail,head-tail,windows --max-eval-samples 2000 "
+              "--batch-sizes 1 --seq-lens 128 --no-floor --time-budget 1 --out benchmarks/reports/{d} --force "
+              "&& cp {m}/checkpoint/train_metrics.json benchmarks/reports/{d}/")
+PIPELINE = "$QSERVE pipeline --threads 2 --force --report-dir benchmarks/reports/{d} && cp {m}/checkpoint/train_metrics.json benchmarks/reports/{d}/"
+STAGES: tuple[Stage, ...] = (
+    Stage("embedded-default", "the pipeline (train, export every variant, bench) on the embedded default: the "
+          "headline table", (PIPELINE.format(d="embedded-default", m=MODELS),), (_bench("embedded-default"),),
+          "~27 min: training 13.1 min and the variants' bench 10.9 min (the reports' own timings); export and the "
+          "compute floor ~3 min (estimate)"),
+    Stage("embedded-default-amd", "the same pipeline on the AMD EPYC (its own checkpoint)",
+          (PIPELINE.format(d="embedded-default-amd", m=MODELS),), (_bench("embedded-default-amd"),),
+          "12.5 min: the measured wall time of that run (training 5.9 min of it)"),
+    Stage("pipeline-fast-amd", "`make demo`'s pipeline after issue 30 (policies compared on the reference and the "
+          "recommended variant, the eval cut, stage times) on the AMD EPYC, its own checkpoint",
+          ("$QSERVE pipeline --force --report-dir benchmarks/reports/pipeline-fast-amd && "
+           f"cp {MODELS}/checkpoint/train_metrics.json benchmarks/reports/pipeline-fast-amd/",),
+          (_bench("pipeline-fast-amd"),),
+          "18.2 min: the measured wall time of that run (train 6.6, export 1.6, bench 10.0 min)"),
+    Stage("embedded-default-full-test", "agreement of every CPU variant (and torch-fp16) on all 2,000 test reviews",
+          (f"$QSERVE export {MODELS}/checkpoint --variant torch-fp16 --out {MODELS}/extra/torch-fp16 --force",
+           f"$QSERVE bench {MODELS}/variants/{{torch-fp32,torch-bf16,bnb-int8,bnb-nf4,bnb-fp4,onnx-fp32,onnx-fp16,"
+           f"onnx-int8,onnx-int4}} {MODELS}/extra/torch-fp16 --batch-sizes 1 --seq-lens 128 --no-floor "
+           "--real-text-samples 0 --threads 2 --time-budget 1 --out benchmarks/reports/embedded-default-full-test "
+           "--force"),
+          (_bench("embedded-default-full-test"),),
+          "~10 min: the bench 9.1 min (the report's own timings); the torch-fp16 export ~0.5 min (estimate)",
+          needs=(f"{MODELS}/checkpoint", f"{MODELS}/variants/onnx-int8")),
+    Stage("precision", "the precision study (one fine-tune per precision, a second seed) and the optimizer step",
+          ("$QSERVE train --compare --max-samples 6000 --max-eval-samples 2000 --out benchmarks/reports/precision "
+           "--force",
+           "$PY benchmarks/optimizer_step.py --rounds 5 --out benchmarks/reports/precision"),
+          (Report("benchmarks/reports/precision/precision_study.json", "benchmarks/reports/precision/precision_study.md",
+                  "qserve.training.study:render_markdown"),
+           Report("benchmarks/reports/precision/optimizer_step.json", "benchmarks/reports/precision/optimizer_step.md")),
+          "~50 min: the five full runs 29.4 min (the report's own timings); the interleaved step rounds ~19 min "
+          "and the optimizer step ~2 min (estimates)"),
+    Stage("distilbert-base-dims", "speed at DistilBERT-base size (random weights)",
+          ("$PY benchmarks/distilbert_base_speed.py --threads 2",), (_bench("distilbert-base-dims"),),
+          "~13 min: the bench 7.6 min (the report's own timings); building the checkpoint and six exports ~5 min "
+          "(estimate)"),
+    Stage("int8-breakdown", "where onnx-int8's time goes at DistilBERT-base dims, and smoothing's cost in answers",
+          ("$PY benchmarks/int8_breakdown.py --threads 2",
+           f"$QSERVE export {MODELS}/checkpoint --variant onnx-int8 --no-smooth --out {MODELS}/extra/onnx-int8-nosmooth "
+           "--force",
+           f"$QSERVE bench {MODELS}/variants/torch-fp32 {MODELS}/variants/onnx-int8 {MODELS}/extra/onnx-int8-nosmooth "
+           "--batch-sizes 1 --seq-lens 128 --no-floor --real-text-samples 0 --threads 2 --time-budget 1 "
+           "--out benchmarks/reports/int8-breakdown/smooth-off-agreement --force"),
+          (Report("benchmarks/reports/int8-breakdown/report.json", "benchmarks/reports/int8-breakdown/report.md",
+                  "int8_breakdown:render"), _bench("int8-breakdown/smooth-off-agreement")),
+          "~6 min (estimate: the script's own 2-3 min plus four first-time exports); the agreement bench 1.5 min "
+          "(its report's own timings)",
+          needs=("models/distilbert-base-dims/variants/onnx-int8", f"{MODELS}/checkpoint")),
+    Stage("crosscheck", "qserve bench against plain onnxruntime / torch loops",
+          ("$PY benchmarks/crosscheck.py --threads 2",),
+          (Report("benchmarks/reports/crosscheck.json", "benchmarks/reports/crosscheck.md", "crosscheck:render_md"),),
+          "~9 min (estimate: 5 rounds of a 2-variant bench plus 4 plain-loop children)",
+          needs=("models/distilbert-base-dims/variants/onnx-int8",)),
+    Stage("int8-invariance", "one text, one answer: onnx-int8's candidate fixes, and how a batch's rows run",
+          ("$PY benchmarks/int8_invariance.py --rounds 6",
+           "$PY benchmarks/int8_invariance.py --base-dims --rounds 6",
+           f"$PY benchmarks/rows_side_by_side.py {VARIANT} --threads 2"),
+          (Report("benchmarks/reports/int8-invariance/embedded-default/report.json",
+                  "benchmarks/reports/int8-invariance/embedded-default/report.md", "int8_invariance:render"),
+           Report("benchmarks/reports/int8-invariance/distilbert-base-dims/report.json",
+                  "benchmarks/reports/int8-invariance/distilbert-base-dims/report.md", "int8_invariance:render"),
+           Report("benchmarks/reports/int8-invariance/rows-side-by-side/report.json",
+                  "benchmarks/reports/int8-invariance/rows-side-by-side/report.md", "rows_side_by_side:render"),
+           Report("benchmarks/reports/int8-invariance/embedded-default/variants-invariance.json")),
+          "~25 min (estimate: candidate exports, 6 timing rounds and 2,000-review agreement for each model, then "
+          "5 rounds of rows side by side)",
+          needs=(f"{MODELS}/checkpoint", VARIANT),
+          notes=("variants-invariance.json came from a side run (qserve.bench.invariance per variant); no command "
+                 "regenerates it: the invariance column of the embedded-default stage measures the same thing.",)),
+    Stage("openvino", "OpenVINO vs onnx-int8 and torch-bf16, one process, rounds interleaved",
+          (f"$PY benchmarks/openvino_compare.py {MODELS}/checkpoint --out benchmarks/reports/openvino/embedded-default",
+           "$PY benchmarks/openvino_compare.py --distilbert-base --rounds 4 "
+           "--out benchmarks/reports/openvino/distilbert-base-dims"),
+          (Report("benchmarks/reports/openvino/embedded-default/report.json",
+                  "benchmarks/reports/openvino/embedded-default/report.md", "openvino_compare:render"),
+           Report("benchmarks/reports/openvino/distilbert-base-dims/report.json",
+                  "benchmarks/reports/openvino/distilbert-base-dims/report.md", "openvino_compare:render")),
+          "~11 min (estimate; the script's docstring gives ~5 min for the embedded default, the rest is "
+          "DistilBERT-base dims and its exports)",
+          needs=(f"{MODELS}/checkpoint",)),
+    Stage("serve", "onnx-int8 served over HTTP: batching on vs off, concurrency 1 and 32",
+          (f"$PY benchmarks/serve_bench.py {VARIANT} --duration 15 --force",),
+          (Report("benchmarks/reports/serve/serve_report.json", "benchmarks/reports/serve/serve_report.md",
+                  "serve_bench:render_md"),),
+          "~2.5 min: 1.8 min of timed load and in-process model timing (the report's own settings); server "
+          "start-ups ~0.5 min (estimate)",
+          needs=(VARIANT,)),
+    Stage("serve-protocols", "64 real reviews through /v1, V2 (HTTP, gRPC), TEI and vLLM, alone and concurrently: "
+          "identical answers; /v1 c32 throughput of the code before the new routes and after, interleaved",
+          (f"$PY benchmarks/serve_protocols.py {VARIANT} --reviews 64 --duration 10 --rounds 3 "
+           "--out benchmarks/reports/serve-protocols --force",),
+          (Report("benchmarks/reports/serve-protocols/report.json", "benchmarks/reports/serve-protocols/report.md",
+                  "serve_protocols:render_md"),),
+          "~4 min (estimate): 6 x 10 s of timed load on /v1, 7 server start-ups, 640 answer requests",
+          needs=(VARIANT,)),
+    Stage("predict", "`qserve predict` over all 25,000 IMDb reviews with the pipeline's recommended variant: rows/s "
+          "vs the in-process b32 ceiling, peak RSS (25,000 vs 2,500 rows), Ray Data on 1 node and a 2-node cluster",
+          (f"$PY benchmarks/predict_bench.py {MODELS} --force",),
+          (Report("benchmarks/reports/predict/report.json", "benchmarks/reports/predict/report.md",
+                  "predict_bench:render"),),
+          "14.2 min, measured on the AMD EPYC (three 25,000-review jobs of ~4.2 min each with ov-bf16 under tail, "
+          "the 2,500-review job, the 3,200-review ceiling, Ray start-ups)",
+          needs=(f"{MODELS}/report/report.json",)),
+    Stage("serve-ray", "uvicorn vs Ray Serve replicas, interleaved",
+          (f"$PY benchmarks/serve_bench.py {VARIANT} --engine ray --replicas 1,2 --duration 4 --rounds 3 "
+           "--reviews 256 --out benchmarks/reports/serve-ray --force",),
+          (Report("benchmarks/reports/serve-ray/report.json", "benchmarks/reports/serve-ray/report.md",
+                  "serve_engines:render_md"),),
+          "6.7 min, measured on the AMD EPYC (2.4 min of it timed load; Ray start-ups and the trivial-app "
+          "cell the rest)",
+          needs=(VARIANT,)),
+    Stage("serve-openvino", "the recommended ov-int8 served next to onnx-int8",
+          (f"$PY benchmarks/serve_bench.py {VARIANT} --duration 6 --threads 2 "
+           "--out benchmarks/reports/serve-openvino/onnx-int8 --force",
+           f"$PY benchmarks/serve_bench.py {MODELS}/variants/ov-int8 --duration 6 --threads 2 "
+           "--out benchmarks/reports/serve-openvino/ov-int8 --force"),
+          (Report("benchmarks/reports/serve-openvino/onnx-int8/serve_report.json",
+                  "benchmarks/reports/serve-openvino/onnx-int8/serve_report.md", "serve_bench:render_md"),
+           Report("benchmarks/reports/serve-openvino/ov-int8/serve_report.json",
+                  "benchmarks/reports/serve-openvino/ov-int8/serve_report.md", "serve_bench:render_md")),
+          "2.7 min, measured on the AMD EPYC (2 x 48 s of timed load and model timing, plus start-ups)",
+          needs=(VARIANT, f"{MODELS}/variants/ov-int8")),
+    Stage("long-text", "every long-text policy (head, tail, head-tail, windows) on the 2,000 test reviews, on the "
+          "pipeline's checkpoint (trained with the default policy, head-tail)",
+          (LONG_BENCH.format(m=MODELS, d="long-text"),),
+          (_bench("long-text"),),
+          "5.7 min: the bench's own 343 s for one variant under four policies (windows 3.2x the forwards)",
+          needs=(f"{MODELS}/variants/onnx-fp32", f"{MODELS}/checkpoint"),
+          notes=("The same policies on a checkpoint trained with head, and on the full data, are the stages "
+                 "long-text-head and long-text-full.",)),
+    Stage("long-text-head", "the long-text stage's policy bench on a checkpoint trained with `--long-text head` "
+          "(the same recipe otherwise): the trained-head column of the policies table",
+          (LONG_TRAIN.format(m=HEAD_MODELS, samples=6000, epochs=1, policy="head"),
+           LONG_EXPORT.format(m=HEAD_MODELS),
+           LONG_BENCH.format(m=HEAD_MODELS, d="long-text-head")),
+          (_bench("long-text-head"),),
+          "~13 min, measured on the AMD EPYC: training 375 steps at a median 1.16 s (7.2 min quiet; its "
+          "train_metrics.json says 14.6 min because other work shared the cores for part of it), the onnx-fp32 "
+          "export 11 s, the policy bench 5.5 min"),
+    Stage("long-text-full", "the long-text stage's policy bench on the full data: every training review (19,922), "
+          "2 epochs, head-tail",
+          (LONG_TRAIN.format(m=FULL_MODELS, samples=0, epochs=2, policy="head-tail"),
+           LONG_EXPORT.format(m=FULL_MODELS),
+           LONG_BENCH.format(m=FULL_MODELS, d="long-text-full")),
+          (_bench("long-text-full"),),
+          "~56 min, measured on the AMD EPYC: training 47.5 min (2 x 1,246 steps at a median 1.14 s), the "
+          "onnx-fp32 export 8 s, the policy bench ~5.5 min"),
+    Stage("serve-windows", "windows served on the 2,000 test reviews: answers at concurrency 32 against each "
+          "text's answer alone, and windowed texts/s against the ceiling head's texts/s over the windows per "
+          "text sets",
+          (f"$PY benchmarks/serve_windows.py {MODELS}/variants/onnx-fp32 --threads 2 "
+           "--out benchmarks/reports/serve-windows --force",),
+          (Report("benchmarks/reports/serve-windows/report.json", "benchmarks/reports/serve-windows/report.md",
+                  "serve_windows:render"),),
+          "6.9 min, measured on the AMD EPYC (2,000 reviews sent four times, alone and from 32 clients under "
+          "head and windows:128:96:mean, 3.22 windows a text; one server start-up)",
+          needs=(f"{MODELS}/variants/onnx-fp32",)),
+    Stage("lifecycle", "several models per server: shadow agreement's throughput cost, a hot swap's latency blip "
+          "and memory",
+          (f"$QSERVE export {MODELS}/checkpoint --variant onnx-int8 --out {MODELS}/extra/onnx-int8-v2 --force",
+           f"$PY benchmarks/lifecycle_bench.py {VARIANT} --swap-to {MODELS}/extra/onnx-int8-v2 "
+           f"--reference {MODELS}/variants/onnx-fp32 --shadow-rate 0.05 --duration 10 --rounds 3 "
+           "--out benchmarks/reports/lifecycle --force"),
+          (Report("benchmarks/reports/lifecycle/report.json", "benchmarks/reports/lifecycle/report.md",
+                  "lifecycle_bench:render"),),
+          "2.5 min, measured on the AMD EPYC (a new onnx-int8 version exported and calibrated, two server "
+          "start-ups, 3 x 2 cells of 11 s and 3 swaps under load)",
+          needs=(VARIANT, f"{MODELS}/variants/onnx-fp32", f"{MODELS}/checkpoint")),
+    Stage("serve-buckets", "length-bucketed ov-int8 served against onnx-int8 (sentences and reviews, c1 and c32), "
+          "gRPC vs HTTP, tracing off vs the code before it",
+          (f"$PY benchmarks/serve_buckets.py {VARIANT} {MODELS}/variants/ov-int8 --baseline-ref 0546bd7 --threads 2 "
+           "--duration 5 --rounds 3 --out benchmarks/reports/serve-buckets --force",),
+          (Report("benchmarks/reports/serve-buckets/report.json", "benchmarks/reports/serve-buckets/report.md",
+                  "serve_buckets:render"),),
+          "5.9 min, measured on the AMD EPYC (3 rounds x 20 cells x 5 s of timed load, four server start-ups "
+          "and the sequential passes over 512 texts per server)",
+          needs=(VARIANT, f"{MODELS}/variants/ov-int8")),
+    Stage("byo-bert", "bring your own BERT on real weights: the embedded MiniLM as a BertForSequenceClassification, "
+          "trained on 1,500 reviews, exported to every variant, agreement with its fp32 on 2,000 test reviews, "
+          "the variants' bench and one served answer",
+          ("rm -rf models/byo-bert && $PY benchmarks/byo_bert.py",),
+          (Report("benchmarks/reports/byo-bert/report.json", "benchmarks/reports/byo-bert/report.md",
+                  "byo_bert:render_md"), _bench("byo-bert/bench")),
+          "~37 min, measured on the AMD EPYC (training ~3 min, then 33.5 min: export --all 4 min, agreement of "
+          "12 variants on 2,000 reviews 12 min, their bench 17 min, one served answer)"),
+    Stage("flood", "overload: do admitted requests wait behind refusals?",
+          (f"$PY benchmarks/flood_bench.py {VARIANT} --baseline-ref 99c8efd --rounds 3 --out benchmarks/reports/flood",),
+          (Report("benchmarks/reports/flood/report.json", "benchmarks/reports/flood/report.md", "flood_bench:render"),),
+          "~3 min (estimate: 3 rounds of 300-request floods on two servers, then the slow-client rounds)",
+          needs=(VARIANT,)),
+    Stage("serve-overhead", "what a request costs beyond the model at 1 and 32 clients (wrk), by the server's own "
+          "CPU time: onnx-int8 and the recommended variant, the code before (b7b3591) and after",
+          (f"$PY benchmarks/serve_overhead.py {VARIANT} {MODELS} --baseline-ref b7b3591 --rounds 1 --duration 15 "
+           "--out benchmarks/reports/serve-overhead",),
+          (Report("benchmarks/reports/serve-overhead/report.json", "benchmarks/reports/serve-overhead/report.md",
+                  "serve_overhead:render"),),
+          "5.2 min, measured on the AMD EPYC (2 variants x 2 code trees x 1 round, each ~80 s: the in-process "
+          "loops, wrk at 1 and 32 clients for 15 s each, a server start-up and 64 checked answers)",
+          needs=(VARIANT, f"{MODELS}/report")),
+    Stage("checkpoint-cost", "one resumable training checkpoint of the embedded default per precision: wall and CPU "
+          "seconds, size, share of training at the default ~5-minute interval",
+          ("$PY benchmarks/checkpoint_cost.py --saves 5",),
+          (Report("benchmarks/reports/checkpoint_cost/checkpoint_cost.json",
+                  "benchmarks/reports/checkpoint_cost/checkpoint_cost.md"),),
+          "0.4 min (21 s), measured on the AMD EPYC (3 precisions x 5 saves of a 180-270 MB file, plus loading the model)"),
+)
+BY_NAME = {s.name: s for s in STAGES}
