@@ -24,10 +24,11 @@ demo: $(STAMP)
 # The browser tests (tests/e2e/test_browser.py) drive the system's chromium through chromedriver. As root (CI)
 # install them when missing; elsewhere, or if apt fails, those tests skip and say why (under CI=true they fail).
 test: $(STAMP)
-	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
+	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1 \
+	    || ! command -v wrk >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) \
-	      >/dev/null 2>&1 || echo "note: could not install chromium + chromium-driver; the browser tests will skip"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver wrk) \
+	      >/dev/null 2>&1 || echo "note: could not install chromium, chromium-driver, wrk; the browser and wrk tests will skip"; \
 	  fi; \
 	fi
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import threading
@@ -23,7 +24,9 @@ TRICKY = ['a "quoted" review \\ with a backslash', "two\nlines\r and a tab\t", "
 def test_wrk_posts_each_review_as_its_own_json_body():
     """The generated Lua, run by the real wrk against a loopback server, sends exactly the reviews' bodies."""
     wrk = shutil.which("wrk")
-    if wrk is None:
+    if wrk is None:  # make test installs it as root (CI); a skip there would hide the benchmark's client
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("wrk is not installed under CI (make test installs it with apt-get as root)")
         pytest.skip("wrk is not installed (apt-get install wrk)")
     got: list[dict] = []
 

@@ -32,12 +32,8 @@ def _json_int(v: Any) -> Any:  # Any: a before-validator sees any JSON value
     return v
 
 
-def json_int(**limits: Any) -> Any:  # Any: an Annotated type made at run time (Field's keywords)
-    """An integer as JSON means it: no strings, no booleans, no fractions (limits as in Field: ge=1)."""
-    return Annotated[int, Field(strict=True, **limits), BeforeValidator(_json_int)]
-
-
-# json_int's two uses, spelled out: a type checker reads an annotation, not a call that makes one.
+# Integers as JSON means them: no strings, no booleans, no fractions (2.0 is 2); each spelled out, as a type
+# checker reads an annotation, not a call that makes one.
 PositiveJsonInt = Annotated[int, Field(strict=True, ge=1), BeforeValidator(_json_int)]
 NonNegativeJsonInt = Annotated[int, Field(strict=True, ge=0), BeforeValidator(_json_int)]
 # TEI's and vLLM's integers (serve/protocols/tei.py, serve/protocols/vllm_api.py): a token id (TEI's u32), a truncation length
@@ -127,6 +123,12 @@ class ClassifyResponse(BaseModel):
 class ErrorResponse(BaseModel):
     error: str
     request_id: str | None = None
+
+
+# Every status a classification route can answer (401 only with --api-key; 404 when `model` names another model):
+# the OpenAPI `responses` of /v1/classify and vLLM's /classify.
+ROUTE_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse}
+                                                 for code in (400, 401, 404, 413, 415, 422, 429, 500, 503, 504)}
 
 
 class V2Tensor(BaseModel):

@@ -19,6 +19,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # A refusal should cost microseconds: these resolve 5 us .. 10 ms.
+SERIES_CACHE = 4096
+"""Request series (route, method, status, model) kept bound; more than this are looked up each time."""
 REJECTION_BUCKETS = (5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2)
 QUEUE_WAIT_BUCKETS = (1e-4, 5e-4, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -89,14 +91,22 @@ class Metrics:
                                       registry=r)
         self.shadow_dropped = Counter("qserve_shadow_dropped_total", "Sampled texts dropped because the shadow "
                                       "queue was full (the reference could not keep up)", m, registry=r)
+        self._series: dict[tuple[str, str, int, str], tuple[Any, Any, Any]] = {}
         self.shadow_bar = Gauge("qserve_shadow_agreement_bar", "The variant's agreement bar (its bench bar for "
                                 "its bits)", m, registry=r)
 
     def observe_request(self, route: str, method: str, status: int, seconds: float, model: str = "") -> None:
-        labels = (route, method, str(status), model)
-        self.requests.labels(*labels).inc()
-        self.latency.labels(*labels).observe(seconds)
-        self.protocol.labels(protocol_of(route, method), str(status), model).inc()
+        key = (route, method, status, model)
+        series = self._series.get(key)
+        if series is None:  # once per (route, method, status, model): labels() and protocol_of off the hot path
+            labels = (route, method, str(status), model)
+            series = (self.requests.labels(*labels), self.latency.labels(*labels),
+                      self.protocol.labels(protocol_of(route, method), str(status), model))
+            if len(self._series) < SERIES_CACHE:  # routes are templates, so this stays small; a bound all the same
+                self._series[key] = series
+        series[0].inc()
+        series[1].observe(seconds)
+        series[2].inc()
 
     def reject(self, reason: str, model: str = "") -> None:
         self.rejected.labels(reason, model).inc()

@@ -12,12 +12,8 @@ from fastapi.responses import JSONResponse
 
 from qserve.serve.core.outputs import v1_predictions
 from qserve.serve.core.pairs import v1_inputs
-from qserve.serve.core.schemas import ClassifyRequest, ClassifyResponse, ErrorResponse
+from qserve.serve.core.schemas import ROUTE_ERRORS, ClassifyRequest, ClassifyResponse, ErrorResponse
 from qserve.serve.core.state import ServeState
-
-# Every status a route can answer (401 only with --api-key; 404 when `model` names another model).
-ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse}
-                                           for code in (400, 401, 404, 413, 415, 422, 429, 500, 503, 504)}
 
 
 def add_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat list of small routes
@@ -49,7 +45,7 @@ def add_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat lis
         return {"models": [m.summary() for m in st.models.values()], "default": st.default,
                 **(await st.engine_info()), **openai_models(st)}
 
-    @app.post("/v1/classify", tags=["v1"], response_model=ClassifyResponse, responses=ERRORS,
+    @app.post("/v1/classify", tags=["v1"], response_model=ClassifyResponse, responses=ROUTE_ERRORS,
               summary="Classify one text or a list; [{label, score}] per input, best first")
     async def classify(body: ClassifyRequest, request: Request) -> JSONResponse:
         model = st.model(body.model, request)

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from qserve.serve.core.answer import Answer
 from qserve.serve.core.errors import ApiError
 from qserve.serve.core.pairs import v1_inputs
-from qserve.serve.core.schemas import ErrorResponse, LongText, Text, TextPair, TruncationJsonInt
+from qserve.serve.core.schemas import ROUTE_ERRORS, LongText, Text, TextPair, TruncationJsonInt
 from qserve.serve.core.state import ServedModel, ServeState
 
 PATHS = frozenset({"/classify"})
@@ -132,10 +132,7 @@ def openai_models(st: ServeState) -> dict[str, Any]:
 
 
 def add_vllm_routes(app: FastAPI, st: ServeState) -> None:
-    errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse}
-                                               for code in (400, 401, 404, 413, 415, 422, 429, 500, 503, 504)}
-
-    @app.post("/classify", tags=["vllm"], response_model=VllmClassifyResponse, responses=errors,
+    @app.post("/classify", tags=["vllm"], response_model=VllmClassifyResponse, responses=ROUTE_ERRORS,
               summary="vLLM: classify a text or a list; per input its label, probs and num_classes")
     async def vllm_classify(body: VllmClassifyRequest, request: Request) -> JSONResponse:
         model = st.model(body.model, request)
