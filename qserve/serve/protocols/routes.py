@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
