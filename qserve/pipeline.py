@@ -44,7 +44,8 @@ def _done(t0: float, what: str) -> float:
 
 def _train_stage(cfg, run_dir: Path, force: bool) -> Path:
     from qserve.training.resume import STARTED, config_diff, describe_diff
-    from qserve.training.train import TrainConfig, train
+    from qserve.training.config import TrainConfig
+    from qserve.training.train import train
 
     ckpt = run_dir / "checkpoint"
     metrics_path = ckpt / "train_metrics.json"
@@ -132,7 +133,7 @@ def _bench_stage(variants: list[Path], report_dir: Path, args, device: str, forc
 
 def run_pipeline(args: argparse.Namespace) -> Path:
     from qserve.devices import resolve_device
-    from qserve.training.train import TrainConfig
+    from qserve.training.config import TrainConfig
     from qserve.variants import supported
 
     device = resolve_device(args.device)

@@ -84,7 +84,7 @@ def plan(cfg, precisions: list[str] | None, device: str, bf16_updates: list[str]
          noise_precision: str | None) -> list[dict[str, Any]]:
     """The runs of a study, in order: one per precision (bf16-true once per update), then the noise run."""
     from qserve.training.precision import BF16_UPDATES, PRECISIONS
-    from qserve.training.train import split_seed
+    from qserve.training.config import split_seed
 
     supported = supported_precisions(device)
     for p in list(precisions or []) + ([noise_precision] if noise_precision not in (None, "none") else []):
@@ -143,7 +143,7 @@ def compare(cfg, precisions: list[str] | None, out_dir, bf16_updates: list[str] 
     from qserve.artifact import library_versions, now_iso, refuse_existing, write_json_atomic, write_text_atomic
     from qserve.provenance import provenance, with_header
     from qserve.devices import cpu_info, resolve_device
-    from qserve.training.train import validate
+    from qserve.training.config import validate
 
     validate(cfg)
     if isinstance(step_rounds, bool) or not isinstance(step_rounds, int) or step_rounds < 0:

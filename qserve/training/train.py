@@ -21,153 +21,18 @@ import logging
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
-from qserve.configflags import add_flags, build, field_docs, flag
-from qserve.longtext import TRAIN_DEFAULT
-from qserve.problemtypes import SHORT, from_flag, headline, loss
-from qserve.training.precision import (BF16_UPDATES, MATMUL_PRECISIONS, PRECISIONS, build_optimizer, check_precision,
-                              optimizer_state_bytes)
+from qserve.configflags import add_flags, build, field_docs
+from qserve.problemtypes import from_flag, headline, loss
 from qserve.training.batches import PadCollate, batch_inputs, encode_split, evaluate
+from qserve.training.config import MAX_GRAD_NORM, CompareOptions, TrainConfig, split_seed, train_policy, validate
+from qserve.training.precision import build_optimizer, check_precision, optimizer_state_bytes
 
 log = logging.getLogger(__name__)
-
-MAX_GRAD_NORM = 1.0  # the usual fine-tuning clip; keeps the first high-lr steps from diverging
-FILES_WRITTEN = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                 "special_tokens_map.json", "vocab.txt", "qserve_model.json", "train_metrics.json")
-
-
-@dataclass
-class TrainConfig:
-    """One fine-tuning run. Each field is a `qserve train` flag; its docstring is the help."""
-
-    model: str = "default"
-    """`default` (embedded MiniLM in DistilBERT layout), a local checkpoint directory, or a hub id."""
-    dataset: str = "default"
-    """`default`/`imdb-embedded`, `rotten-tomatoes`, a local .csv/.jsonl/.json (text,label; a text_pair column
-    trains a pair model) or a hub id."""
-    problem_type: str | None = field(default=None, metadata=flag(choices=tuple(SHORT), default_text="inferred"))
-    """single (softmax, cross-entropy), multi (multi-label: sigmoid per label, BCE) or regression (one value,
-    MSE). Default: from the data file: a list of labels per row -> multi, a non-integer number -> regression."""
-    precision: str = field(default="bf16-mixed", metadata=flag(
-        choices=PRECISIONS, repeat=True, default_text="bf16-mixed; with --compare, all the device supports"))
-    """Training precision: 32-true, 16-mixed (CUDA only), bf16-mixed or bf16-true. With --compare, give it
-    several times to choose the precisions compared."""
-    epochs: int = 1
-    """Passes over the training set."""
-    batch_size: int = 16
-    """Examples per forward pass (per device)."""
-    lr: float = 1e-4
-    """Peak AdamW learning rate (after linear warm-up, then linear decay to 0)."""
-    weight_decay: float = 0.01
-    """AdamW weight decay (not applied to biases and LayerNorm weights)."""
-    warmup_ratio: float = 0.1
-    """Fraction of optimizer steps spent warming the learning rate up from 0."""
-    grad_accum: int = 1
-    """Forward passes per optimizer step (effective batch = batch_size * grad_accum * devices)."""
-    max_length: int = 128
-    """Truncate texts to this many tokens (also recorded for export, bench and serve)."""
-    long_text: str = field(default=TRAIN_DEFAULT, metadata=flag(metavar="POLICY"))
-    """What training, validation and test read of a text longer than max_length: head, tail or head-tail[:H]
-    (H tokens from the start, the rest from the end); recorded for export, bench and serve."""
-    max_samples: int | None = None
-    """Train on a seeded, stratified subset of this many examples (val/test unaffected; 0 on the CLI = all)."""
-    max_eval_samples: int | None = 2000
-    """Cap val and test at this many examples each (seeded, stratified; 0 on the CLI = no cap); bench reuses it."""
-    bf16_update: str = field(default="compensated", metadata=flag(
-        choices=BF16_UPDATES, repeat=True, default_text="compensated; with --compare, compensated and plain"))
-    """bf16-true only: compensated (torch-optimi AdamW, Kahan summation into a bf16 buffer) or plain (torch
-    AdamW on bf16 weights: updates below half a bf16 ulp round away). With --compare, give it several times
-    to run bf16-true once per value."""
-    seed: int = 42
-    """Seed for the split, subsampling, head init, shuffling and dropout."""
-    data_seed: int | None = field(default=None, metadata=flag(default_text="--seed"))
-    """Seed for the split and subsampling only (None: seed); lets two seeds train on the same data."""
-    out: str | None = field(default=None, metadata=flag(
-        default_text="models/<model_name>-<dataset>-<precision>; with --compare, benchmarks/reports/precision"))
-    """Output directory (with --compare: the report directory)."""
-    device: str = "auto"
-    """auto (CUDA when available), cpu, cuda or cuda:N."""
-    devices: int = 1
-    """Processes/GPUs for data-parallel training (Fabric DDP when > 1)."""
-    strategy: str = "auto"
-    """Fabric strategy: auto, ddp, ddp_spawn, fsdp, ..."""
-    matmul_precision: str | None = field(default=None, metadata=flag(choices=MATMUL_PRECISIONS))
-    """torch.set_float32_matmul_precision: highest, high (TF32 on Ampere+) or medium."""
-    force: bool = False
-    """Replace an existing output directory (and start an unfinished run over, whatever its config)."""
-    checkpoint_every: int | None = field(default=None, metadata=flag(default_text="about every 5 min of training"))
-    """Write a resumable checkpoint into --out every this many optimizer steps, atomically, keeping only the
-    latest (default: the steps of about 5 minutes, from the first steps' median time; 0: never)."""
-    resume: bool | None = field(default=None, metadata=flag(default_text="resume an unfinished run in --out"))
-    """--resume: continue the unfinished run in --out (an error if there is none); --no-resume: start it over.
-    Default: resume when --out holds an unfinished run with this config."""
-    num_workers: int = 0
-    """DataLoader worker processes (tokenization is done up front, so 0 is usually right)."""
-
-
-@dataclass
-class CompareOptions:
-    """`qserve train --compare`: the precision study's own flags (the study itself is qserve/training/study.py)."""
-
-    compare: bool = False
-    """Run the same fine-tune once per precision, each in its own process, and write precision_study.json/.md
-    (time, step time, optimizer state, peak memory, accuracy)."""
-    noise_precision: str | None = field(default=None, metadata=flag(
-        choices=(*PRECISIONS, "none"), default_text="bf16-mixed, else the first studied"))
-    """With --compare: the precision run a second time with --seed + 1 on the same data, to measure
-    run-to-run noise (none: skip)."""
-    step_rounds: int = 3
-    """With --compare: after the full runs, time each run's step again in this many rounds of short children
-    taking turns, so machine drift hits every precision alike; 0 skips."""
-    step_samples: int = 768
-    """With --step-rounds: training examples per short child (768 = 48 steps of 16)."""
-
-
-def validate(cfg: TrainConfig) -> None:
-    """Reject bad values before anything heavy loads; messages name the flag and what is allowed."""
-    if cfg.precision not in PRECISIONS:
-        raise QserveError(f"--precision must be one of {', '.join(PRECISIONS)} (got {cfg.precision!r})")
-    if cfg.bf16_update not in BF16_UPDATES:
-        raise QserveError(f"--bf16-update must be one of {', '.join(BF16_UPDATES)} (got {cfg.bf16_update!r})")
-    if cfg.matmul_precision is not None and cfg.matmul_precision not in MATMUL_PRECISIONS:
-        raise QserveError(f"--matmul-precision must be one of {', '.join(MATMUL_PRECISIONS)} "
-                          f"(got {cfg.matmul_precision!r})")
-    for name, low in (("epochs", 1), ("batch_size", 1), ("grad_accum", 1), ("max_length", 8), ("devices", 1),
-                      ("num_workers", 0), ("checkpoint_every", 0)):
-        v = getattr(cfg, name)
-        if v is None and name == "checkpoint_every":
-            continue
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            raise QserveError(f"--{name.replace('_', '-')} must be an integer >= {low} (got {v!r})")
-    if not cfg.lr > 0:
-        raise QserveError(f"--lr must be > 0 (got {cfg.lr!r})")
-    if not 0 <= cfg.warmup_ratio < 1:
-        raise QserveError(f"--warmup-ratio must be in [0, 1) (got {cfg.warmup_ratio!r})")
-    if cfg.weight_decay < 0:
-        raise QserveError(f"--weight-decay must be >= 0 (got {cfg.weight_decay!r})")
-    train_policy(cfg)
-    from_flag(cfg.problem_type)
-
-
-def train_policy(cfg: TrainConfig) -> str:
-    """cfg.long_text written out in full for cfg.max_length; windows is refused (an inference policy)."""
-    from qserve import longtext
-
-    policy = longtext.resolve(cfg.long_text, cfg.max_length, "--long-text")
-    if not policy.trainable:
-        raise QserveError(f"--long-text {cfg.long_text}: windows is an inference policy (export or serve it with "
-                          f"--long-text); training uses one of {', '.join(longtext.TRAINING_KINDS)}")
-    return str(policy)
-
-
-def split_seed(cfg: TrainConfig) -> int:
-    """The seed of the data split and subsample (what bench and export rebuild the test split from)."""
-    return cfg.seed if cfg.data_seed is None else cfg.data_seed
-
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Fine-tune per `cfg`, write the checkpoint to cfg.out (or the default), return the metrics.

@@ -94,7 +94,8 @@ def test_train_applies_matmul_precision(tiny_checkpoint, tmp_path):
 
     import torch
 
-    from qserve.training.train import TrainConfig, train
+    from qserve.training.config import TrainConfig
+    from qserve.training.train import train
 
     data = tmp_path / "toy.csv"
     with open(data, "w", newline="", encoding="utf-8") as f:

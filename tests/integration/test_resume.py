@@ -24,7 +24,8 @@ import pytest
 
 from qserve import QserveError
 from qserve.training.resume import CHECKPOINT, KILL_ENV, PARTIAL_SUFFIX, STARTED
-from qserve.training.train import FILES_WRITTEN, TrainConfig, train
+from qserve.training.config import FILES_WRITTEN, TrainConfig
+from qserve.training.train import train
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = {0: ["awful", "boring", "dull"], 1: ["great", "superb", "loved"]}

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from qserve import QserveError
-from qserve.training.train import FILES_WRITTEN, TrainConfig, train
+from qserve.training.config import FILES_WRITTEN, TrainConfig
+from qserve.training.train import train
 
 POS = ["great", "wonderful", "superb", "loved", "brilliant"]
 NEG = ["awful", "boring", "terrible", "hated", "dull"]

@@ -16,7 +16,8 @@ import pytest
 
 from qserve import QserveError
 from qserve.configflags import field_docs
-from qserve.training.train import TrainConfig, config_from_args
+from qserve.training.config import TrainConfig
+from qserve.training.train import config_from_args
 
 
 def _drift_error(update: str, steps: int = 100, lr: float = 1e-4) -> float:
