@@ -13,8 +13,9 @@ the same variant files. Writes comparison.json and comparison.md into --out and 
    strictly slower at b1 on real texts than one already meeting its bar is cut) never cuts the recommended
    variant;
 3. the two runs: the recommended variant and the served policy of each, and per variant agreement (with
-   its text count) and real-text b1 p50 side by side.
-Exit status 0 when 1-3 agree, 1 otherwise.
+   its text count) and real-text b1 p50 side by side;
+4. the two reports measured the same variant files (sizes and export parity per variant).
+Exit status 0 when 1-4 agree, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -108,6 +109,17 @@ def _ms(x: Any) -> str:
     return "–" if x is None else f"{x:.2f}"
 
 
+def same_exports(full: dict[str, Any], fast: dict[str, Any]) -> dict[str, Any]:
+    """Whether the two reports measured the same variant files: per variant, the same bytes on disk and in
+    weights and the same export-time parity figures (max |Δlogit| and probe agreement against the checkpoint,
+    which move with any change of the weights); the names where any differs."""
+    by = {v["name"]: v for v in fast["variants"]}
+    keys = ("disk_bytes", "weights_bytes", "parity")
+    differ = [v["name"] for v in full["variants"]
+              if v["name"] not in by or any(v.get(k) != by[v["name"]].get(k) for k in keys)]
+    return {"same": not differ, "differ": differ, "compared": keys}
+
+
 def render(c: dict[str, Any]) -> str:
     f, s, r = c["full"], c["fast"], c["replay"]
     L = ["# The fast bench's choice against a full policy comparison", "",
@@ -120,6 +132,8 @@ def render(c: dict[str, Any]) -> str:
          f"Replay: policy records dropped for {', '.join(r['dropped']) or 'none'}. "
          f"Eval cut replayed on the full run: cuts {', '.join(c['cut']['cut']) or 'none'}; the recommended "
          f"variant {'IS' if c['cut']['recommended_cut'] else 'is not'} among them.", "",
+         f"Same variant files: {'yes' if c['exports']['same'] else 'NO (' + ', '.join(c['exports']['differ']) + ')'} "
+         f"(per variant: {', '.join(c['exports']['compared'])}).", "",
          f"**Same choice: {'yes' if c['same'] else 'NO'}.**", "",
          "| variant | agreement, full (texts) | agreement, fast (texts) | real b1 p50 full (ms) | real b1 p50 fast (ms) "
          "| policies compared in the fast bench |", "|---|---:|---:|---:|---:|---|"]
@@ -145,13 +159,13 @@ def main(argv: list[str] | None = None) -> int:
 
     full, fast = _load(args.full), _load(args.fast)
     c = {"full_report": str(args.full), "fast_report": str(args.fast), "full": _choice(full), "fast": _choice(fast),
-         "replay": replay(full), "cut": replay_cut(full), "rows": rows(full, fast),
+         "replay": replay(full), "cut": replay_cut(full), "rows": rows(full, fast), "exports": same_exports(full, fast),
          "fast_stage_s": (fast.get("pipeline") or {}).get("stage_s"),
          "full_child_s": sum(v.get("wall_s") or 0 for v in full["variants"]),
          "fast_child_s": sum(v.get("wall_s") or 0 for v in fast["variants"])}
     keys = ("variant", "policy")
     c["same"] = (all(c["full"][k] == c["replay"][k] == c["fast"][k] for k in keys)
-                 and not c["cut"]["recommended_cut"])
+                 and not c["cut"]["recommended_cut"] and c["exports"]["same"])
     c["provenance"] = provenance()
     md = with_header(render(c), c["provenance"])
     print(md)

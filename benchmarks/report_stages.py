@@ -66,7 +66,23 @@ STAGES: tuple[Stage, ...] = (
           ("$QSERVE pipeline --force --report-dir benchmarks/reports/pipeline-fast-amd && "
            f"cp {MODELS}/checkpoint/train_metrics.json benchmarks/reports/pipeline-fast-amd/",),
           (_bench("pipeline-fast-amd"),),
-          "18.2 min: the measured wall time of that run (train 6.6, export 1.6, bench 10.0 min)"),
+          "15.9 min: the measured wall time of that run (its stage times: train 7.6, export 1.6, bench 6.2 min)"),
+    Stage("fast-vs-full", "the fast bench's recommendation and served policy against a full comparison (every policy on "
+          "every variant, the bench before issue 30, code b7b3591) of the same run's variant files",
+          ("rm -rf /tmp/qserve-b7b3591 && mkdir -p /tmp/qserve-b7b3591 && git archive b7b3591 qserve | "
+           "tar -x -C /tmp/qserve-b7b3591",
+           f"PYTHONPATH=/tmp/qserve-b7b3591 $PY -m qserve bench {MODELS}/variants/* --long-text "
+           "head,tail,head-tail,windows --max-eval-samples 1000 --batch-sizes 1,8,32 --seq-lens 128 --time-budget 2 "
+           "--threads 2 --out benchmarks/reports/full-policy-comparison-amd --force",
+           "$PY benchmarks/compare_full_policy.py --full benchmarks/reports/full-policy-comparison-amd/report.json "
+           "--fast benchmarks/reports/pipeline-fast-amd/report.json --out benchmarks/reports/fast-vs-full"),
+          (Report("benchmarks/reports/full-policy-comparison-amd/report.json",
+                  "benchmarks/reports/full-policy-comparison-amd/report.md", BENCH_MD),
+           Report("benchmarks/reports/fast-vs-full/comparison.json", "benchmarks/reports/fast-vs-full/comparison.md",
+                  "compare_full_policy:render")),
+          "31.7 min on the AMD EPYC (the full comparison; the comparison itself seconds), after pipeline-fast-amd: "
+          "the full comparison reads the variant files that run exported",
+          needs=(f"{MODELS}/variants/torch-fp32", "benchmarks/reports/pipeline-fast-amd/report.json")),
     Stage("embedded-default-full-test", "agreement of every CPU variant (and torch-fp16) on all 2,000 test reviews",
           (f"$QSERVE export {MODELS}/checkpoint --variant torch-fp16 --out {MODELS}/extra/torch-fp16 --force",
            f"$QSERVE bench {MODELS}/variants/{{torch-fp32,torch-bf16,bnb-int8,bnb-nf4,bnb-fp4,onnx-fp32,onnx-fp16,"
@@ -245,12 +261,13 @@ STAGES: tuple[Stage, ...] = (
           needs=(VARIANT,)),
     Stage("serve-overhead", "what a request costs beyond the model at 1 and 32 clients (wrk), by the server's own "
           "CPU time: onnx-int8 and the recommended variant, the code before (b7b3591) and after",
-          (f"$PY benchmarks/serve_overhead.py {VARIANT} {MODELS} --baseline-ref b7b3591 --rounds 1 --duration 15 "
+          (f"$PY benchmarks/serve_overhead.py {VARIANT} {MODELS} --baseline-ref b7b3591 --rounds 2 --duration 10 "
            "--out benchmarks/reports/serve-overhead",),
           (Report("benchmarks/reports/serve-overhead/report.json", "benchmarks/reports/serve-overhead/report.md",
                   "serve_overhead:render"),),
-          "5.2 min, measured on the AMD EPYC (2 variants x 2 code trees x 1 round, each ~80 s: the in-process "
-          "loops, wrk at 1 and 32 clients for 15 s each, a server start-up and 64 checked answers)",
+          "7.8 min, measured on the AMD EPYC (2 variants x 2 code trees x 2 rounds, each ~60 s: the in-process "
+          "loops, wrk at 1 and 32 clients for 10 s each, a server start-up and 64 checked answers); exits 1 while "
+          "a target is missed",
           needs=(VARIANT, f"{MODELS}/report")),
     Stage("checkpoint-cost", "one resumable training checkpoint of the embedded default per precision: wall and CPU "
           "seconds, size, share of training at the default ~5-minute interval",
