@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qserve import QserveError
 from qserve.variants import REGISTRY, VariantSpec, merge_options, option_defaults
+
+if TYPE_CHECKING:
+    from exporters.core import ExportContext
 
 # The classification head stays in full precision: it is tiny (dim*dim + dim*labels), so
 # quantizing it saves nothing, costs accuracy exactly where the logits are made, and the
@@ -128,7 +131,8 @@ def weight_bytes(weights_file: Path, linears: dict[str, tuple[int, int]]) -> dic
     return {"quantized_linear_bytes": stored, "quantized_linear_bytes_fp32": fp32}
 
 
-def build(checkpoint: Path, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, Any]:
+def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    checkpoint = ctx.checkpoint
     opts = resolve_options(spec, options)
     require_bnb(spec.name)
     record: dict[str, Any] = {}
@@ -142,7 +146,7 @@ def build(checkpoint: Path, out: Path, spec: VariantSpec, options: dict[str, Any
 
             source = Path(scratch)
             record["clipping"], clipped = clipping.clip_checkpoint(
-                checkpoint, source, spec.dtype, opts["calibration_samples"], SKIP_MODULES)
+                ctx, source, spec.dtype, opts["calibration_samples"], SKIP_MODULES)
         model = _quantized_model(source, spec, opts)
         if "clipping" in record:
             _check_clipped(model, clipped, record["clipping"]["block_size"], spec.name)

@@ -32,12 +32,15 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from qserve import QserveError
 from qserve.variants import REGISTRY, VariantSpec, merge_options, option_defaults
+
+if TYPE_CHECKING:
+    from exporters.core import ExportContext
 
 MODEL_FILE = "model.onnx"
 
@@ -103,11 +106,11 @@ def resolve_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     return opts
 
 
-def build(checkpoint: Path, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, Any]:
+def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Write model.onnx + config.json for `spec` into `out`; return the manifest's "onnx" record."""
     opts = resolve_options(spec.name, options)
     _require_onnxruntime()
-    checkpoint, out = Path(checkpoint), Path(out)
+    checkpoint, out = ctx.checkpoint, Path(out)
     from exporters.core import shared_export
 
     with tempfile.TemporaryDirectory(prefix="qserve-onnx-") as scratch:
@@ -125,7 +128,7 @@ def build(checkpoint: Path, out: Path, spec: VariantSpec, options: dict[str, Any
         elif spec.dtype == "fp16":
             record = convert_fp16(src, dst)
         elif spec.dtype == "int8":
-            record = quantize_int8(src, dst, _read_config(fp32_dir), opts, Path(scratch), checkpoint)
+            record = quantize_int8(src, dst, _read_config(fp32_dir), opts, Path(scratch), ctx)
         elif spec.dtype == "int4":
             record = quantize_int4(src, dst, opts)
         else:  # the OPTIONS table and the variant table disagree: a programming error
@@ -222,7 +225,7 @@ def optimize_bert(src: Path, dst: Path, config: dict[str, Any]) -> dict[str, int
 
 
 def quantize_int8(src: Path, dst: Path, config: dict[str, Any], opts: dict[str, Any], scratch: Path,
-                  checkpoint: Path) -> dict[str, Any]:
+                  checkpoint: ExportContext | Path) -> dict[str, Any]:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 

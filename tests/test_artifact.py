@@ -12,7 +12,7 @@ from qserve.runtime import load_runtime
 
 
 def test_manifest_round_trip(tiny_variant, tiny_checkpoint):
-    m = verify(tiny_variant)
+    m = verify(tiny_variant).to_json()
     assert m["format"] == "qserve-variant/1"
     assert m["spec"]["name"] == "torch-fp32" and m["spec"]["backend"] == "torch"
     assert m["labels"] == ["negative", "positive"]
@@ -23,7 +23,7 @@ def test_manifest_round_trip(tiny_variant, tiny_checkpoint):
     # every file in the dir but the manifest is listed with its size
     on_disk = {p.name for p in tiny_variant.iterdir()} - {"manifest.json"}
     assert set(m["files"]) == on_disk
-    assert read_manifest(tiny_variant) == m
+    assert read_manifest(tiny_variant).to_json() == m
 
 
 def test_exact_files_of_a_torch_variant(tiny_variant):
@@ -82,9 +82,9 @@ def test_refuses_to_overwrite_without_force(tiny_checkpoint, tiny_variant):
 
 def test_force_replaces(tiny_checkpoint, tmp_path):
     out = tmp_path / "v"
-    first = exporters.export(tiny_checkpoint, "torch-bf16", out)
-    second = exporters.export(tiny_checkpoint, "torch-bf16", out, force=True)
-    assert verify(out)["created"] == second["created"] and first["spec"] == second["spec"]
+    first = exporters.export(tiny_checkpoint, "torch-bf16", out).to_json()
+    second = exporters.export(tiny_checkpoint, "torch-bf16", out, force=True).to_json()
+    assert verify(out).to_json()["created"] == second["created"] and first["spec"] == second["spec"]
     assert [p.name for p in tmp_path.iterdir()] == ["v"]  # no temp or old dirs left behind
 
 
@@ -140,9 +140,9 @@ def test_parity_tolerance_miss_warns_and_is_recorded(tiny_checkpoint, tmp_path, 
 
     monkeypatch.setitem(core.TOLERANCE, "bf16", 1e-9)
     with pytest.warns(UserWarning, match=r"max \|Δlogit\| .* exceeds tolerance 1e-09"):
-        m = exporters.export(tiny_checkpoint, "torch-bf16", tmp_path / "v")
+        m = exporters.export(tiny_checkpoint, "torch-bf16", tmp_path / "v").to_json()
     assert m["parity"]["within_tolerance"] is False
-    assert verify(tmp_path / "v")["parity"]["tolerance"] == 1e-9
+    assert verify(tmp_path / "v").to_json()["parity"]["tolerance"] == 1e-9
 
 
 def test_runtime_predict_contract(tiny_variant):
@@ -175,7 +175,7 @@ def _edit_manifest(vdir, reseal: bool, **changes):
 def test_manifest_records_its_own_digest(tiny_variant):
     from qserve.artifact import DIGEST_KEY, manifest_digest
 
-    m = verify(tiny_variant)
+    m = verify(tiny_variant).to_json()
     assert len(m[DIGEST_KEY]) == 64 and m[DIGEST_KEY] == manifest_digest(m)
 
 
@@ -212,7 +212,7 @@ def test_older_manifest_without_digest_loads_with_a_warning_and_is_still_cross_c
     del m[DIGEST_KEY]
     (copy_of / "manifest.json").write_text(json.dumps(m))
     with caplog.at_level("WARNING", logger="qserve.artifact"):
-        assert verify(copy_of)["labels"] == ["negative", "positive"]
+        assert verify(copy_of).to_json()["labels"] == ["negative", "positive"]
     assert "no manifest_sha256" in caplog.text and "re-export" in caplog.text
     m["labels"] = ["positive", "negative"]
     (copy_of / "manifest.json").write_text(json.dumps(m))

@@ -168,7 +168,7 @@ def test_int8_graph_holds_signed_int8_quantized_ops(onnx_variants):
 
 def test_int8_optimize_fuses_attention_before_quantizing(tiny_checkpoint, reference, tmp_path):
     out = tmp_path / "onnx-int8-fused"
-    manifest = exporters.export(tiny_checkpoint, "onnx-int8", out, options={"optimize": True, "per_channel": False})
+    manifest = exporters.export(tiny_checkpoint, "onnx-int8", out, options={"optimize": True, "per_channel": False}).to_json()
     assert {"QAttention", "SkipLayerNormalization"} <= _ops(out)
     assert manifest["onnx"]["fusions"]["Attention"] == 2  # one per layer of the tiny model
     assert manifest["onnx"]["quantization"]["per_channel"] is False
@@ -201,7 +201,7 @@ def test_int4_graph_holds_matmulnbits(onnx_variants):
 def test_int4_quantize_embeddings_and_block_size(tiny_checkpoint, onnx_variants, reference, tmp_path):
     out = tmp_path / "onnx-int4-emb"
     manifest = exporters.export(tiny_checkpoint, "onnx-int4", out,
-                                options={"quantize_embeddings": True, "block_size": 16})
+                                options={"quantize_embeddings": True, "block_size": 16}).to_json()
     assert {"MatMulNBits", "GatherBlockQuantized"} <= _ops(out)
     assert manifest["spec"]["options"] == {"quantize_embeddings": True, "block_size": 16}
     assert manifest["onnx"]["quantization"]["op_types"] == ["MatMul", "Gather"]
