@@ -252,3 +252,124 @@ def test_serve_and_bench_take_allow_extra_files(copy_of):
     from qserve.bench.cli import config_from_args
 
     assert config_from_args(args).allow_extra_files is True
+
+
+# -- typed artifacts (issue 29): Manifest and ModelMeta read once, validated once, versioned, same bytes ----
+# A finished `make demo` run (models/ is git-ignored); QSERVE_DEMO_RUN points at one elsewhere (read-only).
+SHARED_RUN = __import__("pathlib").Path(__import__("os").environ.get("QSERVE_DEMO_RUN") or (
+    __import__("pathlib").Path(__file__).resolve().parents[1] / "models" / "minilm-l6-distilbert-imdb"))
+
+
+def _old_write_manifest(root, manifest: dict) -> bytes:
+    """How qserve wrote a manifest before it was typed (the dict path), for the byte-for-byte comparison."""
+    from qserve.artifact import DIGEST_KEY, FORMAT, hash_files, manifest_digest
+
+    data = {"format": FORMAT, **manifest}
+    data["files"] = hash_files(root)
+    data = json.loads(json.dumps(data, default=str))
+    data[DIGEST_KEY] = manifest_digest(data)
+    return (json.dumps(data, indent=2, sort_keys=False, default=str) + "\n").encode()
+
+
+def _sample_dir(tmp_path):
+    root = tmp_path / "v"
+    root.mkdir()
+    (root / "model.onnx").write_bytes(b"\0" * 32)
+    (root / "config.json").write_text(json.dumps({"id2label": {"0": "neg", "1": "pos"}}))
+    return root
+
+
+def _sample_fields() -> dict:
+    return {"spec": {"name": "onnx-int8", "backend": "onnx", "bits": 8, "dtype": "int8", "cpu": True, "cuda": False,
+                     "options": {"smooth": True, "keep_fp32": ""}},
+            "model_name": "m", "labels": ["neg", "pos"], "problem_type": "single_label_classification",
+            "max_length": 64, "long_text": "head", "inputs": ["text"], "source": {"path": "/x", "sha256": "ab"},
+            "export_device": "cpu", "versions": {"qserve": "0.1.0"}, "onnx": {"opset": 18, "ops": ["MatMul"]},
+            "parity": {"probes": 8, "max_abs_logit_diff": 0.01}, "created": "2026-12-01T00:00:00+00:00"}
+
+
+def test_typed_write_keeps_the_bytes_of_the_dict_write(tmp_path):
+    from qserve.artifact import MANIFEST, Manifest, write_manifest
+
+    root = _sample_dir(tmp_path)
+    fields = _sample_fields()
+    want = _old_write_manifest(root, fields)
+    m = Manifest.from_json({"format": "qserve-variant/1", "files": {}, **fields})
+    written = write_manifest(root, m)
+    assert (root / MANIFEST).read_bytes() == want
+    assert written.record("onnx") == {"opset": 18, "ops": ["MatMul"]} and written.spec.options["smooth"] is True
+    assert verify(root) == written  # read once, the same value
+
+
+@pytest.mark.skipif(not (SHARED_RUN / "variants").is_dir(), reason="the shared demo run is not on this machine")
+def test_every_exported_variant_of_the_shared_run_loads_and_round_trips():
+    from qserve.artifact import MANIFEST, ModelMeta, read_model_meta
+
+    dirs = sorted(d for d in (SHARED_RUN / "variants").iterdir() if (d / MANIFEST).is_file())
+    assert dirs
+    for d in dirs:  # read-only: nothing is written there
+        m = verify(d, check_hashes=False)
+        assert m.name == d.name and m.max_length >= 2 and m.parity is not None
+        raw = (d / MANIFEST).read_bytes()
+        assert (json.dumps(m.to_json(), indent=2) + "\n").encode() == raw, d
+        meta = read_model_meta(d)
+        assert meta is not None and meta.max_length == m.max_length
+    ckpt = SHARED_RUN / "checkpoint" / "qserve_model.json"
+    meta = ModelMeta.from_json(json.loads(ckpt.read_text()), ckpt)
+    assert (json.dumps(meta.to_json(), indent=2) + "\n").encode() == ckpt.read_bytes()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"labels": None}, r"lacks the 'labels' field"),
+    ({"max_length": "64"}, r"max_length must be an integer >= 2, got '64'"),
+    ({"labels": ["neg", 1]}, r"labels must be a non-empty list of strings"),
+    ({"spec": {"name": "onnx-int8", "backend": "onnx", "bits": 8, "dtype": 8}}, r"spec\.dtype must be a dtype name"),
+    ({"spec": {"name": "onnx-int8", "backend": "onnx", "bits": 8, "dtype": "int8", "colour": "red"}},
+     r"spec has unknown field\(s\) colour; allowed: name, backend"),
+    ({"problem_type": "ranking"}, r"problem_type 'ranking' is not one of"),
+    ({"inputs": ["text", "other"]}, r"inputs must be \['text'\] or \['text', 'text_pair'\]"),
+    ({"files": {"model.onnx": {"sha256": "ab"}}}, r"files\['model.onnx'\] must be"),
+    ({"onnx": "fast"}, r"onnx must be an object \(a backend's record\)"),
+])
+def test_a_manifest_with_a_wrong_or_missing_field_is_refused_naming_it(tmp_path, change, message):
+    from qserve.artifact import read_manifest
+
+    root = _sample_dir(tmp_path)
+    data = {"format": "qserve-variant/1", "files": {}, **_sample_fields(), **change}
+    data = {k: v for k, v in data.items() if v is not None}
+    (root / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(VariantError, match=message) as e:
+        read_manifest(root)
+    assert str(root / "manifest.json") in str(e.value)
+
+
+def test_a_manifest_of_a_newer_or_older_format_version_is_refused(tmp_path):
+    from qserve.artifact import read_manifest
+
+    root = _sample_dir(tmp_path)
+    for fmt, why in (("qserve-variant/2", "newer qserve: upgrade qserve"), ("qserve-variant/0", "re-export")):
+        (root / "manifest.json").write_text(json.dumps({"format": fmt, "files": {}, **_sample_fields()}))
+        with pytest.raises(VariantError, match=rf"format '{fmt}'; this qserve reads 'qserve-variant/1' only.*{why}"):
+            read_manifest(root)
+
+
+def test_model_meta_is_validated_versioned_and_written_as_train_writes_it(tmp_path):
+    from qserve.artifact import CheckpointError, ModelMeta, read_model_meta
+
+    trained = {"model_name": "m", "base_model": "b", "dataset": "imdb", "seed": 1, "max_length": 64,
+               "long_text": "head", "max_eval_samples": None, "labels": ["a", "b", "c"],
+               "problem_type": "regression", "label_range": None}
+    path = tmp_path / "qserve_model.json"
+    meta = ModelMeta.from_json(trained, path)
+    assert meta.to_json() == trained and list(meta.to_json()) == list(trained)  # same keys, same order
+    meta.write(path)
+    assert path.read_text() == json.dumps(trained, indent=2) + "\n"
+    assert read_model_meta(tmp_path) == meta and read_model_meta(tmp_path / "nowhere") is None
+    for change, message in (({"max_length": "64"}, "max_length must be an integer >= 2"),
+                            ({"seed": 1.5}, "seed must be an integer"),
+                            ({"inputs": "text"}, "inputs must be"),
+                            ({"format": "qserve-model/2"}, "format 'qserve-model/2'; this qserve reads 'qserve-model/1'")):
+        path.write_text(json.dumps({**trained, **change}))
+        with pytest.raises(CheckpointError, match=message) as e:
+            read_model_meta(tmp_path)
+        assert str(path) in str(e.value)
