@@ -110,16 +110,6 @@ def rows_alone(batches: list[dict]) -> list[dict]:
             for b in batches for i in range(len(b["input_ids"]))]
 
 
-def check_samples(value: Any, name: str, purpose: str) -> int:
-    """The calibration_samples option, checked: an integer from 1 to 1024."""
-    from qserve import QserveError
-
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1024:
-        raise QserveError(f"option calibration_samples for {name} must be an integer from 1 to 1024 "
-                          f"(training texts that calibrate {purpose}; got {value!r})")
-    return value
-
-
 def feed(input_names: set[str], batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """An ONNX session's inputs from a calibration batch (zero token types where the graph wants them)."""
     out = {k: v for k, v in batch.items() if k in input_names}

@@ -169,15 +169,17 @@ def _default_text(opt: Option) -> str:
 
 
 def _add_option_flag(p: argparse.ArgumentParser, opts: list[Option]) -> None:
-    """One `qserve export` flag for an option key; its help names each backend's variants and defaults."""
+    """One `qserve export` flag for an option key, made by the one flag helper (configflags.add_flags) from the
+    backend's typed options (qserve.variants.BackendOptions); its help names each backend's variants and
+    defaults."""
+    from qserve.configflags import Flag, add_flags
+    from qserve.variants import backend_of
+
     help_text = "; ".join(f"{', '.join(o.defaults)}: {o.help}{_default_text(o)}" for o in opts)
-    help_text = help_text.replace("%", "%%")  # argparse %-formats help strings
     first = opts[0]
-    if first.kind is bool:
-        p.add_argument(first.flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-    else:
-        p.add_argument(first.flag, type=first.kind, choices=list(first.choices) or None, metavar=first.metavar,
-                       help=help_text)
+    typed = backend_of(next(iter(first.defaults))).options_type
+    add_flags(p, typed, [first.key], unset=True, negatable=True, help={first.key: help_text},
+              flags={first.key: Flag(choices=tuple(first.choices) or None, metavar=first.metavar)})
 
 
 def register(sub) -> None:
