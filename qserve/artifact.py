@@ -440,11 +440,8 @@ def manifest_digest(data: dict[str, Any]) -> str:
 def write_manifest(root: Path, manifest: Manifest) -> Manifest:
     """Hash every file in root, then write manifest.json (format tag, files, creation time, own digest)."""
     root = Path(root)
-    data = manifest.to_json()
-    data.pop(DIGEST_KEY, None)
-    data.pop("files", None)
-    data = {"format": FORMAT, **{k: v for k, v in data.items() if k != "format"}}
-    data["files"] = hash_files(root)
+    data = {"format": FORMAT, **{k: v for k, v in manifest.to_json().items() if k not in ("format", DIGEST_KEY)}}
+    data["files"] = hash_files(root)  # in its place when the manifest had files (a reseal), else after parity
     data.setdefault("created", now_iso())
     # Round-trip through JSON first so the digest covers exactly what a reader will see.
     data = json.loads(json.dumps(data, default=str))

@@ -373,3 +373,18 @@ def test_model_meta_is_validated_versioned_and_written_as_train_writes_it(tmp_pa
         with pytest.raises(CheckpointError, match=message) as e:
             read_model_meta(tmp_path)
         assert str(path) in str(e.value)
+
+
+def test_a_resealed_manifest_keeps_its_key_order_and_creation_time(tmp_path):
+    from dataclasses import replace
+
+    from qserve.artifact import MANIFEST, Manifest, read_manifest, write_manifest
+
+    root = _sample_dir(tmp_path)
+    fields = {k: v for k, v in _sample_fields().items() if k != "created"}  # as an export writes it: stamped now
+    write_manifest(root, Manifest.from_json({"format": "qserve-variant/1", "files": {}, **fields}))
+    before = json.loads((root / MANIFEST).read_text())
+    (root / "model.onnx").write_bytes(b"\1" * 40)
+    after = write_manifest(root, replace(read_manifest(root), model_name="other")).to_json()
+    assert list(after) == list(before) and after["created"] == before["created"]
+    assert after["files"]["model.onnx"]["bytes"] == 40 and after["model_name"] == "other"
