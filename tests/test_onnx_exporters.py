@@ -41,7 +41,8 @@ BATCH_TOL = {"fp32": 1e-5, "fp16": 1e-3, "int8": 1e-5, "int4": 1e-5}
 @pytest.fixture(scope="module")
 def onnx_variants(tiny_checkpoint, tmp_path_factory) -> dict[str, tuple[Path, dict]]:
     root = tmp_path_factory.mktemp("onnx-variants")
-    return {name: (root / name, exporters.export(tiny_checkpoint, name, root / name)) for name in ONNX_VARIANTS}
+    return {name: (root / name, exporters.export(tiny_checkpoint, name, root / name).to_json())
+            for name in ONNX_VARIANTS}
 
 
 @pytest.fixture(scope="module")
