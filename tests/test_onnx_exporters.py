@@ -17,6 +17,7 @@ pytest.importorskip("optimum.exporters.onnx")
 import exporters  # noqa: E402
 from exporters.core import TOLERANCE, TOKENIZER_FILES, reference_logits  # noqa: E402
 from qserve import QserveError  # noqa: E402
+from qserve.artifact import read_manifest  # noqa: E402
 from qserve.runtime import RuntimeOptions, load_runtime  # noqa: E402
 
 ONNX_VARIANTS = ["onnx-fp32", "onnx-fp16", "onnx-int8", "onnx-int4"]
@@ -276,7 +277,7 @@ def test_cuda_without_cuda_provider_names_the_gpu_extra(onnx_variants):
         pytest.skip("this onnxruntime has the CUDA provider")
     path, manifest = onnx_variants["onnx-fp32"]
     with pytest.raises(QserveError, match=r"qserve\[gpu\]"):
-        OnnxRuntime(path, manifest, "cuda", RuntimeOptions())
+        OnnxRuntime(path, read_manifest(path), "cuda", RuntimeOptions())
 
 
 def test_int8_on_cuda_is_refused(onnx_variants):
@@ -284,7 +285,7 @@ def test_int8_on_cuda_is_refused(onnx_variants):
 
     path, manifest = onnx_variants["onnx-int8"]
     with pytest.raises(QserveError, match="no CUDA kernels"):
-        OnnxRuntime(path, manifest, "cuda", RuntimeOptions())
+        OnnxRuntime(path, read_manifest(path), "cuda", RuntimeOptions())
 
 
 def test_missing_onnxruntime_names_the_cpu_extra(onnx_variants, monkeypatch):
@@ -293,4 +294,4 @@ def test_missing_onnxruntime_names_the_cpu_extra(onnx_variants, monkeypatch):
     path, manifest = onnx_variants["onnx-fp32"]
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # what `import` sees when it is not installed
     with pytest.raises(QserveError, match=r"pip install 'qserve\[cpu\]'"):
-        OnnxRuntime(path, manifest, "cpu", RuntimeOptions())
+        OnnxRuntime(path, read_manifest(path), "cpu", RuntimeOptions())
