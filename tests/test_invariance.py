@@ -131,12 +131,14 @@ def test_llm_int8_is_run_row_by_row_only_where_it_picks_outliers_per_batch():
     from types import SimpleNamespace
 
     from qserve.runtime.torch_rt import _llm_int8_picks_outliers_per_batch as per_batch
+    from qserve.variants import VARIANTS
 
+    int8, nf4 = VARIANTS["bnb-int8"], VARIANTS["bnb-nf4"]
     model = SimpleNamespace(config=SimpleNamespace(quantization_config={"llm_int8_threshold": 6.0}))
-    assert per_batch(model, {"dtype": "int8"}, "cuda:0") and per_batch(model, {"dtype": "int8"}, "cpu")
-    assert not per_batch(model, {"dtype": "nf4"}, "cuda")
+    assert per_batch(model, int8, "cuda:0") and per_batch(model, int8, "cpu")
+    assert not per_batch(model, nf4, "cuda")
     model.config.quantization_config = {"llm_int8_threshold": 0.0}  # no outlier decomposition: rows independent
-    assert not per_batch(model, {"dtype": "int8"}, "cuda")
+    assert not per_batch(model, int8, "cuda")
 
 
 def test_row_by_row_false_rebuilds_the_graph_of_before(tiny_checkpoint, variants, tmp_path):
