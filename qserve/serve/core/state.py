@@ -160,7 +160,7 @@ class ServeState:
             self.metrics.version.labels(name, new.version).set(1)
             self.metrics.loads.labels(name, "swapped" if old else "loaded").inc()
             log.info("serving %s version %s (%s, %s, labels %s, length buckets %s)%s", name, new.version,
-                     new.runtime.manifest.get("model_name"), new.variant_dir, new.runtime.labels,
+                     new.runtime.manifest.model_name, new.variant_dir, new.runtime.labels,
                      new.runtime.buckets or "none (runs unpadded)", f", replacing version {old.version}" if old else "")
             if old is not None:
                 retired = await self._retire(old)
@@ -206,7 +206,7 @@ class ServeState:
             version = model_version(runtime.manifest)
             shadow = self.shadows.get(source.name)
             if shadow is not None:
-                shadow.attach(version, list(runtime.labels), (runtime.manifest.get("spec") or {}).get("bits"))
+                shadow.attach(version, list(runtime.labels), runtime.manifest.spec.bits)
             warm = infer_fn(runtime)
             # Warm-up on the inference thread, so first-call costs (allocator, graph init) do not land on a
             # client. A batch of one and a batch of several can take different paths (onnx-int8 runs a

@@ -259,7 +259,7 @@ def info(st: ServeState) -> dict[str, Any]:
     model = st.model(None)
     rt, cfg = model.runtime, st.config
     labels = list(rt.labels)
-    dtype = (rt.manifest.get("spec") or {}).get("dtype") or "fp32"
+    dtype = rt.manifest.spec.dtype or "fp32"
     return {"model_id": model.name, "model_sha": model.version, "model_dtype": {
         "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(dtype, dtype),
         "model_type": {"classifier": {"id2label": {str(i): x for i, x in enumerate(labels)},
