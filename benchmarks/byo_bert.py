@@ -54,13 +54,16 @@ def agreement(checkpoint: Path, variants: list[Path], samples: int) -> dict[str,
     from qserve.data.datasets import load_dataset
     from qserve.runtime import load_runtime
 
-    meta = json.loads((checkpoint / "qserve_model.json").read_text(encoding="utf-8"))
-    texts = load_dataset(meta["dataset"], seed=int(meta.get("seed", 42))).test.texts[:samples]
-    max_length = checkpoint_info(checkpoint)["max_length"]
+    info = checkpoint_info(checkpoint)
+    meta = info.meta
+    if meta is None or not meta.dataset:
+        raise SystemExit(f"{checkpoint} records no dataset in its qserve_model.json")
+    texts = load_dataset(meta.dataset, seed=meta.seed if meta.seed is not None else 42).test.texts[:samples]
+    max_length = info.max_length
     # the yardstick reads each review as the variants do: under the policy the checkpoint recorded (head-tail
     # by default), which every variant's manifest carries; a reference cut another way would count the
     # policy's difference as the variant's
-    policy = variant_policy(checkpoint)
+    policy = variant_policy(info)
     ref = np.concatenate([reference_logits(checkpoint, texts[i:i + 64], max_length, policy)
                           for i in range(0, len(texts), 64)])
     out = {}
@@ -155,11 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     # one indented "    failed: VARIANT: TYPE: message" line per failed variant
     failed = [ln.split(":")[1].strip() for ln in exported.stdout.splitlines() if ln.startswith("    failed: ")]
     variants = sorted(d for d in variants_dir.iterdir() if (d / "manifest.json").is_file())
+    from qserve.artifact import ModelMeta, read_model_meta
     from qserve.devices import cpu_info
 
     report = {"model": "minilm-l6-bert", "max_samples": args.max_samples, "samples": args.samples,
               "environment": {"cpu": cpu_info(), "cpu_count": os.cpu_count()},
-              "long_text": json.loads((ckpt / "qserve_model.json").read_text(encoding="utf-8")).get("long_text"),
+              "long_text": (read_model_meta(ckpt) or ModelMeta()).long_text,
               "test_accuracy": json.loads((ckpt / "train_metrics.json").read_text(encoding="utf-8")).get("test_accuracy"),
               "export": {"exit": exported.returncode, "failed": failed},
               "agreement": agreement(ckpt, variants, args.samples)}

@@ -237,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     from qserve.artifact import write_json_atomic, write_text_atomic
     from qserve.bench import invariance
     from qserve.bench.envinfo import environment
+    from qserve.artifact import ModelMeta, read_model_meta
     from qserve.data.datasets import load_dataset
     from qserve.provenance import provenance, with_header
 
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.checkpoint / "config.json").is_file():
             build_checkpoint(args.checkpoint)
         args.eval = 0
-    model = json.loads((args.checkpoint / "qserve_model.json").read_text(encoding="utf-8")).get("model_name")
+    model = (read_model_meta(args.checkpoint) or ModelMeta()).model_name
     out = args.out or ROOT / "benchmarks" / "reports" / "int8-invariance" / ("distilbert-base-dims" if args.base_dims
                                                                              else "embedded-default")
     rts = runtimes(args.checkpoint, args.checkpoint.parent / "int8-invariance", args.threads, args.graph_only)

@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         variants = {}
         for key, d in (("served", args.variant_dir), ("swap_to", swap_to), ("reference", args.reference)):
             m = read_manifest(d)
-            variants[key] = {"name": m["spec"]["name"], "dir": str(d), "version": m.get("manifest_sha256", "")[:12]}
+            variants[key] = {"name": m.name, "dir": str(d), "version": (m.digest or "")[:12]}
         texts = default_texts()
         with tempfile.TemporaryDirectory(prefix="lifecycle-bench-") as tmp:
             work = Path(tmp)

@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     need = labels + ([REFERENCE] if not random_weights and REFERENCE not in labels else [])
     dirs = ensure_variants(ckpt, root, need)
     runtimes = {lb: load_runtime(d, "cpu", RuntimeOptions(threads=args.threads)) for lb, d in dirs.items()}
-    report: dict[str, Any] = {"created": now_iso(), "model": next(iter(runtimes.values())).manifest.get("model_name"),
+    report: dict[str, Any] = {"created": now_iso(), "model": next(iter(runtimes.values())).manifest.model_name,
                               "random_weights": random_weights, "checkpoint": str(ckpt),
                               "variants": {lb: str(d) for lb, d in dirs.items()},
                               "config": {k: getattr(args, k) for k in ("threads", "rounds", "n1", "n32", "seq",
@@ -315,8 +315,10 @@ def main(argv: list[str] | None = None) -> int:
     if not random_weights:
         from qserve.data.datasets import load_dataset
 
-        meta = json.loads((ckpt / "qserve_model.json").read_text(encoding="utf-8"))
-        splits = load_dataset(meta.get("dataset", "default"), seed=int(meta.get("seed", 42)),
+        from qserve.artifact import ModelMeta, read_model_meta
+
+        meta = read_model_meta(ckpt) or ModelMeta()
+        splits = load_dataset(meta.dataset or "default", seed=meta.seed if meta.seed is not None else 42,
                               max_eval_samples=args.eval_samples)
         texts, gold = list(splits.test.texts)[:args.eval_samples], list(splits.test.labels)[:args.eval_samples]
         report["quality"] = quality(runtimes, labels, texts, gold, args.invariance)

@@ -58,7 +58,7 @@ def model_b1_direct(variant: Path, device: str, threads: int | None, texts: list
         rt.predict([t])
         samples.append((time.perf_counter() - t0) * 1e3)
     a = np.asarray(samples)
-    info = {"name": rt.name, "model_name": rt.manifest.get("model_name"), "backend": rt.manifest["spec"]["backend"],
+    info = {"name": rt.name, "model_name": rt.manifest.model_name, "backend": rt.manifest.backend,
             "max_length": rt.max_length, "row_by_row": rt.row_by_row,
             "row_workers": rt.row_workers}
     rt.close()

@@ -189,7 +189,7 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
     log.info("reference answers: %d test reviews through the in-process runtime, one at a time", len(texts))
     rt = load_runtime(variant, "cpu", RuntimeOptions(threads=cores))
     expect = {t: [float(x) for x in rt.predict([t])[0]] for t in dict.fromkeys(texts)}
-    labels, name, model_name = list(rt.labels), rt.name, rt.manifest.get("model_name")
+    labels, name, model_name = list(rt.labels), rt.name, rt.manifest.model_name
     rt.close()
     settings = {"max_queue": 4096, "max_body_bytes": 1 << 22}
     logs = out / "logs"

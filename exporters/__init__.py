@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from exporters.core import Builder
+    from qserve.artifact import Manifest
 
 __all__ = ["export", "get_builder"]
 
 
 def export(checkpoint: str | Path, name: str, out: str | Path, force: bool = False,
            options: dict[str, Any] | None = None, device: str = "cpu", probes: list[str] | None = None,
-           long_text: str | None = None, inputs: tuple[str, ...] | None = None) -> dict:
+           long_text: str | None = None, inputs: tuple[str, ...] | None = None) -> Manifest:
     """Build variant `name` from `checkpoint` into `out`; returns the written manifest. `long_text`
     overrides the long-text policy the checkpoint recorded (see qserve/longtext.py); `inputs` what one
     input of the model is (("text", "text_pair"): a pair model trained elsewhere; None: the checkpoint's)."""

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qserve import QserveError
-from qserve.variants import REGISTRY, VariantSpec, merge_options, option_defaults
+from qserve.variants import REGISTRY, BnbOptions, VariantSpec, option_defaults
+
+if TYPE_CHECKING:
+    from exporters.core import ExportContext
 
 # The classification head stays in full precision: it is tiny (dim*dim + dim*labels), so
 # quantizing it saves nothing, costs accuracy exactly where the logits are made, and the
@@ -48,54 +51,23 @@ def require_bnb(name: str) -> None:
             raise QserveError(f"{name} needs {module}: {INSTALL_HINT} ({e})") from e
 
 
-def resolve_options(spec: VariantSpec, options: dict[str, Any]) -> dict[str, Any]:
-    """Defaults merged with the user's options, each checked; unknown keys name the allowed ones."""
+def resolve_options(spec: VariantSpec, options: dict[str, Any]) -> BnbOptions:
+    """Defaults merged with the user's options, each checked (qserve.variants.BnbOptions); unknown keys name
+    the allowed ones."""
     if spec.name not in OPTIONS:
         raise QserveError(f"exporters.bnb builds {', '.join(OPTIONS)}, not {spec.name!r}")
-    out = merge_options(spec.name, options)
-    if "llm_int8_threshold" in out:
-        out["llm_int8_threshold"] = _number(out["llm_int8_threshold"], "llm_int8_threshold")
-    for key in ("double_quant", "clip"):
-        if key in out:
-            out[key] = _boolean(out[key], key)
-    if "calibration_samples" in out:
-        from exporters.calibration import check_samples
+    return BnbOptions.resolve(spec.name, options)
 
-        check_samples(out["calibration_samples"], spec.name, "the weight clipping")
-    return out
-
-
-def _number(value: Any, key: str) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = float("nan")
-    if isinstance(value, bool) or not number >= 0:  # `not >=` also rejects NaN
-        raise QserveError(f"option {key} must be a number >= 0 (got {value!r})")
-    return number
-
-
-def _boolean(value: Any, key: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise QserveError(f"option {key} must be true or false (got {value!r})")
-
-
-def quantization_kwargs(spec: VariantSpec, opts: dict[str, Any]) -> dict[str, Any]:
+def quantization_kwargs(spec: VariantSpec, opts: BnbOptions) -> dict[str, Any]:
     """The BitsAndBytesConfig arguments for a variant (plain JSON, recorded in the manifest)."""
     if spec.dtype == "int8":
-        return {"load_in_8bit": True, "llm_int8_threshold": opts["llm_int8_threshold"],
+        return {"load_in_8bit": True, "llm_int8_threshold": opts.llm_int8_threshold,
                 "llm_int8_skip_modules": list(SKIP_MODULES)}
     if spec.dtype in ("nf4", "fp4"):
         # llm_int8_skip_modules is also the 4-bit skip list in transformers' bnb integration.
         return {"load_in_4bit": True, "bnb_4bit_quant_type": spec.dtype,
                 "bnb_4bit_compute_dtype": COMPUTE_DTYPE_4BIT,
-                "bnb_4bit_use_double_quant": opts["double_quant"],
+                "bnb_4bit_use_double_quant": opts.double_quant,
                 "llm_int8_skip_modules": list(SKIP_MODULES)}
     raise QserveError(f"{spec.name}: bitsandbytes stores int8, nf4 or fp4, not {spec.dtype!r}")
 
@@ -128,7 +100,8 @@ def weight_bytes(weights_file: Path, linears: dict[str, tuple[int, int]]) -> dic
     return {"quantized_linear_bytes": stored, "quantized_linear_bytes_fp32": fp32}
 
 
-def build(checkpoint: Path, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, Any]:
+def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    checkpoint = ctx.checkpoint
     opts = resolve_options(spec, options)
     require_bnb(spec.name)
     record: dict[str, Any] = {}
@@ -137,12 +110,12 @@ def build(checkpoint: Path, out: Path, spec: VariantSpec, options: dict[str, Any
     # tensors may still be mapped from it).
     with tempfile.TemporaryDirectory(prefix="qserve-clip-") as scratch:
         source = checkpoint
-        if opts.get("clip"):
+        if opts.clip:
             from exporters import clipping
 
             source = Path(scratch)
             record["clipping"], clipped = clipping.clip_checkpoint(
-                checkpoint, source, spec.dtype, opts["calibration_samples"], SKIP_MODULES)
+                ctx, source, spec.dtype, int(opts.calibration_samples or 0), SKIP_MODULES)
         model = _quantized_model(source, spec, opts)
         if "clipping" in record:
             _check_clipped(model, clipped, record["clipping"]["block_size"], spec.name)
@@ -156,7 +129,7 @@ def build(checkpoint: Path, out: Path, spec: VariantSpec, options: dict[str, Any
     sizes = weight_bytes(weights, shapes) if weights.is_file() else {}
     return {"bnb": {
         "quantization_config": quantization_kwargs(spec, opts),
-        "options": opts,
+        "options": opts.to_json(),
         "unquantized_dtype": UNQUANTIZED_DTYPE,
         "quantized_linear_modules": len(linears),
         "skipped_modules": list(SKIP_MODULES),
@@ -165,7 +138,7 @@ def build(checkpoint: Path, out: Path, spec: VariantSpec, options: dict[str, Any
     }}
 
 
-def _quantized_model(source: Path, spec: VariantSpec, opts: dict[str, Any]) -> Any:
+def _quantized_model(source: Path, spec: VariantSpec, opts: BnbOptions) -> Any:
     import torch
     from transformers import AutoModelForSequenceClassification, BitsAndBytesConfig
 

@@ -6,20 +6,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from exporters.core import ExportContext
 
-def calibration_policy(checkpoint: Any) -> str:
-    """The long-text policy of the variant being exported (exporters.core.export_policy): its calibration
-    texts are cut as it will be served."""
-    from exporters.core import export_policy
+def _context(source: ExportContext | Path | str) -> ExportContext:
+    """What calibration reads from: the export's context (checkpoint read once, the policy being exported), or
+    a bare checkpoint path (its own recorded policy and inputs: a test's or a benchmark's call)."""
+    from exporters.core import as_context
 
-    return export_policy(Path(checkpoint))
+    return as_context(source)
 
 
-def calibration_texts(checkpoint: Any, n: int) -> tuple[list[str], str]:
+def calibration_texts(checkpoint: ExportContext | Path | str, n: int) -> tuple[list[str], str]:
     """`n` training texts of the dataset the checkpoint was fine-tuned on, else the parity probes.
 
     Training texts only: the held-out split the bench scores agreement on never calibrates.
@@ -28,26 +30,24 @@ def calibration_texts(checkpoint: Any, n: int) -> tuple[list[str], str]:
     return texts, source
 
 
-def calibration_inputs(checkpoint: Any, n: int) -> tuple[list[str], list[str] | None, str]:
+def calibration_inputs(checkpoint: ExportContext | Path | str, n: int) -> tuple[list[str], list[str] | None, str]:
     """calibration_texts() with each text's text_pair for a pair model (qserve/textpairs.py), else None:
     a pair model is calibrated on the pairs it will serve, encoded as its tokenizer encodes them."""
-    import json
     import logging
 
-    meta_path = Path(checkpoint) / "qserve_model.json"
-    meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
-    dataset = meta.get("dataset")
+    ctx = _context(checkpoint)
+    meta = ctx.info.meta
+    dataset = meta.dataset if meta is not None else None
     from qserve.textpairs import PAIR, PROBE_PAIRS
 
-    from exporters.core import checkpoint_info
-
     # the checkpoint's qserve_model.json, or what `qserve export --inputs` declares for it
-    pair = tuple(checkpoint_info(Path(checkpoint))["inputs"]) == PAIR
+    pair = ctx.info.inputs == PAIR
     if dataset:
         try:
             from qserve.data.datasets import load_dataset
 
-            splits = load_dataset(dataset, seed=int(meta.get("seed", 42)))
+            seed = meta.seed if meta is not None and meta.seed is not None else 42
+            splits = load_dataset(dataset, seed=seed)
             train = splits.train
             keep = [i for i, t in enumerate(train.texts[:n]) if t.strip()]
             texts = [train.texts[i] for i in keep]
@@ -67,22 +67,24 @@ def calibration_inputs(checkpoint: Any, n: int) -> tuple[list[str], list[str] | 
     return probes, None, f"the {len(probes)} parity probe texts (no dataset recorded with the checkpoint)"
 
 
-def calibration_batches(checkpoint: Any, texts: list[str], max_length: int, batch_size: int = 16,
-                        policy: str | None = None, pairs: list[str] | None = None) -> list[dict]:
+def calibration_batches(checkpoint: ExportContext | Path | str, texts: list[str], max_length: int,
+                        batch_size: int = 16, policy: str | None = None,
+                        pairs: list[str] | None = None) -> list[dict]:
     """Tokenized, padded batches of the pieces of `texts` under the long-text `policy` (None: the one being
-    exported, see calibration_policy): the rows the variant will run. Padding rows enter the int8 ranges
+    exported, the context's): the rows the variant will run. Padding rows enter the int8 ranges
     at run time, so here too."""
     from transformers import AutoTokenizer
 
     from qserve import longtext
 
-    tok = AutoTokenizer.from_pretrained(str(checkpoint))
+    ctx = _context(checkpoint)
+    tok = AutoTokenizer.from_pretrained(str(ctx.checkpoint))
     if pairs is not None:  # a pair model: the tokenizer's pair encoding, segment ids included
         from qserve.textpairs import split_pairs
 
         pieces = split_pairs(tok, texts, pairs, max_length)
     else:
-        pieces = longtext.split_texts(tok, texts, policy or calibration_policy(checkpoint), max_length)
+        pieces = longtext.split_texts(tok, texts, policy or ctx.policy, max_length)
     pad_id = int(tok.pad_token_id or 0)
     # token_type_ids too where the tokenizer makes them; each consumer feeds what its model takes (feed()).
     segments = "token_type_ids" in tok.model_input_names
@@ -91,15 +93,14 @@ def calibration_batches(checkpoint: Any, texts: list[str], max_length: int, batc
             for i in range(0, len(pieces.ids), batch_size)]
 
 
-def calibration_set(checkpoint: Any, samples: int) -> tuple[list[dict], str]:
+def calibration_set(checkpoint: ExportContext | Path | str, samples: int) -> tuple[list[dict], str]:
     """The calibration batches for `checkpoint` (at its max length) and where their texts came from.
 
     One call per export: every calibrated step of that export reads the same batches.
     """
-    from exporters.core import checkpoint_info
-
-    texts, pairs, source = calibration_inputs(checkpoint, samples)
-    return calibration_batches(checkpoint, texts, checkpoint_info(checkpoint)["max_length"], pairs=pairs), source
+    ctx = _context(checkpoint)
+    texts, pairs, source = calibration_inputs(ctx, samples)
+    return calibration_batches(ctx, texts, ctx.info.max_length, pairs=pairs), source
 
 
 def rows_alone(batches: list[dict]) -> list[dict]:
@@ -107,16 +108,6 @@ def rows_alone(batches: list[dict]) -> list[dict]:
     activation scale spans the batch (onnx-int8), so calibration sees the ranges serving sees."""
     return [{k: v[i][b["attention_mask"][i].astype(bool)][None] for k, v in b.items()}
             for b in batches for i in range(len(b["input_ids"]))]
-
-
-def check_samples(value: Any, name: str, purpose: str) -> int:
-    """The calibration_samples option, checked: an integer from 1 to 1024."""
-    from qserve import QserveError
-
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1024:
-        raise QserveError(f"option calibration_samples for {name} must be an integer from 1 to 1024 "
-                          f"(training texts that calibrate {purpose}; got {value!r})")
-    return value
 
 
 def feed(input_names: set[str], batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

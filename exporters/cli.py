@@ -105,9 +105,9 @@ def cmd_export(args: argparse.Namespace) -> int:
                             else (type(e).__name__, one_line(str(e))))
             print(f"    failed: {spec.name}: {kind}: {detail}", file=sys.stderr)
             continue
-        p = m["parity"]
-        size = sum(f["bytes"] for f in m["files"].values())
-        print(f"    done in {time.perf_counter() - t0:.1f}s: {size / 1e6:.1f} MB, long text {m['long_text']}, "
+        p = m.parity or {}
+        size = sum(f.bytes for f in m.files.values())
+        print(f"    done in {time.perf_counter() - t0:.1f}s: {size / 1e6:.1f} MB, long text {m.long_text}, "
               f"parity max|Δlogit| "
               f"{p['max_abs_logit_diff']:.3g} (tol {p['tolerance']:g}), probe agreement {p['agreement']:.0%}")
     if failures:
@@ -133,11 +133,11 @@ def cmd_variants(args: argparse.Namespace) -> int:
     for d in find_variants([Path(p) for p in (args.paths or ["models"])]):
         try:
             m = verify(d, check_hashes=args.verify)
-            p = m.get("parity", {})
-            size = sum(f["bytes"] for f in m["files"].values())
-            rows.append({"path": str(d), "variant": m["spec"]["name"], "model": m.get("model_name"),
+            p = m.parity or {}
+            size = sum(f.bytes for f in m.files.values())
+            rows.append({"path": str(d), "variant": m.name, "model": m.model_name,
                          "size_mb": round(size / 1e6, 2), "max_abs_logit_diff": p.get("max_abs_logit_diff"),
-                         "agreement": p.get("agreement"), "created": m.get("created"), "status": "ok"})
+                         "agreement": p.get("agreement"), "created": m.created, "status": "ok"})
         except VariantError as e:
             rows.append({"path": str(d), "variant": "?", "status": f"invalid: {e}"})
     if args.json:
@@ -169,15 +169,17 @@ def _default_text(opt: Option) -> str:
 
 
 def _add_option_flag(p: argparse.ArgumentParser, opts: list[Option]) -> None:
-    """One `qserve export` flag for an option key; its help names each backend's variants and defaults."""
+    """One `qserve export` flag for an option key, made by the one flag helper (configflags.add_flags) from the
+    backend's typed options (qserve.variants.BackendOptions); its help names each backend's variants and
+    defaults."""
+    from qserve.configflags import Flag, add_flags
+    from qserve.variants import backend_of
+
     help_text = "; ".join(f"{', '.join(o.defaults)}: {o.help}{_default_text(o)}" for o in opts)
-    help_text = help_text.replace("%", "%%")  # argparse %-formats help strings
     first = opts[0]
-    if first.kind is bool:
-        p.add_argument(first.flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-    else:
-        p.add_argument(first.flag, type=first.kind, choices=list(first.choices) or None, metavar=first.metavar,
-                       help=help_text)
+    typed = backend_of(next(iter(first.defaults))).options_type
+    add_flags(p, typed, [first.key], unset=True, negatable=True, help={first.key: help_text},
+              flags={first.key: Flag(choices=tuple(first.choices) or None, metavar=first.metavar)})
 
 
 def register(sub) -> None:

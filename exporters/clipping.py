@@ -27,7 +27,10 @@ where these weights lie: 98.35% -> 98.40% on 2,000, 98.8% -> 98.3% on 1,000, mar
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from exporters.core import ExportContext
 
 RATIOS = tuple(round(1.0 - 0.01 * i, 2) for i in range(71))  # 1.00 down to 0.30; smaller never won here
 
@@ -124,7 +127,7 @@ def skipped(name: str, skip: tuple[str, ...]) -> bool:
     return any(key == name or key + "." in name for key in skip)
 
 
-def clip_checkpoint(checkpoint: Path, dst: Path, quant_type: str, samples: int,
+def clip_checkpoint(source: ExportContext | Path, dst: Path, quant_type: str, samples: int,
                     skip: tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
     """Write `checkpoint` to `dst` with every Linear bnb will quantize clipped for `quant_type`.
 
@@ -135,11 +138,14 @@ def clip_checkpoint(checkpoint: Path, dst: Path, quant_type: str, samples: int,
     from transformers import AutoModelForSequenceClassification
 
     from exporters.calibration import calibration_set
+    from exporters.core import as_context
 
+    ctx = as_context(source)
+    checkpoint = ctx.checkpoint
     block = bnb_block_size()
     model = AutoModelForSequenceClassification.from_pretrained(checkpoint, dtype=torch.float32).eval()
     names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and not skipped(n, skip)]
-    batches, source = calibration_set(checkpoint, samples)
+    batches, where = calibration_set(ctx, samples)
     moments = second_moments(model, batches, names)
     modules = dict(model.named_modules())
     ratios, before, after = [], 0.0, 0.0
@@ -153,7 +159,7 @@ def clip_checkpoint(checkpoint: Path, dst: Path, quant_type: str, samples: int,
     r = torch.cat(ratios)
     return {"method": "activation-aware weight clipping (AWQ's clip search): per block, r * absmax with r from "
                       f"{RATIOS[-1]:.2f}-1.00 minimising sum E[x^2] (q(w) - w)^2",
-            "quant_type": quant_type, "block_size": block, "calibration": source, "linears": len(names),
+            "quant_type": quant_type, "block_size": block, "calibration": where, "linears": len(names),
             "blocks": int(r.numel()), "blocks_clipped": int((r < 1).sum()), "mean_ratio": round(float(r.mean()), 4),
             "weighted_error": {"plain": before, "clipped": after,
                                "ratio": round(after / before, 4) if before else None}}, names

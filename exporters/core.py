@@ -5,31 +5,31 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import shutil
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable, Iterator
-from contextvars import ContextVar
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 
 from qserve import QserveError
-from qserve.artifact import checkpoint_hash, library_versions, staged_dir, write_manifest
+from qserve.artifact import (Manifest, ModelMeta, checkpoint_hash, library_versions, read_model_meta, staged_dir,
+                             write_manifest)
 from qserve.modeling import ARCHITECTURES
 from qserve.variants import TOLERANCE as VARIANT_TOLERANCE
 from qserve.variants import UnsupportedVariant, VariantSpec, backend_of, load_target, unsupported_reason
 
 log = logging.getLogger(__name__)
 
-Builder = Callable[[Path, Path, VariantSpec, dict[str, Any]], dict[str, Any]]
-"""(checkpoint_dir, out_dir, spec, options) -> the extra manifest fields of the variant it wrote into out_dir."""
+Builder = Callable[["ExportContext", Path, VariantSpec, dict[str, Any]], dict[str, dict[str, Any]]]
+"""(context, out_dir, spec, options) -> the backend's manifest records of the variant it wrote into out_dir
+(Manifest.records: {"onnx": {...}}; the context holds the checkpoint, read once, and the long-text policy)."""
 
 # Fixed probe texts for the parity gate: short and long, positive, negative and mixed,
 # plus markup and an empty-ish input, so padding and truncation paths are both exercised.
@@ -75,33 +75,75 @@ def one_line(text: str, limit: int = 300) -> str:
     return flat if len(flat) <= limit else flat[:limit - 3] + "..."
 
 
-def checkpoint_info(checkpoint: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What every export step needs from a checkpoint, read once: its HF config.json (labels, architecture,
+    problem type, positions) and its qserve_model.json (qserve_model.json's typed form: `meta`)."""
+
+    path: Path
+    labels: tuple[str, ...]
+    model_type: str | None
+    max_length: int
+    model_name: str
+    long_text: str | None
+    """The policy the checkpoint records (None: head), as written in its qserve_model.json."""
+    problem_type: str
+    label_range: float | None
+    inputs: tuple[str, ...]
+    meta: ModelMeta | None
+
+
+def checkpoint_info(checkpoint: Path, inputs: tuple[str, ...] | None = None) -> CheckpointInfo:
+    """Read `checkpoint`'s config.json and qserve_model.json once; `inputs` (qserve export --inputs) over the
+    recorded ones: a model trained elsewhere declares that it reads text pairs."""
+    checkpoint = Path(checkpoint)
     cfg_path = checkpoint / "config.json"
     if not cfg_path.is_file():
         raise QserveError(f"{checkpoint} is not a checkpoint directory (no config.json); "
                           "pass a directory written by `qserve train` or save_pretrained")
     cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     id2label = cfg.get("id2label") or {"0": "LABEL_0", "1": "LABEL_1"}
-    labels = [id2label[str(i)] if str(i) in id2label else id2label[i] for i in range(len(id2label))]
-    meta_path = checkpoint / "qserve_model.json"
-    meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
-    if "max_length" in meta:
-        max_length = int(meta["max_length"])
+    labels = tuple(id2label[str(i)] if str(i) in id2label else id2label[i] for i in range(len(id2label)))
+    meta = read_model_meta(checkpoint)
+    if meta is not None and meta.max_length is not None:
+        max_length = meta.max_length
     else:  # a checkpoint qserve did not train: DEFAULT_MAX_LENGTH tokens, or what fits the model's positions
         from qserve.modeling import usable_positions
 
         max_length = min(DEFAULT_MAX_LENGTH, usable_positions(cfg) or DEFAULT_MAX_LENGTH)
     from qserve.problemtypes import from_config
-    from qserve.textpairs import model_inputs
+    from qserve.textpairs import SINGLE
 
-    return {"labels": labels, "model_type": cfg.get("model_type"),
-            "max_length": max_length, "model_name": meta.get("model_name", checkpoint.name),
-            "long_text": meta.get("long_text"), "problem_type": from_config(cfg, str(cfg_path)),
-            "label_range": meta.get("label_range"), "inputs": _EXPORT_INPUTS.get() or model_inputs(
-                meta, f"{meta_path} inputs")}
+    return CheckpointInfo(
+        path=checkpoint, labels=labels, model_type=cfg.get("model_type"), max_length=max_length,
+        model_name=(meta.model_name if meta is not None and meta.model_name else None) or checkpoint.name,
+        long_text=None if meta is None else meta.long_text, problem_type=from_config(cfg, str(cfg_path)),
+        label_range=None if meta is None else meta.label_range,
+        inputs=inputs or (meta.takes if meta is not None else SINGLE), meta=meta)
 
 
-_EXPORT_INPUTS: ContextVar[tuple[str, ...] | None] = ContextVar("qserve_export_inputs", default=None)
+@dataclass(frozen=True)
+class ExportContext:
+    """What the build of one variant reads besides its spec and options, passed down explicitly: the source
+    checkpoint (read once), and the long-text policy the variant records, written out in full (calibration texts
+    are cut by it, as the variant will be served; `qserve export --long-text` may override the checkpoint's)."""
+
+    checkpoint: Path
+    info: CheckpointInfo
+    policy: str
+
+    @classmethod
+    def of(cls, checkpoint: Path, long_text: str | None = None, inputs: tuple[str, ...] | None = None) -> ExportContext:
+        """The context for exporting from `checkpoint`: `long_text` (qserve export --long-text) over its
+        recorded policy, `inputs` (--inputs) over its recorded inputs."""
+        info = checkpoint_info(Path(checkpoint), inputs)
+        return cls(Path(checkpoint), info, variant_policy(info, long_text))
+
+
+def as_context(source: ExportContext | Path | str) -> ExportContext:
+    """A context as given, or the checkpoint's own (its recorded policy and inputs) for a bare path: what a
+    caller outside an export (a test, a benchmark) calibrates on."""
+    return source if isinstance(source, ExportContext) else ExportContext.of(Path(source))
 
 
 def parse_inputs(value: str | None) -> tuple[str, ...] | None:
@@ -117,47 +159,17 @@ def parse_inputs(value: str | None) -> tuple[str, ...] | None:
     return got
 
 
-@contextlib.contextmanager
-def inputs_for_export(inputs: tuple[str, ...] | None) -> Iterator[None]:
-    """While a variant is built, checkpoint_info() (and so calibration, parity and the manifest) answers
-    `inputs` (qserve export --inputs): a model trained elsewhere declares that it reads text pairs."""
-    token = _EXPORT_INPUTS.set(inputs)
-    try:
-        yield
-    finally:
-        _EXPORT_INPUTS.reset(token)
-
-
-def variant_policy(checkpoint: Path, long_text: str | None = None) -> str:
-    """The long-text policy a variant of `checkpoint` records, written out in full: `long_text`
+def variant_policy(info: CheckpointInfo | Path, long_text: str | None = None) -> str:
+    """The long-text policy a variant of the checkpoint records, written out in full: `long_text`
     (qserve export --long-text) over the checkpoint's qserve_model.json, else head."""
     from qserve import longtext
 
-    info = checkpoint_info(checkpoint)
+    if not isinstance(info, CheckpointInfo):
+        info = checkpoint_info(Path(info))
     if long_text:
-        return str(longtext.resolve(long_text, info["max_length"], "--long-text"))
-    recorded = info["long_text"] or longtext.DEFAULT
-    return str(longtext.resolve(recorded, info["max_length"], f"{checkpoint}/qserve_model.json long_text"))
-
-
-_EXPORT_POLICY: ContextVar[str | None] = ContextVar("qserve_export_long_text", default=None)
-
-
-@contextlib.contextmanager
-def policy_for_export(policy: str) -> Iterator[None]:
-    """While a variant is built, export_policy() answers `policy`: the builder's calibration texts are cut
-    by the long-text policy the variant will be served with (`qserve export --long-text` may override the
-    checkpoint's)."""
-    token = _EXPORT_POLICY.set(policy)
-    try:
-        yield
-    finally:
-        _EXPORT_POLICY.reset(token)
-
-
-def export_policy(checkpoint: Path) -> str:
-    """The policy of the variant being exported, else the checkpoint's recorded one (else head)."""
-    return _EXPORT_POLICY.get() or variant_policy(checkpoint)
+        return str(longtext.resolve(long_text, info.max_length, "--long-text"))
+    recorded = info.long_text or longtext.DEFAULT
+    return str(longtext.resolve(recorded, info.max_length, f"{info.path}/qserve_model.json long_text"))
 
 
 def copy_tokenizer(checkpoint: Path, out: Path) -> None:
@@ -198,12 +210,12 @@ def reference_logits(checkpoint: Path, texts: list[str], max_length: int, policy
     return longtext.aggregate(np.concatenate(out), pieces)
 
 
-def parity_inputs(info: dict[str, Any], probes: list[str] | None) -> tuple[list[str], list[str] | None]:
+def parity_inputs(info: CheckpointInfo, probes: list[str] | None) -> tuple[list[str], list[str] | None]:
     """The parity probes: the given texts or PROBES, or for a pair model the probe pairs (textpairs.PROBE_PAIRS;
     given texts are then paired with themselves reversed in order, so every probe is a pair)."""
     from qserve.textpairs import PAIR, PROBE_PAIRS
 
-    if tuple(info["inputs"]) != PAIR:
+    if info.inputs != PAIR:
         return list(probes or PROBES), None
     if probes:
         return list(probes), list(reversed(probes))
@@ -267,21 +279,16 @@ def get_builder(name: str) -> Builder:
 def export_variant(checkpoint: Path, spec: VariantSpec, out: Path, force: bool = False,
                    options: dict[str, Any] | None = None, device: str = "cpu",
                    probes: list[str] | None = None, long_text: str | None = None,
-                   inputs: tuple[str, ...] | None = None) -> dict[str, Any]:
-    with inputs_for_export(inputs or _EXPORT_INPUTS.get()):
-        return _export_variant(checkpoint, spec, out, force, options, device, probes, long_text)
-
-
-def _export_variant(checkpoint: Path, spec: VariantSpec, out: Path, force: bool, options: dict[str, Any] | None,
-                    device: str, probes: list[str] | None, long_text: str | None) -> dict[str, Any]:
-    info = checkpoint_info(checkpoint)
-    arch = ARCHITECTURES.get(info["model_type"] or "", info["model_type"] or "an unknown architecture")
-    reason = unsupported_reason(spec.name, info["model_type"])
+                   inputs: tuple[str, ...] | None = None) -> Manifest:
+    info = checkpoint_info(checkpoint, inputs)
+    arch = ARCHITECTURES.get(info.model_type or "", info.model_type or "an unknown architecture")
+    reason = unsupported_reason(spec.name, info.model_type)
     if reason:
         raise UnsupportedVariant(f"{spec.name} unsupported for {arch}: {reason}")
-    policy = variant_policy(checkpoint, long_text)  # before the slow build: a bad --long-text fails at once
+    # before the slow build: a bad --long-text fails at once
+    ctx = ExportContext(Path(checkpoint), info, variant_policy(info, long_text))
     try:
-        return _export(checkpoint, info, spec, out, force, options, device, probes, policy)
+        return _export(ctx, spec, out, force, options, device, probes)
     except QserveError:
         raise
     except Exception as e:  # noqa: BLE001 - torch, optimum, ORT, OpenVINO and NNCF raise anything
@@ -289,34 +296,27 @@ def _export_variant(checkpoint: Path, spec: VariantSpec, out: Path, force: bool,
         raise ExportFailed(spec.name, arch, e) from e
 
 
-def _export(checkpoint: Path, info: dict[str, Any], spec: VariantSpec, out: Path, force: bool,
-            options: dict[str, Any] | None, device: str, probes: list[str] | None, policy: str) -> dict[str, Any]:
+def _export(ctx: ExportContext, spec: VariantSpec, out: Path, force: bool, options: dict[str, Any] | None,
+            device: str, probes: list[str] | None) -> Manifest:
     from qserve.runtime import load_runtime
 
+    checkpoint, info, policy = ctx.checkpoint, ctx.info, ctx.policy
     spec = replace(spec, options={**spec.options, **(options or {})})
     texts, pairs = parity_inputs(info, probes)
-    with staged_dir(out, force=force) as tmp, policy_for_export(policy):
-        extra = get_builder(spec.name)(checkpoint, tmp, spec, dict(spec.options)) or {}
+    with staged_dir(out, force=force) as tmp:
+        extra = get_builder(spec.name)(ctx, tmp, spec, dict(spec.options)) or {}
         copy_tokenizer(checkpoint, tmp)
-        manifest = {
-            "spec": spec.to_json(),
-            "model_name": info["model_name"],
-            "labels": info["labels"],
-            "problem_type": info["problem_type"],
-            "max_length": info["max_length"],
-            "long_text": policy,
-            "inputs": list(info["inputs"]),
-            "source": {"path": str(checkpoint.resolve()), "sha256": checkpoint_hash(checkpoint)},
-            "export_device": device,
-            "versions": library_versions(),
-            **extra,
-        }
+        manifest = Manifest(
+            spec=spec, model_name=info.model_name, labels=info.labels, problem_type=info.problem_type,
+            max_length=info.max_length, long_text=policy, inputs=info.inputs,
+            source={"path": str(checkpoint.resolve()), "sha256": checkpoint_hash(checkpoint)},
+            export_device=device, versions=library_versions(), records=extra)
         write_manifest(tmp, manifest)
         runtime = load_runtime(tmp, device=device)
         got = runtime.logits(texts, pairs=pairs)
         runtime.close()
-        ref = reference_logits(checkpoint, texts, info["max_length"], policy, pairs=pairs)
-        manifest["parity"] = parity(ref, got, TOLERANCE[spec.dtype], spec.name, info["problem_type"],
-                                    info["label_range"])
+        ref = reference_logits(checkpoint, texts, info.max_length, policy, pairs=pairs)
+        manifest = replace(manifest, parity=parity(ref, got, TOLERANCE[spec.dtype], spec.name, info.problem_type,
+                                                   info.label_range))
         written = write_manifest(tmp, manifest)
     return written

@@ -32,87 +32,37 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from qserve import QserveError
-from qserve.variants import REGISTRY, VariantSpec, merge_options, option_defaults
+from qserve.variants import REGISTRY, OnnxOptions, VariantSpec, option_defaults
+
+if TYPE_CHECKING:
+    from exporters.core import ExportContext
 
 MODEL_FILE = "model.onnx"
 
 # Options each variant understands, with their defaults (declared in the backend registry).
 OPTIONS: dict[str, dict[str, Any]] = {s.name: option_defaults(s.name) for s in REGISTRY["onnx"].variants}
-# per-tensor: ORT dynamic quantization, one activation scale per MatMul input, i.e. per batch (the
-# runtime runs such a graph row by row to keep one text one answer); per-row: exporters.rowwise.
-ACTIVATION_SCALES = ("per-tensor", "per-row")
-_BOOL_OPTIONS = {"row_by_row", "calibrate_alone", "per_channel", "reduce_range", "optimize", "symmetric", "quantize_embeddings", "smooth",
-                 "correct_bias"}
-
-
-def resolve_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
-    """Merge `options` over the variant's defaults; unknown names and bad values are QserveErrors."""
+def resolve_options(name: str, options: dict[str, Any]) -> OnnxOptions:
+    """Merge `options` over the variant's defaults, typed and checked (qserve.variants.OnnxOptions: each value
+    against its Option, then the rules across options); unknown names and bad values are QserveErrors."""
     if name not in OPTIONS:
         raise QserveError(f"exporters.onnx builds {', '.join(OPTIONS)}; got {name!r}")
-    opts = merge_options(name, options)
-    if opts.get("optimize") is True and "smooth" not in options:
-        # The smoothing Mul sits between each LayerNorm and its q/k/v MatMuls, which is exactly
-        # the pattern ORT's attention fusion matches: asking for the fused graph turns it off.
-        opts["smooth"] = False
-    if opts.get("optimize") is True and opts.get("smooth") is True:
-        raise QserveError(f"options optimize and smooth for {name} exclude each other (the smoothing Mul blocks "
-                          "ORT's attention fusion); drop smooth=true, or set optimize=false")
-    if "activation_scales" in opts:
-        if opts["activation_scales"] not in ACTIVATION_SCALES:
-            raise QserveError(f"option activation_scales for {name} must be one of {', '.join(ACTIVATION_SCALES)} "
-                              f"(got {opts['activation_scales']!r})")
-        if opts["activation_scales"] == "per-row" and opts["row_by_row"] is False:
-            raise QserveError(f"option row_by_row=false for {name} applies to activation_scales=per-tensor only (a "
-                              "per-row graph's rows are independent in one batched forward); drop it")
-        if opts["activation_scales"] == "per-row" and (not opts["per_channel"] or opts["reduce_range"]
-                                                       or opts["optimize"]):
-            raise QserveError(f"option activation_scales=per-row for {name} quantizes weights per channel over the "
-                              "full int8 range and rewrites plain MatMuls only: drop per_channel=false, "
-                              "reduce_range=true and optimize=true, or use activation_scales=per-tensor")
-    if opts.get("quantize_embeddings") and opts["opset"] not in (None, 21):
-        raise QserveError(f"option quantize_embeddings for {name} needs opset 21 (4-bit Gather weights are an "
-                          f"opset-21 type); drop opset or set it to 21 (got {opts['opset']!r})")
-    for key in _BOOL_OPTIONS & set(opts):
-        if not isinstance(opts[key], bool):
-            raise QserveError(f"option {key} for {name} must be true or false (got {opts[key]!r})")
-    if opts["opset"] is not None and (isinstance(opts["opset"], bool) or not isinstance(opts["opset"], int)
-                                      or not 14 <= opts["opset"] <= 21):
-        raise QserveError(f"option opset for {name} must be an integer from 14 to 21 (got {opts['opset']!r})")
-    if "calibration_samples" in opts:
-        from exporters.calibration import check_samples
+    return OnnxOptions.resolve(name, options)
 
-        check_samples(opts["calibration_samples"], name, "the smoothing and the bias correction")
-    if "keep_fp32" in opts and not isinstance(opts["keep_fp32"], str):
-        raise QserveError(f"option keep_fp32 for {name} must be a comma-separated string of MatMul node-name parts, "
-                          f"e.g. 'layer.0/ffn/lin2' (got {opts['keep_fp32']!r})")
-    if "block_size" in opts:
-        b = opts["block_size"]
-        if isinstance(b, bool) or not isinstance(b, int) or b < 16 or b & (b - 1):
-            raise QserveError(f"option block_size for {name} must be a power of two >= 16, e.g. 32, 64, 128 "
-                              f"(got {b!r})")
-    if "accuracy_level" in opts:
-        a = opts["accuracy_level"]
-        if isinstance(a, bool) or a not in (0, 1, 2, 3, 4):
-            raise QserveError(f"option accuracy_level for {name} must be one of 0, 1, 2, 3, 4 "
-                              f"(4 = int8 compute, the CPU fast path; got {a!r})")
-    return opts
-
-
-def build(checkpoint: Path, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, Any]:
+def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Write model.onnx + config.json for `spec` into `out`; return the manifest's "onnx" record."""
     opts = resolve_options(spec.name, options)
     _require_onnxruntime()
-    checkpoint, out = Path(checkpoint), Path(out)
+    checkpoint, out = ctx.checkpoint, Path(out)
     from exporters.core import shared_export
 
     with tempfile.TemporaryDirectory(prefix="qserve-onnx-") as scratch:
-        opset = opts["opset"]
-        if opts.get("quantize_embeddings"):
+        opset = opts.opset
+        if opts.quantize_embeddings:
             opset = 21  # GatherBlockQuantized stores int4 data, which only opset 21 graphs may hold
         # One optimum export per checkpoint and opset in this process, shared by the ONNX variants.
         fp32_dir = shared_export(checkpoint, ("onnx", opset), lambda d: export_fp32(checkpoint, d, opset=opset))
@@ -125,7 +75,7 @@ def build(checkpoint: Path, out: Path, spec: VariantSpec, options: dict[str, Any
         elif spec.dtype == "fp16":
             record = convert_fp16(src, dst)
         elif spec.dtype == "int8":
-            record = quantize_int8(src, dst, _read_config(fp32_dir), opts, Path(scratch), checkpoint)
+            record = quantize_int8(src, dst, _read_config(fp32_dir), opts, Path(scratch), ctx)
         elif spec.dtype == "int4":
             record = quantize_int4(src, dst, opts)
         else:  # the OPTIONS table and the variant table disagree: a programming error
@@ -136,7 +86,7 @@ def build(checkpoint: Path, out: Path, spec: VariantSpec, options: dict[str, Any
     model = onnx.load(str(dst), load_external_data=False)
     opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
     return {"onnx": {"opset": opsets.get("ai.onnx", opset), "opsets": opsets, "ir_version": model.ir_version,
-                     "options": opts, "ops": sorted({n.op_type for n in model.graph.node}), **record}}
+                     "options": opts.to_json(), "ops": sorted({n.op_type for n in model.graph.node}), **record}}
 
 
 def _require_onnxruntime() -> None:
@@ -221,39 +171,39 @@ def optimize_bert(src: Path, dst: Path, config: dict[str, Any]) -> dict[str, int
     return {k: int(v) for k, v in optimized.get_fused_operator_statistics().items() if v}
 
 
-def quantize_int8(src: Path, dst: Path, config: dict[str, Any], opts: dict[str, Any], scratch: Path,
-                  checkpoint: Path) -> dict[str, Any]:
+def quantize_int8(src: Path, dst: Path, config: dict[str, Any], opts: OnnxOptions, scratch: Path,
+                  checkpoint: ExportContext | Path) -> dict[str, Any]:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     record: dict[str, Any] = {}
     reference = src  # the plain fp32 graph: what the bias correction holds the int8 logits to
-    keep = kept_fp32(src, opts["keep_fp32"])  # before the slow steps: a pattern matching nothing fails at once
-    if opts["smooth"] or opts["correct_bias"]:
+    keep = kept_fp32(src, opts.keep_fp32 or "")  # before the slow steps: a pattern matching nothing fails at once
+    if opts.smooth or opts.correct_bias:
         from exporters.calibration import calibration_set
 
-        batches, source = calibration_set(checkpoint, opts["calibration_samples"])  # read once, used by both
-        if opts["calibrate_alone"]:
+        batches, source = calibration_set(checkpoint, int(opts.calibration_samples or 0))  # read once, used by both
+        if opts.calibrate_alone:
             from exporters.calibration import rows_alone
 
             # Each text alone, as the runtime answers it: measured no better than padded batches on the
             # embedded default (99.40% vs 99.60% agreement on 2,000 test reviews, both run row by row).
             batches = rows_alone(batches)
-    if opts["smooth"]:
+    if opts.smooth:
         src = smooth_fp32(src, scratch / "smoothed.onnx", batches, source, record)
-    if opts["optimize"]:
+    if opts.optimize:
         fused = scratch / "fused.onnx"
         record["fusions"] = optimize_bert(src, fused, config)
         src = fused
-        keep = kept_fp32(src, opts["keep_fp32"])  # fusion renames some MatMuls: match on the graph quantized
+        keep = kept_fp32(src, opts.keep_fp32 or "")  # fusion renames some MatMuls: match on the graph quantized
     if keep:
         record["kept_fp32"] = keep
-    if opts["activation_scales"] == "per-row":
+    if opts.activation_scales == "per-row":
         from exporters import rowwise
 
         model, record["rowwise"] = rowwise.rewrite(onnx.load(str(src)), keep)
         onnx.save(model, str(dst))
-        if opts["correct_bias"]:
+        if opts.correct_bias:
             record["bias_correction"] = correct_logit_bias(dst, reference, batches, source)
         record["quantization"] = {
             "method": "exporters.rowwise", "mode": "per-row", "activation_scales": "per-row",
@@ -262,20 +212,20 @@ def quantize_int8(src: Path, dst: Path, config: dict[str, Any], opts: dict[str, 
         }
         return record
     with _quiet():
-        quantize_dynamic(str(src), str(dst), per_channel=opts["per_channel"], reduce_range=opts["reduce_range"],
+        quantize_dynamic(str(src), str(dst), per_channel=opts.per_channel, reduce_range=opts.reduce_range,
                          weight_type=QuantType.QInt8, nodes_to_exclude=keep,
                          # Shape inference cannot type the outputs of fused contrib ops (Attention,
                          # SkipLayerNormalization); every float tensor in this graph is fp32.
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
-    if opts["correct_bias"]:
+    if opts.correct_bias:
         record["bias_correction"] = correct_logit_bias(dst, reference, batches, source)
     record["quantization"] = {
         # The same recipe as optimum's AutoQuantizationConfig.avx512_vnni(is_static=False):
         # dynamic, QOperator format, uint8 activations x signed int8 weights (the VNNI u8s8 kernel).
         "preset": "avx512_vnni", "method": "onnxruntime.quantization.quantize_dynamic", "mode": "dynamic",
-        "activation_scales": "per-tensor", "row_by_row": opts["row_by_row"], "calibrate_alone": opts["calibrate_alone"],
+        "activation_scales": "per-tensor", "row_by_row": opts.row_by_row, "calibrate_alone": opts.calibrate_alone,
         "format": "QOperator", "weight_type": "QInt8", "activation_type": "QUInt8",
-        "per_channel": opts["per_channel"], "reduce_range": opts["reduce_range"],
+        "per_channel": opts.per_channel, "reduce_range": opts.reduce_range,
     }
     return record
 
@@ -356,21 +306,21 @@ def _logits(model_path: Path, batches: list[dict[str, Any]]) -> Any:
     return np.concatenate([sess.run(None, feed(names, b))[0] for b in batches]).astype(np.float64)
 
 
-def quantize_int4(src: Path, dst: Path, opts: dict[str, Any]) -> dict[str, Any]:
+def quantize_int4(src: Path, dst: Path, opts: OnnxOptions) -> dict[str, Any]:
     import onnx
     from onnxruntime.quantization import QuantFormat
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    ops = ("MatMul", "Gather") if opts["quantize_embeddings"] else ("MatMul",)
+    ops = ("MatMul", "Gather") if opts.quantize_embeddings else ("MatMul",)
     model = onnx.load(str(src))
     with _quiet():
-        quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=opts["block_size"],
-                                         is_symmetric=opts["symmetric"], accuracy_level=opts["accuracy_level"],
+        quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=opts.block_size,
+                                         is_symmetric=opts.symmetric, accuracy_level=opts.accuracy_level,
                                          quant_format=QuantFormat.QOperator, op_types_to_quantize=ops)
         quantizer.process()
     quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)
     return {"quantization": {
         "method": "onnxruntime MatMulNBitsQuantizer (weight-only, round-to-nearest)", "bits": 4,
-        "block_size": opts["block_size"], "accuracy_level": opts["accuracy_level"],
-        "symmetric": opts["symmetric"], "op_types": list(ops),
+        "block_size": opts.block_size, "accuracy_level": opts.accuracy_level,
+        "symmetric": opts.symmetric, "op_types": list(ops),
     }}

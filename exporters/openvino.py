@@ -29,10 +29,13 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qserve import QserveError
-from qserve.variants import REGISTRY, VariantSpec, merge_options, option_defaults
+from qserve.variants import REGISTRY, OpenVINOOptions, VariantSpec, option_defaults
+
+if TYPE_CHECKING:
+    from exporters.core import ExportContext
 
 MODEL_FILE = "openvino_model.xml"
 WEIGHTS_FILE = "openvino_model.bin"
@@ -42,26 +45,17 @@ HINT = REGISTRY["openvino"].install
 OPTIONS: dict[str, dict[str, Any]] = {s.name: option_defaults(s.name) for s in REGISTRY["openvino"].variants}
 
 
-def resolve_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+def resolve_options(name: str, options: dict[str, Any]) -> OpenVINOOptions:
     if name not in OPTIONS:
         raise QserveError(f"exporters.openvino builds {', '.join(OPTIONS)}; got {name!r}")
-    opts = merge_options(name, options)
-    if "calibration_samples" in opts:
-        from exporters.calibration import check_samples
+    return OpenVINOOptions.resolve(name, options)
 
-        check_samples(opts["calibration_samples"], name, "NNCF's activation ranges, SmoothQuant and bias correction")
-    if opts.get("inference_precision", "f32") not in ("f32", "bf16"):
-        raise QserveError(f"option inference_precision for {name} must be f32 or bf16 "
-                          f"(got {opts['inference_precision']!r})")
-    return opts
-
-
-def build(checkpoint: Path, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, Any]:
+def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Write openvino_model.xml/.bin + config.json for `spec` into `out`; return the manifest's "openvino" record."""
     from qserve.runtime.ov_probe import require
 
     opts = resolve_options(spec.name, options)
-    precision = "bf16" if spec.dtype == "bf16" else opts.get("inference_precision", "f32")
+    precision = "bf16" if spec.dtype == "bf16" else (opts.inference_precision or "f32")
     # Probe first (in a child): NNCF and the parity check run OpenVINO in this process.
     probed = require("int8" if spec.dtype == "int8" and precision == "f32" else precision, spec.name)
     try:
@@ -69,13 +63,13 @@ def build(checkpoint: Path, out: Path, spec: VariantSpec, options: dict[str, Any
         from optimum.intel import OVModelForSequenceClassification
     except ImportError as e:
         raise QserveError(f"{spec.name} needs openvino, nncf and optimum-intel: {HINT} ({e})") from e
-    record: dict[str, Any] = {"inference_precision": precision, "options": opts,
+    record: dict[str, Any] = {"inference_precision": precision, "options": opts.to_json(),
                               "exported_with": "optimum.intel.OVModelForSequenceClassification (export=True)",
                               "probe": {k: probed.get(k) for k in ("version", "device")}}
-    fp32 = fp32_ir(checkpoint, OVModelForSequenceClassification)
+    fp32 = fp32_ir(ctx.checkpoint, OVModelForSequenceClassification)
     if spec.dtype == "int8":
         ir = ov.Core().read_model(str(fp32 / MODEL_FILE))
-        quantized, record["quantization"] = quantize_int8(ir, checkpoint, opts)
+        quantized, record["quantization"] = quantize_int8(ir, ctx, opts)
         ov.save_model(quantized, str(out / MODEL_FILE), compress_to_fp16=False)
     else:
         shutil.copy2(fp32 / MODEL_FILE, out / MODEL_FILE)
@@ -101,16 +95,15 @@ def fp32_ir(checkpoint: Path, exporter: Any) -> Path:
     return shared_export(checkpoint, ("openvino-ir",), make)
 
 
-def quantize_int8(ir, checkpoint: Path, opts: dict[str, Any]):
+def quantize_int8(ir, ctx: ExportContext, opts: OpenVINOOptions):
     """nncf.quantize with the transformer preset on training texts; returns (model, manifest record)."""
     import nncf
 
     from exporters.calibration import calibration_batches, calibration_inputs, feed
-    from exporters.core import checkpoint_info
 
-    texts, pairs, source = calibration_inputs(checkpoint, opts["calibration_samples"])
+    texts, pairs, source = calibration_inputs(ctx, int(opts.calibration_samples or 0))
     # batch 1, unpadded: each sample's ranges are those of real tokens at their own length
-    items = calibration_batches(checkpoint, texts, checkpoint_info(checkpoint)["max_length"], batch_size=1,
+    items = calibration_batches(ctx, texts, ctx.info.max_length, batch_size=1,
                                 pairs=pairs)
     # Every input the IR declares: a BERT-layout IR left without token_type_ids runs with a stale shape.
     names = {p.any_name for p in ir.inputs}
@@ -120,7 +113,7 @@ def quantize_int8(ir, checkpoint: Path, opts: dict[str, Any]):
                                   subset_size=len(items), fast_bias_correction=True)
     fq = sum(1 for op in quantized.get_ops() if op.get_type_name() == "FakeQuantize")
     if fq == 0:
-        raise QserveError(f"nncf.quantize inserted no FakeQuantize into {checkpoint}'s IR: nothing was quantized")
+        raise QserveError(f"nncf.quantize inserted no FakeQuantize into {ctx.checkpoint}'s IR: nothing was quantized")
     return quantized, {
         "method": "nncf.quantize (post-training, static)", "model_type": "TRANSFORMER",
         "preset": "MIXED (NNCF's transformer default: symmetric per-channel int8 weights, asymmetric per-tensor "

@@ -6,18 +6,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qserve.variants import VariantSpec
+
+if TYPE_CHECKING:
+    from exporters.core import ExportContext
 
 TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
-def build(checkpoint: Path, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, Any]:
+def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, dict[str, Any]]:
     import torch
     from transformers import AutoModelForSequenceClassification
 
     dtype = getattr(torch, TORCH_DTYPES[spec.dtype])
-    model = AutoModelForSequenceClassification.from_pretrained(checkpoint, dtype=torch.float32)
+    model = AutoModelForSequenceClassification.from_pretrained(ctx.checkpoint, dtype=torch.float32)
     model.to(dtype).save_pretrained(out, safe_serialization=True)
     return {}

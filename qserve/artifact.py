@@ -27,13 +27,22 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
+from qserve.variants import VariantSpec
 
 MANIFEST = "manifest.json"
 FORMAT = "qserve-variant/1"
+"""The manifest's format tag, `qserve-variant/<version>`. The version rule (check_format): version 1 is read;
+any other version, newer or older, and any other name is refused, naming the file and what this qserve reads."""
+MODEL_META = "qserve_model.json"
+MODEL_META_FORMAT = "qserve-model/1"
+"""qserve_model.json has carried no format field so far: a file without one is version 1. A `format` field, if
+present, must be this; anything else is refused (a newer qserve's checkpoint). qserve writes none, so the files
+keep their bytes."""
 DIGEST_KEY = "manifest_sha256"
 ALLOW_EXTRA_HINT = "--allow-extra-files (QSERVE_ALLOW_EXTRA_FILES=1 for serve)"
 
@@ -42,6 +51,11 @@ log = logging.getLogger("qserve.artifact")
 
 class VariantError(QserveError):
     """A variant directory that is missing, half-written, tampered with or of another format."""
+
+
+class CheckpointError(QserveError):
+    """A checkpoint's qserve_model.json that is not valid JSON, of another format, or with a field of the
+    wrong type."""
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -139,6 +153,283 @@ def staged_dir(dest: Path, force: bool = False) -> Iterator[Path]:
         shutil.rmtree(old, ignore_errors=True)
 
 
+# -- the typed artifacts: a variant's manifest.json and a checkpoint's qserve_model.json ----------------------
+# Each is read once into a frozen dataclass, validated once (errors name the file, the field and what is
+# allowed) and written from it: `to_json()` gives back the dict, in the key order qserve has always written,
+# so a manifest read and written again keeps its bytes and its digest.
+
+def check_format(path: Path, value: object) -> None:
+    """The manifest's version rule: `qserve-variant/1` is read; another version or name is refused."""
+    if value == FORMAT:
+        return
+    name, _, version = str(value).partition("/")
+    if name == FORMAT.split("/")[0] and version.isdigit():
+        newer = int(version) > int(FORMAT.split("/")[1])
+        raise VariantError(f"{path} has format {value!r}; this qserve reads {FORMAT!r} only ("
+                           + ("written by a newer qserve: upgrade qserve" if newer else "re-export the variant")
+                           + ")")
+    raise VariantError(f"{path} has format {value!r}; this qserve reads {FORMAT!r}")
+
+
+def _typed(path: Path, key: str, value: object, kind: type | tuple[type, ...], allowed: str,
+           error: type[QserveError] = VariantError) -> Any:
+    """`value` if it is of `kind` (a bool is no number), else an error naming the file, the field, what is allowed."""
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        ok = False
+    else:
+        ok = isinstance(value, kinds)
+    if not ok:
+        raise error(f"{path}: {key} must be {allowed}, got {value!r}")
+    return value
+
+
+def _optional(path: Path, data: dict[str, Any], key: str, kind: type | tuple[type, ...], allowed: str,
+              error: type[QserveError] = VariantError) -> Any:
+    value = data.get(key)
+    return None if value is None else _typed(path, key, value, kind, allowed, error)
+
+
+def _strings(path: Path, key: str, value: object, error: type[QserveError] = VariantError) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(x, str) for x in value):
+        raise error(f"{path}: {key} must be a non-empty list of strings, got {value!r}")
+    return tuple(value)
+
+
+def _inputs(path: Path, value: object, error: type[QserveError] = VariantError) -> tuple[str, ...] | None:
+    from qserve.textpairs import ALLOWED
+
+    if value is None:
+        return None
+    if isinstance(value, list) and tuple(value) in ALLOWED:
+        return tuple(value)
+    raise error(f"{path}: inputs must be " + " or ".join(str(list(a)) for a in ALLOWED) + f" (got {value!r})")
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a variant: its sha256 and size."""
+
+    sha256: str
+    bytes: int
+
+
+# The manifest's own fields, in the order `qserve export` writes them; any other top-level key is a backend's
+# record (onnx, bnb, openvino, conversion ...), kept in `records` and written back between versions and parity.
+_HEAD = ("format", "spec", "model_name", "labels", "problem_type", "max_length", "long_text", "inputs", "source",
+         "export_device", "versions")
+_TAIL = ("parity", "files", "created", DIGEST_KEY)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A variant's manifest.json: what the variant is (spec), how its answers read (labels, problem type,
+    inputs, max_length, long_text), where it came from (source, versions, export_device), how close it is to
+    the fp32 checkpoint (parity), its files' hashes, and the backend's own record (`records`)."""
+
+    spec: VariantSpec
+    labels: tuple[str, ...]
+    max_length: int
+    model_name: str | None = None
+    problem_type: str | None = None
+    """None: a manifest from before problem types, read as single-label (`problem`)."""
+    long_text: str | None = None
+    """None: a manifest from before the policy was recorded, served as head."""
+    inputs: tuple[str, ...] | None = None
+    """None: a manifest from before text pairs, one text per input (`takes`)."""
+    source: dict[str, str] | None = None
+    export_device: str | None = None
+    versions: dict[str, str] | None = None
+    records: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The backend's records by key ("onnx", "bnb", "openvino", "conversion"): free-form JSON each backend
+    writes and its runtime reads."""
+    parity: dict[str, Any] | None = None
+    files: dict[str, FileEntry] = field(default_factory=dict)
+    created: str | None = None
+    digest: str | None = None
+    """manifest_sha256; None on a manifest from before the digest."""
+    format: str = FORMAT
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def backend(self) -> str:
+        return self.spec.backend
+
+    @property
+    def problem(self) -> str:
+        """The problem type, single-label when the manifest records none."""
+        from qserve.problemtypes import SINGLE
+
+        return self.problem_type or SINGLE
+
+    @property
+    def takes(self) -> tuple[str, ...]:
+        """The inputs, ("text",) when the manifest records none."""
+        from qserve.textpairs import SINGLE
+
+        return self.inputs or SINGLE
+
+    def record(self, key: str) -> dict[str, Any]:
+        """A backend's record ({} when absent)."""
+        return self.records.get(key) or {}
+
+    @property
+    def version(self) -> str:
+        """The digest that names this exact variant (recomputed for a manifest from before the digest)."""
+        return self.digest or manifest_digest(self.to_json())
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest as JSON, keys in the order qserve writes them; absent (None) fields stay absent."""
+        head: dict[str, Any] = {
+            "format": self.format, "spec": self.spec.to_json(), "model_name": self.model_name,
+            "labels": list(self.labels), "problem_type": self.problem_type, "max_length": self.max_length,
+            "long_text": self.long_text, "inputs": None if self.inputs is None else list(self.inputs),
+            "source": self.source, "export_device": self.export_device, "versions": self.versions}
+        tail: dict[str, Any] = {
+            "parity": self.parity, "files": {k: {"sha256": f.sha256, "bytes": f.bytes} for k, f in self.files.items()}
+            or None, "created": self.created, DIGEST_KEY: self.digest}
+        return {**{k: v for k, v in head.items() if v is not None}, **self.records,
+                **{k: v for k, v in tail.items() if v is not None}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], path: Path = Path(MANIFEST)) -> Manifest:
+        """A manifest from its JSON, every field validated (errors name `path` and the field)."""
+        check_format(path, data.get("format"))
+        for key in ("spec", "files", "labels", "max_length"):
+            if key not in data:
+                raise VariantError(f"{path} lacks the {key!r} field; the variant is damaged, re-export it")
+        max_length = data["max_length"]
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+            raise VariantError(f"{path}: max_length must be an integer >= 2, got {max_length!r}")
+        problem = _optional(path, data, "problem_type", str, "a string")
+        if problem is not None:
+            from qserve.problemtypes import PROBLEM_TYPES
+
+            if problem not in PROBLEM_TYPES:
+                raise VariantError(f"{path}: problem_type {problem!r} is not one of {', '.join(PROBLEM_TYPES)}")
+        files = _typed(path, "files", data["files"], dict, "an object of file -> {sha256, bytes}")
+        entries = {}
+        for rel, info in files.items():
+            if (not isinstance(info, dict) or not isinstance(info.get("sha256"), str)
+                    or isinstance(info.get("bytes"), bool) or not isinstance(info.get("bytes"), int)):
+                raise VariantError(f"{path}: files[{rel!r}] must be {{\"sha256\": str, \"bytes\": int}}, got {info!r}")
+            entries[rel] = FileEntry(info["sha256"], info["bytes"])
+        records = {}
+        for key, value in data.items():
+            if key not in _HEAD and key not in _TAIL:
+                records[key] = _typed(path, key, value, dict, "an object (a backend's record)")
+        return cls(
+            spec=_spec(path, data["spec"]), labels=_strings(path, "labels", data["labels"]), max_length=max_length,
+            model_name=_optional(path, data, "model_name", str, "a string"), problem_type=problem,
+            long_text=_optional(path, data, "long_text", str, "a long-text policy string"),
+            inputs=_inputs(path, data.get("inputs")),
+            source=_optional(path, data, "source", dict, "an object {path, sha256}"),
+            export_device=_optional(path, data, "export_device", str, "a device string"),
+            versions=_optional(path, data, "versions", dict, "an object library -> version"),
+            records=records, parity=_optional(path, data, "parity", dict, "an object"), files=entries,
+            created=_optional(path, data, "created", str, "an ISO time string"),
+            digest=_optional(path, data, DIGEST_KEY, str, "a sha256 hex string"), format=str(data["format"]))
+
+
+def _spec(path: Path, value: object) -> VariantSpec:
+    from qserve.variants import STORED
+
+    spec = _typed(path, "spec", value, dict, "an object with " + ", ".join(STORED))
+    for key, kind, allowed in (("name", str, "a variant name"), ("backend", str, "a backend name"),
+                               ("dtype", str, "a dtype name")):
+        _typed(path, f"spec.{key}", spec.get(key), kind, allowed)
+    unknown = sorted(set(spec) - set(STORED))
+    if unknown:
+        raise VariantError(f"{path}: spec has unknown field(s) {', '.join(unknown)}; allowed: {', '.join(STORED)}")
+    if "options" in spec:
+        _typed(path, "spec.options", spec["options"], dict, "an object option -> value")
+    return VariantSpec.from_json(spec)
+
+
+@dataclass(frozen=True)
+class ModelMeta:
+    """A checkpoint's qserve_model.json (what `qserve train` records beside the HF files, and what every
+    variant copies): the run's name, base model, dataset and seed, the truncation length and long-text policy,
+    the labels and problem type, and for regression the training labels' range, for pair models `inputs`."""
+
+    model_name: str | None = None
+    base_model: str | None = None
+    dataset: str | None = None
+    seed: int | None = None
+    max_length: int | None = None
+    long_text: str | None = None
+    max_eval_samples: int | None = None
+    labels: tuple[str, ...] | None = None
+    problem_type: str | None = None
+    label_range: float | None = None
+    inputs: tuple[str, ...] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Keys this qserve does not know (a file another tool extended), kept as read."""
+
+    @property
+    def takes(self) -> tuple[str, ...]:
+        from qserve.textpairs import SINGLE
+
+        return self.inputs or SINGLE
+
+    def to_json(self) -> dict[str, Any]:
+        """As `qserve train` writes it: the run's fields always, label_range for regression (even when None: the
+        labels were constant) or when set, inputs only when set."""
+        out: dict[str, Any] = {
+            "model_name": self.model_name, "base_model": self.base_model, "dataset": self.dataset, "seed": self.seed,
+            "max_length": self.max_length, "long_text": self.long_text, "max_eval_samples": self.max_eval_samples,
+            "labels": None if self.labels is None else list(self.labels), "problem_type": self.problem_type}
+        if self.label_range is not None or self.problem_type == "regression":
+            out["label_range"] = self.label_range
+        if self.inputs is not None:
+            out["inputs"] = list(self.inputs)
+        return {**out, **self.extra}
+
+    @classmethod
+    def from_json(cls, data: object, path: Path = Path(MODEL_META)) -> ModelMeta:
+        err = CheckpointError
+        if not isinstance(data, dict):
+            raise err(f"{path}: the file must be a JSON object, got {data!r}")
+        fmt = data.get("format")
+        if fmt is not None and fmt != MODEL_META_FORMAT:
+            raise err(f"{path} has format {fmt!r}; this qserve reads {MODEL_META_FORMAT!r} (or none)")
+        max_length = _optional(path, data, "max_length", int, "an integer >= 2", err)
+        if max_length is not None and max_length < 2:
+            raise err(f"{path}: max_length must be an integer >= 2, got {max_length!r}")
+        span = _optional(path, data, "label_range", (int, float), "a number", err)
+        known = {f for f in cls.__dataclass_fields__ if f != "extra"}  # a format field is kept in extra
+        return cls(
+            model_name=_optional(path, data, "model_name", str, "a string", err),
+            base_model=_optional(path, data, "base_model", str, "a string", err),
+            dataset=_optional(path, data, "dataset", str, "a dataset name", err),
+            seed=_optional(path, data, "seed", int, "an integer", err), max_length=max_length,
+            long_text=_optional(path, data, "long_text", str, "a long-text policy string", err),
+            max_eval_samples=_optional(path, data, "max_eval_samples", int, "an integer", err),
+            labels=None if data.get("labels") is None else _strings(path, "labels", data["labels"], err),
+            problem_type=_optional(path, data, "problem_type", str, "a problem type", err),
+            label_range=span, inputs=_inputs(path, data.get("inputs"), err),
+            extra={k: v for k, v in data.items() if k not in known})
+
+    def write(self, path: Path) -> None:
+        write_json_atomic(path, self.to_json())
+
+
+def read_model_meta(root: Path) -> ModelMeta | None:
+    """A checkpoint's (or a variant's copy of its) qserve_model.json, read and validated once; None when absent
+    (a checkpoint qserve did not train)."""
+    path = Path(root) / MODEL_META
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e})") from None
+    return ModelMeta.from_json(data, path)
+
+
 def manifest_digest(data: dict[str, Any]) -> str:
     """sha256 of the manifest's content (every field but the digest itself), canonical JSON."""
     body = {k: v for k, v in data.items() if k != DIGEST_KEY}
@@ -146,20 +437,21 @@ def manifest_digest(data: dict[str, Any]) -> str:
     return hashlib.sha256(canon.encode("ascii")).hexdigest()
 
 
-def write_manifest(root: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+def write_manifest(root: Path, manifest: Manifest) -> Manifest:
     """Hash every file in root, then write manifest.json (format tag, files, creation time, own digest)."""
     root = Path(root)
-    data = {"format": FORMAT, **{k: v for k, v in manifest.items() if k != DIGEST_KEY}}
-    data["files"] = hash_files(root)
+    data = {"format": FORMAT, **{k: v for k, v in manifest.to_json().items() if k not in ("format", DIGEST_KEY)}}
+    data["files"] = hash_files(root)  # in its place when the manifest had files (a reseal), else after parity
     data.setdefault("created", now_iso())
     # Round-trip through JSON first so the digest covers exactly what a reader will see.
     data = json.loads(json.dumps(data, default=str))
     data[DIGEST_KEY] = manifest_digest(data)
     write_json_atomic(root / MANIFEST, data)
-    return data
+    return Manifest.from_json(data, root / MANIFEST)
 
 
-def read_manifest(root: Path) -> dict[str, Any]:
+def _read_raw(root: Path) -> dict[str, Any]:
+    """manifest.json as JSON, its format checked (the version rule: see `check_format`)."""
     root = Path(root)
     path = root / MANIFEST
     if not root.is_dir():
@@ -170,16 +462,18 @@ def read_manifest(root: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise VariantError(f"{path} is not valid JSON ({e}); the variant is damaged, re-export it") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise VariantError(f"{path} has format {data.get('format') if isinstance(data, dict) else None!r}; "
-                           f"this qserve reads {FORMAT!r}")
-    for key in ("spec", "files", "labels", "max_length"):
-        if key not in data:
-            raise VariantError(f"{path} lacks the {key!r} field; the variant is damaged, re-export it")
+    if not isinstance(data, dict):
+        raise VariantError(f"{path} has format None; this qserve reads {FORMAT!r}")
+    check_format(path, data.get("format"))
     return data
 
 
-def verify(root: Path, check_hashes: bool = True, allow_extra_files: bool = False) -> dict[str, Any]:
+def read_manifest(root: Path) -> Manifest:
+    """The variant's manifest, read and validated once (no hashes checked: that is `verify`)."""
+    return Manifest.from_json(_read_raw(root), Path(root) / MANIFEST)
+
+
+def verify(root: Path, check_hashes: bool = True, allow_extra_files: bool = False) -> Manifest:
     """Read the manifest and check it: its own digest, every listed file (present, same size,
     same sha256), no unlisted file (unless `allow_extra_files`), and the fields that change
     answers against the files they came from.
@@ -187,18 +481,19 @@ def verify(root: Path, check_hashes: bool = True, allow_extra_files: bool = Fals
     Returns the manifest. Raises VariantError naming the first problem.
     """
     root = Path(root)
-    data = read_manifest(root)
+    raw = _read_raw(root)
     path = root / MANIFEST
-    recorded = data.get(DIGEST_KEY)
+    recorded = raw.get(DIGEST_KEY)
+    if recorded is not None and recorded != manifest_digest(raw):
+        raise VariantError(f"{path} was edited after export: its content no longer matches its recorded "
+                           f"{DIGEST_KEY}. Fields such as labels, max_length and spec change every answer, so an "
+                           "edited manifest is refused; re-export the variant (`qserve export ... --force`)")
+    data = Manifest.from_json(raw, path)
     if recorded is None:
         log.warning("%s has no %s (written before qserve recorded one): labels and max_length are "
                     "cross-checked against the variant's files, its other fields are unverified; re-export "
                     "the variant to seal it", path, DIGEST_KEY)
-    elif recorded != manifest_digest(data):
-        raise VariantError(f"{path} was edited after export: its content no longer matches its recorded "
-                           f"{DIGEST_KEY}. Fields such as labels, max_length and spec change every answer, so an "
-                           "edited manifest is refused; re-export the variant (`qserve export ... --force`)")
-    extra = sorted(rel for rel in _files_on_disk(root) if rel not in data["files"])
+    extra = sorted(rel for rel in _files_on_disk(root) if rel not in data.files)
     if extra:
         shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
         if not allow_extra_files:
@@ -207,14 +502,14 @@ def verify(root: Path, check_hashes: bool = True, allow_extra_files: bool = Fals
                                f"{ALLOW_EXTRA_HINT} to load it anyway")
         log.warning("%s: ignoring %d file(s) the manifest does not list (allowed by --allow-extra-files): %s",
                     root, len(extra), shown)
-    for rel, info in data["files"].items():
+    for rel, info in data.files.items():
         p = root / rel
         if not p.is_file():
             raise VariantError(f"{p} is listed in the manifest but missing; the variant is incomplete")
         size = p.stat().st_size
-        if size != info["bytes"]:
-            raise VariantError(f"{p} is {size} bytes, the manifest says {info['bytes']}: truncated or altered")
-        if check_hashes and sha256_file(p) != info["sha256"]:
+        if size != info.bytes:
+            raise VariantError(f"{p} is {size} bytes, the manifest says {info.bytes}: truncated or altered")
+        if check_hashes and sha256_file(p) != info.sha256:
             raise VariantError(f"{p} does not match its sha256 in the manifest: the file was altered")
     _cross_check(root, data)
     return data
@@ -224,9 +519,9 @@ def _files_on_disk(root: Path) -> list[str]:
     return [p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and p.name != MANIFEST]
 
 
-def _read_listed_json(root: Path, data: dict[str, Any], rel: str) -> dict[str, Any] | None:
+def _read_listed_json(root: Path, data: Manifest, rel: str) -> dict[str, Any] | None:
     """A JSON file the manifest lists (so verify has hashed it), or None."""
-    if rel not in data["files"]:
+    if rel not in data.files:
         return None
     try:
         obj = json.loads((root / rel).read_text(encoding="utf-8"))
@@ -235,14 +530,10 @@ def _read_listed_json(root: Path, data: dict[str, Any], rel: str) -> dict[str, A
     return obj if isinstance(obj, dict) else None
 
 
-def _cross_check(root: Path, data: dict[str, Any]) -> None:
+def _cross_check(root: Path, data: Manifest) -> None:
     """The manifest's labels and max_length must agree with the hashed files they came from."""
     path = root / MANIFEST
-    labels, max_length = data["labels"], data["max_length"]
-    if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
-        raise VariantError(f"{path}: labels must be a non-empty list of strings, got {labels!r}")
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
-        raise VariantError(f"{path}: max_length must be an integer >= 2, got {max_length!r}")
+    labels, max_length = list(data.labels), data.max_length
     config = _read_listed_json(root, data, "config.json")
     if config is not None:
         id2label = config.get("id2label")
@@ -259,7 +550,7 @@ def _cross_check(root: Path, data: dict[str, Any]) -> None:
         if isinstance(positions, int) and max_length > positions:
             raise VariantError(f"{path} says max_length {max_length} but the model has only {positions} "
                                "positions (config.json): the manifest was edited; re-export the variant")
-    policy = data.get("long_text")
+    policy = data.long_text
     if policy is not None:  # absent: a variant from before the policy was recorded, served as head
         from qserve.longtext import LongTextError, resolve
 
@@ -270,22 +561,21 @@ def _cross_check(root: Path, data: dict[str, Any]) -> None:
         if full != policy:
             raise VariantError(f"{path}: long_text {policy!r} is not written out in full ({full!r}); "
                                "the manifest was edited; re-export the variant")
-    meta = _read_listed_json(root, data, "qserve_model.json")
-    if meta is not None and "max_length" in meta and meta["max_length"] != max_length:
-        raise VariantError(f"{path} says max_length {max_length} but the hashed qserve_model.json says "
-                           f"{meta['max_length']}: the manifest was edited; re-export the variant")
+    if "qserve_model.json" in data.files:
+        meta = read_model_meta(root)
+        if meta is not None and meta.max_length is not None and meta.max_length != max_length:
+            raise VariantError(f"{path} says max_length {max_length} but the hashed qserve_model.json says "
+                               f"{meta.max_length}: the manifest was edited; re-export the variant")
 
 
-def _check_problem_type(path: Path, data: dict[str, Any], config: dict[str, Any]) -> None:
+def _check_problem_type(path: Path, data: Manifest, config: dict[str, Any]) -> None:
     """The manifest's problem type (absent: single-label, a manifest from before problem types) must be the
     hashed config.json's: it decides whether logits are read by softmax, sigmoid or as values."""
-    from qserve.problemtypes import PROBLEM_TYPES, from_config
+    from qserve.problemtypes import from_config
 
-    recorded = data.get("problem_type")
+    recorded = data.problem_type
     if recorded is None:
         return
-    if recorded not in PROBLEM_TYPES:
-        raise VariantError(f"{path}: problem_type {recorded!r} is not one of {', '.join(PROBLEM_TYPES)}")
     try:
         from_cfg = from_config(config)
     except QserveError as e:

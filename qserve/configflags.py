@@ -52,8 +52,8 @@ class Flag:
     """The option string; default `--field-name` (`--no-field-name` for a bool that defaults to True).
     A field given another option string parses into argparse's own dest for it (`--time-budget` ->
     args.time_budget); `build` maps it back to the field."""
-    choices: tuple[str, ...] | None = None
-    """The allowed values; argparse refuses others and lists these."""
+    choices: tuple[object, ...] | None = None
+    """The allowed values (of the field's type); argparse refuses others and lists these."""
     repeat: bool = False
     """May be given several times (argparse append): the parsed value is a list, None when not given."""
     positional: bool = False
@@ -63,7 +63,7 @@ class Flag:
     """What the help says the default is, where a None default does not say it (e.g. "cores / replicas")."""
 
 
-def flag(*, option: str | None = None, choices: Iterable[str] | None = None, repeat: bool = False,
+def flag(*, option: str | None = None, choices: Iterable[object] | None = None, repeat: bool = False,
          positional: bool = False, metavar: str | None = None,
          default_text: str | None = None) -> dict[str, Flag]:
     """Metadata for `dataclasses.field(metadata=...)`: how the field appears on the command line."""
@@ -91,17 +91,24 @@ def env_name(field_name: str, prefix: str = ENV_PREFIX) -> str:
 
 def add_flags(parser: argparse._ActionsContainer, cls: type, names: Iterable[str] | None = None, *,
               unset: bool = False, env_prefix: str | None = None, defaults: Mapping[str, object] | None = None,
-              help: Mapping[str, str] | None = None) -> None:
+              help: Mapping[str, str] | None = None, flags: Mapping[str, Flag] | None = None,
+              negatable: bool = False) -> None:
     """Add one flag per field of dataclass `cls` (or per field in `names`, in that order) to `parser`.
 
     unset: every flag's parsed default is None, so `build` can tell a flag that was given from
     one that was not (and then try the env var); the help still shows the field's default.
     env_prefix: name in each flag's help the env var it can also come from.
     defaults / help: per-field replacements for the default and for the whole help text.
+    flags: per-field replacements for the field's `flag(...)` metadata (choices, metavar, ... declared elsewhere,
+    e.g. by an exporter Option in qserve.variants).
+    negatable: a bool field is a `--field/--no-field` pair (argparse.BooleanOptionalAction; None when neither is
+    given): how `qserve export` takes an exporter's on/off options.
     """
     docs = field_docs(cls)
-    defaults, help = defaults or {}, help or {}
+    defaults, help, flags = defaults or {}, help or {}, flags or {}
     for fi in _fields(cls, names):
+        if fi.name in flags:
+            fi = dataclasses.replace(fi, spec=flags[fi.name])
         spec = fi.spec
         default = defaults[fi.name] if fi.name in defaults else fi.default
         if fi.name in help:  # said in full by the caller, default included
@@ -115,7 +122,10 @@ def add_flags(parser: argparse._ActionsContainer, cls: type, names: Iterable[str
             kw["metavar"] = spec.metavar
         if spec.choices is not None:
             kw["choices"] = spec.choices
-        if fi.typ is bool and not (spec.positional or spec.repeat or fi.is_list):
+        if fi.typ is bool and negatable and not (spec.positional or spec.repeat or fi.is_list):
+            kw["action"] = argparse.BooleanOptionalAction
+            kw["default"] = None if unset else default
+        elif fi.typ is bool and not (spec.positional or spec.repeat or fi.is_list):
             kw["action"] = "store_false" if default is True else "store_true"
             kw["default"] = None if unset else default is True
         else:

@@ -76,7 +76,7 @@ def _export_stage(ckpt: Path, run_dir: Path, device: str, names: list[str], forc
         dest = run_dir / "variants" / name
         if dest.exists() and not force:
             try:
-                if verify(dest)["source"]["sha256"] == src_hash:
+                if (verify(dest).source or {}).get("sha256") == src_hash:
                     print(f"   [{i}/{len(names)}] {name}: reusing {dest}")
                     out.append(dest)
                     continue
@@ -92,7 +92,7 @@ def _export_stage(ckpt: Path, run_dir: Path, device: str, names: list[str], forc
         except (OpenVINOUnavailable, UnsupportedVariant) as e:  # the others export, bench and report as usual
             print(f"       skipped: {e}", flush=True)
             continue
-        p = m["parity"]
+        p = m.parity or {}
         print(f"       {time.perf_counter() - t0:.0f}s, max|Δlogit| {p['max_abs_logit_diff']:.3g}, "
               f"probe agreement {p['agreement']:.0%}", flush=True)
         out.append(dest)
@@ -104,7 +104,7 @@ def _bench_stage(variants: list[Path], report_dir: Path, args, device: str, forc
     from qserve.bench import BenchConfig, run_bench
 
     long_text = [x for x in (args.bench_long_text or "").split(",") if x.strip()] or None
-    key = {str(v.name): read_manifest(v)["files"] for v in variants}
+    key = {str(v.name): read_manifest(v).to_json()["files"] for v in variants}
     if long_text:
         key["--long-text"] = long_text  # another comparison is another report
     stamp = report_dir / "inputs.json"

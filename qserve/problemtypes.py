@@ -72,14 +72,6 @@ def from_config(cfg: dict[str, Any], where: str = "config.json") -> str:
     return REGRESSION if num == 1 else SINGLE
 
 
-def from_manifest(manifest: dict[str, Any]) -> str:
-    """A variant manifest's problem type; an old manifest that records none is single-label."""
-    value = manifest.get("problem_type") or SINGLE
-    if value not in PROBLEM_TYPES:
-        raise QserveError(f"manifest problem_type {value!r} is not one of {', '.join(PROBLEM_TYPES)}")
-    return str(value)
-
-
 def check_threshold(value: Any, field: str = "--threshold") -> float:
     """A multi-label threshold: a number in [0, 1]."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:

@@ -49,20 +49,6 @@ class PairError(QserveError):
     """A pair where a model takes one text, or a recorded `inputs` that is neither allowed form."""
 
 
-def model_inputs(meta: dict[str, Any] | None, where: str = "inputs") -> tuple[str, ...]:
-    """The inputs a qserve_model.json or manifest records: ("text",) when absent, else one of ALLOWED."""
-    value = (meta or {}).get("inputs")
-    if value is None:
-        return SINGLE
-    if isinstance(value, list) and tuple(value) in ALLOWED:
-        return tuple(value)
-    raise PairError(f"{where} must be {list(SINGLE)} or {list(PAIR)} (got {value!r})")
-
-
-def takes_pairs(meta: dict[str, Any] | None, where: str = "inputs") -> bool:
-    return model_inputs(meta, where) == PAIR
-
-
 def split_pairs(tokenizer: Any, texts: Sequence[str], pairs: Sequence[str], max_length: int) -> Pieces:
     """One piece per pair: the ids (and token_type_ids where the tokenizer makes them) that
     `tokenizer(text, text_pair, truncation="longest_first", max_length=max_length)` gives, with each

@@ -16,8 +16,9 @@ runtime module and one entry here.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from qserve import QserveError
 
@@ -81,10 +82,83 @@ class Option:
     option is set through `exporters.export(..., options=...)` only."""
     choices: tuple[OptionValue, ...] = ()
     metavar: str | None = None
+    allowed: str = ""
+    """What a valid value is, as the error says it ("an integer from 14 to 21"); default: from kind/choices."""
+    note: str = ""
+    """Said in the error before the rejected value ("training texts that calibrate the weight clipping")."""
+    check: Callable[[Any], bool] | None = None
+    """A range or shape rule beyond the type (e.g. 14 <= opset <= 21); None (the library's default) passes."""
+    coerce: bool = False
+    """Read "true"/"0"/"6.0" strings as the kind (bnb's options, given as text through the Python API)."""
 
     @property
     def flag(self) -> str:
         return "--" + self.key.replace("_", "-")
+
+    def validate(self, variant: str, value: OptionValue) -> OptionValue:
+        """`value` checked against the declaration (and coerced where `coerce`); a bad one is an error naming the
+        option, the variant, what is allowed and, where the option has one, its `qserve export` flag."""
+        if value is None and self.defaults.get(variant, 0) is None:
+            return None  # None: the library's own default (opset)
+        got = _coerce(value, self.kind) if self.coerce else value
+        ok = (isinstance(got, bool) if self.kind is bool
+              else isinstance(got, self.kind) and not isinstance(got, bool) if self.kind is not float
+              else isinstance(got, (int, float)) and not isinstance(got, bool))
+        ok = ok and (not self.choices or got in self.choices) and (self.check is None or bool(self.check(got)))
+        if not ok:
+            allowed = self.allowed or (", ".join(map(str, self.choices)) if self.choices else
+                                       {bool: "true or false", int: "an integer", float: "a number",
+                                        str: "a string"}.get(self.kind, self.kind.__name__))
+            if self.choices and not self.allowed:
+                allowed = "one of " + allowed
+            where = f" for {variant}" if not self.coerce else ""
+            said = f"{self.note}; " if self.note else ""
+            flag = f"; flag {self.flag}" if self.help else ""
+            raise QserveError(f"option {self.key}{where} must be {allowed} ({said}got {value!r}){flag}")
+        return float(got) if self.kind is float and got is not None else got
+
+
+def _coerce(value: OptionValue, kind: type) -> OptionValue:
+    if kind is bool and isinstance(value, str):
+        text = value.strip().lower()
+        return True if text in ("1", "true", "yes", "on") else False if text in ("0", "false", "no", "off") else value
+    if kind is float and isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """A backend's exporter options for one variant, typed and validated once (`resolve`): each field one
+    `Option` of the backend (its declaration: default per variant, type, allowed values, flag). A field the
+    variant does not understand stays None and is not recorded; `to_json` is the manifest's `options` record."""
+
+    variant: str
+
+    @classmethod
+    def resolve(cls: type[O], name: str, given: dict[str, Any] | None = None) -> O:
+        """`given` over variant `name`'s defaults, every value checked against its Option, then the backend's
+        rules across options (`_check`). Unknown keys name the allowed ones."""
+        given = dict(given or {})
+        merged = merge_options(name, given)
+        declared = {o.key: o for o in backend_of(name).options if name in o.defaults}
+        values = {k: declared[k].validate(name, v) for k, v in merged.items()}
+        out = cls(variant=name, **values)
+        out._check(given)
+        return out
+
+    def _check(self, given: dict[str, Any]) -> None:
+        """The backend's rules across options (one option excluding another); `given`: what the user set."""
+
+    def to_json(self) -> dict[str, OptionValue]:
+        """The options the variant understands, in declaration order: what the manifest records."""
+        return {k: getattr(self, k) for k in option_defaults(self.variant)}
+
+
+O = TypeVar("O", bound=BackendOptions)
 
 
 @dataclass(frozen=True)
@@ -103,9 +177,94 @@ class Backend:
     """What a bench child imports before its memory baseline, so 'model memory' leaves the libraries out."""
     install: str = ""
     """The install hint shown when the exporter or runtime module cannot be imported."""
+    options_type: type[BackendOptions] = BackendOptions
+    """The backend's typed options: one field per Option key (checked at import: same keys, same types)."""
+
+    def __post_init__(self) -> None:
+        import typing
+
+        hints = typing.get_type_hints(self.options_type)
+        fields = set(hints) - {"variant"}
+        keys = {o.key for o in self.options}
+        if fields != keys:  # a registry mistake: fail at import, not at `qserve export`
+            raise TypeError(f"{self.name}: {self.options_type.__name__} fields {sorted(fields)} != options {sorted(keys)}")
+        for o in self.options:
+            if o.kind not in typing.get_args(hints[o.key]):
+                raise TypeError(f"{self.name}: option {o.key} is {o.kind.__name__}, {self.options_type.__name__} "
+                                f"says {hints[o.key]}")
 
 
 _CALIBRATION = "training texts that calibrate"
+
+
+def _samples(purpose: str) -> dict[str, Any]:
+    """calibration_samples' rule (every calibrating backend): 1 to 1024 training texts."""
+    return {"allowed": "an integer from 1 to 1024", "note": f"{_CALIBRATION} {purpose}",
+            "check": lambda v: 1 <= v <= 1024}
+
+
+@dataclass(frozen=True)
+class TorchOptions(BackendOptions):
+    """torch-fp32/bf16/fp16 take no options."""
+
+
+@dataclass(frozen=True)
+class BnbOptions(BackendOptions):
+    llm_int8_threshold: float | None = None
+    double_quant: bool | None = None
+    clip: bool | None = None
+    calibration_samples: int | None = None
+
+
+@dataclass(frozen=True)
+class OnnxOptions(BackendOptions):
+    opset: int | None = None
+    per_channel: bool | None = None
+    reduce_range: bool | None = None
+    optimize: bool | None = None
+    smooth: bool | None = None
+    correct_bias: bool | None = None
+    calibration_samples: int | None = None
+    keep_fp32: str | None = None
+    activation_scales: str | None = None
+    row_by_row: bool | None = None
+    calibrate_alone: bool | None = None
+    block_size: int | None = None
+    accuracy_level: int | None = None
+    symmetric: bool | None = None
+    quantize_embeddings: bool | None = None
+
+    @classmethod
+    def resolve(cls, name: str, given: dict[str, Any] | None = None) -> OnnxOptions:
+        given = dict(given or {})
+        if merge_options(name, given).get("optimize") is True and "smooth" not in given and \
+                "smooth" in option_defaults(name):
+            # The smoothing Mul sits between each LayerNorm and its q/k/v MatMuls, which is exactly
+            # the pattern ORT's attention fusion matches: asking for the fused graph turns it off.
+            given["smooth"] = False
+        return super().resolve(name, given)
+
+    def _check(self, given: dict[str, Any]) -> None:
+        name = self.variant
+        if self.optimize is True and self.smooth is True:
+            raise QserveError(f"options optimize and smooth for {name} exclude each other (the smoothing Mul blocks "
+                              "ORT's attention fusion); drop smooth=true, or set optimize=false")
+        if self.activation_scales == "per-row" and self.row_by_row is False:
+            raise QserveError(f"option row_by_row=false for {name} applies to activation_scales=per-tensor only (a "
+                              "per-row graph's rows are independent in one batched forward); drop it")
+        if self.activation_scales == "per-row" and (not self.per_channel or self.reduce_range or self.optimize):
+            raise QserveError(f"option activation_scales=per-row for {name} quantizes weights per channel over the "
+                              "full int8 range and rewrites plain MatMuls only: drop per_channel=false, "
+                              "reduce_range=true and optimize=true, or use activation_scales=per-tensor")
+        if self.quantize_embeddings and self.opset not in (None, 21):
+            raise QserveError(f"option quantize_embeddings for {name} needs opset 21 (4-bit Gather weights are an "
+                              f"opset-21 type); drop opset or set it to 21 (got {self.opset!r})")
+
+
+@dataclass(frozen=True)
+class OpenVINOOptions(BackendOptions):
+    calibration_samples: int | None = None
+    inference_precision: str | None = None
 
 REGISTRY: dict[str, Backend] = {b.name: b for b in (
     Backend(
@@ -114,7 +273,7 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
          VariantSpec("torch-bf16", "torch", 16, "bf16", tolerance=1.5e-1, default_for=("cpu",)),
          # fp16 matmuls on CPU have no fast kernel: exportable and loadable there, but `--all` skips it.
          VariantSpec("torch-fp16", "torch", 16, "fp16", tolerance=5e-2, default_for=("cuda",), slow_on=("cpu",))),
-        libraries=("torch",)),
+        libraries=("torch",), options_type=TorchOptions),
     Backend(
         "bnb", "exporters.bnb:build", "qserve.runtime.torch_rt:TorchRuntime",
         (VariantSpec("bnb-int8", "bnb", 8, "int8", tolerance=5e-1, default_for=("cuda",)),
@@ -122,15 +281,18 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
          VariantSpec("bnb-fp4", "bnb", 4, "fp4", tolerance=1.5)),
         options=(
             Option("llm_int8_threshold", {"bnb-int8": 6.0}, float,
-                   "LLM.int8 activation outlier threshold (0 turns the fp16 outlier path off)"),
-            Option("double_quant", {"bnb-nf4": False, "bnb-fp4": False}, bool, "quantize the 4-bit block scales too"),
+                   "LLM.int8 activation outlier threshold (0 turns the fp16 outlier path off)",
+                   allowed="a number >= 0", check=lambda v: v >= 0, coerce=True),
+            Option("double_quant", {"bnb-nf4": False, "bnb-fp4": False}, bool, "quantize the 4-bit block scales too",
+                   coerce=True),
             # on for fp4, where it lifts agreement with fp32; off for nf4, where it changed nothing beyond noise
             Option("clip", {"bnb-nf4": False, "bnb-fp4": True}, bool,
                    "clip each 64-weight block to the range that minimises its output error on calibration texts "
-                   "before quantizing (exporters.clipping)"),
-            Option("calibration_samples", {"bnb-nf4": 64, "bnb-fp4": 64}, int, f"{_CALIBRATION} the clipping"),
+                   "before quantizing (exporters.clipping)", coerce=True),
+            Option("calibration_samples", {"bnb-nf4": 64, "bnb-fp4": 64}, int, f"{_CALIBRATION} the clipping",
+                   **_samples("the weight clipping")),
         ),
-        libraries=("torch",), install="pip install bitsandbytes==0.50.2 accelerate"),
+        libraries=("torch",), install="pip install bitsandbytes==0.50.2 accelerate", options_type=BnbOptions),
     Backend(
         "onnx", "exporters.onnx:build", "qserve.runtime.onnx_rt:OnnxRuntime",
         (VariantSpec("onnx-fp32", "onnx", 32, "fp32", tolerance=1e-3, default_for=("cpu",)),
@@ -139,7 +301,8 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
          VariantSpec("onnx-int8", "onnx", 8, "int8", cuda=False, tolerance=5e-1, default_for=("cpu",)),
          VariantSpec("onnx-int4", "onnx", 4, "int4", tolerance=1.0, default_for=("cpu",))),
         options=(
-            Option("opset", {"onnx-fp32": None, "onnx-fp16": None, "onnx-int8": None, "onnx-int4": None}, int),
+            Option("opset", {"onnx-fp32": None, "onnx-fp16": None, "onnx-int8": None, "onnx-int4": None}, int,
+                   allowed="an integer from 14 to 21", check=lambda v: 14 <= v <= 21),
             Option("per_channel", {"onnx-int8": True}, bool, "one weight scale per output channel"),
             Option("reduce_range", {"onnx-int8": False}, bool),
             Option("optimize", {"onnx-int8": False}, bool),
@@ -147,10 +310,12 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
                    "smooth activation outliers into the weights before quantizing (exporters.smoothing)"),
             Option("correct_bias", {"onnx-int8": True}, bool,
                    "take the mean int8-vs-fp32 logit shift on calibration texts out of the output bias"),
-            Option("calibration_samples", {"onnx-int8": 64}, int, f"{_CALIBRATION} the smoothing and bias correction"),
+            Option("calibration_samples", {"onnx-int8": 64}, int, f"{_CALIBRATION} the smoothing and bias correction",
+                   **_samples("the smoothing and the bias correction")),
             Option("keep_fp32", {"onnx-int8": ""}, str,
                    "comma-separated parts of MatMul node names to leave in fp32, e.g. "
-                   "'layer.0/ffn/lin2,layer.1/ffn/lin2' (more accurate, larger, slower)", metavar="PATTERNS"),
+                   "'layer.0/ffn/lin2,layer.1/ffn/lin2' (more accurate, larger, slower)", metavar="PATTERNS",
+                   allowed="a comma-separated string of MatMul node-name parts, e.g. 'layer.0/ffn/lin2'"),
             Option("activation_scales", {"onnx-int8": "per-tensor"}, str,
                    "per-tensor: ORT dynamic quantization, one activation scale per batch (the runtime runs it row "
                    "by row); per-row: each token row its own scale in the graph, rows independent when batched",
@@ -159,14 +324,17 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
                    "with per-tensor scales the runtime runs batches row by row (one text, one answer); "
                    "--no-row-by-row records that it forwards them as one batch (answers move with batchmates)"),
             Option("calibrate_alone", {"onnx-int8": False}, bool),
-            Option("block_size", {"onnx-int4": 32}, int, "quantization block size"),
+            Option("block_size", {"onnx-int4": 32}, int, "quantization block size",
+                   allowed="a power of two >= 16, e.g. 32, 64, 128", check=lambda v: v >= 16 and not v & (v - 1)),
             Option("accuracy_level", {"onnx-int4": 4}, int,
-                   "MatMulNBits accuracy_level (4 = int8 compute, the CPU fast path)", choices=(0, 1, 2, 3, 4)),
+                   "MatMulNBits accuracy_level (4 = int8 compute, the CPU fast path)", choices=(0, 1, 2, 3, 4),
+                   note="4 = int8 compute, the CPU fast path"),
             Option("symmetric", {"onnx-int4": False}, bool),
             Option("quantize_embeddings", {"onnx-int4": False}, bool,
                    "also quantize the word-embedding Gather to 4 bits"),
         ),
-        libraries=("onnxruntime",), install="pip install 'qserve[cpu]' (or 'qserve[gpu]' for CUDA)"),
+        libraries=("onnxruntime",), install="pip install 'qserve[cpu]' (or 'qserve[gpu]' for CUDA)",
+        options_type=OnnxOptions),
     Backend(
         # OpenVINO's CPU plugin: CPU only. ov-bf16 is the fp32 IR compiled with the bf16
         # inference-precision hint; ov-int8 is NNCF post-training quantization.
@@ -175,12 +343,13 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
          VariantSpec("ov-bf16", "openvino", 16, "bf16", cuda=False, tolerance=1.5e-1),
          VariantSpec("ov-int8", "openvino", 8, "int8", cuda=False, tolerance=5e-1)),
         options=(
-            Option("calibration_samples", {"ov-int8": 300}, int, f"{_CALIBRATION} NNCF's quantization"),
+            Option("calibration_samples", {"ov-int8": 300}, int, f"{_CALIBRATION} NNCF's quantization",
+                   **_samples("NNCF's activation ranges, SmoothQuant and bias correction")),
             Option("inference_precision", {"ov-int8": "f32"}, str,
                    "precision of the ops NNCF leaves unquantized (bf16 needs avx512_bf16 or AMX)",
-                   choices=("f32", "bf16")),
+                   choices=("f32", "bf16"), allowed="f32 or bf16"),
         ),
-        install="pip install 'qserve[openvino]'"),
+        install="pip install 'qserve[openvino]'", options_type=OpenVINOOptions),
 )}
 
 VARIANTS: dict[str, VariantSpec] = {s.name: s for b in REGISTRY.values() for s in b.variants}

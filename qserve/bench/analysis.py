@@ -9,8 +9,10 @@ they are dropped before report.json is written.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from qserve.artifact import Manifest, ModelMeta
 from qserve.bench.stats import shape_stats
 from qserve.problemtypes import AGREEMENT_METRIC, SINGLE, agreement
 
@@ -20,20 +22,35 @@ MEMORY_KEYS = ("peak_rss_mb", "peak_rss_load_mb", "rss_before_load_mb", "rss_aft
                "polled_peak_rss_mb")
 
 
-def variant_entry(meta: dict[str, Any], res: dict[str, Any]) -> dict[str, Any]:
-    manifest = meta.get("manifest") or {}
-    spec = manifest.get("spec") or {}
+@dataclass
+class VariantMeta:
+    """What the bench parent reads of a variant without loading it (qserve.bench.runner.variant_meta): its
+    manifest (None, with `manifest_error`, when it is unreadable), its qserve_model.json, its HF config.json
+    (the FLOP floor's dims), its sizes."""
+
+    dir: str
+    manifest: Manifest | None = None
+    model: ModelMeta | None = None
+    config: dict[str, Any] | None = None
+    manifest_error: str | None = None
+    disk_bytes: int | None = None
+    weights_bytes: int | None = None
+
+
+def variant_entry(meta: VariantMeta, res: dict[str, Any]) -> dict[str, Any]:
+    manifest = meta.manifest
+    spec = manifest.spec.to_json() if manifest is not None else {}
     from pathlib import Path
 
     entry: dict[str, Any] = {
-        "name": res.get("name") or spec.get("name") or Path(meta["dir"]).name,
-        "dir": meta["dir"],
+        "name": res.get("name") or spec.get("name") or Path(meta.dir).name,
+        "dir": meta.dir,
         "status": res.get("status", "failed"),
         "spec": spec or None,
-        "model_name": manifest.get("model_name"),
-        "parity": manifest.get("parity"),
-        "disk_bytes": meta.get("disk_bytes"),
-        "weights_bytes": meta.get("weights_bytes"),
+        "model_name": manifest.model_name if manifest is not None else None,
+        "parity": manifest.parity if manifest is not None else None,
+        "disk_bytes": meta.disk_bytes,
+        "weights_bytes": meta.weights_bytes,
         "load_s": res.get("load_s"),
         "import_s": res.get("import_s"),
         "wall_s": res.get("wall_s"),
@@ -59,16 +76,17 @@ def variant_entry(meta: dict[str, Any], res: dict[str, Any]) -> dict[str, Any]:
         entry["accuracy"] = {k: v for k, v in acc.items() if k != "predictions"}
     if entry["status"] != "ok":
         entry.update({k: res.get(k) for k in ("error", "failure", "stage", "returncode", "traceback", "log_tail")})
-        if meta.get("manifest_error"):
-            entry["manifest_error"] = meta["manifest_error"]
+        if meta.manifest_error:
+            entry["manifest_error"] = meta.manifest_error
     return entry
 
 
-def model_block(metas: list[dict[str, Any]]) -> dict[str, Any]:
+def model_block(metas: list[VariantMeta]) -> dict[str, Any]:
     from qserve.bench.floor import model_dims
 
-    names: list[str] = sorted(n for n in {(m.get("manifest") or {}).get("model_name") for m in metas} if n is not None)
-    config = next((m["config"] for m in metas if m.get("config")), None)
+    names: list[str] = sorted(n for n in {m.manifest.model_name for m in metas if m.manifest is not None}
+                              if n is not None)
+    config = next((m.config for m in metas if m.config), None)
     block: dict[str, Any] = {"names": names, "name": names[0] if len(names) == 1 else ", ".join(names) or None}
     if config:
         try:

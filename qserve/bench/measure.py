@@ -291,7 +291,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     job["_result"] = res
     variant_dir = Path(job["variant_dir"])
     t0 = time.perf_counter()
-    backend = read_manifest(variant_dir)["spec"]["backend"]
+    backend = read_manifest(variant_dir).backend
     _preimport(backend)
     res["import_s"] = time.perf_counter() - t0
     res["rss_before_load_mb"] = rss_mb()
@@ -318,7 +318,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     manifest = read_manifest(variant_dir)
     from qserve.bench.evalpass import tokenizer_key
 
-    cache = {"dir": job.get("token_cache"), "tokenizer": tokenizer_key(manifest.get("files") or {})}
+    cache = {"dir": job.get("token_cache"), "tokenizer": tokenizer_key(manifest.to_json().get("files") or {})}
     if job.get("mode") == "policies":  # the second pass, on the recommended variant (and a reference re-scored)
         _policies(rt, res, data["eval"], job, job.get("own"), cache)
         _stage(res, "done")

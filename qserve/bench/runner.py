@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
+from qserve.artifact import ModelMeta
+from qserve.bench.analysis import VariantMeta
 from qserve.bench.config import BenchConfig
 
 log = logging.getLogger("qserve.bench")
@@ -36,44 +38,47 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def variant_meta(vdir: Path) -> dict[str, Any]:
+def variant_meta(vdir: Path) -> VariantMeta:
     """What the parent can read without loading: manifest, qserve_model.json, config.json, size."""
-    from qserve.artifact import VariantError, dir_size, read_manifest
+    from qserve.artifact import CheckpointError, VariantError, dir_size, read_manifest, read_model_meta
 
-    meta: dict[str, Any] = {"dir": str(vdir), "manifest": None, "model": _read_json(vdir / "qserve_model.json") or {},
-                            "config": _read_json(vdir / "config.json")}
+    meta = VariantMeta(str(vdir), config=_read_json(vdir / "config.json"))
     try:
-        meta["manifest"] = read_manifest(vdir)
+        meta.model = read_model_meta(vdir)
+    except CheckpointError as e:  # an unreadable qserve_model.json: the flags (or defaults) decide the data
+        log.warning("bench: %s", e)
+    try:
+        meta.manifest = read_manifest(vdir)
     except VariantError as e:
-        meta["manifest_error"] = str(e)
+        meta.manifest_error = str(e)
     if vdir.is_dir():
-        meta["disk_bytes"] = dir_size(vdir)
-        files = (meta["manifest"] or {}).get("files") or {}
-        meta["weights_bytes"] = sum(i["bytes"] for r, i in files.items()
+        meta.disk_bytes = dir_size(vdir)
+        files = meta.manifest.files if meta.manifest is not None else {}
+        meta.weights_bytes = sum(i.bytes for r, i in files.items()
                                     if not r.startswith(("tokenizer", "vocab", "special_tokens", "added_tokens"))
                                     and r.endswith((".safetensors", ".bin", ".onnx", ".onnx_data", ".data", ".pt")))
     return meta
 
 
-def default_out(cfg: BenchConfig, metas: list[dict[str, Any]]) -> Path:
+def default_out(cfg: BenchConfig, metas: list[VariantMeta]) -> Path:
     if cfg.name:
         name = cfg.name
     else:
-        models = [(m["manifest"] or {}).get("model_name") for m in metas if m.get("manifest")]
+        models = [m.manifest.model_name for m in metas if m.manifest is not None]
         name = f"{models[0] if models else 'bench'}-{cfg.device}-t{cfg.threads}"
     return Path("benchmarks") / "reports" / name
 
 
-def data_key(cfg: BenchConfig, meta: dict[str, Any]) -> tuple[str | None, int, int | None, bool, str | None]:
+def data_key(cfg: BenchConfig, meta: VariantMeta) -> tuple[str | None, int, int | None, bool, str | None]:
     """(dataset, seed, max_eval_samples, accuracy?, problem type) for one variant: flags override
     qserve_model.json; the problem type is the manifest's (how the labels are read)."""
-    m = meta["model"]
-    dataset = cfg.dataset or m.get("dataset")
-    seed = cfg.seed if cfg.seed is not None else int(m.get("seed", 42))
-    max_eval = cfg.max_eval_samples if cfg.max_eval_samples is not None else m.get("max_eval_samples")
+    m = meta.model or ModelMeta()
+    dataset = cfg.dataset or m.dataset
+    seed = cfg.seed if cfg.seed is not None else (m.seed if m.seed is not None else 42)
+    max_eval = cfg.max_eval_samples if cfg.max_eval_samples is not None else m.max_eval_samples
     acc = bool(cfg.accuracy and dataset)
     # Real-text latency needs text even for a speed-only run: the embedded IMDb test split.
-    return (dataset or "default"), seed, max_eval, acc, (meta.get("manifest") or {}).get("problem_type")
+    return (dataset or "default"), seed, max_eval, acc, (meta.manifest.problem_type if meta.manifest is not None else None)
 
 
 def load_texts(key: tuple, cfg: BenchConfig, cache: dict) -> dict[str, Any]:
@@ -200,20 +205,20 @@ def _texts_sha(data: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(seen, default=str).encode()).hexdigest()
 
 
-def _order(metas: list[dict[str, Any]]) -> list[int]:
+def _order(metas: list[VariantMeta]) -> list[int]:
     """Measuring order (the report keeps the given order): the agreement reference first, then fewer weight
     bytes first. A fast variant that meets its bar, measured early, is the bound below which a slower one
     cannot be recommended (measure.eval_cut); the order only decides how soon that bound is known."""
     ref = _reference_index(metas)
-    rest = sorted((i for i in range(len(metas)) if i != ref), key=lambda i: (metas[i].get("weights_bytes") or 0, i))
+    rest = sorted((i for i in range(len(metas)) if i != ref), key=lambda i: (metas[i].weights_bytes or 0, i))
     return ([ref] if ref is not None else []) + rest
 
 
-def _reference_index(metas: list[dict[str, Any]]) -> int | None:
+def _reference_index(metas: list[VariantMeta]) -> int | None:
     """The variant agreement is measured against (analysis.REFERENCES: torch-fp32, else onnx-fp32), by its spec."""
     from qserve.bench.analysis import REFERENCES
 
-    names = [((m.get("manifest") or {}).get("spec") or {}).get("name") for m in metas]
+    names = [m.manifest.name if m.manifest is not None else None for m in metas]
     return next((names.index(n) for n in REFERENCES if n in names), None)
 
 
@@ -228,12 +233,12 @@ def _meets_bar(entry: dict[str, Any], ref: dict[str, Any] | None) -> float | Non
     return real["p50"] if agr is not None and real is not None and agr >= bar_for((entry.get("spec") or {}).get("bits")) else None
 
 
-def _measure(mode: str, d: Path, meta: dict[str, Any], job: dict[str, Any], data: dict[str, Any], work: Path,
+def _measure(mode: str, d: Path, meta: VariantMeta, job: dict[str, Any], data: dict[str, Any], work: Path,
              tag: str, cfg: BenchConfig, store: Path | None, reuse: bool) -> dict[str, Any]:
     """One child (or its stored result when `reuse` and the key matches)."""
     from qserve.bench import store as stored
 
-    k = stored.key((meta.get("manifest") or {}).get("files"), job, data)
+    k = stored.key(meta.manifest.to_json()["files"] if meta.manifest is not None else None, job, data)
     res = stored.load(store, d, mode, k) if reuse else None
     if res is not None:
         log.info("bench: %s %s: reusing the measurement in %s", d.name, mode, store)
@@ -280,7 +285,7 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = N
     with tempfile.TemporaryDirectory(prefix="qserve-bench-") as tmp:
         work = Path(tmp)
         token_cache = str((store or work) / "pieces")
-        config = next((m["config"] for m in metas if m.get("config")), None)
+        config = next((m.config for m in metas if m.config), None)
         log.info("bench: measuring the compute floor at %d threads", cfg.threads)
         floor = run_floor(cfg, config, work)
         ref: dict[str, Any] | None = None
@@ -370,7 +375,7 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = N
     return report
 
 
-def _policy_candidates(entries: list[dict[str, Any]], metas: list[dict[str, Any]],
+def _policy_candidates(entries: list[dict[str, Any]], metas: list[VariantMeta],
                        cfg: BenchConfig) -> tuple[list[int], int | None]:
     """(indices of the variants that compare policies, the one whose records name the served policy): the
     reference (every policy's agreement is against it) and the one the recommendation chooses (policies.finish

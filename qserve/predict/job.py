@@ -110,8 +110,8 @@ def resolve_model(cfg: PredictConfig) -> Model:
     # as ServeState._prepare: --long-text wins, else the policy the model dir's report names, else the variant's
     long_text = cfg.long_text or (sel["long_text"] if sel else None)
     manifest = read_manifest(Path(vdir))
-    if cfg.threshold is not None and problems.from_manifest(manifest) != problems.MULTI:
-        kind = "single-label" if problems.from_manifest(manifest) == problems.SINGLE else "regression"
+    if cfg.threshold is not None and manifest.problem != problems.MULTI:
+        kind = "single-label" if manifest.problem == problems.SINGLE else "regression"
         raise QserveError(f"--threshold applies to multi-label models only; {vdir} is a {kind} model: leave "
                           "--threshold out")
     version = model_version(manifest)

@@ -36,10 +36,9 @@ def load_runtime(variant_dir: str | Path, device: str = "auto", options: Runtime
     from qserve.variants import BACKENDS
 
     variant_dir = Path(variant_dir)
-    manifest: dict[str, Any] = verify(variant_dir, check_hashes=verify_hashes,
-                                     allow_extra_files=allow_extra_files)
+    manifest = verify(variant_dir, check_hashes=verify_hashes, allow_extra_files=allow_extra_files)
     device = resolve_device(device)
-    backend = manifest["spec"]["backend"]
+    backend = manifest.backend
     if backend not in BACKENDS:
         raise VariantError(f"{variant_dir}/manifest.json names backend {backend!r}; known: {', '.join(BACKENDS)}")
     return runtime_class(backend)(variant_dir, manifest, device, options or RuntimeOptions())

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from qserve import longtext, problemtypes as problems, textpairs
+from qserve.artifact import Manifest
 from qserve.longtext import LongTextPolicy
 
 PolicyArg = str | LongTextPolicy | Sequence[str | LongTextPolicy | None] | None
@@ -130,27 +131,27 @@ class Runtime:
     buckets: tuple[int, ...] | None = None
     """The lengths run() pads each text to (qserve.runtime.buckets), or None: batches run as tokenized."""
 
-    def __init__(self, variant_dir: Path, manifest: dict[str, Any], device: str, options: RuntimeOptions):
+    def __init__(self, variant_dir: Path, manifest: Manifest, device: str, options: RuntimeOptions):
         from transformers import AutoTokenizer
 
         self.variant_dir = Path(variant_dir)
         self.manifest = manifest
         self.device = device
         self.options = options
-        self.name: str = manifest["spec"]["name"]
-        self.labels: list[str] = list(manifest["labels"])
-        self.problem_type: str = problems.from_manifest(manifest)
+        self.name: str = manifest.name
+        self.labels: list[str] = list(manifest.labels)
+        self.problem_type: str = manifest.problem
         """How logits become scores (qserve/problemtypes.py); a manifest without one is single-label."""
-        self.max_length: int = int(options.max_length or manifest["max_length"])
+        self.max_length: int = int(options.max_length or manifest.max_length)
         self.tokenizer = AutoTokenizer.from_pretrained(self.variant_dir)
         self.template = longtext.template(self.tokenizer)
         self._encode = longtext.encoder(self.tokenizer)
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
         # Segment ids where the tokenizer makes them (BERT, ALBERT, ELECTRA, DeBERTa): one text is segment 0.
         self.segments = "token_type_ids" in getattr(self.tokenizer, "model_input_names", ())
-        self.inputs: tuple[str, ...] = self._inputs(manifest)
+        self.inputs: tuple[str, ...] = manifest.takes
         """What one input of this model is: ("text",), or ("text", "text_pair") for a pair model (textpairs.py)."""
-        recorded = manifest.get("long_text")
+        recorded = manifest.long_text
         try:
             self.recorded_long_text = self.resolve_policy(recorded or longtext.DEFAULT, "manifest long_text")
         except longtext.LongTextError as e:
@@ -220,14 +221,6 @@ class Runtime:
                 cache[p] = self.resolve_policy(p)
             out.append(cache[p])
         return out
-
-    def _inputs(self, manifest: dict[str, Any]) -> tuple[str, ...]:
-        try:
-            return textpairs.model_inputs(manifest, "manifest inputs")
-        except textpairs.PairError as e:
-            from qserve.artifact import VariantError
-
-            raise VariantError(f"{self.variant_dir}/manifest.json: {e}") from None
 
     def _pair_pieces(self, texts: list[str], pairs: list[str], policy: PolicyArg) -> longtext.Pieces:
         """The pieces of text pairs: the tokenizer's own pair encoding and truncation (never windowed; the

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
+from qserve.artifact import Manifest
 from qserve.longtext import LongTextPolicy
 from qserve.runtime.base import Classification, Phase, PolicyArg
 
@@ -34,7 +35,8 @@ class ModelRuntime(Protocol):
     tokenizer: Any
     """The variant's transformers tokenizer (TEI's /tokenize and /decode; an untyped library mypy does not follow);
     not thread-safe: used on the inference thread only."""
-    manifest: dict[str, Any]  # the verified manifest.json as read (qserve/artifact.py); typed artifacts: not yet
+    manifest: Manifest
+    """The verified manifest.json, typed (qserve/artifact.py)."""
     device: str
     variant_dir: Path
     """The variant's directory (verified when loaded)."""

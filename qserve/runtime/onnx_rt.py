@@ -8,10 +8,15 @@ only the onnxruntime-gpu wheel ships (`pip install 'qserve[gpu]'`).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from qserve import QserveError
 from qserve.runtime.base import Runtime
+
+if TYPE_CHECKING:
+    from qserve.artifact import Manifest
 
 MODEL_FILE = "model.onnx"
 CPU_HINT = "pip install 'qserve[cpu]'"
@@ -46,18 +51,18 @@ def disabled_optimizers(device: str) -> list[str]:
     return ["SkipLayerNormFusion"]
 
 
-def per_batch_activation_scales(manifest: dict) -> bool:
+def per_batch_activation_scales(manifest: Manifest) -> bool:
     """Whether the variant's graph quantizes activations with one scale per input tensor (ORT's dynamic
     quantization: DynamicQuantizeLinear / DynamicQuantizeMatMul), i.e. one scale per batch, so a row's
     result depends on its batchmates and their padding."""
-    quant = (manifest.get("onnx") or {}).get("quantization") or {}
+    quant = manifest.record("onnx").get("quantization") or {}
     return quant.get("mode") == "dynamic"
 
 
 class OnnxRuntime(Runtime):
     def _load(self) -> None:
         self.batch_invariant = not per_batch_activation_scales(self.manifest)
-        quant = (self.manifest.get("onnx") or {}).get("quantization") or {}
+        quant = self.manifest.record("onnx").get("quantization") or {}
         self.default_batch_dependent = "rows" if quant.get("row_by_row", True) else "batched"
         try:
             import onnxruntime as ort
@@ -122,7 +127,7 @@ class OnnxRuntime(Runtime):
     def _providers(self, ort) -> list:
         if not self.device.startswith("cuda"):
             return ["CPUExecutionProvider"]
-        if not self.manifest["spec"].get("cuda", True):
+        if not self.manifest.spec.cuda:
             raise QserveError(f"{self.name} has no CUDA kernels in ONNX Runtime; load it with --device cpu")
         if "CUDAExecutionProvider" not in ort.get_available_providers():
             raise QserveError(f"{self.name} on {self.device} needs onnxruntime-gpu (this onnxruntime offers "

@@ -22,12 +22,15 @@ therefore both call predict().
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from qserve import QserveError
 from qserve.runtime.base import Runtime
+
+if TYPE_CHECKING:
+    from qserve.artifact import Manifest
 
 MODEL_FILE = "openvino_model.xml"
 WEIGHTS_FILE = "openvino_model.bin"
@@ -37,10 +40,10 @@ _compiled: dict[tuple, Any] = {}
 _compiled_lock = threading.Lock()
 
 
-def inference_precision(manifest: dict[str, Any]) -> str:
+def inference_precision(manifest: Manifest) -> str:
     """f32 or bf16: what the variant's spec says its graph computes in (int8 layers aside)."""
-    spec = manifest["spec"]
-    return str((spec.get("options") or {}).get("inference_precision") or ("bf16" if spec["dtype"] == "bf16" else "f32"))
+    spec = manifest.spec
+    return str(spec.options.get("inference_precision") or ("bf16" if spec.dtype == "bf16" else "f32"))
 
 
 def compile_config(precision: str, threads: int | None) -> dict[str, Any]:
@@ -57,13 +60,12 @@ def compile_config(precision: str, threads: int | None) -> dict[str, Any]:
     return cfg
 
 
-def compiled_model(variant_dir, manifest: dict[str, Any], precision: str, threads: int | None):
+def compiled_model(variant_dir, manifest: Manifest, precision: str, threads: int | None):
     """The process-wide compiled model for this IR (by content hash), precision and thread count."""
     import openvino as ov
 
-    files = manifest.get("files") or {}
-    key = ((files.get(MODEL_FILE) or {}).get("sha256"), (files.get(WEIGHTS_FILE) or {}).get("sha256"),
-           precision, threads)
+    xml, weights = manifest.files.get(MODEL_FILE), manifest.files.get(WEIGHTS_FILE)
+    key = (xml.sha256 if xml else None, weights.sha256 if weights else None, precision, threads)
     with _compiled_lock:
         if key[0] is None or key not in _compiled:
             core = ov.Core()
@@ -75,7 +77,7 @@ def compiled_model(variant_dir, manifest: dict[str, Any], precision: str, thread
         return _compiled[key]
 
 
-def fixed_length(manifest: dict[str, Any]) -> bool:
+def fixed_length(manifest: Manifest) -> bool:
     """Whether every batch runs padded to max_length: ov-int8's way to one text, one answer.
 
     OpenVINO's answers do not depend on a text's batchmates at a given padded length, but its
@@ -85,8 +87,8 @@ def fixed_length(manifest: dict[str, Any]) -> bool:
     qserve.runtime.buckets) removes the batch from the computation; padding every text to
     max_length, as before buckets (--length-buckets off), cost short texts the work of max_length tokens.
     """
-    spec = manifest["spec"]
-    return bool((spec.get("options") or {}).get("fixed_length", spec["dtype"] == "int8"))
+    spec = manifest.spec
+    return bool(spec.options.get("fixed_length", spec.dtype == "int8"))
 
 
 class OpenVINORuntime(Runtime):
@@ -106,7 +108,7 @@ class OpenVINORuntime(Runtime):
 
             raise VariantError(f"{path} is missing: {self.variant_dir} is not an OpenVINO variant")
         self.precision = inference_precision(self.manifest)
-        int8 = self.manifest["spec"]["dtype"] == "int8"
+        int8 = self.manifest.spec.dtype == "int8"
         require("int8" if int8 and self.precision == "f32" else self.precision, self.name)
         self.compiled = compiled_model(self.variant_dir, self.manifest, self.precision, self.options.threads)
         self.input_names = [p.any_name for p in self.compiled.inputs]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from qserve.runtime.base import Runtime
+from qserve.variants import VariantSpec
 
 
 class TorchRuntime(Runtime):
@@ -17,14 +18,14 @@ class TorchRuntime(Runtime):
 
         if self.options.threads:
             torch.set_num_threads(self.options.threads)
-        spec = self.manifest["spec"]
+        spec = self.manifest.spec
         kwargs = {}
-        if spec["backend"] == "bnb":
+        if spec.backend == "bnb":
             kwargs = _bnb_load_kwargs(self.variant_dir, self.name, self.device)
         else:
-            kwargs["dtype"] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[spec["dtype"]]
+            kwargs["dtype"] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[spec.dtype]
         self.model = AutoModelForSequenceClassification.from_pretrained(self.variant_dir, **kwargs).eval()
-        if spec["backend"] == "torch":
+        if spec.backend == "torch":
             self.model.to(self.device)
         else:
             _bnb_prepare(self.model, self.device)
@@ -52,11 +53,11 @@ class TorchRuntime(Runtime):
 
 # -- bitsandbytes ---------------------------------------------------------------------
 
-def _llm_int8_picks_outliers_per_batch(model, spec: dict, device: str) -> bool:
+def _llm_int8_picks_outliers_per_batch(model, spec: VariantSpec, device: str) -> bool:
     """LLM.int8 computes in 16-bit every input column where any row of the batch exceeds the threshold,
     so a row's result depends on its batchmates (the runtime then runs rows alone); threshold 0 turns
     that outlier path off."""
-    if spec["dtype"] != "int8":
+    if spec.dtype != "int8":
         return False
     qc = getattr(model.config, "quantization_config", None)
     threshold = qc.get("llm_int8_threshold", 6.0) if isinstance(qc, dict) else getattr(qc, "llm_int8_threshold", 6.0)

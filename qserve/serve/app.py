@@ -26,15 +26,16 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from qserve import __version__
-from qserve.serve.infra.config import ServeConfig
+from qserve import QserveError, __version__
+from qserve.artifact import Manifest
+from qserve.runtime import threadnames
 from qserve.serve.core.errors import ApiError
 from qserve.serve.core.guard import OPEN_PATHS, GuardMiddleware
-from qserve.serve.infra.metrics import Metrics
 from qserve.serve.core.repository import Repository
 from qserve.serve.core.state import Loader, Selection, ServeState, load_model
 from qserve.serve.core.texts import unicode_problem
-from qserve.runtime.threadnames import named
+from qserve.serve.infra.config import ServeConfig
+from qserve.serve.infra.metrics import Metrics
 from qserve.serve.infra.tracing import TraceMiddleware
 from qserve.serve.infra.tracing import from_env as tracing_from_env
 
@@ -60,7 +61,7 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         st.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qserve-infer",
-                                         initializer=named("qserve-infer"))  # its OS name: profilers see it
+                                         initializer=threadnames.named("qserve-infer"))  # its OS name: profilers see it
         st.load_task = asyncio.create_task(st.start())
         grpc = None
         try:
@@ -229,18 +230,29 @@ def _install_openapi(app: FastAPI, config: ServeConfig) -> None:
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to customise the document
 
 
-def _publish_long_text(comps: dict, config: ServeConfig) -> None:
-    """The long_text pattern bounded by the served variant's max_length (read from its manifest, so the
-    document is right before the model has loaded), so a client knows which H and W this server takes."""
-    import json
+def _served_manifest(variant_dir: str | None) -> Manifest | None:
+    """The served variant's manifest, read once for the OpenAPI document (so the document is right before the
+    model has loaded); None: no readable manifest (several models, a model dir, a repository)."""
     from pathlib import Path
 
+    from qserve.artifact import read_manifest
+
+    if not variant_dir:
+        return None
+    try:
+        return read_manifest(Path(variant_dir))
+    except (OSError, QserveError):
+        return None
+
+
+def _publish_long_text(comps: dict, manifest: Manifest | None) -> None:
+    """The long_text pattern bounded by the served variant's max_length, so a client knows which H and W this
+    server takes. No readable manifest: the unbounded form stays."""
     from qserve.longtext import pattern
 
-    try:
-        max_length = int(json.loads((Path(config.variant_dir) / "manifest.json").read_text("utf-8"))["max_length"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return  # no readable manifest: the unbounded form stays
+    if manifest is None:
+        return
+    max_length = manifest.max_length
     from qserve.serve.protocols.vllm_api import publish as publish_vllm
 
     publish_vllm(comps, max_length)
@@ -275,16 +287,18 @@ def _publish_limits(schema: dict, config: ServeConfig) -> None:
     for name in ("ClassifyRequest", "TextPair", "V2InputTensor", "TeiPredictRequest", "TeiRootRequest",
                  "TeiTokenizeRequest", "VllmClassifyRequest"):
         walk(comps.get(name))
-    _publish_long_text(comps, config)
+    manifest = _served_manifest(config.variant_dir)
+    _publish_long_text(comps, manifest)
     from qserve.serve.core.outputs import publish_outputs
-    from qserve.serve.core.pairs import publish_inputs
+    from qserve.serve.core.pairs import PAIR, publish_inputs
 
-    publish_outputs(comps, config.variant_dir)
-    publish_inputs(comps, config.variant_dir)  # a text-pair model's forms only where the model takes them
-    from qserve.serve.core.pairs import variant_takes_pairs
+    # `name=dir` (one named model): the document's outputs are that model's, as they always were
+    named = manifest if "=" not in (config.variant_dir or "") else _served_manifest(config.variant_dir.split("=", 1)[-1])
+    publish_outputs(comps, named)
+    publish_inputs(comps, manifest)  # a text-pair model's forms only where the model takes them
     from qserve.serve.protocols.tei import publish as publish_tei
 
-    pair = variant_takes_pairs(config.variant_dir)
+    pair = None if manifest is None else manifest.takes == PAIR
     if pair is not None:
         publish_tei(comps, pair)  # TEI's sequences: [text] or [text, text_pair], as the model takes them
     tensor = comps.get("V2InputTensor")

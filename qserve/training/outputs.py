@@ -1,6 +1,6 @@
 """What a finished `qserve train` writes: train_metrics.json's content and the checkpoint directory.
 
-    python -c "from qserve.training.outputs import pair_meta; help(pair_meta)"
+    python -c "from qserve.training.outputs import pair_inputs; help(pair_inputs)"
 
 train.py's loop hands its results here; the checkpoint is written through artifact.staged_dir (a temp dir
 renamed into place), so a reader never sees half of one.
@@ -51,7 +51,7 @@ def write(out: Path, cfg, model, tok, base_name: str, data, metrics: dict[str, A
     """The finished checkpoint dir, staged and renamed over `out` (which holds only this run's resume files)."""
     import torch
 
-    from qserve.artifact import staged_dir, write_json_atomic
+    from qserve.artifact import MODEL_META, ModelMeta, staged_dir, write_json_atomic
 
     # force: out holds only this run's own checkpoint by now (resume.plan refused anyone else's files)
     with staged_dir(out, force=True) as tmp:
@@ -60,17 +60,17 @@ def write(out: Path, cfg, model, tok, base_name: str, data, metrics: dict[str, A
         model = model.to(device="cpu", dtype=torch.float32)
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        write_json_atomic(tmp / "qserve_model.json", {
-            "model_name": metrics["model_name"], "base_model": base_name, "dataset": data.name, "seed": seed,
-            "max_length": cfg.max_length, "long_text": policy, "max_eval_samples": cfg.max_eval_samples,
-            "labels": list(data.labels), "problem_type": data.problem_type,
-            **({"label_range": value_range(data.train.labels)} if data.problem_type == REGRESSION else {}),
-            **pair_meta(data)})
+        ModelMeta(
+            model_name=metrics["model_name"], base_model=base_name, dataset=data.name, seed=seed,
+            max_length=cfg.max_length, long_text=policy, max_eval_samples=cfg.max_eval_samples,
+            labels=tuple(data.labels), problem_type=data.problem_type,
+            label_range=value_range(data.train.labels) if data.problem_type == REGRESSION else None,
+            inputs=pair_inputs(data)).write(tmp / MODEL_META)
         write_json_atomic(tmp / "train_metrics.json", metrics)
 
 
-def pair_meta(data) -> dict[str, Any]:
+def pair_inputs(data) -> tuple[str, ...] | None:
     """`inputs` for qserve_model.json: recorded only for a model trained on text pairs (absent = one text)."""
     from qserve.textpairs import PAIR
 
-    return {"inputs": list(PAIR)} if data.train.pairs is not None else {}
+    return PAIR if data.train.pairs is not None else None

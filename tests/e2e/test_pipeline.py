@@ -110,7 +110,7 @@ def test_pipeline_killed_in_each_stage_finishes_with_the_same_report(tiny_checkp
     staging = lambda: any((run / "variants").glob(".torch-bf16.tmp-*"))  # noqa: E731
     out = _killed_when(argv, "[2/2] torch-bf16: exporting", then=staging)
     assert "resuming at step 5 of 20" in out and "reusing" not in out
-    first = verify(run / "variants" / "torch-fp32")
+    first = verify(run / "variants" / "torch-fp32").to_json()
     assert staging() and not (run / "variants" / "torch-bf16").exists()
     # 3. re-run: training and the finished variant kept, the cut-short one exported again; killed in the bench
     out = _killed_when(argv, "== [3/3] bench")
@@ -121,7 +121,7 @@ def test_pipeline_killed_in_each_stage_finishes_with_the_same_report(tiny_checkp
     _run_in_process(argv)
     out = capsys.readouterr().out
     assert out.count("reusing") == 3 and "exporting" not in out and "resuming" not in out, out
-    assert verify(run / "variants" / "torch-fp32")["created"] == first["created"]
+    assert verify(run / "variants" / "torch-fp32").to_json()["created"] == first["created"]
     assert _rows(run) == _rows(ref)
     from test_resume import assert_same_run
 

@@ -12,7 +12,7 @@ from qserve.runtime import load_runtime
 
 
 def test_manifest_round_trip(tiny_variant, tiny_checkpoint):
-    m = verify(tiny_variant)
+    m = verify(tiny_variant).to_json()
     assert m["format"] == "qserve-variant/1"
     assert m["spec"]["name"] == "torch-fp32" and m["spec"]["backend"] == "torch"
     assert m["labels"] == ["negative", "positive"]
@@ -23,7 +23,7 @@ def test_manifest_round_trip(tiny_variant, tiny_checkpoint):
     # every file in the dir but the manifest is listed with its size
     on_disk = {p.name for p in tiny_variant.iterdir()} - {"manifest.json"}
     assert set(m["files"]) == on_disk
-    assert read_manifest(tiny_variant) == m
+    assert read_manifest(tiny_variant).to_json() == m
 
 
 def test_exact_files_of_a_torch_variant(tiny_variant):
@@ -82,9 +82,9 @@ def test_refuses_to_overwrite_without_force(tiny_checkpoint, tiny_variant):
 
 def test_force_replaces(tiny_checkpoint, tmp_path):
     out = tmp_path / "v"
-    first = exporters.export(tiny_checkpoint, "torch-bf16", out)
-    second = exporters.export(tiny_checkpoint, "torch-bf16", out, force=True)
-    assert verify(out)["created"] == second["created"] and first["spec"] == second["spec"]
+    first = exporters.export(tiny_checkpoint, "torch-bf16", out).to_json()
+    second = exporters.export(tiny_checkpoint, "torch-bf16", out, force=True).to_json()
+    assert verify(out).to_json()["created"] == second["created"] and first["spec"] == second["spec"]
     assert [p.name for p in tmp_path.iterdir()] == ["v"]  # no temp or old dirs left behind
 
 
@@ -140,9 +140,9 @@ def test_parity_tolerance_miss_warns_and_is_recorded(tiny_checkpoint, tmp_path, 
 
     monkeypatch.setitem(core.TOLERANCE, "bf16", 1e-9)
     with pytest.warns(UserWarning, match=r"max \|Δlogit\| .* exceeds tolerance 1e-09"):
-        m = exporters.export(tiny_checkpoint, "torch-bf16", tmp_path / "v")
+        m = exporters.export(tiny_checkpoint, "torch-bf16", tmp_path / "v").to_json()
     assert m["parity"]["within_tolerance"] is False
-    assert verify(tmp_path / "v")["parity"]["tolerance"] == 1e-9
+    assert verify(tmp_path / "v").to_json()["parity"]["tolerance"] == 1e-9
 
 
 def test_runtime_predict_contract(tiny_variant):
@@ -175,7 +175,7 @@ def _edit_manifest(vdir, reseal: bool, **changes):
 def test_manifest_records_its_own_digest(tiny_variant):
     from qserve.artifact import DIGEST_KEY, manifest_digest
 
-    m = verify(tiny_variant)
+    m = verify(tiny_variant).to_json()
     assert len(m[DIGEST_KEY]) == 64 and m[DIGEST_KEY] == manifest_digest(m)
 
 
@@ -212,7 +212,7 @@ def test_older_manifest_without_digest_loads_with_a_warning_and_is_still_cross_c
     del m[DIGEST_KEY]
     (copy_of / "manifest.json").write_text(json.dumps(m))
     with caplog.at_level("WARNING", logger="qserve.artifact"):
-        assert verify(copy_of)["labels"] == ["negative", "positive"]
+        assert verify(copy_of).to_json()["labels"] == ["negative", "positive"]
     assert "no manifest_sha256" in caplog.text and "re-export" in caplog.text
     m["labels"] = ["positive", "negative"]
     (copy_of / "manifest.json").write_text(json.dumps(m))
@@ -252,3 +252,139 @@ def test_serve_and_bench_take_allow_extra_files(copy_of):
     from qserve.bench.cli import config_from_args
 
     assert config_from_args(args).allow_extra_files is True
+
+
+# -- typed artifacts (issue 29): Manifest and ModelMeta read once, validated once, versioned, same bytes ----
+# A finished `make demo` run (models/ is git-ignored); QSERVE_DEMO_RUN points at one elsewhere (read-only).
+SHARED_RUN = __import__("pathlib").Path(__import__("os").environ.get("QSERVE_DEMO_RUN") or (
+    __import__("pathlib").Path(__file__).resolve().parents[1] / "models" / "minilm-l6-distilbert-imdb"))
+
+
+def _old_write_manifest(root, manifest: dict) -> bytes:
+    """How qserve wrote a manifest before it was typed (the dict path), for the byte-for-byte comparison."""
+    from qserve.artifact import DIGEST_KEY, FORMAT, hash_files, manifest_digest
+
+    data = {"format": FORMAT, **manifest}
+    data["files"] = hash_files(root)
+    data = json.loads(json.dumps(data, default=str))
+    data[DIGEST_KEY] = manifest_digest(data)
+    return (json.dumps(data, indent=2, sort_keys=False, default=str) + "\n").encode()
+
+
+def _sample_dir(tmp_path):
+    root = tmp_path / "v"
+    root.mkdir()
+    (root / "model.onnx").write_bytes(b"\0" * 32)
+    (root / "config.json").write_text(json.dumps({"id2label": {"0": "neg", "1": "pos"}}))
+    return root
+
+
+def _sample_fields() -> dict:
+    return {"spec": {"name": "onnx-int8", "backend": "onnx", "bits": 8, "dtype": "int8", "cpu": True, "cuda": False,
+                     "options": {"smooth": True, "keep_fp32": ""}},
+            "model_name": "m", "labels": ["neg", "pos"], "problem_type": "single_label_classification",
+            "max_length": 64, "long_text": "head", "inputs": ["text"], "source": {"path": "/x", "sha256": "ab"},
+            "export_device": "cpu", "versions": {"qserve": "0.1.0"}, "onnx": {"opset": 18, "ops": ["MatMul"]},
+            "parity": {"probes": 8, "max_abs_logit_diff": 0.01}, "created": "2026-12-01T00:00:00+00:00"}
+
+
+def test_typed_write_keeps_the_bytes_of_the_dict_write(tmp_path):
+    from qserve.artifact import MANIFEST, Manifest, write_manifest
+
+    root = _sample_dir(tmp_path)
+    fields = _sample_fields()
+    want = _old_write_manifest(root, fields)
+    m = Manifest.from_json({"format": "qserve-variant/1", "files": {}, **fields})
+    written = write_manifest(root, m)
+    assert (root / MANIFEST).read_bytes() == want
+    assert written.record("onnx") == {"opset": 18, "ops": ["MatMul"]} and written.spec.options["smooth"] is True
+    assert verify(root) == written  # read once, the same value
+
+
+@pytest.mark.skipif(not (SHARED_RUN / "variants").is_dir(), reason="the shared demo run is not on this machine")
+def test_every_exported_variant_of_the_shared_run_loads_and_round_trips():
+    from qserve.artifact import MANIFEST, ModelMeta, read_model_meta
+
+    dirs = sorted(d for d in (SHARED_RUN / "variants").iterdir() if (d / MANIFEST).is_file())
+    assert dirs
+    for d in dirs:  # read-only: nothing is written there
+        m = verify(d, check_hashes=False)
+        assert m.name == d.name and m.max_length >= 2 and m.parity is not None
+        raw = (d / MANIFEST).read_bytes()
+        assert (json.dumps(m.to_json(), indent=2) + "\n").encode() == raw, d
+        meta = read_model_meta(d)
+        assert meta is not None and meta.max_length == m.max_length
+    ckpt = SHARED_RUN / "checkpoint" / "qserve_model.json"
+    meta = ModelMeta.from_json(json.loads(ckpt.read_text()), ckpt)
+    assert (json.dumps(meta.to_json(), indent=2) + "\n").encode() == ckpt.read_bytes()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"labels": None}, r"lacks the 'labels' field"),
+    ({"max_length": "64"}, r"max_length must be an integer >= 2, got '64'"),
+    ({"labels": ["neg", 1]}, r"labels must be a non-empty list of strings"),
+    ({"spec": {"name": "onnx-int8", "backend": "onnx", "bits": 8, "dtype": 8}}, r"spec\.dtype must be a dtype name"),
+    ({"spec": {"name": "onnx-int8", "backend": "onnx", "bits": 8, "dtype": "int8", "colour": "red"}},
+     r"spec has unknown field\(s\) colour; allowed: name, backend"),
+    ({"problem_type": "ranking"}, r"problem_type 'ranking' is not one of"),
+    ({"inputs": ["text", "other"]}, r"inputs must be \['text'\] or \['text', 'text_pair'\]"),
+    ({"files": {"model.onnx": {"sha256": "ab"}}}, r"files\['model.onnx'\] must be"),
+    ({"onnx": "fast"}, r"onnx must be an object \(a backend's record\)"),
+])
+def test_a_manifest_with_a_wrong_or_missing_field_is_refused_naming_it(tmp_path, change, message):
+    from qserve.artifact import read_manifest
+
+    root = _sample_dir(tmp_path)
+    data = {"format": "qserve-variant/1", "files": {}, **_sample_fields(), **change}
+    data = {k: v for k, v in data.items() if v is not None}
+    (root / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(VariantError, match=message) as e:
+        read_manifest(root)
+    assert str(root / "manifest.json") in str(e.value)
+
+
+def test_a_manifest_of_a_newer_or_older_format_version_is_refused(tmp_path):
+    from qserve.artifact import read_manifest
+
+    root = _sample_dir(tmp_path)
+    for fmt, why in (("qserve-variant/2", "newer qserve: upgrade qserve"), ("qserve-variant/0", "re-export")):
+        (root / "manifest.json").write_text(json.dumps({"format": fmt, "files": {}, **_sample_fields()}))
+        with pytest.raises(VariantError, match=rf"format '{fmt}'; this qserve reads 'qserve-variant/1' only.*{why}"):
+            read_manifest(root)
+
+
+def test_model_meta_is_validated_versioned_and_written_as_train_writes_it(tmp_path):
+    from qserve.artifact import CheckpointError, ModelMeta, read_model_meta
+
+    trained = {"model_name": "m", "base_model": "b", "dataset": "imdb", "seed": 1, "max_length": 64,
+               "long_text": "head", "max_eval_samples": None, "labels": ["a", "b", "c"],
+               "problem_type": "regression", "label_range": None}
+    path = tmp_path / "qserve_model.json"
+    meta = ModelMeta.from_json(trained, path)
+    assert meta.to_json() == trained and list(meta.to_json()) == list(trained)  # same keys, same order
+    meta.write(path)
+    assert path.read_text() == json.dumps(trained, indent=2) + "\n"
+    assert read_model_meta(tmp_path) == meta and read_model_meta(tmp_path / "nowhere") is None
+    for change, message in (({"max_length": "64"}, "max_length must be an integer >= 2"),
+                            ({"seed": 1.5}, "seed must be an integer"),
+                            ({"inputs": "text"}, "inputs must be"),
+                            ({"format": "qserve-model/2"}, "format 'qserve-model/2'; this qserve reads 'qserve-model/1'")):
+        path.write_text(json.dumps({**trained, **change}))
+        with pytest.raises(CheckpointError, match=message) as e:
+            read_model_meta(tmp_path)
+        assert str(path) in str(e.value)
+
+
+def test_a_resealed_manifest_keeps_its_key_order_and_creation_time(tmp_path):
+    from dataclasses import replace
+
+    from qserve.artifact import MANIFEST, Manifest, read_manifest, write_manifest
+
+    root = _sample_dir(tmp_path)
+    fields = {k: v for k, v in _sample_fields().items() if k != "created"}  # as an export writes it: stamped now
+    write_manifest(root, Manifest.from_json({"format": "qserve-variant/1", "files": {}, **fields}))
+    before = json.loads((root / MANIFEST).read_text())
+    (root / "model.onnx").write_bytes(b"\1" * 40)
+    after = write_manifest(root, replace(read_manifest(root), model_name="other")).to_json()
+    assert list(after) == list(before) and after["created"] == before["created"]
+    assert after["files"]["model.onnx"]["bytes"] == 40 and after["model_name"] == "other"

@@ -18,8 +18,8 @@ from qserve.runtime import RuntimeOptions, load_runtime
 @pytest.fixture(scope="module")
 def int8_pair(tiny_checkpoint, tmp_path_factory):
     root = tmp_path_factory.mktemp("bias")
-    on = exporters.export(tiny_checkpoint, "onnx-int8", root / "on")
-    off = exporters.export(tiny_checkpoint, "onnx-int8", root / "off", options={"correct_bias": False})
+    on = exporters.export(tiny_checkpoint, "onnx-int8", root / "on").to_json()
+    off = exporters.export(tiny_checkpoint, "onnx-int8", root / "off", options={"correct_bias": False}).to_json()
     return (root / "on", on), (root / "off", off)
 
 

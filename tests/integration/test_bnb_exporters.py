@@ -39,7 +39,7 @@ def _reference(checkpoint: Path, texts: list[str]) -> np.ndarray:
 
 @pytest.mark.parametrize("name", BNB)
 def test_export_records_config_and_parity(bnb_variants, name):
-    manifest = read_manifest(bnb_variants[name])
+    manifest = read_manifest(bnb_variants[name]).to_json()
     assert manifest["spec"]["name"] == name and manifest["spec"]["backend"] == "bnb"
     bnb = manifest["bnb"]
     # tiny model: 2 layers x (q, k, v, out, lin1, lin2); the head is not counted
@@ -88,7 +88,7 @@ def test_loaded_model_holds_bnb_modules_and_fp32_head(bnb_variants, name):
 
 @pytest.mark.parametrize("name", BNB)
 def test_saved_sizes_match_the_bit_width(bnb_variants, name):
-    bnb = read_manifest(bnb_variants[name])["bnb"]
+    bnb = read_manifest(bnb_variants[name]).to_json()["bnb"]
     ratio = bnb["quantized_linear_bytes"] / bnb["quantized_linear_bytes_fp32"]
     # int8: 1/4 + a fp32 scale per row; 4-bit: 1/8 + absmax per 64-block + quant map/state
     # (the per-tensor part weighs more on 32-wide test layers than on real ones)
@@ -116,7 +116,7 @@ def test_variant_loads_without_the_source_checkpoint(tiny_checkpoint, tmp_path, 
 
 def test_double_quant_and_threshold_options_reach_the_config(tiny_checkpoint, tmp_path):
     out = tmp_path / "nf4-dq"
-    manifest = exporters.export(tiny_checkpoint, "bnb-nf4", out, options={"double_quant": True})
+    manifest = exporters.export(tiny_checkpoint, "bnb-nf4", out, options={"double_quant": True}).to_json()
     assert manifest["bnb"]["quantization_config"]["bnb_4bit_use_double_quant"] is True
     assert json.loads((out / "config.json").read_text())["quantization_config"]["bnb_4bit_use_double_quant"]
     assert manifest["parity"]["within_tolerance"]
@@ -125,7 +125,7 @@ def test_double_quant_and_threshold_options_reach_the_config(tiny_checkpoint, tm
     rt.close()
 
     out8 = tmp_path / "int8-t0"
-    manifest = exporters.export(tiny_checkpoint, "bnb-int8", out8, options={"llm_int8_threshold": "0"})
+    manifest = exporters.export(tiny_checkpoint, "bnb-int8", out8, options={"llm_int8_threshold": "0"}).to_json()
     assert manifest["bnb"]["quantization_config"]["llm_int8_threshold"] == 0.0
     assert json.loads((out8 / "config.json").read_text())["quantization_config"]["llm_int8_threshold"] == 0.0
 
@@ -165,9 +165,7 @@ def test_bnb_variant_without_quantization_config_is_refused(bnb_variants, tmp_pa
     cfg = json.loads((broken / "config.json").read_text())
     del cfg["quantization_config"]
     (broken / "config.json").write_text(json.dumps(cfg))
-    manifest = read_manifest(broken)
-    manifest.pop("files")
-    write_manifest(broken, manifest)  # re-hashed, so only the missing config is wrong
+    write_manifest(broken, read_manifest(broken))  # re-hashed, so only the missing config is wrong
     with pytest.raises(VariantError, match="quantization_config"):
         load_runtime(broken, device="cpu")
 

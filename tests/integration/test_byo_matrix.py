@@ -96,7 +96,7 @@ def test_every_variant(arch, root):
     from qserve.runtime.ov_probe import OpenVINOUnavailable
 
     ckpt = _checkpoint(root, arch)
-    max_length = checkpoint_info(ckpt)["max_length"]
+    max_length = checkpoint_info(ckpt).max_length
     ref = reference_logits(ckpt, TEXTS, max_length)
     cells: dict[str, str] = {}
     failures: list[str] = []
@@ -114,7 +114,7 @@ def test_every_variant(arch, root):
             continue
         options = {} if (name == "ov-int8" and arch == FULL_NNCF) else SMALL.get(name, {})
         try:
-            parity = exporters.export(ckpt, name, dest, options=options, device="cpu")["parity"]
+            parity = exporters.export(ckpt, name, dest, options=options, device="cpu").to_json()["parity"]
         except OpenVINOUnavailable as e:
             SKIPPED.setdefault(arch, {})[name] = str(e)
             continue

@@ -108,14 +108,14 @@ def test_clipped_export_lowers_every_layers_output_error(tiny_checkpoint, tmp_pa
 
     clipped = tmp_path / "clipped"
     plain = tmp_path / "plain"
-    m = exporters.export(tiny_checkpoint, "bnb-fp4", clipped)
+    m = exporters.export(tiny_checkpoint, "bnb-fp4", clipped).to_json()
     exporters.export(tiny_checkpoint, "bnb-fp4", plain, options={"clip": False})
     rec = m["bnb"]["clipping"]
     assert m["spec"]["options"] == {} and m["bnb"]["options"]["clip"] is True
     assert rec["linears"] == 12 and rec["block_size"] == 64 and rec["quant_type"] == "fp4"
     assert 0 < rec["blocks_clipped"] <= rec["blocks"] and rec["weighted_error"]["clipped"] < rec["weighted_error"]["plain"]
     assert "parity probe texts" in rec["calibration"]  # the tiny checkpoint records no dataset
-    assert "clipping" not in read_manifest(plain)["bnb"]
+    assert "clipping" not in read_manifest(plain).to_json()["bnb"]
     assert m["parity"]["within_tolerance"]
     # The stored weights themselves: per layer, the clipped variant's output error (weighted by
     # the same calibration activations) is below the plain variant's.
@@ -130,9 +130,9 @@ def test_clipped_export_lowers_every_layers_output_error(tiny_checkpoint, tmp_pa
         e_plain = _weighted_error(w, _dequantized(plain, n), moments[n])
         assert e_clip <= e_plain * (1 + 1e-6), n
     assert not list(tmp_path.glob("**/qserve-clip-*"))
-    nf4 = exporters.export(tiny_checkpoint, "bnb-nf4", tmp_path / "nf4")  # off by default for nf4 ...
+    nf4 = exporters.export(tiny_checkpoint, "bnb-nf4", tmp_path / "nf4").to_json()  # off by default for nf4 ...
     assert nf4["bnb"]["options"]["clip"] is False and "clipping" not in nf4["bnb"]
-    nf4c = exporters.export(tiny_checkpoint, "bnb-nf4", tmp_path / "nf4c", options={"clip": True})  # ... on request
+    nf4c = exporters.export(tiny_checkpoint, "bnb-nf4", tmp_path / "nf4c", options={"clip": True}).to_json()  # ... on request
     assert nf4c["bnb"]["clipping"]["quant_type"] == "nf4"
 
 

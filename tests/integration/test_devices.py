@@ -119,7 +119,12 @@ def _onnx_rt(device: str, cuda_spec: bool = True):
 
     rt = object.__new__(OnnxRuntime)  # provider selection only: no model file needed
     rt.device, rt.name = device, "onnx-fp32"
-    rt.manifest = {"spec": {"name": "onnx-fp32", "backend": "onnx", "cuda": cuda_spec}}
+    from dataclasses import replace
+
+    from qserve.artifact import Manifest
+    from qserve.variants import VARIANTS
+
+    rt.manifest = Manifest(spec=replace(VARIANTS["onnx-fp32"], cuda=cuda_spec), labels=("a", "b"), max_length=8)
     return rt
 
 

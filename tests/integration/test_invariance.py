@@ -90,8 +90,8 @@ def test_onnx_int8_runs_its_per_batch_graph_row_by_row(variants):
 def test_per_row_graph_is_row_independent_when_batched(variants):
     rt = load_runtime(variants["onnx-int8 per-row"], "cpu", RuntimeOptions(threads=1))
     assert rt.batch_invariant and not rt.row_by_row  # one forward per batch, no row splitting needed
-    assert rt.manifest["onnx"]["quantization"]["activation_scales"] == "per-row"
-    assert "MatMulIntegerToFloat" in rt.manifest["onnx"]["ops"] and "DynamicQuantizeLinear" not in rt.manifest["onnx"]["ops"]
+    assert rt.manifest.record("onnx")["quantization"]["activation_scales"] == "per-row"
+    assert "MatMulIntegerToFloat" in rt.manifest.record("onnx")["ops"] and "DynamicQuantizeLinear" not in rt.manifest.record("onnx")["ops"]
     batch = rt.tokenize(TEXTS)
     alone = np.concatenate([rt.forward(rt.tokenize([t])) for t in TEXTS])
     assert np.abs(rt.forward(batch) - alone).max() <= 1e-5  # the raw batched forward itself
@@ -131,22 +131,24 @@ def test_llm_int8_is_run_row_by_row_only_where_it_picks_outliers_per_batch():
     from types import SimpleNamespace
 
     from qserve.runtime.torch_rt import _llm_int8_picks_outliers_per_batch as per_batch
+    from qserve.variants import VARIANTS
 
+    int8, nf4 = VARIANTS["bnb-int8"], VARIANTS["bnb-nf4"]
     model = SimpleNamespace(config=SimpleNamespace(quantization_config={"llm_int8_threshold": 6.0}))
-    assert per_batch(model, {"dtype": "int8"}, "cuda:0") and per_batch(model, {"dtype": "int8"}, "cpu")
-    assert not per_batch(model, {"dtype": "nf4"}, "cuda")
+    assert per_batch(model, int8, "cuda:0") and per_batch(model, int8, "cpu")
+    assert not per_batch(model, nf4, "cuda")
     model.config.quantization_config = {"llm_int8_threshold": 0.0}  # no outlier decomposition: rows independent
-    assert not per_batch(model, {"dtype": "int8"}, "cuda")
+    assert not per_batch(model, int8, "cuda")
 
 
 def test_row_by_row_false_rebuilds_the_graph_of_before(tiny_checkpoint, variants, tmp_path):
     """The exporter option keeps the per-batch behaviour reachable for side-by-side runs: the same graph,
     forwarded as one batch by default (answers move with batchmates)."""
-    m = exporters.export(tiny_checkpoint, "onnx-int8", tmp_path / "v", options={"row_by_row": False})
+    m = exporters.export(tiny_checkpoint, "onnx-int8", tmp_path / "v", options={"row_by_row": False}).to_json()
     assert m["onnx"]["quantization"]["row_by_row"] is False
     before = load_runtime(tmp_path / "v", "cpu", RuntimeOptions(threads=1))
     assert not before.row_by_row and compare(before.predict, TEXTS)["max_abs_dprob"] > 1e-5
     now = load_runtime(variants["onnx-int8"], "cpu", RuntimeOptions(threads=1))
-    assert now.manifest["onnx"]["quantization"]["row_by_row"] is True and now.row_by_row
+    assert now.manifest.record("onnx")["quantization"]["row_by_row"] is True and now.row_by_row
     # The same graph, bit for bit: only how the runtime runs it differs.
     assert (tmp_path / "v" / "model.onnx").read_bytes() == (variants["onnx-int8"] / "model.onnx").read_bytes()

@@ -17,6 +17,7 @@ pytest.importorskip("optimum.exporters.onnx")
 import exporters  # noqa: E402
 from exporters.core import TOLERANCE, TOKENIZER_FILES, reference_logits  # noqa: E402
 from qserve import QserveError  # noqa: E402
+from qserve.artifact import read_manifest  # noqa: E402
 from qserve.runtime import RuntimeOptions, load_runtime  # noqa: E402
 
 ONNX_VARIANTS = ["onnx-fp32", "onnx-fp16", "onnx-int8", "onnx-int4"]
@@ -41,7 +42,8 @@ BATCH_TOL = {"fp32": 1e-5, "fp16": 1e-3, "int8": 1e-5, "int4": 1e-5}
 @pytest.fixture(scope="module")
 def onnx_variants(tiny_checkpoint, tmp_path_factory) -> dict[str, tuple[Path, dict]]:
     root = tmp_path_factory.mktemp("onnx-variants")
-    return {name: (root / name, exporters.export(tiny_checkpoint, name, root / name)) for name in ONNX_VARIANTS}
+    return {name: (root / name, exporters.export(tiny_checkpoint, name, root / name).to_json())
+            for name in ONNX_VARIANTS}
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +170,7 @@ def test_int8_graph_holds_signed_int8_quantized_ops(onnx_variants):
 
 def test_int8_optimize_fuses_attention_before_quantizing(tiny_checkpoint, reference, tmp_path):
     out = tmp_path / "onnx-int8-fused"
-    manifest = exporters.export(tiny_checkpoint, "onnx-int8", out, options={"optimize": True, "per_channel": False})
+    manifest = exporters.export(tiny_checkpoint, "onnx-int8", out, options={"optimize": True, "per_channel": False}).to_json()
     assert {"QAttention", "SkipLayerNormalization"} <= _ops(out)
     assert manifest["onnx"]["fusions"]["Attention"] == 2  # one per layer of the tiny model
     assert manifest["onnx"]["quantization"]["per_channel"] is False
@@ -201,7 +203,7 @@ def test_int4_graph_holds_matmulnbits(onnx_variants):
 def test_int4_quantize_embeddings_and_block_size(tiny_checkpoint, onnx_variants, reference, tmp_path):
     out = tmp_path / "onnx-int4-emb"
     manifest = exporters.export(tiny_checkpoint, "onnx-int4", out,
-                                options={"quantize_embeddings": True, "block_size": 16})
+                                options={"quantize_embeddings": True, "block_size": 16}).to_json()
     assert {"MatMulNBits", "GatherBlockQuantized"} <= _ops(out)
     assert manifest["spec"]["options"] == {"quantize_embeddings": True, "block_size": 16}
     assert manifest["onnx"]["quantization"]["op_types"] == ["MatMul", "Gather"]
@@ -275,7 +277,7 @@ def test_cuda_without_cuda_provider_names_the_gpu_extra(onnx_variants):
         pytest.skip("this onnxruntime has the CUDA provider")
     path, manifest = onnx_variants["onnx-fp32"]
     with pytest.raises(QserveError, match=r"qserve\[gpu\]"):
-        OnnxRuntime(path, manifest, "cuda", RuntimeOptions())
+        OnnxRuntime(path, read_manifest(path), "cuda", RuntimeOptions())
 
 
 def test_int8_on_cuda_is_refused(onnx_variants):
@@ -283,7 +285,7 @@ def test_int8_on_cuda_is_refused(onnx_variants):
 
     path, manifest = onnx_variants["onnx-int8"]
     with pytest.raises(QserveError, match="no CUDA kernels"):
-        OnnxRuntime(path, manifest, "cuda", RuntimeOptions())
+        OnnxRuntime(path, read_manifest(path), "cuda", RuntimeOptions())
 
 
 def test_missing_onnxruntime_names_the_cpu_extra(onnx_variants, monkeypatch):
@@ -292,4 +294,4 @@ def test_missing_onnxruntime_names_the_cpu_extra(onnx_variants, monkeypatch):
     path, manifest = onnx_variants["onnx-fp32"]
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # what `import` sees when it is not installed
     with pytest.raises(QserveError, match=r"pip install 'qserve\[cpu\]'"):
-        OnnxRuntime(path, manifest, "cpu", RuntimeOptions())
+        OnnxRuntime(path, read_manifest(path), "cpu", RuntimeOptions())

@@ -45,7 +45,7 @@ def ov_variants(tiny_checkpoint, tmp_path_factory) -> dict[str, tuple[Path, dict
         try:
             # 16 calibration texts: the fixture has no dataset, so they are the 8 parity probes anyway
             opts = {"calibration_samples": 16} if name == "ov-int8" else {}
-            out[name] = (root / name, exporters.export(tiny_checkpoint, name, root / name, options=opts))
+            out[name] = (root / name, exporters.export(tiny_checkpoint, name, root / name, options=opts).to_json())
         except ov_probe.OpenVINOUnavailable as e:
             out[name] = str(e)
     return out

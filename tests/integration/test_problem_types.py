@@ -152,7 +152,7 @@ def test_multi_label_exports_pass_parity(trained, tmp_path):
     ref = load_runtime(exporters.export(trained["multi"], "torch-fp32", tmp_path / "t") and tmp_path / "t")
     expected = ref.predict(TEXTS)
     for name in ("onnx-fp32", "onnx-int8", "ov-int8"):
-        m = exporters.export(trained["multi"], name, tmp_path / name)
+        m = exporters.export(trained["multi"], name, tmp_path / name).to_json()
         assert m["problem_type"] == problems.MULTI and m["parity"]["problem_type"] == problems.MULTI
         assert m["parity"]["within_tolerance"] and m["parity"]["agreement"] == 1.0, (name, m["parity"])
         got = load_runtime(tmp_path / name).predict(TEXTS)
@@ -163,12 +163,13 @@ def test_multi_label_exports_pass_parity(trained, tmp_path):
 def test_an_edited_problem_type_is_refused(variants, tmp_path):
     import shutil
 
-    from qserve.artifact import VariantError, verify, write_manifest
+    from dataclasses import replace
+
+    from qserve.artifact import VariantError, read_manifest, verify, write_manifest
 
     copy = tmp_path / "v"
     shutil.copytree(variants["multi"], copy)
-    manifest = json.loads((copy / "manifest.json").read_text())
-    write_manifest(copy, {**manifest, "problem_type": problems.SINGLE})  # resealed, but config.json disagrees
+    write_manifest(copy, replace(read_manifest(copy), problem_type=problems.SINGLE))  # resealed, but config.json disagrees
     with pytest.raises(VariantError, match="problem_type 'single_label_classification' but the hashed config.json"):
         verify(copy)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -35,12 +36,12 @@ def test_the_policy_round_trips_through_checkpoint_and_manifest(head_tail_checkp
     import exporters
     from qserve.runtime import load_runtime
 
-    m = exporters.export(head_tail_checkpoint, "torch-fp32", tmp_path / "ht")
+    m = exporters.export(head_tail_checkpoint, "torch-fp32", tmp_path / "ht").to_json()
     assert m["long_text"] == "head-tail:32"
     rt = load_runtime(tmp_path / "ht", "cpu")
     assert str(rt.long_text) == "head-tail:32"
     # qserve export --long-text overrides what the checkpoint recorded; the manifest has it in full
-    m = exporters.export(head_tail_checkpoint, "torch-fp32", tmp_path / "win", long_text="windows")
+    m = exporters.export(head_tail_checkpoint, "torch-fp32", tmp_path / "win", long_text="windows").to_json()
     assert m["long_text"] == "windows:64:48:mean" and m["parity"]["within_tolerance"]
     assert str(load_runtime(tmp_path / "win", "cpu").long_text) == "windows:64:48:mean"
 
@@ -52,11 +53,10 @@ def test_an_old_manifest_without_a_policy_serves_as_head(tiny_variant, tmp_path,
     old = tmp_path / "old"
     shutil.copytree(tiny_variant, old)
     manifest = read_manifest(old)
-    assert manifest["long_text"] == "head"
-    del manifest["long_text"]
-    write_manifest(old, manifest)
+    assert manifest.long_text == "head"
+    write_manifest(old, replace(manifest, long_text=None))  # as a manifest from before the policy was recorded
     rt = load_runtime(old, "cpu")
-    assert "long_text" not in read_manifest(old) and str(rt.long_text) == "head"
+    assert "long_text" not in read_manifest(old).to_json() and str(rt.long_text) == "head"
     texts = ["short and sweet", LONG]
     np.testing.assert_allclose(rt.predict(texts), runtime.predict(texts, "head"), atol=1e-6)
     # head is exactly the tokenizer's own truncation (what every runtime did before the policy)
@@ -124,8 +124,7 @@ def test_an_edited_policy_in_the_manifest_is_refused(tiny_variant, tmp_path):
     vdir = tmp_path / "v"
     shutil.copytree(tiny_variant, vdir)
     manifest = read_manifest(vdir)
-    manifest["long_text"] = "windows"  # resealed, but not written out in full
-    write_manifest(vdir, manifest)
+    write_manifest(vdir, replace(manifest, long_text="windows"))  # resealed, but not written out in full
     with pytest.raises(VariantError, match="not written out in full"):
         verify(vdir)
 

@@ -93,7 +93,7 @@ def test_triton_client_mixed_outputs_and_versioned_path(triton, reference):
     outs = [httpclient.InferRequestedOutput("label", binary_data=False),
             httpclient.InferRequestedOutput("probabilities", binary_data=True)]
     (version,) = triton.get_model_metadata("torch-fp32")["versions"]  # the manifest's short hash
-    assert version == reference.manifest["manifest_sha256"][:12]
+    assert version == reference.manifest.digest[:12]
     res = triton.infer("torch-fp32", [_text_input(TEXTS[:2], True)], outputs=outs, model_version=version,
                        request_id="req-7")
     raw = res.get_response()

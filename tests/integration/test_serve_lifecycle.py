@@ -81,7 +81,7 @@ def test_two_models_answer_by_name_through_v1_and_v2(tiny_variant, other):
         info = c.get("/v1/models").json()
         assert [m["id"] for m in info["models"]] == ["a", "b"] and info["default"] == "a"
         versions = {m["id"]: m["version"] for m in info["models"]}
-        assert versions["a"] == ref["a"].manifest["manifest_sha256"][:12] != versions["b"]
+        assert versions["a"] == ref["a"].manifest.digest[:12] != versions["b"]
         for name in ("a", "b", None):
             r = c.post("/v1/classify", json={"inputs": TEXTS[:4]} | ({"model": name} if name else {})).json()
             served = name or "a"  # no name: the first model
@@ -184,8 +184,8 @@ def test_hot_swap_under_32_clients_loses_nothing_and_every_answer_names_its_vers
     srv, root = repo_server
     st = _state(srv)
     old_rt, new_rt = _runtime(root / "m"), _runtime(other["torch-fp32"])
-    want = {old_rt.manifest["manifest_sha256"][:12]: old_rt.predict(TEXTS[:8]),
-            new_rt.manifest["manifest_sha256"][:12]: new_rt.predict(TEXTS[:8])}
+    want = {old_rt.manifest.digest[:12]: old_rt.predict(TEXTS[:8]),
+            new_rt.manifest.digest[:12]: new_rt.predict(TEXTS[:8])}
     old_v, new_v = list(want)
     assert st.models["m"].version == old_v
     answers: list[tuple[int, int, str | None, list[float] | None]] = []

@@ -132,10 +132,10 @@ def test_calibration_reads_the_training_split_of_the_recorded_dataset(outlier_ch
 
 
 def test_int8_export_records_smoothing_and_can_turn_it_off(outlier_checkpoint, tmp_path):
-    on = exporters.export(outlier_checkpoint, "onnx-int8", tmp_path / "on", options={"calibration_samples": 16})
+    on = exporters.export(outlier_checkpoint, "onnx-int8", tmp_path / "on", options={"calibration_samples": 16}).to_json()
     rec = on["onnx"]["smoothing"]
     assert rec["smoothed"] >= 2 and "train split, first 16 texts" in rec["calibration"]
-    off = exporters.export(outlier_checkpoint, "onnx-int8", tmp_path / "off", options={"smooth": False})
+    off = exporters.export(outlier_checkpoint, "onnx-int8", tmp_path / "off", options={"smooth": False}).to_json()
     assert "smoothing" not in off["onnx"]
     import onnx
 
@@ -151,7 +151,7 @@ def test_keep_fp32_leaves_the_named_matmuls_unquantized(tiny_checkpoint, tmp_pat
     import onnx
 
     out = tmp_path / "keep"
-    manifest = exporters.export(tiny_checkpoint, "onnx-int8", out, options={"keep_fp32": "layer.0/ffn/lin2"})
+    manifest = exporters.export(tiny_checkpoint, "onnx-int8", out, options={"keep_fp32": "layer.0/ffn/lin2"}).to_json()
     kept = manifest["onnx"]["kept_fp32"]
     assert kept == ["/distilbert/transformer/layer.0/ffn/lin2/MatMul"]
     graph = onnx.load(str(out / "model.onnx")).graph

@@ -27,10 +27,15 @@ def _fixed(p50s: dict[tuple[int, int], float]) -> list[dict]:
     return out
 
 
-def _meta(name: str, dtype: str, backend: str) -> dict:
-    spec = {"name": name, "backend": backend, "bits": 32, "dtype": dtype}
-    return {"dir": f"/v/{name}", "manifest": {"spec": spec, "model_name": "m", "parity": {"agreement": 1.0}},
-            "model": {"dataset": "default"}, "config": None, "disk_bytes": 1_000_000 * (4 if dtype == "fp32" else 1)}
+def _meta(name: str, dtype: str, backend: str) -> analysis.VariantMeta:
+    from qserve.artifact import Manifest, ModelMeta
+    from qserve.variants import VariantSpec
+
+    spec = VariantSpec.from_json({"name": name, "backend": backend, "bits": 32, "dtype": dtype})
+    manifest = Manifest(spec=spec, labels=("negative", "positive"), max_length=64, model_name="m",
+                        parity={"agreement": 1.0})
+    return analysis.VariantMeta(f"/v/{name}", manifest, ModelMeta(dataset="default"), None,
+                                disk_bytes=1_000_000 * (4 if dtype == "fp32" else 1))
 
 
 def _ok(name: str, p50: float, preds: list[int]) -> dict:

@@ -145,3 +145,41 @@ def test_each_variant_fact_is_a_field_of_its_one_declaration():
     stored = VARIANTS["onnx-int8"].to_json()
     assert list(stored) == list(variants.STORED)  # the manifest's spec keeps its keys and bytes
     assert VariantSpec.from_json(stored).default_for == ("cpu",)  # the policy comes back from the declaration
+
+
+# -- typed options (issue 29): one dataclass per backend, every value checked in one place -------------
+def test_an_option_out_of_range_is_refused_naming_the_option_the_allowed_values_and_the_flag():
+    from qserve.variants import OnnxOptions, OpenVINOOptions
+
+    with pytest.raises(QserveError, match=r"option block_size for onnx-int4 must be a power of two >= 16, e\.g\. "
+                                          r"32, 64, 128 \(got 20\); flag --block-size"):
+        OnnxOptions.resolve("onnx-int4", {"block_size": 20})
+    with pytest.raises(QserveError, match=r"option calibration_samples for ov-int8 must be an integer from 1 to 1024 "
+                                          r"\(training texts that calibrate NNCF's .*; got 2000\); flag "
+                                          r"--calibration-samples"):
+        OpenVINOOptions.resolve("ov-int8", {"calibration_samples": 2000})
+    with pytest.raises(QserveError, match=r"option accuracy_level for onnx-int4 must be one of 0, 1, 2, 3, 4 "):
+        OnnxOptions.resolve("onnx-int4", {"accuracy_level": True})  # a bool is no integer
+    with pytest.raises(QserveError, match=r"option opset for onnx-fp32 must be an integer from 14 to 21 \(got 9\)$"):
+        OnnxOptions.resolve("onnx-fp32", {"opset": 9})  # no flag: set through exporters.export(options=...) only
+
+
+def test_typed_options_are_typed_and_record_what_the_manifest_always_recorded():
+    from qserve.variants import BnbOptions, OnnxOptions, option_defaults
+
+    bnb = BnbOptions.resolve("bnb-int8", {"llm_int8_threshold": "0"})
+    assert bnb.llm_int8_threshold == 0.0 and bnb.to_json() == {"llm_int8_threshold": 0.0}
+    onnx = OnnxOptions.resolve("onnx-int8", {"optimize": True})  # asking for fusion turns smoothing off
+    assert onnx.smooth is False and list(onnx.to_json()) == list(option_defaults("onnx-int8"))
+    assert OnnxOptions.resolve("onnx-int4").block_size == 32 and OnnxOptions.resolve("onnx-int4").smooth is None
+
+
+def test_a_backend_whose_options_dataclass_disagrees_with_its_options_fails_at_declaration():
+    from qserve.variants import Backend, BnbOptions, Option
+
+    with pytest.raises(TypeError, match=r"fields .* != options"):
+        Backend("x", "m:f", "m:C", (), options=(Option("clip", {"bnb-nf4": False}),), options_type=BnbOptions)
+    with pytest.raises(TypeError, match=r"option llm_int8_threshold is int, BnbOptions says float \| None"):
+        Backend("x", "m:f", "m:C", (), options=tuple(Option(k, {"bnb-nf4": 1}, int) for k in
+                                                    ("llm_int8_threshold", "double_quant", "clip",
+                                                     "calibration_samples")), options_type=BnbOptions)

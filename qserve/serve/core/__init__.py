@@ -3,7 +3,8 @@
     python -m pytest tests/integration/test_serve_lifecycle.py -q
 
 state.py (ServeState: the models by name, their loader and lifecycle; submit resolves a request once),
-served_model.py (one served model: runtime + batcher + version + shadow, the default loader), answer.py
+served_model.py (one served model: runtime + batcher + version + shadow, the default loader), lifecycle.py
+(warm-up, a model dir's chosen variant logged, a retired model's memory freed), answer.py
 (the Answer every protocol encodes), batcher.py (dynamic batching on the inference thread), outputs.py
 (thresholds and the V1/V2 outputs), pairs.py (one text or a pair, as the model takes), texts.py (what
 counts as a valid text), schemas.py (the request and response models every protocol shares),

@@ -12,12 +12,15 @@ and V2 truncated BOOL [n] for every model. The threshold is --threshold (default
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from qserve import problemtypes as problems
 from qserve.serve.core.errors import ApiError
+
+if TYPE_CHECKING:
+    from qserve.artifact import Manifest
 
 OUTPUTS = {problems.SINGLE: ("probabilities", "label", "truncated"),
            problems.MULTI: ("probabilities", "truncated"),
@@ -97,18 +100,13 @@ def v2_config_outputs(problem: str, k: int) -> list[dict[str, Any]]:
             for o in v2_metadata_outputs(problem, k)]
 
 
-def publish_outputs(comps: dict[str, Any], variant_dir: str) -> None:
+def publish_outputs(comps: dict[str, Any], manifest: Manifest | None) -> None:
     """In the OpenAPI document, what the served variant (read from its manifest, so the document is right
     before the model has loaded) answers: the V2 output names of its problem type, and a `threshold` only a
     multi-label model takes (null for the others)."""
-    import json
-    from pathlib import Path
-
-    try:
-        manifest = json.loads((Path(variant_dir.split("=", 1)[-1]) / "manifest.json").read_text("utf-8"))
-        problem = problems.from_manifest(manifest)
-    except (OSError, ValueError, TypeError, AttributeError):
+    if manifest is None:
         return  # no readable manifest (several models, a model dir, a repository): every name stays
+    problem = manifest.problem
     name = ((comps.get("V2RequestedOutput") or {}).get("properties") or {}).get("name")
     if isinstance(name, dict) and "enum" in name:
         name["enum"] = list(output_names(problem))

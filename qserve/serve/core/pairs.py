@@ -17,6 +17,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from qserve.artifact import Manifest
 from qserve.runtime.contract import ModelRuntime
 from qserve.serve.core.errors import ApiError
 from qserve.serve.core.schemas import TextPair
@@ -121,26 +122,13 @@ def config_inputs(runtime: ModelRuntime) -> list[dict[str, Any]]:
     return [{"name": name, "data_type": "TYPE_STRING", "dims": [-1]} for name in inputs_of(runtime)]
 
 
-def variant_takes_pairs(variant_dir: str) -> bool | None:
-    """Whether the variant in `variant_dir` (its manifest `inputs`) is a pair model; None: no readable manifest."""
-    import json
-    from pathlib import Path
-
-    from qserve.textpairs import PairError, model_inputs
-
-    try:
-        return model_inputs(json.loads((Path(variant_dir) / "manifest.json").read_text("utf-8"))) == PAIR
-    except (OSError, ValueError, TypeError, PairError):
-        return None
-
-
-def publish_inputs(comps: dict[str, Any], variant_dir: str) -> None:
+def publish_inputs(comps: dict[str, Any], manifest: Manifest | None) -> None:
     """Narrow the request schemas to what the default model (its manifest `inputs`) takes, so a schema-valid
     request is one it accepts: a one-text model's document has no {text, text_pair} and no `text_pair` input,
     a pair model's no lone texts and two V2 inputs. No readable manifest: both forms stay."""
-    pair = variant_takes_pairs(variant_dir)
-    if pair is None:
+    if manifest is None:
         return
+    pair = manifest.takes == PAIR
 
     def keep(alts: list[Any]) -> list[Any]:
         is_pair = [("TextPair" in a.get("$ref", "")) for a in alts]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from qserve import QserveError
+from qserve.artifact import Manifest
 from qserve.serve.core.errors import ApiError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -48,12 +49,9 @@ class ModelSource:
     """A variant dir or a `qserve pipeline` model dir, as given (under --model-repository: ROOT/name)."""
 
 
-def model_version(manifest: dict[str, Any]) -> str:
+def model_version(manifest: Manifest) -> str:
     """The manifest's short hash: its recorded digest (the whole variant, files included, is sealed by it)."""
-    from qserve.artifact import DIGEST_KEY, manifest_digest
-
-    digest = manifest.get(DIGEST_KEY) or manifest_digest(manifest)
-    return str(digest)[:VERSION_CHARS]
+    return manifest.version[:VERSION_CHARS]
 
 
 def is_model_dir(path: Path) -> bool:
@@ -79,7 +77,7 @@ def _spec_name(path: str) -> str:
     from qserve.artifact import read_manifest
 
     vdir, _ = resolve(path)
-    return str(read_manifest(vdir)["spec"]["name"])
+    return read_manifest(vdir).name
 
 
 def check_name(name: str, where: str) -> str:

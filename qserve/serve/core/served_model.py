@@ -62,15 +62,15 @@ class ServedModel:
         """The model's entry in /v1/models: manifest facts, no file contents."""
         rt = self.runtime
         m = rt.manifest
-        files = m.get("files") or {}
-        return {"id": self.name, "version": self.version, "model_name": m.get("model_name"), "spec": m.get("spec"),
+        files = m.files
+        return {"id": self.name, "version": self.version, "model_name": m.model_name, "spec": m.spec.to_json(),
                 "labels": list(rt.labels), "problem_type": rt.problem_type, "inputs": list(rt.inputs),
                 "max_length": rt.max_length, "long_text": str(rt.long_text),
                 "length_buckets": list(rt.buckets) if rt.buckets else None,
-                "parity": m.get("parity"),
-                "created": m.get("created"), "device": rt.device, "dir": self.variant_dir, "files": len(files),
-                "bytes": sum(int(f.get("bytes", 0)) for f in files.values() if isinstance(f, dict)),
-                "versions": m.get("versions"), "selection": self.selection,
+                "parity": m.parity,
+                "created": m.created, "device": rt.device, "dir": self.variant_dir, "files": len(files),
+                "bytes": sum(f.bytes for f in files.values()),
+                "versions": m.versions, "selection": self.selection,
                 "shadow": self.shadow.summary() if self.shadow is not None else None}
 
     def check_policy(self, policy: str | None, where: str) -> str | None:

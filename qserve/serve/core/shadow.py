@@ -98,7 +98,7 @@ class Shadow:
         from qserve.serve.core.repository import resolve
 
         vdir, _ = resolve(self.reference_dir)
-        backend = read_manifest(vdir)["spec"]["backend"]
+        backend = read_manifest(vdir).backend
         # torch's intra-op pool is process-wide: a torch reference must not resize the served model's.
         threads = None if backend in ("torch", "bnb") else self.threads
         options = RuntimeOptions(threads=threads, row_workers=1, max_rows=BATCH)
@@ -247,9 +247,9 @@ def row_agreement(served: np.ndarray, ref: np.ndarray, problem: str, variant_dir
     if problem == problems.MULTI:
         return ((served >= 0.5) == (ref >= 0.5)).mean(axis=1)
     if problem == problems.REGRESSION:
-        import json
+        from qserve.artifact import read_model_meta
 
-        meta = Path(variant_dir) / "qserve_model.json"
-        span = json.loads(meta.read_text(encoding="utf-8")).get("label_range") if meta.is_file() else None
+        meta = read_model_meta(Path(variant_dir))
+        span = meta.label_range if meta is not None else None
         return 1.0 - np.abs(served - ref).mean(axis=1) / float(span or 1.0)
     return (served.argmax(axis=1) == ref.argmax(axis=1)).astype(np.float64)

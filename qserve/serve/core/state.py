@@ -42,9 +42,10 @@ from qserve.serve.core.batcher import Batcher, NotAccepting, QueueFull
 from qserve.serve.infra.config import ServeConfig
 from qserve.serve.core.errors import ApiError
 from qserve.serve.core.guard import Arrivals
+from qserve.serve.core.lifecycle import collect, log_selection, warm_up
 from qserve.serve.infra.metrics import Metrics
 from qserve.serve.core.outputs import check_outputs, output_names, request_threshold
-from qserve.serve.core.pairs import check_same_inputs, takes_pairs
+from qserve.serve.core.pairs import check_same_inputs
 from qserve.serve.core.repository import ModelSource, Repository, Selection, model_version, resolve
 from qserve.serve.core.served_model import Loader, ModelRuntime, Retired, ServedModel, infer_fn, load_model
 from qserve.serve.core.shadow import Shadow, parse_shadows
@@ -160,12 +161,12 @@ class ServeState:
             self.metrics.version.labels(name, new.version).set(1)
             self.metrics.loads.labels(name, "swapped" if old else "loaded").inc()
             log.info("serving %s version %s (%s, %s, labels %s, length buckets %s)%s", name, new.version,
-                     new.runtime.manifest.get("model_name"), new.variant_dir, new.runtime.labels,
+                     new.runtime.manifest.model_name, new.variant_dir, new.runtime.labels,
                      new.runtime.buckets or "none (runs unpadded)", f", replacing version {old.version}" if old else "")
             if old is not None:
                 retired = await self._retire(old)
                 del old  # the last strong reference this frame held: the collection can now free it
-                await self._collect(retired)
+                await collect(retired)
             return new
 
     async def unload(self, name: str) -> None:
@@ -183,7 +184,7 @@ class ServeState:
             log.info("unloading %s version %s", name, model.version)
             retired = await self._retire(model)
             del model
-            await self._collect(retired)
+            await collect(retired)
 
     async def _prepare(self, source: ModelSource) -> ServedModel:
         """Resolve, load (side thread), warm up (inference thread) and start batching one model."""
@@ -192,11 +193,7 @@ class ServeState:
         if selection is None and self.selection is not None and source.name == self.default:
             selection = self.selection
         elif selection is not None:
-            log.info("model %s: model dir %s serves %s (%s; from %s)", source.name, source.path, selection["variant"],
-                     selection["why"], selection["report"])
-            if selection["same_cpu"] is False:
-                log.warning("that report was measured on %s, not on this CPU: the fastest variant here may differ "
-                            "(re-run `qserve pipeline` here, or pass a variant dir)", selection["measured_on"])
+            log_selection(source.name, source.path, selection)
         # A model dir's report may name the long-text policy to serve (bench --long-text); --long-text wins.
         long_text = self.config.long_text or (selection.get("long_text") if selection else None)
         cfg = dataclasses.replace(self.config, variant_dir=str(vdir), model_name=source.name, long_text=long_text)
@@ -206,18 +203,8 @@ class ServeState:
             version = model_version(runtime.manifest)
             shadow = self.shadows.get(source.name)
             if shadow is not None:
-                shadow.attach(version, list(runtime.labels), (runtime.manifest.get("spec") or {}).get("bits"))
-            warm = infer_fn(runtime)
-            # Warm-up on the inference thread, so first-call costs (allocator, graph init) do not land on a
-            # client. A batch of one and a batch of several can take different paths (onnx-int8 runs a
-            # batch's rows on their own workers).
-            pair = takes_pairs(runtime)  # a pair model warms up on pairs: the path it serves
-            default: list[str | None] = [None]  # the model's own policy
-            await loop.run_in_executor(self.executor, warm, ["warm-up"], default, ["warm-up"] if pair else None)
-            if cfg.max_batch_size > 1:
-                n = min(cfg.max_batch_size, 2 * max(1, runtime.row_workers))
-                texts = [f"warm-up {i}" for i in range(n)]
-                await loop.run_in_executor(self.executor, warm, texts, default * n, texts if pair else None)
+                shadow.attach(version, list(runtime.labels), runtime.manifest.spec.bits)
+            await warm_up(runtime, self.executor, cfg.max_batch_size)
         except Exception:
             await loop.run_in_executor(None, runtime.close)  # a model that cannot answer is not kept
             raise
@@ -248,29 +235,6 @@ class ServeState:
         retired = Retired(model.name, model.version, weakref.ref(model.runtime))
         self.retired = [*self.retired[-7:], retired]
         return retired
-
-    async def _collect(self, retired: Retired) -> None:
-        """Free a retired model's memory (the caller has dropped its references)."""
-        # Most runtimes go with their last reference; handlers that got their answers from it drop theirs
-        # within a few loop turns.
-        for _ in range(20):
-            if retired.released:
-                log.info("released %s version %s", retired.name, retired.version)
-                return
-            await asyncio.sleep(0.01)
-        # A reference cycle holds it, and since the post-warm-up gc.freeze() it sits in the permanent
-        # generation, where no collection looks: thaw everything, collect, freeze what remains. One full
-        # pass over the heap (~0.5 s with torch loaded, on 2 cores), so only when refcounting was not enough.
-        for attempt in range(3):
-            gc.unfreeze()
-            gc.collect()
-            gc.freeze()
-            if retired.released:
-                log.info("released %s version %s (a reference cycle: collected)", retired.name, retired.version)
-                return
-            await asyncio.sleep(0.05)
-        log.warning("%s version %s is still referenced after its release; its memory stays in use",
-                    retired.name, retired.version)
 
     async def stop(self) -> None:
         """Refuse new work, let the load finish, drain every model's queue, release the models."""

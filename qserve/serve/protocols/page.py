@@ -144,7 +144,7 @@ def _same_files(stamp: Path, variant_dir: Path) -> bool | None:
 
     try:
         measured = json.loads(stamp.read_text(encoding="utf-8")).get(variant_dir.name)
-        served = read_manifest(variant_dir)["files"]
+        served = read_manifest(variant_dir).to_json()["files"]
     except (OSError, ValueError, AttributeError, VariantError, KeyError):
         return None
     return None if measured is None else measured == served

@@ -51,7 +51,7 @@ def add_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat lis
         texts, pairs = v1_inputs(st, model, body.inputs)  # a pair model's {text, text_pair} (pairs.py)
         a = await st.classify(model, texts, request, body.long_text, "long_text", pairs, body.threshold)
         return JSONResponse({
-            "model": a.name, "model_version": a.version, "model_name": a.runtime.manifest.get("model_name"),
+            "model": a.name, "model_version": a.version, "model_name": a.runtime.manifest.model_name,
             "predictions": v1_predictions(a.probs, a.labels, a.problem_type, body.top_k, a.threshold),
             "problem_type": a.problem_type, **({"threshold": a.threshold} if a.threshold is not None else {}),
             "truncated": a.truncated, "tokens": a.tokens, "windows": a.windows,

@@ -31,7 +31,8 @@ TEI's routes serve the default model (TEI serves one); every check, limit, batch
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -45,6 +46,8 @@ from qserve.serve.core.outputs import v1_predictions
 from qserve.serve.core.pairs import check_texts, takes_pairs
 from qserve.serve.core.schemas import LongText, PositiveJsonInt, Text, TokenIdJsonInt
 from qserve.serve.core.state import ServedModel, ServeState
+
+T = TypeVar("T")
 
 PREDICT_PATHS = frozenset({"/predict", "/"})
 PATHS = frozenset({"/predict", "/", "/info", "/tokenize", "/decode"})
@@ -152,7 +155,8 @@ def publish(comps: dict[str, Any], pair: bool) -> None:
 
 
 # -- decoding ---------------------------------------------------------------------------------------
-def sequences(st: ServeState, model: ServedModel, inputs: Any) -> tuple[list[str], list[str] | None, bool]:
+def sequences(st: ServeState, model: ServedModel, inputs: str | list[str] | list[list[str]]
+              ) -> tuple[list[str], list[str] | None, bool]:
     """TEI `inputs` -> (texts, pairs or None, batch?), by TEI's grammar and the model's inputs (pairs.py)."""
     pair_model = takes_pairs(model.runtime)
     if isinstance(inputs, str):
@@ -259,7 +263,7 @@ def info(st: ServeState) -> dict[str, Any]:
     model = st.model(None)
     rt, cfg = model.runtime, st.config
     labels = list(rt.labels)
-    dtype = (rt.manifest.get("spec") or {}).get("dtype") or "fp32"
+    dtype = rt.manifest.spec.dtype or "fp32"
     return {"model_id": model.name, "model_sha": model.version, "model_dtype": {
         "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(dtype, dtype),
         "model_type": {"classifier": {"id2label": {str(i): x for i, x in enumerate(labels)},
@@ -287,7 +291,7 @@ def _tokenize(tokenizer: Any, texts: list[str], special: bool) -> list[list[dict
     return out
 
 
-async def on_inference_thread(st: ServeState, fn: Any, *args: Any) -> Any:
+async def on_inference_thread(st: ServeState, fn: Callable[..., T], *args: Any) -> T:  # Any: fn's own arguments
     """The fast tokenizer is not thread-safe: run on the thread that runs the model."""
     import asyncio
 

@@ -207,9 +207,8 @@ def model_config(st: ServeState, model: ServedModel) -> dict[str, Any]:
     """Triton's model configuration shape (what tritonclient's get_model_config returns)."""
     rt = model.runtime
     cfg, k = st.config, len(rt.labels)
-    spec = rt.manifest.get("spec", {})
     return {
-        "name": model.name, "platform": f"qserve_{spec.get('backend', 'unknown')}", "backend": "qserve",
+        "name": model.name, "platform": f"qserve_{rt.manifest.backend}", "backend": "qserve",
         "version_policy": {"specific": {"versions": [model.version]}},
         "max_batch_size": 0,  # shapes below include the batch dimension (-1 = n texts)
         "input": config_inputs(rt),
@@ -228,12 +227,11 @@ def model_metadata(model: ServedModel) -> dict[str, Any]:
     """The V2 model metadata (HTTP GET /v2/models/{name}; gRPC ModelMetadata)."""
     rt = model.runtime
     k = len(rt.labels)
-    spec = rt.manifest.get("spec", {})
-    return {"name": model.name, "versions": [model.version], "platform": f"qserve_{spec.get('backend', 'unknown')}",
+    return {"name": model.name, "versions": [model.version], "platform": f"qserve_{rt.manifest.backend}",
             "inputs": metadata_inputs(rt),
             "outputs": outputs.v2_metadata_outputs(rt.problem_type, k),
             "parameters": {"labels": ",".join(rt.labels), "problem_type": rt.problem_type, "max_length": rt.max_length,
-                           "long_text": str(rt.long_text), "model_name": rt.manifest.get("model_name")}}
+                           "long_text": str(rt.long_text), "model_name": rt.manifest.model_name}}
 
 
 def check_version(model: ServedModel, version: str) -> None:

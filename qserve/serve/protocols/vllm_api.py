@@ -120,7 +120,7 @@ def encode(ans: Answer) -> dict[str, Any]:
 def created(model: ServedModel) -> int:
     """The manifest's creation time as Unix seconds (OpenAI's `created`); 0 when it has none."""
     try:
-        return int(datetime.fromisoformat(str(model.runtime.manifest.get("created"))).timestamp())
+        return int(datetime.fromisoformat(str(model.runtime.manifest.created)).timestamp())
     except (TypeError, ValueError):
         return 0
 
