@@ -29,15 +29,18 @@ def session_options(ort, threads: int | None):
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads:
         so.intra_op_num_threads = int(threads)
-    # No spinning: by default ORT's pool threads busy-wait for more work after every parallel section and
-    # after run() returns. Between a server's requests that spin takes the core the event loop needs to
-    # parse the next request and write the answer, and on a shared machine it competes with everything
-    # else. Measured by process CPU time on the 2-core AMD EPYC shared with other work, the pipeline's
-    # onnx-int8 spent about 2x the CPU per b1 call spinning (predict([review]) 38 vs 18 ms; rt.run of
-    # b1/s128 31.5 vs 15.1 ms), the served b1 request 36 vs 19.5 ms (benchmarks/serve_overhead.py, whose
-    # before/after columns re-measure it). Blocking threads wake on a condition variable instead.
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    # Spin inside a run, never after it. ORT's pool threads busy-wait for more work by default, within a run
+    # (between one operator's parallel section and the next) and after run() returns. After the run, that spin
+    # takes the core the event loop needs to parse the next request and write the answer: on the 2-core AMD
+    # EPYC the pipeline's onnx-int8 spent about 2x the CPU per b1 call spinning (predict([review]) 38 vs 18 ms)
+    # with the default. With no spinning at all, each of a b1 forward's ~90 parallel sections waits for the
+    # worker to wake (a context switch each): served p50 14.4 ms against 11.1 with the default
+    # (serve-overhead, 2 rounds). force_spinning_stop keeps the spin inside run() and stops it when run()
+    # returns: in-process b1 p50 10.6-11.2 ms at 20.2-20.3 ms CPU a call, against 13.4-14.2 ms at 20.6-22.3
+    # without spinning and 12.7 ms at 29-32 ms with the default (64 reviews, a 2 ms gap between calls, quiet).
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    so.add_session_config_entry("session.force_spinning_stop", "1")
+    so.add_session_config_entry("session.inter_op.allow_spinning", "0")  # sequential execution: no inter-op pool
     so.log_severity_level = 3  # errors only: ORT's warnings about unused initializers are noise here
     return so
 

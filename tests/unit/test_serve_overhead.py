@@ -109,13 +109,15 @@ def test_summary_and_render_hold_the_targets():
     assert so.failed(rep)
 
 
-def test_onnx_sessions_do_not_spin_between_runs():
-    """Spinning pool threads took the event loop's core between a server's requests (benchmarks/serve_overhead.py)."""
+def test_onnx_sessions_spin_inside_a_run_and_stop_when_it_returns():
+    """Spinning pool threads took the event loop's core between a server's requests, and not spinning made each
+    parallel section of a b1 forward wait for a wake-up (benchmarks/serve_overhead.py): spin, stopped at run()'s end."""
     import onnxruntime as ort
 
     from qserve.runtime.onnx_rt import session_options
 
     so_ = session_options(ort, 2)
     assert so_.intra_op_num_threads == 2
-    assert so_.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert so_.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    assert so_.get_session_config_entry("session.force_spinning_stop") == "1"
     assert so_.get_session_config_entry("session.inter_op.allow_spinning") == "0"
