@@ -14,7 +14,7 @@ the same variant files. Writes comparison.json and comparison.md into --out and 
    variant;
 3. the two runs: the recommended variant and the served policy of each, and per variant agreement (with
    its text count) and real-text b1 p50 side by side;
-4. the two reports measured the same variant files (sizes and export parity per variant).
+4. the two reports measured the same variant files (sizes and export parity per variant) on the same CPU.
 Exit status 0 when 1-4 agree, 1 otherwise.
 """
 
@@ -132,6 +132,7 @@ def render(c: dict[str, Any]) -> str:
          f"Replay: policy records dropped for {', '.join(r['dropped']) or 'none'}. "
          f"Eval cut replayed on the full run: cuts {', '.join(c['cut']['cut']) or 'none'}; the recommended "
          f"variant {'IS' if c['cut']['recommended_cut'] else 'is not'} among them.", "",
+         f"Measured on the same CPU: {'yes' if c['same_cpu'] else 'NO'} ({c['environment']['full_cpu_model']}). "
          f"Same variant files: {'yes' if c['exports']['same'] else 'NO (' + ', '.join(c['exports']['differ']) + ')'} "
          f"(per variant: {', '.join(c['exports']['compared'])}).", "",
          f"**Same choice: {'yes' if c['same'] else 'NO'}.**", "",
@@ -163,9 +164,13 @@ def main(argv: list[str] | None = None) -> int:
          "fast_stage_s": (fast.get("pipeline") or {}).get("stage_s"),
          "full_child_s": sum(v.get("wall_s") or 0 for v in full["variants"]),
          "fast_child_s": sum(v.get("wall_s") or 0 for v in fast["variants"])}
+    # the figures are the two reports' own: the same CPU measured both, or the side-by-side means nothing
+    cpus = [((r.get("environment") or {}).get("cpu") or {}).get("model") for r in (full, fast)]
+    c["environment"] = {"cpu": (fast.get("environment") or {}).get("cpu"), "full_cpu_model": cpus[0]}
+    c["same_cpu"] = cpus[0] == cpus[1] and cpus[0] is not None
     keys = ("variant", "policy")
     c["same"] = (all(c["full"][k] == c["replay"][k] == c["fast"][k] for k in keys)
-                 and not c["cut"]["recommended_cut"] and c["exports"]["same"])
+                 and not c["cut"]["recommended_cut"] and c["exports"]["same"] and c["same_cpu"])
     c["provenance"] = provenance()
     md = with_header(render(c), c["provenance"])
     print(md)
