@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # netutil beside this script
 
-from netutil import archive_tree, free_port, start, stop as stop_server, wait_ready  # noqa: E402
+from netutil import archive_tree, free_port, start, stop as stop_server, trickle, wait_ready  # noqa: E402
 
 
 def start_server(variant: Path, code_root: Path, args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen, int]:
@@ -159,15 +159,7 @@ def slow_clients(port: int, idle: int, trickle: int, stop: threading.Event) -> l
     socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(idle + trickle)]
 
     def drip(s: socket.socket) -> None:
-        data = b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" * 10
-        for i in range(len(data)):
-            if stop.is_set():
-                return
-            try:
-                s.send(data[i:i + 1])
-            except OSError:
-                return
-            time.sleep(0.1)
+        trickle(s, b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" * 10, 0.1, stop)
 
     for s in socks[idle:]:
         threading.Thread(target=drip, args=(s,), daemon=True).start()

@@ -150,3 +150,16 @@ def scrape_batches(url: str) -> tuple[float, float]:
     vals = {s.name: s.value for f in text_string_to_metric_families(text) if f.name == "qserve_batch_size"
             for s in f.samples if s.name.endswith(("_count", "_sum"))}
     return vals.get("qserve_batch_size_count", 0.0), vals.get("qserve_batch_size_sum", 0.0)
+
+
+def trickle(s: socket.socket, data: bytes, every_s: float, stop: Any) -> None:
+    """Send `data` one byte every `every_s` seconds until it is sent, `stop` (a threading.Event) is set, or the
+    server closes the socket: a slow client, as a slowloris attack sends its headers."""
+    for i in range(len(data)):
+        if stop.is_set():
+            return
+        try:
+            s.send(data[i:i + 1])
+        except OSError:
+            return  # the server closed it
+        time.sleep(every_s)

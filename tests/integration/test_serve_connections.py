@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from conftest import serving
+from conftest import load_benchmark, serving
 
 httpx2 = pytest.importorskip("httpx2")
 
@@ -60,15 +60,7 @@ def _read_until_closed(s: socket.socket, limit_s: float) -> bytes:
     raise AssertionError(f"connection still open after {limit_s} s")
 
 
-def _trickle(s: socket.socket, data: bytes, every_s: float, stop: threading.Event) -> None:
-    for i in range(len(data)):
-        if stop.is_set():
-            return
-        try:
-            s.send(data[i:i + 1])
-        except OSError:
-            return  # the server closed it: what we want
-        time.sleep(every_s)
+_trickle = load_benchmark("netutil").trickle  # the flood benchmark's slow client: a byte at a time
 
 
 def _classify(server) -> int:
