@@ -227,7 +227,7 @@ def _real_text(report: dict[str, Any]) -> list[str]:
 
 
 def _real_text_check(report: dict[str, Any]) -> list[str]:
-    """The real-text b1 path against the fixed b1 forward + the text's tokenization, timed in turn (measure.py)."""
+    """The real-text b1 path against the fixed b1 forward + the text's tokenization, timed in turn (realtext.py)."""
     checks = [(v["name"], v["real_text_check"]) for v in report["variants"] if v.get("real_text_check")]
     if not checks:
         return []

@@ -62,10 +62,13 @@ def test_policies_compared_only_on_the_reference_and_the_recommended(fast_run):
     compared = {v["name"] for v in report["variants"] if v.get("long_text_policies")}
     assert compared == {rec, ref}
     assert report["long_text"]["variant"] == rec  # the served policy is chosen on the recommended variant
-    _, _, _, store = fast_run
-    passes = sorted(p.name.rsplit("-", 1)[0] for p in store.glob("*.policies.json"))
-    # the reference compares policies in its own variant child; only the recommended one gets a policy pass
-    assert passes == ([] if rec == ref else [Path(report["recommended"]["dir"]).name])
+    first, _, _, store = fast_run
+    passes = {p.name.rsplit("-", 1)[0] for p in store.glob("*.policies.json")}
+    # the reference compares policies in its own variant child; only a recommended variant gets a policy pass
+    # (each run's: the resumed run may recommend another copy, timings decide between identical ones)
+    recs = {Path(r["recommended"]["dir"]).name for r in (first, report)}
+    assert "torch-fp32" not in passes and passes <= recs
+    assert rec == ref or Path(report["recommended"]["dir"]).name in passes
     for v in report["variants"]:
         assert v["status"] == "ok" and v["accuracy"]["policy"] == "head"  # each scored once, under its own policy
         assert v["accuracy"]["n"] == 24 or v.get("eval_cut", {}).get("n") == v["accuracy"]["n"]
@@ -240,7 +243,7 @@ def test_a_variant_that_cannot_be_recommended_checks_invariance_on_fewer_texts_a
 
 
 def test_each_child_says_where_its_time_went_and_checks_its_real_text_path(fast_run):
-    from qserve.bench.measure import CHECK_BOUND, CHECK_PAIRS
+    from qserve.bench.realtext import CHECK_BOUND, CHECK_PAIRS
 
     _, report, _, store = fast_run
     md = (store.parent / "report.md").read_text()
