@@ -86,10 +86,15 @@ def stop(proc: subprocess.Popen, log: IO[str] | None = None) -> None:
         log.close()
 
 
+def stat_cpu_s(stat: Path) -> float:
+    """utime + stime (seconds) from a /proc stat file: /proc/PID/stat (every thread) or /proc/PID/task/TID/stat."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def proc_cpu_s(pid: int) -> float:
     """utime + stime of every thread of `pid` so far (seconds), from /proc (the server's own CPU time)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return stat_cpu_s(Path(f"/proc/{pid}/stat"))
 
 
 class Server:

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from netutil import Server, archive_tree, code_env, finish  # noqa: E402
+from netutil import Server, archive_tree, code_env, finish, stat_cpu_s  # noqa: E402
 
 OVERHEAD_TARGET_MS = 1.0
 THROUGHPUT_TARGET = 0.95
@@ -108,13 +108,12 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
     out = {"event_loop": 0.0, "inference": 0.0, "rows": 0.0, "other": 0.0}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            name = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            name, cpu = (task / "comm").read_text().strip(), stat_cpu_s(task / "stat")
         except OSError:  # the thread ended between the listing and the read
             continue
         role = ("event_loop" if task.name == str(pid) else "inference" if name.startswith("qserve-infer")
                 else "rows" if name.startswith("qserve-rows") else "other")
-        out[role] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        out[role] += cpu
     return out
 
 
