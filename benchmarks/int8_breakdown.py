@@ -75,7 +75,8 @@ def session(path: Path, threads: int, profile_dir: Path | None = None):
 
 def feed_for(variant: Path, batch: int, seq: int, threads: int) -> dict:
     """The bench's fixed-shape input for a speed-only suite: real token ids, full mask."""
-    from qserve.bench.measure import FALLBACK_TEXT, synthetic_batch
+    from qserve.bench.measure import FALLBACK_TEXT
+    from qserve.bench.realtext import synthetic_batch
     from qserve.runtime import RuntimeOptions, load_runtime
 
     rt = load_runtime(variant, "cpu", RuntimeOptions(threads=threads))

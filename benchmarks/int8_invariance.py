@@ -134,7 +134,8 @@ def timing(rts: dict[str, Any], texts: list[str], rounds: int, calls: int) -> di
     """b1/s128 p50 and real-text b32 texts/s per candidate, candidates taking turns in every round."""
     import numpy as np
 
-    from qserve.bench.measure import FALLBACK_TEXT, synthetic_batch
+    from qserve.bench.measure import FALLBACK_TEXT
+    from qserve.bench.realtext import synthetic_batch
 
     first = next(iter(rts.values()))
     feed = synthetic_batch(first, 1, 128, " ".join(texts[:8]) or FALLBACK_TEXT)

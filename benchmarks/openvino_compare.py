@@ -9,7 +9,7 @@ reference) through `load_runtime`, exactly as bench and serve do (variants missi
 --variants are exported first), then:
 
 1. speed: R rounds; in each, every variant (order rotated round by round) runs N calls at
-   b1/s128 and M calls at b32/s128 (synthetic full-length batches, qserve.bench.measure).
+   b1/s128 and M calls at b32/s128 (synthetic full-length batches, qserve.bench.realtext).
    Why one process rather than `qserve bench`'s child per variant: the children run one
    after another, so a burst of the shared machine's load lands on whichever variant is
    running; interleaving short rounds in one process spreads it over all of them, and
@@ -72,7 +72,8 @@ def ensure_variants(ckpt: Path, root: Path, labels: list[str]) -> dict[str, Path
 
 
 def time_rounds(runtimes: dict[str, Any], labels: list[str], rounds: int, n1: int, n32: int, seq: int):
-    from qserve.bench.measure import FALLBACK_TEXT, synthetic_batch
+    from qserve.bench.measure import FALLBACK_TEXT
+    from qserve.bench.realtext import synthetic_batch
 
     any_rt = next(iter(runtimes.values()))
     b1, b32 = synthetic_batch(any_rt, 1, seq, FALLBACK_TEXT), synthetic_batch(any_rt, 32, seq, FALLBACK_TEXT)
