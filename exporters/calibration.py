@@ -73,12 +73,11 @@ def calibration_batches(checkpoint: ExportContext | Path | str, texts: list[str]
     """Tokenized, padded batches of the pieces of `texts` under the long-text `policy` (None: the one being
     exported, the context's): the rows the variant will run. Padding rows enter the int8 ranges
     at run time, so here too."""
-    from transformers import AutoTokenizer
-
     from qserve import longtext
+    from qserve.modeling import load_tokenizer
 
     ctx = _context(checkpoint)
-    tok = AutoTokenizer.from_pretrained(str(ctx.checkpoint))
+    tok = load_tokenizer(ctx.checkpoint)
     if pairs is not None:  # a pair model: the tokenizer's pair encoding, segment ids included
         from qserve.textpairs import split_pairs
 

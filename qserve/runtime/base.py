@@ -132,7 +132,7 @@ class Runtime:
     """The lengths run() pads each text to (qserve.runtime.buckets), or None: batches run as tokenized."""
 
     def __init__(self, variant_dir: Path, manifest: Manifest, device: str, options: RuntimeOptions):
-        from transformers import AutoTokenizer
+        from qserve.modeling import load_tokenizer
 
         self.variant_dir = Path(variant_dir)
         self.manifest = manifest
@@ -143,7 +143,7 @@ class Runtime:
         self.problem_type: str = manifest.problem
         """How logits become scores (qserve/problemtypes.py); a manifest without one is single-label."""
         self.max_length: int = int(options.max_length or manifest.max_length)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.variant_dir)
+        self.tokenizer = load_tokenizer(self.variant_dir)
         self.template = longtext.template(self.tokenizer)
         self._encode = longtext.encoder(self.tokenizer)
         self.pad_id = int(self.tokenizer.pad_token_id or 0)

@@ -134,3 +134,44 @@ def test_model_name_for(tmp_path):
     assert model_name_for("org/some-model/") == "some-model"
     (tmp_path / "my-ckpt").mkdir()
     assert model_name_for(str(tmp_path / "my-ckpt")) == "my-ckpt"
+
+
+def _tokenizer_dirs(tiny_checkpoint, tmp_path):
+    """The embedded default's tokenizer, a saved checkpoint's, and that one with no tokenizer_class recorded."""
+    import shutil
+
+    bare = tmp_path / "no-class"
+    shutil.copytree(tiny_checkpoint, bare)
+    cfg_path = bare / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    assert cfg.pop("tokenizer_class")
+    cfg_path.write_text(json.dumps(cfg))
+    return [default_model_dir(), tiny_checkpoint, bare]
+
+
+def test_load_tokenizer_is_what_autotokenizer_loads(tiny_checkpoint, tmp_path):
+    from transformers import AutoTokenizer
+
+    from qserve.modeling import load_tokenizer
+
+    for folder in _tokenizer_dirs(tiny_checkpoint, tmp_path):
+        ours, auto = load_tokenizer(folder), AutoTokenizer.from_pretrained(folder)
+        assert type(ours) is type(auto), folder
+        assert ours.model_input_names == auto.model_input_names
+        assert ours.all_special_tokens == auto.all_special_tokens and ours.pad_token_id == auto.pad_token_id
+        assert ours(TEXTS, TEXTS[::-1], truncation=True, max_length=16).data == \
+            auto(TEXTS, TEXTS[::-1], truncation=True, max_length=16).data
+
+
+def test_load_tokenizer_skips_the_auto_classes(tiny_checkpoint):
+    """The point of load_tokenizer: a runtime's load does not pull in the auto factory and, through it,
+    scikit-learn and scipy (seconds of every bench child's and server's start)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from qserve.modeling import load_tokenizer; "
+            f"t = load_tokenizer({str(tiny_checkpoint)!r}); "
+            "print(type(t).__name__, sorted(m for m in ('sklearn', 'scipy', 'transformers.models.auto.modeling_auto') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["BertTokenizerFast", "[]"], out
