@@ -178,10 +178,12 @@ class Batcher:
         self._items.extend(_Item(pending, i, t, now, policy, None if pairs is None else pairs[i])
                            for i, t in enumerate(texts))
         self._set_depth()
-        if not self._running and self._launched is None and len(self._items) >= self._fill_target():
-            # The batch is complete: start its forward pass now, from this very call. Waking the
-            # collector instead would start it only after everything else this event-loop turn
-            # does, such as refusing a flood of other requests.
+        if not self._running and self._launched is None and (
+                len(self._items) >= self._fill_target() or (self.arriving is not None and self.arriving() <= 0)):
+            # The batch is complete, or nothing else is on its way in (the collector would not wait for
+            # more): start its forward pass now, from this very call. Waking the collector instead would
+            # start it only after everything else this event-loop turn does, such as refusing a flood of
+            # other requests, and at one client costs a turn of the loop per request (~55 us measured).
             self._launched = self._take_batch(loop)
         self._wake.set()
         return pending.future
@@ -191,7 +193,15 @@ class Batcher:
         """The request's texts answered: their rows of the batches they ran in (Classification.phases: the
         steps of those batches, when tracing)."""
         fut = self.enqueue(texts, policy, pairs)
-        return await asyncio.wait_for(fut, timeout_s) if timeout_s else await fut
+        if not timeout_s:
+            return await fut
+        if not hasattr(asyncio, "timeout"):  # Python 3.10
+            return await asyncio.wait_for(fut, timeout_s)
+        # asyncio.timeout, not wait_for: on 3.11 wait_for awaits a waiter future of its own that the
+        # answer's callback resolves, a further turn of the event loop before the request resumes. On
+        # timeout the task's cancellation cancels `fut` as wait_for did, so fill() skips it.
+        async with asyncio.timeout(timeout_s):
+            return await fut
 
     def retry_after_s(self) -> int:
         batches_ahead = math.ceil(max(1, len(self._items)) / self.max_batch_size)
