@@ -178,12 +178,10 @@ class Batcher:
         self._items.extend(_Item(pending, i, t, now, policy, None if pairs is None else pairs[i])
                            for i, t in enumerate(texts))
         self._set_depth()
-        if not self._running and self._launched is None and (
-                len(self._items) >= self._fill_target() or (self.arriving is not None and self.arriving() <= 0)):
-            # The batch is complete, or nothing else is on its way in (the collector would not wait for
-            # more): start its forward pass now, from this very call. Waking the collector instead would
-            # start it only after everything else this event-loop turn does, such as refusing a flood of
-            # other requests, and at one client costs a turn of the loop per request (~55 us measured).
+        if not self._running and self._launched is None and len(self._items) >= self._fill_target():
+            # The batch is complete: start its forward pass now, from this very call. Waking the
+            # collector instead would start it only after everything else this event-loop turn
+            # does, such as refusing a flood of other requests.
             self._launched = self._take_batch(loop)
         self._wake.set()
         return pending.future
