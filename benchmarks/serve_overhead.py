@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from netutil import Server, archive_tree, code_env, finish, stat_cpu_s  # noqa: E402
+from serve_steps import render as render_steps, steps  # noqa: E402
 
 OVERHEAD_TARGET_MS = 1.0
 THROUGHPUT_TARGET = 0.95
@@ -239,6 +240,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                 inproc.pop("answers")
                 per_code[code].append({"in_process": inproc, "served": serve})
         entry: dict[str, Any] = {"given": given, "variant_dir": str(vdir), "name": vdir.name, "codes": {}}
+        if args.steps:
+            print(f"steps: {vdir.name}, traced, code after", file=sys.stderr, flush=True)
+            lua = workdir / "reviews.lua"
+            lua.write_text(wrk_script(texts), encoding="utf-8")
+            entry["steps"] = steps(ROOT, vdir, lua, workdir, args, parse_wrk)
         for code, rows in per_code.items():
             m = _median(rows)
             entry["codes"][code] = {**m, "summary": summarize(m["in_process"], m["served"]), "rounds": rows}
@@ -304,6 +310,7 @@ def render(rep: dict[str, Any]) -> str:
             per_text = ip["b32"]["cpu_ms_per_text"]
             ceiling = per_text / (per_text + th[1]["event_loop"]) if per_text else None
             L.append(f"| {v['name']} | {code} | {cells[0]} | {cells[1]} | {f(ceiling)}x |")
+    L += render_steps(rep["variants"])
     L += ["", "A model dir given on the command line stands for the variant `qserve serve` recommends from it "
           "(its report). Every review is first posted once and its served top label and score compared with its "
           "in-process answer; wrk errors (non-2xx, timeouts) per level are in report.json.", ""]
@@ -326,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="--threads for server and runtime (default 2)")
     p.add_argument("--long-text", default="head", help="--long-text policy (default head)")
     p.add_argument("--log-level", default="info", help="server --log-level (default info: access log on)")
+    p.add_argument("--steps", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time each step of a request from the server's own trace (serve_steps.py; default on)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/reports/serve-overhead")
     args = p.parse_args(argv)
     # absolute: the code before runs from its own tree, where a path relative to this checkout means nothing

@@ -121,3 +121,38 @@ def test_onnx_sessions_spin_inside_a_run_and_stop_when_it_returns():
     assert so_.get_session_config_entry("session.intra_op.allow_spinning") == "1"
     assert so_.get_session_config_entry("session.force_spinning_stop") == "1"
     assert so_.get_session_config_entry("session.inter_op.allow_spinning") == "0"
+
+
+def test_steps_read_back_from_the_console_exporter():
+    """serve_steps parses what the real OpenTelemetry console exporter prints for qserve's own RequestTrace:
+    each step's microseconds as the trace recorded them, the hop back as the gap before respond."""
+    import io
+
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+
+    from qserve.serve.infra.tracing import Tracing
+
+    steps = load_benchmark("serve_steps")
+    out = io.StringIO()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=out)))
+    tracing = Tracing(provider)
+    for k in range(2):
+        trace = tracing.begin("POST /v1/classify", {})
+        t0 = trace.start_ns
+        trace.queued_ns = t0 + 300_000  # receive 300 us
+        trace.phases = [("tokenize", t0 + 500_000, t0 + 900_000, {}),  # queue wait 200, tokenize 400
+                        ("inference", t0 + 900_000, t0 + 9_900_000 + k * 1000, {})]  # inference 9000 (+1 for k=1)
+        trace.answered_ns = t0 + 10_150_000  # hop back 250 (249 for k=1)
+        trace.finish("POST /v1/classify", 200)
+    text = "INFO: some log line {not json}\n" + out.getvalue() + "INFO: shutdown\n"
+    rows = steps.per_request(steps.spans(text))
+    assert len(rows) == 2
+    r = rows[0]
+    one_us = pytest.approx  # the exporter prints times via float seconds: each to the nearest microsecond
+    assert [r[k] for k in ("receive", "queue wait", "tokenize", "inference", "hop back")] == \
+        one_us([300, 200, 400, 9000, 250], abs=1.01)
+    assert [rows[1][k] for k in ("inference", "hop back")] == one_us([9001, 249], abs=1.01)
+    assert r["server span"] >= r["respond"] + 10_150 - 1  # the root covers every step
