@@ -66,7 +66,7 @@ STAGES: tuple[Stage, ...] = (
           ("$QSERVE pipeline --force --report-dir benchmarks/reports/pipeline-fast-amd && "
            f"cp {MODELS}/checkpoint/train_metrics.json benchmarks/reports/pipeline-fast-amd/",),
           (_bench("pipeline-fast-amd"),),
-          "15.9 min: the measured wall time of that run (its stage times: train 7.6, export 1.6, bench 6.2 min)"),
+          "15.5 min: the measured wall time of that run (its stage times: train 7.2, export 1.5, bench 6.7 min)"),
     Stage("fast-vs-full", "the fast bench's recommendation and served policy against a full comparison (every policy on "
           "every variant, the bench before issue 30, code b7b3591) of the same run's variant files",
           ("rm -rf /tmp/qserve-b7b3591 && mkdir -p /tmp/qserve-b7b3591 && git archive b7b3591 qserve | "
