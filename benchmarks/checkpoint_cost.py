@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "reports" / "checkpoint_cost")
     args = p.parse_args(argv)
 
-    from qserve.artifact import now_iso
+    from qserve.files import now_iso
     from reportio import write_report
     from qserve.devices import cpu_label
     from qserve.provenance import provenance

@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fast", required=True, help="report.json (or its dir) of the fast bench, same variant files")
     p.add_argument("--out", help="directory for comparison.json and comparison.md")
     args = p.parse_args(argv)
-    from qserve.artifact import write_json_atomic, write_text_atomic
+    from qserve.files import write_json_atomic, write_text_atomic
     from qserve.provenance import provenance, with_header
 
     full, fast = _load(args.full), _load(args.fast)

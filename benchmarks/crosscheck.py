@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     sys.path.insert(0, str(ROOT))
-    from qserve.artifact import now_iso, write_json_atomic, write_text_atomic
+    from qserve.files import now_iso, write_json_atomic, write_text_atomic
     from qserve.bench import BenchConfig, run_bench
     from qserve.provenance import provenance, with_header
 

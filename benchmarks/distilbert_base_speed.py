@@ -41,7 +41,7 @@ def build_checkpoint(out: Path, seed: int = 0) -> Path:
     import torch
     from transformers import DistilBertConfig, DistilBertForSequenceClassification
 
-    from qserve.artifact import staged_dir, write_json_atomic
+    from qserve.files import staged_dir, write_json_atomic
     from qserve.modeling import default_tokenizer
 
     tok = default_tokenizer()

@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--render", action="store_true", help="only re-write report.md from --out's report.json")
     args = p.parse_args(argv)
     if args.render:
-        from qserve.artifact import write_text_atomic
+        from qserve.files import write_text_atomic
 
         src = args.out / "report.json"
         if not src.is_file():
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from distilbert_base_speed import build_checkpoint, export_all
 
-    from qserve.artifact import write_json_atomic, write_text_atomic
+    from qserve.files import write_json_atomic, write_text_atomic
     from qserve.bench.floor import flops_per_sequence, gemm_shapes, measure_peaks
 
     ckpt = args.models / "checkpoint"

@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     import onnxruntime as ort
 
-    from qserve.artifact import write_json_atomic, write_text_atomic
+    from qserve.files import write_json_atomic, write_text_atomic
     from qserve.bench import invariance
     from qserve.bench.envinfo import environment
     from qserve.artifact import ModelMeta, read_model_meta

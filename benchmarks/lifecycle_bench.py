@@ -309,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx2").setLevel(logging.WARNING)
 
-    from qserve.artifact import now_iso, read_manifest, refuse_existing, write_json_atomic, write_text_atomic
+    from qserve.artifact import read_manifest
+    from qserve.files import now_iso, refuse_existing, write_json_atomic, write_text_atomic
     from qserve.devices import cpu_label
     from qserve.provenance import provenance, with_header
     from qserve.bench.loadtest import default_texts

@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--render", action="store_true", help="only re-render report.md (and goals) from --out/report.json")
     args = p.parse_args(argv)
     if args.render:
-        from qserve.artifact import write_json_atomic, write_text_atomic
+        from qserve.files import write_json_atomic, write_text_atomic
 
         report = json.loads((args.out / "report.json").read_text(encoding="utf-8"))
         report["goals"] = goals(report)
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[k] = str(args.threads)
 
-    from qserve.artifact import library_versions, now_iso
+    from qserve.files import library_versions, now_iso
     from reportio import write_report
     from qserve.bench.envinfo import load_avg
     from qserve.devices import cpu_info

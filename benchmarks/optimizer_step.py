@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from optimi import AdamW as KahanAdamW
 
-    from qserve.artifact import now_iso
+    from qserve.files import now_iso
     from reportio import write_report
     from qserve.devices import cpu_label
     from qserve.provenance import provenance

@@ -12,7 +12,7 @@ from typing import Any
 def write_report(out: Path, rep: dict[str, Any], md: str, stem: str = "report") -> None:
     """`out`/STEM.json and `out`/STEM.md (atomically, `out` made if missing), then the md on stdout. A report
     that carries no provenance gets this run's: every committed number says which code and machine made it."""
-    from qserve.artifact import write_json_atomic, write_text_atomic
+    from qserve.files import write_json_atomic, write_text_atomic
     from qserve.provenance import provenance, with_header
 
     rep.setdefault("provenance", provenance())

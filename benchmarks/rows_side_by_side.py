@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
 
-    from qserve.artifact import now_iso
+    from qserve.files import now_iso
     from reportio import write_report
     from qserve.data.datasets import load_dataset
     from qserve.devices import cpu_label, usable_cores

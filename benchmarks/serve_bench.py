@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from qserve.artifact import now_iso, refuse_existing, write_json_atomic, write_text_atomic
+    from qserve.files import now_iso, refuse_existing, write_json_atomic, write_text_atomic
     from qserve.provenance import provenance, with_header
     from qserve.serve.infra.config import ServeConfig
     from qserve.bench.loadtest import default_texts

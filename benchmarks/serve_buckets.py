@@ -190,7 +190,7 @@ async def cell(srv: Server, protocol: str, texts: list[str], expect: dict[str, l
 
 # -- the run -----------------------------------------------------------------------------------
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
-    from qserve.artifact import now_iso, refuse_existing
+    from qserve.files import now_iso, refuse_existing
     from qserve.devices import cpu_info
     from qserve.provenance import command_line, provenance
 

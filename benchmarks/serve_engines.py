@@ -176,7 +176,7 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
     import ray
     from ray import serve
 
-    from qserve.artifact import now_iso, refuse_existing, write_json_atomic, write_text_atomic
+    from qserve.files import now_iso, refuse_existing, write_json_atomic, write_text_atomic
     from qserve.provenance import provenance, with_header
     from qserve.serve.infra.deploy import Scaling
     from qserve.runtime import RuntimeOptions, load_runtime

@@ -213,7 +213,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     from qserve.devices import cpu_info
     from qserve.provenance import command_line, provenance
     from qserve.serve.core.repository import resolve
-    from qserve.artifact import now_iso
+    from qserve.files import now_iso
 
     args.wrk = shutil.which("wrk")
     if args.wrk is None:

@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     import platform
 
     from netutil import free_port, stop, wait_ready
-    from qserve.artifact import now_iso, refuse_existing, write_json_atomic, write_text_atomic
+    from qserve.files import now_iso, refuse_existing, write_json_atomic, write_text_atomic
     from qserve.provenance import provenance, with_header
 
     try:

@@ -169,7 +169,7 @@ def summarize(policies: list[str], texts: dict[str, int], elapsed: dict[str, dic
 
 # -- the run -----------------------------------------------------------------------------------
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
-    from qserve.artifact import now_iso, refuse_existing
+    from qserve.files import now_iso, refuse_existing
     from qserve.devices import cpu_info
     from qserve.longtext import parse_list
     from qserve.provenance import command_line, provenance

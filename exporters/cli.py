@@ -127,7 +127,8 @@ def find_variants(paths: list[Path]) -> list[Path]:
 
 
 def cmd_variants(args: argparse.Namespace) -> int:
-    from qserve.artifact import VariantError, verify
+    from qserve.artifact import VariantError
+    from qserve.verify import verify
 
     rows = []
     for d in find_variants([Path(p) for p in (args.paths or ["models"])]):

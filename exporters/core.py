@@ -19,8 +19,8 @@ from typing import Any, cast
 import numpy as np
 
 from qserve import QserveError
-from qserve.artifact import (Manifest, ModelMeta, checkpoint_hash, library_versions, read_model_meta, staged_dir,
-                             write_manifest)
+from qserve.artifact import Manifest, ModelMeta, checkpoint_hash, read_model_meta, write_manifest
+from qserve.files import library_versions, staged_dir
 from qserve.modeling import ARCHITECTURES
 from qserve.variants import TOLERANCE as VARIANT_TOLERANCE
 from qserve.variants import UnsupportedVariant, VariantSpec, backend_of, load_target, unsupported_reason

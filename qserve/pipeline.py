@@ -66,7 +66,8 @@ def _train_stage(cfg, run_dir: Path, force: bool) -> Path:
 
 def _export_stage(ckpt: Path, run_dir: Path, device: str, names: list[str], force: bool) -> list[Path]:
     import exporters
-    from qserve.artifact import VariantError, checkpoint_hash, verify
+    from qserve.artifact import VariantError, checkpoint_hash
+    from qserve.verify import verify
     from qserve.runtime.ov_probe import OpenVINOUnavailable
     from qserve.variants import UnsupportedVariant
 
@@ -125,7 +126,7 @@ def _bench_stage(variants: list[Path], report_dir: Path, args, device: str, forc
                       max_eval_samples=args.bench_eval_samples, time_budget_s=args.time_budget, force=True,
                       long_text=long_text, floor_budget_s=PIPELINE_FLOOR_BUDGET_S)
     run_bench(variants, cfg, store=store, reuse=not force)  # a killed bench resumes: bench/store.py
-    from qserve.artifact import write_json_atomic
+    from qserve.files import write_json_atomic
 
     write_json_atomic(stamp, key)
     return report_dir / "report.md"

@@ -24,7 +24,7 @@ def physical_cores() -> int:
 
 
 def environment(threads: int, device: str) -> dict[str, Any]:
-    from qserve.artifact import library_versions
+    from qserve.files import library_versions
     from qserve.devices import cpu_info
 
     versions = library_versions(("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime",

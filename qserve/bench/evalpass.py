@@ -46,7 +46,7 @@ def piece_stats(rt: Any, texts: list[str], policy: Any, cache_dir: str | Path | 
     stats = {"windows": list(pieces.windows), "truncated": [bool(t) for t in pieces.truncated],
              "tokens": [int(t) for t in pieces.tokens]}
     if path is not None:
-        from qserve.artifact import write_json_atomic
+        from qserve.files import write_json_atomic
 
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, stats)

@@ -208,7 +208,7 @@ def measure_peaks(shapes: list[tuple[int, int, int]], threads: int | None, devic
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
-    from qserve.artifact import write_json_atomic
+    from qserve.files import write_json_atomic
 
     result = measure_peaks([tuple(s) for s in job["shapes"]], job.get("threads"), job.get("device", "cpu"),
                            float(job.get("budget_s", 1.0)), int(job.get("model_shapes", 0)))

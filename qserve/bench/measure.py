@@ -184,7 +184,8 @@ def _stage(res: dict[str, Any], name: str) -> None:
 
 def measure(job: dict[str, Any]) -> dict[str, Any]:
     """Run every measurement for one variant; raises with `stage` set on the result dict."""
-    from qserve.artifact import library_versions, read_manifest
+    from qserve.artifact import read_manifest
+    from qserve.files import library_versions
 
     res: dict[str, Any] = {"variant_dir": job["variant_dir"], "pid": os.getpid()}
     _stage(res, "import")
@@ -286,7 +287,7 @@ def child_env(backend: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     import json
 
-    from qserve.artifact import write_json_atomic
+    from qserve.files import write_json_atomic
 
     argv = sys.argv[1:] if argv is None else argv
     job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))

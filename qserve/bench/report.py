@@ -360,7 +360,7 @@ def render_csv(report: dict[str, Any]) -> str:
 
 def write_reports(report: dict[str, Any], out: str | Path, write_json: bool = True) -> list[Path]:
     """Write report.json (unless re-rendering), report.csv, report.md and the plots into `out`."""
-    from qserve.artifact import write_json_atomic, write_text_atomic
+    from qserve.files import write_json_atomic, write_text_atomic
     from qserve.bench.html import render_html
     from qserve.bench.plots import write_plots
 

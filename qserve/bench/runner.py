@@ -40,7 +40,8 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 def variant_meta(vdir: Path) -> VariantMeta:
     """What the parent can read without loading: manifest, qserve_model.json, config.json, size."""
-    from qserve.artifact import CheckpointError, VariantError, dir_size, read_manifest, read_model_meta
+    from qserve.artifact import CheckpointError, VariantError, read_manifest, read_model_meta
+    from qserve.files import dir_size
 
     meta = VariantMeta(str(vdir), config=_read_json(vdir / "config.json"))
     try:
@@ -257,7 +258,7 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = N
     --long-text comparison then runs on the reference and the recommended variant only, the two whose
     records decide and qualify the policy served (docs/bench.md, "Which variants compare policies").
     `store`: keep each finished measurement there; `reuse`: read the ones whose key matches (resume)."""
-    from qserve.artifact import now_iso, refuse_existing
+    from qserve.files import now_iso, refuse_existing
     from qserve.bench import analysis
     from qserve.bench.envinfo import environment, merge_child_env, physical_cores
     from qserve.bench.report import write_reports

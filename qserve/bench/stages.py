@@ -25,7 +25,7 @@ def print_stages(times: dict[str, float]) -> None:
 
 def record_stages(report_dir: Path, times: dict[str, float]) -> bool:
     """Add the stage times to a report this run wrote (one without them yet); re-render its md and html."""
-    from qserve.artifact import write_json_atomic, write_text_atomic
+    from qserve.files import write_json_atomic, write_text_atomic
     from qserve.bench.html import render_html
     from qserve.bench.plots import CHARTS
     from qserve.bench.report import render_md

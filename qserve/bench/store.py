@@ -47,7 +47,7 @@ def load(store: Path | None, vdir: Path, mode: str, k: str) -> dict[str, Any] | 
 def save(store: Path | None, vdir: Path, mode: str, k: str, res: dict[str, Any]) -> None:
     if store is None or res.get("status") != "ok":
         return
-    from qserve.artifact import write_json_atomic
+    from qserve.files import write_json_atomic
 
     store.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path_for(store, vdir, mode), {"key": k, "result": res})

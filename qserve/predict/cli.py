@@ -70,7 +70,7 @@ def run_predict(args: argparse.Namespace) -> int:
     if args.json_out:
         from pathlib import Path
 
-        from qserve.artifact import write_json_atomic
+        from qserve.files import write_json_atomic
 
         write_json_atomic(Path(args.json_out), summary)
     return 0  # bad rows are in the output (--on-error fail raised before any was written past them)

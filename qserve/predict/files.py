@@ -290,7 +290,7 @@ def merge(parts: Path, count: int, out: Path, fmt: str) -> tuple[int, int]:
 def prepare(out: Path, fmt: str, ledger: dict[str, Any], force: bool) -> int:
     """Set up OUTPUT.parts/ for this job; returns how many parts are already complete (0 for a fresh job).
     A ledger from another TARGET, INPUT or setting is refused, naming both, unless --force."""
-    from qserve.artifact import write_json_atomic
+    from qserve.files import write_json_atomic
 
     parts = parts_dir(out)
     if force:

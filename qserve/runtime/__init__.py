@@ -31,7 +31,8 @@ def runtime_class(backend: str) -> type[Runtime]:
 
 def load_runtime(variant_dir: str | Path, device: str = "auto", options: RuntimeOptions | None = None,
                  verify_hashes: bool = True, allow_extra_files: bool = False) -> Runtime:
-    from qserve.artifact import VariantError, verify
+    from qserve.artifact import VariantError
+    from qserve.verify import verify
     from qserve.devices import resolve_device
     from qserve.variants import BACKENDS
 

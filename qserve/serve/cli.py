@@ -149,7 +149,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def run_loadtest_cmd(args: argparse.Namespace) -> int:
-    from qserve.artifact import write_json_atomic
+    from qserve.files import write_json_atomic
     from qserve.bench.loadtest import format_report, read_texts_file, run_loadtest
 
     try:

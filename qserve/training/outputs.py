@@ -2,7 +2,7 @@
 
     python -c "from qserve.training.outputs import pair_inputs; help(pair_inputs)"
 
-train.py's loop hands its results here; the checkpoint is written through artifact.staged_dir (a temp dir
+train.py's loop hands its results here; the checkpoint is written through files.staged_dir (a temp dir
 renamed into place), so a reader never sees half of one.
 """
 
@@ -20,7 +20,7 @@ from qserve.problemtypes import REGRESSION, value_range
 
 def metrics(fabric, cfg, data, device, base_name, t0, train_time, step_times, seen, epoch_val, val, test,
              last_loss, rss_peak, opt) -> dict[str, Any]:
-    from qserve.artifact import library_versions, now_iso
+    from qserve.files import library_versions, now_iso
     from qserve.devices import cpu_info
 
     hw: dict[str, Any] = {"cpu": cpu_info()}
@@ -51,7 +51,8 @@ def write(out: Path, cfg, model, tok, base_name: str, data, metrics: dict[str, A
     """The finished checkpoint dir, staged and renamed over `out` (which holds only this run's resume files)."""
     import torch
 
-    from qserve.artifact import MODEL_META, ModelMeta, staged_dir, write_json_atomic
+    from qserve.artifact import MODEL_META, ModelMeta
+    from qserve.files import staged_dir, write_json_atomic
 
     # force: out holds only this run's own checkpoint by now (resume.plan refused anyone else's files)
     with staged_dir(out, force=True) as tmp:

@@ -97,7 +97,7 @@ def describe_diff(names: list[str], want: dict[str, Any], have: dict[str, Any], 
 
 def plan(out: Path, cfg: dict[str, Any], defaults: dict[str, Any], resume: bool | None, force: bool) -> Plan:
     """Decide from what `out` holds (before anything heavy loads); errors name the flags that choose."""
-    from qserve.artifact import refuse_existing
+    from qserve.files import refuse_existing
 
     out = Path(out)
     started, finished, ckpt = out / STARTED, out / FINISHED, out / CHECKPOINT
@@ -138,7 +138,7 @@ def plan(out: Path, cfg: dict[str, Any], defaults: dict[str, Any], resume: bool 
 
 def record_start(out: Path, cfg: dict[str, Any]) -> None:
     """Claim `out` for this run (rank 0): the config it was started with; a stale checkpoint goes."""
-    from qserve.artifact import write_json_atomic
+    from qserve.files import write_json_atomic
 
     out.mkdir(parents=True, exist_ok=True)
     for stale in (out / CHECKPOINT, out / (CHECKPOINT + PARTIAL_SUFFIX)):

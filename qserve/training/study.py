@@ -140,7 +140,7 @@ def compare(cfg, precisions: list[str] | None, out_dir, bf16_updates: list[str] 
     follow one another over many minutes, and a machine whose speed drifts that slowly moves their
     step times more than precisions differ (two bf16-mixed seeds read 0.81 and 0.95 s on one study).
     """
-    from qserve.artifact import library_versions, now_iso, refuse_existing, write_json_atomic, write_text_atomic
+    from qserve.files import library_versions, now_iso, refuse_existing, write_json_atomic, write_text_atomic
     from qserve.provenance import provenance, with_header
     from qserve.devices import cpu_info, resolve_device
     from qserve.training.config import validate

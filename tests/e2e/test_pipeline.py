@@ -90,7 +90,7 @@ def _killed_when(argv: list[str], line: str, then=None, env: dict | None = None)
 def test_pipeline_killed_in_each_stage_finishes_with_the_same_report(tiny_checkpoint, tmp_path, capsys):
     from test_resume import toy_rows
 
-    from qserve.artifact import verify
+    from qserve.verify import verify
     from qserve.training.resume import CHECKPOINT, KILL_ENV
 
     data = toy_rows(tmp_path / "toy.csv")

@@ -7,7 +7,9 @@ import pytest
 
 import exporters
 from qserve import QserveError
-from qserve.artifact import VariantError, read_manifest, staged_dir, verify
+from qserve.artifact import VariantError, read_manifest
+from qserve.files import staged_dir
+from qserve.verify import verify
 from qserve.runtime import load_runtime
 
 
@@ -211,7 +213,7 @@ def test_older_manifest_without_digest_loads_with_a_warning_and_is_still_cross_c
     m = json.loads((copy_of / "manifest.json").read_text())
     del m[DIGEST_KEY]
     (copy_of / "manifest.json").write_text(json.dumps(m))
-    with caplog.at_level("WARNING", logger="qserve.artifact"):
+    with caplog.at_level("WARNING", logger="qserve.verify"):
         assert verify(copy_of).to_json()["labels"] == ["negative", "positive"]
     assert "no manifest_sha256" in caplog.text and "re-export" in caplog.text
     m["labels"] = ["positive", "negative"]
@@ -227,7 +229,7 @@ def test_unexpected_file_is_refused_unless_allowed(copy_of, caplog):
     with pytest.raises(VariantError, match=r"2 file\(s\) its manifest does not list: notes.txt, sub/model.onnx"
                                            r".*--allow-extra-files"):
         load_runtime(copy_of, device="cpu")
-    with caplog.at_level("WARNING", logger="qserve.artifact"):
+    with caplog.at_level("WARNING", logger="qserve.verify"):
         rt = load_runtime(copy_of, device="cpu", allow_extra_files=True)
     assert rt.predict(["fine"]).shape == (1, 2) and "notes.txt" in caplog.text
 

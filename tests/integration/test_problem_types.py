@@ -165,7 +165,8 @@ def test_an_edited_problem_type_is_refused(variants, tmp_path):
 
     from dataclasses import replace
 
-    from qserve.artifact import VariantError, read_manifest, verify, write_manifest
+    from qserve.artifact import VariantError, read_manifest, write_manifest
+    from qserve.verify import verify
 
     copy = tmp_path / "v"
     shutil.copytree(variants["multi"], copy)

@@ -119,7 +119,8 @@ def test_a_bad_policy_is_refused_naming_the_allowed_forms(runtime, tiny_checkpoi
 
 
 def test_an_edited_policy_in_the_manifest_is_refused(tiny_variant, tmp_path):
-    from qserve.artifact import VariantError, read_manifest, verify, write_manifest
+    from qserve.artifact import VariantError, read_manifest, write_manifest
+    from qserve.verify import verify
 
     vdir = tmp_path / "v"
     shutil.copytree(tiny_variant, vdir)

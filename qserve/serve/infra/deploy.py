@@ -173,7 +173,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_deploy_ray(args: argparse.Namespace) -> int:
     import yaml
 
-    from qserve.artifact import write_text_atomic
+    from qserve.files import write_text_atomic
 
     variant = Path(args.variant_dir)
     if not variant.is_absolute():
