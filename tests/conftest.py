@@ -42,6 +42,44 @@ def build_tiny_checkpoint(out: Path, seed: int = 0, num_labels: int = 2) -> Path
     return out
 
 
+# Texts from one token to past the tiny model's max_length (64): a batch of them is mostly padding.
+MIXED_TEXTS = [
+    "ok",
+    "Worst movie of the year. Avoid.",
+    "A wonderful, moving film with superb performances. I loved every minute of it, truly.",
+    "The cinematography is gorgeous but the script is lazy and the ending is predictable. " * 6,
+    "bad",
+]
+
+
+def bench_variant(root: Path, max_eval_samples: int) -> Path:
+    """A torch-fp32 variant of a tiny checkpoint under `root`, the checkpoint naming its dataset the way `qserve
+    train` does, so the bench measures accuracy on the embedded test split (`max_eval_samples` of it)."""
+    import exporters
+
+    ckpt = build_tiny_checkpoint(root / "checkpoint")
+    (ckpt / "qserve_model.json").write_text(json.dumps({"model_name": "tiny-distilbert", "max_length": 64,
+                                                        "dataset": "default", "seed": 42,
+                                                        "max_eval_samples": max_eval_samples}))
+    variant = root / "variants" / "torch-fp32"
+    exporters.export(ckpt, "torch-fp32", variant)
+    return variant
+
+
+def assert_refused_before_writing(checkpoint: Path, tmp_path: Path, name: str, options: dict, words: list[str]):
+    """Exporting `name` with bad `options` raises a QserveError naming each of `words`, and leaves nothing behind
+    (not the variant, not its staged directory)."""
+    import exporters
+    from qserve import QserveError
+
+    out = tmp_path / name
+    with pytest.raises(QserveError) as err:
+        exporters.export(checkpoint, name, out, options=options)
+    for w in words:
+        assert w in str(err.value)
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
 def load_benchmark(name: str):
     """A script under benchmarks/ imported as a module (they are scripts, not a package)."""
     import importlib.util

@@ -25,17 +25,11 @@ STAT_KEYS = {"count", "mean", "p50", "p90", "p95", "p99", "stdev", "min", "max"}
 
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
-    import exporters
-    from conftest import build_tiny_checkpoint
+    from conftest import bench_variant
     from qserve.bench.runner import run_bench
 
     root = tmp_path_factory.mktemp("bench")
-    ckpt = build_tiny_checkpoint(root / "ckpt")
-    # name the dataset the way `qserve train` does, so the bench measures accuracy on its test split
-    (ckpt / "qserve_model.json").write_text(json.dumps({"model_name": "tiny-distilbert", "max_length": 64,
-                                                        "dataset": "default", "seed": 42, "max_eval_samples": 16}))
-    good = root / "variants" / "torch-fp32"
-    exporters.export(ckpt, "torch-fp32", good)
+    good = bench_variant(root, max_eval_samples=16)
     tampered = root / "tampered"
     shutil.copytree(good, tampered)
     weights = tampered / "model.safetensors"

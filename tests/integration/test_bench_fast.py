@@ -23,17 +23,12 @@ REPORTS = Path(__file__).resolve().parents[2] / "benchmarks" / "reports"
 def fast_run(tmp_path_factory):
     """Three variants of one tiny checkpoint (the reference and two copies), policies compared, a store; the
     first run's third variant crashes (a kill mid-bench), the second run resumes."""
-    import exporters
-    from conftest import build_tiny_checkpoint
+    from conftest import bench_variant
     from qserve.bench.config import BenchConfig
     from qserve.bench.runner import run_bench
 
     root = tmp_path_factory.mktemp("bench-fast")
-    ckpt = build_tiny_checkpoint(root / "checkpoint")
-    (ckpt / "qserve_model.json").write_text(json.dumps({"model_name": "tiny-distilbert", "max_length": 64,
-                                                        "dataset": "default", "seed": 42, "max_eval_samples": 24}))
-    ref = root / "variants" / "torch-fp32"
-    exporters.export(ckpt, "torch-fp32", ref)
+    ref = bench_variant(root, max_eval_samples=24)
     dirs = [ref]
     for name in ("copy-a", "copy-b"):
         shutil.copytree(ref, root / "variants" / name)

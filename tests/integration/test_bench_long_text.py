@@ -23,17 +23,12 @@ def test_choose_names_the_most_accurate_at_half_heads_speed_and_the_most_accurat
 
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
-    import exporters
-    from conftest import build_tiny_checkpoint
+    from conftest import bench_variant
     from qserve.bench.config import BenchConfig
     from qserve.bench.runner import run_bench
 
     root = tmp_path_factory.mktemp("bench-lt")
-    ckpt = build_tiny_checkpoint(root / "checkpoint")
-    (ckpt / "qserve_model.json").write_text(json.dumps({"model_name": "tiny-distilbert", "max_length": 64,
-                                                        "dataset": "default", "seed": 42, "max_eval_samples": 24}))
-    variant = root / "variants" / "torch-fp32"
-    exporters.export(ckpt, "torch-fp32", variant)
+    variant = bench_variant(root, max_eval_samples=24)
     cfg = BenchConfig(batch_sizes=[1], seq_lens=[16], threads=1, out=root / "report", time_budget_s=0.05, warmup=1,
                       min_iters=2, max_iters=5, real_text_samples=0, invariance_samples=0, floor=False,
                       long_text=["head-tail", "windows"])

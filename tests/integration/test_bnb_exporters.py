@@ -19,6 +19,8 @@ from qserve import QserveError
 from qserve.artifact import read_manifest, write_manifest
 from qserve.runtime import load_runtime
 
+from conftest import assert_refused_before_writing
+
 BNB = ["bnb-int8", "bnb-nf4", "bnb-fp4"]
 TEXTS = ["a wonderful film", "terrible, I walked out", "ok"]
 
@@ -141,12 +143,7 @@ def test_double_quant_and_threshold_options_reach_the_config(tiny_checkpoint, tm
     ("bnb-int8", {"clip": True}, ["'clip'", "llm_int8_threshold"]),
 ])
 def test_bad_options_are_refused_before_anything_is_written(tiny_checkpoint, tmp_path, name, options, words):
-    out = tmp_path / name
-    with pytest.raises(QserveError) as err:
-        exporters.export(tiny_checkpoint, name, out, options=options)
-    for w in words:
-        assert w in str(err.value)
-    assert not out.exists() and not list(tmp_path.iterdir())  # staged dir cleaned up too
+    assert_refused_before_writing(tiny_checkpoint, tmp_path, name, options, words)
 
 
 def test_missing_bitsandbytes_gives_an_install_hint(bnb_variants, tiny_checkpoint, tmp_path, monkeypatch):

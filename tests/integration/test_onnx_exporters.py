@@ -17,19 +17,12 @@ pytest.importorskip("optimum.exporters.onnx")
 import exporters  # noqa: E402
 from exporters.core import TOLERANCE, TOKENIZER_FILES, reference_logits  # noqa: E402
 from qserve import QserveError  # noqa: E402
+from conftest import MIXED_TEXTS as TEXTS, assert_refused_before_writing  # noqa: E402
 from qserve.artifact import read_manifest  # noqa: E402
 from qserve.runtime import RuntimeOptions, load_runtime  # noqa: E402
 
 ONNX_VARIANTS = ["onnx-fp32", "onnx-fp16", "onnx-int8", "onnx-int4"]
 
-# Texts from one token to past the tiny model's max_length (64): a batch of them is mostly padding.
-TEXTS = [
-    "ok",
-    "Worst movie of the year. Avoid.",
-    "A wonderful, moving film with superb performances. I loved every minute of it, truly.",
-    "The cinematography is gorgeous but the script is lazy and the ending is predictable. " * 6,
-    "bad",
-]
 
 # The tiny model's logits are small (|logit| ~ 0.2), so the absolute export tolerances say little
 # here; these bound the error relative to the logit scale instead.
@@ -222,12 +215,7 @@ def test_int4_quantize_embeddings_and_block_size(tiny_checkpoint, onnx_variants,
     ("onnx-int8", {"per_channel": "yes"}, ["per_channel", "true or false"]),
 ])
 def test_bad_options_are_refused_before_anything_is_written(tiny_checkpoint, tmp_path, name, options, words):
-    out = tmp_path / name
-    with pytest.raises(QserveError) as err:
-        exporters.export(tiny_checkpoint, name, out, options=options)
-    for w in words:
-        assert w in str(err.value)
-    assert not out.exists()
+    assert_refused_before_writing(tiny_checkpoint, tmp_path, name, options, words)
 
 
 def test_threads_option_gives_same_logits(onnx_variants):

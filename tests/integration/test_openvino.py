@@ -24,15 +24,9 @@ from exporters.core import TOKENIZER_FILES, reference_logits  # noqa: E402
 from qserve.artifact import VariantError  # noqa: E402
 from qserve.runtime import load_runtime  # noqa: E402
 from qserve.runtime import ov_probe  # noqa: E402
+from conftest import MIXED_TEXTS as TEXTS  # noqa: E402
 
 OV_VARIANTS = ["ov-fp32", "ov-bf16", "ov-int8"]
-TEXTS = [
-    "ok",
-    "Worst movie of the year. Avoid.",
-    "A wonderful, moving film with superb performances. I loved every minute of it, truly.",
-    "The cinematography is gorgeous but the script is lazy and the ending is predictable. " * 6,
-    "bad",
-]
 # Error relative to the tiny model's logit scale (|logit| ~ 0.2), as in test_onnx_exporters.
 RELATIVE_TOL = {"fp32": 1e-4, "bf16": 3e-2, "int8": 0.1}
 
