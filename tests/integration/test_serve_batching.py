@@ -4,7 +4,9 @@
 
 The runtime is the real tiny variant, wrapped (through the app factory's loader)
 so a test can hold the inference thread on a marker text or make a batch raise
-on one; nothing here depends on timing.
+on one; nothing here depends on timing. A test that holds the first request of a lone
+client serves with --no-inline-lone: inline, that request would hold the event loop
+itself (test_serve_inline.py covers that path and what it gives up: the 504).
 """
 
 from __future__ import annotations
@@ -92,7 +94,8 @@ def _client(url, n=32):
 
 def test_full_queue_answers_429_at_once_and_accepted_work_completes(tiny_variant, runtime):
     w = Wrapped(runtime)
-    srv = _start(tiny_variant, lambda cfg: w, max_batch_size=1, max_queue=4, max_inputs=4, max_wait_ms=0)
+    srv = _start(tiny_variant, lambda cfg: w, max_batch_size=1, max_queue=4, max_inputs=4, max_wait_ms=0,
+                  inline_lone=False)
 
     async def go():
         async with _client(srv.url) as c:
@@ -126,7 +129,7 @@ async def _ready(c) -> bool:
 
 def test_failing_batch_fails_only_its_own_request(tiny_variant, runtime):
     w = Wrapped(runtime)
-    srv = _start(tiny_variant, lambda cfg: w, max_batch_size=8, max_wait_ms=0)
+    srv = _start(tiny_variant, lambda cfg: w, max_batch_size=8, max_wait_ms=0, inline_lone=False)
     good = ["lovely film", "bad film", "meh film"]
 
     async def go():
@@ -212,7 +215,7 @@ def test_load_failure_keeps_ready_503_with_the_reason(tiny_variant):
 
 def test_graceful_shutdown_finishes_queued_work(tiny_variant, runtime):
     w = Wrapped(runtime)
-    srv = _start(tiny_variant, lambda cfg: w, max_batch_size=2, max_wait_ms=0)
+    srv = _start(tiny_variant, lambda cfg: w, max_batch_size=2, max_wait_ms=0, inline_lone=False)
     stopper = threading.Thread(target=srv.stop)
 
     async def go():
@@ -247,7 +250,7 @@ async def _refuses(port: int) -> bool:
 
 def test_a_stuck_model_answers_504_and_the_server_recovers(tiny_variant, runtime):
     w = Wrapped(runtime)
-    srv = _start(tiny_variant, lambda cfg: w, request_timeout_s=0.3)
+    srv = _start(tiny_variant, lambda cfg: w, request_timeout_s=0.3, inline_lone=False)
     try:
         with httpx2.Client(base_url=srv.url, timeout=30, trust_env=False) as c:
             asyncio.run(_poll_ready(srv.url))

@@ -35,11 +35,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from starlette.requests import Request
 
-from qserve import QserveError
+from qserve import QserveError, longtext
 from qserve.runtime.base import Classification
 from qserve.serve.core.answer import Answer
 from qserve.serve.core.batcher import Batcher, NotAccepting, QueueFull
 from qserve.serve.infra.config import ServeConfig
+from qserve.serve.infra.connections import HttpLoad
 from qserve.serve.core.errors import ApiError
 from qserve.serve.core.guard import Arrivals
 from qserve.serve.core.lifecycle import collect, log_selection, warm_up
@@ -79,6 +80,8 @@ class ServeState:
     tracing: Tracing | None = None
     """OpenTelemetry tracing (tracing.py), or None: off, and a request pays one `is None` check for it."""
     arrivals: Arrivals = field(default_factory=Arrivals)
+    http_load: HttpLoad = field(default_factory=HttpLoad)
+    """uvicorn's open connections and request tasks (infra/connections.py registers them): who else is here."""
     executor: ThreadPoolExecutor | None = None
     models: dict[str, ServedModel] = field(default_factory=dict)
     default: str | None = None
@@ -354,21 +357,33 @@ class ServeState:
             check_outputs(rt.problem_type, list(names), current.name)
         policy = current.check_policy(long_text, where)
         check_same_inputs(current, pairs)
+        inline = self._alone(scope, current, texts, policy)
         trace = state.get(TRACE_KEY) if self.tracing is not None else None  # all tracing costs when it is off
         if trace is None:
-            result = await self._submit(current, texts, request_id, policy, pairs)
+            result = await self._submit(current, texts, request_id, policy, pairs, inline)
         else:
             trace.queued()
-            result = await self._submit(current, texts, request_id, policy, pairs)
+            result = await self._submit(current, texts, request_id, policy, pairs, inline)
             trace.answered(result.phases)
         return Answer(model=current, name=current.name, version=current.version, policy=policy or str(rt.long_text),
                       threshold=resolved_threshold, outputs=names, probs=result.probs, logits=result.logits,
                       truncated=result.truncated, tokens=result.tokens, windows=result.windows, phases=result.phases)
 
+    def _alone(self, scope: MutableMapping[str, Any], current: ServedModel, texts: list[str],
+               policy: str | None) -> bool:
+        """May this request run on the event loop (Batcher._run_inline)? Only an HTTP request alone in the
+        server (one connection, one request in flight: infra/connections.py counts them), asking one forward
+        (one text, not a windows policy), while no model runs or queues anything and no load or swap is under
+        way: then nobody waits on the blocked loop but this client, and its answer is the same batch of one."""
+        return (self.config.inline_lone and len(texts) == 1 and scope.get("type") == "http"
+                and self.http_load.alone() and not self._lock.locked()
+                and longtext.parse(policy or current.runtime.long_text).kind != "windows"
+                and all(m.batcher.idle for m in self.models.values()))
+
     async def _submit(self, current: ServedModel, texts: list[str], rid: str, policy: str | None,
-                      pairs: list[str] | None = None) -> Classification:
+                      pairs: list[str] | None = None, inline: bool = False) -> Classification:
         try:
-            return await current.batcher.submit(texts, self.config.request_timeout_s, policy, pairs)
+            return await current.batcher.submit(texts, self.config.request_timeout_s, policy, pairs, inline)
         except QueueFull as e:
             self.metrics.reject("queue_full", current.name)
             raise ApiError(429, str(e), {"Retry-After": str(e.retry_after_s)}) from None

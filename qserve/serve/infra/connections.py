@@ -26,7 +26,7 @@ Timers are loop.call_later handles: a slow client costs no task and no thread.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -41,9 +41,30 @@ def _raw_response(status: bytes, message: str, extra: bytes = b"") -> bytes:
             + b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
+class HttpLoad:
+    """What the HTTP server (uvicorn's protocol below) shares of its load: the set of open
+    connections and the set of request tasks in flight, both uvicorn's own. Until a server registers them
+    (the Ray engine's proxy never does) nothing counts as alone."""
+
+    def __init__(self) -> None:
+        self.connections: Sized | None = None
+        self.tasks: Sized | None = None
+
+    def register(self, connections: Sized, tasks: Sized) -> None:
+        self.connections, self.tasks = connections, tasks
+
+    def alone(self) -> bool:
+        """One client connected and one request (the caller's) in flight: nobody else can be waiting to be
+        read while the event loop is busy. wrk -c1 or a keep-alive client is alone; 32 connections never are,
+        even between their requests."""
+        return (self.connections is not None and self.tasks is not None
+                and len(self.connections) <= 1 and len(self.tasks) <= 1)
+
+
 def protocol_class(*, header_timeout_s: float, body_timeout_s: float, max_connections: int,
-                   metrics: Metrics | None = None) -> type:
-    """A uvicorn `http=` protocol class bound to these limits and this app's metrics."""
+                   metrics: Metrics | None = None, load: HttpLoad | None = None) -> type:
+    """A uvicorn `http=` protocol class bound to these limits and this app's metrics; `load` is handed
+    uvicorn's sets of open connections and request tasks (what ServeState asks before running inline)."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     def closed(reason: str) -> None:
@@ -58,6 +79,8 @@ def protocol_class(*, header_timeout_s: float, body_timeout_s: float, max_connec
         def connection_made(self, transport: asyncio.Transport) -> None:
             over = len(self.connections) >= max_connections
             super().connection_made(transport)
+            if load is not None:
+                load.register(self.connections, self.tasks)
             if metrics is not None:
                 metrics.connections.set(len(self.connections))
             if over:

@@ -69,6 +69,8 @@ class Metrics:
         self.queue_wait = Histogram("qserve_queue_wait_seconds",
                                     "Per admitted text: time from entering the queue to the start of its forward pass",
                                     m, buckets=QUEUE_WAIT_BUCKETS, registry=r)
+        self.inline = Counter("qserve_inline_batches_total", "Batches of a request alone in the server, run on the "
+                              "event loop instead of the inference thread (--inline-lone)", m, registry=r)
         self.rejection = Histogram("qserve_rejection_seconds",
                                    "Server time spent refusing a request before inference (429 queue full)",
                                    m, buckets=REJECTION_BUCKETS, registry=r)
@@ -121,7 +123,7 @@ class Metrics:
 
 class ModelMetrics:
     """What a Batcher records (batch_size, queue_depth, inference, texts, truncated, batch_failures,
-    queue_wait), bound to one model's label. During a hot swap the old model's batcher drains beside the
+    queue_wait, inline), bound to one model's label. During a hot swap the old model's batcher drains beside the
     new one: the queue depth gauge shows the sum of both."""
 
     def __init__(self, metrics: Metrics, name: str):
@@ -132,6 +134,7 @@ class ModelMetrics:
         self.truncated = metrics.truncated.labels(name)
         self.batch_failures = metrics.batch_failures.labels(name)
         self.queue_wait = metrics.queue_wait.labels(name)
+        self.inline = metrics.inline.labels(name)
         self.queue_depth = _SharedDepth(metrics.queue_depth.labels(name), metrics.depth_parts.setdefault(name, {}))
 
 

@@ -32,7 +32,8 @@ def uvicorn_config(app: ASGIApp, host: str, port: int, log_level: str = "info",
 
         cfg = st.config
         kwargs["http"] = protocol_class(header_timeout_s=cfg.header_timeout_s, body_timeout_s=cfg.body_timeout_s,
-                                        max_connections=cfg.max_connections, metrics=st.metrics)
+                                        max_connections=cfg.max_connections, metrics=st.metrics,
+                                        load=st.http_load)
         kwargs["timeout_keep_alive"] = cfg.keep_alive_s
     # One process, one event loop: the model lives in this process (see config.py for why).
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", workers=1,
