@@ -79,13 +79,16 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
                 st.tracing.shutdown()  # exports the spans still buffered
             log.info("shutdown complete")
 
+    # telemetry off: qserve traces requests itself (infra/tracing.py, --otel); FastAPI's native telemetry would
+    # add spans of its own and look up the global providers on every request.
     app = FastAPI(title="qserve", version=__version__, lifespan=lifespan,
+                  telemetry={"tracing": False, "metrics": False, "logs": False},
                   description="Text classification with dynamic batching: an HF pipeline-style API "
                               "(/v1) and the KServe V2 Open Inference Protocol (/v2).")
     app.state.qserve = st
     _install_error_handlers(app, st)
     from qserve.serve.protocols.page import add_page
-    from qserve.serve.protocols.routes import add_routes
+    from qserve.serve.protocols.routes import add_routes, fast_classify
 
     from qserve.serve.protocols.tei import add_tei_routes
     from qserve.serve.protocols.vllm_api import add_vllm_routes
@@ -97,7 +100,8 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
                        metrics=st.metrics, routes=app.router.routes, arrivals=st.arrivals,
                        queue_full=st.queue_full_retry_after, inference_paths=INFERENCE_PATHS,
-                       metrics_public=config.metrics_public, tei=_tei_refusal)
+                       metrics_public=config.metrics_public, tei=_tei_refusal,
+                       fast=fast_classify(st, _error_response))
     if st.tracing is not None:  # outermost: a request's trace covers auth, body and checks too
         app.add_middleware(TraceMiddleware, tracing=st.tracing, skip=OPEN_PATHS | {"/metrics"})
     _install_openapi(app, config)
@@ -134,10 +138,23 @@ def _error(request: Request, status: int, message: str, headers: dict[str, str] 
     return JSONResponse({"error": message, "request_id": rid}, status_code=status, headers=headers)
 
 
+async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    return _error(request, exc.status, exc.message, exc.headers, getattr(exc, "body_error", False))
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    rid = getattr(request.state, "request_id", None)
+    log.exception("request %s: unhandled error", rid)
+    return _error(request, 500, f"internal error; quote request id {rid}")
+
+
+async def _error_response(request: Request, exc: Exception) -> JSONResponse:
+    """An exception answered as the handlers below answer it (for routes served past FastAPI)."""
+    return await (_api_error(request, exc) if isinstance(exc, ApiError) else _unexpected(request, exc))
+
+
 def _install_error_handlers(app: FastAPI, st: ServeState) -> None:
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return _error(request, exc.status, exc.message, exc.headers, getattr(exc, "body_error", False))
+    app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]  # Starlette types it as Exception
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -189,11 +206,7 @@ def _install_error_handlers(app: FastAPI, st: ServeState) -> None:
                                                       "Allow": ", ".join(methods)})
         return _error(request, exc.status_code, message, getattr(exc, "headers", None))
 
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        rid = getattr(request.state, "request_id", None)
-        log.exception("request %s: unhandled error", rid)
-        return _error(request, 500, f"internal error; quote request id {rid}")
+    app.add_exception_handler(Exception, _unexpected)
 
 
 def _loc(error: dict) -> str:

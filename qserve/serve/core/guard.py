@@ -16,7 +16,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import Headers, MutableHeaders
@@ -84,8 +84,12 @@ class GuardMiddleware:
                  routes: Sequence[BaseRoute], arrivals: Arrivals | None = None,
                  queue_full: Callable[[str | None], int | None] | None = None,
                  inference_paths: frozenset[str] = frozenset(), metrics_public: bool = False,
-                 tei: Callable[[str, str, int, str], bytes | None] | None = None):
+                 tei: Callable[[str, str, int, str], bytes | None] | None = None,
+                 fast: Callable[[Scope, bytes, Send], Awaitable[bool]] | None = None):
         self.app = app
+        # fast(scope, body, send) -> True once it answered: a route served from here once the body is read
+        # (protocols/routes.py fast_classify), past the framework; False hands the request on to the app
+        self.fast = fast
         self.arrivals = arrivals or Arrivals()
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
@@ -181,6 +185,8 @@ class GuardMiddleware:
                     return
                 if body is DISCONNECTED:
                     status[0] = 499  # nginx's "client closed request": counted, nobody to answer
+                    return
+                if self.fast is not None and await self.fast(scope, body, send_wrapped):
                     return
                 receive = _replay(body, receive)
             await self.app(scope, receive, send_wrapped)
