@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from netutil import Server, archive_tree, code_env, finish, stat_cpu_s  # noqa: E402
+from bare_server import floor  # noqa: E402
 from serve_steps import render as render_steps, steps  # noqa: E402
 
 OVERHEAD_TARGET_MS = 1.0
@@ -231,6 +232,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     for given, vdir in variants:
         per_code: dict[str, list[dict[str, Any]]] = {c: [] for c in codes}
+        floors: list[dict[str, Any]] = []
+        lua = workdir / "reviews.lua"
+        lua.write_text(wrk_script(texts), encoding="utf-8")
         for rnd in range(args.rounds):
             order = list(codes) if rnd % 2 == 0 else list(codes)[::-1]
             for code in order:
@@ -239,11 +243,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                 serve = served(codes[code], vdir, texts, inproc, workdir, args)
                 inproc.pop("answers")
                 per_code[code].append({"in_process": inproc, "served": serve})
+            if args.floor:
+                print(f"round {rnd + 1}/{args.rounds}: {vdir.name}, bare server (the floor)", file=sys.stderr, flush=True)
+                floors.append(floor(ROOT, vdir, lua, args, parse_wrk, texts))
         entry: dict[str, Any] = {"given": given, "variant_dir": str(vdir), "name": vdir.name, "codes": {}}
+        if floors:
+            entry["floor"] = {**_median(floors), "rounds": floors}
         if args.steps:
             print(f"steps: {vdir.name}, traced, code after", file=sys.stderr, flush=True)
-            lua = workdir / "reviews.lua"
-            lua.write_text(wrk_script(texts), encoding="utf-8")
             entry["steps"] = steps(ROOT, vdir, lua, workdir, args, parse_wrk)
         for code, rows in per_code.items():
             m = _median(rows)
@@ -310,11 +317,30 @@ def render(rep: dict[str, Any]) -> str:
             per_text = ip["b32"]["cpu_ms_per_text"]
             ceiling = per_text / (per_text + th[1]["event_loop"]) if per_text else None
             L.append(f"| {v['name']} | {code} | {cells[0]} | {cells[1]} | {f(ceiling)}x |")
+    L += render_floor(rep["variants"])
     L += render_steps(rep["variants"])
     L += ["", "A model dir given on the command line stands for the variant `qserve serve` recommends from it "
           "(its report). Every review is first posted once and its served top label and score compared with its "
           "in-process answer; wrk errors (non-2xx, timeouts) per level are in report.json.", ""]
     return "\n".join(L)
+
+
+def render_floor(variants: list[dict[str, Any]]) -> list[str]:
+    rows = [v for v in variants if v.get("floor")]
+    if not rows:
+        return []
+    L = ["", "The floor of serving here: a bare server (benchmarks/bare_server.py: uvloop + httptools, the model run "
+         "inline on the event loop, no framework, validation, queue, logging or metrics) at one connection, minus "
+         "its own in-process p50 measured in the same process just before. That difference is loopback TCP, the "
+         "wake-ups of each round trip and parsing: what any Python server pays on this machine. Median of the "
+         "rounds; qserve's overhead (after) is from the table above.", "",
+         "| variant | bare: in-proc p50 ms | bare: served c1 p50 ms | floor ms | qserve overhead ms (after) | "
+         "qserve above the floor ms |", "|---|---:|---:|---:|---:|---:|"]
+    for v in rows:
+        fl, after = v["floor"], v["codes"]["after"]["summary"]["overhead_ms"]
+        L.append(f"| {v['name']} | {fl['in_process_p50_ms']:.2f} | {fl['served_c1_p50_ms']:.2f} | "
+                 f"{fl['overhead_ms']:.2f} | {after:.2f} | {after - fl['overhead_ms']:.2f} |")
+    return L
 
 
 def failed(rep: dict[str, Any]) -> bool:
@@ -327,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("variants", nargs="+", type=Path, help="variant dirs, or model dirs (their recommended variant)")
     p.add_argument("--baseline-ref", default=None, help="git commit whose qserve/ is served beside this checkout")
+    p.add_argument("--floor", action=argparse.BooleanOptionalAction, default=True,
+                   help="also measure the bare server's floor each round (bare_server.py; default on)")
     p.add_argument("--texts", type=int, default=64, help="IMDb test reviews to send (default 64)")
     p.add_argument("--duration", type=float, default=20.0, help="seconds per wrk level and per in-process loop")
     p.add_argument("--rounds", type=int, default=2, help="rounds, code trees alternating (default 2)")
