@@ -11,6 +11,12 @@ framework, no validation, no queue, no thread hop, no logging, no metrics: what 
 and the in-process p50 is loopback TCP, the two wake-ups of a round trip (the server's and wrk's) and
 parsing, i.e. what any Python server on this machine pays. qserve's overhead above that floor is its own.
 Not a server to use: it has no limits, no errors beyond a 400, one request at a time.
+
+The same child serves qserve itself with `server="qserve"` (serve_qserve): this checkout's app under a real
+uvicorn on a thread of the process, its default model's runtime timed in the main thread while the server
+idles, then wrk. Two processes of the same code can differ by milliseconds per call on this machine (one
+child's predict p50 read 16.3 ms, the next 10.9), which swamps a 1 ms overhead measured across processes;
+within one process that drift is gone.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,22 +35,27 @@ READY = "bare-server ready"
 
 
 def floor(root: Path, variant: Path, lua: Path, args: Any, parse_wrk: Callable[[str], dict[str, Any]],
-          texts: list[str]) -> dict[str, Any]:
-    """wrk at one connection against the bare server: its p50, its own in-process p50, and the difference."""
+          texts: list[str], server: str = "bare") -> dict[str, Any]:
+    """wrk at one connection against one child process that timed its own runtime's predict([text]) first:
+    its served p50, its in-process p50, and the difference. `server`: "bare" (the floor) or "qserve" (the
+    app of this checkout under a real uvicorn in that process, log level info, its default model's runtime
+    timed while the server idles): the same comparison without the drift between two processes."""
     from netutil import code_env, free_port
 
     port = free_port()
     cfg = {"variant": str(variant), "threads": args.threads, "long_text": args.long_text, "texts": texts,
-           "seconds": args.duration, "port": port}
+           "seconds": args.duration, "port": port, "server": server}
+    log = tempfile.TemporaryFile("w+")  # the child's log (qserve's access log); its tail explains a failure
     proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve())], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=code_env(root), cwd=root)
+                            stdout=subprocess.PIPE, stderr=log, text=True, env=code_env(root), cwd=root)
     try:
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(json.dumps(cfg))
         proc.stdin.close()
         line = proc.stdout.readline()
         if not line.startswith(READY):
-            raise RuntimeError(f"bare server did not start (exit {proc.poll()}): {line!r}")
+            log.seek(0)
+            raise RuntimeError(f"{server} server did not start (exit {proc.poll()}): {line!r} {log.read()[-2000:]}")
         inproc = json.loads(line[len(READY):])
         out = subprocess.run([args.wrk, "-t1", "-c1", f"-d{args.duration:g}s", "--timeout", "30s", "--latency",
                               "-s", str(lua), f"http://127.0.0.1:{port}"], capture_output=True, text=True, check=True)
@@ -54,6 +66,41 @@ def floor(root: Path, variant: Path, lua: Path, args: Any, parse_wrk: Callable[[
     finally:
         proc.kill()
         proc.wait()
+        log.close()
+
+
+def _p50_ms(rt: Any, texts: list[str], seconds: float) -> float:
+    lat: list[float] = []
+    w0 = time.perf_counter()
+    while len(lat) < len(texts) or time.perf_counter() - w0 < seconds:
+        t0 = time.perf_counter()
+        rt.predict([texts[len(lat) % len(texts)]])
+        lat.append(time.perf_counter() - t0)
+    return statistics.median(lat) * 1e3
+
+
+def serve_qserve(cfg: dict[str, Any]) -> None:
+    """qserve's app (create_app, real uvicorn on a thread of this process, access log on), then its runtime
+    timed in this process's main thread while the server idles, then serve until killed."""
+    import logging
+
+    from qserve.serve.app import create_app
+    from qserve.serve.infra.config import ServeConfig
+    from qserve.serve.infra.uvicorn_server import ServerThread
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)  # the access log, as `qserve serve` writes it
+    app = create_app(ServeConfig(variant_dir=cfg["variant"], threads=cfg["threads"], long_text=cfg["long_text"]))
+    ServerThread(app, port=cfg["port"], log_level="info").start()
+    st = app.state.qserve
+    deadline = time.monotonic() + 240
+    while not st.ready:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"qserve did not become ready: {st.not_ready_reason()}")
+        time.sleep(0.05)
+    p50 = _p50_ms(st.models[st.default].runtime, cfg["texts"], cfg["seconds"])
+    print(READY + json.dumps({"p50_ms": p50}), flush=True)
+    while True:
+        time.sleep(3600)
 
 
 def serve(cfg: dict[str, Any]) -> None:
@@ -65,13 +112,7 @@ def serve(cfg: dict[str, Any]) -> None:
     from qserve.runtime import RuntimeOptions, load_runtime
 
     rt = load_runtime(cfg["variant"], "cpu", RuntimeOptions(threads=cfg["threads"], long_text=cfg["long_text"]))
-    texts = cfg["texts"]
-    lat: list[float] = []
-    w0 = time.perf_counter()
-    while len(lat) < len(texts) or time.perf_counter() - w0 < cfg["seconds"]:
-        t0 = time.perf_counter()
-        rt.predict([texts[len(lat) % len(texts)]])
-        lat.append(time.perf_counter() - t0)
+    p50 = _p50_ms(rt, cfg["texts"], cfg["seconds"])
     labels = rt.labels
 
     class Bare(asyncio.Protocol):
@@ -100,11 +141,12 @@ def serve(cfg: dict[str, Any]) -> None:
 
     async def main() -> None:
         server = await asyncio.get_running_loop().create_server(Bare, "127.0.0.1", cfg["port"])
-        print(READY + json.dumps({"p50_ms": statistics.median(lat) * 1e3}), flush=True)
+        print(READY + json.dumps({"p50_ms": p50}), flush=True)
         await server.serve_forever()
 
     uvloop.run(main())
 
 
 if __name__ == "__main__":
-    serve(json.load(sys.stdin))
+    settings = json.load(sys.stdin)
+    (serve_qserve if settings.get("server") == "qserve" else serve)(settings)

@@ -261,7 +261,7 @@ STAGES: tuple[Stage, ...] = (
           needs=(VARIANT,)),
     Stage("serve-overhead", "what a request costs beyond the model at 1 and 32 clients (wrk), by the server's own "
           "CPU time: onnx-int8 and the recommended variant, the code before (b7b3591) and after",
-          (f"$PY benchmarks/serve_overhead.py {VARIANT} {MODELS} --baseline-ref b7b3591 --rounds 2 --duration 10 "
+          (f"$PY benchmarks/serve_overhead.py {VARIANT} {MODELS} --baseline-ref b7b3591 --rounds 3 --duration 10 "
            "--out benchmarks/reports/serve-overhead",),
           (Report("benchmarks/reports/serve-overhead/report.json", "benchmarks/reports/serve-overhead/report.md",
                   "serve_overhead:render"),),
