@@ -265,9 +265,10 @@ STAGES: tuple[Stage, ...] = (
            "--out benchmarks/reports/serve-overhead",),
           (Report("benchmarks/reports/serve-overhead/report.json", "benchmarks/reports/serve-overhead/report.md",
                   "serve_overhead:render"),),
-          "8.2 min, measured on the AMD EPYC (2 variants x 2 code trees x 2 rounds, each ~60 s: the in-process "
-          "loops, wrk at 1 and 32 clients for 10 s each, a server start-up and 64 checked answers; then one traced "
-          "server per variant for the step table); exits 1 while a target is missed",
+          "19 min, measured on the AMD EPYC (2 variants x 2 code trees x 3 rounds, each ~60 s: the in-process "
+          "loops, wrk at 1 and 32 clients for 10 s each, a server start-up and 64 checked answers; per round the bare "
+          "and the one-process children, ~25 s each; then one traced server per variant for the step table); exits 1 "
+          "while a target is missed",
           needs=(VARIANT, f"{MODELS}/report")),
     Stage("checkpoint-cost", "one resumable training checkpoint of the embedded default per precision: wall and CPU "
           "seconds, size, share of training at the default ~5-minute interval",
