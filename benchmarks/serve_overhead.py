@@ -144,6 +144,20 @@ def _post(conn: http.client.HTTPConnection, text: str) -> dict[str, Any]:
     return json.loads(body)
 
 
+def batch_totals(port: int) -> tuple[float, float]:
+    """(texts, batches) so far, from the server's qserve_batch_size histogram (sum, count over its models)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    tot = {"sum": 0.0, "count": 0.0}
+    for line in text.splitlines():
+        for k in tot:
+            if line.startswith(f"qserve_batch_size_{k}{{"):
+                tot[k] += float(line.rsplit(" ", 1)[1])
+    return tot["sum"], tot["count"]
+
+
 def served(code_root: Path, variant: Path, texts: list[str], expected: dict[str, Any], workdir: Path,
            args: argparse.Namespace) -> dict[str, Any]:
     flags = [str(variant), "--long-text", args.long_text, "--log-level", args.log_level]
@@ -166,6 +180,7 @@ def served(code_root: Path, variant: Path, texts: list[str], expected: dict[str,
         lua.write_text(wrk_script(texts), encoding="utf-8")
         levels = {}
         for clients in (1, BATCH):
+            b0 = batch_totals(port)
             c0, r0 = srv.cpu_s(), resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = thread_cpu_s(srv.proc.pid)
             out = subprocess.run([args.wrk, "-t1", f"-c{clients}", f"-d{args.duration:g}s", "--timeout", "30s",
@@ -174,10 +189,12 @@ def served(code_root: Path, variant: Path, texts: list[str], expected: dict[str,
             c1, r1 = srv.cpu_s(), resource.getrusage(resource.RUSAGE_CHILDREN)
             t1 = thread_cpu_s(srv.proc.pid)
             w = parse_wrk(out.stdout)
+            b1 = batch_totals(port)
             n = max(1, w["requests"])
             levels[str(clients)] = {"requests": w["requests"], "errors": w["errors"], "p50_ms": w["p50_us"] / 1e3,
                                     "p99_ms": w["p99_us"] / 1e3, "req_s": w["requests"] / (w["duration_us"] / 1e6),
                                     "server_cpu_ms_per_req": (c1 - c0) * 1e3 / n,
+                                    "mean_batch": (b1[0] - b0[0]) / max(1.0, b1[1] - b0[1]),
                                     "thread_cpu_ms_per_req": {k: (t1[k] - t0[k]) * 1e3 / n for k in t1},
                                     "client_cpu_ms_per_req": ((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime))
                                     * 1e3 / n}
