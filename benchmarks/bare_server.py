@@ -29,7 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 READY = "bare-server ready"
 
@@ -67,6 +67,32 @@ def floor(root: Path, variant: Path, lua: Path, args: Any, parse_wrk: Callable[[
         proc.kill()
         proc.wait()
         log.close()
+
+
+def render(variants: list[dict[str, Any]], target_ms: float) -> list[str]:
+    """serve_overhead's table of floor() per variant: bare, then qserve in one process against `target_ms`."""
+    rows = [v for v in variants if v.get("floor")]
+    if not rows:
+        return []
+    L = ["", "In one process (benchmarks/bare_server.py), each round: a child times its runtime's `predict([text])` "
+         "over the reviews, then serves them to wrk at one connection; served p50 minus that in-process p50, with "
+         "no drift between two processes in it. **bare**: uvloop + httptools, the model inline on the event loop, no "
+         "framework, validation, queue, logging or metrics: the floor (loopback TCP, the wake-ups of a round trip, "
+         "parsing) any Python server pays here. **qserve**: this checkout's app under a real uvicorn in the same "
+         "kind of child, access log on, its own runtime timed while it idles. Median of the rounds (per round in "
+         "report.json).", "",
+         "| variant | server | in-proc p50 ms | served c1 p50 ms | overhead ms | above the floor ms |",
+         "|---|---|---:|---:|---:|---:|"]
+    for v in rows:
+        fl = v["floor"]
+        L.append(f"| {v['name']} | bare | {fl['in_process_p50_ms']:.2f} | {fl['served_c1_p50_ms']:.2f} | "
+                 f"{fl['overhead_ms']:.2f} | – |")
+        sp = v.get("same_process")
+        if sp:
+            ok = "✓" if sp["overhead_ms"] <= target_ms else "✗"
+            L.append(f"| {v['name']} | qserve | {sp['in_process_p50_ms']:.2f} | {sp['served_c1_p50_ms']:.2f} | "
+                     f"**{sp['overhead_ms']:.2f}** {ok} | {sp['overhead_ms'] - fl['overhead_ms']:.2f} |")
+    return L
 
 
 def _p50_ms(rt: Any, texts: list[str], seconds: float) -> float:
@@ -117,7 +143,7 @@ def serve(cfg: dict[str, Any]) -> None:
 
     class Bare(asyncio.Protocol):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            self.transport = transport
+            self.transport = cast(asyncio.Transport, transport)  # uvloop's TCP transport (not a registered subclass)
             self.parser = httptools.HttpRequestParser(self)
             self.body: list[bytes] = []
 
@@ -136,7 +162,7 @@ def serve(cfg: dict[str, Any]) -> None:
             except (ValueError, KeyError, IndexError, TypeError) as e:
                 status, body = b"400 Bad Request", json.dumps({"error": str(e)}).encode()
             self.body = []
-            self.transport.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\ncontent-length: "  # type: ignore[attr-defined]
+            self.transport.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\ncontent-length: "
                                  + str(len(body)).encode() + b"\r\n\r\n" + body)
 
     async def main() -> None:

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from netutil import Server, archive_tree, code_env, finish, stat_cpu_s  # noqa: E402
-from bare_server import floor  # noqa: E402
+from bare_server import floor, render as render_floor  # noqa: E402
 from serve_steps import render as render_steps, steps  # noqa: E402
 
 OVERHEAD_TARGET_MS = 1.0
@@ -338,37 +338,12 @@ def render(rep: dict[str, Any]) -> str:
             per_text = ip["b32"]["cpu_ms_per_text"]
             ceiling = per_text / (per_text + th[1]["event_loop"]) if per_text else None
             L.append(f"| {v['name']} | {code} | {cells[0]} | {cells[1]} | {f(ceiling)}x |")
-    L += render_floor(rep["variants"])
+    L += render_floor(rep["variants"], OVERHEAD_TARGET_MS)
     L += render_steps(rep["variants"])
     L += ["", "A model dir given on the command line stands for the variant `qserve serve` recommends from it "
           "(its report). Every review is first posted once and its served top label and score compared with its "
           "in-process answer; wrk errors (non-2xx, timeouts) per level are in report.json.", ""]
     return "\n".join(L)
-
-
-def render_floor(variants: list[dict[str, Any]]) -> list[str]:
-    rows = [v for v in variants if v.get("floor")]
-    if not rows:
-        return []
-    L = ["", "In one process (benchmarks/bare_server.py), each round: a child times its runtime's `predict([text])` "
-         "over the reviews, then serves them to wrk at one connection; served p50 minus that in-process p50, with "
-         "no drift between two processes in it. **bare**: uvloop + httptools, the model inline on the event loop, no "
-         "framework, validation, queue, logging or metrics: the floor (loopback TCP, the wake-ups of a round trip, "
-         "parsing) any Python server pays here. **qserve**: this checkout's app under a real uvicorn in the same "
-         "kind of child, access log on, its own runtime timed while it idles. Median of the rounds (per round in "
-         "report.json).", "",
-         "| variant | server | in-proc p50 ms | served c1 p50 ms | overhead ms | above the floor ms |",
-         "|---|---|---:|---:|---:|---:|"]
-    for v in rows:
-        fl = v["floor"]
-        L.append(f"| {v['name']} | bare | {fl['in_process_p50_ms']:.2f} | {fl['served_c1_p50_ms']:.2f} | "
-                 f"{fl['overhead_ms']:.2f} | – |")
-        sp = v.get("same_process")
-        if sp:
-            ok = "✓" if sp["overhead_ms"] <= OVERHEAD_TARGET_MS else "✗"
-            L.append(f"| {v['name']} | qserve | {sp['in_process_p50_ms']:.2f} | {sp['served_c1_p50_ms']:.2f} | "
-                     f"**{sp['overhead_ms']:.2f}** {ok} | {sp['overhead_ms'] - fl['overhead_ms']:.2f} |")
-    return L
 
 
 def failed(rep: dict[str, Any]) -> bool:

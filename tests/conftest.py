@@ -106,6 +106,19 @@ def tiny_variant(tiny_checkpoint, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def tiny_runtime(tiny_variant):
+    """The tiny variant loaded once per module on one torch thread (the thread count is restored after):
+    what the serve tests wrap through the app factory's loader."""
+    import torch
+
+    from qserve.runtime import RuntimeOptions, load_runtime
+
+    threads = torch.get_num_threads()
+    yield load_runtime(tiny_variant, options=RuntimeOptions(threads=1))
+    torch.set_num_threads(threads)
+
+
 @contextmanager
 def serving(cfg, **app_kwargs):
     """A real uvicorn server for `cfg` (ServeConfig; `app_kwargs` go to create_app) on a free port, yielded

@@ -49,14 +49,8 @@ class Wrapped:
 
 
 @pytest.fixture(scope="module")
-def runtime(tiny_variant):
-    import torch
-
-    from qserve.runtime import RuntimeOptions, load_runtime
-
-    threads = torch.get_num_threads()
-    yield load_runtime(tiny_variant, options=RuntimeOptions(threads=1))
-    torch.set_num_threads(threads)
+def runtime(tiny_runtime):
+    return tiny_runtime
 
 
 def _start(tiny_variant, loader, **cfg):

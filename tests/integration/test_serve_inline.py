@@ -42,14 +42,8 @@ class Recorded:
 
 
 @pytest.fixture(scope="module")
-def runtime(tiny_variant):
-    import torch
-
-    from qserve.runtime import RuntimeOptions, load_runtime
-
-    threads = torch.get_num_threads()
-    yield load_runtime(tiny_variant, options=RuntimeOptions(threads=1))
-    torch.set_num_threads(threads)
+def runtime(tiny_runtime):
+    return tiny_runtime
 
 
 def _serve(tiny_variant, rec: Recorded, **cfg):
@@ -169,17 +163,20 @@ def test_v1_classify_past_fastapi_answers_byte_for_byte_as_the_route(tiny_varian
             return out
 
     real = routes.fast_classify
+
+    def through(handled: list[bool], fast: bool):
+        """routes.fast_classify recording, per request, whether it answered; fast=False: it always declines."""
+        def make(st, error):
+            handle = real(st, error)
+
+            async def recorded(scope, body, send):
+                handled.append(fast and await handle(scope, body, send))
+                return handled[-1]
+            return recorded
+        return make
+
     taken: list[bool] = []
-
-    def spy(st, error):
-        handle = real(st, error)
-
-        async def spied(scope, body, send):
-            taken.append(await handle(scope, body, send))
-            return taken[-1]
-        return spied
-
-    monkeypatch.setattr(routes, "fast_classify", spy)
+    monkeypatch.setattr(routes, "fast_classify", through(taken, fast=True))
     fast = _serve(tiny_variant, Recorded(runtime))
     try:
         answered = post_all(fast)
@@ -187,20 +184,13 @@ def test_v1_classify_past_fastapi_answers_byte_for_byte_as_the_route(tiny_varian
         fast.stop()
     # pydantic took the good bodies and the unknown model (answered 404 by the same handler); refused the rest
     assert taken == [True, True, True, False, False, False, False, False, True, True, False]
-    declined: list[bytes] = []
-
-    def never(st, error):
-        async def handle(scope, body, send):
-            declined.append(body)
-            return False
-        return handle
-
-    monkeypatch.setattr(routes, "fast_classify", never)
+    declined: list[bool] = []
+    monkeypatch.setattr(routes, "fast_classify", through(declined, fast=False))
     route = _serve(tiny_variant, Recorded(runtime))
     try:
         routed = post_all(route)
     finally:
         route.stop()
-    assert declined == BODIES  # the second server's every request went through FastAPI's route
+    assert declined == [False] * len(BODIES)  # the second server's every request went through FastAPI's route
     assert answered == routed
     assert [a[0] for a in answered][:3] == [200, 200, 200] and {a[0] for a in answered[3:9]} >= {400, 422}
