@@ -52,9 +52,10 @@ class RuntimeOptions:
     max_rows: int | None = None
     """Most pieces (texts or windows) in one forward; more run as several forwards. None = no cap."""
     row_workers: int | None = None
-    """How many rows of a row-by-row batch run side by side, each single-threaded (backends that can:
-    ONNX Runtime on CPU). None = as many as intra-op threads (`threads`, else the cores); 1 = one row
-    at a time on the full intra-op pool. Never changes an answer: each row is still computed alone."""
+    """How many rows of a batch run side by side, each single-threaded (backends that can: ONNX Runtime on
+    CPU, a row-by-row batch's rows on a second session; OpenVINO, a batch's shares on one stream each).
+    None = as many as intra-op threads (`threads`, else the cores); 1 = the whole batch (or one row at a
+    time) on the full intra-op pool. Never changes an answer: tests check it bit for bit."""
     length_buckets: str | tuple[int, ...] = "auto"
     """Token lengths a variant that needs fixed shapes (ov-int8) pads each text to (qserve.runtime.buckets):
     "auto" (powers of two from 32, then max_length), "off" (max_length for every text) or e.g. (32, 64, 128).

@@ -128,6 +128,38 @@ def test_ov_int8_runs_each_text_at_its_bucket_and_answers_alike_in_any_batch(ov_
     assert {s for _, s in shapes} == {64}
 
 
+@pytest.mark.parametrize("name", OV_VARIANTS)
+def test_a_batch_runs_as_shares_on_single_threaded_streams_with_the_same_answers(ov_variants, name):
+    from qserve.runtime import RuntimeOptions
+
+    from qserve.devices import usable_cores
+
+    if usable_cores() < 2:
+        pytest.skip("OpenVINO gives one stream per core: side-by-side shares need 2 cores")
+    path, _ = _variant(ov_variants, name)
+    texts = TEXTS * 3
+    side = load_runtime(path, "cpu", RuntimeOptions(threads=2, row_workers=2))
+    one = load_runtime(path, "cpu", RuntimeOptions(threads=2, row_workers=1))
+    assert side.row_workers == 2 and one.row_workers == 1 and one.side is None
+    assert side.side.get_property("NUM_STREAMS") == 2 and side.side.get_property("INFERENCE_NUM_THREADS") == 2
+    # more workers than the plugin gives streams (it caps them at the cores): as many workers as streams
+    many = load_runtime(path, "cpu", RuntimeOptions(threads=2, row_workers=64))
+    assert many.row_workers == int(many.side.get_property("NUM_STREAMS")) < 64
+    assert side.compiled is one.compiled  # the lone-row model is the same one, shared
+    shares: list[int] = []
+    for req in side._side_requests():  # record every share a stream is handed, then run it for real
+        start = req.start_async
+        req.start_async = lambda feed, _start=start: shares.append(len(feed["input_ids"])) or _start(feed)
+    batched = side.logits(texts)
+    assert shares and max(shares) < len(texts) and sum(shares) == len(texts)  # split over the streams, every row once
+    assert np.array_equal(batched, one.logits(texts))  # same bits as one stream on every thread
+    shares.clear()
+    alone = np.concatenate([side.logits([t]) for t in texts])  # a lone row: the one stream, never a share
+    assert shares == []
+    if name == "ov-int8":  # each text at its own bucket: alone and batched bit for bit (see test above)
+        assert np.array_equal(alone, batched)
+
+
 def test_runtime_is_thread_safe(ov_variants):
     path, _ = _variant(ov_variants, "ov-int8")
     rt = load_runtime(path, "cpu")

@@ -13,7 +13,8 @@ while the asyncio event loop keeps accepting and validating requests. The one
 exception is inside a forward: a variant run row by row (onnx-int8) computes a
 batch's rows side by side, one intra-op thread each (`--row-workers`), because a
 lone short row keeps two intra-op threads only partly busy (measured: 2 single-
-threaded workers read 1.8x the texts/s of one 2-thread session on short reviews). And a request
+threaded workers read 1.8x the texts/s of one 2-thread session on short reviews); OpenVINO runs a
+batch's shares on one single-threaded stream each for the same reason (qserve/runtime/openvino_rt.py). And a request
 alone in the server (--inline-lone) runs on the event loop's thread instead: still one forward at a time.
 """
 
@@ -48,8 +49,9 @@ class ServeConfig:
     threads: int | None = field(default=None, metadata=flag(default_text="the library's: all cores"))
     """Intra-op threads for torch / ONNX Runtime."""
     row_workers: int | None = field(default=None, metadata=flag(default_text="--threads, else the cores"))
-    """Rows of a row-by-row batch (onnx-int8) run side by side, one thread each (1 = one row at a time on
-    all intra-op threads). Answers are the same either way."""
+    """Rows of a batch run side by side, one thread each: a row-by-row batch's rows (onnx-int8), an OpenVINO
+    batch's shares on one stream each (1 = one row at a time, or the whole batch, on all intra-op threads).
+    Answers are the same either way."""
     max_batch_size: int = 32
     """Most texts run in one forward pass (1 disables batching). A windowed text's windows are cut from it
     inside the runtime, which forwards at most this many pieces at once."""
