@@ -63,6 +63,14 @@ class RuntimeOptions:
     max_batch_tokens: int | None = None
     """Cap on rows x padded length per forward; a larger batch runs as several forwards. None = no cap."""
 
+    def side_by_side(self) -> int:
+        """How many rows a backend that can should run side by side: row_workers, else the threads, else the cores."""
+        if self.row_workers is not None:
+            return self.row_workers
+        from qserve.devices import usable_cores
+
+        return self.threads or usable_cores()
+
     def __post_init__(self) -> None:
         from qserve import QserveError
 

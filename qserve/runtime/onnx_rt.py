@@ -97,11 +97,7 @@ class OnnxRuntime(Runtime):
         on one core instead. ORT sessions are safe to run from several threads at once, and the GIL
         is released inside run(). Batches of one row (the unbatched path) keep the full pool.
         """
-        workers = self.options.row_workers
-        if workers is None:
-            from qserve.devices import usable_cores
-
-            workers = self.options.threads or usable_cores()
+        workers = self.options.side_by_side()
         if not self.row_by_row or workers < 2 or self.device.startswith("cuda"):
             return 1, None, None
         from concurrent.futures import ThreadPoolExecutor

@@ -13,7 +13,7 @@ Before compiling, `ov_probe.require` checks in a child process that OpenVINO wor
 CPU at that precision: a plugin crash there becomes an "unavailable on this CPU" error
 instead of taking the server, bench child or test run down.
 
-A batch of several rows runs on a second compiled model with one stream per row worker, one
+A batch of several rows runs on a second compiled model (compiled on the first such batch) with one stream per row worker, one
 thread each (`row_workers`, default: the intra-op threads, else the cores): its shares run side by
 side, so no forward waits at a barrier for a thread the OS handed to the event loop, and no thread
 hand-off happens inside an op. On the 2-core AMD EPYC, ov-int8 b32/s128: 195-200 ms against 202-220
@@ -125,7 +125,7 @@ class OpenVINORuntime(Runtime):
         int8 = self.manifest.spec.dtype == "int8"
         require("int8" if int8 and self.precision == "f32" else self.precision, self.name)
         self.compiled = compiled_model(self.variant_dir, self.manifest, self.precision, self.options.threads)
-        self.row_workers, self.side = self._side_by_side()
+        self.row_workers = self._side_by_side()
         self.input_names = [p.any_name for p in self.compiled.inputs]
         outputs = [o.any_name for o in self.compiled.outputs]
         self.output_index = outputs.index("logits") if "logits" in outputs else 0
@@ -135,18 +135,12 @@ class OpenVINORuntime(Runtime):
         self.fixed_shapes = self.fixed_length
         self._local = threading.local()
 
-    def _side_by_side(self):
-        """(row workers, the compiled model a batch's shares run on: one single-threaded stream each, or None)."""
-        workers = self.options.row_workers
-        if workers is None:
-            from qserve.devices import usable_cores
+    def _side_by_side(self) -> int:
+        """Row workers: the streams a batch's shares run on (the plugin gives at most one per core), or 1."""
+        from qserve.devices import usable_cores
 
-            workers = self.options.threads or usable_cores()
-        if workers < 2:
-            return 1, None
-        side = compiled_model(self.variant_dir, self.manifest, self.precision, self.options.threads, streams=workers)
-        streams = int(side.get_property("NUM_STREAMS"))  # the plugin caps streams at the cores it sees
-        return (streams, side) if streams >= 2 else (1, None)
+        workers = min(self.options.side_by_side(), usable_cores())
+        return workers if workers >= 2 else 1
 
     def _request(self):
         req = getattr(self._local, "request", None)
@@ -155,25 +149,29 @@ class OpenVINORuntime(Runtime):
         return req
 
     def _side_requests(self) -> list[Any]:
+        """This thread's requests on the streams model, compiled on the first batch of several rows (serve's
+        warm-up runs one), so a process that only ever runs lone rows (the bench's b1 loops) never pays for it."""
         reqs = getattr(self._local, "side", None)
         if reqs is None:
-            reqs = self._local.side = [self.side.create_infer_request() for _ in range(self.row_workers)]
+            side = compiled_model(self.variant_dir, self.manifest, self.precision, self.options.threads,
+                                  streams=self.row_workers)
+            reqs = self._local.side = [side.create_infer_request() for _ in range(self.row_workers)]
         return reqs
 
     def forward(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         feed = self.graph_feed(batch, self.input_names, MODEL_FILE)
         n = len(feed["input_ids"])
-        if self.side is None or n < 2:
+        if self.row_workers < 2 or n < 2:
             result = self._request().infer(feed)
             # The request reuses its output buffer on the next call: copy before handing it out.
             return np.array(result[self.output_index], dtype=np.float32, copy=True)
         # Contiguous shares, one per stream, started together; each request's output is copied once it is done.
         bounds = np.linspace(0, n, min(n, self.row_workers) + 1).astype(int)
-        reqs = self._side_requests()
+        reqs = self._side_requests()[:len(bounds) - 1]
         for req, lo, hi in zip(reqs, bounds[:-1], bounds[1:]):
             req.start_async({k: v[lo:hi] for k, v in feed.items()})
         out = []
-        for req, _ in zip(reqs, bounds[1:]):
+        for req in reqs:
             req.wait()
             out.append(np.array(req.get_output_tensor(self.output_index).data, dtype=np.float32, copy=True))
         return np.concatenate(out)
