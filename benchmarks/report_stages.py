@@ -270,6 +270,15 @@ STAGES: tuple[Stage, ...] = (
           "and the one-process children, ~25 s each; then one traced server per variant for the step table); exits 1 "
           "while a target is missed",
           needs=(VARIANT, f"{MODELS}/report")),
+    Stage("serve-protocol-cost", "one request on each protocol's classify route at one client (wrk): p50 and the "
+          "server's event-loop CPU ms per request, the code before the fast routes (de8320f) and after, interleaved",
+          (f"$PY benchmarks/serve_protocol_cost.py {VARIANT} --baseline-ref de8320f --rounds 3 --duration 8 "
+           "--out benchmarks/reports/serve-protocol-cost",),
+          (Report("benchmarks/reports/serve-protocol-cost/report.json",
+                  "benchmarks/reports/serve-protocol-cost/report.md", "serve_protocol_cost:render"),),
+          "~6 min (estimate): 2 code trees x 3 rounds, each a server start-up, 5 x 64 checked answers and 5 routes "
+          "x 8 s of wrk",
+          needs=(VARIANT,)),
     Stage("checkpoint-cost", "one resumable training checkpoint of the embedded default per precision: wall and CPU "
           "seconds, size, share of training at the default ~5-minute interval",
           ("$PY benchmarks/checkpoint_cost.py --saves 5",),

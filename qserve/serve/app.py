@@ -88,7 +88,7 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
     app.state.qserve = st
     _install_error_handlers(app, st)
     from qserve.serve.protocols.page import add_page
-    from qserve.serve.protocols.routes import add_routes, fast_classify
+    from qserve.serve.protocols.routes import add_routes, fast_routes
 
     from qserve.serve.protocols.tei import add_tei_routes
     from qserve.serve.protocols.vllm_api import add_vllm_routes
@@ -101,7 +101,7 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
                        metrics=st.metrics, routes=app.router.routes, arrivals=st.arrivals,
                        queue_full=st.queue_full_retry_after, inference_paths=INFERENCE_PATHS,
                        metrics_public=config.metrics_public, tei=_tei_refusal,
-                       fast=fast_classify(st, _error_response))
+                       fast=fast_routes(st, _error_response))
     if st.tracing is not None:  # outermost: a request's trace covers auth, body and checks too
         app.add_middleware(TraceMiddleware, tracing=st.tracing, skip=OPEN_PATHS | {"/metrics"})
     _install_openapi(app, config)

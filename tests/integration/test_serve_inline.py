@@ -9,6 +9,8 @@ qserve-infer. Nothing here depends on timing: "alone" is counted from uvicorn's 
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 
 import numpy as np
@@ -141,31 +143,59 @@ def test_an_inline_failure_is_that_requests_500_and_the_next_is_answered(tiny_va
     assert good.status_code == 200 and good.json()["predictions"][0][0]["label"] in runtime.labels
 
 
-BODIES = [b'{"inputs": "a quiet, lovely film"}', b'{"inputs": ["fine", "awful"], "top_k": 1}',
-          b'{"inputs": "x \\ud83d\\ude00", "long_text": "tail"}', b'{"inputs": "dull", "top_k": "2"}',
-          b'{"inputs": []}', b'{"inputs": "a", "extra": 1}', b'{"inputs": "a\\ud800"}', b'{"inputs": ',
-          b'{"inputs": "fine", "model": "nope"}', b'{"inputs": "fine", "threshold": 0.3}', b'\xef\xbb\xbf{"inputs": "x"}']
+# (path, body, whether the fast path answers it: pydantic takes the body; an unknown model is answered 404 by the
+# same handler), the bodies every fast-pathed route's FastAPI twin is compared on
+BODIES = [
+    ("/v1/classify", b'{"inputs": "a quiet, lovely film"}', True),
+    ("/v1/classify", b'{"inputs": ["fine", "awful"], "top_k": 1}', True),
+    ("/v1/classify", b'{"inputs": "x \\ud83d\\ude00", "long_text": "tail"}', True),
+    ("/v1/classify", b'{"inputs": "dull", "top_k": "2"}', False), ("/v1/classify", b'{"inputs": []}', False),
+    ("/v1/classify", b'{"inputs": "a", "extra": 1}', False), ("/v1/classify", b'{"inputs": "a\\ud800"}', False),
+    ("/v1/classify", b'{"inputs": ', False), ("/v1/classify", b'{"inputs": "fine", "model": "nope"}', True),
+    ("/v1/classify", b'{"inputs": "fine", "threshold": 0.3}', True),
+    ("/v1/classify", b'\xef\xbb\xbf{"inputs": "x"}', False),
+    # TEI's /predict: a string, a batch, a batch of one-text lists with logits, a cut refused, Left truncation
+    ("/predict", b'{"inputs": "fine"}', True), ("/predict", b'{"inputs": ["fine", "awful"]}', True),
+    ("/predict", b'{"inputs": [["fine"], ["awful"]], "raw_scores": true}', True),
+    ("/predict", b'{"inputs": "' + b"long " * 400 + b'", "truncate": false}', True),
+    ("/predict", b'{"inputs": "fine", "truncation_direction": "Left"}', True),
+    ("/predict", b'{"inputs": "fine", "truncate": "yes"}', False), ("/predict", b'{"inputs": []}', False),
+    ("/predict", b'{"inputs": "a", "extra": 1}', False), ("/predict", b'{"inputs": ', False),
+    # POST /: huggingface_hub's InferenceClient form (with parameters) and TEI's (without)
+    ("/", b'{"inputs": "fine", "parameters": {"top_k": 1}}', True),
+    ("/", b'{"inputs": "fine", "parameters": {"function_to_apply": "sigmoid"}}', True),
+    ("/", b'{"inputs": "fine", "parameters": null}', True), ("/", b'{"inputs": "fine"}', True),
+    ("/", b'{"inputs": "fine", "parameters": {"top_k": 0}}', False), ("/", b'{"parameters": {}}', False),
+    # vLLM's /classify
+    ("/classify", b'{"input": "fine"}', True), ("/classify", b'{"input": ["fine", "awful"], "model": null}', True),
+    ("/classify", b'{"input": "fine", "truncate_prompt_tokens": -1}', True),
+    ("/classify", b'{"input": "fine", "model": "nope"}', True), ("/classify", b'{"input": []}', False),
+    ("/classify", b'{"input": "fine", "user": 3}', False), ("/classify", b'{"input": "fine", "long_text": "tail"}', True),
+]
 
 
-def test_v1_classify_past_fastapi_answers_byte_for_byte_as_the_route(tiny_variant, runtime, monkeypatch):
-    """The guard's fast path (routes.fast_classify) against the FastAPI route it shortcuts: every body, good or
-    bad, gets the same status, headers and bytes (request ids fixed); a refused body reaches the route."""
+def test_the_fast_routes_answer_byte_for_byte_as_their_fastapi_routes(tiny_variant, runtime, monkeypatch):
+    """The guard's fast path (routes.fast_routes: /v1/classify, TEI's /predict and POST /, vLLM's /classify)
+    against the FastAPI routes it shortcuts: every body, good or bad, gets the same status, headers and bytes
+    (request ids fixed); a refused body reaches the route."""
     from qserve.serve.protocols import routes
 
     def post_all(srv) -> list[tuple[int, list[tuple[str, str]], bytes]]:
         with _client(srv.url) as c:
             _ready(c)
             out = []
-            for i, body in enumerate(BODIES):
-                r = c.post("/v1/classify", content=body,
-                           headers={"content-type": "application/json", "x-request-id": f"r{i}"})
-                out.append((r.status_code, [(k, v) for k, v in r.headers.items() if k != "date"], r.content))
+            for i, (path, body, _) in enumerate(BODIES):
+                r = c.post(path, content=body, headers={"content-type": "application/json", "x-request-id": f"r{i}"})
+                # vLLM's answer carries a fresh id and the time it was made: those two differ by design
+                content = re.sub(rb'^\{"id":"classify-[0-9a-f]{32}","object":"list","created":[0-9]+,',
+                                 b'{"id":"classify-ID","object":"list","created":T,', r.content)
+                out.append((r.status_code, [(k, v) for k, v in r.headers.items() if k != "date"], content))
             return out
 
-    real = routes.fast_classify
+    real = routes.fast_routes
 
     def through(handled: list[bool], fast: bool):
-        """routes.fast_classify recording, per request, whether it answered; fast=False: it always declines."""
+        """routes.fast_routes recording, per request, whether it answered; fast=False: it always declines."""
         def make(st, error):
             handle = real(st, error)
 
@@ -176,21 +206,28 @@ def test_v1_classify_past_fastapi_answers_byte_for_byte_as_the_route(tiny_varian
         return make
 
     taken: list[bool] = []
-    monkeypatch.setattr(routes, "fast_classify", through(taken, fast=True))
+    monkeypatch.setattr(routes, "fast_routes", through(taken, fast=True))
     fast = _serve(tiny_variant, Recorded(runtime))
     try:
         answered = post_all(fast)
     finally:
         fast.stop()
-    # pydantic took the good bodies and the unknown model (answered 404 by the same handler); refused the rest
-    assert taken == [True, True, True, False, False, False, False, False, True, True, False]
+    assert taken == [want for _, _, want in BODIES]
     declined: list[bool] = []
-    monkeypatch.setattr(routes, "fast_classify", through(declined, fast=False))
+    monkeypatch.setattr(routes, "fast_routes", through(declined, fast=False))
     route = _serve(tiny_variant, Recorded(runtime))
     try:
         routed = post_all(route)
     finally:
         route.stop()
-    assert declined == [False] * len(BODIES)  # the second server's every request went through FastAPI's route
-    assert answered == routed
-    assert [a[0] for a in answered][:3] == [200, 200, 200] and {a[0] for a in answered[3:9]} >= {400, 422}
+    assert declined == [False] * len(BODIES)  # the second server's every request went through FastAPI's routes
+    for (path, body, _), a, r in zip(BODIES, answered, routed):
+        assert a == r, (path, body[:80])
+    # every route answered its good bodies and refused its bad ones, in its own protocol's form (TEI: a length
+    # refusal is 413, an unreadable body 422, always {"error", "error_type"})
+    assert [a[0] for a in answered] == [200, 200, 200, 422, 422, 422, 422, 400, 404, 422, 200,
+                                        200, 200, 200, 413, 200, 422, 422, 422, 422,
+                                        200, 200, 200, 200, 422, 422,
+                                        200, 200, 200, 404, 422, 422, 200]
+    assert all(set(json.loads(a[2])) == {"error", "error_type"} for (path, _, _), a in zip(BODIES, answered)
+               if path in ("/predict", "/") and a[0] != 200)

@@ -21,8 +21,9 @@ so = load_benchmark("serve_overhead")
 TRICKY = ['a "quoted" review \\ with a backslash', "two\nlines\r and a tab\t", "café — naïve ☃", "plain"]
 
 
-def test_wrk_posts_each_review_as_its_own_json_body():
-    """The generated Lua, run by the real wrk against a loopback server, sends exactly the reviews' bodies."""
+def _wrk_on_loopback(script: str) -> tuple[dict, list[dict]]:
+    """Run the real wrk with a generated Lua `script` for 1 s against a loopback server that records every
+    request: (wrk's parsed summary, [{path, type, body}] in arrival order)."""
     wrk = shutil.which("wrk")
     if wrk is None:  # make test installs it as root (CI); a skip there would hide the benchmark's client
         if os.environ.get("CI", "").lower() == "true":
@@ -52,19 +53,47 @@ def test_wrk_posts_each_review_as_its_own_json_body():
 
         with tempfile.TemporaryDirectory() as d:
             lua = Path(d) / "r.lua"
-            lua.write_text(so.wrk_script(TRICKY), encoding="utf-8")
+            lua.write_text(script, encoding="utf-8")
             out = subprocess.run([wrk, "-t1", "-c1", "-d1s", "--latency", "-s", str(lua),
                                   f"http://127.0.0.1:{srv.server_address[1]}"], capture_output=True, text=True,
                                  check=True, timeout=30)
     finally:
         srv.shutdown()
-    summary = so.parse_wrk(out.stdout)
-    assert summary["requests"] >= len(TRICKY) and summary["errors"] == 0 and summary["p50_us"] > 0
+    return so.parse_wrk(out.stdout), got
+
+
+def _in_turn(sent: list[str]) -> None:
     # in turn (wrk builds one request at start-up, so the turn may begin past the first review)
-    sent = [g["body"]["inputs"][0] for g in got]
     start = TRICKY.index(sent[0])
     assert sent == [TRICKY[(start + k) % len(TRICKY)] for k in range(len(sent))]
+
+
+def test_wrk_posts_each_review_as_its_own_json_body():
+    """The generated Lua, run by the real wrk against a loopback server, sends exactly the reviews' bodies."""
+    summary, got = _wrk_on_loopback(so.wrk_script(TRICKY))
+    assert summary["requests"] >= len(TRICKY) and summary["errors"] == 0 and summary["p50_us"] > 0
+    _in_turn([g["body"]["inputs"][0] for g in got])
     assert {g["path"] for g in got} == {"/v1/classify"} and {g["type"] for g in got} == {"application/json"}
+
+
+@pytest.mark.parametrize("route", ["v1", "tei", "hf", "vllm", "v2"])
+def test_each_protocols_script_posts_its_clients_body_to_its_route(route):
+    """serve_protocol_cost's Lua per route: each review in turn, in the body that protocol's client sends,
+    to that route's path (InferenceClient's form always carries `parameters`)."""
+    spc = load_benchmark("serve_protocol_cost")
+    path = spc.PATHS[route].format(model="m")
+    summary, got = _wrk_on_loopback(spc.lua(route, path, TRICKY))
+    assert summary["requests"] >= len(TRICKY) and summary["errors"] == 0
+    assert {g["path"] for g in got} == {path} and {g["type"] for g in got} == {"application/json"}
+    assert all(g["body"] == spc.body(route, g["body"].get("input") or _text_of(route, g["body"])) for g in got)
+    _in_turn([g["body"].get("input") or _text_of(route, g["body"]) for g in got])
+    if route == "hf":
+        assert all(set(g["body"]["parameters"]) == {"function_to_apply", "top_k"} for g in got)
+
+
+def _text_of(route: str, body: dict) -> str:
+    inputs = body["inputs"]
+    return inputs if isinstance(inputs, str) else inputs[0]["data"][0] if route == "v2" else inputs[0]
 
 
 def test_parse_wrk_names_a_missing_summary():

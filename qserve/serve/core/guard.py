@@ -88,7 +88,7 @@ class GuardMiddleware:
                  fast: Callable[[Scope, bytes, Send], Awaitable[bool]] | None = None):
         self.app = app
         # fast(scope, body, send) -> True once it answered: a route served from here once the body is read
-        # (protocols/routes.py fast_classify), past the framework; False hands the request on to the app
+        # (protocols/routes.py fast_routes), past the framework; False hands the request on to the app
         self.fast = fast
         self.arrivals = arrivals or Arrivals()
         self.api_key = api_key

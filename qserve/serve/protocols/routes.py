@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.types import Message, Scope, Send
 
 from qserve.serve.core.outputs import v1_predictions
@@ -19,7 +22,7 @@ from qserve.serve.core.state import ServeState
 
 
 async def v1_answer(st: ServeState, body: ClassifyRequest, request: Request) -> dict[str, object]:
-    """POST /v1/classify's answer to a validated body (the route and fast_classify both call this)."""
+    """POST /v1/classify's answer to a validated body (the route and fast_routes both call this)."""
     model = st.model(body.model, request)
     texts, pairs = v1_inputs(st, model, body.inputs)  # a pair model's {text, text_pair} (pairs.py)
     a = await st.classify(model, texts, request, body.long_text, "long_text", pairs, body.threshold)
@@ -34,34 +37,65 @@ async def v1_answer(st: ServeState, body: ClassifyRequest, request: Request) -> 
 FastRoute = Callable[[Scope, bytes, Send], Awaitable[bool]]
 """The guard's hook once it holds a request's whole body: (scope, body, send) -> True when it answered."""
 
+B = TypeVar("B", bound=BaseModel)
+Bound = Callable[[Request], Awaitable[object]]
+"""A parsed body's answer, still to compute: (the request) -> what the route's JSONResponse holds."""
 
-def fast_classify(st: ServeState, error: Callable[[Request, Exception], Awaitable[Response]]) -> FastRoute:
-    """POST /v1/classify answered straight from the guard, past FastAPI's request machinery.
+
+@dataclass(frozen=True)
+class Fast(Generic[B]):
+    """One POST route the guard answers itself: the body model the FastAPI route declares and the answer the
+    route returns as a JSONResponse, computed by the very function the route calls."""
+
+    schema: type[B]
+    answer: Callable[[B, Request], Awaitable[object]]
+
+    def bind(self, body: bytes) -> Bound | None:
+        """The answer to `body`, or None when pydantic refuses it (the route then answers it, as before)."""
+        try:
+            parsed = self.schema.model_validate_json(body)
+        except ValidationError:
+            return None
+        return lambda request: self.answer(parsed, request)
+
+
+def fast_routes(st: ServeState, error: Callable[[Request, Exception], Awaitable[Response]]) -> FastRoute:
+    """POST /v1/classify, TEI's /predict and POST / (huggingface_hub's InferenceClient) and vLLM's /classify
+    answered straight from the guard, past FastAPI's request machinery.
 
     Profiled at one client (py-spy, onnx-int8), FastAPI's per-request work around the endpoint (body and
     content-type handling, dependency solving, the exception-handling layers, the response's send chain) was
     about a third of the event loop's time outside the model. The body is validated by the very model the
-    route declares (ClassifyRequest, from the JSON bytes in one pydantic call) and answered by the same
-    v1_answer; `error` renders an exception as the app's handlers do. A body pydantic refuses goes on to the
-    FastAPI route untouched, so every 400/422 reads exactly as before; the route stays what OpenAPI shows."""
+    route declares (from the JSON bytes in one pydantic call) and answered by the function the route calls;
+    `error` renders an exception as the app's handlers do (TEI's routes in TEI's form). A body pydantic refuses
+    goes on to the FastAPI route untouched, so every 400/422 reads exactly as before; the routes stay what
+    OpenAPI shows."""
+    from qserve.serve.protocols import tei, vllm_api
+
+    table: dict[str, Fast[ClassifyRequest] | Fast[tei.TeiPredictRequest] | Fast[tei.TeiRootRequest]
+                | Fast[vllm_api.VllmClassifyRequest]] = {
+        "/v1/classify": Fast(ClassifyRequest, lambda body, request: v1_answer(st, body, request)),
+        "/predict": Fast(tei.TeiPredictRequest, lambda body, request: tei.predict(st, body, request)),
+        "/": Fast(tei.TeiRootRequest, lambda body, request: tei.root_answer(st, body, request)),
+        "/classify": Fast(vllm_api.VllmClassifyRequest, lambda body, request: vllm_api.classify(st, body, request)),
+    }
+
     async def handle(scope: Scope, body: bytes, send: Send) -> bool:
-        if scope["path"] != "/v1/classify" or scope["method"] != "POST":
-            return False
-        try:
-            parsed = ClassifyRequest.model_validate_json(body)
-        except ValidationError:
+        route = table.get(scope["path"]) if scope["method"] == "POST" else None
+        bound = route.bind(body) if route is not None else None
+        if bound is None:
             return False
         request = Request(scope)
         try:
-            answer = await v1_answer(st, parsed, request)
+            answer = await bound(request)
         except Exception as e:  # ApiError and the unexpected, as the app's exception handlers answer them
             await (await error(request, e))(scope, _no_receive, send)
             return True
         # What JSONResponse(answer) sends, byte for byte (same dumps, same headers), without building one
-        body = json.dumps(answer, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode()
+        out = json.dumps(answer, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode()
         await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-length", str(len(body)).encode()), (b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": body})
+                    "headers": [(b"content-length", str(len(out)).encode()), (b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": out})
         return True
 
     return handle

@@ -258,6 +258,12 @@ async def predict(st: ServeState, body: TeiPredictRequest, request: Request,
     return rows if batch else rows[0]
 
 
+async def root_answer(st: ServeState, body: TeiRootRequest, request: Request) -> Any:
+    """POST /: /predict's answer, or with `parameters` the HF Inference API form (huggingface_hub's InferenceClient)."""
+    hf = (body.parameters or HfParameters()) if "parameters" in body.model_fields_set else None
+    return await predict(st, body, request, hf)
+
+
 def info(st: ServeState) -> dict[str, Any]:
     """TEI's Info for the default model."""
     model = st.model(None)
@@ -308,8 +314,7 @@ def add_tei_routes(app: FastAPI, st: ServeState) -> None:
               responses=ERRORS, summary="TEI's / for a classifier (= /predict); with `parameters`, huggingface_hub's "
                       "InferenceClient form, answered [[{label, score}]]")
     async def tei_root(body: TeiRootRequest, request: Request) -> JSONResponse:
-        hf = (body.parameters or HfParameters()) if "parameters" in body.model_fields_set else None
-        return JSONResponse(await predict(st, body, request, hf))
+        return JSONResponse(await root_answer(st, body, request))
 
     @app.get("/info", tags=["tei"], responses={code: {"model": TeiError} for code in (401, 503)},
              summary="TEI: the served (default) model, its labels and limits")

@@ -117,6 +117,14 @@ def encode(ans: Answer) -> dict[str, Any]:
             "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0, "prompt_tokens_details": None}}
 
 
+async def classify(st: ServeState, body: VllmClassifyRequest, request: Request) -> dict[str, Any]:
+    """POST /classify's answer to a validated body (the route and the guard's fast path both call this)."""
+    model = st.model(body.model, request)
+    inputs: str | list[str | TextPair] = body.input if isinstance(body.input, str) else list(body.input)
+    texts, _ = v1_inputs(st, model, inputs, "input")  # a pair model refuses lone texts (pairs.py)
+    return encode(await answer(st, request, model, texts, policy_of(body, model.runtime.max_length)))
+
+
 def created(model: ServedModel) -> int:
     """The manifest's creation time as Unix seconds (OpenAI's `created`); 0 when it has none."""
     try:
@@ -135,7 +143,4 @@ def add_vllm_routes(app: FastAPI, st: ServeState) -> None:
     @app.post("/classify", tags=["vllm"], response_model=VllmClassifyResponse, responses=ROUTE_ERRORS,
               summary="vLLM: classify a text or a list; per input its label, probs and num_classes")
     async def vllm_classify(body: VllmClassifyRequest, request: Request) -> JSONResponse:
-        model = st.model(body.model, request)
-        inputs: str | list[str | TextPair] = body.input if isinstance(body.input, str) else list(body.input)
-        texts, _ = v1_inputs(st, model, inputs, "input")  # a pair model refuses lone texts (pairs.py)
-        return JSONResponse(encode(await answer(st, request, model, texts, policy_of(body, model.runtime.max_length))))
+        return JSONResponse(await classify(st, body, request))
