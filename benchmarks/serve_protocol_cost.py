@@ -9,10 +9,11 @@ POST / in huggingface_hub's InferenceClient form (with `parameters`), vLLM's /cl
 /v2/models/{name}/infer (JSON). Per route: wrk's p50, and the server's own CPU ms per request from /proc,
 split into the event loop (HTTP, validation, the answer) and every other thread (the model, the tokenizer),
 so a figure does not depend on what the client took (the servers run with --no-inline-lone, so the
-model's forward is never on the event loop: the loop's CPU is the route's own serving work). The code before (`--baseline-ref`, extracted with git
-archive) and this checkout alternate within each round, one server per code tree, the routes in turn
-on it. Answers are checked: every review's top label on each route equals /v1's on the same server.
-Needs wrk (Debian: apt-get install wrk). Writes report.json and report.md to --out.
+model's forward is never on the event loop: the loop's CPU is the route's own serving work). The code
+before (`--baseline-ref`, extracted with git archive) and this checkout alternate within each round, one
+server per code tree, the routes in turn on it. Answers are checked: every review's top label on each
+route equals /v1's on the same server. Needs wrk (Debian: apt-get install wrk). Writes report.json and
+report.md to --out.
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ def render(rep: dict[str, Any]) -> str:
     from qserve.devices import cpu_label
 
     lines = [f"# One request on each protocol: the code before (`{rep['baseline_ref']}`) and after", "",
-             f"Created {rep['created']} on {cpu_label(rep['cpu'])} ({rep['cpu_count']} logical CPUs). Variant `{rep['variant']}`, {rep['texts']} IMDb test "
+             f"Created {rep['created']} on {cpu_label(rep['cpu'])} ({rep['cpu_count']} logical CPUs). "
+             f"Variant `{rep['variant']}`, {rep['texts']} IMDb test "
              f"reviews under `--long-text head`, posted one at a time by {rep['load_generator']} for "
              f"{rep['duration_s']:g} s per route; medians of {rep['rounds']} rounds, the two code trees alternating. "
              "CPU ms are the server's own (utime + stime from /proc): the event loop is its main thread (HTTP, "

@@ -170,7 +170,8 @@ BODIES = [
     ("/classify", b'{"input": "fine"}', True), ("/classify", b'{"input": ["fine", "awful"], "model": null}', True),
     ("/classify", b'{"input": "fine", "truncate_prompt_tokens": -1}', True),
     ("/classify", b'{"input": "fine", "model": "nope"}', True), ("/classify", b'{"input": []}', False),
-    ("/classify", b'{"input": "fine", "user": 3}', False), ("/classify", b'{"input": "fine", "long_text": "tail"}', True),
+    ("/classify", b'{"input": "fine", "user": 3}', False),
+    ("/classify", b'{"input": "fine", "long_text": "tail"}', True),
 ]
 
 

@@ -72,17 +72,18 @@ def fast_routes(st: ServeState, error: Callable[[Request, Exception], Awaitable[
     OpenAPI shows."""
     from qserve.serve.protocols import tei, vllm_api
 
-    table: dict[str, Fast[ClassifyRequest] | Fast[tei.TeiPredictRequest] | Fast[tei.TeiRootRequest]
-                | Fast[vllm_api.VllmClassifyRequest]] = {
-        "/v1/classify": Fast(ClassifyRequest, lambda body, request: v1_answer(st, body, request)),
-        "/predict": Fast(tei.TeiPredictRequest, lambda body, request: tei.predict(st, body, request)),
-        "/": Fast(tei.TeiRootRequest, lambda body, request: tei.root_answer(st, body, request)),
-        "/classify": Fast(vllm_api.VllmClassifyRequest, lambda body, request: vllm_api.classify(st, body, request)),
+    # path -> Fast(...).bind: each route's body model and answer, one pair per route
+    table: dict[str, Callable[[bytes], Bound | None]] = {
+        "/v1/classify": Fast(ClassifyRequest, lambda body, request: v1_answer(st, body, request)).bind,
+        "/predict": Fast(tei.TeiPredictRequest, lambda body, request: tei.predict(st, body, request)).bind,
+        "/": Fast(tei.TeiRootRequest, lambda body, request: tei.root_answer(st, body, request)).bind,
+        "/classify": Fast(vllm_api.VllmClassifyRequest,
+                          lambda body, request: vllm_api.classify(st, body, request)).bind,
     }
 
     async def handle(scope: Scope, body: bytes, send: Send) -> bool:
-        route = table.get(scope["path"]) if scope["method"] == "POST" else None
-        bound = route.bind(body) if route is not None else None
+        bind = table.get(scope["path"]) if scope["method"] == "POST" else None
+        bound = bind(body) if bind is not None else None
         if bound is None:
             return False
         request = Request(scope)
