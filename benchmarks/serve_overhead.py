@@ -75,7 +75,7 @@ local bodies = {%s}
 local i = 0
 request = function()
   i = i + 1
-  return wrk.format("POST", "/v1/classify", {["Content-Type"] = "application/json"}, bodies[(i - 1) %% #bodies + 1])
+  return wrk.format("POST", %s, {["Content-Type"] = "application/json"}, bodies[(i - 1) %% #bodies + 1])
 end
 done = function(summary, latency, requests)
   local e = summary.errors
@@ -91,9 +91,13 @@ def lua_string(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r") + '"'
 
 
+def wrk_lua(bodies: list[dict[str, Any]], path: str = "/v1/classify") -> str:
+    """wrk's Lua posting each JSON body to `path` in turn (serve_protocol_cost.py: one script per protocol)."""
+    return WRK_LUA % (", ".join(lua_string(json.dumps(b, ensure_ascii=False)) for b in bodies), lua_string(path))
+
+
 def wrk_script(texts: list[str]) -> str:
-    bodies = [json.dumps({"inputs": [t]}, ensure_ascii=False) for t in texts]
-    return WRK_LUA % ", ".join(lua_string(b) for b in bodies)
+    return wrk_lua([{"inputs": [t]} for t in texts])
 
 
 def parse_wrk(out: str) -> dict[str, Any]:

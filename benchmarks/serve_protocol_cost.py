@@ -19,7 +19,6 @@ report.md to --out.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -34,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import netutil  # noqa: E402
-from serve_overhead import WRK_LUA, lua_string, parse_wrk, review_texts, thread_cpu_s  # noqa: E402
+from serve_overhead import parse_wrk, review_texts, thread_cpu_s, wrk_lua  # noqa: E402
 
 ROUTES = ("v1", "tei", "hf", "vllm", "v2")
 PATHS = {"v1": "/v1/classify", "tei": "/predict", "hf": "/", "vllm": "/classify", "v2": "/v2/models/{model}/infer"}
@@ -68,8 +67,7 @@ def top_label(route: str, answer: Any) -> str:
 
 
 def lua(route: str, path: str, texts: list[str]) -> str:
-    bodies = ", ".join(lua_string(json.dumps(body(route, t), ensure_ascii=False)) for t in texts)
-    return (WRK_LUA % bodies).replace('"/v1/classify"', lua_string(path))
+    return wrk_lua([body(route, t) for t in texts], path)
 
 
 def measure(code: Path, variant: Path, texts: list[str], workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
