@@ -56,8 +56,8 @@ PIPELINE = "$QSERVE pipeline --threads 2 --force --report-dir benchmarks/reports
 STAGES: tuple[Stage, ...] = (
     Stage("embedded-default", "the pipeline (train, export every variant, bench) on the embedded default: the "
           "headline table", (PIPELINE.format(d="embedded-default", m=MODELS),), (_bench("embedded-default"),),
-          "~27 min: training 13.1 min and the variants' bench 10.9 min (the reports' own timings); export and the "
-          "compute floor ~3 min (estimate)"),
+          "18.0 min, measured on the Intel Xeon with AMX (2026-12-02, `make demo`'s pipeline after issue 30: train "
+          "8.2, export 2.3, bench 7.5 min)"),
     Stage("embedded-default-amd", "the same pipeline on the AMD EPYC (its own checkpoint)",
           (PIPELINE.format(d="embedded-default-amd", m=MODELS),), (_bench("embedded-default-amd"),),
           "12.5 min: the measured wall time of that run (training 5.9 min of it)"),
@@ -270,6 +270,36 @@ STAGES: tuple[Stage, ...] = (
           "and the one-process children, ~25 s each; then one traced server per variant for the step table); exits 1 "
           "while a target is missed",
           needs=(VARIANT, f"{MODELS}/report")),
+    Stage("serve-overhead-xeon", "serve-overhead on the Intel Xeon with AMX (its own checkpoint, from the "
+          "embedded-default stage, whose report names the recommended variant): the same variants, code trees and "
+          "rounds",
+          # the embedded-default stage writes its report under benchmarks/; `qserve serve MODEL_DIR` reads it here
+          (f"rm -rf {MODELS}/report && cp -r benchmarks/reports/embedded-default {MODELS}/report",
+           f"$PY benchmarks/serve_overhead.py {VARIANT} {MODELS} --baseline-ref b7b3591 --rounds 3 --duration 10 "
+           "--out benchmarks/reports/serve-overhead-xeon"),
+          (Report("benchmarks/reports/serve-overhead-xeon/report.json",
+                  "benchmarks/reports/serve-overhead-xeon/report.md", "serve_overhead:render"),),
+          "18.6 min, measured on the Intel Xeon with AMX (2 variants x 2 code trees x 3 rounds, the floor and "
+          "one-process children, the traced servers); exits 1 while a target is missed",
+          needs=(VARIANT, "benchmarks/reports/embedded-default/report.json")),
+    Stage("ov-breakdown-xeon", "where ov-int8's and ov-bf16's time goes on the Intel Xeon with AMX (OpenVINO's "
+          "per-node counters, b1 and b32 at s128) against the int8 / bf16 floor, the thread settings beside the "
+          "runtime's, the bound with every GEMM at the peak; ov-int8 exported with the bf16 hint beside them, and "
+          "the three variants' agreement with torch-fp32 on 1,000 test reviews",
+          (f"$QSERVE export {MODELS}/checkpoint --variant ov-int8 --inference-precision bf16 "
+           f"--out {MODELS}/extra/ov-int8-bf16 --force",
+           f"$PY benchmarks/ov_breakdown.py {MODELS}/variants/ov-int8 {MODELS}/extra/ov-int8-bf16 "
+           f"{MODELS}/variants/ov-bf16 --threads 2 --out benchmarks/reports/ov-breakdown-xeon",
+           f"$QSERVE bench {MODELS}/variants/torch-fp32 {MODELS}/variants/ov-int8 {MODELS}/extra/ov-int8-bf16 "
+           f"{MODELS}/variants/ov-bf16 --max-eval-samples 1000 --slow-eval-samples 0 --batch-sizes 1 --seq-lens 128 "
+           "--no-floor --real-text-samples 0 --threads 2 --time-budget 1 "
+           "--out benchmarks/reports/ov-breakdown-xeon/agreement --force"),
+          (Report("benchmarks/reports/ov-breakdown-xeon/report.json", "benchmarks/reports/ov-breakdown-xeon/report.md",
+                  "ov_breakdown:render"), _bench("ov-breakdown-xeon/agreement")),
+          "7.0 min, measured on the Intel Xeon with AMX in a slow phase of the machine (the export 0.7 min, the "
+          "breakdown ~4, the agreement bench ~2)",
+          needs=(f"{MODELS}/checkpoint", f"{MODELS}/variants/ov-int8", f"{MODELS}/variants/ov-bf16",
+                 f"{MODELS}/variants/torch-fp32")),
     Stage("serve-protocol-cost", "one request on each protocol's classify route at one client (wrk): p50 and the "
           "server's event-loop CPU ms per request, the code before the fast routes (de8320f) and after, interleaved",
           (f"$PY benchmarks/serve_protocol_cost.py {VARIANT} --baseline-ref de8320f --rounds 3 --duration 8 "
