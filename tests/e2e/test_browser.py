@@ -22,6 +22,8 @@ httpx2 = pytest.importorskip("httpx2")
 KEY = "page-key-5b1c9e"
 REVIEW = "A warm, funny film with a clever script; the cast is superb and I would happily watch it again."
 EMBEDDED = Path(__file__).resolve().parents[2] / "benchmarks" / "reports" / "embedded-default" / "report.json"
+# what that committed report recommends (ov-int8 or ov-bf16, by the run): never torch-fp32, which the tests serve
+RECOMMENDED = json.loads(EMBEDDED.read_text(encoding="utf-8"))["recommended"]["variant"]
 
 
 def _unavailable(reason: str):
@@ -69,7 +71,8 @@ def _wait(d, predicate, what: str, timeout: float = 30.0):
 @pytest.fixture(scope="module")
 def run_dir(tiny_checkpoint, tmp_path_factory) -> Path:
     """A `qserve pipeline` run dir: variants/torch-fp32 (the tiny model) and report/report.json (the embedded
-    default's real report, which recommends ov-bf16: so the page must say torch-fp32 is not the recommendation)."""
+    default's real report, which recommends RECOMMENDED: so the page must say torch-fp32 is not the recommendation)."""
+    assert RECOMMENDED != "torch-fp32"
     import exporters
 
     run = tmp_path_factory.mktemp("run")
@@ -103,12 +106,13 @@ def test_page_is_open_holds_no_model_data_and_fetches_nothing(keyed_server):
         assert c.get("/v1/report").status_code == 401 and c.get("/v1/models").status_code == 401
         auth = {"Authorization": f"Bearer {KEY}"}
         rep = c.get("/v1/report", headers=auth).json()
-        assert rep["served"] == "torch-fp32" and rep["recommended"] == "ov-bf16"
+        assert rep["served"] == "torch-fp32" and rep["recommended"] == RECOMMENDED
         assert rep["served_is_recommended"] is False and rep["measured_files_match"] is None
         # the served variant, the recommended one, then every other candidate that meets its bar, in ranked order
         ranked = json.loads(EMBEDDED.read_text())["recommended"]["ranking"]
-        candidates = [r["variant"] for r in ranked if r.get("meets_bar") and r["variant"] not in ("torch-fp32", "ov-bf16")]
-        assert candidates and [row["variant"] for row in rep["rows"]] == ["torch-fp32", "ov-bf16", *candidates]
+        candidates = [r["variant"] for r in ranked
+                      if r.get("meets_bar") and r["variant"] not in ("torch-fp32", RECOMMENDED)]
+        assert candidates and [row["variant"] for row in rep["rows"]] == ["torch-fp32", RECOMMENDED, *candidates]
         assert rep["rows"][1]["p50_ms"] == pytest.approx(json.loads(EMBEDDED.read_text())["recommended"]["p50_ms"])
         # a page: HTML, open (POST / beside it is TEI's predict: serve/protocols/tei.py)
         page_op = c.get("/openapi.json", headers=auth).json()["paths"]["/"]["get"]
@@ -128,7 +132,7 @@ def test_page_asks_for_the_key_classifies_and_shows_why(driver, keyed_server):
     assert "negative, positive" in models and "64 tokens" in models and "tiny-distilbert" in models
     # the long-text policy /v1/models reports, in words
     assert "head: a text longer than 64 tokens is read as the first 64 tokens" in models
-    _wait(d, lambda: "ov-bf16" in d.find_element(By.ID, "report").text, "the recommendation never showed")
+    _wait(d, lambda: RECOMMENDED in d.find_element(By.ID, "report").text, "the recommendation never showed")
     assert "serves torch-fp32 instead" in d.find_element(By.ID, "report").text
 
     d.find_element(By.ID, "text").send_keys(REVIEW)
