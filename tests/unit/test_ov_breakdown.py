@@ -61,8 +61,9 @@ def test_classes_add_up_to_the_nodes_and_the_nodes_run_inside_the_call(measured)
             assert sum(c["ms"] for c in prof["classes"].values()) == pytest.approx(prof["nodes_ms"])
             assert sum(c["nodes"] for c in prof["classes"].values()) == sum(
                 k["nodes"] for k in prof["kernels"].values())
-            # the plugin's node timers may overlap the call's edges a little (1-5% seen), never by much
-            assert 0 < prof["nodes_ms"] <= prof["wall_ms"] * 1.2
+            # per call, not summed over calls: the plugin's node timers can add up to more than the call (up to
+            # 1.27x seen on this tiny model's ~1 ms calls, 1.15x at b32 on the real one), never to several calls
+            assert 0 < prof["nodes_ms"] < prof["wall_ms"] * 2
             assert prof["counted"] == prof["calls"] - prof["calls"] // 2  # the faster half
 
 
