@@ -143,8 +143,12 @@ def test_an_inline_failure_is_that_requests_500_and_the_next_is_answered(tiny_va
     assert good.status_code == 200 and good.json()["predictions"][0][0]["label"] in runtime.labels
 
 
+V2_TEXT = b'{"name": "text", "datatype": "BYTES", "shape": %s}'
+V2_BINARY = (b'{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 8}}],'
+             b' "parameters": {"binary_data_output": true}}' + b"\x04\x00\x00\x00fine")
+
 # (path, body, whether the fast path answers it: pydantic takes the body; an unknown model is answered 404 by the
-# same handler), the bodies every fast-pathed route's FastAPI twin is compared on
+# same handler[, the request's headers]), the bodies every fast-pathed route's FastAPI twin is compared on
 BODIES = [
     ("/v1/classify", b'{"inputs": "a quiet, lovely film"}', True),
     ("/v1/classify", b'{"inputs": ["fine", "awful"], "top_k": 1}', True),
@@ -172,11 +176,27 @@ BODIES = [
     ("/classify", b'{"input": "fine", "model": "nope"}', True), ("/classify", b'{"input": []}', False),
     ("/classify", b'{"input": "fine", "user": 3}', False),
     ("/classify", b'{"input": "fine", "long_text": "tail"}', True),
+    # KServe V2 infer ({m}: the served model, {v}: its version): JSON, binary tensor data both ways, a version
+    # and an id; a wrong version, model or shape answered by the same checks; an unparsable body left to FastAPI
+    ("/v2/models/{m}/infer", b'{"inputs": [' + V2_TEXT % b'[2], "data": ["fine", "awful"]' + b"]}", True),
+    ("/v2/models/{m}/infer", b'{"id": "q1", "inputs": [' + V2_TEXT % b'[1], "data": ["fine"]' + b'], "outputs": '
+     b'[{"name": "probabilities", "parameters": {"binary_data": true}}, {"name": "label"}]}', True),
+    ("/v2/models/{m}/infer", V2_BINARY, True,
+     {"content-type": "application/octet-stream", "inference-header-content-length": str(len(V2_BINARY) - 8)}),
+    ("/v2/models/{m}/versions/{v}/infer", b'{"inputs": [' + V2_TEXT % b'[1], "data": ["fine"]' + b"], "
+     b'"parameters": {"long_text": "tail"}}', True),
+    ("/v2/models/{m}/versions/nope/infer", b'{"inputs": [' + V2_TEXT % b'[1], "data": ["fine"]' + b"]}", True),
+    ("/v2/models/nope/infer", b'{"inputs": [' + V2_TEXT % b'[1], "data": ["fine"]' + b"]}", True),
+    ("/v2/models/{m}/infer", b'{"inputs": [' + V2_TEXT % b'[3], "data": ["fine"]' + b"]}", True),
+    ("/v2/models/{m}/infer", b'{"id": "a\\ud800", "inputs": [' + V2_TEXT % b'[1], "data": ["fine"]' + b"]}", True),
+    ("/v2/models/{m}/infer", b'{"inputs": ', False), ("/v2/models/{m}/infer", b'{"inputs": [{"name": "text"}]}', False),
+    ("/v2/models/{m}/infer", V2_BINARY, False,
+     {"content-type": "application/octet-stream", "inference-header-content-length": "zz"}),
 ]
 
 
 def test_the_fast_routes_answer_byte_for_byte_as_their_fastapi_routes(tiny_variant, runtime, monkeypatch):
-    """The guard's fast path (routes.fast_routes: /v1/classify, TEI's /predict and POST /, vLLM's /classify)
+    """The guard's fast path (routes.fast_routes: /v1/classify, TEI's /predict and POST /, vLLM's /classify, V2 infer)
     against the FastAPI routes it shortcuts: every body, good or bad, gets the same status, headers and bytes
     (request ids fixed); a refused body reaches the route."""
     from qserve.serve.protocols import routes
@@ -184,9 +204,12 @@ def test_the_fast_routes_answer_byte_for_byte_as_their_fastapi_routes(tiny_varia
     def post_all(srv) -> list[tuple[int, list[tuple[str, str]], bytes]]:
         with _client(srv.url) as c:
             _ready(c)
+            m = c.get("/ready").json()["model"]
+            v = c.get(f"/v2/models/{m}").json()["versions"][0]
             out = []
-            for i, (path, body, _) in enumerate(BODIES):
-                r = c.post(path, content=body, headers={"content-type": "application/json", "x-request-id": f"r{i}"})
+            for i, (path, body, _, *headers) in enumerate(BODIES):
+                r = c.post(path.format(m=m, v=v), content=body,
+                           headers={"content-type": "application/json", "x-request-id": f"r{i}", **dict(*headers)})
                 # vLLM's answer carries a fresh id and the time it was made: those two differ by design
                 content = re.sub(rb'^\{"id":"classify-[0-9a-f]{32}","object":"list","created":[0-9]+,',
                                  b'{"id":"classify-ID","object":"list","created":T,', r.content)
@@ -213,7 +236,7 @@ def test_the_fast_routes_answer_byte_for_byte_as_their_fastapi_routes(tiny_varia
         answered = post_all(fast)
     finally:
         fast.stop()
-    assert taken == [want for _, _, want in BODIES]
+    assert taken == [want for _, _, want, *_ in BODIES]
     declined: list[bool] = []
     monkeypatch.setattr(routes, "fast_routes", through(declined, fast=False))
     route = _serve(tiny_variant, Recorded(runtime))
@@ -222,13 +245,14 @@ def test_the_fast_routes_answer_byte_for_byte_as_their_fastapi_routes(tiny_varia
     finally:
         route.stop()
     assert declined == [False] * len(BODIES)  # the second server's every request went through FastAPI's routes
-    for (path, body, _), a, r in zip(BODIES, answered, routed):
+    for (path, body, *_), a, r in zip(BODIES, answered, routed):
         assert a == r, (path, body[:80])
     # every route answered its good bodies and refused its bad ones, in its own protocol's form (TEI: a length
     # refusal is 413, an unreadable body 422, always {"error", "error_type"})
     assert [a[0] for a in answered] == [200, 200, 200, 422, 422, 422, 422, 400, 404, 422, 200,
                                         200, 200, 200, 413, 200, 422, 422, 422, 422,
                                         200, 200, 200, 200, 422, 422,
-                                        200, 200, 200, 404, 422, 422, 200]
-    assert all(set(json.loads(a[2])) == {"error", "error_type"} for (path, _, _), a in zip(BODIES, answered)
+                                        200, 200, 200, 404, 422, 422, 200,
+                                        200, 200, 200, 200, 404, 404, 400, 422, 400, 422, 400]
+    assert all(set(json.loads(a[2])) == {"error", "error_type"} for (path, *_), a in zip(BODIES, answered)
                if path in ("/predict", "/") and a[0] != 200)

@@ -60,8 +60,9 @@ class Fast(Generic[B]):
 
 
 def fast_routes(st: ServeState, error: Callable[[Request, Exception], Awaitable[Response]]) -> FastRoute:
-    """POST /v1/classify, TEI's /predict and POST / (huggingface_hub's InferenceClient) and vLLM's /classify
-    answered straight from the guard, past FastAPI's request machinery.
+    """POST /v1/classify, TEI's /predict and POST / (huggingface_hub's InferenceClient), vLLM's /classify and
+    KServe V2's /v2/models/{name}[/versions/{version}]/infer answered straight from the guard, past FastAPI's
+    request machinery.
 
     Profiled at one client (py-spy, onnx-int8), FastAPI's per-request work around the endpoint (body and
     content-type handling, dependency solving, the exception-handling layers, the response's send chain) was
@@ -70,7 +71,7 @@ def fast_routes(st: ServeState, error: Callable[[Request, Exception], Awaitable[
     `error` renders an exception as the app's handlers do (TEI's routes in TEI's form). A body pydantic refuses
     goes on to the FastAPI route untouched, so every 400/422 reads exactly as before; the routes stay what
     OpenAPI shows."""
-    from qserve.serve.protocols import tei, vllm_api
+    from qserve.serve.protocols import tei, v2, vllm_api
 
     # path -> Fast(...).bind: each route's body model and answer, one pair per route
     table: dict[str, Callable[[bytes], Bound | None]] = {
@@ -82,7 +83,18 @@ def fast_routes(st: ServeState, error: Callable[[Request, Exception], Awaitable[
     }
 
     async def handle(scope: Scope, body: bytes, send: Send) -> bool:
-        bind = table.get(scope["path"]) if scope["method"] == "POST" else None
+        if scope["method"] != "POST":
+            return False
+        bind = table.get(scope["path"])
+        v2_bound = v2.bind_infer(st, scope, body) if bind is None else None
+        if v2_bound is not None:  # KServe V2 infer: its answer is a Response (JSON, or binary tensor data)
+            request = Request(scope)
+            try:
+                response = await v2_bound(request)
+            except Exception as e:
+                response = await error(request, e)
+            await response(scope, _no_receive, send)
+            return True
         bound = bind(body) if bind is not None else None
         if bound is None:
             return False

@@ -23,7 +23,9 @@ reaches whatever version serves now (after a hot swap, the new one). The reposit
 from __future__ import annotations
 
 import json
+import re
 import struct
+from collections.abc import Awaitable, Callable
 from math import prod
 from typing import Any
 
@@ -32,6 +34,8 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.datastructures import Headers
+from starlette.types import Scope
 
 from qserve import __version__
 from qserve.serve.core.answer import Answer
@@ -241,6 +245,50 @@ def check_version(model: ServedModel, version: str) -> None:
                             f"{model.version!r} (GET /v2/models/{model.name}), or leave the version out")
 
 
+async def infer_answer(st: ServeState, model: ServedModel, req: V2InferRequest, binary: bytes,
+                       request: Request) -> Response:
+    """POST .../infer's answer to a parsed body (the FastAPI route and the guard's fast path both call this)."""
+    if req.id is not None and unicode_problem(req.id):
+        raise ApiError(422, f"id {unicode_problem(req.id)}")
+    texts, pairs = request_texts(st, req, binary, model)
+    binary_default, asked = requested_outputs(req)
+    long_text = req.parameters.long_text if req.parameters else None
+    a = await st.classify(model, texts, request, long_text, "parameters.long_text", pairs,
+                          outputs=[name for name, _ in asked])
+    values = output_values(a)
+    flags = [flag for _, flag in asked] or [binary_default] * len(a.outputs)
+    head = {"model_name": a.name, "model_version": a.version, "id": req.id or request.state.request_id,
+            "parameters": {"labels": ",".join(a.labels), "max_length": a.max_length, "long_text": a.policy}}
+    return encode_response(head, [(*values[w], flag) for w, flag in zip(a.outputs, flags)])
+
+
+INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
+"""The two infer routes' paths, as Starlette matches their {name} and {version} (no slash inside either)."""
+
+
+def bind_infer(st: ServeState, scope: Scope, body: bytes) -> Callable[[Request], Awaitable[Response]] | None:
+    """The guard's fast path for POST /v2/models/{name}[/versions/{version}]/infer: the answer to `body`, still to
+    compute, or None when the path is not an infer route or the body does not parse (JSON header, binary split,
+    V2InferRequest), so the FastAPI route answers it exactly as before. A parsed body is answered by the
+    function the route calls, after the same model and version checks the route makes first."""
+    m = INFER_PATH.fullmatch(scope["path"])
+    if m is None:
+        return None
+    try:
+        req, binary = _parse_request(body, Headers(scope=scope).get(HEADER_LENGTH))
+    except (ApiError, RequestValidationError):
+        return None
+    name, version = m.groups()
+
+    async def answer(request: Request) -> Response:
+        model = st.model(name, request)
+        if version is not None:
+            check_version(model, version)
+        return await infer_answer(st, model, req, binary, request)
+
+    return answer
+
+
 def add_v2_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat list of small routes
     @app.get("/v2", tags=["v2"], summary="Server metadata", responses=_errors(401))
     async def v2_server() -> dict:
@@ -257,20 +305,8 @@ def add_v2_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat 
 
     async def infer(name: str, request: Request) -> Response:
         model = st.model(name, request)
-        body = await request.body()
-        req, binary = _parse_request(body, request.headers.get(HEADER_LENGTH))
-        if req.id is not None and unicode_problem(req.id):
-            raise ApiError(422, f"id {unicode_problem(req.id)}")
-        texts, pairs = request_texts(st, req, binary, model)
-        binary_default, asked = requested_outputs(req)
-        long_text = req.parameters.long_text if req.parameters else None
-        a = await st.classify(model, texts, request, long_text, "parameters.long_text", pairs,
-                              outputs=[name for name, _ in asked])
-        values = output_values(a)
-        flags = [flag for _, flag in asked] or [binary_default] * len(a.outputs)
-        head = {"model_name": a.name, "model_version": a.version, "id": req.id or request.state.request_id,
-                "parameters": {"labels": ",".join(a.labels), "max_length": a.max_length, "long_text": a.policy}}
-        return encode_response(head, [(*values[w], flag) for w, flag in zip(a.outputs, flags)])
+        req, binary = _parse_request(await request.body(), request.headers.get(HEADER_LENGTH))
+        return await infer_answer(st, model, req, binary, request)
 
     model_errors = _errors(401, 404, 503)
     for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
