@@ -309,6 +309,16 @@ STAGES: tuple[Stage, ...] = (
           "~6 min (estimate): 2 code trees x 3 rounds, each a server start-up, 5 x 64 checked answers and 5 routes "
           "x 8 s of wrk",
           needs=(VARIANT,)),
+    Stage("serve-protocol-cost-xeon", "serve-protocol-cost on the Intel Xeon with AMX, after KServe V2's /infer joined "
+          "the fast routes: each protocol's classify route at one client, the code before any fast route (de8320f) and "
+          "after, interleaved",
+          (f"$PY benchmarks/serve_protocol_cost.py {VARIANT} --baseline-ref de8320f --rounds 3 --duration 8 "
+           "--out benchmarks/reports/serve-protocol-cost-xeon",),
+          (Report("benchmarks/reports/serve-protocol-cost-xeon/report.json",
+                  "benchmarks/reports/serve-protocol-cost-xeon/report.md", "serve_protocol_cost:render"),),
+          "~6 min (estimate): 2 code trees x 3 rounds, each a server start-up, 5 x 64 checked answers and 5 routes "
+          "x 8 s of wrk",
+          needs=(VARIANT,)),
     Stage("checkpoint-cost", "one resumable training checkpoint of the embedded default per precision: wall and CPU "
           "seconds, size, share of training at the default ~5-minute interval",
           ("$PY benchmarks/checkpoint_cost.py --saves 5",),
