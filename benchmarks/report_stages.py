@@ -316,8 +316,8 @@ STAGES: tuple[Stage, ...] = (
            "--out benchmarks/reports/serve-protocol-cost-xeon",),
           (Report("benchmarks/reports/serve-protocol-cost-xeon/report.json",
                   "benchmarks/reports/serve-protocol-cost-xeon/report.md", "serve_protocol_cost:render"),),
-          "~6 min (estimate): 2 code trees x 3 rounds, each a server start-up, 5 x 64 checked answers and 5 routes "
-          "x 8 s of wrk",
+          "5.6 min, measured on the Intel Xeon with AMX (2 code trees x 3 rounds, each a server start-up, 5 x 64 "
+          "checked answers and 5 routes x 8 s of wrk)",
           needs=(VARIANT,)),
     Stage("checkpoint-cost", "one resumable training checkpoint of the embedded default per precision: wall and CPU "
           "seconds, size, share of training at the default ~5-minute interval",
