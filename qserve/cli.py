@@ -34,6 +34,11 @@ COMMANDS = [
 ]
 
 
+# The commands that load a model (in this process or in children that are `qserve` again): transformers is told
+# scikit-learn is absent before they import it (modeling.skip_sklearn_import: seconds of each start).
+MODEL_COMMANDS = frozenset({"pipeline", "train", "export", "bench", "serve", "predict"})
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="qserve",
@@ -73,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if args.command in MODEL_COMMANDS:
+        from qserve.modeling import skip_sklearn_import
+
+        skip_sklearn_import()
     try:
         return int(command_func(args)(args) or 0)
     except QserveError as e:

@@ -175,3 +175,22 @@ def test_load_tokenizer_skips_the_auto_classes(tiny_checkpoint):
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["BertTokenizerFast", "[]"], out
+
+
+def test_model_commands_load_torch_models_without_scikit_learn(tiny_checkpoint, tmp_path):
+    """modeling.skip_sklearn_import, as the CLI's model commands call it: a torch model loads and exports without
+    transformers importing scikit-learn (seconds of every start); a plain load does pull it in, so this checks the
+    call, not the environment."""
+    import subprocess
+    import sys
+
+    probe = "print('sklearn' in sys.modules)"
+    plain = ("import sys; from transformers import AutoModelForSequenceClassification as A; "
+             f"A.from_pretrained({str(tiny_checkpoint)!r}); " + probe)
+    cli = ("import sys; from qserve.cli import main; "
+           f"rc = main(['export', {str(tiny_checkpoint)!r}, '--variant', 'torch-fp32', "
+           f"'--out', {str(tmp_path / 'v')!r}]); assert rc == 0, rc; " + probe)
+    run = lambda code: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,  # noqa: E731
+                                      check=True).stdout.split("\n")[-2]
+    assert run(plain) == "True"
+    assert run(cli) == "False"  # (the export itself still imports scipy elsewhere)
