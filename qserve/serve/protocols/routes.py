@@ -39,7 +39,8 @@ FastRoute = Callable[[Scope, bytes, Send], Awaitable[bool]]
 
 B = TypeVar("B", bound=BaseModel)
 Bound = Callable[[Request], Awaitable[object]]
-"""A parsed body's answer, still to compute: (the request) -> what the route's JSONResponse holds."""
+"""A parsed body's answer, still to compute: (the request) -> what the route's JSONResponse holds (V2: the route's
+Response itself)."""
 
 
 @dataclass(frozen=True)
@@ -86,16 +87,8 @@ def fast_routes(st: ServeState, error: Callable[[Request, Exception], Awaitable[
         if scope["method"] != "POST":
             return False
         bind = table.get(scope["path"])
-        v2_bound = v2.bind_infer(st, scope, body) if bind is None else None
-        if v2_bound is not None:  # KServe V2 infer: its answer is a Response (JSON, or binary tensor data)
-            request = Request(scope)
-            try:
-                response = await v2_bound(request)
-            except Exception as e:
-                response = await error(request, e)
-            await response(scope, _no_receive, send)
-            return True
-        bound = bind(body) if bind is not None else None
+        # V2's infer paths carry the model (and version) in them, so they are matched apart from the table
+        bound = bind(body) if bind is not None else v2.bind_infer(st, scope, body)
         if bound is None:
             return False
         request = Request(scope)
@@ -103,6 +96,9 @@ def fast_routes(st: ServeState, error: Callable[[Request, Exception], Awaitable[
             answer = await bound(request)
         except Exception as e:  # ApiError and the unexpected, as the app's exception handlers answer them
             await (await error(request, e))(scope, _no_receive, send)
+            return True
+        if isinstance(answer, Response):  # V2: JSON or binary tensor data, built by the route's own encoder
+            await answer(scope, _no_receive, send)
             return True
         # What JSONResponse(answer) sends, byte for byte (same dumps, same headers), without building one
         out = json.dumps(answer, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode()
