@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # reportio beside this script
 
 def measure(precision: str, saves: int, scratch: Path, model_name: str = "default") -> dict:
     import torch
-    from lightning.fabric import Fabric
+    from lightning_fabric import Fabric
 
     from qserve.training import resume
     from qserve.modeling import load_for_training

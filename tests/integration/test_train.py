@@ -68,7 +68,7 @@ def test_training_learns_and_records_metrics(trained, separable_csv):
     assert saved["sizes"] == {"train": 160, "val": 20, "test": 20}
     assert saved["optimizer_steps"] == 4 * 10 and saved["step_time_median_s"] > 0 and saved["samples_per_s"] > 0
     assert saved["peak_memory_bytes"] > 50e6 and "RSS" in saved["peak_memory_kind"]
-    assert saved["config"]["lr"] == 5e-3 and "torch" in saved["versions"] and "lightning" in saved["versions"]
+    assert saved["config"]["lr"] == 5e-3 and "torch" in saved["versions"] and "lightning-fabric" in saved["versions"]
     meta = json.loads((out / "qserve_model.json").read_text())
     assert meta == {"model_name": f"{Path(saved['base_model']).name}-toy", "base_model": saved["base_model"],
                     "dataset": str(separable_csv.resolve()), "seed": 42, "max_length": 32, "long_text": "head-tail:16",

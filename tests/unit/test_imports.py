@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-HEAVY = ["torch", "onnxruntime", "bitsandbytes", "transformers", "lightning", "optimum", "ray"]
+HEAVY = ["torch", "onnxruntime", "bitsandbytes", "transformers", "lightning_fabric", "optimum", "ray"]
 
 
 def _loaded_after(code: str) -> set[str]:

@@ -128,7 +128,7 @@ def test_child_argv_round_trips_the_config():
 
 def test_import_stays_light():
     code = ("import sys, qserve.training.train, qserve.training.study, qserve.data.datasets, qserve.modeling; "
-            "heavy = [m for m in ('torch', 'transformers', 'lightning') if m in sys.modules]; print(heavy)")
+            "heavy = [m for m in ('torch', 'transformers', 'lightning_fabric') if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
