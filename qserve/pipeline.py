@@ -25,7 +25,8 @@ from qserve import QserveError
 
 # Pipeline defaults, chosen so the whole job fits in ~15 minutes on 2 CPU cores and
 # still beats 82% on held-out IMDb (see README "Measured").
-PIPELINE_TRAIN = {"max_samples": 6000, "max_length": 128, "epochs": 1, "batch_size": 16, "lr": 1e-4}
+PIPELINE_TRAIN = {"max_samples": 6000, "max_eval_samples": 2000, "max_length": 128, "epochs": 1, "batch_size": 16,
+                  "lr": 1e-4}
 PIPELINE_FLOOR_BUDGET_S = 0.25
 """Seconds per GEMM of the compute floor's best-of timing (`qserve bench` uses 1): hundreds of calls of each
 shape at these sizes, where the best one is what the floor reads."""
@@ -142,7 +143,8 @@ def run_pipeline(args: argparse.Namespace) -> Path:
     cfg = TrainConfig(model=args.model, dataset=args.dataset, precision=args.precision, epochs=args.epochs,
                       batch_size=args.batch_size, lr=args.lr, max_length=args.max_length,
                       max_samples=args.max_samples, seed=args.seed, out=str(run_dir / "checkpoint"),
-                      device=device, force=args.force, checkpoint_every=args.checkpoint_every)
+                      device=device, force=args.force, checkpoint_every=args.checkpoint_every,
+                      max_eval_samples=args.max_eval_samples or None)
     names = args.variants.split(",") if args.variants else [s.name for s in supported(device)]
     t_all = time.perf_counter()
     times: dict[str, float] = {}
@@ -190,6 +192,9 @@ def register(sub) -> None:
     p.add_argument("--max-samples", type=int, default=PIPELINE_TRAIN["max_samples"],
                    help="training reviews (seeded subsample; default %(default)s)")
     p.add_argument("--max-length", type=int, default=PIPELINE_TRAIN["max_length"], help="tokens (default %(default)s)")
+    p.add_argument("--max-eval-samples", type=int, default=PIPELINE_TRAIN["max_eval_samples"],
+                   help="validation and test reviews the training stage scores, each (seeded, stratified; "
+                        "default %(default)s; 0: all)")
     p.add_argument("--epochs", type=int, default=PIPELINE_TRAIN["epochs"])
     p.add_argument("--batch-size", type=int, default=PIPELINE_TRAIN["batch_size"])
     p.add_argument("--lr", type=float, default=PIPELINE_TRAIN["lr"])

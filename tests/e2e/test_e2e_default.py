@@ -23,8 +23,11 @@ import pytest
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
-ARGS = ["--max-samples", "800", "--max-length", "64", "--variants", "torch-fp32,onnx-int8",
-        "--bench-eval-samples", "200", "--batch-sizes", "1,8", "--seq-lens", "64", "--threads", "2"]
+# 500 val / test reviews (not 2,000) and two long-text policies (not four) spare the suite ~35 s; the policies'
+# own comparison is tests/integration/test_bench_long_text.py's
+ARGS = ["--max-samples", "800", "--max-eval-samples", "500", "--max-length", "64", "--variants", "torch-fp32,onnx-int8",
+        "--bench-eval-samples", "200", "--bench-long-text", "head,windows", "--batch-sizes", "1,8", "--seq-lens", "64",
+        "--threads", "2"]
 
 
 def qserve(*argv: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -44,6 +47,7 @@ def run_dir(tmp_path_factory) -> Path:
 def test_pipeline_outputs(run_dir):
     metrics = json.loads((run_dir / "checkpoint" / "train_metrics.json").read_text())
     assert metrics["precision"] == "bf16-mixed" and metrics["device"] == "cpu"
+    assert metrics["sizes"] == {"train": 800, "val": 500, "test": 500}  # --max-samples, --max-eval-samples
     # 800 reviews at 64 tokens learn well past chance; the full default (README) reaches > 82%
     assert metrics["test_accuracy"] > 0.6, metrics["test_accuracy"]
     meta = json.loads((run_dir / "checkpoint" / "qserve_model.json").read_text())
