@@ -26,6 +26,8 @@ def test_run_dir_names():
 # -- a killed pipeline picks up where it stopped ---------------------------------------------
 
 ROOT = Path(__file__).resolve().parents[2]
+# the toy data and the same-run check of tests/integration/test_resume.py, importable when this file runs alone
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
 # What a report row says that does not depend on timing or paths: what the variant is and how it answers.
 ROW_KEYS = ("name", "status", "spec", "model_name", "parity", "weights_bytes", "accuracy", "agreement")
 
@@ -88,6 +90,9 @@ def _killed_when(argv: list[str], line: str, then=None, env: dict | None = None)
 
 
 def test_pipeline_killed_in_each_stage_finishes_with_the_same_report(tiny_checkpoint, tmp_path, capsys):
+    """Killed in training, in an export and in the bench (after the reference's measurement was stored), each
+    re-run picks up where the last stopped; the last one's report equals an uninterrupted run's. One run of
+    kills, not one per stage: each pipeline start costs its child processes' imports."""
     from test_resume import toy_rows
 
     from qserve.verify import verify
@@ -113,37 +118,27 @@ def test_pipeline_killed_in_each_stage_finishes_with_the_same_report(tiny_checkp
     first = verify(run / "variants" / "torch-fp32").to_json()
     assert staging() and not (run / "variants" / "torch-bf16").exists()
     # 3. re-run: training and the finished variant kept, the cut-short one exported again; killed in the bench
-    out = _killed_when(argv, "== [3/3] bench")
+    # once the reference's measurement is stored and before the second variant's is
+    store = run / "report" / "measured"
+    measured = lambda name: sorted(store.glob(f"{name}-*.variant.json")) if store.is_dir() else []  # noqa: E731
+    out = _killed_when(argv, "== [3/3]", then=lambda: bool(measured("torch-fp32")) and not measured("torch-bf16"))
     assert "reusing" in out.split("[1/2] torch-fp32")[0] and "[1/2] torch-fp32: reusing" in out
     assert "[2/2] torch-bf16: exporting" in out and not staging()
-    # 4. re-run: nothing finished is redone; the report equals the uninterrupted run's, timings aside
+    assert measured("torch-fp32") and not measured("torch-bf16") and not (run / "report" / "report.json").exists()
+    kept = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in measured("torch-fp32")}
+    # 4. re-run: nothing finished is redone (the stored measurement is read back, not redone); the report
+    # equals the uninterrupted run's, timings aside
     capsys.readouterr()
     _run_in_process(argv)
     out = capsys.readouterr().out
     assert out.count("reusing") == 3 and "exporting" not in out and "resuming" not in out, out
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in measured("torch-fp32")} == kept
+    assert measured("torch-bf16")
     assert verify(run / "variants" / "torch-fp32").to_json()["created"] == first["created"]
+    rows = json.loads((run / "report" / "report.json").read_text())["variants"]
+    assert [(r["name"], r["status"]) for r in rows] == [("torch-fp32", "ok"), ("torch-bf16", "ok")]
     assert _rows(run) == _rows(ref)
     from test_resume import assert_same_run
 
     assert_same_run(ref / "checkpoint", run / "checkpoint")  # killed in training, resumed: the same weights
     assert sorted(p.name for p in (run / "variants").iterdir()) == ["torch-bf16", "torch-fp32"]
-
-
-def test_pipeline_killed_in_the_bench_keeps_each_finished_measurement(tiny_checkpoint, tmp_path):
-    from test_resume import toy_rows
-
-    data = toy_rows(tmp_path / "toy.csv")
-    run = tmp_path / "run"
-    argv = _tiny_pipeline(run, tiny_checkpoint, data)
-    store = run / "report" / "measured"
-    done = lambda name: sorted(store.glob(f"{name}-*.variant.json")) if store.is_dir() else []  # noqa: E731
-    # killed in the bench: the reference's measurement is stored, the second variant's is not yet
-    _killed_when(argv, "== [3/3]", then=lambda: bool(done("torch-fp32")) and not done("torch-bf16"))
-    assert done("torch-fp32") and not done("torch-bf16") and not (run / "report" / "report.json").exists()
-    kept = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in done("torch-fp32")}
-    _run_in_process(argv)
-    # the finished measurement was read back, not redone; only the missing one was measured
-    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in done("torch-fp32")} == kept
-    assert done("torch-bf16")
-    rows = json.loads((run / "report" / "report.json").read_text())["variants"]
-    assert [(r["name"], r["status"]) for r in rows] == [("torch-fp32", "ok"), ("torch-bf16", "ok")]
