@@ -35,7 +35,7 @@ COMMANDS = [
 
 
 # The commands that load a model (in this process or in children that are `qserve` again): transformers is told
-# scikit-learn is absent before they import it (modeling.skip_sklearn_import: seconds of each start).
+# scikit-learn and scipy are absent before it imports them (modeling.skip_unused_imports: seconds of each start).
 MODEL_COMMANDS = frozenset({"pipeline", "train", "export", "bench", "serve", "predict"})
 
 
@@ -76,9 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     if args.command in MODEL_COMMANDS:
-        from qserve.modeling import skip_sklearn_import
+        from qserve.modeling import skip_unused_imports
 
-        skip_sklearn_import()
+        skip_unused_imports()
     try:
         return int(command_func(args)(args) or 0)
     except QserveError as e:

@@ -27,27 +27,31 @@ HUB_HINT = ("a hub id needs network access to huggingface.co (unset HF_HUB_OFFLI
             "written by save_pretrained; offline, use --model default")
 
 
-def skip_sklearn_import() -> None:
+def skip_unused_imports() -> None:
     """Called by qserve's own processes (a model-loading CLI command, a bench child) before any model loads.
 
-        python -c "from qserve.modeling import skip_sklearn_import; skip_sklearn_import(); import sys; from transformers import DistilBertForSequenceClassification; print('sklearn' in sys.modules)"
+        python -c "from qserve.modeling import skip_unused_imports; skip_unused_imports(); import sys; from transformers import DistilBertForSequenceClassification; print('sklearn' in sys.modules, 'scipy' in sys.modules)"
 
-    Every transformers model class imports the generation utilities, and they import scikit-learn (and
-    scipy with it) whenever it is installed (nncf and sentence-transformers install it here), only for
-    assisted generation's candidate-confidence threshold, which a classifier never uses. Telling
-    transformers it is absent took a tiny torch-fp32 runtime's load from 7.3-8.9 s to 5.6-6.2 s on the 2-core
-    Xeon (3 alternating rounds): seconds of every `qserve serve` of a torch variant, each bench child, each
-    training and export. Only qserve's entry points call this, never the library functions a user's process
-    calls, and only before the generation utilities are imported (after that the flag is read already).
+    Every transformers model class imports the generation utilities, which import scikit-learn (and scipy
+    with it) whenever it is installed (nncf and sentence-transformers install it here) only for assisted
+    generation's candidate-confidence threshold, and the loss utilities, which import scipy.optimize only for
+    the object-detection losses' matching. A text classifier uses neither (FNet's optional TPU-style DFT falls
+    back to torch's FFT without scipy, with a warning). Telling transformers both are absent took a tiny
+    torch-fp32 runtime's load from 7.3-8.9 s to 5.6-6.2 s on the 2-core Xeon (sklearn, 3 alternating rounds),
+    and a model class's import a further 0.5-1 s (scipy): seconds of every `qserve serve` of a torch variant,
+    each bench child, each training and export. Only qserve's entry points call this, never the library
+    functions a user's process calls, and only before transformers' model code is imported (after that the
+    flags were read already). qserve's own code and other libraries import scipy as usual.
     """
     import sys
 
-    if "transformers.generation.candidate_generator" in sys.modules:
+    if "transformers.generation.candidate_generator" in sys.modules or "transformers.loss.loss_utils" in sys.modules:
         return
     import transformers.utils.import_utils as hf_imports
 
-    if hasattr(hf_imports, "_sklearn_available"):  # the flag of the pinned transformers; absent: do nothing
-        hf_imports._sklearn_available = False
+    for flag in ("_sklearn_available", "_scipy_available"):
+        if hasattr(hf_imports, flag):  # the flags of the pinned transformers; absent: do nothing
+            setattr(hf_imports, flag, False)
 
 
 def default_model_dir() -> Path:

@@ -194,9 +194,9 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     backend = read_manifest(variant_dir).backend
     if __name__ == "__main__":  # the bench's own child process, not a user's: seconds of its start (modeling.py)
-        from qserve.modeling import skip_sklearn_import
+        from qserve.modeling import skip_unused_imports
 
-        skip_sklearn_import()
+        skip_unused_imports()
     _preimport(backend)
     res["import_s"] = time.perf_counter() - t0
     res["rss_before_load_mb"] = rss_mb()

@@ -266,9 +266,9 @@ def run(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`python -m qserve.training.train ...`: the train command alone (what --compare runs per precision)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from qserve.modeling import skip_sklearn_import
+    from qserve.modeling import skip_unused_imports
 
-    skip_sklearn_import()  # an entry point like `qserve train`: the study's children start as fast as it does
+    skip_unused_imports()  # an entry point like `qserve train`: the study's children start as fast as it does
     parser = argparse.ArgumentParser(prog="qserve")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["train", *(sys.argv[1:] if argv is None else argv)])

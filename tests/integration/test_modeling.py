@@ -177,20 +177,25 @@ def test_load_tokenizer_skips_the_auto_classes(tiny_checkpoint):
     assert out == ["BertTokenizerFast", "[]"], out
 
 
-def test_model_commands_load_torch_models_without_scikit_learn(tiny_checkpoint, tmp_path):
-    """modeling.skip_sklearn_import, as the CLI's model commands call it: a torch model loads and exports without
-    transformers importing scikit-learn (seconds of every start); a plain load does pull it in, so this checks the
-    call, not the environment."""
+def test_model_commands_load_torch_models_without_scikit_learn_or_scipy(tiny_checkpoint, tmp_path):
+    """modeling.skip_unused_imports, as the CLI's model commands call it: a torch model loads and exports without
+    transformers importing scikit-learn, and loads without scipy (seconds of every start); a plain load does pull
+    both in, so this checks the call, not the environment. The model answers the same either way."""
     import subprocess
     import sys
 
-    probe = "print('sklearn' in sys.modules)"
-    plain = ("import sys; from transformers import AutoModelForSequenceClassification as A; "
-             f"A.from_pretrained({str(tiny_checkpoint)!r}); " + probe)
+    probe = "print('sklearn' in sys.modules, 'scipy' in sys.modules)"
+    load = (f"m = A.from_pretrained({str(tiny_checkpoint)!r}).eval(); import torch; "
+            "print(m(input_ids=torch.tensor([[101, 2204, 102]])).logits.tolist()); ")
+    plain = "import sys; from transformers import AutoModelForSequenceClassification as A; " + load + probe
+    skipped = ("import sys; from qserve.modeling import skip_unused_imports; skip_unused_imports(); "
+               "from transformers import AutoModelForSequenceClassification as A; " + load + probe)
     cli = ("import sys; from qserve.cli import main; "
            f"rc = main(['export', {str(tiny_checkpoint)!r}, '--variant', 'torch-fp32', "
            f"'--out', {str(tmp_path / 'v')!r}]); assert rc == 0, rc; " + probe)
     run = lambda code: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,  # noqa: E731
-                                      check=True).stdout.split("\n")[-2]
-    assert run(plain) == "True"
-    assert run(cli) == "False"  # (the export itself still imports scipy elsewhere)
+                                      check=True).stdout.split("\n")[-3:-1]
+    (plain_logits, plain_mods), (logits, mods) = run(plain), run(skipped)
+    assert plain_mods == "True True" and mods == "False False"
+    assert logits == plain_logits
+    assert run(cli)[-1].split()[0] == "False"  # no sklearn (the export itself imports scipy elsewhere)
