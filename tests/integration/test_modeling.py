@@ -178,24 +178,22 @@ def test_load_tokenizer_skips_the_auto_classes(tiny_checkpoint):
 
 
 def test_model_commands_load_torch_models_without_scikit_learn_or_scipy(tiny_checkpoint, tmp_path):
-    """modeling.skip_unused_imports, as the CLI's model commands call it: a torch model loads and exports without
-    transformers importing scikit-learn, and loads without scipy (seconds of every start); a plain load does pull
-    both in, so this checks the call, not the environment. The model answers the same either way."""
+    """modeling.skip_unused_imports, as the CLI's model commands call it: after one of them (here an export
+    refused for a checkpoint that is not there), a torch model loads without transformers importing scikit-learn or scipy
+    (seconds of every start) and answers the same logits; a plain load does pull both in, so this checks the
+    call, not the environment."""
     import subprocess
     import sys
 
-    probe = "print('sklearn' in sys.modules, 'scipy' in sys.modules)"
-    load = (f"m = A.from_pretrained({str(tiny_checkpoint)!r}).eval(); import torch; "
-            "print(m(input_ids=torch.tensor([[101, 2204, 102]])).logits.tolist()); ")
-    plain = "import sys; from transformers import AutoModelForSequenceClassification as A; " + load + probe
-    skipped = ("import sys; from qserve.modeling import skip_unused_imports; skip_unused_imports(); "
-               "from transformers import AutoModelForSequenceClassification as A; " + load + probe)
-    cli = ("import sys; from qserve.cli import main; "
-           f"rc = main(['export', {str(tiny_checkpoint)!r}, '--variant', 'torch-fp32', "
-           f"'--out', {str(tmp_path / 'v')!r}]); assert rc == 0, rc; " + probe)
-    run = lambda code: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,  # noqa: E731
-                                      check=True).stdout.split("\n")[-3:-1]
-    (plain_logits, plain_mods), (logits, mods) = run(plain), run(skipped)
+    load = ("from transformers import AutoModelForSequenceClassification as A; "
+            f"m = A.from_pretrained({str(tiny_checkpoint)!r}).eval(); import torch; "
+            "print(m(input_ids=torch.tensor([[101, 2204, 102]])).logits.tolist()); "
+            "print('sklearn' in sys.modules, 'scipy' in sys.modules)")
+    cli = ("from qserve.cli import main; "
+           f"rc = main(['export', {str(tmp_path / 'missing')!r}, '--variant', 'torch-fp32', "
+           f"'--out', {str(tmp_path / 'v')!r}]); assert rc == 2, rc; ")
+    run = lambda code: subprocess.run([sys.executable, "-c", "import sys; " + code], capture_output=True,  # noqa: E731
+                                      text=True, check=True).stdout.split("\n")[-3:-1]
+    (plain_logits, plain_mods), (logits, mods) = run(load), run(cli + load)
     assert plain_mods == "True True" and mods == "False False"
     assert logits == plain_logits
-    assert run(cli)[-1].split()[0] == "False"  # no sklearn (the export itself imports scipy elsewhere)
