@@ -25,8 +25,7 @@ from qserve import QserveError
 
 # Pipeline defaults, chosen so the whole job fits in ~15 minutes on 2 CPU cores and
 # still beats 82% on held-out IMDb (see README "Measured").
-PIPELINE_TRAIN = {"max_samples": 6000, "max_eval_samples": 2000, "max_length": 128, "epochs": 1, "batch_size": 16,
-                  "lr": 1e-4}
+PIPELINE_TRAIN = {"max_samples": 6000, "max_length": 128, "epochs": 1, "batch_size": 16, "lr": 1e-4}
 PIPELINE_FLOOR_BUDGET_S = 0.25
 """Seconds per GEMM of the compute floor's best-of timing (`qserve bench` uses 1): hundreds of calls of each
 shape at these sizes, where the best one is what the floor reads."""
@@ -181,6 +180,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
+    from qserve.training.config import TrainConfig  # light (no torch): the one place its defaults live
+
     p = sub.add_parser("pipeline", help="the main job: train -> export -> bench -> report",
                        description=__doc__.split("\n\n", 1)[0])
     p.add_argument("--model", default="default", help="'default' (embedded MiniLM-L6 in DistilBERT layout), "
@@ -192,7 +193,7 @@ def register(sub) -> None:
     p.add_argument("--max-samples", type=int, default=PIPELINE_TRAIN["max_samples"],
                    help="training reviews (seeded subsample; default %(default)s)")
     p.add_argument("--max-length", type=int, default=PIPELINE_TRAIN["max_length"], help="tokens (default %(default)s)")
-    p.add_argument("--max-eval-samples", type=int, default=PIPELINE_TRAIN["max_eval_samples"],
+    p.add_argument("--max-eval-samples", type=int, default=TrainConfig.max_eval_samples,
                    help="validation and test reviews the training stage scores, each (seeded, stratified; "
                         "default %(default)s; 0: all)")
     p.add_argument("--epochs", type=int, default=PIPELINE_TRAIN["epochs"])
