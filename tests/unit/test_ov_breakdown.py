@@ -9,6 +9,7 @@ compile settings as the real run); no timing is asserted.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -61,10 +62,38 @@ def test_classes_add_up_to_the_nodes_and_the_nodes_run_inside_the_call(measured)
             assert sum(c["ms"] for c in prof["classes"].values()) == pytest.approx(prof["nodes_ms"])
             assert sum(c["nodes"] for c in prof["classes"].values()) == sum(
                 k["nodes"] for k in prof["kernels"].values())
-            # per call, not summed over calls: the plugin's node timers can add up to more than the call (up to
-            # 1.27x seen on this tiny model's ~1 ms calls, 1.15x at b32 on the real one), never to several calls
-            assert 0 < prof["nodes_ms"] < prof["wall_ms"] * 2
+            # how the node timers compare with the call's wall time is not asserted: on a loaded 2-core runner
+            # they added up to 2.15x a ~1 ms call (1.27x quiet); the per-call arithmetic is checked below instead
+            assert prof["nodes_ms"] > 0
             assert prof["counted"] == prof["calls"] - prof["calls"] // 2  # the faster half
+
+
+def test_profile_reports_one_calls_node_time_over_the_faster_half(bd):
+    # The plugin's timers vary run to run, so the averaging is checked on counters with known times: each call
+    # reports a 1 ms and a 2 ms MatMul and one skipped node; the calls' walls are set by sleeping 1-6 ms.
+    import datetime
+    import types
+
+    def info(ms, status="Status.EXECUTED"):
+        return types.SimpleNamespace(status=status, node_type="MatMul", exec_type="brgemm_avx512_amx_I8",
+                                     node_name="mm", real_time=datetime.timedelta(milliseconds=ms))
+
+    class Request:
+        def __init__(self):
+            self.n = 0
+            self.profiling_info = []
+
+        def infer(self, feed):
+            self.n += 1
+            time.sleep(0.001 * (self.n % 6 + 1))
+            self.profiling_info = [info(1.0), info(2.0), info(5.0, "Status.NOT_RUN")]
+
+    got = bd.profile(Request(), {}, calls=6, warmup=2)
+    assert (got["calls"], got["counted"]) == (6, 3)
+    assert got["nodes_ms"] == pytest.approx(3.0)  # one call's nodes, not the 3 counted calls' 9 ms
+    [kernel] = got["kernels"].values()
+    assert kernel["nodes"] == 2 and kernel["class"] == bd.INT8_GEMM
+    assert got["wall_ms"] >= 1.0  # each call sleeps at least 1 ms
 
 
 def test_a_batch_is_profiled_as_one_share_on_one_stream(measured):
