@@ -4,7 +4,8 @@
 
 One Ray instance and one Serve proxy serve every test in this module (starting Ray
 costs seconds of both cores); the replica-kill test runs last among the app tests and
-leaves the deployment at 2 RUNNING replicas, and the `serve run` test replaces the app.
+leaves the deployment at 2 RUNNING replicas, the `serve run` test replaces the app, and a regression model
+replaces it last.
 """
 
 from __future__ import annotations
@@ -281,6 +282,50 @@ def test_deploy_config_runs_under_rays_own_serve_run(ray_app, ray_url, tiny_vari
     np.testing.assert_allclose(got, reference.predict(["a fine film", "a dull film"]), atol=1e-5)
     r = ray_app.post("/v1/classify", json={"inputs": ["x"] * 9})  # the file's --max-inputs 8 is in force
     assert r.status_code == 422 and "at most 8 per request" in r.json()["error"]
+
+
+def test_regression_model_answers_its_value_on_the_same_instance(ray_app, ray_url, tmp_path):
+    """A regression model replaces the app (after the `serve run` test: one replica of one CPU, so the new one
+    fits beside it while Serve swaps them) and answers /v1 and V2 as the runtime does. On this module's Ray
+    instance rather than one of its own: a Ray start costs ~15 s of both cores."""
+    import exporters
+    from conftest import build_tiny_checkpoint
+    from test_problem_types import TEXTS, write_regression
+
+    from qserve.cli import main
+    from qserve.runtime import load_runtime
+    from qserve.serve.infra.deploy import Scaling
+    from qserve.serve.ray_engine import application
+
+    base = build_tiny_checkpoint(tmp_path / "base")
+    ck = tmp_path / "reg-ck"
+    assert main(["train", "--model", str(base), "--dataset", str(write_regression(tmp_path / "s.csv")), "--out",
+                 str(ck), "--precision", "32-true", "--max-length", "32", "--epochs", "1"]) == 0
+    variant = tmp_path / "torch-fp32"
+    exporters.export(ck, "torch-fp32", variant)
+    want = load_runtime(variant).predict(TEXTS)[:, 0]
+
+    serve.run(application({"variant_dir": str(variant), "threads": 1}, Scaling(1), cores=1),
+              name="qserve", route_prefix="/")
+    deadline, info = time.monotonic() + 120, {}
+    while [m.get("problem_type") for m in info.get("models") or []] != ["regression"]:
+        assert time.monotonic() < deadline, f"the regression app never answered /v1/models: {info}"
+        time.sleep(0.5)
+        try:
+            info = _replicas(ray_app)
+        except httpx2.TransportError:
+            info = {}
+    _wait_running(ray_app, 1)  # the tiny classifier's replica gone: every request below meets the new one
+    body = ray_app.post("/v1/classify", json={"inputs": TEXTS}).json()
+    assert body["problem_type"] == "regression"
+    assert [p[0]["label"] for p in body["predictions"]] == ["value"] * len(TEXTS)
+    np.testing.assert_allclose([p[0]["score"] for p in body["predictions"]], want, atol=1e-5)
+    r = ray_app.post("/v1/classify", json={"inputs": "x", "threshold": 0.5})
+    assert r.status_code == 422 and "multi-label models only" in r.json()["error"]
+    v2 = {"inputs": [{"name": "text", "shape": [len(TEXTS)], "datatype": "BYTES", "data": TEXTS}]}
+    out = {o["name"]: o for o in ray_app.post("/v2/models/torch-fp32/infer", json=v2).json()["outputs"]}
+    assert out["value"]["shape"] == [len(TEXTS), 1] and "probabilities" not in out
+    np.testing.assert_allclose(out["value"]["data"], want, atol=1e-5)
 
 
 def test_deploy_refuses_a_relative_variant_path(tiny_variant, tmp_path, monkeypatch, capsys):
