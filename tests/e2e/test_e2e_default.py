@@ -2,7 +2,7 @@
 
     python -m pytest tests/e2e/test_e2e_default.py -q      # ~2-3 min on 2 cores
 
-A short pipeline (800 IMDb reviews at 64 tokens, two variants, one bench shape)
+A short pipeline (800 IMDb reviews at 32 tokens, two variants, one bench shape)
 proves the whole main job runs from the PyPI-embedded model and data with no hub,
 that re-running reuses finished stages, and that the exported onnx-int8 variant
 serves the same answers over HTTP as the runtime gives in-process.
@@ -24,9 +24,10 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
 # 500 val / test reviews (not 2,000) and two long-text policies (not four) spare the suite ~35 s; the policies'
-# own comparison is tests/integration/test_bench_long_text.py's
-ARGS = ["--max-samples", "800", "--max-eval-samples", "500", "--max-length", "64", "--variants", "torch-fp32,onnx-int8",
-        "--bench-eval-samples", "200", "--bench-long-text", "head,windows", "--batch-sizes", "1,8", "--seq-lens", "64",
+# own comparison is tests/integration/test_bench_long_text.py's. 32 tokens, not 64: 137 -> 102 s for the pipeline
+# on the AMX Xeon, test accuracy 0.728 -> 0.720, onnx-int8 agreement 99.5% -> 100% (one run each)
+ARGS = ["--max-samples", "800", "--max-eval-samples", "500", "--max-length", "32", "--variants", "torch-fp32,onnx-int8",
+        "--bench-eval-samples", "200", "--bench-long-text", "head,windows", "--batch-sizes", "1,8", "--seq-lens", "32",
         "--threads", "2"]
 
 
@@ -48,7 +49,7 @@ def test_pipeline_outputs(run_dir):
     metrics = json.loads((run_dir / "checkpoint" / "train_metrics.json").read_text())
     assert metrics["precision"] == "bf16-mixed" and metrics["device"] == "cpu"
     assert metrics["sizes"] == {"train": 800, "val": 500, "test": 500}  # --max-samples, --max-eval-samples
-    # 800 reviews at 64 tokens learn well past chance; the full default (README) reaches > 82%
+    # 800 reviews at 32 tokens learn well past chance; the full default (README) reaches > 82%
     assert metrics["test_accuracy"] > 0.6, metrics["test_accuracy"]
     meta = json.loads((run_dir / "checkpoint" / "qserve_model.json").read_text())
     assert meta["model_name"].startswith("minilm-l6-distilbert") and "distilbert-base" not in meta["model_name"]
