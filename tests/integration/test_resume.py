@@ -165,14 +165,19 @@ def test_checkpoint_every_is_validated(tiny_checkpoint, toy_csv, tmp_path):
 
 
 def test_ddp_run_killed_on_every_rank_resumes_to_the_same_weights(tiny_checkpoint, toy_csv, tmp_path):
-    """--devices 2 (Fabric DDP, gloo): both ranks die after the first checkpoint; the re-run resumes both."""
+    """--devices 2 (Fabric DDP, gloo): both ranks die after the first checkpoint; the re-run resumes both. The
+    uninterrupted run also shows what DDP itself must get right: rank 0 alone writes and reports, and the
+    sharded evaluation of an odd count (7 test rows over 2 ranks) counts every row once."""
     import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from qserve.data.datasets import load_dataset
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(max(1, torch.get_num_threads() // 2))}
     runs = {}
     for name, hook in (("uninterrupted", None), ("killed", "after:1"), ("killed", None)):
         cfg = cfg_for(tiny_checkpoint, toy_csv, tmp_path / name, batch_size=8, epochs=1, devices=2, strategy="ddp",
-                      checkpoint_every=4 if name == "killed" else 0)
+                      checkpoint_every=4 if name == "killed" else 0, max_eval_samples=7)
         proc = subprocess.run(argv_for(cfg), cwd=ROOT, env={**env, **({KILL_ENV: hook} if hook else {})},
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == (-signal.SIGKILL if hook else 0), proc.stderr[-3000:]
@@ -180,3 +185,17 @@ def test_ddp_run_killed_on_every_rank_resumes_to_the_same_weights(tiny_checkpoin
     assert "resuming at step 4 of 10 (epoch 1/1, batch 4/10)" in runs["killed", None]
     assert runs["killed", None].count("resuming") == 1 and runs["killed", None].count("trained ") == 1  # rank 0
     assert_same_run(tmp_path / "uninterrupted", tmp_path / "killed")
+
+    out = tmp_path / "uninterrupted"
+    assert runs["uninterrupted", None].count("trained ") == 1  # only rank 0 reports
+    assert sorted(p.name for p in out.iterdir()) == sorted(FILES_WRITTEN)
+    m = json.loads((out / "train_metrics.json").read_text())
+    assert m["world_size"] == 2 and m["optimizer_steps"] == 10  # 160 training rows / 2 ranks / batch 8
+    data = load_dataset(str(toy_csv), max_eval_samples=7)
+    model = AutoModelForSequenceClassification.from_pretrained(out).eval()
+    enc = AutoTokenizer.from_pretrained(out)(data.test.texts, truncation=True, max_length=32, padding=True,
+                                             return_tensors="pt")
+    with torch.no_grad():
+        pred = model(**enc).logits.argmax(-1).tolist()
+    assert len(pred) == m["sizes"]["test"] == 7
+    assert m["test_accuracy"] == pytest.approx(sum(p == y for p, y in zip(pred, data.test.labels)) / 7)
