@@ -12,8 +12,6 @@ what `tokenizer(text, text_pair, truncation="longest_first", max_length=...)` ma
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -126,10 +124,11 @@ def pair_model(tmp_path_factory) -> dict[str, Path]:
     base = build("bert", root / "tiny-bert")
     data = _pairs_file(root / "pairs.jsonl")
     out = root / "checkpoint"
-    cmd = [sys.executable, "-m", "qserve", "train", "--model", str(base), "--dataset", str(data), "--max-length",
-           str(MAX_LENGTH), "--precision", "32-true", "--batch-size", "16", "--lr", "1e-3", "--out", str(out)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    from qserve.cli import main
+
+    # in-process, like test_problem_types' training: a child would spend ~5 s importing torch and transformers again
+    assert main(["train", "--model", str(base), "--dataset", str(data), "--max-length", str(MAX_LENGTH),
+                 "--precision", "32-true", "--batch-size", "16", "--lr", "1e-3", "--out", str(out)]) == 0
     variants = {"checkpoint": out}
     for name, options in (("torch-fp32", {}), ("onnx-int8", {"calibration_samples": 8})):
         variants[name] = root / name
