@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 
 from qserve import QserveError, longtext
-from qserve.variants import BACKENDS, BITS, DEFAULT_FOR_BITS, DTYPES, VARIANTS, Option, OptionValue, flag_options
+from qserve.exportoption import Option, OptionValue
+from qserve.variantflags import BITS, DEFAULT_FOR_BITS, DTYPES
+from qserve.variants import BACKENDS, VARIANTS, flag_options
 
 # Exporter options with a flag: option key -> (flag, the variants that understand it), from the registry.
 OPTION_FLAGS: dict[str, tuple[str, set[str]]] = {
@@ -43,7 +45,8 @@ def options_for(name: str, args: argparse.Namespace, strict: bool) -> dict:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from qserve.devices import resolve_device
-    from qserve.variants import get_spec, resolve, supported
+    from qserve.variantflags import resolve, supported
+    from qserve.variants import get_spec
 
     checkpoint = Path(args.checkpoint)
     if not (checkpoint / "config.json").is_file():

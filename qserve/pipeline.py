@@ -135,7 +135,7 @@ def _bench_stage(variants: list[Path], report_dir: Path, args, device: str, forc
 def run_pipeline(args: argparse.Namespace) -> Path:
     from qserve.devices import resolve_device
     from qserve.training.config import TrainConfig
-    from qserve.variants import supported
+    from qserve.variantflags import supported
 
     device = resolve_device(args.device)
     run_dir = Path(args.run_dir) if args.run_dir else Path("models") / _run_name(args.model, args.dataset)

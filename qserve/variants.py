@@ -16,15 +16,11 @@ runtime module and one entry here.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeVar
 
 from qserve import QserveError
-
-OptionValue = bool | int | float | str | None
-"""An exporter option's value as it travels through the CLI, the options dict and the manifest."""
-
+from qserve.exportoption import Option, OptionValue
 
 STORED = ("name", "backend", "bits", "dtype", "cpu", "cuda", "options")
 """The fields a manifest's `spec` records (to_json); the rest of a VariantSpec is policy, read from here."""
@@ -66,68 +62,6 @@ class VariantSpec:
         policy fields: tolerance, default_for, slow_on, unsupported), or those alone for a name not declared."""
         declared = VARIANTS.get(data.get("name", ""))
         return replace(declared, **data) if declared is not None else cls(**data)
-
-
-@dataclass(frozen=True)
-class Option:
-    """One exporter option: its key in the variant's options, its default per variant, its flag."""
-
-    key: str
-    defaults: dict[str, OptionValue]
-    """Variant name -> default, for exactly the variants that understand the option (None = the library's)."""
-    kind: type = bool
-    """bool (a --flag/--no-flag pair), int, float or str."""
-    help: str = ""
-    """`qserve export --help` text, without the default (derived from `defaults`). Empty: no flag, the
-    option is set through `exporters.export(..., options=...)` only."""
-    choices: tuple[OptionValue, ...] = ()
-    metavar: str | None = None
-    allowed: str = ""
-    """What a valid value is, as the error says it ("an integer from 14 to 21"); default: from kind/choices."""
-    note: str = ""
-    """Said in the error before the rejected value ("training texts that calibrate the weight clipping")."""
-    check: Callable[[Any], bool] | None = None
-    """A range or shape rule beyond the type (e.g. 14 <= opset <= 21); None (the library's default) passes."""
-    coerce: bool = False
-    """Read "true"/"0"/"6.0" strings as the kind (bnb's options, given as text through the Python API)."""
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.key.replace("_", "-")
-
-    def validate(self, variant: str, value: OptionValue) -> OptionValue:
-        """`value` checked against the declaration (and coerced where `coerce`); a bad one is an error naming the
-        option, the variant, what is allowed and, where the option has one, its `qserve export` flag."""
-        if value is None and self.defaults.get(variant, 0) is None:
-            return None  # None: the library's own default (opset)
-        got = _coerce(value, self.kind) if self.coerce else value
-        ok = (isinstance(got, bool) if self.kind is bool
-              else isinstance(got, self.kind) and not isinstance(got, bool) if self.kind is not float
-              else isinstance(got, (int, float)) and not isinstance(got, bool))
-        ok = ok and (not self.choices or got in self.choices) and (self.check is None or bool(self.check(got)))
-        if not ok:
-            allowed = self.allowed or (", ".join(map(str, self.choices)) if self.choices else
-                                       {bool: "true or false", int: "an integer", float: "a number",
-                                        str: "a string"}.get(self.kind, self.kind.__name__))
-            if self.choices and not self.allowed:
-                allowed = "one of " + allowed
-            where = f" for {variant}" if not self.coerce else ""
-            said = f"{self.note}; " if self.note else ""
-            flag = f"; flag {self.flag}" if self.help else ""
-            raise QserveError(f"option {self.key}{where} must be {allowed} ({said}got {value!r}){flag}")
-        return float(got) if self.kind is float and got is not None else got
-
-
-def _coerce(value: OptionValue, kind: type) -> OptionValue:
-    if kind is bool and isinstance(value, str):
-        text = value.strip().lower()
-        return True if text in ("1", "true", "yes", "on") else False if text in ("0", "false", "no", "off") else value
-    if kind is float and isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
 
 
 @dataclass(frozen=True)
@@ -371,30 +305,10 @@ def unsupported_reason(name: str, model_type: str | None) -> str | None:
     """Why variant `name` cannot be built for architecture `model_type`, or None when it can."""
     get_spec(name)
     return UNSUPPORTED.get((name, model_type or ""))
+
+
 BACKENDS = tuple(REGISTRY)
 
-DTYPES = ("fp32", "fp16", "bf16", "int8", "nf4", "fp4", "int4")
-BITS = (32, 16, 8, 4)
-
-
-def _defaults_for_bits() -> dict[str, dict[int, str]]:
-    """device -> bits -> the variant whose spec says it is that default; exactly one per (device, bits)."""
-    out: dict[str, dict[int, str]] = {}
-    for dev in DEVICES:
-        table: dict[int, str] = {}
-        for bits in BITS:
-            names = [s.name for s in VARIANTS.values() if dev in s.default_for and s.bits == bits]
-            if len(names) != 1:  # a registry mistake: fail at import, not at `qserve export --bits`
-                raise TypeError(f"--bits {bits} on {dev}: {len(names)} variants declare default_for ({names})")
-            table[bits] = names[0]
-        out[dev] = table
-    return out
-
-
-# `qserve export --bits N` without --backend: the measured fast path per device (VariantSpec.default_for).
-DEFAULT_FOR_BITS: dict[str, dict[int, str]] = _defaults_for_bits()
-# Variants `--all` skips on a device because they run but only slowly there (VariantSpec.slow_on).
-SLOW_ON: dict[str, set[str]] = {dev: {s.name for s in VARIANTS.values() if dev in s.slow_on} for dev in DEVICES}
 # Parity tolerance by dtype (VariantSpec.tolerance), what exporters.core checks against.
 TOLERANCE: dict[str, float] = {}
 for _s in VARIANTS.values():
@@ -453,50 +367,4 @@ def flag_options() -> dict[str, list[Option]]:
     for key, opts in out.items():
         if len({(o.kind, o.choices) for o in opts}) > 1:  # one flag, one parser: a registry mistake
             raise TypeError(f"backends declare option {key!r} with different types or choices")
-    return out
-
-
-def valid_combinations() -> str:
-    return ", ".join(f"--bits {s.bits} --backend {s.backend} --dtype {s.dtype} ({s.name})" for s in VARIANTS.values())
-
-
-def resolve(bits: int, backend: str | None = None, dtype: str | None = None, device: str = "cpu") -> VariantSpec:
-    """Pick the variant for `--bits/--backend/--dtype`; an impossible mix names the valid ones."""
-    if bits not in BITS:
-        raise QserveError(f"--bits must be one of {', '.join(map(str, BITS))} (got {bits})")
-    if backend is not None and backend not in BACKENDS:
-        raise QserveError(f"--backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
-    if dtype is not None and dtype not in DTYPES:
-        raise QserveError(f"--dtype must be one of {', '.join(sorted(DTYPES))} (got {dtype!r})")
-    if backend is None and dtype is None:
-        spec = VARIANTS[DEFAULT_FOR_BITS["cuda" if device.startswith("cuda") else "cpu"][bits]]
-    else:
-        matches = [
-            s for s in VARIANTS.values()
-            if s.bits == bits and (backend is None or s.backend == backend) and (dtype is None or s.dtype == dtype)
-        ]
-        if not matches:
-            raise QserveError(
-                f"no variant for --bits {bits}"
-                + (f" --backend {backend}" if backend else "")
-                + (f" --dtype {dtype}" if dtype else "")
-                + f"; valid combinations: {valid_combinations()}"
-            )
-        spec = matches[0]
-    if device.startswith("cuda") and not spec.cuda:
-        raise QserveError(f"{spec.name} has no CUDA kernels; on CUDA use one of: "
-                          + ", ".join(s.name for s in VARIANTS.values() if s.cuda))
-    return spec
-
-
-def supported(device: str = "cpu", include_slow: bool = False) -> list[VariantSpec]:
-    """The variants `--all` exports on this device."""
-    kind = "cuda" if device.startswith("cuda") else "cpu"
-    out = []
-    for s in VARIANTS.values():
-        if not (s.cuda if kind == "cuda" else s.cpu):
-            continue
-        if not include_slow and s.name in SLOW_ON[kind]:
-            continue
-        out.append(s)
     return out

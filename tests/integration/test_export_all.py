@@ -13,7 +13,7 @@ import pytest
 from tiny_archs import build
 
 from qserve.cli import main
-from qserve.variants import supported
+from qserve.variantflags import supported
 
 LIMIT = ("onnx-int4", "bert")
 REASON = "MatMulNBits has no kernel for it"

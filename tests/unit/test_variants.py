@@ -1,7 +1,8 @@
 import pytest
 
 from qserve import QserveError
-from qserve.variants import VARIANTS, VariantSpec, resolve, supported
+from qserve.variantflags import resolve, supported
+from qserve.variants import VARIANTS, VariantSpec
 
 
 def test_bits_defaults_per_device():
@@ -132,14 +133,14 @@ def test_exporter_options_and_flags_derive_from_the_registry():
 def test_each_variant_fact_is_a_field_of_its_one_declaration():
     """Tolerance, default-for-bits, slow-on and the unsupported reasons live on the VariantSpec; the tables
     other modules read are derived from them, and a manifest records only what the variant stores."""
-    from qserve import variants
+    from qserve import variantflags, variants
     from exporters.core import TOLERANCE
 
-    assert variants.DEFAULT_FOR_BITS == {
+    assert variantflags.DEFAULT_FOR_BITS == {
         dev: {bits: next(s.name for s in VARIANTS.values() if dev in s.default_for and s.bits == bits)
-              for bits in variants.BITS} for dev in variants.DEVICES}
-    assert variants.DEFAULT_FOR_BITS["cpu"] == {32: "onnx-fp32", 16: "torch-bf16", 8: "onnx-int8", 4: "onnx-int4"}
-    assert variants.SLOW_ON == {"cpu": {"torch-fp16"}, "cuda": set()} and VARIANTS["torch-fp16"].slow_on == ("cpu",)
+              for bits in variantflags.BITS} for dev in variants.DEVICES}
+    assert variantflags.DEFAULT_FOR_BITS["cpu"] == {32: "onnx-fp32", 16: "torch-bf16", 8: "onnx-int8", 4: "onnx-int4"}
+    assert variantflags.SLOW_ON == {"cpu": {"torch-fp16"}, "cuda": set()} and VARIANTS["torch-fp16"].slow_on == ("cpu",)
     assert all(TOLERANCE[s.dtype] == s.tolerance > 0 for s in VARIANTS.values())
     assert variants.UNSUPPORTED == {(s.name, a): why for s in VARIANTS.values() for a, why in s.unsupported.items()}
     stored = VARIANTS["onnx-int8"].to_json()
@@ -175,7 +176,8 @@ def test_typed_options_are_typed_and_record_what_the_manifest_always_recorded():
 
 
 def test_a_backend_whose_options_dataclass_disagrees_with_its_options_fails_at_declaration():
-    from qserve.variants import Backend, BnbOptions, Option
+    from qserve.exportoption import Option
+    from qserve.variants import Backend, BnbOptions
 
     with pytest.raises(TypeError, match=r"fields .* != options"):
         Backend("x", "m:f", "m:C", (), options=(Option("clip", {"bnb-nf4": False}),), options_type=BnbOptions)
