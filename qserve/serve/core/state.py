@@ -50,7 +50,7 @@ from qserve.serve.core.pairs import check_same_inputs
 from qserve.serve.core.repository import ModelSource, Repository, Selection, model_version, resolve
 from qserve.serve.core.served_model import Loader, ModelRuntime, Retired, ServedModel, infer_fn, load_model
 from qserve.serve.core.shadow import Shadow, parse_shadows
-from qserve.serve.core.texts import text_problem
+from qserve.serve.core.texts import check_texts
 from qserve.serve.infra.tracing import TRACE_KEY
 
 if TYPE_CHECKING:
@@ -304,22 +304,8 @@ class ServeState:
         return model
 
     def check_texts(self, texts: Sequence[object], where: str) -> None:
-        cfg = self.config
-        if not texts:
-            raise ApiError(422, f"{where} is empty; send 1..{cfg.max_inputs} texts")
-        if len(texts) > cfg.max_inputs:
-            raise ApiError(422, f"{where} has {len(texts)} texts; at most {cfg.max_inputs} per request "
-                                "(--max-inputs); split the request")
-        for i, t in enumerate(texts):
-            if not isinstance(t, str):
-                raise ApiError(422, f"{where}[{i}] is {type(t).__name__}; every input must be a string")
-            problem = text_problem(t)
-            if problem:
-                raise ApiError(422, f"{where}[{i}] {problem}")
-            if len(t) > cfg.max_chars:
-                raise ApiError(422, f"{where}[{i}] has {len(t)} characters; at most {cfg.max_chars} "
-                                    "(--max-chars). Texts over the model's token limit are cut by the long-text "
-                                    "policy, but the character limit bounds the work per request")
+        """texts.check_texts under this server's --max-inputs and --max-chars."""
+        check_texts(texts, where, self.config.max_inputs, self.config.max_chars)
 
     async def classify(self, model: ServedModel, texts: list[str], request: Request, long_text: str | None = None,
                        where: str = "long_text", pairs: list[str] | None = None, threshold: float | None = None,

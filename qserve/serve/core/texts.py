@@ -1,4 +1,5 @@
-"""What counts as a text the server will classify: valid Unicode with at least one visible character.
+"""What counts as a text the server will classify: valid Unicode with at least one visible character, and
+within the request limits (check_texts: --max-inputs, --max-chars).
 
     python -c "from qserve.serve.core.texts import text_problem; print(text_problem('\\u200b\\u200b'))"
 
@@ -13,6 +14,9 @@ schema so generated clients and fuzzers know exactly what is accepted.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+
+from qserve.serve.core.errors import ApiError
 
 # Characters that show nothing: whitespace (\s), C0/C1 controls, soft hyphen, combining grapheme
 # joiner, Hangul fillers, Mongolian and variation selectors, zero-width and bidi controls,
@@ -42,3 +46,23 @@ def text_problem(text: str) -> str | None:
         return ("has no visible character (only whitespace, control or zero-width characters); every text "
                 "needs at least one")
     return None
+
+
+def check_texts(texts: Sequence[object], where: str, max_inputs: int, max_chars: int) -> None:
+    """A request's texts (named `where` in the error) against the server's limits and text_problem: each
+    failure a 422 naming the field, the index and the flag that sets the limit."""
+    if not texts:
+        raise ApiError(422, f"{where} is empty; send 1..{max_inputs} texts")
+    if len(texts) > max_inputs:
+        raise ApiError(422, f"{where} has {len(texts)} texts; at most {max_inputs} per request "
+                            "(--max-inputs); split the request")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise ApiError(422, f"{where}[{i}] is {type(t).__name__}; every input must be a string")
+        problem = text_problem(t)
+        if problem:
+            raise ApiError(422, f"{where}[{i}] {problem}")
+        if len(t) > max_chars:
+            raise ApiError(422, f"{where}[{i}] has {len(t)} characters; at most {max_chars} "
+                                "(--max-chars). Texts over the model's token limit are cut by the long-text "
+                                "policy, but the character limit bounds the work per request")
