@@ -16,7 +16,11 @@ The same child serves qserve itself with `server="qserve"` (serve_qserve): this 
 uvicorn on a thread of the process, its default model's runtime timed in the main thread while the server
 idles, then wrk. Two processes of the same code can differ by milliseconds per call on this machine (one
 child's predict p50 read 16.3 ms, the next 10.9), which swamps a 1 ms overhead measured across processes;
-within one process that drift is gone.
+within one process that drift is gone. For qserve the child then also takes the 32-client reading the same
+way: its runtime's real-text b32 texts/s while the server idles, wrk at 32 connections, b32 again, and the
+served req/s over the mean of the two b32 readings that bracket it (the VM's speed drifts within a minute;
+a reading before and after cancels a steady drift). The harness asks for each in-process reading on the
+child's stdin, one command a line.
 """
 
 from __future__ import annotations
@@ -35,42 +39,63 @@ READY = "bare-server ready"
 
 
 def floor(root: Path, variant: Path, lua: Path, args: Any, parse_wrk: Callable[[str], dict[str, Any]],
-          texts: list[str], server: str = "bare") -> dict[str, Any]:
+          texts: list[str], server: str = "bare", batch: int = 32) -> dict[str, Any]:
     """wrk at one connection against one child process that timed its own runtime's predict([text]) first:
     its served p50, its in-process p50, and the difference. `server`: "bare" (the floor) or "qserve" (the
     app of this checkout under a real uvicorn in that process, log level info, its default model's runtime
-    timed while the server idles): the same comparison without the drift between two processes."""
+    timed while the server idles): the same comparison without the drift between two processes. For
+    qserve also `batch` clients: wrk's req/s over the child's in-process b`batch` texts/s taken just before
+    and just after it (their mean)."""
     from netutil import code_env, free_port
 
     port = free_port()
     cfg = {"variant": str(variant), "threads": args.threads, "long_text": args.long_text, "texts": texts,
-           "seconds": args.duration, "port": port, "server": server}
+           "seconds": args.duration, "port": port, "server": server, "batch": batch}
     log = tempfile.TemporaryFile("w+")  # the child's log (qserve's access log); its tail explains a failure
     proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve())], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=log, text=True, env=code_env(root), cwd=root)
-    try:
+
+    def ask(command: str) -> dict[str, Any]:
         assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(json.dumps(cfg))
-        proc.stdin.close()
+        proc.stdin.write(command + "\n")
+        proc.stdin.flush()
         line = proc.stdout.readline()
         if not line.startswith(READY):
             log.seek(0)
-            raise RuntimeError(f"{server} server did not start (exit {proc.poll()}): {line!r} {log.read()[-2000:]}")
-        inproc = json.loads(line[len(READY):])
-        out = subprocess.run([args.wrk, "-t1", "-c1", f"-d{args.duration:g}s", "--timeout", "30s", "--latency",
-                              "-s", str(lua), f"http://127.0.0.1:{port}"], capture_output=True, text=True, check=True)
-        w = parse_wrk(out.stdout)
+            raise RuntimeError(f"{server} server did not answer {command[:20]!r} (exit {proc.poll()}): {line!r} "
+                               f"{log.read()[-2000:]}")
+        return cast(dict[str, Any], json.loads(line[len(READY):]))
+
+    def load(clients: int) -> dict[str, Any]:
+        out = subprocess.run([args.wrk, "-t1", f"-c{clients}", f"-d{args.duration:g}s", "--timeout", "30s",
+                              "--latency", "-s", str(lua), f"http://127.0.0.1:{port}"],
+                             capture_output=True, text=True, check=True)
+        return parse_wrk(out.stdout)
+
+    try:
+        inproc = ask(json.dumps(cfg))
+        w = load(1)
         p50 = w["p50_us"] / 1e3
-        return {"in_process_p50_ms": inproc["p50_ms"], "served_c1_p50_ms": p50, "overhead_ms": p50 - inproc["p50_ms"],
-                "requests": w["requests"], "errors": w["errors"]}
+        out = {"in_process_p50_ms": inproc["p50_ms"], "served_c1_p50_ms": p50, "overhead_ms": p50 - inproc["p50_ms"],
+               "requests": w["requests"], "errors": w["errors"]}
+        if server == "qserve":
+            before = ask("b32")["texts_per_s"]
+            wb = load(batch)
+            after = ask("b32")["texts_per_s"]
+            req_s = wb["requests"] / (wb["duration_us"] / 1e6)
+            out.update({"in_process_b32_texts_per_s": [before, after], "served_c32_req_s": req_s,
+                        "c32_ratio": req_s / ((before + after) / 2), "c32_requests": wb["requests"],
+                        "c32_errors": wb["errors"]})
+        return out
     finally:
         proc.kill()
         proc.wait()
         log.close()
 
 
-def render(variants: list[dict[str, Any]], target_ms: float) -> list[str]:
-    """serve_overhead's table of floor() per variant: bare, then qserve in one process against `target_ms`."""
+def render(variants: list[dict[str, Any]], target_ms: float, target_ratio: float = 0.95) -> list[str]:
+    """serve_overhead's table of floor() per variant: bare, then qserve in one process against `target_ms`, and
+    qserve's 32-client reading in that process against `target_ratio`."""
     rows = [v for v in variants if v.get("floor")]
     if not rows:
         return []
@@ -92,6 +117,18 @@ def render(variants: list[dict[str, Any]], target_ms: float) -> list[str]:
             ok = "✓" if sp["overhead_ms"] <= target_ms else "✗"
             L.append(f"| {v['name']} | qserve | {sp['in_process_p50_ms']:.2f} | {sp['served_c1_p50_ms']:.2f} | "
                      f"**{sp['overhead_ms']:.2f}** {ok} | {sp['overhead_ms'] - fl['overhead_ms']:.2f} |")
+    c32 = [v for v in rows if "c32_ratio" in (v.get("same_process") or {})]
+    if c32:
+        L += ["", "32 clients in that same qserve process, each round: the runtime's real-text b32 while the server "
+              "idles, wrk at 32 connections, b32 again; the served req/s over the mean of the two b32 readings around "
+              f"it (target >= {target_ratio}x). The ratio is the median of the rounds' ratios.", "",
+              "| variant | rounds: b32 texts/s before, after -> served c32 req/s (ratio) | median ratio |", "|---|---|---:|"]
+        for v in c32:
+            sp = v["same_process"]
+            per = "; ".join(f"{r['in_process_b32_texts_per_s'][0]:.1f}, {r['in_process_b32_texts_per_s'][1]:.1f} -> "
+                            f"{r['served_c32_req_s']:.1f} ({r['c32_ratio']:.2f}x)" for r in sp["rounds"])
+            ok = "✓" if sp["c32_ratio"] >= target_ratio else "✗"
+            L.append(f"| {v['name']} | {per} | **{sp['c32_ratio']:.2f}x** {ok} |")
     return L
 
 
@@ -105,9 +142,21 @@ def _p50_ms(rt: Any, texts: list[str], seconds: float) -> float:
     return statistics.median(lat) * 1e3
 
 
+def _texts_per_s(rt: Any, texts: list[str], batch: int, seconds: float) -> float:
+    """Real-text batches of `batch` reviews in turn (serve_overhead's in-process b32), texts per second."""
+    chunks = [texts[i:i + batch] for i in range(0, len(texts), batch)]
+    n, calls, w0 = 0, 0, time.perf_counter()
+    while calls < len(chunks) or time.perf_counter() - w0 < seconds:
+        c = chunks[calls % len(chunks)]
+        rt.predict(c)
+        n, calls = n + len(c), calls + 1
+    return n / (time.perf_counter() - w0)
+
+
 def serve_qserve(cfg: dict[str, Any]) -> None:
     """qserve's app (create_app, real uvicorn on a thread of this process, access log on), then its runtime
-    timed in this process's main thread while the server idles, then serve until killed."""
+    timed in this process's main thread while the server idles, then serve until killed; each further line
+    on stdin ("b32") times the runtime's real-text batches again, the server idling meanwhile."""
     import logging
 
     from qserve.serve.app import create_app
@@ -123,10 +172,15 @@ def serve_qserve(cfg: dict[str, Any]) -> None:
         if time.monotonic() > deadline:
             raise SystemExit(f"qserve did not become ready: {st.not_ready_reason()}")
         time.sleep(0.05)
-    p50 = _p50_ms(st.models[st.default].runtime, cfg["texts"], cfg["seconds"])
+    rt = st.models[st.default].runtime
+    rt.predict(cfg["texts"][:cfg["batch"]])  # the batched path's first call (a second compiled model) untimed
+    p50 = _p50_ms(rt, cfg["texts"], cfg["seconds"])
     print(READY + json.dumps({"p50_ms": p50}), flush=True)
-    while True:
-        time.sleep(3600)
+    for command in sys.stdin:
+        if command.strip() != "b32":
+            raise SystemExit(f"unknown command {command.strip()!r} (allowed: b32)")
+        print(READY + json.dumps({"texts_per_s": _texts_per_s(rt, cfg["texts"], cfg["batch"], cfg["seconds"])}),
+              flush=True)
 
 
 def serve(cfg: dict[str, Any]) -> None:
@@ -174,5 +228,5 @@ def serve(cfg: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    settings = json.load(sys.stdin)
+    settings = json.loads(sys.stdin.readline())  # the settings, one line; more lines are commands (qserve)
     (serve_qserve if settings.get("server") == "qserve" else serve)(settings)

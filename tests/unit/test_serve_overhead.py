@@ -189,3 +189,51 @@ def test_steps_read_back_from_the_console_exporter():
         one_us([300, 200, 400, 9000, 250], abs=1.01)
     assert [rows[1][k] for k in ("inference", "hop back")] == one_us([9001, 249], abs=1.01)
     assert r["server span"] >= r["respond"] + 10_150 - 1  # the root covers every step
+
+
+def _same_process(over: float, ratios: list[float]) -> dict:
+    rounds = [{"in_process_p50_ms": 10.0, "served_c1_p50_ms": 10.0 + over, "overhead_ms": over, "requests": 50,
+               "errors": 0, "in_process_b32_texts_per_s": [120.0, 118.0], "served_c32_req_s": 119.0 * r,
+               "c32_ratio": r, "c32_requests": 500, "c32_errors": 0} for r in ratios]
+    return {**so._median(rounds), "rounds": rounds}
+
+
+def test_the_one_process_readings_decide_the_targets_when_taken():
+    """failed() judges the drift-free one-process readings (c1 overhead, c32 over the bracketing b32 runs) where
+    the report has them, whatever the two-process table says; render lists every round's c32 reading."""
+    bfl = load_benchmark("bare_server")
+    inproc = {"b1": {"p50_ms": 8.0, "calls": 10, "cpu_ms_per_call": 9.0},
+              "b32": {"texts_per_s": 140.0, "cpu_ms_per_text": 13.0, "texts": 300}}
+    missed = {"answers_max_abs_diff": 0.0, "label_flips": 0, "levels": {"1": _level(12.0, 80, 14.0),
+                                                                         "32": _level(40, 100.0, 16.0)}}
+    floor = {"in_process_p50_ms": 10.0, "served_c1_p50_ms": 10.1, "overhead_ms": 0.1, "requests": 50, "errors": 0}
+
+    def rep(same: dict | None) -> dict:
+        v = {"name": "ov-int8", "codes": {"after": {"in_process": inproc, "served": missed,
+                                                     "summary": so.summarize(inproc, missed)}}}
+        if same is not None:
+            v |= {"floor": floor, "same_process": same}
+        return {"variants": [v]}
+
+    assert so.failed(rep(None))  # two-process readings only: both missed
+    assert not so.failed(rep(_same_process(0.6, [0.97, 0.93, 0.96])))  # median of the rounds' ratios: 0.96
+    assert so.failed(rep(_same_process(0.6, [0.97, 0.93, 0.94])))  # 0.94
+    assert so.failed(rep(_same_process(1.2, [0.99])))  # the c1 overhead
+    md = "\n".join(bfl.render(rep(_same_process(0.6, [0.97, 0.93, 0.94]))["variants"], 1.0, 0.95))
+    assert "| ov-int8 | qserve | 10.00 | 10.60 | **0.60** ✓ | 0.50 |" in md
+    assert ("| ov-int8 | 120.0, 118.0 -> 115.4 (0.97x); 120.0, 118.0 -> 110.7 (0.93x); 120.0, 118.0 -> 111.9 (0.94x) "
+            "| **0.94x** ✗ |") in md
+
+
+def test_b32_texts_per_s_runs_every_batch_in_turn():
+    """The one-process child's b32 reading: consecutive batches of the reviews, texts counted as run."""
+    bfl = load_benchmark("bare_server")
+    seen: list[list[str]] = []
+
+    class Rt:
+        def predict(self, texts):
+            seen.append(list(texts))
+
+    texts = [f"review {i}" for i in range(70)]
+    rate = bfl._texts_per_s(Rt(), texts, 32, 0.0)
+    assert seen == [texts[:32], texts[32:64], texts[64:]] and rate > 0
