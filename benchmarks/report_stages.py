@@ -260,7 +260,8 @@ STAGES: tuple[Stage, ...] = (
           "~3 min (estimate: 3 rounds of 300-request floods on two servers, then the slow-client rounds)",
           needs=(VARIANT,)),
     Stage("serve-overhead", "what a request costs beyond the model at 1 and 32 clients (wrk), by the server's own "
-          "CPU time: onnx-int8 and the recommended variant, the code before (b7b3591) and after",
+          "CPU time: onnx-int8 and the recommended variant, the code before (b7b3591) and after; per round also "
+          "in one process (the server's own runtime timed beside it: b1 at one client, b32 before and after 32)",
           (f"$PY benchmarks/serve_overhead.py {VARIANT} {MODELS} --baseline-ref b7b3591 --rounds 3 --duration 10 "
            "--out benchmarks/reports/serve-overhead",),
           (Report("benchmarks/reports/serve-overhead/report.json", "benchmarks/reports/serve-overhead/report.md",
