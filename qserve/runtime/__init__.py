@@ -15,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
-from qserve.runtime.base import Classification, Runtime, RuntimeOptions
+from qserve.runtime.base import Classification, Runtime
+from qserve.runtime.options import RuntimeOptions
 from qserve.runtime.contract import ModelRuntime
 
 __all__ = ["Classification", "ModelRuntime", "Runtime", "RuntimeOptions", "load_runtime", "runtime_class"]

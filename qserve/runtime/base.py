@@ -11,6 +11,7 @@ variant's problem type (qserve/problemtypes.py) in one place, scores(): softmax,
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ import numpy as np
 from qserve import longtext, problemtypes as problems, textpairs
 from qserve.artifact import Manifest
 from qserve.longtext import LongTextPolicy
+from qserve.runtime.options import RuntimeOptions
 
 PolicyArg = str | LongTextPolicy | Sequence[str | LongTextPolicy | None] | None
 """A policy for every text, one per text (None = the runtime's default), or None for the default."""
@@ -30,71 +32,6 @@ Phase = tuple[str, int, int, dict[str, Any]]
 """(name, start time.time_ns(), end time.time_ns(), attributes): one step of a classify() call, for traces."""
 
 
-@dataclass
-class RuntimeOptions:
-    """Knobs that change how a variant runs, not what it computes."""
-
-    threads: int | None = None
-    """Intra-op threads (torch.set_num_threads / ORT intra_op_num_threads); None = library default."""
-    max_length: int | None = None
-    """Truncation length; None = the variant's own max_length from its manifest."""
-    batch_dependent: str | None = None
-    """How to run a variant whose kernels let a row see its batchmates (onnx-int8's one activation
-    scale per batch): "rows" runs each text alone, unpadded, inside the one call, so its answer is the
-    one it gets alone; "batched" runs the batch as one forward (answers then move with batchmates and
-    padding; for side-by-side measurements). None = what the variant's manifest asks (rows, unless it
-    was exported with row_by_row=false to rebuild the graph of before)."""
-    long_text: str | None = None
-    """Long-text policy for texts that name none (head, tail, head-tail:H, windows:W:S:AGG); None = the
-    manifest's `long_text`, else head."""
-    max_windows: int = longtext.MAX_WINDOWS
-    """Most windows one text gets under a windows policy (more are spread over it; it is then truncated)."""
-    max_rows: int | None = None
-    """Most pieces (texts or windows) in one forward; more run as several forwards. None = no cap."""
-    row_workers: int | None = None
-    """How many rows of a batch run side by side, each single-threaded (backends that can: ONNX Runtime on
-    CPU, a row-by-row batch's rows on a second session; OpenVINO, a batch's shares on one stream each).
-    None = as many as intra-op threads (`threads`, else the cores); 1 = the whole batch (or one row at a
-    time) on the full intra-op pool. Never changes an answer: tests check it bit for bit."""
-    length_buckets: str | tuple[int, ...] = "auto"
-    """Token lengths a variant that needs fixed shapes (ov-int8) pads each text to (qserve.runtime.buckets):
-    "auto" (powers of two from 32, then max_length), "off" (max_length for every text) or e.g. (32, 64, 128).
-    A text's bucket depends on its own length only. Variants that run unpadded ignore it."""
-    max_batch_tokens: int | None = None
-    """Cap on rows x padded length per forward; a larger batch runs as several forwards. None = no cap."""
-
-    def side_by_side(self) -> int:
-        """How many rows a backend that can should run side by side: row_workers, else the threads, else the cores."""
-        if self.row_workers is not None:
-            return self.row_workers
-        from qserve.devices import usable_cores
-
-        return self.threads or usable_cores()
-
-    def __post_init__(self) -> None:
-        from qserve import QserveError
-
-        if self.batch_dependent is not None and self.batch_dependent not in BATCH_DEPENDENT:
-            raise QserveError(f"batch_dependent must be one of {', '.join(BATCH_DEPENDENT)} "
-                              f"(got {self.batch_dependent!r})")
-        if self.row_workers is not None and (isinstance(self.row_workers, bool) or not isinstance(
-                self.row_workers, int) or self.row_workers < 1):
-            raise QserveError(f"row_workers must be an integer >= 1 or None (got {self.row_workers!r})")
-        for name in ("max_windows", "max_rows"):
-            v = getattr(self, name)
-            if (v is not None or name == "max_windows") and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise QserveError(f"{name} must be an integer >= 1 (got {v!r})")
-        if self.long_text is not None:
-            longtext.parse(self.long_text, "--long-text")
-        from qserve.runtime.buckets import parse
-
-        parse(self.length_buckets)  # a bad value fails here, naming --length-buckets
-        if self.max_batch_tokens is not None and (isinstance(self.max_batch_tokens, bool) or not isinstance(
-                self.max_batch_tokens, int) or self.max_batch_tokens < 2):
-            raise QserveError(f"--max-batch-tokens must be an integer >= 2 or unset (got {self.max_batch_tokens!r})")
-
-
-BATCH_DEPENDENT = ("rows", "batched")
 
 
 @dataclass
@@ -154,7 +91,17 @@ class Runtime:
         self.max_length: int = int(options.max_length or manifest.max_length)
         self.tokenizer = load_tokenizer(self.variant_dir)
         self.template = longtext.template(self.tokenizer)
-        self._encode = longtext.encoder(self.tokenizer)
+        # One lock around the tokenizer: a busy server tokenizes on two lane threads at once (narrow()), and the
+        # fast tokenizer refuses (RuntimeError: Already borrowed) a call while another changes its settings.
+        self.tokenizer_lock = threading.Lock()
+        encode = longtext.encoder(self.tokenizer)
+
+        def locked(texts: list[str]) -> list[list[int]]:
+            with self.tokenizer_lock:
+                return encode(texts)
+
+        self._encode = locked
+        self._lane = threading.local()
         self.pad_id = int(self.tokenizer.pad_token_id or 0)
         # Segment ids where the tokenizer makes them (BERT, ALBERT, ELECTRA, DeBERTa): one text is segment 0.
         self.segments = "token_type_ids" in getattr(self.tokenizer, "model_input_names", ())
@@ -174,6 +121,24 @@ class Runtime:
         from qserve.runtime.buckets import resolve
 
         self.buckets = resolve(options.length_buckets, self.max_length, self.fixed_shapes)
+
+    @property
+    def lanes(self) -> int:
+        """Batches this runtime can run at once, each on one single-threaded worker (narrow()): its row workers
+        when the backend can give a thread one of them, else 1."""
+        return self.row_workers if self.can_narrow() else 1
+
+    def can_narrow(self) -> bool:
+        return False
+
+    def narrow(self, on: bool) -> None:
+        """From now on, this thread's forwards run whole on one single-threaded worker (on=True: a lane of a
+        busy server, beside another lane's batch) or as usual (a lone row on every thread, a batch's rows
+        spread over the workers). The answers are the same either way (each row is computed alone)."""
+        self._lane.narrow = bool(on)
+
+    def narrowed(self) -> bool:
+        return getattr(self._lane, "narrow", False)
 
     @property
     def row_by_row(self) -> bool:
@@ -239,7 +204,8 @@ class Runtime:
             raise textpairs.PairError(f"{self.name} takes one text per input (manifest inputs {list(self.inputs)}); "
                                       "text_pair is for a model trained on text pairs")
         self._policies(policy, len(texts))
-        return textpairs.split_pairs(self.tokenizer, texts, pairs, self.max_length)
+        with self.tokenizer_lock:
+            return textpairs.split_pairs(self.tokenizer, texts, pairs, self.max_length)
 
     def split(self, texts: list[str], policy: PolicyArg = None, pairs: list[str] | None = None) -> longtext.Pieces:
         """Cut `texts` (with their `pairs`, for a pair model) into the pieces the model scores under `policy`

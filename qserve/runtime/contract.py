@@ -10,6 +10,7 @@ request. A test may wrap a real runtime (tests/integration/test_serve_batching.p
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,7 +35,9 @@ class ModelRuntime(Protocol):
     """The policy of texts whose request names none (--long-text, else the variant's manifest, else head)."""
     tokenizer: Any
     """The variant's transformers tokenizer (TEI's /tokenize and /decode; an untyped library mypy does not follow);
-    not thread-safe: used on the inference thread only."""
+    not thread-safe: used under tokenizer_lock only."""
+    tokenizer_lock: threading.Lock
+    """Held around every use of the tokenizer: a busy server's lanes (serve/core/batcher.py) tokenize at once."""
     manifest: Manifest
     """The verified manifest.json, typed (qserve/artifact.py)."""
     device: str
@@ -45,6 +48,15 @@ class ModelRuntime(Protocol):
     buckets: tuple[int, ...] | None
     """Token lengths each text (each window of one) is padded to (a fixed-shape variant: qserve.runtime.buckets),
     else None."""
+
+    @property
+    def lanes(self) -> int:
+        """Batches the runtime can run at once, each whole on one single-threaded worker (narrow())."""
+        ...
+
+    def narrow(self, on: bool) -> None:
+        """This thread's forwards from now on: whole on one single-threaded worker (True) or as usual."""
+        ...
 
     def resolve_policy(self, policy: str | LongTextPolicy | None, flag: str = "long_text") -> LongTextPolicy:
         """A policy string written out in full for this variant; LongTextError (naming `flag`) if it cannot be."""

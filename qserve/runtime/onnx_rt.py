@@ -109,7 +109,12 @@ class OnnxRuntime(Runtime):
         return workers, session, ThreadPoolExecutor(workers, thread_name_prefix="qserve-rows",
                                                         initializer=named("qserve-rows"))
 
+    def can_narrow(self) -> bool:
+        return self.row_session is not None
+
     def forward_rows(self, rows: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+        if self.row_session is not None and self.narrowed():  # a lane: every row here, on one thread
+            return self._rows_on(self.row_session, rows)
         if self.row_pool is None or len(rows) < 2:
             return super().forward_rows(rows)
         n = self.row_workers
@@ -144,6 +149,8 @@ class OnnxRuntime(Runtime):
         return [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"]
 
     def forward(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        if self.row_session is not None and self.narrowed():
+            return self._run(self.row_session, batch)
         return self._run(self.session, batch)
 
     def _run(self, session, batch: dict[str, np.ndarray]) -> np.ndarray:

@@ -142,6 +142,9 @@ class OpenVINORuntime(Runtime):
         workers = min(self.options.side_by_side(), usable_cores())
         return workers if workers >= 2 else 1
 
+    def can_narrow(self) -> bool:
+        return self.row_workers >= 2
+
     def _request(self):
         req = getattr(self._local, "request", None)
         if req is None:
@@ -161,6 +164,10 @@ class OpenVINORuntime(Runtime):
     def forward(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         feed = self.graph_feed(batch, self.input_names, MODEL_FILE)
         n = len(feed["input_ids"])
+        if self.narrowed():  # a lane: the whole batch on this thread's request on one single-threaded stream
+            req = self._side_requests()[0]
+            req.infer(feed)
+            return np.array(req.get_output_tensor(self.output_index).data, dtype=np.float32, copy=True)
         if self.row_workers < 2 or n < 2:
             result = self._request().infer(feed)
             # The request reuses its output buffer on the next call: copy before handing it out.

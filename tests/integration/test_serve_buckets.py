@@ -44,15 +44,20 @@ def _texts() -> list[str]:
     return [x for pair in zip(short, long) for x in pair]
 
 
-def _forwards(c) -> tuple[float, float]:
+def _forwards(c) -> tuple[float, float, float]:
+    """(batches, texts in them, batches run in lanes) so far, from /metrics."""
     from prometheus_client.parser import text_string_to_metric_families
 
     fams = {f.name: f for f in text_string_to_metric_families(c.get("/metrics").text)}
     vals = {s.name: s.value for s in fams["qserve_batch_size"].samples}
-    return vals["qserve_batch_size_count"], vals["qserve_batch_size_sum"]
+    lanes = sum(s.value for s in fams["qserve_lane_batches"].samples if s.name == "qserve_lane_batches_total")
+    return vals["qserve_batch_size_count"], vals["qserve_batch_size_sum"], lanes
 
 
-def test_bucketed_ov_int8_answers_alike_sequential_and_32_way_concurrent(ov_int8):
+# threads=2: two row workers, so the concurrent clients' batches run in lanes (two at once, each whole on one
+# single-threaded stream) while the sequential pass's lone requests run on the 2-thread stream
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bucketed_ov_int8_answers_alike_sequential_and_32_way_concurrent(ov_int8, threads):
     import torch
 
     from qserve.runtime import load_runtime
@@ -72,7 +77,7 @@ def test_bucketed_ov_int8_answers_alike_sequential_and_32_way_concurrent(ov_int8
         return rt
 
     threads = torch.get_num_threads()
-    cfg = ServeConfig(variant_dir=str(ov_int8), device="cpu", threads=1, max_batch_size=32, max_wait_ms=50)
+    cfg = ServeConfig(variant_dir=str(ov_int8), device="cpu", threads=threads, max_batch_size=32, max_wait_ms=50)
     try:
         with ServerThread(create_app(cfg, loader=loader)) as srv, \
                 httpx2.Client(base_url=srv.url, timeout=60, trust_env=False) as c:
@@ -81,7 +86,7 @@ def test_bucketed_ov_int8_answers_alike_sequential_and_32_way_concurrent(ov_int8
                 time.sleep(0.05)
             assert c.get("/v1/models").json()["models"][0]["length_buckets"] == [32, 64]
             seq = [c.post("/v1/classify", json={"inputs": t}).json()["predictions"][0] for t in texts]
-            n0, s0 = _forwards(c)
+            n0, s0, l0 = _forwards(c)
             shapes.clear()
 
             async def go():
@@ -96,13 +101,14 @@ def test_bucketed_ov_int8_answers_alike_sequential_and_32_way_concurrent(ov_int8
                     return await asyncio.gather(*(one(t) for t in texts))
 
             responses = asyncio.run(go())
-            n1, s1 = _forwards(c)
+            n1, s1, l1 = _forwards(c)
     finally:
         torch.set_num_threads(threads)
     assert [r.status_code for r in responses] == [200] * len(texts)
     conc = [r.json()["predictions"][0] for r in responses]
     assert conc == seq  # labels and scores, bit for bit
     assert n1 - n0 < len(texts) and (s1 - s0) / (n1 - n0) > 1  # batches were formed
+    assert (l1 - l0 > 0) if threads == 2 else (l1 == 0)  # in lanes with two row workers, never with one
     assert set(shapes) == {32, 64}  # and ran one forward per bucket
     # the bucketed scores are ov-int8's own: the same as the runtime computes for each text alone
     rt = load_runtime(ov_int8, "cpu")

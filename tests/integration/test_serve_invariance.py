@@ -36,8 +36,9 @@ def _texts() -> list[str]:
     return [x for pair in zip(short[:32], short[32:] + long) for x in pair][:64]
 
 
-def _serve_and_compare(variant, batch_dependent: str, row_workers: int = 1) -> tuple[int, float, int]:
-    """(label differences, max |Δscore|, forwards) of 64 concurrent clients vs the sequential pass."""
+def _serve_and_compare(variant, batch_dependent: str, row_workers: int = 1) -> tuple[int, float, int, int]:
+    """(label differences, max |Δscore|, forwards, of them run in lanes) of 64 concurrent clients vs the
+    sequential pass."""
     from prometheus_client.parser import text_string_to_metric_families
 
     from qserve.runtime import RuntimeOptions, load_runtime
@@ -59,9 +60,10 @@ def _serve_and_compare(variant, batch_dependent: str, row_workers: int = 1) -> t
             time.sleep(0.05)
         seq = [c.post("/v1/classify", json={"inputs": t, "top_k": None}).json()["predictions"][0] for t in texts]
 
-        def forwards() -> float:
+        def forwards() -> tuple[float, float]:
             fams = {f.name: f for f in text_string_to_metric_families(c.get("/metrics").text)}
-            return next(s.value for s in fams["qserve_batch_size"].samples if s.name == "qserve_batch_size_count")
+            return (next(s.value for s in fams["qserve_batch_size"].samples if s.name == "qserve_batch_size_count"),
+                    sum(s.value for s in fams["qserve_lane_batches"].samples if s.name == "qserve_lane_batches_total"))
 
         before = forwards()
 
@@ -72,7 +74,8 @@ def _serve_and_compare(variant, batch_dependent: str, row_workers: int = 1) -> t
                                               for t in texts))
 
         responses = asyncio.run(go())
-        n_forwards = int(forwards() - before)
+        after = forwards()
+        n_forwards, n_lanes = int(after[0] - before[0]), int(after[1] - before[1])
     assert [r.status_code for r in responses] == [200] * len(texts)
     conc = [r.json()["predictions"][0] for r in responses]
     flips, worst = 0, 0.0
@@ -80,18 +83,24 @@ def _serve_and_compare(variant, batch_dependent: str, row_workers: int = 1) -> t
         sa, sb = {p["label"]: p["score"] for p in a}, {p["label"]: p["score"] for p in b}
         flips += int(max(sa, key=sa.get) != max(sb, key=sb.get))
         worst = max(worst, max(abs(sa[k] - sb[k]) for k in sa))
-    return flips, worst, n_forwards
+    return flips, worst, n_forwards, n_lanes
 
 
 @pytest.mark.parametrize("row_workers", [1, 2])  # 2: a batch's rows run side by side (the default on 2 cores)
 def test_served_onnx_int8_answers_64_concurrent_clients_as_the_sequential_pass(int8_variant, row_workers):
-    flips, worst, forwards = _serve_and_compare(int8_variant, "rows", row_workers)
+    """With 2 row workers the concurrent clients' batches run in lanes (two at once, each on one single-threaded
+    worker; the lone sequential requests on both): the answers are the same."""
+    flips, worst, forwards, lanes = _serve_and_compare(int8_variant, "rows", row_workers)
     assert forwards < 64, "64 concurrent requests were never batched"
     assert flips == 0 and worst <= 1e-5, f"{flips} label differences, max |Δscore| {worst:.3g}"
+    if row_workers == 1:
+        assert lanes == 0  # --row-workers 1: no lanes
+    else:
+        assert 0 < lanes <= forwards
 
 
 def test_the_same_check_catches_a_server_whose_answers_move_with_batchmates(int8_variant):
-    flips, worst, forwards = _serve_and_compare(int8_variant, "batched")
+    flips, worst, forwards, _ = _serve_and_compare(int8_variant, "batched")
     assert forwards < 64
     assert worst > 1e-5  # the per-batch graph forwarded as one batch: scores move with batchmates
 

@@ -96,10 +96,14 @@ class Retired(NamedTuple):
         return self.runtime() is None
 
 
-def infer_fn(runtime: ModelRuntime, offer: Offer | None = None, traced: bool = False) -> InferFn:
-    """The batcher's InferFn for `runtime`; `traced`: it also hands back the runtime's steps for traces."""
+def infer_fn(runtime: ModelRuntime, offer: Offer | None = None, traced: bool = False,
+             lane: bool = False) -> InferFn:
+    """The batcher's InferFn for `runtime`; `traced`: it also hands back the runtime's steps for traces;
+    `lane`: it runs on a lane thread, the whole batch on one single-threaded worker (Runtime.narrow)."""
     def infer(texts: list[str], policies: list[str | None],
               pairs: list[str] | None = None) -> tuple[Classification, list[Phase] | None]:
+        if lane:
+            runtime.narrow(True)
         # Tokenizing happens here, on the inference thread: the fast tokenizer is not thread-safe.
         phases: list[Phase] | None = [] if traced else None  # the steps (tokenize, windows, inference)
         if pairs is not None:  # a pair model's batch (serve/core/pairs.py)

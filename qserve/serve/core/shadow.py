@@ -73,7 +73,7 @@ class Shadow:
         """The served model's --max-windows: a windowed text gets the same windows from the reference."""
         self.reference: ModelRuntime | None = None
         self.reference_spec: str | None = None
-        self._rng = random.Random(seed)  # only the inference thread draws from it
+        self._rng = random.Random(seed)  # drawn from on the inference thread and the lanes (GIL-atomic draws)
         self._queue: queue.Queue[tuple[str, str, np.ndarray, str] | None] = queue.Queue(QUEUE_TEXTS)
         self._lock = threading.Lock()
         self._window: deque[tuple[bool, float]] = deque(maxlen=WINDOW)

@@ -223,7 +223,9 @@ class ServeState:
         mm = self.metrics.for_model(source.name)
         batcher = Batcher(infer_fn(runtime, offer, traced=self.tracing is not None), self.executor, max_batch_size=cfg.max_batch_size,
                           max_wait_ms=cfg.max_wait_ms, max_queue=cfg.max_queue, metrics=mm,
-                          arriving=lambda: self.arrivals.n)
+                          arriving=lambda: self.arrivals.n, lanes=runtime.lanes,
+                          lane_infer=infer_fn(runtime, offer, traced=self.tracing is not None, lane=True),
+                          crowded=self.http_load.busy)
         batcher.start()
         return ServedModel(name=source.name, runtime=runtime, batcher=batcher, version=version,
                            variant_dir=str(vdir), selection=selection, metrics=mm, shadow=shadow)

@@ -15,7 +15,10 @@ batch's rows side by side, one intra-op thread each (`--row-workers`), because a
 lone short row keeps two intra-op threads only partly busy (measured: 2 single-
 threaded workers read 1.8x the texts/s of one 2-thread session on short reviews); OpenVINO runs a
 batch's shares on one single-threaded stream each for the same reason (qserve/runtime/openvino_rt.py). And a request
-alone in the server (--inline-lone) runs on the event loop's thread instead: still one forward at a time.
+alone in the server (--inline-lone) runs on the event loop's thread instead: still one forward at a time. Under
+load such a variant runs several small batches at once instead, one per row worker ("lanes": each whole on one
+single-threaded worker, so no batch waits on another's slowest worker; serve/core/batcher.py), with the
+tokenizer behind one lock; `--row-workers 1` turns lanes off.
 """
 
 from __future__ import annotations

@@ -53,6 +53,12 @@ class HttpLoad:
     def register(self, connections: Sized, tasks: Sized) -> None:
         self.connections, self.tasks = connections, tasks
 
+    def busy(self) -> bool:
+        """More than one HTTP request in flight (uvicorn's request tasks): a batch run now has others beside it, so
+        the batcher runs it in a lane (serve/core/batcher.py). gRPC and Ray Serve requests are not counted: there
+        every batch takes all the workers, as before lanes."""
+        return self.tasks is not None and len(self.tasks) > 1
+
     def alone(self) -> bool:
         """One client connected and one request (the caller's) in flight: nobody else can be waiting to be
         read while the event loop is busy. wrk -c1 or a keep-alive client is alone; 32 connections never are,

@@ -71,6 +71,8 @@ class Metrics:
                                     m, buckets=QUEUE_WAIT_BUCKETS, registry=r)
         self.inline = Counter("qserve_inline_batches_total", "Batches of a request alone in the server, run on the "
                               "event loop instead of the inference thread (--inline-lone)", m, registry=r)
+        self.lane = Counter("qserve_lane_batches_total", "Batches run in a lane: several at once, each on one "
+                            "single-threaded worker, while other requests are in the server", m, registry=r)
         self.rejection = Histogram("qserve_rejection_seconds",
                                    "Server time spent refusing a request before inference (429 queue full)",
                                    m, buckets=REJECTION_BUCKETS, registry=r)
@@ -123,7 +125,7 @@ class Metrics:
 
 class ModelMetrics:
     """What a Batcher records (batch_size, queue_depth, inference, texts, truncated, batch_failures,
-    queue_wait, inline), bound to one model's label. During a hot swap the old model's batcher drains beside the
+    queue_wait, inline, lane), bound to one model's label. During a hot swap the old model's batcher drains beside the
     new one: the queue depth gauge shows the sum of both."""
 
     def __init__(self, metrics: Metrics, name: str):
@@ -135,6 +137,7 @@ class ModelMetrics:
         self.batch_failures = metrics.batch_failures.labels(name)
         self.queue_wait = metrics.queue_wait.labels(name)
         self.inline = metrics.inline.labels(name)
+        self.lane = metrics.lane.labels(name)
         self.queue_depth = _SharedDepth(metrics.queue_depth.labels(name), metrics.depth_parts.setdefault(name, {}))
 
 

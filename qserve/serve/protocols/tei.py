@@ -298,7 +298,8 @@ def _tokenize(tokenizer: Any, texts: list[str], special: bool) -> list[list[dict
 
 
 async def on_inference_thread(st: ServeState, fn: Callable[..., T], *args: Any) -> T:  # Any: fn's own arguments
-    """The fast tokenizer is not thread-safe: run on the thread that runs the model."""
+    """The fast tokenizer is not thread-safe: run on the thread that runs the model (under the runtime's
+    tokenizer_lock, which a busy server's lanes take too)."""
     import asyncio
 
     return await asyncio.get_running_loop().run_in_executor(st.executor, fn, *args)
@@ -325,14 +326,23 @@ def add_tei_routes(app: FastAPI, st: ServeState) -> None:
     async def tei_tokenize(body: TeiTokenizeRequest, request: Request) -> list:
         texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
         check_texts(st, texts, "inputs")
-        model = st.model(None, request)
-        return await on_inference_thread(st, _tokenize, model.runtime.tokenizer, texts, body.add_special_tokens)
+        rt = st.model(None, request).runtime
+
+        def tokenize() -> list[list[dict[str, Any]]]:
+            with rt.tokenizer_lock:  # a busy server's lanes tokenize on their own threads (batcher.py)
+                return _tokenize(rt.tokenizer, texts, body.add_special_tokens)
+
+        return await on_inference_thread(st, tokenize)
 
     @app.post("/decode", tags=["tei"], responses=ERRORS, summary="TEI: token ids back to text with the default model's tokenizer")
     async def tei_decode(body: TeiDecodeRequest, request: Request) -> list[str]:
         rows = [body.ids] if body.ids and isinstance(body.ids[0], int) else list(body.ids)
         if len(rows) > st.config.max_inputs:
             raise ApiError(422, f"ids has {len(rows)} sequences; at most {st.config.max_inputs} (--max-inputs)")
-        tok = st.model(None, request).runtime.tokenizer  # ids it does not know decode to nothing, as in TEI
-        return await on_inference_thread(st, lambda: [tok.decode(r, skip_special_tokens=body.skip_special_tokens)
-                                                      for r in rows])
+        rt = st.model(None, request).runtime  # ids its tokenizer does not know decode to nothing, as in TEI
+
+        def decode() -> list[str]:
+            with rt.tokenizer_lock:
+                return [rt.tokenizer.decode(r, skip_special_tokens=body.skip_special_tokens) for r in rows]
+
+        return await on_inference_thread(st, decode)
