@@ -74,6 +74,21 @@ def _check_rows(texts: list[str], results: list[Classification]) -> None:
         assert r.probs.tolist() == [[len(t), float(t.split()[-1])]]
 
 
+def _twenty_at_once(rec: Recorder, crowded: bool, executor) -> list[str]:
+    """20 one-text requests submitted together, each answered its own row; the texts."""
+    texts = [f"review {i}" for i in range(20)]
+
+    async def go():
+        b = _batcher(rec, [crowded], executor)
+        b.start()
+        results = await asyncio.gather(*(b.submit([t]) for t in texts))
+        await b.close()
+        return results
+
+    _check_rows(texts, asyncio.run(go()))
+    return texts
+
+
 @pytest.fixture
 def executor():
     with ThreadPoolExecutor(1, thread_name_prefix="qserve-infer") as ex:
@@ -82,17 +97,7 @@ def executor():
 
 def test_a_crowded_server_runs_small_batches_two_at_once_on_lane_threads(executor):
     rec = Recorder(meet=2)  # the first two lane batches must be running at the same time to pass
-
-    async def go():
-        b = _batcher(rec, [True], executor)
-        b.start()
-        texts = [f"review {i}" for i in range(20)]
-        results = await asyncio.gather(*(b.submit([t]) for t in texts))
-        await b.close()
-        return texts, results
-
-    texts, results = asyncio.run(go())
-    _check_rows(texts, results)
+    texts = _twenty_at_once(rec, crowded=True, executor=executor)
     assert {k for k, _, _ in rec.calls} == {"lane"} and rec.peak == 2
     assert all(name.startswith("qserve-lane") for _, name, _ in rec.calls)
     assert max(len(t) for _, _, t in rec.calls) == 8  # a lane takes a quarter of a batch of 32
@@ -101,17 +106,7 @@ def test_a_crowded_server_runs_small_batches_two_at_once_on_lane_threads(executo
 
 def test_a_server_with_one_request_at_a_time_runs_one_batch_on_every_worker(executor):
     rec = Recorder()
-
-    async def go():
-        b = _batcher(rec, [False], executor)
-        b.start()
-        texts = [f"review {i}" for i in range(20)]
-        results = await asyncio.gather(*(b.submit([t]) for t in texts))
-        await b.close()
-        return texts, results
-
-    texts, results = asyncio.run(go())
-    _check_rows(texts, results)
+    _twenty_at_once(rec, crowded=False, executor=executor)
     assert [(k, len(t)) for k, _, t in rec.calls] == [("wide", 20)]  # one batch, all queued texts
     assert rec.calls[0][1].startswith("qserve-infer")
 
