@@ -104,7 +104,7 @@ def infer_fn(runtime: ModelRuntime, offer: Offer | None = None, traced: bool = F
               pairs: list[str] | None = None) -> tuple[Classification, list[Phase] | None]:
         if lane:
             runtime.narrow(True)
-        # Tokenizing happens here, on the inference thread: the fast tokenizer is not thread-safe.
+        # Tokenizing happens here, on the inference thread or a lane, under the runtime's tokenizer_lock.
         phases: list[Phase] | None = [] if traced else None  # the steps (tokenize, windows, inference)
         if pairs is not None:  # a pair model's batch (serve/core/pairs.py)
             r = runtime.classify(texts, policies, phases, pairs=pairs)
