@@ -161,11 +161,20 @@ class OpenVINORuntime(Runtime):
             reqs = self._local.side = [side.create_infer_request() for _ in range(self.row_workers)]
         return reqs
 
+    def _lane_request(self):
+        """This (lane) thread's one request on the streams model: the plugin runs it on a free stream."""
+        req = getattr(self._local, "lane", None)
+        if req is None:
+            side = compiled_model(self.variant_dir, self.manifest, self.precision, self.options.threads,
+                                  streams=self.row_workers)
+            req = self._local.lane = side.create_infer_request()
+        return req
+
     def forward(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         feed = self.graph_feed(batch, self.input_names, MODEL_FILE)
         n = len(feed["input_ids"])
         if self.narrowed():  # a lane: the whole batch on this thread's request on one single-threaded stream
-            req = self._side_requests()[0]
+            req = self._lane_request()
             req.infer(feed)
             return np.array(req.get_output_tensor(self.output_index).data, dtype=np.float32, copy=True)
         if self.row_workers < 2 or n < 2:
