@@ -143,8 +143,8 @@ class Batcher:
         self._items.extend(Item(pending, i, t, now, policy, None if pairs is None else pairs[i])
                            for i, t in enumerate(texts))
         self._set_depth()
-        if (not self._running and self._launched is None and not self._lane_tasks
-                and len(self._items) >= self._fill_target() and not self._narrow()):
+        if (not self._running and self._launched is None and len(self._items) >= self._fill_target()
+                and not self._narrow()):
             # The batch is complete: start its forward pass now, from this very call. Waking the
             # collector instead would start it only after everything else this event-loop turn
             # does, such as refusing a flood of other requests.
@@ -258,30 +258,27 @@ class Batcher:
                     task = loop.create_task(self._run_lane(batch, started))
                     self._lane_tasks.add(task)
                 continue
-            if self._lane_tasks and self._launched is None:
-                # a batch on every worker waits for the lanes to finish
-                await asyncio.gather(*self._lane_tasks, return_exceptions=True)
-                continue
+            # Here no lane is busy (_narrow() would be true): a batch on every worker never runs beside one.
             batch, started = self._launched or self._take_batch(loop)
             self._launched = None
             if batch:
                 self._running = True
                 try:
-                    await self._run_batch(batch, isolate=True, started=started)
-                except Exception:  # the collector must outlive any bug in a batch
-                    log.exception("batch collector error")
-                    for it in batch:
-                        it.pending.fail(RuntimeError("internal batching error"))
+                    await self._guarded(batch, started)
                 finally:
                     self._running = False
 
-    async def _run_lane(self, batch: list[Item], started: Started | None) -> None:
+    async def _guarded(self, batch: list[Item], started: Started | None, lane: bool = False) -> None:
         try:
-            await self._run_batch(batch, isolate=True, started=started, lane=True)
+            await self._run_batch(batch, isolate=True, started=started, lane=lane)
         except Exception:  # the collector must outlive any bug in a batch
             log.exception("batch collector error")
             for it in batch:
                 it.pending.fail(RuntimeError("internal batching error"))
+
+    async def _run_lane(self, batch: list[Item], started: Started | None) -> None:
+        try:
+            await self._guarded(batch, started, lane=True)
         finally:
             task = asyncio.current_task()
             if task is not None:
@@ -310,10 +307,12 @@ class Batcher:
         if self.metrics is not None:
             for it in batch:
                 self.metrics.queue_wait.observe(now - it.enqueued)
-        if lane:
-            return batch, (time.perf_counter(), loop.run_in_executor(self._lane_pool, self.lane_infer,
-                                                                     *infer_args(batch)))
-        return batch, (time.perf_counter(), loop.run_in_executor(self.executor, self.infer, *infer_args(batch)))
+        pool, fn = self._runner(lane)
+        return batch, (time.perf_counter(), loop.run_in_executor(pool, fn, *infer_args(batch)))
+
+    def _runner(self, lane: bool) -> tuple[Executor | None, InferFn]:
+        """Where a batch runs and by what: a lane thread and lane_infer, or the inference thread and infer."""
+        return (self._lane_pool, self.lane_infer) if lane else (self.executor, self.infer)
 
     def _drop_dead(self) -> None:
         while self._items and self._items[0].pending.future.done():
@@ -324,7 +323,7 @@ class Batcher:
                          lane: bool = False) -> None:
         loop = asyncio.get_running_loop()
         texts = [it.text for it in batch]
-        pool, fn = (self._lane_pool, self.lane_infer) if lane else (self.executor, self.infer)
+        pool, fn = self._runner(lane)
         t0, fut = started or (time.perf_counter(), loop.run_in_executor(pool, fn, *infer_args(batch)))
         try:
             result, phases = await fut  # phases: the batch's steps when tracing is on, else None
