@@ -45,7 +45,7 @@ def options_for(name: str, args: argparse.Namespace, strict: bool) -> dict:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from qserve.devices import resolve_device
-    from qserve.variantflags import resolve, supported
+    from qserve.variantflags import off_fast_path, resolve, skipped, supported
     from qserve.variants import get_spec
 
     checkpoint = Path(args.checkpoint)
@@ -65,6 +65,9 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise QserveError("--all exports every supported variant; do not combine it with "
                               "--bits/--backend/--dtype/--variant")
         specs = supported(device, include_slow=args.include_slow)
+        if not args.include_slow:
+            for name, why in skipped(device).items():
+                print(f"skipping {name}: {why} (--include-slow exports it anyway)", file=sys.stderr)
     elif args.variant:
         specs = [get_spec(args.variant)]
     elif args.bits:
@@ -81,6 +84,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     from qserve.runtime.ov_probe import OpenVINOUnavailable
     from qserve.variants import UnsupportedVariant
 
+    for spec in specs if not args.all else []:
+        slow = off_fast_path(spec, device)
+        if slow:  # exported as asked, never silently: the user asked for this variant, not for speed at any cost
+            print(f"note: {slow}; a faster choice here: --bits 8 ({resolve(8, device=device).name}) or --bits 32",
+                  file=sys.stderr)
     for i, spec in enumerate(specs, 1):
         dest = root if single_dir else root / spec.name
         if dest.exists() and args.all and not args.force and (dest / "manifest.json").is_file():

@@ -1,17 +1,123 @@
-"""Device selection shared by every stage: CUDA when present, CPU otherwise.
+"""Device selection and the machine's capabilities, read once, shared by every stage.
 
-    python -c "from qserve.devices import resolve_device; print(resolve_device('auto'))"
+    python -c "from qserve.devices import capabilities; print(capabilities().describe())"
 
-Importing this module does not import torch; the functions do.
+CUDA when present, CPU otherwise (`resolve_device`). Every choice that depends on the hardware (the training
+precision, the variants worth exporting and benching, the int8 recipe) reads `capabilities()`: the CPU's model and
+instruction-set flags and the GPU's bf16 support, read once per process. `QSERVE_CPU_FLAGS` (a space- or
+comma-separated flag list, e.g. "avx2 fma") replaces the CPU's flags, so a test, or a user asking "what would
+qserve do on an AVX2 laptop?", sees the decisions of another CPU class; `QSERVE_FORCE_CPU=1` hides the GPU.
+Importing this module does not import torch; the functions that need it do.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import platform
+from dataclasses import dataclass, field
 
 from qserve import QserveError
 
 DEVICES = ("auto", "cpu", "cuda")
+# The instruction-set flags (Linux /proc/cpuinfo names) that decide qserve's fast paths.
+WANTED_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_bf16", "amx_int8", "fma")
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+"""Native bf16 dot products: without one of these, bf16 matmuls are emulated in fp32 and run several times slower."""
+INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+"""Native u8s8 int8 dot products (VNNI, AMX): without one, int8 GEMMs take a slower path that saturates in int16."""
+FEATURES = {"bf16": BF16_FLAGS, "vnni": INT8_FLAGS}
+"""What a variant's CPU fast path can need (VariantSpec.cpu_needs), and the flags that provide it."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What this machine can run fast: the one place every hardware-dependent decision reads."""
+
+    cpu_model: str = "unknown"
+    cpu_flags: frozenset[str] | None = None
+    """The CPU's instruction-set flags, or None where they cannot be read (not Linux): then decisions measure."""
+    flags_source: str = "/proc/cpuinfo"
+    cores: int = 1
+    cuda: bool = False
+    cuda_name: str = ""
+    cuda_bf16: bool = False
+    cuda_capability: tuple[int, int] | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    def has(self, feature: str) -> bool | None:
+        """Whether the CPU has `feature` ("bf16" or "vnni", see FEATURES); None when its flags are unknown."""
+        if self.cpu_flags is None:
+            return None
+        return any(f in self.cpu_flags for f in FEATURES[feature])
+
+    @property
+    def cpu_class(self) -> str:
+        """amx, avx512-bf16, avx512-vnni, avx2 or other: the classes whose measured numbers qserve keeps apart."""
+        flags = self.cpu_flags or frozenset()
+        if "amx_bf16" in flags or "amx_int8" in flags:
+            return "amx"
+        if "avx512_bf16" in flags:
+            return "avx512-bf16"
+        if "avx512_vnni" in flags or "avx_vnni" in flags:
+            return "avx512-vnni" if "avx512_vnni" in flags else "avx-vnni"
+        if "avx2" in flags:
+            return "avx2"
+        return "unknown" if self.cpu_flags is None else "other"
+
+    def missing(self, needs: tuple[str, ...]) -> list[str]:
+        """Of the features in `needs`, those this CPU lacks (unknown flags count as present: measured later)."""
+        return [f for f in needs if self.has(f) is False]
+
+    def describe(self) -> str:
+        """'AMD EPYC (avx2 class: no avx512_bf16/amx_bf16, no VNNI)': how a decision names its machine."""
+        bf16, vnni = self.has("bf16"), self.has("vnni")
+        if bf16 is None:
+            return f"{self.cpu_model} (CPU flags unknown: {self.flags_source})"
+        parts = ["bf16 " + ("yes" if bf16 else "no (no avx512_bf16/amx_bf16)"),
+                 "VNNI " + ("yes" if vnni else "no")]
+        src = "" if self.flags_source == "/proc/cpuinfo" else f", flags from {self.flags_source}"
+        return f"{self.cpu_model} ({self.cpu_class} class: {', '.join(parts)}{src})"
+
+
+def _read_cpuinfo() -> tuple[str, frozenset[str] | None]:
+    model, flags = "unknown", None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name") and model == "unknown":
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and flags is None:
+                    flags = frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        model = platform.processor() or "unknown"
+    return model, flags
+
+
+def _read_cuda() -> dict:
+    if not cuda_available():
+        return {}
+    import torch
+
+    return {"cuda": True, "cuda_name": torch.cuda.get_device_name(), "cuda_bf16": bool(torch.cuda.is_bf16_supported()),
+            "cuda_capability": tuple(torch.cuda.get_device_capability())}
+
+
+def read_capabilities(with_cuda: bool = True) -> Capabilities:
+    """The machine as it is now (or as QSERVE_CPU_FLAGS says its CPU is); `capabilities()` caches this."""
+    model, flags = _read_cpuinfo()
+    source = "/proc/cpuinfo" if flags is not None else "unreadable"
+    forced = os.environ.get("QSERVE_CPU_FLAGS")
+    if forced is not None:
+        flags, source = frozenset(forced.replace(",", " ").split()), "QSERVE_CPU_FLAGS"
+    return Capabilities(cpu_model=model, cpu_flags=flags, flags_source=source, cores=usable_cores(),
+                        **(_read_cuda() if with_cuda else {}))
+
+
+@functools.lru_cache(maxsize=2)
+def capabilities(with_cuda: bool = True) -> Capabilities:
+    """This machine's capabilities, read once per process (with_cuda=False: without importing torch)."""
+    return read_capabilities(with_cuda)
 
 
 def cuda_available() -> bool:
@@ -46,28 +152,18 @@ def usable_cores() -> int:
 
 def cpu_supports_bf16() -> bool:
     """True when the CPU has native bf16 dot products (avx512_bf16 / AMX), so bf16 is fast."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return bool(capabilities(with_cuda=False).has("bf16"))
 
 
 def cpu_info() -> dict:
-    """CPU model and the instruction-set flags that decide our fast paths."""
-    model, flags = "unknown", set[str]()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name") and model == "unknown":
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    wanted = ["avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_bf16", "amx_int8", "fma"]
-    return {"model": model, "cores": os.cpu_count(), "flags": [f for f in wanted if f in flags]}
+    """CPU model and the instruction-set flags that decide our fast paths (as reports record them)."""
+    caps = capabilities(with_cuda=False)
+    flags = caps.cpu_flags or frozenset()
+    out = {"model": caps.cpu_model, "cores": os.cpu_count(), "flags": [f for f in WANTED_FLAGS if f in flags],
+           "class": caps.cpu_class}
+    if caps.flags_source != "/proc/cpuinfo":
+        out["flags_source"] = caps.flags_source
+    return out
 
 
 def cpu_label(info: dict | None = None) -> str:

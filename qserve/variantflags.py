@@ -11,6 +11,7 @@ them at import (exactly one default per device and bits).
 from __future__ import annotations
 
 from qserve import QserveError
+from qserve.devices import BF16_FLAGS, INT8_FLAGS, Capabilities, capabilities
 from qserve.variants import BACKENDS, DEVICES, VARIANTS, VariantSpec
 
 DTYPES = ("fp32", "fp16", "bf16", "int8", "nf4", "fp4", "int4")
@@ -70,14 +71,40 @@ def resolve(bits: int, backend: str | None = None, dtype: str | None = None, dev
     return spec
 
 
-def supported(device: str = "cpu", include_slow: bool = False) -> list[VariantSpec]:
-    """The variants `--all` exports on this device."""
+NEEDS_TEXT = {"bf16": f"bf16 instructions ({' or '.join(BF16_FLAGS)})", "vnni": f"VNNI ({', '.join(INT8_FLAGS)})"}
+
+
+def off_fast_path(spec: VariantSpec, device: str = "cpu", caps: Capabilities | None = None) -> str | None:
+    """Why `spec` runs far off its fast path on this CPU (a feature its kernels need is missing), or None."""
+    if device.startswith("cuda") or not spec.cpu_needs:
+        return None
+    caps = caps or capabilities(with_cuda=False)
+    lacking = caps.missing(spec.cpu_needs)
+    if not lacking:
+        return None
+    return (f"{spec.name} needs {' and '.join(NEEDS_TEXT[f] for f in lacking)} for its fast path; this CPU "
+            f"({caps.cpu_class} class) has none, so it would run emulated or on a slow fallback, slower than fp32")
+
+
+def supported(device: str = "cpu", include_slow: bool = False, caps: Capabilities | None = None) -> list[VariantSpec]:
+    """The variants `--all` exports on this device: those that run there, less the slow ones (include_slow keeps
+    them), on a CPU less those off their fast path there (`skipped` says why)."""
     kind = "cuda" if device.startswith("cuda") else "cpu"
     out = []
     for s in VARIANTS.values():
         if not (s.cuda if kind == "cuda" else s.cpu):
             continue
-        if not include_slow and s.name in SLOW_ON[kind]:
+        if not include_slow and (s.name in SLOW_ON[kind] or off_fast_path(s, device, caps)):
             continue
         out.append(s)
+    return out
+
+
+def skipped(device: str = "cpu", caps: Capabilities | None = None) -> dict[str, str]:
+    """The variants that run on this device but that `--all` and the pipeline skip on this CPU, with why."""
+    out = {}
+    for s in VARIANTS.values():
+        why = off_fast_path(s, device, caps) if (s.cuda if device.startswith("cuda") else s.cpu) else None
+        if why and s.name not in SLOW_ON["cuda" if device.startswith("cuda") else "cpu"]:
+            out[s.name] = why
     return out

@@ -48,6 +48,9 @@ class VariantSpec:
     the measured fast path for its bits there."""
     slow_on: tuple[str, ...] = ()
     """The devices on which `--all` skips it: it runs there, but only slowly."""
+    cpu_needs: tuple[str, ...] = ()
+    """CPU features its fast path needs (qserve.devices.FEATURES: "bf16", "vnni"). On a CPU without one, `--all`
+    and the pipeline skip it with the reason, and an explicit export says it runs off its fast path there."""
     unsupported: dict[str, str] = field(default_factory=dict)
     """Architecture (config.json model_type) -> why the variant cannot be built for it; checked before any
     work. Every architecture not listed exports, loads, passes parity and serves (tests/integration/test_byo_matrix.py)."""
@@ -204,15 +207,16 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
     Backend(
         "torch", "exporters.torch_dtype:build", "qserve.runtime.torch_rt:TorchRuntime",
         (VariantSpec("torch-fp32", "torch", 32, "fp32", tolerance=1e-3, default_for=("cuda",)),
-         VariantSpec("torch-bf16", "torch", 16, "bf16", tolerance=1.5e-1, default_for=("cpu",)),
+         VariantSpec("torch-bf16", "torch", 16, "bf16", tolerance=1.5e-1, default_for=("cpu",), cpu_needs=("bf16",)),
          # fp16 matmuls on CPU have no fast kernel: exportable and loadable there, but `--all` skips it.
          VariantSpec("torch-fp16", "torch", 16, "fp16", tolerance=5e-2, default_for=("cuda",), slow_on=("cpu",))),
         libraries=("torch",), options_type=TorchOptions),
     Backend(
         "bnb", "exporters.bnb:build", "qserve.runtime.torch_rt:TorchRuntime",
-        (VariantSpec("bnb-int8", "bnb", 8, "int8", tolerance=5e-1, default_for=("cuda",)),
-         VariantSpec("bnb-nf4", "bnb", 4, "nf4", tolerance=1.0, default_for=("cuda",)),
-         VariantSpec("bnb-fp4", "bnb", 4, "fp4", tolerance=1.5)),
+        # On CPU, LLM.int8 multiplies in int8 (VNNI's kernel) and the 4-bit layers dequantize into bf16 matmuls.
+        (VariantSpec("bnb-int8", "bnb", 8, "int8", tolerance=5e-1, default_for=("cuda",), cpu_needs=("vnni",)),
+         VariantSpec("bnb-nf4", "bnb", 4, "nf4", tolerance=1.0, default_for=("cuda",), cpu_needs=("bf16",)),
+         VariantSpec("bnb-fp4", "bnb", 4, "fp4", tolerance=1.5, cpu_needs=("bf16",))),
         options=(
             Option("llm_int8_threshold", {"bnb-int8": 6.0}, float,
                    "LLM.int8 activation outlier threshold (0 turns the fp16 outlier path off)",
@@ -274,8 +278,9 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
         # inference-precision hint; ov-int8 is NNCF post-training quantization.
         "openvino", "exporters.openvino:build", "qserve.runtime.openvino_rt:OpenVINORuntime",
         (VariantSpec("ov-fp32", "openvino", 32, "fp32", cuda=False, tolerance=1e-3),
-         VariantSpec("ov-bf16", "openvino", 16, "bf16", cuda=False, tolerance=1.5e-1),
-         VariantSpec("ov-int8", "openvino", 8, "int8", cuda=False, tolerance=5e-1)),
+         VariantSpec("ov-bf16", "openvino", 16, "bf16", cuda=False, tolerance=1.5e-1, cpu_needs=("bf16",)),
+         # without VNNI, OpenVINO's int8 kernels measured slower than its fp32 ones (docs/measurements.md)
+         VariantSpec("ov-int8", "openvino", 8, "int8", cuda=False, tolerance=5e-1, cpu_needs=("vnni",))),
         options=(
             Option("calibration_samples", {"ov-int8": 300}, int, f"{_CALIBRATION} NNCF's quantization",
                    **_samples("NNCF's activation ranges, SmoothQuant and bias correction")),

@@ -161,3 +161,20 @@ def pytest_unconfigure(config):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_SESSION_STATUS["code"])
+
+
+@pytest.fixture
+def cpu_flags(monkeypatch):
+    """`cpu_flags("avx2 fma")`: every hardware decision in this test sees a CPU with these flags (QSERVE_CPU_FLAGS,
+    read once per process by qserve.devices.capabilities, whose cache is cleared before and after)."""
+    from qserve import devices
+
+    def use(flags: str):
+        monkeypatch.setenv("QSERVE_CPU_FLAGS", flags)
+        devices.capabilities.cache_clear()
+        return devices.capabilities(with_cuda=False)
+
+    devices.capabilities.cache_clear()
+    yield use
+    monkeypatch.delenv("QSERVE_CPU_FLAGS", raising=False)
+    devices.capabilities.cache_clear()

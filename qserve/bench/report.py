@@ -277,9 +277,41 @@ def _stage_lines(report: dict[str, Any]) -> list[str]:
     if not st:
         return []
     rows = [[k, f"{st[k]:,.0f}", f"{st[k] / 60:.1f}"] for k in ("train", "export", "bench", "total") if k in st]
-    return (["## Pipeline stages", "", "Wall time of each stage of the `qserve pipeline` run that wrote this report "
+    return _choice_lines(report["pipeline"]) + (["## Pipeline stages", "", "Wall time of each stage of the `qserve pipeline` run that wrote this report "
              "(a stage that reused its finished outputs takes seconds).", ""]
             + _table(["stage", "seconds", "minutes"], rows) + [""])
+
+
+def _choice_lines(pipe: dict[str, Any]) -> list[str]:
+    """What the pipeline chose for the machine it ran on: the training precision and why, what was trained on
+    (a time budget may cut the recipe), and the variants it skipped and why."""
+    training, skipped = pipe.get("training") or {}, pipe.get("skipped") or {}
+    if not training and not skipped and not pipe.get("machine"):
+        return []
+    out = ["## Training and this machine's choices", ""]
+    if pipe.get("machine"):
+        out.append(f"- Machine: {pipe['machine']}.")
+    choice = training.get("precision_choice") or {}
+    if training.get("precision"):
+        why = choice.get("reason") or "recorded before qserve recorded why"
+        asked = f" (asked: `{choice['asked']}`)" if choice.get("asked") else ""
+        out.append(f"- Training precision: **{training['precision']}**{asked}: {why}.")
+    budget, sizes = training.get("time_budget") or {}, training.get("sizes") or {}
+    if budget:
+        cut = (f"cut to **{budget['steps']} of {budget['of_steps']} optimizer steps ({budget['examples']:,} of "
+               f"{budget['of_examples']:,} training examples)**" if budget.get("cut")
+               else f"the full recipe fit ({budget['steps']} steps, {budget['examples']:,} examples)")
+        out.append(f"- Time budget {budget['minutes']:g} min of optimizer steps: {cut}"
+                   + (f", at a median {training['step_time_median_s']:.2f} s a step" if training.get("step_time_median_s")
+                      else "") + ".")
+    elif sizes.get("train"):
+        out.append(f"- Trained on {sizes['train']:,} examples ({training.get('optimizer_steps', '?')} optimizer steps).")
+    if training.get("test_accuracy") is not None:
+        out.append(f"- The checkpoint's test accuracy: {training['test_accuracy']:.2%} "
+                   f"({sizes.get('test', '?')} reviews; validation {training.get('val_accuracy', float('nan')):.2%}).")
+    for name, why in skipped.items():
+        out.append(f"- Skipped **{name}**: {why}.")
+    return out + [""]
 
 
 BENCH_STEPS = ("import", "load", "fixed", "real_text", "accuracy", "long_text", "invariance")

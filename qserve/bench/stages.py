@@ -23,8 +23,9 @@ def print_stages(times: dict[str, float]) -> None:
     print("\n" + line(times), flush=True)
 
 
-def record_stages(report_dir: Path, times: dict[str, float]) -> bool:
-    """Add the stage times to a report this run wrote (one without them yet); re-render its md and html."""
+def record_stages(report_dir: Path, times: dict[str, float], choices: dict | None = None) -> bool:
+    """Add the stage times, and what the run chose for this machine (the training precision and why, what was
+    trained on, the variants skipped and why), to a report this run wrote; re-render its md and html."""
     from qserve.files import write_json_atomic, write_text_atomic
     from qserve.bench.html import render_html
     from qserve.bench.plots import CHARTS
@@ -37,7 +38,7 @@ def record_stages(report_dir: Path, times: dict[str, float]) -> bool:
         return False
     if report.get("pipeline"):
         return False  # reused: the times of the run that measured it stay
-    report["pipeline"] = {"stage_s": {k: round(times[k], 1) for k in STAGES if k in times}}
+    report["pipeline"] = {"stage_s": {k: round(times[k], 1) for k in STAGES if k in times}, **(choices or {})}
     write_json_atomic(path, report)
     md = render_md(report)
     write_text_atomic(path.parent / "report.md", md)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from qserve.devices import capabilities
 from qserve.runtime.base import Runtime
 from qserve.variants import VariantSpec
 
@@ -27,6 +28,11 @@ class TorchRuntime(Runtime):
         self.model = AutoModelForSequenceClassification.from_pretrained(self.variant_dir, **kwargs).eval()
         if spec.backend == "torch":
             self.model.to(self.device)
+            if spec.dtype == "bf16" and not self.device.startswith("cuda") and \
+                    capabilities(with_cuda=False).has("bf16") is False:
+                # Emulated bf16 GEMMs round partial sums in an order set by the batch's shape, so a row's answer
+                # moves with its batchmates (labels flip): without native bf16, each text runs alone.
+                self.batch_invariant = False
         else:
             _bnb_prepare(self.model, self.device)
             self.batch_invariant = not _llm_int8_picks_outliers_per_batch(self.model, spec, self.device)

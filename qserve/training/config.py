@@ -14,7 +14,7 @@ from qserve import QserveError
 from qserve.configflags import flag
 from qserve.longtext import TRAIN_DEFAULT
 from qserve.problemtypes import SHORT, from_flag
-from qserve.training.precision import BF16_UPDATES, MATMUL_PRECISIONS, PRECISIONS
+from qserve.training.precision import AUTO, BF16_UPDATES, MATMUL_PRECISIONS, PRECISION_CHOICES
 
 MAX_GRAD_NORM = 1.0  # the usual fine-tuning clip; keeps the first high-lr steps from diverging
 FILES_WRITTEN = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -33,10 +33,11 @@ class TrainConfig:
     problem_type: str | None = field(default=None, metadata=flag(choices=tuple(SHORT), default_text="inferred"))
     """single (softmax, cross-entropy), multi (multi-label: sigmoid per label, BCE) or regression (one value,
     MSE). Default: from the data file: a list of labels per row -> multi, a non-integer number -> regression."""
-    precision: str = field(default="bf16-mixed", metadata=flag(
-        choices=PRECISIONS, repeat=True, default_text="bf16-mixed; with --compare, all the device supports"))
-    """Training precision: 32-true, 16-mixed (CUDA only), bf16-mixed or bf16-true. With --compare, give it
-    several times to choose the precisions compared."""
+    precision: str = field(default=AUTO, metadata=flag(
+        choices=PRECISION_CHOICES, repeat=True, default_text="auto; with --compare, all the device supports"))
+    """Training precision: auto (what this device runs fast: bf16-mixed on GPUs with bf16 and on CPUs with AMX or
+    avx512_bf16, 16-mixed on older GPUs, 32-true on other CPUs; measured and said), 32-true, 16-mixed (CUDA only),
+    bf16-mixed or bf16-true. With --compare, give it several times to choose the precisions compared."""
     epochs: int = 1
     """Passes over the training set."""
     batch_size: int = 16
@@ -56,6 +57,10 @@ class TrainConfig:
     (H tokens from the start, the rest from the end); recorded for export, bench and serve."""
     max_samples: int | None = None
     """Train on a seeded, stratified subset of this many examples (val/test unaffected; 0 on the CLI = all)."""
+    train_budget: float | None = field(default=None, metadata=flag(metavar="MINUTES"))
+    """Train for at most this many minutes of optimizer steps: after the first steps, the run is cut to the steps
+    that fit at their median time, the learning-rate schedule re-planned to end there, and train_metrics.json
+    records what was trained on (default: none; `qserve pipeline` sets one)."""
     max_eval_samples: int | None = 2000
     """Cap val and test at this many examples each (seeded, stratified; 0 on the CLI = no cap); bench reuses it."""
     bf16_update: str = field(default="compensated", metadata=flag(
@@ -98,7 +103,7 @@ class CompareOptions:
     """Run the same fine-tune once per precision, each in its own process, and write precision_study.json/.md
     (time, step time, optimizer state, peak memory, accuracy)."""
     noise_precision: str | None = field(default=None, metadata=flag(
-        choices=(*PRECISIONS, "none"), default_text="bf16-mixed, else the first studied"))
+        choices=(*PRECISION_CHOICES, "none"), default_text="what auto chooses here, else the first studied"))
     """With --compare: the precision run a second time with --seed + 1 on the same data, to measure
     run-to-run noise (none: skip)."""
     step_rounds: int = 3
@@ -110,8 +115,12 @@ class CompareOptions:
 
 def validate(cfg: TrainConfig) -> None:
     """Reject bad values before anything heavy loads; messages name the flag and what is allowed."""
-    if cfg.precision not in PRECISIONS:
-        raise QserveError(f"--precision must be one of {', '.join(PRECISIONS)} (got {cfg.precision!r})")
+    if cfg.precision not in PRECISION_CHOICES:
+        raise QserveError(f"--precision must be one of {', '.join(PRECISION_CHOICES)} (got {cfg.precision!r})")
+    if cfg.train_budget is not None and not (isinstance(cfg.train_budget, (int, float))
+                                                and not isinstance(cfg.train_budget, bool)
+                                                and cfg.train_budget > 0):
+        raise QserveError(f"--train-budget must be a number of minutes > 0 (got {cfg.train_budget!r})")
     if cfg.bf16_update not in BF16_UPDATES:
         raise QserveError(f"--bf16-update must be one of {', '.join(BF16_UPDATES)} (got {cfg.bf16_update!r})")
     if cfg.matmul_precision is not None and cfg.matmul_precision not in MATMUL_PRECISIONS:

@@ -31,7 +31,7 @@ def metrics(fabric, cfg, data, device, base_name, t0, train_time, step_times, se
     timed = step_times[1:] if len(step_times) > 1 else step_times  # the first step pays one-off warm-up
     return {
         "model_name": f"{base_name}-{data.info['short_name']}", "base_model": base_name, "dataset": data.name,
-        "precision": cfg.precision, "bf16_update": cfg.bf16_update if cfg.precision == "bf16-true" else None,
+        "bf16_update": cfg.bf16_update if opt["precision"] == "bf16-true" else None,
         **opt, "device": device, "world_size": fabric.world_size, **hw,
         "wall_time_s": round(time.perf_counter() - t0, 3), "train_time_s": round(train_time, 3),
         "optimizer_steps": len(step_times),

@@ -9,13 +9,114 @@ precision study (study.py) and the tests read the same ones.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from qserve import QserveError
+from qserve.devices import Capabilities, capabilities
 
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "bf16-true")
+AUTO = "auto"
+PRECISION_CHOICES = (AUTO, *PRECISIONS)
+"""What --precision accepts: `auto` (the precision this device runs fast, `choose_precision`) or one of PRECISIONS."""
+# Where the CPU's flags are unknown, bf16-mixed is chosen only when it measures at least this much faster.
+UNKNOWN_SPEEDUP = 1.1
+PROBE_SHAPE = (512, 384, 1536)
+"""The probe's block: 512 token rows (a quarter of a 16 x 128 batch) through the default encoder's FFN
+(384 -> 1536 -> 384), forward and backward: the GEMMs a fine-tune step is made of, at a cost of milliseconds where
+bf16 is native and about a second where it is emulated."""
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """The training precision a run uses, what was asked for, and why: recorded in train_metrics.json and reports."""
+
+    precision: str
+    asked: str
+    reason: str
+    probe: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def line(self) -> str:
+        """`precision: 32-true (this CPU has no bf16 instructions: bf16-mixed measured 9.5x slower)`"""
+        return f"precision: {self.precision} ({self.reason})"
+
+
+def probe_bf16(repeats: int = 5) -> dict[str, Any]:
+    """Time one fine-tune block (PROBE_SHAPE's FFN, forward + backward) in fp32 and under bf16 autocast, in
+    `repeats` alternating rounds after a warm-up each, best of each: bf16-mixed's cost against 32-true's on this
+    CPU, side by side, so that another process's load or the machine's drift hits both alike."""
+    import torch
+
+    rows, dim, hidden = PROBE_SHAPE
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, dim, generator=gen)
+    w1 = (torch.randn(hidden, dim, generator=gen) * dim ** -0.5).requires_grad_()
+    w2 = (torch.randn(dim, hidden, generator=gen) * hidden ** -0.5).requires_grad_()
+
+    def step(autocast: bool) -> float:
+        t = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y = torch.nn.functional.linear(torch.nn.functional.gelu(torch.nn.functional.linear(x, w1)), w2)
+        y.float().square().mean().backward()
+        w1.grad = w2.grad = None
+        return time.perf_counter() - t
+
+    kinds = (("fp32_s", False), ("bf16_mixed_s", True))
+    for _, autocast in kinds:
+        step(autocast)
+    best = {name: float("inf") for name, _ in kinds}
+    for _ in range(repeats):
+        for name, autocast in kinds:
+            best[name] = min(best[name], step(autocast))
+    return {**{k: round(v, 5) for k, v in best.items()}, "slowdown": round(best["bf16_mixed_s"] / best["fp32_s"], 3),
+            "block": f"{rows}x{dim} -> {hidden} -> {dim}, forward + backward, best of {repeats}",
+            "threads": torch.get_num_threads()}
+
+
+def _measured(m: dict[str, Any]) -> str:
+    r = m["slowdown"]
+    return f"bf16-mixed measured {r:.1f}x slower" if r >= 1 else f"bf16-mixed measured {1 / r:.1f}x faster"
+
+
+def choose_precision(asked: str, device: str, caps: Capabilities | None = None,
+                     probe: Callable[[], dict[str, Any]] = probe_bf16) -> PrecisionChoice:
+    """The training precision for `asked` on `device`: an explicit one as it is; `auto` by the device.
+
+    CUDA with bf16 -> bf16-mixed (the seed's recipe); CUDA without -> 16-mixed; a CPU with AMX or avx512_bf16 ->
+    bf16-mixed; any other CPU -> 32-true. On a CPU the probe (`probe_bf16`, a few seconds at most) measures
+    bf16-mixed against 32-true: the flags decide where they can be read (a measurement of seconds on a shared
+    machine is noisier than an instruction set), the probe's numbers are the reason given, and where the flags
+    cannot be read (not Linux) the probe decides.
+    """
+    if asked != AUTO:
+        if asked not in PRECISIONS:
+            raise QserveError(f"--precision must be one of {', '.join(PRECISION_CHOICES)} (got {asked!r})")
+        return PrecisionChoice(asked, asked, "asked for with --precision")
+    caps = caps or capabilities(with_cuda=device.startswith("cuda"))
+    if device.startswith("cuda"):
+        sm = f"sm_{caps.cuda_capability[0]}{caps.cuda_capability[1]}" if caps.cuda_capability else "?"
+        if caps.cuda_bf16:
+            return PrecisionChoice("bf16-mixed", AUTO, f"this GPU ({caps.cuda_name}, {sm}) runs bf16 natively")
+        return PrecisionChoice("16-mixed", AUTO, f"this GPU ({caps.cuda_name}, {sm}) has no bf16: fp16 autocast "
+                                                 "with loss scaling")
+    bf16 = caps.has("bf16")
+    m = probe()
+    if bf16 is False:
+        return PrecisionChoice("32-true", AUTO, f"this CPU has no bf16 instructions: {_measured(m)}", m)
+    if bf16 is True:
+        flag = next(f for f in ("amx_bf16", "avx512_bf16") if caps.cpu_flags and f in caps.cpu_flags)
+        return PrecisionChoice("bf16-mixed", AUTO, f"this CPU has {flag}: {_measured(m)}", m)
+    if m["slowdown"] <= 1 / UNKNOWN_SPEEDUP:
+        return PrecisionChoice("bf16-mixed", AUTO, f"this CPU's flags are unknown: {_measured(m)}", m)
+    return PrecisionChoice("32-true", AUTO, f"this CPU's flags are unknown: {_measured(m)}", m)
 # How bf16-true lands AdamW updates on bf16 weights. An update below half a bf16 ulp of its
 # weight (2^-9 relative) rounds away in a plain `p.add_(u)`, so small early steps are lost.
 BF16_UPDATES = ("compensated", "plain")
@@ -60,15 +161,14 @@ def optimizer_state_bytes(optimizer) -> int:
 
 def check_precision(precision: str, device: str) -> None:
     """Refuse precisions the device cannot run well; warn (not silently) when bf16 is emulated."""
-    from qserve.devices import cpu_supports_bf16
-
     if device == "cpu":
         if precision == "16-mixed":
             raise QserveError("--precision 16-mixed is not supported on CPU (fp16 autocast has no fast CPU "
                               "path; Fabric would silently switch to bf16); use bf16-mixed or 32-true")
-        if precision.startswith("bf16") and not cpu_supports_bf16():
-            log.warning("--precision %s on a CPU without avx512_bf16/AMX: bf16 is emulated and slow; "
-                        "32-true is likely faster here", precision)
+        if precision.startswith("bf16") and capabilities(with_cuda=False).has("bf16") is False:
+            log.warning("--precision %s on a CPU without avx512_bf16/AMX: bf16 is emulated and slow (several times "
+                        "slower than 32-true); training in %s as asked (--precision auto chooses 32-true here)",
+                        precision, precision)
     elif precision.startswith("bf16"):
         import torch
 

@@ -75,6 +75,7 @@ class Progress:
     resumed_at: list[int] = field(default_factory=list)
     saved: int = 0  # checkpoints written so far, this one included
     checkpoints: list[float] = field(default_factory=list)  # seconds each checkpoint write took
+    planned_steps: int = 0  # the steps a time budget allows (0: no budget, or not planned yet)
 
 
 def _jsonable(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -82,14 +82,24 @@ def label(run: dict[str, Any]) -> str:
 
 def plan(cfg, precisions: list[str] | None, device: str, bf16_updates: list[str] | None,
          noise_precision: str | None) -> list[dict[str, Any]]:
-    """The runs of a study, in order: one per precision (bf16-true once per update), then the noise run."""
-    from qserve.training.precision import BF16_UPDATES, PRECISIONS
+    """The runs of a study, in order: one per precision (bf16-true once per update), then the noise run.
+
+    `auto` among the precisions (or as --noise-precision) is what `--precision auto` chooses on this device; the
+    noise run's default is that choice too, the study's reference."""
+    from qserve.training.precision import AUTO, BF16_UPDATES, PRECISION_CHOICES, choose_precision
     from qserve.training.config import split_seed
 
     supported = supported_precisions(device)
+    auto = None
+    if AUTO in (precisions or []) or noise_precision in (None, AUTO):
+        auto = choose_precision(AUTO, device)
+        print(f"auto: {auto.line}", flush=True)
+    precisions = [auto.precision if p == AUTO and auto else p for p in precisions or []]
+    if noise_precision == AUTO and auto:
+        noise_precision = auto.precision
     for p in list(precisions or []) + ([noise_precision] if noise_precision not in (None, "none") else []):
-        if p not in PRECISIONS:
-            raise QserveError(f"--precision must be one of {', '.join(PRECISIONS)} (got {p!r})")
+        if p not in PRECISION_CHOICES:
+            raise QserveError(f"--precision must be one of {', '.join(PRECISION_CHOICES)} (got {p!r})")
         if p not in supported:
             raise QserveError(f"--precision {p} is not supported on {device}; this device runs "
                               f"{', '.join(supported)}")
@@ -105,7 +115,7 @@ def plan(cfg, precisions: list[str] | None, device: str, bf16_updates: list[str]
     if noise_precision == "none":
         return runs
     if noise_precision is None:
-        noise_precision = "bf16-mixed" if "bf16-mixed" in chosen else chosen[0]
+        noise_precision = auto.precision if auto and auto.precision in chosen else chosen[0]
     if noise_precision not in chosen:
         raise QserveError(f"--noise-precision {noise_precision} is not among the precisions studied "
                           f"({', '.join(chosen)}); pick one of them or none")

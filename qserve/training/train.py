@@ -30,9 +30,12 @@ from qserve.configflags import add_flags, build, field_docs
 from qserve.problemtypes import from_flag, headline, loss
 from qserve.training.batches import PadCollate, batch_inputs, encode_split, evaluate
 from qserve.training.config import MAX_GRAD_NORM, CompareOptions, TrainConfig, split_seed, train_policy, validate
-from qserve.training.precision import build_optimizer, check_precision, optimizer_state_bytes
+from qserve.training.precision import PrecisionChoice, build_optimizer, check_precision, choose_precision, \
+    optimizer_state_bytes
 
 log = logging.getLogger(__name__)
+BUDGET_STEPS = 4
+"""Optimizer steps timed before a time budget plans the rest (the first, warm-up, is left out of the median)."""
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Fine-tune per `cfg`, write the checkpoint to cfg.out (or the default), return the metrics.
@@ -49,11 +52,14 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     validate(cfg)
     device = resolve_device(cfg.device)
-    check_precision(cfg.precision, device)
+    choice = choose_precision(cfg.precision, device)
+    check_precision(choice.precision, device)
+    if cfg.precision == "auto":
+        print(choice.line, flush=True)
     data = load_dataset(cfg.dataset, max_samples=cfg.max_samples, seed=split_seed(cfg),
                         max_eval_samples=cfg.max_eval_samples, problem_type=from_flag(cfg.problem_type))
     base_name = model_name_for(cfg.model)
-    out = Path(cfg.out) if cfg.out else Path("models") / f"{base_name}-{data.info['short_name']}-{cfg.precision}"
+    out = Path(cfg.out) if cfg.out else Path("models") / f"{base_name}-{data.info['short_name']}-{choice.precision}"
     # before minutes of training, not after
     todo = resume.plan(out, asdict(cfg), asdict(TrainConfig()), cfg.resume, cfg.force)
     if todo.action == "finished":
@@ -65,12 +71,21 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     accelerator, devices = ("cpu", cfg.devices) if device == "cpu" else ("cuda", cfg.devices)
     if device.startswith("cuda:"):
         devices = [int(device.split(":", 1)[1])]
-    fabric = Fabric(accelerator=accelerator, devices=devices, strategy=cfg.strategy, precision=cfg.precision)
+    fabric = Fabric(accelerator=accelerator, devices=devices, strategy=cfg.strategy, precision=choice.precision)
     # launch() starts the DDP processes when devices > 1; every rank runs _fit, rank 0 writes.
-    return fabric.launch(_fit, cfg, data, todo, device, t0)
+    return fabric.launch(_fit, cfg, data, todo, device, t0, choice)
 
 
-def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float) -> dict[str, Any] | None:
+def budget_steps(budget_min: float, done: int, train_time: float, step_times: list[float], total: int) -> int:
+    """Optimizer steps that fit `budget_min` minutes of training: those done plus what the rest of the budget
+    buys at the median step time so far (the first step, which pays one-off warm-up, left out); at most `total`."""
+    median = statistics.median(step_times[1:] or step_times)
+    left = budget_min * 60 - train_time
+    return max(done, min(total, done + int(left / max(median, 1e-9))))
+
+
+def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float,
+         choice: PrecisionChoice) -> dict[str, Any] | None:
     import psutil
     import torch
     from tqdm.auto import tqdm
@@ -99,14 +114,21 @@ def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float) -> dict[s
     groups = [{"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
                "weight_decay": cfg.weight_decay},
               {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0}]
-    optimizer = build_optimizer(groups, cfg.precision, cfg.bf16_update, cfg.lr)
+    optimizer = build_optimizer(groups, choice.precision, cfg.bf16_update, cfg.lr)
     model, optimizer = fabric.setup(model, optimizer)
     loader = fabric.setup_dataloaders(loader)
     steps_per_epoch = -(-len(loader) // cfg.grad_accum)
-    total = steps_per_epoch * cfg.epochs
-    warmup = int(total * cfg.warmup_ratio)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: (s + 1) / (warmup + 1) if s < warmup else max(0.0, (total - s) / max(1, total - warmup)))
+    full = steps_per_epoch * cfg.epochs
+    # The schedule reads the planned length at each step: a time budget (cfg.train_budget) shortens it after
+    # the first steps, and warm-up and decay are re-planned to end where training will stop.
+    plan = {"total": full}
+
+    def lr_factor(s: int) -> float:
+        total = plan["total"]
+        warmup = int(total * cfg.warmup_ratio)
+        return (s + 1) / (warmup + 1) if s < warmup else max(0.0, (total - s) / max(1, total - warmup))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     objects = {"model": model, "optimizer": optimizer, "scheduler": sched}
     scaler = getattr(fabric.strategy.precision, "scaler", None)  # 16-mixed's GradScaler
     if scaler is not None:
@@ -116,8 +138,10 @@ def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float) -> dict[s
         rest = resume.load(fabric, out, objects)
         prog, epoch_gen, rng = resume.Progress(**rest["progress"]), rest["epoch_generator"], rest["rng"]
         prog.resumed_at.append(prog.step)
+        if prog.planned_steps:
+            plan["total"] = prog.planned_steps
         if fabric.is_global_zero:
-            print(f"resuming at step {prog.step} of {total} (epoch {prog.epoch + 1}/{cfg.epochs}, batch "
+            print(f"resuming at step {prog.step} of {plan['total']} (epoch {prog.epoch + 1}/{cfg.epochs}, batch "
                   f"{prog.batch}/{len(loader)}) from {out / resume.CHECKPOINT}", flush=True)
     elif fabric.is_global_zero:
         resume.record_start(out, asdict(cfg))
@@ -138,6 +162,8 @@ def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float) -> dict[s
         torch.cuda.reset_peak_memory_stats()
     proc = psutil.Process()
     for epoch in range(prog.epoch, cfg.epochs):
+        if prog.planned_steps and prog.step >= prog.planned_steps:
+            break  # the budget ran out in an earlier epoch
         model.train()
         resuming = epoch_gen is not None
         if resuming:
@@ -188,8 +214,16 @@ def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float) -> dict[s
                             samples_s=f"{prog.seen / (prog.train_time + now - t_epoch):.1f}", refresh=False)
             if every is None:
                 every = resume.auto_interval(prog.step_times)
-            if every and prog.step % every == 0 and prog.step < total:
+            if cfg.train_budget and not prog.planned_steps and len(prog.step_times) >= BUDGET_STEPS:
+                prog.planned_steps = plan["total"] = budget_steps(
+                    cfg.train_budget, prog.step, prog.train_time + now - t_epoch, prog.step_times, full)
+                if prog.planned_steps < full and fabric.is_global_zero:
+                    print(f"\ntime budget {cfg.train_budget:g} min: training {prog.planned_steps} of {full} steps "
+                          f"at {statistics.median(prog.step_times[1:]):.2f} s a step", flush=True)
+            if every and prog.step % every == 0 and prog.step < plan["total"]:
                 checkpoint(epoch_state, t_epoch)
+            if prog.planned_steps and prog.step >= prog.planned_steps:
+                break
             t_step = time.perf_counter()  # a checkpoint's write is not the next step's time
         bar.close()
         prog.train_time += time.perf_counter() - t_epoch
@@ -207,7 +241,11 @@ def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float) -> dict[s
     opt = {"optimizer": f"{opt_cls.__module__.split('.')[0]}.{opt_cls.__name__}",
            "optimizer_state_bytes": optimizer_state_bytes(optimizer),
            "optimizer_step_median_s": round(statistics.median(opt_times[1:] or opt_times), 6) if opt_times else None,
-           **resume.summary(prog)}
+           **resume.summary(prog), "precision": choice.precision, "precision_choice": choice.to_json()}
+    if cfg.train_budget:
+        opt["time_budget"] = {"minutes": cfg.train_budget, "steps": prog.step, "of_steps": full,
+                              "examples": prog.seen, "of_examples": len(train_ex) * cfg.epochs,
+                              "cut": prog.step < full}
     metrics = trainout.metrics(fabric, cfg, data, device, base_name, t0 - prog.wall_before, prog.train_time,
                        prog.step_times, prog.seen, prog.epoch_val, val, test, prog.last_loss, prog.rss_peak, opt)
     if fabric.is_global_zero:
@@ -258,7 +296,7 @@ def run(args) -> int:
     if m is None:  # a DDP worker rank: rank 0 reports
         return 0
     metric = "mae" if "test_mae" in m else "accuracy"
-    print(f"trained {m['model_name']} ({cfg.precision}, {m['device']}): val {metric} {m[f'val_{metric}']:.4f}, "
+    print(f"trained {m['model_name']} ({m['precision']}, {m['device']}): val {metric} {m[f'val_{metric}']:.4f}, "
           f"test {metric} {m[f'test_{metric}']:.4f}, {m['train_time_s']:.1f} s training")
     return 0
 

@@ -57,16 +57,17 @@ def test_bf16_true_updates_land_where_fp32_adamw_goes(update):
     assert _drift_error(update) < 0.1
 
 
-def test_bf16_on_cpu_without_native_support_warns(monkeypatch, caplog):
-    from qserve import devices
+def test_bf16_on_cpu_without_native_support_warns_and_names_what_auto_would_choose(cpu_flags, caplog):
     from qserve.training.precision import check_precision
 
-    monkeypatch.setattr(devices, "cpu_supports_bf16", lambda: False)
+    cpu_flags("avx2 fma")
     with caplog.at_level(logging.WARNING, logger="qserve.training.precision"):
         check_precision("bf16-mixed", "cpu")
-    assert "emulated and slow" in caplog.text
+    assert "emulated and slow" in caplog.text and "--precision auto chooses 32-true here" in caplog.text
     caplog.clear()
     check_precision("32-true", "cpu")
+    cpu_flags("avx2 avx512f avx512_bf16")
+    check_precision("bf16-mixed", "cpu")
     assert caplog.text == ""
 
 
