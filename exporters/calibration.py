@@ -102,6 +102,19 @@ def calibration_set(checkpoint: ExportContext | Path | str, samples: int) -> tup
     return calibration_batches(ctx, texts, ctx.info.max_length, pairs=pairs), source
 
 
+def held_out_set(checkpoint: ExportContext | Path | str, samples: int, batches: list[dict],
+                 source: str) -> tuple[list[dict], str]:
+    """The `samples` training texts after the calibration ones, batched like them: texts that did not calibrate
+    a recipe, to judge it on. Where the checkpoint records no dataset, `batches` (the calibration set) itself."""
+    ctx = _context(checkpoint)
+    texts, pairs, more = calibration_inputs(ctx, 2 * samples)
+    if len(texts) > samples and "train split" in more:
+        return (calibration_batches(ctx, texts[samples:], ctx.info.max_length,
+                                    pairs=pairs[samples:] if pairs else None),
+                f"{len(texts) - samples} training texts after the calibration ones ({more})")
+    return batches, f"the calibration texts themselves ({source}: no held-out texts recorded)"
+
+
 def rows_alone(batches: list[dict]) -> list[dict]:
     """Each text of `batches` as a batch of its own, unpadded: how the runtime runs a graph whose
     activation scale spans the batch (onnx-int8), so calibration sees the ranges serving sees."""

@@ -16,7 +16,8 @@ only model.onnx and config.json are copied into the variant, so
   fp32 111 ms, int8 37 ms plain, 40 ms fused, 37 ms pre-processed), so the default
   stays the plain graph, which needs no contrib ops beyond the quantized MatMuls.
   Before quantizing, activation outliers are smoothed into the weights (exporters.smoothing,
-  calibrated on training texts; option smooth=false turns it off). After it, the mean shift
+  calibrated on training texts) where that measures closer to fp32 on this CPU (smooth unset: both graphs
+  are built and judged on held-out training texts; smooth=true or false decides without measuring). After it, the mean shift
   of the int8 logits against fp32 on the same texts is taken out of the output bias
   (correct_logit_bias; option correct_bias=false turns it off).
 - int4: MatMulNBits weight-only 4-bit, blockwise; accuracy_level 4 computes in int8.
@@ -173,24 +174,65 @@ def optimize_bert(src: Path, dst: Path, config: dict[str, Any]) -> dict[str, int
 
 def quantize_int8(src: Path, dst: Path, config: dict[str, Any], opts: OnnxOptions, scratch: Path,
                   checkpoint: ExportContext | Path) -> dict[str, Any]:
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    """The int8 graph of `src` into `dst`; returns the manifest's record of how it was made.
 
+    smooth=None (the default) decides by measurement on this CPU: both graphs, plain and smoothed, are
+    quantized, bias-corrected and run on held-out training texts, and the one whose logits sit closer to fp32's
+    is kept. Smoothing lowers int8 error where the u8s8 kernel is VNNI's; where int8 GEMMs take the AVX2 path,
+    which sums pairs in saturating int16, the larger smoothed weights measured worse (docs/export.md)."""
     record: dict[str, Any] = {}
-    reference = src  # the plain fp32 graph: what the bias correction holds the int8 logits to
     keep = kept_fp32(src, opts.keep_fp32 or "")  # before the slow steps: a pattern matching nothing fails at once
-    if opts.smooth or opts.correct_bias:
+    batches: list[dict[str, Any]] = []
+    source = ""
+    if opts.smooth is not False or opts.correct_bias:
         from exporters.calibration import calibration_set
 
-        batches, source = calibration_set(checkpoint, int(opts.calibration_samples or 0))  # read once, used by both
+        batches, source = calibration_set(checkpoint, int(opts.calibration_samples or 0))  # read once, used by all
         if opts.calibrate_alone:
             from exporters.calibration import rows_alone
 
             # Each text alone, as the runtime answers it: measured no better than padded batches on the
             # embedded default (99.40% vs 99.60% agreement on 2,000 test reviews, both run row by row).
             batches = rows_alone(batches)
-    if opts.smooth:
-        src = smooth_fp32(src, scratch / "smoothed.onnx", batches, source, record)
+    if opts.smooth is not None:
+        if opts.smooth:
+            src_q = smooth_fp32(src, scratch / "smoothed.onnx", batches, source, record)
+        else:
+            src_q = src
+        record.update(_quantize_graph(src_q, dst, src, config, opts, keep, scratch, batches, source))
+        return record
+    from exporters.calibration import held_out_set
+
+    held, held_source = held_out_set(checkpoint, int(opts.calibration_samples or 0), batches, source)
+    reference = _logits(src, held)
+    tried: dict[str, tuple[float, dict[str, Any], Path]] = {}
+    for name in ("plain", "smoothed"):
+        rec: dict[str, Any] = {}
+        graph = smooth_fp32(src, scratch / "smoothed.onnx", batches, source, rec) if name == "smoothed" else src
+        out = scratch / f"int8-{name}.onnx"
+        rec.update(_quantize_graph(graph, out, src, config, opts, keep, scratch / name, batches, source))
+        tried[name] = (float(np.abs(_logits(out, held) - reference).mean()), rec, out)
+    pick = "smoothed" if tried["smoothed"][0] < tried["plain"][0] else "plain"  # a tie keeps the simpler graph
+    shutil.copyfile(tried[pick][2], dst)
+    record.update(tried[pick][1])
+    from qserve.devices import capabilities
+
+    record["smoothing_choice"] = {
+        "chosen": pick, "mean_abs_logit_error": {k: round(v[0], 6) for k, v in tried.items()},
+        "measured_on": held_source, "cpu_class": capabilities(with_cuda=False).cpu_class,
+        "why": "smooth=auto: the int8 graph, plain and smoothed, each bias-corrected, against fp32 on held-out texts"}
+    return record
+
+
+def _quantize_graph(src: Path, dst: Path, reference: Path, config: dict[str, Any], opts: OnnxOptions,
+                    keep: list[str], scratch: Path, batches: list[dict[str, Any]], source: str) -> dict[str, Any]:
+    """Quantize the (smoothed or plain) fp32 graph `src` into `dst`, bias-corrected against `reference`, the plain
+    fp32 graph: what the correction holds the int8 logits to."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    record: dict[str, Any] = {}
+    scratch.mkdir(parents=True, exist_ok=True)
     if opts.optimize:
         fused = scratch / "fused.onnx"
         record["fusions"] = optimize_bert(src, fused, config)

@@ -244,8 +244,10 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
             Option("per_channel", {"onnx-int8": True}, bool, "one weight scale per output channel"),
             Option("reduce_range", {"onnx-int8": False}, bool),
             Option("optimize", {"onnx-int8": False}, bool),
-            Option("smooth", {"onnx-int8": True}, bool,
-                   "smooth activation outliers into the weights before quantizing (exporters.smoothing)"),
+            # None: measured per export (exporters.onnx.quantize_int8): it helps with VNNI and hurt on AVX2
+            Option("smooth", {"onnx-int8": None}, bool,
+                   "smooth activation outliers into the weights before quantizing (exporters.smoothing); unset: "
+                   "both graphs are built and the one closer to fp32 on held-out training texts is kept"),
             Option("correct_bias", {"onnx-int8": True}, bool,
                    "take the mean int8-vs-fp32 logit shift on calibration texts out of the output bias"),
             Option("calibration_samples", {"onnx-int8": 64}, int, f"{_CALIBRATION} the smoothing and bias correction",

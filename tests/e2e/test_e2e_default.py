@@ -47,7 +47,14 @@ def run_dir(tmp_path_factory) -> Path:
 
 def test_pipeline_outputs(run_dir):
     metrics = json.loads((run_dir / "checkpoint" / "train_metrics.json").read_text())
-    assert metrics["precision"] == "bf16-mixed" and metrics["device"] == "cpu"
+    from qserve.devices import cpu_supports_bf16
+
+    # --precision auto (the default): bf16-mixed where bf16 is native, 32-true elsewhere; said and recorded
+    want = "bf16-mixed" if cpu_supports_bf16() else "32-true"
+    choice = metrics["precision_choice"]
+    assert metrics["precision"] == choice["precision"] == want and choice["asked"] == "auto"
+    assert metrics["device"] == "cpu" and "measured" in choice["reason"]
+    assert metrics["time_budget"]["cut"] is False  # the pipeline's budget never binds on this short recipe
     assert metrics["sizes"] == {"train": 800, "val": 500, "test": 500}  # --max-samples, --max-eval-samples
     # 800 reviews at 32 tokens learn well past chance; the full default (README) reaches > 82%
     assert metrics["test_accuracy"] > 0.6, metrics["test_accuracy"]
@@ -69,6 +76,8 @@ def test_pipeline_outputs(run_dir):
     stages = report["pipeline"]["stage_s"]  # the run that measured the report keeps its stage times
     assert set(stages) == {"train", "export", "bench", "total"} and stages["total"] >= stages["bench"] > 0
     assert "## Pipeline stages" in md
+    assert f"Training precision: **{want}** (asked: `auto`): {choice['reason']}." in md
+    assert report["pipeline"]["training"]["precision_choice"] == choice
 
 
 def test_rerun_reuses_every_stage(run_dir):

@@ -83,6 +83,14 @@ def test_quant_act_matches_onnxruntime_dynamic_quantize_linear():
         np.testing.assert_allclose(smoothing.quant_act(x), sess.run(None, {"x": x})[0], atol=1e-6)
 
 
+from qserve.devices import read_capabilities  # noqa: E402
+
+# The int8 kernel ORT runs is picked by the real CPU, so whether smoothing lowers int8 error is a property of the
+# CPU class: it does with VNNI's u8s8 kernel, and on an AVX2-only EPYC it measured worse (2.7e-4 vs 1.1e-4 mean
+# error), so the pipeline's default measures it per export (test_smooth_unset_keeps_the_graph_that_measures_closer).
+VNNI = read_capabilities(with_cuda=False).has("vnni") is not False
+
+
 def test_smoothing_is_exact_in_fp32_and_lowers_int8_error(outlier_checkpoint, tmp_path):
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -114,6 +122,9 @@ def test_smoothing_is_exact_in_fp32_and_lowers_int8_error(outlier_checkpoint, tm
         quantize_dynamic(str(src), str(dst), per_channel=True, weight_type=QuantType.QInt8,
                          op_types_to_quantize=["MatMul"], nodes_to_exclude=head)
         errors[name] = np.abs(_run(onnx.load(str(dst)), test) - ref).mean()
+    if not VNNI:
+        pytest.skip(f"smoothing is exact in fp32 here; its int8 gain holds with VNNI's u8s8 kernel, which this CPU "
+                    f"lacks (int8 mean error here: {errors})")
     assert errors["smoothed"] < 0.7 * errors["plain"], errors
 
 
@@ -132,7 +143,8 @@ def test_calibration_reads_the_training_split_of_the_recorded_dataset(outlier_ch
 
 
 def test_int8_export_records_smoothing_and_can_turn_it_off(outlier_checkpoint, tmp_path):
-    on = exporters.export(outlier_checkpoint, "onnx-int8", tmp_path / "on", options={"calibration_samples": 16}).to_json()
+    on = exporters.export(outlier_checkpoint, "onnx-int8", tmp_path / "on",
+                          options={"smooth": True, "calibration_samples": 16}).to_json()
     rec = on["onnx"]["smoothing"]
     assert rec["smoothed"] >= 2 and "train split, first 16 texts" in rec["calibration"]
     off = exporters.export(outlier_checkpoint, "onnx-int8", tmp_path / "off", options={"smooth": False}).to_json()
@@ -145,6 +157,25 @@ def test_int8_export_records_smoothing_and_can_turn_it_off(outlier_checkpoint, t
     a = load_runtime(tmp_path / "on", "cpu").predict(TEXTS)
     b = load_runtime(tmp_path / "off", "cpu").predict(TEXTS)
     assert a.shape == b.shape and np.abs(a - b).max() < 0.2
+
+
+def test_smooth_unset_keeps_the_graph_that_measures_closer(outlier_checkpoint, tmp_path):
+    """The default (smooth unset) builds both int8 graphs and keeps the one nearer fp32 on held-out training texts,
+    whichever that is on this CPU; the record says which, both errors, the texts and the CPU class."""
+    m = exporters.export(outlier_checkpoint, "onnx-int8", tmp_path / "auto", options={"calibration_samples": 16})
+    rec = m.to_json()["onnx"]
+    choice = rec["smoothing_choice"]
+    err = choice["mean_abs_logit_error"]
+    assert set(err) == {"plain", "smoothed"} and all(v > 0 for v in err.values())
+    assert choice["chosen"] == ("smoothed" if err["smoothed"] < err["plain"] else "plain")
+    assert "16 training texts after the calibration ones" in choice["measured_on"]
+    assert choice["cpu_class"] == read_capabilities(with_cuda=False).cpu_class
+    assert ("smoothing" in rec) == (choice["chosen"] == "smoothed") and rec["bias_correction"]["applied"]
+    import onnx
+
+    muls = [n for n in onnx.load(str(tmp_path / "auto" / "model.onnx")).graph.node if n.name.endswith("_smooth")]
+    assert bool(muls) == (choice["chosen"] == "smoothed")
+    assert load_runtime(tmp_path / "auto", "cpu").predict(TEXTS).shape == (len(TEXTS), 2)
 
 
 def test_keep_fp32_leaves_the_named_matmuls_unquantized(tiny_checkpoint, tmp_path):

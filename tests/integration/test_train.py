@@ -143,6 +143,38 @@ def test_bf16_true_saves_fp32_weights_and_trains_with_a_kahan_buffer(tiny_checkp
     assert m["optimizer_step_median_s"] > 0
 
 
+def test_auto_precision_follows_the_cpu_and_records_why(tiny_checkpoint, separable_csv, tmp_path, cpu_flags, capsys):
+    cpu_flags("avx2 fma")  # an AVX2-only CPU: no bf16 instructions
+    m = train(tiny_cfg(tiny_checkpoint, separable_csv, tmp_path / "auto", precision="auto", epochs=1,
+                       max_eval_samples=8))
+    assert m["precision"] == "32-true" and m["config"]["precision"] == "auto"
+    choice = m["precision_choice"]
+    assert choice["asked"] == "auto" and choice["precision"] == "32-true"
+    assert choice["reason"].startswith("this CPU has no bf16 instructions: bf16-mixed measured")
+    assert choice["probe"]["fp32_s"] > 0
+    assert f"precision: 32-true ({choice['reason']})" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "auto" / "train_metrics.json").read_text())
+    assert saved["precision_choice"] == choice
+
+
+def test_time_budget_cuts_the_run_to_the_steps_that_fit_and_says_so(tiny_checkpoint, separable_csv, tmp_path):
+    from qserve.training.train import BUDGET_STEPS, budget_steps
+
+    # 10 steps an epoch, 4 epochs; a budget of ~6 ms is spent by the first steps: the run stops once they are timed
+    m = train(tiny_cfg(tiny_checkpoint, separable_csv, tmp_path / "cut", train_budget=1e-4, max_eval_samples=8))
+    assert m["optimizer_steps"] == BUDGET_STEPS and len(m["val_accuracy_per_epoch"]) == 1
+    assert m["time_budget"] == {"minutes": 1e-4, "steps": BUDGET_STEPS, "of_steps": 40, "examples": 16 * BUDGET_STEPS,
+                                "of_examples": 160 * 4, "cut": True}
+    # a budget the recipe fits in trains it whole
+    m = train(tiny_cfg(tiny_checkpoint, separable_csv, tmp_path / "whole", epochs=1, train_budget=60,
+                       max_eval_samples=8))
+    assert m["optimizer_steps"] == 10 and m["time_budget"]["cut"] is False
+    # the plan: steps done plus what the rest buys at the median step (the first, warm-up, left out)
+    assert budget_steps(1.0, 4, 10.0, [9.0, 1.0, 1.0, 1.0], 1000) == 4 + 50
+    assert budget_steps(1.0, 4, 70.0, [9.0, 1.0, 1.0, 1.0], 1000) == 4
+    assert budget_steps(10.0, 4, 4.0, [1.0] * 4, 100) == 100
+
+
 def test_existing_out_needs_force(trained, tiny_checkpoint, separable_csv, tmp_path):
     out = tmp_path / "taken"
     out.mkdir()
@@ -155,7 +187,9 @@ def test_existing_out_needs_force(trained, tiny_checkpoint, separable_csv, tmp_p
 
 
 @pytest.mark.parametrize("kw, match", [
-    ({"precision": "fp16"}, r"--precision must be one of 32-true, 16-mixed, bf16-mixed, bf16-true \(got 'fp16'\)"),
+    ({"precision": "fp16"}, r"--precision must be one of auto, 32-true, 16-mixed, bf16-mixed, bf16-true "
+                            r"\(got 'fp16'\)"),
+    ({"train_budget": 0}, r"--train-budget must be a number of minutes > 0 \(got 0\)"),
     ({"precision": "16-mixed"}, r"16-mixed is not supported on CPU.*bf16-mixed or 32-true"),
     ({"matmul_precision": "low"}, r"--matmul-precision must be one of highest, high, medium"),
     ({"bf16_update": "fp32"}, r"--bf16-update must be one of compensated, plain \(got 'fp32'\)"),
@@ -185,7 +219,8 @@ def test_study_runs_each_precision_in_a_child(tiny_checkpoint, separable_csv, tm
     from qserve.training.study import compare
 
     cfg = tiny_cfg(tiny_checkpoint, separable_csv, None, epochs=1, max_eval_samples=8)
-    study = compare(cfg, ["32-true", "bf16-mixed"], tmp_path / "report", step_rounds=1, step_samples=48)
+    study = compare(cfg, ["32-true", "bf16-mixed"], tmp_path / "report", step_rounds=1, step_samples=48,
+                    noise_precision="bf16-mixed")  # named: the default (what auto chooses) depends on the CPU
     assert sorted(p.name for p in (tmp_path / "report").iterdir()) == ["precision_study.json",
                                                                        "precision_study.md"]
     runs = {r["label"]: r for r in study["runs"]}
