@@ -44,7 +44,13 @@ def _replicas(c) -> dict:
     return r.json() if r.status_code == 200 else {}
 
 
-def _wait_running(c, n: int, timeout: float = 120.0, gone: str | None = None) -> dict:
+# How long a replica may take to (re)start: a bound for a hang, not a speed claim. A replacement replica imports
+# torch and the runtime in a fresh worker; on a 2-core machine with other work beside the suite that took over
+# 120 s (an AVX2 EPYC), while alone it takes seconds.
+REPLICA_START_S = 360.0
+
+
+def _wait_running(c, n: int, timeout: float = REPLICA_START_S, gone: str | None = None) -> dict:
     deadline = time.monotonic() + timeout
     info: dict = {}
     while time.monotonic() < deadline:
@@ -268,7 +274,7 @@ def test_deploy_config_runs_under_rays_own_serve_run(ray_app, ray_url, tiny_vari
                            ray.get_runtime_context().gcs_address, str(out)],
                           env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + REPLICA_START_S
     while True:
         info = _replicas(ray_app)
         if info.get("replica_count") == 1 and info.get("target_replicas") == 1 and \
@@ -307,7 +313,7 @@ def test_regression_model_answers_its_value_on_the_same_instance(ray_app, ray_ur
 
     serve.run(application({"variant_dir": str(variant), "threads": 1}, Scaling(1), cores=1),
               name="qserve", route_prefix="/")
-    deadline, info = time.monotonic() + 120, {}
+    deadline, info = time.monotonic() + REPLICA_START_S, {}
     while [m.get("problem_type") for m in info.get("models") or []] != ["regression"]:
         assert time.monotonic() < deadline, f"the regression app never answered /v1/models: {info}"
         time.sleep(0.5)
