@@ -113,7 +113,7 @@ def truth(split: Split, problem: str, k: int) -> np.ndarray:
         return np.array([problems.multi_hot(lab, k) for lab in split.labels], dtype=bool).reshape(len(split), k)
     if problem == problems.REGRESSION:
         return np.array([float(x) for x in split.labels], dtype=np.float64)  # type: ignore[arg-type]
-    return np.array([int(x) for x in split.labels], dtype=int)  # type: ignore[call-overload]
+    return np.array([int(x) for x in split.labels], dtype=int)  # type: ignore[arg-type]
 
 
 # -- scoring ---------------------------------------------------------------------------------------------
@@ -315,13 +315,13 @@ def run_gate(variants: list[Path], cfg: GateConfig) -> list[dict[str, Any]]:
                   "calibration": None if cal is None else {k: v for k, v in cal.items()
                                                            if k not in ("temperature", "thresholds")},
                   "when": now_iso(), "machine": machine(device), "qserve": __version__}
-        calibration = None
+        calibration: dict[str, Any] | None = None
         if cal is not None and cal_split is not None:
             fitted = {"dataset": dataset, "split": cfg.calibrate_on, "seed": seed, "n": len(cal_split),
                       "fingerprint": fingerprint(cal_split)}
             calibration = {k: cal[k] for k in ("temperature", "thresholds") if k in cal}
             calibration["fitted_on"] = fitted
-            record["calibration"]["fitted_on"] = fitted  # type: ignore[index]
+            record["calibration"]["fitted_on"] = fitted
         if cfg.record:
             vm = verify(vdir, allow_extra_files=cfg.allow_extra_files)  # unchanged since it was scored
             reseal(vdir, replace(vm, gate=record, calibration=calibration if calibration is not None else vm.calibration))
