@@ -125,7 +125,9 @@ class FileEntry:
 # record (onnx, bnb, openvino, conversion ...), kept in `records` and written back between versions and parity.
 _HEAD = ("format", "spec", "model_name", "labels", "problem_type", "max_length", "long_text", "inputs", "source",
          "export_device", "versions")
-_TAIL = ("parity", "files", "created", DIGEST_KEY)
+_TAIL = ("parity", "gate", "calibration", "files", "created", DIGEST_KEY)
+# gate and calibration are written by `qserve gate` after export (qserve/gate/); a manifest without them (every
+# one from before the gate, and every variant not gated yet) keeps its bytes and its digest.
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,14 @@ class Manifest:
     """The backend's records by key ("onnx", "bnb", "openvino", "conversion"): free-form JSON each backend
     writes and its runtime reads."""
     parity: dict[str, Any] | None = None
+    gate: dict[str, Any] | None = None
+    """The release gate's verdict (`qserve gate`): agreement and accuracy delta with their intervals against the
+    fp32 reference, on which data (fingerprint, n), the bar, passed or not, when and on which machine; None: not
+    gated. Inside the sealed manifest, so an edited verdict fails verify like any other field."""
+    calibration: dict[str, Any] | None = None
+    """What serving applies to the logits (`qserve gate` fits it on held-out data the gate did not score):
+    {"temperature": T} (single-label softmax of logits / T) or {"thresholds": [one per label]} (multi-label), with
+    where it was fitted; None: uncalibrated, answered exactly as before."""
     files: dict[str, FileEntry] = field(default_factory=dict)
     created: str | None = None
     digest: str | None = None
@@ -179,6 +189,23 @@ class Manifest:
 
         return self.inputs or SINGLE
 
+    @property
+    def temperature(self) -> float | None:
+        """The calibrated softmax temperature (single-label), or None: softmax of the raw logits."""
+        value = (self.calibration or {}).get("temperature")
+        return None if value is None else float(value)
+
+    @property
+    def thresholds(self) -> tuple[float, ...] | None:
+        """The calibrated per-label thresholds (multi-label), in label order, or None: the server's --threshold."""
+        value = (self.calibration or {}).get("thresholds")
+        return None if value is None else tuple(float(x) for x in value)
+
+    @property
+    def gate_passed(self) -> bool:
+        """Whether the manifest holds a passing gate verdict."""
+        return bool((self.gate or {}).get("passed"))
+
     def record(self, key: str) -> dict[str, Any]:
         """A backend's record ({} when absent)."""
         return self.records.get(key) or {}
@@ -196,7 +223,7 @@ class Manifest:
             "long_text": self.long_text, "inputs": None if self.inputs is None else list(self.inputs),
             "source": self.source, "export_device": self.export_device, "versions": self.versions}
         tail: dict[str, Any] = {
-            "parity": self.parity, "files": {k: {"sha256": f.sha256, "bytes": f.bytes} for k, f in self.files.items()}
+            "parity": self.parity, "gate": self.gate, "calibration": self.calibration, "files": {k: {"sha256": f.sha256, "bytes": f.bytes} for k, f in self.files.items()}
             or None, "created": self.created, DIGEST_KEY: self.digest}
         return {**{k: v for k, v in head.items() if v is not None}, **self.records,
                 **{k: v for k, v in tail.items() if v is not None}}
@@ -236,9 +263,27 @@ class Manifest:
             source=_optional(path, data, "source", dict, "an object {path, sha256}"),
             export_device=_optional(path, data, "export_device", str, "a device string"),
             versions=_optional(path, data, "versions", dict, "an object library -> version"),
-            records=records, parity=_optional(path, data, "parity", dict, "an object"), files=entries,
+            records=records, parity=_optional(path, data, "parity", dict, "an object"),
+            gate=_optional(path, data, "gate", dict, "an object (qserve gate's verdict)"),
+            calibration=_calibration(path, data.get("calibration"), len(data["labels"])), files=entries,
             created=_optional(path, data, "created", str, "an ISO time string"),
             digest=_optional(path, data, DIGEST_KEY, str, "a sha256 hex string"), format=str(data["format"]))
+
+
+def _calibration(path: Path, value: object, num_labels: int) -> dict[str, Any] | None:
+    """The calibration record, checked: a temperature > 0 and/or one threshold in [0, 1] per label."""
+    if value is None:
+        return None
+    cal = _typed(path, "calibration", value, dict, "an object {temperature} or {thresholds}")
+    t = cal.get("temperature")
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < 1e3):
+        raise VariantError(f"{path}: calibration.temperature must be a number in (0, 1000), got {t!r}")
+    thr = cal.get("thresholds")
+    if thr is not None and (not isinstance(thr, list) or len(thr) != num_labels or not all(
+            not isinstance(x, bool) and isinstance(x, (int, float)) and 0 <= x <= 1 for x in thr)):
+        raise VariantError(f"{path}: calibration.thresholds must be {num_labels} numbers in [0, 1] (one per label), "
+                           f"got {thr!r}")
+    return cal
 
 
 def _spec(path: Path, value: object) -> VariantSpec:
@@ -352,6 +397,18 @@ def write_manifest(root: Path, manifest: Manifest) -> Manifest:
     data.setdefault("created", now_iso())
     # Round-trip through JSON first so the digest covers exactly what a reader will see.
     data = json.loads(json.dumps(data, default=str))
+    data[DIGEST_KEY] = manifest_digest(data)
+    write_json_atomic(root / MANIFEST, data)
+    return Manifest.from_json(data, root / MANIFEST)
+
+
+def reseal(root: Path, manifest: Manifest) -> Manifest:
+    """Write `manifest` (e.g. with a gate verdict added) over root's manifest.json, atomically, its file hashes
+    kept as they are and its digest recomputed: for a variant the caller has just verified, whose files did not
+    change. Everything already in the manifest stays (the dataclass carries every field and record)."""
+    root = Path(root)
+    data = {k: v for k, v in manifest.to_json().items() if k != DIGEST_KEY}
+    data = json.loads(json.dumps(data, default=str))  # the digest covers exactly what a reader will see
     data[DIGEST_KEY] = manifest_digest(data)
     write_json_atomic(root / MANIFEST, data)
     return Manifest.from_json(data, root / MANIFEST)

@@ -27,6 +27,7 @@ COMMANDS = [
     ("variants", "exporters.cli"),
     ("bench", "qserve.bench.cli"),
     ("report", "qserve.bench.cli"),
+    ("gate", "qserve.gate.cli"),
     ("serve", "qserve.serve.cli"),
     ("loadtest", "qserve.serve.cli"),
     ("predict", "qserve.predict.cli"),
@@ -36,7 +37,7 @@ COMMANDS = [
 
 # The commands that load a model (in this process or in children that are `qserve` again): transformers is told
 # scikit-learn and scipy are absent before it imports them (modeling.skip_unused_imports: seconds of each start).
-MODEL_COMMANDS = frozenset({"pipeline", "train", "export", "bench", "serve", "predict"})
+MODEL_COMMANDS = frozenset({"pipeline", "train", "export", "bench", "gate", "serve", "predict"})
 
 
 def build_parser() -> argparse.ArgumentParser:

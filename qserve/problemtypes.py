@@ -81,11 +81,15 @@ def check_threshold(value: Any, field: str = "--threshold") -> float:
 
 # -- scores and predictions (numpy) ---------------------------------------------------------------
 
-def scores(logits: Any, problem: str) -> Any:
-    """Logits [n, k] -> float32 scores: softmax rows (single), a sigmoid per label (multi), the values (regression)."""
+def scores(logits: Any, problem: str, temperature: float | None = None) -> Any:
+    """Logits [n, k] -> float32 scores: softmax rows (single), a sigmoid per label (multi), the values (regression).
+    `temperature` (a calibrated single-label variant's, from its manifest): the softmax of logits / T; None leaves
+    the logits as they are, so an uncalibrated variant's scores keep their bits."""
     import numpy as np
 
     z = np.asarray(logits, dtype=np.float64)
+    if temperature is not None and problem == SINGLE:
+        z = z / float(temperature)
     if problem == MULTI:
         out = 1.0 / (1.0 + np.exp(-z))
     elif problem == REGRESSION:
@@ -96,10 +100,12 @@ def scores(logits: Any, problem: str) -> Any:
     return out.astype(np.float32)
 
 
-def predictions(rows: Any, problem: str, threshold: float = DEFAULT_THRESHOLD) -> list[Any]:
-    """Scores [n, k] -> per text what is compared: the top label id, the on flags (0/1 per label), or the values."""
+def predictions(rows: Any, problem: str, threshold: float | Sequence[float] = DEFAULT_THRESHOLD) -> list[Any]:
+    """Scores [n, k] -> per text what is compared: the top label id, the on flags (0/1 per label; `threshold` one
+    for all labels or one per label), or the values."""
     if problem == MULTI:
-        return [[int(s >= threshold) for s in row] for row in rows.tolist()]
+        per = [float(threshold)] * rows.shape[1] if isinstance(threshold, (int, float)) else list(threshold)
+        return [[int(s >= t) for s, t in zip(row, per)] for row in rows.tolist()]
     if problem == REGRESSION:
         return [[float(v) for v in row] for row in rows.tolist()]
     return [int(i) for i in rows.argmax(-1)]

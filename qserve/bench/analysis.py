@@ -68,6 +68,11 @@ def variant_entry(meta: VariantMeta, res: dict[str, Any]) -> dict[str, Any]:
         "agreement": None,
         "data": res.get("data"),
     }
+    if manifest is not None and manifest.gate:  # `qserve gate`'s verdict: the recommendation then picks gated ones
+        g = manifest.gate
+        entry["gate"] = {"passed": bool(g.get("passed")), "agreement_lower_bound": (g.get("agreement") or {}).get("lo"),
+                         "bar": (g.get("bar") or {}).get("agreement_lower_bound"), "n": (g.get("data") or {}).get("n"),
+                         "reasons": g.get("reasons") or []}
     if res.get("cuda"):
         entry["memory"]["cuda"] = res["cuda"]
     acc = res.get("accuracy")

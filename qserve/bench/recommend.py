@@ -54,7 +54,14 @@ def recommend(report: dict[str, Any]) -> dict[str, Any]:
         ranking.append({"variant": v["name"], "dir": v["dir"], "p50_ms": None,
                         "real_b1_p50_ms": real["p50"] if real else None,
                         "fixed_p50_ms": st["p50"] if st else None, "agreement": agr, "bar": bar,
-                        "bits": bits, "meets_bar": agr is not None and agr >= bar})
+                        "bits": bits, "meets_bar": agr is not None and agr >= bar,
+                        **({"gate": v["gate"]["passed"]} if v.get("gate") else {})})
+    # Once any variant carries a release gate (`qserve gate`), only gated ones may be recommended: one that passed,
+    # or the reference itself (it is what the gate compares with). Without gates, the point-estimate bar as before.
+    gated = any("gate" in r for r in ranking)
+    if gated:
+        for r in ranking:
+            r["meets_bar"] = r["meets_bar"] and (r.get("gate") is True or r["variant"] == ref)
     # Real texts at their own length when every candidate has them (what is served); else the headline shape.
     by_real = bool(ranking) and all(r["real_b1_p50_ms"] is not None for r in ranking)
     if not by_real:
@@ -67,6 +74,7 @@ def recommend(report: dict[str, Any]) -> dict[str, Any]:
     if not ok:
         speed_only = all(r["agreement"] is None for r in ranking)
         why = ("no variant has an agreement measurement (speed-only run)" if speed_only
+               else "no gated variant passed its release gate and meets its agreement bar" if gated
                else "no variant meets its agreement bar")
         return {"variant": None, "why": why, "shape": shape, "cpu": cpu, "ranking": ranking}
     best = ok[0]
@@ -76,7 +84,8 @@ def recommend(report: dict[str, Any]) -> dict[str, Any]:
     metric = f" ({report['agreement_metric']})" if report.get("agreement_metric") else ""
     why = (f"fastest at {shape} (median {best['p50_ms']:.2f} ms{fixed}) among variants whose agreement{metric} with "
            f"{ref or 'fp32'} meets the bar (int8 >= 99%, 4-bit >= 97%, 16/32-bit >= 99%): {best['agreement']:.2%} >= "
-           f"{best['bar']:.0%}" + (f"; faster but below the bar: {', '.join(faster)}" if faster else ""))
+           f"{best['bar']:.0%}" + ("; release gate passed" if best.get("gate") else "")
+           + (f"; faster but below the bar{' or not gated' if gated else ''}: {', '.join(faster)}" if faster else ""))
     return {**{k: best[k] for k in ("variant", "dir", "p50_ms", "agreement", "bar")}, "shape": shape, "why": why,
             "cpu": cpu, "reference": ref, "ranking": ranking}
 

@@ -292,8 +292,9 @@ class Runtime:
         return longtext.aggregate(self.forward_pieces(pieces.ids, pieces.types), pieces)
 
     def scores(self, logits: np.ndarray) -> np.ndarray:
-        """Text logits -> scores by the variant's problem type: the one place predict and classify make them."""
-        return problems.scores(logits, self.problem_type)
+        """Text logits -> scores by the variant's problem type: the one place predict and classify make them,
+        with the manifest's calibrated temperature when `qserve gate` fitted one (the logits stay raw)."""
+        return problems.scores(logits, self.problem_type, self.manifest.temperature)
 
     def predict(self, texts: list[str], policy: PolicyArg = None, pairs: list[str] | None = None) -> np.ndarray:
         """Scores [len(texts), num_labels] (float32): class probabilities (rows sum to 1) for a single-label

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from qserve.runtime.base import Phase
+from qserve.serve.core.outputs import Threshold
 from qserve.serve.core.served_model import ModelRuntime, ServedModel
 
 
@@ -32,8 +33,9 @@ class Answer:
     """Its version, the manifest's short hash (model.version): every answer carries it as model_version."""
     policy: str
     """The long-text policy the texts were read by, written out in full: the request's, else the model's default."""
-    threshold: float | None
-    """The multi-label threshold in effect (the request's, else --threshold); None for any other problem type."""
+    threshold: Threshold | None
+    """The multi-label threshold in effect: the request's, else the variant's calibrated one per label (a tuple),
+    else --threshold; None for any other problem type."""
     outputs: tuple[str, ...]
     """The V2 outputs to answer, in order: those the request named, else all of the model's (outputs.py);
     empty when the protocol has no outputs to name (/v1)."""

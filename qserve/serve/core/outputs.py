@@ -6,8 +6,10 @@ single-label   /v1 [{label, score}] best first (softmax);   V2 probabilities FP3
 multi-label    /v1 every label {label, score, on} best first (sigmoid; on: score >= threshold);
                V2 probabilities FP32 [n, k] (the sigmoid per label)
 regression     /v1 [{"label": "value", "score": v}];          V2 value FP32 [n, 1]
-and V2 truncated BOOL [n] for every model. The threshold is --threshold (default 0.5), or the request's
-`threshold`; a threshold sent to a model that is not multi-label is refused (422).
+and V2 truncated BOOL [n] for every model. The threshold is the request's `threshold`, else the variant's
+calibrated per-label thresholds (`qserve gate` records them in its manifest), else --threshold (default 0.5); a
+threshold sent to a model that is not multi-label is refused (422). A calibrated single-label variant's scores are
+the softmax of logits / its temperature (the runtime applies it: qserve/runtime/base.py scores()).
 """
 
 from __future__ import annotations
@@ -41,19 +43,36 @@ def check_outputs(problem: str, names: list[str], model: str) -> None:
                                 f"outputs {', '.join(have)}")
 
 
-def request_threshold(problem: str, value: float | None, default: float, model: str) -> float | None:
-    """The threshold a /v1 request is answered at (multi-label only; None for the others)."""
+Threshold = float | tuple[float, ...]
+"""One threshold for every label, or one per label (in label order: a calibrated variant's, from its manifest)."""
+
+
+def request_threshold(problem: str, value: float | None, default: float, model: str,
+                      calibrated: tuple[float, ...] | None = None) -> Threshold | None:
+    """The threshold a /v1 request is answered at (multi-label only; None for the others): the request's own,
+    else the variant's calibrated per-label thresholds (`qserve gate`), else --threshold."""
     if problem != problems.MULTI:
         if value is not None:
             kind = "single-label" if problem == problems.SINGLE else "a regression model"
             raise ApiError(422, f"threshold applies to multi-label models only; model {model!r} is {kind}: "
                                 "leave threshold out")
         return None
-    return default if value is None else value
+    if value is not None:
+        return value
+    return calibrated if calibrated is not None else default
+
+
+def threshold_fields(labels: list[str], threshold: Threshold | None) -> dict[str, Any]:
+    """/v1's record of the threshold applied: `threshold` (one for all), `thresholds` (label -> its own), or none."""
+    if threshold is None:
+        return {}
+    if isinstance(threshold, tuple):
+        return {"thresholds": dict(zip(labels, threshold))}
+    return {"threshold": threshold}
 
 
 def v1_predictions(scores: np.ndarray, labels: list[str], problem: str, top_k: int | None,
-                   threshold: float | None) -> list[list[dict[str, Any]]]:
+                   threshold: Threshold | None) -> list[list[dict[str, Any]]]:
     """Per text: [{label, score}] best first (top_k of them), plus `on` per label for multi-label;
     regression: [{"label": "value", "score": v}] (one entry per output)."""
     out = []
@@ -65,7 +84,8 @@ def v1_predictions(scores: np.ndarray, labels: list[str], problem: str, top_k: i
         order = np.argsort(-row, kind="stable")[: (top_k or len(labels))]
         if problem == problems.MULTI:
             thr = problems.DEFAULT_THRESHOLD if threshold is None else threshold
-            out.append([{"label": labels[j], "score": float(row[j]), "on": bool(row[j] >= thr)} for j in order])
+            per = thr if isinstance(thr, tuple) else (thr,) * len(labels)
+            out.append([{"label": labels[j], "score": float(row[j]), "on": bool(row[j] >= per[j])} for j in order])
         else:
             out.append([{"label": labels[j], "score": float(row[j])} for j in order])
     return out

@@ -111,7 +111,14 @@ class ClassifyResponse(BaseModel):
                     "text-classification pipeline format); multi-label: every label with `on`; regression: "
                     '[{"label": "value", "score": v}].')
     problem_type: str = Field(description="single_label_classification, multi_label_classification or regression.")
-    threshold: float | None = Field(default=None, description="Multi-label models only: the threshold applied.")
+    threshold: float | None = Field(default=None, description="Multi-label models only: the threshold applied to "
+                                                              "every label (the request's, else --threshold).")
+    thresholds: dict[str, float] | None = Field(
+        default=None, description="Multi-label variants calibrated by `qserve gate`, when the request sends no "
+                                  "threshold: label -> the threshold applied to it (fitted on held-out data).")
+    temperature: float | None = Field(
+        default=None, description="Single-label variants calibrated by `qserve gate`: the scores are the softmax "
+                                  "of the logits divided by this temperature (fitted on held-out data).")
     truncated: list[bool] = Field(description="Per input: was part of the text unseen (longer than max_length "
                                               "tokens, or more windows than --max-windows).")
     tokens: list[int] = Field(description="Per input: the text's token count, special tokens included.")

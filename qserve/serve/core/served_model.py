@@ -16,6 +16,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from qserve import QserveError
+from qserve.artifact import Manifest
 from qserve.longtext import LongTextError
 from qserve.runtime.base import Classification, Phase
 from qserve.runtime.contract import ModelRuntime
@@ -31,6 +33,33 @@ Loader = Callable[[ServeConfig], ModelRuntime]
 """config -> the loaded model; create_app takes one (tests wrap the real runtime through it)."""
 Offer = Callable[[list[str], list[str], np.ndarray], None]
 """(texts, the policy each was read by, written out in full, their served probabilities) -> None."""
+
+
+def gate_summary(manifest: Manifest) -> dict[str, Any] | None:
+    """The release gate's verdict as /v1/models, V2 metadata and the page show it (None: never gated)."""
+    g = manifest.gate
+    if not g:
+        return None
+    agreement = g.get("agreement") or {}
+    return {"passed": bool(g.get("passed")), "agreement": agreement.get("value"),
+            "agreement_lower_bound": agreement.get("lo"), "agreement_upper_bound": agreement.get("hi"),
+            "bar": (g.get("bar") or {}).get("agreement_lower_bound"), "n": (g.get("data") or {}).get("n"),
+            "accuracy_delta": (g.get("accuracy") or {}).get("delta"), "data": g.get("data"),
+            "reference": (g.get("reference") or {}).get("name"), "reasons": g.get("reasons") or [],
+            "when": g.get("when"), "machine": g.get("machine")}
+
+
+def check_gate(manifest: Manifest, where: str) -> None:
+    """--require-gate: refuse a variant without a passing gate verdict in its (verified) manifest, saying why."""
+    g = manifest.gate
+    if not g:
+        raise QserveError(f"--require-gate: {where} ({manifest.name}) has never been gated; run `qserve gate {where}` "
+                          "(it compares the variant with its fp32 export on labelled data) or serve without "
+                          "--require-gate")
+    if not g.get("passed"):
+        raise QserveError(f"--require-gate: {where} ({manifest.name}) failed its gate on {g.get('when')}: "
+                          + "; ".join(g.get("reasons") or ["no reason recorded"])
+                          + "; serve a variant that passed, or gate it again on more data")
 
 
 def load_model(config: ServeConfig) -> ModelRuntime:
@@ -67,7 +96,7 @@ class ServedModel:
                 "labels": list(rt.labels), "problem_type": rt.problem_type, "inputs": list(rt.inputs),
                 "max_length": rt.max_length, "long_text": str(rt.long_text),
                 "length_buckets": list(rt.buckets) if rt.buckets else None,
-                "parity": m.parity,
+                "parity": m.parity, "gate": gate_summary(m), "calibration": m.calibration,
                 "created": m.created, "device": rt.device, "dir": self.variant_dir, "files": len(files),
                 "bytes": sum(f.bytes for f in files.values()),
                 "versions": m.versions, "selection": self.selection,

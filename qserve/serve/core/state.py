@@ -36,6 +36,7 @@ import numpy as np
 from starlette.requests import Request
 
 from qserve import QserveError, longtext
+from qserve.artifact import read_manifest
 from qserve.runtime.base import Classification
 from qserve.serve.core.answer import Answer
 from qserve.serve.core.batcher import Batcher, NotAccepting, QueueFull
@@ -48,7 +49,8 @@ from qserve.serve.infra.metrics import Metrics
 from qserve.serve.core.outputs import check_outputs, output_names, request_threshold
 from qserve.serve.core.pairs import check_same_inputs
 from qserve.serve.core.repository import ModelSource, Repository, Selection, model_version, resolve
-from qserve.serve.core.served_model import Loader, ModelRuntime, Retired, ServedModel, infer_fn, load_model
+from qserve.serve.core.served_model import (Loader, ModelRuntime, Retired, ServedModel, check_gate, infer_fn,
+                                           load_model)
 from qserve.serve.core.shadow import Shadow, parse_shadows
 from qserve.serve.core.texts import check_texts
 from qserve.serve.infra.tracing import TRACE_KEY
@@ -193,6 +195,8 @@ class ServeState:
         """Resolve, load (side thread), warm up (inference thread) and start batching one model."""
         loop = asyncio.get_running_loop()
         vdir, selection = await loop.run_in_executor(None, resolve, source.path)
+        if self.config.require_gate:  # before seconds of loading: the manifest alone says (load verifies it)
+            check_gate(await loop.run_in_executor(None, read_manifest, vdir), str(vdir))
         if selection is None and self.selection is not None and source.name == self.default:
             selection = self.selection
         elif selection is not None:
@@ -338,7 +342,8 @@ class ServeState:
         state = scope.setdefault("state", {})
         state["qserve_model"] = current.name  # what request.state.qserve_model reads on HTTP
         rt = current.runtime
-        resolved_threshold = request_threshold(rt.problem_type, threshold, self.config.threshold, current.name)
+        resolved_threshold = request_threshold(rt.problem_type, threshold, self.config.threshold, current.name,
+                                               rt.manifest.thresholds)
         names: tuple[str, ...] = ()
         if outputs is not None:
             names = tuple(outputs) or output_names(rt.problem_type)

@@ -101,6 +101,9 @@ class ServeConfig:
     process-wide pool); its samples are dropped, and counted, while it cannot keep up."""
     allow_extra_files: bool = False
     """Serve a variant whose directory holds files its manifest does not list (refused by default)."""
+    require_gate: bool = False
+    """Serve only variants whose manifest holds a passing release gate (`qserve gate`); any other is refused,
+    with why (never gated, or the reasons it failed), at start and on a repository load."""
     metrics_public: bool = False
     """Leave /metrics open without the API key (for a Prometheus scraper on a trusted network)."""
     header_timeout_s: float = 10.0

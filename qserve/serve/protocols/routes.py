@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.types import Message, Scope, Send
 
-from qserve.serve.core.outputs import v1_predictions
+from qserve.serve.core.outputs import threshold_fields, v1_predictions
 from qserve.serve.core.pairs import v1_inputs
 from qserve.serve.core.schemas import ROUTE_ERRORS, ClassifyRequest, ClassifyResponse, ErrorResponse
 from qserve.serve.core.state import ServeState
@@ -29,7 +29,8 @@ async def v1_answer(st: ServeState, body: ClassifyRequest, request: Request) -> 
     return {
         "model": a.name, "model_version": a.version, "model_name": a.runtime.manifest.model_name,
         "predictions": v1_predictions(a.probs, a.labels, a.problem_type, body.top_k, a.threshold),
-        "problem_type": a.problem_type, **({"threshold": a.threshold} if a.threshold is not None else {}),
+        "problem_type": a.problem_type, **threshold_fields(a.labels, a.threshold),
+        **({"temperature": t} if (t := a.runtime.manifest.temperature) is not None else {}),
         "truncated": a.truncated, "tokens": a.tokens, "windows": a.windows,
         "long_text": a.policy, "max_length": a.max_length}
 

@@ -44,6 +44,8 @@ from qserve.serve.core import outputs
 from qserve.serve.core.pairs import config_inputs, metadata_inputs, v2_inputs
 from qserve.serve.core.schemas import (ErrorResponse, V2InferRequest, V2InferResponse,
                                   V2ModelMetadata, flatten)
+from qserve.artifact import Manifest
+from qserve.serve.core.served_model import gate_summary
 from qserve.serve.core.state import ServedModel, ServeState
 from qserve.serve.core.texts import unicode_problem
 
@@ -235,7 +237,25 @@ def model_metadata(model: ServedModel) -> dict[str, Any]:
             "inputs": metadata_inputs(rt),
             "outputs": outputs.v2_metadata_outputs(rt.problem_type, k),
             "parameters": {"labels": ",".join(rt.labels), "problem_type": rt.problem_type, "max_length": rt.max_length,
-                           "long_text": str(rt.long_text), "model_name": rt.manifest.model_name}}
+                           "long_text": str(rt.long_text), "model_name": rt.manifest.model_name,
+                           **gate_parameters(rt.manifest)}}
+
+
+def gate_parameters(manifest: Manifest) -> dict[str, str]:
+    """The release gate's verdict and the calibration as metadata parameters, only for a gated or calibrated
+    variant (another answers exactly as before): gate = passed|failed, gate_agreement_lower_bound, gate_bar,
+    gate_n, and temperature or thresholds."""
+    out: dict[str, str] = {}
+    g = gate_summary(manifest)
+    if g is not None:
+        out.update({"gate": "passed" if g["passed"] else "failed",
+                    "gate_agreement_lower_bound": f"{g['agreement_lower_bound']:.6f}", "gate_bar": str(g["bar"]),
+                    "gate_n": str(g["n"])})
+    if manifest.temperature is not None:
+        out["temperature"] = str(manifest.temperature)
+    if manifest.thresholds is not None:
+        out["thresholds"] = ",".join(f"{t:g}" for t in manifest.thresholds)
+    return out
 
 
 def check_version(model: ServedModel, version: str) -> None:

@@ -1,0 +1,48 @@
+"""`qserve gate`: a variant earns its place on the user's own data, or says why not.
+
+    qserve gate models/minilm-l6-distilbert-imdb/variants/onnx-int8 --out benchmarks/reports/gate
+    qserve gate RUN_DIR/variants/onnx-int8 --data reviews.csv --split all --calibrate-on none
+
+Each VARIANT is compared with the fp32 export of its checkpoint (torch-fp32 beside it, or --reference) on
+labelled data (--data, default the checkpoint's own test split): agreement and the accuracy delta with 95%
+intervals, per-class agreement, ECE before and after calibration. The verdict is on agreement's lower bound;
+it and the calibration (a temperature, or per-label thresholds, fitted on held-out data) are sealed into the
+variant's manifest.json, which `qserve serve --require-gate` and the recommendation read. Exit status 1 when a
+variant fails its gate.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from qserve.configflags import add_flags
+    from qserve.gate.config import GateConfig
+
+    p = subparsers.add_parser("gate", help="a release gate: each variant vs fp32 on labelled data, with confidence "
+                                           "intervals and calibration, sealed into its manifest",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("variants", nargs="+", metavar="VARIANT", help="variant directories (written by `qserve export`)")
+    add_flags(p, GateConfig)
+    p.set_defaults(func=cmd_gate)
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    from qserve import QserveError
+    from qserve.configflags import build
+    from qserve.gate.config import GateConfig
+    from qserve.gate.report import markdown, write_report
+    from qserve.gate.run import run_gate
+
+    cfg = build(GateConfig, args, error=QserveError).validate()
+    results = run_gate([Path(v) for v in args.variants], cfg)
+    print(markdown(results).rstrip())
+    if cfg.out:
+        written = write_report(results, Path(cfg.out), cfg.force)
+        print("\nwrote " + ", ".join(str(p) for p in written))
+    if cfg.record:
+        print(f"\nthe verdicts are sealed in {len(results)} manifest(s): `qserve serve --require-gate` serves a "
+              "passing variant only")
+    return 0 if all(r["gate"]["passed"] for r in results) else 1
