@@ -67,6 +67,12 @@ STAGES: tuple[Stage, ...] = (
            f"cp {MODELS}/checkpoint/train_metrics.json benchmarks/reports/pipeline-fast-amd/",),
           (_bench("pipeline-fast-amd"),),
           "15.5 min: the measured wall time of that run (its stage times: train 7.2, export 1.5, bench 6.7 min)"),
+    Stage("pipeline-auto-zen4", "`make demo`'s pipeline after issue 46 (`--precision auto`, the training budget, "
+          "variants by CPU class) on the AMD EPYC Zen 4 class (avx512_bf16 + VNNI), its own checkpoint",
+          ("$QSERVE pipeline --force --report-dir benchmarks/reports/pipeline-auto-zen4 && "
+           f"cp {MODELS}/checkpoint/train_metrics.json benchmarks/reports/pipeline-auto-zen4/",),
+          (_bench("pipeline-auto-zen4"),),
+          "17.1 min: the measured wall time of that run (its stage times: train 8.9, export 1.7, bench 6.5 min)"),
     Stage("fast-vs-full", "the fast bench's recommendation and served policy against a full comparison (every policy on "
           "every variant, the bench before issue 30, code b7b3591) of the same run's variant files",
           ("rm -rf /tmp/qserve-b7b3591 && mkdir -p /tmp/qserve-b7b3591 && git archive b7b3591 qserve | "
