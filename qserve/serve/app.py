@@ -1,14 +1,15 @@
 """The FastAPI app factory: the serving state (state.py) wired into the lifespan, error bodies, OpenAPI.
 
     qserve serve models/minilm-imdb-variants/onnx-int8 --port 8000
-    curl -s -H 'Content-Type: application/json' -d '{"inputs": ["great", "awful"]}' 127.0.0.1:8000/v1/classify
+    curl -s 127.0.0.1:8000/openapi.json
 
 The lifespan starts the load in the background, so the server answers at once:
-/health is 200 from the first moment, /ready (and /v2/health/ready) is 503 until
-every model is loaded and warmed up, and inference routes answer 503 meanwhile.
-Routes live in routes.py, v2.py and v2_repository.py; the models and their lifecycle in state.py. With
---grpc-port the lifespan also serves the V2 gRPC API (grpc_v2.py) on the same state; OTEL_* variables turn
-on traces (tracing.py).
+/health is 200 from the first moment, /ready is 503 until every model is loaded and
+warmed up, and inference routes answer 503 meanwhile. The routes are the protocols'
+(protocols/registry.py): every FastAPI route, the guard's fast path, the metrics labels, the traced
+routes, each error's shape and the OpenAPI additions come from their declarations (protocols/spec.py).
+The models and their lifecycle live in state.py. With --grpc-port the lifespan also serves the V2 gRPC API
+(grpc_v2.py) on the same state; OTEL_* variables turn on traces (tracing.py).
 """
 
 from __future__ import annotations
@@ -38,12 +39,11 @@ from qserve.serve.infra.config import ServeConfig
 from qserve.serve.infra.metrics import Metrics
 from qserve.serve.infra.tracing import TraceMiddleware
 from qserve.serve.infra.tracing import from_env as tracing_from_env
+from qserve.serve.protocols import spec
+from qserve.serve.protocols.registry import SERVED
+from qserve.serve.protocols.spec import Protocols
 
 log = logging.getLogger("qserve.serve")
-
-MAX_SHAPE_BRANCHES = 256  # above this --max-inputs, the shape/data pairing is stated in prose only
-INFERENCE_PATHS = frozenset({"/v1/classify", "/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer",
-                             "/predict", "/", "/classify"})  # POST / is TEI's predict (GET / is the page)
 
 
 def create_app(config: ServeConfig, loader: Loader | None = None,
@@ -55,7 +55,8 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
     says so itself). `repository` names the models and their dirs (default: config's DIR or
     --model-repository); a name clash or a --shadow naming no model raises QserveError here."""
     config.validate()
-    st = ServeState(config=config, metrics=Metrics(), loader=loader or load_model, selection=selection,
+    protocols = SERVED
+    st = ServeState(config=config, metrics=Metrics(protocols.label, protocols.labels), loader=loader or load_model, selection=selection,
                     on_load_failure=on_load_failure, repository=repository, tracing=tracing_from_env())
 
     @asynccontextmanager
@@ -86,119 +87,87 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
                   description="Text classification with dynamic batching: an HF pipeline-style API "
                               "(/v1) and the KServe V2 Open Inference Protocol (/v2).")
     app.state.qserve = st
-    _install_error_handlers(app, st)
-    from qserve.serve.protocols.page import add_page
-    from qserve.serve.protocols.routes import add_routes, fast_routes
-
-    from qserve.serve.protocols.tei import add_tei_routes
-    from qserve.serve.protocols.vllm_api import add_vllm_routes
-
-    add_routes(app, st)
-    add_page(app, st)  # GET / (the served models' page) and GET /v1/report
-    add_tei_routes(app, st)  # TEI's /predict, POST / (huggingface_hub's InferenceClient), /info, /tokenize, /decode
-    add_vllm_routes(app, st)  # vLLM's /classify
+    errors = Errors(protocols)
+    _install_error_handlers(app, st, errors)
+    for protocol in protocols.all:
+        for route in protocol.routes:
+            app.add_api_route(route.path, route.endpoint(st), methods=[route.method], **route.options)
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
                        metrics=st.metrics, routes=app.router.routes, arrivals=st.arrivals,
-                       queue_full=st.queue_full_retry_after, inference_paths=INFERENCE_PATHS,
-                       metrics_public=config.metrics_public, tei=_tei_refusal,
-                       fast=fast_routes(st, _error_response))
+                       queue_full=st.queue_full_retry_after, inference_paths=protocols.inference_paths,
+                       metrics_public=config.metrics_public, refusal=protocols.refusal,
+                       fast=spec.fast_routes(st, protocols, errors.response), raw_body_paths=protocols.raw_body_paths)
     if st.tracing is not None:  # outermost: a request's trace covers auth, body and checks too
-        app.add_middleware(TraceMiddleware, tracing=st.tracing, skip=OPEN_PATHS | {"/metrics"})
-    _install_openapi(app, config)
+        app.add_middleware(TraceMiddleware, tracing=st.tracing, skip=OPEN_PATHS | {"/metrics"},
+                           traced=protocols.inference_paths)
+    _install_openapi(app, config, protocols)
     return app
 
 
-def _tei_request(path: str, method: str) -> bool:
-    from qserve.serve.protocols.tei import is_tei
+class Errors:
+    """Every error answer, in the error shape of the protocol the request is on (qserve's {"error",
+    "request_id"} unless the protocol declares its own)."""
 
-    return is_tei(path, method)
+    def __init__(self, protocols: Protocols):
+        self.protocols = protocols
 
+    def error(self, request: Request, status: int, message: str, headers: dict[str, str] | None = None,
+              validation: bool = False) -> JSONResponse:
+        rid = getattr(request.state, "request_id", None)
+        # A message may quote client input (a field name, say) holding a lone surrogate: escape it, so
+        # rendering the error can never fail.
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+        shape = self.protocols.error_shape(request.url.path, request.method)
+        if shape is not None:
+            code = shape.status(status, validation)
+            return JSONResponse(shape.body(code, message), status_code=code, headers=headers)
+        return JSONResponse({"error": message, "request_id": rid}, status_code=status, headers=headers)
 
-def _tei_refusal(path: str, method: str, status: int, message: str) -> bytes | None:
-    """The guard's refusal (401, 413, 415, 429) on a TEI route, in TEI's error shape."""
-    if not _tei_request(path, method):
-        return None
-    import json
+    async def api_error(self, request: Request, exc: ApiError) -> JSONResponse:
+        return self.error(request, exc.status, exc.message, exc.headers, getattr(exc, "body_error", False))
 
-    from qserve.serve.protocols.tei import error_body
+    async def unexpected(self, request: Request, exc: Exception) -> JSONResponse:
+        rid = getattr(request.state, "request_id", None)
+        log.exception("request %s: unhandled error", rid)
+        return self.error(request, 500, f"internal error; quote request id {rid}")
 
-    return json.dumps(error_body(status if status in (401, 413, 429) else 422, message)).encode()
-
-
-def _error(request: Request, status: int, message: str, headers: dict[str, str] | None = None,
-           validation: bool = False) -> JSONResponse:
-    rid = getattr(request.state, "request_id", None)
-    # A message may quote client input (a field name, say) holding a lone surrogate: escape it, so
-    # rendering the error can never fail.
-    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
-    if _tei_request(request.url.path, request.method):  # TEI's routes answer TEI's {"error", "error_type"}
-        from qserve.serve.protocols.tei import error_response
-
-        return error_response(status, message, headers, validation)
-    return JSONResponse({"error": message, "request_id": rid}, status_code=status, headers=headers)
-
-
-async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-    return _error(request, exc.status, exc.message, exc.headers, getattr(exc, "body_error", False))
+    async def response(self, request: Request, exc: Exception) -> JSONResponse:
+        """An exception answered as the handlers answer it (for routes served past FastAPI)."""
+        return await (self.api_error(request, exc) if isinstance(exc, ApiError) else self.unexpected(request, exc))
 
 
-async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    rid = getattr(request.state, "request_id", None)
-    log.exception("request %s: unhandled error", rid)
-    return _error(request, 500, f"internal error; quote request id {rid}")
-
-
-async def _error_response(request: Request, exc: Exception) -> JSONResponse:
-    """An exception answered as the handlers below answer it (for routes served past FastAPI)."""
-    return await (_api_error(request, exc) if isinstance(exc, ApiError) else _unexpected(request, exc))
-
-
-def _install_error_handlers(app: FastAPI, st: ServeState) -> None:
-    app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]  # Starlette types it as Exception
+def _install_error_handlers(app: FastAPI, st: ServeState, errors: Errors) -> None:
+    _error = errors.error
+    app.add_exception_handler(ApiError, errors.api_error)  # type: ignore[arg-type]  # Starlette types it as Exception
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        cfg = st.config
-        tei = _tei_request(request.url.path, request.method)
-        if request.url.path.startswith("/v2/"):
-            allowed = ('expected {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [n], '
-                       f'"data": [n strings]}}]}} with 1..{cfg.max_inputs} non-empty texts of at most '
-                       f"{cfg.max_chars} characters")
-        elif tei:
-            allowed = ('expected TEI\'s {"inputs": str | [text] | [text, text_pair] | [[text, text_pair], ...], '
-                       '"truncate": bool, "truncation_direction": "Right" | "Left", "raw_scores": bool} with '
-                       f"1..{cfg.max_inputs} non-empty texts of at most {cfg.max_chars} characters")
-        elif request.url.path == "/classify":
-            allowed = ('expected vLLM\'s {"model": str | null, "input": str | list[str], "truncate_prompt_tokens": '
-                       f"int | null}} with 1..{cfg.max_inputs} non-empty texts of at most {cfg.max_chars} characters")
-        else:
-            allowed = ('expected {"inputs": str | list[str], "top_k": int >= 1 | null} (a text-pair model: '
-                       '{"text", "text_pair"} objects in place of strings) with '
-                       f"1..{cfg.max_inputs} non-empty texts of at most {cfg.max_chars} characters")
-        errors = exc.errors()
-        bad_json = [e for e in errors if e.get("type") == "json_invalid"]
+        # the protocol's own words for what it reads; `validation`: a body that did not parse (its error shape
+        # may answer that apart from a refused value)
+        allowed = errors.protocols.expected(request.url.path, request.method, st.config)
+        errs = exc.errors()
+        bad_json = [e for e in errs if e.get("type") == "json_invalid"]
         if bad_json:
             detail = bad_json[0].get("ctx", {}).get("error", "JSON decode error")
-            return _error(request, 400, f"malformed JSON body ({detail}); {allowed}", validation=tei)
-        for e in errors:  # pydantic says only "not a valid string" for a lone surrogate: say why
+            return _error(request, 400, f"malformed JSON body ({detail}); {allowed}", validation=True)
+        for e in errs:  # pydantic says only "not a valid string" for a lone surrogate: say why
             value = e.get("input")
             if isinstance(value, str) and unicode_problem(value):
-                return _error(request, 422, f"{_loc(e)} {unicode_problem(value)}", validation=tei)
+                return _error(request, 422, f"{_loc(e)} {unicode_problem(value)}", validation=True)
         parts = []
-        for e in errors[:4]:
+        for e in errs[:4]:
             loc = ".".join(str(p) for p in e.get("loc", ())[1:]) or "body"
             parts.append(f"{loc}: {e.get('msg')}")
-        return _error(request, 422, f"invalid request: {'; '.join(parts)}; {allowed}", validation=tei)
+        return _error(request, 422, f"invalid request: {'; '.join(parts)}; {allowed}", validation=True)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = str(exc.detail)
         if exc.status_code == 404:
-            message = (f"no route {request.url.path}; see /docs. Inference: POST /v1/classify or "
-                       "POST /v2/models/{name}/infer")
+            message = f"no route {request.url.path}; see /docs. Inference: {errors.protocols.hint}"
         elif exc.status_code == 405:
             message = f"method {request.method} not allowed on {request.url.path}; see /docs"
-            # Starlette's Allow names the first route of the path only: / is GET (the page) and POST (TEI)
+            # Starlette's Allow names the first route of the path only: / is GET (the page) and POST
             methods = sorted({m for r in app.routes if getattr(r, "path", None) == request.url.path
                               for m in (getattr(r, "methods", None) or ())})
             if methods:
@@ -206,7 +175,7 @@ def _install_error_handlers(app: FastAPI, st: ServeState) -> None:
                                                       "Allow": ", ".join(methods)})
         return _error(request, exc.status_code, message, getattr(exc, "headers", None))
 
-    app.add_exception_handler(Exception, _unexpected)
+    app.add_exception_handler(Exception, errors.unexpected)
 
 
 def _loc(error: dict) -> str:
@@ -220,22 +189,22 @@ def _loc(error: dict) -> str:
     return out or "body"
 
 
-def _install_openapi(app: FastAPI, config: ServeConfig) -> None:
+def _install_openapi(app: FastAPI, config: ServeConfig, protocols: Protocols) -> None:
     def openapi() -> dict:
         if app.openapi_schema:
             return app.openapi_schema
         schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-        from qserve.serve.protocols.v2 import register_schemas
-
-        register_schemas(schema)
-        _publish_limits(schema, config)
+        for p in protocols.all:
+            if p.openapi.components is not None:
+                p.openapi.components(schema)
+        _publish_limits(schema, config, protocols)
         if config.api_key:  # the guard enforces it; this makes /docs offer an Authorize button
             schema.setdefault("components", {})["securitySchemes"] = {
                 "bearer": {"type": "http", "scheme": "bearer"}}
             schema["security"] = [{"bearer": []}]
             for path in OPEN_PATHS | ({"/metrics"} if config.metrics_public else set()):
                 for method, op in schema["paths"].get(path, {}).items():
-                    if path != "/" or method == "get":  # POST / is TEI's predict: it needs the key
+                    if path not in protocols.inference_paths or method == "get":  # POST / (inference) needs it
                         op["security"] = []
         app.openapi_schema = schema
         return schema
@@ -258,25 +227,21 @@ def _served_manifest(variant_dir: str | None) -> Manifest | None:
         return None
 
 
-def _publish_long_text(comps: dict, manifest: Manifest | None) -> None:
+def _publish_long_text(comps: dict, manifest: Manifest | None, names: list[str]) -> None:
     """The long_text pattern bounded by the served variant's max_length, so a client knows which H and W this
     server takes. No readable manifest: the unbounded form stays."""
     from qserve.longtext import pattern
 
     if manifest is None:
         return
-    max_length = manifest.max_length
-    from qserve.serve.protocols.vllm_api import publish as publish_vllm
-
-    publish_vllm(comps, max_length)
-    shape, bounded = pattern(), pattern(max_length)
-    for name in ("ClassifyRequest", "V2RequestParameters", "TeiPredictRequest", "TeiRootRequest", "VllmClassifyRequest"):
+    shape, bounded = pattern(), pattern(manifest.max_length)
+    for name in names:
         for alt in ((comps.get(name) or {}).get("properties", {}).get("long_text") or {}).get("anyOf", []):
             if alt.get("pattern") == shape:
                 alt["pattern"] = bounded
 
 
-def _publish_limits(schema: dict, config: ServeConfig) -> None:
+def _publish_limits(schema: dict, config: ServeConfig, protocols: Protocols) -> None:
     """Write the server's own limits (--max-inputs, --max-chars) into the request schemas, so the
     document says exactly what this server accepts."""
     comps = schema.get("components", {}).get("schemas", {})
@@ -297,25 +262,17 @@ def _publish_limits(schema: dict, config: ServeConfig) -> None:
             for v in node:
                 walk(v)
 
-    for name in ("ClassifyRequest", "TextPair", "V2InputTensor", "TeiPredictRequest", "TeiRootRequest",
-                 "TeiTokenizeRequest", "VllmClassifyRequest"):
+    for name in dict.fromkeys(n for p in protocols.all for n in p.openapi.texts):
         walk(comps.get(name))
     manifest = _served_manifest(config.variant_dir)
-    _publish_long_text(comps, manifest)
+    _publish_long_text(comps, manifest, [n for p in protocols.all for n in p.openapi.long_text])
     from qserve.serve.core.outputs import publish_outputs
-    from qserve.serve.core.pairs import PAIR, publish_inputs
+    from qserve.serve.core.pairs import publish_inputs
 
     # `name=dir` (one named model): the document's outputs are that model's, as they always were
     named = manifest if "=" not in (config.variant_dir or "") else _served_manifest(config.variant_dir.split("=", 1)[-1])
     publish_outputs(comps, named)
     publish_inputs(comps, manifest)  # a text-pair model's forms only where the model takes them
-    from qserve.serve.protocols.tei import publish as publish_tei
-
-    pair = None if manifest is None else manifest.takes == PAIR
-    if pair is not None:
-        publish_tei(comps, pair)  # TEI's sequences: [text] or [text, text_pair], as the model takes them
-    tensor = comps.get("V2InputTensor")
-    if tensor is not None and config.max_inputs <= MAX_SHAPE_BRANCHES:
-        # JSON Schema cannot say "shape matches len(data)", but it can list every valid pairing.
-        tensor["anyOf"] = [{"properties": {"shape": {"enum": [[n], [n, 1]]}, "data": {"minItems": n, "maxItems": n}}}
-                           for n in range(1, config.max_inputs + 1)]
+    for p in protocols.all:  # each protocol's schemas narrowed to this server and its default model
+        if p.openapi.publish is not None:
+            p.openapi.publish(comps, config, manifest)

@@ -196,10 +196,10 @@ BODIES = [
 
 
 def test_the_fast_routes_answer_byte_for_byte_as_their_fastapi_routes(tiny_variant, runtime, monkeypatch):
-    """The guard's fast path (routes.fast_routes: /v1/classify, TEI's /predict and POST /, vLLM's /classify, V2 infer)
+    """The guard's fast path (spec.fast_routes: /v1/classify, TEI's /predict and POST /, vLLM's /classify, V2 infer)
     against the FastAPI routes it shortcuts: every body, good or bad, gets the same status, headers and bytes
     (request ids fixed); a refused body reaches the route."""
-    from qserve.serve.protocols import routes
+    from qserve.serve.protocols import spec
 
     def post_all(srv) -> list[tuple[int, list[tuple[str, str]], bytes]]:
         with _client(srv.url) as c:
@@ -216,12 +216,12 @@ def test_the_fast_routes_answer_byte_for_byte_as_their_fastapi_routes(tiny_varia
                 out.append((r.status_code, [(k, v) for k, v in r.headers.items() if k != "date"], content))
             return out
 
-    real = routes.fast_routes
+    real = spec.fast_routes
 
     def through(handled: list[bool], fast: bool):
-        """routes.fast_routes recording, per request, whether it answered; fast=False: it always declines."""
-        def make(st, error):
-            handle = real(st, error)
+        """spec.fast_routes recording, per request, whether it answered; fast=False: it always declines."""
+        def make(st, protocols, error):
+            handle = real(st, protocols, error)
 
             async def recorded(scope, body, send):
                 handled.append(fast and await handle(scope, body, send))
@@ -230,7 +230,7 @@ def test_the_fast_routes_answer_byte_for_byte_as_their_fastapi_routes(tiny_varia
         return make
 
     taken: list[bool] = []
-    monkeypatch.setattr(routes, "fast_routes", through(taken, fast=True))
+    monkeypatch.setattr(spec, "fast_routes", through(taken, fast=True))
     fast = _serve(tiny_variant, Recorded(runtime))
     try:
         answered = post_all(fast)
@@ -238,7 +238,7 @@ def test_the_fast_routes_answer_byte_for_byte_as_their_fastapi_routes(tiny_varia
         fast.stop()
     assert taken == [want for _, _, want, *_ in BODIES]
     declined: list[bool] = []
-    monkeypatch.setattr(routes, "fast_routes", through(declined, fast=False))
+    monkeypatch.setattr(spec, "fast_routes", through(declined, fast=False))
     route = _serve(tiny_variant, Recorded(runtime))
     try:
         routed = post_all(route)

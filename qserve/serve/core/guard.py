@@ -47,9 +47,9 @@ def is_json(content_type: str | None) -> bool:
     return mime == "application/json" or (mime.startswith("application/") and mime.endswith("+json"))
 
 
-def v2_body_ok(content_type: str | None) -> bool:
-    """V2 clients (tritonclient.http) send no Content-Type; Triton and KServe read that as JSON, and
-    binary tensor data may be labelled application/octet-stream."""
+def raw_body_ok(content_type: str | None) -> bool:
+    """A body that may carry binary data: no Content-Type at all (tritonclient.http sends none; Triton and KServe
+    read that as JSON), JSON, or application/octet-stream."""
     mime = (content_type or "").split(";", 1)[0].strip().lower()
     return not mime or is_json(mime) or mime == "application/octet-stream"
 
@@ -84,11 +84,12 @@ class GuardMiddleware:
                  routes: Sequence[BaseRoute], arrivals: Arrivals | None = None,
                  queue_full: Callable[[str | None], int | None] | None = None,
                  inference_paths: frozenset[str] = frozenset(), metrics_public: bool = False,
-                 tei: Callable[[str, str, int, str], bytes | None] | None = None,
-                 fast: Callable[[Scope, bytes, Send], Awaitable[bool]] | None = None):
+                 refusal: Callable[[str, str, int, str], bytes | None] | None = None,
+                 fast: Callable[[Scope, bytes, Send], Awaitable[bool]] | None = None,
+                 raw_body_paths: frozenset[str] = frozenset()):
         self.app = app
         # fast(scope, body, send) -> True once it answered: a route served from here once the body is read
-        # (protocols/routes.py fast_routes), past the framework; False hands the request on to the app
+        # (protocols/spec.py fast_routes), past the framework; False hands the request on to the app
         self.fast = fast
         self.arrivals = arrivals or Arrivals()
         self.api_key = api_key
@@ -99,11 +100,16 @@ class GuardMiddleware:
         # (every queue, when the body will name the model), else None: lets a flood be refused before its
         # bodies are read or parsed, so a refusal costs microseconds, not a parse.
         self.queue_full = queue_full
+        # the inference routes' templates (protocols/spec.py Route.inference): refused early when the queue is
+        # full; one on an open path (POST / beside the page) needs the key all the same
         self.inference_paths = inference_paths
+        # POST routes whose bodies may come without a Content-Type or as application/octet-stream (binary tensor
+        # data, protocols/spec.py Protocol.raw_body); every other body must be JSON
+        self.raw_body_paths = raw_body_paths
         self.open_paths = OPEN_PATHS | ({"/metrics"} if metrics_public else set())
-        # tei(path, method, status, message) -> TEI's error body for a request on a TEI route, else None: those
-        # routes answer every refusal in TEI's {"error", "error_type"} (app.py wires serve/protocols/tei.py in)
-        self.tei = tei
+        # refusal(path, method, status, message) -> the error body of the protocol the request is on, when it has
+        # its own error shape, else None: qserve's {"error", "request_id"} (protocols/spec.py Protocols.refusal)
+        self.refusal = refusal
 
     def _match(self, scope: Scope) -> tuple[BaseRoute | None, str, str | None]:
         """(the route this method + path reach, or None; the path template for metrics; the model the path
@@ -139,8 +145,8 @@ class GuardMiddleware:
         async def refuse(code: int, message: str, reason: str, extra: dict[str, str] | None = None,
                          model: str = "") -> None:
             self.metrics.reject(reason, model)
-            body = (self.tei(scope["path"], method, code, message) if self.tei is not None else None) or error_body(
-                message, rid)
+            own = self.refusal(scope["path"], method, code, message) if self.refusal is not None else None
+            body = own or error_body(message, rid)
             hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
             hdrs += [(k.lower().encode(), v.encode()) for k, v in (extra or {}).items()]
             await send_wrapped({"type": "http.response.start", "status": code, "headers": hdrs})
@@ -149,8 +155,8 @@ class GuardMiddleware:
         route, template, named = self._match(scope)
         try:
             path = scope["path"]
-            # GET / is the page (open); POST / is TEI's predict, which needs the key like any inference route
-            is_open = path in self.open_paths and not (path == "/" and method not in ("GET", "HEAD"))
+            # an open path is open to reading; an inference route on it (POST / beside the page) needs the key
+            is_open = path in self.open_paths and not (path in self.inference_paths and method not in ("GET", "HEAD"))
             if self.api_key and not is_open and not token_ok(headers.get("authorization"),
                                                                                self.api_key):
                 why = "missing" if "authorization" not in headers else "invalid"
@@ -168,9 +174,9 @@ class GuardMiddleware:
                         return
                 self.arrivals.begin(scope)
                 ctype = headers.get("content-type")
-                if not (v2_body_ok(ctype) if path.startswith("/v2/") else is_json(ctype)):
-                    allowed = ("application/json, application/octet-stream or none (= JSON)"
-                               if path.startswith("/v2/") else "application/json")
+                raw = template in self.raw_body_paths
+                if not (raw_body_ok(ctype) if raw else is_json(ctype)):
+                    allowed = "application/json, application/octet-stream or none (= JSON)" if raw else "application/json"
                     await refuse(415, f"Content-Type must be {allowed}, got {ctype or 'none'!r}", "content_type")
                     return
                 encoding = headers.get("content-encoding", "identity").strip().lower()

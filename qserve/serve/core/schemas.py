@@ -36,7 +36,7 @@ def _json_int(v: Any) -> Any:  # Any: a before-validator sees any JSON value
 # checker reads an annotation, not a call that makes one.
 PositiveJsonInt = Annotated[int, Field(strict=True, ge=1), BeforeValidator(_json_int)]
 NonNegativeJsonInt = Annotated[int, Field(strict=True, ge=0), BeforeValidator(_json_int)]
-# TEI's and vLLM's integers (serve/protocols/tei.py, serve/protocols/vllm_api.py): a token id (TEI's u32), a truncation length
+# A token id (an unsigned 32-bit integer) and a truncation length (-1: the model's own max_length)
 TokenIdJsonInt = Annotated[int, Field(strict=True, ge=0, le=2**32 - 1), BeforeValidator(_json_int)]
 TruncationJsonInt = Annotated[int, Field(strict=True, ge=-1), BeforeValidator(_json_int)]
 
@@ -133,7 +133,7 @@ class ErrorResponse(BaseModel):
 
 
 # Every status a classification route can answer (401 only with --api-key; 404 when `model` names another model):
-# the OpenAPI `responses` of /v1/classify and vLLM's /classify.
+# the OpenAPI `responses` of the classification routes that answer in this error shape.
 ROUTE_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse}
                                                  for code in (400, 401, 404, 413, 415, 422, 429, 500, 503, 504)}
 

@@ -12,6 +12,7 @@ bound to its model's label.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -25,32 +26,20 @@ REJECTION_BUCKETS = (5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3,
 QUEUE_WAIT_BUCKETS = (1e-4, 5e-4, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
-TEI_ROUTES = frozenset({"/predict", "/info", "/tokenize", "/decode"})
-
-
-def protocol_of(route: str, method: str) -> str:
-    """The protocol a route template belongs to: v1, v2, tei (POST / too: TEI's predict), vllm, or other."""
-    if route.startswith("/v2"):
-        return "v2"
-    if route in TEI_ROUTES or (route == "/" and method == "POST"):
-        return "tei"
-    if route == "/classify":
-        return "vllm"
-    if route.startswith("/v1/"):
-        return "v1"
-    return "other"
-
-
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self) -> None:
+    def __init__(self, protocol_of: Callable[[str, str], str] = lambda route, method: "other",
+                 protocols: Sequence[str] = ("other",)) -> None:
+        # protocol_of(route template, method) -> its protocol's label, one of `protocols` (the served protocols'
+        # labels, app.py: protocols/spec.py Protocols.label and .labels)
+        self.protocol_of = protocol_of
         self.registry = r = CollectorRegistry()
         m = ["model"]
         self.requests = Counter("qserve_requests_total", "HTTP requests by route template, method, status and model",
                                 ["route", "method", "status", "model"], registry=r)
-        self.protocol = Counter("qserve_protocol_requests_total", "HTTP requests by protocol (v1, v2, tei, vllm, "
-                                "other), status and model", ["protocol", "status", "model"], registry=r)
+        self.protocol = Counter("qserve_protocol_requests_total", f"HTTP requests by protocol ({', '.join(protocols)}), "
+                                "status and model", ["protocol", "status", "model"], registry=r)
         self.latency = Histogram("qserve_request_latency_seconds", "HTTP request latency (server side)",
                                  ["route", "method", "status", "model"], buckets=LATENCY_BUCKETS, registry=r)
         self.batch_size = Histogram("qserve_batch_size", "Texts per forward pass", m, buckets=BATCH_BUCKETS,
@@ -105,7 +94,7 @@ class Metrics:
         if series is None:  # once per (route, method, status, model): labels() and protocol_of off the hot path
             labels = (route, method, str(status), model)
             series = (self.requests.labels(*labels), self.latency.labels(*labels),
-                      self.protocol.labels(protocol_of(route, method), str(status), model))
+                      self.protocol.labels(self.protocol_of(route, method), str(status), model))
             if len(self._series) < SERIES_CACHE:  # routes are templates, so this stays small; a bound all the same
                 self._series[key] = series
         series[0].inc()

@@ -173,15 +173,15 @@ class RequestTrace:
 class TraceMiddleware:
     """ASGI: a RequestTrace per traced HTTP request, its id in X-Trace-Id; added only when tracing is on."""
 
-    def __init__(self, app: ASGIApp, *, tracing: Tracing, skip: frozenset[str]):
+    def __init__(self, app: ASGIApp, *, tracing: Tracing, skip: frozenset[str], traced: frozenset[str] = frozenset()):
         self.app = app
         self.tracing = tracing
-        self.skip = skip
+        self.skip = skip  # the open paths: probes, docs, the page
+        self.traced = traced  # inference routes (POSTs) traced even on a skipped path (POST / beside the page)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # POST / is TEI's predict (traced); GET / is the page (skipped, as every open path)
         if scope["type"] != "http" or (scope["path"] in self.skip and not (
-                scope["path"] == "/" and scope.get("method") == "POST")):
+                scope.get("method") == "POST" and scope["path"] in self.traced)):
             await self.app(scope, receive, send)
             return
         from starlette.datastructures import MutableHeaders

@@ -26,14 +26,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Query
+from fastapi import Query
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 
 from qserve.serve.core.schemas import ErrorResponse
 from qserve.serve.core.state import ServeState
+from qserve.serve.protocols.spec import Endpoint, Protocol, Route
 
-PAGE = Path(__file__).with_name("page.html")
+PAGE_HTML = Path(__file__).with_name("page.html")
 
 
 class BenchRow(BaseModel):
@@ -158,27 +159,38 @@ def _csp(page: str) -> str:
             "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
-def add_page(app: FastAPI, st: ServeState) -> None:
-    """GET / (the page, open: see guard.OPEN_PATHS) and GET /v1/report (needs the key like every JSON route)."""
-    config = st.config
+def _index(st: ServeState) -> Endpoint:
     # Whether to ask for a key is the one server fact the page carries, so it never has to fail a call to learn it.
-    page = PAGE.read_text(encoding="utf-8").replace("{{AUTH}}", "required" if config.api_key else "none")
+    page = PAGE_HTML.read_text(encoding="utf-8").replace("{{AUTH}}", "required" if st.config.api_key else "none")
     headers = {"Content-Security-Policy": _csp(page), "X-Content-Type-Options": "nosniff",
                "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache"}
 
-    # In the document beside TEI's POST / (serve/protocols/tei.py), so the path's Allow (GET, POST) is what it lists.
-    @app.get("/", tags=["page"], response_class=HTMLResponse, summary="The served models' page (HTML, open)")
     async def index() -> HTMLResponse:
         return HTMLResponse(page, headers=headers)
 
-    @app.get("/v1/report", tags=["v1"], response_model=ReportSummary,
-             summary="The bench report behind a served model's variant: the recommendation and its row",
-             responses={401: {"model": ErrorResponse}, 404: {"model": ErrorResponse},
-                        503: {"model": ErrorResponse}})
+    return index
+
+
+def _report(st: ServeState) -> Endpoint:
     def v1_report(model: str | None = Query(default=None, description="A served model (GET /v1/models lists "
                                                                        "them); default: the default model.")
                   ) -> ReportSummary:  # a plain def: FastAPI runs the file reads in its thread pool
         served = st.model(model)
-        out = report_summary(served.variant_dir or config.variant_dir)
+        out = report_summary(served.variant_dir or st.config.variant_dir)
         out.model = served.name
         return out
+
+    return v1_report
+
+
+# GET / is open (guard.OPEN_PATHS); GET /v1/report needs the key like every JSON route, and counts as /v1's.
+PAGE = Protocol(name="page", routes=(
+    # In the document beside POST / (an inference route, registry.py), so the path's Allow (GET, POST) lists both.
+    Route("GET", "/", _index, dict(tags=["page"], response_class=HTMLResponse,
+                                   summary="The served models' page (HTML, open)")),
+    Route("GET", "/v1/report", _report, dict(
+        tags=["v1"], response_model=ReportSummary,
+        summary="The bench report behind a served model's variant: the recommendation and its row",
+        responses={401: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 503: {"model": ErrorResponse}}),
+          label="v1"),
+))

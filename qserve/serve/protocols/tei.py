@@ -35,42 +35,42 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from qserve import __version__, problemtypes as problems
+from qserve.artifact import Manifest
 from qserve.serve.core.answer import Answer
 from qserve.serve.core.errors import ApiError
 from qserve.serve.core.outputs import v1_predictions
-from qserve.serve.core.pairs import check_texts, takes_pairs
+from qserve.serve.core.pairs import PAIR, check_texts, takes_pairs
 from qserve.serve.core.schemas import LongText, PositiveJsonInt, Text, TokenIdJsonInt
 from qserve.serve.core.state import ServedModel, ServeState
+from qserve.serve.infra.config import ServeConfig
+from qserve.serve.protocols.spec import ErrorShape, OpenApi, Protocol, Route, answered
 
 T = TypeVar("T")
 
-PREDICT_PATHS = frozenset({"/predict", "/"})
-PATHS = frozenset({"/predict", "/", "/info", "/tokenize", "/decode"})
 TYPES = {400: "empty", 413: "validation", 422: "validation", 424: "backend", 429: "overloaded", 503: "unhealthy"}
 STATUS_OF = {400: 422, 404: 413, 413: 413, 415: 422, 422: 413, 429: 429, 500: 424, 503: 503, 504: 424}
 """A qserve status inside a TEI route -> TEI's: a check that refused the input is TEI's Validation (413)."""
 POLICY = {"Right": "head", "right": "head", "Left": "tail", "left": "tail"}
 
 
-def is_tei(path: str, method: str) -> bool:
-    """Whether a request is on a TEI route (GET / is qserve's page, not TEI)."""
-    return path in PATHS and not (path == "/" and method in ("GET", "HEAD"))
-
-
 def error_body(status: int, message: str) -> dict[str, str]:
     return {"error": message, "error_type": TYPES.get(status, "validation" if status < 500 else "backend")}
 
 
-def error_response(status: int, message: str, headers: dict[str, str] | None = None,
-                   validation: bool = False) -> JSONResponse:
-    """TEI's error for a qserve answer `status`; `validation`: the body did not parse (TEI/axum: 422)."""
-    code = 422 if validation else (status if status in (401, 405) else STATUS_OF.get(status, 424))
-    return JSONResponse(error_body(code, message), status_code=code, headers=headers)
+def error_status(status: int, validation: bool) -> int:
+    """TEI's status for a qserve answer `status`; `validation`: the body did not parse (TEI/axum: 422)."""
+    return 422 if validation else (status if status in (401, 405) else STATUS_OF.get(status, 424))
+
+
+def expected(cfg: ServeConfig) -> str:
+    """What a body TEI's routes refuse should have been."""
+    return ('expected TEI\'s {"inputs": str | [text] | [text, text_pair] | [[text, text_pair], ...], '
+            '"truncate": bool, "truncation_direction": "Right" | "Left", "raw_scores": bool} with '
+            f"1..{cfg.max_inputs} non-empty texts of at most {cfg.max_chars} characters")
 
 
 # -- schemas ---------------------------------------------------------------------------------------
@@ -137,9 +137,13 @@ ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": TeiError}
                                            for code in (401, 413, 415, 422, 424, 429, 503)}
 
 
-def publish(comps: dict[str, Any], pair: bool) -> None:
+def publish(comps: dict[str, Any], config: ServeConfig, manifest: Manifest | None) -> None:
     """Narrow TEI's `inputs` in the OpenAPI document to the forms the default model takes: a one-text model's
-    sequences are [text] (a pair would be refused), a pair model's [text, text_pair] (a lone text would be)."""
+    sequences are [text] (a pair would be refused), a pair model's [text, text_pair] (a lone text would be).
+    No readable manifest: every form stays."""
+    if manifest is None:
+        return
+    pair = manifest.takes == PAIR
     for name in ("TeiPredictRequest", "TeiRootRequest"):
         inputs = (((comps.get(name) or {}).get("properties") or {}).get("inputs") or {})
         alts = inputs.get("anyOf") or []
@@ -305,44 +309,70 @@ async def on_inference_thread(st: ServeState, fn: Callable[..., T], *args: Any) 
     return await asyncio.get_running_loop().run_in_executor(st.executor, fn, *args)
 
 
-def add_tei_routes(app: FastAPI, st: ServeState) -> None:
-    @app.post("/predict", response_model=list[TeiPrediction] | list[list[TeiPrediction]], tags=["tei"],
-              responses=ERRORS, summary="TEI: classify a text, a pair or a batch; [{score, label}] per input, by score")
-    async def tei_predict(body: TeiPredictRequest, request: Request) -> JSONResponse:
-        return JSONResponse(await predict(st, body, request))
+async def tokenize(st: ServeState, body: TeiTokenizeRequest, request: Request) -> list[list[dict[str, Any]]]:
+    texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
+    check_texts(st, texts, "inputs")
+    rt = st.model(None, request).runtime
 
-    @app.post("/", response_model=list[TeiPrediction] | list[list[TeiPrediction]], tags=["tei"],
-              responses=ERRORS, summary="TEI's / for a classifier (= /predict); with `parameters`, huggingface_hub's "
-                      "InferenceClient form, answered [[{label, score}]]")
-    async def tei_root(body: TeiRootRequest, request: Request) -> JSONResponse:
-        return JSONResponse(await root_answer(st, body, request))
+    def tokens() -> list[list[dict[str, Any]]]:
+        with rt.tokenizer_lock:  # a busy server's lanes tokenize on their own threads (batcher.py)
+            return _tokenize(rt.tokenizer, texts, body.add_special_tokens)
 
-    @app.get("/info", tags=["tei"], responses={code: {"model": TeiError} for code in (401, 503)},
-             summary="TEI: the served (default) model, its labels and limits")
+    return await on_inference_thread(st, tokens)
+
+
+async def decode(st: ServeState, body: TeiDecodeRequest, request: Request) -> list[str]:
+    rows = [body.ids] if body.ids and isinstance(body.ids[0], int) else list(body.ids)
+    if len(rows) > st.config.max_inputs:
+        raise ApiError(422, f"ids has {len(rows)} sequences; at most {st.config.max_inputs} (--max-inputs)")
+    rt = st.model(None, request).runtime  # ids its tokenizer does not know decode to nothing, as in TEI
+
+    def text() -> list[str]:
+        with rt.tokenizer_lock:
+            return [rt.tokenizer.decode(r, skip_special_tokens=body.skip_special_tokens) for r in rows]
+
+    return await on_inference_thread(st, text)
+
+
+# -- the declaration (registry.py serves it) ---------------------------------------------------------------
+def _info(st: ServeState) -> Callable[[], Any]:
     async def tei_info() -> dict:
         return info(st)
 
-    @app.post("/tokenize", tags=["tei"], responses=ERRORS, summary="TEI: the default model's tokens of each input")
+    return tei_info
+
+
+def _tokenize_route(st: ServeState) -> Callable[..., Any]:
     async def tei_tokenize(body: TeiTokenizeRequest, request: Request) -> list:
-        texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
-        check_texts(st, texts, "inputs")
-        rt = st.model(None, request).runtime
+        return await tokenize(st, body, request)
 
-        def tokenize() -> list[list[dict[str, Any]]]:
-            with rt.tokenizer_lock:  # a busy server's lanes tokenize on their own threads (batcher.py)
-                return _tokenize(rt.tokenizer, texts, body.add_special_tokens)
+    return tei_tokenize
 
-        return await on_inference_thread(st, tokenize)
 
-    @app.post("/decode", tags=["tei"], responses=ERRORS, summary="TEI: token ids back to text with the default model's tokenizer")
+def _decode_route(st: ServeState) -> Callable[..., Any]:
     async def tei_decode(body: TeiDecodeRequest, request: Request) -> list[str]:
-        rows = [body.ids] if body.ids and isinstance(body.ids[0], int) else list(body.ids)
-        if len(rows) > st.config.max_inputs:
-            raise ApiError(422, f"ids has {len(rows)} sequences; at most {st.config.max_inputs} (--max-inputs)")
-        rt = st.model(None, request).runtime  # ids its tokenizer does not know decode to nothing, as in TEI
+        return await decode(st, body, request)
 
-        def decode() -> list[str]:
-            with rt.tokenizer_lock:
-                return [rt.tokenizer.decode(r, skip_special_tokens=body.skip_special_tokens) for r in rows]
+    return tei_decode
 
-        return await on_inference_thread(st, decode)
+
+PREDICTION = list[TeiPrediction] | list[list[TeiPrediction]]
+TEI = Protocol(
+    name="tei", metrics_label="tei", errors=ErrorShape(status=error_status, body=error_body), expected=expected,
+    openapi=OpenApi(texts=("TeiPredictRequest", "TeiRootRequest", "TeiTokenizeRequest"),
+                    long_text=("TeiPredictRequest", "TeiRootRequest"), publish=publish),
+    routes=(
+        answered("POST", "/predict", TeiPredictRequest, predict, "tei_predict", response_model=PREDICTION,
+                 tags=["tei"], responses=ERRORS,
+                 summary="TEI: classify a text, a pair or a batch; [{score, label}] per input, by score"),
+        # huggingface_hub's InferenceClient posts here; GET / beside it is the page (page.py)
+        answered("POST", "/", TeiRootRequest, root_answer, "tei_root", response_model=PREDICTION, tags=["tei"],
+                 responses=ERRORS, summary="TEI's / for a classifier (= /predict); with `parameters`, "
+                 "huggingface_hub's InferenceClient form, answered [[{label, score}]]"),
+        Route("GET", "/info", _info, dict(tags=["tei"], responses={code: {"model": TeiError} for code in (401, 503)},
+                                          summary="TEI: the served (default) model, its labels and limits")),
+        Route("POST", "/tokenize", _tokenize_route, dict(tags=["tei"], responses=ERRORS,
+                                                         summary="TEI: the default model's tokens of each input")),
+        Route("POST", "/decode", _decode_route, dict(
+            tags=["tei"], responses=ERRORS, summary="TEI: token ids back to text with the default model's tokenizer")),
+    ))

@@ -23,14 +23,13 @@ reaches whatever version serves now (after a hot swap, the new one). The reposit
 from __future__ import annotations
 
 import json
-import re
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from math import prod
 from typing import Any
 
 import numpy as np
-from fastapi import FastAPI, Request, Response
+from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
@@ -48,6 +47,9 @@ from qserve.artifact import Manifest
 from qserve.serve.core.served_model import gate_summary
 from qserve.serve.core.state import ServedModel, ServeState
 from qserve.serve.core.texts import unicode_problem
+from qserve.serve.infra.config import ServeConfig
+from qserve.serve.protocols import v2_repository as repository
+from qserve.serve.protocols.spec import Endpoint, OpenApi, Protocol, Route
 
 HEADER_LENGTH = "inference-header-content-length"
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository"]
@@ -282,23 +284,17 @@ async def infer_answer(st: ServeState, model: ServedModel, req: V2InferRequest, 
     return encode_response(head, [(*values[w], flag) for w, flag in zip(a.outputs, flags)])
 
 
-INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
-"""The two infer routes' paths, as Starlette matches their {name} and {version} (no slash inside either)."""
-
-
-def bind_infer(st: ServeState, scope: Scope, body: bytes) -> Callable[[Request], Awaitable[Response]] | None:
+def bind_infer(st: ServeState, params: Mapping[str, str], scope: Scope, body: bytes
+               ) -> Callable[[Request], Awaitable[Response]] | None:
     """The guard's fast path for POST /v2/models/{name}[/versions/{version}]/infer: the answer to `body`, still to
-    compute, or None when the path is not an infer route or the body does not parse (JSON header, binary split,
-    V2InferRequest), so the FastAPI route answers it exactly as before. A parsed body is answered by the
-    function the route calls, after the same model and version checks the route makes first."""
-    m = INFER_PATH.fullmatch(scope["path"])
-    if m is None:
-        return None
+    compute, or None when the body does not parse (JSON header, binary split, V2InferRequest), so the FastAPI
+    route answers it exactly as before. A parsed body is answered by the function the route calls, after the
+    same model and version checks the route makes first."""
     try:
         req, binary = _parse_request(body, Headers(scope=scope).get(HEADER_LENGTH))
     except (ApiError, RequestValidationError):
         return None
-    name, version = m.groups()
+    name, version = params["name"], params.get("version")
 
     async def answer(request: Request) -> Response:
         model = st.model(name, request)
@@ -309,33 +305,69 @@ def bind_infer(st: ServeState, scope: Scope, body: bytes) -> Callable[[Request],
     return answer
 
 
-def add_v2_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat list of small routes
-    @app.get("/v2", tags=["v2"], summary="Server metadata", responses=_errors(401))
+# -- the declaration (registry.py serves it) ---------------------------------------------------------------
+def _server(st: ServeState) -> Endpoint:
     async def v2_server() -> dict:
         return {"name": "qserve", "version": __version__, "extensions": EXTENSIONS}
 
-    @app.get("/v2/health/live", tags=["v2"], summary="Server live")
+    return v2_server
+
+
+def _live(st: ServeState) -> Endpoint:
     async def v2_live() -> dict:
         return {"live": True}
 
-    @app.get("/v2/health/ready", tags=["v2"], summary="Server ready (503 until the model is loaded)",
-             responses={503: {"description": "not ready yet"}})
+    return v2_live
+
+
+def _ready(st: ServeState) -> Endpoint:
     async def v2_ready() -> JSONResponse:
         return JSONResponse({"ready": st.ready}, status_code=200 if st.ready else 503)
 
+    return v2_ready
+
+
+def _metadata(st: ServeState) -> Endpoint:
+    async def v2_metadata(name: str, request: Request) -> dict:
+        return model_metadata(st.model(name, request))
+
+    return v2_metadata
+
+
+def _model_ready(st: ServeState) -> Endpoint:
+    async def v2_model_ready(name: str, request: Request) -> dict:
+        return {"name": st.model(name, request).name, "ready": True}
+
+    return v2_model_ready
+
+
+def _config(st: ServeState) -> Endpoint:
+    async def v2_config(name: str, request: Request) -> dict:
+        return model_config(st, st.model(name, request))
+
+    return v2_config
+
+
+def _infer(st: ServeState) -> Endpoint:
     async def infer(name: str, request: Request) -> Response:
         model = st.model(name, request)
         req, binary = _parse_request(await request.body(), request.headers.get(HEADER_LENGTH))
         return await infer_answer(st, model, req, binary, request)
 
-    model_errors = _errors(401, 404, 503)
-    for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
-        versioned = "{version}" in prefix
-        note = " (the version being served only)" if versioned else ""
+    return infer
 
-        def with_version(fn: Any, versioned: bool = versioned) -> Any:  # Any: each route's own signature
-            if not versioned:
-                return fn
+
+def _model_routes(prefix: str) -> tuple[Route, ...]:
+    """A model's routes under `prefix`; the versioned prefix's check the version first (the one being served)."""
+    versioned = "{version}" in prefix
+    note = " (the version being served only)" if versioned else ""
+
+    def with_version(make: Callable[[ServeState], Endpoint]) -> Callable[[ServeState], Endpoint]:
+        if not versioned:
+            return make
+
+        def endpoint(st: ServeState) -> Endpoint:
+            fn = make(st)
 
             async def wrapped(name: str, version: str, request: Request) -> Any:  # Any: what `fn` answers
                 check_version(st.model(name, request), version)
@@ -344,28 +376,24 @@ def add_v2_routes(app: FastAPI, st: ServeState) -> None:  # noqa: C901 - a flat 
             wrapped.__name__ = fn.__name__ + "_versioned"
             return wrapped
 
-        async def v2_metadata(name: str, request: Request) -> dict:
-            return model_metadata(st.model(name, request))
+        return endpoint
 
-        async def v2_model_ready(name: str, request: Request) -> dict:
-            return {"name": st.model(name, request).name, "ready": True}
-
-        async def v2_config(name: str, request: Request) -> dict:
-            return model_config(st, st.model(name, request))
-
-        app.add_api_route(prefix, with_version(v2_metadata), methods=["GET"], tags=["v2"],
-                          response_model=V2ModelMetadata, responses=model_errors,
-                          summary="Model metadata: a BYTES text input (and text_pair for a pair model), FP32 "
-                                  "probabilities out" + note)
-        app.add_api_route(prefix + "/ready", with_version(v2_model_ready), methods=["GET"], tags=["v2"],
-                          responses=model_errors, summary="Model ready (404 for another model name)" + note)
-        app.add_api_route(prefix + "/config", with_version(v2_config), methods=["GET"], tags=["v2"],
-                          responses=model_errors, summary="Triton-style model configuration" + note)
-        app.add_api_route(prefix + "/infer", with_version(infer), methods=["POST"], tags=["v2"],
-                          response_model=V2InferResponse, responses=INFER_RESPONSES, openapi_extra=INFER_BODY,
-                          description=INFER_DESCRIPTION,
-                          summary="Infer: one BYTES input of n texts -> probabilities FP32 [n, k], label, "
-                                  "truncated; JSON or binary tensor data" + note)
+    model_errors = _errors(401, 404, 503)
+    return (
+        Route("GET", prefix, with_version(_metadata), dict(
+            tags=["v2"], response_model=V2ModelMetadata, responses=model_errors,
+            summary="Model metadata: a BYTES text input (and text_pair for a pair model), FP32 probabilities out"
+                    + note)),
+        Route("GET", prefix + "/ready", with_version(_model_ready), dict(
+            tags=["v2"], responses=model_errors, summary="Model ready (404 for another model name)" + note)),
+        Route("GET", prefix + "/config", with_version(_config), dict(
+            tags=["v2"], responses=model_errors, summary="Triton-style model configuration" + note)),
+        Route("POST", prefix + "/infer", with_version(_infer), dict(
+            tags=["v2"], response_model=V2InferResponse, responses=INFER_RESPONSES, openapi_extra=INFER_BODY,
+            description=INFER_DESCRIPTION, summary="Infer: one BYTES input of n texts -> probabilities FP32 [n, k], "
+                                                   "label, truncated; JSON or binary tensor data" + note),
+              fast=bind_infer),
+    )
 
 
 def register_schemas(schema: dict[str, Any]) -> None:
@@ -374,3 +402,37 @@ def register_schemas(schema: dict[str, Any]) -> None:
     comps = schema.setdefault("components", {}).setdefault("schemas", {})
     comps.update(full.pop("$defs", {}))
     comps["V2InferRequest"] = full
+
+
+MAX_SHAPE_BRANCHES = 256  # above this --max-inputs, the shape/data pairing is stated in prose only
+
+
+def publish(comps: dict[str, Any], config: ServeConfig, manifest: Manifest | None) -> None:
+    """JSON Schema cannot say "shape matches len(data)", but it can list every valid pairing."""
+    tensor = comps.get("V2InputTensor")
+    if tensor is not None and config.max_inputs <= MAX_SHAPE_BRANCHES:
+        tensor["anyOf"] = [{"properties": {"shape": {"enum": [[n], [n, 1]]}, "data": {"minItems": n, "maxItems": n}}}
+                           for n in range(1, config.max_inputs + 1)]
+
+
+def expected(cfg: ServeConfig) -> str:
+    """What a body the V2 routes refuse should have been."""
+    return ('expected {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [n], '
+            f'"data": [n strings]}}]}} with 1..{cfg.max_inputs} non-empty texts of at most '
+            f"{cfg.max_chars} characters")
+
+
+# The repository extension (v2_repository.py) is V2's too: the same error shape, metrics label and bodies.
+V2 = Protocol(
+    name="v2", metrics_label="v2", expected=expected, raw_body=True, hint="POST /v2/models/{name}/infer",
+    openapi=OpenApi(texts=("V2InputTensor",), long_text=("V2RequestParameters",), components=register_schemas,
+                    publish=publish),
+    routes=(
+        Route("GET", "/v2", _server, dict(tags=["v2"], summary="Server metadata", responses=_errors(401))),
+        Route("GET", "/v2/health/live", _live, dict(tags=["v2"], summary="Server live")),
+        Route("GET", "/v2/health/ready", _ready, dict(tags=["v2"], summary="Server ready (503 until the model is "
+                                                      "loaded)", responses={503: {"description": "not ready yet"}})),
+        *_model_routes("/v2/models/{name}"),
+        *_model_routes("/v2/models/{name}/versions/{version}"),
+        *repository.ROUTES,
+    ))

@@ -24,11 +24,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 
 from qserve.serve.core.errors import ApiError
 from qserve.serve.core.schemas import ErrorResponse
 from qserve.serve.core.state import ServeState
+from qserve.serve.protocols.spec import Endpoint, Route
 
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 415, 503)}
 BODY = {"requestBody": {"required": False, "content": {"application/json": {"schema": {"type": "object"}}}}}
@@ -84,9 +85,7 @@ async def unload(st: ServeState, name: str) -> dict[str, str]:
     return {"name": name, "state": "UNAVAILABLE"}
 
 
-def add_repository_routes(app: FastAPI, st: ServeState) -> None:
-    @app.post("/v2/repository/index", tags=["v2 repository"], responses=ERRORS, openapi_extra=BODY,
-              summary="Every model this server can load, its version and state (READY, LOADING, UNAVAILABLE)")
+def _index(st: ServeState) -> Endpoint:
     async def repository_index(request: Request) -> list[dict[str, str]]:
         st.require_ready()
         body = await _body(request, '{} or {"ready": true}')
@@ -95,21 +94,41 @@ def add_repository_routes(app: FastAPI, st: ServeState) -> None:
             raise ApiError(400, f"ready is {type(ready_only).__name__}; expected true or false")
         return index(st, ready_only)
 
-    @app.post("/v2/repository/models/{name}/load", tags=["v2 repository"], responses=ERRORS, openapi_extra=BODY,
-              summary="(Re)load a model from its own directory; hot swap when it is serving")
+    return repository_index
+
+
+def _load(st: ServeState) -> Endpoint:
     async def repository_load(name: str, request: Request) -> dict[str, str]:
         st.require_ready()
         params = _parameters(await _body(request, '{} (no parameters)'), "an object")
         request.state.qserve_model = model_label(st, name, loading=True)
         return await load(st, name, list(params))
 
-    @app.post("/v2/repository/models/{name}/unload", tags=["v2 repository"], responses=ERRORS, openapi_extra=BODY,
-              summary="Stop serving a model; what it accepted finishes first")
+    return repository_load
+
+
+def _unload(st: ServeState) -> Endpoint:
     async def repository_unload(name: str, request: Request) -> dict[str, str]:
         st.require_ready()
         _parameters(await _body(request, '{"parameters": {"unload_dependents": false}}'), "an object")
         request.state.qserve_model = model_label(st, name, loading=False)
         return await unload(st, name)
+
+    return repository_unload
+
+
+# V2's routes (v2.py declares the protocol they belong to)
+ROUTES = (
+    Route("POST", "/v2/repository/index", _index, dict(
+        tags=["v2 repository"], responses=ERRORS, openapi_extra=BODY,
+        summary="Every model this server can load, its version and state (READY, LOADING, UNAVAILABLE)")),
+    Route("POST", "/v2/repository/models/{name}/load", _load, dict(
+        tags=["v2 repository"], responses=ERRORS, openapi_extra=BODY,
+        summary="(Re)load a model from its own directory; hot swap when it is serving")),
+    Route("POST", "/v2/repository/models/{name}/unload", _unload, dict(
+        tags=["v2 repository"], responses=ERRORS, openapi_extra=BODY,
+        summary="Stop serving a model; what it accepted finishes first")),
+)
 
 
 def _known(st: ServeState, name: str) -> bool:

@@ -1,4 +1,4 @@
-"""vLLM's pooling API for a classifier: POST /classify, and OpenAI's model list beside /v1/models' own.
+"""vLLM's pooling API for a classifier: POST /classify.
 
     curl -s -H 'Content-Type: application/json' -d '{"model": "onnx-int8", "input": ["great", "awful"]}' \\
       127.0.0.1:8000/classify
@@ -8,7 +8,8 @@ As vLLM (docs/models/pooling_models/classify.md) answers it: {"id": "classify-..
 "total_tokens", "completion_tokens": 0, "prompt_tokens_details": null}}. `probs` are the model's scores by
 its problem type (a softmax row; multi-label: a sigmoid per label; regression: the value), `label` the
 label of the highest one, as vLLM's classify activation and argmax give them. `model` selects a served
-model (null: the default); an unknown name is a 404 naming the served ones.
+model (null: the default; GET /v1/models lists them in OpenAI's shape too); an unknown name is a 404
+naming the served ones.
 
 Length: vLLM refuses a prompt longer than the model unless `truncate_prompt_tokens` is set; qserve reads
 it by the model's long-text policy instead, so the same text gets the same answer as on /v1 (say
@@ -21,21 +22,20 @@ from __future__ import annotations
 
 import time
 import uuid
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from qserve.serve.core.answer import Answer
 from qserve.serve.core.errors import ApiError
 from qserve.serve.core.pairs import v1_inputs
 from qserve.serve.core.schemas import ROUTE_ERRORS, LongText, Text, TextPair, TruncationJsonInt
+from qserve.artifact import Manifest
 from qserve.serve.core.state import ServedModel, ServeState
-
-PATHS = frozenset({"/classify"})
+from qserve.serve.infra.config import ServeConfig
+from qserve.serve.protocols.spec import OpenApi, Protocol, answered
 
 
 class VllmClassifyRequest(BaseModel):
@@ -77,8 +77,18 @@ class VllmClassifyResponse(BaseModel):
     usage: VllmUsage
 
 
-def publish(comps: dict[str, Any], max_length: int) -> None:
-    """In the OpenAPI document, the truncate_prompt_tokens this server takes: -1, or max_length and more."""
+def expected(cfg: ServeConfig) -> str:
+    """What a body /classify refuses should have been."""
+    return ('expected vLLM\'s {"model": str | null, "input": str | list[str], "truncate_prompt_tokens": '
+            f"int | null}} with 1..{cfg.max_inputs} non-empty texts of at most {cfg.max_chars} characters")
+
+
+def publish(comps: dict[str, Any], config: ServeConfig, manifest: Manifest | None) -> None:
+    """In the OpenAPI document, the truncate_prompt_tokens this server takes: -1, or max_length and more (no
+    readable manifest: any)."""
+    if manifest is None:
+        return
+    max_length = manifest.max_length
     prop = (((comps.get("VllmClassifyRequest") or {}).get("properties") or {}).get("truncate_prompt_tokens") or {})
     if "anyOf" in prop:
         prop["anyOf"] = [{"type": "integer", "enum": [-1]}, {"type": "integer", "minimum": max_length},
@@ -125,22 +135,9 @@ async def classify(st: ServeState, body: VllmClassifyRequest, request: Request) 
     return encode(await answer(st, request, model, texts, policy_of(body, model.runtime.max_length)))
 
 
-def created(model: ServedModel) -> int:
-    """The manifest's creation time as Unix seconds (OpenAI's `created`); 0 when it has none."""
-    try:
-        return int(datetime.fromisoformat(str(model.runtime.manifest.created)).timestamp())
-    except (TypeError, ValueError):
-        return 0
-
-
-def openai_models(st: ServeState) -> dict[str, Any]:
-    """OpenAI's list shape, carried beside /v1/models' own keys."""
-    return {"object": "list", "data": [{"id": m.name, "object": "model", "created": created(m), "owned_by": "qserve"}
-                                      for m in st.models.values()]}
-
-
-def add_vllm_routes(app: FastAPI, st: ServeState) -> None:
-    @app.post("/classify", tags=["vllm"], response_model=VllmClassifyResponse, responses=ROUTE_ERRORS,
-              summary="vLLM: classify a text or a list; per input its label, probs and num_classes")
-    async def vllm_classify(body: VllmClassifyRequest, request: Request) -> JSONResponse:
-        return JSONResponse(await classify(st, body, request))
+VLLM = Protocol(
+    name="vllm", metrics_label="vllm", expected=expected,
+    openapi=OpenApi(texts=("VllmClassifyRequest",), long_text=("VllmClassifyRequest",), publish=publish),
+    routes=(answered("POST", "/classify", VllmClassifyRequest, classify, "vllm_classify", tags=["vllm"],
+                     response_model=VllmClassifyResponse, responses=ROUTE_ERRORS,
+                     summary="vLLM: classify a text or a list; per input its label, probs and num_classes"),))
