@@ -30,6 +30,8 @@ from qserve.serve.core.state import ServeState
 from qserve.serve.infra.config import ServeConfig
 
 B = TypeVar("B", bound=BaseModel)
+FOUND_CACHE = 4096
+"""(path, method) pairs whose route Protocols keeps found; more than this are looked up each time."""
 
 FastRoute = Callable[[Scope, bytes, Send], Awaitable[bool]]
 """The guard's hook once it holds a request's whole body: (scope, body, send) -> True when it answered."""
@@ -145,6 +147,7 @@ class Protocols:
         self.all = tuple(protocols)
         self.default = default
         self._routes = [(compile_path(r.path)[0], r, p) for p in self.all for r in p.routes]
+        self._found: dict[tuple[str, str], tuple[Route, Protocol] | None] = {}
         self.inference_paths = frozenset(r.path for p in self.all for r in p.routes if r.inference)
         self.raw_body_paths = frozenset(r.path for p in self.all if p.raw_body for r in p.routes if r.method == "POST")
         labels = [p.metrics_label for p in self.all] + [r.label for p in self.all for r in p.routes if r.label]
@@ -153,13 +156,15 @@ class Protocols:
 
     def route_at(self, path: str, method: str) -> tuple[Route, Protocol] | None:
         """The route (and its protocol) a request at `path` (a concrete path or a route template) belongs to."""
-        method = "GET" if method == "HEAD" else method
+        key = (path, method)
+        if key in self._found:  # a refusal (the guard's 429 under a flood) should cost microseconds, not a scan
+            return self._found[key]
+        get = "GET" if method == "HEAD" else method
         here = [(r, p) for regex, r, p in self._routes if regex.match(path)]
-        for want in (method, "POST"):
-            for r, p in here:
-                if r.method == want:
-                    return r, p
-        return here[0] if here else None
+        found = next((rp for want in (get, "POST") for rp in here if rp[0].method == want), here[0] if here else None)
+        if len(self._found) < FOUND_CACHE:  # paths carry client-chosen model names: a bound all the same
+            self._found[key] = found
+        return found
 
     def at(self, path: str, method: str) -> Protocol | None:
         found = self.route_at(path, method)
