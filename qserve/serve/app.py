@@ -31,7 +31,7 @@ from qserve import QserveError, __version__
 from qserve.artifact import Manifest
 from qserve.runtime import threadnames
 from qserve.serve.core.errors import ApiError
-from qserve.serve.core.guard import OPEN_PATHS, GuardMiddleware
+from qserve.serve.core.guard import DOCS_PATHS, GuardMiddleware
 from qserve.serve.core.repository import Repository
 from qserve.serve.core.state import Loader, Selection, ServeState, load_model
 from qserve.serve.core.texts import unicode_problem
@@ -56,8 +56,9 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
     --model-repository); a name clash or a --shadow naming no model raises QserveError here."""
     config.validate()
     protocols = SERVED
-    st = ServeState(config=config, metrics=Metrics(protocols.label, protocols.labels), loader=loader or load_model, selection=selection,
-                    on_load_failure=on_load_failure, repository=repository, tracing=tracing_from_env())
+    st = ServeState(config=config, metrics=Metrics(protocols.label, protocols.labels), loader=loader or load_model,
+                    selection=selection, on_load_failure=on_load_failure, repository=repository,
+                    tracing=tracing_from_env())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -96,9 +97,10 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
                        metrics=st.metrics, routes=app.router.routes, arrivals=st.arrivals,
                        queue_full=st.queue_full_retry_after, inference_paths=protocols.inference_paths,
                        metrics_public=config.metrics_public, refusal=protocols.refusal,
-                       fast=spec.fast_routes(st, protocols, errors.response), raw_body_paths=protocols.raw_body_paths)
+                       fast=spec.fast_routes(st, protocols, errors.response), raw_body_paths=protocols.raw_body_paths,
+                       open_paths=protocols.open_paths)
     if st.tracing is not None:  # outermost: a request's trace covers auth, body and checks too
-        app.add_middleware(TraceMiddleware, tracing=st.tracing, skip=OPEN_PATHS | {"/metrics"},
+        app.add_middleware(TraceMiddleware, tracing=st.tracing, skip=DOCS_PATHS | protocols.open_paths | {"/metrics"},
                            traced=protocols.inference_paths)
     _install_openapi(app, config, protocols)
     return app
@@ -202,7 +204,7 @@ def _install_openapi(app: FastAPI, config: ServeConfig, protocols: Protocols) ->
             schema.setdefault("components", {})["securitySchemes"] = {
                 "bearer": {"type": "http", "scheme": "bearer"}}
             schema["security"] = [{"bearer": []}]
-            for path in OPEN_PATHS | ({"/metrics"} if config.metrics_public else set()):
+            for path in DOCS_PATHS | protocols.open_paths | ({"/metrics"} if config.metrics_public else set()):
                 for method, op in schema["paths"].get(path, {}).items():
                     if path not in protocols.inference_paths or method == "get":  # POST / (inference) needs it
                         op["security"] = []

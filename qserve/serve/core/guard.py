@@ -26,10 +26,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 if TYPE_CHECKING:
     from qserve.serve.infra.metrics import Metrics
 
-# Probes and docs stay open so orchestrators and humans can reach them without the key; so does the
-# page at / (page.py), which holds no model data and asks for the key itself.
-OPEN_PATHS = frozenset({"/", "/health", "/ready", "/v2/health/live", "/v2/health/ready", "/docs",
-                        "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+# The docs stay open so humans can reach them without the key; so do the probes and the page, which their
+# protocols declare open (protocols/spec.py Route.open) and the app passes in as open_paths.
+DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 JSON_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _RID = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
 DISCONNECTED = object()  # _read_body's answer when the client left before its body was complete
@@ -86,7 +85,7 @@ class GuardMiddleware:
                  inference_paths: frozenset[str] = frozenset(), metrics_public: bool = False,
                  refusal: Callable[[str, str, int, str], bytes | None] | None = None,
                  fast: Callable[[Scope, bytes, Send], Awaitable[bool]] | None = None,
-                 raw_body_paths: frozenset[str] = frozenset()):
+                 raw_body_paths: frozenset[str] = frozenset(), open_paths: frozenset[str] = frozenset()):
         self.app = app
         # fast(scope, body, send) -> True once it answered: a route served from here once the body is read
         # (protocols/spec.py fast_routes), past the framework; False hands the request on to the app
@@ -106,7 +105,7 @@ class GuardMiddleware:
         # POST routes whose bodies may come without a Content-Type or as application/octet-stream (binary tensor
         # data, protocols/spec.py Protocol.raw_body); every other body must be JSON
         self.raw_body_paths = raw_body_paths
-        self.open_paths = OPEN_PATHS | ({"/metrics"} if metrics_public else set())
+        self.open_paths = DOCS_PATHS | open_paths | ({"/metrics"} if metrics_public else set())
         # refusal(path, method, status, message) -> the error body of the protocol the request is on, when it has
         # its own error shape, else None: qserve's {"error", "request_id"} (protocols/spec.py Protocols.refusal)
         self.refusal = refusal
@@ -176,7 +175,8 @@ class GuardMiddleware:
                 ctype = headers.get("content-type")
                 raw = template in self.raw_body_paths
                 if not (raw_body_ok(ctype) if raw else is_json(ctype)):
-                    allowed = "application/json, application/octet-stream or none (= JSON)" if raw else "application/json"
+                    allowed = ("application/json, application/octet-stream or none (= JSON)" if raw
+                               else "application/json")
                     await refuse(415, f"Content-Type must be {allowed}, got {ctype or 'none'!r}", "content_type")
                     return
                 encoding = headers.get("content-encoding", "identity").strip().lower()

@@ -38,8 +38,9 @@ class Metrics:
         m = ["model"]
         self.requests = Counter("qserve_requests_total", "HTTP requests by route template, method, status and model",
                                 ["route", "method", "status", "model"], registry=r)
-        self.protocol = Counter("qserve_protocol_requests_total", f"HTTP requests by protocol ({', '.join(protocols)}), "
-                                "status and model", ["protocol", "status", "model"], registry=r)
+        self.protocol = Counter("qserve_protocol_requests_total",
+                                f"HTTP requests by protocol ({', '.join(protocols)}), status and model",
+                                ["protocol", "status", "model"], registry=r)
         self.latency = Histogram("qserve_request_latency_seconds", "HTTP request latency (server side)",
                                  ["route", "method", "status", "model"], buckets=LATENCY_BUCKETS, registry=r)
         self.batch_size = Histogram("qserve_batch_size", "Texts per forward pass", m, buckets=BATCH_BUCKETS,

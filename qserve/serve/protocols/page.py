@@ -183,11 +183,11 @@ def _report(st: ServeState) -> Endpoint:
     return v1_report
 
 
-# GET / is open (guard.OPEN_PATHS); GET /v1/report needs the key like every JSON route, and counts as /v1's.
+# GET / is open (it holds no model data); GET /v1/report needs the key like every JSON route, and counts as /v1's.
 PAGE = Protocol(name="page", routes=(
     # In the document beside POST / (an inference route, registry.py), so the path's Allow (GET, POST) lists both.
     Route("GET", "/", _index, dict(tags=["page"], response_class=HTMLResponse,
-                                   summary="The served models' page (HTML, open)")),
+                                   summary="The served models' page (HTML, open)"), open=True),
     Route("GET", "/v1/report", _report, dict(
         tags=["v1"], response_model=ReportSummary,
         summary="The bench report behind a served model's variant: the recommendation and its row",

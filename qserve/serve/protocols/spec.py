@@ -53,14 +53,16 @@ class Route:
     """One HTTP route: `endpoint(st)` makes what FastAPI calls for `method path`; `options` are FastAPI's
     add_api_route keywords (tags, summary, response_model, responses, ...). A route with `fast` is an
     inference route (it queues texts): the guard answers it from its fast path, refuses it early when the
-    queue is full, and tracing follows it even on an open path. `label`: its metrics label when it is not its
-    protocol's."""
+    queue is full, and tracing follows it even on an open path. `open`: its path answers without the API key
+    (a probe, the page; an inference route on the same path still needs it). `label`: its metrics label when it
+    is not its protocol's."""
 
     method: str
     path: str
     endpoint: Callable[[ServeState], Endpoint]
     options: Mapping[str, Any] = field(default_factory=dict)
     fast: Binder | None = None
+    open: bool = False
     label: str | None = None
 
     @property
@@ -149,6 +151,7 @@ class Protocols:
         self._routes = [(compile_path(r.path)[0], r, p) for p in self.all for r in p.routes]
         self._found: dict[tuple[str, str], tuple[Route, Protocol] | None] = {}
         self.inference_paths = frozenset(r.path for p in self.all for r in p.routes if r.inference)
+        self.open_paths = frozenset(r.path for p in self.all for r in p.routes if r.open)
         self.raw_body_paths = frozenset(r.path for p in self.all if p.raw_body for r in p.routes if r.method == "POST")
         labels = [p.metrics_label for p in self.all] + [r.label for p in self.all for r in p.routes if r.label]
         self.labels = tuple(dict.fromkeys([x for x in labels if x != "other"] + ["other"]))

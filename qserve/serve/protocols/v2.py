@@ -429,9 +429,10 @@ V2 = Protocol(
                     publish=publish),
     routes=(
         Route("GET", "/v2", _server, dict(tags=["v2"], summary="Server metadata", responses=_errors(401))),
-        Route("GET", "/v2/health/live", _live, dict(tags=["v2"], summary="Server live")),
+        Route("GET", "/v2/health/live", _live, dict(tags=["v2"], summary="Server live"), open=True),
         Route("GET", "/v2/health/ready", _ready, dict(tags=["v2"], summary="Server ready (503 until the model is "
-                                                      "loaded)", responses={503: {"description": "not ready yet"}})),
+                                                      "loaded)", responses={503: {"description": "not ready yet"}}),
+              open=True),
         *_model_routes("/v2/models/{name}"),
         *_model_routes("/v2/models/{name}/versions/{version}"),
         *repository.ROUTES,
