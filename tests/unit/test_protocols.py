@@ -1,0 +1,96 @@
+"""A protocol is one module: its identity is spelled there and in registry.py only, and every route is served once.
+
+    python -m pytest tests/unit/test_protocols.py -q
+
+No server, no model: the declarations (qserve/serve/protocols/spec.py) and the app built from them.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVE = ROOT / "qserve" / "serve"
+# A protocol's identity, as a grep finds it (TEI's paths too; words that merely contain the letters don't count)
+IDENTITY = {
+    "vllm_api.py": re.compile(r'vllm|"/classify"', re.I),
+    "tei.py": re.compile(r"\btei\b|/embed|/predict", re.I),
+}
+
+
+@pytest.mark.parametrize("module", sorted(IDENTITY))
+def test_a_protocol_is_spelled_in_its_module_and_the_registry_only(module):
+    found = sorted(str(p.relative_to(SERVE)) for p in SERVE.rglob("*.py")
+                   if IDENTITY[module].search(p.read_text(encoding="utf-8")))
+    # package docstrings (__init__.py) list the protocols in words; nothing else may name one
+    allowed = {f"protocols/{module}", "protocols/registry.py", "__init__.py", "protocols/__init__.py"}
+    assert set(found) <= allowed, sorted(set(found) - allowed)
+    assert f"protocols/{module}" in found and "protocols/registry.py" in found
+
+
+def test_app_names_no_inference_path():
+    from qserve.serve.protocols.registry import SERVED
+
+    app = (SERVE / "app.py").read_text(encoding="utf-8")
+    assert SERVED.inference_paths, "no inference route declared"
+    for path in SERVED.inference_paths:
+        assert f'"{path}"' not in app and f"'{path}'" not in app, path
+
+
+def test_every_declared_route_is_served_once_in_declaration_order(tmp_path):
+    from fastapi.routing import APIRoute
+
+    from qserve.serve.app import create_app
+    from qserve.serve.core.repository import Repository
+    from qserve.serve.infra.config import ServeConfig
+    from qserve.serve.protocols.registry import PROTOCOLS
+
+    # no model: nothing loads before the lifespan starts, and the routes are there from the start
+    app = create_app(ServeConfig(variant_dir=str(tmp_path)), repository=Repository([]))
+    served = [(r.path, sorted(r.methods)) for r in app.routes if isinstance(r, APIRoute)]
+    declared = [(r.path, [r.method]) for p in PROTOCOLS for r in p.routes]
+    assert served == declared
+
+
+def test_inference_routes_have_a_fast_path_and_a_protocol():
+    from qserve.serve.protocols.registry import SERVED
+
+    inference = [(p.name, r.method, r.path) for p in SERVED.all for r in p.routes if r.inference]
+    assert {(m, path) for _, m, path in inference} == {
+        ("POST", "/v1/classify"), ("POST", "/v2/models/{name}/infer"),
+        ("POST", "/v2/models/{name}/versions/{version}/infer"), ("POST", "/predict"), ("POST", "/"),
+        ("POST", "/classify")}
+    assert all(r.fast is not None for p in SERVED.all for r in p.routes if r.inference)
+
+
+@pytest.mark.parametrize("path, method, label, own_errors", [
+    ("/v1/classify", "POST", "v1", False), ("/v1/report", "GET", "v1", False), ("/v1/classify", "GET", "v1", False),
+    ("/v2/models/{name}/infer", "POST", "v2", False), ("/v2/models/m/versions/3/infer", "DELETE", "v2", False),
+    ("/v2/repository/index", "POST", "v2", False), ("/health", "GET", "other", False),
+    ("/health", "POST", "other", False), ("/", "GET", "other", False), ("/", "HEAD", "other", False),
+    ("/", "POST", "tei", True), ("/", "OPTIONS", "tei", True),
+    ("/predict", "GET", "tei", True), ("/info", "HEAD", "tei", True), ("/classify", "POST", "vllm", False),
+    ("/classify", "GET", "vllm", False), ("/docs", "GET", "other", False), ("unmatched", "POST", "other", False),
+])
+def test_a_request_belongs_to_the_protocol_of_its_route(path, method, label, own_errors):
+    """The route for the path and method; for a method no route there takes, the path's POST route, else its first."""
+    from qserve.serve.protocols.registry import SERVED
+
+    assert SERVED.label(path, method) == label
+    assert (SERVED.error_shape(path, method) is not None) is own_errors
+
+
+def test_the_guard_refusal_has_the_protocols_error_shape():
+    import json
+
+    from qserve.serve.protocols.registry import SERVED
+
+    body = SERVED.refusal("/predict", "POST", 415, "Content-Type must be application/json")
+    assert body is not None and json.loads(body) == {"error": "Content-Type must be application/json",
+                                                     "error_type": "validation"}
+    assert SERVED.refusal("/classify", "POST", 415, "x") is None  # vLLM keeps qserve's {"error", "request_id"}
+    assert SERVED.labels == ("v1", "v2", "tei", "vllm", "other")
+    assert SERVED.hint == "POST /v1/classify or POST /v2/models/{name}/infer"
