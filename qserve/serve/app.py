@@ -55,7 +55,7 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
     says so itself). `repository` names the models and their dirs (default: config's DIR or
     --model-repository); a name clash or a --shadow naming no model raises QserveError here."""
     config.validate()
-    protocols = SERVED
+    protocols = SERVED  # every protocol this server speaks (protocols/registry.py): its routes, errors, labels
     st = ServeState(config=config, metrics=Metrics(protocols.label, protocols.labels), loader=loader or load_model,
                     selection=selection, on_load_failure=on_load_failure, repository=repository,
                     tracing=tracing_from_env())
