@@ -358,9 +358,8 @@ class ServeState:
             trace.queued()
             result = await self._submit(current, texts, request_id, policy, pairs, inline)
             trace.answered(result.phases)
-        return Answer(model=current, name=current.name, version=current.version, policy=policy or str(rt.long_text),
-                      threshold=resolved_threshold, outputs=names, probs=result.probs, logits=result.logits,
-                      truncated=result.truncated, tokens=result.tokens, windows=result.windows, phases=result.phases)
+        return Answer(model=current, policy=policy or str(rt.long_text), threshold=resolved_threshold,
+                      outputs=names, result=result)
 
     def _alone(self, scope: MutableMapping[str, Any], current: ServedModel, texts: list[str],
                policy: str | None) -> bool:
