@@ -13,8 +13,8 @@ assignment on the event loop switches every later request to the new model, whil
 drains what it had accepted; then the old runtime is closed and freed: by refcounting, or, when a
 reference cycle holds it, by gc.unfreeze, collect, freeze (the post-warm-up freeze must not pin
 it). A weakref proves it is gone (ServeState.retired). Routes, the V2 protocol and the Ray engine
-reach a model only through ServeState.model(name), and queue texts through ServeState.submit
-(classify on HTTP), which resolves the request's policy, threshold and outputs once, for the model that
+reach a model only through ServeState.model(name), and queue texts through ServeState.submit, which
+resolves the request's policy, threshold and outputs once, for the model that
 actually runs the texts, and returns one Answer (answer.py) that the protocol only encodes. The policy
 travels with each of its texts through the batcher to the runtime, which cuts and aggregates them
 (qserve/longtext.py); a shadow re-scores a sampled text under that same policy.
@@ -52,7 +52,6 @@ from qserve.serve.core.repository import ModelSource, Repository, Selection, mod
 from qserve.serve.core.served_model import (Loader, ModelRuntime, Retired, ServedModel, check_gate, infer_fn,
                                            load_model)
 from qserve.serve.core.shadow import Shadow, parse_shadows
-from qserve.serve.core.texts import check_texts
 from qserve.serve.infra.tracing import TRACE_KEY
 
 if TYPE_CHECKING:
@@ -308,17 +307,6 @@ class ServeState:
         if request is not None:
             request.state.qserve_model = model.name
         return model
-
-    def check_texts(self, texts: Sequence[object], where: str) -> None:
-        """texts.check_texts under this server's --max-inputs and --max-chars."""
-        check_texts(texts, where, self.config.max_inputs, self.config.max_chars)
-
-    async def classify(self, model: ServedModel, texts: list[str], request: Request, long_text: str | None = None,
-                       where: str = "long_text", pairs: list[str] | None = None, threshold: float | None = None,
-                       outputs: Sequence[str] | None = None) -> Answer:
-        """submit() for an HTTP route: the request's scope and request id come from `request`."""
-        return await self.submit(model, texts, request.scope, request.state.request_id, long_text, where, pairs,
-                                 threshold, outputs)
 
     async def submit(self, model: ServedModel, texts: list[str], scope: MutableMapping[str, Any], request_id: str,
                      long_text: str | None = None, where: str = "long_text", pairs: list[str] | None = None,
