@@ -43,7 +43,8 @@ from qserve import __version__, problemtypes as problems
 from qserve.serve.core.answer import Answer
 from qserve.serve.core.errors import ApiError
 from qserve.serve.core.outputs import v1_predictions
-from qserve.serve.core.pairs import check_texts, takes_pairs
+from qserve.serve.core.pairs import takes_pairs
+from qserve.serve.core.texts import check_texts
 from qserve.serve.core.schemas import LongText, PositiveJsonInt, Text, TokenIdJsonInt
 from qserve.serve.core.state import ServedModel, ServeState
 
@@ -180,11 +181,11 @@ def sequences(st: ServeState, model: ServedModel, inputs: str | list[str] | list
             raise ApiError(422, f"{where} is a single text, but model {model.name!r} takes text pairs; send "
                                 "[text, text_pair]")
     texts = [s[0] for s in seqs]
-    check_texts(st, texts, "inputs")
+    check_texts(st.config, texts, "inputs")
     if not pair_model:
         return texts, None, batch
     pairs = [s[1] for s in seqs]
-    check_texts(st, pairs, "inputs", "text_pair")
+    check_texts(st.config, pairs, "inputs", "text_pair")
     return texts, pairs, batch
 
 
@@ -215,7 +216,7 @@ def policy_of(body: TeiPredictRequest, model: ServedModel, pair: bool) -> str | 
 async def answer(st: ServeState, request: Request, model: ServedModel, texts: list[str], pairs: list[str] | None,
                  policy: str | None) -> Answer:
     """Queue the texts on `model` (the default) under `policy`: every protocol's one call (state.py)."""
-    return await st.classify(model, texts, request, policy, "long_text", pairs=pairs)
+    return await st.submit(model, texts, request.scope, request.state.request_id, policy, "long_text", pairs=pairs)
 
 
 # -- encoding ---------------------------------------------------------------------------------------
@@ -325,7 +326,7 @@ def add_tei_routes(app: FastAPI, st: ServeState) -> None:
     @app.post("/tokenize", tags=["tei"], responses=ERRORS, summary="TEI: the default model's tokens of each input")
     async def tei_tokenize(body: TeiTokenizeRequest, request: Request) -> list:
         texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
-        check_texts(st, texts, "inputs")
+        check_texts(st.config, texts, "inputs")
         rt = st.model(None, request).runtime
 
         def tokenize() -> list[list[dict[str, Any]]]:
