@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 MODELS = "models/minilm-l6-distilbert-imdb"
 VARIANT = f"{MODELS}/variants/onnx-int8"
 BENCH_MD = "qserve.bench.report:render_md"
+GATE_MD = "qserve.gate.report:render"
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,19 @@ STAGES: tuple[Stage, ...] = (
            f"cp {MODELS}/checkpoint/train_metrics.json benchmarks/reports/pipeline-auto-zen4/",),
           (_bench("pipeline-auto-zen4"),),
           "17.1 min: the measured wall time of that run (its stage times: train 8.9, export 1.7, bench 6.5 min)"),
+    Stage("gate", "the release gate (issue 49) of the embedded default's onnx-int8 and ov-int8 against torch-fp32 on "
+          "the 2,000 test texts, calibrated on 2,000 validation texts, verdicts sealed into the manifests",
+          (f"$QSERVE gate {MODELS}/variants/onnx-int8 {MODELS}/variants/ov-int8 --threads 2 --force "
+           "--out benchmarks/reports/gate",),
+          (Report("benchmarks/reports/gate/gate.json", "benchmarks/reports/gate/gate.md", GATE_MD),),
+          "~3 min on the AMD EPYC (estimate: the reference and two variants score 2,000 texts, each variant 2,000 "
+          "more for calibration)", needs=(f"{MODELS}/variants/torch-fp32",)),
+    Stage("gate-50", "the same gate on 50 test texts: too few for any bound to reach the bar, so both fail and say so",
+          (f"$QSERVE gate {MODELS}/variants/onnx-int8 {MODELS}/variants/ov-int8 --threads 2 --max-samples 50 "
+           "--no-record --force --out benchmarks/reports/gate-50 || true",),
+          (Report("benchmarks/reports/gate-50/gate.json", "benchmarks/reports/gate-50/gate.md", GATE_MD),),
+          "~1 min on the AMD EPYC (estimate: 50 texts each, the calibration's 2,000 held-out texts per variant)",
+          needs=(f"{MODELS}/variants/torch-fp32",)),
     Stage("fast-vs-full", "the fast bench's recommendation and served policy against a full comparison (every policy on "
           "every variant, the bench before issue 30, code b7b3591) of the same run's variant files",
           ("rm -rf /tmp/qserve-b7b3591 && mkdir -p /tmp/qserve-b7b3591 && git archive b7b3591 qserve | "

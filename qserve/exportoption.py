@@ -2,21 +2,27 @@
 
     python -c "from qserve.variants import backend_of; print([o.flag for o in backend_of('onnx-int8').options if o.help])"
 
-The registry (qserve.variants) lists a backend's Options; `qserve export` builds its flags from them
-(exporters/cli.py) and each backend's typed options (qserve.variants.BackendOptions) validate every value
-through `Option.validate`, so a bad value's error names the option, the variant, what is allowed and the flag.
+An option is declared once, as a field of its backend's typed options (qserve.variants.BackendOptions):
+`per_channel: bool | None = option({"onnx-int8": True}, "one weight scale per output channel")`. The field's
+name is the key, its type the kind; `options_of` reads the declarations back as `Option`s, which the registry
+lists, `qserve export` turns into flags (exporters/cli.py) and `BackendOptions.resolve` validates every value
+through (`Option.validate`), so a bad value's error names the option, the variant, what is allowed and the flag.
 """
 
 from __future__ import annotations
 
+import functools
+import typing
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from qserve import QserveError
 
 OptionValue = bool | int | float | str | None
 """An exporter option's value as it travels through the CLI, the options dict and the manifest."""
+_DECLARED = "qserve.option"
+"""The dataclass field metadata key an `option(...)` declaration is kept under."""
 
 
 @dataclass(frozen=True)
@@ -79,3 +85,31 @@ def _coerce(value: OptionValue, kind: type) -> OptionValue:
         except ValueError:
             return value
     return value
+
+
+def option(defaults: dict[str, OptionValue], help: str = "", *, choices: tuple[OptionValue, ...] = (),
+           metavar: str | None = None, allowed: str = "", note: str = "", check: Callable[[Any], bool] | None = None,
+           coerce: bool = False) -> Any:
+    """A BackendOptions field that is an exporter option (default None: the variant does not understand it, or
+    takes `defaults`' value): everything `Option` holds except the key and the kind, which are the field's."""
+    return field(default=None, metadata={_DECLARED: {"defaults": defaults, "help": help, "choices": choices,
+                                                     "metavar": metavar, "allowed": allowed, "note": note,
+                                                     "check": check, "coerce": coerce}})
+
+
+@functools.cache
+def options_of(options_type: type) -> tuple[Option, ...]:
+    """The `option(...)` fields of a BackendOptions dataclass as Options, in declaration order: the key is the
+    field's name, the kind its type without None (`int | None` -> int)."""
+    hints = typing.get_type_hints(options_type)
+    out = []
+    for f in fields(options_type):
+        declared = f.metadata.get(_DECLARED)
+        if declared is None:
+            continue
+        kinds = [k for k in typing.get_args(hints[f.name]) if k is not type(None)]
+        if len(kinds) != 1 or kinds[0] not in (bool, int, float, str):
+            raise TypeError(f"{options_type.__name__}.{f.name}: an option is `bool | None`, `int | None`, "
+                            f"`float | None` or `str | None`, not {hints[f.name]}")
+        out.append(Option(f.name, kind=kinds[0], **declared))
+    return tuple(out)

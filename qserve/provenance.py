@@ -106,4 +106,9 @@ def recorded_cpu(report: dict) -> str | None:
     machine = report.get("machine")
     if isinstance(machine, dict) and isinstance(machine.get("cpu"), str):
         return machine["cpu"]
+    results = report.get("results")  # `qserve gate --out`: each verdict names its machine
+    if isinstance(results, list) and results and isinstance(results[0], dict):
+        machine = (results[0].get("gate") or {}).get("machine")
+        if isinstance(machine, dict) and isinstance(machine.get("cpu"), str):
+            return machine["cpu"]
     return None

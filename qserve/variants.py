@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeVar
 
 from qserve import QserveError
-from qserve.exportoption import Option, OptionValue
+from qserve.exportoption import Option, OptionValue, option, options_of
 
 STORED = ("name", "backend", "bits", "dtype", "cpu", "cuda", "options")
 """The fields a manifest's `spec` records (to_json); the rest of a VariantSpec is policy, read from here."""
@@ -109,26 +109,17 @@ class Backend:
     runtime: str
     """"module:Class", a qserve.runtime.base.Runtime subclass built as (variant_dir, manifest, device, options)."""
     variants: tuple[VariantSpec, ...]
-    options: tuple[Option, ...] = ()
     libraries: tuple[str, ...] = ()
     """What a bench child imports before its memory baseline, so 'model memory' leaves the libraries out."""
     install: str = ""
     """The install hint shown when the exporter or runtime module cannot be imported."""
     options_type: type[BackendOptions] = BackendOptions
-    """The backend's typed options: one field per Option key (checked at import: same keys, same types)."""
+    """The backend's typed options: each `option(...)` field one exporter option, declared there once."""
 
-    def __post_init__(self) -> None:
-        import typing
-
-        hints = typing.get_type_hints(self.options_type)
-        fields = set(hints) - {"variant"}
-        keys = {o.key for o in self.options}
-        if fields != keys:  # a registry mistake: fail at import, not at `qserve export`
-            raise TypeError(f"{self.name}: {self.options_type.__name__} fields {sorted(fields)} != options {sorted(keys)}")
-        for o in self.options:
-            if o.kind not in typing.get_args(hints[o.key]):
-                raise TypeError(f"{self.name}: option {o.key} is {o.kind.__name__}, {self.options_type.__name__} "
-                                f"says {hints[o.key]}")
+    @property
+    def options(self) -> tuple[Option, ...]:
+        """The backend's exporter options, read from its options type's declarations (exportoption.options_of)."""
+        return options_of(self.options_type)
 
 
 _CALIBRATION = "training texts that calibrate"
@@ -147,29 +138,53 @@ class TorchOptions(BackendOptions):
 
 @dataclass(frozen=True)
 class BnbOptions(BackendOptions):
-    llm_int8_threshold: float | None = None
-    double_quant: bool | None = None
-    clip: bool | None = None
-    calibration_samples: int | None = None
+    llm_int8_threshold: float | None = option(
+        {"bnb-int8": 6.0}, "LLM.int8 activation outlier threshold (0 turns the fp16 outlier path off)",
+        allowed="a number >= 0", check=lambda v: v >= 0, coerce=True)
+    double_quant: bool | None = option({"bnb-nf4": False, "bnb-fp4": False}, "quantize the 4-bit block scales too",
+                                       coerce=True)
+    # on for fp4, where it lifts agreement with fp32; off for nf4, where it changed nothing beyond noise
+    clip: bool | None = option(
+        {"bnb-nf4": False, "bnb-fp4": True}, "clip each 64-weight block to the range that minimises its output "
+        "error on calibration texts before quantizing (exporters.clipping)", coerce=True)
+    calibration_samples: int | None = option({"bnb-nf4": 64, "bnb-fp4": 64}, f"{_CALIBRATION} the clipping",
+                                             **_samples("the weight clipping"))
 
 
 @dataclass(frozen=True)
 class OnnxOptions(BackendOptions):
-    opset: int | None = None
-    per_channel: bool | None = None
-    reduce_range: bool | None = None
-    optimize: bool | None = None
-    smooth: bool | None = None
-    correct_bias: bool | None = None
-    calibration_samples: int | None = None
-    keep_fp32: str | None = None
-    activation_scales: str | None = None
-    row_by_row: bool | None = None
-    calibrate_alone: bool | None = None
-    block_size: int | None = None
-    accuracy_level: int | None = None
-    symmetric: bool | None = None
-    quantize_embeddings: bool | None = None
+    opset: int | None = option({"onnx-fp32": None, "onnx-fp16": None, "onnx-int8": None, "onnx-int4": None},
+                               allowed="an integer from 14 to 21", check=lambda v: 14 <= v <= 21)
+    per_channel: bool | None = option({"onnx-int8": True}, "one weight scale per output channel")
+    reduce_range: bool | None = option({"onnx-int8": False})
+    optimize: bool | None = option({"onnx-int8": False})
+    # None: measured per export (exporters.onnx.quantize_int8): it helps with VNNI and hurt on AVX2
+    smooth: bool | None = option(
+        {"onnx-int8": None}, "smooth activation outliers into the weights before quantizing (exporters.smoothing); "
+        "unset: both graphs are built and the one closer to fp32 on held-out training texts is kept")
+    correct_bias: bool | None = option(
+        {"onnx-int8": True}, "take the mean int8-vs-fp32 logit shift on calibration texts out of the output bias")
+    calibration_samples: int | None = option({"onnx-int8": 64}, f"{_CALIBRATION} the smoothing and bias correction",
+                                             **_samples("the smoothing and the bias correction"))
+    keep_fp32: str | None = option(
+        {"onnx-int8": ""}, "comma-separated parts of MatMul node names to leave in fp32, e.g. "
+        "'layer.0/ffn/lin2,layer.1/ffn/lin2' (more accurate, larger, slower)", metavar="PATTERNS",
+        allowed="a comma-separated string of MatMul node-name parts, e.g. 'layer.0/ffn/lin2'")
+    activation_scales: str | None = option(
+        {"onnx-int8": "per-tensor"}, "per-tensor: ORT dynamic quantization, one activation scale per batch (the "
+        "runtime runs it row by row); per-row: each token row its own scale in the graph, rows independent when "
+        "batched", choices=("per-tensor", "per-row"))
+    row_by_row: bool | None = option(
+        {"onnx-int8": True}, "with per-tensor scales the runtime runs batches row by row (one text, one answer); "
+        "--no-row-by-row records that it forwards them as one batch (answers move with batchmates)")
+    calibrate_alone: bool | None = option({"onnx-int8": False})
+    block_size: int | None = option({"onnx-int4": 32}, "quantization block size",
+                                    allowed="a power of two >= 16, e.g. 32, 64, 128",
+                                    check=lambda v: v >= 16 and not v & (v - 1))
+    accuracy_level: int | None = option({"onnx-int4": 4}, "MatMulNBits accuracy_level (4 = int8 compute, the CPU "
+                                        "fast path)", choices=(0, 1, 2, 3, 4), note="4 = int8 compute, the CPU fast path")
+    symmetric: bool | None = option({"onnx-int4": False})
+    quantize_embeddings: bool | None = option({"onnx-int4": False}, "also quantize the word-embedding Gather to 4 bits")
 
     @classmethod
     def resolve(cls, name: str, given: dict[str, Any] | None = None) -> OnnxOptions:
@@ -200,8 +215,11 @@ class OnnxOptions(BackendOptions):
 
 @dataclass(frozen=True)
 class OpenVINOOptions(BackendOptions):
-    calibration_samples: int | None = None
-    inference_precision: str | None = None
+    calibration_samples: int | None = option({"ov-int8": 300}, f"{_CALIBRATION} NNCF's quantization",
+                                             **_samples("NNCF's activation ranges, SmoothQuant and bias correction"))
+    inference_precision: str | None = option(
+        {"ov-int8": "f32"}, "precision of the ops NNCF leaves unquantized (bf16 needs avx512_bf16 or AMX)",
+        choices=("f32", "bf16"), allowed="f32 or bf16")
 
 REGISTRY: dict[str, Backend] = {b.name: b for b in (
     Backend(
@@ -217,19 +235,6 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
         (VariantSpec("bnb-int8", "bnb", 8, "int8", tolerance=5e-1, default_for=("cuda",), cpu_needs=("vnni",)),
          VariantSpec("bnb-nf4", "bnb", 4, "nf4", tolerance=1.0, default_for=("cuda",), cpu_needs=("bf16",)),
          VariantSpec("bnb-fp4", "bnb", 4, "fp4", tolerance=1.5, cpu_needs=("bf16",))),
-        options=(
-            Option("llm_int8_threshold", {"bnb-int8": 6.0}, float,
-                   "LLM.int8 activation outlier threshold (0 turns the fp16 outlier path off)",
-                   allowed="a number >= 0", check=lambda v: v >= 0, coerce=True),
-            Option("double_quant", {"bnb-nf4": False, "bnb-fp4": False}, bool, "quantize the 4-bit block scales too",
-                   coerce=True),
-            # on for fp4, where it lifts agreement with fp32; off for nf4, where it changed nothing beyond noise
-            Option("clip", {"bnb-nf4": False, "bnb-fp4": True}, bool,
-                   "clip each 64-weight block to the range that minimises its output error on calibration texts "
-                   "before quantizing (exporters.clipping)", coerce=True),
-            Option("calibration_samples", {"bnb-nf4": 64, "bnb-fp4": 64}, int, f"{_CALIBRATION} the clipping",
-                   **_samples("the weight clipping")),
-        ),
         libraries=("torch",), install="pip install bitsandbytes==0.50.2 accelerate", options_type=BnbOptions),
     Backend(
         "onnx", "exporters.onnx:build", "qserve.runtime.onnx_rt:OnnxRuntime",
@@ -238,41 +243,6 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
          # dynamic int8 has no CUDA kernels in ORT's CUDA EP: CPU only.
          VariantSpec("onnx-int8", "onnx", 8, "int8", cuda=False, tolerance=5e-1, default_for=("cpu",)),
          VariantSpec("onnx-int4", "onnx", 4, "int4", tolerance=1.0, default_for=("cpu",))),
-        options=(
-            Option("opset", {"onnx-fp32": None, "onnx-fp16": None, "onnx-int8": None, "onnx-int4": None}, int,
-                   allowed="an integer from 14 to 21", check=lambda v: 14 <= v <= 21),
-            Option("per_channel", {"onnx-int8": True}, bool, "one weight scale per output channel"),
-            Option("reduce_range", {"onnx-int8": False}, bool),
-            Option("optimize", {"onnx-int8": False}, bool),
-            # None: measured per export (exporters.onnx.quantize_int8): it helps with VNNI and hurt on AVX2
-            Option("smooth", {"onnx-int8": None}, bool,
-                   "smooth activation outliers into the weights before quantizing (exporters.smoothing); unset: "
-                   "both graphs are built and the one closer to fp32 on held-out training texts is kept"),
-            Option("correct_bias", {"onnx-int8": True}, bool,
-                   "take the mean int8-vs-fp32 logit shift on calibration texts out of the output bias"),
-            Option("calibration_samples", {"onnx-int8": 64}, int, f"{_CALIBRATION} the smoothing and bias correction",
-                   **_samples("the smoothing and the bias correction")),
-            Option("keep_fp32", {"onnx-int8": ""}, str,
-                   "comma-separated parts of MatMul node names to leave in fp32, e.g. "
-                   "'layer.0/ffn/lin2,layer.1/ffn/lin2' (more accurate, larger, slower)", metavar="PATTERNS",
-                   allowed="a comma-separated string of MatMul node-name parts, e.g. 'layer.0/ffn/lin2'"),
-            Option("activation_scales", {"onnx-int8": "per-tensor"}, str,
-                   "per-tensor: ORT dynamic quantization, one activation scale per batch (the runtime runs it row "
-                   "by row); per-row: each token row its own scale in the graph, rows independent when batched",
-                   choices=("per-tensor", "per-row")),
-            Option("row_by_row", {"onnx-int8": True}, bool,
-                   "with per-tensor scales the runtime runs batches row by row (one text, one answer); "
-                   "--no-row-by-row records that it forwards them as one batch (answers move with batchmates)"),
-            Option("calibrate_alone", {"onnx-int8": False}, bool),
-            Option("block_size", {"onnx-int4": 32}, int, "quantization block size",
-                   allowed="a power of two >= 16, e.g. 32, 64, 128", check=lambda v: v >= 16 and not v & (v - 1)),
-            Option("accuracy_level", {"onnx-int4": 4}, int,
-                   "MatMulNBits accuracy_level (4 = int8 compute, the CPU fast path)", choices=(0, 1, 2, 3, 4),
-                   note="4 = int8 compute, the CPU fast path"),
-            Option("symmetric", {"onnx-int4": False}, bool),
-            Option("quantize_embeddings", {"onnx-int4": False}, bool,
-                   "also quantize the word-embedding Gather to 4 bits"),
-        ),
         libraries=("onnxruntime",), install="pip install 'qserve[cpu]' (or 'qserve[gpu]' for CUDA)",
         options_type=OnnxOptions),
     Backend(
@@ -283,13 +253,6 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
          VariantSpec("ov-bf16", "openvino", 16, "bf16", cuda=False, tolerance=1.5e-1, cpu_needs=("bf16",)),
          # without VNNI, OpenVINO's int8 kernels measured slower than its fp32 ones (docs/measurements.md)
          VariantSpec("ov-int8", "openvino", 8, "int8", cuda=False, tolerance=5e-1, cpu_needs=("vnni",))),
-        options=(
-            Option("calibration_samples", {"ov-int8": 300}, int, f"{_CALIBRATION} NNCF's quantization",
-                   **_samples("NNCF's activation ranges, SmoothQuant and bias correction")),
-            Option("inference_precision", {"ov-int8": "f32"}, str,
-                   "precision of the ops NNCF leaves unquantized (bf16 needs avx512_bf16 or AMX)",
-                   choices=("f32", "bf16"), allowed="f32 or bf16"),
-        ),
         install="pip install 'qserve[openvino]'", options_type=OpenVINOOptions),
 )}
 

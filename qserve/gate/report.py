@@ -122,11 +122,21 @@ def write_report(results: list[dict[str, Any]], out: Path, force: bool = False) 
     if out.exists() and not force and any(p.name not in FILES for p in out.iterdir()):
         refuse_existing(out, force)
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "gate.md", markdown(results))
-    write_json_atomic(out / "gate.json", {"format": "qserve-gate-report/1", "results": results})
+    from qserve.provenance import provenance
+
+    report = {"format": "qserve-gate-report/1", "results": results, "provenance": provenance()}
+    write_text_atomic(out / "gate.md", render(report))
+    write_json_atomic(out / "gate.json", report)
     written = [out / "gate.md", out / "gate.json"]
     png = picture(results, out / "gate.png")
     return written + ([png] if png else [])
+
+
+def render(report: dict[str, Any]) -> str:
+    """gate.md from gate.json (what `make reports` re-renders): the table under its provenance line."""
+    from qserve.provenance import with_header
+
+    return with_header(markdown(report["results"]), report.get("provenance"))
 
 
 def load(path: Path) -> list[dict[str, Any]]:

@@ -15,11 +15,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
-from qserve.runtime.base import Classification, Runtime
+from qserve.runtime.base import Classification, Runtime, TextResult
 from qserve.runtime.options import RuntimeOptions
 from qserve.runtime.contract import ModelRuntime
 
-__all__ = ["Classification", "ModelRuntime", "Runtime", "RuntimeOptions", "load_runtime", "runtime_class"]
+__all__ = ["Classification", "ModelRuntime", "Runtime", "RuntimeOptions", "TextResult", "load_runtime", "runtime_class"]
 
 
 def runtime_class(backend: str) -> type[Runtime]:

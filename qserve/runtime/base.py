@@ -34,6 +34,20 @@ Phase = tuple[str, int, int, dict[str, Any]]
 
 
 
+@dataclass(frozen=True, eq=False)
+class TextResult:
+    """What classify() answers for one text (one pair): made only by Classification.results(), and carried by
+    reference from there through serve's batcher and Pending to the request's Answer."""
+
+    probs: np.ndarray
+    """[num_labels] float32 scores by the problem type (a row of Classification.probs)."""
+    logits: np.ndarray
+    """[num_labels] float32 raw outputs (a row of Classification.logits)."""
+    truncated: bool
+    tokens: int
+    windows: int
+
+
 @dataclass
 class Classification:
     """What classify() answers for N texts."""
@@ -53,7 +67,20 @@ class Classification:
     problem_type: str = problems.SINGLE
     """What `probs` holds: qserve.problemtypes.SINGLE, MULTI or REGRESSION."""
     phases: list[Phase] = field(default_factory=list)
-    """When tracing (serve): the steps of every batch these texts ran in; else empty."""
+    """When tracing: the steps of the classify() call (serve: of every batch these texts ran in); else empty."""
+
+    def results(self) -> list[TextResult]:
+        """Each text's TextResult, in order (its rows are views of probs and logits)."""
+        return [TextResult(probs=p, logits=z, truncated=t, tokens=n, windows=w)
+                for p, z, t, n, w in zip(self.probs, self.logits, self.truncated, self.tokens, self.windows)]
+
+    @staticmethod
+    def of(results: Sequence[TextResult], problem_type: str, phases: list[Phase]) -> Classification:
+        """The answer of texts that ran in different batches (serve's Pending): their results, in order."""
+        return Classification(probs=np.stack([r.probs for r in results]),
+                              truncated=[r.truncated for r in results], tokens=[r.tokens for r in results],
+                              windows=[r.windows for r in results], logits=np.stack([r.logits for r in results]),
+                              problem_type=problem_type, phases=phases)
 
 
 class Runtime:
@@ -316,8 +343,7 @@ class Runtime:
                                                           "qserve.tokenized_shape": f"{len(pieces.ids)}x{width}",
                                                           "qserve.buckets": ",".join(map(str, self.buckets or ()))
                                                           or "none"})]
-        return Classification(probs, list(pieces.truncated), list(pieces.tokens), list(pieces.windows), logits,
-                              self.problem_type)
+        return self.answer(pieces, logits, probs, phases)
 
     def classify(self, texts: list[str], policy: PolicyArg = None, phases: list[Phase] | None = None,
                  pairs: list[str] | None = None) -> Classification:
@@ -330,8 +356,7 @@ class Runtime:
         if phases is None:
             pieces = self.split(texts, policy)
             logits = longtext.aggregate(self.forward_pieces(pieces.ids), pieces)
-            return Classification(self.scores(logits), list(pieces.truncated), list(pieces.tokens),
-                                  list(pieces.windows), logits, self.problem_type)
+            return self.answer(pieces, logits, self.scores(logits))
         t0 = time.time_ns()
         ids = self._encode(list(texts))
         t1 = time.time_ns()
@@ -353,8 +378,17 @@ class Runtime:
         phases.append(("inference", t2, t3, {"qserve.texts": len(texts), "qserve.pieces": len(pieces.ids),
                                              "qserve.tokenized_shape": f"{len(pieces.ids)}x{width}",
                                              "qserve.buckets": ",".join(map(str, self.buckets or ())) or "none"}))
-        return Classification(probs, list(pieces.truncated), list(pieces.tokens), list(pieces.windows), logits,
-                              self.problem_type)
+        return self.answer(pieces, logits, probs, phases)
+
+    def answer(self, pieces: longtext.Pieces, logits: np.ndarray, probs: np.ndarray,
+               phases: list[Phase] | None = None) -> Classification:
+        """The one place classify() builds its answer: the texts' scores and logits (float32), and per text what
+        `pieces` say of it; `phases`, when tracing, the steps this call appended to it."""
+        return Classification(probs=np.asarray(probs, dtype=np.float32),
+                              truncated=[bool(t) for t in pieces.truncated], tokens=[int(n) for n in pieces.tokens],
+                              windows=[int(w) for w in pieces.windows],
+                              logits=np.asarray(logits, dtype=np.float32), problem_type=self.problem_type,
+                              phases=[] if phases is None else phases)
 
     def close(self) -> None:
         """Release the model (bench children exit anyway; serve calls this on shutdown)."""

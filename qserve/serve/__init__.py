@@ -11,7 +11,7 @@ Top to bottom (pyproject.toml's import-linter contract "serve-layers"):
 - protocols/: each HTTP protocol one module declaring itself (spec.py), listed in registry.py: /v1 and
   the probes (routes.py), KServe V2 over HTTP (v2.py, v2_repository.py), TEI (tei.py), vLLM (vllm_api.py),
   the served models' page (page.py); V2 over gRPC (grpc_v2.py).
-- core/: the one serving state (state.py) and what it needs: served_model.py, lifecycle.py, answer.py, batcher.py,
+- core/: the one serving state (state.py) and what it needs: served_model.py, answer.py, batcher.py (pending.py),
   outputs.py, pairs.py, texts.py, schemas.py, shadow.py, repository.py, guard.py, errors.py.
 - infra/: config.py, metrics.py, tracing.py, connections.py, uvicorn_server.py, deploy.py.
 

@@ -86,6 +86,10 @@ def _measured(m: dict[str, Any]) -> str:
     return f"bf16-mixed measured {r:.1f}x slower" if r >= 1 else f"bf16-mixed measured {1 / r:.1f}x faster"
 
 
+_DISAGREES = (" (the probe disagrees with the instruction set: a probe of seconds on a busy machine can, so the "
+              "instruction set decides; --precision overrides)")
+
+
 def choose_precision(asked: str, device: str, caps: Capabilities | None = None,
                      probe: Callable[[], dict[str, Any]] = probe_bf16) -> PrecisionChoice:
     """The training precision for `asked` on `device`: an explicit one as it is; `auto` by the device.
@@ -110,10 +114,12 @@ def choose_precision(asked: str, device: str, caps: Capabilities | None = None,
     bf16 = caps.has("bf16")
     m = probe()
     if bf16 is False:
-        return PrecisionChoice("32-true", AUTO, f"this CPU has no bf16 instructions: {_measured(m)}", m)
+        return PrecisionChoice("32-true", AUTO, f"this CPU has no bf16 instructions: {_measured(m)}"
+                               + (_DISAGREES if m["slowdown"] < 1 else ""), m)
     if bf16 is True:
         flag = next(f for f in ("amx_bf16", "avx512_bf16") if caps.cpu_flags and f in caps.cpu_flags)
-        return PrecisionChoice("bf16-mixed", AUTO, f"this CPU has {flag}: {_measured(m)}", m)
+        return PrecisionChoice("bf16-mixed", AUTO, f"this CPU has {flag}: {_measured(m)}"
+                               + (_DISAGREES if m["slowdown"] > 1 else ""), m)
     if m["slowdown"] <= 1 / UNKNOWN_SPEEDUP:
         return PrecisionChoice("bf16-mixed", AUTO, f"this CPU's flags are unknown: {_measured(m)}", m)
     return PrecisionChoice("32-true", AUTO, f"this CPU's flags are unknown: {_measured(m)}", m)

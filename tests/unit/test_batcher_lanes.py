@@ -56,7 +56,8 @@ class Recorder:
                 rows = np.array([[len(t), float(t.split()[-1]) if t[-1].isdigit() else -1.0] for t in texts],
                                 dtype=np.float32)
                 n = len(texts)
-                return Classification(rows, [False] * n, [1] * n, [1] * n, rows), None
+                return Classification(probs=rows, truncated=[False] * n, tokens=[1] * n, windows=[1] * n,
+                                      logits=rows)
             finally:
                 with self.lock:
                     self.active[kind] -= 1

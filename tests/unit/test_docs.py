@@ -109,3 +109,22 @@ def test_a_pending_report_renders_not_measured_and_fills_in_once_it_exists(tmp_p
     head_row = next(line for line in render_tables.long_text_policies().splitlines() if line.startswith("| head |"))
     cells = [c.strip() for c in head_row.strip("|").split("|")]
     assert cells[1] == "50.00%" and cells[3] != "50.00%" and cells[5] == "not measured"
+
+
+def test_readme_layout_names_only_paths_that_exist():
+    """Every file or folder README's Layout block names exists: a name is read under its line's top folder
+    (a continuation line keeps the one above), or from the repository root."""
+    import re
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("## Layout", 1)[1].split("```")[1]
+    top, missing, named = ROOT, [], 0
+    for line in block.strip("\n").splitlines():
+        if not line.startswith(" "):
+            top = ROOT / line.split()[0]
+            assert top.is_dir(), f"README Layout: {line.split()[0]} is not a folder"
+        for name in re.findall(r"[\w.-]+(?:/[\w.-]+)*(?:/|\.py|\.md|\.yml)(?=[\s,;:)]|$)", line):
+            named += 1
+            if not ((top / name).exists() or (ROOT / name).exists()):
+                missing.append(name)
+    assert named >= 20 and not missing, f"README Layout names paths that do not exist: {missing}"

@@ -42,12 +42,18 @@ def probe_says(slowdown: float):
     (ZEN3, 9.5, "32-true", "this CPU has no bf16 instructions: bf16-mixed measured 9.5x slower"),
     (VNNI_ONLY, 6.0, "32-true", "this CPU has no bf16 instructions: bf16-mixed measured 6.0x slower"),
     # flags that can be read decide; a noisy reading on a loaded machine is said, not obeyed
-    (ZEN4, 1.2, "bf16-mixed", "this CPU has avx512_bf16: bf16-mixed measured 1.2x slower"),
+    (ZEN4, 1.2, "bf16-mixed", "this CPU has avx512_bf16: bf16-mixed measured 1.2x slower (the probe disagrees with "
+                              "the instruction set: a probe of seconds on a busy machine can, so the instruction set "
+                              "decides; --precision overrides)"),
+    (ZEN3, 0.9, "32-true", "this CPU has no bf16 instructions: bf16-mixed measured 1.1x faster (the probe disagrees "
+                           "with the instruction set: a probe of seconds on a busy machine can, so the instruction "
+                           "set decides; --precision overrides)"),
     # flags unreadable (not Linux): the probe decides
     (None, 0.5, "bf16-mixed", "this CPU's flags are unknown: bf16-mixed measured 2.0x faster"),
     (None, 0.95, "32-true", "this CPU's flags are unknown: bf16-mixed measured 1.1x faster"),
     (None, 4.0, "32-true", "this CPU's flags are unknown: bf16-mixed measured 4.0x slower"),
-], ids=["amx", "avx512-bf16", "avx2", "vnni-no-bf16", "flags-over-a-noisy-probe", "unknown-fast", "unknown-marginal",
+], ids=["amx", "avx512-bf16", "avx2", "vnni-no-bf16", "flags-over-a-noisy-probe", "flags-over-a-noisy-probe-avx2",
+        "unknown-fast", "unknown-marginal",
         "unknown-slow"])
 def test_auto_on_a_cpu(flags, slowdown, want, words):
     probe = probe_says(slowdown)

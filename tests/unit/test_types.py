@@ -60,7 +60,7 @@ def test_a_wrong_call_across_a_module_boundary_fails_the_check(tmp_path, cache):
     submit_line = _append(serve / "protocols" / "routes.py", (
         "async def _wrong_submit(st: ServeState, request: Request) -> None:\n"
         "    model = st.model(None, request)\n"
-        "    await st.classify(model, 'one text', request)\n")) + 2
+        "    await st.submit(model, 'one text', request.scope, request.state.request_id)\n")) + 2
     # 2. it encodes a field the Answer does not have
     answer_line = _append(serve / "protocols" / "v2.py", (
         "def _wrong_field(a: Answer) -> list[float]:\n"
@@ -72,7 +72,7 @@ def test_a_wrong_call_across_a_module_boundary_fails_the_check(tmp_path, cache):
     r = mypy(tmp_path, cache)
     out = r.stdout
     assert r.returncode == 1, out + r.stderr
-    assert (f'qserve/serve/protocols/routes.py:{submit_line}: error: Argument 2 to "classify" of "ServeState" has '
+    assert (f'qserve/serve/protocols/routes.py:{submit_line}: error: Argument 2 to "submit" of "ServeState" has '
             'incompatible type "str"; expected "list[str]"') in out, out
     assert f'qserve/serve/protocols/v2.py:{answer_line}: error: "Answer" has no attribute "probabilities"' in out, out
     assert (f'qserve/serve/core/served_model.py:{runtime_line}: error: Argument 1 to "classify" of "ModelRuntime" has '

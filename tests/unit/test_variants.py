@@ -175,13 +175,21 @@ def test_typed_options_are_typed_and_record_what_the_manifest_always_recorded():
     assert OnnxOptions.resolve("onnx-int4").block_size == 32 and OnnxOptions.resolve("onnx-int4").smooth is None
 
 
-def test_a_backend_whose_options_dataclass_disagrees_with_its_options_fails_at_declaration():
-    from qserve.exportoption import Option
-    from qserve.variants import Backend, BnbOptions
+def test_an_option_is_declared_once_on_its_field():
+    """The key is the field's name, the kind its type; the registry, the CLI and the exporters read these."""
+    import dataclasses
 
-    with pytest.raises(TypeError, match=r"fields .* != options"):
-        Backend("x", "m:f", "m:C", (), options=(Option("clip", {"bnb-nf4": False}),), options_type=BnbOptions)
-    with pytest.raises(TypeError, match=r"option llm_int8_threshold is int, BnbOptions says float \| None"):
-        Backend("x", "m:f", "m:C", (), options=tuple(Option(k, {"bnb-nf4": 1}, int) for k in
-                                                    ("llm_int8_threshold", "double_quant", "clip",
-                                                     "calibration_samples")), options_type=BnbOptions)
+    from qserve.exportoption import option, options_of
+    from qserve.variants import REGISTRY, BnbOptions
+
+    opts = {o.key: o for o in REGISTRY["bnb"].options}
+    assert list(opts) == ["llm_int8_threshold", "double_quant", "clip", "calibration_samples"]
+    assert opts["llm_int8_threshold"].kind is float and opts["clip"].defaults == {"bnb-nf4": False, "bnb-fp4": True}
+    assert REGISTRY["bnb"].options == options_of(BnbOptions)  # nothing to reconcile: one declaration
+
+    @dataclasses.dataclass(frozen=True)
+    class Bad:
+        names: list | None = option({"x": None})
+
+    with pytest.raises(TypeError, match=r"Bad.names: an option is `bool \| None`"):
+        options_of(Bad)

@@ -16,21 +16,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from qserve.runtime.base import Phase
+from qserve.runtime.base import Classification, Phase
 from qserve.serve.core.outputs import Threshold
 from qserve.serve.core.served_model import ModelRuntime, ServedModel
 
 
 @dataclass(frozen=True, eq=False)
 class Answer:
-    """One request's answer: the model that computed it and, per text, its scores and how it was read."""
+    """One request's answer: the model that computed it, what the request asked resolved for that model, and
+    the texts' Classification (their scores and how each was read), held as the batcher handed it back."""
 
     model: ServedModel
     """The model that answered: the one serving the name when the texts were queued."""
-    name: str
-    """Its served name (model.name)."""
-    version: str
-    """Its version, the manifest's short hash (model.version): every answer carries it as model_version."""
     policy: str
     """The long-text policy the texts were read by, written out in full: the request's, else the model's default."""
     threshold: Threshold | None
@@ -39,18 +36,48 @@ class Answer:
     outputs: tuple[str, ...]
     """The V2 outputs to answer, in order: those the request named, else all of the model's (outputs.py);
     empty when the protocol has no outputs to name (/v1)."""
-    probs: np.ndarray
-    """[n, labels] float32 scores by the model's problem type (softmax, a sigmoid per label, or the value)."""
-    logits: np.ndarray
-    """[n, labels] float32 raw model outputs before softmax/sigmoid (a windowed text's aggregated)."""
-    truncated: list[bool]
-    """Per text: whether part of it went unseen under `policy`."""
-    tokens: list[int]
-    """Per text: its token count, special tokens included."""
-    windows: list[int]
-    """Per text: how many pieces were scored (1 unless a windows policy cut it)."""
-    phases: list[Phase]
-    """When tracing: the steps (tokenize, windows, inference) of every batch the texts ran in; else empty."""
+    result: Classification
+    """The request's texts as the model answered them, in order (qserve/runtime/base.py)."""
+
+    @property
+    def name(self) -> str:
+        """The model's served name."""
+        return self.model.name
+
+    @property
+    def version(self) -> str:
+        """The model's version, the manifest's short hash: every answer carries it as model_version."""
+        return self.model.version
+
+    @property
+    def probs(self) -> np.ndarray:
+        """[n, labels] float32 scores by the model's problem type (softmax, a sigmoid per label, or the value)."""
+        return self.result.probs
+
+    @property
+    def logits(self) -> np.ndarray:
+        """[n, labels] float32 raw model outputs before softmax/sigmoid (a windowed text's aggregated)."""
+        return self.result.logits
+
+    @property
+    def truncated(self) -> list[bool]:
+        """Per text: whether part of it went unseen under `policy`."""
+        return self.result.truncated
+
+    @property
+    def tokens(self) -> list[int]:
+        """Per text: its token count, special tokens included."""
+        return self.result.tokens
+
+    @property
+    def windows(self) -> list[int]:
+        """Per text: how many pieces were scored (1 unless a windows policy cut it)."""
+        return self.result.windows
+
+    @property
+    def phases(self) -> list[Phase]:
+        """When tracing: the steps (tokenize, windows, inference) of every batch the texts ran in; else empty."""
+        return self.result.phases
 
     @property
     def runtime(self) -> ModelRuntime:

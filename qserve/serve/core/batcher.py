@@ -43,7 +43,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Protocol
 
-from qserve.runtime.base import Classification, Phase
+from qserve.runtime.base import Classification
 from qserve.serve.core.pending import Item, Pending, infer_args
 
 if TYPE_CHECKING:
@@ -55,14 +55,14 @@ class InferFn(Protocol):
     """What the batcher runs on the inference thread: synchronous, CPU-heavy.
 
     (texts, their long-text policies (None = the runtime's default)[, their text pairs: only for a pair model's
-    batch]) -> (Classification of the texts, in order; when tracing, the batch's steps (Phase: name, start/end
-    ns, attributes), which every request in the batch gets in its Classification.phases, else None)."""
+    batch]) -> the Classification of the texts, in order (when tracing, its phases are the batch's steps, which
+    every request in the batch gets in its own Classification.phases)."""
 
     def __call__(self, texts: list[str], policies: list[str | None],
-                 pairs: list[str] | None = None) -> tuple[Classification, list[Phase] | None]: ...
+                 pairs: list[str] | None = None) -> Classification: ...
 
 
-Started = tuple[float, "asyncio.Future[tuple[Classification, list[Phase] | None]]"]
+Started = tuple[float, "asyncio.Future[Classification]"]
 """A batch on the inference thread: (perf_counter when it was submitted, the future of InferFn's result)."""
 
 
@@ -326,10 +326,11 @@ class Batcher:
         pool, fn = self._runner(lane)
         t0, fut = started or (time.perf_counter(), loop.run_in_executor(pool, fn, *infer_args(batch)))
         try:
-            result, phases = await fut  # phases: the batch's steps when tracing is on, else None
-            probs, truncated = result.probs, result.truncated
-            if any(len(x) != len(texts) for x in (probs, result.logits, truncated, result.tokens, result.windows)):
-                raise RuntimeError(f"runtime returned {len(probs)} rows for {len(texts)} texts")
+            result: Classification = await fut
+            if any(len(x) != len(texts) for x in (result.probs, result.logits, result.truncated, result.tokens,
+                                                  result.windows)):
+                raise RuntimeError(f"runtime returned {len(result.probs)} rows for {len(texts)} texts")
+            results = result.results()
         except Exception as e:
             if self.metrics is not None:
                 self.metrics.batch_failures.inc()
@@ -349,6 +350,6 @@ class Batcher:
             self.metrics.batch_size.observe(len(texts))
             self.metrics.inference.observe(elapsed)
             self.metrics.texts.inc(len(texts))
-            self.metrics.truncated.inc(sum(bool(t) for t in truncated))
-        for it, row, raw, tr, n, w in zip(batch, probs, result.logits, truncated, result.tokens, result.windows):
-            it.pending.fill(it.index, row, raw, bool(tr), int(n), int(w), result.problem_type, phases)
+            self.metrics.truncated.inc(sum(r.truncated for r in results))
+        for it, r in zip(batch, results):
+            it.pending.fill(it.index, r, result)

@@ -13,8 +13,6 @@ the model takes). An input counts once against --max-inputs; --max-chars holds f
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
 from typing import Any, Protocol
 
 from qserve.artifact import Manifest
@@ -22,38 +20,25 @@ from qserve.runtime.contract import ModelRuntime
 from qserve.serve.core.errors import ApiError
 from qserve.serve.core.schemas import TextPair
 from qserve.serve.core.served_model import ServedModel
+from qserve.serve.core.texts import check_texts
+from qserve.serve.infra.config import ServeConfig
 from qserve.textpairs import PAIR, TEXT, TEXT_PAIR
 
 PAIR_FORM = '{"text": "...", "text_pair": "..."}'
 
 
-class TextChecks(Protocol):
+class Serving(Protocol):
     """What these checks need of the serving state (state.ServeState, which imports this module)."""
 
-    def check_texts(self, texts: Sequence[object], where: str) -> None: ...
-
-
-def inputs_of(runtime: ModelRuntime) -> tuple[str, ...]:
-    """What one input of a served model is: ("text",) or ("text", "text_pair")."""
-    return runtime.inputs
+    @property
+    def config(self) -> ServeConfig: ...
 
 
 def takes_pairs(runtime: ModelRuntime) -> bool:
-    return inputs_of(runtime) == PAIR
+    return runtime.inputs == PAIR
 
 
-def check_texts(st: TextChecks, texts: Sequence[object], where: str, field: str | None = None) -> None:
-    """ServeState.check_texts, with each error naming `where[i].field` (a text of a /v1 pair) when given."""
-    try:
-        st.check_texts(texts, where)
-    except ApiError as e:
-        if field:
-            e.message = re.sub(rf"^{re.escape(where)}\[(\d+)\]", lambda m: f"{where}[{m[1]}].{field}", e.message)
-            e.args = (e.message,)
-        raise
-
-
-def v1_inputs(st: TextChecks, model: ServedModel, inputs: str | TextPair | list[str | TextPair],
+def v1_inputs(st: Serving, model: ServedModel, inputs: str | TextPair | list[str | TextPair],
               where: str = "inputs") -> tuple[list[str], list[str] | None]:
     """/v1 `inputs` (a text, a {"text", "text_pair"} object, or a list of either) -> (texts, pairs or None),
     checked against what `model` takes and against the server's limits."""
@@ -70,16 +55,16 @@ def v1_inputs(st: TextChecks, model: ServedModel, inputs: str | TextPair | list[
             raise ApiError(422, f"{name} is a single text, but model {model.name!r} takes text pairs (its inputs: "
                                 f"{TEXT}, {TEXT_PAIR}); send {PAIR_FORM}")
     if not pair_model:
-        check_texts(st, items, where)
+        check_texts(st.config, items, where)
         return [it for it in items if isinstance(it, str)], None
     texts = [it.text for it in items if isinstance(it, TextPair)]
     pairs = [it.text_pair for it in items if isinstance(it, TextPair)]
-    check_texts(st, texts, where, TEXT)
-    check_texts(st, pairs, where, TEXT_PAIR)
+    check_texts(st.config, texts, where, TEXT)
+    check_texts(st.config, pairs, where, TEXT_PAIR)
     return texts, pairs
 
 
-def v2_inputs(st: TextChecks, model: ServedModel,
+def v2_inputs(st: Serving, model: ServedModel,
               named: dict[str, tuple[int, list[str]]]) -> tuple[list[str], list[str] | None]:
     """V2 inputs by name -> (texts, pairs or None): `named` maps each input's name to (its index in the
     request, its decoded elements). Same rules on HTTP and gRPC."""
@@ -93,14 +78,14 @@ def v2_inputs(st: TextChecks, model: ServedModel,
     if TEXT_PAIR not in named and takes_pairs(model.runtime):
         raise ApiError(422, f"no input named {TEXT_PAIR!r}; {rule}")
     i, texts = named[TEXT]
-    check_texts(st, texts, f"inputs[{i}].data")
+    check_texts(st.config, texts, f"inputs[{i}].data")
     if TEXT_PAIR not in named:
         return texts, None
     j, pairs = named[TEXT_PAIR]
     if len(pairs) != len(texts):
         raise ApiError(400, f"inputs[{j}] ({TEXT_PAIR}) has {len(pairs)} elements but inputs[{i}] ({TEXT}) has "
                             f"{len(texts)}; {rule}")
-    check_texts(st, pairs, f"inputs[{j}].data")
+    check_texts(st.config, pairs, f"inputs[{j}].data")
     return texts, pairs
 
 
@@ -114,12 +99,12 @@ def check_same_inputs(model: ServedModel, pairs: list[str] | None) -> None:
 
 def metadata_inputs(runtime: ModelRuntime) -> list[dict[str, Any]]:
     """The V2 metadata inputs of a served model: text, and text_pair for a pair model."""
-    return [{"name": name, "datatype": "BYTES", "shape": [-1]} for name in inputs_of(runtime)]
+    return [{"name": name, "datatype": "BYTES", "shape": [-1]} for name in runtime.inputs]
 
 
 def config_inputs(runtime: ModelRuntime) -> list[dict[str, Any]]:
     """Triton model-config inputs of a served model."""
-    return [{"name": name, "data_type": "TYPE_STRING", "dims": [-1]} for name in inputs_of(runtime)]
+    return [{"name": name, "data_type": "TYPE_STRING", "dims": [-1]} for name in runtime.inputs]
 
 
 def publish_inputs(comps: dict[str, Any], manifest: Manifest | None) -> None:

@@ -3,61 +3,46 @@
     python -m pytest tests/integration/test_serve_batching.py -q
 
 A request's texts enter the queue as Items, one per text, each pointing at the request's one Pending; a
-batch fills each text's row of its Pending, and the last row resolves the request's future with one
-Classification, its rows in the request's order, whatever batches (and lanes) they ran in.
+batch hands each text its TextResult (qserve/runtime/base.py), which the Pending keeps by reference, and
+the last one resolves the request's future with one Classification, its texts in the request's order,
+whatever batches (and lanes) they ran in.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import cast
 
-import numpy as np
-
-from qserve import problemtypes as problems
-from qserve.runtime.base import Classification, Phase
+from qserve.runtime.base import Classification, TextResult
 
 
 @dataclass(eq=False)
 class Pending:
     n: int
     future: asyncio.Future
-    rows: list[Any] = field(default_factory=list)
-    raw: list[Any] = field(default_factory=list)
-    """Each text's logits row."""
-    problem_type: str = problems.SINGLE
-    trunc: list[bool] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    windows: list[int] = field(default_factory=list)
+    results: list[TextResult | None] = field(default_factory=list)
+    """Each text's result, in the request's order (None until its batch ran)."""
     remaining: int = 0
-    batches: list[list[Phase]] = field(default_factory=list)
+    batches: list[Classification] = field(default_factory=list)
+    """The batches its texts ran in, each once: their problem type and, when tracing, their steps."""
 
     def __post_init__(self) -> None:
-        self.rows = [None] * self.n
-        self.raw = [None] * self.n
-        self.trunc = [False] * self.n
-        self.tokens = [0] * self.n
-        self.windows = [0] * self.n
+        self.results = [None] * self.n
         self.remaining = self.n
 
-    def fill(self, index: int, row: np.ndarray, logits: np.ndarray, truncated: bool, tokens: int, windows: int,
-             problem_type: str, phases: list[Phase] | None = None) -> None:
+    def fill(self, index: int, result: TextResult, batch: Classification) -> None:
+        """Text `index` answered by `result`, one of `batch`'s."""
         if self.future.done():  # cancelled (client gone, timeout) or already failed
             return
-        self.rows[index] = row
-        self.raw[index] = logits
-        self.problem_type = problem_type
-        self.trunc[index] = truncated
-        self.tokens[index] = tokens
-        self.windows[index] = windows
+        self.results[index] = result
         self.remaining -= 1
-        if phases is not None and all(b is not phases for b in self.batches):
-            self.batches.append(phases)
+        if all(b is not batch for b in self.batches):
+            self.batches.append(batch)
         if self.remaining == 0:
-            self.future.set_result(Classification(np.stack(self.rows), list(self.trunc), list(self.tokens),
-                                                  list(self.windows), np.stack(self.raw), self.problem_type,
-                                                  [p for b in self.batches for p in b]))
+            done = cast("list[TextResult]", self.results)  # remaining == 0: every text has its result
+            self.future.set_result(Classification.of(done, batch.problem_type,
+                                                     [p for b in self.batches for p in b.phases]))
 
     def fail(self, exc: BaseException) -> None:
         if not self.future.done():

@@ -19,7 +19,7 @@ import numpy as np
 from qserve import QserveError
 from qserve.artifact import Manifest
 from qserve.longtext import LongTextError
-from qserve.runtime.base import Classification, Phase
+from qserve.runtime.base import Classification
 from qserve.runtime.contract import ModelRuntime
 from qserve.serve.core.batcher import Batcher, InferFn
 from qserve.serve.infra.config import ServeConfig
@@ -127,25 +127,20 @@ class Retired(NamedTuple):
 
 def infer_fn(runtime: ModelRuntime, offer: Offer | None = None, traced: bool = False,
              lane: bool = False) -> InferFn:
-    """The batcher's InferFn for `runtime`; `traced`: it also hands back the runtime's steps for traces;
+    """The batcher's InferFn for `runtime`; `traced`: the answer also carries the runtime's steps for traces;
     `lane`: it runs on a lane thread, the whole batch on one single-threaded worker (Runtime.narrow)."""
-    def infer(texts: list[str], policies: list[str | None],
-              pairs: list[str] | None = None) -> tuple[Classification, list[Phase] | None]:
+    def infer(texts: list[str], policies: list[str | None], pairs: list[str] | None = None) -> Classification:
         if lane:
             runtime.narrow(True)
         # Tokenizing happens here, on the inference thread or a lane, under the runtime's tokenizer_lock.
-        phases: list[Phase] | None = [] if traced else None  # the steps (tokenize, windows, inference)
         if pairs is not None:  # a pair model's batch (serve/core/pairs.py)
-            r = runtime.classify(texts, policies, phases, pairs=pairs)
-        else:
-            r = runtime.classify(texts, policies) if phases is None else runtime.classify(texts, policies, phases)
-        probs = np.asarray(r.probs, dtype=np.float32)
-        logits = np.asarray(r.logits, dtype=np.float32)
+            r = runtime.classify(texts, policies, [] if traced else None, pairs=pairs)
+        else:  # the steps (tokenize, windows, inference) only when traced
+            r = runtime.classify(texts, policies, []) if traced else runtime.classify(texts, policies)
         if offer is not None and pairs is None:  # the shadow samples what was served (single texts: its
             # reference is scored on texts), under the policy it was served by; never blocks
             default = str(runtime.long_text)
-            offer(texts, [p or default for p in policies], probs)
-        return Classification(probs, [bool(t) for t in r.truncated], [int(n) for n in r.tokens],
-                              [int(w) for w in r.windows], logits, r.problem_type), phases
+            offer(texts, [p or default for p in policies], r.probs)
+        return r
 
     return infer

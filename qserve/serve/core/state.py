@@ -13,8 +13,8 @@ assignment on the event loop switches every later request to the new model, whil
 drains what it had accepted; then the old runtime is closed and freed: by refcounting, or, when a
 reference cycle holds it, by gc.unfreeze, collect, freeze (the post-warm-up freeze must not pin
 it). A weakref proves it is gone (ServeState.retired). Routes, the V2 protocol and the Ray engine
-reach a model only through ServeState.model(name), and queue texts through ServeState.submit
-(classify on HTTP), which resolves the request's policy, threshold and outputs once, for the model that
+reach a model only through ServeState.model(name), and queue texts through ServeState.submit, which
+resolves the request's policy, threshold and outputs once, for the model that
 actually runs the texts, and returns one Answer (answer.py) that the protocol only encodes. The policy
 travels with each of its texts through the batcher to the runtime, which cuts and aggregates them
 (qserve/longtext.py); a shadow re-scores a sampled text under that same policy.
@@ -28,7 +28,7 @@ import gc
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,15 +44,13 @@ from qserve.serve.infra.config import ServeConfig
 from qserve.serve.infra.connections import HttpLoad
 from qserve.serve.core.errors import ApiError
 from qserve.serve.core.guard import Arrivals
-from qserve.serve.core.lifecycle import collect, log_selection, warm_up
 from qserve.serve.infra.metrics import Metrics
 from qserve.serve.core.outputs import check_outputs, output_names, request_threshold
-from qserve.serve.core.pairs import check_same_inputs
+from qserve.serve.core.pairs import check_same_inputs, takes_pairs
 from qserve.serve.core.repository import ModelSource, Repository, Selection, model_version, resolve
 from qserve.serve.core.served_model import (Loader, ModelRuntime, Retired, ServedModel, check_gate, infer_fn,
                                            load_model)
 from qserve.serve.core.shadow import Shadow, parse_shadows
-from qserve.serve.core.texts import check_texts
 from qserve.serve.infra.tracing import TRACE_KEY
 
 if TYPE_CHECKING:
@@ -65,6 +63,54 @@ log = logging.getLogger("qserve.serve")
 
 async def _single_process_info() -> dict[str, Any]:
     return {"engine": "uvicorn", "replica_count": 1}
+
+
+async def warm_up(runtime: ModelRuntime, executor: Executor | None, max_batch_size: int) -> None:
+    """Run `runtime` once alone and once batched on the inference thread, so first-call costs (allocator, graph
+    init) do not land on a client. A batch of one and a batch of several can take different paths (onnx-int8
+    runs a batch's rows on their own workers); a pair model warms up on pairs, the path it serves."""
+    loop = asyncio.get_running_loop()
+    warm = infer_fn(runtime)
+    pair = takes_pairs(runtime)
+    default: list[str | None] = [None]  # the model's own policy
+    await loop.run_in_executor(executor, warm, ["warm-up"], default, ["warm-up"] if pair else None)
+    if max_batch_size > 1:
+        n = min(max_batch_size, 2 * max(1, runtime.row_workers))
+        texts = [f"warm-up {i}" for i in range(n)]
+        await loop.run_in_executor(executor, warm, texts, default * n, texts if pair else None)
+
+
+def log_selection(name: str, path: str, selection: Selection) -> None:
+    """Say which variant a model dir serves, why, and whether its report was measured on another CPU."""
+    log.info("model %s: model dir %s serves %s (%s; from %s)", name, path, selection["variant"], selection["why"],
+             selection["report"])
+    if selection["same_cpu"] is False:
+        log.warning("that report was measured on %s, not on this CPU: the fastest variant here may differ "
+                    "(re-run `qserve pipeline` here, or pass a variant dir)", selection["measured_on"])
+
+
+async def collect(retired: Retired) -> None:
+    """Free a retired model's memory (the caller has dropped its references)."""
+    # Most runtimes go with their last reference; handlers that got their answers from it drop theirs
+    # within a few loop turns.
+    for _ in range(20):
+        if retired.released:
+            log.info("released %s version %s", retired.name, retired.version)
+            return
+        await asyncio.sleep(0.01)
+    # A reference cycle holds it, and since the post-warm-up gc.freeze() it sits in the permanent
+    # generation, where no collection looks: thaw everything, collect, freeze what remains. One full
+    # pass over the heap (~0.5 s with torch loaded, on 2 cores), so only when refcounting was not enough.
+    for attempt in range(3):
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+        if retired.released:
+            log.info("released %s version %s (a reference cycle: collected)", retired.name, retired.version)
+            return
+        await asyncio.sleep(0.05)
+    log.warning("%s version %s is still referenced after its release; its memory stays in use",
+                retired.name, retired.version)
 
 
 @dataclass(eq=False)
@@ -309,17 +355,6 @@ class ServeState:
             request.state.qserve_model = model.name
         return model
 
-    def check_texts(self, texts: Sequence[object], where: str) -> None:
-        """texts.check_texts under this server's --max-inputs and --max-chars."""
-        check_texts(texts, where, self.config.max_inputs, self.config.max_chars)
-
-    async def classify(self, model: ServedModel, texts: list[str], request: Request, long_text: str | None = None,
-                       where: str = "long_text", pairs: list[str] | None = None, threshold: float | None = None,
-                       outputs: Sequence[str] | None = None) -> Answer:
-        """submit() for an HTTP route: the request's scope and request id come from `request`."""
-        return await self.submit(model, texts, request.scope, request.state.request_id, long_text, where, pairs,
-                                 threshold, outputs)
-
     async def submit(self, model: ServedModel, texts: list[str], scope: MutableMapping[str, Any], request_id: str,
                      long_text: str | None = None, where: str = "long_text", pairs: list[str] | None = None,
                      threshold: float | None = None, outputs: Sequence[str] | None = None) -> Answer:
@@ -358,9 +393,8 @@ class ServeState:
             trace.queued()
             result = await self._submit(current, texts, request_id, policy, pairs, inline)
             trace.answered(result.phases)
-        return Answer(model=current, name=current.name, version=current.version, policy=policy or str(rt.long_text),
-                      threshold=resolved_threshold, outputs=names, probs=result.probs, logits=result.logits,
-                      truncated=result.truncated, tokens=result.tokens, windows=result.windows, phases=result.phases)
+        return Answer(model=current, policy=policy or str(rt.long_text), threshold=resolved_threshold,
+                      outputs=names, result=result)
 
     def _alone(self, scope: MutableMapping[str, Any], current: ServedModel, texts: list[str],
                policy: str | None) -> bool:

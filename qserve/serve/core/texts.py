@@ -17,6 +17,7 @@ import re
 from collections.abc import Sequence
 
 from qserve.serve.core.errors import ApiError
+from qserve.serve.infra.config import ServeConfig
 
 # Characters that show nothing: whitespace (\s), C0/C1 controls, soft hyphen, combining grapheme
 # joiner, Hangul fillers, Mongolian and variation selectors, zero-width and bidi controls,
@@ -48,21 +49,24 @@ def text_problem(text: str) -> str | None:
     return None
 
 
-def check_texts(texts: Sequence[object], where: str, max_inputs: int, max_chars: int) -> None:
-    """A request's texts (named `where` in the error) against the server's limits and text_problem: each
-    failure a 422 naming the field, the index and the flag that sets the limit."""
+def check_texts(config: ServeConfig, texts: Sequence[object], where: str, field: str | None = None) -> None:
+    """A request's texts (named `where` in the error; each `where[i].field` when `field` is given: a text of a
+    /v1 pair) against the server's limits (--max-inputs, --max-chars) and text_problem: each failure a 422
+    naming the field, the index and the flag that sets the limit."""
+    max_inputs, max_chars = config.max_inputs, config.max_chars
     if not texts:
         raise ApiError(422, f"{where} is empty; send 1..{max_inputs} texts")
     if len(texts) > max_inputs:
         raise ApiError(422, f"{where} has {len(texts)} texts; at most {max_inputs} per request "
                             "(--max-inputs); split the request")
     for i, t in enumerate(texts):
+        name = f"{where}[{i}].{field}" if field else f"{where}[{i}]"
         if not isinstance(t, str):
-            raise ApiError(422, f"{where}[{i}] is {type(t).__name__}; every input must be a string")
+            raise ApiError(422, f"{name} is {type(t).__name__}; every input must be a string")
         problem = text_problem(t)
         if problem:
-            raise ApiError(422, f"{where}[{i}] {problem}")
+            raise ApiError(422, f"{name} {problem}")
         if len(t) > max_chars:
-            raise ApiError(422, f"{where}[{i}] has {len(t)} characters; at most {max_chars} "
+            raise ApiError(422, f"{name} has {len(t)} characters; at most {max_chars} "
                                 "(--max-chars). Texts over the model's token limit are cut by the long-text "
                                 "policy, but the character limit bounds the work per request")

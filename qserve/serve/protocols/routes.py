@@ -26,7 +26,8 @@ async def v1_answer(st: ServeState, body: ClassifyRequest, request: Request) -> 
     """POST /v1/classify's answer to a validated body (the route and the guard's fast path both call this)."""
     model = st.model(body.model, request)
     texts, pairs = v1_inputs(st, model, body.inputs)  # a pair model's {text, text_pair} (pairs.py)
-    a = await st.classify(model, texts, request, body.long_text, "long_text", pairs, body.threshold)
+    a = await st.submit(model, texts, request.scope, request.state.request_id, body.long_text, "long_text", pairs,
+                        body.threshold)
     return {
         "model": a.name, "model_version": a.version, "model_name": a.runtime.manifest.model_name,
         "predictions": v1_predictions(a.probs, a.labels, a.problem_type, body.top_k, a.threshold),

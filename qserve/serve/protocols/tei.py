@@ -40,10 +40,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from qserve import __version__, problemtypes as problems
 from qserve.artifact import Manifest
+from qserve.textpairs import PAIR
 from qserve.serve.core.answer import Answer
 from qserve.serve.core.errors import ApiError
 from qserve.serve.core.outputs import v1_predictions
-from qserve.serve.core.pairs import PAIR, check_texts, takes_pairs
+from qserve.serve.core.pairs import takes_pairs
+from qserve.serve.core.texts import check_texts
 from qserve.serve.core.schemas import LongText, PositiveJsonInt, Text, TokenIdJsonInt
 from qserve.serve.core.state import ServedModel, ServeState
 from qserve.serve.infra.config import ServeConfig
@@ -184,11 +186,11 @@ def sequences(st: ServeState, model: ServedModel, inputs: str | list[str] | list
             raise ApiError(422, f"{where} is a single text, but model {model.name!r} takes text pairs; send "
                                 "[text, text_pair]")
     texts = [s[0] for s in seqs]
-    check_texts(st, texts, "inputs")
+    check_texts(st.config, texts, "inputs")
     if not pair_model:
         return texts, None, batch
     pairs = [s[1] for s in seqs]
-    check_texts(st, pairs, "inputs", "text_pair")
+    check_texts(st.config, pairs, "inputs", "text_pair")
     return texts, pairs, batch
 
 
@@ -219,7 +221,7 @@ def policy_of(body: TeiPredictRequest, model: ServedModel, pair: bool) -> str | 
 async def answer(st: ServeState, request: Request, model: ServedModel, texts: list[str], pairs: list[str] | None,
                  policy: str | None) -> Answer:
     """Queue the texts on `model` (the default) under `policy`: every protocol's one call (state.py)."""
-    return await st.classify(model, texts, request, policy, "long_text", pairs=pairs)
+    return await st.submit(model, texts, request.scope, request.state.request_id, policy, "long_text", pairs=pairs)
 
 
 # -- encoding ---------------------------------------------------------------------------------------
@@ -311,7 +313,7 @@ async def on_inference_thread(st: ServeState, fn: Callable[..., T], *args: Any) 
 
 async def tokenize(st: ServeState, body: TeiTokenizeRequest, request: Request) -> list[list[dict[str, Any]]]:
     texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
-    check_texts(st, texts, "inputs")
+    check_texts(st.config, texts, "inputs")
     rt = st.model(None, request).runtime
 
     def tokens() -> list[list[dict[str, Any]]]:

@@ -46,7 +46,7 @@ from qserve.serve.core.schemas import (ErrorResponse, V2InferRequest, V2InferRes
 from qserve.artifact import Manifest
 from qserve.serve.core.served_model import gate_summary
 from qserve.serve.core.state import ServedModel, ServeState
-from qserve.serve.core.texts import unicode_problem
+from qserve.serve.core.texts import check_texts, unicode_problem
 from qserve.serve.infra.config import ServeConfig
 from qserve.serve.protocols import v2_repository as repository
 from qserve.serve.protocols.spec import Endpoint, OpenApi, Protocol, Route
@@ -159,7 +159,7 @@ def request_texts(st: ServeState, req: V2InferRequest, binary: bytes,
                                 "use [n] or [n, 1] with n = number of texts")
         named[tensor.name] = (i, data)
     if model is None:  # the one-text rule (no model to ask)
-        st.check_texts(named["text"][1] if "text" in named else [], "inputs[0].data")
+        check_texts(st.config, named["text"][1] if "text" in named else [], "inputs[0].data")
         return named["text"][1], None
     return v2_inputs(st, model, named)
 
@@ -275,8 +275,8 @@ async def infer_answer(st: ServeState, model: ServedModel, req: V2InferRequest, 
     texts, pairs = request_texts(st, req, binary, model)
     binary_default, asked = requested_outputs(req)
     long_text = req.parameters.long_text if req.parameters else None
-    a = await st.classify(model, texts, request, long_text, "parameters.long_text", pairs,
-                          outputs=[name for name, _ in asked])
+    a = await st.submit(model, texts, request.scope, request.state.request_id, long_text, "parameters.long_text",
+                        pairs, outputs=[name for name, _ in asked])
     values = output_values(a)
     flags = [flag for _, flag in asked] or [binary_default] * len(a.outputs)
     head = {"model_name": a.name, "model_version": a.version, "id": req.id or request.state.request_id,

@@ -110,7 +110,7 @@ def policy_of(body: VllmClassifyRequest, max_length: int) -> str | None:
 async def answer(st: ServeState, request: Request, model: ServedModel, texts: list[str],
                  policy: str | None) -> Answer:
     """Queue the texts on `model` under `policy` (None: its default): every protocol's one call (state.py)."""
-    return await st.classify(model, texts, request, policy, "long_text")
+    return await st.submit(model, texts, request.scope, request.state.request_id, policy, "long_text")
 
 
 def encode(ans: Answer) -> dict[str, Any]:
