@@ -140,8 +140,10 @@ def normal_latency(port: int, n: int, text: str) -> list[float]:
     return out
 
 
-def slow_clients(port: int, idle: int, trickle: int, stop: threading.Event) -> list[socket.socket]:
-    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(idle + trickle)]
+def slow_clients(port: int, idle: int, trickling: int, stop: threading.Event) -> list[socket.socket]:
+    """`idle` connections that send nothing and `trickling` ones sending headers a byte every 0.1 s."""
+    # not named `trickle`: that would hide the harness's trickle() from drip() (its threads then die on an int)
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(idle + trickling)]
 
     def drip(s: socket.socket) -> None:
         trickle(s, b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" * 10, 0.1, stop)

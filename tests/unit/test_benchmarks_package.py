@@ -10,12 +10,15 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
+import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 import benchmarks
-from benchmarks import rebuild_reports, report_stages
+from benchmarks import flood_bench, rebuild_reports, report_stages
 from benchmarks.harness import Server, in_turn, post_json, total
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,3 +128,24 @@ def test_the_server_starter_runs_an_app_and_stops_it(tmp_path):
     finally:
         srv.stop()
     assert srv.proc.returncode is not None
+
+
+def test_the_flood_benchmarks_slow_clients_trickle():
+    """Its trickling connections send their headers a byte at a time (a parameter once hid trickle(), so they
+    sent nothing)."""
+    got: list[int] = []
+    with socket.socket() as lsn:
+        lsn.bind(("127.0.0.1", 0))
+        lsn.listen(8)
+        stop = threading.Event()
+        socks = flood_bench.slow_clients(lsn.getsockname()[1], 0, 1, stop)
+        conn, _ = lsn.accept()
+        conn.settimeout(5)
+        deadline = time.monotonic() + 5
+        while sum(got) < 3 and time.monotonic() < deadline:
+            got.append(len(conn.recv(16)))
+        stop.set()
+        conn.close()
+        for s in socks:
+            s.close()
+    assert sum(got) >= 3
