@@ -61,14 +61,18 @@ def write_corpus(path: Path, rows: int | None) -> int:
 
 
 def timed(cmd: list[str], env: dict[str, str] | None = None) -> dict:
-    """cmd's wall time and its peak RSS / CPU time from the kernel's accounting of that one child."""
-    t0 = time.perf_counter()
-    proc = spawn(cmd, ROOT, env or ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-    code = os.waitstatus_to_exitcode(status)
+    """cmd's wall time and its peak RSS / CPU time from the kernel's accounting of that one child. Its output
+    goes to files, not pipes: a child that fills a pipe nobody reads before wait4 would wait forever."""
+    with tempfile.TemporaryFile() as fout, tempfile.TemporaryFile() as ferr:
+        t0 = time.perf_counter()
+        proc = spawn(cmd, ROOT, env or ENV, stdout=fout, stderr=ferr)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+        wall = time.perf_counter() - t0
+        fout.seek(0)
+        ferr.seek(0)
+        out, err = fout.read().decode(errors="replace"), ferr.read().decode(errors="replace")
+    code = proc.returncode
     if code:
         raise SystemExit(f"{' '.join(cmd)} failed ({code}):\n{err[-3000:]}")
     return {"wall_s": round(wall, 2), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
