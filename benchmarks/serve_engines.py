@@ -27,8 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Server, free_port, in_turn, reviews, wait_ready
-from benchmarks.harness.report import machine
+from benchmarks.harness import Server, free_port, in_turn, machine, reviews, wait_ready
 from benchmarks.trivial_app import trivial_app
 
 ROOT = Path(__file__).resolve().parents[1]

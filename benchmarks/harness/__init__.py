@@ -15,12 +15,12 @@ from benchmarks.harness.clients import (Conn, lua_string, parse_wrk, post_json, 
                                         wrk_lua)
 from benchmarks.harness.data import review_split, reviews
 from benchmarks.harness.metrics import batch_totals, scrape, total
-from benchmarks.harness.report import finish, write_report
+from benchmarks.harness.report import finish, machine, write_report
 from benchmarks.harness.rounds import in_turn
 from benchmarks.harness.server import (Server, VariantServer, archive_tree, code_env, free_port, proc_cpu_s, spawn,
                                        stat_cpu_s, thread_cpu_s, wait_ready)
 
 __all__ = ["Conn", "Server", "VariantServer", "archive_tree", "batch_totals", "code_env", "finish", "free_port",
-           "in_turn", "lua_string", "parse_wrk", "post_json", "proc_cpu_s", "require_wrk", "review_split", "reviews",
+           "in_turn", "lua_string", "machine", "parse_wrk", "post_json", "proc_cpu_s", "require_wrk", "review_split", "reviews",
            "run_wrk", "scrape", "spawn", "stat_cpu_s", "thread_cpu_s", "total", "trickle", "wait_ready", "wrk_lua",
            "write_report"]

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from qserve import QserveError
 from qserve.bench.loadtest import Conn
 
 __all__ = ["Conn", "lua_string", "parse_wrk", "post_json", "require_wrk", "run_wrk", "trickle", "wrk_lua"]
@@ -67,8 +68,6 @@ def parse_wrk(out: str) -> dict[str, Any]:
 
 def require_wrk() -> str:
     """wrk's path, or a QserveError saying how to install it."""
-    from qserve import QserveError
-
     wrk = shutil.which("wrk")
     if wrk is None:
         raise QserveError("wrk is not installed: apt-get install wrk (Debian), or put it on PATH")

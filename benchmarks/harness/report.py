@@ -17,11 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from qserve import QserveError
+from qserve.devices import cpu_info
+from qserve.files import write_json_atomic, write_text_atomic
+from qserve.provenance import provenance, with_header
+
 
 def machine() -> dict[str, Any]:
     """The CPU as the serving reports' "machine" block names it: model, AMX and its flags, logical cores."""
-    from qserve.devices import cpu_info
-
     info = cpu_info()
     amx = sorted(f for f in info.get("flags", []) if f.startswith("amx"))
     return {"cpu": info.get("model", "unknown"), "amx": bool(amx), "amx_flags": amx, "cores": os.cpu_count()}
@@ -30,9 +33,6 @@ def machine() -> dict[str, Any]:
 def write_report(out: Path, rep: dict[str, Any], md: str, stem: str = "report") -> None:
     """`out`/STEM.json and `out`/STEM.md (atomically, `out` made if missing), then the md on stdout. A report
     that carries no provenance gets this run's: every committed number says which code and machine made it."""
-    from qserve.files import write_json_atomic, write_text_atomic
-    from qserve.provenance import provenance, with_header
-
     rep.setdefault("provenance", provenance())
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / f"{stem}.json", rep)
@@ -45,8 +45,6 @@ def finish(tag: str, args: argparse.Namespace, argv: list[str], run_fn: Callable
     """A benchmark's main after its flags: run it, write report.json and report.md under args.out
     (provenance header), print the md. Exit status 2 on a setup error, 1 when `failed(report)` says the run
     missed its bar, else 0."""
-    from qserve import QserveError
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

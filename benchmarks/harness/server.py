@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from qserve import QserveError
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -88,8 +90,6 @@ def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 
     """Poll `url`/ready until it answers 200 (any_answer: until anything answers over HTTP); a QserveError (with
     the log's tail) if the child `proc` exits first or `timeout` seconds pass."""
     import httpx2
-
-    from qserve import QserveError
 
     deadline = time.monotonic() + timeout
     while True:
