@@ -21,6 +21,6 @@ from benchmarks.harness.server import (Server, VariantServer, archive_tree, code
                                        stat_cpu_s, thread_cpu_s, wait_ready)
 
 __all__ = ["Conn", "Server", "VariantServer", "archive_tree", "batch_totals", "code_env", "finish", "free_port",
-           "in_turn", "lua_string", "machine", "parse_wrk", "post_json", "proc_cpu_s", "require_wrk", "review_split", "reviews",
-           "run_wrk", "scrape", "spawn", "stat_cpu_s", "thread_cpu_s", "total", "trickle", "wait_ready", "wrk_lua",
-           "write_report"]
+           "in_turn", "lua_string", "machine", "parse_wrk", "post_json", "proc_cpu_s", "require_wrk", "review_split",
+           "reviews", "run_wrk", "scrape", "spawn", "stat_cpu_s", "thread_cpu_s", "total", "trickle", "wait_ready",
+           "write_report", "wrk_lua"]
