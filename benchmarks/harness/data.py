@@ -17,14 +17,17 @@ class Reviews:
     """the dataset's canonical name (load_dataset(dataset, seed, max_eval_samples) rebuilds the same split)"""
 
 
-def review_split(n: int | None, dataset: str = "default", *, pool: int | None = None, seed: int = 42) -> Reviews:
-    """The first `n` texts (None: all) of `dataset`'s seeded test split and their labels, as qserve.data splits
-    it. `pool`: the split first subsampled (stratified, seeded) to that many texts, as `qserve bench
-    --max-eval-samples POOL` scores it; a different pool picks different texts, so a script keeps its own."""
+def review_split(n: int | None, dataset: str = "default", *, pool: int | None = None, seed: int = 42,
+                 split: str = "test") -> Reviews:
+    """The first `n` texts (None: all) of `dataset`'s seeded test split (or `split`: train, val) and their labels,
+    as qserve.data splits it. `pool`: validation and test first subsampled (stratified, seeded) to that many
+    texts, as `qserve bench --max-eval-samples POOL` scores them; a different pool picks different texts, so a
+    script keeps its own."""
     from qserve.data.datasets import load_dataset
 
     splits = load_dataset(dataset, seed=seed, max_eval_samples=pool)
-    return Reviews(list(splits.test.texts)[:n], list(splits.test.labels)[:n], splits.name)
+    part = getattr(splits, split)
+    return Reviews(list(part.texts)[:n], list(part.labels)[:n], splits.name)
 
 
 def reviews(n: int | None, dataset: str = "default", *, pool: int | None = None, seed: int = 42) -> list[str]:
