@@ -37,7 +37,7 @@ test: $(STAMP)
 # README's and docs' tables from their JSON (benchmarks/rebuild_reports.py; docs/bench.md lists stages).
 # No STAGE: list the stages. FORCE=1 on another CPU: re-render md from JSON, measure nothing.
 reports: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/rebuild_reports.py $(STAGE) $(if $(filter 1 yes true,$(FORCE)),--force)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.rebuild_reports $(STAGE) $(if $(filter 1 yes true,$(FORCE)),--force)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,8 +1,8 @@
 """The floor of serving on this machine: a bare HTTP server that answers with the model inline and nothing else.
 
-    python benchmarks/serve_overhead.py models/minilm-l6-distilbert-imdb/variants/onnx-int8 --rounds 1 --duration 5
+    python -m benchmarks.serve_overhead models/minilm-l6-distilbert-imdb/variants/onnx-int8 --rounds 1 --duration 5
 
-serve_overhead.py runs floor() once per variant and round: this file as a child process (the checkout's
+benchmarks.serve_overhead runs floor() once per variant and round: this module as a child process (the checkout's
 qserve on its PYTHONPATH) loads the same runtime with the same settings, times `predict([text])` over the
 reviews itself (its own in-process p50, in the very process that then serves), then serves on uvloop with
 httptools (the event loop and parser uvicorn uses) from one asyncio Protocol: each request's body is read,
@@ -31,29 +31,28 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
+
+from benchmarks.harness import code_env, free_port, run_wrk, spawn
 
 READY = "bare-server ready"
 
 
-def floor(root: Path, variant: Path, lua: Path, args: Any, parse_wrk: Callable[[str], dict[str, Any]],
-          texts: list[str], server: str = "bare", batch: int = 32) -> dict[str, Any]:
+def floor(root: Path, variant: Path, lua: Path, args: Any, texts: list[str], server: str = "bare",
+          batch: int = 32) -> dict[str, Any]:
     """wrk at one connection against one child process that timed its own runtime's predict([text]) first:
     its served p50, its in-process p50, and the difference. `server`: "bare" (the floor) or "qserve" (the
     app of this checkout under a real uvicorn in that process, log level info, its default model's runtime
     timed while the server idles): the same comparison without the drift between two processes. For
     qserve also `batch` clients: wrk's req/s over the child's in-process b`batch` texts/s taken just before
     and just after it (their mean)."""
-    from netutil import code_env, free_port
-
     port = free_port()
     cfg = {"variant": str(variant), "threads": args.threads, "long_text": args.long_text, "texts": texts,
            "seconds": args.duration, "port": port, "server": server, "batch": batch}
     log = tempfile.TemporaryFile("w+")  # the child's log (qserve's access log); its tail explains a failure
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve())], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=log, text=True, env=code_env(root), cwd=root)
+    proc = spawn([sys.executable, "-m", "benchmarks.bare_server"], root, code_env(root), stdin=subprocess.PIPE,
+                 stdout=subprocess.PIPE, stderr=log, text=True)
 
     def ask(command: str) -> dict[str, Any]:
         assert proc.stdin is not None and proc.stdout is not None
@@ -67,10 +66,7 @@ def floor(root: Path, variant: Path, lua: Path, args: Any, parse_wrk: Callable[[
         return cast(dict[str, Any], json.loads(line[len(READY):]))
 
     def load(clients: int) -> dict[str, Any]:
-        out = subprocess.run([args.wrk, "-t1", f"-c{clients}", f"-d{args.duration:g}s", "--timeout", "30s",
-                              "--latency", "-s", str(lua), f"http://127.0.0.1:{port}"],
-                             capture_output=True, text=True, check=True)
-        return parse_wrk(out.stdout)
+        return run_wrk(args.wrk, f"http://127.0.0.1:{port}", lua, clients, args.duration)
 
     try:
         inproc = ask(json.dumps(cfg))

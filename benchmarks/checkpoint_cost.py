@@ -1,6 +1,6 @@
 """What one resumable training checkpoint costs, on the embedded default model (22.7M parameters).
 
-    python benchmarks/checkpoint_cost.py --saves 5      # ~1 min on 2 cores; writes benchmarks/reports/checkpoint_cost/
+    python -m benchmarks.checkpoint_cost --saves 5      # ~1 min on 2 cores; writes benchmarks/reports/checkpoint_cost/
 
 Builds exactly what `qserve train` checkpoints for each precision (model, AdamW with its state after
 one step, or torch-optimi's Kahan AdamW on bf16 weights for bf16-true, the LR scheduler, RNG states,
@@ -20,9 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.harness import write_report
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # reportio beside this script
 
 
 def measure(precision: str, saves: int, scratch: Path, model_name: str = "default") -> dict:
@@ -68,7 +68,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from qserve.files import now_iso
-    from reportio import write_report
     from qserve.devices import cpu_label
     from qserve.provenance import provenance
 

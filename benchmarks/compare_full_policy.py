@@ -1,6 +1,6 @@
 """Is the fast bench's choice the full comparison's? Compare two reports of the same run's variants.
 
-    python benchmarks/compare_full_policy.py --full models/minilm-l6-distilbert-imdb/report/report.json \\
+    python -m benchmarks.compare_full_policy --full models/minilm-l6-distilbert-imdb/report/report.json \\
         --fast /tmp/fastcmp/report/report.json --out benchmarks/reports/fast-vs-full
 
 --full: a bench that compared every long-text policy on every variant (the bench before issue 30);
@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def _load(path: str) -> dict[str, Any]:

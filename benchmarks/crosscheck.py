@@ -1,7 +1,7 @@
 """Cross-check qserve bench's timings against plain onnxruntime / torch loops written without qserve.
 
-    python benchmarks/crosscheck.py                       # uses models/distilbert-base-dims/variants
-    python benchmarks/crosscheck.py --variants-root DIR --threads 2 --seq 128 --batch 1
+    python -m benchmarks.crosscheck                       # uses models/distilbert-base-dims/variants
+    python -m benchmarks.crosscheck --variants-root DIR --threads 2 --seq 128 --batch 1
 
 In one run: `qserve bench` (run_bench) measures torch-fp32 and onnx-int8 at b1/s128;
 then, each in a fresh process with the same thread settings, a plain
@@ -101,9 +101,10 @@ def run_child(kind: str, vdir: Path, args) -> dict:
                TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", QSERVE_FORCE_CPU="1")
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = Path(f.name)
-    cmd = [sys.executable, __file__, "--child", kind, str(vdir), str(out), "--threads", str(args.threads),
+    cmd = [sys.executable, "-m", "benchmarks.crosscheck", "--child", kind, str(vdir), str(out),
+           "--threads", str(args.threads),
            "--batch", str(args.batch), "--seq", str(args.seq), "--time-budget", str(args.time_budget)]
-    subprocess.run(cmd, check=True, env=env)
+    subprocess.run(cmd, check=True, env=env, cwd=ROOT)
     res = json.loads(out.read_text())
     out.unlink()
     return res
@@ -176,7 +177,6 @@ def main(argv: list[str] | None = None) -> int:
         Path(out).write_text(json.dumps(res))
         return 0
 
-    sys.path.insert(0, str(ROOT))
     from qserve.files import now_iso, write_json_atomic, write_text_atomic
     from qserve.bench import BenchConfig, run_bench
     from qserve.provenance import provenance, with_header
@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
              "onnx-int8": ("onnx", args.variants_root / "onnx-int8")}
     missing = [str(d) for _, d in pairs.values() if not (d / "manifest.json").is_file()]
     if missing:
-        raise SystemExit(f"missing variants: {', '.join(missing)}; run benchmarks/distilbert_base_speed.py first")
+        raise SystemExit(f"missing variants: {', '.join(missing)}; "
+                         "run `python -m benchmarks.distilbert_base_speed` first")
     results = [one_round(pairs, args, BenchConfig, run_bench) for _ in range(args.rounds)]
     rounds = [r for _, r in results]
     rows = {}

@@ -1,7 +1,7 @@
 """Speed-only benchmark on DistilBERT-base dimensions with RANDOM weights (no accuracy).
 
-    python benchmarks/distilbert_base_speed.py --threads 2          # ~10-20 min on 2 cores
-    python benchmarks/distilbert_base_speed.py --threads 2 --seq-lens 128 --batch-sizes 1,8   # quicker
+    python -m benchmarks.distilbert_base_speed --threads 2          # ~10-20 min on 2 cores
+    python -m benchmarks.distilbert_base_speed --threads 2 --seq-lens 128 --batch-sizes 1,8   # quicker
 
 Builds DistilBertForSequenceClassification with dim 768, 6 layers, 12 heads, FFN 3072,
 vocab 30522 (66M parameters, the size of distilbert-base-uncased) from a fixed seed,
@@ -26,7 +26,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

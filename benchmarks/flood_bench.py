@@ -1,6 +1,6 @@
 """Overload benchmark: do admitted requests wait behind rejections? Measured with the server's own timings.
 
-    flock /work/cpu.lock python benchmarks/flood_bench.py models/minilm-imdb-variants/onnx-int8 \\
+    flock /work/cpu.lock python -m benchmarks.flood_bench models/minilm-imdb-variants/onnx-int8 \\
         --baseline-ref 99c8efd --rounds 5 --out benchmarks/reports/flood
 
 A flood is N simultaneous one-text POST /v1/classify requests (raw sockets, all connected
@@ -24,42 +24,27 @@ import asyncio
 import json
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import Server, archive_tree, in_turn, scrape, trickle
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # netutil beside this script
-
-from netutil import archive_tree, free_port, start, stop as stop_server, trickle, wait_ready  # noqa: E402
 
 
-def start_server(variant: Path, code_root: Path, args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen, int]:
-    # -c, not -m: the server prints which tree's qserve it runs (the baseline's or this checkout's)
-    port = free_port()
-    cmd = [sys.executable, "-c", "import sys, qserve; print('qserve from', qserve.__file__, flush=True); "
-           "sys.argv = ['qserve', *sys.argv[1:]]; import runpy; runpy.run_module('qserve.serve', run_name='__main__')",
-           "serve", str(variant), "--port", str(port), "--max-inputs", str(args.max_inputs), "--max-queue",
-           str(args.max_queue), "--threads", str(args.threads), "--log-level", "warning"]
-    logf = open(log, "w")
-    proc = start(cmd, code_root, logf)
-    wait_ready(f"http://127.0.0.1:{port}", proc, 180, f"server from {code_root}", logf)
-    return proc, port
+def start_server(variant: Path, code_root: Path, args: argparse.Namespace, log: Path) -> Server:
+    """`qserve serve` of the code at `code_root` with the flood's limits (not yet ready)."""
+    return Server([str(variant), "--max-inputs", str(args.max_inputs), "--max-queue", str(args.max_queue),
+                   "--threads", str(args.threads), "--log-level", "warning"], code_root, log,
+                  tag=f"server from {code_root}")
 
 
-def scrape(port: int) -> dict[tuple[str, tuple], float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for f in text_string_to_metric_families(text) for s in f.samples}
+def _url(port: int) -> str:
+    return f"http://127.0.0.1:{port}"
 
 
 def hist(before: dict, after: dict, name: str, **labels: str) -> dict[str, Any] | None:
@@ -116,10 +101,10 @@ async def _flood(port: int, n: int, text: str) -> list[tuple[int, float, float]]
 
 
 def flood(port: int, n: int, text: str) -> dict[str, Any]:
-    before = scrape(port)
+    before = scrape(_url(port))
     res = asyncio.run(_flood(port, n, text))
     time.sleep(0.3)  # let the server finish its bookkeeping
-    after = scrape(port)
+    after = scrape(_url(port))
     ok = sorted(r[1] for r in res if r[0] == 200)
     rej = sorted(r[1] for r in res if r[0] == 429)
     statuses: dict[str, int] = {}
@@ -155,8 +140,10 @@ def normal_latency(port: int, n: int, text: str) -> list[float]:
     return out
 
 
-def slow_clients(port: int, idle: int, trickle: int, stop: threading.Event) -> list[socket.socket]:
-    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(idle + trickle)]
+def slow_clients(port: int, idle: int, trickling: int, stop: threading.Event) -> list[socket.socket]:
+    """`idle` connections that send nothing and `trickling` ones sending headers a byte every 0.1 s."""
+    # not named `trickle`: that would hide the harness's trickle() from drip() (its threads then die on an int)
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(idle + trickling)]
 
     def drip(s: socket.socket) -> None:
         trickle(s, b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" * 10, 0.1, stop)
@@ -185,27 +172,28 @@ def main() -> int:
     sides = {"current": ROOT}
     if args.baseline_ref:
         sides = {"baseline": archive_tree(ROOT, args.baseline_ref, work / "baseline"), "current": ROOT}
-    servers = {name: start_server(args.variant_dir.resolve(), root, args, work / f"{name}.log")
-               for name, root in sides.items()}
+    servers: dict[str, Server] = {}
     text = "A wonderful, moving film with superb performances."
     rounds: list[dict[str, Any]] = []
-    try:
-        for name, (_, port) in servers.items():  # warm-up flood, not recorded
-            flood(port, 50, text)
+    try:  # started inside: a side that fails to start stops the one already up
+        for name, root in sides.items():
+            servers[name] = start_server(args.variant_dir.resolve(), root, args, work / f"{name}.log")
+            servers[name].wait_ready(180)
+        for srv in servers.values():  # warm-up flood, not recorded
+            flood(srv.port, 50, text)
         for r in range(args.rounds):
-            order = list(servers) if r % 2 == 0 else list(reversed(servers))
-            for name in order:
-                res = flood(servers[name][1], args.requests, text)
+            for name in in_turn(servers, r):
+                res = flood(servers[name].port, args.requests, text)
                 rounds.append({"round": r, "side": name, **res})
                 print(json.dumps({"round": r, "side": name, "statuses": res["statuses"],
                                   "client_200_ms": res["client_200_ms"], "server_200": res["server_200_latency"],
                                   "queue_wait": res["server_queue_wait"], "rejection": res["server_rejection"]}),
                       flush=True)
                 time.sleep(1.0)
-        port = servers["current"][1]
+        port = servers["current"].port
         slow = []
         for r in range(args.rounds):
-            for cond in (("quiet", "slow") if r % 2 == 0 else ("slow", "quiet")):
+            for cond in in_turn(("quiet", "slow"), r):
                 stop = threading.Event()
                 socks = slow_clients(port, 100, 20, stop) if cond == "slow" else []
                 time.sleep(0.2)
@@ -215,10 +203,10 @@ def main() -> int:
                     s.close()
                 slow.append({"round": r, "condition": cond, "p50_ms": statistics.median(lat), "max_ms": max(lat)})
                 print(json.dumps(slow[-1]), flush=True)
-        closed = {k[1][0][1]: v for k, v in scrape(port).items() if k[0] == "qserve_connections_closed_total"}
+        closed = {k[1][0][1]: v for k, v in scrape(_url(port)).items() if k[0] == "qserve_connections_closed_total"}
     finally:
-        for proc, _ in servers.values():
-            stop_server(proc)
+        for srv in servers.values():
+            srv.stop()
     from qserve.provenance import provenance, with_header
 
     report = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},

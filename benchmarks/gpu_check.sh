@@ -97,7 +97,7 @@ install_carried() {  # the wheels as one pip call (optimum + optimum-onnx share 
     mkdir -p "$SITE"
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
     for pack in .whl/*.tar.xz; do
-        [ -e "$pack" ] && "$PY" benchmarks/gpu_tools.py unpack "$pack" "$SITE"
+        [ -e "$pack" ] && "$PY" -m benchmarks.gpu_tools unpack "$pack" "$SITE"
     done
     ls "$SITE"
 }
@@ -116,7 +116,7 @@ if ls .whl/*.whl > /dev/null 2>&1; then
 else
     record install skipped 0 0 "no .whl/ in the checkout: using the packages already installed"
 fi
-stage env 120 "$PY" benchmarks/gpu_tools.py env "$WORK/env.json" --device "$DEVICE"
+stage env 120 "$PY" -m benchmarks.gpu_tools env "$WORK/env.json" --device "$DEVICE"
 ORT_CUDA=$(grep -o 'ORT_CUDA=[01]' "$LOGS/env.log" 2>/dev/null | tail -1 | cut -d= -f2)
 ORT_CUDA=${ORT_CUDA:-0}
 ORT_REASON=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["onnxruntime_cuda"]["reason"])' \
@@ -191,7 +191,7 @@ export RUN_DRY=$DRY RUN_DEVICE=$DEVICE RUN_BUDGET=$BUDGET RUN_TOTAL=$(( $(date +
     "eval_samples": int(e["RUN_EVAL"]), "max_length": int(e["RUN_MAXLEN"]), "batch_size": int(e["RUN_BATCH"]),
     "bench_batch_sizes": e["RUN_BENCH_B"], "bench_seq_lens": e["RUN_BENCH_S"], "checkpoint_exported": e["RUN_CKPT"],
     "model_note": e["RUN_MODEL_NOTE"]}, open(sys.argv[1], "w"), indent=2)' "$WORK/run.json"
-"$PY" benchmarks/gpu_tools.py summary "$WORK" "$OUTDIR" > "$LOGS/summary.log" 2>&1 \
+"$PY" -m benchmarks.gpu_tools summary "$WORK" "$OUTDIR" > "$LOGS/summary.log" 2>&1 \
     || say "summary failed: $(tail -3 "$LOGS/summary.log")"
 [ -f "$WORK/bench/report.md" ] && cp "$WORK/bench/report.md" "$OUTDIR/bench_report.md"
 (cd "$WORK" && find logs env.json run.json stages.tsv skipped.tsv bench \

@@ -1,6 +1,6 @@
 """What the offline GPU check carries: wheels re-packed small enough to travel, and unpacked again there.
 
-    python benchmarks/gpu_tools.py pack-dist WHEEL OUT.tar.xz --bf16 PATH/model.safetensors   # the CLI
+    python -m benchmarks.gpu_tools pack-dist WHEEL OUT.tar.xz --bf16 PATH/model.safetensors   # the CLI
 
 Standard library only at module level (torch and safetensors inside the bf16 steps). Why packing at all:
 benchmarks/gpu_tools.py's docstring.

@@ -1,6 +1,6 @@
 """The offline GPU check's summary: every stage's outcome, versions and numbers, as JSON and as markdown.
 
-    python benchmarks/gpu_tools.py summary WORK_DIR OUT_DIR      # the CLI (run by benchmarks/gpu_check.sh)
+    python -m benchmarks.gpu_tools summary WORK_DIR OUT_DIR      # the CLI (run by benchmarks/gpu_check.sh)
 
 collect() reads the work dir, render() makes the md; gpu_tools.summary writes both with provenance.
 """

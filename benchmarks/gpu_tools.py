@@ -1,6 +1,6 @@
 """Helpers for the offline GPU check: pack what it carries, unpack it there, probe, summarise.
 
-    python benchmarks/gpu_tools.py env /tmp/env.json --device cpu     # what this machine offers qserve
+    python -m benchmarks.gpu_tools env /tmp/env.json --device cpu     # what this machine offers qserve
 
 Used by benchmarks/gpu_wheels.sh (here, with network: `pack-dist`, `slim-wheel`) and
 benchmarks/gpu_check.sh (there, offline: `unpack`, `env`, `summary`). Standard library
@@ -25,10 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its two halves beside this script
-
-from gpu_pack import TRANSPORT, _file_metadata, pack_dist, slim_wheel, unpack  # noqa: E402,F401
-from gpu_summary import collect, render  # noqa: E402
+from benchmarks.gpu_pack import TRANSPORT, _file_metadata, pack_dist, slim_wheel, unpack  # noqa: F401
+from benchmarks.gpu_summary import collect, render
 
 
 # -- there: probing ----------------------------------------------------------------------------

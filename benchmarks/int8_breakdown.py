@@ -1,6 +1,6 @@
 """Where onnx-int8's time goes at DistilBERT-base dims, b1/s128: kernel time by class against the int8 floor.
 
-    python benchmarks/int8_breakdown.py --threads 2     # 2-3 min on 2 cores once the graphs exist (first run: +4 exports)
+    python -m benchmarks.int8_breakdown --threads 2  # 2-3 min on 2 cores once the graphs exist (first run: +4 exports)
 
 Uses the checkpoint and onnx-int8 / onnx-fp32 variants of benchmarks/distilbert_base_speed.py
 (models/distilbert-base-dims; built here the same way when missing; random weights, speed
@@ -29,9 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.distilbert_base_speed import build_checkpoint, export_all
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 # Kernel op types by what they do; anything else is "other".
 CLASSES = {
@@ -305,8 +305,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"report: {args.out / 'report.md'}")
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-
-    from distilbert_base_speed import build_checkpoint, export_all
 
     from qserve.files import write_json_atomic, write_text_atomic
     from qserve.bench.floor import flops_per_sequence, gemm_shapes, measure_peaks

@@ -1,7 +1,7 @@
 """One text, one answer for onnx-int8: the candidate fixes side by side, in one run, one process.
 
-    python benchmarks/int8_invariance.py                   # embedded default (models/minilm-l6-distilbert-imdb/checkpoint)
-    python benchmarks/int8_invariance.py --base-dims       # DistilBERT-base dims, random weights: speed + invariance
+    python -m benchmarks.int8_invariance                # embedded default (models/minilm-l6-distilbert-imdb/checkpoint)
+    python -m benchmarks.int8_invariance --base-dims    # DistilBERT-base dims, random weights: speed + invariance
 
 Candidates (all from the same checkpoint; smoothing and bias correction as the exporter's defaults):
 - today's graph, batched: ORT dynamic quantization, one activation scale per batch, smoothing and bias
@@ -30,9 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.distilbert_base_speed import build_checkpoint
+from benchmarks.harness import review_split
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 TODAY, ROWS, ALONE, PER_ROW, NBITS, QDQ = (
     "today's graph, batched", "today's graph, row by row (the default now)",
@@ -239,12 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     from qserve.bench import invariance
     from qserve.bench.envinfo import environment
     from qserve.artifact import ModelMeta, read_model_meta
-    from qserve.data.datasets import load_dataset
     from qserve.provenance import provenance, with_header
 
     if args.base_dims:
-        from distilbert_base_speed import build_checkpoint
-
         args.checkpoint = ROOT / "models" / "distilbert-base-dims" / "checkpoint"
         if not (args.checkpoint / "config.json").is_file():
             build_checkpoint(args.checkpoint)
@@ -253,8 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or ROOT / "benchmarks" / "reports" / "int8-invariance" / ("distilbert-base-dims" if args.base_dims
                                                                              else "embedded-default")
     rts = runtimes(args.checkpoint, args.checkpoint.parent / "int8-invariance", args.threads, args.graph_only)
-    test = load_dataset("default", seed=42, max_eval_samples=2000).test
-    texts, labels = list(test.texts), list(test.labels)
+    test = review_split(None, pool=2000)
+    texts, labels = test.texts, test.labels
     real = texts[:128]
     now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     # Each part can run alone (--rounds 0, --invariance-texts 0, --eval 0 skip theirs) and the parts not

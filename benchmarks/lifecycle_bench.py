@@ -1,6 +1,6 @@
 """Model lifecycle benchmark: what shadow agreement costs, and what a hot swap does to latency and memory.
 
-    python benchmarks/lifecycle_bench.py models/minilm-l6-distilbert-imdb/variants/onnx-int8 \\
+    python -m benchmarks.lifecycle_bench models/minilm-l6-distilbert-imdb/variants/onnx-int8 \\
         --swap-to models/minilm-l6-distilbert-imdb/extra/onnx-int8-v2 \\
         --reference models/minilm-l6-distilbert-imdb/variants/onnx-fp32 --duration 10 --rounds 3
 
@@ -34,19 +34,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # netutil beside this script
+from benchmarks.harness import Server
+from qserve import QserveError
 
-import netutil  # noqa: E402
-from qserve import QserveError  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 log = logging.getLogger("lifecycle_bench")
 MODEL = "m"
 
 
 # -- servers --------------------------------------------------------------------------------------
-class Server(netutil.Server):
+class RepositoryServer(Server):
     """`qserve serve --model-repository ROOT` in a child process (its own GIL), ready to take load."""
 
     def __init__(self, args: argparse.Namespace, root: Path, workdir: Path, tag: str, shadow: bool):
@@ -58,9 +56,7 @@ class Server(netutil.Server):
         super().__init__(flags, ROOT, workdir / f"server-{tag}.log", tag=f"{tag} server")
 
     def model(self) -> dict[str, Any]:
-        import httpx2
-
-        return httpx2.get(f"{self.url}/v1/models", timeout=30, trust_env=False).json()["models"][0]
+        return dict(self.models()["models"][0])
 
 
 class RssSampler:
@@ -135,7 +131,7 @@ def _lat(records: list[Record]) -> dict[str, Any]:
             "max_ms": float(ms.max())}
 
 
-def shadow_round(srv: Server, texts: list[str], args: argparse.Namespace) -> dict[str, Any]:
+def shadow_round(srv: RepositoryServer, texts: list[str], args: argparse.Namespace) -> dict[str, Any]:
     marks: dict[str, float] = {}
 
     async def hold(_c: Any) -> None:
@@ -160,7 +156,8 @@ def point(root: Path, target: Path) -> None:
     os.replace(tmp, root / MODEL)
 
 
-def swap_round(srv: Server, root: Path, target: Path, texts: list[str], args: argparse.Namespace) -> dict[str, Any]:
+def swap_round(srv: RepositoryServer, root: Path, target: Path, texts: list[str],
+               args: argparse.Namespace) -> dict[str, Any]:
     old = srv.model()["version"]
     marks: dict[str, Any] = {}
 
@@ -316,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     from qserve.bench.loadtest import default_texts
 
     swap_to = args.swap_to or args.variant_dir
-    servers: list[Server] = []
+    servers: list[RepositoryServer] = []
     try:
         refuse_existing(args.out / "report.json", args.force)
         variants = {}
@@ -331,9 +328,9 @@ def main(argv: list[str] | None = None) -> int:
                 r.mkdir()
                 point(r, args.variant_dir)
             log.info("starting the plain and the shadowed server")
-            plain = Server(args, roots["plain"], work, "plain", shadow=False)
+            plain = RepositoryServer(args, roots["plain"], work, "plain", shadow=False)
             servers.append(plain)
-            shadowed = Server(args, roots["shadowed"], work, "shadowed", shadow=True)
+            shadowed = RepositoryServer(args, roots["shadowed"], work, "shadowed", shadow=True)
             servers.append(shadowed)
             for srv in servers:  # both start at once; nothing is measured until both are ready
                 srv.wait_ready()

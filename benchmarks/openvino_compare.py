@@ -1,8 +1,8 @@
 """OpenVINO vs ONNX Runtime vs torch, side by side in ONE process, rounds interleaved.
 
-    python benchmarks/openvino_compare.py models/minilm-l6-distilbert-imdb/checkpoint \\
+    python -m benchmarks.openvino_compare models/minilm-l6-distilbert-imdb/checkpoint \\
         --out benchmarks/reports/openvino/embedded-default          # ~5 min on 2 cores
-    python benchmarks/openvino_compare.py --distilbert-base --out benchmarks/reports/openvino/distilbert-base-dims
+    python -m benchmarks.openvino_compare --distilbert-base --out benchmarks/reports/openvino/distilbert-base-dims
 
 Loads ov-int8, ov-bf16, ov-fp32, onnx-int8 and torch-bf16 (plus torch-fp32, the agreement
 reference) through `load_runtime`, exactly as bench and serve do (variants missing under
@@ -36,9 +36,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.distilbert_base_speed import build_checkpoint
+from benchmarks.harness import review_split, write_report
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # reportio beside this script
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
@@ -276,7 +277,6 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[k] = str(args.threads)
 
     from qserve.files import library_versions, now_iso
-    from reportio import write_report
     from qserve.bench.envinfo import load_avg
     from qserve.devices import cpu_info
     from qserve.provenance import provenance
@@ -290,14 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = args.checkpoint
     random_weights = False
     if args.distilbert_base:
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location("dbs", ROOT / "benchmarks" / "distilbert_base_speed.py")
-        dbs = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(dbs)
         ckpt = ckpt or ROOT / "models" / "distilbert-base-dims" / "checkpoint"
         if not (ckpt / "config.json").is_file():
-            dbs.build_checkpoint(ckpt)
+            build_checkpoint(ckpt)
         random_weights = True
     if ckpt is None:
         raise SystemExit("give a CHECKPOINT dir, or --distilbert-base")
@@ -314,16 +309,14 @@ def main(argv: list[str] | None = None) -> int:
     report["speed"] = speed_summary(calls, per_round, labels)
     report["per_round"] = per_round
     if not random_weights:
-        from qserve.data.datasets import load_dataset
-
         from qserve.artifact import ModelMeta, read_model_meta
 
         meta = read_model_meta(ckpt) or ModelMeta()
-        splits = load_dataset(meta.dataset or "default", seed=meta.seed if meta.seed is not None else 42,
-                              max_eval_samples=args.eval_samples)
-        texts, gold = list(splits.test.texts)[:args.eval_samples], list(splits.test.labels)[:args.eval_samples]
+        test = review_split(args.eval_samples, meta.dataset or "default", pool=args.eval_samples,
+                            seed=meta.seed if meta.seed is not None else 42)
+        texts, gold = test.texts, test.labels
         report["quality"] = quality(runtimes, labels, texts, gold, args.invariance)
-        report["dataset"] = {"name": getattr(splits, "name", None), "test_texts": len(texts)}
+        report["dataset"] = {"name": test.dataset, "test_texts": len(texts)}
     env["load_avg_end"] = load_avg()
     env["versions"] = library_versions(("torch", "onnxruntime", "openvino", "nncf", "optimum-intel", "transformers"))
     report["environment"] = env

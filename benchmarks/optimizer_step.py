@@ -1,6 +1,6 @@
 """The optimizer step alone, per precision's optimizer, on the embedded model's parameters.
 
-    python benchmarks/optimizer_step.py --rounds 5
+    python -m benchmarks.optimizer_step --rounds 5
 
 What each precision's `optimizer.step()` costs with no forward or backward around it: torch AdamW on
 fp32 weights (32-true and bf16-mixed keep fp32 master weights), torch AdamW on bf16 weights (plain
@@ -18,9 +18,9 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.harness import write_report
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # reportio beside this script
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,7 +33,6 @@ def main(argv: list[str] | None = None) -> int:
     from optimi import AdamW as KahanAdamW
 
     from qserve.files import now_iso
-    from reportio import write_report
     from qserve.devices import cpu_label
     from qserve.provenance import provenance
     from qserve.modeling import load_for_training

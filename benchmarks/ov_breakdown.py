@@ -1,7 +1,7 @@
 """Where an OpenVINO variant's time goes on this CPU, b1/s128 and b32/s128: the plugin's per-node counters
 against the floor of its compute type, and what the forward could take if its GEMMs ran at the peak.
 
-    python benchmarks/ov_breakdown.py models/minilm-l6-distilbert-imdb/variants/ov-int8 \\
+    python -m benchmarks.ov_breakdown models/minilm-l6-distilbert-imdb/variants/ov-int8 \\
         models/minilm-l6-distilbert-imdb/variants/ov-bf16 --threads 2 --out benchmarks/reports/ov-breakdown-xeon
 
 In one process, through the compile settings qserve's runtime uses (qserve/runtime/openvino_rt.py):
@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import write_report
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 SEQ = 128
 INT8_GEMM = "int8 GEMMs (FullyConnected, MatMul)"
@@ -259,8 +259,6 @@ def main(argv: list[str] | None = None) -> int:
         if not (v / "openvino_model.xml").is_file():
             p.error(f"{v} is not an OpenVINO variant (no openvino_model.xml): give ov-int8, ov-bf16 or ov-fp32 dirs")
     import openvino as ov
-
-    from reportio import write_report
 
     from qserve.bench.envinfo import environment
     from qserve.bench.floor import flops_per_sequence, gemm_shapes, measure_peaks

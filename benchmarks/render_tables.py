@@ -1,7 +1,7 @@
 """Render the README's and docs' measured tables from the committed reports' JSON.
 
-    python benchmarks/render_tables.py            # rewrite every table between its markers
-    python benchmarks/render_tables.py --check    # exit 1 and print a diff when a table disagrees with its JSON
+    python -m benchmarks.render_tables            # rewrite every table between its markers
+    python -m benchmarks.render_tables --check    # exit 1 and print a diff when a table disagrees with its JSON
 
 A table lives in a markdown file between `<!-- table:NAME -->` and `<!-- /table -->`; NAME is a key of
 TABLES below, and the same table may appear in several files. Only the lines between the markers are
@@ -19,9 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from benchmarks import rebuild_reports
+
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "benchmarks" / "reports"
-sys.path.insert(0, str(ROOT))  # this checkout's qserve, not an installed one
 MARKER = re.compile(r"^<!-- table:(?P<name>[a-z0-9-]+) -->\n(?P<body>.*?)^<!-- /table -->$", re.M | re.S)
 
 
@@ -270,9 +271,6 @@ def checkpoint_cost() -> str:
 
 def stages() -> str:
     """The `make reports` stages: what each re-runs, the CPU its reports record, and how long it takes."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import rebuild_reports
-
     rows = []
     for st in rebuild_reports.STAGES:
         cpus = sorted({c or "not recorded" for c in rebuild_reports.recorded(st).values()}) or [
@@ -337,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"updated {path}")
     if stale:
         print(f"\n{len(stale)} file(s) hold tables that disagree with their reports' JSON: "
-              f"{', '.join(map(str, stale))}; run `python benchmarks/render_tables.py`", file=sys.stderr)
+              f"{', '.join(map(str, stale))}; run `python -m benchmarks.render_tables`", file=sys.stderr)
         return 1
     return 0
 

@@ -1,8 +1,8 @@
 """The stages of `make reports`: what each runs, the reports it writes, where they render from, how long it takes.
 
-    python benchmarks/rebuild_reports.py          # lists them (make reports), with the CPU each report records
+    python -m benchmarks.rebuild_reports          # lists them (make reports), with the CPU each report records
 
-Data only (benchmarks/rebuild_reports.py decides and runs): commands are bash lines run from the repository
+Data only (benchmarks.rebuild_reports decides and runs): commands are bash lines run from the repository
 root with $PY (this interpreter) and $QSERVE (`$PY -m qserve`) set.
 """
 
@@ -94,7 +94,7 @@ STAGES: tuple[Stage, ...] = (
            f"PYTHONPATH=/tmp/qserve-b7b3591 $PY -m qserve bench {MODELS}/variants/* --long-text "
            "head,tail,head-tail,windows --max-eval-samples 1000 --batch-sizes 1,8,32 --seq-lens 128 --time-budget 2 "
            "--threads 2 --out benchmarks/reports/full-policy-comparison-amd --force",
-           "$PY benchmarks/compare_full_policy.py --full benchmarks/reports/full-policy-comparison-amd/report.json "
+           "$PY -m benchmarks.compare_full_policy --full benchmarks/reports/full-policy-comparison-amd/report.json "
            "--fast benchmarks/reports/pipeline-fast-amd/report.json --out benchmarks/reports/fast-vs-full"),
           (Report("benchmarks/reports/full-policy-comparison-amd/report.json",
                   "benchmarks/reports/full-policy-comparison-amd/report.md", BENCH_MD),
@@ -115,18 +115,18 @@ STAGES: tuple[Stage, ...] = (
     Stage("precision", "the precision study (one fine-tune per precision, a second seed) and the optimizer step",
           ("$QSERVE train --compare --max-samples 6000 --max-eval-samples 2000 --out benchmarks/reports/precision "
            "--force",
-           "$PY benchmarks/optimizer_step.py --rounds 5 --out benchmarks/reports/precision"),
+           "$PY -m benchmarks.optimizer_step --rounds 5 --out benchmarks/reports/precision"),
           (Report("benchmarks/reports/precision/precision_study.json", "benchmarks/reports/precision/precision_study.md",
                   "qserve.training.study:render_markdown"),
            Report("benchmarks/reports/precision/optimizer_step.json", "benchmarks/reports/precision/optimizer_step.md")),
           "~50 min: the five full runs 29.4 min (the report's own timings); the interleaved step rounds ~19 min "
           "and the optimizer step ~2 min (estimates)"),
     Stage("distilbert-base-dims", "speed at DistilBERT-base size (random weights)",
-          ("$PY benchmarks/distilbert_base_speed.py --threads 2",), (_bench("distilbert-base-dims"),),
+          ("$PY -m benchmarks.distilbert_base_speed --threads 2",), (_bench("distilbert-base-dims"),),
           "~13 min: the bench 7.6 min (the report's own timings); building the checkpoint and six exports ~5 min "
           "(estimate)"),
     Stage("int8-breakdown", "where onnx-int8's time goes at DistilBERT-base dims, and smoothing's cost in answers",
-          ("$PY benchmarks/int8_breakdown.py --threads 2",
+          ("$PY -m benchmarks.int8_breakdown --threads 2",
            f"$QSERVE export {MODELS}/checkpoint --variant onnx-int8 --no-smooth --out {MODELS}/extra/onnx-int8-nosmooth "
            "--force",
            f"$QSERVE bench {MODELS}/variants/torch-fp32 {MODELS}/variants/onnx-int8 {MODELS}/extra/onnx-int8-nosmooth "
@@ -138,14 +138,14 @@ STAGES: tuple[Stage, ...] = (
           "(its report's own timings)",
           needs=("models/distilbert-base-dims/variants/onnx-int8", f"{MODELS}/checkpoint")),
     Stage("crosscheck", "qserve bench against plain onnxruntime / torch loops",
-          ("$PY benchmarks/crosscheck.py --threads 2",),
+          ("$PY -m benchmarks.crosscheck --threads 2",),
           (Report("benchmarks/reports/crosscheck.json", "benchmarks/reports/crosscheck.md", "crosscheck:render_md"),),
           "~9 min (estimate: 5 rounds of a 2-variant bench plus 4 plain-loop children)",
           needs=("models/distilbert-base-dims/variants/onnx-int8",)),
     Stage("int8-invariance", "one text, one answer: onnx-int8's candidate fixes, and how a batch's rows run",
-          ("$PY benchmarks/int8_invariance.py --rounds 6",
-           "$PY benchmarks/int8_invariance.py --base-dims --rounds 6",
-           f"$PY benchmarks/rows_side_by_side.py {VARIANT} --threads 2"),
+          ("$PY -m benchmarks.int8_invariance --rounds 6",
+           "$PY -m benchmarks.int8_invariance --base-dims --rounds 6",
+           f"$PY -m benchmarks.rows_side_by_side {VARIANT} --threads 2"),
           (Report("benchmarks/reports/int8-invariance/embedded-default/report.json",
                   "benchmarks/reports/int8-invariance/embedded-default/report.md", "int8_invariance:render"),
            Report("benchmarks/reports/int8-invariance/distilbert-base-dims/report.json",
@@ -159,8 +159,8 @@ STAGES: tuple[Stage, ...] = (
           notes=("variants-invariance.json came from a side run (qserve.bench.invariance per variant); no command "
                  "regenerates it: the invariance column of the embedded-default stage measures the same thing.",)),
     Stage("openvino", "OpenVINO vs onnx-int8 and torch-bf16, one process, rounds interleaved",
-          (f"$PY benchmarks/openvino_compare.py {MODELS}/checkpoint --out benchmarks/reports/openvino/embedded-default",
-           "$PY benchmarks/openvino_compare.py --distilbert-base --rounds 4 "
+          (f"$PY -m benchmarks.openvino_compare {MODELS}/checkpoint --out benchmarks/reports/openvino/embedded-default",
+           "$PY -m benchmarks.openvino_compare --distilbert-base --rounds 4 "
            "--out benchmarks/reports/openvino/distilbert-base-dims"),
           (Report("benchmarks/reports/openvino/embedded-default/report.json",
                   "benchmarks/reports/openvino/embedded-default/report.md", "openvino_compare:render"),
@@ -170,7 +170,7 @@ STAGES: tuple[Stage, ...] = (
           "DistilBERT-base dims and its exports)",
           needs=(f"{MODELS}/checkpoint",)),
     Stage("serve", "onnx-int8 served over HTTP: batching on vs off, concurrency 1 and 32",
-          (f"$PY benchmarks/serve_bench.py {VARIANT} --duration 15 --force",),
+          (f"$PY -m benchmarks.serve_bench {VARIANT} --duration 15 --force",),
           (Report("benchmarks/reports/serve/serve_report.json", "benchmarks/reports/serve/serve_report.md",
                   "serve_bench:render_md"),),
           "~2.5 min: 1.8 min of timed load and in-process model timing (the report's own settings); server "
@@ -178,7 +178,7 @@ STAGES: tuple[Stage, ...] = (
           needs=(VARIANT,)),
     Stage("serve-protocols", "64 real reviews through /v1, V2 (HTTP, gRPC), TEI and vLLM, alone and concurrently: "
           "identical answers; /v1 c32 throughput of the code before the new routes and after, interleaved",
-          (f"$PY benchmarks/serve_protocols.py {VARIANT} --reviews 64 --duration 10 --rounds 3 "
+          (f"$PY -m benchmarks.serve_protocols {VARIANT} --reviews 64 --duration 10 --rounds 3 "
            "--out benchmarks/reports/serve-protocols --force",),
           (Report("benchmarks/reports/serve-protocols/report.json", "benchmarks/reports/serve-protocols/report.md",
                   "serve_protocols:render_md"),),
@@ -186,14 +186,14 @@ STAGES: tuple[Stage, ...] = (
           needs=(VARIANT,)),
     Stage("predict", "`qserve predict` over all 25,000 IMDb reviews with the pipeline's recommended variant: rows/s "
           "vs the in-process b32 ceiling, peak RSS (25,000 vs 2,500 rows), Ray Data on 1 node and a 2-node cluster",
-          (f"$PY benchmarks/predict_bench.py {MODELS} --force",),
+          (f"$PY -m benchmarks.predict_bench {MODELS} --force",),
           (Report("benchmarks/reports/predict/report.json", "benchmarks/reports/predict/report.md",
                   "predict_bench:render"),),
           "14.2 min, measured on the AMD EPYC (three 25,000-review jobs of ~4.2 min each with ov-bf16 under tail, "
           "the 2,500-review job, the 3,200-review ceiling, Ray start-ups)",
           needs=(f"{MODELS}/report/report.json",)),
     Stage("serve-ray", "uvicorn vs Ray Serve replicas, interleaved",
-          (f"$PY benchmarks/serve_bench.py {VARIANT} --engine ray --replicas 1,2 --duration 4 --rounds 3 "
+          (f"$PY -m benchmarks.serve_bench {VARIANT} --engine ray --replicas 1,2 --duration 4 --rounds 3 "
            "--reviews 256 --out benchmarks/reports/serve-ray --force",),
           (Report("benchmarks/reports/serve-ray/report.json", "benchmarks/reports/serve-ray/report.md",
                   "serve_engines:render_md"),),
@@ -201,9 +201,9 @@ STAGES: tuple[Stage, ...] = (
           "cell the rest)",
           needs=(VARIANT,)),
     Stage("serve-openvino", "the recommended ov-int8 served next to onnx-int8",
-          (f"$PY benchmarks/serve_bench.py {VARIANT} --duration 6 --threads 2 "
+          (f"$PY -m benchmarks.serve_bench {VARIANT} --duration 6 --threads 2 "
            "--out benchmarks/reports/serve-openvino/onnx-int8 --force",
-           f"$PY benchmarks/serve_bench.py {MODELS}/variants/ov-int8 --duration 6 --threads 2 "
+           f"$PY -m benchmarks.serve_bench {MODELS}/variants/ov-int8 --duration 6 --threads 2 "
            "--out benchmarks/reports/serve-openvino/ov-int8 --force"),
           (Report("benchmarks/reports/serve-openvino/onnx-int8/serve_report.json",
                   "benchmarks/reports/serve-openvino/onnx-int8/serve_report.md", "serve_bench:render_md"),
@@ -239,7 +239,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("serve-windows", "windows served on the 2,000 test reviews: answers at concurrency 32 against each "
           "text's answer alone, and windowed texts/s against the ceiling head's texts/s over the windows per "
           "text sets",
-          (f"$PY benchmarks/serve_windows.py {MODELS}/variants/onnx-fp32 --threads 2 "
+          (f"$PY -m benchmarks.serve_windows {MODELS}/variants/onnx-fp32 --threads 2 "
            "--out benchmarks/reports/serve-windows --force",),
           (Report("benchmarks/reports/serve-windows/report.json", "benchmarks/reports/serve-windows/report.md",
                   "serve_windows:render"),),
@@ -249,7 +249,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("lifecycle", "several models per server: shadow agreement's throughput cost, a hot swap's latency blip "
           "and memory",
           (f"$QSERVE export {MODELS}/checkpoint --variant onnx-int8 --out {MODELS}/extra/onnx-int8-v2 --force",
-           f"$PY benchmarks/lifecycle_bench.py {VARIANT} --swap-to {MODELS}/extra/onnx-int8-v2 "
+           f"$PY -m benchmarks.lifecycle_bench {VARIANT} --swap-to {MODELS}/extra/onnx-int8-v2 "
            f"--reference {MODELS}/variants/onnx-fp32 --shadow-rate 0.05 --duration 10 --rounds 3 "
            "--out benchmarks/reports/lifecycle --force"),
           (Report("benchmarks/reports/lifecycle/report.json", "benchmarks/reports/lifecycle/report.md",
@@ -259,7 +259,7 @@ STAGES: tuple[Stage, ...] = (
           needs=(VARIANT, f"{MODELS}/variants/onnx-fp32", f"{MODELS}/checkpoint")),
     Stage("serve-buckets", "length-bucketed ov-int8 served against onnx-int8 (sentences and reviews, c1 and c32), "
           "gRPC vs HTTP, tracing off vs the code before it",
-          (f"$PY benchmarks/serve_buckets.py {VARIANT} {MODELS}/variants/ov-int8 --baseline-ref 0546bd7 --threads 2 "
+          (f"$PY -m benchmarks.serve_buckets {VARIANT} {MODELS}/variants/ov-int8 --baseline-ref 0546bd7 --threads 2 "
            "--duration 5 --rounds 3 --out benchmarks/reports/serve-buckets --force",),
           (Report("benchmarks/reports/serve-buckets/report.json", "benchmarks/reports/serve-buckets/report.md",
                   "serve_buckets:render"),),
@@ -269,20 +269,21 @@ STAGES: tuple[Stage, ...] = (
     Stage("byo-bert", "bring your own BERT on real weights: the embedded MiniLM as a BertForSequenceClassification, "
           "trained on 1,500 reviews, exported to every variant, agreement with its fp32 on 2,000 test reviews, "
           "the variants' bench and one served answer",
-          ("rm -rf models/byo-bert && $PY benchmarks/byo_bert.py",),
+          ("rm -rf models/byo-bert && $PY -m benchmarks.byo_bert",),
           (Report("benchmarks/reports/byo-bert/report.json", "benchmarks/reports/byo-bert/report.md",
                   "byo_bert:render_md"), _bench("byo-bert/bench")),
           "~37 min, measured on the AMD EPYC (training ~3 min, then 33.5 min: export --all 4 min, agreement of "
           "12 variants on 2,000 reviews 12 min, their bench 17 min, one served answer)"),
     Stage("flood", "overload: do admitted requests wait behind refusals?",
-          (f"$PY benchmarks/flood_bench.py {VARIANT} --baseline-ref 99c8efd --rounds 3 --out benchmarks/reports/flood",),
+          (f"$PY -m benchmarks.flood_bench {VARIANT} --baseline-ref 99c8efd --rounds 3 "
+           "--out benchmarks/reports/flood",),
           (Report("benchmarks/reports/flood/report.json", "benchmarks/reports/flood/report.md", "flood_bench:render"),),
           "~3 min (estimate: 3 rounds of 300-request floods on two servers, then the slow-client rounds)",
           needs=(VARIANT,)),
     Stage("serve-overhead", "what a request costs beyond the model at 1 and 32 clients (wrk), by the server's own "
           "CPU time: onnx-int8 and the recommended variant, the code before (b7b3591) and after; per round also "
           "in one process (the server's own runtime timed beside it: b1 at one client, b32 before and after 32)",
-          (f"$PY benchmarks/serve_overhead.py {VARIANT} {MODELS} --baseline-ref b7b3591 --rounds 3 --duration 10 "
+          (f"$PY -m benchmarks.serve_overhead {VARIANT} {MODELS} --baseline-ref b7b3591 --rounds 3 --duration 10 "
            "--out benchmarks/reports/serve-overhead",),
           (Report("benchmarks/reports/serve-overhead/report.json", "benchmarks/reports/serve-overhead/report.md",
                   "serve_overhead:render"),),
@@ -296,7 +297,7 @@ STAGES: tuple[Stage, ...] = (
           "rounds",
           # the embedded-default stage writes its report under benchmarks/; `qserve serve MODEL_DIR` reads it here
           (f"rm -rf {MODELS}/report && cp -r benchmarks/reports/embedded-default {MODELS}/report",
-           f"$PY benchmarks/serve_overhead.py {VARIANT} {MODELS} --baseline-ref b7b3591 --rounds 3 --duration 10 "
+           f"$PY -m benchmarks.serve_overhead {VARIANT} {MODELS} --baseline-ref b7b3591 --rounds 3 --duration 10 "
            "--out benchmarks/reports/serve-overhead-xeon"),
           (Report("benchmarks/reports/serve-overhead-xeon/report.json",
                   "benchmarks/reports/serve-overhead-xeon/report.md", "serve_overhead:render"),),
@@ -309,7 +310,7 @@ STAGES: tuple[Stage, ...] = (
           "the three variants' agreement with torch-fp32 on 1,000 test reviews",
           (f"$QSERVE export {MODELS}/checkpoint --variant ov-int8 --inference-precision bf16 "
            f"--out {MODELS}/extra/ov-int8-bf16 --force",
-           f"$PY benchmarks/ov_breakdown.py {MODELS}/variants/ov-int8 {MODELS}/extra/ov-int8-bf16 "
+           f"$PY -m benchmarks.ov_breakdown {MODELS}/variants/ov-int8 {MODELS}/extra/ov-int8-bf16 "
            f"{MODELS}/variants/ov-bf16 --threads 2 --out benchmarks/reports/ov-breakdown-xeon",
            f"$QSERVE bench {MODELS}/variants/torch-fp32 {MODELS}/variants/ov-int8 {MODELS}/extra/ov-int8-bf16 "
            f"{MODELS}/variants/ov-bf16 --max-eval-samples 1000 --slow-eval-samples 0 --batch-sizes 1 --seq-lens 128 "
@@ -323,7 +324,7 @@ STAGES: tuple[Stage, ...] = (
                  f"{MODELS}/variants/torch-fp32")),
     Stage("serve-protocol-cost", "one request on each protocol's classify route at one client (wrk): p50 and the "
           "server's event-loop CPU ms per request, the code before the fast routes (de8320f) and after, interleaved",
-          (f"$PY benchmarks/serve_protocol_cost.py {VARIANT} --baseline-ref de8320f --rounds 3 --duration 8 "
+          (f"$PY -m benchmarks.serve_protocol_cost {VARIANT} --baseline-ref de8320f --rounds 3 --duration 8 "
            "--out benchmarks/reports/serve-protocol-cost",),
           (Report("benchmarks/reports/serve-protocol-cost/report.json",
                   "benchmarks/reports/serve-protocol-cost/report.md", "serve_protocol_cost:render"),),
@@ -333,7 +334,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("serve-protocol-cost-xeon", "serve-protocol-cost on the Intel Xeon with AMX, after KServe V2's /infer joined "
           "the fast routes: each protocol's classify route at one client, the code before any fast route (de8320f) and "
           "after, interleaved",
-          (f"$PY benchmarks/serve_protocol_cost.py {VARIANT} --baseline-ref de8320f --rounds 3 --duration 8 "
+          (f"$PY -m benchmarks.serve_protocol_cost {VARIANT} --baseline-ref de8320f --rounds 3 --duration 8 "
            "--out benchmarks/reports/serve-protocol-cost-xeon",),
           (Report("benchmarks/reports/serve-protocol-cost-xeon/report.json",
                   "benchmarks/reports/serve-protocol-cost-xeon/report.md", "serve_protocol_cost:render"),),
@@ -342,7 +343,7 @@ STAGES: tuple[Stage, ...] = (
           needs=(VARIANT,)),
     Stage("checkpoint-cost", "one resumable training checkpoint of the embedded default per precision: wall and CPU "
           "seconds, size, share of training at the default ~5-minute interval",
-          ("$PY benchmarks/checkpoint_cost.py --saves 5",),
+          ("$PY -m benchmarks.checkpoint_cost --saves 5",),
           (Report("benchmarks/reports/checkpoint_cost/checkpoint_cost.json",
                   "benchmarks/reports/checkpoint_cost/checkpoint_cost.md"),),
           "0.4 min (21 s), measured on the AMD EPYC (3 precisions x 5 saves of a 180-270 MB file, plus loading the model)"),

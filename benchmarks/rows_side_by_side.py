@@ -1,6 +1,6 @@
 """How a row-by-row variant (onnx-int8) should run a batch: one forward, rows one at a time, or side by side.
 
-    python benchmarks/rows_side_by_side.py models/minilm-l6-distilbert-imdb/variants/onnx-int8
+    python -m benchmarks.rows_side_by_side models/minilm-l6-distilbert-imdb/variants/onnx-int8
 
 One process, one variant, three runtimes on it, taking turns round by round:
 - batched: the graph forwarded once per batch (RuntimeOptions(batch_dependent="batched"); answers
@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import reviews, write_report
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # reportio beside this script
 
 MODES = {"batched": {"batch_dependent": "batched"}, "rows, one at a time": {"row_workers": 1},
          "rows, side by side": {}}
@@ -72,8 +72,6 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     from qserve.files import now_iso
-    from reportio import write_report
-    from qserve.data.datasets import load_dataset
     from qserve.devices import cpu_label, usable_cores
     from qserve.provenance import provenance
     from qserve.runtime import RuntimeOptions, load_runtime
@@ -81,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
 
     threads = args.threads or usable_cores()
     rts = {m: load_runtime(args.variant_dir, "cpu", RuntimeOptions(threads=threads, **kw)) for m, kw in MODES.items()}
-    test = load_dataset("default", max_eval_samples=2000).test  # texts for timing only: any real reviews do
-    sets = {"real test reviews": test.texts[:args.reviews], "short sentences": default_texts(args.reviews)}
+    # texts for timing only: any real reviews do
+    sets = {"real test reviews": reviews(args.reviews, pool=2000), "short sentences": default_texts(args.reviews)}
     for rt in rts.values():  # warm-up
         rt.predict(sets["short sentences"][:32])
     alone = {k: np.concatenate([rts["rows, one at a time"].predict([t]) for t in v]) for k, v in sets.items()}

@@ -1,6 +1,6 @@
 """Serving benchmark: what dynamic batching buys, and what the HTTP layer costs.
 
-    python benchmarks/serve_bench.py models/minilm-imdb-variants/onnx-int8 \\
+    python -m benchmarks.serve_bench models/minilm-imdb-variants/onnx-int8 \\
         --bench-report benchmarks/reports/<run>/report.json --duration 15
 
 Steps, all in one run on one machine:
@@ -31,12 +31,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # serve_engines and netutil beside this script
+from benchmarks import serve_engines
+from benchmarks.harness import Server, batch_totals
+from qserve import QserveError
+from qserve.devices import cpu_info
 
-from qserve import QserveError  # noqa: E402
-from qserve.devices import cpu_info  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 log = logging.getLogger("serve_bench")
 
@@ -114,7 +114,6 @@ def model_b1_from_report(path: Path, name: str, variant: Path) -> dict[str, Any]
 
 
 def run_server(args: argparse.Namespace, max_batch_size: int, texts: list[str], workdir: Path) -> dict[str, Any]:
-    from netutil import Server, scrape_batches
     from qserve.bench.loadtest import run_loadtest
 
     flags = [str(args.variant_dir), "--max-batch-size", str(max_batch_size), "--device", args.device,
@@ -129,7 +128,7 @@ def run_server(args: argparse.Namespace, max_batch_size: int, texts: list[str], 
         marks: dict[tuple[str, int], tuple[float, float]] = {}
         report = run_loadtest(url, [args.concurrency_low, args.concurrency_high], args.duration, texts=texts,
                               max_requests=args.max_requests,
-                              on_level=lambda when, c: marks.__setitem__((when, c), scrape_batches(url)))
+                              on_level=lambda when, c: marks.__setitem__((when, c), batch_totals(url)))
         for lv in report["levels"]:
             c = lv["concurrency"]
             (n0, s0), (n1, s1) = marks[("start", c)], marks[("end", c)]
@@ -236,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "reports" / "serve")
     p.add_argument("--force", action="store_true", help="replace an existing serve_report.json")
     p.add_argument("--engine", choices=["uvicorn", "ray"], default="uvicorn",
-                   help="ray: uvicorn vs Ray Serve replicas side by side (benchmarks/serve_engines.py)")
+                   help="ray: uvicorn vs Ray Serve replicas side by side (benchmarks.serve_engines)")
     p.add_argument("--replicas", default="1,2", help="with --engine ray: Ray replica counts to compare")
     p.add_argument("--rounds", type=int, default=3, help="with --engine ray: interleaved rounds per cell")
     p.add_argument("--reviews", type=int, default=256, help="with --engine ray: real test reviews sent")
@@ -310,8 +309,6 @@ def run_engines(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import serve_engines
-
     out = args.out if args.out != ROOT / "benchmarks" / "reports" / "serve" else \
         ROOT / "benchmarks" / "reports" / "serve-ray"
     try:

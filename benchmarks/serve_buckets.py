@@ -1,6 +1,6 @@
 """Length buckets served: ov-int8 with buckets against onnx-int8, gRPC against HTTP, tracing off against before.
 
-    python benchmarks/serve_buckets.py models/minilm-l6-distilbert-imdb/variants/onnx-int8 \\
+    python -m benchmarks.serve_buckets models/minilm-l6-distilbert-imdb/variants/onnx-int8 \\
         models/minilm-l6-distilbert-imdb/variants/ov-int8 --baseline-ref 0546bd7 --threads 2 \\
         --duration 5 --rounds 3 --out benchmarks/reports/serve-buckets --force
 
@@ -32,51 +32,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import Conn, VariantServer, archive_tree, finish, in_turn, reviews
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import netutil  # noqa: E402
-
 log = logging.getLogger("serve_buckets")
 TEXT_SETS = ("sentences", "reviews")
 CONCURRENCY = (1, 32)
 
 
-def load_texts(sentences: int, reviews: int) -> dict[str, list[str]]:
-    from qserve.data.datasets import load_dataset
-
-    rt = load_dataset("rotten-tomatoes").test.texts[:sentences]
-    imdb = load_dataset("default").test.texts[:reviews]
-    return {"sentences": list(dict.fromkeys(rt)), "reviews": list(dict.fromkeys(imdb))}
-
-
-# -- servers -----------------------------------------------------------------------------------
-class Server(netutil.Server):
-    """`qserve serve VARIANT EXTRA` of the code at `code` ("GRPC" in `extra` becomes a free gRPC port), tracing
-    off; once ready it knows the model's labels and what /v1/models says about it."""
-
-    def __init__(self, key: str, variant: Path, code: Path, extra: list[str], args: argparse.Namespace, logs: Path):
-        self.key, self.variant = key, variant
-        self.grpc_port = netutil.free_port() if "--grpc-port" in extra else None
-        extra = [str(self.grpc_port) if x == "GRPC" else x for x in extra]
-        env = netutil.code_env(code, {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")})
-        super().__init__([str(variant.resolve()), "--device", "cpu", "--log-level", "warning", *extra,
-                          *(["--threads", str(args.threads)] if args.threads else [])], code,
-                         logs / f"{key.replace(' ', '-').replace('@', '')}.log", tag=key, env=env)
-        self.labels: list[str] = []
-        self.info: dict[str, Any] = {}
-
-    def wait_ready(self, timeout: float = 300.0) -> Server:
-        import httpx2
-
-        super().wait_ready(timeout)
-        model = httpx2.get(f"{self.url}/v1/models", timeout=10, trust_env=False).json()["models"][0]
-        self.labels = list(model["labels"])
-        self.info = {"variant": model["id"], "dir": str(self.variant), "code": str(self.code),
-                     "max_length": model.get("max_length"), "length_buckets": model.get("length_buckets"),
-                     "grpc": self.grpc_port is not None}
-        return self
+def load_texts(n_sentences: int, n_reviews: int) -> dict[str, list[str]]:
+    """Short sentences (the Rotten Tomatoes test split) and reviews (the IMDb test split), repeats dropped."""
+    return {"sentences": list(dict.fromkeys(reviews(n_sentences, "rotten-tomatoes"))),
+            "reviews": list(dict.fromkeys(reviews(n_reviews)))}
 
 
 # -- clients -----------------------------------------------------------------------------------
@@ -85,10 +52,8 @@ def _http_scores(data: bytes, labels: list[str]) -> list[float]:
     return [preds[lb] for lb in labels]
 
 
-async def sequential(srv: Server, texts: list[str]) -> dict[str, list[float]]:
+async def sequential(srv: VariantServer, texts: list[str]) -> dict[str, list[float]]:
     """The server's answer for each text sent alone, one request at a time."""
-    from qserve.bench.loadtest import Conn
-
     conn, out = Conn(f"{srv.url}/v1/classify", {}, 120.0), {}
     for t in texts:
         status, data = await conn.post(json.dumps({"inputs": t, "top_k": None}).encode())
@@ -112,13 +77,12 @@ def _grpc_request(name: str, text: str) -> Any:
     return req
 
 
-async def cell(srv: Server, protocol: str, texts: list[str], expect: dict[str, list[float]], concurrency: int,
+async def cell(srv: VariantServer, protocol: str, texts: list[str], expect: dict[str, list[float]], concurrency: int,
                duration_s: float) -> dict[str, Any]:
     """`concurrency` clients sending one text per request for duration_s; every answer checked."""
     import numpy as np
 
     from qserve.bench.stats import percentile
-    from qserve.bench.loadtest import Conn
 
     lat: list[float] = []
     n = {"sent": 0, "ok": 0, "errors": 0, "lost": 0, "mismatched": 0}
@@ -199,15 +163,17 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     log.info("texts: %d short sentences, %d reviews", len(texts["sentences"]), len(texts["reviews"]))
     logs = args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    servers: list[Server] = []
+    servers: list[VariantServer] = []
     with tempfile.TemporaryDirectory(prefix="serve-buckets-") as tmp:
         try:
-            servers.append(Server("onnx-int8", args.onnx_int8, ROOT, [], args, logs))
-            servers.append(Server("ov-int8", args.ov_int8, ROOT, ["--grpc-port", "GRPC"], args, logs))
-            servers.append(Server("ov-int8 padded", args.ov_int8, ROOT, ["--length-buckets", "off"], args, logs))
+            servers.append(VariantServer("onnx-int8", args.onnx_int8, ROOT, [], args.threads, logs))
+            servers.append(VariantServer("ov-int8", args.ov_int8, ROOT, ["--grpc-port", "GRPC"], args.threads, logs))
+            servers.append(VariantServer("ov-int8 padded", args.ov_int8, ROOT, ["--length-buckets", "off"],
+                                         args.threads, logs))
             if args.baseline_ref:
-                old = netutil.archive_tree(ROOT, args.baseline_ref, Path(tmp) / "baseline")
-                servers.append(Server(f"onnx-int8 @{args.baseline_ref}", args.onnx_int8, old, [], args, logs))
+                old = archive_tree(ROOT, args.baseline_ref, Path(tmp) / "baseline")
+                servers.append(VariantServer(f"onnx-int8 @{args.baseline_ref}", args.onnx_int8, old, [],
+                                             args.threads, logs))
             for s in servers:
                 s.wait_ready()
                 log.info("%s ready on %s%s", s.key, s.url, f" (gRPC :{s.grpc_port})" if s.grpc_port else "")
@@ -218,7 +184,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             for rnd in range(args.rounds):
                 for name, ts in texts.items():
                     for c in CONCURRENCY:
-                        for srv, proto in targets if rnd % 2 == 0 else list(reversed(targets)):
+                        for srv, proto in in_turn(targets, rnd):
                             res = asyncio.run(cell(srv, proto, ts, expect[(srv.key, name)], c, args.duration))
                             key = f"{srv.key} | {proto} | {name} | c{c}"
                             results.setdefault(key, []).append(res)
@@ -340,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="replace an existing report")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
-    return netutil.finish("serve_buckets", args, argv, run, render,
+    return finish("serve_buckets", args, argv, run, render,
                   lambda rep: rep["summary"]["errors"] or rep["summary"]["lost"] or rep["summary"]["mismatched"])
 
 

@@ -1,9 +1,9 @@
 """Serving engines side by side: uvicorn vs Ray Serve (1 replica x 2 threads, 2 replicas x 1 thread).
 
-    flock /work/cpu.lock python benchmarks/serve_bench.py models/minilm-imdb-variants/onnx-int8 \\
+    flock /work/cpu.lock python -m benchmarks.serve_bench models/minilm-imdb-variants/onnx-int8 \\
         --engine ray --replicas 1,2 --duration 10 --rounds 3
 
-Reached through serve_bench.py's `--engine ray`. In one run, on real test reviews
+Reached through benchmarks.serve_bench's `--engine ray`. In one run, on real test reviews
 (the embedded IMDb test split), it measures throughput and client p50/p99 at
 concurrency 1 and 32 with 1 text and 32 texts per request, for:
   - uvicorn: `qserve serve` in a child process, --threads = all cores;
@@ -23,47 +23,18 @@ import asyncio
 import json
 import logging
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request  # module level: FastAPI resolves the route's annotations here
-from fastapi.responses import JSONResponse
+from benchmarks.harness import Server, free_port, in_turn, machine, reviews, wait_ready
+from benchmarks.trivial_app import trivial_app
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("serve_engines")
 CELLS = [(1, 1), (32, 1), (1, 32), (32, 32)]  # (concurrency, texts per request)
 ROLES = ["client (bench process)", "uvicorn engine", "trivial uvicorn", "ray proxy", "ray replica ray1",
          "ray replica ray2", "ray replica trivial", "ray system (gcs, raylet, controller, agents)"]
-
-
-def cpu_model() -> dict[str, Any]:
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "unknown")
-    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
-    return {"cpu": name, "amx": any(f.startswith("amx") for f in flags),
-            "amx_flags": sorted(f for f in flags if f.startswith("amx")), "cores": os.cpu_count()}
-
-
-def test_reviews(n: int) -> list[str]:
-    from qserve.data.datasets import load_dataset
-
-    return load_dataset("default", max_eval_samples=max(n, 200)).test.texts[:n]
-
-
-# -- the trivial app: what the HTTP layer and the proxy hop cost with no model ------------------
-def trivial_app() -> Any:
-    app = FastAPI()
-
-    @app.post("/v1/classify")
-    async def echo(request: Request) -> JSONResponse:
-        body = await request.json()
-        n = 1 if isinstance(body["inputs"], str) else len(body["inputs"])
-        return JSONResponse({"predictions": [[{"label": "positive", "score": 1.0}]] * n})
-
-    return app
 
 
 def _trivial_ray_deployment() -> Any:
@@ -181,11 +152,10 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
     from qserve.serve.infra.deploy import Scaling
     from qserve.runtime import RuntimeOptions, load_runtime
     from qserve.serve.ray_engine import application, logging_config
-    from netutil import free_port, serve_cmd, start, stop, wait_ready
 
     refuse_existing(out / "report.json", force)
     cores = os.cpu_count() or 1
-    texts = test_reviews(n_texts)
+    texts = reviews(n_texts, pool=max(n_texts, 200))
     log.info("reference answers: %d test reviews through the in-process runtime, one at a time", len(texts))
     rt = load_runtime(variant, "cpu", RuntimeOptions(threads=cores))
     expect = {t: [float(x) for x in rt.predict([t])[0]] for t in dict.fromkeys(texts)}
@@ -194,20 +164,16 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
     settings = {"max_queue": 4096, "max_body_bytes": 1 << 22}
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    procs: list[subprocess.Popen] = []
+    procs: list[Server] = []
     urls: dict[str, str] = {}
     try:
-        port = free_port()
-        urls["uvicorn"] = f"http://127.0.0.1:{port}"
-        procs.append(start(serve_cmd(str(variant), "--port", str(port), "--device", "cpu", "--threads", str(cores),
-                                     "--max-queue", "4096", "--max-body-bytes", str(1 << 22), "--log-level",
-                                     "warning"), ROOT, open(logs / "uvicorn.log", "w")))
-        tport = free_port()
-        urls["trivial-uvicorn"] = f"http://127.0.0.1:{tport}"
-        procs.append(start([sys.executable, "-c", "import sys, uvicorn; sys.path.insert(0, 'benchmarks'); "
-                                                  "from serve_engines import trivial_app; "
-                                                  f"uvicorn.run(trivial_app(), port={tport}, log_level='warning')"],
-                           ROOT, open(logs / "trivial-uvicorn.log", "w")))
+        procs.append(Server([str(variant), "--device", "cpu", "--threads", str(cores), "--max-queue", "4096",
+                             "--max-body-bytes", str(1 << 22), "--log-level", "warning"], ROOT, logs / "uvicorn.log",
+                            tag="uvicorn engine"))
+        urls["uvicorn"] = procs[0].url
+        procs.append(Server(["--log-level", "warning"], ROOT, logs / "trivial-uvicorn.log", tag="trivial uvicorn",
+                            app="benchmarks.trivial_app:trivial_app"))
+        urls["trivial-uvicorn"] = procs[1].url
         # One local Ray; every app reserves its CPUs logically, only the measured one is busy.
         need = sum(cores for _ in replicas)
         ray.init(num_cpus=need, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
@@ -222,18 +188,20 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
             urls[f"ray-{r}"] = f"http://127.0.0.1:{rport}/ray{r}"
         serve.run(_trivial_ray_deployment().bind(), name="trivial", route_prefix="/trivial")
         urls["trivial-ray"] = f"http://127.0.0.1:{rport}/trivial"
-        for key, url in urls.items():  # the trivial apps have no /ready: their first request waits instead
-            if not key.startswith("trivial"):
-                wait_ready(url, procs[0] if key == "uvicorn" else None)
+        for srv in procs:
+            srv.wait_ready()
+        for key, url in urls.items():  # the trivial Ray app has no /ready: its first request waits instead
+            if key.startswith("ray-"):
+                wait_ready(url)
         engines = ["uvicorn"] + [f"ray-{r}" for r in replicas]
-        named = {procs[0].pid: "uvicorn engine", procs[1].pid: "trivial uvicorn"}
+        named = {procs[0].proc.pid: "uvicorn engine", procs[1].proc.pid: "trivial uvicorn"}
         bodies = {k: _bodies(texts, k) for k in (1, 32)}
         results: dict[str, dict[str, list]] = {}
         for rnd in range(rounds):
             for c, k in CELLS:
                 # 32 texts per request at c32 is ~1,000 texts per wave: give it time for several waves.
                 d = duration_s * (3 if c * k > 256 else 1)
-                for eng in engines if rnd % 2 == 0 else list(reversed(engines)):
+                for eng in in_turn(engines, rnd):
                     cpu0 = cpu_by_role(named)
                     res = asyncio.run(_cell(f"{urls[eng]}/v1/classify", bodies[k], expect, c, d, labels))
                     cpu1 = cpu_by_role(named)
@@ -252,12 +220,12 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
                     log.info("round %d %s c%d: %.1f req/s p50 %.2f ms", rnd + 1, eng, c, res["rps"],
                              res["p50_ms"] or -1)
     finally:
-        for p in procs:
-            stop(p)
+        for srv in procs:
+            srv.stop()
         if ray.is_initialized():
             serve.shutdown()
             ray.shutdown()
-    rep = {"created": now_iso(), "machine": cpu_model(), "variant": {"name": name, "model_name": model_name,
+    rep = {"created": now_iso(), "machine": machine(), "variant": {"name": name, "model_name": model_name,
                                                                       "dir": str(variant)},
            "settings": {"duration_s": duration_s, "rounds": rounds, "texts": len(texts), "cells": CELLS,
                         "server_settings": settings, "replicas": replicas, "ray": ray.__version__},

@@ -1,6 +1,6 @@
 """What one request costs on each protocol at one client: wrk per route, the code before and after, interleaved.
 
-    python benchmarks/serve_protocol_cost.py models/minilm-l6-distilbert-imdb/variants/onnx-int8 \\
+    python -m benchmarks.serve_protocol_cost models/minilm-l6-distilbert-imdb/variants/onnx-int8 \\
         --baseline-ref de8320f --rounds 3 --duration 8 --out benchmarks/reports/serve-protocol-cost
 
 The same reviews (`--texts` IMDb test reviews, `--long-text head`) posted one at a time by `wrk` (a C load
@@ -20,20 +20,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.harness import (Server, archive_tree, finish, in_turn, require_wrk, reviews, run_wrk, thread_cpu_s,
+                                wrk_lua)
 
-import netutil  # noqa: E402
-from serve_overhead import parse_wrk, review_texts, thread_cpu_s, wrk_lua  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 ROUTES = ("v1", "tei", "hf", "vllm", "v2")
 PATHS = {"v1": "/v1/classify", "tei": "/predict", "hf": "/", "vllm": "/classify", "v2": "/v2/models/{model}/infer"}
@@ -79,7 +75,7 @@ def measure(code: Path, variant: Path, texts: list[str], workdir: Path, args: ar
     flags = [str(variant), "--long-text", "head", "--log-level", args.log_level, "--no-inline-lone"]
     if args.threads:
         flags += ["--threads", str(args.threads)]
-    srv = netutil.Server(flags, code, workdir / f"server-{code.name}.log")
+    srv = Server(flags, code, workdir / f"server-{code.name}.log")
     try:
         srv.wait_ready(240)
         out: dict[str, Any] = {}
@@ -93,10 +89,8 @@ def measure(code: Path, variant: Path, texts: list[str], workdir: Path, args: ar
             script = workdir / f"{route}.lua"
             script.write_text(lua(route, paths[route], texts), encoding="utf-8")
             t0 = thread_cpu_s(srv.proc.pid)
-            run = subprocess.run([args.wrk, "-t1", "-c1", f"-d{args.duration:g}s", "--timeout", "30s", "--latency",
-                                  "-s", str(script), srv.url], capture_output=True, text=True, check=True)
+            w = run_wrk(args.wrk, srv.url, script, 1, args.duration)
             t1 = thread_cpu_s(srv.proc.pid)
-            w = parse_wrk(run.stdout)
             n = max(1, w["requests"])
             loop = (t1["event_loop"] - t0["event_loop"]) * 1e3 / n
             total = sum(t1[k] - t0[k] for k in t1) * 1e3 / n
@@ -109,23 +103,19 @@ def measure(code: Path, variant: Path, texts: list[str], workdir: Path, args: ar
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
-    from qserve import QserveError
     from qserve.devices import cpu_info
     from qserve.files import now_iso
     from qserve.provenance import command_line, provenance
 
-    args.wrk = shutil.which("wrk")
-    if args.wrk is None:
-        raise QserveError("wrk is not installed: apt-get install wrk (Debian), or put it on PATH")
+    args.wrk = require_wrk()
     variant = Path(args.variant_dir).resolve()  # the servers run in their own code trees
-    texts = review_texts(args.texts)
+    texts = reviews(args.texts, pool=max(args.texts, 8))  # serve_overhead's reviews
     workdir = Path(tempfile.mkdtemp(prefix="serve-protocol-cost-"))
-    codes = {"before": netutil.archive_tree(ROOT, args.baseline_ref, workdir / "before"), "after": ROOT}
+    codes = {"before": archive_tree(ROOT, args.baseline_ref, workdir / "before"), "after": ROOT}
     rounds: list[dict[str, Any]] = []
     for rnd in range(args.rounds):
-        order = list(codes) if rnd % 2 == 0 else list(codes)[::-1]
         row = {}
-        for code in order:
+        for code in in_turn(codes, rnd):
             print(f"round {rnd + 1}/{args.rounds}: code {code}", file=sys.stderr, flush=True)
             row[code] = measure(codes[code], variant, texts, workdir, args)
         rounds.append(row)
@@ -179,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-level", default="info", help="the server's --log-level (info: the access log on)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/reports/serve-protocol-cost"))
     args = p.parse_args(argv)
-    return netutil.finish("serve_protocol_cost", args, argv, run, render, lambda rep: False)
+    return finish("serve_protocol_cost", args, argv, run, render, lambda rep: False)
 
 
 if __name__ == "__main__":

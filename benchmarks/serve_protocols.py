@@ -1,6 +1,6 @@
 """One text, one answer across protocols, and what the new routes cost the old ones, in one run.
 
-    python benchmarks/serve_protocols.py models/minilm-l6-distilbert-imdb/variants/onnx-int8 \\
+    python -m benchmarks.serve_protocols models/minilm-l6-distilbert-imdb/variants/onnx-int8 \\
         --reviews 64 --duration 10 --rounds 3 --out benchmarks/reports/serve-protocols --force
 
 Two parts, one machine, the server in its own process (so the client's Python does not share its GIL):
@@ -29,34 +29,24 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.harness import Server, free_port, reviews
+from qserve import QserveError
 
-from qserve import QserveError  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 PROTOCOLS = ("v1", "v2", "v2-grpc", "tei", "vllm")
 Answer = tuple[str, tuple[float, ...]]
 """(best label, every label's score in the model's label order)"""
 
 
-def reviews(n: int) -> list[str]:
-    from qserve.data.datasets import load_dataset
-
-    return list(load_dataset("default").test.texts[:n])
-
-
-def start_server(tree: Path, variant: Path, port: int, grpc_port: int | None, threads: int | None,
-                 logf: Any) -> subprocess.Popen:
-    from netutil import serve_cmd, start
-
-    cmd = serve_cmd(str(variant.resolve()), "--port", str(port), "--log-level", "warning", "--max-inputs", "64",
-                    "--max-chars", "100000")
+def start_server(tree: Path, variant: Path, grpc_port: int | None, threads: int | None, log: Path) -> Server:
+    """`qserve serve` of the code at `tree` on `variant` (gRPC on `grpc_port` if given), not yet ready."""
+    flags = [str(variant.resolve()), "--log-level", "warning", "--max-inputs", "64", "--max-chars", "100000"]
     if grpc_port is not None:
-        cmd += ["--grpc-port", str(grpc_port)]
+        flags += ["--grpc-port", str(grpc_port)]
     if threads:
-        cmd += ["--threads", str(threads)]
-    return start(cmd, tree, logf)
+        flags += ["--threads", str(threads)]
+    return Server(flags, tree, log)
 
 
 # -- part 1: answers ----------------------------------------------------------------------------------
@@ -150,23 +140,19 @@ def old_tree(ref: str, where: Path) -> Path:
 
 def throughput(trees: dict[str, Path], variant: Path, rounds: int, duration: float, texts: list[str],
                threads: int | None, workdir: Path) -> dict[str, Any]:
-    from netutil import free_port, proc_cpu_s, stop, wait_ready
     from qserve.bench.loadtest import run_loadtest
 
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in trees}
     for r in range(rounds):
         for key, tree in trees.items():  # interleaved: a machine's slow minute lands on both sides
-            port = free_port()
-            url = f"http://127.0.0.1:{port}"
-            with open(workdir / f"{key}-{r}.log", "w+") as logf:
-                proc = start_server(tree, variant, port, None, threads, logf)
-                try:
-                    wait_ready(url, proc, log=logf)
-                    cpu0 = proc_cpu_s(proc.pid)
-                    level = run_loadtest(url, [32], duration, texts=texts)["levels"][0]
-                    cpu = proc_cpu_s(proc.pid) - cpu0
-                finally:
-                    stop(proc)
+            srv = start_server(tree, variant, None, threads, workdir / f"{key}-{r}.log")
+            try:
+                srv.wait_ready()
+                cpu0 = srv.cpu_s()
+                level = run_loadtest(srv.url, [32], duration, texts=texts)["levels"][0]
+                cpu = srv.cpu_s() - cpu0
+            finally:
+                srv.stop()
             runs[key].append({"round": r, "rps": level["throughput_rps"], "p50_ms": level["p50_ms"],
                               "p99_ms": level["p99_ms"], "requests": level["requests"], "errors": level["errors"],
                               "mismatched": level["mismatched"], "lost": level["lost"],
@@ -227,7 +213,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import platform
 
-    from netutil import free_port, stop, wait_ready
     from qserve.files import now_iso, refuse_existing, write_json_atomic, write_text_atomic
     from qserve.provenance import provenance, with_header
 
@@ -236,15 +221,13 @@ def main(argv: list[str] | None = None) -> int:
         texts = reviews(args.reviews)
         with tempfile.TemporaryDirectory(prefix="serve-protocols-") as tmp:
             work = Path(tmp)
-            port, grpc_port = free_port(), free_port()
-            url = f"http://127.0.0.1:{port}"
-            with open(work / "answers.log", "w+") as logf:
-                proc = start_server(ROOT, args.variant_dir, port, grpc_port, args.threads, logf)
-                try:
-                    wait_ready(url, proc, log=logf)
-                    ans = answers(url, f"127.0.0.1:{grpc_port}", texts, args.workers)
-                finally:
-                    stop(proc)
+            grpc_port = free_port()
+            srv = start_server(ROOT, args.variant_dir, grpc_port, args.threads, work / "answers.log")
+            try:
+                srv.wait_ready()
+                ans = answers(srv.url, f"127.0.0.1:{grpc_port}", texts, args.workers)
+            finally:
+                srv.stop()
             old = old_tree(args.old_ref, work)
             try:
                 tput = throughput({"old": old, "new": ROOT}, args.variant_dir, args.rounds, args.duration, texts,

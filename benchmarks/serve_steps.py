@@ -1,8 +1,8 @@
 """Where a served request's time goes at one client: the server's own trace spans, step by step.
 
-    python benchmarks/serve_overhead.py models/minilm-l6-distilbert-imdb/variants/onnx-int8 --rounds 1 --duration 5
+    python -m benchmarks.serve_overhead models/minilm-l6-distilbert-imdb/variants/onnx-int8 --rounds 1 --duration 5
 
-serve_overhead.py calls steps() once per variant on this checkout: `qserve serve` with tracing on
+benchmarks.serve_overhead calls steps() once per variant on this checkout: `qserve serve` with tracing on
 (OTEL_TRACES_EXPORTER=console, the batch processor told to hold every span until shutdown, so no
 export runs while requests are timed), `wrk` at one connection posting the reviews in turn, then
 the spans of each POST /v1/classify read back from the server's log. A request's trace has a
@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from netutil import Server, code_env
+from benchmarks.harness import Server, code_env, run_wrk
 
 STEPS = ("receive", "queue wait", "tokenize", "inference", "hop back", "respond", "server span", "outside the spans",
          "wrk p50")
@@ -79,8 +77,7 @@ def per_request(found: list[dict[str, Any]]) -> list[dict[str, float]]:
     return rows
 
 
-def steps(code_root: Path, variant: Path, lua: Path, workdir: Path, args: Any,
-          parse_wrk: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+def steps(code_root: Path, variant: Path, lua: Path, workdir: Path, args: Any) -> dict[str, Any]:
     """One traced server of the code at `code_root`, wrk at one client for args.duration s: the median
     microseconds of every step (STEPS), and how many requests they are the median of."""
     log = workdir / f"steps-{variant.name}.log"
@@ -90,11 +87,9 @@ def steps(code_root: Path, variant: Path, lua: Path, workdir: Path, args: Any,
     srv = Server(flags, code_root, log, tag="traced server", env={**code_env(code_root), **HOLD})
     try:
         srv.wait_ready(240)
-        out = subprocess.run([args.wrk, "-t1", "-c1", f"-d{args.duration:g}s", "--timeout", "30s", "--latency",
-                              "-s", str(lua), srv.url], capture_output=True, text=True, check=True)
+        wrk = run_wrk(args.wrk, srv.url, lua, 1, args.duration)
     finally:
         srv.stop()  # shutdown exports the held spans into the log
-    wrk = parse_wrk(out.stdout)
     rows = per_request(spans(log.read_text(encoding="utf-8", errors="replace")))[WARM:]
     if not rows:
         raise RuntimeError(f"no {ROUTE} traces in {log}")

@@ -1,7 +1,7 @@
 """Served windows on real reviews: one text, one answer at concurrency 32, and windowed texts/s against the
 ceiling that the window count sets.
 
-    python benchmarks/serve_windows.py models/minilm-l6-distilbert-imdb/variants/onnx-fp32 --threads 2 \\
+    python -m benchmarks.serve_windows models/minilm-l6-distilbert-imdb/variants/onnx-fp32 --threads 2 \\
         --out benchmarks/reports/serve-windows --force
 
 One `qserve serve` of the variant (a child process, batching on) and the first --reviews reviews of the
@@ -37,23 +37,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import Conn, VariantServer, batch_totals, finish, in_turn, review_split
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # serve_buckets (the server) and netutil (its metrics, the ending)
 
 log = logging.getLogger("serve_windows")
 POLICIES = "head,windows:128:96:mean"
 RATIO_BAR = 0.9
 Answer = tuple[list[float], int]
 """One text's served answer: its probabilities in the model's label order, and how many windows were scored."""
-
-
-def load_reviews(n: int, seed: int = 42) -> tuple[list[str], list[int]]:
-    """The first n reviews of the embedded IMDb test split and their labels, as `qserve bench` reads them."""
-    from qserve.data.datasets import load_dataset
-
-    test = load_dataset("default", seed=seed, max_eval_samples=n).test
-    return list(test.texts)[:n], list(test.labels)[:n]
 
 
 # -- clients -----------------------------------------------------------------------------------
@@ -71,8 +63,6 @@ async def send_all(url: str, labels: list[str], texts: list[str], policy: str, c
                    per_request: int) -> tuple[list[Answer | None], float, dict[str, int]]:
     """Every text once, `per_request` texts per request, from `concurrency` clients taking the next request as
     they finish one: (answer per text, None where it got none; elapsed seconds; errors and lost requests)."""
-    from qserve.bench.loadtest import Conn
-
     chunks = [list(range(i, min(i + per_request, len(texts)))) for i in range(0, len(texts), per_request)]
     out: list[Answer | None] = [None] * len(texts)
     n = {"errors": 0, "lost": 0}
@@ -174,14 +164,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     from qserve.longtext import parse_list
     from qserve.provenance import command_line, provenance
     from qserve.serve.infra.config import ServeConfig
-    from netutil import scrape_batches
-    from serve_buckets import Server
 
     refuse_existing(args.out / "report.json", args.force)
     policies = parse_list(args.policies, "--policies")
     if "head" not in policies:
         policies = ["head", *policies]  # the ceiling is head's texts/s
-    texts, labels = load_reviews(args.reviews)
+    # the first N reviews of the IMDb test split, as `qserve bench --max-eval-samples N` scores them
+    test = review_split(args.reviews, pool=args.reviews)
+    texts, labels = test.texts, test.labels
     bounds = [round(r * len(texts) / args.rounds) for r in range(args.rounds + 1)]
     log.info("%d reviews in %d rounds, policies %s, %d text(s) per request at c%d", len(texts), args.rounds,
              ", ".join(policies), args.per_request, args.concurrency)
@@ -194,7 +184,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     counted: dict[str, int] = {}
     failures = {"errors": 0, "lost": 0}
     batches: dict[str, list[float]] = {p: [0.0, 0.0] for p in policies}  # c32 forwards, texts in them
-    srv = Server("server", args.variant_dir, ROOT, extra, args, logs)
+    srv = VariantServer("server", args.variant_dir, ROOT, extra, args.threads, logs)
     try:
         srv.wait_ready()
         log.info("server ready on %s", srv.url)
@@ -202,10 +192,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             for r in range(args.rounds):
                 lo, hi = bounds[r], bounds[r + 1]
                 counted[phase + str(r)] = hi - lo
-                for pol in policies if r % 2 == 0 else list(reversed(policies)):
-                    n0, s0 = scrape_batches(srv.url)
+                for pol in in_turn(policies, r):
+                    n0, s0 = batch_totals(srv.url)
                     got, secs, n = asyncio.run(send_all(srv.url, srv.labels, texts[lo:hi], pol, conc, per))
-                    n1, s1 = scrape_batches(srv.url)
+                    n1, s1 = batch_totals(srv.url)
                     answers[pol][phase][lo:hi] = got
                     elapsed[pol][phase].append(secs)
                     failures["errors"] += n["errors"]
@@ -297,8 +287,6 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     args.rounds = min(args.rounds, args.reviews)
-    from netutil import finish
-
     return finish("serve_windows", args, argv, run, render, lambda rep: rep["summary"]["label_changes"]
                   or rep["summary"]["errors"] or rep["summary"]["lost"] or rep["summary"]["missing"])
 

@@ -11,7 +11,6 @@ through (`Option.validate`), so a bad value's error names the option, the varian
 
 from __future__ import annotations
 
-import functools
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -23,6 +22,8 @@ OptionValue = bool | int | float | str | None
 """An exporter option's value as it travels through the CLI, the options dict and the manifest."""
 _DECLARED = "qserve.option"
 """The dataclass field metadata key an `option(...)` declaration is kept under."""
+_READ: dict[type, tuple[Option, ...]] = {}
+"""options_of's answers, by options type (read once: registry lookups ask for them per variant)."""
 
 
 @dataclass(frozen=True)
@@ -97,10 +98,11 @@ def option(defaults: dict[str, OptionValue], help: str = "", *, choices: tuple[O
                                                      "check": check, "coerce": coerce}})
 
 
-@functools.cache
 def options_of(options_type: type) -> tuple[Option, ...]:
     """The `option(...)` fields of a BackendOptions dataclass as Options, in declaration order: the key is the
     field's name, the kind its type without None (`int | None` -> int)."""
+    if options_type in _READ:
+        return _READ[options_type]
     hints = typing.get_type_hints(options_type)
     out = []
     for f in fields(options_type):
@@ -112,4 +114,5 @@ def options_of(options_type: type) -> tuple[Option, ...]:
             raise TypeError(f"{options_type.__name__}.{f.name}: an option is `bool | None`, `int | None`, "
                             f"`float | None` or `str | None`, not {hints[f.name]}")
         out.append(Option(f.name, kind=kinds[0], **declared))
-    return tuple(out)
+    _READ[options_type] = tuple(out)
+    return _READ[options_type]

@@ -1,11 +1,12 @@
-"""`qserve pipeline`: the main job. train -> export every supported variant -> bench -> report.
+"""`qserve pipeline`: the main job. train -> export every supported variant -> bench -> release gate -> report.
 
-    qserve pipeline                                   # embedded default: train -> export -> bench -> report
+    qserve pipeline                                   # embedded default: train -> export -> bench -> gate -> report
     qserve pipeline --model distilbert-base-uncased --dataset imdb   # hub path, needs network
 
 Everything lands in one run directory (default models/<model>-<dataset>/, e.g.
 models/minilm-l6-distilbert-imdb/): checkpoint/,
-variants/<name>/, report/. Re-running reuses each finished stage whose inputs are
+variants/<name>/, report/ (with report/gate/: the release gate of the fastest candidates, on the texts the bench
+scored; the recommendation is a variant that passed it, or the fp32 reference). Re-running reuses each finished stage whose inputs are
 unchanged (same training config; variants built from the same checkpoint hash;
 a report over the same variant manifests) unless --force. A killed pipeline picks up where it stopped:
 an unfinished training resumes from its last checkpoint (qserve.training.resume), a variant whose export was
@@ -29,6 +30,10 @@ PIPELINE_TRAIN = {"max_samples": 6000, "max_length": 128, "epochs": 1, "batch_si
 PIPELINE_TRAIN_BUDGET_MIN = 9.0
 """Minutes of optimizer steps the main job trains at most: more than the full recipe takes where bf16 is native
 (docs/measurements.md), so those CPUs train it whole; a slower CPU trains the steps that fit, and says so."""
+PIPELINE_GATE_CANDIDATES = 3
+"""The release gate scores at most this many candidates, fastest first, and stops at the first that passes."""
+PIPELINE_CALIBRATION_TEXTS = 1000
+"""Held-out validation texts the gate fits each candidate's calibration on."""
 PIPELINE_FLOOR_BUDGET_S = 0.25
 """Seconds per GEMM of the compute floor's best-of timing (`qserve bench` uses 1): hundreds of calls of each
 shape at these sizes, where the best one is what the floor reads."""
@@ -146,6 +151,64 @@ def _bench_stage(variants: list[Path], report_dir: Path, args, device: str, forc
     return report_dir / "report.md"
 
 
+def _gate_candidates(report: dict) -> tuple[list[str], str]:
+    """Variant dirs worth gating, fastest first: those meeting their agreement bar on the bench's texts and
+    faster than the reference (which needs no gate), at most PIPELINE_GATE_CANDIDATES; and why none, if so."""
+    rec = report.get("recommended") or {}
+    ref = report.get("agreement_reference")
+    out = []
+    for r in rec.get("ranking") or []:  # fastest first, as the recommendation ranks them
+        if r["variant"] == ref:
+            break  # the reference is recommendable as it is: slower variants cannot win
+        if r.get("agreement") is not None and r["agreement"] >= r["bar"]:
+            out.append(r["dir"])
+    why = ("no variant faster than the reference meets its agreement bar" if ref else
+           "no fp32 reference in this run to gate against")
+    return out[:PIPELINE_GATE_CANDIDATES], why
+
+
+def _gate_stage(report_dir: Path, args, device: str, force: bool) -> dict | None:
+    """The release gate on the bench's own test texts (`qserve gate --max-eval-samples N`), verdicts sealed into
+    the candidates' manifests; the report then recommends a gated variant (bench/analysis.apply_gates)."""
+    from qserve.bench.analysis import apply_gates
+    from qserve.bench.stages import rewrite
+    from qserve.gate.config import GateConfig
+    from qserve.gate.report import row, write_report
+    from qserve.gate.run import run_gate
+
+    path = report_dir / "report.json"
+    report = json.loads(path.read_text(encoding="utf-8"))
+    if report.get("gate") and not force:
+        print(f"   reusing {report_dir / 'gate' / 'gate.md'} (the bench it gated is unchanged; --force to re-gate)")
+        return report["gate"]
+    candidates, why = _gate_candidates(report)
+    cfg = GateConfig(max_eval_samples=args.bench_eval_samples, max_calibration_samples=PIPELINE_CALIBRATION_TEXTS,
+                     device=device, threads=args.threads).validate()
+    results = run_gate([Path(c) for c in candidates], cfg, until_pass=True) if candidates else []
+    for r in results:
+        g = r["gate"]
+        print(f"   {r['variant']}: {'PASSED' if g['passed'] else 'FAILED'}: agreement {g['agreement']['value']:.2%} "
+              f"[{g['agreement']['lo']:.2%}, {g['agreement']['hi']:.2%}] on {g['agreement']['of']} texts, bar "
+              f"{g['bar']['agreement_lower_bound']:.0%} on the lower bound"
+              + ("" if g["passed"] else f" ({'; '.join(g['reasons'])})"), flush=True)
+    if results:
+        write_report(results, report_dir / "gate", force=True)
+    by_dir = {str(Path(r["dir"]).resolve()): r["gate"] for r in results}
+    gated = {v["dir"]: by_dir[str(Path(v["dir"]).resolve())] for v in report["variants"]
+             if v.get("dir") and str(Path(v["dir"]).resolve()) in by_dir}
+    done = {str(Path(r["dir"]).resolve()) for r in results}
+    first = results[0]["gate"]["data"] if results else {}
+    report["gate"] = {"dir": "gate", "max_candidates": PIPELINE_GATE_CANDIDATES, "data": first,
+                      "rows": [row(r) for r in results],
+                      "not_gated": [Path(c).name for c in candidates if str(Path(c).resolve()) not in done],
+                      **({} if candidates else {"why": why})}
+    apply_gates(report, gated)
+    rewrite(report_dir, report)
+    rec = report["recommended"]
+    print(f"   recommended: {rec.get('variant') or 'none'} ({rec.get('why')})", flush=True)
+    return report["gate"]
+
+
 def run_pipeline(args: argparse.Namespace) -> Path:
     from qserve.devices import capabilities, resolve_device
     from qserve.training.config import TrainConfig
@@ -165,7 +228,8 @@ def run_pipeline(args: argparse.Namespace) -> Path:
     times: dict[str, float] = {}
     if device == "cpu":
         print(f"machine: {capabilities(with_cuda=False).describe()}", flush=True)
-    t0 = _stage(1, 3, f"train {args.model} on {args.dataset} ({args.precision}, {device})")
+    n_stages = 3 if args.no_gate else 4
+    t0 = _stage(1, n_stages, f"train {args.model} on {args.dataset} ({args.precision}, {device})")
     ckpt = _train_stage(cfg, run_dir, args.force)
     times["train"] = _done(t0, f"checkpoint: {ckpt}")
     training = _training_record(ckpt)
@@ -175,13 +239,17 @@ def run_pipeline(args: argparse.Namespace) -> Path:
               f"{budget['of_examples']:,} examples) within the {budget['minutes']:g}-minute budget", flush=True)
     for name, why in left_out.items():
         print(f"   skipping {name}: {why}", flush=True)
-    t0 = _stage(2, 3, f"export {len(names)} variants: {', '.join(names)}")
+    t0 = _stage(2, n_stages, f"export {len(names)} variants: {', '.join(names)}")
     variants = _export_stage(ckpt, run_dir, device, names, args.force)
     times["export"] = _done(t0, f"variants: {run_dir / 'variants'}")
-    t0 = _stage(3, 3, "bench + report")
+    t0 = _stage(3, n_stages, "bench + report")
     report_dir = Path(args.report_dir) if args.report_dir else run_dir / "report"
     report = _bench_stage(variants, report_dir, args, device, args.force)
     times["bench"] = _done(t0, "benchmarked")
+    if not args.no_gate:
+        t0 = _stage(4, n_stages, "release gate: the fastest candidates vs fp32 on the bench's texts")
+        _gate_stage(report_dir, args, device, args.force)
+        times["gate"] = _done(t0, f"gated: {report_dir / 'gate'}")
     times["total"] = time.perf_counter() - t_all
     from qserve.bench.stages import print_stages, record_stages
 
@@ -252,5 +320,7 @@ def register(sub) -> None:
     p.add_argument("--run-dir", help="where checkpoint/, variants/ and report/ go (default models/<model>-<dataset>, "
                                         "e.g. models/minilm-l6-distilbert-imdb)")
     p.add_argument("--report-dir", help="where the report goes (default <run-dir>/report)")
+    p.add_argument("--no-gate", action="store_true",
+                   help="skip the release gate (then the recommendation rests on the bench's point estimates)")
     p.add_argument("--force", action="store_true", help="redo every stage even if its outputs are current")
     p.set_defaults(func=cmd_pipeline)

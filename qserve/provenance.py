@@ -27,7 +27,8 @@ class Provenance(TypedDict, total=False):
 
 
 def command_line(argv: list[str] | None = None) -> str:
-    """The command as a user would retype it: `qserve ...` or `python benchmarks/x.py ...`."""
+    """The command as a user would retype it: `qserve ...`, `python -m benchmarks.x ...` (a benchmark runs as a
+    module of its package) or `python path/to/script.py ...`."""
     argv = list(sys.argv if argv is None else argv)
     if not argv:
         return "unknown"
@@ -40,7 +41,10 @@ def command_line(argv: list[str] | None = None) -> str:
             rel = p.resolve().relative_to(REPO)
         except ValueError:
             rel = p
-        head = ["python", str(rel)]
+        if not rel.is_absolute() and rel.parts[0] == "benchmarks":
+            head = ["python", "-m", ".".join(rel.with_suffix("").parts)]
+        else:
+            head = ["python", str(rel)]
     else:
         head = [prog]
     return " ".join(shlex.quote(a) for a in head + argv[1:])

@@ -80,17 +80,6 @@ def assert_refused_before_writing(checkpoint: Path, tmp_path: Path, name: str, o
     assert not out.exists() and not list(tmp_path.iterdir())
 
 
-def load_benchmark(name: str):
-    """A script under benchmarks/ imported as a module (they are scripts, not a package)."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "checkpoint")

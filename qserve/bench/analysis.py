@@ -69,10 +69,7 @@ def variant_entry(meta: VariantMeta, res: dict[str, Any]) -> dict[str, Any]:
         "data": res.get("data"),
     }
     if manifest is not None and manifest.gate:  # `qserve gate`'s verdict: the recommendation then picks gated ones
-        g = manifest.gate
-        entry["gate"] = {"passed": bool(g.get("passed")), "agreement_lower_bound": (g.get("agreement") or {}).get("lo"),
-                         "bar": (g.get("bar") or {}).get("agreement_lower_bound"), "n": (g.get("data") or {}).get("n"),
-                         "reasons": g.get("reasons") or []}
+        entry["gate"] = gate_entry(manifest.gate)
     if res.get("cuda"):
         entry["memory"]["cuda"] = res["cuda"]
     acc = res.get("accuracy")
@@ -84,6 +81,29 @@ def variant_entry(meta: VariantMeta, res: dict[str, Any]) -> dict[str, Any]:
         if meta.manifest_error:
             entry["manifest_error"] = meta.manifest_error
     return entry
+
+
+def gate_entry(g: dict[str, Any]) -> dict[str, Any]:
+    """What a report entry keeps of the verdict a manifest holds (`qserve gate`'s record)."""
+    return {"passed": bool(g.get("passed")), "agreement_lower_bound": (g.get("agreement") or {}).get("lo"),
+            "bar": (g.get("bar") or {}).get("agreement_lower_bound"), "n": (g.get("data") or {}).get("n"),
+            "reasons": g.get("reasons") or []}
+
+
+def apply_gates(report: dict[str, Any], gates: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A finished report after a gate ran on some of its variants: each entry whose dir is in `gates` (dir -> the
+    manifest's gate record) carries its verdict, and the recommendation is chosen again (only gated variants, or
+    the reference, may be recommended once any is gated: recommend.py). Returns the report, changed in place."""
+    from qserve.bench import policies
+    from qserve.bench.recommend import recommend
+
+    for v in report["variants"]:
+        g = gates.get(v.get("dir"))
+        if g:
+            v["gate"] = gate_entry(g)
+    report["recommended"] = recommend(report)
+    policies.finish(report)
+    return report
 
 
 def model_block(metas: list[VariantMeta]) -> dict[str, Any]:

@@ -169,7 +169,7 @@ def render_md(report: dict[str, Any]) -> str:
     from qserve.bench.policies import md_lines as long_text_lines
 
     L += _grid(report) + _real_text(report) + long_text_lines(report) + _invariance(report) + _bench_time_lines(report) + _failures(report)
-    L += _stage_lines(report) + _env(report)
+    L += _gate_lines(report) + _stage_lines(report) + _env(report)
     L += ["## Plots", "", "![latency vs batch size](latency_vs_batch.png)", ""]
     if any(r["accuracy"] is not None for r in summary_rows(report)):
         L += ["![accuracy vs size](accuracy_vs_size.png)", ""]
@@ -271,12 +271,36 @@ def _invariance(report: dict[str, Any]) -> list[str]:
             + _table(["variant", "runs a batch", "batches of 8", "batches of 32", "if run batched"], rows) + [""])
 
 
+def _gate_lines(report: dict[str, Any]) -> list[str]:
+    """The pipeline's release gate (report["gate"], written by qserve/pipeline.py): its candidates' verdicts."""
+    g = report.get("gate")
+    if not g:
+        return []
+    d = g.get("data") or {}
+    out = ["## Release gate", "",
+           f"The pipeline gated the variants that meet their agreement bar here, fastest first, until one passed "
+           f"(at most {g.get('max_candidates', '?')}): each against {report.get('agreement_reference') or 'fp32'} on "
+           f"the {d.get('n', '?')} test texts this bench scored (`{d.get('dataset', '?')}`, fingerprint "
+           f"`{str(d.get('fingerprint', ''))[:12]}`), passing on agreement's 95% lower bound; calibration fitted on "
+           f"held-out validation texts. Only a gated variant (or the reference) can be recommended. Full report: "
+           f"`{g.get('dir', 'gate')}/gate.md`.", ""]
+    rows = g.get("rows") or []
+    if rows:
+        head = list(rows[0])
+        out += _table(head, [[r[h] for h in head] for r in rows]) + [""]
+    else:
+        out += [f"No variant was gated: {g.get('why', 'no candidate')}.", ""]
+    if g.get("not_gated"):
+        out += [f"Not gated (a faster candidate passed first): {', '.join(g['not_gated'])}.", ""]
+    return out
+
+
 def _stage_lines(report: dict[str, Any]) -> list[str]:
     """The stage times of the `qserve pipeline` run that wrote this report (bench/stages.py)."""
     st = (report.get("pipeline") or {}).get("stage_s") or {}
     if not st:
         return []
-    rows = [[k, f"{st[k]:,.0f}", f"{st[k] / 60:.1f}"] for k in ("train", "export", "bench", "total") if k in st]
+    rows = [[k, f"{st[k]:,.0f}", f"{st[k] / 60:.1f}"] for k in st]  # in stages.STAGES order, as recorded
     return _choice_lines(report["pipeline"]) + (["## Pipeline stages", "", "Wall time of each stage of the `qserve pipeline` run that wrote this report "
              "(a stage that reused its finished outputs takes seconds).", ""]
             + _table(["stage", "seconds", "minutes"], rows) + [""])

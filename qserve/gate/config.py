@@ -49,6 +49,9 @@ class GateConfig:
     """Score at most this many texts of the split (seeded, stratified); fewer than the bar needs fails the gate."""
     max_calibration_samples: int | None = field(default=2000, metadata=flag())
     """Fit the calibration on at most this many held-out texts (seeded, stratified)."""
+    max_eval_samples: int | None = field(default=None, metadata=flag(default_text="the checkpoint's own"))
+    """Rebuild the splits with validation and test capped at this many texts each, as `qserve bench
+    --max-eval-samples N` does: the gate then scores the very test texts that bench scored (the pipeline's gate)."""
     reference: str | None = field(default=None, metadata=flag(metavar="DIR",
                                                                default_text="torch-fp32, else onnx-fp32, beside the variant"))
     """The fp32 variant of the same checkpoint every variant is compared with."""
@@ -81,7 +84,8 @@ class GateConfig:
             raise QserveError(f"--calibrate-on {self.calibrate_on} is the split the gate scores (--split "
                               f"{self.split}); calibration must be fitted on data the gate did not score: choose "
                               f"another of {', '.join(s for s in CALIBRATION_SPLITS if s != self.split)}")
-        for name, v in (("max_samples", self.max_samples), ("max_calibration_samples", self.max_calibration_samples)):
+        for name, v in (("max_samples", self.max_samples), ("max_calibration_samples", self.max_calibration_samples),
+                        ("max_eval_samples", self.max_eval_samples)):
             if v is not None and v < 1:
                 raise QserveError(f"--{name.replace('_', '-')} must be a positive integer or unset, got {v}")
         if self.bar is not None and not 0 < self.bar < 1:

@@ -81,7 +81,10 @@ def load_data(cfg: GateConfig, variant: Path, manifest: Manifest) -> tuple[Datas
         raise GateError(f"{variant}/qserve_model.json names no dataset (a checkpoint qserve did not train); pass "
                         "--data FILE (any dataset `qserve train` reads)")
     seed = cfg.seed if cfg.seed is not None else (meta.seed if meta and meta.seed is not None else 42)
-    max_eval = (meta.max_eval_samples if meta else None) if cfg.data is None else None
+    if cfg.max_eval_samples is not None:
+        max_eval: int | None = cfg.max_eval_samples
+    else:
+        max_eval = (meta.max_eval_samples if meta else None) if cfg.data is None else None
     splits = load_dataset(dataset, seed=seed, max_eval_samples=max_eval, problem_type=manifest.problem)
     if list(splits.labels) != list(manifest.labels) or splits.problem_type != manifest.problem:
         raise GateError(f"--data {dataset}: its labels are {list(splits.labels)} ({problems.short(splits.problem_type)}), "
@@ -259,9 +262,10 @@ def machine(device: str) -> dict[str, Any]:
     return out
 
 
-def run_gate(variants: list[Path], cfg: GateConfig) -> list[dict[str, Any]]:
+def run_gate(variants: list[Path], cfg: GateConfig, until_pass: bool = False) -> list[dict[str, Any]]:
     """Gate each variant against its reference; write each verdict and calibration into its manifest (unless
-    cfg.record is False); return the results, one per variant, in order."""
+    cfg.record is False); return the results, one per variant, in order. until_pass: stop after the first variant
+    that passes (the pipeline gates its candidates fastest first, and needs one)."""
     from qserve import __version__
     from qserve.devices import resolve_device
     from qserve.files import now_iso
@@ -328,4 +332,6 @@ def run_gate(variants: list[Path], cfg: GateConfig) -> list[dict[str, Any]]:
         results.append({"variant": vm.name, "dir": str(vdir), "spec": vm.spec.to_json(), "problem_type": problem,
                         "labels": labels, "gate": record, "calibration": calibration})
         log.info("gate: %s %s", vm.name, "PASSED" if record["passed"] else "FAILED: " + "; ".join(record["reasons"]))
+        if until_pass and record["passed"]:
+            break
     return results

@@ -2,7 +2,7 @@
 
     python -m pytest tests/integration/test_byo_matrix.py -q                          # ~2 min on 2 cores
     QSERVE_BYO_FULL=1 python -m pytest tests/integration/test_byo_matrix.py -q        # + OpenVINO on every architecture
-    python benchmarks/render_byo_matrix.py                                # the full run, rewriting the page
+    python -m benchmarks.render_byo_matrix                                # the full run, rewriting the page
 
 One tiny random classifier per architecture (tests/tiny_archs.py, the embedded WordPiece tokenizer,
 no qserve_model.json: a checkpoint qserve did not train). For each variant: `exporters.export` (its
@@ -27,7 +27,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import load_benchmark, serving
+
+from benchmarks import render_byo_matrix
+from conftest import serving
 from tiny_archs import ARCHS, build
 
 from qserve.modeling import ARCHITECTURES
@@ -190,7 +192,7 @@ def test_segment_ids_reach_every_backend(arch, root):
 def test_matrix_page():
     """docs/byo-matrix.md is what test_every_variant observed (rewritten with QSERVE_BYO_MATRIX=write, which
     needs a run that observed every cell: QSERVE_BYO_FULL=1 on a CPU where OpenVINO works)."""
-    render = load_benchmark("render_byo_matrix")
+    render = render_byo_matrix
     missing = [a for a in ARCHS if a not in RESULTS]
     if missing:
         pytest.skip(f"test_every_variant did not pass for {', '.join(missing)} in this run")
@@ -211,7 +213,7 @@ def test_matrix_page():
         seen = {v: c for v, c in committed[arch].items() if v in RESULTS[arch]}
         assert {v: RESULTS[arch][v] for v in seen} == seen, (
             f"{render.PAGE} disagrees with what the test observed for {arch}; "
-            "run `python benchmarks/render_byo_matrix.py` and commit the page")
+            "run `python -m benchmarks.render_byo_matrix` and commit the page")
     assert render.PAGE.read_text(encoding="utf-8") == render.render(committed, ARCHITECTURES, variants)
     # the README's "Bring your own model" section shows the same matrix
     assert render.readme_block(render.README.read_text(encoding="utf-8")) == render.table(

@@ -180,3 +180,21 @@ def test_multi_label_thresholds_are_fitted_on_held_out_data_and_served(tmp_path)
                 assert p["on"] == (p["score"] >= a["thresholds"][p["label"]])
             own = c.post("/v1/classify", json={"inputs": ["goal vote chip"], "threshold": 0.5}).json()
             assert own["threshold"] == 0.5 and "thresholds" not in own
+
+
+def test_the_pipelines_gate_scores_the_bench_texts_and_stops_at_the_first_pass(run_dir):
+    """--max-eval-samples rebuilds the splits as `qserve bench --max-eval-samples N` does (the same test texts);
+    until_pass stops at the first variant that passes, as the pipeline gates its candidates fastest first."""
+    from qserve.data.datasets import load_dataset
+    from qserve.gate.config import GateConfig
+    from qserve.gate.run import fingerprint, run_gate
+
+    bf16 = run_dir / "variants" / "torch-bf16"
+    cfg = GateConfig(max_eval_samples=200, max_calibration_samples=100, threads=1, record=False)
+    results = run_gate([bf16, bf16], cfg, until_pass=True)
+    assert len(results) == 1 and results[0]["gate"]["passed"]
+    bench_test = load_dataset("default", seed=42, max_eval_samples=200).test  # what the bench scores
+    assert results[0]["gate"]["data"]["n"] == 200 == len(bench_test)
+    assert results[0]["gate"]["data"]["fingerprint"] == fingerprint(bench_test)
+    assert results[0]["calibration"]["fitted_on"]["n"] == 100
+    assert len(run_gate([bf16, bf16], cfg)) == 2  # without until_pass, every variant

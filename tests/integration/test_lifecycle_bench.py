@@ -10,7 +10,8 @@ import json
 import shutil
 
 import pytest
-from conftest import load_benchmark
+
+from benchmarks import lifecycle_bench
 
 pytest.importorskip("httpx2")
 pytest.importorskip("psutil")
@@ -19,7 +20,7 @@ pytest.importorskip("psutil")
 def test_the_benchmark_runs_on_the_tiny_variant(tiny_variant, tmp_path):
     from qserve.provenance import with_header
 
-    bench = load_benchmark("lifecycle_bench")
+    bench = lifecycle_bench
     other = tmp_path / "v2"
     shutil.copytree(tiny_variant, other)  # the dir m is swapped to (same content: a reload)
     out = tmp_path / "report"

@@ -131,9 +131,7 @@ def onnx_int8(tiny_checkpoint, tmp_path_factory):
 def test_serve_buckets_benchmark_runs_on_the_tiny_fixture(onnx_int8, ov_int8, tmp_path):
     # The benchmark script end to end, seconds long: every server (the baseline from this commit's own code),
     # both text sets, both protocols; the lead runs it for real with the command in its docstring.
-    from conftest import load_benchmark
-
-    sb = load_benchmark("serve_buckets")
+    from benchmarks import serve_buckets as sb
     out = tmp_path / "report"
     rc = sb.main([str(onnx_int8), str(ov_int8), "--baseline-ref", "HEAD", "--duration", "0.3", "--rounds", "1",
                   "--sentences", "6", "--reviews", "6", "--threads", "1", "--out", str(out)])
@@ -147,5 +145,5 @@ def test_serve_buckets_benchmark_runs_on_the_tiny_fixture(onnx_int8, ov_int8, tm
     assert all(comp[k]["ratio"] > 0 for k in ("ov_buckets_over_onnx_int8", "grpc_over_http",
                                               "tracing_off_over_baseline", "ov_buckets_over_ov_padded"))
     md = (out / "report.md").read_text()
-    assert "by `python benchmarks/serve_buckets.py " in md  # provenance: the command, commit and CPU
+    assert "by `python -m benchmarks.serve_buckets " in md  # provenance: the command, commit and CPU
     assert "| sentences | 32 |" in md and "gRPC / HTTP" in md

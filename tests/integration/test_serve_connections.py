@@ -14,7 +14,9 @@ import threading
 import time
 
 import pytest
-from conftest import load_benchmark, serving
+
+from benchmarks.harness import trickle  # the flood benchmark's slow client: a byte at a time
+from conftest import serving
 
 httpx2 = pytest.importorskip("httpx2")
 
@@ -60,7 +62,6 @@ def _read_until_closed(s: socket.socket, limit_s: float) -> bytes:
     raise AssertionError(f"connection still open after {limit_s} s")
 
 
-_trickle = load_benchmark("netutil").trickle  # the flood benchmark's slow client: a byte at a time
 
 
 def _classify(server) -> int:
@@ -73,7 +74,7 @@ def test_slow_headers_get_408_and_close_while_normal_clients_are_served(server):
     request = b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 17\r\n\r\n"
     stop = threading.Event()
     socks = [_connect(server) for _ in range(6)]
-    threads = [threading.Thread(target=_trickle, args=(s, request, 0.2, stop), daemon=True) for s in socks]
+    threads = [threading.Thread(target=trickle, args=(s, request, 0.2, stop), daemon=True) for s in socks]
     for t in threads:
         t.start()
     try:
@@ -106,7 +107,7 @@ def test_slow_body_gets_408_and_close(server):
     try:
         s.sendall(b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   b"Content-Length: 200\r\n\r\n")
-        threading.Thread(target=_trickle, args=(s, b'{"inputs": "' + b"a" * 180, 0.2, stop), daemon=True).start()
+        threading.Thread(target=trickle, args=(s, b'{"inputs": "' + b"a" * 180, 0.2, stop), daemon=True).start()
         assert _read_until_closed(s, 8 * TIMEOUT_S).startswith(b"HTTP/1.1 408")
     finally:
         stop.set()

@@ -165,3 +165,42 @@ def test_load_report_rejects_other_files(tmp_path):
     (tmp_path / "report.json").write_text('{"format": "something-else"}')
     with pytest.raises(QserveError, match="not a qserve bench report"):
         load_report(tmp_path)
+
+
+def _gated_report(int8_preds: list[int]) -> dict:
+    metas = [_meta("torch-fp32", "fp32", "torch"), _meta("onnx-int8", "int8", "onnx"), _meta("onnx-fp32", "fp32", "onnx")]
+    raws = [_ok("torch-fp32", 40.0, [1, 1, 0, 0]), _ok("onnx-int8", 10.0, int8_preds), _ok("onnx-fp32", 20.0, [1, 1, 0, 0])]
+    rep = {"headline": {"batch": 1, "seq": 128}, "floor": {}, "environment": {"cpu": {"model": "Test CPU"}},
+           "variants": [analysis.variant_entry(m, x) for m, x in zip(metas, raws)]}
+    return analysis.finish(rep)
+
+
+def _verdict(passed: bool) -> dict:
+    return {"passed": passed, "agreement": {"value": 1.0, "lo": 0.99 if passed else 0.9, "hi": 1.0},
+            "bar": {"agreement_lower_bound": 0.98}, "data": {"n": 1000}, "reasons": [] if passed else ["too few"]}
+
+
+def test_the_pipeline_gates_the_candidates_faster_than_the_reference_fastest_first():
+    from qserve.pipeline import _gate_candidates
+
+    rep = _gated_report([1, 1, 0, 0])  # onnx-int8 (10 ms) and onnx-fp32 (20 ms) both agree 100%
+    assert _gate_candidates(rep) == (["/v/onnx-int8", "/v/onnx-fp32"], _gate_candidates(rep)[1])
+    rep = _gated_report([1, 0, 0, 0])  # onnx-int8 below its bar: not a candidate
+    assert _gate_candidates(rep)[0] == ["/v/onnx-fp32"]
+
+
+def test_a_gate_re_chooses_the_recommendation_and_the_md_shows_it():
+    rep = _gated_report([1, 1, 0, 0])
+    assert rep["recommended"]["variant"] == "onnx-int8"  # point estimates only
+    analysis.apply_gates(rep, {"/v/onnx-int8": _verdict(False), "/v/onnx-fp32": _verdict(True)})
+    assert rep["recommended"]["variant"] == "onnx-fp32" and "release gate passed" in rep["recommended"]["why"]
+    analysis.apply_gates(rep, {"/v/onnx-fp32": _verdict(False)})
+    assert rep["recommended"]["variant"] == "torch-fp32"  # no gated variant passed: the reference itself
+    rep["gate"] = {"dir": "gate", "max_candidates": 3, "data": {"n": 1000, "dataset": "imdb-embedded",
+                                                                 "fingerprint": "ab" * 32},
+                   "rows": [{"variant": "onnx-int8", "verdict": "FAIL"}], "not_gated": ["onnx-fp32"]}
+    rep.update({"config": BenchConfig(batch_sizes=[1], seq_lens=[128]).validate().to_json(), "created": "x",
+                "run": {"name": "r"}})
+    rep["environment"].update({"threads": 2, "device": "cpu", "versions": {}, "python": "3", "platform": "linux"})
+    md = render_md(rep)
+    assert "## Release gate" in md and "| onnx-int8 | FAIL |" in md and "Not gated (a faster candidate passed first)" in md

@@ -11,10 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks import render_tables
 
-import render_tables  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _mkdocs(config: Path, site: Path) -> subprocess.CompletedProcess[str]:

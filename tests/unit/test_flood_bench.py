@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import load_benchmark
+from benchmarks import flood_bench
 
 
 @pytest.fixture(scope="module")
 def fb():
-    return load_benchmark("flood_bench")
+    return flood_bench
 
 
 def _scrape(counts: dict[float, float], total: float, **labels: str) -> dict:

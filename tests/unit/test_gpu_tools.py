@@ -18,14 +18,15 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import load_benchmark
+
+from benchmarks import gpu_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def tools():
-    return load_benchmark("gpu_tools")
+    return gpu_tools
 
 
 def _record_line(name: str, data: bytes) -> str:

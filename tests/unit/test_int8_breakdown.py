@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import load_benchmark
+
+from benchmarks import int8_breakdown
 
 OUTSIDE = "outside kernels (executor, allocation)"
 GEMMS = "int8 GEMMs (with activation quantization)"
@@ -20,7 +21,7 @@ GEMMS = "int8 GEMMs (with activation quantization)"
 
 @pytest.fixture(scope="module")
 def bd():
-    return load_benchmark("int8_breakdown")
+    return int8_breakdown
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import load_benchmark
+
+from benchmarks import ov_breakdown
 
 pytest.importorskip("openvino", reason="openvino is in the openvino extra")
 
 
 @pytest.fixture(scope="module")
 def bd():
-    return load_benchmark("ov_breakdown")
+    return ov_breakdown
 
 
 @pytest.fixture(scope="module")

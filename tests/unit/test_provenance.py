@@ -8,25 +8,22 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks import rebuild_reports
 from qserve.provenance import command_line, git_commit, md_line, provenance, recorded_cpu, with_header
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import rebuild_reports  # noqa: E402
 
 
 def test_provenance_names_command_commit_and_cpu():
     from qserve.devices import cpu_info
 
     info = cpu_info()
-    p = provenance(["benchmarks/serve_bench.py", "models/x", "--duration", "15"])
-    assert p["command"] == "python benchmarks/serve_bench.py models/x --duration 15"
+    p = provenance([str(ROOT / "benchmarks" / "serve_bench.py"), "models/x", "--duration", "15"])
+    assert p["command"] == "python -m benchmarks.serve_bench models/x --duration 15"
     assert p["cpu"] == info["model"]
     assert p["amx"] is any(f.startswith("amx") for f in info["flags"])
     assert p["commit"] == "unknown" or re.fullmatch(r"[0-9a-f]{40}", p["commit"])
@@ -39,7 +36,10 @@ def test_commit_is_unknown_outside_git(tmp_path):
 def test_command_line_is_what_a_user_retypes():
     assert command_line(["/venv/bin/qserve", "bench", "a dir"]) == "qserve bench 'a dir'"
     assert command_line([str(ROOT / "qserve" / "__main__.py"), "serve"]) == "qserve serve"
-    assert command_line([str(ROOT / "benchmarks" / "flood_bench.py"), "v"]) == "python benchmarks/flood_bench.py v"
+    # a benchmark runs as a module of its package (sys.argv[0] is then its file)
+    assert command_line([str(ROOT / "benchmarks" / "flood_bench.py"), "v"]) == "python -m benchmarks.flood_bench v"
+    assert command_line(["benchmarks/flood_bench.py", "v"]) == "python -m benchmarks.flood_bench v"
+    assert command_line(["/elsewhere/tool.py", "v"]) == "python /elsewhere/tool.py v"
 
 
 def test_md_header_goes_under_the_title_once():

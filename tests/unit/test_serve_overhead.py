@@ -8,15 +8,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from conftest import load_benchmark
-
-so = load_benchmark("serve_overhead")
+from benchmarks import bare_server as bfl, serve_overhead as so, serve_protocol_cost as spc, serve_steps
+from benchmarks.harness import parse_wrk, run_wrk
 
 TRICKY = ['a "quoted" review \\ with a backslash', "two\nlines\r and a tab\t", "café — naïve ☃", "plain"]
 
@@ -54,12 +52,10 @@ def _wrk_on_loopback(script: str) -> tuple[dict, list[dict]]:
         with tempfile.TemporaryDirectory() as d:
             lua = Path(d) / "r.lua"
             lua.write_text(script, encoding="utf-8")
-            out = subprocess.run([wrk, "-t1", "-c1", "-d1s", "--latency", "-s", str(lua),
-                                  f"http://127.0.0.1:{srv.server_address[1]}"], capture_output=True, text=True,
-                                 check=True, timeout=30)
+            summary = run_wrk(wrk, f"http://127.0.0.1:{srv.server_address[1]}", lua, 1, 1)  # the benchmarks' runner
     finally:
         srv.shutdown()
-    return so.parse_wrk(out.stdout), got
+    return summary, got
 
 
 def _in_turn(sent: list[str]) -> None:
@@ -80,7 +76,6 @@ def test_wrk_posts_each_review_as_its_own_json_body():
 def test_each_protocols_script_posts_its_clients_body_to_its_route(route):
     """serve_protocol_cost's Lua per route: each review in turn, in the body that protocol's client sends,
     to that route's path (InferenceClient's form always carries `parameters`)."""
-    spc = load_benchmark("serve_protocol_cost")
     path = spc.PATHS[route].format(model="m")
     summary, got = _wrk_on_loopback(spc.lua(route, path, TRICKY))
     assert summary["requests"] >= len(TRICKY) and summary["errors"] == 0
@@ -102,7 +97,7 @@ def _text_of(route: str, body: dict) -> str:
 
 def test_parse_wrk_names_a_missing_summary():
     with pytest.raises(RuntimeError, match="no summary"):
-        so.parse_wrk("Running 1s test\nconnection refused")
+        parse_wrk("Running 1s test\nconnection refused")
 
 
 def _level(p50: float, req_s: float, cpu: float) -> dict:
@@ -167,7 +162,6 @@ def test_steps_read_back_from_the_console_exporter():
 
     from qserve.serve.infra.tracing import Tracing
 
-    steps = load_benchmark("serve_steps")
     out = io.StringIO()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=out)))
@@ -181,7 +175,7 @@ def test_steps_read_back_from_the_console_exporter():
         trace.answered_ns = t0 + 10_150_000  # hop back 250 (249 for k=1)
         trace.finish("POST /v1/classify", 200)
     text = "INFO: some log line {not json}\n" + out.getvalue() + "INFO: shutdown\n"
-    rows = steps.per_request(steps.spans(text))
+    rows = serve_steps.per_request(serve_steps.spans(text))
     assert len(rows) == 2
     r = rows[0]
     one_us = pytest.approx  # the exporter prints times via float seconds: each to the nearest microsecond
@@ -201,7 +195,6 @@ def _same_process(over: float, ratios: list[float]) -> dict:
 def test_the_one_process_readings_decide_the_targets_when_taken():
     """failed() judges the drift-free one-process readings (c1 overhead, c32 over the bracketing b32 runs) where
     the report has them, whatever the two-process table says; render lists every round's c32 reading."""
-    bfl = load_benchmark("bare_server")
     inproc = {"b1": {"p50_ms": 8.0, "calls": 10, "cpu_ms_per_call": 9.0},
               "b32": {"texts_per_s": 140.0, "cpu_ms_per_text": 13.0, "texts": 300}}
     missed = {"answers_max_abs_diff": 0.0, "label_flips": 0, "levels": {"1": _level(12.0, 80, 14.0),
@@ -227,7 +220,6 @@ def test_the_one_process_readings_decide_the_targets_when_taken():
 
 def test_b32_texts_per_s_runs_every_batch_in_turn():
     """The one-process child's b32 reading: consecutive batches of the reviews, texts counted as run."""
-    bfl = load_benchmark("bare_server")
     seen: list[list[str]] = []
 
     class Rt:

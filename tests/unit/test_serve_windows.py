@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import load_benchmark
-
-sw = load_benchmark("serve_windows")
+from benchmarks import serve_windows as sw
 
 
 def test_changes_count_label_flips_and_the_largest_prob_difference():

@@ -1,5 +1,5 @@
-"""The typed contracts hold: mypy (configured in pyproject.toml) is clean over qserve/ and exporters/, and a
-wrong call across a module boundary fails it.
+"""The typed contracts hold: mypy (configured in pyproject.toml) is clean over qserve/, exporters/ and
+benchmarks/harness/, and a wrong call across a module boundary fails it.
 
     python -m pytest tests/unit/test_types.py -q
 
@@ -32,7 +32,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def mypy(root: Path, cache: Path) -> subprocess.CompletedProcess:
-    # the [tool.mypy] settings of root's pyproject.toml: files = qserve, exporters
+    # the [tool.mypy] settings of root's pyproject.toml: files = qserve, exporters, benchmarks/harness
     env = {**os.environ, "PYTHONPATH": str(root), "MYPY_FORCE_COLOR": "0"}
     return subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(cache), "--no-error-summary",
                            "--no-pretty"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
@@ -52,8 +52,8 @@ def _append(path: Path, code: str) -> int:
 
 
 def test_a_wrong_call_across_a_module_boundary_fails_the_check(tmp_path, cache):
-    for name in ("qserve", "exporters"):
-        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("qserve", "exporters", "benchmarks"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "reports"))
     shutil.copy2(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     serve = tmp_path / "qserve" / "serve"
     # 1. a protocol module queues one text as if it were a list (ServeState.submit wants list[str])
