@@ -18,7 +18,10 @@ from typing import Any
 
 from qserve import QserveError
 from qserve.files import now_iso, sha256_file, write_json_atomic
-from qserve.variants import VariantSpec
+from qserve.variants import STORED, VariantSpec
+from qserve.problemtypes import PROBLEM_TYPES, SINGLE
+from qserve.textpairs import ALLOWED
+from qserve.textpairs import SINGLE as ONE_TEXT  # problemtypes' SINGLE is the single-label problem type
 
 MANIFEST = "manifest.json"
 FORMAT = "qserve-variant/1"
@@ -104,8 +107,6 @@ def _strings(path: Path, key: str, value: object, error: type[QserveError] = Var
 
 
 def _inputs(path: Path, value: object, error: type[QserveError] = VariantError) -> tuple[str, ...] | None:
-    from qserve.textpairs import ALLOWED
-
     if value is None:
         return None
     if isinstance(value, list) and tuple(value) in ALLOWED:
@@ -178,16 +179,12 @@ class Manifest:
     @property
     def problem(self) -> str:
         """The problem type, single-label when the manifest records none."""
-        from qserve.problemtypes import SINGLE
-
         return self.problem_type or SINGLE
 
     @property
     def takes(self) -> tuple[str, ...]:
         """The inputs, ("text",) when the manifest records none."""
-        from qserve.textpairs import SINGLE
-
-        return self.inputs or SINGLE
+        return self.inputs or ONE_TEXT
 
     @property
     def temperature(self) -> float | None:
@@ -240,8 +237,6 @@ class Manifest:
             raise VariantError(f"{path}: max_length must be an integer >= 2, got {max_length!r}")
         problem = _optional(path, data, "problem_type", str, "a string")
         if problem is not None:
-            from qserve.problemtypes import PROBLEM_TYPES
-
             if problem not in PROBLEM_TYPES:
                 raise VariantError(f"{path}: problem_type {problem!r} is not one of {', '.join(PROBLEM_TYPES)}")
         files = _typed(path, "files", data["files"], dict, "an object of file -> {sha256, bytes}")
@@ -287,8 +282,6 @@ def _calibration(path: Path, value: object, num_labels: int) -> dict[str, Any] |
 
 
 def _spec(path: Path, value: object) -> VariantSpec:
-    from qserve.variants import STORED
-
     spec = _typed(path, "spec", value, dict, "an object with " + ", ".join(STORED))
     for key, kind, allowed in (("name", str, "a variant name"), ("backend", str, "a backend name"),
                                ("dtype", str, "a dtype name")):
@@ -323,9 +316,7 @@ class ModelMeta:
 
     @property
     def takes(self) -> tuple[str, ...]:
-        from qserve.textpairs import SINGLE
-
-        return self.inputs or SINGLE
+        return self.inputs or ONE_TEXT
 
     def to_json(self) -> dict[str, Any]:
         """As `qserve train` writes it: the run's fields always, label_range for regression (even when None: the

@@ -18,6 +18,8 @@ import sys
 from collections.abc import Callable
 
 from qserve import QserveError, __version__
+from qserve.modeling import skip_unused_imports
+from qserve.training.study import run_compare
 
 # module that owns each sub-command, in help order
 COMMANDS = [
@@ -62,8 +64,6 @@ def command_func(args: argparse.Namespace) -> Callable[[argparse.Namespace], int
     qserve.training.study runs qserve.training.train in child processes, so train cannot call the study back without an
     import circle; the composition root picks the stage instead."""
     if args.command == "train" and getattr(args, "compare", False):
-        from qserve.training.study import run_compare
-
         return run_compare
     return args.func
 
@@ -77,8 +77,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     if args.command in MODEL_COMMANDS:
-        from qserve.modeling import skip_unused_imports
-
         skip_unused_imports()
     try:
         return int(command_func(args)(args) or 0)

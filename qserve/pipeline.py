@@ -23,6 +23,24 @@ import time
 from pathlib import Path
 
 from qserve import QserveError
+from qserve.artifact import VariantError, checkpoint_hash, read_manifest
+from qserve.bench import BenchConfig, run_bench
+from qserve.bench.analysis import apply_gates
+from qserve.bench.stages import print_stages, record_stages, rewrite
+from qserve.devices import capabilities, resolve_device
+from qserve.files import write_json_atomic
+from qserve.gate.config import GateConfig
+from qserve.gate.report import row, write_report
+from qserve.gate.run import run_gate
+from qserve.modeling import model_name_for
+from qserve.runtime.ov_probe import OpenVINOUnavailable
+from qserve.training.config import TrainConfig
+from qserve.training.precision import PRECISION_CHOICES
+from qserve.training.resume import STARTED, config_diff, describe_diff
+from qserve.training.train import train
+from qserve.variantflags import skipped, supported
+from qserve.variants import UnsupportedVariant
+from qserve.verify import verify
 
 # Pipeline defaults, chosen so the whole job fits in ~15 minutes on 2 CPU cores and
 # still beats 82% on held-out IMDb (see README "Measured").
@@ -51,10 +69,6 @@ def _done(t0: float, what: str) -> float:
 
 
 def _train_stage(cfg, run_dir: Path, force: bool) -> Path:
-    from qserve.training.resume import STARTED, config_diff, describe_diff
-    from qserve.training.config import TrainConfig
-    from qserve.training.train import train
-
     ckpt = run_dir / "checkpoint"
     metrics_path = ckpt / "train_metrics.json"
     want, defaults = dataclasses.asdict(cfg), dataclasses.asdict(TrainConfig())
@@ -85,11 +99,6 @@ def _training_record(ckpt: Path) -> dict:
 
 def _export_stage(ckpt: Path, run_dir: Path, device: str, names: list[str], force: bool) -> list[Path]:
     import exporters
-    from qserve.artifact import VariantError, checkpoint_hash
-    from qserve.verify import verify
-    from qserve.runtime.ov_probe import OpenVINOUnavailable
-    from qserve.variants import UnsupportedVariant
-
     src_hash = checkpoint_hash(ckpt)
     out = []
     for i, name in enumerate(names, 1):
@@ -120,9 +129,6 @@ def _export_stage(ckpt: Path, run_dir: Path, device: str, names: list[str], forc
 
 
 def _bench_stage(variants: list[Path], report_dir: Path, args, device: str, force: bool) -> Path:
-    from qserve.artifact import read_manifest
-    from qserve.bench import BenchConfig, run_bench
-
     long_text = [x for x in (args.bench_long_text or "").split(",") if x.strip()] or None
     key = {str(v.name): read_manifest(v).to_json()["files"] for v in variants}
     if long_text:
@@ -145,7 +151,6 @@ def _bench_stage(variants: list[Path], report_dir: Path, args, device: str, forc
                       max_eval_samples=args.bench_eval_samples, time_budget_s=args.time_budget, force=True,
                       long_text=long_text, floor_budget_s=PIPELINE_FLOOR_BUDGET_S)
     run_bench(variants, cfg, store=store, reuse=not force)  # a killed bench resumes: bench/store.py
-    from qserve.files import write_json_atomic
 
     write_json_atomic(stamp, key)
     return report_dir / "report.md"
@@ -170,12 +175,6 @@ def _gate_candidates(report: dict) -> tuple[list[str], str]:
 def _gate_stage(report_dir: Path, args, device: str, force: bool) -> dict | None:
     """The release gate on the bench's own test texts (`qserve gate --max-eval-samples N`), verdicts sealed into
     the candidates' manifests; the report then recommends a gated variant (bench/analysis.apply_gates)."""
-    from qserve.bench.analysis import apply_gates
-    from qserve.bench.stages import rewrite
-    from qserve.gate.config import GateConfig
-    from qserve.gate.report import row, write_report
-    from qserve.gate.run import run_gate
-
     path = report_dir / "report.json"
     report = json.loads(path.read_text(encoding="utf-8"))
     if report.get("gate") and not force:
@@ -210,10 +209,6 @@ def _gate_stage(report_dir: Path, args, device: str, force: bool) -> dict | None
 
 
 def run_pipeline(args: argparse.Namespace) -> Path:
-    from qserve.devices import capabilities, resolve_device
-    from qserve.training.config import TrainConfig
-    from qserve.variantflags import skipped, supported
-
     device = resolve_device(args.device)
     run_dir = Path(args.run_dir) if args.run_dir else Path("models") / _run_name(args.model, args.dataset)
     cfg = TrainConfig(model=args.model, dataset=args.dataset, precision=args.precision, epochs=args.epochs,
@@ -251,7 +246,6 @@ def run_pipeline(args: argparse.Namespace) -> Path:
         _gate_stage(report_dir, args, device, args.force)
         times["gate"] = _done(t0, f"gated: {report_dir / 'gate'}")
     times["total"] = time.perf_counter() - t_all
-    from qserve.bench.stages import print_stages, record_stages
 
     record_stages(report_dir, times, {"machine": capabilities(with_cuda=False).describe() if device == "cpu" else device,
                                       "training": training, "skipped": left_out})
@@ -262,8 +256,6 @@ def run_pipeline(args: argparse.Namespace) -> Path:
 
 def _run_name(model: str, dataset: str) -> str:
     """models/<model>-<dataset>: the embedded default is minilm-l6-distilbert-imdb."""
-    from qserve.modeling import model_name_for
-
     data = {"default": "imdb", "imdb-embedded": "imdb"}.get(dataset, Path(dataset).stem or dataset)
     return f"{model_name_for(model)}-{data}".replace("/", "-")
 
@@ -274,9 +266,6 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from qserve.training.config import TrainConfig  # light (no torch): the one place its defaults live
-    from qserve.training.precision import PRECISION_CHOICES
-
     p = sub.add_parser("pipeline", help="the main job: train -> export -> bench -> report",
                        description=__doc__.split("\n\n", 1)[0])
     p.add_argument("--model", default="default", help="'default' (embedded MiniLM-L6 in DistilBERT layout), "

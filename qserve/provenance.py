@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import TypedDict
 
+from qserve.devices import cpu_info
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -62,8 +64,6 @@ def git_commit(repo: Path = REPO) -> str:
 
 def cpu_now() -> tuple[str, bool]:
     """(CPU model name, has AMX) from /proc/cpuinfo."""
-    from qserve.devices import cpu_info
-
     info = cpu_info()
     return info.get("model", "unknown"), any(f.startswith("amx") for f in info.get("flags", []))
 

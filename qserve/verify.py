@@ -21,6 +21,8 @@ from qserve import QserveError
 from qserve.artifact import (ALLOW_EXTRA_HINT, DIGEST_KEY, MANIFEST, Manifest, VariantError, manifest_digest,
                              read_model_meta, read_raw)
 from qserve.files import sha256_file
+from qserve.longtext import LongTextError, resolve
+from qserve.problemtypes import from_config
 
 log = logging.getLogger("qserve.verify")
 
@@ -104,7 +106,6 @@ def _cross_check(root: Path, data: Manifest) -> None:
                                "positions (config.json): the manifest was edited; re-export the variant")
     policy = data.long_text
     if policy is not None:  # absent: a variant from before the policy was recorded, served as head
-        from qserve.longtext import LongTextError, resolve
 
         try:
             full = str(resolve(policy, max_length, "long_text"))
@@ -123,8 +124,6 @@ def _cross_check(root: Path, data: Manifest) -> None:
 def _check_problem_type(path: Path, data: Manifest, config: dict[str, Any]) -> None:
     """The manifest's problem type (absent: single-label, a manifest from before problem types) must be the
     hashed config.json's: it decides whether logits are read by softmax, sigmoid or as values."""
-    from qserve.problemtypes import from_config
-
     recorded = data.problem_type
     if recorded is None:
         return

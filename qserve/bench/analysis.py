@@ -15,6 +15,9 @@ from typing import Any
 from qserve.artifact import Manifest, ModelMeta
 from qserve.bench.stats import shape_stats
 from qserve.problemtypes import AGREEMENT_METRIC, SINGLE, agreement
+from qserve.bench import policies
+from qserve.bench.floor import floor_ms, model_dims, peak_for
+from qserve.bench.recommend import recommend
 
 REFERENCES = ("torch-fp32", "onnx-fp32")  # agreement and speed-up are measured against these, first found wins
 
@@ -94,9 +97,6 @@ def apply_gates(report: dict[str, Any], gates: dict[str, dict[str, Any]]) -> dic
     """A finished report after a gate ran on some of its variants: each entry whose dir is in `gates` (dir -> the
     manifest's gate record) carries its verdict, and the recommendation is chosen again (only gated variants, or
     the reference, may be recommended once any is gated: recommend.py). Returns the report, changed in place."""
-    from qserve.bench import policies
-    from qserve.bench.recommend import recommend
-
     for v in report["variants"]:
         g = gates.get(v.get("dir"))
         if g:
@@ -107,8 +107,6 @@ def apply_gates(report: dict[str, Any], gates: dict[str, dict[str, Any]]) -> dic
 
 
 def model_block(metas: list[VariantMeta]) -> dict[str, Any]:
-    from qserve.bench.floor import model_dims
-
     names: list[str] = sorted(n for n in {m.manifest.model_name for m in metas if m.manifest is not None}
                               if n is not None)
     config = next((m.config for m in metas if m.config), None)
@@ -160,8 +158,6 @@ def reference(variants: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def finish(report: dict[str, Any]) -> dict[str, Any]:
     """Fill agreement, speed-up and floor fields in place; drop predictions."""
-    from qserve.bench.floor import floor_ms, peak_for
-
     variants = report["variants"]
     _unique_names(variants)
     ok = [v for v in variants if v["status"] == "ok"]
@@ -174,7 +170,6 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
         v["agreement"] = agreement_with(v, ref)
     if ref is not None and ref["accuracy"].get("problem_type", SINGLE) != SINGLE:
         report["agreement_metric"] = AGREEMENT_METRIC[ref["accuracy"]["problem_type"]]
-    from qserve.bench import policies
 
     policies.add_agreement(variants, ref)  # per policy, against the reference under the same policy
     for v in variants:
@@ -208,7 +203,6 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
                             f"{prefix}p50_over_floor": (st["p50"] / fm) if st else None})
         v["floor"] = rec or None
 
-    from qserve.bench.recommend import recommend
 
     report["recommended"] = recommend(report)
     policies.finish(report)

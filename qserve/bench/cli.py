@@ -17,6 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qserve import QserveError
+from qserve.bench.config import BenchConfig
+from qserve.bench.report import load_report, write_reports
+from qserve.bench.runner import run_bench
+from qserve.configflags import add_flags, build
 
 if TYPE_CHECKING:
     from qserve.bench.config import BenchConfig
@@ -38,9 +42,6 @@ def expand_variant_dirs(paths: list[str]) -> list[Path]:
 
 
 def register(subparsers) -> None:
-    from qserve.bench.config import BenchConfig
-    from qserve.configflags import add_flags
-
     p = subparsers.add_parser(
         "bench", help="benchmark variants (latency, throughput, memory, size, accuracy), each in its own process",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,15 +57,10 @@ def register(subparsers) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    from qserve.bench.config import BenchConfig
-    from qserve.configflags import build
-
     return build(BenchConfig, args, error=QserveError).validate()
 
 
 def cmd_bench(args) -> int:
-    from qserve.bench.runner import run_bench
-
     cfg = config_from_args(args)
     report = run_bench(expand_variant_dirs(args.variants), cfg)
     out = Path(report["run"]["out"])
@@ -78,8 +74,6 @@ def cmd_bench(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from qserve.bench.report import load_report, write_reports
-
     report, where = load_report(args.report)
     out = args.out or where
     written = write_reports(report, out, write_json=Path(out).resolve() != where.resolve())

@@ -14,6 +14,8 @@ from typing import Any
 
 from qserve import QserveError
 from qserve.configflags import flag
+from qserve.longtext import parse_list
+from qserve.runtime.buckets import parse
 
 DEFAULT_BATCH_SIZES = (1, 8, 32)
 DEFAULT_SEQ_LENS = (32, 128, 256)
@@ -105,14 +107,11 @@ class BenchConfig:
             raise QserveError(f"--slow-eval-samples must be >= 0 (got {self.slow_eval_samples})")
         if self.invariance_samples < 0:
             raise QserveError(f"--invariance-samples must be >= 0 (got {self.invariance_samples})")
-        from qserve.runtime.buckets import parse
 
         parse(self.length_buckets)
         if self.real_text_samples < 0:
             raise QserveError(f"--real-text-samples must be >= 0 (got {self.real_text_samples})")
         if self.long_text is not None:
-            from qserve.longtext import parse_list
-
             self.long_text = parse_list(",".join(self.long_text), "--long-text")
         self.batch_sizes = sorted(set(self.batch_sizes))
         self.seq_lens = sorted(set(self.seq_lens))

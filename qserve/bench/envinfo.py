@@ -13,6 +13,9 @@ import platform
 import sys
 from typing import Any
 
+from qserve.devices import cpu_info
+from qserve.files import library_versions
+
 
 def physical_cores() -> int:
     try:
@@ -24,9 +27,6 @@ def physical_cores() -> int:
 
 
 def environment(threads: int, device: str) -> dict[str, Any]:
-    from qserve.files import library_versions
-    from qserve.devices import cpu_info
-
     versions = library_versions(("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime",
                                  "onnxruntime-gpu", "bitsandbytes", "openvino", "nncf", "optimum-intel", "numpy", "psutil",
                                  "matplotlib", "qserve"))

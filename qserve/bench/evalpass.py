@@ -21,6 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from qserve import problemtypes as problems
+from qserve.files import write_json_atomic
+
 TOKENIZER_FILES = ("tokenizer", "vocab", "special_tokens", "added_tokens", "merges", "spiece", "sentencepiece")
 
 
@@ -46,8 +49,6 @@ def piece_stats(rt: Any, texts: list[str], policy: Any, cache_dir: str | Path | 
     stats = {"windows": list(pieces.windows), "truncated": [bool(t) for t in pieces.truncated],
              "tokens": [int(t) for t in pieces.tokens]}
     if path is not None:
-        from qserve.files import write_json_atomic
-
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, stats)
     return stats
@@ -62,8 +63,6 @@ def sorted_batches(lengths: list[int], batch: int) -> list[list[int]]:
 def score(rt: Any, texts: list[str], policy: Any, lengths: list[int] | None, batch: int = 32,
           pairs: list[str] | None = None) -> tuple[list[Any], float]:
     """(predictions in the texts' order, seconds spent in predict()); sorted by `lengths` when given."""
-    from qserve import problemtypes as problems
-
     groups = (sorted_batches(lengths, batch) if lengths is not None
               else [list(range(i, min(i + batch, len(texts)))) for i in range(0, len(texts), batch)])
     preds: list[Any] = [None] * len(texts)

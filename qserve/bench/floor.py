@@ -25,6 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from qserve.devices import cpu_supports_bf16
+from qserve.files import write_json_atomic
+
 # Which measured peak bounds a variant, by the spec's dtype. 4-bit weights are
 # dequantized or run on integer kernels, so they are held to the fastest peak measured
 # (the most demanding floor); fp16 on CPU has no fast kernel and falls back likewise.
@@ -120,7 +123,6 @@ def _torch_methods(device: str):
         return lambda: (torch._int_mm(a, b), sync())
 
     out = [("fp32", "torch.matmul", make(torch.float32)), ("int8", "torch._int_mm", int_mm)]
-    from qserve.devices import cpu_supports_bf16
 
     if device.startswith("cuda") or cpu_supports_bf16():
         out.append(("bf16", "torch.matmul", make(torch.bfloat16)))
@@ -208,7 +210,6 @@ def measure_peaks(shapes: list[tuple[int, int, int]], threads: int | None, devic
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
-    from qserve.files import write_json_atomic
 
     result = measure_peaks([tuple(s) for s in job["shapes"]], job.get("threads"), job.get("device", "cpu"),
                            float(job.get("budget_s", 1.0)), int(job.get("model_shapes", 0)))

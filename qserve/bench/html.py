@@ -16,6 +16,8 @@ import html
 import re
 from typing import Any
 
+from qserve.bench.recommend import md_lines
+
 _IMAGE = re.compile(r"^!\[([^\]]*)\]\(([^)]+)\)$")
 _CELL_SPLIT = re.compile(r"(?<!\\)\|")
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
@@ -120,8 +122,6 @@ def _machine(report: dict[str, Any]) -> list[tuple[str, str]]:
 
 def render_html(report: dict[str, Any], md: str, images: dict[str, bytes]) -> str:
     """The page, from report.json, the report.md rendered from it, and the charts' PNG bytes."""
-    from qserve.bench.recommend import md_lines
-
     model = report.get("model") or {}
     cfg = report["config"]
     title = f"{model.get('name') or 'variants'} on {cfg['device']}: qserve benchmark"

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 
 from qserve import QserveError
+from qserve.bench.stats import percentile
 
 MAX_CONCURRENCY = 1024
 MAX_DURATION_S = 600.0
@@ -152,8 +153,6 @@ class Conn:
 
 def _percentiles(lat_s: list[float]) -> dict[str, float | None]:
     """Client-side latency percentiles, computed by the bench's (tested) statistics."""
-    from qserve.bench.stats import percentile
-
     if not lat_s:
         return {"p50_ms": None, "p90_ms": None, "p99_ms": None, "mean_ms": None, "max_ms": None}
     ms = [x * 1000.0 for x in lat_s]

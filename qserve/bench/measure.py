@@ -17,6 +17,18 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from qserve import problemtypes as problems
+from qserve.artifact import read_manifest
+from qserve.bench import evalpass, invariance, policies
+from qserve.bench.evalpass import tokenizer_key
+from qserve.bench.realtext import real_text, real_text_check, synthetic_batch
+from qserve.bench.stats import summarize, throughput
+from qserve.files import library_versions, write_json_atomic
+from qserve.modeling import skip_unused_imports
+from qserve.problemtypes import headline
+from qserve.runtime import RuntimeOptions, load_runtime
+from qserve.variants import REGISTRY
+
 # Used when no dataset text is available: long enough to fill any sequence length
 # once repeated, and real English so the ids are ordinary vocabulary ids.
 FALLBACK_TEXT = ("The film opens slowly, but the performances are strong and the story builds to an ending "
@@ -69,9 +81,6 @@ def time_calls(fn, sync, warmup: int, budget_s: float, min_iters: int, max_iters
 
 
 def fixed_shapes(rt, job: dict[str, Any], text: str) -> list[dict[str, Any]]:
-    from qserve.bench.realtext import synthetic_batch
-    from qserve.bench.stats import summarize, throughput
-
     out = []
     for b in job["batch_sizes"]:
         for s in job["seq_lens"]:
@@ -96,9 +105,6 @@ def accuracy(rt, ev: dict[str, Any], batch: int = 32, cache: dict[str, Any] | No
     (as served; a pair is truncated as its tokenizer truncates it), in length-sorted batches (evalpass.py);
     quality by the variant's problem type (qserve.problemtypes.metrics: accuracy, + label_accuracy for
     multi-label, or MAE/RMSE)."""
-    from qserve import problemtypes as problems
-    from qserve.bench import evalpass
-
     texts, labels, problem = ev["texts"], ev["labels"], rt.problem_type
     pairs = ev.get("pairs")  # a text-pair test split
     cache = cache or {}
@@ -131,8 +137,6 @@ def _policies(rt, res: dict[str, Any], ev: dict[str, Any], job: dict[str, Any], 
               cache: dict[str, Any]) -> None:
     """res["long_text_policies"]: every policy of job["long_text"] on the test texts, or on their first
     job["eval_limit"] (a reference that is not the recommended variant: its records feed agreement only)."""
-    from qserve.bench import policies
-
     _stage(res, "long_text")
     limit = job.get("eval_limit")
     if limit and limit < len(ev["texts"]):
@@ -150,7 +154,6 @@ def _preimport(backend: str) -> None:
 
     import transformers  # noqa: F401  (the tokenizer, every backend)
 
-    from qserve.variants import REGISTRY
 
     entry = REGISTRY.get(backend)
     for module in entry.libraries if entry else ():
@@ -184,9 +187,6 @@ def _stage(res: dict[str, Any], name: str) -> None:
 
 def measure(job: dict[str, Any]) -> dict[str, Any]:
     """Run every measurement for one variant; raises with `stage` set on the result dict."""
-    from qserve.artifact import read_manifest
-    from qserve.files import library_versions
-
     res: dict[str, Any] = {"variant_dir": job["variant_dir"], "pid": os.getpid()}
     _stage(res, "import")
     job["_result"] = res
@@ -194,7 +194,6 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     backend = read_manifest(variant_dir).backend
     if __name__ == "__main__":  # the bench's own child process, not a user's: seconds of its start (modeling.py)
-        from qserve.modeling import skip_unused_imports
 
         skip_unused_imports()
     _preimport(backend)
@@ -202,7 +201,6 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     res["rss_before_load_mb"] = rss_mb()
 
     _stage(res, "load")
-    from qserve.runtime import RuntimeOptions, load_runtime
 
     t0 = time.perf_counter()
     options = RuntimeOptions(threads=job.get("threads"), length_buckets=job.get("length_buckets") or "auto")
@@ -221,7 +219,6 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     cuda = str(rt.device).startswith("cuda")  # a fresh process: torch's peak counters cover the load too
     data = job.get("data") or {}
     manifest = read_manifest(variant_dir)
-    from qserve.bench.evalpass import tokenizer_key
 
     cache = {"dir": job.get("token_cache"), "tokenizer": tokenizer_key(manifest.to_json().get("files") or {})}
     if job.get("mode") == "policies":  # the second pass, on the recommended variant (and a reference re-scored)
@@ -234,7 +231,6 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     res["fixed"] = fixed_shapes(rt, job, " ".join(texts[:8]) if texts else FALLBACK_TEXT)
     if texts:
         _stage(res, "real_text")
-        from qserve.bench.realtext import real_text, real_text_check
 
         res["real_text"] = real_text(rt, job, texts)
         for rec in res["real_text"]:
@@ -243,14 +239,11 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     if data.get("eval"):
         _stage(res, "accuracy")
         res["accuracy"] = accuracy(rt, eval_cut(job, res, data["eval"]), cache=cache)
-        from qserve.problemtypes import headline
 
         log(f"{rt.name}: {headline(res['accuracy'])} on {res['accuracy']['n']} texts")
         if job.get("long_text"):  # the reference compares policies in its own child (runner: the first one)
             _policies(rt, res, data["eval"], job, res["accuracy"], cache)
     if data.get("invariance_texts"):
-        from qserve.bench import invariance
-
         _stage(res, "invariance")
         inv_texts = data["invariance_texts"]
         if res.get("eval_cut"):  # cannot be recommended (eval_cut): its invariance on fewer texts, their count kept
@@ -291,7 +284,6 @@ def child_env(backend: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     import json
 
-    from qserve.files import write_json_atomic
 
     argv = sys.argv[1:] if argv is None else argv
     job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))

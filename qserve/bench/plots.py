@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from qserve.bench.chartlabels import Label, place
+from qserve.bench.recommend import AGREEMENT_BAR
+from qserve.bench.summary import summary_rows
 
 DPI = 110
 # Okabe & Ito's palette, which stays distinct under every common colour-vision deficiency.
@@ -123,8 +125,6 @@ def _title(report: dict[str, Any]) -> str:
 def ranked_latency(report: dict[str, Any]) -> tuple[dict[str, float | None], str]:
     """({variant: the p50 the recommendation ranked it by}, what that p50 is): b1 on real test texts when it
     ranked by them, else the headline shape (recommend.py). A report without a ranking: the headline shape."""
-    from qserve.bench.summary import summary_rows
-
     b, s = report["headline"]["batch"], report["headline"]["seq"]
     rec = report.get("recommended") or {}
     ranking = rec.get("ranking") or []
@@ -136,8 +136,6 @@ def ranked_latency(report: dict[str, Any]) -> tuple[dict[str, float | None], str
 def decision_points(report: dict[str, Any]) -> list[dict[str, Any]]:
     """Per variant with an agreement: name, p50 (the figure the recommendation ranks by), throughput (largest
     batch), size, bits."""
-    from qserve.bench.summary import summary_rows
-
     spec = {v["name"]: v.get("spec") or {} for v in report["variants"]}
     ranked, _ = ranked_latency(report)
     return [{"name": r["variant"], "p50": ranked.get(r["variant"]), "throughput": r["throughput"],
@@ -153,7 +151,6 @@ def decision_figure(report: dict[str, Any]):
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    from qserve.bench.recommend import AGREEMENT_BAR
 
     pts = decision_points(report)
     if not pts:

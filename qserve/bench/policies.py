@@ -14,6 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from qserve import problemtypes as problems
+from qserve.bench import evalpass
+from qserve.problemtypes import SINGLE, agreement
+
 SPEED_FRACTION = 0.5
 """`fast`: the most accurate policy whose texts/s is at least this fraction of head's."""
 
@@ -29,9 +33,6 @@ def measure(rt: Any, ev: dict[str, Any], policies: list[str], own: dict[str, Any
     `own` is the variant's accuracy record under its own policy: reused rather than measured twice. Texts are
     scored in length-sorted batches (evalpass.score: the same answers, in the texts' order); the untimed
     piece counts come from the tokenizer's cache when another variant already cut the same texts."""
-    from qserve import problemtypes as problems
-    from qserve.bench import evalpass
-
     texts, labels = ev["texts"], ev["labels"]
     cache = cache or {}
     out = []
@@ -53,8 +54,6 @@ def measure(rt: Any, ev: dict[str, Any], policies: list[str], own: dict[str, Any
 
 def add_agreement(variants: list[dict[str, Any]], ref: dict[str, Any] | None) -> None:
     """Parent side: agreement of each policy's predictions with the reference variant's under the same policy."""
-    from qserve.problemtypes import SINGLE, agreement
-
     ref_preds = {r["policy"]: r.get("predictions") for r in (ref or {}).get("long_text_policies") or []}
     acc = (ref or {}).get("accuracy") or {}
     problem, span = acc.get("problem_type", SINGLE), acc.get("label_range")

@@ -10,6 +10,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from qserve.bench.stats import summarize, throughput
+from qserve.runtime.buckets import bucket_for
+
 
 def synthetic_batch(rt, batch: int, seq: int, text: str):
     """Exactly (batch, seq) of real token ids: [CLS] body... [SEP], full attention mask."""
@@ -32,7 +35,6 @@ def real_text(rt, job: dict[str, Any], texts: list[str]) -> list[dict[str, Any]]
     """predict() on consecutive batches of real texts: tokenization + dynamic padding included."""
     import numpy as np
 
-    from qserve.bench.stats import summarize, throughput
 
     out = []
     for b in job["batch_sizes"]:
@@ -59,7 +61,6 @@ def real_text(rt, job: dict[str, Any], texts: list[str]) -> list[dict[str, Any]]
             mask = rt.tokenize(chunk)["attention_mask"]
             tok_ms.append((time.perf_counter() - t0) * 1e3)
             if rt.buckets:  # a length-bucketed variant runs each text at its bucket, not at the batch's longest
-                from qserve.runtime.buckets import bucket_for
 
                 padded.append(sum(bucket_for(int(n), rt.buckets) for n in mask.sum(axis=1)) / len(chunk))
             else:

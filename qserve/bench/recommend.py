@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
+from qserve.bench.stats import shape_stats
+from qserve.devices import cpu_info
 
 AGREEMENT_BAR = {4: 0.97, 8: 0.99, 16: 0.99, 32: 0.99}
 
@@ -37,8 +39,6 @@ def real_text_b1(entry: dict[str, Any]) -> dict[str, Any] | None:
 
 def recommend(report: dict[str, Any]) -> dict[str, Any]:
     """{"variant", "dir", "p50_ms", "agreement", "bar", "shape", "why", "cpu", "ranking"} or {"variant": None, "why"}."""
-    from qserve.bench.stats import shape_stats
-
     b, s = report["headline"]["batch"], report["headline"]["seq"]
     ref = report.get("agreement_reference")
     cpu = ((report.get("environment") or {}).get("cpu") or {}).get("model")
@@ -129,7 +129,5 @@ def from_model_dir(model_dir: str | Path) -> tuple[Path, dict[str, Any]]:
 
 
 def _cpu_model() -> str | None:
-    from qserve.devices import cpu_info
-
     model = cpu_info().get("model")
     return None if model == "unknown" else model

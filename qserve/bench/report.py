@@ -16,6 +16,13 @@ from typing import Any
 
 from qserve import QserveError
 from qserve.bench.summary import fixed_shape, invariance_cell, peak_memory, summary_rows
+from qserve.bench.html import render_html
+from qserve.bench.plots import write_plots
+from qserve.bench.policies import md_lines as long_text_lines
+from qserve.bench.recommend import md_lines
+from qserve.devices import cpu_label
+from qserve.files import write_json_atomic, write_text_atomic
+from qserve.provenance import with_header
 
 FILES = ("report.json", "report.csv", "report.md", "report.html")
 
@@ -105,8 +112,6 @@ def render_md(report: dict[str, Any]) -> str:
     if str(cfg["device"]).startswith("cuda"):
         dev = env.get("gpu")
     else:
-        from qserve.devices import cpu_label
-
         dev = cpu_label(env["cpu"]) if env.get("cpu") else None
     L = [f"# Benchmark: {model.get('name') or 'variants'} on {cfg['device']}, threads={cfg['threads']}", ""]
     L.append(f"Run `{report['run']['name']}`, created {report['created']}, {dev}. "
@@ -121,7 +126,6 @@ def render_md(report: dict[str, Any]) -> str:
                                                   if suite.get("random_weights") else "")
               + (". Export failed for " + "; ".join(f"{k} ({v})" for k, v in sorted(fails.items())) if fails else "")
               + ".", ""]
-    from qserve.bench.recommend import md_lines
 
     L += md_lines(report)
     if any(r["agreement"] is not None for r in summary_rows(report) if r["status"] == "ok"):
@@ -166,14 +170,12 @@ def render_md(report: dict[str, Any]) -> str:
     if notes:
         L += ["Notes: " + "; ".join(notes) + ".", ""]
     L += _checks(report) + _floor_lines(report)
-    from qserve.bench.policies import md_lines as long_text_lines
 
     L += _grid(report) + _real_text(report) + long_text_lines(report) + _invariance(report) + _bench_time_lines(report) + _failures(report)
     L += _gate_lines(report) + _stage_lines(report) + _env(report)
     L += ["## Plots", "", "![latency vs batch size](latency_vs_batch.png)", ""]
     if any(r["accuracy"] is not None for r in summary_rows(report)):
         L += ["![accuracy vs size](accuracy_vs_size.png)", ""]
-    from qserve.provenance import with_header
 
     return with_header("\n".join(L).rstrip() + "\n", report.get("provenance"))
 
@@ -416,10 +418,6 @@ def render_csv(report: dict[str, Any]) -> str:
 
 def write_reports(report: dict[str, Any], out: str | Path, write_json: bool = True) -> list[Path]:
     """Write report.json (unless re-rendering), report.csv, report.md and the plots into `out`."""
-    from qserve.files import write_json_atomic, write_text_atomic
-    from qserve.bench.html import render_html
-    from qserve.bench.plots import write_plots
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if write_json:

@@ -22,9 +22,19 @@ from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
-from qserve.artifact import ModelMeta
-from qserve.bench.analysis import VariantMeta
+from qserve.artifact import CheckpointError, ModelMeta, VariantError, read_manifest, read_model_meta
+from qserve.bench.analysis import REFERENCES, VariantMeta, agreement_with
 from qserve.bench.config import BenchConfig
+from qserve.bench import analysis, store as stored
+from qserve.bench.envinfo import environment, load_avg, merge_child_env, physical_cores
+from qserve.bench.floor import flops_per_sequence, gemm_shapes
+from qserve.bench.invariance import select_texts
+from qserve.bench.recommend import bar_for, real_text_b1
+from qserve.bench.report import write_reports
+from qserve.data.datasets import load_dataset
+from qserve.devices import resolve_device
+from qserve.files import dir_size, now_iso, refuse_existing
+from qserve.provenance import provenance
 
 log = logging.getLogger("qserve.bench")
 FORMAT = "qserve-bench/1"
@@ -40,9 +50,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 def variant_meta(vdir: Path) -> VariantMeta:
     """What the parent can read without loading: manifest, qserve_model.json, config.json, size."""
-    from qserve.artifact import CheckpointError, VariantError, read_manifest, read_model_meta
-    from qserve.files import dir_size
-
     meta = VariantMeta(str(vdir), config=_read_json(vdir / "config.json"))
     try:
         meta.model = read_model_meta(vdir)
@@ -90,8 +97,6 @@ def load_texts(key: tuple, cfg: BenchConfig, cache: dict) -> dict[str, Any]:
     out: dict[str, Any] = {"dataset": dataset, "seed": seed, "max_eval_samples": max_eval}
     if cfg.real_text_samples or acc or cfg.invariance_samples:
         try:
-            from qserve.data.datasets import load_dataset
-
             splits = load_dataset(dataset, seed=seed, max_eval_samples=max_eval, problem_type=problem)
             test = splits.test
             texts, labels = list(test.texts), list(test.labels)
@@ -99,7 +104,6 @@ def load_texts(key: tuple, cfg: BenchConfig, cache: dict) -> dict[str, Any]:
                 texts, labels = texts[:max_eval], labels[:max_eval]
             out["dataset"] = getattr(splits, "name", dataset)
             out["real_texts"] = texts[:cfg.real_text_samples]
-            from qserve.bench.invariance import select_texts
 
             out["invariance_texts"] = select_texts(texts, cfg.invariance_samples)
             if acc:
@@ -174,8 +178,6 @@ def run_child(module: str, job: dict[str, Any], work: Path, tag: str, cfg: Bench
 
 
 def run_floor(cfg: BenchConfig, config: dict[str, Any] | None, work: Path) -> dict[str, Any]:
-    from qserve.bench.floor import flops_per_sequence, gemm_shapes
-
     if config is None:
         return {"error": "no variant has a config.json to count FLOPs from"}
     try:
@@ -217,17 +219,12 @@ def _order(metas: list[VariantMeta]) -> list[int]:
 
 def _reference_index(metas: list[VariantMeta]) -> int | None:
     """The variant agreement is measured against (analysis.REFERENCES: torch-fp32, else onnx-fp32), by its spec."""
-    from qserve.bench.analysis import REFERENCES
-
     names = [m.manifest.name if m.manifest is not None else None for m in metas]
     return next((names.index(n) for n in REFERENCES if n in names), None)
 
 
 def _meets_bar(entry: dict[str, Any], ref: dict[str, Any] | None) -> float | None:
     """The entry's real-text b1 p50 when it meets its agreement bar against `ref` (else None)."""
-    from qserve.bench.analysis import agreement_with
-    from qserve.bench.recommend import bar_for, real_text_b1
-
     if entry.get("status") != "ok" or (entry.get("accuracy") or {}).get("n") != (ref or {}).get("accuracy", {}).get("n"):
         return None  # only a variant scored on every text sets the bound
     agr, real = agreement_with(entry, ref), real_text_b1(entry)
@@ -237,8 +234,6 @@ def _meets_bar(entry: dict[str, Any], ref: dict[str, Any] | None) -> float | Non
 def _measure(mode: str, d: Path, meta: VariantMeta, job: dict[str, Any], data: dict[str, Any], work: Path,
              tag: str, cfg: BenchConfig, store: Path | None, reuse: bool) -> dict[str, Any]:
     """One child (or its stored result when `reuse` and the key matches)."""
-    from qserve.bench import store as stored
-
     k = stored.key(meta.manifest.to_json()["files"] if meta.manifest is not None else None, job, data)
     res = stored.load(store, d, mode, k) if reuse else None
     if res is not None:
@@ -258,19 +253,12 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = N
     --long-text comparison then runs on the reference and the recommended variant only, the two whose
     records decide and qualify the policy served (docs/bench.md, "Which variants compare policies").
     `store`: keep each finished measurement there; `reuse`: read the ones whose key matches (resume)."""
-    from qserve.files import now_iso, refuse_existing
-    from qserve.bench import analysis
-    from qserve.bench.envinfo import environment, merge_child_env, physical_cores
-    from qserve.bench.report import write_reports
-
     if not variant_dirs:
         raise QserveError("qserve bench needs at least one VARIANT_DIR")
     cfg.validate()
     if cfg.threads is None:
         cfg.threads = physical_cores()
     if cfg.device != "cpu":
-        from qserve.devices import resolve_device
-
         cfg.device = resolve_device(cfg.device)
     dirs = [Path(d) for d in variant_dirs]
     metas = [variant_meta(d) for d in dirs]
@@ -355,9 +343,6 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = N
                 else:
                     log.error("bench: %s: policy comparison failed: %s", dirs[i], res.get("error"))
                     entries[i]["long_text_policies_error"] = res.get("error")
-    from qserve.bench.envinfo import load_avg
-    from qserve.provenance import provenance
-
     env["load_avg_end"] = load_avg()
     report = {
         "format": FORMAT,
@@ -384,7 +369,6 @@ def _policy_candidates(entries: list[dict[str, Any]], metas: list[VariantMeta],
     and with neither the first measured."""
     import copy
 
-    from qserve.bench import analysis
 
     draft: dict[str, Any] = {"variants": copy.deepcopy(entries), "headline": dict(zip(("batch", "seq"), cfg.headline())),
              "config": cfg.to_json(), "floor": {}, "environment": {}}

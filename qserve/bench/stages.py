@@ -11,6 +11,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from qserve.bench.html import render_html
+from qserve.bench.plots import CHARTS
+from qserve.bench.report import render_md
+from qserve.files import write_json_atomic, write_text_atomic
+
 STAGES = ("train", "export", "bench", "gate", "total")
 
 
@@ -40,11 +45,6 @@ def record_stages(report_dir: Path, times: dict[str, float], choices: dict | Non
 
 def rewrite(report_dir: Path, report: dict) -> None:
     """Write a changed report.json and re-render its report.md and report.html (the charts stay as they are)."""
-    from qserve.files import write_json_atomic, write_text_atomic
-    from qserve.bench.html import render_html
-    from qserve.bench.plots import CHARTS
-    from qserve.bench.report import render_md
-
     report_dir = Path(report_dir)
     write_json_atomic(report_dir / "report.json", report)
     md = render_md(report)

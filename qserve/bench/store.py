@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from qserve.files import write_json_atomic
+
 # Job fields that are not inputs of the measurement: paths of this run, and the bound that only decides the
 # eval cut (the cut itself is in the result, `eval_cut`).
 NOT_KEYED = ("variant_dir", "data_file", "token_cache", "bound_ms", "bound_variant", "own")
@@ -47,7 +49,6 @@ def load(store: Path | None, vdir: Path, mode: str, k: str) -> dict[str, Any] | 
 def save(store: Path | None, vdir: Path, mode: str, k: str, res: dict[str, Any]) -> None:
     if store is None or res.get("status") != "ok":
         return
-    from qserve.files import write_json_atomic
 
     store.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path_for(store, vdir, mode), {"key": k, "result": res})

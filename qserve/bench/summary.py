@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from qserve.bench.invariance import cell
+
 
 def fixed_shape(v: dict[str, Any], b: int, s: int) -> dict[str, Any] | None:
     """The variant's fixed-shape latency record at batch b, seq s (None when not measured)."""
@@ -58,6 +60,4 @@ def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def invariance_cell(inv: dict[str, Any] | None) -> str:
-    from qserve.bench.invariance import cell
-
     return cell(inv)

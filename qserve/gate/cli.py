@@ -16,11 +16,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from qserve import QserveError
+from qserve.configflags import add_flags, build
+from qserve.gate.config import GateConfig
+from qserve.gate.report import markdown, write_report
+from qserve.gate.run import run_gate
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from qserve.configflags import add_flags
-    from qserve.gate.config import GateConfig
-
     p = subparsers.add_parser("gate", help="a release gate: each variant vs fp32 on labelled data, with confidence "
                                            "intervals and calibration, sealed into its manifest",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -30,12 +33,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
-    from qserve import QserveError
-    from qserve.configflags import build
-    from qserve.gate.config import GateConfig
-    from qserve.gate.report import markdown, write_report
-    from qserve.gate.run import run_gate
-
     cfg = build(GateConfig, args, error=QserveError).validate()
     results = run_gate([Path(v) for v in args.variants], cfg)
     print(markdown(results).rstrip())

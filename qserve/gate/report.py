@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from qserve.files import refuse_existing, write_json_atomic, write_text_atomic
+from qserve.provenance import provenance, with_header
 
 FILES = ("gate.md", "gate.json", "gate.png")
 
@@ -122,7 +123,6 @@ def write_report(results: list[dict[str, Any]], out: Path, force: bool = False) 
     if out.exists() and not force and any(p.name not in FILES for p in out.iterdir()):
         refuse_existing(out, force)
     out.mkdir(parents=True, exist_ok=True)
-    from qserve.provenance import provenance
 
     report = {"format": "qserve-gate-report/1", "results": results, "provenance": provenance()}
     write_text_atomic(out / "gate.md", render(report))
@@ -134,8 +134,6 @@ def write_report(results: list[dict[str, Any]], out: Path, force: bool = False) 
 
 def render(report: dict[str, Any]) -> str:
     """gate.md from gate.json (what `make reports` re-renders): the table under its provenance line."""
-    from qserve.provenance import with_header
-
     return with_header(markdown(report["results"]), report.get("provenance"))
 
 

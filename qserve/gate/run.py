@@ -20,12 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from qserve import QserveError
+from qserve import QserveError, __version__
 from qserve import problemtypes as problems
 from qserve.artifact import Manifest, read_manifest, read_model_meta, reseal
 from qserve.data.datasets import DatasetSplits, Split, load_dataset, stratified_subsample
 from qserve.gate import stats
 from qserve.gate.config import MIN_CLASS_TEXTS, GateConfig, accuracy_drop, agreement_bar
+from qserve.devices import cpu_info, resolve_device
+from qserve.files import now_iso
+from qserve.runtime import RuntimeOptions, load_runtime
+from qserve.verify import verify
 
 log = logging.getLogger("qserve.gate")
 FORMAT = "qserve-gate/1"
@@ -137,8 +141,6 @@ def logits_of(rt: Any, split: Split, batch: int = 32) -> np.ndarray:
 
 
 def load(path: Path, cfg: GateConfig) -> Any:
-    from qserve.runtime import RuntimeOptions, load_runtime
-
     return load_runtime(path, cfg.device, RuntimeOptions(threads=cfg.threads), allow_extra_files=cfg.allow_extra_files)
 
 
@@ -252,8 +254,6 @@ def calibrate(problem: str, var: Scored, y_gate: np.ndarray, y_cal: np.ndarray |
 
 
 def machine(device: str) -> dict[str, Any]:
-    from qserve.devices import cpu_info
-
     out: dict[str, Any] = {"device": device, "cpu": cpu_info().get("model")}
     if device.startswith("cuda"):
         import torch
@@ -266,11 +266,6 @@ def run_gate(variants: list[Path], cfg: GateConfig, until_pass: bool = False) ->
     """Gate each variant against its reference; write each verdict and calibration into its manifest (unless
     cfg.record is False); return the results, one per variant, in order. until_pass: stop after the first variant
     that passes (the pipeline gates its candidates fastest first, and needs one)."""
-    from qserve import __version__
-    from qserve.devices import resolve_device
-    from qserve.files import now_iso
-    from qserve.verify import verify
-
     cfg.validate()
     if not variants:
         raise GateError("qserve gate needs at least one VARIANT dir")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 
 from qserve.predict.job import ENGINES, ON_ERROR, PredictConfig
+from qserve.files import write_json_atomic
+from qserve.predict.runner import run
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -62,15 +64,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    from qserve.predict.runner import run
-
     names = [f for f in PredictConfig.__dataclass_fields__]
     cfg = PredictConfig(**{n: getattr(args, n) for n in names})
     summary = run(cfg)
     if args.json_out:
         from pathlib import Path
 
-        from qserve.files import write_json_atomic
 
         write_json_atomic(Path(args.json_out), summary)
     return 0  # bad rows are in the output (--on-error fail raised before any was written past them)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
+from qserve.files import write_json_atomic
 
 FORMATS = ("jsonl", "csv", "parquet")
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
@@ -290,8 +291,6 @@ def merge(parts: Path, count: int, out: Path, fmt: str) -> tuple[int, int]:
 def prepare(out: Path, fmt: str, ledger: dict[str, Any], force: bool) -> int:
     """Set up OUTPUT.parts/ for this job; returns how many parts are already complete (0 for a fresh job).
     A ledger from another TARGET, INPUT or setting is refused, naming both, unless --force."""
-    from qserve.files import write_json_atomic
-
     parts = parts_dir(out)
     if force:
         shutil.rmtree(parts, ignore_errors=True)

@@ -21,6 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from qserve import QserveError, problemtypes as problems
 from qserve.predict.files import ROW_ERROR, Row
+from qserve.artifact import read_manifest
+from qserve.serve.core.outputs import v1_predictions
+from qserve.serve.core.repository import model_version, resolve
+from qserve.serve.core.served_model import load_model
+from qserve.serve.core.texts import text_problem
+from qserve.serve.infra.config import ServeConfig
 
 if TYPE_CHECKING:
     from qserve.runtime import Runtime
@@ -89,9 +95,6 @@ class Model:
 
     def load(self) -> Runtime:
         """The runtime, through the server's Loader with the server's settings."""
-        from qserve.serve.infra.config import ServeConfig
-        from qserve.serve.core.served_model import load_model
-
         cfg = ServeConfig(variant_dir=self.variant_dir, threads=self.threads, device=self.device,
                           long_text=self.long_text, max_batch_size=self.batch_size)
         cfg.validate()
@@ -100,9 +103,6 @@ class Model:
 
 def resolve_model(cfg: PredictConfig) -> Model:
     """TARGET -> the variant and policy `qserve serve TARGET` would serve (the server's own resolve)."""
-    from qserve.artifact import read_manifest
-    from qserve.serve.core.repository import model_version, resolve
-
     vdir, selection = resolve(cfg.target)
     sel: Selection | None = selection
     if sel is not None:
@@ -139,8 +139,6 @@ def answer_types(rt: Runtime, all_scores: bool) -> dict[str, Any]:
 
 
 def _problem(row: Row, column: str, flag: str, max_chars: int) -> str | None:
-    from qserve.serve.core.texts import text_problem
-
     if column not in row:
         return f"column {column!r} ({flag}) is missing from this row"
     text = row[column]
@@ -169,8 +167,6 @@ def row_problem(row: Row, cfg: PredictConfig) -> str | None:
 def score_chunk(rt: Runtime, rows: list[Row], cfg: PredictConfig, first_row: int = 1) -> list[Row]:
     """Each row with its answer columns (or its error), in input order. `first_row`: the 1-based number of
     rows[0] in INPUT, for --on-error fail's message."""
-    from qserve.serve.core.outputs import v1_predictions
-
     threshold = (cfg.threshold if cfg.threshold is not None else problems.DEFAULT_THRESHOLD) \
         if rt.problem_type == problems.MULTI else None
     errors = [row_problem(r, cfg) for r in rows]

@@ -26,7 +26,7 @@ import os
 from typing import Any
 
 from qserve import QserveError
-from qserve.predict.files import Input, part_path, parts_dir, write_part
+from qserve.predict.files import Input, part_path, parts_dir, rows_to_table, write_part
 from qserve.predict.job import Model, PredictConfig, answer_types, check_columns, progress, score_chunk
 
 try:
@@ -52,7 +52,6 @@ class Scorer:
     def __call__(self, batch: Any) -> Any:
         import pyarrow as pa
 
-        from qserve.predict.files import rows_to_table
 
         rows = score_chunk(self.rt, batch.to_pylist(), self.cfg)
         table = rows_to_table(rows, self.types)

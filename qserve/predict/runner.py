@@ -18,12 +18,11 @@ from qserve import QserveError
 from qserve.predict.files import Input
 from qserve.predict.job import (Model, PredictConfig, answer_types, check_columns, ledger, progress, resolve_model,
                                 score_chunk)
+from qserve.predict import files
 
 
 def run(cfg: PredictConfig) -> dict[str, Any]:
     """Run the job on its engine; returns the summary (rows, seconds, rows_per_s, failed, ...)."""
-    from qserve.predict import files
-
     cfg.validate()
     fmt = files.output_format(cfg.out)
     inp = files.open_input(cfg.input)
@@ -65,8 +64,6 @@ def run(cfg: PredictConfig) -> dict[str, Any]:
 
 def _run_local(cfg: PredictConfig, model: Model, inp: Input, fmt: str, done: int) -> tuple[int, int]:
     """Score chunk by chunk after the `done` complete parts; returns (parts, rows scored now)."""
-    from qserve.predict import files
-
     rt = model.load()
     types = answer_types(rt, cfg.all_scores) if fmt == "parquet" else None
     parts = files.parts_dir(cfg.out)

@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from qserve import QserveError, __version__
-from qserve.artifact import Manifest
+from qserve.artifact import Manifest, read_manifest
 from qserve.runtime import threadnames
 from qserve.serve.core.errors import ApiError
 from qserve.serve.core.guard import DOCS_PATHS, GuardMiddleware
@@ -42,6 +42,9 @@ from qserve.serve.infra.tracing import from_env as tracing_from_env
 from qserve.serve.protocols import spec
 from qserve.serve.protocols.registry import SERVED
 from qserve.serve.protocols.spec import Protocols
+from qserve.longtext import pattern
+from qserve.serve.core.outputs import publish_outputs
+from qserve.serve.core.pairs import publish_inputs
 
 log = logging.getLogger("qserve.serve")
 
@@ -219,7 +222,6 @@ def _served_manifest(variant_dir: str | None) -> Manifest | None:
     model has loaded); None: no readable manifest (several models, a model dir, a repository)."""
     from pathlib import Path
 
-    from qserve.artifact import read_manifest
 
     if not variant_dir:
         return None
@@ -232,8 +234,6 @@ def _served_manifest(variant_dir: str | None) -> Manifest | None:
 def _publish_long_text(comps: dict, manifest: Manifest | None, names: list[str]) -> None:
     """The long_text pattern bounded by the served variant's max_length, so a client knows which H and W this
     server takes. No readable manifest: the unbounded form stays."""
-    from qserve.longtext import pattern
-
     if manifest is None:
         return
     shape, bounded = pattern(), pattern(manifest.max_length)
@@ -268,9 +268,6 @@ def _publish_limits(schema: dict, config: ServeConfig, protocols: Protocols) -> 
         walk(comps.get(name))
     manifest = _served_manifest(config.variant_dir)
     _publish_long_text(comps, manifest, [n for p in protocols.all for n in p.openapi.long_text])
-    from qserve.serve.core.outputs import publish_outputs
-    from qserve.serve.core.pairs import publish_inputs
-
     # `name=dir` (one named model): the document's outputs are that model's, as they always were
     named = manifest if "=" not in (config.variant_dir or "") else _served_manifest(config.variant_dir.split("=", 1)[-1])
     publish_outputs(comps, named)

@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qserve import QserveError
-from qserve.configflags import ENV_PREFIX, add_flags, config_values, flag, option_name
+from qserve.configflags import ENV_PREFIX, add_flags, config_values, field_docs, flag, option_name
+from qserve.bench.loadtest import format_report, read_texts_file, run_loadtest
+from qserve.files import write_json_atomic
+from qserve.serve.app import create_app
+from qserve.serve.core.repository import Repository, sources_from_dirs, sources_from_root
+from qserve.serve.infra.config import ServeConfig, config_from_sources
+from qserve.serve.infra.deploy import RayOptions, Scaling
+from qserve.serve.infra.uvicorn_server import uvicorn_config
 
 log = logging.getLogger("qserve.serve")
 
@@ -43,10 +50,6 @@ class ServeCommand:
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     from dataclasses import fields
-
-    from qserve.configflags import field_docs
-    from qserve.serve.infra.config import ServeConfig
-    from qserve.serve.infra.deploy import RayOptions
 
     p = sub.add_parser(
         "serve", help="serve one or several variants over HTTP with dynamic batching",
@@ -94,10 +97,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from qserve.serve.infra.config import config_from_sources
-    from qserve.serve.infra.deploy import RayOptions, Scaling
-    from qserve.serve.core.repository import Repository, sources_from_dirs, sources_from_root
-
     dirs = list(args.variant_dir or [])
     args.variant_dir = dirs[0] if dirs else None  # none given: QSERVE_VARIANT_DIR decides
     cfg = config_from_sources(args)
@@ -127,9 +126,6 @@ def run_serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from qserve.serve.app import create_app
-    from qserve.serve.infra.uvicorn_server import uvicorn_config
-
     failed: list[BaseException] = []
     server: uvicorn.Server | None = None
 
@@ -149,9 +145,6 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def run_loadtest_cmd(args: argparse.Namespace) -> int:
-    from qserve.files import write_json_atomic
-    from qserve.bench.loadtest import format_report, read_texts_file, run_loadtest
-
     try:
         levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
     except ValueError:

@@ -48,10 +48,11 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qserve import QserveError
-from qserve.serve.infra.config import ServeConfig
+from qserve.serve.infra.config import ServeConfig, config_from_sources
 from qserve.serve.infra.deploy import APP_NAME, DEPLOYMENT_NAME, RAY_INSTALL_HINT, Scaling, app_args, deployment_options
 from qserve.serve.core.repository import ModelSource, Repository
 from qserve.serve.core.state import Selection, ServeState
+from qserve.serve.app import create_app
 
 try:
     import ray
@@ -130,8 +131,6 @@ async def ray_engine_info(replica_id: str) -> dict[str, Any]:
 class QserveReplica:
     def __init__(self, settings: dict[str, Any], selection: Selection | None = None,
                  models: list[tuple[str, str]] | None = None):
-        from qserve.serve.infra.config import config_from_sources
-
         # Settings from the builder args, then QSERVE_* in the replica's own environment (the API key).
         self.cfg = config_from_sources({k: v for k, v in settings.items() if v is not None})
         self.cfg.grpc_port = None  # the Ray engine serves HTTP only (QSERVE_GRPC_PORT must not bind per replica)
@@ -142,7 +141,6 @@ class QserveReplica:
     def __serve_build_asgi_app__(self) -> ASGIApp:
         from prometheus_client import Gauge
 
-        from qserve.serve.app import create_app
 
         repository = None
         if self.models:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from qserve.problemtypes import SINGLE, batch_sums, finish_sums, loss, target
+from qserve.longtext import split_texts
+from qserve.textpairs import split_pairs
 
 
 class PadCollate:
@@ -49,12 +51,8 @@ def batch_inputs(batch: dict[str, Any]) -> dict[str, Any]:
 def encode_split(tok, split, max_length: int, policy: str, problem: str, k: int) -> list[tuple]:
     """(ids, target) per text, cut by the long-text policy exactly as export, bench and serve cut it; for a
     pair split (ids, target, token_type_ids) per pair, as the tokenizer encodes and truncates it (textpairs.py)."""
-    from qserve.longtext import split_texts
-
     targets = [target(lab, problem, k) for lab in split.labels]
     if split.pairs is not None:
-        from qserve.textpairs import split_pairs
-
         pieces = split_pairs(tok, split.texts, split.pairs, max_length)
         if pieces.types is not None:
             return list(zip(pieces.ids, targets, pieces.types))

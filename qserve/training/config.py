@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from qserve import QserveError
+from qserve import QserveError, longtext
 from qserve.configflags import flag
 from qserve.longtext import TRAIN_DEFAULT
 from qserve.problemtypes import SHORT, from_flag
@@ -145,8 +145,6 @@ def validate(cfg: TrainConfig) -> None:
 
 def train_policy(cfg: TrainConfig) -> str:
     """cfg.long_text written out in full for cfg.max_length; windows is refused (an inference policy)."""
-    from qserve import longtext
-
     policy = longtext.resolve(cfg.long_text, cfg.max_length, "--long-text")
     if not policy.trainable:
         raise QserveError(f"--long-text {cfg.long_text}: windows is an inference policy (export or serve it with "

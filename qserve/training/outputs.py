@@ -16,13 +16,14 @@ from typing import Any
 
 from qserve.training.precision import peak_memory
 from qserve.problemtypes import REGRESSION, value_range
+from qserve.artifact import MODEL_META, ModelMeta
+from qserve.devices import cpu_info
+from qserve.files import library_versions, now_iso, staged_dir, write_json_atomic
+from qserve.textpairs import PAIR
 
 
 def metrics(fabric, cfg, data, device, base_name, t0, train_time, step_times, seen, epoch_val, val, test,
              last_loss, rss_peak, opt) -> dict[str, Any]:
-    from qserve.files import library_versions, now_iso
-    from qserve.devices import cpu_info
-
     hw: dict[str, Any] = {"cpu": cpu_info()}
     if device.startswith("cuda"):
         import torch
@@ -51,9 +52,6 @@ def write(out: Path, cfg, model, tok, base_name: str, data, metrics: dict[str, A
     """The finished checkpoint dir, staged and renamed over `out` (which holds only this run's resume files)."""
     import torch
 
-    from qserve.artifact import MODEL_META, ModelMeta
-    from qserve.files import staged_dir, write_json_atomic
-
     # force: out holds only this run's own checkpoint by now (resume.plan refused anyone else's files)
     with staged_dir(out, force=True) as tmp:
         # fp32 on disk whatever the training precision (bf16-true trains bf16 weights):
@@ -72,6 +70,4 @@ def write(out: Path, cfg, model, tok, base_name: str, data, metrics: dict[str, A
 
 def pair_inputs(data) -> tuple[str, ...] | None:
     """`inputs` for qserve_model.json: recorded only for a model trained on text pairs (absent = one text)."""
-    from qserve.textpairs import PAIR
-
     return PAIR if data.train.pairs is not None else None

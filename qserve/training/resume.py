@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
+from qserve.files import refuse_existing, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +99,6 @@ def describe_diff(names: list[str], want: dict[str, Any], have: dict[str, Any], 
 
 def plan(out: Path, cfg: dict[str, Any], defaults: dict[str, Any], resume: bool | None, force: bool) -> Plan:
     """Decide from what `out` holds (before anything heavy loads); errors name the flags that choose."""
-    from qserve.files import refuse_existing
-
     out = Path(out)
     started, finished, ckpt = out / STARTED, out / FINISHED, out / CHECKPOINT
     if finished.is_file() and not started.is_file():  # a finished run
@@ -139,8 +138,6 @@ def plan(out: Path, cfg: dict[str, Any], defaults: dict[str, Any], resume: bool 
 
 def record_start(out: Path, cfg: dict[str, Any]) -> None:
     """Claim `out` for this run (rank 0): the config it was started with; a stale checkpoint goes."""
-    from qserve.files import write_json_atomic
-
     out.mkdir(parents=True, exist_ok=True)
     for stale in (out / CHECKPOINT, out / (CHECKPOINT + PARTIAL_SUFFIX)):
         stale.unlink(missing_ok=True)

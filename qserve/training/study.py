@@ -26,6 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
+from qserve.devices import cpu_info, resolve_device
+from qserve.files import library_versions, now_iso, refuse_existing, write_json_atomic, write_text_atomic
+from qserve.provenance import provenance, with_header
+from qserve.training.config import split_seed, validate
+from qserve.training.precision import AUTO, BF16_UPDATES, PRECISIONS, PRECISION_CHOICES, choose_precision
+from qserve.training.train import config_from_args
 
 DEFAULT_DIR = "benchmarks/reports/precision"
 KEPT = ("train_time_s", "wall_time_s", "optimizer_steps", "step_time_median_s", "samples_per_s", "peak_memory_bytes",
@@ -46,8 +52,6 @@ REFERENCE = {
 
 
 def supported_precisions(device: str) -> list[str]:
-    from qserve.training.precision import PRECISIONS
-
     if device == "cpu":
         return [p for p in PRECISIONS if p != "16-mixed"]
     import torch
@@ -86,9 +90,6 @@ def plan(cfg, precisions: list[str] | None, device: str, bf16_updates: list[str]
 
     `auto` among the precisions (or as --noise-precision) is what `--precision auto` chooses on this device; the
     noise run's default is that choice too, the study's reference."""
-    from qserve.training.precision import AUTO, BF16_UPDATES, PRECISION_CHOICES, choose_precision
-    from qserve.training.config import split_seed
-
     supported = supported_precisions(device)
     auto = None
     if AUTO in (precisions or []) or noise_precision in (None, AUTO):
@@ -127,8 +128,6 @@ def plan(cfg, precisions: list[str] | None, device: str, bf16_updates: list[str]
 def run_compare(args: argparse.Namespace) -> int:
     """`qserve train --compare`: the precision study over the train command's flags (qserve.cli sends
     the command here; qserve.training.train itself never imports this module)."""
-    from qserve.training.train import config_from_args
-
     cfg = config_from_args(args)
     out_dir = Path(args.out) if args.out else Path(DEFAULT_DIR)
     cfg.out = None
@@ -150,11 +149,6 @@ def compare(cfg, precisions: list[str] | None, out_dir, bf16_updates: list[str] 
     follow one another over many minutes, and a machine whose speed drifts that slowly moves their
     step times more than precisions differ (two bf16-mixed seeds read 0.81 and 0.95 s on one study).
     """
-    from qserve.files import library_versions, now_iso, refuse_existing, write_json_atomic, write_text_atomic
-    from qserve.provenance import provenance, with_header
-    from qserve.devices import cpu_info, resolve_device
-    from qserve.training.config import validate
-
     validate(cfg)
     if isinstance(step_rounds, bool) or not isinstance(step_rounds, int) or step_rounds < 0:
         raise QserveError(f"--step-rounds must be an integer >= 0 (got {step_rounds!r})")

@@ -32,6 +32,10 @@ from qserve.training.batches import PadCollate, batch_inputs, encode_split, eval
 from qserve.training.config import MAX_GRAD_NORM, CompareOptions, TrainConfig, split_seed, train_policy, validate
 from qserve.training.precision import PrecisionChoice, build_optimizer, check_precision, choose_precision, \
     optimizer_state_bytes
+from qserve.data.datasets import load_dataset
+from qserve.devices import resolve_device
+from qserve.modeling import load_for_training, model_name_for, skip_unused_imports
+from qserve.training import outputs as trainout, resume
 
 log = logging.getLogger(__name__)
 BUDGET_STEPS = 4
@@ -44,11 +48,6 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     a finished run with the same config is returned as it is, never retrained.
     With several DDP processes every rank trains; rank 0 writes and gets the metrics, the others None.
     """
-    from qserve.training import resume
-    from qserve.data.datasets import load_dataset
-    from qserve.devices import resolve_device
-    from qserve.modeling import model_name_for
-
     t0 = time.perf_counter()
     validate(cfg)
     device = resolve_device(cfg.device)
@@ -89,9 +88,6 @@ def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float,
     import psutil
     import torch
     from tqdm.auto import tqdm
-
-    from qserve.training import outputs as trainout, resume
-    from qserve.modeling import load_for_training
 
     out = todo.out
     fabric.seed_everything(cfg.seed, verbose=False)
@@ -304,7 +300,6 @@ def run(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`python -m qserve.training.train ...`: the train command alone (what --compare runs per precision)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from qserve.modeling import skip_unused_imports
 
     skip_unused_imports()  # an entry point like `qserve train`: the study's children start as fast as it does
     parser = argparse.ArgumentParser(prog="qserve")

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from qserve.runtime.base import Classification
 from qserve.serve.core.pending import Item, Pending, infer_args
+from qserve.runtime.threadnames import named
 
 if TYPE_CHECKING:
     from qserve.serve.infra.metrics import ModelMetrics
@@ -124,7 +125,6 @@ class Batcher:
         if self.lanes > 1:
             from concurrent.futures import ThreadPoolExecutor
 
-            from qserve.runtime.threadnames import named
 
             self._lane_pool = ThreadPoolExecutor(self.lanes, thread_name_prefix="qserve-lane",
                                                  initializer=named("qserve-lane"))

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from qserve import QserveError
-from qserve.artifact import Manifest
+from qserve.artifact import Manifest, read_manifest
 from qserve.serve.core.errors import ApiError
+from qserve.bench.recommend import from_model_dir
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 NAME_RULE = "1-128 characters of letters, digits, '.', '_' and '-', starting with a letter or digit"
@@ -63,8 +64,6 @@ def resolve(path: str | Path) -> tuple[Path, Selection | None]:
     """(the variant dir to load, why it was chosen): the dir itself, or a model dir's recommended variant."""
     path = Path(path)
     if is_model_dir(path):
-        from qserve.bench.recommend import from_model_dir
-
         vdir, selection = from_model_dir(path)
         return Path(vdir), Selection(**selection)  # type: ignore[typeddict-item]
     if not (path / "manifest.json").is_file():
@@ -74,8 +73,6 @@ def resolve(path: str | Path) -> tuple[Path, Selection | None]:
 
 
 def _spec_name(path: str) -> str:
-    from qserve.artifact import read_manifest
-
     vdir, _ = resolve(path)
     return read_manifest(vdir).name
 

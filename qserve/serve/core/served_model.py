@@ -27,6 +27,7 @@ from qserve.serve.core.errors import ApiError
 from qserve.serve.infra.metrics import ModelMetrics
 from qserve.serve.core.repository import Selection
 from qserve.serve.core.shadow import Shadow
+from qserve.runtime import RuntimeOptions, load_runtime
 
 
 Loader = Callable[[ServeConfig], ModelRuntime]
@@ -64,8 +65,6 @@ def check_gate(manifest: Manifest, where: str) -> None:
 
 def load_model(config: ServeConfig) -> ModelRuntime:
     """The default Loader: load_runtime on config.variant_dir (manifest verified) with the serve flags."""
-    from qserve.runtime import RuntimeOptions, load_runtime
-
     # max_rows: windows of long texts make more rows than texts; a forward never runs more than a full batch
     options = RuntimeOptions(threads=config.threads, row_workers=config.row_workers, long_text=config.long_text,
                              max_windows=config.max_windows, max_rows=config.max_batch_size,

@@ -29,9 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from qserve import QserveError
+from qserve import QserveError, problemtypes as problems
 from qserve.runtime.contract import ModelRuntime
 from qserve.serve.infra.metrics import Metrics
+from qserve.artifact import read_manifest, read_model_meta
+from qserve.bench.recommend import bar_for
+from qserve.runtime import RuntimeOptions, load_runtime
+from qserve.serve.core.repository import resolve
 
 log = logging.getLogger("qserve.serve")
 
@@ -93,10 +97,6 @@ class Shadow:
     # -- lifecycle (the server's loader thread, then the event loop) -----------------------
     def load(self) -> None:
         """Load the reference (manifest verified) with its own thread budget; start the shadow thread."""
-        from qserve.artifact import read_manifest
-        from qserve.runtime import RuntimeOptions, load_runtime
-        from qserve.serve.core.repository import resolve
-
         vdir, _ = resolve(self.reference_dir)
         backend = read_manifest(vdir).backend
         # torch's intra-op pool is process-wide: a torch reference must not resize the served model's.
@@ -111,8 +111,6 @@ class Shadow:
 
     def attach(self, version: str, labels: list[str], bits: int | None) -> None:
         """The model now serves `version`: start a new window, held to the bar for its bits."""
-        from qserve.bench.recommend import bar_for
-
         if self.reference is not None and list(self.reference.labels) != list(labels):
             raise QserveError(f"--shadow {self.model}={self.reference_dir}: the reference's labels "
                               f"{self.reference.labels} differ from the model's {labels}; shadow a model with "
@@ -242,13 +240,9 @@ def row_agreement(served: np.ndarray, ref: np.ndarray, problem: str, variant_dir
     """Per text, how far the served answer agrees with the reference's, as the bench measures it
     (qserve.problemtypes.agreement): same top label (single-label), share of labels with the same on/off at 0.5
     (multi-label), 1 - |Δvalue| / the training labels' range from qserve_model.json, else 1 (regression)."""
-    from qserve import problemtypes as problems
-
     if problem == problems.MULTI:
         return ((served >= 0.5) == (ref >= 0.5)).mean(axis=1)
     if problem == problems.REGRESSION:
-        from qserve.artifact import read_model_meta
-
         meta = read_model_meta(Path(variant_dir))
         span = meta.label_range if meta is not None else None
         return 1.0 - np.abs(served - ref).mean(axis=1) / float(span or 1.0)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from qserve import QserveError
 from qserve.configflags import ENV_PREFIX, build, flag
 from qserve.longtext import MAX_WINDOWS, parse
+from qserve.runtime.buckets import parse as parse_buckets
 
 
 @dataclass
@@ -164,7 +165,6 @@ class ServeConfig:
              "names a single DIR's model; under --model-repository each model is named by its directory")
         need(self.api_key is None or len(self.api_key) >= 8, "api_key",
              "must be at least 8 characters (or unset to disable auth)")
-        from qserve.runtime.buckets import parse as parse_buckets
 
         parse_buckets(self.length_buckets)  # names --length-buckets and what it allows
         need(self.max_batch_tokens is None or self.max_batch_tokens >= 2, "max_batch_tokens",

@@ -24,6 +24,7 @@ from typing import Any
 from qserve import QserveError
 from qserve.configflags import add_flags, config_values, flag
 from qserve.serve.infra.config import ServeConfig
+from qserve.files import write_text_atomic
 
 IMPORT_PATH = "qserve.serve.ray_engine:build_app"
 APP_NAME = "qserve"
@@ -173,7 +174,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_deploy_ray(args: argparse.Namespace) -> int:
     import yaml
 
-    from qserve.files import write_text_atomic
 
     variant = Path(args.variant_dir)
     if not variant.is_absolute():

@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from qserve import QserveError
+from qserve.serve.infra.connections import protocol_class
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
@@ -28,7 +29,6 @@ def uvicorn_config(app: ASGIApp, host: str, port: int, log_level: str = "info",
         kwargs["log_config"] = log_config
     st = getattr(getattr(app, "state", None), "qserve", None)
     if st is not None:  # a qserve app: its connection limits and timeouts (connections.py)
-        from qserve.serve.infra.connections import protocol_class
 
         cfg = st.config
         kwargs["http"] = protocol_class(header_timeout_s=cfg.header_timeout_s, body_timeout_s=cfg.body_timeout_s,

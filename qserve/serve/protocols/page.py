@@ -33,6 +33,10 @@ from pydantic import BaseModel
 from qserve.serve.core.schemas import ErrorResponse
 from qserve.serve.core.state import ServeState
 from qserve.serve.protocols.spec import Endpoint, Protocol, Route
+from qserve import QserveError
+from qserve.artifact import VariantError, read_manifest
+from qserve.bench.recommend import real_text_b1
+from qserve.bench.report import load_report, summary_rows
 
 PAGE_HTML = Path(__file__).with_name("page.html")
 
@@ -88,9 +92,6 @@ def report_candidates(variant_dir: str | Path) -> list[Path]:
 
 
 def report_summary(variant_dir: str | Path) -> ReportSummary:
-    from qserve import QserveError
-    from qserve.bench.report import load_report, summary_rows
-
     if not variant_dir:
         return ReportSummary(served="", reason="no variant dir configured")
     v = Path(variant_dir)
@@ -124,8 +125,6 @@ def report_summary(variant_dir: str | Path) -> ReportSummary:
 
 def _row(name: str, row: dict, ranked: dict | None, report: dict) -> BenchRow:
     """The summary row, its latency the one the recommendation ranked by (so the page and the ranking agree)."""
-    from qserve.bench.recommend import real_text_b1
-
     plain = {k: row.get(k) for k in BenchRow.model_fields if k in row and k != "variant"}
     out = BenchRow(variant=name, **plain, fixed_p50_ms=row.get("p50_ms"),
                    meets_bar=ranked.get("meets_bar") if ranked else None)
@@ -141,8 +140,6 @@ def _row(name: str, row: dict, ranked: dict | None, report: dict) -> BenchRow:
 
 def _same_files(stamp: Path, variant_dir: Path) -> bool | None:
     """The pipeline stamps the manifests' file lists it measured; compare with what is served."""
-    from qserve.artifact import VariantError, read_manifest
-
     try:
         measured = json.loads(stamp.read_text(encoding="utf-8")).get(variant_dir.name)
         served = read_manifest(variant_dir).to_json()["files"]
