@@ -95,6 +95,12 @@ STAGES: tuple[Stage, ...] = (
                   "multilabel_gate:render"),),
           "40 min on the AMD EPYC beside other jobs, its training 2,358 s of it (250 steps); a re-gate of the same "
           "checkpoint ~1 min (the script reuses it when the data is unchanged)"),
+    Stage("gate-multilabel-aspects", "the same on rarer labels a user's tagging rules make (sentiment, and the "
+          "acting and music a review mentions): per-label thresholds against one 0.5, the gain's interval",
+          ("$PY -m benchmarks.multilabel_gate --task aspects",),
+          (Report("benchmarks/reports/gate-multilabel-aspects/gate.json",
+                  "benchmarks/reports/gate-multilabel-aspects/gate.md", "multilabel_gate:render"),),
+          "14 min on the AMD EPYC beside other jobs (the report's own stage seconds: training 13.2 min of it)"),
     Stage("fast-vs-full", "the fast bench's recommendation and served policy against a full comparison (every policy on "
           "every variant, the bench before issue 30, code b7b3591) of the same run's variant files",
           ("rm -rf /tmp/qserve-b7b3591 && mkdir -p /tmp/qserve-b7b3591 && git archive b7b3591 qserve | "
