@@ -140,6 +140,45 @@ def graph_inputs(model: Any) -> tuple[str, ...]:
     return tuple(n for n in inspect.signature(model.forward).parameters if n in wanted)
 
 
+@contextlib.contextmanager
+def _traceable_masks() -> Iterator[None]:
+    """While tracing: give transformers' mask builders a query length they read as one.
+
+    The TorchScript tracer records every tensor size as a 0-d tensor. transformers 5.5's sdpa/eager mask builders
+    take a tensor `q_length` for the cache_position their older signature had (and index it), so a traced size
+    fails there. Handed that cache_position (arange(q_length) + q_offset) they build the same mask from the
+    traced size, and the graph keeps a dynamic sequence axis. Where the builders take no q_length (transformers
+    4.x) the wrappers pass everything through unchanged."""
+    import torch
+
+    try:
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS as masks
+    except ImportError:  # a transformers without the mask registry builds its masks inline
+        yield
+        return
+
+    def traceable(build: Any) -> Any:
+        def build_traced(*args: Any, **kwargs: Any) -> Any:
+            q_length = kwargs.get("q_length")
+            if isinstance(q_length, torch.Tensor) and q_length.dim() == 0:
+                kwargs["q_length"] = torch.arange(q_length) + kwargs.pop("q_offset", 0)
+            return build(*args, **kwargs)
+        return build_traced
+
+    originals = {k: masks[k] for k in ("sdpa", "eager") if k in masks}
+    notes = logging.getLogger("transformers.masking_utils")  # its one-time note on the cache_position it is handed
+    level = notes.level
+    notes.setLevel(logging.ERROR)
+    for k, build in originals.items():
+        masks.register(k, traceable(build))
+    try:
+        yield
+    finally:
+        for k, build in originals.items():
+            masks.register(k, build)
+        notes.setLevel(level)
+
+
 def export_fp32(checkpoint: Path, out: Path, opset: int | None = None) -> int:
     """Export a local checkpoint's classifier to `out`/model.onnx (+ its config.json); returns the opset used.
 
@@ -151,14 +190,17 @@ def export_fp32(checkpoint: Path, out: Path, opset: int | None = None) -> int:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     out.mkdir(parents=True, exist_ok=True)
-    model = AutoModelForSequenceClassification.from_pretrained(checkpoint, dtype=torch.float32,
-                                                               local_files_only=True).eval()
+    # Eager attention: under transformers 5 the SDPA path traces a boolean mask and a NaN guard per layer that
+    # ORT's attention fusion (option optimize) does not recognise; the eager graph is the plain MatMul/Softmax
+    # attention, with the additive mask, that it fuses, as the graphs exported under transformers 4.57 were.
+    model = AutoModelForSequenceClassification.from_pretrained(checkpoint, dtype=torch.float32, local_files_only=True,
+                                                               attn_implementation="eager").eval()
     tok = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
     names = graph_inputs(model)
     enc = tok(_TRACE_TEXTS, padding=True, return_tensors="pt")
     kwargs = {n: enc[n] if n in enc else torch.zeros_like(enc["input_ids"]) for n in names}
     opset = opset or DEFAULT_OPSET
-    with _quiet(), torch.no_grad():
+    with _quiet(), _traceable_masks(), torch.no_grad():
         # Opset 21 (int4 embeddings) is above the TorchScript exporter's 20: it writes the opset-20 operators,
         # which opset 21 keeps, under the opset-21 header (and warns, silenced here).
         # The model itself, not a wrapper, is traced: node names keep its module paths (keep_fp32 matches them).
