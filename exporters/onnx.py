@@ -27,6 +27,7 @@ reads, so it loads there unchanged where a user has optimum-onnx. Then:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import shutil
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qserve import QserveError
+from qserve.modeling import model_inputs
 from qserve.variants import REGISTRY, OnnxOptions, VariantSpec, option_defaults
 
 if TYPE_CHECKING:
@@ -130,10 +132,6 @@ def graph_inputs(model: Any) -> tuple[str, ...]:
     """The inputs the exported graph takes: input_ids and attention_mask, and token_type_ids where the model reads
     segment ids (BERT, ALBERT, ELECTRA). A model with one segment type or none (RoBERTa's type_vocab_size 1,
     DeBERTa-v3's 0) would only read zeros from them, so its graph has none, as optimum's exports had none."""
-    import inspect
-
-    from qserve.modeling import model_inputs
-
     segments = int(getattr(model.config, "type_vocab_size", 0) or 0) > 1
     wanted = {n for n in model_inputs(model) if n != "token_type_ids" or segments}
     # In the forward's own order: the TorchScript exporter binds named inputs to the graph's inputs that way.

@@ -34,6 +34,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from exporters.onnx import MODEL_FILE as ONNX_FILE
+from exporters.onnx import export_fp32
 from qserve import QserveError
 from qserve.variants import REGISTRY, OpenVINOOptions, VariantSpec, option_defaults
 
@@ -95,9 +97,6 @@ FROM_ONNX = ("modernbert",)
 def _ir_from_onnx(checkpoint: Path, out: Path) -> None:
     """openvino_model.xml/.bin + config.json from the checkpoint's fp32 ONNX graph, weights kept fp32."""
     import openvino as ov
-
-    from exporters.onnx import MODEL_FILE as ONNX_FILE
-    from exporters.onnx import export_fp32
 
     onnx_dir = out.parent / "onnx"
     export_fp32(checkpoint, onnx_dir)
