@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'
+	@# optimum-intel 2.2.0 requires torchvision (for its image models). PyPI's torchvision is built against the
+	@# CUDA torch: beside the CPU torch above it fails to import, and transformers 5, which imports an installed
+	@# torchvision with its models, then fails too. qserve needs none: remove one that does not import.
+	$(BIN)/python -c "import torchvision" >/dev/null 2>&1 || $(BIN)/pip uninstall --quiet -y torchvision
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -42,11 +42,12 @@ CLASSES = {
     "Softmax": {"Softmax"},
     "Gelu": {"Gelu", "BiasGelu", "FastGelu"},
     "LayerNorm": {"LayerNormalization", "SkipLayerNormalization"},
+    # GreaterOrEqual, And, Range, Flatten: transformers 5 builds the padding mask from index comparisons
     "elementwise (Add, Mul, Where, ...)": {"Add", "Mul", "Div", "Sub", "Where", "Equal", "Cast", "Sqrt", "Relu",
-                                          "Expand", "Erf"},
-    "layout (Transpose, Reshape)": {"Transpose", "Reshape", "Unsqueeze", "Squeeze"},
+                                          "Expand", "Erf", "GreaterOrEqual", "And"},
+    "layout (Transpose, Reshape)": {"Transpose", "Reshape", "Unsqueeze", "Squeeze", "Flatten"},
     "shape arithmetic and lookups (Shape, Gather, ...)": {"Shape", "Gather", "Concat", "Slice", "ConstantOfShape",
-                                                          "DequantizeLinear", "ReduceSum"},
+                                                          "DequantizeLinear", "ReduceSum", "Range"},
 }
 # name -> (directory under --models/breakdown, exporter options)
 ALTERNATIVES = {"smooth off": ("smooth-off", {"smooth": False}),

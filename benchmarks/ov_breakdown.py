@@ -44,12 +44,13 @@ CLASSES = (
     ("normalization (MVN)", {"MVN", "RMS", "NormalizeL2"}),
     ("elementwise (Add, Multiply, MulAdd, other fused Subgraphs)",
      {"Eltwise", "Subgraph", "Gelu", "Math", "Multiply", "Add", "MulAdd", "Subtract", "Divide", "PowerStatic",
-      "Power", "Abs", "Erf", "Tanh", "Exp", "Sqrt", "Maximum", "Minimum"}),
+      "Power", "Abs", "Erf", "Tanh", "Exp", "Sqrt", "Maximum", "Minimum",
+      "GreaterEqual"}),  # transformers 5's padding mask: index comparisons
     ("layout and precision (Transpose, Reorder, Convert, Reshape)",
      {"Reorder", "Convert", "Transpose", "Reshape", "Concat", "Split", "Squeeze", "Unsqueeze", "StridedSlice",
       "Slice"}),
     ("lookups and shapes (Gather, ShapeOf, ...)", {"Gather", "ShapeOf", "Broadcast", "Select", "Range", "Input",
-                                                   "Output", "Parameter", "Result", "Constant"}),
+                                                   "Output", "Parameter", "Result", "Constant", "ReduceProd"}),
 )
 
 

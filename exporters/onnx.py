@@ -2,10 +2,11 @@
 
     qserve export models/minilm-imdb --bits 8 --backend onnx     # -> onnx-int8 (avx512_vnni preset)
 
-Every variant starts from one optimum-onnx export (task text-classification, dynamic
-batch and sequence axes), made once per checkpoint and process (core.shared_export);
-only model.onnx and config.json are copied into the variant, so
-`ORTModelForSequenceClassification.from_pretrained(variant)` loads it unchanged. Then:
+Every variant starts from one fp32 graph qserve exports itself (export_fp32: torch.onnx's
+TorchScript exporter, dynamic batch and sequence axes, the inputs the architecture takes, logits
+out), made once per checkpoint and process (core.shared_export); only model.onnx and config.json
+are copied into the variant, the layout optimum's `ORTModelForSequenceClassification.from_pretrained(variant)`
+reads, so it loads there unchanged where a user has optimum-onnx. Then:
 
 - fp16: onnxruntime.transformers.float16 with fp32 inputs/outputs (onnxconverter-common's
   converter writes graphs ORT refuses to load).
@@ -26,6 +27,7 @@ only model.onnx and config.json are copied into the variant, so
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import shutil
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qserve import QserveError
+from qserve.modeling import model_inputs
 from qserve.variants import REGISTRY, OnnxOptions, VariantSpec, option_defaults
 
 if TYPE_CHECKING:
@@ -65,7 +68,7 @@ def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, A
         opset = opts.opset
         if opts.quantize_embeddings:
             opset = 21  # GatherBlockQuantized stores int4 data, which only opset 21 graphs may hold
-        # One optimum export per checkpoint and opset in this process, shared by the ONNX variants.
+        # One fp32 export per checkpoint and opset in this process, shared by the ONNX variants.
         fp32_dir = shared_export(checkpoint, ("onnx", opset), lambda d: export_fp32(checkpoint, d, opset=opset))
         src = fp32_dir / MODEL_FILE
         opset = graph_opset(src)
@@ -96,10 +99,6 @@ def _require_onnxruntime() -> None:
     except ImportError as e:
         raise QserveError(f"ONNX variants need onnxruntime: pip install 'qserve[cpu]' "
                           f"(or 'qserve[gpu]' for CUDA) ({e})") from e
-    try:
-        import optimum.exporters.onnx  # noqa: F401
-    except ImportError as e:
-        raise QserveError(f"ONNX export needs optimum-onnx: pip install optimum==2.1.0 optimum-onnx==0.1.0 ({e})") from e
 
 
 def _read_config(model_dir: Path) -> dict[str, Any]:
@@ -120,21 +119,97 @@ def _quiet() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def export_fp32(checkpoint: Path, out: Path, opset: int | None = None) -> int:
-    """optimum-onnx export of a local checkpoint; returns the opset used."""
-    from optimum.exporters.onnx import main_export
+# optimum-onnx 0.1.0's default for every encoder qserve supports: graphs exported before qserve owned the export
+# carried it, so the default graph keeps the same operators.
+DEFAULT_OPSET = 18
+# Where a graph's axes may vary: any batch, any sequence length (the names optimum's exports used).
+_AXES = {0: "batch_size", 1: "sequence_length"}
+# Two texts of different lengths: the trace runs the padding mask on a row that has padding.
+_TRACE_TEXTS = ["A short review.", "A longer review, so that the first one in the batch is padded to this length."]
 
-    with _quiet():
-        # Validation is off: export_variant checks parity against torch on fixed probes itself.
-        main_export(str(checkpoint), str(out), task="text-classification", opset=opset, device="cpu",
-                    library_name="transformers", local_files_only=True, do_validation=False)
-    if not (out / MODEL_FILE).is_file():
-        raise QserveError(f"optimum export of {checkpoint} wrote no {MODEL_FILE} (files: "
-                          f"{sorted(p.name for p in out.iterdir())})")
-    if any(out.glob(f"{MODEL_FILE}_data*")):
+
+def graph_inputs(model: Any) -> tuple[str, ...]:
+    """The inputs the exported graph takes: input_ids and attention_mask, and token_type_ids where the model reads
+    segment ids (BERT, ALBERT, ELECTRA). A model with one segment type or none (RoBERTa's type_vocab_size 1,
+    DeBERTa-v3's 0) would only read zeros from them, so its graph has none, as optimum's exports had none."""
+    segments = int(getattr(model.config, "type_vocab_size", 0) or 0) > 1
+    wanted = {n for n in model_inputs(model) if n != "token_type_ids" or segments}
+    # In the forward's own order: the TorchScript exporter binds named inputs to the graph's inputs that way.
+    return tuple(n for n in inspect.signature(model.forward).parameters if n in wanted)
+
+
+@contextlib.contextmanager
+def _traceable_masks() -> Iterator[None]:
+    """While tracing: give transformers' mask builders a query length they read as one.
+
+    The TorchScript tracer records every tensor size as a 0-d tensor. transformers 5.5's sdpa/eager mask builders
+    take a tensor `q_length` for the cache_position their older signature had (and index it), so a traced size
+    fails there. Handed that cache_position (arange(q_length) + q_offset) they build the same mask from the
+    traced size, and the graph keeps a dynamic sequence axis. Where the builders take no q_length (transformers
+    4.x) the wrappers pass everything through unchanged."""
+    import torch
+
+    try:
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS as masks
+    except ImportError:  # a transformers without the mask registry builds its masks inline
+        yield
+        return
+
+    def traceable(build: Any) -> Any:
+        def build_traced(*args: Any, **kwargs: Any) -> Any:
+            q_length = kwargs.get("q_length")
+            if isinstance(q_length, torch.Tensor) and q_length.dim() == 0:
+                kwargs["q_length"] = torch.arange(q_length) + kwargs.pop("q_offset", 0)
+            return build(*args, **kwargs)
+        return build_traced
+
+    originals = {k: masks[k] for k in ("sdpa", "eager") if k in masks}
+    notes = logging.getLogger("transformers.masking_utils")  # its one-time note on the cache_position it is handed
+    level = notes.level
+    notes.setLevel(logging.ERROR)
+    for k, build in originals.items():
+        masks.register(k, traceable(build))
+    try:
+        yield
+    finally:
+        for k, build in originals.items():
+            masks.register(k, build)
+        notes.setLevel(level)
+
+
+def export_fp32(checkpoint: Path, out: Path, opset: int | None = None) -> int:
+    """Export a local checkpoint's classifier to `out`/model.onnx (+ its config.json); returns the opset used.
+
+    torch.onnx.export's TorchScript exporter (dynamo=False) with dynamic_axes: the torch.export path needs
+    dynamic-shape hints for every data-dependent branch of each architecture's mask code, where a trace of the
+    eval forward records the tensor ops alone. The trace batch holds a padded row, so the padding mask is traced
+    on a batch that needs it. Parity against torch on fixed probes is checked by export_variant afterwards."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    # Eager attention: under transformers 5 the SDPA path traces a boolean mask and a NaN guard per layer that
+    # ORT's attention fusion (option optimize) does not recognise; the eager graph is the plain MatMul/Softmax
+    # attention, with the additive mask, that it fuses, as the graphs exported under transformers 4.57 were.
+    model = AutoModelForSequenceClassification.from_pretrained(checkpoint, dtype=torch.float32, local_files_only=True,
+                                                               attn_implementation="eager").eval()
+    tok = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    names = graph_inputs(model)
+    enc = tok(_TRACE_TEXTS, padding=True, return_tensors="pt")
+    kwargs = {n: enc[n] if n in enc else torch.zeros_like(enc["input_ids"]) for n in names}
+    opset = opset or DEFAULT_OPSET
+    with _quiet(), _traceable_masks(), torch.no_grad():
+        # Opset 21 (int4 embeddings) is above the TorchScript exporter's 20: it writes the opset-20 operators,
+        # which opset 21 keeps, under the opset-21 header (and warns, silenced here).
+        # The model itself, not a wrapper, is traced: node names keep its module paths (keep_fp32 matches them).
+        torch.onnx.export(model, (kwargs,), str(out / MODEL_FILE), input_names=list(names),
+                          output_names=["logits"], dynamic_axes={**{n: _AXES for n in names}, "logits": {0: "batch_size"}},
+                          opset_version=opset, do_constant_folding=True, dynamo=False)
+    if any(p.name != MODEL_FILE for p in out.iterdir()):
         # Over 2 GB: external data. Far beyond a DistilBERT; refuse rather than ship half a model.
         raise QserveError(f"{checkpoint} exports to an ONNX model with external data (> 2 GB); "
                           "qserve's ONNX variants support single-file models only")
+    shutil.copy2(checkpoint / "config.json", out / "config.json")
     return graph_opset(out / MODEL_FILE)
 
 

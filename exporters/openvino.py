@@ -5,6 +5,8 @@
 - The IR comes from optimum-intel (`OVModelForSequenceClassification.from_pretrained(ckpt,
   export=True)`, weights kept fp32), so `OVModelForSequenceClassification.from_pretrained(variant)`
   loads a variant dir unchanged: openvino_model.xml/.bin + config.json.
+- ModernBERT, whose OpenVINO export optimum-intel 2.2 removed: the IR is OpenVINO's conversion of
+  qserve's own fp32 ONNX graph (FROM_ONNX), in the same files.
 - One optimum-intel export per checkpoint and process (`fp32_ir`): `--all` copies or quantizes it
   three times instead of exporting three times.
 - ov-fp32 and ov-bf16 share that IR; they differ in the inference-precision hint the
@@ -26,11 +28,14 @@ same algorithm and the same files.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from exporters.onnx import MODEL_FILE as ONNX_FILE
+from exporters.onnx import export_fp32
 from qserve import QserveError
 from qserve.variants import REGISTRY, OpenVINOOptions, VariantSpec, option_defaults
 
@@ -64,7 +69,9 @@ def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, A
     except ImportError as e:
         raise QserveError(f"{spec.name} needs openvino, nncf and optimum-intel: {HINT} ({e})") from e
     record: dict[str, Any] = {"inference_precision": precision, "options": opts.to_json(),
-                              "exported_with": "optimum.intel.OVModelForSequenceClassification (export=True)",
+                              "exported_with": ("openvino.convert_model of exporters.onnx.export_fp32's graph"
+                                                if ctx.info.model_type in FROM_ONNX else
+                                                "optimum.intel.OVModelForSequenceClassification (export=True)"),
                               "probe": {k: probed.get(k) for k in ("version", "device")}}
     fp32 = fp32_ir(ctx.checkpoint, OVModelForSequenceClassification)
     if spec.dtype == "int8":
@@ -82,12 +89,31 @@ def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, A
     return {"openvino": record}
 
 
+# Architectures optimum-intel no longer exports to OpenVINO (2.2 removed ModernBERT's export): their IR is
+# converted from qserve's own fp32 ONNX graph (exporters.onnx.export_fp32) by OpenVINO's ONNX frontend.
+FROM_ONNX = ("modernbert",)
+
+
+def _ir_from_onnx(checkpoint: Path, out: Path) -> None:
+    """openvino_model.xml/.bin + config.json from the checkpoint's fp32 ONNX graph, weights kept fp32."""
+    import openvino as ov
+
+    onnx_dir = out.parent / "onnx"
+    export_fp32(checkpoint, onnx_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ov.save_model(ov.convert_model(str(onnx_dir / ONNX_FILE)), str(out / MODEL_FILE), compress_to_fp16=False)
+    shutil.copy2(checkpoint / "config.json", out / "config.json")
+
+
 def fp32_ir(checkpoint: Path, exporter: Any) -> Path:
     """A directory holding the checkpoint's fp32 IR (openvino_model.xml/.bin + config.json), exported once
     per process: ov-fp32, ov-bf16 and ov-int8 all start from it."""
     from exporters.core import shared_export
 
     def make(out: Path) -> None:
+        if json.loads((checkpoint / "config.json").read_text(encoding="utf-8")).get("model_type") in FROM_ONNX:
+            _ir_from_onnx(checkpoint, out)
+            return
         with _quiet():
             model = exporter.from_pretrained(str(checkpoint), export=True, compile=False, local_files_only=True)
             model.save_pretrained(out)  # weights stay fp32 (save_model(compress_to_fp16=False))

@@ -47,11 +47,19 @@ def skip_unused_imports() -> None:
 
     if "transformers.generation.candidate_generator" in sys.modules or "transformers.loss.loss_utils" in sys.modules:
         return
+    import transformers.utils as hf_utils
     import transformers.utils.import_utils as hf_imports
 
-    for flag in ("_sklearn_available", "_scipy_available"):
-        if hasattr(hf_imports, flag):  # the flags of the pinned transformers; absent: do nothing
-            setattr(hf_imports, flag, False)
+    # transformers 5 asks is_sklearn_available() / is_scipy_available(), imported by name from transformers.utils
+    # when the generation and loss modules load: replace both where those imports find them.
+    for module in (hf_utils, hf_imports):
+        for check in ("is_sklearn_available", "is_scipy_available"):
+            if hasattr(module, check):  # the checks of the pinned transformers; absent: do nothing
+                setattr(module, check, _absent)
+
+
+def _absent() -> bool:
+    return False
 
 
 def default_model_dir() -> Path:
@@ -81,8 +89,9 @@ def load_tokenizer(path: Path | str) -> Any:
     `from transformers import AutoTokenizer` loads the auto-model factory, hence the generation utilities,
     hence scikit-learn and scipy: measured 5.6-6.9 s against 2.9-3.2 s for the tokenizer class alone on the
     2-core AMD EPYC, paid by every runtime load (each bench child, `qserve serve`, `qserve predict`). When
-    tokenizer_config.json names its class and tokenizer.json is there, this takes that class's fast
-    version as AutoTokenizer does (`<class>Fast`, use_fast's default); anything else goes to AutoTokenizer.
+    tokenizer_config.json names its class and tokenizer.json is there, this takes that class as transformers 5's
+    AutoTokenizer does: one tokenizers-backed class per model, named without "Fast" (the `<class>Fast` names are
+    aliases, RoBERTa's an older class); anything else goes to AutoTokenizer.
     """
     import json
 
@@ -94,7 +103,9 @@ def load_tokenizer(path: Path | str) -> Any:
     except (OSError, ValueError, AttributeError):
         name = None
     if isinstance(name, str) and name.isidentifier() and (folder / "tokenizer.json").is_file():
-        cls = getattr(transformers, name if name.endswith("Fast") else f"{name}Fast", None)
+        if name.endswith("Fast") and name != "PreTrainedTokenizerFast":  # the generic one keeps its name
+            name = name[:-len("Fast")]
+        cls = getattr(transformers, name, None)
         if cls is not None:
             return cls.from_pretrained(str(folder))
     from transformers import AutoTokenizer

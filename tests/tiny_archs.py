@@ -76,7 +76,8 @@ def build(arch: str, out: Path, seed: int = 0) -> Path:
     enc = tok(PROBES, truncation=True, max_length=64, padding=True, return_tensors="pt")
     with torch.no_grad():
         logits = model(**{k: enc[k] for k in model_inputs(model)}).logits
-        head = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1]
+        # The output layer by its shape: transformers 5 registers XLM-RoBERTa's head before its encoder.
+        head = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.out_features == len(LABELS)][-1]
         head.bias.sub_(logits.mean(dim=0))
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)

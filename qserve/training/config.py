@@ -17,8 +17,10 @@ from qserve.problemtypes import SHORT, from_flag
 from qserve.training.precision import AUTO, BF16_UPDATES, MATMUL_PRECISIONS, PRECISION_CHOICES
 
 MAX_GRAD_NORM = 1.0  # the usual fine-tuning clip; keeps the first high-lr steps from diverging
+# transformers 5's tokenizer save_pretrained writes tokenizer.json + tokenizer_config.json only (4.x also wrote
+# vocab.txt and special_tokens_map.json, which checkpoints trained then still hold and still load with).
 FILES_WRITTEN = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                 "special_tokens_map.json", "vocab.txt", "qserve_model.json", "train_metrics.json")
+                 "qserve_model.json", "train_metrics.json")
 
 
 @dataclass

@@ -80,10 +80,11 @@ def test_variants_flags_invalid_dir(tiny_variant, tmp_path, capsys):
 
     bad = tmp_path / "bad"
     shutil.copytree(tiny_variant, bad)
-    (bad / "vocab.txt").unlink()
+    # tokenizer.json: the file transformers 5's save_pretrained always writes (it writes no vocab.txt)
+    (bad / "tokenizer.json").unlink()
     assert main(["variants", str(tmp_path), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert rows[0]["status"].startswith("invalid:") and "vocab.txt" in rows[0]["status"]
+    assert rows[0]["status"].startswith("invalid:") and "tokenizer.json" in rows[0]["status"]
 
 
 def test_export_help_derives_option_flags_from_the_registry(capsys):

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 pytest.importorskip("onnxruntime")
-pytest.importorskip("optimum.exporters.onnx")
 
 import exporters  # noqa: E402
 from exporters import calibration, smoothing  # noqa: E402

@@ -42,7 +42,7 @@ def _tokenizers(tmp: Path) -> dict:
     the embedded WordPiece vocab; RoBERTa on a byte-level BPE trained here."""
     from tokenizers import ByteLevelBPETokenizer
     from transformers import (BertTokenizer, BertTokenizerFast, DistilBertTokenizerFast, ElectraTokenizerFast,
-                              RobertaTokenizerFast)
+                              RobertaTokenizer)
 
     from qserve.modeling import default_model_dir
 
@@ -53,7 +53,8 @@ def _tokenizers(tmp: Path) -> dict:
     bpe.save_model(str(tmp))
     return {"bert": BertTokenizerFast(vocab), "bert-slow": BertTokenizer(vocab), "electra": ElectraTokenizerFast(vocab),
             "distilbert": DistilBertTokenizerFast(vocab),
-            "roberta": RobertaTokenizerFast(str(tmp / "vocab.json"), str(tmp / "merges.txt"))}
+            # transformers 5's RobertaTokenizer is the tokenizers-backed one (RobertaTokenizerFast its old name)
+            "roberta": RobertaTokenizer(str(tmp / "vocab.json"), str(tmp / "merges.txt"))}
 
 
 def test_pair_pieces_are_what_the_tokenizer_makes(tmp_path):
