@@ -1,8 +1,8 @@
 """onnx-int8 and ov-int8 agreement with fp32 before and after a dependency upgrade, on one checkpoint (issue #47).
 
-    python benchmarks/deps_upgrade.py models/minilm-tf457 --label after                  # this venv
-    /work/main/.venv/bin/python benchmarks/deps_upgrade.py CKPT --label before --out DIR  # another venv, same script
-    python benchmarks/deps_upgrade.py --render benchmarks/reports/deps-upgrade            # report.md from report.json
+    python -m benchmarks.deps_upgrade models/minilm-tf457 --label after            # this venv
+    OLD_VENV/bin/python -m benchmarks.deps_upgrade CKPT --label before              # a venv with the old pins
+    python -m benchmarks.deps_upgrade --render benchmarks/reports/deps-upgrade      # report.md from report.json
 
 Each run exports onnx-fp32, onnx-int8 and ov-int8 from the checkpoint with the exporters of the environment it
 runs in (the qserve on its import path, the libraries of its venv), scores the first --n test reviews of the
@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from qserve.provenance import provenance, with_header
+
 REFERENCE = "torch-fp32"
 VARIANTS = ("onnx-fp32", "onnx-int8", "ov-int8")
 LIBRARIES = ("torch", "transformers", "tokenizers", "optimum", "optimum-onnx", "optimum-intel", "onnx", "onnxruntime",
@@ -39,11 +41,11 @@ def measure(checkpoint: Path, n: int) -> dict:
     import numpy as np
 
     import exporters
-    from qserve.data.datasets import load_dataset
+    from benchmarks.harness.data import reviews
     from qserve.files import library_versions
     from qserve.runtime import load_runtime
 
-    texts = load_dataset("default").test.texts[:n]
+    texts = reviews(n)
     run: dict = {"checkpoint": str(checkpoint), "texts": len(texts), "cpu": cpu_name(),
                  "versions": library_versions(LIBRARIES), "python": platform.python_version(), "variants": {}}
     with tempfile.TemporaryDirectory(prefix="deps-upgrade-") as tmp:
@@ -67,8 +69,8 @@ def measure(checkpoint: Path, n: int) -> dict:
     return run
 
 
-def render(out: Path) -> None:
-    data = json.loads((out / "report.json").read_text(encoding="utf-8"))
+def render(data: dict) -> str:
+    """report.md from report.json (what `make reports` re-renders)."""
     runs = data["runs"]
     labels = [k for k in ("before", "after") if k in runs] + [k for k in runs if k not in ("before", "after")]
     lines = ["# Dependency upgrade: agreement with fp32 before and after (issue #47)", "",
@@ -100,7 +102,12 @@ def render(out: Path) -> None:
                 + [f"export {v.get('export_s_loaded_machine')} s (loaded machine)"]))
     for note in data.get("notes", []):
         lines += ["", note]
-    (out / "report.md").write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    return with_header("\n".join(lines).rstrip() + "\n", data.get("provenance"))
+
+
+def write_md(out: Path) -> None:
+    data = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    (out / "report.md").write_text(render(data), encoding="utf-8")
 
 
 def main() -> None:
@@ -112,7 +119,7 @@ def main() -> None:
     ap.add_argument("--render", type=Path, help="only write DIR/report.md from DIR/report.json")
     args = ap.parse_args()
     if args.render:
-        render(args.render)
+        write_md(args.render)
         return
     if args.checkpoint is None:
         sys.exit("give a checkpoint directory (or --render DIR)")
@@ -122,8 +129,10 @@ def main() -> None:
     data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"runs": {}}
     data["checkpoint"] = str(args.checkpoint)
     data["runs"][args.label] = run
+    data["provenance"] = {**provenance(), "note": "(The command of the run labelled `" + args.label + "`; each run "
+                          "records its own versions and CPU.)"}
     path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    render(args.out)
+    write_md(args.out)
 
 
 if __name__ == "__main__":

@@ -101,6 +101,17 @@ STAGES: tuple[Stage, ...] = (
           (Report("benchmarks/reports/gate-multilabel-aspects/gate.json",
                   "benchmarks/reports/gate-multilabel-aspects/gate.md", "multilabel_gate:render"),),
           "14 min on the AMD EPYC beside other jobs (the report's own stage seconds: training 13.2 min of it)"),
+    Stage("deps-upgrade", "onnx-int8 and ov-int8 agreement with fp32 on 1,000 test reviews before and after the "
+          "dependency upgrade of issue 47 (transformers 4.57.6 + optimum-onnx's export -> transformers 5 + qserve's "
+          "own ONNX export), on one checkpoint trained by transformers 4.57",
+          ("$PY -m benchmarks.deps_upgrade models/minilm-tf457 --label after",),
+          (Report("benchmarks/reports/deps-upgrade/report.json", "benchmarks/reports/deps-upgrade/report.md",
+                  "deps_upgrade:render"),),
+          "~5 min a run on the AMD EPYC beside other jobs (three exports and 1,000 texts through four variants; "
+          "the report's export seconds)", needs=("models/minilm-tf457",),
+          notes=("the `before` run is the same command with a venv holding the old pins (transformers 4.57.6, "
+                 "optimum-onnx 0.1.0) and --label before; the checkpoint: `qserve train --precision 32-true "
+                 "--max-samples 2400 --max-eval-samples 500 --out models/minilm-tf457` under transformers 4.57.6",)),
     Stage("fast-vs-full", "the fast bench's recommendation and served policy against a full comparison (every policy on "
           "every variant, the bench before issue 30, code b7b3591) of the same run's variant files",
           ("rm -rf /tmp/qserve-b7b3591 && mkdir -p /tmp/qserve-b7b3591 && git archive b7b3591 qserve | "
