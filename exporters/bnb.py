@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from qserve import QserveError
 from qserve.variants import REGISTRY, BnbOptions, VariantSpec, option_defaults
+from exporters import clipping
 
 if TYPE_CHECKING:
     from exporters.core import ExportContext
@@ -111,8 +112,6 @@ def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, A
     with tempfile.TemporaryDirectory(prefix="qserve-clip-") as scratch:
         source = checkpoint
         if opts.clip:
-            from exporters import clipping
-
             source = Path(scratch)
             record["clipping"], clipped = clipping.clip_checkpoint(
                 ctx, source, spec.dtype, int(opts.calibration_samples or 0), SKIP_MODULES)

@@ -10,14 +10,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from exporters.core import PROBES, as_context
+from qserve import longtext
+from qserve.data.datasets import load_dataset
+from qserve.modeling import load_tokenizer
+from qserve.textpairs import PAIR, PROBE_PAIRS, split_pairs
+
 if TYPE_CHECKING:
     from exporters.core import ExportContext
 
 def _context(source: ExportContext | Path | str) -> ExportContext:
     """What calibration reads from: the export's context (checkpoint read once, the policy being exported), or
     a bare checkpoint path (its own recorded policy and inputs: a test's or a benchmark's call)."""
-    from exporters.core import as_context
-
     return as_context(source)
 
 
@@ -38,14 +42,11 @@ def calibration_inputs(checkpoint: ExportContext | Path | str, n: int) -> tuple[
     ctx = _context(checkpoint)
     meta = ctx.info.meta
     dataset = meta.dataset if meta is not None else None
-    from qserve.textpairs import PAIR, PROBE_PAIRS
 
     # the checkpoint's qserve_model.json, or what `qserve export --inputs` declares for it
     pair = ctx.info.inputs == PAIR
     if dataset:
         try:
-            from qserve.data.datasets import load_dataset
-
             seed = meta.seed if meta is not None and meta.seed is not None else 42
             splits = load_dataset(dataset, seed=seed)
             train = splits.train
@@ -61,7 +62,6 @@ def calibration_inputs(checkpoint: ExportContext | Path | str, n: int) -> tuple[
         chosen = list(PROBE_PAIRS)[:n]
         return ([a for a, _ in chosen], [b for _, b in chosen],
                 f"the {len(chosen)} parity probe pairs (no pair dataset recorded with the checkpoint)")
-    from exporters.core import PROBES
 
     probes = list(PROBES)[:n]
     return probes, None, f"the {len(probes)} parity probe texts (no dataset recorded with the checkpoint)"
@@ -73,13 +73,9 @@ def calibration_batches(checkpoint: ExportContext | Path | str, texts: list[str]
     """Tokenized, padded batches of the pieces of `texts` under the long-text `policy` (None: the one being
     exported, the context's): the rows the variant will run. Padding rows enter the int8 ranges
     at run time, so here too."""
-    from qserve import longtext
-    from qserve.modeling import load_tokenizer
-
     ctx = _context(checkpoint)
     tok = load_tokenizer(ctx.checkpoint)
     if pairs is not None:  # a pair model: the tokenizer's pair encoding, segment ids included
-        from qserve.textpairs import split_pairs
 
         pieces = split_pairs(tok, texts, pairs, max_length)
     else:

@@ -15,8 +15,14 @@ from pathlib import Path
 
 from qserve import QserveError, longtext
 from qserve.exportoption import Option, OptionValue
-from qserve.variantflags import BITS, DEFAULT_FOR_BITS, DTYPES
-from qserve.variants import BACKENDS, VARIANTS, flag_options
+from qserve.variantflags import BITS, DEFAULT_FOR_BITS, DTYPES, off_fast_path, resolve, skipped, supported
+from qserve.variants import BACKENDS, UnsupportedVariant, VARIANTS, backend_of, flag_options, get_spec
+from exporters.core import ExportFailed, one_line, parse_inputs, variant_policy
+from qserve.artifact import VariantError
+from qserve.configflags import Flag, add_flags
+from qserve.devices import resolve_device
+from qserve.runtime.ov_probe import OpenVINOUnavailable
+from qserve.verify import verify
 
 # Exporter options with a flag: option key -> (flag, the variants that understand it), from the registry.
 OPTION_FLAGS: dict[str, tuple[str, set[str]]] = {
@@ -44,20 +50,13 @@ def options_for(name: str, args: argparse.Namespace, strict: bool) -> dict:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from qserve.devices import resolve_device
-    from qserve.variantflags import off_fast_path, resolve, skipped, supported
-    from qserve.variants import get_spec
-
     checkpoint = Path(args.checkpoint)
     if not (checkpoint / "config.json").is_file():
         raise QserveError(f"CHECKPOINT {checkpoint} is not a checkpoint directory (no config.json); "
                           "pass a directory written by `qserve train` or save_pretrained")
     device = resolve_device(args.device)
     if args.long_text:
-        from exporters.core import variant_policy
-
         variant_policy(checkpoint, args.long_text)  # a bad policy fails once, before any variant is built
-    from exporters.core import parse_inputs
 
     inputs = parse_inputs(args.inputs)  # a bad --inputs fails once, before any variant is built
     if args.all:
@@ -80,10 +79,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     single_dir = len(specs) == 1 and args.out is not None and not args.all
     failures = []
     import exporters
-    from exporters.core import ExportFailed, one_line
-    from qserve.runtime.ov_probe import OpenVINOUnavailable
-    from qserve.variants import UnsupportedVariant
-
     for spec in specs if not args.all else []:
         slow = off_fast_path(spec, device)
         if slow:  # exported as asked, never silently: the user asked for this variant, not for speed at any cost
@@ -138,9 +133,6 @@ def find_variants(paths: list[Path]) -> list[Path]:
 
 
 def cmd_variants(args: argparse.Namespace) -> int:
-    from qserve.artifact import VariantError
-    from qserve.verify import verify
-
     rows = []
     for d in find_variants([Path(p) for p in (args.paths or ["models"])]):
         try:
@@ -184,9 +176,6 @@ def _add_option_flag(p: argparse.ArgumentParser, opts: list[Option]) -> None:
     """One `qserve export` flag for an option key, made by the one flag helper (configflags.add_flags) from the
     backend's typed options (qserve.variants.BackendOptions); its help names each backend's variants and
     defaults."""
-    from qserve.configflags import Flag, add_flags
-    from qserve.variants import backend_of
-
     help_text = "; ".join(f"{', '.join(o.defaults)}: {o.help}{_default_text(o)}" for o in opts)
     first = opts[0]
     typed = backend_of(next(iter(first.defaults))).options_type

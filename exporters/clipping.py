@@ -29,6 +29,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from exporters.calibration import calibration_set
+from exporters.core import as_context
+from qserve.modeling import model_inputs
+
 if TYPE_CHECKING:
     from exporters.core import ExportContext
 
@@ -67,7 +71,6 @@ def second_moments(model: Any, batches: list[dict[str, Any]], names: list[str]) 
             counts[name] += rows.shape[0]
         return record
 
-    from qserve.modeling import model_inputs
 
     modules = dict(model.named_modules())
     handles = [modules[n].register_forward_hook(hook(n)) for n in names]
@@ -136,9 +139,6 @@ def clip_checkpoint(source: ExportContext | Path, dst: Path, quant_type: str, sa
     """
     import torch
     from transformers import AutoModelForSequenceClassification
-
-    from exporters.calibration import calibration_set
-    from exporters.core import as_context
 
     ctx = as_context(source)
     checkpoint = ctx.checkpoint

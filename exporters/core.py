@@ -18,12 +18,15 @@ from typing import Any, cast
 
 import numpy as np
 
-from qserve import QserveError
+from qserve import QserveError, longtext, problemtypes as problems
 from qserve.artifact import Manifest, ModelMeta, checkpoint_hash, read_model_meta, write_manifest
 from qserve.files import library_versions, staged_dir
-from qserve.modeling import ARCHITECTURES
+from qserve.modeling import ARCHITECTURES, model_inputs, usable_positions
 from qserve.variants import TOLERANCE as VARIANT_TOLERANCE
 from qserve.variants import UnsupportedVariant, VariantSpec, backend_of, load_target, unsupported_reason
+from qserve.problemtypes import from_config
+from qserve.runtime import load_runtime
+from qserve.textpairs import ALLOWED, PAIR, PROBE_PAIRS, SINGLE, split_pairs
 
 log = logging.getLogger(__name__)
 
@@ -108,12 +111,8 @@ def checkpoint_info(checkpoint: Path, inputs: tuple[str, ...] | None = None) -> 
     if meta is not None and meta.max_length is not None:
         max_length = meta.max_length
     else:  # a checkpoint qserve did not train: DEFAULT_MAX_LENGTH tokens, or what fits the model's positions
-        from qserve.modeling import usable_positions
 
         max_length = min(DEFAULT_MAX_LENGTH, usable_positions(cfg) or DEFAULT_MAX_LENGTH)
-    from qserve.problemtypes import from_config
-    from qserve.textpairs import SINGLE
-
     return CheckpointInfo(
         path=checkpoint, labels=labels, model_type=cfg.get("model_type"), max_length=max_length,
         model_name=(meta.model_name if meta is not None and meta.model_name else None) or checkpoint.name,
@@ -150,7 +149,6 @@ def parse_inputs(value: str | None) -> tuple[str, ...] | None:
     """`qserve export --inputs text` or `text,text_pair` -> the inputs tuple (None: the checkpoint's own)."""
     if value is None:
         return None
-    from qserve.textpairs import ALLOWED
 
     got = tuple(p.strip() for p in value.split(","))
     if got not in ALLOWED:
@@ -162,8 +160,6 @@ def parse_inputs(value: str | None) -> tuple[str, ...] | None:
 def variant_policy(info: CheckpointInfo | Path, long_text: str | None = None) -> str:
     """The long-text policy a variant of the checkpoint records, written out in full: `long_text`
     (qserve export --long-text) over the checkpoint's qserve_model.json, else head."""
-    from qserve import longtext
-
     if not isinstance(info, CheckpointInfo):
         info = checkpoint_info(Path(info))
     if long_text:
@@ -188,14 +184,9 @@ def reference_logits(checkpoint: Path, texts: list[str], max_length: int, policy
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from qserve import longtext
-    from qserve.modeling import model_inputs
-
     tok = AutoTokenizer.from_pretrained(checkpoint)
     model = AutoModelForSequenceClassification.from_pretrained(checkpoint, dtype=torch.float32).eval()
     if pairs is not None:
-        from qserve.textpairs import split_pairs
-
         pieces = split_pairs(tok, texts, pairs, max_length)
     else:
         pieces = longtext.split_texts(tok, texts, policy, max_length)
@@ -213,8 +204,6 @@ def reference_logits(checkpoint: Path, texts: list[str], max_length: int, policy
 def parity_inputs(info: CheckpointInfo, probes: list[str] | None) -> tuple[list[str], list[str] | None]:
     """The parity probes: the given texts or PROBES, or for a pair model the probe pairs (textpairs.PROBE_PAIRS;
     given texts are then paired with themselves reversed in order, so every probe is a pair)."""
-    from qserve.textpairs import PAIR, PROBE_PAIRS
-
     if info.inputs != PAIR:
         return list(probes or PROBES), None
     if probes:
@@ -227,8 +216,6 @@ def parity(ref: np.ndarray, got: np.ndarray, tolerance: float, name: str, proble
     """Max |Δlogit| against the fp32 reference and agreement by problem type (qserve.problemtypes.agreement):
     the same top label, the same on/off label at 0.5 (multi-label), or 1 - mean |Δvalue| / the labels' range
     (regression; the training labels' range from qserve_model.json, else the reference's own on the probes)."""
-    from qserve import problemtypes as problems
-
     if got.shape != ref.shape:
         raise ParityError(f"{name}: output shape {got.shape} differs from the fp32 reference {ref.shape}")
     if not np.issubdtype(got.dtype, np.floating) or not np.all(np.isfinite(got)):
@@ -298,8 +285,6 @@ def export_variant(checkpoint: Path, spec: VariantSpec, out: Path, force: bool =
 
 def _export(ctx: ExportContext, spec: VariantSpec, out: Path, force: bool, options: dict[str, Any] | None,
             device: str, probes: list[str] | None) -> Manifest:
-    from qserve.runtime import load_runtime
-
     checkpoint, info, policy = ctx.checkpoint, ctx.info, ctx.policy
     spec = replace(spec, options={**spec.options, **(options or {})})
     texts, pairs = parity_inputs(info, probes)

@@ -42,6 +42,10 @@ import numpy as np
 from qserve import QserveError
 from qserve.modeling import model_inputs
 from qserve.variants import REGISTRY, OnnxOptions, VariantSpec, option_defaults
+from exporters import rowwise, smoothing
+from exporters.calibration import calibration_set, feed, held_out_set, rows_alone
+from exporters.core import shared_export
+from qserve.devices import capabilities
 
 if TYPE_CHECKING:
     from exporters.core import ExportContext
@@ -62,7 +66,6 @@ def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, A
     opts = resolve_options(spec.name, options)
     _require_onnxruntime()
     checkpoint, out = ctx.checkpoint, Path(out)
-    from exporters.core import shared_export
 
     with tempfile.TemporaryDirectory(prefix="qserve-onnx-") as scratch:
         opset = opts.opset
@@ -260,12 +263,8 @@ def quantize_int8(src: Path, dst: Path, config: dict[str, Any], opts: OnnxOption
     batches: list[dict[str, Any]] = []
     source = ""
     if opts.smooth is not False or opts.correct_bias:
-        from exporters.calibration import calibration_set
-
         batches, source = calibration_set(checkpoint, int(opts.calibration_samples or 0))  # read once, used by all
         if opts.calibrate_alone:
-            from exporters.calibration import rows_alone
-
             # Each text alone, as the runtime answers it: measured no better than padded batches on the
             # embedded default (99.40% vs 99.60% agreement on 2,000 test reviews, both run row by row).
             batches = rows_alone(batches)
@@ -276,7 +275,6 @@ def quantize_int8(src: Path, dst: Path, config: dict[str, Any], opts: OnnxOption
             src_q = src
         record.update(_quantize_graph(src_q, dst, src, config, opts, keep, scratch, batches, source))
         return record
-    from exporters.calibration import held_out_set
 
     held, held_source = held_out_set(checkpoint, int(opts.calibration_samples or 0), batches, source)
     reference = _logits(src, held)
@@ -290,7 +288,6 @@ def quantize_int8(src: Path, dst: Path, config: dict[str, Any], opts: OnnxOption
     pick = "smoothed" if tried["smoothed"][0] < tried["plain"][0] else "plain"  # a tie keeps the simpler graph
     shutil.copyfile(tried[pick][2], dst)
     record.update(tried[pick][1])
-    from qserve.devices import capabilities
 
     record["smoothing_choice"] = {
         "chosen": pick, "mean_abs_logit_error": {k: round(v[0], 6) for k, v in tried.items()},
@@ -316,8 +313,6 @@ def _quantize_graph(src: Path, dst: Path, reference: Path, config: dict[str, Any
     if keep:
         record["kept_fp32"] = keep
     if opts.activation_scales == "per-row":
-        from exporters import rowwise
-
         model, record["rowwise"] = rowwise.rewrite(onnx.load(str(src)), keep)
         onnx.save(model, str(dst))
         if opts.correct_bias:
@@ -368,7 +363,6 @@ def smooth_fp32(src: Path, dst: Path, batches: list[dict[str, Any]], source: str
     """Write the smoothed fp32 graph to `dst` (see exporters.smoothing); fill record["smoothing"]."""
     import onnx
 
-    from exporters import smoothing
 
     with _quiet():
         model, record["smoothing"] = smoothing.smooth(onnx.load(str(src)), batches)
@@ -414,7 +408,6 @@ def correct_logit_bias(quantized: Path, reference: Path, batches: list[dict[str,
 def _logits(model_path: Path, batches: list[dict[str, Any]]) -> Any:
     import onnxruntime as ort
 
-    from exporters.calibration import feed
 
     so = ort.SessionOptions()
     so.log_severity_level = 3

@@ -38,6 +38,9 @@ from exporters.onnx import MODEL_FILE as ONNX_FILE
 from exporters.onnx import export_fp32
 from qserve import QserveError
 from qserve.variants import REGISTRY, OpenVINOOptions, VariantSpec, option_defaults
+from exporters.calibration import calibration_batches, calibration_inputs, feed
+from exporters.core import shared_export
+from qserve.runtime.ov_probe import require
 
 if TYPE_CHECKING:
     from exporters.core import ExportContext
@@ -57,8 +60,6 @@ def resolve_options(name: str, options: dict[str, Any]) -> OpenVINOOptions:
 
 def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Write openvino_model.xml/.bin + config.json for `spec` into `out`; return the manifest's "openvino" record."""
-    from qserve.runtime.ov_probe import require
-
     opts = resolve_options(spec.name, options)
     precision = "bf16" if spec.dtype == "bf16" else (opts.inference_precision or "f32")
     # Probe first (in a child): NNCF and the parity check run OpenVINO in this process.
@@ -108,8 +109,6 @@ def _ir_from_onnx(checkpoint: Path, out: Path) -> None:
 def fp32_ir(checkpoint: Path, exporter: Any) -> Path:
     """A directory holding the checkpoint's fp32 IR (openvino_model.xml/.bin + config.json), exported once
     per process: ov-fp32, ov-bf16 and ov-int8 all start from it."""
-    from exporters.core import shared_export
-
     def make(out: Path) -> None:
         if json.loads((checkpoint / "config.json").read_text(encoding="utf-8")).get("model_type") in FROM_ONNX:
             _ir_from_onnx(checkpoint, out)
@@ -125,7 +124,6 @@ def quantize_int8(ir, ctx: ExportContext, opts: OpenVINOOptions):
     """nncf.quantize with the transformer preset on training texts; returns (model, manifest record)."""
     import nncf
 
-    from exporters.calibration import calibration_batches, calibration_inputs, feed
 
     texts, pairs, source = calibration_inputs(ctx, int(opts.calibration_samples or 0))
     # batch 1, unpadded: each sample's ranges are those of real tokens at their own length

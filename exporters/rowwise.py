@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from exporters.smoothing import weight_groups
+
 
 def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-column symmetric int8 (the same grid as ORT's per-channel QInt8 weights): (int8 weights, scales)."""
@@ -31,7 +33,6 @@ def rewrite(model: Any, exclude: list[str] | tuple[str, ...] = ()) -> tuple[Any,
     """Replace every constant-weight MatMul (except those named in `exclude`) by the per-row int8 form."""
     from onnx import helper, numpy_helper
 
-    from exporters.smoothing import weight_groups
 
     inits, groups = weight_groups(model)
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))

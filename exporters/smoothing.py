@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from exporters.calibration import feed
+
 ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # below 0.5 never won on the embedded default (full 0-1 grid tried)
 
 
@@ -47,7 +49,6 @@ def capture(model: Any, tensors: list[str], batches: list[dict[str, np.ndarray]]
     import onnx
     import onnxruntime as ort
 
-    from exporters.calibration import feed
 
     probe = copy.deepcopy(model)
     for t in tensors:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
+from qserve.problemtypes import REGRESSION_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +225,6 @@ def _label_maps(labels: list[str] | int) -> tuple[list[str], dict[int, str], dic
     if isinstance(labels, int):
         labels = [f"LABEL_{i}" for i in range(labels)]
     labels = [str(x) for x in labels]
-    from qserve.problemtypes import REGRESSION_LABEL
 
     # one output only as a regression head (qserve.problemtypes); a classifier needs two distinct labels
     if (len(labels) < 2 and labels != [REGRESSION_LABEL]) or len(set(labels)) != len(labels):

@@ -20,10 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from qserve import longtext, problemtypes as problems, textpairs
-from qserve.artifact import Manifest
+from qserve import QserveError, longtext, problemtypes as problems, textpairs
+from qserve.artifact import Manifest, VariantError
 from qserve.longtext import LongTextPolicy
 from qserve.runtime.options import RuntimeOptions
+from qserve.modeling import load_tokenizer
+from qserve.runtime.buckets import fit_rows, plan, resolve
 
 PolicyArg = str | LongTextPolicy | Sequence[str | LongTextPolicy | None] | None
 """A policy for every text, one per text (None = the runtime's default), or None for the default."""
@@ -105,8 +107,6 @@ class Runtime:
     """The lengths run() pads each text to (qserve.runtime.buckets), or None: batches run as tokenized."""
 
     def __init__(self, variant_dir: Path, manifest: Manifest, device: str, options: RuntimeOptions):
-        from qserve.modeling import load_tokenizer
-
         self.variant_dir = Path(variant_dir)
         self.manifest = manifest
         self.device = device
@@ -138,14 +138,11 @@ class Runtime:
         try:
             self.recorded_long_text = self.resolve_policy(recorded or longtext.DEFAULT, "manifest long_text")
         except longtext.LongTextError as e:
-            from qserve.artifact import VariantError
-
             raise VariantError(f"{self.variant_dir}/manifest.json: {e}") from None
         self.long_text: LongTextPolicy = (self.resolve_policy(options.long_text, "--long-text")
                                           if options.long_text else self.recorded_long_text)
         """The policy of texts that name none: --long-text, else the manifest's, else head."""
         self._load()
-        from qserve.runtime.buckets import resolve
 
         self.buckets = resolve(options.length_buckets, self.max_length, self.fixed_shapes)
 
@@ -189,8 +186,6 @@ class Runtime:
             elif name == "token_type_ids":  # a graph with segment ids fed by a tokenizer that makes none: segment 0
                 feed[name] = np.zeros_like(batch["input_ids"], dtype=np.int64)
             else:
-                from qserve import QserveError
-
                 raise QserveError(f"{self.variant_dir / model_file} expects input {name!r}, which the tokenizer "
                                   f"does not produce (it gives {', '.join(batch)})")
         return feed
@@ -296,8 +291,6 @@ class Runtime:
         return np.concatenate(self.forward_rows(rows))
 
     def _run_bucketed(self, batch: dict[str, np.ndarray]) -> np.ndarray:
-        from qserve.runtime.buckets import fit_rows, plan
-
         lengths = batch["attention_mask"].sum(axis=1)
         pad_id = self.tokenizer.pad_token_id or 0
         parts = [(rows, self.forward(fit_rows(batch, rows, bucket, pad_id)))

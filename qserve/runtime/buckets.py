@@ -20,6 +20,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from qserve import QserveError
+
 AUTO, OFF = "auto", "off"
 MIN_AUTO_BUCKET = 32
 FLAG = "--length-buckets"
@@ -27,8 +29,6 @@ FLAG = "--length-buckets"
 
 def parse(spec: str | Sequence[int] | None) -> str | tuple[int, ...]:
     """'auto' | 'off' | '32,64,128' (or a sequence of ints) -> AUTO, OFF or sorted distinct buckets."""
-    from qserve import QserveError
-
     if spec is None:
         return AUTO
     if isinstance(spec, str):

@@ -14,6 +14,8 @@ import numpy as np
 
 from qserve import QserveError
 from qserve.runtime.base import Runtime
+from qserve.artifact import VariantError
+from qserve.runtime.threadnames import named
 
 if TYPE_CHECKING:
     from qserve.artifact import Manifest
@@ -73,8 +75,6 @@ class OnnxRuntime(Runtime):
             raise QserveError(f"{self.name} needs onnxruntime: {CPU_HINT} (or 'qserve[gpu]' for CUDA) ({e})") from e
         path = self.variant_dir / MODEL_FILE
         if not path.is_file():
-            from qserve.artifact import VariantError
-
             raise VariantError(f"{path} is missing: {self.variant_dir} is not an ONNX variant")
         providers = self._providers(ort)
         self.session = ort.InferenceSession(str(path), sess_options=session_options(ort, self.options.threads),
@@ -102,7 +102,6 @@ class OnnxRuntime(Runtime):
             return 1, None, None
         from concurrent.futures import ThreadPoolExecutor
 
-        from qserve.runtime.threadnames import named
 
         session = ort.InferenceSession(str(path), sess_options=session_options(ort, 1), providers=providers,
                                        disabled_optimizers=disabled_optimizers(self.device))

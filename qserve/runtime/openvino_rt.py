@@ -38,6 +38,9 @@ import numpy as np
 
 from qserve import QserveError
 from qserve.runtime.base import Runtime
+from qserve.artifact import VariantError
+from qserve.devices import usable_cores
+from qserve.runtime.ov_probe import require
 
 if TYPE_CHECKING:
     from qserve.artifact import Manifest
@@ -107,8 +110,6 @@ def fixed_length(manifest: Manifest) -> bool:
 
 class OpenVINORuntime(Runtime):
     def _load(self) -> None:
-        from qserve.runtime.ov_probe import require
-
         if not self.device.startswith("cpu"):
             raise QserveError(f"{self.name} runs on OpenVINO's CPU plugin only; load it with --device cpu "
                               f"(got {self.device})")
@@ -118,8 +119,6 @@ class OpenVINORuntime(Runtime):
             raise QserveError(f"{self.name} needs OpenVINO: {HINT} ({e})") from e
         path = self.variant_dir / MODEL_FILE
         if not path.is_file():
-            from qserve.artifact import VariantError
-
             raise VariantError(f"{path} is missing: {self.variant_dir} is not an OpenVINO variant")
         self.precision = inference_precision(self.manifest)
         int8 = self.manifest.spec.dtype == "int8"
@@ -137,8 +136,6 @@ class OpenVINORuntime(Runtime):
 
     def _side_by_side(self) -> int:
         """Row workers: the streams a batch's shares run on (the plugin gives at most one per core), or 1."""
-        from qserve.devices import usable_cores
-
         workers = min(self.options.side_by_side(), usable_cores())
         return workers if workers >= 2 else 1
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qserve import longtext
+from qserve import QserveError, longtext
+from qserve.devices import usable_cores
+from qserve.runtime.buckets import parse
 
 
 @dataclass
@@ -50,13 +52,10 @@ class RuntimeOptions:
         """How many rows a backend that can should run side by side: row_workers, else the threads, else the cores."""
         if self.row_workers is not None:
             return self.row_workers
-        from qserve.devices import usable_cores
 
         return self.threads or usable_cores()
 
     def __post_init__(self) -> None:
-        from qserve import QserveError
-
         if self.batch_dependent is not None and self.batch_dependent not in BATCH_DEPENDENT:
             raise QserveError(f"batch_dependent must be one of {', '.join(BATCH_DEPENDENT)} "
                               f"(got {self.batch_dependent!r})")
@@ -69,7 +68,6 @@ class RuntimeOptions:
                 raise QserveError(f"{name} must be an integer >= 1 (got {v!r})")
         if self.long_text is not None:
             longtext.parse(self.long_text, "--long-text")
-        from qserve.runtime.buckets import parse
 
         parse(self.length_buckets)  # a bad value fails here, naming --length-buckets
         if self.max_batch_tokens is not None and (isinstance(self.max_batch_tokens, bool) or not isinstance(

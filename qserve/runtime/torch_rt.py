@@ -10,6 +10,9 @@ import numpy as np
 from qserve.devices import capabilities
 from qserve.runtime.base import Runtime
 from qserve.variants import VariantSpec
+from qserve import QserveError
+from qserve.artifact import VariantError
+from qserve.modeling import model_inputs
 
 
 class TorchRuntime(Runtime):
@@ -37,7 +40,6 @@ class TorchRuntime(Runtime):
             _bnb_prepare(self.model, self.device)
             self.batch_invariant = not _llm_int8_picks_outliers_per_batch(self.model, spec, self.device)
         self._torch = torch
-        from qserve.modeling import model_inputs
 
         self.input_names = model_inputs(self.model)
 
@@ -75,9 +77,6 @@ def _bnb_load_kwargs(variant_dir, name: str, device: str) -> dict:
     and the safetensors hold the already-quantized weights, so no source checkpoint is needed."""
     import json
     import logging
-
-    from qserve import QserveError
-    from qserve.artifact import VariantError
 
     for module in ("bitsandbytes", "accelerate"):
         try:
