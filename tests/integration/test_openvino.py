@@ -234,14 +234,14 @@ def probe_crashes(monkeypatch):
 
 def test_probe_crash_skips_ov_variants_and_the_others_export(probe_crashes, tiny_checkpoint, tmp_path, capsys,
                                                              monkeypatch):
-    import qserve.variantflags as variantflags
+    import exporters.cli as export_cli
     import qserve.variants as variants
     from qserve.cli import main
 
     # --all over a short list (the full list would export all 13 variants: minutes, for no more coverage)
     names = ["ov-fp32", "torch-fp32", "ov-int8", "ov-bf16"]
-    monkeypatch.setattr(variantflags, "supported", lambda device, include_slow=False: [variants.VARIANTS[n]
-                                                                                   for n in names])
+    monkeypatch.setattr(export_cli, "supported", lambda device, include_slow=False: [variants.VARIANTS[n]
+                                                                                 for n in names])
     assert main(["export", str(tiny_checkpoint), "--all", "--out", str(tmp_path), "--device", "cpu"]) == 0
     err = capsys.readouterr().err
     for name in ("ov-fp32", "ov-int8", "ov-bf16"):

@@ -83,15 +83,17 @@ def _v1(client, texts, **kw) -> list[list[dict]]:
 @pytest.fixture()
 def loopback_hub_session():
     """HF_HUB_OFFLINE=1 (conftest) makes huggingface_hub refuse every URL, 127.0.0.1 too: for this test its
-    session is a plain requests.Session (the client only ever reaches the local server), then the default again."""
+    client is a plain httpx.Client (the client only ever reaches the local server), then the default again.
+    (huggingface_hub 1.x, which transformers 5 needs: set_client_factory replaced configure_http_backend.)"""
+    import httpx
     import huggingface_hub
-    import requests
+    from huggingface_hub.utils._http import default_client_factory
 
-    huggingface_hub.configure_http_backend(backend_factory=requests.Session)
+    huggingface_hub.set_client_factory(httpx.Client)
     try:
         yield
     finally:
-        huggingface_hub.configure_http_backend()
+        huggingface_hub.set_client_factory(default_client_factory)
 
 
 def test_inference_client_text_classification_is_v1s_answer(server, client, loopback_hub_session):
