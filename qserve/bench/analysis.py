@@ -88,7 +88,8 @@ def variant_entry(meta: VariantMeta, res: dict[str, Any]) -> dict[str, Any]:
 
 def gate_entry(g: dict[str, Any]) -> dict[str, Any]:
     """What a report entry keeps of the verdict a manifest holds (`qserve gate`'s record)."""
-    return {"passed": bool(g.get("passed")), "agreement_lower_bound": (g.get("agreement") or {}).get("lo"),
+    return {"passed": bool(g.get("passed")), "agreement": (g.get("agreement") or {}).get("value"),
+            "agreement_lower_bound": (g.get("agreement") or {}).get("lo"),
             "bar": (g.get("bar") or {}).get("agreement_lower_bound"), "n": (g.get("data") or {}).get("n"),
             "reasons": g.get("reasons") or []}
 
