@@ -68,12 +68,14 @@ STAGES: tuple[Stage, ...] = (
            f"cp {MODELS}/checkpoint/train_metrics.json benchmarks/reports/pipeline-fast-amd/",),
           (_bench("pipeline-fast-amd"),),
           "15.5 min: the measured wall time of that run (its stage times: train 7.2, export 1.5, bench 6.7 min)"),
-    Stage("pipeline-auto-zen4", "`make demo`'s pipeline after issue 46 (`--precision auto`, the training budget, "
-          "variants by CPU class) on the AMD EPYC Zen 4 class (avx512_bf16 + VNNI), its own checkpoint",
+    Stage("pipeline-auto-zen4", "`make demo`'s pipeline after issues 46-49 (`--precision auto`, the training budget, "
+          "variants by CPU class, transformers 5, the release gate) on the AMD EPYC Zen 4 class (avx512_bf16 + VNNI), "
+          "its own checkpoint",
           ("$QSERVE pipeline --force --report-dir benchmarks/reports/pipeline-auto-zen4 && "
            f"cp {MODELS}/checkpoint/train_metrics.json benchmarks/reports/pipeline-auto-zen4/",),
           (_bench("pipeline-auto-zen4"),),
-          "17.1 min: the measured wall time of that run (its stage times: train 8.9, export 1.7, bench 6.5 min)"),
+          "13.9 min: the measured wall time of that run (its stage times: train 6.4, export 1.3, bench 5.4, gate "
+          "0.7 min)"),
     Stage("gate", "the release gate (issue 49) of the embedded default's onnx-int8 and ov-int8 against torch-fp32 on "
           "the 2,000 test texts, calibrated on 2,000 validation texts, verdicts sealed into the manifests",
           (f"$QSERVE gate {MODELS}/variants/onnx-int8 {MODELS}/variants/ov-int8 --threads 2 --force "
