@@ -192,14 +192,13 @@ def _gate_stage(report_dir: Path, args, device: str, force: bool) -> dict | None
               + ("" if g["passed"] else f" ({'; '.join(g['reasons'])})"), flush=True)
     if results:
         write_report(results, report_dir / "gate", force=True)
-    by_dir = {str(Path(r["dir"]).resolve()): r["gate"] for r in results}
-    gated = {v["dir"]: by_dir[str(Path(v["dir"]).resolve())] for v in report["variants"]
-             if v.get("dir") and str(Path(v["dir"]).resolve()) in by_dir}
-    done = {str(Path(r["dir"]).resolve()) for r in results}
+    by_dir = {Path(r["dir"]).resolve(): r["gate"] for r in results}
+    gated = {v["dir"]: by_dir[Path(v["dir"]).resolve()] for v in report["variants"]
+             if v.get("dir") and Path(v["dir"]).resolve() in by_dir}
     first = results[0]["gate"]["data"] if results else {}
     report["gate"] = {"dir": "gate", "max_candidates": PIPELINE_GATE_CANDIDATES, "data": first,
                       "rows": [row(r) for r in results],
-                      "not_gated": [Path(c).name for c in candidates if str(Path(c).resolve()) not in done],
+                      "not_gated": [Path(c).name for c in candidates if Path(c).resolve() not in by_dir],
                       **({} if candidates else {"why": why})}
     apply_gates(report, gated)
     rewrite(report_dir, report)
