@@ -105,6 +105,9 @@ class Runtime:
     length fixed by itself alone (set in _load; ov-int8). Such a variant runs length-bucketed."""
     buckets: tuple[int, ...] | None = None
     """The lengths run() pads each text to (qserve.runtime.buckets), or None: batches run as tokenized."""
+    execution: dict[str, Any] | None = None
+    """How a torch variant runs on its device (eager, CUDA graphs or torch.compile) and why (torch_rt.py); None for
+    backends it does not apply to."""
 
     def __init__(self, variant_dir: Path, manifest: Manifest, device: str, options: RuntimeOptions):
         self.variant_dir = Path(variant_dir)

@@ -101,6 +101,22 @@ def fit_rows(batch: dict[str, np.ndarray], rows: Sequence[int], length: int, pad
     """The given rows as they tokenize alone (attention-masked tokens only), right-padded to `length` as the
     tokenizer pads: input_ids with pad_id, every other input with 0."""
     mask = batch["attention_mask"]
+    picked = mask[list(rows)]
+    kept = picked.sum(axis=1)
+    width = min(mask.shape[1], length)
+    if bool((picked[:, :width] == (np.arange(width) < kept[:, None])).all()) and bool((kept <= width).all()):
+        # Right-padded rows (how the tokenizer and longtext.pad pad them): their tokens are a prefix, so the block
+        # is column slices, the positions past each row's length set to the padding value; the same block as the
+        # row-by-row copy below, without a Python loop over rows (a CUDA graph's replay is shorter than that loop).
+        keep = np.arange(length) < kept[:, None]
+        out = {}
+        for name, arr in batch.items():
+            value = pad_id if name == "input_ids" else 0
+            block = np.full((len(rows), length), value, dtype=arr.dtype)
+            block[:, :width] = arr[list(rows), :width]
+            block[~keep] = value
+            out[name] = block
+        return out
     out = {}
     for name, arr in batch.items():
         value = pad_id if name == "input_ids" else 0

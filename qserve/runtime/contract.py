@@ -48,10 +48,14 @@ class ModelRuntime(Protocol):
     buckets: tuple[int, ...] | None
     """Token lengths each text (each window of one) is padded to (a fixed-shape variant: qserve.runtime.buckets),
     else None."""
+    execution: dict[str, Any] | None
+    """A torch variant's execution record: mode (eager, graphs, compile), what was asked (--cuda-graphs), why, and
+    the graphs captured (qserve/runtime/graphs.py); None for other backends."""
 
     @property
     def lanes(self) -> int:
-        """Batches the runtime can run at once, each whole on one single-threaded worker (narrow())."""
+        """Batches the runtime can run at once, each whole on one single-threaded worker (narrow()); on a GPU, the
+        batches in flight (one tokenizing while another runs on the device)."""
         ...
 
     def narrow(self, on: bool) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from qserve import QserveError, longtext
 from qserve.devices import usable_cores
+from qserve.runtime import graphs
 from qserve.runtime.buckets import parse
 
 
@@ -47,6 +48,16 @@ class RuntimeOptions:
     A text's bucket depends on its own length only. Variants that run unpadded ignore it."""
     max_batch_tokens: int | None = None
     """Cap on rows x padded length per forward; a larger batch runs as several forwards. None = no cap."""
+    cuda_graphs: str = graphs.AUTO
+    """How a torch variant on CUDA runs (qserve.runtime.graphs): "graphs" replays CUDA graphs captured at load per
+    (batch, length) bucket, "compile" runs torch.compile(mode="reduce-overhead") on the same buckets, "off" runs
+    eager, "auto" captures the graphs and keeps them where a short measurement at load finds them faster than
+    eager. CPU devices, other backends and variants run row by row run eager whatever this says (the runtime's
+    `execution` record says why)."""
+    max_graphs: int = graphs.MAX_GRAPHS
+    """Most CUDA graphs one runtime captures (shapes past it run on the smaller buckets captured)."""
+    graph_memory_mb: float = graphs.MEMORY_MB
+    """CUDA memory (MiB) one runtime's graphs may take: capturing stops once they hold this much."""
 
     def side_by_side(self) -> int:
         """How many rows a backend that can should run side by side: row_workers, else the threads, else the cores."""
@@ -73,6 +84,12 @@ class RuntimeOptions:
         if self.max_batch_tokens is not None and (isinstance(self.max_batch_tokens, bool) or not isinstance(
                 self.max_batch_tokens, int) or self.max_batch_tokens < 2):
             raise QserveError(f"--max-batch-tokens must be an integer >= 2 or unset (got {self.max_batch_tokens!r})")
+        self.cuda_graphs = graphs.parse_mode(self.cuda_graphs)
+        if isinstance(self.max_graphs, bool) or not isinstance(self.max_graphs, int) or self.max_graphs < 1:
+            raise QserveError(f"max_graphs must be an integer >= 1 (got {self.max_graphs!r})")
+        if isinstance(self.graph_memory_mb, bool) or not isinstance(self.graph_memory_mb, (int, float)) or \
+                not self.graph_memory_mb > 0:
+            raise QserveError(f"graph_memory_mb must be a number > 0 (got {self.graph_memory_mb!r})")
 
 
 BATCH_DEPENDENT = ("rows", "batched")
