@@ -67,6 +67,8 @@ def variant_entry(meta: VariantMeta, res: dict[str, Any]) -> dict[str, Any]:
         "long_text": res.get("long_text"),
         "long_text_policies": res.get("long_text_policies"),
         **({"eval_cut": res["eval_cut"]} if res.get("eval_cut") else {}),
+        # CUDA only (measure.eager_beside_graphs): how a torch variant ran, and its eager fixed shapes beside it
+        **{k: res[k] for k in ("execution", "fixed_eager") if res.get(k)},
         "accuracy": None,
         "agreement": None,
         "data": res.get("data"),

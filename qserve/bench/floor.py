@@ -11,7 +11,8 @@ torch.matmul and an ORT MatMul, bf16 with torch.matmul, int8 with an ORT MatMulI
 (u8 x s8, the kernel ORT's dynamic quantization uses) and torch._int_mm. Shapes are
 the model's own GEMMs at the headline batch (-> `model_peaks`, what a kernel reaches on
 exactly this workload's matrices) plus larger saturating shapes (-> `peaks`, the best of
-everything: the machine's peak). Timing is best-of-N, so a noisy neighbour can only
+everything: the machine's peak; on CUDA up to an 8192 cube, what a GPU needs to
+saturate). Timing is best-of-N, so a noisy neighbour can only
 lower a peak, never inflate it.
 floor_ms = FLOPs * batch / peak: no implementation of that arithmetic can be faster.
 """
@@ -66,6 +67,20 @@ def gemm_shapes(config: dict[str, Any], tokens: int) -> list[tuple[int, int, int
     d, h = m["d"], m["hidden"]
     model = [(tokens, d, d), (tokens, d, h), (tokens, h, d)]
     return model + [(max(512, 4 * tokens), d, h), (1024, 1024, 1024)]
+
+
+GPU_SATURATING = [(4096, 4096, 4096), (8192, 8192, 8192)]
+"""Cubes that saturate a data-centre GPU's tensor cores: a 1024 cube reads ~95 TFLOP/s of bf16 on an H200, far
+from its peak (a few hundred TFLOP/s: the 8192 cube's), so a GPU floor read from it would be several times too
+lenient. CPUs reach their peak at the 1024 cube already."""
+
+
+def shapes_for(shapes: list[tuple[int, int, int]], device: str) -> list[tuple[int, int, int]]:
+    """The shapes a peak is measured on, on `device`: the given ones (the model's, then the saturating ones of
+    gemm_shapes), plus GPU_SATURATING on CUDA. The model shapes stay first (model_peaks reads them by position)."""
+    if not device.startswith("cuda"):
+        return list(shapes)
+    return list(shapes) + [s for s in GPU_SATURATING if s not in shapes]
 
 
 def peak_for(dtype: str, peaks: dict[str, Any]) -> tuple[str, float] | None:
@@ -179,6 +194,7 @@ def measure_peaks(shapes: list[tuple[int, int, int]], threads: int | None, devic
 
     if threads:
         torch.set_num_threads(threads)
+    shapes = shapes_for(shapes, device)
     methods = _torch_methods(device)
     if not device.startswith("cuda"):
         try:

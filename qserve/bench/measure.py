@@ -100,6 +100,23 @@ def fixed_shapes(rt, job: dict[str, Any], text: str) -> list[dict[str, Any]]:
     return out
 
 
+def eager_beside_graphs(rt, job: dict[str, Any], text: str) -> dict[str, Any]:
+    """On CUDA, a torch variant's execution record (eager, CUDA graphs or torch.compile, and why: torch_rt.py) and,
+    when it runs graphs or compile, the same fixed shapes again eager ("fixed_eager"), so the report shows both
+    side by side. Other backends and CPU runs add nothing."""
+    execution = getattr(rt, "execution", None)
+    if not execution:
+        return {}
+    out: dict[str, Any] = {"execution": execution}
+    log(f"{rt.name}: runs {execution.get('mode')} ({execution.get('why')})")
+    if execution.get("mode") != "eager":
+        with rt.eager_only():
+            out["fixed_eager"] = fixed_shapes(rt, job, text)
+        for rec in out["fixed_eager"]:
+            rec["mode"] = "eager"
+    return out
+
+
 def accuracy(rt, ev: dict[str, Any], batch: int = 32, cache: dict[str, Any] | None = None) -> dict[str, Any]:
     """predict() over the test texts (text pairs, for a pair split) under the variant's own long-text policy
     (as served; a pair is truncated as its tokenizer truncates it), in length-sorted batches (evalpass.py);
@@ -229,6 +246,8 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     texts = data.get("real_texts") or []
     _stage(res, "fixed")
     res["fixed"] = fixed_shapes(rt, job, " ".join(texts[:8]) if texts else FALLBACK_TEXT)
+    if cuda:
+        res.update(eager_beside_graphs(rt, job, " ".join(texts[:8]) if texts else FALLBACK_TEXT))
     if texts:
         _stage(res, "real_text")
 

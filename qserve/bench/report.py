@@ -171,6 +171,7 @@ def render_md(report: dict[str, Any]) -> str:
         L += ["Notes: " + "; ".join(notes) + ".", ""]
     L += _checks(report) + _floor_lines(report)
 
+    L += _execution_lines(report)
     L += _grid(report) + _real_text(report) + long_text_lines(report) + _invariance(report) + _bench_time_lines(report) + _failures(report)
     L += _gate_lines(report) + _stage_lines(report) + _env(report)
     L += ["## Plots", "", "![latency vs batch size](latency_vs_batch.png)", ""]
@@ -194,6 +195,40 @@ def _checks(report: dict[str, Any]) -> list[str]:
     rows = [[c["name"], _f(c.get("value"), 2, c.get("unit", "")), c.get("target", ""), result(c)] for c in checks]
     return ["## Checks", ""] + _table(["check", "measured", "target", "result"], rows,
                                       ["---", "---:", "---", "---"]) + [""]
+
+
+def _execution_lines(report: dict[str, Any]) -> list[str]:
+    """On CUDA: each torch variant eager and as it runs (CUDA graphs or torch.compile), side by side on the same
+    fixed shapes, and why it runs so (its `execution` record: torch_rt.py). Nothing for a CPU run."""
+    cfg = report["config"]
+    b, s = report["headline"]["batch"], report["headline"]["seq"]
+    bmax = max(cfg["batch_sizes"])
+    rows, why = [], []
+    for v in report["variants"]:
+        ex = v.get("execution")
+        if v["status"] != "ok" or not ex:
+            continue
+        why.append(f"- {v['name']}: **{ex.get('mode')}** ({ex.get('why')})")
+        pairs = [("eager", v.get("fixed_eager"))] if v.get("fixed_eager") else []
+        pairs.append((str(ex.get("mode")), v.get("fixed")))
+        eager_p50 = eager_tp = None
+        for mode, recs in pairs:
+            st = fixed_shape({"fixed": recs}, b, s)
+            big = fixed_shape({"fixed": recs}, bmax, s)
+            p50, tp = (st or {}).get("p50"), (big or {}).get("throughput")
+            if mode == "eager":
+                eager_p50, eager_tp = p50, tp
+            gain = [_f(eager_p50 / p50 if mode != "eager" and eager_p50 and p50 else None, 2, "×"),
+                    _f(tp / eager_tp if mode != "eager" and eager_tp and tp else None, 2, "×")]
+            rows.append([f"{v['name']} ({mode})", _f(p50, 3), _f((st or {}).get("p99"), 3), _f(tp, 1), *gain])
+    if not rows:
+        return []
+    return (["## Eager and CUDA graphs (torch variants on CUDA)", "",
+             f"The same fixed shapes, eager and as the variant runs (`--cuda-graphs`, default auto: graphs captured "
+             f"at load per (batch, length) bucket, kept where a short measurement at load finds them faster).", ""]
+            + _table(["variant (execution)", f"p50 b{b}/s{s} (ms)", f"p99 b{b}/s{s} (ms)",
+                      f"throughput b{bmax}/s{s} (seq/s)", "p50 speed-up", "throughput gain"], rows)
+            + [""] + why + [""])
 
 
 def _grid(report: dict[str, Any]) -> list[str]:
@@ -406,7 +441,7 @@ def render_csv(report: dict[str, Any]) -> str:
         if v["status"] != "ok":
             w.writerow({**base, "kind": "failed", "error": v.get("error")})
             continue
-        for kind in ("fixed", "real_text"):
+        for kind in ("fixed", "real_text", "fixed_eager"):  # fixed_eager: CUDA only (a torch variant run eager)
             for rec in v.get(kind) or []:
                 row = {**base, "kind": kind, "batch": rec.get("batch"), "seq": rec.get("seq", ""),
                        "count": rec.get("count"), "throughput": rec.get("throughput"), "error": rec.get("error")}
