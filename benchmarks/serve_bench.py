@@ -248,8 +248,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from qserve.files import now_iso, refuse_existing, write_json_atomic, write_text_atomic
     from qserve.provenance import provenance, with_header
-    from qserve.serve.infra.config import ServeConfig
+    from qserve.serve.infra.config import BATCHING, device_kind
     from qserve.bench.loadtest import default_texts
+
+    sized = BATCHING[device_kind(args.device)]  # the batcher `qserve serve` sizes for this device by default
 
     try:
         refuse_existing(args.out / "serve_report.json", args.force)
@@ -257,14 +259,14 @@ def main(argv: list[str] | None = None) -> int:
         log.info("measuring the model's own b1 latency in-process")
         direct = model_b1_direct(args.variant_dir, args.device, args.threads, texts, budget_s=min(10.0, args.duration))
         model_b1: dict[str, Any] = {"direct": {k: direct[k] for k in ("p50_ms", "p99_ms", "mean_ms", "calls")}}
-        log.info("measuring the model's own batching ceiling in-process (b1 vs b%d)", ServeConfig.max_batch_size)
-        ceiling = model_ceiling(args.variant_dir, args.device, args.threads, texts, ServeConfig.max_batch_size)
+        log.info("measuring the model's own batching ceiling in-process (b1 vs b%d)", sized.max_batch_size)
+        ceiling = model_ceiling(args.variant_dir, args.device, args.threads, texts, sized.max_batch_size)
         if args.bench_report:
             model_b1["bench_report"] = model_b1_from_report(args.bench_report, direct["variant"]["name"],
                                                             args.variant_dir)
         runs = {}
         with tempfile.TemporaryDirectory(prefix="serve-bench-") as tmp:
-            for key, mbs in (("unbatched", 1), ("batched", ServeConfig.max_batch_size)):
+            for key, mbs in (("unbatched", 1), ("batched", sized.max_batch_size)):
                 log.info("server with --max-batch-size %d: loadtest at %d and %d clients, %.0f s each", mbs,
                          args.concurrency_low, args.concurrency_high, args.duration)
                 runs[key] = run_server(args, mbs, texts, Path(tmp))
@@ -293,8 +295,8 @@ def main(argv: list[str] | None = None) -> int:
                            "python": platform.python_version()},
            "settings": {"duration_s": args.duration, "concurrency_low": args.concurrency_low,
                         "concurrency_high": args.concurrency_high, "threads": args.threads, "device": args.device,
-                        "max_wait_ms": args.max_wait_ms if args.max_wait_ms is not None else ServeConfig.max_wait_ms,
-                        "batched_max_batch_size": ServeConfig.max_batch_size, "texts": len(texts)},
+                        "max_wait_ms": args.max_wait_ms if args.max_wait_ms is not None else sized.max_wait_ms,
+                        "batched_max_batch_size": sized.max_batch_size, "texts": len(texts)},
            "model_b1": model_b1, "model_ceiling": ceiling, "summary": summary, "runs": runs,
            "provenance": provenance()}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -29,3 +29,19 @@ def batch_totals(url: str) -> tuple[float, float]:
     """(forwards, texts in them) so far, from the server's qserve_batch_size histogram, over all its models."""
     s = scrape(url)
     return total(s, "qserve_batch_size_count"), total(s, "qserve_batch_size_sum")
+
+
+def per_worker(url: str, workers: int, tries: int = 400) -> dict[str, Samples]:
+    """Each worker's /metrics under `qserve serve --workers N`, by worker id: a scrape answers for the worker that
+    accepted its (fresh) connection, so scrape until every id was seen (a QserveError after `tries` scrapes)."""
+    from qserve import QserveError
+
+    seen: dict[str, Samples] = {}
+    for _ in range(tries):
+        samples = scrape(url)
+        ids = [dict(lab).get("worker") for (n, lab) in samples if n == "qserve_worker_info"]
+        if ids and ids[0] is not None:
+            seen.setdefault(ids[0], samples)
+        if len(seen) >= workers:
+            return seen
+    raise QserveError(f"{url}: /metrics answered for workers {sorted(seen)} only, of {workers}, in {tries} scrapes")

@@ -57,7 +57,7 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
     fails. `selection` says why the default model's variant was chosen, shown in /v1/models (a model dir
     says so itself). `repository` names the models and their dirs (default: config's DIR or
     --model-repository); a name clash or a --shadow naming no model raises QserveError here."""
-    config.validate()
+    config = config.validate().for_device()  # the batcher sized for the device, where the flags leave it
     protocols = SERVED  # every protocol this server speaks (protocols/registry.py): its routes, errors, labels
     st = ServeState(config=config, metrics=Metrics(protocols.label, protocols.labels), loader=loader or load_model,
                     selection=selection, on_load_failure=on_load_failure, repository=repository,

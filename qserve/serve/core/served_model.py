@@ -67,8 +67,9 @@ def load_model(config: ServeConfig) -> ModelRuntime:
     """The default Loader: load_runtime on config.variant_dir (manifest verified) with the serve flags."""
     # max_rows: windows of long texts make more rows than texts; a forward never runs more than a full batch
     options = RuntimeOptions(threads=config.threads, row_workers=config.row_workers, long_text=config.long_text,
-                             max_windows=config.max_windows, max_rows=config.max_batch_size,
-                             length_buckets=config.length_buckets, max_batch_tokens=config.max_batch_tokens)
+                             max_windows=config.max_windows, max_rows=config.batch_size,
+                             length_buckets=config.length_buckets, max_batch_tokens=config.max_batch_tokens,
+                             cuda_graphs=config.cuda_graphs)
     return load_runtime(config.variant_dir, config.device, options, allow_extra_files=config.allow_extra_files)
 
 
@@ -95,6 +96,7 @@ class ServedModel:
                 "labels": list(rt.labels), "problem_type": rt.problem_type, "inputs": list(rt.inputs),
                 "max_length": rt.max_length, "long_text": str(rt.long_text),
                 "length_buckets": list(rt.buckets) if rt.buckets else None,
+                "execution": rt.execution,
                 "parity": m.parity, "gate": gate_summary(m), "calibration": m.calibration,
                 "created": m.created, "device": rt.device, "dir": self.variant_dir, "files": len(files),
                 "bytes": sum(f.bytes for f in files.values()),

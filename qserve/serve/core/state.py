@@ -257,7 +257,7 @@ class ServeState:
             shadow = self.shadows.get(source.name)
             if shadow is not None:
                 shadow.attach(version, list(runtime.labels), runtime.manifest.spec.bits)
-            await warm_up(runtime, self.executor, cfg.max_batch_size)
+            await warm_up(runtime, self.executor, cfg.batch_size)
         except Exception:
             await loop.run_in_executor(None, runtime.close)  # a model that cannot answer is not kept
             raise
@@ -271,8 +271,8 @@ class ServeState:
                       version: str = version) -> None:
                 shadow.offer(texts, policies, probs, version)
         mm = self.metrics.for_model(source.name)
-        batcher = Batcher(infer_fn(runtime, offer, traced=self.tracing is not None), self.executor, max_batch_size=cfg.max_batch_size,
-                          max_wait_ms=cfg.max_wait_ms, max_queue=cfg.max_queue, metrics=mm,
+        batcher = Batcher(infer_fn(runtime, offer, traced=self.tracing is not None), self.executor, max_batch_size=cfg.batch_size,
+                          max_wait_ms=cfg.wait_ms, max_queue=cfg.max_queue, metrics=mm,
                           arriving=lambda: self.arrivals.n, lanes=runtime.lanes,
                           lane_infer=infer_fn(runtime, offer, traced=self.tracing is not None, lane=True),
                           crowded=self.http_load.busy)

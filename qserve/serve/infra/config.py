@@ -2,14 +2,13 @@
 
     QSERVE_MAX_BATCH_SIZE=16 QSERVE_API_KEY=secret qserve serve models/minilm-imdb-variants/onnx-int8
 
-Concurrency model (why there is no `--workers N`): a variant is served by ONE process
-with ONE inference thread. torch and ONNX Runtime already spread a single forward
-over all cores with their intra-op thread pools (`--threads`), so running two
-batches at once only splits the same cores between them and thrashes caches; on
-CUDA, kernels from one process are serialized anyway. The HF fast tokenizer also
-mutates its truncation state per call and is not safe to share across threads.
-Throughput therefore comes from dynamic batching (many requests -> one forward),
-while the asyncio event loop keeps accepting and validating requests. The one
+Concurrency model: a variant is served by one inference thread per process. torch and ONNX Runtime
+already spread a single forward over all cores with their intra-op thread pools (`--threads`), so running
+two batches at once only splits the same cores between them and thrashes caches; on CUDA, kernels from one
+process are serialized anyway. The HF fast tokenizer also mutates its truncation state per call and is not
+safe to share across threads (one lock guards it). Throughput therefore comes from dynamic batching (many
+requests -> one forward), sized by device (BATCHING: larger batches and a shorter wait on a GPU), while the
+asyncio event loop keeps accepting and validating requests. The one
 exception is inside a forward: a variant run row by row (onnx-int8) computes a
 batch's rows side by side, one intra-op thread each (`--row-workers`), because a
 lone short row keeps two intra-op threads only partly busy (measured: 2 single-
@@ -18,19 +17,26 @@ batch's shares on one single-threaded stream each for the same reason (qserve/ru
 alone in the server (--inline-lone) runs on the event loop's thread instead: still one forward at a time. Under
 load such a variant runs several small batches at once instead, one per row worker ("lanes": each whole on one
 single-threaded worker, so no batch waits on another's slowest worker; serve/core/batcher.py), with the
-tokenizer behind one lock; `--row-workers 1` turns lanes off.
+tokenizer behind one lock; `--row-workers 1` turns lanes off. On a GPU, a torch variant keeps two batches in
+flight the same way (torch_rt.GPU_LANES): one tokenizes on its lane thread while the other's forward holds the GPU.
+When one process's event loop (HTTP, JSON, the answer) is the bound, as it is in front of a GPU, `qserve serve
+--workers N` runs N such processes on one port (SO_REUSEPORT), each with its own model (sharing the GPU);
+their /metrics are each their own (serve/infra/workers.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from qserve import QserveError
 from qserve.configflags import ENV_PREFIX, build, flag
+from qserve.devices import cuda_available
 from qserve.longtext import MAX_WINDOWS, parse
+from qserve.runtime import graphs
 from qserve.runtime.buckets import parse as parse_buckets
 
 
@@ -56,11 +62,11 @@ class ServeConfig:
     """Rows of a batch run side by side, one thread each: a row-by-row batch's rows (onnx-int8), an OpenVINO
     batch's shares on one stream each (1 = one row at a time, or the whole batch, on all intra-op threads).
     Answers are the same either way."""
-    max_batch_size: int = 32
+    max_batch_size: int | None = field(default=None, metadata=flag(default_text="32 on CPU, 256 on CUDA"))
     """Most texts run in one forward pass (1 disables batching). A windowed text's windows are cut from it
-    inside the runtime, which forwards at most this many pieces at once."""
-    max_wait_ms: float = 5.0
-    """How long the oldest queued text may wait for a batch to fill before it runs anyway."""
+    inside the runtime, which forwards at most this many pieces at once. Unset: by device (BATCHING)."""
+    max_wait_ms: float | None = field(default=None, metadata=flag(default_text="5 on CPU, 2 on CUDA"))
+    """How long the oldest queued text may wait for a batch to fill before it runs anyway. Unset: by device."""
     inline_lone: bool = True
     """A request alone in the server (one connection, nothing else queued or running) with one text read in
     one forward (any policy but windows) runs on the event loop, skipping the two thread hops to the inference
@@ -122,6 +128,11 @@ class ServeConfig:
     powers of two from 32, then max_length; off: every text at max_length. Variants that run unpadded ignore it."""
     max_batch_tokens: int | None = field(default=None, metadata=flag(default_text="no cap"))
     """Most rows x padded length in one forward; a larger batch runs as several forwards."""
+    cuda_graphs: str = field(default=graphs.AUTO, metadata=flag(choices=graphs.MODES))
+    """How a torch variant on CUDA runs: graphs (CUDA graphs captured at load per (batch, length) bucket, replayed),
+    compile (torch.compile mode=reduce-overhead on the same buckets, compiled on first use), off (eager), auto
+    (graphs where a short measurement at load finds them faster). CPU and other backends run as before; /v1/models
+    says what runs and why (`execution`)."""
     grpc_port: int | None = field(default=None, metadata=flag(default_text="off"))
     """Also serve the KServe V2 gRPC API (tritonclient.grpc) on this port, beside HTTP, with the same model,
     limits, auth (metadata 'authorization: Bearer KEY') and metrics (0 = any free port; --engine uvicorn only)."""
@@ -131,8 +142,11 @@ class ServeConfig:
             if not cond:
                 raise QserveError(f"--{flag.replace('_', '-')} (or {ENV_PREFIX}{flag.upper()}) {msg}")
 
-        need(1 <= self.max_batch_size <= 4096, "max_batch_size", f"must be 1..4096, got {self.max_batch_size}")
-        need(0 <= self.max_wait_ms <= 10_000, "max_wait_ms", f"must be 0..10000 ms, got {self.max_wait_ms}")
+        need(self.max_batch_size is None or 1 <= self.max_batch_size <= 4096, "max_batch_size",
+             f"must be 1..4096 (or unset: by device), got {self.max_batch_size}")
+        need(self.max_wait_ms is None or 0 <= self.max_wait_ms <= 10_000, "max_wait_ms",
+             f"must be 0..10000 ms (or unset: by device), got {self.max_wait_ms}")
+        graphs.parse_mode(self.cuda_graphs)  # names --cuda-graphs and what it allows
         need(1 <= self.max_inputs <= 4096, "max_inputs", f"must be 1..4096, got {self.max_inputs}")
         need(self.max_queue >= self.max_inputs, "max_queue",
              f"must be >= --max-inputs ({self.max_inputs}) so a full request can ever fit, got {self.max_queue}")
@@ -174,6 +188,51 @@ class ServeConfig:
         need(self.grpc_port is None or self.grpc_port == 0 or self.grpc_port != self.port, "grpc_port",
              f"must differ from --port ({self.port})")
         return self
+
+    def for_device(self, device: str | None = None) -> ServeConfig:
+        """This config with the batcher sized for `device` (default: --device) where --max-batch-size and
+        --max-wait-ms (or their env vars) leave it unset: BATCHING's row for a CUDA device or a CPU. `auto` asks
+        whether a GPU is usable (devices.cuda_available: imports torch, which loading the model does anyway)."""
+        if self.max_batch_size is not None and self.max_wait_ms is not None:
+            return self
+        sized = BATCHING[device_kind(device or self.device)]
+        return dataclasses.replace(self, max_batch_size=self.max_batch_size or sized.max_batch_size,
+                                   max_wait_ms=sized.max_wait_ms if self.max_wait_ms is None else self.max_wait_ms)
+
+    @property
+    def batch_size(self) -> int:
+        """max_batch_size once for_device() has sized it (the CPU row before: what a config file says by default)."""
+        return self.max_batch_size or BATCHING["cpu"].max_batch_size
+
+    @property
+    def wait_ms(self) -> float:
+        """max_wait_ms once for_device() has sized it (the CPU row before)."""
+        return BATCHING["cpu"].max_wait_ms if self.max_wait_ms is None else self.max_wait_ms
+
+
+@dataclass(frozen=True)
+class Batching:
+    """The dynamic batcher's size on one kind of device."""
+
+    max_batch_size: int
+    max_wait_ms: float
+
+
+BATCHING = {"cpu": Batching(max_batch_size=32, max_wait_ms=5.0), "cuda": Batching(max_batch_size=256, max_wait_ms=2.0)}
+"""The batcher by device, where the flags leave it. A CPU's forward grows with its batch, so 32 texts and 5 ms
+keep a batch's wait beside its compute; a GPU replays a 256-row graph in about the time of a few rows (CUDA graphs:
+qserve/runtime/graphs.py), so it takes what a busy server gathers, and waits less for it (2 ms), its forward being
+short. Both are ceilings: a batch runs as soon as nobody else is on the way (batcher.py)."""
+
+
+def device_kind(device: str, probe: bool = True) -> str:
+    """"cuda" or "cpu": which BATCHING row `device` (cpu, cuda, cuda:N, auto) gets; `auto` is a GPU when one is
+    usable (probe=False: `auto` counts as CPU, for callers that must not import torch)."""
+    if device.startswith("cuda"):
+        return "cuda"
+    if device == "auto" and probe:
+        return "cuda" if cuda_available() else "cpu"
+    return "cpu"
 
 
 def config_from_sources(flags: argparse.Namespace | Mapping[str, object] | None = None,

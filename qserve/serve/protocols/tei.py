@@ -282,8 +282,8 @@ def info(st: ServeState) -> dict[str, Any]:
                                       "label2id": {x: i for i, x in enumerate(labels)}}},
         "prompts": None, "default_prompt": None, "max_concurrent_requests": cfg.max_queue,
         "max_input_length": rt.max_length,
-        "max_batch_tokens": cfg.max_batch_tokens or cfg.max_batch_size * rt.max_length,
-        "max_batch_requests": cfg.max_batch_size, "max_client_batch_size": cfg.max_inputs,
+        "max_batch_tokens": cfg.max_batch_tokens or cfg.batch_size * rt.max_length,
+        "max_batch_requests": cfg.batch_size, "max_client_batch_size": cfg.max_inputs,
         "auto_truncate": True, "tokenization_workers": 1, "version": __version__, "sha": None,
         "docker_label": None}
 

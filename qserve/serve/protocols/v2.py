@@ -221,8 +221,8 @@ def model_config(st: ServeState, model: ServedModel) -> dict[str, Any]:
         "max_batch_size": 0,  # shapes below include the batch dimension (-1 = n texts)
         "input": config_inputs(rt),
         "output": outputs.v2_config_outputs(rt.problem_type, k),
-        "dynamic_batching": {"max_queue_delay_microseconds": int(cfg.max_wait_ms * 1000),
-                             "preferred_batch_size": [cfg.max_batch_size]},
+        "dynamic_batching": {"max_queue_delay_microseconds": int(cfg.wait_ms * 1000),
+                             "preferred_batch_size": [cfg.batch_size]},
         "parameters": {"labels": {"string_value": ",".join(rt.labels)},
                        "problem_type": {"string_value": rt.problem_type},
                        "max_length": {"string_value": str(rt.max_length)},
