@@ -70,9 +70,9 @@ def gemm_shapes(config: dict[str, Any], tokens: int) -> list[tuple[int, int, int
 
 
 GPU_SATURATING = [(4096, 4096, 4096), (8192, 8192, 8192)]
-"""Cubes that saturate a data-centre GPU's tensor cores: a 1024 cube reads ~95 TFLOP/s of bf16 on an H200, far
-from its peak (a few hundred TFLOP/s: the 8192 cube's), so a GPU floor read from it would be several times too
-lenient. CPUs reach their peak at the 1024 cube already."""
+"""Cubes that saturate a data-centre GPU's tensor cores: a 1024 cube leaves most of them idle, so a GPU's peak
+read from it, and the floor from that peak, would be several times too lenient (docs/bench.md, "The compute
+floor on a GPU"). CPUs reach their peak at the 1024 cube already."""
 
 
 def shapes_for(shapes: list[tuple[int, int, int]], device: str) -> list[tuple[int, int, int]]:

@@ -58,6 +58,8 @@ class Captured(Protocol):
 
     nbytes: int
     """CUDA memory its capture took (static buffers included)."""
+    staging: np.ndarray | None
+    """Where its block is best staged (its pinned host buffer: no copy on the way in), or None."""
 
     def __call__(self, block: np.ndarray, rows: int) -> np.ndarray:
         """block: int64 [inputs, batch, length] (stage()); -> float32 logits of the first `rows` rows."""
@@ -156,9 +158,15 @@ class Graphs:
 
     # -- capturing ----------------------------------------------------------------------------
     def prepare(self) -> None:
-        """Capture every declared shape now, in order (until a bound refuses the rest)."""
-        for shape in self.declared:
+        """Capture every declared shape now, in order (until a bound refuses the rest). When the very first
+        capture fails, the kernels cannot be captured at all (they sync, or allocate outside torch): the rest is
+        not tried."""
+        for i, shape in enumerate(self.declared):
             self._graph(shape)
+            if i == 0 and shape in self.refused:
+                for rest in self.declared[1:]:
+                    self.refused[rest] = f"not tried: the first capture ({shape[0]}x{shape[1]}) failed"
+                return
 
     def _graph(self, shape: Shape) -> Captured | None:
         """The graph of `shape`: captured already, captured now (within the bounds), or None (refused)."""
@@ -207,7 +215,8 @@ class Graphs:
                 g = self._graph((bucket, length))
                 if g is None:
                     continue  # refused just now: usable() no longer offers it
-                parts.append(g(stage(batch, self.names, start, start + rows, bucket, self.pad_id), rows))
+                block = stage(batch, self.names, start, start + rows, bucket, self.pad_id, out=g.staging)
+                parts.append(g(block, rows))
             start += rows
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 

@@ -42,6 +42,18 @@ TIMED = 15
 """Timed calls per shape and mode in auto's measurement (after 3 untimed ones)."""
 _CAPTURE_LOCK = threading.Lock()
 """One capture at a time in a process (CUDA's rule): two models loading at once take turns."""
+_DEVICE_LOCKS: dict[str, threading.RLock] = {}
+"""One lock per CUDA device, shared by every torch runtime on it: a forward (eager or replay) and a capture never
+overlap, so a model loading (capturing) beside one serving (a hot swap, a shadow) cannot launch into the legacy
+default stream while a capture is under way, which would invalidate the capture."""
+
+
+def device_lock(device: str) -> threading.RLock:
+    """The lock of `device` ("cuda" and "cuda:0" are one device; a CPU runtime gets a lock of its own)."""
+    if not device.startswith("cuda"):
+        return threading.RLock()
+    key = device if ":" in device else "cuda:0"
+    return _DEVICE_LOCKS.setdefault(key, threading.RLock())
 
 
 class TorchRuntime(Runtime):
@@ -79,9 +91,9 @@ class TorchRuntime(Runtime):
         self._torch = torch
 
         self.input_names = model_inputs(self.model)
-        # A forward at a time on the device: a graph's static buffers are shared by its replays, and a busy
-        # server's lanes call forward from two threads.
-        self._gpu_lock = threading.Lock()
+        # A forward at a time on the device: a graph's static buffers are shared by its replays, a busy server's
+        # lanes call forward from two threads, and no forward may launch while a capture is under way.
+        self._gpu_lock = device_lock(self.device)
         asked = self.options.cuda_graphs
         blocked = self._graphs_blocked() or (f"{graphs.FLAG} off" if asked == graphs.OFF else None)
         self.execution = {"asked": asked, "mode": graphs.EAGER, "why": blocked or f"{graphs.FLAG} {asked}"}
@@ -111,20 +123,21 @@ class TorchRuntime(Runtime):
         lazy = asked == graphs.COMPILE
         started = time.perf_counter()
         try:
-            capture = self._compiled_capture() if lazy else self._graph_capture()
-            self._graphs = graphs.Graphs(capture, self._graph_inputs(), self.pad_id, self.buckets,
-                                         graphs.batch_buckets(self.options.max_rows or graphs.DEFAULT_BATCH_CAP),
-                                         self.options.max_graphs, self.options.graph_memory_mb, lazy=lazy)
-            if not lazy:
-                self._graphs.prepare()
-            ok, delta = self._check()
-            if not self._graphs.graphs:
-                first = next(iter(self._graphs.refused.values()), "nothing was declared")
-                raise QserveError(f"no shape could be captured ({first})")
-            if not ok:
-                raise QserveError(f"a replay differs from the eager forward by |Δlogit| {delta:.3g} (the captured "
-                                  "kernels depend on their data)")
-            timings = self._timings() if asked == graphs.AUTO else {}
+            with self._gpu_lock:  # no other forward on this device while capturing, checking and timing
+                capture = self._compiled_capture() if lazy else self._graph_capture()
+                self._graphs = graphs.Graphs(capture, self._graph_inputs(), self.pad_id, self.buckets,
+                                             graphs.batch_buckets(self.options.max_rows or graphs.DEFAULT_BATCH_CAP),
+                                             self.options.max_graphs, self.options.graph_memory_mb, lazy=lazy)
+                if not lazy:
+                    self._graphs.prepare()
+                ok, delta = self._check()
+                if not self._graphs.graphs:
+                    first = next(iter(self._graphs.refused.values()), "nothing was declared")
+                    raise QserveError(f"no shape could be captured ({first})")
+                if not ok:
+                    raise QserveError(f"a replay differs from the eager forward by |Δlogit| {delta:.3g} (the "
+                                      "captured kernels depend on their data)")
+                timings = self._timings() if asked == graphs.AUTO else {}
         except Exception as e:  # a variant whose kernels cannot be captured (bitsandbytes, say) runs eager
             summary = self._graphs.summary() if self._graphs is not None else None
             self._use_eager(f"eager: {'compile' if lazy else 'capture'} failed ({type(e).__name__}: {e})"[:500],
@@ -268,10 +281,10 @@ class _CudaGraph:
         b, n = shape
         empty = {k: np.zeros((0, n), dtype=np.int64) for k in names}
         with torch.cuda.device(device), torch.inference_mode():
-            before = torch.cuda.memory_reserved()
             # Every row a filler row: the mask has padding, so the warm-up runs the masked attention the capture
             # records (transformers materializes the mask while a stream captures: masking_utils' is_tracing).
             self.host = torch.from_numpy(graphs.stage(empty, names, 0, 0, b, pad_id)).pin_memory()
+            self.staging: np.ndarray | None = self.host.numpy()  # Graphs.run stages each block straight into it
             self.static = self.host.to(device)
             feed = {k: self.static[i] for i, k in enumerate(names)}
             side = torch.cuda.Stream()
@@ -280,17 +293,22 @@ class _CudaGraph:
                 for _ in range(WARMUP):
                     model(**feed)
             torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()  # what torch.cuda.graph frees on entry anyway, so `before` is what stays
+            before = torch.cuda.memory_reserved()
             self.graph = torch.cuda.CUDAGraph()
             # thread_local: another thread's CUDA work (the model being swapped out, a shadow) may go on meanwhile
             with _CAPTURE_LOCK, torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
                 self.out = model(**feed).logits.float()
             torch.cuda.synchronize()
-            self.nbytes = max(0, int(torch.cuda.memory_reserved() - before))
+            # the pool's growth (shared: a later capture reuses what an earlier one left), plus the static inputs
+            self.nbytes = max(0, int(torch.cuda.memory_reserved() - before)) + self.static.numel() * 8
         self._torch = torch
 
     def __call__(self, block: np.ndarray, rows: int) -> np.ndarray:
         with self._torch.inference_mode():
-            self.host.numpy()[...] = block
+            if block is not self.staging:
+                self.host.numpy()[...] = block
             self.static.copy_(self.host, non_blocking=True)  # the last call's .cpu() synced: the host block is free
             self.graph.replay()
             return self.out[:rows].cpu().numpy()  # a copy, synchronous: the replay is done
@@ -303,6 +321,7 @@ class _Compiled:
     def __init__(self, torch: Any, compiled: Any, names: list[str], shape: graphs.Shape, device: str, pad_id: int):
         b, n = shape
         self._torch, self.compiled, self.names, self.device = torch, compiled, names, device
+        self.staging: np.ndarray | None = None
         before = torch.cuda.memory_reserved(device)
         filler = graphs.stage({k: np.zeros((0, n), dtype=np.int64) for k in names}, names, 0, 0, b, pad_id)
         for _ in range(3):  # compile, record, replay

@@ -23,6 +23,7 @@ class StandIn:
     """A 'graph' of one shape on CPU: the eager forward of the static block it is handed, rows sliced."""
 
     nbytes = 1 << 20
+    staging = None
 
     def __init__(self, rt: TorchRuntime, shape: graphs.Shape, shift: float = 0.0):
         self.rt, self.shape, self.shift = rt, shape, shift

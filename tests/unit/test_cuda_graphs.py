@@ -20,9 +20,10 @@ class Replay:
 
     def __init__(self, shape: graphs.Shape, nbytes: int, calls: list):
         self.shape, self.nbytes, self.calls = shape, nbytes, calls
+        self.staging = np.zeros((2, *shape), dtype=np.int64)  # a host buffer run() stages each block into
 
     def __call__(self, block: np.ndarray, rows: int) -> np.ndarray:
-        assert block.shape[1:] == self.shape  # the static shape, always
+        assert block.shape[1:] == self.shape and block is self.staging  # the static shape, staged in place
         self.calls.append((self.shape, rows, block.copy()))
         return (block[0] * block[1]).sum(axis=1, keepdims=True)[:rows].astype(np.float32)
 
@@ -154,6 +155,17 @@ def test_a_failed_capture_is_recorded_and_a_length_without_graphs_runs_eager():
     assert (g2.run(b16, _eager) == _eager(b16)).all() and g2.eager_rows == 3
     b32 = _batch([20], 32)  # a length that is no bucket at all: eager, counted
     assert (g2.run(b32, _eager) == _eager(b32)).all() and g2.eager_rows == 4
+
+
+def test_when_the_first_capture_fails_the_rest_is_not_tried():
+    capture = _capture([], fail={(1, 8)})
+    g = Graphs(capture, ["input_ids", "attention_mask"], 0, lengths=(8, 16), batches=(1, 2))
+    g.prepare()
+    assert capture.captured == [] and not g.graphs
+    assert "capture failed" in g.refused[(1, 8)]
+    assert g.refused[(2, 16)] == "not tried: the first capture (1x8) failed"
+    b = _batch([3, 4], 8)
+    assert (g.run(b, _eager) == _eager(b)).all() and g.eager_rows == 2
 
 
 def test_lazy_graphs_capture_on_first_use_within_the_bounds():
