@@ -134,7 +134,7 @@ def plain(variant: Path, device: str, texts: list[str], seq: int, batches: tuple
         feed = {k: torch.from_numpy(v).to(device) for k, v in ids_of(tok, texts, b, seq).items()}
         rec: dict[str, Any] = {"batch": b, "seq": seq}
         with torch.inference_mode():
-            rec["eager_ms"] = timed(lambda: model(**feed), sync, 3, iters)
+            rec["eager_ms"] = timed(lambda feed=feed: model(**feed), sync, 3, iters)
             if cuda:
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
@@ -152,7 +152,7 @@ def plain(variant: Path, device: str, texts: list[str], seq: int, batches: tuple
         rows.append(rec)
         log.info("plain b%d/s%d: eager %.3f ms%s", b, seq, rec["eager_ms"],
                  f", graph {rec['graph_ms']:.3f} ms" if "graph_ms" in rec else "")
-    del model
+    model = None  # freed before the runtime loads
     if cuda:
         torch.cuda.empty_cache()
     return {"dtype": str(dtype).replace("torch.", ""), "rows": rows,
@@ -275,7 +275,7 @@ def loadtest(url: str, levels: list[int], duration: float, work: Path, tag: str,
 def served_scores(url: str, texts: list[str], graphed: np.ndarray, labels: list[str]) -> dict[str, Any]:
     """The served scores of `texts`, one request each, against the in-process graphs runtime's."""
     parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=60)
     got = []
     for t in texts:
         preds = {p["label"]: p["score"] for p in post_json(conn, "/v1/classify", {"inputs": t, "top_k": None})[

@@ -33,10 +33,13 @@ def free_port() -> int:
 
 def code_env(code_root: Path, base: dict[str, str] | None = None) -> dict[str, str]:
     """The child's environment: offline, `code_root`'s qserve first on the path (a benchmark may serve an
-    older tree beside this one), then this checkout (for `python -m benchmarks.X` children).
+    older tree beside this one), then this checkout (for `python -m benchmarks.X` children), then the caller's
+    own PYTHONPATH (a private site dir, such as the wheels benchmarks/gpu_check.sh carries to a GPU machine).
     TOKENIZERS_PARALLELISM and the rest as the caller has them."""
-    path = os.pathsep.join(dict.fromkeys([str(code_root), str(REPO)]))
-    return {**(os.environ if base is None else base), "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
+    env = os.environ if base is None else base
+    inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    path = os.pathsep.join(dict.fromkeys([str(code_root), str(REPO), *inherited]))
+    return {**env, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
 
 
 def spawn(cmd: list[str], cwd: Path, env: dict[str, str], **popen: Any) -> subprocess.Popen:

@@ -12,6 +12,7 @@ On CPU nothing changes: eager, unpadded, as before.
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 import threading
 import time
@@ -214,8 +215,8 @@ class TorchRuntime(Runtime):
         for rows, tokens in ((1, None), (min(32, max(g.batches)), self.max_length)):
             batch = self._probe(rows, tokens)
             block = self._bucketed(batch)
-            runs: dict[str, Callable[[], object]] = {"eager": lambda: self._eager(batch),
-                                                     "graphs": lambda: g.run(block, self._eager)}
+            runs: dict[str, Callable[[], object]] = {"eager": functools.partial(self._eager, batch),
+                                                     "graphs": functools.partial(g.run, block, self._eager)}
             key = f"{rows}x{block['input_ids'].shape[1]}"
             out[key] = {}
             for name, fn in runs.items():

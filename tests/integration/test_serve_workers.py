@@ -27,7 +27,7 @@ BODIES = [{"inputs": "A wonderful, moving film."}, {"inputs": ["bad", "ok", "The
 def _answers(url: str, repeat: int = 1) -> list[tuple[int, bytes]]:
     """Each body's status and bytes, every request on a fresh connection (so a multi-worker server spreads them)."""
     out = []
-    for i in range(repeat):
+    for _ in range(repeat):
         for j, body in enumerate(BODIES):
             r = httpx2.post(f"{url}/v1/classify", content=json.dumps(body).encode(), timeout=30, trust_env=False,
                             headers={"content-type": "application/json", "x-request-id": f"r{j}"})

@@ -51,7 +51,7 @@ def _report(device: str, with_graphs: bool) -> dict:
               "config": cfg.to_json(), "headline": {"batch": 1, "seq": 128}, "model": {"name": "m"}, "floor": {},
               "environment": {"cpu": {"model": "Test CPU", "cores": 16, "flags": []}, "threads": 2, "device": device,
                               "versions": {}, "python": "3", "platform": "linux", "gpu": "NVIDIA H200"},
-              "variants": [analysis.variant_entry(m, r) for m, r in zip(metas, raws)]}
+              "variants": [analysis.variant_entry(m, r) for m, r in zip(metas, raws, strict=True)]}
     return analysis.finish(report)
 
 
