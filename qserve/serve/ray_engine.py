@@ -48,7 +48,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qserve import QserveError
-from qserve.serve.infra.config import BATCHING, ServeConfig, config_from_sources, device_kind
+from qserve.serve.infra.config import ServeConfig, config_from_sources, settings_batch_size
 from qserve.serve.infra.deploy import APP_NAME, DEPLOYMENT_NAME, RAY_INSTALL_HINT, Scaling, app_args, deployment_options
 from qserve.serve.core.repository import ModelSource, Repository
 from qserve.serve.core.state import Selection, ServeState
@@ -170,9 +170,7 @@ def application(settings: dict[str, Any], scaling: Scaling, cores: int | None = 
                 models: list[tuple[str, str]] | None = None) -> Any:  # a ray.serve Application (no stubs)
     """The bound Ray Serve application for these ServeConfig settings and this scaling; `selection` (why the
     default model's variant was chosen) and `models` ((name, dir) of each model) travel to every replica."""
-    # unset: the device's batch (a driver does not probe for a GPU: `auto` counts as CPU here; a replica sizes its own)
-    mbs = settings.get("max_batch_size") or BATCHING[device_kind(settings.get("device") or "auto", probe=False)
-                                                     ].max_batch_size
+    mbs = settings_batch_size(settings)
     opts = deployment_options(scaling, mbs, cores)
     if log_level:
         opts["logging_config"] = logging_config(log_level)

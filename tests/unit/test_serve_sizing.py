@@ -36,3 +36,11 @@ def test_the_batcher_is_sized_by_device_where_the_flags_leave_it(monkeypatch):
         ServeConfig(variant_dir="v", max_batch_size=0).validate()
     with pytest.raises(QserveError, match="--cuda-graphs"):
         ServeConfig(variant_dir="v", cuda_graphs="sometimes").validate()
+
+
+def test_a_ray_deployment_is_sized_without_probing_the_driver():
+    from qserve.serve.infra.config import settings_batch_size
+
+    assert settings_batch_size({}) == 32 and settings_batch_size({"device": "auto"}) == 32  # no GPU probe here
+    assert settings_batch_size({"device": "cuda"}) == 256
+    assert settings_batch_size({"device": "cuda", "max_batch_size": 8}) == 8

@@ -235,6 +235,16 @@ def device_kind(device: str, probe: bool = True) -> str:
     return "cpu"
 
 
+def settings_batch_size(settings: Mapping[str, object]) -> int:
+    """The batch a Ray deployment's options are sized for: the settings' max_batch_size, else BATCHING's row for
+    their device (a driver does not probe for a GPU, so `auto` counts as CPU here; each replica sizes its own
+    batcher for the device it finds)."""
+    given = settings.get("max_batch_size")
+    if isinstance(given, int) and not isinstance(given, bool) and given > 0:
+        return given
+    return BATCHING[device_kind(str(settings.get("device") or "auto"), probe=False)].max_batch_size
+
+
 def config_from_sources(flags: argparse.Namespace | Mapping[str, object] | None = None,
                         environ: Mapping[str, str] | None = None) -> ServeConfig:
     """Defaults, then QSERVE_<FIELD> env vars, then flags that were given (not None); validated."""

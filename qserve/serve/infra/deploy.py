@@ -23,7 +23,7 @@ from typing import Any
 
 from qserve import QserveError
 from qserve.configflags import add_flags, config_values, flag
-from qserve.serve.infra.config import BATCHING, ServeConfig, device_kind
+from qserve.serve.infra.config import ServeConfig, settings_batch_size
 from qserve.files import write_text_atomic
 
 IMPORT_PATH = "qserve.serve.ray_engine:build_app"
@@ -137,9 +137,7 @@ def serve_config(variant_dir: str, settings: dict[str, Any], scaling: Scaling, h
     """A whole ServeDeploySchema document: what `serve run` / `serve deploy` / serveConfigV2 read."""
     settings = dict(settings)
     settings.setdefault("threads", scaling.threads_per_replica(cores))
-    # unset: the device's batch (a driver does not probe for a GPU: `auto` counts as CPU here; a replica sizes its own)
-    mbs = settings.get("max_batch_size") or BATCHING[device_kind(settings.get("device") or "auto", probe=False)
-                                                     ].max_batch_size
+    mbs = settings_batch_size(settings)
     return {"proxy_location": "EveryNode",
             "http_options": {"host": host, "port": port},
             "applications": [{"name": APP_NAME, "route_prefix": "/", "import_path": IMPORT_PATH,
