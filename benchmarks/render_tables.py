@@ -388,9 +388,11 @@ def stages() -> str:
             f"no report yet ({st.pending})" if st.pending else "no report yet"]
         reports = ", ".join(f"`{Path(r.json).relative_to('benchmarks/reports')}`" for r in st.reports)
         rows.append([f"`{st.name}`", st.what + ("" if not st.notes else " (" + " ".join(st.notes) + ")"), reports,
-                     ", ".join(cpus), st.duration])
+                     ", ".join(cpus), rebuild_reports.stage_duration(st)])
     head = ["STAGE", "what it re-runs", "reports (under benchmarks/reports/)", "measured on", "duration on 2 cores"]
-    return _table(head, rows, ["---"] * 5) + "\n\n<sub>Rendered from `benchmarks/rebuild_reports.py` and the CPU each report's JSON records.</sub>"
+    return _table(head, rows, ["---"] * 5) + ("\n\n<sub>Rendered from `benchmarks/rebuild_reports.py`, the CPU each report's JSON "
+                                             "records, and the measured times in its pipeline record or "
+                                             f"`{rebuild_reports.STAGE_TIMES}`.</sub>")
 
 
 TABLES: dict[str, Callable[[], str]] = {
