@@ -7,8 +7,10 @@ A table lives in a markdown file between `<!-- table:NAME -->` and `<!-- /table 
 that quotes measurements between `<!-- text:NAME -->` and `<!-- /text -->`; NAME is a key of TABLES below, and
 the same block may appear in several files. Only the lines between the markers are written, so the prose
 around a block stays hand-written; measured numbers are never copied by hand (tests/unit/test_docs.py also
-flags a measured-looking number typed in prose: docs_numbers.py). `make reports` runs this after every stage;
-tests/unit/test_docs.py runs it with --check.
+flags a measured-looking number typed in prose, see hand_numbers() and tests/unit/docs_numbers.txt). `make
+reports` runs this after every stage; tests/unit/test_docs.py runs it with --check.
+
+    python -m benchmarks.render_tables --hand-numbers   # the measured-looking numbers typed in prose, per file
 """
 
 from __future__ import annotations
@@ -345,6 +347,23 @@ def checkpoint_cost() -> str:
     return _table(head, rows) + _src(rel)
 
 
+def gate_multilabel() -> str:
+    """docs/gate.md: per-label thresholds against one 0.5 on the two multi-label models qserve trained and gated."""
+    rels = ["gate-multilabel/gate.json", "gate-multilabel-aspects/gate.json"]
+    rows = []
+    for rel in rels:
+        r = _load(rel)
+        res, run = r["results"][0], r["run"]
+        f1, g = res["gate"]["calibration"]["macro_f1"], run["macro_f1_gain"]
+        rows.append([f"`benchmarks/reports/{rel.split('/')[0]}/`", ", ".join(run["data"]["labels"]),
+                     str(g["n"]), f"{f1['at_0.5']:.4f}", f"{f1['at_thresholds']:.4f}",
+                     f"{g['value']:+.4f} [{g['lo']:+.4f}, {g['hi']:+.4f}]" + ("" if g["lo"] > 0 else ": noise"),
+                     "passed" if res["gate"]["passed"] else "failed"])
+    head = ["report", "labels", "test texts", "macro F1 at 0.5", "at per-label thresholds", "gain [95% interval]",
+            "onnx-int8's gate"]
+    return _table(head, rows, ["---", "---", "---:", "---:", "---:", "---", "---"]) + _src(*rels)
+
+
 def flood() -> str:
     """docs/serving.md's overload paragraph: refusals, the first admitted answer, a normal client beside slow ones."""
     from benchmarks.flood_bench import SLOW_IDLE, SLOW_TRICKLING, _med
@@ -410,8 +429,25 @@ TABLES: dict[str, Callable[[], str]] = {
     "serve-windows": serve_windows,
     "stages": stages,
     "flood": flood,
+    "gate-multilabel": gate_multilabel,
     "checkpoint-cost": checkpoint_cost,
 }
+
+
+UNITS = r"(?:ms|s|min|h|%|x|×|MB|MiB|GB|GiB|KB|req/s|texts/s|rows/s|seq/s|sequences/s|samples/s|GOP/s|points)"
+NUMBER = r"\d[\d,]*(?:\.\d+)?"
+# A figure with a unit (a range counts once: "0.97-1.06x"), one in scientific notation (an error, a Δprob) or
+# with three decimals or more (an F1, a threshold, a logit error); not a version (1.45.2) or a date.
+HAND_NUMBER = re.compile(rf"(?<![\w.,/-])(?:{NUMBER}(?:\s?[-–]\s?{NUMBER})?\s?{UNITS}(?![\w/])|{NUMBER}e-?\d+"
+                         rf"|\d+\.\d{{3,}}(?!\d|\.\d))")
+_NOT_PROSE = re.compile(r"^```.*?^```[^\n]*$|<!--.*?-->|`[^`\n]*`", re.M | re.S)
+
+
+def hand_numbers(text: str) -> list[str]:
+    """The measured-looking numbers typed in a page's prose and hand-written tables: figures with a unit or in
+    scientific notation, outside rendered blocks, code (fenced or inline) and HTML comments."""
+    prose = _NOT_PROSE.sub(" ", MARKER.sub(" ", text))
+    return [re.sub(r"\s+", " ", m.group(0)) for m in HAND_NUMBER.finditer(prose)]
 
 
 def markdown_files(root: Path = ROOT) -> list[Path]:
@@ -433,8 +469,16 @@ def render_file(text: str, rendered: dict[str, str], where: str = "") -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 with a diff if any table is stale")
+    p.add_argument("--hand-numbers", action="store_true",
+                   help="print the measured-looking numbers typed in prose, one `FILE<TAB>NUMBER` line each (the "
+                        "format of tests/unit/docs_numbers.txt); write nothing")
     p.add_argument("files", nargs="*", type=Path, help="markdown files (default: README.md and docs/**/*.md)")
     args = p.parse_args(argv)
+    if args.hand_numbers:
+        for path in args.files or markdown_files():
+            for n in hand_numbers(path.read_text(encoding="utf-8")):
+                print(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}\t{n}")
+        return 0
     rendered: dict[str, str] = {}
     stale = []
     for path in args.files or markdown_files():

@@ -176,3 +176,39 @@ def test_layout_names_only_paths_that_exist(page):
             if not ((top / name).exists() or (ROOT / name).exists()):
                 missing.append(name)
     assert named >= 20 and not missing, f"{page} Layout names paths that do not exist: {missing}"
+
+
+def _listed_numbers() -> "Counter[tuple[str, str]]":
+    from collections import Counter
+
+    lines = (ROOT / "tests" / "unit" / "docs_numbers.txt").read_text(encoding="utf-8").splitlines()
+    return Counter(tuple(line.split("\t", 1)) for line in lines if line and not line.startswith("#"))
+
+
+def test_no_measured_number_is_typed_by_hand():
+    """A measured-looking number (a figure with a unit, in scientific notation or with 3+ decimals) in the prose or
+    a hand-written table of README.md or a page is rendered from its report (a table: or text: block), or listed,
+    deliberately, in tests/unit/docs_numbers.txt; the list holds only what the pages still hold."""
+    from collections import Counter
+
+    found: Counter[tuple[str, str]] = Counter()
+    for page in render_tables.markdown_files():
+        rel = str(page.relative_to(ROOT))
+        found.update((rel, n) for n in render_tables.hand_numbers(page.read_text(encoding="utf-8")))
+    listed = _listed_numbers()
+    typed = sorted((found - listed).elements())
+    gone = sorted((listed - found).elements())
+    assert not typed, ("measured-looking numbers typed by hand (render them from their report: a <!-- text:NAME --> "
+                       "block in benchmarks/render_tables.py; an explanatory one goes in tests/unit/docs_numbers.txt): "
+                       + "; ".join(f"{f}: {n}" for f, n in typed))
+    assert not gone, ("tests/unit/docs_numbers.txt lists numbers the pages no longer hold (remove those lines): "
+                      + "; ".join(f"{f}: {n}" for f, n in gone))
+
+
+def test_hand_numbers_are_found_in_prose_and_hand_tables_only():
+    text = ("The first answer took 85.6 ms (0.97-1.06x), max |Δprob| 3.6e-4, F1 0.8550.\n\n"
+            "| variant | p50 |\n|---|---:|\n| onnx-int8 | 7.5 ms |\n\n"
+            "<!-- text:flood -->\nrendered: 120.6 ms\n<!-- /text -->\n\n"
+            "```bash\nqserve loadtest --duration 10s  # 40 s of load\n```\n"
+            "Flags: `--max-wait-ms 5 ms`, version 1.45.2, on 2026-12-04, 2 cores, 32 texts.\n")
+    assert render_tables.hand_numbers(text) == ["85.6 ms", "0.97-1.06x", "3.6e-4", "0.8550", "7.5 ms"]
