@@ -30,7 +30,8 @@ REPORTS = ROOT / "benchmarks" / "reports"
 MARKER = re.compile(r"^<!-- (?P<kind>table|text):(?P<name>[a-z0-9-]+) -->\n(?P<body>.*?)^<!-- /(?P=kind) -->$",
                     re.M | re.S)
 MAIN_JOB = "pipeline-auto-zen4"
-"""The current main job's report (`make demo`'s pipeline, `make reports STAGE=pipeline-auto-zen4`): README's headline."""
+"""The current main job's report (`make demo`'s pipeline, `make reports STAGE=pipeline-auto-zen4`): README's
+headline."""
 RUN_DIR = "models/minilm-l6-distilbert-imdb"
 
 
@@ -131,11 +132,12 @@ def main_job() -> str:
     stages = ", ".join(f"{k} {_minutes(v)}" for k, v in stage_s.items() if k != "total")
     lead = (f"`make demo`'s pipeline (`{prov.get('command')}`, commit `{str(prov.get('commit'))[:7]}`, "
             f"{r['created'][:10]}) on a {r['environment'].get('physical_cores', '?')}-core **{pipe.get('machine')}**: "
-            f"trained in {training.get('precision')} ({choice}), {training.get('optimizer_steps')} steps, test accuracy "
-            f"{_pct(training.get('test_accuracy'))}; {_minutes(stage_s['total'])} min ({stages} min). Latency at b1 and "
-            f"b32, s128, {cfg.get('threads')} threads; accuracy and agreement on the first {cfg['max_eval_samples']:,} "
-            f"test reviews, or {cfg.get('slow_eval_samples')}, marked, for a variant the recommendation provably cannot "
-            f"pick (slower on real text than one already meeting its bar); batch invariance on "
+            f"trained in {training.get('precision')} ({choice}), {training.get('optimizer_steps')} steps, test "
+            f"accuracy {_pct(training.get('test_accuracy'))}; {_minutes(stage_s['total'])} min ({stages} min). "
+            f"Latency at b1 and b32, s128, {cfg.get('threads')} threads; accuracy and agreement on the first "
+            f"{cfg['max_eval_samples']:,} test reviews, or {cfg.get('slow_eval_samples')}, marked, for a variant the "
+            f"recommendation provably cannot pick (slower on real text than one already meeting its bar); batch "
+            f"invariance on "
             f"{cfg.get('invariance_samples')} reviews; the release gate on the candidates' "
             f"{(r.get('gate') or {}).get('data', {}).get('n', '?'):,} test reviews:")
     head, rows = pipeline_rows(r, gate=True)
@@ -409,9 +411,9 @@ def stages() -> str:
         rows.append([f"`{st.name}`", st.what + ("" if not st.notes else " (" + " ".join(st.notes) + ")"), reports,
                      ", ".join(cpus), rebuild_reports.stage_duration(st)])
     head = ["STAGE", "what it re-runs", "reports (under benchmarks/reports/)", "measured on", "duration on 2 cores"]
-    return _table(head, rows, ["---"] * 5) + ("\n\n<sub>Rendered from `benchmarks/rebuild_reports.py`, the CPU each report's JSON "
-                                             "records, and the measured times in its pipeline record or "
-                                             f"`{rebuild_reports.STAGE_TIMES}`.</sub>")
+    return _table(head, rows, ["---"] * 5) + (
+        "\n\n<sub>Rendered from `benchmarks/rebuild_reports.py`, the CPU each report's JSON records, and the measured "
+        f"times in its pipeline record or `{rebuild_reports.STAGE_TIMES}`.</sub>")
 
 
 TABLES: dict[str, Callable[[], str]] = {

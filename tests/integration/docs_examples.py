@@ -347,9 +347,13 @@ class Runner:
         threads = torch.get_num_threads()
         real_stdin = sys.stdin
         try:
-            with _environ(env), _chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                if stdin:
-                    sys.stdin = io.TextIOWrapper(open(stdin, "rb"), encoding="utf-8")
+            with contextlib.ExitStack() as stack:
+                for cm in (_environ(env), _chdir(cwd), contextlib.redirect_stdout(out),
+                           contextlib.redirect_stderr(err)):
+                    stack.enter_context(cm)
+                if stdin:  # the block piped text into qserve (`cat rows.jsonl | qserve predict ... -`)
+                    piped = stack.enter_context(open(stdin, "rb"))
+                    sys.stdin = io.TextIOWrapper(piped, encoding="utf-8")
                 try:
                     rc = main(argv)
                 except SystemExit as e:

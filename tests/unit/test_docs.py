@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from collections import Counter
+
 import pytest
 
 from benchmarks import render_tables
@@ -178,9 +180,7 @@ def test_layout_names_only_paths_that_exist(page):
     assert named >= 20 and not missing, f"{page} Layout names paths that do not exist: {missing}"
 
 
-def _listed_numbers() -> "Counter[tuple[str, str]]":
-    from collections import Counter
-
+def _listed_numbers() -> Counter[tuple[str, str]]:
     lines = (ROOT / "tests" / "unit" / "docs_numbers.txt").read_text(encoding="utf-8").splitlines()
     return Counter(tuple(line.split("\t", 1)) for line in lines if line and not line.startswith("#"))
 

@@ -140,13 +140,14 @@ def test_a_stage_duration_is_measured_from_its_reports_never_typed(tmp_path):
 
     fast = rebuild_reports.BY_NAME["pipeline-fast-amd"]
     stage_s = json.loads((ROOT / fast.reports[0].json).read_text(encoding="utf-8"))["pipeline"]["stage_s"]
-    assert rebuild_reports.stage_duration(fast).startswith(f"{stage_s['total'] / 60:.1f} min, the run's own stage times")
+    assert rebuild_reports.stage_duration(fast).startswith(f"{stage_s['total'] / 60:.1f} min, the run's own stage")
     flood = rebuild_reports.BY_NAME["flood"]
     assert rebuild_reports.stage_duration(flood, root=tmp_path).startswith("not measured: ~")
     rebuild_reports.record_time("flood", 150.0, "Some CPU", root=tmp_path)
     rec = rebuild_reports.stage_times(tmp_path)["flood"]
     assert rec["minutes"] == 2.5 and rec["cpu"] == "Some CPU" and rec["source"] == "run"
-    assert rebuild_reports.stage_duration(flood, root=tmp_path).startswith(f"2.5 min, measured on Some CPU ({rec['when'][:10]})")
+    measured = rebuild_reports.stage_duration(flood, root=tmp_path)
+    assert measured.startswith(f"2.5 min, measured on Some CPU ({rec['when'][:10]})")
     for st in rebuild_reports.STAGES:
         typed = re.search(r"(?<![~\d.-])\d+(\.\d+)? min\b", st.duration)
         assert not typed, f"{st.name}: a measured time typed by hand: {st.duration}"
