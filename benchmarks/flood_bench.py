@@ -140,6 +140,10 @@ def normal_latency(port: int, n: int, text: str) -> list[float]:
     return out
 
 
+SLOW_IDLE, SLOW_TRICKLING = 100, 20
+"""The slow-client rounds' sockets: idle ones, and ones trickling headers a byte every 0.1 s."""
+
+
 def slow_clients(port: int, idle: int, trickling: int, stop: threading.Event) -> list[socket.socket]:
     """`idle` connections that send nothing and `trickling` ones sending headers a byte every 0.1 s."""
     # not named `trickle`: that would hide the harness's trickle() from drip() (its threads then die on an int)
@@ -195,7 +199,7 @@ def main() -> int:
         for r in range(args.rounds):
             for cond in in_turn(("quiet", "slow"), r):
                 stop = threading.Event()
-                socks = slow_clients(port, 100, 20, stop) if cond == "slow" else []
+                socks = slow_clients(port, SLOW_IDLE, SLOW_TRICKLING, stop) if cond == "slow" else []
                 time.sleep(0.2)
                 lat = normal_latency(port, args.normal_requests, text)
                 stop.set()
@@ -259,8 +263,9 @@ def render(rep: dict[str, Any]) -> str:
             f"{_f(m('server_inference', 'count'), 0)} |")
     lines += ["", "`-`: the baseline has no queue-wait or refusal histogram (added by this change).", "",
               "## A normal client while slow clients hold connections", "",
-              "Sequential one-text requests, median per round; `slow` = 100 idle sockets + 20 trickling "
-              "headers a byte per 100 ms, opened just before (default timeouts: they are closed after 10 s).", "",
+              f"Sequential one-text requests, median per round; `slow` = {SLOW_IDLE} idle sockets + {SLOW_TRICKLING} "
+              "trickling headers a byte per 100 ms, opened just before (default timeouts: they are closed after 10 s).",
+              "",
               "| round | quiet p50 ms | slow p50 ms | ratio |", "|---:|---:|---:|---:|"]
     for r in sorted({s["round"] for s in rep["slow_clients"]}):
         q = next(s for s in rep["slow_clients"] if s["round"] == r and s["condition"] == "quiet")

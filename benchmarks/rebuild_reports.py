@@ -12,9 +12,11 @@ it re-renders each report's md from its JSON instead (where the script has a ren
 nothing. To replace a report with one from this machine on purpose, delete its directory first: a
 stage whose reports are absent runs anywhere.
 
-Durations are for 2 cores, from the reports' own timings where they have them, else estimates
-(labelled so). STAGE=all runs every stage in order and skips, with the same message, those from
-another CPU.
+Durations are for 2 cores. The measured one comes from a report, never from a hand-typed string: a
+pipeline's report.json records its stage times (`pipeline.stage_s`), and every stage this runs records
+its wall time in benchmarks/reports/stage_times.json; stage_duration() renders it. What the time goes to,
+and estimates (labelled so) for a stage never timed, are the stage's `duration` text. STAGE=all runs every
+stage in order and skips, with the same message, those from another CPU.
 """
 
 from __future__ import annotations
@@ -26,12 +28,15 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from benchmarks.report_stages import BY_NAME, STAGES, Stage  # the table; this module decides and runs
 
 ROOT = Path(__file__).resolve().parents[1]
+STAGE_TIMES = "benchmarks/reports/stage_times.json"
+"""Each stage's measured wall time, written after it runs here (plus backfilled ones, labelled so)."""
 
 
 def cpu_here() -> str:
@@ -50,6 +55,45 @@ def recorded(stage: Stage, root: Path = ROOT) -> dict[str, str | None]:
         if p.is_file():
             out[r.json] = recorded_cpu(json.loads(p.read_text(encoding="utf-8")))
     return out
+
+
+def stage_times(root: Path = ROOT) -> dict[str, dict[str, Any]]:
+    p = root / STAGE_TIMES
+    return json.loads(p.read_text(encoding="utf-8"))["stages"] if p.is_file() else {}
+
+
+def record_time(name: str, seconds: float, cpu: str, root: Path = ROOT) -> None:
+    """Keep the wall time of a stage that just ran here (the stages table renders it from this file)."""
+    from qserve.files import write_json_atomic
+    from qserve.provenance import git_commit
+
+    p = root / STAGE_TIMES
+    data = json.loads(p.read_text(encoding="utf-8")) if p.is_file() else {"format": "qserve-stage-times/1"}
+    data.setdefault("stages", {})[name] = {
+        "minutes": round(seconds / 60, 2), "cpu": cpu, "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(), "source": "run"}
+    write_json_atomic(p, data)
+
+
+def stage_duration(stage: Stage, root: Path = ROOT) -> str:
+    """How long the stage takes on 2 cores: measured (its pipeline report's own stage times, else its last run
+    recorded in stage_times.json), then what the time goes to; "not measured" and the estimate otherwise."""
+    measured = None
+    for r in stage.reports:
+        p = root / r.json
+        stage_s = ((json.loads(p.read_text(encoding="utf-8")).get("pipeline") or {}).get("stage_s") or {}
+                   if p.is_file() else {})
+        if stage_s.get("total"):
+            parts = ", ".join(f"{k} {v / 60:.1f}" for k, v in stage_s.items() if k != "total")
+            measured = f"{stage_s['total'] / 60:.1f} min, the run's own stage times ({parts} min)"
+            break
+    rec = stage_times(root).get(stage.name)
+    if measured is None and rec:
+        when = "from its log, before runs were recorded" if rec.get("source") == "backfilled" else rec["when"][:10]
+        measured = f"{rec['minutes']:.1f} min, measured on {rec.get('cpu') or 'an unrecorded CPU'} ({when})"
+    if measured is None:
+        return f"not measured: {stage.duration}" if stage.duration else "not measured"
+    return f"{measured}: {stage.duration}" if stage.duration else measured
 
 
 def plan(stage: Stage, here: str, force: bool, root: Path = ROOT) -> tuple[str, str]:
@@ -115,7 +159,9 @@ def run_stage(stage: Stage, force: bool) -> int:
             if rc:
                 print(f"stage {stage.name}: command failed (exit {rc}): {cmd}", file=sys.stderr)
                 return rc
-        print(f"stage {stage.name} done in {(time.monotonic() - t0) / 60:.1f} min (documented: {stage.duration})")
+        seconds = time.monotonic() - t0
+        record_time(stage.name, seconds, here)
+        print(f"stage {stage.name} done in {seconds / 60:.1f} min (recorded in {STAGE_TIMES})")
     for note in stage.notes:
         print(f"note: {note}")
     return subprocess.run([sys.executable, "-m", "benchmarks.render_tables"], cwd=ROOT).returncode
@@ -126,7 +172,8 @@ def describe() -> str:
     lines = [f"Stages of `make reports STAGE=<name>` (this machine: {here}); STAGE=all runs them in order.", ""]
     for s in STAGES:
         cpus = sorted({c or "not recorded" for c in recorded(s).values()}) or ["no report yet"]
-        lines += [f"{s.name}: {s.what}", f"    measured on: {', '.join(cpus)}", f"    duration on 2 cores: {s.duration}"]
+        lines += [f"{s.name}: {s.what}", f"    measured on: {', '.join(cpus)}",
+                  f"    duration on 2 cores: {stage_duration(s)}"]
         lines += [f"    pending: {s.pending}"] if s.pending else []
         lines += [f"    note: {n}" for n in s.notes]
     return "\n".join(lines)

@@ -3,10 +3,14 @@
     python -m benchmarks.render_tables            # rewrite every table between its markers
     python -m benchmarks.render_tables --check    # exit 1 and print a diff when a table disagrees with its JSON
 
-A table lives in a markdown file between `<!-- table:NAME -->` and `<!-- /table -->`; NAME is a key of
-TABLES below, and the same table may appear in several files. Only the lines between the markers are
-written, so the prose around a table stays hand-written; numbers in tables are never copied by hand.
-`make reports` runs this after every stage; tests/unit/test_docs.py runs it with --check.
+A table lives in a markdown file between `<!-- table:NAME -->` and `<!-- /table -->`, a passage of prose
+that quotes measurements between `<!-- text:NAME -->` and `<!-- /text -->`; NAME is a key of TABLES below, and
+the same block may appear in several files. Only the lines between the markers are written, so the prose
+around a block stays hand-written; measured numbers are never copied by hand (tests/unit/test_docs.py also
+flags a measured-looking number typed in prose, see hand_numbers() and tests/unit/docs_numbers.txt). `make
+reports` runs this after every stage; tests/unit/test_docs.py runs it with --check.
+
+    python -m benchmarks.render_tables --hand-numbers   # the measured-looking numbers typed in prose, per file
 """
 
 from __future__ import annotations
@@ -23,7 +27,12 @@ from benchmarks import rebuild_reports
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "benchmarks" / "reports"
-MARKER = re.compile(r"^<!-- table:(?P<name>[a-z0-9-]+) -->\n(?P<body>.*?)^<!-- /table -->$", re.M | re.S)
+MARKER = re.compile(r"^<!-- (?P<kind>table|text):(?P<name>[a-z0-9-]+) -->\n(?P<body>.*?)^<!-- /(?P=kind) -->$",
+                    re.M | re.S)
+MAIN_JOB = "pipeline-auto-zen4"
+"""The current main job's report (`make demo`'s pipeline, `make reports STAGE=pipeline-auto-zen4`): README's
+headline."""
+RUN_DIR = "models/minilm-l6-distilbert-imdb"
 
 
 def _load(rel: str) -> dict[str, Any]:
@@ -63,28 +72,99 @@ def _inv(inv: dict[str, Any] | None) -> str:
     return (f"{d:.1e} / {inv['flips']}" if d else f"0 / {inv['flips']}") + (" (row by row)" if inv.get("row_by_row") else "")
 
 
-def embedded_default() -> str:
-    """Every variant of the pipeline's checkpoint, the reference bench (AMX Xeon)."""
-    rel = "embedded-default/report.json"
-    r = _load(rel)
+def pipeline_rows(r: dict[str, Any], gate: bool = False) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of every variant of a pipeline report: size, b1/s128 p50, b32/s128 seq/s, accuracy and
+    agreement (on fewer texts, marked, for a variant under the eval cut), batch invariance; with `gate`, the b1
+    p50 on real text the recommendation ranks by and the release gate's verdict on its lower bound."""
     rec = (r.get("recommended") or {}).get("variant")
+    ranking = {x["variant"]: x for x in (r.get("recommended") or {}).get("ranking") or []}
     n = r["config"].get("max_eval_samples")
     rows = []
     for v in r["variants"]:
         if v["status"] != "ok":
-            rows.append([f"{v['name']} (failed)"] + ["–"] * 6)
+            rows.append([f"{v['name']} (failed)"] + ["–"] * (8 if gate else 6))
             continue
         b1, b32 = _shape(v, 1, 128), _shape(v, 32, 128)
         name = f"**{v['name']}** (recommended)" if v["name"] == rec else v["name"]
         acc = v.get("accuracy") or {}
         # the pipeline scores a variant that cannot be recommended on fewer texts (its eval cut): say how many
         few = f" ({acc['n']:,})" if acc.get("n") and n and acc["n"] < n else ""
-        rows.append([name, _num(v["disk_bytes"] / 1e6, 1), _num(b1 and b1["p50"]), _num(b32 and b32["throughput"], 1),
-                     _pct(acc.get("accuracy"), 1) + few, _pct(v.get("agreement"), 1) + few,
-                     _inv(v.get("invariance"))])
-    head = ["variant", "size MB", "p50 b1/s128 ms", "b32/s128 seq/s", f"accuracy ({n:,})",
-            f"agreement with fp32 ({n:,})", "max \\|Δprob\\| alone vs batched / flips"]
+        rank = ranking.get(v["name"]) or {}
+        real = [_num(rank.get("real_b1_p50_ms"))] if gate else []
+        verdict = [_gate_verdict(rank.get("gate_record"))] if gate else []
+        rows.append([name, _num(v["disk_bytes"] / 1e6, 1), _num(b1 and b1["p50"]), *real,
+                     _num(b32 and b32["throughput"], 1), _pct(acc.get("accuracy"), 1) + few,
+                     _pct(v.get("agreement"), 1) + few, *verdict, _inv(v.get("invariance"))])
+    head = ["variant", "size MB", "p50 b1/s128 ms", *(["p50 b1 real text ms"] if gate else []), "b32/s128 seq/s",
+            f"accuracy ({n:,})", f"agreement with fp32 ({n:,})",
+            *(["release gate: agreement lower bound"] if gate else []), "max \\|Δprob\\| alone vs batched / flips"]
+    return head, rows
+
+
+def _gate_verdict(rec: dict[str, Any] | None) -> str:
+    if not rec:
+        return "not gated"
+    lo, bar = _pct(rec["agreement_lower_bound"]), _pct(rec["bar"], 0)
+    if rec["passed"]:
+        return f"passed: {lo} ≥ {bar} ({rec['n']:,} texts)"
+    return f"failed: {'; '.join(rec.get('reasons') or [f'{lo} < {bar}'])}"
+
+
+def embedded_default() -> str:
+    """Every variant of the pipeline's checkpoint, the reference bench (AMX Xeon)."""
+    rel = "embedded-default/report.json"
+    head, rows = pipeline_rows(_load(rel))
     return _table(head, rows) + _src(rel)
+
+
+def _minutes(s: float) -> str:
+    return f"{s / 60:.1f}"
+
+
+def main_job() -> str:
+    """README's headline: the current main job's every variant, with the machine, its choices and its stage times."""
+    rel = f"{MAIN_JOB}/report.json"
+    r = _load(rel)
+    prov, pipe = r.get("provenance") or {}, r.get("pipeline") or {}
+    training, stage_s = pipe.get("training") or {}, pipe.get("stage_s") or {}
+    cfg = r["config"]
+    choice = (training.get("precision_choice") or {}).get("reason")
+    stages = ", ".join(f"{k} {_minutes(v)}" for k, v in stage_s.items() if k != "total")
+    lead = (f"`make demo`'s pipeline (`{prov.get('command')}`, commit `{str(prov.get('commit'))[:7]}`, "
+            f"{r['created'][:10]}) on a {r['environment'].get('physical_cores', '?')}-core **{pipe.get('machine')}**: "
+            f"trained in {training.get('precision')} ({choice}), {training.get('optimizer_steps')} steps, test "
+            f"accuracy {_pct(training.get('test_accuracy'))}; {_minutes(stage_s['total'])} min ({stages} min). "
+            f"Latency at b1 and b32, s128, {cfg.get('threads')} threads; accuracy and agreement on the first "
+            f"{cfg['max_eval_samples']:,} test reviews, or {cfg.get('slow_eval_samples')}, marked, for a variant the "
+            f"recommendation provably cannot pick (slower on real text than one already meeting its bar); batch "
+            f"invariance on "
+            f"{cfg.get('invariance_samples')} reviews; the release gate on the candidates' "
+            f"{(r.get('gate') or {}).get('data', {}).get('n', '?'):,} test reviews:")
+    head, rows = pipeline_rows(r, gate=True)
+    rec = r.get("recommended") or {}
+    after = (f"\n\nRecommended, and what `qserve serve {RUN_DIR}` serves on that machine: **{rec.get('variant')}**, "
+             f"{rec.get('why')}.")
+    return lead + "\n\n" + _table(head, rows) + after + _src(rel)
+
+
+def main_job_long_text() -> str:
+    """What the main job serves a long review as, and every policy on the variant that compared them on every text."""
+    rel = f"{MAIN_JOB}/report.json"
+    r = _load(rel)
+    lt = r.get("long_text") or {}
+    rec = (r.get("recommended") or {}).get("variant")
+    own = next((v.get("long_text") for v in r["variants"] if v["name"] == rec), None)
+    compared = max((v for v in r["variants"] if v.get("long_text_policies")),
+                   key=lambda v: v["long_text_policies"][0].get("n") or 0)
+    pols = compared["long_text_policies"]
+    n = pols[0].get("n")
+    rows = [[p["policy"], _pct(p["accuracy"]), _num(p["texts_per_s"], 1), _num(p.get("mean_windows")),
+             _pct(p.get("truncated"))] for p in pols]
+    lead = (f"In the main job's report, `qserve serve {RUN_DIR}` serves **{(lt.get('fast') or {}).get('policy')}** "
+            f"({lt.get('why')}), a variant dir its own policy (**{own}** for {rec}). {compared['name']} on the first "
+            f"{n:,} test reviews, under every policy:")
+    head = ["policy", f"accuracy ({n:,})", "texts/s", "windows per text", "texts with unseen tokens"]
+    return lead + "\n\n" + _table(head, rows) + _src(rel)
 
 
 def embedded_default_amd() -> str:
@@ -269,6 +349,58 @@ def checkpoint_cost() -> str:
     return _table(head, rows) + _src(rel)
 
 
+def gate_multilabel() -> str:
+    """docs/gate.md: per-label thresholds against one 0.5 on the two multi-label models qserve trained and gated."""
+    rels = ["gate-multilabel/gate.json", "gate-multilabel-aspects/gate.json"]
+    rows = []
+    for rel in rels:
+        r = _load(rel)
+        res, run = r["results"][0], r["run"]
+        f1, g = res["gate"]["calibration"]["macro_f1"], run["macro_f1_gain"]
+        rows.append([f"`benchmarks/reports/{rel.split('/')[0]}/`", ", ".join(run["data"]["labels"]),
+                     str(g["n"]), f"{f1['at_0.5']:.4f}", f"{f1['at_thresholds']:.4f}",
+                     f"{g['value']:+.4f} [{g['lo']:+.4f}, {g['hi']:+.4f}]" + ("" if g["lo"] > 0 else ": noise"),
+                     "passed" if res["gate"]["passed"] else "failed"])
+    head = ["report", "labels", "test texts", "macro F1 at 0.5", "at per-label thresholds", "gain [95% interval]",
+            "onnx-int8's gate"]
+    return _table(head, rows, ["---", "---", "---:", "---:", "---:", "---", "---"]) + _src(*rels)
+
+
+def flood() -> str:
+    """docs/serving.md's overload paragraph: refusals, the first admitted answer, a normal client beside slow ones."""
+    from benchmarks.flood_bench import SLOW_IDLE, SLOW_TRICKLING, _med
+
+    rel = "flood/report.json"
+    r = _load(rel)
+    cfg = r["config"]
+
+    def side(name: str, key: str, fld: str) -> float | None:
+        return _med([(f[key] or {}).get(fld) for f in r["floods"] if f["side"] == name])
+
+    cur, base = "current", "baseline"
+    quiet = [s["p50_ms"] for s in r["slow_clients"] if s["condition"] == "quiet"]
+    slow = {s["round"]: s["p50_ms"] for s in r["slow_clients"] if s["condition"] == "slow"}
+    ratios = [slow[s["round"]] / s["p50_ms"] for s in r["slow_clients"] if s["condition"] == "quiet"]
+
+    def span(xs: list[float], nd: int = 1) -> str:
+        return f"{min(xs):.{nd}f}-{max(xs):.{nd}f}"
+
+    return (f"Measured (`benchmarks/reports/flood/`, {r['environment']['cpu']['model']}, `{cfg['variant_dir']}`, "
+            f"{cfg['requests']} simultaneous one-text requests, `--max-inputs {cfg['max_inputs']} --max-queue "
+            f"{cfg['max_queue']}`, {cfg['rounds']} rounds alternating with the server of {cfg['baseline_ref']}, "
+            f"medians over the rounds; server times are its histograms' bucket bounds): refusals took <= "
+            f"{side(cur, 'server_rejection', 'p50_le_ms'):g} ms each at the median (p99 <= "
+            f"{side(cur, 'server_rejection', 'p99_le_ms'):g} ms); the first admitted answer reached the client after "
+            f"{side(cur, 'client_200_ms', 'first'):.1f} ms against {side(base, 'client_200_ms', 'first'):.1f} ms "
+            f"before (the last {side(cur, 'client_200_ms', 'last'):.1f} against "
+            f"{side(base, 'client_200_ms', 'last'):.1f} ms), with {side(cur, 'server_inference', 'count'):.0f} forward "
+            f"passes against {side(base, 'server_inference', 'count'):.0f} and "
+            f"{side(cur, 'statuses', '200'):.0f} admitted requests against {side(base, 'statuses', '200'):.0f}. A "
+            f"normal client's p50 read {span(quiet)} ms on the quiet server and {span(list(slow.values()))} ms while "
+            f"{SLOW_IDLE} idle and {SLOW_TRICKLING} trickling sockets were open (ratio {span(ratios, 2)})."
+            + _src(rel))
+
+
 def stages() -> str:
     """The `make reports` stages: what each re-runs, the CPU its reports record, and how long it takes."""
     rows = []
@@ -277,12 +409,16 @@ def stages() -> str:
             f"no report yet ({st.pending})" if st.pending else "no report yet"]
         reports = ", ".join(f"`{Path(r.json).relative_to('benchmarks/reports')}`" for r in st.reports)
         rows.append([f"`{st.name}`", st.what + ("" if not st.notes else " (" + " ".join(st.notes) + ")"), reports,
-                     ", ".join(cpus), st.duration])
+                     ", ".join(cpus), rebuild_reports.stage_duration(st)])
     head = ["STAGE", "what it re-runs", "reports (under benchmarks/reports/)", "measured on", "duration on 2 cores"]
-    return _table(head, rows, ["---"] * 5) + "\n\n<sub>Rendered from `benchmarks/rebuild_reports.py` and the CPU each report's JSON records.</sub>"
+    return _table(head, rows, ["---"] * 5) + (
+        "\n\n<sub>Rendered from `benchmarks/rebuild_reports.py`, the CPU each report's JSON records, and the measured "
+        f"times in its pipeline record or `{rebuild_reports.STAGE_TIMES}`.</sub>")
 
 
 TABLES: dict[str, Callable[[], str]] = {
+    "main-job": main_job,
+    "main-job-long-text": main_job_long_text,
     "embedded-default": embedded_default,
     "embedded-default-amd": embedded_default_amd,
     "int8-invariance": int8_invariance,
@@ -294,8 +430,26 @@ TABLES: dict[str, Callable[[], str]] = {
     "long-text-summary": long_text_summary,
     "serve-windows": serve_windows,
     "stages": stages,
+    "flood": flood,
+    "gate-multilabel": gate_multilabel,
     "checkpoint-cost": checkpoint_cost,
 }
+
+
+UNITS = r"(?:ms|s|min|h|%|x|×|MB|MiB|GB|GiB|KB|req/s|texts/s|rows/s|seq/s|sequences/s|samples/s|GOP/s|points)"
+NUMBER = r"\d[\d,]*(?:\.\d+)?"
+# A figure with a unit (a range counts once: "0.97-1.06x"), one in scientific notation (an error, a Δprob) or
+# with three decimals or more (an F1, a threshold, a logit error); not a version (1.45.2) or a date.
+HAND_NUMBER = re.compile(rf"(?<![\w.,/-])(?:{NUMBER}(?:\s?[-–]\s?{NUMBER})?\s?{UNITS}(?![\w/])|{NUMBER}e-?\d+"
+                         rf"|\d+\.\d{{3,}}(?!\d|\.\d))")
+_NOT_PROSE = re.compile(r"^```.*?^```[^\n]*$|<!--.*?-->|`[^`\n]*`", re.M | re.S)
+
+
+def hand_numbers(text: str) -> list[str]:
+    """The measured-looking numbers typed in a page's prose and hand-written tables: figures with a unit or in
+    scientific notation, outside rendered blocks, code (fenced or inline) and HTML comments."""
+    prose = _NOT_PROSE.sub(" ", MARKER.sub(" ", text))
+    return [re.sub(r"\s+", " ", m.group(0)) for m in HAND_NUMBER.finditer(prose)]
 
 
 def markdown_files(root: Path = ROOT) -> list[Path]:
@@ -309,7 +463,7 @@ def render_file(text: str, rendered: dict[str, str], where: str = "") -> str:
             raise SystemExit(f"{where}: unknown table {name!r}; known: {', '.join(TABLES)}")
         if name not in rendered:
             rendered[name] = TABLES[name]()
-        return f"<!-- table:{name} -->\n{rendered[name]}\n<!-- /table -->"
+        return f"<!-- {m['kind']}:{name} -->\n{rendered[name]}\n<!-- /{m['kind']} -->"
 
     return MARKER.sub(sub, text)
 
@@ -317,8 +471,16 @@ def render_file(text: str, rendered: dict[str, str], where: str = "") -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 with a diff if any table is stale")
+    p.add_argument("--hand-numbers", action="store_true",
+                   help="print the measured-looking numbers typed in prose, one `FILE<TAB>NUMBER` line each (the "
+                        "format of tests/unit/docs_numbers.txt); write nothing")
     p.add_argument("files", nargs="*", type=Path, help="markdown files (default: README.md and docs/**/*.md)")
     args = p.parse_args(argv)
+    if args.hand_numbers:
+        for path in args.files or markdown_files():
+            for n in hand_numbers(path.read_text(encoding="utf-8")):
+                print(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}\t{n}")
+        return 0
     rendered: dict[str, str] = {}
     stale = []
     for path in args.files or markdown_files():

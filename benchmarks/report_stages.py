@@ -33,6 +33,8 @@ class Stage:
     commands: tuple[str, ...]
     reports: tuple[Report, ...]
     duration: str
+    """What the stage's time goes to, estimates labelled so; never a measured number: the measured wall time
+    comes from the reports (rebuild_reports.stage_duration)."""
     needs: tuple[str, ...] = ()
     """paths an earlier stage (or `make demo`) leaves behind on this machine"""
     notes: tuple[str, ...] = field(default=())
@@ -55,34 +57,31 @@ LONG_BENCH = ("$QSERVE bench {m}/variants/onnx-fp32 --long-text head,tail,head-t
               "&& cp {m}/checkpoint/train_metrics.json benchmarks/reports/{d}/")
 PIPELINE = "$QSERVE pipeline --threads 2 --force --report-dir benchmarks/reports/{d} && cp {m}/checkpoint/train_metrics.json benchmarks/reports/{d}/"
 STAGES: tuple[Stage, ...] = (
-    Stage("embedded-default", "the pipeline (train, export every variant, bench) on the embedded default: the "
-          "headline table", (PIPELINE.format(d="embedded-default", m=MODELS),), (_bench("embedded-default"),),
-          "18.0 min, measured on the Intel Xeon with AMX (2026-12-02, `make demo`'s pipeline after issue 30: train "
-          "8.2, export 2.3, bench 7.5 min)"),
+    Stage("embedded-default", "the pipeline (train, export every variant, bench) on the embedded default, on the Intel "
+          "Xeon with AMX: the AMX table of docs/measurements.md", (PIPELINE.format(d="embedded-default", m=MODELS),), (_bench("embedded-default"),),
+          ""),
     Stage("embedded-default-amd", "the same pipeline on the AMD EPYC (its own checkpoint)",
           (PIPELINE.format(d="embedded-default-amd", m=MODELS),), (_bench("embedded-default-amd"),),
-          "12.5 min: the measured wall time of that run (training 5.9 min of it)"),
+          "training most of it"),
     Stage("pipeline-fast-amd", "`make demo`'s pipeline after issue 30 (policies compared on the reference and the "
           "recommended variant, the eval cut, stage times) on the AMD EPYC, its own checkpoint",
           ("$QSERVE pipeline --force --report-dir benchmarks/reports/pipeline-fast-amd && "
            f"cp {MODELS}/checkpoint/train_metrics.json benchmarks/reports/pipeline-fast-amd/",),
           (_bench("pipeline-fast-amd"),),
-          "15.5 min: the measured wall time of that run (its stage times: train 7.2, export 1.5, bench 6.7 min)"),
+          ""),
     Stage("pipeline-auto-zen4", "`make demo`'s pipeline after issues 46-49 (`--precision auto`, the training budget, "
           "variants by CPU class, transformers 5, the release gate) on the AMD EPYC Zen 4 class (avx512_bf16 + VNNI), "
-          "its own checkpoint",
+          "its own checkpoint: README's headline (benchmarks/render_tables.py MAIN_JOB)",
           ("$QSERVE pipeline --force --report-dir benchmarks/reports/pipeline-auto-zen4 && "
            f"cp {MODELS}/checkpoint/train_metrics.json benchmarks/reports/pipeline-auto-zen4/",),
           (_bench("pipeline-auto-zen4"),),
-          "13.9 min: the measured wall time of that run (its stage times: train 6.4, export 1.3, bench 5.4, gate "
-          "0.7 min)"),
+          ""),
     Stage("gate", "the release gate (issue 49) of the embedded default's onnx-int8 and ov-int8 against torch-fp32 on "
           "the 2,000 test texts, calibrated on 2,000 validation texts, verdicts sealed into the manifests",
           (f"$QSERVE gate {MODELS}/variants/onnx-int8 {MODELS}/variants/ov-int8 --threads 2 --force "
            "--out benchmarks/reports/gate",),
           (Report("benchmarks/reports/gate/gate.json", "benchmarks/reports/gate/gate.md", GATE_MD),),
-          "~3 min on the AMD EPYC (estimate: the reference and two variants score 2,000 texts, each variant 2,000 "
-          "more for calibration)", needs=(f"{MODELS}/variants/torch-fp32",)),
+          "~3 min on the AMD EPYC (estimate: the reference and two variants score 2,000 texts, each variant 2,000 more for calibration)", needs=(f"{MODELS}/variants/torch-fp32",)),
     Stage("gate-50", "the same gate on 50 test texts: too few for any bound to reach the bar, so both fail and say so",
           (f"$QSERVE gate {MODELS}/variants/onnx-int8 {MODELS}/variants/ov-int8 --threads 2 --max-samples 50 "
            "--no-record --force --out benchmarks/reports/gate-50 || true",),
@@ -95,22 +94,20 @@ STAGES: tuple[Stage, ...] = (
           ("$PY -m benchmarks.multilabel_gate",),
           (Report("benchmarks/reports/gate-multilabel/gate.json", "benchmarks/reports/gate-multilabel/gate.md",
                   "multilabel_gate:render"),),
-          "40 min on the AMD EPYC beside other jobs, its training 2,358 s of it (250 steps); a re-gate of the same "
-          "checkpoint ~1 min (the script reuses it when the data is unchanged)"),
+          "beside other jobs, training most of it (250 steps); a re-gate of the same checkpoint ~1 min (estimate: the script reuses the checkpoint when the data is unchanged)"),
     Stage("gate-multilabel-aspects", "the same on rarer labels a user's tagging rules make (sentiment, and the "
           "acting and music a review mentions): per-label thresholds against one 0.5, the gain's interval",
           ("$PY -m benchmarks.multilabel_gate --task aspects",),
           (Report("benchmarks/reports/gate-multilabel-aspects/gate.json",
                   "benchmarks/reports/gate-multilabel-aspects/gate.md", "multilabel_gate:render"),),
-          "14 min on the AMD EPYC beside other jobs (the report's own stage seconds: training 13.2 min of it)"),
+          "beside other jobs, training most of it (the report's own stage seconds)"),
     Stage("deps-upgrade", "onnx-int8 and ov-int8 agreement with fp32 on 1,000 test reviews before and after the "
           "dependency upgrade of issue 47 (transformers 4.57.6 + optimum-onnx's export -> transformers 5 + qserve's "
           "own ONNX export), on one checkpoint trained by transformers 4.57",
           ("$PY -m benchmarks.deps_upgrade models/minilm-tf457 --label after",),
           (Report("benchmarks/reports/deps-upgrade/report.json", "benchmarks/reports/deps-upgrade/report.md",
                   "deps_upgrade:render"),),
-          "~5 min a run on the AMD EPYC beside other jobs (three exports and 1,000 texts through four variants; "
-          "the report's export seconds)", needs=("models/minilm-tf457",),
+          "~5 min a run on the AMD EPYC beside other jobs (estimate: three exports and 1,000 texts through four variants; the report's export seconds)", needs=("models/minilm-tf457",),
           notes=("the `before` run is the same command with a venv holding the old pins (transformers 4.57.6, "
                  "optimum-onnx 0.1.0) and --label before; the checkpoint: `qserve train --precision 32-true "
                  "--max-samples 2400 --max-eval-samples 500 --out models/minilm-tf457` under transformers 4.57.6",)),
@@ -127,8 +124,7 @@ STAGES: tuple[Stage, ...] = (
                   "benchmarks/reports/full-policy-comparison-amd/report.md", BENCH_MD),
            Report("benchmarks/reports/fast-vs-full/comparison.json", "benchmarks/reports/fast-vs-full/comparison.md",
                   "compare_full_policy:render")),
-          "31.7 min on the AMD EPYC (the full comparison; the comparison itself seconds), after pipeline-fast-amd: "
-          "the full comparison reads the variant files that run exported",
+          "the full comparison nearly all of it, after pipeline-fast-amd: the full comparison reads the variant files that run exported",
           needs=(f"{MODELS}/variants/torch-fp32", "benchmarks/reports/pipeline-fast-amd/report.json")),
     Stage("embedded-default-full-test", "agreement of every CPU variant (and torch-fp16) on all 2,000 test reviews",
           (f"$QSERVE export {MODELS}/checkpoint --variant torch-fp16 --out {MODELS}/extra/torch-fp16 --force",
@@ -137,7 +133,7 @@ STAGES: tuple[Stage, ...] = (
            "--real-text-samples 0 --threads 2 --time-budget 1 --out benchmarks/reports/embedded-default-full-test "
            "--force"),
           (_bench("embedded-default-full-test"),),
-          "~10 min: the bench 9.1 min (the report's own timings); the torch-fp16 export ~0.5 min (estimate)",
+          "~10 min (estimate: the bench most of it, see its report's own timings; the torch-fp16 export under a minute)",
           needs=(f"{MODELS}/checkpoint", f"{MODELS}/variants/onnx-int8")),
     Stage("precision", "the precision study (one fine-tune per precision, a second seed) and the optimizer step",
           ("$QSERVE train --compare --max-samples 6000 --max-eval-samples 2000 --out benchmarks/reports/precision "
@@ -146,12 +142,10 @@ STAGES: tuple[Stage, ...] = (
           (Report("benchmarks/reports/precision/precision_study.json", "benchmarks/reports/precision/precision_study.md",
                   "qserve.training.study:render_markdown"),
            Report("benchmarks/reports/precision/optimizer_step.json", "benchmarks/reports/precision/optimizer_step.md")),
-          "~50 min: the five full runs 29.4 min (the report's own timings); the interleaved step rounds ~19 min "
-          "and the optimizer step ~2 min (estimates)"),
+          "~50 min (estimate: the five full runs ~30 min, see the study's own train times; the interleaved step rounds ~19 min and the optimizer step ~2 min)"),
     Stage("distilbert-base-dims", "speed at DistilBERT-base size (random weights)",
           ("$PY -m benchmarks.distilbert_base_speed --threads 2",), (_bench("distilbert-base-dims"),),
-          "~13 min: the bench 7.6 min (the report's own timings); building the checkpoint and six exports ~5 min "
-          "(estimate)"),
+          "~13 min (estimate: the bench most of it, see its report's own timings; building the checkpoint and six exports ~5 min)"),
     Stage("int8-breakdown", "where onnx-int8's time goes at DistilBERT-base dims, and smoothing's cost in answers",
           ("$PY -m benchmarks.int8_breakdown --threads 2",
            f"$QSERVE export {MODELS}/checkpoint --variant onnx-int8 --no-smooth --out {MODELS}/extra/onnx-int8-nosmooth "
@@ -161,8 +155,7 @@ STAGES: tuple[Stage, ...] = (
            "--out benchmarks/reports/int8-breakdown/smooth-off-agreement --force"),
           (Report("benchmarks/reports/int8-breakdown/report.json", "benchmarks/reports/int8-breakdown/report.md",
                   "int8_breakdown:render"), _bench("int8-breakdown/smooth-off-agreement")),
-          "~6 min (estimate: the script's own 2-3 min plus four first-time exports); the agreement bench 1.5 min "
-          "(its report's own timings)",
+          "~6 min (estimate: the script's own ~2-3 min plus four first-time exports); the agreement bench a minute or two (its report's own timings)",
           needs=("models/distilbert-base-dims/variants/onnx-int8", f"{MODELS}/checkpoint")),
     Stage("crosscheck", "qserve bench against plain onnxruntime / torch loops",
           ("$PY -m benchmarks.crosscheck --threads 2",),
@@ -200,8 +193,8 @@ STAGES: tuple[Stage, ...] = (
           (f"$PY -m benchmarks.serve_bench {VARIANT} --duration 15 --force",),
           (Report("benchmarks/reports/serve/serve_report.json", "benchmarks/reports/serve/serve_report.md",
                   "serve_bench:render_md"),),
-          "~2.5 min: 1.8 min of timed load and in-process model timing (the report's own settings); server "
-          "start-ups ~0.5 min (estimate)",
+          "~2.5 min (estimate): the timed load and in-process model timing its settings ask for, ~1.8 "
+          "min; server start-ups ~0.5 min",
           needs=(VARIANT,)),
     Stage("serve-protocols", "64 real reviews through /v1, V2 (HTTP, gRPC), TEI and vLLM, alone and concurrently: "
           "identical answers; /v1 c32 throughput of the code before the new routes and after, interleaved",
@@ -216,16 +209,14 @@ STAGES: tuple[Stage, ...] = (
           (f"$PY -m benchmarks.predict_bench {MODELS} --force",),
           (Report("benchmarks/reports/predict/report.json", "benchmarks/reports/predict/report.md",
                   "predict_bench:render"),),
-          "14.2 min, measured on the AMD EPYC (three 25,000-review jobs of ~4.2 min each with ov-bf16 under tail, "
-          "the 2,500-review job, the 3,200-review ceiling, Ray start-ups)",
+          "three 25,000-review jobs with the recommended variant, the 2,500-review job, the 3,200-review ceiling, Ray start-ups",
           needs=(f"{MODELS}/report/report.json",)),
     Stage("serve-ray", "uvicorn vs Ray Serve replicas, interleaved",
           (f"$PY -m benchmarks.serve_bench {VARIANT} --engine ray --replicas 1,2 --duration 4 --rounds 3 "
            "--reviews 256 --out benchmarks/reports/serve-ray --force",),
           (Report("benchmarks/reports/serve-ray/report.json", "benchmarks/reports/serve-ray/report.md",
                   "serve_engines:render_md"),),
-          "6.7 min, measured on the AMD EPYC (2.4 min of it timed load; Ray start-ups and the trivial-app "
-          "cell the rest)",
+          "the timed load about a third of it; Ray start-ups and the trivial-app cell the rest",
           needs=(VARIANT,)),
     Stage("serve-openvino", "the recommended ov-int8 served next to onnx-int8",
           (f"$PY -m benchmarks.serve_bench {VARIANT} --duration 6 --threads 2 "
@@ -236,13 +227,13 @@ STAGES: tuple[Stage, ...] = (
                   "benchmarks/reports/serve-openvino/onnx-int8/serve_report.md", "serve_bench:render_md"),
            Report("benchmarks/reports/serve-openvino/ov-int8/serve_report.json",
                   "benchmarks/reports/serve-openvino/ov-int8/serve_report.md", "serve_bench:render_md")),
-          "2.7 min, measured on the AMD EPYC (2 x 48 s of timed load and model timing, plus start-ups)",
+          "2 x 48 s of timed load and model timing, plus start-ups",
           needs=(VARIANT, f"{MODELS}/variants/ov-int8")),
     Stage("long-text", "every long-text policy (head, tail, head-tail, windows) on the 2,000 test reviews, on the "
           "pipeline's checkpoint (trained with the default policy, head-tail)",
           (LONG_BENCH.format(m=MODELS, d="long-text"),),
           (_bench("long-text"),),
-          "5.7 min: the bench's own 343 s for one variant under four policies (windows 3.2x the forwards)",
+          "the bench: one variant under four policies (windows several times the forwards)",
           needs=(f"{MODELS}/variants/onnx-fp32", f"{MODELS}/checkpoint"),
           notes=("The same policies on a checkpoint trained with head, and on the full data, are the stages "
                  "long-text-head and long-text-full.",)),
@@ -252,17 +243,14 @@ STAGES: tuple[Stage, ...] = (
            LONG_EXPORT.format(m=HEAD_MODELS),
            LONG_BENCH.format(m=HEAD_MODELS, d="long-text-head")),
           (_bench("long-text-head"),),
-          "~13 min, measured on the AMD EPYC: training 375 steps at a median 1.16 s (7.2 min quiet; its "
-          "train_metrics.json says 14.6 min because other work shared the cores for part of it), the onnx-fp32 "
-          "export 11 s, the policy bench 5.5 min"),
+          "training 375 steps most of it (its train_metrics.json reads longer when other work shared the cores), the onnx-fp32 export seconds, the policy bench minutes"),
     Stage("long-text-full", "the long-text stage's policy bench on the full data: every training review (19,922), "
           "2 epochs, head-tail",
           (LONG_TRAIN.format(m=FULL_MODELS, samples=0, epochs=2, policy="head-tail"),
            LONG_EXPORT.format(m=FULL_MODELS),
            LONG_BENCH.format(m=FULL_MODELS, d="long-text-full")),
           (_bench("long-text-full"),),
-          "~56 min, measured on the AMD EPYC: training 47.5 min (2 x 1,246 steps at a median 1.14 s), the "
-          "onnx-fp32 export 8 s, the policy bench ~5.5 min"),
+          "training 2 epochs of every review nearly all of it, the onnx-fp32 export seconds, the policy bench minutes"),
     Stage("serve-windows", "windows served on the 2,000 test reviews: answers at concurrency 32 against each "
           "text's answer alone, and windowed texts/s against the ceiling head's texts/s over the windows per "
           "text sets",
@@ -270,8 +258,7 @@ STAGES: tuple[Stage, ...] = (
            "--out benchmarks/reports/serve-windows --force",),
           (Report("benchmarks/reports/serve-windows/report.json", "benchmarks/reports/serve-windows/report.md",
                   "serve_windows:render"),),
-          "6.9 min, measured on the AMD EPYC (2,000 reviews sent four times, alone and from 32 clients under "
-          "head and windows:128:96:mean, 3.22 windows a text; one server start-up)",
+          "2,000 reviews sent four times, alone and from 32 clients under head and windows:128:96:mean; one server start-up",
           needs=(f"{MODELS}/variants/onnx-fp32",)),
     Stage("lifecycle", "several models per server: shadow agreement's throughput cost, a hot swap's latency blip "
           "and memory",
@@ -281,8 +268,7 @@ STAGES: tuple[Stage, ...] = (
            "--out benchmarks/reports/lifecycle --force"),
           (Report("benchmarks/reports/lifecycle/report.json", "benchmarks/reports/lifecycle/report.md",
                   "lifecycle_bench:render"),),
-          "2.5 min, measured on the AMD EPYC (a new onnx-int8 version exported and calibrated, two server "
-          "start-ups, 3 x 2 cells of 11 s and 3 swaps under load)",
+          "a new onnx-int8 version exported and calibrated, two server start-ups, 3 x 2 cells of 11 s and 3 swaps under load",
           needs=(VARIANT, f"{MODELS}/variants/onnx-fp32", f"{MODELS}/checkpoint")),
     Stage("serve-buckets", "length-bucketed ov-int8 served against onnx-int8 (sentences and reviews, c1 and c32), "
           "gRPC vs HTTP, tracing off vs the code before it",
@@ -290,8 +276,7 @@ STAGES: tuple[Stage, ...] = (
            "--duration 5 --rounds 3 --out benchmarks/reports/serve-buckets --force",),
           (Report("benchmarks/reports/serve-buckets/report.json", "benchmarks/reports/serve-buckets/report.md",
                   "serve_buckets:render"),),
-          "5.9 min, measured on the AMD EPYC (3 rounds x 20 cells x 5 s of timed load, four server start-ups "
-          "and the sequential passes over 512 texts per server)",
+          "3 rounds x 20 cells x 5 s of timed load, four server start-ups and the sequential passes over 512 texts per server",
           needs=(VARIANT, f"{MODELS}/variants/ov-int8")),
     Stage("byo-bert", "bring your own BERT on real weights: the embedded MiniLM as a BertForSequenceClassification, "
           "trained on 1,500 reviews, exported to every variant, agreement with its fp32 on 2,000 test reviews, "
@@ -299,8 +284,7 @@ STAGES: tuple[Stage, ...] = (
           ("rm -rf models/byo-bert && $PY -m benchmarks.byo_bert",),
           (Report("benchmarks/reports/byo-bert/report.json", "benchmarks/reports/byo-bert/report.md",
                   "byo_bert:render_md"), _bench("byo-bert/bench")),
-          "~37 min, measured on the AMD EPYC (training ~3 min, then 33.5 min: export --all 4 min, agreement of "
-          "12 variants on 2,000 reviews 12 min, their bench 17 min, one served answer)"),
+          "training a few minutes, then export --all, agreement of 12 variants on 2,000 reviews, their bench, one served answer"),
     Stage("flood", "overload: do admitted requests wait behind refusals?",
           (f"$PY -m benchmarks.flood_bench {VARIANT} --baseline-ref 99c8efd --rounds 3 "
            "--out benchmarks/reports/flood",),
@@ -314,10 +298,7 @@ STAGES: tuple[Stage, ...] = (
            "--out benchmarks/reports/serve-overhead",),
           (Report("benchmarks/reports/serve-overhead/report.json", "benchmarks/reports/serve-overhead/report.md",
                   "serve_overhead:render"),),
-          "19 min, measured on the AMD EPYC (2 variants x 2 code trees x 3 rounds, each ~60 s: the in-process "
-          "loops, wrk at 1 and 32 clients for 10 s each, a server start-up and 64 checked answers; per round the bare "
-          "and the one-process children, ~25 s each; then one traced server per variant for the step table); exits 1 "
-          "while a target is missed",
+          "2 variants x 2 code trees x 3 rounds, each ~60 s: the in-process loops, wrk at 1 and 32 clients for 10 s each, a server start-up and 64 checked answers; per round the bare and the one-process children, ~25 s each; then one traced server per variant for the step table; exits 1 while a target is missed",
           needs=(VARIANT, f"{MODELS}/report")),
     Stage("serve-overhead-xeon", "serve-overhead on the Intel Xeon with AMX (its own checkpoint, from the "
           "embedded-default stage, whose report names the recommended variant): the same variants, code trees and "
@@ -328,8 +309,7 @@ STAGES: tuple[Stage, ...] = (
            "--out benchmarks/reports/serve-overhead-xeon"),
           (Report("benchmarks/reports/serve-overhead-xeon/report.json",
                   "benchmarks/reports/serve-overhead-xeon/report.md", "serve_overhead:render"),),
-          "18.6 min, measured on the Intel Xeon with AMX (2 variants x 2 code trees x 3 rounds, the floor and "
-          "one-process children, the traced servers); exits 1 while a target is missed",
+          "2 variants x 2 code trees x 3 rounds, the floor and one-process children, the traced servers; exits 1 while a target is missed",
           needs=(VARIANT, "benchmarks/reports/embedded-default/report.json")),
     Stage("ov-breakdown-xeon", "where ov-int8's and ov-bf16's time goes on the Intel Xeon with AMX (OpenVINO's "
           "per-node counters, b1 and b32 at s128) against the int8 / bf16 floor, the thread settings beside the "
@@ -345,8 +325,7 @@ STAGES: tuple[Stage, ...] = (
            "--out benchmarks/reports/ov-breakdown-xeon/agreement --force"),
           (Report("benchmarks/reports/ov-breakdown-xeon/report.json", "benchmarks/reports/ov-breakdown-xeon/report.md",
                   "ov_breakdown:render"), _bench("ov-breakdown-xeon/agreement")),
-          "7.0 min, measured on the Intel Xeon with AMX in a slow phase of the machine (the export 0.7 min, the "
-          "breakdown ~4, the agreement bench ~2)",
+          "in a slow phase of the machine: the export, the breakdown (most of it), the agreement bench",
           needs=(f"{MODELS}/checkpoint", f"{MODELS}/variants/ov-int8", f"{MODELS}/variants/ov-bf16",
                  f"{MODELS}/variants/torch-fp32")),
     Stage("serve-protocol-cost", "one request on each protocol's classify route at one client (wrk): p50 and the "
@@ -365,14 +344,13 @@ STAGES: tuple[Stage, ...] = (
            "--out benchmarks/reports/serve-protocol-cost-xeon",),
           (Report("benchmarks/reports/serve-protocol-cost-xeon/report.json",
                   "benchmarks/reports/serve-protocol-cost-xeon/report.md", "serve_protocol_cost:render"),),
-          "5.6 min, measured on the Intel Xeon with AMX (2 code trees x 3 rounds, each a server start-up, 5 x 64 "
-          "checked answers and 5 routes x 8 s of wrk)",
+          "2 code trees x 3 rounds, each a server start-up, 5 x 64 checked answers and 5 routes x 8 s of wrk",
           needs=(VARIANT,)),
     Stage("checkpoint-cost", "one resumable training checkpoint of the embedded default per precision: wall and CPU "
           "seconds, size, share of training at the default ~5-minute interval",
           ("$PY -m benchmarks.checkpoint_cost --saves 5",),
           (Report("benchmarks/reports/checkpoint_cost/checkpoint_cost.json",
                   "benchmarks/reports/checkpoint_cost/checkpoint_cost.md"),),
-          "0.4 min (21 s), measured on the AMD EPYC (3 precisions x 5 saves of a 180-270 MB file, plus loading the model)"),
+          "3 precisions x 5 saves of a 180-270 MB file, plus loading the model"),
 )
 BY_NAME = {s.name: s for s in STAGES}

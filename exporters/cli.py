@@ -1,7 +1,7 @@
 """`qserve export` and `qserve variants`: the commands users type first.
 
-    qserve export models/minilm-l6-distilbert-imdb --bits 8        # onnx-int8 on CPU, bnb-int8 on CUDA
-    qserve export models/minilm-l6-distilbert-imdb --all            # every variant this device runs
+    qserve export models/minilm-l6-distilbert-imdb/checkpoint --bits 8   # -> .../variants/onnx-int8 on CPU
+    qserve export models/minilm-l6-distilbert-imdb/checkpoint --all      # every variant this device runs
     qserve variants                                                  # what exists, with size and parity
 """
 
@@ -17,8 +17,8 @@ from qserve import QserveError, longtext
 from qserve.exportoption import Option, OptionValue
 from qserve.variantflags import BITS, DEFAULT_FOR_BITS, DTYPES, off_fast_path, resolve, skipped, supported
 from qserve.variants import BACKENDS, UnsupportedVariant, VARIANTS, backend_of, flag_options, get_spec
-from exporters.core import ExportFailed, one_line, parse_inputs, variant_policy
-from qserve.artifact import VariantError
+from exporters.core import ExportFailed, checkpoint_info, one_line, parse_inputs, variant_policy
+from qserve.artifact import VariantError, checkpoint_hash
 from qserve.configflags import Flag, add_flags
 from qserve.devices import resolve_device
 from qserve.runtime.ov_probe import OpenVINOUnavailable
@@ -31,9 +31,32 @@ OPTION_FLAGS: dict[str, tuple[str, set[str]]] = {
 
 
 def default_out_root(checkpoint: Path) -> Path:
-    """Variants of models/X land in models/X-variants/<name>: beside, never inside, the checkpoint
-    (inside would change the checkpoint's own hash recorded in every manifest)."""
+    """Where variants land without --out: beside, never inside, the checkpoint (inside would change the
+    checkpoint's own hash recorded in every manifest). A run dir's checkpoint (RUN/checkpoint, what `qserve
+    train` and `qserve pipeline` write) gets RUN/variants/<name>, the pipeline's layout, so `qserve serve RUN`
+    and the README's tour find them; any other checkpoint dir X gets X-variants/<name>."""
+    if checkpoint.name == "checkpoint":
+        return checkpoint.parent / "variants"
     return checkpoint.parent / f"{checkpoint.name}-variants"
+
+
+def same_export(dest: Path, checkpoint: Path, name: str, options: dict, long_text: str | None,
+                inputs: tuple[str, ...] | None) -> bool:
+    """True when `dest` already holds this very export, verified: the same variant and options, read by the
+    same long-text policy and inputs, built from a checkpoint with the same hash. Exporting it again would
+    write the same thing, so a re-run of the same command keeps it (the README's tour after `make demo`);
+    anything else in `dest` still needs --force."""
+    if not (dest / "manifest.json").is_file():
+        return False
+    try:
+        m = verify(dest)
+    except VariantError:
+        return False
+    spec = get_spec(name)
+    info = checkpoint_info(checkpoint, inputs)
+    return (m.spec.name == name and dict(m.spec.options or {}) == {**spec.options, **options}
+            and m.long_text == variant_policy(info, long_text) and tuple(m.inputs or ("text",)) == info.inputs
+            and (m.source or {}).get("sha256") == checkpoint_hash(checkpoint))
 
 
 def options_for(name: str, args: argparse.Namespace, strict: bool) -> dict:
@@ -88,6 +111,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         dest = root if single_dir else root / spec.name
         if dest.exists() and args.all and not args.force and (dest / "manifest.json").is_file():
             print(f"[{i}/{len(specs)}] {spec.name}: exists at {dest}, kept (use --force to rebuild)")
+            continue
+        if dest.exists() and not args.all and not args.force and same_export(
+                dest, checkpoint, spec.name, options_for(spec.name, args, strict=True), args.long_text, inputs):
+            print(f"[{i}/{len(specs)}] {spec.name}: {dest} already holds this export (same checkpoint, options and "
+                  "long-text policy), kept (use --force to rebuild)")
             continue
         print(f"[{i}/{len(specs)}] {spec.name}: exporting to {dest} ...", flush=True)
         t0 = time.perf_counter()
@@ -199,7 +227,8 @@ def register(sub) -> None:
     p.add_argument("--include-slow", action="store_true",
                    help="with --all: also variants that run but only slowly here (torch-fp16 on CPU)")
     p.add_argument("--out", help="output dir (single variant: the variant dir; --all: the parent). "
-                                 "Default: <checkpoint>-variants/<variant>")
+                                 "Default: RUN/variants/<variant> for a run dir's RUN/checkpoint (what `qserve "
+                                 "train` and `qserve pipeline` write), else <checkpoint>-variants/<variant>")
     p.add_argument("--force", action="store_true", help="replace an existing variant directory")
     p.add_argument("--device", default="auto", help="auto|cpu|cuda: device for defaults and the parity check")
     # Not a registry option: every variant records a long-text policy in its manifest, whatever its backend.

@@ -32,9 +32,8 @@ from qserve.files import write_json_atomic
 from qserve.gate.config import GateConfig
 from qserve.gate.report import row, write_report
 from qserve.gate.run import run_gate
-from qserve.modeling import model_name_for
 from qserve.runtime.ov_probe import OpenVINOUnavailable
-from qserve.training.config import TrainConfig
+from qserve.training.config import TrainConfig, run_dir as default_run_dir
 from qserve.training.precision import PRECISION_CHOICES
 from qserve.training.resume import STARTED, config_diff, describe_diff
 from qserve.training.train import train
@@ -209,7 +208,7 @@ def _gate_stage(report_dir: Path, args, device: str, force: bool) -> dict | None
 
 def run_pipeline(args: argparse.Namespace) -> Path:
     device = resolve_device(args.device)
-    run_dir = Path(args.run_dir) if args.run_dir else Path("models") / _run_name(args.model, args.dataset)
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.model, args.dataset)
     cfg = TrainConfig(model=args.model, dataset=args.dataset, precision=args.precision, epochs=args.epochs,
                       batch_size=args.batch_size, lr=args.lr, max_length=args.max_length,
                       max_samples=args.max_samples, seed=args.seed, out=str(run_dir / "checkpoint"),
@@ -251,12 +250,6 @@ def run_pipeline(args: argparse.Namespace) -> Path:
     print_stages(times)
     print(f"\npipeline finished in {times['total'] / 60:.1f} min\nreport: {report}", flush=True)
     return report
-
-
-def _run_name(model: str, dataset: str) -> str:
-    """models/<model>-<dataset>: the embedded default is minilm-l6-distilbert-imdb."""
-    data = {"default": "imdb", "imdb-embedded": "imdb"}.get(dataset, Path(dataset).stem or dataset)
-    return f"{model_name_for(model)}-{data}".replace("/", "-")
 
 
 def cmd_pipeline(args: argparse.Namespace) -> int:

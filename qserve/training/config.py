@@ -9,12 +9,22 @@ the fields (configflags.add_flags), so the CLI and the config cannot drift.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from qserve import QserveError, longtext
 from qserve.configflags import flag
 from qserve.longtext import TRAIN_DEFAULT
+from qserve.modeling import model_name_for
 from qserve.problemtypes import SHORT, from_flag
 from qserve.training.precision import AUTO, BF16_UPDATES, MATMUL_PRECISIONS, PRECISION_CHOICES
+
+def run_dir(model: str, dataset: str) -> Path:
+    """models/<model>-<dataset>: the run dir `qserve pipeline` fills (checkpoint/, variants/, report/) and whose
+    checkpoint/ `qserve train` writes by default, so `qserve export RUN/checkpoint` lands in RUN/variants/ and
+    `qserve serve RUN` finds both. The embedded default is models/minilm-l6-distilbert-imdb."""
+    data = {"default": "imdb", "imdb-embedded": "imdb"}.get(dataset, Path(dataset).stem or dataset)
+    return Path("models") / f"{model_name_for(model)}-{data}".replace("/", "-")
+
 
 MAX_GRAD_NORM = 1.0  # the usual fine-tuning clip; keeps the first high-lr steps from diverging
 # transformers 5's tokenizer save_pretrained writes tokenizer.json + tokenizer_config.json only (4.x also wrote
@@ -75,7 +85,8 @@ class TrainConfig:
     data_seed: int | None = field(default=None, metadata=flag(default_text="--seed"))
     """Seed for the split and subsampling only (None: seed); lets two seeds train on the same data."""
     out: str | None = field(default=None, metadata=flag(
-        default_text="models/<model_name>-<dataset>-<precision>; with --compare, benchmarks/reports/precision"))
+        default_text="models/<model_name>-<dataset>/checkpoint (the run dir `qserve pipeline` writes); with "
+                     "--compare, benchmarks/reports/precision"))
     """Output directory (with --compare: the report directory)."""
     device: str = "auto"
     """auto (CUDA when available), cpu, cuda or cuda:N."""

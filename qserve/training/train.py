@@ -29,12 +29,13 @@ from qserve import QserveError
 from qserve.configflags import add_flags, build, field_docs
 from qserve.problemtypes import from_flag, headline, loss
 from qserve.training.batches import PadCollate, batch_inputs, encode_split, evaluate
-from qserve.training.config import MAX_GRAD_NORM, CompareOptions, TrainConfig, split_seed, train_policy, validate
+from qserve.training.config import MAX_GRAD_NORM, CompareOptions, TrainConfig, run_dir, split_seed, train_policy, \
+    validate
 from qserve.training.precision import PrecisionChoice, build_optimizer, check_precision, choose_precision, \
     optimizer_state_bytes
 from qserve.data.datasets import load_dataset
 from qserve.devices import resolve_device
-from qserve.modeling import load_for_training, model_name_for, skip_unused_imports
+from qserve.modeling import load_for_training, skip_unused_imports
 from qserve.training import outputs as trainout, resume
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         print(choice.line, flush=True)
     data = load_dataset(cfg.dataset, max_samples=cfg.max_samples, seed=split_seed(cfg),
                         max_eval_samples=cfg.max_eval_samples, problem_type=from_flag(cfg.problem_type))
-    base_name = model_name_for(cfg.model)
-    out = Path(cfg.out) if cfg.out else Path("models") / f"{base_name}-{data.info['short_name']}-{choice.precision}"
+    out = Path(cfg.out) if cfg.out else run_dir(cfg.model, cfg.dataset) / "checkpoint"
     # before minutes of training, not after
     todo = resume.plan(out, asdict(cfg), asdict(TrainConfig()), cfg.resume, cfg.force)
     if todo.action == "finished":

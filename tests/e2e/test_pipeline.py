@@ -13,14 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from qserve.pipeline import _run_name
+from qserve.training.config import run_dir
 
 
 def test_run_dir_names():
-    assert _run_name("default", "default") == "minilm-l6-distilbert-imdb"
-    assert _run_name("default", "rotten-tomatoes") == "minilm-l6-distilbert-rotten-tomatoes"
-    assert _run_name("distilbert-base-uncased", "imdb") == "distilbert-base-uncased-imdb"
-    assert _run_name("default", "/data/reviews.csv") == "minilm-l6-distilbert-reviews"
+    # one function names the run dir for `qserve pipeline` and `qserve train`'s default --out (RUN/checkpoint)
+    assert run_dir("default", "default") == Path("models/minilm-l6-distilbert-imdb")
+    assert run_dir("default", "rotten-tomatoes") == Path("models/minilm-l6-distilbert-rotten-tomatoes")
+    assert run_dir("distilbert-base-uncased", "imdb") == Path("models/distilbert-base-uncased-imdb")
+    assert run_dir("default", "/data/reviews.csv") == Path("models/minilm-l6-distilbert-reviews")
 
 
 # -- a killed pipeline picks up where it stopped ---------------------------------------------

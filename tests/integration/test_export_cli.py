@@ -27,6 +27,47 @@ def test_export_refuses_existing_without_force(tiny_checkpoint, tmp_path, capsys
     assert (out / "precious.txt").read_text() == "x"
 
 
+def test_default_out_follows_the_run_dir_layout(tiny_checkpoint, tmp_path):
+    """RUN/checkpoint (what `qserve train` and `qserve pipeline` write) exports into RUN/variants/<name>; any other
+    checkpoint dir X into X-variants/<name>, beside it, never inside (that would change its hash)."""
+    import shutil
+
+    run_ckpt = tmp_path / "models" / "m-imdb" / "checkpoint"
+    shutil.copytree(tiny_checkpoint, run_ckpt)
+    assert main(["export", str(run_ckpt), "--variant", "torch-fp32", "--device", "cpu"]) == 0
+    assert (tmp_path / "models" / "m-imdb" / "variants" / "torch-fp32" / "manifest.json").is_file()
+    bare = tmp_path / "my-classifier"
+    shutil.copytree(tiny_checkpoint, bare)
+    assert main(["export", str(bare), "--variant", "torch-fp32", "--device", "cpu"]) == 0
+    assert (tmp_path / "my-classifier-variants" / "torch-fp32" / "manifest.json").is_file()
+    assert sorted(p.name for p in bare.iterdir()) == sorted(p.name for p in tiny_checkpoint.iterdir())
+
+
+def test_the_same_export_again_is_kept_anything_else_needs_force(tiny_checkpoint, tmp_path, capsys):
+    """Re-running an export that already produced this variant (same checkpoint hash, options, policy) keeps it,
+    so the README's tour runs after `make demo`; other options, or a tampered variant, still need --force."""
+    out = tmp_path / "int8"
+    args = ["export", str(tiny_checkpoint), "--bits", "8", "--out", str(out), "--device", "cpu",
+            "--calibration-samples", "4"]
+    assert main(args) == 0
+    before = (out / "manifest.json").read_bytes()
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "already holds this export" in capsys.readouterr().out
+    assert (out / "manifest.json").read_bytes() == before
+    assert main([*args[:-1], "5"]) == 2  # another option: not the same export
+    assert "already exists; pass --force" in capsys.readouterr().err
+    assert main([*args, "--long-text", "tail"]) == 2  # another policy
+    assert "already exists; pass --force" in capsys.readouterr().err
+    (out / "tokenizer.json").write_text("{}")  # tampered: never kept as "the same"
+    assert main(args) == 2
+    assert "already exists; pass --force" in capsys.readouterr().err
+    assert main([*args, "--force"]) == 0
+    from qserve.verify import verify
+
+    assert verify(out).spec.options == {"calibration_samples": 4}  # rebuilt whole: the tampered file is gone
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--bits", "8", "--backend", "torch"], "valid combinations"),
     ([], "say what to export"),

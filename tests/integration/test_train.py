@@ -186,6 +186,21 @@ def test_existing_out_needs_force(trained, tiny_checkpoint, separable_csv, tmp_p
     assert sorted(p.name for p in out.iterdir()) == sorted(FILES_WRITTEN)
 
 
+def test_default_out_is_the_run_dirs_checkpoint(tiny_checkpoint, separable_csv, tmp_path, monkeypatch):
+    """Without --out, training writes models/<model>-<dataset>/checkpoint: the run dir `qserve pipeline` fills,
+    so `qserve export RUN/checkpoint` lands in RUN/variants/ and the README's tour finds both."""
+    from qserve.training.config import run_dir
+
+    monkeypatch.chdir(tmp_path)
+    cfg = tiny_cfg(tiny_checkpoint, separable_csv, "unused", epochs=1, max_eval_samples=4)
+    cfg.out = None  # no --out
+    train(cfg)
+    ckpt = tmp_path / "models" / f"{tiny_checkpoint.name}-{separable_csv.stem}" / "checkpoint"
+    assert ckpt == tmp_path / run_dir(str(tiny_checkpoint), str(separable_csv)) / "checkpoint"
+    assert sorted(p.name for p in ckpt.iterdir()) == sorted(FILES_WRITTEN)
+    assert [p.name for p in (tmp_path / "models").iterdir()] == [ckpt.parent.name]
+
+
 @pytest.mark.parametrize("kw, match", [
     ({"precision": "fp16"}, r"--precision must be one of auto, 32-true, 16-mixed, bf16-mixed, bf16-true "
                             r"\(got 'fp16'\)"),

@@ -11,6 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from collections import Counter
+
+import pytest
+
 from benchmarks import render_tables
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,8 +53,8 @@ def test_every_table_matches_its_report_json(capsys):
 def test_a_hand_edited_table_number_is_caught_and_rewritten(tmp_path, capsys):
     readme = tmp_path / "README.md"
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    start = text.index("<!-- table:embedded-default -->")
-    row_at = text.index("| onnx-int8 |", start)
+    start = text.index("<!-- text:main-job -->")
+    row_at = text.index("\n| torch-fp32 |", start) + 1  # the reference: in every pipeline report
     row_end = text.index("\n", row_at)
     cells = text[row_at:row_end].split(" | ")
     cells[2] = "0.01"  # the b1 p50 column, edited by hand
@@ -73,14 +77,60 @@ def test_unknown_table_name_is_refused(tmp_path):
 
 
 def test_readme_is_a_front_door():
+    """What, the two commands, the tour, the headline table from the current main job's report, in <= 250 lines."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert len(text.splitlines()) <= 170
+    assert len(text.splitlines()) <= 250
     for must in ("make demo", "make test", "qserve export", "qserve bench", "qserve serve", "curl ", "--engine ray",
-                 "<!-- table:embedded-default -->", "docs/measurements.md"):
+                 "qserve predict", "<!-- text:main-job -->", "docs/measurements.md"):
         assert must in text, must
+    block = text.split("<!-- text:main-job -->", 1)[1].split("<!-- /text -->", 1)[0]
+    assert f"`benchmarks/reports/{render_tables.MAIN_JOB}/report.json` (" in block  # rendered from it, machine named
+    assert f"benchmarks/reports/{render_tables.MAIN_JOB}/decision.png" in text
     nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     for page in sorted((ROOT / "docs").glob("*.md")):
         assert page.name in nav, f"{page.name} is not in mkdocs.yml's nav"
+
+
+def _command_block(text: str) -> str:
+    return text.split("## Commands", 1)[1].split("```")[1]
+
+
+def test_the_command_lists_name_every_command():
+    """README's and docs/index.md's command lists name every `qserve` sub-command (qserve/cli.py's COMMANDS)."""
+    from qserve.cli import COMMANDS
+
+    for page in (ROOT / "README.md", ROOT / "docs" / "index.md"):
+        block = _command_block(page.read_text(encoding="utf-8"))
+        missing = [name for name, _ in COMMANDS if f"qserve {name} " not in block]
+        assert not missing, f"{page.name}'s command list lacks {missing}"
+
+
+def test_the_front_pages_state_what_a_newcomer_needs():
+    """docs/index.md names the release gate and the automatic precision; /v1's Content-Type, the served name and
+    huggingface_hub's offline mode are said where a newcomer looks first."""
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    for must in ("qserve gate", "--precision auto", "Content-Type: application/json", "/v1/models",
+                 "HF_HUB_OFFLINE=1", "RUN/variants/<name>", "models/<model>-<dataset>/"):
+        assert must in index, must
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for must in ("Content-Type: application/json", "/v1/models", "HF_HUB_OFFLINE=1"):
+        assert must in readme, must
+
+
+def test_no_curl_example_without_content_type_and_no_flag_that_does_not_exist():
+    """The issue's own checks: `grep -rn "curl .*-d" README.md docs | grep -v Content-Type` finds nothing, and
+    `--inline-lone` appears only as `--no-inline-lone` (the one flag that exists)."""
+    import re
+
+    bad, lone = [], []
+    for page in render_tables.markdown_files():
+        for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            if re.search(r"curl .*-d", line) and "Content-Type" not in line:
+                bad.append(f"{page.name}:{n}")
+            if re.search(r"(?<!no)-inline-lone", line.replace("--no-inline-lone", "")):
+                lone.append(f"{page.name}:{n}")
+    assert not bad, f"curl with a body but no Content-Type: {bad}"
+    assert not lone, f"--inline-lone is not a flag (--no-inline-lone is): {lone}"
 
 
 def test_a_pending_report_renders_not_measured_and_fills_in_once_it_exists(tmp_path, monkeypatch):
@@ -110,20 +160,55 @@ def test_a_pending_report_renders_not_measured_and_fills_in_once_it_exists(tmp_p
     assert cells[1] == "50.00%" and cells[3] != "50.00%" and cells[5] == "not measured"
 
 
-def test_readme_layout_names_only_paths_that_exist():
-    """Every file or folder README's Layout block names exists: a name is read under its line's top folder
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_layout_names_only_paths_that_exist(page):
+    """Every file or folder a Layout block names exists: a name is read under its line's top folder
     (a continuation line keeps the one above), or from the repository root."""
     import re
 
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / page).read_text(encoding="utf-8")
     block = text.split("## Layout", 1)[1].split("```")[1]
     top, missing, named = ROOT, [], 0
     for line in block.strip("\n").splitlines():
         if not line.startswith(" "):
             top = ROOT / line.split()[0]
-            assert top.is_dir(), f"README Layout: {line.split()[0]} is not a folder"
-        for name in re.findall(r"[\w.-]+(?:/[\w.-]+)*(?:/|\.py|\.md|\.yml)(?=[\s,;:)]|$)", line):
+            assert top.is_dir(), f"{page} Layout: {line.split()[0]} is not a folder"
+        for name in re.findall(r"[\w.-]+(?:/[\w.-]+)*(?:/|\.py|\.md|\.yml|\.sh)(?=[\s,;:)]|$)", line):
             named += 1
             if not ((top / name).exists() or (ROOT / name).exists()):
                 missing.append(name)
-    assert named >= 20 and not missing, f"README Layout names paths that do not exist: {missing}"
+    assert named >= 20 and not missing, f"{page} Layout names paths that do not exist: {missing}"
+
+
+def _listed_numbers() -> Counter[tuple[str, str]]:
+    lines = (ROOT / "tests" / "unit" / "docs_numbers.txt").read_text(encoding="utf-8").splitlines()
+    return Counter(tuple(line.split("\t", 1)) for line in lines if line and not line.startswith("#"))
+
+
+def test_no_measured_number_is_typed_by_hand():
+    """A measured-looking number (a figure with a unit, in scientific notation or with 3+ decimals) in the prose or
+    a hand-written table of README.md or a page is rendered from its report (a table: or text: block), or listed,
+    deliberately, in tests/unit/docs_numbers.txt; the list holds only what the pages still hold."""
+    from collections import Counter
+
+    found: Counter[tuple[str, str]] = Counter()
+    for page in render_tables.markdown_files():
+        rel = str(page.relative_to(ROOT))
+        found.update((rel, n) for n in render_tables.hand_numbers(page.read_text(encoding="utf-8")))
+    listed = _listed_numbers()
+    typed = sorted((found - listed).elements())
+    gone = sorted((listed - found).elements())
+    assert not typed, ("measured-looking numbers typed by hand (render them from their report: a <!-- text:NAME --> "
+                       "block in benchmarks/render_tables.py; an explanatory one goes in tests/unit/docs_numbers.txt): "
+                       + "; ".join(f"{f}: {n}" for f, n in typed))
+    assert not gone, ("tests/unit/docs_numbers.txt lists numbers the pages no longer hold (remove those lines): "
+                      + "; ".join(f"{f}: {n}" for f, n in gone))
+
+
+def test_hand_numbers_are_found_in_prose_and_hand_tables_only():
+    text = ("The first answer took 85.6 ms (0.97-1.06x), max |Δprob| 3.6e-4, F1 0.8550.\n\n"
+            "| variant | p50 |\n|---|---:|\n| onnx-int8 | 7.5 ms |\n\n"
+            "<!-- text:flood -->\nrendered: 120.6 ms\n<!-- /text -->\n\n"
+            "```bash\nqserve loadtest --duration 10s  # 40 s of load\n```\n"
+            "Flags: `--max-wait-ms 5 ms`, version 1.45.2, on 2026-12-04, 2 cores, 32 texts.\n")
+    assert render_tables.hand_numbers(text) == ["85.6 ms", "0.97-1.06x", "3.6e-4", "0.8550", "7.5 ms"]

@@ -127,7 +127,27 @@ def test_rerender_reproduces_the_committed_md(tmp_path, name):
 
 
 def test_stages_document_a_duration_and_unknown_stage_is_refused(capsys):
-    for s in rebuild_reports.STAGES:
-        assert "min" in s.duration and s.commands and s.reports
+    for s in rebuild_reports.STAGES:  # measured (from a report) or estimated: every stage says how long it takes
+        assert "min" in rebuild_reports.stage_duration(s) and s.commands and s.reports
     assert rebuild_reports.main(["no-such-stage"]) == 2
     assert "embedded-default" in capsys.readouterr().err
+
+
+def test_a_stage_duration_is_measured_from_its_reports_never_typed(tmp_path):
+    """The stages table's minutes come from a pipeline report's own stage times or the wall time `make reports`
+    recorded; a stage's own text holds only estimates (`~N min`)."""
+    import re
+
+    fast = rebuild_reports.BY_NAME["pipeline-fast-amd"]
+    stage_s = json.loads((ROOT / fast.reports[0].json).read_text(encoding="utf-8"))["pipeline"]["stage_s"]
+    assert rebuild_reports.stage_duration(fast).startswith(f"{stage_s['total'] / 60:.1f} min, the run's own stage")
+    flood = rebuild_reports.BY_NAME["flood"]
+    assert rebuild_reports.stage_duration(flood, root=tmp_path).startswith("not measured: ~")
+    rebuild_reports.record_time("flood", 150.0, "Some CPU", root=tmp_path)
+    rec = rebuild_reports.stage_times(tmp_path)["flood"]
+    assert rec["minutes"] == 2.5 and rec["cpu"] == "Some CPU" and rec["source"] == "run"
+    measured = rebuild_reports.stage_duration(flood, root=tmp_path)
+    assert measured.startswith(f"2.5 min, measured on Some CPU ({rec['when'][:10]})")
+    for st in rebuild_reports.STAGES:
+        typed = re.search(r"(?<![~\d.-])\d+(\.\d+)? min\b", st.duration)
+        assert not typed, f"{st.name}: a measured time typed by hand: {st.duration}"
