@@ -129,8 +129,12 @@ BF16_UPDATES = ("compensated", "plain")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 
 
-def build_optimizer(groups: list[dict[str, Any]], precision: str, bf16_update: str, lr: float):
+def build_optimizer(groups: list[dict[str, Any]], precision: str, bf16_update: str, lr: float, fused: bool = False):
     """AdamW for `precision`; bf16-true gets one whose small updates still land on bf16 weights.
+
+    fused (qserve asks for it on CUDA): torch's fused AdamW for fp32 weights, one kernel per parameter group
+    instead of a few per tensor: a small model's optimizer step is launch-bound on a GPU, and GradScaler (16-mixed)
+    hands it the inf check on the device instead of a host sync. The CPU keeps torch's default implementation.
 
     torch's AdamW on bf16 parameters computes and stores in bf16, and `p - lr * m / sqrt(v)`
     rounds to the nearest bf16: with lr 1e-4 most updates are below half an ulp and vanish.
@@ -142,7 +146,9 @@ def build_optimizer(groups: list[dict[str, Any]], precision: str, bf16_update: s
     """
     import torch
 
-    if precision != "bf16-true" or bf16_update == "plain":
+    if precision != "bf16-true":
+        return torch.optim.AdamW(groups, lr=lr, fused=True) if fused else torch.optim.AdamW(groups, lr=lr)
+    if bf16_update == "plain":
         return torch.optim.AdamW(groups, lr=lr)
     from optimi import AdamW
 
