@@ -282,6 +282,14 @@ def stages() -> str:
     return _table(head, rows, ["---"] * 5) + "\n\n<sub>Rendered from `benchmarks/rebuild_reports.py` and the CPU each report's JSON records.</sub>"
 
 
+def seed_precision() -> str:
+    """The seed project's precision study (not measured here): rendered from its one copy, qserve's SEED table."""
+    from qserve.training.study import SEED, seed_table
+
+    return (f"{SEED['setup']}.\n\n" + seed_table() + f"\n\n<sub>Rendered from `qserve/training/study.py` SEED (the seed project's "
+            f"[published figures]({SEED['source']}), not measured by qserve) by `benchmarks/render_tables.py`.</sub>")
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "embedded-default": embedded_default,
     "embedded-default-amd": embedded_default_amd,
@@ -295,6 +303,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "serve-windows": serve_windows,
     "stages": stages,
     "checkpoint-cost": checkpoint_cost,
+    "seed-precision": seed_precision,
 }
 
 
