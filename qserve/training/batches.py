@@ -54,13 +54,14 @@ class TokenTable:
         import torch
 
         idx = torch.as_tensor(indices, dtype=torch.long)
-        lengths = self.lengths[idx]
+        lengths = self.lengths.index_select(0, idx)
         width = int(lengths.max()) if len(idx) else 0
-        out = {"input_ids": self.ids[idx, :width].long(),
+        # index_select, then the slice: an advanced index with a slice (ids[idx, :w]) is many times slower
+        out = {"input_ids": self.ids.index_select(0, idx)[:, :width].long(),
                "attention_mask": (torch.arange(width) < lengths[:, None]).long(),
-               "labels": self.targets[idx]}
+               "labels": self.targets.index_select(0, idx)}
         if self.types is not None:  # text pairs: the second segment 1
-            out["token_type_ids"] = self.types[idx, :width].long()
+            out["token_type_ids"] = self.types.index_select(0, idx)[:, :width].long()
         return {k: v.pin_memory() for k, v in out.items()} if pin else out
 
     __call__ = batch  # the DataLoader's collate_fn (pinning, on CUDA, is the DataLoader's own)
