@@ -286,8 +286,9 @@ def seed_precision() -> str:
     """The seed project's precision study (not measured here): rendered from its one copy, qserve's SEED table."""
     from qserve.training.study import SEED, seed_table
 
-    return (f"{SEED['setup']}.\n\n" + seed_table() + f"\n\n<sub>Rendered from `qserve/training/study.py` SEED (the seed project's "
-            f"[published figures]({SEED['source']}), not measured by qserve) by `benchmarks/render_tables.py`.</sub>")
+    return (f"{SEED['setup']}.\n\n" + seed_table() + "\n\n<sub>Rendered from `qserve/training/study.py` SEED (the seed "
+            f"project's [published figures]({SEED['source']}), not measured by qserve) by "
+            "`benchmarks/render_tables.py`.</sub>")
 
 
 TABLES: dict[str, Callable[[], str]] = {

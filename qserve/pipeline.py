@@ -294,8 +294,8 @@ def register(sub) -> None:
                    help="train for at most this many minutes of optimizer steps, cut from the first steps' time "
                         "(default %(default)s; 0: no budget)")
     p.add_argument("--max-samples", type=int, default=None,
-                   help=f"training reviews (seeded subsample; 0: all; default {PIPELINE_TRAIN['max_samples']} on a CPU, "
-                        "all on a GPU)")
+                   help=f"training reviews (seeded subsample; 0: all; default {PIPELINE_TRAIN['max_samples']} on a "
+                        "CPU, all on a GPU)")
     p.add_argument("--max-length", type=int, default=None,
                    help=f"tokens (default {PIPELINE_TRAIN['max_length']} on a CPU, "
                         f"{PIPELINE_TRAIN_GPU['max_length']} on a GPU)")

@@ -347,7 +347,8 @@ def _recipe_lines(recipe: dict[str, Any], training: dict[str, Any]) -> list[str]
     out = []
     if recipe.get("why"):
         n = "all" if recipe.get("max_samples") is None else f"{recipe['max_samples']:,}"
-        given = f"; given: {', '.join('--' + g.replace('_', '-') for g in recipe['given'])}" if recipe.get("given") else ""
+        flags = ", ".join("--" + g.replace("_", "-") for g in recipe.get("given") or [])
+        given = f"; given: {flags}" if flags else ""
         out.append(f"- Training recipe: {n} training examples, {recipe.get('epochs')} epoch(s), up to "
                    f"{recipe.get('max_length')} tokens: {recipe['why']}{given}.")
     b = training.get("batch_choice") or {}

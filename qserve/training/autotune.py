@@ -28,6 +28,7 @@ The rules (docs/training.md, "Choosing the batch size on a GPU"):
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import math
@@ -174,8 +175,8 @@ def scale_lr(lr: float, batch: int) -> float:
     return lr * math.sqrt(batch / BASE_BATCH)
 
 
-def run_ladder(measure: StepMeasurer, cands: list[Candidate], ladder: list[int],
-               budget_s: float = PROBE_BUDGET_S, clock: Callable[[], float] = time.perf_counter) -> list[dict[str, Any]]:
+def run_ladder(measure: StepMeasurer, cands: list[Candidate], ladder: list[int], budget_s: float = PROBE_BUDGET_S,
+               clock: Callable[[], float] = time.perf_counter) -> list[dict[str, Any]]:
     """One row per (batch, candidate) tried, climbing the ladder while a doubling still pays (BATCH_GAIN), some
     candidate still fits and the budget lasts. A row holds step_s, samples_per_s and peak_memory_bytes, or
     `failed` (why it did not fit)."""
@@ -243,16 +244,18 @@ def pick(rows: list[dict[str, Any]], ladder: list[int]) -> tuple[dict[str, Any],
 
 
 def probe_table(probe: dict[str, Any]) -> list[str]:
-    """The probe's rows as short lines: `batch 16: bf16-mixed 23.4 ms (684/s, 2.1 GB); 32-true+tf32 ...`."""
+    """The probe's rows as short lines, a heading and one per batch: `batch B: CANDIDATE STEP ms (SAMPLES/s, PEAK
+    GB); ...` (a candidate that did not fit says why)."""
     by: dict[int, list[str]] = {}
-    for r in probe.get("rows") or []:
+    rows = probe.get("rows") or []
+    for r in rows:
         if "failed" in r:
             cell = f"{r['candidate']} failed ({r['failed']})"
         else:
             mem = f", {r['peak_memory_bytes'] / 1e9:.1f} GB" if r.get("peak_memory_bytes") else ""
             cell = f"{r['candidate']} {r['step_s'] * 1e3:.1f} ms ({r['samples_per_s']:,.0f}/s{mem})"
         by.setdefault(r["batch"], []).append(cell)
-    head = (f"{len(probe.get('rows') or [])} rows at {probe.get('max_length')} tokens in {probe.get('wall_s', 0):.1f} s "
+    head = (f"{len(rows)} rows at {probe.get('max_length')} tokens in {probe.get('wall_s', 0):.1f} s "
             f"(median of {PROBE_ROUNDS} rounds of {PROBE_STEPS} steps, after one warm-up step)")
     return [head] + [f"batch {b}: " + "; ".join(cells) for b, cells in by.items()]
 
@@ -363,7 +366,8 @@ class StepTimer:
         torch = self.torch
         b = self._batch(batch)
         dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(cand.precision)
-        with torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        # autocast as Fabric's mixed precisions run it; none for the true precisions
+        with torch.autocast(self.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext():
             logits = self.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
         out = loss(logits, b["labels"], self.problem)
         if cand.precision == "16-mixed" and self.scaler is not None:
@@ -412,8 +416,9 @@ class StepTimer:
             return None
         peak = int(self.torch.cuda.max_memory_reserved(self.device))
         if self.budget is not None and peak > self.budget:
-            raise ProbeOOM(f"peak {peak / 1e9:.1f} GB over {MEMORY_SHARE:.0%} of the {self.budget / MEMORY_SHARE / 1e9:.1f} "
-                           "GB this process could use")
+            could = self.budget / MEMORY_SHARE / 1e9
+            raise ProbeOOM(f"peak {peak / 1e9:.1f} GB over {MEMORY_SHARE:.0%} of the {could:.1f} GB this process "
+                           "could use")
         return peak
 
     def time(self, cand: Candidate, batch: int, steps: int) -> float:

@@ -3,8 +3,8 @@
     python -m pytest tests/integration/test_resume.py -q
 
 While it trains, `qserve train` keeps two files in its out dir: `train_started.json` (the config the run
-was started with and what `auto` decided for it, written once before the first step) and `resume.ckpt` (the latest resumable state,
-replaced every --checkpoint-every optimizer steps). The checkpoint is written by fabric.save to
+was started with and what `auto` decided for it, written once before the first step) and `resume.ckpt`
+(the latest resumable state, replaced every --checkpoint-every optimizer steps). The checkpoint is written by fabric.save to
 `resume.ckpt.partial`, fsynced, then renamed over the previous one, so a kill at any moment leaves
 either the old checkpoint or the new one, never half of one. It holds the model, the optimizer (moments,
 and bf16-true's Kahan compensation buffers, which are optimizer state), the LR scheduler, the gradient

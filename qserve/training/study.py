@@ -190,7 +190,7 @@ def compare(cfg, precisions: list[str] | None, out_dir, bf16_updates: list[str] 
     base: dict[str, Any] = {"device": device, "cpu": cpu_info(), "provenance": provenance(), "precisions": list(dict.fromkeys(r["precision"] for r in todo)),
             "config": {f.name: getattr(cfg, f.name) for f in fields(cfg)
                        if f.name not in ("precision", "out", "force", "bf16_update")},
-            "reference": {"source": SEED["source"]}, "versions": library_versions()}
+            "reference": SEED, "versions": library_versions()}  # recorded as compared; rendered from SEED
     base["step_rounds"] = {"rounds": step_rounds, "samples": step_samples} if step_rounds else None
     with tempfile.TemporaryDirectory(prefix="qserve-precision-") as tmp:
         def write(complete: bool) -> dict[str, Any]:
