@@ -49,18 +49,31 @@ PIPELINE_TRAIN_GPU = {"max_samples": None, "max_length": 512, "epochs": 3, "batc
 """On a GPU the seed's recipe (every training review, 3 epochs, up to 512 tokens): a few minutes of a GPU's time
 where it is hours of a CPU's. batch_size None: the probe picks it (with the precision and TF32) and scales --lr,
 the rate at batch 16, with it (qserve/training/autotune.py)."""
+PIPELINE_TRAIN_BUDGET_MIN = 9.0
+"""Minutes of optimizer steps the main job trains at most: more than the full recipe takes where bf16 is native
+(docs/measurements.md), so those CPUs train it whole; a slower CPU trains the steps that fit, and says so."""
 
 
 def train_recipe(device: str) -> tuple[dict, str]:
     """The main job's training recipe on `device` and why: chosen here, once; the report says it."""
     if device.startswith("cuda"):
-        return PIPELINE_TRAIN_GPU, ("the seed's recipe on a GPU: every training review, 3 epochs, up to 512 tokens; "
-                                    "the batch size, precision and TF32 measured by a short probe")
-    return PIPELINE_TRAIN, ("the CPU cut: 6,000 reviews, 1 epoch, 128 tokens, batch 16, so that the whole job fits "
-                            "about 15 minutes of a small CPU")
-PIPELINE_TRAIN_BUDGET_MIN = 9.0
-"""Minutes of optimizer steps the main job trains at most: more than the full recipe takes where bf16 is native
-(docs/measurements.md), so those CPUs train it whole; a slower CPU trains the steps that fit, and says so."""
+        r = PIPELINE_TRAIN_GPU
+        return r, (f"the seed's recipe on a GPU (every training review, {r['epochs']} epochs, up to {r['max_length']} "
+                   "tokens; the batch size, precision and TF32 from a short probe): minutes of a GPU's time")
+    r = PIPELINE_TRAIN
+    return r, (f"the CPU cut ({r['max_samples']:,} reviews, {r['epochs']} epoch, {r['max_length']} tokens, batch "
+               f"{r['batch_size']}): the whole job in about 15 minutes of a small CPU")
+
+
+def recipe_values(args: argparse.Namespace, device: str) -> tuple[dict, str, list[str]]:
+    """The recipe's values with the flags given in their place (--max-samples 0: all), why the recipe, and which
+    flags replaced it."""
+    recipe, why = train_recipe(device)
+    given = {k: getattr(args, k) for k in recipe if getattr(args, k) not in (None, recipe[k])}
+    values = {**recipe, **given}
+    return {**values, "max_samples": values["max_samples"] or None}, why, sorted(given)
+
+
 PIPELINE_GATE_CANDIDATES = 3
 """The release gate scores at most this many candidates, fastest first, and stops at the first that passes."""
 PIPELINE_CALIBRATION_TEXTS = 1000
@@ -223,12 +236,10 @@ def _gate_stage(report_dir: Path, args, device: str, force: bool) -> dict | None
 def run_pipeline(args: argparse.Namespace) -> Path:
     device = resolve_device(args.device)
     run_dir = Path(args.run_dir) if args.run_dir else Path("models") / _run_name(args.model, args.dataset)
-    recipe, why = train_recipe(device)
-    given = {k: getattr(args, k) for k in recipe if getattr(args, k) not in (None, recipe[k])}  # a flag given wins
-    r = {**recipe, **given}
+    r, why, given = recipe_values(args, device)
     cfg = TrainConfig(model=args.model, dataset=args.dataset, precision=args.precision, epochs=r["epochs"],
                       batch_size=r["batch_size"], lr=r["lr"], max_length=r["max_length"],
-                      max_samples=r["max_samples"] or None, seed=args.seed, out=str(run_dir / "checkpoint"),
+                      max_samples=r["max_samples"], seed=args.seed, out=str(run_dir / "checkpoint"),
                       device=device, force=args.force, checkpoint_every=args.checkpoint_every,
                       max_eval_samples=args.max_eval_samples or None,
                       train_budget=args.train_budget or None)
@@ -264,7 +275,7 @@ def run_pipeline(args: argparse.Namespace) -> Path:
 
     record_stages(report_dir, times, {"machine": capabilities(with_cuda=False).describe() if device == "cpu" else device,
                                       "training": training, "skipped": left_out,
-                                      "recipe": {"why": why, "given": sorted(given), **r}})
+                                      "recipe": {"why": why, "given": given, **r}})
     print_stages(times)
     print(f"\npipeline finished in {times['total'] / 60:.1f} min\nreport: {report}", flush=True)
     return report

@@ -351,7 +351,7 @@ def test_token_table_batches_equal_the_per_batch_collate(kind):
 
 def test_the_pipeline_trains_the_seeds_recipe_on_a_gpu_and_the_cpu_cut_elsewhere():
     from qserve.cli import build_parser
-    from qserve.pipeline import PIPELINE_TRAIN, PIPELINE_TRAIN_GPU, train_recipe
+    from qserve.pipeline import PIPELINE_TRAIN, PIPELINE_TRAIN_GPU, recipe_values, train_recipe
 
     cpu, why = train_recipe("cpu")
     assert cpu == PIPELINE_TRAIN == {"max_samples": 6000, "max_length": 128, "epochs": 1, "batch_size": 16, "lr": 1e-4}
@@ -361,6 +361,15 @@ def test_the_pipeline_trains_the_seeds_recipe_on_a_gpu_and_the_cpu_cut_elsewhere
     assert gpu["batch_size"] is None and "seed's recipe" in why
     args = build_parser().parse_args(["pipeline"])
     assert [getattr(args, k) for k in ("max_samples", "max_length", "epochs", "batch_size")] == [None] * 4
+    assert recipe_values(args, "cpu")[0] == PIPELINE_TRAIN and recipe_values(args, "cpu")[2] == []
+    assert recipe_values(args, "cuda")[0] == PIPELINE_TRAIN_GPU
+    # a flag given replaces the recipe's value on either device; --max-samples 0 is all
+    args = build_parser().parse_args(["pipeline", "--max-samples", "0", "--epochs", "2", "--batch-size", "16"])
+    values, _, given = recipe_values(args, "cpu")
+    assert (values["max_samples"], values["epochs"], values["batch_size"], given) == (None, 2, 16, ["epochs",
+                                                                                                  "max_samples"])
+    values, _, given = recipe_values(args, "cuda")
+    assert (values["max_length"], values["batch_size"], given) == (512, 16, ["batch_size", "epochs", "max_samples"])
 
 
 def test_the_report_says_the_recipe_the_batch_and_the_probe():
