@@ -57,12 +57,12 @@ PIPELINE_TRAIN_BUDGET_MIN = 9.0
 def train_recipe(device: str) -> tuple[dict, str]:
     """The main job's training recipe on `device` and why: chosen here, once; the report says it."""
     if device.startswith("cuda"):
-        r = PIPELINE_TRAIN_GPU
-        return r, (f"the seed's recipe on a GPU (every training review, {r['epochs']} epochs, up to {r['max_length']} "
+        g = PIPELINE_TRAIN_GPU
+        return g, (f"the seed's recipe on a GPU (every training review, {g['epochs']} epochs, up to {g['max_length']} "
                    "tokens; the batch size, precision and TF32 from a short probe): minutes of a GPU's time")
-    r = PIPELINE_TRAIN
-    return r, (f"the CPU cut ({r['max_samples']:,} reviews, {r['epochs']} epoch, {r['max_length']} tokens, batch "
-               f"{r['batch_size']}): the whole job in about 15 minutes of a small CPU")
+    c = PIPELINE_TRAIN
+    return c, (f"the CPU cut ({c['max_samples']:,} reviews, {c['epochs']} epoch, {c['max_length']} tokens, batch "
+               f"{c['batch_size']}): the whole job in about 15 minutes of a small CPU")
 
 
 def recipe_values(args: argparse.Namespace, device: str) -> tuple[dict, str, list[str]]:

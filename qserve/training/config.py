@@ -44,10 +44,10 @@ class TrainConfig:
     epochs: int = 1
     """Passes over the training set."""
     batch_size: int | None = field(default=None, metadata=flag(
-        default_text="auto: 16; on one CUDA device the probe's choice, up to 256"))
-    """Examples per forward pass (per device). Unset: 16, except on a single CUDA device, where a short probe of
-    real steps picks the batch (and precision) that trains fastest within memory and the run's step count, and
-    --lr is scaled with it (qserve/training/autotune.py)."""
+        default_text="16; on one CUDA device the probe's choice, up to 256"))
+    """Examples per forward pass (per device). Unset on a single CUDA device, a short probe of real steps picks
+    the batch (and precision) that trains fastest within memory and the run's step count, and --lr is scaled with
+    it (qserve/training/autotune.py)."""
     lr: float = 1e-4
     """Peak AdamW learning rate (after linear warm-up, then linear decay to 0). With --batch-size unset it is the
     rate at batch 16, scaled by sqrt(batch / 16) for the batch chosen (unchanged at 16)."""
