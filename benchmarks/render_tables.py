@@ -416,6 +416,15 @@ def stages() -> str:
         f"times in its pipeline record or `{rebuild_reports.STAGE_TIMES}`.</sub>")
 
 
+def seed_precision() -> str:
+    """The seed project's precision study (not measured here): rendered from its one copy, qserve's SEED table."""
+    from qserve.training.study import SEED, seed_table
+
+    return (f"{SEED['setup']}.\n\n" + seed_table() + "\n\n<sub>Rendered from `qserve/training/study.py` SEED (the seed "
+            f"project's [published figures]({SEED['source']}), not measured by qserve) by "
+            "`benchmarks/render_tables.py`.</sub>")
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "main-job": main_job,
     "main-job-long-text": main_job_long_text,
@@ -433,6 +442,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "flood": flood,
     "gate-multilabel": gate_multilabel,
     "checkpoint-cost": checkpoint_cost,
+    "seed-precision": seed_precision,
 }
 
 

@@ -99,7 +99,9 @@ def _read_cuda() -> dict:
         return {}
     import torch
 
-    return {"cuda": True, "cuda_name": torch.cuda.get_device_name(), "cuda_bf16": bool(torch.cuda.is_bf16_supported()),
+    # native bf16 only (Ampere+): torch's default also says yes where bf16 is emulated, and slow
+    return {"cuda": True, "cuda_name": torch.cuda.get_device_name(),
+            "cuda_bf16": bool(torch.cuda.is_bf16_supported(including_emulation=False)),
             "cuda_capability": tuple(torch.cuda.get_device_capability())}
 
 

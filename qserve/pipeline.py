@@ -41,12 +41,38 @@ from qserve.variantflags import skipped, supported
 from qserve.variants import UnsupportedVariant
 from qserve.verify import verify
 
-# Pipeline defaults, chosen so the whole job fits in ~15 minutes on 2 CPU cores and
+# Pipeline defaults on a CPU, chosen so the whole job fits in ~15 minutes on 2 CPU cores and
 # still beats 82% on held-out IMDb (see README "Measured").
 PIPELINE_TRAIN = {"max_samples": 6000, "max_length": 128, "epochs": 1, "batch_size": 16, "lr": 1e-4}
+PIPELINE_TRAIN_GPU = {"max_samples": None, "max_length": 512, "epochs": 3, "batch_size": None, "lr": 1e-4}
+"""On a GPU the seed's recipe (every training review, 3 epochs, up to 512 tokens): a few minutes of a GPU's time
+where it is hours of a CPU's. batch_size None: the probe picks it (with the precision and TF32) and scales --lr,
+the rate at batch 16, with it (qserve/training/autotune.py)."""
 PIPELINE_TRAIN_BUDGET_MIN = 9.0
 """Minutes of optimizer steps the main job trains at most: more than the full recipe takes where bf16 is native
 (docs/measurements.md), so those CPUs train it whole; a slower CPU trains the steps that fit, and says so."""
+
+
+def train_recipe(device: str) -> tuple[dict, str]:
+    """The main job's training recipe on `device` and why: chosen here, once; the report says it."""
+    if device.startswith("cuda"):
+        g = PIPELINE_TRAIN_GPU
+        return g, (f"the seed's recipe on a GPU (every training review, {g['epochs']} epochs, up to {g['max_length']} "
+                   "tokens; the batch size, precision and TF32 from a short probe): minutes of a GPU's time")
+    c = PIPELINE_TRAIN
+    return c, (f"the CPU cut ({c['max_samples']:,} reviews, {c['epochs']} epoch, {c['max_length']} tokens, batch "
+               f"{c['batch_size']}): the whole job in about 15 minutes of a small CPU")
+
+
+def recipe_values(args: argparse.Namespace, device: str) -> tuple[dict, str, list[str]]:
+    """The recipe's values with the flags given in their place (--max-samples 0: all), why the recipe, and which
+    flags replaced it."""
+    recipe, why = train_recipe(device)
+    given = {k: getattr(args, k) for k in recipe if getattr(args, k) not in (None, recipe[k])}
+    values = {**recipe, **given}
+    return {**values, "max_samples": values["max_samples"] or None}, why, sorted(given)
+
+
 PIPELINE_GATE_CANDIDATES = 3
 """The release gate scores at most this many candidates, fastest first, and stops at the first that passes."""
 PIPELINE_CALIBRATION_TEXTS = 1000
@@ -92,7 +118,7 @@ def _training_record(ckpt: Path) -> dict:
     except (OSError, ValueError):
         return {}
     keys = ("precision", "precision_choice", "time_budget", "optimizer_steps", "sizes", "test_accuracy", "val_accuracy",
-            "train_time_s", "step_time_median_s")
+            "train_time_s", "step_time_median_s", "batch_choice", "cuda_probe", "samples_per_s", "tokens_per_s")
     return {k: m[k] for k in keys if k in m}
 
 
@@ -209,9 +235,10 @@ def _gate_stage(report_dir: Path, args, device: str, force: bool) -> dict | None
 def run_pipeline(args: argparse.Namespace) -> Path:
     device = resolve_device(args.device)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.model, args.dataset)
-    cfg = TrainConfig(model=args.model, dataset=args.dataset, precision=args.precision, epochs=args.epochs,
-                      batch_size=args.batch_size, lr=args.lr, max_length=args.max_length,
-                      max_samples=args.max_samples, seed=args.seed, out=str(run_dir / "checkpoint"),
+    r, why, given = recipe_values(args, device)
+    cfg = TrainConfig(model=args.model, dataset=args.dataset, precision=args.precision, epochs=r["epochs"],
+                      batch_size=r["batch_size"], lr=r["lr"], max_length=r["max_length"],
+                      max_samples=r["max_samples"], seed=args.seed, out=str(run_dir / "checkpoint"),
                       device=device, force=args.force, checkpoint_every=args.checkpoint_every,
                       max_eval_samples=args.max_eval_samples or None,
                       train_budget=args.train_budget or None)
@@ -246,7 +273,8 @@ def run_pipeline(args: argparse.Namespace) -> Path:
     times["total"] = time.perf_counter() - t_all
 
     record_stages(report_dir, times, {"machine": capabilities(with_cuda=False).describe() if device == "cpu" else device,
-                                      "training": training, "skipped": left_out})
+                                      "training": training, "skipped": left_out,
+                                      "recipe": {"why": why, "given": given, **r}})
     print_stages(times)
     print(f"\npipeline finished in {times['total'] / 60:.1f} min\nreport: {report}", flush=True)
     return report
@@ -269,15 +297,22 @@ def register(sub) -> None:
     p.add_argument("--train-budget", type=float, default=PIPELINE_TRAIN_BUDGET_MIN, metavar="MINUTES",
                    help="train for at most this many minutes of optimizer steps, cut from the first steps' time "
                         "(default %(default)s; 0: no budget)")
-    p.add_argument("--max-samples", type=int, default=PIPELINE_TRAIN["max_samples"],
-                   help="training reviews (seeded subsample; default %(default)s)")
-    p.add_argument("--max-length", type=int, default=PIPELINE_TRAIN["max_length"], help="tokens (default %(default)s)")
+    p.add_argument("--max-samples", type=int, default=None,
+                   help=f"training reviews (seeded subsample; 0: all; default {PIPELINE_TRAIN['max_samples']} on a "
+                        "CPU, all on a GPU)")
+    p.add_argument("--max-length", type=int, default=None,
+                   help=f"tokens (default {PIPELINE_TRAIN['max_length']} on a CPU, "
+                        f"{PIPELINE_TRAIN_GPU['max_length']} on a GPU)")
     p.add_argument("--max-eval-samples", type=int, default=TrainConfig.max_eval_samples,
                    help="validation and test reviews the training stage scores, each (seeded, stratified; "
                         "default %(default)s; 0: all)")
-    p.add_argument("--epochs", type=int, default=PIPELINE_TRAIN["epochs"])
-    p.add_argument("--batch-size", type=int, default=PIPELINE_TRAIN["batch_size"])
-    p.add_argument("--lr", type=float, default=PIPELINE_TRAIN["lr"])
+    p.add_argument("--epochs", type=int, default=None,
+                   help=f"default {PIPELINE_TRAIN['epochs']} on a CPU, {PIPELINE_TRAIN_GPU['epochs']} on a GPU")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help=f"default {PIPELINE_TRAIN['batch_size']} on a CPU; on a GPU measured by the training probe")
+    p.add_argument("--lr", type=float, default=PIPELINE_TRAIN["lr"],
+                   help="peak learning rate (default %(default)s; with an automatic batch size the rate at batch 16, "
+                        "scaled by sqrt(batch / 16))")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS",
                    help="training writes a resumable checkpoint every STEPS optimizer steps, so a killed pipeline "

@@ -357,6 +357,7 @@ def _choice_lines(pipe: dict[str, Any]) -> list[str]:
         why = choice.get("reason") or "recorded before qserve recorded why"
         asked = f" (asked: `{choice['asked']}`)" if choice.get("asked") else ""
         out.append(f"- Training precision: **{training['precision']}**{asked}: {why}.")
+    out += _recipe_lines(pipe.get("recipe") or {}, training)
     budget, sizes = training.get("time_budget") or {}, training.get("sizes") or {}
     if budget:
         cut = (f"cut to **{budget['steps']} of {budget['of_steps']} optimizer steps ({budget['examples']:,} of "
@@ -373,6 +374,39 @@ def _choice_lines(pipe: dict[str, Any]) -> list[str]:
     for name, why in skipped.items():
         out.append(f"- Skipped **{name}**: {why}.")
     return out + [""]
+
+
+def _recipe_lines(recipe: dict[str, Any], training: dict[str, Any]) -> list[str]:
+    """The recipe the pipeline chose for the device and why, the batch size (and the learning rate with it), the
+    GPU probe's measurements where one ran, and the throughput the training reached."""
+    out = []
+    if recipe.get("why"):
+        n = "all" if recipe.get("max_samples") is None else f"{recipe['max_samples']:,}"
+        flags = ", ".join("--" + g.replace("_", "-") for g in recipe.get("given") or [])
+        given = f"; given: {flags}" if flags else ""
+        out.append(f"- Training recipe: {n} training examples, {recipe.get('epochs')} epoch(s), up to "
+                   f"{recipe.get('max_length')} tokens: {recipe['why']}{given}.")
+    b = training.get("batch_choice") or {}
+    if b:
+        tf32 = f"; fp32 matmuls `{b['matmul_precision']}`" if b.get("matmul_precision") else ""
+        out.append(f"- Batch size **{b['batch_size']}** (asked: `{b['asked']}`): {b['reason']}; learning rate "
+                   f"{b['lr']:.3g} ({b['lr_rule']}), warm-up {b.get('warmup_steps', '?')} of "
+                   f"{b.get('planned_steps', '?')} steps{tf32}.")
+    rate, tokens = training.get("samples_per_s"), training.get("tokens_per_s") or {}
+    if rate:
+        out.append(f"- Training throughput: {rate:,.0f} samples/s; tokens/s {_f(tokens.get('at_max_length'), 0)} at "
+                   f"max length, {_f(tokens.get('padded'), 0)} padded, {_f(tokens.get('real'), 0)} real.")
+    rows = (training.get("cuda_probe") or {}).get("rows") or []
+    if rows:
+        probe = training["cuda_probe"]
+        out += ["", f"The GPU probe ({probe.get('wall_s', '?')} s, full {probe.get('max_length')}-token batches, "
+                    "median step after a warm-up step):", ""]
+        out += _table(["batch", "candidate", "step (ms)", "samples/s", "peak memory (GB)"], [
+            [str(r["batch"]), r["candidate"]] + (["did not fit: " + r["failed"], "", ""] if "failed" in r else
+                                                 [f"{r['step_s'] * 1e3:.1f}", f"{r['samples_per_s']:,.0f}",
+                                                  _f(r.get("peak_memory_bytes") and r["peak_memory_bytes"] / 1e9)])
+            for r in rows], ["---:", "---", "---:", "---:", "---:"]) + [""]
+    return out
 
 
 BENCH_STEPS = ("import", "load", "fixed", "real_text", "accuracy", "long_text", "invariance")

@@ -1,11 +1,11 @@
 """Training examples and batches: a split encoded as training reads it, padded per batch, and evaluated.
 
-    python -c "from qserve.training.batches import PadCollate; print(PadCollate(0)([([101, 7, 102], 1), ([101, 102], 0)]))"
+    python -c "from qserve.training.batches import TokenTable; print(TokenTable([([101, 7, 102], 1), ([101, 102], 0)], 0).batch([1, 0]))"
 
 qserve/training/train.py's loop uses these for training, validation and test alike, so all three read a text
-the same way: encode_split cuts it by the long-text policy (a pair as the tokenizer truncates it),
-PadCollate pads each batch to its own longest sequence, and evaluate sums the metrics of
-qserve.problemtypes exactly over DDP ranks.
+the same way: encode_split cuts it by the long-text policy (a pair as the tokenizer truncates it), once per run,
+TokenTable keeps the result as tensors and pads each batch to its own longest sequence, and evaluate sums the
+metrics of qserve.problemtypes exactly over DDP ranks.
 """
 
 from __future__ import annotations
@@ -17,30 +17,54 @@ from qserve.longtext import split_texts
 from qserve.textpairs import split_pairs
 
 
-class PadCollate:
-    """Pad each batch to its own longest sequence (dynamic padding; order untouched)."""
+class TokenTable:
+    """A split's encoded examples as tensors, built once per run: token ids padded to the longest example, lengths,
+    targets (and token types for pairs). A batch is its rows gathered and cut to their own longest sequence
+    (dynamic padding; order untouched): the tensors a per-batch collate of the Python lists would build, at the
+    cost of one gather instead of a tensor per example. It is also the DataLoader's dataset (an item is its index)
+    and collate_fn, so the sampler, its generator and DDP sharding work on indices exactly as before.
+    """
 
-    def __init__(self, pad_id: int):
-        self.pad_id = pad_id
-
-    def __call__(self, batch: list[tuple]) -> dict[str, Any]:
+    def __init__(self, examples: list[tuple], pad_id: int):
         import torch
 
-        width = max(len(ex[0]) for ex in batch)
-        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, ex in enumerate(batch):
-            input_ids[i, : len(ex[0])] = torch.tensor(ex[0], dtype=torch.long)
-            mask[i, : len(ex[0])] = 1
-        out = {"input_ids": input_ids, "attention_mask": mask,
-               "labels": torch.tensor([ex[1] for ex in batch],  # class ids, multi-hot rows or [value]
-                                      dtype=torch.long if isinstance(batch[0][1], int) else torch.float32)}
-        if len(batch[0]) > 2:  # text pairs: (ids, target, token_type_ids), the second segment 1
-            types = torch.zeros_like(input_ids)
-            for i, ex in enumerate(batch):
-                types[i, : len(ex[2])] = torch.tensor(ex[2], dtype=torch.long)
-            out["token_type_ids"] = types
-        return out
+        n = len(examples)
+        self.lengths = torch.tensor([len(ex[0]) for ex in examples], dtype=torch.long)
+        width = int(self.lengths.max()) if n else 0
+        # int32 on the host (half of int64's memory for a long corpus); widened per batch
+        self.ids = torch.full((n, width), pad_id, dtype=torch.int32)
+        self.types = torch.zeros((n, width), dtype=torch.int32) if n and len(examples[0]) > 2 else None
+        for i, ex in enumerate(examples):
+            self.ids[i, : len(ex[0])] = torch.tensor(ex[0], dtype=torch.int32)
+            if self.types is not None:
+                self.types[i, : len(ex[2])] = torch.tensor(ex[2], dtype=torch.int32)
+        # class ids, multi-hot rows or [value]
+        kind = torch.long if n and isinstance(examples[0][1], int) else torch.float32
+        self.targets = torch.tensor([ex[1] for ex in examples], dtype=kind)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+    def batch(self, indices: list[int], pin: bool = False) -> dict[str, Any]:
+        """input_ids, attention_mask, labels (and token_type_ids for pairs) of these rows, padded to their longest;
+        pin: in page-locked memory, so the copy to the GPU is asynchronous."""
+        import torch
+
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        lengths = self.lengths.index_select(0, idx)
+        width = int(lengths.max()) if len(idx) else 0
+        # index_select, then the slice: an advanced index with a slice (ids[idx, :w]) is many times slower
+        out = {"input_ids": self.ids.index_select(0, idx)[:, :width].long(),
+               "attention_mask": (torch.arange(width) < lengths[:, None]).long(),
+               "labels": self.targets.index_select(0, idx)}
+        if self.types is not None:  # text pairs: the second segment 1
+            out["token_type_ids"] = self.types.index_select(0, idx)[:, :width].long()
+        return {k: v.pin_memory() for k, v in out.items()} if pin else out
+
+    __call__ = batch  # the DataLoader's collate_fn (pinning, on CUDA, is the DataLoader's own)
 
 
 def batch_inputs(batch: dict[str, Any]) -> dict[str, Any]:
@@ -60,8 +84,7 @@ def encode_split(tok, split, max_length: int, policy: str, problem: str, k: int)
     return list(zip(split_texts(tok, split.texts, policy, max_length).ids, targets))
 
 
-def evaluate(fabric, model, examples: list[tuple[list[int], Any]], batch_size: int, pad_id: int,
-             problem: str = SINGLE) -> dict[str, float]:
+def evaluate(fabric, model, examples: TokenTable, batch_size: int, problem: str = SINGLE) -> dict[str, float]:
     """Metrics (qserve.problemtypes.finish_sums) and mean loss over `examples`, sharded over ranks and summed exactly.
 
     Each rank gets the same number of batches (short shards are padded with weight-0
@@ -74,14 +97,14 @@ def evaluate(fabric, model, examples: list[tuple[list[int], Any]], batch_size: i
     per_rank = -(-len(examples) // ws)
     weights = [1.0] * len(idx) + [0.0] * (per_rank - len(idx))
     idx += [0] * (per_rank - len(idx))
-    collate = PadCollate(pad_id)
+    pin = fabric.device.type == "cuda"
     sums: dict[str, Any] = {}
     loss_sum = torch.zeros((), dtype=torch.float64, device=fabric.device)
     model.eval()
     with torch.no_grad():
         for start in range(0, per_rank, batch_size):
             chunk = idx[start:start + batch_size]
-            batch = fabric.to_device(collate([examples[i] for i in chunk]))
+            batch = fabric.to_device(examples.batch(chunk, pin=pin))
             w = torch.tensor(weights[start:start + batch_size], dtype=torch.float64, device=fabric.device)
             logits = model(**batch_inputs(batch)).logits.float()
             loss_sum += (loss(logits, batch["labels"], problem, reduction="none").double() * w).sum()

@@ -47,15 +47,20 @@ class TrainConfig:
     MSE). Default: from the data file: a list of labels per row -> multi, a non-integer number -> regression."""
     precision: str = field(default=AUTO, metadata=flag(
         choices=PRECISION_CHOICES, repeat=True, default_text="auto; with --compare, all the device supports"))
-    """Training precision: auto (what this device runs fast: bf16-mixed on GPUs with bf16 and on CPUs with AMX or
-    avx512_bf16, 16-mixed on older GPUs, 32-true on other CPUs; measured and said), 32-true, 16-mixed (CUDA only),
-    bf16-mixed or bf16-true. With --compare, give it several times to choose the precisions compared."""
+    """Training precision: auto (what this device runs fast, measured and said: on one GPU a probe of real steps
+    picks bf16-mixed (16-mixed without bf16) or 32-true with TF32; on CPUs bf16-mixed with AMX or avx512_bf16,
+    else 32-true), 32-true, 16-mixed (CUDA only), bf16-mixed or bf16-true. With --compare, give it several times
+    to choose the precisions compared."""
     epochs: int = 1
     """Passes over the training set."""
-    batch_size: int = 16
-    """Examples per forward pass (per device)."""
+    batch_size: int | None = field(default=None, metadata=flag(
+        default_text="16; on one CUDA device the probe's choice, up to 256"))
+    """Examples per forward pass (per device). Unset on a single CUDA device, a short probe of real steps picks
+    the batch (and precision) that trains fastest within memory and the run's step count, and --lr is scaled with
+    it (qserve/training/autotune.py)."""
     lr: float = 1e-4
-    """Peak AdamW learning rate (after linear warm-up, then linear decay to 0)."""
+    """Peak AdamW learning rate (after linear warm-up, then linear decay to 0). With --batch-size unset it is the
+    rate at batch 16, scaled by sqrt(batch / 16) for the batch chosen (unchanged at 16)."""
     weight_decay: float = 0.01
     """AdamW weight decay (not applied to biases and LayerNorm weights)."""
     warmup_ratio: float = 0.1
@@ -95,7 +100,8 @@ class TrainConfig:
     strategy: str = "auto"
     """Fabric strategy: auto, ddp, ddp_spawn, fsdp, ..."""
     matmul_precision: str | None = field(default=None, metadata=flag(choices=MATMUL_PRECISIONS))
-    """torch.set_float32_matmul_precision: highest, high (TF32 on Ampere+) or medium."""
+    """torch.set_float32_matmul_precision: highest, high (TF32 on Ampere+) or medium. Unset: torch's default
+    (highest), except where --precision auto measures 32-true with TF32 fastest on a GPU and trains so."""
     force: bool = False
     """Replace an existing output directory (and start an unfinished run over, whatever its config)."""
     checkpoint_every: int | None = field(default=None, metadata=flag(default_text="about every 5 min of training"))
@@ -142,7 +148,7 @@ def validate(cfg: TrainConfig) -> None:
     for name, low in (("epochs", 1), ("batch_size", 1), ("grad_accum", 1), ("max_length", 8), ("devices", 1),
                       ("num_workers", 0), ("checkpoint_every", 0)):
         v = getattr(cfg, name)
-        if v is None and name == "checkpoint_every":
+        if v is None and name in ("checkpoint_every", "batch_size"):
             continue
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise QserveError(f"--{name.replace('_', '-')} must be an integer >= {low} (got {v!r})")

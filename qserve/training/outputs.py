@@ -30,6 +30,13 @@ def metrics(fabric, cfg, data, device, base_name, t0, train_time, step_times, se
 
         hw["gpu"] = torch.cuda.get_device_name(fabric.device)
     timed = step_times[1:] if len(step_times) > 1 else step_times  # the first step pays one-off warm-up
+    samples_per_s = seen / train_time if train_time else None
+    tokens = opt.get("tokens") or {}
+    # samples/s x max_length counts every text as max_length tokens (the issue's yardstick: an upper bound on the
+    # work); padded counts what the batches held (what the model computed), real the texts' own tokens
+    rates = {"at_max_length": round(samples_per_s * cfg.max_length, 1) if samples_per_s else None,
+             **{k: round(tokens[k] / train_time, 1) if train_time and k in tokens else None
+                for k in ("padded", "real")}}
     return {
         "model_name": f"{base_name}-{data.info['short_name']}", "base_model": base_name, "dataset": data.name,
         "bf16_update": cfg.bf16_update if opt["precision"] == "bf16-true" else None,
@@ -37,7 +44,7 @@ def metrics(fabric, cfg, data, device, base_name, t0, train_time, step_times, se
         "wall_time_s": round(time.perf_counter() - t0, 3), "train_time_s": round(train_time, 3),
         "optimizer_steps": len(step_times),
         "step_time_median_s": round(statistics.median(timed), 6) if timed else None,
-        "samples_per_s": round(seen / train_time, 3) if train_time else None,
+        "samples_per_s": round(samples_per_s, 3) if samples_per_s else None, "tokens_per_s": rates,
         **peak_memory(device, rss_peak),
         "train_loss_last_epoch": round(last_loss, 6), "problem_type": data.problem_type,
         # val_/test_ accuracy (+ label_accuracy for multi-label), or mae and rmse (regression), and loss

@@ -94,7 +94,8 @@ def choose_precision(asked: str, device: str, caps: Capabilities | None = None,
                      probe: Callable[[], dict[str, Any]] = probe_bf16) -> PrecisionChoice:
     """The training precision for `asked` on `device`: an explicit one as it is; `auto` by the device.
 
-    CUDA with bf16 -> bf16-mixed (the seed's recipe); CUDA without -> 16-mixed; a CPU with AMX or avx512_bf16 ->
+    CUDA with bf16 -> bf16-mixed; CUDA without -> 16-mixed (where nothing is measured: several devices, the
+    study's reference; one GPU's run measures instead, qserve.training.autotune); a CPU with AMX or avx512_bf16 ->
     bf16-mixed; any other CPU -> 32-true. On a CPU the probe (`probe_bf16`, a few seconds at most) measures
     bf16-mixed against 32-true: the flags decide where they can be read (a measurement of seconds on a shared
     machine is noisier than an instruction set), the probe's numbers are the reason given, and where the flags
@@ -105,12 +106,13 @@ def choose_precision(asked: str, device: str, caps: Capabilities | None = None,
             raise QserveError(f"--precision must be one of {', '.join(PRECISION_CHOICES)} (got {asked!r})")
         return PrecisionChoice(asked, asked, "asked for with --precision")
     caps = caps or capabilities(with_cuda=device.startswith("cuda"))
-    if device.startswith("cuda"):
+    if device.startswith("cuda"):  # unmeasured: a single-GPU run measures (training/autotune.py), DDP takes this
         sm = f"sm_{caps.cuda_capability[0]}{caps.cuda_capability[1]}" if caps.cuda_capability else "?"
         if caps.cuda_bf16:
-            return PrecisionChoice("bf16-mixed", AUTO, f"this GPU ({caps.cuda_name}, {sm}) runs bf16 natively")
+            return PrecisionChoice("bf16-mixed", AUTO, f"this GPU ({caps.cuda_name}, {sm}) runs bf16 natively "
+                                                       "(not measured)")
         return PrecisionChoice("16-mixed", AUTO, f"this GPU ({caps.cuda_name}, {sm}) has no bf16: fp16 autocast "
-                                                 "with loss scaling")
+                                                 "with loss scaling (not measured)")
     bf16 = caps.has("bf16")
     m = probe()
     if bf16 is False:
@@ -129,8 +131,12 @@ BF16_UPDATES = ("compensated", "plain")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 
 
-def build_optimizer(groups: list[dict[str, Any]], precision: str, bf16_update: str, lr: float):
+def build_optimizer(groups: list[dict[str, Any]], precision: str, bf16_update: str, lr: float, fused: bool = False):
     """AdamW for `precision`; bf16-true gets one whose small updates still land on bf16 weights.
+
+    fused (qserve asks for it on CUDA): torch's fused AdamW for fp32 weights, one kernel per parameter group
+    instead of a few per tensor: a small model's optimizer step is launch-bound on a GPU, and GradScaler (16-mixed)
+    hands it the inf check on the device instead of a host sync. The CPU keeps torch's default implementation.
 
     torch's AdamW on bf16 parameters computes and stores in bf16, and `p - lr * m / sqrt(v)`
     rounds to the nearest bf16: with lr 1e-4 most updates are below half an ulp and vanish.
@@ -142,7 +148,9 @@ def build_optimizer(groups: list[dict[str, Any]], precision: str, bf16_update: s
     """
     import torch
 
-    if precision != "bf16-true" or bf16_update == "plain":
+    if precision != "bf16-true":
+        return torch.optim.AdamW(groups, lr=lr, fused=True) if fused else torch.optim.AdamW(groups, lr=lr)
+    if bf16_update == "plain":
         return torch.optim.AdamW(groups, lr=lr)
     from optimi import AdamW
 

@@ -3,8 +3,8 @@
     python -m pytest tests/integration/test_resume.py -q
 
 While it trains, `qserve train` keeps two files in its out dir: `train_started.json` (the config the run
-was started with, written once before the first step) and `resume.ckpt` (the latest resumable state,
-replaced every --checkpoint-every optimizer steps). The checkpoint is written by fabric.save to
+was started with and what `auto` decided for it, written once before the first step) and `resume.ckpt`
+(the latest resumable state, replaced every --checkpoint-every optimizer steps). The checkpoint is written by fabric.save to
 `resume.ckpt.partial`, fsynced, then renamed over the previous one, so a kill at any moment leaves
 either the old checkpoint or the new one, never half of one. It holds the model, the optimizer (moments,
 and bf16-true's Kahan compensation buffers, which are optimizer state), the LR scheduler, the gradient
@@ -42,6 +42,8 @@ STARTED = "train_started.json"
 FINISHED = "train_metrics.json"
 PARTIAL_SUFFIX = ".partial"
 KILL_ENV = "QSERVE_TEST_CHECKPOINT_KILL"
+DECIDED = "auto_decided"
+"""The key of train_started.json beside the config fields: the choices the run started with (not a field)."""
 DEFAULT_INTERVAL_S = 300.0  # --checkpoint-every unset: about one checkpoint per 5 minutes of training
 # Fields that say where or how a run is driven, not what it trains: a resume may change them.
 RUN_CONTROL = frozenset({"out", "force", "resume", "checkpoint_every"})
@@ -54,6 +56,8 @@ class Plan:
     action: str  # "fresh" | "resume" | "finished"
     out: Path
     finished_metrics: dict[str, Any] | None = None
+    decided: dict[str, Any] | None = None
+    """For a resume: the choices the run started with (autotune.RunChoices.to_json), None if it recorded none."""
 
 
 @dataclass
@@ -77,6 +81,8 @@ class Progress:
     saved: int = 0  # checkpoints written so far, this one included
     checkpoints: list[float] = field(default_factory=list)  # seconds each checkpoint write took
     planned_steps: int = 0  # the steps a time budget allows (0: no budget, or not planned yet)
+    tokens: int = 0  # real (unpadded) tokens trained on
+    padded_tokens: int = 0  # tokens the batches held, padding included (what the model computed)
 
 
 def _jsonable(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -118,6 +124,7 @@ def plan(out: Path, cfg: dict[str, Any], defaults: dict[str, Any], resume: bool 
         if force:
             return Plan("fresh", out)
         have = json.loads(started.read_text(encoding="utf-8"))
+        decided = have.pop(DECIDED, None)
         diff = config_diff(cfg, have, defaults)
         if diff:
             raise QserveError(f"{out} holds an unfinished run started with another config "
@@ -128,7 +135,7 @@ def plan(out: Path, cfg: dict[str, Any], defaults: dict[str, Any], resume: bool 
                 raise QserveError(f"--resume: {out} holds an unfinished run with no checkpoint yet; "
                                   "leave --resume out (or pass --no-resume) to start it over")
             return Plan("fresh", out)
-        return Plan("resume", out)
+        return Plan("resume", out, decided=decided)
     if resume:
         raise QserveError(f"--resume: {out} holds no unfinished run to resume; allowed: --no-resume, or leave "
                           "--resume out to start a new run")
@@ -136,12 +143,13 @@ def plan(out: Path, cfg: dict[str, Any], defaults: dict[str, Any], resume: bool 
     return Plan("fresh", out)
 
 
-def record_start(out: Path, cfg: dict[str, Any]) -> None:
-    """Claim `out` for this run (rank 0): the config it was started with; a stale checkpoint goes."""
+def record_start(out: Path, cfg: dict[str, Any], decided: dict[str, Any] | None = None) -> None:
+    """Claim `out` for this run (rank 0): the config it was started with and, under DECIDED, what `auto` decided
+    (a probe's measured choice is not measured again on resume); a stale checkpoint goes."""
     out.mkdir(parents=True, exist_ok=True)
     for stale in (out / CHECKPOINT, out / (CHECKPOINT + PARTIAL_SUFFIX)):
         stale.unlink(missing_ok=True)
-    write_json_atomic(out / STARTED, _jsonable(cfg))
+    write_json_atomic(out / STARTED, _jsonable({**cfg, **({DECIDED: decided} if decided is not None else {})}))
 
 
 def auto_interval(step_times: list[float], interval_s: float = DEFAULT_INTERVAL_S) -> int | None:

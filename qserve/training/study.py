@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
-from qserve.devices import cpu_info, resolve_device
+from qserve.devices import capabilities, cpu_info, resolve_device
 from qserve.files import library_versions, now_iso, refuse_existing, write_json_atomic, write_text_atomic
 from qserve.provenance import provenance, with_header
 from qserve.training.config import split_seed, validate
+from qserve.training.autotune import BASE_BATCH
 from qserve.training.precision import AUTO, BF16_UPDATES, PRECISIONS, PRECISION_CHOICES, choose_precision
 from qserve.training.train import config_from_args
 
@@ -38,25 +39,42 @@ KEPT = ("train_time_s", "wall_time_s", "optimizer_steps", "step_time_median_s", 
         "peak_memory_kind", "val_accuracy", "test_accuracy", "sizes", "device", "model_name", "optimizer",
         "optimizer_state_bytes", "optimizer_step_median_s")
 
-# The seed project's published numbers (not measured by qserve): DistilBERT-base,
-# IMDb 35k train reviews, 3 epochs, batch 12, one A100.
-REFERENCE = {
-    "setup": "DistilBERT-base (66M), IMDb 35k train, 3 epochs, batch 12, NVIDIA A100 (seed project, not ours)",
-    "runs": {
-        "32-true": {"train_time_min": 21.75, "peak_memory_gb": 5.37, "test_accuracy": 0.8992},
-        "16-mixed": {"train_time_min": 7.25, "peak_memory_gb": 4.31, "test_accuracy": 0.9215},
-        "bf16-mixed": {"train_time_min": 7.45, "peak_memory_gb": 4.46, "test_accuracy": 0.9261},
-        "bf16-true": {"train_time_min": 5.22, "peak_memory_gb": 2.87, "test_accuracy": 0.9269},
-    },
+SEED: dict[str, Any] = {
+    "source": "https://github.com/rasbt/LLM-finetuning-scripts/blob/main/conventional/distilbert-movie-review/"
+              "mixed-precision-experiment/README.md",
+    "setup": "DistilBERT-base (66M parameters) on IMDb (35k train, 5k val, 10k test), 3 epochs, batch 12, torch Adam "
+             "lr 5e-5, every text padded to 512 tokens, one NVIDIA A100; time includes each epoch's validation, "
+             "memory is torch.cuda.max_memory_reserved",
+    "runs": [
+        {"precision": "32-true", "matmul": "highest", "train_time_min": 21.75, "peak_memory_gb": 5.37,
+         "test_accuracy": 0.8992},
+        {"precision": "16-mixed", "matmul": "highest", "train_time_min": 7.25, "peak_memory_gb": 4.31,
+         "test_accuracy": 0.9215},
+        {"precision": "bf16-mixed", "matmul": "highest", "train_time_min": 7.45, "peak_memory_gb": 4.46,
+         "test_accuracy": 0.9261},
+        {"precision": "16-true", "matmul": "highest", "train_time_min": 5.23, "peak_memory_gb": 2.87,
+         "test_accuracy": 0.5008, "note": "diverged: the loss went NaN"},
+        {"precision": "bf16-true", "matmul": "highest", "bf16_update": "plain", "train_time_min": 5.22,
+         "peak_memory_gb": 2.87, "test_accuracy": 0.9269, "note": "plain Adam on bf16 weights"},
+        {"precision": "64-true", "matmul": "highest", "train_time_min": 24.59, "peak_memory_gb": 10.42,
+         "test_accuracy": 0.9214},
+        {"precision": "32-true", "matmul": "high", "train_time_min": 8.11, "peak_memory_gb": 5.37,
+         "test_accuracy": 0.9250},
+        {"precision": "16-mixed", "matmul": "high", "train_time_min": 7.10, "peak_memory_gb": 4.31,
+         "test_accuracy": 0.9215},
+        {"precision": "bf16-mixed", "matmul": "high", "train_time_min": 7.43, "peak_memory_gb": 4.46,
+         "test_accuracy": 0.9261},
+    ],
 }
+"""The seed project's published precision study (Sebastian Raschka's mixed-precision experiment; not measured by
+qserve): the one place its numbers live. The study's report and docs/training.md (benchmarks/render_tables.py)
+render them from here, beside ours, as ratios to its own 32-true."""
 
 
 def supported_precisions(device: str) -> list[str]:
     if device == "cpu":
         return [p for p in PRECISIONS if p != "16-mixed"]
-    import torch
-
-    return [p for p in PRECISIONS if not p.startswith("bf16") or torch.cuda.is_bf16_supported()]
+    return [p for p in PRECISIONS if not p.startswith("bf16") or capabilities(with_cuda=True).cuda_bf16]
 
 
 def child_argv(cfg, precision: str, out: Path) -> list[str]:
@@ -81,6 +99,8 @@ def label(run: dict[str, Any]) -> str:
     name = run["precision"]
     if run["precision"] == "bf16-true":
         name += f" ({run['bf16_update']})"
+    if run.get("matmul_precision"):
+        name += " (TF32)" if run["matmul_precision"] == "high" else f" (matmul {run['matmul_precision']})"
     return name + (f", seed {run['seed']}" if run.get("noise") else "")
 
 
@@ -113,6 +133,10 @@ def plan(cfg, precisions: list[str] | None, device: str, bf16_updates: list[str]
     for p in chosen:
         for u in (updates if p == "bf16-true" else [cfg.bf16_update]):
             runs.append({"precision": p, "bf16_update": u, "seed": cfg.seed, "noise": False})
+        if p == "32-true" and device.startswith("cuda") and cfg.matmul_precision is None:
+            # the seed's table has 32-true at both matmul precisions, and TF32 is what a GPU's auto weighs
+            runs.append({"precision": p, "bf16_update": cfg.bf16_update, "seed": cfg.seed, "noise": False,
+                         "matmul_precision": "high"})
     if noise_precision == "none":
         return runs
     if noise_precision is None:
@@ -150,6 +174,9 @@ def compare(cfg, precisions: list[str] | None, out_dir, bf16_updates: list[str] 
     step times more than precisions differ (two bf16-mixed seeds read 0.81 and 0.95 s on one study).
     """
     validate(cfg)
+    if cfg.batch_size is None:  # one batch for every precision: a study compares precisions, not batches
+        cfg = replace(cfg, batch_size=BASE_BATCH)
+        print(f"every run at --batch-size {BASE_BATCH} (give --batch-size to study another)", flush=True)
     if isinstance(step_rounds, bool) or not isinstance(step_rounds, int) or step_rounds < 0:
         raise QserveError(f"--step-rounds must be an integer >= 0 (got {step_rounds!r})")
     if isinstance(step_samples, bool) or not isinstance(step_samples, int) or step_samples < 3 * cfg.batch_size:
@@ -163,7 +190,7 @@ def compare(cfg, precisions: list[str] | None, out_dir, bf16_updates: list[str] 
     base: dict[str, Any] = {"device": device, "cpu": cpu_info(), "provenance": provenance(), "precisions": list(dict.fromkeys(r["precision"] for r in todo)),
             "config": {f.name: getattr(cfg, f.name) for f in fields(cfg)
                        if f.name not in ("precision", "out", "force", "bf16_update")},
-            "reference": REFERENCE, "versions": library_versions()}
+            "reference": SEED, "versions": library_versions()}  # recorded as compared; rendered from SEED
     base["step_rounds"] = {"rounds": step_rounds, "samples": step_samples} if step_rounds else None
     with tempfile.TemporaryDirectory(prefix="qserve-precision-") as tmp:
         def write(complete: bool) -> dict[str, Any]:
@@ -199,7 +226,8 @@ def compare(cfg, precisions: list[str] | None, out_dir, bf16_updates: list[str] 
 def _child(cfg, spec: dict[str, Any], out: Path, name: str) -> tuple[dict[str, Any] | None, int]:
     """One `python -m qserve.training.train` child for spec: (its train_metrics.json, exit code); None if it failed."""
     run_cfg = replace(cfg, bf16_update=spec["bf16_update"], seed=spec["seed"],
-                      data_seed=spec.get("data_seed", cfg.data_seed))
+                      data_seed=spec.get("data_seed", cfg.data_seed),
+                      matmul_precision=spec.get("matmul_precision") or cfg.matmul_precision)
     argv = child_argv(run_cfg, spec["precision"], out)
     print(f"== {name}: {' '.join(argv[1:])}", file=sys.stderr, flush=True)
     proc = subprocess.run(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"}, check=False)
@@ -235,7 +263,10 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 gaps[r["label"]] = {"test_accuracy_minus_bf16_mixed": round(gap, 6),
                                     "exceeds_noise": None if noise is None
                                     else abs(gap) > noise["test_accuracy_abs_diff"]}
-    by = {r["precision"]: r for r in main if r["precision"] != "bf16-true" or r["bf16_update"] != "plain"}
+    by: dict[str, dict[str, Any]] = {}
+    for r in main:  # a precision's first run (not the TF32 one after 32-true, not plain bf16-true)
+        if r["precision"] != "bf16-true" or r["bf16_update"] != "plain":
+            by.setdefault(r["precision"], r)
     return {"bf16_mixed_over_32_true_step_time": by.get("bf16-mixed", {}).get("step_time_vs_32_true"),
             "noise": noise, "gaps_to_bf16_mixed": gaps, **_interleaved(main, by)}
 
@@ -273,6 +304,66 @@ def _fmt(v, spec: str, scale: float = 1.0) -> str:
 
 def _amx(cpu: dict[str, Any]) -> str:
     return "with AMX (amx_bf16)" if "amx_bf16" in cpu.get("flags", []) else "no AMX"
+
+
+SEED_HEAD = ["run", "train time (min)", "vs 32-true", "peak memory (GB)", "vs 32-true", "test acc",
+             "seed: train time (min)", "vs 32-true", "peak memory (GB)", "vs 32-true", "test acc"]
+
+
+def _matmul(run: dict[str, Any], cfg: dict[str, Any]) -> str:
+    return run.get("matmul_precision") or cfg.get("matmul_precision") or "highest"  # torch's default
+
+
+def _seed_key(r: dict[str, Any]) -> tuple[str, str, str | None]:
+    return r["precision"], r["matmul"], r.get("bf16_update") if r["precision"] == "bf16-true" else None
+
+
+def seed_rows(study: dict[str, Any]) -> list[list[str]]:
+    """Our runs (first seed) and the seed's, one row per (precision, matmul precision, bf16-true update), each
+    side's time and memory also as a ratio to its own 32-true; the seed's bf16-true ran plain Adam."""
+    cfg = study.get("config") or {}
+    ours = {(r["precision"], _matmul(r, cfg), r["bf16_update"] if r["precision"] == "bf16-true" else None): r
+            for r in study["runs"] if r.get("ok") and not r.get("noise")}
+    seed = {_seed_key(r): r for r in SEED["runs"]}
+    base = ours.get(("32-true", "highest", None)) or {}
+    sbase = seed[("32-true", "highest", None)]
+
+    def ratio(v, b) -> str:
+        return f"{v / b:.2f}x" if v and b else "—"
+
+    rows = []
+    for key in list(ours) + [k for k in seed if k not in ours]:
+        o, r = ours.get(key), seed.get(key)
+        name = o["label"] if o else (f"{key[0]}" + (" (TF32)" if key[1] == "high" else "")
+                                     + (f" ({key[2]})" if key[2] else "") + " (seed only)")
+        mine = (["—"] * 5 if o is None else
+                [_fmt(o.get("train_time_s"), ".2f", 1 / 60), ratio(o.get("train_time_s"), base.get("train_time_s")),
+                 _fmt(o.get("peak_memory_bytes"), ".2f", 1e-9),
+                 ratio(o.get("peak_memory_bytes"), base.get("peak_memory_bytes")),
+                 _fmt(o.get("test_accuracy"), ".2%")])
+        theirs = (["—"] * 5 if r is None else
+                  [f"{r['train_time_min']:.2f}", ratio(r["train_time_min"], sbase["train_time_min"]),
+                   f"{r['peak_memory_gb']:.2f}", ratio(r["peak_memory_gb"], sbase["peak_memory_gb"]),
+                   f"{r['test_accuracy']:.2%}" + (f" ({r['note']})" if r.get("note") else "")])
+        rows.append([name, *mine, *theirs])
+    return rows
+
+
+def seed_table() -> str:
+    """The seed's study alone, with its ratios to its own 32-true (docs/training.md renders it from SEED)."""
+    sbase = next(r for r in SEED["runs"] if (r["precision"], r["matmul"]) == ("32-true", "highest"))
+    rows = [[r["precision"] + (" (TF32)" if r["matmul"] == "high" else ""), f"{r['train_time_min']:.2f}",
+             f"{r['train_time_min'] / sbase['train_time_min']:.2f}x", f"{r['peak_memory_gb']:.2f}",
+             f"{r['peak_memory_gb'] / sbase['peak_memory_gb']:.2f}x", f"{r['test_accuracy']:.2%}", r.get("note", "")]
+            for r in SEED["runs"]]
+    head = ["precision", "train time (min)", "vs 32-true", "peak memory (GB)", "vs 32-true", "test acc", "note"]
+    return "\n".join(_table(head, rows, text_last=True))
+
+
+def _table(head: list[str], rows: list[list[str]], text_last: bool = False) -> list[str]:
+    numbers = len(head) - 1 - text_last
+    return (["| " + " | ".join(head) + " |", "|---|" + "---:|" * numbers + "---|" * text_last]
+            + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def render_markdown(study: dict[str, Any]) -> str:
@@ -337,11 +428,9 @@ def render_markdown(study: dict[str, Any]) -> str:
         for name, g in gaps.items():
             exceeds = {None: "—", True: "yes", False: "no"}[g["exceeds_noise"]]
             lines.append(f"| {name} | {g['test_accuracy_minus_bf16_mixed'] * 100:+.2f} | {exceeds} |")
-    lines += ["", "## Reference: the seed project's A100 figures (not measured by qserve)", "",
-              f"{study['reference']['setup']}.", "",
-              "| precision | train time (min) | peak memory (GB) | test acc |", "|---|---:|---:|---:|"]
-    for p, r in study["reference"]["runs"].items():
-        lines.append(f"| {p} | {r['train_time_min']:.2f} | {r['peak_memory_gb']:.2f} | {r['test_accuracy']:.2%} |")
-    lines += ["", "Different model, data size, epochs and hardware: compare the ratios between precisions, "
-              "not the absolute numbers.", ""]
+    lines += ["", "## Beside the seed (its A100 figures, not measured by qserve)", "",
+              f"The seed project's study ([source]({SEED['source']})): {SEED['setup']}. Another model, data size, "
+              "recipe and GPU: compare the ratios to each table's own 32-true, not the absolute numbers. Ours: "
+              f"train time excludes validation; peak memory is {kind}.", ""]
+    lines += _table(SEED_HEAD, seed_rows(study)) + [""]
     return "\n".join(lines)

@@ -15,6 +15,7 @@ import pytest
 
 from qserve import QserveError
 from qserve.training.config import FILES_WRITTEN, TrainConfig
+from qserve.training.study import SEED
 from qserve.training.train import train
 
 POS = ["great", "wonderful", "superb", "loved", "brilliant"]
@@ -255,9 +256,11 @@ def test_study_runs_each_precision_in_a_child(tiny_checkpoint, separable_csv, tm
     md = (tmp_path / "report" / "precision_study.md").read_text()
     assert "Step time, interleaved: after the full runs, 1 round(s)" in md
     assert "| bf16-mixed | torch.AdamW |" in md and "Run-to-run noise: bf16-mixed with seeds 42 and 43" in md
-    assert "not measured by qserve" in md and "| bf16-true | 5.22 | 2.87 | 92.69% |" in md
+    assert "not measured by qserve" in md
+    assert "| 5.22 | 0.24x | 2.87 | 0.53x | 92.69% (plain Adam on bf16 weights) |" in md  # the seed's bf16-true
+    assert "| bf16-mixed | " in md.split("## Beside the seed")[1]  # ours beside the seed's, as ratios
     assert ("with AMX" in md) == ("amx_bf16" in study["cpu"]["flags"])
-    assert json.loads((tmp_path / "report" / "precision_study.json").read_text())["reference"]["runs"]
+    assert json.loads((tmp_path / "report" / "precision_study.json").read_text())["reference"] == SEED
     with pytest.raises(QserveError, match="already exists"):
         compare(cfg, ["32-true"], tmp_path / "report")
     with pytest.raises(QserveError, match=r"--step-samples must be an integer >= 3 x --batch-size \(48\)"):
