@@ -23,7 +23,7 @@ from qserve.runtime.base import Classification
 from qserve.runtime.contract import ModelRuntime
 from qserve.serve.core.batcher import Batcher, InferFn
 from qserve.serve.infra.config import ServeConfig
-from qserve.serve.core.errors import ApiError
+from qserve.serve.infra.errors import ApiError
 from qserve.serve.infra.metrics import ModelMetrics
 from qserve.serve.core.repository import Selection
 from qserve.serve.core.shadow import Shadow

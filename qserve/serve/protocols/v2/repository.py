@@ -15,7 +15,7 @@ print(c.get_model_repository_index()); c.load_model('onnx-int8'); c.unload_model
   what it already accepted finishes first.
 All three sit behind the API key when one is set (the guard checks every route but the probes).
 Under the Ray engine a call reaches one replica and applies to that replica only. The gRPC service
-(grpc_v2.py: RepositoryIndex, RepositoryModelLoad, RepositoryModelUnload) calls the same functions
+(grpc_service.py: RepositoryIndex, RepositoryModelLoad, RepositoryModelUnload) calls the same functions
 below (index, load, unload), behind the same key.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 
 from fastapi import Request
 
-from qserve.serve.core.errors import ApiError
+from qserve.serve.infra.errors import ApiError
 from qserve.serve.core.schemas import ErrorResponse
 from qserve.serve.core.state import ServeState
 from qserve.serve.protocols.spec import Endpoint, Route
@@ -117,7 +117,7 @@ def _unload(st: ServeState) -> Endpoint:
     return repository_unload
 
 
-# V2's routes (v2.py declares the protocol they belong to)
+# V2's routes (protocol.py declares the protocol they belong to)
 ROUTES = (
     Route("POST", "/v2/repository/index", _index, dict(
         tags=["v2 repository"], responses=ERRORS, openapi_extra=BODY,
