@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qserve import QserveError
+from qserve.extras import require
 from qserve.modeling import model_inputs
 from qserve.variants import REGISTRY, OnnxOptions, VariantSpec, option_defaults
 from exporters import rowwise, smoothing
@@ -97,11 +98,7 @@ def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, A
 
 
 def _require_onnxruntime() -> None:
-    try:
-        import onnxruntime  # noqa: F401
-    except ImportError as e:
-        raise QserveError(f"ONNX variants need onnxruntime: pip install 'qserve[cpu]' "
-                          f"(or 'qserve[gpu]' for CUDA) ({e})") from e
+    require("onnxruntime", "ONNX variants")
 
 
 def _read_config(model_dir: Path) -> dict[str, Any]:

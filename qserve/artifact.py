@@ -198,11 +198,6 @@ class Manifest:
         value = (self.calibration or {}).get("thresholds")
         return None if value is None else tuple(float(x) for x in value)
 
-    @property
-    def gate_passed(self) -> bool:
-        """Whether the manifest holds a passing gate verdict."""
-        return bool((self.gate or {}).get("passed"))
-
     def record(self, key: str) -> dict[str, Any]:
         """A backend's record ({} when absent)."""
         return self.records.get(key) or {}

@@ -34,7 +34,6 @@ FAMILY_COLOURS = {"torch": "#0072B2", "onnx": "#E69F00", "openvino": "#009E73", 
 SPARE_COLOURS = ("#D55E00", "#56B4E9", "#000000", "#F0E442")
 PRECISION_MARKERS = {"fp32": "o", "bf16": "s", "fp16": "D", "int8": "^", "int4": "v", "nf4": "P", "fp4": "X"}
 SPARE_MARKERS = ("h", "p", "*", "<", ">", "d", "8", "H")
-FAMILY_NAMES = {"torch": "PyTorch", "onnx": "ONNX Runtime", "openvino": "OpenVINO", "bnb": "bitsandbytes"}
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from qserve import QserveError
+from qserve.extras import require
 from qserve.data.local import LOCAL_SUFFIXES, TEXT_PAIR_COLUMN, read_local
 from qserve.problemtypes import MULTI, REGRESSION, SINGLE, Label, short, stratum
 
@@ -279,12 +280,9 @@ def _load_local(path: Path, seed: int, max_samples: int | None, max_eval_samples
 # -- Hugging Face hub -----------------------------------------------------------------
 
 def _load_hub(name: str, seed: int, max_samples: int | None, max_eval_samples: int | None) -> DatasetSplits:
-    try:
-        import datasets
-    except ImportError:
-        raise QserveError(f"--dataset {name!r} is not an embedded dataset ({', '.join(['default', *EMBEDDED])}) "
-                          f"or an existing local {'/'.join(LOCAL_SUFFIXES)} file, so it would be a Hugging Face "
-                          f"dataset id, which needs {HUB_HINT}") from None
+    datasets = require("datasets", f"--dataset {name!r} (not an embedded dataset: {', '.join(['default', *EMBEDDED])}; "
+                                   f"not an existing local {'/'.join(LOCAL_SUFFIXES)} file; so a Hugging Face dataset "
+                                   "id, which needs network access to huggingface.co too)")
     try:
         ds = datasets.load_dataset(name)
     except Exception as e:  # noqa: BLE001 - network, auth and missing-dataset errors all land here

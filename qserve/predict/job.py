@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qserve import QserveError, problemtypes as problems
-from qserve.predict.files import ROW_ERROR, Row
+from qserve.predict.corpus import ROW_ERROR, Row
 from qserve.artifact import read_manifest
 from qserve.serve.core.outputs import label_scores
 from qserve.serve.core.repository import model_version, resolve

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from qserve import QserveError
+from qserve.extras import require
+from qserve.variants import REGISTRY
 from qserve.runtime.base import Runtime
 from qserve.artifact import VariantError
 from qserve.runtime.threadnames import named
@@ -21,8 +23,7 @@ if TYPE_CHECKING:
     from qserve.artifact import Manifest
 
 MODEL_FILE = "model.onnx"
-CPU_HINT = "pip install 'qserve[cpu]'"
-GPU_HINT = "pip uninstall -y onnxruntime && pip install 'qserve[gpu]'"
+GPU_HINT = REGISTRY["onnx"].cuda_install
 
 
 def session_options(ort, threads: int | None):
@@ -69,10 +70,7 @@ class OnnxRuntime(Runtime):
         self.batch_invariant = not per_batch_activation_scales(self.manifest)
         quant = self.manifest.record("onnx").get("quantization") or {}
         self.default_batch_dependent = "rows" if quant.get("row_by_row", True) else "batched"
-        try:
-            import onnxruntime as ort
-        except ImportError as e:
-            raise QserveError(f"{self.name} needs onnxruntime: {CPU_HINT} (or 'qserve[gpu]' for CUDA) ({e})") from e
+        ort = require("onnxruntime", self.name)
         path = self.variant_dir / MODEL_FILE
         if not path.is_file():
             raise VariantError(f"{path} is missing: {self.variant_dir} is not an ONNX variant")

@@ -122,7 +122,7 @@ def reset() -> None:
         _result = None
 
 
-def require(precision: str, what: str) -> dict[str, Any]:
+def require_precision(precision: str, what: str) -> dict[str, Any]:
     """Raise OpenVINOUnavailable("<what> unavailable on this CPU: <reason>") unless `precision` runs here."""
     if precision not in PRECISIONS:
         raise QserveError(f"{what}: OpenVINO inference precision must be one of {', '.join(PRECISIONS)} "

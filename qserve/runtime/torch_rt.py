@@ -9,8 +9,9 @@ import numpy as np
 
 from qserve.devices import capabilities
 from qserve.runtime.base import Runtime
-from qserve.variants import VariantSpec
+from qserve.variants import REGISTRY, VariantSpec, option_defaults
 from qserve import QserveError
+from qserve.extras import require
 from qserve.artifact import VariantError
 from qserve.modeling import model_inputs
 
@@ -68,7 +69,8 @@ def _llm_int8_picks_outliers_per_batch(model, spec: VariantSpec, device: str) ->
     if spec.dtype != "int8":
         return False
     qc = getattr(model.config, "quantization_config", None)
-    threshold = qc.get("llm_int8_threshold", 6.0) if isinstance(qc, dict) else getattr(qc, "llm_int8_threshold", 6.0)
+    unset = option_defaults("bnb-int8")["llm_int8_threshold"]  # the registry's default, which the exporter writes
+    threshold = qc.get("llm_int8_threshold", unset) if isinstance(qc, dict) else getattr(qc, "llm_int8_threshold", unset)
     return float(threshold or 0.0) > 0.0
 
 
@@ -78,12 +80,8 @@ def _bnb_load_kwargs(variant_dir, name: str, device: str) -> dict:
     import json
     import logging
 
-    for module in ("bitsandbytes", "accelerate"):
-        try:
-            __import__(module)
-        except ImportError as e:
-            raise QserveError(f"{name} needs {module} to load: "
-                              f"pip install bitsandbytes==0.50.2 accelerate ({e})") from e
+    for module in REGISTRY["bnb"].needs:
+        require(module, name)
     cfg = json.loads((variant_dir / "config.json").read_text(encoding="utf-8"))
     if (cfg.get("quantization_config") or {}).get("quant_method") != "bitsandbytes":
         # Without it transformers would silently load the tensors as a plain model.

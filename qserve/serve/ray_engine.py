@@ -48,18 +48,15 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qserve import QserveError
+from qserve.extras import require
 from qserve.serve.infra.config import ServeConfig, config_from_sources
-from qserve.serve.infra.deploy import APP_NAME, DEPLOYMENT_NAME, RAY_INSTALL_HINT, Scaling, app_args, deployment_options
+from qserve.serve.infra.deploy import APP_NAME, DEPLOYMENT_NAME, Scaling, app_args, deployment_options
 from qserve.serve.core.repository import ModelSource, Repository
 from qserve.serve.core.state import Selection, ServeState
 from qserve.serve.app import create_app
 
-try:
-    import ray
-    from ray import serve
-except ImportError as e:  # the optional extra is missing
-    raise QserveError(f"the Ray engine needs Ray Serve, which is not installed here ({e}); install it with: "
-                      f"{RAY_INSTALL_HINT}") from None
+ray = require("ray", "the Ray engine (--engine ray)")
+serve = require("ray.serve", "the Ray engine (--engine ray)")
 
 log = logging.getLogger("qserve.serve")
 

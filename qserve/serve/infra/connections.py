@@ -32,9 +32,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from qserve.serve.infra.metrics import Metrics
 
-REASONS = ("idle", "header_timeout", "body_timeout", "keep_alive", "connection_limit")
-
-
 def _raw_response(status: bytes, message: str, extra: bytes = b"") -> bytes:
     body = ('{"error":"%s"}' % message).encode()
     return (b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\nconnection: close\r\n" + extra

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from qserve import QserveError, __version__
+from qserve.extras import require
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -67,13 +68,12 @@ def from_env(environ: Mapping[str, str] | None = None) -> Tracing | None:
     kind = wanted(env)
     if kind is None:
         return None
-    try:
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-    except ImportError as e:
-        raise QserveError(f"tracing is on (OTEL_TRACES_EXPORTER / OTEL_EXPORTER_OTLP_ENDPOINT is set) but the "
-                          f"OpenTelemetry SDK is missing: pip install 'qserve[otel]' ({e})") from None
+    on = "tracing (on: OTEL_TRACES_EXPORTER / OTEL_EXPORTER_OTLP_ENDPOINT is set)"
+    require("opentelemetry.sdk.trace", on)  # the SDK, before anything of it is imported
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
     if kind == "console":
         exporter: Any = ConsoleSpanExporter()  # one of three OpenTelemetry exporter classes (no stubs: Any anyway)
     else:
@@ -82,14 +82,9 @@ def from_env(environ: Mapping[str, str] | None = None) -> Tracing | None:
         if protocol not in PROTOCOLS:
             raise QserveError(f"OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL={protocol!r}: qserve exports OTLP over "
                               f"{' or '.join(PROTOCOLS)}")
-        try:
-            if protocol == "grpc":
-                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-            else:
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        except ImportError as e:
-            raise QserveError(f"OTLP over {protocol} needs the exporter: pip install 'qserve[otel]' ({e})") from None
-        exporter = OTLPSpanExporter()  # endpoint, headers, timeout: from the OTEL_EXPORTER_OTLP_* variables
+        module = require(f"opentelemetry.exporter.otlp.proto.{'grpc' if protocol == 'grpc' else 'http'}.trace_exporter",
+                         f"OTLP over {protocol}")
+        exporter = module.OTLPSpanExporter()  # endpoint, headers, timeout: from the OTEL_EXPORTER_OTLP_* variables
     # An explicit attribute would override OTEL_SERVICE_NAME, so name the service only when it is not set.
     attrs = {"service.version": __version__}
     if not env.get("OTEL_SERVICE_NAME"):
