@@ -29,7 +29,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+import httpx2
+
 from benchmarks.harness import Server, reviews
+from qserve.runtime import load_runtime
+from qserve.provenance import provenance, with_header
+from qserve.devices import cpu_info, cpu_label
+from qserve.artifact import ModelMeta, read_model_meta
+from exporters.core import checkpoint_info, reference_logits, variant_policy
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "reports" / "byo-bert"
@@ -50,11 +58,6 @@ def qserve(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
 
 def agreement(checkpoint: Path, variants: list[Path], samples: int) -> dict[str, dict]:
     """Each variant's prediction agreement with the checkpoint's fp32 on `samples` test reviews."""
-    import numpy as np
-
-    from exporters.core import checkpoint_info, reference_logits, variant_policy
-    from qserve.runtime import load_runtime
-
     info = checkpoint_info(checkpoint)
     meta = info.meta
     if meta is None or not meta.dataset:
@@ -85,10 +88,6 @@ def agreement(checkpoint: Path, variants: list[Path], samples: int) -> dict[str,
 
 def serve_check(variant: Path) -> dict:
     """`qserve serve` on `variant` in a child; one request, compared with the in-process answer."""
-    import httpx2
-
-    from qserve.runtime import load_runtime
-
     text = "A wonderful, moving film with superb performances."
     with tempfile.TemporaryDirectory(prefix="byo-bert-serve-") as tmp:
         srv = Server([str(variant), "--device", "cpu"], REPO, Path(tmp) / "server.log", env=ENV)
@@ -106,8 +105,6 @@ def serve_check(variant: Path) -> dict:
 
 
 def render(report: dict) -> str:
-    from qserve.devices import cpu_label
-
     lines = [f"# Bring your own BERT: {report['model']} (`--model embedded-bert`)", "",
              f"Trained with `qserve train --model embedded-bert --max-samples {report['max_samples']}`; "
              f"agreement with that checkpoint's fp32 on {report['samples']:,} held-out test reviews, through "
@@ -135,8 +132,6 @@ def render(report: dict) -> str:
 
 def render_md(report: dict) -> str:
     """report.md: the provenance header (command, commit, CPU), then `render`."""
-    from qserve.provenance import with_header
-
     return with_header(render(report), report["provenance"])
 
 
@@ -156,8 +151,6 @@ def main(argv: list[str] | None = None) -> int:
     # one indented "    failed: VARIANT: TYPE: message" line per failed variant
     failed = [ln.split(":")[1].strip() for ln in exported.stdout.splitlines() if ln.startswith("    failed: ")]
     variants = sorted(d for d in variants_dir.iterdir() if (d / "manifest.json").is_file())
-    from qserve.artifact import ModelMeta, read_model_meta
-    from qserve.devices import cpu_info
 
     report = {"model": "minilm-l6-bert", "max_samples": args.max_samples, "samples": args.samples,
               "environment": {"cpu": cpu_info(), "cpu_count": os.cpu_count()},
@@ -172,7 +165,6 @@ def main(argv: list[str] | None = None) -> int:
             bench_dir / "report.md")
     if (variants_dir / "ov-int8").is_dir():
         report["serve"] = serve_check(variants_dir / "ov-int8")
-    from qserve.provenance import provenance
 
     report["provenance"] = provenance()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
+from qserve.provenance import provenance, with_header
+from qserve.files import now_iso, write_json_atomic, write_text_atomic
+from qserve.bench import BenchConfig, run_bench
+
 ROOT = Path(__file__).resolve().parents[1]
 # The same text qserve's bench tiles when no dataset text is given (real_text_samples=0 below):
 # copied, not imported, so this file shares no code path with the harness it checks.
@@ -36,7 +42,6 @@ TEXT = ("The film opens slowly, but the performances are strong and the story bu
 
 
 def make_ids(variant_dir: Path, batch: int, seq: int):
-    import numpy as np
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(variant_dir)
@@ -64,7 +69,6 @@ def child(kind: str, variant_dir: str, threads: int, batch: int, seq: int, budge
     vdir = Path(variant_dir)
     input_ids, mask = make_ids(vdir, batch, seq)
     if kind == "onnx":
-        import numpy as np
         import onnxruntime as ort
 
         so = ort.SessionOptions()
@@ -176,10 +180,6 @@ def main(argv: list[str] | None = None) -> int:
         res = child(kind, vdir, args.threads, args.batch, args.seq, args.time_budget, warmup=5)
         Path(out).write_text(json.dumps(res))
         return 0
-
-    from qserve.files import now_iso, write_json_atomic, write_text_atomic
-    from qserve.bench import BenchConfig, run_bench
-    from qserve.provenance import provenance, with_header
 
     pairs = {"torch-fp32": ("torch", args.variants_root / "torch-fp32"),
              "onnx-int8": ("onnx", args.variants_root / "onnx-int8")}

@@ -23,7 +23,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from qserve.provenance import provenance, with_header
+import exporters
+from qserve.runtime import load_runtime
+from qserve.files import library_versions
+from benchmarks.harness.data import reviews
 
 REFERENCE = "torch-fp32"
 VARIANTS = ("onnx-fp32", "onnx-int8", "ov-int8")
@@ -38,13 +44,6 @@ def cpu_name() -> str:
 
 
 def measure(checkpoint: Path, n: int) -> dict:
-    import numpy as np
-
-    import exporters
-    from benchmarks.harness.data import reviews
-    from qserve.files import library_versions
-    from qserve.runtime import load_runtime
-
     texts = reviews(n)
     run: dict = {"checkpoint": str(checkpoint), "texts": len(texts), "cpu": cpu_name(),
                  "versions": library_versions(LIBRARIES), "python": platform.python_version(), "variants": {}}

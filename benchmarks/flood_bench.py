@@ -30,8 +30,11 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+import http.client
 
 from benchmarks.harness import Server, archive_tree, in_turn, scrape, trickle
+from qserve.provenance import provenance, with_header
+from qserve.bench.envinfo import environment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,8 +127,6 @@ def flood(port: int, n: int, text: str) -> dict[str, Any]:
 
 
 def normal_latency(port: int, n: int, text: str) -> list[float]:
-    import http.client
-
     out = []
     body = json.dumps({"inputs": [text]})
     for _ in range(n):
@@ -166,8 +167,6 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "reports" / "flood")
     args = ap.parse_args()
 
-    from qserve.bench.envinfo import environment
-
     work = Path(tempfile.mkdtemp(prefix="flood-"))
     sides = {"current": ROOT}
     if args.baseline_ref:
@@ -207,7 +206,6 @@ def main() -> int:
     finally:
         for srv in servers.values():
             srv.stop()
-    from qserve.provenance import provenance, with_header
 
     report = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
               "environment": environment(args.threads, "cpu"), "shared_machine": True,

@@ -24,20 +24,20 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+import platform
+from importlib import metadata
 
 from benchmarks.gpu_pack import TRANSPORT, _file_metadata, pack_dist, slim_wheel, unpack  # noqa: F401
 from benchmarks.gpu_summary import collect, render
+from qserve.provenance import provenance, with_header
 
 
 # -- there: probing ----------------------------------------------------------------------------
 
 def probe_env(device: str) -> dict[str, Any]:
     """Versions, the GPU, bf16 support, and whether ONNX Runtime's CUDA provider really starts."""
-    import platform
-
     env: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform(),
                            "device": device, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    from importlib import metadata
 
     versions = {}
     for name in ("torch", "transformers", "tokenizers", "huggingface-hub", "accelerate", "lightning-fabric",
@@ -112,7 +112,6 @@ def ort_cuda_status() -> dict[str, Any]:
 
 def summary(work: Path, out: Path) -> dict[str, Any]:
     data = collect(work)
-    from qserve.provenance import provenance, with_header
 
     data["provenance"] = provenance()
     out.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import write_report
+from qserve.runtime.openvino_rt import compile_config, compiled_model, MODEL_FILE
+from qserve.runtime import load_runtime, RuntimeOptions
+from qserve.devices import cpu_label
+from qserve.bench.realtext import synthetic_batch
+from qserve.bench.measure import FALLBACK_TEXT
+from qserve.bench.floor import flops_per_sequence, gemm_shapes, measure_peaks, peak_for
+from qserve.bench.envinfo import environment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,8 +139,6 @@ def timed(fn, calls: int) -> float:
 def turns(rt, batches: dict[int, dict], feeds: dict[int, dict], threads: int, calls: int) -> dict[str, tuple]:
     """name -> (a call, calls per turn): the runtime's own forward at b1 and b32, then the thread settings beside
     it (b1 on one thread and on `threads`, b32 on one stream of `threads`), each its own compiled model."""
-    from qserve.runtime.openvino_rt import compiled_model
-
     few = max(3, calls // 8)
     w = rt.row_workers
     out: dict[str, tuple] = {"runtime forward b1": (lambda: rt.forward(batches[1]), calls),
@@ -151,11 +156,6 @@ def run_variants(variants: list[Path], threads: int, rounds: int, calls: int, pr
     """Each variant loaded as served, its settings timed with every other variant's in the same rounds (a noisy
     minute of this shared machine hits all of them), then each variant's per-node counters."""
     import openvino as ov
-
-    from qserve.bench.measure import FALLBACK_TEXT
-    from qserve.bench.realtext import synthetic_batch
-    from qserve.runtime import RuntimeOptions, load_runtime
-    from qserve.runtime.openvino_rt import MODEL_FILE, compile_config
 
     loaded = []
     for variant in variants:
@@ -194,9 +194,6 @@ def run_variants(variants: list[Path], threads: int, rounds: int, calls: int, pr
 
 
 def render(r: dict[str, Any]) -> str:
-    from qserve.bench.floor import peak_for
-    from qserve.devices import cpu_label
-
     f = r["flops"]
     lines = [f"# OpenVINO variants: where the time goes (s{r['seq']}, {r['threads']} threads)", "",
              f"`benchmarks/ov_breakdown.py`, created {r['created']}, openvino {r['openvino']}, "
@@ -260,9 +257,6 @@ def main(argv: list[str] | None = None) -> int:
         if not (v / "openvino_model.xml").is_file():
             p.error(f"{v} is not an OpenVINO variant (no openvino_model.xml): give ov-int8, ov-bf16 or ov-fp32 dirs")
     import openvino as ov
-
-    from qserve.bench.envinfo import environment
-    from qserve.bench.floor import flops_per_sequence, gemm_shapes, measure_peaks
 
     config = json.loads((args.variants[0] / "config.json").read_text(encoding="utf-8"))
     print("measuring peak GEMM rates", flush=True)

@@ -30,20 +30,17 @@ from pathlib import Path
 from typing import Callable
 
 from benchmarks.report_stages import BY_NAME, STAGES, Stage  # the table; this module decides and runs
+from qserve.provenance import cpu_now, recorded_cpu, with_header
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def cpu_here() -> str:
-    from qserve.provenance import cpu_now
-
     return cpu_now()[0]
 
 
 def recorded(stage: Stage, root: Path = ROOT) -> dict[str, str | None]:
     """{report json: the CPU it records} for the stage's reports that exist."""
-    from qserve.provenance import recorded_cpu
-
     out = {}
     for r in stage.reports:
         p = root / r.json
@@ -75,8 +72,6 @@ def _renderer(spec: str) -> Callable[[dict], str]:
 
 def rerender(stage: Stage, root: Path = ROOT) -> list[str]:
     """Re-write each report's md from its JSON (provenance header included); returns what it did, per report."""
-    from qserve.provenance import with_header
-
     done = []
     for r in stage.reports:
         src = root / r.json

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from benchmarks import rebuild_reports
+from qserve.provenance import recorded_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "benchmarks" / "reports"
@@ -46,8 +47,6 @@ def _pct(x: float | None, nd: int = 2) -> str:
 
 def _src(*rels: str) -> str:
     """The line under a table naming the JSON it came from and the CPU that measured it."""
-    from qserve.provenance import recorded_cpu
-
     parts = [f"`benchmarks/reports/{r}` ({recorded_cpu(_load(r)) or 'CPU not recorded'})" for r in rels]
     return "\n\n<sub>Rendered from " + ", ".join(parts) + " by `benchmarks/render_tables.py`.</sub>"
 

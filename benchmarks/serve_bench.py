@@ -31,10 +31,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from benchmarks import serve_engines
 from benchmarks.harness import Server, batch_totals
 from qserve import QserveError
-from qserve.devices import cpu_info
+from qserve.devices import cpu_info, cpu_label
+from qserve.serve.infra.config import ServeConfig
+from qserve.runtime import load_runtime, RuntimeOptions
+from qserve.provenance import provenance, with_header
+from qserve.files import now_iso, refuse_existing, write_json_atomic, write_text_atomic
+from qserve.bench.loadtest import default_texts, run_loadtest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,10 +50,6 @@ log = logging.getLogger("serve_bench")
 
 def model_b1_direct(variant: Path, device: str, threads: int | None, texts: list[str],
                     budget_s: float) -> dict[str, Any]:
-    import numpy as np
-
-    from qserve.runtime import RuntimeOptions, load_runtime
-
     rt = load_runtime(variant, device, RuntimeOptions(threads=threads))
     for t in texts[:10]:  # warm-up
         rt.predict([t])
@@ -75,8 +78,6 @@ def model_ceiling(variant: Path, device: str, threads: int | None, texts: list[s
     No server can answer more texts per second than the model computes at its largest
     batch, so texts/s at `batch` over the unbatched server's req/s bounds the batching ratio.
     """
-    from qserve.runtime import RuntimeOptions, load_runtime
-
     rt = load_runtime(variant, device, RuntimeOptions(threads=threads))
     plans = {1: [[t] for t in texts], batch: [texts[i:i + batch] for i in range(0, len(texts), batch)]}
     done = {b: [0, 0.0] for b in plans}
@@ -114,8 +115,6 @@ def model_b1_from_report(path: Path, name: str, variant: Path) -> dict[str, Any]
 
 
 def run_server(args: argparse.Namespace, max_batch_size: int, texts: list[str], workdir: Path) -> dict[str, Any]:
-    from qserve.bench.loadtest import run_loadtest
-
     flags = [str(args.variant_dir), "--max-batch-size", str(max_batch_size), "--device", args.device,
              "--log-level", "warning"]
     if args.threads:
@@ -141,8 +140,6 @@ def run_server(args: argparse.Namespace, max_batch_size: int, texts: list[str], 
 
 
 def _machine(env: dict[str, Any]) -> str:
-    from qserve.devices import cpu_label
-
     return f"{cpu_label(env['cpu'])}, {env['machine']}" if env.get("cpu") else env["machine"]
 
 
@@ -245,11 +242,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-    from qserve.files import now_iso, refuse_existing, write_json_atomic, write_text_atomic
-    from qserve.provenance import provenance, with_header
-    from qserve.serve.infra.config import ServeConfig
-    from qserve.bench.loadtest import default_texts
 
     try:
         refuse_existing(args.out / "serve_report.json", args.force)

@@ -41,6 +41,10 @@ from benchmarks.bare_server import floor, render as render_floor
 from benchmarks.harness import (Server, archive_tree, batch_totals, code_env, finish, in_turn, post_json, require_wrk,
                                 reviews, run_wrk, thread_cpu_s, wrk_lua)
 from benchmarks.serve_steps import render as render_steps, steps
+from qserve.serve.core.repository import resolve
+from qserve.provenance import command_line, provenance
+from qserve.files import now_iso
+from qserve.devices import cpu_info, cpu_label
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERHEAD_TARGET_MS = 1.0
@@ -129,11 +133,6 @@ def summarize(inproc: dict[str, Any], serve: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
-    from qserve.devices import cpu_info
-    from qserve.provenance import command_line, provenance
-    from qserve.serve.core.repository import resolve
-    from qserve.files import now_iso
-
     args.wrk = require_wrk()
     texts = reviews(args.texts, pool=max(args.texts, 8))
     variants: list[tuple[str, Path]] = []
@@ -187,8 +186,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 
 
 def render(rep: dict[str, Any]) -> str:
-    from qserve.devices import cpu_label
-
     st, env = rep["settings"], rep["environment"]
 
     def f(x: Any, nd: int = 2) -> str:

@@ -28,9 +28,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+import statistics
+import platform
+
+import numpy as np
+import httpx2
 
 from benchmarks.harness import Server, free_port, reviews
 from qserve import QserveError
+from qserve.provenance import provenance, with_header
+from qserve.files import now_iso, refuse_existing, write_json_atomic, write_text_atomic
+from qserve.devices import cpu_info, cpu_label
+from qserve.bench.loadtest import run_loadtest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,7 +79,6 @@ class Caller:
             out = {o["name"]: o["data"] for o in http.post(f"/v2/models/{self.model}/infer", json={"inputs": [
                 {"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}).json()["outputs"]}
             return out["label"][0], tuple(float(x) for x in out["probabilities"])
-        import numpy as np
         import tritonclient.grpc as tg
 
         i = tg.InferInput("text", [1], "BYTES")
@@ -83,7 +91,6 @@ class Caller:
 
 
 def answers(url: str, grpc_target: str, texts: list[str], workers: int) -> dict[str, Any]:
-    import httpx2
     import tritonclient.grpc as tg
 
     with httpx2.Client(base_url=url, timeout=60, trust_env=False) as c:
@@ -140,8 +147,6 @@ def old_tree(ref: str, where: Path) -> Path:
 
 def throughput(trees: dict[str, Path], variant: Path, rounds: int, duration: float, texts: list[str],
                threads: int | None, workdir: Path) -> dict[str, Any]:
-    from qserve.bench.loadtest import run_loadtest
-
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in trees}
     for r in range(rounds):
         for key, tree in trees.items():  # interleaved: a machine's slow minute lands on both sides
@@ -157,7 +162,6 @@ def throughput(trees: dict[str, Path], variant: Path, rounds: int, duration: flo
                               "p99_ms": level["p99_ms"], "requests": level["requests"], "errors": level["errors"],
                               "mismatched": level["mismatched"], "lost": level["lost"],
                               "server_cpu_ms_per_request": 1e3 * cpu / max(1, level["requests"])})
-    import statistics
 
     summary = {k: {"median_rps": statistics.median(x["rps"] for x in v),
                    "median_cpu_ms_per_request": statistics.median(x["server_cpu_ms_per_request"] for x in v)}
@@ -211,10 +215,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="replace an existing report")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import platform
-
-    from qserve.files import now_iso, refuse_existing, write_json_atomic, write_text_atomic
-    from qserve.provenance import provenance, with_header
 
     try:
         refuse_existing(args.out / "report.json", args.force)
@@ -238,7 +238,6 @@ def main(argv: list[str] | None = None) -> int:
     except (QserveError, subprocess.CalledProcessError) as e:
         print(f"serve_protocols: error: {e}", file=sys.stderr)
         return 2
-    from qserve.devices import cpu_info, cpu_label
 
     cpu = cpu_info()
     rep = {"created": now_iso(), "variant": str(args.variant_dir), "old_ref": args.old_ref,

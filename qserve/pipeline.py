@@ -41,6 +41,7 @@ from qserve.training.train import train
 from qserve.variantflags import skipped, supported
 from qserve.variants import UnsupportedVariant
 from qserve.verify import verify
+import exporters
 
 # Pipeline defaults, chosen so the whole job fits in ~15 minutes on 2 CPU cores and
 # still beats 82% on held-out IMDb (see README "Measured").
@@ -98,7 +99,6 @@ def _training_record(ckpt: Path) -> dict:
 
 
 def _export_stage(ckpt: Path, run_dir: Path, device: str, names: list[str], force: bool) -> list[Path]:
-    import exporters
     src_hash = checkpoint_hash(ckpt)
     out = []
     for i, name in enumerate(names, 1):

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+import httpx2
+
 from qserve import QserveError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,8 +91,6 @@ def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 
                log: IO[str] | None = None, any_answer: bool = False) -> None:
     """Poll `url`/ready until it answers 200 (any_answer: until anything answers over HTTP); a QserveError (with
     the log's tail) if the child `proc` exits first or `timeout` seconds pass."""
-    import httpx2
-
     deadline = time.monotonic() + timeout
     while True:
         if proc is not None and proc.poll() is not None:
@@ -133,8 +133,6 @@ class Server:
 
     def models(self) -> dict[str, Any]:
         """The server's /v1/models answer."""
-        import httpx2
-
         return dict(httpx2.get(f"{self.url}/v1/models", timeout=30, trust_env=False).json())
 
     def stop(self) -> None:

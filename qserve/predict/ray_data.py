@@ -24,6 +24,7 @@ import csv
 import logging
 import os
 from typing import Any
+import warnings
 
 from qserve import QserveError
 from qserve.extras import require
@@ -116,7 +117,6 @@ def run_ray(cfg: PredictConfig, model: Model, inp: Input, fmt: str) -> dict[str,
         ctx = ray.data.DataContext.get_current()
         ctx.execution_options.preserve_order = True  # rows come back in input order
         ctx.enable_progress_bars = False  # the driver's own bar counts rows written
-        import warnings
 
         with warnings.catch_warnings():
             # SPREAD puts the actors on different nodes; Ray 2.60 (pinned) has no named parameter for it yet and

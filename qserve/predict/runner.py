@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+import shutil
 
 from qserve import QserveError
 from qserve.predict.corpus import Input
@@ -44,8 +45,6 @@ def run(cfg: PredictConfig) -> dict[str, Any]:
         # A job refused before its first part (a missing column, --on-error fail) leaves no ledger behind that
         # would refuse the corrected command.
         if corpus.complete_parts(corpus.parts_dir(out), fmt) == 0:
-            import shutil
-
             shutil.rmtree(corpus.parts_dir(out), ignore_errors=True)
         raise
     rows, failed = corpus.merge(corpus.parts_dir(out), count, out, fmt)

@@ -18,25 +18,22 @@ from typing import Any, cast
 from qserve.runtime.base import Classification, Runtime, TextResult
 from qserve.runtime.options import RuntimeOptions
 from qserve.runtime.contract import ModelRuntime
+from qserve.verify import verify
+from qserve.variants import BACKENDS, load_target, REGISTRY
+from qserve.devices import resolve_device
+from qserve.artifact import VariantError
 
 __all__ = ["Classification", "ModelRuntime", "Runtime", "RuntimeOptions", "TextResult", "load_runtime", "runtime_class"]
 
 
 def runtime_class(backend: str) -> type[Runtime]:
     """The Runtime subclass the registry names for `backend`, imported now (a missing backend fails here)."""
-    from qserve.variants import REGISTRY, load_target
-
     entry = REGISTRY[backend]
     return cast("type[Runtime]", load_target(entry.runtime, entry))
 
 
 def load_runtime(variant_dir: str | Path, device: str = "auto", options: RuntimeOptions | None = None,
                  verify_hashes: bool = True, allow_extra_files: bool = False) -> Runtime:
-    from qserve.artifact import VariantError
-    from qserve.verify import verify
-    from qserve.devices import resolve_device
-    from qserve.variants import BACKENDS
-
     variant_dir = Path(variant_dir)
     manifest = verify(variant_dir, check_hashes=verify_hashes, allow_extra_files=allow_extra_files)
     device = resolve_device(device)

@@ -9,6 +9,7 @@ only the onnxruntime-gpu wheel ships (`pip install 'qserve[gpu]'`).
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -98,7 +99,6 @@ class OnnxRuntime(Runtime):
         workers = self.options.side_by_side()
         if not self.row_by_row or workers < 2 or self.device.startswith("cuda"):
             return 1, None, None
-        from concurrent.futures import ThreadPoolExecutor
 
 
         session = ort.InferenceSession(str(path), sess_options=session_options(ort, 1), providers=providers,

@@ -5,7 +5,11 @@
 
 from __future__ import annotations
 
+import logging
+
+import json
 import numpy as np
+import copy
 
 from qserve.devices import capabilities
 from qserve.runtime.base import Runtime
@@ -77,9 +81,6 @@ def _llm_int8_picks_outliers_per_batch(model, spec: VariantSpec, device: str) ->
 def _bnb_load_kwargs(variant_dir, name: str, device: str) -> dict:
     """from_pretrained kwargs for a bnb variant: its config.json carries the quantization_config,
     and the safetensors hold the already-quantized weights, so no source checkpoint is needed."""
-    import json
-    import logging
-
     for module in REGISTRY["bnb"].needs:
         require(module, name)
     cfg = json.loads((variant_dir / "config.json").read_text(encoding="utf-8"))
@@ -130,8 +131,6 @@ def _bnb_prepare(model, device: str) -> None:
 
 def _flat_dequantized_forward(module):
     """A Linear4bit forward that dequantizes the weight as stored (flat blocks), then runs a plain linear."""
-    import copy
-
     import bitsandbytes.functional as F
     import torch
 

@@ -17,8 +17,10 @@ import argparse
 import logging
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+
+import uvicorn
 
 from qserve import QserveError
 from qserve.configflags import ENV_PREFIX, add_flags, config_values, field_docs, flag, option_name
@@ -49,8 +51,6 @@ class ServeCommand:
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
-    from dataclasses import fields
-
     p = sub.add_parser(
         "serve", help="serve one or several variants over HTTP with dynamic batching",
         description="Serve variants with FastAPI + uvicorn: POST /v1/classify (HF pipeline format), "
@@ -123,8 +123,6 @@ def run_serve(args: argparse.Namespace) -> int:
     given = [option_name(RayOptions, name) for name in config_values(RayOptions, args)]
     if given:
         raise QserveError(f"{', '.join(given)} only apply with --engine ray (this is --engine {args.engine})")
-
-    import uvicorn
 
     failed: list[BaseException] = []
     server: uvicorn.Server | None = None

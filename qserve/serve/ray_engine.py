@@ -44,8 +44,10 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+import socket
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from prometheus_client import Gauge
 
 from qserve import QserveError
 from qserve.extras import require
@@ -136,8 +138,6 @@ class QserveReplica:
         self.replica_id = serve.get_replica_context().replica_id.unique_id
 
     def __serve_build_asgi_app__(self) -> ASGIApp:
-        from prometheus_client import Gauge
-
 
         repository = None
         if self.models:
@@ -267,8 +267,6 @@ def run_ray(cfg: ServeConfig, scaling: Scaling, address: str | None, log_level: 
 
 
 def _free_port(host: str) -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]

@@ -25,6 +25,9 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from tqdm.auto import tqdm
 from qserve import QserveError
 from qserve.configflags import add_flags, build, field_docs
 from qserve.problemtypes import from_flag, headline, loss
@@ -85,9 +88,7 @@ def budget_steps(budget_min: float, done: int, train_time: float, step_times: li
 
 def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float,
          choice: PrecisionChoice) -> dict[str, Any] | None:
-    import psutil
     import torch
-    from tqdm.auto import tqdm
 
     out = todo.out
     fabric.seed_everything(cfg.seed, verbose=False)

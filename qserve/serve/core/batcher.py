@@ -40,7 +40,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Protocol
 
 from qserve.runtime.base import Classification
@@ -123,8 +123,6 @@ class Batcher:
 
     def start(self) -> None:
         if self.lanes > 1:
-            from concurrent.futures import ThreadPoolExecutor
-
 
             self._lane_pool = ThreadPoolExecutor(self.lanes, thread_name_prefix="qserve-lane",
                                                  initializer=named("qserve-lane"))

@@ -29,6 +29,8 @@ import asyncio
 from collections.abc import Callable, Sized
 from typing import TYPE_CHECKING, Any
 
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
 if TYPE_CHECKING:
     from qserve.serve.infra.metrics import Metrics
 
@@ -68,8 +70,6 @@ def protocol_class(*, header_timeout_s: float, body_timeout_s: float, max_connec
                    metrics: Metrics | None = None, load: HttpLoad | None = None) -> type:
     """A uvicorn `http=` protocol class bound to these limits and this app's metrics; `load` is handed
     uvicorn's sets of open connections and request tasks (what ServeState asks before running inline)."""
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
     def closed(reason: str) -> None:
         if metrics is not None:
             metrics.connections_closed.labels(reason).inc()

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
+import asyncio
 
 import numpy as np
 from fastapi import Request
@@ -306,8 +307,6 @@ def _tokenize(tokenizer: Any, texts: list[str], special: bool) -> list[list[dict
 async def on_inference_thread(st: ServeState, fn: Callable[..., T], *args: Any) -> T:  # Any: fn's own arguments
     """The fast tokenizer is not thread-safe: run on the thread that runs the model (under the runtime's
     tokenizer_lock, which a busy server's lanes take too)."""
-    import asyncio
-
     return await asyncio.get_running_loop().run_in_executor(st.executor, fn, *args)
 
 
