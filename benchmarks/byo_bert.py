@@ -32,23 +32,22 @@ from pathlib import Path
 import numpy as np
 import httpx2
 
-from benchmarks.harness import Server, reviews
+from benchmarks.harness import ROOT, reviews, Server, write_report
 from qserve.runtime import load_runtime
 from qserve.provenance import provenance, with_header
 from qserve.devices import cpu_info, cpu_label
 from qserve.artifact import ModelMeta, read_model_meta
 from exporters.core import checkpoint_info, reference_logits, variant_policy
 
-REPO = Path(__file__).resolve().parents[1]
-OUT = REPO / "benchmarks" / "reports" / "byo-bert"
+OUT = ROOT / "benchmarks" / "reports" / "byo-bert"
 BAR = {"ov-int8": 0.99}
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-       "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+       "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
 
 
 def qserve(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     print("$ qserve " + " ".join(argv), flush=True)
-    res = subprocess.run([sys.executable, "-m", "qserve", *argv], cwd=REPO, env=ENV, text=True,
+    res = subprocess.run([sys.executable, "-m", "qserve", *argv], cwd=ROOT, env=ENV, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     print(res.stdout[-4000:], flush=True)
     if check and res.returncode != 0:
@@ -90,7 +89,7 @@ def serve_check(variant: Path) -> dict:
     """`qserve serve` on `variant` in a child; one request, compared with the in-process answer."""
     text = "A wonderful, moving film with superb performances."
     with tempfile.TemporaryDirectory(prefix="byo-bert-serve-") as tmp:
-        srv = Server([str(variant), "--device", "cpu"], REPO, Path(tmp) / "server.log", env=ENV)
+        srv = Server([str(variant), "--device", "cpu"], ROOT, Path(tmp) / "server.log", env=ENV)
         try:
             srv.wait_ready(180)
             r = httpx2.post(srv.url + "/v1/classify", json={"inputs": text}, trust_env=False, timeout=30)
@@ -137,7 +136,7 @@ def render_md(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--run-dir", type=Path, default=REPO / "models" / "byo-bert")
+    p.add_argument("--run-dir", type=Path, default=ROOT / "models" / "byo-bert")
     p.add_argument("--max-samples", type=int, default=1500, help="training reviews (default %(default)s)")
     p.add_argument("--samples", type=int, default=2000, help="test reviews for agreement (default %(default)s)")
     p.add_argument("--skip-bench", action="store_true", help="skip `qserve bench` (latency and memory)")
@@ -161,16 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_bench:
         bench_dir = args.out / "bench"  # committed beside this report
         qserve("bench", *map(str, variants), "--out", str(bench_dir), "--device", "cpu", "--force")
-        report["bench"] = str((bench_dir / "report.md").relative_to(REPO)) if bench_dir.is_relative_to(REPO) else str(
+        report["bench"] = str((bench_dir / "report.md").relative_to(ROOT)) if bench_dir.is_relative_to(ROOT) else str(
             bench_dir / "report.md")
     if (variants_dir / "ov-int8").is_dir():
         report["serve"] = serve_check(variants_dir / "ov-int8")
 
     report["provenance"] = provenance()
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    (args.out / "report.md").write_text(render_md(report), encoding="utf-8")
-    print(render(report))
+    write_report(args.out, report, render(report))
     ok = all(report["agreement"].get(n, {}).get("agreement", 0.0) >= b for n, b in BAR.items())
     ok = ok and exported.returncode == 0 and (report.get("serve") or {}).get("match", False)
     return 0 if ok else 1

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.harness import write_report
+from benchmarks.harness import ROOT, write_report
 from qserve.training.precision import build_optimizer
 from qserve.training import resume
 from qserve.provenance import provenance
@@ -28,7 +28,6 @@ from qserve.modeling import load_for_training
 from qserve.files import now_iso
 from qserve.devices import cpu_label
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def measure(precision: str, saves: int, scratch: Path, model_name: str = "default") -> dict:

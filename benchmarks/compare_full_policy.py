@@ -27,13 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from qserve.provenance import provenance, with_header
-from qserve.files import write_json_atomic, write_text_atomic
 from qserve.bench.report import load_report
 from qserve.bench.recommend import bar_for, real_text_b1, recommend
 from qserve.bench.analysis import REFERENCES
 from qserve.bench import policies
+from benchmarks.harness import write_report
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load(path: str) -> dict[str, Any]:
@@ -166,13 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     c["same"] = (all(c["full"][k] == c["replay"][k] == c["fast"][k] for k in keys)
                  and not c["cut"]["recommended_cut"] and c["exports"]["same"] and c["same_cpu"])
     c["provenance"] = provenance()
-    md = with_header(render(c), c["provenance"])
-    print(md)
+    print(with_header(render(c), c["provenance"]))
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out / "comparison.json", c)
-        write_text_atomic(out / "comparison.md", md)
+        write_report(Path(args.out), c, render(c), stem="comparison", echo=False)
     return 0 if c["same"] else 1
 
 

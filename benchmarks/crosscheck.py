@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
-from qserve.provenance import provenance, with_header
-from qserve.files import now_iso, write_json_atomic, write_text_atomic
+from qserve.provenance import provenance
+from qserve.files import now_iso
 from qserve.bench import BenchConfig, run_bench
+from benchmarks.harness import ROOT, write_report
 
-ROOT = Path(__file__).resolve().parents[1]
 # The same text qserve's bench tiles when no dataset text is given (real_text_samples=0 below):
 # copied, not imported, so this file shares no code path with the harness it checks.
 TEXT = ("The film opens slowly, but the performances are strong and the story builds to an ending "
@@ -207,9 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                         if ok else f"DISAGREE: at least one ratio is outside 1 ± {args.tolerance:.0%}; "
                                    "investigate before trusting the report.")}
     args.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out / "crosscheck.json", data)
-    write_text_atomic(args.out / "crosscheck.md", with_header(render_md(data), data["provenance"]))
-    print(render_md(data))
+    write_report(args.out, data, render_md(data), stem="crosscheck")
     return 0 if ok else 1
 
 

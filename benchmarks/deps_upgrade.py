@@ -30,6 +30,7 @@ import exporters
 from qserve.runtime import load_runtime
 from qserve.files import library_versions
 from benchmarks.harness.data import reviews
+from benchmarks.harness import write_markdown, write_report
 
 REFERENCE = "torch-fp32"
 VARIANTS = ("onnx-fp32", "onnx-int8", "ov-int8")
@@ -106,7 +107,7 @@ def render(data: dict) -> str:
 
 def write_md(out: Path) -> None:
     data = json.loads((out / "report.json").read_text(encoding="utf-8"))
-    (out / "report.md").write_text(render(data), encoding="utf-8")
+    write_markdown(out / "report.md", render(data), data.get("provenance"))
 
 
 def main() -> None:
@@ -123,15 +124,13 @@ def main() -> None:
     if args.checkpoint is None:
         sys.exit("give a checkpoint directory (or --render DIR)")
     run = measure(args.checkpoint, args.n)
-    args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "report.json"
     data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"runs": {}}
     data["checkpoint"] = str(args.checkpoint)
     data["runs"][args.label] = run
     data["provenance"] = {**provenance(), "note": "(The command of the run labelled `" + args.label + "`; each run "
                           "records its own versions and CPU.)"}
-    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    write_md(args.out)
+    write_report(args.out, data, render(data), echo=False)
 
 
 if __name__ == "__main__":

@@ -31,8 +31,8 @@ from qserve.files import staged_dir, write_json_atomic
 from qserve.bench.report import write_reports
 from qserve.bench.config import parse_int_list
 from qserve.bench import BenchConfig, run_bench
+from benchmarks.harness import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

@@ -32,11 +32,10 @@ from pathlib import Path
 from typing import Any
 import http.client
 
-from benchmarks.harness import Server, archive_tree, in_turn, scrape, trickle
-from qserve.provenance import provenance, with_header
+from benchmarks.harness import ROOT, archive_tree, in_turn, scrape, Server, trickle, write_report
+from qserve.provenance import provenance
 from qserve.bench.envinfo import environment
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def start_server(variant: Path, code_root: Path, args: argparse.Namespace, log: Path) -> Server:
@@ -210,9 +209,7 @@ def main() -> int:
     report = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
               "environment": environment(args.threads, "cpu"), "shared_machine": True,
               "floods": rounds, "slow_clients": slow, "connections_closed": closed, "provenance": provenance()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    (args.out / "report.md").write_text(with_header(render(report), report["provenance"]))
+    write_report(args.out, report, render(report), echo=False)
     print((args.out / "report.md").read_text())
     return 0
 

@@ -29,7 +29,8 @@ from importlib import metadata
 
 from benchmarks.gpu_pack import TRANSPORT, _file_metadata, pack_dist, slim_wheel, unpack  # noqa: F401
 from benchmarks.gpu_summary import collect, render
-from qserve.provenance import provenance, with_header
+from qserve.provenance import provenance
+from benchmarks.harness import write_report
 
 
 # -- there: probing ----------------------------------------------------------------------------
@@ -114,12 +115,7 @@ def summary(work: Path, out: Path) -> dict[str, Any]:
     data = collect(work)
 
     data["provenance"] = provenance()
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in (("gpu_check.json", json.dumps(data, indent=2, default=str)),
-                       ("summary.md", with_header(render(data), data["provenance"]))):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, out / name)
+    write_report(out, data, render(data), stem="gpu_check", md_name="summary.md", echo=False)
     return data
 
 

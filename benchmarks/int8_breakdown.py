@@ -36,15 +36,14 @@ from benchmarks.distilbert_base_speed import build_checkpoint, export_all
 import exporters
 from qserve.runtime.onnx_rt import disabled_optimizers, session_options
 from qserve.runtime import load_runtime, RuntimeOptions
-from qserve.provenance import provenance, with_header
-from qserve.files import write_json_atomic, write_text_atomic
+from qserve.provenance import provenance
 from qserve.bench.realtext import synthetic_batch
 from qserve.bench.measure import FALLBACK_TEXT
 from qserve.bench.floor import flops_per_sequence, gemm_shapes, measure_peaks
 from qserve.bench.envinfo import environment
 from exporters.onnx import quantize_int8, resolve_options
+from benchmarks.harness import ROOT, write_markdown, write_report
 
-ROOT = Path(__file__).resolve().parents[1]
 
 # Kernel op types by what they do; anything else is "other".
 CLASSES = {
@@ -295,8 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--render needs {src}: run the script once without --render, or point --out at a "
                              "directory holding its report.json")
         report = json.loads(src.read_text(encoding="utf-8"))
-
-        write_text_atomic(args.out / "report.md", with_header(render(report), report.get("provenance")))
+        write_markdown(args.out / "report.md", render(report), report.get("provenance"))
         print(f"report: {args.out / 'report.md'}")
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -329,9 +327,7 @@ def main(argv: list[str] | None = None) -> int:
               "calls_per_turn": args.turn, "profile": prof, "graphs": shown, "onnxruntime": ort.__version__,
               "environment": environment(args.threads, "cpu"), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "provenance": provenance()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out / "report.json", report)
-    write_text_atomic(args.out / "report.md", with_header(render(report), report["provenance"]))
+    write_report(args.out, report, render(report), echo=False)
     print(f"report: {args.out / 'report.md'}")
     return 0
 

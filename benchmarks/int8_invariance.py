@@ -34,12 +34,11 @@ import tempfile
 import numpy as np
 
 from benchmarks.distilbert_base_speed import build_checkpoint
-from benchmarks.harness import review_split
+from benchmarks.harness import ROOT, review_split, write_report
 import exporters
 from qserve.runtime.onnx_rt import disabled_optimizers, session_options
 from qserve.runtime import load_runtime, RuntimeOptions
-from qserve.provenance import provenance, with_header
-from qserve.files import write_json_atomic, write_text_atomic
+from qserve.provenance import provenance
 from qserve.bench.realtext import synthetic_batch
 from qserve.bench.measure import FALLBACK_TEXT
 from qserve.bench.envinfo import environment
@@ -49,7 +48,6 @@ from exporters.smoothing import weight_groups
 from exporters.onnx import export_fp32, smooth_fp32
 from exporters.calibration import calibration_set, feed
 
-ROOT = Path(__file__).resolve().parents[1]
 
 TODAY, ROWS, ALONE, PER_ROW, NBITS, QDQ = (
     "today's graph, batched", "today's graph, row by row (the default now)",
@@ -279,10 +277,7 @@ def main(argv: list[str] | None = None) -> int:
               "agreement": agr if agr is not None else prev.get("agreement"), "measured": when,
               "onnxruntime": ort.__version__, "environment": environment(args.threads, "cpu"), "created": now,
               "provenance": provenance()}
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "report.json", report)
-    write_text_atomic(out / "report.md", with_header(render(report), report["provenance"]))
-    print(render(report))
+    write_report(out, report, render(report))
     return 0
 
 

@@ -38,15 +38,14 @@ import psutil
 import numpy as np
 import httpx2
 
-from benchmarks.harness import Server
+from benchmarks.harness import ROOT, Server, write_report
 from qserve import QserveError
-from qserve.provenance import provenance, with_header
-from qserve.files import now_iso, refuse_existing, write_json_atomic, write_text_atomic
+from qserve.provenance import provenance
+from qserve.files import now_iso, refuse_existing
 from qserve.devices import cpu_info, cpu_label
 from qserve.bench.loadtest import default_texts
 from qserve.artifact import read_manifest
 
-ROOT = Path(__file__).resolve().parents[1]
 
 log = logging.getLogger("lifecycle_bench")
 MODEL = "m"
@@ -359,10 +358,7 @@ def main(argv: list[str] | None = None) -> int:
            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "force"},
            "summary": summarize(shadow_rounds, swap_rounds), "shadow_rounds": shadow_rounds,
            "swap_rounds": swap_rounds, "shadow_state": shadow_state, "provenance": provenance()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out / "report.json", rep)
-    write_text_atomic(args.out / "report.md", with_header(render(rep), rep["provenance"]))
-    print(render(rep))
+    write_report(args.out, rep, render(rep))
     s = rep["summary"]
     return 0 if not (s["errors"] or s["lost"] or s["other_versions"]) else 1
 

@@ -39,11 +39,11 @@ from typing import Any
 import numpy as np
 
 from benchmarks.distilbert_base_speed import build_checkpoint
-from benchmarks.harness import review_split, write_report
+from benchmarks.harness import ROOT, review_split, write_report
 import exporters
 from qserve.runtime import load_runtime, RuntimeOptions
-from qserve.provenance import provenance, with_header
-from qserve.files import library_versions, now_iso, write_json_atomic, write_text_atomic
+from qserve.provenance import provenance
+from qserve.files import library_versions, now_iso
 from qserve.devices import cpu_info
 from qserve.bench.recommend import bar_for
 from qserve.bench.realtext import synthetic_batch
@@ -51,7 +51,6 @@ from qserve.bench.measure import FALLBACK_TEXT
 from qserve.bench.envinfo import load_avg
 from qserve.artifact import ModelMeta, read_model_meta
 
-ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
@@ -267,9 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         report = json.loads((args.out / "report.json").read_text(encoding="utf-8"))
         report["goals"] = goals(report)
-
-        write_json_atomic(args.out / "report.json", report)
-        write_text_atomic(args.out / "report.md", with_header(render(report), report.get("provenance")))
+        write_report(args.out, report, render(report), echo=False)
         return 0
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[k] = str(args.threads)

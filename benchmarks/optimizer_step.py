@@ -18,13 +18,12 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.harness import write_report
+from benchmarks.harness import ROOT, write_report
 from qserve.provenance import provenance
 from qserve.modeling import load_for_training
 from qserve.files import now_iso
 from qserve.devices import cpu_label
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str] | None = None) -> int:

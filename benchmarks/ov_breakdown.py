@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import write_report
+from benchmarks.harness import ROOT, write_report
 from qserve.runtime.openvino_rt import compile_config, compiled_model, MODEL_FILE
 from qserve.runtime import load_runtime, RuntimeOptions
 from qserve.devices import cpu_label
@@ -38,7 +38,6 @@ from qserve.bench.measure import FALLBACK_TEXT
 from qserve.bench.floor import flops_per_sequence, gemm_shapes, measure_peaks, peak_for
 from qserve.bench.envinfo import environment
 
-ROOT = Path(__file__).resolve().parents[1]
 
 SEQ = 128
 INT8_GEMM = "int8 GEMMs (FullyConnected, MatMul)"

@@ -36,13 +36,12 @@ from pathlib import Path
 import secrets
 import csv
 
-from benchmarks.harness import free_port, spawn
+from benchmarks.harness import ROOT, free_port, spawn, write_report
 from qserve.provenance import provenance, with_header
 from qserve.predict.job import PredictConfig, resolve_model
 from qserve.devices import cpu_info, cpu_label
 from qserve.data.datasets import clean_text, embedded_csv_path
 
-ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "reports" / "predict"
 CHUNK_ROWS = 2048  # predict's default; --chunk-rows (smoke runs: small, so several actors get batches)
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
@@ -261,10 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{out}/report.json exists; pass --force to measure again")
 
     report = {"provenance": provenance(), **measure(args)}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "report.md").write_text(render(report))
-    print(render(report))
+    write_report(out, report, render(report))
     return 0
 
 

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Callable
 
 from benchmarks.report_stages import BY_NAME, STAGES, Stage  # the table; this module decides and runs
-from qserve.provenance import cpu_now, recorded_cpu, with_header
+from qserve.provenance import cpu_now, recorded_cpu
+from benchmarks.harness import ROOT, write_markdown
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def cpu_here() -> str:
@@ -81,7 +81,7 @@ def rerender(stage: Stage, root: Path = ROOT) -> list[str]:
             done.append(f"{r.md}: kept (its script renders md only while measuring)")
             continue
         report = json.loads(src.read_text(encoding="utf-8"))
-        (root / r.md).write_text(with_header(_renderer(r.render)(report), report.get("provenance")), encoding="utf-8")
+        write_markdown(root / r.md, _renderer(r.render)(report), report.get("provenance"))
         done.append(f"{r.md}: re-rendered from {r.json}")
     return done
 

@@ -21,8 +21,8 @@ from typing import Any, Callable
 
 from benchmarks import rebuild_reports
 from qserve.provenance import recorded_cpu
+from benchmarks.harness import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "benchmarks" / "reports"
 MARKER = re.compile(r"^<!-- table:(?P<name>[a-z0-9-]+) -->\n(?P<body>.*?)^<!-- /table -->$", re.M | re.S)
 

@@ -22,14 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import reviews, write_report
+from benchmarks.harness import ROOT, reviews, write_report
 from qserve.runtime import load_runtime, RuntimeOptions
 from qserve.provenance import provenance
 from qserve.files import now_iso
 from qserve.devices import cpu_label, usable_cores
 from qserve.bench.loadtest import default_texts
 
-ROOT = Path(__file__).resolve().parents[1]
 
 MODES = {"batched": {"batch_dependent": "batched"}, "rows, one at a time": {"row_workers": 1},
          "rows, side by side": {}}

@@ -34,16 +34,15 @@ from typing import Any
 import numpy as np
 
 from benchmarks import serve_engines
-from benchmarks.harness import Server, batch_totals
+from benchmarks.harness import ROOT, batch_totals, Server, write_report
 from qserve import QserveError
 from qserve.devices import cpu_info, cpu_label
 from qserve.serve.infra.config import ServeConfig
 from qserve.runtime import load_runtime, RuntimeOptions
-from qserve.provenance import provenance, with_header
-from qserve.files import now_iso, refuse_existing, write_json_atomic, write_text_atomic
+from qserve.provenance import provenance
+from qserve.files import now_iso, refuse_existing
 from qserve.bench.loadtest import default_texts, run_loadtest
 
-ROOT = Path(__file__).resolve().parents[1]
 
 log = logging.getLogger("serve_bench")
 
@@ -289,10 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                         "batched_max_batch_size": ServeConfig.max_batch_size, "texts": len(texts)},
            "model_b1": model_b1, "model_ceiling": ceiling, "summary": summary, "runs": runs,
            "provenance": provenance()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out / "serve_report.json", rep)
-    write_text_atomic(args.out / "serve_report.md", with_header(render_md(rep), rep["provenance"]))
-    print(render_md(rep))
+    write_report(args.out, rep, render_md(rep), stem="serve_report")
     return 0 if not (summary["errors"] or summary["lost"] or summary["mismatched"]) else 1
 
 

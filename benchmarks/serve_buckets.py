@@ -35,13 +35,12 @@ import struct
 
 import numpy as np
 
-from benchmarks.harness import Conn, VariantServer, archive_tree, finish, in_turn, reviews
+from benchmarks.harness import ROOT, Conn, VariantServer, archive_tree, finish, in_turn, reviews
 from qserve.provenance import command_line, provenance
 from qserve.files import now_iso, refuse_existing
 from qserve.devices import cpu_info, cpu_label
 from qserve.bench.stats import percentile
 
-ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("serve_buckets")
 TEXT_SETS = ("sentences", "reviews")
 CONCURRENCY = (1, 32)

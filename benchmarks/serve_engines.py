@@ -29,17 +29,15 @@ from typing import Any
 import statistics
 
 import psutil
-import httpx2
 
-from benchmarks.harness import Server, free_port, in_turn, machine, reviews, wait_ready
+from benchmarks.harness import ROOT, free_port, in_turn, machine, reviews, Server, wait_ready, write_report
 from benchmarks.trivial_app import trivial_app
 from qserve.serve.infra.deploy import Scaling
 from qserve.runtime import load_runtime, RuntimeOptions
-from qserve.provenance import provenance, with_header
-from qserve.files import now_iso, refuse_existing, write_json_atomic, write_text_atomic
+from qserve.provenance import provenance
+from qserve.files import now_iso, refuse_existing
 from qserve.bench.loadtest import _percentiles, Conn
 
-ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("serve_engines")
 CELLS = [(1, 1), (32, 1), (1, 32), (32, 32)]  # (concurrency, texts per request)
 ROLES = ["client (bench process)", "uvicorn engine", "trivial uvicorn", "ray proxy", "ray replica ray1",
@@ -230,8 +228,7 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
            "settings": {"duration_s": duration_s, "rounds": rounds, "texts": len(texts), "cells": CELLS,
                         "server_settings": settings, "replicas": replicas, "ray": ray.__version__},
            "results": results, "summary": summarize(results, replicas), "provenance": provenance()}
-    write_json_atomic(out / "report.json", rep)
-    write_text_atomic(out / "report.md", with_header(render_md(rep), rep["provenance"]))
+    write_report(out, rep, render_md(rep), echo=False)
     return rep
 
 

@@ -38,15 +38,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bare_server import floor, render as render_floor
-from benchmarks.harness import (Server, archive_tree, batch_totals, code_env, finish, in_turn, post_json, require_wrk,
-                                reviews, run_wrk, thread_cpu_s, wrk_lua)
+from benchmarks.harness import (ROOT, Server, archive_tree, batch_totals, code_env, finish, in_turn, post_json,
+                                require_wrk, reviews, run_wrk, thread_cpu_s, wrk_lua)
 from benchmarks.serve_steps import render as render_steps, steps
 from qserve.serve.core.repository import resolve
 from qserve.provenance import command_line, provenance
 from qserve.files import now_iso
 from qserve.devices import cpu_info, cpu_label
 
-ROOT = Path(__file__).resolve().parents[1]
 OVERHEAD_TARGET_MS = 1.0
 THROUGHPUT_TARGET = 0.95
 BATCH = 32

@@ -28,13 +28,12 @@ from typing import Any
 
 import httpx2
 
-from benchmarks.harness import (Server, archive_tree, finish, in_turn, require_wrk, reviews, run_wrk, thread_cpu_s,
-                                wrk_lua)
+from benchmarks.harness import (ROOT, Server, archive_tree, finish, in_turn, require_wrk, reviews, run_wrk,
+                                thread_cpu_s, wrk_lua)
 from qserve.provenance import command_line, provenance
 from qserve.files import now_iso
 from qserve.devices import cpu_info, cpu_label
 
-ROOT = Path(__file__).resolve().parents[1]
 
 ROUTES = ("v1", "tei", "hf", "vllm", "v2")
 PATHS = {"v1": "/v1/classify", "tei": "/predict", "hf": "/", "vllm": "/classify", "v2": "/v2/models/{model}/infer"}

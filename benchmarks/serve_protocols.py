@@ -34,14 +34,13 @@ import platform
 import numpy as np
 import httpx2
 
-from benchmarks.harness import Server, free_port, reviews
+from benchmarks.harness import ROOT, free_port, reviews, Server, write_report
 from qserve import QserveError
-from qserve.provenance import provenance, with_header
-from qserve.files import now_iso, refuse_existing, write_json_atomic, write_text_atomic
+from qserve.provenance import provenance
+from qserve.files import now_iso, refuse_existing
 from qserve.devices import cpu_info, cpu_label
 from qserve.bench.loadtest import run_loadtest
 
-ROOT = Path(__file__).resolve().parents[1]
 
 PROTOCOLS = ("v1", "v2", "v2-grpc", "tei", "vllm")
 Answer = tuple[str, tuple[float, ...]]
@@ -244,10 +243,7 @@ def main(argv: list[str] | None = None) -> int:
            "environment": {"machine": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count()},
            "machine": f"{cpu_label(cpu)}, {os.cpu_count()} CPUs",
            "answers": ans, "throughput": tput, "provenance": provenance()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out / "report.json", rep)
-    write_text_atomic(args.out / "report.md", with_header(render_md(rep), rep["provenance"]))
-    print(render_md(rep))
+    write_report(args.out, rep, render_md(rep))
     alone_ok = all(r["alone"]["bit_identical"] == ans["texts"] for r in ans["by_protocol"].values())
     labels_ok = all(r["concurrent"]["same_label"] == ans["texts"] for r in ans["by_protocol"].values())
     return 0 if alone_ok and labels_ok else 1

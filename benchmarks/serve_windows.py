@@ -37,14 +37,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Conn, VariantServer, batch_totals, finish, in_turn, review_split
+from benchmarks.harness import ROOT, Conn, VariantServer, batch_totals, finish, in_turn, review_split
 from qserve.serve.infra.config import ServeConfig
 from qserve.provenance import command_line, provenance
 from qserve.longtext import parse_list
 from qserve.files import now_iso, refuse_existing
 from qserve.devices import cpu_info, cpu_label
 
-ROOT = Path(__file__).resolve().parents[1]
 
 log = logging.getLogger("serve_windows")
 POLICIES = "head,windows:128:96:mean"

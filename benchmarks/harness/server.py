@@ -23,7 +23,8 @@ import httpx2
 
 from qserve import QserveError
 
-REPO = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2]
+"""The repository root: the benchmarks' paths (reports, models, docs) start here."""
 
 
 def free_port() -> int:
@@ -37,7 +38,7 @@ def code_env(code_root: Path, base: dict[str, str] | None = None) -> dict[str, s
     """The child's environment: offline, `code_root`'s qserve first on the path (a benchmark may serve an
     older tree beside this one), then this checkout (for `python -m benchmarks.X` children).
     TOKENIZERS_PARALLELISM and the rest as the caller has them."""
-    path = os.pathsep.join(dict.fromkeys([str(code_root), str(REPO)]))
+    path = os.pathsep.join(dict.fromkeys([str(code_root), str(ROOT)]))
     return {**(os.environ if base is None else base), "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
 
 

@@ -151,14 +151,13 @@ def decision_figure(report: dict[str, Any]):
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-
     pts = decision_points(report)
     if not pts:
         return None
     st = styles(_ok(report))
     rec = (report.get("recommended") or {}).get("variant")
     ref = report.get("agreement_reference") or "fp32"
-    b, s = report["headline"]["batch"], report["headline"]["seq"]
+    s = report["headline"]["seq"]
     bmax = max(report["config"]["batch_sizes"])
     n = next((v["accuracy"].get("n") for v in _ok(report) if (v.get("accuracy") or {}).get("n")), None)
     biggest = max(p["size_mb"] or 0 for p in pts) or 1.0

@@ -13,7 +13,7 @@ bench may use of one is the typed contract ModelRuntime (contract.py), which myp
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from qserve.runtime.base import Classification, Runtime, TextResult
 from qserve.runtime.options import RuntimeOptions

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sized
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 

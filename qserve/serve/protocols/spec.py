@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
