@@ -1,7 +1,7 @@
 """Bring your own BERT, on real weights: the embedded all-MiniLM-L6-v2 as a BertForSequenceClassification.
 
-    python -m benchmarks.byo_bert                      # train -> export --all -> agreement -> bench -> serve (~25 min)
-    python -m benchmarks.byo_bert --skip-bench         # without the latency bench (~12 min)
+    python -m benchmarks.byo_bert                      # train -> export --all -> agreement -> bench -> serve
+    python -m benchmarks.byo_bert --skip-bench         # without the latency bench
 
 The embedded default maps these weights into DistilBERT's layout; here they load as what they are
 (`qserve train --model embedded-bert`: segment embeddings, pooler, token_type_ids in every graph),

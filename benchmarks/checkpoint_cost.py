@@ -1,6 +1,6 @@
 """What one resumable training checkpoint costs, on the embedded default model (22.7M parameters).
 
-    python -m benchmarks.checkpoint_cost --saves 5      # ~1 min on 2 cores; writes benchmarks/reports/checkpoint_cost/
+    python -m benchmarks.checkpoint_cost --saves 5      # writes benchmarks/reports/checkpoint_cost/
 
 Builds exactly what `qserve train` checkpoints for each precision (model, AdamW with its state after
 one step, or torch-optimi's Kahan AdamW on bf16 weights for bf16-true, the LR scheduler, RNG states,

@@ -1,6 +1,6 @@
 """Speed-only benchmark on DistilBERT-base dimensions with RANDOM weights (no accuracy).
 
-    python -m benchmarks.distilbert_base_speed --threads 2          # ~10-20 min on 2 cores
+    python -m benchmarks.distilbert_base_speed --threads 2
     python -m benchmarks.distilbert_base_speed --threads 2 --seq-lens 128 --batch-sizes 1,8   # quicker
 
 Builds DistilBertForSequenceClassification with dim 768, 6 layers, 12 heads, FFN 3072,

@@ -1,6 +1,6 @@
 """Where onnx-int8's time goes at DistilBERT-base dims, b1/s128: kernel time by class against the int8 floor.
 
-    python -m benchmarks.int8_breakdown --threads 2  # 2-3 min on 2 cores once the graphs exist (first run: +4 exports)
+    python -m benchmarks.int8_breakdown --threads 2  # the first run exports the four graphs it times
 
 Uses the checkpoint and onnx-int8 / onnx-fp32 variants of benchmarks/distilbert_base_speed.py
 (models/distilbert-base-dims; built here the same way when missing; random weights, speed

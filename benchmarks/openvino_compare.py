@@ -1,7 +1,7 @@
 """OpenVINO vs ONNX Runtime vs torch, side by side in ONE process, rounds interleaved.
 
     python -m benchmarks.openvino_compare models/minilm-l6-distilbert-imdb/checkpoint \\
-        --out benchmarks/reports/openvino/embedded-default          # ~5 min on 2 cores
+        --out benchmarks/reports/openvino/embedded-default
     python -m benchmarks.openvino_compare --distilbert-base --out benchmarks/reports/openvino/distilbert-base-dims
 
 Loads ov-int8, ov-bf16, ov-fp32, onnx-int8 and torch-bf16 (plus torch-fp32, the agreement

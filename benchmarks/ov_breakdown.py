@@ -115,8 +115,8 @@ def profile(request: Any, feed: dict, calls: int, warmup: int = 10) -> dict[str,
 def bound(wall_ms: float, prof: dict[str, Any], gemm_gflop: float, peak_gflops: float) -> dict[str, float]:
     """The forward with its GEMM classes at the peak rate, every other node as measured (profile shares applied
     to the unprofiled wall time; what is outside the nodes stays as it is)."""
-    # The plugin's per-node timers can add up to more than the call (up to ~1.15x seen on the real model, more on a
-    # tiny one): shares of the larger.
+    # The plugin's per-node timers can add up to more than the call (a little on the real model, more on a tiny
+    # one): shares of the larger.
     share = sum(prof["classes"].get(c, {"ms": 0.0})["ms"] for c in (INT8_GEMM, OTHER_GEMM)) / max(
         prof["wall_ms"], prof.get("nodes_ms", 0.0))
     gemm_ms = share * wall_ms

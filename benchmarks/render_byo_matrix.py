@@ -1,6 +1,6 @@
 """The "bring your own model" support matrix (architecture x variant), as tests/integration/test_byo_matrix.py observed it.
 
-    python -m benchmarks.render_byo_matrix           # the full matrix test (~5 min), rewriting docs/byo-matrix.md
+    python -m benchmarks.render_byo_matrix           # the full matrix test, rewriting docs/byo-matrix.md
                                                      # and the matrix in README.md's "Bring your own model"
     python -m benchmarks.render_byo_matrix --check   # the same run, failing if docs/byo-matrix.md disagrees
 

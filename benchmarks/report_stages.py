@@ -193,8 +193,7 @@ STAGES: tuple[Stage, ...] = (
                   "benchmarks/reports/openvino/embedded-default/report.md", "openvino_compare:render"),
            Report("benchmarks/reports/openvino/distilbert-base-dims/report.json",
                   "benchmarks/reports/openvino/distilbert-base-dims/report.md", "openvino_compare:render")),
-          "~11 min (estimate; the script's docstring gives ~5 min for the embedded default, the rest is "
-          "DistilBERT-base dims and its exports)",
+          "~11 min (estimate: ~5 min for the embedded default, the rest DistilBERT-base dims and its exports)",
           needs=(f"{MODELS}/checkpoint",)),
     Stage("serve", "onnx-int8 served over HTTP: batching on vs off, concurrency 1 and 32",
           (f"$PY -m benchmarks.serve_bench {VARIANT} --duration 15 --force",),

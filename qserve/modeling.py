@@ -41,10 +41,8 @@ def skip_unused_imports() -> None:
     with it) whenever it is installed (nncf and sentence-transformers install it here) only for assisted
     generation's candidate-confidence threshold, and the loss utilities, which import scipy.optimize only for
     the object-detection losses' matching. A text classifier uses neither (FNet's optional TPU-style DFT falls
-    back to torch's FFT without scipy, with a warning). Telling transformers both are absent took a tiny
-    torch-fp32 runtime's load from 7.3-8.9 s to 5.6-6.2 s on the 2-core Xeon (sklearn, 3 alternating rounds),
-    and a model class's import a further 0.5-1 s (scipy): seconds of every `qserve serve` of a torch variant,
-    each bench child, each training and export. Only qserve's entry points call this, never the library
+    back to torch's FFT without scipy, with a warning). Telling transformers both are absent saves seconds of
+    every `qserve serve` of a torch variant, each bench child, each training and export (docs/bench.md). Only qserve's entry points call this, never the library
     functions a user's process calls, and only before transformers' model code is imported (after that the
     flags were read already). qserve's own code and other libraries import scipy as usual.
     """
@@ -88,8 +86,8 @@ def load_tokenizer(path: Path | str) -> Any:
         python -c "from qserve.modeling import default_model_dir, load_tokenizer; print(type(load_tokenizer(default_model_dir())))"
 
     `from transformers import AutoTokenizer` loads the auto-model factory, hence the generation utilities,
-    hence scikit-learn and scipy: measured 5.6-6.9 s against 2.9-3.2 s for the tokenizer class alone on the
-    2-core AMD EPYC, paid by every runtime load (each bench child, `qserve serve`, `qserve predict`). When
+    hence scikit-learn and scipy: about twice the tokenizer class's own import (docs/bench.md), paid by every
+    runtime load (each bench child, `qserve serve`, `qserve predict`). When
     tokenizer_config.json names its class and tokenizer.json is there, this takes that class as transformers 5's
     AutoTokenizer does: one tokenizers-backed class per model, named without "Fast" (the `<class>Fast` names are
     aliases, RoBERTa's an older class); anything else goes to AutoTokenizer.

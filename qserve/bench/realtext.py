@@ -82,8 +82,8 @@ CHECK_BOUND = 1.15
 def real_text_check(rt, job: dict[str, Any], texts: list[str]) -> dict[str, Any] | None:
     """Real-text b1 (predict([text])) against the fixed b1 shape's forward plus that text's tokenization, timed
     call by call in turn (fixed, real, tokenize; CHECK_PAIRS times), so both see the same machine: the grid and
-    the real-text pass run seconds apart, and on a shared 2-core machine their ratio moved by up to 1.6x
-    between those windows where in turn it stays within a few percent. The ratio is what predict() costs beyond
+    the real-text pass run seconds apart, and on a shared 2-core machine their ratio moved far more between those
+    windows than in turn. The ratio is what predict() costs beyond
     the model's forward and the tokenizer."""
     if 1 not in job["batch_sizes"] or not texts:
         return None

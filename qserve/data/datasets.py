@@ -102,8 +102,8 @@ _BR = re.compile(r"<br\s*/?>", re.IGNORECASE)
 
 def clean_text(text: str) -> str:
     """`<br />` markup -> space, runs of whitespace -> one space, trimmed."""
-    # str.split() breaks at exactly the characters re's \s matches (str.isspace; checked over every code point)
-    # and takes 0.8 s where re.sub(r"\s+") took 2.7 s over the embedded corpus's 33,530 texts, the same output
+    # str.split() breaks at exactly the characters re's \s matches (str.isspace; checked over every code point),
+    # the same output as re.sub(r"\s+"), in a fraction of its time over the embedded corpus
     return " ".join(_BR.sub(" ", text).split())
 
 

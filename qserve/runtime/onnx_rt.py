@@ -35,13 +35,10 @@ def session_options(ort, threads: int | None):
         so.intra_op_num_threads = int(threads)
     # Spin inside a run, never after it. ORT's pool threads busy-wait for more work by default, within a run
     # (between one operator's parallel section and the next) and after run() returns. After the run, that spin
-    # takes the core the event loop needs to parse the next request and write the answer: on the 2-core AMD
-    # EPYC the pipeline's onnx-int8 spent about 2x the CPU per b1 call spinning (predict([review]) 38 vs 18 ms)
-    # with the default. With no spinning at all, each of a b1 forward's ~90 parallel sections waits for the
-    # worker to wake (a context switch each): served p50 14.4 ms against 11.1 with the default
-    # (serve-overhead, 2 rounds). force_spinning_stop keeps the spin inside run() and stops it when run()
-    # returns: in-process b1 p50 10.6-11.2 ms at 20.2-20.3 ms CPU a call, against 13.4-14.2 ms at 20.6-22.3
-    # without spinning and 12.7 ms at 29-32 ms with the default (64 reviews, a 2 ms gap between calls, quiet).
+    # takes the core the event loop needs to parse the next request and write the answer; with no spinning at
+    # all, each of a b1 forward's parallel sections waits for the worker to wake (a context switch each).
+    # force_spinning_stop keeps the spin inside run() and stops it when run() returns: the fastest and the
+    # cheapest in CPU of the three, measured in docs/measurements.md ("Serving overhead").
     so.add_session_config_entry("session.intra_op.allow_spinning", "1")
     so.add_session_config_entry("session.force_spinning_stop", "1")
     so.add_session_config_entry("session.inter_op.allow_spinning", "0")  # sequential execution: no inter-op pool

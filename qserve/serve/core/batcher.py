@@ -170,7 +170,7 @@ class Batcher:
 
     async def _run_inline(self, texts: list[str], policy: str | None, pairs: list[str] | None) -> Classification:
         """Run a lone request's batch on the calling (event-loop) thread: no hop to the inference thread and
-        back, whose wake-ups cost ~0.2-0.4 ms each on a 2-core VM (docs/measurements.md). Only for a request
+        back, whose thread wake-ups cost a measurable share of a lone request (docs/serving.md). Only for a request
         alone in the server, so nobody waits on the blocked loop but the one client being answered; the
         batch is the same one the inference thread would run (same rows, same answer, same metrics), and
         `_running` keeps the collector and other requests off the runtime meanwhile."""

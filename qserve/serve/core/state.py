@@ -99,7 +99,7 @@ async def collect(retired: Retired) -> None:
         await asyncio.sleep(0.01)
     # A reference cycle holds it, and since the post-warm-up gc.freeze() it sits in the permanent
     # generation, where no collection looks: thaw everything, collect, freeze what remains. One full
-    # pass over the heap (~0.5 s with torch loaded, on 2 cores), so only when refcounting was not enough.
+    # pass over the heap (a large one with torch loaded), so only when refcounting was not enough.
     for attempt in range(3):
         gc.unfreeze()
         gc.collect()

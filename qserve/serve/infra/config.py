@@ -64,7 +64,7 @@ class ServeConfig:
     inline_lone: bool = True
     """A request alone in the server (one connection, nothing else queued or running) with one text read in
     one forward (any policy but windows) runs on the event loop, skipping the two thread hops to the inference
-    thread and back (~0.5 ms at one client). Answers are the same; --no-inline-lone always hops."""
+    thread and back (docs/serving.md says what they cost). Answers are the same; --no-inline-lone always hops."""
     max_queue: int = 1024
     """Most texts waiting for inference; beyond it requests get 429 with Retry-After."""
     max_inputs: int = 64
