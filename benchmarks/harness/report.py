@@ -20,7 +20,7 @@ from typing import Any
 from qserve import QserveError
 from qserve.devices import cpu_info
 from qserve.files import write_json_atomic, write_text_atomic
-from qserve.provenance import provenance, with_header
+from qserve.provenance import Provenance, provenance, with_header
 
 
 def machine() -> dict[str, Any]:
@@ -43,7 +43,7 @@ def write_report(out: Path, rep: dict[str, Any], md: str, stem: str = "report", 
         print(md)
 
 
-def write_markdown(path: Path, md: str, prov: dict[str, Any] | None) -> None:
+def write_markdown(path: Path, md: str, prov: Provenance | None) -> None:
     """A report's markdown alone (re-rendered from its JSON), under the provenance header, atomically."""
     write_text_atomic(path, with_header(md, prov))
 
