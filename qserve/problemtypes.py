@@ -1,6 +1,7 @@
 """Problem types: what a classifier's logits mean, and how its answers are scored and compared.
 
-    python -c "import numpy as np; from qserve.problemtypes import scores; print(scores(np.array([[0.0, 2.0]]), 'multi_label_classification'))"
+    python -c "import numpy as np; from qserve.problemtypes import scores; \\
+print(scores(np.array([[0.0, 2.0]]), 'multi_label_classification'))"
 
 Three, named as Hugging Face names them in a checkpoint's config.json (`problem_type`):
 

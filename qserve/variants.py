@@ -53,7 +53,8 @@ class VariantSpec:
     and the pipeline skip it with the reason, and an explicit export says it runs off its fast path there."""
     unsupported: dict[str, str] = field(default_factory=dict)
     """Architecture (config.json model_type) -> why the variant cannot be built for it; checked before any
-    work. Every architecture not listed exports, loads, passes parity and serves (tests/integration/test_byo_matrix.py)."""
+    work. Every architecture not listed exports, loads, passes parity and serves
+    (tests/integration/test_byo_matrix.py)."""
 
     def to_json(self) -> dict[str, Any]:
         """What the manifest records as `spec` (the stored fields only, so manifests keep their bytes)."""
@@ -76,7 +77,7 @@ class BackendOptions:
     variant: str
 
     @classmethod
-    def resolve(cls: type[O], name: str, given: dict[str, Any] | None = None) -> O:
+    def resolve(cls: type[OptionsT], name: str, given: dict[str, Any] | None = None) -> OptionsT:
         """`given` over variant `name`'s defaults, every value checked against its Option, then the backend's
         rules across options (`_check`). Unknown keys name the allowed ones."""
         given = dict(given or {})
@@ -95,7 +96,7 @@ class BackendOptions:
         return {k: getattr(self, k) for k in option_defaults(self.variant)}
 
 
-O = TypeVar("O", bound=BackendOptions)
+OptionsT = TypeVar("OptionsT", bound=BackendOptions)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """Child-process orchestration: one process per variant, then agreement, floor and reports.
 
-    python -c "from pathlib import Path; from qserve.bench.runner import run_bench; from qserve.bench.config import BenchConfig; run_bench([Path('models/minilm-imdb-variants/onnx-int8')], BenchConfig(batch_sizes=[1], seq_lens=[128]))"
+    python -c "from pathlib import Path; from qserve.bench.runner import run_bench; \\
+from qserve.bench.config import BenchConfig; \\
+run_bench([Path('models/minilm-imdb-variants/onnx-int8')], BenchConfig(batch_sizes=[1], seq_lens=[128]))"
 
 The parent never imports torch: it reads manifests, loads the evaluation texts once
 (so every variant sees the same inputs), starts `python -m qserve.bench.measure` per

@@ -55,7 +55,6 @@ ALIASES = {"default": "imdb-embedded", "rotten_tomatoes": "rotten-tomatoes"}
 SENTIMENT_LABELS = ["negative", "positive"]
 VAL_FRACTION = 0.1
 TEST_FRACTION = 0.1
-HUB_HINT = "pip install 'qserve[hub]' (the `datasets` package) and network access to huggingface.co"
 
 
 @dataclass
@@ -281,12 +280,13 @@ def _load_local(path: Path, seed: int, max_samples: int | None, max_eval_samples
 def _load_hub(name: str, seed: int, max_samples: int | None, max_eval_samples: int | None) -> DatasetSplits:
     datasets = require("datasets", f"--dataset {name!r} (not an embedded dataset: {', '.join(['default', *EMBEDDED])}; "
                                    f"not an existing local {'/'.join(LOCAL_SUFFIXES)} file; so a Hugging Face dataset "
-                                   "id, which needs network access to huggingface.co too)")
+                                   "id)")
     try:
         ds = datasets.load_dataset(name)
     except Exception as e:  # noqa: BLE001 - network, auth and missing-dataset errors all land here
         raise QserveError(f"--dataset {name!r}: could not load it from the Hugging Face hub "
-                          f"({type(e).__name__}: {str(e)[:300]}); check the id and {HUB_HINT}") from None
+                          f"({type(e).__name__}: {str(e)[:300]}); check the id and the network access to huggingface.co "
+                          "(HF_HUB_OFFLINE unset)") from None
     if "train" not in ds:
         raise QserveError(f"--dataset {name!r} has splits {list(ds)}; qserve needs a `train` split")
     train_ds = ds["train"]

@@ -1,4 +1,4 @@
-"""A `qserve predict` job: its settings, the model its TARGET names, one chunk scored as /v1 answers it, the local engine.
+"""A `qserve predict` job: its settings, the model its TARGET names, a chunk scored as /v1 answers it, the local engine.
 
     qserve predict models/minilm-l6-distilbert-imdb reviews.jsonl --out scored.parquet --all-scores
 

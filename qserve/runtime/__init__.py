@@ -1,6 +1,7 @@
 """The runtime contract shared by bench, serve and export: one loader, one Runtime interface.
 
-    python -c "from qserve.runtime import load_runtime; r = load_runtime('models/minilm-imdb-variants/onnx-int8'); print(r.predict(['great film']))"
+    python -c "from qserve.runtime import load_runtime; \\
+r = load_runtime('models/minilm-imdb-variants/onnx-int8'); print(r.predict(['great film']))"
 
 `load_runtime(variant_dir, device)` verifies the manifest, then builds the runtime class
 the backend registry (qserve.variants) names for the spec's backend. Every runtime is a

@@ -1,6 +1,7 @@
 """Runtime for ONNX variants: one onnxruntime InferenceSession on the variant's model.onnx.
 
-    python -c "from qserve.runtime import load_runtime; print(load_runtime('models/minilm-imdb-variants/onnx-int8', 'cpu').predict(['fine']))"
+    python -c "from qserve.runtime import load_runtime; \\
+print(load_runtime('models/minilm-imdb-variants/onnx-int8', 'cpu').predict(['fine']))"
 
 CPU runs on CPUExecutionProvider; `cuda[:N]` asks for CUDAExecutionProvider, which
 only the onnxruntime-gpu wheel ships (`pip install 'qserve[gpu]'`).

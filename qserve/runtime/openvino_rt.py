@@ -1,6 +1,7 @@
 """Runtime for OpenVINO variants (ov-fp32, ov-bf16, ov-int8): one compiled model per process, CPU only.
 
-    python -c "from qserve.runtime import load_runtime; print(load_runtime('models/minilm-l6-distilbert-imdb/variants/ov-int8', 'cpu').predict(['fine']))"
+    python -c "from qserve.runtime import load_runtime; \\
+print(load_runtime('models/minilm-l6-distilbert-imdb/variants/ov-int8', 'cpu').predict(['fine']))"
 
 The variant holds an OpenVINO IR (openvino_model.xml/.bin, dynamic batch and sequence
 axes) plus config.json, so `optimum.intel.OVModelForSequenceClassification.from_pretrained(dir)`
@@ -13,7 +14,8 @@ Before compiling, `ov_probe.require_precision` checks in a child process that Op
 CPU at that precision: a plugin crash there becomes an "unavailable on this CPU" error
 instead of taking the server, bench child or test run down.
 
-A batch of several rows runs on a second compiled model (compiled on the first such batch) with one stream per row worker, one
+A batch of several rows runs on a second compiled model (compiled on the first such batch) with one stream per row
+worker, one
 thread each (`row_workers`, default: the intra-op threads, else the cores): its shares run side by
 side, so no forward waits at a barrier for a thread the OS handed to the event loop, and no thread
 hand-off happens inside an op. On the 2-core AMD EPYC, ov-int8 b32/s128: 195-200 ms against 202-220

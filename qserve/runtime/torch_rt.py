@@ -1,6 +1,7 @@
 """Runtime for torch and bitsandbytes variants (both are HF checkpoints on disk).
 
-    python -c "from qserve.runtime import load_runtime; print(load_runtime('models/minilm-imdb-variants/torch-bf16').predict(['fine']))"
+    python -c "from qserve.runtime import load_runtime; \\
+print(load_runtime('models/minilm-imdb-variants/torch-bf16').predict(['fine']))"
 """
 
 from __future__ import annotations

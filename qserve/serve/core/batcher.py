@@ -6,7 +6,8 @@ Each request's texts enter one bounded FIFO as separate items, each with the req
 policy (None = the server's default). A single collector
 task takes up to `max_batch_size` items, waiting at most `max_wait_ms` after the
 oldest queued item arrived (items that queued while the previous batch ran go at
-once, and nothing waits when no other request is on its way in), runs the batch on the single inference thread (see config.py for why one)
+once, and nothing waits when no other request is on its way in), runs the batch on the single inference thread (see
+config.py for why one)
 and hands every request exactly its own rows, in order. Limits count texts: the runtime cuts a
 windowed text into several pieces itself and aggregates them back into the text's one answer, which
 depends on that text alone, so texts of different requests and policies share a batch safely. A request with more texts

@@ -7,7 +7,8 @@ label_scores, per text (the HF text-classification pipeline's shape; every proto
 single-label   [{label, score}] best first (softmax)
 multi-label    every label {label, score, on} best first (sigmoid; on: score >= threshold)
 regression     [{"label": "value", "score": v}]
-KServe V2's tensors are its own (protocols/v2/tensors.py). The threshold is the request's `threshold`, else the variant's
+KServe V2's tensors are its own (protocols/v2/tensors.py). The threshold is the request's `threshold`, else the
+variant's
 calibrated per-label thresholds (`qserve gate` records them in its manifest), else --threshold (default 0.5); a
 threshold sent to a model that is not multi-label is refused (422). A calibrated single-label variant's scores are
 the softmax of logits / its temperature (the runtime applies it: qserve/runtime/base.py scores()).

@@ -1,7 +1,8 @@
 """One served model: the runtime contract serve needs, the default loader, the ServedModel unit
 (runtime + batcher + version + shadow) and the weak trace a retired version leaves.
 
-    python -c "from qserve.serve.core.served_model import load_model; from qserve.serve.infra.config import ServeConfig; \\
+    python -c "from qserve.serve.core.served_model import load_model; \\
+from qserve.serve.infra.config import ServeConfig; \\
 m = load_model(ServeConfig(variant_dir='models/minilm-imdb-variants/onnx-int8', device='cpu')); print(m.name)"
 
 state.py builds and swaps these; routes reach them through ServeState.model(name).

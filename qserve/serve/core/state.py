@@ -368,7 +368,8 @@ class ServeState:
 
         Resolved in this order, each a 422 naming the field: `threshold` (multi-label only; None = --threshold),
         the protocol's `outputs` (what it answers, resolved against that model and checked: V2's output names; None:
-        a protocol without), `long_text` (named `where`; None = the model's default), and that the model takes the inputs
+        a protocol without), `long_text` (named `where`; None = the model's default), and that the model takes the
+        inputs
         sent (`pairs`: each text's text_pair, for a pair model; serve/core/pairs.py checked them against `model`).
         `scope` (an ASGI scope, or the gRPC service's stand-in) carries the request's arrival mark, the model
         label of its metrics and, with tracing on, its RequestTrace."""

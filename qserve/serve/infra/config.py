@@ -147,9 +147,9 @@ class ServeConfig:
         need(0 <= self.port <= 65535, "port", f"must be 0..65535, got {self.port}")
         need(self.threads is None or self.threads >= 1, "threads", f"must be >= 1, got {self.threads}")
         need(self.row_workers is None or self.row_workers >= 1, "row_workers", f"must be >= 1, got {self.row_workers}")
-        for flag in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
-            v = getattr(self, flag)
-            need(0 < v <= 3600, flag, f"must be > 0 and <= 3600 seconds, got {v}")
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
+            v = getattr(self, name)
+            need(0 < v <= 3600, name, f"must be > 0 and <= 3600 seconds, got {v}")
         need(1 <= self.max_connections <= 1_000_000, "max_connections",
              f"must be 1..1000000, got {self.max_connections}")
         need(0 < self.shadow_rate <= 1, "shadow_rate", f"must be > 0 and <= 1, got {self.shadow_rate}")

@@ -15,9 +15,10 @@ OTEL_SERVICE_NAME (default qserve), OTEL_RESOURCE_ATTRIBUTES, OTEL_BSP_* (the ba
 processor), OTEL_PROPAGATORS, OTEL_SDK_DISABLED. Spans leave in the SDK's background thread.
 
 Off, nothing beyond this module's standard-library part is imported and a request pays one `is None` check
-(the admission layer, infra/admission.py, begins and finishes every request's trace, HTTP and gRPC alike). On, a request only collects timestamps while it runs
-(RequestTrace); its spans are built from them when it ends, so the batcher and the runtime never
-call OpenTelemetry (the runtime records its steps when asked: Runtime.classify's `phases`).
+(the admission layer, infra/admission.py, begins and finishes every request's trace, HTTP and gRPC alike).
+On, a request only collects timestamps while it runs (RequestTrace); its spans are built from them when it ends,
+so the batcher and the runtime never call OpenTelemetry (the runtime records its steps when asked:
+Runtime.classify's `phases`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Run an app under a real uvicorn server: in the foreground (CLI) or a background thread (tests).
 
     python -c "from qserve.serve.infra.uvicorn_server import ServerThread; from qserve.serve.app import create_app; \\
-from qserve.serve.infra.config import ServeConfig; s = ServerThread(create_app(ServeConfig(variant_dir='V'))).start(); print(s.url); s.stop()"
+from qserve.serve.infra.config import ServeConfig; \\
+s = ServerThread(create_app(ServeConfig(variant_dir='V'))).start(); print(s.url); s.stop()"
 
 Port 0 lets the OS pick a free port at bind time (no probe-then-bind race); the
 bound port is read back from the listening socket.

@@ -1,6 +1,7 @@
 """What a serving protocol declares of itself, and the one route table the app, the guard and the fast path read.
 
-    python -c "from qserve.serve.protocols.registry import PROTOCOLS; [print(p.name, r.method, r.path) for p in PROTOCOLS for r in p.routes]"
+    python -c "from qserve.serve.protocols.registry import PROTOCOLS; \\
+[print(p.name, r.method, r.path) for p in PROTOCOLS for r in p.routes]"
 
 A ProtocolSpec is one module's declaration: its routes (method, path, the endpoint FastAPI calls and, for a route
 that classifies, how its body is read and the answer function), its error shape, its OpenAPI additions, its

@@ -23,7 +23,8 @@ mark of an inference call, and the same metrics, labelled route=/inference.GRPCI
 method=GRPC, status=the HTTP status the same answer has on /v2 and model=the model it reached. Then the same
 checks (--max-inputs, --max-chars, the text checks) and error messages, with the HTTP status mapped to its gRPC
 code (STATUS below; Retry-After and the request id travel in trailing metadata). An inference input is the
-BYTES tensor `text` of shape [n] or [n, 1] (and for a text-pair model `text_pair`, same shape), in raw_input_contents (tritonclient's default: a
+BYTES tensor `text` of shape [n] or [n, 1] (and for a text-pair model `text_pair`, same shape), in raw_input_contents
+(tritonclient's default: a
 4-byte little-endian length + UTF-8 bytes per element) or in contents.bytes_contents; outputs
 come back in raw_output_contents, as Triton answers.
 """

@@ -1,6 +1,7 @@
 """KServe V2's part of the OpenAPI document: the infer request FastAPI does not know, narrowed to this server.
 
-    curl -s 127.0.0.1:8000/openapi.json | python -c "import json, sys; print(json.load(sys.stdin)['components']['schemas']['V2InputTensor'])"
+    curl -s 127.0.0.1:8000/openapi.json | \\
+python -c "import json, sys; print(json.load(sys.stdin)['components']['schemas']['V2InputTensor'])"
 
 `components` puts V2InferRequest (read by hand, rest.py) into the document; `publish` narrows V2's schemas to this
 server and the model it serves by default (spec.Published), so that a schema-valid request is one it accepts:

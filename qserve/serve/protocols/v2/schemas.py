@@ -1,6 +1,7 @@
 """KServe V2's bodies (the Open Inference Protocol's JSON): the infer request and response, the model metadata.
 
-    python -c "from qserve.serve.protocols.v2.schemas import V2InferRequest; print(V2InferRequest.model_json_schema()['required'])"
+    python -c "from qserve.serve.protocols.v2.schemas import V2InferRequest; \\
+print(V2InferRequest.model_json_schema()['required'])"
 
 V2InferRequest is read by hand (rest.py: JSON, or a JSON header followed by binary tensor data), so FastAPI does
 not know it: openapi.py puts it in the document. The field types (a text, a long-text policy, JSON integers)
