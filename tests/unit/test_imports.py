@@ -4,7 +4,8 @@
 
 ruff enforces the rule in the suite (tests/unit/test_lint.py: PLC0415 with TID253's banned list in pyproject.toml);
 this file says why each library on that list is lazy, requires the list to be exactly LAZY + LAZY_OWN, and checks
-the rule itself on the sources, so it holds even before the tree is formatted.
+the rule itself on the sources, so it holds even before the tree is formatted. tests/unit/hoist_imports.py moves
+what breaks it (ruff finds those imports but cannot move them).
 """
 
 import ast
@@ -104,4 +105,5 @@ def test_imports_inside_functions_are_the_lazy_libraries_only():
 
     stray = [f"{path.relative_to(ROOT)}:{line} imports {names[0]}" for path, line, names in _function_level_imports()
              if not any(lazy(n) for n in names)]
-    assert not stray, "import these at the top of their module:\n" + "\n".join(stray)
+    assert not stray, ("import these at the top of their module (python tests/unit/hoist_imports.py FILE... moves "
+                       "them):\n" + "\n".join(stray))
