@@ -24,8 +24,7 @@ EXTRAS = {
     "opentelemetry": "pip install 'qserve[otel]'",
     "grpc": "pip install 'qserve[grpc]'",
     "tritonclient": "pip install 'qserve[grpc]'",
-    "datasets": "pip install 'qserve[hub]' (the `datasets` package); a hub id needs network access to "
-                "huggingface.co",
+    "datasets": "pip install 'qserve[hub]' (the `datasets` package); a hub id needs network access to huggingface.co",
 }
 """Library (import name) -> the command that installs it, for the optional libraries of no backend."""
 
@@ -45,5 +44,7 @@ def require(module: str, needed_by: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise QserveError(f"{needed_by} needs {module.split('.')[0]}, which is not installed here ({e}); install it "
-                          f"with: {install_hint(module)}") from e
+        raise QserveError(
+            f"{needed_by} needs {module.split('.')[0]}, which is not installed here ({e}); install it "
+            f"with: {install_hint(module)}"
+        ) from e

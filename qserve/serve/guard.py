@@ -45,8 +45,15 @@ def error_body(message: str, request_id: str | None) -> bytes:
 
 
 class GuardMiddleware:
-    def __init__(self, app: ASGIApp, *, admission: Admission, protocols: Protocols, fast: FastRoute | None = None,
-                 metrics_public: bool = False):
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        admission: Admission,
+        protocols: Protocols,
+        fast: FastRoute | None = None,
+        metrics_public: bool = False,
+    ):
         self.app = app
         self.admission = admission
         # the one route table (protocols/spec.py Protocols): each request's route, template and protocol
@@ -68,8 +75,9 @@ class GuardMiddleware:
         method, path = scope["method"], scope["path"]
         inference_paths = self.protocols.inference_paths
         trace = None
-        if self.admission.tracing is not None and (path not in self.untraced or (
-                method == "POST" and path in inference_paths)):
+        if self.admission.tracing is not None and (
+            path not in self.untraced or (method == "POST" and path in inference_paths)
+        ):
             carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers") or ()}
             trace = (f"{method} {path}", carrier, {"http.request.method": method, "url.path": path})
         found = self.protocols.match(route_path(scope), method)
@@ -95,22 +103,33 @@ class GuardMiddleware:
             # an open path is open to reading; an inference route on it (POST / beside the page) needs the key
             is_open = path in self.open_paths and not (path in inference_paths and method not in ("GET", "HEAD"))
             arriving = method in JSON_BODY_METHODS and found.full
-            self.admission.admit(call, HTTP, headers.get("authorization"), open=is_open, arriving=arriving,
-                                 gate=found.template in inference_paths,
-                                 model=found.params.get("name") if found.full else None)
+            self.admission.admit(
+                call,
+                HTTP,
+                headers.get("authorization"),
+                open=is_open,
+                arriving=arriving,
+                gate=found.template in inference_paths,
+                model=found.params.get("name") if found.full else None,
+            )
             if arriving:
                 ctype = headers.get("content-type")
                 raw = found.template in self.protocols.raw_body_paths
                 if not (raw_body_ok(ctype) if raw else is_json(ctype)):
-                    allowed = ("application/json, application/octet-stream or none (= JSON)" if raw
-                               else "application/json")
-                    raise self.admission.refuse(415, f"Content-Type must be {allowed}, got {ctype or 'none'!r}",
-                                                "content_type")
+                    allowed = (
+                        "application/json, application/octet-stream or none (= JSON)" if raw else "application/json"
+                    )
+                    raise self.admission.refuse(
+                        415, f"Content-Type must be {allowed}, got {ctype or 'none'!r}", "content_type"
+                    )
                 encoding = headers.get("content-encoding", "identity").strip().lower()
                 if encoding not in ("", "identity"):
-                    raise self.admission.refuse(415, f"Content-Encoding {encoding!r} is not accepted; send the body "
-                                                     "uncompressed (tritonclient: no request_compression_algorithm)",
-                                                "content_type")
+                    raise self.admission.refuse(
+                        415,
+                        f"Content-Encoding {encoding!r} is not accepted; send the body "
+                        "uncompressed (tritonclient: no request_compression_algorithm)",
+                        "content_type",
+                    )
                 body = await self._read_body(headers, receive)
                 if body is None:
                     raise self.admission.too_large()
@@ -126,8 +145,14 @@ class GuardMiddleware:
             self.admission.refused(call, refusal)
         finally:
             route = getattr(scope.get("route"), "path", None)  # the app's route, once it routed the request
-            self.admission.leave(call, status[0], route, f"{method} {route}" if route else None, traced[0],
-                                 {"http.response.status_code": traced[0], **({"http.route": route} if route else {})})
+            self.admission.leave(
+                call,
+                status[0],
+                route,
+                f"{method} {route}" if route else None,
+                traced[0],
+                {"http.response.status_code": traced[0], **({"http.route": route} if route else {})},
+            )
 
     async def _refuse(self, refusal: Refusal, scope: Scope, rid: str, send: Send) -> None:
         """The refusal in the error shape of the protocol the request is on, else qserve's {"error", "request_id"}."""

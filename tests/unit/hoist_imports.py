@@ -44,8 +44,9 @@ def bindings(node: Import) -> dict[str, str]:
     """Each name the import binds -> the one-name import statement that binds it."""
     if isinstance(node, ast.Import):
         return {(a.asname or a.name.split(".")[0]): ast.unparse(ast.Import(names=[a])) for a in node.names}
-    return {(a.asname or a.name): ast.unparse(ast.ImportFrom(module=node.module, names=[a], level=0))
-            for a in node.names}
+    return {
+        (a.asname or a.name): ast.unparse(ast.ImportFrom(module=node.module, names=[a], level=0)) for a in node.names
+    }
 
 
 def strays(tree: ast.Module) -> list[tuple[Import, list[ast.stmt]]]:

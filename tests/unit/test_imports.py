@@ -12,18 +12,43 @@ import ast
 import json
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ["torch", "onnxruntime", "bitsandbytes", "transformers", "lightning_fabric", "optimum", "ray"]
 
-LAZY = ("torch", "transformers", "onnxruntime", "openvino", "bitsandbytes", "lightning", "lightning_fabric",
-        "optimum", "ray", "grpc", "datasets", "nncf", "matplotlib", "onnx", "onnxscript", "accelerate", "safetensors",
-        "tokenizers", "huggingface_hub", "scipy", "sklearn", "pandas", "opentelemetry", "pyarrow", "tritonclient",
-        "optimi", "yaml")
+LAZY = (
+    "torch",
+    "transformers",
+    "onnxruntime",
+    "openvino",
+    "bitsandbytes",
+    "lightning",
+    "lightning_fabric",
+    "optimum",
+    "ray",
+    "grpc",
+    "datasets",
+    "nncf",
+    "matplotlib",
+    "onnx",
+    "onnxscript",
+    "accelerate",
+    "safetensors",
+    "tokenizers",
+    "huggingface_hub",
+    "scipy",
+    "sklearn",
+    "pandas",
+    "opentelemetry",
+    "pyarrow",
+    "tritonclient",
+    "optimi",
+    "yaml",
+)
 """The libraries qserve imports inside the function that needs them, so `qserve --help` answers at once and a
 missing backend fails only its own command:
 - heavy to import: the ML stacks (torch, transformers, tokenizers, safetensors, accelerate, lightning(_fabric),
@@ -42,8 +67,12 @@ inside the function that needs them too, and nowhere at a module's top."""
 
 
 def _loaded_after(code: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-c", code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return set(json.loads(out.strip().splitlines()[-1]))
 
 
@@ -103,7 +132,12 @@ def test_imports_inside_functions_are_the_lazy_libraries_only():
     def lazy(name: str) -> bool:
         return name.split(".")[0] in LAZY or any(name == m or name.startswith(m + ".") for m in LAZY_OWN)
 
-    stray = [f"{path.relative_to(ROOT)}:{line} imports {names[0]}" for path, line, names in _function_level_imports()
-             if not any(lazy(n) for n in names)]
-    assert not stray, ("import these at the top of their module (python tests/unit/hoist_imports.py FILE... moves "
-                       "them):\n" + "\n".join(stray))
+    stray = [
+        f"{path.relative_to(ROOT)}:{line} imports {names[0]}"
+        for path, line, names in _function_level_imports()
+        if not any(lazy(n) for n in names)
+    ]
+    assert not stray, (
+        "import these at the top of their module (python tests/unit/hoist_imports.py FILE... moves "
+        "them):\n" + "\n".join(stray)
+    )

@@ -32,12 +32,18 @@ def _ruff() -> list[str]:
 
 
 def test_ruff_check_is_clean():
-    r = subprocess.run([*_ruff(), "check", "--no-cache", "--output-format", "concise", "."], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [*_ruff(), "check", "--no-cache", "--output-format", "concise", "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
 
 
 def test_ruff_format_is_clean():
-    r = subprocess.run([*_ruff(), "format", "--check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [*_ruff(), "format", "--check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, "run `ruff format .`:\n" + r.stdout[-6000:] + r.stderr[-2000:]

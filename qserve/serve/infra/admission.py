@@ -82,8 +82,7 @@ GRPC = Transport("the metadata 'authorization: Bearer <api key>'")
 class Refusal(ApiError):
     """A request the admission layer refused, counted under `reason` (qserve_rejected_total) when it was made."""
 
-    def __init__(self, status: int, message: str, reason: str, headers: dict[str, str] | None = None,
-                 model: str = ""):
+    def __init__(self, status: int, message: str, reason: str, headers: dict[str, str] | None = None, model: str = ""):
         super().__init__(status, message, headers)
         self.reason, self.model = reason, model
 
@@ -107,8 +106,16 @@ class Call:
 class Admission:
     """The admission layer of one server (ServeState.admission): what both transports call, in the order above."""
 
-    def __init__(self, *, api_key: str | None, max_body_bytes: int, metrics: Metrics, arrivals: Arrivals,
-                 tracing: Tracing | None = None, queue_full: Callable[[str | None], int | None] | None = None):
+    def __init__(
+        self,
+        *,
+        api_key: str | None,
+        max_body_bytes: int,
+        metrics: Metrics,
+        arrivals: Arrivals,
+        tracing: Tracing | None = None,
+        queue_full: Callable[[str | None], int | None] | None = None,
+    ):
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
@@ -119,8 +126,14 @@ class Admission:
         # bodies are read or parsed, so a refusal costs microseconds, not a parse.
         self.queue_full = queue_full
 
-    def enter(self, scope: MutableMapping[str, Any], route: str, method: str, incoming_id: str | None,
-              trace: tuple[str, Mapping[str, str], Mapping[str, Any]] | None = None) -> Call:
+    def enter(
+        self,
+        scope: MutableMapping[str, Any],
+        route: str,
+        method: str,
+        incoming_id: str | None,
+        trace: tuple[str, Mapping[str, str], Mapping[str, Any]] | None = None,
+    ) -> Call:
         """The request's Call: its id (by REQUEST_ID) and, when tracing is on and `trace` = (span name, the
         carrier of the client's traceparent, attributes) is given, its trace, begun now."""
         rid = request_id(incoming_id)
@@ -131,31 +144,51 @@ class Admission:
             begun = state[TRACE_KEY] = self.tracing.begin(*trace)
         return Call(scope, route, method, rid, time.perf_counter(), begun)
 
-    def admit(self, call: Call, transport: Transport, authorization: str | None, *, open: bool = False,
-              arriving: bool = False, gate: bool = False, model: str | None = None) -> None:
+    def admit(
+        self,
+        call: Call,
+        transport: Transport,
+        authorization: str | None,
+        *,
+        open: bool = False,
+        arriving: bool = False,
+        gate: bool = False,
+        model: str | None = None,
+    ) -> None:
         """The API key unless `open`; then, for a request that brings texts (`arriving`), the overload gate when
         `gate` (refused at once when no text fits in `model`'s queue, or in any queue when None: the transport
         can refuse before reading the body) and its arrival mark. Raises the Refusal."""
         if self.api_key and not open and not token_ok(authorization, self.api_key):
             why = "missing" if authorization is None else "invalid"
-            raise self.refuse(401, f"{why} credentials: send {transport.credentials}", "unauthorized",
-                              dict(transport.challenge))
+            raise self.refuse(
+                401, f"{why} credentials: send {transport.credentials}", "unauthorized", dict(transport.challenge)
+            )
         if not arriving:
             return
         if gate and self.queue_full is not None:
             retry_after = self.queue_full(model)
             if retry_after is not None:
-                raise self.refuse(429, f"inference queue is full; retry after {retry_after} s", "queue_full",
-                                  {"Retry-After": str(retry_after)}, model or "")
+                raise self.refuse(
+                    429,
+                    f"inference queue is full; retry after {retry_after} s",
+                    "queue_full",
+                    {"Retry-After": str(retry_after)},
+                    model or "",
+                )
         self.arrivals.begin(call.scope)
 
     def too_large(self) -> Refusal:
         """The refusal of a body over --max-body-bytes (HTTP: as it is read; gRPC: the serialized request)."""
-        return self.refuse(413, f"request body is over the limit of {self.max_body_bytes} bytes (--max-body-bytes); "
-                                "send fewer or shorter texts per request", "body_too_large")
+        return self.refuse(
+            413,
+            f"request body is over the limit of {self.max_body_bytes} bytes (--max-body-bytes); "
+            "send fewer or shorter texts per request",
+            "body_too_large",
+        )
 
-    def refuse(self, status: int, message: str, reason: str, headers: dict[str, str] | None = None,
-               model: str = "") -> Refusal:
+    def refuse(
+        self, status: int, message: str, reason: str, headers: dict[str, str] | None = None, model: str = ""
+    ) -> Refusal:
         """A refusal before inference, counted now under `reason`; the caller raises or answers it."""
         self.metrics.reject(reason, model)
         return Refusal(status, message, reason, headers, model)
@@ -165,8 +198,15 @@ class Admission:
         if refusal.reason == "queue_full":
             self.metrics.rejection.labels(refusal.model).observe(time.perf_counter() - call.start)
 
-    def leave(self, call: Call, status: int, route: str | None = None, trace_name: str | None = None,
-              trace_status: int | None = None, trace_attributes: Mapping[str, Any] | None = None) -> None:
+    def leave(
+        self,
+        call: Call,
+        status: int,
+        route: str | None = None,
+        trace_name: str | None = None,
+        trace_status: int | None = None,
+        trace_attributes: Mapping[str, Any] | None = None,
+    ) -> None:
         """The request is over: its arrival ended, its metrics (by `route` when the transport learnt a better
         one, and the model the request reached) and its trace (`trace_name` renames the span)."""
         self.arrivals.end(call.scope)

@@ -39,13 +39,37 @@ def _metrics(st: ServeState) -> Endpoint:
     return metrics
 
 
-PROBES = ProtocolSpec(name="probes", routes=(
-    Route("GET", "/health", _health, dict(tags=["health"], summary="Liveness: 200 while the process serves HTTP"),
-          open=True),
-    Route("GET", "/ready", _ready, dict(
-        tags=["health"], summary="Readiness: 503 until the model is loaded and warmed up",
-        responses={503: {"description": 'Not ready yet: {"ready": false, "reason": "..."}'}}), open=True),
-    Route("GET", "/metrics", _metrics, dict(
-        tags=["health"], summary="Prometheus metrics (needs the API key unless --metrics-public)",
-        response_class=Response, responses={401: {"model": ErrorResponse}})),
-))
+PROBES = ProtocolSpec(
+    name="probes",
+    routes=(
+        Route(
+            "GET",
+            "/health",
+            _health,
+            dict(tags=["health"], summary="Liveness: 200 while the process serves HTTP"),
+            open=True,
+        ),
+        Route(
+            "GET",
+            "/ready",
+            _ready,
+            dict(
+                tags=["health"],
+                summary="Readiness: 503 until the model is loaded and warmed up",
+                responses={503: {"description": 'Not ready yet: {"ready": false, "reason": "..."}'}},
+            ),
+            open=True,
+        ),
+        Route(
+            "GET",
+            "/metrics",
+            _metrics,
+            dict(
+                tags=["health"],
+                summary="Prometheus metrics (needs the API key unless --metrics-public)",
+                response_class=Response,
+                responses={401: {"model": ErrorResponse}},
+            ),
+        ),
+    ),
+)

@@ -88,9 +88,14 @@ class RawBody(Generic[B]):
     first: Callable[[ServeState, Request], object] | None = None
 
 
-def answered(method: str, path: str, body: type[BaseModel] | RawBody[Any],
-             answer: Callable[[ServeState, Any, Request], Awaitable[object]], name: str,
-             **options: Any) -> Route:  # Any: the parsed body (the model or what the RawBody parses); FastAPI's keywords
+def answered(
+    method: str,
+    path: str,
+    body: type[BaseModel] | RawBody[Any],
+    answer: Callable[[ServeState, Any, Request], Awaitable[object]],
+    name: str,
+    **options: Any,
+) -> Route:  # Any: the parsed body (the model or what the RawBody parses); FastAPI's keywords
     """An inference route: its body read as `body` (a JSON model, or a RawBody) and answered by `answer(st, parsed
     body, request)`, as JSON (or the Response it returns). Both the FastAPI route (a JSON model validated by
     FastAPI and shown in OpenAPI; a raw body parsed by the route, its path parameters in the signature) and the
@@ -114,10 +119,13 @@ def answered(method: str, path: str, body: type[BaseModel] | RawBody[Any],
                     raise
                 return await respond(parsed, request)
 
-            params = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)
-                      for p in compile_path(path)[2]]
+            params = [
+                inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)
+                for p in compile_path(path)[2]
+            ]
             returns: type[Response] = Response
         else:
+
             async def route(body: Any, request: Request) -> Response:  # type: ignore[misc]  # Any: `body`, as the signature says
                 return await respond(body, request)
 
@@ -128,13 +136,15 @@ def answered(method: str, path: str, body: type[BaseModel] | RawBody[Any],
         # FastAPI reads the body model and path parameters from the signature; they are only known here, at run time
         route.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
             [*params, inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request)],
-            return_annotation=returns)
+            return_annotation=returns,
+        )
         return route
 
     def fast(st: ServeState, scope: Scope, data: bytes) -> Bound | None:
         try:
-            parsed = (body.parse(data, Headers(scope=scope)) if isinstance(body, RawBody)
-                      else body.model_validate_json(data))
+            parsed = (
+                body.parse(data, Headers(scope=scope)) if isinstance(body, RawBody) else body.model_validate_json(data)
+            )
         except (ValidationError, ApiError, RequestValidationError):
             return None
         return lambda request: answer(st, parsed, request)
@@ -313,8 +323,9 @@ FastRoute = Callable[[RouteMatch, Scope, bytes, Send], Awaitable[bool]]
 """The guard's hook once it holds a request's whole body: (its match, scope, body, send) -> True when it answered."""
 
 
-def fast_routes(st: ServeState, protocols: Protocols,
-                error: Callable[[Request, Exception], Awaitable[Response]]) -> FastRoute:
+def fast_routes(
+    st: ServeState, protocols: Protocols, error: Callable[[Request, Exception], Awaitable[Response]]
+) -> FastRoute:
     """Every inference route answered straight from the guard, past FastAPI's request machinery.
 
     Profiled at one client (py-spy, onnx-int8), FastAPI's per-request work around the endpoint (body and
@@ -343,8 +354,13 @@ def fast_routes(st: ServeState, protocols: Protocols,
             return True
         # What JSONResponse(answer) sends, byte for byte (same dumps, same headers), without building one
         out = json.dumps(answer, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-length", str(len(out)).encode()), (b"content-type", b"application/json")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-length", str(len(out)).encode()), (b"content-type", b"application/json")],
+            }
+        )
         await send({"type": "http.response.body", "body": out})
         return True
 

@@ -15,69 +15,94 @@ from typing import Annotated, Any
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from qserve.problemtypes import MULTI
 from qserve.serve.core.outputs import Threshold as Thresholds
 from qserve.serve.core.outputs import label_scores
 from qserve.serve.core.pairs import text_inputs
-from qserve.serve.core.schemas import (ROUTE_ERRORS, ErrorResponse, LongText, PositiveJsonInt, Text, TextPair,
-                                       Threshold)
+from qserve.serve.core.schemas import ROUTE_ERRORS, ErrorResponse, LongText, PositiveJsonInt, Text, TextPair, Threshold
 from qserve.serve.core.state import ServedModel, ServeState
 from qserve.serve.infra.config import ServeConfig
 from qserve.serve.protocols.spec import Endpoint, OpenApi, ProtocolSpec, Published, Route, answered
-from qserve.problemtypes import MULTI
 from qserve.textpairs import PAIR
 
 
 # -- bodies ------------------------------------------------------------------------------------------
 class ClassifyRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={
-        "examples": [{"inputs": "A moving, beautifully shot film."},
-                     {"inputs": ["Loved it.", "A waste of two hours."], "top_k": 1},
-                     {"inputs": [{"text": "A man plays a guitar.", "text_pair": "Someone makes music."}]}]})
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"inputs": "A moving, beautifully shot film."},
+                {"inputs": ["Loved it.", "A waste of two hours."], "top_k": 1},
+                {"inputs": [{"text": "A man plays a guitar.", "text_pair": "Someone makes music."}]},
+            ]
+        },
+    )
 
     inputs: Text | TextPair | Annotated[list[Text | TextPair], Field(min_length=1)] = Field(
         description="One text, or a list of texts; for a text-pair model (its inputs in GET /v1/models), "
-                    "{text, text_pair} objects instead of texts.")
+        "{text, text_pair} objects instead of texts."
+    )
     top_k: PositiveJsonInt | None = Field(
-        default=None, description="Labels per input, best first; null = all labels. An integer: \"2\" and "
-                                  "true are refused.")
+        default=None,
+        description='Labels per input, best first; null = all labels. An integer: "2" and true are refused.',
+    )
     model: Annotated[str, Field(strict=True)] | None = Field(
-        default=None, description="Optional: the served model to use (GET /v1/models lists them); default: the "
-                                  "first one the server was started with.")
+        default=None,
+        description="Optional: the served model to use (GET /v1/models lists them); default: the "
+        "first one the server was started with.",
+    )
     long_text: LongText | None = Field(
-        default=None, description="What to read of a text longer than max_length tokens: head, tail, head-tail[:H] "
-                                  "or windows[:W[:S[:mean|max]]]; null = the server's default.")
+        default=None,
+        description="What to read of a text longer than max_length tokens: head, tail, head-tail[:H] "
+        "or windows[:W[:S[:mean|max]]]; null = the server's default.",
+    )
     threshold: Threshold | None = Field(
-        default=None, description="Multi-label models only: the sigmoid score in [0, 1] at and above which a label "
-                                  "is on; null = the server's --threshold (default 0.5).")
+        default=None,
+        description="Multi-label models only: the sigmoid score in [0, 1] at and above which a label "
+        "is on; null = the server's --threshold (default 0.5).",
+    )
 
 
 class LabelScore(BaseModel):
     label: str = Field(description='The label; "value" for a regression model.')
-    score: float = Field(description="Softmax probability (single-label), sigmoid score (multi-label) or the "
-                                     "predicted value (regression).")
+    score: float = Field(
+        description="Softmax probability (single-label), sigmoid score (multi-label) or the "
+        "predicted value (regression)."
+    )
     on: bool | None = Field(default=None, description="Multi-label models only: score >= the threshold.")
 
 
 class ClassifyResponse(BaseModel):
     model: str = Field(description="Name the variant is served under.")
-    model_version: str = Field(description="The answering model's version: its manifest's short hash (a hot "
-                                           "swap changes it).")
+    model_version: str = Field(
+        description="The answering model's version: its manifest's short hash (a hot swap changes it)."
+    )
     model_name: str = Field(description="The fine-tuned model the variant was exported from.")
     predictions: list[list[LabelScore]] = Field(
         description="Per input, in input order: [{label, score}] sorted by score (the HF "
-                    "text-classification pipeline format); multi-label: every label with `on`; regression: "
-                    '[{"label": "value", "score": v}].')
+        "text-classification pipeline format); multi-label: every label with `on`; regression: "
+        '[{"label": "value", "score": v}].'
+    )
     problem_type: str = Field(description="single_label_classification, multi_label_classification or regression.")
-    threshold: float | None = Field(default=None, description="Multi-label models only: the threshold applied to "
-                                                              "every label (the request's, else --threshold).")
+    threshold: float | None = Field(
+        default=None,
+        description="Multi-label models only: the threshold applied to every label (the request's, else --threshold).",
+    )
     thresholds: dict[str, float] | None = Field(
-        default=None, description="Multi-label variants calibrated by `qserve gate`, when the request sends no "
-                                  "threshold: label -> the threshold applied to it (fitted on held-out data).")
+        default=None,
+        description="Multi-label variants calibrated by `qserve gate`, when the request sends no "
+        "threshold: label -> the threshold applied to it (fitted on held-out data).",
+    )
     temperature: float | None = Field(
-        default=None, description="Single-label variants calibrated by `qserve gate`: the scores are the softmax "
-                                  "of the logits divided by this temperature (fitted on held-out data).")
-    truncated: list[bool] = Field(description="Per input: was part of the text unseen (longer than max_length "
-                                              "tokens, or more windows than --max-windows).")
+        default=None,
+        description="Single-label variants calibrated by `qserve gate`: the scores are the softmax "
+        "of the logits divided by this temperature (fitted on held-out data).",
+    )
+    truncated: list[bool] = Field(
+        description="Per input: was part of the text unseen (longer than max_length "
+        "tokens, or more windows than --max-windows)."
+    )
     tokens: list[int] = Field(description="Per input: the text's token count, special tokens included.")
     windows: list[int] = Field(description="Per input: how many pieces of the text were scored (1 unless windowed).")
     long_text: str = Field(description="The long-text policy applied, written out in full.")
@@ -98,22 +123,32 @@ async def classify(st: ServeState, body: ClassifyRequest, request: Request) -> d
     """POST /v1/classify's answer to a validated body (the route and the guard's fast path both call this)."""
     model = st.model(body.model, request)
     texts, pairs = text_inputs(st, model, body.inputs)  # a pair model's {text, text_pair} (pairs.py)
-    a = await st.submit(model, texts, request.scope, request.state.request_id, body.long_text, "long_text", pairs,
-                        body.threshold)
+    a = await st.submit(
+        model, texts, request.scope, request.state.request_id, body.long_text, "long_text", pairs, body.threshold
+    )
     return {
-        "model": a.name, "model_version": a.version, "model_name": a.runtime.manifest.model_name,
+        "model": a.name,
+        "model_version": a.version,
+        "model_name": a.runtime.manifest.model_name,
         "predictions": label_scores(a.probs, a.labels, a.problem_type, body.top_k, a.threshold),
-        "problem_type": a.problem_type, **threshold_fields(a.labels, a.threshold),
+        "problem_type": a.problem_type,
+        **threshold_fields(a.labels, a.threshold),
         **({"temperature": t} if (t := a.runtime.manifest.temperature) is not None else {}),
-        "truncated": a.truncated, "tokens": a.tokens, "windows": a.windows,
-        "long_text": a.policy, "max_length": a.max_length}
+        "truncated": a.truncated,
+        "tokens": a.tokens,
+        "windows": a.windows,
+        "long_text": a.policy,
+        "max_length": a.max_length,
+    }
 
 
 def expected(cfg: ServeConfig) -> str:
     """What a body /v1/classify refuses should have been (and any route of a protocol that says nothing itself)."""
-    return ('expected {"inputs": str | list[str], "top_k": int >= 1 | null} (a text-pair model: '
-            '{"text", "text_pair"} objects in place of strings) with '
-            f"1..{cfg.max_inputs} non-empty texts of at most {cfg.max_chars} characters")
+    return (
+        'expected {"inputs": str | list[str], "top_k": int >= 1 | null} (a text-pair model: '
+        '{"text", "text_pair"} objects in place of strings) with '
+        f"1..{cfg.max_inputs} non-empty texts of at most {cfg.max_chars} characters"
+    )
 
 
 # -- GET /v1/models ----------------------------------------------------------------------------------
@@ -127,16 +162,24 @@ def created(model: ServedModel) -> int:
 
 def openai_models(st: ServeState) -> dict[str, Any]:
     """OpenAI's list shape, carried beside /v1/models' own keys."""
-    return {"object": "list", "data": [{"id": m.name, "object": "model", "created": created(m), "owned_by": "qserve"}
-                                      for m in st.models.values()]}
+    return {
+        "object": "list",
+        "data": [
+            {"id": m.name, "object": "model", "created": created(m), "owned_by": "qserve"} for m in st.models.values()
+        ],
+    }
 
 
 def _models(st: ServeState) -> Endpoint:
     async def v1_models() -> dict:
         st.require_ready()
         # OpenAI's list shape (object, data) beside qserve's own keys, so OpenAI-style clients can list models
-        return {"models": [m.summary() for m in st.models.values()], "default": st.default,
-                **(await st.engine_info()), **openai_models(st)}
+        return {
+            "models": [m.summary() for m in st.models.values()],
+            "default": st.default,
+            **(await st.engine_info()),
+            **openai_models(st),
+        }
 
     return v1_models
 
@@ -161,9 +204,15 @@ def publish(comps: dict[str, Any], published: Published) -> None:
 
     request = comps.get("ClassifyRequest") or {}
     if isinstance(request.get("examples"), list):  # examples are requests too: only the model's own form
-        request["examples"] = [e for e in request["examples"]
-                               if pair == any(isinstance(x, dict) for x in (e.get("inputs") if isinstance(
-                                   e.get("inputs"), list) else [e.get("inputs")]))]
+        request["examples"] = [
+            e
+            for e in request["examples"]
+            if pair
+            == any(
+                isinstance(x, dict)
+                for x in (e.get("inputs") if isinstance(e.get("inputs"), list) else [e.get("inputs")])
+            )
+        ]
     inputs = (request.get("properties") or {}).get("inputs") or {}
     if "anyOf" in inputs:
         inputs["anyOf"] = keep(inputs["anyOf"])
@@ -173,13 +222,32 @@ def publish(comps: dict[str, Any], published: Published) -> None:
 
 
 V1 = ProtocolSpec(
-    name="v1", metrics_label="v1", expected=expected, hint="POST /v1/classify",
+    name="v1",
+    metrics_label="v1",
+    expected=expected,
+    hint="POST /v1/classify",
     openapi=OpenApi(texts=("ClassifyRequest", "TextPair"), long_text=("ClassifyRequest",), publish=publish),
     routes=(
-        Route("GET", "/v1/models", _models, dict(
-            tags=["v1"], summary="Every served model: manifest summary, version, shadow agreement",
-            responses={code: {"model": ErrorResponse} for code in (401, 503)})),
-        answered("POST", "/v1/classify", ClassifyRequest, classify, "classify", tags=["v1"],
-                 response_model=ClassifyResponse, responses=ROUTE_ERRORS,
-                 summary="Classify one text or a list; [{label, score}] per input, best first"),
-    ))
+        Route(
+            "GET",
+            "/v1/models",
+            _models,
+            dict(
+                tags=["v1"],
+                summary="Every served model: manifest summary, version, shadow agreement",
+                responses={code: {"model": ErrorResponse} for code in (401, 503)},
+            ),
+        ),
+        answered(
+            "POST",
+            "/v1/classify",
+            ClassifyRequest,
+            classify,
+            "classify",
+            tags=["v1"],
+            response_model=ClassifyResponse,
+            responses=ROUTE_ERRORS,
+            summary="Classify one text or a list; [{label, score}] per input, best first",
+        ),
+    ),
+)

@@ -49,8 +49,13 @@ from qserve.serve.infra.errors import ApiError
 from qserve.serve.infra.tracing import TRACE_HEADER
 from qserve.serve.protocols.v2 import repository as repo
 from qserve.serve.protocols.v2.models import EXTENSIONS, model_config, model_metadata, served
-from qserve.serve.protocols.v2.tensors import (answered_outputs, bytes_elements, named_inputs, output_values,
-                                               tensor_bytes)
+from qserve.serve.protocols.v2.tensors import (
+    answered_outputs,
+    bytes_elements,
+    named_inputs,
+    output_values,
+    tensor_bytes,
+)
 
 log = logging.getLogger("qserve.serve")
 # The request and reply types are the messages tritonclient's generated modules define (service_pb2); they ship
@@ -60,12 +65,21 @@ Scope = dict[str, Any]
 Reply = TypeVar("Reply")
 SERVICE = "inference.GRPCInferenceService"
 OPEN_METHODS = frozenset({"ServerLive", "ServerReady"})  # probes, as /v2/health/* on HTTP
-STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED, 404: grpc.StatusCode.NOT_FOUND,
-          413: grpc.StatusCode.RESOURCE_EXHAUSTED, 422: grpc.StatusCode.INVALID_ARGUMENT,
-          429: grpc.StatusCode.RESOURCE_EXHAUSTED, 500: grpc.StatusCode.INTERNAL, 503: grpc.StatusCode.UNAVAILABLE,
-          504: grpc.StatusCode.DEADLINE_EXCEEDED}
-INPUT_RULE = ("send one BYTES input named 'text' of shape [n] or [n, 1], plus 'text_pair' of the same shape for a "
-              "text-pair model (GET the model metadata)")
+STATUS = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    500: grpc.StatusCode.INTERNAL,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+INPUT_RULE = (
+    "send one BYTES input named 'text' of shape [n] or [n, 1], plus 'text_pair' of the same shape for a "
+    "text-pair model (GET the model metadata)"
+)
 
 
 class GrpcServer:
@@ -83,8 +97,9 @@ async def serve_grpc(st: ServeState, host: str, port: int) -> GrpcServer:
     limit = st.config.max_body_bytes
     # gRPC's own cap, above --max-body-bytes so that the service refuses with the HTTP message (413);
     # it still bounds what is ever parsed.
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 2 * limit + 4096),
-                                      ("grpc.max_send_message_length", -1)])
+    server = grpc.aio.server(
+        options=[("grpc.max_receive_message_length", 2 * limit + 4096), ("grpc.max_send_message_length", -1)]
+    )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(V2Servicer(st), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     bound = server.add_insecure_port(address)
@@ -103,16 +118,20 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, st: ServeState):
         self.st = st
 
-    async def _call(self, method: str, context: grpc.aio.ServicerContext,
-                    handler: Callable[[Scope, str], Awaitable[Reply]]) -> Reply:
+    async def _call(
+        self, method: str, context: grpc.aio.ServicerContext, handler: Callable[[Scope, str], Awaitable[Reply]]
+    ) -> Reply:
         """One RPC through the admission layer (the request id, its trace, the key, its arrival, its metrics), its
         errors mapped to gRPC codes."""
         admission = self.st.admission
         meta = _metadata(context)
         scope: Scope = {"state": {}}  # what state.submit reads from an ASGI scope
         open_ = method in OPEN_METHODS
-        trace = None if open_ else (f"{SERVICE}/{method}", meta, {
-            "rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": method})
+        trace = (
+            None
+            if open_
+            else (f"{SERVICE}/{method}", meta, {"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": method})
+        )
         call = admission.enter(scope, f"/{SERVICE}/{method}", "GRPC", meta.get("x-request-id"), trace)
         rid = call.request_id
         if call.trace is not None:
@@ -131,57 +150,74 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         except Exception:
             status = 500
             log.exception("request %s: unhandled error in %s", rid, method)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error; quote request id {rid}",
-                                (("x-request-id", rid),))
+            await context.abort(
+                grpc.StatusCode.INTERNAL, f"internal error; quote request id {rid}", (("x-request-id", rid),)
+            )
         finally:
-            admission.leave(call, status, trace_attributes={
-                "rpc.grpc.status_code": STATUS.get(status, grpc.StatusCode.OK).value[0]})
+            admission.leave(
+                call, status, trace_attributes={"rpc.grpc.status_code": STATUS.get(status, grpc.StatusCode.OK).value[0]}
+            )
         raise AssertionError("unreachable: context.abort() raises grpc.aio.AbortError")  # pragma: no cover
 
     # -- health and metadata -------------------------------------------------------------------
-    async def ServerLive(self, request: service_pb2.ServerLiveRequest,
-                      context: grpc.aio.ServicerContext) -> service_pb2.ServerLiveResponse:
+    async def ServerLive(
+        self, request: service_pb2.ServerLiveRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ServerLiveResponse:
         async def live(scope: Scope, rid: str) -> service_pb2.ServerLiveResponse:
             return service_pb2.ServerLiveResponse(live=True)
+
         return await self._call("ServerLive", context, live)
 
-    async def ServerReady(self, request: service_pb2.ServerReadyRequest,
-                       context: grpc.aio.ServicerContext) -> service_pb2.ServerReadyResponse:
+    async def ServerReady(
+        self, request: service_pb2.ServerReadyRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ServerReadyResponse:
         async def ready(scope: Scope, rid: str) -> service_pb2.ServerReadyResponse:
             return service_pb2.ServerReadyResponse(ready=self.st.ready)
+
         return await self._call("ServerReady", context, ready)
 
-    async def ServerMetadata(self, request: service_pb2.ServerMetadataRequest,
-                          context: grpc.aio.ServicerContext) -> service_pb2.ServerMetadataResponse:
+    async def ServerMetadata(
+        self, request: service_pb2.ServerMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ServerMetadataResponse:
         async def server(scope: Scope, rid: str) -> service_pb2.ServerMetadataResponse:
             return service_pb2.ServerMetadataResponse(name="qserve", version=__version__, extensions=EXTENSIONS)
+
         return await self._call("ServerMetadata", context, server)
 
     def _model(self, name: str, version: str, scope: Scope) -> ServedModel:
         """The model called `name` (empty: the default), at `version` (empty: the latest, as Triton reads it)."""
         return served(self.st, name, version, scope)
 
-    async def ModelReady(self, request: service_pb2.ModelReadyRequest,
-                      context: grpc.aio.ServicerContext) -> service_pb2.ModelReadyResponse:
+    async def ModelReady(
+        self, request: service_pb2.ModelReadyRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelReadyResponse:
         async def ready(scope: Scope, rid: str) -> service_pb2.ModelReadyResponse:
             if not self.st.ready:  # as tritonclient reads HTTP's 503: not ready, not an error
                 return service_pb2.ModelReadyResponse(ready=False)
             self._model(request.name, request.version, scope)
             return service_pb2.ModelReadyResponse(ready=True)
+
         return await self._call("ModelReady", context, ready)
 
-    async def ModelMetadata(self, request: service_pb2.ModelMetadataRequest,
-                         context: grpc.aio.ServicerContext) -> service_pb2.ModelMetadataResponse:
+    async def ModelMetadata(
+        self, request: service_pb2.ModelMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelMetadataResponse:
         async def metadata(scope: Scope, rid: str) -> service_pb2.ModelMetadataResponse:
             m = model_metadata(self._model(request.name, request.version, scope))
             tensor = service_pb2.ModelMetadataResponse.TensorMetadata
             return service_pb2.ModelMetadataResponse(
-                name=m["name"], versions=m["versions"], platform=m["platform"],
-                inputs=[tensor(**t) for t in m["inputs"]], outputs=[tensor(**t) for t in m["outputs"]])
+                name=m["name"],
+                versions=m["versions"],
+                platform=m["platform"],
+                inputs=[tensor(**t) for t in m["inputs"]],
+                outputs=[tensor(**t) for t in m["outputs"]],
+            )
+
         return await self._call("ModelMetadata", context, metadata)
 
-    async def ModelConfig(self, request: service_pb2.ModelConfigRequest,
-                       context: grpc.aio.ServicerContext) -> service_pb2.ModelConfigResponse:
+    async def ModelConfig(
+        self, request: service_pb2.ModelConfigRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelConfigResponse:
         async def config(scope: Scope, rid: str) -> service_pb2.ModelConfigResponse:
             model = self._model(request.name, request.version, scope)
             cfg = model_config(self.st, model)
@@ -190,11 +226,13 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             cfg["version_policy"] = {"latest": {"num_versions": 1}}
             cfg["parameters"]["model_version"] = {"string_value": model.version}
             return service_pb2.ModelConfigResponse(config=json_format.ParseDict(cfg, model_config_pb2.ModelConfig()))
+
         return await self._call("ModelConfig", context, config)
 
     # -- inference ------------------------------------------------------------------------------
-    async def ModelInfer(self, request: service_pb2.ModelInferRequest,
-                      context: grpc.aio.ServicerContext) -> service_pb2.ModelInferResponse:
+    async def ModelInfer(
+        self, request: service_pb2.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelInferResponse:
         async def infer(scope: Scope, rid: str) -> service_pb2.ModelInferResponse:
             st = self.st
             if request.ByteSize() > st.admission.max_body_bytes:
@@ -204,8 +242,16 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 raise ApiError(422, f"id {unicode_problem(request.id)}")
             texts, pairs = request_texts(st, request, model)
             asked = [o.name for o in request.outputs]  # none: all of the model's (submit resolves them)
-            a = await st.submit(model, texts, scope, rid, _long_text(request), "parameters.long_text", pairs,
-                                outputs=answered_outputs(asked))
+            a = await st.submit(
+                model,
+                texts,
+                scope,
+                rid,
+                _long_text(request),
+                "parameters.long_text",
+                pairs,
+                outputs=answered_outputs(asked),
+            )
             values = output_values(a)
             out = service_pb2.ModelInferResponse(model_name=a.name, model_version=a.version, id=request.id or rid)
             out.parameters["labels"].string_param = ",".join(a.labels)
@@ -216,33 +262,40 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 out.outputs.add(name=name, datatype=meta["datatype"], shape=meta["shape"])
                 out.raw_output_contents.append(tensor_bytes(meta["datatype"], data))
             return out
+
         return await self._call("ModelInfer", context, infer)
 
     # -- the repository extension (repository.py: the same calls as HTTP) ------------------------------
-    async def RepositoryIndex(self, request: service_pb2.RepositoryIndexRequest,
-                           context: grpc.aio.ServicerContext) -> service_pb2.RepositoryIndexResponse:
+    async def RepositoryIndex(
+        self, request: service_pb2.RepositoryIndexRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.RepositoryIndexResponse:
         async def index(scope: Scope, rid: str) -> service_pb2.RepositoryIndexResponse:
             _repository(request.repository_name)
             entry = service_pb2.RepositoryIndexResponse.ModelIndex
             return service_pb2.RepositoryIndexResponse(models=[entry(**m) for m in repo.index(self.st, request.ready)])
+
         return await self._call("RepositoryIndex", context, index)
 
-    async def RepositoryModelLoad(self, request: service_pb2.RepositoryModelLoadRequest,
-                               context: grpc.aio.ServicerContext) -> service_pb2.RepositoryModelLoadResponse:
+    async def RepositoryModelLoad(
+        self, request: service_pb2.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.RepositoryModelLoadResponse:
         async def load(scope: Scope, rid: str) -> service_pb2.RepositoryModelLoadResponse:
             _repository(request.repository_name)
             scope["state"]["qserve_model"] = repo.model_label(self.st, request.model_name, loading=True)
             await repo.load(self.st, request.model_name, list(request.parameters))
             return service_pb2.RepositoryModelLoadResponse()
+
         return await self._call("RepositoryModelLoad", context, load)
 
-    async def RepositoryModelUnload(self, request: service_pb2.RepositoryModelUnloadRequest,
-                                 context: grpc.aio.ServicerContext) -> service_pb2.RepositoryModelUnloadResponse:
+    async def RepositoryModelUnload(
+        self, request: service_pb2.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.RepositoryModelUnloadResponse:
         async def unload(scope: Scope, rid: str) -> service_pb2.RepositoryModelUnloadResponse:
             _repository(request.repository_name)
             scope["state"]["qserve_model"] = repo.model_label(self.st, request.model_name, loading=False)
             await repo.unload(self.st, request.model_name)
             return service_pb2.RepositoryModelUnloadResponse()
+
         return await self._call("RepositoryModelUnload", context, unload)
 
 
@@ -257,13 +310,15 @@ def _long_text(request: service_pb2.ModelInferRequest) -> str | None:
         return None
     p = request.parameters["long_text"]
     if p.WhichOneof("parameter_choice") != "string_param":
-        raise ApiError(422, "parameters.long_text must be a string_param: head, tail, head-tail[:H] or "
-                            "windows[:W[:S[:mean|max]]]")
+        raise ApiError(
+            422, "parameters.long_text must be a string_param: head, tail, head-tail[:H] or windows[:W[:S[:mean|max]]]"
+        )
     return p.string_param
 
 
-def request_texts(st: ServeState, req: service_pb2.ModelInferRequest,
-                  model: ServedModel) -> tuple[list[str], list[str] | None]:
+def request_texts(
+    st: ServeState, req: service_pb2.ModelInferRequest, model: ServedModel
+) -> tuple[list[str], list[str] | None]:
     """(texts, text pairs or None) of a ModelInferRequest: `text`, and `text_pair` for a pair model, checked
     as the HTTP /v2 route checks them (tensors.named_inputs)."""
     if not 1 <= len(req.inputs) <= 2:
@@ -293,13 +348,22 @@ def _tensor_texts(tensor: service_pb2.ModelInferRequest.InferInputTensor, raw: b
             try:
                 data.append(b.decode("utf-8"))
             except UnicodeDecodeError as e:
-                raise ApiError(422, f"inputs[{i}][{j}] is not valid UTF-8: byte 0x{b[e.start]:02x} at offset "
-                                    f"{e.start} ({e.reason}); send UTF-8 text") from None
+                raise ApiError(
+                    422,
+                    f"inputs[{i}][{j}] is not valid UTF-8: byte 0x{b[e.start]:02x} at offset "
+                    f"{e.start} ({e.reason}); send UTF-8 text",
+                ) from None
     else:
-        raise ApiError(400, f"inputs[{i}] has no data: send the texts in raw_input_contents (tritonclient's "
-                            "set_data_from_numpy) or in contents.bytes_contents")
+        raise ApiError(
+            400,
+            f"inputs[{i}] has no data: send the texts in raw_input_contents (tritonclient's "
+            "set_data_from_numpy) or in contents.bytes_contents",
+        )
     shape = list(tensor.shape)
     if not 1 <= len(shape) <= 2 or (len(shape) == 2 and shape[1] != 1) or prod(shape) != len(data):
-        raise ApiError(400, f"inputs[{i}].shape {shape} does not describe its {len(data)} data elements; "
-                            "use [n] or [n, 1] with n = number of texts")
+        raise ApiError(
+            400,
+            f"inputs[{i}].shape {shape} does not describe its {len(data)} data elements; "
+            "use [n] or [n, 1] with n = number of texts",
+        )
     return data

@@ -36,8 +36,11 @@ def served(st: ServeState, name: str | None, version: str | None, scope: Mutable
 def check_version(model: ServedModel, version: str) -> None:
     """404 unless `version` is the one `model` serves now (HTTP /versions/{version}/..., gRPC model_version)."""
     if version != model.version:
-        raise ApiError(404, f"unknown model version {version!r} of {model.name!r}; it serves version "
-                            f"{model.version!r} (GET /v2/models/{model.name}), or leave the version out")
+        raise ApiError(
+            404,
+            f"unknown model version {version!r} of {model.name!r}; it serves version "
+            f"{model.version!r} (GET /v2/models/{model.name}), or leave the version out",
+        )
 
 
 def model_config(st: ServeState, model: ServedModel) -> dict[str, Any]:
@@ -45,18 +48,24 @@ def model_config(st: ServeState, model: ServedModel) -> dict[str, Any]:
     rt = model.runtime
     cfg, k = st.config, len(rt.labels)
     return {
-        "name": model.name, "platform": f"qserve_{rt.manifest.backend}", "backend": "qserve",
+        "name": model.name,
+        "platform": f"qserve_{rt.manifest.backend}",
+        "backend": "qserve",
         "version_policy": {"specific": {"versions": [model.version]}},
         "max_batch_size": 0,  # shapes below include the batch dimension (-1 = n texts)
         "input": config_inputs(rt),
         "output": config_outputs(rt.problem_type, k),
-        "dynamic_batching": {"max_queue_delay_microseconds": int(cfg.max_wait_ms * 1000),
-                             "preferred_batch_size": [cfg.max_batch_size]},
-        "parameters": {"labels": {"string_value": ",".join(rt.labels)},
-                       "problem_type": {"string_value": rt.problem_type},
-                       "max_length": {"string_value": str(rt.max_length)},
-                       "max_inputs": {"string_value": str(cfg.max_inputs)},
-                       "max_chars": {"string_value": str(cfg.max_chars)}},
+        "dynamic_batching": {
+            "max_queue_delay_microseconds": int(cfg.max_wait_ms * 1000),
+            "preferred_batch_size": [cfg.max_batch_size],
+        },
+        "parameters": {
+            "labels": {"string_value": ",".join(rt.labels)},
+            "problem_type": {"string_value": rt.problem_type},
+            "max_length": {"string_value": str(rt.max_length)},
+            "max_inputs": {"string_value": str(cfg.max_inputs)},
+            "max_chars": {"string_value": str(cfg.max_chars)},
+        },
     }
 
 
@@ -64,12 +73,21 @@ def model_metadata(model: ServedModel) -> dict[str, Any]:
     """The model metadata (HTTP GET /v2/models/{name}; gRPC ModelMetadata)."""
     rt = model.runtime
     k = len(rt.labels)
-    return {"name": model.name, "versions": [model.version], "platform": f"qserve_{rt.manifest.backend}",
-            "inputs": metadata_inputs(rt),
-            "outputs": metadata_outputs(rt.problem_type, k),
-            "parameters": {"labels": ",".join(rt.labels), "problem_type": rt.problem_type, "max_length": rt.max_length,
-                           "long_text": str(rt.long_text), "model_name": rt.manifest.model_name,
-                           **gate_parameters(rt.manifest)}}
+    return {
+        "name": model.name,
+        "versions": [model.version],
+        "platform": f"qserve_{rt.manifest.backend}",
+        "inputs": metadata_inputs(rt),
+        "outputs": metadata_outputs(rt.problem_type, k),
+        "parameters": {
+            "labels": ",".join(rt.labels),
+            "problem_type": rt.problem_type,
+            "max_length": rt.max_length,
+            "long_text": str(rt.long_text),
+            "model_name": rt.manifest.model_name,
+            **gate_parameters(rt.manifest),
+        },
+    }
 
 
 def gate_parameters(manifest: Manifest) -> dict[str, str]:
@@ -79,9 +97,14 @@ def gate_parameters(manifest: Manifest) -> dict[str, str]:
     out: dict[str, str] = {}
     g = gate_summary(manifest)
     if g is not None:
-        out.update({"gate": "passed" if g["passed"] else "failed",
-                    "gate_agreement_lower_bound": f"{g['agreement_lower_bound']:.6f}", "gate_bar": str(g["bar"]),
-                    "gate_n": str(g["n"])})
+        out.update(
+            {
+                "gate": "passed" if g["passed"] else "failed",
+                "gate_agreement_lower_bound": f"{g['agreement_lower_bound']:.6f}",
+                "gate_bar": str(g["bar"]),
+                "gate_n": str(g["n"]),
+            }
+        )
     if manifest.temperature is not None:
         out["temperature"] = str(manifest.temperature)
     if manifest.thresholds is not None:

@@ -50,9 +50,12 @@ def publish(comps: dict[str, Any], published: Published) -> None:
     tensor = comps.get("V2InputTensor")
     config = published.config
     if tensor is not None and config.max_inputs <= MAX_SHAPE_BRANCHES:
-        tensor["anyOf"] = [{"properties": {"shape": {"enum": [[n], [n, 1]]}, "data": {"minItems": n, "maxItems": n}}}
-                           for n in range(1, config.max_inputs + 1)]
+        tensor["anyOf"] = [
+            {"properties": {"shape": {"enum": [[n], [n, 1]]}, "data": {"minItems": n, "maxItems": n}}}
+            for n in range(1, config.max_inputs + 1)
+        ]
 
 
-OPENAPI = OpenApi(texts=("V2InputTensor",), long_text=("V2RequestParameters",), components=register_schemas,
-                  publish=publish)
+OPENAPI = OpenApi(
+    texts=("V2InputTensor",), long_text=("V2RequestParameters",), components=register_schemas, publish=publish
+)

@@ -27,5 +27,12 @@ async def start_grpc(st: ServeState) -> Running | None:
 
 # The repository extension (repository.py) is V2's too: the same error shape, metrics label and bodies.
 V2 = ProtocolSpec(
-    name="v2", metrics_label="v2", expected=rest.expected, raw_body=True, hint="POST /v2/models/{name}/infer",
-    openapi=openapi.OPENAPI, routes=(*rest.ROUTES, *repository.ROUTES), servers={"grpc": start_grpc})
+    name="v2",
+    metrics_label="v2",
+    expected=rest.expected,
+    raw_body=True,
+    hint="POST /v2/models/{name}/infer",
+    openapi=openapi.OPENAPI,
+    routes=(*rest.ROUTES, *repository.ROUTES),
+    servers={"grpc": start_grpc},
+)

@@ -43,8 +43,14 @@ from qserve.serve.infra.errors import ApiError
 from qserve.serve.protocols.spec import Endpoint, RawBody, Route, answered
 from qserve.serve.protocols.v2.models import EXTENSIONS, model_config, model_metadata, served
 from qserve.serve.protocols.v2.schemas import V2InferRequest, V2InferResponse, V2ModelMetadata, flatten
-from qserve.serve.protocols.v2.tensors import (Tensor, answered_outputs, bytes_elements, named_inputs, output_values,
-                                               tensor_bytes)
+from qserve.serve.protocols.v2.tensors import (
+    Tensor,
+    answered_outputs,
+    bytes_elements,
+    named_inputs,
+    output_values,
+    tensor_bytes,
+)
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -57,12 +63,18 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 INFER_ERRORS = errors(400, 401, 404, 413, 415, 422, 429, 500, 503, 504)
 INFER_RESPONSES: dict[int | str, dict[str, Any]] = {
     **INFER_ERRORS,
-    200: {"description": "JSON, or with binary outputs: JSON header (Inference-Header-Content-Length bytes) "
-                         "followed by the outputs' bytes",
-          "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+    200: {
+        "description": "JSON, or with binary outputs: JSON header (Inference-Header-Content-Length bytes) "
+        "followed by the outputs' bytes",
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    },
 }
-INFER_BODY = {"requestBody": {"required": True, "content": {
-    "application/json": {"schema": {"$ref": "#/components/schemas/V2InferRequest"}}}}}
+INFER_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/V2InferRequest"}}},
+    }
+}
 INFER_DESCRIPTION = (
     "The body is JSON; a missing Content-Type means JSON (as tritonclient sends it). Binary tensor data "
     "extension: with the header `Inference-Header-Content-Length: N`, the first N bytes are the JSON "
@@ -71,7 +83,8 @@ INFER_DESCRIPTION = (
     "`data` (each BYTES element a 4-byte little-endian length + UTF-8 bytes). Ask for binary outputs with "
     "`parameters.binary_data_output: true` or `outputs[i].parameters.binary_data: true`; the answer is "
     "then the JSON header (its length in the response's Inference-Header-Content-Length) + the bytes. A "
-    "text-pair model takes a second BYTES input `text_pair` of the same shape as `text`.")
+    "text-pair model takes a second BYTES input `text_pair` of the same shape as `text`."
+)
 
 
 # -- request decoding ---------------------------------------------------------------------------
@@ -87,8 +100,11 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     if header_length is None:
         return body, b""
     if not header_length.strip().isdigit() or int(header_length) > len(body):
-        raise ApiError(400, f"Inference-Header-Content-Length {header_length!r} must be an integer between 0 "
-                            f"and the body's {len(body)} bytes: the length of the JSON header before binary data")
+        raise ApiError(
+            400,
+            f"Inference-Header-Content-Length {header_length!r} must be an integer between 0 "
+            f"and the body's {len(body)} bytes: the length of the JSON header before binary data",
+        )
     n = int(header_length)
     return body[:n], body[n:]
 
@@ -102,8 +118,11 @@ def parse_infer(body: bytes, headers: Headers) -> InferBody:
     try:
         obj = json.loads(head)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        hint = "" if header_length is not None else (
-            "; binary tensor data needs the Inference-Header-Content-Length header")
+        hint = (
+            ""
+            if header_length is not None
+            else ("; binary tensor data needs the Inference-Header-Content-Length header")
+        )
         raise ApiError(400, f"malformed JSON body ({e}){hint}") from None
     try:
         return InferBody(V2InferRequest.model_validate(obj), binary)
@@ -111,37 +130,50 @@ def parse_infer(body: bytes, headers: Headers) -> InferBody:
         raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from None
 
 
-def request_texts(st: ServeState, req: V2InferRequest, binary: bytes,
-                  model: ServedModel | None = None) -> tuple[list[str], list[str] | None]:
+def request_texts(
+    st: ServeState, req: V2InferRequest, binary: bytes, model: ServedModel | None = None
+) -> tuple[list[str], list[str] | None]:
     """(texts, text pairs or None) of a request: `text`, and `text_pair` for a pair model (tensors.named_inputs),
     each in data or as binary data (the inputs' bytes follow the JSON header in input order)."""
     named: dict[str, tuple[int, list[str]]] = {}
     declared = sum(t.parameters.binary_data_size or 0 for t in req.inputs if t.parameters)
     if declared != len(binary):
-        raise ApiError(400, f"the inputs' parameters.binary_data_size add up to {declared} but {len(binary)} bytes "
-                            "follow the JSON header (Inference-Header-Content-Length)" if declared else
-                            f"{len(binary)} bytes follow the JSON header but no input declares "
-                            "parameters.binary_data_size")
+        raise ApiError(
+            400,
+            f"the inputs' parameters.binary_data_size add up to {declared} but {len(binary)} bytes "
+            "follow the JSON header (Inference-Header-Content-Length)"
+            if declared
+            else f"{len(binary)} bytes follow the JSON header but no input declares parameters.binary_data_size",
+        )
     offset = 0
     for i, tensor in enumerate(req.inputs):
         if tensor.name in named:
-            raise ApiError(422, f"inputs[{i}].name {tensor.name!r} repeats inputs[{named[tensor.name][0]}]; each "
-                                "input once: text, and text_pair for a text-pair model")
+            raise ApiError(
+                422,
+                f"inputs[{i}].name {tensor.name!r} repeats inputs[{named[tensor.name][0]}]; each "
+                "input once: text, and text_pair for a text-pair model",
+            )
         size = tensor.parameters.binary_data_size if tensor.parameters else None
         if size is not None:
             if tensor.data is not None:
                 raise ApiError(400, f"inputs[{i}] has both data and parameters.binary_data_size; send one of them")
-            data = bytes_elements(binary[offset:offset + size], f"inputs[{i}]")
+            data = bytes_elements(binary[offset : offset + size], f"inputs[{i}]")
             offset += size
         else:
             if tensor.data is None:
-                raise ApiError(400, f"inputs[{i}] has no data: send the texts in data, or as binary data with "
-                                    "parameters.binary_data_size and the Inference-Header-Content-Length header")
+                raise ApiError(
+                    400,
+                    f"inputs[{i}] has no data: send the texts in data, or as binary data with "
+                    "parameters.binary_data_size and the Inference-Header-Content-Length header",
+                )
             data = flatten(tensor.data)
         shape = tensor.shape
         if (len(shape) == 2 and shape[1] != 1) or prod(shape) != len(data):
-            raise ApiError(400, f"inputs[{i}].shape {shape} does not describe its {len(data)} data elements; "
-                                "use [n] or [n, 1] with n = number of texts")
+            raise ApiError(
+                400,
+                f"inputs[{i}].shape {shape} does not describe its {len(data)} data elements; "
+                "use [n] or [n, 1] with n = number of texts",
+            )
         named[tensor.name] = (i, data)
     if model is None:  # the one-text rule (no model to ask)
         check_texts(st.config, named["text"][1] if "text" in named else [], "inputs[0].data")
@@ -153,8 +185,10 @@ def requested_outputs(req: V2InferRequest) -> tuple[bool, list[tuple[str, bool]]
     """(as binary by default?, [(output name, as binary?)] in the order the client asked for them; empty: it
     named none, so it gets all of the model's). ServeState.submit checks the names against the model."""
     default = bool(req.parameters and req.parameters.binary_data_output)
-    return default, [(o.name, o.parameters.binary_data if o.parameters and o.parameters.binary_data is not None
-                      else default) for o in req.outputs or ()]
+    return default, [
+        (o.name, o.parameters.binary_data if o.parameters and o.parameters.binary_data is not None else default)
+        for o in req.outputs or ()
+    ]
 
 
 # -- response encoding ---------------------------------------------------------------------------
@@ -173,8 +207,11 @@ def encode_response(head: dict[str, Any], tensors: list[tuple[dict[str, Any], An
     if not blobs:
         return JSONResponse(body)
     header = json.dumps(body, separators=(",", ":")).encode("utf-8")
-    return Response(header + b"".join(blobs), media_type="application/octet-stream",
-                    headers={"Inference-Header-Content-Length": str(len(header))})
+    return Response(
+        header + b"".join(blobs),
+        media_type="application/octet-stream",
+        headers={"Inference-Header-Content-Length": str(len(header))},
+    )
 
 
 # -- routes -------------------------------------------------------------------------------------
@@ -192,12 +229,24 @@ async def infer(st: ServeState, body: InferBody, request: Request) -> Response:
     texts, pairs = request_texts(st, req, body.binary, model)
     binary_default, asked = requested_outputs(req)
     long_text = req.parameters.long_text if req.parameters else None
-    a = await st.submit(model, texts, request.scope, request.state.request_id, long_text, "parameters.long_text",
-                        pairs, outputs=answered_outputs([name for name, _ in asked]))
+    a = await st.submit(
+        model,
+        texts,
+        request.scope,
+        request.state.request_id,
+        long_text,
+        "parameters.long_text",
+        pairs,
+        outputs=answered_outputs([name for name, _ in asked]),
+    )
     values = output_values(a)
     flags = [flag for _, flag in asked] or [binary_default] * len(a.outputs)
-    head = {"model_name": a.name, "model_version": a.version, "id": req.id or request.state.request_id,
-            "parameters": {"labels": ",".join(a.labels), "max_length": a.max_length, "long_text": a.policy}}
+    head = {
+        "model_name": a.name,
+        "model_version": a.version,
+        "id": req.id or request.state.request_id,
+        "parameters": {"labels": ",".join(a.labels), "max_length": a.max_length, "long_text": a.policy},
+    }
     tensors: list[Tensor] = [values[w] for w in a.outputs]
     return encode_response(head, [(*t, flag) for t, flag in zip(tensors, flags)])
 
@@ -227,17 +276,20 @@ def _ready(st: ServeState) -> Endpoint:
     return v2_ready
 
 
-def _model_route(name: str, answer: Callable[[ServeState, ServedModel], Any],
-                 versioned: bool) -> Callable[[ServeState], Endpoint]:
+def _model_route(
+    name: str, answer: Callable[[ServeState, ServedModel], Any], versioned: bool
+) -> Callable[[ServeState], Endpoint]:
     """A GET route about the model (and version) the path names: `answer(st, model)`, as the endpoint `name`
     (OpenAPI's operationId; `_versioned` under the versioned prefix)."""
 
     def endpoint(st: ServeState) -> Endpoint:
         # the return annotations are FastAPI's response schema where a route declares no response_model
         if versioned:
+
             async def route(name: str, version: str, request: Request) -> Any:  # Any: what `answer` answers
                 return answer(st, target(st, request))
         else:
+
             async def route(name: str, request: Request) -> dict:  # type: ignore[misc]
                 return answer(st, target(st, request))
 
@@ -253,35 +305,70 @@ def _model_routes(prefix: str) -> tuple[Route, ...]:
     note = " (the version being served only)" if versioned else ""
     model_errors = errors(401, 404, 503)
     return (
-        Route("GET", prefix, _model_route("v2_metadata", lambda st, m: model_metadata(m), versioned), dict(
-            tags=["v2"], response_model=V2ModelMetadata, responses=model_errors,
-            summary="Model metadata: a BYTES text input (and text_pair for a pair model), FP32 probabilities out"
-                    + note)),
-        Route("GET", prefix + "/ready", _model_route("v2_model_ready", lambda st, m: {"name": m.name, "ready": True},
-                                                     versioned), dict(
-            tags=["v2"], responses=model_errors, summary="Model ready (404 for another model name)" + note)),
-        Route("GET", prefix + "/config", _model_route("v2_config", model_config, versioned), dict(
-            tags=["v2"], responses=model_errors, summary="Triton-style model configuration" + note)),
-        answered("POST", prefix + "/infer", INFER_BODY_READ, infer, "infer_versioned" if versioned else "infer",
-                 tags=["v2"], response_model=V2InferResponse, responses=INFER_RESPONSES, openapi_extra=INFER_BODY,
-                 description=INFER_DESCRIPTION, summary="Infer: one BYTES input of n texts -> probabilities FP32 "
-                                                        "[n, k], label, truncated; JSON or binary tensor data" + note),
+        Route(
+            "GET",
+            prefix,
+            _model_route("v2_metadata", lambda st, m: model_metadata(m), versioned),
+            dict(
+                tags=["v2"],
+                response_model=V2ModelMetadata,
+                responses=model_errors,
+                summary="Model metadata: a BYTES text input (and text_pair for a pair model), FP32 probabilities out"
+                + note,
+            ),
+        ),
+        Route(
+            "GET",
+            prefix + "/ready",
+            _model_route("v2_model_ready", lambda st, m: {"name": m.name, "ready": True}, versioned),
+            dict(tags=["v2"], responses=model_errors, summary="Model ready (404 for another model name)" + note),
+        ),
+        Route(
+            "GET",
+            prefix + "/config",
+            _model_route("v2_config", model_config, versioned),
+            dict(tags=["v2"], responses=model_errors, summary="Triton-style model configuration" + note),
+        ),
+        answered(
+            "POST",
+            prefix + "/infer",
+            INFER_BODY_READ,
+            infer,
+            "infer_versioned" if versioned else "infer",
+            tags=["v2"],
+            response_model=V2InferResponse,
+            responses=INFER_RESPONSES,
+            openapi_extra=INFER_BODY,
+            description=INFER_DESCRIPTION,
+            summary="Infer: one BYTES input of n texts -> probabilities FP32 "
+            "[n, k], label, truncated; JSON or binary tensor data" + note,
+        ),
     )
 
 
 def expected(cfg: ServeConfig) -> str:
     """What a body the V2 routes refuse should have been."""
-    return ('expected {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [n], '
-            f'"data": [n strings]}}]}} with 1..{cfg.max_inputs} non-empty texts of at most '
-            f"{cfg.max_chars} characters")
+    return (
+        'expected {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [n], '
+        f'"data": [n strings]}}]}} with 1..{cfg.max_inputs} non-empty texts of at most '
+        f"{cfg.max_chars} characters"
+    )
 
 
 ROUTES = (
     Route("GET", "/v2", _server, dict(tags=["v2"], summary="Server metadata", responses=errors(401))),
     Route("GET", "/v2/health/live", _live, dict(tags=["v2"], summary="Server live"), open=True),
-    Route("GET", "/v2/health/ready", _ready, dict(tags=["v2"], summary="Server ready (503 until the model is "
-                                                  "loaded)", responses={503: {"description": "not ready yet"}}),
-          open=True),
+    Route(
+        "GET",
+        "/v2/health/ready",
+        _ready,
+        dict(
+            tags=["v2"],
+            summary="Server ready (503 until the model is loaded)",
+            responses={503: {"description": "not ready yet"}},
+        ),
+        open=True,
+    ),
     *_model_routes("/v2/models/{name}"),
     *_model_routes("/v2/models/{name}/versions/{version}"),
 )

@@ -23,9 +23,11 @@ def _json_form(schema: dict[str, Any]) -> None:
     cannot be validated as JSON and is described in the infer operation instead."""
     props = schema["properties"]
     props["data"]["anyOf"] = [s for s in props["data"]["anyOf"] if s.get("type") != "null"]
-    props["parameters"] = {"anyOf": [{"type": "object"}, {"type": "null"}],
-                           "description": "Tensor parameters; with the binary tensor data extension, "
-                                          "binary_data_size (bytes after the JSON header) replaces data."}
+    props["parameters"] = {
+        "anyOf": [{"type": "object"}, {"type": "null"}],
+        "description": "Tensor parameters; with the binary tensor data extension, "
+        "binary_data_size (bytes after the JSON header) replaces data.",
+    }
     schema["required"] = sorted(set(schema.get("required", [])) | {"data"})
 
 
@@ -44,8 +46,10 @@ class V2Tensor(BaseModel):
 class V2InputParameters(BaseModel):
     model_config = ConfigDict(extra="allow")
     binary_data_size: NonNegativeJsonInt | None = Field(
-        default=None, description="Binary tensor data extension: the tensor's bytes follow the JSON header "
-                                  "(each BYTES element as a 4-byte little-endian length + UTF-8 bytes).")
+        default=None,
+        description="Binary tensor data extension: the tensor's bytes follow the JSON header "
+        "(each BYTES element as a 4-byte little-endian length + UTF-8 bytes).",
+    )
 
 
 class V2InputTensor(BaseModel):
@@ -54,19 +58,24 @@ class V2InputTensor(BaseModel):
     text-pair model also `text_pair` (same shape)."""
 
     model_config = ConfigDict(extra="allow", json_schema_extra=_json_form)
-    name: Literal["text", "text_pair"] = Field(description="The model's input name, from GET /v2/models/{name}: "
-                                                           "text, and text_pair for a text-pair model.")
+    name: Literal["text", "text_pair"] = Field(
+        description="The model's input name, from GET /v2/models/{name}: text, and text_pair for a text-pair model."
+    )
     shape: Annotated[list[PositiveJsonInt], Field(min_length=1, max_length=2)]
     datatype: Literal["BYTES"]
     parameters: V2InputParameters | None = None
-    data: Annotated[list[Text], Field(min_length=1)] | Annotated[
-        list[Annotated[list[Text], Field(min_length=1, max_length=1)]], Field(min_length=1)] | None = None
+    data: (
+        Annotated[list[Text], Field(min_length=1)]
+        | Annotated[list[Annotated[list[Text], Field(min_length=1, max_length=1)]], Field(min_length=1)]
+        | None
+    ) = None
 
 
 class V2OutputParameters(BaseModel):
     model_config = ConfigDict(extra="allow")
     binary_data: Annotated[bool, Field(strict=True)] | None = Field(
-        default=None, description="Return this output as binary data after the JSON header.")
+        default=None, description="Return this output as binary data after the JSON header."
+    )
 
 
 class V2RequestedOutput(BaseModel):
@@ -78,16 +87,33 @@ class V2RequestedOutput(BaseModel):
 class V2RequestParameters(BaseModel):
     model_config = ConfigDict(extra="allow")
     binary_data_output: Annotated[bool, Field(strict=True)] | None = Field(
-        default=None, description="Return every output as binary data (Triton's binary tensor data extension).")
+        default=None, description="Return every output as binary data (Triton's binary tensor data extension)."
+    )
     long_text: LongText | None = Field(
-        default=None, description="What to read of a text longer than max_length tokens: head, tail, head-tail[:H] "
-                                  "or windows[:W[:S[:mean|max]]]; null = the server's default.")
+        default=None,
+        description="What to read of a text longer than max_length tokens: head, tail, head-tail[:H] "
+        "or windows[:W[:S[:mean|max]]]; null = the server's default.",
+    )
 
 
 class V2InferRequest(BaseModel):
-    model_config = ConfigDict(extra="allow", json_schema_extra={
-        "examples": [{"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES",
-                                  "data": ["Loved it.", "A waste of two hours."]}]}]})
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "inputs": [
+                        {
+                            "name": "text",
+                            "shape": [2],
+                            "datatype": "BYTES",
+                            "data": ["Loved it.", "A waste of two hours."],
+                        }
+                    ]
+                }
+            ]
+        },
+    )
     id: Annotated[str, Field(strict=True)] | None = None
     parameters: V2RequestParameters | None = None
     inputs: Annotated[list[V2InputTensor], Field(min_length=1, max_length=2)]

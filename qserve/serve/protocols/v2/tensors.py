@@ -29,9 +29,11 @@ from qserve.serve.core.texts import check_texts
 from qserve.serve.infra.errors import ApiError
 from qserve.textpairs import TEXT, TEXT_PAIR
 
-OUTPUTS = {problems.SINGLE: ("probabilities", "label", "truncated"),
-           problems.MULTI: ("probabilities", "truncated"),
-           problems.REGRESSION: ("value", "truncated")}
+OUTPUTS = {
+    problems.SINGLE: ("probabilities", "label", "truncated"),
+    problems.MULTI: ("probabilities", "truncated"),
+    problems.REGRESSION: ("value", "truncated"),
+}
 """Output names per problem type, in the order they are answered when a request names none."""
 Tensor = tuple[dict[str, Any], Any]
 """(tensor meta {name, datatype, shape}, values: an FP32 array, BYTES strs or BOOLs)."""
@@ -51,8 +53,11 @@ def answered_outputs(asked: list[str]) -> Callable[[ServedModel], tuple[str, ...
         names = tuple(asked) or have
         for i, name in enumerate(names):
             if name not in have:
-                raise ApiError(422, f"outputs[{i}].name is {name!r}; model {model.name!r} ({problems.short(problem)}) "
-                                    f"has outputs {', '.join(have)}")
+                raise ApiError(
+                    422,
+                    f"outputs[{i}].name is {name!r}; model {model.name!r} ({problems.short(problem)}) "
+                    f"has outputs {', '.join(have)}",
+                )
         return names
 
     return resolve
@@ -68,24 +73,31 @@ def output_values(a: Answer) -> dict[str, Tensor]:
     else:
         out["probabilities"] = ({"name": "probabilities", "datatype": "FP32", "shape": [n, k]}, scores)
     if a.problem_type == problems.SINGLE:
-        out["label"] = ({"name": "label", "datatype": "BYTES", "shape": [n]},
-                        [a.labels[j] for j in scores.argmax(axis=1)])
+        out["label"] = (
+            {"name": "label", "datatype": "BYTES", "shape": [n]},
+            [a.labels[j] for j in scores.argmax(axis=1)],
+        )
     out["truncated"] = ({"name": "truncated", "datatype": "BOOL", "shape": [n]}, a.truncated)
     return out
 
 
 def metadata_outputs(problem: str, k: int) -> list[dict[str, Any]]:
     """The model metadata's outputs (GET /v2/models/{name}, gRPC ModelMetadata)."""
-    meta = {"probabilities": {"datatype": "FP32", "shape": [-1, k]}, "value": {"datatype": "FP32", "shape": [-1, k]},
-            "label": {"datatype": "BYTES", "shape": [-1]}, "truncated": {"datatype": "BOOL", "shape": [-1]}}
+    meta = {
+        "probabilities": {"datatype": "FP32", "shape": [-1, k]},
+        "value": {"datatype": "FP32", "shape": [-1, k]},
+        "label": {"datatype": "BYTES", "shape": [-1]},
+        "truncated": {"datatype": "BOOL", "shape": [-1]},
+    }
     return [{"name": name, **meta[name]} for name in output_names(problem)]
 
 
 def config_outputs(problem: str, k: int) -> list[dict[str, Any]]:
     """The Triton-style model configuration's outputs (GET /v2/models/{name}/config, gRPC ModelConfig)."""
     types = {"FP32": "TYPE_FP32", "BYTES": "TYPE_STRING", "BOOL": "TYPE_BOOL"}
-    return [{"name": o["name"], "data_type": types[o["datatype"]], "dims": o["shape"]}
-            for o in metadata_outputs(problem, k)]
+    return [
+        {"name": o["name"], "data_type": types[o["datatype"]], "dims": o["shape"]} for o in metadata_outputs(problem, k)
+    ]
 
 
 def metadata_inputs(runtime: ModelRuntime) -> list[dict[str, Any]]:
@@ -98,13 +110,16 @@ def config_inputs(runtime: ModelRuntime) -> list[dict[str, Any]]:
     return [{"name": name, "data_type": "TYPE_STRING", "dims": [-1]} for name in runtime.inputs]
 
 
-def named_inputs(st: Serving, model: ServedModel,
-                 named: dict[str, tuple[int, list[str]]]) -> tuple[list[str], list[str] | None]:
+def named_inputs(
+    st: Serving, model: ServedModel, named: dict[str, tuple[int, list[str]]]
+) -> tuple[list[str], list[str] | None]:
     """The inputs by name -> (texts, pairs or None): `named` maps each input's name to (its index in the
     request, its decoded elements). Same rules on HTTP and gRPC."""
-    rule = (f"model {model.name!r} takes BYTES inputs {TEXT!r} and {TEXT_PAIR!r} of the same shape [n] or [n, 1]"
-            if takes_pairs(model.runtime) else
-            f"model {model.name!r} takes one BYTES input {TEXT!r} of shape [n] or [n, 1]")
+    rule = (
+        f"model {model.name!r} takes BYTES inputs {TEXT!r} and {TEXT_PAIR!r} of the same shape [n] or [n, 1]"
+        if takes_pairs(model.runtime)
+        else f"model {model.name!r} takes one BYTES input {TEXT!r} of shape [n] or [n, 1]"
+    )
     if TEXT not in named:
         raise ApiError(422, f"no input named {TEXT!r}; {rule} (GET the model metadata)")
     if TEXT_PAIR in named and not takes_pairs(model.runtime):
@@ -117,8 +132,10 @@ def named_inputs(st: Serving, model: ServedModel,
         return texts, None
     j, pairs = named[TEXT_PAIR]
     if len(pairs) != len(texts):
-        raise ApiError(400, f"inputs[{j}] ({TEXT_PAIR}) has {len(pairs)} elements but inputs[{i}] ({TEXT}) has "
-                            f"{len(texts)}; {rule}")
+        raise ApiError(
+            400,
+            f"inputs[{j}] ({TEXT_PAIR}) has {len(pairs)} elements but inputs[{i}] ({TEXT}) has {len(texts)}; {rule}",
+        )
     check_texts(st.config, pairs, f"inputs[{j}].data")
     return texts, pairs
 
@@ -129,17 +146,23 @@ def bytes_elements(raw: bytes, where: str) -> list[str]:
     pos = 0
     while pos < len(raw):
         if pos + 4 > len(raw):
-            raise ApiError(400, f"{where}: {len(raw) - pos} trailing byte(s) where a 4-byte element length "
-                                "was expected; each BYTES element is a little-endian uint32 length + its bytes")
+            raise ApiError(
+                400,
+                f"{where}: {len(raw) - pos} trailing byte(s) where a 4-byte element length "
+                "was expected; each BYTES element is a little-endian uint32 length + its bytes",
+            )
         (n,) = struct.unpack_from("<I", raw, pos)
         pos += 4
         if pos + n > len(raw):
             raise ApiError(400, f"{where}: element {len(out)} declares {n} bytes but only {len(raw) - pos} remain")
         try:
-            out.append(raw[pos:pos + n].decode("utf-8"))
+            out.append(raw[pos : pos + n].decode("utf-8"))
         except UnicodeDecodeError as e:
-            raise ApiError(422, f"{where}[{len(out)}] is not valid UTF-8: byte 0x{raw[pos + e.start]:02x} at "
-                                f"offset {e.start} ({e.reason}); send UTF-8 text") from None
+            raise ApiError(
+                422,
+                f"{where}[{len(out)}] is not valid UTF-8: byte 0x{raw[pos + e.start]:02x} at "
+                f"offset {e.start} ({e.reason}); send UTF-8 text",
+            ) from None
         pos += n
     return out
 
