@@ -33,8 +33,17 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, cast
+import logging
+import asyncio
+
+import uvloop
+import httptools
 
 from benchmarks.harness import code_env, free_port, run_wrk, spawn
+from qserve.serve.infra.uvicorn_server import ServerThread
+from qserve.serve.infra.config import ServeConfig
+from qserve.serve.app import create_app
+from qserve.runtime import load_runtime, RuntimeOptions
 
 READY = "bare-server ready"
 
@@ -153,12 +162,6 @@ def serve_qserve(cfg: dict[str, Any]) -> None:
     """qserve's app (create_app, real uvicorn on a thread of this process, access log on), then its runtime
     timed in this process's main thread while the server idles, then serve until killed; each further line
     on stdin ("b32") times the runtime's real-text batches again, the server idling meanwhile."""
-    import logging
-
-    from qserve.serve.app import create_app
-    from qserve.serve.infra.config import ServeConfig
-    from qserve.serve.infra.uvicorn_server import ServerThread
-
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)  # the access log, as `qserve serve` writes it
     app = create_app(ServeConfig(variant_dir=cfg["variant"], threads=cfg["threads"], long_text=cfg["long_text"]))
     ServerThread(app, port=cfg["port"], log_level="info").start()
@@ -180,13 +183,6 @@ def serve_qserve(cfg: dict[str, Any]) -> None:
 
 
 def serve(cfg: dict[str, Any]) -> None:
-    import asyncio
-
-    import httptools
-    import uvloop
-
-    from qserve.runtime import RuntimeOptions, load_runtime
-
     rt = load_runtime(cfg["variant"], "cpu", RuntimeOptions(threads=cfg["threads"], long_text=cfg["long_text"]))
     p50 = _p50_ms(rt, cfg["texts"], cfg["seconds"])
     labels = rt.labels

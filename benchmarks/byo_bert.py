@@ -1,7 +1,7 @@
 """Bring your own BERT, on real weights: the embedded all-MiniLM-L6-v2 as a BertForSequenceClassification.
 
-    python -m benchmarks.byo_bert                      # train -> export --all -> agreement -> bench -> serve (~25 min)
-    python -m benchmarks.byo_bert --skip-bench         # without the latency bench (~12 min)
+    python -m benchmarks.byo_bert                      # train -> export --all -> agreement -> bench -> serve
+    python -m benchmarks.byo_bert --skip-bench         # without the latency bench
 
 The embedded default maps these weights into DistilBERT's layout; here they load as what they are
 (`qserve train --model embedded-bert`: segment embeddings, pooler, token_type_ids in every graph),
@@ -29,18 +29,25 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.harness import Server, reviews
+import numpy as np
+import httpx2
 
-REPO = Path(__file__).resolve().parents[1]
-OUT = REPO / "benchmarks" / "reports" / "byo-bert"
+from benchmarks.harness import ROOT, reviews, Server, write_report
+from qserve.runtime import load_runtime
+from qserve.provenance import provenance, with_header
+from qserve.devices import cpu_info, cpu_label
+from qserve.artifact import ModelMeta, read_model_meta
+from exporters.core import checkpoint_info, reference_logits, variant_policy
+
+OUT = ROOT / "benchmarks" / "reports" / "byo-bert"
 BAR = {"ov-int8": 0.99}
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-       "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+       "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
 
 
 def qserve(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     print("$ qserve " + " ".join(argv), flush=True)
-    res = subprocess.run([sys.executable, "-m", "qserve", *argv], cwd=REPO, env=ENV, text=True,
+    res = subprocess.run([sys.executable, "-m", "qserve", *argv], cwd=ROOT, env=ENV, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     print(res.stdout[-4000:], flush=True)
     if check and res.returncode != 0:
@@ -50,11 +57,6 @@ def qserve(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
 
 def agreement(checkpoint: Path, variants: list[Path], samples: int) -> dict[str, dict]:
     """Each variant's prediction agreement with the checkpoint's fp32 on `samples` test reviews."""
-    import numpy as np
-
-    from exporters.core import checkpoint_info, reference_logits, variant_policy
-    from qserve.runtime import load_runtime
-
     info = checkpoint_info(checkpoint)
     meta = info.meta
     if meta is None or not meta.dataset:
@@ -85,13 +87,9 @@ def agreement(checkpoint: Path, variants: list[Path], samples: int) -> dict[str,
 
 def serve_check(variant: Path) -> dict:
     """`qserve serve` on `variant` in a child; one request, compared with the in-process answer."""
-    import httpx2
-
-    from qserve.runtime import load_runtime
-
     text = "A wonderful, moving film with superb performances."
     with tempfile.TemporaryDirectory(prefix="byo-bert-serve-") as tmp:
-        srv = Server([str(variant), "--device", "cpu"], REPO, Path(tmp) / "server.log", env=ENV)
+        srv = Server([str(variant), "--device", "cpu"], ROOT, Path(tmp) / "server.log", env=ENV)
         try:
             srv.wait_ready(180)
             r = httpx2.post(srv.url + "/v1/classify", json={"inputs": text}, trust_env=False, timeout=30)
@@ -106,8 +104,6 @@ def serve_check(variant: Path) -> dict:
 
 
 def render(report: dict) -> str:
-    from qserve.devices import cpu_label
-
     lines = [f"# Bring your own BERT: {report['model']} (`--model embedded-bert`)", "",
              f"Trained with `qserve train --model embedded-bert --max-samples {report['max_samples']}`; "
              f"agreement with that checkpoint's fp32 on {report['samples']:,} held-out test reviews, through "
@@ -135,14 +131,12 @@ def render(report: dict) -> str:
 
 def render_md(report: dict) -> str:
     """report.md: the provenance header (command, commit, CPU), then `render`."""
-    from qserve.provenance import with_header
-
     return with_header(render(report), report["provenance"])
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--run-dir", type=Path, default=REPO / "models" / "byo-bert")
+    p.add_argument("--run-dir", type=Path, default=ROOT / "models" / "byo-bert")
     p.add_argument("--max-samples", type=int, default=1500, help="training reviews (default %(default)s)")
     p.add_argument("--samples", type=int, default=2000, help="test reviews for agreement (default %(default)s)")
     p.add_argument("--skip-bench", action="store_true", help="skip `qserve bench` (latency and memory)")
@@ -156,8 +150,6 @@ def main(argv: list[str] | None = None) -> int:
     # one indented "    failed: VARIANT: TYPE: message" line per failed variant
     failed = [ln.split(":")[1].strip() for ln in exported.stdout.splitlines() if ln.startswith("    failed: ")]
     variants = sorted(d for d in variants_dir.iterdir() if (d / "manifest.json").is_file())
-    from qserve.artifact import ModelMeta, read_model_meta
-    from qserve.devices import cpu_info
 
     report = {"model": "minilm-l6-bert", "max_samples": args.max_samples, "samples": args.samples,
               "environment": {"cpu": cpu_info(), "cpu_count": os.cpu_count()},
@@ -168,17 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_bench:
         bench_dir = args.out / "bench"  # committed beside this report
         qserve("bench", *map(str, variants), "--out", str(bench_dir), "--device", "cpu", "--force")
-        report["bench"] = str((bench_dir / "report.md").relative_to(REPO)) if bench_dir.is_relative_to(REPO) else str(
+        report["bench"] = str((bench_dir / "report.md").relative_to(ROOT)) if bench_dir.is_relative_to(ROOT) else str(
             bench_dir / "report.md")
     if (variants_dir / "ov-int8").is_dir():
         report["serve"] = serve_check(variants_dir / "ov-int8")
-    from qserve.provenance import provenance
 
     report["provenance"] = provenance()
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    (args.out / "report.md").write_text(render_md(report), encoding="utf-8")
-    print(render(report))
+    write_report(args.out, report, render(report))
     ok = all(report["agreement"].get(n, {}).get("agreement", 0.0) >= b for n, b in BAR.items())
     ok = ok and exported.returncode == 0 and (report.get("serve") or {}).get("match", False)
     return 0 if ok else 1

@@ -1,6 +1,6 @@
 """What one resumable training checkpoint costs, on the embedded default model (22.7M parameters).
 
-    python -m benchmarks.checkpoint_cost --saves 5      # ~1 min on 2 cores; writes benchmarks/reports/checkpoint_cost/
+    python -m benchmarks.checkpoint_cost --saves 5      # writes benchmarks/reports/checkpoint_cost/
 
 Builds exactly what `qserve train` checkpoints for each precision (model, AdamW with its state after
 one step, or torch-optimi's Kahan AdamW on bf16 weights for bf16-true, the LR scheduler, RNG states,
@@ -20,18 +20,19 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.harness import write_report
+from benchmarks.harness import ROOT, write_report
+from qserve.training.precision import build_optimizer
+from qserve.training import resume
+from qserve.provenance import provenance
+from qserve.modeling import load_for_training
+from qserve.files import now_iso
+from qserve.devices import cpu_label
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def measure(precision: str, saves: int, scratch: Path, model_name: str = "default") -> dict:
     import torch
     from lightning_fabric import Fabric
-
-    from qserve.training import resume
-    from qserve.modeling import load_for_training
-    from qserve.training.precision import build_optimizer
 
     fabric = Fabric(accelerator="cpu", devices=1, precision=precision)
     model, _, _ = load_for_training(model_name, ["negative", "positive"])
@@ -66,10 +67,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="default", help="default: the embedded model (a checkpoint dir to smoke-test)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "reports" / "checkpoint_cost")
     args = p.parse_args(argv)
-
-    from qserve.files import now_iso
-    from qserve.devices import cpu_label
-    from qserve.provenance import provenance
 
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []

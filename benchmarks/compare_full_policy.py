@@ -26,12 +26,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from qserve.provenance import provenance, with_header
+from qserve.bench.report import load_report
+from qserve.bench.recommend import bar_for, real_text_b1, recommend
+from qserve.bench.analysis import REFERENCES
+from qserve.bench import policies
+from benchmarks.harness import write_report
+
 
 
 def _load(path: str) -> dict[str, Any]:
-    from qserve.bench.report import load_report
-
     return load_report(path)[0]
 
 
@@ -43,9 +47,6 @@ def _choice(report: dict[str, Any]) -> dict[str, Any]:
 
 def replay(full: dict[str, Any]) -> dict[str, Any]:
     """The full report's choice recomputed from the records the fast bench measures only."""
-    from qserve.bench import policies
-    from qserve.bench.recommend import recommend
-
     r = copy.deepcopy(full)
     r["recommended"] = recommend(r)
     keep = {r["recommended"].get("variant"), r.get("agreement_reference")}
@@ -62,9 +63,6 @@ def replay(full: dict[str, Any]) -> dict[str, Any]:
 
 def replay_cut(full: dict[str, Any]) -> dict[str, Any]:
     """Which variants the eval cut would have cut in the full run, measured in the fast bench's order."""
-    from qserve.bench.analysis import REFERENCES
-    from qserve.bench.recommend import bar_for, real_text_b1
-
     ok = [v for v in full["variants"] if v.get("status") == "ok"]
     names = [(v.get("spec") or {}).get("name") for v in ok]
     ref = next((names.index(n) for n in REFERENCES if n in names), None)
@@ -85,8 +83,6 @@ def replay_cut(full: dict[str, Any]) -> dict[str, Any]:
 
 
 def rows(full: dict[str, Any], fast: dict[str, Any]) -> list[dict[str, Any]]:
-    from qserve.bench.recommend import real_text_b1
-
     by = {v["name"]: v for v in fast["variants"]}
     out = []
     for v in full["variants"]:
@@ -144,7 +140,9 @@ def render(c: dict[str, Any]) -> str:
     st = c.get("fast_stage_s") or {}
     if st:
         L += ["", "Fast pipeline stage times (s): " + ", ".join(f"{k} {v:,.0f}" for k, v in st.items()) + "."]
-    L += ["", f"Sum of the variants' own children's wall time: full {c['full_child_s']:,.0f} s, fast {c['fast_child_s']:,.0f} s (the fast bench's first pass only; its policy passes are in the bench stage time).", ""]
+    L += ["", f"Sum of the variants' own children's wall time: full {c['full_child_s']:,.0f} s, fast "
+              f"{c['fast_child_s']:,.0f} s (the fast bench's first pass only; its policy passes are in the bench stage "
+              "time).", ""]
     return "\n".join(L)
 
 
@@ -154,8 +152,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fast", required=True, help="report.json (or its dir) of the fast bench, same variant files")
     p.add_argument("--out", help="directory for comparison.json and comparison.md")
     args = p.parse_args(argv)
-    from qserve.files import write_json_atomic, write_text_atomic
-    from qserve.provenance import provenance, with_header
 
     full, fast = _load(args.full), _load(args.fast)
     c = {"full_report": str(args.full), "fast_report": str(args.fast), "full": _choice(full), "fast": _choice(fast),
@@ -171,13 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     c["same"] = (all(c["full"][k] == c["replay"][k] == c["fast"][k] for k in keys)
                  and not c["cut"]["recommended_cut"] and c["exports"]["same"] and c["same_cpu"])
     c["provenance"] = provenance()
-    md = with_header(render(c), c["provenance"])
-    print(md)
+    print(with_header(render(c), c["provenance"]))
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out / "comparison.json", c)
-        write_text_atomic(out / "comparison.md", md)
+        write_report(Path(args.out), c, render(c), stem="comparison", echo=False)
     return 0 if c["same"] else 1
 
 

@@ -28,7 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import numpy as np
+
+from qserve.provenance import provenance
+from qserve.files import now_iso
+from qserve.bench import BenchConfig, run_bench
+from benchmarks.harness import ROOT, write_report
+
 # The same text qserve's bench tiles when no dataset text is given (real_text_samples=0 below):
 # copied, not imported, so this file shares no code path with the harness it checks.
 TEXT = ("The film opens slowly, but the performances are strong and the story builds to an ending "
@@ -36,7 +42,6 @@ TEXT = ("The film opens slowly, but the performances are strong and the story bu
 
 
 def make_ids(variant_dir: Path, batch: int, seq: int):
-    import numpy as np
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(variant_dir)
@@ -64,7 +69,6 @@ def child(kind: str, variant_dir: str, threads: int, batch: int, seq: int, budge
     vdir = Path(variant_dir)
     input_ids, mask = make_ids(vdir, batch, seq)
     if kind == "onnx":
-        import numpy as np
         import onnxruntime as ort
 
         so = ort.SessionOptions()
@@ -177,10 +181,6 @@ def main(argv: list[str] | None = None) -> int:
         Path(out).write_text(json.dumps(res))
         return 0
 
-    from qserve.files import now_iso, write_json_atomic, write_text_atomic
-    from qserve.bench import BenchConfig, run_bench
-    from qserve.provenance import provenance, with_header
-
     pairs = {"torch-fp32": ("torch", args.variants_root / "torch-fp32"),
              "onnx-int8": ("onnx", args.variants_root / "onnx-int8")}
     missing = [str(d) for _, d in pairs.values() if not (d / "manifest.json").is_file()]
@@ -207,9 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                         if ok else f"DISAGREE: at least one ratio is outside 1 ± {args.tolerance:.0%}; "
                                    "investigate before trusting the report.")}
     args.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out / "crosscheck.json", data)
-    write_text_atomic(args.out / "crosscheck.md", with_header(render_md(data), data["provenance"]))
-    print(render_md(data))
+    write_report(args.out, data, render_md(data), stem="crosscheck")
     return 0 if ok else 1
 
 

@@ -8,7 +8,8 @@ Each run exports onnx-fp32, onnx-int8 and ov-int8 from the checkpoint with the e
 runs in (the qserve on its import path, the libraries of its venv), scores the first --n test reviews of the
 embedded default's test split through each variant's runtime (qserve.runtime.load_runtime, default options),
 and compares each with the torch-fp32 variant's logits through the same runtime contract (same tokenization and
-long-text policy): top-label agreement and max |Δlogit|. It records the versions it ran with and merges its run into DIR/report.json under --label.
+long-text policy): top-label agreement and max |Δlogit|. It records the versions it ran with and merges its run
+into DIR/report.json under --label.
 Agreement is not a timing: it may be measured on a loaded machine.
 """
 
@@ -23,7 +24,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from qserve.provenance import provenance, with_header
+import exporters
+from qserve.runtime import load_runtime
+from qserve.files import library_versions
+from benchmarks.harness.data import reviews
+from benchmarks.harness import write_markdown, write_report
 
 REFERENCE = "torch-fp32"
 VARIANTS = ("onnx-fp32", "onnx-int8", "ov-int8")
@@ -38,13 +46,6 @@ def cpu_name() -> str:
 
 
 def measure(checkpoint: Path, n: int) -> dict:
-    import numpy as np
-
-    import exporters
-    from benchmarks.harness.data import reviews
-    from qserve.files import library_versions
-    from qserve.runtime import load_runtime
-
     texts = reviews(n)
     run: dict = {"checkpoint": str(checkpoint), "texts": len(texts), "cpu": cpu_name(),
                  "versions": library_versions(LIBRARIES), "python": platform.python_version(), "variants": {}}
@@ -107,7 +108,7 @@ def render(data: dict) -> str:
 
 def write_md(out: Path) -> None:
     data = json.loads((out / "report.json").read_text(encoding="utf-8"))
-    (out / "report.md").write_text(render(data), encoding="utf-8")
+    write_markdown(out / "report.md", render(data), data.get("provenance"))
 
 
 def main() -> None:
@@ -124,15 +125,13 @@ def main() -> None:
     if args.checkpoint is None:
         sys.exit("give a checkpoint directory (or --render DIR)")
     run = measure(args.checkpoint, args.n)
-    args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "report.json"
     data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"runs": {}}
     data["checkpoint"] = str(args.checkpoint)
     data["runs"][args.label] = run
     data["provenance"] = {**provenance(), "note": "(The command of the run labelled `" + args.label + "`; each run "
                           "records its own versions and CPU.)"}
-    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    write_md(args.out)
+    write_report(args.out, data, render(data), echo=False)
 
 
 if __name__ == "__main__":

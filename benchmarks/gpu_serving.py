@@ -46,7 +46,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from benchmarks.harness import Server, finish, machine, per_worker, post_json, reviews, scrape, spawn, total
-from benchmarks.harness.server import REPO, code_env
+from benchmarks.harness.server import ROOT, code_env
 from qserve import QserveError
 
 log = logging.getLogger("gpu_serving")
@@ -220,7 +220,7 @@ def run_compile(variant: Path, device: str, work: Path, timeout_s: float) -> dic
         return {"skipped": "--compile-timeout 0"}
     out, logf = work / "compile.json", open(work / "compile.log", "w")
     proc = spawn([sys.executable, "-m", "benchmarks.gpu_serving", "--part", "compile", str(variant), "--device",
-                  device, "--out", str(out)], REPO, code_env(REPO), stdout=logf, stderr=logf)
+                  device, "--out", str(out)], ROOT, code_env(ROOT), stdout=logf, stderr=logf)
     try:
         proc.wait(timeout_s)
     except subprocess.TimeoutExpired:  # its compiling is itself the answer
@@ -247,7 +247,7 @@ def loadtest(url: str, levels: list[int], duration: float, work: Path, tag: str,
         out = work / f"{tag}-{k}.json"
         logf = open(work / f"{tag}-{k}.log", "w")
         procs.append((spawn([sys.executable, "-m", "qserve", "loadtest", url, "--concurrency", conc, "--duration",
-                             str(duration), "--json", str(out)], REPO, code_env(REPO), stdout=logf, stderr=logf),
+                             str(duration), "--json", str(out)], ROOT, code_env(ROOT), stdout=logf, stderr=logf),
                       out, logf))
     reports = []
     for proc, out, logf in procs:
@@ -289,7 +289,7 @@ def served_scores(url: str, texts: list[str], graphed: np.ndarray, labels: list[
 
 def serve(variant: Path, device: str, workers: int, args: argparse.Namespace, work: Path, texts: list[str],
           graphed: np.ndarray | None, labels: list[str]) -> dict[str, Any]:
-    srv = Server([str(variant), "--device", device, "--workers", str(workers), "--log-level", "warning"], REPO,
+    srv = Server([str(variant), "--device", device, "--workers", str(workers), "--log-level", "warning"], ROOT,
                  work / f"serve-w{workers}.log", tag=f"serve --workers {workers}")
     t0 = time.perf_counter()
     try:

@@ -104,7 +104,8 @@ def render(data: dict[str, Any]) -> str:
     L += ["", "## Fine-tuning", "", "| run | precision | matmul | train s | median step s | samples/s | "
           "peak reserved MB | peak allocated MB | val acc | test acc |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, t in data["training"].items():
-        L.append(f"| {name} | {t['precision']} | {t.get('matmul_precision') or 'default'} | {_f(t['train_time_s'], '.1f')} | "
+        L.append(f"| {name} | {t['precision']} | {t.get('matmul_precision') or 'default'} | "
+                 f"{_f(t['train_time_s'], '.1f')} | "
                  f"{_f(t['step_time_median_s'], '.4f')} | {_f(t['samples_per_s'], '.0f')} | "
                  f"{_f(t['peak_memory_bytes'], '.0f', 2**-20)} | {_f(t.get('peak_allocated_bytes'), '.0f', 2**-20)} | "
                  f"{_f(t['val_accuracy'], '.2%')} | {_f(t['test_accuracy'], '.2%')} |")

@@ -24,20 +24,21 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+import platform
+from importlib import metadata
 
 from benchmarks.gpu_pack import TRANSPORT, _file_metadata, pack_dist, slim_wheel, unpack  # noqa: F401
 from benchmarks.gpu_summary import collect, render
+from qserve.provenance import provenance
+from benchmarks.harness import write_report
 
 
 # -- there: probing ----------------------------------------------------------------------------
 
 def probe_env(device: str) -> dict[str, Any]:
     """Versions, the GPU, bf16 support, and whether ONNX Runtime's CUDA provider really starts."""
-    import platform
-
     env: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform(),
                            "device": device, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    from importlib import metadata
 
     versions = {}
     for name in ("torch", "transformers", "tokenizers", "huggingface-hub", "accelerate", "lightning-fabric",
@@ -112,15 +113,9 @@ def ort_cuda_status() -> dict[str, Any]:
 
 def summary(work: Path, out: Path) -> dict[str, Any]:
     data = collect(work)
-    from qserve.provenance import provenance, with_header
 
     data["provenance"] = provenance()
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in (("gpu_check.json", json.dumps(data, indent=2, default=str)),
-                       ("summary.md", with_header(render(data), data["provenance"]))):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, out / name)
+    write_report(out, data, render(data), stem="gpu_check", md_name="summary.md", echo=False)
     return data
 
 

@@ -17,6 +17,8 @@ import sys
 import time
 from typing import Any
 
+from qserve.runtime import load_runtime, RuntimeOptions
+
 
 def timed(rt: Any, chunks: list[list[str]], seconds: float) -> tuple[list[float], int, float, float]:
     """predict() on `chunks` in turn, every chunk once and until `seconds` have passed: (ms per call, texts,
@@ -33,8 +35,6 @@ def timed(rt: Any, chunks: list[list[str]], seconds: float) -> tuple[list[float]
 
 
 def measure(cfg: dict[str, Any]) -> dict[str, Any]:
-    from qserve.runtime import RuntimeOptions, load_runtime
-
     rt = load_runtime(cfg["variant"], "cpu", RuntimeOptions(threads=cfg["threads"], long_text=cfg["long_text"]))
     texts = cfg["texts"]
     answers = [rt.predict([t])[0].tolist() for t in texts]

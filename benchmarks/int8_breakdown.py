@@ -1,6 +1,6 @@
 """Where onnx-int8's time goes at DistilBERT-base dims, b1/s128: kernel time by class against the int8 floor.
 
-    python -m benchmarks.int8_breakdown --threads 2  # 2-3 min on 2 cores once the graphs exist (first run: +4 exports)
+    python -m benchmarks.int8_breakdown --threads 2  # the first run exports the four graphs it times
 
 Uses the checkpoint and onnx-int8 / onnx-fp32 variants of benchmarks/distilbert_base_speed.py
 (models/distilbert-base-dims; built here the same way when missing; random weights, speed
@@ -28,10 +28,22 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+import bisect
+
+import numpy as np
 
 from benchmarks.distilbert_base_speed import build_checkpoint, export_all
+import exporters
+from qserve.runtime.onnx_rt import disabled_optimizers, session_options
+from qserve.runtime import load_runtime, RuntimeOptions
+from qserve.provenance import provenance
+from qserve.bench.realtext import synthetic_batch
+from qserve.bench.measure import FALLBACK_TEXT
+from qserve.bench.floor import flops_per_sequence, gemm_shapes, measure_peaks
+from qserve.bench.envinfo import environment
+from exporters.onnx import quantize_int8, resolve_options
+from benchmarks.harness import ROOT, write_markdown, write_report
 
-ROOT = Path(__file__).resolve().parents[1]
 
 # Kernel op types by what they do; anything else is "other".
 CLASSES = {
@@ -64,8 +76,6 @@ def op_class(op: str) -> str:
 def session(path: Path, threads: int, profile_dir: Path | None = None):
     import onnxruntime as ort
 
-    from qserve.runtime.onnx_rt import disabled_optimizers, session_options
-
     so = session_options(ort, threads)
     if profile_dir is not None:
         so.enable_profiling = True
@@ -76,10 +86,6 @@ def session(path: Path, threads: int, profile_dir: Path | None = None):
 
 def feed_for(variant: Path, batch: int, seq: int, threads: int) -> dict:
     """The bench's fixed-shape input for a speed-only suite: real token ids, full mask."""
-    from qserve.bench.measure import FALLBACK_TEXT
-    from qserve.bench.realtext import synthetic_batch
-    from qserve.runtime import RuntimeOptions, load_runtime
-
     rt = load_runtime(variant, "cpu", RuntimeOptions(threads=threads))
     try:
         return synthetic_batch(rt, batch, seq, FALLBACK_TEXT)
@@ -94,8 +100,6 @@ def profile(sess, feed: dict, calls: int, warmup: int = 20) -> dict:
     the call whose time span holds it): a burst of this shared machine slows some calls,
     and averaging them in would blur every share.
     """
-    import bisect
-
     for _ in range(warmup):
         sess.run(None, feed)
     for _ in range(calls):
@@ -128,8 +132,6 @@ def profile(sess, feed: dict, calls: int, warmup: int = 20) -> dict:
 
 def interleaved(sessions: dict, feed: dict, rounds: int, calls: int) -> dict:
     """Median latency per graph per round, graphs taking turns, so a noisy minute hits all of them."""
-    import numpy as np
-
     for s in sessions.values():
         for _ in range(10):
             s.run(None, feed)
@@ -154,8 +156,6 @@ def summarize_rounds(medians: dict[str, list[float]], diffs: dict[str, float]) -
     """Per graph: median and best round, and its ratio to the first graph (the shipped one) in
     the same round, over all rounds and over the quiet ones only: bursts of this shared machine
     can slow one kind of kernel more than another, so burst rounds do not rank graphs faithfully."""
-    import numpy as np
-
     first = np.array(next(iter(medians.values())))
     quiet = first <= QUIET * first.min()
     out = {}
@@ -168,8 +168,6 @@ def summarize_rounds(medians: dict[str, list[float]], diffs: dict[str, float]) -
 
 
 def build_alternatives(ckpt: Path, fp32_graph: Path, root: Path, rebuild: bool) -> dict[str, Path]:
-    import exporters
-
     out: dict[str, Path] = {}
     for name, (folder, options) in ALTERNATIVES.items():
         if rebuild or not (root / folder / "manifest.json").is_file():
@@ -186,8 +184,6 @@ def mha_graph(ckpt: Path, fp32_graph: Path, dst: Path, options: dict) -> None:
     """ORT's MultiHeadAttention fusion of the plain fp32 graph, then the exporter's own int8 step."""
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
-
-    from exporters.onnx import quantize_int8, resolve_options
 
     config = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
     fo = FusionOptions("bert")
@@ -293,22 +289,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--render", action="store_true", help="only re-write report.md from --out's report.json")
     args = p.parse_args(argv)
     if args.render:
-        from qserve.files import write_text_atomic
-
         src = args.out / "report.json"
         if not src.is_file():
             raise SystemExit(f"--render needs {src}: run the script once without --render, or point --out at a "
                              "directory holding its report.json")
         report = json.loads(src.read_text(encoding="utf-8"))
-        from qserve.provenance import with_header
-
-        write_text_atomic(args.out / "report.md", with_header(render(report), report.get("provenance")))
+        write_markdown(args.out / "report.md", render(report), report.get("provenance"))
         print(f"report: {args.out / 'report.md'}")
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-
-    from qserve.files import write_json_atomic, write_text_atomic
-    from qserve.bench.floor import flops_per_sequence, gemm_shapes, measure_peaks
 
     ckpt = args.models / "checkpoint"
     if not (ckpt / "config.json").is_file():
@@ -332,18 +321,13 @@ def main(argv: list[str] | None = None) -> int:
         prof = profile(session(graphs["shipped onnx-int8"], args.threads, Path(tmp)), feed, args.calls)
     import onnxruntime as ort
 
-    from qserve.bench.envinfo import environment
-    from qserve.provenance import provenance, with_header
-
     shown = {k: str(v.relative_to(ROOT)) if v.is_relative_to(ROOT) else str(v) for k, v in graphs.items()}
     report = {"model": "distilbert-base-dims-random", "batch": batch, "seq": seq, "threads": args.threads,
               "flops": flops, "peaks": peaks["peaks"], "model_peaks": peaks["model_peaks"], "timing": timing,
               "calls_per_turn": args.turn, "profile": prof, "graphs": shown, "onnxruntime": ort.__version__,
               "environment": environment(args.threads, "cpu"), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "provenance": provenance()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out / "report.json", report)
-    write_text_atomic(args.out / "report.md", with_header(render(report), report["provenance"]))
+    write_report(args.out, report, render(report), echo=False)
     print(f"report: {args.out / 'report.md'}")
     return 0
 

@@ -29,11 +29,25 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+import tempfile
+
+import numpy as np
 
 from benchmarks.distilbert_base_speed import build_checkpoint
-from benchmarks.harness import review_split
+from benchmarks.harness import ROOT, review_split, write_report
+import exporters
+from qserve.runtime.onnx_rt import disabled_optimizers, session_options
+from qserve.runtime import load_runtime, RuntimeOptions
+from qserve.provenance import provenance
+from qserve.bench.realtext import synthetic_batch
+from qserve.bench.measure import FALLBACK_TEXT
+from qserve.bench.envinfo import environment
+from qserve.bench import invariance
+from qserve.artifact import ModelMeta, read_model_meta
+from exporters.smoothing import weight_groups
+from exporters.onnx import export_fp32, smooth_fp32
+from exporters.calibration import calibration_set, feed
 
-ROOT = Path(__file__).resolve().parents[1]
 
 TODAY, ROWS, ALONE, PER_ROW, NBITS, QDQ = (
     "today's graph, batched", "today's graph, row by row (the default now)",
@@ -59,9 +73,6 @@ def build_graph(kind: str, smoothed_fp32: Path, dst: Path, ckpt: Path) -> Path:
         return dst
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-    from exporters.calibration import calibration_set, feed
-    from exporters.smoothing import weight_groups
-
     model = onnx.load(str(smoothed_fp32))
     names = {i.name for i in model.graph.input}
     weight_matmuls = [n.name for nodes in weight_groups(model)[1].values() for n in nodes]
@@ -82,11 +93,6 @@ def build_graph(kind: str, smoothed_fp32: Path, dst: Path, ckpt: Path) -> Path:
 
 def smoothed_graph(ckpt: Path, dst: Path) -> Path:
     """The fp32 graph after the exporter's smoothing step (what every int8 candidate starts from)."""
-    import tempfile
-
-    from exporters.calibration import calibration_set
-    from exporters.onnx import export_fp32, smooth_fp32
-
     if dst.is_file():
         return dst
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -99,11 +105,7 @@ def smoothed_graph(ckpt: Path, dst: Path) -> Path:
 
 def runtimes(ckpt: Path, root: Path, threads: int, graph_only: bool) -> dict[str, Any]:
     """name -> loaded runtime, every candidate behind the same predict()/run() contract."""
-    import exporters
     import onnxruntime as ort
-
-    from qserve.runtime import RuntimeOptions, load_runtime
-    from qserve.runtime.onnx_rt import disabled_optimizers, session_options
 
     dirs = {"onnx-fp32": ("onnx-fp32", {}), "per-tensor": ("onnx-int8", {}),
             "per-tensor-batched": ("onnx-int8", {"row_by_row": False}),
@@ -133,11 +135,6 @@ def runtimes(ckpt: Path, root: Path, threads: int, graph_only: bool) -> dict[str
 
 def timing(rts: dict[str, Any], texts: list[str], rounds: int, calls: int) -> dict[str, Any]:
     """b1/s128 p50 and real-text b32 texts/s per candidate, candidates taking turns in every round."""
-    import numpy as np
-
-    from qserve.bench.measure import FALLBACK_TEXT
-    from qserve.bench.realtext import synthetic_batch
-
     first = next(iter(rts.values()))
     feed = synthetic_batch(first, 1, 128, " ".join(texts[:8]) or FALLBACK_TEXT)
     chunks = [texts[i:i + 32] for i in range(0, len(texts), 32)]
@@ -166,8 +163,6 @@ def timing(rts: dict[str, Any], texts: list[str], rounds: int, calls: int) -> di
 
 
 def agreement(rts: dict[str, Any], texts: list[str], labels: list[int]) -> dict[str, Any]:
-    import numpy as np
-
     preds = {}
     for name, rt in rts.items():
         preds[name] = np.concatenate([rt.predict(texts[i:i + 32]) for i in range(0, len(texts), 32)]).argmax(1)
@@ -236,12 +231,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     import onnxruntime as ort
 
-    from qserve.files import write_json_atomic, write_text_atomic
-    from qserve.bench import invariance
-    from qserve.bench.envinfo import environment
-    from qserve.artifact import ModelMeta, read_model_meta
-    from qserve.provenance import provenance, with_header
-
     if args.base_dims:
         args.checkpoint = ROOT / "models" / "distilbert-base-dims" / "checkpoint"
         if not (args.checkpoint / "config.json").is_file():
@@ -288,10 +277,7 @@ def main(argv: list[str] | None = None) -> int:
               "agreement": agr if agr is not None else prev.get("agreement"), "measured": when,
               "onnxruntime": ort.__version__, "environment": environment(args.threads, "cpu"), "created": now,
               "provenance": provenance()}
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "report.json", report)
-    write_text_atomic(out / "report.md", with_header(render(report), report["provenance"]))
-    print(render(report))
+    write_report(out, report, render(report))
     return 0
 
 

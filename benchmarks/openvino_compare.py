@@ -1,7 +1,7 @@
 """OpenVINO vs ONNX Runtime vs torch, side by side in ONE process, rounds interleaved.
 
     python -m benchmarks.openvino_compare models/minilm-l6-distilbert-imdb/checkpoint \\
-        --out benchmarks/reports/openvino/embedded-default          # ~5 min on 2 cores
+        --out benchmarks/reports/openvino/embedded-default
     python -m benchmarks.openvino_compare --distilbert-base --out benchmarks/reports/openvino/distilbert-base-dims
 
 Loads ov-int8, ov-bf16, ov-fp32, onnx-int8 and torch-bf16 (plus torch-fp32, the agreement
@@ -36,10 +36,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.distilbert_base_speed import build_checkpoint
-from benchmarks.harness import review_split, write_report
+import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.distilbert_base_speed import build_checkpoint
+from benchmarks.harness import ROOT, review_split, write_report
+import exporters
+from qserve.runtime import load_runtime, RuntimeOptions
+from qserve.provenance import provenance
+from qserve.files import library_versions, now_iso
+from qserve.devices import cpu_info
+from qserve.bench.recommend import bar_for
+from qserve.bench.realtext import synthetic_batch
+from qserve.bench.measure import FALLBACK_TEXT
+from qserve.bench.envinfo import load_avg
+from qserve.artifact import ModelMeta, read_model_meta
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
@@ -59,8 +70,6 @@ REFERENCE = "torch-fp32"
 
 
 def ensure_variants(ckpt: Path, root: Path, labels: list[str]) -> dict[str, Path]:
-    import exporters
-
     out = {}
     for label in labels:
         name, opts = VARIANTS[label]
@@ -73,9 +82,6 @@ def ensure_variants(ckpt: Path, root: Path, labels: list[str]) -> dict[str, Path
 
 
 def time_rounds(runtimes: dict[str, Any], labels: list[str], rounds: int, n1: int, n32: int, seq: int):
-    from qserve.bench.measure import FALLBACK_TEXT
-    from qserve.bench.realtext import synthetic_batch
-
     any_rt = next(iter(runtimes.values()))
     b1, b32 = synthetic_batch(any_rt, 1, seq, FALLBACK_TEXT), synthetic_batch(any_rt, 32, seq, FALLBACK_TEXT)
     for label in labels:  # warm-up, including each shape's first-call compilation
@@ -109,8 +115,6 @@ def time_rounds(runtimes: dict[str, Any], labels: list[str], rounds: int, n1: in
 
 
 def speed_summary(calls, per_round, labels) -> dict[str, dict[str, Any]]:
-    import numpy as np
-
     out = {}
     for label in labels:
         b1, b32 = np.asarray(calls[label]["b1"]), np.asarray(calls[label]["b32"])
@@ -134,8 +138,6 @@ def out_or(calls, label, key) -> float:
 
 
 def quality(runtimes, labels, texts, gold, invariance_n: int) -> dict[str, dict[str, Any]]:
-    import numpy as np
-
     probs = {}
     for label in labels + ([REFERENCE] if REFERENCE not in labels else []):
         rt = runtimes[label]
@@ -159,8 +161,6 @@ def quality(runtimes, labels, texts, gold, invariance_n: int) -> dict[str, dict[
 
 
 def goals(report: dict[str, Any]) -> dict[str, Any]:
-    from qserve.bench.recommend import bar_for
-
     speed, qual = report["speed"], report.get("quality") or {}
     cands = []
     for label, s in speed.items():
@@ -264,23 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--render", action="store_true", help="only re-render report.md (and goals) from --out/report.json")
     args = p.parse_args(argv)
     if args.render:
-        from qserve.files import write_json_atomic, write_text_atomic
-
         report = json.loads((args.out / "report.json").read_text(encoding="utf-8"))
         report["goals"] = goals(report)
-        from qserve.provenance import with_header
-
-        write_json_atomic(args.out / "report.json", report)
-        write_text_atomic(args.out / "report.md", with_header(render(report), report.get("provenance")))
+        write_report(args.out, report, render(report), echo=False)
         return 0
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[k] = str(args.threads)
-
-    from qserve.files import library_versions, now_iso
-    from qserve.bench.envinfo import load_avg
-    from qserve.devices import cpu_info
-    from qserve.provenance import provenance
-    from qserve.runtime import RuntimeOptions, load_runtime
 
     labels = args.labels.split(",")
     unknown = [lb for lb in labels if lb not in VARIANTS]
@@ -309,8 +298,6 @@ def main(argv: list[str] | None = None) -> int:
     report["speed"] = speed_summary(calls, per_round, labels)
     report["per_round"] = per_round
     if not random_weights:
-        from qserve.artifact import ModelMeta, read_model_meta
-
         meta = read_model_meta(ckpt) or ModelMeta()
         test = review_split(args.eval_samples, meta.dataset or "default", pool=args.eval_samples,
                             seed=meta.seed if meta.seed is not None else 42)

@@ -18,9 +18,12 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.harness import write_report
+from benchmarks.harness import ROOT, write_report
+from qserve.provenance import provenance
+from qserve.modeling import load_for_training
+from qserve.files import now_iso
+from qserve.devices import cpu_label
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,11 +34,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     from optimi import AdamW as KahanAdamW
-
-    from qserve.files import now_iso
-    from qserve.devices import cpu_label
-    from qserve.provenance import provenance
-    from qserve.modeling import load_for_training
 
     fp32, _, name = load_for_training("default", ["negative", "positive"])
     kahan = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-8, kahan_sum=True)

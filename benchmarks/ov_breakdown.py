@@ -29,9 +29,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import write_report
+from benchmarks.harness import ROOT, write_report
+from qserve.runtime.openvino_rt import compile_config, compiled_model, MODEL_FILE
+from qserve.runtime import load_runtime, RuntimeOptions
+from qserve.devices import cpu_label
+from qserve.bench.realtext import synthetic_batch
+from qserve.bench.measure import FALLBACK_TEXT
+from qserve.bench.floor import flops_per_sequence, gemm_shapes, measure_peaks, peak_for
+from qserve.bench.envinfo import environment
 
-ROOT = Path(__file__).resolve().parents[1]
 
 SEQ = 128
 INT8_GEMM = "int8 GEMMs (FullyConnected, MatMul)"
@@ -109,8 +115,8 @@ def profile(request: Any, feed: dict, calls: int, warmup: int = 10) -> dict[str,
 def bound(wall_ms: float, prof: dict[str, Any], gemm_gflop: float, peak_gflops: float) -> dict[str, float]:
     """The forward with its GEMM classes at the peak rate, every other node as measured (profile shares applied
     to the unprofiled wall time; what is outside the nodes stays as it is)."""
-    # The plugin's per-node timers can add up to more than the call (up to ~1.15x seen on the real model, more on a
-    # tiny one): shares of the larger.
+    # The plugin's per-node timers can add up to more than the call (a little on the real model, more on a tiny
+    # one): shares of the larger.
     share = sum(prof["classes"].get(c, {"ms": 0.0})["ms"] for c in (INT8_GEMM, OTHER_GEMM)) / max(
         prof["wall_ms"], prof.get("nodes_ms", 0.0))
     gemm_ms = share * wall_ms
@@ -132,8 +138,6 @@ def timed(fn, calls: int) -> float:
 def turns(rt, batches: dict[int, dict], feeds: dict[int, dict], threads: int, calls: int) -> dict[str, tuple]:
     """name -> (a call, calls per turn): the runtime's own forward at b1 and b32, then the thread settings beside
     it (b1 on one thread and on `threads`, b32 on one stream of `threads`), each its own compiled model."""
-    from qserve.runtime.openvino_rt import compiled_model
-
     few = max(3, calls // 8)
     w = rt.row_workers
     out: dict[str, tuple] = {"runtime forward b1": (lambda: rt.forward(batches[1]), calls),
@@ -151,11 +155,6 @@ def run_variants(variants: list[Path], threads: int, rounds: int, calls: int, pr
     """Each variant loaded as served, its settings timed with every other variant's in the same rounds (a noisy
     minute of this shared machine hits all of them), then each variant's per-node counters."""
     import openvino as ov
-
-    from qserve.bench.measure import FALLBACK_TEXT
-    from qserve.bench.realtext import synthetic_batch
-    from qserve.runtime import RuntimeOptions, load_runtime
-    from qserve.runtime.openvino_rt import MODEL_FILE, compile_config
 
     loaded = []
     for variant in variants:
@@ -194,9 +193,6 @@ def run_variants(variants: list[Path], threads: int, rounds: int, calls: int, pr
 
 
 def render(r: dict[str, Any]) -> str:
-    from qserve.bench.floor import peak_for
-    from qserve.devices import cpu_label
-
     f = r["flops"]
     lines = [f"# OpenVINO variants: where the time goes (s{r['seq']}, {r['threads']} threads)", "",
              f"`benchmarks/ov_breakdown.py`, created {r['created']}, openvino {r['openvino']}, "
@@ -260,9 +256,6 @@ def main(argv: list[str] | None = None) -> int:
         if not (v / "openvino_model.xml").is_file():
             p.error(f"{v} is not an OpenVINO variant (no openvino_model.xml): give ov-int8, ov-bf16 or ov-fp32 dirs")
     import openvino as ov
-
-    from qserve.bench.envinfo import environment
-    from qserve.bench.floor import flops_per_sequence, gemm_shapes, measure_peaks
 
     config = json.loads((args.variants[0] / "config.json").read_text(encoding="utf-8"))
     print("measuring peak GEMM rates", flush=True)

@@ -33,10 +33,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+import secrets
+import csv
 
-from benchmarks.harness import free_port, spawn
+from benchmarks.harness import ROOT, free_port, spawn, write_report
+from qserve.provenance import provenance, with_header
+from qserve.predict.job import PredictConfig, resolve_model
+from qserve.devices import cpu_info, cpu_label
+from qserve.data.datasets import clean_text, embedded_csv_path
 
-ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "reports" / "predict"
 CHUNK_ROWS = 2048  # predict's default; --chunk-rows (smoke runs: small, so several actors get batches)
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
@@ -44,10 +49,6 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.env
 
 
 def write_corpus(path: Path, rows: int | None) -> int:
-    import csv
-
-    from qserve.data.datasets import clean_text, embedded_csv_path
-
     n = 0
     with open(embedded_csv_path(), encoding="utf-8", newline="") as f, open(path, "w", encoding="utf-8") as out:
         for row in csv.DictReader(f):
@@ -81,8 +82,6 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> dict:
 
 def ceiling(target: str, corpus: Path, rows: int, threads: int) -> None:
     """(child) In-process real-text b32 throughput of the variant predict loads for TARGET."""
-    from qserve.predict.job import PredictConfig, resolve_model
-
     texts = [json.loads(line)["text"] for _, line in zip(range(rows), corpus.open(encoding="utf-8"))]
     model = resolve_model(PredictConfig(target, str(corpus), "unused.jsonl", threads=threads))
     rt = model.load()
@@ -116,8 +115,6 @@ def _ports() -> list[str]:
 def two_node_cluster(head_cpus: int, worker_cpus: int) -> tuple[str, Path, dict[str, str]]:
     """`ray start --head` + `ray start --address` on 127.0.0.1, in their own temp dir, with a token of their
     own (Ray's token authentication): returns (address, temp dir, the env the driver joins with)."""
-    import secrets
-
     ray_bin = str(Path(sys.executable).with_name("ray"))
     temp = Path(tempfile.mkdtemp(prefix="qserve-predict-ray-", dir="/tmp"))
     env = {**ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
@@ -159,8 +156,6 @@ def stop_cluster(temp: Path) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from qserve.devices import cpu_info, cpu_label
-
     work = Path(tempfile.mkdtemp(prefix="qserve-predict-bench-"))
     try:
         big, small = work / "reviews.jsonl", work / "reviews-small.jsonl"
@@ -204,8 +199,6 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def render(report: dict) -> str:
-    from qserve.provenance import with_header
-
     return with_header(_render(report), report.get("provenance"))
 
 
@@ -265,13 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if (out / "report.json").exists() and not args.force:
         raise SystemExit(f"{out}/report.json exists; pass --force to measure again")
-    from qserve.provenance import provenance
 
     report = {"provenance": provenance(), **measure(args)}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "report.md").write_text(render(report))
-    print(render(report))
+    write_report(out, report, render(report))
     return 0
 
 

@@ -33,22 +33,19 @@ from pathlib import Path
 from typing import Any, Callable
 
 from benchmarks.report_stages import BY_NAME, STAGES, Stage  # the table; this module decides and runs
+from qserve.provenance import cpu_now, recorded_cpu
+from benchmarks.harness import ROOT, write_markdown
 
-ROOT = Path(__file__).resolve().parents[1]
 STAGE_TIMES = "benchmarks/reports/stage_times.json"
 """Each stage's measured wall time, written after it runs here (plus backfilled ones, labelled so)."""
 
 
 def cpu_here() -> str:
-    from qserve.provenance import cpu_now
-
     return cpu_now()[0]
 
 
 def recorded(stage: Stage, root: Path = ROOT) -> dict[str, str | None]:
     """{report json: the CPU it records} for the stage's reports that exist."""
-    from qserve.provenance import recorded_cpu
-
     out = {}
     for r in stage.reports:
         p = root / r.json
@@ -119,8 +116,6 @@ def _renderer(spec: str) -> Callable[[dict], str]:
 
 def rerender(stage: Stage, root: Path = ROOT) -> list[str]:
     """Re-write each report's md from its JSON (provenance header included); returns what it did, per report."""
-    from qserve.provenance import with_header
-
     done = []
     for r in stage.reports:
         src = root / r.json
@@ -130,7 +125,7 @@ def rerender(stage: Stage, root: Path = ROOT) -> list[str]:
             done.append(f"{r.md}: kept (its script renders md only while measuring)")
             continue
         report = json.loads(src.read_text(encoding="utf-8"))
-        (root / r.md).write_text(with_header(_renderer(r.render)(report), report.get("provenance")), encoding="utf-8")
+        write_markdown(root / r.md, _renderer(r.render)(report), report.get("provenance"))
         done.append(f"{r.md}: re-rendered from {r.json}")
     return done
 

@@ -1,6 +1,6 @@
-"""The "bring your own model" support matrix (architecture x variant), as tests/integration/test_byo_matrix.py observed it.
+"""The "bring your own model" matrix (architecture x variant), as tests/integration/test_byo_matrix.py observed it.
 
-    python -m benchmarks.render_byo_matrix           # the full matrix test (~5 min), rewriting docs/byo-matrix.md
+    python -m benchmarks.render_byo_matrix           # the full matrix test, rewriting docs/byo-matrix.md
                                                      # and the matrix in README.md's "Bring your own model"
     python -m benchmarks.render_byo_matrix --check   # the same run, failing if docs/byo-matrix.md disagrees
 
@@ -18,11 +18,10 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
+from benchmarks.harness import ROOT
 
-REPO = Path(__file__).resolve().parents[1]
-PAGE = REPO / "docs" / "byo-matrix.md"
-README = REPO / "README.md"
+PAGE = ROOT / "docs" / "byo-matrix.md"
+README = ROOT / "README.md"
 README_MARKS = ("<!-- byo-matrix -->", "<!-- /byo-matrix -->")
 """The README's "Bring your own model" section holds the same table (and notes) between these markers."""
 TEST = "tests/integration/test_byo_matrix.py"
@@ -114,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     # The full run: OpenVINO on every architecture (the default test run covers two), so every cell is seen.
     env = {**os.environ, "HF_HUB_OFFLINE": "1", ENV: "check" if args.check else "write", "QSERVE_BYO_FULL": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.call([sys.executable, "-m", "pytest", "-q", "-x", TEST], cwd=REPO, env=env)
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.call([sys.executable, "-m", "pytest", "-q", "-x", TEST], cwd=ROOT, env=env)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from benchmarks import rebuild_reports
+from qserve.provenance import recorded_cpu
+from benchmarks.harness import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "benchmarks" / "reports"
 MARKER = re.compile(r"^<!-- (?P<kind>table|text):(?P<name>[a-z0-9-]+) -->\n(?P<body>.*?)^<!-- /(?P=kind) -->$",
                     re.M | re.S)
@@ -55,8 +56,6 @@ def _pct(x: float | None, nd: int = 2) -> str:
 
 def _src(*rels: str) -> str:
     """The line under a table naming the JSON it came from and the CPU that measured it."""
-    from qserve.provenance import recorded_cpu
-
     parts = [f"`benchmarks/reports/{r}` ({recorded_cpu(_load(r)) or 'CPU not recorded'})" for r in rels]
     return "\n\n<sub>Rendered from " + ", ".join(parts) + " by `benchmarks/render_tables.py`.</sub>"
 

@@ -55,7 +55,8 @@ LONG_EXPORT = "$QSERVE export {m}/checkpoint --variant onnx-fp32 --out {m}/varia
 LONG_BENCH = ("$QSERVE bench {m}/variants/onnx-fp32 --long-text head,tail,head-tail,windows --max-eval-samples 2000 "
               "--batch-sizes 1 --seq-lens 128 --no-floor --time-budget 1 --out benchmarks/reports/{d} --force "
               "&& cp {m}/checkpoint/train_metrics.json benchmarks/reports/{d}/")
-PIPELINE = "$QSERVE pipeline --threads 2 --force --report-dir benchmarks/reports/{d} && cp {m}/checkpoint/train_metrics.json benchmarks/reports/{d}/"
+PIPELINE = ("$QSERVE pipeline --threads 2 --force --report-dir benchmarks/reports/{d} "
+            "&& cp {m}/checkpoint/train_metrics.json benchmarks/reports/{d}/")
 STAGES: tuple[Stage, ...] = (
     Stage("embedded-default", "the pipeline (train, export every variant, bench) on the embedded default, on the Intel "
           "Xeon with AMX: the AMX table of docs/measurements.md", (PIPELINE.format(d="embedded-default", m=MODELS),), (_bench("embedded-default"),),
@@ -148,8 +149,8 @@ STAGES: tuple[Stage, ...] = (
           "~13 min (estimate: the bench most of it, see its report's own timings; building the checkpoint and six exports ~5 min)"),
     Stage("int8-breakdown", "where onnx-int8's time goes at DistilBERT-base dims, and smoothing's cost in answers",
           ("$PY -m benchmarks.int8_breakdown --threads 2",
-           f"$QSERVE export {MODELS}/checkpoint --variant onnx-int8 --no-smooth --out {MODELS}/extra/onnx-int8-nosmooth "
-           "--force",
+           f"$QSERVE export {MODELS}/checkpoint --variant onnx-int8 --no-smooth "
+           f"--out {MODELS}/extra/onnx-int8-nosmooth --force",
            f"$QSERVE bench {MODELS}/variants/torch-fp32 {MODELS}/variants/onnx-int8 {MODELS}/extra/onnx-int8-nosmooth "
            "--batch-sizes 1 --seq-lens 128 --no-floor --real-text-samples 0 --threads 2 --time-budget 1 "
            "--out benchmarks/reports/int8-breakdown/smooth-off-agreement --force"),
@@ -179,15 +180,15 @@ STAGES: tuple[Stage, ...] = (
           notes=("variants-invariance.json came from a side run (qserve.bench.invariance per variant); no command "
                  "regenerates it: the invariance column of the embedded-default stage measures the same thing.",)),
     Stage("openvino", "OpenVINO vs onnx-int8 and torch-bf16, one process, rounds interleaved",
-          (f"$PY -m benchmarks.openvino_compare {MODELS}/checkpoint --out benchmarks/reports/openvino/embedded-default",
+          (f"$PY -m benchmarks.openvino_compare {MODELS}/checkpoint "
+           "--out benchmarks/reports/openvino/embedded-default",
            "$PY -m benchmarks.openvino_compare --distilbert-base --rounds 4 "
            "--out benchmarks/reports/openvino/distilbert-base-dims"),
           (Report("benchmarks/reports/openvino/embedded-default/report.json",
                   "benchmarks/reports/openvino/embedded-default/report.md", "openvino_compare:render"),
            Report("benchmarks/reports/openvino/distilbert-base-dims/report.json",
                   "benchmarks/reports/openvino/distilbert-base-dims/report.md", "openvino_compare:render")),
-          "~11 min (estimate; the script's docstring gives ~5 min for the embedded default, the rest is "
-          "DistilBERT-base dims and its exports)",
+          "~11 min (estimate: ~5 min for the embedded default, the rest DistilBERT-base dims and its exports)",
           needs=(f"{MODELS}/checkpoint",)),
     Stage("serve", "onnx-int8 served over HTTP: batching on vs off, concurrency 1 and 32",
           (f"$PY -m benchmarks.serve_bench {VARIANT} --duration 15 --force",),

@@ -20,17 +20,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import reviews, write_report
+import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.harness import ROOT, reviews, write_report
+from qserve.runtime import load_runtime, RuntimeOptions
+from qserve.provenance import provenance
+from qserve.files import now_iso
+from qserve.devices import cpu_label, usable_cores
+from qserve.bench.loadtest import default_texts
+
 
 MODES = {"batched": {"batch_dependent": "batched"}, "rows, one at a time": {"row_workers": 1},
          "rows, side by side": {}}
 
 
 def measure(rts: dict[str, Any], sets: dict[str, list[str]], batches: list[int], rounds: int) -> dict[str, Any]:
-    import numpy as np
-
     rates: dict[str, list[float]] = {}
     for _ in range(rounds):
         for set_name, texts in sets.items():
@@ -68,14 +72,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "reports" / "int8-invariance" / "rows-side-by-side")
     args = p.parse_args(argv)
-
-    import numpy as np
-
-    from qserve.files import now_iso
-    from qserve.devices import cpu_label, usable_cores
-    from qserve.provenance import provenance
-    from qserve.runtime import RuntimeOptions, load_runtime
-    from qserve.bench.loadtest import default_texts
 
     threads = args.threads or usable_cores()
     rts = {m: load_runtime(args.variant_dir, "cpu", RuntimeOptions(threads=threads, **kw)) for m, kw in MODES.items()}

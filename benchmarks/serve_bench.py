@@ -31,22 +31,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import serve_engines
-from benchmarks.harness import Server, batch_totals
-from qserve import QserveError
-from qserve.devices import cpu_info
+import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks import serve_engines
+from benchmarks.harness import ROOT, batch_totals, Server, write_report
+from qserve import QserveError
+from qserve.devices import cpu_info, cpu_label
+from qserve.serve.infra.config import BATCHING, device_kind
+from qserve.runtime import load_runtime, RuntimeOptions
+from qserve.provenance import provenance
+from qserve.files import now_iso, refuse_existing
+from qserve.bench.loadtest import default_texts, run_loadtest
+
 
 log = logging.getLogger("serve_bench")
 
 
 def model_b1_direct(variant: Path, device: str, threads: int | None, texts: list[str],
                     budget_s: float) -> dict[str, Any]:
-    import numpy as np
-
-    from qserve.runtime import RuntimeOptions, load_runtime
-
     rt = load_runtime(variant, device, RuntimeOptions(threads=threads))
     for t in texts[:10]:  # warm-up
         rt.predict([t])
@@ -75,8 +77,6 @@ def model_ceiling(variant: Path, device: str, threads: int | None, texts: list[s
     No server can answer more texts per second than the model computes at its largest
     batch, so texts/s at `batch` over the unbatched server's req/s bounds the batching ratio.
     """
-    from qserve.runtime import RuntimeOptions, load_runtime
-
     rt = load_runtime(variant, device, RuntimeOptions(threads=threads))
     plans = {1: [[t] for t in texts], batch: [texts[i:i + batch] for i in range(0, len(texts), batch)]}
     done = {b: [0, 0.0] for b in plans}
@@ -114,8 +114,6 @@ def model_b1_from_report(path: Path, name: str, variant: Path) -> dict[str, Any]
 
 
 def run_server(args: argparse.Namespace, max_batch_size: int, texts: list[str], workdir: Path) -> dict[str, Any]:
-    from qserve.bench.loadtest import run_loadtest
-
     flags = [str(args.variant_dir), "--max-batch-size", str(max_batch_size), "--device", args.device,
              "--log-level", "warning"]
     if args.threads:
@@ -141,8 +139,6 @@ def run_server(args: argparse.Namespace, max_batch_size: int, texts: list[str], 
 
 
 def _machine(env: dict[str, Any]) -> str:
-    from qserve.devices import cpu_label
-
     return f"{cpu_label(env['cpu'])}, {env['machine']}" if env.get("cpu") else env["machine"]
 
 
@@ -246,11 +242,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from qserve.files import now_iso, refuse_existing, write_json_atomic, write_text_atomic
-    from qserve.provenance import provenance, with_header
-    from qserve.serve.infra.config import BATCHING, device_kind
-    from qserve.bench.loadtest import default_texts
-
     sized = BATCHING[device_kind(args.device)]  # the batcher `qserve serve` sizes for this device by default
 
     try:
@@ -299,10 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                         "batched_max_batch_size": sized.max_batch_size, "texts": len(texts)},
            "model_b1": model_b1, "model_ceiling": ceiling, "summary": summary, "runs": runs,
            "provenance": provenance()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out / "serve_report.json", rep)
-    write_text_atomic(args.out / "serve_report.md", with_header(render_md(rep), rep["provenance"]))
-    print(render_md(rep))
+    write_report(args.out, rep, render_md(rep), stem="serve_report")
     return 0 if not (summary["errors"] or summary["lost"] or summary["mismatched"]) else 1
 
 

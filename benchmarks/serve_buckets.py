@@ -31,10 +31,16 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+import struct
 
-from benchmarks.harness import Conn, VariantServer, archive_tree, finish, in_turn, reviews
+import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.harness import ROOT, Conn, VariantServer, archive_tree, finish, in_turn, reviews
+from qserve.provenance import command_line, provenance
+from qserve.files import now_iso, refuse_existing
+from qserve.devices import cpu_info, cpu_label
+from qserve.bench.stats import percentile
+
 log = logging.getLogger("serve_buckets")
 TEXT_SETS = ("sentences", "reviews")
 CONCURRENCY = (1, 32)
@@ -65,8 +71,6 @@ async def sequential(srv: VariantServer, texts: list[str]) -> dict[str, list[flo
 
 
 def _grpc_request(name: str, text: str) -> Any:
-    import struct
-
     from tritonclient.grpc import service_pb2
 
     req = service_pb2.ModelInferRequest(model_name=name)
@@ -80,10 +84,6 @@ def _grpc_request(name: str, text: str) -> Any:
 async def cell(srv: VariantServer, protocol: str, texts: list[str], expect: dict[str, list[float]], concurrency: int,
                duration_s: float) -> dict[str, Any]:
     """`concurrency` clients sending one text per request for duration_s; every answer checked."""
-    import numpy as np
-
-    from qserve.bench.stats import percentile
-
     lat: list[float] = []
     n = {"sent": 0, "ok": 0, "errors": 0, "lost": 0, "mismatched": 0}
     worst = [0.0]
@@ -154,10 +154,6 @@ async def cell(srv: VariantServer, protocol: str, texts: list[str], expect: dict
 
 # -- the run -----------------------------------------------------------------------------------
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
-    from qserve.files import now_iso, refuse_existing
-    from qserve.devices import cpu_info
-    from qserve.provenance import command_line, provenance
-
     refuse_existing(args.out / "report.json", args.force)
     texts = load_texts(args.sentences, args.reviews)
     log.info("texts: %d short sentences, %d reviews", len(texts["sentences"]), len(texts["reviews"]))
@@ -243,8 +239,6 @@ def summarize(results: dict[str, list[dict[str, Any]]], baseline_ref: str | None
 
 # -- report ------------------------------------------------------------------------------------
 def render(rep: dict[str, Any]) -> str:
-    from qserve.devices import cpu_label
-
     s, st = rep["summary"], rep["settings"]
 
     def f(x: Any, nd: int = 1) -> str:

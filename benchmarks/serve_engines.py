@@ -26,11 +26,18 @@ import os
 import time
 from pathlib import Path
 from typing import Any
+import statistics
 
-from benchmarks.harness import Server, free_port, in_turn, machine, reviews, wait_ready
+import psutil
+
+from benchmarks.harness import ROOT, free_port, in_turn, machine, reviews, Server, wait_ready, write_report
 from benchmarks.trivial_app import trivial_app
+from qserve.serve.infra.deploy import Scaling
+from qserve.runtime import load_runtime, RuntimeOptions
+from qserve.provenance import provenance
+from qserve.files import now_iso, refuse_existing
+from qserve.bench.loadtest import _percentiles, Conn
 
-ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("serve_engines")
 CELLS = [(1, 1), (32, 1), (1, 32), (32, 32)]  # (concurrency, texts per request)
 ROLES = ["client (bench process)", "uvicorn engine", "trivial uvicorn", "ray proxy", "ray replica ray1",
@@ -55,8 +62,6 @@ def cpu_by_role(named: dict[int, str]) -> dict[str, float]:
     """user+system CPU seconds so far of every process that takes part, grouped by role.
 
     named: pid -> role for the child servers; Ray processes are told apart by their titles."""
-    import psutil
-
     out: dict[str, float] = {}
     me = os.getpid()
     for p in psutil.process_iter(["pid", "cmdline", "cpu_times"]):
@@ -87,8 +92,6 @@ def cpu_by_role(named: dict[int, str]) -> dict[str, float]:
 # -- load generation ---------------------------------------------------------------------------
 async def _cell(url: str, bodies: list[tuple[bytes, list[str]]], expect: dict[str, list[float]] | None,
                 concurrency: int, duration_s: float, labels: list[str] | None) -> dict[str, Any]:
-    from qserve.bench.loadtest import Conn, _percentiles
-
     lat: list[float] = []
     n = {"sent": 0, "ok": 0, "texts": 0, "errors": 0, "lost": 0}
     kinds: dict[str, int] = {}
@@ -143,14 +146,9 @@ def _bodies(texts: list[str], per_request: int) -> list[tuple[bytes, list[str]]]
 
 def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_texts: int, out: Path,
         force: bool = False) -> dict[str, Any]:
-    import httpx2  # noqa: F401 - fail early without the serve deps
     import ray
     from ray import serve
 
-    from qserve.files import now_iso, refuse_existing, write_json_atomic, write_text_atomic
-    from qserve.provenance import provenance, with_header
-    from qserve.serve.infra.deploy import Scaling
-    from qserve.runtime import RuntimeOptions, load_runtime
     from qserve.serve.ray_engine import application, logging_config
 
     refuse_existing(out / "report.json", force)
@@ -230,15 +228,12 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
            "settings": {"duration_s": duration_s, "rounds": rounds, "texts": len(texts), "cells": CELLS,
                         "server_settings": settings, "replicas": replicas, "ray": ray.__version__},
            "results": results, "summary": summarize(results, replicas), "provenance": provenance()}
-    write_json_atomic(out / "report.json", rep)
-    write_text_atomic(out / "report.md", with_header(render_md(rep), rep["provenance"]))
+    write_report(out, rep, render_md(rep), echo=False)
     return rep
 
 
 def _agg(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Pool the rounds: throughput = total over total time; p50/p99 = median of the rounds' values."""
-    import statistics
-
     el = sum(r["elapsed_s"] for r in runs)
     return {"rps": sum(r["ok"] for r in runs) / el, "texts_per_s": sum(r["texts_per_s"] * r["elapsed_s"] for r in runs) / el,
             "p50_ms": statistics.median(r["p50_ms"] for r in runs if r["p50_ms"] is not None),

@@ -17,7 +17,8 @@ Code trees alternate within a round and rounds repeat (--rounds), so drift on a 
 each figure is the median over rounds. With --floor (the default) each round also runs benchmarks.bare_server's
 one-process children: the bare server's floor, and this checkout's qserve timed against its own runtime in
 the same process, at one client and at 32 (served req/s over the in-process b32 runs just before and after
-it); those drift-free readings decide the exit status where they were taken. Targets (the issue's): served p50 at 1 client minus in-process
+it); those drift-free readings decide the exit status where they were taken. Targets (the issue's): served p50 at 1
+client minus in-process
 p50 <= 1.0 ms; served texts/s at 32 clients >= 0.95x in-process b32 texts/s. Needs `wrk` (Debian:
 apt-get install wrk). Writes report.json and report.md to --out.
 """
@@ -38,11 +39,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bare_server import floor, render as render_floor
-from benchmarks.harness import (Server, archive_tree, batch_totals, code_env, finish, in_turn, post_json, require_wrk,
-                                reviews, run_wrk, thread_cpu_s, wrk_lua)
+from benchmarks.harness import (ROOT, Server, archive_tree, batch_totals, code_env, finish, in_turn, post_json,
+                                require_wrk, reviews, run_wrk, thread_cpu_s, wrk_lua)
 from benchmarks.serve_steps import render as render_steps, steps
+from qserve.serve.core.repository import resolve
+from qserve.provenance import command_line, provenance
+from qserve.files import now_iso
+from qserve.devices import cpu_info, cpu_label
 
-ROOT = Path(__file__).resolve().parents[1]
 OVERHEAD_TARGET_MS = 1.0
 THROUGHPUT_TARGET = 0.95
 BATCH = 32
@@ -129,11 +133,6 @@ def summarize(inproc: dict[str, Any], serve: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
-    from qserve.devices import cpu_info
-    from qserve.provenance import command_line, provenance
-    from qserve.serve.core.repository import resolve
-    from qserve.files import now_iso
-
     args.wrk = require_wrk()
     texts = reviews(args.texts, pool=max(args.texts, 8))
     variants: list[tuple[str, Path]] = []
@@ -187,8 +186,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 
 
 def render(rep: dict[str, Any]) -> str:
-    from qserve.devices import cpu_label
-
     st, env = rep["settings"], rep["environment"]
 
     def f(x: Any, nd: int = 2) -> str:
@@ -204,9 +201,10 @@ def render(rep: dict[str, Any]) -> str:
          f"Targets: served p50 at 1 client minus in-process `predict([text])` p50 <= {st['targets']['overhead_ms']} ms; "
          f"served req/s at {BATCH} clients >= {st['targets']['throughput_ratio']}x in-process real-text b{BATCH} "
          "texts/s. CPU ms are the process's utime + stime (every thread), not wall time.", "",
-         f"| variant | code | in-proc b1 p50 ms | served c1 p50 ms | overhead ms | in-proc b1 CPU ms | server CPU ms/req "
-         f"c1 | in-proc b{BATCH} texts/s | served c{BATCH} req/s | ratio | server CPU ms/req c{BATCH} | in-proc CPU ms/text "
-         f"b{BATCH} | wrk CPU ms/req c1 / c{BATCH} | answers: flips, max abs diff |",
+         f"| variant | code | in-proc b1 p50 ms | served c1 p50 ms | overhead ms | in-proc b1 CPU ms | "
+         f"server CPU ms/req c1 | in-proc b{BATCH} texts/s | served c{BATCH} req/s | ratio | "
+         f"server CPU ms/req c{BATCH} | in-proc CPU ms/text b{BATCH} | wrk CPU ms/req c1 / c{BATCH} | "
+         "answers: flips, max abs diff |",
          "|---|---|" + "---:|" * 12]
     for v in rep["variants"]:
         for code, r in v["codes"].items():

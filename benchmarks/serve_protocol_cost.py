@@ -26,10 +26,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import (Server, archive_tree, finish, in_turn, require_wrk, reviews, run_wrk, thread_cpu_s,
-                                wrk_lua)
+import httpx2
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.harness import (ROOT, Server, archive_tree, finish, in_turn, require_wrk, reviews, run_wrk,
+                                thread_cpu_s, wrk_lua)
+from qserve.provenance import command_line, provenance
+from qserve.files import now_iso
+from qserve.devices import cpu_info, cpu_label
+
 
 ROUTES = ("v1", "tei", "hf", "vllm", "v2")
 PATHS = {"v1": "/v1/classify", "tei": "/predict", "hf": "/", "vllm": "/classify", "v2": "/v2/models/{model}/infer"}
@@ -68,8 +72,6 @@ def lua(route: str, path: str, texts: list[str]) -> str:
 
 def measure(code: Path, variant: Path, texts: list[str], workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
     """One server of the code at `code`: each route's answers checked, then wrk at one connection per route."""
-    import httpx2
-
     # --no-inline-lone: a lone request's forward then runs on the inference thread, not the event loop, so the
     # loop's CPU is the route's own serving work (HTTP, validation, the answer) and nothing of the model's
     flags = [str(variant), "--long-text", "head", "--log-level", args.log_level, "--no-inline-lone"]
@@ -103,10 +105,6 @@ def measure(code: Path, variant: Path, texts: list[str], workdir: Path, args: ar
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
-    from qserve.devices import cpu_info
-    from qserve.files import now_iso
-    from qserve.provenance import command_line, provenance
-
     args.wrk = require_wrk()
     variant = Path(args.variant_dir).resolve()  # the servers run in their own code trees
     texts = reviews(args.texts, pool=max(args.texts, 8))  # serve_overhead's reviews
@@ -133,8 +131,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 
 
 def render(rep: dict[str, Any]) -> str:
-    from qserve.devices import cpu_label
-
     lines = [f"# One request on each protocol: the code before (`{rep['baseline_ref']}`) and after", "",
              f"Created {rep['created']} on {cpu_label(rep['cpu'])} ({rep['cpu_count']} logical CPUs). "
              f"Variant `{rep['variant']}`, {rep['texts']} IMDb test "

@@ -28,11 +28,19 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+import statistics
+import platform
 
-from benchmarks.harness import Server, free_port, reviews
+import numpy as np
+import httpx2
+
+from benchmarks.harness import ROOT, free_port, reviews, Server, write_report
 from qserve import QserveError
+from qserve.provenance import provenance
+from qserve.files import now_iso, refuse_existing
+from qserve.devices import cpu_info, cpu_label
+from qserve.bench.loadtest import run_loadtest
 
-ROOT = Path(__file__).resolve().parents[1]
 
 PROTOCOLS = ("v1", "v2", "v2-grpc", "tei", "vllm")
 Answer = tuple[str, tuple[float, ...]]
@@ -70,7 +78,6 @@ class Caller:
             out = {o["name"]: o["data"] for o in http.post(f"/v2/models/{self.model}/infer", json={"inputs": [
                 {"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}).json()["outputs"]}
             return out["label"][0], tuple(float(x) for x in out["probabilities"])
-        import numpy as np
         import tritonclient.grpc as tg
 
         i = tg.InferInput("text", [1], "BYTES")
@@ -83,7 +90,6 @@ class Caller:
 
 
 def answers(url: str, grpc_target: str, texts: list[str], workers: int) -> dict[str, Any]:
-    import httpx2
     import tritonclient.grpc as tg
 
     with httpx2.Client(base_url=url, timeout=60, trust_env=False) as c:
@@ -140,8 +146,6 @@ def old_tree(ref: str, where: Path) -> Path:
 
 def throughput(trees: dict[str, Path], variant: Path, rounds: int, duration: float, texts: list[str],
                threads: int | None, workdir: Path) -> dict[str, Any]:
-    from qserve.bench.loadtest import run_loadtest
-
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in trees}
     for r in range(rounds):
         for key, tree in trees.items():  # interleaved: a machine's slow minute lands on both sides
@@ -157,7 +161,6 @@ def throughput(trees: dict[str, Path], variant: Path, rounds: int, duration: flo
                               "p99_ms": level["p99_ms"], "requests": level["requests"], "errors": level["errors"],
                               "mismatched": level["mismatched"], "lost": level["lost"],
                               "server_cpu_ms_per_request": 1e3 * cpu / max(1, level["requests"])})
-    import statistics
 
     summary = {k: {"median_rps": statistics.median(x["rps"] for x in v),
                    "median_cpu_ms_per_request": statistics.median(x["server_cpu_ms_per_request"] for x in v)}
@@ -211,10 +214,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="replace an existing report")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import platform
-
-    from qserve.files import now_iso, refuse_existing, write_json_atomic, write_text_atomic
-    from qserve.provenance import provenance, with_header
 
     try:
         refuse_existing(args.out / "report.json", args.force)
@@ -238,17 +237,13 @@ def main(argv: list[str] | None = None) -> int:
     except (QserveError, subprocess.CalledProcessError) as e:
         print(f"serve_protocols: error: {e}", file=sys.stderr)
         return 2
-    from qserve.devices import cpu_info, cpu_label
 
     cpu = cpu_info()
     rep = {"created": now_iso(), "variant": str(args.variant_dir), "old_ref": args.old_ref,
            "environment": {"machine": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count()},
            "machine": f"{cpu_label(cpu)}, {os.cpu_count()} CPUs",
            "answers": ans, "throughput": tput, "provenance": provenance()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out / "report.json", rep)
-    write_text_atomic(args.out / "report.md", with_header(render_md(rep), rep["provenance"]))
-    print(render_md(rep))
+    write_report(args.out, rep, render_md(rep))
     alone_ok = all(r["alone"]["bit_identical"] == ans["texts"] for r in ans["by_protocol"].values())
     labels_ok = all(r["concurrent"]["same_label"] == ans["texts"] for r in ans["by_protocol"].values())
     return 0 if alone_ok and labels_ok else 1

@@ -37,9 +37,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Conn, VariantServer, batch_totals, finish, in_turn, review_split
+from benchmarks.harness import ROOT, Conn, VariantServer, batch_totals, finish, in_turn, review_split
+from qserve.serve.infra.config import ServeConfig
+from qserve.provenance import command_line, provenance
+from qserve.longtext import parse_list
+from qserve.files import now_iso, refuse_existing
+from qserve.devices import cpu_info, cpu_label
 
-ROOT = Path(__file__).resolve().parents[1]
 
 log = logging.getLogger("serve_windows")
 POLICIES = "head,windows:128:96:mean"
@@ -159,12 +163,6 @@ def summarize(policies: list[str], texts: dict[str, int], elapsed: dict[str, dic
 
 # -- the run -----------------------------------------------------------------------------------
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
-    from qserve.files import now_iso, refuse_existing
-    from qserve.devices import cpu_info
-    from qserve.longtext import parse_list
-    from qserve.provenance import command_line, provenance
-    from qserve.serve.infra.config import ServeConfig
-
     refuse_existing(args.out / "report.json", args.force)
     policies = parse_list(args.policies, "--policies")
     if "head" not in policies:
@@ -222,8 +220,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 
 # -- report ------------------------------------------------------------------------------------
 def render(rep: dict[str, Any]) -> str:
-    from qserve.devices import cpu_label
-
     s, st = rep["summary"], rep["settings"]
 
     def f(x: Any, nd: int = 1) -> str:

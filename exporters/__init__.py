@@ -14,8 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from exporters.core import Builder, export_variant
+from exporters.core import get_builder as _get_builder
+from qserve.variants import get_spec
+
 if TYPE_CHECKING:
-    from exporters.core import Builder
     from qserve.artifact import Manifest
 
 __all__ = ["export", "get_builder"]
@@ -27,16 +30,11 @@ def export(checkpoint: str | Path, name: str, out: str | Path, force: bool = Fal
     """Build variant `name` from `checkpoint` into `out`; returns the written manifest. `long_text`
     overrides the long-text policy the checkpoint recorded (see qserve/longtext.py); `inputs` what one
     input of the model is (("text", "text_pair"): a pair model trained elsewhere; None: the checkpoint's)."""
-    from exporters.core import export_variant
-    from qserve.variants import get_spec
-
     return export_variant(Path(checkpoint), get_spec(name), Path(out), force=force,
                           options=options or {}, device=device, probes=probes, long_text=long_text,
                           inputs=inputs)
 
 
 def get_builder(name: str) -> Builder:
-    """The builder function the registry names for variant `name` (exporters.core is imported on use)."""
-    from exporters.core import get_builder as _get_builder
-
+    """The builder function the registry names for variant `name` (its module is imported on use)."""
     return _get_builder(name)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qserve import QserveError
+from qserve.extras import require
 from qserve.variants import REGISTRY, BnbOptions, VariantSpec, option_defaults
 from exporters import clipping
 
@@ -40,16 +41,10 @@ COMPUTE_DTYPE_4BIT = "bfloat16"
 # default them to fp16, which has no fast CPU kernels, and fp32 LayerNorm/softmax keep parity.
 UNQUANTIZED_DTYPE = "float32"
 
-INSTALL_HINT = REGISTRY["bnb"].install
-
-
 def require_bnb(name: str) -> None:
     """Fail with an install hint, not a traceback, when bitsandbytes or accelerate is missing."""
-    for module in ("bitsandbytes", "accelerate"):
-        try:
-            __import__(module)
-        except ImportError as e:
-            raise QserveError(f"{name} needs {module}: {INSTALL_HINT} ({e})") from e
+    for module in REGISTRY["bnb"].needs:
+        require(module, name)
 
 
 def resolve_options(spec: VariantSpec, options: dict[str, Any]) -> BnbOptions:

@@ -1,12 +1,14 @@
 """Calibration texts for the exporters that look at activations (onnx-int8 smoothing, bnb 4-bit clipping).
 
-    python -c "from exporters.calibration import calibration_texts; print(calibration_texts('models/minilm-l6-distilbert-imdb/checkpoint', 4))"
+    python -c "from exporters.calibration import calibration_texts; \\
+print(calibration_texts('models/minilm-l6-distilbert-imdb/checkpoint', 4))"
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+import logging
 
 import numpy as np
 
@@ -37,8 +39,6 @@ def calibration_texts(checkpoint: ExportContext | Path | str, n: int) -> tuple[l
 def calibration_inputs(checkpoint: ExportContext | Path | str, n: int) -> tuple[list[str], list[str] | None, str]:
     """calibration_texts() with each text's text_pair for a pair model (qserve/textpairs.py), else None:
     a pair model is calibrated on the pairs it will serve, encoded as its tokenizer encodes them."""
-    import logging
-
     ctx = _context(checkpoint)
     meta = ctx.info.meta
     dataset = meta.dataset if meta is not None else None

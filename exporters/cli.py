@@ -23,6 +23,7 @@ from qserve.configflags import Flag, add_flags
 from qserve.devices import resolve_device
 from qserve.runtime.ov_probe import OpenVINOUnavailable
 from qserve.verify import verify
+import exporters
 
 # Exporter options with a flag: option key -> (flag, the variants that understand it), from the registry.
 OPTION_FLAGS: dict[str, tuple[str, set[str]]] = {
@@ -101,7 +102,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     # A single variant with --out names the variant dir itself; several go under it.
     single_dir = len(specs) == 1 and args.out is not None and not args.all
     failures = []
-    import exporters
     for spec in specs if not args.all else []:
         slow = off_fast_path(spec, device)
         if slow:  # exported as asked, never silently: the user asked for this variant, not for speed at any cost

@@ -11,14 +11,14 @@ reads, so it loads there unchanged where a user has optimum-onnx. Then:
 - fp16: onnxruntime.transformers.float16 with fp32 inputs/outputs (onnxconverter-common's
   converter writes graphs ORT refuses to load).
 - int8: dynamic quantization with signed int8 weights and uint8 activations: on
-  avx512_vnni CPUs that is the fast u8s8 path (unsigned weights measured 2x slower).
+  avx512_vnni CPUs that is the fast u8s8 path (unsigned weights measured slower).
   Fusing the graph first (`optimize`, ORT's BERT fusions -> QAttention) or ORT's quant
-  pre-processing measured no faster here (DistilBERT-base size, b1/s128, 1 thread:
-  fp32 111 ms, int8 37 ms plain, 40 ms fused, 37 ms pre-processed), so the default
+  pre-processing measured no faster (DistilBERT-base size, b1/s128, 1 thread), so the default
   stays the plain graph, which needs no contrib ops beyond the quantized MatMuls.
   Before quantizing, activation outliers are smoothed into the weights (exporters.smoothing,
   calibrated on training texts) where that measures closer to fp32 on this CPU (smooth unset: both graphs
-  are built and judged on held-out training texts; smooth=true or false decides without measuring). After it, the mean shift
+  are built and judged on held-out training texts; smooth=true or false decides without measuring). After
+  it, the mean shift
   of the int8 logits against fp32 on the same texts is taken out of the output bias
   (correct_logit_bias; option correct_bias=false turns it off).
 - int4: MatMulNBits weight-only 4-bit, blockwise; accuracy_level 4 computes in int8.
@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qserve import QserveError
+from qserve.extras import require
 from qserve.modeling import model_inputs
 from qserve.variants import REGISTRY, OnnxOptions, VariantSpec, option_defaults
 from exporters import rowwise, smoothing
@@ -97,11 +98,7 @@ def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, A
 
 
 def _require_onnxruntime() -> None:
-    try:
-        import onnxruntime  # noqa: F401
-    except ImportError as e:
-        raise QserveError(f"ONNX variants need onnxruntime: pip install 'qserve[cpu]' "
-                          f"(or 'qserve[gpu]' for CUDA) ({e})") from e
+    require("onnxruntime", "ONNX variants")
 
 
 def _read_config(model_dir: Path) -> dict[str, Any]:
@@ -266,7 +263,7 @@ def quantize_int8(src: Path, dst: Path, config: dict[str, Any], opts: OnnxOption
         batches, source = calibration_set(checkpoint, int(opts.calibration_samples or 0))  # read once, used by all
         if opts.calibrate_alone:
             # Each text alone, as the runtime answers it: measured no better than padded batches on the
-            # embedded default (99.40% vs 99.60% agreement on 2,000 test reviews, both run row by row).
+            # embedded default (docs/measurements.md, "One text, one answer: what was tried").
             batches = rows_alone(batches)
     if opts.smooth is not None:
         if opts.smooth:

@@ -33,21 +33,22 @@ import logging
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+import warnings
 
 from exporters.onnx import MODEL_FILE as ONNX_FILE
 from exporters.onnx import export_fp32
 from qserve import QserveError
-from qserve.variants import REGISTRY, OpenVINOOptions, VariantSpec, option_defaults
+from qserve.extras import require
+from qserve.variants import OV_FP32, REGISTRY, OpenVINOOptions, VariantSpec, openvino_precision, option_defaults
 from exporters.calibration import calibration_batches, calibration_inputs, feed
 from exporters.core import shared_export
-from qserve.runtime.ov_probe import require
+from qserve.runtime.ov_probe import require_precision
 
 if TYPE_CHECKING:
     from exporters.core import ExportContext
 
 MODEL_FILE = "openvino_model.xml"
 WEIGHTS_FILE = "openvino_model.bin"
-HINT = REGISTRY["openvino"].install
 
 # Options each variant understands, with their defaults (declared in the backend registry).
 OPTIONS: dict[str, dict[str, Any]] = {s.name: option_defaults(s.name) for s in REGISTRY["openvino"].variants}
@@ -61,14 +62,11 @@ def resolve_options(name: str, options: dict[str, Any]) -> OpenVINOOptions:
 def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Write openvino_model.xml/.bin + config.json for `spec` into `out`; return the manifest's "openvino" record."""
     opts = resolve_options(spec.name, options)
-    precision = "bf16" if spec.dtype == "bf16" else (opts.inference_precision or "f32")
+    precision = openvino_precision(spec, opts.inference_precision)
     # Probe first (in a child): NNCF and the parity check run OpenVINO in this process.
-    probed = require("int8" if spec.dtype == "int8" and precision == "f32" else precision, spec.name)
-    try:
-        import openvino as ov
-        from optimum.intel import OVModelForSequenceClassification
-    except ImportError as e:
-        raise QserveError(f"{spec.name} needs openvino, nncf and optimum-intel: {HINT} ({e})") from e
+    probed = require_precision("int8" if spec.dtype == "int8" and precision == OV_FP32 else precision, spec.name)
+    ov = require("openvino", spec.name)
+    OVModelForSequenceClassification = require("optimum.intel", spec.name).OVModelForSequenceClassification
     record: dict[str, Any] = {"inference_precision": precision, "options": opts.to_json(),
                               "exported_with": ("openvino.convert_model of exporters.onnx.export_fp32's graph"
                                                 if ctx.info.model_type in FROM_ONNX else
@@ -152,8 +150,6 @@ class _quiet:
     """Silence NNCF's progress bars and the exporters' tracer chatter."""
 
     def __enter__(self):
-        import warnings
-
         self._warn = warnings.catch_warnings()
         self._warn.__enter__()
         warnings.simplefilter("ignore")

@@ -1,6 +1,7 @@
 """The variant directory's format: manifest.json and qserve_model.json as typed, versioned dataclasses.
 
-    python -c "from qserve.artifact import read_manifest; print(read_manifest('models/minilm-l6-distilbert-imdb/variants/onnx-int8').spec)"
+    python -c "from qserve.artifact import read_manifest; \\
+print(read_manifest('models/minilm-l6-distilbert-imdb/variants/onnx-int8').spec)"
 
 A variant is built in a hidden temporary directory beside its destination and renamed into place only
 when complete (qserve/files.py: `staged_dir`), so a crash or a failed parity gate leaves nothing behind.
@@ -197,11 +198,6 @@ class Manifest:
         """The calibrated per-label thresholds (multi-label), in label order, or None: the server's --threshold."""
         value = (self.calibration or {}).get("thresholds")
         return None if value is None else tuple(float(x) for x in value)
-
-    @property
-    def gate_passed(self) -> bool:
-        """Whether the manifest holds a passing gate verdict."""
-        return bool((self.gate or {}).get("passed"))
 
     def record(self, key: str) -> dict[str, Any]:
         """A backend's record ({} when absent)."""

@@ -1,6 +1,8 @@
 """Config dataclass -> argparse flags and QSERVE_* env vars: a documented field is a flag.
 
-    python -c "import argparse; from qserve.configflags import add_flags; from qserve.training.config import TrainConfig; p = argparse.ArgumentParser(); add_flags(p, TrainConfig); p.print_help()"
+    python -c "import argparse; from qserve.configflags import add_flags; \\
+from qserve.training.config import TrainConfig; p = argparse.ArgumentParser(); add_flags(p, TrainConfig); \\
+p.print_help()"
 
 Every stage keeps its settings in a dataclass whose attribute docstrings say what each
 field means. `add_flags` turns the fields into flags: `--field-name`, typed from the

@@ -1,6 +1,7 @@
 """One exporter option's declaration: its key, default per variant, type, allowed values and flag.
 
-    python -c "from qserve.variants import backend_of; print([o.flag for o in backend_of('onnx-int8').options if o.help])"
+    python -c "from qserve.variants import backend_of; \\
+print([o.flag for o in backend_of('onnx-int8').options if o.help])"
 
 An option is declared once, as a field of its backend's typed options (qserve.variants.BackendOptions):
 `per_channel: bool | None = option({"onnx-int8": True}, "one weight scale per output channel")`. The field's

@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from importlib import metadata
 
 from qserve import QserveError
 
@@ -38,8 +39,6 @@ def library_versions(names: tuple[str, ...] = ("torch", "transformers", "optimum
                                                "onnxruntime", "onnxruntime-gpu", "bitsandbytes", "lightning-fabric",
                                                "openvino", "nncf", "optimum-intel",
                                                "qserve")) -> dict[str, str]:
-    from importlib import metadata
-
     out = {}
     for n in names:
         with contextlib.suppress(metadata.PackageNotFoundError):

@@ -32,6 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from qserve import QserveError
 
 KINDS = ("head", "tail", "head-tail", "windows")
@@ -46,7 +48,7 @@ TRAIN_DEFAULT = "head-tail"
 83.40% with head (docs/long-texts.md)."""
 MAX_WINDOWS = 8
 """Default cap on the windows of one text (--max-windows)."""
-DEFAULT_STRIDE_FRACTION = (3, 4)  # windows: stride = 3/4 of the window (measured: 87.8% at 126/96)
+DEFAULT_STRIDE_FRACTION = (3, 4)  # windows: stride = 3/4 of the window (measured: docs/long-texts.md)
 
 
 NUMBER = "[1-9][0-9]{0,8}"
@@ -337,8 +339,6 @@ def pad(rows: list[list[int]], pad_id: int, side: str = "right", segments: bool 
     """int64 input_ids / attention_mask [len(rows), longest], padded as the tokenizer pads; with `segments`
     (a tokenizer whose model_input_names has token_type_ids: BERT, ALBERT, ELECTRA, DeBERTa) also the
     token_type_ids: each row's `types` (a text pair's segments, Pieces.types), else all 0 (one text)."""
-    import numpy as np
-
     width = max((len(r) for r in rows), default=0)
     input_ids = np.full((len(rows), width), pad_id, dtype=np.int64)
     mask = np.zeros((len(rows), width), dtype=np.int64)
@@ -358,8 +358,6 @@ def aggregate(logits: Any, pieces: Pieces) -> Any:
     """Piece logits [M, k] -> text logits [N, k]: each text's pieces, in order, by its policy's aggregation.
 
     A text's answer depends on its own pieces only, so it does not move with its batchmates."""
-    import numpy as np
-
     logits = np.asarray(logits, dtype=np.float32)
     n = len(pieces.windows)
     if len(pieces.owner) == n:  # one piece per text: nothing to combine

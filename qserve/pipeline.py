@@ -6,7 +6,8 @@
 Everything lands in one run directory (default models/<model>-<dataset>/, e.g.
 models/minilm-l6-distilbert-imdb/): checkpoint/,
 variants/<name>/, report/ (with report/gate/: the release gate of the fastest candidates, on the texts the bench
-scored; the recommendation is a variant that passed it, or the fp32 reference). Re-running reuses each finished stage whose inputs are
+scored; the recommendation is a variant that passed it, or the fp32 reference). Re-running reuses each finished
+stage whose inputs are
 unchanged (same training config; variants built from the same checkpoint hash;
 a report over the same variant manifests) unless --force. A killed pipeline picks up where it stopped:
 an unfinished training resumes from its last checkpoint (qserve.training.resume), a variant whose export was
@@ -40,6 +41,7 @@ from qserve.training.train import train
 from qserve.variantflags import skipped, supported
 from qserve.variants import UnsupportedVariant
 from qserve.verify import verify
+import exporters
 
 # Pipeline defaults on a CPU, chosen so the whole job fits in ~15 minutes on 2 CPU cores and
 # still beats 82% on held-out IMDb (see README "Measured").
@@ -123,7 +125,6 @@ def _training_record(ckpt: Path) -> dict:
 
 
 def _export_stage(ckpt: Path, run_dir: Path, device: str, names: list[str], force: bool) -> list[Path]:
-    import exporters
     src_hash = checkpoint_hash(ckpt)
     out = []
     for i, name in enumerate(names, 1):

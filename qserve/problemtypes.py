@@ -1,6 +1,7 @@
 """Problem types: what a classifier's logits mean, and how its answers are scored and compared.
 
-    python -c "import numpy as np; from qserve.problemtypes import scores; print(scores(np.array([[0.0, 2.0]]), 'multi_label_classification'))"
+    python -c "import numpy as np; from qserve.problemtypes import scores; \\
+print(scores(np.array([[0.0, 2.0]]), 'multi_label_classification'))"
 
 Three, named as Hugging Face names them in a checkpoint's config.json (`problem_type`):
 
@@ -25,6 +26,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from typing import Any
+import re
+import json
+
+import numpy as np
 
 from qserve import QserveError
 
@@ -85,8 +90,6 @@ def scores(logits: Any, problem: str, temperature: float | None = None) -> Any:
     """Logits [n, k] -> float32 scores: softmax rows (single), a sigmoid per label (multi), the values (regression).
     `temperature` (a calibrated single-label variant's, from its manifest): the softmax of logits / T; None leaves
     the logits as they are, so an uncalibrated variant's scores keep their bits."""
-    import numpy as np
-
     z = np.asarray(logits, dtype=np.float64)
     if temperature is not None and problem == SINGLE:
         z = z / float(temperature)
@@ -231,9 +234,6 @@ _INT = r"\s*-?\d+\s*"
 
 def _cell(value: Any, csv: bool) -> Any:
     """A CSV cell as the JSON value it spells: a JSON list `["a", "b"]`, a number, else the string."""
-    import json
-    import re
-
     if not csv or not isinstance(value, str):
         return value
     s = value.strip()

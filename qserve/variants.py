@@ -53,7 +53,8 @@ class VariantSpec:
     and the pipeline skip it with the reason, and an explicit export says it runs off its fast path there."""
     unsupported: dict[str, str] = field(default_factory=dict)
     """Architecture (config.json model_type) -> why the variant cannot be built for it; checked before any
-    work. Every architecture not listed exports, loads, passes parity and serves (tests/integration/test_byo_matrix.py)."""
+    work. Every architecture not listed exports, loads, passes parity and serves
+    (tests/integration/test_byo_matrix.py)."""
 
     def to_json(self) -> dict[str, Any]:
         """What the manifest records as `spec` (the stored fields only, so manifests keep their bytes)."""
@@ -76,7 +77,7 @@ class BackendOptions:
     variant: str
 
     @classmethod
-    def resolve(cls: type[O], name: str, given: dict[str, Any] | None = None) -> O:
+    def resolve(cls: type[OptionsT], name: str, given: dict[str, Any] | None = None) -> OptionsT:
         """`given` over variant `name`'s defaults, every value checked against its Option, then the backend's
         rules across options (`_check`). Unknown keys name the allowed ones."""
         given = dict(given or {})
@@ -95,7 +96,7 @@ class BackendOptions:
         return {k: getattr(self, k) for k in option_defaults(self.variant)}
 
 
-O = TypeVar("O", bound=BackendOptions)
+OptionsT = TypeVar("OptionsT", bound=BackendOptions)
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,12 @@ class Backend:
     variants: tuple[VariantSpec, ...]
     libraries: tuple[str, ...] = ()
     """What a bench child imports before its memory baseline, so 'model memory' leaves the libraries out."""
+    needs: tuple[str, ...] = ()
+    """The optional libraries (import names) its variants need beyond qserve's own dependencies."""
     install: str = ""
-    """The install hint shown when the exporter or runtime module cannot be imported."""
+    """The command that installs `needs` (qserve.extras.require says it when one is missing)."""
+    cuda_install: str = ""
+    """The command that installs the CUDA build of `needs` where that is another package."""
     options_type: type[BackendOptions] = BackendOptions
     """The backend's typed options: each `option(...)` field one exporter option, declared there once."""
 
@@ -213,13 +218,23 @@ class OnnxOptions(BackendOptions):
                               f"opset-21 type); drop opset or set it to 21 (got {self.opset!r})")
 
 
+OV_FP32 = "f32"
+"""OpenVINO's name for fp32 compute: what ov-fp32 runs in, and ov-int8's default for the ops NNCF leaves unquantized."""
+
+
 @dataclass(frozen=True)
 class OpenVINOOptions(BackendOptions):
     calibration_samples: int | None = option({"ov-int8": 300}, f"{_CALIBRATION} NNCF's quantization",
                                              **_samples("NNCF's activation ranges, SmoothQuant and bias correction"))
     inference_precision: str | None = option(
-        {"ov-int8": "f32"}, "precision of the ops NNCF leaves unquantized (bf16 needs avx512_bf16 or AMX)",
-        choices=("f32", "bf16"), allowed="f32 or bf16")
+        {"ov-int8": OV_FP32}, "precision of the ops NNCF leaves unquantized (bf16 needs avx512_bf16 or AMX)",
+        choices=(OV_FP32, "bf16"), allowed=f"{OV_FP32} or bf16")
+
+
+def openvino_precision(spec: VariantSpec, option: str | None) -> str:
+    """The precision an OpenVINO variant's graph computes in, int8 layers aside: bf16 for ov-bf16, else its
+    inference_precision `option` (ov-int8's), else fp32 (OV_FP32)."""
+    return "bf16" if spec.dtype == "bf16" else (option or OV_FP32)
 
 REGISTRY: dict[str, Backend] = {b.name: b for b in (
     Backend(
@@ -235,7 +250,8 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
         (VariantSpec("bnb-int8", "bnb", 8, "int8", tolerance=5e-1, default_for=("cuda",), cpu_needs=("vnni",)),
          VariantSpec("bnb-nf4", "bnb", 4, "nf4", tolerance=1.0, default_for=("cuda",), cpu_needs=("bf16",)),
          VariantSpec("bnb-fp4", "bnb", 4, "fp4", tolerance=1.5, cpu_needs=("bf16",))),
-        libraries=("torch",), install="pip install bitsandbytes==0.50.2 accelerate", options_type=BnbOptions),
+        libraries=("torch",), needs=("bitsandbytes", "accelerate"),
+        install="pip install bitsandbytes==0.50.2 accelerate", options_type=BnbOptions),
     Backend(
         "onnx", "exporters.onnx:build", "qserve.runtime.onnx_rt:OnnxRuntime",
         (VariantSpec("onnx-fp32", "onnx", 32, "fp32", tolerance=1e-3, default_for=("cpu",)),
@@ -243,8 +259,9 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
          # dynamic int8 has no CUDA kernels in ORT's CUDA EP: CPU only.
          VariantSpec("onnx-int8", "onnx", 8, "int8", cuda=False, tolerance=5e-1, default_for=("cpu",)),
          VariantSpec("onnx-int4", "onnx", 4, "int4", tolerance=1.0, default_for=("cpu",))),
-        libraries=("onnxruntime",), install="pip install 'qserve[cpu]' (or 'qserve[gpu]' for CUDA)",
-        options_type=OnnxOptions),
+        libraries=("onnxruntime",), needs=("onnxruntime",),
+        install="pip install 'qserve[cpu]' (or 'qserve[gpu]' for CUDA)",
+        cuda_install="pip uninstall -y onnxruntime && pip install 'qserve[gpu]'", options_type=OnnxOptions),
     Backend(
         # OpenVINO's CPU plugin: CPU only. ov-bf16 is the fp32 IR compiled with the bf16
         # inference-precision hint; ov-int8 is NNCF post-training quantization.
@@ -253,7 +270,8 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
          VariantSpec("ov-bf16", "openvino", 16, "bf16", cuda=False, tolerance=1.5e-1, cpu_needs=("bf16",)),
          # without VNNI, OpenVINO's int8 kernels measured slower than its fp32 ones (docs/measurements.md)
          VariantSpec("ov-int8", "openvino", 8, "int8", cuda=False, tolerance=5e-1, cpu_needs=("vnni",))),
-        install="pip install 'qserve[openvino]'", options_type=OpenVINOOptions),
+        needs=("openvino", "nncf", "optimum"), install="pip install 'qserve[openvino]'",
+        options_type=OpenVINOOptions),
 )}
 
 VARIANTS: dict[str, VariantSpec] = {s.name: s for b in REGISTRY.values() for s in b.variants}

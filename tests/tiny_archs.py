@@ -1,6 +1,7 @@
 """Tiny random-initialised classifiers of every architecture qserve supports, as `save_pretrained` writes them.
 
-    python -c "import sys; sys.path.insert(0, 'tests'); from tiny_archs import build; print(build('bert', __import__('pathlib').Path('/tmp/tiny-bert')))"
+    python -c "import sys; sys.path.insert(0, 'tests'); from tiny_archs import build; \\
+print(build('bert', __import__('pathlib').Path('/tmp/tiny-bert')))"
 
 What a user brings: a checkpoint qserve did not train (config.json, model.safetensors, tokenizer
 files, no qserve_model.json), here 2 layers of width 32-64 with the embedded uncased WordPiece

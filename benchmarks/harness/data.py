@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from qserve.data.datasets import load_dataset
+
 
 @dataclass(frozen=True)
 class Reviews:
@@ -23,8 +25,6 @@ def review_split(n: int | None, dataset: str = "default", *, pool: int | None = 
     as qserve.data splits it. `pool`: validation and test first subsampled (stratified, seeded) to that many
     texts, as `qserve bench --max-eval-samples POOL` scores them; a different pool picks different texts, so a
     script keeps its own."""
-    from qserve.data.datasets import load_dataset
-
     splits = load_dataset(dataset, seed=seed, max_eval_samples=pool)
     part = getattr(splits, split)
     return Reviews(list(part.texts)[:n], list(part.labels)[:n], splits.name)

@@ -5,15 +5,15 @@
 
 from __future__ import annotations
 
+import httpx2
+from prometheus_client.parser import text_string_to_metric_families
+
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 """(sample name, its labels sorted) -> value"""
 
 
 def scrape(url: str) -> Samples:
     """Every sample the server at `url` exposes on /metrics now."""
-    import httpx2
-    from prometheus_client.parser import text_string_to_metric_families
-
     text = httpx2.get(f"{url}/metrics", timeout=10, trust_env=False).text
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for f in text_string_to_metric_families(text) for s in f.samples}

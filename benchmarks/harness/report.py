@@ -20,7 +20,7 @@ from typing import Any
 from qserve import QserveError
 from qserve.devices import cpu_info
 from qserve.files import write_json_atomic, write_text_atomic
-from qserve.provenance import provenance, with_header
+from qserve.provenance import Provenance, provenance, with_header
 
 
 def machine() -> dict[str, Any]:
@@ -30,14 +30,22 @@ def machine() -> dict[str, Any]:
     return {"cpu": info.get("model", "unknown"), "amx": bool(amx), "amx_flags": amx, "cores": os.cpu_count()}
 
 
-def write_report(out: Path, rep: dict[str, Any], md: str, stem: str = "report") -> None:
-    """`out`/STEM.json and `out`/STEM.md (atomically, `out` made if missing), then the md on stdout. A report
-    that carries no provenance gets this run's: every committed number says which code and machine made it."""
+def write_report(out: Path, rep: dict[str, Any], md: str, stem: str = "report", md_name: str | None = None,
+                 echo: bool = True) -> None:
+    """`out`/STEM.json and `out`/MD_NAME (STEM.md unless named), atomically (`out` made if missing), the md under
+    the provenance header; then the md on stdout (`echo`). Every benchmark writes its report here. A report that
+    carries no provenance gets this run's: every committed number says which code and machine made it."""
     rep.setdefault("provenance", provenance())
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / f"{stem}.json", rep)
-    write_text_atomic(out / f"{stem}.md", with_header(md, rep["provenance"]))
-    print(md)
+    write_markdown(out / (md_name or f"{stem}.md"), md, rep["provenance"])
+    if echo:
+        print(md)
+
+
+def write_markdown(path: Path, md: str, prov: Provenance | None) -> None:
+    """A report's markdown alone (re-rendered from its JSON), under the provenance header, atomically."""
+    write_text_atomic(path, with_header(md, prov))
 
 
 def finish(tag: str, args: argparse.Namespace, argv: list[str], run_fn: Callable[[argparse.Namespace, list[str]], dict],

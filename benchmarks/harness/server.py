@@ -19,9 +19,12 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+import httpx2
+
 from qserve import QserveError
 
-REPO = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2]
+"""The repository root: the benchmarks' paths (reports, models, docs) start here."""
 
 
 def free_port() -> int:
@@ -38,7 +41,7 @@ def code_env(code_root: Path, base: dict[str, str] | None = None) -> dict[str, s
     TOKENIZERS_PARALLELISM and the rest as the caller has them."""
     env = os.environ if base is None else base
     inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    path = os.pathsep.join(dict.fromkeys([str(code_root), str(REPO), *inherited]))
+    path = os.pathsep.join(dict.fromkeys([str(code_root), str(ROOT), *inherited]))
     return {**env, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
 
 
@@ -92,8 +95,6 @@ def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 
                log: IO[str] | None = None, any_answer: bool = False) -> None:
     """Poll `url`/ready until it answers 200 (any_answer: until anything answers over HTTP); a QserveError (with
     the log's tail) if the child `proc` exits first or `timeout` seconds pass."""
-    import httpx2
-
     deadline = time.monotonic() + timeout
     while True:
         if proc is not None and proc.poll() is not None:
@@ -136,8 +137,6 @@ class Server:
 
     def models(self) -> dict[str, Any]:
         """The server's /v1/models answer."""
-        import httpx2
-
         return dict(httpx2.get(f"{self.url}/v1/models", timeout=30, trust_env=False).json())
 
     def stop(self) -> None:

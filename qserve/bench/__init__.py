@@ -7,25 +7,13 @@ Python API (what `qserve pipeline` calls):
     from qserve.bench import BenchConfig, run_bench
     report = run_bench([Path("models/minilm-imdb-variants/onnx-int8")], BenchConfig(out=Path("out/bench")))
 
-Importing this package is cheap (no torch); the names resolve on first use.
+Importing this package is cheap (no torch: each variant is measured in a child process that imports its backend).
 """
 
 from __future__ import annotations
 
+from qserve.bench.config import BenchConfig
+from qserve.bench.report import load_report, write_reports
+from qserve.bench.runner import run_bench
+
 __all__ = ["BenchConfig", "run_bench", "load_report", "write_reports"]
-
-
-def __getattr__(name: str):
-    if name == "BenchConfig":
-        from qserve.bench.config import BenchConfig
-
-        return BenchConfig
-    if name == "run_bench":
-        from qserve.bench.runner import run_bench
-
-        return run_bench
-    if name in ("load_report", "write_reports"):
-        from qserve.bench import report
-
-        return getattr(report, name)
-    raise AttributeError(f"module 'qserve.bench' has no attribute {name!r}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from pathlib import Path
 
 from qserve.artifact import Manifest, ModelMeta
 from qserve.bench.stats import shape_stats
@@ -43,7 +44,6 @@ class VariantMeta:
 def variant_entry(meta: VariantMeta, res: dict[str, Any]) -> dict[str, Any]:
     manifest = meta.manifest
     spec = manifest.spec.to_json() if manifest is not None else {}
-    from pathlib import Path
 
     entry: dict[str, Any] = {
         "name": res.get("name") or spec.get("name") or Path(meta.dir).name,
@@ -125,8 +125,6 @@ def model_block(metas: list[VariantMeta]) -> dict[str, Any]:
 
 def _unique_names(variants: list[dict[str, Any]]) -> None:
     """The first variant keeps its spec name; a later one with the same name gets its directory added."""
-    from pathlib import Path
-
     seen: set[str] = set()
     for v in variants:
         name = v["name"]

@@ -87,9 +87,9 @@ class BenchConfig:
     off (max_length) or e.g. 32,64,128. The bench runs variants exactly as the server does with the same value."""
 
     def validate(self) -> "BenchConfig":
-        for flag, values in (("--batch-sizes", self.batch_sizes), ("--seq-lens", self.seq_lens)):
+        for name, values in (("--batch-sizes", self.batch_sizes), ("--seq-lens", self.seq_lens)):
             if not values or any((not isinstance(v, int)) or v < 1 for v in values):
-                raise QserveError(f"{flag} must be a comma-separated list of positive integers (got {values!r})")
+                raise QserveError(f"{name} must be a comma-separated list of positive integers (got {values!r})")
         if any(s < 2 for s in self.seq_lens):
             raise QserveError(f"--seq-lens values must be >= 2 (room for [CLS] and [SEP]); got {self.seq_lens}")
         if self.threads is not None and self.threads < 1:

@@ -13,17 +13,14 @@ import platform
 import sys
 from typing import Any
 
+import psutil
+
 from qserve.devices import cpu_info
 from qserve.files import library_versions
 
 
 def physical_cores() -> int:
-    try:
-        import psutil
-
-        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    except ImportError:
-        return os.cpu_count() or 1
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
 def environment(threads: int, device: str) -> dict[str, Any]:

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from qserve.devices import cpu_supports_bf16
 from qserve.files import write_json_atomic
 
@@ -147,7 +149,6 @@ def _torch_methods(device: str):
 
 
 def _ort_methods(threads: int | None):
-    import numpy as np
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 

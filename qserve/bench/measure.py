@@ -16,6 +16,11 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
+import resource
+import json
+import importlib
+
+import psutil
 
 from qserve import problemtypes as problems
 from qserve.artifact import read_manifest
@@ -42,8 +47,6 @@ def log(msg: str) -> None:
 
 
 def rss_mb() -> float:
-    import psutil
-
     return psutil.Process().memory_info().rss / 2**20
 
 
@@ -56,7 +59,6 @@ def peak_rss_mb() -> float:
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
-    import resource
 
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return r / 2**20 if sys.platform == "darwin" else r / 1024
@@ -167,8 +169,6 @@ def _policies(rt, res: dict[str, Any], ev: dict[str, Any], job: dict[str, Any], 
 def _preimport(backend: str) -> None:
     """Import the backend's libraries (the registry's `libraries`) before the baseline, so 'model memory'
     excludes them; an unknown backend is left for load_runtime to refuse."""
-    import importlib
-
     import transformers  # noqa: F401  (the tokenizer, every backend)
 
 
@@ -301,8 +301,6 @@ def child_env(backend: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import json
-
 
     argv = sys.argv[1:] if argv is None else argv
     job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))

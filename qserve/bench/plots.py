@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+import os
 
 from qserve.bench.chartlabels import Label, place
 from qserve.bench.recommend import AGREEMENT_BAR
@@ -34,7 +35,6 @@ FAMILY_COLOURS = {"torch": "#0072B2", "onnx": "#E69F00", "openvino": "#009E73", 
 SPARE_COLOURS = ("#D55E00", "#56B4E9", "#000000", "#F0E442")
 PRECISION_MARKERS = {"fp32": "o", "bf16": "s", "fp16": "D", "int8": "^", "int4": "v", "nf4": "P", "fp4": "X"}
 SPARE_MARKERS = ("h", "p", "*", "<", ">", "d", "8", "H")
-FAMILY_NAMES = {"torch": "PyTorch", "onnx": "ONNX Runtime", "openvino": "OpenVINO", "bnb": "bitsandbytes"}
 
 
 @dataclass(frozen=True)
@@ -151,14 +151,13 @@ def decision_figure(report: dict[str, Any]):
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-
     pts = decision_points(report)
     if not pts:
         return None
     st = styles(_ok(report))
     rec = (report.get("recommended") or {}).get("variant")
     ref = report.get("agreement_reference") or "fp32"
-    b, s = report["headline"]["batch"], report["headline"]["seq"]
+    s = report["headline"]["seq"]
     bmax = max(report["config"]["batch_sizes"])
     n = next((v["accuracy"].get("n") for v in _ok(report) if (v.get("accuracy") or {}).get("n")), None)
     biggest = max(p["size_mb"] or 0 for p in pts) or 1.0
@@ -350,8 +349,6 @@ def _spread(sizes: list[float], step: float = 1.035) -> list[float]:
 # -- files -------------------------------------------------------------------------------------------------
 def _save(fig, path: Path) -> Path:
     """Save via a temp file + rename, like every other report file."""
-    import os
-
     import matplotlib.pyplot as plt
 
     tmp = path.with_name(f".{path.name}.tmp.png")

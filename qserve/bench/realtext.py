@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import time
 from typing import Any
+import statistics
+
+import numpy as np
 
 from qserve.bench.stats import summarize, throughput
 from qserve.runtime.buckets import bucket_for
@@ -16,8 +19,6 @@ from qserve.runtime.buckets import bucket_for
 
 def synthetic_batch(rt, batch: int, seq: int, text: str):
     """Exactly (batch, seq) of real token ids: [CLS] body... [SEP], full attention mask."""
-    import numpy as np
-
     enc = rt.tokenize([text])
     ids = enc["input_ids"][0][enc["attention_mask"][0] == 1]
     cls_id, sep_id, body = int(ids[0]), int(ids[-1]), ids[1:-1]
@@ -33,8 +34,6 @@ def synthetic_batch(rt, batch: int, seq: int, text: str):
 
 def real_text(rt, job: dict[str, Any], texts: list[str]) -> list[dict[str, Any]]:
     """predict() on consecutive batches of real texts: tokenization + dynamic padding included."""
-    import numpy as np
-
 
     out = []
     for b in job["batch_sizes"]:
@@ -83,8 +82,8 @@ CHECK_BOUND = 1.15
 def real_text_check(rt, job: dict[str, Any], texts: list[str]) -> dict[str, Any] | None:
     """Real-text b1 (predict([text])) against the fixed b1 shape's forward plus that text's tokenization, timed
     call by call in turn (fixed, real, tokenize; CHECK_PAIRS times), so both see the same machine: the grid and
-    the real-text pass run seconds apart, and on a shared 2-core machine their ratio moved by up to 1.6x
-    between those windows where in turn it stays within a few percent. The ratio is what predict() costs beyond
+    the real-text pass run seconds apart, and on a shared 2-core machine their ratio moved far more between those
+    windows than in turn. The ratio is what predict() costs beyond
     the model's forward and the tokenizer."""
     if 1 not in job["batch_sizes"] or not texts:
         return None
@@ -105,7 +104,6 @@ def real_text_check(rt, job: dict[str, Any], texts: list[str]) -> dict[str, Any]
         t0 = time.perf_counter()
         rt.tokenize(one)
         tk.append((time.perf_counter() - t0) * 1e3)
-    import statistics
 
     fm, rm, tm = statistics.median(f), statistics.median(r), statistics.median(tk)
     return {"pairs": CHECK_PAIRS, "seq": seq, "fixed_p50": fm, "real_p50": rm, "tokenize_p50": tm,

@@ -9,7 +9,8 @@ at its bucket, as the server runs it), whose agreement with fp32 on the test spl
 at least the bar for its bits (int8 >= 99%, 4-bit >= 97%; 16/32-bit variants are held
 to the int8 bar). Agreement is by the model's problem type (qserve/problemtypes.py): the same top label;
 for multi-label the same on/off per label (99% at 8 bits); for regression 1 - mean |Δvalue| / the labels'
-range, so the bar is a mean error of at most 1% of the range at 8 bits (3% at 4). A run without real-text latency for every candidate ranks by the
+range, so the bar is a mean error of at most 1% of the range at 8 bits (3% at 4). A run without real-text latency for
+every candidate ranks by the
 headline shape (b1/s128) instead; the ranking quotes both. Speed comes from the same
 report, so from the machine that ran it: the report names that CPU, and `qserve serve
 MODEL_DIR` warns when it is not the one serving.
@@ -38,7 +39,8 @@ def real_text_b1(entry: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def recommend(report: dict[str, Any]) -> dict[str, Any]:
-    """{"variant", "dir", "p50_ms", "agreement", "bar", "shape", "why", "cpu", "ranking"} or {"variant": None, "why"}."""
+    """{"variant", "dir", "p50_ms", "agreement", "bar", "shape", "why", "cpu", "ranking"}, or
+    {"variant": None, "why"}."""
     b, s = report["headline"]["batch"], report["headline"]["seq"]
     ref = report.get("agreement_reference")
     cpu = ((report.get("environment") or {}).get("cpu") or {}).get("model")

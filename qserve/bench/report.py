@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
-from qserve.bench.summary import fixed_shape, invariance_cell, peak_memory, summary_rows
+from qserve.bench.summary import fixed_shape, peak_memory, summary_rows
 from qserve.bench.html import render_html
 from qserve.bench.plots import write_plots
 from qserve.bench.policies import md_lines as long_text_lines

@@ -1,6 +1,8 @@
 """Child-process orchestration: one process per variant, then agreement, floor and reports.
 
-    python -c "from pathlib import Path; from qserve.bench.runner import run_bench; from qserve.bench.config import BenchConfig; run_bench([Path('models/minilm-imdb-variants/onnx-int8')], BenchConfig(batch_sizes=[1], seq_lens=[128]))"
+    python -c "from pathlib import Path; from qserve.bench.runner import run_bench; \\
+from qserve.bench.config import BenchConfig; \\
+run_bench([Path('models/minilm-imdb-variants/onnx-int8')], BenchConfig(batch_sizes=[1], seq_lens=[128]))"
 
 The parent never imports torch: it reads manifests, loads the evaluation texts once
 (so every variant sees the same inputs), starts `python -m qserve.bench.measure` per
@@ -20,6 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+import hashlib
+import copy
+
+import psutil
 
 from qserve import QserveError
 from qserve.artifact import CheckpointError, ModelMeta, VariantError, read_manifest, read_model_meta
@@ -132,8 +138,6 @@ def _child_env(cfg: BenchConfig) -> dict[str, str]:
 
 def run_child(module: str, job: dict[str, Any], work: Path, tag: str, cfg: BenchConfig) -> dict[str, Any]:
     """Run `python -m module job.json result.json`; returns the result or a failure record."""
-    import psutil
-
     job_path, res_path, log_path = work / f"{tag}.job.json", work / f"{tag}.result.json", work / f"{tag}.log"
     job_path.write_text(json.dumps(job), encoding="utf-8")
     t0 = time.perf_counter()
@@ -201,8 +205,6 @@ def run_floor(cfg: BenchConfig, config: dict[str, Any] | None, work: Path) -> di
 
 def _texts_sha(data: dict[str, Any]) -> str:
     """Which texts a measurement saw (real-text, invariance, the labelled test split): part of its store key."""
-    import hashlib
-
     ev = data.get("eval") or {}
     seen = [data.get("real_texts"), data.get("invariance_texts"), ev.get("texts"), ev.get("labels"), ev.get("pairs")]
     return hashlib.sha256(json.dumps(seen, default=str).encode()).hexdigest()
@@ -367,8 +369,6 @@ def _policy_candidates(entries: list[dict[str, Any]], metas: list[VariantMeta],
     reference (every policy's agreement is against it) and the one the recommendation chooses (policies.finish
     reads its records); with no recommendation the reference's records decide, as policies.finish falls back,
     and with neither the first measured."""
-    import copy
-
 
     draft: dict[str, Any] = {"variants": copy.deepcopy(entries), "headline": dict(zip(("batch", "seq"), cfg.headline())),
              "config": cfg.to_json(), "floor": {}, "environment": {}}

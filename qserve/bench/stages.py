@@ -1,6 +1,6 @@
 """The pipeline's stage times (train, export, bench, gate, total), printed at its end and kept in its report.
 
-    qserve pipeline      # ends with "stage times: train 384s, export 84s, bench 231s, total 11.7 min"
+    qserve pipeline      # ends with "stage times: train <s>s, export <s>s, bench <s>s, gate <s>s, total <m> min"
 
 report.json gets {"pipeline": {"stage_s": {...}}} from the run that measured the report (a re-run that
 reuses the whole report leaves it, and its bytes, as they are), and report.md a "Pipeline stages" table.

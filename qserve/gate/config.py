@@ -1,6 +1,7 @@
 """`qserve gate`'s settings: one dataclass, each field a flag (its docstring the help), checked once.
 
-    python -c "import argparse; from qserve.configflags import add_flags; from qserve.gate.config import GateConfig; p = argparse.ArgumentParser(); add_flags(p, GateConfig); p.print_help()"
+    python -c "import argparse; from qserve.configflags import add_flags; from qserve.gate.config import GateConfig; \\
+p = argparse.ArgumentParser(); add_flags(p, GateConfig); p.print_help()"
 """
 
 from __future__ import annotations

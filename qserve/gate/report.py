@@ -37,7 +37,8 @@ def row(result: dict[str, Any]) -> dict[str, str]:
     ece = cal.get("ece") or {}
     extra = ""
     if "macro_f1" in cal:
-        extra = f"; macro F1 {cal['macro_f1']['at_0.5']:.3f} at 0.5 -> {cal['macro_f1']['at_thresholds']:.3f} at per-label thresholds"
+        f1 = cal["macro_f1"]
+        extra = f"; macro F1 {f1['at_0.5']:.3f} at 0.5 -> {f1['at_thresholds']:.3f} at per-label thresholds"
     if "temperature" in (result.get("calibration") or {}):
         extra = f"; T = {result['calibration']['temperature']:.3f}"
     return {

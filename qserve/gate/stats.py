@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -30,8 +31,6 @@ Z95 = 1.959963984540054
 
 def z_for(confidence: float) -> float:
     """The two-sided normal quantile for `confidence` (0.95 -> 1.96)."""
-    from statistics import NormalDist
-
     return Z95 if confidence == 0.95 else NormalDist().inv_cdf(0.5 + confidence / 2)
 
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from qserve.predict.job import ENGINES, ON_ERROR, PredictConfig
 from qserve.files import write_json_atomic
@@ -68,8 +69,6 @@ def run_predict(args: argparse.Namespace) -> int:
     cfg = PredictConfig(**{n: getattr(args, n) for n in names})
     summary = run(cfg)
     if args.json_out:
-        from pathlib import Path
-
 
         write_json_atomic(Path(args.json_out), summary)
     return 0  # bad rows are in the output (--on-error fail raised before any was written past them)

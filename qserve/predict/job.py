@@ -1,4 +1,4 @@
-"""A `qserve predict` job: its settings, the model its TARGET names, one chunk scored as /v1 answers it, the local engine.
+"""A `qserve predict` job: its settings, the model its TARGET names, a chunk scored as /v1 answers it, the local engine.
 
     qserve predict models/minilm-l6-distilbert-imdb reviews.jsonl --out scored.parquet --all-scores
 
@@ -7,7 +7,7 @@ function (a variant dir, or a pipeline model dir's recommended variant and the l
 report names), then the server's Loader (load_model: load_runtime with the same RuntimeOptions). A
 chunk's valid rows are sorted by length and classified `batch_size` at a time by Runtime.classify
 (the batch-invariant path the server's batcher calls), and each answer is built by the server's own
-v1_predictions, so a row's label and score are what /v1/classify answers for that text. Rows go back
+label_scores, so a row's label and score are what /v1/classify answers for that text. Rows go back
 in input order; a bad row gets an `error` and no answer, and the rest of its chunk is scored.
 """
 
@@ -19,10 +19,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tqdm import tqdm
+
 from qserve import QserveError, problemtypes as problems
-from qserve.predict.files import ROW_ERROR, Row
+from qserve.predict.corpus import ROW_ERROR, Row
 from qserve.artifact import read_manifest
-from qserve.serve.core.outputs import v1_predictions
+from qserve.serve.core.outputs import label_scores
 from qserve.serve.core.repository import model_version, resolve
 from qserve.serve.core.served_model import load_model
 from qserve.serve.core.texts import text_problem
@@ -190,7 +192,7 @@ def score_chunk(rt: Runtime, rows: list[Row], cfg: PredictConfig, first_row: int
         texts = [rows[i][cfg.text_column] for i in idx]
         pairs = [rows[i][pair] for i in idx] if pair else None
         r = rt.classify(texts, [None] * len(texts), pairs=pairs)  # as the server's infer_fn calls it
-        preds = v1_predictions(r.probs, rt.labels, rt.problem_type, None, threshold)
+        preds = label_scores(r.probs, rt.labels, rt.problem_type, None, threshold)
         for j, i in enumerate(idx):
             answers[i] = _answer(preds[j], rt.problem_type, cfg.all_scores, r.tokens[j], r.windows[j],
                                  r.truncated[j])
@@ -248,7 +250,5 @@ def check_columns(inp: Any, rows: list[Row], cfg: PredictConfig) -> None:
 
 def progress(cfg: PredictConfig, total: int | None, initial: int) -> Any:
     """A tqdm bar (rows/s, ETA) on a terminal; nothing when --quiet or stderr is not one."""
-    from tqdm import tqdm
-
     return tqdm(total=total, initial=initial, unit="rows", dynamic_ncols=True, smoothing=0.1,
                 disable=cfg.quiet or not sys.stderr.isatty())

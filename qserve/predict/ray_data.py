@@ -7,7 +7,7 @@ ray.data.read_json / read_csv / read_parquet -> map_batches(Scorer, compute=Acto
 with order preserved; each Scorer actor loads the variant once (Model.load: the server's Loader) and
 scores its batches with the local engine's score_chunk, so every row gets the same answer as on the
 local engine and on /v1/classify. The driver streams the answered batches back in order and writes
-them as the same complete parts the local engine writes (files.py), then merges them: the output is
+them as the same complete parts the local engine writes (corpus.py), then merges them: the output is
 the local engine's, byte for byte in jsonl and csv. Each actor stamps its node id on its rows (a
 column the driver counts, as rows per node, and drops).
 
@@ -24,17 +24,15 @@ import csv
 import logging
 import os
 from typing import Any
+import warnings
 
 from qserve import QserveError
-from qserve.predict.files import Input, part_path, parts_dir, rows_to_table, write_part
+from qserve.extras import require
+from qserve.predict.corpus import Input, part_path, parts_dir, rows_to_table, write_part
 from qserve.predict.job import Model, PredictConfig, answer_types, check_columns, progress, score_chunk
 
-try:
-    import ray
-    import ray.data
-except ImportError as e:
-    raise QserveError(f"--engine ray needs Ray Data, which is not installed here ({e}); install it with: "
-                      "pip install 'qserve[ray]'") from None
+require("ray.data", "--engine ray (Ray Data)")  # ray.data, which `ray` below carries once imported
+ray = require("ray", "--engine ray (Ray Data)")
 
 log = logging.getLogger("qserve.predict")
 NODE = "_qserve_node"
@@ -119,7 +117,6 @@ def run_ray(cfg: PredictConfig, model: Model, inp: Input, fmt: str) -> dict[str,
         ctx = ray.data.DataContext.get_current()
         ctx.execution_options.preserve_order = True  # rows come back in input order
         ctx.enable_progress_bars = False  # the driver's own bar counts rows written
-        import warnings
 
         with warnings.catch_warnings():
             # SPREAD puts the actors on different nodes; Ray 2.60 (pinned) has no named parameter for it yet and

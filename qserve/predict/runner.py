@@ -2,7 +2,7 @@
 
     qserve predict models/m/variants/onnx-int8 reviews.jsonl --out scored.jsonl
 
-run() resolves the TARGET, opens INPUT, checks the ledger (files.prepare: a rerun continues after the
+run() resolves the TARGET, opens INPUT, checks the ledger (corpus.prepare: a rerun continues after the
 last complete part), runs the engine chunk by chunk, merges the parts into OUTPUT and prints the one-line
 summary: rows, seconds, rows/s, rows that failed.
 """
@@ -13,23 +13,24 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+import shutil
 
 from qserve import QserveError
-from qserve.predict.files import Input
+from qserve.predict.corpus import Input
 from qserve.predict.job import (Model, PredictConfig, answer_types, check_columns, ledger, progress, resolve_model,
                                 score_chunk)
-from qserve.predict import files
+from qserve.predict import corpus
 
 
 def run(cfg: PredictConfig) -> dict[str, Any]:
     """Run the job on its engine; returns the summary (rows, seconds, rows_per_s, failed, ...)."""
     cfg.validate()
-    fmt = files.output_format(cfg.out)
-    inp = files.open_input(cfg.input)
+    fmt = corpus.output_format(cfg.out)
+    inp = corpus.open_input(cfg.input)
     model = resolve_model(cfg)
     out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    done = files.prepare(out, fmt, ledger(cfg, model), cfg.force)
+    done = corpus.prepare(out, fmt, ledger(cfg, model), cfg.force)
     t0 = time.perf_counter()
     try:
         if cfg.engine == "ray":
@@ -43,12 +44,10 @@ def run(cfg: PredictConfig) -> dict[str, Any]:
     except QserveError:
         # A job refused before its first part (a missing column, --on-error fail) leaves no ledger behind that
         # would refuse the corrected command.
-        if files.complete_parts(files.parts_dir(out), fmt) == 0:
-            import shutil
-
-            shutil.rmtree(files.parts_dir(out), ignore_errors=True)
+        if corpus.complete_parts(corpus.parts_dir(out), fmt) == 0:
+            shutil.rmtree(corpus.parts_dir(out), ignore_errors=True)
         raise
-    rows, failed = files.merge(files.parts_dir(out), count, out, fmt)
+    rows, failed = corpus.merge(corpus.parts_dir(out), count, out, fmt)
     secs = time.perf_counter() - t0
     summary = {"rows": rows, "seconds": round(secs, 3), "rows_per_s": round(scored / secs, 2) if secs else None,
                "scored_now": scored, "resumed_rows": rows - scored, "failed": failed, "out": str(out),
@@ -66,7 +65,7 @@ def _run_local(cfg: PredictConfig, model: Model, inp: Input, fmt: str, done: int
     """Score chunk by chunk after the `done` complete parts; returns (parts, rows scored now)."""
     rt = model.load()
     types = answer_types(rt, cfg.all_scores) if fmt == "parquet" else None
-    parts = files.parts_dir(cfg.out)
+    parts = corpus.parts_dir(cfg.out)
     index, scored = done, 0
     bar = progress(cfg, inp.total(), done * cfg.chunk_rows)
     try:
@@ -74,7 +73,7 @@ def _run_local(cfg: PredictConfig, model: Model, inp: Input, fmt: str, done: int
             if index == 0:
                 check_columns(inp, chunk, cfg)
             out = score_chunk(rt, chunk, cfg, first_row=index * cfg.chunk_rows + 1)
-            files.write_part(out, files.part_path(parts, index, fmt), fmt, types)
+            corpus.write_part(out, corpus.part_path(parts, index, fmt), fmt, types)
             index += 1
             scored += len(chunk)
             bar.update(len(chunk))

@@ -1,6 +1,7 @@
 """The runtime contract shared by bench, serve and export: one loader, one Runtime interface.
 
-    python -c "from qserve.runtime import load_runtime; r = load_runtime('models/minilm-imdb-variants/onnx-int8'); print(r.predict(['great film']))"
+    python -c "from qserve.runtime import load_runtime; \\
+r = load_runtime('models/minilm-imdb-variants/onnx-int8'); print(r.predict(['great film']))"
 
 `load_runtime(variant_dir, device)` verifies the manifest, then builds the runtime class
 the backend registry (qserve.variants) names for the spec's backend. Every runtime is a
@@ -13,30 +14,27 @@ bench may use of one is the typed contract ModelRuntime (contract.py), which myp
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from qserve.runtime.base import Classification, Runtime, TextResult
 from qserve.runtime.options import RuntimeOptions
 from qserve.runtime.contract import ModelRuntime
+from qserve.verify import verify
+from qserve.variants import BACKENDS, load_target, REGISTRY
+from qserve.devices import resolve_device
+from qserve.artifact import VariantError
 
 __all__ = ["Classification", "ModelRuntime", "Runtime", "RuntimeOptions", "TextResult", "load_runtime", "runtime_class"]
 
 
 def runtime_class(backend: str) -> type[Runtime]:
     """The Runtime subclass the registry names for `backend`, imported now (a missing backend fails here)."""
-    from qserve.variants import REGISTRY, load_target
-
     entry = REGISTRY[backend]
     return cast("type[Runtime]", load_target(entry.runtime, entry))
 
 
 def load_runtime(variant_dir: str | Path, device: str = "auto", options: RuntimeOptions | None = None,
                  verify_hashes: bool = True, allow_extra_files: bool = False) -> Runtime:
-    from qserve.artifact import VariantError
-    from qserve.verify import verify
-    from qserve.devices import resolve_device
-    from qserve.variants import BACKENDS
-
     variant_dir = Path(variant_dir)
     manifest = verify(variant_dir, check_hashes=verify_hashes, allow_extra_files=allow_extra_files)
     device = resolve_device(device)

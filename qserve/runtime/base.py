@@ -1,6 +1,7 @@
-"""The Runtime base class: tokenization, the long-text policy, the row-by-row path and the scores shared by all backends.
+"""The Runtime base class: tokenization, the long-text policy, the row-by-row path and the scores every backend shares.
 
-    python -c "import numpy as np; from qserve.problemtypes import scores; print(scores(np.array([[0.0, 1.0]]), 'single_label_classification'))"
+    python -c "import numpy as np; from qserve.problemtypes import scores; \\
+print(scores(np.array([[0.0, 1.0]]), 'single_label_classification'))"
 
 A batch of N texts is tokenized once, without truncation, then each text is cut by its long-text
 policy (qserve/longtext.py) into one piece, or several windows; the M >= N pieces are padded and

@@ -1,6 +1,7 @@
 """Length buckets: how a variant that needs fixed shapes (ov-int8) runs a batch without padding it to max_length.
 
-    python -c "from qserve.runtime.buckets import resolve, plan; b = resolve('auto', 128, True); print(b, plan([9, 40, 12, 128], b, None))"
+    python -c "from qserve.runtime.buckets import resolve, plan; b = resolve('auto', 128, True); \\
+print(b, plan([9, 40, 12, 128], b, None))"
 
 A variant whose answer for a text moves with the padded length it runs at (ov-int8: see
 openvino_rt.fixed_length) keeps one text, one answer by always running a text at the same

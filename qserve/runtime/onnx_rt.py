@@ -1,6 +1,7 @@
 """Runtime for ONNX variants: one onnxruntime InferenceSession on the variant's model.onnx.
 
-    python -c "from qserve.runtime import load_runtime; print(load_runtime('models/minilm-imdb-variants/onnx-int8', 'cpu').predict(['fine']))"
+    python -c "from qserve.runtime import load_runtime; \\
+print(load_runtime('models/minilm-imdb-variants/onnx-int8', 'cpu').predict(['fine']))"
 
 CPU runs on CPUExecutionProvider; `cuda[:N]` asks for CUDAExecutionProvider, which
 only the onnxruntime-gpu wheel ships (`pip install 'qserve[gpu]'`).
@@ -9,10 +10,13 @@ only the onnxruntime-gpu wheel ships (`pip install 'qserve[gpu]'`).
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from qserve import QserveError
+from qserve.extras import require
+from qserve.variants import REGISTRY
 from qserve.runtime.base import Runtime
 from qserve.artifact import VariantError
 from qserve.runtime.threadnames import named
@@ -21,8 +25,7 @@ if TYPE_CHECKING:
     from qserve.artifact import Manifest
 
 MODEL_FILE = "model.onnx"
-CPU_HINT = "pip install 'qserve[cpu]'"
-GPU_HINT = "pip uninstall -y onnxruntime && pip install 'qserve[gpu]'"
+GPU_HINT = REGISTRY["onnx"].cuda_install
 
 
 def session_options(ort, threads: int | None):
@@ -33,13 +36,10 @@ def session_options(ort, threads: int | None):
         so.intra_op_num_threads = int(threads)
     # Spin inside a run, never after it. ORT's pool threads busy-wait for more work by default, within a run
     # (between one operator's parallel section and the next) and after run() returns. After the run, that spin
-    # takes the core the event loop needs to parse the next request and write the answer: on the 2-core AMD
-    # EPYC the pipeline's onnx-int8 spent about 2x the CPU per b1 call spinning (predict([review]) 38 vs 18 ms)
-    # with the default. With no spinning at all, each of a b1 forward's ~90 parallel sections waits for the
-    # worker to wake (a context switch each): served p50 14.4 ms against 11.1 with the default
-    # (serve-overhead, 2 rounds). force_spinning_stop keeps the spin inside run() and stops it when run()
-    # returns: in-process b1 p50 10.6-11.2 ms at 20.2-20.3 ms CPU a call, against 13.4-14.2 ms at 20.6-22.3
-    # without spinning and 12.7 ms at 29-32 ms with the default (64 reviews, a 2 ms gap between calls, quiet).
+    # takes the core the event loop needs to parse the next request and write the answer; with no spinning at
+    # all, each of a b1 forward's parallel sections waits for the worker to wake (a context switch each).
+    # force_spinning_stop keeps the spin inside run() and stops it when run() returns: the fastest and the
+    # cheapest in CPU of the three, measured in docs/measurements.md ("Serving overhead").
     so.add_session_config_entry("session.intra_op.allow_spinning", "1")
     so.add_session_config_entry("session.force_spinning_stop", "1")
     so.add_session_config_entry("session.inter_op.allow_spinning", "0")  # sequential execution: no inter-op pool
@@ -69,10 +69,7 @@ class OnnxRuntime(Runtime):
         self.batch_invariant = not per_batch_activation_scales(self.manifest)
         quant = self.manifest.record("onnx").get("quantization") or {}
         self.default_batch_dependent = "rows" if quant.get("row_by_row", True) else "batched"
-        try:
-            import onnxruntime as ort
-        except ImportError as e:
-            raise QserveError(f"{self.name} needs onnxruntime: {CPU_HINT} (or 'qserve[gpu]' for CUDA) ({e})") from e
+        ort = require("onnxruntime", self.name)
         path = self.variant_dir / MODEL_FILE
         if not path.is_file():
             raise VariantError(f"{path} is missing: {self.variant_dir} is not an ONNX variant")
@@ -100,7 +97,6 @@ class OnnxRuntime(Runtime):
         workers = self.options.side_by_side()
         if not self.row_by_row or workers < 2 or self.device.startswith("cuda"):
             return 1, None, None
-        from concurrent.futures import ThreadPoolExecutor
 
 
         session = ort.InferenceSession(str(path), sess_options=session_options(ort, 1), providers=providers,

@@ -1,6 +1,7 @@
 """Runtime for OpenVINO variants (ov-fp32, ov-bf16, ov-int8): one compiled model per process, CPU only.
 
-    python -c "from qserve.runtime import load_runtime; print(load_runtime('models/minilm-l6-distilbert-imdb/variants/ov-int8', 'cpu').predict(['fine']))"
+    python -c "from qserve.runtime import load_runtime; \\
+print(load_runtime('models/minilm-l6-distilbert-imdb/variants/ov-int8', 'cpu').predict(['fine']))"
 
 The variant holds an OpenVINO IR (openvino_model.xml/.bin, dynamic batch and sequence
 axes) plus config.json, so `optimum.intel.OVModelForSequenceClassification.from_pretrained(dir)`
@@ -9,11 +10,12 @@ plugin: on AMX / avx512_bf16 CPUs OpenVINO's CPU plugin silently computes fp32 m
 bf16 unless told otherwise, so ov-fp32 and ov-int8 compile with INFERENCE_PRECISION_HINT
 f32 and ov-bf16 with bf16 (refused on a CPU whose plugin reports no BF16).
 
-Before compiling, `ov_probe.require` checks in a child process that OpenVINO works on this
+Before compiling, `ov_probe.require_precision` checks in a child process that OpenVINO works on this
 CPU at that precision: a plugin crash there becomes an "unavailable on this CPU" error
 instead of taking the server, bench child or test run down.
 
-A batch of several rows runs on a second compiled model (compiled on the first such batch) with one stream per row worker, one
+A batch of several rows runs on a second compiled model (compiled on the first such batch) with one stream per row
+worker, one
 thread each (`row_workers`, default: the intra-op threads, else the cores): its shares run side by
 side, so no forward waits at a barrier for a thread the OS handed to the event loop, and no thread
 hand-off happens inside an op. On the 2-core AMD EPYC, ov-int8 b32/s128: 195-200 ms against 202-220
@@ -37,17 +39,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qserve import QserveError
+from qserve.extras import require
+from qserve.variants import OV_FP32, openvino_precision
 from qserve.runtime.base import Runtime
 from qserve.artifact import VariantError
 from qserve.devices import usable_cores
-from qserve.runtime.ov_probe import require
+from qserve.runtime.ov_probe import require_precision
 
 if TYPE_CHECKING:
     from qserve.artifact import Manifest
 
 MODEL_FILE = "openvino_model.xml"
 WEIGHTS_FILE = "openvino_model.bin"
-HINT = "pip install 'qserve[openvino]'"
 
 _compiled: dict[tuple, Any] = {}
 _compiled_lock = threading.Lock()
@@ -56,7 +59,7 @@ _compiled_lock = threading.Lock()
 def inference_precision(manifest: Manifest) -> str:
     """f32 or bf16: what the variant's spec says its graph computes in (int8 layers aside)."""
     spec = manifest.spec
-    return str(spec.options.get("inference_precision") or ("bf16" if spec.dtype == "bf16" else "f32"))
+    return openvino_precision(spec, spec.options.get("inference_precision"))
 
 
 def compile_config(precision: str, threads: int | None, streams: int = 1) -> dict[str, Any]:
@@ -113,16 +116,13 @@ class OpenVINORuntime(Runtime):
         if not self.device.startswith("cpu"):
             raise QserveError(f"{self.name} runs on OpenVINO's CPU plugin only; load it with --device cpu "
                               f"(got {self.device})")
-        try:
-            import openvino  # noqa: F401
-        except ImportError as e:
-            raise QserveError(f"{self.name} needs OpenVINO: {HINT} ({e})") from e
+        require("openvino", self.name)
         path = self.variant_dir / MODEL_FILE
         if not path.is_file():
             raise VariantError(f"{path} is missing: {self.variant_dir} is not an OpenVINO variant")
         self.precision = inference_precision(self.manifest)
         int8 = self.manifest.spec.dtype == "int8"
-        require("int8" if int8 and self.precision == "f32" else self.precision, self.name)
+        require_precision("int8" if int8 and self.precision == OV_FP32 else self.precision, self.name)
         self.compiled = compiled_model(self.variant_dir, self.manifest, self.precision, self.options.threads)
         self.row_workers = self._side_by_side()
         self.input_names = [p.any_name for p in self.compiled.inputs]

@@ -26,6 +26,11 @@ import sys
 import threading
 from pathlib import Path
 from typing import Any
+import signal
+import platform
+from importlib.metadata import PackageNotFoundError, version
+
+import numpy as np
 
 from qserve import QserveError
 
@@ -48,8 +53,6 @@ def _cpu_key() -> str:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
         lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags", "vendor_id"))][:3]
     except OSError:
-        import platform
-
         lines = [platform.processor(), platform.machine()]
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
@@ -60,8 +63,6 @@ def _cache_path(version: str) -> Path:
 
 
 def _run_child() -> dict[str, Any]:
-    import signal
-
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
@@ -92,8 +93,6 @@ def probe() -> dict[str, Any]:
             return _result
         faulty = bool(os.environ.get(FAULT_ENV))
         try:
-            from importlib.metadata import PackageNotFoundError, version
-
             ov_version = version("openvino")
         except PackageNotFoundError:
             _result = {"ok": False, "reason": "openvino is not installed: pip install 'qserve[openvino]'"}
@@ -122,7 +121,7 @@ def reset() -> None:
         _result = None
 
 
-def require(precision: str, what: str) -> dict[str, Any]:
+def require_precision(precision: str, what: str) -> dict[str, Any]:
     """Raise OpenVINOUnavailable("<what> unavailable on this CPU: <reason>") unless `precision` runs here."""
     if precision not in PRECISIONS:
         raise QserveError(f"{what}: OpenVINO inference precision must be one of {', '.join(PRECISIONS)} "
@@ -139,7 +138,6 @@ def require(precision: str, what: str) -> dict[str, Any]:
 # -- the child ----------------------------------------------------------------------------------
 def _graph(ov, int8: bool):
     """x[?, ?, 32] -> (FakeQuantize) MatMul + bias -> MVN -> MatMul(x, x^T) -> Softmax: a transformer's op mix."""
-    import numpy as np
     from openvino import opset13 as ops
 
     rng = np.random.default_rng(0)
@@ -156,13 +154,10 @@ def _graph(ov, int8: bool):
 
 
 def _child() -> int:
-    import signal
-
     def say(data: dict[str, Any]) -> None:
         print(json.dumps(data), flush=True)
 
     fault = os.environ.get(FAULT_ENV, "")
-    import numpy as np
     import openvino as ov
 
     core = ov.Core()

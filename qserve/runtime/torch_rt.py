@@ -1,6 +1,7 @@
 """Runtime for torch and bitsandbytes variants (both are HF checkpoints on disk).
 
-    python -c "from qserve.runtime import load_runtime; print(load_runtime('models/minilm-imdb-variants/torch-bf16').predict(['fine']))"
+    python -c "from qserve.runtime import load_runtime; \\
+print(load_runtime('models/minilm-imdb-variants/torch-bf16').predict(['fine']))"
 
 On CUDA a torch variant replays CUDA graphs captured at load per (batch, length) bucket (--cuda-graphs, the
 bucket logic in qserve/runtime/graphs.py): each text padded to its own length bucket, each forward's rows to a
@@ -12,7 +13,10 @@ On CPU nothing changes: eager, unpadded, as before.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
+import json
+import logging
 import statistics
 import threading
 import time
@@ -27,8 +31,9 @@ from qserve.runtime import graphs
 from qserve.runtime.base import Runtime
 from qserve.runtime.buckets import bucket_for, fit_rows
 from qserve.runtime.options import RuntimeOptions
-from qserve.variants import VariantSpec
+from qserve.variants import REGISTRY, VariantSpec, option_defaults
 from qserve import QserveError
+from qserve.extras import require
 from qserve.artifact import Manifest, VariantError
 from qserve.modeling import model_inputs
 
@@ -348,22 +353,16 @@ def _llm_int8_picks_outliers_per_batch(model, spec: VariantSpec, device: str) ->
     if spec.dtype != "int8":
         return False
     qc = getattr(model.config, "quantization_config", None)
-    threshold = qc.get("llm_int8_threshold", 6.0) if isinstance(qc, dict) else getattr(qc, "llm_int8_threshold", 6.0)
+    unset = option_defaults("bnb-int8")["llm_int8_threshold"]  # the registry's default, which the exporter writes
+    threshold = qc.get("llm_int8_threshold", unset) if isinstance(qc, dict) else getattr(qc, "llm_int8_threshold", unset)
     return float(threshold or 0.0) > 0.0
 
 
 def _bnb_load_kwargs(variant_dir, name: str, device: str) -> dict:
     """from_pretrained kwargs for a bnb variant: its config.json carries the quantization_config,
     and the safetensors hold the already-quantized weights, so no source checkpoint is needed."""
-    import json
-    import logging
-
-    for module in ("bitsandbytes", "accelerate"):
-        try:
-            __import__(module)
-        except ImportError as e:
-            raise QserveError(f"{name} needs {module} to load: "
-                              f"pip install bitsandbytes==0.50.2 accelerate ({e})") from e
+    for module in REGISTRY["bnb"].needs:
+        require(module, name)
     cfg = json.loads((variant_dir / "config.json").read_text(encoding="utf-8"))
     if (cfg.get("quantization_config") or {}).get("quant_method") != "bitsandbytes":
         # Without it transformers would silently load the tensors as a plain model.
@@ -412,8 +411,6 @@ def _bnb_prepare(model, device: str) -> None:
 
 def _flat_dequantized_forward(module):
     """A Linear4bit forward that dequantizes the weight as stored (flat blocks), then runs a plain linear."""
-    import copy
-
     import bitsandbytes.functional as F
     import torch
 

@@ -8,12 +8,15 @@ Top to bottom (pyproject.toml's import-linter contract "serve-layers"):
   qserve/bench/loadtest.py).
 - ray_engine.py (`--engine ray`: Ray Serve replicas on the same app) and app.py (the FastAPI app
   factory: the serving state in the lifespan, error bodies, OpenAPI): the wiring.
-- protocols/: each HTTP protocol one module declaring itself (spec.py), listed in registry.py: /v1 and
-  the probes (routes.py), KServe V2 over HTTP (v2.py, v2_repository.py), TEI (tei.py), vLLM (vllm_api.py),
-  the served models' page (page.py); V2 over gRPC (grpc_v2.py).
+- guard.py: the HTTP front of every route (the ASGI middleware): each request matched once in the route
+  table and taken through the admission layer, the inference routes answered from its fast path.
+- protocols/: each protocol one module (or package) declaring itself (spec.py), listed in registry.py: the
+  probes (probes.py), /v1 (v1.py), KServe V2 over HTTP and gRPC (v2/), TEI (tei.py), vLLM (vllm_api.py),
+  the served models' page (page.py).
 - core/: the one serving state (state.py) and what it needs: served_model.py, answer.py, batcher.py (pending.py),
-  outputs.py, pairs.py, texts.py, schemas.py, shadow.py, repository.py, guard.py, errors.py.
-- infra/: config.py, metrics.py, tracing.py, connections.py, uvicorn_server.py, deploy.py.
+  outputs.py, pairs.py, texts.py, schemas.py, shadow.py, repository.py; nothing of any one protocol.
+- infra/: config.py, admission.py (the one way in for a request, HTTP or gRPC), errors.py, metrics.py,
+  tracing.py, connections.py, uvicorn_server.py, deploy.py.
 
 docs/architecture.md has all of them, by role, and a request's path. Nothing here is imported by
 `import qserve`.

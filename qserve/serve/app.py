@@ -6,10 +6,10 @@
 The lifespan starts the load in the background, so the server answers at once:
 /health is 200 from the first moment, /ready is 503 until every model is loaded and
 warmed up, and inference routes answer 503 meanwhile. The routes are the protocols'
-(protocols/registry.py): every FastAPI route, the guard's fast path, the metrics labels, the traced
-routes, each error's shape and the OpenAPI additions come from their declarations (protocols/spec.py).
-The models and their lifecycle live in state.py. With --grpc-port the lifespan also serves the V2 gRPC API
-(grpc_v2.py) on the same state; OTEL_* variables turn on traces (tracing.py).
+(protocols/registry.py): every FastAPI route, the guard's route table and fast path, the metrics labels, the
+traced routes, each error's shape and the OpenAPI additions come from their declarations (protocols/spec.py).
+The models and their lifecycle live in core/state.py. The lifespan also starts what a protocol serves beside
+HTTP on the same state (KServe V2's gRPC API with --grpc-port); OTEL_* variables turn on traces (tracing.py).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -29,22 +30,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from qserve import QserveError, __version__
 from qserve.artifact import Manifest, read_manifest
+from qserve.longtext import pattern
 from qserve.runtime import threadnames
-from qserve.serve.core.errors import ApiError
-from qserve.serve.core.guard import DOCS_PATHS, GuardMiddleware
 from qserve.serve.core.repository import Repository
 from qserve.serve.core.state import Loader, Selection, ServeState, load_model
 from qserve.serve.core.texts import unicode_problem
+from qserve.serve.guard import GuardMiddleware
 from qserve.serve.infra.config import ServeConfig
+from qserve.serve.infra.errors import ApiError
 from qserve.serve.infra.metrics import Metrics
-from qserve.serve.infra.tracing import TraceMiddleware
 from qserve.serve.infra.tracing import from_env as tracing_from_env
 from qserve.serve.protocols import spec
 from qserve.serve.protocols.registry import SERVED
-from qserve.serve.protocols.spec import Protocols
-from qserve.longtext import pattern
-from qserve.serve.core.outputs import publish_outputs
-from qserve.serve.core.pairs import publish_inputs
+from qserve.serve.protocols.spec import Protocols, Published, Running
 
 log = logging.getLogger("qserve.serve")
 
@@ -68,16 +66,18 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
         st.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qserve-infer",
                                          initializer=threadnames.named("qserve-infer"))  # its OS name: profilers see it
         st.load_task = asyncio.create_task(st.start())
-        grpc = None
+        running: list[Running] = []
         try:
-            if config.grpc_port is not None:  # the V2 gRPC service, on this event loop and this state
-                from qserve.serve.protocols.grpc_v2 import start_grpc
-
-                grpc = app.state.grpc = await start_grpc(st, config.host, config.grpc_port)
+            for protocol in protocols.all:  # what a protocol serves beside HTTP (V2's gRPC), on this loop and state
+                for key, start in protocol.servers.items():
+                    server = await start(st)
+                    if server is not None:
+                        setattr(app.state, key, server)
+                        running.append(server)
             yield
         finally:
-            if grpc is not None:
-                await grpc.stop()
+            for server in reversed(running):
+                await server.stop()
             # uvicorn has already let in-flight requests finish; now drain what is still queued.
             await st.stop()
             if st.tracing is not None:
@@ -96,15 +96,9 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
     for protocol in protocols.all:
         for route in protocol.routes:
             app.add_api_route(route.path, route.endpoint(st), methods=[route.method], **route.options)
-    app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
-                       metrics=st.metrics, routes=app.router.routes, arrivals=st.arrivals,
-                       queue_full=st.queue_full_retry_after, inference_paths=protocols.inference_paths,
-                       metrics_public=config.metrics_public, refusal=protocols.refusal,
-                       fast=spec.fast_routes(st, protocols, errors.response), raw_body_paths=protocols.raw_body_paths,
-                       open_paths=protocols.open_paths)
-    if st.tracing is not None:  # outermost: a request's trace covers auth, body and checks too
-        app.add_middleware(TraceMiddleware, tracing=st.tracing, skip=DOCS_PATHS | protocols.open_paths | {"/metrics"},
-                           traced=protocols.inference_paths)
+    # every request's one way in (the admission layer, as gRPC's): its route, id, trace, key, limits, metrics
+    app.add_middleware(GuardMiddleware, admission=st.admission, protocols=protocols,
+                       fast=spec.fast_routes(st, protocols, errors.response), metrics_public=config.metrics_public)
     _install_openapi(app, config, protocols)
     return app
 
@@ -173,8 +167,7 @@ def _install_error_handlers(app: FastAPI, st: ServeState, errors: Errors) -> Non
         elif exc.status_code == 405:
             message = f"method {request.method} not allowed on {request.url.path}; see /docs"
             # Starlette's Allow names the first route of the path only: / is GET (the page) and POST
-            methods = sorted({m for r in app.routes if getattr(r, "path", None) == request.url.path
-                              for m in (getattr(r, "methods", None) or ())})
+            methods = errors.protocols.allowed(request.url.path)
             if methods:
                 return _error(request, 405, message, {**(getattr(exc, "headers", None) or {}),
                                                       "Allow": ", ".join(methods)})
@@ -207,7 +200,7 @@ def _install_openapi(app: FastAPI, config: ServeConfig, protocols: Protocols) ->
             schema.setdefault("components", {})["securitySchemes"] = {
                 "bearer": {"type": "http", "scheme": "bearer"}}
             schema["security"] = [{"bearer": []}]
-            for path in DOCS_PATHS | protocols.open_paths | ({"/metrics"} if config.metrics_public else set()):
+            for path in protocols.docs | protocols.open_paths | ({"/metrics"} if config.metrics_public else set()):
                 for method, op in schema["paths"].get(path, {}).items():
                     if path not in protocols.inference_paths or method == "get":  # POST / (inference) needs it
                         op["security"] = []
@@ -220,9 +213,6 @@ def _install_openapi(app: FastAPI, config: ServeConfig, protocols: Protocols) ->
 def _served_manifest(variant_dir: str | None) -> Manifest | None:
     """The served variant's manifest, read once for the OpenAPI document (so the document is right before the
     model has loaded); None: no readable manifest (several models, a model dir, a repository)."""
-    from pathlib import Path
-
-
     if not variant_dir:
         return None
     try:
@@ -268,10 +258,10 @@ def _publish_limits(schema: dict, config: ServeConfig, protocols: Protocols) -> 
         walk(comps.get(name))
     manifest = _served_manifest(config.variant_dir)
     _publish_long_text(comps, manifest, [n for p in protocols.all for n in p.openapi.long_text])
-    # `name=dir` (one named model): the document's outputs are that model's, as they always were
-    named = manifest if "=" not in (config.variant_dir or "") else _served_manifest(config.variant_dir.split("=", 1)[-1])
-    publish_outputs(comps, named)
-    publish_inputs(comps, manifest)  # a text-pair model's forms only where the model takes them
+    # `name=dir` (one named model): the document's answers (outputs, threshold) are that model's, as they always were
+    answers = manifest if "=" not in (config.variant_dir or "") else _served_manifest(
+        config.variant_dir.split("=", 1)[-1])
+    published = Published(config, manifest, answers)
     for p in protocols.all:  # each protocol's schemas narrowed to this server and its default model
         if p.openapi.publish is not None:
-            p.openapi.publish(comps, config, manifest)
+            p.openapi.publish(comps, published)

@@ -21,9 +21,11 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+import uvicorn
 
 from qserve import QserveError
 from qserve.configflags import ENV_PREFIX, add_flags, config_values, field_docs, flag, option_name
@@ -65,8 +67,6 @@ MAX_WORKERS = 64
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
-    from dataclasses import fields
-
     p = sub.add_parser(
         "serve", help="serve one or several variants over HTTP with dynamic batching",
         description="Serve variants with FastAPI + uvicorn: POST /v1/classify (HF pipeline format), "
@@ -143,8 +143,6 @@ def run_serve(args: argparse.Namespace) -> int:
         raise QserveError(f"{', '.join(given)} only apply with --engine ray (this is --engine {args.engine})")
     if args.workers > 1:
         return run_workers(cfg, repository, args.workers, args.log_level)
-
-    import uvicorn
 
     failed: list[BaseException] = []
     server: uvicorn.Server | None = None

@@ -1,7 +1,8 @@
 """The Ray Serve engine: the one FastAPI app (create_app) as N replicas behind Ray's HTTP proxy.
 
     qserve serve models/minilm-imdb-variants/onnx-int8 --engine ray --replicas 2
-    qserve deploy ray "$PWD/models/minilm-imdb-variants/onnx-int8" --out serve_config.yaml && serve run serve_config.yaml
+    qserve deploy ray "$PWD/models/minilm-imdb-variants/onnx-int8" --out serve_config.yaml && \\
+serve run serve_config.yaml
 
 Each replica is a Ray actor that builds the app with create_app (so routes, schemas,
 limits, auth, error bodies and metrics are the uvicorn engine's, not a copy), mounted
@@ -17,7 +18,8 @@ holds that completion until the model is loaded and warmed up (or fails the star
 with the load error), so the router never sends a request to a replica still loading.
 It also stamps every response with `X-Qserve-Replica` (Ray's replica id). /v1/models
 reports the engine, the replica count and each replica's state (from the Serve
-controller), and the selection when a model dir chose the variant; /metrics is per replica (the one that answered: see the header and the
+controller), and the selection when a model dir chose the variant; /metrics is per replica (the one that answered: see
+the header and the
 `qserve_replica_info` gauge).
 
 Several models (DIR DIR ..., NAME=DIR, --model-repository) and shadows: every replica holds the
@@ -30,7 +32,8 @@ applies to that replica only: to roll a new version to every replica, redeploy (
 with the same config re-creates the replicas, which load the directories' current contents).
 
 Without --ray-address, `qserve serve --engine ray` starts a local Ray instance even where
-`ray start` recorded a cluster (see run_ray). Importing this module imports Ray; without the `ray` extra it raises a QserveError
+`ray start` recorded a cluster (see run_ray). Importing this module imports Ray; without the `ray` extra it raises a
+QserveError
 naming the install command. `import qserve` never imports it.
 """
 
@@ -44,22 +47,21 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+import socket
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from prometheus_client import Gauge
 
 from qserve import QserveError
+from qserve.extras import require
 from qserve.serve.infra.config import ServeConfig, config_from_sources, settings_batch_size
-from qserve.serve.infra.deploy import APP_NAME, DEPLOYMENT_NAME, RAY_INSTALL_HINT, Scaling, app_args, deployment_options
+from qserve.serve.infra.deploy import APP_NAME, DEPLOYMENT_NAME, Scaling, app_args, deployment_options
 from qserve.serve.core.repository import ModelSource, Repository
 from qserve.serve.core.state import Selection, ServeState
 from qserve.serve.app import create_app
 
-try:
-    import ray
-    from ray import serve
-except ImportError as e:  # the optional extra is missing
-    raise QserveError(f"the Ray engine needs Ray Serve, which is not installed here ({e}); install it with: "
-                      f"{RAY_INSTALL_HINT}") from None
+ray = require("ray", "the Ray engine (--engine ray)")
+serve = require("ray.serve", "the Ray engine (--engine ray)")
 
 log = logging.getLogger("qserve.serve")
 
@@ -139,8 +141,6 @@ class QserveReplica:
         self.replica_id = serve.get_replica_context().replica_id.unique_id
 
     def __serve_build_asgi_app__(self) -> ASGIApp:
-        from prometheus_client import Gauge
-
 
         repository = None
         if self.models:
@@ -270,8 +270,6 @@ def run_ray(cfg: ServeConfig, scaling: Scaling, address: str | None, log_level: 
 
 
 def _free_port(host: str) -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]

@@ -1,6 +1,7 @@
 """Training examples and batches: a split encoded as training reads it, padded per batch, and evaluated.
 
-    python -c "from qserve.training.batches import TokenTable; print(TokenTable([([101, 7, 102], 1), ([101, 102], 0)], 0).batch([1, 0]))"
+    python -c "from qserve.training.batches import TokenTable; \\
+print(TokenTable([([101, 7, 102], 1), ([101, 102], 0)], 0).batch([1, 0]))"
 
 qserve/training/train.py's loop uses these for training, validation and test alike, so all three read a text
 the same way: encode_split cuts it by the long-text policy (a pair as the tokenizer truncates it), once per run,

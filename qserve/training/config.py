@@ -1,6 +1,8 @@
 """What one fine-tune is: its config (every `qserve train` flag), its checks, and the seeds and policy it derives.
 
-    python -c "import argparse; from qserve.configflags import add_flags; from qserve.training.config import TrainConfig; p = argparse.ArgumentParser(); add_flags(p, TrainConfig); p.print_help()"
+    python -c "import argparse; from qserve.configflags import add_flags; \\
+from qserve.training.config import TrainConfig; p = argparse.ArgumentParser(); add_flags(p, TrainConfig); \\
+p.print_help()"
 
 The loop (train.py), the study (study.py), the pipeline and resume read a run through these; flags come from
 the fields (configflags.add_flags), so the CLI and the config cannot drift.

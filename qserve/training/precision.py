@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
+import resource
 
 from qserve import QserveError
 from qserve.devices import Capabilities, capabilities
@@ -193,8 +194,6 @@ def check_precision(precision: str, device: str) -> None:
 
 def peak_memory(device: str, rss_peak: int) -> dict[str, Any]:
     """Peak memory as the precision study reports it: reserved CUDA memory, or the sampled process RSS."""
-    import resource
-
     if device.startswith("cuda"):
         import torch
 

@@ -24,6 +24,7 @@ import tempfile
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
+import statistics
 
 from qserve import QserveError
 from qserve.devices import capabilities, cpu_info, resolve_device
@@ -273,8 +274,6 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _interleaved(main: list[dict[str, Any]], by: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Each run's median step over the interleaved rounds, and its ratio to 32-true's and bf16-mixed's."""
-    import statistics
-
     for r in main:
         got = [x for x in r.get("step_rounds_s") or [] if x is not None]
         r["step_interleaved_s"] = round(statistics.median(got), 6) if got else None

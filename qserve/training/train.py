@@ -25,6 +25,9 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from tqdm.auto import tqdm
 from qserve import QserveError
 from qserve.configflags import add_flags, build, field_docs
 from qserve.problemtypes import from_flag, headline, loss
@@ -148,9 +151,7 @@ class StepClock:
 
 
 def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float, choices: RunChoices) -> dict[str, Any] | None:
-    import psutil
     import torch
-    from tqdm.auto import tqdm
 
     out, cuda = todo.out, device.startswith("cuda")
     fabric.seed_everything(cfg.seed, verbose=False)

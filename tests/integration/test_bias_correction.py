@@ -24,7 +24,8 @@ def int8_pair(tiny_checkpoint, tmp_path_factory):
 
 
 def _logits(variant, texts):
-    # The graph as calibrated (one forward per batch); served, it runs row by row (tests/integration/test_invariance.py).
+    # The graph as calibrated (one forward per batch); served, it runs row by row
+    # (tests/integration/test_invariance.py).
     rt = load_runtime(variant, device="cpu", options=RuntimeOptions(batch_dependent="batched"))
     try:
         return rt.logits(texts).astype(np.float64)

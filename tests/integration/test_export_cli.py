@@ -79,8 +79,8 @@ def test_the_same_export_again_is_kept_anything_else_needs_force(tiny_checkpoint
     (["--bits", "8", "--no-clip"], "--clip applies to bnb-fp4, bnb-nf4, not onnx-int8"),
     (["--bits", "4", "--no-correct-bias"], "--correct-bias applies to onnx-int8, not onnx-int4"),
     (["--bits", "4", "--backend", "bnb", "--dtype", "fp4", "--calibration-samples", "2000"],
-     "calibration_samples for bnb-fp4 must be an integer from 1 to 1024 (training texts that calibrate the weight "
-     "clipping; got 2000)"),
+     "calibration_samples for bnb-fp4 must be an integer from 1 to 1024 (training texts that calibrate "
+     "the weight clipping; got 2000)"),
 ])
 def test_export_bad_flags(tiny_checkpoint, tmp_path, capsys, argv, message):
     assert main(["export", str(tiny_checkpoint), "--out", str(tmp_path / "v"), "--device", "cpu", *argv]) == 2

@@ -182,7 +182,8 @@ def test_load_tokenizer_skips_the_auto_classes(tiny_checkpoint):
 
 def test_model_commands_load_torch_models_without_scikit_learn_or_scipy(tiny_checkpoint, tmp_path):
     """modeling.skip_unused_imports, as the CLI's model commands call it: after one of them (here an export
-    refused for a checkpoint that is not there), a torch model loads without transformers importing scikit-learn or scipy
+    refused for a checkpoint that is not there), a torch model loads without transformers importing scikit-learn or
+    scipy
     (seconds of every start) and answers the same logits; a plain load does pull both in, so this checks the
     call, not the environment."""
     import subprocess
@@ -195,8 +196,10 @@ def test_model_commands_load_torch_models_without_scikit_learn_or_scipy(tiny_che
     cli = ("from qserve.cli import main; "
            f"rc = main(['export', {str(tmp_path / 'missing')!r}, '--variant', 'torch-fp32', "
            f"'--out', {str(tmp_path / 'v')!r}]); assert rc == 2, rc; ")
-    run = lambda code: subprocess.run([sys.executable, "-c", "import sys; " + code], capture_output=True,  # noqa: E731
-                                      text=True, check=True).stdout.split("\n")[-3:-1]
+    def run(code: str) -> list[str]:
+        return subprocess.run([sys.executable, "-c", "import sys; " + code], capture_output=True,
+                              text=True, check=True).stdout.split("\n")[-3:-1]
+
     (plain_logits, plain_mods), (logits, mods) = run(load), run(cli + load)
     assert plain_mods == "True True" and mods == "False False"
     assert logits == plain_logits

@@ -28,7 +28,8 @@ ONNX_VARIANTS = ["onnx-fp32", "onnx-fp16", "onnx-int8", "onnx-int4"]
 # here; these bound the error relative to the logit scale instead.
 RELATIVE_TOL = {"fp32": 1e-4, "fp16": 1e-2, "int8": 0.1, "int4": 0.15}
 # Through the runtime contract (run/logits) every variant is batch-invariant: dynamic int8's graph
-# quantizes activations per tensor (per batch), so the runtime runs it row by row (tests/integration/test_invariance.py).
+# quantizes activations per tensor (per batch), so the runtime runs it row by row
+# (tests/integration/test_invariance.py).
 BATCH_TOL = {"fp32": 1e-5, "fp16": 1e-3, "int8": 1e-5, "int4": 1e-5}
 
 

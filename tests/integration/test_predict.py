@@ -191,7 +191,7 @@ def _cmd(variant: Path, src: Path, out: Path) -> list[str]:
 
 def test_kill_9_then_the_same_command_gives_exactly_the_uninterrupted_output(variants, tiny_variant, tmp_path):
     from qserve import QserveError
-    from qserve.predict.files import LEDGER
+    from qserve.predict.corpus import LEDGER
     from qserve.predict.job import PredictConfig
     from qserve.predict.runner import run
 

@@ -1,4 +1,4 @@
-"""Resumable training (qserve.training.resume): a real `python -m qserve.training.train` killed with SIGKILL, then resumed.
+"""Resumable training (qserve.training.resume): a real `python -m qserve.training.train` SIGKILLed, then resumed.
 
     python -m pytest tests/integration/test_resume.py -q
 

@@ -1,4 +1,4 @@
-"""KServe V2 over gRPC (serve/protocols/grpc_v2.py) with Triton's own client, tritonclient.grpc, on a live server.
+"""KServe V2 over gRPC (serve/protocols/v2/grpc_service.py) with Triton's own client (tritonclient.grpc), served live.
 
     python -m pytest tests/integration/test_serve_grpc.py -q
 

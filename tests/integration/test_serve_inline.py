@@ -223,8 +223,8 @@ def test_the_fast_routes_answer_byte_for_byte_as_their_fastapi_routes(tiny_varia
         def make(st, protocols, error):
             handle = real(st, protocols, error)
 
-            async def recorded(scope, body, send):
-                handled.append(fast and await handle(scope, body, send))
+            async def recorded(found, scope, body, send):
+                handled.append(fast and await handle(found, scope, body, send))
                 return handled[-1]
             return recorded
         return make

@@ -99,16 +99,15 @@ def test_the_environment_decides_and_bad_values_name_the_allowed_ones():
         from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
 
 
-def test_no_otel_environment_no_trace_middleware(tiny_variant, monkeypatch):
+def test_no_otel_environment_no_tracing(tiny_variant, monkeypatch):
     from qserve.serve.app import create_app
     from qserve.serve.infra.config import ServeConfig
-    from qserve.serve.infra.tracing import TraceMiddleware
 
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_EXPORTER"):
         monkeypatch.delenv(name, raising=False)
     app = create_app(ServeConfig(variant_dir=str(tiny_variant)))
     assert app.state.qserve.tracing is None
-    assert not [m for m in app.user_middleware if m.cls is TraceMiddleware]
+    assert app.state.qserve.admission.tracing is None  # the admission layer begins no trace
 
 
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])

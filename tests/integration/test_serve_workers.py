@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from benchmarks.harness import Server, per_worker, total
-from benchmarks.harness.server import REPO, code_env
+from benchmarks.harness.server import ROOT, code_env
 
 httpx2 = pytest.importorskip("httpx2")
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="--workers shares a port by SO_REUSEPORT")
@@ -37,7 +37,7 @@ def _answers(url: str, repeat: int = 1) -> list[tuple[int, bytes]]:
 
 def _serve(tiny_variant, tmp_path, *extra: str) -> Server:
     args = [str(tiny_variant), "--device", "cpu", "--threads", "1", "--log-level", "warning", *extra]
-    return Server(args, REPO, tmp_path / f"serve{'-'.join(extra)}.log", tag=" ".join(extra) or "one worker")
+    return Server(args, ROOT, tmp_path / f"serve{'-'.join(extra)}.log", tag=" ".join(extra) or "one worker")
 
 
 def test_two_workers_answer_as_one_and_both_serve(tiny_variant, tmp_path):
@@ -70,7 +70,7 @@ def test_a_worker_that_cannot_load_stops_the_server(tiny_variant, tmp_path):
     # --require-gate on a variant never gated: each worker's load fails, the supervisor exits 2 and says why
     cmd = [sys.executable, "-m", "qserve.serve", "serve", str(tiny_variant), "--device", "cpu", "--threads", "1",
            "--port", "0", "--workers", "2", "--require-gate", "--log-level", "warning"]
-    done = subprocess.run(cmd, cwd=REPO, env=code_env(REPO), capture_output=True, text=True, timeout=180)
+    done = subprocess.run(cmd, cwd=ROOT, env=code_env(ROOT), capture_output=True, text=True, timeout=180)
     assert done.returncode == 2
     assert "could not load" in done.stderr and "has never been gated" in done.stderr
 
@@ -82,5 +82,5 @@ def test_a_worker_that_cannot_load_stops_the_server(tiny_variant, tmp_path):
 ])
 def test_refused_combinations_name_the_flags(tiny_variant, extra, words):
     cmd = [sys.executable, "-m", "qserve.serve", "serve", str(tiny_variant), "--device", "cpu", *extra]
-    done = subprocess.run(cmd, cwd=REPO, env=code_env(REPO), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(cmd, cwd=ROOT, env=code_env(ROOT), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and words in done.stderr, done.stderr[-2000:]

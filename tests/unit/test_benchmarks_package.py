@@ -1,6 +1,6 @@
 """benchmarks/ is a package with one harness: every module imports, no script edits sys.path, one server
-starter, one review loader, one /metrics parser, one wrk runner, and every command the docs and the
-`make reports` stages name is a module that exists.
+starter, one review loader, one /metrics parser, one wrk runner, one repository root, one report writer, and every
+command the docs and the `make reports` stages name is a module that exists.
 
     python -m pytest tests/unit/test_benchmarks_package.py -q
 """
@@ -74,6 +74,38 @@ def test_one_review_loader_one_metrics_parser_one_wrk_runner():
     assert _where(r"text_string_to_metric_families") == {"harness/metrics.py"}
     assert _where(r"\}/metrics|\"/metrics\"") == {"harness/metrics.py"}  # a /metrics URL is built once
     assert _where(r"\"-t1\"") == {"harness/clients.py"}
+
+
+def test_the_repository_root_is_the_harness_constant():
+    """Every script's paths start from benchmarks.harness.ROOT; none computes its own from its file."""
+    assert _where(r"Path\(__file__\)") == {"harness/server.py"}
+    assert _where(r"(?m)^(ROOT|REPO) = ") == {"harness/server.py"}
+
+
+# What scripts write besides reports, and why it is not one (no provenance, read by a machine or a person at once)
+NOT_REPORTS = {
+    "crosscheck.py": "a child's timings handed back to its parent in a temp file",
+    "distilbert_base_speed.py": "a checkpoint's qserve_model.json (the model the bench then measures)",
+    "gpu_pack.py": "the wheels' tar.xz for the GPU machine",
+    "gpu_serving.py": "a --part child's result handed back to its parent; --dry's tiny checkpoint",
+    "gpu_tools.py": "the GPU machine's environment probe (`env`), read by gpu_summary",
+    "multilabel_gate.py": "the training data it builds (jsonl)",
+    "render_tables.py": "the README's and docs' tables",
+    "serve_overhead.py": "wrk's Lua script",
+    "serve_protocol_cost.py": "wrk's Lua scripts",
+    "predict_bench.py": "the corpus it scores (jsonl)",
+}
+WRITES = r"write_json_atomic\(|write_text_atomic\(|json\.dump\(|\.write_text\(|\.write_bytes\(|open\([^)]*[\"']w"
+
+
+def test_every_report_is_written_by_the_harness():
+    """A report (its JSON and its markdown under the provenance header) is written by benchmarks.harness's
+    write_report or write_markdown only; a script that writes any other file says what it is in NOT_REPORTS."""
+    writers = {w for w in _where(WRITES) if not w.startswith("harness/")}
+    assert writers - set(NOT_REPORTS) == set(), "write reports with benchmarks.harness.write_report"
+    assert _where(r"\bwrite_json_atomic\(|\bwrite_text_atomic\(") - set(NOT_REPORTS) == {"harness/report.py"}
+    report_writers = _where(r"\bwrite_report\(|\bwrite_markdown\(|\bfinish\(") - {"harness/report.py"}
+    assert len(report_writers) > 15 and {"serve_bench.py", "flood_bench.py", "gpu_tools.py"} <= report_writers
 
 
 def test_every_stage_command_and_renderer_names_a_module():

@@ -1,16 +1,78 @@
-"""Importing qserve and building the CLI must not start torch, onnxruntime or bitsandbytes."""
+"""Imports at the top of every module, but the lazy libraries': importing qserve and building the CLI start no ML stack.
 
+    python -m pytest tests/unit/test_imports.py -q
+
+ruff enforces the rule in the suite (tests/unit/test_lint.py: PLC0415 with TID253's banned list in pyproject.toml);
+this file says why each library on that list is lazy, requires the list to be exactly LAZY + LAZY_OWN, and checks
+the rule itself on the sources, so it holds even before the tree is formatted. tests/unit/hoist_imports.py moves
+what breaks it (ruff finds those imports but cannot move them).
+"""
+
+import ast
+import json
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ["torch", "onnxruntime", "bitsandbytes", "transformers", "lightning_fabric", "optimum", "ray"]
+
+LAZY = (
+    "torch",
+    "transformers",
+    "onnxruntime",
+    "openvino",
+    "bitsandbytes",
+    "lightning",
+    "lightning_fabric",
+    "optimum",
+    "ray",
+    "grpc",
+    "datasets",
+    "nncf",
+    "matplotlib",
+    "onnx",
+    "onnxscript",
+    "accelerate",
+    "safetensors",
+    "tokenizers",
+    "huggingface_hub",
+    "scipy",
+    "sklearn",
+    "pandas",
+    "opentelemetry",
+    "pyarrow",
+    "tritonclient",
+    "optimi",
+    "yaml",
+)
+"""The libraries qserve imports inside the function that needs them, so `qserve --help` answers at once and a
+missing backend fails only its own command:
+- heavy to import: the ML stacks (torch, transformers, tokenizers, safetensors, accelerate, lightning(_fabric),
+  optimum, onnx, onnxscript, huggingface_hub, scipy, sklearn, pandas), matplotlib, and optimi (torch-optimi
+  imports torch);
+- an optional extra's (pyproject.toml): onnxruntime (cpu/gpu), openvino and nncf (openvino), bitsandbytes, ray and
+  pyarrow (ray, predict), grpc and tritonclient (grpc, dev), opentelemetry's SDK (otel), datasets (hub);
+- not a declared dependency: yaml (PyYAML comes with transformers; only `qserve deploy ray` writes YAML).
+Everything else, qserve's own modules first, the standard library, numpy, psutil, uvicorn, httpx2, tqdm and
+prometheus_client (declared dependencies, each imported in well under a second), sits at the top of the module
+(docs/architecture.md)."""
+
+LAZY_OWN = ("qserve.serve.ray_engine", "qserve.predict.ray_data", "qserve.serve.protocols.v2.grpc_service")
+"""qserve's own modules that import a LAZY library as they load (Ray Serve, Ray Data, gRPC), so they are imported
+inside the function that needs them too, and nowhere at a module's top."""
 
 
 def _loaded_after(code: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-c", code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
-                         capture_output=True, text=True, check=True).stdout
-    import json
-
+    out = subprocess.run(
+        [sys.executable, "-c", code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return set(json.loads(out.strip().splitlines()[-1]))
 
 
@@ -30,73 +92,52 @@ def test_help_lists_every_stage():
         assert cmd in out
 
 
-LAZY = ("torch", "transformers", "onnxruntime", "openvino", "bitsandbytes", "lightning", "lightning_fabric",
-        "optimum", "ray", "grpc", "datasets", "nncf", "matplotlib", "onnx", "onnxscript", "accelerate", "safetensors",
-        "tokenizers", "huggingface_hub", "scipy", "sklearn", "pandas", "opentelemetry")
-"""The libraries qserve imports inside the function that needs them: heavy to import (the ML stacks, matplotlib) or
-an optional extra's (ray, grpc, openvino, bitsandbytes, opentelemetry), so `qserve --help` answers at once and a
-missing backend fails only its own command. Everything else, qserve's own modules first, is imported at the top
-of the module (docs/architecture.md)."""
+def test_ruffs_banned_list_is_lazy_and_lazy_own():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["ruff"]["lint"]
+    assert config["flake8-tidy-imports"]["banned-module-level-imports"] == [*LAZY, *LAZY_OWN]
+    assert {"PLC0415", "TID253"} <= set(config["select"])
 
 
-def _modules() -> dict[str, "object"]:
-    import ast
-    from pathlib import Path
+@pytest.mark.parametrize("module", LAZY_OWN)
+def test_each_lazy_own_module_imports_a_lazy_library(module):
+    loaded = {m.split(".")[0] for m in _loaded_after(f"import {module}")}
+    assert loaded & set(LAZY) - {"opentelemetry"}, f"{module} imports no LAZY library: import it at the top"
 
-    root = Path(__file__).resolve().parents[2]
-    out = {}
-    for pkg in ("qserve", "exporters"):
-        for p in (root / pkg).rglob("*.py"):
-            parts = list(p.relative_to(root).with_suffix("").parts)
-            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            out[name] = (p, ast.parse(p.read_text(encoding="utf-8")))
+
+def _function_level_imports() -> list[tuple[Path, int, list[str]]]:
+    out = []
+    for pkg in ("qserve", "exporters", "benchmarks"):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            seen: set[int] = set()
+            for fn in ast.walk(tree):
+                if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                for node in ast.walk(fn):
+                    if id(node) in seen:
+                        continue
+                    seen.add(id(node))
+                    if isinstance(node, ast.Import):
+                        out.append((path, node.lineno, [a.name for a in node.names]))
+                    elif isinstance(node, ast.ImportFrom):
+                        base = "." * node.level + (node.module or "")
+                        out.append((path, node.lineno, [base, *(f"{base}.{a.name}" for a in node.names)]))
     return out
 
 
-def test_own_modules_are_imported_at_the_top_unless_they_pull_a_lazy_library():
-    """A function-level import of qserve's or the exporters' own module is kept only where that module imports a
-    LAZY library at its top (itself or through its own top-level imports): the laziness is the library's."""
-    import ast
+def test_imports_inside_functions_are_the_lazy_libraries_only():
+    """In qserve, exporters and benchmarks, an import inside a function imports a LAZY library or a LAZY_OWN module;
+    anything else is imported at the top of its module, so the dependency graph is what a reader sees."""
 
-    mods = _modules()
+    def lazy(name: str) -> bool:
+        return name.split(".")[0] in LAZY or any(name == m or name.startswith(m + ".") for m in LAZY_OWN)
 
-    def top_imports(tree) -> set[str]:
-        names = set()
-        for node in tree.body:
-            for sub in ast.walk(node) if isinstance(node, (ast.If, ast.Try)) else [node]:
-                if isinstance(sub, ast.Import):
-                    names |= {a.name for a in sub.names}
-                elif isinstance(sub, ast.ImportFrom) and sub.module and not sub.level:
-                    names.add(sub.module)
-                    names |= {f"{sub.module}.{a.name}" for a in sub.names}
-        return names
-
-    heavy: dict[str, bool] = {}
-
-    def is_heavy(name: str, seen: frozenset = frozenset()) -> bool:
-        if name in heavy:
-            return heavy[name]
-        if name.split(".")[0] in LAZY:
-            return True
-        if name not in mods or name in seen:
-            return False
-        deps = top_imports(mods[name][1])
-        parents = [".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)]  # packages run first
-        heavy[name] = any(is_heavy(d, seen | {name}) for d in deps | set(parents) if d != name)
-        return heavy[name]
-
-    hoistable = []
-    for name, (path, tree) in mods.items():
-        if path.name == "__init__.py":
-            continue  # a package's lazy facade (__getattr__) is its own reason
-        for fn in ast.walk(tree):
-            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            for sub in ast.walk(fn):
-                if isinstance(sub, ast.ImportFrom) and sub.module and not sub.level and \
-                        sub.module.split(".")[0] in ("qserve", "exporters"):
-                    targets = [f"{sub.module}.{a.name}" if f"{sub.module}.{a.name}" in mods else sub.module
-                               for a in sub.names]
-                    if not any(is_heavy(t) for t in targets):
-                        hoistable.append(f"{path.name}:{sub.lineno} from {sub.module} import ...")
-    assert not hoistable, "import these at the top (they pull no lazy library):\n" + "\n".join(hoistable)
+    stray = [
+        f"{path.relative_to(ROOT)}:{line} imports {names[0]}"
+        for path, line, names in _function_level_imports()
+        if not any(lazy(n) for n in names)
+    ]
+    assert not stray, (
+        "import these at the top of their module (python tests/unit/hoist_imports.py FILE... moves "
+        "them):\n" + "\n".join(stray)
+    )

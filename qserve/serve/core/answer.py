@@ -4,10 +4,10 @@
 
 ServeState.submit (state.py) looks up the model serving the request's name at the moment its texts are
 queued (after a hot swap, the new one), resolves against that model, once, what the request asked for
-(the long-text policy written out in full, the multi-label threshold, the V2 outputs), queues the texts
-and returns an Answer. A protocol module (routes.py for /v1, v2.py for V2 HTTP, grpc_v2.py for V2 gRPC)
-only decodes its request into submit's parameters and encodes the Answer: no check runs twice, and no
-part of an answer comes from another model than the one that computed it.
+(the long-text policy written out in full, the multi-label threshold, a protocol's own outputs), queues
+the texts and returns an Answer. A protocol module (protocols/v1.py for /v1, protocols/v2/ for KServe V2 over
+HTTP and gRPC, and the others beside them) only decodes its request into submit's parameters and encodes the Answer:
+no check runs twice, and no part of an answer comes from another model than the one that computed it.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ class Answer:
     """The multi-label threshold in effect: the request's, else the variant's calibrated one per label (a tuple),
     else --threshold; None for any other problem type."""
     outputs: tuple[str, ...]
-    """The V2 outputs to answer, in order: those the request named, else all of the model's (outputs.py);
-    empty when the protocol has no outputs to name (/v1)."""
+    """What the protocol's `outputs` (ServeState.submit) resolved against this model, in order (KServe V2: the
+    output names to answer); empty for a protocol without."""
     result: Classification
     """The request's texts as the model answered them, in order (qserve/runtime/base.py)."""
 

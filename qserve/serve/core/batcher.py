@@ -6,7 +6,8 @@ Each request's texts enter one bounded FIFO as separate items, each with the req
 policy (None = the server's default). A single collector
 task takes up to `max_batch_size` items, waiting at most `max_wait_ms` after the
 oldest queued item arrived (items that queued while the previous batch ran go at
-once, and nothing waits when no other request is on its way in), runs the batch on the single inference thread (see config.py for why one)
+once, and nothing waits when no other request is on its way in), runs the batch on the single inference thread (see
+config.py for why one)
 and hands every request exactly its own rows, in order. Limits count texts: the runtime cuts a
 windowed text into several pieces itself and aggregates them back into the text's one answer, which
 depends on that text alone, so texts of different requests and policies share a batch safely. A request with more texts
@@ -40,7 +41,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Protocol
 
 from qserve.runtime.base import Classification
@@ -123,8 +124,6 @@ class Batcher:
 
     def start(self) -> None:
         if self.lanes > 1:
-            from concurrent.futures import ThreadPoolExecutor
-
 
             self._lane_pool = ThreadPoolExecutor(self.lanes, thread_name_prefix="qserve-lane",
                                                  initializer=named("qserve-lane"))
@@ -172,7 +171,7 @@ class Batcher:
 
     async def _run_inline(self, texts: list[str], policy: str | None, pairs: list[str] | None) -> Classification:
         """Run a lone request's batch on the calling (event-loop) thread: no hop to the inference thread and
-        back, whose wake-ups cost ~0.2-0.4 ms each on a 2-core VM (docs/measurements.md). Only for a request
+        back, whose thread wake-ups cost a measurable share of a lone request (docs/serving.md). Only for a request
         alone in the server, so nobody waits on the blocked loop but the one client being answered; the
         batch is the same one the inference thread would run (same rows, same answer, same metrics), and
         `_running` keeps the collector and other requests off the runtime meanwhile."""

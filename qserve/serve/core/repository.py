@@ -17,11 +17,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from qserve import QserveError
 from qserve.artifact import Manifest, read_manifest
-from qserve.serve.core.errors import ApiError
+from qserve.serve.infra.errors import ApiError
 from qserve.bench.recommend import from_model_dir
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

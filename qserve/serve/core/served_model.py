@@ -1,7 +1,8 @@
 """One served model: the runtime contract serve needs, the default loader, the ServedModel unit
 (runtime + batcher + version + shadow) and the weak trace a retired version leaves.
 
-    python -c "from qserve.serve.core.served_model import load_model; from qserve.serve.infra.config import ServeConfig; \\
+    python -c "from qserve.serve.core.served_model import load_model; \\
+from qserve.serve.infra.config import ServeConfig; \\
 m = load_model(ServeConfig(variant_dir='models/minilm-imdb-variants/onnx-int8', device='cpu')); print(m.name)"
 
 state.py builds and swaps these; routes reach them through ServeState.model(name).
@@ -23,7 +24,7 @@ from qserve.runtime.base import Classification
 from qserve.runtime.contract import ModelRuntime
 from qserve.serve.core.batcher import Batcher, InferFn
 from qserve.serve.infra.config import ServeConfig
-from qserve.serve.core.errors import ApiError
+from qserve.serve.infra.errors import ApiError
 from qserve.serve.infra.metrics import ModelMetrics
 from qserve.serve.core.repository import Selection
 from qserve.serve.core.shadow import Shadow

@@ -27,10 +27,10 @@ import dataclasses
 import gc
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from starlette.requests import Request
@@ -41,24 +41,23 @@ from qserve.runtime.base import Classification
 from qserve.serve.core.answer import Answer
 from qserve.serve.core.batcher import Batcher, NotAccepting, QueueFull
 from qserve.serve.infra.config import ServeConfig
+from qserve.serve.infra.admission import Admission, Arrivals
 from qserve.serve.infra.connections import HttpLoad
-from qserve.serve.core.errors import ApiError
-from qserve.serve.core.guard import Arrivals
+from qserve.serve.infra.errors import ApiError
 from qserve.serve.infra.metrics import Metrics
-from qserve.serve.core.outputs import check_outputs, output_names, request_threshold
+from qserve.serve.core.outputs import request_threshold
 from qserve.serve.core.pairs import check_same_inputs, takes_pairs
 from qserve.serve.core.repository import ModelSource, Repository, Selection, model_version, resolve
 from qserve.serve.core.served_model import (Loader, ModelRuntime, Retired, ServedModel, check_gate, infer_fn,
                                            load_model)
 from qserve.serve.core.shadow import Shadow, parse_shadows
-from qserve.serve.infra.tracing import TRACE_KEY
-
-if TYPE_CHECKING:
-    from qserve.serve.infra.tracing import Tracing
+from qserve.serve.infra.tracing import TRACE_KEY, Tracing
 
 __all__ = ["Answer", "Loader", "ModelRuntime", "Retired", "Selection", "ServeState", "ServedModel", "load_model"]
 
 log = logging.getLogger("qserve.serve")
+Outputs = Callable[[ServedModel], tuple[str, ...]]
+"""A protocol's outputs resolved against the model that runs the request (checked there: a 422 names the field)."""
 
 
 async def _single_process_info() -> dict[str, Any]:
@@ -100,7 +99,7 @@ async def collect(retired: Retired) -> None:
         await asyncio.sleep(0.01)
     # A reference cycle holds it, and since the post-warm-up gc.freeze() it sits in the permanent
     # generation, where no collection looks: thaw everything, collect, freeze what remains. One full
-    # pass over the heap (~0.5 s with torch loaded, on 2 cores), so only when refcounting was not enough.
+    # pass over the heap (a large one with torch loaded), so only when refcounting was not enough.
     for attempt in range(3):
         gc.unfreeze()
         gc.collect()
@@ -144,8 +143,13 @@ class ServeState:
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     # /v1/models' engine block; the Ray engine swaps in one that asks the Serve controller.
     engine_info: Callable[[], Awaitable[dict[str, Any]]] = field(default=_single_process_info, repr=False)
+    admission: Admission = field(init=False, repr=False)
+    """The one way in for every request, HTTP (qserve/serve/guard.py) and gRPC alike (infra/admission.py)."""
 
     def __post_init__(self) -> None:
+        self.admission = Admission(api_key=self.config.api_key, max_body_bytes=self.config.max_body_bytes,
+                                   metrics=self.metrics, arrivals=self.arrivals, tracing=self.tracing,
+                                   queue_full=self.queue_full_retry_after)
         if self.repository is None:
             self.repository = Repository.from_config(self.config.variant_dir, self.config.model_name,
                                                      self.config.model_repository)
@@ -357,14 +361,15 @@ class ServeState:
 
     async def submit(self, model: ServedModel, texts: list[str], scope: MutableMapping[str, Any], request_id: str,
                      long_text: str | None = None, where: str = "long_text", pairs: list[str] | None = None,
-                     threshold: float | None = None, outputs: Sequence[str] | None = None) -> Answer:
+                     threshold: float | None = None, outputs: Outputs | None = None) -> Answer:
         """Queue texts on the batcher of the model serving `model.name` now (after a hot swap since the route
         looked it up, the new one), resolve against that model, once, what the request asked for, and return
         the Answer; every failure is an ApiError (an HTTP status, which gRPC maps to its code).
 
         Resolved in this order, each a 422 naming the field: `threshold` (multi-label only; None = --threshold),
-        the V2 `outputs` (names the request asked for, [] = all of the model's; None = a protocol without
-        outputs), `long_text` (named `where`; None = the model's default), and that the model takes the inputs
+        the protocol's `outputs` (what it answers, resolved against that model and checked: V2's output names; None:
+        a protocol without), `long_text` (named `where`; None = the model's default), and that the model takes the
+        inputs
         sent (`pairs`: each text's text_pair, for a pair model; serve/core/pairs.py checked them against `model`).
         `scope` (an ASGI scope, or the gRPC service's stand-in) carries the request's arrival mark, the model
         label of its metrics and, with tracing on, its RequestTrace."""
@@ -379,10 +384,7 @@ class ServeState:
         rt = current.runtime
         resolved_threshold = request_threshold(rt.problem_type, threshold, self.config.threshold, current.name,
                                                rt.manifest.thresholds)
-        names: tuple[str, ...] = ()
-        if outputs is not None:
-            names = tuple(outputs) or output_names(rt.problem_type)
-            check_outputs(rt.problem_type, list(names), current.name)
+        names = outputs(current) if outputs is not None else ()
         policy = current.check_policy(long_text, where)
         check_same_inputs(current, pairs)
         inline = self._alone(scope, current, texts, policy)

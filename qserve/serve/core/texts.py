@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from qserve.serve.core.errors import ApiError
+from qserve.serve.infra.errors import ApiError
 from qserve.serve.infra.config import ServeConfig
 
 # Characters that show nothing: whitespace (\s), C0/C1 controls, soft hyphen, combining grapheme

@@ -70,7 +70,7 @@ class ServeConfig:
     inline_lone: bool = True
     """A request alone in the server (one connection, nothing else queued or running) with one text read in
     one forward (any policy but windows) runs on the event loop, skipping the two thread hops to the inference
-    thread and back (~0.5 ms at one client). Answers are the same; --no-inline-lone always hops."""
+    thread and back (docs/serving.md says what they cost). Answers are the same; --no-inline-lone always hops."""
     max_queue: int = 1024
     """Most texts waiting for inference; beyond it requests get 429 with Retry-After."""
     max_inputs: int = 64
@@ -161,9 +161,9 @@ class ServeConfig:
         need(0 <= self.port <= 65535, "port", f"must be 0..65535, got {self.port}")
         need(self.threads is None or self.threads >= 1, "threads", f"must be >= 1, got {self.threads}")
         need(self.row_workers is None or self.row_workers >= 1, "row_workers", f"must be >= 1, got {self.row_workers}")
-        for flag in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
-            v = getattr(self, flag)
-            need(0 < v <= 3600, flag, f"must be > 0 and <= 3600 seconds, got {v}")
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
+            v = getattr(self, name)
+            need(0 < v <= 3600, name, f"must be > 0 and <= 3600 seconds, got {v}")
         need(1 <= self.max_connections <= 1_000_000, "max_connections",
              f"must be 1..1000000, got {self.max_connections}")
         need(0 < self.shadow_rate <= 1, "shadow_rate", f"must be > 0 and <= 1, got {self.shadow_rate}")

@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sized
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 if TYPE_CHECKING:
     from qserve.serve.infra.metrics import Metrics
-
-REASONS = ("idle", "header_timeout", "body_timeout", "keep_alive", "connection_limit")
-
 
 def _raw_response(status: bytes, message: str, extra: bytes = b"") -> bytes:
     body = ('{"error":"%s"}' % message).encode()
@@ -71,8 +70,6 @@ def protocol_class(*, header_timeout_s: float, body_timeout_s: float, max_connec
                    metrics: Metrics | None = None, load: HttpLoad | None = None) -> type:
     """A uvicorn `http=` protocol class bound to these limits and this app's metrics; `load` is handed
     uvicorn's sets of open connections and request tasks (what ServeState asks before running inline)."""
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
     def closed(reason: str) -> None:
         if metrics is not None:
             metrics.connections_closed.labels(reason).inc()

@@ -29,7 +29,6 @@ from qserve.files import write_text_atomic
 IMPORT_PATH = "qserve.serve.ray_engine:build_app"
 APP_NAME = "qserve"
 DEPLOYMENT_NAME = "QserveReplica"
-RAY_INSTALL_HINT = "pip install 'qserve[ray]'  (installs ray[serve]==2.60.0)"
 # ServeConfig fields that are not a replica's app settings: the variant is the builder's first arg,
 # host/port and the connection limits belong to Ray's proxy (to uvicorn in `qserve serve`), the API key
 # to the replicas' environment (never a config file); the Ray engine serves HTTP only, so no grpc_port.

@@ -14,10 +14,11 @@ OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT / _PROTOCOL (http/protobuf, the default, or
 OTEL_SERVICE_NAME (default qserve), OTEL_RESOURCE_ATTRIBUTES, OTEL_BSP_* (the batch span
 processor), OTEL_PROPAGATORS, OTEL_SDK_DISABLED. Spans leave in the SDK's background thread.
 
-Off, nothing beyond this module's standard-library part is imported, the app adds no middleware
-and a request pays one `is None` check. On, a request only collects timestamps while it runs
-(RequestTrace); its spans are built from them when it ends, so the batcher and the runtime never
-call OpenTelemetry (the runtime records its steps when asked: Runtime.classify's `phases`).
+Off, nothing beyond this module's standard-library part is imported and a request pays one `is None` check
+(the admission layer, infra/admission.py, begins and finishes every request's trace, HTTP and gRPC alike).
+On, a request only collects timestamps while it runs (RequestTrace); its spans are built from them when it ends,
+so the batcher and the runtime never call OpenTelemetry (the runtime records its steps when asked:
+Runtime.classify's `phases`).
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from qserve import QserveError, __version__
+from qserve.extras import require
 
 if TYPE_CHECKING:
-    from starlette.types import ASGIApp, Message, Receive, Scope, Send
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
 
@@ -68,13 +69,12 @@ def from_env(environ: Mapping[str, str] | None = None) -> Tracing | None:
     kind = wanted(env)
     if kind is None:
         return None
-    try:
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-    except ImportError as e:
-        raise QserveError(f"tracing is on (OTEL_TRACES_EXPORTER / OTEL_EXPORTER_OTLP_ENDPOINT is set) but the "
-                          f"OpenTelemetry SDK is missing: pip install 'qserve[otel]' ({e})") from None
+    on = "tracing (on: OTEL_TRACES_EXPORTER / OTEL_EXPORTER_OTLP_ENDPOINT is set)"
+    require("opentelemetry.sdk.trace", on)  # the SDK, before anything of it is imported
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
     if kind == "console":
         exporter: Any = ConsoleSpanExporter()  # one of three OpenTelemetry exporter classes (no stubs: Any anyway)
     else:
@@ -83,14 +83,9 @@ def from_env(environ: Mapping[str, str] | None = None) -> Tracing | None:
         if protocol not in PROTOCOLS:
             raise QserveError(f"OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL={protocol!r}: qserve exports OTLP over "
                               f"{' or '.join(PROTOCOLS)}")
-        try:
-            if protocol == "grpc":
-                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-            else:
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        except ImportError as e:
-            raise QserveError(f"OTLP over {protocol} needs the exporter: pip install 'qserve[otel]' ({e})") from None
-        exporter = OTLPSpanExporter()  # endpoint, headers, timeout: from the OTEL_EXPORTER_OTLP_* variables
+        module = require(f"opentelemetry.exporter.otlp.proto.{'grpc' if protocol == 'grpc' else 'http'}.trace_exporter",
+                         f"OTLP over {protocol}")
+        exporter = module.OTLPSpanExporter()  # endpoint, headers, timeout: from the OTEL_EXPORTER_OTLP_* variables
     # An explicit attribute would override OTEL_SERVICE_NAME, so name the service only when it is not set.
     attrs = {"service.version": __version__}
     if not env.get("OTEL_SERVICE_NAME"):
@@ -168,40 +163,3 @@ class RequestTrace:
         if status >= 500:
             root.set_status(Status(StatusCode.ERROR, f"status {status}"))
         root.end(end_time=end)
-
-
-class TraceMiddleware:
-    """ASGI: a RequestTrace per traced HTTP request, its id in X-Trace-Id; added only when tracing is on."""
-
-    def __init__(self, app: ASGIApp, *, tracing: Tracing, skip: frozenset[str], traced: frozenset[str] = frozenset()):
-        self.app = app
-        self.tracing = tracing
-        self.skip = skip  # the open paths: probes, docs, the page
-        self.traced = traced  # inference routes (POSTs) traced even on a skipped path (POST / beside the page)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or (scope["path"] in self.skip and not (
-                scope.get("method") == "POST" and scope["path"] in self.traced)):
-            await self.app(scope, receive, send)
-            return
-        from starlette.datastructures import MutableHeaders
-
-        method = scope["method"]
-        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers") or ()}
-        trace = self.tracing.begin(f"{method} {scope['path']}", carrier,
-                                   {"http.request.method": method, "url.path": scope["path"]})
-        scope.setdefault("state", {})[TRACE_KEY] = trace
-        status = [500]
-
-        async def send_traced(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-                MutableHeaders(scope=message)["X-Trace-Id"] = trace.trace_id
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_traced)
-        finally:
-            route = getattr(scope.get("route"), "path", None)
-            trace.finish(f"{method} {route}" if route else None, status[0],
-                         {"http.response.status_code": status[0], **({"http.route": route} if route else {})})

@@ -1,7 +1,8 @@
 """Run an app under a real uvicorn server: in the foreground (CLI) or a background thread (tests).
 
     python -c "from qserve.serve.infra.uvicorn_server import ServerThread; from qserve.serve.app import create_app; \\
-from qserve.serve.infra.config import ServeConfig; s = ServerThread(create_app(ServeConfig(variant_dir='V'))).start(); print(s.url); s.stop()"
+from qserve.serve.infra.config import ServeConfig; \\
+s = ServerThread(create_app(ServeConfig(variant_dir='V'))).start(); print(s.url); s.stop()"
 
 Port 0 lets the OS pick a free port at bind time (no probe-then-bind race); the
 bound port is read back from the listening socket.
@@ -13,6 +14,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+import uvicorn
+
 from qserve import QserveError
 from qserve.serve.infra.connections import protocol_class
 
@@ -22,7 +25,6 @@ if TYPE_CHECKING:
 
 def uvicorn_config(app: ASGIApp, host: str, port: int, log_level: str = "info",
                    log_config: str | dict[str, Any] | None = "default") -> Any:  # a uvicorn.Config (no stubs)
-    import uvicorn
 
     kwargs: dict[str, Any] = {}
     if log_config != "default":
@@ -44,8 +46,6 @@ class ServerThread:
     """A uvicorn.Server on a daemon thread; `stop()` is a graceful shutdown (in-flight work finishes)."""
 
     def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
-        import uvicorn
-
         # log_config=None: keep the host process's logging (pytest's caplog sees everything).
         self.server = uvicorn.Server(uvicorn_config(app, host, port, log_level, log_config=None))
         self.thread = threading.Thread(target=self.server.run, name="qserve-uvicorn", daemon=True)

@@ -32,7 +32,7 @@ from pydantic import BaseModel
 
 from qserve.serve.core.schemas import ErrorResponse
 from qserve.serve.core.state import ServeState
-from qserve.serve.protocols.spec import Endpoint, Protocol, Route
+from qserve.serve.protocols.spec import Endpoint, ProtocolSpec, Route
 from qserve import QserveError
 from qserve.artifact import VariantError, read_manifest
 from qserve.bench.recommend import real_text_b1
@@ -181,7 +181,7 @@ def _report(st: ServeState) -> Endpoint:
 
 
 # GET / is open (it holds no model data); GET /v1/report needs the key like every JSON route, and counts as /v1's.
-PAGE = Protocol(name="page", routes=(
+PAGE = ProtocolSpec(name="page", routes=(
     # In the document beside POST / (an inference route, registry.py), so the path's Allow (GET, POST) lists both.
     Route("GET", "/", _index, dict(tags=["page"], response_class=HTMLResponse,
                                    summary="The served models' page (HTML, open)"), open=True),

@@ -33,23 +33,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
+import asyncio
 
 import numpy as np
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from qserve import __version__, problemtypes as problems
-from qserve.artifact import Manifest
 from qserve.textpairs import PAIR
 from qserve.serve.core.answer import Answer
-from qserve.serve.core.errors import ApiError
-from qserve.serve.core.outputs import v1_predictions
+from qserve.serve.infra.errors import ApiError
+from qserve.serve.core.outputs import label_scores
 from qserve.serve.core.pairs import takes_pairs
 from qserve.serve.core.texts import check_texts
 from qserve.serve.core.schemas import LongText, PositiveJsonInt, Text, TokenIdJsonInt
 from qserve.serve.core.state import ServedModel, ServeState
 from qserve.serve.infra.config import ServeConfig
-from qserve.serve.protocols.spec import ErrorShape, OpenApi, Protocol, Route, answered
+from qserve.serve.protocols.spec import ErrorShape, OpenApi, ProtocolSpec, Published, Route, answered
 
 T = TypeVar("T")
 
@@ -139,10 +139,11 @@ ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": TeiError}
                                            for code in (401, 413, 415, 422, 424, 429, 503)}
 
 
-def publish(comps: dict[str, Any], config: ServeConfig, manifest: Manifest | None) -> None:
+def publish(comps: dict[str, Any], published: Published) -> None:
     """Narrow TEI's `inputs` in the OpenAPI document to the forms the default model takes: a one-text model's
     sequences are [text] (a pair would be refused), a pair model's [text, text_pair] (a lone text would be).
     No readable manifest: every form stays."""
+    manifest = published.manifest
     if manifest is None:
         return
     pair = manifest.takes == PAIR
@@ -239,7 +240,7 @@ def predictions(scores: np.ndarray, ans: Answer, top_k: int | None = None) -> li
     # every label sorted by score (a regression model: its value), as /v1 orders them
     problem = ans.problem_type if ans.problem_type == problems.REGRESSION else problems.SINGLE
     return [[{"score": p["score"], "label": p["label"]} for p in row]
-            for row in v1_predictions(scores, list(ans.labels), problem, top_k, None)]
+            for row in label_scores(scores, list(ans.labels), problem, top_k, None)]
 
 
 def check_length(ans: Answer, truncate: bool) -> None:
@@ -306,8 +307,6 @@ def _tokenize(tokenizer: Any, texts: list[str], special: bool) -> list[list[dict
 async def on_inference_thread(st: ServeState, fn: Callable[..., T], *args: Any) -> T:  # Any: fn's own arguments
     """The fast tokenizer is not thread-safe: run on the thread that runs the model (under the runtime's
     tokenizer_lock, which a busy server's lanes take too)."""
-    import asyncio
-
     return await asyncio.get_running_loop().run_in_executor(st.executor, fn, *args)
 
 
@@ -359,7 +358,7 @@ def _decode_route(st: ServeState) -> Callable[..., Any]:
 
 
 PREDICTION = list[TeiPrediction] | list[list[TeiPrediction]]
-TEI = Protocol(
+TEI = ProtocolSpec(
     name="tei", metrics_label="tei", errors=ErrorShape(status=error_status, body=error_body), expected=expected,
     openapi=OpenApi(texts=("TeiPredictRequest", "TeiRootRequest", "TeiTokenizeRequest"),
                     long_text=("TeiPredictRequest", "TeiRootRequest"), publish=publish),

@@ -29,13 +29,12 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from qserve.serve.core.answer import Answer
-from qserve.serve.core.errors import ApiError
-from qserve.serve.core.pairs import v1_inputs
+from qserve.serve.infra.errors import ApiError
+from qserve.serve.core.pairs import text_inputs
 from qserve.serve.core.schemas import ROUTE_ERRORS, LongText, Text, TextPair, TruncationJsonInt
-from qserve.artifact import Manifest
 from qserve.serve.core.state import ServedModel, ServeState
 from qserve.serve.infra.config import ServeConfig
-from qserve.serve.protocols.spec import OpenApi, Protocol, answered
+from qserve.serve.protocols.spec import OpenApi, ProtocolSpec, Published, answered
 
 
 class VllmClassifyRequest(BaseModel):
@@ -83,9 +82,10 @@ def expected(cfg: ServeConfig) -> str:
             f"int | null}} with 1..{cfg.max_inputs} non-empty texts of at most {cfg.max_chars} characters")
 
 
-def publish(comps: dict[str, Any], config: ServeConfig, manifest: Manifest | None) -> None:
+def publish(comps: dict[str, Any], published: Published) -> None:
     """In the OpenAPI document, the truncate_prompt_tokens this server takes: -1, or max_length and more (no
     readable manifest: any)."""
+    manifest = published.manifest
     if manifest is None:
         return
     max_length = manifest.max_length
@@ -131,11 +131,11 @@ async def classify(st: ServeState, body: VllmClassifyRequest, request: Request) 
     """POST /classify's answer to a validated body (the route and the guard's fast path both call this)."""
     model = st.model(body.model, request)
     inputs: str | list[str | TextPair] = body.input if isinstance(body.input, str) else list(body.input)
-    texts, _ = v1_inputs(st, model, inputs, "input")  # a pair model refuses lone texts (pairs.py)
+    texts, _ = text_inputs(st, model, inputs, "input")  # a pair model refuses lone texts (pairs.py)
     return encode(await answer(st, request, model, texts, policy_of(body, model.runtime.max_length)))
 
 
-VLLM = Protocol(
+VLLM = ProtocolSpec(
     name="vllm", metrics_label="vllm", expected=expected,
     openapi=OpenApi(texts=("VllmClassifyRequest",), long_text=("VllmClassifyRequest",), publish=publish),
     routes=(answered("POST", "/classify", VllmClassifyRequest, classify, "vllm_classify", tags=["vllm"],

@@ -15,7 +15,7 @@ print(c.get_model_repository_index()); c.load_model('onnx-int8'); c.unload_model
   what it already accepted finishes first.
 All three sit behind the API key when one is set (the guard checks every route but the probes).
 Under the Ray engine a call reaches one replica and applies to that replica only. The gRPC service
-(grpc_v2.py: RepositoryIndex, RepositoryModelLoad, RepositoryModelUnload) calls the same functions
+(grpc_service.py: RepositoryIndex, RepositoryModelLoad, RepositoryModelUnload) calls the same functions
 below (index, load, unload), behind the same key.
 """
 
@@ -26,9 +26,9 @@ from typing import Any
 
 from fastapi import Request
 
-from qserve.serve.core.errors import ApiError
 from qserve.serve.core.schemas import ErrorResponse
 from qserve.serve.core.state import ServeState
+from qserve.serve.infra.errors import ApiError
 from qserve.serve.protocols.spec import Endpoint, Route
 
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 415, 503)}
@@ -72,8 +72,11 @@ async def load(st: ServeState, name: str, overrides: list[str]) -> dict[str, str
     """(Re)load `name` from its own directory; `overrides`: the parameter names the client sent (refused)."""
     st.require_ready()
     if overrides:
-        raise ApiError(400, f"load takes no parameters (got {', '.join(sorted(overrides))}): a model is loaded from "
-                            "its own directory on the server, never from a configuration or files a client sends")
+        raise ApiError(
+            400,
+            f"load takes no parameters (got {', '.join(sorted(overrides))}): a model is loaded from "
+            "its own directory on the server, never from a configuration or files a client sends",
+        )
     model = await st.load(name)
     return {"name": model.name, "version": model.version, "state": "READY"}
 
@@ -100,7 +103,7 @@ def _index(st: ServeState) -> Endpoint:
 def _load(st: ServeState) -> Endpoint:
     async def repository_load(name: str, request: Request) -> dict[str, str]:
         st.require_ready()
-        params = _parameters(await _body(request, '{} (no parameters)'), "an object")
+        params = _parameters(await _body(request, "{} (no parameters)"), "an object")
         request.state.qserve_model = model_label(st, name, loading=True)
         return await load(st, name, list(params))
 
@@ -117,17 +120,41 @@ def _unload(st: ServeState) -> Endpoint:
     return repository_unload
 
 
-# V2's routes (v2.py declares the protocol they belong to)
+# V2's routes (protocol.py declares the protocol they belong to)
 ROUTES = (
-    Route("POST", "/v2/repository/index", _index, dict(
-        tags=["v2 repository"], responses=ERRORS, openapi_extra=BODY,
-        summary="Every model this server can load, its version and state (READY, LOADING, UNAVAILABLE)")),
-    Route("POST", "/v2/repository/models/{name}/load", _load, dict(
-        tags=["v2 repository"], responses=ERRORS, openapi_extra=BODY,
-        summary="(Re)load a model from its own directory; hot swap when it is serving")),
-    Route("POST", "/v2/repository/models/{name}/unload", _unload, dict(
-        tags=["v2 repository"], responses=ERRORS, openapi_extra=BODY,
-        summary="Stop serving a model; what it accepted finishes first")),
+    Route(
+        "POST",
+        "/v2/repository/index",
+        _index,
+        dict(
+            tags=["v2 repository"],
+            responses=ERRORS,
+            openapi_extra=BODY,
+            summary="Every model this server can load, its version and state (READY, LOADING, UNAVAILABLE)",
+        ),
+    ),
+    Route(
+        "POST",
+        "/v2/repository/models/{name}/load",
+        _load,
+        dict(
+            tags=["v2 repository"],
+            responses=ERRORS,
+            openapi_extra=BODY,
+            summary="(Re)load a model from its own directory; hot swap when it is serving",
+        ),
+    ),
+    Route(
+        "POST",
+        "/v2/repository/models/{name}/unload",
+        _unload,
+        dict(
+            tags=["v2 repository"],
+            responses=ERRORS,
+            openapi_extra=BODY,
+            summary="Stop serving a model; what it accepted finishes first",
+        ),
+    ),
 )
 
 

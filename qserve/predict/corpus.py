@@ -1,6 +1,6 @@
-"""The files of `qserve predict`: INPUT read in chunks, OUTPUT written as complete parts, a ledger, one merge.
+"""The corpus of `qserve predict`: INPUT read in chunks, OUTPUT written as complete parts, a ledger, one merge.
 
-    python -c "from qserve.predict.files import open_input; print(open_input('rows.jsonl').columns())"
+    python -c "from qserve.predict.corpus import open_input; print(open_input('rows.jsonl').columns())"
 
 INPUT is a .jsonl (or `-`, jsonl on stdin), a .csv, a .parquet or a directory of .parquet files, read
 chunk by chunk (parquet by record batches), so memory holds one chunk whatever the corpus size. A jsonl
@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
+from qserve.extras import require
 from qserve.files import write_json_atomic
 
-FORMATS = ("jsonl", "csv", "parquet")
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 ROW_ERROR = "\x00qserve-row-error"
 """Key of a row that could not be read at all (a jsonl line that is not a JSON object): its error."""
@@ -48,13 +48,8 @@ def output_format(out: str | Path) -> str:
 
 
 def _pyarrow() -> Any:
-    try:
-        import pyarrow
-        import pyarrow.parquet  # noqa: F401 - the submodule is used through pyarrow.parquet
-    except ImportError:
-        raise QserveError("parquet needs pyarrow, which is not installed here; install it with: "
-                          "pip install 'qserve[predict]'") from None
-    return pyarrow
+    require("pyarrow.parquet", "parquet")  # the submodule is used through pyarrow.parquet
+    return require("pyarrow", "parquet")
 
 
 @dataclass

@@ -10,19 +10,21 @@ proto Triton and KServe serve), run by grpc.aio on the HTTP server's own event l
 same ServeState: the same models by name (model_name routes, as /v2/models/{name} does), one copy
 and one batcher each, so gRPC and HTTP requests share batches. It implements ServerLive/Ready,
 ServerMetadata, ModelReady, ModelMetadata, ModelConfig, ModelInfer and the repository extension
-(RepositoryIndex, RepositoryModelLoad, RepositoryModelUnload: v2_repository.py's functions, the same
+(RepositoryIndex, RepositoryModelLoad, RepositoryModelUnload: repository.py's functions, the same
 hot swap); the rest (streaming, statistics, shared memory, trace and log settings) answer
 UNIMPLEMENTED, as the base class does. Every answer about a model carries the version it serves now
 (the manifest's short hash); ModelInfer's `parameters.long_text` (a string) picks the long-text
 policy, checked against the model that runs the texts, as on HTTP.
 
-Same rules as HTTP: every RPC but ServerLive and ServerReady needs the API key when one is set
-(metadata `authorization: Bearer KEY`); --max-body-bytes (on the serialized request),
---max-inputs and --max-chars and the text checks; the same error messages, with the HTTP status
-mapped to its gRPC code (STATUS below; Retry-After and the request id travel in trailing
-metadata); and the same metrics, labelled route=/inference.GRPCInferenceService/<Method>,
-method=GRPC, status=the HTTP status the same answer has on /v2 and model=the model it reached. An inference input is the
-BYTES tensor `text` of shape [n] or [n, 1] (and for a text-pair model `text_pair`, same shape), in raw_input_contents (tritonclient's default: a
+Same way in as HTTP: every RPC goes through the admission layer (qserve/serve/infra/admission.py) that the
+HTTP guard uses: the request id by the same rule, its trace, the API key for every RPC but ServerLive and
+ServerReady (metadata `authorization: Bearer KEY`), --max-body-bytes (on the serialized request), the arrival
+mark of an inference call, and the same metrics, labelled route=/inference.GRPCInferenceService/<Method>,
+method=GRPC, status=the HTTP status the same answer has on /v2 and model=the model it reached. Then the same
+checks (--max-inputs, --max-chars, the text checks) and error messages, with the HTTP status mapped to its gRPC
+code (STATUS below; Retry-After and the request id travel in trailing metadata). An inference input is the
+BYTES tensor `text` of shape [n] or [n, 1] (and for a text-pair model `text_pair`, same shape), in raw_input_contents
+(tritonclient's default: a
 4-byte little-endian length + UTF-8 bytes per element) or in contents.bytes_contents; outputs
 come back in raw_output_contents, as Triton answers.
 """
@@ -30,29 +32,30 @@ come back in raw_output_contents, as Triton answers.
 from __future__ import annotations
 
 import logging
-import time
-import uuid
 from collections.abc import Awaitable, Callable
 from math import prod
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from qserve import __version__
-from qserve.serve.core.errors import ApiError
-from qserve.serve.core.guard import token_ok
-from qserve.serve.core.pairs import v2_inputs
+from qserve.serve.core.served_model import ServedModel
+from qserve.serve.core.state import ServeState
 from qserve.serve.core.texts import unicode_problem
-from qserve.serve.infra.tracing import TRACE_HEADER, TRACE_KEY
-from qserve.serve.protocols import v2_repository as repo
-from qserve.serve.protocols.v2 import (EXTENSIONS, bytes_elements, check_version, model_config, model_metadata,
-                             output_values, tensor_bytes)
-
-if TYPE_CHECKING:
-    from qserve.serve.core.served_model import ServedModel
-    from qserve.serve.core.state import ServeState
+from qserve.serve.infra.admission import GRPC
+from qserve.serve.infra.errors import ApiError
+from qserve.serve.infra.tracing import TRACE_HEADER
+from qserve.serve.protocols.v2 import repository as repo
+from qserve.serve.protocols.v2.models import EXTENSIONS, model_config, model_metadata, served
+from qserve.serve.protocols.v2.tensors import (
+    answered_outputs,
+    bytes_elements,
+    named_inputs,
+    output_values,
+    tensor_bytes,
+)
 
 log = logging.getLogger("qserve.serve")
 # The request and reply types are the messages tritonclient's generated modules define (service_pb2); they ship
@@ -62,12 +65,21 @@ Scope = dict[str, Any]
 Reply = TypeVar("Reply")
 SERVICE = "inference.GRPCInferenceService"
 OPEN_METHODS = frozenset({"ServerLive", "ServerReady"})  # probes, as /v2/health/* on HTTP
-STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED, 404: grpc.StatusCode.NOT_FOUND,
-          413: grpc.StatusCode.RESOURCE_EXHAUSTED, 422: grpc.StatusCode.INVALID_ARGUMENT,
-          429: grpc.StatusCode.RESOURCE_EXHAUSTED, 500: grpc.StatusCode.INTERNAL, 503: grpc.StatusCode.UNAVAILABLE,
-          504: grpc.StatusCode.DEADLINE_EXCEEDED}
-INPUT_RULE = ("send one BYTES input named 'text' of shape [n] or [n, 1], plus 'text_pair' of the same shape for a "
-              "text-pair model (GET the model metadata)")
+STATUS = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    500: grpc.StatusCode.INTERNAL,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+INPUT_RULE = (
+    "send one BYTES input named 'text' of shape [n] or [n, 1], plus 'text_pair' of the same shape for a "
+    "text-pair model (GET the model metadata)"
+)
 
 
 class GrpcServer:
@@ -80,13 +92,14 @@ class GrpcServer:
         await self.server.stop(grace_s)
 
 
-async def start_grpc(st: ServeState, host: str, port: int) -> GrpcServer:
+async def serve_grpc(st: ServeState, host: str, port: int) -> GrpcServer:
     """Serve the V2 gRPC API for `st` on host:port (0 = any free port) on the running event loop."""
     limit = st.config.max_body_bytes
     # gRPC's own cap, above --max-body-bytes so that the service refuses with the HTTP message (413);
     # it still bounds what is ever parsed.
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 2 * limit + 4096),
-                                      ("grpc.max_send_message_length", -1)])
+    server = grpc.aio.server(
+        options=[("grpc.max_receive_message_length", 2 * limit + 4096), ("grpc.max_send_message_length", -1)]
+    )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(V2Servicer(st), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     bound = server.add_insecure_port(address)
@@ -105,30 +118,27 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, st: ServeState):
         self.st = st
 
-    async def _call(self, method: str, context: grpc.aio.ServicerContext,
-                    handler: Callable[[Scope, str], Awaitable[Reply]]) -> Reply:
-        """Auth, request id, tracing, metrics and error mapping around one RPC."""
-        st = self.st
-        start = time.perf_counter()
+    async def _call(
+        self, method: str, context: grpc.aio.ServicerContext, handler: Callable[[Scope, str], Awaitable[Reply]]
+    ) -> Reply:
+        """One RPC through the admission layer (the request id, its trace, the key, its arrival, its metrics), its
+        errors mapped to gRPC codes."""
+        admission = self.st.admission
         meta = _metadata(context)
-        incoming = meta.get("x-request-id", "")
-        rid = incoming if 0 < len(incoming) <= 64 and incoming.replace("-", "").replace(".", "").replace(
-            "_", "").isalnum() and incoming.isascii() else uuid.uuid4().hex
         scope: Scope = {"state": {}}  # what state.submit reads from an ASGI scope
-        trace = None
-        if st.tracing is not None and method not in OPEN_METHODS:
-            trace = scope["state"][TRACE_KEY] = st.tracing.begin(f"{SERVICE}/{method}", meta, {
-                "rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": method})
-            await context.send_initial_metadata(((TRACE_HEADER, trace.trace_id),))
+        open_ = method in OPEN_METHODS
+        trace = (
+            None
+            if open_
+            else (f"{SERVICE}/{method}", meta, {"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": method})
+        )
+        call = admission.enter(scope, f"/{SERVICE}/{method}", "GRPC", meta.get("x-request-id"), trace)
+        rid = call.request_id
+        if call.trace is not None:
+            await context.send_initial_metadata(((TRACE_HEADER, call.trace.trace_id),))
         status = 200
         try:
-            if st.config.api_key and method not in OPEN_METHODS and not token_ok(meta.get("authorization"),
-                                                                                    st.config.api_key):
-                why = "missing" if "authorization" not in meta else "invalid"
-                st.metrics.reject("unauthorized")
-                raise ApiError(401, f"{why} credentials: send the metadata 'authorization: Bearer <api key>'")
-            if method == "ModelInfer":
-                st.arrivals.begin(scope)
+            admission.admit(call, GRPC, meta.get("authorization"), open=open_, arriving=method == "ModelInfer")
             return await handler(scope, rid)
         except ApiError as e:
             status = e.status
@@ -140,64 +150,74 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         except Exception:
             status = 500
             log.exception("request %s: unhandled error in %s", rid, method)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error; quote request id {rid}",
-                                (("x-request-id", rid),))
+            await context.abort(
+                grpc.StatusCode.INTERNAL, f"internal error; quote request id {rid}", (("x-request-id", rid),)
+            )
         finally:
-            st.arrivals.end(scope)
-            st.metrics.observe_request(f"/{SERVICE}/{method}", "GRPC", status, time.perf_counter() - start,
-                                       scope["state"].get("qserve_model") or "")
-            if trace is not None:
-                trace.finish(None, status, {"rpc.grpc.status_code": STATUS.get(status, grpc.StatusCode.OK).value[0]})
+            admission.leave(
+                call, status, trace_attributes={"rpc.grpc.status_code": STATUS.get(status, grpc.StatusCode.OK).value[0]}
+            )
         raise AssertionError("unreachable: context.abort() raises grpc.aio.AbortError")  # pragma: no cover
 
     # -- health and metadata -------------------------------------------------------------------
-    async def ServerLive(self, request: service_pb2.ServerLiveRequest,
-                      context: grpc.aio.ServicerContext) -> service_pb2.ServerLiveResponse:
+    async def ServerLive(
+        self, request: service_pb2.ServerLiveRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ServerLiveResponse:
         async def live(scope: Scope, rid: str) -> service_pb2.ServerLiveResponse:
             return service_pb2.ServerLiveResponse(live=True)
+
         return await self._call("ServerLive", context, live)
 
-    async def ServerReady(self, request: service_pb2.ServerReadyRequest,
-                       context: grpc.aio.ServicerContext) -> service_pb2.ServerReadyResponse:
+    async def ServerReady(
+        self, request: service_pb2.ServerReadyRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ServerReadyResponse:
         async def ready(scope: Scope, rid: str) -> service_pb2.ServerReadyResponse:
             return service_pb2.ServerReadyResponse(ready=self.st.ready)
+
         return await self._call("ServerReady", context, ready)
 
-    async def ServerMetadata(self, request: service_pb2.ServerMetadataRequest,
-                          context: grpc.aio.ServicerContext) -> service_pb2.ServerMetadataResponse:
+    async def ServerMetadata(
+        self, request: service_pb2.ServerMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ServerMetadataResponse:
         async def server(scope: Scope, rid: str) -> service_pb2.ServerMetadataResponse:
             return service_pb2.ServerMetadataResponse(name="qserve", version=__version__, extensions=EXTENSIONS)
+
         return await self._call("ServerMetadata", context, server)
 
     def _model(self, name: str, version: str, scope: Scope) -> ServedModel:
-        """The model called `name` (empty: the default), at `version` when one is given; labels the metrics."""
-        model = self.st.model(name or None)
-        scope["state"]["qserve_model"] = model.name
-        if version:  # empty: the latest, as Triton reads it
-            check_version(model, version)
-        return model
+        """The model called `name` (empty: the default), at `version` (empty: the latest, as Triton reads it)."""
+        return served(self.st, name, version, scope)
 
-    async def ModelReady(self, request: service_pb2.ModelReadyRequest,
-                      context: grpc.aio.ServicerContext) -> service_pb2.ModelReadyResponse:
+    async def ModelReady(
+        self, request: service_pb2.ModelReadyRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelReadyResponse:
         async def ready(scope: Scope, rid: str) -> service_pb2.ModelReadyResponse:
             if not self.st.ready:  # as tritonclient reads HTTP's 503: not ready, not an error
                 return service_pb2.ModelReadyResponse(ready=False)
             self._model(request.name, request.version, scope)
             return service_pb2.ModelReadyResponse(ready=True)
+
         return await self._call("ModelReady", context, ready)
 
-    async def ModelMetadata(self, request: service_pb2.ModelMetadataRequest,
-                         context: grpc.aio.ServicerContext) -> service_pb2.ModelMetadataResponse:
+    async def ModelMetadata(
+        self, request: service_pb2.ModelMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelMetadataResponse:
         async def metadata(scope: Scope, rid: str) -> service_pb2.ModelMetadataResponse:
             m = model_metadata(self._model(request.name, request.version, scope))
             tensor = service_pb2.ModelMetadataResponse.TensorMetadata
             return service_pb2.ModelMetadataResponse(
-                name=m["name"], versions=m["versions"], platform=m["platform"],
-                inputs=[tensor(**t) for t in m["inputs"]], outputs=[tensor(**t) for t in m["outputs"]])
+                name=m["name"],
+                versions=m["versions"],
+                platform=m["platform"],
+                inputs=[tensor(**t) for t in m["inputs"]],
+                outputs=[tensor(**t) for t in m["outputs"]],
+            )
+
         return await self._call("ModelMetadata", context, metadata)
 
-    async def ModelConfig(self, request: service_pb2.ModelConfigRequest,
-                       context: grpc.aio.ServicerContext) -> service_pb2.ModelConfigResponse:
+    async def ModelConfig(
+        self, request: service_pb2.ModelConfigRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelConfigResponse:
         async def config(scope: Scope, rid: str) -> service_pb2.ModelConfigResponse:
             model = self._model(request.name, request.version, scope)
             cfg = model_config(self.st, model)
@@ -206,25 +226,32 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             cfg["version_policy"] = {"latest": {"num_versions": 1}}
             cfg["parameters"]["model_version"] = {"string_value": model.version}
             return service_pb2.ModelConfigResponse(config=json_format.ParseDict(cfg, model_config_pb2.ModelConfig()))
+
         return await self._call("ModelConfig", context, config)
 
     # -- inference ------------------------------------------------------------------------------
-    async def ModelInfer(self, request: service_pb2.ModelInferRequest,
-                      context: grpc.aio.ServicerContext) -> service_pb2.ModelInferResponse:
+    async def ModelInfer(
+        self, request: service_pb2.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelInferResponse:
         async def infer(scope: Scope, rid: str) -> service_pb2.ModelInferResponse:
             st = self.st
-            size = request.ByteSize()
-            if size > st.config.max_body_bytes:
-                st.metrics.reject("body_too_large")
-                raise ApiError(413, f"request body is over the limit of {st.config.max_body_bytes} bytes "
-                                    "(--max-body-bytes); send fewer or shorter texts per request")
+            if request.ByteSize() > st.admission.max_body_bytes:
+                raise st.admission.too_large()
             model = self._model(request.model_name, request.model_version, scope)
             if unicode_problem(request.id):
                 raise ApiError(422, f"id {unicode_problem(request.id)}")
             texts, pairs = request_texts(st, request, model)
             asked = [o.name for o in request.outputs]  # none: all of the model's (submit resolves them)
-            a = await st.submit(model, texts, scope, rid, _long_text(request), "parameters.long_text", pairs,
-                                outputs=asked)
+            a = await st.submit(
+                model,
+                texts,
+                scope,
+                rid,
+                _long_text(request),
+                "parameters.long_text",
+                pairs,
+                outputs=answered_outputs(asked),
+            )
             values = output_values(a)
             out = service_pb2.ModelInferResponse(model_name=a.name, model_version=a.version, id=request.id or rid)
             out.parameters["labels"].string_param = ",".join(a.labels)
@@ -235,33 +262,40 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 out.outputs.add(name=name, datatype=meta["datatype"], shape=meta["shape"])
                 out.raw_output_contents.append(tensor_bytes(meta["datatype"], data))
             return out
+
         return await self._call("ModelInfer", context, infer)
 
-    # -- the repository extension (v2_repository.py: the same calls as HTTP) --------------------------
-    async def RepositoryIndex(self, request: service_pb2.RepositoryIndexRequest,
-                           context: grpc.aio.ServicerContext) -> service_pb2.RepositoryIndexResponse:
+    # -- the repository extension (repository.py: the same calls as HTTP) ------------------------------
+    async def RepositoryIndex(
+        self, request: service_pb2.RepositoryIndexRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.RepositoryIndexResponse:
         async def index(scope: Scope, rid: str) -> service_pb2.RepositoryIndexResponse:
             _repository(request.repository_name)
             entry = service_pb2.RepositoryIndexResponse.ModelIndex
             return service_pb2.RepositoryIndexResponse(models=[entry(**m) for m in repo.index(self.st, request.ready)])
+
         return await self._call("RepositoryIndex", context, index)
 
-    async def RepositoryModelLoad(self, request: service_pb2.RepositoryModelLoadRequest,
-                               context: grpc.aio.ServicerContext) -> service_pb2.RepositoryModelLoadResponse:
+    async def RepositoryModelLoad(
+        self, request: service_pb2.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.RepositoryModelLoadResponse:
         async def load(scope: Scope, rid: str) -> service_pb2.RepositoryModelLoadResponse:
             _repository(request.repository_name)
             scope["state"]["qserve_model"] = repo.model_label(self.st, request.model_name, loading=True)
             await repo.load(self.st, request.model_name, list(request.parameters))
             return service_pb2.RepositoryModelLoadResponse()
+
         return await self._call("RepositoryModelLoad", context, load)
 
-    async def RepositoryModelUnload(self, request: service_pb2.RepositoryModelUnloadRequest,
-                                 context: grpc.aio.ServicerContext) -> service_pb2.RepositoryModelUnloadResponse:
+    async def RepositoryModelUnload(
+        self, request: service_pb2.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.RepositoryModelUnloadResponse:
         async def unload(scope: Scope, rid: str) -> service_pb2.RepositoryModelUnloadResponse:
             _repository(request.repository_name)
             scope["state"]["qserve_model"] = repo.model_label(self.st, request.model_name, loading=False)
             await repo.unload(self.st, request.model_name)
             return service_pb2.RepositoryModelUnloadResponse()
+
         return await self._call("RepositoryModelUnload", context, unload)
 
 
@@ -276,15 +310,17 @@ def _long_text(request: service_pb2.ModelInferRequest) -> str | None:
         return None
     p = request.parameters["long_text"]
     if p.WhichOneof("parameter_choice") != "string_param":
-        raise ApiError(422, "parameters.long_text must be a string_param: head, tail, head-tail[:H] or "
-                            "windows[:W[:S[:mean|max]]]")
+        raise ApiError(
+            422, "parameters.long_text must be a string_param: head, tail, head-tail[:H] or windows[:W[:S[:mean|max]]]"
+        )
     return p.string_param
 
 
-def request_texts(st: ServeState, req: service_pb2.ModelInferRequest,
-                  model: ServedModel) -> tuple[list[str], list[str] | None]:
+def request_texts(
+    st: ServeState, req: service_pb2.ModelInferRequest, model: ServedModel
+) -> tuple[list[str], list[str] | None]:
     """(texts, text pairs or None) of a ModelInferRequest: `text`, and `text_pair` for a pair model, checked
-    as the HTTP /v2 route checks them (serve/core/pairs.py)."""
+    as the HTTP /v2 route checks them (tensors.named_inputs)."""
     if not 1 <= len(req.inputs) <= 2:
         raise ApiError(422, f"the request has {len(req.inputs)} inputs; {INPUT_RULE}")
     raw = list(req.raw_input_contents)
@@ -297,7 +333,7 @@ def request_texts(st: ServeState, req: service_pb2.ModelInferRequest,
         if tensor.datatype != "BYTES":
             raise ApiError(422, f"inputs[{i}].datatype is {tensor.datatype!r}; {INPUT_RULE}")
         named[tensor.name] = (i, _tensor_texts(tensor, raw[i] if raw else None, i))
-    return v2_inputs(st, model, named)
+    return named_inputs(st, model, named)
 
 
 def _tensor_texts(tensor: service_pb2.ModelInferRequest.InferInputTensor, raw: bytes | None, i: int) -> list[str]:
@@ -312,13 +348,22 @@ def _tensor_texts(tensor: service_pb2.ModelInferRequest.InferInputTensor, raw: b
             try:
                 data.append(b.decode("utf-8"))
             except UnicodeDecodeError as e:
-                raise ApiError(422, f"inputs[{i}][{j}] is not valid UTF-8: byte 0x{b[e.start]:02x} at offset "
-                                    f"{e.start} ({e.reason}); send UTF-8 text") from None
+                raise ApiError(
+                    422,
+                    f"inputs[{i}][{j}] is not valid UTF-8: byte 0x{b[e.start]:02x} at offset "
+                    f"{e.start} ({e.reason}); send UTF-8 text",
+                ) from None
     else:
-        raise ApiError(400, f"inputs[{i}] has no data: send the texts in raw_input_contents (tritonclient's "
-                            "set_data_from_numpy) or in contents.bytes_contents")
+        raise ApiError(
+            400,
+            f"inputs[{i}] has no data: send the texts in raw_input_contents (tritonclient's "
+            "set_data_from_numpy) or in contents.bytes_contents",
+        )
     shape = list(tensor.shape)
     if not 1 <= len(shape) <= 2 or (len(shape) == 2 and shape[1] != 1) or prod(shape) != len(data):
-        raise ApiError(400, f"inputs[{i}].shape {shape} does not describe its {len(data)} data elements; "
-                            "use [n] or [n, 1] with n = number of texts")
+        raise ApiError(
+            400,
+            f"inputs[{i}].shape {shape} does not describe its {len(data)} data elements; "
+            "use [n] or [n, 1] with n = number of texts",
+        )
     return data

@@ -1,0 +1,50 @@
+"""The optional libraries qserve imports on use: which extra installs each, and the one way to import one.
+
+    python -c "from qserve.extras import install_hint; print(install_hint('openvino'), install_hint('ray'))"
+
+A backend's libraries and the command that installs them are its registry entry's (qserve/variants.py:
+`Backend.needs`, `Backend.install`); the extras that belong to no backend (Ray, pyarrow, OpenTelemetry, gRPC, the
+hub's `datasets`) are EXTRAS below. `require(module, needed_by)` imports a module of one of them, or raises the
+QserveError that names what needed it and the command that installs it, so a missing optional library fails only
+the command that needs it. What is heavy to import stays imported inside the function that needs it
+(tests/unit/test_imports.py: LAZY).
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from qserve import QserveError
+from qserve.variants import REGISTRY
+
+EXTRAS = {
+    "ray": "pip install 'qserve[ray]'  (installs ray[serve]==2.60.0)",
+    "pyarrow": "pip install 'qserve[predict]'",
+    "opentelemetry": "pip install 'qserve[otel]'",
+    "grpc": "pip install 'qserve[grpc]'",
+    "tritonclient": "pip install 'qserve[grpc]'",
+    "datasets": "pip install 'qserve[hub]' (the `datasets` package); a hub id needs network access to huggingface.co",
+}
+"""Library (import name) -> the command that installs it, for the optional libraries of no backend."""
+
+
+def install_hint(module: str) -> str:
+    """The command that installs `module`'s library: its backend's (the registry), else its extra's."""
+    top = module.split(".")[0]
+    for backend in REGISTRY.values():
+        if top in backend.needs:
+            return backend.install
+    return EXTRAS[top]
+
+
+def require(module: str, needed_by: str) -> ModuleType:
+    """Import `module` (an optional library's) for `needed_by`; missing, a QserveError says what needs it and how
+    to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise QserveError(
+            f"{needed_by} needs {module.split('.')[0]}, which is not installed here ({e}); install it "
+            f"with: {install_hint(module)}"
+        ) from e
