@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from benchmarks.report_stages import BY_NAME, STAGES, Stage  # the table; this module decides and runs
-from qserve.provenance import cpu_now, recorded_cpu
+from qserve.files import write_json_atomic
+from qserve.provenance import cpu_now, git_commit, recorded_cpu
 from benchmarks.harness import ROOT, write_markdown
 
 STAGE_TIMES = "benchmarks/reports/stage_times.json"
@@ -61,9 +62,6 @@ def stage_times(root: Path = ROOT) -> dict[str, dict[str, Any]]:
 
 def record_time(name: str, seconds: float, cpu: str, root: Path = ROOT) -> None:
     """Keep the wall time of a stage that just ran here (the stages table renders it from this file)."""
-    from qserve.files import write_json_atomic
-    from qserve.provenance import git_commit
-
     p = root / STAGE_TIMES
     data = json.loads(p.read_text(encoding="utf-8")) if p.is_file() else {"format": "qserve-stage-times/1"}
     data.setdefault("stages", {})[name] = {

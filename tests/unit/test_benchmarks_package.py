@@ -94,6 +94,7 @@ NOT_REPORTS = {
     "serve_overhead.py": "wrk's Lua script",
     "serve_protocol_cost.py": "wrk's Lua scripts",
     "predict_bench.py": "the corpus it scores (jsonl)",
+    "rebuild_reports.py": "stage_times.json: each stage's wall time as `make reports` ran it, read by the stages table",
 }
 WRITES = r"write_json_atomic\(|write_text_atomic\(|json\.dump\(|\.write_text\(|\.write_bytes\(|open\([^)]*[\"']w"
 
