@@ -115,6 +115,12 @@ class Backend:
     """The install hint shown when the exporter or runtime module cannot be imported."""
     options_type: type[BackendOptions] = BackendOptions
     """The backend's typed options: each `option(...)` field one exporter option, declared there once."""
+    requires: tuple[str, ...] = ()
+    """Top-level modules its exporter and runtime import: where one is not installed, the pipeline's and `export
+    --all`'s plan (qserve.placement) skips the backend's variants, saying `install`, before any work starts."""
+    cuda_runtime: str = ""
+    """A library whose own CUDA build the backend's CUDA kernels need (qserve.devices.CUDA_RUNTIMES: onnxruntime,
+    whose CUDAExecutionProvider only onnxruntime-gpu ships); where it is missing, its variants run on the CPU."""
 
     @property
     def options(self) -> tuple[Option, ...]:
@@ -235,7 +241,8 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
         (VariantSpec("bnb-int8", "bnb", 8, "int8", tolerance=5e-1, default_for=("cuda",), cpu_needs=("vnni",)),
          VariantSpec("bnb-nf4", "bnb", 4, "nf4", tolerance=1.0, default_for=("cuda",), cpu_needs=("bf16",)),
          VariantSpec("bnb-fp4", "bnb", 4, "fp4", tolerance=1.5, cpu_needs=("bf16",))),
-        libraries=("torch",), install="pip install bitsandbytes==0.50.2 accelerate", options_type=BnbOptions),
+        libraries=("torch",), install="pip install bitsandbytes==0.50.2 accelerate", options_type=BnbOptions,
+        requires=("bitsandbytes",)),
     Backend(
         "onnx", "exporters.onnx:build", "qserve.runtime.onnx_rt:OnnxRuntime",
         (VariantSpec("onnx-fp32", "onnx", 32, "fp32", tolerance=1e-3, default_for=("cpu",)),
@@ -244,7 +251,7 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
          VariantSpec("onnx-int8", "onnx", 8, "int8", cuda=False, tolerance=5e-1, default_for=("cpu",)),
          VariantSpec("onnx-int4", "onnx", 4, "int4", tolerance=1.0, default_for=("cpu",))),
         libraries=("onnxruntime",), install="pip install 'qserve[cpu]' (or 'qserve[gpu]' for CUDA)",
-        options_type=OnnxOptions),
+        options_type=OnnxOptions, requires=("onnxruntime", "onnx"), cuda_runtime="onnxruntime"),
     Backend(
         # OpenVINO's CPU plugin: CPU only. ov-bf16 is the fp32 IR compiled with the bf16
         # inference-precision hint; ov-int8 is NNCF post-training quantization.
@@ -253,7 +260,7 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
          VariantSpec("ov-bf16", "openvino", 16, "bf16", cuda=False, tolerance=1.5e-1, cpu_needs=("bf16",)),
          # without VNNI, OpenVINO's int8 kernels measured slower than its fp32 ones (docs/measurements.md)
          VariantSpec("ov-int8", "openvino", 8, "int8", cuda=False, tolerance=5e-1, cpu_needs=("vnni",))),
-        install="pip install 'qserve[openvino]'", options_type=OpenVINOOptions),
+        install="pip install 'qserve[openvino]'", options_type=OpenVINOOptions, requires=("openvino", "nncf")),
 )}
 
 VARIANTS: dict[str, VariantSpec] = {s.name: s for b in REGISTRY.values() for s in b.variants}

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qserve.artifact import Manifest, ModelMeta
+from qserve.placement import mark
 from qserve.bench.stats import shape_stats
 from qserve.problemtypes import AGREEMENT_METRIC, SINGLE, agreement
 from qserve.bench import policies
@@ -189,12 +190,13 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
     # against the best rate measured on the model's own GEMM shapes (a gentler, workload-matched bound)
     floor = report.get("floor") or {}
     flops = ((floor.get("flops_per_sequence") or {}).get(str(s)) or {}).get("total")
+    run_device = (report.get("config") or {}).get("device")
     for v in variants:
         v["floor"] = None
         st = shape_stats(v, b, s)
         dtype = (v.get("spec") or {}).get("dtype")
-        if not (flops and dtype):
-            continue
+        if not (flops and dtype) or mark(v.get("device"), run_device):
+            continue  # the floor's peaks are the run device's: a variant that ran on another one has none here
         rec: dict[str, Any] = {}
         for key, prefix in (("peaks", ""), ("model_peaks", "model_")):
             pk = peak_for(dtype, floor.get(key) or {})

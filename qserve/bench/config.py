@@ -34,8 +34,9 @@ class BenchConfig:
     """Comma-separated sequence lengths in tokens for fixed-shape latency."""
     threads: int | None = field(default=None, metadata=flag(default_text="physical cores"))
     """Intra-op threads for torch and ONNX Runtime."""
-    device: str = "cpu"
-    """cpu, cuda, cuda:N or auto."""
+    device: str = "auto"
+    """auto (each variant on the GPU where it runs there, else on the CPU, marked so in the report), cpu, cuda or
+    cuda:N (every variant there: one that cannot run there fails, saying why)."""
     out: Path | None = field(default=None, metadata=flag(default_text="benchmarks/reports/<model>-<device>-t<threads>, "
                                                                    "or benchmarks/reports/<--name>"))
     """Report directory."""

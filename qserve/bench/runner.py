@@ -33,6 +33,8 @@ from qserve.bench.recommend import bar_for, real_text_b1
 from qserve.bench.report import write_reports
 from qserve.data.datasets import load_dataset
 from qserve.devices import resolve_device
+from qserve.placement import Plan, plan as plan_run
+from qserve.variants import VARIANTS
 from qserve.files import dir_size, now_iso, refuse_existing
 from qserve.provenance import provenance
 
@@ -117,7 +119,8 @@ def load_texts(key: tuple, cfg: BenchConfig, cache: dict) -> dict[str, Any]:
     return out
 
 
-def _child_env(cfg: BenchConfig) -> dict[str, str]:
+def _child_env(cfg: BenchConfig, device: str | None = None) -> dict[str, str]:
+    """The environment of a child measuring on `device` (default: the run's)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(PKG_ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -125,7 +128,7 @@ def _child_env(cfg: BenchConfig) -> dict[str, str]:
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env["TOKENIZERS_PARALLELISM"] = "false"  # the tokenizer must not steal the benchmark's cores
-    if cfg.device == "cpu":
+    if (device or cfg.device) == "cpu":
         env["QSERVE_FORCE_CPU"] = "1"  # never initialise CUDA in a CPU benchmark
     return env
 
@@ -139,7 +142,8 @@ def run_child(module: str, job: dict[str, Any], work: Path, tag: str, cfg: Bench
     t0 = time.perf_counter()
     with open(log_path, "wb") as logf:
         proc = subprocess.Popen([sys.executable, "-m", module, str(job_path), str(res_path)],
-                                stdout=logf, stderr=subprocess.STDOUT, env=_child_env(cfg), cwd=os.getcwd())
+                                stdout=logf, stderr=subprocess.STDOUT, env=_child_env(cfg, job.get("device")),
+                                cwd=os.getcwd())
         polled, timed_out = 0.0, False
         try:
             ps = psutil.Process(proc.pid)
@@ -245,23 +249,36 @@ def _measure(mode: str, d: Path, meta: VariantMeta, job: dict[str, Any], data: d
     return res
 
 
+def bench_plan(cfg: BenchConfig, metas: list[VariantMeta]) -> Plan | None:
+    """Where each variant is measured: with --device auto, the plan's placement (the GPU where a variant runs on
+    it, else the CPU: qserve.placement); with an explicit device, every variant there (None), so one that cannot
+    run there fails with the reason, and the others are measured."""
+    if cfg.device != "auto":
+        return None
+    names = list(dict.fromkeys(m.manifest.name for m in metas if m.manifest is not None and m.manifest.name in VARIANTS))
+    return plan_run("auto", names)
+
+
 def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = None,
-              reuse: bool = False) -> dict[str, Any]:
+              reuse: bool = False, plan: Plan | None = None) -> dict[str, Any]:
     """Benchmark every variant in its own child; write report.json/csv/md and plots into cfg.out.
 
     Every variant is measured under its own long-text policy (what serving that variant answers); the
     --long-text comparison then runs on the reference and the recommended variant only, the two whose
     records decide and qualify the policy served (docs/bench.md, "Which variants compare policies").
-    `store`: keep each finished measurement there; `reuse`: read the ones whose key matches (resume)."""
+    `store`: keep each finished measurement there; `reuse`: read the ones whose key matches (resume). `plan`:
+    the device of each variant (the pipeline's); without one, `bench_plan` decides from cfg.device."""
     if not variant_dirs:
         raise QserveError("qserve bench needs at least one VARIANT_DIR")
     cfg.validate()
     if cfg.threads is None:
         cfg.threads = physical_cores()
-    if cfg.device != "cpu":
-        cfg.device = resolve_device(cfg.device)
     dirs = [Path(d) for d in variant_dirs]
     metas = [variant_meta(d) for d in dirs]
+    plan = plan or bench_plan(cfg, metas)
+    cfg.device = plan.device if plan is not None else resolve_device(cfg.device)
+    device_of = {i: (plan.device_of(m.manifest.name) if plan is not None and m.manifest is not None else cfg.device)
+                 for i, m in enumerate(metas)}
     out = Path(cfg.out) if cfg.out else default_out(cfg, metas)
     cfg.out = out
     refuse_existing(out, cfg.force)
@@ -292,7 +309,7 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = N
                 if key[3] and data.get("eval"):
                     payload["eval"] = data["eval"]
                 data_file.write_text(json.dumps(payload), encoding="utf-8")
-            job = {"variant_dir": str(d.resolve()), "device": cfg.device, "threads": cfg.threads,
+            job = {"variant_dir": str(d.resolve()), "device": device_of[i], "threads": cfg.threads,
                    "batch_sizes": cfg.batch_sizes, "seq_lens": cfg.seq_lens, "time_budget_s": cfg.time_budget_s,
                    "warmup": cfg.warmup, "min_iters": cfg.min_iters, "max_iters": cfg.max_iters,
                    "data_file": str(data_file), "allow_extra_files": cfg.allow_extra_files,
@@ -316,6 +333,10 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = N
                          ", ".join(f"{k} {v:.1f}" for k, v in (res.get("stage_s") or {}).items()))
             raw[i] = res
             entries[i] = analysis.variant_entry(meta, res)
+            entries[i]["device"] = entries[i]["device"] or device_of[i]  # a child that died before loading says none
+            placed = plan.get(entries[i]["spec"]["name"]) if plan is not None and entries[i].get("spec") else None
+            if placed is not None and placed.device != cfg.device and placed.why:
+                entries[i]["placement"] = placed.why
             if step == 0 and entries[i]["name"] and analysis.reference([entries[i]]) is entries[i]:
                 ref = entries[i]
             p50 = _meets_bar(entries[i], ref) if ref is not None else None
