@@ -260,8 +260,8 @@ def run_pipeline(args: argparse.Namespace) -> Path:
     t0 = _stage(3, n_stages, "bench + report")
     report_dir = Path(args.report_dir) if args.report_dir else run_dir / "report"
     if not variants:
-        raise QserveError(f"no variant was exported ({'; '.join(f'{k}: {v}' for k, v in failed.items()) or 'none planned'})"
-                          f"; nothing to bench. The checkpoint is in {ckpt}")
+        why = "; ".join(f"{k}: {v}" for k, v in {**at_export, **failed}.items()) or "none planned"
+        raise QserveError(f"no variant was exported ({why}); nothing to bench. The checkpoint is in {ckpt}")
     report = _bench_stage(variants, report_dir, args, plan, args.force)
     times["bench"] = _done(t0, "benchmarked")
     if not args.no_gate:

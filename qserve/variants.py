@@ -110,7 +110,8 @@ class Backend:
     """"module:Class", a qserve.runtime.base.Runtime subclass built as (variant_dir, manifest, device, options)."""
     variants: tuple[VariantSpec, ...]
     libraries: tuple[str, ...] = ()
-    """What a bench child imports before its memory baseline, so 'model memory' leaves the libraries out."""
+    """What a bench child imports before its memory baseline, so 'model memory' and the load time leave the
+    libraries out (transformers' model classes import torch._dynamo: seconds that are no part of loading)."""
     install: str = ""
     """The install hint shown when the exporter or runtime module cannot be imported."""
     options_type: type[BackendOptions] = BackendOptions
@@ -234,14 +235,15 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
          VariantSpec("torch-bf16", "torch", 16, "bf16", tolerance=1.5e-1, default_for=("cpu",), cpu_needs=("bf16",)),
          # fp16 matmuls on CPU have no fast kernel: exportable and loadable there, but `--all` skips it.
          VariantSpec("torch-fp16", "torch", 16, "fp16", tolerance=5e-2, default_for=("cuda",), slow_on=("cpu",))),
-        libraries=("torch",), options_type=TorchOptions),
+        libraries=("torch", "transformers.models.auto.modeling_auto"), options_type=TorchOptions),
     Backend(
         "bnb", "exporters.bnb:build", "qserve.runtime.torch_rt:TorchRuntime",
         # On CPU, LLM.int8 multiplies in int8 (VNNI's kernel) and the 4-bit layers dequantize into bf16 matmuls.
         (VariantSpec("bnb-int8", "bnb", 8, "int8", tolerance=5e-1, default_for=("cuda",), cpu_needs=("vnni",)),
          VariantSpec("bnb-nf4", "bnb", 4, "nf4", tolerance=1.0, default_for=("cuda",), cpu_needs=("bf16",)),
          VariantSpec("bnb-fp4", "bnb", 4, "fp4", tolerance=1.5, cpu_needs=("bf16",))),
-        libraries=("torch",), install="pip install bitsandbytes==0.50.2 accelerate", options_type=BnbOptions,
+        libraries=("torch", "transformers.models.auto.modeling_auto", "bitsandbytes"),
+        install="pip install bitsandbytes==0.50.2 accelerate", options_type=BnbOptions,
         requires=("bitsandbytes",)),
     Backend(
         "onnx", "exporters.onnx:build", "qserve.runtime.onnx_rt:OnnxRuntime",

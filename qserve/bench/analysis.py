@@ -68,6 +68,7 @@ def variant_entry(meta: VariantMeta, res: dict[str, Any]) -> dict[str, Any]:
         "long_text": res.get("long_text"),
         "long_text_policies": res.get("long_text_policies"),
         **({"eval_cut": res["eval_cut"]} if res.get("eval_cut") else {}),
+        **({"isolation": res["isolation"]} if res.get("isolation") else {}),  # measured in the shared worker
         "accuracy": None,
         "agreement": None,
         "data": res.get("data"),

@@ -117,7 +117,7 @@ def render_md(report: dict[str, Any]) -> str:
     L.append(f"Run `{report['run']['name']}`, created {report['created']}, {dev}. "
              f"Latency: fixed-shape batches of real token ids (full attention mask), after warm-up, "
              f"≤{cfg['time_budget_s']:g} s or ≤{cfg['max_iters']} calls per shape (≥{cfg['min_iters']}). "
-             f"Each variant ran in its own process, loaded through `load_runtime`, as served.")
+             + _isolation(report))
     L.append("")
     suite = report.get("suite") or {}
     if suite:
@@ -183,6 +183,19 @@ def render_md(report: dict[str, Any]) -> str:
         L += ["![accuracy vs size](accuracy_vs_size.png)", ""]
 
     return with_header("\n".join(L).rstrip() + "\n", report.get("provenance"))
+
+
+def _isolation(report: dict[str, Any]) -> str:
+    """How the variants were kept apart (bench --isolation): each in its own process, or some in one worker."""
+    together = [shown(v, report) for v in report["variants"] if v.get("isolation") == "shared"]
+    if not together:
+        return "Each variant ran in its own process, loaded through `load_runtime`, as served."
+    alone = len(report["variants"]) - len(together)
+    return (f"{', '.join(together)} ran one after another in one worker process (`--isolation`: imports and CUDA's "
+            "start-up paid once; CUDA's peak memory counters and the peak RSS reset before each, the previous "
+            "variant freed after it, so their peak RSS also holds what the libraries and earlier variants left "
+            "resident)" + (f"; the other {alone} each in its own process" if alone else "")
+            + ", every one loaded through `load_runtime`, as served.")
 
 
 def _checks(report: dict[str, Any]) -> list[str]:
