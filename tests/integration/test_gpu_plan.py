@@ -119,3 +119,32 @@ def test_pipeline_on_a_gpu_without_the_onnx_provider_ends_with_its_report(fake_g
     gate = json.loads((report_dir / "gate" / "gate.json").read_text())
     g = gate[0]["gate"] if isinstance(gate, list) else gate["results"][0]["gate"]
     assert g["machine"]["device"] == g["reference"]["device"] == "cpu" and g["reference"]["name"] == "onnx-fp32"
+
+
+def test_export_all_on_a_gpu_asks_each_variant_for_its_planned_device(fake_gpu, tiny_checkpoint, tmp_path,
+                                                                       monkeypatch, capsys):
+    """`qserve export CKPT --all --device cuda` beside the CPU onnxruntime: every variant the machine runs, the
+    ONNX ones exported (and parity-checked) on the CPU with a note, OpenVINO skipped where it is not installed.
+    The exporter itself is replaced by a recorder: what is decided here is the device each one is asked for (the
+    real exports on the CPU run in the pipeline test above; those on the fake GPU cannot run)."""
+    import exporters
+    from qserve import placement
+
+    fake_gpu()
+    real = placement.not_installed
+    monkeypatch.setattr(placement, "not_installed", lambda spec: "openvino is not installed: pip install "
+                        "'qserve[openvino]'" if spec.backend == "openvino" else real(spec))
+    asked: dict[str, str] = {}
+
+    def export(checkpoint, name, out, device, **kw):
+        asked[name] = device
+        raise QserveError("recorded")  # --all reports it and goes on
+
+    monkeypatch.setattr(exporters, "export", export)
+    assert cli_main(["export", str(tiny_checkpoint), "--all", "--device", "cuda", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert asked == {"torch-fp32": "cuda", "torch-bf16": "cuda", "torch-fp16": "cuda", "bnb-int8": "cuda",
+                     "bnb-nf4": "cuda", "bnb-fp4": "cuda", "onnx-fp32": "cpu", "onnx-fp16": "cpu", "onnx-int8": "cpu",
+                     "onnx-int4": "cpu"}
+    assert "note: onnx-fp32 is exported and parity-checked on the cpu: onnxruntime 1.30.0 is the CPU build" in err
+    assert "skipping ov-int8: openvino is not installed: pip install 'qserve[openvino]'" in err
