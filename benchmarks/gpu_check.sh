@@ -61,13 +61,15 @@ if [ "$DRY" = 1 ]; then
                    --train-budget 0 --variants torch-fp32,onnx-fp32,onnx-int8 --batch-sizes 1,4 --seq-lens 32
                    --time-budget 0.1 --bench-eval-samples 32 --bench-long-text "")
     STUDY_ARGS=(--device cpu --max-samples 48 --max-length 32 --batch-size 8 --max-eval-samples 16
-                --precision 32-true --precision bf16-mixed --noise-precision none)
+                --precision 32-true --precision bf16-mixed --noise-precision none --step-rounds 0)
     LEVELS=1,8; LEVEL_S=2
     export QSERVE_FORCE_CPU=1   # 'auto' must never find a GPU in a rehearsal
 else
     DEVICE=cuda; BUDGET=${QSERVE_GPU_CHECK_BUDGET_S:-520}
     PIPELINE_ARGS=()            # exactly what `make demo` runs
-    STUDY_ARGS=(--device cuda)  # the study's own defaults on the GPU
+    # every precision the GPU runs, one full run each; no noise run and no extra step-timing rounds (each round is
+    # a child per precision: minutes of start-ups the 9 minutes do not have)
+    STUDY_ARGS=(--device cuda --noise-precision none --step-rounds 0)
     LEVELS=1,32,128; LEVEL_S=8
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1 MPLBACKEND=Agg
