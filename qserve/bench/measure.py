@@ -1,7 +1,7 @@
 """What runs inside a benchmark child: load one variant, time it, write one JSON result.
 
     python -m qserve.bench.measure job.json result.json    # `qserve bench` writes job.json for you
-    python -m qserve.bench.measure --worker                # then "job.json result.json" per line on stdin
+    python -m qserve.bench.measure --worker                # then ["job.json", "result.json"] per line on stdin
 
 One variant per process, so its peak memory is its own (VmHWM of a fresh process)
 and a crash (segfault, OOM kill) takes down only this variant. Everything goes
@@ -17,6 +17,7 @@ libraries and the earlier variants left resident, and the result says it was mea
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -296,8 +297,6 @@ def child_env(backend: str) -> dict[str, Any]:
 def run_job(job_path: Path, out: Path, shared: bool = False) -> int:
     """Measure the job in `job_path` into `out` (atomically): 0, or 1 with the failure written as data (the
     parent marks the variant failed). The one path of a child of its own and of the shared worker (`shared`)."""
-    import json
-
     job = json.loads(Path(job_path).read_text(encoding="utf-8"))
     if job.get("data_file"):
         job["data"] = json.loads(Path(job["data_file"]).read_text(encoding="utf-8"))
@@ -350,13 +349,13 @@ def _free() -> None:
 
 
 def worker(lines=None) -> int:
-    """Measure "job.json result.json" lines from stdin until it closes, one after another in this process. A
+    """Measure ["job.json", "result.json"] lines from stdin until it closes, one after another in this process. A
     failed job ends the worker (exit 1) once its result is written: the parent starts a fresh one for the next,
     so no variant runs in a process another one left in an unknown state (CUDA errors are sticky)."""
     for line in lines if lines is not None else sys.stdin:
         if not line.strip():
             continue
-        job_path, out = line.split()
+        job_path, out = json.loads(line)  # ["job.json", "result.json"]: paths may hold spaces
         rc = run_job(Path(job_path), Path(out), shared=True)
         _free()
         if rc:

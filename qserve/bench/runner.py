@@ -222,7 +222,7 @@ class Worker:
         t0 = time.perf_counter()
         try:
             assert proc.stdin is not None
-            proc.stdin.write(f"{job_path} {res_path}\n".encode())
+            proc.stdin.write((json.dumps([str(job_path), str(res_path)]) + "\n").encode())
             proc.stdin.flush()
         except OSError:  # it died between two jobs: polled below as any other death
             pass
