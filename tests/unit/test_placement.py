@@ -121,3 +121,17 @@ def test_the_plan_round_trips_and_names_what_it_does_not_run():
                                                (None, "cuda", ""), ("cuda", "cpu", " (cuda)")])
 def test_mark(device, run, want):
     assert mark(device, run) == want
+
+
+@pytest.mark.parametrize("variant_device, reference_device, shown", [("cpu", "cuda", "onnx-int8 (cpu)"),
+                                                                      ("cpu", "cpu", "onnx-int8"),
+                                                                      ("cuda:0", "cuda", "onnx-int8")])
+def test_the_gate_table_marks_a_variant_scored_on_another_device_than_its_reference(variant_device,
+                                                                                    reference_device, shown):
+    from qserve.gate.report import row
+
+    iv = {"value": 0.99, "lo": 0.985, "hi": 0.995}
+    g = {"agreement": {**iv, "of": 1000}, "accuracy": {"delta": {"value": 0.0, "lo": -0.004, "hi": 0.004}},
+         "passed": True, "bar": {"agreement_lower_bound": 0.98}, "machine": {"device": variant_device},
+         "reference": {"name": "torch-fp32", "device": reference_device}}
+    assert row({"variant": "onnx-int8", "gate": g})["variant"] == shown
