@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import tarfile
@@ -171,27 +172,24 @@ def _script(name: str) -> str:
 
 
 def test_the_check_runs_the_users_commands_and_writes_at_most_8_files():
-    import re
-
     text = _script("gpu_check.sh")
-    stages = re.search(r"\nSTAGES=\(\n(.*?)\n\)", text, re.S).group(1)
+    stages = re.search(r"\nSTAGES=\(\n(.*?)\n\)", text, re.DOTALL).group(1)
     names = [ln.strip().strip('"').split("|")[0] for ln in stages.splitlines() if ln.strip().startswith('"')]
     assert names == ["pipeline", "serve", "study"]
     assert sum(int(ln.strip().strip('"').split("|")[1]) for ln in stages.splitlines() if "|" in ln) <= 540 + 120
     assert '"$PY" -m qserve pipeline --run-dir "$RUN" "${PIPELINE_ARGS[@]}"' in text and "PIPELINE_ARGS=()" in text
     assert '-m qserve serve "$RUN"' in text and '-m qserve loadtest' in text and "LEVELS=1,32,128" in text
-    out = set(re.findall(r'^copy "[^"]+" (\S+)$', text, re.M)) | {"summary.md", "gpu_check.json",
+    out = set(re.findall(r'^copy "[^"]+" (\S+)$', text, re.MULTILINE)) | {"summary.md", "gpu_check.json",
                                                                    "gpu_check_files.tar.gz"}
     assert len(out) <= 8 and all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in out)
     assert "BUDGET=${QSERVE_GPU_CHECK_BUDGET_S:-520}" in text  # within the 9 minutes, with room to write
 
 
 def test_the_carried_wheels_are_pinned_once_each_and_agree_with_pyproject():
-    import re
-    import tomllib
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
     text = _script("gpu_wheels.sh")
-    block = re.search(r"\nWHEELS=\((.*?)\)", text, re.S).group(1)
+    block = re.search(r"\nWHEELS=\((.*?)\)", text, re.DOTALL).group(1)
     specs = block.split() + re.findall(r"WHEELS\+=\((.*?)\)", text)[0].split() + \
         [re.search(rf"\n{k}=(\S+)", text).group(1) for k in ("BNB", "MODEL", "DATA")]
     names = [s.split("==")[0].lower().replace("_", "-") for s in specs]

@@ -14,9 +14,9 @@ from qserve.placement import Placement, Plan, mark, place, plan
 from qserve.variantflags import skipped, supported
 from qserve.variants import VARIANTS
 
-AMX = Capabilities(cpu_model="Xeon (test)", cpu_flags=frozenset("avx2 fma avx512f avx512_vnni avx512_bf16 amx_bf16 "
-                                                               "amx_int8".split()))
-ZEN3 = Capabilities(cpu_model="EPYC (test)", cpu_flags=frozenset("avx2 fma".split()))
+AMX = Capabilities(cpu_model="Xeon (test)", cpu_flags=frozenset(["avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16",
+                                                                "amx_bf16", "amx_int8"]))
+ZEN3 = Capabilities(cpu_model="EPYC (test)", cpu_flags=frozenset(["avx2", "fma"]))
 TORCH_BNB = ["torch-fp32", "torch-bf16", "torch-fp16", "bnb-int8", "bnb-nf4", "bnb-fp4"]
 ONNX_CUDA = ["onnx-fp32", "onnx-fp16", "onnx-int4"]
 OV = ["ov-fp32", "ov-bf16", "ov-int8"]
