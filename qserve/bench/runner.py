@@ -1,11 +1,14 @@
-"""Child-process orchestration: one process per variant, then agreement, floor and reports.
+"""Child-process orchestration: one process per CPU variant, one shared worker for the CUDA ones (--isolation),
+then agreement, floor and reports.
 
     python -c "from pathlib import Path; from qserve.bench.runner import run_bench; from qserve.bench.config import BenchConfig; run_bench([Path('models/minilm-imdb-variants/onnx-int8')], BenchConfig(batch_sizes=[1], seq_lens=[128]))"
 
 The parent never imports torch: it reads manifests, loads the evaluation texts once
-(so every variant sees the same inputs), starts `python -m qserve.bench.measure` per
-variant with the thread count pinned in its environment, polls its RSS, and turns a
-crash, a timeout or an error into a `failed` entry while the other variants run on.
+(so every variant sees the same inputs), places each variant (qserve.placement: --device auto
+puts on the CPU what the GPU cannot run), starts `python -m qserve.bench.measure` per variant
+(or sends the CUDA variants' jobs to one `--worker`) with the thread count pinned in its
+environment, polls its RSS, and turns a crash, a timeout or an error into a `failed` entry
+while the other variants run on (a crashed worker is started again for the next).
 """
 
 from __future__ import annotations
