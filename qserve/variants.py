@@ -111,15 +111,21 @@ class Backend:
     """"module:Class", a qserve.runtime.base.Runtime subclass built as (variant_dir, manifest, device, options)."""
     variants: tuple[VariantSpec, ...]
     libraries: tuple[str, ...] = ()
-    """What a bench child imports before its memory baseline, so 'model memory' leaves the libraries out."""
+    """What a bench child imports before its memory baseline, so 'model memory' and the load time leave the
+    libraries out (transformers' model classes import torch._dynamo: seconds that are no part of loading)."""
     needs: tuple[str, ...] = ()
-    """The optional libraries (import names) its variants need beyond qserve's own dependencies."""
+    """The optional libraries (import names) its variants need beyond qserve's own dependencies: where one is not
+    installed, qserve.extras.require says `install` at the first use, and the pipeline's and `export --all`'s plan
+    (qserve.placement) skips the backend's variants, saying it, before any work starts."""
     install: str = ""
     """The command that installs `needs` (qserve.extras.require says it when one is missing)."""
     cuda_install: str = ""
     """The command that installs the CUDA build of `needs` where that is another package."""
     options_type: type[BackendOptions] = BackendOptions
     """The backend's typed options: each `option(...)` field one exporter option, declared there once."""
+    cuda_runtime: str = ""
+    """A library whose own CUDA build the backend's CUDA kernels need (qserve.devices.CUDA_RUNTIMES: onnxruntime,
+    whose CUDAExecutionProvider only onnxruntime-gpu ships); where it is missing, its variants run on the CPU."""
 
     @property
     def options(self) -> tuple[Option, ...]:
@@ -243,14 +249,14 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
          VariantSpec("torch-bf16", "torch", 16, "bf16", tolerance=1.5e-1, default_for=("cpu",), cpu_needs=("bf16",)),
          # fp16 matmuls on CPU have no fast kernel: exportable and loadable there, but `--all` skips it.
          VariantSpec("torch-fp16", "torch", 16, "fp16", tolerance=5e-2, default_for=("cuda",), slow_on=("cpu",))),
-        libraries=("torch",), options_type=TorchOptions),
+        libraries=("torch", "transformers.models.auto.modeling_auto"), options_type=TorchOptions),
     Backend(
         "bnb", "exporters.bnb:build", "qserve.runtime.torch_rt:TorchRuntime",
         # On CPU, LLM.int8 multiplies in int8 (VNNI's kernel) and the 4-bit layers dequantize into bf16 matmuls.
         (VariantSpec("bnb-int8", "bnb", 8, "int8", tolerance=5e-1, default_for=("cuda",), cpu_needs=("vnni",)),
          VariantSpec("bnb-nf4", "bnb", 4, "nf4", tolerance=1.0, default_for=("cuda",), cpu_needs=("bf16",)),
          VariantSpec("bnb-fp4", "bnb", 4, "fp4", tolerance=1.5, cpu_needs=("bf16",))),
-        libraries=("torch",), needs=("bitsandbytes", "accelerate"),
+        libraries=("torch", "transformers.models.auto.modeling_auto", "bitsandbytes"), needs=("bitsandbytes", "accelerate"),
         install="pip install bitsandbytes==0.50.2 accelerate", options_type=BnbOptions),
     Backend(
         "onnx", "exporters.onnx:build", "qserve.runtime.onnx_rt:OnnxRuntime",
@@ -259,9 +265,10 @@ REGISTRY: dict[str, Backend] = {b.name: b for b in (
          # dynamic int8 has no CUDA kernels in ORT's CUDA EP: CPU only.
          VariantSpec("onnx-int8", "onnx", 8, "int8", cuda=False, tolerance=5e-1, default_for=("cpu",)),
          VariantSpec("onnx-int4", "onnx", 4, "int4", tolerance=1.0, default_for=("cpu",))),
-        libraries=("onnxruntime",), needs=("onnxruntime",),
+        libraries=("onnxruntime",), needs=("onnxruntime", "onnx"),
         install="pip install 'qserve[cpu]' (or 'qserve[gpu]' for CUDA)",
-        cuda_install="pip uninstall -y onnxruntime && pip install 'qserve[gpu]'", options_type=OnnxOptions),
+        cuda_install="pip uninstall -y onnxruntime && pip install 'qserve[gpu]'", options_type=OnnxOptions,
+        cuda_runtime="onnxruntime"),
     Backend(
         # OpenVINO's CPU plugin: CPU only. ov-bf16 is the fp32 IR compiled with the bf16
         # inference-precision hint; ov-int8 is NNCF post-training quantization.

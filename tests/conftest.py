@@ -167,3 +167,29 @@ def cpu_flags(monkeypatch):
     yield use
     monkeypatch.delenv("QSERVE_CPU_FLAGS", raising=False)
     devices.capabilities.cache_clear()
+
+
+ORT_CPU_BUILD = ("onnxruntime 1.30.0 is the CPU build (providers: AzureExecutionProvider, CPUExecutionProvider); "
+                 "its CUDA provider comes with onnxruntime-gpu instead")
+"""What qserve.devices.cuda_runtime_missing says of the H200 machine's onnxruntime (issue 53)."""
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """`fake_gpu(ort=...)`: this test's machine has a CUDA GPU (an H200, bf16), and ONNX Runtime's CUDA provider is
+    missing (`ort` the reason, default the CPU build's) or present (`ort=None`): the capability probes of
+    qserve.devices are replaced, so every decision (resolve_device, the plan, place) sees a GPU machine, while
+    whatever a test then runs on the CPU runs for real. Nothing can run on the fake GPU itself."""
+    from qserve import devices
+
+    def use(ort: str | None = ORT_CPU_BUILD):
+        monkeypatch.delenv("QSERVE_FORCE_CPU", raising=False)
+        monkeypatch.setattr(devices, "cuda_available", lambda: True)
+        monkeypatch.setattr(devices, "_read_cuda", lambda: {"cuda": True, "cuda_name": "NVIDIA H200 (faked)",
+                                                            "cuda_bf16": True, "cuda_capability": (9, 0)})
+        monkeypatch.setattr(devices, "cuda_runtime_missing", lambda library: ort)
+        devices.capabilities.cache_clear()
+
+    devices.capabilities.cache_clear()
+    yield use
+    devices.capabilities.cache_clear()

@@ -14,6 +14,7 @@ from typing import Any
 from pathlib import Path
 
 from qserve.artifact import Manifest, ModelMeta
+from qserve.placement import mark
 from qserve.bench.stats import shape_stats
 from qserve.problemtypes import AGREEMENT_METRIC, SINGLE, agreement
 from qserve.bench import policies
@@ -69,6 +70,7 @@ def variant_entry(meta: VariantMeta, res: dict[str, Any]) -> dict[str, Any]:
         **({"eval_cut": res["eval_cut"]} if res.get("eval_cut") else {}),
         # CUDA only (measure.eager_beside_graphs): how a torch variant ran, and its eager fixed shapes beside it
         **{k: res[k] for k in ("execution", "fixed_eager") if res.get(k)},
+        **({"isolation": res["isolation"]} if res.get("isolation") else {}),  # measured in the shared worker
         "accuracy": None,
         "agreement": None,
         "data": res.get("data"),
@@ -189,12 +191,13 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
     # against the best rate measured on the model's own GEMM shapes (a gentler, workload-matched bound)
     floor = report.get("floor") or {}
     flops = ((floor.get("flops_per_sequence") or {}).get(str(s)) or {}).get("total")
+    run_device = (report.get("config") or {}).get("device")
     for v in variants:
         v["floor"] = None
         st = shape_stats(v, b, s)
         dtype = (v.get("spec") or {}).get("dtype")
-        if not (flops and dtype):
-            continue
+        if not (flops and dtype) or mark(v.get("device"), run_device):
+            continue  # the floor's peaks are the run device's: a variant that ran on another one has none here
         rec: dict[str, Any] = {}
         for key, prefix in (("peaks", ""), ("model_peaks", "model_")):
             pk = peak_for(dtype, floor.get(key) or {})

@@ -43,7 +43,8 @@ def expand_variant_dirs(paths: list[str]) -> list[Path]:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "bench", help="benchmark variants (latency, throughput, memory, size, accuracy), each in its own process",
+        "bench", help="benchmark variants (latency, throughput, memory, size, accuracy): each CPU variant in its own "
+                      "process, the CUDA ones in one shared worker (--isolation)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("variants", nargs="+", metavar="VARIANT_DIR", help="variant directories (or a folder of them)")
     add_flags(p, BenchConfig)

@@ -18,6 +18,7 @@ from qserve.longtext import parse_list
 from qserve.runtime.buckets import parse
 
 DEFAULT_BATCH_SIZES = (1, 8, 32)
+ISOLATION = ("auto", "process", "shared")
 DEFAULT_SEQ_LENS = (32, 128, 256)
 # The headline shape the summary table quotes (latency columns, speed-up, floor).
 HEADLINE_BATCH = 1
@@ -34,8 +35,9 @@ class BenchConfig:
     """Comma-separated sequence lengths in tokens for fixed-shape latency."""
     threads: int | None = field(default=None, metadata=flag(default_text="physical cores"))
     """Intra-op threads for torch and ONNX Runtime."""
-    device: str = "cpu"
-    """cpu, cuda, cuda:N or auto."""
+    device: str = "auto"
+    """auto (each variant on the GPU where it runs there, else on the CPU, marked so in the report), cpu, cuda or
+    cuda:N (every variant there: one that cannot run there fails, saying why)."""
     out: Path | None = field(default=None, metadata=flag(default_text="benchmarks/reports/<model>-<device>-t<threads>, "
                                                                    "or benchmarks/reports/<--name>"))
     """Report directory."""
@@ -76,6 +78,10 @@ class BenchConfig:
     """Seconds per GEMM shape when measuring the peak."""
     child_timeout_s: float = field(default=3600.0, metadata=flag(option="--child-timeout"))
     """A variant's child is killed (and reported failed) after this many seconds."""
+    isolation: str = field(default="auto", metadata=flag(choices=ISOLATION))
+    """auto: each CPU variant in a process of its own (its peak RSS is its own), the CUDA variants one after another
+    in one shared worker (imports and CUDA's start-up paid once; CUDA peak memory reset per variant); process: every
+    variant in its own process; shared: every variant in the shared worker. A crash fails its variant only."""
     name: str | None = None
     """Run name for the default --out (benchmarks/reports/<name>)."""
     force: bool = False

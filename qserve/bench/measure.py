@@ -1,24 +1,31 @@
 """What runs inside a benchmark child: load one variant, time it, write one JSON result.
 
     python -m qserve.bench.measure job.json result.json    # `qserve bench` writes job.json for you
+    python -m qserve.bench.measure --worker                # then ["job.json", "result.json"] per line on stdin
 
 One variant per process, so its peak memory is its own (VmHWM of a fresh process)
 and a crash (segfault, OOM kill) takes down only this variant. Everything goes
 through `load_runtime`, the same path the server uses. A failure after loading is
 written into the result with the stage it happened in, and the exit code is 1.
+
+`--worker` measures the jobs its parent sends one after another in one process (`qserve bench --isolation`:
+the CUDA variants by default), each through the same `run_job` as a child of its own: the imports, CUDA's
+start-up and the allocator's warm-up are paid once, CUDA's peak-memory counters and the peak RSS are reset
+before each variant and the previous variant's memory is freed after it; the RSS figures still carry what the
+libraries and the earlier variants left resident, and the result says it was measured shared.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
-import resource
-import json
 import importlib
+import resource
 
 import psutil
 
@@ -166,15 +173,20 @@ def _policies(rt, res: dict[str, Any], ev: dict[str, Any], job: dict[str, Any], 
             f"{r['mean_windows']:.2f} windows per text")
 
 
-def _preimport(backend: str) -> None:
-    """Import the backend's libraries (the registry's `libraries`) before the baseline, so 'model memory'
-    excludes them; an unknown backend is left for load_runtime to refuse."""
+def _preimport(backend: str, device: str) -> None:
+    """Import the backend's libraries (the registry's `libraries`) and start CUDA before the baseline, so 'model
+    memory' and the load time exclude them; an unknown backend is left for load_runtime to refuse."""
     import transformers  # noqa: F401  (the tokenizer, every backend)
 
 
     entry = REGISTRY.get(backend)
     for module in entry.libraries if entry else ():
         importlib.import_module(module)
+    if str(device).startswith("cuda") and "torch" in sys.modules:
+        import torch
+
+        if torch.cuda.is_available():  # the context's start-up (seconds): once per process, not the variant's load
+            torch.empty(1, device=device)
 
 
 def _fault(variant_dir: Path) -> None:
@@ -213,7 +225,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     if __name__ == "__main__":  # the bench's own child process, not a user's: seconds of its start (modeling.py)
 
         skip_unused_imports()
-    _preimport(backend)
+    _preimport(backend, job["device"])
     res["import_s"] = time.perf_counter() - t0
     res["rss_before_load_mb"] = rss_mb()
 
@@ -300,13 +312,14 @@ def child_env(backend: str) -> dict[str, Any]:
     return env
 
 
-def main(argv: list[str] | None = None) -> int:
-
-    argv = sys.argv[1:] if argv is None else argv
-    job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+def run_job(job_path: Path, out: Path, shared: bool = False) -> int:
+    """Measure the job in `job_path` into `out` (atomically): 0, or 1 with the failure written as data (the
+    parent marks the variant failed). The one path of a child of its own and of the shared worker (`shared`)."""
+    job = json.loads(Path(job_path).read_text(encoding="utf-8"))
     if job.get("data_file"):
         job["data"] = json.loads(Path(job["data_file"]).read_text(encoding="utf-8"))
-    out = Path(argv[1])
+    if shared:
+        _reset_peaks()
     try:
         res = measure(job)
     except BaseException as e:  # report the failure as data; the parent marks the variant failed
@@ -315,11 +328,64 @@ def main(argv: list[str] | None = None) -> int:
         res.pop("_t", None)  # the failed stage's start mark (_stage), not a result
         res["traceback"] = traceback.format_exc()[-4000:]
         res["peak_rss_mb"] = peak_rss_mb()
+        if shared:
+            res["isolation"] = "shared"
         write_json_atomic(out, res)
         log(f"{job.get('variant_dir')}: failed in stage {res.get('stage')}: {res['error']}")
         return 1
+    if shared:
+        res["isolation"] = "shared"
     write_json_atomic(out, res)
     return 0
+
+
+def _reset_peaks() -> None:
+    """Before a shared worker's next variant: CUDA's peak counters and this process's peak RSS (VmHWM) start over
+    from what is resident now, so each variant's peaks are its own plus what the earlier ones left."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")  # 5: reset the peak resident set size (Linux >= 4.0)
+    except OSError:
+        pass
+    if "torch" in sys.modules:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.reset_peak_memory_stats()
+
+
+def _free() -> None:
+    """After a shared worker's variant: drop what it left (its runtime is closed), and CUDA's cached blocks."""
+    import gc
+
+    gc.collect()
+    if "torch" in sys.modules:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+
+
+def worker(lines=None) -> int:
+    """Measure ["job.json", "result.json"] lines from stdin until it closes, one after another in this process. A
+    failed job ends the worker (exit 1) once its result is written: the parent starts a fresh one for the next,
+    so no variant runs in a process another one left in an unknown state (CUDA errors are sticky)."""
+    for line in lines if lines is not None else sys.stdin:
+        if not line.strip():
+            continue
+        job_path, out = json.loads(line)  # ["job.json", "result.json"]: paths may hold spaces
+        rc = run_job(Path(job_path), Path(out), shared=True)
+        _free()
+        if rc:
+            return rc
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        return worker()
+    return run_job(Path(argv[0]), Path(argv[1]))
 
 
 if __name__ == "__main__":

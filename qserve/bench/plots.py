@@ -27,7 +27,7 @@ import os
 
 from qserve.bench.chartlabels import Label, place
 from qserve.bench.recommend import AGREEMENT_BAR
-from qserve.bench.summary import summary_rows
+from qserve.bench.summary import shown, summary_rows
 
 DPI = 110
 # Okabe & Ito's palette, which stays distinct under every common colour-vision deficiency.
@@ -272,7 +272,8 @@ def latency_figure(report: dict[str, Any]):
     ax2.set_ylabel("throughput (sequences/s)")
     ax2.set_title(f"Throughput vs batch size (seq {s})")
     # one legend for both panels: the same variant is the same colour and marker in each
-    fig.legend(handles=[_handle(nm, st[nm]) for nm in _legend_order(drawn, st)], loc="outside right center",
+    label = {v["name"]: shown(v, report) for v in variants}
+    fig.legend(handles=[_handle(label[nm], st[nm]) for nm in _legend_order(drawn, st)], loc="outside right center",
                fontsize=8, frameon=False, labelspacing=0.9)
     fig.suptitle(_title(report))
     return fig
@@ -311,7 +312,7 @@ def accuracy_figure(report: dict[str, Any]):
                     markeredgecolor="black", markeredgewidth=0.5, markersize=8, capsize=3, elinewidth=1,
                     alpha=0.9, zorder=3)
         ys += [lo * 100, hi * 100]
-        labels.append(Label(x, y, v["name"], radius_px=4 * DPI / 72, bold=v["name"] == rec))
+        labels.append(Label(x, y, shown(v, report), radius_px=4 * DPI / 72, bold=v["name"] == rec))
     ax.set_xscale("log")
     _plain_log_ticks(ax.xaxis)
     ax.margins(x=0.25)

@@ -17,6 +17,7 @@ from typing import Any
 from qserve import problemtypes as problems
 from qserve.bench import evalpass
 from qserve.problemtypes import SINGLE, agreement
+from qserve.placement import mark
 
 SPEED_FRACTION = 0.5
 """`fast`: the most accurate policy whose texts/s is at least this fraction of head's."""
@@ -119,7 +120,8 @@ def md_lines(report: dict[str, Any]) -> list[str]:
         for r in v.get("long_text_policies") or []:
             few = f" ({r['n']} texts)" if r["n"] < top else ""
             agr = _pct(r.get("agreement")) + (f" ({r['agreement_n']} texts)" if r.get("agreement_n") else few)
-            rows.append(f"| {v['name']} | {r['policy']} | {_pct(r.get('accuracy'))}{few} | {agr} | "
+            shown = v["name"] + mark(v.get("device"), (report.get("config") or {}).get("device"))
+            rows.append(f"| {shown} | {r['policy']} | {_pct(r.get('accuracy'))}{few} | {agr} | "
                         + ("–" if not r.get("texts_per_s") else f"{r['texts_per_s']:.1f}")
                         + f" | {r.get('mean_windows') or 0:.2f} | {_pct(r.get('truncated'))} |")
     if not rows:

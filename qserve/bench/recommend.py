@@ -25,6 +25,7 @@ from typing import Any
 from qserve import QserveError
 from qserve.bench.stats import shape_stats
 from qserve.devices import cpu_info
+from qserve.placement import mark
 
 AGREEMENT_BAR = {4: 0.97, 8: 0.99, 16: 0.99, 32: 0.99}
 
@@ -106,8 +107,13 @@ def md_lines(report: dict[str, Any]) -> list[str]:
         return []
     if not rec.get("variant"):
         return [f"**Recommended variant: none** ({rec['why']}).", ""]
-    return [f"**Recommended variant on this machine ({rec.get('cpu')}): {rec['variant']}**, {rec['why']}. "
-            "`qserve serve MODEL_DIR` serves it by default.", ""]
+    entry: dict[str, Any] = next((v for v in report.get("variants") or [] if v.get("name") == rec["variant"]), {})
+    run = (report.get("config") or {}).get("device")
+    where = mark(entry.get("device"), run)
+    on = f"{((report.get('environment') or {}).get('gpu'))}, " if str(run).startswith("cuda") else ""
+    return [f"**Recommended variant on this machine ({on}{rec.get('cpu')}): {rec['variant']}{where}**, {rec['why']}. "
+            "`qserve serve MODEL_DIR` serves it by default" + (f", on the {entry.get('device')} as measured" if where
+                                                              else "") + ".", ""]
 
 
 def from_model_dir(model_dir: str | Path) -> tuple[Path, dict[str, Any]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
-from qserve.bench.summary import fixed_shape, peak_memory, summary_rows
+from qserve.bench.summary import fixed_shape, invariance_cell, peak_memory, shown, summary_rows
 from qserve.bench.html import render_html
 from qserve.bench.plots import write_plots
 from qserve.bench.policies import md_lines as long_text_lines
@@ -96,7 +96,7 @@ def _floor_lines(report: dict[str, Any]) -> list[str]:
         f = v.get("floor") or {}
         if v["status"] != "ok" or not f:
             continue
-        vrows.append([v["name"], f.get("peak") or "–", _f(f.get("floor_ms"), 2), _f(f.get("p50_over_floor"), 2, "×"),
+        vrows.append([shown(v, report), f.get("peak") or "–", _f(f.get("floor_ms"), 2), _f(f.get("p50_over_floor"), 2, "×"),
                       _f(f.get("model_floor_ms"), 2), _f(f.get("model_p50_over_floor"), 2, "×")])
     if vrows:
         lines += _table(["variant", "compute", "floor, machine peak (ms)", "p50/floor", "floor, model shapes (ms)",
@@ -117,7 +117,7 @@ def render_md(report: dict[str, Any]) -> str:
     L.append(f"Run `{report['run']['name']}`, created {report['created']}, {dev}. "
              f"Latency: fixed-shape batches of real token ids (full attention mask), after warm-up, "
              f"≤{cfg['time_budget_s']:g} s or ≤{cfg['max_iters']} calls per shape (≥{cfg['min_iters']}). "
-             f"Each variant ran in its own process, loaded through `load_runtime`, as served.")
+             + _isolation(report))
     L.append("")
     suite = report.get("suite") or {}
     if suite:
@@ -140,10 +140,10 @@ def render_md(report: dict[str, Any]) -> str:
     full_n = max((r["eval_n"] or 0 for r in summary_rows(report)), default=0)
     for r in summary_rows(report):
         if r["status"] != "ok":
-            rows.append([f"{r['variant']} **FAILED**", _f(r["size_mb"], 1)] + ["–"] * (len(header) - 2))
+            rows.append([f"{r['shown']} **FAILED**", _f(r["size_mb"], 1)] + ["–"] * (len(header) - 2))
             continue
         few = f" ({r['eval_n']} texts)" if r["eval_n"] and r["eval_n"] < full_n else ""  # the eval cut: say so
-        rows.append([r["variant"], _f(r["size_mb"], 1), _f(r["load_s"], 2), _f(r["p50_ms"], 2), _f(r["p99_ms"], 2),
+        rows.append([r["shown"], _f(r["size_mb"], 1), _f(r["load_s"], 2), _f(r["p50_ms"], 2), _f(r["p99_ms"], 2),
                      _f(r["throughput"], 1), _f(r["peak_mem_mib"], 0),
                      _f(r["accuracy"] * 100, 2, "%") + few if r["accuracy"] is not None else "–",
                      _f(r["agreement"] * 100, 2, "%") + few if r["agreement"] is not None else "–",
@@ -164,6 +164,11 @@ def render_md(report: dict[str, Any]) -> str:
         notes.append(f"accuracy and agreement of {', '.join(v['name'] for v in cut)} on the first {c['n']} of "
                      f"{c['of']} test texts: each is slower at b1 on real texts than a variant measured before it "
                      f"that meets its agreement bar ({why}), so none of them can be recommended (docs/bench.md)")
+    moved = [v for v in report["variants"] if shown(v, report) != v["name"]]
+    if moved:  # a CUDA run's CPU variants (qserve.placement): every table marks them
+        notes.append("measured on another device than the run's, marked so in every table: " + "; ".join(
+            f"{shown(v, report)}" + (f" ({v['placement']})" if v.get("placement") else "") for v in moved)
+            + "; their floor is not stated (the floor's peaks are the run device's)")
     own = {v["name"]: v.get("long_text") for v in report["variants"] if v.get("long_text")}
     if any(p != "head" for p in own.values()):  # accuracy above is under each variant's own policy
         notes.append("long-text policy per variant: " + ", ".join(f"{k} {p}" for k, p in own.items()))
@@ -179,6 +184,19 @@ def render_md(report: dict[str, Any]) -> str:
         L += ["![accuracy vs size](accuracy_vs_size.png)", ""]
 
     return with_header("\n".join(L).rstrip() + "\n", report.get("provenance"))
+
+
+def _isolation(report: dict[str, Any]) -> str:
+    """How the variants were kept apart (bench --isolation): each in its own process, or some in one worker."""
+    together = [shown(v, report) for v in report["variants"] if v.get("isolation") == "shared"]
+    if not together:
+        return "Each variant ran in its own process, loaded through `load_runtime`, as served."
+    alone = len(report["variants"]) - len(together)
+    return (f"{', '.join(together)} ran one after another in one worker process (`--isolation`: imports and CUDA's "
+            "start-up paid once; CUDA's peak memory counters and the peak RSS reset before each, the previous "
+            "variant freed after it, so their peak RSS also holds what the libraries and earlier variants left "
+            "resident)" + (f"; the other {alone} each in its own process" if alone else "")
+            + ", every one loaded through `load_runtime`, as served.")
 
 
 def _checks(report: dict[str, Any]) -> list[str]:
@@ -242,7 +260,7 @@ def _grid(report: dict[str, Any]) -> list[str]:
         for b, s in shapes:
             st = fixed_shape(v, b, s)
             cells.append(f"{st['p50']:.2f} / {st['p99']:.2f}" if st else "error")
-        rows.append([v["name"]] + cells)
+        rows.append([shown(v, report)] + cells)
     if not rows:
         return []
     return (["## Latency grid (p50 / p99 ms)", ""] + _table(["variant"] + [f"b{b}/s{s}" for b, s in shapes], rows)
@@ -253,7 +271,7 @@ def _real_text(report: dict[str, Any]) -> list[str]:
     rows = []
     for v in report["variants"]:
         for rt in v.get("real_text") or []:
-            rows.append([v["name"], str(rt["batch"]), _f(rt.get("p50"), 2), _f(rt.get("p99"), 2),
+            rows.append([shown(v, report), str(rt["batch"]), _f(rt.get("p50"), 2), _f(rt.get("p99"), 2),
                          _f(rt.get("throughput"), 1), _f(rt.get("mean_padded_len"), 1), str(rt.get("count"))])
     if not rows:
         return []
@@ -265,7 +283,7 @@ def _real_text(report: dict[str, Any]) -> list[str]:
 
 def _real_text_check(report: dict[str, Any]) -> list[str]:
     """The real-text b1 path against the fixed b1 forward + the text's tokenization, timed in turn (realtext.py)."""
-    checks = [(v["name"], v["real_text_check"]) for v in report["variants"] if v.get("real_text_check")]
+    checks = [(shown(v, report), v["real_text_check"]) for v in report["variants"] if v.get("real_text_check")]
     if not checks:
         return []
     c0 = checks[0][1]
@@ -289,7 +307,7 @@ def _invariance(report: dict[str, Any]) -> list[str]:
         by = inv.get("by_batch") or {}
         raw = inv.get("batched_graph")
         few = f" ({inv['texts']} texts)" if inv.get("texts") != info.get("texts") else ""  # an eval-cut variant
-        rows.append([v["name"], ("row by row" if inv.get("row_by_row") else "batched") + few]
+        rows.append([shown(v, report), ("row by row" if inv.get("row_by_row") else "batched") + few]
                     + [f"{by[k]['max_abs_dprob']:.2g} / {by[k]['flips']}" if k in by else "–" for k in ("8", "32")]
                     + [f"{raw['max_abs_dprob']:.3g} / {raw['flips']} of {raw['scored']}" if raw else "–"])
     if not rows or info is None:  # rows are only added with an info
@@ -352,6 +370,12 @@ def _choice_lines(pipe: dict[str, Any]) -> list[str]:
     out = ["## Training and this machine's choices", ""]
     if pipe.get("machine"):
         out.append(f"- Machine: {pipe['machine']}.")
+    plan = pipe.get("plan") or {}
+    moved = [p for p in plan.get("placements") or [] if p.get("device") and p["device"] != plan.get("device")]
+    if moved:  # decided before training (qserve.placement); the tables mark these variants with their device
+        out.append(f"- Run on {plan['device']}, except: " + "; ".join(
+            f"**{p['variant']}** on the {p['device']}" + (f" ({p['why']})" if p.get("why") else "") for p in moved)
+                   + ".")
     choice = training.get("precision_choice") or {}
     if training.get("precision"):
         why = choice.get("reason") or "recorded before qserve recorded why"
@@ -373,6 +397,8 @@ def _choice_lines(pipe: dict[str, Any]) -> list[str]:
                    f"({sizes.get('test', '?')} reviews; validation {training.get('val_accuracy', float('nan')):.2%}).")
     for name, why in skipped.items():
         out.append(f"- Skipped **{name}**: {why}.")
+    for name, why in (pipe.get("export_failed") or {}).items():
+        out.append(f"- Export failed for **{name}**: {why}.")
     return out + [""]
 
 
@@ -417,7 +443,7 @@ def _bench_time_lines(report: dict[str, Any]) -> list[str]:
     timed = [v for v in report["variants"] if v.get("stage_s")]
     if not timed:
         return []
-    rows = [[v["name"], _f(v.get("wall_s"), 1)] + [_f(v["stage_s"].get(k), 1) if k in v["stage_s"] else "–"
+    rows = [[shown(v, report), _f(v.get("wall_s"), 1)] + [_f(v["stage_s"].get(k), 1) if k in v["stage_s"] else "–"
                                                     for k in BENCH_STEPS] for v in timed]
     return (["## Where the bench's time went", "", "Each variant's child, wall seconds by step (`long_text`: the "
              "reference's policy comparison; the recommended variant's policy pass is a second child, not shown).",
@@ -430,7 +456,7 @@ def _failures(report: dict[str, Any]) -> list[str]:
         return []
     L = ["## Failures", ""]
     for v in bad:
-        L.append(f"- **{v['name']}** ({v['dir']}): {v.get('failure') or 'failed'} in stage `{v.get('stage')}`: "
+        L.append(f"- **{shown(v, report)}** ({v['dir']}): {v.get('failure') or 'failed'} in stage `{v.get('stage')}`: "
                  f"{(v.get('error') or '').splitlines()[0] if v.get('error') else ''}")
     return L + [""]
 
@@ -457,7 +483,7 @@ def _la(x: Any) -> str:
     return "/".join(f"{v:.2f}" for v in x) if x else "–"
 
 
-CSV_FIELDS = ["variant", "status", "kind", "batch", "seq", "count", "mean_ms", "p50_ms", "p90_ms", "p95_ms",
+CSV_FIELDS = ["variant", "device", "status", "kind", "batch", "seq", "count", "mean_ms", "p50_ms", "p90_ms", "p95_ms",
               "p99_ms", "stdev_ms", "min_ms", "throughput", "size_mb", "load_s", "peak_mem_mib", "accuracy", "agreement",
               "speedup_vs_torch_fp32", "floor_ms", "p50_over_floor", "invariance_max_abs_dprob", "invariance_flips",
               "error"]
@@ -468,7 +494,8 @@ def render_csv(report: dict[str, Any]) -> str:
     w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
     w.writeheader()
     for v, r in zip(report["variants"], summary_rows(report)):
-        base = {"variant": v["name"], "status": v["status"], "size_mb": r["size_mb"], "load_s": r["load_s"],
+        base = {"variant": v["name"], "device": v.get("device"), "status": v["status"], "size_mb": r["size_mb"],
+                "load_s": r["load_s"],
                 "peak_mem_mib": r["peak_mem_mib"], "accuracy": r["accuracy"], "agreement": r["agreement"],
                 "speedup_vs_torch_fp32": r["speedup"], "floor_ms": r["floor_ms"], "p50_over_floor": r["p50_over_floor"],
                 "invariance_max_abs_dprob": r["invariance_max_abs_dprob"], "invariance_flips": r["invariance_flips"]}

@@ -1,13 +1,16 @@
-"""Child-process orchestration: one process per variant, then agreement, floor and reports.
+"""Child-process orchestration: one process per CPU variant, one shared worker for the CUDA ones (--isolation),
+then agreement, floor and reports.
 
     python -c "from pathlib import Path; from qserve.bench.runner import run_bench; \\
 from qserve.bench.config import BenchConfig; \\
 run_bench([Path('models/minilm-imdb-variants/onnx-int8')], BenchConfig(batch_sizes=[1], seq_lens=[128]))"
 
 The parent never imports torch: it reads manifests, loads the evaluation texts once
-(so every variant sees the same inputs), starts `python -m qserve.bench.measure` per
-variant with the thread count pinned in its environment, polls its RSS, and turns a
-crash, a timeout or an error into a `failed` entry while the other variants run on.
+(so every variant sees the same inputs), places each variant (qserve.placement: --device auto
+puts on the CPU what the GPU cannot run), starts `python -m qserve.bench.measure` per variant
+(or sends the CUDA variants' jobs to one `--worker`) with the thread count pinned in its
+environment, polls its RSS, and turns a crash, a timeout or an error into a `failed` entry
+while the other variants run on (a crashed worker is started again for the next).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from qserve.bench.recommend import bar_for, real_text_b1
 from qserve.bench.report import write_reports
 from qserve.data.datasets import load_dataset
 from qserve.devices import resolve_device
+from qserve.placement import Plan, plan as plan_run
+from qserve.variants import VARIANTS
 from qserve.files import dir_size, now_iso, refuse_existing
 from qserve.provenance import provenance
 
@@ -123,7 +128,8 @@ def load_texts(key: tuple, cfg: BenchConfig, cache: dict) -> dict[str, Any]:
     return out
 
 
-def _child_env(cfg: BenchConfig) -> dict[str, str]:
+def _child_env(cfg: BenchConfig, device: str | None = None) -> dict[str, str]:
+    """The environment of a child measuring on `device` (default: the run's)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(PKG_ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -131,7 +137,7 @@ def _child_env(cfg: BenchConfig) -> dict[str, str]:
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env["TOKENIZERS_PARALLELISM"] = "false"  # the tokenizer must not steal the benchmark's cores
-    if cfg.device == "cpu":
+    if (device or cfg.device) == "cpu":
         env["QSERVE_FORCE_CPU"] = "1"  # never initialise CUDA in a CPU benchmark
     return env
 
@@ -143,25 +149,39 @@ def run_child(module: str, job: dict[str, Any], work: Path, tag: str, cfg: Bench
     t0 = time.perf_counter()
     with open(log_path, "wb") as logf:
         proc = subprocess.Popen([sys.executable, "-m", module, str(job_path), str(res_path)],
-                                stdout=logf, stderr=subprocess.STDOUT, env=_child_env(cfg), cwd=os.getcwd())
-        polled, timed_out = 0.0, False
-        try:
-            ps = psutil.Process(proc.pid)
-        except psutil.Error:
-            ps = None
-        while proc.poll() is None:
-            try:
-                polled = max(polled, ps.memory_info().rss / 2**20) if ps else polled
-            except psutil.Error:
-                pass
-            if time.perf_counter() - t0 > cfg.child_timeout_s:
-                proc.kill()
-                timed_out = True
-            time.sleep(0.05)
+                                stdout=logf, stderr=subprocess.STDOUT, env=_child_env(cfg, job.get("device")),
+                                cwd=os.getcwd())
+        polled, timed_out = _watch(proc, lambda: False, t0, cfg)
         rc = proc.wait()
-    wall = time.perf_counter() - t0
-    res = _read_json(res_path) if res_path.is_file() else None
     tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
+    return _outcome(_read_json(res_path) if res_path.is_file() else None, rc, time.perf_counter() - t0, polled,
+                    timed_out, tail, cfg)
+
+
+def _watch(proc: subprocess.Popen, done, t0: float, cfg: BenchConfig) -> tuple[float, bool]:
+    """Poll `proc` until it exits or done() holds, killing it past --child-timeout: (peak RSS MiB seen, killed?)."""
+    import psutil
+
+    polled, timed_out = 0.0, False
+    try:
+        ps = psutil.Process(proc.pid)
+    except psutil.Error:
+        ps = None
+    while proc.poll() is None and not done():
+        try:
+            polled = max(polled, ps.memory_info().rss / 2**20) if ps else polled
+        except psutil.Error:
+            pass
+        if time.perf_counter() - t0 > cfg.child_timeout_s:
+            proc.kill()
+            timed_out = True
+        time.sleep(0.02)
+    return polled, timed_out
+
+
+def _outcome(res: dict[str, Any] | None, rc: int, wall: float, polled: float, timed_out: bool, tail: str,
+             cfg: BenchConfig) -> dict[str, Any]:
+    """A child's (or the shared worker's) result with its status: ok, or failed with why (crash, exit, timeout)."""
     if res is None:
         res = {"stage": "unknown"}
     res.update({"returncode": rc, "wall_s": wall, "polled_peak_rss_mb": polled})
@@ -179,6 +199,71 @@ def run_child(module: str, job: dict[str, Any], work: Path, tag: str, cfg: Bench
     else:
         res["status"] = "ok"
     return res
+
+
+class Worker:
+    """One `python -m qserve.bench.measure --worker` measuring jobs one after another (bench --isolation): the
+    imports and CUDA's start-up are paid once for every variant it measures. A job that crashes, times out or fails
+    ends the worker and fails its variant only; the next job starts a fresh one."""
+
+    def __init__(self, work: Path, cfg: BenchConfig, device: str):
+        self.work, self.cfg, self.device = work, cfg, device
+        self.log_path = work / f"worker-{device.replace(':', '_')}.log"
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def _start(self) -> subprocess.Popen:
+        logf = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "qserve.bench.measure", "--worker"],
+                                         stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT,
+                                         env=_child_env(self.cfg, self.device), cwd=os.getcwd())
+        finally:
+            logf.close()  # the child holds its own copy
+        self.starts += 1
+        return self.proc
+
+    def run(self, job: dict[str, Any], tag: str) -> dict[str, Any]:
+        job_path, res_path = self.work / f"{tag}.job.json", self.work / f"{tag}.result.json"
+        job_path.write_text(json.dumps(job), encoding="utf-8")
+        proc = self.proc if self.proc is not None and self.proc.poll() is None else self._start()
+        start = self.log_path.stat().st_size if self.log_path.is_file() else 0
+        t0 = time.perf_counter()
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write((json.dumps([str(job_path), str(res_path)]) + "\n").encode())
+            proc.stdin.flush()
+        except OSError:  # it died between two jobs: polled below as any other death
+            pass
+        polled, timed_out = _watch(proc, res_path.is_file, t0, self.cfg)
+        res = _read_json(res_path) if res_path.is_file() else None
+        if res is None or res.get("error") or timed_out:
+            rc = proc.wait(timeout=60)  # a failed job ends the worker (measure.worker); a killed one is dead
+            self.proc = None
+        else:
+            rc = 0
+        with open(self.log_path, "rb") as f:
+            f.seek(start)
+            tail = f.read().decode("utf-8", errors="replace")[-3000:]
+        out = _outcome(res, rc, time.perf_counter() - t0, polled, timed_out, tail, self.cfg)
+        out["worker_start"] = self.starts
+        return out
+
+    def close(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()  # end of jobs: the worker returns
+            self.proc.wait(timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
+def shared(cfg: BenchConfig, device: str) -> bool:
+    """Whether a variant measured on `device` goes to the shared worker (--isolation; auto: the CUDA ones)."""
+    return cfg.isolation == "shared" or (cfg.isolation == "auto" and str(device).startswith("cuda"))
 
 
 def run_floor(cfg: BenchConfig, config: dict[str, Any] | None, work: Path) -> dict[str, Any]:
@@ -234,36 +319,55 @@ def _meets_bar(entry: dict[str, Any], ref: dict[str, Any] | None) -> float | Non
 
 
 def _measure(mode: str, d: Path, meta: VariantMeta, job: dict[str, Any], data: dict[str, Any], work: Path,
-             tag: str, cfg: BenchConfig, store: Path | None, reuse: bool) -> dict[str, Any]:
-    """One child (or its stored result when `reuse` and the key matches)."""
+             tag: str, cfg: BenchConfig, store: Path | None, reuse: bool,
+             workers: dict[str, Worker]) -> dict[str, Any]:
+    """One child, or a job of the shared worker (or its stored result when `reuse` and the key matches)."""
     k = stored.key(meta.manifest.to_json()["files"] if meta.manifest is not None else None, job, data)
     res = stored.load(store, d, mode, k) if reuse else None
     if res is not None:
         log.info("bench: %s %s: reusing the measurement in %s", d.name, mode, store)
         res["reused"] = True
         return res
-    res = run_child("qserve.bench.measure", job, work, tag, cfg)
+    device = job["device"]
+    if shared(cfg, device):
+        res = workers.setdefault(device, Worker(work, cfg, device)).run(job, tag)
+    else:
+        res = run_child("qserve.bench.measure", job, work, tag, cfg)
     stored.save(store, d, mode, k, res)
     return res
 
 
+def bench_plan(cfg: BenchConfig, metas: list[VariantMeta]) -> Plan | None:
+    """Where each variant is measured: with --device auto, the plan's placement (the GPU where a variant runs on
+    it, else the CPU: qserve.placement); with an explicit device, every variant there (None), so one that cannot
+    run there fails with the reason, and the others are measured."""
+    if cfg.device != "auto":
+        return None
+    names = list(dict.fromkeys(m.manifest.name for m in metas
+                               if m.manifest is not None and m.manifest.name in VARIANTS))
+    return plan_run("auto", names)
+
+
 def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = None,
-              reuse: bool = False) -> dict[str, Any]:
+              reuse: bool = False, plan: Plan | None = None) -> dict[str, Any]:
     """Benchmark every variant in its own child; write report.json/csv/md and plots into cfg.out.
 
     Every variant is measured under its own long-text policy (what serving that variant answers); the
     --long-text comparison then runs on the reference and the recommended variant only, the two whose
     records decide and qualify the policy served (docs/bench.md, "Which variants compare policies").
-    `store`: keep each finished measurement there; `reuse`: read the ones whose key matches (resume)."""
+    `store`: keep each finished measurement there; `reuse`: read the ones whose key matches (resume). `plan`:
+    the device of each variant (the pipeline's); without one, `bench_plan` decides from cfg.device."""
     if not variant_dirs:
         raise QserveError("qserve bench needs at least one VARIANT_DIR")
     cfg.validate()
     if cfg.threads is None:
         cfg.threads = physical_cores()
-    if cfg.device != "cpu":
-        cfg.device = resolve_device(cfg.device)
     dirs = [Path(d) for d in variant_dirs]
     metas = [variant_meta(d) for d in dirs]
+    plan = plan or bench_plan(cfg, metas)
+    cfg.device = plan.device if plan is not None else resolve_device(cfg.device)
+    device_of = {i: (plan.device_of(m.manifest.name) if plan is not None and m.manifest is not None else cfg.device)
+                 for i, m in enumerate(metas)}
     out = Path(cfg.out) if cfg.out else default_out(cfg, metas)
     cfg.out = out
     refuse_existing(out, cfg.force)
@@ -275,76 +379,87 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = N
     jobs: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="qserve-bench-") as tmp:
         work = Path(tmp)
-        token_cache = str((store or work) / "pieces")
-        config = next((m.config for m in metas if m.config), None)
-        log.info("bench: measuring the compute floor at %d threads", cfg.threads)
-        floor = run_floor(cfg, config, work)
-        ref: dict[str, Any] | None = None
-        bound: tuple[float, str] | None = None
-        order = _order(metas)
-        ref_index = _reference_index(metas)
-        for step, i in enumerate(order):
-            d, meta = dirs[i], metas[i]
-            key = data_key(cfg, meta)
-            data = load_texts(key, cfg, cache)
-            data_file = work / f"data-{abs(hash(key))}.json"
-            if not data_file.exists():
-                payload = {"real_texts": data.get("real_texts") or [],
-                           "invariance_texts": data.get("invariance_texts") or []}
-                if key[3] and data.get("eval"):
-                    payload["eval"] = data["eval"]
-                data_file.write_text(json.dumps(payload), encoding="utf-8")
-            job = {"variant_dir": str(d.resolve()), "device": cfg.device, "threads": cfg.threads,
-                   "batch_sizes": cfg.batch_sizes, "seq_lens": cfg.seq_lens, "time_budget_s": cfg.time_budget_s,
-                   "warmup": cfg.warmup, "min_iters": cfg.min_iters, "max_iters": cfg.max_iters,
-                   "data_file": str(data_file), "allow_extra_files": cfg.allow_extra_files,
-                   "long_text": None, "length_buckets": cfg.length_buckets, "token_cache": token_cache,
-                   "slow_eval_samples": cfg.slow_eval_samples,
-                   "bound_ms": bound[0] if bound else None, "bound_variant": bound[1] if bound else None}
-            if cfg.long_text and step == 0 and i == ref_index:
-                # The reference's policy records only feed the agreement column: scored here, in the child that
-                # is loaded anyway, on the eval cut's first texts (the policy pass re-scores it in full only if it
-                # turns out to be the recommended variant, whose records choose the served policy).
-                job.update({"long_text": cfg.long_text, "eval_limit": cfg.slow_eval_samples or None})
-            ident = {"key": list(key), "texts": _texts_sha(data)}
-            jobs[i] = (job, ident)
-            log.info("bench: [%d/%d] %s", step + 1, len(dirs), d)
-            res = _measure("variant", d, meta, job, ident, work, f"v{i}", cfg, store, reuse)
-            res["data"] = {k: v for k, v in data.items() if k in ("dataset", "seed", "max_eval_samples", "error")}
-            if res["status"] == "failed":
-                log.error("bench: %s failed (%s): %s", d, res.get("failure"), res.get("error"))
-            else:
-                log.info("bench: %s done in %.1f s (%s)", d, res["wall_s"],
-                         ", ".join(f"{k} {v:.1f}" for k, v in (res.get("stage_s") or {}).items()))
-            raw[i] = res
-            entries[i] = analysis.variant_entry(meta, res)
-            if step == 0 and entries[i]["name"] and analysis.reference([entries[i]]) is entries[i]:
-                ref = entries[i]
-            p50 = _meets_bar(entries[i], ref) if ref is not None else None
-            if p50 is not None and (bound is None or p50 < bound[0]):
-                bound = (p50, entries[i]["name"])
-        if cfg.long_text:
-            picked, rec = _policy_candidates([entries[j] for j in range(len(dirs))], metas, cfg)
-            for i in picked:
-                job, ident = jobs[i]
-                done = entries[i].get("long_text_policies")
-                if done and (i != rec or all(r["n"] == (entries[i].get("accuracy") or {}).get("n") for r in done)):
-                    continue  # the reference, compared in its own child already (on every text, if it is chosen)
-                own = raw[i].get("accuracy") or {}
-                # The reference's policy records only feed the agreement column (choose() reads the recommended
-                # variant's): when it is not the recommended one it scores the eval cut's first texts, and each
-                # agreement says on how many (policies.add_agreement, "agreement_n").
-                limit = cfg.slow_eval_samples if (i != rec and cfg.slow_eval_samples) else None
-                pjob = {**job, "mode": "policies", "long_text": cfg.long_text, "bound_ms": None,
-                        "bound_variant": None, "eval_limit": limit,
-                        "own": {k: own.get(k) for k in ("policy", "predictions", "seconds")}}
-                log.info("bench: %s: long-text policies %s", dirs[i], ",".join(cfg.long_text))
-                res = _measure("policies", dirs[i], metas[i], pjob, ident, work, f"p{i}", cfg, store, reuse)
-                if res["status"] == "ok":
-                    entries[i]["long_text_policies"] = res["long_text_policies"]
+        workers: dict[str, Worker] = {}  # the shared workers, by device (--isolation)
+        try:
+            token_cache = str((store or work) / "pieces")
+            config = next((m.config for m in metas if m.config), None)
+            log.info("bench: measuring the compute floor at %d threads", cfg.threads)
+            floor = run_floor(cfg, config, work)
+            ref: dict[str, Any] | None = None
+            bound: tuple[float, str] | None = None
+            order = _order(metas)
+            ref_index = _reference_index(metas)
+            for step, i in enumerate(order):
+                d, meta = dirs[i], metas[i]
+                key = data_key(cfg, meta)
+                data = load_texts(key, cfg, cache)
+                data_file = work / f"data-{abs(hash(key))}.json"
+                if not data_file.exists():
+                    payload = {"real_texts": data.get("real_texts") or [],
+                               "invariance_texts": data.get("invariance_texts") or []}
+                    if key[3] and data.get("eval"):
+                        payload["eval"] = data["eval"]
+                    data_file.write_text(json.dumps(payload), encoding="utf-8")
+                job = {"variant_dir": str(d.resolve()), "device": device_of[i], "threads": cfg.threads,
+                       "batch_sizes": cfg.batch_sizes, "seq_lens": cfg.seq_lens, "time_budget_s": cfg.time_budget_s,
+                       "warmup": cfg.warmup, "min_iters": cfg.min_iters, "max_iters": cfg.max_iters,
+                       "data_file": str(data_file), "allow_extra_files": cfg.allow_extra_files,
+                       "long_text": None, "length_buckets": cfg.length_buckets, "token_cache": token_cache,
+                       "slow_eval_samples": cfg.slow_eval_samples,
+                       "bound_ms": bound[0] if bound else None, "bound_variant": bound[1] if bound else None}
+                if cfg.long_text and step == 0 and i == ref_index:
+                    # The reference's policy records only feed the agreement column: scored here, in the child that
+                    # is loaded anyway, on the eval cut's first texts (the policy pass re-scores it in full only if it
+                    # turns out to be the recommended variant, whose records choose the served policy).
+                    job.update({"long_text": cfg.long_text, "eval_limit": cfg.slow_eval_samples or None})
+                ident = {"key": list(key), "texts": _texts_sha(data)}
+                jobs[i] = (job, ident)
+                log.info("bench: [%d/%d] %s", step + 1, len(dirs), d)
+                res = _measure("variant", d, meta, job, ident, work, f"v{i}", cfg, store, reuse, workers)
+                res["data"] = {k: v for k, v in data.items() if k in ("dataset", "seed", "max_eval_samples", "error")}
+                if res["status"] == "failed":
+                    log.error("bench: %s failed (%s): %s", d, res.get("failure"), res.get("error"))
                 else:
-                    log.error("bench: %s: policy comparison failed: %s", dirs[i], res.get("error"))
-                    entries[i]["long_text_policies_error"] = res.get("error")
+                    log.info("bench: %s done in %.1f s (%s)", d, res["wall_s"],
+                             ", ".join(f"{k} {v:.1f}" for k, v in (res.get("stage_s") or {}).items()))
+                raw[i] = res
+                entries[i] = analysis.variant_entry(meta, res)
+                # a child that died before loading says no device: the one it was to measure on
+                entries[i]["device"] = entries[i]["device"] or device_of[i]
+                placed = plan.get(entries[i]["spec"]["name"]) if plan is not None and entries[i].get("spec") else None
+                if placed is not None and placed.device != cfg.device and placed.why:
+                    entries[i]["placement"] = placed.why
+                if step == 0 and entries[i]["name"] and analysis.reference([entries[i]]) is entries[i]:
+                    ref = entries[i]
+                p50 = _meets_bar(entries[i], ref) if ref is not None else None
+                if p50 is not None and (bound is None or p50 < bound[0]):
+                    bound = (p50, entries[i]["name"])
+            if cfg.long_text:
+                picked, rec = _policy_candidates([entries[j] for j in range(len(dirs))], metas, cfg)
+                for i in picked:
+                    job, ident = jobs[i]
+                    done = entries[i].get("long_text_policies")
+                    if done and (i != rec or all(r["n"] == (entries[i].get("accuracy") or {}).get("n") for r in done)):
+                        continue  # the reference, compared in its own child already (on every text, if it is chosen)
+                    own = raw[i].get("accuracy") or {}
+                    # The reference's policy records only feed the agreement column (choose() reads the recommended
+                    # variant's): when it is not the recommended one it scores the eval cut's first texts, and each
+                    # agreement says on how many (policies.add_agreement, "agreement_n").
+                    limit = cfg.slow_eval_samples if (i != rec and cfg.slow_eval_samples) else None
+                    pjob = {**job, "mode": "policies", "long_text": cfg.long_text, "bound_ms": None,
+                            "bound_variant": None, "eval_limit": limit,
+                            "own": {k: own.get(k) for k in ("policy", "predictions", "seconds")}}
+                    log.info("bench: %s: long-text policies %s", dirs[i], ",".join(cfg.long_text))
+                    res = _measure("policies", dirs[i], metas[i], pjob, ident, work, f"p{i}", cfg, store, reuse,
+                                   workers)
+                    if res["status"] == "ok":
+                        entries[i]["long_text_policies"] = res["long_text_policies"]
+                    else:
+                        log.error("bench: %s: policy comparison failed: %s", dirs[i], res.get("error"))
+                        entries[i]["long_text_policies_error"] = res.get("error")
+        finally:
+            for w in workers.values():
+                w.close()
     env["load_avg_end"] = load_avg()
     report = {
         "format": FORMAT,

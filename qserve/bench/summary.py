@@ -12,6 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from qserve.bench.invariance import cell
+from qserve.placement import mark
+
+
+def shown(v: dict[str, Any], report: dict[str, Any]) -> str:
+    """A variant's name as every table shows it: marked ' (cpu)' when it ran on another device than the run's
+    (an ONNX or OpenVINO variant measured on the CPU of a CUDA run)."""
+    return v["name"] + mark(v.get("device"), (report.get("config") or {}).get("device"))
 
 
 def fixed_shape(v: dict[str, Any], b: int, s: int) -> dict[str, Any] | None:
@@ -43,7 +50,7 @@ def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
         acc = v.get("accuracy") or {}
         fl = v.get("floor") or {}
         rows.append({
-            "variant": v["name"], "status": v["status"],
+            "variant": v["name"], "shown": shown(v, report), "device": v.get("device"), "status": v["status"],
             "size_mb": v["disk_bytes"] / 1e6 if v.get("disk_bytes") is not None else None,
             "load_s": v.get("load_s"),
             "p50_ms": st["p50"] if st else None, "p99_ms": st["p99"] if st else None,

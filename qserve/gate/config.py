@@ -64,8 +64,9 @@ class GateConfig:
     """The two-sided confidence of every interval."""
     seed: int | None = field(default=None, metadata=flag(default_text="the checkpoint's seed, else 42"))
     """The split's seed (the training seed rebuilds the training run's own test split)."""
-    device: str = "cpu"
-    """Where the variants run: cpu, cuda, cuda:N or auto (the verdict records it)."""
+    device: str = "auto"
+    """Where the variants run: auto (the GPU where a variant runs on it, else the CPU), cpu, cuda or cuda:N (the
+    verdict records each one's device)."""
     threads: int | None = field(default=None, metadata=flag(default_text="the library's: all cores"))
     """Intra-op threads for torch / ONNX Runtime / OpenVINO."""
     out: str | None = field(default=None, metadata=flag(metavar="DIR", default_text="no report files"))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from qserve.files import refuse_existing, write_json_atomic, write_text_atomic
+from qserve.placement import mark
 from qserve.provenance import provenance, with_header
 
 FILES = ("gate.md", "gate.json", "gate.png")
@@ -41,8 +42,10 @@ def row(result: dict[str, Any]) -> dict[str, str]:
         extra = f"; macro F1 {f1['at_0.5']:.3f} at 0.5 -> {f1['at_thresholds']:.3f} at per-label thresholds"
     if "temperature" in (result.get("calibration") or {}):
         extra = f"; T = {result['calibration']['temperature']:.3f}"
+    # a variant scored on another device than its reference (a CUDA run's CPU variant) says so, as bench tables do
+    where = mark((g.get("machine") or {}).get("device"), (g.get("reference") or {}).get("device"))
     return {
-        "variant": result["variant"], "n": str(g["agreement"]["of"]),
+        "variant": result["variant"] + where, "n": str(g["agreement"]["of"]),
         "agreement [lo, hi]": _interval(g["agreement"]),
         "accuracy delta [lo, hi]": _interval(g["accuracy"]["delta"], signed=True),
         "worst class": "—" if not worst else f"{worst['label']}: {_interval(worst)} (n={worst['n']})",
@@ -61,7 +64,9 @@ def markdown(results: list[dict[str, Any]]) -> str:
              f"({d['split']} split, seed {d['seed']}, {d['n']} texts, fingerprint `{d['fingerprint'][:12]}`), "
              f"{first['bar']['confidence']:.0%} intervals: agreement by Wilson, the accuracy delta by a paired "
              f"bootstrap over texts. A variant passes on the LOWER bound of agreement, never the point estimate. "
-             f"Measured on {m.get('gpu') or m.get('cpu')} ({m['device']}), {first['when']}.", ""]
+             f"Measured on {m.get('gpu') or m.get('cpu')} ({m['device']}), {first['when']}"
+             + (f"; the reference on {first['reference']['device']}" if first["reference"].get("device") and
+                mark(m["device"], first["reference"]["device"]) else "") + ".", ""]
     rows = [row(r) for r in results]
     head = list(rows[0])
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -28,6 +28,7 @@ from qserve.gate import stats
 from qserve.gate.config import MIN_CLASS_TEXTS, GateConfig, accuracy_drop, agreement_bar
 from qserve.devices import cpu_info, resolve_device
 from qserve.files import now_iso
+from qserve.placement import Plan
 from qserve.runtime import RuntimeOptions, load_runtime
 from qserve.verify import verify
 
@@ -43,10 +44,12 @@ class GateError(QserveError):
 
 @dataclass
 class Scored:
-    """One model's raw logits [n, k] on the gate's texts (and on the calibration texts, when fitted)."""
+    """One model's raw logits [n, k] on the gate's texts (and on the calibration texts, when fitted), and the
+    device that computed them."""
 
     logits: np.ndarray
     calibration: np.ndarray | None = None
+    device: str = "cpu"
 
 
 # -- which reference, which data --------------------------------------------------------------------------
@@ -140,14 +143,16 @@ def logits_of(rt: Any, split: Split, batch: int = 32) -> np.ndarray:
     return out if out is not None else np.zeros((0, len(rt.labels)))
 
 
-def load(path: Path, cfg: GateConfig) -> Any:
-    return load_runtime(path, cfg.device, RuntimeOptions(threads=cfg.threads), allow_extra_files=cfg.allow_extra_files)
+def load(path: Path, cfg: GateConfig, device: str | None = None) -> Any:
+    """The variant's runtime on `device` (a plan's), else on --device (auto: where the variant runs here)."""
+    return load_runtime(path, device or cfg.device, RuntimeOptions(threads=cfg.threads),
+                        allow_extra_files=cfg.allow_extra_files)
 
 
-def score(path: Path, cfg: GateConfig, gate: Split, calib: Split | None) -> Scored:
-    rt = load(path, cfg)
+def score(path: Path, cfg: GateConfig, gate: Split, calib: Split | None, device: str | None = None) -> Scored:
+    rt = load(path, cfg, device)
     try:
-        return Scored(logits_of(rt, gate), None if calib is None else logits_of(rt, calib))
+        return Scored(logits_of(rt, gate), None if calib is None else logits_of(rt, calib), rt.device)
     finally:
         rt.close()
 
@@ -262,14 +267,16 @@ def machine(device: str) -> dict[str, Any]:
     return out
 
 
-def run_gate(variants: list[Path], cfg: GateConfig, until_pass: bool = False) -> list[dict[str, Any]]:
+def run_gate(variants: list[Path], cfg: GateConfig, until_pass: bool = False,
+             plan: Plan | None = None) -> list[dict[str, Any]]:
     """Gate each variant against its reference; write each verdict and calibration into its manifest (unless
     cfg.record is False); return the results, one per variant, in order. until_pass: stop after the first variant
-    that passes (the pipeline gates its candidates fastest first, and needs one)."""
+    that passes (the pipeline gates its candidates fastest first, and needs one). `plan`: the device of each
+    variant (the pipeline's, qserve.placement); without one, each is placed by --device (auto: where it runs)."""
     cfg.validate()
     if not variants:
         raise GateError("qserve gate needs at least one VARIANT dir")
-    device = resolve_device(cfg.device)
+    resolve_device(cfg.device)  # a bad --device, or cuda without a GPU, fails before any text is scored
     results = []
     refs: dict[tuple[str, str], Scored] = {}
     datasets: dict[tuple[str, str], tuple[DatasetSplits, str, int]] = {}
@@ -295,10 +302,10 @@ def run_gate(variants: list[Path], cfg: GateConfig, until_pass: bool = False) ->
         rkey = (str(rdir.resolve()), fingerprint(gate_split))
         if rkey not in refs:
             log.info("gate: scoring the reference %s on %d texts", rdir, len(gate_split))
-            refs[rkey] = score(rdir, cfg, gate_split, None)
+            refs[rkey] = score(rdir, cfg, gate_split, None, plan.device_of(rm.name) if plan else None)
         log.info("gate: scoring %s on %d texts (+%d held-out for calibration)", vdir, len(gate_split),
                  len(cal_split) if cal_split is not None else 0)
-        var = score(vdir, cfg, gate_split, cal_split)
+        var = score(vdir, cfg, gate_split, cal_split, plan.device_of(vm.name) if plan else None)
         y = truth(gate_split, problem, len(labels))
         meta = read_model_meta(vdir)
         verdict = judge(problem, labels, refs[rkey].logits, var.logits, y, bar, drop, cfg.confidence,
@@ -310,10 +317,11 @@ def run_gate(variants: list[Path], cfg: GateConfig, until_pass: bool = False) ->
                   "bar": {"agreement_lower_bound": bar, "max_accuracy_drop": drop, "confidence": cfg.confidence,
                           "min_n": verdict.pop("min_n")},
                   "data": data, **verdict,
-                  "reference": {"dir": str(rdir), "name": rm.name, "version": rm.version},
+                  "reference": {"dir": str(rdir), "name": rm.name, "version": rm.version,
+                                "device": refs[rkey].device},
                   "calibration": None if cal is None else {k: v for k, v in cal.items()
                                                            if k not in ("temperature", "thresholds")},
-                  "when": now_iso(), "machine": machine(device), "qserve": __version__}
+                  "when": now_iso(), "machine": machine(var.device), "qserve": __version__}
         calibration: dict[str, Any] | None = None
         if cal is not None and cal_split is not None:
             fitted = {"dataset": dataset, "split": cfg.calibrate_on, "seed": seed, "n": len(cal_split),

