@@ -27,8 +27,9 @@ from benchmarks import rebuild_reports
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "benchmarks" / "reports"
-MARKER = re.compile(r"^<!-- (?P<kind>table|text):(?P<name>[a-z0-9-]+) -->\n(?P<body>.*?)^<!-- /(?P=kind) -->$",
-                    re.M | re.S)
+MARKER = re.compile(r"^(?P<indent>[ ]*)<!-- (?P<kind>table|text):(?P<name>[a-z0-9-]+) -->\n(?P<body>.*?)"
+                    r"^(?P=indent)<!-- /(?P=kind) -->$", re.M | re.S)
+"""A block between its markers; indented as a whole (inside a list item), its lines are written with that indent."""
 MAIN_JOB = "pipeline-auto-zen4"
 """The current main job's report (`make demo`'s pipeline, `make reports STAGE=pipeline-auto-zen4`): README's
 headline."""
@@ -558,10 +559,11 @@ def _serve_overhead(d: str) -> str:
         n = v["name"]
         one = v.get("same_process") or {}
         floor = (v.get("floor") or {}).get("overhead_ms")
+        in_one = (f", {_num(one['overhead_ms'])} ms in one process where the bare uvloop + httptools server reads "
+                  f"{_num(floor)} ms (qserve {_num(one['overhead_ms'] - floor)} ms above it)"
+                  if one and floor is not None else "")
         c1.append(f"{n} {_num(b['summary']['overhead_ms'])} -> **{_num(a['summary']['overhead_ms'])} ms** "
-                  f"({_met(a['summary']['overhead_ok'])}) across two processes" + (f", {_num(one['overhead_ms'])} ms in one process where the bare uvloop + httptools "
-                                 f"server reads {_num(floor)} ms (qserve {_num(one['overhead_ms'] - floor)} ms above "
-                                 "it)" if one and floor is not None else ""))
+                  f"({_met(a['summary']['overhead_ok'])}) across two processes{in_one}")
         ca = a["served"]["levels"]["32"]
         c32.append(f"{n} {_x(b['summary']['throughput_ratio'])} -> **{_x(a['summary']['throughput_ratio'])}** "
                    f"({_met(a['summary']['throughput_ok'])})" +
@@ -629,7 +631,7 @@ def ov_breakdown_xeon() -> str:
     f = r["flops"]
     by = {Path(v["variant"]).name: v for v in r["variants"]}
     v = by["ov-int8"]
-    kind, peak = peak_for(v["dtype"], r["peaks"]) or ("int8", float("nan"))
+    _, peak = peak_for(v["dtype"], r["peaks"]) or ("int8", float("nan"))
     floor1 = f["total"] / (peak * 1e9) * 1e3
     out = {}
     for b, key in ((1, v["b1_key"]), (32, v["b32_key"])):
@@ -638,15 +640,16 @@ def ov_breakdown_xeon() -> str:
         out[b] = (wall / (floor1 * b), bd["bound_ms"] / (floor1 * b), bd["gemm_share"],
                   v["profiles"][f"b{b}"]["classes"].get(ATTENTION, {}).get("ms", 0) / v["profiles"][f"b{b}"]["wall_ms"])
     t = v["timing"]
-    text = (f"{_on(rel)}, {r['created'][:10]}: the int8 peak measured in the run was {peak:,.0f} GOP/s. ov-int8 b1/s128 "
-            f"**{_x(out[1][0])}** the int8 floor, b32/s128 **{_x(out[32][0])}** (targets {_x(OV_FLOOR_TARGETS[1], 1)} / "
-            f"{_x(OV_FLOOR_TARGETS[32], 1)}). The int8 GEMMs "
+    above = out[1][1] > OV_FLOOR_TARGETS[1] and out[32][1] > OV_FLOOR_TARGETS[32]
+    text = (f"{_on(rel)}, {r['created'][:10]}: the int8 peak measured in the run was {peak:,.0f} GOP/s. ov-int8 "
+            f"b1/s128 **{_x(out[1][0])}** the int8 floor, b32/s128 **{_x(out[32][0])}** (targets "
+            f"{_x(OV_FLOOR_TARGETS[1], 1)} / {_x(OV_FLOOR_TARGETS[32], 1)}). The int8 GEMMs "
             f"are {_pct(out[1][2], 0)} (b1) and {_pct(out[32][2], 0)} (b32) of the forward, the int8 attention "
             f"Subgraph {_pct(out[1][3], 0)} and {_pct(out[32][3], 0)}; with every GEMM at the peak and everything else "
             f"as measured the forward would still take **{_x(out[1][1])}** the floor at b1 and **{_x(out[32][1])}** "
             f"at b32" + (": above both targets, so they need the attention and the elementwise work fused or made "
-                         "cheaper, not faster GEMMs" if out[1][1] > OV_FLOOR_TARGETS[1] and out[32][1] > OV_FLOOR_TARGETS[32]
-                         else "") + ". Thread settings in the same rounds: b1 on one 2-thread stream "
+                         "cheaper, not faster GEMMs" if above else "") +
+            ". Thread settings in the same rounds: b1 on one 2-thread stream "
             f"{_num(t['b1, one stream of 2 threads']['p50_ms'])} ms against "
             f"{_num(t['b1, one stream of 1 thread']['p50_ms'])} on one thread; b32 as the runtime runs it "
             f"{_num(t[v['b32_key']]['p50_ms'], 0)} ms against {_num(t['b32, one stream of 2 threads']['p50_ms'], 0)} "
@@ -713,11 +716,10 @@ def crosscheck() -> str:
     """qserve bench against plain onnxruntime / torch loops, each variant judged by its median round."""
     rel = "crosscheck.json"
     r = _load(rel)
-    rows = r["rows"]
-    return (f"`benchmarks/reports/crosscheck.md` ({_cpu(rel)}), {r['rounds']} rounds of plain-bench-plain: median-round "
-            "ratios (qserve / plain) " + ", ".join(f"{_num(x['ratio'])} {n} (qserve {_num(x['qserve_p50'], 1)} ms; "
-                                                    f"per round {_span(x['round_ratios'])})" for n, x in rows.items()) +
-            f". {r['verdict']}")
+    ratios = ", ".join(f"{_num(x['ratio'])} {n} (qserve {_num(x['qserve_p50'], 1)} ms; per round "
+                       f"{_span(x['round_ratios'])})" for n, x in r["rows"].items())
+    return (f"{_on(rel)}, {r['rounds']} rounds of plain-bench-plain: "
+            f"median-round ratios (qserve / plain) {ratios}. {r['verdict']}")
 
 
 def serve_text() -> str:
@@ -775,9 +777,10 @@ def checkpoint_cost_text() -> str:
     rel = "checkpoint_cost/checkpoint_cost.json"
     r = _load(rel)
     runs = r["runs"]
+    share = _span([x["share_at_default_interval"] * 100 for x in runs])
     return (f"{_on(rel)}: " + " / ".join(_num(x["wall_s_median"]) for x in runs) + " s per resumable checkpoint (" +
-            " / ".join(x["precision"] for x in runs) + f"), {_span([x['share_at_default_interval'] * 100 for x in runs])}"
-            "% of training at the default ~5-minute interval (goal < 2%).")
+            " / ".join(x["precision"] for x in runs) + f"), {share}% of training at the default ~5-minute interval "
+            "(goal < 2%).")
 
 
 def _protocol_cost(d: str) -> str:
@@ -817,7 +820,8 @@ def openvino() -> str:
     return (f"{_on(rel)}, {r['config']['rounds']} interleaved rounds, agreement with torch-fp32 on "
             f"{q['onnx-int8']['n']:,} test reviews. Against onnx-int8 (b1/s128 p50 / b32/s128 throughput / "
             "agreement): " + "; ".join(parts) + "; ov-int8 against the goals: " +
-            ", ".join(f"{c['target']} ({'met' if c['passed'] else 'missed'})" for c in goals) + f"; onnx-int8 itself agreed {_pct(q['onnx-int8']['agreement'])} on "
+            ", ".join(f"{c['target']} ({'met' if c['passed'] else 'missed'})" for c in goals) +
+            f"; onnx-int8 itself agreed {_pct(q['onnx-int8']['agreement'])} on "
             f"this checkpoint. At DistilBERT-base dims ({_on(dims_rel)}, random weights): ov-int8 "
             f"{_x(ds['b1_p50_vs_baseline'])} / {_x(ds['b32_vs_baseline'])} onnx-int8. Served on short sentences "
             f"({_on('serve-openvino/ov-int8/serve_report.json')}, two back-to-back runs, batching on): ov-int8 "
@@ -831,9 +835,12 @@ def export_ov_invariance() -> str:
     rel = "openvino/embedded-default/report.json"
     q = _load(rel)["quality"]
     n = next(iter(q.values()))["invariance"]["n"]
-    parts = [f"{name} {x['invariance']['max_abs_dprob']:.2g}" + (f" ({x['invariance']['label_flips']} flips)"
-                                                                 if x["invariance"]["label_flips"] else "")
-             for name, x in q.items() if name in ("ov-int8", "ov-fp32", "ov-bf16", "onnx-int8")]
+    parts = []
+    for name, x in q.items():
+        if name in ("ov-int8", "ov-fp32", "ov-bf16", "onnx-int8"):
+            inv = x["invariance"]
+            parts.append((f"{name} {inv['max_abs_dprob']:.1e}" if inv["max_abs_dprob"] else f"{name} 0") +
+                         (f" ({inv['label_flips']} flips)" if inv["label_flips"] else ""))
     return (f"Measured on the embedded default ({_on(rel)}, {n} test reviews alone vs in batches of 32, max "
             f"|Δprob|): " + ", ".join(parts) + " (onnx-int8 when it still ran batched).")
 
@@ -913,8 +920,8 @@ def int8_invariance_picked() -> str:
     nbits = next(n for n in t if n.startswith("MatMulNBits"))
     amd = {v["name"]: v for v in _load("embedded-default-full-test/report.json")["variants"]}["onnx-int8"]
     return (f"In this run ({_on(rel)}) served alone its texts agree with fp32 more often than batched "
-            f"({_pct(ag[rows]['agreement'])} vs {_pct(ag[batched]['agreement'])}: the padded batch's shared scale costs "
-            f"accuracy too); MatMulNBits is {_x(t[nbits]['b1_ratio_to_today'])} today's graph's b1 time; static "
+            f"({_pct(ag[rows]['agreement'])} vs {_pct(ag[batched]['agreement'])}: the padded batch's shared scale "
+            f"costs accuracy too); MatMulNBits is {_x(t[nbits]['b1_ratio_to_today'])} today's graph's b1 time; static "
             f"per-tensor scales lose {(ag[rows]['agreement'] - ag[qdq]['agreement']) * 100:.1f} points of agreement. "
             f"`{batched}` agreed {_pct(ag[batched]['agreement'])} in batches of 32, not the "
             f"{_pct(amd['agreement'])} of the AMD run's row-by-row onnx-int8 "
@@ -931,8 +938,9 @@ def rows_side_by_side_text() -> str:
     def rate(mode: str) -> float:
         return r["rates"][f"{texts}|b{big}|{mode}"]["texts_per_s"]
 
-    return (f"Side by side beats even the batched forward it replaced here ({_x(rate('rows, side by side') / rate('batched'))} "
-            f"on {texts} at b{big}, {_on(rel)}), which also moved a probability by up to "
+    gain = rate("rows, side by side") / rate("batched")
+    return (f"Side by side beats even the batched forward it replaced here ({_x(gain)} on {texts} at b{big}, "
+            f"{_on(rel)}), which also moved a probability by up to "
             f"{r['max_abs_dprob_vs_alone']['batched']:.2g}; both row modes moved nothing.")
 
 
@@ -983,51 +991,65 @@ LONG_TEXT_BARS = {"fast": 0.86, "windows": 0.875, "full windows": 0.90}
 recipe, windows on it, windows on all the data."""
 
 
+def _long_text_runs() -> dict[str, tuple[dict[str, dict[str, Any]], dict[str, Any], dict[str, Any]]]:
+    """{report dir: (its policies, its long_text choice, its train_metrics)} of the three long-text checkpoints."""
+    out = {}
+    for d, _ in LONG_TEXT_RUNS:
+        r = _load(f"{d}/report.json")
+        out[d] = (_policies(r), r.get("long_text") or {}, _train(d))
+    return out
+
+
+def long_text_default() -> str:
+    """docs/long-texts.md: the training default, chosen on validation between the checkpoints trained each way."""
+    runs = _long_text_runs()
+    head_t, ht_t = runs["long-text-head"][2], runs["long-text"][2]
+    return (f"**The training default is chosen on validation:** head-tail read **{_pct(ht_t['val_accuracy'])}** on "
+            f"the {ht_t['sizes']['val']:,} validation reviews, against **{_pct(head_t['val_accuracy'])}** for head "
+            f"(the same recipe trained each way: the train_metrics.json of {_on('long-text/report.json')} and of "
+            f"{_on('long-text-head/report.json')}). So `qserve train` and `qserve pipeline` train with `head-tail` "
+            "(`head-tail:64` at 128 tokens).")
+
+
 def long_text_findings() -> str:
-    """docs/long-texts.md: the training default chosen on validation, the bars, the full data, windows' ceiling."""
+    """docs/long-texts.md: the policies against the issue's bars, the head-trained checkpoint, the full data, and
+    windows against the ceiling their window count sets."""
     from qserve.training.study import REFERENCE
 
-    runs = {d: (_policies(_load(f"{d}/report.json")), _load(f"{d}/report.json").get("long_text") or {}, _train(d))
-            for d, _ in LONG_TEXT_RUNS}
-    (head_p, head_lt, head_t), (ht_p, ht_lt, ht_t), (full_p, full_lt, full_t) = runs.values()
-    win = next(p for p in ht_p if p.startswith("windows"))
-    fast, hfast = ht_lt["fast"]["policy"], head_lt["fast"]["policy"]
-    ht = next(p for p in ht_p if p.startswith("head-tail"))
+    runs = _long_text_runs()
     acc = {d: {p: x["accuracy"] for p, x in pol.items()} for d, (pol, _, _) in runs.items()}
+    ht_p, ht_lt, ht_t = runs["long-text"]
+    head_lt, full_t = runs["long-text-head"][1], runs["long-text-full"][2]
+    win = next(p for p in ht_p if p.startswith("windows"))
+    ht = next(p for p in ht_p if p.startswith("head-tail"))
+    fast, hfast = ht_lt["fast"]["policy"], head_lt["fast"]["policy"]
     gains = [(acc["long-text-full"][p] - acc["long-text"][p]) * 100 for p in acc["long-text"]]
     ratios = [pol[win]["texts_per_s"] / (pol["head"]["texts_per_s"] / pol[win]["mean_windows"])
               for pol, _, _ in runs.values()]
     seed = REFERENCE["runs"]["bf16-mixed"]["test_accuracy"]
-
-    def pct(x: float) -> str:
-        return _pct(x)
-
-    return (f"**The training default is chosen on validation:** head-tail read **{pct(ht_t['val_accuracy'])}** on the "
-            f"{ht_t['sizes']['val']:,} validation reviews, against **{pct(head_t['val_accuracy'])}** for head "
-            "(the same recipe trained each way, `long-text/` and `long-text-head/` train_metrics.json). So "
-            "`qserve train` and `qserve pipeline` train with `head-tail` (`head-tail:64` at 128 tokens).\n\n"
-            f"- Against the issue's bars, on the pipeline's recipe (trained head-tail): the served default (`fast`: "
-            f"{fast}, the most accurate at >= half head's texts/s) reads **{pct(acc['long-text'][fast])}** (bar "
-            f"{_pct(LONG_TEXT_BARS['fast'], 1)}); windows read **{pct(acc['long-text'][win])}** (bar "
+    return (f"- Against the issue's bars, on the pipeline's recipe (trained head-tail): the served default (`fast`: "
+            f"{fast}, the most accurate at >= half head's texts/s) reads **{_pct(acc['long-text'][fast])}** (bar "
+            f"{_pct(LONG_TEXT_BARS['fast'], 1)}); windows read **{_pct(acc['long-text'][win])}** (bar "
             f"{_pct(LONG_TEXT_BARS['windows'], 1)}).\n"
-            f"- The same recipe trained with `head` reads **{pct(acc['long-text-head'][win])}** with windows, "
-            f"{pct(acc['long-text-head'][hfast])} under its own `fast` policy ({hfast}) and "
-            f"{pct(acc['long-text-head']['head'])} under head. Training picks its policy on validation, never on "
+            f"- The same recipe trained with `head` reads **{_pct(acc['long-text-head'][win])}** with windows, "
+            f"{_pct(acc['long-text-head'][hfast])} under its own `fast` policy ({hfast}) and "
+            f"{_pct(acc['long-text-head']['head'])} under head. Training picks its policy on validation, never on "
             f"test, so the default stays head-tail: under the policy most servers run ({fast}) it reads "
-            f"{pct(acc['long-text'][fast])} against {pct(acc['long-text-head'][fast])}, under {ht} "
-            f"{pct(acc['long-text'][ht])} against {pct(acc['long-text-head'][ht])}, and windows recover most of the "
+            f"{_pct(acc['long-text'][fast])} against {_pct(acc['long-text-head'][fast])}, under {ht} "
+            f"{_pct(acc['long-text'][ht])} against {_pct(acc['long-text-head'][ht])}, and windows recover most of the "
             "rest.\n"
             f"- **All the data** ({full_t['sizes']['train']:,} training reviews, "
             f"{len(full_t['val_accuracy_per_epoch'])} epochs, head-tail; {_minutes(full_t['train_time_s'])} min of "
             "training on 2 cores, validation " +
-            ", ".join(f"{pct(v)} after epoch {i}" for i, v in enumerate(full_t["val_accuracy_per_epoch"], 1)) +
-            f"): **{pct(acc['long-text-full'][win])}** with windows (goal >= {_pct(LONG_TEXT_BARS['full windows'], 0)}), " +
-            ", ".join(f"{pct(acc['long-text-full'][p])} {p}" for p in acc["long-text-full"] if p != win) +
+            ", ".join(f"{_pct(v)} after epoch {i}" for i, v in enumerate(full_t["val_accuracy_per_epoch"], 1)) +
+            f"): **{_pct(acc['long-text-full'][win])}** with windows (goal >= "
+            f"{_pct(LONG_TEXT_BARS['full windows'], 0)}), " +
+            ", ".join(f"{_pct(acc['long-text-full'][p])} {p}" for p in acc["long-text-full"] if p != win) +
             f": {_span(gains)} points over the {ht_t['sizes']['train']:,}-review recipe per policy. The seed "
             f"study's DistilBERT-base read {_pct(seed, 1)} (`REFERENCE` in qserve/training/study.py, not measured "
             "by qserve): a model three times larger, trained on more reviews.\n"
             f"- Windowed texts/s in the bench's own loop (`predict()` in batches of 32) is {_span(ratios)}x the "
-            f"ceiling its window count sets (head's texts/s / windows per text); served, below, the server keeps "
+            "ceiling its window count sets (head's texts/s / windows per text); served, below, the server keeps "
             "all of it." + _src(*[f"{d}/report.json" for d, _ in LONG_TEXT_RUNS]))
 
 
@@ -1108,6 +1130,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "rows-side-by-side-text": rows_side_by_side_text,
     "int8-invariance-base-dims": int8_invariance_base_dims,
     "serve-ray-sizing": serve_ray_sizing,
+    "long-text-default": long_text_default,
     "long-text-findings": long_text_findings,
     "bench-eval-cut": bench_eval_cut,
     "export-smoothing": export_smoothing,
@@ -1141,7 +1164,9 @@ def render_file(text: str, rendered: dict[str, str], where: str = "") -> str:
             raise SystemExit(f"{where}: unknown table {name!r}; known: {', '.join(TABLES)}")
         if name not in rendered:
             rendered[name] = TABLES[name]()
-        return f"<!-- {m['kind']}:{name} -->\n{rendered[name]}\n<!-- /{m['kind']} -->"
+        ind = m["indent"]
+        body = "\n".join(ind + line if line else line for line in rendered[name].split("\n"))
+        return f"{ind}<!-- {m['kind']}:{name} -->\n{body}\n{ind}<!-- /{m['kind']} -->"
 
     return MARKER.sub(sub, text)
 
