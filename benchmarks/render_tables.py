@@ -5,8 +5,9 @@
 
 A table lives in a markdown file between `<!-- table:NAME -->` and `<!-- /table -->`, a passage of prose
 that quotes measurements between `<!-- text:NAME -->` and `<!-- /text -->`; NAME is a key of TABLES below, and
-the same block may appear in several files. Only the lines between the markers are written, so the prose
-around a block stays hand-written; measured numbers are never copied by hand (tests/unit/test_docs.py also
+the same block may appear in several files, and may sit indented inside a list item (its lines then keep that
+indent). Only the lines between the markers are written, so the prose around a block stays hand-written; a prose
+block names its report and the CPU that report records; measured numbers are never copied by hand (tests/unit/test_docs.py also
 flags a measured-looking number typed in prose, see hand_numbers() and tests/unit/docs_numbers.txt). `make
 reports` runs this after every stage; tests/unit/test_docs.py runs it with --check.
 
@@ -24,6 +25,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from benchmarks import rebuild_reports
+from benchmarks.byo_bert import BAR
+from benchmarks.flood_bench import SLOW_IDLE, SLOW_TRICKLING, _med
+from benchmarks.ov_breakdown import ATTENTION, bound
+from benchmarks.serve_protocol_cost import ROUTES, TITLES
+from qserve.bench.floor import peak_for
+from qserve.provenance import recorded_cpu
+from qserve.training.study import REFERENCE
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "benchmarks" / "reports"
@@ -56,8 +64,6 @@ def _pct(x: float | None, nd: int = 2) -> str:
 
 def _src(*rels: str) -> str:
     """The line under a table naming the JSON it came from and the CPU that measured it."""
-    from qserve.provenance import recorded_cpu
-
     parts = [f"`benchmarks/reports/{r}` ({recorded_cpu(_load(r)) or 'CPU not recorded'})" for r in rels]
     return "\n\n<sub>Rendered from " + ", ".join(parts) + " by `benchmarks/render_tables.py`.</sub>"
 
@@ -369,8 +375,6 @@ def gate_multilabel() -> str:
 
 def flood() -> str:
     """docs/serving.md's overload paragraph: refusals, the first admitted answer, a normal client beside slow ones."""
-    from benchmarks.flood_bench import SLOW_IDLE, SLOW_TRICKLING, _med
-
     rel = "flood/report.json"
     r = _load(rel)
     cfg = r["config"]
@@ -431,8 +435,6 @@ def _span(xs: list[float], nd: int = 2, suffix: str = "") -> str:
 
 def _cpu(rel: str) -> str:
     """The CPU a report's JSON says it was measured on."""
-    from qserve.provenance import recorded_cpu
-
     return recorded_cpu(_load(rel)) or "CPU not recorded"
 
 
@@ -475,16 +477,10 @@ def embedded_default_amd_run() -> str:
     t = _train("embedded-default-amd")
     full = {v["name"]: v for v in _load("embedded-default-full-test/report.json")["variants"]}
     fp16 = _shape(full.get("torch-fp16") or {}, 1, 128)
-    n = len(_load("embedded-default-amd/report.json")["variants"])
-    return (f"Measured on {_on('embedded-default-amd/report.json')}: training ({t['precision']}, "
-            f"{t['sizes']['train']:,} reviews, {t['optimizer_steps']} steps) took {_num(t['train_time_s'], 0)} s and "
-            f"read {_pct(t['test_accuracy'])} test accuracy on {t['sizes']['test']:,} held-out reviews; then {n} "
-            f"variants were benched, each in its own process. torch-fp16 (not in `--all` on a CPU) ran b1/s128 at "
-            f"{_num(fp16 and fp16['p50'])} ms in {_on('embedded-default-full-test/report.json')}.")
-
-
-def _ranked(r: dict[str, Any], name: str) -> dict[str, Any]:
-    return next((x for x in (r.get("recommended") or {}).get("ranking") or [] if x["variant"] == name), {})
+    return (f"{_on('embedded-default-amd/report.json')}: training ({t['precision']}, {t['sizes']['train']:,} reviews, "
+            f"{t['optimizer_steps']} steps) took {_num(t['train_time_s'], 0)} s and read {_pct(t['test_accuracy'])} "
+            f"test accuracy on {t['sizes']['test']:,} held-out reviews. torch-fp16 (not in `--all` on a CPU) ran "
+            f"b1/s128 at {_num(fp16 and fp16['p50'])} ms in {_on('embedded-default-full-test/report.json')}.")
 
 
 def embedded_default_run() -> str:
@@ -623,9 +619,6 @@ def _ov_hint() -> tuple[float, float, dict[str, Any], dict[str, Any]]:
 def ov_breakdown_xeon() -> str:
     """ov-int8 against the int8 floor on the AMX Xeon: the ratios, the bound with every GEMM at the peak, the
     per-node shares, the thread settings and the bf16 hint, one run's rounds."""
-    from benchmarks.ov_breakdown import ATTENTION, bound
-    from qserve.bench.floor import peak_for
-
     rel = "ov-breakdown-xeon/report.json"
     r = _load(rel)
     f = r["flops"]
@@ -738,9 +731,8 @@ def serve_text() -> str:
             f"{_x(s['ratio_bound'])} that run allowed (the model alone, {_num(c['texts_per_s_batched'], 1)} texts/s "
             f"at b{c['batch']}, over the unbatched server), p99 {_num(hi['p99_ms'], 0)} ms, "
             f"{_num(s['mean_batch_high_batched'], 1)} texts a forward. Served c{st['concurrency_high']} is "
-            f"{_x(s['rps_high_batched'] / c['texts_per_s_batched'])} the model alone at b{c['batch']}; the model "
-            f"alone computed {_num(c['texts_per_s_batched'], 1)} texts/s at batch {c['batch']} against "
-            f"{_num(c['texts_per_s_b1'], 1)} at batch 1.")
+            f"{_x(s['rps_high_batched'] / c['texts_per_s_batched'])} the model alone at b{c['batch']} (which computed "
+            f"{_num(c['texts_per_s_b1'], 1)} texts/s at batch 1).")
 
 
 def serve_protocols() -> str:
@@ -784,8 +776,6 @@ def checkpoint_cost_text() -> str:
 
 
 def _protocol_cost(d: str) -> str:
-    from benchmarks.serve_protocol_cost import ROUTES, TITLES
-
     rel = f"{d}/report.json"
     r = _load(rel)
     b, a = r["median"]["before"], r["median"]["after"]
@@ -884,8 +874,6 @@ def lifecycle() -> str:
 
 def byo_bert() -> str:
     """A BertForSequenceClassification brought as it is: export --all, agreement per variant, the served answer."""
-    from benchmarks.byo_bert import BAR
-
     rel, bench_rel = "byo-bert/report.json", "byo-bert/bench/report.json"
     r, b = _load(rel), _load(bench_rel)
     ag = r["agreement"]
@@ -924,7 +912,7 @@ def int8_invariance_picked() -> str:
             f"costs accuracy too); MatMulNBits is {_x(t[nbits]['b1_ratio_to_today'])} today's graph's b1 time; static "
             f"per-tensor scales lose {(ag[rows]['agreement'] - ag[qdq]['agreement']) * 100:.1f} points of agreement. "
             f"`{batched}` agreed {_pct(ag[batched]['agreement'])} in batches of 32, not the "
-            f"{_pct(amd['agreement'])} of the AMD run's row-by-row onnx-int8 "
+            f"{_pct(amd['agreement'])} of the AMD run's onnx-int8 "
             f"({_on('embedded-default-full-test/report.json')}: another checkpoint, another machine).")
 
 
@@ -1014,8 +1002,6 @@ def long_text_default() -> str:
 def long_text_findings() -> str:
     """docs/long-texts.md: the policies against the issue's bars, the head-trained checkpoint, the full data, and
     windows against the ceiling their window count sets."""
-    from qserve.training.study import REFERENCE
-
     runs = _long_text_runs()
     acc = {d: {p: x["accuracy"] for p, x in pol.items()} for d, (pol, _, _) in runs.items()}
     ht_p, ht_lt, ht_t = runs["long-text"]
