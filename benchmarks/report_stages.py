@@ -352,6 +352,7 @@ STAGES: tuple[Stage, ...] = (
           ("$PY -m benchmarks.checkpoint_cost --saves 5",),
           (Report("benchmarks/reports/checkpoint_cost/checkpoint_cost.json",
                   "benchmarks/reports/checkpoint_cost/checkpoint_cost.md"),),
-          "3 precisions x 5 saves of a 180-270 MB file, plus loading the model"),
+          "3 precisions x 5 saves of a whole training checkpoint (weights, optimizer state, RNG states; the report "
+          "gives its size), plus loading the model"),
 )
 BY_NAME = {s.name: s for s in STAGES}

@@ -65,6 +65,44 @@ def test_a_hand_edited_table_number_is_caught_and_rewritten(tmp_path, capsys):
     assert readme.read_text(encoding="utf-8") == text
 
 
+def test_every_block_names_a_report_and_the_cpu_it_records():
+    """Each rendered block (table or prose) names a committed report under benchmarks/reports/ and the CPU that
+    report's JSON records, so no measured number reaches the docs without its machine."""
+    import json
+    import re
+
+    from qserve.provenance import recorded_cpu
+
+    reports = ROOT / "benchmarks" / "reports"
+
+    def cpus(path: Path) -> set[str]:
+        files = [path] if path.suffix == ".json" else sorted(path.glob("*.json")) if path.is_dir() else []
+        return {c for f in files if (c := recorded_cpu(json.loads(f.read_text(encoding="utf-8"))))}
+
+    for name, render in render_tables.TABLES.items():
+        if name == "stages":  # the stage list: a "measured on" column per stage, its reports named relative
+            continue
+        if name == "seed-precision":  # the seed project's published figures (study.SEED), named as not ours
+            continue
+        text = render()
+        named = set(re.findall(r"benchmarks/reports/([\w./-]+)", text))
+        assert named, f"{name} names no report"
+        assert any(c in text for rel in named for c in cpus(reports / rel.rstrip("/."))), \
+            f"{name} does not name the CPU its reports record ({sorted(named)})"
+
+
+def test_a_block_inside_a_list_item_keeps_its_indent(tmp_path):
+    """A block indented under a list item renders with that indent (a paragraph of the item, not a new one)."""
+    doc = tmp_path / "x.md"
+    text = "- an item:\n\n    <!-- text:serving-lanes -->\n    stale\n    <!-- /text -->\n\n    more of it\n"
+    doc.write_text(text, encoding="utf-8")
+    assert render_tables.main([str(doc)]) == 0
+    out = doc.read_text(encoding="utf-8")
+    body = out.split("<!-- text:serving-lanes -->\n", 1)[1].split("    <!-- /text -->", 1)[0]
+    assert "stale" not in out and body.strip() and all(line.startswith("    ") for line in body.splitlines())
+    assert render_tables.main(["--check", str(doc)]) == 0
+
+
 def test_unknown_table_name_is_refused(tmp_path):
     doc = tmp_path / "x.md"
     doc.write_text("<!-- table:no-such-table -->\n<!-- /table -->\n", encoding="utf-8")
