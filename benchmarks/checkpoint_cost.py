@@ -21,13 +21,12 @@ import time
 from pathlib import Path
 
 from benchmarks.harness import ROOT, write_report
-from qserve.training.precision import build_optimizer
-from qserve.training import resume
-from qserve.provenance import provenance
-from qserve.modeling import load_for_training
-from qserve.files import now_iso
 from qserve.devices import cpu_label
-
+from qserve.files import now_iso
+from qserve.modeling import load_for_training
+from qserve.provenance import provenance
+from qserve.training import resume
+from qserve.training.precision import build_optimizer
 
 
 def measure(precision: str, saves: int, scratch: Path, model_name: str = "default") -> dict:
@@ -44,9 +43,15 @@ def measure(precision: str, saves: int, scratch: Path, model_name: str = "defaul
     optimizer.step()
     sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     gen = torch.Generator().manual_seed(0)
-    state = {"model": model, "optimizer": optimizer, "scheduler": sched,
-             "progress": {**resume.Progress(step_times=[0.5] * 1000).__dict__}, "epoch_generator": gen.get_state(),
-             "rng": resume.rng_states(), "config": {"precision": precision}}
+    state = {
+        "model": model,
+        "optimizer": optimizer,
+        "scheduler": sched,
+        "progress": {**resume.Progress(step_times=[0.5] * 1000).__dict__},
+        "epoch_generator": gen.get_state(),
+        "rng": resume.rng_states(),
+        "config": {"precision": precision},
+    }
     walls, cpus = [], []
     for n in range(1, saves + 1):
         c0, w0 = time.process_time(), time.perf_counter()
@@ -54,10 +59,15 @@ def measure(precision: str, saves: int, scratch: Path, model_name: str = "defaul
         walls.append(time.perf_counter() - w0)
         cpus.append(time.process_time() - c0)
     wall = statistics.median(walls)
-    return {"precision": precision, "parameters": params, "bytes": (scratch / resume.CHECKPOINT).stat().st_size,
-            "wall_s_median": round(wall, 3), "wall_s_all": [round(w, 3) for w in walls],
-            "cpu_s_median": round(statistics.median(cpus), 3),
-            "share_at_default_interval": round(wall / (resume.DEFAULT_INTERVAL_S + wall), 5)}
+    return {
+        "precision": precision,
+        "parameters": params,
+        "bytes": (scratch / resume.CHECKPOINT).stat().st_size,
+        "wall_s_median": round(wall, 3),
+        "wall_s_all": [round(w, 3) for w in walls],
+        "cpu_s_median": round(statistics.median(cpus), 3),
+        "share_at_default_interval": round(wall / (resume.DEFAULT_INTERVAL_S + wall), 5),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,11 +87,23 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         print(rows[-1], flush=True)
-    rep = {"created": now_iso(), "cpu": cpu_label(), "model": args.model, "saves": args.saves, "runs": rows, "provenance": provenance()}
-    lines = ["| precision | checkpoint (MB) | wall s / checkpoint | CPU s / checkpoint | share at ~300 s interval |",
-             "|---|---:|---:|---:|---:|"]
-    lines += [f"| {r['precision']} | {r['bytes'] / 1e6:.0f} | {r['wall_s_median']:.2f} | {r['cpu_s_median']:.2f} | "
-              f"{100 * r['share_at_default_interval']:.2f}% |" for r in rows]
+    rep = {
+        "created": now_iso(),
+        "cpu": cpu_label(),
+        "model": args.model,
+        "saves": args.saves,
+        "runs": rows,
+        "provenance": provenance(),
+    }
+    lines = [
+        "| precision | checkpoint (MB) | wall s / checkpoint | CPU s / checkpoint | share at ~300 s interval |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['precision']} | {r['bytes'] / 1e6:.0f} | {r['wall_s_median']:.2f} | {r['cpu_s_median']:.2f} | "
+        f"{100 * r['share_at_default_interval']:.2f}% |"
+        for r in rows
+    ]
     write_report(args.out, rep, "\n".join(lines) + "\n", "checkpoint_cost")
     return 0
 

@@ -26,29 +26,48 @@ from pathlib import Path
 
 import numpy as np
 
-from qserve.provenance import provenance, with_header
 import exporters
-from qserve.runtime import load_runtime
-from qserve.files import library_versions
-from benchmarks.harness.data import reviews
 from benchmarks.harness import write_markdown, write_report
+from benchmarks.harness.data import reviews
+from qserve.files import library_versions
+from qserve.provenance import provenance, with_header
+from qserve.runtime import load_runtime
 
 REFERENCE = "torch-fp32"
 VARIANTS = ("onnx-fp32", "onnx-int8", "ov-int8")
-LIBRARIES = ("torch", "transformers", "tokenizers", "optimum", "optimum-onnx", "optimum-intel", "onnx", "onnxruntime",
-             "openvino", "nncf", "huggingface-hub")
+LIBRARIES = (
+    "torch",
+    "transformers",
+    "tokenizers",
+    "optimum",
+    "optimum-onnx",
+    "optimum-intel",
+    "onnx",
+    "onnxruntime",
+    "openvino",
+    "nncf",
+    "huggingface-hub",
+)
 
 
 def cpu_name() -> str:
     out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")),
-                platform.processor())
+    return next(
+        (line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")),
+        platform.processor(),
+    )
 
 
 def measure(checkpoint: Path, n: int) -> dict:
     texts = reviews(n)
-    run: dict = {"checkpoint": str(checkpoint), "texts": len(texts), "cpu": cpu_name(),
-                 "versions": library_versions(LIBRARIES), "python": platform.python_version(), "variants": {}}
+    run: dict = {
+        "checkpoint": str(checkpoint),
+        "texts": len(texts),
+        "cpu": cpu_name(),
+        "versions": library_versions(LIBRARIES),
+        "python": platform.python_version(),
+        "variants": {},
+    }
     with tempfile.TemporaryDirectory(prefix="deps-upgrade-") as tmp:
         exporters.export(checkpoint, REFERENCE, Path(tmp) / REFERENCE)
         ref = load_runtime(Path(tmp) / REFERENCE, "cpu").logits(texts)
@@ -63,7 +82,8 @@ def measure(checkpoint: Path, n: int) -> dict:
                 "max_abs_logit_diff": round(float(np.abs(got - ref).max()), 5),
                 "mean_abs_logit_diff": round(float(np.abs(got - ref).mean()), 5),
                 "export_s_loaded_machine": round(export_s, 1),
-                "opset": rec.get("opset"), "exported_with": rec.get("exported_with"),
+                "opset": rec.get("opset"),
+                "exported_with": rec.get("exported_with"),
                 "smoothing": (rec.get("smoothing_choice") or {}).get("chosen"),
             }
             print(name, run["variants"][name], flush=True)
@@ -74,15 +94,22 @@ def render(data: dict) -> str:
     """report.md from report.json (what `make reports` re-renders)."""
     runs = data["runs"]
     labels = [k for k in ("before", "after") if k in runs] + [k for k in runs if k not in ("before", "after")]
-    lines = ["# Dependency upgrade: agreement with fp32 before and after (issue #47)", "",
-             f"Checkpoint: `{data['checkpoint']}` ({data.get('checkpoint_note', '')}). "
-             f"{runs[labels[0]]['texts']} test reviews of the embedded default; fp32 = the torch-fp32 variant's logits "
-             "through the runtime, in the same environment. CPU: " + ", ".join(sorted({runs[k]['cpu'] for k in labels})) + ".",
-             "", "Agreement is the share of reviews whose top label equals fp32's. Measured on a machine shared "
-             "with other jobs: agreement does not depend on load; the export seconds do, and are shown only as "
-             "measured on that loaded machine.", "",
-             "| variant | " + " | ".join(f"{k}: agreement % | {k}: max abs Δlogit" for k in labels) + " |",
-             "|---|" + "---:|---:|" * len(labels)]
+    lines = [
+        "# Dependency upgrade: agreement with fp32 before and after (issue #47)",
+        "",
+        f"Checkpoint: `{data['checkpoint']}` ({data.get('checkpoint_note', '')}). "
+        f"{runs[labels[0]]['texts']} test reviews of the embedded default; fp32 = the torch-fp32 variant's logits "
+        "through the runtime, in the same environment. CPU: "
+        + ", ".join(sorted({runs[k]["cpu"] for k in labels}))
+        + ".",
+        "",
+        "Agreement is the share of reviews whose top label equals fp32's. Measured on a machine shared "
+        "with other jobs: agreement does not depend on load; the export seconds do, and are shown only as "
+        "measured on that loaded machine.",
+        "",
+        "| variant | " + " | ".join(f"{k}: agreement % | {k}: max abs Δlogit" for k in labels) + " |",
+        "|---|" + "---:|---:|" * len(labels),
+    ]
     for name in VARIANTS:
         cells = []
         for k in labels:
@@ -91,16 +118,22 @@ def render(data: dict) -> str:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "| library | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
     for lib in LIBRARIES:
-        lines.append(f"| {lib} | " + " | ".join(str(runs[k]["versions"].get(lib) or "not installed") for k in labels)
-                     + " |")
+        lines.append(
+            f"| {lib} | " + " | ".join(str(runs[k]["versions"].get(lib) or "not installed") for k in labels) + " |"
+        )
     lines += ["", "Per variant (the ONNX graph's origin is in the notes below):", ""]
     for k in labels:
         for name in VARIANTS:
             v = runs[k]["variants"].get(name, {})
-            lines.append(f"- {k}, {name}: " + ", ".join(
-                [f"opset {v['opset']}"] * bool(v.get("opset")) + [str(v["exported_with"])] * bool(v.get("exported_with"))
-                + [f"smoothing {v['smoothing']}"] * bool(v.get("smoothing"))
-                + [f"export {v.get('export_s_loaded_machine')} s (loaded machine)"]))
+            lines.append(
+                f"- {k}, {name}: "
+                + ", ".join(
+                    [f"opset {v['opset']}"] * bool(v.get("opset"))
+                    + [str(v["exported_with"])] * bool(v.get("exported_with"))
+                    + [f"smoothing {v['smoothing']}"] * bool(v.get("smoothing"))
+                    + [f"export {v.get('export_s_loaded_machine')} s (loaded machine)"]
+                )
+            )
     for note in data.get("notes", []):
         lines += ["", note]
     return with_header("\n".join(lines).rstrip() + "\n", data.get("provenance"))
@@ -129,8 +162,10 @@ def main() -> None:
     data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"runs": {}}
     data["checkpoint"] = str(args.checkpoint)
     data["runs"][args.label] = run
-    data["provenance"] = {**provenance(), "note": "(The command of the run labelled `" + args.label + "`; each run "
-                          "records its own versions and CPU.)"}
+    data["provenance"] = {
+        **provenance(),
+        "note": "(The command of the run labelled `" + args.label + "`; each run records its own versions and CPU.)",
+    }
     write_report(args.out, data, render(data), echo=False)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import socket
 import statistics
@@ -30,19 +31,30 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
-import http.client
 
-from benchmarks.harness import ROOT, archive_tree, in_turn, scrape, Server, trickle, write_report
-from qserve.provenance import provenance
+from benchmarks.harness import ROOT, Server, archive_tree, in_turn, scrape, trickle, write_report
 from qserve.bench.envinfo import environment
-
+from qserve.provenance import provenance
 
 
 def start_server(variant: Path, code_root: Path, args: argparse.Namespace, log: Path) -> Server:
     """`qserve serve` of the code at `code_root` with the flood's limits (not yet ready)."""
-    return Server([str(variant), "--max-inputs", str(args.max_inputs), "--max-queue", str(args.max_queue),
-                   "--threads", str(args.threads), "--log-level", "warning"], code_root, log,
-                  tag=f"server from {code_root}")
+    return Server(
+        [
+            str(variant),
+            "--max-inputs",
+            str(args.max_inputs),
+            "--max-queue",
+            str(args.max_queue),
+            "--threads",
+            str(args.threads),
+            "--log-level",
+            "warning",
+        ],
+        code_root,
+        log,
+        tag=f"server from {code_root}",
+    )
 
 
 def _url(port: int) -> str:
@@ -58,8 +70,9 @@ def hist(before: dict, after: dict, name: str, **labels: str) -> dict[str, Any] 
         for (n, lab), v in d.items():
             lab = dict(lab)
             if n == name + suffix and all(lab.get(k) == v2 for k, v2 in want.items()):
-                out[float(lab.get("le", "nan")) if suffix == "_bucket" else 0.0] = out.get(
-                    float(lab.get("le", "nan")) if suffix == "_bucket" else 0.0, 0.0) + v
+                out[float(lab.get("le", "nan")) if suffix == "_bucket" else 0.0] = (
+                    out.get(float(lab.get("le", "nan")) if suffix == "_bucket" else 0.0, 0.0) + v
+                )
         return out
 
     count = sum(pick(after, "_count").values()) - sum(pick(before, "_count").values())
@@ -75,8 +88,13 @@ def hist(before: dict, after: dict, name: str, **labels: str) -> dict[str, Any] 
                 return le
         return None
 
-    return {"count": int(count), "mean_ms": 1e3 * total / count, "p50_le_ms": _ms(q(0.5)), "p99_le_ms": _ms(q(0.99)),
-            "max_le_ms": _ms(q(1.0))}
+    return {
+        "count": int(count),
+        "mean_ms": 1e3 * total / count,
+        "p50_le_ms": _ms(q(0.5)),
+        "p99_le_ms": _ms(q(0.99)),
+        "max_le_ms": _ms(q(1.0)),
+    }
 
 
 def _ms(x: float | None) -> float | None:
@@ -85,8 +103,10 @@ def _ms(x: float | None) -> float | None:
 
 async def _flood(port: int, n: int, text: str) -> list[tuple[int, float, float]]:
     body = json.dumps({"inputs": [text]}).encode()
-    req = (b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
-           b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    req = (
+        b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
     conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(n)]
 
     async def one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, t0: float) -> tuple[int, float, float]:
@@ -114,8 +134,12 @@ def flood(port: int, n: int, text: str) -> dict[str, Any]:
         statuses[str(r[0])] = statuses.get(str(r[0]), 0) + 1
     return {
         "statuses": statuses,
-        "client_200_ms": {"n": len(ok), "first": ok[0] if ok else None, "p50": statistics.median(ok) if ok else None,
-                          "last": ok[-1] if ok else None},
+        "client_200_ms": {
+            "n": len(ok),
+            "first": ok[0] if ok else None,
+            "p50": statistics.median(ok) if ok else None,
+            "last": ok[-1] if ok else None,
+        },
         "client_429_ms": {"n": len(rej), "p50": statistics.median(rej) if rej else None},
         "server_200_latency": hist(before, after, "qserve_request_latency_seconds", route="/v1/classify", status="200"),
         "server_429_latency": hist(before, after, "qserve_request_latency_seconds", route="/v1/classify", status="429"),
@@ -187,10 +211,20 @@ def main() -> int:
             for name in in_turn(servers, r):
                 res = flood(servers[name].port, args.requests, text)
                 rounds.append({"round": r, "side": name, **res})
-                print(json.dumps({"round": r, "side": name, "statuses": res["statuses"],
-                                  "client_200_ms": res["client_200_ms"], "server_200": res["server_200_latency"],
-                                  "queue_wait": res["server_queue_wait"], "rejection": res["server_rejection"]}),
-                      flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "round": r,
+                            "side": name,
+                            "statuses": res["statuses"],
+                            "client_200_ms": res["client_200_ms"],
+                            "server_200": res["server_200_latency"],
+                            "queue_wait": res["server_queue_wait"],
+                            "rejection": res["server_rejection"],
+                        }
+                    ),
+                    flush=True,
+                )
                 time.sleep(1.0)
         port = servers["current"].port
         slow = []
@@ -210,9 +244,15 @@ def main() -> int:
         for srv in servers.values():
             srv.stop()
 
-    report = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-              "environment": environment(args.threads, "cpu"), "shared_machine": True,
-              "floods": rounds, "slow_clients": slow, "connections_closed": closed, "provenance": provenance()}
+    report = {
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "environment": environment(args.threads, "cpu"),
+        "shared_machine": True,
+        "floods": rounds,
+        "slow_clients": slow,
+        "connections_closed": closed,
+        "provenance": provenance(),
+    }
     write_report(args.out, report, render(report), echo=False)
     print((args.out / "report.md").read_text())
     return 0
@@ -230,17 +270,22 @@ def _f(x: float | None, nd: int = 2) -> str:
 def render(rep: dict[str, Any]) -> str:
     env, cfg = rep["environment"], rep["config"]
     cpu = env["cpu"]
-    lines = ["# Flood: do admitted requests wait behind rejections?", "",
-             f"CPU: {cpu.get('model')} ({env['physical_cores']} cores; AMX: "
-             f"{'yes' if 'amx_int8' in (cpu.get('flags') or cpu.get('isa') or []) else 'see cpu flags'}); shared "
-             f"machine, other jobs running. Variant: `{cfg['variant_dir']}`, `--max-inputs {cfg['max_inputs']} "
-             f"--max-queue {cfg['max_queue']} --threads {cfg['threads']}`; {cfg['requests']} simultaneous one-text "
-             f"requests per flood, {cfg['rounds']} rounds, sides alternating.", "",
-             "Per side, the median over rounds of each flood's numbers (server numbers are bucket bounds of "
-             "its own /metrics histograms, so `<= x ms`).", "",
-             "| side | 200 | 429 | server 200 latency p50 / max | admitted queue wait p50 / max | "
-             "refusal time p50 / p99 | server 429 latency p50 | client: first 200 / last 200 | forwards |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "# Flood: do admitted requests wait behind rejections?",
+        "",
+        f"CPU: {cpu.get('model')} ({env['physical_cores']} cores; AMX: "
+        f"{'yes' if 'amx_int8' in (cpu.get('flags') or cpu.get('isa') or []) else 'see cpu flags'}); shared "
+        f"machine, other jobs running. Variant: `{cfg['variant_dir']}`, `--max-inputs {cfg['max_inputs']} "
+        f"--max-queue {cfg['max_queue']} --threads {cfg['threads']}`; {cfg['requests']} simultaneous one-text "
+        f"requests per flood, {cfg['rounds']} rounds, sides alternating.",
+        "",
+        "Per side, the median over rounds of each flood's numbers (server numbers are bucket bounds of "
+        "its own /metrics histograms, so `<= x ms`).",
+        "",
+        "| side | 200 | 429 | server 200 latency p50 / max | admitted queue wait p50 / max | "
+        "refusal time p50 / p99 | server 429 latency p50 | client: first 200 / last 200 | forwards |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for side in dict.fromkeys(f["side"] for f in rep["floods"]):
         fl = [f for f in rep["floods"] if f["side"] == side]
 
@@ -255,13 +300,20 @@ def render(rep: dict[str, Any]) -> str:
             f"<= {_f(m('server_rejection', 'p50_le_ms'), 3)} / {_f(m('server_rejection', 'p99_le_ms'), 3)} ms | "
             f"<= {_f(m('server_429_latency', 'p50_le_ms'), 1)} ms | "
             f"{_f(m('client_200_ms', 'first'), 1)} / {_f(m('client_200_ms', 'last'), 1)} ms | "
-            f"{_f(m('server_inference', 'count'), 0)} |")
-    lines += ["", "`-`: the baseline has no queue-wait or refusal histogram (added by this change).", "",
-              "## A normal client while slow clients hold connections", "",
-              f"Sequential one-text requests, median per round; `slow` = {SLOW_IDLE} idle sockets + {SLOW_TRICKLING} "
-              "trickling headers a byte per 100 ms, opened just before (default timeouts: they are closed after 10 s).",
-              "",
-              "| round | quiet p50 ms | slow p50 ms | ratio |", "|---:|---:|---:|---:|"]
+            f"{_f(m('server_inference', 'count'), 0)} |"
+        )
+    lines += [
+        "",
+        "`-`: the baseline has no queue-wait or refusal histogram (added by this change).",
+        "",
+        "## A normal client while slow clients hold connections",
+        "",
+        f"Sequential one-text requests, median per round; `slow` = {SLOW_IDLE} idle sockets + {SLOW_TRICKLING} "
+        "trickling headers a byte per 100 ms, opened just before (default timeouts: they are closed after 10 s).",
+        "",
+        "| round | quiet p50 ms | slow p50 ms | ratio |",
+        "|---:|---:|---:|---:|",
+    ]
     for r in sorted({s["round"] for s in rep["slow_clients"]}):
         q = next(s for s in rep["slow_clients"] if s["round"] == r and s["condition"] == "quiet")
         s = next(s for s in rep["slow_clients"] if s["round"] == r and s["condition"] == "slow")

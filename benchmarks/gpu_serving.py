@@ -45,17 +45,30 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+import exporters
 from benchmarks.harness import Server, finish, machine, per_worker, post_json, reviews, scrape, spawn, total
 from benchmarks.harness.server import ROOT, code_env
 from qserve import QserveError
+from qserve.artifact import read_manifest
+from qserve.bench.loadtest import default_texts
+from qserve.bench.measure import fixed_shapes
+from qserve.modeling import default_tokenizer
+from qserve.runtime import RuntimeOptions, load_runtime
 
 log = logging.getLogger("gpu_serving")
 SEQ = 128
 PLAIN_BATCHES = (1, 32, 256)
 LEVELS = (1, 32, 128)
-TARGETS = {"runtime_b1_p50_ms": ("<=", 0.6), "runtime_b32_seq_s": (">=", 35_000.0), "served_c1_p50_ms": ("<=", 2.0),
-           "served_c128_rps": (">=", 10_000.0), "served_lost": ("<=", 0), "served_label_changes": ("<=", 0),
-           "graphs_alone_vs_batched_max_dprob": ("<=", 1e-5), "graphs_label_flips": ("<=", 0)}
+TARGETS = {
+    "runtime_b1_p50_ms": ("<=", 0.6),
+    "runtime_b32_seq_s": (">=", 35_000.0),
+    "served_c1_p50_ms": ("<=", 2.0),
+    "served_c128_rps": (">=", 10_000.0),
+    "served_lost": ("<=", 0),
+    "served_label_changes": ("<=", 0),
+    "graphs_alone_vs_batched_max_dprob": ("<=", 1e-5),
+    "graphs_label_flips": ("<=", 0),
+}
 """The issue's bars, by the summary key each reads."""
 
 
@@ -64,8 +77,10 @@ def find_variant(path: Path, name: str) -> Path:
     for cand in (path, path / name, path / "variants" / name):
         if (cand / "manifest.json").is_file():
             return cand
-    raise QserveError(f"{path}: no variant here (looked for manifest.json in it, in {name}/ and in variants/{name}/);"
-                      f" give a variant dir, or a run dir holding variants/{name}")
+    raise QserveError(
+        f"{path}: no variant here (looked for manifest.json in it, in {name}/ and in variants/{name}/);"
+        f" give a variant dir, or a run dir holding variants/{name}"
+    )
 
 
 def tiny_variant(root: Path) -> Path:
@@ -73,14 +88,19 @@ def tiny_variant(root: Path) -> Path:
     import torch
     from transformers import DistilBertConfig, DistilBertForSequenceClassification
 
-    import exporters
-    from qserve.modeling import default_tokenizer
-
     torch.manual_seed(0)
     tok = default_tokenizer()
-    cfg = DistilBertConfig(vocab_size=tok.vocab_size, dim=32, n_layers=2, n_heads=2, hidden_dim=64,
-                           max_position_embeddings=128, num_labels=2, id2label={0: "negative", 1: "positive"},
-                           label2id={"negative": 0, "positive": 1})
+    cfg = DistilBertConfig(
+        vocab_size=tok.vocab_size,
+        dim=32,
+        n_layers=2,
+        n_heads=2,
+        hidden_dim=64,
+        max_position_embeddings=128,
+        num_labels=2,
+        id2label={0: "negative", 1: "positive"},
+        label2id={"negative": 0, "positive": 1},
+    )
     model = DistilBertForSequenceClassification(cfg).eval()
     with torch.no_grad():
         model.classifier.weight.mul_(20)  # logits that differ clearly between texts
@@ -116,13 +136,12 @@ def timed(fn: Any, sync: Any, warmup: int, iters: int) -> float:
     return statistics.median(ms)
 
 
-def plain(variant: Path, device: str, texts: list[str], seq: int, batches: tuple[int, ...], iters: int
-          ) -> dict[str, Any]:
+def plain(
+    variant: Path, device: str, texts: list[str], seq: int, batches: tuple[int, ...], iters: int
+) -> dict[str, Any]:
     """transformers alone: eager, and a torch.cuda.CUDAGraph captured once per shape (CUDA only)."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    from qserve.artifact import read_manifest
 
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[read_manifest(variant).spec.dtype]
     model = AutoModelForSequenceClassification.from_pretrained(variant, dtype=dtype).eval().to(device)
@@ -150,29 +169,43 @@ def plain(variant: Path, device: str, texts: list[str], seq: int, batches: tuple
                 del graph
         rec["eager_seq_s"] = b / (rec["eager_ms"] / 1e3)
         rows.append(rec)
-        log.info("plain b%d/s%d: eager %.3f ms%s", b, seq, rec["eager_ms"],
-                 f", graph {rec['graph_ms']:.3f} ms" if "graph_ms" in rec else "")
+        log.info(
+            "plain b%d/s%d: eager %.3f ms%s",
+            b,
+            seq,
+            rec["eager_ms"],
+            f", graph {rec['graph_ms']:.3f} ms" if "graph_ms" in rec else "",
+        )
     model = None  # freed before the runtime loads
     if cuda:
         torch.cuda.empty_cache()
-    return {"dtype": str(dtype).replace("torch.", ""), "rows": rows,
-            **({} if cuda else {"graph": "not measured: CUDA graphs need a CUDA device"})}
+    return {
+        "dtype": str(dtype).replace("torch.", ""),
+        "rows": rows,
+        **({} if cuda else {"graph": "not measured: CUDA graphs need a CUDA device"}),
+    }
 
 
 def runtime_rows(rt: Any, text: str, seq: int, budget_s: float) -> dict[str, Any]:
     """b1 and b32 at `seq` as `qserve bench` times them (measure.fixed_shapes: rt.run on real token ids)."""
-    from qserve.bench.measure import fixed_shapes
-
-    job = {"batch_sizes": [1, 32], "seq_lens": [seq], "warmup": 5, "time_budget_s": budget_s, "min_iters": 5,
-           "max_iters": 2000}
+    job = {
+        "batch_sizes": [1, 32],
+        "seq_lens": [seq],
+        "warmup": 5,
+        "time_budget_s": budget_s,
+        "min_iters": 5,
+        "max_iters": 2000,
+    }
     recs = {r["batch"]: r for r in fixed_shapes(rt, job, text)}
-    return {"b1_p50_ms": recs[1].get("p50"), "b1_p99_ms": recs[1].get("p99"),
-            "b32_seq_s": recs[32].get("throughput"), "b32_p50_ms": recs[32].get("p50")}
+    return {
+        "b1_p50_ms": recs[1].get("p50"),
+        "b1_p99_ms": recs[1].get("p99"),
+        "b32_seq_s": recs[32].get("throughput"),
+        "b32_p50_ms": recs[32].get("p50"),
+    }
 
 
 def load(variant: Path, device: str, mode: str) -> Any:
-    from qserve.runtime import RuntimeOptions, load_runtime
-
     return load_runtime(variant, device, RuntimeOptions(cuda_graphs=mode))
 
 
@@ -186,17 +219,22 @@ def compare_texts(graphed: Any, eager: Any, texts: list[str]) -> dict[str, Any]:
         random.Random(b).shuffle(order)
         got = np.empty_like(alone)
         for i in range(0, len(order), b):
-            idx = order[i:i + b]
+            idx = order[i : i + b]
             got[idx] = graphed.predict([texts[j] for j in idx])
         worst = np.maximum(worst, np.abs(got - alone).max(axis=1))
         flips |= got.argmax(1) != alone.argmax(1)
     base = np.concatenate([eager.predict([t]) for t in texts]).astype(np.float64)
     vs_eager = np.abs(alone - base).max(axis=1)
     top = np.argsort(-worst)[:5]
-    return {"texts": len(texts), "max_abs_dprob": float(worst.max()), "over_1e-5": int((worst > 1e-5).sum()),
-            "flips": int(flips.sum()), "worst": [{"text": texts[i][:80], "dprob": float(worst[i])} for i in top],
-            "vs_eager_max_abs_dprob": float(vs_eager.max()),
-            "vs_eager_label_changes": int((alone.argmax(1) != base.argmax(1)).sum())}
+    return {
+        "texts": len(texts),
+        "max_abs_dprob": float(worst.max()),
+        "over_1e-5": int((worst > 1e-5).sum()),
+        "flips": int(flips.sum()),
+        "worst": [{"text": texts[i][:80], "dprob": float(worst[i])} for i in top],
+        "vs_eager_max_abs_dprob": float(vs_eager.max()),
+        "vs_eager_label_changes": int((alone.argmax(1) != base.argmax(1)).sum()),
+    }
 
 
 def compile_part(args: argparse.Namespace) -> int:
@@ -219,8 +257,24 @@ def run_compile(variant: Path, device: str, work: Path, timeout_s: float) -> dic
     if timeout_s <= 0:
         return {"skipped": "--compile-timeout 0"}
     out, logf = work / "compile.json", open(work / "compile.log", "w")
-    proc = spawn([sys.executable, "-m", "benchmarks.gpu_serving", "--part", "compile", str(variant), "--device",
-                  device, "--out", str(out)], ROOT, code_env(ROOT), stdout=logf, stderr=logf)
+    proc = spawn(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.gpu_serving",
+            "--part",
+            "compile",
+            str(variant),
+            "--device",
+            device,
+            "--out",
+            str(out),
+        ],
+        ROOT,
+        code_env(ROOT),
+        stdout=logf,
+        stderr=logf,
+    )
     try:
         proc.wait(timeout_s)
     except subprocess.TimeoutExpired:  # its compiling is itself the answer
@@ -236,8 +290,9 @@ def run_compile(variant: Path, device: str, work: Path, timeout_s: float) -> dic
 
 
 # -- served ------------------------------------------------------------------------------------------------
-def loadtest(url: str, levels: list[int], duration: float, work: Path, tag: str, processes: int = 1
-             ) -> list[dict[str, Any]]:
+def loadtest(
+    url: str, levels: list[int], duration: float, work: Path, tag: str, processes: int = 1
+) -> list[dict[str, Any]]:
     """`qserve loadtest` at `levels`, in `processes` client processes at once (each concurrency/processes
     clients), their levels combined: requests, ok, errors, lost, mismatches and req/s summed; p50 the median of
     the processes' p50s, p99 the largest p99."""
@@ -246,9 +301,31 @@ def loadtest(url: str, levels: list[int], duration: float, work: Path, tag: str,
         conc = ",".join(str(max(1, c // processes)) for c in levels)
         out = work / f"{tag}-{k}.json"
         logf = open(work / f"{tag}-{k}.log", "w")
-        procs.append((spawn([sys.executable, "-m", "qserve", "loadtest", url, "--concurrency", conc, "--duration",
-                             str(duration), "--json", str(out)], ROOT, code_env(ROOT), stdout=logf, stderr=logf),
-                      out, logf))
+        procs.append(
+            (
+                spawn(
+                    [
+                        sys.executable,
+                        "-m",
+                        "qserve",
+                        "loadtest",
+                        url,
+                        "--concurrency",
+                        conc,
+                        "--duration",
+                        str(duration),
+                        "--json",
+                        str(out),
+                    ],
+                    ROOT,
+                    code_env(ROOT),
+                    stdout=logf,
+                    stderr=logf,
+                ),
+                out,
+                logf,
+            )
+        )
     reports = []
     for proc, out, logf in procs:
         try:
@@ -263,12 +340,18 @@ def loadtest(url: str, levels: list[int], duration: float, work: Path, tag: str,
     combined = []
     for i, c in enumerate(levels):
         lv = [r["levels"][i] for r in reports]
-        combined.append({"concurrency": c, "processes": processes,
-                         **{k: sum(x[k] for x in lv) for k in ("requests", "ok", "errors", "lost", "mismatched")},
-                         "throughput_rps": sum(x["throughput_rps"] for x in lv),
-                         "p50_ms": statistics.median(x["p50_ms"] for x in lv if x["p50_ms"] is not None)
-                         if any(x["p50_ms"] is not None for x in lv) else None,
-                         "p99_ms": max((x["p99_ms"] for x in lv if x["p99_ms"] is not None), default=None)})
+        combined.append(
+            {
+                "concurrency": c,
+                "processes": processes,
+                **{k: sum(x[k] for x in lv) for k in ("requests", "ok", "errors", "lost", "mismatched")},
+                "throughput_rps": sum(x["throughput_rps"] for x in lv),
+                "p50_ms": statistics.median(x["p50_ms"] for x in lv if x["p50_ms"] is not None)
+                if any(x["p50_ms"] is not None for x in lv)
+                else None,
+                "p99_ms": max((x["p99_ms"] for x in lv if x["p99_ms"] is not None), default=None),
+            }
+        )
     return combined
 
 
@@ -278,19 +361,36 @@ def served_scores(url: str, texts: list[str], graphed: np.ndarray, labels: list[
     conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=60)
     got = []
     for t in texts:
-        preds = {p["label"]: p["score"] for p in post_json(conn, "/v1/classify", {"inputs": t, "top_k": None})[
-            "predictions"][0]}
+        preds = {
+            p["label"]: p["score"]
+            for p in post_json(conn, "/v1/classify", {"inputs": t, "top_k": None})["predictions"][0]
+        }
         got.append([preds[lb] for lb in labels])
     conn.close()
     served = np.asarray(got, dtype=np.float64)
-    return {"texts": len(texts), "max_abs_dscore": float(np.abs(served - graphed).max()),
-            "label_changes": int((served.argmax(1) != graphed.argmax(1)).sum())}
+    return {
+        "texts": len(texts),
+        "max_abs_dscore": float(np.abs(served - graphed).max()),
+        "label_changes": int((served.argmax(1) != graphed.argmax(1)).sum()),
+    }
 
 
-def serve(variant: Path, device: str, workers: int, args: argparse.Namespace, work: Path, texts: list[str],
-          graphed: np.ndarray | None, labels: list[str]) -> dict[str, Any]:
-    srv = Server([str(variant), "--device", device, "--workers", str(workers), "--log-level", "warning"], ROOT,
-                 work / f"serve-w{workers}.log", tag=f"serve --workers {workers}")
+def serve(
+    variant: Path,
+    device: str,
+    workers: int,
+    args: argparse.Namespace,
+    work: Path,
+    texts: list[str],
+    graphed: np.ndarray | None,
+    labels: list[str],
+) -> dict[str, Any]:
+    srv = Server(
+        [str(variant), "--device", device, "--workers", str(workers), "--log-level", "warning"],
+        ROOT,
+        work / f"serve-w{workers}.log",
+        tag=f"serve --workers {workers}",
+    )
     t0 = time.perf_counter()
     try:
         srv.wait_ready(300)
@@ -310,13 +410,24 @@ def serve(variant: Path, device: str, workers: int, args: argparse.Namespace, wo
     finally:
         srv.stop()
     for lv in levels:
-        log.info("served w%d c%d: %.0f req/s, p50 %s ms, lost %d, label changes %d", workers, lv["concurrency"],
-                 lv["throughput_rps"], f"{lv['p50_ms']:.2f}" if lv["p50_ms"] is not None else "-", lv["lost"],
-                 lv["mismatched"])
-    return {"workers": workers, "ready_s": ready_s, "execution": execution, "levels": levels, "check": check,
-            "mean_batch": texts_run / batches if batches else None,
-            "per_worker_requests": {w: total(s, "qserve_requests_total", route="/v1/classify")
-                                    for w, s in metrics.items()}}
+        log.info(
+            "served w%d c%d: %.0f req/s, p50 %s ms, lost %d, label changes %d",
+            workers,
+            lv["concurrency"],
+            lv["throughput_rps"],
+            f"{lv['p50_ms']:.2f}" if lv["p50_ms"] is not None else "-",
+            lv["lost"],
+            lv["mismatched"],
+        )
+    return {
+        "workers": workers,
+        "ready_s": ready_s,
+        "execution": execution,
+        "levels": levels,
+        "check": check,
+        "mean_batch": texts_run / batches if batches else None,
+        "per_worker_requests": {w: total(s, "qserve_requests_total", route="/v1/classify") for w, s in metrics.items()},
+    }
 
 
 # -- the run -----------------------------------------------------------------------------------------------
@@ -345,9 +456,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 def measure(args: argparse.Namespace, device: str, work: Path, cores: int) -> dict[str, Any]:
     import torch
 
-    from qserve.artifact import read_manifest
-    from qserve.bench.loadtest import default_texts
-
     if args.dry:
         variant = tiny_variant(work / "tiny")
     elif args.run_dir is None:
@@ -359,11 +467,19 @@ def measure(args: argparse.Namespace, device: str, work: Path, cores: int) -> di
     review_texts = list(dict.fromkeys(reviews(args.texts)))
     rep: dict[str, Any] = {
         "variant": {"dir": str(variant), "name": manifest.name, "model": manifest.model_name, "seq": seq},
-        "dry": bool(args.dry), "device": device, "machine": machine(),
+        "dry": bool(args.dry),
+        "device": device,
+        "machine": machine(),
         "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
-        "versions": {"torch": torch.__version__, "cuda": torch.version.cuda}, "settings": {
-            "workers": args.workers, "clients": args.clients, "duration_s": args.duration, "texts": len(review_texts),
-            "compile_timeout_s": args.compile_timeout}}
+        "versions": {"torch": torch.__version__, "cuda": torch.version.cuda},
+        "settings": {
+            "workers": args.workers,
+            "clients": args.clients,
+            "duration_s": args.duration,
+            "texts": len(review_texts),
+            "compile_timeout_s": args.compile_timeout,
+        },
+    }
     t0 = time.perf_counter()
     errors: dict[str, str] = {}
     rep["errors"] = errors
@@ -378,8 +494,11 @@ def measure(args: argparse.Namespace, device: str, work: Path, cores: int) -> di
             return default
 
     log.info("plain transformers on %s: eager and one CUDA graph per shape", device)
-    rep["plain"] = guarded("plain", lambda: plain(variant, device, review_texts[:8], seq,
-                                                 PLAIN_BATCHES if not args.dry else (1, 4), args.iters), {})
+    rep["plain"] = guarded(
+        "plain",
+        lambda: plain(variant, device, review_texts[:8], seq, PLAIN_BATCHES if not args.dry else (1, 4), args.iters),
+        {},
+    )
     log.info("qserve's runtime: --cuda-graphs off, then auto")
     loaded = guarded("runtime", lambda: runtimes(variant, device, " ".join(review_texts[:8]), seq, args.budget))
     lt_texts = default_texts()
@@ -395,9 +514,15 @@ def measure(args: argparse.Namespace, device: str, work: Path, cores: int) -> di
         del eager, graphed, loaded
     rep["compile"] = guarded("compile", lambda: run_compile(variant, device, work, args.compile_timeout), {})
     rep["in_process_s"] = time.perf_counter() - t0
-    rep["served"] = [r for w in workers_list(args.workers, cores)
-                     if (r := guarded(f"served --workers {w}",
-                                      lambda w=w: serve(variant, device, w, args, work, lt_texts, ref, labels)))]
+    rep["served"] = [
+        r
+        for w in workers_list(args.workers, cores)
+        if (
+            r := guarded(
+                f"served --workers {w}", lambda w=w: serve(variant, device, w, args, work, lt_texts, ref, labels)
+            )
+        )
+    ]
     rep["summary"] = summarize(rep)
     rep["checks"] = checks(rep["summary"], args.dry)
     rep["total_s"] = time.perf_counter() - t0
@@ -425,14 +550,20 @@ def summarize(rep: dict[str, Any]) -> dict[str, Any]:
     best = max(served, key=lambda s: s["levels"][-1]["throughput_rps"]) if served else None
     lv = {x["concurrency"]: x for x in best["levels"]} if best else {}
     t = rep.get("texts") or {}
-    return {"runtime_b1_p50_ms": g.get("b1_p50_ms"), "runtime_b32_seq_s": g.get("b32_seq_s"),
-            "served_workers": best["workers"] if best else None,
-            "served_c1_p50_ms": (lv.get(1) or {}).get("p50_ms"),
-            "served_c128_rps": (lv.get(128) or {}).get("throughput_rps"),
-            "served_lost": sum(x["lost"] for s in served for x in s["levels"]) if served else None,
-            "served_label_changes": sum(x["mismatched"] for s in served for x in s["levels"])
-            + sum((s.get("check") or {}).get("label_changes") or 0 for s in served) if served else None,
-            "graphs_alone_vs_batched_max_dprob": t.get("max_abs_dprob"), "graphs_label_flips": t.get("flips")}
+    return {
+        "runtime_b1_p50_ms": g.get("b1_p50_ms"),
+        "runtime_b32_seq_s": g.get("b32_seq_s"),
+        "served_workers": best["workers"] if best else None,
+        "served_c1_p50_ms": (lv.get(1) or {}).get("p50_ms"),
+        "served_c128_rps": (lv.get(128) or {}).get("throughput_rps"),
+        "served_lost": sum(x["lost"] for s in served for x in s["levels"]) if served else None,
+        "served_label_changes": sum(x["mismatched"] for s in served for x in s["levels"])
+        + sum((s.get("check") or {}).get("label_changes") or 0 for s in served)
+        if served
+        else None,
+        "graphs_alone_vs_batched_max_dprob": t.get("max_abs_dprob"),
+        "graphs_label_flips": t.get("flips"),
+    }
 
 
 def checks(summary: dict[str, Any], dry: bool) -> list[dict[str, Any]]:
@@ -451,17 +582,26 @@ def _f(x: Any, nd: int = 2) -> str:
 def render(rep: dict[str, Any]) -> str:
     dev = rep["gpu"] or f"CPU ({rep['machine']['cpu']}, dry run: plumbing only, no target applies)"
     v = rep["variant"]
-    L = [f"# Served at the GPU's speed: {v['name']} on {dev}", "",
-         f"Variant `{v['dir']}` ({v['model']}), {v['seq']} tokens; torch {rep['versions']['torch']} "
-         f"(CUDA {rep['versions']['cuda']}); {rep['machine']['cores']} cores. One run, `python -m "
-         f"benchmarks.gpu_serving` ({rep['total_s']:.0f} s).", "", "## Targets", "",
-         "| check | measured | target | result |", "|---|---:|---|---|"]
+    L = [
+        f"# Served at the GPU's speed: {v['name']} on {dev}",
+        "",
+        f"Variant `{v['dir']}` ({v['model']}), {v['seq']} tokens; torch {rep['versions']['torch']} "
+        f"(CUDA {rep['versions']['cuda']}); {rep['machine']['cores']} cores. One run, `python -m "
+        f"benchmarks.gpu_serving` ({rep['total_s']:.0f} s).",
+        "",
+        "## Targets",
+        "",
+        "| check | measured | target | result |",
+        "|---|---:|---|---|",
+    ]
     for c in rep["checks"]:
         res = "–" if c["passed"] is None else ("**pass**" if c["passed"] else "**FAIL**")
         val = c["value"]
         nd = 3 if isinstance(val, float) and abs(val) < 10 else 1
-        L.append(f"| {c['name']} | {f'{val:.2e}' if isinstance(val, float) and 0 < abs(val) < 1e-3 else _f(val, nd)}"
-                 f" | {c['target']} | {res} |")
+        L.append(
+            f"| {c['name']} | {f'{val:.2e}' if isinstance(val, float) and 0 < abs(val) < 1e-3 else _f(val, nd)}"
+            f" | {c['target']} | {res} |"
+        )
     if rep["errors"]:
         L += ["", "## Steps that failed", ""] + [f"- {k}: `{e}`" for k, e in rep["errors"].items()]
     L += _plain_lines(rep["plain"]) + _runtime_lines(rep) + _text_lines(rep.get("texts") or {})
@@ -472,72 +612,117 @@ def render(rep: dict[str, Any]) -> str:
 def _plain_lines(p: dict[str, Any]) -> list[str]:
     if not p.get("rows"):
         return []
-    L = ["", f"## Plain transformers ({p['dtype']}): eager and one CUDA graph per shape", "",
-         "| b x s | eager (ms) | eager seq/s | CUDA graph (ms) | graph seq/s |", "|---|---:|---:|---:|---:|"]
-    L += [f"| {r['batch']} x {r['seq']} | {_f(r['eager_ms'], 3)} | {_f(r['eager_seq_s'], 0)} | "
-          f"{_f(r.get('graph_ms'), 3)} | {_f(r.get('graph_seq_s'), 0)} |" for r in p["rows"]]
+    L = [
+        "",
+        f"## Plain transformers ({p['dtype']}): eager and one CUDA graph per shape",
+        "",
+        "| b x s | eager (ms) | eager seq/s | CUDA graph (ms) | graph seq/s |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    L += [
+        f"| {r['batch']} x {r['seq']} | {_f(r['eager_ms'], 3)} | {_f(r['eager_seq_s'], 0)} | "
+        f"{_f(r.get('graph_ms'), 3)} | {_f(r.get('graph_seq_s'), 0)} |"
+        for r in p["rows"]
+    ]
     return L + (["", p["graph"] + "."] if p.get("graph") else [])
 
 
 def _runtime_lines(rep: dict[str, Any]) -> list[str]:
     runtime, comp, seq = rep.get("runtime") or {}, rep.get("compile") or {}, rep["variant"]["seq"]
-    rows = [(k, r) for k, r in runtime.items() if "b1_p50_ms" in r] + ([("compile", comp)] if "b1_p50_ms" in comp
-                                                                       else [])
+    rows = [(k, r) for k, r in runtime.items() if "b1_p50_ms" in r] + (
+        [("compile", comp)] if "b1_p50_ms" in comp else []
+    )
     if not rows:
         return []
-    L = ["", "## qserve's runtime, as `qserve bench` times it", "",
-         f"| execution | b1/s{seq} p50 (ms) | b1 p99 (ms) | b32/s{seq} (seq/s) | why |", "|---|---:|---:|---:|---|"]
+    L = [
+        "",
+        "## qserve's runtime, as `qserve bench` times it",
+        "",
+        f"| execution | b1/s{seq} p50 (ms) | b1 p99 (ms) | b32/s{seq} (seq/s) | why |",
+        "|---|---:|---:|---:|---|",
+    ]
     for k, r in rows:
         ex = r.get("execution") or {}
-        L.append(f"| {k} ({ex.get('mode')}) | {_f(r['b1_p50_ms'], 3)} | {_f(r['b1_p99_ms'], 3)} | "
-                 f"{_f(r['b32_seq_s'], 0)} | {ex.get('why')} |")
+        L.append(
+            f"| {k} ({ex.get('mode')}) | {_f(r['b1_p50_ms'], 3)} | {_f(r['b1_p99_ms'], 3)} | "
+            f"{_f(r['b32_seq_s'], 0)} | {ex.get('why')} |"
+        )
     if "auto" in runtime:
-        L += ["", f"auto kept eager here: {runtime['auto']['execution'].get('why')}; the graphs row was loaded with "
-                  "--cuda-graphs graphs."]
+        L += [
+            "",
+            f"auto kept eager here: {runtime['auto']['execution'].get('why')}; the graphs row was loaded with "
+            "--cuda-graphs graphs.",
+        ]
     if "b1_p50_ms" in comp:
-        L += ["", f"torch.compile: loaded (and checked) in {comp['load_s']:.1f} s, its b1/b32 timing (compiling "
-                  f"each shape on first use) took {comp['measure_s']:.1f} s."]
+        L += [
+            "",
+            f"torch.compile: loaded (and checked) in {comp['load_s']:.1f} s, its b1/b32 timing (compiling "
+            f"each shape on first use) took {comp['measure_s']:.1f} s.",
+        ]
     elif comp:
         L += ["", f"torch.compile: {comp.get('skipped') or comp.get('failed')}."]
     gx = (runtime.get("graphs") or {}).get("execution") or {}
     if gx.get("graphs"):
         gs = gx["graphs"]
         more = ", ..." if gs["count"] > 6 else ""
-        L += ["", f"Graphs: {gs['count']} captured ({', '.join(gs['captured'][:6])}{more}), {gs['memory_mb']} MiB, "
-                  f"set up in {gx.get('setup_s')} s; refused: {len(gs['refused'])}; replay vs eager at load "
-                  f"|Δlogit| {gx.get('check_max_abs_dlogit')}; auto measured (ms) {gx.get('measured_ms')}."]
+        L += [
+            "",
+            f"Graphs: {gs['count']} captured ({', '.join(gs['captured'][:6])}{more}), {gs['memory_mb']} MiB, "
+            f"set up in {gx.get('setup_s')} s; refused: {len(gs['refused'])}; replay vs eager at load "
+            f"|Δlogit| {gx.get('check_max_abs_dlogit')}; auto measured (ms) {gx.get('measured_ms')}.",
+        ]
     return L
 
 
 def _text_lines(t: dict[str, Any]) -> list[str]:
     if "max_abs_dprob" not in t:
         return []
-    L = ["", "## Scores with graphs against scores alone, text by text", "",
-         f"{t['texts']} test reviews, each scored alone and in shuffled batches of 8 and 32 (graphs runtime): largest "
-         f"|Δprob| {t['max_abs_dprob']:.2e}, {t['over_1e-5']} texts over 1e-5, {t['flips']} label flips. Graphs "
-         f"alone against eager alone: largest |Δprob| {t['vs_eager_max_abs_dprob']:.2e}, "
-         f"{t['vs_eager_label_changes']} label changes.", "", "| worst texts | \\|Δprob\\| |", "|---|---:|"]
+    L = [
+        "",
+        "## Scores with graphs against scores alone, text by text",
+        "",
+        f"{t['texts']} test reviews, each scored alone and in shuffled batches of 8 and 32 (graphs runtime): largest "
+        f"|Δprob| {t['max_abs_dprob']:.2e}, {t['over_1e-5']} texts over 1e-5, {t['flips']} label flips. Graphs "
+        f"alone against eager alone: largest |Δprob| {t['vs_eager_max_abs_dprob']:.2e}, "
+        f"{t['vs_eager_label_changes']} label changes.",
+        "",
+        "| worst texts | \\|Δprob\\| |",
+        "|---|---:|",
+    ]
     return L + [f"| {w['text'].replace('|', '/')} | {w['dprob']:.2e} |" for w in t["worst"]]
 
 
 def _served_lines(served: list[dict[str, Any]]) -> list[str]:
     if not served:
         return []
-    L = ["", "## Served: `qserve serve --workers W` + `qserve loadtest` (96 built-in reviews)", "",
-         "| workers | clients | requests | ok | errors | lost | label changes | p50 (ms) | p99 (ms) | req/s |",
-         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    L = [
+        "",
+        "## Served: `qserve serve --workers W` + `qserve loadtest` (96 built-in reviews)",
+        "",
+        "| workers | clients | requests | ok | errors | lost | label changes | p50 (ms) | p99 (ms) | req/s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for s in served:
         for lv in s["levels"]:
-            L.append(f"| {s['workers']} | c{lv['concurrency']} ({lv['processes']} proc) | {lv['requests']} | "
-                     f"{lv['ok']} | {lv['errors']} | {lv['lost']} | {lv['mismatched']} | {_f(lv['p50_ms'])} | "
-                     f"{_f(lv['p99_ms'])} | {_f(lv['throughput_rps'], 0)} |")
+            L.append(
+                f"| {s['workers']} | c{lv['concurrency']} ({lv['processes']} proc) | {lv['requests']} | "
+                f"{lv['ok']} | {lv['errors']} | {lv['lost']} | {lv['mismatched']} | {_f(lv['p50_ms'])} | "
+                f"{_f(lv['p99_ms'])} | {_f(lv['throughput_rps'], 0)} |"
+            )
     for s in served:
         c = s.get("check")
-        said = (f"; the 96 texts served one by one against the graphs runtime in this process: largest |Δscore| "
-                f"{c['max_abs_dscore']:.2e}, {c['label_changes']} label changes" if c else "")
-        L += ["", f"--workers {s['workers']}: ready in {s['ready_s']:.1f} s, runs {(s['execution'] or {}).get('mode')}"
-                  f", mean batch {_f(s['mean_batch'])}, /v1/classify requests per worker {s['per_worker_requests']}"
-                  f"{said}."]
+        said = (
+            f"; the 96 texts served one by one against the graphs runtime in this process: largest |Δscore| "
+            f"{c['max_abs_dscore']:.2e}, {c['label_changes']} label changes"
+            if c
+            else ""
+        )
+        L += [
+            "",
+            f"--workers {s['workers']}: ready in {s['ready_s']:.1f} s, runs {(s['execution'] or {}).get('mode')}"
+            f", mean batch {_f(s['mean_batch'])}, /v1/classify requests per worker {s['per_worker_requests']}"
+            f"{said}.",
+        ]
     return L
 
 
@@ -550,16 +735,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dir", nargs="?", help="a variant dir, or a dir holding variants/VARIANT (not with --dry)")
     p.add_argument("--variant", default="torch-bf16", help="the variant under RUN_DIR (default torch-bf16)")
     p.add_argument("--device", default="cuda", help="cuda or cuda:N (--dry: cpu)")
-    p.add_argument("--workers", default="auto", help="server processes to try, comma-separated; auto = half "
-                                                     "the cores, at most 8 (default auto)")
+    p.add_argument(
+        "--workers",
+        default="auto",
+        help="server processes to try, comma-separated; auto = half the cores, at most 8 (default auto)",
+    )
     p.add_argument("--clients", type=int, default=None, help="loadtest processes at c128 (default 4; --dry 1)")
     p.add_argument("--duration", type=float, default=None, help="seconds per loadtest level (default 5; --dry 1)")
-    p.add_argument("--texts", type=int, default=None, help="test reviews compared alone/batched (default 256; "
-                                                           "--dry 32)")
+    p.add_argument(
+        "--texts", type=int, default=None, help="test reviews compared alone/batched (default 256; --dry 32)"
+    )
     p.add_argument("--iters", type=int, default=None, help="timed calls per plain shape (default 50; --dry 5)")
     p.add_argument("--budget", type=float, default=None, help="seconds per runtime shape (default 1.5; --dry 0.2)")
-    p.add_argument("--compile-timeout", type=float, default=180.0,
-                   help="seconds for the torch.compile child (load, compile, time); 0 skips it (default 180)")
+    p.add_argument(
+        "--compile-timeout",
+        type=float,
+        default=180.0,
+        help="seconds for the torch.compile child (load, compile, time); 0 skips it (default 180)",
+    )
     p.add_argument("--dry", action="store_true", help="the CPU rehearsal: a tiny model, short levels, no targets")
     p.add_argument("--part", choices=["compile"], help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, required=True, help="where report.json and report.md go")
@@ -568,8 +761,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.part == "compile":
         return compile_part(args)
     dry = args.dry
-    for name, gpu, cpu in (("clients", 4, 1), ("duration", 5.0, 1.0), ("texts", 256, 32), ("iters", 50, 5),
-                           ("budget", 1.5, 0.2)):
+    for name, gpu, cpu in (
+        ("clients", 4, 1),
+        ("duration", 5.0, 1.0),
+        ("texts", 256, 32),
+        ("iters", 50, 5),
+        ("budget", 1.5, 0.2),
+    ):
         if getattr(args, name) is None:
             setattr(args, name, cpu if dry else gpu)
     if dry and args.workers == "auto":

@@ -27,35 +27,72 @@ def read_stages(path: Path) -> list[dict[str, Any]]:
         for line in path.read_text(encoding="utf-8").splitlines():
             parts = line.split("\t")
             if len(parts) >= 4:
-                rows.append({"stage": parts[0], "status": parts[1], "rc": int(parts[2]), "seconds": int(parts[3]),
-                             "note": parts[4] if len(parts) > 4 else ""})
+                rows.append(
+                    {
+                        "stage": parts[0],
+                        "status": parts[1],
+                        "rc": int(parts[2]),
+                        "seconds": int(parts[3]),
+                        "note": parts[4] if len(parts) > 4 else "",
+                    }
+                )
     return rows
 
 
-TRAIN_KEYS = ("precision", "device", "gpu", "train_time_s", "optimizer_steps", "step_time_median_s", "samples_per_s",
-              "peak_memory_bytes", "peak_memory_kind", "val_accuracy", "test_accuracy", "sizes", "precision_choice",
-              "time_budget")
+TRAIN_KEYS = (
+    "precision",
+    "device",
+    "gpu",
+    "train_time_s",
+    "optimizer_steps",
+    "step_time_median_s",
+    "samples_per_s",
+    "peak_memory_bytes",
+    "peak_memory_kind",
+    "val_accuracy",
+    "test_accuracy",
+    "sizes",
+    "precision_choice",
+    "time_budget",
+)
 
 
 def collect(work: Path) -> dict[str, Any]:
     """Everything the check produced, as one JSON-shaped dict (what gpu_tools.summary writes)."""
-    out: dict[str, Any] = {"format": "qserve-gpu-check/2", "run": _read(work / "run.json") or {},
-                           "env": _read(work / "env.json"), "stages": read_stages(work / "stages.tsv"),
-                           "training": None, "pipeline": None, "bench": None, "gate": None, "loadtest": None,
-                           "study": None}
+    out: dict[str, Any] = {
+        "format": "qserve-gpu-check/2",
+        "run": _read(work / "run.json") or {},
+        "env": _read(work / "env.json"),
+        "stages": read_stages(work / "stages.tsv"),
+        "training": None,
+        "pipeline": None,
+        "bench": None,
+        "gate": None,
+        "loadtest": None,
+        "study": None,
+    }
     m = _read(work / "run" / "checkpoint" / "train_metrics.json")
     if m:
         cfg = m.get("config") or {}
         out["training"] = {k: m.get(k) for k in TRAIN_KEYS} | {
-            "batch_size": cfg.get("batch_size"), "max_length": cfg.get("max_length"), "epochs": cfg.get("epochs"),
-            "tokens_per_s": (m["samples_per_s"] * cfg["max_length"]) if m.get("samples_per_s") and
-            cfg.get("max_length") else None}
+            "batch_size": cfg.get("batch_size"),
+            "max_length": cfg.get("max_length"),
+            "epochs": cfg.get("epochs"),
+            "tokens_per_s": (m["samples_per_s"] * cfg["max_length"])
+            if m.get("samples_per_s") and cfg.get("max_length")
+            else None,
+        }
     report = _read(work / "run" / "report" / "report.json")
     if report:
         pipe = report.get("pipeline") or {}
-        out["pipeline"] = {"stage_s": pipe.get("stage_s"), "machine": pipe.get("machine"), "plan": pipe.get("plan"),
-                           "skipped": pipe.get("skipped"), "export_failed": pipe.get("export_failed"),
-                           "recommended": {k: (report.get("recommended") or {}).get(k) for k in ("variant", "why")}}
+        out["pipeline"] = {
+            "stage_s": pipe.get("stage_s"),
+            "machine": pipe.get("machine"),
+            "plan": pipe.get("plan"),
+            "skipped": pipe.get("skipped"),
+            "export_failed": pipe.get("export_failed"),
+            "recommended": {k: (report.get("recommended") or {}).get(k) for k in ("variant", "why")},
+        }
         cfg = report.get("config") or {}
         b, s = (report.get("headline") or {}).get("batch", 1), (report.get("headline") or {}).get("seq", 128)
         bmax = max(cfg.get("batch_sizes") or [b])
@@ -63,26 +100,57 @@ def collect(work: Path) -> dict[str, Any]:
         for v in report.get("variants", []):
             fixed = {(r.get("batch"), r.get("seq")): r for r in v.get("fixed") or []}
             mem = v.get("memory") or {}
-            rows[v["name"]] = {"status": v.get("status"), "device": v.get("device"),
-                               "isolation": v.get("isolation", "process"),
-                               "p50_ms": (fixed.get((b, s)) or {}).get("p50"),
-                               "throughput": (fixed.get((bmax, s)) or {}).get("throughput"),
-                               "accuracy": (v.get("accuracy") or {}).get("accuracy"), "agreement": v.get("agreement"),
-                               "cuda_max_allocated_mb": (mem.get("cuda") or {}).get("max_allocated_mb"),
-                               "peak_rss_mb": mem.get("peak_rss_mb"), "load_s": v.get("load_s"),
-                               "wall_s": v.get("wall_s"), "error": v.get("error")}
-        out["bench"] = {"device": cfg.get("device"), "headline": [b, s], "bmax": bmax, "variants": rows,
-                        "gpu": (report.get("environment") or {}).get("gpu")}
+            rows[v["name"]] = {
+                "status": v.get("status"),
+                "device": v.get("device"),
+                "isolation": v.get("isolation", "process"),
+                "p50_ms": (fixed.get((b, s)) or {}).get("p50"),
+                "throughput": (fixed.get((bmax, s)) or {}).get("throughput"),
+                "accuracy": (v.get("accuracy") or {}).get("accuracy"),
+                "agreement": v.get("agreement"),
+                "cuda_max_allocated_mb": (mem.get("cuda") or {}).get("max_allocated_mb"),
+                "peak_rss_mb": mem.get("peak_rss_mb"),
+                "load_s": v.get("load_s"),
+                "wall_s": v.get("wall_s"),
+                "error": v.get("error"),
+            }
+        out["bench"] = {
+            "device": cfg.get("device"),
+            "headline": [b, s],
+            "bmax": bmax,
+            "variants": rows,
+            "gpu": (report.get("environment") or {}).get("gpu"),
+        }
         gate = report.get("gate") or {}
         out["gate"] = {"rows": gate.get("rows"), "why": gate.get("why")} if gate else None
     lt = _read(work / "loadtest.json")
     if lt:
-        out["loadtest"] = [{k: lv.get(k) for k in ("concurrency", "requests", "ok", "errors", "lost", "mismatched",
-                                                   "p50_ms", "p99_ms", "throughput_rps")} for lv in lt["levels"]]
+        out["loadtest"] = [
+            {
+                k: lv.get(k)
+                for k in (
+                    "concurrency",
+                    "requests",
+                    "ok",
+                    "errors",
+                    "lost",
+                    "mismatched",
+                    "p50_ms",
+                    "p99_ms",
+                    "throughput_rps",
+                )
+            }
+            for lv in lt["levels"]
+        ]
     study = _read(work / "study" / "precision_study.json")
     if study:
-        out["study"] = [{k: r.get(k) for k in ("label", "ok", "train_time_s", "step_time_median_s",
-                                               "peak_memory_bytes", "test_accuracy")} for r in study.get("runs", [])]
+        out["study"] = [
+            {
+                k: r.get(k)
+                for k in ("label", "ok", "train_time_s", "step_time_median_s", "peak_memory_bytes", "test_accuracy")
+            }
+            for r in study.get("runs", [])
+        ]
     return out
 
 
@@ -91,26 +159,33 @@ def _f(v: Any, spec: str, scale: float = 1.0) -> str:
 
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
-    return (["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-            + ["| " + " | ".join(r) + " |" for r in rows] + [""])
+    return (
+        ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows] + [""]
+    )
 
 
 def render(data: dict[str, Any]) -> str:
     run, env = data["run"], data.get("env") or {}
     gpu = env.get("gpu") or {}
     L = ["# qserve GPU check", ""]
-    L.append(f"- mode: {'DRY RUN on CPU (the same commands, tiny sizes)' if run.get('dry') else 'GPU'}; "
-             f"device {run.get('device')}; total {run.get('total_s', '?')} s of a {run.get('budget_s', '?')} s budget")
-    L.append(f"- GPU: {gpu.get('name', 'none')} (capability {gpu.get('capability', '—')}, "
-             f"{gpu.get('memory_gib', '—')} GiB, bf16 {gpu.get('bf16', '—')}); torch CUDA {env.get('torch_cuda')}")
+    L.append(
+        f"- mode: {'DRY RUN on CPU (the same commands, tiny sizes)' if run.get('dry') else 'GPU'}; "
+        f"device {run.get('device')}; total {run.get('total_s', '?')} s of a {run.get('budget_s', '?')} s budget"
+    )
+    L.append(
+        f"- GPU: {gpu.get('name', 'none')} (capability {gpu.get('capability', '—')}, "
+        f"{gpu.get('memory_gib', '—')} GiB, bf16 {gpu.get('bf16', '—')}); torch CUDA {env.get('torch_cuda')}"
+    )
     vers = env.get("versions") or {}
     L.append("- versions: " + ", ".join(f"{k} {v}" for k, v in vers.items() if v))
     L.append(f"- ONNX Runtime CUDA provider: {(env.get('onnxruntime_cuda') or {}).get('reason', 'not probed')}")
     if run.get("model_note"):
         L.append(f"- model: {run['model_note']}")
     L += ["", "## Stages", ""]
-    L += _table(["stage", "status", "exit", "seconds", "note"],
-                [[s["stage"], s["status"], str(s["rc"]), str(s["seconds"]), s["note"]] for s in data["stages"]])
+    L += _table(
+        ["stage", "status", "exit", "seconds", "note"],
+        [[s["stage"], s["status"], str(s["rc"]), str(s["seconds"]), s["note"]] for s in data["stages"]],
+    )
     pipe, t = data.get("pipeline"), data.get("training")
     if pipe or t:
         L += ["## `qserve pipeline` (defaults)", ""]
@@ -121,18 +196,21 @@ def render(data: dict[str, Any]) -> str:
         plan = pipe.get("plan") or {}
         for p in plan.get("placements") or []:
             if p.get("device") != plan.get("device"):
-                L.append(f"- {p['variant']}: {p.get('device') or 'skipped'}" + (f" ({p['why']})" if p.get("why")
-                                                                                 else ""))
+                L.append(
+                    f"- {p['variant']}: {p.get('device') or 'skipped'}" + (f" ({p['why']})" if p.get("why") else "")
+                )
         for name, why in (pipe.get("export_failed") or {}).items():
             L.append(f"- export failed: {name}: {str(why)[:300]}")
         rec = pipe.get("recommended") or {}
         L.append(f"- recommended: {rec.get('variant') or 'none'} ({rec.get('why')})")
     if t:
-        L.append(f"- training: {t.get('precision')} ({(t.get('precision_choice') or {}).get('reason', '')}), "
-                 f"batch {t.get('batch_size')}, max length {t.get('max_length')}, {t.get('epochs')} epoch(s), "
-                 f"sizes {t.get('sizes')}; {_f(t.get('train_time_s'), '.1f')} s, {_f(t.get('samples_per_s'), '.0f')} "
-                 f"samples/s = {_f(t.get('tokens_per_s'), ',.0f')} tokens/s; test accuracy "
-                 f"{_f(t.get('test_accuracy'), '.2%')}, val {_f(t.get('val_accuracy'), '.2%')}")
+        L.append(
+            f"- training: {t.get('precision')} ({(t.get('precision_choice') or {}).get('reason', '')}), "
+            f"batch {t.get('batch_size')}, max length {t.get('max_length')}, {t.get('epochs')} epoch(s), "
+            f"sizes {t.get('sizes')}; {_f(t.get('train_time_s'), '.1f')} s, {_f(t.get('samples_per_s'), '.0f')} "
+            f"samples/s = {_f(t.get('tokens_per_s'), ',.0f')} tokens/s; test accuracy "
+            f"{_f(t.get('test_accuracy'), '.2%')}, val {_f(t.get('val_accuracy'), '.2%')}"
+        )
     if pipe or t:
         L.append("")
     bench = data.get("bench")
@@ -141,32 +219,85 @@ def render(data: dict[str, Any]) -> str:
         L += [f"## Bench (run device {bench.get('device')}, {bench.get('gpu') or 'no GPU'})", ""]
         rows = []
         for name, v in bench["variants"].items():
-            rows.append([name, str(v.get("device")), v.get("isolation") or "process", str(v["status"]),
-                         _f(v["p50_ms"], ".2f"), _f(v["throughput"], ",.0f"), _f(v["accuracy"], ".2%"),
-                         _f(v["agreement"], ".2%"), _f(v["cuda_max_allocated_mb"], ".0f"), _f(v["peak_rss_mb"], ".0f"),
-                         _f(v["load_s"], ".1f"), _f(v["wall_s"], ".1f")])
-        L += _table(["variant", "device", "process", "status", f"p50 b{b}/s{s} ms", f"b{bench['bmax']}/s{s} seq/s",
-                     "accuracy", "agreement", "CUDA max alloc MB", "peak RSS MB", "load s", "wall s"], rows)
+            rows.append(
+                [
+                    name,
+                    str(v.get("device")),
+                    v.get("isolation") or "process",
+                    str(v["status"]),
+                    _f(v["p50_ms"], ".2f"),
+                    _f(v["throughput"], ",.0f"),
+                    _f(v["accuracy"], ".2%"),
+                    _f(v["agreement"], ".2%"),
+                    _f(v["cuda_max_allocated_mb"], ".0f"),
+                    _f(v["peak_rss_mb"], ".0f"),
+                    _f(v["load_s"], ".1f"),
+                    _f(v["wall_s"], ".1f"),
+                ]
+            )
+        L += _table(
+            [
+                "variant",
+                "device",
+                "process",
+                "status",
+                f"p50 b{b}/s{s} ms",
+                f"b{bench['bmax']}/s{s} seq/s",
+                "accuracy",
+                "agreement",
+                "CUDA max alloc MB",
+                "peak RSS MB",
+                "load s",
+                "wall s",
+            ],
+            rows,
+        )
         L += [f"- {n} failed: {str(v['error'])[:300]}" for n, v in bench["variants"].items() if v.get("error")]
     gate = data.get("gate")
     if gate:
         L += ["## Release gate", ""]
         rows = gate.get("rows") or []
-        L += (_table(list(rows[0]), [list(r.values()) for r in rows]) if rows
-              else [f"No variant gated: {gate.get('why')}", ""])
+        L += (
+            _table(list(rows[0]), [list(r.values()) for r in rows])
+            if rows
+            else [f"No variant gated: {gate.get('why')}", ""]
+        )
     lt = data.get("loadtest")
     if lt:
         L += ["## `qserve serve RUN_DIR` + `qserve loadtest` (96 built-in reviews)", ""]
-        L += _table(["clients", "requests", "ok", "errors", "lost", "label changes", "p50 ms", "p99 ms", "req/s"],
-                    [[str(lv["concurrency"]), str(lv["requests"]), str(lv["ok"]), str(lv["errors"]), str(lv["lost"]),
-                      str(lv["mismatched"]), _f(lv["p50_ms"], ".2f"), _f(lv["p99_ms"], ".2f"),
-                      _f(lv["throughput_rps"], ",.0f")] for lv in lt])
+        L += _table(
+            ["clients", "requests", "ok", "errors", "lost", "label changes", "p50 ms", "p99 ms", "req/s"],
+            [
+                [
+                    str(lv["concurrency"]),
+                    str(lv["requests"]),
+                    str(lv["ok"]),
+                    str(lv["errors"]),
+                    str(lv["lost"]),
+                    str(lv["mismatched"]),
+                    _f(lv["p50_ms"], ".2f"),
+                    _f(lv["p99_ms"], ".2f"),
+                    _f(lv["throughput_rps"], ",.0f"),
+                ]
+                for lv in lt
+            ],
+        )
     study = data.get("study")
     if study:
         L += ["## Precision study (`qserve train --compare`; the full table: precision_study.md)", ""]
-        L += _table(["run", "ok", "train s", "median step s", "peak memory GB", "test accuracy"],
-                    [[str(r["label"]), str(r["ok"]), _f(r.get("train_time_s"), ".1f"),
-                      _f(r.get("step_time_median_s"), ".4f"), _f(r.get("peak_memory_bytes"), ".2f", 1e-9),
-                      _f(r.get("test_accuracy"), ".2%")] for r in study])
+        L += _table(
+            ["run", "ok", "train s", "median step s", "peak memory GB", "test accuracy"],
+            [
+                [
+                    str(r["label"]),
+                    str(r["ok"]),
+                    _f(r.get("train_time_s"), ".1f"),
+                    _f(r.get("step_time_median_s"), ".4f"),
+                    _f(r.get("peak_memory_bytes"), ".2f", 1e-9),
+                    _f(r.get("test_accuracy"), ".2%"),
+                ]
+                for r in study
+            ],
+        )
     L += ["Logs, the run's report dir and the manifests are in gpu_check_files.tar.gz.", ""]
     return "\n".join(L)

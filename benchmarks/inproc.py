@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from qserve.runtime import load_runtime, RuntimeOptions
+from qserve.runtime import RuntimeOptions, load_runtime
 
 
 def timed(rt: Any, chunks: list[list[str]], seconds: float) -> tuple[list[float], int, float, float]:
@@ -39,12 +39,16 @@ def measure(cfg: dict[str, Any]) -> dict[str, Any]:
     texts = cfg["texts"]
     answers = [rt.predict([t])[0].tolist() for t in texts]
     lat, n, cpu, wall = timed(rt, [[t] for t in texts], cfg["seconds"])
-    b32 = [texts[i:i + cfg["batch"]] for i in range(0, len(texts), cfg["batch"])]
+    b32 = [texts[i : i + cfg["batch"]] for i in range(0, len(texts), cfg["batch"])]
     rt.predict(b32[0])
     blat, bn, bcpu, bwall = timed(rt, b32, cfg["seconds"])
-    return {"answers": answers, "labels": list(rt.labels), "name": rt.name,
-            "b1": {"p50_ms": statistics.median(lat), "calls": len(lat), "cpu_ms_per_call": cpu * 1e3 / len(lat)},
-            "b32": {"texts_per_s": bn / bwall, "cpu_ms_per_text": bcpu * 1e3 / bn, "texts": bn}}
+    return {
+        "answers": answers,
+        "labels": list(rt.labels),
+        "name": rt.name,
+        "b1": {"p50_ms": statistics.median(lat), "calls": len(lat), "cpu_ms_per_call": cpu * 1e3 / len(lat)},
+        "b32": {"texts_per_s": bn / bwall, "cpu_ms_per_text": bcpu * 1e3 / bn, "texts": bn},
+    }
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ Writes report.json and report.md to --out. A statement of what was measured, not
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import json
 import logging
@@ -28,45 +29,73 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-import bisect
 
 import numpy as np
 
-from benchmarks.distilbert_base_speed import build_checkpoint, export_all
 import exporters
-from qserve.runtime.onnx_rt import disabled_optimizers, session_options
-from qserve.runtime import load_runtime, RuntimeOptions
-from qserve.provenance import provenance
-from qserve.bench.realtext import synthetic_batch
-from qserve.bench.measure import FALLBACK_TEXT
-from qserve.bench.floor import flops_per_sequence, gemm_shapes, measure_peaks
-from qserve.bench.envinfo import environment
-from exporters.onnx import quantize_int8, resolve_options
+from benchmarks.distilbert_base_speed import build_checkpoint, export_all
 from benchmarks.harness import ROOT, write_markdown, write_report
-
+from exporters.onnx import quantize_int8, resolve_options
+from qserve.bench.envinfo import environment
+from qserve.bench.floor import flops_per_sequence, gemm_shapes, measure_peaks
+from qserve.bench.measure import FALLBACK_TEXT
+from qserve.bench.realtext import synthetic_batch
+from qserve.provenance import provenance
+from qserve.runtime import RuntimeOptions, load_runtime
+from qserve.runtime.onnx_rt import disabled_optimizers, session_options
 
 # Kernel op types by what they do; anything else is "other".
 CLASSES = {
-    "int8 GEMMs (with activation quantization)": {"DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulInteger",
-                                                   "DynamicQuantizeLinear", "QGemm"},
+    "int8 GEMMs (with activation quantization)": {
+        "DynamicQuantizeMatMul",
+        "MatMulIntegerToFloat",
+        "MatMulInteger",
+        "DynamicQuantizeLinear",
+        "QGemm",
+    },
     "fp32 attention MatMuls (Q·Kᵀ, P·V)": {"MatMul", "FusedMatMul"},
     "fused attention ops": {"Attention", "QAttention", "MultiHeadAttention"},
     "Softmax": {"Softmax"},
     "Gelu": {"Gelu", "BiasGelu", "FastGelu"},
     "LayerNorm": {"LayerNormalization", "SkipLayerNormalization"},
     # GreaterOrEqual, And, Range, Flatten: transformers 5 builds the padding mask from index comparisons
-    "elementwise (Add, Mul, Where, ...)": {"Add", "Mul", "Div", "Sub", "Where", "Equal", "Cast", "Sqrt", "Relu",
-                                          "Expand", "Erf", "GreaterOrEqual", "And"},
+    "elementwise (Add, Mul, Where, ...)": {
+        "Add",
+        "Mul",
+        "Div",
+        "Sub",
+        "Where",
+        "Equal",
+        "Cast",
+        "Sqrt",
+        "Relu",
+        "Expand",
+        "Erf",
+        "GreaterOrEqual",
+        "And",
+    },
     "layout (Transpose, Reshape)": {"Transpose", "Reshape", "Unsqueeze", "Squeeze", "Flatten"},
-    "shape arithmetic and lookups (Shape, Gather, ...)": {"Shape", "Gather", "Concat", "Slice", "ConstantOfShape",
-                                                          "DequantizeLinear", "ReduceSum", "Range"},
+    "shape arithmetic and lookups (Shape, Gather, ...)": {
+        "Shape",
+        "Gather",
+        "Concat",
+        "Slice",
+        "ConstantOfShape",
+        "DequantizeLinear",
+        "ReduceSum",
+        "Range",
+    },
 }
 # name -> (directory under --models/breakdown, exporter options)
-ALTERNATIVES = {"smooth off": ("smooth-off", {"smooth": False}),
-                "optimize on (QAttention)": ("optimize-on", {"optimize": True})}
+ALTERNATIVES = {
+    "smooth off": ("smooth-off", {"smooth": False}),
+    "optimize on (QAttention)": ("optimize-on", {"optimize": True}),
+}
 # MultiHeadAttention keeps q/k/v as separate int8 MatMuls and fuses only the attention core.
-MHA = {"MHA fusion, smooth off": ("mha-plain", {"smooth": False, "correct_bias": False}),
-       "MHA fusion + smoothing": ("mha-smooth", {})}
+MHA = {
+    "MHA fusion, smooth off": ("mha-plain", {"smooth": False, "correct_bias": False}),
+    "MHA fusion + smoothing": ("mha-smooth", {}),
+}
 
 
 def op_class(op: str) -> str:
@@ -80,8 +109,9 @@ def session(path: Path, threads: int, profile_dir: Path | None = None):
     if profile_dir is not None:
         so.enable_profiling = True
         so.profile_file_prefix = str(profile_dir / "ort")
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"],
-                                disabled_optimizers=disabled_optimizers("cpu"))
+    return ort.InferenceSession(
+        str(path), so, providers=["CPUExecutionProvider"], disabled_optimizers=disabled_optimizers("cpu")
+    )
 
 
 def feed_for(variant: Path, batch: int, seq: int, threads: int) -> dict:
@@ -106,7 +136,7 @@ def profile(sess, feed: dict, calls: int, warmup: int = 20) -> dict:
         sess.run(None, feed)
     events = json.loads(Path(sess.end_profiling()).read_text())
     runs = sorted((e["ts"], e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
-    kept = {i for i, _ in sorted(enumerate(runs), key=lambda r: r[1][1])[:len(runs) - len(runs) // 2]}
+    kept = {i for i, _ in sorted(enumerate(runs), key=lambda r: r[1][1])[: len(runs) - len(runs) // 2]}
     starts = [ts for ts, _ in runs]
     per_op: dict[str, float] = collections.defaultdict(float)
     nodes: collections.Counter = collections.Counter()
@@ -161,9 +191,15 @@ def summarize_rounds(medians: dict[str, list[float]], diffs: dict[str, float]) -
     out = {}
     for name, m in medians.items():
         r = np.array(m) / first
-        out[name] = {"p50_ms": float(np.median(m)), "best_round_ms": float(min(m)), "rounds_ms": list(m),
-                     "ratio_to_shipped": float(np.median(r)), "ratio_quiet": float(np.median(r[quiet])),
-                     "quiet_rounds": int(quiet.sum()), "max_abs_logit_diff": diffs[name]}
+        out[name] = {
+            "p50_ms": float(np.median(m)),
+            "best_round_ms": float(min(m)),
+            "rounds_ms": list(m),
+            "ratio_to_shipped": float(np.median(r)),
+            "ratio_quiet": float(np.median(r[quiet])),
+            "quiet_rounds": int(quiet.sum()),
+            "max_abs_logit_diff": diffs[name],
+        }
     return out
 
 
@@ -193,14 +229,24 @@ def mha_graph(ckpt: Path, fp32_graph: Path, dst: Path, options: dict) -> None:
         setattr(fo, flag, False)  # keep every other op as in the shipped graph
     with tempfile.TemporaryDirectory() as scratch:
         fused = Path(scratch) / "fused.onnx"
-        model = optimize_model(str(fp32_graph), model_type="bert", num_heads=int(config["n_heads"]),
-                               hidden_size=int(config["dim"]), opt_level=0, use_gpu=False, optimization_options=fo)
+        model = optimize_model(
+            str(fp32_graph),
+            model_type="bert",
+            num_heads=int(config["n_heads"]),
+            hidden_size=int(config["dim"]),
+            opt_level=0,
+            use_gpu=False,
+            optimization_options=fo,
+        )
         if model.get_fused_operator_statistics().get("MultiHeadAttention") != int(config["n_layers"]):
-            raise SystemExit(f"ORT fused {model.get_fused_operator_statistics()} in {fp32_graph}: "
-                             f"expected {config['n_layers']} MultiHeadAttention nodes")
+            raise SystemExit(
+                f"ORT fused {model.get_fused_operator_statistics()} in {fp32_graph}: "
+                f"expected {config['n_layers']} MultiHeadAttention nodes"
+            )
         model.save_model_to_file(str(fused))
         dst.parent.mkdir(parents=True, exist_ok=True)
         quantize_int8(fused, dst, config, resolve_options("onnx-int8", options), Path(scratch), ckpt)
+
 
 def render(r: dict) -> str:
     """report.md: the floor, where the shipped graph's time goes, and the other graphs side by side."""
@@ -220,13 +266,15 @@ def render(r: dict) -> str:
     bound = gemm + attn_fp32
     env = r["environment"]
     lines = [
-        f"# onnx-int8 at DistilBERT-base dims: where the time goes (b{r['batch']}/s{r['seq']}, "
-        f"{r['threads']} threads)", "",
+        f"# onnx-int8 at DistilBERT-base dims: where the time goes (b{r['batch']}/s{r['seq']}, {r['threads']} threads)",
+        "",
         f"`benchmarks/int8_breakdown.py`, created {r['created']}, onnxruntime {r['onnxruntime']}, "
         f"{(env.get('cpu') or {}).get('model', 'CPU')}. Model `{r['model']}`: **random weights, speed only**. "
         "Every graph below runs through the session settings of qserve's runtime (qserve/runtime/onnx_rt.py). "
-        "Numbers from one run on a shared machine: read ratios, not single values.", "",
-        "## Against the int8 floor", "",
+        "Numbers from one run on a shared machine: read ratios, not single values.",
+        "",
+        "## Against the int8 floor",
+        "",
         f"- One sequence costs {f['total'] / 1e9:.3f} GFLOP: linear layers {f['linear'] / 1e9:.3f}, "
         f"attention (Q·Kᵀ, P·V) {f['attention'] / 1e9:.3f}.",
         f"- Peak int8 rate measured in this run: {i8['gflops']:.1f} GOP/s ({i8['method']}, "
@@ -241,37 +289,59 @@ def render(r: dict) -> str:
         f"- ORT runs the attention products in fp32 on CPU: at the fp32 peak they need {attn_fp32:.2f} ms. "
         f"GEMMs as measured plus attention at the fp32 peak, with every other op free: {bound:.2f} ms = "
         f"{bound / floor:.2f}× the floor. That is the least this graph structure could take on these kernels.",
-        "", "## Where the shipped graph's time goes", "",
+        "",
+        "## Where the shipped graph's time goes",
+        "",
         f"ORT's profiler over {prof['calls']} calls, the faster {prof['runs']} of them counted "
         f"({prof['profiled_ms_per_run']:.2f} ms per profiled call; "
         f"the profiler adds its own cost, so each class's share is applied to the best unprofiled round, "
         f"{best:.2f} ms). Profiled call / best round = {prof['profiled_ms_per_run'] / best:.2f}"
-        + ("; quiet runs here read 1.1-1.2, so this profile met a burst of the machine and its shares are blurred "
-           "(the kernels slowed by the burst look bigger)." if prof["profiled_ms_per_run"] / best > 1.3 else "."), "",
-        "| class | nodes per call | share | ms of the best round | op types |", "|---|---:|---:|---:|---|",
+        + (
+            "; quiet runs here read 1.1-1.2, so this profile met a burst of the machine and its shares are blurred "
+            "(the kernels slowed by the burst look bigger)."
+            if prof["profiled_ms_per_run"] / best > 1.3
+            else "."
+        ),
+        "",
+        "| class | nodes per call | share | ms of the best round | op types |",
+        "|---|---:|---:|---:|---|",
     ]
     total = prof["profiled_ms_per_run"]
     for name, c in sorted(cls.items(), key=lambda kv: -kv[1]["ms"]):
-        lines.append(f"| {name} | {c['nodes']} | {c['ms'] / total:.1%} | {c['ms'] * scale:.2f} | "
-                     f"{', '.join(sorted(c['ops'])) or '–'} |")
+        lines.append(
+            f"| {name} | {c['nodes']} | {c['ms'] / total:.1%} | {c['ms'] * scale:.2f} | "
+            f"{', '.join(sorted(c['ops'])) or '–'} |"
+        )
     rounds = len(next(iter(t.values()))["rounds_ms"])
-    lines += ["", "## Other int8 graphs of the same model, timed interleaved", "",
-              f"{rounds} rounds; in each, every graph makes {r['calls_per_turn']} calls in turn, so a noisy minute "
-              "hits all of them. "
-              "Ratio = median over rounds of (graph / shipped) in the same round. A round is quiet when the shipped "
-              f"graph ran within {QUIET - 1:.0%} of its best round: bursts of this shared machine slow some kernels "
-              "more than others, so the quiet-round ratio is the one that ranks graphs. Best round / floor = the "
-              "graph's quietest round against the floor (itself a best-of-N rate).", "",
-              "| graph | median of rounds (ms) | best round (ms) | ratio, all rounds | ratio, quiet rounds "
-              "| best round / floor | max abs logit diff vs shipped |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "## Other int8 graphs of the same model, timed interleaved",
+        "",
+        f"{rounds} rounds; in each, every graph makes {r['calls_per_turn']} calls in turn, so a noisy minute "
+        "hits all of them. "
+        "Ratio = median over rounds of (graph / shipped) in the same round. A round is quiet when the shipped "
+        f"graph ran within {QUIET - 1:.0%} of its best round: bursts of this shared machine slow some kernels "
+        "more than others, so the quiet-round ratio is the one that ranks graphs. Best round / floor = the "
+        "graph's quietest round against the floor (itself a best-of-N rate).",
+        "",
+        "| graph | median of rounds (ms) | best round (ms) | ratio, all rounds | ratio, quiet rounds "
+        "| best round / floor | max abs logit diff vs shipped |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, g in t.items():
-        lines.append(f"| {name} | {g['p50_ms']:.2f} | {g['best_round_ms']:.2f} | {g['ratio_to_shipped']:.3f} | "
-                     f"{g['ratio_quiet']:.3f} | {g['best_round_ms'] / floor:.2f}× | {g['max_abs_logit_diff']:.4f} |")
+        lines.append(
+            f"| {name} | {g['p50_ms']:.2f} | {g['best_round_ms']:.2f} | {g['ratio_to_shipped']:.3f} | "
+            f"{g['ratio_quiet']:.3f} | {g['best_round_ms'] / floor:.2f}× | {g['max_abs_logit_diff']:.4f} |"
+        )
     q = t["shipped onnx-int8"]["quiet_rounds"]
     fastest = min(t, key=lambda k: t[k]["ratio_quiet"])
-    lines += ["", f"Quiet rounds: {q} of {rounds}" + (" — few: read this table with care." if q < rounds / 3 else "."),
-              "", f"Fastest by quiet-round ratio: {fastest} ({t[fastest]['ratio_quiet']:.3f} of the shipped graph); "
-              f"its best round is {t[fastest]['best_round_ms'] / floor:.2f}× the floor."]
+    lines += [
+        "",
+        f"Quiet rounds: {q} of {rounds}" + (" — few: read this table with care." if q < rounds / 3 else "."),
+        "",
+        f"Fastest by quiet-round ratio: {fastest} ({t[fastest]['ratio_quiet']:.3f} of the shipped graph); "
+        f"its best round is {t[fastest]['best_round_ms'] / floor:.2f}× the floor.",
+    ]
     lines += ["", "Graphs: " + "; ".join(f"{k}: `{v}`" for k, v in r["graphs"].items()) + ".", ""]
     return "\n".join(lines)
 
@@ -279,8 +349,12 @@ def render(r: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", type=Path, default=ROOT / "models" / "distilbert-base-dims")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "reports" / "int8-breakdown",
-                   help="report directory (default %(default)s; its report.json/md are replaced)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "benchmarks" / "reports" / "int8-breakdown",
+        help="report directory (default %(default)s; its report.json/md are replaced)",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--calls", type=int, default=200, help="profiled calls (default %(default)s)")
     p.add_argument("--rounds", type=int, default=25, help="interleaved rounds (default %(default)s)")
@@ -291,8 +365,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         src = args.out / "report.json"
         if not src.is_file():
-            raise SystemExit(f"--render needs {src}: run the script once without --render, or point --out at a "
-                             "directory holding its report.json")
+            raise SystemExit(
+                f"--render needs {src}: run the script once without --render, or point --out at a "
+                "directory holding its report.json"
+            )
         report = json.loads(src.read_text(encoding="utf-8"))
         write_markdown(args.out / "report.md", render(report), report.get("provenance"))
         print(f"report: {args.out / 'report.md'}")
@@ -311,8 +387,10 @@ def main(argv: list[str] | None = None) -> int:
     flops = flops_per_sequence(config, seq)
     logging.info("measuring peak GEMM rates")
     peaks = measure_peaks(gemm_shapes(config, batch * seq), args.threads, "cpu", model_shapes=3)
-    graphs = {"shipped onnx-int8": int8_dir / "model.onnx",
-              **build_alternatives(ckpt, fp32_dir / "model.onnx", args.models / "breakdown", args.rebuild)}
+    graphs = {
+        "shipped onnx-int8": int8_dir / "model.onnx",
+        **build_alternatives(ckpt, fp32_dir / "model.onnx", args.models / "breakdown", args.rebuild),
+    }
     feed = feed_for(int8_dir, batch, seq, args.threads)
     logging.info("interleaved timing of %d graphs, %d rounds", len(graphs), args.rounds)
     timing = interleaved({k: session(v, args.threads) for k, v in graphs.items()}, feed, args.rounds, args.turn)
@@ -322,11 +400,23 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime as ort
 
     shown = {k: str(v.relative_to(ROOT)) if v.is_relative_to(ROOT) else str(v) for k, v in graphs.items()}
-    report = {"model": "distilbert-base-dims-random", "batch": batch, "seq": seq, "threads": args.threads,
-              "flops": flops, "peaks": peaks["peaks"], "model_peaks": peaks["model_peaks"], "timing": timing,
-              "calls_per_turn": args.turn, "profile": prof, "graphs": shown, "onnxruntime": ort.__version__,
-              "environment": environment(args.threads, "cpu"), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-              "provenance": provenance()}
+    report = {
+        "model": "distilbert-base-dims-random",
+        "batch": batch,
+        "seq": seq,
+        "threads": args.threads,
+        "flops": flops,
+        "peaks": peaks["peaks"],
+        "model_peaks": peaks["model_peaks"],
+        "timing": timing,
+        "calls_per_turn": args.turn,
+        "profile": prof,
+        "graphs": shown,
+        "onnxruntime": ort.__version__,
+        "environment": environment(args.threads, "cpu"),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "provenance": provenance(),
+    }
     write_report(args.out, report, render(report), echo=False)
     print(f"report: {args.out / 'report.md'}")
     return 0

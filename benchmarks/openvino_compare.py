@@ -38,18 +38,18 @@ from typing import Any
 
 import numpy as np
 
+import exporters
 from benchmarks.distilbert_base_speed import build_checkpoint
 from benchmarks.harness import ROOT, review_split, write_report
-import exporters
-from qserve.runtime import load_runtime, RuntimeOptions
-from qserve.provenance import provenance
-from qserve.files import library_versions, now_iso
-from qserve.devices import cpu_info
-from qserve.bench.recommend import bar_for
-from qserve.bench.realtext import synthetic_batch
-from qserve.bench.measure import FALLBACK_TEXT
-from qserve.bench.envinfo import load_avg
 from qserve.artifact import ModelMeta, read_model_meta
+from qserve.bench.envinfo import load_avg
+from qserve.bench.measure import FALLBACK_TEXT
+from qserve.bench.realtext import synthetic_batch
+from qserve.bench.recommend import bar_for
+from qserve.devices import cpu_info
+from qserve.files import library_versions, now_iso
+from qserve.provenance import provenance
+from qserve.runtime import RuntimeOptions, load_runtime
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -91,7 +91,7 @@ def time_rounds(runtimes: dict[str, Any], labels: list[str], rounds: int, n1: in
     calls: dict[str, dict[str, list[float]]] = {lb: {"b1": [], "b32": []} for lb in labels}
     per_round: list[dict[str, dict[str, float]]] = []
     for r in range(rounds):
-        order = labels[r % len(labels):] + labels[:r % len(labels)]
+        order = labels[r % len(labels) :] + labels[: r % len(labels)]
         this: dict[str, dict[str, float]] = {}
         for label in order:
             rt = runtimes[label]
@@ -109,8 +109,11 @@ def time_rounds(runtimes: dict[str, Any], labels: list[str], rounds: int, n1: in
             calls[label]["b32"] += t32
             this[label] = {"b1_p50": statistics.median(t1), "b32_seq_s": 32e3 / statistics.median(t32)}
         per_round.append(this)
-        print(f"round {r + 1}/{rounds}: " + ", ".join(f"{lb} {v['b1_p50']:.2f} ms / {v['b32_seq_s']:.0f} seq/s"
-                                                     for lb, v in this.items()), flush=True)
+        print(
+            f"round {r + 1}/{rounds}: "
+            + ", ".join(f"{lb} {v['b1_p50']:.2f} ms / {v['b32_seq_s']:.0f} seq/s" for lb, v in this.items()),
+            flush=True,
+        )
     return calls, per_round
 
 
@@ -118,17 +121,28 @@ def speed_summary(calls, per_round, labels) -> dict[str, dict[str, Any]]:
     out = {}
     for label in labels:
         b1, b32 = np.asarray(calls[label]["b1"]), np.asarray(calls[label]["b32"])
-        rec = {"b1_p50_ms": float(np.percentile(b1, 50)), "b1_p90_ms": float(np.percentile(b1, 90)),
-               "b1_min_ms": float(b1.min()), "b1_calls": int(b1.size),
-               "b32_p50_ms": float(np.percentile(b32, 50)), "b32_seq_s": float(32e3 / np.percentile(b32, 50)),
-               "b32_calls": int(b32.size)}
+        rec = {
+            "b1_p50_ms": float(np.percentile(b1, 50)),
+            "b1_p90_ms": float(np.percentile(b1, 90)),
+            "b1_min_ms": float(b1.min()),
+            "b1_calls": int(b1.size),
+            "b32_p50_ms": float(np.percentile(b32, 50)),
+            "b32_seq_s": float(32e3 / np.percentile(b32, 50)),
+            "b32_calls": int(b32.size),
+        }
         if BASELINE in calls and label != BASELINE:
             lat = [r[label]["b1_p50"] / r[BASELINE]["b1_p50"] for r in per_round]
             thr = [r[label]["b32_seq_s"] / r[BASELINE]["b32_seq_s"] for r in per_round]
-            rec.update({"b1_p50_vs_baseline": rec["b1_p50_ms"] / out_or(calls, BASELINE, "b1"),
-                        "b32_vs_baseline": rec["b32_seq_s"] / (32e3 / out_or(calls, BASELINE, "b32")),
-                        "b1_ratio_per_round": [round(x, 3) for x in lat], "b32_ratio_per_round": [round(x, 3) for x in thr],
-                        "b1_ratio_median_round": statistics.median(lat), "b32_ratio_median_round": statistics.median(thr)})
+            rec.update(
+                {
+                    "b1_p50_vs_baseline": rec["b1_p50_ms"] / out_or(calls, BASELINE, "b1"),
+                    "b32_vs_baseline": rec["b32_seq_s"] / (32e3 / out_or(calls, BASELINE, "b32")),
+                    "b1_ratio_per_round": [round(x, 3) for x in lat],
+                    "b32_ratio_per_round": [round(x, 3) for x in thr],
+                    "b1_ratio_median_round": statistics.median(lat),
+                    "b32_ratio_median_round": statistics.median(thr),
+                }
+            )
         out[label] = rec
     return out
 
@@ -141,21 +155,27 @@ def quality(runtimes, labels, texts, gold, invariance_n: int) -> dict[str, dict[
     probs = {}
     for label in labels + ([REFERENCE] if REFERENCE not in labels else []):
         rt = runtimes[label]
-        probs[label] = np.concatenate([rt.predict(texts[i:i + 32]) for i in range(0, len(texts), 32)])
+        probs[label] = np.concatenate([rt.predict(texts[i : i + 32]) for i in range(0, len(texts), 32)])
         print(f"predicted {len(texts)} texts with {label}", flush=True)
     ref = probs[REFERENCE].argmax(-1)
     out = {}
     for label in labels:
         p = probs[label]
-        rec: dict[str, Any] = {"n": len(texts), "agreement": float((p.argmax(-1) == ref).mean()),
-                               "disagreements": int((p.argmax(-1) != ref).sum())}
+        rec: dict[str, Any] = {
+            "n": len(texts),
+            "agreement": float((p.argmax(-1) == ref).mean()),
+            "disagreements": int((p.argmax(-1) != ref).sum()),
+        }
         if gold is not None:
             rec["accuracy"] = float((p.argmax(-1) == np.asarray(gold)).mean())
         if invariance_n:
             alone = np.concatenate([runtimes[label].predict([t]) for t in texts[:invariance_n]])
             batched = p[:invariance_n]
-            rec["invariance"] = {"n": invariance_n, "max_abs_dprob": float(np.abs(alone - batched).max()),
-                                 "label_flips": int((alone.argmax(-1) != batched.argmax(-1)).sum())}
+            rec["invariance"] = {
+                "n": invariance_n,
+                "max_abs_dprob": float(np.abs(alone - batched).max()),
+                "label_flips": int((alone.argmax(-1) != batched.argmax(-1)).sum()),
+            }
         out[label] = rec
     return out
 
@@ -186,12 +206,24 @@ def _checks(label: str, speed: dict[str, Any], qual: dict[str, Any]) -> list[dic
         s.update({"b1_p50_vs_baseline": 1.0, "b32_vs_baseline": 1.0})
     agr = qual[label]["agreement"]
     return [
-        {"name": f"{label} b1/s128 p50 / {BASELINE}", "value": s.get("b1_p50_vs_baseline"), "target": "<= 0.8",
-         "passed": s.get("b1_p50_vs_baseline") is not None and s["b1_p50_vs_baseline"] <= 0.8},
-        {"name": f"{label} b32/s128 throughput / {BASELINE}", "value": s.get("b32_vs_baseline"), "target": ">= 1.3",
-         "passed": s.get("b32_vs_baseline") is not None and s["b32_vs_baseline"] >= 1.3},
-        {"name": f"{label} agreement with {REFERENCE} ({qual[label]['n']} test reviews)", "value": agr,
-         "target": ">= 0.991", "passed": agr >= 0.991},
+        {
+            "name": f"{label} b1/s128 p50 / {BASELINE}",
+            "value": s.get("b1_p50_vs_baseline"),
+            "target": "<= 0.8",
+            "passed": s.get("b1_p50_vs_baseline") is not None and s["b1_p50_vs_baseline"] <= 0.8,
+        },
+        {
+            "name": f"{label} b32/s128 throughput / {BASELINE}",
+            "value": s.get("b32_vs_baseline"),
+            "target": ">= 1.3",
+            "passed": s.get("b32_vs_baseline") is not None and s["b32_vs_baseline"] >= 1.3,
+        },
+        {
+            "name": f"{label} agreement with {REFERENCE} ({qual[label]['n']} test reviews)",
+            "value": agr,
+            "target": ">= 0.991",
+            "passed": agr >= 0.991,
+        },
     ]
 
 
@@ -199,16 +231,21 @@ def render(report: dict[str, Any]) -> str:
     env, cfg = report["environment"], report["config"]
     cpu = env["cpu"]
     amx = [f for f in cpu["flags"] if f.startswith("amx")]
-    L = [f"# OpenVINO vs ONNX Runtime vs torch: {report['model']}", "",
-         f"Created {report['created']} by `benchmarks/openvino_compare.py`. CPU: **{cpu['model']}**, "
-         f"{cpu['cores']} logical cores, **AMX {'yes (' + ', '.join(amx) + ')' if amx else 'no'}**; flags: "
-         f"{', '.join(cpu['flags'])}. {cfg['threads']} threads. **This machine is shared** with other jobs "
-         f"(load average {env['load_avg_start']} at start, {env['load_avg_end']} at end), so only ratios measured "
-         f"side by side here mean anything.", "",
-         f"Speed: one process, every variant loaded through `load_runtime`; {cfg['rounds']} rounds, the order rotated "
-         f"each round, {cfg['n1']} calls at b1/s{cfg['seq']} and {cfg['n32']} at b32/s{cfg['seq']} per variant per "
-         "round (synthetic full-length batches). Ratios are against onnx-int8: of the pooled p50 and, in brackets, "
-         "the median of the per-round ratios.", ""]
+    L = [
+        f"# OpenVINO vs ONNX Runtime vs torch: {report['model']}",
+        "",
+        f"Created {report['created']} by `benchmarks/openvino_compare.py`. CPU: **{cpu['model']}**, "
+        f"{cpu['cores']} logical cores, **AMX {'yes (' + ', '.join(amx) + ')' if amx else 'no'}**; flags: "
+        f"{', '.join(cpu['flags'])}. {cfg['threads']} threads. **This machine is shared** with other jobs "
+        f"(load average {env['load_avg_start']} at start, {env['load_avg_end']} at end), so only ratios measured "
+        f"side by side here mean anything.",
+        "",
+        f"Speed: one process, every variant loaded through `load_runtime`; {cfg['rounds']} rounds, the order rotated "
+        f"each round, {cfg['n1']} calls at b1/s{cfg['seq']} and {cfg['n32']} at b32/s{cfg['seq']} per variant per "
+        "round (synthetic full-length batches). Ratios are against onnx-int8: of the pooled p50 and, in brackets, "
+        "the median of the per-round ratios.",
+        "",
+    ]
     if report.get("random_weights"):
         L += ["**Random weights at DistilBERT-base dims: speed only** (agreement would be meaningless).", ""]
     qual = report.get("quality") or {}
@@ -218,39 +255,57 @@ def render(report: dict[str, Any]) -> str:
         head += [f"agreement vs torch-fp32 ({n:,})", "accuracy", "b1 vs b32: max |Δp| (flips, 256 texts)"]
     rows = []
     for label, s in report["speed"].items():
-        r = [label, f"{s['b1_p50_ms']:.2f}",
-             f"{s['b1_p50_vs_baseline']:.2f}× ({s['b1_ratio_median_round']:.2f}×)" if "b1_p50_vs_baseline" in s else "1",
-             f"{s['b32_seq_s']:.1f}",
-             f"{s['b32_vs_baseline']:.2f}× ({s['b32_ratio_median_round']:.2f}×)" if "b32_vs_baseline" in s else "1"]
+        r = [
+            label,
+            f"{s['b1_p50_ms']:.2f}",
+            f"{s['b1_p50_vs_baseline']:.2f}× ({s['b1_ratio_median_round']:.2f}×)" if "b1_p50_vs_baseline" in s else "1",
+            f"{s['b32_seq_s']:.1f}",
+            f"{s['b32_vs_baseline']:.2f}× ({s['b32_ratio_median_round']:.2f}×)" if "b32_vs_baseline" in s else "1",
+        ]
         if qual:
             q = qual.get(label) or {}
             inv = q.get("invariance") or {}
-            r += [f"{q['agreement']:.2%}" if q else "–", f"{q['accuracy']:.2%}" if q.get("accuracy") is not None else "–",
-                  f"{inv['max_abs_dprob']:.1e} ({inv['label_flips']})" if inv else "–"]
+            r += [
+                f"{q['agreement']:.2%}" if q else "–",
+                f"{q['accuracy']:.2%}" if q.get("accuracy") is not None else "–",
+                f"{inv['max_abs_dprob']:.1e} ({inv['label_flips']})" if inv else "–",
+            ]
         rows.append(r)
     L += ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
     L += ["| " + " | ".join(r) + " |" for r in rows] + [""]
     g = report.get("goals") or {}
     if g.get("checks"):
-        L += [f"## Goals (fastest here meeting the agreement bar: {g['recommended']}; and ov-int8, the pipeline's "
-              "recommendation)", "",
-              "| check | measured | target | result |", "|---|---:|---|---|"]
+        L += [
+            f"## Goals (fastest here meeting the agreement bar: {g['recommended']}; and ov-int8, the pipeline's "
+            "recommendation)",
+            "",
+            "| check | measured | target | result |",
+            "|---|---:|---|---|",
+        ]
         for c in g["checks"]:
-            L.append(f"| {c['name']} | {c['value']:.3f} | {c['target']} | {'**pass**' if c['passed'] else '**FAIL**'} |")
+            L.append(
+                f"| {c['name']} | {c['value']:.3f} | {c['target']} | {'**pass**' if c['passed'] else '**FAIL**'} |"
+            )
         L.append("")
     elif g:
         L += [f"Recommended: {g.get('recommended')} ({g.get('why')}).", ""]
-    L += ["`ov-int8-bf16hint` is ov-int8 compiled with the bf16 inference-precision hint (its non-quantized ops "
-          "in bf16; exporter option `inference_precision=bf16`). Per-round ratios, every call's statistics and the "
-          "versions are in report.json.", ""]
+    L += [
+        "`ov-int8-bf16hint` is ov-int8 compiled with the bf16 inference-precision hint (its non-quantized ops "
+        "in bf16; exporter option `inference_precision=bf16`). Per-round ratios, every call's statistics and the "
+        "versions are in report.json.",
+        "",
+    ]
     return "\n".join(L)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", nargs="?", type=Path, help="checkpoint dir (default with --distilbert-base: built)")
-    p.add_argument("--distilbert-base", action="store_true",
-                   help="random-weight DistilBERT-base dims from benchmarks/distilbert_base_speed.py (speed only)")
+    p.add_argument(
+        "--distilbert-base",
+        action="store_true",
+        help="random-weight DistilBERT-base dims from benchmarks/distilbert_base_speed.py (speed only)",
+    )
     p.add_argument("--variants", type=Path, help="where the variants are / go (default: <checkpoint>/../variants)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--labels", default="ov-int8,ov-int8-bf16hint,ov-bf16,ov-fp32,onnx-int8,torch-bf16")
@@ -289,18 +344,27 @@ def main(argv: list[str] | None = None) -> int:
     need = labels + ([REFERENCE] if not random_weights and REFERENCE not in labels else [])
     dirs = ensure_variants(ckpt, root, need)
     runtimes = {lb: load_runtime(d, "cpu", RuntimeOptions(threads=args.threads)) for lb, d in dirs.items()}
-    report: dict[str, Any] = {"created": now_iso(), "model": next(iter(runtimes.values())).manifest.model_name,
-                              "random_weights": random_weights, "checkpoint": str(ckpt),
-                              "variants": {lb: str(d) for lb, d in dirs.items()},
-                              "config": {k: getattr(args, k) for k in ("threads", "rounds", "n1", "n32", "seq",
-                                                                       "eval_samples", "invariance")}}
+    report: dict[str, Any] = {
+        "created": now_iso(),
+        "model": next(iter(runtimes.values())).manifest.model_name,
+        "random_weights": random_weights,
+        "checkpoint": str(ckpt),
+        "variants": {lb: str(d) for lb, d in dirs.items()},
+        "config": {
+            k: getattr(args, k) for k in ("threads", "rounds", "n1", "n32", "seq", "eval_samples", "invariance")
+        },
+    }
     calls, per_round = time_rounds(runtimes, labels, args.rounds, args.n1, args.n32, args.seq)
     report["speed"] = speed_summary(calls, per_round, labels)
     report["per_round"] = per_round
     if not random_weights:
         meta = read_model_meta(ckpt) or ModelMeta()
-        test = review_split(args.eval_samples, meta.dataset or "default", pool=args.eval_samples,
-                            seed=meta.seed if meta.seed is not None else 42)
+        test = review_split(
+            args.eval_samples,
+            meta.dataset or "default",
+            pool=args.eval_samples,
+            seed=meta.seed if meta.seed is not None else 42,
+        )
         texts, gold = test.texts, test.labels
         report["quality"] = quality(runtimes, labels, texts, gold, args.invariance)
         report["dataset"] = {"name": test.dataset, "test_texts": len(texts)}

@@ -19,11 +19,10 @@ import time
 from pathlib import Path
 
 from benchmarks.harness import ROOT, write_report
-from qserve.provenance import provenance
-from qserve.modeling import load_for_training
-from qserve.files import now_iso
 from qserve.devices import cpu_label
-
+from qserve.files import now_iso
+from qserve.modeling import load_for_training
+from qserve.provenance import provenance
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         "bf16 weights, torch AdamW (plain bf16-true)": (torch.bfloat16, lambda g: torch.optim.AdamW(g, lr=1e-4)),
         "bf16 weights, torch AdamW foreach": (torch.bfloat16, lambda g: torch.optim.AdamW(g, lr=1e-4, foreach=True)),
         "bf16 weights, optimi Kahan AdamW (compensated bf16-true)": (
-            torch.bfloat16, lambda g: KahanAdamW(g, foreach=False, **kahan)),
+            torch.bfloat16,
+            lambda g: KahanAdamW(g, foreach=False, **kahan),
+        ),
         "bf16 weights, optimi Kahan AdamW foreach": (torch.bfloat16, lambda g: KahanAdamW(g, foreach=True, **kahan)),
     }
     opts = {}
@@ -62,17 +63,34 @@ def main(argv: list[str] | None = None) -> int:
                 steps.append(time.perf_counter() - t0)
             times[label].append(statistics.median(steps))
     n = sum(prm.numel() for prm in fp32.parameters())
-    rep = {"created": now_iso(), "cpu": cpu_label(), "model": name, "parameters": n,
-           "tensors": len(list(fp32.parameters())), "threads": torch.get_num_threads(), "rounds": args.rounds,
-           "ms": {k: {"median": round(statistics.median(v) * 1e3, 2), "rounds": [round(x * 1e3, 2) for x in v]}
-                  for k, v in times.items()}, "provenance": provenance()}
+    rep = {
+        "created": now_iso(),
+        "cpu": cpu_label(),
+        "model": name,
+        "parameters": n,
+        "tensors": len(list(fp32.parameters())),
+        "threads": torch.get_num_threads(),
+        "rounds": args.rounds,
+        "ms": {
+            k: {"median": round(statistics.median(v) * 1e3, 2), "rounds": [round(x * 1e3, 2) for x in v]}
+            for k, v in times.items()
+        },
+        "provenance": provenance(),
+    }
     base = rep["ms"][next(iter(makers))]["median"]
-    lines = [f"# Optimizer step alone ({name}, {n / 1e6:.1f}M parameters in {rep['tensors']} tensors)", "",
-             f"Created {rep['created']} on {rep['cpu']}, {rep['threads']} threads, {args.rounds} rounds taking "
-             "turns in one process (median of 5 steps per round; the median round shown).", "",
-             "| optimizer | step (ms) | vs fp32 AdamW | rounds (ms) |", "|---|---:|---:|---|"]
+    lines = [
+        f"# Optimizer step alone ({name}, {n / 1e6:.1f}M parameters in {rep['tensors']} tensors)",
+        "",
+        f"Created {rep['created']} on {rep['cpu']}, {rep['threads']} threads, {args.rounds} rounds taking "
+        "turns in one process (median of 5 steps per round; the median round shown).",
+        "",
+        "| optimizer | step (ms) | vs fp32 AdamW | rounds (ms) |",
+        "|---|---:|---:|---|",
+    ]
     for k, v in rep["ms"].items():
-        lines.append(f"| {k} | {v['median']:.1f} | {v['median'] / base:.2f}x | {', '.join(f'{x:.1f}' for x in v['rounds'])} |")
+        lines.append(
+            f"| {k} | {v['median']:.1f} | {v['median'] / base:.2f}x | {', '.join(f'{x:.1f}' for x in v['rounds'])} |"
+        )
     write_report(args.out, rep, "\n".join(lines) + "\n", "optimizer_step")
     return 0
 

@@ -32,10 +32,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from benchmarks.harness import ROOT, write_markdown
 from benchmarks.report_stages import BY_NAME, STAGES, Stage  # the table; this module decides and runs
 from qserve.files import write_json_atomic
 from qserve.provenance import cpu_now, git_commit, recorded_cpu
-from benchmarks.harness import ROOT, write_markdown
 
 STAGE_TIMES = "benchmarks/reports/stage_times.json"
 """Each stage's measured wall time, written after it runs here (plus backfilled ones, labelled so)."""
@@ -65,8 +65,12 @@ def record_time(name: str, seconds: float, cpu: str, root: Path = ROOT) -> None:
     p = root / STAGE_TIMES
     data = json.loads(p.read_text(encoding="utf-8")) if p.is_file() else {"format": "qserve-stage-times/1"}
     data.setdefault("stages", {})[name] = {
-        "minutes": round(seconds / 60, 2), "cpu": cpu, "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(), "source": "run"}
+        "minutes": round(seconds / 60, 2),
+        "cpu": cpu,
+        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "source": "run",
+    }
     write_json_atomic(p, data)
 
 
@@ -76,8 +80,11 @@ def stage_duration(stage: Stage, root: Path = ROOT) -> str:
     measured = None
     for r in stage.reports:
         p = root / r.json
-        stage_s = ((json.loads(p.read_text(encoding="utf-8")).get("pipeline") or {}).get("stage_s") or {}
-                   if p.is_file() else {})
+        stage_s = (
+            (json.loads(p.read_text(encoding="utf-8")).get("pipeline") or {}).get("stage_s") or {}
+            if p.is_file()
+            else {}
+        )
         if stage_s.get("total"):
             parts = ", ".join(f"{k} {v / 60:.1f}" for k, v in stage_s.items() if k != "total")
             measured = f"{stage_s['total'] / 60:.1f} min, the run's own stage times ({parts} min)"
@@ -98,16 +105,20 @@ def plan(stage: Stage, here: str, force: bool, root: Path = ROOT) -> tuple[str, 
         return "run", f"stage {stage.name}: its reports were measured on this CPU ({here}) or are absent"
     names = "; ".join(f"{j} on {c}" for j, c in other.items())
     if force:
-        return "rerender", (f"stage {stage.name}: measured on another CPU ({names}); this is {here}. FORCE=1: "
-                            "re-rendering md from each report's JSON, measuring nothing")
-    return "refuse", (f"stage {stage.name} refused: its reports were measured on another CPU ({names}) and this "
-                      f"machine is {here}. A report is only regenerated on the CPU that measured it. FORCE=1 "
-                      "re-renders its md from its own JSON instead; to replace it with a report from this "
-                      "machine, delete the report's directory first.")
+        return "rerender", (
+            f"stage {stage.name}: measured on another CPU ({names}); this is {here}. FORCE=1: "
+            "re-rendering md from each report's JSON, measuring nothing"
+        )
+    return "refuse", (
+        f"stage {stage.name} refused: its reports were measured on another CPU ({names}) and this "
+        f"machine is {here}. A report is only regenerated on the CPU that measured it. FORCE=1 "
+        "re-renders its md from its own JSON instead; to replace it with a report from this "
+        "machine, delete the report's directory first."
+    )
 
 
 def _renderer(spec: str) -> Callable[[dict], str]:
-    """"module:function" (a qserve module, or a script of this package by its bare name) -> the function."""
+    """ "module:function" (a qserve module, or a script of this package by its bare name) -> the function."""
     mod, fn = spec.split(":")
     return getattr(importlib.import_module(mod if mod.startswith("qserve.") else f"benchmarks.{mod}"), fn)
 
@@ -140,11 +151,19 @@ def run_stage(stage: Stage, force: bool) -> int:
     else:
         missing = [n for n in stage.needs if not (ROOT / n).exists()]
         if missing:
-            print(f"stage {stage.name} needs {', '.join(missing)}: run `make reports STAGE=embedded-default` (or the "
-                  "stage that builds them, see `make reports`) on this machine first", file=sys.stderr)
+            print(
+                f"stage {stage.name} needs {', '.join(missing)}: run `make reports STAGE=embedded-default` (or the "
+                "stage that builds them, see `make reports`) on this machine first",
+                file=sys.stderr,
+            )
             return 2
-        env = {**os.environ, "PY": sys.executable, "QSERVE": f"{sys.executable} -m qserve", "HF_HUB_OFFLINE": "1",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        env = {
+            **os.environ,
+            "PY": sys.executable,
+            "QSERVE": f"{sys.executable} -m qserve",
+            "HF_HUB_OFFLINE": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
         t0 = time.monotonic()
         for cmd in stage.commands:
             print(f"+ {cmd}", flush=True)
@@ -165,8 +184,11 @@ def describe() -> str:
     lines = [f"Stages of `make reports STAGE=<name>` (this machine: {here}); STAGE=all runs them in order.", ""]
     for s in STAGES:
         cpus = sorted({c or "not recorded" for c in recorded(s).values()}) or ["no report yet"]
-        lines += [f"{s.name}: {s.what}", f"    measured on: {', '.join(cpus)}",
-                  f"    duration on 2 cores: {stage_duration(s)}"]
+        lines += [
+            f"{s.name}: {s.what}",
+            f"    measured on: {', '.join(cpus)}",
+            f"    duration on 2 cores: {stage_duration(s)}",
+        ]
         lines += [f"    pending: {s.pending}"] if s.pending else []
         lines += [f"    note: {n}" for n in s.notes]
     return "\n".join(lines)
@@ -175,8 +197,11 @@ def describe() -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("stage", nargs="?", help=f"one of: {', '.join(BY_NAME)}, all (none: list them)")
-    p.add_argument("--force", action="store_true",
-                   help="on another CPU than the reports': re-render md from their JSON instead of refusing")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="on another CPU than the reports': re-render md from their JSON instead of refusing",
+    )
     args = p.parse_args(argv)
     if not args.stage:
         print(describe())

@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+
 from benchmarks.harness import ROOT
 
 PAGE = ROOT / "docs" / "byo-matrix.md"
@@ -67,8 +68,7 @@ def table(cells: dict[str, dict[str, str]], archs: dict[str, str], variants: lis
                 notes.append(reason)
             row.append(f"no ({notes.index(reason) + 1})")
         rows.append(row)
-    lines = ["| architecture | " + " | ".join(variants) + " |",
-             "|---|" + "---|" * len(variants)]
+    lines = ["| architecture | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     if notes:
         lines.append("")
@@ -112,8 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="compare with the committed page instead of rewriting it")
     args = p.parse_args(argv)
     # The full run: OpenVINO on every architecture (the default test run covers two), so every cell is seen.
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", ENV: "check" if args.check else "write", "QSERVE_BYO_FULL": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        ENV: "check" if args.check else "write",
+        "QSERVE_BYO_FULL": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     return subprocess.call([sys.executable, "-m", "pytest", "-q", "-x", TEST], cwd=ROOT, env=env)
 
 

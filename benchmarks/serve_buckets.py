@@ -26,20 +26,20 @@ import json
 import logging
 import os
 import statistics
+import struct
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
-import struct
 
 import numpy as np
 
 from benchmarks.harness import ROOT, Conn, VariantServer, archive_tree, finish, in_turn, reviews
-from qserve.provenance import command_line, provenance
-from qserve.files import now_iso, refuse_existing
-from qserve.devices import cpu_info, cpu_label
 from qserve.bench.stats import percentile
+from qserve.devices import cpu_info, cpu_label
+from qserve.files import now_iso, refuse_existing
+from qserve.provenance import command_line, provenance
 
 log = logging.getLogger("serve_buckets")
 TEXT_SETS = ("sentences", "reviews")
@@ -48,8 +48,10 @@ CONCURRENCY = (1, 32)
 
 def load_texts(n_sentences: int, n_reviews: int) -> dict[str, list[str]]:
     """Short sentences (the Rotten Tomatoes test split) and reviews (the IMDb test split), repeats dropped."""
-    return {"sentences": list(dict.fromkeys(reviews(n_sentences, "rotten-tomatoes"))),
-            "reviews": list(dict.fromkeys(reviews(n_reviews)))}
+    return {
+        "sentences": list(dict.fromkeys(reviews(n_sentences, "rotten-tomatoes"))),
+        "reviews": list(dict.fromkeys(reviews(n_reviews))),
+    }
 
 
 # -- clients -----------------------------------------------------------------------------------
@@ -81,8 +83,14 @@ def _grpc_request(name: str, text: str) -> Any:
     return req
 
 
-async def cell(srv: VariantServer, protocol: str, texts: list[str], expect: dict[str, list[float]], concurrency: int,
-               duration_s: float) -> dict[str, Any]:
+async def cell(
+    srv: VariantServer,
+    protocol: str,
+    texts: list[str],
+    expect: dict[str, list[float]],
+    concurrency: int,
+    duration_s: float,
+) -> dict[str, Any]:
     """`concurrency` clients sending one text per request for duration_s; every answer checked."""
     lat: list[float] = []
     n = {"sent": 0, "ok": 0, "errors": 0, "lost": 0, "mismatched": 0}
@@ -147,9 +155,14 @@ async def cell(srv: VariantServer, protocol: str, texts: list[str], expect: dict
             await asyncio.gather(*(worker(w) for w in range(concurrency)))
     elapsed = time.perf_counter() - t_start
     ms = [x * 1e3 for x in lat]
-    return {**n, "elapsed_s": elapsed, "rps": n["ok"] / elapsed if elapsed > 0 else 0.0,
-            "p50_ms": percentile(ms, 50) if ms else None, "p99_ms": percentile(ms, 99) if ms else None,
-            "max_score_diff": worst[0]}
+    return {
+        **n,
+        "elapsed_s": elapsed,
+        "rps": n["ok"] / elapsed if elapsed > 0 else 0.0,
+        "p50_ms": percentile(ms, 50) if ms else None,
+        "p99_ms": percentile(ms, 99) if ms else None,
+        "max_score_diff": worst[0],
+    }
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -164,12 +177,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         try:
             servers.append(VariantServer("onnx-int8", args.onnx_int8, ROOT, [], args.threads, logs))
             servers.append(VariantServer("ov-int8", args.ov_int8, ROOT, ["--grpc-port", "GRPC"], args.threads, logs))
-            servers.append(VariantServer("ov-int8 padded", args.ov_int8, ROOT, ["--length-buckets", "off"],
-                                         args.threads, logs))
+            servers.append(
+                VariantServer("ov-int8 padded", args.ov_int8, ROOT, ["--length-buckets", "off"], args.threads, logs)
+            )
             if args.baseline_ref:
                 old = archive_tree(ROOT, args.baseline_ref, Path(tmp) / "baseline")
-                servers.append(VariantServer(f"onnx-int8 @{args.baseline_ref}", args.onnx_int8, old, [],
-                                             args.threads, logs))
+                servers.append(
+                    VariantServer(f"onnx-int8 @{args.baseline_ref}", args.onnx_int8, old, [], args.threads, logs)
+                )
             for s in servers:
                 s.wait_ready()
                 log.info("%s ready on %s%s", s.key, s.url, f" (gRPC :{s.grpc_port})" if s.grpc_port else "")
@@ -184,19 +199,36 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                             res = asyncio.run(cell(srv, proto, ts, expect[(srv.key, name)], c, args.duration))
                             key = f"{srv.key} | {proto} | {name} | c{c}"
                             results.setdefault(key, []).append(res)
-                            log.info("round %d %s: %.1f req/s, p50 %.1f ms, errors %d lost %d mismatched %d",
-                                     rnd + 1, key, res["rps"], res["p50_ms"] or -1, res["errors"], res["lost"],
-                                     res["mismatched"])
+                            log.info(
+                                "round %d %s: %.1f req/s, p50 %.1f ms, errors %d lost %d mismatched %d",
+                                rnd + 1,
+                                key,
+                                res["rps"],
+                                res["p50_ms"] or -1,
+                                res["errors"],
+                                res["lost"],
+                                res["mismatched"],
+                            )
         finally:
             for s in servers:
                 s.stop()
     info = {s.key: s.info for s in servers}
-    return {"created": now_iso(), "environment": {"cpu": cpu_info(), "cpu_count": os.cpu_count()},
-            "settings": {"duration_s": args.duration, "rounds": args.rounds, "threads": args.threads,
-                         "baseline_ref": args.baseline_ref, "texts": {k: len(v) for k, v in texts.items()},
-                         "concurrency": list(CONCURRENCY)},
-            "servers": info, "results": results, "summary": summarize(results, args.baseline_ref),
-            "provenance": {**provenance(), "command": command_line([__file__, *argv])}}
+    return {
+        "created": now_iso(),
+        "environment": {"cpu": cpu_info(), "cpu_count": os.cpu_count()},
+        "settings": {
+            "duration_s": args.duration,
+            "rounds": args.rounds,
+            "threads": args.threads,
+            "baseline_ref": args.baseline_ref,
+            "texts": {k: len(v) for k, v in texts.items()},
+            "concurrency": list(CONCURRENCY),
+        },
+        "servers": info,
+        "results": results,
+        "summary": summarize(results, args.baseline_ref),
+        "provenance": {**provenance(), "command": command_line([__file__, *argv])},
+    }
 
 
 def _agg(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -207,10 +239,15 @@ def _agg(runs: list[dict[str, Any]]) -> dict[str, Any]:
         xs = [r[k] for r in runs if r[k] is not None]
         return statistics.median(xs) if xs else None
 
-    return {"rps": sum(r["ok"] for r in runs) / el if el else 0.0, "rps_rounds": [r["rps"] for r in runs],
-            "p50_ms": med("p50_ms"), "p99_ms": med("p99_ms"), "requests": sum(r["sent"] for r in runs),
-            **{k: sum(r[k] for r in runs) for k in ("errors", "lost", "mismatched")},
-            "max_score_diff": max(r["max_score_diff"] for r in runs)}
+    return {
+        "rps": sum(r["ok"] for r in runs) / el if el else 0.0,
+        "rps_rounds": [r["rps"] for r in runs],
+        "p50_ms": med("p50_ms"),
+        "p99_ms": med("p99_ms"),
+        "requests": sum(r["sent"] for r in runs),
+        **{k: sum(r[k] for r in runs) for k in ("errors", "lost", "mismatched")},
+        "max_score_diff": max(r["max_score_diff"] for r in runs),
+    }
 
 
 def summarize(results: dict[str, list[dict[str, Any]]], baseline_ref: str | None) -> dict[str, Any]:
@@ -230,11 +267,17 @@ def summarize(results: dict[str, list[dict[str, Any]]], baseline_ref: str | None
                 "ov_buckets_over_onnx_int8": ratio(f"ov-int8 | http | {tail}", f"onnx-int8 | http | {tail}"),
                 "ov_buckets_over_ov_padded": ratio(f"ov-int8 | http | {tail}", f"ov-int8 padded | http | {tail}"),
                 "grpc_over_http": ratio(f"ov-int8 | grpc | {tail}", f"ov-int8 | http | {tail}"),
-                "tracing_off_over_baseline": ratio(f"onnx-int8 | http | {tail}",
-                                                   f"onnx-int8 @{baseline_ref} | http | {tail}")
-                if baseline_ref else None}
-    return {"cells": agg, "comparisons": comparisons,
-            **{k: sum(a[k] for a in agg.values()) for k in ("errors", "lost", "mismatched")}}
+                "tracing_off_over_baseline": ratio(
+                    f"onnx-int8 | http | {tail}", f"onnx-int8 @{baseline_ref} | http | {tail}"
+                )
+                if baseline_ref
+                else None,
+            }
+    return {
+        "cells": agg,
+        "comparisons": comparisons,
+        **{k: sum(a[k] for a in agg.values()) for k in ("errors", "lost", "mismatched")},
+    }
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -252,36 +295,56 @@ def render(rep: dict[str, Any]) -> str:
 
     cpu = rep["environment"]["cpu"]
     ov = rep["servers"].get("ov-int8", {})
-    L = [f"# Length buckets served: ov-int8 vs onnx-int8, gRPC vs HTTP, tracing off vs {st['baseline_ref'] or 'before'}",
-         "",
-         f"Created {rep['created']} on {cpu_label(cpu)} ({rep['environment']['cpu_count']} logical CPUs), "
-         f"threads={st['threads'] or 'library default'}. Every server ran at once in its own process; each cell ran "
-         f"{st['rounds']} time(s), {st['duration_s']:g} s each, interleaved round by round (order reversed every "
-         f"other round). Texts: {st['texts']['sentences']} short sentences (Rotten Tomatoes test split) and "
-         f"{st['texts']['reviews']} reviews (IMDb test split), one text per request. ov-int8 ran with buckets "
-         f"{ov.get('length_buckets')} (max_length {ov.get('max_length')}); `ov-int8 padded` is "
-         "`--length-buckets off`, every text at max_length, as before buckets. Client and servers share the "
-         "machine's cores.", "",
-         f"Errors / lost / mismatched answers over all cells: **{s['errors']} / {s['lost']} / {s['mismatched']}** "
-         "(mismatched: a label that differs from the same server's sequential pass).", "",
-         "## Ratios of req/s (pooled over rounds; per-round range in brackets)", "",
-         "| texts | conc | ov-int8 buckets / onnx-int8 | ov-int8 buckets / ov-int8 padded | gRPC / HTTP (ov-int8) "
-         f"| tracing off / {st['baseline_ref'] or 'baseline'} (onnx-int8) |", "|---|---:|---:|---:|---:|---:|"]
+    L = [
+        f"# Length buckets served: ov-int8 vs onnx-int8, gRPC vs HTTP, tracing off vs {st['baseline_ref'] or 'before'}",
+        "",
+        f"Created {rep['created']} on {cpu_label(cpu)} ({rep['environment']['cpu_count']} logical CPUs), "
+        f"threads={st['threads'] or 'library default'}. Every server ran at once in its own process; each cell ran "
+        f"{st['rounds']} time(s), {st['duration_s']:g} s each, interleaved round by round (order reversed every "
+        f"other round). Texts: {st['texts']['sentences']} short sentences (Rotten Tomatoes test split) and "
+        f"{st['texts']['reviews']} reviews (IMDb test split), one text per request. ov-int8 ran with buckets "
+        f"{ov.get('length_buckets')} (max_length {ov.get('max_length')}); `ov-int8 padded` is "
+        "`--length-buckets off`, every text at max_length, as before buckets. Client and servers share the "
+        "machine's cores.",
+        "",
+        f"Errors / lost / mismatched answers over all cells: **{s['errors']} / {s['lost']} / {s['mismatched']}** "
+        "(mismatched: a label that differs from the same server's sequential pass).",
+        "",
+        "## Ratios of req/s (pooled over rounds; per-round range in brackets)",
+        "",
+        "| texts | conc | ov-int8 buckets / onnx-int8 | ov-int8 buckets / ov-int8 padded | gRPC / HTTP (ov-int8) "
+        f"| tracing off / {st['baseline_ref'] or 'baseline'} (onnx-int8) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for tail, c in s["comparisons"].items():
         name, conc = tail.split(" | ")
-        L.append(f"| {name} | {conc[1:]} | {r(c['ov_buckets_over_onnx_int8'])} | {r(c['ov_buckets_over_ov_padded'])} "
-                 f"| {r(c['grpc_over_http'])} | {r(c['tracing_off_over_baseline'])} |")
-    L += ["", "## Every cell", "", "| server | protocol | texts | conc | req/s | p50 ms | p99 ms | requests | errors "
-          "| lost | mismatched | max abs score diff |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        L.append(
+            f"| {name} | {conc[1:]} | {r(c['ov_buckets_over_onnx_int8'])} | {r(c['ov_buckets_over_ov_padded'])} "
+            f"| {r(c['grpc_over_http'])} | {r(c['tracing_off_over_baseline'])} |"
+        )
+    L += [
+        "",
+        "## Every cell",
+        "",
+        "| server | protocol | texts | conc | req/s | p50 ms | p99 ms | requests | errors "
+        "| lost | mismatched | max abs score diff |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for key, a in s["cells"].items():
         srv, proto, name, conc = key.split(" | ")
-        L.append(f"| {srv} | {proto} | {name} | {conc[1:]} | {f(a['rps'])} | {f(a['p50_ms'], 2)} | "
-                 f"{f(a['p99_ms'], 2)} | {a['requests']} | {a['errors']} | {a['lost']} | {a['mismatched']} | "
-                 f"{a['max_score_diff']:.1e} |")
-    L += ["", "Reading it: buckets cut ov-int8's padded work to each text's own bucket, so short sentences gain the "
-          "most over `ov-int8 padded`; reviews mostly fill the largest bucket anyway. The tracing-off column "
-          "compares the same variant served by this code and by the baseline commit; a ratio whose per-round "
-          "range straddles 1.00 is within the noise of this run.", ""]
+        L.append(
+            f"| {srv} | {proto} | {name} | {conc[1:]} | {f(a['rps'])} | {f(a['p50_ms'], 2)} | "
+            f"{f(a['p99_ms'], 2)} | {a['requests']} | {a['errors']} | {a['lost']} | {a['mismatched']} | "
+            f"{a['max_score_diff']:.1e} |"
+        )
+    L += [
+        "",
+        "Reading it: buckets cut ov-int8's padded work to each text's own bucket, so short sentences gain the "
+        "most over `ov-int8 padded`; reviews mostly fill the largest bucket anyway. The tracing-off column "
+        "compares the same variant served by this code and by the baseline commit; a ratio whose per-round "
+        "range straddles 1.00 is within the noise of this run.",
+        "",
+    ]
     return "\n".join(L)
 
 
@@ -289,8 +352,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("onnx_int8", type=Path, help="the onnx-int8 variant dir")
     p.add_argument("ov_int8", type=Path, help="the ov-int8 variant dir (of the same checkpoint)")
-    p.add_argument("--baseline-ref", help="git commit whose server code serves onnx-int8 beside (tracing off vs "
-                                          "before); none: that comparison is skipped")
+    p.add_argument(
+        "--baseline-ref",
+        help="git commit whose server code serves onnx-int8 beside (tracing off vs "
+        "before); none: that comparison is skipped",
+    )
     p.add_argument("--duration", type=float, default=5.0, help="seconds per cell (default 5)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--sentences", type=int, default=256, help="short sentences sent (default 256)")
@@ -300,8 +366,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="replace an existing report")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
-    return finish("serve_buckets", args, argv, run, render,
-                  lambda rep: rep["summary"]["errors"] or rep["summary"]["lost"] or rep["summary"]["mismatched"])
+    return finish(
+        "serve_buckets",
+        args,
+        argv,
+        run,
+        render,
+        lambda rep: rep["summary"]["errors"] or rep["summary"]["lost"] or rep["summary"]["mismatched"],
+    )
 
 
 if __name__ == "__main__":

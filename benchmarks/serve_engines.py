@@ -23,25 +23,33 @@ import asyncio
 import json
 import logging
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
-import statistics
 
 import psutil
 
-from benchmarks.harness import ROOT, free_port, in_turn, machine, reviews, Server, wait_ready, write_report
+from benchmarks.harness import ROOT, Server, free_port, in_turn, machine, reviews, wait_ready, write_report
 from benchmarks.trivial_app import trivial_app
-from qserve.serve.infra.deploy import Scaling
-from qserve.runtime import load_runtime, RuntimeOptions
-from qserve.provenance import provenance
+from qserve.bench.loadtest import Conn, _percentiles
 from qserve.files import now_iso, refuse_existing
-from qserve.bench.loadtest import _percentiles, Conn
+from qserve.provenance import provenance
+from qserve.runtime import RuntimeOptions, load_runtime
+from qserve.serve.infra.deploy import Scaling
 
 log = logging.getLogger("serve_engines")
 CELLS = [(1, 1), (32, 1), (1, 32), (32, 32)]  # (concurrency, texts per request)
-ROLES = ["client (bench process)", "uvicorn engine", "trivial uvicorn", "ray proxy", "ray replica ray1",
-         "ray replica ray2", "ray replica trivial", "ray system (gcs, raylet, controller, agents)"]
+ROLES = [
+    "client (bench process)",
+    "uvicorn engine",
+    "trivial uvicorn",
+    "ray proxy",
+    "ray replica ray1",
+    "ray replica ray2",
+    "ray replica trivial",
+    "ray system (gcs, raylet, controller, agents)",
+]
 
 
 def _trivial_ray_deployment() -> Any:
@@ -53,8 +61,14 @@ def _trivial_ray_deployment() -> Any:
 
     from qserve.serve.ray_engine import logging_config
 
-    return serve.deployment(Trivial, name="Trivial", num_replicas=1, max_ongoing_requests=64,
-                            ray_actor_options={"num_cpus": 0}, logging_config=logging_config("warning"))
+    return serve.deployment(
+        Trivial,
+        name="Trivial",
+        num_replicas=1,
+        max_ongoing_requests=64,
+        ray_actor_options={"num_cpus": 0},
+        logging_config=logging_config("warning"),
+    )
 
 
 # -- where the CPU goes: process CPU seconds by role, read before and after each cell ---------------
@@ -80,8 +94,18 @@ def cpu_by_role(named: dict[int, str]) -> dict[str, float]:
             role = "ray proxy"
         elif "ServeReplica:" in cmd:
             role = "ray replica " + cmd.split("ServeReplica:", 1)[1].split(":", 1)[0]
-        elif any(k in cmd for k in ("ServeController", "gcs_server", "raylet", "ray/_private", "ray/dashboard",
-                                     "ray::", "default_worker")):
+        elif any(
+            k in cmd
+            for k in (
+                "ServeController",
+                "gcs_server",
+                "raylet",
+                "ray/_private",
+                "ray/dashboard",
+                "ray::",
+                "default_worker",
+            )
+        ):
             role = "ray system (gcs, raylet, controller, agents)"
         else:
             continue
@@ -90,8 +114,14 @@ def cpu_by_role(named: dict[int, str]) -> dict[str, float]:
 
 
 # -- load generation ---------------------------------------------------------------------------
-async def _cell(url: str, bodies: list[tuple[bytes, list[str]]], expect: dict[str, list[float]] | None,
-                concurrency: int, duration_s: float, labels: list[str] | None) -> dict[str, Any]:
+async def _cell(
+    url: str,
+    bodies: list[tuple[bytes, list[str]]],
+    expect: dict[str, list[float]] | None,
+    concurrency: int,
+    duration_s: float,
+    labels: list[str] | None,
+) -> dict[str, Any]:
     lat: list[float] = []
     n = {"sent": 0, "ok": 0, "texts": 0, "errors": 0, "lost": 0}
     kinds: dict[str, int] = {}
@@ -129,9 +159,18 @@ async def _cell(url: str, bodies: list[tuple[bytes, list[str]]], expect: dict[st
     t0 = time.perf_counter()
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
     elapsed = time.perf_counter() - t0
-    return {"requests": n["sent"], "ok": n["ok"], "errors": n["errors"], "lost": n["lost"], "error_kinds": kinds,
-            "elapsed_s": elapsed, "rps": n["ok"] / elapsed, "texts_per_s": n["texts"] / elapsed,
-            "max_score_diff": max_diff[0] if expect is not None else None, **_percentiles(lat)}
+    return {
+        "requests": n["sent"],
+        "ok": n["ok"],
+        "errors": n["errors"],
+        "lost": n["lost"],
+        "error_kinds": kinds,
+        "elapsed_s": elapsed,
+        "rps": n["ok"] / elapsed,
+        "texts_per_s": n["texts"] / elapsed,
+        "max_score_diff": max_diff[0] if expect is not None else None,
+        **_percentiles(lat),
+    }
 
 
 def _bodies(texts: list[str], per_request: int) -> list[tuple[bytes, list[str]]]:
@@ -139,13 +178,14 @@ def _bodies(texts: list[str], per_request: int) -> list[tuple[bytes, list[str]]]
         return [(json.dumps({"inputs": t}).encode(), [t]) for t in texts]
     out = []
     for i in range(0, len(texts), per_request):
-        chunk = (texts + texts)[i:i + per_request]
+        chunk = (texts + texts)[i : i + per_request]
         out.append((json.dumps({"inputs": chunk}).encode(), chunk))
     return out
 
 
-def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_texts: int, out: Path,
-        force: bool = False) -> dict[str, Any]:
+def run(
+    variant: Path, replicas: list[int], duration_s: float, rounds: int, n_texts: int, out: Path, force: bool = False
+) -> dict[str, Any]:
     import ray
     from ray import serve
 
@@ -165,12 +205,36 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
     procs: list[Server] = []
     urls: dict[str, str] = {}
     try:
-        procs.append(Server([str(variant), "--device", "cpu", "--threads", str(cores), "--max-queue", "4096",
-                             "--max-body-bytes", str(1 << 22), "--log-level", "warning"], ROOT, logs / "uvicorn.log",
-                            tag="uvicorn engine"))
+        procs.append(
+            Server(
+                [
+                    str(variant),
+                    "--device",
+                    "cpu",
+                    "--threads",
+                    str(cores),
+                    "--max-queue",
+                    "4096",
+                    "--max-body-bytes",
+                    str(1 << 22),
+                    "--log-level",
+                    "warning",
+                ],
+                ROOT,
+                logs / "uvicorn.log",
+                tag="uvicorn engine",
+            )
+        )
         urls["uvicorn"] = procs[0].url
-        procs.append(Server(["--log-level", "warning"], ROOT, logs / "trivial-uvicorn.log", tag="trivial uvicorn",
-                            app="benchmarks.trivial_app:trivial_app"))
+        procs.append(
+            Server(
+                ["--log-level", "warning"],
+                ROOT,
+                logs / "trivial-uvicorn.log",
+                tag="trivial uvicorn",
+                app="benchmarks.trivial_app:trivial_app",
+            )
+        )
         urls["trivial-uvicorn"] = procs[1].url
         # One local Ray; every app reserves its CPUs logically, only the measured one is busy.
         need = sum(cores for _ in replicas)
@@ -180,9 +244,15 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
         serve.start(http_options={"host": "127.0.0.1", "port": rport}, logging_config=logging_config("warning"))
         for r in replicas:
             threads = max(1, cores // r)
-            serve.run(application({"variant_dir": str(variant.resolve()), "device": "cpu", "threads": threads,
-                                   **settings}, Scaling(r, num_cpus=float(threads)), log_level="warning"),
-                      name=f"ray{r}", route_prefix=f"/ray{r}")
+            serve.run(
+                application(
+                    {"variant_dir": str(variant.resolve()), "device": "cpu", "threads": threads, **settings},
+                    Scaling(r, num_cpus=float(threads)),
+                    log_level="warning",
+                ),
+                name=f"ray{r}",
+                route_prefix=f"/ray{r}",
+            )
             urls[f"ray-{r}"] = f"http://127.0.0.1:{rport}/ray{r}"
         serve.run(_trivial_ray_deployment().bind(), name="trivial", route_prefix="/trivial")
         urls["trivial-ray"] = f"http://127.0.0.1:{rport}/trivial"
@@ -205,9 +275,20 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
                     cpu1 = cpu_by_role(named)
                     res["cpu_s"] = {r: cpu1[r] - cpu0.get(r, 0.0) for r in cpu1 if cpu1[r] - cpu0.get(r, 0.0) > 0.005}
                     results.setdefault(eng, {}).setdefault(f"c{c}-t{k}", []).append(res)
-                    log.info("round %d %s c%d x %d texts: %.1f req/s, %.1f texts/s, p50 %.1f ms, p99 %.1f ms, "
-                             "errors %d lost %d", rnd + 1, eng, c, k, res["rps"], res["texts_per_s"],
-                             res["p50_ms"] or -1, res["p99_ms"] or -1, res["errors"], res["lost"])
+                    log.info(
+                        "round %d %s c%d x %d texts: %.1f req/s, %.1f texts/s, p50 %.1f ms, p99 %.1f ms, "
+                        "errors %d lost %d",
+                        rnd + 1,
+                        eng,
+                        c,
+                        k,
+                        res["rps"],
+                        res["texts_per_s"],
+                        res["p50_ms"] or -1,
+                        res["p99_ms"] or -1,
+                        res["errors"],
+                        res["lost"],
+                    )
             for c in (1, 32):
                 for eng in ("trivial-uvicorn", "trivial-ray"):
                     cpu0 = cpu_by_role(named)
@@ -215,19 +296,32 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
                     cpu1 = cpu_by_role(named)
                     res["cpu_s"] = {r: cpu1[r] - cpu0.get(r, 0.0) for r in cpu1 if cpu1[r] - cpu0.get(r, 0.0) > 0.005}
                     results.setdefault(eng, {}).setdefault(f"c{c}-t1", []).append(res)
-                    log.info("round %d %s c%d: %.1f req/s p50 %.2f ms", rnd + 1, eng, c, res["rps"],
-                             res["p50_ms"] or -1)
+                    log.info(
+                        "round %d %s c%d: %.1f req/s p50 %.2f ms", rnd + 1, eng, c, res["rps"], res["p50_ms"] or -1
+                    )
     finally:
         for srv in procs:
             srv.stop()
         if ray.is_initialized():
             serve.shutdown()
             ray.shutdown()
-    rep = {"created": now_iso(), "machine": machine(), "variant": {"name": name, "model_name": model_name,
-                                                                      "dir": str(variant)},
-           "settings": {"duration_s": duration_s, "rounds": rounds, "texts": len(texts), "cells": CELLS,
-                        "server_settings": settings, "replicas": replicas, "ray": ray.__version__},
-           "results": results, "summary": summarize(results, replicas), "provenance": provenance()}
+    rep = {
+        "created": now_iso(),
+        "machine": machine(),
+        "variant": {"name": name, "model_name": model_name, "dir": str(variant)},
+        "settings": {
+            "duration_s": duration_s,
+            "rounds": rounds,
+            "texts": len(texts),
+            "cells": CELLS,
+            "server_settings": settings,
+            "replicas": replicas,
+            "ray": ray.__version__,
+        },
+        "results": results,
+        "summary": summarize(results, replicas),
+        "provenance": provenance(),
+    }
     write_report(out, rep, render_md(rep), echo=False)
     return rep
 
@@ -235,16 +329,22 @@ def run(variant: Path, replicas: list[int], duration_s: float, rounds: int, n_te
 def _agg(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Pool the rounds: throughput = total over total time; p50/p99 = median of the rounds' values."""
     el = sum(r["elapsed_s"] for r in runs)
-    return {"rps": sum(r["ok"] for r in runs) / el, "texts_per_s": sum(r["texts_per_s"] * r["elapsed_s"] for r in runs) / el,
-            "p50_ms": statistics.median(r["p50_ms"] for r in runs if r["p50_ms"] is not None),
-            "p99_ms": statistics.median(r["p99_ms"] for r in runs if r["p99_ms"] is not None),
-            "rps_rounds": [r["rps"] for r in runs], "requests": sum(r["requests"] for r in runs),
-            "errors": sum(r["errors"] for r in runs), "lost": sum(r["lost"] for r in runs),
-            "max_score_diff": max((r["max_score_diff"] or 0.0) for r in runs),
-            # CPU milliseconds per answered request, by process role, pooled over the rounds
-            "cpu_ms_per_request": {role: 1e3 * sum(r.get("cpu_s", {}).get(role, 0.0) for r in runs)
-                                   / max(1, sum(r["ok"] for r in runs))
-                                   for role in sorted({k for r in runs for k in r.get("cpu_s", {})})}}
+    return {
+        "rps": sum(r["ok"] for r in runs) / el,
+        "texts_per_s": sum(r["texts_per_s"] * r["elapsed_s"] for r in runs) / el,
+        "p50_ms": statistics.median(r["p50_ms"] for r in runs if r["p50_ms"] is not None),
+        "p99_ms": statistics.median(r["p99_ms"] for r in runs if r["p99_ms"] is not None),
+        "rps_rounds": [r["rps"] for r in runs],
+        "requests": sum(r["requests"] for r in runs),
+        "errors": sum(r["errors"] for r in runs),
+        "lost": sum(r["lost"] for r in runs),
+        "max_score_diff": max((r["max_score_diff"] or 0.0) for r in runs),
+        # CPU milliseconds per answered request, by process role, pooled over the rounds
+        "cpu_ms_per_request": {
+            role: 1e3 * sum(r.get("cpu_s", {}).get(role, 0.0) for r in runs) / max(1, sum(r["ok"] for r in runs))
+            for role in sorted({k for r in runs for k in r.get("cpu_s", {})})
+        },
+    }
 
 
 def summarize(results: dict[str, dict[str, list]], replicas: list[int]) -> dict[str, Any]:
@@ -252,12 +352,19 @@ def summarize(results: dict[str, dict[str, list]], replicas: list[int]) -> dict[
     s: dict[str, Any] = {"cells": agg}
     for r in replicas:
         for cell in ("c32-t1", "c32-t32", "c1-t1", "c1-t32"):
-            s[f"ray{r}_over_uvicorn_{cell}"] = agg[f"ray-{r}"][cell]["texts_per_s"] / agg["uvicorn"][cell]["texts_per_s"]
+            s[f"ray{r}_over_uvicorn_{cell}"] = (
+                agg[f"ray-{r}"][cell]["texts_per_s"] / agg["uvicorn"][cell]["texts_per_s"]
+            )
     for c in ("c1-t1", "c32-t1"):
         tu, tr = agg["trivial-uvicorn"][c], agg["trivial-ray"][c]
-        s[f"trivial_{c}"] = {"uvicorn_rps": tu["rps"], "ray_rps": tr["rps"], "ratio": tr["rps"] / tu["rps"],
-                             # CPU-seconds per request on this 2-core box when both are saturated at c32
-                             "ms_per_request_uvicorn": 1e3 / tu["rps"], "ms_per_request_ray": 1e3 / tr["rps"]}
+        s[f"trivial_{c}"] = {
+            "uvicorn_rps": tu["rps"],
+            "ray_rps": tr["rps"],
+            "ratio": tr["rps"] / tu["rps"],
+            # CPU-seconds per request on this 2-core box when both are saturated at c32
+            "ms_per_request_uvicorn": 1e3 / tu["rps"],
+            "ms_per_request_ray": 1e3 / tr["rps"],
+        }
     return s
 
 
@@ -268,36 +375,55 @@ def render_md(rep: dict[str, Any]) -> str:
     def f(x: Any, nd: int = 1) -> str:
         return "–" if x is None else f"{x:,.{nd}f}"
 
-    L = [f"# Serving engines side by side: {rep['variant']['name']} ({rep['variant']['model_name']})", "",
-         f"Created {rep['created']} on {m['cpu']} ({m['cores']} logical CPUs, AMX: "
-         f"{'yes, ' + ' '.join(m['amx_flags']) if m['amx'] else 'no'}), Ray {st['ray']}. The machine was shared "
-         f"with other jobs; every cell ran {st['rounds']} times, interleaved round by round (engine order reversed "
-         f"every other round), {st['duration_s']:.0f} s per cell ({3 * st['duration_s']:.0f} s for c32 x 32 texts). "
-         f"Texts: {st['texts']} real IMDb test reviews (embedded default's test split). Client: one asyncio "
-         "process with keep-alive connections (qserve loadtest's Conn) on the same cores. Every answer was "
-         "compared with the in-process runtime's answer for that text.", "",
-         "| engine | conc | texts/req | req/s | texts/s | p50 ms | p99 ms | vs uvicorn (texts/s) | errors | lost "
-         "| max abs score diff |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    L = [
+        f"# Serving engines side by side: {rep['variant']['name']} ({rep['variant']['model_name']})",
+        "",
+        f"Created {rep['created']} on {m['cpu']} ({m['cores']} logical CPUs, AMX: "
+        f"{'yes, ' + ' '.join(m['amx_flags']) if m['amx'] else 'no'}), Ray {st['ray']}. The machine was shared "
+        f"with other jobs; every cell ran {st['rounds']} times, interleaved round by round (engine order reversed "
+        f"every other round), {st['duration_s']:.0f} s per cell ({3 * st['duration_s']:.0f} s for c32 x 32 texts). "
+        f"Texts: {st['texts']} real IMDb test reviews (embedded default's test split). Client: one asyncio "
+        "process with keep-alive connections (qserve loadtest's Conn) on the same cores. Every answer was "
+        "compared with the in-process runtime's answer for that text.",
+        "",
+        "| engine | conc | texts/req | req/s | texts/s | p50 ms | p99 ms | vs uvicorn (texts/s) | errors | lost "
+        "| max abs score diff |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for c, k in CELLS:
         cell = f"c{c}-t{k}"
         base = agg["uvicorn"][cell]["texts_per_s"]
         for eng in ["uvicorn"] + [f"ray-{r}" for r in st["replicas"]]:
             a = agg[eng][cell]
-            L.append(f"| {eng} | {c} | {k} | {f(a['rps'])} | {f(a['texts_per_s'])} | {f(a['p50_ms'])} | "
-                     f"{f(a['p99_ms'])} | {a['texts_per_s'] / base:.2f} | {a['errors']} | {a['lost']} | "
-                     f"{a['max_score_diff']:.1e} |")
-    L += ["", "Engines: uvicorn = `qserve serve` (one process, --threads "
-          f"{m['cores']}); ray-1 = one replica with --threads {m['cores']}; ray-2 = two replicas, 1 thread each; "
-          "Ray's proxy in front of both Ray rows.", "",
-          "## The proxy hop alone (trivial app, no model)", "",
-          "| conc | uvicorn req/s | Ray Serve req/s | Ray / uvicorn | ms of the 2 cores per request: uvicorn | Ray |",
-          "|---:|---:|---:|---:|---:|---:|"]
+            L.append(
+                f"| {eng} | {c} | {k} | {f(a['rps'])} | {f(a['texts_per_s'])} | {f(a['p50_ms'])} | "
+                f"{f(a['p99_ms'])} | {a['texts_per_s'] / base:.2f} | {a['errors']} | {a['lost']} | "
+                f"{a['max_score_diff']:.1e} |"
+            )
+    L += [
+        "",
+        "Engines: uvicorn = `qserve serve` (one process, --threads "
+        f"{m['cores']}); ray-1 = one replica with --threads {m['cores']}; ray-2 = two replicas, 1 thread each; "
+        "Ray's proxy in front of both Ray rows.",
+        "",
+        "## The proxy hop alone (trivial app, no model)",
+        "",
+        "| conc | uvicorn req/s | Ray Serve req/s | Ray / uvicorn | ms of the 2 cores per request: uvicorn | Ray |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
     for c in ("c1-t1", "c32-t1"):
         t = s[f"trivial_{c}"]
-        L.append(f"| {c[1:].split('-')[0]} | {f(t['uvicorn_rps'])} | {f(t['ray_rps'])} | {t['ratio']:.2f} | "
-                 f"{1e3 / t['uvicorn_rps']:.2f} | {1e3 / t['ray_rps']:.2f} |")
-    L += ["", "## CPU per request, by process (ms of CPU per answered request, psutil, pooled over rounds)", "",
-          "| engine | cell | " + " | ".join(ROLES) + " | total |", "|---|---|" + "---:|" * (len(ROLES) + 1)]
+        L.append(
+            f"| {c[1:].split('-')[0]} | {f(t['uvicorn_rps'])} | {f(t['ray_rps'])} | {t['ratio']:.2f} | "
+            f"{1e3 / t['uvicorn_rps']:.2f} | {1e3 / t['ray_rps']:.2f} |"
+        )
+    L += [
+        "",
+        "## CPU per request, by process (ms of CPU per answered request, psutil, pooled over rounds)",
+        "",
+        "| engine | cell | " + " | ".join(ROLES) + " | total |",
+        "|---|---|" + "---:|" * (len(ROLES) + 1),
+    ]
     for eng, cells in agg.items():
         for cell, a in cells.items():
             cpu = a.get("cpu_ms_per_request") or {}
@@ -312,26 +438,34 @@ def explain(rep: dict[str, Any]) -> list[str]:
     s, agg = rep["summary"], rep["summary"]["cells"]
     t32 = s["trivial_c32-t1"]
     hop_ms = t32["ms_per_request_ray"] - t32["ms_per_request_uvicorn"]
-    out = [f"Proxy hop: with no model, Ray Serve spends {t32['ms_per_request_ray']:.2f} ms of the machine's "
-           f"{rep['machine']['cores']} cores per request at c32 against {t32['ms_per_request_uvicorn']:.2f} ms for "
-           f"plain uvicorn: {hop_ms:.2f} ms extra per request (HTTP proxy actor, request pickling, the actor call "
-           "to the replica, the replica's own ASGI pass, Ray's router and metrics), paid per request, not per text."]
+    out = [
+        f"Proxy hop: with no model, Ray Serve spends {t32['ms_per_request_ray']:.2f} ms of the machine's "
+        f"{rep['machine']['cores']} cores per request at c32 against {t32['ms_per_request_uvicorn']:.2f} ms for "
+        f"plain uvicorn: {hop_ms:.2f} ms extra per request (HTTP proxy actor, request pickling, the actor call "
+        "to the replica, the replica's own ASGI pass, Ray's router and metrics), paid per request, not per text."
+    ]
     for cell, k in (("c32-t1", 1), ("c32-t32", 32)):
         u = agg["uvicorn"][cell]["rps"]
         pred = 1.0 / (1.0 / u + hop_ms / 1e3)
         got = agg["ray-1"][cell]["rps"]
-        out.append(f"{k} text(s)/request at c32: uvicorn {u:.1f} req/s = {1e3 / u:.2f} ms per request; adding the "
-                   f"hop predicts {pred:.1f} req/s for Ray with 1 replica ({pred / u:.0%} of uvicorn); measured "
-                   f"{got:.1f} req/s ({got / u:.0%}).")
+        out.append(
+            f"{k} text(s)/request at c32: uvicorn {u:.1f} req/s = {1e3 / u:.2f} ms per request; adding the "
+            f"hop predicts {pred:.1f} req/s for Ray with 1 replica ({pred / u:.0%} of uvicorn); measured "
+            f"{got:.1f} req/s ({got / u:.0%})."
+        )
     for r in rep["settings"]["replicas"]:
         for cell in ("c32-t1", "c32-t32"):
             a = agg[f"ray-{r}"][cell]
-            out.append(f"Per replica, ray-{r} ({rep['machine']['cores'] // r} core(s) each), {cell}: "
-                       f"{a['rps'] / r:.1f} req/s = {a['texts_per_s'] / r:.1f} texts/s per replica at p99 "
-                       f"{a['p99_ms']:.0f} ms.")
+            out.append(
+                f"Per replica, ray-{r} ({rep['machine']['cores'] // r} core(s) each), {cell}: "
+                f"{a['rps'] / r:.1f} req/s = {a['texts_per_s'] / r:.1f} texts/s per replica at p99 "
+                f"{a['p99_ms']:.0f} ms."
+            )
     a = agg["ray-2"]["c32-t1"] if "ray-2" in agg else agg["ray-1"]["c32-t1"]
-    out.append("Sizing rule: replicas = ceil(target req/s / per-replica req/s), with the per-replica rate "
-               "measured at a load whose p99 fits the budget (here c32 per machine gives p99 "
-               f"{a['p99_ms']:.0f} ms for 1 text/request; a tighter budget means fewer requests in flight per "
-               "replica, by Little's law in-flight = rate x latency, so a lower rate per replica).")
+    out.append(
+        "Sizing rule: replicas = ceil(target req/s / per-replica req/s), with the per-replica rate "
+        "measured at a load whose p99 fits the budget (here c32 per machine gives p99 "
+        f"{a['p99_ms']:.0f} ms for 1 text/request; a tighter budget means fewer requests in flight per "
+        "replica, by Little's law in-flight = rate x latency, so a lower rate per replica)."
+    )
     return out

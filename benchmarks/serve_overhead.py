@@ -38,14 +38,29 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bare_server import floor, render as render_floor
-from benchmarks.harness import (ROOT, Server, archive_tree, batch_totals, code_env, finish, in_turn, post_json,
-                                require_wrk, reviews, run_wrk, thread_cpu_s, wrk_lua)
-from benchmarks.serve_steps import render as render_steps, steps
-from qserve.serve.core.repository import resolve
-from qserve.provenance import command_line, provenance
-from qserve.files import now_iso
+from benchmarks.bare_server import floor
+from benchmarks.bare_server import render as render_floor
+from benchmarks.harness import (
+    ROOT,
+    Server,
+    archive_tree,
+    batch_totals,
+    code_env,
+    finish,
+    in_turn,
+    post_json,
+    require_wrk,
+    reviews,
+    run_wrk,
+    thread_cpu_s,
+    wrk_lua,
+)
+from benchmarks.serve_steps import render as render_steps
+from benchmarks.serve_steps import steps
 from qserve.devices import cpu_info, cpu_label
+from qserve.files import now_iso
+from qserve.provenance import command_line, provenance
+from qserve.serve.core.repository import resolve
 
 OVERHEAD_TARGET_MS = 1.0
 THROUGHPUT_TARGET = 0.95
@@ -58,17 +73,31 @@ def wrk_script(texts: list[str]) -> str:
 
 def in_process(code_root: Path, variant: Path, texts: list[str], args: argparse.Namespace) -> dict[str, Any]:
     """benchmarks.inproc in a child of the code at `code_root` (so it times that code's runtime)."""
-    cfg = {"variant": str(variant), "threads": args.threads, "long_text": args.long_text, "texts": texts,
-           "seconds": args.duration, "batch": BATCH}
-    out = subprocess.run([sys.executable, "-m", "benchmarks.inproc"], input=json.dumps(cfg), capture_output=True,
-                         text=True, env=code_env(code_root), cwd=code_root, check=False)
+    cfg = {
+        "variant": str(variant),
+        "threads": args.threads,
+        "long_text": args.long_text,
+        "texts": texts,
+        "seconds": args.duration,
+        "batch": BATCH,
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.inproc"],
+        input=json.dumps(cfg),
+        capture_output=True,
+        text=True,
+        env=code_env(code_root),
+        cwd=code_root,
+        check=False,
+    )
     if out.returncode:
         raise RuntimeError(f"in-process child failed ({out.returncode}): {out.stderr[-2000:]}")
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def served(code_root: Path, variant: Path, texts: list[str], expected: dict[str, Any], workdir: Path,
-           args: argparse.Namespace) -> dict[str, Any]:
+def served(
+    code_root: Path, variant: Path, texts: list[str], expected: dict[str, Any], workdir: Path, args: argparse.Namespace
+) -> dict[str, Any]:
     flags = [str(variant), "--long-text", args.long_text, "--log-level", args.log_level]
     if args.threads:
         flags += ["--threads", str(args.threads)]
@@ -97,13 +126,17 @@ def served(code_root: Path, variant: Path, texts: list[str], expected: dict[str,
             t1 = thread_cpu_s(srv.proc.pid)
             b1 = batch_totals(srv.url)
             n = max(1, w["requests"])
-            levels[str(clients)] = {"requests": w["requests"], "errors": w["errors"], "p50_ms": w["p50_us"] / 1e3,
-                                    "p99_ms": w["p99_us"] / 1e3, "req_s": w["requests"] / (w["duration_us"] / 1e6),
-                                    "server_cpu_ms_per_req": (c1 - c0) * 1e3 / n,
-                                    "mean_batch": (b1[1] - b0[1]) / max(1.0, b1[0] - b0[0]),
-                                    "thread_cpu_ms_per_req": {k: (t1[k] - t0[k]) * 1e3 / n for k in t1},
-                                    "client_cpu_ms_per_req": ((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime))
-                                    * 1e3 / n}
+            levels[str(clients)] = {
+                "requests": w["requests"],
+                "errors": w["errors"],
+                "p50_ms": w["p50_us"] / 1e3,
+                "p99_ms": w["p99_us"] / 1e3,
+                "req_s": w["requests"] / (w["duration_us"] / 1e6),
+                "server_cpu_ms_per_req": (c1 - c0) * 1e3 / n,
+                "mean_batch": (b1[1] - b0[1]) / max(1.0, b1[0] - b0[0]),
+                "thread_cpu_ms_per_req": {k: (t1[k] - t0[k]) * 1e3 / n for k in t1},
+                "client_cpu_ms_per_req": ((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)) * 1e3 / n,
+            }
         return {"answers_max_abs_diff": worst, "label_flips": flips, "levels": levels}
     finally:
         srv.stop()
@@ -127,9 +160,13 @@ def summarize(inproc: dict[str, Any], serve: dict[str, Any]) -> dict[str, Any]:
     c1, c32 = serve["levels"]["1"], serve["levels"][str(BATCH)]
     over = c1["p50_ms"] - inproc["b1"]["p50_ms"]
     ratio = c32["req_s"] / inproc["b32"]["texts_per_s"]
-    return {"overhead_ms": over, "overhead_ok": over <= OVERHEAD_TARGET_MS, "throughput_ratio": ratio,
-            "throughput_ok": ratio >= THROUGHPUT_TARGET,
-            "server_cpu_ms_over_model_c1": c1["server_cpu_ms_per_req"] - inproc["b1"]["cpu_ms_per_call"]}
+    return {
+        "overhead_ms": over,
+        "overhead_ok": over <= OVERHEAD_TARGET_MS,
+        "throughput_ratio": ratio,
+        "throughput_ok": ratio >= THROUGHPUT_TARGET,
+        "server_cpu_ms_over_model_c1": c1["server_cpu_ms_per_req"] - inproc["b1"]["cpu_ms_per_call"],
+    }
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
@@ -159,7 +196,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                 inproc.pop("answers")
                 per_code[code].append({"in_process": inproc, "served": serve})
             if args.floor:
-                print(f"round {rnd + 1}/{args.rounds}: {vdir.name}, bare server (the floor)", file=sys.stderr, flush=True)
+                print(
+                    f"round {rnd + 1}/{args.rounds}: {vdir.name}, bare server (the floor)", file=sys.stderr, flush=True
+                )
                 floors.append(floor(ROOT, vdir, lua, args, texts))
                 print(f"round {rnd + 1}/{args.rounds}: {vdir.name}, qserve in one process", file=sys.stderr, flush=True)
                 same.append(floor(ROOT, vdir, lua, args, texts, server="qserve", batch=BATCH))
@@ -175,14 +214,25 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             entry["codes"][code] = {**m, "summary": summarize(m["in_process"], m["served"]), "rounds": rows}
         results.append(entry)
     shutil.rmtree(workdir, ignore_errors=True)
-    return {"created": now_iso(), "environment": {"cpu": cpu_info(), "cpu_count": os.cpu_count()},
-            "settings": {"threads": args.threads, "long_text": args.long_text, "texts": len(texts),
-                         "mean_chars": sum(map(len, texts)) / len(texts), "duration_s": args.duration,
-                         "rounds": args.rounds, "log_level": args.log_level,
-                         "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM"), "baseline_ref": args.baseline_ref,
-                         "load_generator": "wrk -t1 (one thread)", "targets": {
-                             "overhead_ms": OVERHEAD_TARGET_MS, "throughput_ratio": THROUGHPUT_TARGET}},
-            "variants": results, "provenance": {**provenance(), "command": command_line([__file__, *argv])}}
+    return {
+        "created": now_iso(),
+        "environment": {"cpu": cpu_info(), "cpu_count": os.cpu_count()},
+        "settings": {
+            "threads": args.threads,
+            "long_text": args.long_text,
+            "texts": len(texts),
+            "mean_chars": sum(map(len, texts)) / len(texts),
+            "duration_s": args.duration,
+            "rounds": args.rounds,
+            "log_level": args.log_level,
+            "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM"),
+            "baseline_ref": args.baseline_ref,
+            "load_generator": "wrk -t1 (one thread)",
+            "targets": {"overhead_ms": OVERHEAD_TARGET_MS, "throughput_ratio": THROUGHPUT_TARGET},
+        },
+        "variants": results,
+        "provenance": {**provenance(), "command": command_line([__file__, *argv])},
+    }
 
 
 def render(rep: dict[str, Any]) -> str:
@@ -191,39 +241,54 @@ def render(rep: dict[str, Any]) -> str:
     def f(x: Any, nd: int = 2) -> str:
         return "–" if x is None else f"{x:,.{nd}f}"
 
-    L = ["# Serving overhead: served vs in-process, by the server's own CPU time", "",
-         f"Created {rep['created']} on {cpu_label(env['cpu'])} ({env['cpu_count']} logical CPUs). "
-         f"{st['texts']} IMDb test reviews (mean {st['mean_chars']:.0f} characters), `--long-text {st['long_text']}`, "
-         f"threads={st['threads'] or 'library default'}, log level {st['log_level']}; client {st['load_generator']}, "
-         f"{st['duration_s']:g} s per level; median of {st['rounds']} round(s), code trees alternating"
-         + (f"; **before** = qserve/ at `{st['baseline_ref']}`, **after** = this checkout." if st["baseline_ref"]
-            else "."), "",
-         f"Targets: served p50 at 1 client minus in-process `predict([text])` p50 <= {st['targets']['overhead_ms']} ms; "
-         f"served req/s at {BATCH} clients >= {st['targets']['throughput_ratio']}x in-process real-text b{BATCH} "
-         "texts/s. CPU ms are the process's utime + stime (every thread), not wall time.", "",
-         f"| variant | code | in-proc b1 p50 ms | served c1 p50 ms | overhead ms | in-proc b1 CPU ms | "
-         f"server CPU ms/req c1 | in-proc b{BATCH} texts/s | served c{BATCH} req/s | ratio | "
-         f"server CPU ms/req c{BATCH} | in-proc CPU ms/text b{BATCH} | wrk CPU ms/req c1 / c{BATCH} | "
-         "answers: flips, max abs diff |",
-         "|---|---|" + "---:|" * 12]
+    L = [
+        "# Serving overhead: served vs in-process, by the server's own CPU time",
+        "",
+        f"Created {rep['created']} on {cpu_label(env['cpu'])} ({env['cpu_count']} logical CPUs). "
+        f"{st['texts']} IMDb test reviews (mean {st['mean_chars']:.0f} characters), `--long-text {st['long_text']}`, "
+        f"threads={st['threads'] or 'library default'}, log level {st['log_level']}; client {st['load_generator']}, "
+        f"{st['duration_s']:g} s per level; median of {st['rounds']} round(s), code trees alternating"
+        + (
+            f"; **before** = qserve/ at `{st['baseline_ref']}`, **after** = this checkout."
+            if st["baseline_ref"]
+            else "."
+        ),
+        "",
+        f"Targets: served p50 at 1 client minus in-process `predict([text])` p50 <= {st['targets']['overhead_ms']} ms; "
+        f"served req/s at {BATCH} clients >= {st['targets']['throughput_ratio']}x in-process real-text b{BATCH} "
+        "texts/s. CPU ms are the process's utime + stime (every thread), not wall time.",
+        "",
+        f"| variant | code | in-proc b1 p50 ms | served c1 p50 ms | overhead ms | in-proc b1 CPU ms | "
+        f"server CPU ms/req c1 | in-proc b{BATCH} texts/s | served c{BATCH} req/s | ratio | "
+        f"server CPU ms/req c{BATCH} | in-proc CPU ms/text b{BATCH} | wrk CPU ms/req c1 / c{BATCH} | "
+        "answers: flips, max abs diff |",
+        "|---|---|" + "---:|" * 12,
+    ]
     for v in rep["variants"]:
         for code, r in v["codes"].items():
             ip, sv, s = r["in_process"], r["served"], r["summary"]
             c1, c32 = sv["levels"]["1"], sv["levels"][str(BATCH)]
-            L.append(f"| {v['name']} | {code} | {f(ip['b1']['p50_ms'])} | {f(c1['p50_ms'])} | "
-                     f"**{f(s['overhead_ms'])}** {'✓' if s['overhead_ok'] else '✗'} | {f(ip['b1']['cpu_ms_per_call'])} | "
-                     f"{f(c1['server_cpu_ms_per_req'])} | {f(ip['b32']['texts_per_s'], 1)} | {f(c32['req_s'], 1)} | "
-                     f"**{f(s['throughput_ratio'])}x** {'✓' if s['throughput_ok'] else '✗'} | "
-                     f"{f(c32['server_cpu_ms_per_req'])} | {f(ip['b32']['cpu_ms_per_text'])} | "
-                     f"{f(c1['client_cpu_ms_per_req'], 3)} / {f(c32['client_cpu_ms_per_req'], 3)} | "
-                     f"{sv['label_flips']}, {sv['answers_max_abs_diff']:.2g} |")
-    L += ["", "Where the server's CPU goes, ms per request by thread (from /proc/PID/task: the event loop is the "
-          "main thread: HTTP, validation, the answer, logging; inference: tokenizing, cutting and the runtime's own "
-          "thread; rows: a row-by-row runtime's workers; other: the backend's intra-op pool and the rest). The "
-          f"ceiling at {BATCH} clients: the in-process CPU per text over that plus the event loop's CPU per request, "
-          "what the served texts/s can reach while the model and the loop share the cores.", "",
-          f"| variant | code | c1: event loop / inference / rows / other | c{BATCH}: event loop / inference / rows / "
-          f"other | c{BATCH} ceiling |", "|---|---|---:|---:|---:|"]
+            L.append(
+                f"| {v['name']} | {code} | {f(ip['b1']['p50_ms'])} | {f(c1['p50_ms'])} | "
+                f"**{f(s['overhead_ms'])}** {'✓' if s['overhead_ok'] else '✗'} | {f(ip['b1']['cpu_ms_per_call'])} | "
+                f"{f(c1['server_cpu_ms_per_req'])} | {f(ip['b32']['texts_per_s'], 1)} | {f(c32['req_s'], 1)} | "
+                f"**{f(s['throughput_ratio'])}x** {'✓' if s['throughput_ok'] else '✗'} | "
+                f"{f(c32['server_cpu_ms_per_req'])} | {f(ip['b32']['cpu_ms_per_text'])} | "
+                f"{f(c1['client_cpu_ms_per_req'], 3)} / {f(c32['client_cpu_ms_per_req'], 3)} | "
+                f"{sv['label_flips']}, {sv['answers_max_abs_diff']:.2g} |"
+            )
+    L += [
+        "",
+        "Where the server's CPU goes, ms per request by thread (from /proc/PID/task: the event loop is the "
+        "main thread: HTTP, validation, the answer, logging; inference: tokenizing, cutting and the runtime's own "
+        "thread; rows: a row-by-row runtime's workers; other: the backend's intra-op pool and the rest). The "
+        f"ceiling at {BATCH} clients: the in-process CPU per text over that plus the event loop's CPU per request, "
+        "what the served texts/s can reach while the model and the loop share the cores.",
+        "",
+        f"| variant | code | c1: event loop / inference / rows / other | c{BATCH}: event loop / inference / rows / "
+        f"other | c{BATCH} ceiling |",
+        "|---|---|---:|---:|---:|",
+    ]
     for v in rep["variants"]:
         for code, r in v["codes"].items():
             lv, ip = r["served"]["levels"], r["in_process"]
@@ -236,9 +301,13 @@ def render(rep: dict[str, Any]) -> str:
             L.append(f"| {v['name']} | {code} | {cells[0]} | {cells[1]} | {f(ceiling)}x |")
     L += render_floor(rep["variants"], OVERHEAD_TARGET_MS, THROUGHPUT_TARGET)
     L += render_steps(rep["variants"])
-    L += ["", "A model dir given on the command line stands for the variant `qserve serve` recommends from it "
-          "(its report). Every review is first posted once and its served top label and score compared with its "
-          "in-process answer; wrk errors (non-2xx, timeouts) per level are in report.json.", ""]
+    L += [
+        "",
+        "A model dir given on the command line stands for the variant `qserve serve` recommends from it "
+        "(its report). Every review is first posted once and its served top label and score compared with its "
+        "in-process answer; wrk errors (non-2xx, timeouts) per level are in report.json.",
+        "",
+    ]
     return "\n".join(L)
 
 
@@ -259,16 +328,24 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("variants", nargs="+", type=Path, help="variant dirs, or model dirs (their recommended variant)")
     p.add_argument("--baseline-ref", default=None, help="git commit whose qserve/ is served beside this checkout")
-    p.add_argument("--floor", action=argparse.BooleanOptionalAction, default=True,
-                   help="also measure the bare server's floor each round (bare_server.py; default on)")
+    p.add_argument(
+        "--floor",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure the bare server's floor each round (bare_server.py; default on)",
+    )
     p.add_argument("--texts", type=int, default=64, help="IMDb test reviews to send (default 64)")
     p.add_argument("--duration", type=float, default=20.0, help="seconds per wrk level and per in-process loop")
     p.add_argument("--rounds", type=int, default=2, help="rounds, code trees alternating (default 2)")
     p.add_argument("--threads", type=int, default=2, help="--threads for server and runtime (default 2)")
     p.add_argument("--long-text", default="head", help="--long-text policy (default head)")
     p.add_argument("--log-level", default="info", help="server --log-level (default info: access log on)")
-    p.add_argument("--steps", action=argparse.BooleanOptionalAction, default=True,
-                   help="also time each step of a request from the server's own trace (serve_steps.py; default on)")
+    p.add_argument(
+        "--steps",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time each step of a request from the server's own trace (serve_steps.py; default on)",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/reports/serve-overhead")
     args = p.parse_args(argv)
     # absolute: the code before runs from its own tree, where a path relative to this checkout means nothing

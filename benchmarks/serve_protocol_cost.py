@@ -28,17 +28,31 @@ from typing import Any
 
 import httpx2
 
-from benchmarks.harness import (ROOT, Server, archive_tree, finish, in_turn, require_wrk, reviews, run_wrk,
-                                thread_cpu_s, wrk_lua)
-from qserve.provenance import command_line, provenance
-from qserve.files import now_iso
+from benchmarks.harness import (
+    ROOT,
+    Server,
+    archive_tree,
+    finish,
+    in_turn,
+    require_wrk,
+    reviews,
+    run_wrk,
+    thread_cpu_s,
+    wrk_lua,
+)
 from qserve.devices import cpu_info, cpu_label
-
+from qserve.files import now_iso
+from qserve.provenance import command_line, provenance
 
 ROUTES = ("v1", "tei", "hf", "vllm", "v2")
 PATHS = {"v1": "/v1/classify", "tei": "/predict", "hf": "/", "vllm": "/classify", "v2": "/v2/models/{model}/infer"}
-TITLES = {"v1": "/v1/classify", "tei": "TEI POST /predict", "hf": "POST / (InferenceClient form)",
-          "vllm": "vLLM POST /classify", "v2": "KServe V2 /infer (JSON)"}
+TITLES = {
+    "v1": "/v1/classify",
+    "tei": "TEI POST /predict",
+    "hf": "POST / (InferenceClient form)",
+    "vllm": "vLLM POST /classify",
+    "v2": "KServe V2 /infer (JSON)",
+}
 
 
 def body(route: str, text: str) -> dict[str, Any]:
@@ -85,8 +99,10 @@ def measure(code: Path, variant: Path, texts: list[str], workdir: Path, args: ar
             model = c.get("/v1/models").json()["default"]
             paths = {r: PATHS[r].format(model=model) for r in ROUTES}
             want = [top_label("v1", c.post(paths["v1"], json=body("v1", t)).json()) for t in texts]
-            mismatched = {r: sum(top_label(r, c.post(paths[r], json=body(r, t)).json()) != w
-                                 for t, w in zip(texts, want)) for r in ROUTES}
+            mismatched = {
+                r: sum(top_label(r, c.post(paths[r], json=body(r, t)).json()) != w for t, w in zip(texts, want))
+                for r in ROUTES
+            }
         for route in ROUTES:
             script = workdir / f"{route}.lua"
             script.write_text(lua(route, paths[route], texts), encoding="utf-8")
@@ -96,9 +112,15 @@ def measure(code: Path, variant: Path, texts: list[str], workdir: Path, args: ar
             n = max(1, w["requests"])
             loop = (t1["event_loop"] - t0["event_loop"]) * 1e3 / n
             total = sum(t1[k] - t0[k] for k in t1) * 1e3 / n
-            out[route] = {"requests": w["requests"], "errors": w["errors"], "p50_ms": w["p50_us"] / 1e3,
-                          "event_loop_cpu_ms_per_req": loop, "other_cpu_ms_per_req": total - loop,
-                          "server_cpu_ms_per_req": total, "label_mismatches_vs_v1": mismatched[route]}
+            out[route] = {
+                "requests": w["requests"],
+                "errors": w["errors"],
+                "p50_ms": w["p50_us"] / 1e3,
+                "event_loop_cpu_ms_per_req": loop,
+                "other_cpu_ms_per_req": total - loop,
+                "server_cpu_ms_per_req": total,
+                "label_mismatches_vs_v1": mismatched[route],
+            }
         return out
     finally:
         srv.stop()
@@ -117,39 +139,66 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             print(f"round {rnd + 1}/{args.rounds}: code {code}", file=sys.stderr, flush=True)
             row[code] = measure(codes[code], variant, texts, workdir, args)
         rounds.append(row)
-    median = {code: {r: {k: statistics.median(x[code][r][k] for x in rounds)
-                         for k in ("p50_ms", "event_loop_cpu_ms_per_req", "other_cpu_ms_per_req",
-                                   "server_cpu_ms_per_req")} for r in ROUTES} for code in codes}
+    median = {
+        code: {
+            r: {
+                k: statistics.median(x[code][r][k] for x in rounds)
+                for k in ("p50_ms", "event_loop_cpu_ms_per_req", "other_cpu_ms_per_req", "server_cpu_ms_per_req")
+            }
+            for r in ROUTES
+        }
+        for code in codes
+    }
     for code in codes:
         for r in ROUTES:
             median[code][r]["errors"] = sum(x[code][r]["errors"] for x in rounds)
             median[code][r]["label_mismatches_vs_v1"] = sum(x[code][r]["label_mismatches_vs_v1"] for x in rounds)
-    return {"created": now_iso(), "provenance": {**provenance(), "command": command_line([__file__, *argv])},
-            "cpu": cpu_info(), "cpu_count": os.cpu_count(), "variant": args.variant_dir, "texts": len(texts),
-            "baseline_ref": args.baseline_ref, "rounds": args.rounds, "duration_s": args.duration,
-            "load_generator": "wrk -t1 -c1", "median": median, "per_round": rounds}
+    return {
+        "created": now_iso(),
+        "provenance": {**provenance(), "command": command_line([__file__, *argv])},
+        "cpu": cpu_info(),
+        "cpu_count": os.cpu_count(),
+        "variant": args.variant_dir,
+        "texts": len(texts),
+        "baseline_ref": args.baseline_ref,
+        "rounds": args.rounds,
+        "duration_s": args.duration,
+        "load_generator": "wrk -t1 -c1",
+        "median": median,
+        "per_round": rounds,
+    }
 
 
 def render(rep: dict[str, Any]) -> str:
-    lines = [f"# One request on each protocol: the code before (`{rep['baseline_ref']}`) and after", "",
-             f"Created {rep['created']} on {cpu_label(rep['cpu'])} ({rep['cpu_count']} logical CPUs). "
-             f"Variant `{rep['variant']}`, {rep['texts']} IMDb test "
-             f"reviews under `--long-text head`, posted one at a time by {rep['load_generator']} for "
-             f"{rep['duration_s']:g} s per route; medians of {rep['rounds']} rounds, the two code trees alternating. "
-             "CPU ms are the server's own (utime + stime from /proc): the event loop is its main thread (HTTP, "
-             "validation, the answer), other is every other thread (the model, the tokenizer); the servers run with "
-             "`--no-inline-lone`, so no forward runs on the event loop.", "",
-             "| route | p50 ms before | after | event loop CPU ms/req before | after | other CPU ms/req before | "
-             "after | errors, label mismatches vs /v1 (after) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"# One request on each protocol: the code before (`{rep['baseline_ref']}`) and after",
+        "",
+        f"Created {rep['created']} on {cpu_label(rep['cpu'])} ({rep['cpu_count']} logical CPUs). "
+        f"Variant `{rep['variant']}`, {rep['texts']} IMDb test "
+        f"reviews under `--long-text head`, posted one at a time by {rep['load_generator']} for "
+        f"{rep['duration_s']:g} s per route; medians of {rep['rounds']} rounds, the two code trees alternating. "
+        "CPU ms are the server's own (utime + stime from /proc): the event loop is its main thread (HTTP, "
+        "validation, the answer), other is every other thread (the model, the tokenizer); the servers run with "
+        "`--no-inline-lone`, so no forward runs on the event loop.",
+        "",
+        "| route | p50 ms before | after | event loop CPU ms/req before | after | other CPU ms/req before | "
+        "after | errors, label mismatches vs /v1 (after) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     b, a = rep["median"]["before"], rep["median"]["after"]
     for r in ROUTES:
-        lines.append(f"| {TITLES[r]} | {b[r]['p50_ms']:.2f} | {a[r]['p50_ms']:.2f} | "
-                     f"{b[r]['event_loop_cpu_ms_per_req']:.3f} | **{a[r]['event_loop_cpu_ms_per_req']:.3f}** | "
-                     f"{b[r]['other_cpu_ms_per_req']:.2f} | {a[r]['other_cpu_ms_per_req']:.2f} | "
-                     f"{a[r]['errors']}, {a[r]['label_mismatches_vs_v1']} |")
-    lines += ["", "Wall-clock p50 on this shared 2-core machine moves by more than a millisecond between runs of the "
-              "same code; the event loop's CPU per request is the steady figure for what a route's serving costs.", ""]
+        lines.append(
+            f"| {TITLES[r]} | {b[r]['p50_ms']:.2f} | {a[r]['p50_ms']:.2f} | "
+            f"{b[r]['event_loop_cpu_ms_per_req']:.3f} | **{a[r]['event_loop_cpu_ms_per_req']:.3f}** | "
+            f"{b[r]['other_cpu_ms_per_req']:.2f} | {a[r]['other_cpu_ms_per_req']:.2f} | "
+            f"{a[r]['errors']}, {a[r]['label_mismatches_vs_v1']} |"
+        )
+    lines += [
+        "",
+        "Wall-clock p50 on this shared 2-core machine moves by more than a millisecond between runs of the "
+        "same code; the event loop's CPU per request is the steady figure for what a route's serving costs.",
+        "",
+    ]
     return "\n".join(lines)
 
 

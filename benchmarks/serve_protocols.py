@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,19 +30,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-import statistics
-import platform
 
-import numpy as np
 import httpx2
+import numpy as np
 
-from benchmarks.harness import ROOT, free_port, reviews, Server, write_report
+from benchmarks.harness import ROOT, Server, free_port, reviews, write_report
 from qserve import QserveError
-from qserve.provenance import provenance
-from qserve.files import now_iso, refuse_existing
-from qserve.devices import cpu_info, cpu_label
 from qserve.bench.loadtest import run_loadtest
-
+from qserve.devices import cpu_info, cpu_label
+from qserve.files import now_iso, refuse_existing
+from qserve.provenance import provenance
 
 PROTOCOLS = ("v1", "v2", "v2-grpc", "tei", "vllm")
 Answer = tuple[str, tuple[float, ...]]
@@ -75,8 +74,13 @@ class Caller:
             d = http.post("/classify", json={"input": text}).json()["data"][0]
             return d["label"], tuple(float(x) for x in d["probs"])
         if protocol == "v2":
-            out = {o["name"]: o["data"] for o in http.post(f"/v2/models/{self.model}/infer", json={"inputs": [
-                {"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}).json()["outputs"]}
+            out = {
+                o["name"]: o["data"]
+                for o in http.post(
+                    f"/v2/models/{self.model}/infer",
+                    json={"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]},
+                ).json()["outputs"]
+            }
             return out["label"][0], tuple(float(x) for x in out["probabilities"])
         import tritonclient.grpc as tg
 
@@ -104,8 +108,10 @@ def answers(url: str, grpc_target: str, texts: list[str], workers: int) -> dict[
             alone[p] = [call(p, t, c, g) for t in texts]
     jobs = [(p, i) for p in PROTOCOLS for i in range(len(texts))]
     random.Random(0).shuffle(jobs)
-    clients = [(httpx2.Client(base_url=url, timeout=60, trust_env=False), tg.InferenceServerClient(grpc_target))
-               for _ in range(workers)]
+    clients = [
+        (httpx2.Client(base_url=url, timeout=60, trust_env=False), tg.InferenceServerClient(grpc_target))
+        for _ in range(workers)
+    ]
 
     def run(k: int) -> tuple[str, int, Answer]:
         p, i = jobs[k]
@@ -130,22 +136,40 @@ def answers(url: str, grpc_target: str, texts: list[str], workers: int) -> dict[
         rows[p] = {}
         for when, ans in got.items():
             diffs = [max(abs(x - y) for x, y in zip(a[1], r[1])) for a, r in zip(ans, ref)]
-            rows[p][when] = {"same_label": sum(a[0] == r[0] for a, r in zip(ans, ref)),
-                             "bit_identical": sum(a == r for a, r in zip(ans, ref)), "max_abs_diff": max(diffs)}
-    return {"model": model, "labels": labels, "texts": len(texts), "workers": workers,
-            "concurrent_wall_s": wall, "requests": len(jobs) * 2, "by_protocol": rows}
+            rows[p][when] = {
+                "same_label": sum(a[0] == r[0] for a, r in zip(ans, ref)),
+                "bit_identical": sum(a == r for a, r in zip(ans, ref)),
+                "max_abs_diff": max(diffs),
+            }
+    return {
+        "model": model,
+        "labels": labels,
+        "texts": len(texts),
+        "workers": workers,
+        "concurrent_wall_s": wall,
+        "requests": len(jobs) * 2,
+        "by_protocol": rows,
+    }
 
 
 # -- part 2: cost -------------------------------------------------------------------------------------------
 def old_tree(ref: str, where: Path) -> Path:
     path = where / "old"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), ref], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), ref], check=True, capture_output=True
+    )
     return path
 
 
-def throughput(trees: dict[str, Path], variant: Path, rounds: int, duration: float, texts: list[str],
-               threads: int | None, workdir: Path) -> dict[str, Any]:
+def throughput(
+    trees: dict[str, Path],
+    variant: Path,
+    rounds: int,
+    duration: float,
+    texts: list[str],
+    threads: int | None,
+    workdir: Path,
+) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in trees}
     for r in range(rounds):
         for key, tree in trees.items():  # interleaved: a machine's slow minute lands on both sides
@@ -157,14 +181,27 @@ def throughput(trees: dict[str, Path], variant: Path, rounds: int, duration: flo
                 cpu = srv.cpu_s() - cpu0
             finally:
                 srv.stop()
-            runs[key].append({"round": r, "rps": level["throughput_rps"], "p50_ms": level["p50_ms"],
-                              "p99_ms": level["p99_ms"], "requests": level["requests"], "errors": level["errors"],
-                              "mismatched": level["mismatched"], "lost": level["lost"],
-                              "server_cpu_ms_per_request": 1e3 * cpu / max(1, level["requests"])})
+            runs[key].append(
+                {
+                    "round": r,
+                    "rps": level["throughput_rps"],
+                    "p50_ms": level["p50_ms"],
+                    "p99_ms": level["p99_ms"],
+                    "requests": level["requests"],
+                    "errors": level["errors"],
+                    "mismatched": level["mismatched"],
+                    "lost": level["lost"],
+                    "server_cpu_ms_per_request": 1e3 * cpu / max(1, level["requests"]),
+                }
+            )
 
-    summary = {k: {"median_rps": statistics.median(x["rps"] for x in v),
-                   "median_cpu_ms_per_request": statistics.median(x["server_cpu_ms_per_request"] for x in v)}
-               for k, v in runs.items()}
+    summary = {
+        k: {
+            "median_rps": statistics.median(x["rps"] for x in v),
+            "median_cpu_ms_per_request": statistics.median(x["server_cpu_ms_per_request"] for x in v),
+        }
+        for k, v in runs.items()
+    }
     ratios = [n["rps"] / o["rps"] for o, n in zip(runs["old"], runs["new"]) if o["rps"]]
     summary["rps_ratio_new_over_old"] = statistics.median(ratios) if ratios else None
     summary["rps_ratio_per_round"] = ratios
@@ -173,31 +210,49 @@ def throughput(trees: dict[str, Path], variant: Path, rounds: int, duration: flo
 
 def render_md(rep: dict[str, Any]) -> str:
     a, t = rep["answers"], rep["throughput"]
-    lines = ["# One text, one answer across protocols; /v1 throughput before and after the new routes", "",
-             f"Variant `{rep['variant']}`, {a['texts']} real IMDb test reviews, {rep['machine']}.", "",
-             "## Answers: every protocol against /v1 alone", "",
-             "| protocol | alone: same label | alone: bit-identical | concurrent: same label | "
-             "concurrent: bit-identical | max abs diff |", "|---|---|---|---|---|---|"]
+    lines = [
+        "# One text, one answer across protocols; /v1 throughput before and after the new routes",
+        "",
+        f"Variant `{rep['variant']}`, {a['texts']} real IMDb test reviews, {rep['machine']}.",
+        "",
+        "## Answers: every protocol against /v1 alone",
+        "",
+        "| protocol | alone: same label | alone: bit-identical | concurrent: same label | "
+        "concurrent: bit-identical | max abs diff |",
+        "|---|---|---|---|---|---|",
+    ]
     for p, row in a["by_protocol"].items():
         al, co = row["alone"], row["concurrent"]
-        lines.append(f"| {p} | {al['same_label']}/{a['texts']} | {al['bit_identical']}/{a['texts']} | "
-                     f"{co['same_label']}/{a['texts']} | {co['bit_identical']}/{a['texts']} | "
-                     f"{max(al['max_abs_diff'], co['max_abs_diff']):.3g} |")
-    lines += ["", f"Concurrent: {a['workers']} requests in flight, every protocol mixed in a shuffled order "
-                  f"({a['concurrent_wall_s']:.1f} s). Alone, each protocol sends the text alone, as /v1 did: the "
-                  "same bits are the claim. Concurrently a text shares its batch; a variant that runs each row "
-                  "alone (onnx-int8) gives the same bits still, a padded torch batch may move a score by an ulp, on "
-                  "/v1 itself too (its own row above).", "",
-              f"## /v1 at concurrency 32: `{rep['old_ref']}` (old) and this checkout (new), interleaved", "",
-              "| round | old req/s | new req/s | new / old | old server CPU ms/req | new server CPU ms/req |",
-              "|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {p} | {al['same_label']}/{a['texts']} | {al['bit_identical']}/{a['texts']} | "
+            f"{co['same_label']}/{a['texts']} | {co['bit_identical']}/{a['texts']} | "
+            f"{max(al['max_abs_diff'], co['max_abs_diff']):.3g} |"
+        )
+    lines += [
+        "",
+        f"Concurrent: {a['workers']} requests in flight, every protocol mixed in a shuffled order "
+        f"({a['concurrent_wall_s']:.1f} s). Alone, each protocol sends the text alone, as /v1 did: the "
+        "same bits are the claim. Concurrently a text shares its batch; a variant that runs each row "
+        "alone (onnx-int8) gives the same bits still, a padded torch batch may move a score by an ulp, on "
+        "/v1 itself too (its own row above).",
+        "",
+        f"## /v1 at concurrency 32: `{rep['old_ref']}` (old) and this checkout (new), interleaved",
+        "",
+        "| round | old req/s | new req/s | new / old | old server CPU ms/req | new server CPU ms/req |",
+        "|---|---|---|---|---|---|",
+    ]
     for o, n in zip(t["runs"]["old"], t["runs"]["new"]):
-        lines.append(f"| {o['round']} | {o['rps']:.1f} | {n['rps']:.1f} | {n['rps'] / o['rps']:.3f} | "
-                     f"{o['server_cpu_ms_per_request']:.2f} | {n['server_cpu_ms_per_request']:.2f} |")
+        lines.append(
+            f"| {o['round']} | {o['rps']:.1f} | {n['rps']:.1f} | {n['rps'] / o['rps']:.3f} | "
+            f"{o['server_cpu_ms_per_request']:.2f} | {n['server_cpu_ms_per_request']:.2f} |"
+        )
     s = t["summary"]
-    lines += ["", f"Median new / old: {s['rps_ratio_new_over_old']:.3f} ({t['rounds']} rounds of "
-                  f"{t['duration_s']:.0f} s each; errors, lost and mismatched answers: "
-                  f"{sum(x['errors'] + x['lost'] + x['mismatched'] for v in t['runs'].values() for x in v)})."]
+    lines += [
+        "",
+        f"Median new / old: {s['rps_ratio_new_over_old']:.3f} ({t['rounds']} rounds of "
+        f"{t['duration_s']:.0f} s each; errors, lost and mismatched answers: "
+        f"{sum(x['errors'] + x['lost'] + x['mismatched'] for v in t['runs'].values() for x in v)}).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -229,20 +284,30 @@ def main(argv: list[str] | None = None) -> int:
                 srv.stop()
             old = old_tree(args.old_ref, work)
             try:
-                tput = throughput({"old": old, "new": ROOT}, args.variant_dir, args.rounds, args.duration, texts,
-                                  args.threads, work)
+                tput = throughput(
+                    {"old": old, "new": ROOT}, args.variant_dir, args.rounds, args.duration, texts, args.threads, work
+                )
             finally:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=False,
-                               capture_output=True)
+                subprocess.run(
+                    ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)],
+                    check=False,
+                    capture_output=True,
+                )
     except (QserveError, subprocess.CalledProcessError) as e:
         print(f"serve_protocols: error: {e}", file=sys.stderr)
         return 2
 
     cpu = cpu_info()
-    rep = {"created": now_iso(), "variant": str(args.variant_dir), "old_ref": args.old_ref,
-           "environment": {"machine": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count()},
-           "machine": f"{cpu_label(cpu)}, {os.cpu_count()} CPUs",
-           "answers": ans, "throughput": tput, "provenance": provenance()}
+    rep = {
+        "created": now_iso(),
+        "variant": str(args.variant_dir),
+        "old_ref": args.old_ref,
+        "environment": {"machine": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count()},
+        "machine": f"{cpu_label(cpu)}, {os.cpu_count()} CPUs",
+        "answers": ans,
+        "throughput": tput,
+        "provenance": provenance(),
+    }
     write_report(args.out, rep, render_md(rep))
     alone_ok = all(r["alone"]["bit_identical"] == ans["texts"] for r in ans["by_protocol"].values())
     labels_ok = all(r["concurrent"]["same_label"] == ans["texts"] for r in ans["by_protocol"].values())

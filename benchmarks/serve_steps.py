@@ -26,13 +26,26 @@ from typing import Any
 
 from benchmarks.harness import Server, code_env, run_wrk
 
-STEPS = ("receive", "queue wait", "tokenize", "inference", "hop back", "respond", "server span", "outside the spans",
-         "wrk p50")
+STEPS = (
+    "receive",
+    "queue wait",
+    "tokenize",
+    "inference",
+    "hop back",
+    "respond",
+    "server span",
+    "outside the spans",
+    "wrk p50",
+)
 ROUTE = "POST /v1/classify"
-HOLD = {"OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "qserve-steps",
-        # every span waits in the processor's queue until shutdown: no export thread runs while timing
-        "OTEL_BSP_SCHEDULE_DELAY": "3600000", "OTEL_BSP_MAX_QUEUE_SIZE": "1000000",
-        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "1000000"}
+HOLD = {
+    "OTEL_TRACES_EXPORTER": "console",
+    "OTEL_SERVICE_NAME": "qserve-steps",
+    # every span waits in the processor's queue until shutdown: no export thread runs while timing
+    "OTEL_BSP_SCHEDULE_DELAY": "3600000",
+    "OTEL_BSP_MAX_QUEUE_SIZE": "1000000",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "1000000",
+}
 WARM = 40
 """Traces dropped from the front: the first requests of a fresh server (caches, allocator, lazy imports)."""
 
@@ -103,11 +116,16 @@ def render(variants: list[dict[str, Any]]) -> list[str]:
     rows = [(v["name"], v["steps"]) for v in variants if v.get("steps")]
     if not rows:
         return []
-    L = ["", "Where a request's time goes at one client: the median microseconds of each step of the server's own "
-         "trace (this checkout, tracing on with every span held until shutdown; benchmarks/serve_steps.py says what "
-         "each step covers). Everything but tokenize and inference is the serving overhead; tracing's own cost is in "
-         "it too.", "",
-         "| variant | requests | " + " | ".join(STEPS) + " |", "|---|---:|" + "---:|" * len(STEPS)]
+    L = [
+        "",
+        "Where a request's time goes at one client: the median microseconds of each step of the server's own "
+        "trace (this checkout, tracing on with every span held until shutdown; benchmarks/serve_steps.py says what "
+        "each step covers). Everything but tokenize and inference is the serving overhead; tracing's own cost is in "
+        "it too.",
+        "",
+        "| variant | requests | " + " | ".join(STEPS) + " |",
+        "|---|---:|" + "---:|" * len(STEPS),
+    ]
     for name, s in rows:
         L.append(f"| {name} | {s['requests']} | " + " | ".join(f"{s['us'][k]:,.0f}" for k in STEPS) + " |")
     return L

@@ -38,12 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import ROOT, Conn, VariantServer, batch_totals, finish, in_turn, review_split
-from qserve.serve.infra.config import ServeConfig
-from qserve.provenance import command_line, provenance
-from qserve.longtext import parse_list
-from qserve.files import now_iso, refuse_existing
 from qserve.devices import cpu_info, cpu_label
-
+from qserve.files import now_iso, refuse_existing
+from qserve.longtext import parse_list
+from qserve.provenance import command_line, provenance
+from qserve.serve.infra.config import ServeConfig
 
 log = logging.getLogger("serve_windows")
 POLICIES = "head,windows:128:96:mean"
@@ -55,16 +54,19 @@ Answer = tuple[list[float], int]
 # -- clients -----------------------------------------------------------------------------------
 def _answers(data: bytes, labels: list[str]) -> list[Answer]:
     body = json.loads(data)
-    return [([{p["label"]: p["score"] for p in preds}[lb] for lb in labels], int(w))
-            for preds, w in zip(body["predictions"], body["windows"])]
+    return [
+        ([{p["label"]: p["score"] for p in preds}[lb] for lb in labels], int(w))
+        for preds, w in zip(body["predictions"], body["windows"])
+    ]
 
 
 def _body(texts: list[str], policy: str) -> bytes:
     return json.dumps({"inputs": texts if len(texts) > 1 else texts[0], "top_k": None, "long_text": policy}).encode()
 
 
-async def send_all(url: str, labels: list[str], texts: list[str], policy: str, concurrency: int,
-                   per_request: int) -> tuple[list[Answer | None], float, dict[str, int]]:
+async def send_all(
+    url: str, labels: list[str], texts: list[str], policy: str, concurrency: int, per_request: int
+) -> tuple[list[Answer | None], float, dict[str, int]]:
     """Every text once, `per_request` texts per request, from `concurrency` clients taking the next request as
     they finish one: (answer per text, None where it got none; elapsed seconds; errors and lost requests)."""
     chunks = [list(range(i, min(i + per_request, len(texts)))) for i in range(0, len(texts), per_request)]
@@ -122,8 +124,13 @@ def ceiling(head_texts_per_s: float | None, windows_per_text: float | None) -> f
     return head_texts_per_s / windows_per_text
 
 
-def summarize(policies: list[str], texts: dict[str, int], elapsed: dict[str, dict[str, list[float]]],
-              answers: dict[str, dict[str, list[Answer | None]]], labels: list[int]) -> dict[str, Any]:
+def summarize(
+    policies: list[str],
+    texts: dict[str, int],
+    elapsed: dict[str, dict[str, list[float]]],
+    answers: dict[str, dict[str, list[Answer | None]]],
+    labels: list[int],
+) -> dict[str, Any]:
     """Per policy: texts/s at c1 and c32 (pooled over rounds, and per round), accuracy, windows per text,
     answer changes c32 vs c1; for every policy but head, its ceiling and texts/s over it."""
     out: dict[str, Any] = {}
@@ -140,8 +147,9 @@ def summarize(policies: list[str], texts: dict[str, int], elapsed: dict[str, dic
         right = [a is not None and max(range(len(a[0])), key=a[0].__getitem__) == y for a, y in zip(ref, labels)]
         row["accuracy_c1"] = sum(right) / len(right)
         row["c32_vs_c1"] = changes(ref, answers[pol]["c32"])
-        row["windows_changed"] = sum(a is not None and b is not None and a[1] != b[1]
-                                     for a, b in zip(ref, answers[pol]["c32"]))
+        row["windows_changed"] = sum(
+            a is not None and b is not None and a[1] != b[1] for a, b in zip(ref, answers[pol]["c32"])
+        )
         out[pol] = row
     head = out.get("head", {}).get("c32_texts_per_s")
     for pol in policies:
@@ -149,16 +157,24 @@ def summarize(policies: list[str], texts: dict[str, int], elapsed: dict[str, dic
             continue
         row = out[pol]
         row["ceiling_texts_per_s"] = ceiling(head, row["windows_per_text"])
-        row["ratio_to_ceiling"] = row["c32_texts_per_s"] / row["ceiling_texts_per_s"] if row["ceiling_texts_per_s"] \
-            else None
+        row["ratio_to_ceiling"] = (
+            row["c32_texts_per_s"] / row["ceiling_texts_per_s"] if row["ceiling_texts_per_s"] else None
+        )
         # per round: the policy's rate over head's in the same round, times the round's windows per text
-        row["ratio_rounds"] = [w / h * row["windows_per_text"] for w, h in
-                               zip(row["c32_rounds_texts_per_s"], out["head"]["c32_rounds_texts_per_s"])] \
-            if "head" in out else []
-    return {"policies": out, "label_changes": sum(r["c32_vs_c1"]["label_changes"] for r in out.values()),
-            "missing": sum(r["c32_vs_c1"]["missing"] for r in out.values()),
-            "ratios_ok": all(r.get("ratio_to_ceiling") is None or r["ratio_to_ceiling"] >= RATIO_BAR
-                             for r in out.values())}
+        row["ratio_rounds"] = (
+            [
+                w / h * row["windows_per_text"]
+                for w, h in zip(row["c32_rounds_texts_per_s"], out["head"]["c32_rounds_texts_per_s"])
+            ]
+            if "head" in out
+            else []
+        )
+    return {
+        "policies": out,
+        "label_changes": sum(r["c32_vs_c1"]["label_changes"] for r in out.values()),
+        "missing": sum(r["c32_vs_c1"]["missing"] for r in out.values()),
+        "ratios_ok": all(r.get("ratio_to_ceiling") is None or r["ratio_to_ceiling"] >= RATIO_BAR for r in out.values()),
+    }
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -171,13 +187,20 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     test = review_split(args.reviews, pool=args.reviews)
     texts, labels = test.texts, test.labels
     bounds = [round(r * len(texts) / args.rounds) for r in range(args.rounds + 1)]
-    log.info("%d reviews in %d rounds, policies %s, %d text(s) per request at c%d", len(texts), args.rounds,
-             ", ".join(policies), args.per_request, args.concurrency)
+    log.info(
+        "%d reviews in %d rounds, policies %s, %d text(s) per request at c%d",
+        len(texts),
+        args.rounds,
+        ", ".join(policies),
+        args.per_request,
+        args.concurrency,
+    )
     logs = args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     extra = ["--max-batch-size", str(args.max_batch_size)] if args.max_batch_size else []
-    answers: dict[str, dict[str, list[Answer | None]]] = {p: {"c1": [None] * len(texts), "c32": [None] * len(texts)}
-                                                          for p in policies}
+    answers: dict[str, dict[str, list[Answer | None]]] = {
+        p: {"c1": [None] * len(texts), "c32": [None] * len(texts)} for p in policies
+    }
     elapsed: dict[str, dict[str, list[float]]] = {p: {"c1": [], "c32": []} for p in policies}
     counted: dict[str, int] = {}
     failures = {"errors": 0, "lost": 0}
@@ -201,21 +224,40 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                     if phase == "c32":
                         batches[pol][0] += n1 - n0
                         batches[pol][1] += s1 - s0
-                    log.info("%s round %d %s: %d texts in %.1f s (%.1f texts/s)", phase, r + 1, pol, hi - lo,
-                             secs, (hi - lo) / secs)
+                    log.info(
+                        "%s round %d %s: %d texts in %.1f s (%.1f texts/s)",
+                        phase,
+                        r + 1,
+                        pol,
+                        hi - lo,
+                        secs,
+                        (hi - lo) / secs,
+                    )
     finally:
         srv.stop()
     summary = summarize(policies, counted, elapsed, answers, labels)
     for pol, (forwards, in_them) in batches.items():
         summary["policies"][pol]["c32_texts_per_batch"] = in_them / forwards if forwards else None
     summary.update(failures)
-    return {"created": now_iso(), "environment": {"cpu": cpu_info(), "cpu_count": os.cpu_count()},
-            "settings": {"variant": str(args.variant_dir), "reviews": len(texts), "rounds": args.rounds,
-                         "concurrency": args.concurrency, "per_request": args.per_request, "policies": policies,
-                         "threads": args.threads, "max_batch_size": args.max_batch_size,
-                         "max_windows": ServeConfig.max_windows, "ratio_bar": RATIO_BAR},
-            "server": srv.info, "summary": summary,
-            "provenance": {**provenance(), "command": command_line([__file__, *argv])}}
+    return {
+        "created": now_iso(),
+        "environment": {"cpu": cpu_info(), "cpu_count": os.cpu_count()},
+        "settings": {
+            "variant": str(args.variant_dir),
+            "reviews": len(texts),
+            "rounds": args.rounds,
+            "concurrency": args.concurrency,
+            "per_request": args.per_request,
+            "policies": policies,
+            "threads": args.threads,
+            "max_batch_size": args.max_batch_size,
+            "max_windows": ServeConfig.max_windows,
+            "ratio_bar": RATIO_BAR,
+        },
+        "server": srv.info,
+        "summary": summary,
+        "provenance": {**provenance(), "command": command_line([__file__, *argv])},
+    }
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -229,46 +271,64 @@ def render(rep: dict[str, Any]) -> str:
         return f" ({min(xs):.{nd}f}-{max(xs):.{nd}f})" if len(xs) > 1 else ""
 
     conc = st["concurrency"]
-    L = [f"# Served windows on real reviews: {rep['server'].get('variant')}", "",
-         f"Created {rep['created']} on {cpu_label(rep['environment']['cpu'])} ({rep['environment']['cpu_count']} "
-         f"logical CPUs), threads={st['threads'] or 'library default'}, max batch size "
-         f"{st['max_batch_size'] or 'the server default'}, at most {st.get('max_windows')} windows a text. One "
-         f"`qserve serve` of `{st['variant']}` (max_length "
-         f"{rep['server'].get('max_length')}); the first {st['reviews']:,} reviews of the IMDb test split, each sent "
-         f"once alone (c1, the reference) and once from {conc} concurrent clients ({st['per_request']} text(s) per "
-         f"request), under every policy; {st['rounds']} rounds interleave the policies (order reversed every other "
-         "round). Client and server share the machine's cores.", "",
-         f"Answers at c{conc} that differ from the same text's c1 answer: **{s['label_changes']} label changes** "
-         f"(bar: 0); requests with errors / lost: {s['errors']} / {s['lost']}; texts without both answers: "
-         f"{s['missing']}.", "",
-         f"| policy | c1 texts/s | c{conc} texts/s (rounds) | windows per text | ceiling texts/s (head / windows) "
-         f"| c{conc} / ceiling (bar {st['ratio_bar']}) | texts per forward at c{conc} | accuracy (c1) "
-         f"| label changes c{conc} vs c1 | max \\|Δprob\\| |",
-         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    L = [
+        f"# Served windows on real reviews: {rep['server'].get('variant')}",
+        "",
+        f"Created {rep['created']} on {cpu_label(rep['environment']['cpu'])} ({rep['environment']['cpu_count']} "
+        f"logical CPUs), threads={st['threads'] or 'library default'}, max batch size "
+        f"{st['max_batch_size'] or 'the server default'}, at most {st.get('max_windows')} windows a text. One "
+        f"`qserve serve` of `{st['variant']}` (max_length "
+        f"{rep['server'].get('max_length')}); the first {st['reviews']:,} reviews of the IMDb test split, each sent "
+        f"once alone (c1, the reference) and once from {conc} concurrent clients ({st['per_request']} text(s) per "
+        f"request), under every policy; {st['rounds']} rounds interleave the policies (order reversed every other "
+        "round). Client and server share the machine's cores.",
+        "",
+        f"Answers at c{conc} that differ from the same text's c1 answer: **{s['label_changes']} label changes** "
+        f"(bar: 0); requests with errors / lost: {s['errors']} / {s['lost']}; texts without both answers: "
+        f"{s['missing']}.",
+        "",
+        f"| policy | c1 texts/s | c{conc} texts/s (rounds) | windows per text | ceiling texts/s (head / windows) "
+        f"| c{conc} / ceiling (bar {st['ratio_bar']}) | texts per forward at c{conc} | accuracy (c1) "
+        f"| label changes c{conc} vs c1 | max \\|Δprob\\| |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for pol, r in s["policies"].items():
         ratio = r.get("ratio_to_ceiling")
-        L.append(f"| {pol} | {f(r['c1_texts_per_s'])} | {f(r['c32_texts_per_s'])}{spread(r['c32_rounds_texts_per_s'])} "
-                 f"| {f(r['windows_per_text'], 2)} | {f(r.get('ceiling_texts_per_s'))} | "
-                 + ("–" if ratio is None else f"**{ratio:.2f}x**{spread(r['ratio_rounds'], 2)}")
-                 + f" | {f(r.get('c32_texts_per_batch'), 1)} | {r['accuracy_c1'] * 100:.2f}% | "
-                 f"{r['c32_vs_c1']['label_changes']} of {r['c32_vs_c1']['compared']:,} | "
-                 f"{r['c32_vs_c1']['max_abs_dprob']:.1e} |")
-    L += ["", "Reading it: a windowed text costs one forward row per window, so head's texts/s divided by the mean "
-          "windows per text is the most a windowed policy can serve (its ceiling); the ratio says how much of it "
-          "the server keeps (tokenizing the whole review, cutting, padding the last, shorter window and "
-          "aggregating are the rest). Texts per forward counts texts in the server's batches (the batcher "
-          "gathers up to --max-batch-size texts; the runtime forwards their windows at most that many rows at "
-          "a time). Per-round ranges in brackets.", ""]
+        L.append(
+            f"| {pol} | {f(r['c1_texts_per_s'])} | {f(r['c32_texts_per_s'])}{spread(r['c32_rounds_texts_per_s'])} "
+            f"| {f(r['windows_per_text'], 2)} | {f(r.get('ceiling_texts_per_s'))} | "
+            + ("–" if ratio is None else f"**{ratio:.2f}x**{spread(r['ratio_rounds'], 2)}")
+            + f" | {f(r.get('c32_texts_per_batch'), 1)} | {r['accuracy_c1'] * 100:.2f}% | "
+            f"{r['c32_vs_c1']['label_changes']} of {r['c32_vs_c1']['compared']:,} | "
+            f"{r['c32_vs_c1']['max_abs_dprob']:.1e} |"
+        )
+    L += [
+        "",
+        "Reading it: a windowed text costs one forward row per window, so head's texts/s divided by the mean "
+        "windows per text is the most a windowed policy can serve (its ceiling); the ratio says how much of it "
+        "the server keeps (tokenizing the whole review, cutting, padding the last, shorter window and "
+        "aggregating are the rest). Texts per forward counts texts in the server's batches (the batcher "
+        "gathers up to --max-batch-size texts; the runtime forwards their windows at most that many rows at "
+        "a time). Per-round ranges in brackets.",
+        "",
+    ]
     return "\n".join(L)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("variant_dir", type=Path, nargs="?",
-                   default=ROOT / "models" / "minilm-l6-distilbert-imdb" / "variants" / "onnx-fp32",
-                   help="the variant served (default: models/minilm-l6-distilbert-imdb/variants/onnx-fp32)")
-    p.add_argument("--policies", default=POLICIES, help=f"long-text policies, comma-separated; head is always "
-                                                        f"among them (default {POLICIES})")
+    p.add_argument(
+        "variant_dir",
+        type=Path,
+        nargs="?",
+        default=ROOT / "models" / "minilm-l6-distilbert-imdb" / "variants" / "onnx-fp32",
+        help="the variant served (default: models/minilm-l6-distilbert-imdb/variants/onnx-fp32)",
+    )
+    p.add_argument(
+        "--policies",
+        default=POLICIES,
+        help=f"long-text policies, comma-separated; head is always among them (default {POLICIES})",
+    )
     p.add_argument("--reviews", type=int, default=2000, help="test reviews sent (default 2000)")
     p.add_argument("--rounds", type=int, default=4, help="interleaved rounds the reviews are split into (default 4)")
     p.add_argument("--concurrency", type=int, default=32, help="concurrent clients (default 32)")
@@ -283,8 +343,19 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     args.rounds = min(args.rounds, args.reviews)
-    return finish("serve_windows", args, argv, run, render, lambda rep: rep["summary"]["label_changes"]
-                  or rep["summary"]["errors"] or rep["summary"]["lost"] or rep["summary"]["missing"])
+    return finish(
+        "serve_windows",
+        args,
+        argv,
+        run,
+        render,
+        lambda rep: (
+            rep["summary"]["label_changes"]
+            or rep["summary"]["errors"]
+            or rep["summary"]["lost"]
+            or rep["summary"]["missing"]
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -24,15 +24,31 @@ if TYPE_CHECKING:
 __all__ = ["export", "get_builder"]
 
 
-def export(checkpoint: str | Path, name: str, out: str | Path, force: bool = False,
-           options: dict[str, Any] | None = None, device: str = "cpu", probes: list[str] | None = None,
-           long_text: str | None = None, inputs: tuple[str, ...] | None = None) -> Manifest:
+def export(
+    checkpoint: str | Path,
+    name: str,
+    out: str | Path,
+    force: bool = False,
+    options: dict[str, Any] | None = None,
+    device: str = "cpu",
+    probes: list[str] | None = None,
+    long_text: str | None = None,
+    inputs: tuple[str, ...] | None = None,
+) -> Manifest:
     """Build variant `name` from `checkpoint` into `out`; returns the written manifest. `long_text`
     overrides the long-text policy the checkpoint recorded (see qserve/longtext.py); `inputs` what one
     input of the model is (("text", "text_pair"): a pair model trained elsewhere; None: the checkpoint's)."""
-    return export_variant(Path(checkpoint), get_spec(name), Path(out), force=force,
-                          options=options or {}, device=device, probes=probes, long_text=long_text,
-                          inputs=inputs)
+    return export_variant(
+        Path(checkpoint),
+        get_spec(name),
+        Path(out),
+        force=force,
+        options=options or {},
+        device=device,
+        probes=probes,
+        long_text=long_text,
+        inputs=inputs,
+    )
 
 
 def get_builder(name: str) -> Builder:

@@ -18,10 +18,10 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from exporters import clipping
 from qserve import QserveError
 from qserve.extras import require
 from qserve.variants import REGISTRY, BnbOptions, VariantSpec, option_defaults
-from exporters import clipping
 
 if TYPE_CHECKING:
     from exporters.core import ExportContext
@@ -41,6 +41,7 @@ COMPUTE_DTYPE_4BIT = "bfloat16"
 # default them to fp16, which has no fast CPU kernels, and fp32 LayerNorm/softmax keep parity.
 UNQUANTIZED_DTYPE = "float32"
 
+
 def require_bnb(name: str) -> None:
     """Fail with an install hint, not a traceback, when bitsandbytes or accelerate is missing."""
     for module in REGISTRY["bnb"].needs:
@@ -54,17 +55,24 @@ def resolve_options(spec: VariantSpec, options: dict[str, Any]) -> BnbOptions:
         raise QserveError(f"exporters.bnb builds {', '.join(OPTIONS)}, not {spec.name!r}")
     return BnbOptions.resolve(spec.name, options)
 
+
 def quantization_kwargs(spec: VariantSpec, opts: BnbOptions) -> dict[str, Any]:
     """The BitsAndBytesConfig arguments for a variant (plain JSON, recorded in the manifest)."""
     if spec.dtype == "int8":
-        return {"load_in_8bit": True, "llm_int8_threshold": opts.llm_int8_threshold,
-                "llm_int8_skip_modules": list(SKIP_MODULES)}
+        return {
+            "load_in_8bit": True,
+            "llm_int8_threshold": opts.llm_int8_threshold,
+            "llm_int8_skip_modules": list(SKIP_MODULES),
+        }
     if spec.dtype in ("nf4", "fp4"):
         # llm_int8_skip_modules is also the 4-bit skip list in transformers' bnb integration.
-        return {"load_in_4bit": True, "bnb_4bit_quant_type": spec.dtype,
-                "bnb_4bit_compute_dtype": COMPUTE_DTYPE_4BIT,
-                "bnb_4bit_use_double_quant": opts.double_quant,
-                "llm_int8_skip_modules": list(SKIP_MODULES)}
+        return {
+            "load_in_4bit": True,
+            "bnb_4bit_quant_type": spec.dtype,
+            "bnb_4bit_compute_dtype": COMPUTE_DTYPE_4BIT,
+            "bnb_4bit_use_double_quant": opts.double_quant,
+            "llm_int8_skip_modules": list(SKIP_MODULES),
+        }
     raise QserveError(f"{spec.name}: bitsandbytes stores int8, nf4 or fp4, not {spec.dtype!r}")
 
 
@@ -79,8 +87,7 @@ def weight_bytes(weights_file: Path, linears: dict[str, tuple[int, int]]) -> dic
     """Bytes the quantized linears take on disk (weights + scales + quant state) vs fp32."""
     from safetensors import safe_open
 
-    _ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                 "BOOL": 1}
+    _ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
     stored = 0
     with safe_open(str(weights_file), framework="pt") as f:
         for key in f.keys():
@@ -109,27 +116,32 @@ def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, A
         if opts.clip:
             source = Path(scratch)
             record["clipping"], clipped = clipping.clip_checkpoint(
-                ctx, source, spec.dtype, int(opts.calibration_samples or 0), SKIP_MODULES)
+                ctx, source, spec.dtype, int(opts.calibration_samples or 0), SKIP_MODULES
+            )
         model = _quantized_model(source, spec, opts)
         if "clipping" in record:
             _check_clipped(model, clipped, record["clipping"]["block_size"], spec.name)
         linears = quantized_linears(model)
         if not linears:
-            raise QserveError(f"{spec.name}: bitsandbytes quantized no Linear layer of {checkpoint}; "
-                              "is it a DistilBERT-style classifier?")
+            raise QserveError(
+                f"{spec.name}: bitsandbytes quantized no Linear layer of {checkpoint}; "
+                "is it a DistilBERT-style classifier?"
+            )
         shapes = {n: (m.out_features, m.in_features) for n, m in linears.items()}
         model.save_pretrained(out, safe_serialization=True)
     weights = Path(out) / "model.safetensors"
     sizes = weight_bytes(weights, shapes) if weights.is_file() else {}
-    return {"bnb": {
-        "quantization_config": quantization_kwargs(spec, opts),
-        "options": opts.to_json(),
-        "unquantized_dtype": UNQUANTIZED_DTYPE,
-        "quantized_linear_modules": len(linears),
-        "skipped_modules": list(SKIP_MODULES),
-        **sizes,
-        **record,
-    }}
+    return {
+        "bnb": {
+            "quantization_config": quantization_kwargs(spec, opts),
+            "options": opts.to_json(),
+            "unquantized_dtype": UNQUANTIZED_DTYPE,
+            "quantized_linear_modules": len(linears),
+            "skipped_modules": list(SKIP_MODULES),
+            **sizes,
+            **record,
+        }
+    }
 
 
 def _quantized_model(source: Path, spec: VariantSpec, opts: BnbOptions) -> Any:
@@ -142,8 +154,11 @@ def _quantized_model(source: Path, spec: VariantSpec, opts: BnbOptions) -> Any:
     # Quantize on CPU whatever the export device: the stored format is the same, and CPU
     # always exists. Loading on CUDA later moves the already-quantized tensors.
     return AutoModelForSequenceClassification.from_pretrained(
-        source, quantization_config=BitsAndBytesConfig(**config_kwargs), device_map={"": "cpu"},
-        dtype=getattr(torch, UNQUANTIZED_DTYPE)).eval()
+        source,
+        quantization_config=BitsAndBytesConfig(**config_kwargs),
+        device_map={"": "cpu"},
+        dtype=getattr(torch, UNQUANTIZED_DTYPE),
+    ).eval()
 
 
 def _check_clipped(model: Any, clipped: list[str], block: int, name: str) -> None:
@@ -152,10 +167,14 @@ def _check_clipped(model: Any, clipped: list[str], block: int, name: str) -> Non
     if set(linears) != set(clipped):
         # A clipped Linear left in fp32 would lose accuracy for nothing; one quantized unclipped
         # would be the plain export. Either means the skip rule and transformers' differ.
-        raise QserveError(f"{name}: clipping covered {len(clipped)} Linears but bitsandbytes quantized "
-                          f"{len(linears)} ({sorted(set(clipped) ^ set(linears))[:4]} differ); "
-                          "export with --no-clip")
+        raise QserveError(
+            f"{name}: clipping covered {len(clipped)} Linears but bitsandbytes quantized "
+            f"{len(linears)} ({sorted(set(clipped) ^ set(linears))[:4]} differ); "
+            "export with --no-clip"
+        )
     sizes = {m.weight.quant_state.blocksize for m in linears.values()}
     if sizes != {block}:
-        raise QserveError(f"{name}: weights were clipped for blocks of {block} but bitsandbytes used {sorted(sizes)}; "
-                          "export with --no-clip")
+        raise QserveError(
+            f"{name}: weights were clipped for blocks of {block} but bitsandbytes used {sorted(sizes)}; "
+            "export with --no-clip"
+        )

@@ -6,9 +6,9 @@ print(calibration_texts('models/minilm-l6-distilbert-imdb/checkpoint', 4))"
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
-import logging
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from qserve.textpairs import PAIR, PROBE_PAIRS, split_pairs
 
 if TYPE_CHECKING:
     from exporters.core import ExportContext
+
 
 def _context(source: ExportContext | Path | str) -> ExportContext:
     """What calibration reads from: the export's context (checkpoint read once, the policy being exported), or
@@ -56,36 +57,51 @@ def calibration_inputs(checkpoint: ExportContext | Path | str, n: int) -> tuple[
             if texts and pair == (pairs is not None):
                 return texts, pairs, f"{getattr(splits, 'name', dataset)} train split, first {len(texts)} texts"
         except Exception as e:  # noqa: BLE001 - a missing dataset costs calibration quality, not the export
-            logging.getLogger(__name__).warning("calibration: could not load dataset %r (%s); "
-                                                "using the parity probe texts", dataset, e)
+            logging.getLogger(__name__).warning(
+                "calibration: could not load dataset %r (%s); using the parity probe texts", dataset, e
+            )
     if pair:
         chosen = list(PROBE_PAIRS)[:n]
-        return ([a for a, _ in chosen], [b for _, b in chosen],
-                f"the {len(chosen)} parity probe pairs (no pair dataset recorded with the checkpoint)")
+        return (
+            [a for a, _ in chosen],
+            [b for _, b in chosen],
+            f"the {len(chosen)} parity probe pairs (no pair dataset recorded with the checkpoint)",
+        )
 
     probes = list(PROBES)[:n]
     return probes, None, f"the {len(probes)} parity probe texts (no dataset recorded with the checkpoint)"
 
 
-def calibration_batches(checkpoint: ExportContext | Path | str, texts: list[str], max_length: int,
-                        batch_size: int = 16, policy: str | None = None,
-                        pairs: list[str] | None = None) -> list[dict]:
+def calibration_batches(
+    checkpoint: ExportContext | Path | str,
+    texts: list[str],
+    max_length: int,
+    batch_size: int = 16,
+    policy: str | None = None,
+    pairs: list[str] | None = None,
+) -> list[dict]:
     """Tokenized, padded batches of the pieces of `texts` under the long-text `policy` (None: the one being
     exported, the context's): the rows the variant will run. Padding rows enter the int8 ranges
     at run time, so here too."""
     ctx = _context(checkpoint)
     tok = load_tokenizer(ctx.checkpoint)
     if pairs is not None:  # a pair model: the tokenizer's pair encoding, segment ids included
-
         pieces = split_pairs(tok, texts, pairs, max_length)
     else:
         pieces = longtext.split_texts(tok, texts, policy or ctx.policy, max_length)
     pad_id = int(tok.pad_token_id or 0)
     # token_type_ids too where the tokenizer makes them; each consumer feeds what its model takes (feed()).
     segments = "token_type_ids" in tok.model_input_names
-    return [longtext.pad(pieces.ids[i:i + batch_size], pad_id, tok.padding_side, segments,
-                         None if pieces.types is None else pieces.types[i:i + batch_size])
-            for i in range(0, len(pieces.ids), batch_size)]
+    return [
+        longtext.pad(
+            pieces.ids[i : i + batch_size],
+            pad_id,
+            tok.padding_side,
+            segments,
+            None if pieces.types is None else pieces.types[i : i + batch_size],
+        )
+        for i in range(0, len(pieces.ids), batch_size)
+    ]
 
 
 def calibration_set(checkpoint: ExportContext | Path | str, samples: int) -> tuple[list[dict], str]:
@@ -98,24 +114,29 @@ def calibration_set(checkpoint: ExportContext | Path | str, samples: int) -> tup
     return calibration_batches(ctx, texts, ctx.info.max_length, pairs=pairs), source
 
 
-def held_out_set(checkpoint: ExportContext | Path | str, samples: int, batches: list[dict],
-                 source: str) -> tuple[list[dict], str]:
+def held_out_set(
+    checkpoint: ExportContext | Path | str, samples: int, batches: list[dict], source: str
+) -> tuple[list[dict], str]:
     """The `samples` training texts after the calibration ones, batched like them: texts that did not calibrate
     a recipe, to judge it on. Where the checkpoint records no dataset, `batches` (the calibration set) itself."""
     ctx = _context(checkpoint)
     texts, pairs, more = calibration_inputs(ctx, 2 * samples)
     if len(texts) > samples and "train split" in more:
-        return (calibration_batches(ctx, texts[samples:], ctx.info.max_length,
-                                    pairs=pairs[samples:] if pairs else None),
-                f"{len(texts) - samples} training texts after the calibration ones ({more})")
+        return (
+            calibration_batches(ctx, texts[samples:], ctx.info.max_length, pairs=pairs[samples:] if pairs else None),
+            f"{len(texts) - samples} training texts after the calibration ones ({more})",
+        )
     return batches, f"the calibration texts themselves ({source}: no held-out texts recorded)"
 
 
 def rows_alone(batches: list[dict]) -> list[dict]:
     """Each text of `batches` as a batch of its own, unpadded: how the runtime runs a graph whose
     activation scale spans the batch (onnx-int8), so calibration sees the ranges serving sees."""
-    return [{k: v[i][b["attention_mask"][i].astype(bool)][None] for k, v in b.items()}
-            for b in batches for i in range(len(b["input_ids"]))]
+    return [
+        {k: v[i][b["attention_mask"][i].astype(bool)][None] for k, v in b.items()}
+        for b in batches
+        for i in range(len(b["input_ids"]))
+    ]
 
 
 def feed(input_names: set[str], batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

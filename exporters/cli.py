@@ -1,8 +1,8 @@
 """`qserve export` and `qserve variants`: the commands users type first.
 
-    qserve export models/minilm-l6-distilbert-imdb/checkpoint --bits 8   # -> .../variants/onnx-int8 on CPU
-    qserve export models/minilm-l6-distilbert-imdb/checkpoint --all      # every variant this device runs
-    qserve variants                                                  # what exists, with size and parity
+qserve export models/minilm-l6-distilbert-imdb/checkpoint --bits 8   # -> .../variants/onnx-int8 on CPU
+qserve export models/minilm-l6-distilbert-imdb/checkpoint --all      # every variant this device runs
+qserve variants                                                  # what exists, with size and parity
 """
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ import sys
 import time
 from pathlib import Path
 
-from qserve import QserveError, longtext
-from qserve.exportoption import Option, OptionValue
-from qserve.variantflags import BITS, DEFAULT_FOR_BITS, DTYPES, off_fast_path, resolve
-from qserve.placement import no_cuda, place, plan
-from qserve.variants import BACKENDS, UnsupportedVariant, VARIANTS, backend_of, flag_options, get_spec
+import exporters
 from exporters.core import ExportFailed, checkpoint_info, one_line, parse_inputs, variant_policy
+from qserve import QserveError, longtext
 from qserve.artifact import VariantError, checkpoint_hash
 from qserve.configflags import Flag, add_flags
 from qserve.devices import resolve_device
+from qserve.exportoption import Option, OptionValue
+from qserve.placement import no_cuda, place, plan
 from qserve.runtime.ov_probe import OpenVINOUnavailable
+from qserve.variantflags import BITS, DEFAULT_FOR_BITS, DTYPES, off_fast_path, resolve
+from qserve.variants import BACKENDS, VARIANTS, UnsupportedVariant, backend_of, flag_options, get_spec
 from qserve.verify import verify
-import exporters
 
 # Exporter options with a flag: option key -> (flag, the variants that understand it), from the registry.
 OPTION_FLAGS: dict[str, tuple[str, set[str]]] = {
@@ -42,8 +42,9 @@ def default_out_root(checkpoint: Path) -> Path:
     return checkpoint.parent / f"{checkpoint.name}-variants"
 
 
-def same_export(dest: Path, checkpoint: Path, name: str, options: dict, long_text: str | None,
-                inputs: tuple[str, ...] | None) -> bool:
+def same_export(
+    dest: Path, checkpoint: Path, name: str, options: dict, long_text: str | None, inputs: tuple[str, ...] | None
+) -> bool:
     """True when `dest` already holds this very export, verified: the same variant and options, read by the
     same long-text policy and inputs, built from a checkpoint with the same hash. Exporting it again would
     write the same thing, so a re-run of the same command keeps it (the README's tour after `make demo`);
@@ -56,9 +57,13 @@ def same_export(dest: Path, checkpoint: Path, name: str, options: dict, long_tex
         return False
     spec = get_spec(name)
     info = checkpoint_info(checkpoint, inputs)
-    return (m.spec.name == name and dict(m.spec.options or {}) == {**spec.options, **options}
-            and m.long_text == variant_policy(info, long_text) and tuple(m.inputs or ("text",)) == info.inputs
-            and (m.source or {}).get("sha256") == checkpoint_hash(checkpoint))
+    return (
+        m.spec.name == name
+        and dict(m.spec.options or {}) == {**spec.options, **options}
+        and m.long_text == variant_policy(info, long_text)
+        and tuple(m.inputs or ("text",)) == info.inputs
+        and (m.source or {}).get("sha256") == checkpoint_hash(checkpoint)
+    )
 
 
 def options_for(name: str, args: argparse.Namespace, strict: bool) -> dict:
@@ -77,8 +82,10 @@ def options_for(name: str, args: argparse.Namespace, strict: bool) -> dict:
 def cmd_export(args: argparse.Namespace) -> int:
     checkpoint = Path(args.checkpoint)
     if not (checkpoint / "config.json").is_file():
-        raise QserveError(f"CHECKPOINT {checkpoint} is not a checkpoint directory (no config.json); "
-                          "pass a directory written by `qserve train` or save_pretrained")
+        raise QserveError(
+            f"CHECKPOINT {checkpoint} is not a checkpoint directory (no config.json); "
+            "pass a directory written by `qserve train` or save_pretrained"
+        )
     device = resolve_device(args.device)
     if args.long_text:
         variant_policy(checkpoint, args.long_text)  # a bad policy fails once, before any variant is built
@@ -86,8 +93,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     inputs = parse_inputs(args.inputs)  # a bad --inputs fails once, before any variant is built
     if args.all:
         if args.bits or args.backend or args.dtype or args.variant:
-            raise QserveError("--all exports every supported variant; do not combine it with "
-                              "--bits/--backend/--dtype/--variant")
+            raise QserveError(
+                "--all exports every supported variant; do not combine it with --bits/--backend/--dtype/--variant"
+            )
         # every variant this machine runs, each on its device: on CUDA, what the GPU cannot run goes to the CPU
         run = plan(device, include_slow=args.include_slow)
         for name, why in run.skipped.items():
@@ -103,12 +111,16 @@ def cmd_export(args: argparse.Namespace) -> int:
             # --device auto on a GPU: the GPU's default for the bits; a variant it cannot run goes to the CPU below
             specs = [resolve(args.bits, args.backend, args.dtype, device, check_device=args.device != "auto")]
         else:
-            raise QserveError("say what to export: --bits {32,16,8,4} (optionally --backend/--dtype), "
-                              "--variant NAME, or --all")
+            raise QserveError(
+                "say what to export: --bits {32,16,8,4} (optionally --backend/--dtype), --variant NAME, or --all"
+            )
         devices = {specs[0].name: place(specs[0], args.device)}  # an explicit --device cuda that cannot hold: error
         if devices[specs[0].name] != device:
-            print(f"note: {specs[0].name} cannot run on {device} here ({no_cuda(specs[0])}); exported and "
-                  f"parity-checked on the {devices[specs[0].name]} (--device auto)", file=sys.stderr)
+            print(
+                f"note: {specs[0].name} cannot run on {device} here ({no_cuda(specs[0])}); exported and "
+                f"parity-checked on the {devices[specs[0].name]} (--device auto)",
+                file=sys.stderr,
+            )
     root = Path(args.out) if args.out else default_out_root(checkpoint)
     # A single variant with --out names the variant dir itself; several go under it.
     single_dir = len(specs) == 1 and args.out is not None and not args.all
@@ -116,24 +128,42 @@ def cmd_export(args: argparse.Namespace) -> int:
     for spec in specs if not args.all else []:
         slow = off_fast_path(spec, devices[spec.name])
         if slow:  # exported as asked, never silently: the user asked for this variant, not for speed at any cost
-            print(f"note: {slow}; a faster choice here: --bits 8 ({resolve(8, device=devices[spec.name]).name}) or "
-                  "--bits 32", file=sys.stderr)
+            print(
+                f"note: {slow}; a faster choice here: --bits 8 ({resolve(8, device=devices[spec.name]).name}) or "
+                "--bits 32",
+                file=sys.stderr,
+            )
     for i, spec in enumerate(specs, 1):
         dest = root if single_dir else root / spec.name
         if dest.exists() and args.all and not args.force and (dest / "manifest.json").is_file():
             print(f"[{i}/{len(specs)}] {spec.name}: exists at {dest}, kept (use --force to rebuild)")
             continue
-        if dest.exists() and not args.all and not args.force and same_export(
-                dest, checkpoint, spec.name, options_for(spec.name, args, strict=True), args.long_text, inputs):
-            print(f"[{i}/{len(specs)}] {spec.name}: {dest} already holds this export (same checkpoint, options and "
-                  "long-text policy), kept (use --force to rebuild)")
+        if (
+            dest.exists()
+            and not args.all
+            and not args.force
+            and same_export(
+                dest, checkpoint, spec.name, options_for(spec.name, args, strict=True), args.long_text, inputs
+            )
+        ):
+            print(
+                f"[{i}/{len(specs)}] {spec.name}: {dest} already holds this export (same checkpoint, options and "
+                "long-text policy), kept (use --force to rebuild)"
+            )
             continue
         print(f"[{i}/{len(specs)}] {spec.name}: exporting to {dest} ...", flush=True)
         t0 = time.perf_counter()
         try:
-            m = exporters.export(checkpoint, spec.name, dest, force=args.force,
-                                 options=options_for(spec.name, args, strict=not args.all), device=devices[spec.name],
-                                 long_text=args.long_text, inputs=inputs)
+            m = exporters.export(
+                checkpoint,
+                spec.name,
+                dest,
+                force=args.force,
+                options=options_for(spec.name, args, strict=not args.all),
+                device=devices[spec.name],
+                long_text=args.long_text,
+                inputs=inputs,
+            )
         except (OpenVINOUnavailable, UnsupportedVariant) as e:
             if not args.all:
                 raise
@@ -146,15 +176,18 @@ def cmd_export(args: argparse.Namespace) -> int:
                 raise
             # One line per failed variant (the exporter's traceback is behind -v); the others go on.
             failures.append(spec.name)
-            kind, detail = ((e.exc_type, e.detail) if isinstance(e, ExportFailed)
-                            else (type(e).__name__, one_line(str(e))))
+            kind, detail = (
+                (e.exc_type, e.detail) if isinstance(e, ExportFailed) else (type(e).__name__, one_line(str(e)))
+            )
             print(f"    failed: {spec.name}: {kind}: {detail}", file=sys.stderr)
             continue
         p = m.parity or {}
         size = sum(f.bytes for f in m.files.values())
-        print(f"    done in {time.perf_counter() - t0:.1f}s: {size / 1e6:.1f} MB, long text {m.long_text}, "
-              f"parity max|Δlogit| "
-              f"{p['max_abs_logit_diff']:.3g} (tol {p['tolerance']:g}), probe agreement {p['agreement']:.0%}")
+        print(
+            f"    done in {time.perf_counter() - t0:.1f}s: {size / 1e6:.1f} MB, long text {m.long_text}, "
+            f"parity max|Δlogit| "
+            f"{p['max_abs_logit_diff']:.3g} (tol {p['tolerance']:g}), probe agreement {p['agreement']:.0%}"
+        )
     if failures:
         print(f"failed: {', '.join(failures)}", file=sys.stderr)
         return 1
@@ -178,9 +211,18 @@ def cmd_variants(args: argparse.Namespace) -> int:
             m = verify(d, check_hashes=args.verify)
             p = m.parity or {}
             size = sum(f.bytes for f in m.files.values())
-            rows.append({"path": str(d), "variant": m.name, "model": m.model_name,
-                         "size_mb": round(size / 1e6, 2), "max_abs_logit_diff": p.get("max_abs_logit_diff"),
-                         "agreement": p.get("agreement"), "created": m.created, "status": "ok"})
+            rows.append(
+                {
+                    "path": str(d),
+                    "variant": m.name,
+                    "model": m.model_name,
+                    "size_mb": round(size / 1e6, 2),
+                    "max_abs_logit_diff": p.get("max_abs_logit_diff"),
+                    "agreement": p.get("agreement"),
+                    "created": m.created,
+                    "status": "ok",
+                }
+            )
         except VariantError as e:
             rows.append({"path": str(d), "variant": "?", "status": f"invalid: {e}"})
     if args.json:
@@ -194,8 +236,10 @@ def cmd_variants(args: argparse.Namespace) -> int:
         if r["status"] != "ok":
             print(f"{'?':<11} {'':>8} {'':>8} {'':>6}  {'':<32} {r['path']}  ({r['status']})")
             continue
-        print(f"{r['variant']:<11} {r['size_mb']:>8.2f} {r['max_abs_logit_diff']:>8.3g} "
-              f"{r['agreement']:>6.0%}  {str(r['model']):<32} {r['path']}")
+        print(
+            f"{r['variant']:<11} {r['size_mb']:>8.2f} {r['max_abs_logit_diff']:>8.3g} "
+            f"{r['agreement']:>6.0%}  {str(r['model']):<32} {r['path']}"
+        )
     return 0
 
 
@@ -218,42 +262,76 @@ def _add_option_flag(p: argparse.ArgumentParser, opts: list[Option]) -> None:
     help_text = "; ".join(f"{', '.join(o.defaults)}: {o.help}{_default_text(o)}" for o in opts)
     first = opts[0]
     typed = backend_of(next(iter(first.defaults))).options_type
-    add_flags(p, typed, [first.key], unset=True, negatable=True, help={first.key: help_text},
-              flags={first.key: Flag(choices=tuple(first.choices) or None, metavar=first.metavar)})
+    add_flags(
+        p,
+        typed,
+        [first.key],
+        unset=True,
+        negatable=True,
+        help={first.key: help_text},
+        flags={first.key: Flag(choices=tuple(first.choices) or None, metavar=first.metavar)},
+    )
 
 
 def register(sub) -> None:
-    defaults = "; ".join(f"on {dev.upper()}: " + ", ".join(f"{b} -> {n}" for b, n in table.items())
-                         for dev, table in DEFAULT_FOR_BITS.items())
-    p = sub.add_parser("export", help="turn a checkpoint into quantized / converted variants",
-                       description="Export a fine-tuned checkpoint to a served-ready variant directory "
-                                   f"(weights + tokenizer + manifest.json). Defaults per --bits {defaults}.")
+    defaults = "; ".join(
+        f"on {dev.upper()}: " + ", ".join(f"{b} -> {n}" for b, n in table.items())
+        for dev, table in DEFAULT_FOR_BITS.items()
+    )
+    p = sub.add_parser(
+        "export",
+        help="turn a checkpoint into quantized / converted variants",
+        description="Export a fine-tuned checkpoint to a served-ready variant directory "
+        f"(weights + tokenizer + manifest.json). Defaults per --bits {defaults}.",
+    )
     p.add_argument("checkpoint", help="checkpoint directory (from `qserve train` or save_pretrained)")
     p.add_argument("--bits", type=int, choices=list(BITS), help="weight bits; picks the device's default backend")
     p.add_argument("--backend", choices=list(BACKENDS), help="with --bits: which backend produces it")
-    p.add_argument("--dtype", choices=list(DTYPES),
-                   help="with --bits: which storage type (e.g. --bits 16 --dtype fp16)")
+    p.add_argument(
+        "--dtype", choices=list(DTYPES), help="with --bits: which storage type (e.g. --bits 16 --dtype fp16)"
+    )
     p.add_argument("--variant", choices=list(VARIANTS), help="name the variant directly")
-    p.add_argument("--all", action="store_true", help="every variant this machine runs (existing ones kept); on "
-                                                       "CUDA, those the GPU cannot run are exported on the CPU")
-    p.add_argument("--include-slow", action="store_true",
-                   help="with --all: also variants that run but only slowly here (torch-fp16 on CPU)")
-    p.add_argument("--out", help="output dir (single variant: the variant dir; --all: the parent). "
-                                 "Default: RUN/variants/<variant> for a run dir's RUN/checkpoint (what `qserve "
-                                 "train` and `qserve pipeline` write), else <checkpoint>-variants/<variant>")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="every variant this machine runs (existing ones kept); on "
+        "CUDA, those the GPU cannot run are exported on the CPU",
+    )
+    p.add_argument(
+        "--include-slow",
+        action="store_true",
+        help="with --all: also variants that run but only slowly here (torch-fp16 on CPU)",
+    )
+    p.add_argument(
+        "--out",
+        help="output dir (single variant: the variant dir; --all: the parent). "
+        "Default: RUN/variants/<variant> for a run dir's RUN/checkpoint (what `qserve "
+        "train` and `qserve pipeline` write), else <checkpoint>-variants/<variant>",
+    )
     p.add_argument("--force", action="store_true", help="replace an existing variant directory")
-    p.add_argument("--device", default="auto", help="auto|cpu|cuda|cuda:N: device for --bits defaults and the parity "
-                                                     "check (auto: the GPU where the variant runs on it, else the CPU)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="auto|cpu|cuda|cuda:N: device for --bits defaults and the parity "
+        "check (auto: the GPU where the variant runs on it, else the CPU)",
+    )
     # Not a registry option: every variant records a long-text policy in its manifest, whatever its backend.
-    p.add_argument("--inputs", metavar="INPUTS", choices=None,
-                   help="what one input of the model is: text, or text,text_pair for a model that reads text "
-                        "pairs (NLI, cross-encoder) saved by save_pretrained elsewhere; recorded in the manifest "
-                        "and used by calibration, parity and serving (default: the checkpoint's qserve_model.json, "
-                        "else text)")
-    p.add_argument("--long-text", metavar="POLICY",
-                   help=f"what the variant reads of a text longer than max_length, recorded in its manifest and "
-                        f"served by default: {longtext.FORMS} (default: the checkpoint's qserve_model.json, "
-                        f"else {longtext.DEFAULT})")
+    p.add_argument(
+        "--inputs",
+        metavar="INPUTS",
+        choices=None,
+        help="what one input of the model is: text, or text,text_pair for a model that reads text "
+        "pairs (NLI, cross-encoder) saved by save_pretrained elsewhere; recorded in the manifest "
+        "and used by calibration, parity and serving (default: the checkpoint's qserve_model.json, "
+        "else text)",
+    )
+    p.add_argument(
+        "--long-text",
+        metavar="POLICY",
+        help=f"what the variant reads of a text longer than max_length, recorded in its manifest and "
+        f"served by default: {longtext.FORMS} (default: the checkpoint's qserve_model.json, "
+        f"else {longtext.DEFAULT})",
+    )
     for opts in flag_options().values():
         _add_option_flag(p, opts)
     p.set_defaults(func=cmd_export)

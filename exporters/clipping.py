@@ -67,10 +67,10 @@ def second_moments(model: Any, batches: list[dict[str, Any]], names: list[str]) 
         def record(_module, inputs, _output):
             x = inputs[0].detach().float()
             rows = x[mask[0]] if x.dim() == 3 and x.shape[:2] == mask[0].shape else x.reshape(-1, x.shape[-1])
-            sums[name] = sums.get(name, 0) + (rows ** 2).sum(0)
+            sums[name] = sums.get(name, 0) + (rows**2).sum(0)
             counts[name] += rows.shape[0]
-        return record
 
+        return record
 
     modules = dict(model.named_modules())
     handles = [modules[n].register_forward_hook(hook(n)) for n in names]
@@ -118,9 +118,8 @@ def clip_blocks(weight: Any, h: Any, quant_type: str, block: int, ratios: tuple[
         best_r = torch.where(better, torch.full_like(best_r, r), best_r)
     assert plain is not None and best_e is not None  # the loop ran at least once (ratios is not empty)
     bound = amax * best_r
-    clipped = torch.maximum(torch.minimum(W, bound), -bound).reshape(-1)[:w.numel()]
-    return (clipped.reshape(out_f, in_f).to(weight.dtype), best_r.reshape(-1),
-            float(plain.sum()), float(best_e.sum()))
+    clipped = torch.maximum(torch.minimum(W, bound), -bound).reshape(-1)[: w.numel()]
+    return (clipped.reshape(out_f, in_f).to(weight.dtype), best_r.reshape(-1), float(plain.sum()), float(best_e.sum()))
 
 
 def skipped(name: str, skip: tuple[str, ...]) -> bool:
@@ -130,8 +129,9 @@ def skipped(name: str, skip: tuple[str, ...]) -> bool:
     return any(key == name or key + "." in name for key in skip)
 
 
-def clip_checkpoint(source: ExportContext | Path, dst: Path, quant_type: str, samples: int,
-                    skip: tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
+def clip_checkpoint(
+    source: ExportContext | Path, dst: Path, quant_type: str, samples: int, skip: tuple[str, ...]
+) -> tuple[dict[str, Any], list[str]]:
     """Write `checkpoint` to `dst` with every Linear bnb will quantize clipped for `quant_type`.
 
     Returns the manifest record and the names of the clipped Linears (the caller checks they
@@ -157,9 +157,15 @@ def clip_checkpoint(source: ExportContext | Path, dst: Path, quant_type: str, sa
             before, after = before + e0, after + e1
     model.save_pretrained(dst, safe_serialization=True)
     r = torch.cat(ratios)
-    return {"method": "activation-aware weight clipping (AWQ's clip search): per block, r * absmax with r from "
-                      f"{RATIOS[-1]:.2f}-1.00 minimising sum E[x^2] (q(w) - w)^2",
-            "quant_type": quant_type, "block_size": block, "calibration": where, "linears": len(names),
-            "blocks": int(r.numel()), "blocks_clipped": int((r < 1).sum()), "mean_ratio": round(float(r.mean()), 4),
-            "weighted_error": {"plain": before, "clipped": after,
-                               "ratio": round(after / before, 4) if before else None}}, names
+    return {
+        "method": "activation-aware weight clipping (AWQ's clip search): per block, r * absmax with r from "
+        f"{RATIOS[-1]:.2f}-1.00 minimising sum E[x^2] (q(w) - w)^2",
+        "quant_type": quant_type,
+        "block_size": block,
+        "calibration": where,
+        "linears": len(names),
+        "blocks": int(r.numel()),
+        "blocks_clipped": int((r < 1).sum()),
+        "mean_ratio": round(float(r.mean()), 4),
+        "weighted_error": {"plain": before, "clipped": after, "ratio": round(after / before, 4) if before else None},
+    }, names

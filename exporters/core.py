@@ -1,6 +1,6 @@
 """The export orchestration every backend shares: stage, build, manifest, parity, commit.
 
-    python -c "import exporters; exporters.export('models/minilm-imdb', 'torch-bf16', '/tmp/v')"
+python -c "import exporters; exporters.export('models/minilm-imdb', 'torch-bf16', '/tmp/v')"
 """
 
 from __future__ import annotations
@@ -18,15 +18,16 @@ from typing import Any, cast
 
 import numpy as np
 
-from qserve import QserveError, longtext, problemtypes as problems
+from qserve import QserveError, longtext
+from qserve import problemtypes as problems
 from qserve.artifact import Manifest, ModelMeta, checkpoint_hash, read_model_meta, write_manifest
 from qserve.files import library_versions, staged_dir
 from qserve.modeling import ARCHITECTURES, model_inputs, usable_positions
-from qserve.variants import TOLERANCE as VARIANT_TOLERANCE
-from qserve.variants import UnsupportedVariant, VariantSpec, backend_of, load_target, unsupported_reason
 from qserve.problemtypes import from_config
 from qserve.runtime import load_runtime
 from qserve.textpairs import ALLOWED, PAIR, PROBE_PAIRS, SINGLE, split_pairs
+from qserve.variants import TOLERANCE as VARIANT_TOLERANCE
+from qserve.variants import UnsupportedVariant, VariantSpec, backend_of, load_target, unsupported_reason
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,13 @@ TOLERANCE: dict[str, float] = dict(VARIANT_TOLERANCE)
 # Truncation length of a variant whose checkpoint records none (no qserve_model.json).
 DEFAULT_MAX_LENGTH = 256
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
-                   "added_tokens.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "added_tokens.json",
+)
 
 
 class ParityError(QserveError):
@@ -75,7 +81,7 @@ class ExportFailed(QserveError):
 def one_line(text: str, limit: int = 300) -> str:
     """A multi-line library message (OpenVINO's carry source paths on their first lines) as one line."""
     flat = " ".join(line.strip() for line in text.splitlines() if line.strip())
-    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -102,8 +108,10 @@ def checkpoint_info(checkpoint: Path, inputs: tuple[str, ...] | None = None) -> 
     checkpoint = Path(checkpoint)
     cfg_path = checkpoint / "config.json"
     if not cfg_path.is_file():
-        raise QserveError(f"{checkpoint} is not a checkpoint directory (no config.json); "
-                          "pass a directory written by `qserve train` or save_pretrained")
+        raise QserveError(
+            f"{checkpoint} is not a checkpoint directory (no config.json); "
+            "pass a directory written by `qserve train` or save_pretrained"
+        )
     cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     id2label = cfg.get("id2label") or {"0": "LABEL_0", "1": "LABEL_1"}
     labels = tuple(id2label[str(i)] if str(i) in id2label else id2label[i] for i in range(len(id2label)))
@@ -111,14 +119,19 @@ def checkpoint_info(checkpoint: Path, inputs: tuple[str, ...] | None = None) -> 
     if meta is not None and meta.max_length is not None:
         max_length = meta.max_length
     else:  # a checkpoint qserve did not train: DEFAULT_MAX_LENGTH tokens, or what fits the model's positions
-
         max_length = min(DEFAULT_MAX_LENGTH, usable_positions(cfg) or DEFAULT_MAX_LENGTH)
     return CheckpointInfo(
-        path=checkpoint, labels=labels, model_type=cfg.get("model_type"), max_length=max_length,
+        path=checkpoint,
+        labels=labels,
+        model_type=cfg.get("model_type"),
+        max_length=max_length,
         model_name=(meta.model_name if meta is not None and meta.model_name else None) or checkpoint.name,
-        long_text=None if meta is None else meta.long_text, problem_type=from_config(cfg, str(cfg_path)),
+        long_text=None if meta is None else meta.long_text,
+        problem_type=from_config(cfg, str(cfg_path)),
         label_range=None if meta is None else meta.label_range,
-        inputs=inputs or (meta.takes if meta is not None else SINGLE), meta=meta)
+        inputs=inputs or (meta.takes if meta is not None else SINGLE),
+        meta=meta,
+    )
 
 
 @dataclass(frozen=True)
@@ -152,8 +165,11 @@ def parse_inputs(value: str | None) -> tuple[str, ...] | None:
 
     got = tuple(p.strip() for p in value.split(","))
     if got not in ALLOWED:
-        raise QserveError(f"--inputs {value!r}: allowed values are " + " or ".join(",".join(a) for a in ALLOWED)
-                          + " (text_pair: a model that reads two texts, such as an NLI or cross-encoder classifier)")
+        raise QserveError(
+            f"--inputs {value!r}: allowed values are "
+            + " or ".join(",".join(a) for a in ALLOWED)
+            + " (text_pair: a model that reads two texts, such as an NLI or cross-encoder classifier)"
+        )
     return got
 
 
@@ -176,8 +192,9 @@ def copy_tokenizer(checkpoint: Path, out: Path) -> None:
         shutil.copy2(checkpoint / "qserve_model.json", out / "qserve_model.json")
 
 
-def reference_logits(checkpoint: Path, texts: list[str], max_length: int, policy: str | None = None,
-                     pairs: list[str] | None = None) -> np.ndarray:
+def reference_logits(
+    checkpoint: Path, texts: list[str], max_length: int, policy: str | None = None, pairs: list[str] | None = None
+) -> np.ndarray:
     """fp32 torch logits of the source checkpoint under the long-text `policy` (None = head): the
     yardstick every variant is held to. A windowed text's windows are scored and aggregated as the runtime does;
     with `pairs` (a pair model), each (text, pair) as its tokenizer encodes and truncates it."""
@@ -195,8 +212,13 @@ def reference_logits(checkpoint: Path, texts: list[str], max_length: int, policy
     out = []
     with torch.inference_mode():
         for i in range(0, len(pieces.ids), 64):
-            batch = longtext.pad(pieces.ids[i:i + 64], int(tok.pad_token_id or 0), tok.padding_side, segments,
-                                 None if pieces.types is None else pieces.types[i:i + 64])
+            batch = longtext.pad(
+                pieces.ids[i : i + 64],
+                int(tok.pad_token_id or 0),
+                tok.padding_side,
+                segments,
+                None if pieces.types is None else pieces.types[i : i + 64],
+            )
             out.append(model(**{k: torch.from_numpy(v) for k, v in batch.items() if k in takes}).logits.float().numpy())
     return longtext.aggregate(np.concatenate(out), pieces)
 
@@ -211,8 +233,14 @@ def parity_inputs(info: CheckpointInfo, probes: list[str] | None) -> tuple[list[
     return [a for a, _ in PROBE_PAIRS], [b for _, b in PROBE_PAIRS]
 
 
-def parity(ref: np.ndarray, got: np.ndarray, tolerance: float, name: str, problem: str = "single_label_classification",
-           label_range: float | None = None) -> dict[str, Any]:
+def parity(
+    ref: np.ndarray,
+    got: np.ndarray,
+    tolerance: float,
+    name: str,
+    problem: str = "single_label_classification",
+    label_range: float | None = None,
+) -> dict[str, Any]:
     """Max |Δlogit| against the fp32 reference and agreement by problem type (qserve.problemtypes.agreement):
     the same top label, the same on/off label at 0.5 (multi-label), or 1 - mean |Δvalue| / the labels' range
     (regression; the training labels' range from qserve_model.json, else the reference's own on the probes)."""
@@ -221,17 +249,30 @@ def parity(ref: np.ndarray, got: np.ndarray, tolerance: float, name: str, proble
     if not np.issubdtype(got.dtype, np.floating) or not np.all(np.isfinite(got)):
         raise ParityError(f"{name}: outputs are {got.dtype} with non-finite values; expected finite float logits")
     max_abs = float(np.max(np.abs(got - ref)))
-    agree = problems.agreement(problems.predictions(problems.scores(got, problem), problem),
-                               problems.predictions(problems.scores(ref, problem), problem), problem, label_range)
+    agree = problems.agreement(
+        problems.predictions(problems.scores(got, problem), problem),
+        problems.predictions(problems.scores(ref, problem), problem),
+        problem,
+        label_range,
+    )
     ok = max_abs <= tolerance
     if not ok:
-        warnings.warn(f"{name}: max |Δlogit| {max_abs:.4g} exceeds tolerance {tolerance:g} "
-                      f"(prediction agreement on probes {agree:.0%}); recorded in the manifest", stacklevel=3)
+        warnings.warn(
+            f"{name}: max |Δlogit| {max_abs:.4g} exceeds tolerance {tolerance:g} "
+            f"(prediction agreement on probes {agree:.0%}); recorded in the manifest",
+            stacklevel=3,
+        )
     extra: dict[str, Any] = {"problem_type": problem} if problem != problems.SINGLE else {}
     if problem == problems.REGRESSION:
         extra["mean_abs_diff"] = float(np.mean(np.abs(got - ref)))
-    return {"probes": len(ref), "max_abs_logit_diff": max_abs, "agreement": agree,
-            "tolerance": tolerance, "within_tolerance": ok, **extra}
+    return {
+        "probes": len(ref),
+        "max_abs_logit_diff": max_abs,
+        "agreement": agree,
+        "tolerance": tolerance,
+        "within_tolerance": ok,
+        **extra,
+    }
 
 
 # Intermediate exports shared by a checkpoint's variants in this process (the fp32 ONNX graph, the fp32
@@ -263,10 +304,17 @@ def get_builder(name: str) -> Builder:
     return cast(Builder, load_target(backend.exporter, backend))
 
 
-def export_variant(checkpoint: Path, spec: VariantSpec, out: Path, force: bool = False,
-                   options: dict[str, Any] | None = None, device: str = "cpu",
-                   probes: list[str] | None = None, long_text: str | None = None,
-                   inputs: tuple[str, ...] | None = None) -> Manifest:
+def export_variant(
+    checkpoint: Path,
+    spec: VariantSpec,
+    out: Path,
+    force: bool = False,
+    options: dict[str, Any] | None = None,
+    device: str = "cpu",
+    probes: list[str] | None = None,
+    long_text: str | None = None,
+    inputs: tuple[str, ...] | None = None,
+) -> Manifest:
     info = checkpoint_info(checkpoint, inputs)
     arch = ARCHITECTURES.get(info.model_type or "", info.model_type or "an unknown architecture")
     reason = unsupported_reason(spec.name, info.model_type)
@@ -283,8 +331,15 @@ def export_variant(checkpoint: Path, spec: VariantSpec, out: Path, force: bool =
         raise ExportFailed(spec.name, arch, e) from e
 
 
-def _export(ctx: ExportContext, spec: VariantSpec, out: Path, force: bool, options: dict[str, Any] | None,
-            device: str, probes: list[str] | None) -> Manifest:
+def _export(
+    ctx: ExportContext,
+    spec: VariantSpec,
+    out: Path,
+    force: bool,
+    options: dict[str, Any] | None,
+    device: str,
+    probes: list[str] | None,
+) -> Manifest:
     checkpoint, info, policy = ctx.checkpoint, ctx.info, ctx.policy
     spec = replace(spec, options={**spec.options, **(options or {})})
     texts, pairs = parity_inputs(info, probes)
@@ -292,16 +347,25 @@ def _export(ctx: ExportContext, spec: VariantSpec, out: Path, force: bool, optio
         extra = get_builder(spec.name)(ctx, tmp, spec, dict(spec.options)) or {}
         copy_tokenizer(checkpoint, tmp)
         manifest = Manifest(
-            spec=spec, model_name=info.model_name, labels=info.labels, problem_type=info.problem_type,
-            max_length=info.max_length, long_text=policy, inputs=info.inputs,
+            spec=spec,
+            model_name=info.model_name,
+            labels=info.labels,
+            problem_type=info.problem_type,
+            max_length=info.max_length,
+            long_text=policy,
+            inputs=info.inputs,
             source={"path": str(checkpoint.resolve()), "sha256": checkpoint_hash(checkpoint)},
-            export_device=device, versions=library_versions(), records=extra)
+            export_device=device,
+            versions=library_versions(),
+            records=extra,
+        )
         write_manifest(tmp, manifest)
         runtime = load_runtime(tmp, device=device)
         got = runtime.logits(texts, pairs=pairs)
         runtime.close()
         ref = reference_logits(checkpoint, texts, info.max_length, policy, pairs=pairs)
-        manifest = replace(manifest, parity=parity(ref, got, TOLERANCE[spec.dtype], spec.name, info.problem_type,
-                                                   info.label_range))
+        manifest = replace(
+            manifest, parity=parity(ref, got, TOLERANCE[spec.dtype], spec.name, info.problem_type, info.label_range)
+        )
         written = write_manifest(tmp, manifest)
     return written

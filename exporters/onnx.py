@@ -38,15 +38,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from packaging.version import Version
 
-from qserve import QserveError
-from qserve.extras import require
-from qserve.modeling import model_inputs
-from qserve.variants import REGISTRY, OnnxOptions, VariantSpec, option_defaults
 from exporters import rowwise, smoothing
 from exporters.calibration import calibration_set, feed, held_out_set, rows_alone
 from exporters.core import shared_export
+from qserve import QserveError
 from qserve.devices import capabilities
+from qserve.extras import require
+from qserve.modeling import model_inputs
+from qserve.variants import REGISTRY, OnnxOptions, VariantSpec, option_defaults
 
 if TYPE_CHECKING:
     from exporters.core import ExportContext
@@ -55,12 +56,15 @@ MODEL_FILE = "model.onnx"
 
 # Options each variant understands, with their defaults (declared in the backend registry).
 OPTIONS: dict[str, dict[str, Any]] = {s.name: option_defaults(s.name) for s in REGISTRY["onnx"].variants}
+
+
 def resolve_options(name: str, options: dict[str, Any]) -> OnnxOptions:
     """Merge `options` over the variant's defaults, typed and checked (qserve.variants.OnnxOptions: each value
     against its Option, then the rules across options); unknown names and bad values are QserveErrors."""
     if name not in OPTIONS:
         raise QserveError(f"exporters.onnx builds {', '.join(OPTIONS)}; got {name!r}")
     return OnnxOptions.resolve(name, options)
+
 
 def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Write model.onnx + config.json for `spec` into `out`; return the manifest's "onnx" record."""
@@ -93,8 +97,16 @@ def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, A
 
     model = onnx.load(str(dst), load_external_data=False)
     opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
-    return {"onnx": {"opset": opsets.get("ai.onnx", opset), "opsets": opsets, "ir_version": model.ir_version,
-                     "options": opts.to_json(), "ops": sorted({n.op_type for n in model.graph.node}), **record}}
+    return {
+        "onnx": {
+            "opset": opsets.get("ai.onnx", opset),
+            "opsets": opsets,
+            "ir_version": model.ir_version,
+            "options": opts.to_json(),
+            "ops": sorted({n.op_type for n in model.graph.node}),
+            **record,
+        }
+    }
 
 
 def _require_onnxruntime() -> None:
@@ -150,7 +162,6 @@ def _traceable_masks() -> Iterator[None]:
     q_length (transformers 4.x) the wrappers pass everything through unchanged."""
     import torch
     import transformers
-    from packaging.version import Version
 
     try:
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS as masks
@@ -167,6 +178,7 @@ def _traceable_masks() -> Iterator[None]:
             if isinstance(q_length, torch.Tensor) and q_length.dim() == 0:
                 kwargs["q_length"] = torch.arange(q_length) + kwargs.pop("q_offset", 0)
             return build(*args, **kwargs)
+
         return build_traced
 
     originals = {k: masks[k] for k in ("sdpa", "eager") if k in masks}
@@ -197,8 +209,9 @@ def export_fp32(checkpoint: Path, out: Path, opset: int | None = None) -> int:
     # Eager attention: under transformers 5 the SDPA path traces a boolean mask and a NaN guard per layer that
     # ORT's attention fusion (option optimize) does not recognise; the eager graph is the plain MatMul/Softmax
     # attention, with the additive mask, that it fuses, as the graphs exported under transformers 4.57 were.
-    model = AutoModelForSequenceClassification.from_pretrained(checkpoint, dtype=torch.float32, local_files_only=True,
-                                                               attn_implementation="eager").eval()
+    model = AutoModelForSequenceClassification.from_pretrained(
+        checkpoint, dtype=torch.float32, local_files_only=True, attn_implementation="eager"
+    ).eval()
     tok = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
     names = graph_inputs(model)
     enc = tok(_TRACE_TEXTS, padding=True, return_tensors="pt")
@@ -208,13 +221,23 @@ def export_fp32(checkpoint: Path, out: Path, opset: int | None = None) -> int:
         # Opset 21 (int4 embeddings) is above the TorchScript exporter's 20: it writes the opset-20 operators,
         # which opset 21 keeps, under the opset-21 header (and warns, silenced here).
         # The model itself, not a wrapper, is traced: node names keep its module paths (keep_fp32 matches them).
-        torch.onnx.export(model, (kwargs,), str(out / MODEL_FILE), input_names=list(names),
-                          output_names=["logits"], dynamic_axes={**{n: _AXES for n in names}, "logits": {0: "batch_size"}},
-                          opset_version=opset, do_constant_folding=True, dynamo=False)
+        torch.onnx.export(
+            model,
+            (kwargs,),
+            str(out / MODEL_FILE),
+            input_names=list(names),
+            output_names=["logits"],
+            dynamic_axes={**{n: _AXES for n in names}, "logits": {0: "batch_size"}},
+            opset_version=opset,
+            do_constant_folding=True,
+            dynamo=False,
+        )
     if any(p.name != MODEL_FILE for p in out.iterdir()):
         # Over 2 GB: external data. Far beyond a DistilBERT; refuse rather than ship half a model.
-        raise QserveError(f"{checkpoint} exports to an ONNX model with external data (> 2 GB); "
-                          "qserve's ONNX variants support single-file models only")
+        raise QserveError(
+            f"{checkpoint} exports to an ONNX model with external data (> 2 GB); "
+            "qserve's ONNX variants support single-file models only"
+        )
     shutil.copy2(checkpoint / "config.json", out / "config.json")
     return graph_opset(out / MODEL_FILE)
 
@@ -247,14 +270,16 @@ def optimize_bert(src: Path, dst: Path, config: dict[str, Any]) -> dict[str, int
     with _quiet():
         # model_type "bert" covers DistilBERT (optimum maps distilbert -> bert the same way).
         # opt_level 1 keeps the graph hardware-independent: it must load on any CPU and in ORTModel.
-        optimized = optimize_model(str(src), model_type="bert", num_heads=heads, hidden_size=hidden,
-                                   opt_level=1, use_gpu=False)
+        optimized = optimize_model(
+            str(src), model_type="bert", num_heads=heads, hidden_size=hidden, opt_level=1, use_gpu=False
+        )
     optimized.save_model_to_file(str(dst))
     return {k: int(v) for k, v in optimized.get_fused_operator_statistics().items() if v}
 
 
-def quantize_int8(src: Path, dst: Path, config: dict[str, Any], opts: OnnxOptions, scratch: Path,
-                  checkpoint: ExportContext | Path) -> dict[str, Any]:
+def quantize_int8(
+    src: Path, dst: Path, config: dict[str, Any], opts: OnnxOptions, scratch: Path, checkpoint: ExportContext | Path
+) -> dict[str, Any]:
     """The int8 graph of `src` into `dst`; returns the manifest's record of how it was made.
 
     smooth=None (the default) decides by measurement on this CPU: both graphs, plain and smoothed, are
@@ -293,14 +318,26 @@ def quantize_int8(src: Path, dst: Path, config: dict[str, Any], opts: OnnxOption
     record.update(tried[pick][1])
 
     record["smoothing_choice"] = {
-        "chosen": pick, "mean_abs_logit_error": {k: round(v[0], 6) for k, v in tried.items()},
-        "measured_on": held_source, "cpu_class": capabilities(with_cuda=False).cpu_class,
-        "why": "smooth=auto: the int8 graph, plain and smoothed, each bias-corrected, against fp32 on held-out texts"}
+        "chosen": pick,
+        "mean_abs_logit_error": {k: round(v[0], 6) for k, v in tried.items()},
+        "measured_on": held_source,
+        "cpu_class": capabilities(with_cuda=False).cpu_class,
+        "why": "smooth=auto: the int8 graph, plain and smoothed, each bias-corrected, against fp32 on held-out texts",
+    }
     return record
 
 
-def _quantize_graph(src: Path, dst: Path, reference: Path, config: dict[str, Any], opts: OnnxOptions,
-                    keep: list[str], scratch: Path, batches: list[dict[str, Any]], source: str) -> dict[str, Any]:
+def _quantize_graph(
+    src: Path,
+    dst: Path,
+    reference: Path,
+    config: dict[str, Any],
+    opts: OnnxOptions,
+    keep: list[str],
+    scratch: Path,
+    batches: list[dict[str, Any]],
+    source: str,
+) -> dict[str, Any]:
     """Quantize the (smoothed or plain) fp32 graph `src` into `dst`, bias-corrected against `reference`, the plain
     fp32 graph: what the correction holds the int8 logits to."""
     import onnx
@@ -321,26 +358,44 @@ def _quantize_graph(src: Path, dst: Path, reference: Path, config: dict[str, Any
         if opts.correct_bias:
             record["bias_correction"] = correct_logit_bias(dst, reference, batches, source)
         record["quantization"] = {
-            "method": "exporters.rowwise", "mode": "per-row", "activation_scales": "per-row",
-            "format": "MatMulIntegerToFloat", "weight_type": "QInt8", "activation_type": "QUInt8 (symmetric, zero point 128)",
-            "per_channel": True, "reduce_range": False,
+            "method": "exporters.rowwise",
+            "mode": "per-row",
+            "activation_scales": "per-row",
+            "format": "MatMulIntegerToFloat",
+            "weight_type": "QInt8",
+            "activation_type": "QUInt8 (symmetric, zero point 128)",
+            "per_channel": True,
+            "reduce_range": False,
         }
         return record
     with _quiet():
-        quantize_dynamic(str(src), str(dst), per_channel=opts.per_channel, reduce_range=opts.reduce_range,
-                         weight_type=QuantType.QInt8, nodes_to_exclude=keep,
-                         # Shape inference cannot type the outputs of fused contrib ops (Attention,
-                         # SkipLayerNormalization); every float tensor in this graph is fp32.
-                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+        quantize_dynamic(
+            str(src),
+            str(dst),
+            per_channel=opts.per_channel,
+            reduce_range=opts.reduce_range,
+            weight_type=QuantType.QInt8,
+            nodes_to_exclude=keep,
+            # Shape inference cannot type the outputs of fused contrib ops (Attention,
+            # SkipLayerNormalization); every float tensor in this graph is fp32.
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
     if opts.correct_bias:
         record["bias_correction"] = correct_logit_bias(dst, reference, batches, source)
     record["quantization"] = {
         # The same recipe as optimum's AutoQuantizationConfig.avx512_vnni(is_static=False):
         # dynamic, QOperator format, uint8 activations x signed int8 weights (the VNNI u8s8 kernel).
-        "preset": "avx512_vnni", "method": "onnxruntime.quantization.quantize_dynamic", "mode": "dynamic",
-        "activation_scales": "per-tensor", "row_by_row": opts.row_by_row, "calibrate_alone": opts.calibrate_alone,
-        "format": "QOperator", "weight_type": "QInt8", "activation_type": "QUInt8",
-        "per_channel": opts.per_channel, "reduce_range": opts.reduce_range,
+        "preset": "avx512_vnni",
+        "method": "onnxruntime.quantization.quantize_dynamic",
+        "mode": "dynamic",
+        "activation_scales": "per-tensor",
+        "row_by_row": opts.row_by_row,
+        "calibrate_alone": opts.calibrate_alone,
+        "format": "QOperator",
+        "weight_type": "QInt8",
+        "activation_type": "QUInt8",
+        "per_channel": opts.per_channel,
+        "reduce_range": opts.reduce_range,
     }
     return record
 
@@ -357,15 +412,16 @@ def kept_fp32(src: Path, patterns: str) -> list[str]:
     names = [n.name for n in graph.node if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1 and n.input[1] in inits]
     unmatched = [p for p in parts if not any(p in n for n in names)]
     if unmatched:
-        raise QserveError(f"option keep_fp32: {', '.join(map(repr, unmatched))} matches no MatMul with weights; "
-                          f"node names look like {', '.join(names[:3])}, ... ({len(names)} in all)")
+        raise QserveError(
+            f"option keep_fp32: {', '.join(map(repr, unmatched))} matches no MatMul with weights; "
+            f"node names look like {', '.join(names[:3])}, ... ({len(names)} in all)"
+        )
     return [n for n in names if any(p in n for p in parts)]
 
 
 def smooth_fp32(src: Path, dst: Path, batches: list[dict[str, Any]], source: str, record: dict[str, Any]) -> Path:
     """Write the smoothed fp32 graph to `dst` (see exporters.smoothing); fill record["smoothing"]."""
     import onnx
-
 
     with _quiet():
         model, record["smoothing"] = smoothing.smooth(onnx.load(str(src)), batches)
@@ -374,8 +430,7 @@ def smooth_fp32(src: Path, dst: Path, batches: list[dict[str, Any]], source: str
     return dst
 
 
-def correct_logit_bias(quantized: Path, reference: Path, batches: list[dict[str, Any]],
-                       source: str) -> dict[str, Any]:
+def correct_logit_bias(quantized: Path, reference: Path, batches: list[dict[str, Any]], source: str) -> dict[str, Any]:
     """Take the int8 graph's mean logit shift against fp32, on calibration texts, out of its output bias.
 
     Quantization noise is not zero-mean at the output: on the embedded default the int8 logit
@@ -403,14 +458,17 @@ def correct_logit_bias(quantized: Path, reference: Path, batches: list[dict[str,
         return {"applied": False, "why": f"bias {bias!r} has shape {b.shape}, the logits {shift.shape}"}
     inits[bias].CopyFrom(numpy_helper.from_array((b - shift).astype(np.float32), bias))
     onnx.save(model, str(quantized))
-    return {"applied": True, "method": "mean int8 - fp32 logits on the calibration texts, subtracted from the "
-                                      "output bias", "bias": bias, "shift": [round(float(v), 6) for v in shift],
-            "calibration": source}
+    return {
+        "applied": True,
+        "method": "mean int8 - fp32 logits on the calibration texts, subtracted from the output bias",
+        "bias": bias,
+        "shift": [round(float(v), 6) for v in shift],
+        "calibration": source,
+    }
 
 
 def _logits(model_path: Path, batches: list[dict[str, Any]]) -> Any:
     import onnxruntime as ort
-
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
@@ -427,13 +485,24 @@ def quantize_int4(src: Path, dst: Path, opts: OnnxOptions) -> dict[str, Any]:
     ops = ("MatMul", "Gather") if opts.quantize_embeddings else ("MatMul",)
     model = onnx.load(str(src))
     with _quiet():
-        quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=opts.block_size,
-                                         is_symmetric=opts.symmetric, accuracy_level=opts.accuracy_level,
-                                         quant_format=QuantFormat.QOperator, op_types_to_quantize=ops)
+        quantizer = MatMulNBitsQuantizer(
+            model,
+            bits=4,
+            block_size=opts.block_size,
+            is_symmetric=opts.symmetric,
+            accuracy_level=opts.accuracy_level,
+            quant_format=QuantFormat.QOperator,
+            op_types_to_quantize=ops,
+        )
         quantizer.process()
     quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)
-    return {"quantization": {
-        "method": "onnxruntime MatMulNBitsQuantizer (weight-only, round-to-nearest)", "bits": 4,
-        "block_size": opts.block_size, "accuracy_level": opts.accuracy_level,
-        "symmetric": opts.symmetric, "op_types": list(ops),
-    }}
+    return {
+        "quantization": {
+            "method": "onnxruntime MatMulNBitsQuantizer (weight-only, round-to-nearest)",
+            "bits": 4,
+            "block_size": opts.block_size,
+            "accuracy_level": opts.accuracy_level,
+            "symmetric": opts.symmetric,
+            "op_types": list(ops),
+        }
+    }

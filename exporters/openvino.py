@@ -31,18 +31,18 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-import warnings
 
+from exporters.calibration import calibration_batches, calibration_inputs, feed
+from exporters.core import shared_export
 from exporters.onnx import MODEL_FILE as ONNX_FILE
 from exporters.onnx import export_fp32
 from qserve import QserveError
 from qserve.extras import require
-from qserve.variants import OV_FP32, REGISTRY, OpenVINOOptions, VariantSpec, openvino_precision, option_defaults
-from exporters.calibration import calibration_batches, calibration_inputs, feed
-from exporters.core import shared_export
 from qserve.runtime.ov_probe import require_precision
+from qserve.variants import OV_FP32, REGISTRY, OpenVINOOptions, VariantSpec, openvino_precision, option_defaults
 
 if TYPE_CHECKING:
     from exporters.core import ExportContext
@@ -59,6 +59,7 @@ def resolve_options(name: str, options: dict[str, Any]) -> OpenVINOOptions:
         raise QserveError(f"exporters.openvino builds {', '.join(OPTIONS)}; got {name!r}")
     return OpenVINOOptions.resolve(name, options)
 
+
 def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Write openvino_model.xml/.bin + config.json for `spec` into `out`; return the manifest's "openvino" record."""
     opts = resolve_options(spec.name, options)
@@ -67,11 +68,16 @@ def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, A
     probed = require_precision("int8" if spec.dtype == "int8" and precision == OV_FP32 else precision, spec.name)
     ov = require("openvino", spec.name)
     OVModelForSequenceClassification = require("optimum.intel", spec.name).OVModelForSequenceClassification
-    record: dict[str, Any] = {"inference_precision": precision, "options": opts.to_json(),
-                              "exported_with": ("openvino.convert_model of exporters.onnx.export_fp32's graph"
-                                                if ctx.info.model_type in FROM_ONNX else
-                                                "optimum.intel.OVModelForSequenceClassification (export=True)"),
-                              "probe": {k: probed.get(k) for k in ("version", "device")}}
+    record: dict[str, Any] = {
+        "inference_precision": precision,
+        "options": opts.to_json(),
+        "exported_with": (
+            "openvino.convert_model of exporters.onnx.export_fp32's graph"
+            if ctx.info.model_type in FROM_ONNX
+            else "optimum.intel.OVModelForSequenceClassification (export=True)"
+        ),
+        "probe": {k: probed.get(k) for k in ("version", "device")},
+    }
     fp32 = fp32_ir(ctx.checkpoint, OVModelForSequenceClassification)
     if spec.dtype == "int8":
         ir = ov.Core().read_model(str(fp32 / MODEL_FILE))
@@ -107,6 +113,7 @@ def _ir_from_onnx(checkpoint: Path, out: Path) -> None:
 def fp32_ir(checkpoint: Path, exporter: Any) -> Path:
     """A directory holding the checkpoint's fp32 IR (openvino_model.xml/.bin + config.json), exported once
     per process: ov-fp32, ov-bf16 and ov-int8 all start from it."""
+
     def make(out: Path) -> None:
         if json.loads((checkpoint / "config.json").read_text(encoding="utf-8")).get("model_type") in FROM_ONNX:
             _ir_from_onnx(checkpoint, out)
@@ -122,27 +129,34 @@ def quantize_int8(ir, ctx: ExportContext, opts: OpenVINOOptions):
     """nncf.quantize with the transformer preset on training texts; returns (model, manifest record)."""
     import nncf
 
-
     texts, pairs, source = calibration_inputs(ctx, int(opts.calibration_samples or 0))
     # batch 1, unpadded: each sample's ranges are those of real tokens at their own length
-    items = calibration_batches(ctx, texts, ctx.info.max_length, batch_size=1,
-                                pairs=pairs)
+    items = calibration_batches(ctx, texts, ctx.info.max_length, batch_size=1, pairs=pairs)
     # Every input the IR declares: a BERT-layout IR left without token_type_ids runs with a stale shape.
     names = {p.any_name for p in ir.inputs}
     items = [feed(names, b) for b in items]
     with _quiet():
-        quantized = nncf.quantize(ir, nncf.Dataset(items), model_type=nncf.ModelType.TRANSFORMER,
-                                  subset_size=len(items), fast_bias_correction=True)
+        quantized = nncf.quantize(
+            ir,
+            nncf.Dataset(items),
+            model_type=nncf.ModelType.TRANSFORMER,
+            subset_size=len(items),
+            fast_bias_correction=True,
+        )
     fq = sum(1 for op in quantized.get_ops() if op.get_type_name() == "FakeQuantize")
     if fq == 0:
         raise QserveError(f"nncf.quantize inserted no FakeQuantize into {ctx.checkpoint}'s IR: nothing was quantized")
     return quantized, {
-        "method": "nncf.quantize (post-training, static)", "model_type": "TRANSFORMER",
+        "method": "nncf.quantize (post-training, static)",
+        "model_type": "TRANSFORMER",
         "preset": "MIXED (NNCF's transformer default: symmetric per-channel int8 weights, asymmetric per-tensor "
-                  "int8 activations)",
+        "int8 activations)",
         "smooth_quant": "NNCF default for TRANSFORMER (alpha 0.95 on MatMuls)",
-        "bias_correction": "fast (NNCF FastBiasCorrection)", "calibration": source, "subset_size": len(items),
-        "fake_quantize_ops": fq, "nncf": getattr(nncf, "__version__", None),
+        "bias_correction": "fast (NNCF FastBiasCorrection)",
+        "calibration": source,
+        "subset_size": len(items),
+        "fake_quantize_ops": fq,
+        "nncf": getattr(nncf, "__version__", None),
     }
 
 

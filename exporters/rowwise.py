@@ -33,12 +33,16 @@ def rewrite(model: Any, exclude: list[str] | tuple[str, ...] = ()) -> tuple[Any,
     """Replace every constant-weight MatMul (except those named in `exclude`) by the per-row int8 form."""
     from onnx import helper, numpy_helper
 
-
     inits, groups = weight_groups(model)
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-    consts = {"rw_127": np.array(127.0, np.float32), "rw_inv127": np.array(1 / 127.0, np.float32),
-              "rw_one": np.array(1.0, np.float32), "rw_eps": np.array(1e-12, np.float32),
-              "rw_zp": np.array(128, np.uint8), "rw_axes": np.array([-1], np.int64)}
+    consts = {
+        "rw_127": np.array(127.0, np.float32),
+        "rw_inv127": np.array(1 / 127.0, np.float32),
+        "rw_one": np.array(1.0, np.float32),
+        "rw_eps": np.array(1e-12, np.float32),
+        "rw_zp": np.array(128, np.uint8),
+        "rw_axes": np.array([-1], np.int64),
+    }
     new_inits = [numpy_helper.from_array(v, k) for k, v in consts.items()]
     replace: dict[int, list[Any]] = {}
     drop: set[int] = set()
@@ -49,31 +53,44 @@ def rewrite(model: Any, exclude: list[str] | tuple[str, ...] = ()) -> tuple[Any,
         if not ws or not all(w.ndim == 2 and w.shape[0] == ws[0].shape[0] for w in ws):
             continue
         p = f"rowwise{gi}"
-        amax = ([helper.make_node("ReduceMax", [f"{p}_abs", "rw_axes"], [f"{p}_amax0"], keepdims=1)] if opset >= 18
-                else [helper.make_node("ReduceMax", [f"{p}_abs"], [f"{p}_amax0"], axes=[-1], keepdims=1)])
-        nodes = [helper.make_node("Abs", [x], [f"{p}_abs"]), *amax,
-                 # An all-zero row gets a tiny scale instead of a division by zero (it quantizes to 0 either way).
-                 helper.make_node("Max", [f"{p}_amax0", "rw_eps"], [f"{p}_amax"]),
-                 helper.make_node("Div", ["rw_127", f"{p}_amax"], [f"{p}_inv"]),
-                 helper.make_node("Mul", [x, f"{p}_inv"], [f"{p}_xs"]),
-                 # round half to even, + 128, saturate, cast to uint8: one op (|x * 127 / max|x|| <= 127)
-                 helper.make_node("QuantizeLinear", [f"{p}_xs", "rw_one", "rw_zp"], [f"{p}_xq"]),
-                 helper.make_node("Mul", [f"{p}_amax", "rw_inv127"], [f"{p}_srow"])]
+        amax = (
+            [helper.make_node("ReduceMax", [f"{p}_abs", "rw_axes"], [f"{p}_amax0"], keepdims=1)]
+            if opset >= 18
+            else [helper.make_node("ReduceMax", [f"{p}_abs"], [f"{p}_amax0"], axes=[-1], keepdims=1)]
+        )
+        nodes = [
+            helper.make_node("Abs", [x], [f"{p}_abs"]),
+            *amax,
+            # An all-zero row gets a tiny scale instead of a division by zero (it quantizes to 0 either way).
+            helper.make_node("Max", [f"{p}_amax0", "rw_eps"], [f"{p}_amax"]),
+            helper.make_node("Div", ["rw_127", f"{p}_amax"], [f"{p}_inv"]),
+            helper.make_node("Mul", [x, f"{p}_inv"], [f"{p}_xs"]),
+            # round half to even, + 128, saturate, cast to uint8: one op (|x * 127 / max|x|| <= 127)
+            helper.make_node("QuantizeLinear", [f"{p}_xs", "rw_one", "rw_zp"], [f"{p}_xq"]),
+            helper.make_node("Mul", [f"{p}_amax", "rw_inv127"], [f"{p}_srow"]),
+        ]
         wq, scale = quantize_weight(np.concatenate(ws, axis=1))
         new_inits += [numpy_helper.from_array(wq, f"{p}_w"), numpy_helper.from_array(scale, f"{p}_wscale")]
         joint = f"{p}_y" if len(consumers) > 1 else consumers[0].output[0]
         # int32 product (exact) times the per-column weight scale in one kernel (a_scale 1: the per-row
         # scale is applied after, as the kernel takes only a per-tensor A scale)
-        nodes += [helper.make_node("MatMulIntegerToFloat", [f"{p}_xq", f"{p}_w", "rw_one", f"{p}_wscale", "rw_zp"],
-                                   [f"{p}_y0"], domain="com.microsoft"),
-                  helper.make_node("Mul", [f"{p}_y0", f"{p}_srow"], [joint])]
+        nodes += [
+            helper.make_node(
+                "MatMulIntegerToFloat",
+                [f"{p}_xq", f"{p}_w", "rw_one", f"{p}_wscale", "rw_zp"],
+                [f"{p}_y0"],
+                domain="com.microsoft",
+            ),
+            helper.make_node("Mul", [f"{p}_y0", f"{p}_srow"], [joint]),
+        ]
         if len(consumers) > 1:
             sizes = np.array([w.shape[1] for w in ws], np.int64)
             new_inits.append(numpy_helper.from_array(sizes, f"{p}_split"))
-            nodes.append(helper.make_node("Split", [joint, f"{p}_split"], [c.output[0] for c in consumers], axis=-1)
-                         if opset >= 13 else
-                         helper.make_node("Split", [joint], [c.output[0] for c in consumers], axis=-1,
-                                          split=sizes.tolist()))
+            nodes.append(
+                helper.make_node("Split", [joint, f"{p}_split"], [c.output[0] for c in consumers], axis=-1)
+                if opset >= 13
+                else helper.make_node("Split", [joint], [c.output[0] for c in consumers], axis=-1, split=sizes.tolist())
+            )
         # The new nodes go where the group's first consumer was: x and constants are all they read, and
         # what reads a later consumer's output may already sit before that consumer.
         positions = {id(n): i for i, n in enumerate(model.graph.node)}

@@ -49,7 +49,6 @@ def capture(model: Any, tensors: list[str], batches: list[dict[str, np.ndarray]]
     import onnx
     import onnxruntime as ort
 
-
     probe = copy.deepcopy(model)
     for t in tensors:
         probe.graph.output.append(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None))
@@ -60,8 +59,10 @@ def capture(model: Any, tensors: list[str], batches: list[dict[str, np.ndarray]]
     sess = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
     names = {i.name for i in sess.get_inputs()}
     for batch in batches:
-        yield [np.asarray(out, dtype=np.float32).reshape(-1, out.shape[-1])
-               for out in sess.run(tensors, feed(names, batch))]
+        yield [
+            np.asarray(out, dtype=np.float32).reshape(-1, out.shape[-1])
+            for out in sess.run(tensors, feed(names, batch))
+        ]
 
 
 def quant_act(x: np.ndarray) -> np.ndarray:
@@ -113,8 +114,10 @@ def smooth(model: Any, batches: list[dict[str, np.ndarray]], alphas: tuple[float
     # A group's projections side by side, (K, N1 + N2 + ...): one GEMM per candidate instead of one per projection;
     # the weights' scales are per column, so quantizing the concatenation quantizes each projection as ORT does.
     joined = {t: np.concatenate(weights[t], axis=1) for t in tensors}
-    candidates = {t: [np.ones_like(x_max[t])] + [scales(x_max[t], np.abs(joined[t]).max(axis=1), a) for a in alphas]
-                  for t in tensors}
+    candidates = {
+        t: [np.ones_like(x_max[t])] + [scales(x_max[t], np.abs(joined[t]).max(axis=1), a) for a in alphas]
+        for t in tensors
+    }
     # Quantized weights depend only on the candidate, not on the batch: once each.
     wq = {t: [quant_weight(joined[t] * c[:, None]) for c in candidates[t]] for t in tensors}
     err = {t: np.zeros(len(alphas) + 1) for t in tensors}
@@ -148,9 +151,16 @@ def smooth(model: Any, batches: list[dict[str, np.ndarray]], alphas: tuple[float
     for first, node in inserts:  # before the group's first consumer keeps the graph topologically sorted
         model.graph.node.insert(list(model.graph.node).index(first), node)
     n = max(len(tensors), 1)
-    record = {"method": "SmoothQuant-style per-channel activation smoothing (exact fp32 rewrite), alpha per group "
-                        "by simulated int8 error", "alpha_grid": list(alphas),
-              "groups": len(tensors), "smoothed": len(inserts), "alphas": chosen,
-              "simulated_rel_error": {"plain": round(float(sum(r[0] for r in rels.values()) / n), 8),
-                                      "smoothed": round(float(sum(r.min() for r in rels.values()) / n), 8)}}
+    record = {
+        "method": "SmoothQuant-style per-channel activation smoothing (exact fp32 rewrite), alpha per group "
+        "by simulated int8 error",
+        "alpha_grid": list(alphas),
+        "groups": len(tensors),
+        "smoothed": len(inserts),
+        "alphas": chosen,
+        "simulated_rel_error": {
+            "plain": round(float(sum(r[0] for r in rels.values()) / n), 8),
+            "smoothed": round(float(sum(r.min() for r in rels.values()) / n), 8),
+        },
+    }
     return model, record

@@ -1,6 +1,6 @@
 """torch-fp32 / torch-fp16 / torch-bf16: the checkpoint saved in another dtype.
 
-    qserve export models/minilm-imdb --bits 16 --backend torch --dtype bf16
+qserve export models/minilm-imdb --bits 16 --backend torch --dtype bf16
 """
 
 from __future__ import annotations

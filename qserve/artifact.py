@@ -19,10 +19,10 @@ from typing import Any
 
 from qserve import QserveError
 from qserve.files import now_iso, sha256_file, write_json_atomic
-from qserve.variants import STORED, VariantSpec
 from qserve.problemtypes import PROBLEM_TYPES, SINGLE
 from qserve.textpairs import ALLOWED
 from qserve.textpairs import SINGLE as ONE_TEXT  # problemtypes' SINGLE is the single-label problem type
+from qserve.variants import STORED, VariantSpec
 
 MANIFEST = "manifest.json"
 FORMAT = "qserve-variant/1"
@@ -35,7 +35,6 @@ present, must be this; anything else is refused (a newer qserve's checkpoint). q
 keep their bytes."""
 DIGEST_KEY = "manifest_sha256"
 ALLOW_EXTRA_HINT = "--allow-extra-files (QSERVE_ALLOW_EXTRA_FILES=1 for serve)"
-
 
 
 class VariantError(QserveError):
@@ -69,6 +68,7 @@ def checkpoint_hash(checkpoint: Path) -> str:
 # allowed) and written from it: `to_json()` gives back the dict, in the key order qserve has always written,
 # so a manifest read and written again keeps its bytes and its digest.
 
+
 def check_format(path: Path, value: object) -> None:
     """The manifest's version rule: `qserve-variant/1` is read; another version or name is refused."""
     if value == FORMAT:
@@ -76,14 +76,22 @@ def check_format(path: Path, value: object) -> None:
     name, _, version = str(value).partition("/")
     if name == FORMAT.split("/")[0] and version.isdigit():
         newer = int(version) > int(FORMAT.split("/")[1])
-        raise VariantError(f"{path} has format {value!r}; this qserve reads {FORMAT!r} only ("
-                           + ("written by a newer qserve: upgrade qserve" if newer else "re-export the variant")
-                           + ")")
+        raise VariantError(
+            f"{path} has format {value!r}; this qserve reads {FORMAT!r} only ("
+            + ("written by a newer qserve: upgrade qserve" if newer else "re-export the variant")
+            + ")"
+        )
     raise VariantError(f"{path} has format {value!r}; this qserve reads {FORMAT!r}")
 
 
-def _typed(path: Path, key: str, value: object, kind: type | tuple[type, ...], allowed: str,
-           error: type[QserveError] = VariantError) -> Any:
+def _typed(
+    path: Path,
+    key: str,
+    value: object,
+    kind: type | tuple[type, ...],
+    allowed: str,
+    error: type[QserveError] = VariantError,
+) -> Any:
     """`value` if it is of `kind` (a bool is no number), else an error naming the file, the field, what is allowed."""
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if isinstance(value, bool) and bool not in kinds:
@@ -95,8 +103,14 @@ def _typed(path: Path, key: str, value: object, kind: type | tuple[type, ...], a
     return value
 
 
-def _optional(path: Path, data: dict[str, Any], key: str, kind: type | tuple[type, ...], allowed: str,
-              error: type[QserveError] = VariantError) -> Any:
+def _optional(
+    path: Path,
+    data: dict[str, Any],
+    key: str,
+    kind: type | tuple[type, ...],
+    allowed: str,
+    error: type[QserveError] = VariantError,
+) -> Any:
     value = data.get(key)
     return None if value is None else _typed(path, key, value, kind, allowed, error)
 
@@ -125,8 +139,19 @@ class FileEntry:
 
 # The manifest's own fields, in the order `qserve export` writes them; any other top-level key is a backend's
 # record (onnx, bnb, openvino, conversion ...), kept in `records` and written back between versions and parity.
-_HEAD = ("format", "spec", "model_name", "labels", "problem_type", "max_length", "long_text", "inputs", "source",
-         "export_device", "versions")
+_HEAD = (
+    "format",
+    "spec",
+    "model_name",
+    "labels",
+    "problem_type",
+    "max_length",
+    "long_text",
+    "inputs",
+    "source",
+    "export_device",
+    "versions",
+)
 _TAIL = ("parity", "gate", "calibration", "files", "created", DIGEST_KEY)
 # gate and calibration are written by `qserve gate` after export (qserve/gate/); a manifest without them (every
 # one from before the gate, and every variant not gated yet) keeps its bytes and its digest.
@@ -211,15 +236,31 @@ class Manifest:
     def to_json(self) -> dict[str, Any]:
         """The manifest as JSON, keys in the order qserve writes them; absent (None) fields stay absent."""
         head: dict[str, Any] = {
-            "format": self.format, "spec": self.spec.to_json(), "model_name": self.model_name,
-            "labels": list(self.labels), "problem_type": self.problem_type, "max_length": self.max_length,
-            "long_text": self.long_text, "inputs": None if self.inputs is None else list(self.inputs),
-            "source": self.source, "export_device": self.export_device, "versions": self.versions}
+            "format": self.format,
+            "spec": self.spec.to_json(),
+            "model_name": self.model_name,
+            "labels": list(self.labels),
+            "problem_type": self.problem_type,
+            "max_length": self.max_length,
+            "long_text": self.long_text,
+            "inputs": None if self.inputs is None else list(self.inputs),
+            "source": self.source,
+            "export_device": self.export_device,
+            "versions": self.versions,
+        }
         tail: dict[str, Any] = {
-            "parity": self.parity, "gate": self.gate, "calibration": self.calibration, "files": {k: {"sha256": f.sha256, "bytes": f.bytes} for k, f in self.files.items()}
-            or None, "created": self.created, DIGEST_KEY: self.digest}
-        return {**{k: v for k, v in head.items() if v is not None}, **self.records,
-                **{k: v for k, v in tail.items() if v is not None}}
+            "parity": self.parity,
+            "gate": self.gate,
+            "calibration": self.calibration,
+            "files": {k: {"sha256": f.sha256, "bytes": f.bytes} for k, f in self.files.items()} or None,
+            "created": self.created,
+            DIGEST_KEY: self.digest,
+        }
+        return {
+            **{k: v for k, v in head.items() if v is not None},
+            **self.records,
+            **{k: v for k, v in tail.items() if v is not None},
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any], path: Path = Path(MANIFEST)) -> Manifest:
@@ -238,27 +279,38 @@ class Manifest:
         files = _typed(path, "files", data["files"], dict, "an object of file -> {sha256, bytes}")
         entries = {}
         for rel, info in files.items():
-            if (not isinstance(info, dict) or not isinstance(info.get("sha256"), str)
-                    or isinstance(info.get("bytes"), bool) or not isinstance(info.get("bytes"), int)):
-                raise VariantError(f"{path}: files[{rel!r}] must be {{\"sha256\": str, \"bytes\": int}}, got {info!r}")
+            if (
+                not isinstance(info, dict)
+                or not isinstance(info.get("sha256"), str)
+                or isinstance(info.get("bytes"), bool)
+                or not isinstance(info.get("bytes"), int)
+            ):
+                raise VariantError(f'{path}: files[{rel!r}] must be {{"sha256": str, "bytes": int}}, got {info!r}')
             entries[rel] = FileEntry(info["sha256"], info["bytes"])
         records = {}
         for key, value in data.items():
             if key not in _HEAD and key not in _TAIL:
                 records[key] = _typed(path, key, value, dict, "an object (a backend's record)")
         return cls(
-            spec=_spec(path, data["spec"]), labels=_strings(path, "labels", data["labels"]), max_length=max_length,
-            model_name=_optional(path, data, "model_name", str, "a string"), problem_type=problem,
+            spec=_spec(path, data["spec"]),
+            labels=_strings(path, "labels", data["labels"]),
+            max_length=max_length,
+            model_name=_optional(path, data, "model_name", str, "a string"),
+            problem_type=problem,
             long_text=_optional(path, data, "long_text", str, "a long-text policy string"),
             inputs=_inputs(path, data.get("inputs")),
             source=_optional(path, data, "source", dict, "an object {path, sha256}"),
             export_device=_optional(path, data, "export_device", str, "a device string"),
             versions=_optional(path, data, "versions", dict, "an object library -> version"),
-            records=records, parity=_optional(path, data, "parity", dict, "an object"),
+            records=records,
+            parity=_optional(path, data, "parity", dict, "an object"),
             gate=_optional(path, data, "gate", dict, "an object (qserve gate's verdict)"),
-            calibration=_calibration(path, data.get("calibration"), len(data["labels"])), files=entries,
+            calibration=_calibration(path, data.get("calibration"), len(data["labels"])),
+            files=entries,
             created=_optional(path, data, "created", str, "an ISO time string"),
-            digest=_optional(path, data, DIGEST_KEY, str, "a sha256 hex string"), format=str(data["format"]))
+            digest=_optional(path, data, DIGEST_KEY, str, "a sha256 hex string"),
+            format=str(data["format"]),
+        )
 
 
 def _calibration(path: Path, value: object, num_labels: int) -> dict[str, Any] | None:
@@ -270,17 +322,24 @@ def _calibration(path: Path, value: object, num_labels: int) -> dict[str, Any] |
     if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < 1e3):
         raise VariantError(f"{path}: calibration.temperature must be a number in (0, 1000), got {t!r}")
     thr = cal.get("thresholds")
-    if thr is not None and (not isinstance(thr, list) or len(thr) != num_labels or not all(
-            not isinstance(x, bool) and isinstance(x, (int, float)) and 0 <= x <= 1 for x in thr)):
-        raise VariantError(f"{path}: calibration.thresholds must be {num_labels} numbers in [0, 1] (one per label), "
-                           f"got {thr!r}")
+    if thr is not None and (
+        not isinstance(thr, list)
+        or len(thr) != num_labels
+        or not all(not isinstance(x, bool) and isinstance(x, (int, float)) and 0 <= x <= 1 for x in thr)
+    ):
+        raise VariantError(
+            f"{path}: calibration.thresholds must be {num_labels} numbers in [0, 1] (one per label), got {thr!r}"
+        )
     return cal
 
 
 def _spec(path: Path, value: object) -> VariantSpec:
     spec = _typed(path, "spec", value, dict, "an object with " + ", ".join(STORED))
-    for key, kind, allowed in (("name", str, "a variant name"), ("backend", str, "a backend name"),
-                               ("dtype", str, "a dtype name")):
+    for key, kind, allowed in (
+        ("name", str, "a variant name"),
+        ("backend", str, "a backend name"),
+        ("dtype", str, "a dtype name"),
+    ):
         _typed(path, f"spec.{key}", spec.get(key), kind, allowed)
     unknown = sorted(set(spec) - set(STORED))
     if unknown:
@@ -318,9 +377,16 @@ class ModelMeta:
         """As `qserve train` writes it: the run's fields always, label_range for regression (even when None: the
         labels were constant) or when set, inputs only when set."""
         out: dict[str, Any] = {
-            "model_name": self.model_name, "base_model": self.base_model, "dataset": self.dataset, "seed": self.seed,
-            "max_length": self.max_length, "long_text": self.long_text, "max_eval_samples": self.max_eval_samples,
-            "labels": None if self.labels is None else list(self.labels), "problem_type": self.problem_type}
+            "model_name": self.model_name,
+            "base_model": self.base_model,
+            "dataset": self.dataset,
+            "seed": self.seed,
+            "max_length": self.max_length,
+            "long_text": self.long_text,
+            "max_eval_samples": self.max_eval_samples,
+            "labels": None if self.labels is None else list(self.labels),
+            "problem_type": self.problem_type,
+        }
         if self.label_range is not None or self.problem_type == "regression":
             out["label_range"] = self.label_range
         if self.inputs is not None:
@@ -344,13 +410,16 @@ class ModelMeta:
             model_name=_optional(path, data, "model_name", str, "a string", err),
             base_model=_optional(path, data, "base_model", str, "a string", err),
             dataset=_optional(path, data, "dataset", str, "a dataset name", err),
-            seed=_optional(path, data, "seed", int, "an integer", err), max_length=max_length,
+            seed=_optional(path, data, "seed", int, "an integer", err),
+            max_length=max_length,
             long_text=_optional(path, data, "long_text", str, "a long-text policy string", err),
             max_eval_samples=_optional(path, data, "max_eval_samples", int, "an integer", err),
             labels=None if data.get("labels") is None else _strings(path, "labels", data["labels"], err),
             problem_type=_optional(path, data, "problem_type", str, "a problem type", err),
-            label_range=span, inputs=_inputs(path, data.get("inputs"), err),
-            extra={k: v for k, v in data.items() if k not in known})
+            label_range=span,
+            inputs=_inputs(path, data.get("inputs"), err),
+            extra={k: v for k, v in data.items() if k not in known},
+        )
 
     def write(self, path: Path) -> None:
         write_json_atomic(path, self.to_json())

@@ -30,9 +30,8 @@ import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 ENV_PREFIX = "QSERVE_"
 METADATA_KEY = "qserve.flag"
@@ -65,12 +64,21 @@ class Flag:
     """What the help says the default is, where a None default does not say it (e.g. "cores / replicas")."""
 
 
-def flag(*, option: str | None = None, choices: Iterable[object] | None = None, repeat: bool = False,
-         positional: bool = False, metavar: str | None = None,
-         default_text: str | None = None) -> dict[str, Flag]:
+def flag(
+    *,
+    option: str | None = None,
+    choices: Iterable[object] | None = None,
+    repeat: bool = False,
+    positional: bool = False,
+    metavar: str | None = None,
+    default_text: str | None = None,
+) -> dict[str, Flag]:
     """Metadata for `dataclasses.field(metadata=...)`: how the field appears on the command line."""
-    return {METADATA_KEY: Flag(option, tuple(choices) if choices is not None else None, repeat, positional,
-                               metavar, default_text)}
+    return {
+        METADATA_KEY: Flag(
+            option, tuple(choices) if choices is not None else None, repeat, positional, metavar, default_text
+        )
+    }
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -79,9 +87,13 @@ def field_docs(cls: type) -> dict[str, str]:
     for klass in [k for k in reversed(cls.__mro__) if dataclasses.is_dataclass(k)]:  # a subclass's doc wins
         body = _class_node(klass)
         for node, nxt in zip(body.body, body.body[1:]):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                    and isinstance(nxt.value.value, str)):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
                 docs[node.target.id] = " ".join(nxt.value.value.split())
     return docs
 
@@ -91,10 +103,18 @@ def env_name(field_name: str, prefix: str = ENV_PREFIX) -> str:
     return prefix + field_name.upper()
 
 
-def add_flags(parser: argparse._ActionsContainer, cls: type, names: Iterable[str] | None = None, *,
-              unset: bool = False, env_prefix: str | None = None, defaults: Mapping[str, object] | None = None,
-              help: Mapping[str, str] | None = None, flags: Mapping[str, Flag] | None = None,
-              negatable: bool = False) -> None:
+def add_flags(
+    parser: argparse._ActionsContainer,
+    cls: type,
+    names: Iterable[str] | None = None,
+    *,
+    unset: bool = False,
+    env_prefix: str | None = None,
+    defaults: Mapping[str, object] | None = None,
+    help: Mapping[str, str] | None = None,
+    flags: Mapping[str, Flag] | None = None,
+    negatable: bool = False,
+) -> None:
     """Add one flag per field of dataclass `cls` (or per field in `names`, in that order) to `parser`.
 
     unset: every flag's parsed default is None, so `build` can tell a flag that was given from
@@ -154,9 +174,15 @@ def option_name(cls: type, name: str) -> str:
     return _fields(cls, [name])[0].option
 
 
-def config_values(cls: type, args: argparse.Namespace | Mapping[str, object], names: Iterable[str] | None = None,
-                  *, environ: Mapping[str, str] | None = None, env_prefix: str = ENV_PREFIX,
-                  error: Callable[[str], Exception] = FlagError) -> dict[str, Any]:  # each value its field's type
+def config_values(
+    cls: type,
+    args: argparse.Namespace | Mapping[str, object],
+    names: Iterable[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    env_prefix: str = ENV_PREFIX,
+    error: Callable[[str], Exception] = FlagError,
+) -> dict[str, Any]:  # each value its field's type
     """The fields of `cls` that `args` sets (or, with `environ`, their env var), as the field's type.
 
     A value of None counts as not given: the field then keeps its dataclass default.
@@ -177,15 +203,23 @@ def config_values(cls: type, args: argparse.Namespace | Mapping[str, object], na
     return values
 
 
-def build(cls: type[C], args: argparse.Namespace | Mapping[str, object], names: Iterable[str] | None = None, *,
-          environ: Mapping[str, str] | None = None, env_prefix: str = ENV_PREFIX,
-          overrides: Mapping[str, object] | None = None, error: Callable[[str], Exception] = FlagError) -> C:
+def build(
+    cls: type[C],
+    args: argparse.Namespace | Mapping[str, object],
+    names: Iterable[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    env_prefix: str = ENV_PREFIX,
+    overrides: Mapping[str, object] | None = None,
+    error: Callable[[str], Exception] = FlagError,
+) -> C:
     """The config the parsed flags (then, with `environ`, the env vars, then the defaults) describe."""
     values = config_values(cls, args, names, environ=environ, env_prefix=env_prefix, error=error)
     return cls(**{**values, **(overrides or {})})
 
 
 # -- internals ------------------------------------------------------------------------------
+
 
 @functools.lru_cache(maxsize=None)
 def _module_tree(filename: str) -> ast.Module:

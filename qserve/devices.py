@@ -75,8 +75,7 @@ class Capabilities:
         bf16, vnni = self.has("bf16"), self.has("vnni")
         if bf16 is None:
             return f"{self.cpu_model} (CPU flags unknown: {self.flags_source})"
-        parts = ["bf16 " + ("yes" if bf16 else "no (no avx512_bf16/amx_bf16)"),
-                 "VNNI " + ("yes" if vnni else "no")]
+        parts = ["bf16 " + ("yes" if bf16 else "no (no avx512_bf16/amx_bf16)"), "VNNI " + ("yes" if vnni else "no")]
         src = "" if self.flags_source == "/proc/cpuinfo" else f", flags from {self.flags_source}"
         return f"{self.cpu_model} ({self.cpu_class} class: {', '.join(parts)}{src})"
 
@@ -101,9 +100,12 @@ def _read_cuda() -> dict:
     import torch
 
     # native bf16 only (Ampere+): torch's default also says yes where bf16 is emulated, and slow
-    return {"cuda": True, "cuda_name": torch.cuda.get_device_name(),
-            "cuda_bf16": bool(torch.cuda.is_bf16_supported(including_emulation=False)),
-            "cuda_capability": tuple(torch.cuda.get_device_capability())}
+    return {
+        "cuda": True,
+        "cuda_name": torch.cuda.get_device_name(),
+        "cuda_bf16": bool(torch.cuda.is_bf16_supported(including_emulation=False)),
+        "cuda_capability": tuple(torch.cuda.get_device_capability()),
+    }
 
 
 def read_capabilities(with_cuda: bool = True) -> Capabilities:
@@ -113,8 +115,13 @@ def read_capabilities(with_cuda: bool = True) -> Capabilities:
     forced = os.environ.get("QSERVE_CPU_FLAGS")
     if forced is not None:
         flags, source = frozenset(forced.replace(",", " ").split()), "QSERVE_CPU_FLAGS"
-    return Capabilities(cpu_model=model, cpu_flags=flags, flags_source=source, cores=usable_cores(),
-                        **(_read_cuda() if with_cuda else {}))
+    return Capabilities(
+        cpu_model=model,
+        cpu_flags=flags,
+        flags_source=source,
+        cores=usable_cores(),
+        **(_read_cuda() if with_cuda else {}),
+    )
 
 
 @functools.lru_cache(maxsize=2)
@@ -155,30 +162,38 @@ def cuda_runtime_missing(library: str) -> str | None:
     if library not in CUDA_RUNTIMES:
         raise ValueError(f"no CUDA runtime probe for {library!r}; known: {', '.join(CUDA_RUNTIMES)}")
     if not cuda_available():
-        return "no CUDA GPU is usable here" + (" (QSERVE_FORCE_CPU=1)" if os.environ.get("QSERVE_FORCE_CPU") == "1"
-                                               else "")
+        return "no CUDA GPU is usable here" + (
+            " (QSERVE_FORCE_CPU=1)" if os.environ.get("QSERVE_FORCE_CPU") == "1" else ""
+        )
     try:
         import onnxruntime as ort
     except ImportError as e:
         return f"onnxruntime is not importable ({e})"
     providers = ort.get_available_providers()
     if "CUDAExecutionProvider" not in providers:
-        return (f"onnxruntime {ort.__version__} is the CPU build (providers: {', '.join(providers)}); its CUDA "
-                "provider comes with onnxruntime-gpu instead")
+        return (
+            f"onnxruntime {ort.__version__} is the CPU build (providers: {', '.join(providers)}); its CUDA "
+            "provider comes with onnxruntime-gpu instead"
+        )
     try:
         from onnx import TensorProto, helper
 
         if hasattr(ort, "preload_dlls"):  # the CUDA/cuDNN libraries of the pip nvidia-* packages
             ort.preload_dlls()
-        graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe",
-                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+        graph = helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["y"])],
+            "probe",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         model.ir_version = 8
         session = ort.InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider"])
         if "CUDAExecutionProvider" not in session.get_providers():
-            return (f"onnxruntime-gpu {ort.__version__} lists CUDAExecutionProvider but it did not start (the "
-                    "CUDA/cuDNN libraries it was built for are not found)")
+            return (
+                f"onnxruntime-gpu {ort.__version__} lists CUDAExecutionProvider but it did not start (the "
+                "CUDA/cuDNN libraries it was built for are not found)"
+            )
     except Exception as e:  # noqa: BLE001 - whatever stops the provider is the reason
         return f"onnxruntime {ort.__version__}'s CUDAExecutionProvider failed to start: {type(e).__name__}: {e}"[:400]
     return None
@@ -214,8 +229,12 @@ def cpu_info() -> dict:
     """CPU model and the instruction-set flags that decide our fast paths (as reports record them)."""
     caps = capabilities(with_cuda=False)
     flags = caps.cpu_flags or frozenset()
-    out = {"model": caps.cpu_model, "cores": os.cpu_count(), "flags": [f for f in WANTED_FLAGS if f in flags],
-           "class": caps.cpu_class}
+    out = {
+        "model": caps.cpu_model,
+        "cores": os.cpu_count(),
+        "flags": [f for f in WANTED_FLAGS if f in flags],
+        "class": caps.cpu_class,
+    }
     if caps.flags_source != "/proc/cpuinfo":
         out["flags_source"] = caps.flags_source
     return out

@@ -60,14 +60,22 @@ class Option:
         if value is None and self.defaults.get(variant, 0) is None:
             return None  # None: the library's own default (opset)
         got = _coerce(value, self.kind) if self.coerce else value
-        ok = (isinstance(got, bool) if self.kind is bool
-              else isinstance(got, self.kind) and not isinstance(got, bool) if self.kind is not float
-              else isinstance(got, (int, float)) and not isinstance(got, bool))
+        ok = (
+            isinstance(got, bool)
+            if self.kind is bool
+            else isinstance(got, self.kind) and not isinstance(got, bool)
+            if self.kind is not float
+            else isinstance(got, (int, float)) and not isinstance(got, bool)
+        )
         ok = ok and (not self.choices or got in self.choices) and (self.check is None or bool(self.check(got)))
         if not ok:
-            allowed = self.allowed or (", ".join(map(str, self.choices)) if self.choices else
-                                       {bool: "true or false", int: "an integer", float: "a number",
-                                        str: "a string"}.get(self.kind, self.kind.__name__))
+            allowed = self.allowed or (
+                ", ".join(map(str, self.choices))
+                if self.choices
+                else {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
+                    self.kind, self.kind.__name__
+                )
+            )
             if self.choices and not self.allowed:
                 allowed = "one of " + allowed
             where = f" for {variant}" if not self.coerce else ""
@@ -89,14 +97,34 @@ def _coerce(value: OptionValue, kind: type) -> OptionValue:
     return value
 
 
-def option(defaults: dict[str, OptionValue], help: str = "", *, choices: tuple[OptionValue, ...] = (),
-           metavar: str | None = None, allowed: str = "", note: str = "", check: Callable[[Any], bool] | None = None,
-           coerce: bool = False) -> Any:
+def option(
+    defaults: dict[str, OptionValue],
+    help: str = "",
+    *,
+    choices: tuple[OptionValue, ...] = (),
+    metavar: str | None = None,
+    allowed: str = "",
+    note: str = "",
+    check: Callable[[Any], bool] | None = None,
+    coerce: bool = False,
+) -> Any:
     """A BackendOptions field that is an exporter option (default None: the variant does not understand it, or
     takes `defaults`' value): everything `Option` holds except the key and the kind, which are the field's."""
-    return field(default=None, metadata={_DECLARED: {"defaults": defaults, "help": help, "choices": choices,
-                                                     "metavar": metavar, "allowed": allowed, "note": note,
-                                                     "check": check, "coerce": coerce}})
+    return field(
+        default=None,
+        metadata={
+            _DECLARED: {
+                "defaults": defaults,
+                "help": help,
+                "choices": choices,
+                "metavar": metavar,
+                "allowed": allowed,
+                "note": note,
+                "check": check,
+                "coerce": coerce,
+            }
+        },
+    )
 
 
 def options_of(options_type: type) -> tuple[Option, ...]:
@@ -112,8 +140,10 @@ def options_of(options_type: type) -> tuple[Option, ...]:
             continue
         kinds = [k for k in typing.get_args(hints[f.name]) if k is not type(None)]
         if len(kinds) != 1 or kinds[0] not in (bool, int, float, str):
-            raise TypeError(f"{options_type.__name__}.{f.name}: an option is `bool | None`, `int | None`, "
-                            f"`float | None` or `str | None`, not {hints[f.name]}")
+            raise TypeError(
+                f"{options_type.__name__}.{f.name}: an option is `bool | None`, `int | None`, "
+                f"`float | None` or `str | None`, not {hints[f.name]}"
+            )
         out.append(Option(f.name, kind=kinds[0], **declared))
     _READ[options_type] = tuple(out)
     return _READ[options_type]

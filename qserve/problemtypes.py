@@ -23,11 +23,11 @@ Heavy imports (numpy, torch) happen inside the functions that need them.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
-import re
-import json
 
 import numpy as np
 
@@ -43,8 +43,11 @@ DEFAULT_THRESHOLD = 0.5
 """Sigmoid score at and above which a multi-label label is on (serve --threshold, request `threshold`)."""
 REGRESSION_LABEL = "value"
 """The label name of a regression output (/v1 `label`, the V2 output `value`)."""
-AGREEMENT_METRIC = {SINGLE: "same top label", MULTI: "same on/off per label at 0.5",
-                    REGRESSION: "1 - mean |Δvalue| / label range"}
+AGREEMENT_METRIC = {
+    SINGLE: "same top label",
+    MULTI: "same on/off per label at 0.5",
+    REGRESSION: "1 - mean |Δvalue| / label range",
+}
 
 Label = int | float | tuple[int, ...]
 """One text's target: a class id (single), the sorted ids of its labels (multi) or a number (regression)."""
@@ -86,6 +89,7 @@ def check_threshold(value: Any, field: str = "--threshold") -> float:
 
 # -- scores and predictions (numpy) ---------------------------------------------------------------
 
+
 def scores(logits: Any, problem: str, temperature: float | None = None) -> Any:
     """Logits [n, k] -> float32 scores: softmax rows (single), a sigmoid per label (multi), the values (regression).
     `temperature` (a calibrated single-label variant's, from its manifest): the softmax of logits / T; None leaves
@@ -116,6 +120,7 @@ def predictions(rows: Any, problem: str, threshold: float | Sequence[float] = DE
 
 # -- metrics and agreement (pure Python: the bench parent has no numpy) ---------------------------
 
+
 def value_range(values: Sequence[Any]) -> float | None:
     """max - min over regression targets or outputs (lists flattened); None when empty or constant."""
     flat = [float(x) for v in values for x in (v if isinstance(v, (list, tuple)) else [v])]
@@ -123,8 +128,9 @@ def value_range(values: Sequence[Any]) -> float | None:
     return span if span > 0 else None
 
 
-def agreement(preds: list[Any] | None, ref: list[Any] | None, problem: str = SINGLE,
-              span: float | None = None) -> float | None:
+def agreement(
+    preds: list[Any] | None, ref: list[Any] | None, problem: str = SINGLE, span: float | None = None
+) -> float | None:
     """Agreement of `preds` with the reference's, text by text (None unless both cover the same texts).
 
     single: share of equal top labels; multi: share of equal on/off flags over every (text, label);
@@ -175,6 +181,7 @@ def target(label: Label, problem: str, num_labels: int) -> int | list[float]:
 
 
 # -- training (torch) -----------------------------------------------------------------------------
+
 
 def loss(logits: Any, labels: Any, problem: str, reduction: str = "mean") -> Any:
     """The loss HF's *ForSequenceClassification computes for this problem type (in fp32): cross-entropy,
@@ -260,8 +267,9 @@ def infer(values: Sequence[Any], csv: bool = False) -> str:
     return SINGLE
 
 
-def local_labels(path: Any, rows: Sequence[tuple[int, Any, Any]], problem: str,
-                 where: str) -> tuple[list[str], list[Label]]:
+def local_labels(
+    path: Any, rows: Sequence[tuple[int, Any, Any]], problem: str, where: str
+) -> tuple[list[str], list[Label]]:
     """(label names, per-row targets) of a multi-label or regression file; errors name the file and row.
 
     multi: each label a list of names (or of integer ids 0..K-1; a bare label counts as a list of one),
@@ -272,8 +280,9 @@ def local_labels(path: Any, rows: Sequence[tuple[int, Any, Any]], problem: str,
         for n, _, lab in rows:
             v = _cell(lab, csv)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise QserveError(f"{path}, {where} {n}: label {lab!r} is not a finite number "
-                                  "(--problem-type regression)")
+                raise QserveError(
+                    f"{path}, {where} {n}: label {lab!r} is not a finite number (--problem-type regression)"
+                )
             out.append(float(v))
         return [REGRESSION_LABEL], out
     sets: list[list[Any]] = []
@@ -282,10 +291,16 @@ def local_labels(path: Any, rows: Sequence[tuple[int, Any, Any]], problem: str,
         v = _cell(lab, csv)
         items = v if isinstance(v, list) else [v]
         for x in items:
-            if isinstance(x, bool) or not isinstance(x, (int, str)) or (isinstance(x, str) and not x.strip()) or (
-                    isinstance(x, int) and x < 0):
-                raise QserveError(f"{path}, {where} {n}: label {lab!r}: each label of a multi-label row must be a "
-                                  "class name or an integer id >= 0")
+            if (
+                isinstance(x, bool)
+                or not isinstance(x, (int, str))
+                or (isinstance(x, str) and not x.strip())
+                or (isinstance(x, int) and x < 0)
+            ):
+                raise QserveError(
+                    f"{path}, {where} {n}: label {lab!r}: each label of a multi-label row must be a "
+                    "class name or an integer id >= 0"
+                )
             kinds.add(type(x).__name__)
         if len(kinds) > 1:
             raise QserveError(f"{path}, {where} {n}: label {lab!r} mixes integer and string labels; use one kind")
@@ -297,8 +312,9 @@ def local_labels(path: Any, rows: Sequence[tuple[int, Any, Any]], problem: str,
         names = sorted({x for s in sets for x in s})
         index = {x: i for i, x in enumerate(names)}
     if len(names) < 2:
-        raise QserveError(f"{path}: the rows name {len(names)} label(s) ({names}); a multi-label classifier needs "
-                          "at least two")
+        raise QserveError(
+            f"{path}: the rows name {len(names)} label(s) ({names}); a multi-label classifier needs at least two"
+        )
     return names, [tuple(sorted({index[x] for x in s})) for s in sets]
 
 

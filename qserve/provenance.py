@@ -78,8 +78,10 @@ def md_line(prov: Provenance | None) -> str:
     """One markdown line for the report's header (empty when the report has no provenance)."""
     if not prov:
         return ""
-    line = (f"Produced by `{prov.get('command', 'unknown')}` at commit `{prov.get('commit', 'unknown')}` "
-            f"on {prov.get('cpu', 'unknown')}, AMX {'yes' if prov.get('amx') else 'no'}.")
+    line = (
+        f"Produced by `{prov.get('command', 'unknown')}` at commit `{prov.get('commit', 'unknown')}` "
+        f"on {prov.get('cpu', 'unknown')}, AMX {'yes' if prov.get('amx') else 'no'}."
+    )
     return line + (f" {prov['note']}" if prov.get("note") else "")
 
 
@@ -91,7 +93,7 @@ def with_header(md: str, prov: Provenance | None) -> str:
     lines = md.split("\n")
     for i, text in enumerate(lines):
         if text.startswith("# "):
-            return "\n".join(lines[: i + 1] + ["", line] + lines[i + 1:])
+            return "\n".join(lines[: i + 1] + ["", line] + lines[i + 1 :])
     return "\n".join([line, ""] + lines)
 
 

@@ -37,8 +37,10 @@ PROBE_PAIRS = [
     ("A man is playing a guitar on stage.", "The stage is empty."),
     ("The film won three awards.", "The film was a commercial failure."),
     ("ok", "fine"),
-    ("The cinematography is gorgeous but the script is lazy and the ending is predictable. " * 12,
-     "The reviewer liked the pictures."),
+    (
+        "The cinematography is gorgeous but the script is lazy and the ending is predictable. " * 12,
+        "The reviewer liked the pictures.",
+    ),
     ("Two dogs run through the snow.", "Animals are outside. " * 40),
     ("She bought a red car yesterday.", "She owns a car."),
     ("Worst movie of the year. Avoid.", "The reviewer recommends the movie."),
@@ -64,8 +66,9 @@ def split_pairs(tokenizer: Any, texts: Sequence[str], pairs: Sequence[str], max_
     tokens = [len(r) for r in ids]
     long = [i for i, n in enumerate(tokens) if n > max_length]
     if long:  # only these are cut, by the tokenizer itself (its tie-breaking is the model's training)
-        cut = tokenizer([texts[i] for i in long], [pairs[i] for i in long], truncation="longest_first",
-                        max_length=max_length, **kw)
+        cut = tokenizer(
+            [texts[i] for i in long], [pairs[i] for i in long], truncation="longest_first", max_length=max_length, **kw
+        )
         for j, i in enumerate(long):
             ids[i] = list(cut["input_ids"][j])
             if types is not None:

@@ -42,8 +42,9 @@ def valid_combinations() -> str:
     return ", ".join(f"--bits {s.bits} --backend {s.backend} --dtype {s.dtype} ({s.name})" for s in VARIANTS.values())
 
 
-def resolve(bits: int, backend: str | None = None, dtype: str | None = None, device: str = "cpu",
-            check_device: bool = True) -> VariantSpec:
+def resolve(
+    bits: int, backend: str | None = None, dtype: str | None = None, device: str = "cpu", check_device: bool = True
+) -> VariantSpec:
     """Pick the variant for `--bits/--backend/--dtype`; an impossible mix names the valid ones. `device` picks the
     default backend for the bits; check_device: a variant without kernels for it is an error (False: placed
     later, qserve.placement, as --device auto does)."""
@@ -57,7 +58,8 @@ def resolve(bits: int, backend: str | None = None, dtype: str | None = None, dev
         spec = VARIANTS[DEFAULT_FOR_BITS["cuda" if device.startswith("cuda") else "cpu"][bits]]
     else:
         matches = [
-            s for s in VARIANTS.values()
+            s
+            for s in VARIANTS.values()
             if s.bits == bits and (backend is None or s.backend == backend) and (dtype is None or s.dtype == dtype)
         ]
         if not matches:
@@ -69,8 +71,10 @@ def resolve(bits: int, backend: str | None = None, dtype: str | None = None, dev
             )
         spec = matches[0]
     if check_device and device.startswith("cuda") and not spec.cuda:
-        raise QserveError(f"{spec.name} has no CUDA kernels; on CUDA use one of: "
-                          + ", ".join(s.name for s in VARIANTS.values() if s.cuda))
+        raise QserveError(
+            f"{spec.name} has no CUDA kernels; on CUDA use one of: "
+            + ", ".join(s.name for s in VARIANTS.values() if s.cuda)
+        )
     return spec
 
 
@@ -85,8 +89,10 @@ def off_fast_path(spec: VariantSpec, device: str = "cpu", caps: Capabilities | N
     lacking = caps.missing(spec.cpu_needs)
     if not lacking:
         return None
-    return (f"{spec.name} needs {' and '.join(NEEDS_TEXT[f] for f in lacking)} for its fast path; this CPU "
-            f"({caps.cpu_class} class) has none, so it would run emulated or on a slow fallback, slower than fp32")
+    return (
+        f"{spec.name} needs {' and '.join(NEEDS_TEXT[f] for f in lacking)} for its fast path; this CPU "
+        f"({caps.cpu_class} class) has none, so it would run emulated or on a slow fallback, slower than fp32"
+    )
 
 
 def supported(device: str = "cpu", include_slow: bool = False, caps: Capabilities | None = None) -> list[VariantSpec]:

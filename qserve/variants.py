@@ -138,8 +138,11 @@ _CALIBRATION = "training texts that calibrate"
 
 def _samples(purpose: str) -> dict[str, Any]:
     """calibration_samples' rule (every calibrating backend): 1 to 1024 training texts."""
-    return {"allowed": "an integer from 1 to 1024", "note": f"{_CALIBRATION} {purpose}",
-            "check": lambda v: 1 <= v <= 1024}
+    return {
+        "allowed": "an integer from 1 to 1024",
+        "note": f"{_CALIBRATION} {purpose}",
+        "check": lambda v: 1 <= v <= 1024,
+    }
 
 
 @dataclass(frozen=True)
@@ -150,58 +153,94 @@ class TorchOptions(BackendOptions):
 @dataclass(frozen=True)
 class BnbOptions(BackendOptions):
     llm_int8_threshold: float | None = option(
-        {"bnb-int8": 6.0}, "LLM.int8 activation outlier threshold (0 turns the fp16 outlier path off)",
-        allowed="a number >= 0", check=lambda v: v >= 0, coerce=True)
-    double_quant: bool | None = option({"bnb-nf4": False, "bnb-fp4": False}, "quantize the 4-bit block scales too",
-                                       coerce=True)
+        {"bnb-int8": 6.0},
+        "LLM.int8 activation outlier threshold (0 turns the fp16 outlier path off)",
+        allowed="a number >= 0",
+        check=lambda v: v >= 0,
+        coerce=True,
+    )
+    double_quant: bool | None = option(
+        {"bnb-nf4": False, "bnb-fp4": False}, "quantize the 4-bit block scales too", coerce=True
+    )
     # on for fp4, where it lifts agreement with fp32; off for nf4, where it changed nothing beyond noise
     clip: bool | None = option(
-        {"bnb-nf4": False, "bnb-fp4": True}, "clip each 64-weight block to the range that minimises its output "
-        "error on calibration texts before quantizing (exporters.clipping)", coerce=True)
-    calibration_samples: int | None = option({"bnb-nf4": 64, "bnb-fp4": 64}, f"{_CALIBRATION} the clipping",
-                                             **_samples("the weight clipping"))
+        {"bnb-nf4": False, "bnb-fp4": True},
+        "clip each 64-weight block to the range that minimises its output "
+        "error on calibration texts before quantizing (exporters.clipping)",
+        coerce=True,
+    )
+    calibration_samples: int | None = option(
+        {"bnb-nf4": 64, "bnb-fp4": 64}, f"{_CALIBRATION} the clipping", **_samples("the weight clipping")
+    )
 
 
 @dataclass(frozen=True)
 class OnnxOptions(BackendOptions):
-    opset: int | None = option({"onnx-fp32": None, "onnx-fp16": None, "onnx-int8": None, "onnx-int4": None},
-                               allowed="an integer from 14 to 21", check=lambda v: 14 <= v <= 21)
+    opset: int | None = option(
+        {"onnx-fp32": None, "onnx-fp16": None, "onnx-int8": None, "onnx-int4": None},
+        allowed="an integer from 14 to 21",
+        check=lambda v: 14 <= v <= 21,
+    )
     per_channel: bool | None = option({"onnx-int8": True}, "one weight scale per output channel")
     reduce_range: bool | None = option({"onnx-int8": False})
     optimize: bool | None = option({"onnx-int8": False})
     # None: measured per export (exporters.onnx.quantize_int8): it helps with VNNI and hurt on AVX2
     smooth: bool | None = option(
-        {"onnx-int8": None}, "smooth activation outliers into the weights before quantizing (exporters.smoothing); "
-        "unset: both graphs are built and the one closer to fp32 on held-out training texts is kept")
+        {"onnx-int8": None},
+        "smooth activation outliers into the weights before quantizing (exporters.smoothing); "
+        "unset: both graphs are built and the one closer to fp32 on held-out training texts is kept",
+    )
     correct_bias: bool | None = option(
-        {"onnx-int8": True}, "take the mean int8-vs-fp32 logit shift on calibration texts out of the output bias")
-    calibration_samples: int | None = option({"onnx-int8": 64}, f"{_CALIBRATION} the smoothing and bias correction",
-                                             **_samples("the smoothing and the bias correction"))
+        {"onnx-int8": True}, "take the mean int8-vs-fp32 logit shift on calibration texts out of the output bias"
+    )
+    calibration_samples: int | None = option(
+        {"onnx-int8": 64},
+        f"{_CALIBRATION} the smoothing and bias correction",
+        **_samples("the smoothing and the bias correction"),
+    )
     keep_fp32: str | None = option(
-        {"onnx-int8": ""}, "comma-separated parts of MatMul node names to leave in fp32, e.g. "
-        "'layer.0/ffn/lin2,layer.1/ffn/lin2' (more accurate, larger, slower)", metavar="PATTERNS",
-        allowed="a comma-separated string of MatMul node-name parts, e.g. 'layer.0/ffn/lin2'")
+        {"onnx-int8": ""},
+        "comma-separated parts of MatMul node names to leave in fp32, e.g. "
+        "'layer.0/ffn/lin2,layer.1/ffn/lin2' (more accurate, larger, slower)",
+        metavar="PATTERNS",
+        allowed="a comma-separated string of MatMul node-name parts, e.g. 'layer.0/ffn/lin2'",
+    )
     activation_scales: str | None = option(
-        {"onnx-int8": "per-tensor"}, "per-tensor: ORT dynamic quantization, one activation scale per batch (the "
+        {"onnx-int8": "per-tensor"},
+        "per-tensor: ORT dynamic quantization, one activation scale per batch (the "
         "runtime runs it row by row); per-row: each token row its own scale in the graph, rows independent when "
-        "batched", choices=("per-tensor", "per-row"))
+        "batched",
+        choices=("per-tensor", "per-row"),
+    )
     row_by_row: bool | None = option(
-        {"onnx-int8": True}, "with per-tensor scales the runtime runs batches row by row (one text, one answer); "
-        "--no-row-by-row records that it forwards them as one batch (answers move with batchmates)")
+        {"onnx-int8": True},
+        "with per-tensor scales the runtime runs batches row by row (one text, one answer); "
+        "--no-row-by-row records that it forwards them as one batch (answers move with batchmates)",
+    )
     calibrate_alone: bool | None = option({"onnx-int8": False})
-    block_size: int | None = option({"onnx-int4": 32}, "quantization block size",
-                                    allowed="a power of two >= 16, e.g. 32, 64, 128",
-                                    check=lambda v: v >= 16 and not v & (v - 1))
-    accuracy_level: int | None = option({"onnx-int4": 4}, "MatMulNBits accuracy_level (4 = int8 compute, the CPU "
-                                        "fast path)", choices=(0, 1, 2, 3, 4), note="4 = int8 compute, the CPU fast path")
+    block_size: int | None = option(
+        {"onnx-int4": 32},
+        "quantization block size",
+        allowed="a power of two >= 16, e.g. 32, 64, 128",
+        check=lambda v: v >= 16 and not v & (v - 1),
+    )
+    accuracy_level: int | None = option(
+        {"onnx-int4": 4},
+        "MatMulNBits accuracy_level (4 = int8 compute, the CPU fast path)",
+        choices=(0, 1, 2, 3, 4),
+        note="4 = int8 compute, the CPU fast path",
+    )
     symmetric: bool | None = option({"onnx-int4": False})
     quantize_embeddings: bool | None = option({"onnx-int4": False}, "also quantize the word-embedding Gather to 4 bits")
 
     @classmethod
     def resolve(cls, name: str, given: dict[str, Any] | None = None) -> OnnxOptions:
         given = dict(given or {})
-        if merge_options(name, given).get("optimize") is True and "smooth" not in given and \
-                "smooth" in option_defaults(name):
+        if (
+            merge_options(name, given).get("optimize") is True
+            and "smooth" not in given
+            and "smooth" in option_defaults(name)
+        ):
             # The smoothing Mul sits between each LayerNorm and its q/k/v MatMuls, which is exactly
             # the pattern ORT's attention fusion matches: asking for the fused graph turns it off.
             given["smooth"] = False
@@ -210,18 +249,26 @@ class OnnxOptions(BackendOptions):
     def _check(self, given: dict[str, Any]) -> None:
         name = self.variant
         if self.optimize is True and self.smooth is True:
-            raise QserveError(f"options optimize and smooth for {name} exclude each other (the smoothing Mul blocks "
-                              "ORT's attention fusion); drop smooth=true, or set optimize=false")
+            raise QserveError(
+                f"options optimize and smooth for {name} exclude each other (the smoothing Mul blocks "
+                "ORT's attention fusion); drop smooth=true, or set optimize=false"
+            )
         if self.activation_scales == "per-row" and self.row_by_row is False:
-            raise QserveError(f"option row_by_row=false for {name} applies to activation_scales=per-tensor only (a "
-                              "per-row graph's rows are independent in one batched forward); drop it")
+            raise QserveError(
+                f"option row_by_row=false for {name} applies to activation_scales=per-tensor only (a "
+                "per-row graph's rows are independent in one batched forward); drop it"
+            )
         if self.activation_scales == "per-row" and (not self.per_channel or self.reduce_range or self.optimize):
-            raise QserveError(f"option activation_scales=per-row for {name} quantizes weights per channel over the "
-                              "full int8 range and rewrites plain MatMuls only: drop per_channel=false, "
-                              "reduce_range=true and optimize=true, or use activation_scales=per-tensor")
+            raise QserveError(
+                f"option activation_scales=per-row for {name} quantizes weights per channel over the "
+                "full int8 range and rewrites plain MatMuls only: drop per_channel=false, "
+                "reduce_range=true and optimize=true, or use activation_scales=per-tensor"
+            )
         if self.quantize_embeddings and self.opset not in (None, 21):
-            raise QserveError(f"option quantize_embeddings for {name} needs opset 21 (4-bit Gather weights are an "
-                              f"opset-21 type); drop opset or set it to 21 (got {self.opset!r})")
+            raise QserveError(
+                f"option quantize_embeddings for {name} needs opset 21 (4-bit Gather weights are an "
+                f"opset-21 type); drop opset or set it to 21 (got {self.opset!r})"
+            )
 
 
 OV_FP32 = "f32"
@@ -230,11 +277,17 @@ OV_FP32 = "f32"
 
 @dataclass(frozen=True)
 class OpenVINOOptions(BackendOptions):
-    calibration_samples: int | None = option({"ov-int8": 300}, f"{_CALIBRATION} NNCF's quantization",
-                                             **_samples("NNCF's activation ranges, SmoothQuant and bias correction"))
+    calibration_samples: int | None = option(
+        {"ov-int8": 300},
+        f"{_CALIBRATION} NNCF's quantization",
+        **_samples("NNCF's activation ranges, SmoothQuant and bias correction"),
+    )
     inference_precision: str | None = option(
-        {"ov-int8": OV_FP32}, "precision of the ops NNCF leaves unquantized (bf16 needs avx512_bf16 or AMX)",
-        choices=(OV_FP32, "bf16"), allowed=f"{OV_FP32} or bf16")
+        {"ov-int8": OV_FP32},
+        "precision of the ops NNCF leaves unquantized (bf16 needs avx512_bf16 or AMX)",
+        choices=(OV_FP32, "bf16"),
+        allowed=f"{OV_FP32} or bf16",
+    )
 
 
 def openvino_precision(spec: VariantSpec, option: str | None) -> str:
@@ -242,44 +295,76 @@ def openvino_precision(spec: VariantSpec, option: str | None) -> str:
     inference_precision `option` (ov-int8's), else fp32 (OV_FP32)."""
     return "bf16" if spec.dtype == "bf16" else (option or OV_FP32)
 
-REGISTRY: dict[str, Backend] = {b.name: b for b in (
-    Backend(
-        "torch", "exporters.torch_dtype:build", "qserve.runtime.torch_rt:TorchRuntime",
-        (VariantSpec("torch-fp32", "torch", 32, "fp32", tolerance=1e-3, default_for=("cuda",)),
-         VariantSpec("torch-bf16", "torch", 16, "bf16", tolerance=1.5e-1, default_for=("cpu",), cpu_needs=("bf16",)),
-         # fp16 matmuls on CPU have no fast kernel: exportable and loadable there, but `--all` skips it.
-         VariantSpec("torch-fp16", "torch", 16, "fp16", tolerance=5e-2, default_for=("cuda",), slow_on=("cpu",))),
-        libraries=("torch", "transformers.models.auto.modeling_auto"), options_type=TorchOptions),
-    Backend(
-        "bnb", "exporters.bnb:build", "qserve.runtime.torch_rt:TorchRuntime",
-        # On CPU, LLM.int8 multiplies in int8 (VNNI's kernel) and the 4-bit layers dequantize into bf16 matmuls.
-        (VariantSpec("bnb-int8", "bnb", 8, "int8", tolerance=5e-1, default_for=("cuda",), cpu_needs=("vnni",)),
-         VariantSpec("bnb-nf4", "bnb", 4, "nf4", tolerance=1.0, default_for=("cuda",), cpu_needs=("bf16",)),
-         VariantSpec("bnb-fp4", "bnb", 4, "fp4", tolerance=1.5, cpu_needs=("bf16",))),
-        libraries=("torch", "transformers.models.auto.modeling_auto", "bitsandbytes"), needs=("bitsandbytes", "accelerate"),
-        install="pip install bitsandbytes==0.50.2 accelerate", options_type=BnbOptions),
-    Backend(
-        "onnx", "exporters.onnx:build", "qserve.runtime.onnx_rt:OnnxRuntime",
-        (VariantSpec("onnx-fp32", "onnx", 32, "fp32", tolerance=1e-3, default_for=("cpu",)),
-         VariantSpec("onnx-fp16", "onnx", 16, "fp16", tolerance=5e-2),
-         # dynamic int8 has no CUDA kernels in ORT's CUDA EP: CPU only.
-         VariantSpec("onnx-int8", "onnx", 8, "int8", cuda=False, tolerance=5e-1, default_for=("cpu",)),
-         VariantSpec("onnx-int4", "onnx", 4, "int4", tolerance=1.0, default_for=("cpu",))),
-        libraries=("onnxruntime",), needs=("onnxruntime", "onnx"),
-        install="pip install 'qserve[cpu]' (or 'qserve[gpu]' for CUDA)",
-        cuda_install="pip uninstall -y onnxruntime && pip install 'qserve[gpu]'", options_type=OnnxOptions,
-        cuda_runtime="onnxruntime"),
-    Backend(
-        # OpenVINO's CPU plugin: CPU only. ov-bf16 is the fp32 IR compiled with the bf16
-        # inference-precision hint; ov-int8 is NNCF post-training quantization.
-        "openvino", "exporters.openvino:build", "qserve.runtime.openvino_rt:OpenVINORuntime",
-        (VariantSpec("ov-fp32", "openvino", 32, "fp32", cuda=False, tolerance=1e-3),
-         VariantSpec("ov-bf16", "openvino", 16, "bf16", cuda=False, tolerance=1.5e-1, cpu_needs=("bf16",)),
-         # without VNNI, OpenVINO's int8 kernels measured slower than its fp32 ones (docs/measurements.md)
-         VariantSpec("ov-int8", "openvino", 8, "int8", cuda=False, tolerance=5e-1, cpu_needs=("vnni",))),
-        needs=("openvino", "nncf", "optimum"), install="pip install 'qserve[openvino]'",
-        options_type=OpenVINOOptions),
-)}
+
+REGISTRY: dict[str, Backend] = {
+    b.name: b
+    for b in (
+        Backend(
+            "torch",
+            "exporters.torch_dtype:build",
+            "qserve.runtime.torch_rt:TorchRuntime",
+            (
+                VariantSpec("torch-fp32", "torch", 32, "fp32", tolerance=1e-3, default_for=("cuda",)),
+                VariantSpec(
+                    "torch-bf16", "torch", 16, "bf16", tolerance=1.5e-1, default_for=("cpu",), cpu_needs=("bf16",)
+                ),
+                # fp16 matmuls on CPU have no fast kernel: exportable and loadable there, but `--all` skips it.
+                VariantSpec("torch-fp16", "torch", 16, "fp16", tolerance=5e-2, default_for=("cuda",), slow_on=("cpu",)),
+            ),
+            libraries=("torch", "transformers.models.auto.modeling_auto"),
+            options_type=TorchOptions,
+        ),
+        Backend(
+            "bnb",
+            "exporters.bnb:build",
+            "qserve.runtime.torch_rt:TorchRuntime",
+            # On CPU, LLM.int8 multiplies in int8 (VNNI's kernel) and the 4-bit layers dequantize into bf16 matmuls.
+            (
+                VariantSpec("bnb-int8", "bnb", 8, "int8", tolerance=5e-1, default_for=("cuda",), cpu_needs=("vnni",)),
+                VariantSpec("bnb-nf4", "bnb", 4, "nf4", tolerance=1.0, default_for=("cuda",), cpu_needs=("bf16",)),
+                VariantSpec("bnb-fp4", "bnb", 4, "fp4", tolerance=1.5, cpu_needs=("bf16",)),
+            ),
+            libraries=("torch", "transformers.models.auto.modeling_auto", "bitsandbytes"),
+            needs=("bitsandbytes", "accelerate"),
+            install="pip install bitsandbytes==0.50.2 accelerate",
+            options_type=BnbOptions,
+        ),
+        Backend(
+            "onnx",
+            "exporters.onnx:build",
+            "qserve.runtime.onnx_rt:OnnxRuntime",
+            (
+                VariantSpec("onnx-fp32", "onnx", 32, "fp32", tolerance=1e-3, default_for=("cpu",)),
+                VariantSpec("onnx-fp16", "onnx", 16, "fp16", tolerance=5e-2),
+                # dynamic int8 has no CUDA kernels in ORT's CUDA EP: CPU only.
+                VariantSpec("onnx-int8", "onnx", 8, "int8", cuda=False, tolerance=5e-1, default_for=("cpu",)),
+                VariantSpec("onnx-int4", "onnx", 4, "int4", tolerance=1.0, default_for=("cpu",)),
+            ),
+            libraries=("onnxruntime",),
+            needs=("onnxruntime", "onnx"),
+            install="pip install 'qserve[cpu]' (or 'qserve[gpu]' for CUDA)",
+            cuda_install="pip uninstall -y onnxruntime && pip install 'qserve[gpu]'",
+            options_type=OnnxOptions,
+            cuda_runtime="onnxruntime",
+        ),
+        Backend(
+            # OpenVINO's CPU plugin: CPU only. ov-bf16 is the fp32 IR compiled with the bf16
+            # inference-precision hint; ov-int8 is NNCF post-training quantization.
+            "openvino",
+            "exporters.openvino:build",
+            "qserve.runtime.openvino_rt:OpenVINORuntime",
+            (
+                VariantSpec("ov-fp32", "openvino", 32, "fp32", cuda=False, tolerance=1e-3),
+                VariantSpec("ov-bf16", "openvino", 16, "bf16", cuda=False, tolerance=1.5e-1, cpu_needs=("bf16",)),
+                # without VNNI, OpenVINO's int8 kernels measured slower than its fp32 ones (docs/measurements.md)
+                VariantSpec("ov-int8", "openvino", 8, "int8", cuda=False, tolerance=5e-1, cpu_needs=("vnni",)),
+            ),
+            needs=("openvino", "nncf", "optimum"),
+            install="pip install 'qserve[openvino]'",
+            options_type=OpenVINOOptions,
+        ),
+    )
+}
 
 VARIANTS: dict[str, VariantSpec] = {s.name: s for b in REGISTRY.values() for s in b.variants}
 
@@ -288,8 +373,9 @@ VARIANTS: dict[str, VariantSpec] = {s.name: s for b in REGISTRY.values() for s i
 # any work, so `qserve export` answers "<variant> unsupported for <arch>: <reason>" at once and `--all` and the
 # pipeline step over it. Every cell not listed exports, loads, passes parity and serves for each architecture
 # in qserve.modeling.ARCHITECTURES (tests/integration/test_byo_matrix.py; docs/byo-matrix.md is its result). None yet.
-UNSUPPORTED: dict[tuple[str, str], str] = {(s.name, arch): why for s in VARIANTS.values()
-                                           for arch, why in s.unsupported.items()}
+UNSUPPORTED: dict[tuple[str, str], str] = {
+    (s.name, arch): why for s in VARIANTS.values() for arch, why in s.unsupported.items()
+}
 
 
 class UnsupportedVariant(QserveError):
@@ -315,9 +401,7 @@ def get_spec(name: str) -> VariantSpec:
     try:
         return VARIANTS[name]
     except KeyError:
-        raise QserveError(
-            f"unknown variant {name!r}; known variants: {', '.join(VARIANTS)}"
-        ) from None
+        raise QserveError(f"unknown variant {name!r}; known variants: {', '.join(VARIANTS)}") from None
 
 
 def backend_of(name: str) -> Backend:
@@ -333,8 +417,9 @@ def load_target(target: str, backend: Backend) -> object:
     except ImportError as e:
         names = ", ".join(s.name for s in backend.variants)
         hint = f"; {backend.install}" if backend.install else ""
-        raise QserveError(f"the {backend.name} backend ({names}) is unavailable: importing {module} failed "
-                          f"({e}){hint}") from e
+        raise QserveError(
+            f"the {backend.name} backend ({names}) is unavailable: importing {module} failed ({e}){hint}"
+        ) from e
 
 
 def option_defaults(name: str) -> dict[str, OptionValue]:

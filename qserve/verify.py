@@ -18,8 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
-from qserve.artifact import (ALLOW_EXTRA_HINT, DIGEST_KEY, MANIFEST, Manifest, VariantError, manifest_digest,
-                             read_model_meta, read_raw)
+from qserve.artifact import (
+    ALLOW_EXTRA_HINT,
+    DIGEST_KEY,
+    MANIFEST,
+    Manifest,
+    VariantError,
+    manifest_digest,
+    read_model_meta,
+    read_raw,
+)
 from qserve.files import sha256_file
 from qserve.longtext import LongTextError, resolve
 from qserve.problemtypes import from_config
@@ -39,23 +47,35 @@ def verify(root: Path, check_hashes: bool = True, allow_extra_files: bool = Fals
     path = root / MANIFEST
     recorded = raw.get(DIGEST_KEY)
     if recorded is not None and recorded != manifest_digest(raw):
-        raise VariantError(f"{path} was edited after export: its content no longer matches its recorded "
-                           f"{DIGEST_KEY}. Fields such as labels, max_length and spec change every answer, so an "
-                           "edited manifest is refused; re-export the variant (`qserve export ... --force`)")
+        raise VariantError(
+            f"{path} was edited after export: its content no longer matches its recorded "
+            f"{DIGEST_KEY}. Fields such as labels, max_length and spec change every answer, so an "
+            "edited manifest is refused; re-export the variant (`qserve export ... --force`)"
+        )
     data = Manifest.from_json(raw, path)
     if recorded is None:
-        log.warning("%s has no %s (written before qserve recorded one): labels and max_length are "
-                    "cross-checked against the variant's files, its other fields are unverified; re-export "
-                    "the variant to seal it", path, DIGEST_KEY)
+        log.warning(
+            "%s has no %s (written before qserve recorded one): labels and max_length are "
+            "cross-checked against the variant's files, its other fields are unverified; re-export "
+            "the variant to seal it",
+            path,
+            DIGEST_KEY,
+        )
     extra = sorted(rel for rel in _files_on_disk(root) if rel not in data.files)
     if extra:
         shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
         if not allow_extra_files:
-            raise VariantError(f"{root} holds {len(extra)} file(s) its manifest does not list: {shown}. A variant "
-                               "holds exactly the files it was exported with; remove them, or pass "
-                               f"{ALLOW_EXTRA_HINT} to load it anyway")
-        log.warning("%s: ignoring %d file(s) the manifest does not list (allowed by --allow-extra-files): %s",
-                    root, len(extra), shown)
+            raise VariantError(
+                f"{root} holds {len(extra)} file(s) its manifest does not list: {shown}. A variant "
+                "holds exactly the files it was exported with; remove them, or pass "
+                f"{ALLOW_EXTRA_HINT} to load it anyway"
+            )
+        log.warning(
+            "%s: ignoring %d file(s) the manifest does not list (allowed by --allow-extra-files): %s",
+            root,
+            len(extra),
+            shown,
+        )
     for rel, info in data.files.items():
         p = root / rel
         if not p.is_file():
@@ -97,28 +117,35 @@ def _cross_check(root: Path, data: Manifest) -> None:
             except KeyError:
                 from_config = None
             if from_config is not None and from_config != labels:
-                raise VariantError(f"{path} says labels {labels} but the hashed config.json maps ids to "
-                                   f"{from_config}: the manifest was edited; re-export the variant")
+                raise VariantError(
+                    f"{path} says labels {labels} but the hashed config.json maps ids to "
+                    f"{from_config}: the manifest was edited; re-export the variant"
+                )
         _check_problem_type(path, data, config)
         positions = config.get("max_position_embeddings")
         if isinstance(positions, int) and max_length > positions:
-            raise VariantError(f"{path} says max_length {max_length} but the model has only {positions} "
-                               "positions (config.json): the manifest was edited; re-export the variant")
+            raise VariantError(
+                f"{path} says max_length {max_length} but the model has only {positions} "
+                "positions (config.json): the manifest was edited; re-export the variant"
+            )
     policy = data.long_text
     if policy is not None:  # absent: a variant from before the policy was recorded, served as head
-
         try:
             full = str(resolve(policy, max_length, "long_text"))
         except LongTextError as e:
             raise VariantError(f"{path}: {e}") from None
         if full != policy:
-            raise VariantError(f"{path}: long_text {policy!r} is not written out in full ({full!r}); "
-                               "the manifest was edited; re-export the variant")
+            raise VariantError(
+                f"{path}: long_text {policy!r} is not written out in full ({full!r}); "
+                "the manifest was edited; re-export the variant"
+            )
     if "qserve_model.json" in data.files:
         meta = read_model_meta(root)
         if meta is not None and meta.max_length is not None and meta.max_length != max_length:
-            raise VariantError(f"{path} says max_length {max_length} but the hashed qserve_model.json says "
-                               f"{meta.max_length}: the manifest was edited; re-export the variant")
+            raise VariantError(
+                f"{path} says max_length {max_length} but the hashed qserve_model.json says "
+                f"{meta.max_length}: the manifest was edited; re-export the variant"
+            )
 
 
 def _check_problem_type(path: Path, data: Manifest, config: dict[str, Any]) -> None:
@@ -132,5 +159,7 @@ def _check_problem_type(path: Path, data: Manifest, config: dict[str, Any]) -> N
     except QserveError as e:
         raise VariantError(f"{path.parent / 'config.json'}: {e}") from None
     if from_cfg != recorded:
-        raise VariantError(f"{path} says problem_type {recorded!r} but the hashed config.json reads as "
-                           f"{from_cfg!r}: the manifest was edited; re-export the variant")
+        raise VariantError(
+            f"{path} says problem_type {recorded!r} but the hashed config.json reads as "
+            f"{from_cfg!r}: the manifest was edited; re-export the variant"
+        )

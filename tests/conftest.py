@@ -28,10 +28,17 @@ def build_tiny_checkpoint(out: Path, seed: int = 0, num_labels: int = 2) -> Path
 
     torch.manual_seed(seed)
     tok = default_tokenizer()
-    cfg = DistilBertConfig(vocab_size=tok.vocab_size, dim=32, n_layers=2, n_heads=2, hidden_dim=64,
-                           max_position_embeddings=128, num_labels=num_labels,
-                           id2label={i: ["negative", "positive", "neutral"][i] for i in range(num_labels)},
-                           label2id={["negative", "positive", "neutral"][i]: i for i in range(num_labels)})
+    cfg = DistilBertConfig(
+        vocab_size=tok.vocab_size,
+        dim=32,
+        n_layers=2,
+        n_heads=2,
+        hidden_dim=64,
+        max_position_embeddings=128,
+        num_labels=num_labels,
+        id2label={i: ["negative", "positive", "neutral"][i] for i in range(num_labels)},
+        label2id={["negative", "positive", "neutral"][i]: i for i in range(num_labels)},
+    )
     model = DistilBertForSequenceClassification(cfg).eval()
     # Make the classifier head large enough that logits differ clearly between texts.
     with torch.no_grad():
@@ -58,9 +65,17 @@ def bench_variant(root: Path, max_eval_samples: int) -> Path:
     import exporters
 
     ckpt = build_tiny_checkpoint(root / "checkpoint")
-    (ckpt / "qserve_model.json").write_text(json.dumps({"model_name": "tiny-distilbert", "max_length": 64,
-                                                        "dataset": "default", "seed": 42,
-                                                        "max_eval_samples": max_eval_samples}))
+    (ckpt / "qserve_model.json").write_text(
+        json.dumps(
+            {
+                "model_name": "tiny-distilbert",
+                "max_length": 64,
+                "dataset": "default",
+                "seed": 42,
+                "max_eval_samples": max_eval_samples,
+            }
+        )
+    )
     variant = root / "variants" / "torch-fp32"
     exporters.export(ckpt, "torch-fp32", variant)
     return variant
@@ -169,8 +184,10 @@ def cpu_flags(monkeypatch):
     devices.capabilities.cache_clear()
 
 
-ORT_CPU_BUILD = ("onnxruntime 1.30.0 is the CPU build (providers: AzureExecutionProvider, CPUExecutionProvider); "
-                 "its CUDA provider comes with onnxruntime-gpu instead")
+ORT_CPU_BUILD = (
+    "onnxruntime 1.30.0 is the CPU build (providers: AzureExecutionProvider, CPUExecutionProvider); "
+    "its CUDA provider comes with onnxruntime-gpu instead"
+)
 """What qserve.devices.cuda_runtime_missing says of the H200 machine's onnxruntime (issue 53)."""
 
 
@@ -185,8 +202,11 @@ def fake_gpu(monkeypatch):
     def use(ort: str | None = ORT_CPU_BUILD):
         monkeypatch.delenv("QSERVE_FORCE_CPU", raising=False)
         monkeypatch.setattr(devices, "cuda_available", lambda: True)
-        monkeypatch.setattr(devices, "_read_cuda", lambda: {"cuda": True, "cuda_name": "NVIDIA H200 (faked)",
-                                                            "cuda_bf16": True, "cuda_capability": (9, 0)})
+        monkeypatch.setattr(
+            devices,
+            "_read_cuda",
+            lambda: {"cuda": True, "cuda_name": "NVIDIA H200 (faked)", "cuda_bf16": True, "cuda_capability": (9, 0)},
+        )
         monkeypatch.setattr(devices, "cuda_runtime_missing", lambda library: ort)
         devices.capabilities.cache_clear()
 

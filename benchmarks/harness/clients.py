@@ -77,8 +77,12 @@ def require_wrk() -> str:
 def run_wrk(wrk: str, url: str, lua: Path, clients: int, duration_s: float) -> dict[str, Any]:
     """wrk on one thread (it leaves the server the cores) with `clients` connections for `duration_s` seconds,
     running the script `lua` against `url`: its parsed summary."""
-    out = subprocess.run([wrk, "-t1", f"-c{clients}", f"-d{duration_s:g}s", "--timeout", "30s", "--latency",
-                          "-s", str(lua), url], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [wrk, "-t1", f"-c{clients}", f"-d{duration_s:g}s", "--timeout", "30s", "--latency", "-s", str(lua), url],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return parse_wrk(out.stdout)
 
 
@@ -89,7 +93,7 @@ def trickle(s: socket.socket, data: bytes, every_s: float, stop: Any) -> None:
         if stop.is_set():
             return
         try:
-            s.send(data[i:i + 1])
+            s.send(data[i : i + 1])
         except OSError:
             return  # the server closed it
         time.sleep(every_s)

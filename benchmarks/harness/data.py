@@ -1,6 +1,6 @@
 """The review texts a benchmark sends: the one loader, from the embedded dataset (or any) via qserve.data.
 
-    python -c "from benchmarks.harness.data import reviews; print(reviews(2))"
+python -c "from benchmarks.harness.data import reviews; print(reviews(2))"
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ class Reviews:
     """the dataset's canonical name (load_dataset(dataset, seed, max_eval_samples) rebuilds the same split)"""
 
 
-def review_split(n: int | None, dataset: str = "default", *, pool: int | None = None, seed: int = 42,
-                 split: str = "test") -> Reviews:
+def review_split(
+    n: int | None, dataset: str = "default", *, pool: int | None = None, seed: int = 42, split: str = "test"
+) -> Reviews:
     """The first `n` texts (None: all) of `dataset`'s seeded test split (or `split`: train, val) and their labels,
     as qserve.data splits it. `pool`: validation and test first subsampled (stratified, seeded) to that many
     texts, as `qserve bench --max-eval-samples POOL` scores them; a different pool picks different texts, so a

@@ -1,12 +1,14 @@
 """A server's /metrics, read with prometheus_client's text parser (never by hand).
 
-    python -c "from benchmarks.harness.metrics import total; print(total({}, 'qserve_batch_size_count'))"
+python -c "from benchmarks.harness.metrics import total; print(total({}, 'qserve_batch_size_count'))"
 """
 
 from __future__ import annotations
 
 import httpx2
 from prometheus_client.parser import text_string_to_metric_families
+
+from qserve import QserveError
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 """(sample name, its labels sorted) -> value"""
@@ -15,14 +17,20 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 def scrape(url: str) -> Samples:
     """Every sample the server at `url` exposes on /metrics now."""
     text = httpx2.get(f"{url}/metrics", timeout=10, trust_env=False).text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for f in text_string_to_metric_families(text) for s in f.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
 
 
 def total(samples: Samples, name: str, **labels: str) -> float:
     """The sum of sample `name` over every label set that has `labels` (all of them when none are given)."""
-    return sum(v for (n, lab), v in samples.items()
-               if n == name and all(dict(lab).get(k) == want for k, want in labels.items()))
+    return sum(
+        v
+        for (n, lab), v in samples.items()
+        if n == name and all(dict(lab).get(k) == want for k, want in labels.items())
+    )
 
 
 def batch_totals(url: str) -> tuple[float, float]:
@@ -34,8 +42,6 @@ def batch_totals(url: str) -> tuple[float, float]:
 def per_worker(url: str, workers: int, tries: int = 400) -> dict[str, Samples]:
     """Each worker's /metrics under `qserve serve --workers N`, by worker id: a scrape answers for the worker that
     accepted its (fresh) connection, so scrape until every id was seen (a QserveError after `tries` scrapes)."""
-    from qserve import QserveError
-
     seen: dict[str, Samples] = {}
     for _ in range(tries):
         samples = scrape(url)

@@ -30,8 +30,9 @@ def machine() -> dict[str, Any]:
     return {"cpu": info.get("model", "unknown"), "amx": bool(amx), "amx_flags": amx, "cores": os.cpu_count()}
 
 
-def write_report(out: Path, rep: dict[str, Any], md: str, stem: str = "report", md_name: str | None = None,
-                 echo: bool = True) -> None:
+def write_report(
+    out: Path, rep: dict[str, Any], md: str, stem: str = "report", md_name: str | None = None, echo: bool = True
+) -> None:
     """`out`/STEM.json and `out`/MD_NAME (STEM.md unless named), atomically (`out` made if missing), the md under
     the provenance header; then the md on stdout (`echo`). Every benchmark writes its report here. A report that
     carries no provenance gets this run's: every committed number says which code and machine made it."""
@@ -48,8 +49,14 @@ def write_markdown(path: Path, md: str, prov: Provenance | None) -> None:
     write_text_atomic(path, with_header(md, prov))
 
 
-def finish(tag: str, args: argparse.Namespace, argv: list[str], run_fn: Callable[[argparse.Namespace, list[str]], dict],
-           render_fn: Callable[[dict], str], failed: Callable[[dict], Any]) -> int:
+def finish(
+    tag: str,
+    args: argparse.Namespace,
+    argv: list[str],
+    run_fn: Callable[[argparse.Namespace, list[str]], dict],
+    render_fn: Callable[[dict], str],
+    failed: Callable[[dict], Any],
+) -> int:
     """A benchmark's main after its flags: run it, write report.json and report.md under args.out
     (provenance header), print the md. Exit status 2 on a setup error, 1 when `failed(report)` says the run
     missed its bar, else 0."""

@@ -71,8 +71,15 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
             name, cpu = (task / "comm").read_text().strip(), stat_cpu_s(task / "stat")
         except OSError:  # the thread ended between the listing and the read
             continue
-        role = ("event_loop" if task.name == str(pid) else "inference" if name.startswith("qserve-infer")
-                else "rows" if name.startswith("qserve-rows") else "other")
+        role = (
+            "event_loop"
+            if task.name == str(pid)
+            else "inference"
+            if name.startswith("qserve-infer")
+            else "rows"
+            if name.startswith("qserve-rows")
+            else "other"
+        )
         out[role] += cpu
     return out
 
@@ -91,8 +98,14 @@ def _log_tail(log: IO[str] | None) -> str:
     return ": " + Path(log.name).read_text(errors="replace")[-2000:]
 
 
-def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 300.0, tag: str = "server",
-               log: IO[str] | None = None, any_answer: bool = False) -> None:
+def wait_ready(
+    url: str,
+    proc: subprocess.Popen | None = None,
+    timeout: float = 300.0,
+    tag: str = "server",
+    log: IO[str] | None = None,
+    any_answer: bool = False,
+) -> None:
     """Poll `url`/ready until it answers 200 (any_answer: until anything answers over HTTP); a QserveError (with
     the log's tail) if the child `proc` exits first or `timeout` seconds pass."""
     deadline = time.monotonic() + timeout
@@ -115,8 +128,15 @@ class Server:
     app: "module:factory" of an ASGI app to run under uvicorn instead (ARGS are then uvicorn's flags); such
     an app need not have /ready: any HTTP answer at all means it is up."""
 
-    def __init__(self, args: list[str], code: Path, log: Path, tag: str = "server",
-                 env: dict[str, str] | None = None, app: str | None = None):
+    def __init__(
+        self,
+        args: list[str],
+        code: Path,
+        log: Path,
+        tag: str = "server",
+        env: dict[str, str] | None = None,
+        app: str | None = None,
+    ):
         self.tag, self.code, self.app = tag, code, app
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -125,8 +145,7 @@ class Server:
         else:
             cmd = [sys.executable, "-m", "uvicorn", "--factory", app, "--port", str(self.port), *args]
         self.logf = open(log, "w+")
-        self.proc = spawn(cmd, code, code_env(code) if env is None else env, stdout=self.logf,
-                          stderr=subprocess.STDOUT)
+        self.proc = spawn(cmd, code, code_env(code) if env is None else env, stdout=self.logf, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 300.0) -> Server:
         wait_ready(self.url, self.proc, timeout, self.tag, self.logf, any_answer=self.app is not None)
@@ -159,9 +178,21 @@ class VariantServer(Server):
         self.grpc_port = free_port() if "--grpc-port" in extra else None
         extra = [str(self.grpc_port) if x == "GRPC" else x for x in extra]
         env = code_env(code, {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")})
-        super().__init__([str(variant.resolve()), "--device", "cpu", "--log-level", "warning", *extra,
-                          *(["--threads", str(threads)] if threads else [])], code,
-                         logs / f"{key.replace(' ', '-').replace('@', '')}.log", tag=key, env=env)
+        super().__init__(
+            [
+                str(variant.resolve()),
+                "--device",
+                "cpu",
+                "--log-level",
+                "warning",
+                *extra,
+                *(["--threads", str(threads)] if threads else []),
+            ],
+            code,
+            logs / f"{key.replace(' ', '-').replace('@', '')}.log",
+            tag=key,
+            env=env,
+        )
         self.labels: list[str] = []
         self.info: dict[str, Any] = {}
 
@@ -169,7 +200,12 @@ class VariantServer(Server):
         super().wait_ready(timeout)
         model = self.models()["models"][0]
         self.labels = list(model["labels"])
-        self.info = {"variant": model["id"], "dir": str(self.variant), "code": str(self.code),
-                     "max_length": model.get("max_length"), "length_buckets": model.get("length_buckets"),
-                     "grpc": self.grpc_port is not None}
+        self.info = {
+            "variant": model["id"],
+            "dir": str(self.variant),
+            "code": str(self.code),
+            "max_length": model.get("max_length"),
+            "length_buckets": model.get("length_buckets"),
+            "grpc": self.grpc_port is not None,
+        }
         return self

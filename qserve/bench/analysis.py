@@ -10,21 +10,27 @@ they are dropped before report.json is written.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from qserve.artifact import Manifest, ModelMeta
-from qserve.placement import mark
-from qserve.bench.stats import shape_stats
-from qserve.problemtypes import AGREEMENT_METRIC, SINGLE, agreement
 from qserve.bench import policies
 from qserve.bench.floor import floor_ms, model_dims, peak_for
 from qserve.bench.recommend import recommend
+from qserve.bench.stats import shape_stats
+from qserve.placement import mark
+from qserve.problemtypes import AGREEMENT_METRIC, SINGLE, agreement
 
 REFERENCES = ("torch-fp32", "onnx-fp32")  # agreement and speed-up are measured against these, first found wins
 
-MEMORY_KEYS = ("peak_rss_mb", "peak_rss_load_mb", "rss_before_load_mb", "rss_after_load_mb", "model_rss_mb",
-               "polled_peak_rss_mb")
+MEMORY_KEYS = (
+    "peak_rss_mb",
+    "peak_rss_load_mb",
+    "rss_before_load_mb",
+    "rss_after_load_mb",
+    "model_rss_mb",
+    "polled_peak_rss_mb",
+)
 
 
 @dataclass
@@ -92,10 +98,14 @@ def variant_entry(meta: VariantMeta, res: dict[str, Any]) -> dict[str, Any]:
 
 def gate_entry(g: dict[str, Any]) -> dict[str, Any]:
     """What a report entry keeps of the verdict a manifest holds (`qserve gate`'s record)."""
-    return {"passed": bool(g.get("passed")), "agreement": (g.get("agreement") or {}).get("value"),
-            "agreement_lower_bound": (g.get("agreement") or {}).get("lo"),
-            "bar": (g.get("bar") or {}).get("agreement_lower_bound"), "n": (g.get("data") or {}).get("n"),
-            "reasons": g.get("reasons") or []}
+    return {
+        "passed": bool(g.get("passed")),
+        "agreement": (g.get("agreement") or {}).get("value"),
+        "agreement_lower_bound": (g.get("agreement") or {}).get("lo"),
+        "bar": (g.get("bar") or {}).get("agreement_lower_bound"),
+        "n": (g.get("data") or {}).get("n"),
+        "reasons": g.get("reasons") or [],
+    }
 
 
 def apply_gates(report: dict[str, Any], gates: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -112,8 +122,9 @@ def apply_gates(report: dict[str, Any], gates: dict[str, dict[str, Any]]) -> dic
 
 
 def model_block(metas: list[VariantMeta]) -> dict[str, Any]:
-    names: list[str] = sorted(n for n in {m.manifest.model_name for m in metas if m.manifest is not None}
-                              if n is not None)
+    names: list[str] = sorted(
+        n for n in {m.manifest.model_name for m in metas if m.manifest is not None} if n is not None
+    )
     config = next((m.config for m in metas if m.config), None)
     block: dict[str, Any] = {"names": names, "name": names[0] if len(names) == 1 else ", ".join(names) or None}
     if config:
@@ -203,10 +214,15 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
             pk = peak_for(dtype, floor.get(key) or {})
             if pk:
                 fm = floor_ms(flops, b, pk[1])
-                rec.update({f"{prefix}peak": pk[0], f"{prefix}gflops": pk[1], f"{prefix}floor_ms": fm,
-                            f"{prefix}p50_over_floor": (st["p50"] / fm) if st else None})
+                rec.update(
+                    {
+                        f"{prefix}peak": pk[0],
+                        f"{prefix}gflops": pk[1],
+                        f"{prefix}floor_ms": fm,
+                        f"{prefix}p50_over_floor": (st["p50"] / fm) if st else None,
+                    }
+                )
         v["floor"] = rec or None
-
 
     report["recommended"] = recommend(report)
     policies.finish(report)

@@ -59,8 +59,9 @@ def boxes_overlap(boxes: list[Bbox]) -> list[tuple[int, int]]:
     return [(i, j) for i in range(len(ext)) for j in range(i + 1, len(ext)) if _hits(ext[i], ext[j])]
 
 
-def place(ax: Axes, labels: list[Label], avoid: list[Bbox] | None = None, fontsize: float = 8,
-          max_radius_px: float = 320.0) -> list[Annotation]:
+def place(
+    ax: Axes, labels: list[Label], avoid: list[Bbox] | None = None, fontsize: float = 8, max_radius_px: float = 320.0
+) -> list[Annotation]:
     """Annotate each point with its text where it overlaps nothing placed before it; returns the annotations."""
     fig = ax.figure
     renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # the Agg canvas (the only one used) has it
@@ -81,18 +82,34 @@ def place(ax: Axes, labels: list[Label], avoid: list[Bbox] | None = None, fontsi
         probe.remove()
         cx, cy, far = _find(px, py, bb.width, bb.height, lab.radius_px, taken, (inner_area, fig_area), max_radius_px)
         # set away from its point, a label gets a leader line that says which point it names
-        arrow = ({"arrowstyle": "-", "lw": 0.6, "color": "0.35", "shrinkA": 1, "shrinkB": lab.radius_px * px_to_pt}
-                 if far else None)
-        out.append(ax.annotate(lab.text, (lab.x, lab.y), xytext=((cx - px) * px_to_pt, (cy - py) * px_to_pt),
-                               textcoords="offset points", ha="center", va="center", fontsize=fontsize,
-                               fontweight=weight, annotation_clip=False, gid=LABEL_GID, zorder=5,
-                               arrowprops=arrow))
+        arrow = (
+            {"arrowstyle": "-", "lw": 0.6, "color": "0.35", "shrinkA": 1, "shrinkB": lab.radius_px * px_to_pt}
+            if far
+            else None
+        )
+        out.append(
+            ax.annotate(
+                lab.text,
+                (lab.x, lab.y),
+                xytext=((cx - px) * px_to_pt, (cy - py) * px_to_pt),
+                textcoords="offset points",
+                ha="center",
+                va="center",
+                fontsize=fontsize,
+                fontweight=weight,
+                annotation_clip=False,
+                gid=LABEL_GID,
+                zorder=5,
+                arrowprops=arrow,
+            )
+        )
         taken.append(_box(cx, cy, bb.width, bb.height))
     return out
 
 
-def _find(px: float, py: float, w: float, h: float, r0: float, taken: list, areas: tuple, max_r: float
-          ) -> tuple[float, float, bool]:
+def _find(
+    px: float, py: float, w: float, h: float, r0: float, taken: list, areas: tuple, max_r: float
+) -> tuple[float, float, bool]:
     """Centre (cx, cy) of the first free spot, and whether it is far enough from the point to need a line.
     Inside the axes first; then anywhere in the figure; a last resort keeps growing the ring (the
     figure is full only if a chart has far more labels than qserve draws)."""

@@ -43,15 +43,21 @@ def expand_variant_dirs(paths: list[str]) -> list[Path]:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "bench", help="benchmark variants (latency, throughput, memory, size, accuracy): each CPU variant in its own "
-                      "process, the CUDA ones in one shared worker (--isolation)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "bench",
+        help="benchmark variants (latency, throughput, memory, size, accuracy): each CPU variant in its own "
+        "process, the CUDA ones in one shared worker (--isolation)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("variants", nargs="+", metavar="VARIANT_DIR", help="variant directories (or a folder of them)")
     add_flags(p, BenchConfig)
     p.set_defaults(func=cmd_bench)
 
-    r = subparsers.add_parser("report", help="re-render report.md/csv/html and plots from a bench report.json",
-                              description="Re-render report.md, report.csv, report.html and the PNG plots from report.json.")
+    r = subparsers.add_parser(
+        "report",
+        help="re-render report.md/csv/html and plots from a bench report.json",
+        description="Re-render report.md, report.csv, report.html and the PNG plots from report.json.",
+    )
     r.add_argument("report", metavar="REPORT_JSON_OR_DIR", help="report.json or the directory holding it")
     r.add_argument("--out", type=Path, default=None, help="write here instead of beside report.json")
     r.set_defaults(func=cmd_report)

@@ -38,8 +38,10 @@ class BenchConfig:
     device: str = "auto"
     """auto (each variant on the GPU where it runs there, else on the CPU, marked so in the report), cpu, cuda or
     cuda:N (every variant there: one that cannot run there fails, saying why)."""
-    out: Path | None = field(default=None, metadata=flag(default_text="benchmarks/reports/<model>-<device>-t<threads>, "
-                                                                   "or benchmarks/reports/<--name>"))
+    out: Path | None = field(
+        default=None,
+        metadata=flag(default_text="benchmarks/reports/<model>-<device>-t<threads>, or benchmarks/reports/<--name>"),
+    )
     """Report directory."""
     accuracy: bool = True
     """Measure accuracy and agreement on the held-out test split when the variant names its dataset."""
@@ -47,8 +49,9 @@ class BenchConfig:
     """Dataset for accuracy."""
     seed: int | None = field(default=None, metadata=flag(default_text="the variant's, else 42"))
     """Split seed for the test split."""
-    max_eval_samples: int | None = field(default=None, metadata=flag(default_text="the variant's, else the whole "
-                                                                               "test split"))
+    max_eval_samples: int | None = field(
+        default=None, metadata=flag(default_text="the variant's, else the whole test split")
+    )
     """Cap on test texts for accuracy."""
     slow_eval_samples: int = 200
     """Test texts for a variant whose b1 on real texts is slower than one of this run already meeting its agreement
@@ -56,8 +59,9 @@ class BenchConfig:
     variant on every text."""
     real_text_samples: int = 128
     """Test texts used for real-text latency (dynamic padding); 0 skips it."""
-    long_text: list[str] | None = field(default=None, metadata=flag(metavar="POLICIES",
-                                                                    default_text="each variant's own policy only"))
+    long_text: list[str] | None = field(
+        default=None, metadata=flag(metavar="POLICIES", default_text="each variant's own policy only")
+    )
     """Comma-separated long-text policies to compare on the test split, e.g. head,head-tail,windows (each of
     head, tail, head-tail[:H], windows[:W[:S[:mean|max]]]): accuracy, agreement and texts/s per policy; head is
     always included."""
@@ -105,8 +109,10 @@ class BenchConfig:
         if self.time_budget_s <= 0:
             raise QserveError(f"--time-budget must be > 0 seconds (got {self.time_budget_s})")
         if self.warmup < 0 or self.min_iters < 1 or self.max_iters < self.min_iters:
-            raise QserveError(f"need --warmup >= 0 and 1 <= --min-iters <= --max-iters "
-                              f"(got {self.warmup}, {self.min_iters}, {self.max_iters})")
+            raise QserveError(
+                f"need --warmup >= 0 and 1 <= --min-iters <= --max-iters "
+                f"(got {self.warmup}, {self.min_iters}, {self.max_iters})"
+            )
         if self.max_eval_samples is not None and self.max_eval_samples < 1:
             raise QserveError(f"--max-eval-samples must be >= 1 (got {self.max_eval_samples})")
         if self.slow_eval_samples < 0:
@@ -148,8 +154,9 @@ def parse_int_list(text: str, flag: str) -> list[int]:
     try:
         values = [int(x) for x in str(text).split(",") if x.strip()]
     except ValueError:
-        raise QserveError(f"{flag} must be a comma-separated list of positive integers, e.g. 1,8,32 "
-                          f"(got {text!r})") from None
+        raise QserveError(
+            f"{flag} must be a comma-separated list of positive integers, e.g. 1,8,32 (got {text!r})"
+        ) from None
     if not values or any(v < 1 for v in values):
         raise QserveError(f"{flag} must be a comma-separated list of positive integers, e.g. 1,8,32 (got {text!r})")
     return values

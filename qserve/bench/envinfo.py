@@ -24,9 +24,25 @@ def physical_cores() -> int:
 
 
 def environment(threads: int, device: str) -> dict[str, Any]:
-    versions = library_versions(("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime",
-                                 "onnxruntime-gpu", "bitsandbytes", "openvino", "nncf", "optimum-intel", "numpy", "psutil",
-                                 "matplotlib", "qserve"))
+    versions = library_versions(
+        (
+            "torch",
+            "transformers",
+            "optimum",
+            "optimum-onnx",
+            "onnx",
+            "onnxruntime",
+            "onnxruntime-gpu",
+            "bitsandbytes",
+            "openvino",
+            "nncf",
+            "optimum-intel",
+            "numpy",
+            "psutil",
+            "matplotlib",
+            "qserve",
+        )
+    )
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),

@@ -33,21 +33,31 @@ def tokenizer_key(manifest_files: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
-def piece_stats(rt: Any, texts: list[str], policy: Any, cache_dir: str | Path | None, tok_key: str | None,
-                pairs: list[str] | None = None) -> dict[str, list]:
+def piece_stats(
+    rt: Any,
+    texts: list[str],
+    policy: Any,
+    cache_dir: str | Path | None,
+    tok_key: str | None,
+    pairs: list[str] | None = None,
+) -> dict[str, list]:
     """{"windows", "truncated", "tokens"} per text under `policy` (resolved), from the cache when present."""
     path = None
     if cache_dir and tok_key:
-        key = hashlib.sha256(json.dumps([tok_key, str(policy), rt.max_length, rt.options.max_windows, texts,
-                                         pairs]).encode()).hexdigest()[:32]
+        key = hashlib.sha256(
+            json.dumps([tok_key, str(policy), rt.max_length, rt.options.max_windows, texts, pairs]).encode()
+        ).hexdigest()[:32]
         path = Path(cache_dir) / f"pieces-{key}.json"
         try:
             return json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             pass
     pieces = rt.split(texts, policy, pairs)
-    stats = {"windows": list(pieces.windows), "truncated": [bool(t) for t in pieces.truncated],
-             "tokens": [int(t) for t in pieces.tokens]}
+    stats = {
+        "windows": list(pieces.windows),
+        "truncated": [bool(t) for t in pieces.truncated],
+        "tokens": [int(t) for t in pieces.tokens],
+    }
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, stats)
@@ -57,14 +67,18 @@ def piece_stats(rt: Any, texts: list[str], policy: Any, cache_dir: str | Path | 
 def sorted_batches(lengths: list[int], batch: int) -> list[list[int]]:
     """Text indices in batches of `batch`, longest first, so each batch pads to lengths that are alike."""
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    return [order[i:i + batch] for i in range(0, len(order), batch)]
+    return [order[i : i + batch] for i in range(0, len(order), batch)]
 
 
-def score(rt: Any, texts: list[str], policy: Any, lengths: list[int] | None, batch: int = 32,
-          pairs: list[str] | None = None) -> tuple[list[Any], float]:
+def score(
+    rt: Any, texts: list[str], policy: Any, lengths: list[int] | None, batch: int = 32, pairs: list[str] | None = None
+) -> tuple[list[Any], float]:
     """(predictions in the texts' order, seconds spent in predict()); sorted by `lengths` when given."""
-    groups = (sorted_batches(lengths, batch) if lengths is not None
-              else [list(range(i, min(i + batch, len(texts)))) for i in range(0, len(texts), batch)])
+    groups = (
+        sorted_batches(lengths, batch)
+        if lengths is not None
+        else [list(range(i, min(i + batch, len(texts)))) for i in range(0, len(texts), batch)]
+    )
     preds: list[Any] = [None] * len(texts)
     seconds = 0.0
     for idx in groups:

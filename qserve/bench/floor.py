@@ -34,8 +34,12 @@ from qserve.files import write_json_atomic
 # Which measured peak bounds a variant, by the spec's dtype. 4-bit weights are
 # dequantized or run on integer kernels, so they are held to the fastest peak measured
 # (the most demanding floor); fp16 on CPU has no fast kernel and falls back likewise.
-PEAK_FOR_DTYPE = {"fp32": ["fp32"], "bf16": ["bf16", "fp32"], "fp16": ["fp16", "bf16", "fp32"],
-                  "int8": ["int8", "fp32"]}
+PEAK_FOR_DTYPE = {
+    "fp32": ["fp32"],
+    "bf16": ["bf16", "fp32"],
+    "fp16": ["fp16", "bf16", "fp32"],
+    "int8": ["int8", "fp32"],
+}
 
 
 def model_dims(config: dict[str, Any]) -> dict[str, int]:
@@ -46,8 +50,10 @@ def model_dims(config: dict[str, Any]) -> dict[str, int]:
     heads = config.get("n_heads") or config.get("num_attention_heads")
     labels = len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
     if not (d and layers and hidden):
-        raise ValueError("config.json lacks dim/n_layers/hidden_dim (or hidden_size/num_hidden_layers/"
-                         "intermediate_size); cannot count FLOPs")
+        raise ValueError(
+            "config.json lacks dim/n_layers/hidden_dim (or hidden_size/num_hidden_layers/"
+            "intermediate_size); cannot count FLOPs"
+        )
     return {"d": int(d), "layers": int(layers), "hidden": int(hidden), "heads": int(heads or 1), "labels": labels}
 
 
@@ -59,8 +65,14 @@ def flops_per_sequence(config: dict[str, Any], seq_len: int) -> dict[str, float]
     linear = 2.0 * params_linear * seq_len * L
     attention = 2.0 * 2.0 * seq_len * seq_len * d * L
     head = 2.0 * (d * d + d * m["labels"])
-    return {"seq_len": seq_len, "params_linear": params_linear * L, "linear": linear,
-            "attention": attention, "head": head, "total": linear + attention + head}
+    return {
+        "seq_len": seq_len,
+        "params_linear": params_linear * L,
+        "linear": linear,
+        "attention": attention,
+        "head": head,
+        "total": linear + attention + head,
+    }
 
 
 def gemm_shapes(config: dict[str, Any], tokens: int) -> list[tuple[int, int, int]]:
@@ -106,6 +118,7 @@ def floor_ms(flops: float, batch: int, gflops: float) -> float:
 
 # -- measurement (runs in a child process) ------------------------------------------------
 
+
 def _rate(fn, flops: float, budget_s: float) -> float:
     """GFLOP/s of `fn` (one GEMM of `flops`), best of timed calls within the budget."""
     fn()  # warm-up: allocation, kernel selection, weight packing
@@ -129,6 +142,7 @@ def _torch_methods(device: str):
             b = torch.randn(K, N, device=device).to(dtype)
             sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
             return lambda: (torch.matmul(a, b), sync())
+
         return build
 
     def int_mm(M, K, N):
@@ -153,8 +167,13 @@ def _ort_methods(threads: int | None):
     from onnx import TensorProto, helper, numpy_helper
 
     def session(node, a_type, y_type, K, N, inits):
-        g = helper.make_graph([node], "gemm", [helper.make_tensor_value_info("A", a_type, [None, K])],
-                              [helper.make_tensor_value_info("Y", y_type, [None, N])], inits)
+        g = helper.make_graph(
+            [node],
+            "gemm",
+            [helper.make_tensor_value_info("A", a_type, [None, K])],
+            [helper.make_tensor_value_info("Y", y_type, [None, N])],
+            inits,
+        )
         model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
         model.ir_version = 8
         so = ort.SessionOptions()
@@ -166,25 +185,44 @@ def _ort_methods(threads: int | None):
 
     def matmul_integer(M, K, N):
         b = rng.integers(-128, 127, (K, N), dtype=np.int8)
-        s = session(helper.make_node("MatMulInteger", ["A", "B", "az", "bz"], ["Y"]), TensorProto.UINT8,
-                    TensorProto.INT32, K, N, [numpy_helper.from_array(b, "B"),
-                                              numpy_helper.from_array(np.array(128, np.uint8), "az"),
-                                              numpy_helper.from_array(np.array(0, np.int8), "bz")])
+        s = session(
+            helper.make_node("MatMulInteger", ["A", "B", "az", "bz"], ["Y"]),
+            TensorProto.UINT8,
+            TensorProto.INT32,
+            K,
+            N,
+            [
+                numpy_helper.from_array(b, "B"),
+                numpy_helper.from_array(np.array(128, np.uint8), "az"),
+                numpy_helper.from_array(np.array(0, np.int8), "bz"),
+            ],
+        )
         a = rng.integers(0, 255, (M, K), dtype=np.uint8)
         return lambda: s.run(None, {"A": a})
 
     def matmul(M, K, N):
         w = rng.standard_normal((K, N), dtype=np.float32)
-        s = session(helper.make_node("MatMul", ["A", "W"], ["Y"]), TensorProto.FLOAT, TensorProto.FLOAT, K, N,
-                    [numpy_helper.from_array(w, "W")])
+        s = session(
+            helper.make_node("MatMul", ["A", "W"], ["Y"]),
+            TensorProto.FLOAT,
+            TensorProto.FLOAT,
+            K,
+            N,
+            [numpy_helper.from_array(w, "W")],
+        )
         a = rng.standard_normal((M, K), dtype=np.float32)
         return lambda: s.run(None, {"A": a})
 
     return [("int8", "onnxruntime MatMulInteger", matmul_integer), ("fp32", "onnxruntime MatMul", matmul)]
 
 
-def measure_peaks(shapes: list[tuple[int, int, int]], threads: int | None, device: str = "cpu",
-                  budget_s: float = 1.0, model_shapes: int = 0) -> dict[str, Any]:
+def measure_peaks(
+    shapes: list[tuple[int, int, int]],
+    threads: int | None,
+    device: str = "cpu",
+    budget_s: float = 1.0,
+    model_shapes: int = 0,
+) -> dict[str, Any]:
     """Best GFLOP/s per dtype over methods and shapes; every attempt is recorded.
 
     `peaks` is the best over every shape (the machine's peak); `model_peaks` the best
@@ -208,7 +246,12 @@ def measure_peaks(shapes: list[tuple[int, int, int]], threads: int | None, devic
     model_peaks: dict[str, Any] = {}
     for dtype, method, build in methods:
         for i, (M, K, N) in enumerate(shapes):
-            rec: dict[str, Any] = {"dtype": dtype, "method": method, "shape": [M, K, N], "model_shape": i < model_shapes}
+            rec: dict[str, Any] = {
+                "dtype": dtype,
+                "method": method,
+                "shape": [M, K, N],
+                "model_shape": i < model_shapes,
+            }
             try:
                 if build is None:
                     raise RuntimeError("not installed")
@@ -220,16 +263,27 @@ def measure_peaks(shapes: list[tuple[int, int, int]], threads: int | None, devic
                 peaks[dtype] = {"gflops": rec["gflops"], "method": method, "shape": [M, K, N]}
             if rec["model_shape"] and rec.get("gflops") and rec["gflops"] > model_peaks.get(dtype, {}).get("gflops", 0):
                 model_peaks[dtype] = {"gflops": rec["gflops"], "method": method, "shape": [M, K, N]}
-    return {"threads": threads, "torch_threads": torch.get_num_threads(), "device": device,
-            "peaks": peaks, "model_peaks": model_peaks, "attempts": attempts}
+    return {
+        "threads": threads,
+        "torch_threads": torch.get_num_threads(),
+        "device": device,
+        "peaks": peaks,
+        "model_peaks": model_peaks,
+        "attempts": attempts,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
 
-    result = measure_peaks([tuple(s) for s in job["shapes"]], job.get("threads"), job.get("device", "cpu"),
-                           float(job.get("budget_s", 1.0)), int(job.get("model_shapes", 0)))
+    result = measure_peaks(
+        [tuple(s) for s in job["shapes"]],
+        job.get("threads"),
+        job.get("device", "cpu"),
+        float(job.get("budget_s", 1.0)),
+        int(job.get("model_shapes", 0)),
+    )
     result["pid"] = os.getpid()
     write_json_atomic(Path(argv[1]), result)
     return 0

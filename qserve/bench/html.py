@@ -72,11 +72,15 @@ def _table(lines: list[str], highlight: str | None) -> str:
 
 def _figure(alt: str, data: bytes) -> str:
     b64 = base64.b64encode(data).decode("ascii")
-    return (f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}">'
-            f"<figcaption>{html.escape(alt)}</figcaption></figure>")
+    return (
+        f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}">'
+        f"<figcaption>{html.escape(alt)}</figcaption></figure>"
+    )
 
 
-def md_to_html(md: str, images: dict[str, bytes], highlight: str | None = None, skip: frozenset[str] | set[str] = frozenset()) -> str:
+def md_to_html(
+    md: str, images: dict[str, bytes], highlight: str | None = None, skip: frozenset[str] | set[str] = frozenset()
+) -> str:
     """report.md's own subset of markdown (headings, paragraphs, lists, tables, images) as HTML.
     Images are inlined from `images` (file name -> bytes); lines in `skip` are left out."""
     blocks: list[list[str]] = [[]]
@@ -111,8 +115,14 @@ def md_to_html(md: str, images: dict[str, bytes], highlight: str | None = None, 
 def _machine(report: dict[str, Any]) -> list[tuple[str, str]]:
     env, cfg = report.get("environment") or {}, report["config"]
     cpu = env.get("cpu") or {}
-    rows = [("CPU", f"{cpu.get('model', '–')} ({cpu.get('cores', '–')} logical cores"
-                    + (f", {', '.join(cpu['flags'])}" if cpu.get("flags") else "") + ")")]
+    rows = [
+        (
+            "CPU",
+            f"{cpu.get('model', '–')} ({cpu.get('cores', '–')} logical cores"
+            + (f", {', '.join(cpu['flags'])}" if cpu.get("flags") else "")
+            + ")",
+        )
+    ]
     if env.get("gpu") or str(cfg["device"]).startswith("cuda"):
         rows.append(("GPU", str(env.get("gpu") or "–")))
     rows.append(("device, threads", f"{cfg['device']}, {cfg['threads']}"))
@@ -130,25 +140,38 @@ def render_html(report: dict[str, Any], md: str, images: dict[str, bytes]) -> st
     top += [f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in _machine(report)]
     top.append("</dl>")
     if rec.get("variant"):
-        top.append(f'<section class="rec" id="recommended">Recommended on this machine: '
-                   f'<span class="name">{html.escape(rec["variant"])}</span><br>{html.escape(rec.get("why", ""))}. '
-                   "<code>qserve serve MODEL_DIR</code> serves it by default.</section>")
+        top.append(
+            f'<section class="rec" id="recommended">Recommended on this machine: '
+            f'<span class="name">{html.escape(rec["variant"])}</span><br>{html.escape(rec.get("why", ""))}. '
+            "<code>qserve serve MODEL_DIR</code> serves it by default.</section>"
+        )
     elif rec:
-        top.append(f'<section class="rec none" id="recommended">No variant recommended: '
-                   f"{html.escape(rec.get('why', ''))}.</section>")
+        top.append(
+            f'<section class="rec none" id="recommended">No variant recommended: '
+            f"{html.escape(rec.get('why', ''))}.</section>"
+        )
     if "decision.png" in images:
-        top.append(_figure("Which variant is fast and faithful: latency and throughput against agreement with "
-                           "the fp32 reference (marker area: size on disk; ringed: the recommendation)",
-                           images["decision.png"]))
+        top.append(
+            _figure(
+                "Which variant is fast and faithful: latency and throughput against agreement with "
+                "the fp32 reference (marker area: size on disk; ringed: the recommendation)",
+                images["decision.png"],
+            )
+        )
     # shown up top already: the title, the recommendation sentence and the decision chart
     skip = {md.splitlines()[0], *md_lines(report)} | {ln for ln in md.splitlines() if "(decision.png)" in ln}
     body = md_to_html(md, images, highlight=rec.get("variant"), skip=skip)
-    return ("<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-            f"<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">\n"
-            "<link rel=\"icon\" href=\"data:,\">\n"
-            f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n<header>\n"
-            + "\n".join(top) + "\n</header>\n<main>\n" + body + "\n</main>\n"
-            "<footer>Written by <code>qserve bench</code> / <code>qserve report</code> from report.json; "
-            "report.md, report.csv and report.json beside this file hold the same numbers.</footer>\n"
-            "</body>\n</html>\n")
+    return (
+        '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">\n'
+        '<link rel="icon" href="data:,">\n'
+        f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n<header>\n"
+        + "\n".join(top)
+        + "\n</header>\n<main>\n"
+        + body
+        + "\n</main>\n"
+        "<footer>Written by <code>qserve bench</code> / <code>qserve report</code> from report.json; "
+        "report.md, report.csv and report.json beside this file hold the same numbers.</footer>\n"
+        "</body>\n</html>\n"
+    )

@@ -43,7 +43,7 @@ def select_texts(texts: list[str], n: int) -> list[str]:
     out = []
     for k, i in enumerate(picks):
         words = texts[i].split()
-        out.append(" ".join(words[:3 + (k * 37) % 118]) if k % 2 else texts[i])
+        out.append(" ".join(words[: 3 + (k * 37) % 118]) if k % 2 else texts[i])
     return out
 
 
@@ -64,23 +64,32 @@ def compare(predict, texts: list[str], sizes: tuple[int, ...] = BATCH_SIZES, see
         rng.shuffle(order)
         got = np.empty_like(alone)
         for i in range(0, len(order), b):
-            idx = order[i:i + b]
+            idx = order[i : i + b]
             got[idx] = np.asarray(predict([texts[j] for j in idx]), dtype=np.float64)
         delta = np.abs(got - alone).max(axis=1)
-        per[str(b)] = {"max_abs_dprob": float(delta.max()), "flips": int((got.argmax(1) != alone.argmax(1)).sum()),
-                       "scored": len(texts)}
-    return {"max_abs_dprob": max(r["max_abs_dprob"] for r in per.values()),
-            "flips": sum(r["flips"] for r in per.values()),
-            "scored": sum(r["scored"] for r in per.values()), "by_batch": per}
+        per[str(b)] = {
+            "max_abs_dprob": float(delta.max()),
+            "flips": int((got.argmax(1) != alone.argmax(1)).sum()),
+            "scored": len(texts),
+        }
+    return {
+        "max_abs_dprob": max(r["max_abs_dprob"] for r in per.values()),
+        "flips": sum(r["flips"] for r in per.values()),
+        "scored": sum(r["scored"] for r in per.values()),
+        "by_batch": per,
+    }
 
 
 def measure(rt, texts: list[str], sizes: tuple[int, ...] = BATCH_SIZES) -> dict[str, Any]:
     """The bench's invariance record for one loaded runtime (served behaviour, plus the raw graph's if it differs)."""
     lens = [int(n) for n in rt.tokenize(texts)["attention_mask"].sum(axis=1)] if texts else []
-    out: dict[str, Any] = {"texts": len(texts), "batch_sizes": list(sizes), "row_by_row": rt.row_by_row,
-                           "token_lengths": {"min": min(lens), "median": float(np.median(lens)), "max": max(lens)}
-                           if lens else None,
-                           **compare(rt.predict, texts, sizes)}
+    out: dict[str, Any] = {
+        "texts": len(texts),
+        "batch_sizes": list(sizes),
+        "row_by_row": rt.row_by_row,
+        "token_lengths": {"min": min(lens), "median": float(np.median(lens)), "max": max(lens)} if lens else None,
+        **compare(rt.predict, texts, sizes),
+    }
     if rt.row_by_row:
         # What serving this graph with plain batching would answer: the reason it runs row by row.
         mode = rt.options.batch_dependent

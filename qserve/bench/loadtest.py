@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import csv
-import json
 import ipaddress
+import json
 import socket
 import time
 from collections import Counter
@@ -25,20 +25,36 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-
 from qserve import QserveError
 from qserve.bench.stats import percentile
 
 MAX_CONCURRENCY = 1024
 MAX_DURATION_S = 600.0
 
-_OPENERS = ["I thought", "Honestly,", "My friends said", "The critics agreed", "From the first scene,",
-            "To be fair,", "After two hours,", "In the end"]
-_JUDGEMENTS = ["this film was a delight", "the movie was a tedious mess", "the acting felt wooden",
-               "the story moved me to tears", "the script was lazy and predictable",
-               "the soundtrack was wonderful", "nothing about it worked", "it is a quiet masterpiece",
-               "the pacing dragged badly", "every performance was superb", "the jokes fell flat",
-               "I would happily watch it again"]
+_OPENERS = [
+    "I thought",
+    "Honestly,",
+    "My friends said",
+    "The critics agreed",
+    "From the first scene,",
+    "To be fair,",
+    "After two hours,",
+    "In the end",
+]
+_JUDGEMENTS = [
+    "this film was a delight",
+    "the movie was a tedious mess",
+    "the acting felt wooden",
+    "the story moved me to tears",
+    "the script was lazy and predictable",
+    "the soundtrack was wonderful",
+    "nothing about it worked",
+    "it is a quiet masterpiece",
+    "the pacing dragged badly",
+    "every performance was superb",
+    "the jokes fell flat",
+    "I would happily watch it again",
+]
 
 
 def default_texts(n: int = 96) -> list[str]:
@@ -83,8 +99,10 @@ def classify_url(url: str) -> str:
         raise QserveError(f"URL {url!r}: cannot resolve {parts.hostname!r} ({e})") from None
     addrs = {info[4][0] for info in infos}
     if not addrs or not all(ipaddress.ip_address(str(a).split("%")[0]).is_loopback for a in addrs):
-        raise QserveError(f"URL {url!r}: {parts.hostname} is not a loopback address ({sorted(addrs)}); "
-                          "loadtest only targets 127.0.0.0/8, ::1 or localhost")
+        raise QserveError(
+            f"URL {url!r}: {parts.hostname} is not a loopback address ({sorted(addrs)}); "
+            "loadtest only targets 127.0.0.0/8, ::1 or localhost"
+        )
     path = parts.path.rstrip("/") or "/v1/classify"
     return f"{parts.scheme}://{parts.netloc}{path}"
 
@@ -105,8 +123,10 @@ class Conn:
             raise QserveError(f"URL {url!r}: loadtest speaks plain http to loopback servers only")
         self.host, self.port = parts.hostname, parts.port or 80
         extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        self.head = (f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-                     f"Content-Type: application/json\r\n{extra}Content-Length: ").encode()
+        self.head = (
+            f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            f"Content-Type: application/json\r\n{extra}Content-Length: "
+        ).encode()
         self.timeout_s = timeout_s
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
@@ -156,8 +176,13 @@ def _percentiles(lat_s: list[float]) -> dict[str, float | None]:
     if not lat_s:
         return {"p50_ms": None, "p90_ms": None, "p99_ms": None, "mean_ms": None, "max_ms": None}
     ms = [x * 1000.0 for x in lat_s]
-    return {"p50_ms": percentile(ms, 50), "p90_ms": percentile(ms, 90), "p99_ms": percentile(ms, 99),
-            "mean_ms": sum(ms) / len(ms), "max_ms": max(ms)}
+    return {
+        "p50_ms": percentile(ms, 50),
+        "p90_ms": percentile(ms, 90),
+        "p99_ms": percentile(ms, 99),
+        "mean_ms": sum(ms) / len(ms),
+        "max_ms": max(ms),
+    }
 
 
 async def _expected_pass(conn: Conn, url: str, texts: list[str]) -> tuple[list[str], list[dict[str, float]]]:
@@ -172,8 +197,16 @@ async def _expected_pass(conn: Conn, url: str, texts: list[str]) -> tuple[list[s
     return labels, scores
 
 
-async def _level(make_conn: Callable[[], Conn], url: str, texts: list[str], expected: list[str], exp_scores: list[dict] | None,
-                 concurrency: int, duration_s: float, max_requests: int) -> dict[str, Any]:
+async def _level(
+    make_conn: Callable[[], Conn],
+    url: str,
+    texts: list[str],
+    expected: list[str],
+    exp_scores: list[dict] | None,
+    concurrency: int,
+    duration_s: float,
+    max_requests: int,
+) -> dict[str, Any]:
     lat: list[float] = []
     errors: Counter[str] = Counter()
     counts = {"sent": 0, "answered": 0, "ok": 0, "mismatched": 0}
@@ -214,16 +247,32 @@ async def _level(make_conn: Callable[[], Conn], url: str, texts: list[str], expe
     t0 = time.perf_counter()
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
     elapsed = time.perf_counter() - t0
-    return {"concurrency": concurrency, "duration_s": elapsed, "requests": counts["sent"], "ok": counts["ok"],
-            "errors": sum(errors.values()), "error_kinds": dict(errors),
-            "lost": counts["sent"] - counts["answered"], "mismatched": counts["mismatched"],
-            "max_score_diff": max_diff[0] if exp_scores is not None else None,
-            "throughput_rps": counts["ok"] / elapsed if elapsed > 0 else 0.0, **_percentiles(lat)}
+    return {
+        "concurrency": concurrency,
+        "duration_s": elapsed,
+        "requests": counts["sent"],
+        "ok": counts["ok"],
+        "errors": sum(errors.values()),
+        "error_kinds": dict(errors),
+        "lost": counts["sent"] - counts["answered"],
+        "mismatched": counts["mismatched"],
+        "max_score_diff": max_diff[0] if exp_scores is not None else None,
+        "throughput_rps": counts["ok"] / elapsed if elapsed > 0 else 0.0,
+        **_percentiles(lat),
+    }
 
 
-async def _run(url: str, concurrencies: list[int], duration_s: float, texts: list[str],
-               labels: list[str] | None, max_requests: int, api_key: str | None,
-               timeout_s: float, on_level: Callable[[str, int], None] | None) -> dict[str, Any]:
+async def _run(
+    url: str,
+    concurrencies: list[int],
+    duration_s: float,
+    texts: list[str],
+    labels: list[str] | None,
+    max_requests: int,
+    api_key: str | None,
+    timeout_s: float,
+    on_level: Callable[[str, int], None] | None,
+) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def make_conn() -> Conn:
@@ -248,13 +297,28 @@ async def _run(url: str, concurrencies: list[int], duration_s: float, texts: lis
         levels.append(await _level(make_conn, url, texts, expected, exp_scores, c, duration_s, max_requests))
         if on_level:
             on_level("end", c)
-    return {"url": url, "texts": len(texts), "expected_from": source, "sequential_pass_s": seq_s,
-            "duration_s": duration_s, "max_requests": max_requests, "levels": levels}
+    return {
+        "url": url,
+        "texts": len(texts),
+        "expected_from": source,
+        "sequential_pass_s": seq_s,
+        "duration_s": duration_s,
+        "max_requests": max_requests,
+        "levels": levels,
+    }
 
 
-def run_loadtest(url: str, concurrencies: list[int], duration_s: float, texts: list[str] | None = None,
-                 labels: list[str] | None = None, max_requests: int = 100_000, api_key: str | None = None,
-                 timeout_s: float = 30.0, on_level: Callable[[str, int], None] | None = None) -> dict[str, Any]:
+def run_loadtest(
+    url: str,
+    concurrencies: list[int],
+    duration_s: float,
+    texts: list[str] | None = None,
+    labels: list[str] | None = None,
+    max_requests: int = 100_000,
+    api_key: str | None = None,
+    timeout_s: float = 30.0,
+    on_level: Callable[[str, int], None] | None = None,
+) -> dict[str, Any]:
     """Run each concurrency level for duration_s (or max_requests, whichever first); returns the report.
 
     `on_level("start"|"end", concurrency)` is called around each level (e.g. to scrape /metrics)."""
@@ -268,19 +332,26 @@ def run_loadtest(url: str, concurrencies: list[int], duration_s: float, texts: l
     texts = texts or default_texts()
     if labels is not None and len(labels) != len(texts):
         raise QserveError(f"{len(labels)} labels for {len(texts)} texts")
-    return asyncio.run(_run(target, concurrencies, duration_s, texts, labels, max_requests, api_key, timeout_s,
-                           on_level))
+    return asyncio.run(
+        _run(target, concurrencies, duration_s, texts, labels, max_requests, api_key, timeout_s, on_level)
+    )
 
 
 def format_report(report: dict[str, Any]) -> str:
-    lines = [f"target {report['url']}  texts {report['texts']}  expected labels from {report['expected_from']}",
-             f"{'conc':>5} {'requests':>9} {'ok':>8} {'err':>5} {'lost':>5} {'mismatch':>8} "
-             f"{'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}"]
+    lines = [
+        f"target {report['url']}  texts {report['texts']}  expected labels from {report['expected_from']}",
+        f"{'conc':>5} {'requests':>9} {'ok':>8} {'err':>5} {'lost':>5} {'mismatch':>8} "
+        f"{'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}",
+    ]
     for lv in report["levels"]:
+
         def ms(v: float | None) -> str:
             return f"{v:8.2f}" if v is not None else f"{'-':>8}"
-        lines.append(f"{lv['concurrency']:>5} {lv['requests']:>9} {lv['ok']:>8} {lv['errors']:>5} {lv['lost']:>5} "
-                     f"{lv['mismatched']:>8} {ms(lv['p50_ms'])} {ms(lv['p99_ms'])} {lv['throughput_rps']:8.1f}")
+
+        lines.append(
+            f"{lv['concurrency']:>5} {lv['requests']:>9} {lv['ok']:>8} {lv['errors']:>5} {lv['lost']:>5} "
+            f"{lv['mismatched']:>8} {ms(lv['p50_ms'])} {ms(lv['p99_ms'])} {lv['throughput_rps']:8.1f}"
+        )
         if lv["error_kinds"]:
             lines.append(f"      errors: {lv['error_kinds']}")
     return "\n".join(lines)

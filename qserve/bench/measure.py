@@ -17,15 +17,16 @@ libraries and the earlier variants left resident, and the result says it was mea
 
 from __future__ import annotations
 
+import gc
+import importlib
 import json
 import os
+import resource
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
-import importlib
-import resource
 
 import psutil
 
@@ -43,8 +44,10 @@ from qserve.variants import REGISTRY
 
 # Used when no dataset text is available: long enough to fill any sequence length
 # once repeated, and real English so the ids are ordinary vocabulary ids.
-FALLBACK_TEXT = ("The film opens slowly, but the performances are strong and the story builds to an ending "
-                 "that feels earned. Some scenes drag, and the dialogue is uneven, yet I would watch it again.")
+FALLBACK_TEXT = (
+    "The film opens slowly, but the performances are strong and the story builds to an ending "
+    "that feels earned. Some scenes drag, and the dialogue is uneven, yet I would watch it again."
+)
 FAULT_ENV = "QSERVE_BENCH_FAULT"
 """Test hook: '<variant dir name>:abort|exit|raise' makes that variant's child fail after loading."""
 
@@ -96,15 +99,23 @@ def fixed_shapes(rt, job: dict[str, Any], text: str) -> list[dict[str, Any]]:
             rec: dict[str, Any] = {"batch": b, "seq": s}
             try:
                 batch = synthetic_batch(rt, b, s, text)
-                samples = time_calls(lambda: rt.run(batch), rt.synchronize, job["warmup"],
-                                     job["time_budget_s"], job["min_iters"], job["max_iters"])
+                samples = time_calls(
+                    lambda: rt.run(batch),
+                    rt.synchronize,
+                    job["warmup"],
+                    job["time_budget_s"],
+                    job["min_iters"],
+                    job["max_iters"],
+                )
                 rec.update(summarize(samples))
                 rec["throughput"] = throughput(b * len(samples), sum(samples) / 1e3)
                 rec["tokens_per_s"] = rec["throughput"] * s
             except Exception as e:  # e.g. seq beyond the position table: this shape only
                 rec["error"] = f"{type(e).__name__}: {e}"[:500]
-            log(f"{rt.name} b{b}/s{s}: " + (f"p50 {rec['p50']:.2f} ms ({rec['count']} calls)"
-                                             if "p50" in rec else rec["error"]))
+            log(
+                f"{rt.name} b{b}/s{s}: "
+                + (f"p50 {rec['p50']:.2f} ms ({rec['count']} calls)" if "p50" in rec else rec["error"])
+            )
             out.append(rec)
     return out
 
@@ -139,9 +150,16 @@ def accuracy(rt, ev: dict[str, Any], batch: int = 32, cache: dict[str, Any] | No
     extra: dict[str, Any] = {"problem_type": problem} if problem != problems.SINGLE else {}
     if problem == problems.REGRESSION:  # the yardstick of regression agreement: mean |Δ| as a share of it
         extra["label_range"] = problems.value_range(labels)
-    return {"dataset": ev.get("dataset"), "seed": ev.get("seed"), "n": len(texts), "policy": str(rt.long_text),
-            **problems.metrics(preds, labels, problem, len(rt.labels)), **extra, "seconds": seconds,
-            "predictions": preds}
+    return {
+        "dataset": ev.get("dataset"),
+        "seed": ev.get("seed"),
+        "n": len(texts),
+        "policy": str(rt.long_text),
+        **problems.metrics(preds, labels, problem, len(rt.labels)),
+        **extra,
+        "seconds": seconds,
+        "predictions": preds,
+    }
 
 
 def eval_cut(job: dict[str, Any], res: dict[str, Any], ev: dict[str, Any]) -> dict[str, Any]:
@@ -153,14 +171,24 @@ def eval_cut(job: dict[str, Any], res: dict[str, Any], ev: dict[str, Any]) -> di
     real = next((r for r in res.get("real_text") or [] if r.get("batch") == 1 and "p50" in r), None)
     if bound is None or not cut or real is None or real["p50"] <= bound or cut >= len(ev["texts"]):
         return ev
-    res["eval_cut"] = {"n": cut, "of": len(ev["texts"]), "real_b1_p50_ms": real["p50"], "bound_ms": bound,
-                       "bound_variant": job.get("bound_variant")}
-    return {**ev, "texts": ev["texts"][:cut], "labels": ev["labels"][:cut],
-            **({"pairs": ev["pairs"][:cut]} if ev.get("pairs") is not None else {})}
+    res["eval_cut"] = {
+        "n": cut,
+        "of": len(ev["texts"]),
+        "real_b1_p50_ms": real["p50"],
+        "bound_ms": bound,
+        "bound_variant": job.get("bound_variant"),
+    }
+    return {
+        **ev,
+        "texts": ev["texts"][:cut],
+        "labels": ev["labels"][:cut],
+        **({"pairs": ev["pairs"][:cut]} if ev.get("pairs") is not None else {}),
+    }
 
 
-def _policies(rt, res: dict[str, Any], ev: dict[str, Any], job: dict[str, Any], own: dict[str, Any] | None,
-              cache: dict[str, Any]) -> None:
+def _policies(
+    rt, res: dict[str, Any], ev: dict[str, Any], job: dict[str, Any], own: dict[str, Any] | None, cache: dict[str, Any]
+) -> None:
     """res["long_text_policies"]: every policy of job["long_text"] on the test texts, or on their first
     job["eval_limit"] (a reference that is not the recommended variant: its records feed agreement only)."""
     _stage(res, "long_text")
@@ -169,15 +197,16 @@ def _policies(rt, res: dict[str, Any], ev: dict[str, Any], job: dict[str, Any], 
         ev = {**ev, "texts": ev["texts"][:limit], "labels": ev["labels"][:limit]}
     res["long_text_policies"] = policies.measure(rt, ev, job["long_text"], own=own, cache=cache)
     for r in res["long_text_policies"]:
-        log(f"{rt.name} {r['policy']}: accuracy {r['accuracy']:.4f}, {r['texts_per_s'] or 0:.1f} texts/s, "
-            f"{r['mean_windows']:.2f} windows per text")
+        log(
+            f"{rt.name} {r['policy']}: accuracy {r['accuracy']:.4f}, {r['texts_per_s'] or 0:.1f} texts/s, "
+            f"{r['mean_windows']:.2f} windows per text"
+        )
 
 
 def _preimport(backend: str, device: str) -> None:
     """Import the backend's libraries (the registry's `libraries`) and start CUDA before the baseline, so 'model
     memory' and the load time exclude them; an unknown backend is left for load_runtime to refuse."""
     import transformers  # noqa: F401  (the tokenizer, every backend)
-
 
     entry = REGISTRY.get(backend)
     for module in entry.libraries if entry else ():
@@ -223,7 +252,6 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     backend = read_manifest(variant_dir).backend
     if __name__ == "__main__":  # the bench's own child process, not a user's: seconds of its start (modeling.py)
-
         skip_unused_imports()
     _preimport(backend, job["device"])
     res["import_s"] = time.perf_counter() - t0
@@ -233,8 +261,9 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     options = RuntimeOptions(threads=job.get("threads"), length_buckets=job.get("length_buckets") or "auto")
-    rt = load_runtime(variant_dir, device=job["device"], options=options,
-                      allow_extra_files=bool(job.get("allow_extra_files")))
+    rt = load_runtime(
+        variant_dir, device=job["device"], options=options, allow_extra_files=bool(job.get("allow_extra_files"))
+    )
     res["load_s"] = time.perf_counter() - t0
     res["rss_after_load_mb"] = rss_mb()
     res["peak_rss_load_mb"] = peak_rss_mb()
@@ -290,9 +319,12 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
 
         free, total = torch.cuda.mem_get_info()
         # ONNX Runtime's CUDA allocations are invisible to torch's counters; device-wide use covers them
-        res["cuda"] = {"max_allocated_mb": torch.cuda.max_memory_allocated() / 2**20,
-                       "max_reserved_mb": torch.cuda.max_memory_reserved() / 2**20,
-                       "device_used_mb": (total - free) / 2**20, "gpu": torch.cuda.get_device_name()}
+        res["cuda"] = {
+            "max_allocated_mb": torch.cuda.max_memory_allocated() / 2**20,
+            "max_reserved_mb": torch.cuda.max_memory_reserved() / 2**20,
+            "device_used_mb": (total - free) / 2**20,
+            "gpu": torch.cuda.get_device_name(),
+        }
     res["env"] = child_env(backend)
     res["versions"] = library_versions()
     rt.close()
@@ -356,8 +388,6 @@ def _reset_peaks() -> None:
 
 def _free() -> None:
     """After a shared worker's variant: drop what it left (its runtime is closed), and CUDA's cached blocks."""
-    import gc
-
     gc.collect()
     if "torch" in sys.modules:
         import torch

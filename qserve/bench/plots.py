@@ -20,10 +20,10 @@ overlap.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-import os
 
 from qserve.bench.chartlabels import Label, place
 from qserve.bench.recommend import AGREEMENT_BAR
@@ -77,8 +77,12 @@ def _legend_order(names: list[str], st: dict[str, Style]) -> list[str]:
 
     def key(n: str) -> tuple:
         s = st[n]
-        return (fam.index(s.family) if s.family in fam else len(fam), s.family,
-                prec.index(s.precision) if s.precision in prec else len(prec), n)
+        return (
+            fam.index(s.family) if s.family in fam else len(fam),
+            s.family,
+            prec.index(s.precision) if s.precision in prec else len(prec),
+            n,
+        )
 
     return sorted(names, key=key)
 
@@ -86,8 +90,17 @@ def _legend_order(names: list[str], st: dict[str, Style]) -> list[str]:
 def _handle(name: str, s: Style, size: float = 7.0):
     from matplotlib.lines import Line2D
 
-    return Line2D([], [], linestyle="", marker=s.marker, color=s.colour, markersize=size, markeredgecolor="black",
-                  markeredgewidth=0.5, label=name)
+    return Line2D(
+        [],
+        [],
+        linestyle="",
+        marker=s.marker,
+        color=s.colour,
+        markersize=size,
+        markeredgecolor="black",
+        markeredgewidth=0.5,
+        label=name,
+    )
 
 
 def _plain_log_ticks(axis) -> None:
@@ -138,9 +151,18 @@ def decision_points(report: dict[str, Any]) -> list[dict[str, Any]]:
     batch), size, bits."""
     spec = {v["name"]: v.get("spec") or {} for v in report["variants"]}
     ranked, _ = ranked_latency(report)
-    return [{"name": r["variant"], "p50": ranked.get(r["variant"]), "throughput": r["throughput"],
-             "size_mb": r["size_mb"], "agreement": r["agreement"], "bits": spec[r["variant"]].get("bits")}
-            for r in summary_rows(report) if r["status"] == "ok" and r["agreement"] is not None]
+    return [
+        {
+            "name": r["variant"],
+            "p50": ranked.get(r["variant"]),
+            "throughput": r["throughput"],
+            "size_mb": r["size_mb"],
+            "agreement": r["agreement"],
+            "bits": spec[r["variant"]].get("bits"),
+        }
+        for r in summary_rows(report)
+        if r["status"] == "ok" and r["agreement"] is not None
+    ]
 
 
 def decision_figure(report: dict[str, Any]):
@@ -167,10 +189,20 @@ def decision_figure(report: dict[str, Any]):
 
     fig, axes = plt.subplots(1, 2, figsize=(13.5, 5.8), dpi=DPI, layout="constrained")
     _, what = ranked_latency(report)
-    panels = [(axes[0], "p50", f"{what} (ms, log scale): left is faster",
-               "Latency (what the recommendation ranks by) vs agreement"),
-              (axes[1], "throughput", f"throughput at b{bmax}/s{s} (sequences/s, log scale): right is faster",
-               f"Throughput at batch {bmax} vs agreement")]
+    panels = [
+        (
+            axes[0],
+            "p50",
+            f"{what} (ms, log scale): left is faster",
+            "Latency (what the recommendation ranks by) vs agreement",
+        ),
+        (
+            axes[1],
+            "throughput",
+            f"throughput at b{bmax}/s{s} (sequences/s, log scale): right is faster",
+            f"Throughput at batch {bmax} vs agreement",
+        ),
+    ]
     bars = sorted({bar for bar in AGREEMENT_BAR.values()}, reverse=True)
     bar_bits = {bar: "/".join(str(k) for k in sorted(AGREEMENT_BAR) if AGREEMENT_BAR[k] == bar) for bar in bars}
     ys = [p["agreement"] * 100 for p in pts] + [bar * 100 for bar in bars]
@@ -181,12 +213,29 @@ def decision_figure(report: dict[str, Any]):
             if p[key] is None:
                 continue
             sv = st[p["name"]]
-            ax.scatter([p[key]], [p["agreement"] * 100], s=area(p), marker=sv.marker, c=sv.colour,
-                       edgecolors="black", linewidths=0.5, zorder=3, alpha=0.9)
+            ax.scatter(
+                [p[key]],
+                [p["agreement"] * 100],
+                s=area(p),
+                marker=sv.marker,
+                c=sv.colour,
+                edgecolors="black",
+                linewidths=0.5,
+                zorder=3,
+                alpha=0.9,
+            )
             if p["name"] == rec:
                 ring = (math.sqrt(area(p)) + 9) ** 2
-                ax.scatter([p[key]], [p["agreement"] * 100], s=ring, marker="o", facecolors="none",
-                           edgecolors="black", linewidths=1.8, zorder=4)
+                ax.scatter(
+                    [p[key]],
+                    [p["agreement"] * 100],
+                    s=ring,
+                    marker="o",
+                    facecolors="none",
+                    edgecolors="black",
+                    linewidths=1.8,
+                    zorder=4,
+                )
         for bar, ls in zip(bars, ("--", ":", "-.")):
             ax.axhline(bar * 100, color="0.3", lw=1, ls=ls, zorder=1)
         ax.set_xscale("log")
@@ -200,23 +249,54 @@ def decision_figure(report: dict[str, Any]):
     handles = [_handle(nm, st[nm]) for nm in _legend_order([p["name"] for p in pts], st)]
     handles.append(Line2D([], [], linestyle="", label=" "))
     for mb in _size_refs(biggest):
-        handles.append(Line2D([], [], linestyle="", marker="o", color="0.75", markeredgecolor="black",
-                              markeredgewidth=0.5, markersize=math.sqrt(max(24.0, 300.0 * mb / biggest)),
-                              label=f"{mb:g} MB on disk"))
+        handles.append(
+            Line2D(
+                [],
+                [],
+                linestyle="",
+                marker="o",
+                color="0.75",
+                markeredgecolor="black",
+                markeredgewidth=0.5,
+                markersize=math.sqrt(max(24.0, 300.0 * mb / biggest)),
+                label=f"{mb:g} MB on disk",
+            )
+        )
     for bar, ls in zip(bars, ("--", ":", "-.")):
         handles.append(Line2D([], [], color="0.3", lw=1, ls=ls, label=f"agreement bar {bar:.0%} ({bar_bits[bar]}-bit)"))
     if rec:
-        handles.append(Line2D([], [], linestyle="", marker="o", markersize=13, markerfacecolor="none",
-                              markeredgecolor="black", markeredgewidth=1.8, label=f"recommended: {rec}"))
+        handles.append(
+            Line2D(
+                [],
+                [],
+                linestyle="",
+                marker="o",
+                markersize=13,
+                markerfacecolor="none",
+                markeredgecolor="black",
+                markeredgewidth=1.8,
+                label=f"recommended: {rec}",
+            )
+        )
     fig.legend(handles=handles, loc="outside right center", fontsize=8, frameon=False, labelspacing=0.9)
-    head = fig.suptitle(f"Which variant is fast and faithful? {_title(report)}"
-                        + (f" — recommended: {rec}" if rec else " — no variant meets its bar"), fontsize=12)
+    head = fig.suptitle(
+        f"Which variant is fast and faithful? {_title(report)}"
+        + (f" — recommended: {rec}" if rec else " — no variant meets its bar"),
+        fontsize=12,
+    )
     _freeze_layout(fig)
     for ax, key, *_ in panels:
-        labels = [Label(p[key], p["agreement"] * 100, p["name"] + (" (recommended)" if p["name"] == rec else ""),
-                        radius_px=(math.sqrt(area(p)) + (9 if p["name"] == rec else 0)) / 2 * DPI / 72,
-                        bold=p["name"] == rec)
-                  for p in pts if p[key] is not None]
+        labels = [
+            Label(
+                p[key],
+                p["agreement"] * 100,
+                p["name"] + (" (recommended)" if p["name"] == rec else ""),
+                radius_px=(math.sqrt(area(p)) + (9 if p["name"] == rec else 0)) / 2 * DPI / 72,
+                bold=p["name"] == rec,
+            )
+            for p in pts
+            if p[key] is not None
+        ]
         labels.sort(key=lambda lab: not lab.bold)  # the recommendation gets the first pick of spots
         place(ax, labels, avoid=_furniture(fig, head))
     return fig
@@ -251,8 +331,14 @@ def latency_figure(report: dict[str, Any]):
         p50 = [r["p50"] for r in recs]
         lo = [0.0] * len(recs)  # whiskers only upward: p50 -> p99, the tail a server sees
         hi = [r["p99"] - r["p50"] for r in recs]
-        kw = {"marker": sv.marker, "color": sv.colour, "markeredgecolor": "black", "markeredgewidth": 0.5,
-              "markersize": 6, "lw": 1.3}
+        kw = {
+            "marker": sv.marker,
+            "color": sv.colour,
+            "markeredgecolor": "black",
+            "markeredgewidth": 0.5,
+            "markersize": 6,
+            "lw": 1.3,
+        }
         # nudge each variant sideways a little so whiskers at the same batch size don't hide each other
         dodge = [bb * 1.04 ** (i - (len(variants) - 1) / 2) for bb in bs]
         ax1.errorbar(dodge, p50, yerr=[lo, hi], capsize=3, elinewidth=1, **kw)
@@ -273,8 +359,13 @@ def latency_figure(report: dict[str, Any]):
     ax2.set_title(f"Throughput vs batch size (seq {s})")
     # one legend for both panels: the same variant is the same colour and marker in each
     label = {v["name"]: shown(v, report) for v in variants}
-    fig.legend(handles=[_handle(label[nm], st[nm]) for nm in _legend_order(drawn, st)], loc="outside right center",
-               fontsize=8, frameon=False, labelspacing=0.9)
+    fig.legend(
+        handles=[_handle(label[nm], st[nm]) for nm in _legend_order(drawn, st)],
+        loc="outside right center",
+        fontsize=8,
+        frameon=False,
+        labelspacing=0.9,
+    )
     fig.suptitle(_title(report))
     return fig
 
@@ -308,9 +399,20 @@ def accuracy_figure(report: dict[str, Any]):
         y = a * 100
         lo, hi = wilson(a, n) if n else (a, a)
         sv = st[v["name"]]
-        ax.errorbar([x], [y], yerr=[[y - lo * 100], [hi * 100 - y]], marker=sv.marker, color=sv.colour,
-                    markeredgecolor="black", markeredgewidth=0.5, markersize=8, capsize=3, elinewidth=1,
-                    alpha=0.9, zorder=3)
+        ax.errorbar(
+            [x],
+            [y],
+            yerr=[[y - lo * 100], [hi * 100 - y]],
+            marker=sv.marker,
+            color=sv.colour,
+            markeredgecolor="black",
+            markeredgewidth=0.5,
+            markersize=8,
+            capsize=3,
+            elinewidth=1,
+            alpha=0.9,
+            zorder=3,
+        )
         ys += [lo * 100, hi * 100]
         labels.append(Label(x, y, shown(v, report), radius_px=4 * DPI / 72, bold=v["name"] == rec))
     ax.set_xscale("log")
@@ -321,8 +423,11 @@ def accuracy_figure(report: dict[str, Any]):
     ax.set_xlabel("size on disk (MB, log scale; variants of one size spread apart a little, to stay visible)")
     ax.set_ylabel("test accuracy (%), whiskers: 95% interval")
     n = acc0.get("n")
-    ax.set_title(f"Accuracy vs size ({acc0.get('dataset')} test, n={n}): where whiskers overlap, the "
-                 "difference is within sampling noise", fontsize=10)
+    ax.set_title(
+        f"Accuracy vs size ({acc0.get('dataset')} test, n={n}): where whiskers overlap, the "
+        "difference is within sampling noise",
+        fontsize=10,
+    )
     ax.grid(True, which="both", alpha=0.3)
     _freeze_layout(fig)
     labels.sort(key=lambda lab: not lab.bold)
@@ -360,8 +465,11 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-CHARTS = {"decision.png": decision_figure, "latency_vs_batch.png": latency_figure,
-          "accuracy_vs_size.png": accuracy_figure}
+CHARTS = {
+    "decision.png": decision_figure,
+    "latency_vs_batch.png": latency_figure,
+    "accuracy_vs_size.png": accuracy_figure,
+}
 
 
 def write_plots(report: dict[str, Any], out: Path) -> list[Path]:

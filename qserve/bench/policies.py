@@ -16,8 +16,8 @@ from typing import Any
 
 from qserve import problemtypes as problems
 from qserve.bench import evalpass
-from qserve.problemtypes import SINGLE, agreement
 from qserve.placement import mark
+from qserve.problemtypes import SINGLE, agreement
 
 SPEED_FRACTION = 0.5
 """`fast`: the most accurate policy whose texts/s is at least this fraction of head's."""
@@ -27,8 +27,14 @@ def with_head(policies: list[str]) -> list[str]:
     return list(dict.fromkeys(["head", *policies]))
 
 
-def measure(rt: Any, ev: dict[str, Any], policies: list[str], own: dict[str, Any] | None = None,
-            batch: int = 32, cache: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def measure(
+    rt: Any,
+    ev: dict[str, Any],
+    policies: list[str],
+    own: dict[str, Any] | None = None,
+    batch: int = 32,
+    cache: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
     """Child side: one record per policy (resolved for this variant), predictions included for the parent.
 
     `own` is the variant's accuracy record under its own policy: reused rather than measured twice. Texts are
@@ -40,16 +46,29 @@ def measure(rt: Any, ev: dict[str, Any], policies: list[str], own: dict[str, Any
     for asked in with_head(policies):
         policy = rt.resolve_policy(asked, "--long-text")
         stats = evalpass.piece_stats(rt, texts, policy, cache.get("dir"), cache.get("tokenizer"))
-        if own and own.get("policy") == str(policy) and own.get("predictions") is not None \
-                and len(own["predictions"]) == len(texts):
+        if (
+            own
+            and own.get("policy") == str(policy)
+            and own.get("predictions") is not None
+            and len(own["predictions"]) == len(texts)
+        ):
             preds, seconds = own["predictions"], own["seconds"]
         else:
             preds, seconds = evalpass.score(rt, texts, policy, stats["tokens"], batch)
         quality = problems.metrics(preds, labels, rt.problem_type, len(rt.labels))
-        out.append({"asked": asked, "policy": str(policy), "n": len(texts), "accuracy": quality.get("accuracy"),
-                    "seconds": seconds, "texts_per_s": len(texts) / seconds if seconds else None,
-                    "mean_windows": sum(stats["windows"]) / len(texts) if texts else None,
-                    "truncated": sum(stats["truncated"]) / len(texts) if texts else None, "predictions": preds})
+        out.append(
+            {
+                "asked": asked,
+                "policy": str(policy),
+                "n": len(texts),
+                "accuracy": quality.get("accuracy"),
+                "seconds": seconds,
+                "texts_per_s": len(texts) / seconds if seconds else None,
+                "mean_windows": sum(stats["windows"]) / len(texts) if texts else None,
+                "truncated": sum(stats["truncated"]) / len(texts) if texts else None,
+                "predictions": preds,
+            }
+        )
     return out
 
 
@@ -83,8 +102,11 @@ def choose(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     rank = sorted(scored, key=lambda r: (-r["accuracy"], -(r.get("texts_per_s") or 0.0)))
     quick = [r for r in rank if (r.get("texts_per_s") or 0.0) >= SPEED_FRACTION * head["texts_per_s"]]
     keep = ("policy", "accuracy", "agreement", "texts_per_s", "mean_windows", "truncated")
-    return {"fast": {k: quick[0].get(k) for k in keep}, "best": {k: rank[0].get(k) for k in keep},
-            "head": {k: head.get(k) for k in keep}}
+    return {
+        "fast": {k: quick[0].get(k) for k in keep},
+        "best": {k: rank[0].get(k) for k in keep},
+        "head": {k: head.get(k) for k in keep},
+    }
 
 
 def finish(report: dict[str, Any]) -> None:
@@ -95,15 +117,20 @@ def finish(report: dict[str, Any]) -> None:
         return
     rec = (report.get("recommended") or {}).get("variant")
     ref = report.get("agreement_reference")
-    v = (next((x for x in variants if x["name"] == rec), None) or next((x for x in variants if x["name"] == ref), None)
-         or variants[0])
+    v = (
+        next((x for x in variants if x["name"] == rec), None)
+        or next((x for x in variants if x["name"] == ref), None)
+        or variants[0]
+    )
     picked = choose(v["long_text_policies"])
     if picked is None:
         return
     f, b = picked["fast"], picked["best"]
-    why = (f"on {v['name']}: {f['policy']} is the most accurate policy ({f['accuracy']:.2%}) at >= "
-           f"{SPEED_FRACTION:.0%} of head's texts/s ({f['texts_per_s']:.1f} vs {picked['head']['texts_per_s']:.1f}); "
-           f"the most accurate overall is {b['policy']} ({b['accuracy']:.2%}, {b['texts_per_s']:.1f} texts/s)")
+    why = (
+        f"on {v['name']}: {f['policy']} is the most accurate policy ({f['accuracy']:.2%}) at >= "
+        f"{SPEED_FRACTION:.0%} of head's texts/s ({f['texts_per_s']:.1f} vs {picked['head']['texts_per_s']:.1f}); "
+        f"the most accurate overall is {b['policy']} ({b['accuracy']:.2%}, {b['texts_per_s']:.1f} texts/s)"
+    )
     report["long_text"] = {"variant": v["name"], **picked, "why": why}
 
 
@@ -121,25 +148,41 @@ def md_lines(report: dict[str, Any]) -> list[str]:
             few = f" ({r['n']} texts)" if r["n"] < top else ""
             agr = _pct(r.get("agreement")) + (f" ({r['agreement_n']} texts)" if r.get("agreement_n") else few)
             shown = v["name"] + mark(v.get("device"), (report.get("config") or {}).get("device"))
-            rows.append(f"| {shown} | {r['policy']} | {_pct(r.get('accuracy'))}{few} | {agr} | "
-                        + ("–" if not r.get("texts_per_s") else f"{r['texts_per_s']:.1f}")
-                        + f" | {r.get('mean_windows') or 0:.2f} | {_pct(r.get('truncated'))} |")
+            rows.append(
+                f"| {shown} | {r['policy']} | {_pct(r.get('accuracy'))}{few} | {agr} | "
+                + ("–" if not r.get("texts_per_s") else f"{r['texts_per_s']:.1f}")
+                + f" | {r.get('mean_windows') or 0:.2f} | {_pct(r.get('truncated'))} |"
+            )
     if not rows:
         return []
     ref = report.get("agreement_reference") or "fp32"
     n = top
-    L = ["## Long texts: policies compared", "",
-         f"The first {n} test texts scored under each long-text policy (predict() in batches of 32: tokenization, "
-         f"cutting, every window and the aggregation included); agreement is with {ref} under the same policy; "
-         "`truncated` is the share of texts with tokens no piece covered."
-         + (" Compared on the reference and the recommended variant only, the records the served policy is "
+    L = [
+        "## Long texts: policies compared",
+        "",
+        f"The first {n} test texts scored under each long-text policy (predict() in batches of 32: tokenization, "
+        f"cutting, every window and the aggregation included); agreement is with {ref} under the same policy; "
+        "`truncated` is the share of texts with tokens no piece covered."
+        + (
+            " Compared on the reference and the recommended variant only, the records the served policy is "
             "qualified and chosen on; every other variant is scored once, under its own policy (docs/bench.md)."
-            if any(v.get("status") == "ok" and v.get("accuracy") and not v.get("long_text_policies")
-                   for v in report["variants"]) else ""), "",
-         "| variant | policy | accuracy | agreement | texts/s | windows per text | truncated |",
-         "|---|---|---:|---:|---:|---:|---:|", *rows, ""]
+            if any(
+                v.get("status") == "ok" and v.get("accuracy") and not v.get("long_text_policies")
+                for v in report["variants"]
+            )
+            else ""
+        ),
+        "",
+        "| variant | policy | accuracy | agreement | texts/s | windows per text | truncated |",
+        "|---|---|---:|---:|---:|---:|---:|",
+        *rows,
+        "",
+    ]
     lt = report.get("long_text")
     if lt:
-        L += [f"**Long-text policy served: {lt['fast']['policy']}** (most accurate overall: {lt['best']['policy']}); "
-              f"{lt['why']}. `qserve serve MODEL_DIR` serves {lt['fast']['policy']}.", ""]
+        L += [
+            f"**Long-text policy served: {lt['fast']['policy']}** (most accurate overall: {lt['best']['policy']}); "
+            f"{lt['why']}. `qserve serve MODEL_DIR` serves {lt['fast']['policy']}.",
+            "",
+        ]
     return L

@@ -7,9 +7,9 @@ the text's own tokenization, timed in turn.
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any
-import statistics
 
 import numpy as np
 
@@ -37,7 +37,7 @@ def real_text(rt, job: dict[str, Any], texts: list[str]) -> list[dict[str, Any]]
 
     out = []
     for b in job["batch_sizes"]:
-        batches = [texts[i:i + b] for i in range(0, len(texts), b)] or [texts]
+        batches = [texts[i : i + b] for i in range(0, len(texts), b)] or [texts]
         padded: list[float] = []
         n_texts = 0
         samples: list[float] = []
@@ -45,8 +45,9 @@ def real_text(rt, job: dict[str, Any], texts: list[str]) -> list[dict[str, Any]]
         rt.synchronize()
         start = time.perf_counter()
         i = 0
-        while len(samples) < job["max_iters"] and (len(samples) < job["min_iters"]
-                                                    or time.perf_counter() - start < job["time_budget_s"]):
+        while len(samples) < job["max_iters"] and (
+            len(samples) < job["min_iters"] or time.perf_counter() - start < job["time_budget_s"]
+        ):
             chunk = batches[i % len(batches)]
             t0 = time.perf_counter()
             rt.predict(chunk)
@@ -55,20 +56,23 @@ def real_text(rt, job: dict[str, Any], texts: list[str]) -> list[dict[str, Any]]
             n_texts += len(chunk)
             i += 1
         tok_ms: list[float] = []  # the text's own tokenization (+ cut and padding), timed apart from the model
-        for chunk in batches[:min(len(batches), len(samples))]:
+        for chunk in batches[: min(len(batches), len(samples))]:
             t0 = time.perf_counter()
             mask = rt.tokenize(chunk)["attention_mask"]
             tok_ms.append((time.perf_counter() - t0) * 1e3)
             if rt.buckets:  # a length-bucketed variant runs each text at its bucket, not at the batch's longest
-
                 padded.append(sum(bucket_for(int(n), rt.buckets) for n in mask.sum(axis=1)) / len(chunk))
             else:
                 padded.append(int(mask.shape[1]))
-        rec = {"batch": b, **summarize(samples), "texts": n_texts,
-               "throughput": throughput(n_texts, sum(samples) / 1e3),
-               "mean_padded_len": sum(padded) / len(padded) if padded else None,
-               # real-text p50 vs fixed-shape p50 + this: what the real-text path costs beyond tokenizing
-               "tokenize_p50_ms": float(np.median(tok_ms)) if tok_ms else None}
+        rec = {
+            "batch": b,
+            **summarize(samples),
+            "texts": n_texts,
+            "throughput": throughput(n_texts, sum(samples) / 1e3),
+            "mean_padded_len": sum(padded) / len(padded) if padded else None,
+            # real-text p50 vs fixed-shape p50 + this: what the real-text path costs beyond tokenizing
+            "tokenize_p50_ms": float(np.median(tok_ms)) if tok_ms else None,
+        }
         out.append(rec)
     return out
 
@@ -106,5 +110,13 @@ def real_text_check(rt, job: dict[str, Any], texts: list[str]) -> dict[str, Any]
         tk.append((time.perf_counter() - t0) * 1e3)
 
     fm, rm, tm = statistics.median(f), statistics.median(r), statistics.median(tk)
-    return {"pairs": CHECK_PAIRS, "seq": seq, "fixed_p50": fm, "real_p50": rm, "tokenize_p50": tm,
-            "ratio": rm / (fm + tm), "bound": CHECK_BOUND, "within": rm / (fm + tm) <= CHECK_BOUND}
+    return {
+        "pairs": CHECK_PAIRS,
+        "seq": seq,
+        "fixed_p50": fm,
+        "real_p50": rm,
+        "tokenize_p50": tm,
+        "ratio": rm / (fm + tm),
+        "bound": CHECK_BOUND,
+        "within": rm / (fm + tm) <= CHECK_BOUND,
+    }

@@ -54,11 +54,20 @@ def recommend(report: dict[str, Any]) -> dict[str, Any]:
             continue
         bits = (v.get("spec") or {}).get("bits")
         agr, bar = v.get("agreement"), bar_for(bits)
-        ranking.append({"variant": v["name"], "dir": v["dir"], "p50_ms": None,
-                        "real_b1_p50_ms": real["p50"] if real else None,
-                        "fixed_p50_ms": st["p50"] if st else None, "agreement": agr, "bar": bar,
-                        "bits": bits, "meets_bar": agr is not None and agr >= bar,
-                        **({"gate": v["gate"]["passed"], "gate_record": v["gate"]} if v.get("gate") else {})})
+        ranking.append(
+            {
+                "variant": v["name"],
+                "dir": v["dir"],
+                "p50_ms": None,
+                "real_b1_p50_ms": real["p50"] if real else None,
+                "fixed_p50_ms": st["p50"] if st else None,
+                "agreement": agr,
+                "bar": bar,
+                "bits": bits,
+                "meets_bar": agr is not None and agr >= bar,
+                **({"gate": v["gate"]["passed"], "gate_record": v["gate"]} if v.get("gate") else {}),
+            }
+        )
     # Once any variant carries a release gate (`qserve gate`), only gated ones may be recommended: one that passed,
     # or the reference itself (it is what the gate compares with). Without gates, the point-estimate bar as before.
     gated = any("gate" in r for r in ranking)
@@ -76,29 +85,47 @@ def recommend(report: dict[str, Any]) -> dict[str, Any]:
     ok = [r for r in ranking if r["meets_bar"]]
     if not ok:
         speed_only = all(r["agreement"] is None for r in ranking)
-        why = ("no variant has an agreement measurement (speed-only run)" if speed_only
-               else "no gated variant passed its release gate and meets its agreement bar" if gated
-               else "no variant meets its agreement bar")
+        why = (
+            "no variant has an agreement measurement (speed-only run)"
+            if speed_only
+            else "no gated variant passed its release gate and meets its agreement bar"
+            if gated
+            else "no variant meets its agreement bar"
+        )
         return {"variant": None, "why": why, "shape": shape, "cpu": cpu, "ranking": ranking}
     best = ok[0]
     faster = [r["variant"] for r in ranking if r["p50_ms"] < best["p50_ms"]]
-    fixed = (f"; b{b}/s{s} p50 {best['fixed_p50_ms']:.2f} ms" if by_real and best["fixed_p50_ms"] is not None
-             else "")
+    fixed = f"; b{b}/s{s} p50 {best['fixed_p50_ms']:.2f} ms" if by_real and best["fixed_p50_ms"] is not None else ""
     metric = f" ({report['agreement_metric']})" if report.get("agreement_metric") else ""
-    why = (f"fastest at {shape} (median {best['p50_ms']:.2f} ms{fixed}) among variants whose agreement{metric} with "
-           f"{ref or 'fp32'} meets the bar (int8 >= 99%, 4-bit >= 97%, 16/32-bit >= 99%): {best['agreement']:.2%} >= "
-           f"{best['bar']:.0%}" + (_gate_words(best["gate_record"]) if best.get("gate") else "")
-           + (f"; faster but below the bar{', not gated or failed its gate' if gated else ''}: {', '.join(faster)}" if faster else ""))
-    return {**{k: best[k] for k in ("variant", "dir", "p50_ms", "agreement", "bar")}, "shape": shape, "why": why,
-            "cpu": cpu, "reference": ref, "ranking": ranking}
+    why = (
+        f"fastest at {shape} (median {best['p50_ms']:.2f} ms{fixed}) among variants whose agreement{metric} with "
+        f"{ref or 'fp32'} meets the bar (int8 >= 99%, 4-bit >= 97%, 16/32-bit >= 99%): {best['agreement']:.2%} >= "
+        f"{best['bar']:.0%}"
+        + (_gate_words(best["gate_record"]) if best.get("gate") else "")
+        + (
+            f"; faster but below the bar{', not gated or failed its gate' if gated else ''}: {', '.join(faster)}"
+            if faster
+            else ""
+        )
+    )
+    return {
+        **{k: best[k] for k in ("variant", "dir", "p50_ms", "agreement", "bar")},
+        "shape": shape,
+        "why": why,
+        "cpu": cpu,
+        "reference": ref,
+        "ranking": ranking,
+    }
 
 
 def _gate_words(g: dict[str, Any]) -> str:
     """The gate's own evidence, which may rest on more texts than the bench scored this variant on (the eval cut)."""
     if g.get("agreement") is None or g.get("agreement_lower_bound") is None:
         return "; release gate passed"
-    return (f"; release gate passed: agreement {g['agreement']:.2%}, lower bound {g['agreement_lower_bound']:.2%} >= "
-            f"{g['bar']:.0%} on {g['n']} texts")
+    return (
+        f"; release gate passed: agreement {g['agreement']:.2%}, lower bound {g['agreement_lower_bound']:.2%} >= "
+        f"{g['bar']:.0%} on {g['n']} texts"
+    )
 
 
 def md_lines(report: dict[str, Any]) -> list[str]:
@@ -111,9 +138,13 @@ def md_lines(report: dict[str, Any]) -> list[str]:
     run = (report.get("config") or {}).get("device")
     where = mark(entry.get("device"), run)
     on = f"{((report.get('environment') or {}).get('gpu'))}, " if str(run).startswith("cuda") else ""
-    return [f"**Recommended variant on this machine ({on}{rec.get('cpu')}): {rec['variant']}{where}**, {rec['why']}. "
-            "`qserve serve MODEL_DIR` serves it by default" + (f", on the {entry.get('device')} as measured" if where
-                                                              else "") + ".", ""]
+    return [
+        f"**Recommended variant on this machine ({on}{rec.get('cpu')}): {rec['variant']}{where}**, {rec['why']}. "
+        "`qserve serve MODEL_DIR` serves it by default"
+        + (f", on the {entry.get('device')} as measured" if where else "")
+        + ".",
+        "",
+    ]
 
 
 def from_model_dir(model_dir: str | Path) -> tuple[Path, dict[str, Any]]:
@@ -121,8 +152,10 @@ def from_model_dir(model_dir: str | Path) -> tuple[Path, dict[str, Any]]:
     model_dir = Path(model_dir)
     path = model_dir / "report" / "report.json"
     if not path.is_file():
-        raise QserveError(f"{model_dir} is neither a variant dir (no manifest.json) nor a model dir with a bench "
-                          f"report ({path} is missing); pass a variant dir, or run `qserve pipeline` first")
+        raise QserveError(
+            f"{model_dir} is neither a variant dir (no manifest.json) nor a model dir with a bench "
+            f"report ({path} is missing); pass a variant dir, or run `qserve pipeline` first"
+        )
     try:
         report = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:
@@ -135,13 +168,21 @@ def from_model_dir(model_dir: str | Path) -> tuple[Path, dict[str, Any]]:
     if not (vdir / "manifest.json").is_file():
         vdir = Path(rec["dir"])
     if not (vdir / "manifest.json").is_file():
-        raise QserveError(f"{path} recommends {name}, but neither {model_dir / 'variants' / name} nor {rec['dir']} "
-                          f"holds it; re-export it or pass a variant dir")
+        raise QserveError(
+            f"{path} recommends {name}, but neither {model_dir / 'variants' / name} nor {rec['dir']} "
+            f"holds it; re-export it or pass a variant dir"
+        )
     here = _cpu_model()
     # the long-text policy the report names for serving (bench --long-text), else the variant's own
     long_text = ((report.get("long_text") or {}).get("fast") or {}).get("policy")
-    return vdir, {"variant": name, "why": rec["why"], "report": str(path), "measured_on": rec.get("cpu"),
-                  "same_cpu": here == rec.get("cpu") if here and rec.get("cpu") else None, "long_text": long_text}
+    return vdir, {
+        "variant": name,
+        "why": rec["why"],
+        "report": str(path),
+        "measured_on": rec.get("cpu"),
+        "same_cpu": here == rec.get("cpu") if here and rec.get("cpu") else None,
+        "long_text": long_text,
+    }
 
 
 def _cpu_model() -> str | None:

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
-from qserve.bench.summary import fixed_shape, invariance_cell, peak_memory, shown, summary_rows
 from qserve.bench.html import render_html
 from qserve.bench.plots import write_plots
 from qserve.bench.policies import md_lines as long_text_lines
 from qserve.bench.recommend import md_lines
+from qserve.bench.summary import fixed_shape, peak_memory, shown, summary_rows
 from qserve.devices import cpu_label
 from qserve.files import write_json_atomic, write_text_atomic
 from qserve.provenance import with_header
@@ -39,7 +39,9 @@ def load_report(path: str | Path) -> tuple[dict[str, Any], Path]:
     except ValueError as e:
         raise QserveError(f"{p} is not valid JSON ({e})") from None
     if not isinstance(data, dict) or not str(data.get("format", "")).startswith("qserve-bench/"):
-        raise QserveError(f"{p} is not a qserve bench report (format {data.get('format') if isinstance(data, dict) else None!r})")
+        raise QserveError(
+            f"{p} is not a qserve bench report (format {data.get('format') if isinstance(data, dict) else None!r})"
+        )
     return data, p.parent
 
 
@@ -66,12 +68,14 @@ def _floor_lines(report: dict[str, Any]) -> list[str]:
     if not fl:
         return lines + [f"Not stated: {floor.get('error', 'no FLOP count')}.", ""]
     threads = floor.get("threads", report["config"].get("threads"))
-    lines.append(f"One sequence of {s} tokens costs **{fl['total'] / 1e9:.3f} GFLOP** "
-                 f"(linear layers {fl['linear'] / 1e9:.3f} = 2 × {fl['params_linear'] / 1e6:.2f}M params × {s}; "
-                 f"attention {fl['attention'] / 1e9:.3f} = 2·2·S²·d per layer; head {fl['head'] / 1e6:.2f} MFLOP; "
-                 "embeddings excluded). Peak GEMM rates measured on this machine at "
-                 f"{threads} threads (best-of-N timing; the model's own GEMM shapes at {b * s} rows, "
-                 "then larger saturating shapes):")
+    lines.append(
+        f"One sequence of {s} tokens costs **{fl['total'] / 1e9:.3f} GFLOP** "
+        f"(linear layers {fl['linear'] / 1e9:.3f} = 2 × {fl['params_linear'] / 1e6:.2f}M params × {s}; "
+        f"attention {fl['attention'] / 1e9:.3f} = 2·2·S²·d per layer; head {fl['head'] / 1e6:.2f} MFLOP; "
+        "embeddings excluded). Peak GEMM rates measured on this machine at "
+        f"{threads} threads (best-of-N timing; the model's own GEMM shapes at {b * s} rows, "
+        "then larger saturating shapes):"
+    )
     lines.append("")
     peaks, mpeaks = floor.get("peaks") or {}, floor.get("model_peaks") or {}
     if not peaks:
@@ -83,24 +87,49 @@ def _floor_lines(report: dict[str, Any]) -> list[str]:
             if name in table:
                 p = table[name]
                 fm = fl["total"] * b / (p["gflops"] * 1e9) * 1e3
-                rows.append([name, kind, f"{p['gflops']:,.1f}", p["method"], "×".join(map(str, p["shape"])),
-                             f"{fm:.2f}"])
-    lines += _table(["compute", "rate", "GFLOP/s (GOP/s for int8)", "measured with", "M×K×N",
-                     f"floor b{b}/s{s} (ms)"], rows, ["---", "---", "---:", "---", "---", "---:"])
-    lines += ["", "Each variant is held to the peak of its compute type (fp32 → fp32, bf16 → bf16, int8 → int8; "
-              "4-bit and other low-bit formats → the fastest peak measured). The summary table's floor uses the "
-              "machine peak (the hardest bound); the model-shape floor is what the fastest measured kernel reaches "
-              "on this workload's own matrices. p50/floor = 1.0 would mean every FLOP ran at that rate.", ""]
+                rows.append(
+                    [name, kind, f"{p['gflops']:,.1f}", p["method"], "×".join(map(str, p["shape"])), f"{fm:.2f}"]
+                )
+    lines += _table(
+        ["compute", "rate", "GFLOP/s (GOP/s for int8)", "measured with", "M×K×N", f"floor b{b}/s{s} (ms)"],
+        rows,
+        ["---", "---", "---:", "---", "---", "---:"],
+    )
+    lines += [
+        "",
+        "Each variant is held to the peak of its compute type (fp32 → fp32, bf16 → bf16, int8 → int8; "
+        "4-bit and other low-bit formats → the fastest peak measured). The summary table's floor uses the "
+        "machine peak (the hardest bound); the model-shape floor is what the fastest measured kernel reaches "
+        "on this workload's own matrices. p50/floor = 1.0 would mean every FLOP ran at that rate.",
+        "",
+    ]
     vrows = []
     for v in report["variants"]:
         f = v.get("floor") or {}
         if v["status"] != "ok" or not f:
             continue
-        vrows.append([shown(v, report), f.get("peak") or "–", _f(f.get("floor_ms"), 2), _f(f.get("p50_over_floor"), 2, "×"),
-                      _f(f.get("model_floor_ms"), 2), _f(f.get("model_p50_over_floor"), 2, "×")])
+        vrows.append(
+            [
+                shown(v, report),
+                f.get("peak") or "–",
+                _f(f.get("floor_ms"), 2),
+                _f(f.get("p50_over_floor"), 2, "×"),
+                _f(f.get("model_floor_ms"), 2),
+                _f(f.get("model_p50_over_floor"), 2, "×"),
+            ]
+        )
     if vrows:
-        lines += _table(["variant", "compute", "floor, machine peak (ms)", "p50/floor", "floor, model shapes (ms)",
-                         "p50/model-shape floor"], vrows) + [""]
+        lines += _table(
+            [
+                "variant",
+                "compute",
+                "floor, machine peak (ms)",
+                "p50/floor",
+                "floor, model shapes (ms)",
+                "p50/model-shape floor",
+            ],
+            vrows,
+        ) + [""]
     return lines
 
 
@@ -114,28 +143,44 @@ def render_md(report: dict[str, Any]) -> str:
     else:
         dev = cpu_label(env["cpu"]) if env.get("cpu") else None
     L = [f"# Benchmark: {model.get('name') or 'variants'} on {cfg['device']}, threads={cfg['threads']}", ""]
-    L.append(f"Run `{report['run']['name']}`, created {report['created']}, {dev}. "
-             f"Latency: fixed-shape batches of real token ids (full attention mask), after warm-up, "
-             f"≤{cfg['time_budget_s']:g} s or ≤{cfg['max_iters']} calls per shape (≥{cfg['min_iters']}). "
-             + _isolation(report))
+    L.append(
+        f"Run `{report['run']['name']}`, created {report['created']}, {dev}. "
+        f"Latency: fixed-shape batches of real token ids (full attention mask), after warm-up, "
+        f"≤{cfg['time_budget_s']:g} s or ≤{cfg['max_iters']} calls per shape (≥{cfg['min_iters']}). "
+        + _isolation(report)
+    )
     L.append("")
     suite = report.get("suite") or {}
     if suite:
         fails = suite.get("export_failures") or {}
-        L += [f"Suite `{suite.get('script')}`" + (": **random weights, speed only** (accuracy is meaningless here)"
-                                                  if suite.get("random_weights") else "")
-              + (". Export failed for " + "; ".join(f"{k} ({v})" for k, v in sorted(fails.items())) if fails else "")
-              + ".", ""]
+        L += [
+            f"Suite `{suite.get('script')}`"
+            + (": **random weights, speed only** (accuracy is meaningless here)" if suite.get("random_weights") else "")
+            + (". Export failed for " + "; ".join(f"{k} ({v})" for k, v in sorted(fails.items())) if fails else "")
+            + ".",
+            "",
+        ]
 
     L += md_lines(report)
     if any(r["agreement"] is not None for r in summary_rows(report) if r["status"] == "ok"):
         L += ["![which variant is fast and faithful: latency and throughput against agreement](decision.png)", ""]
     _, memkind = peak_memory(next(iter(report["variants"]), {}))
     ref = report.get("agreement_reference")
-    header = ["variant", "size (MB)", "load (s)", f"p50 b{b}/s{s} (ms)", f"p99 b{b}/s{s} (ms)",
-              f"throughput b{bmax}/s{s} (seq/s)", f"{memkind} (MiB)", "accuracy",
-              f"agreement vs {ref or 'fp32'}", "speed-up vs torch-fp32", f"floor b{b}/s{s} (ms)", "p50/floor",
-              "batch invariance: max \\|Δprob\\| / label flips"]  # escaped: a bare pipe would split the column
+    header = [
+        "variant",
+        "size (MB)",
+        "load (s)",
+        f"p50 b{b}/s{s} (ms)",
+        f"p99 b{b}/s{s} (ms)",
+        f"throughput b{bmax}/s{s} (seq/s)",
+        f"{memkind} (MiB)",
+        "accuracy",
+        f"agreement vs {ref or 'fp32'}",
+        "speed-up vs torch-fp32",
+        f"floor b{b}/s{s} (ms)",
+        "p50/floor",
+        "batch invariance: max \\|Δprob\\| / label flips",
+    ]  # escaped: a bare pipe would split the column
     rows = []
     full_n = max((r["eval_n"] or 0 for r in summary_rows(report)), default=0)
     for r in summary_rows(report):
@@ -143,13 +188,23 @@ def render_md(report: dict[str, Any]) -> str:
             rows.append([f"{r['shown']} **FAILED**", _f(r["size_mb"], 1)] + ["–"] * (len(header) - 2))
             continue
         few = f" ({r['eval_n']} texts)" if r["eval_n"] and r["eval_n"] < full_n else ""  # the eval cut: say so
-        rows.append([r["shown"], _f(r["size_mb"], 1), _f(r["load_s"], 2), _f(r["p50_ms"], 2), _f(r["p99_ms"], 2),
-                     _f(r["throughput"], 1), _f(r["peak_mem_mib"], 0),
-                     _f(r["accuracy"] * 100, 2, "%") + few if r["accuracy"] is not None else "–",
-                     _f(r["agreement"] * 100, 2, "%") + few if r["agreement"] is not None else "–",
-                     _f(r["speedup"], 2, "×"), _f(r["floor_ms"], 2),
-                     _f(r["p50_over_floor"], 2, "×") + (f" ({r['floor_peak']})" if r["floor_peak"] else ""),
-                     r["invariance"]])
+        rows.append(
+            [
+                r["shown"],
+                _f(r["size_mb"], 1),
+                _f(r["load_s"], 2),
+                _f(r["p50_ms"], 2),
+                _f(r["p99_ms"], 2),
+                _f(r["throughput"], 1),
+                _f(r["peak_mem_mib"], 0),
+                _f(r["accuracy"] * 100, 2, "%") + few if r["accuracy"] is not None else "–",
+                _f(r["agreement"] * 100, 2, "%") + few if r["agreement"] is not None else "–",
+                _f(r["speedup"], 2, "×"),
+                _f(r["floor_ms"], 2),
+                _f(r["p50_over_floor"], 2, "×") + (f" ({r['floor_peak']})" if r["floor_peak"] else ""),
+                r["invariance"],
+            ]
+        )
     L += _table(header, rows) + [""]
     notes = []
     if not any(r["accuracy"] is not None for r in summary_rows(report)):
@@ -159,16 +214,23 @@ def render_md(report: dict[str, Any]) -> str:
     cut = [v for v in report["variants"] if (v.get("eval_cut") or {}).get("n")]
     if cut:
         c = cut[0]["eval_cut"]
-        why = ", ".join(f"{v['name']} {v['eval_cut']['real_b1_p50_ms']:.2f} ms vs {v['eval_cut'].get('bound_variant')} "
-                        f"{v['eval_cut']['bound_ms']:.2f} ms" for v in cut)
-        notes.append(f"accuracy and agreement of {', '.join(v['name'] for v in cut)} on the first {c['n']} of "
-                     f"{c['of']} test texts: each is slower at b1 on real texts than a variant measured before it "
-                     f"that meets its agreement bar ({why}), so none of them can be recommended (docs/bench.md)")
+        why = ", ".join(
+            f"{v['name']} {v['eval_cut']['real_b1_p50_ms']:.2f} ms vs {v['eval_cut'].get('bound_variant')} "
+            f"{v['eval_cut']['bound_ms']:.2f} ms"
+            for v in cut
+        )
+        notes.append(
+            f"accuracy and agreement of {', '.join(v['name'] for v in cut)} on the first {c['n']} of "
+            f"{c['of']} test texts: each is slower at b1 on real texts than a variant measured before it "
+            f"that meets its agreement bar ({why}), so none of them can be recommended (docs/bench.md)"
+        )
     moved = [v for v in report["variants"] if shown(v, report) != v["name"]]
     if moved:  # a CUDA run's CPU variants (qserve.placement): every table marks them
-        notes.append("measured on another device than the run's, marked so in every table: " + "; ".join(
-            f"{shown(v, report)}" + (f" ({v['placement']})" if v.get("placement") else "") for v in moved)
-            + "; their floor is not stated (the floor's peaks are the run device's)")
+        notes.append(
+            "measured on another device than the run's, marked so in every table: "
+            + "; ".join(f"{shown(v, report)}" + (f" ({v['placement']})" if v.get("placement") else "") for v in moved)
+            + "; their floor is not stated (the floor's peaks are the run device's)"
+        )
     own = {v["name"]: v.get("long_text") for v in report["variants"] if v.get("long_text")}
     if any(p != "head" for p in own.values()):  # accuracy above is under each variant's own policy
         notes.append("long-text policy per variant: " + ", ".join(f"{k} {p}" for k, p in own.items()))
@@ -177,7 +239,14 @@ def render_md(report: dict[str, Any]) -> str:
     L += _checks(report) + _floor_lines(report)
 
     L += _execution_lines(report)
-    L += _grid(report) + _real_text(report) + long_text_lines(report) + _invariance(report) + _bench_time_lines(report) + _failures(report)
+    L += (
+        _grid(report)
+        + _real_text(report)
+        + long_text_lines(report)
+        + _invariance(report)
+        + _bench_time_lines(report)
+        + _failures(report)
+    )
     L += _gate_lines(report) + _stage_lines(report) + _env(report)
     L += ["## Plots", "", "![latency vs batch size](latency_vs_batch.png)", ""]
     if any(r["accuracy"] is not None for r in summary_rows(report)):
@@ -192,11 +261,14 @@ def _isolation(report: dict[str, Any]) -> str:
     if not together:
         return "Each variant ran in its own process, loaded through `load_runtime`, as served."
     alone = len(report["variants"]) - len(together)
-    return (f"{', '.join(together)} ran one after another in one worker process (`--isolation`: imports and CUDA's "
-            "start-up paid once; CUDA's peak memory counters and the peak RSS reset before each, the previous "
-            "variant freed after it, so their peak RSS also holds what the libraries and earlier variants left "
-            "resident)" + (f"; the other {alone} each in its own process" if alone else "")
-            + ", every one loaded through `load_runtime`, as served.")
+    return (
+        f"{', '.join(together)} ran one after another in one worker process (`--isolation`: imports and CUDA's "
+        "start-up paid once; CUDA's peak memory counters and the peak RSS reset before each, the previous "
+        "variant freed after it, so their peak RSS also holds what the libraries and earlier variants left "
+        "resident)"
+        + (f"; the other {alone} each in its own process" if alone else "")
+        + ", every one loaded through `load_runtime`, as served."
+    )
 
 
 def _checks(report: dict[str, Any]) -> list[str]:
@@ -204,6 +276,7 @@ def _checks(report: dict[str, Any]) -> list[str]:
     checks = report.get("checks") or []
     if not checks:
         return []
+
     def result(c: dict[str, Any]) -> str:
         if c.get("passed") is not None:
             return "**pass**" if c["passed"] else "**FAIL**"
@@ -211,8 +284,11 @@ def _checks(report: dict[str, Any]) -> list[str]:
         return "not measured" if c.get("value") is None else "–"
 
     rows = [[c["name"], _f(c.get("value"), 2, c.get("unit", "")), c.get("target", ""), result(c)] for c in checks]
-    return ["## Checks", ""] + _table(["check", "measured", "target", "result"], rows,
-                                      ["---", "---:", "---", "---"]) + [""]
+    return (
+        ["## Checks", ""]
+        + _table(["check", "measured", "target", "result"], rows, ["---", "---:", "---", "---"])
+        + [""]
+    )
 
 
 def _execution_lines(report: dict[str, Any]) -> list[str]:
@@ -236,17 +312,36 @@ def _execution_lines(report: dict[str, Any]) -> list[str]:
             p50, tp = (st or {}).get("p50"), (big or {}).get("throughput")
             if mode == "eager":
                 eager_p50, eager_tp = p50, tp
-            gain = [_f(eager_p50 / p50 if mode != "eager" and eager_p50 and p50 else None, 2, "×"),
-                    _f(tp / eager_tp if mode != "eager" and eager_tp and tp else None, 2, "×")]
+            gain = [
+                _f(eager_p50 / p50 if mode != "eager" and eager_p50 and p50 else None, 2, "×"),
+                _f(tp / eager_tp if mode != "eager" and eager_tp and tp else None, 2, "×"),
+            ]
             rows.append([f"{v['name']} ({mode})", _f(p50, 3), _f((st or {}).get("p99"), 3), _f(tp, 1), *gain])
     if not rows:
         return []
-    return (["## Eager and CUDA graphs (torch variants on CUDA)", "",
-             f"The same fixed shapes, eager and as the variant runs (`--cuda-graphs`, default auto: graphs captured "
-             f"at load per (batch, length) bucket, kept where a short measurement at load finds them faster).", ""]
-            + _table(["variant (execution)", f"p50 b{b}/s{s} (ms)", f"p99 b{b}/s{s} (ms)",
-                      f"throughput b{bmax}/s{s} (seq/s)", "p50 speed-up", "throughput gain"], rows)
-            + [""] + why + [""])
+    return (
+        [
+            "## Eager and CUDA graphs (torch variants on CUDA)",
+            "",
+            "The same fixed shapes, eager and as the variant runs (`--cuda-graphs`, default auto: graphs captured "
+            "at load per (batch, length) bucket, kept where a short measurement at load finds them faster).",
+            "",
+        ]
+        + _table(
+            [
+                "variant (execution)",
+                f"p50 b{b}/s{s} (ms)",
+                f"p99 b{b}/s{s} (ms)",
+                f"throughput b{bmax}/s{s} (seq/s)",
+                "p50 speed-up",
+                "throughput gain",
+            ],
+            rows,
+        )
+        + [""]
+        + why
+        + [""]
+    )
 
 
 def _grid(report: dict[str, Any]) -> list[str]:
@@ -263,22 +358,41 @@ def _grid(report: dict[str, Any]) -> list[str]:
         rows.append([shown(v, report)] + cells)
     if not rows:
         return []
-    return (["## Latency grid (p50 / p99 ms)", ""] + _table(["variant"] + [f"b{b}/s{s}" for b, s in shapes], rows)
-            + ["", "Full statistics (count, mean, p90, p95, stdev, throughput) per shape are in report.json and report.csv.", ""])
+    return (
+        ["## Latency grid (p50 / p99 ms)", ""]
+        + _table(["variant"] + [f"b{b}/s{s}" for b, s in shapes], rows)
+        + [
+            "",
+            "Full statistics (count, mean, p90, p95, stdev, throughput) per shape are in report.json and report.csv.",
+            "",
+        ]
+    )
 
 
 def _real_text(report: dict[str, Any]) -> list[str]:
     rows = []
     for v in report["variants"]:
         for rt in v.get("real_text") or []:
-            rows.append([shown(v, report), str(rt["batch"]), _f(rt.get("p50"), 2), _f(rt.get("p99"), 2),
-                         _f(rt.get("throughput"), 1), _f(rt.get("mean_padded_len"), 1), str(rt.get("count"))])
+            rows.append(
+                [
+                    shown(v, report),
+                    str(rt["batch"]),
+                    _f(rt.get("p50"), 2),
+                    _f(rt.get("p99"), 2),
+                    _f(rt.get("throughput"), 1),
+                    _f(rt.get("mean_padded_len"), 1),
+                    str(rt.get("count")),
+                ]
+            )
     if not rows:
         return []
     ds: dict[str, Any] = next((v["data"] for v in report["variants"] if v.get("data")), {}) or {}
-    return ([f"## Real text ({ds.get('dataset')} test split, predict() with tokenization and dynamic padding)", ""]
-            + _table(["variant", "batch", "p50 (ms)", "p99 (ms)", "texts/s", "mean padded length", "calls"], rows)
-            + [""] + _real_text_check(report))
+    return (
+        [f"## Real text ({ds.get('dataset')} test split, predict() with tokenization and dynamic padding)", ""]
+        + _table(["variant", "batch", "p50 (ms)", "p99 (ms)", "texts/s", "mean padded length", "calls"], rows)
+        + [""]
+        + _real_text_check(report)
+    )
 
 
 def _real_text_check(report: dict[str, Any]) -> list[str]:
@@ -287,13 +401,35 @@ def _real_text_check(report: dict[str, Any]) -> list[str]:
     if not checks:
         return []
     c0 = checks[0][1]
-    rows = [[name, _f(c["real_p50"], 2), _f(c["fixed_p50"], 2), _f(c["tokenize_p50"], 2),
-             f"{c['ratio']:.2f}x " + ("✓" if c["within"] else "✗")] for name, c in checks]
-    return ([f"What the real-text path costs beyond the model and the tokenizer: predict([text]) against the fixed "
-             f"b1/s{c0['seq']} forward plus that text's own tokenization, timed in turn call by call "
-             f"({c0['pairs']} each), so both see the same machine; the bound is {c0['bound']}x.", ""]
-            + _table(["variant", "real-text b1 p50 (ms)", f"fixed b1/s{c0['seq']} p50 (ms)", "tokenize p50 (ms)",
-                      "real / (fixed + tokenize)"], rows) + [""])
+    rows = [
+        [
+            name,
+            _f(c["real_p50"], 2),
+            _f(c["fixed_p50"], 2),
+            _f(c["tokenize_p50"], 2),
+            f"{c['ratio']:.2f}x " + ("✓" if c["within"] else "✗"),
+        ]
+        for name, c in checks
+    ]
+    return (
+        [
+            f"What the real-text path costs beyond the model and the tokenizer: predict([text]) against the fixed "
+            f"b1/s{c0['seq']} forward plus that text's own tokenization, timed in turn call by call "
+            f"({c0['pairs']} each), so both see the same machine; the bound is {c0['bound']}x.",
+            "",
+        ]
+        + _table(
+            [
+                "variant",
+                "real-text b1 p50 (ms)",
+                f"fixed b1/s{c0['seq']} p50 (ms)",
+                "tokenize p50 (ms)",
+                "real / (fixed + tokenize)",
+            ],
+            rows,
+        )
+        + [""]
+    )
 
 
 def _invariance(report: dict[str, Any]) -> list[str]:
@@ -307,23 +443,36 @@ def _invariance(report: dict[str, Any]) -> list[str]:
         by = inv.get("by_batch") or {}
         raw = inv.get("batched_graph")
         few = f" ({inv['texts']} texts)" if inv.get("texts") != info.get("texts") else ""  # an eval-cut variant
-        rows.append([shown(v, report), ("row by row" if inv.get("row_by_row") else "batched") + few]
-                    + [f"{by[k]['max_abs_dprob']:.2g} / {by[k]['flips']}" if k in by else "–" for k in ("8", "32")]
-                    + [f"{raw['max_abs_dprob']:.3g} / {raw['flips']} of {raw['scored']}" if raw else "–"])
+        rows.append(
+            [shown(v, report), ("row by row" if inv.get("row_by_row") else "batched") + few]
+            + [f"{by[k]['max_abs_dprob']:.2g} / {by[k]['flips']}" if k in by else "–" for k in ("8", "32")]
+            + [f"{raw['max_abs_dprob']:.3g} / {raw['flips']} of {raw['scored']}" if raw else "–"]
+        )
     if not rows or info is None:  # rows are only added with an info
         return []
     tl = info.get("token_lengths") or {}
-    return (["## Batch invariance (one text, one answer)", "",
-             f"{info['texts']} test reviews of varied length (every other one cut to its opening words; {tl.get('min')} "
-             f"to {tl.get('max')} tokens, median "
-             f"{tl.get('median')}) scored alone with predict([text]), then in shuffled mixed batches of 8 and of 32 "
-             "(short reviews padded next to long ones), through the same predict() the server calls: the largest "
-             "|Δprobability| and the label flips against the text alone. A variant whose kernels let rows see each "
-             "other is run row by row by the runtime; the last column shows what one batched forward of its graph "
-             "would answer."
-             + (" A variant that cannot be recommended (the eval cut) is checked on fewer of them, spread over the "
-                "same range; the count is beside its row." if any("texts)" in r[1] for r in rows) else ""), ""]
-            + _table(["variant", "runs a batch", "batches of 8", "batches of 32", "if run batched"], rows) + [""])
+    return (
+        [
+            "## Batch invariance (one text, one answer)",
+            "",
+            f"{info['texts']} test reviews of varied length (every other one cut to its opening words; {tl.get('min')} "
+            f"to {tl.get('max')} tokens, median "
+            f"{tl.get('median')}) scored alone with predict([text]), then in shuffled mixed batches of 8 and of 32 "
+            "(short reviews padded next to long ones), through the same predict() the server calls: the largest "
+            "|Δprobability| and the label flips against the text alone. A variant whose kernels let rows see each "
+            "other is run row by row by the runtime; the last column shows what one batched forward of its graph "
+            "would answer."
+            + (
+                " A variant that cannot be recommended (the eval cut) is checked on fewer of them, spread over the "
+                "same range; the count is beside its row."
+                if any("texts)" in r[1] for r in rows)
+                else ""
+            ),
+            "",
+        ]
+        + _table(["variant", "runs a batch", "batches of 8", "batches of 32", "if run batched"], rows)
+        + [""]
+    )
 
 
 def _gate_lines(report: dict[str, Any]) -> list[str]:
@@ -332,13 +481,17 @@ def _gate_lines(report: dict[str, Any]) -> list[str]:
     if not g:
         return []
     d = g.get("data") or {}
-    out = ["## Release gate", "",
-           f"The pipeline gated the variants that meet their agreement bar here, fastest first, until one passed "
-           f"(at most {g.get('max_candidates', '?')}): each against {report.get('agreement_reference') or 'fp32'} on "
-           f"the {d.get('n', '?')} test texts this bench scored (`{d.get('dataset', '?')}`, fingerprint "
-           f"`{str(d.get('fingerprint', ''))[:12]}`), passing on agreement's 95% lower bound; calibration fitted on "
-           f"held-out validation texts. Only a gated variant (or the reference) can be recommended. Full report: "
-           f"`{g.get('dir', 'gate')}/gate.md`.", ""]
+    out = [
+        "## Release gate",
+        "",
+        f"The pipeline gated the variants that meet their agreement bar here, fastest first, until one passed "
+        f"(at most {g.get('max_candidates', '?')}): each against {report.get('agreement_reference') or 'fp32'} on "
+        f"the {d.get('n', '?')} test texts this bench scored (`{d.get('dataset', '?')}`, fingerprint "
+        f"`{str(d.get('fingerprint', ''))[:12]}`), passing on agreement's 95% lower bound; calibration fitted on "
+        f"held-out validation texts. Only a gated variant (or the reference) can be recommended. Full report: "
+        f"`{g.get('dir', 'gate')}/gate.md`.",
+        "",
+    ]
     rows = g.get("rows") or []
     if rows:
         head = list(rows[0])
@@ -356,9 +509,17 @@ def _stage_lines(report: dict[str, Any]) -> list[str]:
     if not st:
         return []
     rows = [[k, f"{st[k]:,.0f}", f"{st[k] / 60:.1f}"] for k in st]  # in stages.STAGES order, as recorded
-    return _choice_lines(report["pipeline"]) + (["## Pipeline stages", "", "Wall time of each stage of the `qserve pipeline` run that wrote this report "
-             "(a stage that reused its finished outputs takes seconds).", ""]
-            + _table(["stage", "seconds", "minutes"], rows) + [""])
+    return _choice_lines(report["pipeline"]) + (
+        [
+            "## Pipeline stages",
+            "",
+            "Wall time of each stage of the `qserve pipeline` run that wrote this report "
+            "(a stage that reused its finished outputs takes seconds).",
+            "",
+        ]
+        + _table(["stage", "seconds", "minutes"], rows)
+        + [""]
+    )
 
 
 def _choice_lines(pipe: dict[str, Any]) -> list[str]:
@@ -373,9 +534,13 @@ def _choice_lines(pipe: dict[str, Any]) -> list[str]:
     plan = pipe.get("plan") or {}
     moved = [p for p in plan.get("placements") or [] if p.get("device") and p["device"] != plan.get("device")]
     if moved:  # decided before training (qserve.placement); the tables mark these variants with their device
-        out.append(f"- Run on {plan['device']}, except: " + "; ".join(
-            f"**{p['variant']}** on the {p['device']}" + (f" ({p['why']})" if p.get("why") else "") for p in moved)
-                   + ".")
+        out.append(
+            f"- Run on {plan['device']}, except: "
+            + "; ".join(
+                f"**{p['variant']}** on the {p['device']}" + (f" ({p['why']})" if p.get("why") else "") for p in moved
+            )
+            + "."
+        )
     choice = training.get("precision_choice") or {}
     if training.get("precision"):
         why = choice.get("reason") or "recorded before qserve recorded why"
@@ -384,17 +549,30 @@ def _choice_lines(pipe: dict[str, Any]) -> list[str]:
     out += _recipe_lines(pipe.get("recipe") or {}, training)
     budget, sizes = training.get("time_budget") or {}, training.get("sizes") or {}
     if budget:
-        cut = (f"cut to **{budget['steps']} of {budget['of_steps']} optimizer steps ({budget['examples']:,} of "
-               f"{budget['of_examples']:,} training examples)**" if budget.get("cut")
-               else f"the full recipe fit ({budget['steps']} steps, {budget['examples']:,} examples)")
-        out.append(f"- Time budget {budget['minutes']:g} min of optimizer steps: {cut}"
-                   + (f", at a median {training['step_time_median_s']:.2f} s a step" if training.get("step_time_median_s")
-                      else "") + ".")
+        cut = (
+            f"cut to **{budget['steps']} of {budget['of_steps']} optimizer steps ({budget['examples']:,} of "
+            f"{budget['of_examples']:,} training examples)**"
+            if budget.get("cut")
+            else f"the full recipe fit ({budget['steps']} steps, {budget['examples']:,} examples)"
+        )
+        out.append(
+            f"- Time budget {budget['minutes']:g} min of optimizer steps: {cut}"
+            + (
+                f", at a median {training['step_time_median_s']:.2f} s a step"
+                if training.get("step_time_median_s")
+                else ""
+            )
+            + "."
+        )
     elif sizes.get("train"):
-        out.append(f"- Trained on {sizes['train']:,} examples ({training.get('optimizer_steps', '?')} optimizer steps).")
+        out.append(
+            f"- Trained on {sizes['train']:,} examples ({training.get('optimizer_steps', '?')} optimizer steps)."
+        )
     if training.get("test_accuracy") is not None:
-        out.append(f"- The checkpoint's test accuracy: {training['test_accuracy']:.2%} "
-                   f"({sizes.get('test', '?')} reviews; validation {training.get('val_accuracy', float('nan')):.2%}).")
+        out.append(
+            f"- The checkpoint's test accuracy: {training['test_accuracy']:.2%} "
+            f"({sizes.get('test', '?')} reviews; validation {training.get('val_accuracy', float('nan')):.2%})."
+        )
     for name, why in skipped.items():
         out.append(f"- Skipped **{name}**: {why}.")
     for name, why in (pipe.get("export_failed") or {}).items():
@@ -410,28 +588,50 @@ def _recipe_lines(recipe: dict[str, Any], training: dict[str, Any]) -> list[str]
         n = "all" if recipe.get("max_samples") is None else f"{recipe['max_samples']:,}"
         flags = ", ".join("--" + g.replace("_", "-") for g in recipe.get("given") or [])
         given = f"; given: {flags}" if flags else ""
-        out.append(f"- Training recipe: {n} training examples, {recipe.get('epochs')} epoch(s), up to "
-                   f"{recipe.get('max_length')} tokens: {recipe['why']}{given}.")
+        out.append(
+            f"- Training recipe: {n} training examples, {recipe.get('epochs')} epoch(s), up to "
+            f"{recipe.get('max_length')} tokens: {recipe['why']}{given}."
+        )
     b = training.get("batch_choice") or {}
     if b:
         tf32 = f"; fp32 matmuls `{b['matmul_precision']}`" if b.get("matmul_precision") else ""
-        out.append(f"- Batch size **{b['batch_size']}** (asked: `{b['asked']}`): {b['reason']}; learning rate "
-                   f"{b['lr']:.3g} ({b['lr_rule']}), warm-up {b.get('warmup_steps', '?')} of "
-                   f"{b.get('planned_steps', '?')} steps{tf32}.")
+        out.append(
+            f"- Batch size **{b['batch_size']}** (asked: `{b['asked']}`): {b['reason']}; learning rate "
+            f"{b['lr']:.3g} ({b['lr_rule']}), warm-up {b.get('warmup_steps', '?')} of "
+            f"{b.get('planned_steps', '?')} steps{tf32}."
+        )
     rate, tokens = training.get("samples_per_s"), training.get("tokens_per_s") or {}
     if rate:
-        out.append(f"- Training throughput: {rate:,.0f} samples/s; tokens/s {_f(tokens.get('at_max_length'), 0)} at "
-                   f"max length, {_f(tokens.get('padded'), 0)} padded, {_f(tokens.get('real'), 0)} real.")
+        out.append(
+            f"- Training throughput: {rate:,.0f} samples/s; tokens/s {_f(tokens.get('at_max_length'), 0)} at "
+            f"max length, {_f(tokens.get('padded'), 0)} padded, {_f(tokens.get('real'), 0)} real."
+        )
     rows = (training.get("cuda_probe") or {}).get("rows") or []
     if rows:
         probe = training["cuda_probe"]
-        out += ["", f"The GPU probe ({probe.get('wall_s', '?')} s, full {probe.get('max_length')}-token batches, "
-                    "median step after a warm-up step):", ""]
-        out += _table(["batch", "candidate", "step (ms)", "samples/s", "peak memory (GB)"], [
-            [str(r["batch"]), r["candidate"]] + (["did not fit: " + r["failed"], "", ""] if "failed" in r else
-                                                 [f"{r['step_s'] * 1e3:.1f}", f"{r['samples_per_s']:,.0f}",
-                                                  _f(r.get("peak_memory_bytes") and r["peak_memory_bytes"] / 1e9)])
-            for r in rows], ["---:", "---", "---:", "---:", "---:"]) + [""]
+        out += [
+            "",
+            f"The GPU probe ({probe.get('wall_s', '?')} s, full {probe.get('max_length')}-token batches, "
+            "median step after a warm-up step):",
+            "",
+        ]
+        out += _table(
+            ["batch", "candidate", "step (ms)", "samples/s", "peak memory (GB)"],
+            [
+                [str(r["batch"]), r["candidate"]]
+                + (
+                    ["did not fit: " + r["failed"], "", ""]
+                    if "failed" in r
+                    else [
+                        f"{r['step_s'] * 1e3:.1f}",
+                        f"{r['samples_per_s']:,.0f}",
+                        _f(r.get("peak_memory_bytes") and r["peak_memory_bytes"] / 1e9),
+                    ]
+                )
+                for r in rows
+            ],
+            ["---:", "---", "---:", "---:", "---:"],
+        ) + [""]
     return out
 
 
@@ -443,11 +643,22 @@ def _bench_time_lines(report: dict[str, Any]) -> list[str]:
     timed = [v for v in report["variants"] if v.get("stage_s")]
     if not timed:
         return []
-    rows = [[shown(v, report), _f(v.get("wall_s"), 1)] + [_f(v["stage_s"].get(k), 1) if k in v["stage_s"] else "–"
-                                                    for k in BENCH_STEPS] for v in timed]
-    return (["## Where the bench's time went", "", "Each variant's child, wall seconds by step (`long_text`: the "
-             "reference's policy comparison; the recommended variant's policy pass is a second child, not shown).",
-             ""] + _table(["variant", "child", *BENCH_STEPS], rows) + [""])
+    rows = [
+        [shown(v, report), _f(v.get("wall_s"), 1)]
+        + [_f(v["stage_s"].get(k), 1) if k in v["stage_s"] else "–" for k in BENCH_STEPS]
+        for v in timed
+    ]
+    return (
+        [
+            "## Where the bench's time went",
+            "",
+            "Each variant's child, wall seconds by step (`long_text`: the "
+            "reference's policy comparison; the recommended variant's policy pass is a second child, not shown).",
+            "",
+        ]
+        + _table(["variant", "child", *BENCH_STEPS], rows)
+        + [""]
+    )
 
 
 def _failures(report: dict[str, Any]) -> list[str]:
@@ -456,8 +667,10 @@ def _failures(report: dict[str, Any]) -> list[str]:
         return []
     L = ["## Failures", ""]
     for v in bad:
-        L.append(f"- **{shown(v, report)}** ({v['dir']}): {v.get('failure') or 'failed'} in stage `{v.get('stage')}`: "
-                 f"{(v.get('error') or '').splitlines()[0] if v.get('error') else ''}")
+        L.append(
+            f"- **{shown(v, report)}** ({v['dir']}): {v.get('failure') or 'failed'} in stage `{v.get('stage')}`: "
+            f"{(v.get('error') or '').splitlines()[0] if v.get('error') else ''}"
+        )
     return L + [""]
 
 
@@ -466,27 +679,55 @@ def _env(report: dict[str, Any]) -> list[str]:
     cpu = env.get("cpu") or {}
     child = env.get("child") or {}
     vers = ", ".join(f"{k} {v}" for k, v in sorted((env.get("versions") or {}).items()))
-    return ["## Environment", "",
-            f"- CPU: {cpu.get('model')} ({cpu.get('cores')} logical, {env.get('physical_cores')} physical cores); "
-            f"flags: {', '.join(cpu.get('flags') or []) or 'none of interest'}",
-            f"- GPU: {env.get('gpu') or 'none'}; device: {cfg['device']}",
-            f"- threads: {cfg['threads']} (torch sees {child.get('torch_threads', '–')}, "
-            f"OMP_NUM_THREADS={child.get('OMP_NUM_THREADS', '–')}; ONNX Runtime intra-op = {cfg['threads']})",
-            f"- load average (1/5/15 min): {_la(env.get('load_avg_start'))} at start, {_la(env.get('load_avg_end'))} "
-            f"at end (with {cpu.get('cores')} logical CPUs; a busy machine inflates p50/p99, the per-shape `min` "
-            "in report.json is the least disturbed call)",
-            f"- Python {env.get('python')} on {env.get('platform')}",
-            f"- {vers}", ""]
+    return [
+        "## Environment",
+        "",
+        f"- CPU: {cpu.get('model')} ({cpu.get('cores')} logical, {env.get('physical_cores')} physical cores); "
+        f"flags: {', '.join(cpu.get('flags') or []) or 'none of interest'}",
+        f"- GPU: {env.get('gpu') or 'none'}; device: {cfg['device']}",
+        f"- threads: {cfg['threads']} (torch sees {child.get('torch_threads', '–')}, "
+        f"OMP_NUM_THREADS={child.get('OMP_NUM_THREADS', '–')}; ONNX Runtime intra-op = {cfg['threads']})",
+        f"- load average (1/5/15 min): {_la(env.get('load_avg_start'))} at start, {_la(env.get('load_avg_end'))} "
+        f"at end (with {cpu.get('cores')} logical CPUs; a busy machine inflates p50/p99, the per-shape `min` "
+        "in report.json is the least disturbed call)",
+        f"- Python {env.get('python')} on {env.get('platform')}",
+        f"- {vers}",
+        "",
+    ]
 
 
 def _la(x: Any) -> str:
     return "/".join(f"{v:.2f}" for v in x) if x else "–"
 
 
-CSV_FIELDS = ["variant", "device", "status", "kind", "batch", "seq", "count", "mean_ms", "p50_ms", "p90_ms", "p95_ms",
-              "p99_ms", "stdev_ms", "min_ms", "throughput", "size_mb", "load_s", "peak_mem_mib", "accuracy", "agreement",
-              "speedup_vs_torch_fp32", "floor_ms", "p50_over_floor", "invariance_max_abs_dprob", "invariance_flips",
-              "error"]
+CSV_FIELDS = [
+    "variant",
+    "device",
+    "status",
+    "kind",
+    "batch",
+    "seq",
+    "count",
+    "mean_ms",
+    "p50_ms",
+    "p90_ms",
+    "p95_ms",
+    "p99_ms",
+    "stdev_ms",
+    "min_ms",
+    "throughput",
+    "size_mb",
+    "load_s",
+    "peak_mem_mib",
+    "accuracy",
+    "agreement",
+    "speedup_vs_torch_fp32",
+    "floor_ms",
+    "p50_over_floor",
+    "invariance_max_abs_dprob",
+    "invariance_flips",
+    "error",
+]
 
 
 def render_csv(report: dict[str, Any]) -> str:
@@ -494,18 +735,35 @@ def render_csv(report: dict[str, Any]) -> str:
     w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
     w.writeheader()
     for v, r in zip(report["variants"], summary_rows(report)):
-        base = {"variant": v["name"], "device": v.get("device"), "status": v["status"], "size_mb": r["size_mb"],
-                "load_s": r["load_s"],
-                "peak_mem_mib": r["peak_mem_mib"], "accuracy": r["accuracy"], "agreement": r["agreement"],
-                "speedup_vs_torch_fp32": r["speedup"], "floor_ms": r["floor_ms"], "p50_over_floor": r["p50_over_floor"],
-                "invariance_max_abs_dprob": r["invariance_max_abs_dprob"], "invariance_flips": r["invariance_flips"]}
+        base = {
+            "variant": v["name"],
+            "device": v.get("device"),
+            "status": v["status"],
+            "size_mb": r["size_mb"],
+            "load_s": r["load_s"],
+            "peak_mem_mib": r["peak_mem_mib"],
+            "accuracy": r["accuracy"],
+            "agreement": r["agreement"],
+            "speedup_vs_torch_fp32": r["speedup"],
+            "floor_ms": r["floor_ms"],
+            "p50_over_floor": r["p50_over_floor"],
+            "invariance_max_abs_dprob": r["invariance_max_abs_dprob"],
+            "invariance_flips": r["invariance_flips"],
+        }
         if v["status"] != "ok":
             w.writerow({**base, "kind": "failed", "error": v.get("error")})
             continue
         for kind in ("fixed", "real_text", "fixed_eager"):  # fixed_eager: CUDA only (a torch variant run eager)
             for rec in v.get(kind) or []:
-                row = {**base, "kind": kind, "batch": rec.get("batch"), "seq": rec.get("seq", ""),
-                       "count": rec.get("count"), "throughput": rec.get("throughput"), "error": rec.get("error")}
+                row = {
+                    **base,
+                    "kind": kind,
+                    "batch": rec.get("batch"),
+                    "seq": rec.get("seq", ""),
+                    "count": rec.get("count"),
+                    "throughput": rec.get("throughput"),
+                    "error": rec.get("error"),
+                }
                 for k in ("mean", "p50", "p90", "p95", "p99", "stdev", "min"):
                     row[f"{k}_ms"] = rec.get(k)
                 w.writerow(row)

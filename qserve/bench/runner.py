@@ -15,6 +15,8 @@ while the other variants run on (a crashed worker is started again for the next)
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
 import logging
 import os
@@ -25,16 +27,15 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-import hashlib
-import copy
 
 import psutil
 
 from qserve import QserveError
 from qserve.artifact import CheckpointError, ModelMeta, VariantError, read_manifest, read_model_meta
+from qserve.bench import analysis
+from qserve.bench import store as stored
 from qserve.bench.analysis import REFERENCES, VariantMeta, agreement_with
 from qserve.bench.config import BenchConfig
-from qserve.bench import analysis, store as stored
 from qserve.bench.envinfo import environment, load_avg, merge_child_env, physical_cores
 from qserve.bench.floor import flops_per_sequence, gemm_shapes
 from qserve.bench.invariance import select_texts
@@ -42,10 +43,11 @@ from qserve.bench.recommend import bar_for, real_text_b1
 from qserve.bench.report import write_reports
 from qserve.data.datasets import load_dataset
 from qserve.devices import resolve_device
-from qserve.placement import Plan, plan as plan_run
-from qserve.variants import VARIANTS
 from qserve.files import dir_size, now_iso, refuse_existing
+from qserve.placement import Plan
+from qserve.placement import plan as plan_run
 from qserve.provenance import provenance
+from qserve.variants import VARIANTS
 
 log = logging.getLogger("qserve.bench")
 FORMAT = "qserve-bench/1"
@@ -73,9 +75,12 @@ def variant_meta(vdir: Path) -> VariantMeta:
     if vdir.is_dir():
         meta.disk_bytes = dir_size(vdir)
         files = meta.manifest.files if meta.manifest is not None else {}
-        meta.weights_bytes = sum(i.bytes for r, i in files.items()
-                                    if not r.startswith(("tokenizer", "vocab", "special_tokens", "added_tokens"))
-                                    and r.endswith((".safetensors", ".bin", ".onnx", ".onnx_data", ".data", ".pt")))
+        meta.weights_bytes = sum(
+            i.bytes
+            for r, i in files.items()
+            if not r.startswith(("tokenizer", "vocab", "special_tokens", "added_tokens"))
+            and r.endswith((".safetensors", ".bin", ".onnx", ".onnx_data", ".data", ".pt"))
+        )
     return meta
 
 
@@ -97,7 +102,13 @@ def data_key(cfg: BenchConfig, meta: VariantMeta) -> tuple[str | None, int, int 
     max_eval = cfg.max_eval_samples if cfg.max_eval_samples is not None else m.max_eval_samples
     acc = bool(cfg.accuracy and dataset)
     # Real-text latency needs text even for a speed-only run: the embedded IMDb test split.
-    return (dataset or "default"), seed, max_eval, acc, (meta.manifest.problem_type if meta.manifest is not None else None)
+    return (
+        (dataset or "default"),
+        seed,
+        max_eval,
+        acc,
+        (meta.manifest.problem_type if meta.manifest is not None else None),
+    )
 
 
 def load_texts(key: tuple, cfg: BenchConfig, cache: dict) -> dict[str, Any]:
@@ -114,13 +125,18 @@ def load_texts(key: tuple, cfg: BenchConfig, cache: dict) -> dict[str, Any]:
             if max_eval:
                 texts, labels = texts[:max_eval], labels[:max_eval]
             out["dataset"] = getattr(splits, "name", dataset)
-            out["real_texts"] = texts[:cfg.real_text_samples]
+            out["real_texts"] = texts[: cfg.real_text_samples]
 
             out["invariance_texts"] = select_texts(texts, cfg.invariance_samples)
             if acc:
-                out["eval"] = {"dataset": getattr(splits, "name", dataset), "seed": seed, "texts": texts,
-                               "labels": labels, "label_names": list(splits.labels),
-                               **({"pairs": list(test.pairs)[:len(texts)]} if test.pairs is not None else {})}
+                out["eval"] = {
+                    "dataset": getattr(splits, "name", dataset),
+                    "seed": seed,
+                    "texts": texts,
+                    "labels": labels,
+                    "label_names": list(splits.labels),
+                    **({"pairs": list(test.pairs)[: len(texts)]} if test.pairs is not None else {}),
+                }
         except Exception as e:  # no data is a skipped measurement, not a failed run
             out["error"] = f"{type(e).__name__}: {e}"
             log.warning("bench: could not load dataset %r (%s); real-text latency and accuracy skipped", dataset, e)
@@ -148,20 +164,23 @@ def run_child(module: str, job: dict[str, Any], work: Path, tag: str, cfg: Bench
     job_path.write_text(json.dumps(job), encoding="utf-8")
     t0 = time.perf_counter()
     with open(log_path, "wb") as logf:
-        proc = subprocess.Popen([sys.executable, "-m", module, str(job_path), str(res_path)],
-                                stdout=logf, stderr=subprocess.STDOUT, env=_child_env(cfg, job.get("device")),
-                                cwd=os.getcwd())
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, str(job_path), str(res_path)],
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            env=_child_env(cfg, job.get("device")),
+            cwd=os.getcwd(),
+        )
         polled, timed_out = _watch(proc, lambda: False, t0, cfg)
         rc = proc.wait()
     tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
-    return _outcome(_read_json(res_path) if res_path.is_file() else None, rc, time.perf_counter() - t0, polled,
-                    timed_out, tail, cfg)
+    return _outcome(
+        _read_json(res_path) if res_path.is_file() else None, rc, time.perf_counter() - t0, polled, timed_out, tail, cfg
+    )
 
 
 def _watch(proc: subprocess.Popen, done, t0: float, cfg: BenchConfig) -> tuple[float, bool]:
     """Poll `proc` until it exits or done() holds, killing it past --child-timeout: (peak RSS MiB seen, killed?)."""
-    import psutil
-
     polled, timed_out = 0.0, False
     try:
         ps = psutil.Process(proc.pid)
@@ -179,8 +198,9 @@ def _watch(proc: subprocess.Popen, done, t0: float, cfg: BenchConfig) -> tuple[f
     return polled, timed_out
 
 
-def _outcome(res: dict[str, Any] | None, rc: int, wall: float, polled: float, timed_out: bool, tail: str,
-             cfg: BenchConfig) -> dict[str, Any]:
+def _outcome(
+    res: dict[str, Any] | None, rc: int, wall: float, polled: float, timed_out: bool, tail: str, cfg: BenchConfig
+) -> dict[str, Any]:
     """A child's (or the shared worker's) result with its status: ok, or failed with why (crash, exit, timeout)."""
     if res is None:
         res = {"stage": "unknown"}
@@ -215,9 +235,14 @@ class Worker:
     def _start(self) -> subprocess.Popen:
         logf = open(self.log_path, "ab")
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "qserve.bench.measure", "--worker"],
-                                         stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT,
-                                         env=_child_env(self.cfg, self.device), cwd=os.getcwd())
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "qserve.bench.measure", "--worker"],
+                stdin=subprocess.PIPE,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                env=_child_env(self.cfg, self.device),
+                cwd=os.getcwd(),
+            )
         finally:
             logf.close()  # the child holds its own copy
         self.starts += 1
@@ -276,15 +301,21 @@ def run_floor(cfg: BenchConfig, config: dict[str, Any] | None, work: Path) -> di
         return {"error": str(e)}
     out: dict[str, Any] = {"flops_per_sequence": flops}
     if cfg.floor:
-        job = {"threads": cfg.threads, "device": cfg.device, "budget_s": cfg.floor_budget_s,
-               "shapes": gemm_shapes(config, b * s), "model_shapes": 3}
+        job = {
+            "threads": cfg.threads,
+            "device": cfg.device,
+            "budget_s": cfg.floor_budget_s,
+            "shapes": gemm_shapes(config, b * s),
+            "model_shapes": 3,
+        }
         res = run_child("qserve.bench.floor", job, work, "floor", cfg)
         if res.get("status") == "failed":
             out["error"] = res["error"]
             out["log_tail"] = res.get("log_tail")
         else:
-            out.update({k: res[k] for k in ("peaks", "model_peaks", "attempts", "threads", "torch_threads")
-                        if k in res})
+            out.update(
+                {k: res[k] for k in ("peaks", "model_peaks", "attempts", "threads", "torch_threads") if k in res}
+            )
     return out
 
 
@@ -312,15 +343,31 @@ def _reference_index(metas: list[VariantMeta]) -> int | None:
 
 def _meets_bar(entry: dict[str, Any], ref: dict[str, Any] | None) -> float | None:
     """The entry's real-text b1 p50 when it meets its agreement bar against `ref` (else None)."""
-    if entry.get("status") != "ok" or (entry.get("accuracy") or {}).get("n") != (ref or {}).get("accuracy", {}).get("n"):
+    if entry.get("status") != "ok" or (entry.get("accuracy") or {}).get("n") != (ref or {}).get("accuracy", {}).get(
+        "n"
+    ):
         return None  # only a variant scored on every text sets the bound
     agr, real = agreement_with(entry, ref), real_text_b1(entry)
-    return real["p50"] if agr is not None and real is not None and agr >= bar_for((entry.get("spec") or {}).get("bits")) else None
+    return (
+        real["p50"]
+        if agr is not None and real is not None and agr >= bar_for((entry.get("spec") or {}).get("bits"))
+        else None
+    )
 
 
-def _measure(mode: str, d: Path, meta: VariantMeta, job: dict[str, Any], data: dict[str, Any], work: Path,
-             tag: str, cfg: BenchConfig, store: Path | None, reuse: bool,
-             workers: dict[str, Worker]) -> dict[str, Any]:
+def _measure(
+    mode: str,
+    d: Path,
+    meta: VariantMeta,
+    job: dict[str, Any],
+    data: dict[str, Any],
+    work: Path,
+    tag: str,
+    cfg: BenchConfig,
+    store: Path | None,
+    reuse: bool,
+    workers: dict[str, Worker],
+) -> dict[str, Any]:
     """One child, or a job of the shared worker (or its stored result when `reuse` and the key matches)."""
     k = stored.key(meta.manifest.to_json()["files"] if meta.manifest is not None else None, job, data)
     res = stored.load(store, d, mode, k) if reuse else None
@@ -343,13 +390,15 @@ def bench_plan(cfg: BenchConfig, metas: list[VariantMeta]) -> Plan | None:
     run there fails with the reason, and the others are measured."""
     if cfg.device != "auto":
         return None
-    names = list(dict.fromkeys(m.manifest.name for m in metas
-                               if m.manifest is not None and m.manifest.name in VARIANTS))
+    names = list(
+        dict.fromkeys(m.manifest.name for m in metas if m.manifest is not None and m.manifest.name in VARIANTS)
+    )
     return plan_run("auto", names)
 
 
-def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = None,
-              reuse: bool = False, plan: Plan | None = None) -> dict[str, Any]:
+def run_bench(
+    variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = None, reuse: bool = False, plan: Plan | None = None
+) -> dict[str, Any]:
     """Benchmark every variant in its own child; write report.json/csv/md and plots into cfg.out.
 
     Every variant is measured under its own long-text policy (what serving that variant answers); the
@@ -366,8 +415,10 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = N
     metas = [variant_meta(d) for d in dirs]
     plan = plan or bench_plan(cfg, metas)
     cfg.device = plan.device if plan is not None else resolve_device(cfg.device)
-    device_of = {i: (plan.device_of(m.manifest.name) if plan is not None and m.manifest is not None else cfg.device)
-                 for i, m in enumerate(metas)}
+    device_of = {
+        i: (plan.device_of(m.manifest.name) if plan is not None and m.manifest is not None else cfg.device)
+        for i, m in enumerate(metas)
+    }
     out = Path(cfg.out) if cfg.out else default_out(cfg, metas)
     cfg.out = out
     refuse_existing(out, cfg.force)
@@ -395,18 +446,32 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = N
                 data = load_texts(key, cfg, cache)
                 data_file = work / f"data-{abs(hash(key))}.json"
                 if not data_file.exists():
-                    payload = {"real_texts": data.get("real_texts") or [],
-                               "invariance_texts": data.get("invariance_texts") or []}
+                    payload = {
+                        "real_texts": data.get("real_texts") or [],
+                        "invariance_texts": data.get("invariance_texts") or [],
+                    }
                     if key[3] and data.get("eval"):
                         payload["eval"] = data["eval"]
                     data_file.write_text(json.dumps(payload), encoding="utf-8")
-                job = {"variant_dir": str(d.resolve()), "device": device_of[i], "threads": cfg.threads,
-                       "batch_sizes": cfg.batch_sizes, "seq_lens": cfg.seq_lens, "time_budget_s": cfg.time_budget_s,
-                       "warmup": cfg.warmup, "min_iters": cfg.min_iters, "max_iters": cfg.max_iters,
-                       "data_file": str(data_file), "allow_extra_files": cfg.allow_extra_files,
-                       "long_text": None, "length_buckets": cfg.length_buckets, "token_cache": token_cache,
-                       "slow_eval_samples": cfg.slow_eval_samples,
-                       "bound_ms": bound[0] if bound else None, "bound_variant": bound[1] if bound else None}
+                job = {
+                    "variant_dir": str(d.resolve()),
+                    "device": device_of[i],
+                    "threads": cfg.threads,
+                    "batch_sizes": cfg.batch_sizes,
+                    "seq_lens": cfg.seq_lens,
+                    "time_budget_s": cfg.time_budget_s,
+                    "warmup": cfg.warmup,
+                    "min_iters": cfg.min_iters,
+                    "max_iters": cfg.max_iters,
+                    "data_file": str(data_file),
+                    "allow_extra_files": cfg.allow_extra_files,
+                    "long_text": None,
+                    "length_buckets": cfg.length_buckets,
+                    "token_cache": token_cache,
+                    "slow_eval_samples": cfg.slow_eval_samples,
+                    "bound_ms": bound[0] if bound else None,
+                    "bound_variant": bound[1] if bound else None,
+                }
                 if cfg.long_text and step == 0 and i == ref_index:
                     # The reference's policy records only feed the agreement column: scored here, in the child that
                     # is loaded anyway, on the eval cut's first texts (the policy pass re-scores it in full only if it
@@ -420,8 +485,12 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = N
                 if res["status"] == "failed":
                     log.error("bench: %s failed (%s): %s", d, res.get("failure"), res.get("error"))
                 else:
-                    log.info("bench: %s done in %.1f s (%s)", d, res["wall_s"],
-                             ", ".join(f"{k} {v:.1f}" for k, v in (res.get("stage_s") or {}).items()))
+                    log.info(
+                        "bench: %s done in %.1f s (%s)",
+                        d,
+                        res["wall_s"],
+                        ", ".join(f"{k} {v:.1f}" for k, v in (res.get("stage_s") or {}).items()),
+                    )
                 raw[i] = res
                 entries[i] = analysis.variant_entry(meta, res)
                 # a child that died before loading says no device: the one it was to measure on
@@ -446,12 +515,19 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = N
                     # variant's): when it is not the recommended one it scores the eval cut's first texts, and each
                     # agreement says on how many (policies.add_agreement, "agreement_n").
                     limit = cfg.slow_eval_samples if (i != rec and cfg.slow_eval_samples) else None
-                    pjob = {**job, "mode": "policies", "long_text": cfg.long_text, "bound_ms": None,
-                            "bound_variant": None, "eval_limit": limit,
-                            "own": {k: own.get(k) for k in ("policy", "predictions", "seconds")}}
+                    pjob = {
+                        **job,
+                        "mode": "policies",
+                        "long_text": cfg.long_text,
+                        "bound_ms": None,
+                        "bound_variant": None,
+                        "eval_limit": limit,
+                        "own": {k: own.get(k) for k in ("policy", "predictions", "seconds")},
+                    }
                     log.info("bench: %s: long-text policies %s", dirs[i], ",".join(cfg.long_text))
-                    res = _measure("policies", dirs[i], metas[i], pjob, ident, work, f"p{i}", cfg, store, reuse,
-                                   workers)
+                    res = _measure(
+                        "policies", dirs[i], metas[i], pjob, ident, work, f"p{i}", cfg, store, reuse, workers
+                    )
                     if res["status"] == "ok":
                         entries[i]["long_text_policies"] = res["long_text_policies"]
                     else:
@@ -478,15 +554,21 @@ def run_bench(variant_dirs: list[Path], cfg: BenchConfig, store: Path | None = N
     return report
 
 
-def _policy_candidates(entries: list[dict[str, Any]], metas: list[VariantMeta],
-                       cfg: BenchConfig) -> tuple[list[int], int | None]:
+def _policy_candidates(
+    entries: list[dict[str, Any]], metas: list[VariantMeta], cfg: BenchConfig
+) -> tuple[list[int], int | None]:
     """(indices of the variants that compare policies, the one whose records name the served policy): the
     reference (every policy's agreement is against it) and the one the recommendation chooses (policies.finish
     reads its records); with no recommendation the reference's records decide, as policies.finish falls back,
     and with neither the first measured."""
 
-    draft: dict[str, Any] = {"variants": copy.deepcopy(entries), "headline": dict(zip(("batch", "seq"), cfg.headline())),
-             "config": cfg.to_json(), "floor": {}, "environment": {}}
+    draft: dict[str, Any] = {
+        "variants": copy.deepcopy(entries),
+        "headline": dict(zip(("batch", "seq"), cfg.headline())),
+        "config": cfg.to_json(),
+        "floor": {},
+        "environment": {},
+    }
     analysis.finish(draft)  # the same rule, on the same records: which variant the report will recommend
     names = [v["name"] for v in draft["variants"]]
     want = [draft.get("agreement_reference"), (draft.get("recommended") or {}).get("variant")]

@@ -24,8 +24,7 @@ NOT_KEYED = ("variant_dir", "data_file", "token_cache", "bound_ms", "bound_varia
 
 
 def key(manifest_files: dict[str, Any] | None, job: dict[str, Any], data: dict[str, Any]) -> str:
-    payload = {"files": manifest_files, "job": {k: v for k, v in job.items() if k not in NOT_KEYED},
-               "data": data}
+    payload = {"files": manifest_files, "job": {k: v for k, v in job.items() if k not in NOT_KEYED}, "data": data}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -49,20 +49,30 @@ def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
         mem, _ = peak_memory(v)
         acc = v.get("accuracy") or {}
         fl = v.get("floor") or {}
-        rows.append({
-            "variant": v["name"], "shown": shown(v, report), "device": v.get("device"), "status": v["status"],
-            "size_mb": v["disk_bytes"] / 1e6 if v.get("disk_bytes") is not None else None,
-            "load_s": v.get("load_s"),
-            "p50_ms": st["p50"] if st else None, "p99_ms": st["p99"] if st else None,
-            "throughput": big["throughput"] if big else None,
-            "peak_mem_mib": mem, "accuracy": acc.get("accuracy"), "agreement": v.get("agreement"),
-            "eval_n": acc.get("n"),
-            "speedup": v.get("speedup_vs_torch_fp32"), "floor_ms": fl.get("floor_ms"),
-            "p50_over_floor": fl.get("p50_over_floor"), "floor_peak": fl.get("peak"),
-            "invariance_max_abs_dprob": (v.get("invariance") or {}).get("max_abs_dprob"),
-            "invariance_flips": (v.get("invariance") or {}).get("flips"),
-            "invariance": invariance_cell(v.get("invariance")),
-        })
+        rows.append(
+            {
+                "variant": v["name"],
+                "shown": shown(v, report),
+                "device": v.get("device"),
+                "status": v["status"],
+                "size_mb": v["disk_bytes"] / 1e6 if v.get("disk_bytes") is not None else None,
+                "load_s": v.get("load_s"),
+                "p50_ms": st["p50"] if st else None,
+                "p99_ms": st["p99"] if st else None,
+                "throughput": big["throughput"] if big else None,
+                "peak_mem_mib": mem,
+                "accuracy": acc.get("accuracy"),
+                "agreement": v.get("agreement"),
+                "eval_n": acc.get("n"),
+                "speedup": v.get("speedup_vs_torch_fp32"),
+                "floor_ms": fl.get("floor_ms"),
+                "p50_over_floor": fl.get("p50_over_floor"),
+                "floor_peak": fl.get("peak"),
+                "invariance_max_abs_dprob": (v.get("invariance") or {}).get("max_abs_dprob"),
+                "invariance_flips": (v.get("invariance") or {}).get("flips"),
+                "invariance": invariance_cell(v.get("invariance")),
+            }
+        )
     return rows
 
 

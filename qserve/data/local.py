@@ -81,8 +81,10 @@ def _read_local(path: Path) -> tuple[list[tuple[int, Any, Any]], list[Any] | Non
         content = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         at = raw[: e.start].count(b"\n") + 1
-        raise QserveError(f"{path}, line {at}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); "
-                          "save the file as UTF-8") from None
+        raise QserveError(
+            f"{path}, line {at}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+            "save the file as UTF-8"
+        ) from None
     if not content.strip():
         raise QserveError(f"{path}: the file is empty; expected rows with `text` and `label`")
     suffix = path.suffix.lower()
@@ -93,8 +95,10 @@ def _read_local(path: Path) -> tuple[list[tuple[int, Any, Any]], list[Any] | Non
         cols = reader.fieldnames or []
         missing = [c for c in ("text", "label") if c not in cols]
         if missing:
-            raise QserveError(f"{path}, line 1: missing column(s) {', '.join(missing)} (header has {cols}); "
-                              "the CSV needs `text` and `label` columns")
+            raise QserveError(
+                f"{path}, line 1: missing column(s) {', '.join(missing)} (header has {cols}); "
+                "the CSV needs `text` and `label` columns"
+            )
         start = 2
         try:
             for row in reader:
@@ -120,8 +124,9 @@ def _read_local(path: Path) -> tuple[list[tuple[int, Any, Any]], list[Any] | Non
             raise QserveError(f"{path}, line {e.lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
         if isinstance(data, dict) and isinstance(data.get("text"), list) and isinstance(data.get("label"), list):
             if len(data["text"]) != len(data["label"]):
-                raise QserveError(f"{path}: `text` has {len(data['text'])} entries but `label` has "
-                                  f"{len(data['label'])}")
+                raise QserveError(
+                    f"{path}: `text` has {len(data['text'])} entries but `label` has {len(data['label'])}"
+                )
             rows = [(i, t, lab) for i, (t, lab) in enumerate(zip(data["text"], data["label"]), 1)]
             column = data.get(TEXT_PAIR_COLUMN)
             if column is not None and (not isinstance(column, list) or len(column) != len(rows)):
@@ -131,8 +136,9 @@ def _read_local(path: Path) -> tuple[list[tuple[int, Any, Any]], list[Any] | Non
             rows = [_json_row(path, i, obj, what="item") for i, obj in enumerate(data, 1)]
             pairs = [obj.get(TEXT_PAIR_COLUMN, MISSING) for obj in data]
         else:
-            raise QserveError(f"{path}: expected a JSON list of {{\"text\", \"label\"}} objects or an object of "
-                              "`text` and `label` lists")
+            raise QserveError(
+                f'{path}: expected a JSON list of {{"text", "label"}} objects or an object of `text` and `label` lists'
+            )
     else:
         raise QserveError(f"--dataset {path}: unsupported file type {suffix!r}; use {', '.join(LOCAL_SUFFIXES)}")
     if not rows:
@@ -146,8 +152,10 @@ def _check_pairs(path: Path, rows: list[tuple[int, Any, Any]], pairs: list[Any])
     out = []
     for (n, _, _), pair in zip(rows, pairs):
         if pair is MISSING:
-            raise QserveError(f"{path}, {where} {n}: no `text_pair`, which other rows have; a pair dataset needs "
-                              "`text_pair` on every row (or on none, for one text per example)")
+            raise QserveError(
+                f"{path}, {where} {n}: no `text_pair`, which other rows have; a pair dataset needs "
+                "`text_pair` on every row (or on none, for one text per example)"
+            )
         if not isinstance(pair, str):
             raise QserveError(f"{path}, {where} {n}: text_pair must be a string (got {type(pair).__name__})")
         if not pair.strip():
@@ -158,8 +166,9 @@ def _check_pairs(path: Path, rows: list[tuple[int, Any, Any]], pairs: list[Any])
 
 def _json_row(path: Path, n: int, obj: Any, what: str = "line") -> tuple[int, Any, Any]:
     if not isinstance(obj, dict):
-        raise QserveError(f"{path}, {what} {n}: expected a JSON object with `text` and `label`, "
-                          f"got {type(obj).__name__}")
+        raise QserveError(
+            f"{path}, {what} {n}: expected a JSON object with `text` and `label`, got {type(obj).__name__}"
+        )
     missing = [c for c in ("text", "label") if c not in obj]
     if missing:
         raise QserveError(f"{path}, {what} {n}: missing field(s) {', '.join(missing)}")
@@ -192,15 +201,18 @@ def _label_ids(path: Path, rows: list[tuple[int, Any, Any]]) -> tuple[list[str],
     absent = sorted(set(range(k)) - set(values))
     if absent:
         first_high = next(n for (n, _, _), v in zip(rows, values) if v == max(values))
-        raise QserveError(f"{path}: integer labels must be 0..K-1 with every class present; found labels up to "
-                          f"{k - 1} (first at {where} {first_high}) but none equal to {absent[:10]}")
+        raise QserveError(
+            f"{path}: integer labels must be 0..K-1 with every class present; found labels up to "
+            f"{k - 1} (first at {where} {first_high}) but none equal to {absent[:10]}"
+        )
     if k < 2:
         raise QserveError(f"{path}: every row has label 0; a classifier needs at least two classes")
     return [f"LABEL_{i}" for i in range(k)], values
 
 
-def _labels(path: Path, rows: list[tuple[int, Any, Any]], where: str,
-            problem_type: str | None) -> tuple[list[str], list[Label], str]:
+def _labels(
+    path: Path, rows: list[tuple[int, Any, Any]], where: str, problem_type: str | None
+) -> tuple[list[str], list[Label], str]:
     """(names, targets, problem type): --problem-type, else what the labels spell (qserve.problemtypes.infer)."""
     problem = problem_type or infer([lab for _, _, lab in rows], csv=path.suffix.lower() == ".csv")
     if problem != SINGLE:

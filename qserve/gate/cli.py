@@ -24,9 +24,13 @@ from qserve.gate.run import run_gate
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("gate", help="a release gate: each variant vs fp32 on labelled data, with confidence "
-                                           "intervals and calibration, sealed into its manifest",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "gate",
+        help="a release gate: each variant vs fp32 on labelled data, with confidence "
+        "intervals and calibration, sealed into its manifest",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("variants", nargs="+", metavar="VARIANT", help="variant directories (written by `qserve export`)")
     add_flags(p, GateConfig)
     p.set_defaults(func=cmd_gate)
@@ -40,6 +44,8 @@ def cmd_gate(args: argparse.Namespace) -> int:
         written = write_report(results, Path(cfg.out), cfg.force)
         print("\nwrote " + ", ".join(str(p) for p in written))
     if cfg.record:
-        print(f"\nthe verdicts are sealed in {len(results)} manifest(s): `qserve serve --require-gate` serves a "
-              "passing variant only")
+        print(
+            f"\nthe verdicts are sealed in {len(results)} manifest(s): `qserve serve --require-gate` serves a "
+            "passing variant only"
+        )
     return 0 if all(r["gate"]["passed"] for r in results) else 1

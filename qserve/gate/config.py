@@ -53,8 +53,9 @@ class GateConfig:
     max_eval_samples: int | None = field(default=None, metadata=flag(default_text="the checkpoint's own"))
     """Rebuild the splits with validation and test capped at this many texts each, as `qserve bench
     --max-eval-samples N` does: the gate then scores the very test texts that bench scored (the pipeline's gate)."""
-    reference: str | None = field(default=None, metadata=flag(metavar="DIR",
-                                                               default_text="torch-fp32, else onnx-fp32, beside the variant"))
+    reference: str | None = field(
+        default=None, metadata=flag(metavar="DIR", default_text="torch-fp32, else onnx-fp32, beside the variant")
+    )
     """The fp32 variant of the same checkpoint every variant is compared with."""
     bar: float | None = field(default=None, metadata=flag(default_text="0.98 at 8/16/32 bits, 0.95 at 4"))
     """The bar agreement's lower bound must reach."""
@@ -80,14 +81,21 @@ class GateConfig:
 
     def validate(self) -> GateConfig:
         if self.split == "all" and self.calibrate_on != "none":
-            raise QserveError("--split all scores every text of --data, so no held-out text is left to calibrate on; "
-                              "pass --calibrate-on none, or gate one split (--split test) and calibrate on another")
+            raise QserveError(
+                "--split all scores every text of --data, so no held-out text is left to calibrate on; "
+                "pass --calibrate-on none, or gate one split (--split test) and calibrate on another"
+            )
         if self.split == self.calibrate_on:
-            raise QserveError(f"--calibrate-on {self.calibrate_on} is the split the gate scores (--split "
-                              f"{self.split}); calibration must be fitted on data the gate did not score: choose "
-                              f"another of {', '.join(s for s in CALIBRATION_SPLITS if s != self.split)}")
-        for name, v in (("max_samples", self.max_samples), ("max_calibration_samples", self.max_calibration_samples),
-                        ("max_eval_samples", self.max_eval_samples)):
+            raise QserveError(
+                f"--calibrate-on {self.calibrate_on} is the split the gate scores (--split "
+                f"{self.split}); calibration must be fitted on data the gate did not score: choose "
+                f"another of {', '.join(s for s in CALIBRATION_SPLITS if s != self.split)}"
+            )
+        for name, v in (
+            ("max_samples", self.max_samples),
+            ("max_calibration_samples", self.max_calibration_samples),
+            ("max_eval_samples", self.max_eval_samples),
+        ):
             if v is not None and v < 1:
                 raise QserveError(f"--{name.replace('_', '-')} must be a positive integer or unset, got {v}")
         if self.bar is not None and not 0 < self.bar < 1:

@@ -45,7 +45,8 @@ def row(result: dict[str, Any]) -> dict[str, str]:
     # a variant scored on another device than its reference (a CUDA run's CPU variant) says so, as bench tables do
     where = mark((g.get("machine") or {}).get("device"), (g.get("reference") or {}).get("device"))
     return {
-        "variant": result["variant"] + where, "n": str(g["agreement"]["of"]),
+        "variant": result["variant"] + where,
+        "n": str(g["agreement"]["of"]),
         "agreement [lo, hi]": _interval(g["agreement"]),
         "accuracy delta [lo, hi]": _interval(g["accuracy"]["delta"], signed=True),
         "worst class": "—" if not worst else f"{worst['label']}: {_interval(worst)} (n={worst['n']})",
@@ -59,14 +60,22 @@ def markdown(results: list[dict[str, Any]]) -> str:
         return "# Release gate\n\nNo variant was gated.\n"
     first = results[0]["gate"]
     d, m = first["data"], first["machine"]
-    lines = ["# Release gate", "",
-             f"Each variant against {first['reference']['name']} of the same checkpoint on `{d['dataset']}` "
-             f"({d['split']} split, seed {d['seed']}, {d['n']} texts, fingerprint `{d['fingerprint'][:12]}`), "
-             f"{first['bar']['confidence']:.0%} intervals: agreement by Wilson, the accuracy delta by a paired "
-             f"bootstrap over texts. A variant passes on the LOWER bound of agreement, never the point estimate. "
-             f"Measured on {m.get('gpu') or m.get('cpu')} ({m['device']}), {first['when']}"
-             + (f"; the reference on {first['reference']['device']}" if first["reference"].get("device") and
-                mark(m["device"], first["reference"]["device"]) else "") + ".", ""]
+    lines = [
+        "# Release gate",
+        "",
+        f"Each variant against {first['reference']['name']} of the same checkpoint on `{d['dataset']}` "
+        f"({d['split']} split, seed {d['seed']}, {d['n']} texts, fingerprint `{d['fingerprint'][:12]}`), "
+        f"{first['bar']['confidence']:.0%} intervals: agreement by Wilson, the accuracy delta by a paired "
+        f"bootstrap over texts. A variant passes on the LOWER bound of agreement, never the point estimate. "
+        f"Measured on {m.get('gpu') or m.get('cpu')} ({m['device']}), {first['when']}"
+        + (
+            f"; the reference on {first['reference']['device']}"
+            if first["reference"].get("device") and mark(m["device"], first["reference"]["device"])
+            else ""
+        )
+        + ".",
+        "",
+    ]
     rows = [row(r) for r in results]
     head = list(rows[0])
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -74,20 +83,34 @@ def markdown(results: list[dict[str, Any]]) -> str:
     lines.append("")
     for r in results:
         g = r["gate"]
-        lines.append(f"- **{r['variant']}**: " + ("passed" if g["passed"] else "failed: " + "; ".join(g["reasons"]))
-                     + f" (agreement: {g['metric']}; at least {g['bar']['min_n']} "
-                     + ("pairs" if r["problem_type"].startswith("multi") else "texts")
-                     + " are needed for the bound to reach the bar at all).")
+        lines.append(
+            f"- **{r['variant']}**: "
+            + ("passed" if g["passed"] else "failed: " + "; ".join(g["reasons"]))
+            + f" (agreement: {g['metric']}; at least {g['bar']['min_n']} "
+            + ("pairs" if r["problem_type"].startswith("multi") else "texts")
+            + " are needed for the bound to reach the bar at all)."
+        )
         for p in g.get("per_class") or []:
-            lines.append(f"  - {p['label']}: " + (f"{_interval(p['agreement'])} over {p['n']} ({p['flips']} flipped)"
-                                                  if p["n"] else "no text (the reference never answers it)"))
+            lines.append(
+                f"  - {p['label']}: "
+                + (
+                    f"{_interval(p['agreement'])} over {p['n']} ({p['flips']} flipped)"
+                    if p["n"]
+                    else "no text (the reference never answers it)"
+                )
+            )
         cal = r.get("calibration")
         if cal:
             fit = cal["fitted_on"]
-            lines.append(f"  - calibration fitted on the {fit['split']} split ({fit['n']} texts the gate did not "
-                         "score): " + (f"temperature {cal['temperature']:.4f}" if "temperature" in cal else
-                                       "thresholds " + ", ".join(f"{lab} {t:.3f}" for lab, t in
-                                                                 zip(r["labels"], cal["thresholds"]))))
+            lines.append(
+                f"  - calibration fitted on the {fit['split']} split ({fit['n']} texts the gate did not "
+                "score): "
+                + (
+                    f"temperature {cal['temperature']:.4f}"
+                    if "temperature" in cal
+                    else "thresholds " + ", ".join(f"{lab} {t:.3f}" for lab, t in zip(r["labels"], cal["thresholds"]))
+                )
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -105,10 +128,22 @@ def picture(results: list[dict[str, Any]], path: Path) -> Path | None:
     for i, r in enumerate(results):
         a = r["gate"]["agreement"]
         color = "tab:green" if r["gate"]["passed"] else "tab:red"
-        ax.errorbar([a["value"]], [i], xerr=[[a["value"] - a["lo"]], [a["hi"] - a["value"]]], fmt="o", color=color,
-                    capsize=5, lw=2)
-        ax.annotate(f"n={a['of']}  [{a['lo']:.2%}, {a['hi']:.2%}]", (a["lo"], i), xytext=(0, 8),
-                    textcoords="offset points", fontsize=8)
+        ax.errorbar(
+            [a["value"]],
+            [i],
+            xerr=[[a["value"] - a["lo"]], [a["hi"] - a["value"]]],
+            fmt="o",
+            color=color,
+            capsize=5,
+            lw=2,
+        )
+        ax.annotate(
+            f"n={a['of']}  [{a['lo']:.2%}, {a['hi']:.2%}]",
+            (a["lo"], i),
+            xytext=(0, 8),
+            textcoords="offset points",
+            fontsize=8,
+        )
         ax.axvline(r["gate"]["bar"]["agreement_lower_bound"], color="gray", ls="--", lw=1)
     ax.set_yticks(range(len(names)), names)
     ax.set_ylim(-0.7, len(names) - 0.3)

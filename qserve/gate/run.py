@@ -24,10 +24,10 @@ from qserve import QserveError, __version__
 from qserve import problemtypes as problems
 from qserve.artifact import Manifest, read_manifest, read_model_meta, reseal
 from qserve.data.datasets import DatasetSplits, Split, load_dataset, stratified_subsample
-from qserve.gate import stats
-from qserve.gate.config import MIN_CLASS_TEXTS, GateConfig, accuracy_drop, agreement_bar
 from qserve.devices import cpu_info, resolve_device
 from qserve.files import now_iso
+from qserve.gate import stats
+from qserve.gate.config import MIN_CLASS_TEXTS, GateConfig, accuracy_drop, agreement_bar
 from qserve.placement import Plan
 from qserve.runtime import RuntimeOptions, load_runtime
 from qserve.verify import verify
@@ -54,6 +54,7 @@ class Scored:
 
 # -- which reference, which data --------------------------------------------------------------------------
 
+
 def find_reference(variant: Path, given: str | None) -> Path:
     """--reference, else torch-fp32 (then onnx-fp32) beside the variant; an error names --reference otherwise."""
     if given:
@@ -62,21 +63,27 @@ def find_reference(variant: Path, given: str | None) -> Path:
         cand = variant.parent / name
         if (cand / "manifest.json").is_file():
             return cand
-    raise GateError(f"no fp32 reference beside {variant} ({' or '.join(str(variant.parent / n) for n in REFERENCES)} "
-                    "is missing); pass --reference DIR, the torch-fp32 or onnx-fp32 export of the same checkpoint")
+    raise GateError(
+        f"no fp32 reference beside {variant} ({' or '.join(str(variant.parent / n) for n in REFERENCES)} "
+        "is missing); pass --reference DIR, the torch-fp32 or onnx-fp32 export of the same checkpoint"
+    )
 
 
 def check_same_checkpoint(variant: Path, vm: Manifest, reference: Path, rm: Manifest) -> None:
     """The reference must be an export of the very checkpoint the variant came from (same source hash)."""
     vs, rs = (vm.source or {}).get("sha256"), (rm.source or {}).get("sha256")
     if not vs or not rs or vs != rs:
-        raise GateError(f"{variant} was exported from checkpoint {vs or '(unrecorded)'} ({(vm.source or {}).get('path')}) "
-                        f"but the reference {reference} from {rs or '(unrecorded)'} ({(rm.source or {}).get('path')}): "
-                        "a gate compares a variant with the fp32 export of the same checkpoint; pass --reference with "
-                        "that one (qserve export CHECKPOINT --backend torch --dtype fp32)")
+        raise GateError(
+            f"{variant} was exported from checkpoint {vs or '(unrecorded)'} ({(vm.source or {}).get('path')}) "
+            f"but the reference {reference} from {rs or '(unrecorded)'} ({(rm.source or {}).get('path')}): "
+            "a gate compares a variant with the fp32 export of the same checkpoint; pass --reference with "
+            "that one (qserve export CHECKPOINT --backend torch --dtype fp32)"
+        )
     if list(vm.labels) != list(rm.labels) or vm.problem != rm.problem:
-        raise GateError(f"{variant} (labels {list(vm.labels)}, {vm.problem}) and the reference {reference} (labels "
-                        f"{list(rm.labels)}, {rm.problem}) do not answer the same question")
+        raise GateError(
+            f"{variant} (labels {list(vm.labels)}, {vm.problem}) and the reference {reference} (labels "
+            f"{list(rm.labels)}, {rm.problem}) do not answer the same question"
+        )
 
 
 def load_data(cfg: GateConfig, variant: Path, manifest: Manifest) -> tuple[DatasetSplits, str, int]:
@@ -85,8 +92,10 @@ def load_data(cfg: GateConfig, variant: Path, manifest: Manifest) -> tuple[Datas
     meta = read_model_meta(variant)
     dataset = cfg.data or (meta.dataset if meta else None)
     if not dataset:
-        raise GateError(f"{variant}/qserve_model.json names no dataset (a checkpoint qserve did not train); pass "
-                        "--data FILE (any dataset `qserve train` reads)")
+        raise GateError(
+            f"{variant}/qserve_model.json names no dataset (a checkpoint qserve did not train); pass "
+            "--data FILE (any dataset `qserve train` reads)"
+        )
     seed = cfg.seed if cfg.seed is not None else (meta.seed if meta and meta.seed is not None else 42)
     if cfg.max_eval_samples is not None:
         max_eval: int | None = cfg.max_eval_samples
@@ -94,9 +103,11 @@ def load_data(cfg: GateConfig, variant: Path, manifest: Manifest) -> tuple[Datas
         max_eval = (meta.max_eval_samples if meta else None) if cfg.data is None else None
     splits = load_dataset(dataset, seed=seed, max_eval_samples=max_eval, problem_type=manifest.problem)
     if list(splits.labels) != list(manifest.labels) or splits.problem_type != manifest.problem:
-        raise GateError(f"--data {dataset}: its labels are {list(splits.labels)} ({problems.short(splits.problem_type)}), "
-                        f"the model's are {list(manifest.labels)} ({problems.short(manifest.problem)}); a gate needs "
-                        "data labelled with the model's own labels, in the model's problem type")
+        raise GateError(
+            f"--data {dataset}: its labels are {list(splits.labels)} ({problems.short(splits.problem_type)}), "
+            f"the model's are {list(manifest.labels)} ({problems.short(manifest.problem)}); a gate needs "
+            "data labelled with the model's own labels, in the model's problem type"
+        )
     return splits, dataset, seed
 
 
@@ -128,13 +139,14 @@ def truth(split: Split, problem: str, k: int) -> np.ndarray:
 
 # -- scoring ---------------------------------------------------------------------------------------------
 
+
 def logits_of(rt: Any, split: Split, batch: int = 32) -> np.ndarray:
     """Raw logits [n, k] of every text, in order: batches of similar length (the answers do not depend on the
     batch: one text, one answer), under the variant's own long-text policy."""
     order = sorted(range(len(split)), key=lambda i: (-len(split.texts[i]), i))
     out: np.ndarray | None = None
     for start in range(0, len(order), batch):
-        idx = order[start:start + batch]
+        idx = order[start : start + batch]
         pairs = None if split.pairs is None else [split.pairs[i] for i in idx]
         got = np.asarray(rt.logits([split.texts[i] for i in idx], None, pairs), dtype=np.float64)
         if out is None:
@@ -145,8 +157,9 @@ def logits_of(rt: Any, split: Split, batch: int = 32) -> np.ndarray:
 
 def load(path: Path, cfg: GateConfig, device: str | None = None) -> Any:
     """The variant's runtime on `device` (a plan's), else on --device (auto: where the variant runs here)."""
-    return load_runtime(path, device or cfg.device, RuntimeOptions(threads=cfg.threads),
-                        allow_extra_files=cfg.allow_extra_files)
+    return load_runtime(
+        path, device or cfg.device, RuntimeOptions(threads=cfg.threads), allow_extra_files=cfg.allow_extra_files
+    )
 
 
 def score(path: Path, cfg: GateConfig, gate: Split, calib: Split | None, device: str | None = None) -> Scored:
@@ -159,8 +172,18 @@ def score(path: Path, cfg: GateConfig, gate: Split, calib: Split | None, device:
 
 # -- the judgement ---------------------------------------------------------------------------------------
 
-def judge(problem: str, labels: list[str], ref: np.ndarray, var: np.ndarray, y: np.ndarray, bar: float,
-          drop: float, confidence: float, span: float | None = None) -> dict[str, Any]:
+
+def judge(
+    problem: str,
+    labels: list[str],
+    ref: np.ndarray,
+    var: np.ndarray,
+    y: np.ndarray,
+    bar: float,
+    drop: float,
+    confidence: float,
+    span: float | None = None,
+) -> dict[str, Any]:
     """Agreement, the accuracy delta and per-class agreement, each with its interval, and the verdict.
 
     single: agreement = same top label (Wilson); delta = variant - reference accuracy (paired bootstrap over
@@ -180,9 +203,13 @@ def judge(problem: str, labels: list[str], ref: np.ndarray, var: np.ndarray, y: 
         trials = n
         gain = (np.abs(ref[:, 0] - y) - np.abs(var[:, 0] - y)) / span  # > 0: the variant errs less
         delta = stats.Interval(*stats.paired_bootstrap(gain, np.zeros_like(gain), confidence))
-        out["accuracy"] = {"metric": "reduction of mean |error| / label range", "span": span,
-                           "reference_mae": float(np.abs(ref[:, 0] - y).mean()),
-                           "variant_mae": float(np.abs(var[:, 0] - y).mean()), "delta": delta.to_json()}
+        out["accuracy"] = {
+            "metric": "reduction of mean |error| / label range",
+            "span": span,
+            "reference_mae": float(np.abs(ref[:, 0] - y).mean()),
+            "variant_mae": float(np.abs(var[:, 0] - y).mean()),
+            "delta": delta.to_json(),
+        }
         need = 30  # the bootstrap's interval means little on fewer texts
     else:
         if problem == problems.MULTI:
@@ -191,8 +218,14 @@ def judge(problem: str, labels: list[str], ref: np.ndarray, var: np.ndarray, y: 
             k, trials = int(same.sum()), same.size
             for j, name in enumerate(labels):
                 kj = int(same[:, j].sum())
-                per.append({"label": name, "n": n, "agreement": stats.Interval(kj / max(n, 1), *stats.wilson(
-                    kj, n, confidence)).to_json(), "flips": n - kj})
+                per.append(
+                    {
+                        "label": name,
+                        "n": n,
+                        "agreement": stats.Interval(kj / max(n, 1), *stats.wilson(kj, n, confidence)).to_json(),
+                        "flips": n - kj,
+                    }
+                )
             rc, vc = (ron == y).mean(axis=1), (von == y).mean(axis=1)
             metric = "per-text label accuracy"
         else:
@@ -202,22 +235,34 @@ def judge(problem: str, labels: list[str], ref: np.ndarray, var: np.ndarray, y: 
             for j, name in enumerate(labels):
                 sel = rp == j
                 nj, kj = int(sel.sum()), int(same[sel].sum())
-                per.append({"label": name, "n": nj, "agreement": stats.Interval(kj / max(nj, 1), *stats.wilson(
-                    kj, nj, confidence)).to_json(), "flips": nj - kj})
+                per.append(
+                    {
+                        "label": name,
+                        "n": nj,
+                        "agreement": stats.Interval(kj / max(nj, 1), *stats.wilson(kj, nj, confidence)).to_json(),
+                        "flips": nj - kj,
+                    }
+                )
             rc, vc = (rp == y).astype(float), (vp == y).astype(float)
             metric = "accuracy"
             out["mcnemar"] = stats.mcnemar(vc, rc)
         agr = stats.Interval(k / max(trials, 1), *stats.wilson(k, trials, confidence))
         delta = stats.Interval(*stats.paired_bootstrap(vc, rc, confidence))
-        out["accuracy"] = {"metric": metric, "reference": float(rc.mean()) if n else None,
-                           "variant": float(vc.mean()) if n else None, "delta": delta.to_json()}
+        out["accuracy"] = {
+            "metric": metric,
+            "reference": float(rc.mean()) if n else None,
+            "variant": float(vc.mean()) if n else None,
+            "delta": delta.to_json(),
+        }
         need = stats.min_n(bar, confidence)
         judged = [p for p in per if p["n"] >= MIN_CLASS_TEXTS]
         for p in judged:
             if p["agreement"]["hi"] < bar:
-                reasons.append(f"{'label' if problem == problems.MULTI else 'class'} {p['label']!r}: agreement "
-                               f"{p['agreement']['value']:.2%}, upper bound {p['agreement']['hi']:.2%} < bar {bar:.0%} "
-                               f"({p['flips']} of {p['n']} flipped)")
+                reasons.append(
+                    f"{'label' if problem == problems.MULTI else 'class'} {p['label']!r}: agreement "
+                    f"{p['agreement']['value']:.2%}, upper bound {p['agreement']['hi']:.2%} < bar {bar:.0%} "
+                    f"({p['flips']} of {p['n']} flipped)"
+                )
         if per:
             worst = min(judged or per, key=lambda p: p["agreement"]["lo"])
             out["worst_class"] = {"label": worst["label"], **worst["agreement"], "n": worst["n"]}
@@ -225,14 +270,18 @@ def judge(problem: str, labels: list[str], ref: np.ndarray, var: np.ndarray, y: 
     out["per_class"] = per
     out["min_n"] = need
     if trials < need:
-        reasons.insert(0, f"too few texts: {trials} {'(text, label) pairs' if problem == problems.MULTI else 'texts'}, "
-                          f"but even 100% agreement needs {need} for its {confidence:.0%} lower bound to reach the bar "
-                          f"{bar:.0%}; gate on more data (--data, --split, --max-samples)")
+        reasons.insert(
+            0,
+            f"too few texts: {trials} {'(text, label) pairs' if problem == problems.MULTI else 'texts'}, "
+            f"but even 100% agreement needs {need} for its {confidence:.0%} lower bound to reach the bar "
+            f"{bar:.0%}; gate on more data (--data, --split, --max-samples)",
+        )
     if agr.lo < bar:
         reasons.append(f"agreement {agr.value:.2%}, lower bound {agr.lo:.2%} < bar {bar:.0%}")
     if delta.lo < -drop:
-        reasons.append(f"{out['accuracy']['metric']} delta {delta.value:+.2%}, lower bound {delta.lo:+.2%} < "
-                       f"-{drop:.0%}")
+        reasons.append(
+            f"{out['accuracy']['metric']} delta {delta.value:+.2%}, lower bound {delta.lo:+.2%} < -{drop:.0%}"
+        )
     out["passed"] = not reasons
     out["reasons"] = reasons
     return out
@@ -248,14 +297,22 @@ def calibrate(problem: str, var: Scored, y_gate: np.ndarray, y_cal: np.ndarray |
         ps = stats.sigmoid(var.logits)
         thresholds = stats.fit_thresholds(stats.sigmoid(var.calibration), y_cal)
         e = stats.ece(ps, y_gate)
-        return {"thresholds": thresholds, "ece": {"before": e, "after": e},
-                "macro_f1": {"at_0.5": stats.macro_f1(ps, y_gate, 0.5),
-                             "at_thresholds": stats.macro_f1(ps, y_gate, np.array(thresholds))}}
+        return {
+            "thresholds": thresholds,
+            "ece": {"before": e, "after": e},
+            "macro_f1": {
+                "at_0.5": stats.macro_f1(ps, y_gate, 0.5),
+                "at_thresholds": stats.macro_f1(ps, y_gate, np.array(thresholds)),
+            },
+        }
     t = stats.fit_temperature(var.calibration, y_cal)
     before, after = stats.softmax(var.logits), stats.softmax(var.logits, t)
     hit = before.argmax(1) == y_gate
-    return {"temperature": t, "ece": {"before": stats.ece(before.max(1), hit), "after": stats.ece(after.max(1), hit)},
-            "nll": {"before": stats.nll(var.logits, y_gate), "after": stats.nll(var.logits, y_gate, t)}}
+    return {
+        "temperature": t,
+        "ece": {"before": stats.ece(before.max(1), hit), "after": stats.ece(after.max(1), hit)},
+        "nll": {"before": stats.nll(var.logits, y_gate), "after": stats.nll(var.logits, y_gate, t)},
+    }
 
 
 def machine(device: str) -> dict[str, Any]:
@@ -267,8 +324,9 @@ def machine(device: str) -> dict[str, Any]:
     return out
 
 
-def run_gate(variants: list[Path], cfg: GateConfig, until_pass: bool = False,
-             plan: Plan | None = None) -> list[dict[str, Any]]:
+def run_gate(
+    variants: list[Path], cfg: GateConfig, until_pass: bool = False, plan: Plan | None = None
+) -> list[dict[str, Any]]:
     """Gate each variant against its reference; write each verdict and calibration into its manifest (unless
     cfg.record is False); return the results, one per variant, in order. until_pass: stop after the first variant
     that passes (the pipeline gates its candidates fastest first, and needs one). `plan`: the device of each
@@ -293,8 +351,9 @@ def run_gate(variants: list[Path], cfg: GateConfig, until_pass: bool = False,
             datasets[dkey] = load_data(cfg, vdir, vm)
         splits, dataset, seed = datasets[dkey]
         gate_split = pick(splits, cfg.split, cfg.max_samples, seed)
-        cal_split = None if cfg.calibrate_on == "none" else pick(splits, cfg.calibrate_on,
-                                                                  cfg.max_calibration_samples, seed)
+        cal_split = (
+            None if cfg.calibrate_on == "none" else pick(splits, cfg.calibrate_on, cfg.max_calibration_samples, seed)
+        )
         problem, labels = vm.problem, list(vm.labels)
         bits = vm.spec.bits
         bar = cfg.bar if cfg.bar is not None else agreement_bar(bits)
@@ -303,37 +362,82 @@ def run_gate(variants: list[Path], cfg: GateConfig, until_pass: bool = False,
         if rkey not in refs:
             log.info("gate: scoring the reference %s on %d texts", rdir, len(gate_split))
             refs[rkey] = score(rdir, cfg, gate_split, None, plan.device_of(rm.name) if plan else None)
-        log.info("gate: scoring %s on %d texts (+%d held-out for calibration)", vdir, len(gate_split),
-                 len(cal_split) if cal_split is not None else 0)
+        log.info(
+            "gate: scoring %s on %d texts (+%d held-out for calibration)",
+            vdir,
+            len(gate_split),
+            len(cal_split) if cal_split is not None else 0,
+        )
         var = score(vdir, cfg, gate_split, cal_split, plan.device_of(vm.name) if plan else None)
         y = truth(gate_split, problem, len(labels))
         meta = read_model_meta(vdir)
-        verdict = judge(problem, labels, refs[rkey].logits, var.logits, y, bar, drop, cfg.confidence,
-                        meta.label_range if meta else None)
+        verdict = judge(
+            problem,
+            labels,
+            refs[rkey].logits,
+            var.logits,
+            y,
+            bar,
+            drop,
+            cfg.confidence,
+            meta.label_range if meta else None,
+        )
         cal = calibrate(problem, var, y, None if cal_split is None else truth(cal_split, problem, len(labels)))
-        data = {"dataset": dataset, "split": cfg.split, "seed": seed, "n": len(gate_split),
-                "fingerprint": fingerprint(gate_split)}
-        record = {"format": FORMAT, "passed": verdict.pop("passed"), "reasons": verdict.pop("reasons"),
-                  "bar": {"agreement_lower_bound": bar, "max_accuracy_drop": drop, "confidence": cfg.confidence,
-                          "min_n": verdict.pop("min_n")},
-                  "data": data, **verdict,
-                  "reference": {"dir": str(rdir), "name": rm.name, "version": rm.version,
-                                "device": refs[rkey].device},
-                  "calibration": None if cal is None else {k: v for k, v in cal.items()
-                                                           if k not in ("temperature", "thresholds")},
-                  "when": now_iso(), "machine": machine(var.device), "qserve": __version__}
+        data = {
+            "dataset": dataset,
+            "split": cfg.split,
+            "seed": seed,
+            "n": len(gate_split),
+            "fingerprint": fingerprint(gate_split),
+        }
+        record = {
+            "format": FORMAT,
+            "passed": verdict.pop("passed"),
+            "reasons": verdict.pop("reasons"),
+            "bar": {
+                "agreement_lower_bound": bar,
+                "max_accuracy_drop": drop,
+                "confidence": cfg.confidence,
+                "min_n": verdict.pop("min_n"),
+            },
+            "data": data,
+            **verdict,
+            "reference": {"dir": str(rdir), "name": rm.name, "version": rm.version, "device": refs[rkey].device},
+            "calibration": None
+            if cal is None
+            else {k: v for k, v in cal.items() if k not in ("temperature", "thresholds")},
+            "when": now_iso(),
+            "machine": machine(var.device),
+            "qserve": __version__,
+        }
         calibration: dict[str, Any] | None = None
         if cal is not None and cal_split is not None:
-            fitted = {"dataset": dataset, "split": cfg.calibrate_on, "seed": seed, "n": len(cal_split),
-                      "fingerprint": fingerprint(cal_split)}
+            fitted = {
+                "dataset": dataset,
+                "split": cfg.calibrate_on,
+                "seed": seed,
+                "n": len(cal_split),
+                "fingerprint": fingerprint(cal_split),
+            }
             calibration = {k: cal[k] for k in ("temperature", "thresholds") if k in cal}
             calibration["fitted_on"] = fitted
             record["calibration"]["fitted_on"] = fitted
         if cfg.record:
             vm = verify(vdir, allow_extra_files=cfg.allow_extra_files)  # unchanged since it was scored
-            reseal(vdir, replace(vm, gate=record, calibration=calibration if calibration is not None else vm.calibration))
-        results.append({"variant": vm.name, "dir": str(vdir), "spec": vm.spec.to_json(), "problem_type": problem,
-                        "labels": labels, "gate": record, "calibration": calibration})
+            reseal(
+                vdir, replace(vm, gate=record, calibration=calibration if calibration is not None else vm.calibration)
+            )
+        results.append(
+            {
+                "variant": vm.name,
+                "dir": str(vdir),
+                "spec": vm.spec.to_json(),
+                "problem_type": problem,
+                "labels": labels,
+                "gate": record,
+                "calibration": calibration,
+            }
+        )
         log.info("gate: %s %s", vm.name, "PASSED" if record["passed"] else "FAILED: " + "; ".join(record["reasons"]))
         if until_pass and record["passed"]:
             break

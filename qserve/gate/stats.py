@@ -49,7 +49,7 @@ def wilson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
 def min_n(bar: float, confidence: float = 0.95) -> int:
     """The fewest texts whose Wilson lower bound at 100% agreement (n / (n + z^2)) reaches `bar`."""
     z2 = z_for(confidence) ** 2
-    return max(1, math.ceil(z2 * bar / (1 - bar) - 1e-9)) if bar < 1 else 10 ** 9
+    return max(1, math.ceil(z2 * bar / (1 - bar) - 1e-9)) if bar < 1 else 10**9
 
 
 def n_for(bar: float, expected: float, confidence: float = 0.95) -> int | None:
@@ -63,8 +63,9 @@ def n_for(bar: float, expected: float, confidence: float = 0.95) -> int | None:
     return n
 
 
-def paired_bootstrap(a: np.ndarray, b: np.ndarray, confidence: float = 0.95, resamples: int = 2000,
-                     seed: int = 0) -> tuple[float, float, float]:
+def paired_bootstrap(
+    a: np.ndarray, b: np.ndarray, confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
     """(mean(a - b), lo, hi): a percentile bootstrap interval of the mean paired difference, texts resampled
     with replacement (a and b: one value per text, the same texts in the same order; seeded, so a gate run
     twice says the same)."""
@@ -77,7 +78,7 @@ def paired_bootstrap(a: np.ndarray, b: np.ndarray, confidence: float = 0.95, res
     step = max(1, 2_000_000 // n)  # bounded memory: at most ~2M indices at once
     for i in range(0, resamples, step):
         m = min(step, resamples - i)
-        means[i:i + m] = d[rng.integers(0, n, size=(m, n))].mean(axis=1)
+        means[i : i + m] = d[rng.integers(0, n, size=(m, n))].mean(axis=1)
     alpha = (1 - confidence) / 2
     lo, hi = np.quantile(means, [alpha, 1 - alpha])
     return float(d.mean()), float(lo), float(hi)
@@ -92,7 +93,7 @@ def mcnemar(a: np.ndarray, b: np.ndarray) -> dict[str, float | int]:
     if m == 0:
         return {"only_variant": only_a, "only_reference": only_b, "p_value": 1.0}
     k = min(only_a, only_b)
-    tail = sum(math.comb(m, i) for i in range(k + 1)) / 2.0 ** m
+    tail = sum(math.comb(m, i) for i in range(k + 1)) / 2.0**m
     return {"only_variant": only_a, "only_reference": only_b, "p_value": min(1.0, 2 * tail)}
 
 

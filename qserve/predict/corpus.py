@@ -108,8 +108,11 @@ class Input:
                 except ValueError as e:
                     yield {ROW_ERROR: f"line {n} is not valid JSON ({e})"}
                     continue
-                yield row if isinstance(row, dict) else {ROW_ERROR: f"line {n} is a JSON {type(row).__name__}, "
-                                                                    "not an object of columns"}
+                yield (
+                    row
+                    if isinstance(row, dict)
+                    else {ROW_ERROR: f"line {n} is a JSON {type(row).__name__}, not an object of columns"}
+                )
 
     def _csv(self) -> Iterator[Row]:
         with _open_text(self) as f:
@@ -143,12 +146,16 @@ def open_input(path: str) -> Input:
         _pyarrow()
         return Input(str(p), "parquet", files)
     if not p.is_file():
-        raise QserveError(f"{path}: no such file (INPUT is a .jsonl, .csv, .parquet, a directory of parquet files, "
-                          "or - for jsonl on stdin)")
+        raise QserveError(
+            f"{path}: no such file (INPUT is a .jsonl, .csv, .parquet, a directory of parquet files, "
+            "or - for jsonl on stdin)"
+        )
     fmt = SUFFIXES.get(p.suffix.lower())
     if fmt is None:
-        raise QserveError(f"{path}: unknown input format {p.suffix!r}; allowed: .jsonl, .csv, .parquet, a "
-                          "directory of .parquet files, or -")
+        raise QserveError(
+            f"{path}: unknown input format {p.suffix!r}; allowed: .jsonl, .csv, .parquet, a "
+            "directory of .parquet files, or -"
+        )
     try:
         with open(p, "rb") as f:
             f.read(1)
@@ -164,6 +171,7 @@ def open_input(path: str) -> Input:
 
 
 # -- parts, ledger, merge ------------------------------------------------------------------------
+
 
 def parts_dir(out: str | Path) -> Path:
     return Path(f"{out}.parts")
@@ -230,8 +238,10 @@ def rows_to_table(rows: list[Row], types: dict[str, Any]) -> Any:
                 raise
             # A column that mixes types (a bad row's number where the others hold text) cannot be one parquet
             # column: it is written as text, each non-string value as its JSON (jsonl output keeps it as it is).
-            cols[name] = pa.array([v if v is None or isinstance(v, str) else json.dumps(v, ensure_ascii=False)
-                                   for v in values], type=pa.string())
+            cols[name] = pa.array(
+                [v if v is None or isinstance(v, str) else json.dumps(v, ensure_ascii=False) for v in values],
+                type=pa.string(),
+            )
     return pa.table(cols)
 
 
@@ -296,12 +306,16 @@ def prepare(out: Path, fmt: str, ledger: dict[str, Any], force: bool) -> int:
             old = {}
         for key, what in (("target", "TARGET"), ("input", "INPUT")):
             if old.get(key) != ledger[key]:
-                raise QserveError(f"{parts} holds parts of a job with {what} {old.get(key)}, not {ledger[key]}; "
-                                  f"rerun that job to finish it, or pass --force to start this one over")
+                raise QserveError(
+                    f"{parts} holds parts of a job with {what} {old.get(key)}, not {ledger[key]}; "
+                    f"rerun that job to finish it, or pass --force to start this one over"
+                )
         for key in ledger:
             if old.get(key) != ledger[key]:
-                raise QserveError(f"{parts} holds parts of a job with {key} {old.get(key)!r}, not "
-                                  f"{ledger[key]!r}; rerun it as it was, or pass --force to start over")
+                raise QserveError(
+                    f"{parts} holds parts of a job with {key} {old.get(key)!r}, not "
+                    f"{ledger[key]!r}; rerun it as it was, or pass --force to start over"
+                )
         for stale in parts.glob("*.tmp"):  # a part cut short by the crash
             stale.unlink()
         return complete_parts(parts, fmt)

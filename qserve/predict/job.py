@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from qserve import QserveError, problemtypes as problems
-from qserve.predict.corpus import ROW_ERROR, Row
+from qserve import QserveError
+from qserve import problemtypes as problems
 from qserve.artifact import read_manifest
+from qserve.predict.corpus import ROW_ERROR, Row
 from qserve.serve.core.outputs import label_scores
 from qserve.serve.core.repository import model_version, resolve
 from qserve.serve.core.served_model import load_model
@@ -97,8 +98,13 @@ class Model:
 
     def load(self) -> Runtime:
         """The runtime, through the server's Loader with the server's settings."""
-        cfg = ServeConfig(variant_dir=self.variant_dir, threads=self.threads, device=self.device,
-                          long_text=self.long_text, max_batch_size=self.batch_size)
+        cfg = ServeConfig(
+            variant_dir=self.variant_dir,
+            threads=self.threads,
+            device=self.device,
+            long_text=self.long_text,
+            max_batch_size=self.batch_size,
+        )
         cfg.validate()
         return load_model(cfg)  # type: ignore[return-value]
 
@@ -114,14 +120,23 @@ def resolve_model(cfg: PredictConfig) -> Model:
     manifest = read_manifest(Path(vdir))
     if cfg.threshold is not None and manifest.problem != problems.MULTI:
         kind = "single-label" if manifest.problem == problems.SINGLE else "regression"
-        raise QserveError(f"--threshold applies to multi-label models only; {vdir} is a {kind} model: leave "
-                          "--threshold out")
+        raise QserveError(
+            f"--threshold applies to multi-label models only; {vdir} is a {kind} model: leave --threshold out"
+        )
     version = model_version(manifest)
-    return Model(str(Path(vdir).resolve()), long_text, dict(sel) if sel else None, version, cfg.threads, cfg.device,
-                 cfg.batch_size)
+    return Model(
+        str(Path(vdir).resolve()),
+        long_text,
+        dict(sel) if sel else None,
+        version,
+        cfg.threads,
+        cfg.device,
+        cfg.batch_size,
+    )
 
 
 # -- one chunk ------------------------------------------------------------------------------------
+
 
 def answer_types(rt: Runtime, all_scores: bool) -> dict[str, Any]:
     """The pyarrow type of every answer column this model writes (one schema for every part and engine)."""
@@ -163,21 +178,27 @@ def row_problem(row: Row, cfg: PredictConfig) -> str | None:
     if ROW_ERROR in row:
         return str(row[ROW_ERROR])
     return _problem(row, cfg.text_column, "--text-column", cfg.max_chars) or (
-        _problem(row, cfg.text_pair_column, "--text-pair-column", cfg.max_chars) if cfg.text_pair_column else None)
+        _problem(row, cfg.text_pair_column, "--text-pair-column", cfg.max_chars) if cfg.text_pair_column else None
+    )
 
 
 def score_chunk(rt: Runtime, rows: list[Row], cfg: PredictConfig, first_row: int = 1) -> list[Row]:
     """Each row with its answer columns (or its error), in input order. `first_row`: the 1-based number of
     rows[0] in INPUT, for --on-error fail's message."""
-    threshold = (cfg.threshold if cfg.threshold is not None else problems.DEFAULT_THRESHOLD) \
-        if rt.problem_type == problems.MULTI else None
+    threshold = (
+        (cfg.threshold if cfg.threshold is not None else problems.DEFAULT_THRESHOLD)
+        if rt.problem_type == problems.MULTI
+        else None
+    )
     errors = [row_problem(r, cfg) for r in rows]
     if cfg.on_error == "fail":
         bad = next((i for i, e in enumerate(errors) if e), None)
         if bad is not None:
             rid = f" (id {rows[bad].get(cfg.id_column)!r})" if cfg.id_column else ""
-            raise QserveError(f"{cfg.input}, row {first_row + bad}{rid}: {errors[bad]} (--on-error fail stops at "
-                              "the first bad row; --on-error row writes it with an error column)")
+            raise QserveError(
+                f"{cfg.input}, row {first_row + bad}{rid}: {errors[bad]} (--on-error fail stops at "
+                "the first bad row; --on-error row writes it with an error column)"
+            )
     ok = [i for i, e in enumerate(errors) if e is None]
     pair = cfg.text_pair_column
 
@@ -188,14 +209,13 @@ def score_chunk(rt: Runtime, rows: list[Row], cfg: PredictConfig, first_row: int
     ok.sort(key=size)
     answers: dict[int, Row] = {}
     for start in range(0, len(ok), cfg.batch_size):
-        idx = ok[start:start + cfg.batch_size]
+        idx = ok[start : start + cfg.batch_size]
         texts = [rows[i][cfg.text_column] for i in idx]
         pairs = [rows[i][pair] for i in idx] if pair else None
         r = rt.classify(texts, [None] * len(texts), pairs=pairs)  # as the server's infer_fn calls it
         preds = label_scores(r.probs, rt.labels, rt.problem_type, None, threshold)
         for j, i in enumerate(idx):
-            answers[i] = _answer(preds[j], rt.problem_type, cfg.all_scores, r.tokens[j], r.windows[j],
-                                 r.truncated[j])
+            answers[i] = _answer(preds[j], rt.problem_type, cfg.all_scores, r.tokens[j], r.windows[j], r.truncated[j])
     empty = _empty(rt, cfg.all_scores)
     out = []
     for i, row in enumerate(rows):
@@ -204,8 +224,9 @@ def score_chunk(rt: Runtime, rows: list[Row], cfg: PredictConfig, first_row: int
     return out
 
 
-def _answer(pred: list[dict[str, Any]], problem: str, all_scores: bool, tokens: int, windows: int,
-            truncated: bool) -> Row:
+def _answer(
+    pred: list[dict[str, Any]], problem: str, all_scores: bool, tokens: int, windows: int, truncated: bool
+) -> Row:
     """One /v1 prediction (best first) as columns."""
     if problem == problems.REGRESSION:
         row: Row = {"value": pred[0]["score"]}
@@ -219,21 +240,33 @@ def _answer(pred: list[dict[str, Any]], problem: str, all_scores: bool, tokens: 
 
 
 def _empty(rt: Runtime, all_scores: bool) -> Row:
-    cols = ["value"] if rt.problem_type == problems.REGRESSION else ["label", "score"] + (
-        ["labels"] if rt.problem_type == problems.MULTI else []) + (["scores"] if all_scores else [])
+    cols = (
+        ["value"]
+        if rt.problem_type == problems.REGRESSION
+        else ["label", "score"]
+        + (["labels"] if rt.problem_type == problems.MULTI else [])
+        + (["scores"] if all_scores else [])
+    )
     return {c: None for c in cols + ["tokens", "windows", "truncated"]}
 
 
 # -- the job --------------------------------------------------------------------------------------
+
 
 def ledger(cfg: PredictConfig, model: Model) -> dict[str, Any]:
     """What a job is, as its ledger records it: a rerun must match it to continue."""
     inp = "-" if cfg.input == "-" else str(Path(cfg.input).resolve())
     size = None if cfg.input == "-" or Path(cfg.input).is_dir() else Path(cfg.input).stat().st_size
     keep = ("text_column", "text_pair_column", "id_column", "all_scores", "threshold", "max_chars", "chunk_rows")
-    return {"target": str(Path(cfg.target).resolve()), "input": inp, "input_bytes": size,
-            "variant": model.variant_dir, "variant_version": model.version, "long_text": model.long_text,
-            **{k: v for k, v in asdict(cfg).items() if k in keep}}
+    return {
+        "target": str(Path(cfg.target).resolve()),
+        "input": inp,
+        "input_bytes": size,
+        "variant": model.variant_dir,
+        "variant_version": model.version,
+        "long_text": model.long_text,
+        **{k: v for k, v in asdict(cfg).items() if k in keep},
+    }
 
 
 def check_columns(inp: Any, rows: list[Row], cfg: PredictConfig) -> None:
@@ -242,13 +275,22 @@ def check_columns(inp: Any, rows: list[Row], cfg: PredictConfig) -> None:
     seen = declared if declared is not None else list(dict.fromkeys(k for r in rows for k in r if k != ROW_ERROR))
     if declared is None and not seen:
         return  # nothing readable in this chunk: every row carries its own error
-    for col, flag in ((cfg.text_column, "--text-column"), (cfg.text_pair_column, "--text-pair-column"),
-                      (cfg.id_column, "--id-column")):
+    for col, flag in (
+        (cfg.text_column, "--text-column"),
+        (cfg.text_pair_column, "--text-pair-column"),
+        (cfg.id_column, "--id-column"),
+    ):
         if col and col not in seen:
             raise QserveError(f"{cfg.input} has no column {col!r} ({flag}); its columns: {', '.join(seen) or 'none'}")
 
 
 def progress(cfg: PredictConfig, total: int | None, initial: int) -> Any:
     """A tqdm bar (rows/s, ETA) on a terminal; nothing when --quiet or stderr is not one."""
-    return tqdm(total=total, initial=initial, unit="rows", dynamic_ncols=True, smoothing=0.1,
-                disable=cfg.quiet or not sys.stderr.isatty())
+    return tqdm(
+        total=total,
+        initial=initial,
+        unit="rows",
+        dynamic_ncols=True,
+        smoothing=0.1,
+        disable=cfg.quiet or not sys.stderr.isatty(),
+    )

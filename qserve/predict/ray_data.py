@@ -23,8 +23,8 @@ import collections
 import csv
 import logging
 import os
-from typing import Any
 import warnings
+from typing import Any
 
 from qserve import QserveError
 from qserve.extras import require
@@ -50,7 +50,6 @@ class Scorer:
     def __call__(self, batch: Any) -> Any:
         import pyarrow as pa
 
-
         rows = score_chunk(self.rt, batch.to_pylist(), self.cfg)
         table = rows_to_table(rows, self.types)
         return table.append_column(NODE, pa.array([self.node] * len(rows), type=pa.string()))
@@ -67,8 +66,9 @@ def _dataset(inp: Input) -> Any:
 
     with open(inp.path, encoding="utf-8", newline="") as f:
         header = next(csv.reader(f), [])
-    opts = pcsv.ConvertOptions(column_types={c: pa.string() for c in header}, strings_can_be_null=False,
-                               quoted_strings_can_be_null=False)
+    opts = pcsv.ConvertOptions(
+        column_types={c: pa.string() for c in header}, strings_can_be_null=False, quoted_strings_can_be_null=False
+    )
     return ray.data.read_csv(inp.path, convert_options=opts, file_extensions=None)
 
 
@@ -100,8 +100,13 @@ def start_ray(address: str | None, quiet: bool) -> bool:
     if address:
         ray.init(address=address, logging_level=level, log_to_driver=not quiet)
         return False
-    ray.init(address="local", num_cpus=(os.cpu_count() or 1) + SPARE_CPUS, include_dashboard=False,
-             logging_level=level, log_to_driver=not quiet)
+    ray.init(
+        address="local",
+        num_cpus=(os.cpu_count() or 1) + SPARE_CPUS,
+        include_dashboard=False,
+        logging_level=level,
+        log_to_driver=not quiet,
+    )
     return True
 
 
@@ -122,11 +127,23 @@ def run_ray(cfg: PredictConfig, model: Model, inp: Input, fmt: str) -> dict[str,
             # SPREAD puts the actors on different nodes; Ray 2.60 (pinned) has no named parameter for it yet and
             # warns that the generic remote args go away in 2.64
             warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
-            ds = _dataset(inp).map_batches(Scorer, fn_constructor_args=(cfg, model), batch_size=cfg.chunk_rows,
-                                           batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=n),
-                                           num_cpus=threads, scheduling_strategy="SPREAD")
-        log.info("Ray Data: %d actor(s) x %d thread(s) of %s (Ray %s%s)", n, threads, model.variant_dir,
-                 ray.__version__, ", local instance" if started else f", cluster {cfg.ray_address}")
+            ds = _dataset(inp).map_batches(
+                Scorer,
+                fn_constructor_args=(cfg, model),
+                batch_size=cfg.chunk_rows,
+                batch_format="pyarrow",
+                compute=ray.data.ActorPoolStrategy(size=n),
+                num_cpus=threads,
+                scheduling_strategy="SPREAD",
+            )
+        log.info(
+            "Ray Data: %d actor(s) x %d thread(s) of %s (Ray %s%s)",
+            n,
+            threads,
+            model.variant_dir,
+            ray.__version__,
+            ", local instance" if started else f", cluster {cfg.ray_address}",
+        )
         parts = parts_dir(cfg.out)
         for stale in parts.glob("part-*"):  # this engine starts the corpus over (resuming is --engine local's)
             stale.unlink()
@@ -143,8 +160,15 @@ def run_ray(cfg: PredictConfig, model: Model, inp: Input, fmt: str) -> dict[str,
                 bar.update(len(rows))
         finally:
             bar.close()
-        return {"parts": index, "scored": scored, "engine": "ray", "replicas": n, "threads_per_replica": threads,
-                "rows_per_node": dict(per_node), "nodes": len(per_node)}
+        return {
+            "parts": index,
+            "scored": scored,
+            "engine": "ray",
+            "replicas": n,
+            "threads_per_replica": threads,
+            "rows_per_node": dict(per_node),
+            "nodes": len(per_node),
+        }
     finally:
         if started:
             ray.shutdown()

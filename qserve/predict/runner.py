@@ -9,17 +9,25 @@ summary: rows, seconds, rows/s, rows that failed.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
-import shutil
 
 from qserve import QserveError
-from qserve.predict.corpus import Input
-from qserve.predict.job import (Model, PredictConfig, answer_types, check_columns, ledger, progress, resolve_model,
-                                score_chunk)
 from qserve.predict import corpus
+from qserve.predict.corpus import Input
+from qserve.predict.job import (
+    Model,
+    PredictConfig,
+    answer_types,
+    check_columns,
+    ledger,
+    progress,
+    resolve_model,
+    score_chunk,
+)
 
 
 def run(cfg: PredictConfig) -> dict[str, Any]:
@@ -49,15 +57,26 @@ def run(cfg: PredictConfig) -> dict[str, Any]:
         raise
     rows, failed = corpus.merge(corpus.parts_dir(out), count, out, fmt)
     secs = time.perf_counter() - t0
-    summary = {"rows": rows, "seconds": round(secs, 3), "rows_per_s": round(scored / secs, 2) if secs else None,
-               "scored_now": scored, "resumed_rows": rows - scored, "failed": failed, "out": str(out),
-               "variant": model.variant_dir, **extra}
+    summary = {
+        "rows": rows,
+        "seconds": round(secs, 3),
+        "rows_per_s": round(scored / secs, 2) if secs else None,
+        "scored_now": scored,
+        "resumed_rows": rows - scored,
+        "failed": failed,
+        "out": str(out),
+        "variant": model.variant_dir,
+        **extra,
+    }
     if not cfg.quiet:
         resumed = f", {rows - scored} from earlier parts" if rows > scored else ""
         nodes = extra.get("rows_per_node")
-        print(f"qserve predict: {rows} rows ({scored} scored now{resumed}) in {secs:.1f} s, "
-              f"{summary['rows_per_s']} rows/s, {failed} failed -> {out}"
-              + (f" (rows per node: {nodes})" if nodes else ""), file=sys.stderr)
+        print(
+            f"qserve predict: {rows} rows ({scored} scored now{resumed}) in {secs:.1f} s, "
+            f"{summary['rows_per_s']} rows/s, {failed} failed -> {out}"
+            + (f" (rows per node: {nodes})" if nodes else ""),
+            file=sys.stderr,
+        )
     return summary
 
 

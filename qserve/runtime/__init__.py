@@ -16,14 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import cast
 
-from qserve.runtime.base import Classification, Runtime, TextResult
-from qserve.runtime.options import RuntimeOptions
-from qserve.runtime.contract import ModelRuntime
-from qserve.verify import verify
-from qserve.placement import place
-from qserve.variants import BACKENDS, load_target, REGISTRY
-from qserve.devices import resolve_device
 from qserve.artifact import VariantError
+from qserve.placement import place
+from qserve.runtime.base import Classification, Runtime, TextResult
+from qserve.runtime.contract import ModelRuntime
+from qserve.runtime.options import RuntimeOptions
+from qserve.variants import BACKENDS, REGISTRY, load_target
+from qserve.verify import verify
 
 __all__ = ["Classification", "ModelRuntime", "Runtime", "RuntimeOptions", "TextResult", "load_runtime", "runtime_class"]
 
@@ -34,8 +33,13 @@ def runtime_class(backend: str) -> type[Runtime]:
     return cast("type[Runtime]", load_target(entry.runtime, entry))
 
 
-def load_runtime(variant_dir: str | Path, device: str = "auto", options: RuntimeOptions | None = None,
-                 verify_hashes: bool = True, allow_extra_files: bool = False) -> Runtime:
+def load_runtime(
+    variant_dir: str | Path,
+    device: str = "auto",
+    options: RuntimeOptions | None = None,
+    verify_hashes: bool = True,
+    allow_extra_files: bool = False,
+) -> Runtime:
     variant_dir = Path(variant_dir)
     manifest = verify(variant_dir, check_hashes=verify_hashes, allow_extra_files=allow_extra_files)
     backend = manifest.backend

@@ -21,20 +21,19 @@ from typing import Any
 
 import numpy as np
 
-from qserve import QserveError, longtext, problemtypes as problems, textpairs
+from qserve import QserveError, longtext, textpairs
+from qserve import problemtypes as problems
 from qserve.artifact import Manifest, VariantError
 from qserve.longtext import LongTextPolicy
-from qserve.runtime.options import RuntimeOptions
 from qserve.modeling import load_tokenizer
 from qserve.runtime.buckets import fit_rows, plan, resolve
+from qserve.runtime.options import RuntimeOptions
 
 PolicyArg = str | LongTextPolicy | Sequence[str | LongTextPolicy | None] | None
 """A policy for every text, one per text (None = the runtime's default), or None for the default."""
 
 Phase = tuple[str, int, int, dict[str, Any]]
 """(name, start time.time_ns(), end time.time_ns(), attributes): one step of a classify() call, for traces."""
-
-
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,16 +73,23 @@ class Classification:
 
     def results(self) -> list[TextResult]:
         """Each text's TextResult, in order (its rows are views of probs and logits)."""
-        return [TextResult(probs=p, logits=z, truncated=t, tokens=n, windows=w)
-                for p, z, t, n, w in zip(self.probs, self.logits, self.truncated, self.tokens, self.windows)]
+        return [
+            TextResult(probs=p, logits=z, truncated=t, tokens=n, windows=w)
+            for p, z, t, n, w in zip(self.probs, self.logits, self.truncated, self.tokens, self.windows)
+        ]
 
     @staticmethod
     def of(results: Sequence[TextResult], problem_type: str, phases: list[Phase]) -> Classification:
         """The answer of texts that ran in different batches (serve's Pending): their results, in order."""
-        return Classification(probs=np.stack([r.probs for r in results]),
-                              truncated=[r.truncated for r in results], tokens=[r.tokens for r in results],
-                              windows=[r.windows for r in results], logits=np.stack([r.logits for r in results]),
-                              problem_type=problem_type, phases=phases)
+        return Classification(
+            probs=np.stack([r.probs for r in results]),
+            truncated=[r.truncated for r in results],
+            tokens=[r.tokens for r in results],
+            windows=[r.windows for r in results],
+            logits=np.stack([r.logits for r in results]),
+            problem_type=problem_type,
+            phases=phases,
+        )
 
 
 class Runtime:
@@ -143,8 +149,9 @@ class Runtime:
             self.recorded_long_text = self.resolve_policy(recorded or longtext.DEFAULT, "manifest long_text")
         except longtext.LongTextError as e:
             raise VariantError(f"{self.variant_dir}/manifest.json: {e}") from None
-        self.long_text: LongTextPolicy = (self.resolve_policy(options.long_text, "--long-text")
-                                          if options.long_text else self.recorded_long_text)
+        self.long_text: LongTextPolicy = (
+            self.resolve_policy(options.long_text, "--long-text") if options.long_text else self.recorded_long_text
+        )
         """The policy of texts that name none: --long-text, else the manifest's, else head."""
         self._load()
 
@@ -181,7 +188,9 @@ class Runtime:
         """input_ids/attention_mask (int64, [B, S]) -> float32 logits [B, num_labels]."""
         raise NotImplementedError
 
-    def graph_feed(self, batch: dict[str, np.ndarray], input_names: list[str], model_file: str) -> dict[str, np.ndarray]:
+    def graph_feed(
+        self, batch: dict[str, np.ndarray], input_names: list[str], model_file: str
+    ) -> dict[str, np.ndarray]:
         """The int64 feed an exported graph (ONNX, OpenVINO IR) asks for, by its input names."""
         feed = {}
         for name in input_names:
@@ -190,8 +199,10 @@ class Runtime:
             elif name == "token_type_ids":  # a graph with segment ids fed by a tokenizer that makes none: segment 0
                 feed[name] = np.zeros_like(batch["input_ids"], dtype=np.int64)
             else:
-                raise QserveError(f"{self.variant_dir / model_file} expects input {name!r}, which the tokenizer "
-                                  f"does not produce (it gives {', '.join(batch)})")
+                raise QserveError(
+                    f"{self.variant_dir / model_file} expects input {name!r}, which the tokenizer "
+                    f"does not produce (it gives {', '.join(batch)})"
+                )
         return feed
 
     def synchronize(self) -> None:
@@ -204,9 +215,11 @@ class Runtime:
             return self.long_text
         p = longtext.resolve(policy, self.max_length, flag)
         if p.kind == "windows" and int(p.window or 0) <= self.template.specials:
-            raise longtext.LongTextError(f"{flag} {policy!s}: a window of {p.window} tokens leaves no room for text "
-                                         f"beside the {self.template.specials} special tokens; allowed forms: "
-                                         f"{longtext.FORMS}")
+            raise longtext.LongTextError(
+                f"{flag} {policy!s}: a window of {p.window} tokens leaves no room for text "
+                f"beside the {self.template.specials} special tokens; allowed forms: "
+                f"{longtext.FORMS}"
+            )
         return p
 
     def _policies(self, policy: PolicyArg, n: int) -> list[LongTextPolicy]:
@@ -227,8 +240,10 @@ class Runtime:
         policy is still checked). A pair model also scores a lone text (pairs=None), as its tokenizer encodes
         one; the server refuses that (serve/core/pairs.py). Pairs for a one-text model are refused here."""
         if self.inputs != textpairs.PAIR:
-            raise textpairs.PairError(f"{self.name} takes one text per input (manifest inputs {list(self.inputs)}); "
-                                      "text_pair is for a model trained on text pairs")
+            raise textpairs.PairError(
+                f"{self.name} takes one text per input (manifest inputs {list(self.inputs)}); "
+                "text_pair is for a model trained on text pairs"
+            )
         self._policies(policy, len(texts))
         with self.tokenizer_lock:
             return textpairs.split_pairs(self.tokenizer, texts, pairs, self.max_length)
@@ -238,17 +253,23 @@ class Runtime:
         (see qserve/longtext.py, qserve/textpairs.py)."""
         if pairs is not None:
             return self._pair_pieces(list(texts), list(pairs), policy)
-        return longtext.split(self._encode, self.template, list(texts), self._policies(policy, len(texts)),
-                              self.max_length, self.options.max_windows)
+        return longtext.split(
+            self._encode,
+            self.template,
+            list(texts),
+            self._policies(policy, len(texts)),
+            self.max_length,
+            self.options.max_windows,
+        )
 
     def pad(self, rows: list[list[int]], types: list[list[int]] | None = None) -> dict[str, np.ndarray]:
         """Pieces (with special tokens) -> an int64 input_ids/attention_mask batch, padded as the tokenizer pads
         (token_type_ids too where it makes them: `types`, a text pair's segments, else 0)."""
-        return longtext.pad(rows, self.pad_id, getattr(self.tokenizer, "padding_side", "right"), self.segments,
-                            types)
+        return longtext.pad(rows, self.pad_id, getattr(self.tokenizer, "padding_side", "right"), self.segments, types)
 
-    def tokenize(self, texts: list[str], policy: PolicyArg = None, pairs: list[str] | None = None
-                 ) -> dict[str, np.ndarray]:
+    def tokenize(
+        self, texts: list[str], policy: PolicyArg = None, pairs: list[str] | None = None
+    ) -> dict[str, np.ndarray]:
         """The padded batch of every piece of `texts` (one row per text unless a text is windowed)."""
         pieces = self.split(texts, policy, pairs)
         return self.pad(pieces.ids, pieces.types)
@@ -265,9 +286,10 @@ class Runtime:
         order = sorted(range(len(rows)), key=lambda j: len(rows[j]))  # similar lengths share a forward
         out: np.ndarray | None = None
         for start in range(0, len(order), cap):
-            idx = order[start:start + cap]
-            got = self.run(self.pad([rows[j] for j in idx], None if types is None else [types[j] for j in idx]
-                                    )).astype(np.float32)
+            idx = order[start : start + cap]
+            got = self.run(self.pad([rows[j] for j in idx], None if types is None else [types[j] for j in idx])).astype(
+                np.float32
+            )
             if out is None:
                 out = np.empty((len(rows), got.shape[1]), dtype=np.float32)
             out[idx] = got
@@ -284,8 +306,9 @@ class Runtime:
         cap = self.options.max_batch_tokens
         if not self.row_by_row and cap and n > 1 and n * width > cap:
             step = max(1, cap // width)
-            return np.concatenate([self.forward({k: v[i:i + step] for k, v in batch.items()})
-                                   for i in range(0, n, step)])
+            return np.concatenate(
+                [self.forward({k: v[i : i + step] for k, v in batch.items()}) for i in range(0, n, step)]
+            )
         if not self.row_by_row or n == 1:
             return self.forward(batch)
         rows = []
@@ -297,8 +320,10 @@ class Runtime:
     def _run_bucketed(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         lengths = batch["attention_mask"].sum(axis=1)
         pad_id = self.tokenizer.pad_token_id or 0
-        parts = [(rows, self.forward(fit_rows(batch, rows, bucket, pad_id)))
-                 for bucket, rows in plan(lengths, self.buckets or (), self.options.max_batch_tokens)]
+        parts = [
+            (rows, self.forward(fit_rows(batch, rows, bucket, pad_id)))
+            for bucket, rows in plan(lengths, self.buckets or (), self.options.max_batch_tokens)
+        ]
         out = np.empty((len(lengths), parts[0][1].shape[1]), dtype=parts[0][1].dtype)
         for rows, logits in parts:
             out[rows] = logits  # back in the batch's order
@@ -326,8 +351,9 @@ class Runtime:
         those of each (text, pair)."""
         return self.scores(self.logits(texts, policy, pairs))
 
-    def _classify_pairs(self, texts: list[str], pairs: list[str], policy: PolicyArg,
-                        phases: list[Phase] | None) -> Classification:
+    def _classify_pairs(
+        self, texts: list[str], pairs: list[str], policy: PolicyArg, phases: list[Phase] | None
+    ) -> Classification:
         t0 = time.time_ns()
         pieces = self.split(texts, policy, pairs)
         t1 = time.time_ns()
@@ -335,15 +361,29 @@ class Runtime:
         probs = self.scores(logits)
         if phases is not None:
             width = max((len(r) for r in pieces.ids), default=0)
-            phases += [("tokenize", t0, t1, {"qserve.texts": len(texts), "qserve.text_pairs": len(texts)}),
-                       ("inference", t1, time.time_ns(), {"qserve.texts": len(texts), "qserve.pieces": len(pieces.ids),
-                                                          "qserve.tokenized_shape": f"{len(pieces.ids)}x{width}",
-                                                          "qserve.buckets": ",".join(map(str, self.buckets or ()))
-                                                          or "none"})]
+            phases += [
+                ("tokenize", t0, t1, {"qserve.texts": len(texts), "qserve.text_pairs": len(texts)}),
+                (
+                    "inference",
+                    t1,
+                    time.time_ns(),
+                    {
+                        "qserve.texts": len(texts),
+                        "qserve.pieces": len(pieces.ids),
+                        "qserve.tokenized_shape": f"{len(pieces.ids)}x{width}",
+                        "qserve.buckets": ",".join(map(str, self.buckets or ())) or "none",
+                    },
+                ),
+            ]
         return self.answer(pieces, logits, probs, phases)
 
-    def classify(self, texts: list[str], policy: PolicyArg = None, phases: list[Phase] | None = None,
-                 pairs: list[str] | None = None) -> Classification:
+    def classify(
+        self,
+        texts: list[str],
+        policy: PolicyArg = None,
+        phases: list[Phase] | None = None,
+        pairs: list[str] | None = None,
+    ) -> Classification:
         """predict() plus, per text, its token count, the windows scored and whether part of it was unseen,
         from ONE tokenization (the server's path). `phases`, when given (tracing), gets (name, start ns, end ns,
         attributes) for tokenize, windows (only when a text was cut into several) and inference. `pairs`: the
@@ -358,8 +398,14 @@ class Runtime:
         ids = self._encode(list(texts))
         t1 = time.time_ns()
         # the cut, timed apart from the tokenizer: a windows step when it made more pieces than texts
-        pieces = longtext.split(lambda _: ids, self.template, list(texts), self._policies(policy, len(texts)),
-                                self.max_length, self.options.max_windows)
+        pieces = longtext.split(
+            lambda _: ids,
+            self.template,
+            list(texts),
+            self._policies(policy, len(texts)),
+            self.max_length,
+            self.options.max_windows,
+        )
         t2 = time.time_ns()
         logits = longtext.aggregate(self.forward_pieces(pieces.ids), pieces)
         probs = self.scores(logits)
@@ -367,26 +413,46 @@ class Runtime:
         width = max((len(r) for r in pieces.ids), default=0)
         windowed = sum(w > 1 for w in pieces.windows)
         if windowed:
-            phases += [("tokenize", t0, t1, {"qserve.texts": len(texts)}),
-                       ("windows", t1, t2, {"qserve.texts": len(texts), "qserve.windowed_texts": windowed,
-                                            "qserve.pieces": len(pieces.ids)})]
+            phases += [
+                ("tokenize", t0, t1, {"qserve.texts": len(texts)}),
+                (
+                    "windows",
+                    t1,
+                    t2,
+                    {"qserve.texts": len(texts), "qserve.windowed_texts": windowed, "qserve.pieces": len(pieces.ids)},
+                ),
+            ]
         else:
             phases.append(("tokenize", t0, t2, {"qserve.texts": len(texts)}))
-        phases.append(("inference", t2, t3, {"qserve.texts": len(texts), "qserve.pieces": len(pieces.ids),
-                                             "qserve.tokenized_shape": f"{len(pieces.ids)}x{width}",
-                                             "qserve.buckets": ",".join(map(str, self.buckets or ())) or "none"}))
+        phases.append(
+            (
+                "inference",
+                t2,
+                t3,
+                {
+                    "qserve.texts": len(texts),
+                    "qserve.pieces": len(pieces.ids),
+                    "qserve.tokenized_shape": f"{len(pieces.ids)}x{width}",
+                    "qserve.buckets": ",".join(map(str, self.buckets or ())) or "none",
+                },
+            )
+        )
         return self.answer(pieces, logits, probs, phases)
 
-    def answer(self, pieces: longtext.Pieces, logits: np.ndarray, probs: np.ndarray,
-               phases: list[Phase] | None = None) -> Classification:
+    def answer(
+        self, pieces: longtext.Pieces, logits: np.ndarray, probs: np.ndarray, phases: list[Phase] | None = None
+    ) -> Classification:
         """The one place classify() builds its answer: the texts' scores and logits (float32), and per text what
         `pieces` say of it; `phases`, when tracing, the steps this call appended to it."""
-        return Classification(probs=np.asarray(probs, dtype=np.float32),
-                              truncated=[bool(t) for t in pieces.truncated], tokens=[int(n) for n in pieces.tokens],
-                              windows=[int(w) for w in pieces.windows],
-                              logits=np.asarray(logits, dtype=np.float32), problem_type=self.problem_type,
-                              phases=[] if phases is None else phases)
+        return Classification(
+            probs=np.asarray(probs, dtype=np.float32),
+            truncated=[bool(t) for t in pieces.truncated],
+            tokens=[int(n) for n in pieces.tokens],
+            windows=[int(w) for w in pieces.windows],
+            logits=np.asarray(logits, dtype=np.float32),
+            problem_type=self.problem_type,
+            phases=[] if phases is None else phases,
+        )
 
     def close(self) -> None:
         """Release the model (bench children exit anyway; serve calls this on shutdown)."""
-

@@ -45,8 +45,9 @@ def parse(spec: str | Sequence[int] | None) -> str | tuple[int, ...]:
         if len(values) != len(spec):
             values = []
     if not values or any(v < 2 for v in values):
-        raise QserveError(f"{FLAG} must be auto, off, or comma-separated token lengths >= 2 such as 32,64,128 "
-                          f"(got {spec!r})")
+        raise QserveError(
+            f"{FLAG} must be auto, off, or comma-separated token lengths >= 2 such as 32,64,128 (got {spec!r})"
+        )
     return tuple(sorted(set(values)))
 
 
@@ -94,7 +95,7 @@ def plan(lengths: Sequence[int], buckets: Sequence[int], max_batch_tokens: int |
     for b in sorted(groups):
         rows = groups[b]
         step = max(1, max_batch_tokens // b) if max_batch_tokens else len(rows)
-        out += [(b, rows[i:i + step]) for i in range(0, len(rows), step)]
+        out += [(b, rows[i : i + step]) for i in range(0, len(rows), step)]
     return out
 
 
@@ -124,7 +125,6 @@ def fit_rows(batch: dict[str, np.ndarray], rows: Sequence[int], length: int, pad
         block = np.full((len(rows), length), value, dtype=arr.dtype)
         for j, i in enumerate(rows):
             kept = arr[i][mask[i].astype(bool)]
-            block[j, :len(kept)] = kept
+            block[j, : len(kept)] = kept
         out[name] = block
     return out
-

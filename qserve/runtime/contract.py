@@ -66,8 +66,13 @@ class ModelRuntime(Protocol):
         """A policy string written out in full for this variant; LongTextError (naming `flag`) if it cannot be."""
         ...
 
-    def classify(self, texts: list[str], policy: PolicyArg = None, phases: list[Phase] | None = None,
-                 pairs: list[str] | None = None) -> Classification:
+    def classify(
+        self,
+        texts: list[str],
+        policy: PolicyArg = None,
+        phases: list[Phase] | None = None,
+        pairs: list[str] | None = None,
+    ) -> Classification:
         """Probabilities and logits [len(texts), len(labels)] and, per text, whether part of it went unseen, its
         token count and how many windows were scored; `policy` gives each text's policy (None = long_text);
         `phases` (tracing only) gets the call's steps (tokenize, windows when a text was cut, inference) with

@@ -93,7 +93,7 @@ def capture_order(lengths: Sequence[int], batches: Sequence[int], max_graphs: in
     """The shapes to capture, in order, at most `max_graphs`: every length at batch 1 first (so every text has a
     graph of its own length), then each larger batch bucket at every length."""
     order = [(b, n) for b in sorted(batches) for n in sorted(lengths)]
-    return order[:max(0, max_graphs)]
+    return order[: max(0, max_graphs)]
 
 
 def split(n: int, batches: Sequence[int]) -> list[tuple[int, int | None]]:
@@ -115,8 +115,15 @@ def split(n: int, batches: Sequence[int]) -> list[tuple[int, int | None]]:
     return out
 
 
-def stage(batch: Mapping[str, np.ndarray], names: Sequence[str], start: int, stop: int, bucket: int,
-          pad_id: int, out: np.ndarray | None = None) -> np.ndarray:
+def stage(
+    batch: Mapping[str, np.ndarray],
+    names: Sequence[str],
+    start: int,
+    stop: int,
+    bucket: int,
+    pad_id: int,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
     """Rows start:stop of `batch` (every row already padded to one length) as one int64 block [len(names), bucket,
     length], the inputs in `names` order; the rows past them are filler: input_ids pad_id, attention on the first
     token only (a row that attends to nothing would compute NaN), every other input 0. `out`: write into it."""
@@ -136,9 +143,17 @@ class Graphs:
     run() serves a batch of one length from them. lazy: a shape is captured on its first use instead of by
     prepare() (torch.compile's, whose compiling takes seconds per shape)."""
 
-    def __init__(self, capture: Capture, names: Sequence[str], pad_id: int, lengths: Sequence[int],
-                 batches: Sequence[int], max_graphs: int = MAX_GRAPHS, memory_mb: float = MEMORY_MB,
-                 lazy: bool = False):
+    def __init__(
+        self,
+        capture: Capture,
+        names: Sequence[str],
+        pad_id: int,
+        lengths: Sequence[int],
+        batches: Sequence[int],
+        max_graphs: int = MAX_GRAPHS,
+        memory_mb: float = MEMORY_MB,
+        lazy: bool = False,
+    ):
         self.capture = capture
         self.names = list(names)
         self.pad_id = int(pad_id)
@@ -198,8 +213,7 @@ class Graphs:
         return sorted(b for b, n in self.graphs if n == length)
 
     # -- serving ------------------------------------------------------------------------------
-    def run(self, batch: Mapping[str, np.ndarray], eager: Callable[[dict[str, np.ndarray]], np.ndarray]
-            ) -> np.ndarray:
+    def run(self, batch: Mapping[str, np.ndarray], eager: Callable[[dict[str, np.ndarray]], np.ndarray]) -> np.ndarray:
         """Logits of a batch whose rows are all padded to one length: chunks replayed on the graphs of that length
         (each chunk's rows plus filler up to its batch bucket; only its own rows come back), `eager` for rows of a
         length without a graph."""
@@ -209,7 +223,7 @@ class Graphs:
         while start < n:
             rows, bucket = split(n - start, self.usable(length))[0]
             if bucket is None:
-                parts.append(eager({k: v[start:start + rows] for k, v in batch.items()}))
+                parts.append(eager({k: v[start : start + rows] for k, v in batch.items()}))
                 self.eager_rows += rows
             else:
                 g = self._graph((bucket, length))
@@ -222,11 +236,17 @@ class Graphs:
 
     def summary(self) -> dict[str, Any]:
         """What was captured and refused, for the runtime's `execution` record (bench report, /v1/models)."""
-        return {"lengths": list(self.lengths), "batches": list(self.batches), "lazy": self.lazy,
-                "captured": [f"{b}x{n}" for b, n in sorted(self.graphs)], "count": len(self.graphs),
-                "max_graphs": self.max_graphs, "memory_mb": round(self.nbytes / 2**20, 1),
-                "memory_bound_mb": self.memory_mb,
-                "refused": {f"{b}x{n}": why for (b, n), why in sorted(self.refused.items())}}
+        return {
+            "lengths": list(self.lengths),
+            "batches": list(self.batches),
+            "lazy": self.lazy,
+            "captured": [f"{b}x{n}" for b, n in sorted(self.graphs)],
+            "count": len(self.graphs),
+            "max_graphs": self.max_graphs,
+            "memory_mb": round(self.nbytes / 2**20, 1),
+            "memory_bound_mb": self.memory_mb,
+            "refused": {f"{b}x{n}": why for (b, n), why in sorted(self.refused.items())},
+        }
 
 
 def choose(asked: str, timings: Mapping[str, Mapping[str, float]]) -> tuple[str, str]:
@@ -240,8 +260,9 @@ def choose(asked: str, timings: Mapping[str, Mapping[str, float]]) -> tuple[str,
         return EAGER, "auto: nothing measured, so eager"
     eager = sum(timings[k]["eager"] for k in shapes)
     graphs = sum(timings[k]["graphs"] for k in shapes)
-    said = ", ".join(f"b{k.replace('x', '/s')} {timings[k]['graphs']:.3f} vs {timings[k]['eager']:.3f} ms"
-                     for k in shapes)
+    said = ", ".join(
+        f"b{k.replace('x', '/s')} {timings[k]['graphs']:.3f} vs {timings[k]['eager']:.3f} ms" for k in shapes
+    )
     if graphs <= eager:
         return GRAPHS, f"auto: graphs measured faster than eager at load ({said}, graphs vs eager)"
     return EAGER, f"auto: eager measured faster than graphs at load ({said}, graphs vs eager)"

@@ -9,17 +9,17 @@ only the onnxruntime-gpu wheel ships (`pip install 'qserve[gpu]'`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from qserve import QserveError
-from qserve.extras import require
-from qserve.variants import REGISTRY
-from qserve.runtime.base import Runtime
 from qserve.artifact import VariantError
+from qserve.extras import require
+from qserve.runtime.base import Runtime
 from qserve.runtime.threadnames import named
+from qserve.variants import REGISTRY
 
 if TYPE_CHECKING:
     from qserve.artifact import Manifest
@@ -74,13 +74,19 @@ class OnnxRuntime(Runtime):
         if not path.is_file():
             raise VariantError(f"{path} is missing: {self.variant_dir} is not an ONNX variant")
         providers = self._providers(ort)
-        self.session = ort.InferenceSession(str(path), sess_options=session_options(ort, self.options.threads),
-                                            providers=providers, disabled_optimizers=disabled_optimizers(self.device))
+        self.session = ort.InferenceSession(
+            str(path),
+            sess_options=session_options(ort, self.options.threads),
+            providers=providers,
+            disabled_optimizers=disabled_optimizers(self.device),
+        )
         if self.device.startswith("cuda") and "CUDAExecutionProvider" not in self.session.get_providers():
             # ORT falls back to CPU silently when CUDA/cuDNN libraries fail to load; a CUDA
             # benchmark that quietly ran on CPU would be a lie, so refuse.
-            raise QserveError(f"{self.name}: CUDAExecutionProvider failed to initialise (CUDA/cuDNN libraries "
-                              f"not found?); install a matching CUDA runtime with {GPU_HINT}, or use --device cpu")
+            raise QserveError(
+                f"{self.name}: CUDAExecutionProvider failed to initialise (CUDA/cuDNN libraries "
+                f"not found?); install a matching CUDA runtime with {GPU_HINT}, or use --device cpu"
+            )
         self.row_workers, self.row_session, self.row_pool = self._row_runner(ort, path, providers)
         self.input_names = [i.name for i in self.session.get_inputs()]
         outputs = [o.name for o in self.session.get_outputs()]
@@ -98,11 +104,17 @@ class OnnxRuntime(Runtime):
         if not self.row_by_row or workers < 2 or self.device.startswith("cuda"):
             return 1, None, None
 
-
-        session = ort.InferenceSession(str(path), sess_options=session_options(ort, 1), providers=providers,
-                                       disabled_optimizers=disabled_optimizers(self.device))
-        return workers, session, ThreadPoolExecutor(workers, thread_name_prefix="qserve-rows",
-                                                        initializer=named("qserve-rows"))
+        session = ort.InferenceSession(
+            str(path),
+            sess_options=session_options(ort, 1),
+            providers=providers,
+            disabled_optimizers=disabled_optimizers(self.device),
+        )
+        return (
+            workers,
+            session,
+            ThreadPoolExecutor(workers, thread_name_prefix="qserve-rows", initializer=named("qserve-rows")),
+        )
 
     def can_narrow(self) -> bool:
         return self.row_session is not None
@@ -129,8 +141,10 @@ class OnnxRuntime(Runtime):
         if not self.manifest.spec.cuda:
             raise QserveError(f"{self.name} has no CUDA kernels in ONNX Runtime; load it with --device cpu")
         if "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise QserveError(f"{self.name} on {self.device} needs onnxruntime-gpu (this onnxruntime offers "
-                              f"{', '.join(ort.get_available_providers())}): {GPU_HINT}")
+            raise QserveError(
+                f"{self.name} on {self.device} needs onnxruntime-gpu (this onnxruntime offers "
+                f"{', '.join(ort.get_available_providers())}): {GPU_HINT}"
+            )
         # onnxruntime-gpu finds the CUDA/cuDNN libraries of the pip nvidia-* packages only once they are
         # preloaded (or torch was imported first, which a bench child of an ONNX variant never does);
         # otherwise the session falls back to CPU and _load refuses it. Best effort: the check in _load

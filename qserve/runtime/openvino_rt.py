@@ -39,12 +39,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qserve import QserveError
-from qserve.extras import require
-from qserve.variants import OV_FP32, openvino_precision
-from qserve.runtime.base import Runtime
 from qserve.artifact import VariantError
 from qserve.devices import usable_cores
+from qserve.extras import require
+from qserve.runtime.base import Runtime
 from qserve.runtime.ov_probe import require_precision
+from qserve.variants import OV_FP32, openvino_precision
 
 if TYPE_CHECKING:
     from qserve.artifact import Manifest
@@ -67,12 +67,14 @@ def compile_config(precision: str, threads: int | None, streams: int = 1) -> dic
 
     streams=1: one stream on every thread, a lone row's latency. streams=N: N streams of one thread each
     (INFERENCE_NUM_THREADS = N), what a batch's shares run on side by side."""
-    cfg: dict[str, Any] = {"INFERENCE_PRECISION_HINT": precision,
-                           "PERFORMANCE_HINT": "LATENCY" if streams == 1 else "THROUGHPUT",
-                           "NUM_STREAMS": str(streams),
-                           # pinned workers cannot leave a core another process is using, which
-                           # stalls them on a shared machine
-                           "ENABLE_CPU_PINNING": False}
+    cfg: dict[str, Any] = {
+        "INFERENCE_PRECISION_HINT": precision,
+        "PERFORMANCE_HINT": "LATENCY" if streams == 1 else "THROUGHPUT",
+        "NUM_STREAMS": str(streams),
+        # pinned workers cannot leave a core another process is using, which
+        # stalls them on a shared machine
+        "ENABLE_CPU_PINNING": False,
+    }
     if streams > 1:
         cfg["INFERENCE_NUM_THREADS"] = int(streams)
     elif threads:
@@ -114,8 +116,9 @@ def fixed_length(manifest: Manifest) -> bool:
 class OpenVINORuntime(Runtime):
     def _load(self) -> None:
         if not self.device.startswith("cpu"):
-            raise QserveError(f"{self.name} runs on OpenVINO's CPU plugin only; load it with --device cpu "
-                              f"(got {self.device})")
+            raise QserveError(
+                f"{self.name} runs on OpenVINO's CPU plugin only; load it with --device cpu (got {self.device})"
+            )
         require("openvino", self.name)
         path = self.variant_dir / MODEL_FILE
         if not path.is_file():
@@ -153,8 +156,9 @@ class OpenVINORuntime(Runtime):
         warm-up runs one), so a process that only ever runs lone rows (the bench's b1 loops) never pays for it."""
         reqs = getattr(self._local, "side", None)
         if reqs is None:
-            side = compiled_model(self.variant_dir, self.manifest, self.precision, self.options.threads,
-                                  streams=self.row_workers)
+            side = compiled_model(
+                self.variant_dir, self.manifest, self.precision, self.options.threads, streams=self.row_workers
+            )
             reqs = self._local.side = [side.create_infer_request() for _ in range(self.row_workers)]
         return reqs
 
@@ -162,8 +166,9 @@ class OpenVINORuntime(Runtime):
         """This (lane) thread's one request on the streams model: the plugin runs it on a free stream."""
         req = getattr(self._local, "lane", None)
         if req is None:
-            side = compiled_model(self.variant_dir, self.manifest, self.precision, self.options.threads,
-                                  streams=self.row_workers)
+            side = compiled_model(
+                self.variant_dir, self.manifest, self.precision, self.options.threads, streams=self.row_workers
+            )
             req = self._local.lane = side.create_infer_request()
         return req
 
@@ -180,7 +185,7 @@ class OpenVINORuntime(Runtime):
             return np.array(result[self.output_index], dtype=np.float32, copy=True)
         # Contiguous shares, one per stream, started together; each request's output is copied once it is done.
         bounds = np.linspace(0, n, min(n, self.row_workers) + 1).astype(int)
-        reqs = self._side_requests()[:len(bounds) - 1]
+        reqs = self._side_requests()[: len(bounds) - 1]
         for req, lo, hi in zip(reqs, bounds[:-1], bounds[1:]):
             req.start_async({k: v[lo:hi] for k, v in feed.items()})
         out = []

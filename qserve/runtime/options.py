@@ -68,10 +68,12 @@ class RuntimeOptions:
 
     def __post_init__(self) -> None:
         if self.batch_dependent is not None and self.batch_dependent not in BATCH_DEPENDENT:
-            raise QserveError(f"batch_dependent must be one of {', '.join(BATCH_DEPENDENT)} "
-                              f"(got {self.batch_dependent!r})")
-        if self.row_workers is not None and (isinstance(self.row_workers, bool) or not isinstance(
-                self.row_workers, int) or self.row_workers < 1):
+            raise QserveError(
+                f"batch_dependent must be one of {', '.join(BATCH_DEPENDENT)} (got {self.batch_dependent!r})"
+            )
+        if self.row_workers is not None and (
+            isinstance(self.row_workers, bool) or not isinstance(self.row_workers, int) or self.row_workers < 1
+        ):
             raise QserveError(f"row_workers must be an integer >= 1 or None (got {self.row_workers!r})")
         for name in ("max_windows", "max_rows"):
             v = getattr(self, name)
@@ -81,14 +83,20 @@ class RuntimeOptions:
             longtext.parse(self.long_text, "--long-text")
 
         parse(self.length_buckets)  # a bad value fails here, naming --length-buckets
-        if self.max_batch_tokens is not None and (isinstance(self.max_batch_tokens, bool) or not isinstance(
-                self.max_batch_tokens, int) or self.max_batch_tokens < 2):
+        if self.max_batch_tokens is not None and (
+            isinstance(self.max_batch_tokens, bool)
+            or not isinstance(self.max_batch_tokens, int)
+            or self.max_batch_tokens < 2
+        ):
             raise QserveError(f"--max-batch-tokens must be an integer >= 2 or unset (got {self.max_batch_tokens!r})")
         self.cuda_graphs = graphs.parse_mode(self.cuda_graphs)
         if isinstance(self.max_graphs, bool) or not isinstance(self.max_graphs, int) or self.max_graphs < 1:
             raise QserveError(f"max_graphs must be an integer >= 1 (got {self.max_graphs!r})")
-        if isinstance(self.graph_memory_mb, bool) or not isinstance(self.graph_memory_mb, (int, float)) or \
-                not self.graph_memory_mb > 0:
+        if (
+            isinstance(self.graph_memory_mb, bool)
+            or not isinstance(self.graph_memory_mb, (int, float))
+            or not self.graph_memory_mb > 0
+        ):
             raise QserveError(f"graph_memory_mb must be a number > 0 (got {self.graph_memory_mb!r})")
 
 

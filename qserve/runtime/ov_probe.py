@@ -21,14 +21,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
+import signal
 import subprocess
 import sys
 import threading
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
-import signal
-import platform
-from importlib.metadata import PackageNotFoundError, version
 
 import numpy as np
 
@@ -67,8 +67,13 @@ def _run_child() -> dict[str, Any]:
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
     try:
-        proc = subprocess.run([sys.executable, "-m", "qserve.runtime.ov_probe"], capture_output=True, text=True,
-                              env=env, timeout=TIMEOUT_S)
+        proc = subprocess.run(
+            [sys.executable, "-m", "qserve.runtime.ov_probe"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired:
         return {"ok": False, "reason": f"the OpenVINO probe hung for {TIMEOUT_S:g} s compiling a test model"}
     out = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("{")), None)
@@ -76,12 +81,17 @@ def _run_child() -> dict[str, Any]:
     if proc.returncode < 0:
         name = signal.Signals(-proc.returncode).name
         stage = data.get("stage", "start-up")
-        return {"ok": False, "reason": f"OpenVINO's CPU plugin died with {name} in {stage} of a probe "
-                                       f"child process (OpenVINO {data.get('version', '?')})"}
+        return {
+            "ok": False,
+            "reason": f"OpenVINO's CPU plugin died with {name} in {stage} of a probe "
+            f"child process (OpenVINO {data.get('version', '?')})",
+        }
     if proc.returncode != 0 or not data.get("ok"):
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"ok": False, "reason": data.get("reason") or f"the OpenVINO probe exited with code "
-                                                             f"{proc.returncode}: {tail}"}
+        return {
+            "ok": False,
+            "reason": data.get("reason") or f"the OpenVINO probe exited with code {proc.returncode}: {tail}",
+        }
     return data
 
 
@@ -124,8 +134,9 @@ def reset() -> None:
 def require_precision(precision: str, what: str) -> dict[str, Any]:
     """Raise OpenVINOUnavailable("<what> unavailable on this CPU: <reason>") unless `precision` runs here."""
     if precision not in PRECISIONS:
-        raise QserveError(f"{what}: OpenVINO inference precision must be one of {', '.join(PRECISIONS)} "
-                          f"(got {precision!r})")
+        raise QserveError(
+            f"{what}: OpenVINO inference precision must be one of {', '.join(PRECISIONS)} (got {precision!r})"
+        )
     res = probe()
     if not res.get("ok"):
         raise OpenVINOUnavailable(f"{what} unavailable on this CPU: {res.get('reason')}")
@@ -168,8 +179,9 @@ def _child() -> int:
     x = np.random.default_rng(1).standard_normal((2, 7, 32)).astype(np.float32)
     for precision in PRECISIONS:
         if precision == "bf16" and "BF16" not in caps:
-            precisions[precision] = ("the CPU plugin reports no BF16 support (it needs avx512_bf16 or AMX; "
-                                     f"capabilities: {', '.join(caps)})")
+            precisions[precision] = (
+                f"the CPU plugin reports no BF16 support (it needs avx512_bf16 or AMX; capabilities: {', '.join(caps)})"
+            )
             continue
         say({"stage": f"compile_model ({precision})", "version": ov.get_version()})  # the parent names it on a crash
         if fault:
@@ -178,10 +190,13 @@ def _child() -> int:
                 return 3
             os.kill(os.getpid(), getattr(signal, fault))
         hint = "bf16" if precision == "bf16" else "f32"
-        compiled = core.compile_model(_graph(ov, precision == "int8"), "CPU",
-                                      {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": 1})
+        compiled = core.compile_model(
+            _graph(ov, precision == "int8"), "CPU", {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": 1}
+        )
         out = compiled(x)[0]
-        precisions[precision] = None if np.all(np.isfinite(out)) else f"the {precision} test graph gave non-finite output"
+        precisions[precision] = (
+            None if np.all(np.isfinite(out)) else f"the {precision} test graph gave non-finite output"
+        )
     say({"ok": True, "reason": None, "precisions": precisions, **info})
     return 0
 

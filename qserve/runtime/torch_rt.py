@@ -26,24 +26,26 @@ from typing import Any
 
 import numpy as np
 
+from qserve import QserveError
+from qserve.artifact import Manifest, VariantError
 from qserve.devices import capabilities
+from qserve.extras import require
+from qserve.modeling import model_inputs
 from qserve.runtime import graphs
 from qserve.runtime.base import Runtime
 from qserve.runtime.buckets import bucket_for, fit_rows
 from qserve.runtime.options import RuntimeOptions
 from qserve.variants import REGISTRY, VariantSpec, option_defaults
-from qserve import QserveError
-from qserve.extras import require
-from qserve.artifact import Manifest, VariantError
-from qserve.modeling import model_inputs
 
 GPU_LANES = 2
 """Batches a busy server keeps in flight on one GPU (serve/core/batcher.py lanes): one tokenizing on its lane
 thread while the other's forward holds the GPU, so the tokenizer's time overlaps the device's."""
 WARMUP = 2
 """Eager forwards of a shape on a side stream before its capture (cuBLAS handles, workspaces, lazy modules)."""
-PROBE = ("A short text to check the captured graphs against the eager forward and to time them, "
-         "as a review would read: the acting was fine, the ending was not.")
+PROBE = (
+    "A short text to check the captured graphs against the eager forward and to time them, "
+    "as a review would read: the acting was fine, the ending was not."
+)
 TIMED = 15
 """Timed calls per shape and mode in auto's measurement (after 3 untimed ones)."""
 _CAPTURE_LOCK = threading.Lock()
@@ -86,8 +88,11 @@ class TorchRuntime(Runtime):
         self.model = AutoModelForSequenceClassification.from_pretrained(self.variant_dir, **kwargs).eval()
         if spec.backend == "torch":
             self.model.to(self.device)
-            if spec.dtype == "bf16" and not self.device.startswith("cuda") and \
-                    capabilities(with_cuda=False).has("bf16") is False:
+            if (
+                spec.dtype == "bf16"
+                and not self.device.startswith("cuda")
+                and capabilities(with_cuda=False).has("bf16") is False
+            ):
                 # Emulated bf16 GEMMs round partial sums in an order set by the batch's shape, so a row's answer
                 # moves with its batchmates (labels flip): without native bf16, each text runs alone.
                 self.batch_invariant = False
@@ -131,9 +136,16 @@ class TorchRuntime(Runtime):
         try:
             with self._gpu_lock:  # no other forward on this device while capturing, checking and timing
                 capture = self._compiled_capture() if lazy else self._graph_capture()
-                self._graphs = graphs.Graphs(capture, self._graph_inputs(), self.pad_id, self.buckets,
-                                             graphs.batch_buckets(self.options.max_rows or graphs.DEFAULT_BATCH_CAP),
-                                             self.options.max_graphs, self.options.graph_memory_mb, lazy=lazy)
+                self._graphs = graphs.Graphs(
+                    capture,
+                    self._graph_inputs(),
+                    self.pad_id,
+                    self.buckets,
+                    graphs.batch_buckets(self.options.max_rows or graphs.DEFAULT_BATCH_CAP),
+                    self.options.max_graphs,
+                    self.options.graph_memory_mb,
+                    lazy=lazy,
+                )
                 if not lazy:
                     self._graphs.prepare()
                 ok, delta = self._check()
@@ -141,17 +153,24 @@ class TorchRuntime(Runtime):
                     first = next(iter(self._graphs.refused.values()), "nothing was declared")
                     raise QserveError(f"no shape could be captured ({first})")
                 if not ok:
-                    raise QserveError(f"a replay differs from the eager forward by |Δlogit| {delta:.3g} (the "
-                                      "captured kernels depend on their data)")
+                    raise QserveError(
+                        f"a replay differs from the eager forward by |Δlogit| {delta:.3g} (the "
+                        "captured kernels depend on their data)"
+                    )
                 timings = self._timings() if asked == graphs.AUTO else {}
         except Exception as e:  # a variant whose kernels cannot be captured (bitsandbytes, say) runs eager
             summary = self._graphs.summary() if self._graphs is not None else None
-            self._use_eager(f"eager: {'compile' if lazy else 'capture'} failed ({type(e).__name__}: {e})"[:500],
-                            {"graphs": summary} if summary else {})
+            self._use_eager(
+                f"eager: {'compile' if lazy else 'capture'} failed ({type(e).__name__}: {e})"[:500],
+                {"graphs": summary} if summary else {},
+            )
             return
         mode, why = graphs.choose(asked, timings)
-        record: dict[str, Any] = {"check_max_abs_dlogit": delta, "graphs": self._graphs.summary(),
-                                  "setup_s": round(time.perf_counter() - started, 3)}
+        record: dict[str, Any] = {
+            "check_max_abs_dlogit": delta,
+            "graphs": self._graphs.summary(),
+            "setup_s": round(time.perf_counter() - started, 3),
+        }
         if timings:
             record["measured_ms"] = timings
         if mode == graphs.EAGER:
@@ -220,8 +239,10 @@ class TorchRuntime(Runtime):
         for rows, tokens in ((1, None), (min(32, max(g.batches)), self.max_length)):
             batch = self._probe(rows, tokens)
             block = self._bucketed(batch)
-            runs: dict[str, Callable[[], object]] = {"eager": functools.partial(self._eager, batch),
-                                                     "graphs": functools.partial(g.run, block, self._eager)}
+            runs: dict[str, Callable[[], object]] = {
+                "eager": functools.partial(self._eager, batch),
+                "graphs": functools.partial(g.run, block, self._eager),
+            }
             key = f"{rows}x{block['input_ids'].shape[1]}"
             out[key] = {}
             for name, fn in runs.items():
@@ -277,13 +298,15 @@ class TorchRuntime(Runtime):
 
 # -- CUDA graphs (CUDA only: the bucket logic they serve is qserve/runtime/graphs.py) ------------------
 
+
 class _CudaGraph:
     """One forward captured as a CUDA graph at (batch, length): a pinned host block, its static device copy, the
     graph, and its static float32 logits. Capture as the torch docs prescribe: warm-up forwards on a side stream,
     then torch.cuda.graph (its own side stream) into the runtime's shared memory pool."""
 
-    def __init__(self, torch: Any, model: Any, names: list[str], shape: graphs.Shape, device: str, pool: Any,
-                 pad_id: int):
+    def __init__(
+        self, torch: Any, model: Any, names: list[str], shape: graphs.Shape, device: str, pool: Any, pad_id: int
+    ):
         b, n = shape
         empty = {k: np.zeros((0, n), dtype=np.int64) for k in names}
         with torch.cuda.device(device), torch.inference_mode():
@@ -346,6 +369,7 @@ class _Compiled:
 
 # -- bitsandbytes ---------------------------------------------------------------------
 
+
 def _llm_int8_picks_outliers_per_batch(model, spec: VariantSpec, device: str) -> bool:
     """LLM.int8 computes in 16-bit every input column where any row of the batch exceeds the threshold,
     so a row's result depends on its batchmates (the runtime then runs rows alone); threshold 0 turns
@@ -354,7 +378,9 @@ def _llm_int8_picks_outliers_per_batch(model, spec: VariantSpec, device: str) ->
         return False
     qc = getattr(model.config, "quantization_config", None)
     unset = option_defaults("bnb-int8")["llm_int8_threshold"]  # the registry's default, which the exporter writes
-    threshold = qc.get("llm_int8_threshold", unset) if isinstance(qc, dict) else getattr(qc, "llm_int8_threshold", unset)
+    threshold = (
+        qc.get("llm_int8_threshold", unset) if isinstance(qc, dict) else getattr(qc, "llm_int8_threshold", unset)
+    )
     return float(threshold or 0.0) > 0.0
 
 
@@ -366,8 +392,10 @@ def _bnb_load_kwargs(variant_dir, name: str, device: str) -> dict:
     cfg = json.loads((variant_dir / "config.json").read_text(encoding="utf-8"))
     if (cfg.get("quantization_config") or {}).get("quant_method") != "bitsandbytes":
         # Without it transformers would silently load the tensors as a plain model.
-        raise VariantError(f"{variant_dir}/config.json has no bitsandbytes quantization_config; "
-                           "the variant is damaged or not a bnb export, re-run `qserve export`")
+        raise VariantError(
+            f"{variant_dir}/config.json has no bitsandbytes quantization_config; "
+            "the variant is damaged or not a bnb export, re-run `qserve export`"
+        )
     # LLM.int8 quantizes activations from fp16 by design, and bitsandbytes logs that at WARNING
     # on every int8 matmul (12 lines per request for a 6-layer model): drop just that message.
     bnb_log = logging.getLogger("bitsandbytes.autograd._functions")
@@ -403,7 +431,8 @@ def _bnb_prepare(model, device: str) -> None:
         if isinstance(module, bnb.nn.Linear4bit):
             state = module.weight.quant_state
             if hasattr(module, "support_avx512bf16_for_cpu") and (
-                    module.out_features % 32 or module.in_features % state.blocksize):
+                module.out_features % 32 or module.in_features % state.blocksize
+            ):
                 module.support_avx512bf16_for_cpu = False
             if module.in_features % state.blocksize:
                 module.forward = _flat_dequantized_forward(module)

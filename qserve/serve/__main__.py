@@ -1,6 +1,6 @@
 """`python -m qserve.serve serve|loadtest ...`: the two serving commands without the rest of the CLI.
 
-    python -m qserve.serve serve models/minilm-imdb-variants/onnx-int8 --port 8000
+python -m qserve.serve serve models/minilm-imdb-variants/onnx-int8 --port 8000
 """
 
 import argparse

@@ -47,9 +47,13 @@ from qserve.serve.protocols.spec import Protocols, Published, Running
 log = logging.getLogger("qserve.serve")
 
 
-def create_app(config: ServeConfig, loader: Loader | None = None,
-               on_load_failure: Callable[[BaseException], None] | None = None,
-               selection: Selection | None = None, repository: Repository | None = None) -> FastAPI:
+def create_app(
+    config: ServeConfig,
+    loader: Loader | None = None,
+    on_load_failure: Callable[[BaseException], None] | None = None,
+    selection: Selection | None = None,
+    repository: Repository | None = None,
+) -> FastAPI:
     """Build the app. `loader(config)` returns a model (default: state.load_model, load_runtime on
     config.variant_dir); tests inject wrappers through it. `on_load_failure` lets the CLI exit when loading
     fails. `selection` says why the default model's variant was chosen, shown in /v1/models (a model dir
@@ -57,14 +61,21 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
     --model-repository); a name clash or a --shadow naming no model raises QserveError here."""
     config = config.validate().for_device()  # the batcher sized for the device, where the flags leave it
     protocols = SERVED  # every protocol this server speaks (protocols/registry.py): its routes, errors, labels
-    st = ServeState(config=config, metrics=Metrics(protocols.label, protocols.labels), loader=loader or load_model,
-                    selection=selection, on_load_failure=on_load_failure, repository=repository,
-                    tracing=tracing_from_env())
+    st = ServeState(
+        config=config,
+        metrics=Metrics(protocols.label, protocols.labels),
+        loader=loader or load_model,
+        selection=selection,
+        on_load_failure=on_load_failure,
+        repository=repository,
+        tracing=tracing_from_env(),
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        st.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qserve-infer",
-                                         initializer=threadnames.named("qserve-infer"))  # its OS name: profilers see it
+        st.executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="qserve-infer", initializer=threadnames.named("qserve-infer")
+        )  # its OS name: profilers see it
         st.load_task = asyncio.create_task(st.start())
         running: list[Running] = []
         try:
@@ -86,10 +97,14 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
 
     # telemetry off: qserve traces requests itself (infra/tracing.py, --otel); FastAPI's native telemetry would
     # add spans of its own and look up the global providers on every request.
-    app = FastAPI(title="qserve", version=__version__, lifespan=lifespan,
-                  telemetry={"tracing": False, "metrics": False, "logs": False},
-                  description="Text classification with dynamic batching: an HF pipeline-style API "
-                              "(/v1) and the KServe V2 Open Inference Protocol (/v2).")
+    app = FastAPI(
+        title="qserve",
+        version=__version__,
+        lifespan=lifespan,
+        telemetry={"tracing": False, "metrics": False, "logs": False},
+        description="Text classification with dynamic batching: an HF pipeline-style API "
+        "(/v1) and the KServe V2 Open Inference Protocol (/v2).",
+    )
     app.state.qserve = st
     errors = Errors(protocols)
     _install_error_handlers(app, st, errors)
@@ -97,8 +112,13 @@ def create_app(config: ServeConfig, loader: Loader | None = None,
         for route in protocol.routes:
             app.add_api_route(route.path, route.endpoint(st), methods=[route.method], **route.options)
     # every request's one way in (the admission layer, as gRPC's): its route, id, trace, key, limits, metrics
-    app.add_middleware(GuardMiddleware, admission=st.admission, protocols=protocols,
-                       fast=spec.fast_routes(st, protocols, errors.response), metrics_public=config.metrics_public)
+    app.add_middleware(
+        GuardMiddleware,
+        admission=st.admission,
+        protocols=protocols,
+        fast=spec.fast_routes(st, protocols, errors.response),
+        metrics_public=config.metrics_public,
+    )
     _install_openapi(app, config, protocols)
     return app
 
@@ -110,8 +130,14 @@ class Errors:
     def __init__(self, protocols: Protocols):
         self.protocols = protocols
 
-    def error(self, request: Request, status: int, message: str, headers: dict[str, str] | None = None,
-              validation: bool = False) -> JSONResponse:
+    def error(
+        self,
+        request: Request,
+        status: int,
+        message: str,
+        headers: dict[str, str] | None = None,
+        validation: bool = False,
+    ) -> JSONResponse:
         rid = getattr(request.state, "request_id", None)
         # A message may quote client input (a field name, say) holding a lone surrogate: escape it, so
         # rendering the error can never fail.
@@ -169,8 +195,9 @@ def _install_error_handlers(app: FastAPI, st: ServeState, errors: Errors) -> Non
             # Starlette's Allow names the first route of the path only: / is GET (the page) and POST
             methods = errors.protocols.allowed(request.url.path)
             if methods:
-                return _error(request, 405, message, {**(getattr(exc, "headers", None) or {}),
-                                                      "Allow": ", ".join(methods)})
+                return _error(
+                    request, 405, message, {**(getattr(exc, "headers", None) or {}), "Allow": ", ".join(methods)}
+                )
         return _error(request, exc.status_code, message, getattr(exc, "headers", None))
 
     app.add_exception_handler(Exception, errors.unexpected)
@@ -197,8 +224,7 @@ def _install_openapi(app: FastAPI, config: ServeConfig, protocols: Protocols) ->
                 p.openapi.components(schema)
         _publish_limits(schema, config, protocols)
         if config.api_key:  # the guard enforces it; this makes /docs offer an Authorize button
-            schema.setdefault("components", {})["securitySchemes"] = {
-                "bearer": {"type": "http", "scheme": "bearer"}}
+            schema.setdefault("components", {})["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
             schema["security"] = [{"bearer": []}]
             for path in protocols.docs | protocols.open_paths | ({"/metrics"} if config.metrics_public else set()):
                 for method, op in schema["paths"].get(path, {}).items():
@@ -243,9 +269,15 @@ def _publish_limits(schema: dict, config: ServeConfig, protocols: Protocols) -> 
             if node.get("type") == "string" and "pattern" in node:  # a text (schemas.Text)
                 node["maxLength"] = config.max_chars
             items = node.get("items")
-            if node.get("type") == "array" and isinstance(items, dict) and (
-                    "pattern" in items or items.get("type") == "array"  # a list of texts (maybe nested)
-                    or any("pattern" in a for a in items.get("anyOf", []))):  # texts or text pairs
+            if (
+                node.get("type") == "array"
+                and isinstance(items, dict)
+                and (
+                    "pattern" in items
+                    or items.get("type") == "array"  # a list of texts (maybe nested)
+                    or any("pattern" in a for a in items.get("anyOf", []))
+                )
+            ):  # texts or text pairs
                 node.setdefault("maxItems", config.max_inputs)
             for k, v in node.items():
                 if k != "long_text":  # a policy string, not a text: _publish_long_text bounds it
@@ -259,8 +291,9 @@ def _publish_limits(schema: dict, config: ServeConfig, protocols: Protocols) -> 
     manifest = _served_manifest(config.variant_dir)
     _publish_long_text(comps, manifest, [n for p in protocols.all for n in p.openapi.long_text])
     # `name=dir` (one named model): the document's answers (outputs, threshold) are that model's, as they always were
-    answers = manifest if "=" not in (config.variant_dir or "") else _served_manifest(
-        config.variant_dir.split("=", 1)[-1])
+    answers = (
+        manifest if "=" not in (config.variant_dir or "") else _served_manifest(config.variant_dir.split("=", 1)[-1])
+    )
     published = Published(config, manifest, answers)
     for p in protocols.all:  # each protocol's schemas narrowed to this server and its default model
         if p.openapi.publish is not None:

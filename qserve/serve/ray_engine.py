@@ -43,22 +43,22 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
 from typing import Any
-import socket
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from prometheus_client import Gauge
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qserve import QserveError
 from qserve.extras import require
-from qserve.serve.infra.config import ServeConfig, config_from_sources, settings_batch_size
-from qserve.serve.infra.deploy import APP_NAME, DEPLOYMENT_NAME, Scaling, app_args, deployment_options
+from qserve.serve.app import create_app
 from qserve.serve.core.repository import ModelSource, Repository
 from qserve.serve.core.state import Selection, ServeState
-from qserve.serve.app import create_app
+from qserve.serve.infra.config import ServeConfig, config_from_sources, settings_batch_size
+from qserve.serve.infra.deploy import APP_NAME, DEPLOYMENT_NAME, Scaling, app_args, deployment_options
 
 ray = require("ray", "the Ray engine (--engine ray)")
 serve = require("ray.serve", "the Ray engine (--engine ray)")
@@ -101,8 +101,10 @@ class ReplicaMiddleware:
             if message["type"] == "lifespan.startup.complete" and st.load_task is not None:
                 await asyncio.shield(st.load_task)
                 if st.load_error:
-                    message = {"type": "lifespan.startup.failed",
-                               "message": f"could not load {st.config.variant_dir}: {st.load_error}"}
+                    message = {
+                        "type": "lifespan.startup.failed",
+                        "message": f"could not load {st.config.variant_dir}: {st.load_error}",
+                    }
             await send(message)
 
         return gated
@@ -114,16 +116,21 @@ async def ray_engine_info(replica_id: str) -> dict[str, Any]:
     from ray.serve.schema import ServeInstanceDetails
 
     ctx = serve.get_replica_context()
-    info: dict[str, Any] = {"engine": "ray", "replica": replica_id, "app": ctx.app_name,
-                            "deployment": ctx.deployment}
+    info: dict[str, Any] = {"engine": "ray", "replica": replica_id, "app": ctx.app_name, "deployment": ctx.deployment}
     try:
         # The controller call is a blocking ray.get: keep it off the replica's event loop.
         details = ServeInstanceDetails(**await asyncio.to_thread(_get_global_client().get_serve_details))
         dep = details.applications[ctx.app_name].deployments[ctx.deployment]
-        replicas = [{"id": r.replica_id, "state": str(getattr(r.state, "value", r.state)), "node_id": r.node_id,
-                     "pid": r.pid} for r in dep.replicas]
-        info.update(status=str(getattr(dep.status, "value", dep.status)), target_replicas=dep.target_num_replicas,
-                    replica_count=sum(r["state"] == "RUNNING" for r in replicas), replicas=replicas)
+        replicas = [
+            {"id": r.replica_id, "state": str(getattr(r.state, "value", r.state)), "node_id": r.node_id, "pid": r.pid}
+            for r in dep.replicas
+        ]
+        info.update(
+            status=str(getattr(dep.status, "value", dep.status)),
+            target_replicas=dep.target_num_replicas,
+            replica_count=sum(r["state"] == "RUNNING" for r in replicas),
+            replicas=replicas,
+        )
     except Exception as e:  # noqa: BLE001 - the model summary must still answer if the controller is busy
         info.update(replica_count=None, replicas=None, replicas_error=f"{type(e).__name__}: {e}")
     return info
@@ -131,8 +138,9 @@ async def ray_engine_info(replica_id: str) -> dict[str, Any]:
 
 @serve.ingress()  # late-bound: __serve_build_asgi_app__ builds the app inside the replica
 class QserveReplica:
-    def __init__(self, settings: dict[str, Any], selection: Selection | None = None,
-                 models: list[tuple[str, str]] | None = None):
+    def __init__(
+        self, settings: dict[str, Any], selection: Selection | None = None, models: list[tuple[str, str]] | None = None
+    ):
         # Settings from the builder args, then QSERVE_* in the replica's own environment (the API key).
         self.cfg = config_from_sources({k: v for k, v in settings.items() if v is not None})
         self.cfg.grpc_port = None  # the Ray engine serves HTTP only (QSERVE_GRPC_PORT must not bind per replica)
@@ -153,8 +161,12 @@ class QserveReplica:
             return await ray_engine_info(replica_id)
 
         st.engine_info = engine_info
-        Gauge("qserve_replica_info", "The replica this /metrics scrape came from (Ray engine: per-replica metrics)",
-              ["engine", "replica"], registry=st.metrics.registry).labels("ray", replica_id).set(1)
+        Gauge(
+            "qserve_replica_info",
+            "The replica this /metrics scrape came from (Ray engine: per-replica metrics)",
+            ["engine", "replica"],
+            registry=st.metrics.registry,
+        ).labels("ray", replica_id).set(1)
         app.add_middleware(ReplicaMiddleware, replica_id=replica_id, state=st)
         return app
 
@@ -165,9 +177,14 @@ def logging_config(log_level: str) -> dict[str, Any]:
     return {"log_level": log_level.upper(), "enable_access_log": log_level.lower() in ("debug", "info")}
 
 
-def application(settings: dict[str, Any], scaling: Scaling, cores: int | None = None,
-                log_level: str | None = None, selection: Selection | None = None,
-                models: list[tuple[str, str]] | None = None) -> Any:  # a ray.serve Application (no stubs)
+def application(
+    settings: dict[str, Any],
+    scaling: Scaling,
+    cores: int | None = None,
+    log_level: str | None = None,
+    selection: Selection | None = None,
+    models: list[tuple[str, str]] | None = None,
+) -> Any:  # a ray.serve Application (no stubs)
     """The bound Ray Serve application for these ServeConfig settings and this scaling; `selection` (why the
     default model's variant was chosen) and `models` ((name, dir) of each model) travel to every replica."""
     mbs = settings_batch_size(settings)
@@ -175,8 +192,9 @@ def application(settings: dict[str, Any], scaling: Scaling, cores: int | None = 
     if log_level:
         opts["logging_config"] = logging_config(log_level)
     # A replica that cannot load will not load on retry #20 either: fail the deploy quickly.
-    return serve.deployment(QserveReplica, max_constructor_retry_count=3).options(**opts).bind(settings, selection,
-                                                                                               models)
+    return (
+        serve.deployment(QserveReplica, max_constructor_retry_count=3).options(**opts).bind(settings, selection, models)
+    )
 
 
 def build_app(args: dict[str, Any]) -> Any:  # a ray.serve Application (no stubs)
@@ -185,8 +203,10 @@ def build_app(args: dict[str, Any]) -> Any:  # a ray.serve Application (no stubs
     Deployment options in the config file's `deployments:` entry override the defaults set here."""
     args = dict(args or {})
     if not args.get("variant_dir") and not args.get("model_repository"):
-        raise QserveError("args.variant_dir is missing: the absolute variant path every node can read (or "
-                          "args.model_repository: a directory of models every node can read)")
+        raise QserveError(
+            "args.variant_dir is missing: the absolute variant path every node can read (or "
+            "args.model_repository: a directory of models every node can read)"
+        )
     ServeConfig(**args).validate()  # unknown keys or bad values fail the deploy with the flag's message
     threads = args.get("threads")
     return application(args, Scaling(1, num_cpus=float(threads) if threads else None))
@@ -205,8 +225,14 @@ def recorded_cluster() -> str | None:
         return None
 
 
-def run_ray(cfg: ServeConfig, scaling: Scaling, address: str | None, log_level: str = "info",
-            selection: Selection | None = None, repository: Repository | None = None) -> int:
+def run_ray(
+    cfg: ServeConfig,
+    scaling: Scaling,
+    address: str | None,
+    log_level: str = "info",
+    selection: Selection | None = None,
+    repository: Repository | None = None,
+) -> int:
     """`qserve serve --engine ray`: start (or join) Ray, run the app on --host/--port, wait for a signal.
 
     Without --ray-address this always starts a local instance, even where `ray start` left a cluster
@@ -221,22 +247,31 @@ def run_ray(cfg: ServeConfig, scaling: Scaling, address: str | None, log_level: 
     if cfg.shadow:  # replicas may run in another working directory
         settings["shadow"] = [f"{n}={Path(d).resolve()}" for n, _, d in (e.partition("=") for e in cfg.shadow)]
     # DIRs: the names fixed here (a clash was refused) travel as data; --model-repository: replicas scan ROOT.
-    models = None if repository is None or repository.root is not None else [
-        (s.name, str(Path(s.path).resolve())) for s in repository.initial]
+    models = (
+        None
+        if repository is None or repository.root is not None
+        else [(s.name, str(Path(s.path).resolve())) for s in repository.initial]
+    )
     if cfg.api_key:  # through the actor's init args, never into a config file
         settings["api_key"] = cfg.api_key
     need = scaling.cpus_per_replica(cores) * (scaling.replicas or scaling.min_replicas or 1)
     if local and need > cores:
-        raise QserveError(f"{scaling.replicas or scaling.min_replicas} replica(s) x {scaling.cpus_per_replica(cores)}"
-                          f" CPUs (--threads) = {need:g} CPUs, but this machine has {cores}; lower --threads or "
-                          "--replicas (Ray would otherwise wait forever for CPUs)")
+        raise QserveError(
+            f"{scaling.replicas or scaling.min_replicas} replica(s) x {scaling.cpus_per_replica(cores)}"
+            f" CPUs (--threads) = {need:g} CPUs, but this machine has {cores}; lower --threads or "
+            "--replicas (Ray would otherwise wait forever for CPUs)"
+        )
     port = cfg.port or _free_port(cfg.host)
     if local:
         found = recorded_cluster()
         if found:
-            log.warning("Ray records a cluster at %s (from `ray start` or RAY_ADDRESS; it may have stopped since); "
-                        "starting a separate local Ray instance, as without --ray-address. To serve on that "
-                        "cluster instead, pass --ray-address %s", found, found)
+            log.warning(
+                "Ray records a cluster at %s (from `ray start` or RAY_ADDRESS; it may have stopped since); "
+                "starting a separate local Ray instance, as without --ray-address. To serve on that "
+                "cluster instead, pass --ray-address %s",
+                found,
+                found,
+            )
         # address="local": a new instance, never the recorded cluster (which would also refuse num_cpus).
         ray.init(address="local", num_cpus=cores, include_dashboard=False, logging_level=log_level.upper())
     else:
@@ -248,15 +283,24 @@ def run_ray(cfg: ServeConfig, scaling: Scaling, address: str | None, log_level: 
         serve.start(http_options={"host": cfg.host, "port": port}, logging_config=logging_config(log_level))
         t0 = time.perf_counter()
         try:
-            serve.run(application(settings, scaling, cores if local else None, log_level, selection, models),
-                      name=APP_NAME, route_prefix="/")
+            serve.run(
+                application(settings, scaling, cores if local else None, log_level, selection, models),
+                name=APP_NAME,
+                route_prefix="/",
+            )
         except Exception as e:  # noqa: BLE001 - Ray's deploy failure carries the replica's load error
             print(f"qserve serve: error: Ray could not start {cfg.variant_dir}: {e}", flush=True)
             return 2
-        log.info("Ray engine: %s replica(s) of %s ready in %.1f s on http://%s:%d (Ray %s%s)",
-                 scaling.replicas or f"{scaling.min_replicas}..{scaling.max_replicas}", cfg.variant_dir,
-                 time.perf_counter() - t0, cfg.host, port, ray.__version__,
-                 ", local instance" if local else f", cluster {address}")
+        log.info(
+            "Ray engine: %s replica(s) of %s ready in %.1f s on http://%s:%d (Ray %s%s)",
+            scaling.replicas or f"{scaling.min_replicas}..{scaling.max_replicas}",
+            cfg.variant_dir,
+            time.perf_counter() - t0,
+            cfg.host,
+            port,
+            ray.__version__,
+            ", local instance" if local else f", cluster {address}",
+        )
         while not stop.wait(1.0):  # a timed wait keeps the main thread responsive to signals
             pass
         return 0

@@ -116,21 +116,37 @@ class RunChoices:
 
     def batch_json(self) -> dict[str, Any]:
         """train_metrics.json `batch_choice`."""
-        return {"batch_size": self.batch_size, "asked": AUTO if self.batch_asked is None else self.batch_asked,
-                "reason": self.batch_reason, "lr": self.lr, "lr_asked": self.lr_asked, "lr_rule": self.lr_rule,
-                "matmul_precision": self.matmul_precision}
+        return {
+            "batch_size": self.batch_size,
+            "asked": AUTO if self.batch_asked is None else self.batch_asked,
+            "reason": self.batch_reason,
+            "lr": self.lr,
+            "lr_asked": self.lr_asked,
+            "lr_rule": self.lr_rule,
+            "matmul_precision": self.matmul_precision,
+        }
 
     def to_json(self) -> dict[str, Any]:
         """What a resumed run reads back (resume.record_start keeps it beside the config)."""
-        return {"precision_choice": self.precision.to_json(), "batch_choice": self.batch_json(),
-                "cuda_probe": self.probe}
+        return {
+            "precision_choice": self.precision.to_json(),
+            "batch_choice": self.batch_json(),
+            "cuda_probe": self.probe,
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RunChoices:
         b = d["batch_choice"]
-        return cls(PrecisionChoice(**d["precision_choice"]), int(b["batch_size"]),
-                   None if b["asked"] == AUTO else int(b["asked"]), float(b["lr"]), float(b["lr_asked"]),
-                   b.get("matmul_precision"), b["reason"], d.get("cuda_probe"))
+        return cls(
+            PrecisionChoice(**d["precision_choice"]),
+            int(b["batch_size"]),
+            None if b["asked"] == AUTO else int(b["asked"]),
+            float(b["lr"]),
+            float(b["lr_asked"]),
+            b.get("matmul_precision"),
+            b["reason"],
+            d.get("cuda_probe"),
+        )
 
     def lines(self) -> list[str]:
         """What `qserve train` prints of the decision: the precision's line where it was `auto`, and where a probe
@@ -175,8 +191,13 @@ def scale_lr(lr: float, batch: int) -> float:
     return lr * math.sqrt(batch / BASE_BATCH)
 
 
-def run_ladder(measure: StepMeasurer, cands: list[Candidate], ladder: list[int], budget_s: float = PROBE_BUDGET_S,
-               clock: Callable[[], float] = time.perf_counter) -> list[dict[str, Any]]:
+def run_ladder(
+    measure: StepMeasurer,
+    cands: list[Candidate],
+    ladder: list[int],
+    budget_s: float = PROBE_BUDGET_S,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[dict[str, Any]]:
     """One row per (batch, candidate) tried, climbing the ladder while a doubling still pays (BATCH_GAIN), some
     candidate still fits and the budget lasts. A row holds step_s, samples_per_s and peak_memory_bytes, or
     `failed` (why it did not fit)."""
@@ -203,8 +224,15 @@ def run_ladder(measure: StepMeasurer, cands: list[Candidate], ladder: list[int],
         best = 0.0
         for c, ts in times.items():
             step = statistics.median(ts)
-            rows.append({"batch": batch, "candidate": c.label, "step_s": round(step, 6),
-                         "samples_per_s": round(batch / step, 1), "peak_memory_bytes": peaks[c]})
+            rows.append(
+                {
+                    "batch": batch,
+                    "candidate": c.label,
+                    "step_s": round(step, 6),
+                    "samples_per_s": round(batch / step, 1),
+                    "peak_memory_bytes": peaks[c],
+                }
+            )
             best = max(best, batch / step)
         if not times or best < BATCH_GAIN * best_before or clock() - t0 > budget_s:
             break
@@ -224,7 +252,7 @@ def pick(rows: list[dict[str, Any]], ladder: list[int]) -> tuple[dict[str, Any],
     if not tried:
         return None
     chosen = tried[0]
-    for b in ladder[ladder.index(chosen) + 1:]:
+    for b in ladder[ladder.index(chosen) + 1 :]:
         if b in best and best[b]["samples_per_s"] >= BATCH_GAIN * best[chosen]["samples_per_s"]:
             chosen = b
             continue
@@ -238,8 +266,11 @@ def pick(rows: list[dict[str, Any]], ladder: list[int]) -> tuple[dict[str, Any],
             why = f"batch {b} was not reached (the probe stopped climbing: its time budget)"
         return best[chosen], why
     top = ladder[-1]
-    why = (f"the top of the ladder ({MAX_BATCH})" if top == MAX_BATCH else
-           f"the largest batch that leaves the run at least {MIN_STEPS} optimizer steps")
+    why = (
+        f"the top of the ladder ({MAX_BATCH})"
+        if top == MAX_BATCH
+        else f"the largest batch that leaves the run at least {MIN_STEPS} optimizer steps"
+    )
     return best[chosen], why
 
 
@@ -255,8 +286,10 @@ def probe_table(probe: dict[str, Any]) -> list[str]:
             mem = f", {r['peak_memory_bytes'] / 1e9:.1f} GB" if r.get("peak_memory_bytes") else ""
             cell = f"{r['candidate']} {r['step_s'] * 1e3:.1f} ms ({r['samples_per_s']:,.0f}/s{mem})"
         by.setdefault(r["batch"], []).append(cell)
-    head = (f"{len(rows)} rows at {probe.get('max_length')} tokens in {probe.get('wall_s', 0):.1f} s "
-            f"(median of {PROBE_ROUNDS} rounds of {PROBE_STEPS} steps, after one warm-up step)")
+    head = (
+        f"{len(rows)} rows at {probe.get('max_length')} tokens in {probe.get('wall_s', 0):.1f} s "
+        f"(median of {PROBE_ROUNDS} rounds of {PROBE_STEPS} steps, after one warm-up step)"
+    )
     return [head] + [f"batch {b}: " + "; ".join(cells) for b, cells in by.items()]
 
 
@@ -265,9 +298,14 @@ def probes(cfg: TrainConfig, device: str) -> bool:
     return device.startswith("cuda") and cfg.devices == 1 and (cfg.precision == AUTO or cfg.batch_size is None)
 
 
-def decide(cfg: TrainConfig, device: str, choice: PrecisionChoice | None, n_train: int,
-           probe: Callable[[list[Candidate], list[int]], dict[str, Any]] | None = None,
-           caps: Capabilities | None = None) -> RunChoices:
+def decide(
+    cfg: TrainConfig,
+    device: str,
+    choice: PrecisionChoice | None,
+    n_train: int,
+    probe: Callable[[list[Candidate], list[int]], dict[str, Any]] | None = None,
+    caps: Capabilities | None = None,
+) -> RunChoices:
     """The run's precision, batch size, learning rate and matmul precision.
 
     `choice` is the precision already chosen (choose_precision: explicit, a CPU's, or CUDA without a probe), or
@@ -277,9 +315,15 @@ def decide(cfg: TrainConfig, device: str, choice: PrecisionChoice | None, n_trai
     if probe is None or not probes(cfg, device):
         choice = choice or choose_precision(cfg.precision, device, caps)
         batch = cfg.batch_size or BASE_BATCH
-        why = "given (--batch-size)" if cfg.batch_size else (
-            f"the base batch: measured only on a single CUDA device (here {device}"
-            + (f", {cfg.devices} devices" if cfg.devices > 1 else "") + ")")
+        why = (
+            "given (--batch-size)"
+            if cfg.batch_size
+            else (
+                f"the base batch: measured only on a single CUDA device (here {device}"
+                + (f", {cfg.devices} devices" if cfg.devices > 1 else "")
+                + ")"
+            )
+        )
         lr = cfg.lr if cfg.batch_size else scale_lr(cfg.lr, batch)
         return RunChoices(choice, batch, cfg.batch_size, lr, cfg.lr, cfg.matmul_precision, why)
     caps = caps or capabilities(with_cuda=True)
@@ -289,38 +333,65 @@ def decide(cfg: TrainConfig, device: str, choice: PrecisionChoice | None, n_trai
     picked = pick(record["rows"], ladder)
     if picked is None:  # not even the base batch fitted: train as before the probe, and say why
         fallback = choice or choose_precision(AUTO, device, caps)
-        fallback = PrecisionChoice(fallback.precision, fallback.asked,
-                                   fallback.reason + (" (the probe fitted no candidate)" if not choice else ""))
+        fallback = PrecisionChoice(
+            fallback.precision,
+            fallback.asked,
+            fallback.reason + (" (the probe fitted no candidate)" if not choice else ""),
+        )
         batch = cfg.batch_size or BASE_BATCH
-        return RunChoices(fallback, batch, cfg.batch_size, cfg.lr if cfg.batch_size else scale_lr(cfg.lr, batch),
-                          cfg.lr, cfg.matmul_precision, "the probe fitted no candidate at any batch size: the base "
-                          "batch, as asked or by default", record)
+        return RunChoices(
+            fallback,
+            batch,
+            cfg.batch_size,
+            cfg.lr if cfg.batch_size else scale_lr(cfg.lr, batch),
+            cfg.lr,
+            cfg.matmul_precision,
+            "the probe fitted no candidate at any batch size: the base batch, as asked or by default",
+            record,
+        )
     row, why = picked
     cand = next(c for c in cands if c.label == row["candidate"])
     if choice is None:
         sm = f"sm_{caps.cuda_capability[0]}{caps.cuda_capability[1]}" if caps.cuda_capability else "?"
         others = [r for r in record["rows"] if r["batch"] == row["batch"] and "step_s" in r and r is not row]
         vs = "; ".join(f"{r['candidate']} {r['samples_per_s']:,.0f}" for r in others) or "no other candidate fitted"
-        choice = PrecisionChoice(cand.precision, AUTO, f"measured fastest on this GPU ({caps.cuda_name}, {sm}): "
-                                 f"{cand.label} {row['samples_per_s']:,.0f} samples/s at batch {row['batch']}, "
-                                 f"against {vs}")
+        choice = PrecisionChoice(
+            cand.precision,
+            AUTO,
+            f"measured fastest on this GPU ({caps.cuda_name}, {sm}): "
+            f"{cand.label} {row['samples_per_s']:,.0f} samples/s at batch {row['batch']}, "
+            f"against {vs}",
+        )
     if cfg.batch_size:
-        return RunChoices(choice, cfg.batch_size, cfg.batch_size, cfg.lr, cfg.lr, cand.matmul,
-                          "given (--batch-size)", record)
-    reason = (f"measured: {row['samples_per_s']:,.0f} samples/s at batch {row['batch']} ({row['candidate']}); "
-              f"larger not taken: {why}")
+        return RunChoices(
+            choice, cfg.batch_size, cfg.batch_size, cfg.lr, cfg.lr, cand.matmul, "given (--batch-size)", record
+        )
+    reason = (
+        f"measured: {row['samples_per_s']:,.0f} samples/s at batch {row['batch']} ({row['candidate']}); "
+        f"larger not taken: {why}"
+    )
     return RunChoices(choice, row["batch"], None, scale_lr(cfg.lr, row["batch"]), cfg.lr, cand.matmul, reason, record)
 
 
 # -- the measurement on a GPU ----------------------------------------------------------------------------------
+
 
 class StepTimer:
     """Full fine-tune steps of a private copy of the model on `device`, timed as the training loop runs them
     (the host queueing ahead, synchronized only around the timed steps). Runs on a CPU too (the tests time a tiny
     model there); only CUDA reports peak memory and can run out of it."""
 
-    def __init__(self, model, device: str, max_length: int, problem: str, num_labels: int, lr: float,
-                 cands: list[Candidate], bf16_update: str = "compensated"):
+    def __init__(
+        self,
+        model,
+        device: str,
+        max_length: int,
+        problem: str,
+        num_labels: int,
+        lr: float,
+        cands: list[Candidate],
+        bf16_update: str = "compensated",
+    ):
         import torch
 
         self.torch, self.device, self.max_length = torch, torch.device(device), max_length
@@ -337,8 +408,9 @@ class StepTimer:
         self.model = model.to(device=self.device, dtype=dtype).train()
         params = [p for p in self.model.parameters() if p.requires_grad]
         precision = "bf16-true" if dtype == torch.bfloat16 else "32-true"
-        self.optimizer = build_optimizer([{"params": params, "weight_decay": 0.01}], precision, bf16_update, lr,
-                                         fused=self.cuda)
+        self.optimizer = build_optimizer(
+            [{"params": params, "weight_decay": 0.01}], precision, bf16_update, lr, fused=self.cuda
+        )
         self.params = params
         self.scaler = torch.amp.GradScaler("cuda") if any(c.precision == "16-mixed" for c in cands) else None
         self.vocab = int(getattr(self.model.config, "vocab_size", 1000))
@@ -358,8 +430,11 @@ class StepTimer:
                 labels = torch.rand(batch, 1, generator=gen)
             else:
                 labels = torch.randint(0, self.num_labels, (batch,), generator=gen)
-            self.inputs[batch] = {"input_ids": ids.to(self.device), "labels": labels.to(self.device),
-                                  "attention_mask": torch.ones_like(ids).to(self.device)}
+            self.inputs[batch] = {
+                "input_ids": ids.to(self.device),
+                "labels": labels.to(self.device),
+                "attention_mask": torch.ones_like(ids).to(self.device),
+            }
         return self.inputs[batch]
 
     def _step(self, cand: Candidate, batch: int) -> None:
@@ -417,8 +492,9 @@ class StepTimer:
         peak = int(self.torch.cuda.max_memory_reserved(self.device))
         if self.budget is not None and peak > self.budget:
             could = self.budget / MEMORY_SHARE / 1e9
-            raise ProbeOOM(f"peak {peak / 1e9:.1f} GB over {MEMORY_SHARE:.0%} of the {could:.1f} GB this process "
-                           "could use")
+            raise ProbeOOM(
+                f"peak {peak / 1e9:.1f} GB over {MEMORY_SHARE:.0%} of the {could:.1f} GB this process could use"
+            )
         return peak
 
     def time(self, cand: Candidate, batch: int, steps: int) -> float:
@@ -441,10 +517,18 @@ class StepTimer:
             torch.cuda.reset_peak_memory_stats(self.device)
 
 
-def probe_cuda(load_model: Callable[[], Any], device: str, max_length: int, problem: str, num_labels: int,
-               lr: float, bf16_update: str = "compensated") -> Callable[[list[Candidate], list[int]], dict[str, Any]]:
+def probe_cuda(
+    load_model: Callable[[], Any],
+    device: str,
+    max_length: int,
+    problem: str,
+    num_labels: int,
+    lr: float,
+    bf16_update: str = "compensated",
+) -> Callable[[list[Candidate], list[int]], dict[str, Any]]:
     """The probe `decide` calls on CUDA: a fresh copy of the model (load_model()), timed per candidate up the ladder,
     then freed, so the run starts from its own seeded model and an empty cache."""
+
     def probe(cands: list[Candidate], ladder: list[int]) -> dict[str, Any]:
         import torch
 
@@ -456,10 +540,22 @@ def probe_cuda(load_model: Callable[[], Any], device: str, max_length: int, prob
             finally:
                 budget = timer.budget
                 timer.close()
-        return {"rows": rows, "max_length": max_length, "ladder": ladder, "candidates": [c.label for c in cands],
-                "memory_budget_bytes": budget, "wall_s": round(time.perf_counter() - t0, 2),
-                "rules": {"batch_gain": BATCH_GAIN, "min_steps": MIN_STEPS, "max_batch": MAX_BATCH,
-                          "memory_share": MEMORY_SHARE, "rounds": PROBE_ROUNDS, "steps": PROBE_STEPS}}
+        return {
+            "rows": rows,
+            "max_length": max_length,
+            "ladder": ladder,
+            "candidates": [c.label for c in cands],
+            "memory_budget_bytes": budget,
+            "wall_s": round(time.perf_counter() - t0, 2),
+            "rules": {
+                "batch_gain": BATCH_GAIN,
+                "min_steps": MIN_STEPS,
+                "max_batch": MAX_BATCH,
+                "memory_share": MEMORY_SHARE,
+                "rounds": PROBE_ROUNDS,
+                "steps": PROBE_STEPS,
+            },
+        }
 
     return probe
 
@@ -469,4 +565,3 @@ def check_positions(model, max_length: int) -> None:
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit and max_length > limit:
         raise QserveError(f"--max-length {max_length} exceeds the model's {limit} positions")
-

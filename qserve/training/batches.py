@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from qserve.problemtypes import SINGLE, batch_sums, finish_sums, loss, target
 from qserve.longtext import split_texts
+from qserve.problemtypes import SINGLE, batch_sums, finish_sums, loss, target
 from qserve.textpairs import split_pairs
 
 
@@ -58,9 +58,11 @@ class TokenTable:
         lengths = self.lengths.index_select(0, idx)
         width = int(lengths.max()) if len(idx) else 0
         # index_select, then the slice: an advanced index with a slice (ids[idx, :w]) is many times slower
-        out = {"input_ids": self.ids.index_select(0, idx)[:, :width].long(),
-               "attention_mask": (torch.arange(width) < lengths[:, None]).long(),
-               "labels": self.targets.index_select(0, idx)}
+        out = {
+            "input_ids": self.ids.index_select(0, idx)[:, :width].long(),
+            "attention_mask": (torch.arange(width) < lengths[:, None]).long(),
+            "labels": self.targets.index_select(0, idx),
+        }
         if self.types is not None:  # text pairs: the second segment 1
             out["token_type_ids"] = self.types.index_select(0, idx)[:, :width].long()
         return {k: v.pin_memory() for k, v in out.items()} if pin else out
@@ -104,9 +106,9 @@ def evaluate(fabric, model, examples: TokenTable, batch_size: int, problem: str 
     model.eval()
     with torch.no_grad():
         for start in range(0, per_rank, batch_size):
-            chunk = idx[start:start + batch_size]
+            chunk = idx[start : start + batch_size]
             batch = fabric.to_device(examples.batch(chunk, pin=pin))
-            w = torch.tensor(weights[start:start + batch_size], dtype=torch.float64, device=fabric.device)
+            w = torch.tensor(weights[start : start + batch_size], dtype=torch.float64, device=fabric.device)
             logits = model(**batch_inputs(batch)).logits.float()
             loss_sum += (loss(logits, batch["labels"], problem, reduction="none").double() * w).sum()
             for key, per in batch_sums(logits, batch["labels"], problem).items():

@@ -20,6 +20,7 @@ from qserve.modeling import model_name_for
 from qserve.problemtypes import SHORT, from_flag
 from qserve.training.precision import AUTO, BF16_UPDATES, MATMUL_PRECISIONS, PRECISION_CHOICES
 
+
 def run_dir(model: str, dataset: str) -> Path:
     """models/<model>-<dataset>: the run dir `qserve pipeline` fills (checkpoint/, variants/, report/) and whose
     checkpoint/ `qserve train` writes by default, so `qserve export RUN/checkpoint` lands in RUN/variants/ and
@@ -31,8 +32,14 @@ def run_dir(model: str, dataset: str) -> Path:
 MAX_GRAD_NORM = 1.0  # the usual fine-tuning clip; keeps the first high-lr steps from diverging
 # transformers 5's tokenizer save_pretrained writes tokenizer.json + tokenizer_config.json only (4.x also wrote
 # vocab.txt and special_tokens_map.json, which checkpoints trained then still hold and still load with).
-FILES_WRITTEN = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                 "qserve_model.json", "train_metrics.json")
+FILES_WRITTEN = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "qserve_model.json",
+    "train_metrics.json",
+)
 
 
 @dataclass
@@ -47,16 +54,21 @@ class TrainConfig:
     problem_type: str | None = field(default=None, metadata=flag(choices=tuple(SHORT), default_text="inferred"))
     """single (softmax, cross-entropy), multi (multi-label: sigmoid per label, BCE) or regression (one value,
     MSE). Default: from the data file: a list of labels per row -> multi, a non-integer number -> regression."""
-    precision: str = field(default=AUTO, metadata=flag(
-        choices=PRECISION_CHOICES, repeat=True, default_text="auto; with --compare, all the device supports"))
+    precision: str = field(
+        default=AUTO,
+        metadata=flag(
+            choices=PRECISION_CHOICES, repeat=True, default_text="auto; with --compare, all the device supports"
+        ),
+    )
     """Training precision: auto (what this device runs fast, measured and said: on one GPU a probe of real steps
     picks bf16-mixed (16-mixed without bf16) or 32-true with TF32; on CPUs bf16-mixed with AMX or avx512_bf16,
     else 32-true), 32-true, 16-mixed (CUDA only), bf16-mixed or bf16-true. With --compare, give it several times
     to choose the precisions compared."""
     epochs: int = 1
     """Passes over the training set."""
-    batch_size: int | None = field(default=None, metadata=flag(
-        default_text="16; on one CUDA device the probe's choice, up to 256"))
+    batch_size: int | None = field(
+        default=None, metadata=flag(default_text="16; on one CUDA device the probe's choice, up to 256")
+    )
     """Examples per forward pass (per device). Unset on a single CUDA device, a short probe of real steps picks
     the batch (and precision) that trains fastest within memory and the run's step count, and --lr is scaled with
     it (qserve/training/autotune.py)."""
@@ -82,8 +94,12 @@ class TrainConfig:
     records what was trained on (default: none; `qserve pipeline` sets one)."""
     max_eval_samples: int | None = 2000
     """Cap val and test at this many examples each (seeded, stratified; 0 on the CLI = no cap); bench reuses it."""
-    bf16_update: str = field(default="compensated", metadata=flag(
-        choices=BF16_UPDATES, repeat=True, default_text="compensated; with --compare, compensated and plain"))
+    bf16_update: str = field(
+        default="compensated",
+        metadata=flag(
+            choices=BF16_UPDATES, repeat=True, default_text="compensated; with --compare, compensated and plain"
+        ),
+    )
     """bf16-true only: compensated (torch-optimi AdamW, Kahan summation into a bf16 buffer) or plain (torch
     AdamW on bf16 weights: updates below half a bf16 ulp round away). With --compare, give it several times
     to run bf16-true once per value."""
@@ -91,9 +107,13 @@ class TrainConfig:
     """Seed for the split, subsampling, head init, shuffling and dropout."""
     data_seed: int | None = field(default=None, metadata=flag(default_text="--seed"))
     """Seed for the split and subsampling only (None: seed); lets two seeds train on the same data."""
-    out: str | None = field(default=None, metadata=flag(
-        default_text="models/<model_name>-<dataset>/checkpoint (the run dir `qserve pipeline` writes); with "
-                     "--compare, benchmarks/reports/precision"))
+    out: str | None = field(
+        default=None,
+        metadata=flag(
+            default_text="models/<model_name>-<dataset>/checkpoint (the run dir `qserve pipeline` writes); with "
+            "--compare, benchmarks/reports/precision"
+        ),
+    )
     """Output directory (with --compare: the report directory)."""
     device: str = "auto"
     """auto (CUDA when available), cpu, cuda or cuda:N."""
@@ -123,8 +143,12 @@ class CompareOptions:
     compare: bool = False
     """Run the same fine-tune once per precision, each in its own process, and write precision_study.json/.md
     (time, step time, optimizer state, peak memory, accuracy)."""
-    noise_precision: str | None = field(default=None, metadata=flag(
-        choices=(*PRECISION_CHOICES, "none"), default_text="what auto chooses here, else the first studied"))
+    noise_precision: str | None = field(
+        default=None,
+        metadata=flag(
+            choices=(*PRECISION_CHOICES, "none"), default_text="what auto chooses here, else the first studied"
+        ),
+    )
     """With --compare: the precision run a second time with --seed + 1 on the same data, to measure
     run-to-run noise (none: skip)."""
     step_rounds: int = 3
@@ -138,17 +162,25 @@ def validate(cfg: TrainConfig) -> None:
     """Reject bad values before anything heavy loads; messages name the flag and what is allowed."""
     if cfg.precision not in PRECISION_CHOICES:
         raise QserveError(f"--precision must be one of {', '.join(PRECISION_CHOICES)} (got {cfg.precision!r})")
-    if cfg.train_budget is not None and not (isinstance(cfg.train_budget, (int, float))
-                                                and not isinstance(cfg.train_budget, bool)
-                                                and cfg.train_budget > 0):
+    if cfg.train_budget is not None and not (
+        isinstance(cfg.train_budget, (int, float)) and not isinstance(cfg.train_budget, bool) and cfg.train_budget > 0
+    ):
         raise QserveError(f"--train-budget must be a number of minutes > 0 (got {cfg.train_budget!r})")
     if cfg.bf16_update not in BF16_UPDATES:
         raise QserveError(f"--bf16-update must be one of {', '.join(BF16_UPDATES)} (got {cfg.bf16_update!r})")
     if cfg.matmul_precision is not None and cfg.matmul_precision not in MATMUL_PRECISIONS:
-        raise QserveError(f"--matmul-precision must be one of {', '.join(MATMUL_PRECISIONS)} "
-                          f"(got {cfg.matmul_precision!r})")
-    for name, low in (("epochs", 1), ("batch_size", 1), ("grad_accum", 1), ("max_length", 8), ("devices", 1),
-                      ("num_workers", 0), ("checkpoint_every", 0)):
+        raise QserveError(
+            f"--matmul-precision must be one of {', '.join(MATMUL_PRECISIONS)} (got {cfg.matmul_precision!r})"
+        )
+    for name, low in (
+        ("epochs", 1),
+        ("batch_size", 1),
+        ("grad_accum", 1),
+        ("max_length", 8),
+        ("devices", 1),
+        ("num_workers", 0),
+        ("checkpoint_every", 0),
+    ):
         v = getattr(cfg, name)
         if v is None and name in ("checkpoint_every", "batch_size"):
             continue
@@ -168,8 +200,10 @@ def train_policy(cfg: TrainConfig) -> str:
     """cfg.long_text written out in full for cfg.max_length; windows is refused (an inference policy)."""
     policy = longtext.resolve(cfg.long_text, cfg.max_length, "--long-text")
     if not policy.trainable:
-        raise QserveError(f"--long-text {cfg.long_text}: windows is an inference policy (export or serve it with "
-                          f"--long-text); training uses one of {', '.join(longtext.TRAINING_KINDS)}")
+        raise QserveError(
+            f"--long-text {cfg.long_text}: windows is an inference policy (export or serve it with "
+            f"--long-text); training uses one of {', '.join(longtext.TRAINING_KINDS)}"
+        )
     return str(policy)
 
 

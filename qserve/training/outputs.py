@@ -14,16 +14,31 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from qserve.training.precision import peak_memory
-from qserve.problemtypes import REGRESSION, value_range
 from qserve.artifact import MODEL_META, ModelMeta
 from qserve.devices import cpu_info
 from qserve.files import library_versions, now_iso, staged_dir, write_json_atomic
+from qserve.problemtypes import REGRESSION, value_range
 from qserve.textpairs import PAIR
+from qserve.training.precision import peak_memory
 
 
-def metrics(fabric, cfg, data, device, base_name, t0, train_time, step_times, seen, epoch_val, val, test,
-             last_loss, rss_peak, opt) -> dict[str, Any]:
+def metrics(
+    fabric,
+    cfg,
+    data,
+    device,
+    base_name,
+    t0,
+    train_time,
+    step_times,
+    seen,
+    epoch_val,
+    val,
+    test,
+    last_loss,
+    rss_peak,
+    opt,
+) -> dict[str, Any]:
     hw: dict[str, Any] = {"cpu": cpu_info()}
     if device.startswith("cuda"):
         import torch
@@ -34,24 +49,36 @@ def metrics(fabric, cfg, data, device, base_name, t0, train_time, step_times, se
     tokens = opt.get("tokens") or {}
     # samples/s x max_length counts every text as max_length tokens (the issue's yardstick: an upper bound on the
     # work); padded counts what the batches held (what the model computed), real the texts' own tokens
-    rates = {"at_max_length": round(samples_per_s * cfg.max_length, 1) if samples_per_s else None,
-             **{k: round(tokens[k] / train_time, 1) if train_time and k in tokens else None
-                for k in ("padded", "real")}}
+    rates = {
+        "at_max_length": round(samples_per_s * cfg.max_length, 1) if samples_per_s else None,
+        **{k: round(tokens[k] / train_time, 1) if train_time and k in tokens else None for k in ("padded", "real")},
+    }
     return {
-        "model_name": f"{base_name}-{data.info['short_name']}", "base_model": base_name, "dataset": data.name,
+        "model_name": f"{base_name}-{data.info['short_name']}",
+        "base_model": base_name,
+        "dataset": data.name,
         "bf16_update": cfg.bf16_update if opt["precision"] == "bf16-true" else None,
-        **opt, "device": device, "world_size": fabric.world_size, **hw,
-        "wall_time_s": round(time.perf_counter() - t0, 3), "train_time_s": round(train_time, 3),
+        **opt,
+        "device": device,
+        "world_size": fabric.world_size,
+        **hw,
+        "wall_time_s": round(time.perf_counter() - t0, 3),
+        "train_time_s": round(train_time, 3),
         "optimizer_steps": len(step_times),
         "step_time_median_s": round(statistics.median(timed), 6) if timed else None,
-        "samples_per_s": round(samples_per_s, 3) if samples_per_s else None, "tokens_per_s": rates,
+        "samples_per_s": round(samples_per_s, 3) if samples_per_s else None,
+        "tokens_per_s": rates,
         **peak_memory(device, rss_peak),
-        "train_loss_last_epoch": round(last_loss, 6), "problem_type": data.problem_type,
+        "train_loss_last_epoch": round(last_loss, 6),
+        "problem_type": data.problem_type,
         # val_/test_ accuracy (+ label_accuracy for multi-label), or mae and rmse (regression), and loss
         **{f"{part}_{k}": v for part, m in (("val", val), ("test", test)) for k, v in m.items() if k != "n"},
         f"val_{'mae' if 'mae' in val else 'accuracy'}_per_epoch": epoch_val,
-        "sizes": data.info["sizes"], "dataset_info": {k: v for k, v in data.info.items() if k != "sizes"},
-        "config": asdict(cfg), "versions": library_versions(), "created": now_iso(),
+        "sizes": data.info["sizes"],
+        "dataset_info": {k: v for k, v in data.info.items() if k != "sizes"},
+        "config": asdict(cfg),
+        "versions": library_versions(),
+        "created": now_iso(),
     }
 
 
@@ -67,11 +94,18 @@ def write(out: Path, cfg, model, tok, base_name: str, data, metrics: dict[str, A
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         ModelMeta(
-            model_name=metrics["model_name"], base_model=base_name, dataset=data.name, seed=seed,
-            max_length=cfg.max_length, long_text=policy, max_eval_samples=cfg.max_eval_samples,
-            labels=tuple(data.labels), problem_type=data.problem_type,
+            model_name=metrics["model_name"],
+            base_model=base_name,
+            dataset=data.name,
+            seed=seed,
+            max_length=cfg.max_length,
+            long_text=policy,
+            max_eval_samples=cfg.max_eval_samples,
+            labels=tuple(data.labels),
+            problem_type=data.problem_type,
             label_range=value_range(data.train.labels) if data.problem_type == REGRESSION else None,
-            inputs=pair_inputs(data)).write(tmp / MODEL_META)
+            inputs=pair_inputs(data),
+        ).write(tmp / MODEL_META)
         write_json_atomic(tmp / "train_metrics.json", metrics)
 
 

@@ -9,11 +9,11 @@ precision study (study.py) and the tests read the same ones.
 from __future__ import annotations
 
 import logging
+import resource
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
-import resource
 
 from qserve import QserveError
 from qserve.devices import Capabilities, capabilities
@@ -59,8 +59,8 @@ def probe_bf16(repeats: int = 5) -> dict[str, Any]:
     rows, dim, hidden = PROBE_SHAPE
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(rows, dim, generator=gen)
-    w1 = (torch.randn(hidden, dim, generator=gen) * dim ** -0.5).requires_grad_()
-    w2 = (torch.randn(dim, hidden, generator=gen) * hidden ** -0.5).requires_grad_()
+    w1 = (torch.randn(hidden, dim, generator=gen) * dim**-0.5).requires_grad_()
+    w2 = (torch.randn(dim, hidden, generator=gen) * hidden**-0.5).requires_grad_()
 
     def step(autocast: bool) -> float:
         t = time.perf_counter()
@@ -77,9 +77,12 @@ def probe_bf16(repeats: int = 5) -> dict[str, Any]:
     for _ in range(repeats):
         for name, autocast in kinds:
             best[name] = min(best[name], step(autocast))
-    return {**{k: round(v, 5) for k, v in best.items()}, "slowdown": round(best["bf16_mixed_s"] / best["fp32_s"], 3),
-            "block": f"{rows}x{dim} -> {hidden} -> {dim}, forward + backward, best of {repeats}",
-            "threads": torch.get_num_threads()}
+    return {
+        **{k: round(v, 5) for k, v in best.items()},
+        "slowdown": round(best["bf16_mixed_s"] / best["fp32_s"], 3),
+        "block": f"{rows}x{dim} -> {hidden} -> {dim}, forward + backward, best of {repeats}",
+        "threads": torch.get_num_threads(),
+    }
 
 
 def _measured(m: dict[str, Any]) -> str:
@@ -87,12 +90,15 @@ def _measured(m: dict[str, Any]) -> str:
     return f"bf16-mixed measured {r:.1f}x slower" if r >= 1 else f"bf16-mixed measured {1 / r:.1f}x faster"
 
 
-_DISAGREES = (" (the probe disagrees with the instruction set: a probe of seconds on a busy machine can, so the "
-              "instruction set decides; --precision overrides)")
+_DISAGREES = (
+    " (the probe disagrees with the instruction set: a probe of seconds on a busy machine can, so the "
+    "instruction set decides; --precision overrides)"
+)
 
 
-def choose_precision(asked: str, device: str, caps: Capabilities | None = None,
-                     probe: Callable[[], dict[str, Any]] = probe_bf16) -> PrecisionChoice:
+def choose_precision(
+    asked: str, device: str, caps: Capabilities | None = None, probe: Callable[[], dict[str, Any]] = probe_bf16
+) -> PrecisionChoice:
     """The training precision for `asked` on `device`: an explicit one as it is; `auto` by the device.
 
     CUDA with bf16 -> bf16-mixed; CUDA without -> 16-mixed (where nothing is measured: several devices, the
@@ -110,22 +116,33 @@ def choose_precision(asked: str, device: str, caps: Capabilities | None = None,
     if device.startswith("cuda"):  # unmeasured: a single-GPU run measures (training/autotune.py), DDP takes this
         sm = f"sm_{caps.cuda_capability[0]}{caps.cuda_capability[1]}" if caps.cuda_capability else "?"
         if caps.cuda_bf16:
-            return PrecisionChoice("bf16-mixed", AUTO, f"this GPU ({caps.cuda_name}, {sm}) runs bf16 natively "
-                                                       "(not measured)")
-        return PrecisionChoice("16-mixed", AUTO, f"this GPU ({caps.cuda_name}, {sm}) has no bf16: fp16 autocast "
-                                                 "with loss scaling (not measured)")
+            return PrecisionChoice(
+                "bf16-mixed", AUTO, f"this GPU ({caps.cuda_name}, {sm}) runs bf16 natively (not measured)"
+            )
+        return PrecisionChoice(
+            "16-mixed",
+            AUTO,
+            f"this GPU ({caps.cuda_name}, {sm}) has no bf16: fp16 autocast with loss scaling (not measured)",
+        )
     bf16 = caps.has("bf16")
     m = probe()
     if bf16 is False:
-        return PrecisionChoice("32-true", AUTO, f"this CPU has no bf16 instructions: {_measured(m)}"
-                               + (_DISAGREES if m["slowdown"] < 1 else ""), m)
+        return PrecisionChoice(
+            "32-true",
+            AUTO,
+            f"this CPU has no bf16 instructions: {_measured(m)}" + (_DISAGREES if m["slowdown"] < 1 else ""),
+            m,
+        )
     if bf16 is True:
         flag = next(f for f in ("amx_bf16", "avx512_bf16") if caps.cpu_flags and f in caps.cpu_flags)
-        return PrecisionChoice("bf16-mixed", AUTO, f"this CPU has {flag}: {_measured(m)}"
-                               + (_DISAGREES if m["slowdown"] > 1 else ""), m)
+        return PrecisionChoice(
+            "bf16-mixed", AUTO, f"this CPU has {flag}: {_measured(m)}" + (_DISAGREES if m["slowdown"] > 1 else ""), m
+        )
     if m["slowdown"] <= 1 / UNKNOWN_SPEEDUP:
         return PrecisionChoice("bf16-mixed", AUTO, f"this CPU's flags are unknown: {_measured(m)}", m)
     return PrecisionChoice("32-true", AUTO, f"this CPU's flags are unknown: {_measured(m)}", m)
+
+
 # How bf16-true lands AdamW updates on bf16 weights. An update below half a bf16 ulp of its
 # weight (2^-9 relative) rounds away in a plain `p.add_(u)`, so small early steps are lost.
 BF16_UPDATES = ("compensated", "plain")
@@ -170,26 +187,37 @@ def optimizer_state_bytes(optimizer) -> int:
     import torch
 
     inner = getattr(optimizer, "optimizer", optimizer)  # Fabric wraps the optimizer
-    return sum(v.numel() * v.element_size() for st in inner.state.values() for v in st.values()
-               if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return sum(
+        v.numel() * v.element_size()
+        for st in inner.state.values()
+        for v in st.values()
+        if isinstance(v, torch.Tensor) and v.dim() > 0
+    )
 
 
 def check_precision(precision: str, device: str) -> None:
     """Refuse precisions the device cannot run well; warn (not silently) when bf16 is emulated."""
     if device == "cpu":
         if precision == "16-mixed":
-            raise QserveError("--precision 16-mixed is not supported on CPU (fp16 autocast has no fast CPU "
-                              "path; Fabric would silently switch to bf16); use bf16-mixed or 32-true")
+            raise QserveError(
+                "--precision 16-mixed is not supported on CPU (fp16 autocast has no fast CPU "
+                "path; Fabric would silently switch to bf16); use bf16-mixed or 32-true"
+            )
         if precision.startswith("bf16") and capabilities(with_cuda=False).has("bf16") is False:
-            log.warning("--precision %s on a CPU without avx512_bf16/AMX: bf16 is emulated and slow (several times "
-                        "slower than 32-true); training in %s as asked (--precision auto chooses 32-true here)",
-                        precision, precision)
+            log.warning(
+                "--precision %s on a CPU without avx512_bf16/AMX: bf16 is emulated and slow (several times "
+                "slower than 32-true); training in %s as asked (--precision auto chooses 32-true here)",
+                precision,
+                precision,
+            )
     elif precision.startswith("bf16"):
         import torch
 
         if not torch.cuda.is_bf16_supported():
-            raise QserveError(f"--precision {precision}: this GPU ({torch.cuda.get_device_name()}) has no bf16 "
-                              "support; use 16-mixed or 32-true")
+            raise QserveError(
+                f"--precision {precision}: this GPU ({torch.cuda.get_device_name()}) has no bf16 "
+                "support; use 16-mixed or 32-true"
+            )
 
 
 def peak_memory(device: str, rss_peak: int) -> dict[str, Any]:
@@ -197,8 +225,13 @@ def peak_memory(device: str, rss_peak: int) -> dict[str, Any]:
     if device.startswith("cuda"):
         import torch
 
-        return {"peak_memory_bytes": int(torch.cuda.max_memory_reserved()),
-                "peak_memory_kind": "torch.cuda.max_memory_reserved",
-                "peak_allocated_bytes": int(torch.cuda.max_memory_allocated())}
-    return {"peak_memory_bytes": rss_peak, "peak_memory_kind": "process RSS (psutil, sampled every step)",
-            "peak_rss_os_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+        return {
+            "peak_memory_bytes": int(torch.cuda.max_memory_reserved()),
+            "peak_memory_kind": "torch.cuda.max_memory_reserved",
+            "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+        }
+    return {
+        "peak_memory_bytes": rss_peak,
+        "peak_memory_kind": "process RSS (psutil, sampled every step)",
+        "peak_rss_os_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }

@@ -4,8 +4,8 @@
 
 While it trains, `qserve train` keeps two files in its out dir: `train_started.json` (the config the run
 was started with and what `auto` decided for it, written once before the first step) and `resume.ckpt`
-(the latest resumable state, replaced every --checkpoint-every optimizer steps). The checkpoint is written by fabric.save to
-`resume.ckpt.partial`, fsynced, then renamed over the previous one, so a kill at any moment leaves
+(the latest resumable state, replaced every --checkpoint-every optimizer steps). The checkpoint is written by
+fabric.save to `resume.ckpt.partial`, fsynced, then renamed over the previous one, so a kill at any moment leaves
 either the old checkpoint or the new one, never half of one. It holds the model, the optimizer (moments,
 and bf16-true's Kahan compensation buffers, which are optimizer state), the LR scheduler, the gradient
 scaler (16-mixed), the python/numpy/torch(/cuda) RNG states, the data loader generator's state at the
@@ -99,8 +99,10 @@ def config_diff(want: dict[str, Any], have: dict[str, Any], defaults: dict[str, 
 
 def describe_diff(names: list[str], want: dict[str, Any], have: dict[str, Any], defaults: dict[str, Any]) -> str:
     want, have, defaults = _jsonable(want), _jsonable(have), _jsonable(defaults)
-    return ", ".join(f"--{n.replace('_', '-')} {have.get(n, defaults.get(n))!r} recorded, "
-                     f"{want.get(n, defaults.get(n))!r} now" for n in names)
+    return ", ".join(
+        f"--{n.replace('_', '-')} {have.get(n, defaults.get(n))!r} recorded, {want.get(n, defaults.get(n))!r} now"
+        for n in names
+    )
 
 
 def plan(out: Path, cfg: dict[str, Any], defaults: dict[str, Any], resume: bool | None, force: bool) -> Plan:
@@ -113,12 +115,16 @@ def plan(out: Path, cfg: dict[str, Any], defaults: dict[str, Any], resume: bool 
         have = json.loads(finished.read_text(encoding="utf-8"))
         diff = config_diff(cfg, have.get("config") or {}, defaults)
         if diff:
-            raise QserveError(f"{out} holds a finished run trained with another config "
-                              f"({describe_diff(diff, cfg, have.get('config') or {}, defaults)}); "
-                              "pass --force to train it again, or choose another --out")
+            raise QserveError(
+                f"{out} holds a finished run trained with another config "
+                f"({describe_diff(diff, cfg, have.get('config') or {}, defaults)}); "
+                "pass --force to train it again, or choose another --out"
+            )
         if resume:
-            raise QserveError(f"--resume: {out} holds a finished run, nothing to resume (it is never retrained; "
-                              "--force trains it again)")
+            raise QserveError(
+                f"--resume: {out} holds a finished run, nothing to resume (it is never retrained; "
+                "--force trains it again)"
+            )
         return Plan("finished", out, finished_metrics=have)
     if started.is_file():  # an unfinished run of ours
         if force:
@@ -127,18 +133,24 @@ def plan(out: Path, cfg: dict[str, Any], defaults: dict[str, Any], resume: bool 
         decided = have.pop(DECIDED, None)
         diff = config_diff(cfg, have, defaults)
         if diff:
-            raise QserveError(f"{out} holds an unfinished run started with another config "
-                              f"({describe_diff(diff, cfg, have, defaults)}); run the same command to resume it, "
-                              "or pass --force to start over with this config")
+            raise QserveError(
+                f"{out} holds an unfinished run started with another config "
+                f"({describe_diff(diff, cfg, have, defaults)}); run the same command to resume it, "
+                "or pass --force to start over with this config"
+            )
         if resume is False or not ckpt.is_file():
             if resume:
-                raise QserveError(f"--resume: {out} holds an unfinished run with no checkpoint yet; "
-                                  "leave --resume out (or pass --no-resume) to start it over")
+                raise QserveError(
+                    f"--resume: {out} holds an unfinished run with no checkpoint yet; "
+                    "leave --resume out (or pass --no-resume) to start it over"
+                )
             return Plan("fresh", out)
         return Plan("resume", out, decided=decided)
     if resume:
-        raise QserveError(f"--resume: {out} holds no unfinished run to resume; allowed: --no-resume, or leave "
-                          "--resume out to start a new run")
+        raise QserveError(
+            f"--resume: {out} holds no unfinished run to resume; allowed: --no-resume, or leave "
+            "--resume out to start a new run"
+        )
     refuse_existing(out, force)  # someone else's files: never overwritten silently
     return Plan("fresh", out)
 
@@ -205,9 +217,10 @@ def load(fabric, out: Path, state: dict[str, Any]) -> dict[str, Any]:
 def summary(prog: Progress) -> dict[str, Any]:
     """What train_metrics.json records of checkpointing: how many, their median write time, and the steps
     a killed run was resumed at (only for a resumed run)."""
-    out: dict[str, Any] = {"checkpoints_written": prog.saved,
-                           "checkpoint_write_median_s": (round(statistics.median(prog.checkpoints), 4)
-                                                         if prog.checkpoints else None)}
+    out: dict[str, Any] = {
+        "checkpoints_written": prog.saved,
+        "checkpoint_write_median_s": (round(statistics.median(prog.checkpoints), 4) if prog.checkpoints else None),
+    }
     if prog.resumed_at:
         out["resumed_at_steps"] = list(prog.resumed_at)
     return out

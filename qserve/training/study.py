@@ -18,53 +18,115 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
-import statistics
 
 from qserve import QserveError
 from qserve.devices import capabilities, cpu_info, resolve_device
 from qserve.files import library_versions, now_iso, refuse_existing, write_json_atomic, write_text_atomic
 from qserve.provenance import provenance, with_header
-from qserve.training.config import split_seed, validate
 from qserve.training.autotune import BASE_BATCH
-from qserve.training.precision import AUTO, BF16_UPDATES, PRECISIONS, PRECISION_CHOICES, choose_precision
+from qserve.training.config import split_seed, validate
+from qserve.training.precision import AUTO, BF16_UPDATES, PRECISION_CHOICES, PRECISIONS, choose_precision
 from qserve.training.train import config_from_args
 
 DEFAULT_DIR = "benchmarks/reports/precision"
-KEPT = ("train_time_s", "wall_time_s", "optimizer_steps", "step_time_median_s", "samples_per_s", "peak_memory_bytes",
-        "peak_memory_kind", "val_accuracy", "test_accuracy", "sizes", "device", "model_name", "optimizer",
-        "optimizer_state_bytes", "optimizer_step_median_s")
+KEPT = (
+    "train_time_s",
+    "wall_time_s",
+    "optimizer_steps",
+    "step_time_median_s",
+    "samples_per_s",
+    "peak_memory_bytes",
+    "peak_memory_kind",
+    "val_accuracy",
+    "test_accuracy",
+    "sizes",
+    "device",
+    "model_name",
+    "optimizer",
+    "optimizer_state_bytes",
+    "optimizer_step_median_s",
+)
 
 SEED: dict[str, Any] = {
     "source": "https://github.com/rasbt/LLM-finetuning-scripts/blob/main/conventional/distilbert-movie-review/"
-              "mixed-precision-experiment/README.md",
+    "mixed-precision-experiment/README.md",
     "setup": "DistilBERT-base (66M parameters) on IMDb (35k train, 5k val, 10k test), 3 epochs, batch 12, torch Adam "
-             "lr 5e-5, every text padded to 512 tokens, one NVIDIA A100; time includes each epoch's validation, "
-             "memory is torch.cuda.max_memory_reserved",
+    "lr 5e-5, every text padded to 512 tokens, one NVIDIA A100; time includes each epoch's validation, "
+    "memory is torch.cuda.max_memory_reserved",
     "runs": [
-        {"precision": "32-true", "matmul": "highest", "train_time_min": 21.75, "peak_memory_gb": 5.37,
-         "test_accuracy": 0.8992},
-        {"precision": "16-mixed", "matmul": "highest", "train_time_min": 7.25, "peak_memory_gb": 4.31,
-         "test_accuracy": 0.9215},
-        {"precision": "bf16-mixed", "matmul": "highest", "train_time_min": 7.45, "peak_memory_gb": 4.46,
-         "test_accuracy": 0.9261},
-        {"precision": "16-true", "matmul": "highest", "train_time_min": 5.23, "peak_memory_gb": 2.87,
-         "test_accuracy": 0.5008, "note": "diverged: the loss went NaN"},
-        {"precision": "bf16-true", "matmul": "highest", "bf16_update": "plain", "train_time_min": 5.22,
-         "peak_memory_gb": 2.87, "test_accuracy": 0.9269, "note": "plain Adam on bf16 weights"},
-        {"precision": "64-true", "matmul": "highest", "train_time_min": 24.59, "peak_memory_gb": 10.42,
-         "test_accuracy": 0.9214},
-        {"precision": "32-true", "matmul": "high", "train_time_min": 8.11, "peak_memory_gb": 5.37,
-         "test_accuracy": 0.9250},
-        {"precision": "16-mixed", "matmul": "high", "train_time_min": 7.10, "peak_memory_gb": 4.31,
-         "test_accuracy": 0.9215},
-        {"precision": "bf16-mixed", "matmul": "high", "train_time_min": 7.43, "peak_memory_gb": 4.46,
-         "test_accuracy": 0.9261},
+        {
+            "precision": "32-true",
+            "matmul": "highest",
+            "train_time_min": 21.75,
+            "peak_memory_gb": 5.37,
+            "test_accuracy": 0.8992,
+        },
+        {
+            "precision": "16-mixed",
+            "matmul": "highest",
+            "train_time_min": 7.25,
+            "peak_memory_gb": 4.31,
+            "test_accuracy": 0.9215,
+        },
+        {
+            "precision": "bf16-mixed",
+            "matmul": "highest",
+            "train_time_min": 7.45,
+            "peak_memory_gb": 4.46,
+            "test_accuracy": 0.9261,
+        },
+        {
+            "precision": "16-true",
+            "matmul": "highest",
+            "train_time_min": 5.23,
+            "peak_memory_gb": 2.87,
+            "test_accuracy": 0.5008,
+            "note": "diverged: the loss went NaN",
+        },
+        {
+            "precision": "bf16-true",
+            "matmul": "highest",
+            "bf16_update": "plain",
+            "train_time_min": 5.22,
+            "peak_memory_gb": 2.87,
+            "test_accuracy": 0.9269,
+            "note": "plain Adam on bf16 weights",
+        },
+        {
+            "precision": "64-true",
+            "matmul": "highest",
+            "train_time_min": 24.59,
+            "peak_memory_gb": 10.42,
+            "test_accuracy": 0.9214,
+        },
+        {
+            "precision": "32-true",
+            "matmul": "high",
+            "train_time_min": 8.11,
+            "peak_memory_gb": 5.37,
+            "test_accuracy": 0.9250,
+        },
+        {
+            "precision": "16-mixed",
+            "matmul": "high",
+            "train_time_min": 7.10,
+            "peak_memory_gb": 4.31,
+            "test_accuracy": 0.9215,
+        },
+        {
+            "precision": "bf16-mixed",
+            "matmul": "high",
+            "train_time_min": 7.43,
+            "peak_memory_gb": 4.46,
+            "test_accuracy": 0.9261,
+        },
     ],
 }
 """The seed project's published precision study (Sebastian Raschka's mixed-precision experiment; not measured by
@@ -105,8 +167,9 @@ def label(run: dict[str, Any]) -> str:
     return name + (f", seed {run['seed']}" if run.get("noise") else "")
 
 
-def plan(cfg, precisions: list[str] | None, device: str, bf16_updates: list[str] | None,
-         noise_precision: str | None) -> list[dict[str, Any]]:
+def plan(
+    cfg, precisions: list[str] | None, device: str, bf16_updates: list[str] | None, noise_precision: str | None
+) -> list[dict[str, Any]]:
     """The runs of a study, in order: one per precision (bf16-true once per update), then the noise run.
 
     `auto` among the precisions (or as --noise-precision) is what `--precision auto` chooses on this device; the
@@ -123,8 +186,7 @@ def plan(cfg, precisions: list[str] | None, device: str, bf16_updates: list[str]
         if p not in PRECISION_CHOICES:
             raise QserveError(f"--precision must be one of {', '.join(PRECISION_CHOICES)} (got {p!r})")
         if p not in supported:
-            raise QserveError(f"--precision {p} is not supported on {device}; this device runs "
-                              f"{', '.join(supported)}")
+            raise QserveError(f"--precision {p} is not supported on {device}; this device runs {', '.join(supported)}")
     for u in bf16_updates or []:
         if u not in BF16_UPDATES:
             raise QserveError(f"--bf16-update must be one of {', '.join(BF16_UPDATES)} (got {u!r})")
@@ -132,19 +194,28 @@ def plan(cfg, precisions: list[str] | None, device: str, bf16_updates: list[str]
     updates = list(dict.fromkeys(bf16_updates)) if bf16_updates else list(BF16_UPDATES)  # both, side by side
     runs = []
     for p in chosen:
-        for u in (updates if p == "bf16-true" else [cfg.bf16_update]):
+        for u in updates if p == "bf16-true" else [cfg.bf16_update]:
             runs.append({"precision": p, "bf16_update": u, "seed": cfg.seed, "noise": False})
         if p == "32-true" and device.startswith("cuda") and cfg.matmul_precision is None:
             # the seed's table has 32-true at both matmul precisions, and TF32 is what a GPU's auto weighs
-            runs.append({"precision": p, "bf16_update": cfg.bf16_update, "seed": cfg.seed, "noise": False,
-                         "matmul_precision": "high"})
+            runs.append(
+                {
+                    "precision": p,
+                    "bf16_update": cfg.bf16_update,
+                    "seed": cfg.seed,
+                    "noise": False,
+                    "matmul_precision": "high",
+                }
+            )
     if noise_precision == "none":
         return runs
     if noise_precision is None:
         noise_precision = auto.precision if auto and auto.precision in chosen else chosen[0]
     if noise_precision not in chosen:
-        raise QserveError(f"--noise-precision {noise_precision} is not among the precisions studied "
-                          f"({', '.join(chosen)}); pick one of them or none")
+        raise QserveError(
+            f"--noise-precision {noise_precision} is not among the precisions studied "
+            f"({', '.join(chosen)}); pick one of them or none"
+        )
     first = next(r for r in runs if r["precision"] == noise_precision)
     runs.append({**first, "seed": cfg.seed + 1, "noise": True, "data_seed": split_seed(cfg)})
     return runs
@@ -156,15 +227,28 @@ def run_compare(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     out_dir = Path(args.out) if args.out else Path(DEFAULT_DIR)
     cfg.out = None
-    study = compare(cfg, args.precision, out_dir, bf16_updates=args.bf16_update,
-                    noise_precision=args.noise_precision, step_rounds=args.step_rounds,
-                    step_samples=args.step_samples)
+    study = compare(
+        cfg,
+        args.precision,
+        out_dir,
+        bf16_updates=args.bf16_update,
+        noise_precision=args.noise_precision,
+        step_rounds=args.step_rounds,
+        step_samples=args.step_samples,
+    )
     print(f"precision study: {out_dir / 'precision_study.md'} ({len(study['runs'])} runs)")
     return 0 if all(r.get("ok") for r in study["runs"]) else 1
 
 
-def compare(cfg, precisions: list[str] | None, out_dir, bf16_updates: list[str] | None = None,
-            noise_precision: str | None = None, step_rounds: int = 0, step_samples: int = 768) -> dict[str, Any]:
+def compare(
+    cfg,
+    precisions: list[str] | None,
+    out_dir,
+    bf16_updates: list[str] | None = None,
+    noise_precision: str | None = None,
+    step_rounds: int = 0,
+    step_samples: int = 768,
+) -> dict[str, Any]:
     """Run cfg once per precision (children), write precision_study.json/.md in out_dir, return the study.
 
     noise_precision: the precision run a second time with seed + 1 on the same data split
@@ -181,19 +265,31 @@ def compare(cfg, precisions: list[str] | None, out_dir, bf16_updates: list[str] 
     if isinstance(step_rounds, bool) or not isinstance(step_rounds, int) or step_rounds < 0:
         raise QserveError(f"--step-rounds must be an integer >= 0 (got {step_rounds!r})")
     if isinstance(step_samples, bool) or not isinstance(step_samples, int) or step_samples < 3 * cfg.batch_size:
-        raise QserveError(f"--step-samples must be an integer >= 3 x --batch-size ({3 * cfg.batch_size}), "
-                          f"so each child times at least two steps after its first (got {step_samples!r})")
+        raise QserveError(
+            f"--step-samples must be an integer >= 3 x --batch-size ({3 * cfg.batch_size}), "
+            f"so each child times at least two steps after its first (got {step_samples!r})"
+        )
     out_dir = Path(out_dir)
     device = resolve_device(cfg.device)
     todo = plan(cfg, precisions, device, bf16_updates, noise_precision)
     refuse_existing(out_dir / "precision_study.json", cfg.force)
     runs: list[dict[str, Any]] = []
-    base: dict[str, Any] = {"device": device, "cpu": cpu_info(), "provenance": provenance(), "precisions": list(dict.fromkeys(r["precision"] for r in todo)),
-            "config": {f.name: getattr(cfg, f.name) for f in fields(cfg)
-                       if f.name not in ("precision", "out", "force", "bf16_update")},
-            "reference": SEED, "versions": library_versions()}  # recorded as compared; rendered from SEED
+    base: dict[str, Any] = {
+        "device": device,
+        "cpu": cpu_info(),
+        "provenance": provenance(),
+        "precisions": list(dict.fromkeys(r["precision"] for r in todo)),
+        "config": {
+            f.name: getattr(cfg, f.name)
+            for f in fields(cfg)
+            if f.name not in ("precision", "out", "force", "bf16_update")
+        },
+        "reference": SEED,
+        "versions": library_versions(),
+    }  # recorded as compared; rendered from SEED
     base["step_rounds"] = {"rounds": step_rounds, "samples": step_samples} if step_rounds else None
     with tempfile.TemporaryDirectory(prefix="qserve-precision-") as tmp:
+
         def write(complete: bool) -> dict[str, Any]:
             # rewritten after every child: a study cut short keeps the runs it finished
             study = {**base, "runs": runs, **summarize(runs), "complete": complete, "created": now_iso()}
@@ -205,8 +301,9 @@ def compare(cfg, precisions: list[str] | None, out_dir, bf16_updates: list[str] 
             m, code = _child(cfg, spec, Path(tmp) / f"run{i}", label(spec))
             run = {**spec, "label": label(spec)}
             if m is None:
-                runs.append({**run, "ok": False, "exit_code": code,
-                             "error": "the training run failed; its output is above"})
+                runs.append(
+                    {**run, "ok": False, "exit_code": code, "error": "the training run failed; its output is above"}
+                )
             else:
                 runs.append({**run, "ok": True, **{k: m.get(k) for k in KEPT}, "gpu": m.get("gpu")})
             if any(r["ok"] for r in runs):
@@ -226,9 +323,13 @@ def compare(cfg, precisions: list[str] | None, out_dir, bf16_updates: list[str] 
 
 def _child(cfg, spec: dict[str, Any], out: Path, name: str) -> tuple[dict[str, Any] | None, int]:
     """One `python -m qserve.training.train` child for spec: (its train_metrics.json, exit code); None if it failed."""
-    run_cfg = replace(cfg, bf16_update=spec["bf16_update"], seed=spec["seed"],
-                      data_seed=spec.get("data_seed", cfg.data_seed),
-                      matmul_precision=spec.get("matmul_precision") or cfg.matmul_precision)
+    run_cfg = replace(
+        cfg,
+        bf16_update=spec["bf16_update"],
+        seed=spec["seed"],
+        data_seed=spec.get("data_seed", cfg.data_seed),
+        matmul_precision=spec.get("matmul_precision") or cfg.matmul_precision,
+    )
     argv = child_argv(run_cfg, spec["precision"], out)
     print(f"== {name}: {' '.join(argv[1:])}", file=sys.stderr, flush=True)
     proc = subprocess.run(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"}, check=False)
@@ -249,27 +350,36 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     noise = None
     extra = next((r for r in ok if r["noise"]), None)
     if extra:
-        first = next((r for r in main if (r["precision"], r["bf16_update"]) == (extra["precision"],
-                                                                              extra["bf16_update"])), None)
+        first = next(
+            (r for r in main if (r["precision"], r["bf16_update"]) == (extra["precision"], extra["bf16_update"])), None
+        )
         if first:
-            noise = {"label": first["label"], "seeds": [first["seed"], extra["seed"]],
-                     "test_accuracy": [first["test_accuracy"], extra["test_accuracy"]],
-                     "test_accuracy_abs_diff": round(abs(first["test_accuracy"] - extra["test_accuracy"]), 6)}
+            noise = {
+                "label": first["label"],
+                "seeds": [first["seed"], extra["seed"]],
+                "test_accuracy": [first["test_accuracy"], extra["test_accuracy"]],
+                "test_accuracy_abs_diff": round(abs(first["test_accuracy"] - extra["test_accuracy"]), 6),
+            }
     ref = next((r for r in main if r["precision"] == "bf16-mixed"), None)
     gaps = {}
     if ref:
         for r in main:
             if r is not ref:
                 gap = r["test_accuracy"] - ref["test_accuracy"]
-                gaps[r["label"]] = {"test_accuracy_minus_bf16_mixed": round(gap, 6),
-                                    "exceeds_noise": None if noise is None
-                                    else abs(gap) > noise["test_accuracy_abs_diff"]}
+                gaps[r["label"]] = {
+                    "test_accuracy_minus_bf16_mixed": round(gap, 6),
+                    "exceeds_noise": None if noise is None else abs(gap) > noise["test_accuracy_abs_diff"],
+                }
     by: dict[str, dict[str, Any]] = {}
     for r in main:  # a precision's first run (not the TF32 one after 32-true, not plain bf16-true)
         if r["precision"] != "bf16-true" or r["bf16_update"] != "plain":
             by.setdefault(r["precision"], r)
-    return {"bf16_mixed_over_32_true_step_time": by.get("bf16-mixed", {}).get("step_time_vs_32_true"),
-            "noise": noise, "gaps_to_bf16_mixed": gaps, **_interleaved(main, by)}
+    return {
+        "bf16_mixed_over_32_true_step_time": by.get("bf16-mixed", {}).get("step_time_vs_32_true"),
+        "noise": noise,
+        "gaps_to_bf16_mixed": gaps,
+        **_interleaved(main, by),
+    }
 
 
 def _interleaved(main: list[dict[str, Any]], by: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -305,8 +415,19 @@ def _amx(cpu: dict[str, Any]) -> str:
     return "with AMX (amx_bf16)" if "amx_bf16" in cpu.get("flags", []) else "no AMX"
 
 
-SEED_HEAD = ["run", "train time (min)", "vs 32-true", "peak memory (GB)", "vs 32-true", "test acc",
-             "seed: train time (min)", "vs 32-true", "peak memory (GB)", "vs 32-true", "test acc"]
+SEED_HEAD = [
+    "run",
+    "train time (min)",
+    "vs 32-true",
+    "peak memory (GB)",
+    "vs 32-true",
+    "test acc",
+    "seed: train time (min)",
+    "vs 32-true",
+    "peak memory (GB)",
+    "vs 32-true",
+    "test acc",
+]
 
 
 def _matmul(run: dict[str, Any], cfg: dict[str, Any]) -> str:
@@ -321,8 +442,11 @@ def seed_rows(study: dict[str, Any]) -> list[list[str]]:
     """Our runs (first seed) and the seed's, one row per (precision, matmul precision, bf16-true update), each
     side's time and memory also as a ratio to its own 32-true; the seed's bf16-true ran plain Adam."""
     cfg = study.get("config") or {}
-    ours = {(r["precision"], _matmul(r, cfg), r["bf16_update"] if r["precision"] == "bf16-true" else None): r
-            for r in study["runs"] if r.get("ok") and not r.get("noise")}
+    ours = {
+        (r["precision"], _matmul(r, cfg), r["bf16_update"] if r["precision"] == "bf16-true" else None): r
+        for r in study["runs"]
+        if r.get("ok") and not r.get("noise")
+    }
     seed = {_seed_key(r): r for r in SEED["runs"]}
     base = ours.get(("32-true", "highest", None)) or {}
     sbase = seed[("32-true", "highest", None)]
@@ -333,17 +457,38 @@ def seed_rows(study: dict[str, Any]) -> list[list[str]]:
     rows = []
     for key in list(ours) + [k for k in seed if k not in ours]:
         o, r = ours.get(key), seed.get(key)
-        name = o["label"] if o else (f"{key[0]}" + (" (TF32)" if key[1] == "high" else "")
-                                     + (f" ({key[2]})" if key[2] else "") + " (seed only)")
-        mine = (["—"] * 5 if o is None else
-                [_fmt(o.get("train_time_s"), ".2f", 1 / 60), ratio(o.get("train_time_s"), base.get("train_time_s")),
-                 _fmt(o.get("peak_memory_bytes"), ".2f", 1e-9),
-                 ratio(o.get("peak_memory_bytes"), base.get("peak_memory_bytes")),
-                 _fmt(o.get("test_accuracy"), ".2%")])
-        theirs = (["—"] * 5 if r is None else
-                  [f"{r['train_time_min']:.2f}", ratio(r["train_time_min"], sbase["train_time_min"]),
-                   f"{r['peak_memory_gb']:.2f}", ratio(r["peak_memory_gb"], sbase["peak_memory_gb"]),
-                   f"{r['test_accuracy']:.2%}" + (f" ({r['note']})" if r.get("note") else "")])
+        name = (
+            o["label"]
+            if o
+            else (
+                f"{key[0]}"
+                + (" (TF32)" if key[1] == "high" else "")
+                + (f" ({key[2]})" if key[2] else "")
+                + " (seed only)"
+            )
+        )
+        mine = (
+            ["—"] * 5
+            if o is None
+            else [
+                _fmt(o.get("train_time_s"), ".2f", 1 / 60),
+                ratio(o.get("train_time_s"), base.get("train_time_s")),
+                _fmt(o.get("peak_memory_bytes"), ".2f", 1e-9),
+                ratio(o.get("peak_memory_bytes"), base.get("peak_memory_bytes")),
+                _fmt(o.get("test_accuracy"), ".2%"),
+            ]
+        )
+        theirs = (
+            ["—"] * 5
+            if r is None
+            else [
+                f"{r['train_time_min']:.2f}",
+                ratio(r["train_time_min"], sbase["train_time_min"]),
+                f"{r['peak_memory_gb']:.2f}",
+                ratio(r["peak_memory_gb"], sbase["peak_memory_gb"]),
+                f"{r['test_accuracy']:.2%}" + (f" ({r['note']})" if r.get("note") else ""),
+            ]
+        )
         rows.append([name, *mine, *theirs])
     return rows
 
@@ -351,18 +496,27 @@ def seed_rows(study: dict[str, Any]) -> list[list[str]]:
 def seed_table() -> str:
     """The seed's study alone, with its ratios to its own 32-true (docs/training.md renders it from SEED)."""
     sbase = next(r for r in SEED["runs"] if (r["precision"], r["matmul"]) == ("32-true", "highest"))
-    rows = [[r["precision"] + (" (TF32)" if r["matmul"] == "high" else ""), f"{r['train_time_min']:.2f}",
-             f"{r['train_time_min'] / sbase['train_time_min']:.2f}x", f"{r['peak_memory_gb']:.2f}",
-             f"{r['peak_memory_gb'] / sbase['peak_memory_gb']:.2f}x", f"{r['test_accuracy']:.2%}", r.get("note", "")]
-            for r in SEED["runs"]]
+    rows = [
+        [
+            r["precision"] + (" (TF32)" if r["matmul"] == "high" else ""),
+            f"{r['train_time_min']:.2f}",
+            f"{r['train_time_min'] / sbase['train_time_min']:.2f}x",
+            f"{r['peak_memory_gb']:.2f}",
+            f"{r['peak_memory_gb'] / sbase['peak_memory_gb']:.2f}x",
+            f"{r['test_accuracy']:.2%}",
+            r.get("note", ""),
+        ]
+        for r in SEED["runs"]
+    ]
     head = ["precision", "train time (min)", "vs 32-true", "peak memory (GB)", "vs 32-true", "test acc", "note"]
     return "\n".join(_table(head, rows, text_last=True))
 
 
 def _table(head: list[str], rows: list[list[str]], text_last: bool = False) -> list[str]:
     numbers = len(head) - 1 - text_last
-    return (["| " + " | ".join(head) + " |", "|---|" + "---:|" * numbers + "---|" * text_last]
-            + ["| " + " | ".join(r) + " |" for r in rows])
+    return ["| " + " | ".join(head) + " |", "|---|" + "---:|" * numbers + "---|" * text_last] + [
+        "| " + " | ".join(r) + " |" for r in rows
+    ]
 
 
 def render_markdown(study: dict[str, Any]) -> str:
@@ -372,13 +526,15 @@ def render_markdown(study: dict[str, Any]) -> str:
     cpu = study["cpu"]
     where = study["device"] if study["device"] == "cpu" else (ok[0].get("gpu") if ok else study["device"])
     lines = [
-        "# Precision study (qserve)", "",
+        "# Precision study (qserve)",
+        "",
         f"Model `{ok[0]['model_name'] if ok else cfg['model']}` fine-tuned on `{cfg['dataset']}` "
         f"(train {sizes.get('train')}, val {sizes.get('val')}, test {sizes.get('test')}), {cfg['epochs']} epoch(s), "
         f"batch {cfg['batch_size']}, max length {cfg['max_length']}, lr {cfg['lr']}, seed {cfg['seed']}, "
         f"on {where}: **{cpu['model']}, {_amx(cpu)}**, {cpu['cores']} cores, flags: {' '.join(cpu['flags'])}. "
         "Each run in its own process, one after the other."
-        + ("" if study.get("complete", True) else " **Incomplete: the study stopped before its last run.**"), "",
+        + ("" if study.get("complete", True) else " **Incomplete: the study stopped before its last run.**"),
+        "",
         "| run | optimizer | train time (min) | median step (s) | step vs 32-true | optimizer step (s) "
         "| optimizer state (MB) | peak memory (GB) | val acc | test acc |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -387,49 +543,68 @@ def render_markdown(study: dict[str, Any]) -> str:
         if not r["ok"]:
             lines.append(f"| {r['label']} | failed (exit {r['exit_code']}) | | | | | | | | |")
             continue
-        lines.append(f"| {r['label']} | {r.get('optimizer') or '—'} | {_fmt(r['train_time_s'], '.2f', 1 / 60)} | "
-                     f"{_fmt(r['step_time_median_s'], '.4f')} | {_fmt(r.get('step_time_vs_32_true'), '.2f')}x | "
-                     f"{_fmt(r.get('optimizer_step_median_s'), '.4f')} | "
-                     f"{_fmt(r.get('optimizer_state_bytes'), '.1f', 1e-6)} | "
-                     f"{_fmt(r['peak_memory_bytes'], '.2f', 1e-9)} | "
-                     f"{_fmt(r['val_accuracy'], '.2%', 1)} | {_fmt(r['test_accuracy'], '.2%', 1)} |")
+        lines.append(
+            f"| {r['label']} | {r.get('optimizer') or '—'} | {_fmt(r['train_time_s'], '.2f', 1 / 60)} | "
+            f"{_fmt(r['step_time_median_s'], '.4f')} | {_fmt(r.get('step_time_vs_32_true'), '.2f')}x | "
+            f"{_fmt(r.get('optimizer_step_median_s'), '.4f')} | "
+            f"{_fmt(r.get('optimizer_state_bytes'), '.1f', 1e-6)} | "
+            f"{_fmt(r['peak_memory_bytes'], '.2f', 1e-9)} | "
+            f"{_fmt(r['val_accuracy'], '.2%', 1)} | {_fmt(r['test_accuracy'], '.2%', 1)} |"
+        )
     ratio = study.get("bf16_mixed_over_32_true_step_time")
     kind = ok[0]["peak_memory_kind"] if ok else ""
-    lines += ["", f"bf16-mixed / 32-true median step time: **{_fmt(ratio, '.2f')}x**. Peak memory is {kind}; "
-              "optimizer state is the bytes of the optimizer's per-parameter tensors (moments, Kahan buffer).", ""]
+    lines += [
+        "",
+        f"bf16-mixed / 32-true median step time: **{_fmt(ratio, '.2f')}x**. Peak memory is {kind}; "
+        "optimizer state is the bytes of the optimizer's per-parameter tensors (moments, Kahan buffer).",
+        "",
+    ]
     rounds = study.get("step_rounds")
     if rounds and any(r.get("step_rounds_s") for r in ok):
         n = max(len(r.get("step_rounds_s") or []) for r in ok)
-        lines += [f"Step time, interleaved: after the full runs, {n} round(s) of short children ({rounds['samples']} "
-                  "training examples each, the same batches for every run); every run once per round, taking "
-                  "turns, so a machine whose speed drifts over minutes slows all of them alike. Median step of "
-                  "each child (first step left out), then the median over rounds:", "",
-                  "| run | per round (s) | median (s) | vs 32-true | vs bf16-mixed | vs bf16-mixed, round by round "
-                  "(median) |", "|---|---|---:|---:|---:|---|"]
+        lines += [
+            f"Step time, interleaved: after the full runs, {n} round(s) of short children ({rounds['samples']} "
+            "training examples each, the same batches for every run); every run once per round, taking "
+            "turns, so a machine whose speed drifts over minutes slows all of them alike. Median step of "
+            "each child (first step left out), then the median over rounds:",
+            "",
+            "| run | per round (s) | median (s) | vs 32-true | vs bf16-mixed | vs bf16-mixed, round by round "
+            "(median) |",
+            "|---|---|---:|---:|---:|---|",
+        ]
         for r in ok:
             if r.get("step_rounds_s"):
                 per = ", ".join(_fmt(x, ".4f") for x in r["step_rounds_s"])
                 paired = ", ".join(f"{x:.3f}" for x in r.get("step_round_ratios_vs_bf16_mixed") or [])
-                lines.append(f"| {r['label']} | {per} | {_fmt(r.get('step_interleaved_s'), '.4f')} | "
-                             f"{_fmt(r.get('step_interleaved_vs_32_true'), '.3f')}x | "
-                             f"{_fmt(r.get('step_interleaved_vs_bf16_mixed'), '.3f')}x | {paired} "
-                             f"({_fmt(r.get('step_round_ratio_median_vs_bf16_mixed'), '.3f')}x) |")
+                lines.append(
+                    f"| {r['label']} | {per} | {_fmt(r.get('step_interleaved_s'), '.4f')} | "
+                    f"{_fmt(r.get('step_interleaved_vs_32_true'), '.3f')}x | "
+                    f"{_fmt(r.get('step_interleaved_vs_bf16_mixed'), '.3f')}x | {paired} "
+                    f"({_fmt(r.get('step_round_ratio_median_vs_bf16_mixed'), '.3f')}x) |"
+                )
         lines.append("")
     noise = study.get("noise")
     if noise:
         a, b = noise["test_accuracy"]
-        lines.append(f"Run-to-run noise: {noise['label']} with seeds {noise['seeds'][0]} and {noise['seeds'][1]} "
-                     f"(same data split) scored {a:.2%} and {b:.2%} test accuracy: "
-                     f"**{noise['test_accuracy_abs_diff'] * 100:.2f} points** apart.")
+        lines.append(
+            f"Run-to-run noise: {noise['label']} with seeds {noise['seeds'][0]} and {noise['seeds'][1]} "
+            f"(same data split) scored {a:.2%} and {b:.2%} test accuracy: "
+            f"**{noise['test_accuracy_abs_diff'] * 100:.2f} points** apart."
+        )
     gaps = study.get("gaps_to_bf16_mixed") or {}
     if gaps:
         lines += ["", "| run | test acc minus bf16-mixed (points) | larger than the noise |", "|---|---:|---|"]
         for name, g in gaps.items():
             exceeds = {None: "—", True: "yes", False: "no"}[g["exceeds_noise"]]
             lines.append(f"| {name} | {g['test_accuracy_minus_bf16_mixed'] * 100:+.2f} | {exceeds} |")
-    lines += ["", "## Beside the seed (its A100 figures, not measured by qserve)", "",
-              f"The seed project's study ([source]({SEED['source']})): {SEED['setup']}. Another model, data size, "
-              "recipe and GPU: compare the ratios to each table's own 32-true, not the absolute numbers. Ours: "
-              f"train time excludes validation; peak memory is {kind}.", ""]
+    lines += [
+        "",
+        "## Beside the seed (its A100 figures, not measured by qserve)",
+        "",
+        f"The seed project's study ([source]({SEED['source']})): {SEED['setup']}. Another model, data size, "
+        "recipe and GPU: compare the ratios to each table's own 32-true, not the absolute numbers. Ours: "
+        f"train time excludes validation; peak memory is {kind}.",
+        "",
+    ]
     lines += _table(SEED_HEAD, seed_rows(study)) + [""]
     return "\n".join(lines)

@@ -26,25 +26,33 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-
 from tqdm.auto import tqdm
+
 from qserve import QserveError
 from qserve.configflags import add_flags, build, field_docs
-from qserve.problemtypes import from_flag, headline, loss
-from qserve.training import autotune
-from qserve.training.autotune import RunChoices
-from qserve.training.batches import TokenTable, batch_inputs, encode_split, evaluate
-from qserve.training.config import MAX_GRAD_NORM, CompareOptions, TrainConfig, run_dir, split_seed, \
-    train_policy, validate
-from qserve.training.precision import AUTO, build_optimizer, check_precision, choose_precision, optimizer_state_bytes
 from qserve.data.datasets import load_dataset
 from qserve.devices import resolve_device
 from qserve.modeling import load_for_training, skip_unused_imports
-from qserve.training import outputs as trainout, resume
+from qserve.problemtypes import from_flag, headline, loss
+from qserve.training import autotune, resume
+from qserve.training import outputs as trainout
+from qserve.training.autotune import RunChoices
+from qserve.training.batches import TokenTable, batch_inputs, encode_split, evaluate
+from qserve.training.config import (
+    MAX_GRAD_NORM,
+    CompareOptions,
+    TrainConfig,
+    run_dir,
+    split_seed,
+    train_policy,
+    validate,
+)
+from qserve.training.precision import AUTO, build_optimizer, check_precision, choose_precision, optimizer_state_bytes
 
 log = logging.getLogger(__name__)
 BUDGET_STEPS = 4
 """Optimizer steps timed before a time budget plans the rest (the first, warm-up, is left out of the median)."""
+
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Fine-tune per `cfg`, write the checkpoint to cfg.out (or the default), return the metrics.
@@ -63,8 +71,13 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         check_precision(choice.precision, device)
         if cfg.precision == AUTO:
             print(choice.line, flush=True)
-    data = load_dataset(cfg.dataset, max_samples=cfg.max_samples, seed=split_seed(cfg),
-                        max_eval_samples=cfg.max_eval_samples, problem_type=from_flag(cfg.problem_type))
+    data = load_dataset(
+        cfg.dataset,
+        max_samples=cfg.max_samples,
+        seed=split_seed(cfg),
+        max_eval_samples=cfg.max_eval_samples,
+        problem_type=from_flag(cfg.problem_type),
+    )
     out = Path(cfg.out) if cfg.out else run_dir(cfg.model, cfg.dataset) / "checkpoint"
     # before minutes of training, not after
     todo = resume.plan(out, asdict(cfg), asdict(TrainConfig()), cfg.resume, cfg.force)
@@ -76,9 +89,19 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     else:
         # a run started before choices were recorded resumes as it was decided then: by the device, unmeasured
         measured = measured and todo.action != "resume"
-        probe = (autotune.probe_cuda(lambda: load_for_training(cfg.model, data.labels)[0], device, cfg.max_length,
-                                     data.problem_type, len(data.labels), cfg.lr, cfg.bf16_update)
-                 if measured else None)
+        probe = (
+            autotune.probe_cuda(
+                lambda: load_for_training(cfg.model, data.labels)[0],
+                device,
+                cfg.max_length,
+                data.problem_type,
+                len(data.labels),
+                cfg.lr,
+                cfg.bf16_update,
+            )
+            if measured
+            else None
+        )
         choices = autotune.decide(cfg, device, choice, len(data.train), probe)
         if measured:
             for line in choices.lines():
@@ -91,8 +114,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     accelerator, devices = ("cpu", cfg.devices) if device == "cpu" else ("cuda", cfg.devices)
     if device.startswith("cuda:"):
         devices = [int(device.split(":", 1)[1])]
-    fabric = Fabric(accelerator=accelerator, devices=devices, strategy=cfg.strategy,
-                    precision=choices.precision.precision)
+    fabric = Fabric(
+        accelerator=accelerator, devices=devices, strategy=cfg.strategy, precision=choices.precision.precision
+    )
     # launch() starts the DDP processes when devices > 1; every rank runs _fit, rank 0 writes.
     return fabric.launch(_fit, cfg, data, todo, device, t0, choices)
 
@@ -163,19 +187,31 @@ def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float, choices: 
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     policy = train_policy(cfg)
     # tokenized once per run, kept as tensors: an epoch gathers rows instead of building tensors from lists
-    train_tab, val_tab, test_tab = (TokenTable(encode_split(tok, s, cfg.max_length, policy, problem,
-                                                            len(data.labels)), pad_id)
-                                    for s in (data.train, data.val, data.test))
+    train_tab, val_tab, test_tab = (
+        TokenTable(encode_split(tok, s, cfg.max_length, policy, problem, len(data.labels)), pad_id)
+        for s in (data.train, data.val, data.test)
+    )
     batch_size = choices.batch_size
     # The shuffling generator: its state at an epoch's start fixes that epoch's order (checkpointed).
     gen = torch.Generator().manual_seed(cfg.seed)
     # pinned batches: Fabric's copy to the GPU is non_blocking, which only overlaps from page-locked memory
-    loader = torch.utils.data.DataLoader(train_tab, batch_size=batch_size, shuffle=True, collate_fn=train_tab,
-                                         num_workers=cfg.num_workers, generator=gen, pin_memory=cuda)
+    loader = torch.utils.data.DataLoader(
+        train_tab,
+        batch_size=batch_size,
+        shuffle=True,
+        collate_fn=train_tab,
+        num_workers=cfg.num_workers,
+        generator=gen,
+        pin_memory=cuda,
+    )
     no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight")
-    groups = [{"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
-               "weight_decay": cfg.weight_decay},
-              {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0}]
+    groups = [
+        {
+            "params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
+            "weight_decay": cfg.weight_decay,
+        },
+        {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0},
+    ]
     optimizer = build_optimizer(groups, choices.precision.precision, cfg.bf16_update, choices.lr, fused=cuda)
     model, optimizer = fabric.setup(model, optimizer)
     loader = fabric.setup_dataloaders(loader)
@@ -203,10 +239,17 @@ def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float, choices: 
         if prog.planned_steps:
             plan["total"] = prog.planned_steps
         if fabric.is_global_zero:
-            print(f"resuming at step {prog.step} of {plan['total']} (epoch {prog.epoch + 1}/{cfg.epochs}, batch "
-                  f"{prog.batch}/{len(loader)}) from {out / resume.CHECKPOINT}"
-                  + (f", with the choices it started with: {choices.precision.precision}, batch {batch_size}, lr "
-                     f"{choices.lr:.4g}" if todo.decided else ""), flush=True)
+            print(
+                f"resuming at step {prog.step} of {plan['total']} (epoch {prog.epoch + 1}/{cfg.epochs}, batch "
+                f"{prog.batch}/{len(loader)}) from {out / resume.CHECKPOINT}"
+                + (
+                    f", with the choices it started with: {choices.precision.precision}, batch {batch_size}, lr "
+                    f"{choices.lr:.4g}"
+                    if todo.decided
+                    else ""
+                ),
+                flush=True,
+            )
     elif fabric.is_global_zero:
         resume.record_start(out, asdict(cfg), choices.to_json())
     fabric.barrier()
@@ -229,8 +272,18 @@ def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float, choices: 
         prog.saved += 1  # counted in its own snapshot, so a resumed run goes on counting from it
         wall = prog.wall_before + t - t0
         snap = {**asdict(prog), "train_time": prog.train_time + t - t_epoch, "wall_before": wall}
-        resume.save(fabric, out, {**objects, "progress": snap, "epoch_generator": epoch_state,
-                                  "rng": resume.rng_states(), "config": asdict(cfg)}, prog.saved)
+        resume.save(
+            fabric,
+            out,
+            {
+                **objects,
+                "progress": snap,
+                "epoch_generator": epoch_state,
+                "rng": resume.rng_states(),
+                "config": asdict(cfg),
+            },
+            prog.saved,
+        )
         prog.checkpoints.append(round(time.perf_counter() - t, 4))
 
     if cuda:
@@ -257,8 +310,15 @@ def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float, choices: 
             prog.run_loss, prog.run_n = 0.0, 0
         sums.clear()
         epoch_gen = rng = None
-        bar = tqdm(it, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not fabric.is_global_zero, initial=skip,
-                   total=len(loader), mininterval=0.5 if sys.stderr.isatty() else 10, dynamic_ncols=True)
+        bar = tqdm(
+            it,
+            desc=f"epoch {epoch + 1}/{cfg.epochs}",
+            disable=not fabric.is_global_zero,
+            initial=skip,
+            total=len(loader),
+            mininterval=0.5 if sys.stderr.isatty() else 10,
+            dynamic_ncols=True,
+        )
         t_epoch = shown = time.perf_counter()
         t_step = clock.mark()
         for i, batch in enumerate(bar, start=skip):
@@ -294,16 +354,23 @@ def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float, choices: 
             if now - shown >= 1.0 or not cuda:
                 read_sums()
                 shown = now
-                bar.set_postfix(loss=f"{prog.last_loss:.4f}",
-                                samples_s=f"{prog.seen / (prog.train_time + now - t_epoch):.1f}", refresh=False)
+                bar.set_postfix(
+                    loss=f"{prog.last_loss:.4f}",
+                    samples_s=f"{prog.seen / (prog.train_time + now - t_epoch):.1f}",
+                    refresh=False,
+                )
             if every is None:
                 every = resume.auto_interval(prog.step_times)
             if cfg.train_budget and not prog.planned_steps and len(prog.step_times) >= BUDGET_STEPS:
                 prog.planned_steps = plan["total"] = budget_steps(
-                    cfg.train_budget, prog.step, prog.train_time + now - t_epoch, prog.step_times, full)
+                    cfg.train_budget, prog.step, prog.train_time + now - t_epoch, prog.step_times, full
+                )
                 if prog.planned_steps < full and fabric.is_global_zero:
-                    print(f"\ntime budget {cfg.train_budget:g} min: training {prog.planned_steps} of {full} steps "
-                          f"at {statistics.median(prog.step_times[1:]):.2f} s a step", flush=True)
+                    print(
+                        f"\ntime budget {cfg.train_budget:g} min: training {prog.planned_steps} of {full} steps "
+                        f"at {statistics.median(prog.step_times[1:]):.2f} s a step",
+                        flush=True,
+                    )
             if every and prog.step % every == 0 and prog.step < plan["total"]:
                 checkpoint(epoch_state, t_epoch)
             if prog.planned_steps and prog.step >= prog.planned_steps:
@@ -319,8 +386,14 @@ def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float, choices: 
         val = evaluate(fabric, model, val_tab, batch_size * 2, problem)
         prog.epoch_val.append(val.get("accuracy", val.get("mae")))
         if fabric.is_global_zero:
-            log.info("epoch %d/%d: train loss %.4f, val %s (%d examples)", epoch + 1, cfg.epochs,
-                     prog.last_loss, headline(val), val["n"])
+            log.info(
+                "epoch %d/%d: train loss %.4f, val %s (%d examples)",
+                epoch + 1,
+                cfg.epochs,
+                prog.last_loss,
+                headline(val),
+                val["n"],
+            )
     test = evaluate(fabric, model, test_tab, batch_size * 2, problem)
     if not cuda:
         prog.rss_peak = max(prog.rss_peak, proc.memory_info().rss)
@@ -328,21 +401,45 @@ def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float, choices: 
     opt_cls = type(inner)
     opt_times = prog.opt_times
     warmup = int(plan["total"] * cfg.warmup_ratio)
-    opt = {"optimizer": f"{opt_cls.__module__.split('.')[0]}.{opt_cls.__name__}",
-           "optimizer_fused": bool(inner.defaults.get("fused")),
-           "optimizer_state_bytes": optimizer_state_bytes(optimizer),
-           "optimizer_step_median_s": round(statistics.median(opt_times[1:] or opt_times), 6) if opt_times else None,
-           **resume.summary(prog), "precision": choices.precision.precision,
-           "precision_choice": choices.precision.to_json(), "batch_size": batch_size,
-           "batch_choice": {**choices.batch_json(), "warmup_steps": warmup, "planned_steps": plan["total"]},
-           **({"cuda_probe": choices.probe} if choices.probe else {}),
-           "tokens": {"real": prog.tokens, "padded": prog.padded_tokens}}
+    opt = {
+        "optimizer": f"{opt_cls.__module__.split('.')[0]}.{opt_cls.__name__}",
+        "optimizer_fused": bool(inner.defaults.get("fused")),
+        "optimizer_state_bytes": optimizer_state_bytes(optimizer),
+        "optimizer_step_median_s": round(statistics.median(opt_times[1:] or opt_times), 6) if opt_times else None,
+        **resume.summary(prog),
+        "precision": choices.precision.precision,
+        "precision_choice": choices.precision.to_json(),
+        "batch_size": batch_size,
+        "batch_choice": {**choices.batch_json(), "warmup_steps": warmup, "planned_steps": plan["total"]},
+        **({"cuda_probe": choices.probe} if choices.probe else {}),
+        "tokens": {"real": prog.tokens, "padded": prog.padded_tokens},
+    }
     if cfg.train_budget:
-        opt["time_budget"] = {"minutes": cfg.train_budget, "steps": prog.step, "of_steps": full,
-                              "examples": prog.seen, "of_examples": len(train_tab) * cfg.epochs,
-                              "cut": prog.step < full}
-    metrics = trainout.metrics(fabric, cfg, data, device, base_name, t0 - prog.wall_before, prog.train_time,
-                       prog.step_times, prog.seen, prog.epoch_val, val, test, prog.last_loss, prog.rss_peak, opt)
+        opt["time_budget"] = {
+            "minutes": cfg.train_budget,
+            "steps": prog.step,
+            "of_steps": full,
+            "examples": prog.seen,
+            "of_examples": len(train_tab) * cfg.epochs,
+            "cut": prog.step < full,
+        }
+    metrics = trainout.metrics(
+        fabric,
+        cfg,
+        data,
+        device,
+        base_name,
+        t0 - prog.wall_before,
+        prog.train_time,
+        prog.step_times,
+        prog.seen,
+        prog.epoch_val,
+        val,
+        test,
+        prog.last_loss,
+        prog.rss_peak,
+        opt,
+    )
     if fabric.is_global_zero:
         trainout.write(out, cfg, model.module, tok, base_name, data, metrics, split_seed(cfg), policy)
         log.info("wrote %s: val %s, test %s, %.1f s training", out, headline(val), headline(test), prog.train_time)
@@ -352,14 +449,22 @@ def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float, choices: 
 
 # -- CLI ---------------------------------------------------------------------------------
 
+
 def register(subparsers) -> None:
-    p = subparsers.add_parser("train", help="fine-tune a classifier (Lightning Fabric)",
-                              description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "train",
+        help="fine-tune a classifier (Lightning Fabric)",
+        description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_flags(p, TrainConfig, [f.name for f in fields(TrainConfig) if f.name != "resume"])
     # three states (unset = resume if there is a run to resume), which a plain bool flag cannot say
-    p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=None,
-                   help=field_docs(TrainConfig)["resume"].replace("%", "%%"))
+    p.add_argument(
+        "--resume",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=field_docs(TrainConfig)["resume"].replace("%", "%%"),
+    )
     add_flags(p, CompareOptions)
     p.set_defaults(func=run)
 
@@ -368,31 +473,38 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     compare = bool(getattr(args, "compare", False))
     precisions = args.precision or [TrainConfig.precision]
     if len(precisions) > 1 and not compare:
-        raise QserveError(f"--precision was given {len(precisions)} times; give it once, or add --compare "
-                          "to compare several")
+        raise QserveError(
+            f"--precision was given {len(precisions)} times; give it once, or add --compare to compare several"
+        )
     updates = getattr(args, "bf16_update", None) or [TrainConfig.bf16_update]
     if len(updates) > 1 and not compare:
-        raise QserveError(f"--bf16-update was given {len(updates)} times; give it once, or add --compare "
-                          "to compare several")
+        raise QserveError(
+            f"--bf16-update was given {len(updates)} times; give it once, or add --compare to compare several"
+        )
     # 0 = no cap: the command line has no other way to say None
     caps = {name: None for name in ("max_samples", "max_eval_samples") if getattr(args, name, None) == 0}
-    return build(TrainConfig, args, overrides={"precision": precisions[0], "bf16_update": updates[0], **caps},
-                 error=QserveError)
+    return build(
+        TrainConfig, args, overrides={"precision": precisions[0], "bf16_update": updates[0], **caps}, error=QserveError
+    )
 
 
 def run(args) -> int:
     """`qserve train`: one fine-tune. (`--compare` is the precision study, qserve.training.study, which runs this
     module in children: the composition root, qserve.cli, sends it there, so train never imports study.)"""
     if getattr(args, "compare", False):
-        raise QserveError("--compare runs the precision study: use `qserve train --compare ...` "
-                          "(`python -m qserve.training.train` runs one fine-tune)")
+        raise QserveError(
+            "--compare runs the precision study: use `qserve train --compare ...` "
+            "(`python -m qserve.training.train` runs one fine-tune)"
+        )
     cfg = config_from_args(args)
     m = train(cfg)
     if m is None:  # a DDP worker rank: rank 0 reports
         return 0
     metric = "mae" if "test_mae" in m else "accuracy"
-    print(f"trained {m['model_name']} ({m['precision']}, {m['device']}): val {metric} {m[f'val_{metric}']:.4f}, "
-          f"test {metric} {m[f'test_{metric}']:.4f}, {m['train_time_s']:.1f} s training")
+    print(
+        f"trained {m['model_name']} ({m['precision']}, {m['device']}): val {metric} {m[f'val_{metric}']:.4f}, "
+        f"test {metric} {m[f'test_{metric}']:.4f}, {m['train_time_s']:.1f} s training"
+    )
     return 0
 
 

@@ -26,6 +26,7 @@ STAT_KEYS = {"count", "mean", "p50", "p90", "p95", "p99", "stdev", "min", "max"}
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
     from conftest import bench_variant
+
     from qserve.bench.runner import run_bench
 
     root = tmp_path_factory.mktemp("bench")
@@ -39,9 +40,19 @@ def bench_run(tmp_path_factory):
     crashy = root / "crashy"
     shutil.copytree(good, crashy)
 
-    cfg = BenchConfig(batch_sizes=[1, 2], seq_lens=[8, 16], threads=1, out=root / "report", time_budget_s=0.05,
-                      warmup=1, min_iters=3, max_iters=20, real_text_samples=4, floor_budget_s=0.02,
-                      invariance_samples=12)
+    cfg = BenchConfig(
+        batch_sizes=[1, 2],
+        seq_lens=[8, 16],
+        threads=1,
+        out=root / "report",
+        time_budget_s=0.05,
+        warmup=1,
+        min_iters=3,
+        max_iters=20,
+        real_text_samples=4,
+        floor_budget_s=0.02,
+        invariance_samples=12,
+    )
     old = os.environ.get(FAULT_ENV)
     os.environ[FAULT_ENV] = "crashy:abort"  # the child of `crashy` calls os.abort() after loading
     try:
@@ -56,15 +67,33 @@ def bench_run(tmp_path_factory):
 
 def test_writes_exactly_the_report_files(bench_run):
     _, out, _ = bench_run
-    assert sorted(p.name for p in out.iterdir()) == ["accuracy_vs_size.png", "decision.png", "latency_vs_batch.png",
-                                                     "report.csv", "report.html", "report.json", "report.md"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "accuracy_vs_size.png",
+        "decision.png",
+        "latency_vs_batch.png",
+        "report.csv",
+        "report.html",
+        "report.json",
+        "report.md",
+    ]
     assert json.loads((out / "report.json").read_text())["format"] == "qserve-bench/1"
 
 
 def test_report_schema_for_the_good_variant(bench_run):
     report, _, cfg = bench_run
-    assert {"format", "created", "run", "config", "environment", "headline", "model", "floor", "variants",
-            "agreement_reference", "speedup_reference"} <= set(report)
+    assert {
+        "format",
+        "created",
+        "run",
+        "config",
+        "environment",
+        "headline",
+        "model",
+        "floor",
+        "variants",
+        "agreement_reference",
+        "speedup_reference",
+    } <= set(report)
     env = report["environment"]
     assert env["threads"] == 1 and env["cpu"]["model"] and "torch" in env["versions"]
     assert env["child"]["torch_threads"] == 1  # the thread count reached the child
@@ -142,6 +171,8 @@ def test_batch_invariance_column(bench_run):
     lens = inv["token_lengths"]
     assert lens["min"] < lens["max"]  # varied length: padding really happens in the mixed batches
     md = (out / "report.md").read_text()
-    assert "## Batch invariance (one text, one answer)" in md and "batch invariance: max \\|Δprob\\| / label flips" in md
+    assert (
+        "## Batch invariance (one text, one answer)" in md and "batch invariance: max \\|Δprob\\| / label flips" in md
+    )
     rows = list(csv.DictReader((out / "report.csv").open()))
     assert {r["invariance_flips"] for r in rows if r["variant"] == good["name"]} == {"0"}

@@ -39,15 +39,22 @@ def driver():
         from selenium.webdriver.chrome.service import Service
     except ImportError:
         _unavailable("selenium is not installed (pip install -e '.[dev]')")
-    browser = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)),
-                   None)
+    browser = next(
+        (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None
+    )
     chromedriver = shutil.which("chromedriver")
     if not browser or not chromedriver:
         _unavailable("no chromium/chromedriver on PATH (Debian: apt-get install chromium chromium-driver)")
     opts = webdriver.ChromeOptions()
     opts.binary_location = browser
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1400,1800", "--no-proxy-server"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1800",
+        "--no-proxy-server",
+    ):
         opts.add_argument(arg)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     try:  # an explicit driver path: selenium-manager would otherwise try to download one
@@ -97,8 +104,11 @@ def test_page_is_open_holds_no_model_data_and_fetches_nothing(keyed_server):
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
         page = r.text
         csp = r.headers["content-security-policy"]
-        assert "default-src 'none'" in csp and "connect-src 'self'" in csp and "unsafe-inline" not in csp.split(
-            "style-src")[0]
+        assert (
+            "default-src 'none'" in csp
+            and "connect-src 'self'" in csp
+            and "unsafe-inline" not in csp.split("style-src")[0]
+        )
         assert "http://" not in page and "https://" not in page  # no external asset of any kind
         assert "torch-fp32" not in page and "tiny-distilbert" not in page and KEY not in page
         assert 'data-auth="required"' in page
@@ -110,8 +120,9 @@ def test_page_is_open_holds_no_model_data_and_fetches_nothing(keyed_server):
         assert rep["served_is_recommended"] is False and rep["measured_files_match"] is None
         # the served variant, the recommended one, then every other candidate that meets its bar, in ranked order
         ranked = json.loads(EMBEDDED.read_text())["recommended"]["ranking"]
-        candidates = [r["variant"] for r in ranked
-                      if r.get("meets_bar") and r["variant"] not in ("torch-fp32", RECOMMENDED)]
+        candidates = [
+            r["variant"] for r in ranked if r.get("meets_bar") and r["variant"] not in ("torch-fp32", RECOMMENDED)
+        ]
         assert candidates and [row["variant"] for row in rep["rows"]] == ["torch-fp32", RECOMMENDED, *candidates]
         assert rep["rows"][1]["p50_ms"] == pytest.approx(json.loads(EMBEDDED.read_text())["recommended"]["p50_ms"])
         # a page: HTML, open (POST / beside it is TEI's predict: serve/protocols/tei.py)
@@ -151,15 +162,25 @@ def test_page_asks_for_the_key_classifies_and_shows_why(driver, keyed_server):
     Select(d.find_element(By.ID, "policy")).select_by_value("windows")
     d.find_element(By.ID, "text").send_keys(" " + REVIEW * 6)
     d.find_element(By.ID, "classify").click()
-    _wait(d, lambda: "windows" in d.execute_script(
-        "const r = document.querySelector('#result .read'); return r ? r.textContent : ''"),
-        "the page never said the text was read as windows")
+    _wait(
+        d,
+        lambda: (
+            "windows"
+            in d.execute_script("const r = document.querySelector('#result .read'); return r ? r.textContent : ''")
+        ),
+        "the page never said the text was read as windows",
+    )
     with httpx2.Client(base_url=keyed_server.url, timeout=30, trust_env=False) as c:
-        api = c.post("/v1/classify", json={"inputs": REVIEW + " " + REVIEW * 6, "long_text": "windows"},
-                     headers={"Authorization": f"Bearer {KEY}"}).json()
+        api = c.post(
+            "/v1/classify",
+            json={"inputs": REVIEW + " " + REVIEW * 6, "long_text": "windows"},
+            headers={"Authorization": f"Bearer {KEY}"},
+        ).json()
     assert api["windows"][0] > 1
-    assert d.find_element(By.CSS_SELECTOR, "#result .read").text == \
-        f"{api['tokens'][0]} tokens, read under {api['long_text']} as {api['windows'][0]} windows"
+    assert (
+        d.find_element(By.CSS_SELECTOR, "#result .read").text
+        == f"{api['tokens'][0]} tokens, read under {api['long_text']} as {api['windows'][0]} windows"
+    )
     # the counters come from /metrics: the page's own classification is counted
     _wait(d, lambda: d.find_element(By.ID, "m-requests").text not in ("–", "0"), "counters never updated")
     assert "ms" in d.find_element(By.ID, "m-latency").text

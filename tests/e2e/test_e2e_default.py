@@ -29,15 +29,32 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "
 # on the AMX Xeon, test accuracy 0.728 -> 0.720, onnx-int8 agreement 99.5% -> 100% (one run each)
 # onnx-fp32 agrees with the reference on every text, so the gate has a candidate even where this briefly trained
 # model's int8 misses its bar
-ARGS = ["--max-samples", "800", "--max-eval-samples", "500", "--max-length", "32",
-        "--variants", "torch-fp32,onnx-fp32,onnx-int8",
-        "--bench-eval-samples", "200", "--bench-long-text", "head,windows", "--batch-sizes", "1,8", "--seq-lens", "32",
-        "--threads", "2"]
+ARGS = [
+    "--max-samples",
+    "800",
+    "--max-eval-samples",
+    "500",
+    "--max-length",
+    "32",
+    "--variants",
+    "torch-fp32,onnx-fp32,onnx-int8",
+    "--bench-eval-samples",
+    "200",
+    "--bench-long-text",
+    "head,windows",
+    "--batch-sizes",
+    "1,8",
+    "--seq-lens",
+    "32",
+    "--threads",
+    "2",
+]
 
 
 def qserve(*argv: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "qserve", *argv], cwd=REPO, env=ENV, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "qserve", *argv], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="module")
@@ -122,9 +139,26 @@ def test_serve_the_exported_int8_variant(run_dir):
 
     variant = run_dir / "variants" / "onnx-int8"
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "qserve", "serve", str(variant), "--port", str(port),
-                             "--threads", "1", "--log-level", "warning"], cwd=REPO, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "qserve",
+            "serve",
+            str(variant),
+            "--port",
+            str(port),
+            "--threads",
+            "1",
+            "--log-level",
+            "warning",
+        ],
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -137,8 +171,10 @@ def test_serve_the_exported_int8_variant(run_dir):
                 pass
             assert time.monotonic() < deadline, "server never became ready"
             time.sleep(0.25)
-        texts = ["A beautiful, moving film. The best I have seen this year.",
-                 "Dreadful acting and a plot full of holes; a waste of two hours."]
+        texts = [
+            "A beautiful, moving film. The best I have seen this year.",
+            "Dreadful acting and a plot full of holes; a waste of two hours.",
+        ]
         r = httpx2.post(f"{url}/v1/classify", json={"inputs": texts}, timeout=30)
         assert r.status_code == 200, r.text
         body = r.json()

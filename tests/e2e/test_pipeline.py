@@ -1,6 +1,6 @@
 """Pipeline naming, stage reuse, and a pipeline killed in each stage (the full run is in test_e2e_default.py).
 
-    python -m pytest tests/e2e/test_pipeline.py -q
+python -m pytest tests/e2e/test_pipeline.py -q
 """
 
 import json
@@ -10,8 +10,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-import pytest
 
 from qserve.training.config import run_dir
 
@@ -34,11 +32,45 @@ ROW_KEYS = ("name", "status", "spec", "model_name", "parity", "weights_bytes", "
 
 
 def _tiny_pipeline(run: Path, ckpt: Path, data: Path) -> list[str]:
-    return ["pipeline", "--run-dir", str(run), "--model", str(ckpt), "--dataset", str(data), "--precision", "32-true",
-            "--max-samples", "160", "--max-length", "32", "--epochs", "2", "--batch-size", "16", "--lr", "5e-3",
-            "--checkpoint-every", "5", "--variants", "torch-fp32,torch-bf16", "--batch-sizes", "1", "--seq-lens", "32",
-            "--time-budget", "0.05", "--bench-eval-samples", "20", "--bench-long-text", "", "--threads", "1",
-            "--device", "cpu"]
+    return [
+        "pipeline",
+        "--run-dir",
+        str(run),
+        "--model",
+        str(ckpt),
+        "--dataset",
+        str(data),
+        "--precision",
+        "32-true",
+        "--max-samples",
+        "160",
+        "--max-length",
+        "32",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "16",
+        "--lr",
+        "5e-3",
+        "--checkpoint-every",
+        "5",
+        "--variants",
+        "torch-fp32,torch-bf16",
+        "--batch-sizes",
+        "1",
+        "--seq-lens",
+        "32",
+        "--time-budget",
+        "0.05",
+        "--bench-eval-samples",
+        "20",
+        "--bench-long-text",
+        "",
+        "--threads",
+        "1",
+        "--device",
+        "cpu",
+    ]
 
 
 def _run_in_process(argv: list[str]) -> None:
@@ -51,6 +83,7 @@ def _run_in_process(argv: list[str]) -> None:
 def _rows(run: Path) -> list[dict]:
     """The report's per-variant rows, timings and paths left out."""
     rows = json.loads((run / "report" / "report.json").read_text())["variants"]
+
     def untimed(v):
         # parity's max |Δlogit| of a bf16 export moves in its 7th digit between two processes (oneDNN's bf16
         # kernels are not bit-stable across runs on this CPU); 4 significant digits keep every real change
@@ -63,9 +96,14 @@ def _rows(run: Path) -> list[dict]:
 
 def _killed_when(argv: list[str], line: str, then=None, env: dict | None = None) -> str:
     """Run `qserve ...` in a child, SIGKILL it once `line` is printed (and `then()` holds); its stdout so far."""
-    proc = subprocess.Popen([sys.executable, "-m", "qserve", *argv], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qserve", *argv],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
     seen = []
     try:
         for text in proc.stdout:
@@ -96,16 +134,21 @@ def test_pipeline_killed_in_each_stage_finishes_with_the_same_report(tiny_checkp
     kills, not one per stage: each pipeline start costs its child processes' imports."""
     from test_resume import toy_rows
 
-    from qserve.verify import verify
     from qserve.training.resume import CHECKPOINT, KILL_ENV
+    from qserve.verify import verify
 
     data = toy_rows(tmp_path / "toy.csv")
     ref = tmp_path / "uninterrupted"
     # in a child like the killed runs: the suite's own process may have changed torch's thread count, and
     # another count sums the same gradients in another order (the weights then differ in the last bits)
-    done = subprocess.run([sys.executable, "-m", "qserve", *_tiny_pipeline(ref, tiny_checkpoint, data)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
+    done = subprocess.run(
+        [sys.executable, "-m", "qserve", *_tiny_pipeline(ref, tiny_checkpoint, data)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
+    )
     assert done.returncode == 0 and (ref / "report" / "report.json").is_file(), done.stderr[-3000:]
     run = tmp_path / "run"
     argv = _tiny_pipeline(run, tiny_checkpoint, data)

@@ -87,8 +87,9 @@ def examples(path: Path, root: Path = ROOT) -> list[Example]:
     while i < len(lines):
         m = FENCE.match(lines[i])
         if not m:
-            if MARKER.match(lines[i]) and not (i + 1 < len(lines) and (MARKER.match(lines[i + 1])
-                                                                      or FENCE.match(lines[i + 1]))):
+            if MARKER.match(lines[i]) and not (
+                i + 1 < len(lines) and (MARKER.match(lines[i + 1]) or FENCE.match(lines[i + 1]))
+            ):
                 raise MarkerError(f"{rel}:{i + 1}: an example marker must sit right above a fenced block")
             i += 1
             continue
@@ -97,22 +98,24 @@ def examples(path: Path, root: Path = ROOT) -> list[Example]:
             raise MarkerError(f"{rel}:{i + 1}: unclosed code fence")
         lang = LANGS.get(m["lang"])
         if lang:
-            ex = Example(rel, i + 1, lang, "\n".join(lines[i + 1:end]) + "\n")
+            ex = Example(rel, i + 1, lang, "\n".join(lines[i + 1 : end]) + "\n")
             k = i - 1
             while k >= 0 and MARKER.match(lines[k]):
                 body = MARKER.match(lines[k])["body"]  # type: ignore[index]
-                if (ill := ILLUSTRATIVE.match(body)):
+                if ill := ILLUSTRATIVE.match(body):
                     ex.illustrative = ill["reason"]
-                elif (po := PARSE_ONLY.match(body)):
+                elif po := PARSE_ONLY.match(body):
                     ex.parse_only[po["text"]] = po["reason"]
                 else:
-                    raise MarkerError(f"{rel}:{k + 1}: not a marker: <!-- example: {body} -->; write "
-                                      '`illustrative: REASON` or `parse-only "TEXT": REASON`')
+                    raise MarkerError(
+                        f"{rel}:{k + 1}: not a marker: <!-- example: {body} -->; write "
+                        '`illustrative: REASON` or `parse-only "TEXT": REASON`'
+                    )
                 k -= 1
             nxt = end + 1
             if nxt < len(lines) and lines[nxt].strip() == "```json":
                 stop = next(j for j in range(nxt + 1, len(lines)) if lines[j].startswith("```"))
-                ex.answer = json.loads("\n".join(lines[nxt + 1:stop]))
+                ex.answer = json.loads("\n".join(lines[nxt + 1 : stop]))
             out.append(ex)
         i = end + 1
     return out
@@ -128,8 +131,11 @@ def free_port() -> int:
 def with_ports(code: str, http: int, grpc: int) -> str:
     """The docs' 8000 (HTTP) and 8001 (gRPC), where they name a local server or a port flag, on free ports."""
     for doc, port in (("8000", http), ("8001", grpc)):
-        code = re.sub(rf"(?<=127\.0\.0\.1:){doc}\b|(?<=localhost:){doc}\b|(?<=--port ){doc}\b|(?<=--grpc-port ){doc}\b",
-                      str(port), code)
+        code = re.sub(
+            rf"(?<=127\.0\.0\.1:){doc}\b|(?<=localhost:){doc}\b|(?<=--port ){doc}\b|(?<=--grpc-port ){doc}\b",
+            str(port),
+            code,
+        )
     return code
 
 
@@ -317,7 +323,8 @@ class Runner:
         ex = self.example
         assert ex is not None
         covered = next((t for t in ex.parse_only if t in text or _is(text, t)), None) or next(
-            (w for w, _ in IMPLICIT if _is(text, w)), None)
+            (w for w, _ in IMPLICIT if _is(text, w)), None
+        )
         if self.parse_mode or covered:
             rc, why = parse(prog, argv, cwd)
             self.log.append(f"parsed ({'illustrative' if self.parse_mode else 'parse-only ' + repr(covered)}): {text}")
@@ -325,8 +332,12 @@ class Runner:
         slow = next((w for w, why in EXPENSIVE if _is(text, w)), None)
         if slow:
             reason = dict(EXPENSIVE)[slow]
-            return {"rc": 3, "stdout": "", "stderr": f"{ex.where}: `{text}` is not run by the suite ({reason}): mark "
-                    f'it: <!-- example: parse-only "{slow}": REASON --> or <!-- example: illustrative: REASON -->\n'}
+            return {
+                "rc": 3,
+                "stdout": "",
+                "stderr": f"{ex.where}: `{text}` is not run by the suite ({reason}): mark "
+                f'it: <!-- example: parse-only "{slow}": REASON --> or <!-- example: illustrative: REASON -->\n',
+            }
         self.log.append(f"ran: {text}")
         if prog == "qserve":
             return self.qserve(argv, cwd, req["env"], req["stdin"])
@@ -348,8 +359,12 @@ class Runner:
         real_stdin = sys.stdin
         try:
             with contextlib.ExitStack() as stack:
-                for cm in (_environ(env), _chdir(cwd), contextlib.redirect_stdout(out),
-                           contextlib.redirect_stderr(err)):
+                for cm in (
+                    _environ(env),
+                    _chdir(cwd),
+                    contextlib.redirect_stdout(out),
+                    contextlib.redirect_stderr(err),
+                ):
                     stack.enter_context(cm)
                 if stdin:  # the block piped text into qserve (`cat rows.jsonl | qserve predict ... -`)
                     piped = stack.enter_context(open(stdin, "rb"))
@@ -403,8 +418,11 @@ class Runner:
             uvicorn.Server = real  # type: ignore[misc]
         if not (made and made[0].started):
             t.join(10)
-            return {"rc": (rc or [1])[0] or 1, "stdout": "",
-                    "stderr": f"qserve serve {' '.join(argv[1:])}: the server did not start (see the log above)\n"}
+            return {
+                "rc": (rc or [1])[0] or 1,
+                "stdout": "",
+                "stderr": f"qserve serve {' '.join(argv[1:])}: the server did not start (see the log above)\n",
+            }
         self.served = Served(t, made[0], rc, threads)
         port = made[0].servers[0].sockets[0].getsockname()[1]
         deadline = time.monotonic() + 120
@@ -440,17 +458,31 @@ class Runner:
         code = with_ports(ex.code, self.http, self.grpc)
         last = self.scratch / "last-curl.out"
         last.unlink(missing_ok=True)
-        env = {"PATH": f"{self.shims}{os.pathsep}/usr/bin{os.pathsep}/bin", "HOME": os.environ.get("HOME", "/tmp"),
-               "LANG": "C.UTF-8", "DOCS_SOCKET": self.sock, "QSERVE_PORT": str(self.http),
-               "HF_HUB_OFFLINE": "1", "TMPDIR": str(self.scratch), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+        env = {
+            "PATH": f"{self.shims}{os.pathsep}/usr/bin{os.pathsep}/bin",
+            "HOME": os.environ.get("HOME", "/tmp"),
+            "LANG": "C.UTF-8",
+            "DOCS_SOCKET": self.sock,
+            "QSERVE_PORT": str(self.http),
+            "HF_HUB_OFFLINE": "1",
+            "TMPDIR": str(self.scratch),
+            "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+        }
         if ex.lang == "python":
             if self.parse_mode:
                 compile(code, ex.where, "exec")
                 return subprocess.CompletedProcess([ex.where], 0, "", "")
             script = self.scratch / "example.py"
             script.write_text(code, encoding="utf-8")
-            return subprocess.run([sys.executable, str(script)], cwd=self.cwd, env=env, capture_output=True, text=True,
-                                  timeout=timeout, stdin=subprocess.DEVNULL)
+            return subprocess.run(
+                [sys.executable, str(script)],
+                cwd=self.cwd,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
         if ex.lang == "console":
             code = "\n".join(line[2:] for line in code.splitlines() if line.startswith("$ ")) + "\n"
         prelude = "set -eo pipefail\n"
@@ -459,8 +491,15 @@ class Runner:
             prelude += "command_not_found_handle() { return 0; }\n"
         else:  # a command with no shim reaches the runner, which says it must be marked
             prelude += f'command_not_found_handle() {{ "{self.shims}/_missing" "$@"; }}\n'
-        return subprocess.run([self.bash, "-c", prelude + code], cwd=self.cwd, env=env, capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            [self.bash, "-c", prelude + code],
+            cwd=self.cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
 
     def check_answer(self, ex: Example) -> str | None:
         """None, or what the last curl's answer lacks of the ```json answer the docs show after the block."""
@@ -471,8 +510,11 @@ class Runner:
             return f"{ex.where}: a ```json answer follows the block, but no curl ran"
         got = json.loads(last.read_text(encoding="utf-8"))
         missing = [k for k in ex.answer if k != "..." and k not in got]
-        wrong = [f"{k}: docs {v!r}, served {got[k]!r}" for k, v in ex.answer.items()
-                 if isinstance(v, str) and k != "..." and k in got and got[k] != v]
+        wrong = [
+            f"{k}: docs {v!r}, served {got[k]!r}"
+            for k, v in ex.answer.items()
+            if isinstance(v, str) and k != "..." and k in got and got[k] != v
+        ]
         if missing or wrong:
             return f"{ex.where}: the answer shown after the block differs: missing {missing}; {wrong}"
         return None

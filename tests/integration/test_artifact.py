@@ -9,8 +9,8 @@ import exporters
 from qserve import QserveError
 from qserve.artifact import VariantError, read_manifest
 from qserve.files import staged_dir
-from qserve.verify import verify
 from qserve.runtime import load_runtime
+from qserve.verify import verify
 
 
 def test_manifest_round_trip(tiny_variant, tiny_checkpoint):
@@ -31,7 +31,11 @@ def test_manifest_round_trip(tiny_variant, tiny_checkpoint):
 def test_exact_files_of_a_torch_variant(tiny_variant):
     # the tokenizer files transformers 5 saves (no vocab.txt or special_tokens_map.json since 4.x)
     assert sorted(p.name for p in tiny_variant.iterdir()) == [
-        "config.json", "manifest.json", "model.safetensors", "qserve_model.json", "tokenizer.json",
+        "config.json",
+        "manifest.json",
+        "model.safetensors",
+        "qserve_model.json",
+        "tokenizer.json",
         "tokenizer_config.json",
     ]
 
@@ -132,7 +136,9 @@ def test_staged_dir_refuses_existing_file(tmp_path):
 def test_parity_shape_mismatch_fails(tiny_checkpoint, tmp_path, monkeypatch):
     from exporters import core
 
-    monkeypatch.setattr(core, "reference_logits", lambda c, t, m, p=None, pairs=None: __import__("numpy").zeros((len(t), 3)))
+    monkeypatch.setattr(
+        core, "reference_logits", lambda c, t, m, p=None, pairs=None: __import__("numpy").zeros((len(t), 3))
+    )
     with pytest.raises(core.ParityError, match="shape"):
         exporters.export(tiny_checkpoint, "torch-fp32", tmp_path / "v")
     assert list(tmp_path.iterdir()) == []
@@ -227,8 +233,11 @@ def test_unexpected_file_is_refused_unless_allowed(copy_of, caplog):
     (copy_of / "notes.txt").write_text("dropped in later")
     (copy_of / "sub").mkdir()
     (copy_of / "sub" / "model.onnx").write_bytes(b"\0" * 10)
-    with pytest.raises(VariantError, match=r"2 file\(s\) its manifest does not list: notes.txt, sub/model.onnx"
-                                           r".*--allow-extra-files"):
+    with pytest.raises(
+        VariantError,
+        match=r"2 file\(s\) its manifest does not list: notes.txt, sub/model.onnx"
+        r".*--allow-extra-files",
+    ):
         load_runtime(copy_of, device="cpu")
     with caplog.at_level("WARNING", logger="qserve.verify"):
         rt = load_runtime(copy_of, device="cpu", allow_extra_files=True)
@@ -246,8 +255,12 @@ def test_serve_and_bench_take_allow_extra_files(copy_of):
     import sys
 
     (copy_of / "extra.bin").write_bytes(b"x")
-    proc = subprocess.run([sys.executable, "-m", "qserve.serve", "serve", str(copy_of), "--port", "0"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "qserve.serve", "serve", str(copy_of), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "extra.bin" in proc.stderr and "--allow-extra-files" in proc.stderr
     from qserve.cli import build_parser
 
@@ -259,8 +272,10 @@ def test_serve_and_bench_take_allow_extra_files(copy_of):
 
 # -- typed artifacts (issue 29): Manifest and ModelMeta read once, validated once, versioned, same bytes ----
 # A finished `make demo` run (models/ is git-ignored); QSERVE_DEMO_RUN points at one elsewhere (read-only).
-SHARED_RUN = __import__("pathlib").Path(__import__("os").environ.get("QSERVE_DEMO_RUN") or (
-    __import__("pathlib").Path(__file__).resolve().parents[1] / "models" / "minilm-l6-distilbert-imdb"))
+SHARED_RUN = __import__("pathlib").Path(
+    __import__("os").environ.get("QSERVE_DEMO_RUN")
+    or (__import__("pathlib").Path(__file__).resolve().parents[1] / "models" / "minilm-l6-distilbert-imdb")
+)
 
 
 def _old_write_manifest(root, manifest: dict) -> bytes:
@@ -283,12 +298,29 @@ def _sample_dir(tmp_path):
 
 
 def _sample_fields() -> dict:
-    return {"spec": {"name": "onnx-int8", "backend": "onnx", "bits": 8, "dtype": "int8", "cpu": True, "cuda": False,
-                     "options": {"smooth": True, "keep_fp32": ""}},
-            "model_name": "m", "labels": ["neg", "pos"], "problem_type": "single_label_classification",
-            "max_length": 64, "long_text": "head", "inputs": ["text"], "source": {"path": "/x", "sha256": "ab"},
-            "export_device": "cpu", "versions": {"qserve": "0.1.0"}, "onnx": {"opset": 18, "ops": ["MatMul"]},
-            "parity": {"probes": 8, "max_abs_logit_diff": 0.01}, "created": "2026-12-01T00:00:00+00:00"}
+    return {
+        "spec": {
+            "name": "onnx-int8",
+            "backend": "onnx",
+            "bits": 8,
+            "dtype": "int8",
+            "cpu": True,
+            "cuda": False,
+            "options": {"smooth": True, "keep_fp32": ""},
+        },
+        "model_name": "m",
+        "labels": ["neg", "pos"],
+        "problem_type": "single_label_classification",
+        "max_length": 64,
+        "long_text": "head",
+        "inputs": ["text"],
+        "source": {"path": "/x", "sha256": "ab"},
+        "export_device": "cpu",
+        "versions": {"qserve": "0.1.0"},
+        "onnx": {"opset": 18, "ops": ["MatMul"]},
+        "parity": {"probes": 8, "max_abs_logit_diff": 0.01},
+        "created": "2026-12-01T00:00:00+00:00",
+    }
 
 
 def test_typed_write_keeps_the_bytes_of_the_dict_write(tmp_path):
@@ -322,18 +354,26 @@ def test_every_exported_variant_of_the_shared_run_loads_and_round_trips():
     assert (json.dumps(meta.to_json(), indent=2) + "\n").encode() == ckpt.read_bytes()
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"labels": None}, r"lacks the 'labels' field"),
-    ({"max_length": "64"}, r"max_length must be an integer >= 2, got '64'"),
-    ({"labels": ["neg", 1]}, r"labels must be a non-empty list of strings"),
-    ({"spec": {"name": "onnx-int8", "backend": "onnx", "bits": 8, "dtype": 8}}, r"spec\.dtype must be a dtype name"),
-    ({"spec": {"name": "onnx-int8", "backend": "onnx", "bits": 8, "dtype": "int8", "colour": "red"}},
-     r"spec has unknown field\(s\) colour; allowed: name, backend"),
-    ({"problem_type": "ranking"}, r"problem_type 'ranking' is not one of"),
-    ({"inputs": ["text", "other"]}, r"inputs must be \['text'\] or \['text', 'text_pair'\]"),
-    ({"files": {"model.onnx": {"sha256": "ab"}}}, r"files\['model.onnx'\] must be"),
-    ({"onnx": "fast"}, r"onnx must be an object \(a backend's record\)"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"labels": None}, r"lacks the 'labels' field"),
+        ({"max_length": "64"}, r"max_length must be an integer >= 2, got '64'"),
+        ({"labels": ["neg", 1]}, r"labels must be a non-empty list of strings"),
+        (
+            {"spec": {"name": "onnx-int8", "backend": "onnx", "bits": 8, "dtype": 8}},
+            r"spec\.dtype must be a dtype name",
+        ),
+        (
+            {"spec": {"name": "onnx-int8", "backend": "onnx", "bits": 8, "dtype": "int8", "colour": "red"}},
+            r"spec has unknown field\(s\) colour; allowed: name, backend",
+        ),
+        ({"problem_type": "ranking"}, r"problem_type 'ranking' is not one of"),
+        ({"inputs": ["text", "other"]}, r"inputs must be \['text'\] or \['text', 'text_pair'\]"),
+        ({"files": {"model.onnx": {"sha256": "ab"}}}, r"files\['model.onnx'\] must be"),
+        ({"onnx": "fast"}, r"onnx must be an object \(a backend's record\)"),
+    ],
+)
 def test_a_manifest_with_a_wrong_or_missing_field_is_refused_naming_it(tmp_path, change, message):
     from qserve.artifact import read_manifest
 
@@ -359,19 +399,30 @@ def test_a_manifest_of_a_newer_or_older_format_version_is_refused(tmp_path):
 def test_model_meta_is_validated_versioned_and_written_as_train_writes_it(tmp_path):
     from qserve.artifact import CheckpointError, ModelMeta, read_model_meta
 
-    trained = {"model_name": "m", "base_model": "b", "dataset": "imdb", "seed": 1, "max_length": 64,
-               "long_text": "head", "max_eval_samples": None, "labels": ["a", "b", "c"],
-               "problem_type": "regression", "label_range": None}
+    trained = {
+        "model_name": "m",
+        "base_model": "b",
+        "dataset": "imdb",
+        "seed": 1,
+        "max_length": 64,
+        "long_text": "head",
+        "max_eval_samples": None,
+        "labels": ["a", "b", "c"],
+        "problem_type": "regression",
+        "label_range": None,
+    }
     path = tmp_path / "qserve_model.json"
     meta = ModelMeta.from_json(trained, path)
     assert meta.to_json() == trained and list(meta.to_json()) == list(trained)  # same keys, same order
     meta.write(path)
     assert path.read_text() == json.dumps(trained, indent=2) + "\n"
     assert read_model_meta(tmp_path) == meta and read_model_meta(tmp_path / "nowhere") is None
-    for change, message in (({"max_length": "64"}, "max_length must be an integer >= 2"),
-                            ({"seed": 1.5}, "seed must be an integer"),
-                            ({"inputs": "text"}, "inputs must be"),
-                            ({"format": "qserve-model/2"}, "format 'qserve-model/2'; this qserve reads 'qserve-model/1'")):
+    for change, message in (
+        ({"max_length": "64"}, "max_length must be an integer >= 2"),
+        ({"seed": 1.5}, "seed must be an integer"),
+        ({"inputs": "text"}, "inputs must be"),
+        ({"format": "qserve-model/2"}, "format 'qserve-model/2'; this qserve reads 'qserve-model/1'"),
+    ):
         path.write_text(json.dumps({**trained, **change}))
         with pytest.raises(CheckpointError, match=message) as e:
             read_model_meta(tmp_path)

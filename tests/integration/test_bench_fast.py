@@ -24,6 +24,7 @@ def fast_run(tmp_path_factory):
     """Three variants of one tiny checkpoint (the reference and two copies), policies compared, a store; the
     first run's third variant crashes (a kill mid-bench), the second run resumes."""
     from conftest import bench_variant
+
     from qserve.bench.config import BenchConfig
     from qserve.bench.runner import run_bench
 
@@ -35,9 +36,21 @@ def fast_run(tmp_path_factory):
         dirs.append(root / "variants" / name)
 
     def cfg(out: str):
-        return BenchConfig(batch_sizes=[1], seq_lens=[16], threads=1, out=root / out, time_budget_s=0.05, warmup=1,
-                           min_iters=2, max_iters=5, real_text_samples=4, invariance_samples=0, floor=False,
-                           long_text=["windows"], force=True)
+        return BenchConfig(
+            batch_sizes=[1],
+            seq_lens=[16],
+            threads=1,
+            out=root / out,
+            time_budget_s=0.05,
+            warmup=1,
+            min_iters=2,
+            max_iters=5,
+            real_text_samples=4,
+            invariance_samples=0,
+            floor=False,
+            long_text=["windows"],
+            force=True,
+        )
 
     store = root / "report" / "measured"
     os.environ[FAULT_ENV] = "copy-b:abort"
@@ -76,8 +89,19 @@ def test_a_killed_bench_resumes_measuring_only_what_is_missing(fast_run):
     kept = [n for n in stamps if n.endswith(".variant.json")]
     assert len(kept) == 2 and all(after[n] == stamps[n] for n in kept)  # reused, not re-measured
     assert any(n.startswith("copy-b-") and n.endswith(".variant.json") for n in after)  # now measured
-    timing = {"wall_s", "load_s", "import_s", "fixed", "real_text", "memory", "device", "speedup_vs_torch_fp32", "floor",
-              "stage_s", "real_text_check"}
+    timing = {
+        "wall_s",
+        "load_s",
+        "import_s",
+        "fixed",
+        "real_text",
+        "memory",
+        "device",
+        "speedup_vs_torch_fp32",
+        "floor",
+        "stage_s",
+        "real_text_check",
+    }
     for a, b in zip(first["variants"][:2], second["variants"][:2]):
         if a["name"] not in (first["recommended"]["variant"], second["recommended"]["variant"]):
             assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}
@@ -100,21 +124,43 @@ def test_eval_cut_only_for_a_variant_slower_than_one_meeting_its_bar():
 
 def _full_report() -> dict:
     """A full comparison in miniature: every variant with policy records (the old bench's shape)."""
+
     def pol(acc_tail: float, speed: float) -> list[dict]:
-        return [{"asked": "head", "policy": "head", "accuracy": 0.82, "texts_per_s": speed, "n": 100},
-                {"asked": "tail", "policy": "tail", "accuracy": acc_tail, "texts_per_s": speed * 0.97, "n": 100},
-                {"asked": "windows", "policy": "windows:128:96:mean", "accuracy": 0.87, "texts_per_s": speed / 3.2,
-                 "n": 100}]
+        return [
+            {"asked": "head", "policy": "head", "accuracy": 0.82, "texts_per_s": speed, "n": 100},
+            {"asked": "tail", "policy": "tail", "accuracy": acc_tail, "texts_per_s": speed * 0.97, "n": 100},
+            {
+                "asked": "windows",
+                "policy": "windows:128:96:mean",
+                "accuracy": 0.87,
+                "texts_per_s": speed / 3.2,
+                "n": 100,
+            },
+        ]
 
     def var(name: str, bits: int, agr: float, real: float, tail: float) -> dict:
-        return {"name": name, "dir": f"/r/{name}", "status": "ok", "spec": {"name": name, "bits": bits},
-                "agreement": agr, "fixed": [{"batch": 1, "seq": 128, "p50": real * 0.9}],
-                "real_text": [{"batch": 1, "p50": real}], "long_text_policies": pol(tail, 1000 / real)}
+        return {
+            "name": name,
+            "dir": f"/r/{name}",
+            "status": "ok",
+            "spec": {"name": name, "bits": bits},
+            "agreement": agr,
+            "fixed": [{"batch": 1, "seq": 128, "p50": real * 0.9}],
+            "real_text": [{"batch": 1, "p50": real}],
+            "long_text_policies": pol(tail, 1000 / real),
+        }
 
-    return {"headline": {"batch": 1, "seq": 128}, "agreement_reference": "torch-fp32",
-            "variants": [var("torch-fp32", 32, 1.0, 24.0, 0.86), var("onnx-int8", 8, 0.995, 14.5, 0.80),
-                         var("ov-int8", 8, 0.993, 9.7, 0.84), var("onnx-int4", 4, 0.95, 8.0, 0.90),
-                         var("bnb-int8", 8, 0.999, 33.0, 0.95)]}
+    return {
+        "headline": {"batch": 1, "seq": 128},
+        "agreement_reference": "torch-fp32",
+        "variants": [
+            var("torch-fp32", 32, 1.0, 24.0, 0.86),
+            var("onnx-int8", 8, 0.995, 14.5, 0.80),
+            var("ov-int8", 8, 0.993, 9.7, 0.84),
+            var("onnx-int4", 4, 0.95, 8.0, 0.90),
+            var("bnb-int8", 8, 0.999, 33.0, 0.95),
+        ],
+    }
 
 
 def test_the_choice_is_the_full_comparisons(tmp_path):
@@ -204,10 +250,18 @@ def test_policy_agreement_on_the_texts_both_scored():
     the recommended variant's agreement per policy is on those, and says so."""
     from qserve.bench.policies import add_agreement, md_lines
 
-    ref = {"name": "torch-fp32", "status": "ok", "accuracy": {"n": 4},
-           "long_text_policies": [{"policy": "tail", "n": 2, "accuracy": 0.5, "predictions": [1, 0]}]}
-    rec = {"name": "ov-int8", "status": "ok", "accuracy": {"n": 4},
-           "long_text_policies": [{"policy": "tail", "n": 4, "accuracy": 0.75, "predictions": [1, 1, 0, 0]}]}
+    ref = {
+        "name": "torch-fp32",
+        "status": "ok",
+        "accuracy": {"n": 4},
+        "long_text_policies": [{"policy": "tail", "n": 2, "accuracy": 0.5, "predictions": [1, 0]}],
+    }
+    rec = {
+        "name": "ov-int8",
+        "status": "ok",
+        "accuracy": {"n": 4},
+        "long_text_policies": [{"policy": "tail", "n": 4, "accuracy": 0.75, "predictions": [1, 1, 0, 0]}],
+    }
     add_agreement([ref, rec], ref)
     r = rec["long_text_policies"][0]
     assert r["agreement"] == 0.5 and r["agreement_n"] == 2 and "predictions" not in r
@@ -227,11 +281,19 @@ def test_a_variant_that_cannot_be_recommended_checks_invariance_on_fewer_texts_a
     assert len(set(few)) == len(few) and invariance.cut(texts, 200) == texts
 
     def inv(n):
-        return {"texts": n, "row_by_row": False, "token_lengths": {"min": 3, "max": 128, "median": 60.0},
-                "by_batch": {"8": {"max_abs_dprob": 0.0, "flips": 0}, "32": {"max_abs_dprob": 0.0, "flips": 0}}}
+        return {
+            "texts": n,
+            "row_by_row": False,
+            "token_lengths": {"min": 3, "max": 128, "median": 60.0},
+            "by_batch": {"8": {"max_abs_dprob": 0.0, "flips": 0}, "32": {"max_abs_dprob": 0.0, "flips": 0}},
+        }
 
-    report = {"variants": [{"name": "slow", "status": "ok", "invariance": inv(32)},
-                           {"name": "fast", "status": "ok", "invariance": inv(96)}]}
+    report = {
+        "variants": [
+            {"name": "slow", "status": "ok", "invariance": inv(32)},
+            {"name": "fast", "status": "ok", "invariance": inv(96)},
+        ]
+    }
     text = "\n".join(_invariance(report))
     assert text.count("(32 texts)") == 1 and "96 test reviews" in text and "fewer of them" in text
     assert "| fast | batched |" in text

@@ -10,10 +10,12 @@ from qserve.bench.policies import choose
 
 
 def test_choose_names_the_most_accurate_at_half_heads_speed_and_the_most_accurate():
-    recs = [{"asked": "head", "policy": "head", "accuracy": 0.826, "texts_per_s": 100.0},
-            {"asked": "tail", "policy": "tail", "accuracy": 0.854, "texts_per_s": 99.0},
-            {"asked": "head-tail", "policy": "head-tail:64", "accuracy": 0.861, "texts_per_s": 98.0},
-            {"asked": "windows", "policy": "windows:128:96:mean", "accuracy": 0.878, "texts_per_s": 33.0}]
+    recs = [
+        {"asked": "head", "policy": "head", "accuracy": 0.826, "texts_per_s": 100.0},
+        {"asked": "tail", "policy": "tail", "accuracy": 0.854, "texts_per_s": 99.0},
+        {"asked": "head-tail", "policy": "head-tail:64", "accuracy": 0.861, "texts_per_s": 98.0},
+        {"asked": "windows", "policy": "windows:128:96:mean", "accuracy": 0.878, "texts_per_s": 33.0},
+    ]
     picked = choose(recs)
     assert picked["fast"]["policy"] == "head-tail:64" and picked["best"]["policy"] == "windows:128:96:mean"
     recs[3]["texts_per_s"] = 50.0  # exactly half of head's: fast enough
@@ -24,14 +26,26 @@ def test_choose_names_the_most_accurate_at_half_heads_speed_and_the_most_accurat
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
     from conftest import bench_variant
+
     from qserve.bench.config import BenchConfig
     from qserve.bench.runner import run_bench
 
     root = tmp_path_factory.mktemp("bench-lt")
     variant = bench_variant(root, max_eval_samples=24)
-    cfg = BenchConfig(batch_sizes=[1], seq_lens=[16], threads=1, out=root / "report", time_budget_s=0.05, warmup=1,
-                      min_iters=2, max_iters=5, real_text_samples=0, invariance_samples=0, floor=False,
-                      long_text=["head-tail", "windows"])
+    cfg = BenchConfig(
+        batch_sizes=[1],
+        seq_lens=[16],
+        threads=1,
+        out=root / "report",
+        time_budget_s=0.05,
+        warmup=1,
+        min_iters=2,
+        max_iters=5,
+        real_text_samples=0,
+        invariance_samples=0,
+        floor=False,
+        long_text=["head-tail", "windows"],
+    )
     return run_bench([variant], cfg), root
 
 

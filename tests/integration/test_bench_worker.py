@@ -35,9 +35,21 @@ def _bench(root, dirs, out: str, isolation: str, fault: str | None = None):
     from qserve.bench.config import BenchConfig
     from qserve.bench.runner import run_bench
 
-    cfg = BenchConfig(batch_sizes=[1], seq_lens=[16], threads=1, out=root / out, time_budget_s=0.05, warmup=1,
-                      min_iters=2, max_iters=5, real_text_samples=4, invariance_samples=8, floor=False,
-                      isolation=isolation, force=True)
+    cfg = BenchConfig(
+        batch_sizes=[1],
+        seq_lens=[16],
+        threads=1,
+        out=root / out,
+        time_budget_s=0.05,
+        warmup=1,
+        min_iters=2,
+        max_iters=5,
+        real_text_samples=4,
+        invariance_samples=8,
+        floor=False,
+        isolation=isolation,
+        force=True,
+    )
     if fault:
         os.environ[FAULT_ENV] = fault
     try:
@@ -50,10 +62,16 @@ def test_the_shared_worker_measures_what_separate_children_measure(three):
     root, dirs = three
     alone = _bench(root, dirs, "alone", "process")
     together = _bench(root, dirs, "together", "shared")
+
     def rows(report):  # what the variant is and how it answered; timings apart
-        return [{k: ({a: b for a, b in v[k].items() if a != "seconds"} if isinstance(v.get(k), dict) else v.get(k))
-                 for k in ROW} | {"invariance": (v.get("invariance") or {}).get("max_abs_dprob")}
-                for v in report["variants"]]
+        return [
+            {
+                k: ({a: b for a, b in v[k].items() if a != "seconds"} if isinstance(v.get(k), dict) else v.get(k))
+                for k in ROW
+            }
+            | {"invariance": (v.get("invariance") or {}).get("max_abs_dprob")}
+            for v in report["variants"]
+        ]
 
     assert rows(together) == rows(alone) and {v["status"] for v in together["variants"]} == {"ok"}
     assert all("isolation" not in v for v in alone["variants"])
@@ -66,8 +84,10 @@ def test_the_shared_worker_measures_what_separate_children_measure(three):
     assert "Each variant ran in its own process" in (root / "alone" / "report.md").read_text()
 
 
-@pytest.mark.parametrize("mode, failure, stage", [("abort", "child died with signal SIGABRT", "unknown"),
-                                                  ("raise", "child exited with code 1", "load")])
+@pytest.mark.parametrize(
+    "mode, failure, stage",
+    [("abort", "child died with signal SIGABRT", "unknown"), ("raise", "child exited with code 1", "load")],
+)
 def test_a_variant_that_crashes_the_worker_fails_alone_and_the_next_gets_a_fresh_one(three, mode, failure, stage):
     root, dirs = three
     report = _bench(root, dirs, f"crash-{mode}", "shared", fault=f"copy-a:{mode}")

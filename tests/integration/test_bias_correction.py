@@ -1,6 +1,6 @@
 """onnx-int8's output bias correction: the int8 logits' mean shift against fp32 is taken out of the bias.
 
-    python -m pytest tests/integration/test_bias_correction.py -q
+python -m pytest tests/integration/test_bias_correction.py -q
 """
 
 from __future__ import annotations

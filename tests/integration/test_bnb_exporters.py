@@ -1,6 +1,6 @@
 """bitsandbytes variants: export, reload from the variant alone, real bnb modules, parity, options.
 
-    python -m pytest tests/integration/test_bnb_exporters.py -q
+python -m pytest tests/integration/test_bnb_exporters.py -q
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import assert_refused_before_writing
 
 import exporters
 from exporters.core import PROBES, TOLERANCE
 from qserve import QserveError
 from qserve.artifact import read_manifest, write_manifest
 from qserve.runtime import load_runtime
-
-from conftest import assert_refused_before_writing
 
 BNB = ["bnb-int8", "bnb-nf4", "bnb-fp4"]
 TEXTS = ["a wonderful film", "terrible, I walked out", "ok"]
@@ -69,8 +68,14 @@ def test_loaded_model_holds_bnb_modules_and_fp32_head(bnb_variants, name):
 
     rt = load_runtime(bnb_variants[name], device="cpu")
     layer = rt.model.distilbert.transformer.layer[0]
-    linears = [layer.attention.q_lin, layer.attention.k_lin, layer.attention.v_lin,
-               layer.attention.out_lin, layer.ffn.lin1, layer.ffn.lin2]
+    linears = [
+        layer.attention.q_lin,
+        layer.attention.k_lin,
+        layer.attention.v_lin,
+        layer.attention.out_lin,
+        layer.ffn.lin1,
+        layer.ffn.lin2,
+    ]
     for lin in linears:
         if name == "bnb-int8":
             assert isinstance(lin, bnb.nn.Linear8bitLt)
@@ -132,16 +137,19 @@ def test_double_quant_and_threshold_options_reach_the_config(tiny_checkpoint, tm
     assert json.loads((out8 / "config.json").read_text())["quantization_config"]["llm_int8_threshold"] == 0.0
 
 
-@pytest.mark.parametrize(("name", "options", "words"), [
-    ("bnb-int8", {"bogus": 1}, ["'bogus'", "llm_int8_threshold"]),
-    ("bnb-int8", {"double_quant": True}, ["'double_quant'", "llm_int8_threshold"]),
-    ("bnb-nf4", {"llm_int8_threshold": 3.0}, ["'llm_int8_threshold'", "double_quant"]),
-    ("bnb-int8", {"llm_int8_threshold": -1}, ["llm_int8_threshold", ">= 0", "-1"]),
-    ("bnb-fp4", {"double_quant": "maybe"}, ["double_quant", "true or false", "maybe"]),
-    ("bnb-fp4", {"clip": "sometimes"}, ["clip", "true or false", "sometimes"]),
-    ("bnb-nf4", {"calibration_samples": 0}, ["calibration_samples", "from 1 to 1024", "0"]),
-    ("bnb-int8", {"clip": True}, ["'clip'", "llm_int8_threshold"]),
-])
+@pytest.mark.parametrize(
+    ("name", "options", "words"),
+    [
+        ("bnb-int8", {"bogus": 1}, ["'bogus'", "llm_int8_threshold"]),
+        ("bnb-int8", {"double_quant": True}, ["'double_quant'", "llm_int8_threshold"]),
+        ("bnb-nf4", {"llm_int8_threshold": 3.0}, ["'llm_int8_threshold'", "double_quant"]),
+        ("bnb-int8", {"llm_int8_threshold": -1}, ["llm_int8_threshold", ">= 0", "-1"]),
+        ("bnb-fp4", {"double_quant": "maybe"}, ["double_quant", "true or false", "maybe"]),
+        ("bnb-fp4", {"clip": "sometimes"}, ["clip", "true or false", "sometimes"]),
+        ("bnb-nf4", {"calibration_samples": 0}, ["calibration_samples", "from 1 to 1024", "0"]),
+        ("bnb-int8", {"clip": True}, ["'clip'", "llm_int8_threshold"]),
+    ],
+)
 def test_bad_options_are_refused_before_anything_is_written(tiny_checkpoint, tmp_path, name, options, words):
     assert_refused_before_writing(tiny_checkpoint, tmp_path, name, options, words)
 

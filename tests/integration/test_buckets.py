@@ -42,8 +42,10 @@ def test_a_text_bucket_depends_on_its_own_length_only():
 
 
 def test_fit_rows_keeps_each_row_as_tokenized_alone():
-    batch = {"input_ids": np.array([[101, 5, 102, 0, 0], [101, 5, 6, 7, 102]]),
-             "attention_mask": np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])}
+    batch = {
+        "input_ids": np.array([[101, 5, 102, 0, 0], [101, 5, 6, 7, 102]]),
+        "attention_mask": np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]),
+    }
     out = fit_rows(batch, [0], 4, pad_id=0)
     assert out["input_ids"].tolist() == [[101, 5, 102, 0]] and out["attention_mask"].tolist() == [[1, 1, 1, 0]]
     assert out["input_ids"].dtype == batch["input_ids"].dtype
@@ -54,8 +56,7 @@ def test_unpadded_variant_ignores_buckets_and_max_batch_tokens_keeps_answers(tin
 
     texts = ["ok", "a fine film with a slow start and a strong finish " * 3, "bad", "fine " * 40]
     plain = load_runtime(tiny_variant, "cpu", RuntimeOptions(threads=1))
-    capped = load_runtime(tiny_variant, "cpu", RuntimeOptions(threads=1, length_buckets="16,32",
-                                                               max_batch_tokens=64))
+    capped = load_runtime(tiny_variant, "cpu", RuntimeOptions(threads=1, length_buckets="16,32", max_batch_tokens=64))
     assert plain.buckets is None and capped.buckets is None  # torch-fp32 runs unpadded
     calls: list[tuple[int, int]] = []
     forward = capped.forward
@@ -70,8 +71,8 @@ def test_unpadded_variant_ignores_buckets_and_max_batch_tokens_keeps_answers(tin
 
 def test_each_text_runs_at_the_same_padded_length_alone_and_in_any_batch(tiny_variant):
     # The structural half of one text, one answer: whatever shares its batch, a text is fed at its own bucket.
-    from qserve.runtime import RuntimeOptions, load_runtime
     from qserve.bench.loadtest import default_texts
+    from qserve.runtime import RuntimeOptions, load_runtime
 
     rt = load_runtime(tiny_variant, "cpu", RuntimeOptions(threads=1))
     rt.buckets = (16, 32, 64)  # as a fixed-shape variant gets them
@@ -110,7 +111,8 @@ def test_each_window_of_a_long_text_runs_at_its_own_bucket_and_the_text_keeps_on
     widths.clear()
     texts = ["ok", long, "a fine film " * 4, "bad " * 40]
     mixed = rt.classify(texts, ["head", "windows:24:16", "windows", None])
-    assert sorted(widths) == sorted(bucket_for(len(p), rt.buckets) for p in rt.split(
-        texts, ["head", "windows:24:16", "windows", None]).ids) and {16, 32, 64} <= set(widths)
+    assert sorted(widths) == sorted(
+        bucket_for(len(p), rt.buckets) for p in rt.split(texts, ["head", "windows:24:16", "windows", None]).ids
+    ) and {16, 32, 64} <= set(widths)
     assert mixed.windows[1] == alone.windows[0] and mixed.tokens[1] == alone.tokens[0]
     assert np.abs(mixed.probs[1] - alone.probs[0]).max() <= 1e-6

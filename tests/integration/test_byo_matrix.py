@@ -27,24 +27,38 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from benchmarks import render_byo_matrix
 from conftest import serving
 from tiny_archs import ARCHS, build
 
+from benchmarks import render_byo_matrix
 from qserve.modeling import ARCHITECTURES
 from qserve.variants import VARIANTS, UnsupportedVariant, unsupported_reason
 
 FULL = os.environ.get("QSERVE_BYO_FULL") == "1"
 OV_ARCHS = ARCHS if FULL else ("bert", "modernbert")
 FULL_NNCF = "bert"
-SMALL = {"onnx-int8": {"calibration_samples": 4}, "bnb-nf4": {"calibration_samples": 2},
-         "bnb-fp4": {"calibration_samples": 4}, "ov-int8": {"calibration_samples": 2}}
+SMALL = {
+    "onnx-int8": {"calibration_samples": 4},
+    "bnb-nf4": {"calibration_samples": 2},
+    "bnb-fp4": {"calibration_samples": 4},
+    "ov-int8": {"calibration_samples": 2},
+}
 # One served variant per architecture, spread over the backends.
-SERVED = {"distilbert": "onnx-int8", "bert": "ov-int8", "roberta": "bnb-fp4", "xlm-roberta": "onnx-int4",
-          "deberta-v2": "torch-bf16", "electra": "bnb-int8", "albert": "onnx-fp16", "modernbert": "ov-fp32"}
-TEXTS = ["A wonderful, moving film.", "Dull, and far too long for what it had to say.",
-         "The plot is thin but the actors carry it. " * 30]  # past the checkpoints' 128 positions: cut
+SERVED = {
+    "distilbert": "onnx-int8",
+    "bert": "ov-int8",
+    "roberta": "bnb-fp4",
+    "xlm-roberta": "onnx-int4",
+    "deberta-v2": "torch-bf16",
+    "electra": "bnb-int8",
+    "albert": "onnx-fp16",
+    "modernbert": "ov-fp32",
+}
+TEXTS = [
+    "A wonderful, moving film.",
+    "Dull, and far too long for what it had to say.",
+    "The plot is thin but the actors carry it. " * 30,
+]  # past the checkpoints' 128 positions: cut
 QUANTIZED = ("int8", "nf4", "fp4", "int4")
 
 RESULTS: dict[str, dict[str, str]] = {}
@@ -200,12 +214,18 @@ def test_matrix_page():
     unseen = {a: sorted(set(variants) - set(RESULTS[a])) for a in ARCHS if set(variants) - set(RESULTS[a])}
     if os.environ.get(render.ENV) == "write":
         if unseen:
-            pytest.fail(f"cannot write the page from a partial run (unobserved: {unseen}; {SKIPPED}); "
-                        "run it with QSERVE_BYO_FULL=1 on a CPU where OpenVINO works")
+            pytest.fail(
+                f"cannot write the page from a partial run (unobserved: {unseen}; {SKIPPED}); "
+                "run it with QSERVE_BYO_FULL=1 on a CPU where OpenVINO works"
+            )
         render.PAGE.parent.mkdir(exist_ok=True)
         render.PAGE.write_text(render.render(RESULTS, ARCHITECTURES, variants), encoding="utf-8")
-        render.README.write_text(render.with_readme_block(render.README.read_text(encoding="utf-8"), render.table(
-            RESULTS, ARCHITECTURES, variants)), encoding="utf-8")
+        render.README.write_text(
+            render.with_readme_block(
+                render.README.read_text(encoding="utf-8"), render.table(RESULTS, ARCHITECTURES, variants)
+            ),
+            encoding="utf-8",
+        )
     committed = render.parse(render.PAGE.read_text(encoding="utf-8"))
     assert sorted(committed) == sorted(ARCHITECTURES) == sorted(ARCHS)
     for arch in ARCHS:
@@ -213,8 +233,10 @@ def test_matrix_page():
         seen = {v: c for v, c in committed[arch].items() if v in RESULTS[arch]}
         assert {v: RESULTS[arch][v] for v in seen} == seen, (
             f"{render.PAGE} disagrees with what the test observed for {arch}; "
-            "run `python -m benchmarks.render_byo_matrix` and commit the page")
+            "run `python -m benchmarks.render_byo_matrix` and commit the page"
+        )
     assert render.PAGE.read_text(encoding="utf-8") == render.render(committed, ARCHITECTURES, variants)
     # the README's "Bring your own model" section shows the same matrix
     assert render.readme_block(render.README.read_text(encoding="utf-8")) == render.table(
-        committed, ARCHITECTURES, variants), "README.md's byo-matrix block differs from docs/byo-matrix.md"
+        committed, ARCHITECTURES, variants
+    ), "README.md's byo-matrix block differs from docs/byo-matrix.md"

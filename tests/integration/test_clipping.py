@@ -1,6 +1,6 @@
 """bnb 4-bit weight clipping: the search, its exactness under bitsandbytes' own quantizer, the export.
 
-    python -m pytest tests/integration/test_clipping.py -q
+python -m pytest tests/integration/test_clipping.py -q
 """
 
 from __future__ import annotations
@@ -113,7 +113,9 @@ def test_clipped_export_lowers_every_layers_output_error(tiny_checkpoint, tmp_pa
     rec = m["bnb"]["clipping"]
     assert m["spec"]["options"] == {} and m["bnb"]["options"]["clip"] is True
     assert rec["linears"] == 12 and rec["block_size"] == 64 and rec["quant_type"] == "fp4"
-    assert 0 < rec["blocks_clipped"] <= rec["blocks"] and rec["weighted_error"]["clipped"] < rec["weighted_error"]["plain"]
+    assert (
+        0 < rec["blocks_clipped"] <= rec["blocks"] and rec["weighted_error"]["clipped"] < rec["weighted_error"]["plain"]
+    )
     assert "parity probe texts" in rec["calibration"]  # the tiny checkpoint records no dataset
     assert "clipping" not in read_manifest(plain).to_json()["bnb"]
     assert m["parity"]["within_tolerance"]
@@ -132,7 +134,9 @@ def test_clipped_export_lowers_every_layers_output_error(tiny_checkpoint, tmp_pa
     assert not list(tmp_path.glob("**/qserve-clip-*"))
     nf4 = exporters.export(tiny_checkpoint, "bnb-nf4", tmp_path / "nf4").to_json()  # off by default for nf4 ...
     assert nf4["bnb"]["options"]["clip"] is False and "clipping" not in nf4["bnb"]
-    nf4c = exporters.export(tiny_checkpoint, "bnb-nf4", tmp_path / "nf4c", options={"clip": True}).to_json()  # ... on request
+    nf4c = exporters.export(
+        tiny_checkpoint, "bnb-nf4", tmp_path / "nf4c", options={"clip": True}
+    ).to_json()  # ... on request
     assert nf4c["bnb"]["clipping"]["quant_type"] == "nf4"
 
 

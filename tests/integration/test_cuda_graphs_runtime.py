@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import MIXED_TEXTS
 
 from qserve.bench import invariance
 from qserve.runtime import RuntimeOptions, graphs, load_runtime
 from qserve.runtime.torch_rt import TorchRuntime
-from conftest import MIXED_TEXTS
 
 TEXTS = MIXED_TEXTS + ["fine", "A film I will not forget soon, for good reasons and bad ones alike.", "no"]
 
@@ -48,6 +48,7 @@ def on_cuda(monkeypatch):
                     raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
                 made.append(StandIn(self, shape, shift))
                 return made[-1]
+
             return capture
 
         monkeypatch.setattr(TorchRuntime, "_graphs_blocked", lambda self: None)
@@ -64,8 +65,7 @@ def eager(tiny_variant):
 
 
 def test_cpu_runs_as_before(eager):
-    assert eager.execution == {"asked": "auto", "mode": "eager",
-                               "why": "cpu: eager (CUDA graphs need a CUDA device)"}
+    assert eager.execution == {"asked": "auto", "mode": "eager", "why": "cpu: eager (CUDA graphs need a CUDA device)"}
     assert eager.buckets is None and eager.lanes == 1 and eager._graphs is None
 
 
@@ -93,16 +93,15 @@ def test_the_bench_measures_eager_beside_the_graphs(tiny_variant, on_cuda):
 
     made = on_cuda()
     rt = load_runtime(tiny_variant, options=RuntimeOptions(threads=1, cuda_graphs="graphs"))
-    job = {"batch_sizes": [1, 4], "seq_lens": [64], "warmup": 1, "time_budget_s": 0.05, "min_iters": 2,
-           "max_iters": 3}
+    job = {"batch_sizes": [1, 4], "seq_lens": [64], "warmup": 1, "time_budget_s": 0.05, "min_iters": 2, "max_iters": 3}
     before = sum(g.calls for g in made)
     got = eager_beside_graphs(rt, job, "a fine film " * 20)
     assert got["execution"]["mode"] == "graphs"
     assert [(r["batch"], r["seq"], r["mode"]) for r in got["fixed_eager"]] == [(1, 64, "eager"), (4, 64, "eager")]
     assert sum(g.calls for g in made) == before  # eager: no replay inside eager_only()
-    assert eager_beside_graphs(load_runtime(tiny_variant, options=RuntimeOptions(threads=1, cuda_graphs="off")),
-                               job, "x") == {"execution": {"asked": "off", "mode": "eager",
-                                                           "why": "--cuda-graphs off"}}
+    assert eager_beside_graphs(
+        load_runtime(tiny_variant, options=RuntimeOptions(threads=1, cuda_graphs="off")), job, "x"
+    ) == {"execution": {"asked": "off", "mode": "eager", "why": "--cuda-graphs off"}}
 
 
 def test_auto_keeps_what_measures_faster(tiny_variant, on_cuda, monkeypatch):

@@ -28,6 +28,7 @@ def force_cpu(monkeypatch):
 
 # -- qserve.devices ----------------------------------------------------------------------
 
+
 def test_auto_is_cpu_when_forced(force_cpu):
     assert resolve_device("auto") == "cpu"
     assert resolve_device("cpu") == "cpu"
@@ -35,8 +36,11 @@ def test_auto_is_cpu_when_forced(force_cpu):
 
 @pytest.mark.parametrize("device", ["cuda", "cuda:1"])
 def test_cuda_without_gpu_is_a_clear_error(force_cpu, device):
-    with pytest.raises(QserveError, match=rf"--device {device} was asked for but no CUDA GPU is available; "
-                                          r"use --device cpu or auto"):
+    with pytest.raises(
+        QserveError,
+        match=rf"--device {device} was asked for but no CUDA GPU is available; "
+        r"use --device cpu or auto",
+    ):
         resolve_device(device)
 
 
@@ -55,12 +59,16 @@ def test_force_cpu_other_values_do_not_force(monkeypatch):
 
 # -- every stage's CLI refuses --device cuda without a GPU, before any heavy work ------------
 
-@pytest.mark.parametrize("argv", [
-    ["train", "--device", "cuda", "--max-samples", "8"],
-    ["export", "{ckpt}", "--bits", "8", "--device", "cuda"],
-    ["bench", "{variant}", "--device", "cuda", "--out", "{tmp}/bench"],
-    ["pipeline", "--device", "cuda"],
-])
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "--device", "cuda", "--max-samples", "8"],
+        ["export", "{ckpt}", "--bits", "8", "--device", "cuda"],
+        ["bench", "{variant}", "--device", "cuda", "--out", "{tmp}/bench"],
+        ["pipeline", "--device", "cuda"],
+    ],
+)
 def test_cli_cuda_without_gpu(force_cpu, argv, tiny_checkpoint, tiny_variant, tmp_path, capsys):
     argv = [a.format(ckpt=tiny_checkpoint, variant=tiny_variant, tmp=tmp_path) for a in argv]
     assert cli_main(argv) == 2
@@ -70,6 +78,7 @@ def test_cli_cuda_without_gpu(force_cpu, argv, tiny_checkpoint, tiny_variant, tm
 
 
 # -- train: precision per device ---------------------------------------------------------
+
 
 @pytest.mark.parametrize("device", ["cpu", "auto"])
 def test_train_refuses_16_mixed_on_cpu(force_cpu, device, capsys):
@@ -84,8 +93,10 @@ def test_train_rejects_unknown_matmul_precision(capsys):
     with pytest.raises(SystemExit):
         cli_main(["train", "--matmul-precision", "tf32"])
     # argparse quotes the choices in some Python versions and not in others
-    assert re.search(r"--matmul-precision: invalid choice: 'tf32' \(choose from '?highest'?, '?high'?, '?medium'?\)",
-                     capsys.readouterr().err)
+    assert re.search(
+        r"--matmul-precision: invalid choice: 'tf32' \(choose from '?highest'?, '?high'?, '?medium'?\)",
+        capsys.readouterr().err,
+    )
 
 
 def test_train_applies_matmul_precision(tiny_checkpoint, tmp_path):
@@ -105,14 +116,25 @@ def test_train_applies_matmul_precision(tiny_checkpoint, tmp_path):
             w.writerow([f"{'great' if i % 2 else 'awful'} film {i}", "positive" if i % 2 else "negative"])
     before = torch.get_float32_matmul_precision()
     try:
-        train(TrainConfig(model=str(tiny_checkpoint), dataset=str(data), out=str(tmp_path / "run"), device="cpu",
-                          precision="32-true", max_length=16, batch_size=8, matmul_precision="medium"))
+        train(
+            TrainConfig(
+                model=str(tiny_checkpoint),
+                dataset=str(data),
+                out=str(tmp_path / "run"),
+                device="cpu",
+                precision="32-true",
+                max_length=16,
+                batch_size=8,
+                matmul_precision="medium",
+            )
+        )
         assert torch.get_float32_matmul_precision() == "medium"
     finally:
         torch.set_float32_matmul_precision(before)
 
 
 # -- ONNX Runtime: the provider list follows the device --------------------------------------
+
 
 def _onnx_rt(device: str, cuda_spec: bool = True):
     from qserve.runtime.onnx_rt import OnnxRuntime
@@ -155,6 +177,7 @@ def test_onnx_cpu_only_variant_refused_on_cuda():
 
 # -- bench: CUDA timing and memory hooks only for a CUDA device --------------------------------
 
+
 def test_torch_runtime_synchronize_skips_cuda_on_cpu(tiny_variant):
     from qserve.runtime import load_runtime
 
@@ -171,8 +194,18 @@ def test_measure_reports_cuda_memory_only_for_cuda(tiny_variant):
     """A CPU bench child records RSS and no `cuda` block (max_memory_allocated/reserved are CUDA-only)."""
     from qserve.bench.measure import measure
 
-    job = {"variant_dir": str(tiny_variant), "device": "cpu", "threads": 1, "batch_sizes": [1], "seq_lens": [8],
-           "warmup": 0, "time_budget_s": 0.01, "min_iters": 1, "max_iters": 2, "data": {}}
+    job = {
+        "variant_dir": str(tiny_variant),
+        "device": "cpu",
+        "threads": 1,
+        "batch_sizes": [1],
+        "seq_lens": [8],
+        "warmup": 0,
+        "time_budget_s": 0.01,
+        "min_iters": 1,
+        "max_iters": 2,
+        "data": {},
+    }
     res = measure(job)
     assert res["device"] == "cpu" and "cuda" not in res
     assert res["peak_rss_mb"] > 0 and res["fixed"][0]["count"] >= 1
@@ -197,14 +230,24 @@ def test_floor_gemms_per_device():
     assert {"fp32", "int8", "bf16", "fp16"} == cuda
 
 
-@pytest.mark.parametrize("memory, expected", [
-    ({"peak_rss_mb": 900.0, "cuda": {"max_allocated_mb": 120.0, "max_reserved_mb": 160.0, "device_used_mb": 700.0}},
-     (120.0, "CUDA max allocated")),
-    # ONNX Runtime allocates outside torch: torch's counter is 0, the device-wide figure stands in
-    ({"peak_rss_mb": 900.0, "cuda": {"max_allocated_mb": 0.0, "max_reserved_mb": 0.0, "device_used_mb": 700.0}},
-     (700.0, "CUDA device used")),
-    ({"peak_rss_mb": 900.0}, (900.0, "peak RSS")),
-])
+@pytest.mark.parametrize(
+    "memory, expected",
+    [
+        (
+            {
+                "peak_rss_mb": 900.0,
+                "cuda": {"max_allocated_mb": 120.0, "max_reserved_mb": 160.0, "device_used_mb": 700.0},
+            },
+            (120.0, "CUDA max allocated"),
+        ),
+        # ONNX Runtime allocates outside torch: torch's counter is 0, the device-wide figure stands in
+        (
+            {"peak_rss_mb": 900.0, "cuda": {"max_allocated_mb": 0.0, "max_reserved_mb": 0.0, "device_used_mb": 700.0}},
+            (700.0, "CUDA device used"),
+        ),
+        ({"peak_rss_mb": 900.0}, (900.0, "peak RSS")),
+    ],
+)
 def test_report_memory_column_follows_the_device(memory, expected):
     from qserve.bench.report import peak_memory
 

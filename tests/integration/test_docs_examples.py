@@ -54,8 +54,16 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from docs_examples import (ROOT, Example, MarkerError, Runner, examples, pages, parse,  # noqa: E402
-                           with_ports)
+from docs_examples import (
+    ROOT,
+    Example,
+    MarkerError,
+    Runner,
+    examples,
+    pages,
+    parse,  # noqa: E402
+    with_ports,
+)
 
 PAGES = pages()
 RUN = "models/minilm-l6-distilbert-imdb"
@@ -66,30 +74,46 @@ def _tiny(out: Path, labels: list[str], meta: dict, arch: str = "distilbert", pr
     """A tiny random classifier with `labels` as `qserve train` leaves it (HF files + qserve_model.json)."""
     import torch
     import transformers
+    from tiny_archs import config_kwargs
 
     from qserve.modeling import default_tokenizer
-    from tiny_archs import config_kwargs
 
     torch.manual_seed(0)
     tok = default_tokenizer()
     cls, kw = config_kwargs(arch, tok.vocab_size)
-    cfg = getattr(transformers, cls)(**kw, num_labels=len(labels), id2label=dict(enumerate(labels)),
-                                     label2id={n: i for i, n in enumerate(labels)}, problem_type=problem_type)
+    cfg = getattr(transformers, cls)(
+        **kw,
+        num_labels=len(labels),
+        id2label=dict(enumerate(labels)),
+        label2id={n: i for i, n in enumerate(labels)},
+        problem_type=problem_type,
+    )
     model = transformers.AutoModelForSequenceClassification.from_config(cfg).eval()
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
-    (out / "qserve_model.json").write_text(json.dumps({
-        "model_name": out.name if out.name != "checkpoint" else out.parent.name, "max_length": 64, "seed": 42,
-        "labels": labels, "problem_type": problem_type or "single_label_classification", **meta}), encoding="utf-8")
+    (out / "qserve_model.json").write_text(
+        json.dumps(
+            {
+                "model_name": out.name if out.name != "checkpoint" else out.parent.name,
+                "max_length": 64,
+                "seed": 42,
+                "labels": labels,
+                "problem_type": problem_type or "single_label_classification",
+                **meta,
+            }
+        ),
+        encoding="utf-8",
+    )
     return out
 
 
 def build_layout(root: Path) -> tuple[Path, dict[str, str]]:
     """(the working dir, {what could not be built here: why}) for the pages' examples."""
+    from tiny_archs import build
+
     import exporters
     from qserve.cli import main
     from qserve.runtime.ov_probe import OpenVINOUnavailable
-    from tiny_archs import build
 
     missing: dict[str, str] = {}
     run = root / RUN
@@ -101,17 +125,46 @@ def build_layout(root: Path) -> tuple[Path, dict[str, str]]:
         except OpenVINOUnavailable as e:
             missing[name] = str(e)
     # the bench report a model dir is served by (its recommendation: whichever this machine measures faster)
-    bench = ["bench", *(str(run / "variants" / n) for n in ("onnx-fp32", "onnx-int8")), "--batch-sizes", "1",
-             "--seq-lens", "16", "--time-budget", "0.05", "--warmup", "1", "--min-iters", "1", "--no-floor",
-             "--max-eval-samples", "20", "--real-text-samples", "0", "--invariance-samples", "0", "--threads", "1",
-             "--out", str(run / "report")]
+    bench = [
+        "bench",
+        *(str(run / "variants" / n) for n in ("onnx-fp32", "onnx-int8")),
+        "--batch-sizes",
+        "1",
+        "--seq-lens",
+        "16",
+        "--time-budget",
+        "0.05",
+        "--warmup",
+        "1",
+        "--min-iters",
+        "1",
+        "--no-floor",
+        "--max-eval-samples",
+        "20",
+        "--real-text-samples",
+        "0",
+        "--invariance-samples",
+        "0",
+        "--threads",
+        "1",
+        "--out",
+        str(run / "report"),
+    ]
     assert main(bench) == 0
     _tiny(root / "models" / "minilm-ht", ["negative", "positive"], sentiment)
-    _tiny(root / "models" / "topics", ["politics", "sports", "tech"], {"dataset": None},
-          problem_type="multi_label_classification")
+    _tiny(
+        root / "models" / "topics",
+        ["politics", "sports", "tech"],
+        {"dataset": None},
+        problem_type="multi_label_classification",
+    )
     _tiny(root / "models" / "scores", ["value"], {"dataset": None, "label_range": 0.82}, problem_type="regression")
-    _tiny(root / "models" / "minilm-l6-bert-pairs" / "checkpoint", ["contradiction", "entailment"],
-          {"dataset": None, "inputs": ["text", "text_pair"]}, arch="bert")
+    _tiny(
+        root / "models" / "minilm-l6-bert-pairs" / "checkpoint",
+        ["contradiction", "entailment"],
+        {"dataset": None, "inputs": ["text", "text_pair"]},
+        arch="bert",
+    )
     build("bert", root / "my-nli-bert")  # saved by save_pretrained elsewhere: no qserve_model.json
     reviews = ["A wonderful film.", "Dreadful.", "The plot drags, but the acting is superb."]
     (root / "reviews.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in reviews), encoding="utf-8")
@@ -150,8 +203,10 @@ def runner(tmp_path, monkeypatch):
 
 
 def _failure(ex: Example, res, r: Runner) -> str:
-    return (f"{ex.where}: the example failed (exit {res.returncode})\n--- the block ---\n{ex.code}--- stdout ---\n"
-            f"{res.stdout[-4000:]}\n--- stderr ---\n{res.stderr[-6000:]}\n--- commands ---\n" + "\n".join(r.log[-20:]))
+    return (
+        f"{ex.where}: the example failed (exit {res.returncode})\n--- the block ---\n{ex.code}--- stdout ---\n"
+        f"{res.stdout[-4000:]}\n--- stderr ---\n{res.stderr[-6000:]}\n--- commands ---\n" + "\n".join(r.log[-20:])
+    )
 
 
 # -- one test per page ----------------------------------------------------------------------------------------------
@@ -163,8 +218,10 @@ def test_page_examples_run_as_written(page, layout, runner):
         pytest.skip(f"{page.name} has no shell or python example")
     needs = sorted(n for n in missing if any(n in ex.code for ex in exs if not ex.illustrative))
     if needs:
-        pytest.skip(f"{page.name}'s examples use {', '.join(needs)}, not available on this CPU: "
-                    + "; ".join(missing[n] for n in needs))
+        pytest.skip(
+            f"{page.name}'s examples use {', '.join(needs)}, not available on this CPU: "
+            + "; ".join(missing[n] for n in needs)
+        )
     shutil.copytree(root, runner.cwd, symlinks=True, dirs_exist_ok=True)
     for ex in exs:
         res = runner.run(ex)
@@ -209,32 +266,46 @@ def test_a_renamed_flag_fails_the_example_that_shows_it(runner):
     assert any("qserve bench" in text for text in tour.parse_only)
     # a parse-only line: the tour's bench, its --threads renamed, the lines before it left out
     bench = next(line for line in tour.code.splitlines() if line.startswith("qserve bench"))
-    res = runner.run(Example("x", 1, "bash", bench.replace("--threads", "--thread-count") + "\n",
-                             parse_only=tour.parse_only))
+    res = runner.run(
+        Example("x", 1, "bash", bench.replace("--threads", "--thread-count") + "\n", parse_only=tour.parse_only)
+    )
     assert res.returncode == 2 and "--thread-count" in res.stderr
     assert runner.log[-1].startswith("parsed (parse-only")
     # an illustrative block: its qserve and make lines are parsed too
-    for code, want in (("make demo STAGE=serve\nqserve pipeline --threads 2\n", 0),
-                       ("qserve pipeline --thread 2 --no-such-flag\n", 2), ("make demoo\n", 2),
-                       ("make reports STAGE=no-such-stage\n", 2), ("python -m benchmarks.flood_bench --roundz 3\n", 2),
-                       ("python -m benchmarks.flood_bench V --rounds 3\n", 0)):
+    for code, want in (
+        ("make demo STAGE=serve\nqserve pipeline --threads 2\n", 0),
+        ("qserve pipeline --thread 2 --no-such-flag\n", 2),
+        ("make demoo\n", 2),
+        ("make reports STAGE=no-such-stage\n", 2),
+        ("python -m benchmarks.flood_bench --roundz 3\n", 2),
+        ("python -m benchmarks.flood_bench V --rounds 3\n", 0),
+    ):
         res = runner.run(Example("x", 1, "bash", code, illustrative="a reason for the test"))
         assert res.returncode == want, (code, res.stderr)
 
 
 def test_a_slow_command_must_be_marked(runner):
-    for code in ("qserve train --epochs 1\n", "qserve serve x --engine ray\n", "make test\n",
-                 "python -m benchmarks.checkpoint_cost --saves 5\n", "ray start --head\n"):
+    for code in (
+        "qserve train --epochs 1\n",
+        "qserve serve x --engine ray\n",
+        "make test\n",
+        "python -m benchmarks.checkpoint_cost --saves 5\n",
+        "ray start --head\n",
+    ):
         res = runner.run(Example("x.md", 7, "bash", code))
         assert res.returncode != 0 and "mark" in res.stderr, (code, res.stderr)
 
 
 def test_ports_are_rewritten_only_where_they_name_a_local_server():
-    code = ("qserve serve V --port 8000 --grpc-port 8001\ncurl -s 127.0.0.1:8000/v1/models\n"
-            'c = Client("127.0.0.1:8001"); x = "localhost:8000"; --max-batch-tokens 8000; image: x:8000\n')
-    assert with_ports(code, 5, 6) == ("qserve serve V --port 5 --grpc-port 6\ncurl -s 127.0.0.1:5/v1/models\n"
-                                      'c = Client("127.0.0.1:6"); x = "localhost:5"; --max-batch-tokens 8000; '
-                                      "image: x:8000\n")
+    code = (
+        "qserve serve V --port 8000 --grpc-port 8001\ncurl -s 127.0.0.1:8000/v1/models\n"
+        'c = Client("127.0.0.1:8001"); x = "localhost:8000"; --max-batch-tokens 8000; image: x:8000\n'
+    )
+    assert with_ports(code, 5, 6) == (
+        "qserve serve V --port 5 --grpc-port 6\ncurl -s 127.0.0.1:5/v1/models\n"
+        'c = Client("127.0.0.1:6"); x = "localhost:5"; --max-batch-tokens 8000; '
+        "image: x:8000\n"
+    )
 
 
 def test_a_curl_without_content_type_fails_and_the_hub_client_needs_hub_offline_off(tiny_variant, runner):
@@ -243,14 +314,19 @@ def test_a_curl_without_content_type_fails_and_the_hub_client_needs_hub_offline_
     local server while HF_HUB_OFFLINE=1 (which `make` sets), but not with HF_HUB_OFFLINE=0 for the client."""
     serve = f"qserve serve {tiny_variant} --port 8000\n"
     body = """-d '{"inputs": ["A wonderful film."]}'"""
-    ok = runner.run(Example("x", 1, "bash", serve + f"curl -s 127.0.0.1:8000/v1/classify "
-                                                     f"-H 'Content-Type: application/json' {body}\n"))
+    ok = runner.run(
+        Example(
+            "x", 1, "bash", serve + f"curl -s 127.0.0.1:8000/v1/classify -H 'Content-Type: application/json' {body}\n"
+        )
+    )
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout.splitlines()[-1])["predictions"]
     bare = runner.run(Example("x", 1, "bash", f"curl -s 127.0.0.1:8000/v1/classify {body}\n"))
     assert bare.returncode == 22 and "Content-Type must be application/json" in bare.stdout  # curl: HTTP >= 400
-    client = ("python -c 'from huggingface_hub import InferenceClient; "
-              'print(InferenceClient(model="http://127.0.0.1:8000").text_classification("A wonderful film."))\'\n')
+    client = (
+        "python -c 'from huggingface_hub import InferenceClient; "
+        'print(InferenceClient(model="http://127.0.0.1:8000").text_classification("A wonderful film."))\'\n'
+    )
     refused = runner.run(Example("x", 1, "bash", client))
     assert refused.returncode != 0 and "OfflineModeIsEnabled" in refused.stderr
     answered = runner.run(Example("x", 1, "bash", "HF_HUB_OFFLINE=0 " + client))

@@ -41,8 +41,21 @@ def test_all_goes_on_past_a_failed_and_an_unsupported_variant(bert, tmp_path, ca
 
     monkeypatch.setitem(variants.UNSUPPORTED, LIMIT, REASON)
     out = tmp_path / "variants"
-    rc = main(["export", str(bert), "--all", "--out", str(out), "--device", "cpu", "--keep-fp32", "nonesuch",
-               "--calibration-samples", "2"])
+    rc = main(
+        [
+            "export",
+            str(bert),
+            "--all",
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--keep-fp32",
+            "nonesuch",
+            "--calibration-samples",
+            "2",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1
     assert "Traceback" not in err

@@ -47,8 +47,18 @@ def test_the_same_export_again_is_kept_anything_else_needs_force(tiny_checkpoint
     """Re-running an export that already produced this variant (same checkpoint hash, options, policy) keeps it,
     so the README's tour runs after `make demo`; other options, or a tampered variant, still need --force."""
     out = tmp_path / "int8"
-    args = ["export", str(tiny_checkpoint), "--bits", "8", "--out", str(out), "--device", "cpu",
-            "--calibration-samples", "4"]
+    args = [
+        "export",
+        str(tiny_checkpoint),
+        "--bits",
+        "8",
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--calibration-samples",
+        "4",
+    ]
     assert main(args) == 0
     before = (out / "manifest.json").read_bytes()
     capsys.readouterr()
@@ -68,20 +78,25 @@ def test_the_same_export_again_is_kept_anything_else_needs_force(tiny_checkpoint
     assert verify(out).spec.options == {"calibration_samples": 4}  # rebuilt whole: the tampered file is gone
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--bits", "8", "--backend", "torch"], "valid combinations"),
-    ([], "say what to export"),
-    (["--all", "--bits", "8"], "do not combine"),
-    (["--bits", "8", "--block-size", "64"], "--block-size applies to onnx-int4, not onnx-int8"),
-    (["--bits", "4", "--backend", "bnb", "--no-smooth"], "--smooth applies to onnx-int8, not bnb-nf4"),
-    (["--bits", "8", "--keep-fp32", "nonesuch"], "'nonesuch' matches no MatMul"),
-    (["--bits", "8", "--calibration-samples", "0"], "calibration_samples for onnx-int8 must be an integer from 1"),
-    (["--bits", "8", "--no-clip"], "--clip applies to bnb-fp4, bnb-nf4, not onnx-int8"),
-    (["--bits", "4", "--no-correct-bias"], "--correct-bias applies to onnx-int8, not onnx-int4"),
-    (["--bits", "4", "--backend", "bnb", "--dtype", "fp4", "--calibration-samples", "2000"],
-     "calibration_samples for bnb-fp4 must be an integer from 1 to 1024 (training texts that calibrate "
-     "the weight clipping; got 2000)"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--bits", "8", "--backend", "torch"], "valid combinations"),
+        ([], "say what to export"),
+        (["--all", "--bits", "8"], "do not combine"),
+        (["--bits", "8", "--block-size", "64"], "--block-size applies to onnx-int4, not onnx-int8"),
+        (["--bits", "4", "--backend", "bnb", "--no-smooth"], "--smooth applies to onnx-int8, not bnb-nf4"),
+        (["--bits", "8", "--keep-fp32", "nonesuch"], "'nonesuch' matches no MatMul"),
+        (["--bits", "8", "--calibration-samples", "0"], "calibration_samples for onnx-int8 must be an integer from 1"),
+        (["--bits", "8", "--no-clip"], "--clip applies to bnb-fp4, bnb-nf4, not onnx-int8"),
+        (["--bits", "4", "--no-correct-bias"], "--correct-bias applies to onnx-int8, not onnx-int4"),
+        (
+            ["--bits", "4", "--backend", "bnb", "--dtype", "fp4", "--calibration-samples", "2000"],
+            "calibration_samples for bnb-fp4 must be an integer from 1 to 1024 (training texts that calibrate "
+            "the weight clipping; got 2000)",
+        ),
+    ],
+)
 def test_export_bad_flags(tiny_checkpoint, tmp_path, capsys, argv, message):
     assert main(["export", str(tiny_checkpoint), "--out", str(tmp_path / "v"), "--device", "cpu", *argv]) == 2
     assert message in capsys.readouterr().err
@@ -90,24 +105,80 @@ def test_export_bad_flags(tiny_checkpoint, tmp_path, capsys, argv, message):
 
 def test_export_int8_flags_reach_the_exporter(tiny_checkpoint, tmp_path):
     out = tmp_path / "int8"
-    assert main(["export", str(tiny_checkpoint), "--bits", "8", "--out", str(out), "--device", "cpu",
-                 "--no-smooth", "--no-correct-bias", "--keep-fp32", "layer.1/ffn/lin2"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                str(tiny_checkpoint),
+                "--bits",
+                "8",
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+                "--no-smooth",
+                "--no-correct-bias",
+                "--keep-fp32",
+                "layer.1/ffn/lin2",
+            ]
+        )
+        == 0
+    )
     m = json.loads((out / "manifest.json").read_text())
     assert m["spec"]["options"] == {"smooth": False, "correct_bias": False, "keep_fp32": "layer.1/ffn/lin2"}
     assert "bias_correction" not in m["onnx"]
-    assert "smoothing" not in m["onnx"] and m["onnx"]["kept_fp32"] == ["/distilbert/transformer/layer.1/ffn/lin2/MatMul"]
+    assert "smoothing" not in m["onnx"] and m["onnx"]["kept_fp32"] == [
+        "/distilbert/transformer/layer.1/ffn/lin2/MatMul"
+    ]
 
 
 def test_export_fp4_flags_reach_the_exporter(tiny_checkpoint, tmp_path):
     out = tmp_path / "fp4"
-    assert main(["export", str(tiny_checkpoint), "--bits", "4", "--backend", "bnb", "--dtype", "fp4", "--out", str(out),
-                 "--device", "cpu", "--calibration-samples", "3"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                str(tiny_checkpoint),
+                "--bits",
+                "4",
+                "--backend",
+                "bnb",
+                "--dtype",
+                "fp4",
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+                "--calibration-samples",
+                "3",
+            ]
+        )
+        == 0
+    )
     m = json.loads((out / "manifest.json").read_text())
     assert m["spec"]["options"] == {"calibration_samples": 3}
     assert m["bnb"]["clipping"]["calibration"] == "the 3 parity probe texts (no dataset recorded with the checkpoint)"
     out2 = tmp_path / "fp4-plain"
-    assert main(["export", str(tiny_checkpoint), "--bits", "4", "--backend", "bnb", "--dtype", "fp4", "--out", str(out2),
-                 "--device", "cpu", "--no-clip"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                str(tiny_checkpoint),
+                "--bits",
+                "4",
+                "--backend",
+                "bnb",
+                "--dtype",
+                "fp4",
+                "--out",
+                str(out2),
+                "--device",
+                "cpu",
+                "--no-clip",
+            ]
+        )
+        == 0
+    )
     assert "clipping" not in json.loads((out2 / "manifest.json").read_text())["bnb"]
 
 
@@ -134,8 +205,10 @@ def test_export_help_derives_option_flags_from_the_registry(capsys):
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     assert "--clip, --no-clip bnb-nf4, bnb-fp4: clip each 64-weight block" in out
     assert "(default off for bnb-nf4, on for bnb-fp4)" in out
-    assert ("--calibration-samples CALIBRATION_SAMPLES bnb-nf4, bnb-fp4: training texts that calibrate the "
-            "clipping (default 64); onnx-int8:") in out
+    assert (
+        "--calibration-samples CALIBRATION_SAMPLES bnb-nf4, bnb-fp4: training texts that calibrate the "
+        "clipping (default 64); onnx-int8:"
+    ) in out
     assert "ov-int8: training texts that calibrate NNCF's quantization (default 300)" in out
     assert "--backend {torch,bnb,onnx,openvino}" in out
     assert "on CPU: 32 -> onnx-fp32, 16 -> torch-bf16, 8 -> onnx-int8, 4 -> onnx-int4" in out

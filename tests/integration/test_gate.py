@@ -12,7 +12,6 @@ import random
 from pathlib import Path
 
 import pytest
-
 from conftest import build_tiny_checkpoint, serving
 
 httpx2 = pytest.importorskip("httpx2")
@@ -26,8 +25,17 @@ def run_dir(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("gate")
     ckpt = build_tiny_checkpoint(root / "checkpoint")
-    (ckpt / "qserve_model.json").write_text(json.dumps({"model_name": "tiny-distilbert", "max_length": 64,
-                                                        "dataset": "default", "seed": 42, "max_eval_samples": 300}))
+    (ckpt / "qserve_model.json").write_text(
+        json.dumps(
+            {
+                "model_name": "tiny-distilbert",
+                "max_length": 64,
+                "dataset": "default",
+                "seed": 42,
+                "max_eval_samples": 300,
+            }
+        )
+    )
     for name in ("torch-fp32", "torch-bf16"):
         exporters.export(ckpt, name, root / "variants" / name)
     return root
@@ -43,8 +51,21 @@ def gated(run_dir) -> tuple[Path, list[dict]]:
     variant = run_dir / "variants" / "gated-bf16"
     shutil.copytree(run_dir / "variants" / "torch-bf16", variant)
     out = run_dir / "gate-report"
-    assert main(["gate", str(variant), "--reference", str(run_dir / "variants" / "torch-fp32"), "--threads", "1",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "gate",
+                str(variant),
+                "--reference",
+                str(run_dir / "variants" / "torch-fp32"),
+                "--threads",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert sorted(p.name for p in out.iterdir()) == ["gate.json", "gate.md", "gate.png"]
     return variant, json.loads((out / "gate.json").read_text())["results"]
 
@@ -114,8 +135,7 @@ def test_bad_inputs_are_named(run_dir, tmp_path):
 def test_require_gate_refuses_an_ungated_variant(run_dir, capsys):
     from qserve.cli import main
 
-    code = main(["serve", str(run_dir / "variants" / "torch-bf16"), "--require-gate", "--port", "0",
-                 "--threads", "1"])
+    code = main(["serve", str(run_dir / "variants" / "torch-bf16"), "--require-gate", "--port", "0", "--threads", "1"])
     err = capsys.readouterr().err
     assert code == 2 and "--require-gate" in err and "has never been gated" in err and "qserve gate" in err
 
@@ -156,8 +176,30 @@ def test_multi_label_thresholds_are_fitted_on_held_out_data_and_served(tmp_path)
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     base = build_tiny_checkpoint(tmp_path / "base")
     ck = tmp_path / "multi-ck"
-    assert main(["train", "--model", str(base), "--dataset", str(data), "--out", str(ck), "--precision", "32-true",
-                 "--max-length", "32", "--batch-size", "16", "--lr", "1e-3", "--epochs", "1"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                str(base),
+                "--dataset",
+                str(data),
+                "--out",
+                str(ck),
+                "--precision",
+                "32-true",
+                "--max-length",
+                "32",
+                "--batch-size",
+                "16",
+                "--lr",
+                "1e-3",
+                "--epochs",
+                "1",
+            ]
+        )
+        == 0
+    )
     for name in ("torch-fp32", "torch-bf16"):
         exporters.export(ck, name, tmp_path / "variants" / name)
     variant = tmp_path / "variants" / "torch-bf16"

@@ -41,8 +41,11 @@ def test_the_runtime_puts_an_onnx_variant_on_the_cpu_for_auto_and_refuses_an_exp
         assert rt.predict(["a fine film"]).shape == (1, 2)
     finally:
         rt.close()
-    with pytest.raises(QserveError, match=r"^--device cuda: onnx-fp32 cannot run on CUDA here \(onnxruntime 1.30.0 is "
-                                          r"the CPU build"):
+    with pytest.raises(
+        QserveError,
+        match=r"^--device cuda: onnx-fp32 cannot run on CUDA here \(onnxruntime 1.30.0 is "
+        r"the CPU build",
+    ):
         load_runtime(onnx_variant, "cuda")
 
 
@@ -60,13 +63,29 @@ def test_export_places_a_named_onnx_variant(fake_gpu, tiny_checkpoint, tmp_path,
     assert json.loads((tmp_path / "v" / "manifest.json").read_text())["export_device"] == "cpu"
     # --bits 8 on a GPU picks the GPU's default (bnb-int8) as before; a CPU-only 8-bit variant named for an explicit
     # --device cuda is refused up front, naming the flag
-    assert cli_main(["export", str(tiny_checkpoint), "--bits", "8", "--backend", "onnx", "--device", "cuda",
-                     "--out", str(tmp_path / "i8")]) == 2
+    assert (
+        cli_main(
+            [
+                "export",
+                str(tiny_checkpoint),
+                "--bits",
+                "8",
+                "--backend",
+                "onnx",
+                "--device",
+                "cuda",
+                "--out",
+                str(tmp_path / "i8"),
+            ]
+        )
+        == 2
+    )
     assert "onnx-int8 has no CUDA kernels; on CUDA use one of" in capsys.readouterr().err
 
 
-def test_pipeline_on_a_gpu_without_the_onnx_provider_ends_with_its_report(fake_gpu, tiny_checkpoint, tmp_path,
-                                                                           monkeypatch, capsys):
+def test_pipeline_on_a_gpu_without_the_onnx_provider_ends_with_its_report(
+    fake_gpu, tiny_checkpoint, tmp_path, monkeypatch, capsys
+):
     """`qserve pipeline` (device auto) on the faked GPU: the plan is printed before training; torch-fp32, planned
     on the GPU, fails its export here (no real GPU) and the run goes on; the ONNX variants are exported, benched
     and gated on the CPU, and every table of the report marks them (cpu)."""
@@ -75,8 +94,17 @@ def test_pipeline_on_a_gpu_without_the_onnx_provider_ends_with_its_report(fake_g
     fake_gpu()
     ckpt = tmp_path / "run" / "checkpoint"
     shutil.copytree(tiny_checkpoint, ckpt)
-    (ckpt / "qserve_model.json").write_text(json.dumps({"model_name": "tiny-distilbert", "max_length": 64,
-                                                        "dataset": "default", "seed": 42, "max_eval_samples": 60}))
+    (ckpt / "qserve_model.json").write_text(
+        json.dumps(
+            {
+                "model_name": "tiny-distilbert",
+                "max_length": 64,
+                "dataset": "default",
+                "seed": 42,
+                "max_eval_samples": 60,
+            }
+        )
+    )
     trained: list[str] = []
 
     def train_stage(cfg, run_dir, force):  # training on the fake GPU cannot run; the plan came before it
@@ -84,9 +112,25 @@ def test_pipeline_on_a_gpu_without_the_onnx_provider_ends_with_its_report(fake_g
         return ckpt
 
     monkeypatch.setattr(pipeline, "_train_stage", train_stage)
-    argv = ["pipeline", "--run-dir", str(tmp_path / "run"), "--variants", "torch-fp32,onnx-fp32,onnx-int8",
-            "--batch-sizes", "1", "--seq-lens", "16", "--time-budget", "0.05", "--bench-eval-samples", "60",
-            "--bench-long-text", "", "--threads", "1"]
+    argv = [
+        "pipeline",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--variants",
+        "torch-fp32,onnx-fp32,onnx-int8",
+        "--batch-sizes",
+        "1",
+        "--seq-lens",
+        "16",
+        "--time-budget",
+        "0.05",
+        "--bench-eval-samples",
+        "60",
+        "--bench-long-text",
+        "",
+        "--threads",
+        "1",
+    ]
     assert cli_main(argv) == 1  # the report is written; the exit status says a variant failed
     out = capsys.readouterr().out
     plan_at = out.index("plan:")
@@ -99,8 +143,10 @@ def test_pipeline_on_a_gpu_without_the_onnx_provider_ends_with_its_report(fake_g
     report_dir = tmp_path / "run" / "report"
     report = json.loads((report_dir / "report.json").read_text())
     assert report["config"]["device"] == "cuda"
-    assert [(v["name"], v["device"], v["status"]) for v in report["variants"]] == [("onnx-fp32", "cpu", "ok"),
-                                                                                   ("onnx-int8", "cpu", "ok")]
+    assert [(v["name"], v["device"], v["status"]) for v in report["variants"]] == [
+        ("onnx-fp32", "cpu", "ok"),
+        ("onnx-int8", "cpu", "ok"),
+    ]
     assert report["variants"][0]["placement"].startswith("onnxruntime 1.30.0 is the CPU build")
     assert all(v["floor"] is None for v in report["variants"])  # the floor's peaks would be the GPU's
     pipe = report["pipeline"]
@@ -120,15 +166,18 @@ def test_pipeline_on_a_gpu_without_the_onnx_provider_ends_with_its_report(fake_g
     from qserve.gate.config import GateConfig
     from qserve.gate.run import run_gate
 
-    (g,) = [r["gate"] for r in run_gate([tmp_path / "run" / "variants" / "onnx-int8"],
-                                        GateConfig(max_eval_samples=60, record=False))]
+    (g,) = [
+        r["gate"]
+        for r in run_gate([tmp_path / "run" / "variants" / "onnx-int8"], GateConfig(max_eval_samples=60, record=False))
+    ]
     assert g["machine"]["device"] == g["reference"]["device"] == "cpu" and g["reference"]["name"] == "onnx-fp32"
     if (report_dir / "gate" / "gate.md").is_file():
         assert "onnx-int8 |" in (report_dir / "gate" / "gate.md").read_text()  # same device: no mark
 
 
-def test_export_all_on_a_gpu_asks_each_variant_for_its_planned_device(fake_gpu, tiny_checkpoint, tmp_path,
-                                                                       monkeypatch, capsys):
+def test_export_all_on_a_gpu_asks_each_variant_for_its_planned_device(
+    fake_gpu, tiny_checkpoint, tmp_path, monkeypatch, capsys
+):
     """`qserve export CKPT --all --device cuda` beside the CPU onnxruntime: every variant the machine runs, the
     ONNX ones exported (and parity-checked) on the CPU with a note, OpenVINO skipped where it is not installed.
     The exporter itself is replaced by a recorder: what is decided here is the device each one is asked for (the
@@ -138,8 +187,13 @@ def test_export_all_on_a_gpu_asks_each_variant_for_its_planned_device(fake_gpu, 
 
     fake_gpu()
     real = placement.not_installed
-    monkeypatch.setattr(placement, "not_installed", lambda spec: "openvino is not installed: pip install "
-                        "'qserve[openvino]'" if spec.backend == "openvino" else real(spec))
+    monkeypatch.setattr(
+        placement,
+        "not_installed",
+        lambda spec: (
+            "openvino is not installed: pip install 'qserve[openvino]'" if spec.backend == "openvino" else real(spec)
+        ),
+    )
     asked: dict[str, str] = {}
 
     def export(checkpoint, name, out, device, **kw):
@@ -149,8 +203,17 @@ def test_export_all_on_a_gpu_asks_each_variant_for_its_planned_device(fake_gpu, 
     monkeypatch.setattr(exporters, "export", export)
     assert cli_main(["export", str(tiny_checkpoint), "--all", "--device", "cuda", "--out", str(tmp_path)]) == 1
     err = capsys.readouterr().err
-    assert asked == {"torch-fp32": "cuda", "torch-bf16": "cuda", "torch-fp16": "cuda", "bnb-int8": "cuda",
-                     "bnb-nf4": "cuda", "bnb-fp4": "cuda", "onnx-fp32": "cpu", "onnx-fp16": "cpu", "onnx-int8": "cpu",
-                     "onnx-int4": "cpu"}
+    assert asked == {
+        "torch-fp32": "cuda",
+        "torch-bf16": "cuda",
+        "torch-fp16": "cuda",
+        "bnb-int8": "cuda",
+        "bnb-nf4": "cuda",
+        "bnb-fp4": "cuda",
+        "onnx-fp32": "cpu",
+        "onnx-fp16": "cpu",
+        "onnx-int8": "cpu",
+        "onnx-int4": "cpu",
+    }
     assert "note: onnx-fp32 is exported and parity-checked on the cpu: onnxruntime 1.30.0 is the CPU build" in err
     assert "skipping ov-int8: openvino is not installed: pip install 'qserve[openvino]'" in err

@@ -17,19 +17,41 @@ import exporters
 from qserve.bench.invariance import compare
 from qserve.runtime import RuntimeOptions, load_runtime
 
-TEXTS = ["ok", "bad", "Worst movie of the year. Avoid.", "A wonderful, moving film with superb performances.",
-         "It was fine, I guess. Some good scenes, some boring ones.",
-         "The cinematography is gorgeous but the script is lazy and the ending is predictable. " * 6,
-         "I expected to hate it, and I did not: the second half completely won me over.",
-         "Not bad at all! Would watch again with friends.", "dull", "An instant classic, " * 9,
-         "The acting was wooden and the plot made no sense at all.", "Loved it."]
+TEXTS = [
+    "ok",
+    "bad",
+    "Worst movie of the year. Avoid.",
+    "A wonderful, moving film with superb performances.",
+    "It was fine, I guess. Some good scenes, some boring ones.",
+    "The cinematography is gorgeous but the script is lazy and the ending is predictable. " * 6,
+    "I expected to hate it, and I did not: the second half completely won me over.",
+    "Not bad at all! Would watch again with friends.",
+    "dull",
+    "An instant classic, " * 9,
+    "The acting was wooden and the plot made no sense at all.",
+    "Loved it.",
+]
 # Probability bounds (README, "One text, one answer"): exact-rounding variants 1e-5; bf16 and
 # bitsandbytes the bound measured for them on the embedded default.
-BOUND = {"torch-fp32": 1e-5, "onnx-fp32": 1e-5, "onnx-int8": 1e-5, "onnx-int8 per-row": 1e-5, "onnx-int4": 1e-5,
-         "torch-bf16": 1e-2, "bnb-int8": 1e-5, "bnb-nf4": 1e-2, "bnb-fp4": 1e-2}
-VARIANTS = {"torch-fp32": ("torch-fp32", {}), "torch-bf16": ("torch-bf16", {}), "onnx-fp32": ("onnx-fp32", {}),
-            "onnx-int8": ("onnx-int8", {}), "onnx-int8 per-row": ("onnx-int8", {"activation_scales": "per-row"}),
-            "onnx-int4": ("onnx-int4", {})}
+BOUND = {
+    "torch-fp32": 1e-5,
+    "onnx-fp32": 1e-5,
+    "onnx-int8": 1e-5,
+    "onnx-int8 per-row": 1e-5,
+    "onnx-int4": 1e-5,
+    "torch-bf16": 1e-2,
+    "bnb-int8": 1e-5,
+    "bnb-nf4": 1e-2,
+    "bnb-fp4": 1e-2,
+}
+VARIANTS = {
+    "torch-fp32": ("torch-fp32", {}),
+    "torch-bf16": ("torch-bf16", {}),
+    "onnx-fp32": ("onnx-fp32", {}),
+    "onnx-int8": ("onnx-int8", {}),
+    "onnx-int8 per-row": ("onnx-int8", {"activation_scales": "per-row"}),
+    "onnx-int4": ("onnx-int4", {}),
+}
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +74,7 @@ def random_mixed_batches(runtime, texts: list[str], seed: int, trials: int = 3) 
         got = np.empty_like(alone)
         start = 0
         while start < len(order):
-            idx = order[start:start + int(rng.integers(2, len(texts) + 1))]
+            idx = order[start : start + int(rng.integers(2, len(texts) + 1))]
             got[idx] = runtime.predict([texts[i] for i in idx])
             start += len(idx)
         worst = max(worst, float(np.abs(got - alone).max()))
@@ -91,7 +113,10 @@ def test_per_row_graph_is_row_independent_when_batched(variants):
     rt = load_runtime(variants["onnx-int8 per-row"], "cpu", RuntimeOptions(threads=1))
     assert rt.batch_invariant and not rt.row_by_row  # one forward per batch, no row splitting needed
     assert rt.manifest.record("onnx")["quantization"]["activation_scales"] == "per-row"
-    assert "MatMulIntegerToFloat" in rt.manifest.record("onnx")["ops"] and "DynamicQuantizeLinear" not in rt.manifest.record("onnx")["ops"]
+    assert (
+        "MatMulIntegerToFloat" in rt.manifest.record("onnx")["ops"]
+        and "DynamicQuantizeLinear" not in rt.manifest.record("onnx")["ops"]
+    )
     batch = rt.tokenize(TEXTS)
     alone = np.concatenate([rt.forward(rt.tokenize([t])) for t in TEXTS])
     assert np.abs(rt.forward(batch) - alone).max() <= 1e-5  # the raw batched forward itself

@@ -24,10 +24,35 @@ def test_the_benchmark_runs_on_the_tiny_variant(tiny_variant, tmp_path):
     other = tmp_path / "v2"
     shutil.copytree(tiny_variant, other)  # the dir m is swapped to (same content: a reload)
     out = tmp_path / "report"
-    rc = bench.main([str(tiny_variant), "--swap-to", str(other), "--reference", str(tiny_variant),
-                     "--shadow-rate", "0.5", "--duration", "0.5", "--rounds", "1", "--concurrency", "4",
-                     "--swap-concurrency", "4", "--swap-before-s", "1", "--swap-after-s", "0.5", "--settle-s", "0.2",
-                     "--threads", "1", "--out", str(out)])
+    rc = bench.main(
+        [
+            str(tiny_variant),
+            "--swap-to",
+            str(other),
+            "--reference",
+            str(tiny_variant),
+            "--shadow-rate",
+            "0.5",
+            "--duration",
+            "0.5",
+            "--rounds",
+            "1",
+            "--concurrency",
+            "4",
+            "--swap-concurrency",
+            "4",
+            "--swap-before-s",
+            "1",
+            "--swap-after-s",
+            "0.5",
+            "--settle-s",
+            "0.2",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     rep = json.loads((out / "report.json").read_text())
     s = rep["summary"]

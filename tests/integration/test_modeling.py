@@ -1,6 +1,6 @@
 """qserve.modeling: the exact BERT -> DistilBERT map, and the three ways to name a model.
 
-    python -m pytest tests/integration/test_modeling.py -q
+python -m pytest tests/integration/test_modeling.py -q
 """
 
 from __future__ import annotations
@@ -10,11 +10,21 @@ import json
 import pytest
 
 from qserve import QserveError
-from qserve.modeling import (DEFAULT_NAME, bert_to_distilbert, default_model_dir, default_tokenizer,
-                             load_for_training, model_name_for)
+from qserve.modeling import (
+    DEFAULT_NAME,
+    bert_to_distilbert,
+    default_model_dir,
+    default_tokenizer,
+    load_for_training,
+    model_name_for,
+)
 
-TEXTS = ["A wonderful film.", "Terrible acting, a plot full of holes, and an ending I saw coming an hour early.",
-         "ok", "Not bad at all! Would watch again with friends."]
+TEXTS = [
+    "A wonderful film.",
+    "Terrible acting, a plot full of holes, and an ending I saw coming an hour early.",
+    "ok",
+    "Not bad at all! Would watch again with friends.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +48,11 @@ def test_mapped_distilbert_matches_bert_hidden_states(minilm):
     enc = default_tokenizer()(TEXTS, padding=True, return_tensors="pt")
     assert enc["attention_mask"].min() == 0  # the batch really is padded
     with torch.no_grad():
-        ref = bert(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                   token_type_ids=torch.zeros_like(enc["input_ids"])).last_hidden_state
+        ref = bert(
+            input_ids=enc["input_ids"],
+            attention_mask=enc["attention_mask"],
+            token_type_ids=torch.zeros_like(enc["input_ids"]),
+        ).last_hidden_state
         got = distil(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).last_hidden_state
     real = enc["attention_mask"].bool()
     assert (ref - got)[real].abs().max().item() < 1e-4
@@ -51,7 +64,9 @@ def test_map_folds_segment_zero_into_positions(minilm):
     _, mapped = bert_to_distilbert(state, cfg)
     expected = state["embeddings.position_embeddings.weight"] + state["embeddings.token_type_embeddings.weight"][0]
     assert mapped["embeddings.position_embeddings.weight"].equal(expected)
-    assert mapped["transformer.layer.5.attention.q_lin.weight"].equal(state["encoder.layer.5.attention.self.query.weight"])
+    assert mapped["transformer.layer.5.attention.q_lin.weight"].equal(
+        state["encoder.layer.5.attention.self.query.weight"]
+    )
     assert mapped["transformer.layer.0.output_layer_norm.bias"].equal(state["encoder.layer.0.output.LayerNorm.bias"])
     assert not any(k.startswith("pooler") for k in mapped)
 
@@ -108,8 +123,10 @@ def test_hub_id_passes_labels_to_from_pretrained(monkeypatch, tiny_checkpoint):
     import transformers
 
     calls = {}
-    real_model, real_tok = (transformers.AutoModelForSequenceClassification.from_pretrained,
-                            transformers.AutoTokenizer.from_pretrained)
+    real_model, real_tok = (
+        transformers.AutoModelForSequenceClassification.from_pretrained,
+        transformers.AutoTokenizer.from_pretrained,
+    )
 
     def fake_model(source, **kw):
         calls["model"] = (source, kw)
@@ -159,8 +176,10 @@ def test_load_tokenizer_is_what_autotokenizer_loads(tiny_checkpoint, tmp_path):
         assert type(ours) is type(auto), folder
         assert ours.model_input_names == auto.model_input_names
         assert ours.all_special_tokens == auto.all_special_tokens and ours.pad_token_id == auto.pad_token_id
-        assert ours(TEXTS, TEXTS[::-1], truncation=True, max_length=16).data == \
-            auto(TEXTS, TEXTS[::-1], truncation=True, max_length=16).data
+        assert (
+            ours(TEXTS, TEXTS[::-1], truncation=True, max_length=16).data
+            == auto(TEXTS, TEXTS[::-1], truncation=True, max_length=16).data
+        )
 
 
 def test_load_tokenizer_skips_the_auto_classes(tiny_checkpoint):
@@ -169,10 +188,12 @@ def test_load_tokenizer_skips_the_auto_classes(tiny_checkpoint):
     import subprocess
     import sys
 
-    code = ("import sys; from qserve.modeling import load_tokenizer; "
-            f"t = load_tokenizer({str(tiny_checkpoint)!r}); "
-            "print(type(t).__name__, sorted(m for m in ('sklearn', 'scipy', 'transformers.models.auto.modeling_auto') "
-            "if m in sys.modules))")
+    code = (
+        "import sys; from qserve.modeling import load_tokenizer; "
+        f"t = load_tokenizer({str(tiny_checkpoint)!r}); "
+        "print(type(t).__name__, sorted(m for m in ('sklearn', 'scipy', 'transformers.models.auto.modeling_auto') "
+        "if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     from transformers import AutoTokenizer
 
@@ -189,16 +210,22 @@ def test_model_commands_load_torch_models_without_scikit_learn_or_scipy(tiny_che
     import subprocess
     import sys
 
-    load = ("from transformers import AutoModelForSequenceClassification as A; "
-            f"m = A.from_pretrained({str(tiny_checkpoint)!r}).eval(); import torch; "
-            "print(m(input_ids=torch.tensor([[101, 2204, 102]])).logits.tolist()); "
-            "print('sklearn' in sys.modules, 'scipy' in sys.modules)")
-    cli = ("from qserve.cli import main; "
-           f"rc = main(['export', {str(tmp_path / 'missing')!r}, '--variant', 'torch-fp32', "
-           f"'--out', {str(tmp_path / 'v')!r}]); assert rc == 2, rc; ")
+    load = (
+        "from transformers import AutoModelForSequenceClassification as A; "
+        f"m = A.from_pretrained({str(tiny_checkpoint)!r}).eval(); import torch; "
+        "print(m(input_ids=torch.tensor([[101, 2204, 102]])).logits.tolist()); "
+        "print('sklearn' in sys.modules, 'scipy' in sys.modules)"
+    )
+    cli = (
+        "from qserve.cli import main; "
+        f"rc = main(['export', {str(tmp_path / 'missing')!r}, '--variant', 'torch-fp32', "
+        f"'--out', {str(tmp_path / 'v')!r}]); assert rc == 2, rc; "
+    )
+
     def run(code: str) -> list[str]:
-        return subprocess.run([sys.executable, "-c", "import sys; " + code], capture_output=True,
-                              text=True, check=True).stdout.split("\n")[-3:-1]
+        return subprocess.run(
+            [sys.executable, "-c", "import sys; " + code], capture_output=True, text=True, check=True
+        ).stdout.split("\n")[-3:-1]
 
     (plain_logits, plain_mods), (logits, mods) = run(load), run(cli + load)
     assert plain_mods == "True True" and mods == "False False"

@@ -1,6 +1,6 @@
 """ONNX variants: export, load through the runtime contract and optimum, parity, graph contents.
 
-    python -m pytest tests/integration/test_onnx_exporters.py -q
+python -m pytest tests/integration/test_onnx_exporters.py -q
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
+from conftest import MIXED_TEXTS as TEXTS  # noqa: E402
+from conftest import assert_refused_before_writing
+
 import exporters  # noqa: E402
-from exporters.core import TOLERANCE, TOKENIZER_FILES, reference_logits  # noqa: E402
+from exporters.core import TOKENIZER_FILES, TOLERANCE, reference_logits  # noqa: E402
 from qserve import QserveError  # noqa: E402
-from conftest import MIXED_TEXTS as TEXTS, assert_refused_before_writing  # noqa: E402
 from qserve.artifact import read_manifest  # noqa: E402
 from qserve.runtime import RuntimeOptions, load_runtime  # noqa: E402
 
@@ -36,8 +38,9 @@ BATCH_TOL = {"fp32": 1e-5, "fp16": 1e-3, "int8": 1e-5, "int4": 1e-5}
 @pytest.fixture(scope="module")
 def onnx_variants(tiny_checkpoint, tmp_path_factory) -> dict[str, tuple[Path, dict]]:
     root = tmp_path_factory.mktemp("onnx-variants")
-    return {name: (root / name, exporters.export(tiny_checkpoint, name, root / name).to_json())
-            for name in ONNX_VARIANTS}
+    return {
+        name: (root / name, exporters.export(tiny_checkpoint, name, root / name).to_json()) for name in ONNX_VARIANTS
+    }
 
 
 @pytest.fixture(scope="module")
@@ -131,8 +134,10 @@ def test_fp32_graph_has_dynamic_batch_and_sequence_axes(onnx_variants):
 def test_fp32_export_is_qserves_own(tiny_checkpoint, tmp_path):
     """The fp32 graph comes from torch.onnx alone: with optimum unimportable the export still runs, with the
     opset it records and the inputs the tiny DistilBERT takes."""
-    code = ("import sys; sys.modules['optimum'] = None; from pathlib import Path; from exporters.onnx import export_fp32; "
-            f"print(export_fp32(Path({str(tiny_checkpoint)!r}), Path({str(tmp_path / 'out')!r}), opset=17))")
+    code = (
+        "import sys; sys.modules['optimum'] = None; from pathlib import Path; from exporters.onnx import export_fp32; "
+        f"print(export_fp32(Path({str(tiny_checkpoint)!r}), Path({str(tmp_path / 'out')!r}), opset=17))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-1] == "17"
@@ -168,7 +173,8 @@ def test_int8_graph_holds_signed_int8_quantized_ops(onnx_variants):
     ops = _ops(path)
     assert {"MatMulInteger", "DynamicQuantizeLinear"} <= ops
     float_matmuls_with_weights = [
-        n for n in _graph(path).graph.node
+        n
+        for n in _graph(path).graph.node
         if n.op_type in ("MatMul", "Gemm") and n.input[1] in {t.name for t in _graph(path).graph.initializer}
     ]
     assert float_matmuls_with_weights == []
@@ -180,7 +186,9 @@ def test_int8_graph_holds_signed_int8_quantized_ops(onnx_variants):
 
 def test_int8_optimize_fuses_attention_before_quantizing(tiny_checkpoint, reference, tmp_path):
     out = tmp_path / "onnx-int8-fused"
-    manifest = exporters.export(tiny_checkpoint, "onnx-int8", out, options={"optimize": True, "per_channel": False}).to_json()
+    manifest = exporters.export(
+        tiny_checkpoint, "onnx-int8", out, options={"optimize": True, "per_channel": False}
+    ).to_json()
     assert {"QAttention", "SkipLayerNormalization"} <= _ops(out)
     assert manifest["onnx"]["fusions"]["Attention"] == 2  # one per layer of the tiny model
     assert manifest["onnx"]["quantization"]["per_channel"] is False
@@ -212,8 +220,9 @@ def test_int4_graph_holds_matmulnbits(onnx_variants):
 
 def test_int4_quantize_embeddings_and_block_size(tiny_checkpoint, onnx_variants, reference, tmp_path):
     out = tmp_path / "onnx-int4-emb"
-    manifest = exporters.export(tiny_checkpoint, "onnx-int4", out,
-                                options={"quantize_embeddings": True, "block_size": 16}).to_json()
+    manifest = exporters.export(
+        tiny_checkpoint, "onnx-int4", out, options={"quantize_embeddings": True, "block_size": 16}
+    ).to_json()
     assert {"MatMulNBits", "GatherBlockQuantized"} <= _ops(out)
     assert manifest["spec"]["options"] == {"quantize_embeddings": True, "block_size": 16}
     assert manifest["onnx"]["quantization"]["op_types"] == ["MatMul", "Gather"]
@@ -224,13 +233,16 @@ def test_int4_quantize_embeddings_and_block_size(tiny_checkpoint, onnx_variants,
     assert np.abs(got - reference).max() <= RELATIVE_TOL["int4"] * np.abs(reference).max()
 
 
-@pytest.mark.parametrize("name,options,words", [
-    ("onnx-int8", {"bogus": 1}, ["'bogus'", "onnx-int8", "per_channel", "reduce_range"]),
-    ("onnx-fp32", {"per_channel": True}, ["'per_channel'", "onnx-fp32", "allowed: opset"]),
-    ("onnx-int4", {"block_size": 33}, ["block_size", "power of two"]),
-    ("onnx-int4", {"accuracy_level": 7}, ["accuracy_level", "0, 1, 2, 3, 4"]),
-    ("onnx-int8", {"per_channel": "yes"}, ["per_channel", "true or false"]),
-])
+@pytest.mark.parametrize(
+    "name,options,words",
+    [
+        ("onnx-int8", {"bogus": 1}, ["'bogus'", "onnx-int8", "per_channel", "reduce_range"]),
+        ("onnx-fp32", {"per_channel": True}, ["'per_channel'", "onnx-fp32", "allowed: opset"]),
+        ("onnx-int4", {"block_size": 33}, ["block_size", "power of two"]),
+        ("onnx-int4", {"accuracy_level": 7}, ["accuracy_level", "0, 1, 2, 3, 4"]),
+        ("onnx-int8", {"per_channel": "yes"}, ["per_channel", "true or false"]),
+    ],
+)
 def test_bad_options_are_refused_before_anything_is_written(tiny_checkpoint, tmp_path, name, options, words):
     assert_refused_before_writing(tiny_checkpoint, tmp_path, name, options, words)
 

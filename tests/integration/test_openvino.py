@@ -19,12 +19,15 @@ pytest.importorskip("openvino")
 pytest.importorskip("nncf")
 pytest.importorskip("optimum.intel")
 
+from conftest import MIXED_TEXTS as TEXTS  # noqa: E402
+
 import exporters  # noqa: E402
 from exporters.core import TOKENIZER_FILES, reference_logits  # noqa: E402
 from qserve.artifact import VariantError  # noqa: E402
-from qserve.runtime import load_runtime  # noqa: E402
-from qserve.runtime import ov_probe  # noqa: E402
-from conftest import MIXED_TEXTS as TEXTS  # noqa: E402
+from qserve.runtime import (
+    load_runtime,  # noqa: E402
+    ov_probe,  # noqa: E402
+)
 
 OV_VARIANTS = ["ov-fp32", "ov-bf16", "ov-int8"]
 # Error relative to the tiny model's logit scale (|logit| ~ 0.2), as in test_onnx_exporters.
@@ -97,8 +100,10 @@ def test_runtime_matches_fp32_reference_and_is_batch_invariant(ov_variants, refe
 def test_fit_rows_pads_like_the_tokenizer():
     from qserve.runtime.buckets import fit_rows
 
-    batch = {"input_ids": np.array([[101, 7, 102, 0], [101, 7, 8, 102]]),
-             "attention_mask": np.array([[1, 1, 1, 0], [1, 1, 1, 1]])}
+    batch = {
+        "input_ids": np.array([[101, 7, 102, 0], [101, 7, 8, 102]]),
+        "attention_mask": np.array([[1, 1, 1, 0], [1, 1, 1, 1]]),
+    }
     out = fit_rows(batch, [0], 5, pad_id=0)
     assert out["input_ids"].tolist() == [[101, 7, 102, 0, 0]] and out["attention_mask"].tolist() == [[1, 1, 1, 0, 0]]
     out = fit_rows(batch, [1, 0], 4, pad_id=9)
@@ -130,9 +135,8 @@ def test_ov_int8_runs_each_text_at_its_bucket_and_answers_alike_in_any_batch(ov_
 
 @pytest.mark.parametrize("name", OV_VARIANTS)
 def test_a_batch_runs_as_shares_on_single_threaded_streams_with_the_same_answers(ov_variants, name):
-    from qserve.runtime import RuntimeOptions
-
     from qserve.devices import usable_cores
+    from qserve.runtime import RuntimeOptions
 
     if usable_cores() < 2:
         pytest.skip("OpenVINO gives one stream per core: side-by-side shares need 2 cores")
@@ -232,16 +236,18 @@ def probe_crashes(monkeypatch):
     ov_probe.reset()
 
 
-def test_probe_crash_skips_ov_variants_and_the_others_export(probe_crashes, tiny_checkpoint, tmp_path, capsys,
-                                                             monkeypatch):
+def test_probe_crash_skips_ov_variants_and_the_others_export(
+    probe_crashes, tiny_checkpoint, tmp_path, capsys, monkeypatch
+):
     import exporters.cli as export_cli
     import qserve.variants as variants
     from qserve.cli import main
 
     # --all over a short list (the full list would export all 13 variants: minutes, for no more coverage)
     names = ["ov-fp32", "torch-fp32", "ov-int8", "ov-bf16"]
-    monkeypatch.setattr(export_cli, "supported", lambda device, include_slow=False: [variants.VARIANTS[n]
-                                                                                 for n in names])
+    monkeypatch.setattr(
+        export_cli, "supported", lambda device, include_slow=False: [variants.VARIANTS[n] for n in names]
+    )
     assert main(["export", str(tiny_checkpoint), "--all", "--out", str(tmp_path), "--device", "cpu"]) == 0
     err = capsys.readouterr().err
     for name in ("ov-fp32", "ov-int8", "ov-bf16"):
@@ -256,8 +262,10 @@ def test_probe_crash_is_an_error_not_a_crash_when_loading(ov_variants, monkeypat
     monkeypatch.setenv(ov_probe.FAULT_ENV, "SIGSEGV")
     ov_probe.reset()
     try:
-        with pytest.raises(ov_probe.OpenVINOUnavailable,
-                           match="ov-fp32 unavailable on this CPU: OpenVINO's CPU plugin died with SIGSEGV"):
+        with pytest.raises(
+            ov_probe.OpenVINOUnavailable,
+            match="ov-fp32 unavailable on this CPU: OpenVINO's CPU plugin died with SIGSEGV",
+        ):
             load_runtime(path, "cpu")
         monkeypatch.setenv(ov_probe.FAULT_ENV, "refuse")
         ov_probe.reset()

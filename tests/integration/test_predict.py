@@ -1,6 +1,6 @@
 """`qserve predict`: every row answered as /v1/classify answers it, in order, bad rows named, resumable after kill -9.
 
-    python -m pytest tests/integration/test_predict.py -q
+python -m pytest tests/integration/test_predict.py -q
 """
 
 from __future__ import annotations
@@ -53,8 +53,11 @@ def variants(tmp_path_factory, tiny_variant, tiny_checkpoint) -> dict[str, Path]
 
     root = tmp_path_factory.mktemp("predict-variants")
     exporters.export(tiny_checkpoint, "onnx-int8", root / "onnx-int8")
-    return {"single": tiny_variant, "int8": root / "onnx-int8",
-            **{k: _variant(root, k) for k in ("multi", "regression", "pair")}}
+    return {
+        "single": tiny_variant,
+        "int8": root / "onnx-int8",
+        **{k: _variant(root, k) for k in ("multi", "regression", "pair")},
+    }
 
 
 def _same(got: float, served: float, exact: bool) -> bool:
@@ -85,16 +88,23 @@ def _v1(variant: Path, texts: list[str], pairs: list[str] | None = None, **body)
     from qserve.serve.infra.config import ServeConfig
 
     out = []
-    with serving(ServeConfig(variant_dir=str(variant), port=0, threads=1, max_wait_ms=1)) as srv, \
-            httpx2.Client(base_url=srv.url, timeout=60, trust_env=False) as c:
+    with (
+        serving(ServeConfig(variant_dir=str(variant), port=0, threads=1, max_wait_ms=1)) as srv,
+        httpx2.Client(base_url=srv.url, timeout=60, trust_env=False) as c,
+    ):
         for i in range(0, len(texts), 64):
-            inputs = texts[i:i + 64] if pairs is None else [{"text": t, "text_pair": p} for t, p in
-                                                          zip(texts[i:i + 64], pairs[i:i + 64])]
+            inputs = (
+                texts[i : i + 64]
+                if pairs is None
+                else [{"text": t, "text_pair": p} for t, p in zip(texts[i : i + 64], pairs[i : i + 64])]
+            )
             r = c.post("/v1/classify", json={"inputs": inputs, **body})
             assert r.status_code == 200, r.text
             b = r.json()
-            out += [{"pred": p, "tokens": b["tokens"][j], "windows": b["windows"][j], "truncated": b["truncated"][j]}
-                    for j, p in enumerate(b["predictions"])]
+            out += [
+                {"pred": p, "tokens": b["tokens"][j], "windows": b["windows"][j], "truncated": b["truncated"][j]}
+                for j, p in enumerate(b["predictions"])
+            ]
     return out
 
 
@@ -144,10 +154,16 @@ def test_each_row_is_what_v1_classify_answers(variants, tmp_path, kind):
 def test_bad_rows_get_their_error_and_the_rest_are_scored(tiny_variant, tmp_path):
     src = tmp_path / "in.jsonl"
     good = _texts(6)
-    lines = [json.dumps({"id": 0, "text": good[0]}), json.dumps({"id": 1, "text": ""}),
-             json.dumps({"id": 2, "text": 7}), json.dumps({"id": 3}), "{not json",
-             json.dumps({"id": 5, "text": "x" * 60}), json.dumps({"id": 6, "text": "\u200b \t"}),
-             json.dumps({"id": 7, "text": good[1]})]
+    lines = [
+        json.dumps({"id": 0, "text": good[0]}),
+        json.dumps({"id": 1, "text": ""}),
+        json.dumps({"id": 2, "text": 7}),
+        json.dumps({"id": 3}),
+        "{not json",
+        json.dumps({"id": 5, "text": "x" * 60}),
+        json.dumps({"id": 6, "text": "\u200b \t"}),
+        json.dumps({"id": 7, "text": good[1]}),
+    ]
     src.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.jsonl"
     assert _predict(tiny_variant, src, "--out", out, "--max-chars", "50") == 0
@@ -166,8 +182,23 @@ def test_bad_rows_get_their_error_and_the_rest_are_scored(tiny_variant, tmp_path
     # --on-error fail stops at the first bad row, naming it; a missing column names the file and its columns
     from qserve.cli import main
 
-    assert main(["predict", str(tiny_variant), str(src), "--out", str(tmp_path / "f.jsonl"), "--on-error", "fail",
-                 "--id-column", "id", "--quiet"]) == 2
+    assert (
+        main(
+            [
+                "predict",
+                str(tiny_variant),
+                str(src),
+                "--out",
+                str(tmp_path / "f.jsonl"),
+                "--on-error",
+                "fail",
+                "--id-column",
+                "id",
+                "--quiet",
+            ]
+        )
+        == 2
+    )
     assert not (tmp_path / "f.jsonl.parts").exists()  # a refused job leaves nothing that refuses the next
     csv_in = tmp_path / "in.csv"
     csv_in.write_text("id,body\n1,hello\n")
@@ -176,8 +207,11 @@ def test_bad_rows_get_their_error_and_the_rest_are_scored(tiny_variant, tmp_path
     from qserve.predict.runner import run
 
     with pytest.raises(QserveError, match=r"row 2 \(id 1\): text is empty"):
-        run(PredictConfig(str(tiny_variant), str(src), str(tmp_path / "f.jsonl"), on_error="fail", id_column="id",
-                          quiet=True))
+        run(
+            PredictConfig(
+                str(tiny_variant), str(src), str(tmp_path / "f.jsonl"), on_error="fail", id_column="id", quiet=True
+            )
+        )
     with pytest.raises(QserveError, match=r"in.csv has no column 'text' \(--text-column\); its columns: id, body"):
         run(PredictConfig(str(tiny_variant), str(csv_in), str(tmp_path / "c.csv"), quiet=True))
     with pytest.raises(QserveError, match=r"--out .*out.jsonl already exists"):
@@ -185,8 +219,22 @@ def test_bad_rows_get_their_error_and_the_rest_are_scored(tiny_variant, tmp_path
 
 
 def _cmd(variant: Path, src: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "qserve", "predict", str(variant), str(src), "--out", str(out), "--chunk-rows",
-            "10", "--batch-size", "8", "--threads", "1"]
+    return [
+        sys.executable,
+        "-m",
+        "qserve",
+        "predict",
+        str(variant),
+        str(src),
+        "--out",
+        str(out),
+        "--chunk-rows",
+        "10",
+        "--batch-size",
+        "8",
+        "--threads",
+        "1",
+    ]
 
 
 def test_kill_9_then_the_same_command_gives_exactly_the_uninterrupted_output(variants, tiny_variant, tmp_path):
@@ -231,12 +279,13 @@ def test_csv_and_parquet_directory_in_the_same_answers(tiny_variant, tmp_path):
 
     texts = _texts(30)
     src = tmp_path / "in.csv"
-    src.write_text("id,text,note\n" + "".join(f"{i},\"{t}\",n{i}\n" for i, t in enumerate(texts)))
+    src.write_text("id,text,note\n" + "".join(f'{i},"{t}",n{i}\n' for i, t in enumerate(texts)))
     d = tmp_path / "pq"
     d.mkdir()
     for k in range(3):
-        pq.write_table(pa.table({"id": list(range(k * 10, k * 10 + 10)), "text": texts[k * 10:k * 10 + 10]}),
-                       d / f"{k}.parquet")
+        pq.write_table(
+            pa.table({"id": list(range(k * 10, k * 10 + 10)), "text": texts[k * 10 : k * 10 + 10]}), d / f"{k}.parquet"
+        )
     assert _predict(tiny_variant, src, "--out", tmp_path / "a.csv") == 0
     assert _predict(tiny_variant, d, "--out", tmp_path / "b.jsonl") == 0  # one chunk over three files
     import csv

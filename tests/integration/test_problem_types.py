@@ -15,14 +15,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from qserve import QserveError, problemtypes as problems
 from conftest import build_tiny_checkpoint, serving
+
+from qserve import QserveError
+from qserve import problemtypes as problems
 
 httpx2 = pytest.importorskip("httpx2")
 
-TOPICS = {"sports": ["goal", "match", "team", "coach"], "politics": ["vote", "senate", "law", "election"],
-          "tech": ["chip", "code", "robot", "app"]}
+TOPICS = {
+    "sports": ["goal", "match", "team", "coach"],
+    "politics": ["vote", "senate", "law", "election"],
+    "tech": ["chip", "code", "robot", "app"],
+}
 TEXTS = ["goal match team coach", "vote senate law", "chip code robot", "a quiet afternoon"]
 
 
@@ -50,6 +54,7 @@ def write_regression(path: Path, n: int = 80) -> Path:
 
 # -- data ---------------------------------------------------------------------------------------
 
+
 def test_local_files_infer_the_problem_type_and_split_accordingly(tmp_path):
     from qserve.data.datasets import load_dataset
 
@@ -63,8 +68,10 @@ def test_local_files_infer_the_problem_type_and_split_accordingly(tmp_path):
     assert "class_counts" in reg.info and reg.info["class_counts"]["test"] == {"value": 0}
     # a CSV cell holding a JSON list is multi-label; integer labels are single-label unless told otherwise
     p = tmp_path / "cells.csv"
-    p.write_text("text,label\n" + "".join(f'"t{i}","[""a"", ""b""]"\n' if i % 2 else f"t{i},[\"a\"]\n"
-                                          for i in range(30)), encoding="utf-8")
+    p.write_text(
+        "text,label\n" + "".join(f'"t{i}","[""a"", ""b""]"\n' if i % 2 else f't{i},["a"]\n' for i in range(30)),
+        encoding="utf-8",
+    )
     assert load_dataset(str(p)).problem_type == problems.MULTI
     q = tmp_path / "ints.csv"
     q.write_text("text,label\n" + "".join(f"t{i},{i % 3}\n" for i in range(30)), encoding="utf-8")
@@ -100,11 +107,14 @@ def test_scores_and_agreement_per_problem_type():
     assert problems.from_config({"id2label": {"0": "a", "1": "b"}}) == problems.SINGLE
     m = problems.metrics([[1, 0, 1], [0, 1, 0]], [(0, 2), (0,)], problems.MULTI, 3)
     assert m == {"accuracy": 0.5, "label_accuracy": pytest.approx(4 / 6)}
-    assert problems.metrics([[1.0], [3.0]], [2.0, 3.0], problems.REGRESSION, 1) == {"mae": 0.5,
-                                                                                   "rmse": pytest.approx(0.5 ** 0.5)}
+    assert problems.metrics([[1.0], [3.0]], [2.0, 3.0], problems.REGRESSION, 1) == {
+        "mae": 0.5,
+        "rmse": pytest.approx(0.5**0.5),
+    }
 
 
 # -- training, export, serving ------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
@@ -117,8 +127,30 @@ def trained(tmp_path_factory):
     out = {}
     for kind, data in files.items():
         ck = root / f"{kind}-ck"
-        assert main(["train", "--model", str(base), "--dataset", str(data), "--out", str(ck), "--precision",
-                     "32-true", "--max-length", "32", "--batch-size", "16", "--lr", "1e-3", "--epochs", "2"]) == 0
+        assert (
+            main(
+                [
+                    "train",
+                    "--model",
+                    str(base),
+                    "--dataset",
+                    str(data),
+                    "--out",
+                    str(ck),
+                    "--precision",
+                    "32-true",
+                    "--max-length",
+                    "32",
+                    "--batch-size",
+                    "16",
+                    "--lr",
+                    "1e-3",
+                    "--epochs",
+                    "2",
+                ]
+            )
+            == 0
+        )
         out[kind] = ck
     return out
 
@@ -128,8 +160,10 @@ def variants(trained, tmp_path_factory):
     import exporters
 
     root = tmp_path_factory.mktemp("pt-variants")
-    return {kind: exporters.export(ck, "torch-fp32", root / f"{kind}-torch-fp32") and root / f"{kind}-torch-fp32"
-            for kind, ck in trained.items()}
+    return {
+        kind: exporters.export(ck, "torch-fp32", root / f"{kind}-torch-fp32") and root / f"{kind}-torch-fp32"
+        for kind, ck in trained.items()
+    }
 
 
 def test_training_records_the_problem_type_and_its_metrics(trained):
@@ -162,7 +196,6 @@ def test_multi_label_exports_pass_parity(trained, tmp_path):
 
 def test_an_edited_problem_type_is_refused(variants, tmp_path):
     import shutil
-
     from dataclasses import replace
 
     from qserve.artifact import VariantError, read_manifest, write_manifest
@@ -170,19 +203,22 @@ def test_an_edited_problem_type_is_refused(variants, tmp_path):
 
     copy = tmp_path / "v"
     shutil.copytree(variants["multi"], copy)
-    write_manifest(copy, replace(read_manifest(copy), problem_type=problems.SINGLE))  # resealed, but config.json disagrees
+    write_manifest(
+        copy, replace(read_manifest(copy), problem_type=problems.SINGLE)
+    )  # resealed, but config.json disagrees
     with pytest.raises(VariantError, match="problem_type 'single_label_classification' but the hashed config.json"):
         verify(copy)
 
 
 def test_served_end_to_end_through_v1_and_v2(variants, tiny_variant):
     from qserve.runtime import load_runtime
-    from qserve.serve.infra.config import ServeConfig
     from qserve.serve.core.repository import Repository, sources_from_dirs
+    from qserve.serve.infra.config import ServeConfig
 
     ref = {k: load_runtime(v) for k, v in variants.items()}
-    repo = Repository(sources_from_dirs([f"multi={variants['multi']}", f"reg={variants['regression']}",
-                                         f"single={tiny_variant}"]))
+    repo = Repository(
+        sources_from_dirs([f"multi={variants['multi']}", f"reg={variants['regression']}", f"single={tiny_variant}"])
+    )
     cfg = ServeConfig(variant_dir=str(variants["multi"]), threads=1, max_wait_ms=2, threshold=0.45, grpc_port=0)
     with serving(cfg, repository=repo) as srv, httpx2.Client(base_url=srv.url, timeout=30, trust_env=False) as c:
         # /v1 multi-label: every label, its sigmoid score and `on` at the server's threshold (or the request's)
@@ -231,7 +267,10 @@ def test_served_end_to_end_through_v1_and_v2(variants, tiny_variant):
         cfg_out = c.get("/v2/models/multi/config").json()["output"]
         assert [o["name"] for o in cfg_out] == ["probabilities", "truncated"] and cfg_out[0]["dims"] == [-1, 3]
         assert {m["id"]: m["problem_type"] for m in c.get("/v1/models").json()["models"]} == {
-            "multi": problems.MULTI, "reg": problems.REGRESSION, "single": problems.SINGLE}
+            "multi": problems.MULTI,
+            "reg": problems.REGRESSION,
+            "single": problems.SINGLE,
+        }
 
         # V2 over gRPC: the same outputs
         grpcclient = pytest.importorskip("tritonclient.grpc")

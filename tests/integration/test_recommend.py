@@ -1,6 +1,6 @@
 """The recommended variant: fastest at the headline shape among those meeting the agreement bar.
 
-    python -m pytest tests/integration/test_recommend.py -q
+python -m pytest tests/integration/test_recommend.py -q
 """
 
 from __future__ import annotations
@@ -15,17 +15,35 @@ from qserve.bench.recommend import from_model_dir, md_lines, recommend
 
 
 def _report(rows):
-    variants = [{"name": n, "dir": f"/x/{n}", "status": st, "spec": {"name": n, "bits": bits}, "agreement": agr,
-                 "fixed": [{"batch": 1, "seq": 128, "p50": p50}]} for n, bits, p50, agr, st in rows]
-    return {"headline": {"batch": 1, "seq": 128}, "agreement_reference": "torch-fp32",
-            "environment": {"cpu": {"model": "Test CPU"}}, "variants": variants}
+    variants = [
+        {
+            "name": n,
+            "dir": f"/x/{n}",
+            "status": st,
+            "spec": {"name": n, "bits": bits},
+            "agreement": agr,
+            "fixed": [{"batch": 1, "seq": 128, "p50": p50}],
+        }
+        for n, bits, p50, agr, st in rows
+    ]
+    return {
+        "headline": {"batch": 1, "seq": 128},
+        "agreement_reference": "torch-fp32",
+        "environment": {"cpu": {"model": "Test CPU"}},
+        "variants": variants,
+    }
 
 
 def test_fastest_variant_meeting_its_bar_wins():
-    rep = _report([("torch-fp32", 32, 20.0, 1.0, "ok"), ("onnx-int8", 8, 7.0, 0.991, "ok"),
-                   ("ov-int8", 8, 5.0, 0.985, "ok"),          # faster, but int8 below 99%
-                   ("onnx-int4", 4, 6.0, 0.975, "ok"),        # 4-bit meets its 97% bar
-                   ("ov-bf16", 16, 1.0, None, "failed")])    # failed runs are never recommended
+    rep = _report(
+        [
+            ("torch-fp32", 32, 20.0, 1.0, "ok"),
+            ("onnx-int8", 8, 7.0, 0.991, "ok"),
+            ("ov-int8", 8, 5.0, 0.985, "ok"),  # faster, but int8 below 99%
+            ("onnx-int4", 4, 6.0, 0.975, "ok"),  # 4-bit meets its 97% bar
+            ("ov-bf16", 16, 1.0, None, "failed"),
+        ]
+    )  # failed runs are never recommended
     rec = recommend(rep)
     assert rec["variant"] == "onnx-int4" and rec["bar"] == 0.97 and rec["p50_ms"] == 6.0
     assert "faster but below the bar: ov-int8" in rec["why"] and rec["cpu"] == "Test CPU"
@@ -58,15 +76,19 @@ def test_model_dir_resolves_to_the_recommended_variant(tiny_variant, tmp_path):
 
 def test_real_texts_at_their_own_length_rank_before_the_headline_shape():
     # ov-int8 wins b1/s128, but on real texts (short, each at its own length) onnx-int8 is faster
-    rep = _report([("torch-fp32", 32, 20.0, 1.0, "ok"), ("onnx-int8", 8, 7.0, 0.995, "ok"),
-                   ("ov-int8", 8, 5.0, 0.995, "ok")])
+    rep = _report(
+        [("torch-fp32", 32, 20.0, 1.0, "ok"), ("onnx-int8", 8, 7.0, 0.995, "ok"), ("ov-int8", 8, 5.0, 0.995, "ok")]
+    )
     for v, real in zip(rep["variants"], (9.0, 2.0, 3.5)):
         v["real_text"] = [{"batch": 1, "p50": real}, {"batch": 8, "p50": real * 4}]
     rec = recommend(rep)
     assert rec["variant"] == "onnx-int8" and rec["p50_ms"] == 2.0 and rec["shape"].startswith("b1 on real test texts")
     assert "b1/s128 p50 7.00 ms" in rec["why"]
-    assert [(r["variant"], r["fixed_p50_ms"]) for r in rec["ranking"]] == [("onnx-int8", 7.0), ("ov-int8", 5.0),
-                                                                           ("torch-fp32", 20.0)]
+    assert [(r["variant"], r["fixed_p50_ms"]) for r in rec["ranking"]] == [
+        ("onnx-int8", 7.0),
+        ("ov-int8", 5.0),
+        ("torch-fp32", 20.0),
+    ]
     # one candidate without real-text latency: the whole ranking falls back to the headline shape
     del rep["variants"][2]["real_text"]
     assert recommend(rep)["variant"] == "ov-int8"

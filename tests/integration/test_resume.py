@@ -17,14 +17,13 @@ import os
 import random
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from qserve import QserveError
-from qserve.training.resume import CHECKPOINT, KILL_ENV, PARTIAL_SUFFIX, STARTED
 from qserve.training.config import FILES_WRITTEN, TrainConfig
+from qserve.training.resume import CHECKPOINT, KILL_ENV, PARTIAL_SUFFIX, STARTED
 from qserve.training.train import train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,8 +48,18 @@ def toy_csv(tmp_path_factory) -> Path:
 
 
 def cfg_for(ckpt: Path, data: Path, out: Path, **kw) -> TrainConfig:
-    base = dict(model=str(ckpt), dataset=str(data), out=str(out), max_length=32, batch_size=16, lr=5e-3,
-                epochs=2, precision="32-true", device="cpu", max_eval_samples=20)
+    base = dict(
+        model=str(ckpt),
+        dataset=str(data),
+        out=str(out),
+        max_length=32,
+        batch_size=16,
+        lr=5e-3,
+        epochs=2,
+        precision="32-true",
+        device="cpu",
+        max_eval_samples=20,
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -64,8 +73,7 @@ def kill_run(cfg: TrainConfig, hook: str) -> subprocess.CompletedProcess:
     """Run `qserve train` in a child with the test hook; it must die by SIGKILL. Same torch thread count."""
     import torch
 
-    env = {**os.environ, KILL_ENV: hook, "OMP_NUM_THREADS": str(torch.get_num_threads()),
-           "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, KILL_ENV: hook, "OMP_NUM_THREADS": str(torch.get_num_threads()), "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(argv_for(cfg), cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     return proc
@@ -83,8 +91,14 @@ def assert_same_run(a: Path, b: Path) -> None:
     differ = [k for k in wa if not (wa[k].dtype == wb[k].dtype and bool((wa[k] == wb[k]).all()))]
     assert differ == [], f"weights differ in {differ[:5]}"
     ma, mb = (json.loads((d / "train_metrics.json").read_text()) for d in (a, b))
-    for key in ("optimizer_steps", "train_loss_last_epoch", "val_accuracy_per_epoch", "test_accuracy",
-                "test_loss", "optimizer_state_bytes"):
+    for key in (
+        "optimizer_steps",
+        "train_loss_last_epoch",
+        "val_accuracy_per_epoch",
+        "test_accuracy",
+        "test_loss",
+        "optimizer_state_bytes",
+    ):
         assert ma[key] == mb[key], key
 
 
@@ -95,8 +109,9 @@ CASES = [("32-true", 3, "after:1", 1), ("bf16-mixed", 5, "after:2", 1), ("bf16-t
 
 
 @pytest.mark.parametrize("precision, every, hook, accum", CASES, ids=[c[0] for c in CASES])
-def test_killed_run_resumes_to_the_same_weights(tiny_checkpoint, toy_csv, tmp_path, capsys, precision, every, hook,
-                                                accum):
+def test_killed_run_resumes_to_the_same_weights(
+    tiny_checkpoint, toy_csv, tmp_path, capsys, precision, every, hook, accum
+):
     ref = tmp_path / "uninterrupted"
     train(cfg_for(tiny_checkpoint, toy_csv, ref, precision=precision, grad_accum=accum, checkpoint_every=0))
     out = tmp_path / "killed"
@@ -127,8 +142,11 @@ def test_killed_run_resumes_to_the_same_weights(tiny_checkpoint, toy_csv, tmp_pa
         assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
         with pytest.raises(QserveError, match=r"--resume: .* finished run, nothing to resume"):
             train(cfg_for(tiny_checkpoint, toy_csv, out, resume=True))
-        with pytest.raises(QserveError, match=r"finished run trained with another config \(--epochs 2 recorded, "
-                                              r"3 now"):
+        with pytest.raises(
+            QserveError,
+            match=r"finished run trained with another config \(--epochs 2 recorded, "
+            r"3 now",
+        ):
             train(cfg_for(tiny_checkpoint, toy_csv, out, epochs=3))
 
 
@@ -176,10 +194,25 @@ def test_ddp_run_killed_on_every_rank_resumes_to_the_same_weights(tiny_checkpoin
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(max(1, torch.get_num_threads() // 2))}
     runs = {}
     for name, hook in (("uninterrupted", None), ("killed", "after:1"), ("killed", None)):
-        cfg = cfg_for(tiny_checkpoint, toy_csv, tmp_path / name, batch_size=8, epochs=1, devices=2, strategy="ddp",
-                      checkpoint_every=4 if name == "killed" else 0, max_eval_samples=7)
-        proc = subprocess.run(argv_for(cfg), cwd=ROOT, env={**env, **({KILL_ENV: hook} if hook else {})},
-                              capture_output=True, text=True, timeout=300)
+        cfg = cfg_for(
+            tiny_checkpoint,
+            toy_csv,
+            tmp_path / name,
+            batch_size=8,
+            epochs=1,
+            devices=2,
+            strategy="ddp",
+            checkpoint_every=4 if name == "killed" else 0,
+            max_eval_samples=7,
+        )
+        proc = subprocess.run(
+            argv_for(cfg),
+            cwd=ROOT,
+            env={**env, **({KILL_ENV: hook} if hook else {})},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == (-signal.SIGKILL if hook else 0), proc.stderr[-3000:]
         runs[name, hook] = proc.stdout
     assert "resuming at step 4 of 10 (epoch 1/1, batch 4/10)" in runs["killed", None]
@@ -193,8 +226,9 @@ def test_ddp_run_killed_on_every_rank_resumes_to_the_same_weights(tiny_checkpoin
     assert m["world_size"] == 2 and m["optimizer_steps"] == 10  # 160 training rows / 2 ranks / batch 8
     data = load_dataset(str(toy_csv), max_eval_samples=7)
     model = AutoModelForSequenceClassification.from_pretrained(out).eval()
-    enc = AutoTokenizer.from_pretrained(out)(data.test.texts, truncation=True, max_length=32, padding=True,
-                                             return_tensors="pt")
+    enc = AutoTokenizer.from_pretrained(out)(
+        data.test.texts, truncation=True, max_length=32, padding=True, return_tensors="pt"
+    )
     with torch.no_grad():
         pred = model(**enc).logits.argmax(-1).tolist()
     assert len(pred) == m["sizes"]["test"] == 7

@@ -136,7 +136,10 @@ def test_classify_carries_the_raw_logits_its_scores_come_from(runtime):
     texts = ["a fine film", " ".join(["long"] * 300)]
     for phases in (None, []):
         r = runtime.classify(texts, ["head", "windows"], phases)
-        np.testing.assert_allclose(r.logits, np.concatenate([runtime.logits(texts[:1], "head"),
-                                                             runtime.logits(texts[1:], "windows")]), atol=1e-6)
+        np.testing.assert_allclose(
+            r.logits,
+            np.concatenate([runtime.logits(texts[:1], "head"), runtime.logits(texts[1:], "windows")]),
+            atol=1e-6,
+        )
         np.testing.assert_allclose(runtime.scores(r.logits), r.probs, atol=1e-7)
         assert r.logits.shape == r.probs.shape and r.windows[1] > 1

@@ -1,6 +1,6 @@
 """The served API against a real uvicorn on 127.0.0.1 (random port) and a real tiny variant.
 
-    python -m pytest tests/integration/test_serve_api.py -q
+python -m pytest tests/integration/test_serve_api.py -q
 """
 
 from __future__ import annotations
@@ -26,8 +26,15 @@ def server(tiny_variant):
 
     threads = torch.get_num_threads()
     # threads=1: the test machine's cores are shared; one intra-op thread avoids OpenMP spin contention.
-    cfg = ServeConfig(variant_dir=str(tiny_variant), threads=1, max_batch_size=32, max_wait_ms=30,
-                      max_inputs=MAX_INPUTS, max_chars=MAX_CHARS, max_body_bytes=MAX_BODY)
+    cfg = ServeConfig(
+        variant_dir=str(tiny_variant),
+        threads=1,
+        max_batch_size=32,
+        max_wait_ms=30,
+        max_inputs=MAX_INPUTS,
+        max_chars=MAX_CHARS,
+        max_body_bytes=MAX_BODY,
+    )
     srv = ServerThread(create_app(cfg)).start()
     try:
         with httpx2.Client(base_url=srv.url, timeout=30, trust_env=False) as c:
@@ -85,8 +92,9 @@ def test_classify_single_and_batch_match_the_runtime(client, reference):
     assert body["model"] == "torch-fp32" and body["model_name"] == "tiny-distilbert"
     assert len(body["predictions"]) == 1 and body["truncated"] == [False]
     preds = body["predictions"][0]
-    assert [p["label"] for p in preds] == sorted(reference.labels, key=lambda lb: -_probs(preds, reference.labels)
-                                                 [reference.labels.index(lb)])  # all labels, best first
+    assert [p["label"] for p in preds] == sorted(
+        reference.labels, key=lambda lb: -_probs(preds, reference.labels)[reference.labels.index(lb)]
+    )  # all labels, best first
     np.testing.assert_allclose(_probs(preds, reference.labels), reference.predict([texts[0]])[0], atol=1e-5)
 
     r = client.post("/v1/classify", json={"inputs": texts, "top_k": 1})
@@ -102,8 +110,9 @@ def test_long_text_is_truncated_and_says_so(client, reference):
     long = " ".join(["remarkable"] * 150)  # far over the variant's 64 tokens, under the char limit
     body = client.post("/v1/classify", json={"inputs": [long, "short"]}).json()
     assert body["truncated"] == [True, False] and body["max_length"] == 64
-    np.testing.assert_allclose(_probs(body["predictions"][0], reference.labels), reference.predict([long])[0],
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        _probs(body["predictions"][0], reference.labels), reference.predict([long])[0], atol=1e-5
+    )
 
 
 def test_v2_metadata_and_infer(client, reference):
@@ -121,8 +130,10 @@ def test_v2_metadata_and_infer(client, reference):
     np.testing.assert_allclose(np.array(probs["data"]).reshape(3, 2), reference.predict(texts), atol=1e-5)
     assert out["label"]["data"] == [reference.labels[i] for i in reference.predict(texts).argmax(1)]
     # nested data with shape [n, 1] and an output selection
-    req = {"inputs": [{"name": "text", "shape": [2, 1], "datatype": "BYTES", "data": [["a b"], ["c d"]]}],
-           "outputs": [{"name": "probabilities"}]}
+    req = {
+        "inputs": [{"name": "text", "shape": [2, 1], "datatype": "BYTES", "data": [["a b"], ["c d"]]}],
+        "outputs": [{"name": "probabilities"}],
+    }
     r = client.post("/v2/models/torch-fp32/infer", json=req)
     assert [o["name"] for o in r.json()["outputs"]] == ["probabilities"]
 
@@ -142,8 +153,14 @@ def test_v1_models_says_why_a_model_dir_chose_the_variant(client, tiny_variant):
     from qserve.serve.infra.uvicorn_server import ServerThread
 
     assert client.get("/v1/models").json()["models"][0]["selection"] is None  # a variant dir: nothing chosen
-    selection = {"variant": "torch-fp32", "why": "fastest meeting its bar", "report": "/run/report/report.json",
-                 "measured_on": "Test CPU", "same_cpu": False, "long_text": None}
+    selection = {
+        "variant": "torch-fp32",
+        "why": "fastest meeting its bar",
+        "report": "/run/report/report.json",
+        "measured_on": "Test CPU",
+        "same_cpu": False,
+        "long_text": None,
+    }
     threads = torch.get_num_threads()
     srv = ServerThread(create_app(ServeConfig(variant_dir=str(tiny_variant), threads=1), selection=selection)).start()
     try:
@@ -200,8 +217,7 @@ def test_transport_level_bad_input(client):
 
 
 def _v2(data, datatype="BYTES", shape=None, **extra):
-    return {"inputs": [{"name": "text", "datatype": datatype, "shape": shape or [len(data)], "data": data}],
-            **extra}
+    return {"inputs": [{"name": "text", "datatype": datatype, "shape": shape or [len(data)], "data": data}], **extra}
 
 
 V2_BAD = [
@@ -213,8 +229,12 @@ V2_BAD = [
     ("torch-fp32", _v2(["hi"], outputs=[{"name": "logits"}]), 422, "'probabilities'"),
     ("torch-fp32", {"inputs": [_v2(["a"])["inputs"][0]] * 2}, 422, "repeats inputs[0]"),
     ("torch-fp32", {"inputs": [_v2(["a"])["inputs"][0]] * 3}, 422, "at most 2 items"),
-    ("torch-fp32", {"inputs": [_v2(["a"])["inputs"][0], {**_v2(["b"])["inputs"][0], "name": "text_pair"}]}, 422,
-     "it is not a pair model"),
+    (
+        "torch-fp32",
+        {"inputs": [_v2(["a"])["inputs"][0], {**_v2(["b"])["inputs"][0], "name": "text_pair"}]},
+        422,
+        "it is not a pair model",
+    ),
     ("torch-fp32", {"inputs": "hi"}, 422, '"datatype": "BYTES"'),
 ]
 
@@ -264,10 +284,12 @@ def test_concurrent_requests_are_batched(server, client):
     count0, le1_0 = batch_hist()
 
     async def go():
-        async with httpx2.AsyncClient(base_url=server.url, timeout=60, trust_env=False,
-                                      limits=httpx2.Limits(max_connections=16)) as c:
-            return await asyncio.gather(*(c.post("/v1/classify", json={"inputs": f"review number {i}"})
-                                          for i in range(16)))
+        async with httpx2.AsyncClient(
+            base_url=server.url, timeout=60, trust_env=False, limits=httpx2.Limits(max_connections=16)
+        ) as c:
+            return await asyncio.gather(
+                *(c.post("/v1/classify", json={"inputs": f"review number {i}"}) for i in range(16))
+            )
 
     assert all(r.status_code == 200 for r in asyncio.run(go()))
     count1, le1_1 = batch_hist()

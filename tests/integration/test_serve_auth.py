@@ -1,6 +1,6 @@
 """Bearer auth, settings from env, the CLI process end to end, and the load tool's safety bounds.
 
-    python -m pytest tests/integration/test_serve_auth.py -q
+python -m pytest tests/integration/test_serve_auth.py -q
 """
 
 from __future__ import annotations
@@ -73,8 +73,12 @@ def test_config_precedence_flags_over_env_over_defaults():
 
     env = {"QSERVE_MAX_BATCH_SIZE": "8", "QSERVE_PORT": "9000", "QSERVE_API_KEY": "from-env-key"}
     cfg = config_from_sources({"port": 9100, "max_wait_ms": None}, env)
-    assert (cfg.max_batch_size, cfg.port, cfg.api_key, cfg.max_wait_ms) == (8, 9100, "from-env-key",
-                                                                           ServeConfig.max_wait_ms)
+    assert (cfg.max_batch_size, cfg.port, cfg.api_key, cfg.max_wait_ms) == (
+        8,
+        9100,
+        "from-env-key",
+        ServeConfig.max_wait_ms,
+    )
     with pytest.raises(QserveError, match="QSERVE_MAX_QUEUE='lots'"):
         config_from_sources({}, {"QSERVE_MAX_QUEUE": "lots"})
     with pytest.raises(QserveError, match=r"--max-queue .* must be >= --max-inputs"):
@@ -119,12 +123,19 @@ def _free_port() -> int:
 
 def test_cli_process_from_env_serves_and_exits_cleanly_on_sigterm(tiny_variant, tmp_path):
     port = _free_port()
-    env = {**os.environ, "QSERVE_VARIANT_DIR": str(tiny_variant), "QSERVE_PORT": str(port),
-           "QSERVE_THREADS": "1", "QSERVE_API_KEY": KEY, "HF_HUB_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "QSERVE_VARIANT_DIR": str(tiny_variant),
+        "QSERVE_PORT": str(port),
+        "QSERVE_THREADS": "1",
+        "QSERVE_API_KEY": KEY,
+        "HF_HUB_OFFLINE": "1",
+    }
     root = Path(__file__).resolve().parents[2]
     log = open(tmp_path / "serve.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "qserve.serve", "serve"], cwd=root, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qserve.serve", "serve"], cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
     try:
         with httpx2.Client(base_url=f"http://127.0.0.1:{port}", timeout=30, trust_env=False) as c:
             for _ in range(600):

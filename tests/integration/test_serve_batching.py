@@ -71,8 +71,9 @@ async def _until(predicate, what: str, tries: int = 600) -> None:
 
 def _gauge(metrics_text: str, name: str) -> float:
     """A series' value summed over its labels (one model here: its `model` label)."""
-    values = [float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines()
-              if line.startswith((name + " ", name + "{"))]
+    values = [
+        float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines() if line.startswith((name + " ", name + "{"))
+    ]
     if not values:
         raise KeyError(name)
     return sum(values)
@@ -88,8 +89,9 @@ def _client(url, n=32):
 
 def test_full_queue_answers_429_at_once_and_accepted_work_completes(tiny_variant, runtime):
     w = Wrapped(runtime)
-    srv = _start(tiny_variant, lambda cfg: w, max_batch_size=1, max_queue=4, max_inputs=4, max_wait_ms=0,
-                  inline_lone=False)
+    srv = _start(
+        tiny_variant, lambda cfg: w, max_batch_size=1, max_queue=4, max_inputs=4, max_wait_ms=0, inline_lone=False
+    )
 
     async def go():
         async with _client(srv.url) as c:
@@ -100,7 +102,9 @@ def test_full_queue_answers_429_at_once_and_accepted_work_completes(tiny_variant
             await _until(lambda: _queued(c, 4), "4 queued texts")
             flood = await asyncio.gather(*(c.post("/v1/classify", json={"inputs": f"flood {i}"}) for i in range(10)))
             # Refused before the body is read: even a malformed body gets 429, not 400 (nothing was parsed).
-            unparsed = await c.post("/v1/classify", content=b'{"inputs": ', headers={"content-type": "application/json"})
+            unparsed = await c.post(
+                "/v1/classify", content=b'{"inputs": ', headers={"content-type": "application/json"}
+            )
             metrics = (await c.get("/metrics")).text
             w.release.set()
             return await held, await asyncio.gather(*queued), flood + [unparsed], metrics
@@ -153,8 +157,7 @@ def test_failing_batch_fails_only_its_own_request(tiny_variant, runtime):
     assert err["request_id"] == boom.headers["x-request-id"] and err["request_id"] in err["error"]
     assert [r.status_code for r in oks] == [200, 200, 200]
     for text, r in zip(good, oks):
-        np.testing.assert_allclose(r.json()["predictions"][0][0]["score"], runtime.predict([text])[0].max(),
-                                   atol=1e-5)
+        np.testing.assert_allclose(r.json()["predictions"][0][0]["score"], runtime.predict([text])[0].max(), atol=1e-5)
     assert held.status_code == 200 and after.status_code == 200
 
 
@@ -255,4 +258,3 @@ def test_a_stuck_model_answers_504_and_the_server_recovers(tiny_variant, runtime
     finally:
         w.release.set()
         srv.stop()
-

@@ -79,8 +79,10 @@ def test_bucketed_ov_int8_answers_alike_sequential_and_32_way_concurrent(ov_int8
     threads = torch.get_num_threads()
     cfg = ServeConfig(variant_dir=str(ov_int8), device="cpu", threads=threads, max_batch_size=32, max_wait_ms=50)
     try:
-        with ServerThread(create_app(cfg, loader=loader)) as srv, \
-                httpx2.Client(base_url=srv.url, timeout=60, trust_env=False) as c:
+        with (
+            ServerThread(create_app(cfg, loader=loader)) as srv,
+            httpx2.Client(base_url=srv.url, timeout=60, trust_env=False) as c,
+        ):
             deadline = time.monotonic() + 60
             while c.get("/ready").status_code != 200 and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -90,8 +92,9 @@ def test_bucketed_ov_int8_answers_alike_sequential_and_32_way_concurrent(ov_int8
             shapes.clear()
 
             async def go():
-                async with httpx2.AsyncClient(base_url=srv.url, timeout=60, trust_env=False,
-                                              limits=httpx2.Limits(max_connections=32)) as ac:
+                async with httpx2.AsyncClient(
+                    base_url=srv.url, timeout=60, trust_env=False, limits=httpx2.Limits(max_connections=32)
+                ) as ac:
                     sem = asyncio.Semaphore(32)  # 32 clients in flight at once
 
                     async def one(t):
@@ -132,9 +135,28 @@ def test_serve_buckets_benchmark_runs_on_the_tiny_fixture(onnx_int8, ov_int8, tm
     # The benchmark script end to end, seconds long: every server (the baseline from this commit's own code),
     # both text sets, both protocols; the lead runs it for real with the command in its docstring.
     from benchmarks import serve_buckets as sb
+
     out = tmp_path / "report"
-    rc = sb.main([str(onnx_int8), str(ov_int8), "--baseline-ref", "HEAD", "--duration", "0.3", "--rounds", "1",
-                  "--sentences", "6", "--reviews", "6", "--threads", "1", "--out", str(out)])
+    rc = sb.main(
+        [
+            str(onnx_int8),
+            str(ov_int8),
+            "--baseline-ref",
+            "HEAD",
+            "--duration",
+            "0.3",
+            "--rounds",
+            "1",
+            "--sentences",
+            "6",
+            "--reviews",
+            "6",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     rep = __import__("json").loads((out / "report.json").read_text())
     assert rc == 0 and rep["summary"]["mismatched"] == rep["summary"]["errors"] == rep["summary"]["lost"] == 0
     assert rep["servers"]["ov-int8"]["length_buckets"] == [32, 64]
@@ -142,8 +164,15 @@ def test_serve_buckets_benchmark_runs_on_the_tiny_fixture(onnx_int8, ov_int8, tm
     cells = rep["summary"]["cells"]
     assert len(cells) == 2 * 2 * 5 and all(c["requests"] > 0 for c in cells.values())
     comp = rep["summary"]["comparisons"]["sentences | c32"]
-    assert all(comp[k]["ratio"] > 0 for k in ("ov_buckets_over_onnx_int8", "grpc_over_http",
-                                              "tracing_off_over_baseline", "ov_buckets_over_ov_padded"))
+    assert all(
+        comp[k]["ratio"] > 0
+        for k in (
+            "ov_buckets_over_onnx_int8",
+            "grpc_over_http",
+            "tracing_off_over_baseline",
+            "ov_buckets_over_ov_padded",
+        )
+    )
     md = (out / "report.md").read_text()
     assert "by `python -m benchmarks.serve_buckets " in md  # provenance: the command, commit and CPU
     assert "| sentences | 32 |" in md and "gRPC / HTTP" in md

@@ -49,21 +49,41 @@ def models(tiny_variant, tmp_path_factory) -> dict[str, Path]:
     from qserve.cli import main
 
     # as a user declares it: the CLI flag, on a plain save_pretrained BERT classifier (no qserve_model.json)
-    assert main(["export", str(bert), "--variant", "torch-fp32", "--out", str(tmp / "pair"),
-                 "--inputs", "text,text_pair", "--device", "cpu"]) == 0
-    return {"single": tiny_variant, "bert_ckpt": bert, "pair": tmp / "pair",
-            "multi": _export(_problem_checkpoint(tmp / "multi-ckpt", "multi_label_classification", 3), tmp / "multi"),
-            "reg": _export(_problem_checkpoint(tmp / "reg-ckpt", "regression", 1), tmp / "reg")}
+    assert (
+        main(
+            [
+                "export",
+                str(bert),
+                "--variant",
+                "torch-fp32",
+                "--out",
+                str(tmp / "pair"),
+                "--inputs",
+                "text,text_pair",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
+    return {
+        "single": tiny_variant,
+        "bert_ckpt": bert,
+        "pair": tmp / "pair",
+        "multi": _export(_problem_checkpoint(tmp / "multi-ckpt", "multi_label_classification", 3), tmp / "multi"),
+        "reg": _export(_problem_checkpoint(tmp / "reg-ckpt", "regression", 1), tmp / "reg"),
+    }
 
 
 @pytest.fixture(scope="module")
 def server(models):
-    from qserve.serve.infra.config import ServeConfig
     from qserve.serve.core.repository import Repository, sources_from_dirs
+    from qserve.serve.infra.config import ServeConfig
 
     repo = Repository(sources_from_dirs([f"{k}={models[k]}" for k in ("single", "pair", "multi", "reg")]))
-    cfg = ServeConfig(variant_dir=str(models["single"]), threads=1, max_inputs=64, max_chars=20000, max_wait_ms=2,
-                      grpc_port=0)
+    cfg = ServeConfig(
+        variant_dir=str(models["single"]), threads=1, max_inputs=64, max_chars=20000, max_wait_ms=2, grpc_port=0
+    )
     with serving(cfg, repository=repo) as srv:
         yield srv
 
@@ -147,8 +167,9 @@ def test_tei_length_semantics_and_errors(client):
     head, tail = (_v1(client, [LONG], long_text=p)[0] for p in ("head", "tail"))
     strip = lambda rows: [{"score": p["score"], "label": p["label"]} for p in rows]  # noqa: E731
     assert client.post("/predict", json={"inputs": LONG}).json() == strip(head)
-    assert client.post("/predict", json={"inputs": LONG, "truncate": True, "truncation_direction": "Right"}
-                       ).json() == strip(head)
+    assert client.post(
+        "/predict", json={"inputs": LONG, "truncate": True, "truncation_direction": "Right"}
+    ).json() == strip(head)
     assert client.post("/predict", json={"inputs": LONG, "truncation_direction": "Left"}).json() == strip(tail)
     windows = _v1(client, [LONG], long_text="windows")[0]
     assert client.post("/predict", json={"inputs": LONG, "long_text": "windows"}).json() == strip(windows)
@@ -177,15 +198,23 @@ def test_pair_model_from_save_pretrained_scores_as_transformers(models, client, 
     ckpt = models["bert_ckpt"]
     tok, ref = AutoTokenizer.from_pretrained(ckpt), AutoModelForSequenceClassification.from_pretrained(ckpt).eval()
     with torch.no_grad():
-        want = np.stack([ref(**tok(a, b, truncation=True, max_length=manifest["max_length"],
-                                   return_tensors="pt")).logits[0].numpy() for a, b in PAIRS])
+        want = np.stack(
+            [
+                ref(**tok(a, b, truncation=True, max_length=manifest["max_length"], return_tensors="pt"))
+                .logits[0]
+                .numpy()
+                for a, b in PAIRS
+            ]
+        )
     labels = list(manifest["labels"])
     # TEI with raw_scores: the logits, each pair scored as transformers scores it
     from qserve.serve.core.repository import Repository  # noqa: F401 - the pair model is not the default: its own server
     from qserve.serve.infra.config import ServeConfig
 
-    with serving(ServeConfig(variant_dir=str(models["pair"]), threads=1)) as srv, httpx2.Client(
-            base_url=srv.url, timeout=30, trust_env=False) as c:
+    with (
+        serving(ServeConfig(variant_dir=str(models["pair"]), threads=1)) as srv,
+        httpx2.Client(base_url=srv.url, timeout=30, trust_env=False) as c,
+    ):
         raw = c.post("/predict", json={"inputs": [list(p) for p in PAIRS], "raw_scores": True}).json()
         for row, z in zip(raw, want):
             got = {p["label"]: p["score"] for p in row}
@@ -195,9 +224,15 @@ def test_pair_model_from_save_pretrained_scores_as_transformers(models, client, 
         assert one == [{"score": p["score"], "label": p["label"]} for p in v1["predictions"][0]]
         assert c.post("/predict", json={"inputs": "alone"}).status_code == 413  # a pair model takes pairs
     # V2 on the shared server names the pair model
-    v2 = client.post("/v2/models/pair/infer", json={"inputs": [
-        {"name": "text", "datatype": "BYTES", "shape": [2], "data": [a for a, _ in PAIRS]},
-        {"name": "text_pair", "datatype": "BYTES", "shape": [2], "data": [b for _, b in PAIRS]}]}).json()
+    v2 = client.post(
+        "/v2/models/pair/infer",
+        json={
+            "inputs": [
+                {"name": "text", "datatype": "BYTES", "shape": [2], "data": [a for a, _ in PAIRS]},
+                {"name": "text_pair", "datatype": "BYTES", "shape": [2], "data": [b for _, b in PAIRS]},
+            ]
+        },
+    ).json()
     probs = np.array(next(o for o in v2["outputs"] if o["name"] == "probabilities")["data"]).reshape(2, -1)
     np.testing.assert_allclose(probs, np.exp(want) / np.exp(want).sum(1, keepdims=True), atol=1e-5)
 
@@ -234,9 +269,12 @@ def test_vllm_classify_per_problem_type(client):
     one = client.post("/classify", json={"input": TEXTS[0]}).json()
     assert one["model"] == "single" and len(one["data"]) == 1
     assert client.post("/classify", json={"model": "nope", "input": "x"}).status_code == 404
-    assert client.post("/classify", json={"input": LONG, "truncate_prompt_tokens": -1}).json()["data"][0][
-        "probs"] == [p["score"] for p in sorted(_v1(client, [LONG], long_text="tail")[0],
-                                                 key=lambda p: ["negative", "positive"].index(p["label"]))]
+    assert client.post("/classify", json={"input": LONG, "truncate_prompt_tokens": -1}).json()["data"][0]["probs"] == [
+        p["score"]
+        for p in sorted(
+            _v1(client, [LONG], long_text="tail")[0], key=lambda p: ["negative", "positive"].index(p["label"])
+        )
+    ]
     assert client.post("/classify", json={"input": LONG, "truncate_prompt_tokens": 5}).status_code == 422
 
 
@@ -253,8 +291,13 @@ def _answers(client, grpc_target: str, texts: list[str]) -> dict[str, list[tuple
     out["vllm"] = [(d["label"], max(d["probs"])) for d in vl]
     v2 = []
     for t in texts:
-        o = {x["name"]: x["data"] for x in client.post("/v2/models/single/infer", json={"inputs": [
-            {"name": "text", "datatype": "BYTES", "shape": [1], "data": [t]}]}).json()["outputs"]}
+        o = {
+            x["name"]: x["data"]
+            for x in client.post(
+                "/v2/models/single/infer",
+                json={"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [t]}]},
+            ).json()["outputs"]
+        }
         v2.append((o["label"][0], max(o["probabilities"])))
     out["v2"] = v2
     g = tg.InferenceServerClient(grpc_target)
@@ -309,19 +352,30 @@ def _answers_one(c, protocol: str, text: str) -> tuple[str, float]:
     if protocol == "vllm":
         d = c.post("/classify", json={"input": text}).json()["data"][0]
         return d["label"], max(d["probs"])
-    o = {x["name"]: x["data"] for x in c.post("/v2/models/single/infer", json={"inputs": [
-        {"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}).json()["outputs"]}
+    o = {
+        x["name"]: x["data"]
+        for x in c.post(
+            "/v2/models/single/infer",
+            json={"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]},
+        ).json()["outputs"]
+    }
     return o["label"][0], max(o["probabilities"])
 
 
 def test_auth_covers_the_new_routes_and_post_root(tiny_variant):
     from qserve.serve.infra.config import ServeConfig
 
-    with serving(ServeConfig(variant_dir=str(tiny_variant), threads=1, api_key="s3cret-key")) as srv, httpx2.Client(
-            base_url=srv.url, timeout=30, trust_env=False) as c:
+    with (
+        serving(ServeConfig(variant_dir=str(tiny_variant), threads=1, api_key="s3cret-key")) as srv,
+        httpx2.Client(base_url=srv.url, timeout=30, trust_env=False) as c,
+    ):
         assert c.get("/").status_code == 200  # the page stays open
-        for path, body in (("/", {"inputs": "x", "parameters": {}}), ("/predict", {"inputs": "x"}),
-                           ("/classify", {"input": "x"}), ("/tokenize", {"inputs": "x"})):
+        for path, body in (
+            ("/", {"inputs": "x", "parameters": {}}),
+            ("/predict", {"inputs": "x"}),
+            ("/classify", {"input": "x"}),
+            ("/tokenize", {"inputs": "x"}),
+        ):
             r = c.post(path, json=body)
             assert r.status_code == 401, path
             assert ("error_type" in r.json()) is (path != "/classify"), r.json()  # TEI's shape on TEI's routes

@@ -14,9 +14,9 @@ import threading
 import time
 
 import pytest
+from conftest import serving
 
 from benchmarks.harness import trickle  # the flood benchmark's slow client: a byte at a time
-from conftest import serving
 
 httpx2 = pytest.importorskip("httpx2")
 
@@ -28,8 +28,14 @@ CAP = 16
 def server(tiny_variant):
     from qserve.serve.infra.config import ServeConfig
 
-    cfg = ServeConfig(variant_dir=str(tiny_variant), threads=1, header_timeout_s=TIMEOUT_S,
-                      body_timeout_s=TIMEOUT_S, keep_alive_s=TIMEOUT_S, max_connections=CAP)
+    cfg = ServeConfig(
+        variant_dir=str(tiny_variant),
+        threads=1,
+        header_timeout_s=TIMEOUT_S,
+        body_timeout_s=TIMEOUT_S,
+        keep_alive_s=TIMEOUT_S,
+        max_connections=CAP,
+    )
     with serving(cfg) as srv:
         yield srv
 
@@ -60,8 +66,6 @@ def _read_until_closed(s: socket.socket, limit_s: float) -> bytes:
             return out
         out += chunk
     raise AssertionError(f"connection still open after {limit_s} s")
-
-
 
 
 def _classify(server) -> int:
@@ -105,8 +109,9 @@ def test_slow_body_gets_408_and_close(server):
     s = _connect(server)
     stop = threading.Event()
     try:
-        s.sendall(b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: 200\r\n\r\n")
+        s.sendall(
+            b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n"
+        )
         threading.Thread(target=trickle, args=(s, b'{"inputs": "' + b"a" * 180, 0.2, stop), daemon=True).start()
         assert _read_until_closed(s, 8 * TIMEOUT_S).startswith(b"HTTP/1.1 408")
     finally:

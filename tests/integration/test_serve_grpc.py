@@ -75,8 +75,11 @@ def test_tritonclient_grpc_infers_health_and_metadata_without_a_key(servers):
     (version,) = md.versions  # the manifest's short hash, as HTTP lists it
     assert httpx2.get(f"{srv.url}/v2/models/torch-fp32", timeout=30, trust_env=False).json()["versions"] == [version]
     assert [i.name for i in md.inputs] == ["text"] and md.inputs[0].datatype == "BYTES"
-    assert [(o.name, o.datatype) for o in md.outputs] == [("probabilities", "FP32"), ("label", "BYTES"),
-                                                          ("truncated", "BOOL")]
+    assert [(o.name, o.datatype) for o in md.outputs] == [
+        ("probabilities", "FP32"),
+        ("label", "BYTES"),
+        ("truncated", "BOOL"),
+    ]
     cfg = c.get_model_config("torch-fp32").config
     assert cfg.name == "torch-fp32" and cfg.input[0].data_type == 13  # TYPE_STRING
     assert cfg.parameters["labels"].string_value == "negative,positive"
@@ -94,12 +97,12 @@ def test_tritonclient_grpc_infers_health_and_metadata_without_a_key(servers):
     assert resp.parameters["max_length"].int64_param == 64 and resp.parameters["long_text"].string_param == "head"
 
     # [n, 1], a chosen output, an explicit version, and contents.bytes_contents instead of raw bytes
-    res = c.infer("torch-fp32", [_input(TEXTS, [3, 1])], model_version=version,
-                  outputs=[grpcclient.InferRequestedOutput("label")])
+    res = c.infer(
+        "torch-fp32", [_input(TEXTS, [3, 1])], model_version=version, outputs=[grpcclient.InferRequestedOutput("label")]
+    )
     assert res.as_numpy("probabilities") is None and len(res.as_numpy("label")) == 3
-    from tritonclient.grpc import service_pb2, service_pb2_grpc
-
     import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
 
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
         req = service_pb2.ModelInferRequest(model_name="torch-fp32")
@@ -115,8 +118,11 @@ def test_the_api_key_is_required_in_metadata(servers):
     srv, port = servers["key"]
     c = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
     assert c.is_server_live() and c.is_server_ready()  # probes stay open, as /v2/health/* on HTTP
-    for headers, why in ((None, "missing"), ({"authorization": "Bearer wrong-key-123"}, "invalid"),
-                         ({"authorization": KEY}, "invalid")):  # no scheme
+    for headers, why in (
+        (None, "missing"),
+        ({"authorization": "Bearer wrong-key-123"}, "invalid"),
+        ({"authorization": KEY}, "invalid"),
+    ):  # no scheme
         with pytest.raises(InferenceServerException) as e:
             c.infer("torch-fp32", [_input(TEXTS)], headers=headers)
         assert e.value.status() == "StatusCode.UNAUTHENTICATED"
@@ -129,8 +135,7 @@ def test_the_api_key_is_required_in_metadata(servers):
     assert c.is_model_ready("torch-fp32", headers=auth)
 
 
-@pytest.mark.parametrize("case", ["too_many", "too_long", "blank", "unknown_model", "version", "shape",
-                                  "bad_output"])
+@pytest.mark.parametrize("case", ["too_many", "too_long", "blank", "unknown_model", "version", "shape", "bad_output"])
 def test_errors_carry_the_http_message_and_the_mapped_code(servers, case):
     srv, port = servers["key"]
     auth = {"authorization": f"Bearer {KEY}"}
@@ -154,17 +159,23 @@ def test_errors_carry_the_http_message_and_the_mapped_code(servers, case):
     with pytest.raises(InferenceServerException) as e:
         c.infer(model, [_input(texts, shape)], model_version=version, outputs=outputs, headers=auth)
     code, message = e.value.status(), e.value.message()
-    expected = {"too_many": "INVALID_ARGUMENT", "too_long": "INVALID_ARGUMENT", "blank": "INVALID_ARGUMENT",
-                "unknown_model": "NOT_FOUND", "version": "NOT_FOUND", "shape": "INVALID_ARGUMENT",
-                "bad_output": "INVALID_ARGUMENT"}[case]
+    expected = {
+        "too_many": "INVALID_ARGUMENT",
+        "too_long": "INVALID_ARGUMENT",
+        "blank": "INVALID_ARGUMENT",
+        "unknown_model": "NOT_FOUND",
+        "version": "NOT_FOUND",
+        "shape": "INVALID_ARGUMENT",
+        "bad_output": "INVALID_ARGUMENT",
+    }[case]
     assert code == f"StatusCode.{expected}"
     if case in ("too_many", "too_long", "blank", "unknown_model", "version", "shape"):
         # the same check answers the same words over HTTP
         path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
-        http_body = {"inputs": [{"name": "text", "shape": shape or [len(texts)], "datatype": "BYTES",
-                                 "data": texts}]}
-        r = httpx2.post(srv.url + path, json=http_body, headers={"Authorization": f"Bearer {KEY}"}, timeout=30,
-                        trust_env=False)
+        http_body = {"inputs": [{"name": "text", "shape": shape or [len(texts)], "datatype": "BYTES", "data": texts}]}
+        r = httpx2.post(
+            srv.url + path, json=http_body, headers={"Authorization": f"Bearer {KEY}"}, timeout=30, trust_env=False
+        )
         assert r.status_code in (400, 404, 422) and r.json()["error"] in message
     else:
         assert "'logits'" in message and "probabilities, label, truncated" in message
@@ -178,10 +189,16 @@ def test_grpc_requests_are_counted_in_the_same_metrics(servers):
         c.infer("nope", [_input(TEXTS)])
     text = httpx2.get(f"{srv.url}/metrics", timeout=30, trust_env=False).text
     route = 'route="/inference.GRPCInferenceService/ModelInfer"'
-    assert any(route in line and 'method="GRPC"' in line and 'status="200"' in line and 'model="torch-fp32"' in line
-               for line in text.splitlines() if line.startswith("qserve_requests_total"))
-    assert any(route in line and 'status="404"' in line and 'model=""' in line for line in text.splitlines()
-               if line.startswith("qserve_requests_total"))
+    assert any(
+        route in line and 'method="GRPC"' in line and 'status="200"' in line and 'model="torch-fp32"' in line
+        for line in text.splitlines()
+        if line.startswith("qserve_requests_total")
+    )
+    assert any(
+        route in line and 'status="404"' in line and 'model=""' in line
+        for line in text.splitlines()
+        if line.startswith("qserve_requests_total")
+    )
 
 
 def test_a_body_over_the_limit_is_refused_with_the_http_message(tiny_variant):
@@ -202,14 +219,17 @@ def test_a_body_over_the_limit_is_refused_with_the_http_message(tiny_variant):
 
 def test_serving_without_grpc_or_tracing_imports_neither(tiny_variant):
     # (FastAPI itself imports the OpenTelemetry API when it is installed; the SDK and exporters are ours)
-    code = ("import sys\nfrom qserve.serve.app import create_app\nfrom qserve.serve.infra.config import ServeConfig\n"
-            "create_app(ServeConfig(variant_dir=sys.argv[1]))\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'tritonclient')\n"
-            "             or m.startswith(('opentelemetry.sdk', 'opentelemetry.exporter'))))")
+    code = (
+        "import sys\nfrom qserve.serve.app import create_app\nfrom qserve.serve.infra.config import ServeConfig\n"
+        "create_app(ServeConfig(variant_dir=sys.argv[1]))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'tritonclient')\n"
+        "             or m.startswith(('opentelemetry.sdk', 'opentelemetry.exporter'))))"
+    )
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("OTEL_")}
     # (the app names its models when it is built, so it needs a real variant dir, though nothing loads)
-    out = subprocess.run([sys.executable, "-c", code, str(tiny_variant)], capture_output=True, text=True, check=True,
-                         env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tiny_variant)], capture_output=True, text=True, check=True, env=env
+    )
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 

@@ -144,8 +144,10 @@ def test_an_inline_failure_is_that_requests_500_and_the_next_is_answered(tiny_va
 
 
 V2_TEXT = b'{"name": "text", "datatype": "BYTES", "shape": %s}'
-V2_BINARY = (b'{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 8}}],'
-             b' "parameters": {"binary_data_output": true}}' + b"\x04\x00\x00\x00fine")
+V2_BINARY = (
+    b'{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 8}}],'
+    b' "parameters": {"binary_data_output": true}}' + b"\x04\x00\x00\x00fine"
+)
 
 # (path, body, whether the fast path answers it: pydantic takes the body; an unknown model is answered 404 by the
 # same handler[, the request's headers]), the bodies every fast-pathed route's FastAPI twin is compared on
@@ -153,45 +155,71 @@ BODIES = [
     ("/v1/classify", b'{"inputs": "a quiet, lovely film"}', True),
     ("/v1/classify", b'{"inputs": ["fine", "awful"], "top_k": 1}', True),
     ("/v1/classify", b'{"inputs": "x \\ud83d\\ude00", "long_text": "tail"}', True),
-    ("/v1/classify", b'{"inputs": "dull", "top_k": "2"}', False), ("/v1/classify", b'{"inputs": []}', False),
-    ("/v1/classify", b'{"inputs": "a", "extra": 1}', False), ("/v1/classify", b'{"inputs": "a\\ud800"}', False),
-    ("/v1/classify", b'{"inputs": ', False), ("/v1/classify", b'{"inputs": "fine", "model": "nope"}', True),
+    ("/v1/classify", b'{"inputs": "dull", "top_k": "2"}', False),
+    ("/v1/classify", b'{"inputs": []}', False),
+    ("/v1/classify", b'{"inputs": "a", "extra": 1}', False),
+    ("/v1/classify", b'{"inputs": "a\\ud800"}', False),
+    ("/v1/classify", b'{"inputs": ', False),
+    ("/v1/classify", b'{"inputs": "fine", "model": "nope"}', True),
     ("/v1/classify", b'{"inputs": "fine", "threshold": 0.3}', True),
     ("/v1/classify", b'\xef\xbb\xbf{"inputs": "x"}', False),
     # TEI's /predict: a string, a batch, a batch of one-text lists with logits, a cut refused, Left truncation
-    ("/predict", b'{"inputs": "fine"}', True), ("/predict", b'{"inputs": ["fine", "awful"]}', True),
+    ("/predict", b'{"inputs": "fine"}', True),
+    ("/predict", b'{"inputs": ["fine", "awful"]}', True),
     ("/predict", b'{"inputs": [["fine"], ["awful"]], "raw_scores": true}', True),
     ("/predict", b'{"inputs": "' + b"long " * 400 + b'", "truncate": false}', True),
     ("/predict", b'{"inputs": "fine", "truncation_direction": "Left"}', True),
-    ("/predict", b'{"inputs": "fine", "truncate": "yes"}', False), ("/predict", b'{"inputs": []}', False),
-    ("/predict", b'{"inputs": "a", "extra": 1}', False), ("/predict", b'{"inputs": ', False),
+    ("/predict", b'{"inputs": "fine", "truncate": "yes"}', False),
+    ("/predict", b'{"inputs": []}', False),
+    ("/predict", b'{"inputs": "a", "extra": 1}', False),
+    ("/predict", b'{"inputs": ', False),
     # POST /: huggingface_hub's InferenceClient form (with parameters) and TEI's (without)
     ("/", b'{"inputs": "fine", "parameters": {"top_k": 1}}', True),
     ("/", b'{"inputs": "fine", "parameters": {"function_to_apply": "sigmoid"}}', True),
-    ("/", b'{"inputs": "fine", "parameters": null}', True), ("/", b'{"inputs": "fine"}', True),
-    ("/", b'{"inputs": "fine", "parameters": {"top_k": 0}}', False), ("/", b'{"parameters": {}}', False),
+    ("/", b'{"inputs": "fine", "parameters": null}', True),
+    ("/", b'{"inputs": "fine"}', True),
+    ("/", b'{"inputs": "fine", "parameters": {"top_k": 0}}', False),
+    ("/", b'{"parameters": {}}', False),
     # vLLM's /classify
-    ("/classify", b'{"input": "fine"}', True), ("/classify", b'{"input": ["fine", "awful"], "model": null}', True),
+    ("/classify", b'{"input": "fine"}', True),
+    ("/classify", b'{"input": ["fine", "awful"], "model": null}', True),
     ("/classify", b'{"input": "fine", "truncate_prompt_tokens": -1}', True),
-    ("/classify", b'{"input": "fine", "model": "nope"}', True), ("/classify", b'{"input": []}', False),
+    ("/classify", b'{"input": "fine", "model": "nope"}', True),
+    ("/classify", b'{"input": []}', False),
     ("/classify", b'{"input": "fine", "user": 3}', False),
     ("/classify", b'{"input": "fine", "long_text": "tail"}', True),
     # KServe V2 infer ({m}: the served model, {v}: its version): JSON, binary tensor data both ways, a version
     # and an id; a wrong version, model or shape answered by the same checks; an unparsable body left to FastAPI
     ("/v2/models/{m}/infer", b'{"inputs": [' + V2_TEXT % b'[2], "data": ["fine", "awful"]' + b"]}", True),
-    ("/v2/models/{m}/infer", b'{"id": "q1", "inputs": [' + V2_TEXT % b'[1], "data": ["fine"]' + b'], "outputs": '
-     b'[{"name": "probabilities", "parameters": {"binary_data": true}}, {"name": "label"}]}', True),
-    ("/v2/models/{m}/infer", V2_BINARY, True,
-     {"content-type": "application/octet-stream", "inference-header-content-length": str(len(V2_BINARY) - 8)}),
-    ("/v2/models/{m}/versions/{v}/infer", b'{"inputs": [' + V2_TEXT % b'[1], "data": ["fine"]' + b"], "
-     b'"parameters": {"long_text": "tail"}}', True),
+    (
+        "/v2/models/{m}/infer",
+        b'{"id": "q1", "inputs": [' + V2_TEXT % b'[1], "data": ["fine"]' + b'], "outputs": '
+        b'[{"name": "probabilities", "parameters": {"binary_data": true}}, {"name": "label"}]}',
+        True,
+    ),
+    (
+        "/v2/models/{m}/infer",
+        V2_BINARY,
+        True,
+        {"content-type": "application/octet-stream", "inference-header-content-length": str(len(V2_BINARY) - 8)},
+    ),
+    (
+        "/v2/models/{m}/versions/{v}/infer",
+        b'{"inputs": [' + V2_TEXT % b'[1], "data": ["fine"]' + b'], "parameters": {"long_text": "tail"}}',
+        True,
+    ),
     ("/v2/models/{m}/versions/nope/infer", b'{"inputs": [' + V2_TEXT % b'[1], "data": ["fine"]' + b"]}", True),
     ("/v2/models/nope/infer", b'{"inputs": [' + V2_TEXT % b'[1], "data": ["fine"]' + b"]}", True),
     ("/v2/models/{m}/infer", b'{"inputs": [' + V2_TEXT % b'[3], "data": ["fine"]' + b"]}", True),
     ("/v2/models/{m}/infer", b'{"id": "a\\ud800", "inputs": [' + V2_TEXT % b'[1], "data": ["fine"]' + b"]}", True),
-    ("/v2/models/{m}/infer", b'{"inputs": ', False), ("/v2/models/{m}/infer", b'{"inputs": [{"name": "text"}]}', False),
-    ("/v2/models/{m}/infer", V2_BINARY, False,
-     {"content-type": "application/octet-stream", "inference-header-content-length": "zz"}),
+    ("/v2/models/{m}/infer", b'{"inputs": ', False),
+    ("/v2/models/{m}/infer", b'{"inputs": [{"name": "text"}]}', False),
+    (
+        "/v2/models/{m}/infer",
+        V2_BINARY,
+        False,
+        {"content-type": "application/octet-stream", "inference-header-content-length": "zz"},
+    ),
 ]
 
 
@@ -208,11 +236,17 @@ def test_the_fast_routes_answer_byte_for_byte_as_their_fastapi_routes(tiny_varia
             v = c.get(f"/v2/models/{m}").json()["versions"][0]
             out = []
             for i, (path, body, _, *headers) in enumerate(BODIES):
-                r = c.post(path.format(m=m, v=v), content=body,
-                           headers={"content-type": "application/json", "x-request-id": f"r{i}", **dict(*headers)})
+                r = c.post(
+                    path.format(m=m, v=v),
+                    content=body,
+                    headers={"content-type": "application/json", "x-request-id": f"r{i}", **dict(*headers)},
+                )
                 # vLLM's answer carries a fresh id and the time it was made: those two differ by design
-                content = re.sub(rb'^\{"id":"classify-[0-9a-f]{32}","object":"list","created":[0-9]+,',
-                                 b'{"id":"classify-ID","object":"list","created":T,', r.content)
+                content = re.sub(
+                    rb'^\{"id":"classify-[0-9a-f]{32}","object":"list","created":[0-9]+,',
+                    b'{"id":"classify-ID","object":"list","created":T,',
+                    r.content,
+                )
                 out.append((r.status_code, [(k, v) for k, v in r.headers.items() if k != "date"], content))
             return out
 
@@ -220,13 +254,16 @@ def test_the_fast_routes_answer_byte_for_byte_as_their_fastapi_routes(tiny_varia
 
     def through(handled: list[bool], fast: bool):
         """spec.fast_routes recording, per request, whether it answered; fast=False: it always declines."""
+
         def make(st, protocols, error):
             handle = real(st, protocols, error)
 
             async def recorded(found, scope, body, send):
                 handled.append(fast and await handle(found, scope, body, send))
                 return handled[-1]
+
             return recorded
+
         return make
 
     taken: list[bool] = []
@@ -249,10 +286,54 @@ def test_the_fast_routes_answer_byte_for_byte_as_their_fastapi_routes(tiny_varia
         assert a == r, (path, body[:80])
     # every route answered its good bodies and refused its bad ones, in its own protocol's form (TEI: a length
     # refusal is 413, an unreadable body 422, always {"error", "error_type"})
-    assert [a[0] for a in answered] == [200, 200, 200, 422, 422, 422, 422, 400, 404, 422, 200,
-                                        200, 200, 200, 413, 200, 422, 422, 422, 422,
-                                        200, 200, 200, 200, 422, 422,
-                                        200, 200, 200, 404, 422, 422, 200,
-                                        200, 200, 200, 200, 404, 404, 400, 422, 400, 422, 400]
-    assert all(set(json.loads(a[2])) == {"error", "error_type"} for (path, *_), a in zip(BODIES, answered)
-               if path in ("/predict", "/") and a[0] != 200)
+    assert [a[0] for a in answered] == [
+        200,
+        200,
+        200,
+        422,
+        422,
+        422,
+        422,
+        400,
+        404,
+        422,
+        200,
+        200,
+        200,
+        200,
+        413,
+        200,
+        422,
+        422,
+        422,
+        422,
+        200,
+        200,
+        200,
+        200,
+        422,
+        422,
+        200,
+        200,
+        200,
+        404,
+        422,
+        422,
+        200,
+        200,
+        200,
+        200,
+        200,
+        404,
+        404,
+        400,
+        422,
+        400,
+        422,
+        400,
+    ]
+    assert all(
+        set(json.loads(a[2])) == {"error", "error_type"}
+        for (path, *_), a in zip(BODIES, answered)
+        if path in ("/predict", "/") and a[0] != 200
+    )

@@ -75,8 +75,9 @@ def test_triton_client_infer_matches_the_runtime(triton, reference, binary_in, b
     if binary_out is None:  # the client's defaults: no outputs named -> binary_data_output for all
         res = triton.infer("torch-fp32", [_text_input(TEXTS, binary_in)])
     else:
-        outs = [httpclient.InferRequestedOutput(n, binary_data=binary_out)
-                for n in ("probabilities", "label", "truncated")]
+        outs = [
+            httpclient.InferRequestedOutput(n, binary_data=binary_out) for n in ("probabilities", "label", "truncated")
+        ]
         res = triton.infer("torch-fp32", [_text_input(TEXTS, binary_in)], outputs=outs)
     probs = res.as_numpy("probabilities")
     assert probs.dtype == np.float32 and probs.shape == (3, 2)
@@ -90,12 +91,15 @@ def test_triton_client_infer_matches_the_runtime(triton, reference, binary_in, b
 
 
 def test_triton_client_mixed_outputs_and_versioned_path(triton, reference):
-    outs = [httpclient.InferRequestedOutput("label", binary_data=False),
-            httpclient.InferRequestedOutput("probabilities", binary_data=True)]
+    outs = [
+        httpclient.InferRequestedOutput("label", binary_data=False),
+        httpclient.InferRequestedOutput("probabilities", binary_data=True),
+    ]
     (version,) = triton.get_model_metadata("torch-fp32")["versions"]  # the manifest's short hash
     assert version == reference.manifest.digest[:12]
-    res = triton.infer("torch-fp32", [_text_input(TEXTS[:2], True)], outputs=outs, model_version=version,
-                       request_id="req-7")
+    res = triton.infer(
+        "torch-fp32", [_text_input(TEXTS[:2], True)], outputs=outs, model_version=version, request_id="req-7"
+    )
     raw = res.get_response()
     assert [o["name"] for o in raw["outputs"]] == ["label", "probabilities"] and raw["id"] == "req-7"
     assert raw["model_version"] == version
@@ -130,13 +134,17 @@ def _binary_body(head: dict, raw: bytes) -> tuple[bytes, dict]:
 def test_binary_input_that_is_not_utf8_names_the_element(client):
     elems = [b"fine", b"\xff\xfebad", b"also fine"]
     raw = b"".join(struct.pack("<I", len(e)) + e for e in elems)
-    body, headers = _binary_body({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [3],
-                                              "parameters": {"binary_data_size": len(raw)}}]}, raw)
+    body, headers = _binary_body(
+        {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [3], "parameters": {"binary_data_size": len(raw)}}]},
+        raw,
+    )
     r = client.post("/v2/models/torch-fp32/infer", content=body, headers=headers)
     assert r.status_code == 422 and "inputs[0][1] is not valid UTF-8" in r.json()["error"]
     # A truncated element and a header length past the body are refused too, never a 500.
-    body, headers = _binary_body({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
-                                              "parameters": {"binary_data_size": 6}}]}, struct.pack("<I", 9) + b"ab")
+    body, headers = _binary_body(
+        {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 6}}]},
+        struct.pack("<I", 9) + b"ab",
+    )
     r = client.post("/v2/models/torch-fp32/infer", content=body, headers=headers)
     assert r.status_code == 400 and "declares 9 bytes" in r.json()["error"]
     r = client.post("/v2/models/torch-fp32/infer", content=b"{}", headers={"Inference-Header-Content-Length": "99"})
@@ -153,11 +161,15 @@ def test_lone_surrogate_is_a_422_naming_the_input_and_costs_nobody_else(client, 
     v2 = '{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["fine", "\\udfff"]}]}'
     r = client.post("/v2/models/torch-fp32/infer", content=v2.encode())  # no Content-Type, as tritonclient
     assert r.status_code == 422 and "inputs[0].data[1] is not valid Unicode" in r.json()["error"]
-    r = client.post("/v2/models/torch-fp32/infer", content=b'{"id": "\\ud800", "inputs": [{"name": "text", '
-                    b'"datatype": "BYTES", "shape": [1], "data": ["ok"]}]}')
+    r = client.post(
+        "/v2/models/torch-fp32/infer",
+        content=b'{"id": "\\ud800", "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["ok"]}]}',
+    )
     assert r.status_code == 422 and "id is not valid Unicode" in r.json()["error"]
     # A surrogate in a field name ends in the error text: escaped, still a clean 422.
-    r = client.post("/v1/classify", content=b'{"inputs": "ok", "\\ud800": 1}', headers={"content-type": "application/json"})
+    r = client.post(
+        "/v1/classify", content=b'{"inputs": "ok", "\\ud800": 1}', headers={"content-type": "application/json"}
+    )
     assert r.status_code == 422
     # The next request, and the valid text alone, are served as usual.
     r = client.post("/v1/classify", json={"inputs": ["fine"]})
@@ -165,14 +177,17 @@ def test_lone_surrogate_is_a_422_naming_the_input_and_costs_nobody_else(client, 
     assert r.json()["predictions"][0][0]["score"] == pytest.approx(float(reference.predict(["fine"]).max()), abs=1e-5)
 
 
-@pytest.mark.parametrize("body,fragment", [
-    ({"inputs": "ok", "top_k": "2"}, "top_k"),
-    ({"inputs": "ok", "top_k": True}, "top_k"),
-    ({"inputs": "ok", "top_k": 1.5}, "top_k"),
-    ({"inputs": b"\xef\xbb\xbf".decode() + "\u200d\u00a0\t"}, "no visible character"),
-    ({"inputs": ["ok", "\u2028\u200b"]}, "inputs[1] has no visible character"),
-    ({"inputs": ["ok"], "model": 3}, "model"),
-])
+@pytest.mark.parametrize(
+    "body,fragment",
+    [
+        ({"inputs": "ok", "top_k": "2"}, "top_k"),
+        ({"inputs": "ok", "top_k": True}, "top_k"),
+        ({"inputs": "ok", "top_k": 1.5}, "top_k"),
+        ({"inputs": b"\xef\xbb\xbf".decode() + "\u200d\u00a0\t"}, "no visible character"),
+        ({"inputs": ["ok", "\u2028\u200b"]}, "inputs[1] has no visible character"),
+        ({"inputs": ["ok"], "model": 3}, "model"),
+    ],
+)
 def test_v1_is_strict(client, body, fragment):
     r = client.post("/v1/classify", json=body)
     assert r.status_code == 422 and fragment in r.json()["error"], r.text
@@ -184,8 +199,12 @@ def test_json_integer_2_0_is_an_integer(client):
 
 
 def test_wrong_method_is_405_with_allow_and_missing_content_type_only_ok_on_v2(client):
-    for method, path in (("PUT", "/v1/classify"), ("PUT", "/health"), ("DELETE", "/v2/models/torch-fp32/infer"),
-                         ("POST", "/v1/models")):
+    for method, path in (
+        ("PUT", "/v1/classify"),
+        ("PUT", "/health"),
+        ("DELETE", "/v2/models/torch-fp32/infer"),
+        ("POST", "/v1/models"),
+    ):
         r = client.request(method, path, json={"inputs": "x"})
         assert r.status_code == 405 and "allow" in r.headers and "error" in r.json(), (method, path, r.text)
     r = client.post("/v1/classify", content=b'{"inputs": "ok"}')

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 import pytest
 
 httpx2 = pytest.importorskip("httpx2")
@@ -48,9 +47,12 @@ def _serve_and_compare(variant, batch_dependent: str, row_workers: int = 1) -> t
 
     texts = _texts()
     cfg = ServeConfig(variant_dir=str(variant), threads=1, max_batch_size=32, max_wait_ms=50)
-    app = create_app(cfg, loader=lambda c: load_runtime(c.variant_dir, "cpu",
-                                                        RuntimeOptions(threads=1, batch_dependent=batch_dependent,
-                                                                       row_workers=row_workers)))
+    app = create_app(
+        cfg,
+        loader=lambda c: load_runtime(
+            c.variant_dir, "cpu", RuntimeOptions(threads=1, batch_dependent=batch_dependent, row_workers=row_workers)
+        ),
+    )
     with ServerThread(app) as srv, httpx2.Client(base_url=srv.url, timeout=60, trust_env=False) as c:
         for _ in range(300):
             if c.get("/ready").status_code == 200:
@@ -62,16 +64,20 @@ def _serve_and_compare(variant, batch_dependent: str, row_workers: int = 1) -> t
 
         def forwards() -> tuple[float, float]:
             fams = {f.name: f for f in text_string_to_metric_families(c.get("/metrics").text)}
-            return (next(s.value for s in fams["qserve_batch_size"].samples if s.name == "qserve_batch_size_count"),
-                    sum(s.value for s in fams["qserve_lane_batches"].samples if s.name == "qserve_lane_batches_total"))
+            return (
+                next(s.value for s in fams["qserve_batch_size"].samples if s.name == "qserve_batch_size_count"),
+                sum(s.value for s in fams["qserve_lane_batches"].samples if s.name == "qserve_lane_batches_total"),
+            )
 
         before = forwards()
 
         async def go():
-            async with httpx2.AsyncClient(base_url=srv.url, timeout=60, trust_env=False,
-                                          limits=httpx2.Limits(max_connections=64)) as ac:
-                return await asyncio.gather(*(ac.post("/v1/classify", json={"inputs": t, "top_k": None})
-                                              for t in texts))
+            async with httpx2.AsyncClient(
+                base_url=srv.url, timeout=60, trust_env=False, limits=httpx2.Limits(max_connections=64)
+            ) as ac:
+                return await asyncio.gather(
+                    *(ac.post("/v1/classify", json={"inputs": t, "top_k": None}) for t in texts)
+                )
 
         responses = asyncio.run(go())
         after = forwards()
@@ -107,8 +113,8 @@ def test_the_same_check_catches_a_server_whose_answers_move_with_batchmates(int8
 
 def test_row_workers_setting_reaches_every_engine_and_names_its_flag():
     from qserve import QserveError
-    from qserve.serve.infra.deploy import app_args
     from qserve.serve.infra.config import config_from_sources
+    from qserve.serve.infra.deploy import app_args
 
     assert config_from_sources({}, {"QSERVE_ROW_WORKERS": "2"}).row_workers == 2
     assert config_from_sources({"row_workers": 1}, {"QSERVE_ROW_WORKERS": "2"}).row_workers == 1  # flag wins

@@ -76,8 +76,10 @@ def test_two_models_answer_by_name_through_v1_and_v2(tiny_variant, other):
     want = {name: rt.predict(TEXTS[:4]) for name, rt in ref.items()}
     assert np.abs(want["a"] - want["b"]).max() > 0.05  # the two models really answer differently
     repo = Repository(sources_from_dirs([f"a={tiny_variant}", f"b={other['onnx-fp32']}"]))
-    with serving(_cfg(tiny_variant), repository=repo) as srv, \
-            httpx2.Client(base_url=srv.url, timeout=30, trust_env=False) as c:
+    with (
+        serving(_cfg(tiny_variant), repository=repo) as srv,
+        httpx2.Client(base_url=srv.url, timeout=30, trust_env=False) as c,
+    ):
         info = c.get("/v1/models").json()
         assert [m["id"] for m in info["models"]] == ["a", "b"] and info["default"] == "a"
         versions = {m["id"]: m["version"] for m in info["models"]}
@@ -86,8 +88,9 @@ def test_two_models_answer_by_name_through_v1_and_v2(tiny_variant, other):
             r = c.post("/v1/classify", json={"inputs": TEXTS[:4]} | ({"model": name} if name else {})).json()
             served = name or "a"  # no name: the first model
             assert r["model"] == served and r["model_version"] == versions[served]
-            np.testing.assert_allclose([_probs(p, ref[served].labels) for p in r["predictions"]], want[served],
-                                       atol=1e-5)
+            np.testing.assert_allclose(
+                [_probs(p, ref[served].labels) for p in r["predictions"]], want[served], atol=1e-5
+            )
         for name in ("a", "b"):
             r = c.post(f"/v2/models/{name}/infer", json=_v2(TEXTS[:4])).json()
             assert r["model_name"] == name and r["model_version"] == versions[name]
@@ -130,7 +133,7 @@ def test_shadow_agreement_equals_the_offline_agreement(tiny_variant, other, capl
     cfg = _cfg(tiny_variant, model_name="a", shadow=[f"a={other['onnx-fp32']}"], shadow_rate=1.0)
     with serving(cfg) as srv, httpx2.Client(base_url=srv.url, timeout=30, trust_env=False) as c:
         for i in range(0, len(TEXTS), 16):
-            assert c.post("/v1/classify", json={"inputs": TEXTS[i:i + 16]}).status_code == 200
+            assert c.post("/v1/classify", json={"inputs": TEXTS[i : i + 16]}).status_code == 200
         for _ in range(400):
             (model,) = c.get("/v1/models").json()["models"]
             if model["shadow"]["samples"] >= len(TEXTS):
@@ -184,8 +187,10 @@ def test_hot_swap_under_32_clients_loses_nothing_and_every_answer_names_its_vers
     srv, root = repo_server
     st = _state(srv)
     old_rt, new_rt = _runtime(root / "m"), _runtime(other["torch-fp32"])
-    want = {old_rt.manifest.digest[:12]: old_rt.predict(TEXTS[:8]),
-            new_rt.manifest.digest[:12]: new_rt.predict(TEXTS[:8])}
+    want = {
+        old_rt.manifest.digest[:12]: old_rt.predict(TEXTS[:8]),
+        new_rt.manifest.digest[:12]: new_rt.predict(TEXTS[:8]),
+    }
     old_v, new_v = list(want)
     assert st.models["m"].version == old_v
     answers: list[tuple[int, int, str | None, list[float] | None]] = []
@@ -199,20 +204,27 @@ def test_hot_swap_under_32_clients_loses_nothing_and_every_answer_names_its_vers
             if i % 2:
                 r = await c.post("/v1/classify", json={"inputs": TEXTS[j], "model": "m"})
                 body = r.json()
-                got = (body.get("model_version"), _probs(body["predictions"][0], old_rt.labels)
-                       if r.status_code == 200 else None)
+                got = (
+                    body.get("model_version"),
+                    _probs(body["predictions"][0], old_rt.labels) if r.status_code == 200 else None,
+                )
             else:
                 r = await c.post("/v2/models/m/infer", json=_v2([TEXTS[j]]))
                 body = r.json()
-                got = (body.get("model_version"), next(o["data"] for o in body["outputs"] if o["name"] ==
-                                                       "probabilities") if r.status_code == 200 else None)
+                got = (
+                    body.get("model_version"),
+                    next(o["data"] for o in body["outputs"] if o["name"] == "probabilities")
+                    if r.status_code == 200
+                    else None,
+                )
             answers.append((r.status_code, j, *got))
             i += 32
 
     async def go() -> tuple[int, dict]:
         stop = asyncio.Event()
-        async with httpx2.AsyncClient(base_url=srv.url, timeout=60, trust_env=False,
-                                      limits=httpx2.Limits(max_connections=40)) as c:
+        async with httpx2.AsyncClient(
+            base_url=srv.url, timeout=60, trust_env=False, limits=httpx2.Limits(max_connections=40)
+        ) as c:
             tasks = [asyncio.create_task(client(c, k, stop)) for k in range(32)]
             await asyncio.sleep(0.5)
             before = len(answers)
@@ -233,7 +245,7 @@ def test_hot_swap_under_32_clients_loses_nothing_and_every_answer_names_its_vers
     for status, j, version, probs in answers:  # each answer is the version it names, computed by it
         np.testing.assert_allclose(probs, want[version][j], atol=1e-5)
     first_new = next(i for i, a in enumerate(answers) if a[2] == new_v)
-    assert all(a[2] == new_v for a in answers[first_new + 64:])  # once switched, only stragglers answer old
+    assert all(a[2] == new_v for a in answers[first_new + 64 :])  # once switched, only stragglers answer old
     # The old version was drained, closed and freed: nothing (gc.freeze included) pins it.
     (retired,) = [r for r in st.retired if r.version == old_v]
     assert retired.released and gc.get_freeze_count() > 0
@@ -252,12 +264,15 @@ def test_a_corrupt_directory_is_refused_and_the_old_version_keeps_serving(repo_s
         _replace(root, "m", bad, tmp_path)
         r = c.post("/v2/repository/models/m/load")
         assert r.status_code == 400
-        assert "does not match its sha256" in r.json()["error"] and f"version {serving_v} keeps serving" in \
-            r.json()["error"]
+        assert (
+            "does not match its sha256" in r.json()["error"]
+            and f"version {serving_v} keeps serving" in r.json()["error"]
+        )
         r = c.post("/v1/classify", json={"inputs": "still here", "model": "m"})
         assert r.status_code == 200 and r.json()["model_version"] == serving_v
         assert c.post("/v2/repository/index").json() == [
-            {"name": "m", "version": serving_v, "state": "READY", "reason": ""}]
+            {"name": "m", "version": serving_v, "state": "READY", "reason": ""}
+        ]
         assert 'qserve_model_loads_total{model="m",outcome="refused"} 1.0' in c.get("/metrics").text
 
 
@@ -277,7 +292,9 @@ def test_tritonclient_repository_calls(repo_server, tiny_variant):
         triton.unload_model("m2")
         assert not triton.is_model_ready("m2")
         assert {m["name"]: m["state"] for m in triton.get_model_repository_index()} == {
-            "m": "READY", "m2": "UNAVAILABLE"}
+            "m": "READY",
+            "m2": "UNAVAILABLE",
+        }
         with pytest.raises(InferenceServerException, match="unknown model 'm2'"):
             triton.infer("m2", [inp])
         with pytest.raises(InferenceServerException, match="load takes no parameters"):
@@ -291,15 +308,20 @@ def test_tritonclient_repository_calls(repo_server, tiny_variant):
 
 # -- a single DIR, and auth -------------------------------------------------------------------------
 def test_a_single_dir_keeps_todays_names_and_the_repository_needs_the_key(tiny_variant):
-    with serving(_cfg(tiny_variant, api_key=KEY)) as srv, \
-            httpx2.Client(base_url=srv.url, timeout=30, trust_env=False) as c:
+    with (
+        serving(_cfg(tiny_variant, api_key=KEY)) as srv,
+        httpx2.Client(base_url=srv.url, timeout=30, trust_env=False) as c,
+    ):
         auth = {"Authorization": f"Bearer {KEY}"}
         assert c.get("/ready").json() == {"ready": True, "model": "torch-fp32"}
         (m,) = c.get("/v1/models", headers=auth).json()["models"]
         assert m["id"] == "torch-fp32" and len(m["version"]) == 12
         assert c.get("/v2/models/torch-fp32/ready", headers=auth).json() == {"name": "torch-fp32", "ready": True}
-        for path in ("/v2/repository/index", "/v2/repository/models/torch-fp32/load",
-                     "/v2/repository/models/torch-fp32/unload"):
+        for path in (
+            "/v2/repository/index",
+            "/v2/repository/models/torch-fp32/load",
+            "/v2/repository/models/torch-fp32/unload",
+        ):
             r = c.post(path)
             assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer"), path
             assert c.post(path, headers={"Authorization": "Bearer wrong-key-000"}).status_code == 401

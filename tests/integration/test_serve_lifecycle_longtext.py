@@ -10,14 +10,14 @@ import time
 
 import numpy as np
 import pytest
-from test_serve_lifecycle import _cfg, _probs, _runtime, _v2, other  # noqa: F401 - `other` is a fixture
-
 from conftest import serving
+from test_serve_lifecycle import _cfg, _probs, _runtime, _v2, other  # noqa: F401 - `other` is a fixture
 
 httpx2 = pytest.importorskip("httpx2")
 
-LONG = [" ".join(f"scene{i % 40} was {'great' if (i + k) % 3 else 'dull'}" for i in range(100 + 7 * k))
-        for k in range(6)]  # ~300-400 tokens each: several windows of the tiny model's 64
+LONG = [
+    " ".join(f"scene{i % 40} was {'great' if (i + k) % 3 else 'dull'}" for i in range(100 + 7 * k)) for k in range(6)
+]  # ~300-400 tokens each: several windows of the tiny model's 64
 
 
 def test_each_model_reads_long_texts_by_the_request_policy_and_has_its_report(tiny_variant, other):  # noqa: F811
@@ -25,15 +25,18 @@ def test_each_model_reads_long_texts_by_the_request_policy_and_has_its_report(ti
 
     ref = {"a": _runtime(tiny_variant), "b": _runtime(other["onnx-fp32"])}
     repo = Repository(sources_from_dirs([f"a={tiny_variant}", f"b={other['onnx-fp32']}"]))
-    with serving(_cfg(tiny_variant), repository=repo) as srv, \
-            httpx2.Client(base_url=srv.url, timeout=60, trust_env=False) as c:
+    with (
+        serving(_cfg(tiny_variant), repository=repo) as srv,
+        httpx2.Client(base_url=srv.url, timeout=60, trust_env=False) as c,
+    ):
         for name in ("a", "b"):
             want = ref[name].classify(LONG[:2], "windows")
             body = c.post("/v1/classify", json={"inputs": LONG[:2], "model": name, "long_text": "windows"}).json()
             assert body["model"] == name and body["long_text"] == "windows:64:48:mean"
             assert body["windows"] == want.windows and min(want.windows) > 1 and body["tokens"] == want.tokens
-            np.testing.assert_allclose([_probs(p, ref[name].labels) for p in body["predictions"]], want.probs,
-                                       atol=1e-5)
+            np.testing.assert_allclose(
+                [_probs(p, ref[name].labels) for p in body["predictions"]], want.probs, atol=1e-5
+            )
             r = c.post(f"/v2/models/{name}/infer", json=_v2(LONG[:2]) | {"parameters": {"long_text": "tail"}}).json()
             assert r["model_name"] == name and r["parameters"]["long_text"] == "tail"
             probs = next(o for o in r["outputs"] if o["name"] == "probabilities")["data"]

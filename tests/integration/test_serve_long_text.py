@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-
 from conftest import serving
+
 from qserve.longtext import FORMS
 
 httpx2 = pytest.importorskip("httpx2")
@@ -31,8 +31,9 @@ def reference(tiny_variant):
 def client(tiny_variant):
     from qserve.serve.infra.config import ServeConfig
 
-    cfg = ServeConfig(variant_dir=str(tiny_variant), device="cpu", threads=1, max_batch_size=8, max_wait_ms=20,
-                      max_inputs=16)
+    cfg = ServeConfig(
+        variant_dir=str(tiny_variant), device="cpu", threads=1, max_batch_size=8, max_wait_ms=20, max_inputs=16
+    )
     with serving(cfg) as srv, httpx2.Client(base_url=srv.url, timeout=60, trust_env=False) as c:
         yield c
 
@@ -62,8 +63,10 @@ def test_a_1000_token_text_gets_8_windows_and_is_flagged_truncated(client, refer
 
 
 def test_v2_takes_the_policy_as_a_request_parameter(client, reference):
-    req = {"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": [LONG, "fine"]}],
-           "parameters": {"long_text": "windows:32:16:max"}}
+    req = {
+        "inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": [LONG, "fine"]}],
+        "parameters": {"long_text": "windows:32:16:max"},
+    }
     r = client.post("/v2/models/torch-fp32/infer", json=req)
     assert r.status_code == 200, r.text
     assert r.json()["parameters"]["long_text"] == "windows:32:16:max"
@@ -76,8 +79,10 @@ def test_v2_takes_the_policy_as_a_request_parameter(client, reference):
 def test_a_bad_policy_is_refused_naming_the_allowed_forms(client, bad):
     r = client.post("/v1/classify", json={"inputs": "x", "long_text": bad})
     assert r.status_code == 422 and FORMS in r.json()["error"] and "long_text" in r.json()["error"]
-    req = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["x"]}],
-           "parameters": {"long_text": bad}}
+    req = {
+        "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["x"]}],
+        "parameters": {"long_text": bad},
+    }
     r = client.post("/v2/models/torch-fp32/infer", json=req)
     assert r.status_code == 422 and FORMS in r.json()["error"] and "parameters.long_text" in r.json()["error"]
 
@@ -86,8 +91,13 @@ def test_windowed_answers_do_not_move_under_concurrent_mixed_requests(client, re
     """32 concurrent requests, mixed policies and lengths, batched together: each answer is its text's alone."""
     rng = random.Random(0)
     words = LONG.split()
-    jobs = [([" ".join(words[: rng.randint(2, len(words))]) for _ in range(rng.randint(1, 3))],
-             rng.choice([None, "windows", "windows:32:16:max", "head-tail", "tail"])) for _ in range(32)]
+    jobs = [
+        (
+            [" ".join(words[: rng.randint(2, len(words))]) for _ in range(rng.randint(1, 3))],
+            rng.choice([None, "windows", "windows:32:16:max", "head-tail", "tail"]),
+        )
+        for _ in range(32)
+    ]
     want = [np.concatenate([reference.predict([t], p) for t in texts]) for texts, p in jobs]
 
     def send(job):

@@ -30,8 +30,9 @@ def server(tiny_variant):
     # Small limits keep generated bodies small; the body limit fits the largest valid request
     # (8 texts x 200 characters, each up to 12 bytes as a JSON \\u escape pair), so every schema-valid
     # body is accepted, as the document promises.
-    cfg = ServeConfig(variant_dir=str(tiny_variant), threads=1, max_inputs=8, max_chars=200, max_queue=256,
-                      max_body_bytes=64 * 1024)
+    cfg = ServeConfig(
+        variant_dir=str(tiny_variant), threads=1, max_inputs=8, max_chars=200, max_queue=256, max_body_bytes=64 * 1024
+    )
     with serving(cfg) as srv:
         yield srv
 
@@ -45,7 +46,10 @@ def test_openapi_states_the_limits(server):
     assert all(p["maxLength"] == 200 for p in spec["components"]["schemas"]["TextPair"]["properties"].values())
     assert spec["components"]["schemas"]["V2InputTensor"]["properties"]["name"]["enum"] == ["text"]
     assert spec["components"]["schemas"]["V2RequestedOutput"]["properties"]["name"]["enum"] == [
-        "probabilities", "label", "truncated"]
+        "probabilities",
+        "label",
+        "truncated",
+    ]
     ready = spec["paths"]["/v2/models/{name}/ready"]["get"]["responses"]
     assert {"200", "404", "503"} <= set(ready)
     assert "/v2/models/{name}/config" in spec["paths"]
@@ -62,18 +66,48 @@ def test_schemathesis_all_checks_pass(server, tmp_path):
     config = tmp_path / "schemathesis.toml"
     # TEI's routes answer a refused input 413 (TEI's Validation error: too many inputs, a text past max_length
     # with truncate=false), which a stock TEI client expects: schemathesis counts it as a rejection there.
-    statuses = ('checks.negative_data_rejection.expected-statuses = [400, 401, 403, 404, 405, 406, 409, 413, 415, '
-                '422, 428, 429, "5XX"]\n'
-                'checks.positive_data_acceptance.expected-statuses = ["2XX", "3XX", 401, 403, 404, 409, 413, 429, '
-                '"5XX"]\n')
-    tei = ('[[operations]]\ninclude-path-regex = "^/(predict|tokenize|decode)$"\n' + statuses +
-           '[[operations]]\ninclude-path-regex = "^/$"\n' + statuses)
-    config.write_text('[[operations]]\ninclude-path-regex = "^/v2/models/"\n'
-                      f'parameters = {{ "path.name" = "torch-fp32", "path.version" = "{version}" }}\n' + tei)
-    cmd = [exe, "--config-file", str(config), "run", f"{server.url}/openapi.json", "--checks", "all",
-           "--exclude-path-regex", "^/v2/repository/models/",
-           "--max-examples", str(MAX_EXAMPLES), "--seed", "14", "--workers", "1", "--generation-database", "none", "--no-color",
-           "--request-timeout", "30", "--report", "junit", "--report-dir", str(tmp_path)]
+    statuses = (
+        "checks.negative_data_rejection.expected-statuses = [400, 401, 403, 404, 405, 406, 409, 413, 415, "
+        '422, 428, 429, "5XX"]\n'
+        'checks.positive_data_acceptance.expected-statuses = ["2XX", "3XX", 401, 403, 404, 409, 413, 429, '
+        '"5XX"]\n'
+    )
+    tei = (
+        '[[operations]]\ninclude-path-regex = "^/(predict|tokenize|decode)$"\n'
+        + statuses
+        + '[[operations]]\ninclude-path-regex = "^/$"\n'
+        + statuses
+    )
+    config.write_text(
+        '[[operations]]\ninclude-path-regex = "^/v2/models/"\n'
+        f'parameters = {{ "path.name" = "torch-fp32", "path.version" = "{version}" }}\n' + tei
+    )
+    cmd = [
+        exe,
+        "--config-file",
+        str(config),
+        "run",
+        f"{server.url}/openapi.json",
+        "--checks",
+        "all",
+        "--exclude-path-regex",
+        "^/v2/repository/models/",
+        "--max-examples",
+        str(MAX_EXAMPLES),
+        "--seed",
+        "14",
+        "--workers",
+        "1",
+        "--generation-database",
+        "none",
+        "--no-color",
+        "--request-timeout",
+        "30",
+        "--report",
+        "junit",
+        "--report-dir",
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]

@@ -26,11 +26,16 @@ import pytest
 httpx2 = pytest.importorskip("httpx2")
 import ray  # noqa: E402 - the ray extra is part of `make test` (Makefile EXTRAS): no skip when it is missing
 from ray import serve  # noqa: E402
-
 from test_serve_api import MAX_BODY, MAX_CHARS, MAX_INPUTS, V1_BAD, V2_BAD  # noqa: E402
 
-SETTINGS = {"threads": 1, "max_batch_size": 32, "max_wait_ms": 30, "max_inputs": MAX_INPUTS,
-            "max_chars": MAX_CHARS, "max_body_bytes": MAX_BODY}
+SETTINGS = {
+    "threads": 1,
+    "max_batch_size": 32,
+    "max_wait_ms": 30,
+    "max_inputs": MAX_INPUTS,
+    "max_chars": MAX_CHARS,
+    "max_body_bytes": MAX_BODY,
+}
 
 
 def _free_port() -> int:
@@ -85,8 +90,11 @@ def ray_app(ray_url, tiny_variant):
     from qserve.serve.ray_engine import application
 
     # 2 replicas x 1 CPU: what `qserve serve --engine ray --replicas 2` picks on a 2-core machine.
-    serve.run(application({"variant_dir": str(tiny_variant), **SETTINGS}, Scaling(2), cores=2),
-              name="qserve", route_prefix="/")
+    serve.run(
+        application({"variant_dir": str(tiny_variant), **SETTINGS}, Scaling(2), cores=2),
+        name="qserve",
+        route_prefix="/",
+    )
     with httpx2.Client(base_url=ray_url, timeout=30, trust_env=False) as c:
         _wait_running(c, 2)
         yield c
@@ -140,7 +148,9 @@ def test_64_clients_x_8_requests_all_answered_exactly_across_replicas(ray_app, r
 
     results = [x for per_client in asyncio.run(go()) for x in per_client]
     assert len(results) == 64 * 8
-    assert [r.status_code for _, r in results] == [200] * (64 * 8), [r.text for _, r in results if r.status_code != 200][:3]
+    assert [r.status_code for _, r in results] == [200] * (64 * 8), [
+        r.text for _, r in results if r.status_code != 200
+    ][:3]
     for body, r in results:
         sent = [body["inputs"]] if isinstance(body["inputs"], str) else body["inputs"]
         got = [_probs(p, reference.labels) for p in r.json()["predictions"]]
@@ -176,10 +186,14 @@ def _bad_requests() -> list[tuple[str, str, dict]]:
     cases = [("POST", "/v1/classify", {"json": body}) for body, _, _ in V1_BAD]
     cases += [("POST", f"/v2/models/{name}/infer", {"json": body}) for name, body, _, _ in V2_BAD]
     big = json.dumps({"inputs": ["y" * 1000] * 80}).encode()
-    cases += [("POST", "/v1/classify", {"content": b'{"inputs": ', "headers": {"content-type": "application/json"}}),
-              ("POST", "/v1/classify", {"content": b'{"inputs": "hi"}', "headers": {"content-type": "text/plain"}}),
-              ("POST", "/v1/classify", {"content": big, "headers": {"content-type": "application/json"}}),
-              ("GET", "/v1/classify", {}), ("GET", "/v3/nothing", {}), ("GET", "/v2/models/nope", {})]
+    cases += [
+        ("POST", "/v1/classify", {"content": b'{"inputs": ', "headers": {"content-type": "application/json"}}),
+        ("POST", "/v1/classify", {"content": b'{"inputs": "hi"}', "headers": {"content-type": "text/plain"}}),
+        ("POST", "/v1/classify", {"content": big, "headers": {"content-type": "application/json"}}),
+        ("GET", "/v1/classify", {}),
+        ("GET", "/v3/nothing", {}),
+        ("GET", "/v2/models/nope", {}),
+    ]
     return cases
 
 
@@ -218,8 +232,9 @@ def test_killed_replica_is_replaced_and_no_request_hangs(ray_app, ray_url, refer
                 continue
             outcomes.append((r.status_code, r.text))
             if r.status_code == 200:
-                np.testing.assert_allclose(_probs(r.json()["predictions"][0], reference.labels),
-                                           reference.predict([t])[0], atol=1e-5)
+                np.testing.assert_allclose(
+                    _probs(r.json()["predictions"][0], reference.labels), reference.predict([t])[0], atol=1e-5
+                )
 
     async def kill_later() -> None:
         await asyncio.sleep(1.5)  # under load
@@ -233,14 +248,18 @@ def test_killed_replica_is_replaced_and_no_request_hangs(ray_app, ray_url, refer
         stop_at[0] = time.monotonic() + 4.0  # keep loading while Ray notices and replaces it
 
     async def go():
-        async with httpx2.AsyncClient(base_url=ray_url, timeout=30, trust_env=False,
-                                      limits=httpx2.Limits(max_connections=16)) as c:
+        async with httpx2.AsyncClient(
+            base_url=ray_url, timeout=30, trust_env=False, limits=httpx2.Limits(max_connections=16)
+        ) as c:
             await asyncio.gather(kill_later(), *(client(c, w) for w in range(16)))
 
     asyncio.run(go())
     codes = [code for code, _ in outcomes]
-    print("outcomes around the kill:", dict(sorted(Counter(codes).items())),
-          {text[:160] for code, text in outcomes if code != 200})
+    print(
+        "outcomes around the kill:",
+        dict(sorted(Counter(codes).items())),
+        {text[:160] for code, text in outcomes if code != 200},
+    )
     assert -1 not in codes and -2 not in codes, [o for o in outcomes if o[0] < 0][:3]
     assert codes.count(200) > 0
     for code, text in outcomes:
@@ -261,8 +280,28 @@ def test_deploy_config_runs_under_rays_own_serve_run(ray_app, ray_url, tiny_vari
 
     out = tmp_path / "serve_config.yaml"
     port = int(ray_url.rsplit(":", 1)[1])
-    assert main(["deploy", "ray", str(tiny_variant), "--out", str(out), "--replicas", "1", "--threads", "1",
-                 "--host", "127.0.0.1", "--port", str(port), "--max-inputs", "8"]) == 0
+    assert (
+        main(
+            [
+                "deploy",
+                "ray",
+                str(tiny_variant),
+                "--out",
+                str(out),
+                "--replicas",
+                "1",
+                "--threads",
+                "1",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--max-inputs",
+                "8",
+            ]
+        )
+        == 0
+    )
     doc = yaml.safe_load(out.read_text())
     (app,) = doc["applications"]
     assert app["import_path"] == "qserve.serve.ray_engine:build_app" and app["args"]["variant_dir"] == str(tiny_variant)
@@ -270,15 +309,22 @@ def test_deploy_config_runs_under_rays_own_serve_run(ray_app, ray_url, tiny_vari
     # Ray's own CLI, unchanged file, joining this test's Ray instance; it replaces the app named "qserve".
     serve_cli = Path(sys.executable).with_name("serve")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([str(serve_cli), "run", "--non-blocking", "--address",
-                           ray.get_runtime_context().gcs_address, str(out)],
-                          env=env, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [str(serve_cli), "run", "--non-blocking", "--address", ray.get_runtime_context().gcs_address, str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     deadline = time.monotonic() + REPLICA_START_S
     while True:
         info = _replicas(ray_app)
-        if info.get("replica_count") == 1 and info.get("target_replicas") == 1 and \
-                [x["state"] for x in info["replicas"]] == ["RUNNING"]:
+        if (
+            info.get("replica_count") == 1
+            and info.get("target_replicas") == 1
+            and [x["state"] for x in info["replicas"]] == ["RUNNING"]
+        ):
             break
         assert time.monotonic() < deadline, f"serve run's app never came up with 1 replica: {info}"
         time.sleep(0.5)
@@ -294,10 +340,10 @@ def test_regression_model_answers_its_value_on_the_same_instance(ray_app, ray_ur
     """A regression model replaces the app (after the `serve run` test: one replica of one CPU, so the new one
     fits beside it while Serve swaps them) and answers /v1 and V2 as the runtime does. On this module's Ray
     instance rather than one of its own: a Ray start costs ~15 s of both cores."""
-    import exporters
     from conftest import build_tiny_checkpoint
     from test_problem_types import TEXTS, write_regression
 
+    import exporters
     from qserve.cli import main
     from qserve.runtime import load_runtime
     from qserve.serve.infra.deploy import Scaling
@@ -305,14 +351,33 @@ def test_regression_model_answers_its_value_on_the_same_instance(ray_app, ray_ur
 
     base = build_tiny_checkpoint(tmp_path / "base")
     ck = tmp_path / "reg-ck"
-    assert main(["train", "--model", str(base), "--dataset", str(write_regression(tmp_path / "s.csv")), "--out",
-                 str(ck), "--precision", "32-true", "--max-length", "32", "--epochs", "1"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                str(base),
+                "--dataset",
+                str(write_regression(tmp_path / "s.csv")),
+                "--out",
+                str(ck),
+                "--precision",
+                "32-true",
+                "--max-length",
+                "32",
+                "--epochs",
+                "1",
+            ]
+        )
+        == 0
+    )
     variant = tmp_path / "torch-fp32"
     exporters.export(ck, "torch-fp32", variant)
     want = load_runtime(variant).predict(TEXTS)[:, 0]
 
-    serve.run(application({"variant_dir": str(variant), "threads": 1}, Scaling(1), cores=1),
-              name="qserve", route_prefix="/")
+    serve.run(
+        application({"variant_dir": str(variant), "threads": 1}, Scaling(1), cores=1), name="qserve", route_prefix="/"
+    )
     deadline, info = time.monotonic() + REPLICA_START_S, {}
     while [m.get("problem_type") for m in info.get("models") or []] != ["regression"]:
         assert time.monotonic() < deadline, f"the regression app never answered /v1/models: {info}"
@@ -362,15 +427,23 @@ def test_scaling_flags_map_to_ray_options(tiny_variant, monkeypatch, capsys):
     assert fixed["num_replicas"] == 2 and fixed["ray_actor_options"] == {"num_cpus": 1.0}
     assert fixed["max_ongoing_requests"] == 64 and "autoscaling_config" not in fixed
     auto = deployment_options(Scaling.parse("auto", 1, 4, 2), max_batch_size=16, cores=2)
-    assert auto["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "initial_replicas": 1,
-                                          "target_ongoing_requests": 16}
+    assert auto["autoscaling_config"] == {
+        "min_replicas": 1,
+        "max_replicas": 4,
+        "initial_replicas": 1,
+        "target_ongoing_requests": 16,
+    }
     assert auto["ray_actor_options"] == {"num_cpus": 2.0} and "num_replicas" not in auto
-    for argv, fragment in [(["--replicas", "2"], "only apply with --engine ray"),
-                           (["--engine", "ray", "--replicas", "0"], "--replicas 0: must be >= 1"),
-                           (["--engine", "ray", "--replicas", "two"], "positive integer or 'auto'"),
-                           (["--engine", "ray", "--replicas", "2", "--min-replicas", "1"], "only apply with --replicas auto"),
-                           (["--engine", "ray", "--replicas", "auto", "--min-replicas", "3", "--max-replicas", "2"],
-                            "need 0 <= min <= max")]:
+    for argv, fragment in [
+        (["--replicas", "2"], "only apply with --engine ray"),
+        (["--engine", "ray", "--replicas", "0"], "--replicas 0: must be >= 1"),
+        (["--engine", "ray", "--replicas", "two"], "positive integer or 'auto'"),
+        (["--engine", "ray", "--replicas", "2", "--min-replicas", "1"], "only apply with --replicas auto"),
+        (
+            ["--engine", "ray", "--replicas", "auto", "--min-replicas", "3", "--max-replicas", "2"],
+            "need 0 <= min <= max",
+        ),
+    ]:
         assert main(["serve", str(tiny_variant), *argv]) == 2
         assert fragment in capsys.readouterr().err, argv
     # More CPUs than the machine has would leave Ray waiting forever: refused before Ray starts.

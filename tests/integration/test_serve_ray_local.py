@@ -104,8 +104,24 @@ def _model_dir(tmp_path: Path, variant: Path) -> Path:
 def _serve_and_ask(model_dir: Path, env: dict[str, str], log: Path, more: tuple[str, ...] = ()) -> dict:
     """Run `qserve serve MODEL_DIR [MORE...] --engine ray`, return its /v1/models, stop it with SIGINT (exit 0)."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "qserve", "serve", str(model_dir), *more, "--engine", "ray", "--replicas", "1",
-           "--threads", "1", "--port", str(port), "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "qserve",
+        "serve",
+        str(model_dir),
+        *more,
+        "--engine",
+        "ray",
+        "--replicas",
+        "1",
+        "--threads",
+        "1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -135,10 +151,23 @@ def test_local_instance_beside_a_running_and_a_crashed_ray_start_cluster(ray_tmp
     temp_dir, env = ray_tmpdir
     model_dir = _model_dir(tmp_path, tiny_variant)
     started = subprocess.run(
-        [_ray_bin("ray"), "start", "--head", "--num-cpus=1", "--port=0", "--include-dashboard=false",
-         f"--dashboard-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
-         f"--ray-client-server-port={_free_port()}", "--disable-usage-stats"],
-        env=env, capture_output=True, text=True, timeout=180)
+        [
+            _ray_bin("ray"),
+            "start",
+            "--head",
+            "--num-cpus=1",
+            "--port=0",
+            "--include-dashboard=false",
+            f"--dashboard-port={_free_port()}",
+            f"--dashboard-agent-listen-port={_free_port()}",
+            f"--ray-client-server-port={_free_port()}",
+            "--disable-usage-stats",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
     address_file = Path(temp_dir) / "ray" / "ray_current_cluster"
     address = address_file.read_text().strip()

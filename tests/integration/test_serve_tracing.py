@@ -133,8 +133,11 @@ def test_requests_are_traced_to_an_otlp_collector_with_named_steps(tiny_variant,
             while c.get("/ready").status_code != 200 and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert "x-trace-id" not in c.get("/health").headers  # probes are not traced
-            r = c.post("/v1/classify", json={"inputs": ["great film", "awful"]},
-                       headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"})
+            r = c.post(
+                "/v1/classify",
+                json={"inputs": ["great film", "awful"]},
+                headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"},
+            )
             assert r.status_code == 200 and r.headers["x-trace-id"] == CLIENT_TRACE
             fresh = c.post("/v1/classify", json={"inputs": "fine"}).headers["x-trace-id"]
             assert len(fresh) == 32 and fresh != CLIENT_TRACE
@@ -150,7 +153,8 @@ def test_requests_are_traced_to_an_otlp_collector_with_named_steps(tiny_variant,
             req = service_pb2.ModelInferRequest(model_name="torch-fp32")
             req.inputs.add(name="text", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"lovely")
             out, call = service_pb2_grpc.GRPCInferenceServiceStub(ch).ModelInfer.with_call(
-                req, metadata=(("traceparent", f"00-{GRPC_TRACE}-{CLIENT_SPAN}-01"),))
+                req, metadata=(("traceparent", f"00-{GRPC_TRACE}-{CLIENT_SPAN}-01"),)
+            )
         assert dict(call.initial_metadata())["x-trace-id"] == GRPC_TRACE
         assert np.frombuffer(out.raw_output_contents[0], dtype="<f4").shape == (2,)
     finally:
@@ -163,8 +167,10 @@ def test_requests_are_traced_to_an_otlp_collector_with_named_steps(tiny_variant,
         assert service == "qserve-test"
         by_trace.setdefault(span.trace_id.hex(), []).append(span)
     assert {CLIENT_TRACE, fresh, GRPC_TRACE} <= set(by_trace)
-    for trace_id, root_name in ((CLIENT_TRACE, "POST /v1/classify"),
-                                (GRPC_TRACE, "inference.GRPCInferenceService/ModelInfer")):
+    for trace_id, root_name in (
+        (CLIENT_TRACE, "POST /v1/classify"),
+        (GRPC_TRACE, "inference.GRPCInferenceService/ModelInfer"),
+    ):
         spans = by_trace[trace_id]
         roots = [s for s in spans if s.parent_span_id.hex() == CLIENT_SPAN]
         assert [s.name for s in roots] == [root_name]  # a child of the client's span
@@ -188,7 +194,9 @@ def test_requests_are_traced_to_an_otlp_collector_with_named_steps(tiny_variant,
     for a, b in (("tokenize", "windows"), ("windows", "inference")):
         assert steps[a].end_time_unix_nano <= steps[b].start_time_unix_nano + 1_000
     attrs = {a.key: a.value for a in steps["windows"].attributes}
-    assert attrs["qserve.windowed_texts"].int_value == 1 and attrs["qserve.pieces"].int_value == 1 + win.json()[
-        "windows"][0]
+    assert (
+        attrs["qserve.windowed_texts"].int_value == 1
+        and attrs["qserve.pieces"].int_value == 1 + win.json()["windows"][0]
+    )
     refused = {s.name for s in by_trace[bad.headers["x-trace-id"]]}
     assert refused == {"POST /v1/classify", "receive"}  # refused before its texts were queued

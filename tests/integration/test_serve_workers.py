@@ -19,9 +19,13 @@ from benchmarks.harness.server import ROOT, code_env
 httpx2 = pytest.importorskip("httpx2")
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="--workers shares a port by SO_REUSEPORT")
 
-BODIES = [{"inputs": "A wonderful, moving film."}, {"inputs": ["bad", "ok", "The plot is thin but it looks great."]},
-          {"inputs": "The cinematography is gorgeous but the script is lazy. " * 12, "long_text": "windows:32:16"},
-          {"inputs": "fine", "top_k": 1}, {"inputs": []}]
+BODIES = [
+    {"inputs": "A wonderful, moving film."},
+    {"inputs": ["bad", "ok", "The plot is thin but it looks great."]},
+    {"inputs": "The cinematography is gorgeous but the script is lazy. " * 12, "long_text": "windows:32:16"},
+    {"inputs": "fine", "top_k": 1},
+    {"inputs": []},
+]
 
 
 def _answers(url: str, repeat: int = 1) -> list[tuple[int, bytes]]:
@@ -29,8 +33,13 @@ def _answers(url: str, repeat: int = 1) -> list[tuple[int, bytes]]:
     out = []
     for _ in range(repeat):
         for j, body in enumerate(BODIES):
-            r = httpx2.post(f"{url}/v1/classify", content=json.dumps(body).encode(), timeout=30, trust_env=False,
-                            headers={"content-type": "application/json", "x-request-id": f"r{j}"})
+            r = httpx2.post(
+                f"{url}/v1/classify",
+                content=json.dumps(body).encode(),
+                timeout=30,
+                trust_env=False,
+                headers={"content-type": "application/json", "x-request-id": f"r{j}"},
+            )
             out.append((r.status_code, r.content))
     return out
 
@@ -68,18 +77,37 @@ def test_two_workers_answer_as_one_and_both_serve(tiny_variant, tmp_path):
 
 def test_a_worker_that_cannot_load_stops_the_server(tiny_variant, tmp_path):
     # --require-gate on a variant never gated: each worker's load fails, the supervisor exits 2 and says why
-    cmd = [sys.executable, "-m", "qserve.serve", "serve", str(tiny_variant), "--device", "cpu", "--threads", "1",
-           "--port", "0", "--workers", "2", "--require-gate", "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "qserve.serve",
+        "serve",
+        str(tiny_variant),
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--port",
+        "0",
+        "--workers",
+        "2",
+        "--require-gate",
+        "--log-level",
+        "warning",
+    ]
     done = subprocess.run(cmd, cwd=ROOT, env=code_env(ROOT), capture_output=True, text=True, timeout=180)
     assert done.returncode == 2
     assert "could not load" in done.stderr and "has never been gated" in done.stderr
 
 
-@pytest.mark.parametrize("extra, words", [
-    (["--workers", "0"], "--workers must be 1..64"),
-    (["--workers", "2", "--grpc-port", "0"], "--grpc-port (or QSERVE_GRPC_PORT) needs one worker"),
-    (["--workers", "2", "--engine", "ray"], "--workers applies to --engine uvicorn"),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--workers", "0"], "--workers must be 1..64"),
+        (["--workers", "2", "--grpc-port", "0"], "--grpc-port (or QSERVE_GRPC_PORT) needs one worker"),
+        (["--workers", "2", "--engine", "ray"], "--workers applies to --engine uvicorn"),
+    ],
+)
 def test_refused_combinations_name_the_flags(tiny_variant, extra, words):
     cmd = [sys.executable, "-m", "qserve.serve", "serve", str(tiny_variant), "--device", "cpu", *extra]
     done = subprocess.run(cmd, cwd=ROOT, env=code_env(ROOT), capture_output=True, text=True, timeout=120)

@@ -1,6 +1,6 @@
 """Activation smoothing before dynamic int8 (exporters/smoothing.py) and the int8 options around it.
 
-    python -m pytest tests/integration/test_smoothing.py -q
+python -m pytest tests/integration/test_smoothing.py -q
 """
 
 from __future__ import annotations
@@ -19,8 +19,13 @@ from exporters.core import PROBES  # noqa: E402
 from qserve import QserveError  # noqa: E402
 from qserve.runtime import load_runtime  # noqa: E402
 
-TEXTS = ["ok", "Worst movie of the year. Avoid.", "A wonderful, moving film with superb performances.",
-         "The script is lazy and the ending is predictable. " * 5, "bad"]
+TEXTS = [
+    "ok",
+    "Worst movie of the year. Avoid.",
+    "A wonderful, moving film with superb performances.",
+    "The script is lazy and the ending is predictable. " * 5,
+    "bad",
+]
 
 
 @pytest.fixture(scope="module")
@@ -28,18 +33,19 @@ def outlier_checkpoint(tmp_path_factory) -> Path:
     """The tiny DistilBERT with the outliers real encoders have: a few LayerNorm channels ~25x the rest,
     plus a labelled local dataset recorded with it, so calibration reads real training texts."""
     import torch
-    from transformers import AutoModelForSequenceClassification
-
     from conftest import build_tiny_checkpoint
+    from transformers import AutoModelForSequenceClassification
 
     root = tmp_path_factory.mktemp("outliers")
     ckpt = build_tiny_checkpoint(root / "checkpoint", seed=3)
     model = AutoModelForSequenceClassification.from_pretrained(ckpt).eval()
     with torch.no_grad():
-        for ln in [model.distilbert.embeddings.LayerNorm] + [b.output_layer_norm for b in model.distilbert.transformer.layer]:
+        for ln in [model.distilbert.embeddings.LayerNorm] + [
+            b.output_layer_norm for b in model.distilbert.transformer.layer
+        ]:
             ln.weight[[3, 17]] *= 25.0
     model.save_pretrained(ckpt)
-    rows = ["text,label"] + [f"\"{t} number {i}\",{i % 2}" for i, t in enumerate(PROBES * 6)]
+    rows = ["text,label"] + [f'"{t} number {i}",{i % 2}' for i, t in enumerate(PROBES * 6)]
     (root / "reviews.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
     meta = json.loads((ckpt / "qserve_model.json").read_text())
     meta.update(dataset=str(root / "reviews.csv"), seed=7)
@@ -70,12 +76,19 @@ def test_quant_act_matches_onnxruntime_dynamic_quantize_linear():
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    g = helper.make_graph([helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"]),
-                           helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])], "dq",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None])])
-    sess = ort.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString(),
-                                providers=["CPUExecutionProvider"])
+    g = helper.make_graph(
+        [
+            helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"]),
+            helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"]),
+        ],
+        "dq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None])],
+    )
+    sess = ort.InferenceSession(
+        helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString(),
+        providers=["CPUExecutionProvider"],
+    )
     rng = np.random.default_rng(0)
     for x in [rng.normal(size=(40, 24)), np.abs(rng.normal(size=(5, 8))) + 1.0, -np.abs(rng.normal(size=(5, 8)))]:
         x = x.astype(np.float32)
@@ -118,12 +131,20 @@ def test_smoothing_is_exact_in_fp32_and_lowers_int8_error(outlier_checkpoint, tm
         # head's 20x-scaled classifier (both untouched by smoothing) would dominate the error.
         # (ORT rewrites each Gemm to a MatMul named <gemm>_MatMul before quantizing.)
         head = [x for n in m.graph.node if "classifier" in n.name for x in (n.name, f"{n.name}_MatMul")]
-        quantize_dynamic(str(src), str(dst), per_channel=True, weight_type=QuantType.QInt8,
-                         op_types_to_quantize=["MatMul"], nodes_to_exclude=head)
+        quantize_dynamic(
+            str(src),
+            str(dst),
+            per_channel=True,
+            weight_type=QuantType.QInt8,
+            op_types_to_quantize=["MatMul"],
+            nodes_to_exclude=head,
+        )
         errors[name] = np.abs(_run(onnx.load(str(dst)), test) - ref).mean()
     if not VNNI:
-        pytest.skip(f"smoothing is exact in fp32 here; its int8 gain holds with VNNI's u8s8 kernel, which this CPU "
-                    f"lacks (int8 mean error here: {errors})")
+        pytest.skip(
+            f"smoothing is exact in fp32 here; its int8 gain holds with VNNI's u8s8 kernel, which this CPU "
+            f"lacks (int8 mean error here: {errors})"
+        )
     assert errors["smoothed"] < 0.7 * errors["plain"], errors
 
 
@@ -142,8 +163,9 @@ def test_calibration_reads_the_training_split_of_the_recorded_dataset(outlier_ch
 
 
 def test_int8_export_records_smoothing_and_can_turn_it_off(outlier_checkpoint, tmp_path):
-    on = exporters.export(outlier_checkpoint, "onnx-int8", tmp_path / "on",
-                          options={"smooth": True, "calibration_samples": 16}).to_json()
+    on = exporters.export(
+        outlier_checkpoint, "onnx-int8", tmp_path / "on", options={"smooth": True, "calibration_samples": 16}
+    ).to_json()
     rec = on["onnx"]["smoothing"]
     assert rec["smoothed"] >= 2 and "train split, first 16 texts" in rec["calibration"]
     off = exporters.export(outlier_checkpoint, "onnx-int8", tmp_path / "off", options={"smooth": False}).to_json()
@@ -192,13 +214,16 @@ def test_keep_fp32_leaves_the_named_matmuls_unquantized(tiny_checkpoint, tmp_pat
     assert others and all(n.op_type != "MatMul" for n in others)  # the rest is still quantized
 
 
-@pytest.mark.parametrize("options,words", [
-    ({"smooth": "yes"}, ["smooth", "true or false"]),
-    ({"calibration_samples": 0}, ["calibration_samples", "1 to 1024"]),
-    ({"optimize": True, "smooth": True}, ["optimize", "smooth", "exclude each other"]),
-    ({"keep_fp32": 3}, ["keep_fp32", "comma-separated"]),
-    ({"keep_fp32": "layer.9/ffn"}, ["keep_fp32", "'layer.9/ffn'", "matches no MatMul", "/distilbert/transformer"]),
-])
+@pytest.mark.parametrize(
+    "options,words",
+    [
+        ({"smooth": "yes"}, ["smooth", "true or false"]),
+        ({"calibration_samples": 0}, ["calibration_samples", "1 to 1024"]),
+        ({"optimize": True, "smooth": True}, ["optimize", "smooth", "exclude each other"]),
+        ({"keep_fp32": 3}, ["keep_fp32", "comma-separated"]),
+        ({"keep_fp32": "layer.9/ffn"}, ["keep_fp32", "'layer.9/ffn'", "matches no MatMul", "/distilbert/transformer"]),
+    ],
+)
 def test_bad_int8_options_are_refused_and_nothing_is_written(tiny_checkpoint, tmp_path, options, words):
     out = tmp_path / "v"
     with pytest.raises(QserveError) as err:

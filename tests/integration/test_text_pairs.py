@@ -21,8 +21,13 @@ from conftest import serving
 MAX_LENGTH = 32
 TOPICS = ["guitar", "river", "castle", "engine", "garden", "planet", "violin", "desert"]
 LONG = "the story wanders from scene to scene without a point " * 8  # past MAX_LENGTH: truncated
-PAIRS = [("a song played on a guitar", "the guitar was loud"), ("a walk by the river", "a castle on a hill"),
-         (LONG, "a short second text"), ("ok", LONG), (LONG, LONG + " again")]
+PAIRS = [
+    ("a song played on a guitar", "the guitar was loud"),
+    ("a walk by the river", "a castle on a hill"),
+    (LONG, "a short second text"),
+    ("ok", LONG),
+    (LONG, LONG + " again"),
+]
 
 
 def _pairs_file(path: Path) -> Path:
@@ -30,8 +35,13 @@ def _pairs_file(path: Path) -> Path:
     for i in range(80):
         a, b = TOPICS[i % len(TOPICS)], TOPICS[(i * 3 + 1) % len(TOPICS)]
         same = i % 2 == 0
-        rows.append({"text": f"example {i} talks about the {a}",
-                     "text_pair": f"this one mentions the {a if same else b} too", "label": "same" if same else "other"})
+        rows.append(
+            {
+                "text": f"example {i} talks about the {a}",
+                "text_pair": f"this one mentions the {a if same else b} too",
+                "label": "same" if same else "other",
+            }
+        )
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
 
@@ -41,20 +51,33 @@ def _tokenizers(tmp: Path) -> dict:
     """Tokenizers of several architectures, built offline: BERT (fast and slow), ELECTRA and DistilBERT on
     the embedded WordPiece vocab; RoBERTa on a byte-level BPE trained here."""
     from tokenizers import ByteLevelBPETokenizer
-    from transformers import (BertTokenizer, BertTokenizerFast, DistilBertTokenizerFast, ElectraTokenizerFast,
-                              RobertaTokenizer)
+    from transformers import (
+        BertTokenizer,
+        BertTokenizerFast,
+        DistilBertTokenizerFast,
+        ElectraTokenizerFast,
+        RobertaTokenizer,
+    )
 
     from qserve.modeling import default_model_dir
 
     vocab = str(default_model_dir() / "vocab.txt")
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator([a + " " + b for a, b in PAIRS] * 4, vocab_size=300, min_frequency=1,
-                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    bpe.train_from_iterator(
+        [a + " " + b for a, b in PAIRS] * 4,
+        vocab_size=300,
+        min_frequency=1,
+        special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+    )
     bpe.save_model(str(tmp))
-    return {"bert": BertTokenizerFast(vocab), "bert-slow": BertTokenizer(vocab), "electra": ElectraTokenizerFast(vocab),
-            "distilbert": DistilBertTokenizerFast(vocab),
-            # transformers 5's RobertaTokenizer is the tokenizers-backed one (RobertaTokenizerFast its old name)
-            "roberta": RobertaTokenizer(str(tmp / "vocab.json"), str(tmp / "merges.txt"))}
+    return {
+        "bert": BertTokenizerFast(vocab),
+        "bert-slow": BertTokenizer(vocab),
+        "electra": ElectraTokenizerFast(vocab),
+        "distilbert": DistilBertTokenizerFast(vocab),
+        # transformers 5's RobertaTokenizer is the tokenizers-backed one (RobertaTokenizerFast its old name)
+        "roberta": RobertaTokenizer(str(tmp / "vocab.json"), str(tmp / "merges.txt")),
+    }
 
 
 def test_pair_pieces_are_what_the_tokenizer_makes(tmp_path):
@@ -66,8 +89,7 @@ def test_pair_pieces_are_what_the_tokenizer_makes(tmp_path):
         segments = "token_type_ids" in tok.model_input_names
         assert segments == (name not in ("roberta", "distilbert")), name
         pieces = split_pairs(tok, texts, pairs, MAX_LENGTH)
-        want = tok(texts, pairs, truncation="longest_first", max_length=MAX_LENGTH, padding=True,
-                   return_tensors="np")
+        want = tok(texts, pairs, truncation="longest_first", max_length=MAX_LENGTH, padding=True, return_tensors="np")
         got = longtext.pad(pieces.ids, int(tok.pad_token_id), tok.padding_side, segments, pieces.types)
         for key in ("input_ids", "attention_mask", "token_type_ids") if segments else ("input_ids", "attention_mask"):
             np.testing.assert_array_equal(got[key], want[key], err_msg=f"{name} {key}")
@@ -93,13 +115,23 @@ def test_local_files_read_a_text_pair_column(tmp_path):
     csv.write_text("text,text_pair,label\n" + "".join(f"a{i},b{i},{i % 2}\n" for i in range(30)), encoding="utf-8")
     assert load_dataset(str(csv)).train.pairs is not None
     js = tmp_path / "pairs.json"
-    js.write_text(json.dumps({"text": [f"a{i}" for i in range(30)], "text_pair": [f"b{i}" for i in range(30)],
-                              "label": [i % 2 for i in range(30)]}), encoding="utf-8")
+    js.write_text(
+        json.dumps(
+            {
+                "text": [f"a{i}" for i in range(30)],
+                "text_pair": [f"b{i}" for i in range(30)],
+                "label": [i % 2 for i in range(30)],
+            }
+        ),
+        encoding="utf-8",
+    )
     assert load_dataset(str(js)).test.pairs is not None
     # same text, other pair: not a duplicate
     dup = tmp_path / "dup.jsonl"
-    dup.write_text("".join(json.dumps({"text": "same", "text_pair": f"p{i}", "label": i % 2}) + "\n"
-                           for i in range(30)), encoding="utf-8")
+    dup.write_text(
+        "".join(json.dumps({"text": "same", "text_pair": f"p{i}", "label": i % 2}) + "\n" for i in range(30)),
+        encoding="utf-8",
+    )
     assert load_dataset(str(dup)).info["duplicates_dropped"] == 0
     bad = tmp_path / "bad.jsonl"
     lines = [json.dumps({"text": f"a{i}", "text_pair": f"b{i}", "label": i % 2}) for i in range(30)]
@@ -118,8 +150,9 @@ def test_local_files_read_a_text_pair_column(tmp_path):
 @pytest.fixture(scope="module")
 def pair_model(tmp_path_factory) -> dict[str, Path]:
     """`qserve train` on pairs.jsonl from a tiny random BERT (a few steps), then torch-fp32 and onnx-int8."""
-    import exporters
     from tiny_archs import build
+
+    import exporters
 
     root = tmp_path_factory.mktemp("pairs")
     base = build("bert", root / "tiny-bert")
@@ -128,8 +161,28 @@ def pair_model(tmp_path_factory) -> dict[str, Path]:
     from qserve.cli import main
 
     # in-process, like test_problem_types' training: a child would spend ~5 s importing torch and transformers again
-    assert main(["train", "--model", str(base), "--dataset", str(data), "--max-length", str(MAX_LENGTH),
-                 "--precision", "32-true", "--batch-size", "16", "--lr", "1e-3", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                str(base),
+                "--dataset",
+                str(data),
+                "--max-length",
+                str(MAX_LENGTH),
+                "--precision",
+                "32-true",
+                "--batch-size",
+                "16",
+                "--lr",
+                "1e-3",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     variants = {"checkpoint": out}
     for name, options in (("torch-fp32", {}), ("onnx-int8", {"calibration_samples": 8})):
         variants[name] = root / name
@@ -144,8 +197,14 @@ def _reference(ckpt: Path, pairs: list[tuple[str, str]]) -> np.ndarray:
 
     tok = AutoTokenizer.from_pretrained(ckpt)
     model = AutoModelForSequenceClassification.from_pretrained(ckpt).eval()
-    enc = tok([a for a, _ in pairs], [b for _, b in pairs], truncation="longest_first", max_length=MAX_LENGTH,
-              padding=True, return_tensors="pt")
+    enc = tok(
+        [a for a, _ in pairs],
+        [b for _, b in pairs],
+        truncation="longest_first",
+        max_length=MAX_LENGTH,
+        padding=True,
+        return_tensors="pt",
+    )
     with torch.no_grad():
         return torch.softmax(model(**enc).logits, -1).numpy()
 
@@ -212,12 +271,13 @@ def test_bench_accuracy_scores_the_pair_test_split(pair_model):
 # -- served: /v1, V2 HTTP, V2 gRPC ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server(pair_model, tiny_variant):
-    from qserve.serve.infra.config import ServeConfig
     from qserve.serve.core.repository import Repository, sources_from_dirs
+    from qserve.serve.infra.config import ServeConfig
 
     repo = Repository(sources_from_dirs([f"pairs={pair_model['onnx-int8']}", f"single={tiny_variant}"]))
-    cfg = ServeConfig(variant_dir=str(pair_model["onnx-int8"]), threads=1, max_wait_ms=2, grpc_port=0,
-                      max_inputs=8, max_chars=600)
+    cfg = ServeConfig(
+        variant_dir=str(pair_model["onnx-int8"]), threads=1, max_wait_ms=2, grpc_port=0, max_inputs=8, max_chars=600
+    )
     with serving(cfg, repository=repo) as srv:
         yield srv
 
@@ -228,6 +288,7 @@ def _probs_v1(body: dict) -> np.ndarray:
 
 def test_served_pairs_over_v1_and_v2_http(server, pair_model):
     import httpx2
+
     from qserve.runtime import load_runtime
 
     rt = load_runtime(pair_model["onnx-int8"], "cpu")
@@ -237,8 +298,9 @@ def test_served_pairs_over_v1_and_v2_http(server, pair_model):
     with httpx2.Client(base_url=server.url, timeout=60, trust_env=False) as c:
         models = {m["id"]: m for m in c.get("/v1/models").json()["models"]}
         assert models["pairs"]["inputs"] == ["text", "text_pair"] and models["single"]["inputs"] == ["text"]
-        body = c.post("/v1/classify", json={"model": "pairs", "inputs": [
-            {"text": a, "text_pair": b} for a, b in PAIRS]}).json()
+        body = c.post(
+            "/v1/classify", json={"model": "pairs", "inputs": [{"text": a, "text_pair": b} for a, b in PAIRS]}
+        ).json()
         np.testing.assert_allclose(_probs_v1(body), want, atol=1e-5)
         assert body["truncated"] == [False, False, True, True, True]
         one = c.post("/v1/classify", json={"model": "pairs", "inputs": {"text": texts[0], "text_pair": pairs[0]}})
@@ -250,26 +312,36 @@ def test_served_pairs_over_v1_and_v2_http(server, pair_model):
         assert [i["name"] for i in meta["inputs"]] == ["text", "text_pair"]
         assert [i["name"] for i in c.get("/v2/models/single").json()["inputs"]] == ["text"]
         assert [i["name"] for i in c.get("/v2/models/pairs/config").json()["input"]] == ["text", "text_pair"]
-        v2 = c.post("/v2/models/pairs/infer", json={"inputs": [
-            {"name": "text_pair", "shape": [5, 1], "datatype": "BYTES", "data": [[p] for p in pairs]},
-            {"name": "text", "shape": [5], "datatype": "BYTES", "data": texts}]}).json()
+        v2 = c.post(
+            "/v2/models/pairs/infer",
+            json={
+                "inputs": [
+                    {"name": "text_pair", "shape": [5, 1], "datatype": "BYTES", "data": [[p] for p in pairs]},
+                    {"name": "text", "shape": [5], "datatype": "BYTES", "data": texts},
+                ]
+            },
+        ).json()
         probs = next(o for o in v2["outputs"] if o["name"] == "probabilities")
         np.testing.assert_allclose(np.array(probs["data"]).reshape(5, -1), want, atol=1e-5)
-        bad = [("pairs", {"inputs": ["lone text"]}, "inputs[0] is a single text"),
-               ("pairs", {"inputs": [{"text": "a", "text_pair": "b"}, "c"]}, "inputs[1] is a single text"),
-               ("single", {"inputs": {"text": "a", "text_pair": "b"}}, "inputs is a text pair"),
-               ("pairs", {"inputs": [{"text": "a", "text_pair": " "}]}, "inputs[0].text_pair has no visible"),
-               ("pairs", {"inputs": [{"text": "a", "text_pair": "x" * 601}]}, "inputs[0].text_pair has 601 characters"),
-               ("pairs", {"inputs": [{"text": "a", "text_pair": "b"}] * 9}, "at most 8 per request"),
-               ("pairs", {"inputs": [{"text": "a", "pair": "b"}]}, "text_pair")]
+        bad = [
+            ("pairs", {"inputs": ["lone text"]}, "inputs[0] is a single text"),
+            ("pairs", {"inputs": [{"text": "a", "text_pair": "b"}, "c"]}, "inputs[1] is a single text"),
+            ("single", {"inputs": {"text": "a", "text_pair": "b"}}, "inputs is a text pair"),
+            ("pairs", {"inputs": [{"text": "a", "text_pair": " "}]}, "inputs[0].text_pair has no visible"),
+            ("pairs", {"inputs": [{"text": "a", "text_pair": "x" * 601}]}, "inputs[0].text_pair has 601 characters"),
+            ("pairs", {"inputs": [{"text": "a", "text_pair": "b"}] * 9}, "at most 8 per request"),
+            ("pairs", {"inputs": [{"text": "a", "pair": "b"}]}, "text_pair"),
+        ]
         for model, req, fragment in bad:
             r = c.post("/v1/classify", json={"model": model, **req})
             assert r.status_code == 422 and fragment in r.json()["error"], (req, r.text)
         t = {"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]}
-        v2_bad = [("pairs", [t], 422, "no input named 'text_pair'"),
-                  ("single", [t, {**t, "name": "text_pair"}], 422, "it is not a pair model"),
-                  ("pairs", [t, {**t, "name": "text_pair", "shape": [2], "data": ["b", "c"]}], 400, "has 2 elements"),
-                  ("pairs", [{**t, "name": "text_pair"}], 422, "no input named 'text'")]
+        v2_bad = [
+            ("pairs", [t], 422, "no input named 'text_pair'"),
+            ("single", [t, {**t, "name": "text_pair"}], 422, "it is not a pair model"),
+            ("pairs", [t, {**t, "name": "text_pair", "shape": [2], "data": ["b", "c"]}], 400, "has 2 elements"),
+            ("pairs", [{**t, "name": "text_pair"}], 422, "no input named 'text'"),
+        ]
         for model, inputs, status, fragment in v2_bad:
             r = c.post(f"/v2/models/{model}/infer", json={"inputs": inputs})
             assert r.status_code == status and fragment in r.json()["error"], (inputs, r.text)
@@ -303,8 +375,10 @@ def test_served_pairs_over_tritonclient_http_binary_and_grpc(server, pair_model)
     res = g.infer("pairs", inputs(grpcclient))
     np.testing.assert_allclose(res.as_numpy("probabilities"), want, atol=1e-5)
     assert res.as_numpy("truncated").tolist() == [False, False, True, True, True]
-    for model, names, fragment in (("pairs", ("text",), "no input named 'text_pair'"),
-                                   ("single", ("text", "text_pair"), "it is not a pair model")):
+    for model, names, fragment in (
+        ("pairs", ("text",), "no input named 'text_pair'"),
+        ("single", ("text", "text_pair"), "it is not a pair model"),
+    ):
         with pytest.raises(InferenceServerException) as e:
             g.infer(model, inputs(grpcclient, names))
         assert "INVALID_ARGUMENT" in str(e.value.status()) and fragment in e.value.message()

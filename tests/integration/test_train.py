@@ -40,8 +40,17 @@ def separable_csv(tmp_path_factory) -> Path:
 
 
 def tiny_cfg(checkpoint, dataset, out, **kw) -> TrainConfig:
-    base = dict(model=str(checkpoint), dataset=str(dataset), out=str(out), max_length=32, batch_size=16,
-                lr=5e-3, epochs=4, precision="32-true", device="cpu")
+    base = dict(
+        model=str(checkpoint),
+        dataset=str(dataset),
+        out=str(out),
+        max_length=32,
+        batch_size=16,
+        lr=5e-3,
+        epochs=4,
+        precision="32-true",
+        device="cpu",
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -69,10 +78,17 @@ def test_training_learns_and_records_metrics(trained, separable_csv):
     assert saved["peak_memory_bytes"] > 50e6 and "RSS" in saved["peak_memory_kind"]
     assert saved["config"]["lr"] == 5e-3 and "torch" in saved["versions"] and "lightning-fabric" in saved["versions"]
     meta = json.loads((out / "qserve_model.json").read_text())
-    assert meta == {"model_name": f"{Path(saved['base_model']).name}-toy", "base_model": saved["base_model"],
-                    "dataset": str(separable_csv.resolve()), "seed": 42, "max_length": 32, "long_text": "head-tail:16",
-                    "max_eval_samples": 2000, "labels": ["negative", "positive"],
-                    "problem_type": "single_label_classification"}
+    assert meta == {
+        "model_name": f"{Path(saved['base_model']).name}-toy",
+        "base_model": saved["base_model"],
+        "dataset": str(separable_csv.resolve()),
+        "seed": 42,
+        "max_length": 32,
+        "long_text": "head-tail:16",
+        "max_eval_samples": 2000,
+        "labels": ["negative", "positive"],
+        "problem_type": "single_label_classification",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +116,9 @@ def test_training_reads_long_texts_by_its_long_text_policy(tiny_checkpoint, endi
     assert ht["config"]["long_text"] == "head-tail"
 
 
-@pytest.mark.parametrize("bad,why", [("windows", "inference policy"), ("middle", "allowed forms"),
-                                     ("head-tail:40", "H must be 1..31")])
+@pytest.mark.parametrize(
+    "bad,why", [("windows", "inference policy"), ("middle", "allowed forms"), ("head-tail:40", "H must be 1..31")]
+)
 def test_training_refuses_a_policy_it_cannot_train_on(tiny_checkpoint, separable_csv, tmp_path, bad, why):
     with pytest.raises(QserveError, match=why) as e:
         train(tiny_cfg(tiny_checkpoint, separable_csv, tmp_path / "x", long_text=bad))
@@ -146,8 +163,9 @@ def test_bf16_true_saves_fp32_weights_and_trains_with_a_kahan_buffer(tiny_checkp
 
 def test_auto_precision_follows_the_cpu_and_records_why(tiny_checkpoint, separable_csv, tmp_path, cpu_flags, capsys):
     cpu_flags("avx2 fma")  # an AVX2-only CPU: no bf16 instructions
-    m = train(tiny_cfg(tiny_checkpoint, separable_csv, tmp_path / "auto", precision="auto", epochs=1,
-                       max_eval_samples=8))
+    m = train(
+        tiny_cfg(tiny_checkpoint, separable_csv, tmp_path / "auto", precision="auto", epochs=1, max_eval_samples=8)
+    )
     assert m["precision"] == "32-true" and m["config"]["precision"] == "auto"
     choice = m["precision_choice"]
     assert choice["asked"] == "auto" and choice["precision"] == "32-true"
@@ -164,11 +182,18 @@ def test_time_budget_cuts_the_run_to_the_steps_that_fit_and_says_so(tiny_checkpo
     # 10 steps an epoch, 4 epochs; a budget of ~6 ms is spent by the first steps: the run stops once they are timed
     m = train(tiny_cfg(tiny_checkpoint, separable_csv, tmp_path / "cut", train_budget=1e-4, max_eval_samples=8))
     assert m["optimizer_steps"] == BUDGET_STEPS and len(m["val_accuracy_per_epoch"]) == 1
-    assert m["time_budget"] == {"minutes": 1e-4, "steps": BUDGET_STEPS, "of_steps": 40, "examples": 16 * BUDGET_STEPS,
-                                "of_examples": 160 * 4, "cut": True}
+    assert m["time_budget"] == {
+        "minutes": 1e-4,
+        "steps": BUDGET_STEPS,
+        "of_steps": 40,
+        "examples": 16 * BUDGET_STEPS,
+        "of_examples": 160 * 4,
+        "cut": True,
+    }
     # a budget the recipe fits in trains it whole
-    m = train(tiny_cfg(tiny_checkpoint, separable_csv, tmp_path / "whole", epochs=1, train_budget=60,
-                       max_eval_samples=8))
+    m = train(
+        tiny_cfg(tiny_checkpoint, separable_csv, tmp_path / "whole", epochs=1, train_budget=60, max_eval_samples=8)
+    )
     assert m["optimizer_steps"] == 10 and m["time_budget"]["cut"] is False
     # the plan: steps done plus what the rest buys at the median step (the first, warm-up, left out)
     assert budget_steps(1.0, 4, 10.0, [9.0, 1.0, 1.0, 1.0], 1000) == 4 + 50
@@ -202,20 +227,26 @@ def test_default_out_is_the_run_dirs_checkpoint(tiny_checkpoint, separable_csv, 
     assert [p.name for p in (tmp_path / "models").iterdir()] == [ckpt.parent.name]
 
 
-@pytest.mark.parametrize("kw, match", [
-    ({"precision": "fp16"}, r"--precision must be one of auto, 32-true, 16-mixed, bf16-mixed, bf16-true "
-                            r"\(got 'fp16'\)"),
-    ({"train_budget": 0}, r"--train-budget must be a number of minutes > 0 \(got 0\)"),
-    ({"precision": "16-mixed"}, r"16-mixed is not supported on CPU.*bf16-mixed or 32-true"),
-    ({"matmul_precision": "low"}, r"--matmul-precision must be one of highest, high, medium"),
-    ({"bf16_update": "fp32"}, r"--bf16-update must be one of compensated, plain \(got 'fp32'\)"),
-    ({"epochs": 0}, r"--epochs must be an integer >= 1"),
-    ({"batch_size": -1}, r"--batch-size must be an integer >= 1"),
-    ({"lr": 0.0}, r"--lr must be > 0"),
-    ({"warmup_ratio": 1.0}, r"--warmup-ratio must be in \[0, 1\)"),
-    ({"device": "tpu"}, r"--device must be one of auto, cpu, cuda"),
-    ({"max_length": 4096}, r"--max-length 4096 exceeds the model's 128 positions"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (
+            {"precision": "fp16"},
+            r"--precision must be one of auto, 32-true, 16-mixed, bf16-mixed, bf16-true "
+            r"\(got 'fp16'\)",
+        ),
+        ({"train_budget": 0}, r"--train-budget must be a number of minutes > 0 \(got 0\)"),
+        ({"precision": "16-mixed"}, r"16-mixed is not supported on CPU.*bf16-mixed or 32-true"),
+        ({"matmul_precision": "low"}, r"--matmul-precision must be one of highest, high, medium"),
+        ({"bf16_update": "fp32"}, r"--bf16-update must be one of compensated, plain \(got 'fp32'\)"),
+        ({"epochs": 0}, r"--epochs must be an integer >= 1"),
+        ({"batch_size": -1}, r"--batch-size must be an integer >= 1"),
+        ({"lr": 0.0}, r"--lr must be > 0"),
+        ({"warmup_ratio": 1.0}, r"--warmup-ratio must be in \[0, 1\)"),
+        ({"device": "tpu"}, r"--device must be one of auto, cpu, cuda"),
+        ({"max_length": 4096}, r"--max-length 4096 exceeds the model's 128 positions"),
+    ],
+)
 def test_bad_settings_are_refused_before_writing(tiny_checkpoint, separable_csv, tmp_path, kw, match):
     out = tmp_path / "never"
     with pytest.raises(QserveError, match=match):
@@ -235,10 +266,15 @@ def test_study_runs_each_precision_in_a_child(tiny_checkpoint, separable_csv, tm
     from qserve.training.study import compare
 
     cfg = tiny_cfg(tiny_checkpoint, separable_csv, None, epochs=1, max_eval_samples=8)
-    study = compare(cfg, ["32-true", "bf16-mixed"], tmp_path / "report", step_rounds=1, step_samples=48,
-                    noise_precision="bf16-mixed")  # named: the default (what auto chooses) depends on the CPU
-    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == ["precision_study.json",
-                                                                       "precision_study.md"]
+    study = compare(
+        cfg,
+        ["32-true", "bf16-mixed"],
+        tmp_path / "report",
+        step_rounds=1,
+        step_samples=48,
+        noise_precision="bf16-mixed",
+    )  # named: the default (what auto chooses) depends on the CPU
+    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == ["precision_study.json", "precision_study.md"]
     runs = {r["label"]: r for r in study["runs"]}
     assert list(runs) == ["32-true", "bf16-mixed", "bf16-mixed, seed 43"] and all(r["ok"] for r in runs.values())
     assert runs["32-true"]["step_time_vs_32_true"] == 1.0
@@ -247,7 +283,9 @@ def test_study_runs_each_precision_in_a_child(tiny_checkpoint, separable_csv, tm
     # both keep fp32 weights, so both keep two fp32 moments per parameter
     assert runs["32-true"]["optimizer_state_bytes"] == runs["bf16-mixed"]["optimizer_state_bytes"] > 0
     assert study["noise"]["seeds"] == [42, 43] and study["noise"]["test_accuracy"] == [
-        runs["bf16-mixed"]["test_accuracy"], runs["bf16-mixed, seed 43"]["test_accuracy"]]
+        runs["bf16-mixed"]["test_accuracy"],
+        runs["bf16-mixed, seed 43"]["test_accuracy"],
+    ]
     assert set(study["gaps_to_bf16_mixed"]) == {"32-true"}
     # one interleaved step round: a short child per timed run (not the noise run), ratios to both bases
     assert [len(r.get("step_rounds_s") or []) for r in runs.values()] == [1, 1, 0] and study["complete"]
@@ -265,4 +303,3 @@ def test_study_runs_each_precision_in_a_child(tiny_checkpoint, separable_csv, tm
         compare(cfg, ["32-true"], tmp_path / "report")
     with pytest.raises(QserveError, match=r"--step-samples must be an integer >= 3 x --batch-size \(48\)"):
         compare(cfg, ["32-true"], tmp_path / "other", step_rounds=1, step_samples=20)
-

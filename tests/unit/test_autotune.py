@@ -15,15 +15,40 @@ import pytest
 
 from qserve.devices import Capabilities
 from qserve.training import autotune
-from qserve.training.autotune import (BASE_BATCH, BATCH_GAIN, MAX_BATCH, MIN_STEPS, Candidate, ProbeOOM, RunChoices,
-                                      batch_ladder, candidates, decide, pick, run_ladder, scale_lr)
+from qserve.training.autotune import (
+    BASE_BATCH,
+    BATCH_GAIN,
+    MAX_BATCH,
+    MIN_STEPS,
+    Candidate,
+    ProbeOOM,
+    RunChoices,
+    batch_ladder,
+    candidates,
+    decide,
+    pick,
+    run_ladder,
+    scale_lr,
+)
 from qserve.training.config import TrainConfig
 from qserve.training.precision import AUTO
 
-H200 = Capabilities(cpu_model="x", cpu_flags=frozenset({"avx2"}), cuda=True, cuda_name="NVIDIA H200", cuda_bf16=True,
-                    cuda_capability=(9, 0))
-T4 = Capabilities(cpu_model="x", cpu_flags=frozenset({"avx2"}), cuda=True, cuda_name="Tesla T4", cuda_bf16=False,
-                  cuda_capability=(7, 5))
+H200 = Capabilities(
+    cpu_model="x",
+    cpu_flags=frozenset({"avx2"}),
+    cuda=True,
+    cuda_name="NVIDIA H200",
+    cuda_bf16=True,
+    cuda_capability=(9, 0),
+)
+T4 = Capabilities(
+    cpu_model="x",
+    cpu_flags=frozenset({"avx2"}),
+    cuda=True,
+    cuda_name="Tesla T4",
+    cuda_bf16=False,
+    cuda_capability=(7, 5),
+)
 GPU_RECIPE = 19_922  # the embedded IMDb's training split, all of it
 
 
@@ -50,8 +75,10 @@ class FakeGPU:
 
 # The H200's shape at 128 tokens (issue 53): at batch 16 32-true+TF32 is ahead (launch-bound, fewer kernels);
 # from batch 64 bf16-mixed's cheaper math wins.
-H200_LIKE = dict(launch={"bf16-mixed": 0.0234, "32-true+tf32": 0.0172, "32-true": 0.0208},
-                 per_example={"bf16-mixed": 0.00014, "32-true+tf32": 0.00030, "32-true": 0.0006})
+H200_LIKE = dict(
+    launch={"bf16-mixed": 0.0234, "32-true+tf32": 0.0172, "32-true": 0.0208},
+    per_example={"bf16-mixed": 0.00014, "32-true+tf32": 0.00030, "32-true": 0.0006},
+)
 
 
 def fake_probe(gpu: FakeGPU, seen: list | None = None):
@@ -69,6 +96,7 @@ def cfg(**kw) -> TrainConfig:
 
 # -- the rules ---------------------------------------------------------------------------------------------
 
+
 def test_the_ladder_keeps_enough_optimizer_steps():
     assert batch_ladder(GPU_RECIPE, 3, 1) == [16, 32, 64, 128, 256]  # 3 epochs at 256: 234 steps
     assert batch_ladder(6000, 1, 1) == [16]  # the CPU cut on a GPU: 32 would leave 188 steps
@@ -83,13 +111,17 @@ def test_the_learning_rate_scales_by_the_square_root_of_the_batch():
     assert scale_lr(1e-4, 64) == pytest.approx(2e-4) and scale_lr(1e-4, 256) == pytest.approx(4e-4)
 
 
-@pytest.mark.parametrize("caps, asked, matmul, want", [
-    (H200, AUTO, None, ["bf16-mixed", "32-true+tf32"]),
-    (T4, AUTO, None, ["16-mixed", "32-true"]),  # no bf16, no TF32 before Ampere
-    (H200, AUTO, "highest", ["bf16-mixed (matmul highest)", "32-true (matmul highest)"]),  # obeyed: no TF32
-    (H200, "32-true", None, ["32-true"]),  # --precision is obeyed: the only candidate, at torch's matmul default
-    (H200, "bf16-true", None, ["bf16-true"]),
-], ids=["h200", "t4", "matmul-given", "precision-given", "bf16-true-given"])
+@pytest.mark.parametrize(
+    "caps, asked, matmul, want",
+    [
+        (H200, AUTO, None, ["bf16-mixed", "32-true+tf32"]),
+        (T4, AUTO, None, ["16-mixed", "32-true"]),  # no bf16, no TF32 before Ampere
+        (H200, AUTO, "highest", ["bf16-mixed (matmul highest)", "32-true (matmul highest)"]),  # obeyed: no TF32
+        (H200, "32-true", None, ["32-true"]),  # --precision is obeyed: the only candidate, at torch's matmul default
+        (H200, "bf16-true", None, ["bf16-true"]),
+    ],
+    ids=["h200", "t4", "matmul-given", "precision-given", "bf16-true-given"],
+)
 def test_candidates_follow_the_gpu_and_the_flags(caps, asked, matmul, want):
     assert [c.label for c in candidates(asked, matmul, caps)] == want
 
@@ -109,8 +141,9 @@ def test_the_ladder_climbs_while_doubling_pays_and_candidates_take_turns():
 
 def test_a_doubling_that_buys_too_little_is_not_taken_and_the_climb_stops():
     # bf16-mixed compute-bound from batch 40: 64 buys 1.25x over 32, 128 nothing
-    gpu = FakeGPU(launch={"bf16-mixed": 0.004, "32-true+tf32": 0.004},
-                  per_example={"bf16-mixed": 0.0001, "32-true+tf32": 0.0002})
+    gpu = FakeGPU(
+        launch={"bf16-mixed": 0.004, "32-true+tf32": 0.004}, per_example={"bf16-mixed": 0.0001, "32-true+tf32": 0.0002}
+    )
     rows = run_ladder(gpu, candidates(AUTO, None, H200), [16, 32, 64, 128, 256])
     row, why = pick(rows, [16, 32, 64, 128, 256])
     assert row["batch"] == 64 and row["candidate"] == "bf16-mixed"
@@ -137,6 +170,7 @@ def test_the_probe_budget_stops_the_climb():
 
 # -- the decision ----------------------------------------------------------------------------------------------
 
+
 def test_auto_on_a_gpu_takes_the_probes_fastest_with_the_lr_scaled():
     seen: list = []
     ch = decide(cfg(), "cuda", None, GPU_RECIPE, fake_probe(FakeGPU(**H200_LIKE), seen), H200)
@@ -151,8 +185,9 @@ def test_auto_on_a_gpu_takes_the_probes_fastest_with_the_lr_scaled():
 
 
 def test_where_32_true_with_tf32_is_fastest_it_trains_so():
-    gpu = FakeGPU(launch={"bf16-mixed": 0.03, "32-true+tf32": 0.01},
-                  per_example={"bf16-mixed": 0.0002, "32-true+tf32": 0.0002})
+    gpu = FakeGPU(
+        launch={"bf16-mixed": 0.03, "32-true+tf32": 0.01}, per_example={"bf16-mixed": 0.0002, "32-true+tf32": 0.0002}
+    )
     ch = decide(cfg(max_samples=6000, epochs=1), "cuda", None, 6000, fake_probe(gpu), H200)
     assert (ch.precision.precision, ch.matmul_precision, ch.batch_size, ch.lr) == ("32-true", "high", 16, 1e-4)
     assert "): 32-true+tf32 " in ch.precision.reason
@@ -182,8 +217,9 @@ def test_explicit_flags_are_obeyed():
     # both given: nothing to measure
     probe = fake_probe(gpu, seen)
     n = len(seen)
-    ch = decide(cfg(precision="32-true", batch_size=24, matmul_precision="medium"), "cuda", explicit, GPU_RECIPE,
-                probe, H200)
+    ch = decide(
+        cfg(precision="32-true", batch_size=24, matmul_precision="medium"), "cuda", explicit, GPU_RECIPE, probe, H200
+    )
     assert len(seen) == n and (ch.batch_size, ch.lr, ch.matmul_precision, ch.probe) == (24, 1e-4, "medium", None)
 
 
@@ -235,6 +271,7 @@ def test_resume_plan_hands_back_what_the_run_started_with(tmp_path):
 
 # -- the probe's mechanics, on this CPU ---------------------------------------------------------------------------
 
+
 def test_the_step_timer_trains_real_steps_of_a_private_copy(tiny_checkpoint):
     import torch
 
@@ -242,14 +279,24 @@ def test_the_step_timer_trains_real_steps_of_a_private_copy(tiny_checkpoint):
 
     ref = load_for_training(str(tiny_checkpoint), ["negative", "positive"])[0]
     before = {k: v.clone() for k, v in ref.state_dict().items()}
-    probe = autotune.probe_cuda(lambda: load_for_training(str(tiny_checkpoint), ["negative", "positive"])[0], "cpu",
-                                32, "single_label_classification", 2, 1e-3)
+    probe = autotune.probe_cuda(
+        lambda: load_for_training(str(tiny_checkpoint), ["negative", "positive"])[0],
+        "cpu",
+        32,
+        "single_label_classification",
+        2,
+        1e-3,
+    )
     matmul = torch.get_float32_matmul_precision()
     record = probe([Candidate("32-true", "high"), Candidate("bf16-mixed")], [4, 8])
     assert torch.get_float32_matmul_precision() == matmul  # put back as it was
     rows = record["rows"]
     assert {(r["batch"], r["candidate"]) for r in rows if "step_s" in r} <= {
-        (4, "32-true+tf32"), (4, "bf16-mixed"), (8, "32-true+tf32"), (8, "bf16-mixed")}
+        (4, "32-true+tf32"),
+        (4, "bf16-mixed"),
+        (8, "32-true+tf32"),
+        (8, "bf16-mixed"),
+    }
     assert all(r["step_s"] > 0 and r["peak_memory_bytes"] is None for r in rows)  # CPU: no CUDA memory to read
     assert record["max_length"] == 32 and record["candidates"] == ["32-true+tf32", "bf16-mixed"]
     assert all(torch.equal(v, before[k]) for k, v in ref.state_dict().items())  # the run's own model untouched
@@ -278,11 +325,13 @@ def test_fused_adamw_where_asked_and_optimi_for_compensated_bf16_true():
     opt.step()  # torch's fused kernel has a CPU implementation too
     assert not build_optimizer([{"params": list(net.parameters())}], "32-true", "compensated", 1e-3).defaults["fused"]
     bf16 = torch.nn.Linear(4, 2).to(torch.bfloat16)
-    assert type(build_optimizer([{"params": list(bf16.parameters())}], "bf16-true", "compensated", 1e-3,
-                                fused=True)).__module__.startswith("optimi")
+    assert type(
+        build_optimizer([{"params": list(bf16.parameters())}], "bf16-true", "compensated", 1e-3, fused=True)
+    ).__module__.startswith("optimi")
 
 
 # -- batches --------------------------------------------------------------------------------------------------
+
 
 def _pad_collate_before(pad_id: int, batch: list[tuple]) -> dict:
     """The per-batch collate TokenTable replaced (qserve before #53), verbatim: the reference its batches must equal."""
@@ -294,9 +343,13 @@ def _pad_collate_before(pad_id: int, batch: list[tuple]) -> dict:
     for i, ex in enumerate(batch):
         input_ids[i, : len(ex[0])] = torch.tensor(ex[0], dtype=torch.long)
         mask[i, : len(ex[0])] = 1
-    out = {"input_ids": input_ids, "attention_mask": mask,
-           "labels": torch.tensor([ex[1] for ex in batch],
-                                  dtype=torch.long if isinstance(batch[0][1], int) else torch.float32)}
+    out = {
+        "input_ids": input_ids,
+        "attention_mask": mask,
+        "labels": torch.tensor(
+            [ex[1] for ex in batch], dtype=torch.long if isinstance(batch[0][1], int) else torch.float32
+        ),
+    }
     if len(batch[0]) > 2:
         types = torch.zeros_like(input_ids)
         for i, ex in enumerate(batch):
@@ -310,8 +363,12 @@ def _examples(kind: str, n: int = 53) -> list[tuple]:
     out = []
     for _ in range(n):
         ids = [101] + [rng.randrange(1000, 30000) for _ in range(rng.randrange(0, 40))] + [102]
-        target = {"single": rng.randrange(3), "multi": [float(rng.random() < 0.5) for _ in range(4)],
-                  "regression": [rng.uniform(-2, 2)], "pair": rng.randrange(2)}[kind]
+        target = {
+            "single": rng.randrange(3),
+            "multi": [float(rng.random() < 0.5) for _ in range(4)],
+            "regression": [rng.uniform(-2, 2)],
+            "pair": rng.randrange(2),
+        }[kind]
         if kind == "pair":
             cut = rng.randrange(1, len(ids))
             out.append((ids, target, [0] * cut + [1] * (len(ids) - cut)))
@@ -339,15 +396,22 @@ def test_token_table_batches_equal_the_per_batch_collate(kind):
         idx = rng.sample(range(len(ex)), size)
         assert _same(table.batch(idx), _pad_collate_before(7, [ex[i] for i in idx]))
     # an epoch through a DataLoader with the run's seeded shuffling: the same batches, in the same order
-    old = torch.utils.data.DataLoader(ex, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(42),
-                                      collate_fn=lambda b: _pad_collate_before(7, b))
-    new = torch.utils.data.DataLoader(table, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(42),
-                                      collate_fn=table)
+    old = torch.utils.data.DataLoader(
+        ex,
+        batch_size=16,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(42),
+        collate_fn=lambda b: _pad_collate_before(7, b),
+    )
+    new = torch.utils.data.DataLoader(
+        table, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(42), collate_fn=table
+    )
     pairs = list(zip(old, new, strict=True))
     assert len(pairs) == 4 and all(_same(a, b) for a, b in pairs)
 
 
 # -- the pipeline's recipe and what the report says of it -----------------------------------------------------------
+
 
 def test_the_pipeline_trains_the_seeds_recipe_on_a_gpu_and_the_cpu_cut_elsewhere():
     from qserve.cli import build_parser
@@ -366,8 +430,12 @@ def test_the_pipeline_trains_the_seeds_recipe_on_a_gpu_and_the_cpu_cut_elsewhere
     # a flag given replaces the recipe's value on either device; --max-samples 0 is all
     args = build_parser().parse_args(["pipeline", "--max-samples", "0", "--epochs", "2", "--batch-size", "16"])
     values, _, given = recipe_values(args, "cpu")
-    assert (values["max_samples"], values["epochs"], values["batch_size"], given) == (None, 2, 16, ["epochs",
-                                                                                                  "max_samples"])
+    assert (values["max_samples"], values["epochs"], values["batch_size"], given) == (
+        None,
+        2,
+        16,
+        ["epochs", "max_samples"],
+    )
     values, _, given = recipe_values(args, "cuda")
     assert (values["max_length"], values["batch_size"], given) == (512, 16, ["batch_size", "epochs", "max_samples"])
 
@@ -376,10 +444,14 @@ def test_the_report_says_the_recipe_the_batch_and_the_probe():
     from qserve.bench.report import _choice_lines
 
     ch = decide(cfg(), "cuda", None, GPU_RECIPE, fake_probe(FakeGPU(**H200_LIKE, oom_at=256)), H200)
-    training = {"precision": ch.precision.precision, "precision_choice": ch.precision.to_json(),
-                "batch_choice": {**ch.batch_json(), "warmup_steps": 46, "planned_steps": 468},
-                "cuda_probe": ch.probe, "samples_per_s": 1500.0,
-                "tokens_per_s": {"at_max_length": 768000.0, "padded": 700000.0, "real": 350000.0}}
+    training = {
+        "precision": ch.precision.precision,
+        "precision_choice": ch.precision.to_json(),
+        "batch_choice": {**ch.batch_json(), "warmup_steps": 46, "planned_steps": 468},
+        "cuda_probe": ch.probe,
+        "samples_per_s": 1500.0,
+        "tokens_per_s": {"at_max_length": 768000.0, "padded": 700000.0, "real": 350000.0},
+    }
     recipe = {"why": "the seed's recipe on a GPU", "given": [], "max_samples": None, "epochs": 3, "max_length": 512}
     text = "\n".join(_choice_lines({"machine": "cuda", "training": training, "recipe": recipe}))
     assert "- Training recipe: all training examples, 3 epoch(s), up to 512 tokens: the seed's recipe on a GPU." in text
@@ -389,6 +461,7 @@ def test_the_report_says_the_recipe_the_batch_and_the_probe():
 
 
 # -- the seed's table ---------------------------------------------------------------------------------------------
+
 
 def test_the_seed_table_renders_its_ratios_from_the_one_source():
     from qserve.training.study import SEED, seed_rows, seed_table
@@ -400,17 +473,42 @@ def test_the_seed_table_renders_its_ratios_from_the_one_source():
     assert len(table.splitlines()) == 2 + len(SEED["runs"])
 
     def run(label, precision, t, mem, acc, update="compensated", matmul=None, noise=False):
-        return {"label": label, "precision": precision, "bf16_update": update, "matmul_precision": matmul,
-                "ok": True, "noise": noise, "train_time_s": t, "peak_memory_bytes": mem, "test_accuracy": acc}
+        return {
+            "label": label,
+            "precision": precision,
+            "bf16_update": update,
+            "matmul_precision": matmul,
+            "ok": True,
+            "noise": noise,
+            "train_time_s": t,
+            "peak_memory_bytes": mem,
+            "test_accuracy": acc,
+        }
 
-    study = {"config": {"matmul_precision": None}, "runs": [
-        run("32-true", "32-true", 600, 4e9, 0.90), run("32-true (TF32)", "32-true", 300, 4e9, 0.91, matmul="high"),
-        run("bf16-mixed", "bf16-mixed", 200, 3e9, 0.92), run("bf16-true (plain)", "bf16-true", 150, 2e9, 0.92, "plain"),
-        run("bf16-mixed, seed 43", "bf16-mixed", 999, 3e9, 0.5, noise=True)]}
+    study = {
+        "config": {"matmul_precision": None},
+        "runs": [
+            run("32-true", "32-true", 600, 4e9, 0.90),
+            run("32-true (TF32)", "32-true", 300, 4e9, 0.91, matmul="high"),
+            run("bf16-mixed", "bf16-mixed", 200, 3e9, 0.92),
+            run("bf16-true (plain)", "bf16-true", 150, 2e9, 0.92, "plain"),
+            run("bf16-mixed, seed 43", "bf16-mixed", 999, 3e9, 0.5, noise=True),
+        ],
+    }
     rows = {r[0]: r for r in seed_rows(study)}
     # ours beside theirs, each as a ratio to its own 32-true; the noise run is not a row
-    assert rows["bf16-mixed"][1:] == ["3.33", "0.33x", "3.00", "0.75x", "92.00%", "7.45", "0.34x", "4.46", "0.83x",
-                                      "92.61%"]
+    assert rows["bf16-mixed"][1:] == [
+        "3.33",
+        "0.33x",
+        "3.00",
+        "0.75x",
+        "92.00%",
+        "7.45",
+        "0.34x",
+        "4.46",
+        "0.83x",
+        "92.61%",
+    ]
     assert rows["32-true (TF32)"][2] == "0.50x" and rows["32-true (TF32)"][7] == "0.37x"
     assert rows["bf16-true (plain)"][6] == "5.22"  # the seed's bf16-true ran plain Adam on bf16 weights
     assert rows["16-true (seed only)"][1:6] == ["—"] * 5 and "bf16-mixed, seed 43" not in rows
@@ -420,15 +518,25 @@ def test_the_seed_table_renders_its_ratios_from_the_one_source():
 def test_the_study_on_a_gpu_adds_32_true_with_tf32_and_fixes_one_batch(monkeypatch):
     from qserve.training import study
 
-    monkeypatch.setattr(study, "supported_precisions", lambda device: ["32-true", "16-mixed", "bf16-mixed",
-                                                                        "bf16-true"])
+    monkeypatch.setattr(
+        study, "supported_precisions", lambda device: ["32-true", "16-mixed", "bf16-mixed", "bf16-true"]
+    )
     runs = study.plan(TrainConfig(device="cuda"), None, "cuda", ["compensated"], "none")
-    assert [study.label(r) for r in runs] == ["32-true", "32-true (TF32)", "16-mixed", "bf16-mixed",
-                                              "bf16-true (compensated)"]
-    assert [study.label(r) for r in study.plan(TrainConfig(matmul_precision="highest"), ["32-true"], "cuda", None,
-                                               "none")] == ["32-true"]
+    assert [study.label(r) for r in runs] == [
+        "32-true",
+        "32-true (TF32)",
+        "16-mixed",
+        "bf16-mixed",
+        "bf16-true (compensated)",
+    ]
+    assert [
+        study.label(r) for r in study.plan(TrainConfig(matmul_precision="highest"), ["32-true"], "cuda", None, "none")
+    ] == ["32-true"]
     cpu = study.plan(TrainConfig(), ["32-true"], "cpu", None, "none")
     assert [study.label(r) for r in cpu] == ["32-true"]
-    argv = study.child_argv(replace(TrainConfig(), batch_size=BASE_BATCH, matmul_precision="high"), "32-true",
-                            __import__("pathlib").Path("/tmp/o"))
+    argv = study.child_argv(
+        replace(TrainConfig(), batch_size=BASE_BATCH, matmul_precision="high"),
+        "32-true",
+        __import__("pathlib").Path("/tmp/o"),
+    )
     assert argv[argv.index("--batch-size") + 1] == "16" and argv[argv.index("--matmul-precision") + 1] == "high"

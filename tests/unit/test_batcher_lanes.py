@@ -45,19 +45,22 @@ class Recorder:
                 self.overlap |= self.active["wide"] > 0 and self.active["lane"] > 0
                 self.peak = max(self.peak, self.active["lane"])
             try:
-                if kind == "lane" and self.barrier is not None and sum(k == "lane" for k, _, _ in self.calls) <= \
-                        self.barrier.parties:
+                if (
+                    kind == "lane"
+                    and self.barrier is not None
+                    and sum(k == "lane" for k, _, _ in self.calls) <= self.barrier.parties
+                ):
                     self.barrier.wait(timeout=30)  # BrokenBarrierError unless `meet` lane batches run at once
                 self.release.wait(timeout=30)
                 if "boom" in texts and len(texts) > 1:
                     raise RuntimeError("a bad text in the batch")
                 if texts == ["boom"]:
                     raise RuntimeError("the bad text alone")
-                rows = np.array([[len(t), float(t.split()[-1]) if t[-1].isdigit() else -1.0] for t in texts],
-                                dtype=np.float32)
+                rows = np.array(
+                    [[len(t), float(t.split()[-1]) if t[-1].isdigit() else -1.0] for t in texts], dtype=np.float32
+                )
                 n = len(texts)
-                return Classification(probs=rows, truncated=[False] * n, tokens=[1] * n, windows=[1] * n,
-                                      logits=rows)
+                return Classification(probs=rows, truncated=[False] * n, tokens=[1] * n, windows=[1] * n, logits=rows)
             finally:
                 with self.lock:
                     self.active[kind] -= 1
@@ -66,8 +69,16 @@ class Recorder:
 
 
 def _batcher(rec: Recorder, crowded: list[bool], executor, lanes: int = 2, max_batch_size: int = 32) -> Batcher:
-    return Batcher(rec.fn("wide"), executor, max_batch_size=max_batch_size, max_wait_ms=0, max_queue=256,
-                   lanes=lanes, lane_infer=rec.fn("lane"), crowded=lambda: crowded[0])
+    return Batcher(
+        rec.fn("wide"),
+        executor,
+        max_batch_size=max_batch_size,
+        max_wait_ms=0,
+        max_queue=256,
+        lanes=lanes,
+        lane_infer=rec.fn("lane"),
+        crowded=lambda: crowded[0],
+    )
 
 
 def _check_rows(texts: list[str], results: list[Classification]) -> None:

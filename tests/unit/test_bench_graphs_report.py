@@ -29,29 +29,52 @@ def _meta(name: str, dtype: str, backend: str) -> analysis.VariantMeta:
     from qserve.variants import VariantSpec
 
     spec = VariantSpec.from_json({"name": name, "backend": backend, "bits": 16, "dtype": dtype})
-    manifest = Manifest(spec=spec, labels=("negative", "positive"), max_length=128, model_name="m",
-                        parity={"agreement": 1.0})
+    manifest = Manifest(
+        spec=spec, labels=("negative", "positive"), max_length=128, model_name="m", parity={"agreement": 1.0}
+    )
     return analysis.VariantMeta(f"/v/{name}", manifest, ModelMeta(dataset="default"), None, disk_bytes=1_000_000)
 
 
-GRAPHS = {"asked": "auto", "mode": "graphs", "why": "auto: graphs measured faster than eager at load (b1/s32 0.300 "
-          "vs 2.900 ms, b32/s128 0.700 vs 3.200 ms, graphs vs eager)", "graphs": {"count": 27}}
+GRAPHS = {
+    "asked": "auto",
+    "mode": "graphs",
+    "why": "auto: graphs measured faster than eager at load (b1/s32 0.300 "
+    "vs 2.900 ms, b32/s128 0.700 vs 3.200 ms, graphs vs eager)",
+    "graphs": {"count": 27},
+}
 
 
 def _report(device: str, with_graphs: bool) -> dict:
     cfg = BenchConfig(batch_sizes=[1, 32], seq_lens=[128], threads=2, device=device).validate()
     ok = {"status": "ok", "load_s": 0.5, "device": device, "peak_rss_mb": 500.0}
-    raws = [{**ok, "name": "torch-bf16", "fixed": _fixed({(1, 128): 0.4, (32, 128): 0.9})},
-            {**ok, "name": "onnx-fp32", "fixed": _fixed({(1, 128): 2.0, (32, 128): 9.0})}]
+    raws = [
+        {**ok, "name": "torch-bf16", "fixed": _fixed({(1, 128): 0.4, (32, 128): 0.9})},
+        {**ok, "name": "onnx-fp32", "fixed": _fixed({(1, 128): 2.0, (32, 128): 9.0})},
+    ]
     if with_graphs:
-        raws[0].update(execution=GRAPHS, fixed_eager=[{**r, "mode": "eager"} for r in _fixed(
-            {(1, 128): 2.5, (32, 128): 2.7})])
+        raws[0].update(
+            execution=GRAPHS, fixed_eager=[{**r, "mode": "eager"} for r in _fixed({(1, 128): 2.5, (32, 128): 2.7})]
+        )
     metas = [_meta("torch-bf16", "bf16", "torch"), _meta("onnx-fp32", "fp32", "onnx")]
-    report = {"format": "qserve-bench/1", "created": "2020-01-01T00:00:00+00:00", "run": {"name": "r", "out": "x"},
-              "config": cfg.to_json(), "headline": {"batch": 1, "seq": 128}, "model": {"name": "m"}, "floor": {},
-              "environment": {"cpu": {"model": "Test CPU", "cores": 16, "flags": []}, "threads": 2, "device": device,
-                              "versions": {}, "python": "3", "platform": "linux", "gpu": "NVIDIA H200"},
-              "variants": [analysis.variant_entry(m, r) for m, r in zip(metas, raws, strict=True)]}
+    report = {
+        "format": "qserve-bench/1",
+        "created": "2020-01-01T00:00:00+00:00",
+        "run": {"name": "r", "out": "x"},
+        "config": cfg.to_json(),
+        "headline": {"batch": 1, "seq": 128},
+        "model": {"name": "m"},
+        "floor": {},
+        "environment": {
+            "cpu": {"model": "Test CPU", "cores": 16, "flags": []},
+            "threads": 2,
+            "device": device,
+            "versions": {},
+            "python": "3",
+            "platform": "linux",
+            "gpu": "NVIDIA H200",
+        },
+        "variants": [analysis.variant_entry(m, r) for m, r in zip(metas, raws, strict=True)],
+    }
     return analysis.finish(report)
 
 
@@ -87,5 +110,5 @@ def test_the_floor_adds_saturating_cubes_on_a_gpu_only():
     base = gemm_shapes(cfg, 128)
     assert shapes_for(base, "cpu") == base  # CPU: unchanged
     gpu = shapes_for(base, "cuda:0")
-    assert gpu[:len(base)] == base and gpu[len(base):] == GPU_SATURATING  # model shapes stay first
+    assert gpu[: len(base)] == base and gpu[len(base) :] == GPU_SATURATING  # model shapes stay first
     assert (8192, 8192, 8192) in gpu

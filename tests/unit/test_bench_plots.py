@@ -97,8 +97,11 @@ def test_each_variant_has_its_own_colour_and_marker(report):
         fig = draw(report)
         try:
             assert len(fig.legends) == 1 and all(ax.get_legend() is None for ax in fig.axes)
-            drawn = {h.get_label(): (h.get_color(), h.get_marker()) for h in fig.legends[0].legend_handles
-                     if h.get_label() in st}
+            drawn = {
+                h.get_label(): (h.get_color(), h.get_marker())
+                for h in fig.legends[0].legend_handles
+                if h.get_label() in st
+            }
             assert drawn == {n: (s.colour, s.marker) for n, s in st.items()}
         finally:
             plt.close(fig)
@@ -131,8 +134,15 @@ def test_report_html_is_self_contained(report, tmp_path):
     from qserve.bench.report import write_reports
 
     written = write_reports(report, tmp_path)
-    assert sorted(p.name for p in written) == ["accuracy_vs_size.png", "decision.png", "latency_vs_batch.png",
-                                               "report.csv", "report.html", "report.json", "report.md"]
+    assert sorted(p.name for p in written) == [
+        "accuracy_vs_size.png",
+        "decision.png",
+        "latency_vs_batch.png",
+        "report.csv",
+        "report.html",
+        "report.json",
+        "report.md",
+    ]
     page = (tmp_path / "report.html").read_text(encoding="utf-8")
     # nothing to fetch: no external URL in any src/href, every chart inline
     assert not re.search(r"""(src|href)\s*=\s*["'](?!data:|#)""", page)

@@ -1,6 +1,6 @@
 """Report assembly and rendering from synthetic child results (no child processes here).
 
-    python -m pytest tests/unit/test_bench_report.py -q
+python -m pytest tests/unit/test_bench_report.py -q
 """
 
 from __future__ import annotations
@@ -32,42 +32,84 @@ def _meta(name: str, dtype: str, backend: str) -> analysis.VariantMeta:
     from qserve.variants import VariantSpec
 
     spec = VariantSpec.from_json({"name": name, "backend": backend, "bits": 32, "dtype": dtype})
-    manifest = Manifest(spec=spec, labels=("negative", "positive"), max_length=64, model_name="m",
-                        parity={"agreement": 1.0})
-    return analysis.VariantMeta(f"/v/{name}", manifest, ModelMeta(dataset="default"), None,
-                                disk_bytes=1_000_000 * (4 if dtype == "fp32" else 1))
+    manifest = Manifest(
+        spec=spec, labels=("negative", "positive"), max_length=64, model_name="m", parity={"agreement": 1.0}
+    )
+    return analysis.VariantMeta(
+        f"/v/{name}", manifest, ModelMeta(dataset="default"), None, disk_bytes=1_000_000 * (4 if dtype == "fp32" else 1)
+    )
 
 
 def _ok(name: str, p50: float, preds: list[int]) -> dict:
-    return {"status": "ok", "name": name, "load_s": 0.5, "import_s": 1.0, "wall_s": 3.0, "device": "cpu",
-            "peak_rss_mb": 500.0, "model_rss_mb": 50.0,
-            "fixed": _fixed({(1, 128): p50, (8, 128): p50 * 4}),
-            "real_text": [{"batch": 1, **summarize([p50, p50 * 1.2]), "texts": 2, "throughput": 10.0,
-                           "mean_padded_len": 100.0}],
-            "accuracy": {"dataset": "imdb-embedded", "seed": 42, "n": 4, "accuracy": sum(preds) / 4,
-                         "predictions": preds, "seconds": 0.1}}
+    return {
+        "status": "ok",
+        "name": name,
+        "load_s": 0.5,
+        "import_s": 1.0,
+        "wall_s": 3.0,
+        "device": "cpu",
+        "peak_rss_mb": 500.0,
+        "model_rss_mb": 50.0,
+        "fixed": _fixed({(1, 128): p50, (8, 128): p50 * 4}),
+        "real_text": [
+            {"batch": 1, **summarize([p50, p50 * 1.2]), "texts": 2, "throughput": 10.0, "mean_padded_len": 100.0}
+        ],
+        "accuracy": {
+            "dataset": "imdb-embedded",
+            "seed": 42,
+            "n": 4,
+            "accuracy": sum(preds) / 4,
+            "predictions": preds,
+            "seconds": 0.1,
+        },
+    }
 
 
 def synthetic_report() -> dict:
     cfg = BenchConfig(batch_sizes=[1, 8], seq_lens=[128], threads=2).validate()
     metas = [_meta("torch-fp32", "fp32", "torch"), _meta("onnx-int8", "int8", "onnx"), _meta("broken", "fp32", "torch")]
-    raws = [_ok("torch-fp32", 40.0, [1, 1, 0, 0]), _ok("onnx-int8", 10.0, [1, 0, 0, 0]),
-            {"status": "failed", "error": "VariantError: tampered", "failure": "child exited with code 1",
-             "stage": "load", "returncode": 1, "log_tail": "..."}]
+    raws = [
+        _ok("torch-fp32", 40.0, [1, 1, 0, 0]),
+        _ok("onnx-int8", 10.0, [1, 0, 0, 0]),
+        {
+            "status": "failed",
+            "error": "VariantError: tampered",
+            "failure": "child exited with code 1",
+            "stage": "load",
+            "returncode": 1,
+            "log_tail": "...",
+        },
+    ]
     cfg_dims = {"dim": 768, "n_layers": 6, "hidden_dim": 3072, "n_heads": 12}
     from qserve.bench.floor import flops_per_sequence
 
     report = {
-        "format": "qserve-bench/1", "created": "2020-01-01T00:00:00+00:00",
-        "run": {"name": "synthetic", "out": "x"}, "config": cfg.to_json(),
-        "environment": {"cpu": {"model": "Test CPU", "cores": 2, "flags": ["avx2"]}, "threads": 2, "device": "cpu",
-                        "versions": {"torch": "0"}, "python": "3", "platform": "linux", "gpu": None},
-        "headline": {"batch": 1, "seq": 128}, "model": {"name": "m"},
-        "floor": {"flops_per_sequence": {"128": flops_per_sequence(cfg_dims, 128)}, "threads": 2,
-                  "peaks": {"fp32": {"gflops": 100.0, "method": "torch.matmul", "shape": [1024, 1024, 1024]},
-                            "int8": {"gflops": 400.0, "method": "onnxruntime MatMulInteger", "shape": [128, 768, 3072]}},
-                  "model_peaks": {"int8": {"gflops": 200.0, "method": "onnxruntime MatMulInteger",
-                                           "shape": [128, 768, 3072]}}},
+        "format": "qserve-bench/1",
+        "created": "2020-01-01T00:00:00+00:00",
+        "run": {"name": "synthetic", "out": "x"},
+        "config": cfg.to_json(),
+        "environment": {
+            "cpu": {"model": "Test CPU", "cores": 2, "flags": ["avx2"]},
+            "threads": 2,
+            "device": "cpu",
+            "versions": {"torch": "0"},
+            "python": "3",
+            "platform": "linux",
+            "gpu": None,
+        },
+        "headline": {"batch": 1, "seq": 128},
+        "model": {"name": "m"},
+        "floor": {
+            "flops_per_sequence": {"128": flops_per_sequence(cfg_dims, 128)},
+            "threads": 2,
+            "peaks": {
+                "fp32": {"gflops": 100.0, "method": "torch.matmul", "shape": [1024, 1024, 1024]},
+                "int8": {"gflops": 400.0, "method": "onnxruntime MatMulInteger", "shape": [128, 768, 3072]},
+            },
+            "model_peaks": {
+                "int8": {"gflops": 200.0, "method": "onnxruntime MatMulInteger", "shape": [128, 768, 3072]}
+            },
+        },
         "variants": [analysis.variant_entry(m, r) for m, r in zip(metas, raws)],
     }
     return analysis.finish(report)
@@ -94,17 +136,30 @@ def test_agreement_needs_the_same_test_texts():
     metas = [_meta("torch-fp32", "fp32", "torch"), _meta("onnx-int8", "int8", "onnx")]
     a, b = _ok("torch-fp32", 40.0, [1, 1, 0, 0]), _ok("onnx-int8", 10.0, [1, 1, 0, 0])
     b["accuracy"]["seed"] = 7  # another split: agreement would compare different texts
-    rep = {"headline": {"batch": 1, "seq": 128}, "floor": {},
-           "variants": [analysis.variant_entry(m, x) for m, x in zip(metas, [a, b])]}
+    rep = {
+        "headline": {"batch": 1, "seq": 128},
+        "floor": {},
+        "variants": [analysis.variant_entry(m, x) for m, x in zip(metas, [a, b])],
+    }
     analysis.finish(rep)
     assert rep["variants"][0]["agreement"] == 1.0 and rep["variants"][1]["agreement"] is None
 
 
 def test_md_has_every_column_and_states_the_floor():
     md = render_md(synthetic_report())
-    for col in ("size (MB)", "load (s)", "p50 b1/s128 (ms)", "p99 b1/s128 (ms)", "throughput b8/s128 (seq/s)",
-                "peak RSS (MiB)", "accuracy", "agreement vs torch-fp32", "speed-up vs torch-fp32",
-                "floor b1/s128 (ms)", "p50/floor"):
+    for col in (
+        "size (MB)",
+        "load (s)",
+        "p50 b1/s128 (ms)",
+        "p99 b1/s128 (ms)",
+        "throughput b8/s128 (seq/s)",
+        "peak RSS (MiB)",
+        "accuracy",
+        "agreement vs torch-fp32",
+        "speed-up vs torch-fp32",
+        "floor b1/s128 (ms)",
+        "p50/floor",
+    ):
         assert col in md, col
     assert "11.175 GFLOP" in md  # the distilbert-base-dims count at S=128
     assert "| onnx-int8 | 1.0 | 0.50 | 10.00 |" in md
@@ -144,8 +199,15 @@ def test_write_and_rerender_from_json(tmp_path):
     r = synthetic_report()
     written = write_reports(r, tmp_path / "rep")
     names = sorted(p.name for p in written)
-    assert names == ["accuracy_vs_size.png", "decision.png", "latency_vs_batch.png", "report.csv", "report.html",
-                     "report.json", "report.md"]
+    assert names == [
+        "accuracy_vs_size.png",
+        "decision.png",
+        "latency_vs_batch.png",
+        "report.csv",
+        "report.html",
+        "report.json",
+        "report.md",
+    ]
     md = (tmp_path / "rep" / "report.md").read_text()
     csv_text = (tmp_path / "rep" / "report.csv").read_text()
     (tmp_path / "rep" / "report.md").unlink()
@@ -156,7 +218,8 @@ def test_write_and_rerender_from_json(tmp_path):
     assert main(["report", str(tmp_path / "rep" / "report.json"), "--out", str(tmp_path / "other")]) == 0
     assert (tmp_path / "other" / "report.md").read_text() == md
     assert json.loads((tmp_path / "other" / "report.json").read_text()) == json.loads(
-        (tmp_path / "rep" / "report.json").read_text())
+        (tmp_path / "rep" / "report.json").read_text()
+    )
 
 
 def test_load_report_rejects_other_files(tmp_path):
@@ -168,16 +231,33 @@ def test_load_report_rejects_other_files(tmp_path):
 
 
 def _gated_report(int8_preds: list[int]) -> dict:
-    metas = [_meta("torch-fp32", "fp32", "torch"), _meta("onnx-int8", "int8", "onnx"), _meta("onnx-fp32", "fp32", "onnx")]
-    raws = [_ok("torch-fp32", 40.0, [1, 1, 0, 0]), _ok("onnx-int8", 10.0, int8_preds), _ok("onnx-fp32", 20.0, [1, 1, 0, 0])]
-    rep = {"headline": {"batch": 1, "seq": 128}, "floor": {}, "environment": {"cpu": {"model": "Test CPU"}},
-           "variants": [analysis.variant_entry(m, x) for m, x in zip(metas, raws)]}
+    metas = [
+        _meta("torch-fp32", "fp32", "torch"),
+        _meta("onnx-int8", "int8", "onnx"),
+        _meta("onnx-fp32", "fp32", "onnx"),
+    ]
+    raws = [
+        _ok("torch-fp32", 40.0, [1, 1, 0, 0]),
+        _ok("onnx-int8", 10.0, int8_preds),
+        _ok("onnx-fp32", 20.0, [1, 1, 0, 0]),
+    ]
+    rep = {
+        "headline": {"batch": 1, "seq": 128},
+        "floor": {},
+        "environment": {"cpu": {"model": "Test CPU"}},
+        "variants": [analysis.variant_entry(m, x) for m, x in zip(metas, raws)],
+    }
     return analysis.finish(rep)
 
 
 def _verdict(passed: bool) -> dict:
-    return {"passed": passed, "agreement": {"value": 1.0, "lo": 0.99 if passed else 0.9, "hi": 1.0},
-            "bar": {"agreement_lower_bound": 0.98}, "data": {"n": 1000}, "reasons": [] if passed else ["too few"]}
+    return {
+        "passed": passed,
+        "agreement": {"value": 1.0, "lo": 0.99 if passed else 0.9, "hi": 1.0},
+        "bar": {"agreement_lower_bound": 0.98},
+        "data": {"n": 1000},
+        "reasons": [] if passed else ["too few"],
+    }
 
 
 def test_the_pipeline_gates_the_candidates_faster_than_the_reference_fastest_first():
@@ -202,11 +282,22 @@ def test_a_gate_re_chooses_the_recommendation_and_the_md_shows_it():
     assert rep["recommended"]["variant"] == "onnx-fp32" and "release gate passed" in rep["recommended"]["why"]
     analysis.apply_gates(rep, {"/v/onnx-fp32": _verdict(False)})
     assert rep["recommended"]["variant"] == "torch-fp32"  # no gated variant passed: the reference itself
-    rep["gate"] = {"dir": "gate", "max_candidates": 3, "data": {"n": 1000, "dataset": "imdb-embedded",
-                                                                 "fingerprint": "ab" * 32},
-                   "rows": [{"variant": "onnx-int8", "verdict": "FAIL"}], "not_gated": ["onnx-fp32"]}
-    rep.update({"config": BenchConfig(batch_sizes=[1], seq_lens=[128]).validate().to_json(), "created": "x",
-                "run": {"name": "r"}})
+    rep["gate"] = {
+        "dir": "gate",
+        "max_candidates": 3,
+        "data": {"n": 1000, "dataset": "imdb-embedded", "fingerprint": "ab" * 32},
+        "rows": [{"variant": "onnx-int8", "verdict": "FAIL"}],
+        "not_gated": ["onnx-fp32"],
+    }
+    rep.update(
+        {
+            "config": BenchConfig(batch_sizes=[1], seq_lens=[128]).validate().to_json(),
+            "created": "x",
+            "run": {"name": "r"},
+        }
+    )
     rep["environment"].update({"threads": 2, "device": "cpu", "versions": {}, "python": "3", "platform": "linux"})
     md = render_md(rep)
-    assert "## Release gate" in md and "| onnx-int8 | FAIL |" in md and "Not gated (a faster candidate passed first)" in md
+    assert (
+        "## Release gate" in md and "| onnx-int8 | FAIL |" in md and "Not gated (a faster candidate passed first)" in md
+    )

@@ -1,6 +1,6 @@
 """Percentile maths, FLOP counting, floor selection and config parsing (no processes, no timing).
 
-    python -m pytest tests/unit/test_bench_stats.py -q
+python -m pytest tests/unit/test_bench_stats.py -q
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from qserve import QserveError
 from qserve.bench.config import BenchConfig, parse_int_list
-from qserve.bench.floor import flops_per_sequence, floor_ms, peak_for
+from qserve.bench.floor import floor_ms, flops_per_sequence, peak_for
 from qserve.bench.stats import percentile, stdev, summarize, throughput
 
 

@@ -47,16 +47,26 @@ def test_every_module_imports_without_running(name):
 
 def test_the_package_holds_every_script_and_the_harness():
     names = _modules()
-    assert {"benchmarks.harness", "benchmarks.harness.server", "benchmarks.harness.data", "benchmarks.serve_bench",
-            "benchmarks.render_tables", "benchmarks.trivial_app", "benchmarks.inproc"} <= set(names)
+    assert {
+        "benchmarks.harness",
+        "benchmarks.harness.server",
+        "benchmarks.harness.data",
+        "benchmarks.serve_bench",
+        "benchmarks.render_tables",
+        "benchmarks.trivial_app",
+        "benchmarks.inproc",
+    } <= set(names)
     assert len(names) == len(list(BENCH.glob("*.py"))) + len(list(HARNESS.glob("*.py"))) - 1  # benchmarks/__init__
     assert not (BENCH / "netutil.py").exists() and not (BENCH / "reportio.py").exists()  # merged into the harness
 
 
 def test_no_sys_path_edits_in_benchmarks_or_for_them_in_tests():
     assert _where(r"sys\.path") == set()
-    in_tests = [str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*.py")
-                if re.search(r"sys\.path\.insert\([^)\n]*benchmarks", p.read_text(encoding="utf-8"))]
+    in_tests = [
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "tests").rglob("*.py")
+        if re.search(r"sys\.path\.insert\([^)\n]*benchmarks", p.read_text(encoding="utf-8"))
+    ]
     assert in_tests == []
 
 
@@ -137,8 +147,11 @@ def test_rounds_alternate():
 
 def test_metric_totals_sum_every_label_set():
     """The batch histogram of a server with two models: a total over both, not the last one read."""
-    s = {("qserve_batch_size_count", (("model", "a"),)): 3.0, ("qserve_batch_size_count", (("model", "b"),)): 4.0,
-         ("qserve_batch_size_sum", (("model", "a"),)): 30.0}
+    s = {
+        ("qserve_batch_size_count", (("model", "a"),)): 3.0,
+        ("qserve_batch_size_count", (("model", "b"),)): 4.0,
+        ("qserve_batch_size_sum", (("model", "a"),)): 30.0,
+    }
     assert total(s, "qserve_batch_size_count") == 7.0
     assert total(s, "qserve_batch_size_count", model="b") == 4.0
     assert total(s, "qserve_batch_size_sum", model="b") == 0.0
@@ -149,13 +162,16 @@ def test_the_server_starter_runs_an_app_and_stops_it(tmp_path):
     pytest.importorskip("uvicorn")
     import http.client
 
-    srv = Server(["--log-level", "warning"], ROOT, tmp_path / "app.log", tag="trivial",
-                 app="benchmarks.trivial_app:trivial_app")
+    srv = Server(
+        ["--log-level", "warning"], ROOT, tmp_path / "app.log", tag="trivial", app="benchmarks.trivial_app:trivial_app"
+    )
     try:
         srv.wait_ready(60)
         conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
-        assert post_json(conn, "/v1/classify", {"inputs": ["a", "b"]})["predictions"] == \
-            [[{"label": "positive", "score": 1.0}]] * 2
+        assert (
+            post_json(conn, "/v1/classify", {"inputs": ["a", "b"]})["predictions"]
+            == [[{"label": "positive", "score": 1.0}]] * 2
+        )
         conn.close()
         assert srv.cpu_s() > 0
     finally:

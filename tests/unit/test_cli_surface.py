@@ -45,12 +45,17 @@ def flag_table() -> dict[str, dict[str, dict[str, object]]]:
                     walk(sub, f"{path} {name}")
                 continue
             key = a.option_strings[0] if a.option_strings else a.dest
-            rows[key] = {"options": list(a.option_strings), "dest": a.dest, "default": _jsonable(a.default),
-                         "choices": _jsonable(list(a.choices)) if a.choices is not None else None,
-                         "action": type(a).__name__,
-                         # str and no type convert alike: both hand the text through unchanged
-                         "type": "str" if a.type in (None, str) else getattr(a.type, "__name__", repr(a.type)),
-                         "nargs": a.nargs, "required": a.required}
+            rows[key] = {
+                "options": list(a.option_strings),
+                "dest": a.dest,
+                "default": _jsonable(a.default),
+                "choices": _jsonable(list(a.choices)) if a.choices is not None else None,
+                "action": type(a).__name__,
+                # str and no type convert alike: both hand the text through unchanged
+                "type": "str" if a.type in (None, str) else getattr(a.type, "__name__", repr(a.type)),
+                "nargs": a.nargs,
+                "required": a.required,
+            }
         out[path] = rows
 
     walk(build_parser(), "qserve")
@@ -127,16 +132,18 @@ def test_serve_reads_exactly_these_env_vars_with_these_defaults(monkeypatch, exp
     env = expected["env"]["qserve serve"]
     cfg, read = _serve_config(monkeypatch, {})
     assert read == set(env)
-    assert {name: _jsonable(getattr(cfg, row["field"])) for name, row in env.items()} == \
-        {name: row["default"] for name, row in env.items()}
+    assert {name: _jsonable(getattr(cfg, row["field"])) for name, row in env.items()} == {
+        name: row["default"] for name, row in env.items()
+    }
 
 
 def test_each_serve_env_var_sets_its_field(monkeypatch, expected):
     env = expected["env"]["qserve serve"]
     examples = {name: row["example"] for name, row in env.items()}
     cfg, _ = _serve_config(monkeypatch, {name: raw for name, (raw, _) in examples.items()})
-    assert {name: _jsonable(getattr(cfg, env[name]["field"])) for name in env} == \
-        {name: value for name, (_, value) in examples.items()}
+    assert {name: _jsonable(getattr(cfg, env[name]["field"])) for name in env} == {
+        name: value for name, (_, value) in examples.items()
+    }
 
 
 def test_a_serve_flag_wins_over_its_env_var(monkeypatch):
@@ -145,8 +152,11 @@ def test_a_serve_flag_wins_over_its_env_var(monkeypatch):
     built: list[ServeConfig] = []
     validate = ServeConfig.validate
     monkeypatch.setattr(ServeConfig, "validate", lambda self: built.append(self) or validate(self))
-    rc, _ = _run(monkeypatch, ["serve", NO_SUCH_VARIANT, "--port", "9002", "--max-batch-size", "4"],
-                 {"QSERVE_PORT": "9001", "QSERVE_MAX_BATCH_SIZE": "8", "QSERVE_MAX_WAIT_MS": "7"})
+    rc, _ = _run(
+        monkeypatch,
+        ["serve", NO_SUCH_VARIANT, "--port", "9002", "--max-batch-size", "4"],
+        {"QSERVE_PORT": "9001", "QSERVE_MAX_BATCH_SIZE": "8", "QSERVE_MAX_WAIT_MS": "7"},
+    )
     assert rc == 2 and (built[-1].port, built[-1].max_batch_size, built[-1].max_wait_ms) == (9002, 4, 7.0)
 
 
@@ -157,13 +167,17 @@ def test_loadtest_reads_only_the_api_key(monkeypatch, expected):
 
 def test_deploy_ray_reads_no_env_var(monkeypatch, expected, tmp_path):
     # The replicas read QSERVE_* (the API key) in their own environment; the written file holds none of it.
-    rc, read = _run(monkeypatch, ["deploy", "ray", "/no/such/variant", "--out", str(tmp_path / "c.yaml")],
-                    {"QSERVE_API_KEY": "k" * 8, "QSERVE_MAX_BATCH_SIZE": "8"})
+    rc, read = _run(
+        monkeypatch,
+        ["deploy", "ray", "/no/such/variant", "--out", str(tmp_path / "c.yaml")],
+        {"QSERVE_API_KEY": "k" * 8, "QSERVE_MAX_BATCH_SIZE": "8"},
+    )
     assert rc == 2 and read == set(expected["env"]["qserve deploy ray"]) == set()
 
 
-@pytest.mark.parametrize("argv", [["train"], ["bench", "{tmp}"], ["export", "{tmp}", "--bits", "8"],
-                                  ["pipeline"]], ids=lambda a: a[0])
+@pytest.mark.parametrize(
+    "argv", [["train"], ["bench", "{tmp}"], ["export", "{tmp}", "--bits", "8"], ["pipeline"]], ids=lambda a: a[0]
+)
 def test_device_resolution_reads_qserve_force_cpu(monkeypatch, expected, tmp_path, capsys, argv):
     # QSERVE_FORCE_CPU=1 hides a GPU: `--device cuda` is then refused before any work starts.
     (tmp_path / "config.json").write_text("{}")  # enough of a checkpoint for export to reach the device
@@ -193,8 +207,10 @@ def _dumps(data: dict) -> str:
         for j, (cmd, rows) in enumerate(sorted(commands.items())):
             lines.append(f"  {json.dumps(cmd)}: {{")
             items = sorted(rows.items())
-            lines += [f"   {json.dumps(k)}: {json.dumps(v, sort_keys=True)}" + ("," if n < len(items) - 1 else "")
-                      for n, (k, v) in enumerate(items)]
+            lines += [
+                f"   {json.dumps(k)}: {json.dumps(v, sort_keys=True)}" + ("," if n < len(items) - 1 else "")
+                for n, (k, v) in enumerate(items)
+            ]
             lines.append("  }" + ("," if j < len(commands) - 1 else ""))
         lines.append(" }" + ("," if i < len(data) - 1 else ""))
     return "\n".join(lines + ["}"]) + "\n"

@@ -1,6 +1,6 @@
 """qserve.configflags: a documented dataclass field is a flag (and, where a command reads env, a QSERVE_* var).
 
-    python -m pytest -q tests/unit/test_configflags.py
+python -m pytest -q tests/unit/test_configflags.py
 """
 
 from __future__ import annotations
@@ -54,13 +54,44 @@ def test_defaults_round_trip_and_every_field_is_a_flag():
 
 
 def test_each_kind_of_field_parses_to_its_type():
-    args = parser().parse_args(["--name", "x", "--size", "3", "--ratio", "0.5", "--out", "o", "--sizes", "4, 2",
-                                "--no-fast", "--force", "--mode", "b", "--budget", "1.5", "--tags", "p",
-                                "--tags", "q"])
+    args = parser().parse_args(
+        [
+            "--name",
+            "x",
+            "--size",
+            "3",
+            "--ratio",
+            "0.5",
+            "--out",
+            "o",
+            "--sizes",
+            "4, 2",
+            "--no-fast",
+            "--force",
+            "--mode",
+            "b",
+            "--budget",
+            "1.5",
+            "--tags",
+            "p",
+            "--tags",
+            "q",
+        ]
+    )
     assert args.budget == 1.5  # a renamed option keeps argparse's own dest ...
     cfg = build(Knobs, args, overrides={"tags": ",".join(args.tags)})
-    assert cfg == Knobs(name="x", size=3, ratio=0.5, out=Path("o"), sizes=[4, 2], fast=False, force=True, mode="b",
-                        budget_s=1.5, tags="p,q")  # ... and build maps it back to the field
+    assert cfg == Knobs(
+        name="x",
+        size=3,
+        ratio=0.5,
+        out=Path("o"),
+        sizes=[4, 2],
+        fast=False,
+        force=True,
+        mode="b",
+        budget_s=1.5,
+        tags="p,q",
+    )  # ... and build maps it back to the field
 
 
 def test_help_carries_the_docstring_the_default_and_escapes_percent():
@@ -92,11 +123,23 @@ def test_unset_flags_fall_back_to_env_then_defaults():
     p = parser(unset=True)
     args = p.parse_args(["--size", "5"])
     assert args.name is None and args.fast is None and args.force is None  # not given: None, so env may decide
-    env = {"QSERVE_SIZE": "6", "QSERVE_NAME": "from-env", "QSERVE_FAST": "off", "QSERVE_SIZES": "3,4",
-           "QSERVE_RATIO": "", "QSERVE_OUT": "/x"}
+    env = {
+        "QSERVE_SIZE": "6",
+        "QSERVE_NAME": "from-env",
+        "QSERVE_FAST": "off",
+        "QSERVE_SIZES": "3,4",
+        "QSERVE_RATIO": "",
+        "QSERVE_OUT": "/x",
+    }
     cfg = build(Knobs, args, environ=env)
-    assert (cfg.size, cfg.name, cfg.fast, cfg.sizes, cfg.ratio, cfg.out) == (5, "from-env", False, [3, 4], None,
-                                                                           Path("/x"))
+    assert (cfg.size, cfg.name, cfg.fast, cfg.sizes, cfg.ratio, cfg.out) == (
+        5,
+        "from-env",
+        False,
+        [3, 4],
+        None,
+        Path("/x"),
+    )
     assert config_values(Knobs, {"size": None}, ["size", "mode"]) == {}  # None = not given
 
 
@@ -130,7 +173,9 @@ def test_unsupported_annotation_is_refused_at_registration():
 
 
 def test_imports_only_the_standard_library():
-    code = ("import sys; before = set(sys.modules); import qserve.configflags; "
-            "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] == 'qserve'))")
+    code = (
+        "import sys; before = set(sys.modules); import qserve.configflags; "
+        "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] == 'qserve'))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['qserve', 'qserve.configflags']"  # the package itself, nothing else of ours

@@ -56,7 +56,12 @@ def _eager(batch: dict[str, np.ndarray]) -> np.ndarray:
 
 def test_modes_parse_and_name_the_flag():
     assert [graphs.parse_mode(m) for m in (None, "auto", "OFF", " graphs ", "compile")] == [
-        "auto", "auto", "off", "graphs", "compile"]
+        "auto",
+        "auto",
+        "off",
+        "graphs",
+        "compile",
+    ]
     with pytest.raises(QserveError, match="--cuda-graphs must be one of auto, off, graphs, compile"):
         graphs.parse_mode("cudagraph")
 
@@ -64,9 +69,13 @@ def test_modes_parse_and_name_the_flag():
 def test_runtime_options_check_the_graph_knobs():
     assert RuntimeOptions().cuda_graphs == "auto"
     assert RuntimeOptions(cuda_graphs="Graphs").cuda_graphs == "graphs"
-    for bad, words in (({"cuda_graphs": "on"}, "--cuda-graphs"), ({"max_graphs": 0}, "max_graphs"),
-                       ({"max_graphs": True}, "max_graphs"), ({"graph_memory_mb": 0}, "graph_memory_mb"),
-                       ({"graph_memory_mb": "lots"}, "graph_memory_mb")):
+    for bad, words in (
+        ({"cuda_graphs": "on"}, "--cuda-graphs"),
+        ({"max_graphs": 0}, "max_graphs"),
+        ({"max_graphs": True}, "max_graphs"),
+        ({"graph_memory_mb": 0}, "graph_memory_mb"),
+        ({"graph_memory_mb": "lots"}, "graph_memory_mb"),
+    ):
         with pytest.raises(QserveError, match=words):
             RuntimeOptions(**bad)
 
@@ -123,8 +132,7 @@ def test_graphs_serve_rows_from_their_length_and_batch_buckets():
 
 def test_bounds_refuse_instead_of_evicting_and_rows_use_smaller_graphs():
     calls: list = []
-    g = Graphs(_capture(calls), ["input_ids", "attention_mask"], 0, lengths=(8,), batches=(1, 2, 4, 8),
-               max_graphs=2)
+    g = Graphs(_capture(calls), ["input_ids", "attention_mask"], 0, lengths=(8,), batches=(1, 2, 4, 8), max_graphs=2)
     g.prepare()
     assert sorted(g.graphs) == [(1, 8), (2, 8)]
     assert all("count bound" in why for why in g.refused.values()) and set(g.refused) == {(4, 8), (8, 8)}
@@ -132,16 +140,27 @@ def test_bounds_refuse_instead_of_evicting_and_rows_use_smaller_graphs():
     assert (g.run(batch, _eager) == _eager(batch)).all()
     assert [rows for _, rows, _ in calls] == [2, 2, 1]
     # the memory bound: the capture that crosses it is the last one
-    mem = Graphs(_capture([], nbytes=3 << 20), ["input_ids", "attention_mask"], 0, lengths=(8,),
-                 batches=(1, 2, 4, 8), memory_mb=5)
+    mem = Graphs(
+        _capture([], nbytes=3 << 20),
+        ["input_ids", "attention_mask"],
+        0,
+        lengths=(8,),
+        batches=(1, 2, 4, 8),
+        memory_mb=5,
+    )
     mem.prepare()
     assert sorted(mem.graphs) == [(1, 8), (2, 8)] and "memory bound" in mem.refused[(4, 8)]
 
 
 def test_a_failed_capture_is_recorded_and_a_length_without_graphs_runs_eager():
     calls: list = []
-    g = Graphs(_capture(calls, fail={(4, 8), (1, 16), (2, 16)}), ["input_ids", "attention_mask"], 0,
-               lengths=(8, 16), batches=(1, 2, 4))
+    g = Graphs(
+        _capture(calls, fail={(4, 8), (1, 16), (2, 16)}),
+        ["input_ids", "attention_mask"],
+        0,
+        lengths=(8, 16),
+        batches=(1, 2, 4),
+    )
     g.prepare()
     assert "capture failed: RuntimeError" in g.refused[(4, 8)]
     b8 = _batch([1, 2, 3, 4, 5], 8)
@@ -149,8 +168,13 @@ def test_a_failed_capture_is_recorded_and_a_length_without_graphs_runs_eager():
     b16 = _batch([10, 12, 3], 16)  # (4, 16) was captured, so its rows still run on a graph
     calls.clear()
     assert (g.run(b16, _eager) == _eager(b16)).all() and [s for s, _, _ in calls] == [(4, 16)]
-    g2 = Graphs(_capture([], fail={(1, 16), (2, 16), (4, 16)}), ["input_ids", "attention_mask"], 0,
-                lengths=(8, 16), batches=(1, 2, 4))
+    g2 = Graphs(
+        _capture([], fail={(1, 16), (2, 16), (4, 16)}),
+        ["input_ids", "attention_mask"],
+        0,
+        lengths=(8, 16),
+        batches=(1, 2, 4),
+    )
     g2.prepare()
     assert (g2.run(b16, _eager) == _eager(b16)).all() and g2.eager_rows == 3
     b32 = _batch([20], 32)  # a length that is no bucket at all: eager, counted
@@ -171,8 +195,7 @@ def test_when_the_first_capture_fails_the_rest_is_not_tried():
 def test_lazy_graphs_capture_on_first_use_within_the_bounds():
     calls: list = []
     capture = _capture(calls)
-    g = Graphs(capture, ["input_ids", "attention_mask"], 0, lengths=(8,), batches=(1, 2, 4), lazy=True,
-               max_graphs=2)
+    g = Graphs(capture, ["input_ids", "attention_mask"], 0, lengths=(8,), batches=(1, 2, 4), lazy=True, max_graphs=2)
     assert capture.captured == []
     batch = _batch([1, 2, 3], 8)
     assert (g.run(batch, _eager) == _eager(batch)).all()

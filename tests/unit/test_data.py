@@ -1,6 +1,6 @@
 """qserve.data.datasets: the embedded datasets, local files and their errors, determinism.
 
-    python -m pytest tests/unit/test_data.py -q
+python -m pytest tests/unit/test_data.py -q
 """
 
 from __future__ import annotations
@@ -25,11 +25,13 @@ def write_csv(path, rows, header=("text", "label")):
 
 
 def sentiment_rows(n=40):
-    return [(f"review number {i} was {'great' if i % 2 else 'bad'}", "positive" if i % 2 else "negative")
-            for i in range(n)]
+    return [
+        (f"review number {i} was {'great' if i % 2 else 'bad'}", "positive" if i % 2 else "negative") for i in range(n)
+    ]
 
 
 # -- embedded IMDb / Rotten Tomatoes --------------------------------------------------
+
 
 def test_default_is_clean_deduped_imdb_with_documented_sizes():
     d = load_dataset()
@@ -87,6 +89,7 @@ def test_bad_counts(bad):
 
 # -- local files ------------------------------------------------------------------------
 
+
 def test_local_csv_string_labels_sorted(tmp_path):
     rows = sentiment_rows(40) + [("review number 1 was great", "positive")]  # one duplicate
     d = load_dataset(str(write_csv(tmp_path / "reviews.csv", rows)))
@@ -123,25 +126,35 @@ def test_local_jsonl_and_json(tmp_path):
     assert b.labels == c.labels == ["negative", "positive"] and b.test.texts == c.test.texts
 
 
-@pytest.mark.parametrize("name, content, match", [
-    ("missing.csv", "text,score\nhello,1\n", r"missing\.csv, line 1: missing column\(s\) label"),
-    ("empty.csv", "", r"empty\.csv: the file is empty"),
-    ("header_only.csv", "text,label\n", r"header_only\.csv: no data rows"),
-    ("gap.csv", "text,label\n" + "".join(f"t{i},{(i % 2) * 2}\n" for i in range(20)),
-     r"gap\.csv: integer labels must be 0\.\.K-1 .*none equal to \[1\]"),
-    ("neg.csv", "text,label\na,0\nb,1\nc,-1\n", r"neg\.csv, line 4: label -1 is negative"),
-    ("mixed.csv", "text,label\na,0\nb,positive\n", r"mixed\.csv, line 3: .*mixes integer and string"),
-    ("blank.csv", "text,label\na,0\n   ,1\n", r"blank\.csv, line 3: text is empty"),
-    ("nolabel.csv", "text,label\na,0\nb,\n", r"nolabel\.csv, line 3: label '' is not"),
-    ("one.csv", "text,label\na,0\nb,0\n", r"one\.csv: every row has label 0"),
-    ("bad.jsonl", '{"text": "a", "label": 0}\n{"text": "b", "label": 1\n', r"bad\.jsonl, line 2: malformed JSON"),
-    ("field.jsonl", '{"text": "a", "label": 0}\n{"text": "b"}\n', r"field\.jsonl, line 2: missing field\(s\) label"),
-    ("notobj.jsonl", '{"text": "a", "label": 0}\n[1, 2]\n', r"notobj\.jsonl, line 2: expected a JSON object"),
-    ("bool.jsonl", '{"text": "a", "label": true}\n', r"bool\.jsonl, line 1: label True is not"),
-    ("shape.json", '{"rows": []}', r"shape\.json: expected a JSON list"),
-    ("broken.json", '[{"text": "a",\n "label": 0},\n oops]', r"broken\.json, line 3: malformed JSON"),
-    ("data.txt", "hello", r"unsupported file type '\.txt'"),
-])
+@pytest.mark.parametrize(
+    "name, content, match",
+    [
+        ("missing.csv", "text,score\nhello,1\n", r"missing\.csv, line 1: missing column\(s\) label"),
+        ("empty.csv", "", r"empty\.csv: the file is empty"),
+        ("header_only.csv", "text,label\n", r"header_only\.csv: no data rows"),
+        (
+            "gap.csv",
+            "text,label\n" + "".join(f"t{i},{(i % 2) * 2}\n" for i in range(20)),
+            r"gap\.csv: integer labels must be 0\.\.K-1 .*none equal to \[1\]",
+        ),
+        ("neg.csv", "text,label\na,0\nb,1\nc,-1\n", r"neg\.csv, line 4: label -1 is negative"),
+        ("mixed.csv", "text,label\na,0\nb,positive\n", r"mixed\.csv, line 3: .*mixes integer and string"),
+        ("blank.csv", "text,label\na,0\n   ,1\n", r"blank\.csv, line 3: text is empty"),
+        ("nolabel.csv", "text,label\na,0\nb,\n", r"nolabel\.csv, line 3: label '' is not"),
+        ("one.csv", "text,label\na,0\nb,0\n", r"one\.csv: every row has label 0"),
+        ("bad.jsonl", '{"text": "a", "label": 0}\n{"text": "b", "label": 1\n', r"bad\.jsonl, line 2: malformed JSON"),
+        (
+            "field.jsonl",
+            '{"text": "a", "label": 0}\n{"text": "b"}\n',
+            r"field\.jsonl, line 2: missing field\(s\) label",
+        ),
+        ("notobj.jsonl", '{"text": "a", "label": 0}\n[1, 2]\n', r"notobj\.jsonl, line 2: expected a JSON object"),
+        ("bool.jsonl", '{"text": "a", "label": true}\n', r"bool\.jsonl, line 1: label True is not"),
+        ("shape.json", '{"rows": []}', r"shape\.json: expected a JSON list"),
+        ("broken.json", '[{"text": "a",\n "label": 0},\n oops]', r"broken\.json, line 3: malformed JSON"),
+        ("data.txt", "hello", r"unsupported file type '\.txt'"),
+    ],
+)
 def test_bad_local_files_name_file_line_and_problem(tmp_path, name, content, match):
     path = tmp_path / name
     path.write_text(content, encoding="utf-8")
@@ -170,6 +183,7 @@ def test_missing_file_and_directory(tmp_path):
 
 
 # -- Hugging Face hub ids ------------------------------------------------------------------
+
 
 def test_hub_id_without_datasets_package_gives_install_hint(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed

@@ -10,11 +10,11 @@ says what each one is for and why its pin.
 
 from __future__ import annotations
 
-import tomllib
 from importlib import metadata
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
@@ -55,4 +55,3 @@ def test_core_dependencies_are_installed_at_their_pins():
 def test_installed_extras_are_at_their_pins(extra):
     unmet = _unmet(_project()["optional-dependencies"][extra], required=False)
     assert not unmet, f"extra {extra}: installed versions off pyproject's pins: " + "; ".join(unmet)
-

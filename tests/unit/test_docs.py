@@ -1,6 +1,6 @@
 """The docs build cleanly and their measured tables match the reports' JSON.
 
-    python -m pytest -q tests/unit/test_docs.py
+python -m pytest -q tests/unit/test_docs.py
 """
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
-
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -22,8 +21,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _mkdocs(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)],
-                          capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def test_mkdocs_build_strict_has_no_warning(tmp_path):
@@ -87,8 +91,9 @@ def test_every_block_names_a_report_and_the_cpu_it_records():
         text = render()
         named = set(re.findall(r"benchmarks/reports/([\w./-]+)", text))
         assert named, f"{name} names no report"
-        assert any(c in text for rel in named for c in cpus(reports / rel.rstrip("/."))), \
+        assert any(c in text for rel in named for c in cpus(reports / rel.rstrip("/."))), (
             f"{name} does not name the CPU its reports record ({sorted(named)})"
+        )
 
 
 def test_a_block_inside_a_list_item_keeps_its_indent(tmp_path):
@@ -118,8 +123,18 @@ def test_readme_is_a_front_door():
     """What, the two commands, the tour, the headline table from the current main job's report, in <= 250 lines."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 250
-    for must in ("make demo", "make test", "qserve export", "qserve bench", "qserve serve", "curl ", "--engine ray",
-                 "qserve predict", "<!-- text:main-job -->", "docs/measurements.md"):
+    for must in (
+        "make demo",
+        "make test",
+        "qserve export",
+        "qserve bench",
+        "qserve serve",
+        "curl ",
+        "--engine ray",
+        "qserve predict",
+        "<!-- text:main-job -->",
+        "docs/measurements.md",
+    ):
         assert must in text, must
     block = text.split("<!-- text:main-job -->", 1)[1].split("<!-- /text -->", 1)[0]
     assert f"`benchmarks/reports/{render_tables.MAIN_JOB}/report.json` (" in block  # rendered from it, machine named
@@ -147,8 +162,15 @@ def test_the_front_pages_state_what_a_newcomer_needs():
     """docs/index.md names the release gate and the automatic precision; /v1's Content-Type, the served name and
     huggingface_hub's offline mode are said where a newcomer looks first."""
     index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
-    for must in ("qserve gate", "--precision auto", "Content-Type: application/json", "/v1/models",
-                 "HF_HUB_OFFLINE=1", "RUN/variants/<name>", "models/<model>-<dataset>/"):
+    for must in (
+        "qserve gate",
+        "--precision auto",
+        "Content-Type: application/json",
+        "/v1/models",
+        "HF_HUB_OFFLINE=1",
+        "RUN/variants/<name>",
+        "models/<model>-<dataset>/",
+    ):
         assert must in index, must
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     for must in ("Content-Type: application/json", "/v1/models", "HF_HUB_OFFLINE=1"):
@@ -236,17 +258,23 @@ def test_no_measured_number_is_typed_by_hand():
     listed = _listed_numbers()
     typed = sorted((found - listed).elements())
     gone = sorted((listed - found).elements())
-    assert not typed, ("measured-looking numbers typed by hand (render them from their report: a <!-- text:NAME --> "
-                       "block in benchmarks/render_tables.py; an explanatory one goes in tests/unit/docs_numbers.txt): "
-                       + "; ".join(f"{f}: {n}" for f, n in typed))
-    assert not gone, ("tests/unit/docs_numbers.txt lists numbers the pages no longer hold (remove those lines): "
-                      + "; ".join(f"{f}: {n}" for f, n in gone))
+    assert not typed, (
+        "measured-looking numbers typed by hand (render them from their report: a <!-- text:NAME --> "
+        "block in benchmarks/render_tables.py; an explanatory one goes in tests/unit/docs_numbers.txt): "
+        + "; ".join(f"{f}: {n}" for f, n in typed)
+    )
+    assert not gone, (
+        "tests/unit/docs_numbers.txt lists numbers the pages no longer hold (remove those lines): "
+        + "; ".join(f"{f}: {n}" for f, n in gone)
+    )
 
 
 def test_hand_numbers_are_found_in_prose_and_hand_tables_only():
-    text = ("The first answer took 85.6 ms (0.97-1.06x), max |Δprob| 3.6e-4, F1 0.8550.\n\n"
-            "| variant | p50 |\n|---|---:|\n| onnx-int8 | 7.5 ms |\n\n"
-            "<!-- text:flood -->\nrendered: 120.6 ms\n<!-- /text -->\n\n"
-            "```bash\nqserve loadtest --duration 10s  # 40 s of load\n```\n"
-            "Flags: `--max-wait-ms 5 ms`, version 1.45.2, on 2026-12-04, 2 cores, 32 texts.\n")
+    text = (
+        "The first answer took 85.6 ms (0.97-1.06x), max |Δprob| 3.6e-4, F1 0.8550.\n\n"
+        "| variant | p50 |\n|---|---:|\n| onnx-int8 | 7.5 ms |\n\n"
+        "<!-- text:flood -->\nrendered: 120.6 ms\n<!-- /text -->\n\n"
+        "```bash\nqserve loadtest --duration 10s  # 40 s of load\n```\n"
+        "Flags: `--max-wait-ms 5 ms`, version 1.45.2, on 2026-12-04, 2 cores, 32 texts.\n"
+    )
     assert render_tables.hand_numbers(text) == ["85.6 ms", "0.97-1.06x", "3.6e-4", "0.8550", "7.5 ms"]

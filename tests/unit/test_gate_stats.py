@@ -1,6 +1,6 @@
 """The gate's statistics against known values, its calibration fits, its judgement and its flags' errors.
 
-    python -m pytest tests/unit/test_gate_stats.py -q
+python -m pytest tests/unit/test_gate_stats.py -q
 """
 
 from __future__ import annotations
@@ -8,16 +8,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qserve import QserveError, problemtypes as problems
+from qserve import QserveError
+from qserve import problemtypes as problems
 from qserve.gate import stats
 from qserve.gate.config import GateConfig
 from qserve.gate.run import judge
 
 
 def test_wilson_lower_bounds_the_issue_quotes():
-    assert stats.wilson(200, 200)[0] == pytest.approx(0.9812, abs=5e-4)   # 100% on 200: not 99%
+    assert stats.wilson(200, 200)[0] == pytest.approx(0.9812, abs=5e-4)  # 100% on 200: not 99%
     assert stats.wilson(993, 1000)[0] == pytest.approx(0.9856, abs=5e-4)
-    assert stats.wilson(199, 200)[0] == pytest.approx(0.9722, abs=5e-4)   # 99.5% on the eval cut
+    assert stats.wilson(199, 200)[0] == pytest.approx(0.9722, abs=5e-4)  # 99.5% on the eval cut
     lo, hi = stats.wilson(50, 100)
     assert lo == pytest.approx(0.4038, abs=5e-4) and hi == pytest.approx(0.5962, abs=5e-4)
     assert stats.wilson(0, 0) == (0.0, 1.0)
@@ -39,7 +40,7 @@ def test_paired_bootstrap_and_mcnemar():
     assert stats.paired_bootstrap(a, b) == (mean, lo, hi)  # seeded: the same verdict twice
     m = stats.mcnemar(a, b)
     assert (m["only_variant"], m["only_reference"]) == (10, 0)
-    assert m["p_value"] == pytest.approx(2 / 2 ** 10)
+    assert m["p_value"] == pytest.approx(2 / 2**10)
     assert stats.mcnemar(a, a)["p_value"] == 1.0
 
 

@@ -36,9 +36,12 @@ def _record_line(name: str, data: bytes) -> str:
 
 
 def _wheel(path: Path, files: dict[str, bytes], dist: str) -> Path:
-    name, version = dist[:-len(".dist-info")].split("-")
-    files = {**files, f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
-             f"{dist}/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: py3-none-any\n"}
+    name, version = dist[: -len(".dist-info")].split("-")
+    files = {
+        **files,
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: py3-none-any\n",
+    }
     record = "\n".join([_record_line(n, d) for n, d in files.items()] + [f"{dist}/RECORD,,"]) + "\n"
     with zipfile.ZipFile(path, "w") as zf:
         for n, d in files.items():
@@ -49,8 +52,11 @@ def _wheel(path: Path, files: dict[str, bytes], dist: str) -> Path:
 
 def test_slim_wheel_keeps_cpu_and_the_cuda_asked_for(tools, tmp_path):
     libs = {f"bitsandbytes/libbitsandbytes_{v}.so": v.encode() * 100 for v in ("cpu", "cuda121", "cuda130", "rocm64")}
-    src = _wheel(tmp_path / "bitsandbytes-0.50.2-py3-none-any.whl",
-                 {"bitsandbytes/__init__.py": b"__version__ = '0.50.2'\n", **libs}, "bitsandbytes-0.50.2.dist-info")
+    src = _wheel(
+        tmp_path / "bitsandbytes-0.50.2-py3-none-any.whl",
+        {"bitsandbytes/__init__.py": b"__version__ = '0.50.2'\n", **libs},
+        "bitsandbytes-0.50.2.dist-info",
+    )
     (tmp_path / "out").mkdir()
     out = tools.slim_wheel(src, tmp_path / "out", ["130"])
     assert out.name == "bitsandbytes-0.50.2-1cuda130-py3-none-any.whl"  # build tag: not PyPI's file
@@ -64,14 +70,31 @@ def test_slim_wheel_keeps_cpu_and_the_cuda_asked_for(tools, tmp_path):
     assert not {"bitsandbytes/libbitsandbytes_cuda121.so", "bitsandbytes/libbitsandbytes_rocm64.so"} & names
     assert {line.split(",")[0] for line in record} == names
     # pip installs it exactly as gpu_check.sh does
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                    "--target", str(tmp_path / "site"), str(out)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-compile",
+            "--target",
+            str(tmp_path / "site"),
+            str(out),
+        ],
+        check=True,
+    )
     assert (tmp_path / "site" / "bitsandbytes" / "libbitsandbytes_cuda130.so").read_bytes() == b"cuda130" * 100
 
 
 def test_slim_wheel_refuses_a_missing_cuda_version(tools, tmp_path):
-    src = _wheel(tmp_path / "bitsandbytes-0.50.2-py3-none-any.whl",
-                 {"bitsandbytes/libbitsandbytes_cpu.so": b"x"}, "bitsandbytes-0.50.2.dist-info")
+    src = _wheel(
+        tmp_path / "bitsandbytes-0.50.2-py3-none-any.whl",
+        {"bitsandbytes/libbitsandbytes_cpu.so": b"x"},
+        "bitsandbytes-0.50.2.dist-info",
+    )
     with pytest.raises(SystemExit, match="no library for cuda130"):
         tools.slim_wheel(src, tmp_path, ["130"])
 
@@ -84,9 +107,11 @@ def test_pack_dist_rounds_weights_to_bf16_and_unpack_restores_fp32(tools, tmp_pa
     w = torch.randn(8, 4)
     ids = torch.arange(5, dtype=torch.int64)
     weights = save({"w": w, "ids": ids}, metadata={"format": "pt"})
-    src = _wheel(tmp_path / "pkg-1.0-py3-none-any.whl",
-                 {"pkg/__init__.py": b"X = 1\n", "pkg/model/model.safetensors": weights, "pkg/model/vocab.txt": b"a\nb\n"},
-                 "pkg-1.0.dist-info")
+    src = _wheel(
+        tmp_path / "pkg-1.0-py3-none-any.whl",
+        {"pkg/__init__.py": b"X = 1\n", "pkg/model/model.safetensors": weights, "pkg/model/vocab.txt": b"a\nb\n"},
+        "pkg-1.0.dist-info",
+    )
     packed = tmp_path / "pkg.tar.xz"
     note = tools.pack_dist(src, packed, ["pkg/model/model.safetensors"])
     assert note["bf16_upcast"] == ["pkg/model/model.safetensors"]
@@ -114,35 +139,106 @@ def test_summary_reports_every_stage_the_pipeline_the_loadtest_and_the_study(too
     (work / "run" / "checkpoint").mkdir(parents=True)
     (work / "run" / "report").mkdir()
     (work / "study").mkdir()
-    (work / "stages.tsv").write_text("pipeline\tok\t0\t201\t\nserve\tfailed\t1\t40\tc128: 0 errors, 3 lost, 0 "
-                                     "label changes\n", encoding="utf-8")
+    (work / "stages.tsv").write_text(
+        "pipeline\tok\t0\t201\t\nserve\tfailed\t1\t40\tc128: 0 errors, 3 lost, 0 label changes\n", encoding="utf-8"
+    )
     (work / "run.json").write_text(json.dumps({"dry": False, "device": "cuda", "budget_s": 520, "total_s": 300}))
-    (work / "run" / "checkpoint" / "train_metrics.json").write_text(json.dumps({
-        "precision": "bf16-mixed", "train_time_s": 12.5, "step_time_median_s": 0.02, "samples_per_s": 6000.0,
-        "peak_memory_bytes": 3 * 2**30, "val_accuracy": 0.92, "test_accuracy": 0.9175, "sizes": {"train": 22000},
-        "precision_choice": {"reason": "probed"}, "config": {"batch_size": 256, "max_length": 128, "epochs": 3}}))
-    (work / "run" / "report" / "report.json").write_text(json.dumps({
-        "config": {"device": "cuda", "batch_sizes": [1, 8, 32], "seq_lens": [128]}, "headline": {"batch": 1, "seq": 128},
-        "environment": {"gpu": "NVIDIA H200"},
-        "recommended": {"variant": "torch-bf16", "why": "fastest"},
-        "pipeline": {"stage_s": {"train": 60.0, "total": 250.0}, "machine": "NVIDIA H200 (cuda)",
-                     "plan": {"device": "cuda", "placements": [
-                         {"variant": "torch-bf16", "device": "cuda", "why": ""},
-                         {"variant": "onnx-int8", "device": "cpu", "why": "onnx-int8 has no CUDA kernels"},
-                         {"variant": "ov-int8", "device": None, "why": "openvino is not installed"}]}},
-        "gate": {"rows": [{"variant": "torch-bf16", "verdict": "PASS"}]},
-        "variants": [{"name": "torch-bf16", "status": "ok", "device": "cuda", "isolation": "shared", "load_s": 0.4,
-                      "fixed": [{"batch": 1, "seq": 128, "p50": 2.53}, {"batch": 32, "seq": 128, "throughput": 12227.0}],
-                      "accuracy": {"accuracy": 0.858}, "agreement": 1.0,
-                      "memory": {"peak_rss_mb": 1500.0, "cuda": {"max_allocated_mb": 95.0}}},
-                     {"name": "onnx-int8", "status": "ok", "device": "cpu", "fixed": [{"batch": 1, "seq": 128,
-                                                                                     "p50": 4.0}]}]}))
-    (work / "loadtest.json").write_text(json.dumps({"levels": [
-        {"concurrency": 1, "requests": 1000, "ok": 1000, "errors": 0, "lost": 0, "mismatched": 0, "p50_ms": 6.1,
-         "p99_ms": 9.0, "throughput_rps": 165.0}]}))
-    (work / "study" / "precision_study.json").write_text(json.dumps({"runs": [
-        {"label": "32-true", "ok": True, "train_time_s": 20.0, "step_time_median_s": 0.0208,
-         "peak_memory_bytes": 3.7e9, "test_accuracy": 0.8585}]}))
+    (work / "run" / "checkpoint" / "train_metrics.json").write_text(
+        json.dumps(
+            {
+                "precision": "bf16-mixed",
+                "train_time_s": 12.5,
+                "step_time_median_s": 0.02,
+                "samples_per_s": 6000.0,
+                "peak_memory_bytes": 3 * 2**30,
+                "val_accuracy": 0.92,
+                "test_accuracy": 0.9175,
+                "sizes": {"train": 22000},
+                "precision_choice": {"reason": "probed"},
+                "config": {"batch_size": 256, "max_length": 128, "epochs": 3},
+            }
+        )
+    )
+    (work / "run" / "report" / "report.json").write_text(
+        json.dumps(
+            {
+                "config": {"device": "cuda", "batch_sizes": [1, 8, 32], "seq_lens": [128]},
+                "headline": {"batch": 1, "seq": 128},
+                "environment": {"gpu": "NVIDIA H200"},
+                "recommended": {"variant": "torch-bf16", "why": "fastest"},
+                "pipeline": {
+                    "stage_s": {"train": 60.0, "total": 250.0},
+                    "machine": "NVIDIA H200 (cuda)",
+                    "plan": {
+                        "device": "cuda",
+                        "placements": [
+                            {"variant": "torch-bf16", "device": "cuda", "why": ""},
+                            {"variant": "onnx-int8", "device": "cpu", "why": "onnx-int8 has no CUDA kernels"},
+                            {"variant": "ov-int8", "device": None, "why": "openvino is not installed"},
+                        ],
+                    },
+                },
+                "gate": {"rows": [{"variant": "torch-bf16", "verdict": "PASS"}]},
+                "variants": [
+                    {
+                        "name": "torch-bf16",
+                        "status": "ok",
+                        "device": "cuda",
+                        "isolation": "shared",
+                        "load_s": 0.4,
+                        "fixed": [
+                            {"batch": 1, "seq": 128, "p50": 2.53},
+                            {"batch": 32, "seq": 128, "throughput": 12227.0},
+                        ],
+                        "accuracy": {"accuracy": 0.858},
+                        "agreement": 1.0,
+                        "memory": {"peak_rss_mb": 1500.0, "cuda": {"max_allocated_mb": 95.0}},
+                    },
+                    {
+                        "name": "onnx-int8",
+                        "status": "ok",
+                        "device": "cpu",
+                        "fixed": [{"batch": 1, "seq": 128, "p50": 4.0}],
+                    },
+                ],
+            }
+        )
+    )
+    (work / "loadtest.json").write_text(
+        json.dumps(
+            {
+                "levels": [
+                    {
+                        "concurrency": 1,
+                        "requests": 1000,
+                        "ok": 1000,
+                        "errors": 0,
+                        "lost": 0,
+                        "mismatched": 0,
+                        "p50_ms": 6.1,
+                        "p99_ms": 9.0,
+                        "throughput_rps": 165.0,
+                    }
+                ]
+            }
+        )
+    )
+    (work / "study" / "precision_study.json").write_text(
+        json.dumps(
+            {
+                "runs": [
+                    {
+                        "label": "32-true",
+                        "ok": True,
+                        "train_time_s": 20.0,
+                        "step_time_median_s": 0.0208,
+                        "peak_memory_bytes": 3.7e9,
+                        "test_accuracy": 0.8585,
+                    }
+                ]
+            }
+        )
+    )
     data = tools.summary(work, tmp_path / "out")
     assert [s["status"] for s in data["stages"]] == ["ok", "failed"]
     assert data["training"]["tokens_per_s"] == 6000.0 * 128
@@ -155,8 +251,10 @@ def test_summary_reports_every_stage_the_pipeline_the_loadtest_and_the_study(too
     assert "| onnx-int8 | cpu | process | ok | 4.00 |" in md
     assert "| 1 | 1000 | 1000 | 0 | 0 | 0 | 6.10 | 9.00 | 165 |" in md
     assert "| 32-true | True | 20.0 | 0.0208 | 3.70 | 85.85% |" in md and "| torch-bf16 | PASS |" in md
-    assert json.loads((tmp_path / "out" / "gpu_check.json").read_text())["bench"]["variants"]["onnx-int8"]["device"] \
+    assert (
+        json.loads((tmp_path / "out" / "gpu_check.json").read_text())["bench"]["variants"]["onnx-int8"]["device"]
         == "cpu"
+    )
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu_check.json", "summary.md"]
 
 
@@ -178,9 +276,12 @@ def test_the_check_runs_the_users_commands_and_writes_at_most_8_files():
     assert names == ["pipeline", "serve", "study"]
     assert sum(int(ln.strip().strip('"').split("|")[1]) for ln in stages.splitlines() if "|" in ln) <= 540 + 120
     assert '"$PY" -m qserve pipeline --run-dir "$RUN" "${PIPELINE_ARGS[@]}"' in text and "PIPELINE_ARGS=()" in text
-    assert '-m qserve serve "$RUN"' in text and '-m qserve loadtest' in text and "LEVELS=1,32,128" in text
-    out = set(re.findall(r'^copy "[^"]+" (\S+)$', text, re.MULTILINE)) | {"summary.md", "gpu_check.json",
-                                                                   "gpu_check_files.tar.gz"}
+    assert '-m qserve serve "$RUN"' in text and "-m qserve loadtest" in text and "LEVELS=1,32,128" in text
+    out = set(re.findall(r'^copy "[^"]+" (\S+)$', text, re.MULTILINE)) | {
+        "summary.md",
+        "gpu_check.json",
+        "gpu_check_files.tar.gz",
+    }
     assert len(out) <= 8 and all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in out)
     assert "BUDGET=${QSERVE_GPU_CHECK_BUDGET_S:-520}" in text  # within the 9 minutes, with room to write
 
@@ -190,8 +291,11 @@ def test_the_carried_wheels_are_pinned_once_each_and_agree_with_pyproject():
 
     text = _script("gpu_wheels.sh")
     block = re.search(r"\nWHEELS=\((.*?)\)", text, re.DOTALL).group(1)
-    specs = block.split() + re.findall(r"WHEELS\+=\((.*?)\)", text)[0].split() + \
-        [re.search(rf"\n{k}=(\S+)", text).group(1) for k in ("BNB", "MODEL", "DATA")]
+    specs = (
+        block.split()
+        + re.findall(r"WHEELS\+=\((.*?)\)", text)[0].split()
+        + [re.search(rf"\n{k}=(\S+)", text).group(1) for k in ("BNB", "MODEL", "DATA")]
+    )
     names = [s.split("==")[0].lower().replace("_", "-") for s in specs]
     assert all(re.fullmatch(r"[A-Za-z0-9._-]+==[0-9][A-Za-z0-9.]*", s) for s in specs), specs
     assert len(names) == len(set(names))
@@ -212,6 +316,10 @@ def test_scripts_parse(script):
 
 
 def test_gpu_check_without_outdir_says_how_to_call_it():
-    r = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], capture_output=True, text=True,
-                       env={"PATH": "/usr/bin:/bin"})
+    r = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh")],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert r.returncode == 2 and "usage: OUT=DIR bash benchmarks/gpu_check.sh" in r.stderr

@@ -44,8 +44,10 @@ def test_every_kernel_of_the_exported_graph_lands_in_a_named_class(bd, profiled)
     assert profiled["runs"] == 4  # the faster half (rounded up) is what is counted
     assert not [op for op in profiled["ops"] if bd.op_class(op) == "other"], profiled["ops"]
     assert profiled["classes"][GEMMS]["nodes"] > 0
-    assert "DynamicQuantizeMatMul" in profiled["classes"][GEMMS]["ops"] or \
-        "MatMulIntegerToFloat" in profiled["classes"][GEMMS]["ops"]
+    assert (
+        "DynamicQuantizeMatMul" in profiled["classes"][GEMMS]["ops"]
+        or "MatMulIntegerToFloat" in profiled["classes"][GEMMS]["ops"]
+    )
 
 
 def test_classes_and_outside_time_add_up_to_the_profiled_call(profiled):
@@ -60,16 +62,40 @@ def test_report_numbers_follow_from_flops_peaks_and_profile(bd, profiled):
     # 10 GOP at 1000 GOP/s -> a 10 ms floor; 9 GOP of linear layers -> 9 ms at the int8 peak;
     # 1 GFLOP of attention at 200 GFLOP/s -> 5 ms.
     flops = {"total": 10e9, "linear": 9e9, "attention": 1e9}
-    peaks = {"int8": {"gflops": 1000.0, "method": "m", "shape": [1, 2, 3]},
-             "fp32": {"gflops": 200.0, "method": "m", "shape": [1, 2, 3]}}
-    prof = {"calls": 20, "runs": 10, "profiled_ms_per_run": 20.0, "ops": {},
-            "classes": {GEMMS: {"ms": 12.0, "nodes": 4, "ops": ["DynamicQuantizeMatMul"]},
-                        OUTSIDE: {"ms": 8.0, "nodes": 0, "ops": []}}}
-    timing = bd.summarize_rounds({"shipped onnx-int8": [14.0, 16.0], "other": [12.6, 12.0]},
-                                 {"shipped onnx-int8": 0.0, "other": 0.01})
-    md = bd.render({"model": "m", "batch": 1, "seq": 128, "threads": 2, "flops": flops, "peaks": peaks,
-                    "timing": timing, "calls_per_turn": 20, "profile": prof, "graphs": {"shipped onnx-int8": "a.onnx"},
-                    "onnxruntime": "x", "environment": {"cpu": {"model": "cpu"}}, "created": "now"})
+    peaks = {
+        "int8": {"gflops": 1000.0, "method": "m", "shape": [1, 2, 3]},
+        "fp32": {"gflops": 200.0, "method": "m", "shape": [1, 2, 3]},
+    }
+    prof = {
+        "calls": 20,
+        "runs": 10,
+        "profiled_ms_per_run": 20.0,
+        "ops": {},
+        "classes": {
+            GEMMS: {"ms": 12.0, "nodes": 4, "ops": ["DynamicQuantizeMatMul"]},
+            OUTSIDE: {"ms": 8.0, "nodes": 0, "ops": []},
+        },
+    }
+    timing = bd.summarize_rounds(
+        {"shipped onnx-int8": [14.0, 16.0], "other": [12.6, 12.0]}, {"shipped onnx-int8": 0.0, "other": 0.01}
+    )
+    md = bd.render(
+        {
+            "model": "m",
+            "batch": 1,
+            "seq": 128,
+            "threads": 2,
+            "flops": flops,
+            "peaks": peaks,
+            "timing": timing,
+            "calls_per_turn": 20,
+            "profile": prof,
+            "graphs": {"shipped onnx-int8": "a.onnx"},
+            "onnxruntime": "x",
+            "environment": {"cpu": {"model": "cpu"}},
+            "created": "now",
+        }
+    )
     assert "**Int8 floor: 10.00 ms**" in md
     assert "**15.00 ms = 1.50× the floor**; its best round 14.00 ms = 1.40×" in md  # median of 14 and 16
     # GEMM share 12/20 of the profiled call, applied to the 14 ms best round -> 8.4 ms = 0.93x their own floor
@@ -90,10 +116,18 @@ def test_a_burst_slowed_call_is_left_out_of_the_shares(bd, tmp_path):
     events, ts = [], 0
     for dur, gemm in [(10_000, 6_000), (10_000, 6_000), (50_000, 40_000), (10_000, 6_000)]:  # µs
         events.append({"cat": "Session", "name": "model_run", "ts": ts, "dur": dur})
-        events.append({"cat": "Node", "name": "a_kernel_time", "ts": ts + 10, "dur": gemm,
-                       "args": {"op_name": "DynamicQuantizeMatMul"}})
-        events.append({"cat": "Node", "name": "b_kernel_time", "ts": ts + gemm + 20, "dur": 2_000,
-                       "args": {"op_name": "Gelu"}})
+        events.append(
+            {
+                "cat": "Node",
+                "name": "a_kernel_time",
+                "ts": ts + 10,
+                "dur": gemm,
+                "args": {"op_name": "DynamicQuantizeMatMul"},
+            }
+        )
+        events.append(
+            {"cat": "Node", "name": "b_kernel_time", "ts": ts + gemm + 20, "dur": 2_000, "args": {"op_name": "Gelu"}}
+        )
         ts += dur + 100
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps(events))
@@ -115,8 +149,9 @@ def test_a_burst_slowed_call_is_left_out_of_the_shares(bd, tmp_path):
 
 def test_burst_rounds_rank_nothing(bd):
     """A round where the shipped graph ran >10% over its best is left out of the quiet ratio only."""
-    t = bd.summarize_rounds({"shipped": [20.0, 30.0, 21.0, 20.5], "b": [19.0, 36.0, 19.95, 19.475]},
-                            {"shipped": 0.0, "b": 0.0})
+    t = bd.summarize_rounds(
+        {"shipped": [20.0, 30.0, 21.0, 20.5], "b": [19.0, 36.0, 19.95, 19.475]}, {"shipped": 0.0, "b": 0.0}
+    )
     assert t["shipped"]["quiet_rounds"] == 3 and t["shipped"]["ratio_quiet"] == pytest.approx(1.0)
     assert t["b"]["ratio_quiet"] == pytest.approx(0.95)  # 19/20, 19.95/21, 19.475/20.5
     assert t["b"]["ratio_to_shipped"] == pytest.approx(0.95)  # the burst round (1.2) is one of four: median

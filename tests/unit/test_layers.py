@@ -60,10 +60,14 @@ def _append(path: Path, code: str) -> None:
 def test_a_cycle_an_upward_import_and_a_stray_exporters_import_break_the_contracts(tmp_path):
     root = _copy_tree(tmp_path)
     # each one inside a function: the lazy imports the contracts must see too
-    _append(root / "qserve" / "bench" / "stats.py",
-            "def _cycle():\n    from qserve.bench.recommend import bar_for\n    return bar_for\n")
-    _append(root / "qserve" / "variants.py",
-            "def _upward():\n    from qserve.runtime import load_runtime\n    return load_runtime\n")
+    _append(
+        root / "qserve" / "bench" / "stats.py",
+        "def _cycle():\n    from qserve.bench.recommend import bar_for\n    return bar_for\n",
+    )
+    _append(
+        root / "qserve" / "variants.py",
+        "def _upward():\n    from qserve.runtime import load_runtime\n    return load_runtime\n",
+    )
     _append(root / "qserve" / "training" / "study.py", "def _stray():\n    import exporters\n    return exporters\n")
     _append(root / "qserve" / "devices.py", "def _bench():\n    from benchmarks import harness\n    return harness\n")
     r = lint_imports(root)

@@ -5,25 +5,63 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qserve.longtext import (FORMS, LongTextError, LongTextPolicy, Pieces, aggregate, cut, pad, parse, parse_list,
-                             resolve, split, template)
+from qserve.longtext import (
+    FORMS,
+    LongTextError,
+    LongTextPolicy,
+    Pieces,
+    aggregate,
+    cut,
+    pad,
+    parse,
+    parse_list,
+    resolve,
+    split,
+    template,
+)
 
 
-@pytest.mark.parametrize("text,full", [
-    ("head", "head"), ("tail", "tail"), ("head-tail", "head-tail:64"), ("head-tail:40", "head-tail:40"),
-    ("windows", "windows:128:96:mean"), ("windows:64", "windows:64:48:mean"), ("windows:64:32", "windows:64:32:mean"),
-    ("windows:100:50:max", "windows:100:50:max"), ("windows::48", "windows:128:48:mean"),
-    ("windows:64:100", "windows:64:100:mean"),
-])
+@pytest.mark.parametrize(
+    "text,full",
+    [
+        ("head", "head"),
+        ("tail", "tail"),
+        ("head-tail", "head-tail:64"),
+        ("head-tail:40", "head-tail:40"),
+        ("windows", "windows:128:96:mean"),
+        ("windows:64", "windows:64:48:mean"),
+        ("windows:64:32", "windows:64:32:mean"),
+        ("windows:100:50:max", "windows:100:50:max"),
+        ("windows::48", "windows:128:48:mean"),
+        ("windows:64:100", "windows:64:100:mean"),
+    ],
+)
 def test_resolve_writes_the_policy_out_in_full_and_round_trips(text, full):
     p = resolve(text, 128)
     assert str(p) == full and p.resolved
     assert resolve(str(p), 128) == p  # the recorded form reads back as itself
 
 
-@pytest.mark.parametrize("text", ["", "middle", "head:3", "tail:1", "head-tail:x", "head-tail:1:2", "windows:a",
-                                  "windows:64:32:median", "windows:1:2:3:4", "head-tail:-3",
-                                  " head", "Head", "head-tail:064", "windows:64:1234567890", "head-tail:\u00b2"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "middle",
+        "head:3",
+        "tail:1",
+        "head-tail:x",
+        "head-tail:1:2",
+        "windows:a",
+        "windows:64:32:median",
+        "windows:1:2:3:4",
+        "head-tail:-3",
+        " head",
+        "Head",
+        "head-tail:064",
+        "windows:64:1234567890",
+        "head-tail:\u00b2",
+    ],
+)
 def test_a_bad_policy_string_names_the_allowed_forms(text):
     with pytest.raises(LongTextError) as e:
         parse(text, "--long-text")
@@ -95,11 +133,14 @@ def test_split_wraps_each_piece_and_aggregate_combines_a_texts_own_pieces():
     assert np.allclose(out[0], logits[0]) and np.allclose(out[1], logits[1:5].mean(0))
     assert np.allclose(out[2], logits[5:9].max(0))
     batch = pad([[1, 2, 3], [4]], 0)
-    assert batch["input_ids"].tolist() == [[1, 2, 3], [4, 0, 0]] and batch["attention_mask"].tolist() == [[1, 1, 1],
-                                                                                                           [1, 0, 0]]
+    assert batch["input_ids"].tolist() == [[1, 2, 3], [4, 0, 0]] and batch["attention_mask"].tolist() == [
+        [1, 1, 1],
+        [1, 0, 0],
+    ]
     # one piece per text: each text's logits are its piece's, untouched
-    np.testing.assert_array_equal(aggregate(logits[:3], Pieces([], [0, 1, 2], [], [1, 1, 1], [], ["mean"] * 3)),
-                                  logits[:3])
+    np.testing.assert_array_equal(
+        aggregate(logits[:3], Pieces([], [0, 1, 2], [], [1, 1, 1], [], ["mean"] * 3)), logits[:3]
+    )
 
 
 def test_the_template_is_read_from_the_tokenizer():

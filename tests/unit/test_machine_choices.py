@@ -36,25 +36,47 @@ def probe_says(slowdown: float):
     return probe
 
 
-@pytest.mark.parametrize("flags, slowdown, want, words", [
-    (AMX, 0.5, "bf16-mixed", "this CPU has amx_bf16: bf16-mixed measured 2.0x faster"),
-    (ZEN4, 0.6, "bf16-mixed", "this CPU has avx512_bf16: bf16-mixed measured 1.7x faster"),
-    (ZEN3, 9.5, "32-true", "this CPU has no bf16 instructions: bf16-mixed measured 9.5x slower"),
-    (VNNI_ONLY, 6.0, "32-true", "this CPU has no bf16 instructions: bf16-mixed measured 6.0x slower"),
-    # flags that can be read decide; a noisy reading on a loaded machine is said, not obeyed
-    (ZEN4, 1.2, "bf16-mixed", "this CPU has avx512_bf16: bf16-mixed measured 1.2x slower (the probe disagrees with "
-                              "the instruction set: a probe of seconds on a busy machine can, so the instruction set "
-                              "decides; --precision overrides)"),
-    (ZEN3, 0.9, "32-true", "this CPU has no bf16 instructions: bf16-mixed measured 1.1x faster (the probe disagrees "
-                           "with the instruction set: a probe of seconds on a busy machine can, so the instruction "
-                           "set decides; --precision overrides)"),
-    # flags unreadable (not Linux): the probe decides
-    (None, 0.5, "bf16-mixed", "this CPU's flags are unknown: bf16-mixed measured 2.0x faster"),
-    (None, 0.95, "32-true", "this CPU's flags are unknown: bf16-mixed measured 1.1x faster"),
-    (None, 4.0, "32-true", "this CPU's flags are unknown: bf16-mixed measured 4.0x slower"),
-], ids=["amx", "avx512-bf16", "avx2", "vnni-no-bf16", "flags-over-a-noisy-probe", "flags-over-a-noisy-probe-avx2",
-        "unknown-fast", "unknown-marginal",
-        "unknown-slow"])
+@pytest.mark.parametrize(
+    "flags, slowdown, want, words",
+    [
+        (AMX, 0.5, "bf16-mixed", "this CPU has amx_bf16: bf16-mixed measured 2.0x faster"),
+        (ZEN4, 0.6, "bf16-mixed", "this CPU has avx512_bf16: bf16-mixed measured 1.7x faster"),
+        (ZEN3, 9.5, "32-true", "this CPU has no bf16 instructions: bf16-mixed measured 9.5x slower"),
+        (VNNI_ONLY, 6.0, "32-true", "this CPU has no bf16 instructions: bf16-mixed measured 6.0x slower"),
+        # flags that can be read decide; a noisy reading on a loaded machine is said, not obeyed
+        (
+            ZEN4,
+            1.2,
+            "bf16-mixed",
+            "this CPU has avx512_bf16: bf16-mixed measured 1.2x slower (the probe disagrees with "
+            "the instruction set: a probe of seconds on a busy machine can, so the instruction set "
+            "decides; --precision overrides)",
+        ),
+        (
+            ZEN3,
+            0.9,
+            "32-true",
+            "this CPU has no bf16 instructions: bf16-mixed measured 1.1x faster (the probe disagrees "
+            "with the instruction set: a probe of seconds on a busy machine can, so the instruction "
+            "set decides; --precision overrides)",
+        ),
+        # flags unreadable (not Linux): the probe decides
+        (None, 0.5, "bf16-mixed", "this CPU's flags are unknown: bf16-mixed measured 2.0x faster"),
+        (None, 0.95, "32-true", "this CPU's flags are unknown: bf16-mixed measured 1.1x faster"),
+        (None, 4.0, "32-true", "this CPU's flags are unknown: bf16-mixed measured 4.0x slower"),
+    ],
+    ids=[
+        "amx",
+        "avx512-bf16",
+        "avx2",
+        "vnni-no-bf16",
+        "flags-over-a-noisy-probe",
+        "flags-over-a-noisy-probe-avx2",
+        "unknown-fast",
+        "unknown-marginal",
+        "unknown-slow",
+    ],
+)
 def test_auto_on_a_cpu(flags, slowdown, want, words):
     probe = probe_says(slowdown)
     choice = choose_precision(AUTO, "cpu", cpu(flags), probe)
@@ -65,8 +87,14 @@ def test_auto_on_a_cpu(flags, slowdown, want, words):
 
 @pytest.mark.parametrize("bf16, cc, want", [(True, (8, 0), "bf16-mixed"), (False, (7, 5), "16-mixed")])
 def test_auto_on_cuda_follows_the_gpu_and_does_not_probe_the_cpu(bf16, cc, want):
-    caps = Capabilities(cpu_model="x", cpu_flags=frozenset(ZEN3.split()), cuda=True, cuda_name="Test GPU",
-                        cuda_bf16=bf16, cuda_capability=cc)
+    caps = Capabilities(
+        cpu_model="x",
+        cpu_flags=frozenset(ZEN3.split()),
+        cuda=True,
+        cuda_name="Test GPU",
+        cuda_bf16=bf16,
+        cuda_capability=cc,
+    )
     probe = probe_says(9.0)
     choice = choose_precision(AUTO, "cuda", caps, probe)
     assert choice.precision == want and f"Test GPU, sm_{cc[0]}{cc[1]}" in choice.reason and not probe.calls
@@ -81,16 +109,22 @@ def test_an_explicit_precision_always_wins(asked):
 
 
 def test_a_bad_precision_names_the_allowed_ones():
-    with pytest.raises(QserveError, match=r"--precision must be one of auto, 32-true, 16-mixed, bf16-mixed, "
-                                          r"bf16-true \(got 'fp16'\)"):
+    with pytest.raises(
+        QserveError,
+        match=r"--precision must be one of auto, 32-true, 16-mixed, bf16-mixed, "
+        r"bf16-true \(got 'fp16'\)",
+    ):
         choose_precision("fp16", "cpu", cpu(ZEN3))
 
 
 def test_the_probe_on_this_machine_is_recorded_and_explained(record_property):
     """The real probe and the real capabilities: what `--precision auto` chooses where this test runs, and why."""
     m = probe_bf16()
-    assert m["fp32_s"] > 0 and m["bf16_mixed_s"] > 0 and m["slowdown"] == pytest.approx(
-        m["bf16_mixed_s"] / m["fp32_s"], rel=1e-2)
+    assert (
+        m["fp32_s"] > 0
+        and m["bf16_mixed_s"] > 0
+        and m["slowdown"] == pytest.approx(m["bf16_mixed_s"] / m["fp32_s"], rel=1e-2)
+    )
     from qserve.devices import capabilities
 
     caps = capabilities(with_cuda=False)

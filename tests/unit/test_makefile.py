@@ -26,8 +26,14 @@ def checkout(tmp_path):
 
 
 def make(where: Path, *args: str, dry: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", *(["-n"] if dry else []), "install", *args], cwd=where, capture_output=True,
-                          text=True, timeout=60, check=False)
+    return subprocess.run(
+        ["make", *(["-n"] if dry else []), "install", *args],
+        cwd=where,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def stamp_of(out: str) -> str:
@@ -45,8 +51,9 @@ def test_the_stamp_is_keyed_on_the_extras_and_the_other_flavour_goes_first(check
     removed = next(i for i, ln in enumerate(lines) if "uninstall --quiet -y onnxruntime" in ln and "-gpu" not in ln)
     installed = next(i for i, ln in enumerate(lines) if ".[gpu,dev]" in ln)
     assert removed < installed
-    assert stamp_of(make(checkout, "EXTRAS=gpu,dev", "TORCH_INDEX=https://download.pytorch.org/whl/cu128").stdout) \
-        != stamp_of(gpu)
+    assert stamp_of(
+        make(checkout, "EXTRAS=gpu,dev", "TORCH_INDEX=https://download.pytorch.org/whl/cu128").stdout
+    ) != stamp_of(gpu)
     (checkout / "pyproject.toml").write_text((checkout / "pyproject.toml").read_text() + "\n# changed\n")
     assert stamp_of(make(checkout, "EXTRAS=cpu,dev").stdout) != stamp_of(cpu)
 

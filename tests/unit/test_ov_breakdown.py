@@ -9,8 +9,6 @@ compile settings as the real run); no timing is asserted.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from benchmarks import ov_breakdown
@@ -61,7 +59,8 @@ def test_classes_add_up_to_the_nodes_and_the_faster_half_is_counted(measured):
         for prof in v["profiles"].values():
             assert sum(c["ms"] for c in prof["classes"].values()) == pytest.approx(prof["nodes_ms"])
             assert sum(c["nodes"] for c in prof["classes"].values()) == sum(
-                k["nodes"] for k in prof["kernels"].values())
+                k["nodes"] for k in prof["kernels"].values()
+            )
             # how the node timers compare with the call's wall time is not asserted: on a loaded 2-core runner
             # they added up to 2.15x a ~1 ms call (1.27x quiet); the per-call arithmetic is checked below instead
             assert prof["nodes_ms"] > 0
@@ -79,8 +78,13 @@ def test_profile_reports_one_calls_node_time_over_the_faster_half(bd, monkeypatc
     monkeypatch.setattr(bd, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
 
     def info(ms, status="Status.EXECUTED"):
-        return types.SimpleNamespace(status=status, node_type="MatMul", exec_type="brgemm_avx512_amx_I8",
-                                     node_name="mm", real_time=datetime.timedelta(milliseconds=ms))
+        return types.SimpleNamespace(
+            status=status,
+            node_type="MatMul",
+            exec_type="brgemm_avx512_amx_I8",
+            node_name="mm",
+            real_time=datetime.timedelta(milliseconds=ms),
+        )
 
     class Request:
         def __init__(self):
@@ -112,8 +116,10 @@ def test_a_batch_is_profiled_as_one_share_on_one_stream(measured):
 def test_bound_and_ratios_follow_from_the_profile_and_the_peak(bd):
     # GEMMs take 6 of a 10 ms profiled call; applied to a 20 ms forward: 12 ms of GEMMs. 3 GOP of GEMMs at a
     # 1000 GOP/s peak: 3 ms. The bound: 20 - 12 + 3 = 11 ms.
-    prof = {"wall_ms": 10.0, "classes": {bd.INT8_GEMM: {"ms": 4.0}, bd.OTHER_GEMM: {"ms": 2.0},
-                                         "normalization (MVN)": {"ms": 3.0}}}
+    prof = {
+        "wall_ms": 10.0,
+        "classes": {bd.INT8_GEMM: {"ms": 4.0}, bd.OTHER_GEMM: {"ms": 2.0}, "normalization (MVN)": {"ms": 3.0}},
+    }
     got = bd.bound(20.0, prof, gemm_gflop=3.0, peak_gflops=1000.0)
     assert got["gemm_share"] == pytest.approx(0.6)
     assert got["gemm_ms"] == pytest.approx(12.0)
@@ -125,10 +131,20 @@ def test_bound_and_ratios_follow_from_the_profile_and_the_peak(bd):
 
 def test_report_renders_each_variant_against_its_own_floor(bd, measured):
     flops = {"total": 2.0e9, "linear": 1.5e9, "attention": 0.5e9}
-    peaks = {"int8": {"gflops": 1000.0, "method": "m8", "shape": [1, 2, 3]},
-             "fp32": {"gflops": 100.0, "method": "m32", "shape": [4, 5, 6]}}
-    report = {"threads": 1, "seq": 32, "flops": flops, "peaks": peaks, "variants": list(measured.values()),
-              "openvino": "x", "environment": {"cpu": {"model": "Test CPU", "flags": ["amx_int8"]}}, "created": "now"}
+    peaks = {
+        "int8": {"gflops": 1000.0, "method": "m8", "shape": [1, 2, 3]},
+        "fp32": {"gflops": 100.0, "method": "m32", "shape": [4, 5, 6]},
+    }
+    report = {
+        "threads": 1,
+        "seq": 32,
+        "flops": flops,
+        "peaks": peaks,
+        "variants": list(measured.values()),
+        "openvino": "x",
+        "environment": {"cpu": {"model": "Test CPU", "flags": ["amx_int8"]}},
+        "created": "now",
+    }
     md = bd.render(report)
     assert "Test CPU, AMX (amx_int8)" in md
     for v in measured.values():

@@ -14,8 +14,10 @@ from qserve.placement import Placement, Plan, mark, place, plan
 from qserve.variantflags import skipped, supported
 from qserve.variants import VARIANTS
 
-AMX = Capabilities(cpu_model="Xeon (test)", cpu_flags=frozenset(["avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16",
-                                                                "amx_bf16", "amx_int8"]))
+AMX = Capabilities(
+    cpu_model="Xeon (test)",
+    cpu_flags=frozenset(["avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8"]),
+)
 ZEN3 = Capabilities(cpu_model="EPYC (test)", cpu_flags=frozenset(["avx2", "fma"]))
 TORCH_BNB = ["torch-fp32", "torch-bf16", "torch-fp16", "bnb-int8", "bnb-nf4", "bnb-fp4"]
 ONNX_CUDA = ["onnx-fp32", "onnx-fp16", "onnx-int4"]
@@ -26,8 +28,15 @@ OV = ["ov-fp32", "ov-bf16", "ov-int8"]
 def no_openvino(monkeypatch):
     """OpenVINO not installed (as on the GPU machine of issue 53)."""
     real = placement.not_installed
-    monkeypatch.setattr(placement, "not_installed", lambda spec: "openvino and nncf are not installed: pip install "
-                        "'qserve[openvino]'" if spec.backend == "openvino" else real(spec))
+    monkeypatch.setattr(
+        placement,
+        "not_installed",
+        lambda spec: (
+            "openvino and nncf are not installed: pip install 'qserve[openvino]'"
+            if spec.backend == "openvino"
+            else real(spec)
+        ),
+    )
 
 
 def test_a_gpu_without_the_onnx_provider_runs_onnx_on_the_cpu_and_skips_openvino(fake_gpu, no_openvino):
@@ -37,15 +46,22 @@ def test_a_gpu_without_the_onnx_provider_runs_onnx_on_the_cpu_and_skips_openvino
     p = plan("auto", caps=AMX)
     assert p.device == "cuda"
     assert p.runs == TORCH_BNB + ["onnx-fp32", "onnx-fp16", "onnx-int8", "onnx-int4"]
-    assert {n: p.device_of(n) for n in p.runs} == {**{n: "cuda" for n in TORCH_BNB},
-                                                   **{n: "cpu" for n in ONNX_CUDA + ["onnx-int8"]}}
+    assert {n: p.device_of(n) for n in p.runs} == {
+        **{n: "cuda" for n in TORCH_BNB},
+        **{n: "cpu" for n in ONNX_CUDA + ["onnx-int8"]},
+    }
     assert {n: x.why for n, x in p.elsewhere.items()} == {
-        **{n: ORT_CPU_BUILD for n in ONNX_CUDA}, "onnx-int8": "onnx-int8 has no CUDA kernels (a CPU-only variant)"}
+        **{n: ORT_CPU_BUILD for n in ONNX_CUDA},
+        "onnx-int8": "onnx-int8 has no CUDA kernels (a CPU-only variant)",
+    }
     assert set(p.skipped) == set(OV) and "pip install 'qserve[openvino]'" in p.skipped["ov-int8"]
     # what the pipeline prints before it trains: one line per (device, reason)
-    assert p.lines() == [f"{', '.join(TORCH_BNB)}: cuda", f"onnx-fp32, onnx-fp16, onnx-int4: cpu ({ORT_CPU_BUILD})",
-                         "onnx-int8: cpu (onnx-int8 has no CUDA kernels (a CPU-only variant))",
-                         f"{', '.join(OV)}: skipped ({p.skipped['ov-fp32']})"]
+    assert p.lines() == [
+        f"{', '.join(TORCH_BNB)}: cuda",
+        f"onnx-fp32, onnx-fp16, onnx-int4: cpu ({ORT_CPU_BUILD})",
+        "onnx-int8: cpu (onnx-int8 has no CUDA kernels (a CPU-only variant))",
+        f"{', '.join(OV)}: skipped ({p.skipped['ov-fp32']})",
+    ]
     # an explicit --device cuda plans the same: a multi-variant run is never lost for a provider
     assert plan("cuda", caps=AMX) == p
 
@@ -67,8 +83,11 @@ def test_cpu_rules_hold_for_what_a_gpu_run_puts_on_the_cpu(fake_gpu):
     assert p.device_of("ov-fp32") == p.device_of("onnx-int8") == "cpu"
     # named variants are placed, never skipped for speed
     named = plan("cuda", ["ov-int8", "onnx-fp32", "torch-fp16"], caps=ZEN3)
-    assert [(x.variant, x.device) for x in named.placements] == [("ov-int8", "cpu"), ("onnx-fp32", "cpu"),
-                                                                 ("torch-fp16", "cuda")]
+    assert [(x.variant, x.device) for x in named.placements] == [
+        ("ov-int8", "cpu"),
+        ("onnx-fp32", "cpu"),
+        ("torch-fp16", "cuda"),
+    ]
 
 
 @pytest.mark.parametrize("caps", [AMX, ZEN3], ids=["amx", "avx2"])
@@ -80,8 +99,9 @@ def test_a_cpu_run_plans_what_export_all_always_built(caps, monkeypatch):
     # the CPU's skips, now with the slow ones said too
     assert set(p.skipped) == set(skipped("cpu", caps)) | {"torch-fp16"}
     assert "runs only slowly on a CPU" in p.skipped["torch-fp16"]
-    assert [s.name for s in supported("cpu", include_slow=True, caps=caps)] == plan("cpu", caps=caps,
-                                                                                     include_slow=True).runs
+    assert [s.name for s in supported("cpu", include_slow=True, caps=caps)] == plan(
+        "cpu", caps=caps, include_slow=True
+    ).runs
 
 
 def test_place_one_named_variant(fake_gpu):
@@ -108,8 +128,14 @@ def test_without_a_gpu_every_variant_is_on_the_cpu(monkeypatch):
 
 
 def test_the_plan_round_trips_and_names_what_it_does_not_run():
-    p = Plan("cuda", (Placement("torch-fp32", "cuda"), Placement("onnx-int8", "cpu", "no CUDA kernels"),
-                      Placement("ov-int8", None, "openvino is not installed")))
+    p = Plan(
+        "cuda",
+        (
+            Placement("torch-fp32", "cuda"),
+            Placement("onnx-int8", "cpu", "no CUDA kernels"),
+            Placement("ov-int8", None, "openvino is not installed"),
+        ),
+    )
     assert Plan.from_json(p.to_json()) == p
     assert p.runs == ["torch-fp32", "onnx-int8"] and p.skipped == {"ov-int8": "openvino is not installed"}
     assert p.device_of("bnb-nf4") == "cuda"  # not in the plan: the run's device
@@ -117,21 +143,36 @@ def test_the_plan_round_trips_and_names_what_it_does_not_run():
         p.device_of("ov-int8")
 
 
-@pytest.mark.parametrize("device, run, want", [("cpu", "cuda", " (cpu)"), ("cuda:0", "cuda", ""), ("cpu", "cpu", ""),
-                                               (None, "cuda", ""), ("cuda", "cpu", " (cuda)")])
+@pytest.mark.parametrize(
+    "device, run, want",
+    [
+        ("cpu", "cuda", " (cpu)"),
+        ("cuda:0", "cuda", ""),
+        ("cpu", "cpu", ""),
+        (None, "cuda", ""),
+        ("cuda", "cpu", " (cuda)"),
+    ],
+)
 def test_mark(device, run, want):
     assert mark(device, run) == want
 
 
-@pytest.mark.parametrize("variant_device, reference_device, shown", [("cpu", "cuda", "onnx-int8 (cpu)"),
-                                                                      ("cpu", "cpu", "onnx-int8"),
-                                                                      ("cuda:0", "cuda", "onnx-int8")])
-def test_the_gate_table_marks_a_variant_scored_on_another_device_than_its_reference(variant_device,
-                                                                                    reference_device, shown):
+@pytest.mark.parametrize(
+    "variant_device, reference_device, shown",
+    [("cpu", "cuda", "onnx-int8 (cpu)"), ("cpu", "cpu", "onnx-int8"), ("cuda:0", "cuda", "onnx-int8")],
+)
+def test_the_gate_table_marks_a_variant_scored_on_another_device_than_its_reference(
+    variant_device, reference_device, shown
+):
     from qserve.gate.report import row
 
     iv = {"value": 0.99, "lo": 0.985, "hi": 0.995}
-    g = {"agreement": {**iv, "of": 1000}, "accuracy": {"delta": {"value": 0.0, "lo": -0.004, "hi": 0.004}},
-         "passed": True, "bar": {"agreement_lower_bound": 0.98}, "machine": {"device": variant_device},
-         "reference": {"name": "torch-fp32", "device": reference_device}}
+    g = {
+        "agreement": {**iv, "of": 1000},
+        "accuracy": {"delta": {"value": 0.0, "lo": -0.004, "hi": 0.004}},
+        "passed": True,
+        "bar": {"agreement_lower_bound": 0.98},
+        "machine": {"device": variant_device},
+        "reference": {"name": "torch-fp32", "device": reference_device},
+    }
     assert row({"variant": "onnx-int8", "gate": g})["variant"] == shown

@@ -23,8 +23,9 @@ IDENTITY = {
 
 @pytest.mark.parametrize("module", sorted(IDENTITY))
 def test_a_protocol_is_spelled_in_its_module_and_the_registry_only(module):
-    found = sorted(str(p.relative_to(SERVE)) for p in SERVE.rglob("*.py")
-                   if IDENTITY[module].search(p.read_text(encoding="utf-8")))
+    found = sorted(
+        str(p.relative_to(SERVE)) for p in SERVE.rglob("*.py") if IDENTITY[module].search(p.read_text(encoding="utf-8"))
+    )
     # package docstrings (__init__.py) list the protocols in words; nothing else may name one
     allowed = {f"protocols/{module}", "protocols/registry.py", "__init__.py", "protocols/__init__.py"}
     assert set(found) <= allowed, sorted(set(found) - allowed)
@@ -60,21 +61,39 @@ def test_inference_routes_have_a_fast_path_and_a_protocol():
 
     inference = [(p.name, r.method, r.path) for p in SERVED.all for r in p.routes if r.inference]
     assert {(m, path) for _, m, path in inference} == {
-        ("POST", "/v1/classify"), ("POST", "/v2/models/{name}/infer"),
-        ("POST", "/v2/models/{name}/versions/{version}/infer"), ("POST", "/predict"), ("POST", "/"),
-        ("POST", "/classify")}
+        ("POST", "/v1/classify"),
+        ("POST", "/v2/models/{name}/infer"),
+        ("POST", "/v2/models/{name}/versions/{version}/infer"),
+        ("POST", "/predict"),
+        ("POST", "/"),
+        ("POST", "/classify"),
+    }
     assert all(r.fast is not None for p in SERVED.all for r in p.routes if r.inference)
 
 
-@pytest.mark.parametrize("path, method, label, own_errors", [
-    ("/v1/classify", "POST", "v1", False), ("/v1/report", "GET", "v1", False), ("/v1/classify", "GET", "v1", False),
-    ("/v2/models/{name}/infer", "POST", "v2", False), ("/v2/models/m/versions/3/infer", "DELETE", "v2", False),
-    ("/v2/repository/index", "POST", "v2", False), ("/health", "GET", "other", False),
-    ("/health", "POST", "other", False), ("/", "GET", "other", False), ("/", "HEAD", "other", False),
-    ("/", "POST", "tei", True), ("/", "OPTIONS", "tei", True),
-    ("/predict", "GET", "tei", True), ("/info", "HEAD", "tei", True), ("/classify", "POST", "vllm", False),
-    ("/classify", "GET", "vllm", False), ("/docs", "GET", "other", False), ("unmatched", "POST", "other", False),
-])
+@pytest.mark.parametrize(
+    "path, method, label, own_errors",
+    [
+        ("/v1/classify", "POST", "v1", False),
+        ("/v1/report", "GET", "v1", False),
+        ("/v1/classify", "GET", "v1", False),
+        ("/v2/models/{name}/infer", "POST", "v2", False),
+        ("/v2/models/m/versions/3/infer", "DELETE", "v2", False),
+        ("/v2/repository/index", "POST", "v2", False),
+        ("/health", "GET", "other", False),
+        ("/health", "POST", "other", False),
+        ("/", "GET", "other", False),
+        ("/", "HEAD", "other", False),
+        ("/", "POST", "tei", True),
+        ("/", "OPTIONS", "tei", True),
+        ("/predict", "GET", "tei", True),
+        ("/info", "HEAD", "tei", True),
+        ("/classify", "POST", "vllm", False),
+        ("/classify", "GET", "vllm", False),
+        ("/docs", "GET", "other", False),
+        ("unmatched", "POST", "other", False),
+    ],
+)
 def test_a_request_belongs_to_the_protocol_of_its_route(path, method, label, own_errors):
     """The route for the path and method; for a method no route there takes, the path's POST route, else its first."""
     from qserve.serve.protocols.registry import SERVED
@@ -89,8 +108,10 @@ def test_the_guard_refusal_has_the_protocols_error_shape():
     from qserve.serve.protocols.registry import SERVED
 
     body = SERVED.refusal("/predict", "POST", 415, "Content-Type must be application/json")
-    assert body is not None and json.loads(body) == {"error": "Content-Type must be application/json",
-                                                     "error_type": "validation"}
+    assert body is not None and json.loads(body) == {
+        "error": "Content-Type must be application/json",
+        "error_type": "validation",
+    }
     assert SERVED.refusal("/classify", "POST", 415, "x") is None  # vLLM keeps qserve's {"error", "request_id"}
     assert SERVED.labels == ("v1", "v2", "tei", "vllm", "other")
     assert SERVED.hint == "POST /v1/classify or POST /v2/models/{name}/infer"
@@ -117,8 +138,10 @@ def test_one_way_in_for_http_and_grpc():
             assert step in text, (front, step)
     # a fresh id is made in the admission layer (and vLLM's answer ids, which are not request ids); no transport
     # checks a client's id by hand
-    assert _serve_files_matching(r"uuid4\(\)|isalnum\(\)|x-request-id.*match") == {"infra/admission.py",
-                                                                                   "protocols/vllm_api.py"}
+    assert _serve_files_matching(r"uuid4\(\)|isalnum\(\)|x-request-id.*match") == {
+        "infra/admission.py",
+        "protocols/vllm_api.py",
+    }
     from qserve.serve.infra.admission import request_id
 
     assert request_id("abc-1.x_2") == "abc-1.x_2" and request_id("bad id") != "bad id" and request_id(None)

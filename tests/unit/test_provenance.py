@@ -1,6 +1,6 @@
 """Report provenance (command, commit, CPU) and `make reports`' refusal to regenerate on another CPU.
 
-    python -m pytest -q tests/unit/test_provenance.py
+python -m pytest -q tests/unit/test_provenance.py
 """
 
 from __future__ import annotations
@@ -51,15 +51,18 @@ def test_md_header_goes_under_the_title_once():
     assert with_header("# T\n", None) == "# T\n"
 
 
-@pytest.mark.parametrize("report, cpu", [
-    ({"provenance": {"cpu": "A"}, "environment": {"cpu": {"model": "B"}}}, "A"),
-    ({"environment": {"cpu": {"model": "B", "flags": []}}}, "B"),
-    ({"cpu": {"model": "C"}}, "C"),
-    ({"cpu": "Intel(R) Xeon(R) Processor, AMX (amx_bf16 amx_int8)"}, "Intel(R) Xeon(R) Processor"),
-    ({"cpu": "AMD EPYC, no AMX"}, "AMD EPYC"),
-    ({"machine": {"cpu": "D", "amx": True}}, "D"),
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    "report, cpu",
+    [
+        ({"provenance": {"cpu": "A"}, "environment": {"cpu": {"model": "B"}}}, "A"),
+        ({"environment": {"cpu": {"model": "B", "flags": []}}}, "B"),
+        ({"cpu": {"model": "C"}}, "C"),
+        ({"cpu": "Intel(R) Xeon(R) Processor, AMX (amx_bf16 amx_int8)"}, "Intel(R) Xeon(R) Processor"),
+        ({"cpu": "AMD EPYC, no AMX"}, "AMD EPYC"),
+        ({"machine": {"cpu": "D", "amx": True}}, "D"),
+        ({}, None),
+    ],
+)
 def test_recorded_cpu_reads_every_report_layout(report, cpu):
     assert recorded_cpu(report) == cpu
 
@@ -110,7 +113,9 @@ def test_a_stage_refuses_another_cpu_and_force_only_rerenders(tmp_path):
     md = tmp_path / stage.reports[0].md
     committed = md.read_text(encoding="utf-8")
     md.write_text("stale\n", encoding="utf-8")
-    assert rebuild_reports.rerender(stage, tmp_path) == [f"{stage.reports[0].md}: re-rendered from {stage.reports[0].json}"]
+    assert rebuild_reports.rerender(stage, tmp_path) == [
+        f"{stage.reports[0].md}: re-rendered from {stage.reports[0].json}"
+    ]
     assert md.read_text(encoding="utf-8") == committed  # md is a pure function of the JSON, header included
 
 

@@ -1,6 +1,6 @@
 """`qserve deploy ray` and the Ray settings `qserve serve --engine ray` hands its replicas (no Ray started here).
 
-    python -m pytest -q tests/unit/test_serve_deploy.py
+python -m pytest -q tests/unit/test_serve_deploy.py
 """
 
 from __future__ import annotations
@@ -39,13 +39,28 @@ def test_without_threads_each_replica_gets_its_share_of_the_cores(tmp_path, vari
 
 
 def test_app_settings_reach_the_replicas_and_proxy_settings_do_not(tmp_path, variant):
-    app = _deploy(tmp_path, str(variant), "--threads", "1", "--allow-extra-files", "--metrics-public",
-                  "--max-batch-size", "8")
-    assert app["args"] == {"variant_dir": str(variant), "threads": 1, "allow_extra_files": True,
-                           "metrics_public": True, "max_batch_size": 8}
+    app = _deploy(
+        tmp_path, str(variant), "--threads", "1", "--allow-extra-files", "--metrics-public", "--max-batch-size", "8"
+    )
+    assert app["args"] == {
+        "variant_dir": str(variant),
+        "threads": 1,
+        "allow_extra_files": True,
+        "metrics_public": True,
+        "max_batch_size": 8,
+    }
     # `qserve serve --engine ray` builds its replicas' args the same way, from the whole resolved config.
-    cfg = config_from_sources({"variant_dir": str(variant), "allow_extra_files": True, "metrics_public": True,
-                               "api_key": "k" * 8, "port": 9000, "max_connections": 10}, {})
+    cfg = config_from_sources(
+        {
+            "variant_dir": str(variant),
+            "allow_extra_files": True,
+            "metrics_public": True,
+            "api_key": "k" * 8,
+            "port": 9000,
+            "max_connections": 10,
+        },
+        {},
+    )
     args = app_args(cfg.variant_dir, vars(cfg))
     assert args["allow_extra_files"] is True and args["metrics_public"] is True
     assert not set(args) & {"api_key", "port", "host", "max_connections", "header_timeout_s"}

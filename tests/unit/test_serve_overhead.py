@@ -1,6 +1,6 @@
 """The serving-overhead benchmark's pieces: the wrk script it generates (run by the real wrk), its summary and report.
 
-    python -m pytest tests/unit/test_serve_overhead.py -q
+python -m pytest tests/unit/test_serve_overhead.py -q
 """
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from benchmarks import bare_server as bfl, serve_overhead as so, serve_protocol_cost as spc, serve_steps
+from benchmarks import bare_server as bfl
+from benchmarks import serve_overhead as so
+from benchmarks import serve_protocol_cost as spc
+from benchmarks import serve_steps
 from benchmarks.harness import parse_wrk, run_wrk
 
 TRICKY = ['a "quoted" review \\ with a backslash', "two\nlines\r and a tab\t", "café — naïve ☃", "plain"]
@@ -101,17 +104,32 @@ def test_parse_wrk_names_a_missing_summary():
 
 
 def _level(p50: float, req_s: float, cpu: float) -> dict:
-    return {"requests": 100, "errors": 0, "p50_ms": p50, "p99_ms": p50 * 2, "req_s": req_s,
-            "server_cpu_ms_per_req": cpu, "client_cpu_ms_per_req": 0.05}
+    return {
+        "requests": 100,
+        "errors": 0,
+        "p50_ms": p50,
+        "p99_ms": p50 * 2,
+        "req_s": req_s,
+        "server_cpu_ms_per_req": cpu,
+        "client_cpu_ms_per_req": 0.05,
+    }
 
 
 def test_summary_and_render_hold_the_targets():
-    inproc = {"b1": {"p50_ms": 8.0, "calls": 10, "cpu_ms_per_call": 9.0},
-              "b32": {"texts_per_s": 140.0, "cpu_ms_per_text": 13.0, "texts": 300}}
-    good = {"answers_max_abs_diff": 0.0, "label_flips": 0, "levels": {"1": _level(8.6, 110, 9.4),
-                                                                       "32": _level(30, 136.0, 14.0)}}
-    bad = {"answers_max_abs_diff": 0.0, "label_flips": 0, "levels": {"1": _level(12.0, 80, 14.0),
-                                                                      "32": _level(40, 120.0, 16.0)}}
+    inproc = {
+        "b1": {"p50_ms": 8.0, "calls": 10, "cpu_ms_per_call": 9.0},
+        "b32": {"texts_per_s": 140.0, "cpu_ms_per_text": 13.0, "texts": 300},
+    }
+    good = {
+        "answers_max_abs_diff": 0.0,
+        "label_flips": 0,
+        "levels": {"1": _level(8.6, 110, 9.4), "32": _level(30, 136.0, 14.0)},
+    }
+    bad = {
+        "answers_max_abs_diff": 0.0,
+        "label_flips": 0,
+        "levels": {"1": _level(12.0, 80, 14.0), "32": _level(40, 120.0, 16.0)},
+    }
     s = so.summarize(inproc, good)
     assert s["overhead_ms"] == pytest.approx(0.6) and s["overhead_ok"]
     assert s["throughput_ratio"] == pytest.approx(136 / 140) and s["throughput_ok"]
@@ -119,16 +137,39 @@ def test_summary_and_render_hold_the_targets():
     sb = so.summarize(inproc, bad)
     assert not sb["overhead_ok"] and not sb["throughput_ok"]
     # the median over rounds, key by key; flips and errors keep their worst round
-    m = so._median([{"in_process": inproc, "served": good}, {"in_process": inproc, "served": bad},
-                    {"in_process": inproc, "served": {**good, "label_flips": 3}}])
+    m = so._median(
+        [
+            {"in_process": inproc, "served": good},
+            {"in_process": inproc, "served": bad},
+            {"in_process": inproc, "served": {**good, "label_flips": 3}},
+        ]
+    )
     assert m["served"]["levels"]["1"]["p50_ms"] == 8.6 and m["served"]["label_flips"] == 3
-    rep = {"created": "now", "environment": {"cpu": {"model": "Some CPU", "flags": ["amx_int8"]}, "cpu_count": 2},
-           "settings": {"threads": 2, "long_text": "head", "texts": 4, "mean_chars": 1170.0, "duration_s": 1,
-                        "rounds": 1, "log_level": "info", "baseline_ref": "b7b3591", "load_generator": "wrk -t1",
-                        "targets": {"overhead_ms": 1.0, "throughput_ratio": 0.95}},
-           "variants": [{"name": "onnx-int8", "codes": {
-               "before": {"in_process": inproc, "served": bad, "summary": sb},
-               "after": {"in_process": inproc, "served": good, "summary": s}}}]}
+    rep = {
+        "created": "now",
+        "environment": {"cpu": {"model": "Some CPU", "flags": ["amx_int8"]}, "cpu_count": 2},
+        "settings": {
+            "threads": 2,
+            "long_text": "head",
+            "texts": 4,
+            "mean_chars": 1170.0,
+            "duration_s": 1,
+            "rounds": 1,
+            "log_level": "info",
+            "baseline_ref": "b7b3591",
+            "load_generator": "wrk -t1",
+            "targets": {"overhead_ms": 1.0, "throughput_ratio": 0.95},
+        },
+        "variants": [
+            {
+                "name": "onnx-int8",
+                "codes": {
+                    "before": {"in_process": inproc, "served": bad, "summary": sb},
+                    "after": {"in_process": inproc, "served": good, "summary": s},
+                },
+            }
+        ],
+    }
     md = so.render(rep)
     assert "Some CPU, AMX (amx_int8)" in md and "`b7b3591`" in md
     assert "| onnx-int8 | before |" in md and "**4.00** ✗" in md and "**0.60** ✓" in md
@@ -170,8 +211,10 @@ def test_steps_read_back_from_the_console_exporter():
         trace = tracing.begin("POST /v1/classify", {})
         t0 = trace.start_ns
         trace.queued_ns = t0 + 300_000  # receive 300 us
-        trace.phases = [("tokenize", t0 + 500_000, t0 + 900_000, {}),  # queue wait 200, tokenize 400
-                        ("inference", t0 + 900_000, t0 + 9_900_000 + k * 1000, {})]  # inference 9000 (+1 for k=1)
+        trace.phases = [
+            ("tokenize", t0 + 500_000, t0 + 900_000, {}),  # queue wait 200, tokenize 400
+            ("inference", t0 + 900_000, t0 + 9_900_000 + k * 1000, {}),
+        ]  # inference 9000 (+1 for k=1)
         trace.answered_ns = t0 + 10_150_000  # hop back 250 (249 for k=1)
         trace.finish("POST /v1/classify", 200)
     text = "INFO: some log line {not json}\n" + out.getvalue() + "INFO: shutdown\n"
@@ -179,31 +222,51 @@ def test_steps_read_back_from_the_console_exporter():
     assert len(rows) == 2
     r = rows[0]
     one_us = pytest.approx  # the exporter prints times via float seconds: each to the nearest microsecond
-    assert [r[k] for k in ("receive", "queue wait", "tokenize", "inference", "hop back")] == \
-        one_us([300, 200, 400, 9000, 250], abs=1.01)
+    assert [r[k] for k in ("receive", "queue wait", "tokenize", "inference", "hop back")] == one_us(
+        [300, 200, 400, 9000, 250], abs=1.01
+    )
     assert [rows[1][k] for k in ("inference", "hop back")] == one_us([9001, 249], abs=1.01)
     assert r["server span"] >= r["respond"] + 10_150 - 1  # the root covers every step
 
 
 def _same_process(over: float, ratios: list[float]) -> dict:
-    rounds = [{"in_process_p50_ms": 10.0, "served_c1_p50_ms": 10.0 + over, "overhead_ms": over, "requests": 50,
-               "errors": 0, "in_process_b32_texts_per_s": [120.0, 118.0], "served_c32_req_s": 119.0 * r,
-               "c32_ratio": r, "c32_requests": 500, "c32_errors": 0} for r in ratios]
+    rounds = [
+        {
+            "in_process_p50_ms": 10.0,
+            "served_c1_p50_ms": 10.0 + over,
+            "overhead_ms": over,
+            "requests": 50,
+            "errors": 0,
+            "in_process_b32_texts_per_s": [120.0, 118.0],
+            "served_c32_req_s": 119.0 * r,
+            "c32_ratio": r,
+            "c32_requests": 500,
+            "c32_errors": 0,
+        }
+        for r in ratios
+    ]
     return {**so._median(rounds), "rounds": rounds}
 
 
 def test_the_one_process_readings_decide_the_targets_when_taken():
     """failed() judges the drift-free one-process readings (c1 overhead, c32 over the bracketing b32 runs) where
     the report has them, whatever the two-process table says; render lists every round's c32 reading."""
-    inproc = {"b1": {"p50_ms": 8.0, "calls": 10, "cpu_ms_per_call": 9.0},
-              "b32": {"texts_per_s": 140.0, "cpu_ms_per_text": 13.0, "texts": 300}}
-    missed = {"answers_max_abs_diff": 0.0, "label_flips": 0, "levels": {"1": _level(12.0, 80, 14.0),
-                                                                         "32": _level(40, 100.0, 16.0)}}
+    inproc = {
+        "b1": {"p50_ms": 8.0, "calls": 10, "cpu_ms_per_call": 9.0},
+        "b32": {"texts_per_s": 140.0, "cpu_ms_per_text": 13.0, "texts": 300},
+    }
+    missed = {
+        "answers_max_abs_diff": 0.0,
+        "label_flips": 0,
+        "levels": {"1": _level(12.0, 80, 14.0), "32": _level(40, 100.0, 16.0)},
+    }
     floor = {"in_process_p50_ms": 10.0, "served_c1_p50_ms": 10.1, "overhead_ms": 0.1, "requests": 50, "errors": 0}
 
     def rep(same: dict | None) -> dict:
-        v = {"name": "ov-int8", "codes": {"after": {"in_process": inproc, "served": missed,
-                                                     "summary": so.summarize(inproc, missed)}}}
+        v = {
+            "name": "ov-int8",
+            "codes": {"after": {"in_process": inproc, "served": missed, "summary": so.summarize(inproc, missed)}},
+        }
         if same is not None:
             v |= {"floor": floor, "same_process": same}
         return {"variants": [v]}
@@ -214,8 +277,10 @@ def test_the_one_process_readings_decide_the_targets_when_taken():
     assert so.failed(rep(_same_process(1.2, [0.99])))  # the c1 overhead
     md = "\n".join(bfl.render(rep(_same_process(0.6, [0.97, 0.93, 0.94]))["variants"], 1.0, 0.95))
     assert "| ov-int8 | qserve | 10.00 | 10.60 | **0.60** ✓ | 0.50 |" in md
-    assert ("| ov-int8 | 120.0, 118.0 -> 115.4 (0.97x); 120.0, 118.0 -> 110.7 (0.93x); 120.0, 118.0 -> 111.9 (0.94x) "
-            "| **0.94x** ✗ |") in md
+    assert (
+        "| ov-int8 | 120.0, 118.0 -> 115.4 (0.97x); 120.0, 118.0 -> 110.7 (0.93x); 120.0, 118.0 -> 111.9 (0.94x) "
+        "| **0.94x** ✗ |"
+    ) in md
 
 
 def test_b32_texts_per_s_runs_every_batch_in_turn():

@@ -18,8 +18,12 @@ def test_changes_count_label_flips_and_the_largest_prob_difference():
     assert c == {"compared": 3, "missing": 1, "label_changes": 1, "max_abs_dprob": pytest.approx(0.1)}
     # identical answers: nothing changed; a text without its concurrent answer is missing, never agreeing
     assert sw.changes(ref[:3], ref[:3])["label_changes"] == 0
-    assert sw.changes(ref[:3], [None, None, None]) == {"compared": 0, "missing": 3, "label_changes": 0,
-                                                       "max_abs_dprob": 0.0}
+    assert sw.changes(ref[:3], [None, None, None]) == {
+        "compared": 0,
+        "missing": 3,
+        "label_changes": 0,
+        "max_abs_dprob": 0.0,
+    }
 
 
 def test_ceiling_is_head_texts_per_s_shared_among_windows():
@@ -33,8 +37,10 @@ def test_summarize_pools_rounds_and_compares_windows_with_their_ceiling():
     # 4 texts in 2 rounds of 2; head serves 40 texts/s at c32, windows (3 per text) 12.5: 0.9375x of 40 / 3
     policies = ["head", "windows:128:96:mean"]
     texts = {"c10": 2, "c11": 2, "c320": 2, "c321": 2}
-    elapsed = {"head": {"c1": [0.1, 0.1], "c32": [0.05, 0.05]},
-               "windows:128:96:mean": {"c1": [0.4, 0.4], "c32": [0.16, 0.16]}}
+    elapsed = {
+        "head": {"c1": [0.1, 0.1], "c32": [0.05, 0.05]},
+        "windows:128:96:mean": {"c1": [0.4, 0.4], "c32": [0.16, 0.16]},
+    }
     head = [([0.9, 0.1], 1), ([0.2, 0.8], 1), ([0.6, 0.4], 1), ([0.3, 0.7], 1)]
     win = [([0.8, 0.2], 3), ([0.1, 0.9], 3), ([0.4, 0.6], 3), ([0.3, 0.7], 3)]
     flipped = [win[0], win[1], ([0.6, 0.4], 3), win[3]]

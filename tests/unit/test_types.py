@@ -34,8 +34,14 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def mypy(root: Path, cache: Path) -> subprocess.CompletedProcess:
     # the [tool.mypy] settings of root's pyproject.toml: files = qserve, exporters, benchmarks/harness
     env = {**os.environ, "PYTHONPATH": str(root), "MYPY_FORCE_COLOR": "0"}
-    return subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(cache), "--no-error-summary",
-                           "--no-pretty"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--cache-dir", str(cache), "--no-error-summary", "--no-pretty"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_mypy_is_clean(cache):
@@ -57,24 +63,45 @@ def test_a_wrong_call_across_a_module_boundary_fails_the_check(tmp_path, cache):
     shutil.copy2(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     serve = tmp_path / "qserve" / "serve"
     # 1. a protocol module queues one text as if it were a list (ServeState.submit wants list[str])
-    submit_line = _append(serve / "protocols" / "v1.py", (
-        "async def _wrong_submit(st: ServeState, request: Request) -> None:\n"
-        "    model = st.model(None, request)\n"
-        "    await st.submit(model, 'one text', request.scope, request.state.request_id)\n")) + 2
+    submit_line = (
+        _append(
+            serve / "protocols" / "v1.py",
+            (
+                "async def _wrong_submit(st: ServeState, request: Request) -> None:\n"
+                "    model = st.model(None, request)\n"
+                "    await st.submit(model, 'one text', request.scope, request.state.request_id)\n"
+            ),
+        )
+        + 2
+    )
     # 2. it encodes a field the Answer does not have
-    answer_line = _append(serve / "protocols" / "v2" / "tensors.py", (
-        "def _wrong_field(a: Answer) -> list[float]:\n"
-        "    return list(a.probabilities)\n")) + 1
+    answer_line = (
+        _append(
+            serve / "protocols" / "v2" / "tensors.py",
+            ("def _wrong_field(a: Answer) -> list[float]:\n    return list(a.probabilities)\n"),
+        )
+        + 1
+    )
     # 3. serving hands the runtime contract a str where it takes the batch's texts
-    runtime_line = _append(serve / "core" / "served_model.py", (
-        "def _wrong_texts(runtime: ModelRuntime) -> Classification:\n"
-        "    return runtime.classify('one text')\n")) + 1
+    runtime_line = (
+        _append(
+            serve / "core" / "served_model.py",
+            ("def _wrong_texts(runtime: ModelRuntime) -> Classification:\n    return runtime.classify('one text')\n"),
+        )
+        + 1
+    )
     r = mypy(tmp_path, cache)
     out = r.stdout
     assert r.returncode == 1, out + r.stderr
-    assert (f'qserve/serve/protocols/v1.py:{submit_line}: error: Argument 2 to "submit" of "ServeState" has '
-            'incompatible type "str"; expected "list[str]"') in out, out
-    assert f'qserve/serve/protocols/v2/tensors.py:{answer_line}: error: "Answer" has no attribute "probabilities"' in out, out
-    assert (f'qserve/serve/core/served_model.py:{runtime_line}: error: Argument 1 to "classify" of "ModelRuntime" has '
-            'incompatible type "str"; expected "list[str]"') in out, out
+    assert (
+        f'qserve/serve/protocols/v1.py:{submit_line}: error: Argument 2 to "submit" of "ServeState" has '
+        'incompatible type "str"; expected "list[str]"'
+    ) in out, out
+    assert (
+        f'qserve/serve/protocols/v2/tensors.py:{answer_line}: error: "Answer" has no attribute "probabilities"' in out
+    ), out
+    assert (
+        f'qserve/serve/core/served_model.py:{runtime_line}: error: Argument 1 to "classify" of "ModelRuntime" has '
+        'incompatible type "str"; expected "list[str]"'
+    ) in out, out
     assert len([line for line in out.splitlines() if ": error:" in line]) == 3, out  # nothing else broke

@@ -58,6 +58,7 @@ def test_openvino_variants_are_cpu_only_and_resolvable():
 
 # -- the backend registry -------------------------------------------------------------------
 
+
 def test_registry_entries_are_consistent():
     from qserve.variants import BACKENDS, REGISTRY
 
@@ -90,8 +91,11 @@ def test_a_missing_backend_fails_only_its_own_variants(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "exporters.openvino", None)  # makes `import exporters.openvino` fail
     monkeypatch.setitem(sys.modules, "qserve.runtime.openvino_rt", None)
-    with pytest.raises(QserveError, match=r"openvino backend \(ov-fp32, ov-bf16, ov-int8\) is unavailable.*"
-                                          r"pip install 'qserve\[openvino\]'"):
+    with pytest.raises(
+        QserveError,
+        match=r"openvino backend \(ov-fp32, ov-bf16, ov-int8\) is unavailable.*"
+        r"pip install 'qserve\[openvino\]'",
+    ):
         exporters.get_builder("ov-int8")
     with pytest.raises(QserveError, match="importing qserve.runtime.openvino_rt failed"):
         runtime_class("openvino")
@@ -121,11 +125,18 @@ def test_exporter_options_and_flags_derive_from_the_registry():
         "inference_precision": ("--inference-precision", {"ov-int8"}),
     }
     assert bnb.OPTIONS["bnb-fp4"] == {"double_quant": False, "clip": True, "calibration_samples": 64}
-    assert list(onnx.OPTIONS["onnx-int4"]) == ["opset", "block_size", "accuracy_level", "symmetric",
-                                              "quantize_embeddings"]
+    assert list(onnx.OPTIONS["onnx-int4"]) == [
+        "opset",
+        "block_size",
+        "accuracy_level",
+        "symmetric",
+        "quantize_embeddings",
+    ]
     assert openvino.OPTIONS == {"ov-fp32": {}, "ov-bf16": {}, "ov-int8": option_defaults("ov-int8")}
-    assert merge_options("ov-int8", {"calibration_samples": 8}) == {"calibration_samples": 8,
-                                                                   "inference_precision": "f32"}
+    assert merge_options("ov-int8", {"calibration_samples": 8}) == {
+        "calibration_samples": 8,
+        "inference_precision": "f32",
+    }
     with pytest.raises(QserveError, match=r"unknown option\(s\) 'clip' for onnx-int8; allowed: opset \(default None\)"):
         merge_options("onnx-int8", {"clip": True})
 
@@ -133,12 +144,16 @@ def test_exporter_options_and_flags_derive_from_the_registry():
 def test_each_variant_fact_is_a_field_of_its_one_declaration():
     """Tolerance, default-for-bits, slow-on and the unsupported reasons live on the VariantSpec; the tables
     other modules read are derived from them, and a manifest records only what the variant stores."""
-    from qserve import variantflags, variants
     from exporters.core import TOLERANCE
+    from qserve import variantflags, variants
 
     assert variantflags.DEFAULT_FOR_BITS == {
-        dev: {bits: next(s.name for s in VARIANTS.values() if dev in s.default_for and s.bits == bits)
-              for bits in variantflags.BITS} for dev in variants.DEVICES}
+        dev: {
+            bits: next(s.name for s in VARIANTS.values() if dev in s.default_for and s.bits == bits)
+            for bits in variantflags.BITS
+        }
+        for dev in variants.DEVICES
+    }
     assert variantflags.DEFAULT_FOR_BITS["cpu"] == {32: "onnx-fp32", 16: "torch-bf16", 8: "onnx-int8", 4: "onnx-int4"}
     assert variantflags.SLOW_ON == {"cpu": {"torch-fp16"}, "cuda": set()} and VARIANTS["torch-fp16"].slow_on == ("cpu",)
     assert all(TOLERANCE[s.dtype] == s.tolerance > 0 for s in VARIANTS.values())
@@ -152,12 +167,18 @@ def test_each_variant_fact_is_a_field_of_its_one_declaration():
 def test_an_option_out_of_range_is_refused_naming_the_option_the_allowed_values_and_the_flag():
     from qserve.variants import OnnxOptions, OpenVINOOptions
 
-    with pytest.raises(QserveError, match=r"option block_size for onnx-int4 must be a power of two >= 16, e\.g\. "
-                                          r"32, 64, 128 \(got 20\); flag --block-size"):
+    with pytest.raises(
+        QserveError,
+        match=r"option block_size for onnx-int4 must be a power of two >= 16, e\.g\. "
+        r"32, 64, 128 \(got 20\); flag --block-size",
+    ):
         OnnxOptions.resolve("onnx-int4", {"block_size": 20})
-    with pytest.raises(QserveError, match=r"option calibration_samples for ov-int8 must be an integer from 1 to 1024 "
-                                          r"\(training texts that calibrate NNCF's .*; got 2000\); flag "
-                                          r"--calibration-samples"):
+    with pytest.raises(
+        QserveError,
+        match=r"option calibration_samples for ov-int8 must be an integer from 1 to 1024 "
+        r"\(training texts that calibrate NNCF's .*; got 2000\); flag "
+        r"--calibration-samples",
+    ):
         OpenVINOOptions.resolve("ov-int8", {"calibration_samples": 2000})
     with pytest.raises(QserveError, match=r"option accuracy_level for onnx-int4 must be one of 0, 1, 2, 3, 4 "):
         OnnxOptions.resolve("onnx-int4", {"accuracy_level": True})  # a bool is no integer

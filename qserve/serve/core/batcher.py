@@ -45,13 +45,14 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Protocol
 
 from qserve.runtime.base import Classification
-from qserve.serve.core.pending import Item, Pending, infer_args
 from qserve.runtime.threadnames import named
+from qserve.serve.core.pending import Item, Pending, infer_args
 
 if TYPE_CHECKING:
     from qserve.serve.infra.metrics import ModelMetrics
 
 log = logging.getLogger("qserve.serve")
+
 
 class InferFn(Protocol):
     """What the batcher runs on the inference thread: synchronous, CPU-heavy.
@@ -60,8 +61,9 @@ class InferFn(Protocol):
     batch]) -> the Classification of the texts, in order (when tracing, its phases are the batch's steps, which
     every request in the batch gets in its own Classification.phases)."""
 
-    def __call__(self, texts: list[str], policies: list[str | None],
-                 pairs: list[str] | None = None) -> Classification: ...
+    def __call__(
+        self, texts: list[str], policies: list[str | None], pairs: list[str] | None = None
+    ) -> Classification: ...
 
 
 Started = tuple[float, "asyncio.Future[Classification]"]
@@ -70,8 +72,7 @@ Started = tuple[float, "asyncio.Future[Classification]"]
 
 class QueueFull(Exception):
     def __init__(self, depth: int, limit: int, retry_after_s: int):
-        super().__init__(f"inference queue is full ({depth} of {limit} texts waiting); retry after "
-                         f"{retry_after_s} s")
+        super().__init__(f"inference queue is full ({depth} of {limit} texts waiting); retry after {retry_after_s} s")
         self.retry_after_s = retry_after_s
 
 
@@ -80,9 +81,20 @@ class NotAccepting(Exception):
 
 
 class Batcher:
-    def __init__(self, infer: InferFn, executor: Executor | None, *, max_batch_size: int, max_wait_ms: float,
-                 max_queue: int, metrics: ModelMetrics | None = None, arriving: Callable[[], int] | None = None,
-                 lanes: int = 1, lane_infer: InferFn | None = None, crowded: Callable[[], bool] | None = None):
+    def __init__(
+        self,
+        infer: InferFn,
+        executor: Executor | None,
+        *,
+        max_batch_size: int,
+        max_wait_ms: float,
+        max_queue: int,
+        metrics: ModelMetrics | None = None,
+        arriving: Callable[[], int] | None = None,
+        lanes: int = 1,
+        lane_infer: InferFn | None = None,
+        crowded: Callable[[], bool] | None = None,
+    ):
         self.infer = infer
         # Lanes (a busy server): up to `lanes` batches at once, each run by `lane_infer` on a lane thread of
         # its own and whole on one single-threaded worker, while `crowded()` says other requests are in the
@@ -114,8 +126,13 @@ class Batcher:
     @property
     def idle(self) -> bool:
         """Nothing queued, nothing on the inference thread, not draining."""
-        return (not self._items and not self._running and self._launched is None and not self._closing
-                and not self._lane_tasks)
+        return (
+            not self._items
+            and not self._running
+            and self._launched is None
+            and not self._closing
+            and not self._lane_tasks
+        )
 
     @property
     def full(self) -> bool:
@@ -124,9 +141,9 @@ class Batcher:
 
     def start(self) -> None:
         if self.lanes > 1:
-
-            self._lane_pool = ThreadPoolExecutor(self.lanes, thread_name_prefix="qserve-lane",
-                                                 initializer=named("qserve-lane"))
+            self._lane_pool = ThreadPoolExecutor(
+                self.lanes, thread_name_prefix="qserve-lane", initializer=named("qserve-lane")
+            )
         self._task = asyncio.get_running_loop().create_task(self._run(), name="qserve-batcher")
 
     def enqueue(self, texts: list[str], policy: str | None = None, pairs: list[str] | None = None) -> asyncio.Future:
@@ -139,11 +156,16 @@ class Batcher:
         loop = asyncio.get_running_loop()
         pending = Pending(len(texts), loop.create_future())
         now = loop.time()
-        self._items.extend(Item(pending, i, t, now, policy, None if pairs is None else pairs[i])
-                           for i, t in enumerate(texts))
+        self._items.extend(
+            Item(pending, i, t, now, policy, None if pairs is None else pairs[i]) for i, t in enumerate(texts)
+        )
         self._set_depth()
-        if (not self._running and self._launched is None and len(self._items) >= self._fill_target()
-                and not self._narrow()):
+        if (
+            not self._running
+            and self._launched is None
+            and len(self._items) >= self._fill_target()
+            and not self._narrow()
+        ):
             # The batch is complete: start its forward pass now, from this very call. Waking the
             # collector instead would start it only after everything else this event-loop turn
             # does, such as refusing a flood of other requests.
@@ -151,8 +173,14 @@ class Batcher:
         self._wake.set()
         return pending.future
 
-    async def submit(self, texts: list[str], timeout_s: float | None = None, policy: str | None = None,
-                     pairs: list[str] | None = None, inline: bool = False) -> Classification:
+    async def submit(
+        self,
+        texts: list[str],
+        timeout_s: float | None = None,
+        policy: str | None = None,
+        pairs: list[str] | None = None,
+        inline: bool = False,
+    ) -> Classification:
         """The request's texts answered: their rows of the batches they ran in (Classification.phases: the
         steps of those batches, when tracing). `inline`: the caller found this request alone in the server
         and its work bounded (one forward); if this batcher is idle too, it runs here, on the event loop."""
@@ -318,16 +346,19 @@ class Batcher:
             self._items.popleft()
             self._set_depth()
 
-    async def _run_batch(self, batch: list[Item], isolate: bool, started: Started | None = None,
-                         lane: bool = False) -> None:
+    async def _run_batch(
+        self, batch: list[Item], isolate: bool, started: Started | None = None, lane: bool = False
+    ) -> None:
         loop = asyncio.get_running_loop()
         texts = [it.text for it in batch]
         pool, fn = self._runner(lane)
         t0, fut = started or (time.perf_counter(), loop.run_in_executor(pool, fn, *infer_args(batch)))
         try:
             result: Classification = await fut
-            if any(len(x) != len(texts) for x in (result.probs, result.logits, result.truncated, result.tokens,
-                                                  result.windows)):
+            if any(
+                len(x) != len(texts)
+                for x in (result.probs, result.logits, result.truncated, result.tokens, result.windows)
+            ):
                 raise RuntimeError(f"runtime returned {len(result.probs)} rows for {len(texts)} texts")
             results = result.results()
         except Exception as e:
@@ -335,8 +366,13 @@ class Batcher:
                 self.metrics.batch_failures.inc()
             owners = list(dict.fromkeys(it.pending for it in batch))
             if isolate and len(owners) > 1:
-                log.warning("batch of %d texts from %d requests failed (%s: %s); re-running each request alone",
-                            len(texts), len(owners), type(e).__name__, e)
+                log.warning(
+                    "batch of %d texts from %d requests failed (%s: %s); re-running each request alone",
+                    len(texts),
+                    len(owners),
+                    type(e).__name__,
+                    e,
+                )
                 for owner in owners:
                     await self._run_batch([it for it in batch if it.pending is owner], isolate=False, lane=lane)
                 return

@@ -27,23 +27,26 @@ Threshold = float | tuple[float, ...]
 """One threshold for every label, or one per label (in label order: a calibrated variant's, from its manifest)."""
 
 
-def request_threshold(problem: str, value: float | None, default: float, model: str,
-                      calibrated: tuple[float, ...] | None = None) -> Threshold | None:
+def request_threshold(
+    problem: str, value: float | None, default: float, model: str, calibrated: tuple[float, ...] | None = None
+) -> Threshold | None:
     """The threshold a request is answered at (multi-label only; None for the others): the request's own,
     else the variant's calibrated per-label thresholds (`qserve gate`), else --threshold."""
     if problem != problems.MULTI:
         if value is not None:
             kind = "single-label" if problem == problems.SINGLE else "a regression model"
-            raise ApiError(422, f"threshold applies to multi-label models only; model {model!r} is {kind}: "
-                                "leave threshold out")
+            raise ApiError(
+                422, f"threshold applies to multi-label models only; model {model!r} is {kind}: leave threshold out"
+            )
         return None
     if value is not None:
         return value
     return calibrated if calibrated is not None else default
 
 
-def label_scores(scores: np.ndarray, labels: list[str], problem: str, top_k: int | None,
-                 threshold: Threshold | None) -> list[list[dict[str, Any]]]:
+def label_scores(
+    scores: np.ndarray, labels: list[str], problem: str, top_k: int | None, threshold: Threshold | None
+) -> list[list[dict[str, Any]]]:
     """Per text: [{label, score}] best first (top_k of them), plus `on` per label for multi-label;
     regression: [{"label": "value", "score": v}] (one entry per output)."""
     out = []

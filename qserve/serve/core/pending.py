@@ -41,8 +41,9 @@ class Pending:
             self.batches.append(batch)
         if self.remaining == 0:
             done = cast("list[TextResult]", self.results)  # remaining == 0: every text has its result
-            self.future.set_result(Classification.of(done, batch.problem_type,
-                                                     [p for b in self.batches for p in b.phases]))
+            self.future.set_result(
+                Classification.of(done, batch.problem_type, [p for b in self.batches for p in b.phases])
+            )
 
     def fail(self, exc: BaseException) -> None:
         if not self.future.done():
@@ -60,8 +61,7 @@ class Item:
     """The text's text_pair (a pair model's input), else None."""
 
 
-def infer_args(batch: list[Item]
-                ) -> tuple[list[str], list[str | None]] | tuple[list[str], list[str | None], list[str]]:
+def infer_args(batch: list[Item]) -> tuple[list[str], list[str | None]] | tuple[list[str], list[str | None], list[str]]:
     """InferFn's arguments for a batch: texts and policies, plus the pairs when its items carry them (a batch
     holds one model's items, and a model takes pairs for every input or for none)."""
     texts, policies = [it.text for it in batch], [it.policy for it in batch]

@@ -21,8 +21,8 @@ from typing import TypedDict
 
 from qserve import QserveError
 from qserve.artifact import Manifest, read_manifest
-from qserve.serve.infra.errors import ApiError
 from qserve.bench.recommend import from_model_dir
+from qserve.serve.infra.errors import ApiError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 NAME_RULE = "1-128 characters of letters, digits, '.', '_' and '-', starting with a letter or digit"
@@ -67,8 +67,10 @@ def resolve(path: str | Path) -> tuple[Path, Selection | None]:
         vdir, selection = from_model_dir(path)
         return Path(vdir), Selection(**selection)  # type: ignore[typeddict-item]
     if not (path / "manifest.json").is_file():
-        raise QserveError(f"{path}: no manifest.json (not a variant dir) and no report/ (not a model dir); export "
-                          "one with `qserve export`")
+        raise QserveError(
+            f"{path}: no manifest.json (not a variant dir) and no report/ (not a model dir); export "
+            "one with `qserve export`"
+        )
     return path, None
 
 
@@ -113,13 +115,20 @@ def sources_from_root(root: str | Path) -> list[ModelSource]:
     """Every model under --model-repository ROOT (a subdirectory holding a variant or a model dir), by name."""
     root = Path(root)
     if not root.is_dir():
-        raise QserveError(f"--model-repository {root} is not a directory; give a directory whose subdirectories "
-                          "are variant dirs or model dirs")
-    out = [ModelSource(d.name, str(d)) for d in sorted(root.iterdir())
-           if d.is_dir() and NAME_RE.match(d.name) and ((d / "manifest.json").is_file() or is_model_dir(d))]
+        raise QserveError(
+            f"--model-repository {root} is not a directory; give a directory whose subdirectories "
+            "are variant dirs or model dirs"
+        )
+    out = [
+        ModelSource(d.name, str(d))
+        for d in sorted(root.iterdir())
+        if d.is_dir() and NAME_RE.match(d.name) and ((d / "manifest.json").is_file() or is_model_dir(d))
+    ]
     if not out:
-        raise QserveError(f"--model-repository {root} holds no model: each model is a subdirectory holding a "
-                          "variant (manifest.json) or a `qserve pipeline` model dir")
+        raise QserveError(
+            f"--model-repository {root} holds no model: each model is a subdirectory holding a "
+            "variant (manifest.json) or a `qserve pipeline` model dir"
+        )
     return out
 
 
@@ -127,8 +136,9 @@ def _refuse_clashes(sources: list[ModelSource]) -> None:
     seen: dict[str, str] = {}
     for s in sources:
         if s.name in seen:
-            raise QserveError(f"two models named {s.name!r}: {seen[s.name]} and {s.path}; name them apart with "
-                              "NAME=DIR")
+            raise QserveError(
+                f"two models named {s.name!r}: {seen[s.name]} and {s.path}; name them apart with NAME=DIR"
+            )
         seen[s.name] = s.path
 
 
@@ -152,8 +162,11 @@ class Repository:
         if self.root is None:
             if name in self._fixed:
                 return self._fixed[name]
-            raise ApiError(404, f"unknown model {name!r}; this server loads {', '.join(map(repr, self._fixed))} "
-                                "(each from the DIR it was started with)")
+            raise ApiError(
+                404,
+                f"unknown model {name!r}; this server loads {', '.join(map(repr, self._fixed))} "
+                "(each from the DIR it was started with)",
+            )
         if not NAME_RE.match(name):
             raise ApiError(400, f"model name {name!r} is not valid; a name is {NAME_RULE}")
         path = self.root / name

@@ -66,5 +66,6 @@ class ErrorResponse(BaseModel):
 
 # Every status a classification route can answer (401 only with --api-key; 404 when `model` names another model):
 # the OpenAPI `responses` of the classification routes that answer in this error shape.
-ROUTE_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse}
-                                                 for code in (400, 401, 404, 413, 415, 422, 429, 500, 503, 504)}
+ROUTE_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 415, 422, 429, 500, 503, 504)
+}

@@ -20,16 +20,15 @@ import numpy as np
 from qserve import QserveError
 from qserve.artifact import Manifest
 from qserve.longtext import LongTextError
+from qserve.runtime import RuntimeOptions, load_runtime
 from qserve.runtime.base import Classification
 from qserve.runtime.contract import ModelRuntime
 from qserve.serve.core.batcher import Batcher, InferFn
+from qserve.serve.core.repository import Selection
+from qserve.serve.core.shadow import Shadow
 from qserve.serve.infra.config import ServeConfig
 from qserve.serve.infra.errors import ApiError
 from qserve.serve.infra.metrics import ModelMetrics
-from qserve.serve.core.repository import Selection
-from qserve.serve.core.shadow import Shadow
-from qserve.runtime import RuntimeOptions, load_runtime
-
 
 Loader = Callable[[ServeConfig], ModelRuntime]
 """config -> the loaded model; create_app takes one (tests wrap the real runtime through it)."""
@@ -43,34 +42,52 @@ def gate_summary(manifest: Manifest) -> dict[str, Any] | None:
     if not g:
         return None
     agreement = g.get("agreement") or {}
-    return {"passed": bool(g.get("passed")), "agreement": agreement.get("value"),
-            "agreement_lower_bound": agreement.get("lo"), "agreement_upper_bound": agreement.get("hi"),
-            "bar": (g.get("bar") or {}).get("agreement_lower_bound"), "n": (g.get("data") or {}).get("n"),
-            "accuracy_delta": (g.get("accuracy") or {}).get("delta"), "data": g.get("data"),
-            "reference": (g.get("reference") or {}).get("name"), "reasons": g.get("reasons") or [],
-            "when": g.get("when"), "machine": g.get("machine")}
+    return {
+        "passed": bool(g.get("passed")),
+        "agreement": agreement.get("value"),
+        "agreement_lower_bound": agreement.get("lo"),
+        "agreement_upper_bound": agreement.get("hi"),
+        "bar": (g.get("bar") or {}).get("agreement_lower_bound"),
+        "n": (g.get("data") or {}).get("n"),
+        "accuracy_delta": (g.get("accuracy") or {}).get("delta"),
+        "data": g.get("data"),
+        "reference": (g.get("reference") or {}).get("name"),
+        "reasons": g.get("reasons") or [],
+        "when": g.get("when"),
+        "machine": g.get("machine"),
+    }
 
 
 def check_gate(manifest: Manifest, where: str) -> None:
     """--require-gate: refuse a variant without a passing gate verdict in its (verified) manifest, saying why."""
     g = manifest.gate
     if not g:
-        raise QserveError(f"--require-gate: {where} ({manifest.name}) has never been gated; run `qserve gate {where}` "
-                          "(it compares the variant with its fp32 export on labelled data) or serve without "
-                          "--require-gate")
+        raise QserveError(
+            f"--require-gate: {where} ({manifest.name}) has never been gated; run `qserve gate {where}` "
+            "(it compares the variant with its fp32 export on labelled data) or serve without "
+            "--require-gate"
+        )
     if not g.get("passed"):
-        raise QserveError(f"--require-gate: {where} ({manifest.name}) failed its gate on {g.get('when')}: "
-                          + "; ".join(g.get("reasons") or ["no reason recorded"])
-                          + "; serve a variant that passed, or gate it again on more data")
+        raise QserveError(
+            f"--require-gate: {where} ({manifest.name}) failed its gate on {g.get('when')}: "
+            + "; ".join(g.get("reasons") or ["no reason recorded"])
+            + "; serve a variant that passed, or gate it again on more data"
+        )
 
 
 def load_model(config: ServeConfig) -> ModelRuntime:
     """The default Loader: load_runtime on config.variant_dir (manifest verified) with the serve flags."""
     # max_rows: windows of long texts make more rows than texts; a forward never runs more than a full batch
-    options = RuntimeOptions(threads=config.threads, row_workers=config.row_workers, long_text=config.long_text,
-                             max_windows=config.max_windows, max_rows=config.batch_size,
-                             length_buckets=config.length_buckets, max_batch_tokens=config.max_batch_tokens,
-                             cuda_graphs=config.cuda_graphs)
+    options = RuntimeOptions(
+        threads=config.threads,
+        row_workers=config.row_workers,
+        long_text=config.long_text,
+        max_windows=config.max_windows,
+        max_rows=config.batch_size,
+        length_buckets=config.length_buckets,
+        max_batch_tokens=config.max_batch_tokens,
+        cuda_graphs=config.cuda_graphs,
+    )
     return load_runtime(config.variant_dir, config.device, options, allow_extra_files=config.allow_extra_files)
 
 
@@ -93,16 +110,30 @@ class ServedModel:
         rt = self.runtime
         m = rt.manifest
         files = m.files
-        return {"id": self.name, "version": self.version, "model_name": m.model_name, "spec": m.spec.to_json(),
-                "labels": list(rt.labels), "problem_type": rt.problem_type, "inputs": list(rt.inputs),
-                "max_length": rt.max_length, "long_text": str(rt.long_text),
-                "length_buckets": list(rt.buckets) if rt.buckets else None,
-                "execution": rt.execution,
-                "parity": m.parity, "gate": gate_summary(m), "calibration": m.calibration,
-                "created": m.created, "device": rt.device, "dir": self.variant_dir, "files": len(files),
-                "bytes": sum(f.bytes for f in files.values()),
-                "versions": m.versions, "selection": self.selection,
-                "shadow": self.shadow.summary() if self.shadow is not None else None}
+        return {
+            "id": self.name,
+            "version": self.version,
+            "model_name": m.model_name,
+            "spec": m.spec.to_json(),
+            "labels": list(rt.labels),
+            "problem_type": rt.problem_type,
+            "inputs": list(rt.inputs),
+            "max_length": rt.max_length,
+            "long_text": str(rt.long_text),
+            "length_buckets": list(rt.buckets) if rt.buckets else None,
+            "execution": rt.execution,
+            "parity": m.parity,
+            "gate": gate_summary(m),
+            "calibration": m.calibration,
+            "created": m.created,
+            "device": rt.device,
+            "dir": self.variant_dir,
+            "files": len(files),
+            "bytes": sum(f.bytes for f in files.values()),
+            "versions": m.versions,
+            "selection": self.selection,
+            "shadow": self.shadow.summary() if self.shadow is not None else None,
+        }
 
     def check_policy(self, policy: str | None, where: str) -> str | None:
         """A request's long-text policy written out in full for this model (None: the model's default);
@@ -127,10 +158,10 @@ class Retired(NamedTuple):
         return self.runtime() is None
 
 
-def infer_fn(runtime: ModelRuntime, offer: Offer | None = None, traced: bool = False,
-             lane: bool = False) -> InferFn:
+def infer_fn(runtime: ModelRuntime, offer: Offer | None = None, traced: bool = False, lane: bool = False) -> InferFn:
     """The batcher's InferFn for `runtime`; `traced`: the answer also carries the runtime's steps for traces;
     `lane`: it runs on a lane thread, the whole batch on one single-threaded worker (Runtime.narrow)."""
+
     def infer(texts: list[str], policies: list[str | None], pairs: list[str] | None = None) -> Classification:
         if lane:
             runtime.narrow(True)

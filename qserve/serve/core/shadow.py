@@ -29,13 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from qserve import QserveError, problemtypes as problems
-from qserve.runtime.contract import ModelRuntime
-from qserve.serve.infra.metrics import Metrics
+from qserve import QserveError
+from qserve import problemtypes as problems
 from qserve.artifact import read_manifest, read_model_meta
 from qserve.bench.recommend import bar_for
 from qserve.runtime import RuntimeOptions, load_runtime
+from qserve.runtime.contract import ModelRuntime
 from qserve.serve.core.repository import resolve
+from qserve.serve.infra.metrics import Metrics
 
 log = logging.getLogger("qserve.serve")
 
@@ -65,8 +66,18 @@ def parse_shadows(entries: list[str] | None) -> dict[str, str]:
 class Shadow:
     """One served model's reference, its sampling queue, its thread and its rolling agreement."""
 
-    def __init__(self, model: str, reference_dir: str, rate: float, threads: int, metrics: Metrics,
-                 device: str = "cpu", allow_extra_files: bool = False, seed: int = 0, max_windows: int | None = None):
+    def __init__(
+        self,
+        model: str,
+        reference_dir: str,
+        rate: float,
+        threads: int,
+        metrics: Metrics,
+        device: str = "cpu",
+        allow_extra_files: bool = False,
+        seed: int = 0,
+        max_windows: int | None = None,
+    ):
         self.model = model
         self.reference_dir = reference_dir
         self.rate = rate
@@ -112,9 +123,11 @@ class Shadow:
     def attach(self, version: str, labels: list[str], bits: int | None) -> None:
         """The model now serves `version`: start a new window, held to the bar for its bits."""
         if self.reference is not None and list(self.reference.labels) != list(labels):
-            raise QserveError(f"--shadow {self.model}={self.reference_dir}: the reference's labels "
-                              f"{self.reference.labels} differ from the model's {labels}; shadow a model with "
-                              "the reference it was exported from")
+            raise QserveError(
+                f"--shadow {self.model}={self.reference_dir}: the reference's labels "
+                f"{self.reference.labels} differ from the model's {labels}; shadow a model with "
+                "the reference it was exported from"
+            )
         with self._lock:
             self.version, self.bar = version, bar_for(bits)
             self._window.clear()
@@ -179,11 +192,18 @@ class Shadow:
                     ref = reference.classify([t for t, _, _, _ in batch], [p for _, p, _, _ in batch]).probs
                 except Exception as e:  # noqa: BLE001 - the shadow must never take the server down
                     self.failures += 1
-                    log.error("shadow %s: reference %s failed on %d texts: %s: %s", self.model, self.reference_dir,
-                              len(batch), type(e).__name__, e)
+                    log.error(
+                        "shadow %s: reference %s failed on %d texts: %s: %s",
+                        self.model,
+                        self.reference_dir,
+                        len(batch),
+                        type(e).__name__,
+                        e,
+                    )
                 else:
-                    self._record(np.stack([p for _, _, p, _ in batch]), np.asarray(ref, dtype=np.float32),
-                                 batch[0][3], reference)
+                    self._record(
+                        np.stack([p for _, _, p, _ in batch]), np.asarray(ref, dtype=np.float32), batch[0][3], reference
+                    )
             if stop:
                 return
 
@@ -207,13 +227,24 @@ class Shadow:
             return
         below = stats["agreement"] < self.bar
         if below and not self._below:
-            log.warning("shadow %s (version %s): rolling agreement with %s is %.2f%% over the last %d sampled "
-                        "texts, under the bar of %.0f%% for its bits; max |dprob| p99 %.4f", self.model,
-                        self.version, self.reference_dir, 100 * stats["agreement"], stats["window"],
-                        100 * self.bar, stats["abs_dprob"]["p99"])
+            log.warning(
+                "shadow %s (version %s): rolling agreement with %s is %.2f%% over the last %d sampled "
+                "texts, under the bar of %.0f%% for its bits; max |dprob| p99 %.4f",
+                self.model,
+                self.version,
+                self.reference_dir,
+                100 * stats["agreement"],
+                stats["window"],
+                100 * self.bar,
+                stats["abs_dprob"]["p99"],
+            )
         elif self._below and not below:
-            log.info("shadow %s: rolling agreement back to %.2f%% (bar %.0f%%)", self.model,
-                     100 * stats["agreement"], 100 * self.bar)
+            log.info(
+                "shadow %s: rolling agreement back to %.2f%% (bar %.0f%%)",
+                self.model,
+                100 * stats["agreement"],
+                100 * self.bar,
+            )
         self._below = below
 
     def _stats_locked(self) -> dict[str, Any]:
@@ -230,10 +261,19 @@ class Shadow:
         with self._lock:
             stats = self._stats_locked()
             samples, below = self.samples, self._below
-        return {"reference": str(Path(self.reference_dir)), "reference_spec": self.reference_spec, "rate": self.rate,
-                "version": self.version, "samples": samples, **stats, "bar": self.bar,
-                "below_bar": below if stats["window"] >= min(MIN_SAMPLES, WINDOW) else None,
-                "dropped": self.dropped, "failures": self.failures, "window_size": WINDOW}
+        return {
+            "reference": str(Path(self.reference_dir)),
+            "reference_spec": self.reference_spec,
+            "rate": self.rate,
+            "version": self.version,
+            "samples": samples,
+            **stats,
+            "bar": self.bar,
+            "below_bar": below if stats["window"] >= min(MIN_SAMPLES, WINDOW) else None,
+            "dropped": self.dropped,
+            "failures": self.failures,
+            "window_size": WINDOW,
+        }
 
 
 def row_agreement(served: np.ndarray, ref: np.ndarray, problem: str, variant_dir: Path) -> np.ndarray:

@@ -40,17 +40,16 @@ from qserve.artifact import read_manifest
 from qserve.runtime.base import Classification
 from qserve.serve.core.answer import Answer
 from qserve.serve.core.batcher import Batcher, NotAccepting, QueueFull
-from qserve.serve.infra.config import ServeConfig
-from qserve.serve.infra.admission import Admission, Arrivals
-from qserve.serve.infra.connections import HttpLoad
-from qserve.serve.infra.errors import ApiError
-from qserve.serve.infra.metrics import Metrics
 from qserve.serve.core.outputs import request_threshold
 from qserve.serve.core.pairs import check_same_inputs, takes_pairs
 from qserve.serve.core.repository import ModelSource, Repository, Selection, model_version, resolve
-from qserve.serve.core.served_model import (Loader, ModelRuntime, Retired, ServedModel, check_gate, infer_fn,
-                                           load_model)
+from qserve.serve.core.served_model import Loader, ModelRuntime, Retired, ServedModel, check_gate, infer_fn, load_model
 from qserve.serve.core.shadow import Shadow, parse_shadows
+from qserve.serve.infra.admission import Admission, Arrivals
+from qserve.serve.infra.config import ServeConfig
+from qserve.serve.infra.connections import HttpLoad
+from qserve.serve.infra.errors import ApiError
+from qserve.serve.infra.metrics import Metrics
 from qserve.serve.infra.tracing import TRACE_KEY, Tracing
 
 __all__ = ["Answer", "Loader", "ModelRuntime", "Retired", "Selection", "ServeState", "ServedModel", "load_model"]
@@ -81,11 +80,20 @@ async def warm_up(runtime: ModelRuntime, executor: Executor | None, max_batch_si
 
 def log_selection(name: str, path: str, selection: Selection) -> None:
     """Say which variant a model dir serves, why, and whether its report was measured on another CPU."""
-    log.info("model %s: model dir %s serves %s (%s; from %s)", name, path, selection["variant"], selection["why"],
-             selection["report"])
+    log.info(
+        "model %s: model dir %s serves %s (%s; from %s)",
+        name,
+        path,
+        selection["variant"],
+        selection["why"],
+        selection["report"],
+    )
     if selection["same_cpu"] is False:
-        log.warning("that report was measured on %s, not on this CPU: the fastest variant here may differ "
-                    "(re-run `qserve pipeline` here, or pass a variant dir)", selection["measured_on"])
+        log.warning(
+            "that report was measured on %s, not on this CPU: the fastest variant here may differ "
+            "(re-run `qserve pipeline` here, or pass a variant dir)",
+            selection["measured_on"],
+        )
 
 
 async def collect(retired: Retired) -> None:
@@ -108,8 +116,9 @@ async def collect(retired: Retired) -> None:
             log.info("released %s version %s (a reference cycle: collected)", retired.name, retired.version)
             return
         await asyncio.sleep(0.05)
-    log.warning("%s version %s is still referenced after its release; its memory stays in use",
-                retired.name, retired.version)
+    log.warning(
+        "%s version %s is still referenced after its release; its memory stays in use", retired.name, retired.version
+    )
 
 
 @dataclass(eq=False)
@@ -147,17 +156,25 @@ class ServeState:
     """The one way in for every request, HTTP (qserve/serve/guard.py) and gRPC alike (infra/admission.py)."""
 
     def __post_init__(self) -> None:
-        self.admission = Admission(api_key=self.config.api_key, max_body_bytes=self.config.max_body_bytes,
-                                   metrics=self.metrics, arrivals=self.arrivals, tracing=self.tracing,
-                                   queue_full=self.queue_full_retry_after)
+        self.admission = Admission(
+            api_key=self.config.api_key,
+            max_body_bytes=self.config.max_body_bytes,
+            metrics=self.metrics,
+            arrivals=self.arrivals,
+            tracing=self.tracing,
+            queue_full=self.queue_full_retry_after,
+        )
         if self.repository is None:
-            self.repository = Repository.from_config(self.config.variant_dir, self.config.model_name,
-                                                     self.config.model_repository)
+            self.repository = Repository.from_config(
+                self.config.variant_dir, self.config.model_name, self.config.model_repository
+            )
         names = [s.name for s in self.repository.initial]
         for name, ref in parse_shadows(self.config.shadow).items():
             if name not in names:
-                raise QserveError(f"--shadow {name}={ref}: no model is named {name!r}; this server serves "
-                                  f"{', '.join(map(repr, names))}")
+                raise QserveError(
+                    f"--shadow {name}={ref}: no model is named {name!r}; this server serves "
+                    f"{', '.join(map(repr, names))}"
+                )
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -168,9 +185,16 @@ class ServeState:
         try:
             loop = asyncio.get_running_loop()
             for name, ref in parse_shadows(self.config.shadow).items():
-                shadow = Shadow(name, ref, self.config.shadow_rate, self.config.shadow_threads, self.metrics,
-                                self.config.device, self.config.allow_extra_files,
-                                max_windows=self.config.max_windows)
+                shadow = Shadow(
+                    name,
+                    ref,
+                    self.config.shadow_rate,
+                    self.config.shadow_threads,
+                    self.metrics,
+                    self.config.device,
+                    self.config.allow_extra_files,
+                    max_windows=self.config.max_windows,
+                )
                 self.shadows[name] = shadow
                 await loop.run_in_executor(None, shadow.load)
             self.default = repo.initial[0].name
@@ -178,8 +202,7 @@ class ServeState:
                 await self.load(source.name, initial=True)
         except Exception as e:
             self.load_error = f"{type(e).__name__}: {e}"
-            log.error("could not load %s: %s", self.config.model_repository or self.config.variant_dir,
-                      self.load_error)
+            log.error("could not load %s: %s", self.config.model_repository or self.config.variant_dir, self.load_error)
             if self.on_load_failure is not None:
                 self.on_load_failure(e)
             return
@@ -205,8 +228,9 @@ class ServeState:
                     raise
                 keeps = f"; version {old.version} keeps serving" if old else ""
                 log.error("load of %s from %s refused: %s: %s%s", name, source.path, type(e).__name__, e, keeps)
-                raise ApiError(400, f"load of model {name!r} refused ({source.path}): {type(e).__name__}: {e}"
-                                    f"{keeps}") from None
+                raise ApiError(
+                    400, f"load of model {name!r} refused ({source.path}): {type(e).__name__}: {e}{keeps}"
+                ) from None
             finally:
                 self.loading.discard(name)
             self.models[name] = new  # the switch: every request from here on gets the new model
@@ -215,9 +239,16 @@ class ServeState:
                 self.metrics.version.remove(name, old.version)
             self.metrics.version.labels(name, new.version).set(1)
             self.metrics.loads.labels(name, "swapped" if old else "loaded").inc()
-            log.info("serving %s version %s (%s, %s, labels %s, length buckets %s)%s", name, new.version,
-                     new.runtime.manifest.model_name, new.variant_dir, new.runtime.labels,
-                     new.runtime.buckets or "none (runs unpadded)", f", replacing version {old.version}" if old else "")
+            log.info(
+                "serving %s version %s (%s, %s, labels %s, length buckets %s)%s",
+                name,
+                new.version,
+                new.runtime.manifest.model_name,
+                new.variant_dir,
+                new.runtime.labels,
+                new.runtime.buckets or "none (runs unpadded)",
+                f", replacing version {old.version}" if old else "",
+            )
             if old is not None:
                 retired = await self._retire(old)
                 del old  # the last strong reference this frame held: the collection can now free it
@@ -271,18 +302,40 @@ class ServeState:
         gc.freeze()
         offer = None
         if shadow is not None:
-            def offer(texts: list[str], policies: list[str], probs: np.ndarray, shadow: Shadow = shadow,
-                      version: str = version) -> None:
+
+            def offer(
+                texts: list[str],
+                policies: list[str],
+                probs: np.ndarray,
+                shadow: Shadow = shadow,
+                version: str = version,
+            ) -> None:
                 shadow.offer(texts, policies, probs, version)
+
         mm = self.metrics.for_model(source.name)
-        batcher = Batcher(infer_fn(runtime, offer, traced=self.tracing is not None), self.executor, max_batch_size=cfg.batch_size,
-                          max_wait_ms=cfg.wait_ms, max_queue=cfg.max_queue, metrics=mm,
-                          arriving=lambda: self.arrivals.n, lanes=runtime.lanes,
-                          lane_infer=infer_fn(runtime, offer, traced=self.tracing is not None, lane=True),
-                          crowded=self.http_load.busy)
+        batcher = Batcher(
+            infer_fn(runtime, offer, traced=self.tracing is not None),
+            self.executor,
+            max_batch_size=cfg.batch_size,
+            max_wait_ms=cfg.wait_ms,
+            max_queue=cfg.max_queue,
+            metrics=mm,
+            arriving=lambda: self.arrivals.n,
+            lanes=runtime.lanes,
+            lane_infer=infer_fn(runtime, offer, traced=self.tracing is not None, lane=True),
+            crowded=self.http_load.busy,
+        )
         batcher.start()
-        return ServedModel(name=source.name, runtime=runtime, batcher=batcher, version=version,
-                           variant_dir=str(vdir), selection=selection, metrics=mm, shadow=shadow)
+        return ServedModel(
+            name=source.name,
+            runtime=runtime,
+            batcher=batcher,
+            version=version,
+            variant_dir=str(vdir),
+            selection=selection,
+            metrics=mm,
+            shadow=shadow,
+        )
 
     async def _retire(self, model: ServedModel) -> Retired:
         """Drain a model that no longer serves and close it; a weakref to its runtime says when it is gone."""
@@ -350,8 +403,9 @@ class ServeState:
         if model is None:
             serving = ", ".join(map(repr, self.models)) or "none"
             if name == self.default:
-                raise ApiError(404, f"the default model {name!r} is unloaded; name a model (serving: {serving}) "
-                                    "or load it again")
+                raise ApiError(
+                    404, f"the default model {name!r} is unloaded; name a model (serving: {serving}) or load it again"
+                )
             if len(self.models) == 1:
                 raise ApiError(404, f"unknown model {name!r}; this server serves exactly one model: {serving}")
             raise ApiError(404, f"unknown model {name!r}; this server serves {serving}")
@@ -359,9 +413,18 @@ class ServeState:
             request.state.qserve_model = model.name
         return model
 
-    async def submit(self, model: ServedModel, texts: list[str], scope: MutableMapping[str, Any], request_id: str,
-                     long_text: str | None = None, where: str = "long_text", pairs: list[str] | None = None,
-                     threshold: float | None = None, outputs: Outputs | None = None) -> Answer:
+    async def submit(
+        self,
+        model: ServedModel,
+        texts: list[str],
+        scope: MutableMapping[str, Any],
+        request_id: str,
+        long_text: str | None = None,
+        where: str = "long_text",
+        pairs: list[str] | None = None,
+        threshold: float | None = None,
+        outputs: Outputs | None = None,
+    ) -> Answer:
         """Queue texts on the batcher of the model serving `model.name` now (after a hot swap since the route
         looked it up, the new one), resolve against that model, once, what the request asked for, and return
         the Answer; every failure is an ApiError (an HTTP status, which gRPC maps to its code).
@@ -382,8 +445,9 @@ class ServeState:
         state = scope.setdefault("state", {})
         state["qserve_model"] = current.name  # what request.state.qserve_model reads on HTTP
         rt = current.runtime
-        resolved_threshold = request_threshold(rt.problem_type, threshold, self.config.threshold, current.name,
-                                               rt.manifest.thresholds)
+        resolved_threshold = request_threshold(
+            rt.problem_type, threshold, self.config.threshold, current.name, rt.manifest.thresholds
+        )
         names = outputs(current) if outputs is not None else ()
         policy = current.check_policy(long_text, where)
         check_same_inputs(current, pairs)
@@ -395,22 +459,40 @@ class ServeState:
             trace.queued()
             result = await self._submit(current, texts, request_id, policy, pairs, inline)
             trace.answered(result.phases)
-        return Answer(model=current, policy=policy or str(rt.long_text), threshold=resolved_threshold,
-                      outputs=names, result=result)
+        return Answer(
+            model=current,
+            policy=policy or str(rt.long_text),
+            threshold=resolved_threshold,
+            outputs=names,
+            result=result,
+        )
 
-    def _alone(self, scope: MutableMapping[str, Any], current: ServedModel, texts: list[str],
-               policy: str | None) -> bool:
+    def _alone(
+        self, scope: MutableMapping[str, Any], current: ServedModel, texts: list[str], policy: str | None
+    ) -> bool:
         """May this request run on the event loop (Batcher._run_inline)? Only an HTTP request alone in the
         server (one connection, one request in flight: infra/connections.py counts them), asking one forward
         (one text, not a windows policy), while no model runs or queues anything and no load or swap is under
         way: then nobody waits on the blocked loop but this client, and its answer is the same batch of one."""
-        return (self.config.inline_lone and len(texts) == 1 and scope.get("type") == "http"
-                and self.http_load.alone() and not self._lock.locked()
-                and longtext.parse(policy or current.runtime.long_text).kind != "windows"
-                and all(m.batcher.idle for m in self.models.values()))
+        return (
+            self.config.inline_lone
+            and len(texts) == 1
+            and scope.get("type") == "http"
+            and self.http_load.alone()
+            and not self._lock.locked()
+            and longtext.parse(policy or current.runtime.long_text).kind != "windows"
+            and all(m.batcher.idle for m in self.models.values())
+        )
 
-    async def _submit(self, current: ServedModel, texts: list[str], rid: str, policy: str | None,
-                      pairs: list[str] | None = None, inline: bool = False) -> Classification:
+    async def _submit(
+        self,
+        current: ServedModel,
+        texts: list[str],
+        rid: str,
+        policy: str | None,
+        pairs: list[str] | None = None,
+        inline: bool = False,
+    ) -> Classification:
         try:
             return await current.batcher.submit(texts, self.config.request_timeout_s, policy, pairs, inline)
         except QueueFull as e:
@@ -419,12 +501,18 @@ class ServeState:
         except NotAccepting:
             raise ApiError(503, "server is shutting down; retry on another replica", {"Retry-After": "1"}) from None
         except TimeoutError:
-            raise ApiError(504, f"no answer within {self.config.request_timeout_s} s "
-                                "(--request-timeout-s); the model may be overloaded") from None
+            raise ApiError(
+                504,
+                f"no answer within {self.config.request_timeout_s} s "
+                "(--request-timeout-s); the model may be overloaded",
+            ) from None
         except Exception as e:
             log.error("request %s: inference failed: %s: %s", rid, type(e).__name__, e)
-            raise ApiError(500, f"inference failed for this request ({type(e).__name__}); "
-                                f"quote request id {rid}. Other requests are unaffected") from None
+            raise ApiError(
+                500,
+                f"inference failed for this request ({type(e).__name__}); "
+                f"quote request id {rid}. Other requests are unaffected",
+            ) from None
 
     def index(self) -> list[dict[str, str]]:
         """The repository index (Triton's shape): every model this server can load, and its state."""
@@ -435,6 +523,12 @@ class ServeState:
         for name in names:
             model = self.models.get(name)
             state = "READY" if model is not None else ("LOADING" if name in self.loading else "UNAVAILABLE")
-            out.append({"name": name, "version": model.version if model else "", "state": state,
-                        "reason": "" if model is not None else ("loading" if name in self.loading else "unloaded")})
+            out.append(
+                {
+                    "name": name,
+                    "version": model.version if model else "",
+                    "state": state,
+                    "reason": "" if model is not None else ("loading" if name in self.loading else "unloaded"),
+                }
+            )
         return out

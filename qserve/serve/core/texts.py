@@ -16,14 +16,16 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from qserve.serve.infra.errors import ApiError
 from qserve.serve.infra.config import ServeConfig
+from qserve.serve.infra.errors import ApiError
 
 # Characters that show nothing: whitespace (\s), C0/C1 controls, soft hyphen, combining grapheme
 # joiner, Hangul fillers, Mongolian and variation selectors, zero-width and bidi controls,
 # word joiner .. invisible operators, BOM. (Surrogates are refused before this rule applies.)
-_INVISIBLE = (r"\s\u0000-\u001f\u007f-\u009f\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f"
-              r"\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb")
+_INVISIBLE = (
+    r"\s\u0000-\u001f\u007f-\u009f\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f"
+    r"\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
+)
 VISIBLE_PATTERN = f"[^{_INVISIBLE}]"
 _VISIBLE = re.compile(VISIBLE_PATTERN)
 
@@ -33,8 +35,10 @@ def unicode_problem(text: str) -> str | None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        return (f"is not valid Unicode: lone surrogate U+{ord(text[e.start]):04X} at character {e.start} "
-                "(a \\uD800-\\uDFFF escape must be half of a high-low pair); send UTF-8 text")
+        return (
+            f"is not valid Unicode: lone surrogate U+{ord(text[e.start]):04X} at character {e.start} "
+            "(a \\uD800-\\uDFFF escape must be half of a high-low pair); send UTF-8 text"
+        )
     return None
 
 
@@ -44,8 +48,10 @@ def text_problem(text: str) -> str | None:
     if problem:
         return problem
     if not _VISIBLE.search(text):
-        return ("has no visible character (only whitespace, control or zero-width characters); every text "
-                "needs at least one")
+        return (
+            "has no visible character (only whitespace, control or zero-width characters); every text "
+            "needs at least one"
+        )
     return None
 
 
@@ -57,8 +63,9 @@ def check_texts(config: ServeConfig, texts: Sequence[object], where: str, field:
     if not texts:
         raise ApiError(422, f"{where} is empty; send 1..{max_inputs} texts")
     if len(texts) > max_inputs:
-        raise ApiError(422, f"{where} has {len(texts)} texts; at most {max_inputs} per request "
-                            "(--max-inputs); split the request")
+        raise ApiError(
+            422, f"{where} has {len(texts)} texts; at most {max_inputs} per request (--max-inputs); split the request"
+        )
     for i, t in enumerate(texts):
         name = f"{where}[{i}].{field}" if field else f"{where}[{i}]"
         if not isinstance(t, str):
@@ -67,6 +74,9 @@ def check_texts(config: ServeConfig, texts: Sequence[object], where: str, field:
         if problem:
             raise ApiError(422, f"{name} {problem}")
         if len(t) > max_chars:
-            raise ApiError(422, f"{name} has {len(t)} characters; at most {max_chars} "
-                                "(--max-chars). Texts over the model's token limit are cut by the long-text "
-                                "policy, but the character limit bounds the work per request")
+            raise ApiError(
+                422,
+                f"{name} has {len(t)} characters; at most {max_chars} "
+                "(--max-chars). Texts over the model's token limit are cut by the long-text "
+                "policy, but the character limit bounds the work per request",
+            )

@@ -77,8 +77,9 @@ class ServeConfig:
     """Most texts in one request."""
     max_chars: int = 20_000
     """Most characters in one text (longer token sequences are cut by the long-text policy, not refused)."""
-    long_text: str | None = field(default=None, metadata=flag(metavar="POLICY",
-                                                              default_text="the variant's manifest, else head"))
+    long_text: str | None = field(
+        default=None, metadata=flag(metavar="POLICY", default_text="the variant's manifest, else head")
+    )
     """Long-text policy of requests that name none: head, tail, head-tail[:H] or windows[:W[:S[:mean|max]]]."""
     threshold: float = 0.5
     """Multi-label models: the sigmoid score at and above which a label is `on` in /v1 answers (a request's
@@ -142,17 +143,29 @@ class ServeConfig:
             if not cond:
                 raise QserveError(f"--{flag.replace('_', '-')} (or {ENV_PREFIX}{flag.upper()}) {msg}")
 
-        need(self.max_batch_size is None or 1 <= self.max_batch_size <= 4096, "max_batch_size",
-             f"must be 1..4096 (or unset: by device), got {self.max_batch_size}")
-        need(self.max_wait_ms is None or 0 <= self.max_wait_ms <= 10_000, "max_wait_ms",
-             f"must be 0..10000 ms (or unset: by device), got {self.max_wait_ms}")
+        need(
+            self.max_batch_size is None or 1 <= self.max_batch_size <= 4096,
+            "max_batch_size",
+            f"must be 1..4096 (or unset: by device), got {self.max_batch_size}",
+        )
+        need(
+            self.max_wait_ms is None or 0 <= self.max_wait_ms <= 10_000,
+            "max_wait_ms",
+            f"must be 0..10000 ms (or unset: by device), got {self.max_wait_ms}",
+        )
         graphs.parse_mode(self.cuda_graphs)  # names --cuda-graphs and what it allows
         need(1 <= self.max_inputs <= 4096, "max_inputs", f"must be 1..4096, got {self.max_inputs}")
-        need(self.max_queue >= self.max_inputs, "max_queue",
-             f"must be >= --max-inputs ({self.max_inputs}) so a full request can ever fit, got {self.max_queue}")
+        need(
+            self.max_queue >= self.max_inputs,
+            "max_queue",
+            f"must be >= --max-inputs ({self.max_inputs}) so a full request can ever fit, got {self.max_queue}",
+        )
         need(self.max_chars >= 1, "max_chars", f"must be >= 1, got {self.max_chars}")
-        need(not isinstance(self.threshold, bool) and 0 <= self.threshold <= 1, "threshold",
-             f"must be a number in [0, 1], got {self.threshold}")
+        need(
+            not isinstance(self.threshold, bool) and 0 <= self.threshold <= 1,
+            "threshold",
+            f"must be a number in [0, 1], got {self.threshold}",
+        )
         need(1 <= self.max_windows <= 256, "max_windows", f"must be 1..256, got {self.max_windows}")
         if self.long_text is not None:
             parse(self.long_text, f"--long-text (or {ENV_PREFIX}LONG_TEXT)")
@@ -164,29 +177,50 @@ class ServeConfig:
         for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
             v = getattr(self, name)
             need(0 < v <= 3600, name, f"must be > 0 and <= 3600 seconds, got {v}")
-        need(1 <= self.max_connections <= 1_000_000, "max_connections",
-             f"must be 1..1000000, got {self.max_connections}")
+        need(
+            1 <= self.max_connections <= 1_000_000, "max_connections", f"must be 1..1000000, got {self.max_connections}"
+        )
         need(0 < self.shadow_rate <= 1, "shadow_rate", f"must be > 0 and <= 1, got {self.shadow_rate}")
         need(self.shadow_threads >= 1, "shadow_threads", f"must be >= 1, got {self.shadow_threads}")
         for entry in self.shadow or []:
             name, sep, ref = entry.partition("=")
-            need(bool(sep and name.strip() and ref.strip()), "shadow",
-                 f"takes NAME=REFERENCE_DIR (a served model's name, then the reference variant's dir), got {entry!r}")
-        need(not (self.variant_dir and self.model_repository), "model_repository",
-             f"replaces DIRs: give DIRs ({self.variant_dir}) or --model-repository ({self.model_repository}), "
-             "not both")
-        need(not (self.model_name and self.model_repository), "model_name",
-             "names a single DIR's model; under --model-repository each model is named by its directory")
-        need(self.api_key is None or len(self.api_key) >= 8, "api_key",
-             "must be at least 8 characters (or unset to disable auth)")
+            need(
+                bool(sep and name.strip() and ref.strip()),
+                "shadow",
+                f"takes NAME=REFERENCE_DIR (a served model's name, then the reference variant's dir), got {entry!r}",
+            )
+        need(
+            not (self.variant_dir and self.model_repository),
+            "model_repository",
+            f"replaces DIRs: give DIRs ({self.variant_dir}) or --model-repository ({self.model_repository}), not both",
+        )
+        need(
+            not (self.model_name and self.model_repository),
+            "model_name",
+            "names a single DIR's model; under --model-repository each model is named by its directory",
+        )
+        need(
+            self.api_key is None or len(self.api_key) >= 8,
+            "api_key",
+            "must be at least 8 characters (or unset to disable auth)",
+        )
 
         parse_buckets(self.length_buckets)  # names --length-buckets and what it allows
-        need(self.max_batch_tokens is None or self.max_batch_tokens >= 2, "max_batch_tokens",
-             f"must be >= 2 tokens (or unset for no cap), got {self.max_batch_tokens}")
-        need(self.grpc_port is None or 0 <= self.grpc_port <= 65535, "grpc_port",
-             f"must be 0..65535 (or unset: no gRPC), got {self.grpc_port}")
-        need(self.grpc_port is None or self.grpc_port == 0 or self.grpc_port != self.port, "grpc_port",
-             f"must differ from --port ({self.port})")
+        need(
+            self.max_batch_tokens is None or self.max_batch_tokens >= 2,
+            "max_batch_tokens",
+            f"must be >= 2 tokens (or unset for no cap), got {self.max_batch_tokens}",
+        )
+        need(
+            self.grpc_port is None or 0 <= self.grpc_port <= 65535,
+            "grpc_port",
+            f"must be 0..65535 (or unset: no gRPC), got {self.grpc_port}",
+        )
+        need(
+            self.grpc_port is None or self.grpc_port == 0 or self.grpc_port != self.port,
+            "grpc_port",
+            f"must differ from --port ({self.port})",
+        )
         return self
 
     def for_device(self, device: str | None = None) -> ServeConfig:
@@ -196,8 +230,11 @@ class ServeConfig:
         if self.max_batch_size is not None and self.max_wait_ms is not None:
             return self
         sized = BATCHING[device_kind(device or self.device)]
-        return dataclasses.replace(self, max_batch_size=self.max_batch_size or sized.max_batch_size,
-                                   max_wait_ms=sized.max_wait_ms if self.max_wait_ms is None else self.max_wait_ms)
+        return dataclasses.replace(
+            self,
+            max_batch_size=self.max_batch_size or sized.max_batch_size,
+            max_wait_ms=sized.max_wait_ms if self.max_wait_ms is None else self.max_wait_ms,
+        )
 
     @property
     def batch_size(self) -> int:
@@ -226,7 +263,7 @@ short. Both are ceilings: a batch runs as soon as nobody else is on the way (bat
 
 
 def device_kind(device: str, probe: bool = True) -> str:
-    """"cuda" or "cpu": which BATCHING row `device` (cpu, cuda, cuda:N, auto) gets; `auto` is a GPU when one is
+    """ "cuda" or "cpu": which BATCHING row `device` (cpu, cuda, cuda:N, auto) gets; `auto` is a GPU when one is
     usable (probe=False: `auto` counts as CPU, for callers that must not import torch)."""
     if device.startswith("cuda"):
         return "cuda"
@@ -245,8 +282,9 @@ def settings_batch_size(settings: Mapping[str, object]) -> int:
     return BATCHING[device_kind(str(settings.get("device") or "auto"), probe=False)].max_batch_size
 
 
-def config_from_sources(flags: argparse.Namespace | Mapping[str, object] | None = None,
-                        environ: Mapping[str, str] | None = None) -> ServeConfig:
+def config_from_sources(
+    flags: argparse.Namespace | Mapping[str, object] | None = None, environ: Mapping[str, str] | None = None
+) -> ServeConfig:
     """Defaults, then QSERVE_<FIELD> env vars, then flags that were given (not None); validated."""
     environ = os.environ if environ is None else environ
     return build(ServeConfig, flags or {}, environ=environ, env_prefix=ENV_PREFIX, error=QserveError).validate()

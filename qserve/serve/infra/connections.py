@@ -34,10 +34,19 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 if TYPE_CHECKING:
     from qserve.serve.infra.metrics import Metrics
 
+
 def _raw_response(status: bytes, message: str, extra: bytes = b"") -> bytes:
     body = ('{"error":"%s"}' % message).encode()
-    return (b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\nconnection: close\r\n" + extra
-            + b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return (
+        b"HTTP/1.1 "
+        + status
+        + b"\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        + extra
+        + b"content-length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
 
 
 class HttpLoad:
@@ -62,14 +71,25 @@ class HttpLoad:
         """One client connected and one request (the caller's) in flight: nobody else can be waiting to be
         read while the event loop is busy. wrk -c1 or a keep-alive client is alone; 32 connections never are,
         even between their requests."""
-        return (self.connections is not None and self.tasks is not None
-                and len(self.connections) <= 1 and len(self.tasks) <= 1)
+        return (
+            self.connections is not None
+            and self.tasks is not None
+            and len(self.connections) <= 1
+            and len(self.tasks) <= 1
+        )
 
 
-def protocol_class(*, header_timeout_s: float, body_timeout_s: float, max_connections: int,
-                   metrics: Metrics | None = None, load: HttpLoad | None = None) -> type:
+def protocol_class(
+    *,
+    header_timeout_s: float,
+    body_timeout_s: float,
+    max_connections: int,
+    metrics: Metrics | None = None,
+    load: HttpLoad | None = None,
+) -> type:
     """A uvicorn `http=` protocol class bound to these limits and this app's metrics; `load` is handed
     uvicorn's sets of open connections and request tasks (what ServeState asks before running inline)."""
+
     def closed(reason: str) -> None:
         if metrics is not None:
             metrics.connections_closed.labels(reason).inc()
@@ -88,9 +108,13 @@ def protocol_class(*, header_timeout_s: float, body_timeout_s: float, max_connec
                 metrics.connections.set(len(self.connections))
             if over:
                 closed("connection_limit")
-                transport.write(_raw_response(b"503 Service Unavailable",
-                                              f"too many open connections (--max-connections {max_connections}); "
-                                              "retry shortly", b"retry-after: 1\r\n"))
+                transport.write(
+                    _raw_response(
+                        b"503 Service Unavailable",
+                        f"too many open connections (--max-connections {max_connections}); retry shortly",
+                        b"retry-after: 1\r\n",
+                    )
+                )
                 transport.close()
                 return
             self._arm(header_timeout_s, self._header_timeout)
@@ -147,9 +171,12 @@ def protocol_class(*, header_timeout_s: float, body_timeout_s: float, max_connec
                 return
             if self._got_bytes:
                 closed("header_timeout")
-                self.transport.write(_raw_response(b"408 Request Timeout",
-                                                   f"request headers not complete within {header_timeout_s} s "
-                                                   "(--header-timeout-s)"))
+                self.transport.write(
+                    _raw_response(
+                        b"408 Request Timeout",
+                        f"request headers not complete within {header_timeout_s} s (--header-timeout-s)",
+                    )
+                )
             else:
                 closed("idle")
             self.transport.close()
@@ -161,9 +188,12 @@ def protocol_class(*, header_timeout_s: float, body_timeout_s: float, max_connec
                 return
             closed("body_timeout")
             if not cycle.response_started:
-                self.transport.write(_raw_response(b"408 Request Timeout",
-                                                   f"request body not complete within {body_timeout_s} s "
-                                                   "(--body-timeout-s)"))
+                self.transport.write(
+                    _raw_response(
+                        b"408 Request Timeout",
+                        f"request body not complete within {body_timeout_s} s (--body-timeout-s)",
+                    )
+                )
             # The app sees a disconnect; nothing it writes afterwards reaches the socket.
             cycle.disconnected = True
             cycle.message_event.set()

@@ -1,6 +1,6 @@
 """ApiError: an HTTP answer raised from anywhere in a request, rendered as {"error", "request_id"}.
 
-    python -c "from qserve.serve.infra.errors import ApiError; print(ApiError(404, 'unknown model'))"
+python -c "from qserve.serve.infra.errors import ApiError; print(ApiError(404, 'unknown model'))"
 """
 
 from __future__ import annotations

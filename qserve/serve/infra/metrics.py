@@ -29,73 +29,134 @@ QUEUE_WAIT_BUCKETS = (1e-4, 5e-4, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, protocol_of: Callable[[str, str], str] = lambda route, method: "other",
-                 protocols: Sequence[str] = ("other",)) -> None:
+    def __init__(
+        self,
+        protocol_of: Callable[[str, str], str] = lambda route, method: "other",
+        protocols: Sequence[str] = ("other",),
+    ) -> None:
         # protocol_of(route template, method) -> its protocol's label, one of `protocols` (the served protocols'
         # labels, app.py: protocols/spec.py Protocols.label and .labels)
         self.protocol_of = protocol_of
         self.registry = r = CollectorRegistry()
         m = ["model"]
-        self.requests = Counter("qserve_requests_total", "HTTP requests by route template, method, status and model",
-                                ["route", "method", "status", "model"], registry=r)
-        self.protocol = Counter("qserve_protocol_requests_total",
-                                f"HTTP requests by protocol ({', '.join(protocols)}), status and model",
-                                ["protocol", "status", "model"], registry=r)
-        self.latency = Histogram("qserve_request_latency_seconds", "HTTP request latency (server side)",
-                                 ["route", "method", "status", "model"], buckets=LATENCY_BUCKETS, registry=r)
-        self.batch_size = Histogram("qserve_batch_size", "Texts per forward pass", m, buckets=BATCH_BUCKETS,
-                                    registry=r)
+        self.requests = Counter(
+            "qserve_requests_total",
+            "HTTP requests by route template, method, status and model",
+            ["route", "method", "status", "model"],
+            registry=r,
+        )
+        self.protocol = Counter(
+            "qserve_protocol_requests_total",
+            f"HTTP requests by protocol ({', '.join(protocols)}), status and model",
+            ["protocol", "status", "model"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "qserve_request_latency_seconds",
+            "HTTP request latency (server side)",
+            ["route", "method", "status", "model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram("qserve_batch_size", "Texts per forward pass", m, buckets=BATCH_BUCKETS, registry=r)
         self.queue_depth = Gauge("qserve_queue_depth", "Texts waiting for a batch", m, registry=r)
-        self.inference = Histogram("qserve_inference_seconds", "Wall time of one batch in the runtime", m,
-                                   buckets=LATENCY_BUCKETS, registry=r)
+        self.inference = Histogram(
+            "qserve_inference_seconds", "Wall time of one batch in the runtime", m, buckets=LATENCY_BUCKETS, registry=r
+        )
         self.texts = Counter("qserve_texts_total", "Texts classified", m, registry=r)
-        self.truncated = Counter("qserve_truncated_texts_total", "Texts cut to the model's max_length", m,
-                                 registry=r)
-        self.batch_failures = Counter("qserve_batch_failures_total", "Batches whose runtime call raised", m,
-                                      registry=r)
-        self.rejected = Counter("qserve_rejected_total", "Requests refused before inference, by reason",
-                                ["reason", "model"], registry=r)
+        self.truncated = Counter("qserve_truncated_texts_total", "Texts cut to the model's max_length", m, registry=r)
+        self.batch_failures = Counter("qserve_batch_failures_total", "Batches whose runtime call raised", m, registry=r)
+        self.rejected = Counter(
+            "qserve_rejected_total", "Requests refused before inference, by reason", ["reason", "model"], registry=r
+        )
         self.ready = Gauge("qserve_model_ready", "1 while the model is loaded and serving", m, registry=r)
-        self.queue_wait = Histogram("qserve_queue_wait_seconds",
-                                    "Per admitted text: time from entering the queue to the start of its forward pass",
-                                    m, buckets=QUEUE_WAIT_BUCKETS, registry=r)
-        self.inline = Counter("qserve_inline_batches_total", "Batches of a request alone in the server, run on the "
-                              "event loop instead of the inference thread (--inline-lone)", m, registry=r)
-        self.lane = Counter("qserve_lane_batches_total", "Batches run in a lane: several at once, each on one "
-                            "single-threaded worker, while other requests are in the server", m, registry=r)
-        self.rejection = Histogram("qserve_rejection_seconds",
-                                   "Server time spent refusing a request before inference (429 queue full)",
-                                   m, buckets=REJECTION_BUCKETS, registry=r)
+        self.queue_wait = Histogram(
+            "qserve_queue_wait_seconds",
+            "Per admitted text: time from entering the queue to the start of its forward pass",
+            m,
+            buckets=QUEUE_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.inline = Counter(
+            "qserve_inline_batches_total",
+            "Batches of a request alone in the server, run on the "
+            "event loop instead of the inference thread (--inline-lone)",
+            m,
+            registry=r,
+        )
+        self.lane = Counter(
+            "qserve_lane_batches_total",
+            "Batches run in a lane: several at once, each on one "
+            "single-threaded worker, while other requests are in the server",
+            m,
+            registry=r,
+        )
+        self.rejection = Histogram(
+            "qserve_rejection_seconds",
+            "Server time spent refusing a request before inference (429 queue full)",
+            m,
+            buckets=REJECTION_BUCKETS,
+            registry=r,
+        )
         self.connections = Gauge("qserve_open_connections", "HTTP connections open now", registry=r)
         self.connections_closed = Counter(
-            "qserve_connections_closed_total", "Connections the server closed on its own, by reason "
-            "(idle, header_timeout, body_timeout, keep_alive, connection_limit)", ["reason"], registry=r)
+            "qserve_connections_closed_total",
+            "Connections the server closed on its own, by reason "
+            "(idle, header_timeout, body_timeout, keep_alive, connection_limit)",
+            ["reason"],
+            registry=r,
+        )
         self.depth_parts: dict[str, dict[int, int]] = {}  # per model: each live batcher's queue depth
         # Lifecycle: loads, swaps and unloads by outcome; the version each model serves (value 1).
-        self.loads = Counter("qserve_model_loads_total", "Repository loads by outcome (loaded, swapped, refused) "
-                             "and unloads", ["model", "outcome"], registry=r)
-        self.version = Gauge("qserve_model_version_info", "The version (manifest short hash) a model serves",
-                             ["model", "version"], registry=r)
+        self.loads = Counter(
+            "qserve_model_loads_total",
+            "Repository loads by outcome (loaded, swapped, refused) and unloads",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.version = Gauge(
+            "qserve_model_version_info",
+            "The version (manifest short hash) a model serves",
+            ["model", "version"],
+            registry=r,
+        )
         # Shadow agreement (shadow.py): the served model against its reference on sampled live texts.
-        self.shadow_agreement = Gauge("qserve_shadow_agreement", "Rolling share of sampled texts whose label "
-                                      "equals the reference's", m, registry=r)
-        self.shadow_dprob = Gauge("qserve_shadow_abs_dprob", "Rolling quantiles of max |prob - reference prob| "
-                                  "per sampled text", ["model", "quantile"], registry=r)
-        self.shadow_samples = Counter("qserve_shadow_samples_total", "Sampled texts the reference re-scored", m,
-                                      registry=r)
-        self.shadow_dropped = Counter("qserve_shadow_dropped_total", "Sampled texts dropped because the shadow "
-                                      "queue was full (the reference could not keep up)", m, registry=r)
+        self.shadow_agreement = Gauge(
+            "qserve_shadow_agreement",
+            "Rolling share of sampled texts whose label equals the reference's",
+            m,
+            registry=r,
+        )
+        self.shadow_dprob = Gauge(
+            "qserve_shadow_abs_dprob",
+            "Rolling quantiles of max |prob - reference prob| per sampled text",
+            ["model", "quantile"],
+            registry=r,
+        )
+        self.shadow_samples = Counter(
+            "qserve_shadow_samples_total", "Sampled texts the reference re-scored", m, registry=r
+        )
+        self.shadow_dropped = Counter(
+            "qserve_shadow_dropped_total",
+            "Sampled texts dropped because the shadow queue was full (the reference could not keep up)",
+            m,
+            registry=r,
+        )
         self._series: dict[tuple[str, str, int, str], tuple[Any, Any, Any]] = {}
-        self.shadow_bar = Gauge("qserve_shadow_agreement_bar", "The variant's agreement bar (its bench bar for "
-                                "its bits)", m, registry=r)
+        self.shadow_bar = Gauge(
+            "qserve_shadow_agreement_bar", "The variant's agreement bar (its bench bar for its bits)", m, registry=r
+        )
 
     def observe_request(self, route: str, method: str, status: int, seconds: float, model: str = "") -> None:
         key = (route, method, status, model)
         series = self._series.get(key)
         if series is None:  # once per (route, method, status, model): labels() and protocol_of off the hot path
             labels = (route, method, str(status), model)
-            series = (self.requests.labels(*labels), self.latency.labels(*labels),
-                      self.protocol.labels(self.protocol_of(route, method), str(status), model))
+            series = (
+                self.requests.labels(*labels),
+                self.latency.labels(*labels),
+                self.protocol.labels(self.protocol_of(route, method), str(status), model),
+            )
             if len(self._series) < SERIES_CACHE:  # routes are templates, so this stays small; a bound all the same
                 self._series[key] = series
         series[0].inc()

@@ -55,8 +55,9 @@ def wanted(environ: Mapping[str, str] | None = None) -> str | None:
     if chosen:
         first = chosen.split(",")[0].strip()
         if first not in EXPORTERS:
-            raise QserveError(f"OTEL_TRACES_EXPORTER={chosen!r}: qserve exports traces with one of "
-                              f"{', '.join(EXPORTERS)}")
+            raise QserveError(
+                f"OTEL_TRACES_EXPORTER={chosen!r}: qserve exports traces with one of {', '.join(EXPORTERS)}"
+            )
         return None if first == "none" else first
     if env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         return "otlp"
@@ -78,13 +79,19 @@ def from_env(environ: Mapping[str, str] | None = None) -> Tracing | None:
     if kind == "console":
         exporter: Any = ConsoleSpanExporter()  # one of three OpenTelemetry exporter classes (no stubs: Any anyway)
     else:
-        protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-                    or "http/protobuf").strip().lower()
+        protocol = (
+            (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf")
+            .strip()
+            .lower()
+        )
         if protocol not in PROTOCOLS:
-            raise QserveError(f"OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL={protocol!r}: qserve exports OTLP over "
-                              f"{' or '.join(PROTOCOLS)}")
-        module = require(f"opentelemetry.exporter.otlp.proto.{'grpc' if protocol == 'grpc' else 'http'}.trace_exporter",
-                         f"OTLP over {protocol}")
+            raise QserveError(
+                f"OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL={protocol!r}: qserve exports OTLP over {' or '.join(PROTOCOLS)}"
+            )
+        module = require(
+            f"opentelemetry.exporter.otlp.proto.{'grpc' if protocol == 'grpc' else 'http'}.trace_exporter",
+            f"OTLP over {protocol}",
+        )
         exporter = module.OTLPSpanExporter()  # endpoint, headers, timeout: from the OTEL_EXPORTER_OTLP_* variables
     # An explicit attribute would override OTEL_SERVICE_NAME, so name the service only when it is not set.
     attrs = {"service.version": __version__}
@@ -109,8 +116,13 @@ class Tracing:
         from opentelemetry.trace import SpanKind
 
         start = time.time_ns()
-        root = self.tracer.start_span(name, context=extract(dict(carrier)), kind=SpanKind.SERVER, start_time=start,
-                                      attributes=dict(attributes or {}))
+        root = self.tracer.start_span(
+            name,
+            context=extract(dict(carrier)),
+            kind=SpanKind.SERVER,
+            start_time=start,
+            attributes=dict(attributes or {}),
+        )
         return RequestTrace(self, root, start)
 
     def shutdown(self) -> None:

@@ -23,23 +23,35 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp
 
 
-def uvicorn_config(app: ASGIApp, host: str, port: int, log_level: str = "info",
-                   log_config: str | dict[str, Any] | None = "default") -> Any:  # a uvicorn.Config (no stubs)
+def uvicorn_config(
+    app: ASGIApp, host: str, port: int, log_level: str = "info", log_config: str | dict[str, Any] | None = "default"
+) -> Any:  # a uvicorn.Config (no stubs)
 
     kwargs: dict[str, Any] = {}
     if log_config != "default":
         kwargs["log_config"] = log_config
     st = getattr(getattr(app, "state", None), "qserve", None)
     if st is not None:  # a qserve app: its connection limits and timeouts (connections.py)
-
         cfg = st.config
-        kwargs["http"] = protocol_class(header_timeout_s=cfg.header_timeout_s, body_timeout_s=cfg.body_timeout_s,
-                                        max_connections=cfg.max_connections, metrics=st.metrics,
-                                        load=st.http_load)
+        kwargs["http"] = protocol_class(
+            header_timeout_s=cfg.header_timeout_s,
+            body_timeout_s=cfg.body_timeout_s,
+            max_connections=cfg.max_connections,
+            metrics=st.metrics,
+            load=st.http_load,
+        )
         kwargs["timeout_keep_alive"] = cfg.keep_alive_s
     # One process, one event loop: the model lives in this process (see config.py for why).
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", workers=1,
-                          timeout_graceful_shutdown=None, **kwargs)
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        workers=1,
+        timeout_graceful_shutdown=None,
+        **kwargs,
+    )
 
 
 class ServerThread:

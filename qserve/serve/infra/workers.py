@@ -103,8 +103,12 @@ def supervise(workers: int, target: Callable[..., Any], args_of: Callable[[int],
                 alive.remove(p)
                 if not stopping:
                     code = p.exitcode if p.exitcode and p.exitcode > 0 else 1  # killed by a signal: 1
-                    log.error("worker %s (pid %s) exited on its own (status %s): stopping the others",
-                              p.name, p.pid, p.exitcode)
+                    log.error(
+                        "worker %s (pid %s) exited on its own (status %s): stopping the others",
+                        p.name,
+                        p.pid,
+                        p.exitcode,
+                    )
                     stop()
     finally:
         for s, h in previous.items():

@@ -30,13 +30,13 @@ from fastapi import Query
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 
-from qserve.serve.core.schemas import ErrorResponse
-from qserve.serve.core.state import ServeState
-from qserve.serve.protocols.spec import Endpoint, ProtocolSpec, Route
 from qserve import QserveError
 from qserve.artifact import VariantError, read_manifest
 from qserve.bench.recommend import real_text_b1
 from qserve.bench.report import load_report, summary_rows
+from qserve.serve.core.schemas import ErrorResponse
+from qserve.serve.core.state import ServeState
+from qserve.serve.protocols.spec import Endpoint, ProtocolSpec, Route
 
 PAGE_HTML = Path(__file__).with_name("page.html")
 
@@ -109,15 +109,27 @@ def report_summary(variant_dir: str | Path) -> ReportSummary:
     env, cfg = report.get("environment") or {}, report.get("config") or {}
     machine = env.get("gpu") if str(cfg.get("device", "")).startswith("cuda") else (env.get("cpu") or {}).get("model")
     ranking = {r["variant"]: r for r in rec.get("ranking") or []}
-    keep = list(dict.fromkeys([served] + ([rec["variant"]] if rec.get("variant") else [])
-                              + [n for n, r in ranking.items() if r.get("meets_bar")]))
+    keep = list(
+        dict.fromkeys(
+            [served]
+            + ([rec["variant"]] if rec.get("variant") else [])
+            + [n for n, r in ranking.items() if r.get("meets_bar")]
+        )
+    )
     out = ReportSummary(
-        served=served, report=str(path), created=report.get("created"), machine=machine, threads=cfg.get("threads"),
+        served=served,
+        report=str(path),
+        created=report.get("created"),
+        machine=machine,
+        threads=cfg.get("threads"),
         shape=rec.get("shape") or "b{batch}/s{seq}".format(**report["headline"]),
-        batch_max=max(cfg.get("batch_sizes") or [0]) or None, recommended=rec.get("variant"), why=rec.get("why"),
+        batch_max=max(cfg.get("batch_sizes") or [0]) or None,
+        recommended=rec.get("variant"),
+        why=rec.get("why"),
         served_is_recommended=(rec["variant"] == served) if rec.get("variant") else None,
         measured_files_match=_same_files(path.parent / "inputs.json", v),
-        rows=[_row(n, rows[n], ranking.get(n), report) for n in keep if n in rows])
+        rows=[_row(n, rows[n], ranking.get(n), report) for n in keep if n in rows],
+    )
     if served not in rows:
         out.reason = f"{path} has no measured row for {served}"
     return out
@@ -126,8 +138,9 @@ def report_summary(variant_dir: str | Path) -> ReportSummary:
 def _row(name: str, row: dict, ranked: dict | None, report: dict) -> BenchRow:
     """The summary row, its latency the one the recommendation ranked by (so the page and the ranking agree)."""
     plain = {k: row.get(k) for k in BenchRow.model_fields if k in row and k != "variant"}
-    out = BenchRow(variant=name, **plain, fixed_p50_ms=row.get("p50_ms"),
-                   meets_bar=ranked.get("meets_bar") if ranked else None)
+    out = BenchRow(
+        variant=name, **plain, fixed_p50_ms=row.get("p50_ms"), meets_bar=ranked.get("meets_bar") if ranked else None
+    )
     rec = report.get("recommended") or {}
     if ranked and ranked.get("real_b1_p50_ms") is not None and ranked.get("p50_ms") == ranked["real_b1_p50_ms"]:
         v: dict[str, Any] = next((x for x in report["variants"] if x["name"] == name), {})
@@ -152,15 +165,21 @@ def _csp(page: str) -> str:
     """Only this page's own inline script (by hash) and styles run; it may talk to this server only."""
     scripts = re.findall(r"<script>(.*?)</script>", page, flags=re.S)
     hashes = " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(s.encode()).digest()).decode()}'" for s in scripts)
-    return (f"default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; connect-src 'self'; "
-            "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+    return (
+        f"default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; connect-src 'self'; "
+        "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    )
 
 
 def _index(st: ServeState) -> Endpoint:
     # Whether to ask for a key is the one server fact the page carries, so it never has to fail a call to learn it.
     page = PAGE_HTML.read_text(encoding="utf-8").replace("{{AUTH}}", "required" if st.config.api_key else "none")
-    headers = {"Content-Security-Policy": _csp(page), "X-Content-Type-Options": "nosniff",
-               "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache"}
+    headers = {
+        "Content-Security-Policy": _csp(page),
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+        "Cache-Control": "no-cache",
+    }
 
     async def index() -> HTMLResponse:
         return HTMLResponse(page, headers=headers)
@@ -169,9 +188,11 @@ def _index(st: ServeState) -> Endpoint:
 
 
 def _report(st: ServeState) -> Endpoint:
-    def v1_report(model: str | None = Query(default=None, description="A served model (GET /v1/models lists "
-                                                                       "them); default: the default model.")
-                  ) -> ReportSummary:  # a plain def: FastAPI runs the file reads in its thread pool
+    def v1_report(
+        model: str | None = Query(
+            default=None, description="A served model (GET /v1/models lists them); default: the default model."
+        ),
+    ) -> ReportSummary:  # a plain def: FastAPI runs the file reads in its thread pool
         served = st.model(model)
         out = report_summary(served.variant_dir or st.config.variant_dir)
         out.model = served.name
@@ -181,13 +202,28 @@ def _report(st: ServeState) -> Endpoint:
 
 
 # GET / is open (it holds no model data); GET /v1/report needs the key like every JSON route, and counts as /v1's.
-PAGE = ProtocolSpec(name="page", routes=(
-    # In the document beside POST / (an inference route, registry.py), so the path's Allow (GET, POST) lists both.
-    Route("GET", "/", _index, dict(tags=["page"], response_class=HTMLResponse,
-                                   summary="The served models' page (HTML, open)"), open=True),
-    Route("GET", "/v1/report", _report, dict(
-        tags=["v1"], response_model=ReportSummary,
-        summary="The bench report behind a served model's variant: the recommendation and its row",
-        responses={401: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 503: {"model": ErrorResponse}}),
-          label="v1"),
-))
+PAGE = ProtocolSpec(
+    name="page",
+    routes=(
+        # In the document beside POST / (an inference route, registry.py), so the path's Allow (GET, POST) lists both.
+        Route(
+            "GET",
+            "/",
+            _index,
+            dict(tags=["page"], response_class=HTMLResponse, summary="The served models' page (HTML, open)"),
+            open=True,
+        ),
+        Route(
+            "GET",
+            "/v1/report",
+            _report,
+            dict(
+                tags=["v1"],
+                response_model=ReportSummary,
+                summary="The bench report behind a served model's variant: the recommendation and its row",
+                responses={401: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
+            ),
+            label="v1",
+        ),
+    ),
+)

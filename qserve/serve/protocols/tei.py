@@ -31,25 +31,26 @@ TEI's routes serve the default model (TEI serves one); every check, limit, batch
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
-import asyncio
 
 import numpy as np
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from qserve import __version__, problemtypes as problems
-from qserve.textpairs import PAIR
+from qserve import __version__
+from qserve import problemtypes as problems
 from qserve.serve.core.answer import Answer
-from qserve.serve.infra.errors import ApiError
 from qserve.serve.core.outputs import label_scores
 from qserve.serve.core.pairs import takes_pairs
-from qserve.serve.core.texts import check_texts
 from qserve.serve.core.schemas import LongText, PositiveJsonInt, Text, TokenIdJsonInt
 from qserve.serve.core.state import ServedModel, ServeState
+from qserve.serve.core.texts import check_texts
 from qserve.serve.infra.config import ServeConfig
+from qserve.serve.infra.errors import ApiError
 from qserve.serve.protocols.spec import ErrorShape, OpenApi, ProtocolSpec, Published, Route, answered
+from qserve.textpairs import PAIR
 
 T = TypeVar("T")
 
@@ -70,9 +71,11 @@ def error_status(status: int, validation: bool) -> int:
 
 def expected(cfg: ServeConfig) -> str:
     """What a body TEI's routes refuse should have been."""
-    return ('expected TEI\'s {"inputs": str | [text] | [text, text_pair] | [[text, text_pair], ...], '
-            '"truncate": bool, "truncation_direction": "Right" | "Left", "raw_scores": bool} with '
-            f"1..{cfg.max_inputs} non-empty texts of at most {cfg.max_chars} characters")
+    return (
+        'expected TEI\'s {"inputs": str | [text] | [text, text_pair] | [[text, text_pair], ...], '
+        '"truncate": bool, "truncation_direction": "Right" | "Left", "raw_scores": bool} with '
+        f"1..{cfg.max_inputs} non-empty texts of at most {cfg.max_chars} characters"
+    )
 
 
 # -- schemas ---------------------------------------------------------------------------------------
@@ -80,35 +83,52 @@ TeiSequence = Annotated[list[Text], Field(min_length=1, max_length=2)]
 
 
 class TeiPredictRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"inputs": "A moving, beautifully shot film.", "truncate": True},
-        {"inputs": [["Loved it."], ["A waste of two hours."]], "raw_scores": True}]})
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"inputs": "A moving, beautifully shot film.", "truncate": True},
+                {"inputs": [["Loved it."], ["A waste of two hours."]], "raw_scores": True},
+            ]
+        },
+    )
 
-    inputs: Text | Annotated[list[Text], Field(min_length=1)] | Annotated[list[TeiSequence], Field(min_length=1)] = Field(
-        description="A string; a flat list (one text, or [text, text_pair] for a pair model; a one-text model "
-                    "reads several strings as a batch); or a batch of [text] / [text, text_pair] lists.")
+    inputs: Text | Annotated[list[Text], Field(min_length=1)] | Annotated[list[TeiSequence], Field(min_length=1)] = (
+        Field(
+            description="A string; a flat list (one text, or [text, text_pair] for a pair model; a one-text model "
+            "reads several strings as a batch); or a batch of [text] / [text, text_pair] lists."
+        )
+    )
     truncate: Annotated[bool, Field(strict=True)] | None = Field(
-        default=None, description="Cut a text longer than max_length tokens (null: true, as TEI's --auto-truncate); "
-                                  "false: such a text is refused (413). With long_text, the policy applies.")
+        default=None,
+        description="Cut a text longer than max_length tokens (null: true, as TEI's --auto-truncate); "
+        "false: such a text is refused (413). With long_text, the policy applies.",
+    )
     truncation_direction: Literal["Right", "Left", "right", "left"] | None = Field(
-        default=None, description="Right keeps the start of a long text (qserve head), Left its end (tail); "
-                                  "absent: the served model's own long-text policy, as /v1 reads the text.")
+        default=None,
+        description="Right keeps the start of a long text (qserve head), Left its end (tail); "
+        "absent: the served model's own long-text policy, as /v1 reads the text.",
+    )
     raw_scores: Annotated[bool, Field(strict=True)] = Field(default=False, description="Logits instead of scores.")
     long_text: LongText | None = Field(
-        default=None, description="qserve extra: a long-text policy (head, tail, head-tail[:H], "
-                                  "windows[:W[:S[:mean|max]]]) in place of truncate/truncation_direction.")
+        default=None,
+        description="qserve extra: a long-text policy (head, tail, head-tail[:H], "
+        "windows[:W[:S[:mean|max]]]) in place of truncate/truncation_direction.",
+    )
 
 
 class HfParameters(BaseModel):
     model_config = ConfigDict(extra="forbid")
     top_k: PositiveJsonInt | None = Field(default=None, description="Labels per input, best first; null = all.")
     function_to_apply: Literal["softmax", "sigmoid", "none"] | None = Field(
-        default=None, description="Applied to the logits; null = the model's own scores (softmax, sigmoid, value).")
+        default=None, description="Applied to the logits; null = the model's own scores (softmax, sigmoid, value)."
+    )
 
 
 class TeiRootRequest(TeiPredictRequest):
     parameters: HfParameters | None = Field(
-        default=None, description="huggingface_hub's InferenceClient form: answered [[{label, score}]] per input.")
+        default=None, description="huggingface_hub's InferenceClient form: answered [[{label, score}]] per input."
+    )
 
 
 class TeiPrediction(BaseModel):
@@ -129,14 +149,15 @@ class TeiTokenizeRequest(BaseModel):
 
 class TeiDecodeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    ids: Annotated[list[TokenIdJsonInt], Field(min_length=1)] | Annotated[
-        list[Annotated[list[TokenIdJsonInt], Field(min_length=1)]], Field(min_length=1)]
+    ids: (
+        Annotated[list[TokenIdJsonInt], Field(min_length=1)]
+        | Annotated[list[Annotated[list[TokenIdJsonInt], Field(min_length=1)]], Field(min_length=1)]
+    )
     skip_special_tokens: Annotated[bool, Field(strict=True)] = True
 
 
 # 401 with --api-key; 415 a body that is not JSON; 413 validation (and a body over --max-body-bytes)
-ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": TeiError}
-                                           for code in (401, 413, 415, 422, 424, 429, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": TeiError} for code in (401, 413, 415, 422, 424, 429, 503)}
 
 
 def publish(comps: dict[str, Any], published: Published) -> None:
@@ -148,7 +169,7 @@ def publish(comps: dict[str, Any], published: Published) -> None:
         return
     pair = manifest.takes == PAIR
     for name in ("TeiPredictRequest", "TeiRootRequest"):
-        inputs = (((comps.get(name) or {}).get("properties") or {}).get("inputs") or {})
+        inputs = ((comps.get(name) or {}).get("properties") or {}).get("inputs") or {}
         alts = inputs.get("anyOf") or []
         if len(alts) != 3:
             continue
@@ -162,8 +183,9 @@ def publish(comps: dict[str, Any], published: Published) -> None:
 
 
 # -- decoding ---------------------------------------------------------------------------------------
-def sequences(st: ServeState, model: ServedModel, inputs: str | list[str] | list[list[str]]
-              ) -> tuple[list[str], list[str] | None, bool]:
+def sequences(
+    st: ServeState, model: ServedModel, inputs: str | list[str] | list[list[str]]
+) -> tuple[list[str], list[str] | None, bool]:
     """TEI `inputs` -> (texts, pairs or None, batch?), by TEI's grammar and the model's inputs (pairs.py)."""
     pair_model = takes_pairs(model.runtime)
     if isinstance(inputs, str):
@@ -171,8 +193,11 @@ def sequences(st: ServeState, model: ServedModel, inputs: str | list[str] | list
     elif inputs and isinstance(inputs[0], str):
         if pair_model or len(inputs) == 1:  # TEI: [text] is one text, [text, text_pair] one pair
             if len(inputs) > 2:
-                raise ApiError(422, f"inputs has {len(inputs)} strings; a flat list is one sequence: [text] or "
-                                    "[text, text_pair]; send a batch as [[text, text_pair], ...]")
+                raise ApiError(
+                    422,
+                    f"inputs has {len(inputs)} strings; a flat list is one sequence: [text] or "
+                    "[text, text_pair]; send a batch as [[text, text_pair], ...]",
+                )
             seqs, batch = [list(inputs)], False
         else:  # a one-text model cannot take a pair: several strings are a batch of texts
             seqs, batch = [[t] for t in inputs], True
@@ -181,11 +206,14 @@ def sequences(st: ServeState, model: ServedModel, inputs: str | list[str] | list
     for i, s in enumerate(seqs):
         where = f"inputs[{i}]" if batch else "inputs"
         if len(s) == 2 and not pair_model:
-            raise ApiError(422, f"{where} is a [text, text_pair] pair, but model {model.name!r} takes one text per "
-                                "input; send [text]")
+            raise ApiError(
+                422,
+                f"{where} is a [text, text_pair] pair, but model {model.name!r} takes one text per input; send [text]",
+            )
         if len(s) == 1 and pair_model:
-            raise ApiError(422, f"{where} is a single text, but model {model.name!r} takes text pairs; send "
-                                "[text, text_pair]")
+            raise ApiError(
+                422, f"{where} is a single text, but model {model.name!r} takes text pairs; send [text, text_pair]"
+            )
     texts = [s[0] for s in seqs]
     check_texts(st.config, texts, "inputs")
     if not pair_model:
@@ -213,14 +241,20 @@ def policy_of(body: TeiPredictRequest, model: ServedModel, pair: bool) -> str | 
     if body.truncation_direction is None:
         return None
     if pair and POLICY[body.truncation_direction] == "tail":
-        raise body_error(ApiError(422, "truncation_direction Left is not supported for text pairs: a pair is cut as "
-                                       "its tokenizer cuts it (longest first); send Right or leave it out"))
+        raise body_error(
+            ApiError(
+                422,
+                "truncation_direction Left is not supported for text pairs: a pair is cut as "
+                "its tokenizer cuts it (longest first); send Right or leave it out",
+            )
+        )
     return POLICY[body.truncation_direction]
 
 
 # -- the one call into the serving state ---------------------------------------------------------------
-async def answer(st: ServeState, request: Request, model: ServedModel, texts: list[str], pairs: list[str] | None,
-                 policy: str | None) -> Answer:
+async def answer(
+    st: ServeState, request: Request, model: ServedModel, texts: list[str], pairs: list[str] | None, policy: str | None
+) -> Answer:
     """Queue the texts on `model` (the default) under `policy`: every protocol's one call (state.py)."""
     return await st.submit(model, texts, request.scope, request.state.request_id, policy, "long_text", pairs=pairs)
 
@@ -239,8 +273,10 @@ def transform(ans: Answer, function: str | None) -> np.ndarray:
 def predictions(scores: np.ndarray, ans: Answer, top_k: int | None = None) -> list[list[dict[str, Any]]]:
     # every label sorted by score (a regression model: its value), as /v1 orders them
     problem = ans.problem_type if ans.problem_type == problems.REGRESSION else problems.SINGLE
-    return [[{"score": p["score"], "label": p["label"]} for p in row]
-            for row in label_scores(scores, list(ans.labels), problem, top_k, None)]
+    return [
+        [{"score": p["score"], "label": p["label"]} for p in row]
+        for row in label_scores(scores, list(ans.labels), problem, top_k, None)
+    ]
 
 
 def check_length(ans: Answer, truncate: bool) -> None:
@@ -248,12 +284,12 @@ def check_length(ans: Answer, truncate: bool) -> None:
         return
     for n, cut in zip(ans.tokens, ans.truncated):
         if cut:
-            raise ApiError(413, f"Input validation error: `inputs` must have less than {ans.max_length} "
-                                f"tokens. Given: {n}")
+            raise ApiError(
+                413, f"Input validation error: `inputs` must have less than {ans.max_length} tokens. Given: {n}"
+            )
 
 
-async def predict(st: ServeState, body: TeiPredictRequest, request: Request,
-                  hf: HfParameters | None = None) -> Any:
+async def predict(st: ServeState, body: TeiPredictRequest, request: Request, hf: HfParameters | None = None) -> Any:
     model = st.model(None, request)
     texts, pairs, batch = sequences(st, model, body.inputs)
     ans = await answer(st, request, model, texts, pairs, policy_of(body, model, pairs is not None))
@@ -277,16 +313,29 @@ def info(st: ServeState) -> dict[str, Any]:
     rt, cfg = model.runtime, st.config
     labels = list(rt.labels)
     dtype = rt.manifest.spec.dtype or "fp32"
-    return {"model_id": model.name, "model_sha": model.version, "model_dtype": {
-        "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(dtype, dtype),
-        "model_type": {"classifier": {"id2label": {str(i): x for i, x in enumerate(labels)},
-                                      "label2id": {x: i for i, x in enumerate(labels)}}},
-        "prompts": None, "default_prompt": None, "max_concurrent_requests": cfg.max_queue,
+    return {
+        "model_id": model.name,
+        "model_sha": model.version,
+        "model_dtype": {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(dtype, dtype),
+        "model_type": {
+            "classifier": {
+                "id2label": {str(i): x for i, x in enumerate(labels)},
+                "label2id": {x: i for i, x in enumerate(labels)},
+            }
+        },
+        "prompts": None,
+        "default_prompt": None,
+        "max_concurrent_requests": cfg.max_queue,
         "max_input_length": rt.max_length,
         "max_batch_tokens": cfg.max_batch_tokens or cfg.batch_size * rt.max_length,
-        "max_batch_requests": cfg.batch_size, "max_client_batch_size": cfg.max_inputs,
-        "auto_truncate": True, "tokenization_workers": 1, "version": __version__, "sha": None,
-        "docker_label": None}
+        "max_batch_requests": cfg.batch_size,
+        "max_client_batch_size": cfg.max_inputs,
+        "auto_truncate": True,
+        "tokenization_workers": 1,
+        "version": __version__,
+        "sha": None,
+        "docker_label": None,
+    }
 
 
 def _tokenize(tokenizer: Any, texts: list[str], special: bool) -> list[list[dict[str, Any]]]:
@@ -298,8 +347,15 @@ def _tokenize(tokenizer: Any, texts: list[str], special: bool) -> list[list[dict
         row = []
         for tid, piece, (a, b) in zip(enc["input_ids"], pieces, enc["offset_mapping"]):
             is_special = tid in specials and a == b
-            row.append({"id": int(tid), "text": piece if is_special else text[a:b], "special": is_special,
-                        "start": None if is_special else int(a), "stop": None if is_special else int(b)})
+            row.append(
+                {
+                    "id": int(tid),
+                    "text": piece if is_special else text[a:b],
+                    "special": is_special,
+                    "start": None if is_special else int(a),
+                    "stop": None if is_special else int(b),
+                }
+            )
         out.append(row)
     return out
 
@@ -359,21 +415,63 @@ def _decode_route(st: ServeState) -> Callable[..., Any]:
 
 PREDICTION = list[TeiPrediction] | list[list[TeiPrediction]]
 TEI = ProtocolSpec(
-    name="tei", metrics_label="tei", errors=ErrorShape(status=error_status, body=error_body), expected=expected,
-    openapi=OpenApi(texts=("TeiPredictRequest", "TeiRootRequest", "TeiTokenizeRequest"),
-                    long_text=("TeiPredictRequest", "TeiRootRequest"), publish=publish),
+    name="tei",
+    metrics_label="tei",
+    errors=ErrorShape(status=error_status, body=error_body),
+    expected=expected,
+    openapi=OpenApi(
+        texts=("TeiPredictRequest", "TeiRootRequest", "TeiTokenizeRequest"),
+        long_text=("TeiPredictRequest", "TeiRootRequest"),
+        publish=publish,
+    ),
     routes=(
-        answered("POST", "/predict", TeiPredictRequest, predict, "tei_predict", response_model=PREDICTION,
-                 tags=["tei"], responses=ERRORS,
-                 summary="TEI: classify a text, a pair or a batch; [{score, label}] per input, by score"),
+        answered(
+            "POST",
+            "/predict",
+            TeiPredictRequest,
+            predict,
+            "tei_predict",
+            response_model=PREDICTION,
+            tags=["tei"],
+            responses=ERRORS,
+            summary="TEI: classify a text, a pair or a batch; [{score, label}] per input, by score",
+        ),
         # huggingface_hub's InferenceClient posts here; GET / beside it is the page (page.py)
-        answered("POST", "/", TeiRootRequest, root_answer, "tei_root", response_model=PREDICTION, tags=["tei"],
-                 responses=ERRORS, summary="TEI's / for a classifier (= /predict); with `parameters`, "
-                 "huggingface_hub's InferenceClient form, answered [[{label, score}]]"),
-        Route("GET", "/info", _info, dict(tags=["tei"], responses={code: {"model": TeiError} for code in (401, 503)},
-                                          summary="TEI: the served (default) model, its labels and limits")),
-        Route("POST", "/tokenize", _tokenize_route, dict(tags=["tei"], responses=ERRORS,
-                                                         summary="TEI: the default model's tokens of each input")),
-        Route("POST", "/decode", _decode_route, dict(
-            tags=["tei"], responses=ERRORS, summary="TEI: token ids back to text with the default model's tokenizer")),
-    ))
+        answered(
+            "POST",
+            "/",
+            TeiRootRequest,
+            root_answer,
+            "tei_root",
+            response_model=PREDICTION,
+            tags=["tei"],
+            responses=ERRORS,
+            summary="TEI's / for a classifier (= /predict); with `parameters`, "
+            "huggingface_hub's InferenceClient form, answered [[{label, score}]]",
+        ),
+        Route(
+            "GET",
+            "/info",
+            _info,
+            dict(
+                tags=["tei"],
+                responses={code: {"model": TeiError} for code in (401, 503)},
+                summary="TEI: the served (default) model, its labels and limits",
+            ),
+        ),
+        Route(
+            "POST",
+            "/tokenize",
+            _tokenize_route,
+            dict(tags=["tei"], responses=ERRORS, summary="TEI: the default model's tokens of each input"),
+        ),
+        Route(
+            "POST",
+            "/decode",
+            _decode_route,
+            dict(
+                tags=["tei"], responses=ERRORS, summary="TEI: token ids back to text with the default model's tokenizer"
+            ),
+        ),
+    ),
+)

@@ -29,28 +29,40 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from qserve.serve.core.answer import Answer
-from qserve.serve.infra.errors import ApiError
 from qserve.serve.core.pairs import text_inputs
 from qserve.serve.core.schemas import ROUTE_ERRORS, LongText, Text, TextPair, TruncationJsonInt
 from qserve.serve.core.state import ServedModel, ServeState
 from qserve.serve.infra.config import ServeConfig
+from qserve.serve.infra.errors import ApiError
 from qserve.serve.protocols.spec import OpenApi, ProtocolSpec, Published, answered
 
 
 class VllmClassifyRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"input": "A moving, beautifully shot film."}, {"model": None, "input": ["Loved it.", "Dreadful."]}]})
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"input": "A moving, beautifully shot film."},
+                {"model": None, "input": ["Loved it.", "Dreadful."]},
+            ]
+        },
+    )
 
     model: Annotated[str, Field(strict=True)] | None = Field(
-        default=None, description="The served model (GET /v1/models); null = the default.")
+        default=None, description="The served model (GET /v1/models); null = the default."
+    )
     input: Text | Annotated[list[Text], Field(min_length=1)] = Field(description="A text or a list of texts.")
     truncate_prompt_tokens: TruncationJsonInt | None = Field(
-        default=None, description="-1 (or >= max_length): keep the last max_length tokens of a long text "
-                                  "(vLLM's left truncation); null: the model's long-text policy.")
+        default=None,
+        description="-1 (or >= max_length): keep the last max_length tokens of a long text "
+        "(vLLM's left truncation); null: the model's long-text policy.",
+    )
     user: Annotated[str, Field(strict=True)] | None = Field(default=None, description="Accepted, unused (OpenAI).")
     long_text: LongText | None = Field(
-        default=None, description="qserve extra: a long-text policy (head, tail, head-tail[:H], "
-                                  "windows[:W[:S[:mean|max]]]); when given, it replaces truncate_prompt_tokens.")
+        default=None,
+        description="qserve extra: a long-text policy (head, tail, head-tail[:H], "
+        "windows[:W[:S[:mean|max]]]); when given, it replaces truncate_prompt_tokens.",
+    )
 
 
 class VllmClassification(BaseModel):
@@ -78,8 +90,10 @@ class VllmClassifyResponse(BaseModel):
 
 def expected(cfg: ServeConfig) -> str:
     """What a body /classify refuses should have been."""
-    return ('expected vLLM\'s {"model": str | null, "input": str | list[str], "truncate_prompt_tokens": '
-            f"int | null}} with 1..{cfg.max_inputs} non-empty texts of at most {cfg.max_chars} characters")
+    return (
+        'expected vLLM\'s {"model": str | null, "input": str | list[str], "truncate_prompt_tokens": '
+        f"int | null}} with 1..{cfg.max_inputs} non-empty texts of at most {cfg.max_chars} characters"
+    )
 
 
 def publish(comps: dict[str, Any], published: Published) -> None:
@@ -89,26 +103,31 @@ def publish(comps: dict[str, Any], published: Published) -> None:
     if manifest is None:
         return
     max_length = manifest.max_length
-    prop = (((comps.get("VllmClassifyRequest") or {}).get("properties") or {}).get("truncate_prompt_tokens") or {})
+    prop = ((comps.get("VllmClassifyRequest") or {}).get("properties") or {}).get("truncate_prompt_tokens") or {}
     if "anyOf" in prop:
-        prop["anyOf"] = [{"type": "integer", "enum": [-1]}, {"type": "integer", "minimum": max_length},
-                         {"type": "null"}]
+        prop["anyOf"] = [
+            {"type": "integer", "enum": [-1]},
+            {"type": "integer", "minimum": max_length},
+            {"type": "null"},
+        ]
 
 
 def policy_of(body: VllmClassifyRequest, max_length: int) -> str | None:
     """The qserve long-text policy a /classify request asks for (None: the model's default)."""
     k = body.truncate_prompt_tokens
     if k is not None and 0 <= k < max_length:
-        raise ApiError(422, f"truncate_prompt_tokens {k}: qserve reads {max_length} tokens of a text (the model's "
-                            "max_length); send -1 (keep the last max_length tokens) or leave it out")
+        raise ApiError(
+            422,
+            f"truncate_prompt_tokens {k}: qserve reads {max_length} tokens of a text (the model's "
+            "max_length); send -1 (keep the last max_length tokens) or leave it out",
+        )
     if k is None or body.long_text is not None:  # long_text, qserve's own, replaces truncate_prompt_tokens
         return body.long_text
     return "tail"
 
 
 # -- the one call into the serving state -----------------------------------------------------------------
-async def answer(st: ServeState, request: Request, model: ServedModel, texts: list[str],
-                 policy: str | None) -> Answer:
+async def answer(st: ServeState, request: Request, model: ServedModel, texts: list[str], policy: str | None) -> Answer:
     """Queue the texts on `model` under `policy` (None: its default): every protocol's one call (state.py)."""
     return await st.submit(model, texts, request.scope, request.state.request_id, policy, "long_text")
 
@@ -119,12 +138,23 @@ def encode(ans: Answer) -> dict[str, Any]:
     data = []
     for i, row in enumerate(rows):
         j = int(np.argmax(row))
-        data.append({"index": i, "label": labels[j] if j < len(labels) else str(j),
-                     "probs": [float(x) for x in row], "num_classes": int(row.shape[0])})
+        data.append(
+            {
+                "index": i,
+                "label": labels[j] if j < len(labels) else str(j),
+                "probs": [float(x) for x in row],
+                "num_classes": int(row.shape[0]),
+            }
+        )
     n = int(sum(ans.tokens))
-    return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-            "model": ans.name, "data": data,
-            "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0, "prompt_tokens_details": None}}
+    return {
+        "id": f"classify-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": int(time.time()),
+        "model": ans.name,
+        "data": data,
+        "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0, "prompt_tokens_details": None},
+    }
 
 
 async def classify(st: ServeState, body: VllmClassifyRequest, request: Request) -> dict[str, Any]:
@@ -136,8 +166,21 @@ async def classify(st: ServeState, body: VllmClassifyRequest, request: Request) 
 
 
 VLLM = ProtocolSpec(
-    name="vllm", metrics_label="vllm", expected=expected,
+    name="vllm",
+    metrics_label="vllm",
+    expected=expected,
     openapi=OpenApi(texts=("VllmClassifyRequest",), long_text=("VllmClassifyRequest",), publish=publish),
-    routes=(answered("POST", "/classify", VllmClassifyRequest, classify, "vllm_classify", tags=["vllm"],
-                     response_model=VllmClassifyResponse, responses=ROUTE_ERRORS,
-                     summary="vLLM: classify a text or a list; per input its label, probs and num_classes"),))
+    routes=(
+        answered(
+            "POST",
+            "/classify",
+            VllmClassifyRequest,
+            classify,
+            "vllm_classify",
+            tags=["vllm"],
+            response_model=VllmClassifyResponse,
+            responses=ROUTE_ERRORS,
+            summary="vLLM: classify a text or a list; per input its label, probs and num_classes",
+        ),
+    ),
+)
