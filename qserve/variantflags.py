@@ -93,27 +93,3 @@ def off_fast_path(spec: VariantSpec, device: str = "cpu", caps: Capabilities | N
         f"{spec.name} needs {' and '.join(NEEDS_TEXT[f] for f in lacking)} for its fast path; this CPU "
         f"({caps.cpu_class} class) has none, so it would run emulated or on a slow fallback, slower than fp32"
     )
-
-
-def supported(device: str = "cpu", include_slow: bool = False, caps: Capabilities | None = None) -> list[VariantSpec]:
-    """The variants `--all` exports on this device: those that run there, less the slow ones (include_slow keeps
-    them), on a CPU less those off their fast path there (`skipped` says why)."""
-    kind = "cuda" if device.startswith("cuda") else "cpu"
-    out = []
-    for s in VARIANTS.values():
-        if not (s.cuda if kind == "cuda" else s.cpu):
-            continue
-        if not include_slow and (s.name in SLOW_ON[kind] or off_fast_path(s, device, caps)):
-            continue
-        out.append(s)
-    return out
-
-
-def skipped(device: str = "cpu", caps: Capabilities | None = None) -> dict[str, str]:
-    """The variants that run on this device but that `--all` and the pipeline skip on this CPU, with why."""
-    out = {}
-    for s in VARIANTS.values():
-        why = off_fast_path(s, device, caps) if (s.cuda if device.startswith("cuda") else s.cpu) else None
-        if why and s.name not in SLOW_ON["cuda" if device.startswith("cuda") else "cpu"]:
-            out[s.name] = why
-    return out

@@ -13,7 +13,7 @@ import pytest
 from tiny_archs import build
 
 from qserve.cli import main
-from qserve.variantflags import supported
+from qserve.placement import plan
 
 LIMIT = ("onnx-int4", "bert")
 REASON = "MatMulNBits has no kernel for it"
@@ -64,6 +64,7 @@ def test_all_goes_on_past_a_failed_and_an_unsupported_variant(bert, tmp_path, ca
     assert failed[0].startswith("failed: onnx-int8: QserveError: option keep_fp32: 'nonesuch' matches no MatMul")
     assert failed[1] == "failed: onnx-int8"  # the summary line
     assert f"skipped: onnx-int4 unsupported for BERT: {REASON}" in err
-    skipped_ov = {s.name for s in supported("cpu") if f"skipped: {s.name} unavailable on this CPU" in err}
+    runs = plan("cpu").runs
+    skipped_ov = {n for n in runs if f"skipped: {n} unavailable on this CPU" in err}
     written = {p.parent.name for p in out.glob("*/manifest.json")}
-    assert written == {s.name for s in supported("cpu")} - {"onnx-int8", "onnx-int4"} - skipped_ov
+    assert written == set(runs) - {"onnx-int8", "onnx-int4"} - skipped_ov

@@ -240,14 +240,12 @@ def test_probe_crash_skips_ov_variants_and_the_others_export(
     probe_crashes, tiny_checkpoint, tmp_path, capsys, monkeypatch
 ):
     import exporters.cli as export_cli
-    import qserve.variants as variants
+    from qserve import placement
     from qserve.cli import main
 
     # --all over a short list (the full list would export all 13 variants: minutes, for no more coverage)
     names = ["ov-fp32", "torch-fp32", "ov-int8", "ov-bf16"]
-    monkeypatch.setattr(
-        export_cli, "supported", lambda device, include_slow=False: [variants.VARIANTS[n] for n in names]
-    )
+    monkeypatch.setattr(export_cli, "plan", lambda device, include_slow=False: placement.plan(device, names))
     assert main(["export", str(tiny_checkpoint), "--all", "--out", str(tmp_path), "--device", "cpu"]) == 0
     err = capsys.readouterr().err
     for name in ("ov-fp32", "ov-int8", "ov-bf16"):
@@ -278,7 +276,10 @@ def test_probe_crash_is_an_error_not_a_crash_when_loading(ov_variants, monkeypat
 
 def test_probe_crash_keeps_the_pipeline_exporting(probe_crashes, tiny_checkpoint, tmp_path, capsys):
     from qserve.pipeline import _export_stage
+    from qserve.placement import plan
 
-    dirs = _export_stage(tiny_checkpoint, tmp_path, "cpu", ["ov-int8", "torch-fp32"], force=False)
-    assert dirs == [tmp_path / "variants" / "torch-fp32"]
+    dirs, skipped, failed = _export_stage(
+        tiny_checkpoint, tmp_path, plan("cpu", ["ov-int8", "torch-fp32"]), force=False
+    )
+    assert dirs == [tmp_path / "variants" / "torch-fp32"] and set(skipped) == {"ov-int8"} and not failed
     assert "skipped: ov-int8 unavailable on this CPU: OpenVINO's CPU plugin died with SIGFPE" in capsys.readouterr().out

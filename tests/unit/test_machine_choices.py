@@ -10,8 +10,9 @@ import pytest
 
 from qserve import QserveError
 from qserve.devices import Capabilities
+from qserve.placement import plan
 from qserve.training.precision import AUTO, choose_precision, probe_bf16
-from qserve.variantflags import off_fast_path, skipped, supported
+from qserve.variantflags import off_fast_path
 from qserve.variants import VARIANTS
 
 AMX = "avx2 fma avx512f avx512_vnni avx512_bf16 amx_bf16 amx_int8"
@@ -155,15 +156,20 @@ def test_capabilities_read_once_and_overridable(cpu_flags):
 
 def test_variants_off_their_fast_path_are_skipped_on_an_avx2_cpu_and_kept_on_bf16_cpus():
     off = {"torch-bf16", "bnb-int8", "bnb-nf4", "bnb-fp4", "ov-bf16", "ov-int8"}
-    assert set(skipped("cpu", cpu(ZEN3))) == off
-    names = {s.name for s in supported("cpu", caps=cpu(ZEN3))}
+    slow = {"torch-fp16"}  # SLOW_ON: skipped on every CPU, whatever its flags
+
+    def skipped(caps):
+        return set(plan("cpu", caps=caps).skipped) - slow
+
+    assert skipped(cpu(ZEN3)) == off
+    names = set(plan("cpu", caps=cpu(ZEN3)).runs)
     assert not names & off and {"torch-fp32", "onnx-fp32", "onnx-int8", "onnx-int4", "ov-fp32"} <= names
     # the fast CPUs keep today's set; a VNNI CPU without bf16 keeps the int8 ones
-    assert skipped("cpu", cpu(AMX)) == skipped("cpu", cpu(ZEN4)) == {}
-    assert [s.name for s in supported("cpu", caps=cpu(AMX))] == [s.name for s in supported("cpu", caps=cpu(ZEN4))]
-    assert set(skipped("cpu", cpu(VNNI_ONLY))) == {"torch-bf16", "bnb-nf4", "bnb-fp4", "ov-bf16"}
-    # unknown flags skip nothing (the bench measures); include_slow keeps everything; CUDA is not a CPU's business
-    assert skipped("cpu", cpu(None)) == {} and skipped("cuda", cpu(ZEN3)) == {}
-    assert {s.name for s in supported("cpu", include_slow=True, caps=cpu(ZEN3))} >= off
+    assert skipped(cpu(AMX)) == skipped(cpu(ZEN4)) == set()
+    assert plan("cpu", caps=cpu(AMX)).runs == plan("cpu", caps=cpu(ZEN4)).runs
+    assert skipped(cpu(VNNI_ONLY)) == {"torch-bf16", "bnb-nf4", "bnb-fp4", "ov-bf16"}
+    # unknown flags skip nothing (the bench measures); include_slow keeps everything
+    assert skipped(cpu(None)) == set()
+    assert set(plan("cpu", caps=cpu(ZEN3), include_slow=True).runs) >= off | slow
     why = off_fast_path(VARIANTS["ov-int8"], "cpu", cpu(ZEN3))
     assert why and "needs VNNI (avx512_vnni, avx_vnni, amx_int8)" in why and "avx2 class" in why

@@ -11,7 +11,6 @@ import pytest
 from qserve import QserveError, placement
 from qserve.devices import Capabilities
 from qserve.placement import Placement, Plan, mark, place, plan
-from qserve.variantflags import skipped, supported
 from qserve.variants import VARIANTS
 
 AMX = Capabilities(
@@ -90,18 +89,20 @@ def test_cpu_rules_hold_for_what_a_gpu_run_puts_on_the_cpu(fake_gpu):
     ]
 
 
-@pytest.mark.parametrize("caps", [AMX, ZEN3], ids=["amx", "avx2"])
-def test_a_cpu_run_plans_what_export_all_always_built(caps, monkeypatch):
+OFF_FAST_PATH_ON_AVX2 = {"torch-bf16", "bnb-int8", "bnb-nf4", "bnb-fp4", "ov-bf16", "ov-int8"}
+
+
+@pytest.mark.parametrize("caps, off", [(AMX, set()), (ZEN3, OFF_FAST_PATH_ON_AVX2)], ids=["amx", "avx2"])
+def test_a_cpu_run_plans_every_cpu_variant_but_the_slow_and_those_off_their_fast_path(caps, off, monkeypatch):
     monkeypatch.setenv("QSERVE_FORCE_CPU", "1")
     p = plan("auto", caps=caps)
-    installed = [s.name for s in supported("cpu", caps=caps) if placement.not_installed(s) is None]
-    assert p.device == "cpu" and p.runs == installed and not p.elsewhere
-    # the CPU's skips, now with the slow ones said too
-    assert set(p.skipped) == set(skipped("cpu", caps)) | {"torch-fp16"}
+    cpu_variants = [n for n, s in VARIANTS.items() if s.cpu and placement.not_installed(s) is None]
+    assert p.device == "cpu" and not p.elsewhere
+    assert p.runs == [n for n in cpu_variants if n not in off | {"torch-fp16"}]
+    # the CPU's skips, the slow ones said too
+    assert set(p.skipped) & set(cpu_variants) == off | {"torch-fp16"}
     assert "runs only slowly on a CPU" in p.skipped["torch-fp16"]
-    assert [s.name for s in supported("cpu", include_slow=True, caps=caps)] == plan(
-        "cpu", caps=caps, include_slow=True
-    ).runs
+    assert plan("cpu", caps=caps, include_slow=True).runs == cpu_variants
 
 
 def test_place_one_named_variant(fake_gpu):

@@ -1,7 +1,8 @@
 import pytest
 
 from qserve import QserveError
-from qserve.variantflags import resolve, supported
+from qserve.placement import plan
+from qserve.variantflags import resolve
 from qserve.variants import VARIANTS, VariantSpec
 
 
@@ -39,19 +40,21 @@ def test_spec_json_round_trip():
         assert VariantSpec.from_json(spec.to_json()) == spec
 
 
-def test_supported_per_device():
-    cpu = {s.name for s in supported("cpu")}
+def test_supported_per_device(fake_gpu):
+    cpu = set(plan("cpu").runs)
     assert "onnx-int8" in cpu and "torch-fp16" not in cpu
-    assert "torch-fp16" in {s.name for s in supported("cpu", include_slow=True)}
-    assert "onnx-int8" not in {s.name for s in supported("cuda")}
+    assert "torch-fp16" in set(plan("cpu", include_slow=True).runs)
+    fake_gpu()
+    assert plan("cuda").device_of("onnx-int8") == "cpu"  # no CUDA kernels for dynamic int8: the CPU's
 
 
-def test_openvino_variants_are_cpu_only_and_resolvable():
+def test_openvino_variants_are_cpu_only_and_resolvable(fake_gpu):
     assert resolve(8, backend="openvino").name == "ov-int8"
     assert resolve(16, backend="openvino").name == "ov-bf16"
     assert resolve(32, backend="openvino").name == "ov-fp32"
-    assert {"ov-fp32", "ov-bf16", "ov-int8"} <= {s.name for s in supported("cpu")}
-    assert not {"ov-fp32", "ov-bf16", "ov-int8"} & {s.name for s in supported("cuda")}
+    assert {"ov-fp32", "ov-bf16", "ov-int8"} <= set(plan("cpu", include_slow=True).runs)
+    fake_gpu()
+    assert all(plan("cuda").device_of(n) == "cpu" for n in ("ov-fp32", "ov-bf16", "ov-int8"))
     with pytest.raises(QserveError, match="no CUDA kernels"):
         resolve(8, backend="openvino", device="cuda")
 
