@@ -7,21 +7,25 @@
 # For a machine with one NVIDIA GPU and no network. It installs only what travels in .whl/ (made here by
 # benchmarks/gpu_wheels.sh) into a private --target dir put first on PYTHONPATH, and runs the qserve CLI of this
 # checkout as `python -m qserve ...` (no pip install -e), the stages of STAGES below in order, each under its own
-# time limit (cut to what is left of QSERVE_GPU_CHECK_BUDGET_S, default 520 s):
+# time limit (cut to what is left of QSERVE_GPU_CHECK_BUDGET_S, default 540 s):
 #   pipeline  `qserve pipeline` with its defaults: train -> export -> bench -> gate -> report (ONNX variants on
 #             the CPU when onnxruntime has no CUDA provider, OpenVINO's skipped when it is not installed: the
 #             report says which and why);
 #   serve     `qserve serve RUN_DIR` (the report's recommended variant) + `qserve loadtest` at c1, c32, c128 on the
 #             96 built-in reviews: checked for 0 errors, 0 lost, 0 label changes;
+#   graphs    benchmarks/gpu_serving.py on the pipeline's torch-bf16: plain transformers eager and under one CUDA
+#             graph beside qserve's runtime eager and with its graphs (b1 and b32 at s128), every test review's
+#             scores with graphs against its scores alone, then `qserve serve --workers auto` + loadtest at c1,
+#             c32, c128 (its report: gpu_serving.md);
 #   study     `qserve train --compare` (the precision study's table) with what time is left.
 # A failed or timed-out stage is recorded and the next one still runs. $OUT gets at most 8 files, one level:
-# summary.md, gpu_check.json, pipeline_report.md, gate.md, loadtest.json, precision_study.md, train_metrics.json,
+# summary.md, gpu_check.json, pipeline_report.md, gate.md, gpu_serving.md, precision_study.md, train_metrics.json,
 # gpu_check_files.tar.gz (every log, the run's report dir, manifests). Exit status 0 when every stage passed.
 #
 # QSERVE_GPU_CHECK_DRY=1 runs the same commands on the CPU (--device cpu, QSERVE_FORCE_CPU=1) with tiny sizes,
 # installing the same carried wheels, so the script is proven before a GPU minute is spent.
 # QSERVE_GPU_CHECK_STAGES=pipeline,serve runs those stages only; QSERVE_GPU_CHECK_EXTRA=FILE sources FILE after the
-# stage list, to add stages (issue 54's measurements: see HOOKS below) without editing this script.
+# stage list, to add stages (see HOOKS below) without editing this script.
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -65,7 +69,7 @@ if [ "$DRY" = 1 ]; then
     LEVELS=1,8; LEVEL_S=2
     export QSERVE_FORCE_CPU=1   # 'auto' must never find a GPU in a rehearsal
 else
-    DEVICE=cuda; BUDGET=${QSERVE_GPU_CHECK_BUDGET_S:-520}
+    DEVICE=cuda; BUDGET=${QSERVE_GPU_CHECK_BUDGET_S:-540}
     PIPELINE_ARGS=()            # exactly what `make demo` runs
     # every precision the GPU runs, one full run each; no noise run and no extra step-timing rounds (each round is
     # a child per precision: minutes of start-ups the 9 minutes do not have)
@@ -154,19 +158,29 @@ sys.exit(1 if bad else 0)
 EOF
 }
 
+stage_graphs() {  # a torch variant eager and under CUDA graphs side by side, graphs == alone, served with --workers
+    if [ "$DRY" = 1 ]; then
+        "$PY" -m benchmarks.gpu_serving --dry --out "$WORK/graphs"
+    else
+        "$PY" -m benchmarks.gpu_serving "$RUN" --variant torch-bf16 --device cuda --workers auto \
+            --compile-timeout 60 --out "$WORK/graphs"
+    fi
+}
+
 stage_study() {
     "$PY" -m qserve train --compare --out "$WORK/study" --force "${STUDY_ARGS[@]}"
 }
 
 # ==== THE STAGE LIST: "name|time limit in seconds|function", run in this order ==================================
 STAGES=(
-    "pipeline|330|stage_pipeline"
-    "serve|90|stage_serve"
-    "study|240|stage_study"
+    "pipeline|300|stage_pipeline"
+    "serve|60|stage_serve"
+    "graphs|150|stage_graphs"
+    "study|120|stage_study"
 )
-# ==== HOOKS (issue 54): add a stage as a function plus one line in STAGES, here or in QSERVE_GPU_CHECK_EXTRA:
-#   stage_graphs() { "$PY" -m qserve bench "$RUN/variants/torch-bf16" --device cuda --out "$WORK/graphs" ...; }
-#   STAGES+=("graphs|90|stage_graphs")   # eager vs CUDA graphs, the floor at saturating shapes, graph == alone
+# ==== HOOKS: add a stage as a function plus one line in STAGES, here or in QSERVE_GPU_CHECK_EXTRA, e.g.
+#   stage_floor() { "$PY" -m qserve bench "$RUN/variants/torch-bf16" --device cuda --out "$WORK/floor" ...; }
+#   STAGES+=("floor|60|stage_floor")
 # A hook writes under $WORK (archived in gpu_check_files.tar.gz; summary.md lists every stage); $OUT keeps its
 # 8 files. The pipeline's run dir is $RUN, the loadtest's JSON $WORK/loadtest.json.
 if [ -n "${QSERVE_GPU_CHECK_EXTRA:-}" ]; then
@@ -214,10 +228,10 @@ export RUN_DRY=$DRY RUN_DEVICE=$DEVICE RUN_BUDGET=$BUDGET RUN_TOTAL=$(( $(date +
 copy() { [ -f "$1" ] && cp "$1" "$OUTDIR/$2"; }
 copy "$RUN/report/report.md" pipeline_report.md
 copy "$RUN/report/gate/gate.md" gate.md
-copy "$WORK/loadtest.json" loadtest.json
+copy "$WORK/graphs/report.md" gpu_serving.md
 copy "$WORK/study/precision_study.md" precision_study.md
 copy "$RUN/checkpoint/train_metrics.json" train_metrics.json
-(cd "$WORK" && find logs env.json run.json stages.tsv loadtest.json study run/report \
+(cd "$WORK" && find logs env.json run.json stages.tsv loadtest.json graphs study run/report \
         run/checkpoint/train_metrics.json run/checkpoint/qserve_model.json run/checkpoint/config.json \
         run/variants/*/manifest.json -type f ! -name '*.png' ! -path 'run/report/measured/pieces/*' 2>/dev/null \
     | tar czf "$OUTDIR/gpu_check_files.tar.gz" -T -)

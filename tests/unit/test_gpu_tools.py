@@ -273,7 +273,7 @@ def test_the_check_runs_the_users_commands_and_writes_at_most_8_files():
     text = _script("gpu_check.sh")
     stages = re.search(r"\nSTAGES=\(\n(.*?)\n\)", text, re.DOTALL).group(1)
     names = [ln.strip().strip('"').split("|")[0] for ln in stages.splitlines() if ln.strip().startswith('"')]
-    assert names == ["pipeline", "serve", "study"]
+    assert names == ["pipeline", "serve", "graphs", "study"]
     assert sum(int(ln.strip().strip('"').split("|")[1]) for ln in stages.splitlines() if "|" in ln) <= 540 + 120
     assert '"$PY" -m qserve pipeline --run-dir "$RUN" "${PIPELINE_ARGS[@]}"' in text and "PIPELINE_ARGS=()" in text
     assert '-m qserve serve "$RUN"' in text and "-m qserve loadtest" in text and "LEVELS=1,32,128" in text
@@ -283,7 +283,8 @@ def test_the_check_runs_the_users_commands_and_writes_at_most_8_files():
         "gpu_check_files.tar.gz",
     }
     assert len(out) <= 8 and all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in out)
-    assert "BUDGET=${QSERVE_GPU_CHECK_BUDGET_S:-520}" in text  # within the 9 minutes, with room to write
+    assert "BUDGET=${QSERVE_GPU_CHECK_BUDGET_S:-540}" in text  # within the 9 minutes, with room to write
+    assert "-m benchmarks.gpu_serving" in text  # the CUDA graphs and served throughput side by side
 
 
 def test_the_carried_wheels_are_pinned_once_each_and_agree_with_pyproject():
