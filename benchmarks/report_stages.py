@@ -92,9 +92,9 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "pipeline-auto-zen4",
-        "`make demo`'s pipeline after issues 46-49 (`--precision auto`, the training budget, "
-        "variants by CPU class, transformers 5, the release gate) on the AMD EPYC Zen 4 class (avx512_bf16 + VNNI), "
-        "its own checkpoint: README's headline (benchmarks/render_tables.py MAIN_JOB)",
+        "`make demo`'s pipeline (`--precision auto`, the training budget, variants by CPU class, the release gate; "
+        "after issues 53-56: the placement plan, the training loop's token table, the refit) on the AMD EPYC Zen 4 "
+        "class (avx512_bf16 + VNNI), its own checkpoint: README's headline (benchmarks/render_tables.py MAIN_JOB)",
         (
             "$QSERVE pipeline --force --report-dir benchmarks/reports/pipeline-auto-zen4 && "
             f"cp {MODELS}/checkpoint/train_metrics.json benchmarks/reports/pipeline-auto-zen4/",
@@ -633,6 +633,26 @@ STAGES: tuple[Stage, ...] = (
             Report(
                 "benchmarks/reports/serve-protocol-cost/report.json",
                 "benchmarks/reports/serve-protocol-cost/report.md",
+                "serve_protocol_cost:render",
+            ),
+        ),
+        "~6 min (estimate): 2 code trees x 3 rounds, each a server start-up, 5 x 64 checked answers and 5 routes "
+        "x 8 s of wrk",
+        needs=(VARIANT,),
+    ),
+    Stage(
+        "serve-refit-cost",
+        "the fourth refit's cost (issue 56: one admission layer for HTTP and gRPC, one route table, KServe V2 one "
+        "package): each protocol's classify route at one client, the code before the refit (6b48b80) and after, "
+        "interleaved",
+        (
+            f"$PY -m benchmarks.serve_protocol_cost {VARIANT} --baseline-ref 6b48b80 --rounds 3 --duration 8 "
+            "--out benchmarks/reports/serve-refit-cost",
+        ),
+        (
+            Report(
+                "benchmarks/reports/serve-refit-cost/report.json",
+                "benchmarks/reports/serve-refit-cost/report.md",
                 "serve_protocol_cost:render",
             ),
         ),
