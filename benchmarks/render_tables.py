@@ -1057,6 +1057,88 @@ def checkpoint_cost_text() -> str:
     )
 
 
+def _amx(rel: str) -> str:
+    """`" (AMX)"` where a report's provenance says its CPU has AMX: what makes bf16 native on a Xeon."""
+    return " (AMX)" if (_load(rel).get("provenance") or {}).get("amx") else ""
+
+
+def main_job_precision_probe() -> str:
+    """docs/training.md: the line `--precision auto` printed in the main job, and the CPU probe's timings behind it."""
+    rel = f"{MAIN_JOB}/report.json"
+    c = _train(MAIN_JOB)["precision_choice"]
+    pr = c.get("probe") or {}
+    return (
+        f"In the main job (`make demo`'s pipeline, {_on(rel)}) the choice read `precision: {c['precision']} "
+        f"({c['reason']})`: the probe's "
+        f"block ({pr.get('block')}, {pr.get('threads')} threads) took {_num(pr['bf16_mixed_s'] * 1e3, 1)} ms "
+        f"under bf16 autocast against {_num(pr['fp32_s'] * 1e3, 1)} ms in fp32."
+    )
+
+
+def _study_runs(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {run["label"]: run for run in r["runs"] if run.get("ok")}
+
+
+def precision_findings() -> str:
+    """docs/training.md: the precision study's accuracy against its seed noise, and its step times three ways."""
+    rel = "precision/precision_study.json"
+    r = _load(rel)
+    cfg, runs, noise = r["config"], _study_runs(r), r["noise"]
+    epochs = f"{cfg['epochs']} epoch" + ("" if cfg["epochs"] == 1 else "s")
+    first = next(iter(runs.values()))
+    mixed = runs[noise["label"]]
+    seed2 = next(x for x in runs.values() if x is not mixed and x["precision"] == noise["label"])
+    comp = next(x for x in runs.values() if x["precision"] == "bf16-true" and x["bf16_update"] == "compensated")
+    plain = next(x for x in runs.values() if x["precision"] == "bf16-true" and x["bf16_update"] == "plain")
+    gaps = ", ".join(
+        f"{label} {g['test_accuracy_minus_bf16_mixed'] * 100:+.2f} points "
+        f"({'beyond' if g['exceeds_noise'] else 'within'} the noise)"
+        for label, g in r["gaps_to_bf16_mixed"].items()
+    )
+    return (
+        f"{_on(rel)}{_amx(rel)}, {cfg['max_samples']:,} reviews, {epochs}, "
+        f"{first['sizes']['val']:,} val / {first['sizes']['test']:,} test, one process per run: test accuracy "
+        + ", ".join(
+            f"{x['label']} **{_pct(x['test_accuracy'])}**"
+            if x["precision"] == "bf16-true"
+            else f"{x['label']} {_pct(x['test_accuracy'])}"
+            for x in runs.values()
+            if x is not seed2
+        )
+        + f"; a second {noise['label']} seed read {_pct(seed2['test_accuracy'])}, so run-to-run noise is "
+        f"{noise['test_accuracy_abs_diff'] * 100:.2f} points. Against {noise['label']}: {gaps}. Step time in "
+        f"{r['step_rounds']['rounds']} interleaved rounds after the full runs: {mixed['label']} "
+        f"{_x(mixed['step_interleaved_vs_32_true'])} of 32-true; {comp['label']} "
+        f"**{_x(comp['step_interleaved_vs_bf16_mixed'])}** of {mixed['label']} by median step, "
+        f"{_x(comp['step_round_ratio_median_vs_bf16_mixed'])} as the median of its per-round ratios ("
+        + " / ".join(_num(x) for x in comp["step_round_ratios_vs_bf16_mixed"])
+        + f"); {plain['label']} {_x(plain['step_interleaved_vs_bf16_mixed'])}. The sequential full runs, minutes "
+        f"apart, read {comp['label']} at {_x(comp['step_time_median_s'] / mixed['step_time_median_s'])} "
+        f"{mixed['label']}'s median step, on a machine whose speed drifts between runs (the two {mixed['label']} "
+        f"seeds: {_num(mixed['step_time_median_s'], 3)} and {_num(seed2['step_time_median_s'], 3)} s)."
+    )
+
+
+def optimizer_step() -> str:
+    """docs/training.md: each precision's optimizer step alone (benchmarks/optimizer_step.py), against fp32 AdamW."""
+    rel = "precision/optimizer_step.json"
+    r = _load(rel)
+    ms = {k: v["median"] for k, v in r["ms"].items()}
+
+    def one(*words: str, foreach: bool = False) -> float:
+        return next(v for k, v in ms.items() if all(w in k for w in words) and ("foreach" in k) == foreach)
+
+    fp32, plain, kahan = one("fp32 weights"), one("bf16 weights, torch"), one("bf16 weights, optimi")
+    return (
+        f"{_on(rel)}{_amx(rel)}, the {r['parameters']:,} parameters of the embedded model, {r['rounds']} "
+        f"interleaved rounds, {r['threads']} threads: optimi's Kahan AdamW on bf16 weights {_num(kahan, 1)} ms "
+        f"({_x(kahan / fp32)}), torch's AdamW on bf16 weights {_num(plain, 1)} ms ({_x(plain / fp32)}), against "
+        f"{_num(fp32, 1)} ms for torch's AdamW on fp32 weights; their foreach paths on bf16 weights "
+        f"{_num(one('bf16 weights, optimi', foreach=True), 1)} ms (optimi) and "
+        f"{_num(one('bf16 weights, torch', foreach=True), 1)} ms (torch)."
+    )
+
+
 def _protocol_cost(d: str) -> str:
     rel = f"{d}/report.json"
     r = _load(rel)
@@ -1462,6 +1544,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "serve-protocols": serve_protocols,
     "predict": predict_text,
     "checkpoint-cost-text": checkpoint_cost_text,
+    "main-job-precision-probe": main_job_precision_probe,
+    "precision-findings": precision_findings,
+    "optimizer-step": optimizer_step,
     "serve-protocol-cost": serve_protocol_cost,
     "serve-protocol-cost-xeon": serve_protocol_cost_xeon,
     "openvino": openvino,
