@@ -46,7 +46,7 @@ class PrecisionChoice:
 
     @property
     def line(self) -> str:
-        """`precision: 32-true (this CPU has no bf16 instructions: bf16-mixed measured 9.5x slower)`"""
+        """`precision: 32-true (this CPU has no bf16 instructions: bf16-mixed measured <the probe's ratio> slower)`"""
         return f"precision: {self.precision} ({self.reason})"
 
 
