@@ -111,7 +111,7 @@ class RunChoices:
     @property
     def lr_rule(self) -> str:
         if self.batch_asked is not None:
-            return "--lr as given (--batch-size was given)"
+            return "--lr as given (the batch size was given)"
         return f"--lr {self.lr_asked:g} x sqrt({self.batch_size}/{BASE_BATCH}) = {self.lr:.4g}"
 
     def batch_json(self) -> dict[str, Any]:
@@ -316,7 +316,7 @@ def decide(
         choice = choice or choose_precision(cfg.precision, device, caps)
         batch = cfg.batch_size or BASE_BATCH
         why = (
-            "given (--batch-size)"
+            "given (--batch-size, or the pipeline's recipe for this device)"
             if cfg.batch_size
             else (
                 f"the base batch: measured only on a single CUDA device (here {device}"
@@ -364,7 +364,14 @@ def decide(
         )
     if cfg.batch_size:
         return RunChoices(
-            choice, cfg.batch_size, cfg.batch_size, cfg.lr, cfg.lr, cand.matmul, "given (--batch-size)", record
+            choice,
+            cfg.batch_size,
+            cfg.batch_size,
+            cfg.lr,
+            cfg.lr,
+            cand.matmul,
+            "given (--batch-size, or the pipeline's recipe for this device)",
+            record,
         )
     reason = (
         f"measured: {row['samples_per_s']:,.0f} samples/s at batch {row['batch']} ({row['candidate']}); "

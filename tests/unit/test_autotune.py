@@ -208,7 +208,10 @@ def test_explicit_flags_are_obeyed():
     # --batch-size: measured at that batch only (for the precision), never changed, --lr as given
     ch = decide(cfg(batch_size=32), "cuda", None, GPU_RECIPE, fake_probe(gpu, seen), H200)
     assert seen[-1][1] == [32] and (ch.batch_size, ch.lr, ch.batch_asked) == (32, 1e-4, 32)
-    assert ch.batch_reason == "given (--batch-size)" and ch.lr_rule.startswith("--lr as given")
+    assert (
+        ch.batch_reason == "given (--batch-size, or the pipeline's recipe for this device)"
+        and ch.lr_rule.startswith("--lr as given")
+    )
     # --precision: the only candidate; the batch is still measured
     explicit = choose_precision("32-true", "cuda", H200)
     ch = decide(cfg(precision="32-true"), "cuda", explicit, GPU_RECIPE, fake_probe(gpu, seen), H200)
