@@ -94,7 +94,7 @@ STAGES: tuple[Stage, ...] = (
         "pipeline-auto-zen4",
         "`make demo`'s pipeline (`--precision auto`, the training budget, variants by CPU class, the release gate; "
         "after issues 53-56: the placement plan, the training loop's token table, the refit) on the AMD EPYC Zen 4 "
-        "class (avx512_bf16 + VNNI), its own checkpoint: README's headline (benchmarks/render_tables.py MAIN_JOB)",
+        "class (avx512_bf16 + VNNI), its own checkpoint: README's headline (benchmarks/renderers/reports.py MAIN_JOB)",
         (
             "$QSERVE pipeline --force --report-dir benchmarks/reports/pipeline-auto-zen4 && "
             f"cp {MODELS}/checkpoint/train_metrics.json benchmarks/reports/pipeline-auto-zen4/",

@@ -16,6 +16,8 @@ from typing import Any
 
 from qserve import QserveError
 from qserve.bench.html import render_html
+from qserve.bench.mdtable import cell, md_table
+from qserve.bench.pipelinerecord import md_lines as pipeline_md_lines
 from qserve.bench.plots import write_plots
 from qserve.bench.policies import md_lines as long_text_lines
 from qserve.bench.recommend import md_lines
@@ -43,21 +45,6 @@ def load_report(path: str | Path) -> tuple[dict[str, Any], Path]:
             f"{p} is not a qserve bench report (format {data.get('format') if isinstance(data, dict) else None!r})"
         )
     return data, p.parent
-
-
-def _f(x: Any, nd: int = 2, suffix: str = "") -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, float):
-        return f"{x:,.{nd}f}{suffix}"
-    return f"{x}{suffix}"
-
-
-def _table(header: list[str], rows: list[list[str]], align: list[str] | None = None) -> list[str]:
-    align = align or ["---"] + ["---:"] * (len(header) - 1)
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out
 
 
 def _floor_lines(report: dict[str, Any]) -> list[str]:
@@ -90,7 +77,7 @@ def _floor_lines(report: dict[str, Any]) -> list[str]:
                 rows.append(
                     [name, kind, f"{p['gflops']:,.1f}", p["method"], "×".join(map(str, p["shape"])), f"{fm:.2f}"]
                 )
-    lines += _table(
+    lines += md_table(
         ["compute", "rate", "GFLOP/s (GOP/s for int8)", "measured with", "M×K×N", f"floor b{b}/s{s} (ms)"],
         rows,
         ["---", "---", "---:", "---", "---", "---:"],
@@ -112,14 +99,14 @@ def _floor_lines(report: dict[str, Any]) -> list[str]:
             [
                 shown(v, report),
                 f.get("peak") or "–",
-                _f(f.get("floor_ms"), 2),
-                _f(f.get("p50_over_floor"), 2, "×"),
-                _f(f.get("model_floor_ms"), 2),
-                _f(f.get("model_p50_over_floor"), 2, "×"),
+                cell(f.get("floor_ms"), 2),
+                cell(f.get("p50_over_floor"), 2, "×"),
+                cell(f.get("model_floor_ms"), 2),
+                cell(f.get("model_p50_over_floor"), 2, "×"),
             ]
         )
     if vrows:
-        lines += _table(
+        lines += md_table(
             [
                 "variant",
                 "compute",
@@ -185,27 +172,27 @@ def render_md(report: dict[str, Any]) -> str:
     full_n = max((r["eval_n"] or 0 for r in summary_rows(report)), default=0)
     for r in summary_rows(report):
         if r["status"] != "ok":
-            rows.append([f"{r['shown']} **FAILED**", _f(r["size_mb"], 1)] + ["–"] * (len(header) - 2))
+            rows.append([f"{r['shown']} **FAILED**", cell(r["size_mb"], 1)] + ["–"] * (len(header) - 2))
             continue
         few = f" ({r['eval_n']} texts)" if r["eval_n"] and r["eval_n"] < full_n else ""  # the eval cut: say so
         rows.append(
             [
                 r["shown"],
-                _f(r["size_mb"], 1),
-                _f(r["load_s"], 2),
-                _f(r["p50_ms"], 2),
-                _f(r["p99_ms"], 2),
-                _f(r["throughput"], 1),
-                _f(r["peak_mem_mib"], 0),
-                _f(r["accuracy"] * 100, 2, "%") + few if r["accuracy"] is not None else "–",
-                _f(r["agreement"] * 100, 2, "%") + few if r["agreement"] is not None else "–",
-                _f(r["speedup"], 2, "×"),
-                _f(r["floor_ms"], 2),
-                _f(r["p50_over_floor"], 2, "×") + (f" ({r['floor_peak']})" if r["floor_peak"] else ""),
+                cell(r["size_mb"], 1),
+                cell(r["load_s"], 2),
+                cell(r["p50_ms"], 2),
+                cell(r["p99_ms"], 2),
+                cell(r["throughput"], 1),
+                cell(r["peak_mem_mib"], 0),
+                cell(r["accuracy"] * 100, 2, "%") + few if r["accuracy"] is not None else "–",
+                cell(r["agreement"] * 100, 2, "%") + few if r["agreement"] is not None else "–",
+                cell(r["speedup"], 2, "×"),
+                cell(r["floor_ms"], 2),
+                cell(r["p50_over_floor"], 2, "×") + (f" ({r['floor_peak']})" if r["floor_peak"] else ""),
                 r["invariance"],
             ]
         )
-    L += _table(header, rows) + [""]
+    L += md_table(header, rows) + [""]
     notes = []
     if not any(r["accuracy"] is not None for r in summary_rows(report)):
         notes.append("accuracy not measured (speed-only run, or the variants name no dataset)")
@@ -247,7 +234,7 @@ def render_md(report: dict[str, Any]) -> str:
         + _bench_time_lines(report)
         + _failures(report)
     )
-    L += _gate_lines(report) + _stage_lines(report) + _env(report)
+    L += pipeline_md_lines(report) + _env(report)
     L += ["## Plots", "", "![latency vs batch size](latency_vs_batch.png)", ""]
     if any(r["accuracy"] is not None for r in summary_rows(report)):
         L += ["![accuracy vs size](accuracy_vs_size.png)", ""]
@@ -283,10 +270,10 @@ def _checks(report: dict[str, Any]) -> list[str]:
         # A row with no target (context only) has nothing to pass; only a missing value is "not measured".
         return "not measured" if c.get("value") is None else "–"
 
-    rows = [[c["name"], _f(c.get("value"), 2, c.get("unit", "")), c.get("target", ""), result(c)] for c in checks]
+    rows = [[c["name"], cell(c.get("value"), 2, c.get("unit", "")), c.get("target", ""), result(c)] for c in checks]
     return (
         ["## Checks", ""]
-        + _table(["check", "measured", "target", "result"], rows, ["---", "---:", "---", "---"])
+        + md_table(["check", "measured", "target", "result"], rows, ["---", "---:", "---", "---"])
         + [""]
     )
 
@@ -313,10 +300,10 @@ def _execution_lines(report: dict[str, Any]) -> list[str]:
             if mode == "eager":
                 eager_p50, eager_tp = p50, tp
             gain = [
-                _f(eager_p50 / p50 if mode != "eager" and eager_p50 and p50 else None, 2, "×"),
-                _f(tp / eager_tp if mode != "eager" and eager_tp and tp else None, 2, "×"),
+                cell(eager_p50 / p50 if mode != "eager" and eager_p50 and p50 else None, 2, "×"),
+                cell(tp / eager_tp if mode != "eager" and eager_tp and tp else None, 2, "×"),
             ]
-            rows.append([f"{v['name']} ({mode})", _f(p50, 3), _f((st or {}).get("p99"), 3), _f(tp, 1), *gain])
+            rows.append([f"{v['name']} ({mode})", cell(p50, 3), cell((st or {}).get("p99"), 3), cell(tp, 1), *gain])
     if not rows:
         return []
     return (
@@ -327,7 +314,7 @@ def _execution_lines(report: dict[str, Any]) -> list[str]:
             "at load per (batch, length) bucket, kept where a short measurement at load finds them faster).",
             "",
         ]
-        + _table(
+        + md_table(
             [
                 "variant (execution)",
                 f"p50 b{b}/s{s} (ms)",
@@ -360,7 +347,7 @@ def _grid(report: dict[str, Any]) -> list[str]:
         return []
     return (
         ["## Latency grid (p50 / p99 ms)", ""]
-        + _table(["variant"] + [f"b{b}/s{s}" for b, s in shapes], rows)
+        + md_table(["variant"] + [f"b{b}/s{s}" for b, s in shapes], rows)
         + [
             "",
             "Full statistics (count, mean, p90, p95, stdev, throughput) per shape are in report.json and report.csv.",
@@ -377,10 +364,10 @@ def _real_text(report: dict[str, Any]) -> list[str]:
                 [
                     shown(v, report),
                     str(rt["batch"]),
-                    _f(rt.get("p50"), 2),
-                    _f(rt.get("p99"), 2),
-                    _f(rt.get("throughput"), 1),
-                    _f(rt.get("mean_padded_len"), 1),
+                    cell(rt.get("p50"), 2),
+                    cell(rt.get("p99"), 2),
+                    cell(rt.get("throughput"), 1),
+                    cell(rt.get("mean_padded_len"), 1),
                     str(rt.get("count")),
                 ]
             )
@@ -389,7 +376,7 @@ def _real_text(report: dict[str, Any]) -> list[str]:
     ds: dict[str, Any] = next((v["data"] for v in report["variants"] if v.get("data")), {}) or {}
     return (
         [f"## Real text ({ds.get('dataset')} test split, predict() with tokenization and dynamic padding)", ""]
-        + _table(["variant", "batch", "p50 (ms)", "p99 (ms)", "texts/s", "mean padded length", "calls"], rows)
+        + md_table(["variant", "batch", "p50 (ms)", "p99 (ms)", "texts/s", "mean padded length", "calls"], rows)
         + [""]
         + _real_text_check(report)
     )
@@ -404,9 +391,9 @@ def _real_text_check(report: dict[str, Any]) -> list[str]:
     rows = [
         [
             name,
-            _f(c["real_p50"], 2),
-            _f(c["fixed_p50"], 2),
-            _f(c["tokenize_p50"], 2),
+            cell(c["real_p50"], 2),
+            cell(c["fixed_p50"], 2),
+            cell(c["tokenize_p50"], 2),
             f"{c['ratio']:.2f}x " + ("✓" if c["within"] else "✗"),
         ]
         for name, c in checks
@@ -418,7 +405,7 @@ def _real_text_check(report: dict[str, Any]) -> list[str]:
             f"({c0['pairs']} each), so both see the same machine; the bound is {c0['bound']}x.",
             "",
         ]
-        + _table(
+        + md_table(
             [
                 "variant",
                 "real-text b1 p50 (ms)",
@@ -470,169 +457,9 @@ def _invariance(report: dict[str, Any]) -> list[str]:
             ),
             "",
         ]
-        + _table(["variant", "runs a batch", "batches of 8", "batches of 32", "if run batched"], rows)
+        + md_table(["variant", "runs a batch", "batches of 8", "batches of 32", "if run batched"], rows)
         + [""]
     )
-
-
-def _gate_lines(report: dict[str, Any]) -> list[str]:
-    """The pipeline's release gate (report["gate"], written by qserve/pipeline.py): its candidates' verdicts."""
-    g = report.get("gate")
-    if not g:
-        return []
-    d = g.get("data") or {}
-    out = [
-        "## Release gate",
-        "",
-        f"The pipeline gated the variants that meet their agreement bar here, fastest first, until one passed "
-        f"(at most {g.get('max_candidates', '?')}): each against {report.get('agreement_reference') or 'fp32'} on "
-        f"the {d.get('n', '?')} test texts this bench scored (`{d.get('dataset', '?')}`, fingerprint "
-        f"`{str(d.get('fingerprint', ''))[:12]}`), passing on agreement's 95% lower bound; calibration fitted on "
-        f"held-out validation texts. Only a gated variant (or the reference) can be recommended. Full report: "
-        f"`{g.get('dir', 'gate')}/gate.md`.",
-        "",
-    ]
-    rows = g.get("rows") or []
-    if rows:
-        head = list(rows[0])
-        out += _table(head, [[r[h] for h in head] for r in rows]) + [""]
-    else:
-        out += [f"No variant was gated: {g.get('why', 'no candidate')}.", ""]
-    if g.get("not_gated"):
-        out += [f"Not gated (a faster candidate passed first): {', '.join(g['not_gated'])}.", ""]
-    return out
-
-
-def _stage_lines(report: dict[str, Any]) -> list[str]:
-    """The stage times of the `qserve pipeline` run that wrote this report (bench/stages.py)."""
-    st = (report.get("pipeline") or {}).get("stage_s") or {}
-    if not st:
-        return []
-    rows = [[k, f"{st[k]:,.0f}", f"{st[k] / 60:.1f}"] for k in st]  # in stages.STAGES order, as recorded
-    return _choice_lines(report["pipeline"]) + (
-        [
-            "## Pipeline stages",
-            "",
-            "Wall time of each stage of the `qserve pipeline` run that wrote this report "
-            "(a stage that reused its finished outputs takes seconds).",
-            "",
-        ]
-        + _table(["stage", "seconds", "minutes"], rows)
-        + [""]
-    )
-
-
-def _choice_lines(pipe: dict[str, Any]) -> list[str]:
-    """What the pipeline chose for the machine it ran on: the training precision and why, what was trained on
-    (a time budget may cut the recipe), and the variants it skipped and why."""
-    training, skipped = pipe.get("training") or {}, pipe.get("skipped") or {}
-    if not training and not skipped and not pipe.get("machine"):
-        return []
-    out = ["## Training and this machine's choices", ""]
-    if pipe.get("machine"):
-        out.append(f"- Machine: {pipe['machine']}.")
-    plan = pipe.get("plan") or {}
-    moved = [p for p in plan.get("placements") or [] if p.get("device") and p["device"] != plan.get("device")]
-    if moved:  # decided before training (qserve.placement); the tables mark these variants with their device
-        out.append(
-            f"- Run on {plan['device']}, except: "
-            + "; ".join(
-                f"**{p['variant']}** on the {p['device']}" + (f" ({p['why']})" if p.get("why") else "") for p in moved
-            )
-            + "."
-        )
-    choice = training.get("precision_choice") or {}
-    if training.get("precision"):
-        why = choice.get("reason") or "recorded before qserve recorded why"
-        asked = f" (asked: `{choice['asked']}`)" if choice.get("asked") else ""
-        out.append(f"- Training precision: **{training['precision']}**{asked}: {why}.")
-    out += _recipe_lines(pipe.get("recipe") or {}, training)
-    budget, sizes = training.get("time_budget") or {}, training.get("sizes") or {}
-    if budget:
-        cut = (
-            f"cut to **{budget['steps']} of {budget['of_steps']} optimizer steps ({budget['examples']:,} of "
-            f"{budget['of_examples']:,} training examples)**"
-            if budget.get("cut")
-            else f"the full recipe fit ({budget['steps']} steps, {budget['examples']:,} examples)"
-        )
-        out.append(
-            f"- Time budget {budget['minutes']:g} min of optimizer steps: {cut}"
-            + (
-                f", at a median {training['step_time_median_s']:.2f} s a step"
-                if training.get("step_time_median_s")
-                else ""
-            )
-            + "."
-        )
-    elif sizes.get("train"):
-        out.append(
-            f"- Trained on {sizes['train']:,} examples ({training.get('optimizer_steps', '?')} optimizer steps)."
-        )
-    if training.get("test_accuracy") is not None:
-        out.append(
-            f"- The checkpoint's test accuracy: {training['test_accuracy']:.2%} "
-            f"({sizes.get('test', '?')} reviews; validation {training.get('val_accuracy', float('nan')):.2%})."
-        )
-    for name, why in skipped.items():
-        out.append(f"- Skipped **{name}**: {why}.")
-    for name, why in (pipe.get("export_failed") or {}).items():
-        out.append(f"- Export failed for **{name}**: {why}.")
-    return out + [""]
-
-
-def _recipe_lines(recipe: dict[str, Any], training: dict[str, Any]) -> list[str]:
-    """The recipe the pipeline chose for the device and why, the batch size (and the learning rate with it), the
-    GPU probe's measurements where one ran, and the throughput the training reached."""
-    out = []
-    if recipe.get("why"):
-        n = "all" if recipe.get("max_samples") is None else f"{recipe['max_samples']:,}"
-        flags = ", ".join("--" + g.replace("_", "-") for g in recipe.get("given") or [])
-        given = f"; given: {flags}" if flags else ""
-        out.append(
-            f"- Training recipe: {n} training examples, {recipe.get('epochs')} epoch(s), up to "
-            f"{recipe.get('max_length')} tokens: {recipe['why']}{given}."
-        )
-    b = training.get("batch_choice") or {}
-    if b:
-        tf32 = f"; fp32 matmuls `{b['matmul_precision']}`" if b.get("matmul_precision") else ""
-        out.append(
-            f"- Batch size **{b['batch_size']}** (asked: `{b['asked']}`): {b['reason']}; learning rate "
-            f"{b['lr']:.3g} ({b['lr_rule']}), warm-up {b.get('warmup_steps', '?')} of "
-            f"{b.get('planned_steps', '?')} steps{tf32}."
-        )
-    rate, tokens = training.get("samples_per_s"), training.get("tokens_per_s") or {}
-    if rate:
-        out.append(
-            f"- Training throughput: {rate:,.0f} samples/s; tokens/s {_f(tokens.get('at_max_length'), 0)} at "
-            f"max length, {_f(tokens.get('padded'), 0)} padded, {_f(tokens.get('real'), 0)} real."
-        )
-    rows = (training.get("cuda_probe") or {}).get("rows") or []
-    if rows:
-        probe = training["cuda_probe"]
-        out += [
-            "",
-            f"The GPU probe ({probe.get('wall_s', '?')} s, full {probe.get('max_length')}-token batches, "
-            "median step after a warm-up step):",
-            "",
-        ]
-        out += _table(
-            ["batch", "candidate", "step (ms)", "samples/s", "peak memory (GB)"],
-            [
-                [str(r["batch"]), r["candidate"]]
-                + (
-                    ["did not fit: " + r["failed"], "", ""]
-                    if "failed" in r
-                    else [
-                        f"{r['step_s'] * 1e3:.1f}",
-                        f"{r['samples_per_s']:,.0f}",
-                        _f(r.get("peak_memory_bytes") and r["peak_memory_bytes"] / 1e9),
-                    ]
-                )
-                for r in rows
-            ],
-            ["---:", "---", "---:", "---:", "---:"],
-        ) + [""]
-    return out
 
 
 BENCH_STEPS = ("import", "load", "fixed", "real_text", "accuracy", "long_text", "invariance")
@@ -644,8 +471,8 @@ def _bench_time_lines(report: dict[str, Any]) -> list[str]:
     if not timed:
         return []
     rows = [
-        [shown(v, report), _f(v.get("wall_s"), 1)]
-        + [_f(v["stage_s"].get(k), 1) if k in v["stage_s"] else "–" for k in BENCH_STEPS]
+        [shown(v, report), cell(v.get("wall_s"), 1)]
+        + [cell(v["stage_s"].get(k), 1) if k in v["stage_s"] else "–" for k in BENCH_STEPS]
         for v in timed
     ]
     return (
@@ -656,7 +483,7 @@ def _bench_time_lines(report: dict[str, Any]) -> list[str]:
             "reference's policy comparison; the recommended variant's policy pass is a second child, not shown).",
             "",
         ]
-        + _table(["variant", "child", *BENCH_STEPS], rows)
+        + md_table(["variant", "child", *BENCH_STEPS], rows)
         + [""]
     )
 

@@ -444,7 +444,7 @@ def test_the_pipeline_trains_the_seeds_recipe_on_a_gpu_and_the_cpu_cut_elsewhere
 
 
 def test_the_report_says_the_recipe_the_batch_and_the_probe():
-    from qserve.bench.report import _choice_lines
+    from qserve.bench.pipelinerecord import _choice_lines
 
     ch = decide(cfg(), "cuda", None, GPU_RECIPE, fake_probe(FakeGPU(**H200_LIKE, oom_at=256)), H200)
     training = {

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import render_tables
+from benchmarks.renderers import long_text, reports
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -137,8 +138,8 @@ def test_readme_is_a_front_door():
     ):
         assert must in text, must
     block = text.split("<!-- text:main-job -->", 1)[1].split("<!-- /text -->", 1)[0]
-    assert f"`benchmarks/reports/{render_tables.MAIN_JOB}/report.json` (" in block  # rendered from it, machine named
-    assert f"benchmarks/reports/{render_tables.MAIN_JOB}/decision.png" in text
+    assert f"`benchmarks/reports/{reports.MAIN_JOB}/report.json` (" in block  # rendered from it, machine named
+    assert f"benchmarks/reports/{reports.MAIN_JOB}/decision.png" in text
     nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     for page in sorted((ROOT / "docs").glob("*.md")):
         assert page.name in nav, f"{page.name} is not in mkdocs.yml's nav"
@@ -198,26 +199,41 @@ def test_a_pending_report_renders_not_measured_and_fills_in_once_it_exists(tmp_p
     # is a "not measured" column (or row), never a crash, and its numbers appear as soon as its JSON does
     import json
 
-    monkeypatch.setattr(render_tables, "REPORTS", tmp_path)
+    monkeypatch.setattr(reports, "REPORTS", tmp_path)  # the one loader every block reads through
     committed = ROOT / "benchmarks" / "reports"
     (tmp_path / "long-text").mkdir()
     shutil.copy(committed / "long-text" / "report.json", tmp_path / "long-text" / "report.json")
-    table = render_tables.long_text_policies()
+    table = long_text.long_text_policies()
     head_row = next(line for line in table.splitlines() if line.startswith("| head |"))
     cells = [c.strip() for c in head_row.strip("|").split("|")]
     assert cells[1:3] == ["not measured"] * 2 and cells[5:7] == ["not measured"] * 2  # head-trained, full data
     assert cells[3].endswith("%") and cells[3] != "not measured"  # the head-tail checkpoint's own accuracy
     assert "STAGE=long-text-head" in table and "STAGE=long-text-full" in table
-    assert "not measured" in render_tables.serve_windows() and "STAGE=serve-windows" in render_tables.serve_windows()
+    assert "not measured" in long_text.serve_windows() and "STAGE=serve-windows" in long_text.serve_windows()
 
     report = json.loads((committed / "long-text" / "report.json").read_text(encoding="utf-8"))
     for p in report["variants"][0]["long_text_policies"]:
         p["accuracy"] = 0.5  # a different checkpoint: its own numbers, in its own columns
     (tmp_path / "long-text-head").mkdir()
     (tmp_path / "long-text-head" / "report.json").write_text(json.dumps(report), encoding="utf-8")
-    head_row = next(line for line in render_tables.long_text_policies().splitlines() if line.startswith("| head |"))
+    head_row = next(line for line in long_text.long_text_policies().splitlines() if line.startswith("| head |"))
     cells = [c.strip() for c in head_row.strip("|").split("|")]
     assert cells[1] == "50.00%" and cells[3] != "50.00%" and cells[5] == "not measured"
+
+
+def test_every_block_reads_the_reports_through_the_one_loader(tmp_path, monkeypatch):
+    """With the reports dir pointed at an empty folder, every block that reads a report either says "not measured"
+    or fails to find its JSON under that folder: none reads benchmarks/reports/ another way."""
+    monkeypatch.setattr(reports, "REPORTS", tmp_path)
+    for name, render in render_tables.TABLES.items():
+        if name in ("stages", "seed-precision"):  # rebuild_reports' stage list; the seed's figures (study.SEED)
+            continue
+        try:
+            text = render()
+        except FileNotFoundError as e:
+            assert Path(e.filename).is_relative_to(tmp_path), f"{name} read {e.filename}"
+        else:
+            assert "not measured" in text.lower(), f"{name} rendered without its reports"
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
@@ -260,8 +276,8 @@ def test_no_measured_number_is_typed_by_hand():
     gone = sorted((listed - found).elements())
     assert not typed, (
         "measured-looking numbers typed by hand (render them from their report: a <!-- text:NAME --> "
-        "block in benchmarks/render_tables.py; an explanatory one goes in tests/unit/docs_numbers.txt): "
-        + "; ".join(f"{f}: {n}" for f, n in typed)
+        "block in benchmarks/renderers/, named in render_tables.TABLES; an explanatory one goes in "
+        "tests/unit/docs_numbers.txt): " + "; ".join(f"{f}: {n}" for f, n in typed)
     )
     assert not gone, (
         "tests/unit/docs_numbers.txt lists numbers the pages no longer hold (remove those lines): "
