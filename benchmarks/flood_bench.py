@@ -258,7 +258,7 @@ def main() -> int:
     return 0
 
 
-def _med(xs: list[float | None]) -> float | None:
+def median_of(xs: list[float | None]) -> float | None:
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
 
@@ -290,11 +290,11 @@ def render(rep: dict[str, Any]) -> str:
         fl = [f for f in rep["floods"] if f["side"] == side]
 
         def m(key: str, field: str) -> float | None:
-            return _med([(f[key] or {}).get(field) for f in fl])
+            return median_of([(f[key] or {}).get(field) for f in fl])
 
         lines.append(
-            f"| {side} | {_med([f['statuses'].get('200', 0) for f in fl]):.0f} | "
-            f"{_med([f['statuses'].get('429', 0) for f in fl]):.0f} | "
+            f"| {side} | {median_of([f['statuses'].get('200', 0) for f in fl]):.0f} | "
+            f"{median_of([f['statuses'].get('429', 0) for f in fl]):.0f} | "
             f"<= {_f(m('server_200_latency', 'p50_le_ms'), 1)} / {_f(m('server_200_latency', 'max_le_ms'), 1)} ms | "
             f"<= {_f(m('server_queue_wait', 'p50_le_ms'), 1)} / {_f(m('server_queue_wait', 'max_le_ms'), 1)} ms | "
             f"<= {_f(m('server_rejection', 'p50_le_ms'), 3)} / {_f(m('server_rejection', 'p99_le_ms'), 3)} ms | "

@@ -59,7 +59,7 @@ def _safetensors_metadata(data: bytes) -> dict[str, str] | None:
     return json.loads(data[8 : 8 + n]).get("__metadata__")
 
 
-def _file_metadata(path: Path) -> dict[str, str] | None:
+def file_metadata(path: Path) -> dict[str, str] | None:
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
         return json.loads(f.read(n)).get("__metadata__")
@@ -126,7 +126,7 @@ def unpack(archive: Path, site: Path) -> dict[str, Any]:
         from safetensors.torch import load_file, save_file
 
         path = site / rel
-        meta = _file_metadata(path)
+        meta = file_metadata(path)
         tensors = load_file(path)
         # fp32 on disk, as the published package has it: the loaders see the same layout.
         save_file(

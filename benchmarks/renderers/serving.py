@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from benchmarks.flood_bench import SLOW_IDLE, SLOW_TRICKLING, _med
+from benchmarks.flood_bench import SLOW_IDLE, SLOW_TRICKLING, median_of
 from benchmarks.renderers.cells import num, pct, ratio, span, table
 from benchmarks.renderers.reports import load, on, rendered_from
 from benchmarks.serve_protocol_cost import ROUTES, TITLES
@@ -60,7 +60,7 @@ def flood() -> str:
     cfg = r["config"]
 
     def side(name: str, key: str, fld: str) -> float | None:
-        return _med([(f[key] or {}).get(fld) for f in r["floods"] if f["side"] == name])
+        return median_of([(f[key] or {}).get(fld) for f in r["floods"] if f["side"] == name])
 
     cur, base = "current", "baseline"
     quiet = [s["p50_ms"] for s in r["slow_clients"] if s["condition"] == "quiet"]

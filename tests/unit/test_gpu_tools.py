@@ -124,7 +124,7 @@ def test_pack_dist_rounds_weights_to_bf16_and_unpack_restores_fp32(tools, tmp_pa
     got = load_file(site / "pkg/model/model.safetensors")
     assert got["w"].dtype == torch.float32 and torch.equal(got["w"], w.to(torch.bfloat16).float())
     assert torch.equal(got["ids"], ids)
-    assert tools._file_metadata(site / "pkg/model/model.safetensors") == {"format": "pt"}
+    assert tools.file_metadata(site / "pkg/model/model.safetensors") == {"format": "pt"}
     assert (site / "pkg/model/vocab.txt").read_bytes() == b"a\nb\n" and not (site / tools.TRANSPORT).exists()
 
 
