@@ -47,7 +47,6 @@ TABLES: dict[str, Callable[[], str]] = {
     "precision": training.precision,
     "serve": serving.serve,
     "long-text-policies": long_text.long_text_policies,
-    "long-text-summary": long_text.long_text_summary,
     "serve-windows": long_text.serve_windows,
     "stages": bench.stages,
     "flood": serving.flood,

@@ -34,22 +34,26 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+LIBRARIES = (
+    "torch",
+    "transformers",
+    "optimum",
+    "optimum-onnx",
+    "onnx",
+    "onnxruntime",
+    "onnxruntime-gpu",
+    "bitsandbytes",
+    "lightning-fabric",
+    "openvino",
+    "nncf",
+    "optimum-intel",
+    "qserve",
+)
+"""The libraries whose versions an artifact or report records (what produced or measured it)."""
+
+
 def library_versions(
-    names: tuple[str, ...] = (
-        "torch",
-        "transformers",
-        "optimum",
-        "optimum-onnx",
-        "onnx",
-        "onnxruntime",
-        "onnxruntime-gpu",
-        "bitsandbytes",
-        "lightning-fabric",
-        "openvino",
-        "nncf",
-        "optimum-intel",
-        "qserve",
-    ),
+    names: tuple[str, ...] = LIBRARIES,
 ) -> dict[str, str]:
     out = {}
     for n in names:

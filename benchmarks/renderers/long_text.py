@@ -94,16 +94,6 @@ def long_text_policies() -> str:
     return table(head, rows) + rendered_from_some(rels)
 
 
-def long_text_summary() -> str:
-    """The README's short form: the pipeline's checkpoint, every policy's accuracy and texts/s from one run."""
-    rel = "long-text/report.json"
-    run = policy_rows(maybe(rel))
-    rows = [
-        [name, pct(p["accuracy"]), num(p["texts_per_s"], 1), num(p.get("mean_windows"))] for name, p in run.items()
-    ] or [[NOT_MEASURED, "–", "–", "–"]]
-    return table(["policy", "test accuracy (2,000)", "texts/s", "windows per text"], rows) + rendered_from_some([rel])
-
-
 def serve_windows() -> str:
     """Windows served at concurrency 32: answers against each text alone, texts/s against the window ceiling."""
     rel = "serve-windows/report.json"

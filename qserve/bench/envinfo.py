@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 
 from qserve.devices import cpu_info
-from qserve.files import library_versions
+from qserve.files import LIBRARIES, library_versions
 
 
 def physical_cores() -> int:
@@ -24,25 +24,7 @@ def physical_cores() -> int:
 
 
 def environment(threads: int, device: str) -> dict[str, Any]:
-    versions = library_versions(
-        (
-            "torch",
-            "transformers",
-            "optimum",
-            "optimum-onnx",
-            "onnx",
-            "onnxruntime",
-            "onnxruntime-gpu",
-            "bitsandbytes",
-            "openvino",
-            "nncf",
-            "optimum-intel",
-            "numpy",
-            "psutil",
-            "matplotlib",
-            "qserve",
-        )
-    )
+    versions = library_versions((*LIBRARIES, "numpy", "psutil", "matplotlib"))
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
