@@ -81,16 +81,24 @@ class Capabilities:
 
 
 def _read_cpuinfo() -> tuple[str, frozenset[str] | None]:
-    model, flags = "unknown", None
+    """(model, flags) of the first CPU. A VM's model name can be as generic as "AMD EPYC" for every generation,
+    so the model carries the family and model numbers: reports from two CPU classes never read as one machine."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
-                if line.startswith("model name") and model == "unknown":
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and flags is None:
-                    flags = frozenset(line.split(":", 1)[1].split())
+                key, sep, value = line.partition(":")
+                if not sep:
+                    if fields:
+                        break  # the first CPU's block is enough
+                    continue
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
-        model = platform.processor() or "unknown"
+        return platform.processor() or "unknown", None
+    model = fields.get("model name", "unknown")
+    if "cpu family" in fields and "model" in fields:
+        model = f"{model} (family {fields['cpu family']} model {fields['model']})"
+    flags = frozenset(fields["flags"].split()) if "flags" in fields else None
     return model, flags
 
 
