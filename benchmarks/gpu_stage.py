@@ -136,7 +136,7 @@ def pipeline_steps(run: Path) -> list[str]:
 
 def stage_state(work: Path, name: str, run: Path | None) -> tuple[list[str], str | None, list[dict[str, Any]]]:
     """(finished steps, the step running when it ended, its checks) from what the stage left."""
-    if name == "pipeline" and run is not None:
+    if name == "pipeline" and run is not None and pipeline_steps(run):
         return pipeline_steps(run), None, []
     for rel in ("report.json", "precision_study.json"):
         p = work / name / rel

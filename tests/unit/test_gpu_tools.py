@@ -140,7 +140,8 @@ def test_summary_reports_every_stage_the_pipeline_the_loadtest_and_the_study(too
     (work / "run" / "report").mkdir()
     (work / "study").mkdir()
     (work / "stages.tsv").write_text(
-        "pipeline\tok\t0\t201\t\t180\t170\nserve\tran, 1 targets missed\t1\t30.5\tserved lost 3 (target <= 0)\t35\t28\n",
+        "pipeline\tok\t0\t201\t\t180\t170\n"
+        "serve\tran, 1 targets missed\t1\t30.5\tserved lost 3 (target <= 0)\t35\t28\n",
         encoding="utf-8",
     )
     (work / "run.json").write_text(json.dumps({"dry": False, "device": "cuda", "budget_s": 520, "total_s": 300}))
