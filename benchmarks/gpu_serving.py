@@ -849,6 +849,7 @@ def main(argv: list[str] | None = None) -> int:
         return compile_part(args)
     if args.user:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("httpx2").setLevel(logging.WARNING)  # its /ready polls: one line each
         args.duration = 4.0 if args.duration is None else args.duration
         try:
             return user_serve(args)

@@ -157,9 +157,10 @@ def collect(work: Path, run: Path | None = None) -> dict[str, Any]:
     if floor:
         out["floor"] = {
             "gpu": (floor.get("environment") or {}).get("gpu"),
-            "floor": floor.get("floor"),
+            "peaks": (floor.get("floor") or {}).get("peaks"),
+            "error": (floor.get("floor") or {}).get("error"),
             "variants": [
-                {k: v.get(k) for k in ("name", "status", "device", "fixed", "floor")} for v in floor.get("variants", [])
+                {k: v.get(k) for k in ("name", "status", "device", "floor")} for v in floor.get("variants", [])
             ],
         }
     study = _read(work / "study" / "precision_study.json")
@@ -335,6 +336,19 @@ def render(data: dict[str, Any]) -> str:
                 for lv in lt
             ],
         )
+    floor = data.get("floor")
+    if floor:
+        L += ["## GPU floor (`qserve bench` of torch-bf16; the full report: floor_report.md)", ""]
+        peaks = floor.get("peaks") or {}
+        L.append(
+            "- peaks measured: " + ", ".join(f"{k} {v}" for k, v in peaks.items())
+            if peaks
+            else f"- no floor: {floor.get('error') or 'not measured'}"
+        )
+        L += [
+            f"- {v['name']} ({v.get('device')}): {v.get('status')}, floor {v.get('floor')}" for v in floor["variants"]
+        ]
+        L.append("")
     study = data.get("study")
     if study:
         L += ["## Precision study (`qserve train --compare`; the full table: precision_study.md)", ""]

@@ -344,3 +344,31 @@ def test_gpu_check_without_a_call_or_outdir_says_how_to_call_it():
             env={"PATH": "/usr/bin:/bin"},
         )
         assert r.returncode == 2 and "usage: OUT=DIR bash benchmarks/gpu_check.sh A|B" in r.stderr, args
+
+
+def test_summary_of_call_b_and_a_lacking_preflight(tools, tmp_path):
+    work = tmp_path / "call-B"
+    for d in ("graphs", "floor"):
+        (work / d).mkdir(parents=True)
+    (work / "stages.tsv").write_text("graphs\ttimeout\t124\t110.2\tkilled at its 110 s limit\t110\t90\n")
+    (work / "preflight.json").write_text(json.dumps({"python": "python3", "version": "3.12.3", "missing": {}}))
+    (work / "graphs" / "report.json").write_text(
+        json.dumps(
+            {
+                "gpu": "NVIDIA H200",
+                "done": False,
+                "steps": [{"step": "plain", "s": 4.0, "ok": True}],
+                "checks": [{"name": "runtime_b1_p50_ms", "value": None, "target": "<= 0.6", "passed": None}],
+            }
+        )
+    )
+    (work / "floor" / "report.json").write_text(
+        json.dumps({"floor": {"peaks": {"bf16": 1.0}}, "variants": [{"name": "torch-bf16", "status": "ok"}]})
+    )
+    data = tools.summary(work, tmp_path / "out")
+    md = (tmp_path / "out" / "summary.md").read_text(encoding="utf-8")
+    assert data["graphs"]["steps"][0]["step"] == "plain" and "| runtime_b1_p50_ms | — | <= 0.6 | – |" in md
+    assert "- peaks measured: bf16 1.0" in md and "| graphs | timeout | 124 | 110.2 | 110 | 90 |" in md
+    (work / "preflight.json").write_text(json.dumps({"python": "python3", "missing": {"torch.cuda": "no GPU"}}))
+    tools.summary(work, tmp_path / "out2")
+    assert "lacks** torch.cuda: no GPU" in (tmp_path / "out2" / "summary.md").read_text(encoding="utf-8")
