@@ -41,6 +41,7 @@ usage() {
 }
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 2
+SELF=$ROOT/benchmarks/gpu_check.sh   # each stage runs as a child of this same script
 CALL=""; PLAN=0; OUTARG=""
 while [ $# -gt 0 ]; do
     case $1 in
@@ -96,7 +97,17 @@ if [ -n "${QSERVE_GPU_CHECK_EXTRA:-}" ]; then
     # shellcheck source=/dev/null
     source "$QSERVE_GPU_CHECK_EXTRA"
 fi
-if [ "$CALL" = A ]; then STAGES=("${STAGES_A[@]}"); else STAGES=("${STAGES_B[@]}"); fi
+if [ "$CALL" = A ]; then ALL=("${STAGES_A[@]}"); else ALL=("${STAGES_B[@]}"); fi
+# QSERVE_GPU_CHECK_STAGES=serve (comma-separated): a short rerun of those stages only (install and preflight always
+# run: fast when nothing changed); with QSERVE_GPU_CHECK_CALL_S cut to fit them (--plan says how far)
+ONLY=",${QSERVE_GPU_CHECK_STAGES:-},"
+STAGES=()
+for entry in "${ALL[@]}"; do
+    name=${entry%%|*}
+    if [ "$ONLY" = ",," ] || [ "$name" = install ] || [ "$name" = preflight ] || [[ "$ONLY" == *",$name,"* ]]; then
+        STAGES+=("$entry")
+    fi
+done
 
 # milliseconds: limits scale below a second in a rehearsal
 ms() { awk -v s="$1" -v k="$SCALE" 'BEGIN { printf "%d", s * k * 1000 }'; }
@@ -109,8 +120,8 @@ for entry in "${STAGES[@]}"; do
     SUM=$(( SUM + limit )); EST=$(( EST + est ))
 done
 if [ "$PLAN" = 1 ]; then
-    printf 'call %s: %s s; stage limits %s s (%s%%), estimates %s s\n' "$CALL" "$CALL_S" "$SUM" \
-        $(( SUM * 100 / CALL_S )) "$EST"
+    printf 'call %s: %s s; stage limits %s s (%s%%), estimates %s s; a call of at least %s s holds them\n' \
+        "$CALL" "$CALL_S" "$SUM" $(( SUM * 100 / CALL_S )) "$EST" $(( (SUM * 100 + 84) / 85 ))
     for entry in "${STAGES[@]}"; do IFS='|' read -r name limit est fn <<< "$entry"; printf '%s\t%s\t%s\n' "$name" "$limit" "$est"; done
     exit 0
 fi
@@ -178,7 +189,7 @@ stage() {
     say "$name (limit $(sec "$limit_ms") s, estimate $(sec "$est_ms") s): $fn"
     t0=$(now_ms)
     QSERVE_GPU_CHECK_RUN_STAGE=$fn STAGE_NAME=$name STAGE_EST_MS=$est_ms STAGE_LIMIT_MS=$limit_ms STAGE_T0_MS=$t0 \
-        timeout -k 2 "$(sec "$limit_ms")" bash "$0" "$CALL" "$OUTDIR" > "$LOGS/$name.log" 2>&1
+        timeout -k 2 "$(sec "$limit_ms")" bash "$SELF" "$CALL" "$OUTDIR" > "$LOGS/$name.log" 2>&1
     rc=$?
     dt=$(( $(now_ms) - t0 ))
     verdict=$("$PY" -m benchmarks.gpu_stage verdict "$WORK" "$name" "$rc" "$(sec "$limit_ms")" "$LOGS/$name.log" \
