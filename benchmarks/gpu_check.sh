@@ -29,7 +29,7 @@
 # benchmarks/gpu_wheels.sh); QSERVE_GPU_CHECK_DRY: 0 (the GPU), 1 (the same commands on the CPU with tiny sizes),
 # rehearse (each stage sleeps its estimated GPU time in steps, writing its report as it goes: proves the budgets);
 # QSERVE_GPU_CHECK_SCALE (every limit, estimate and the call's time multiplied by it; default 1, 3 with DRY=1);
-# QSERVE_GPU_CHECK_OVERRUN=NAME (rehearse: stage NAME sleeps twice its limit, to be killed there);
+# QSERVE_GPU_CHECK_OVERRUN=NAME,... or all (rehearse: those stages sleep twice their limit, to be killed there);
 # QSERVE_GPU_CHECK_COMPILE_S (the torch.compile child of the graphs stage, default 0: off);
 # QSERVE_GPU_CHECK_NEED (the preflight's module list, comma-separated, in place of the call's own);
 # QSERVE_GPU_CHECK_EXTRA=FILE (sourced after the stage lists, to add stages: STAGES_B+=("x|20|10|fn")).
@@ -200,10 +200,10 @@ stage() {
     LAST_RC=$rc
 }
 
-# a rehearsal's stage: its estimated time in 4 steps (twice its limit for QSERVE_GPU_CHECK_OVERRUN), report kept
+# a rehearsal's stage: its estimated time in 4 steps (twice its limit for QSERVE_GPU_CHECK_OVERRUN's), report kept
 rehearse() {
     local s=$STAGE_EST_MS
-    [ "${QSERVE_GPU_CHECK_OVERRUN:-}" = "$STAGE_NAME" ] && s=$(( STAGE_LIMIT_MS * 2 ))
+    case ",${QSERVE_GPU_CHECK_OVERRUN:-}," in *",$STAGE_NAME,"*|*",all,"*) s=$(( STAGE_LIMIT_MS * 2 )) ;; esac
     "$PY" -m benchmarks.gpu_stage rehearse "$STAGE_NAME" "$WORK/$STAGE_NAME" --seconds "$(sec "$s")" \
         --since-ms "$STAGE_T0_MS"
 }
