@@ -167,7 +167,9 @@ else
                 --precision bf16-mixed --precision 32-true --matmul-precision high)
     FLOOR_ARGS=(--device cuda --batch-sizes 1,32 --seq-lens 128 --time-budget 1 --floor-budget 0.25)
     VARIANT=torch-bf16; LEVELS=1,32,128
+    TARGETS=(--targets)   # the pipeline held to the issue's GPU bars (tokens/s, accuracy, time, b1/b32)
 fi
+[ "$DRY" = 0 ] || TARGETS=()
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -193,7 +195,7 @@ stage() {
     rc=$?
     dt=$(( $(now_ms) - t0 ))
     verdict=$("$PY" -m benchmarks.gpu_stage verdict "$WORK" "$name" "$rc" "$(sec "$limit_ms")" "$LOGS/$name.log" \
-        --run "$RUN" 2>&1) || verdict="failed	exit $rc (no verdict: $verdict)"
+        --run "$RUN" "${TARGETS[@]}" 2>&1) || verdict="failed	exit $rc (no verdict: $verdict)"
     status=${verdict%%	*}; note=${verdict#*	}
     record "$name" "$status" "$rc" "$(sec "$dt")" "$note" "$(sec "$limit_ms")" "$(sec "$est_ms")"
     say "$name: $status (exit $rc, $(sec "$dt") s) $note"

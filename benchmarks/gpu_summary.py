@@ -341,13 +341,21 @@ def render(data: dict[str, Any]) -> str:
         L += ["## GPU floor (`qserve bench` of torch-bf16; the full report: floor_report.md)", ""]
         peaks = floor.get("peaks") or {}
         L.append(
-            "- peaks measured: " + ", ".join(f"{k} {v}" for k, v in peaks.items())
+            "- peaks measured: "
+            + ", ".join(
+                f"{k} {_f((p or {}).get('gflops') if isinstance(p, dict) else p, ',.0f')} GFLOP/s"
+                + (f" ({p['method']})" if isinstance(p, dict) and p.get("method") else "")
+                for k, p in peaks.items()
+            )
             if peaks
             else f"- no floor: {floor.get('error') or 'not measured'}"
         )
-        L += [
-            f"- {v['name']} ({v.get('device')}): {v.get('status')}, floor {v.get('floor')}" for v in floor["variants"]
-        ]
+        for v in floor["variants"]:
+            fl = v.get("floor") or {}
+            L.append(
+                f"- {v['name']} ({v.get('device')}): {v.get('status')}; floor {_f(fl.get('floor_ms'), '.4f')} ms, "
+                f"p50/floor {_f(fl.get('p50_over_floor'), '.1f')}"
+            )
         L.append("")
     study = data.get("study")
     if study:

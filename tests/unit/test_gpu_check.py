@@ -98,9 +98,33 @@ def test_the_verdict_tells_a_missed_target_from_a_crash(tmp_path):
     log = tmp_path / "serve.log"
     log.write_text("starting\nTraceback ...\nValueError: boom\n")
     status, note = gpu_stage.verdict(tmp_path, "serve", 1, "35", log, None)
-    assert status == "ran, 1 targets missed" and "served c1 p50 ms 3.0 (target <= 2)" in note
+    assert status == "ran, 1 targets missed" and "served c1 p50 ms 3 (target <= 2)" in note
     rep.start("loadtest c32")  # a crash in the next step: failed, naming the step and the log's last line
     status, note = gpu_stage.verdict(tmp_path, "serve", 1, "35", log, None)
     assert status == "failed" and "in loadtest c32" in note and "ValueError: boom" in note
     status, note = gpu_stage.verdict(tmp_path, "serve", 124, "35", log, None)
     assert status == "timeout" and "killed at its 35 s limit in loadtest c32; kept: loadtest c1" == note
+
+
+def test_the_pipeline_is_held_to_its_gpu_bars_from_its_run_dir(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoint").mkdir(parents=True)
+    (run / "report").mkdir()
+    (run / "checkpoint" / "train_metrics.json").write_text(
+        json.dumps({"samples_per_s": 1000.0, "test_accuracy": 0.92, "config": {"max_length": 512}})
+    )
+    (run / "report" / "report.json").write_text(
+        json.dumps(
+            {
+                "pipeline": {"stage_s": {"total": 280.0}},
+                "recommended": {"variant": "torch-bf16"},
+                "variants": [{"name": "torch-bf16", "fixed": [{"batch": 1, "seq": 128, "p50": 0.9}]}],
+            }
+        )
+    )
+    log = tmp_path / "pipeline.log"
+    log.write_text("done\n")
+    status, note = gpu_stage.verdict(tmp_path, "pipeline", 0, "180", log, run, targets=True)
+    assert status == "ran, 2 targets missed", note  # 512,000 tokens/s and 0.9 ms; b32 not measured: no verdict
+    assert "training tokens/s 5.12e+05 (target >= 640000)" in note and "p50 ms 0.9 (target <= 0.6)" in note
+    assert gpu_stage.verdict(tmp_path, "pipeline", 0, "180", log, run) == ("ok", "kept: train, report")

@@ -363,12 +363,23 @@ def test_summary_of_call_b_and_a_lacking_preflight(tools, tmp_path):
         )
     )
     (work / "floor" / "report.json").write_text(
-        json.dumps({"floor": {"peaks": {"bf16": 1.0}}, "variants": [{"name": "torch-bf16", "status": "ok"}]})
+        json.dumps(
+            {
+                "floor": {"peaks": {"bf16": {"gflops": 1000.0, "method": "torch.matmul"}}},
+                "variants": [
+                    {"name": "torch-bf16", "status": "ok", "floor": {"floor_ms": 0.01, "p50_over_floor": 30.0}}
+                ],
+            }
+        )
     )
     data = tools.summary(work, tmp_path / "out")
     md = (tmp_path / "out" / "summary.md").read_text(encoding="utf-8")
     assert data["graphs"]["steps"][0]["step"] == "plain" and "| runtime_b1_p50_ms | — | <= 0.6 | – |" in md
-    assert "- peaks measured: bf16 1.0" in md and "| graphs | timeout | 124 | 110.2 | 110 | 90 |" in md
+    assert (
+        "- peaks measured: bf16 1,000 GFLOP/s (torch.matmul)" in md
+        and "p50/floor 30.0" in md
+        and "| graphs | timeout | 124 | 110.2 | 110 | 90 |" in md
+    )
     (work / "preflight.json").write_text(json.dumps({"python": "python3", "missing": {"torch.cuda": "no GPU"}}))
     tools.summary(work, tmp_path / "out2")
     assert "lacks** torch.cuda: no GPU" in (tmp_path / "out2" / "summary.md").read_text(encoding="utf-8")
