@@ -4,8 +4,10 @@ transformers and qserve's runtime), its scores with graphs equal to its scores a
     python -m benchmarks.gpu_serving RUN_DIR --out /tmp/gpu-serving             # on the GPU (RUN_DIR: below)
     python -m benchmarks.gpu_serving --dry --out /tmp/gpu-serving-dry           # the same plumbing on CPU, < 1 min
 
+    python -m benchmarks.gpu_serving --user RUN_DIR --out /tmp/serve             # `qserve serve RUN_DIR` + loadtest
+
 RUN_DIR is a variant dir (manifest.json), or a dir holding variants/VARIANT or VARIANT (--variant, default
-torch-bf16): a `qserve pipeline` model dir, or benchmarks/gpu_check.sh's work dir (QSERVE_GPU_CHECK_KEEP=1).
+torch-bf16): a `qserve pipeline` run dir (benchmarks/gpu_check.sh keeps its own in .gpu-check/run).
 The variant is an HF checkpoint as well, so plain transformers loads the same weights. One run measures:
 
   plain     transformers' AutoModelForSequenceClassification in the variant's dtype, at b1/b32/b256 x 128 tokens:
@@ -23,7 +25,10 @@ The variant is an HF checkpoint as well, so plain transformers loads the same we
 
 Targets (H200, the issue): b1/s128 p50 <= 0.6 ms, b32/s128 >= 35,000 seq/s; served c1 p50 <= 2 ms, c128 >= 10,000
 req/s, 0 lost, 0 label changes; scores with graphs equal to scores alone. Writes report.json and report.md (naming
-the GPU) under --out; exit status 1 when a target is missed (never on --dry, whose CPU numbers are plumbing only).
+the GPU) under --out, rewritten at each step's start and end (a run killed at its limit keeps its finished steps;
+`steps` and `running` say which), the servers', clients' and children's logs under --out/work; exit status 1 when a
+target is missed (never on --dry, whose CPU numbers are plumbing only), 2 on a setup error. --workers auto starts at
+most 4 servers on one GPU, each awaited by a deadline (--ready-s); the torch.compile child is the check's to ask for.
 """
 
 from __future__ import annotations
@@ -37,7 +42,6 @@ import random
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -46,7 +50,19 @@ from urllib.parse import urlsplit
 import numpy as np
 
 import exporters
-from benchmarks.harness import Server, finish, machine, per_worker, post_json, reviews, scrape, spawn, total
+from benchmarks.gpu_stage import StageReport
+from benchmarks.harness import (
+    Server,
+    finish,
+    machine,
+    per_worker,
+    post_json,
+    reviews,
+    scrape,
+    spawn,
+    total,
+    write_report,
+)
 from benchmarks.harness.server import ROOT, code_env
 from qserve import QserveError
 from qserve.artifact import read_manifest
@@ -393,9 +409,9 @@ def serve(
     )
     t0 = time.perf_counter()
     try:
-        srv.wait_ready(300)
-        if workers > 1:
-            per_worker(srv.url, workers)  # every worker listens: each does so once loaded
+        srv.wait_ready(args.ready_s)
+        if workers > 1:  # every worker listens once loaded (and its graphs captured): all of them, by a deadline
+            wait_workers(srv.url, workers, max(5.0, args.ready_s - (time.perf_counter() - t0)))
         ready_s = time.perf_counter() - t0
         execution = srv.models()["models"][0].get("execution")
         check = served_scores(srv.url, texts, graphed, labels) if graphed is not None else None
@@ -430,13 +446,61 @@ def serve(
     }
 
 
+def wait_workers(url: str, workers: int, deadline_s: float) -> dict[str, Any]:
+    """Every worker's /metrics within `deadline_s` seconds: a worker still loading (capturing its graphs) does not
+    accept connections yet, so scrape until each id answered or the time is up (a QserveError naming both)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            return per_worker(url, workers, tries=4 * workers)
+        except QserveError as e:
+            if time.monotonic() > end:
+                raise QserveError(f"not every one of {workers} workers answered within {deadline_s:.0f} s ({e})") from e
+            time.sleep(0.25)
+
+
+# -- the user's commands: `qserve serve RUN_DIR` + `qserve loadtest`, one level at a time --------------------------
+USER_TARGETS = {"served c1 p50 ms": ("<=", 2.0), "served c128 req/s": (">=", 10_000.0)}
+"""The served bars (on a GPU) of `qserve serve RUN_DIR`; errors, lost and label changes must be 0 everywhere."""
+
+
+def user_serve(args: argparse.Namespace) -> int:
+    """--user RUN_DIR: the run's recommended variant served as the user serves it, loaded at each level in turn;
+    out/report.json rewritten after each step, out/loadtest.json after each level. 0, or 1 when a target missed."""
+    out = Path(args.out)
+    levels = [int(c) for c in args.levels.split(",")]
+    rep = StageReport(out, "serve", run_dir=args.user, levels=levels, duration_s=args.duration)
+    rep.start("start the server")
+    srv = Server([args.user, "--log-level", "warning"], ROOT, out / "server.log", tag="qserve serve RUN_DIR")
+    done: list[dict[str, Any]] = []
+    try:
+        srv.wait_ready(args.ready_s)
+        rep.done("start the server", ready_s=round(time.monotonic() - rep.t0, 2))
+        for c in levels:
+            rep.start(f"loadtest c{c}")
+            lv = loadtest(srv.url, [c], args.duration, out, f"loadtest-c{c}")[0]
+            done.append(lv)
+            (out / "loadtest.json").write_text(json.dumps({"levels": done}, indent=2), encoding="utf-8")
+            rep.done(f"loadtest c{c}", **{k: lv[k] for k in ("requests", "errors", "lost", "mismatched", "p50_ms")})
+    finally:
+        srv.stop()
+    by = {lv["concurrency"]: lv for lv in done}
+    for k in ("errors", "lost", "mismatched"):
+        rep.check(f"served {k}", sum(lv[k] for lv in done), "<=", 0)
+    for (name, (op, bar)), c, key in zip(USER_TARGETS.items(), (1, 128), ("p50_ms", "throughput_rps")):
+        rep.check(name, (by.get(c) or {}).get(key), op, None if args.dry else bar)
+    return rep.finish()
+
+
 # -- the run -----------------------------------------------------------------------------------------------
-def workers_list(spec: str, cores: int) -> list[int]:
-    """--workers: comma-separated counts, `auto` = half the cores, at most 8 (the rest for the clients)."""
+def workers_list(spec: str, cores: int, device: str = "cpu") -> list[int]:
+    """--workers: comma-separated counts, `auto` = half the cores, at most 8 (the rest for the clients); on a GPU at
+    most 4 (each worker holds the model and its captured graphs on the one GPU)."""
+    cap = 4 if device.startswith("cuda") else 8
     out = []
     for part in spec.split(","):
         part = part.strip().lower()
-        out.append(max(1, min(8, cores // 2)) if part == "auto" else int(part))
+        out.append(max(1, min(cap, cores // 2)) if part == "auto" else int(part))
     if not out or any(w < 1 for w in out):
         raise QserveError(f"--workers {spec!r}: comma-separated counts >= 1, or auto")
     return list(dict.fromkeys(out))
@@ -449,8 +513,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     device = "cpu" if args.dry else args.device
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise QserveError("--device cuda: no CUDA GPU here; run with --dry for the CPU rehearsal")
-    with tempfile.TemporaryDirectory(prefix="gpu-serving-") as tmp:
-        return measure(args, device, Path(tmp), cores)
+    work = Path(args.out) / "work"  # the servers', clients' and children's logs: kept, the check packs their tails
+    work.mkdir(parents=True, exist_ok=True)
+    return measure(args, device, work, cores)
 
 
 def measure(args: argparse.Namespace, device: str, work: Path, cores: int) -> dict[str, Any]:
@@ -482,16 +547,31 @@ def measure(args: argparse.Namespace, device: str, work: Path, cores: int) -> di
     }
     t0 = time.perf_counter()
     errors: dict[str, str] = {}
-    rep["errors"] = errors
+    steps: list[dict[str, Any]] = []
+    rep.update(errors=errors, steps=steps, running=None, done=False, plain={}, served=[])
+
+    def save() -> None:
+        """report.json/md as they stand: rewritten at each step's start and end, so a run killed at its limit
+        keeps every finished step."""
+        rep["summary"] = summarize(rep)
+        rep["checks"] = checks(rep["summary"], args.dry)
+        rep["total_s"] = time.perf_counter() - t0
+        write_report(Path(args.out), rep, render(rep), echo=False)
 
     def guarded(step: str, fn: Any, default: Any = None) -> Any:
         """A step that fails is recorded and the run goes on: the report always comes out."""
+        rep["running"] = step
+        save()
+        t = time.perf_counter()
         try:
             return fn()
         except Exception as e:  # noqa: BLE001 - every failure is a finding of this run
             log.exception("%s failed", step)
             errors[step] = f"{type(e).__name__}: {e}"[:800]
             return default
+        finally:
+            steps.append({"step": step, "s": round(time.perf_counter() - t, 2), "ok": step not in errors})
+            rep["running"] = None
 
     log.info("plain transformers on %s: eager and one CUDA graph per shape", device)
     rep["plain"] = guarded(
@@ -514,18 +594,14 @@ def measure(args: argparse.Namespace, device: str, work: Path, cores: int) -> di
         del eager, graphed, loaded
     rep["compile"] = guarded("compile", lambda: run_compile(variant, device, work, args.compile_timeout), {})
     rep["in_process_s"] = time.perf_counter() - t0
-    rep["served"] = [
-        r
-        for w in workers_list(args.workers, cores)
-        if (
-            r := guarded(
-                f"served --workers {w}", lambda w=w: serve(variant, device, w, args, work, lt_texts, ref, labels)
-            )
-        )
-    ]
-    rep["summary"] = summarize(rep)
-    rep["checks"] = checks(rep["summary"], args.dry)
-    rep["total_s"] = time.perf_counter() - t0
+    save()
+    for w in workers_list(args.workers, cores, device):
+        r = guarded(f"served --workers {w}", lambda w=w: serve(variant, device, w, args, work, lt_texts, ref, labels))
+        if r:
+            rep["served"].append(r)
+        save()
+    rep["done"] = True
+    save()
     return rep
 
 
@@ -738,7 +814,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--workers",
         default="auto",
-        help="server processes to try, comma-separated; auto = half the cores, at most 8 (default auto)",
+        help="server processes to try, comma-separated; auto = half the cores, at most 8, at most 4 on a GPU "
+        "(default auto)",
     )
     p.add_argument("--clients", type=int, default=None, help="loadtest processes at c128 (default 4; --dry 1)")
     p.add_argument("--duration", type=float, default=None, help="seconds per loadtest level (default 5; --dry 1)")
@@ -751,15 +828,34 @@ def main(argv: list[str] | None = None) -> int:
         "--compile-timeout",
         type=float,
         default=180.0,
-        help="seconds for the torch.compile child (load, compile, time); 0 skips it (default 180)",
+        help="seconds for the torch.compile child (load, compile, time); 0 skips it (default 180; the GPU check "
+        "passes 0 unless asked)",
+    )
+    p.add_argument(
+        "--ready-s", type=float, default=180.0, help="seconds for a server and all its workers to answer (default 180)"
     )
     p.add_argument("--dry", action="store_true", help="the CPU rehearsal: a tiny model, short levels, no targets")
+    p.add_argument(
+        "--user",
+        metavar="RUN_DIR",
+        help="instead: `qserve serve RUN_DIR` + `qserve loadtest` at each of --levels in turn, as the user runs them",
+    )
+    p.add_argument("--levels", default="1,32,128", help="with --user: the loadtest's concurrencies (default 1,32,128)")
     p.add_argument("--part", choices=["compile"], help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, required=True, help="where report.json and report.md go")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
     if args.part == "compile":
         return compile_part(args)
+    if args.user:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("httpx2").setLevel(logging.WARNING)  # its /ready polls: one line each
+        args.duration = 4.0 if args.duration is None else args.duration
+        try:
+            return user_serve(args)
+        except QserveError as e:
+            print(f"gpu_serving --user: error: {e}", file=sys.stderr)
+            return 2
     dry = args.dry
     for name, gpu, cpu in (
         ("clients", 4, 1),

@@ -2,8 +2,9 @@
 
     python -m benchmarks.gpu_tools summary WORK_DIR OUT_DIR      # the CLI (run by benchmarks/gpu_check.sh)
 
-collect() reads the work dir gpu_check.sh leaves (stages.tsv, env.json, run.json, the pipeline's run dir run/,
-loadtest.json, study/), render() makes the md; gpu_tools.summary writes both with provenance.
+collect() reads the work dir one call of gpu_check.sh leaves (stages.tsv, preflight.json, env.json, run.json,
+serve/, graphs/, floor/, study/) and, for call A, the pipeline's run dir; render() makes the md;
+gpu_tools.summary writes both with provenance.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def _read(path: Path) -> Any:
 
 
 def read_stages(path: Path) -> list[dict[str, Any]]:
-    """stages.tsv rows (name, status, exit code, seconds, note) as written by gpu_check.sh."""
+    """stages.tsv rows (name, status, exit code, seconds, note, limit s, estimate s) as gpu_check.sh writes them."""
     rows = []
     if path.is_file():
         for line in path.read_text(encoding="utf-8").splitlines():
@@ -32,8 +33,10 @@ def read_stages(path: Path) -> list[dict[str, Any]]:
                         "stage": parts[0],
                         "status": parts[1],
                         "rc": int(parts[2]),
-                        "seconds": int(parts[3]),
+                        "seconds": float(parts[3]),
                         "note": parts[4] if len(parts) > 4 else "",
+                        "limit_s": float(parts[5]) if len(parts) > 5 and parts[5] else None,
+                        "estimate_s": float(parts[6]) if len(parts) > 6 and parts[6] else None,
                     }
                 )
     return rows
@@ -57,13 +60,18 @@ TRAIN_KEYS = (
 )
 
 
-def collect(work: Path) -> dict[str, Any]:
-    """Everything the check produced, as one JSON-shaped dict (what gpu_tools.summary writes)."""
+def collect(work: Path, run: Path | None = None) -> dict[str, Any]:
+    """Everything one call of the check produced, as one JSON-shaped dict (what gpu_tools.summary writes); `run`:
+    the pipeline's run dir (call A)."""
+    run = run or work / "run"
     out: dict[str, Any] = {
-        "format": "qserve-gpu-check/2",
+        "format": "qserve-gpu-check/3",
         "run": _read(work / "run.json") or {},
+        "preflight": _read(work / "preflight.json"),
         "env": _read(work / "env.json"),
         "stages": read_stages(work / "stages.tsv"),
+        "graphs": None,
+        "floor": None,
         "training": None,
         "pipeline": None,
         "bench": None,
@@ -71,7 +79,7 @@ def collect(work: Path) -> dict[str, Any]:
         "loadtest": None,
         "study": None,
     }
-    m = _read(work / "run" / "checkpoint" / "train_metrics.json")
+    m = _read(run / "checkpoint" / "train_metrics.json")
     if m:
         cfg = m.get("config") or {}
         out["training"] = {k: m.get(k) for k in TRAIN_KEYS} | {
@@ -82,7 +90,7 @@ def collect(work: Path) -> dict[str, Any]:
             if m.get("samples_per_s") and cfg.get("max_length")
             else None,
         }
-    report = _read(work / "run" / "report" / "report.json")
+    report = _read(run / "report" / "report.json")
     if report:
         pipe = report.get("pipeline") or {}
         out["pipeline"] = {
@@ -123,7 +131,7 @@ def collect(work: Path) -> dict[str, Any]:
         }
         gate = report.get("gate") or {}
         out["gate"] = {"rows": gate.get("rows"), "why": gate.get("why")} if gate else None
-    lt = _read(work / "loadtest.json")
+    lt = _read(work / "serve" / "loadtest.json") or _read(work / "loadtest.json")
     if lt:
         out["loadtest"] = [
             {
@@ -142,6 +150,19 @@ def collect(work: Path) -> dict[str, Any]:
             }
             for lv in lt["levels"]
         ]
+    graphs = _read(work / "graphs" / "report.json")
+    if graphs:
+        out["graphs"] = {k: graphs.get(k) for k in ("gpu", "summary", "checks", "errors", "steps", "done")}
+    floor = _read(work / "floor" / "report.json")
+    if floor:
+        out["floor"] = {
+            "gpu": (floor.get("environment") or {}).get("gpu"),
+            "peaks": (floor.get("floor") or {}).get("peaks"),
+            "error": (floor.get("floor") or {}).get("error"),
+            "variants": [
+                {k: v.get(k) for k in ("name", "status", "device", "floor")} for v in floor.get("variants", [])
+            ],
+        }
     study = _read(work / "study" / "precision_study.json")
     if study:
         out["study"] = [
@@ -169,9 +190,16 @@ def render(data: dict[str, Any]) -> str:
     gpu = env.get("gpu") or {}
     L = ["# qserve GPU check", ""]
     L.append(
-        f"- mode: {'DRY RUN on CPU (the same commands, tiny sizes)' if run.get('dry') else 'GPU'}; "
-        f"device {run.get('device')}; total {run.get('total_s', '?')} s of a {run.get('budget_s', '?')} s budget"
+        f"- call {run.get('call', '?')}, mode: {run.get('mode') or ('dry' if run.get('dry') else 'GPU')}; "
+        f"device {run.get('device')}; total {run.get('total_s', '?')} s of the call's {run.get('budget_s', '?')} s"
+        + (f" (times x {run['scale']:g})" if run.get("scale", 1) != 1 else "")
     )
+    pre = data.get("preflight") or {}
+    if pre.get("missing"):
+        L.append(
+            f"- **preflight: {pre.get('python')} ({pre.get('version')}) lacks** "
+            + "; ".join(f"{k}: {v}" for k, v in pre["missing"].items())
+        )
     L.append(
         f"- GPU: {gpu.get('name', 'none')} (capability {gpu.get('capability', '—')}, "
         f"{gpu.get('memory_gib', '—')} GiB, bf16 {gpu.get('bf16', '—')}); torch CUDA {env.get('torch_cuda')}"
@@ -183,9 +211,35 @@ def render(data: dict[str, Any]) -> str:
         L.append(f"- model: {run['model_note']}")
     L += ["", "## Stages", ""]
     L += _table(
-        ["stage", "status", "exit", "seconds", "note"],
-        [[s["stage"], s["status"], str(s["rc"]), str(s["seconds"]), s["note"]] for s in data["stages"]],
+        ["stage", "status", "exit", "seconds", "limit s", "estimate s", "note"],
+        [
+            [
+                s["stage"],
+                s["status"],
+                str(s["rc"]),
+                f"{s['seconds']:g}",
+                _f(s.get("limit_s"), "g"),
+                _f(s.get("estimate_s"), "g"),
+                s["note"],
+            ]
+            for s in data["stages"]
+        ],
     )
+    graphs = data.get("graphs")
+    if graphs and graphs.get("checks"):
+        L += ["## Graphs and served speed (the full report: gpu_serving.md)", ""]
+        L += _table(
+            ["check", "measured", "target", "result"],
+            [
+                [
+                    c["name"],
+                    _f(c.get("value"), "g"),
+                    c["target"],
+                    "–" if c["passed"] is None else ("pass" if c["passed"] else "**missed**"),
+                ]
+                for c in graphs["checks"]
+            ],
+        )
     pipe, t = data.get("pipeline"), data.get("training")
     if pipe or t:
         L += ["## `qserve pipeline` (defaults)", ""]
@@ -282,6 +336,27 @@ def render(data: dict[str, Any]) -> str:
                 for lv in lt
             ],
         )
+    floor = data.get("floor")
+    if floor:
+        L += ["## GPU floor (`qserve bench` of torch-bf16; the full report: floor_report.md)", ""]
+        peaks = floor.get("peaks") or {}
+        L.append(
+            "- peaks measured: "
+            + ", ".join(
+                f"{k} {_f((p or {}).get('gflops') if isinstance(p, dict) else p, ',.0f')} GFLOP/s"
+                + (f" ({p['method']})" if isinstance(p, dict) and p.get("method") else "")
+                for k, p in peaks.items()
+            )
+            if peaks
+            else f"- no floor: {floor.get('error') or 'not measured'}"
+        )
+        for v in floor["variants"]:
+            fl = v.get("floor") or {}
+            L.append(
+                f"- {v['name']} ({v.get('device')}): {v.get('status')}; floor {_f(fl.get('floor_ms'), '.4f')} ms, "
+                f"p50/floor {_f(fl.get('p50_over_floor'), '.1f')}"
+            )
+        L.append("")
     study = data.get("study")
     if study:
         L += ["## Precision study (`qserve train --compare`; the full table: precision_study.md)", ""]

@@ -3,7 +3,8 @@
     python -m benchmarks.gpu_tools env /tmp/env.json --device cpu     # what this machine offers qserve
 
 Used by benchmarks/gpu_wheels.sh (here, with network: `pack-dist`, `slim-wheel`) and
-benchmarks/gpu_check.sh (there, offline: `unpack`, `env`, `summary`). Standard library
+benchmarks/gpu_check.sh (there, offline: `unpack`, `env`, `summary`; its stages' own steps are
+benchmarks/gpu_stage.py's). Standard library
 only at module level; torch/onnxruntime are imported inside the commands that need them.
 
 Why packing at all: what travels to the GPU machine must stay under ~60 MiB, and two of
@@ -133,9 +134,8 @@ def ort_cuda_status() -> dict[str, Any]:
     return {"ok": False, "reason": why}
 
 
-def summary(work: Path, out: Path) -> dict[str, Any]:
-    data = collect(work)
-
+def summary(work: Path, out: Path, run: Path | None = None) -> dict[str, Any]:
+    data = collect(work, run)
     data["provenance"] = provenance()
     write_report(out, data, render(data), stem="gpu_check", md_name="summary.md", echo=False)
     return data
@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     a = sub.add_parser("summary", help="summary.md + gpu_check.json from a gpu_check work dir")
     a.add_argument("work", type=Path)
     a.add_argument("out", type=Path)
+    a.add_argument("--run", type=Path, help="the pipeline's run dir (call A)")
     args = p.parse_args(argv)
     if args.cmd == "pack-dist":
         print(json.dumps(pack_dist(args.wheel, args.out, args.bf16)))
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(env, indent=2))
         print(f"ORT_CUDA={int(bool(env['onnxruntime_cuda']['ok']))}")
     elif args.cmd == "summary":
-        summary(args.work, args.out)
+        summary(args.work, args.out, args.run)
     return 0
 
 

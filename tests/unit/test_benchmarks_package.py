@@ -101,7 +101,10 @@ NOT_REPORTS = {
     "crosscheck.py": "a child's timings handed back to its parent in a temp file",
     "distilbert_base_speed.py": "a checkpoint's qserve_model.json (the model the bench then measures)",
     "gpu_pack.py": "the wheels' tar.xz for the GPU machine",
-    "gpu_serving.py": "a --part child's result handed back to its parent; --dry's tiny checkpoint",
+    "gpu_serving.py": "a --part child's result handed back to its parent; --dry's tiny checkpoint; --user's levels "
+    "so far (loadtest.json, read by gpu_summary)",
+    "gpu_stage.py": "a stage's progress (report.json, rewritten after each step), the preflight's answer, the "
+    "call's settings and the logs' tails: read by gpu_check.sh and gpu_summary",
     "gpu_tools.py": "the GPU machine's environment probe (`env`), read by gpu_summary",
     "multilabel_gate.py": "the training data it builds (jsonl)",
     "render_tables.py": "the README's and docs' tables",
