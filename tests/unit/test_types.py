@@ -70,7 +70,7 @@ def test_a_wrong_call_across_a_module_boundary_fails_the_check(tmp_path, cache):
                 "async def _wrong_submit(st: ServeState, request: Request) -> None:\n"
                 "    model = st.model(None, request)\n"
                 "    rid = request.state.request_id\n"
-                "    await st.submit(InferenceRequest(model.name, 'one text', Origin.V1, request.scope, rid))\n"
+                "    await st.submit(InferenceRequest(model.name, 'one text', ORIGIN, request.scope, rid))\n"
             ),
         )
         + 3
