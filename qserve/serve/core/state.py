@@ -489,7 +489,7 @@ class ServeState:
             raise ApiError(504, f"no answer within {timeout} s ({why}); the model may be overloaded") from None
         except Exception as e:
             rid = req.request_id
-            log.error("request %s: inference failed: %s: %s", rid, type(e).__name__, e)
+            log.error("request %s (%s): inference failed: %s: %s", rid, req.origin.protocol, type(e).__name__, e)
             raise ApiError(
                 500,
                 f"inference failed for this request ({type(e).__name__}); "
