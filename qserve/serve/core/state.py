@@ -486,7 +486,7 @@ class ServeState:
             raise ApiError(503, "server is shutting down; retry on another replica", {"Retry-After": "1"}) from None
         except TimeoutError:
             why = "--request-timeout-s" if timeout == self.config.request_timeout_s else "the client's deadline"
-            raise ApiError(504, f"no answer within {timeout} s ({why}); the model may be overloaded") from None
+            raise ApiError(504, f"no answer within {timeout:g} s ({why}); the model may be overloaded") from None
         except Exception as e:
             rid = req.request_id
             log.error("request %s (%s): inference failed: %s: %s", rid, req.origin.protocol, type(e).__name__, e)
