@@ -4,10 +4,11 @@
 print(scores(np.array([[0.0, 1.0]]), 'single_label_classification'))"
 
 A batch of N texts is tokenized once, without truncation, then each text is cut by its long-text
-policy (qserve/longtext.py's Reader: every policy decision) into one piece, or several windows; the M >= N pieces are padded and
-forwarded (at most `max_rows` per forward), and each text's logits are aggregated from its own
-pieces only, so its answer does not depend on its batchmates. The aggregated logits become scores by the
-variant's problem type (qserve/problemtypes.py) in one place, scores(): softmax, a sigmoid per label, or the value.
+policy (qserve/longtext.py's Reader: every policy decision) into one piece, or several windows; the
+M >= N pieces are padded and forwarded (at most `max_rows` per forward), and each text's logits are
+aggregated from its own pieces only, so its answer does not depend on its batchmates. The aggregated
+logits become scores by the variant's problem type (qserve/problemtypes.py) in one place, scores():
+softmax, a sigmoid per label, or the value.
 """
 
 from __future__ import annotations
