@@ -476,7 +476,7 @@ class ServeState:
     ) -> Classification:
         timeout = self.config.request_timeout_s
         if req.timeout_s is not None and req.timeout_s < timeout:
-            timeout = req.timeout_s
+            timeout = max(req.timeout_s, 1e-3)  # a deadline already past still times out (0 is "no timeout")
         try:
             return await current.batcher.submit(req.texts, timeout, policy, req.pairs, inline)
         except QueueFull as e:
