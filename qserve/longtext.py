@@ -363,6 +363,49 @@ def split(
     return out
 
 
+PolicyArg = str | LongTextPolicy | Sequence[str | LongTextPolicy | None] | None
+"""A policy for every text, one per text (None = the model's default), or None for the default."""
+
+
+@dataclass(frozen=True)
+class Reader:
+    """How one model reads long texts (its template, max_length, the most windows a text gets): a request's policy
+    resolved for it, one per text, and texts cut into the pieces it scores. The runtime holds one (runtime/base.py)."""
+
+    template: Template
+    max_length: int
+    max_windows: int = MAX_WINDOWS
+
+    def resolve(self, policy: str | LongTextPolicy, flag: str = "long_text") -> LongTextPolicy:
+        """A policy written out in full for this model; a window with no room for text is refused, naming `flag`."""
+        p = resolve(policy, self.max_length, flag)
+        if p.kind == "windows" and int(p.window or 0) <= self.template.specials:
+            raise LongTextError(
+                f"{flag} {policy!s}: a window of {p.window} tokens leaves no room for text "
+                f"beside the {self.template.specials} special tokens; allowed forms: {FORMS}"
+            )
+        return p
+
+    def per_text(self, policy: PolicyArg, n: int, default: LongTextPolicy) -> list[LongTextPolicy]:
+        """One resolved policy per text (None: `default`); a batch's few distinct policies are resolved once each."""
+        if policy is None or isinstance(policy, (str, LongTextPolicy)):
+            return [default if policy is None else self.resolve(policy)] * n
+        if len(policy) != n:
+            raise ValueError(f"{len(policy)} long-text policies for {n} texts")
+        cache: dict[Any, LongTextPolicy] = {}
+        out = []
+        for p in policy:
+            if p not in cache:
+                cache[p] = default if p is None else self.resolve(p)
+            out.append(cache[p])
+        return out
+
+    def split(self, encode: Encoder, texts: list[str], policy: PolicyArg, default: LongTextPolicy) -> Pieces:
+        """`texts` cut into the pieces the model scores, each by its own policy (split)."""
+        policies = self.per_text(policy, len(texts), default)
+        return split(encode, self.template, list(texts), policies, self.max_length, self.max_windows)
+
+
 def pad(
     rows: list[list[int]],
     pad_id: int,

@@ -90,6 +90,50 @@ def check_threshold(value: Any, field: str = "--threshold") -> float:
 # -- scores and predictions (numpy) ---------------------------------------------------------------
 
 
+Threshold = float | tuple[float, ...]
+"""One threshold for every label, or one per label (in label order: a calibrated variant's, from its manifest)."""
+
+
+def threshold_for(
+    problem: str, asked: float | None, default: float, calibrated: tuple[float, ...] | None, field: str, model: str
+) -> Threshold | None:
+    """The threshold answers are read at (multi-label only; None for the others): `asked` (the request's, or
+    predict's --threshold), else the variant's calibrated per-label thresholds (`qserve gate`), else `default`.
+    Asked of another problem type: a QserveError naming `field` and `model` (serve answers it 422)."""
+    if problem != MULTI:
+        if asked is not None:
+            kind = "single-label" if problem == SINGLE else "regression"
+            raise QserveError(
+                f"{field} applies to multi-label models only; {model} is a {kind} model: leave {field} out"
+            )
+        return None
+    if asked is not None:
+        return asked
+    return calibrated if calibrated is not None else default
+
+
+def label_scores(
+    scores: Any, labels: Sequence[str], problem: str, top_k: int | None, threshold: Threshold | None
+) -> list[list[dict[str, Any]]]:
+    """The answer shape every label-per-text protocol and `qserve predict` share (the HF text-classification
+    pipeline's), per text: [{label, score}] best first (top_k of them); multi-label: every label with `on`
+    (score >= its threshold); regression: [{"label": "value", "score": v}] (one entry per output)."""
+    out = []
+    for row in scores:
+        if problem == REGRESSION:
+            names = [REGRESSION_LABEL] if len(row) == 1 else labels
+            out.append([{"label": names[j], "score": float(v)} for j, v in enumerate(row)])
+            continue
+        order = np.argsort(-row, kind="stable")[: (top_k or len(labels))]
+        if problem == MULTI:
+            thr = DEFAULT_THRESHOLD if threshold is None else threshold
+            per = thr if isinstance(thr, tuple) else (thr,) * len(labels)
+            out.append([{"label": labels[j], "score": float(row[j]), "on": bool(row[j] >= per[j])} for j in order])
+        else:
+            out.append([{"label": labels[j], "score": float(row[j])} for j in order])
+    return out
+
+
 def scores(logits: Any, problem: str, temperature: float | None = None) -> Any:
     """Logits [n, k] -> float32 scores: softmax rows (single), a sigmoid per label (multi), the values (regression).
     `temperature` (a calibrated single-label variant's, from its manifest): the softmax of logits / T; None leaves

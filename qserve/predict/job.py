@@ -2,12 +2,12 @@
 
     qserve predict models/minilm-l6-distilbert-imdb reviews.jsonl --out scored.parquet --all-scores
 
-The model is loaded exactly as `qserve serve` loads it: the TARGET resolved by the server's own
-function (a variant dir, or a pipeline model dir's recommended variant and the long-text policy its
-report names), then the server's Loader (load_model: load_runtime with the same RuntimeOptions). A
-chunk's valid rows are sorted by length and classified `batch_size` at a time by Runtime.classify
-(the batch-invariant path the server's batcher calls), and each answer is built by the server's own
-label_scores, so a row's label and score are what /v1/classify answers for that text. Rows go back
+The model is loaded as `qserve serve` loads it: the TARGET resolved by the server's own function (a
+variant dir, or a pipeline model dir's recommended variant and the long-text policy its report names),
+then load_runtime with no server settings. A chunk's valid rows are sorted by length and classified
+`batch_size` at a time by Runtime.classify (the batch-invariant path the server's batcher calls), and
+each answer is built by the answer shape and threshold rule /v1 uses (problemtypes.label_scores,
+threshold_for), so a row's label and score are what /v1/classify answers for that text. Rows go back
 in input order; a bad row gets an `error` and no answer, and the rest of its chunk is scored.
 """
 
@@ -25,11 +25,9 @@ from qserve import QserveError
 from qserve import problemtypes as problems
 from qserve.artifact import read_manifest
 from qserve.predict.corpus import ROW_ERROR, Row
-from qserve.serve.core.outputs import label_scores
+from qserve.runtime import RuntimeOptions, load_runtime
 from qserve.serve.core.repository import model_version, resolve
-from qserve.serve.core.served_model import load_model
 from qserve.serve.core.texts import text_problem
-from qserve.serve.infra.config import ServeConfig
 
 if TYPE_CHECKING:
     from qserve.runtime import Runtime
@@ -86,7 +84,7 @@ class PredictConfig:
 
 @dataclass
 class Model:
-    """The variant a TARGET names and the serve settings it is loaded with (plain data: travels to Ray actors)."""
+    """The variant a TARGET names and how it is loaded (plain data: travels to Ray actors)."""
 
     variant_dir: str
     long_text: str | None
@@ -97,16 +95,9 @@ class Model:
     batch_size: int
 
     def load(self) -> Runtime:
-        """The runtime, through the server's Loader with the server's settings."""
-        cfg = ServeConfig(
-            variant_dir=self.variant_dir,
-            threads=self.threads,
-            device=self.device,
-            long_text=self.long_text,
-            max_batch_size=self.batch_size,
-        )
-        cfg.validate()
-        return load_model(cfg)  # type: ignore[return-value]
+        """The runtime (manifest verified), a forward never over `batch_size` rows, as the server caps it."""
+        options = RuntimeOptions(threads=self.threads, long_text=self.long_text, max_rows=self.batch_size)
+        return load_runtime(self.variant_dir, self.device, options)
 
 
 def resolve_model(cfg: PredictConfig) -> Model:
@@ -118,11 +109,8 @@ def resolve_model(cfg: PredictConfig) -> Model:
     # as ServeState._prepare: --long-text wins, else the policy the model dir's report names, else the variant's
     long_text = cfg.long_text or (sel["long_text"] if sel else None)
     manifest = read_manifest(Path(vdir))
-    if cfg.threshold is not None and manifest.problem != problems.MULTI:
-        kind = "single-label" if manifest.problem == problems.SINGLE else "regression"
-        raise QserveError(
-            f"--threshold applies to multi-label models only; {vdir} is a {kind} model: leave --threshold out"
-        )
+    # a --threshold the model cannot take is refused here, before the model loads
+    problems.threshold_for(manifest.problem, cfg.threshold, problems.DEFAULT_THRESHOLD, None, "--threshold", str(vdir))
     version = model_version(manifest)
     return Model(
         str(Path(vdir).resolve()),
@@ -185,10 +173,9 @@ def row_problem(row: Row, cfg: PredictConfig) -> str | None:
 def score_chunk(rt: Runtime, rows: list[Row], cfg: PredictConfig, first_row: int = 1) -> list[Row]:
     """Each row with its answer columns (or its error), in input order. `first_row`: the 1-based number of
     rows[0] in INPUT, for --on-error fail's message."""
-    threshold = (
-        (cfg.threshold if cfg.threshold is not None else problems.DEFAULT_THRESHOLD)
-        if rt.problem_type == problems.MULTI
-        else None
+    thresholds = rt.manifest.thresholds
+    threshold = problems.threshold_for(
+        rt.problem_type, cfg.threshold, problems.DEFAULT_THRESHOLD, thresholds, "--threshold", cfg.target
     )
     errors = [row_problem(r, cfg) for r in rows]
     if cfg.on_error == "fail":
@@ -213,7 +200,7 @@ def score_chunk(rt: Runtime, rows: list[Row], cfg: PredictConfig, first_row: int
         texts = [rows[i][cfg.text_column] for i in idx]
         pairs = [rows[i][pair] for i in idx] if pair else None
         r = rt.classify(texts, [None] * len(texts), pairs=pairs)  # as the server's infer_fn calls it
-        preds = label_scores(r.probs, rt.labels, rt.problem_type, None, threshold)
+        preds = problems.label_scores(r.probs, rt.labels, rt.problem_type, None, threshold)
         for j, i in enumerate(idx):
             answers[i] = _answer(preds[j], rt.problem_type, cfg.all_scores, r.tokens[j], r.windows[j], r.truncated[j])
     empty = _empty(rt, cfg.all_scores)

@@ -4,10 +4,11 @@
 print(scores(np.array([[0.0, 1.0]]), 'single_label_classification'))"
 
 A batch of N texts is tokenized once, without truncation, then each text is cut by its long-text
-policy (qserve/longtext.py) into one piece, or several windows; the M >= N pieces are padded and
-forwarded (at most `max_rows` per forward), and each text's logits are aggregated from its own
-pieces only, so its answer does not depend on its batchmates. The aggregated logits become scores by the
-variant's problem type (qserve/problemtypes.py) in one place, scores(): softmax, a sigmoid per label, or the value.
+policy (qserve/longtext.py's Reader: every policy decision) into one piece, or several windows; the
+M >= N pieces are padded and forwarded (at most `max_rows` per forward), and each text's logits are
+aggregated from its own pieces only, so its answer does not depend on its batchmates. The aggregated
+logits become scores by the variant's problem type (qserve/problemtypes.py) in one place, scores():
+softmax, a sigmoid per label, or the value.
 """
 
 from __future__ import annotations
@@ -24,13 +25,10 @@ import numpy as np
 from qserve import QserveError, longtext, textpairs
 from qserve import problemtypes as problems
 from qserve.artifact import Manifest, VariantError
-from qserve.longtext import LongTextPolicy
+from qserve.longtext import LongTextPolicy, PolicyArg
 from qserve.modeling import load_tokenizer
 from qserve.runtime.buckets import fit_rows, plan, resolve
 from qserve.runtime.options import RuntimeOptions
-
-PolicyArg = str | LongTextPolicy | Sequence[str | LongTextPolicy | None] | None
-"""A policy for every text, one per text (None = the runtime's default), or None for the default."""
 
 Phase = tuple[str, int, int, dict[str, Any]]
 """(name, start time.time_ns(), end time.time_ns(), attributes): one step of a classify() call, for traces."""
@@ -128,6 +126,8 @@ class Runtime:
         self.max_length: int = int(options.max_length or manifest.max_length)
         self.tokenizer = load_tokenizer(self.variant_dir)
         self.template = longtext.template(self.tokenizer)
+        self.reader = longtext.Reader(self.template, self.max_length, options.max_windows)
+        """Every long-text decision for this model: resolving a policy, one per text, cutting texts (longtext.py)."""
         # One lock around the tokenizer: a busy server tokenizes on two lane threads at once (narrow()), and the
         # fast tokenizer refuses (RuntimeError: Already borrowed) a call while another changes its settings.
         self.tokenizer_lock = threading.Lock()
@@ -211,29 +211,7 @@ class Runtime:
     # -- shared path -----------------------------------------------------------------
     def resolve_policy(self, policy: str | LongTextPolicy | None, flag: str = "long_text") -> LongTextPolicy:
         """A policy string for this variant, written out in full (None = the runtime's default)."""
-        if policy is None:
-            return self.long_text
-        p = longtext.resolve(policy, self.max_length, flag)
-        if p.kind == "windows" and int(p.window or 0) <= self.template.specials:
-            raise longtext.LongTextError(
-                f"{flag} {policy!s}: a window of {p.window} tokens leaves no room for text "
-                f"beside the {self.template.specials} special tokens; allowed forms: "
-                f"{longtext.FORMS}"
-            )
-        return p
-
-    def _policies(self, policy: PolicyArg, n: int) -> list[LongTextPolicy]:
-        if policy is None or isinstance(policy, (str, LongTextPolicy)):
-            return [self.resolve_policy(policy)] * n
-        if len(policy) != n:
-            raise ValueError(f"{len(policy)} long-text policies for {n} texts")
-        cache: dict[Any, LongTextPolicy] = {}
-        out = []
-        for p in policy:
-            if p not in cache:
-                cache[p] = self.resolve_policy(p)
-            out.append(cache[p])
-        return out
+        return self.long_text if policy is None else self.reader.resolve(policy, flag)
 
     def _pair_pieces(self, texts: list[str], pairs: list[str], policy: PolicyArg) -> longtext.Pieces:
         """The pieces of text pairs: the tokenizer's own pair encoding and truncation (never windowed; the
@@ -244,7 +222,7 @@ class Runtime:
                 f"{self.name} takes one text per input (manifest inputs {list(self.inputs)}); "
                 "text_pair is for a model trained on text pairs"
             )
-        self._policies(policy, len(texts))
+        self.reader.per_text(policy, len(texts), self.long_text)
         with self.tokenizer_lock:
             return textpairs.split_pairs(self.tokenizer, texts, pairs, self.max_length)
 
@@ -253,14 +231,7 @@ class Runtime:
         (see qserve/longtext.py, qserve/textpairs.py)."""
         if pairs is not None:
             return self._pair_pieces(list(texts), list(pairs), policy)
-        return longtext.split(
-            self._encode,
-            self.template,
-            list(texts),
-            self._policies(policy, len(texts)),
-            self.max_length,
-            self.options.max_windows,
-        )
+        return self.reader.split(self._encode, list(texts), policy, self.long_text)
 
     def pad(self, rows: list[list[int]], types: list[list[int]] | None = None) -> dict[str, np.ndarray]:
         """Pieces (with special tokens) -> an int64 input_ids/attention_mask batch, padded as the tokenizer pads
@@ -398,14 +369,7 @@ class Runtime:
         ids = self._encode(list(texts))
         t1 = time.time_ns()
         # the cut, timed apart from the tokenizer: a windows step when it made more pieces than texts
-        pieces = longtext.split(
-            lambda _: ids,
-            self.template,
-            list(texts),
-            self._policies(policy, len(texts)),
-            self.max_length,
-            self.options.max_windows,
-        )
+        pieces = self.reader.split(lambda _: ids, list(texts), policy, self.long_text)
         t2 = time.time_ns()
         logits = longtext.aggregate(self.forward_pieces(pieces.ids), pieces)
         probs = self.scores(logits)

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from qserve.artifact import Manifest
-from qserve.longtext import LongTextPolicy
-from qserve.runtime.base import Classification, Phase, PolicyArg
+from qserve.longtext import LongTextPolicy, PolicyArg
+from qserve.runtime.base import Classification, Phase
 
 
 class ModelRuntime(Protocol):

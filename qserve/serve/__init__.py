@@ -14,7 +14,7 @@ Top to bottom (pyproject.toml's import-linter contract "serve-layers"):
   probes (probes.py), /v1 (v1.py), KServe V2 over HTTP and gRPC (v2/), TEI (tei.py), vLLM (vllm_api.py),
   the served models' page (page.py).
 - core/: the one serving state (state.py) and what it needs: served_model.py, answer.py, batcher.py (pending.py),
-  outputs.py, pairs.py, texts.py, schemas.py, shadow.py, repository.py; nothing of any one protocol.
+  pairs.py, texts.py, schemas.py, shadow.py, repository.py; nothing of any one protocol.
 - infra/: config.py, admission.py (the one way in for a request, HTTP or gRPC), errors.py, metrics.py,
   tracing.py, connections.py, uvicorn_server.py, deploy.py.
 

@@ -42,7 +42,7 @@ from qserve.serve.infra.metrics import Metrics
 from qserve.serve.infra.tracing import from_env as tracing_from_env
 from qserve.serve.protocols import spec
 from qserve.serve.protocols.registry import SERVED
-from qserve.serve.protocols.spec import Protocols, Published, Running
+from qserve.serve.protocols.spec import Protocols, Published, RouteMatch, Running
 
 log = logging.getLogger("qserve.serve")
 
@@ -130,6 +130,10 @@ class Errors:
     def __init__(self, protocols: Protocols):
         self.protocols = protocols
 
+    def match(self, request: Request) -> RouteMatch:
+        """The route the request reached, as the guard matched it (under the app's root_path too)."""
+        return self.protocols.match(spec.route_path(request.scope), request.method)
+
     def error(
         self,
         request: Request,
@@ -142,7 +146,7 @@ class Errors:
         # A message may quote client input (a field name, say) holding a lone surrogate: escape it, so
         # rendering the error can never fail.
         message = message.encode("utf-8", "backslashreplace").decode("utf-8")
-        shape = self.protocols.error_shape(request.url.path, request.method)
+        shape = spec.errors(self.match(request))
         if shape is not None:
             code = shape.status(status, validation)
             return JSONResponse(shape.body(code, message), status_code=code, headers=headers)
@@ -169,7 +173,7 @@ def _install_error_handlers(app: FastAPI, st: ServeState, errors: Errors) -> Non
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         # the protocol's own words for what it reads; `validation`: a body that did not parse (its error shape
         # may answer that apart from a refused value)
-        allowed = errors.protocols.expected(request.url.path, request.method, st.config)
+        allowed = errors.protocols.expected(errors.match(request), st.config)
         errs = exc.errors()
         bad_json = [e for e in errs if e.get("type") == "json_invalid"]
         if bad_json:
@@ -193,7 +197,7 @@ def _install_error_handlers(app: FastAPI, st: ServeState, errors: Errors) -> Non
         elif exc.status_code == 405:
             message = f"method {request.method} not allowed on {request.url.path}; see /docs"
             # Starlette's Allow names the first route of the path only: / is GET (the page) and POST
-            methods = errors.protocols.allowed(request.url.path)
+            methods = errors.protocols.allowed(errors.match(request).template)
             if methods:
                 return _error(
                     request, 405, message, {**(getattr(exc, "headers", None) or {}), "Allow": ", ".join(methods)}

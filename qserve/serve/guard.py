@@ -22,7 +22,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qserve.serve.infra.admission import HTTP, Admission, Refusal
-from qserve.serve.protocols.spec import FastRoute, Protocols, route_path
+from qserve.serve.protocols.spec import FastRoute, Protocols, RouteMatch, route_path
 
 JSON_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 DISCONNECTED = object()  # _read_body's answer when the client left before its body was complete
@@ -73,15 +73,16 @@ class GuardMiddleware:
             return
         headers = Headers(scope=scope)
         method, path = scope["method"], scope["path"]
-        inference_paths = self.protocols.inference_paths
+        # one match decides everything below: the route, open or not, traced or not, and the refusal's shape
+        found = self.protocols.match(route_path(scope), method)
+        template, inference_paths = found.template, self.protocols.inference_paths
         trace = None
         if self.admission.tracing is not None and (
-            path not in self.untraced or (method == "POST" and path in inference_paths)
+            template not in self.untraced or (method == "POST" and template in inference_paths)
         ):
             carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers") or ()}
             trace = (f"{method} {path}", carrier, {"http.request.method": method, "url.path": path})
-        found = self.protocols.match(route_path(scope), method)
-        call = self.admission.enter(scope, found.template, method, headers.get("x-request-id"), trace)
+        call = self.admission.enter(scope, template, method, headers.get("x-request-id"), trace)
         rid = call.request_id
         status, traced = [500], [500]
 
@@ -101,7 +102,9 @@ class GuardMiddleware:
 
         try:
             # an open path is open to reading; an inference route on it (POST / beside the page) needs the key
-            is_open = path in self.open_paths and not (path in inference_paths and method not in ("GET", "HEAD"))
+            is_open = template in self.open_paths and not (
+                template in inference_paths and method not in ("GET", "HEAD")
+            )
             arriving = method in JSON_BODY_METHODS and found.full
             self.admission.admit(
                 call,
@@ -109,12 +112,12 @@ class GuardMiddleware:
                 headers.get("authorization"),
                 open=is_open,
                 arriving=arriving,
-                gate=found.template in inference_paths,
+                gate=template in inference_paths,
                 model=found.params.get("name") if found.full else None,
             )
             if arriving:
                 ctype = headers.get("content-type")
-                raw = found.template in self.protocols.raw_body_paths
+                raw = template in self.protocols.raw_body_paths
                 if not (raw_body_ok(ctype) if raw else is_json(ctype)):
                     allowed = (
                         "application/json, application/octet-stream or none (= JSON)" if raw else "application/json"
@@ -141,7 +144,7 @@ class GuardMiddleware:
                 receive = _replay(body, receive)
             await self.app(scope, receive, send_wrapped)
         except Refusal as refusal:
-            await self._refuse(refusal, scope, rid, send_wrapped)
+            await self._refuse(refusal, found, rid, send_wrapped)
             self.admission.refused(call, refusal)
         finally:
             route = getattr(scope.get("route"), "path", None)  # the app's route, once it routed the request
@@ -154,9 +157,9 @@ class GuardMiddleware:
                 {"http.response.status_code": traced[0], **({"http.route": route} if route else {})},
             )
 
-    async def _refuse(self, refusal: Refusal, scope: Scope, rid: str, send: Send) -> None:
+    async def _refuse(self, refusal: Refusal, found: RouteMatch, rid: str, send: Send) -> None:
         """The refusal in the error shape of the protocol the request is on, else qserve's {"error", "request_id"}."""
-        own = self.protocols.refusal(scope["path"], scope["method"], refusal.status, refusal.message)
+        own = self.protocols.refusal(found, refusal.status, refusal.message)
         body = own or error_body(refusal.message, rid)
         hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         hdrs += [(k.lower().encode(), v.encode()) for k, v in refusal.headers.items()]

@@ -68,6 +68,37 @@ def test_auth_rejects_missing_and_wrong_tokens_and_never_logs_them(auth_server, 
     assert KEY not in logged and wrong not in logged  # ... and holds neither token
 
 
+def test_under_a_root_path_the_guard_decides_on_the_route_it_routes_by(tiny_variant):
+    """Behind a proxy that strips a prefix (uvicorn --root-path): the guard's open paths, its refusals' error shape
+    and the app's errors follow the route the router reaches, not the prefixed path."""
+    from qserve.serve.app import create_app
+    from qserve.serve.infra.config import ServeConfig
+    from qserve.serve.infra.uvicorn_server import ServerThread
+
+    srv = ServerThread(create_app(ServeConfig(variant_dir=str(tiny_variant), threads=1, api_key=KEY)))
+    srv.server.config.root_path = "/api"  # each request's scope: root_path /api, path /api/...
+    srv.start()
+    auth = {"Authorization": f"Bearer {KEY}"}
+    try:
+        with httpx2.Client(base_url=srv.url, timeout=30, trust_env=False) as c:
+            for _ in range(300):
+                if c.get("/ready").status_code == 200:  # open, as without a root_path
+                    break
+                time.sleep(0.02)
+            assert c.get("/health").status_code == 200 and c.get("/v2/health/live").status_code == 200
+            assert c.get("/v1/models").status_code == 401  # not an open route
+            refused = c.post("/predict", json={"inputs": "fine"})  # the guard's 401 in TEI's own error shape
+            assert refused.status_code == 401 and set(refused.json()) == {"error", "error_type"}
+            bad = c.post("/predict", json={"inputs": 3}, headers=auth)  # the app's 422, in TEI's shape too
+            assert bad.status_code == 422 and set(bad.json()) == {"error", "error_type"}
+            ok = c.post("/v1/classify", json={"inputs": "fine"}, headers=auth)
+            assert ok.status_code == 200 and ok.json()["predictions"]
+            r = c.delete("/v2/models/m/infer", headers=auth)  # a 405's Allow: the route's own methods
+            assert r.status_code == 405 and r.headers["allow"] == "POST"
+    finally:
+        srv.stop()
+
+
 def test_config_precedence_flags_over_env_over_defaults():
     from qserve.serve.infra.config import ServeConfig, config_from_sources
 

@@ -97,9 +97,10 @@ def test_inference_routes_have_a_fast_path_and_a_protocol():
 def test_a_request_belongs_to_the_protocol_of_its_route(path, method, label, own_errors):
     """The route for the path and method; for a method no route there takes, the path's POST route, else its first."""
     from qserve.serve.protocols.registry import SERVED
+    from qserve.serve.protocols.spec import errors
 
     assert SERVED.label(path, method) == label
-    assert (SERVED.error_shape(path, method) is not None) is own_errors
+    assert (errors(SERVED.match(path, method)) is not None) is own_errors
 
 
 def test_the_guard_refusal_has_the_protocols_error_shape():
@@ -107,12 +108,14 @@ def test_the_guard_refusal_has_the_protocols_error_shape():
 
     from qserve.serve.protocols.registry import SERVED
 
-    body = SERVED.refusal("/predict", "POST", 415, "Content-Type must be application/json")
+    body = SERVED.refusal(SERVED.match("/predict", "POST"), 415, "Content-Type must be application/json")
     assert body is not None and json.loads(body) == {
         "error": "Content-Type must be application/json",
         "error_type": "validation",
     }
-    assert SERVED.refusal("/classify", "POST", 415, "x") is None  # vLLM keeps qserve's {"error", "request_id"}
+    assert (
+        SERVED.refusal(SERVED.match("/classify", "POST"), 415, "x") is None
+    )  # vLLM keeps qserve's {"error", "request_id"}
     assert SERVED.labels == ("v1", "v2", "tei", "vllm", "other")
     assert SERVED.hint == "POST /v1/classify or POST /v2/models/{name}/infer"
 

@@ -62,17 +62,18 @@ def test_a_wrong_call_across_a_module_boundary_fails_the_check(tmp_path, cache):
         shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "reports"))
     shutil.copy2(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     serve = tmp_path / "qserve" / "serve"
-    # 1. a protocol module queues one text as if it were a list (ServeState.submit wants list[str])
+    # 1. a protocol module queues one text as if it were a list (the InferenceRequest wants list[str])
     submit_line = (
         _append(
             serve / "protocols" / "v1.py",
             (
                 "async def _wrong_submit(st: ServeState, request: Request) -> None:\n"
                 "    model = st.model(None, request)\n"
-                "    await st.submit(model, 'one text', request.scope, request.state.request_id)\n"
+                "    rid = request.state.request_id\n"
+                "    await st.submit(InferenceRequest(model.name, 'one text', ORIGIN, request.scope, rid))\n"
             ),
         )
-        + 2
+        + 3
     )
     # 2. it encodes a field the Answer does not have
     answer_line = (
@@ -94,7 +95,7 @@ def test_a_wrong_call_across_a_module_boundary_fails_the_check(tmp_path, cache):
     out = r.stdout
     assert r.returncode == 1, out + r.stderr
     assert (
-        f'qserve/serve/protocols/v1.py:{submit_line}: error: Argument 2 to "submit" of "ServeState" has '
+        f'qserve/serve/protocols/v1.py:{submit_line}: error: Argument 2 to "InferenceRequest" has '
         'incompatible type "str"; expected "list[str]"'
     ) in out, out
     assert (

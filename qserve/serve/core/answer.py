@@ -1,24 +1,61 @@
-"""The one value every protocol encodes: what a served model answered for one request, everything resolved.
+"""The two values every protocol speaks to the serving state in: the one request it decodes, the one answer it encodes.
 
     python -m pytest tests/integration/test_serve_api.py tests/integration/test_serve_grpc.py -q
 
-ServeState.submit (state.py) looks up the model serving the request's name at the moment its texts are
-queued (after a hot swap, the new one), resolves against that model, once, what the request asked for
-(the long-text policy written out in full, the multi-label threshold, a protocol's own outputs), queues
-the texts and returns an Answer. A protocol module (protocols/v1.py for /v1, protocols/v2/ for KServe V2 over
-HTTP and gRPC, and the others beside them) only decodes its request into submit's parameters and encodes the Answer:
-no check runs twice, and no part of an answer comes from another model than the one that computed it.
+A protocol module (protocols/v1.py for /v1, protocols/v2/ for KServe V2 over HTTP and gRPC, and the others beside
+them) decodes its body into an InferenceRequest and hands it to ServeState.submit (state.py), which looks up the
+model serving the request's name at the moment its texts are queued (after a hot swap, the new one), resolves
+against that model, once, what the request asked for (the long-text policy written out in full, the multi-label
+threshold, a protocol's own outputs), queues the texts and returns an Answer for the protocol to encode: no check
+runs twice, and no part of an answer comes from another model than the one that computed it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from qserve.problemtypes import Threshold
 from qserve.runtime.base import Classification, Phase
-from qserve.serve.core.outputs import Threshold
 from qserve.serve.core.served_model import ModelRuntime, ServedModel
+
+Outputs = Callable[[ServedModel], tuple[str, ...]]
+"""A protocol's outputs resolved against the model that runs the request (checked there: a 422 names the field)."""
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a request came from: each protocol module declares its own (the core names no protocol)."""
+
+    protocol: str
+    long_text_field: str = "long_text"
+    """What its body calls the long-text policy (a 422 names it)."""
+
+
+@dataclass(eq=False, slots=True)  # built per request: slots, not frozen, for the cheapest construction
+class InferenceRequest:
+    """One request, as every protocol decodes it: texts (or pairs) for the model `model` names, and its options."""
+
+    model: str
+    """The served name the request reached (ServeState.model looked it up; submit takes whoever serves it now)."""
+    texts: list[str]
+    origin: Origin
+    scope: MutableMapping[str, Any]
+    """The ASGI scope (or the gRPC service's stand-in): the arrival mark, the metrics' model label, the trace."""
+    request_id: str
+    pairs: list[str] | None = None
+    """Each text's text_pair, for a pair model (serve/core/pairs.py checked them); None: one text per input."""
+    long_text: str | None = None
+    """The long-text policy asked for; None: the model's default."""
+    threshold: float | None = None
+    """Multi-label only; None: the variant's calibrated thresholds, else --threshold."""
+    outputs: Outputs | None = None
+    """What the protocol answers, resolved against the model that runs it (KServe V2's output names); None: no such."""
+    timeout_s: float | None = None
+    """The client's deadline (gRPC's), when shorter than --request-timeout-s; None: --request-timeout-s."""
 
 
 @dataclass(frozen=True, eq=False)

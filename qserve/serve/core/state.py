@@ -13,9 +13,9 @@ assignment on the event loop switches every later request to the new model, whil
 drains what it had accepted; then the old runtime is closed and freed: by refcounting, or, when a
 reference cycle holds it, by gc.unfreeze, collect, freeze (the post-warm-up freeze must not pin
 it). A weakref proves it is gone (ServeState.retired). Routes, the V2 protocol and the Ray engine
-reach a model only through ServeState.model(name), and queue texts through ServeState.submit, which
-resolves the request's policy, threshold and outputs once, for the model that
-actually runs the texts, and returns one Answer (answer.py) that the protocol only encodes. The policy
+reach a model only through ServeState.model(name), and queue texts through ServeState.submit, which takes
+the one InferenceRequest every protocol decodes, resolves its policy, threshold and outputs once, for the model
+that actually runs the texts, and returns one Answer (answer.py) that the protocol only encodes. The policy
 travels with each of its texts through the batcher to the runtime, which cuts and aggregates them
 (qserve/longtext.py); a shadow re-scores a sampled text under that same policy.
 """
@@ -35,12 +35,11 @@ from typing import Any
 import numpy as np
 from starlette.requests import Request
 
-from qserve import QserveError, longtext
+from qserve import QserveError, longtext, problemtypes
 from qserve.artifact import read_manifest
 from qserve.runtime.base import Classification
-from qserve.serve.core.answer import Answer
+from qserve.serve.core.answer import Answer, InferenceRequest
 from qserve.serve.core.batcher import Batcher, NotAccepting, QueueFull
-from qserve.serve.core.outputs import request_threshold
 from qserve.serve.core.pairs import check_same_inputs, takes_pairs
 from qserve.serve.core.repository import ModelSource, Repository, Selection, model_version, resolve
 from qserve.serve.core.served_model import Loader, ModelRuntime, Retired, ServedModel, check_gate, infer_fn, load_model
@@ -55,8 +54,6 @@ from qserve.serve.infra.tracing import TRACE_KEY, Tracing
 __all__ = ["Answer", "Loader", "ModelRuntime", "Retired", "Selection", "ServeState", "ServedModel", "load_model"]
 
 log = logging.getLogger("qserve.serve")
-Outputs = Callable[[ServedModel], tuple[str, ...]]
-"""A protocol's outputs resolved against the model that runs the request (checked there: a 422 names the field)."""
 
 
 async def _single_process_info() -> dict[str, Any]:
@@ -413,58 +410,48 @@ class ServeState:
             request.state.qserve_model = model.name
         return model
 
-    async def submit(
-        self,
-        model: ServedModel,
-        texts: list[str],
-        scope: MutableMapping[str, Any],
-        request_id: str,
-        long_text: str | None = None,
-        where: str = "long_text",
-        pairs: list[str] | None = None,
-        threshold: float | None = None,
-        outputs: Outputs | None = None,
-    ) -> Answer:
-        """Queue texts on the batcher of the model serving `model.name` now (after a hot swap since the route
-        looked it up, the new one), resolve against that model, once, what the request asked for, and return
-        the Answer; every failure is an ApiError (an HTTP status, which gRPC maps to its code).
+    async def submit(self, req: InferenceRequest) -> Answer:
+        """Queue the request's texts on the batcher of the model serving `req.model` now (after a hot swap since
+        the route looked it up, the new one), resolve against that model, once, what the request asked for, and
+        return the Answer; every failure is an ApiError (an HTTP status, which gRPC maps to its code).
 
-        Resolved in this order, each a 422 naming the field: `threshold` (multi-label only; None = --threshold),
-        the protocol's `outputs` (what it answers, resolved against that model and checked: V2's output names; None:
-        a protocol without), `long_text` (named `where`; None = the model's default), and that the model takes the
-        inputs
-        sent (`pairs`: each text's text_pair, for a pair model; serve/core/pairs.py checked them against `model`).
-        `scope` (an ASGI scope, or the gRPC service's stand-in) carries the request's arrival mark, the model
-        label of its metrics and, with tracing on, its RequestTrace."""
+        Resolved in this order, each a 422 naming the field: the threshold (multi-label only), the protocol's
+        outputs, the long-text policy (named as the request's origin names it), and that the model takes the
+        inputs sent (pairs for a pair model)."""
         self.require_ready()
+        scope = req.scope
         self.arrivals.end(scope)  # from here on this request is queued, not arriving
         # No await between this lookup and the enqueue: a model in self.models is always accepting.
-        current = self.models.get(model.name)
+        current = self.models.get(req.model)
         if current is None:
-            raise ApiError(404, f"model {model.name!r} was unloaded; serving: {', '.join(map(repr, self.models))}")
+            raise ApiError(404, f"model {req.model!r} was unloaded; serving: {', '.join(map(repr, self.models))}")
         state = scope.setdefault("state", {})
         state["qserve_model"] = current.name  # what request.state.qserve_model reads on HTTP
         rt = current.runtime
-        resolved_threshold = request_threshold(
-            rt.problem_type, threshold, self.config.threshold, current.name, rt.manifest.thresholds
-        )
-        names = outputs(current) if outputs is not None else ()
-        policy = current.check_policy(long_text, where)
-        check_same_inputs(current, pairs)
-        inline = self._alone(scope, current, texts, policy)
+        try:
+            threshold = problemtypes.threshold_for(
+                rt.problem_type,
+                req.threshold,
+                self.config.threshold,
+                rt.manifest.thresholds,
+                "threshold",
+                f"model {current.name!r}",
+            )
+        except QserveError as e:
+            raise ApiError(422, str(e)) from None
+        names = req.outputs(current) if req.outputs is not None else ()
+        policy = current.check_policy(req.long_text, req.origin.long_text_field)
+        check_same_inputs(current, req.pairs)
+        inline = self._alone(scope, current, req.texts, policy)
         trace = state.get(TRACE_KEY) if self.tracing is not None else None  # all tracing costs when it is off
         if trace is None:
-            result = await self._submit(current, texts, request_id, policy, pairs, inline)
+            result = await self._submit(current, req, policy, inline)
         else:
             trace.queued()
-            result = await self._submit(current, texts, request_id, policy, pairs, inline)
+            result = await self._submit(current, req, policy, inline)
             trace.answered(result.phases)
         return Answer(
-            model=current,
-            policy=policy or str(rt.long_text),
-            threshold=resolved_threshold,
-            outputs=names,
-            result=result,
+            model=current, policy=policy or str(rt.long_text), threshold=threshold, outputs=names, result=result
         )
 
     def _alone(
@@ -485,29 +472,24 @@ class ServeState:
         )
 
     async def _submit(
-        self,
-        current: ServedModel,
-        texts: list[str],
-        rid: str,
-        policy: str | None,
-        pairs: list[str] | None = None,
-        inline: bool = False,
+        self, current: ServedModel, req: InferenceRequest, policy: str | None, inline: bool
     ) -> Classification:
+        timeout = self.config.request_timeout_s
+        if req.timeout_s is not None and req.timeout_s < timeout:
+            timeout = max(req.timeout_s, 1e-3)  # a deadline already past still times out (0 is "no timeout")
         try:
-            return await current.batcher.submit(texts, self.config.request_timeout_s, policy, pairs, inline)
+            return await current.batcher.submit(req.texts, timeout, policy, req.pairs, inline)
         except QueueFull as e:
             self.metrics.reject("queue_full", current.name)
             raise ApiError(429, str(e), {"Retry-After": str(e.retry_after_s)}) from None
         except NotAccepting:
             raise ApiError(503, "server is shutting down; retry on another replica", {"Retry-After": "1"}) from None
         except TimeoutError:
-            raise ApiError(
-                504,
-                f"no answer within {self.config.request_timeout_s} s "
-                "(--request-timeout-s); the model may be overloaded",
-            ) from None
+            why = "--request-timeout-s" if timeout == self.config.request_timeout_s else "the client's deadline"
+            raise ApiError(504, f"no answer within {timeout:g} s ({why}); the model may be overloaded") from None
         except Exception as e:
-            log.error("request %s: inference failed: %s: %s", rid, type(e).__name__, e)
+            rid = req.request_id
+            log.error("request %s (%s): inference failed: %s: %s", rid, req.origin.protocol, type(e).__name__, e)
             raise ApiError(
                 500,
                 f"inference failed for this request ({type(e).__name__}); "

@@ -220,26 +220,27 @@ class ProtocolSpec:
 class RouteMatch:
     """A request's place in the route table: `template` is the path template of the route it reaches (a route at
     its path under another method: the 405's path; "unmatched": none); `full` when its method takes a route
-    there, `route` that route (None for FastAPI's own docs), `params` the path's parameters (the model named)."""
+    there, `route` that route (None for FastAPI's own docs), `params` the path's parameters (the model named).
+    `protocol` is the protocol the request belongs to (its error shape, its metrics `label`): the route's; for a
+    method no route at the path takes (a 405), the path's GET route for HEAD, else its POST route (an inference
+    route speaks for its path: POST / beside the page's GET /), else its first; None: the docs, or no route."""
 
     template: str
     full: bool = False
     route: Route | None = None
     params: Mapping[str, str] = field(default_factory=dict)
+    protocol: ProtocolSpec | None = None
+    label: str = "other"
 
 
 UNMATCHED = RouteMatch("unmatched")
 
 
 class Protocols:
-    """The served protocols (registry.PROTOCOLS) and the one route table built from them.
-
-    `match(path, method)` is what a request reaches, as the app's router will route it (FastAPI's docs first, then
-    every declared route in order; a path whose routes take other methods only: the first of them, for a 405).
-    `route_at` is the protocol a request belongs to: the route declared for its path and method (HEAD counts as
-    GET); for a method no route at the path takes (a 405), the path's POST route (a path's inference route speaks
-    for it: POST / is an inference route beside the page's GET /), else the path's first route. A path no route
-    declares belongs to none."""
+    """The served protocols (registry.PROTOCOLS) and the one route table built from them, read through one
+    lookup: `match(path, method)`, what a request reaches as the app's router will route it (FastAPI's docs
+    first, then every declared route in order) and the protocol it belongs to. The guard, the fast path, the
+    error handlers and the metrics all decide on that match."""
 
     def __init__(self, protocols: Sequence[ProtocolSpec], default: ProtocolSpec, docs: Sequence[str] = DOCS):
         self.all = tuple(protocols)
@@ -247,7 +248,7 @@ class Protocols:
         self.docs = frozenset(docs)
         self._routes = [(compile_path(r.path)[0], r, p) for p in self.all for r in p.routes]
         self._docs = [(compile_path(d)[0], d) for d in docs]
-        self._found: dict[tuple[str, str], tuple[Route, ProtocolSpec] | None] = {}
+        self._found: dict[tuple[str, str], RouteMatch] = {}
         self.inference_paths = frozenset(r.path for p in self.all for r in p.routes if r.inference)
         self.open_paths = frozenset(r.path for p in self.all for r in p.routes if r.open)
         self.raw_body_paths = frozenset(r.path for p in self.all if p.raw_body for r in p.routes if r.method == "POST")
@@ -256,67 +257,57 @@ class Protocols:
         self.hint = " or ".join(p.hint for p in self.all if p.hint)
 
     def match(self, path: str, method: str) -> RouteMatch:
-        """The route a request at `path` (a concrete path) with `method` reaches."""
+        """The route a request at `path` (a concrete path or a route template) with `method` reaches."""
+        key = (path, method)
+        found = self._found.get(key)
+        if found is None:
+            found = self._lookup(path, method)
+            if len(self._found) < FOUND_CACHE:  # paths carry client-chosen model names: a bound all the same
+                self._found[key] = found
+        return found
+
+    def _lookup(self, path: str, method: str) -> RouteMatch:
         partial: str | None = None
         for regex, doc in self._docs:
             if regex.match(path):
                 if method in ("GET", "HEAD"):
                     return RouteMatch(doc, True)
                 partial = partial or doc
-        for regex, r, _ in self._routes:
-            m = regex.match(path)
-            if m is not None:
-                if r.method == method:
-                    return RouteMatch(r.path, True, r, m.groupdict())
-                partial = partial or r.path
-        return UNMATCHED if partial is None else RouteMatch(partial)
-
-    def allowed(self, path: str) -> list[str]:
-        """The methods the routes declared at exactly `path` take (a 405's Allow), sorted; [] for none."""
-        methods = {m for d in self.docs if d == path for m in ("GET", "HEAD")}
-        methods |= {r.method for p in self.all for r in p.routes if r.path == path}
-        return sorted(methods)
-
-    def route_at(self, path: str, method: str) -> tuple[Route, ProtocolSpec] | None:
-        """The route (and its protocol) a request at `path` (a concrete path or a route template) belongs to."""
-        key = (path, method)
-        if key in self._found:  # a refusal (the guard's 429 under a flood) should cost microseconds, not a scan
-            return self._found[key]
+        here = [(m, r, p) for regex, r, p in self._routes if (m := regex.match(path)) is not None]
+        for m, r, p in here:
+            if r.method == method:
+                return RouteMatch(r.path, True, r, m.groupdict(), p, r.label or p.metrics_label)
+        if not here:
+            return UNMATCHED if partial is None else RouteMatch(partial)
         get = "GET" if method == "HEAD" else method
-        here = [(r, p) for regex, r, p in self._routes if regex.match(path)]
-        found = next((rp for want in (get, "POST") for rp in here if rp[0].method == want), here[0] if here else None)
-        if len(self._found) < FOUND_CACHE:  # paths carry client-chosen model names: a bound all the same
-            self._found[key] = found
-        return found
+        _, owner, p = next((x for want in (get, "POST") for x in here if x[1].method == want), here[0])
+        return RouteMatch(partial or here[0][1].path, protocol=p, label=owner.label or p.metrics_label)
 
-    def at(self, path: str, method: str) -> ProtocolSpec | None:
-        found = self.route_at(path, method)
-        return None if found is None else found[1]
+    def allowed(self, template: str) -> list[str]:
+        """The methods the routes declared at `template` take (a 405's Allow), sorted; [] for none."""
+        methods = {m for d in self.docs if d == template for m in ("GET", "HEAD")}
+        methods |= {r.method for p in self.all for r in p.routes if r.path == template}
+        return sorted(methods)
 
     def label(self, template: str, method: str) -> str:
         """The metrics label of a request by its route template ("other" for none)."""
-        found = self.route_at(template, method)
-        if found is None:
-            return "other"
-        route, protocol = found
-        return route.label or protocol.metrics_label
+        return self.match(template, method).label
 
-    def error_shape(self, path: str, method: str) -> ErrorShape | None:
-        protocol = self.at(path, method)
-        return None if protocol is None else protocol.errors
-
-    def expected(self, path: str, method: str, config: ServeConfig) -> str:
-        """What a body refused at `path` should have been (the 400/422 message's second half)."""
-        protocol = self.at(path, method)
-        expected = (protocol.expected if protocol is not None else None) or self.default.expected
+    def expected(self, found: RouteMatch, config: ServeConfig) -> str:
+        """What a body refused on the matched route should have been (the 400/422 message's second half)."""
+        expected = (found.protocol.expected if found.protocol is not None else None) or self.default.expected
         return expected(config) if expected is not None else ""
 
-    def refusal(self, path: str, method: str, status: int, message: str) -> bytes | None:
-        """The guard's refusal (401, 413, 415, 429) at `path` in its protocol's error shape; None: qserve's."""
-        shape = self.error_shape(path, method)
-        if shape is None:
-            return None
-        return json.dumps(shape.body(shape.status(status, False), message)).encode()
+    @staticmethod
+    def refusal(found: RouteMatch, status: int, message: str) -> bytes | None:
+        """The guard's refusal (401, 413, 415, 429) in the matched protocol's error shape; None: qserve's."""
+        shape = errors(found)
+        return None if shape is None else json.dumps(shape.body(shape.status(status, False), message)).encode()
+
+
+def errors(found: RouteMatch) -> ErrorShape | None:
+    """The error shape of the protocol a request belongs to (None: qserve's {"error", "request_id"})."""
+    return None if found.protocol is None else found.protocol.errors
 
 
 FastRoute = Callable[[RouteMatch, Scope, bytes, Send], Awaitable[bool]]

@@ -41,8 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from qserve import __version__
 from qserve import problemtypes as problems
-from qserve.serve.core.answer import Answer
-from qserve.serve.core.outputs import label_scores
+from qserve.serve.core.answer import Answer, InferenceRequest, Origin
 from qserve.serve.core.pairs import takes_pairs
 from qserve.serve.core.schemas import LongText, PositiveJsonInt, Text, TokenIdJsonInt
 from qserve.serve.core.state import ServedModel, ServeState
@@ -57,6 +56,9 @@ T = TypeVar("T")
 TYPES = {400: "empty", 413: "validation", 422: "validation", 424: "backend", 429: "overloaded", 503: "unhealthy"}
 STATUS_OF = {400: 422, 404: 413, 413: 413, 415: 422, 422: 413, 429: 429, 500: 424, 503: 503, 504: 424}
 """A qserve status inside a TEI route -> TEI's: a check that refused the input is TEI's Validation (413)."""
+ORIGIN = Origin("tei")
+Scored = dict[str, float | str]
+"""One label's {label, score} (or {score, label}: TEI's order)."""
 POLICY = {"Right": "head", "right": "head", "Left": "tail", "left": "tail"}
 
 
@@ -256,7 +258,8 @@ async def answer(
     st: ServeState, request: Request, model: ServedModel, texts: list[str], pairs: list[str] | None, policy: str | None
 ) -> Answer:
     """Queue the texts on `model` (the default) under `policy`: every protocol's one call (state.py)."""
-    return await st.submit(model, texts, request.scope, request.state.request_id, policy, "long_text", pairs=pairs)
+    rid = request.state.request_id
+    return await st.submit(InferenceRequest(model.name, texts, ORIGIN, request.scope, rid, pairs, policy))
 
 
 # -- encoding ---------------------------------------------------------------------------------------
@@ -270,12 +273,12 @@ def transform(ans: Answer, function: str | None) -> np.ndarray:
     return np.asarray(problems.scores(ans.logits, kind), dtype=np.float32)
 
 
-def predictions(scores: np.ndarray, ans: Answer, top_k: int | None = None) -> list[list[dict[str, Any]]]:
+def predictions(scores: np.ndarray, ans: Answer, top_k: int | None = None) -> list[list[Scored]]:
     # every label sorted by score (a regression model: its value), as /v1 orders them
     problem = ans.problem_type if ans.problem_type == problems.REGRESSION else problems.SINGLE
     return [
         [{"score": p["score"], "label": p["label"]} for p in row]
-        for row in label_scores(scores, list(ans.labels), problem, top_k, None)
+        for row in problems.label_scores(scores, list(ans.labels), problem, top_k, None)
     ]
 
 
@@ -289,7 +292,9 @@ def check_length(ans: Answer, truncate: bool) -> None:
             )
 
 
-async def predict(st: ServeState, body: TeiPredictRequest, request: Request, hf: HfParameters | None = None) -> Any:
+async def predict(
+    st: ServeState, body: TeiPredictRequest, request: Request, hf: HfParameters | None = None
+) -> list[list[Scored]] | list[Scored]:
     model = st.model(None, request)
     texts, pairs, batch = sequences(st, model, body.inputs)
     ans = await answer(st, request, model, texts, pairs, policy_of(body, model, pairs is not None))
@@ -301,7 +306,7 @@ async def predict(st: ServeState, body: TeiPredictRequest, request: Request, hf:
     return rows if batch else rows[0]
 
 
-async def root_answer(st: ServeState, body: TeiRootRequest, request: Request) -> Any:
+async def root_answer(st: ServeState, body: TeiRootRequest, request: Request) -> list[list[Scored]] | list[Scored]:
     """POST /: /predict's answer, or with `parameters` the HF Inference API form (huggingface_hub's InferenceClient)."""
     hf = (body.parameters or HfParameters()) if "parameters" in body.model_fields_set else None
     return await predict(st, body, request, hf)
@@ -360,10 +365,10 @@ def _tokenize(tokenizer: Any, texts: list[str], special: bool) -> list[list[dict
     return out
 
 
-async def on_inference_thread(st: ServeState, fn: Callable[..., T], *args: Any) -> T:  # Any: fn's own arguments
+async def on_inference_thread(st: ServeState, fn: Callable[[], T]) -> T:
     """The fast tokenizer is not thread-safe: run on the thread that runs the model (under the runtime's
     tokenizer_lock, which a busy server's lanes take too)."""
-    return await asyncio.get_running_loop().run_in_executor(st.executor, fn, *args)
+    return await asyncio.get_running_loop().run_in_executor(st.executor, fn)
 
 
 async def tokenize(st: ServeState, body: TeiTokenizeRequest, request: Request) -> list[list[dict[str, Any]]]:

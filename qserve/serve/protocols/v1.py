@@ -15,15 +15,17 @@ from typing import Annotated, Any
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from qserve.problemtypes import MULTI
-from qserve.serve.core.outputs import Threshold as Thresholds
-from qserve.serve.core.outputs import label_scores
+from qserve.problemtypes import MULTI, label_scores
+from qserve.problemtypes import Threshold as Thresholds
+from qserve.serve.core.answer import InferenceRequest, Origin
 from qserve.serve.core.pairs import text_inputs
 from qserve.serve.core.schemas import ROUTE_ERRORS, ErrorResponse, LongText, PositiveJsonInt, Text, TextPair, Threshold
 from qserve.serve.core.state import ServedModel, ServeState
 from qserve.serve.infra.config import ServeConfig
 from qserve.serve.protocols.spec import Endpoint, OpenApi, ProtocolSpec, Published, Route, answered
 from qserve.textpairs import PAIR
+
+ORIGIN = Origin("v1")
 
 
 # -- bodies ------------------------------------------------------------------------------------------
@@ -123,9 +125,9 @@ async def classify(st: ServeState, body: ClassifyRequest, request: Request) -> d
     """POST /v1/classify's answer to a validated body (the route and the guard's fast path both call this)."""
     model = st.model(body.model, request)
     texts, pairs = text_inputs(st, model, body.inputs)  # a pair model's {text, text_pair} (pairs.py)
-    a = await st.submit(
-        model, texts, request.scope, request.state.request_id, body.long_text, "long_text", pairs, body.threshold
-    )
+    rid = request.state.request_id
+    req = InferenceRequest(model.name, texts, ORIGIN, request.scope, rid, pairs, body.long_text, body.threshold)
+    a = await st.submit(req)
     return {
         "model": a.name,
         "model_version": a.version,

@@ -28,13 +28,15 @@ import numpy as np
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from qserve.serve.core.answer import Answer
+from qserve.serve.core.answer import Answer, InferenceRequest, Origin
 from qserve.serve.core.pairs import text_inputs
 from qserve.serve.core.schemas import ROUTE_ERRORS, LongText, Text, TextPair, TruncationJsonInt
 from qserve.serve.core.state import ServedModel, ServeState
 from qserve.serve.infra.config import ServeConfig
 from qserve.serve.infra.errors import ApiError
 from qserve.serve.protocols.spec import OpenApi, ProtocolSpec, Published, answered
+
+ORIGIN = Origin("vllm")
 
 
 class VllmClassifyRequest(BaseModel):
@@ -129,7 +131,8 @@ def policy_of(body: VllmClassifyRequest, max_length: int) -> str | None:
 # -- the one call into the serving state -----------------------------------------------------------------
 async def answer(st: ServeState, request: Request, model: ServedModel, texts: list[str], policy: str | None) -> Answer:
     """Queue the texts on `model` under `policy` (None: its default): every protocol's one call (state.py)."""
-    return await st.submit(model, texts, request.scope, request.state.request_id, policy, "long_text")
+    rid = request.state.request_id
+    return await st.submit(InferenceRequest(model.name, texts, ORIGIN, request.scope, rid, long_text=policy))
 
 
 def encode(ans: Answer) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from qserve import __version__
+from qserve.serve.core.answer import InferenceRequest, Origin
 from qserve.serve.core.served_model import ServedModel
 from qserve.serve.core.state import ServeState
 from qserve.serve.core.texts import unicode_problem
@@ -64,6 +65,7 @@ Scope = dict[str, Any]
 """The ASGI-scope stand-in of one RPC: {"state": {...}}, what ServeState.submit reads and writes."""
 Reply = TypeVar("Reply")
 SERVICE = "inference.GRPCInferenceService"
+ORIGIN = Origin("v2-grpc", "parameters.long_text")
 OPEN_METHODS = frozenset({"ServerLive", "ServerReady"})  # probes, as /v2/health/* on HTTP
 STATUS = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -242,16 +244,9 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 raise ApiError(422, f"id {unicode_problem(request.id)}")
             texts, pairs = request_texts(st, request, model)
             asked = [o.name for o in request.outputs]  # none: all of the model's (submit resolves them)
-            a = await st.submit(
-                model,
-                texts,
-                scope,
-                rid,
-                _long_text(request),
-                "parameters.long_text",
-                pairs,
-                outputs=answered_outputs(asked),
-            )
+            policy, outputs, deadline = _long_text(request), answered_outputs(asked), context.time_remaining()
+            req = InferenceRequest(model.name, texts, ORIGIN, scope, rid, pairs, policy, None, outputs, deadline)
+            a = await st.submit(req)
             values = output_values(a)
             out = service_pb2.ModelInferResponse(model_name=a.name, model_version=a.version, id=request.id or rid)
             out.parameters["labels"].string_param = ",".join(a.labels)

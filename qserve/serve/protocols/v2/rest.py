@@ -35,6 +35,7 @@ from pydantic import ValidationError
 from starlette.datastructures import Headers
 
 from qserve import __version__
+from qserve.serve.core.answer import InferenceRequest, Origin
 from qserve.serve.core.schemas import ErrorResponse
 from qserve.serve.core.state import ServedModel, ServeState
 from qserve.serve.core.texts import check_texts, unicode_problem
@@ -53,6 +54,7 @@ from qserve.serve.protocols.v2.tensors import (
 )
 
 HEADER_LENGTH = "inference-header-content-length"
+ORIGIN = Origin("v2", "parameters.long_text")
 
 
 def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -229,15 +231,10 @@ async def infer(st: ServeState, body: InferBody, request: Request) -> Response:
     texts, pairs = request_texts(st, req, body.binary, model)
     binary_default, asked = requested_outputs(req)
     long_text = req.parameters.long_text if req.parameters else None
+    outputs = answered_outputs([name for name, _ in asked])
+    rid = request.state.request_id
     a = await st.submit(
-        model,
-        texts,
-        request.scope,
-        request.state.request_id,
-        long_text,
-        "parameters.long_text",
-        pairs,
-        outputs=answered_outputs([name for name, _ in asked]),
+        InferenceRequest(model.name, texts, ORIGIN, request.scope, rid, pairs, long_text, None, outputs)
     )
     values = output_values(a)
     flags = [flag for _, flag in asked] or [binary_default] * len(a.outputs)

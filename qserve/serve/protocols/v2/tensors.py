@@ -35,8 +35,10 @@ OUTPUTS = {
     problems.REGRESSION: ("value", "truncated"),
 }
 """Output names per problem type, in the order they are answered when a request names none."""
-Tensor = tuple[dict[str, Any], Any]
-"""(tensor meta {name, datatype, shape}, values: an FP32 array, BYTES strs or BOOLs)."""
+Values = np.ndarray | list[str] | list[bool]
+"""A tensor's values: an FP32 array, BYTES strs or BOOLs."""
+Tensor = tuple[dict[str, Any], Values]
+"""(tensor meta {name, datatype, shape}, values)."""
 
 
 def output_names(problem: str) -> tuple[str, ...]:
@@ -167,13 +169,13 @@ def bytes_elements(raw: bytes, where: str) -> list[str]:
     return out
 
 
-def tensor_bytes(datatype: str, values: Any) -> bytes:  # Any: an FP32 array, BYTES strs or BOOLs (output_values)
+def tensor_bytes(datatype: str, values: Values) -> bytes:
     if datatype == "FP32":
         return np.ascontiguousarray(values, dtype="<f4").tobytes()
     if datatype == "BOOL":
         return np.asarray(values, dtype=np.bool_).tobytes()
     parts = []
     for v in values:
-        b = v.encode("utf-8")
+        b = str(v).encode("utf-8")
         parts += [struct.pack("<I", len(b)), b]
     return b"".join(parts)
