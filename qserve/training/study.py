@@ -130,7 +130,7 @@ SEED: dict[str, Any] = {
     ],
 }
 """The seed project's published precision study (Sebastian Raschka's mixed-precision experiment; not measured by
-qserve): the one place its numbers live. The study's report and docs/training.md (benchmarks/render_tables.py)
+qserve): the one place its numbers live. The study's report and docs/training.md (benchmarks/render/tables.py)
 render them from here, beside ours, as ratios to its own 32-true."""
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import render_tables
-from benchmarks.renderers import long_text, reports
+from benchmarks.render import tables as render_tables
+from benchmarks.render.blocks import long_text, reports
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -276,7 +276,7 @@ def test_no_measured_number_is_typed_by_hand():
     gone = sorted((listed - found).elements())
     assert not typed, (
         "measured-looking numbers typed by hand (render them from their report: a <!-- text:NAME --> "
-        "block in benchmarks/renderers/, named in render_tables.TABLES; an explanatory one goes in "
+        "block in benchmarks/render/blocks/, named in render_tables.TABLES; an explanatory one goes in "
         "tests/unit/docs_numbers.txt): " + "; ".join(f"{f}: {n}" for f, n in typed)
     )
     assert not gone, (
