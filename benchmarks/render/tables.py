@@ -9,19 +9,23 @@ block a function in benchmarks/render/blocks/, one module per area of the docs, 
 benchmarks.render.blocks.reports), and the same block may appear in several files, and may sit indented inside a list
 item (its lines then keep that indent). Only the lines between the markers are written, so the prose around a
 block stays hand-written; a prose block names its report and the CPU that report records; measured numbers are
-never copied by hand (tests/unit/test_docs.py also flags a measured-looking number typed in prose, see
-hand_numbers() and tests/unit/docs_numbers.txt). `make reports` runs this after every stage;
-tests/unit/test_docs.py runs it with --check.
+never copied by hand (tests/unit/test_docs.py also flags a measured-looking number typed in prose, and in the
+comments and docstrings of qserve/ and exporters/: hand_numbers(), code_numbers() and tests/unit/docs_numbers.txt).
+`make reports` runs this after every stage; tests/unit/test_docs.py runs it with --check.
 
-    python -m benchmarks.render.tables --hand-numbers   # the measured-looking numbers typed in prose, per file
+    python -m benchmarks.render.tables --hand-numbers   # the measured-looking numbers typed by hand, per file
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
+import inspect
+import io
 import re
 import sys
+import tokenize
 from pathlib import Path
 from typing import Callable
 
@@ -113,6 +117,46 @@ def markdown_files(root: Path = ROOT) -> list[Path]:
     return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
 
 
+CODE = ("qserve", "exporters")
+"""The packages whose comments and docstrings hold no measured number (it lives in docs/, beside its report)."""
+SETTING = re.compile(rf"\d+\s?(?:ms|s|min|h|%|x|×)|{NUMBER}e-?\d+")
+"""In code, a whole number with a time unit, % or x is a setting or a bar (a 5 ms wait, a 95% interval, 16x the
+batch) and scientific notation a tolerance or a learning rate; the rest of what HAND_NUMBER finds looks measured
+(a decimal or a range with a unit, a size, a rate, a bare number with 3+ decimals)."""
+
+
+def code_prose(source: str) -> str:
+    """A Python module's comments and docstrings (every string statement), the docstrings' indented command lines
+    (code, like a page's fenced blocks) left out."""
+    parts = [t.string for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        for stmt in body if isinstance(body, list) else []:
+            if (
+                isinstance(stmt, ast.Expr)
+                and isinstance(stmt.value, ast.Constant)
+                and isinstance(stmt.value.value, str)
+            ):
+                parts.append(re.sub(r"(?m)^    .*$", "", inspect.cleandoc(stmt.value.value)))
+    return "\n\n".join(parts)
+
+
+def code_numbers(source: str) -> list[str]:
+    """The measured-looking numbers in a module's comments and docstrings (inline code aside), settings aside."""
+    return [n for n in hand_numbers(code_prose(source)) if not SETTING.fullmatch(n)]
+
+
+def code_files(root: Path = ROOT) -> list[Path]:
+    return sorted(p for d in CODE for p in (root / d).rglob("*.py"))
+
+
+def typed_numbers(root: Path = ROOT) -> list[tuple[str, str]]:
+    """(file, number) for every measured-looking number typed by hand in the pages and in the code's prose."""
+    found = [(p, n) for p in markdown_files(root) for n in hand_numbers(p.read_text(encoding="utf-8"))]
+    found += [(p, n) for p in code_files(root) for n in code_numbers(p.read_text(encoding="utf-8"))]
+    return [(str(p.relative_to(root)), n) for p, n in found]
+
+
 def render_file(text: str, rendered: dict[str, str], where: str = "") -> str:
     def sub(m: re.Match[str]) -> str:
         name = m["name"]
@@ -133,14 +177,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--hand-numbers",
         action="store_true",
-        help="print the measured-looking numbers typed in prose, one `FILE<TAB>NUMBER` line each (the "
-        "format of tests/unit/docs_numbers.txt); write nothing",
+        help="print the measured-looking numbers typed in prose and in qserve/'s and exporters/' comments and "
+        "docstrings, one `FILE<TAB>NUMBER` line each (the format of tests/unit/docs_numbers.txt); write nothing",
     )
-    p.add_argument("files", nargs="*", type=Path, help="markdown files (default: README.md and docs/**/*.md)")
+    p.add_argument(
+        "files",
+        nargs="*",
+        type=Path,
+        help="markdown files (default: README.md and docs/**/*.md; .py with --hand-numbers)",
+    )
     args = p.parse_args(argv)
     if args.hand_numbers:
-        for path in args.files or markdown_files():
-            for n in hand_numbers(path.read_text(encoding="utf-8")):
+        for path in args.files or [*markdown_files(), *code_files()]:
+            find = code_numbers if path.suffix == ".py" else hand_numbers
+            for n in find(path.read_text(encoding="utf-8")):
                 print(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}\t{n}")
         return 0
     rendered: dict[str, str] = {}

@@ -162,7 +162,7 @@ def build_optimizer(groups: list[dict[str, Any]], precision: str, bf16_update: s
     (2 bytes more per parameter than plain bf16 AdamW, half of fp32 AdamW's 8).
     torch-optimi's AdamW rather than torchao's stochastic-rounding one: both keep the
     accuracy, but torchao's is a private class (`_AdamW`) that torch.compiles each parameter
-    shape at the first step (a C++ compiler at run time, ~40 s here).
+    shape at the first step (a C++ compiler at run time, tens of seconds).
     """
     import torch
 
