@@ -6,6 +6,7 @@ python -m pytest -q tests/unit/test_provenance.py
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -16,6 +17,24 @@ from benchmarks.render import rebuild
 from qserve.provenance import command_line, git_commit, md_line, provenance, recorded_cpu, with_header
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_qserve_computes_the_repository_root_once():
+    """One function (qserve.files.repository_root) says where qserve/ lives; provenance, the bench's children and
+    the OpenVINO probe's child all start from it."""
+    from qserve import provenance as prov
+    from qserve.files import repository_root, with_root_on_path
+
+    assert repository_root() == ROOT and prov.REPO == ROOT
+    assert with_root_on_path({"PYTHONPATH": "/x"})["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/x"]
+    assert with_root_on_path({})["PYTHONPATH"] == str(ROOT)
+    computed = [
+        str(p.relative_to(ROOT))
+        for d in ("qserve", "exporters")
+        for p in sorted((ROOT / d).rglob("*.py"))
+        if re.search(r"__file__\)\.resolve\(\)\.parents|__file__\)\.parents", p.read_text(encoding="utf-8"))
+    ]
+    assert computed == ["qserve/files.py"]
 
 
 def test_provenance_names_command_commit_and_cpu():
