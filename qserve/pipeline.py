@@ -3,15 +3,9 @@
     qserve pipeline                                   # embedded default: train -> export -> bench -> gate -> report
     qserve pipeline --model distilbert-base-uncased --dataset imdb   # hub path, needs network
 
-Everything lands in one run directory (default models/<model>-<dataset>/, e.g.
-models/minilm-l6-distilbert-imdb/): checkpoint/,
-variants/<name>/, report/ (with report/gate/: the release gate of the fastest candidates, on the texts the bench
-scored; the recommendation is a variant that passed it, or the fp32 reference). Re-running reuses each finished
-stage whose inputs are
-unchanged (same training config; variants built from the same checkpoint hash;
-a report over the same variant manifests) unless --force. A killed pipeline picks up where it stopped:
-an unfinished training resumes from its last checkpoint (qserve.training.resume), a variant whose export was
-cut short (only its hidden staging dir exists) is exported again, finished variants are kept.
+One run directory (default models/<model>-<dataset>/) holds checkpoint/, variants/<name>/ and report/ (report/gate/
+included). A rerun reuses each finished stage whose inputs are unchanged unless --force; a killed run picks up where
+it stopped (training from its last checkpoint, a half-exported variant exported again).
 """
 
 from __future__ import annotations
