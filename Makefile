@@ -60,10 +60,10 @@ test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 
 # Re-run the committed reports one stage at a time on the CPU that measured them, then re-render the
-# README's and docs' tables from their JSON (benchmarks/rebuild_reports.py; docs/bench.md lists stages).
+# README's and docs' tables from their JSON (benchmarks/render/rebuild.py; docs/bench.md lists stages).
 # No STAGE: list the stages. FORCE=1 on another CPU: re-render md from JSON, measure nothing.
 reports: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.rebuild_reports $(STAGE) $(if $(filter 1 yes true,$(FORCE)),--force)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.render.rebuild $(STAGE) $(if $(filter 1 yes true,$(FORCE)),--force)
 
 clean-venv:
 	rm -rf $(VENV)

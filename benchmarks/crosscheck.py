@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(d) for _, d in pairs.values() if not (d / "manifest.json").is_file()]
     if missing:
         raise SystemExit(
-            f"missing variants: {', '.join(missing)}; run `python -m benchmarks.distilbert_base_speed` first"
+            f"missing variants: {', '.join(missing)}; run `python -m benchmarks.studies.distilbert_base_speed` first"
         )
     results = [one_round(pairs, args, BenchConfig, run_bench) for _ in range(args.rounds)]
     rounds = [r for _, r in results]

@@ -181,7 +181,7 @@ def slow_clients(port: int, idle: int, trickling: int, stop: threading.Event) ->
     return socks
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("variant_dir", type=Path)
     ap.add_argument("--requests", type=int, default=300)
@@ -192,7 +192,7 @@ def main() -> int:
     ap.add_argument("--baseline-ref", help="git commit whose server code floods alongside (the code before)")
     ap.add_argument("--normal-requests", type=int, default=40, help="sequential requests per slow-client round")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "reports" / "flood")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="flood-"))
     sides = {"current": ROOT}

@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--texts", type=int, default=64, help="IMDb test reviews posted in turn")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--log-level", default="info", help="the server's --log-level (info: the access log on)")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/reports/serve-protocol-cost"))
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "reports" / "serve-protocol-cost")
     args = p.parse_args(argv)
     return finish("serve_protocol_cost", args, argv, run, render, lambda rep: False)
 

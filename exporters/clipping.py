@@ -4,24 +4,10 @@
     qserve export models/minilm-l6-distilbert-imdb --bits 4 --backend bnb --dtype fp4 --no-clip
     qserve export models/minilm-l6-distilbert-imdb --bits 4 --backend bnb --dtype nf4 --clip      # off by default
 
-bitsandbytes stores 4-bit weights in blocks of 64, each scaled by its absmax: the one largest
-weight sets the grid for the other 63. fp4's grid (E2M1) is coarse at the top (0.667 -> 1.0),
-so a block's typical weights land on few codes. Clipping a block to r * absmax (r <= 1) spends
-error on its few largest weights to buy a finer grid for the rest. r is chosen per block from
-RATIOS to minimise sum_j E[x_j^2] * (q(w_j) - w_j)^2, the squared error the block adds to its
-layer's output (for independent inputs), with E[x_j^2] measured on calibration texts of the
-training split, padding excluded: the clipping search of AWQ (Lin et al., 2024), without
-AWQ's scaling. r = 1 (no clipping) is a candidate and wins ties, so under that measure no
-block gets worse.
-
-Clamp-then-quantize is exact: a block clamped to +-s has absmax s, so bitsandbytes' own
-quantizer stores the scale s and the nearest code of w/s (tested bit for bit). The variant is
-plain bitsandbytes format; loading and running it change in nothing.
-Measured on the embedded default (real bnb kernels, bf16 compute), agreement with fp32:
-bnb-fp4 96.25% -> 98.05% on 2,000 test reviews and 96.4% -> 98.3% on the pipeline bench's
-1,000; mean |error of the logit margin| 0.268 -> 0.232. bnb-nf4's grid is already dense
-where these weights lie: 98.35% -> 98.40% on 2,000, 98.8% -> 98.3% on 1,000, margin error
-0.128 -> 0.129, i.e. no gain, so nf4 leaves it off unless asked.
+Clamping a block to r * absmax (r <= 1, from RATIOS; r = 1 wins ties, so no block gets worse) spends error on its few
+largest weights to buy a finer grid for the rest; r minimises the output error the block adds, inputs weighted by
+their mean square on training texts (AWQ's clip search, without its scaling). The variant stays plain bitsandbytes
+format. Why fp4 clips and nf4 does not, and what it did to agreement: docs/export.md.
 """
 
 from __future__ import annotations

@@ -26,6 +26,16 @@ from typing import Any
 from qserve import QserveError
 
 
+def repository_root() -> Path:
+    """The directory holding qserve/ and exporters/: a checkout's root (or site-packages, installed)."""
+    return Path(__file__).resolve().parents[1]
+
+
+def with_root_on_path(env: dict[str, str]) -> dict[str, str]:
+    """`env` with the repository root first on PYTHONPATH, so a child `python -m qserve...` runs this same code."""
+    return {**env, "PYTHONPATH": os.pathsep.join([str(repository_root()), *filter(None, [env.get("PYTHONPATH")])])}
+
+
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -3,15 +3,9 @@
     qserve pipeline                                   # embedded default: train -> export -> bench -> gate -> report
     qserve pipeline --model distilbert-base-uncased --dataset imdb   # hub path, needs network
 
-Everything lands in one run directory (default models/<model>-<dataset>/, e.g.
-models/minilm-l6-distilbert-imdb/): checkpoint/,
-variants/<name>/, report/ (with report/gate/: the release gate of the fastest candidates, on the texts the bench
-scored; the recommendation is a variant that passed it, or the fp32 reference). Re-running reuses each finished
-stage whose inputs are
-unchanged (same training config; variants built from the same checkpoint hash;
-a report over the same variant manifests) unless --force. A killed pipeline picks up where it stopped:
-an unfinished training resumes from its last checkpoint (qserve.training.resume), a variant whose export was
-cut short (only its hidden staging dir exists) is exported again, finished variants are kept.
+One run directory (default models/<model>-<dataset>/) holds checkpoint/, variants/<name>/ and report/ (report/gate/
+included). A rerun reuses each finished stage whose inputs are unchanged unless --force; a killed run picks up where
+it stopped (training from its last checkpoint, a half-exported variant exported again).
 """
 
 from __future__ import annotations
@@ -45,8 +39,8 @@ from qserve.training.train import train
 from qserve.variants import UnsupportedVariant
 from qserve.verify import verify
 
-# Pipeline defaults on a CPU, chosen so the whole job fits in ~15 minutes on 2 CPU cores and
-# still beats 82% on held-out IMDb (see README "Measured").
+# Pipeline defaults on a CPU, chosen so the whole job fits a short wait on 2 CPU cores and still classifies
+# held-out IMDb well (what it takes and reads: README "Measured").
 PIPELINE_TRAIN = {"max_samples": 6000, "max_length": 128, "epochs": 1, "batch_size": 16, "lr": 1e-4}
 PIPELINE_TRAIN_GPU = {"max_samples": None, "max_length": 512, "epochs": 3, "batch_size": None, "lr": 1e-4}
 """On a GPU the seed's recipe (every training review, 3 epochs, up to 512 tokens): a few minutes of a GPU's time
@@ -487,8 +481,8 @@ def register(sub) -> None:
     p.add_argument("--batch-sizes", default="1,8,32", help="bench batch sizes (default %(default)s)")
     p.add_argument("--seq-lens", default="128", help="bench sequence lengths (default %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="bench threads (default: all cores)")
-    # 0.5 s of timed calls per shape: 50 b1 calls of a 10 ms variant, min-iters of a slow one; the 12 variants' grid
-    # and real-text passes took half the bench at 2 s (docs/bench.md, "Where the bench's time goes")
+    # The default's timed calls per shape: dozens of b1 calls of a fast variant, min-iters of a slow one; a longer
+    # budget spent most of the bench on the variants' grid (docs/bench.md, "Where the bench's time goes")
     p.add_argument(
         "--time-budget",
         type=float,
@@ -501,7 +495,7 @@ def register(sub) -> None:
         default=1000,
         help="test reviews for bench accuracy/agreement per variant (default %(default)s)",
     )
-    # tail among them: on the demo recipe it is the most accurate policy at head's cost (86.05% vs head-tail's 84.85%)
+    # tail among them: on the demo recipe it is the most accurate policy at head's cost (docs/long-texts.md)
     p.add_argument(
         "--bench-long-text",
         default="head,tail,head-tail,windows",

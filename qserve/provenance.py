@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import TypedDict
 
 from qserve.devices import cpu_info
+from qserve.files import repository_root
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = repository_root()
 
 
 class Provenance(TypedDict, total=False):

@@ -259,7 +259,7 @@ def _isolation(report: dict[str, Any]) -> str:
 
 
 def _checks(report: dict[str, Any]) -> list[str]:
-    """Targets a suite asked this run to meet (e.g. benchmarks/distilbert_base_speed.py), if any."""
+    """Targets a suite asked this run to meet (e.g. benchmarks/studies/distilbert_base_speed.py), if any."""
     checks = report.get("checks") or []
     if not checks:
         return []

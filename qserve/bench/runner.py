@@ -43,7 +43,7 @@ from qserve.bench.recommend import bar_for, real_text_b1
 from qserve.bench.report import write_reports
 from qserve.data.datasets import load_dataset
 from qserve.devices import resolve_device
-from qserve.files import dir_size, now_iso, refuse_existing
+from qserve.files import dir_size, now_iso, refuse_existing, with_root_on_path
 from qserve.placement import Plan
 from qserve.placement import plan as plan_run
 from qserve.provenance import provenance
@@ -51,7 +51,6 @@ from qserve.variants import VARIANTS
 
 log = logging.getLogger("qserve.bench")
 FORMAT = "qserve-bench/1"
-PKG_ROOT = Path(__file__).resolve().parents[2]  # the directory holding qserve/ and exporters/
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -146,8 +145,7 @@ def load_texts(key: tuple, cfg: BenchConfig, cache: dict) -> dict[str, Any]:
 
 def _child_env(cfg: BenchConfig, device: str | None = None) -> dict[str, str]:
     """The environment of a child measuring on `device` (default: the run's)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(PKG_ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
+    env = with_root_on_path(dict(os.environ))
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env[k] = str(cfg.threads)
     env.setdefault("HF_HUB_OFFLINE", "1")

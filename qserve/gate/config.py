@@ -16,8 +16,7 @@ CALIBRATION_SPLITS = ("val", "train", "test", "none")
 
 AGREEMENT_BAR = {4: 0.95, 8: 0.98, 16: 0.98, 32: 0.98}
 """The bar on agreement's 95% LOWER bound, per bits: today's point-estimate bars (int8 >= 99%, 4-bit >= 97%;
-qserve/bench/recommend.py) restated for a bound. A variant that truly agrees 99.3% on the 2,490 test texts of
-the embedded default has a lower bound near 98.9%, so it passes 98%; 100% on 200 texts reaches only 98.1%."""
+qserve/bench/recommend.py) restated for a bound; docs/gate.md works out what that asks of a variant and a test set."""
 ACCURACY_DROP = {4: 0.03, 8: 0.01, 16: 0.01, 32: 0.01}
 """The most accuracy (share of texts; regression: mean error in units of the label range) the variant may lose
 against the reference, on the LOWER bound of the paired difference."""

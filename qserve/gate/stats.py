@@ -5,7 +5,7 @@
 Everything here is plain numpy on arrays the gate has already scored; nothing loads a model.
 
 - `wilson(k, n)`: the Wilson score interval of a proportion (agreement). Unlike the normal approximation it
-  stays inside [0, 1] and is honest at 100%: 200/200 has a 95% lower bound of 98.1%, 993/1000 of 98.6%.
+  stays inside [0, 1] and is honest at 100% agreement (docs/gate.md gives its bounds for a few test sets).
 - `paired_bootstrap(a, b)`: an interval for mean(a) - mean(b) over the same texts (the accuracy delta, the
   regression error delta), resampling texts, so the pairing (and, for multi-label, every label of one text) is
   kept; `mcnemar(a, b)` is the exact two-sided test of the same paired difference for 0/1 outcomes.
@@ -26,7 +26,7 @@ from statistics import NormalDist
 import numpy as np
 
 Z95 = 1.959963984540054
-"""The standard normal's 97.5% quantile: two-sided 95% intervals."""
+"""The standard normal's quantile for two-sided 95% intervals."""
 
 
 def z_for(confidence: float) -> float:

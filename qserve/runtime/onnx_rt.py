@@ -48,11 +48,11 @@ def session_options(ort, threads: int | None):
 
 
 def disabled_optimizers(device: str) -> list[str]:
-    """ORT graph rewrites this runtime turns off on `device` (also used by benchmarks/int8_breakdown.py)."""
+    """ORT graph rewrites this runtime turns off on `device` (also used by benchmarks/studies/int8_breakdown.py)."""
     if device.startswith("cuda"):
         return []  # the fused CUDA kernel is the fast one there
     # On CPU, ORT's fused SkipLayerNormalization is slower than the Add + LayerNormalization it
-    # replaces in the int8 graphs, and no faster in the others (profiled by benchmarks/int8_breakdown.py).
+    # replaces in the int8 graphs, and no faster in the others (profiled by benchmarks/studies/int8_breakdown.py).
     return ["SkipLayerNormFusion"]
 
 

@@ -3,32 +3,12 @@
     python -c "from qserve.runtime import load_runtime; \\
 print(load_runtime('models/minilm-l6-distilbert-imdb/variants/ov-int8', 'cpu').predict(['fine']))"
 
-The variant holds an OpenVINO IR (openvino_model.xml/.bin, dynamic batch and sequence
-axes) plus config.json, so `optimum.intel.OVModelForSequenceClassification.from_pretrained(dir)`
-loads it unchanged. The precision it runs in is part of the variant, not left to the
-plugin: on AMX / avx512_bf16 CPUs OpenVINO's CPU plugin silently computes fp32 models in
-bf16 unless told otherwise, so ov-fp32 and ov-int8 compile with INFERENCE_PRECISION_HINT
-f32 and ov-bf16 with bf16 (refused on a CPU whose plugin reports no BF16).
-
-Before compiling, `ov_probe.require_precision` checks in a child process that OpenVINO works on this
-CPU at that precision: a plugin crash there becomes an "unavailable on this CPU" error
-instead of taking the server, bench child or test run down.
-
-A batch of several rows runs on a second compiled model (compiled on the first such batch) with one stream per row
-worker, one
-thread each (`row_workers`, default: the intra-op threads, else the cores): its shares run side by
-side, so no forward waits at a barrier for a thread the OS handed to the event loop, and no thread
-hand-off happens inside an op. On the 2-core AMD EPYC, ov-int8 b32/s128: 195-200 ms against 202-220
-with one 2-thread stream, and under a thread that takes 0.5 ms every 4 ms (a server's event loop)
-207-234 against 225-242; the answers bit for bit the same (a row's result at a given padded length does
-not depend on its batchmates or on the thread count). A lone row keeps the one stream on every
-thread, the lower latency. row_workers=1 turns the second model off; it costs a second copy of the
-compiled weights (24 MB for ov-int8).
-
-Async-safety: the compiled models are shared (compiling twice would double memory and load
-time) and each calling thread gets its own InferRequests, since one InferRequest must not
-run on two threads at once. serve's inference thread and a Ray replica's thread can
-therefore both call predict().
+The precision is part of the variant, not left to the plugin (on AMX / avx512_bf16 CPUs it computes fp32 models in
+bf16 unless told): ov-fp32 and ov-int8 compile with INFERENCE_PRECISION_HINT f32, ov-bf16 with bf16, after
+`ov_probe.require_precision` has checked in a child process that the plugin survives that precision here. A batch
+of several rows runs on a second compiled model, one single-threaded stream per row worker, so no forward waits for
+a thread the event loop took; the answers are bit for bit the same, and row_workers=1 saves that model's memory.
+Compiled models are shared; each calling thread gets its own InferRequests. Why: docs/export.md, docs/serving.md.
 """
 
 from __future__ import annotations

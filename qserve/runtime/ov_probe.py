@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from qserve import QserveError
+from qserve.files import with_root_on_path
 
 FAULT_ENV = "QSERVE_OV_PROBE_FAULT"
 """Test hook: a signal name (SIGFPE, SIGSEGV, ...) kills the probe child with it; `refuse` makes it exit 3."""
@@ -63,9 +64,7 @@ def _cache_path(version: str) -> Path:
 
 
 def _run_child() -> dict[str, Any]:
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
+    env = with_root_on_path(dict(os.environ))
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "qserve.runtime.ov_probe"],

@@ -152,17 +152,9 @@ MATMUL_PRECISIONS = ("highest", "high", "medium")
 def build_optimizer(groups: list[dict[str, Any]], precision: str, bf16_update: str, lr: float, fused: bool = False):
     """AdamW for `precision`; bf16-true gets one whose small updates still land on bf16 weights.
 
-    fused (qserve asks for it on CUDA): torch's fused AdamW for fp32 weights, one kernel per parameter group
-    instead of a few per tensor: a small model's optimizer step is launch-bound on a GPU, and GradScaler (16-mixed)
-    hands it the inf check on the device instead of a host sync. The CPU keeps torch's default implementation.
-
-    torch's AdamW on bf16 parameters computes and stores in bf16, and `p - lr * m / sqrt(v)`
-    rounds to the nearest bf16: with lr 1e-4 most updates are below half an ulp and vanish.
-    Kahan summation keeps that rounding error in a bf16 buffer and adds it back next step
-    (2 bytes more per parameter than plain bf16 AdamW, half of fp32 AdamW's 8).
-    torch-optimi's AdamW rather than torchao's stochastic-rounding one: both keep the
-    accuracy, but torchao's is a private class (`_AdamW`) that torch.compiles each parameter
-    shape at the first step (a C++ compiler at run time, ~40 s here).
+    fused (asked on CUDA): torch's fused AdamW, one kernel per parameter group, since a small model's step is
+    launch-bound on a GPU. bf16-true: torch-optimi's AdamW with Kahan summation, since plain bf16 AdamW rounds most
+    small updates away (why this one, and what it costs: docs/training.md).
     """
     import torch
 

@@ -130,7 +130,7 @@ SEED: dict[str, Any] = {
     ],
 }
 """The seed project's published precision study (Sebastian Raschka's mixed-precision experiment; not measured by
-qserve): the one place its numbers live. The study's report and docs/training.md (benchmarks/render_tables.py)
+qserve): the one place its numbers live. The study's report and docs/training.md (benchmarks/render/tables.py)
 render them from here, beside ours, as ratios to its own 32-true."""
 
 
@@ -256,7 +256,7 @@ def compare(
     step_rounds: after the full runs, time the step again in this many rounds of short children
     (step_samples training examples each), every run once per round, taking turns: the full runs
     follow one another over many minutes, and a machine whose speed drifts that slowly moves their
-    step times more than precisions differ (two bf16-mixed seeds read 0.81 and 0.95 s on one study).
+    step times more than precisions differ (two seeds of one precision read apart by more, docs/training.md).
     """
     validate(cfg)
     if cfg.batch_size is None:  # one batch for every precision: a study compares precisions, not batches

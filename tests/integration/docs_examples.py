@@ -199,7 +199,7 @@ def parse(prog: str, argv: list[str], cwd: Path) -> tuple[int, str]:
 
         return _call_main(main, argv)
     if prog == "make":
-        from benchmarks.report_stages import BY_NAME
+        from benchmarks.render.stages import BY_NAME
 
         targets, variables = makefile_names()
         for a in argv:

@@ -2,7 +2,7 @@
 
     python -m pytest tests/integration/test_byo_matrix.py -q                          # ~2 min on 2 cores
     QSERVE_BYO_FULL=1 python -m pytest tests/integration/test_byo_matrix.py -q        # + OpenVINO on every architecture
-    python -m benchmarks.render_byo_matrix                                # the full run, rewriting the page
+    python -m benchmarks.render.byo_matrix                                # the full run, rewriting the page
 
 One tiny random classifier per architecture (tests/tiny_archs.py, the embedded WordPiece tokenizer,
 no qserve_model.json: a checkpoint qserve did not train). For each variant: `exporters.export` (its
@@ -10,7 +10,7 @@ parity gate included), `load_runtime(...).classify` against the fp32 checkpoint,
 per architecture a request to a real server. A variant the registry declares unsupported for the
 architecture must be refused up front with its reason. Segment ids are checked separately: on a
 model that has them, each graph backend must compute with the ids it is given, not zeros.
-What the test observed is rendered by benchmarks/render_byo_matrix.py and must equal the committed
+What the test observed is rendered by benchmarks/render/byo_matrix.py and must equal the committed
 docs/byo-matrix.md and the README's block (cells a run did not observe are not compared).
 
 Time: calibrated variants use 2-4 texts here. optimum-intel's export is most of an OpenVINO
@@ -30,7 +30,7 @@ import pytest
 from conftest import serving
 from tiny_archs import ARCHS, build
 
-from benchmarks import render_byo_matrix
+from benchmarks.render import byo_matrix as render_byo_matrix
 from qserve.modeling import ARCHITECTURES
 from qserve.variants import VARIANTS, UnsupportedVariant, unsupported_reason
 
@@ -105,7 +105,7 @@ def test_every_variant(arch, root):
     contract, answering differently for different texts, truncating what is long, classify() agreeing with
     logits(); fp32, fp16 and bf16 variants within their |Δlogit| tolerance of the checkpoint. Quantized
     variants are not held to a tolerance here: on random weights int8 keeps little of what separates two
-    texts (outlier-heavy activations), which says nothing about trained weights (benchmarks/byo_bert.py)."""
+    texts (outlier-heavy activations), which says nothing about trained weights (benchmarks/studies/byo_bert.py)."""
     import exporters
     from exporters.core import TOLERANCE, checkpoint_info, reference_logits
     from qserve.runtime import load_runtime
@@ -233,7 +233,7 @@ def test_matrix_page():
         seen = {v: c for v, c in committed[arch].items() if v in RESULTS[arch]}
         assert {v: RESULTS[arch][v] for v in seen} == seen, (
             f"{render.PAGE} disagrees with what the test observed for {arch}; "
-            "run `python -m benchmarks.render_byo_matrix` and commit the page"
+            "run `python -m benchmarks.render.byo_matrix` and commit the page"
         )
     assert render.PAGE.read_text(encoding="utf-8") == render.render(committed, ARCHITECTURES, variants)
     # the README's "Bring your own model" section shows the same matrix

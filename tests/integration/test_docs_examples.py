@@ -289,7 +289,7 @@ def test_a_slow_command_must_be_marked(runner):
         "qserve train --epochs 1\n",
         "qserve serve x --engine ray\n",
         "make test\n",
-        "python -m benchmarks.checkpoint_cost --saves 5\n",
+        "python -m benchmarks.studies.checkpoint_cost --saves 5\n",
         "ray start --head\n",
     ):
         res = runner.run(Example("x.md", 7, "bash", code))
@@ -341,5 +341,5 @@ def test_parse_reads_each_program_by_its_own_rules(tmp_path):
     assert parse("make", ["reports", "STAGES=flood"], tmp_path)[0] == 2
     assert parse("python", ["-m", "pytest", "tests/unit/test_docs.py"], tmp_path) == (0, "")  # the repository's
     assert parse("python", ["-m", "pytest", "tests/unit/test_nope.py"], tmp_path)[0] == 2
-    assert parse("python", ["-m", "benchmarks.checkpoint_cost", "--saves", "5"], ROOT) == (0, "")
-    assert parse("python", ["-m", "benchmarks.checkpoint_cost", "--save", "5", "--nope"], ROOT)[0] == 2
+    assert parse("python", ["-m", "benchmarks.studies.checkpoint_cost", "--saves", "5"], ROOT) == (0, "")
+    assert parse("python", ["-m", "benchmarks.studies.checkpoint_cost", "--save", "5", "--nope"], ROOT)[0] == 2

@@ -134,7 +134,7 @@ def onnx_int8(tiny_checkpoint, tmp_path_factory):
 def test_serve_buckets_benchmark_runs_on_the_tiny_fixture(onnx_int8, ov_int8, tmp_path):
     # The benchmark script end to end, seconds long: every server (the baseline from this commit's own code),
     # both text sets, both protocols; the lead runs it for real with the command in its docstring.
-    from benchmarks import serve_buckets as sb
+    from benchmarks.studies import serve_buckets as sb
 
     out = tmp_path / "report"
     rc = sb.main(
@@ -174,5 +174,5 @@ def test_serve_buckets_benchmark_runs_on_the_tiny_fixture(onnx_int8, ov_int8, tm
         )
     )
     md = (out / "report.md").read_text()
-    assert "by `python -m benchmarks.serve_buckets " in md  # provenance: the command, commit and CPU
+    assert "by `python -m benchmarks.studies.serve_buckets " in md  # provenance: the command, commit and CPU
     assert "| sentences | 32 |" in md and "gRPC / HTTP" in md

@@ -1,4 +1,5 @@
-"""benchmarks/ is a package with one harness: every module imports, no script edits sys.path, one server
+"""benchmarks/ is a product with one harness: the maintained suites at the top, the docs' rendering in render/, the
+finished studies in studies/ (each in its index); every module imports, no script edits sys.path, one server
 starter, one review loader, one /metrics parser, one wrk runner, one repository root, one report writer, and every
 command the docs and the `make reports` stages name is a module that exists.
 
@@ -18,13 +19,17 @@ from pathlib import Path
 import pytest
 
 import benchmarks
-from benchmarks import flood_bench, rebuild_reports, report_stages
+from benchmarks import flood_bench
 from benchmarks.harness import Server, in_turn, post_json, total
+from benchmarks.render import rebuild, stages
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 HARNESS = BENCH / "harness"
-RENDERERS = BENCH / "renderers"
+RENDER = BENCH / "render"
+STUDIES = BENCH / "studies"
+PACKAGES = (BENCH, HARNESS, RENDER, RENDER / "blocks", STUDIES)
+MODULE = r"benchmarks\.[a-z0-9_.]+[a-z0-9_]"
 
 
 def _modules() -> list[str]:
@@ -53,15 +58,71 @@ def test_the_package_holds_every_script_and_the_harness():
         "benchmarks.harness.server",
         "benchmarks.harness.data",
         "benchmarks.serve_bench",
-        "benchmarks.render_tables",
+        "benchmarks.render.tables",
+        "benchmarks.render.rebuild",
         "benchmarks.trivial_app",
         "benchmarks.inproc",
-        "benchmarks.renderers",
-        "benchmarks.renderers.reports",
+        "benchmarks.render.blocks",
+        "benchmarks.render.blocks.reports",
+        "benchmarks.studies.serve_windows",
     } <= set(names)
-    # every file is a module of the package and its two sub-packages (benchmarks/__init__ is the package itself)
-    assert len(names) == sum(len(list(d.glob("*.py"))) for d in (BENCH, HARNESS, RENDERERS)) - 1
+    # every file is a module of the package and its sub-packages (benchmarks/__init__ is the package itself)
+    assert len(names) == sum(len(list(d.glob("*.py"))) for d in PACKAGES) - 1
     assert not (BENCH / "netutil.py").exists() and not (BENCH / "reportio.py").exists()  # merged into the harness
+
+
+def _declared_suites() -> list[str]:
+    """The top-level files benchmarks/__init__.py declares: `    NAME.py   purpose` lines (gpu_* as one line)."""
+    return re.findall(r"(?m)^    ([a-z0-9_]+\.(?:py|sh)|gpu_\*)  +\S", benchmarks.__doc__ or "")
+
+
+def test_the_top_level_holds_only_the_declared_suites_and_the_folders():
+    """benchmarks/ at the top: the maintained suites its docstring declares (and their parts), harness/, render/,
+    studies/ and reports/, nothing else; a one-off study belongs in studies/."""
+    declared = _declared_suites()
+    assert len(declared) == len(set(declared)) > 10
+    assert {"serve_bench.py", "serve_overhead.py", "flood_bench.py", "gpu_*"} <= set(declared)
+    folders = {p.name for p in BENCH.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == {"harness", "render", "studies", "reports"}
+    files = {p.name for p in BENCH.iterdir() if p.is_file() and p.name != "__init__.py"}
+    undeclared = {f for f in files if f not in declared and not (f.startswith("gpu_") and "gpu_*" in declared)}
+    assert undeclared == set(), "declare a maintained suite in benchmarks/__init__.py, or move a study to studies/"
+    assert {d for d in declared if d != "gpu_*"} <= files, "benchmarks/__init__.py declares a file that is gone"
+    suites = re.findall(r"(?m)^    ([a-z0-9_]+)\.py  +(?!part of)\S", benchmarks.__doc__ or "")
+    for name in suites:  # a suite (not a suite's part) runs through one main(argv)
+        assert callable(getattr(importlib.import_module(f"benchmarks.{name}"), "main", None)), name
+
+
+def _study_index() -> list[list[str]]:
+    """The rows of benchmarks/studies/README.md's table: study, question, stage, report, page."""
+    text = (STUDIES / "README.md").read_text(encoding="utf-8")
+    return [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| `")]
+
+
+def test_every_study_is_in_its_index_with_its_report_and_page():
+    rows = _study_index()
+    listed = [r[0].strip("`") for r in rows]
+    files = sorted(p.name for p in STUDIES.glob("*.py") if p.name != "__init__.py")
+    assert sorted(listed) == files, "every file in benchmarks/studies/ has one row in studies/README.md, and no more"
+    by_stage = {s.name: s for s in stages.STAGES}
+    for study, question, stage, report, page in rows:
+        name = study.strip("`")[:-3]
+        assert question and stage in by_stage, f"{name}: its stage {stage!r} is not a `make reports` stage"
+        assert any(f"benchmarks.studies.{name}" in c for c in by_stage[stage].commands), f"{stage} runs {name}"
+        rel = report.strip("`")
+        assert (BENCH / "reports" / rel).exists(), f"{name}: its report {rel} is not under benchmarks/reports/"
+        # a study whose report no page uses is retired: its page names the report (its JSON, md or folder)
+        stem = rel.rstrip("/").removesuffix(".json")
+        assert stem in (ROOT / page).read_text(encoding="utf-8"), f"{page} does not use {rel}"
+
+
+def test_no_maintained_suite_imports_a_study():
+    """A study may build what a suite measures (crosscheck reads distilbert_base_speed's model), never its code."""
+    top = {p.name for p in BENCH.glob("*.py")} | {f"harness/{p.name}" for p in HARNESS.glob("*.py")}
+    imports = _where(
+        r"(?m)^\s*(from benchmarks\.studies\b|import benchmarks\.studies\b|from benchmarks import studies)"
+    )
+    assert imports & top == set()
 
 
 def test_no_sys_path_edits_in_benchmarks_or_for_them_in_tests():
@@ -99,19 +160,19 @@ def test_the_repository_root_is_the_harness_constant():
 # What scripts write besides reports, and why it is not one (no provenance, read by a machine or a person at once)
 NOT_REPORTS = {
     "crosscheck.py": "a child's timings handed back to its parent in a temp file",
-    "distilbert_base_speed.py": "a checkpoint's qserve_model.json (the model the bench then measures)",
+    "studies/distilbert_base_speed.py": "a checkpoint's qserve_model.json (the model the bench then measures)",
     "gpu_pack.py": "the wheels' tar.xz for the GPU machine",
     "gpu_serving.py": "a --part child's result handed back to its parent; --dry's tiny checkpoint; --user's levels "
     "so far (loadtest.json, read by gpu_summary)",
     "gpu_stage.py": "a stage's progress (report.json, rewritten after each step), the preflight's answer, the "
     "call's settings and the logs' tails: read by gpu_check.sh and gpu_summary",
     "gpu_tools.py": "the GPU machine's environment probe (`env`), read by gpu_summary",
-    "multilabel_gate.py": "the training data it builds (jsonl)",
-    "render_tables.py": "the README's and docs' tables",
+    "studies/multilabel_gate.py": "the training data it builds (jsonl)",
+    "render/tables.py": "the README's and docs' tables",
     "serve_overhead.py": "wrk's Lua script",
     "serve_protocol_cost.py": "wrk's Lua scripts",
     "predict_bench.py": "the corpus it scores (jsonl)",
-    "rebuild_reports.py": "stage_times.json: each stage's wall time as `make reports` ran it, read by the stages table",
+    "render/rebuild.py": "stage_times.json: each stage's wall time as `make reports` ran it, read by the stages table",
 }
 WRITES = r"write_json_atomic\(|write_text_atomic\(|json\.dump\(|\.write_text\(|\.write_bytes\(|open\([^)]*[\"']w"
 
@@ -128,14 +189,17 @@ def test_every_report_is_written_by_the_harness():
 
 def test_every_stage_command_and_renderer_names_a_module():
     mods = set(_modules())
-    for st in report_stages.STAGES:
+    named = 0
+    for st in stages.STAGES:
         for cmd in st.commands:
             assert "benchmarks/" not in cmd.replace("benchmarks/reports/", ""), cmd
-            for name in re.findall(r"-m (benchmarks\.[a-z_]+)\b", cmd):
+            for name in re.findall(rf"-m ({MODULE})", cmd):
                 assert name in mods, f"stage {st.name}: {cmd}"
+                named += 1
         for r in st.reports:
             if r.render:
-                assert callable(rebuild_reports._renderer(r.render)), r.render
+                assert callable(rebuild._renderer(r.render)), r.render
+    assert named > 25
 
 
 def test_docs_name_benchmarks_as_modules():
@@ -144,7 +208,7 @@ def test_docs_name_benchmarks_as_modules():
     for f in files:
         text = f.read_text(encoding="utf-8")
         assert not re.search(r"(python3?|\$PY\"?)\s+benchmarks/\w+\.py", text), f
-        for name in re.findall(r"-m (benchmarks\.[a-z_]+)\b", text):
+        for name in re.findall(rf"-m ({MODULE})", text):
             assert name in mods, f"{f}: {name}"
 
 

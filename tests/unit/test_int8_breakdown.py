@@ -1,4 +1,4 @@
-"""benchmarks/int8_breakdown.py: the profile accounting and the floor arithmetic of its report.
+"""benchmarks/studies/int8_breakdown.py: the profile accounting and the floor arithmetic of its report.
 
     python -m pytest tests/unit/test_int8_breakdown.py -q
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import int8_breakdown
+from benchmarks.studies import int8_breakdown
 
 OUTSIDE = "outside kernels (executor, allocation)"
 GEMMS = "int8 GEMMs (with activation quantization)"

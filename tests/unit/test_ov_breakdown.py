@@ -1,4 +1,4 @@
-"""benchmarks/ov_breakdown.py: OpenVINO's per-node counters land in named classes, and the report's bound and
+"""benchmarks/studies/ov_breakdown.py: OpenVINO's per-node counters land in named classes, and the report's bound and
 ratios follow from its inputs.
 
     python -m pytest tests/unit/test_ov_breakdown.py -q
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import ov_breakdown
+from benchmarks.studies import ov_breakdown
 
 pytest.importorskip("openvino", reason="openvino is in the openvino extra")
 

@@ -6,16 +6,35 @@ python -m pytest -q tests/unit/test_provenance.py
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
 
 import pytest
 
-from benchmarks import rebuild_reports
+from benchmarks.render import rebuild
 from qserve.provenance import command_line, git_commit, md_line, provenance, recorded_cpu, with_header
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_qserve_computes_the_repository_root_once():
+    """One function (qserve.files.repository_root) says where qserve/ lives; provenance, the bench's children and
+    the OpenVINO probe's child all start from it."""
+    from qserve import provenance as prov
+    from qserve.files import repository_root, with_root_on_path
+
+    assert repository_root() == ROOT and prov.REPO == ROOT
+    assert with_root_on_path({"PYTHONPATH": "/x"})["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/x"]
+    assert with_root_on_path({})["PYTHONPATH"] == str(ROOT)
+    computed = [
+        str(p.relative_to(ROOT))
+        for d in ("qserve", "exporters")
+        for p in sorted((ROOT / d).rglob("*.py"))
+        if re.search(r"__file__\)\.resolve\(\)\.parents|__file__\)\.parents", p.read_text(encoding="utf-8"))
+    ]
+    assert computed == ["qserve/files.py"]
 
 
 def test_provenance_names_command_commit_and_cpu():
@@ -69,7 +88,7 @@ def test_recorded_cpu_reads_every_report_layout(report, cpu):
 
 def _reports():
     # a pending stage (a new benchmark not yet run on its machine) has no report to check until it runs
-    return [r for s in rebuild_reports.STAGES for r in s.reports if not (s.pending and not (ROOT / r.json).exists())]
+    return [r for s in rebuild.STAGES for r in s.reports if not (s.pending and not (ROOT / r.json).exists())]
 
 
 @pytest.mark.parametrize("report", _reports(), ids=lambda r: r.json)
@@ -102,28 +121,26 @@ def _copy_stage(stage, root: Path) -> None:
 
 
 def test_a_stage_refuses_another_cpu_and_force_only_rerenders(tmp_path):
-    stage = rebuild_reports.BY_NAME["serve"]
+    stage = rebuild.BY_NAME["serve"]
     _copy_stage(stage, tmp_path)
     recorded = json.loads((tmp_path / stage.reports[0].json).read_text())["provenance"]["cpu"]
-    action, why = rebuild_reports.plan(stage, "Some Other CPU", force=False, root=tmp_path)
+    action, why = rebuild.plan(stage, "Some Other CPU", force=False, root=tmp_path)
     assert action == "refuse" and recorded in why and "Some Other CPU" in why and "FORCE=1" in why
-    assert rebuild_reports.plan(stage, "Some Other CPU", force=True, root=tmp_path)[0] == "rerender"
-    assert rebuild_reports.plan(stage, recorded, force=False, root=tmp_path)[0] == "run"
-    assert rebuild_reports.plan(stage, "Some Other CPU", force=False, root=tmp_path / "empty")[0] == "run"
+    assert rebuild.plan(stage, "Some Other CPU", force=True, root=tmp_path)[0] == "rerender"
+    assert rebuild.plan(stage, recorded, force=False, root=tmp_path)[0] == "run"
+    assert rebuild.plan(stage, "Some Other CPU", force=False, root=tmp_path / "empty")[0] == "run"
     md = tmp_path / stage.reports[0].md
     committed = md.read_text(encoding="utf-8")
     md.write_text("stale\n", encoding="utf-8")
-    assert rebuild_reports.rerender(stage, tmp_path) == [
-        f"{stage.reports[0].md}: re-rendered from {stage.reports[0].json}"
-    ]
+    assert rebuild.rerender(stage, tmp_path) == [f"{stage.reports[0].md}: re-rendered from {stage.reports[0].json}"]
     assert md.read_text(encoding="utf-8") == committed  # md is a pure function of the JSON, header included
 
 
 @pytest.mark.parametrize("name", ["crosscheck", "int8-invariance", "openvino", "serve-ray", "serve-openvino", "flood"])
 def test_rerender_reproduces_the_committed_md(tmp_path, name):
-    stage = rebuild_reports.BY_NAME[name]
+    stage = rebuild.BY_NAME[name]
     _copy_stage(stage, tmp_path)
-    done = rebuild_reports.rerender(stage, tmp_path)
+    done = rebuild.rerender(stage, tmp_path)
     assert done
     for r in stage.reports:
         if r.md and r.render:
@@ -131,9 +148,9 @@ def test_rerender_reproduces_the_committed_md(tmp_path, name):
 
 
 def test_stages_document_a_duration_and_unknown_stage_is_refused(capsys):
-    for s in rebuild_reports.STAGES:  # measured (from a report) or estimated: every stage says how long it takes
-        assert "min" in rebuild_reports.stage_duration(s) and s.commands and s.reports
-    assert rebuild_reports.main(["no-such-stage"]) == 2
+    for s in rebuild.STAGES:  # measured (from a report) or estimated: every stage says how long it takes
+        assert "min" in rebuild.stage_duration(s) and s.commands and s.reports
+    assert rebuild.main(["no-such-stage"]) == 2
     assert "embedded-default" in capsys.readouterr().err
 
 
@@ -142,16 +159,16 @@ def test_a_stage_duration_is_measured_from_its_reports_never_typed(tmp_path):
     recorded; a stage's own text holds only estimates (`~N min`)."""
     import re
 
-    fast = rebuild_reports.BY_NAME["pipeline-fast-amd"]
+    fast = rebuild.BY_NAME["pipeline-fast-amd"]
     stage_s = json.loads((ROOT / fast.reports[0].json).read_text(encoding="utf-8"))["pipeline"]["stage_s"]
-    assert rebuild_reports.stage_duration(fast).startswith(f"{stage_s['total'] / 60:.1f} min, the run's own stage")
-    flood = rebuild_reports.BY_NAME["flood"]
-    assert rebuild_reports.stage_duration(flood, root=tmp_path).startswith("not measured: ~")
-    rebuild_reports.record_time("flood", 150.0, "Some CPU", root=tmp_path)
-    rec = rebuild_reports.stage_times(tmp_path)["flood"]
+    assert rebuild.stage_duration(fast).startswith(f"{stage_s['total'] / 60:.1f} min, the run's own stage")
+    flood = rebuild.BY_NAME["flood"]
+    assert rebuild.stage_duration(flood, root=tmp_path).startswith("not measured: ~")
+    rebuild.record_time("flood", 150.0, "Some CPU", root=tmp_path)
+    rec = rebuild.stage_times(tmp_path)["flood"]
     assert rec["minutes"] == 2.5 and rec["cpu"] == "Some CPU" and rec["source"] == "run"
-    measured = rebuild_reports.stage_duration(flood, root=tmp_path)
+    measured = rebuild.stage_duration(flood, root=tmp_path)
     assert measured.startswith(f"2.5 min, measured on Some CPU ({rec['when'][:10]})")
-    for st in rebuild_reports.STAGES:
+    for st in rebuild.STAGES:
         typed = re.search(r"(?<![~\d.-])\d+(\.\d+)? min\b", st.duration)
         assert not typed, f"{st.name}: a measured time typed by hand: {st.duration}"

@@ -1,4 +1,4 @@
-"""benchmarks/serve_windows.py's arithmetic: answer changes against the c1 reference, windows per text, the
+"""benchmarks/studies/serve_windows.py's arithmetic: answer changes against the c1 reference, windows per text, the
 ceiling head's texts/s sets for a windowed policy and the ratio to it (the served run itself is the lead's).
 
     python -m pytest tests/unit/test_serve_windows.py -q
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import serve_windows as sw
+from benchmarks.studies import serve_windows as sw
 
 
 def test_changes_count_label_flips_and_the_largest_prob_difference():

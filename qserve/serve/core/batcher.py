@@ -23,9 +23,8 @@ other requests are in the server (`crowded`), up to `lanes` batches of at most _
 once, each on a lane thread of its own and whole on one single-threaded worker (Runtime.narrow), instead
 of one batch at a time spread over every worker. A spread batch ends when its slowest worker does, and
 the event loop's answering of the batch before takes a core from one of them; lanes do not wait on each
-other, and one lane's tokenizing overlaps the other's forward. Measured on ov-int8 at 32 clients, the
-served req/s over the in-process b32 texts/s of the same process: a median 1.01x against 0.92x over 5
-alternating rounds (docs/measurements.md). A request alone in the server keeps every worker (the lower
+other, and one lane's tokenizing overlaps the other's forward (what that bought at 32 clients:
+docs/serving.md, the serving-lanes block). A request alone in the server keeps every worker (the lower
 latency); each text is computed alone either way, so the answers do not change.
 
 Failure isolation: if a batch raises and it held several requests, each request is

@@ -11,8 +11,8 @@ requests -> one forward), sized by device (BATCHING: larger batches and a shorte
 asyncio event loop keeps accepting and validating requests. The one
 exception is inside a forward: a variant run row by row (onnx-int8) computes a
 batch's rows side by side, one intra-op thread each (`--row-workers`), because a
-lone short row keeps two intra-op threads only partly busy (measured: 2 single-
-threaded workers read 1.8x the texts/s of one 2-thread session on short reviews); OpenVINO runs a
+lone short row keeps two intra-op threads only partly busy (measured: docs/measurements.md, rows side by
+side); OpenVINO runs a
 batch's shares on one single-threaded stream each for the same reason (qserve/runtime/openvino_rt.py). And a request
 alone in the server (--inline-lone) runs on the event loop's thread instead: still one forward at a time. Under
 load such a variant runs several small batches at once instead, one per row worker ("lanes": each whole on one
