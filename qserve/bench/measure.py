@@ -1,18 +1,16 @@
-"""What runs inside a benchmark child: load one variant, time it, write one JSON result.
+"""What runs inside a benchmark child: load variants once, keep them loaded, time them in rounds the parent asks for.
 
-    python -m qserve.bench.measure job.json result.json    # `qserve bench` writes job.json for you
-    python -m qserve.bench.measure --worker                # then ["job.json", "result.json"] per line on stdin
+    python -m qserve.bench.measure job.json result.json    # one variant, its rounds back to back
+    python -m qserve.bench.measure --worker                # then one JSON op a line on stdin (worker())
 
-One variant per process, so its peak memory is its own (VmHWM of a fresh process)
-and a crash (segfault, OOM kill) takes down only this variant. Everything goes
-through `load_runtime`, the same path the server uses. A failure after loading is
-written into the result with the stage it happened in, and the exit code is 1.
-
-`--worker` measures the jobs its parent sends one after another in one process (`qserve bench --isolation`:
-the CUDA variants by default), each through the same `run_job` as a child of its own: the imports, CUDA's
-start-up and the allocator's warm-up are paid once, CUDA's peak-memory counters and the peak RSS are reset
-before each variant and the previous variant's memory is freed after it; the RSS figures still carry what the
-libraries and the earlier variants left resident, and the result says it was measured shared.
+`qserve bench` starts one `--worker` per CPU variant (its peak memory is its own: VmHWM of a fresh process, and
+a crash takes down only this variant) and one shared by the CUDA variants (`--isolation`: imports, CUDA's
+start-up and the allocator's warm-up paid once; peak counters reset before each variant opens; the RSS figures
+carry what the others hold, and the result says it was measured shared). Each variant is opened (imported and
+loaded) once, then timed in the short rounds the parent interleaves across variants (rounds.py), then finished
+(the real-text check, accuracy, invariance, memory) in the same process. Everything goes through `load_runtime`,
+the same path the server uses. A failure is written as the op's answer with the stage it happened in, and the
+worker exits 1.
 """
 
 from __future__ import annotations

@@ -8,9 +8,11 @@ run_bench([Path('models/minilm-imdb-variants/onnx-int8')], BenchConfig(batch_siz
 The parent never imports torch: it reads manifests, loads the evaluation texts once
 (so every variant sees the same inputs), places each variant (qserve.placement: --device auto
 puts on the CPU what the GPU cannot run), starts `python -m qserve.bench.measure` per variant
-(or sends the CUDA variants' jobs to one `--worker`) with the thread count pinned in its
-environment, polls its RSS, and turns a crash, a timeout or an error into a `failed` entry
-while the other variants run on (a crashed worker is started again for the next).
+as one `--worker` per variant (the CUDA variants share one: --isolation) with the thread count pinned in its
+environment, loads every variant once (in parallel where the cores allow), measures them in interleaved rounds
+(A B C ... A B C ..., one at a time: rounds.py), finishes each in the process that holds it, polls RSS, and turns
+a crash, a timeout or an error into a `failed` entry while the other variants run on (a variant still needed
+whose worker died with another is opened again in a fresh one).
 """
 
 from __future__ import annotations
