@@ -68,7 +68,17 @@ class BenchConfig:
     invariance_samples: int = 96
     """Test texts of varied length scored alone and in mixed batches of 8 and 32 (batch invariance); 0 skips it."""
     time_budget_s: float = field(default=3.0, metadata=flag(option="--time-budget"))
-    """Seconds of timed iterations per shape; a shape stops at max_iters or when the budget is spent."""
+    """Seconds of timed iterations per shape over all rounds (each round a --rounds share of it); a shape stops at
+    max_iters or when the budget is spent."""
+    rounds: int = 5
+    """Interleaved rounds: every variant is loaded once in its own process, then measured in turn (A B C ... A B C
+    ...) this many times, each round a share of --time-budget; a latency is the median over rounds, with its
+    interval (docs/bench.md, "Rounds")."""
+    stability: float = 0.10
+    """Tolerance of a latency's interval over rounds (its width over its p50): a variant whose ranked numbers
+    (real-text b1, the headline shape) are wider gets more rounds; what stays wider is marked unstable."""
+    stability_budget_s: float = field(default=60.0, metadata=flag(option="--stability-budget"))
+    """Seconds at most spent on extra rounds for unstable variants (at most 3x --rounds in all)."""
     warmup: int = 3
     """Warm-up calls per shape before timing (stops early once half the time budget is spent)."""
     min_iters: int = 3
@@ -113,6 +123,12 @@ class BenchConfig:
                 f"need --warmup >= 0 and 1 <= --min-iters <= --max-iters "
                 f"(got {self.warmup}, {self.min_iters}, {self.max_iters})"
             )
+        if self.rounds < 1:
+            raise QserveError(f"--rounds must be an integer >= 1 (got {self.rounds})")
+        if not 0 < self.stability:
+            raise QserveError(f"--stability must be a fraction > 0, e.g. 0.10 (got {self.stability})")
+        if self.stability_budget_s < 0:
+            raise QserveError(f"--stability-budget must be >= 0 seconds (got {self.stability_budget_s})")
         if self.max_eval_samples is not None and self.max_eval_samples < 1:
             raise QserveError(f"--max-eval-samples must be >= 1 (got {self.max_eval_samples})")
         if self.slow_eval_samples < 0:

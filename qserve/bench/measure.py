@@ -1,18 +1,16 @@
-"""What runs inside a benchmark child: load one variant, time it, write one JSON result.
+"""What runs inside a benchmark child: load variants once, keep them loaded, time them in rounds the parent asks for.
 
-    python -m qserve.bench.measure job.json result.json    # `qserve bench` writes job.json for you
-    python -m qserve.bench.measure --worker                # then ["job.json", "result.json"] per line on stdin
+    python -m qserve.bench.measure job.json result.json    # one variant, its rounds back to back
+    python -m qserve.bench.measure --worker                # then one JSON op a line on stdin (worker())
 
-One variant per process, so its peak memory is its own (VmHWM of a fresh process)
-and a crash (segfault, OOM kill) takes down only this variant. Everything goes
-through `load_runtime`, the same path the server uses. A failure after loading is
-written into the result with the stage it happened in, and the exit code is 1.
-
-`--worker` measures the jobs its parent sends one after another in one process (`qserve bench --isolation`:
-the CUDA variants by default), each through the same `run_job` as a child of its own: the imports, CUDA's
-start-up and the allocator's warm-up are paid once, CUDA's peak-memory counters and the peak RSS are reset
-before each variant and the previous variant's memory is freed after it; the RSS figures still carry what the
-libraries and the earlier variants left resident, and the result says it was measured shared.
+`qserve bench` starts one `--worker` per CPU variant (its peak memory is its own: VmHWM of a fresh process, and
+a crash takes down only this variant) and one shared by the CUDA variants (`--isolation`: imports, CUDA's
+start-up and the allocator's warm-up paid once; peak counters reset before each variant opens; the RSS figures
+carry what the others hold, and the result says it was measured shared). Each variant is opened (imported and
+loaded) once, then timed in the short rounds the parent interleaves across variants (rounds.py), then finished
+(the real-text check, accuracy, invariance, memory) in the same process. Everything goes through `load_runtime`,
+the same path the server uses. A failure is written as the op's answer with the stage it happened in, and the
+worker exits 1.
 """
 
 from __future__ import annotations
@@ -22,6 +20,7 @@ import importlib
 import json
 import os
 import resource
+import statistics
 import sys
 import time
 import traceback
@@ -34,7 +33,8 @@ from qserve import problemtypes as problems
 from qserve.artifact import read_manifest
 from qserve.bench import evalpass, invariance, policies
 from qserve.bench.evalpass import tokenizer_key
-from qserve.bench.realtext import real_text, real_text_check, synthetic_batch
+from qserve.bench.realtext import real_text_check, real_text_round, synthetic_batch
+from qserve.bench.rounds import merge_fixed, merge_real, per_round, round_iters
 from qserve.bench.stats import summarize, throughput
 from qserve.files import library_versions, write_json_atomic
 from qserve.modeling import skip_unused_imports
@@ -243,91 +243,182 @@ def _stage(res: dict[str, Any], name: str) -> None:
         del res["_t"]
 
 
-def measure(job: dict[str, Any]) -> dict[str, Any]:
-    """Run every measurement for one variant; raises with `stage` set on the result dict."""
-    res: dict[str, Any] = {"variant_dir": job["variant_dir"], "pid": os.getpid()}
-    _stage(res, "import")
-    job["_result"] = res
-    variant_dir = Path(job["variant_dir"])
-    t0 = time.perf_counter()
-    backend = read_manifest(variant_dir).backend
-    if __name__ == "__main__":  # the bench's own child process, not a user's: seconds of its start (modeling.py)
-        skip_unused_imports()
-    _preimport(backend, job["device"])
-    res["import_s"] = time.perf_counter() - t0
-    res["rss_before_load_mb"] = rss_mb()
+class Session:
+    """One variant loaded in this process and kept loaded, measured op by op: open (import, load), round (one short
+    pass over every shape: rounds.py), finish (the real-text check, accuracy, invariance, memory), policies, close.
+    `res` is its result as it grows; a failing op raises with res["stage"] naming where."""
 
-    _stage(res, "load")
+    def __init__(self, job: dict[str, Any]):
+        self.job = job
+        self.res: dict[str, Any] = {"variant_dir": job["variant_dir"], "pid": os.getpid()}
+        job["_result"] = self.res
+        self.rt: Any = None
+        self.cursor: dict[int, int] = {}  # real-text batch size -> where the next round continues in the texts
+        self.last: dict[tuple[int, int], float] = {}  # a shape's last round p50: is a warm-up call cheap?
+        self.batches: dict[tuple[int, int], Any] = {}
+        self.cache: dict[str, Any] = {}
+        self.backend = ""
 
-    t0 = time.perf_counter()
-    options = RuntimeOptions(threads=job.get("threads"), length_buckets=job.get("length_buckets") or "auto")
-    rt = load_runtime(
-        variant_dir, device=job["device"], options=options, allow_extra_files=bool(job.get("allow_extra_files"))
-    )
-    res["load_s"] = time.perf_counter() - t0
-    res["rss_after_load_mb"] = rss_mb()
-    res["peak_rss_load_mb"] = peak_rss_mb()
-    res["name"], res["labels"], res["max_length"] = rt.name, list(rt.labels), rt.max_length
-    res["long_text"] = str(rt.long_text)
-    res["length_buckets"] = list(rt.buckets) if rt.buckets else None
-    res["device"] = rt.device
-    log(f"{rt.name}: loaded in {res['load_s']:.2f} s")
-    _fault(variant_dir)
+    @property
+    def texts(self) -> list[str]:
+        return (self.job.get("data") or {}).get("real_texts") or []
 
-    cuda = str(rt.device).startswith("cuda")  # a fresh process: torch's peak counters cover the load too
-    data = job.get("data") or {}
-    manifest = read_manifest(variant_dir)
+    def open(self) -> dict[str, Any]:
+        res, job = self.res, self.job
+        _stage(res, "import")
+        variant_dir = Path(job["variant_dir"])
+        t0 = time.perf_counter()
+        manifest = read_manifest(variant_dir)
+        self.backend = manifest.backend
+        if __name__ == "__main__":  # the bench's own child process, not a user's: seconds of its start (modeling.py)
+            skip_unused_imports()
+        _preimport(self.backend, job["device"])
+        res["import_s"] = time.perf_counter() - t0
+        res["rss_before_load_mb"] = rss_mb()
+        _stage(res, "load")
+        t0 = time.perf_counter()
+        options = RuntimeOptions(threads=job.get("threads"), length_buckets=job.get("length_buckets") or "auto")
+        rt = self.rt = load_runtime(
+            variant_dir, device=job["device"], options=options, allow_extra_files=bool(job.get("allow_extra_files"))
+        )
+        res["load_s"] = time.perf_counter() - t0
+        res["rss_after_load_mb"] = rss_mb()
+        res["peak_rss_load_mb"] = peak_rss_mb()
+        res["name"], res["labels"], res["max_length"] = rt.name, list(rt.labels), rt.max_length
+        res["long_text"] = str(rt.long_text)
+        res["length_buckets"] = list(rt.buckets) if rt.buckets else None
+        res["device"] = rt.device
+        log(f"{rt.name}: loaded in {res['load_s']:.2f} s")
+        _fault(variant_dir)
+        self.cache = {"dir": job.get("token_cache"), "tokenizer": tokenizer_key(manifest.to_json().get("files") or {})}
+        _stage(res, "idle")
+        return {k: res[k] for k in ("name", "device", "load_s", "import_s", "pid")}
 
-    cache = {"dir": job.get("token_cache"), "tokenizer": tokenizer_key(manifest.to_json().get("files") or {})}
-    if job.get("mode") == "policies":  # the second pass, on the recommended variant (and a reference re-scored)
-        _policies(rt, res, data["eval"], job, job.get("own"), cache)
-        _stage(res, "done")
-        rt.close()
-        return res
-    texts = data.get("real_texts") or []
-    _stage(res, "fixed")
-    res["fixed"] = fixed_shapes(rt, job, " ".join(texts[:8]) if texts else FALLBACK_TEXT)
-    if cuda:
-        res.update(eager_beside_graphs(rt, job, " ".join(texts[:8]) if texts else FALLBACK_TEXT))
-    if texts:
-        _stage(res, "real_text")
-
-        res["real_text"] = real_text(rt, job, texts)
-        for rec in res["real_text"]:
-            log(f"{rt.name} real text b{rec['batch']}: p50 {rec['p50']:.2f} ms, {rec['throughput']:.1f} texts/s")
-        res["real_text_check"] = real_text_check(rt, job, texts)
-    if data.get("eval"):
-        _stage(res, "accuracy")
-        res["accuracy"] = accuracy(rt, eval_cut(job, res, data["eval"]), cache=cache)
-
-        log(f"{rt.name}: {headline(res['accuracy'])} on {res['accuracy']['n']} texts")
-        if job.get("long_text"):  # the reference compares policies in its own child (runner: the first one)
-            _policies(rt, res, data["eval"], job, res["accuracy"], cache)
-    if data.get("invariance_texts"):
-        _stage(res, "invariance")
-        inv_texts = data["invariance_texts"]
-        if res.get("eval_cut"):  # cannot be recommended (eval_cut): its invariance on fewer texts, their count kept
-            inv_texts = invariance.cut(inv_texts, invariance.SLOW_TEXTS)
-        res["invariance"] = invariance.measure(rt, inv_texts)
-        log(f"{rt.name}: batch invariance {invariance.cell(res['invariance'])} (max |Δprob| / label flips)")
-
-    _stage(res, "done")
-    res["peak_rss_mb"] = peak_rss_mb()
-    res["model_rss_mb"] = res["rss_after_load_mb"] - res["rss_before_load_mb"]
-    if cuda:
-        import torch
-
-        free, total = torch.cuda.mem_get_info()
-        # ONNX Runtime's CUDA allocations are invisible to torch's counters; device-wide use covers them
-        res["cuda"] = {
-            "max_allocated_mb": torch.cuda.max_memory_allocated() / 2**20,
-            "max_reserved_mb": torch.cuda.max_memory_reserved() / 2**20,
-            "device_used_mb": (total - free) / 2**20,
-            "gpu": torch.cuda.get_device_name(),
+    def round(self, rid: str, k: int, only: list | None = None) -> dict[str, Any]:
+        """One round: every fixed shape and every real-text batch size (or the `only` ones: ["fixed", b, s],
+        ["real", b]) for its share of the time budget. Returns the raw calls; the parent merges the rounds."""
+        rt, job, res = self.rt, self.job, self.res
+        rounds = int(job.get("rounds") or 1)
+        budget = per_round(job["time_budget_s"], rounds)
+        lo, hi = round_iters(job["min_iters"], job["max_iters"], rounds)
+        text = " ".join(self.texts[:8]) if self.texts else FALLBACK_TEXT
+        out: dict[str, Any] = {
+            "id": rid,
+            "round": k,
+            "pid": os.getpid(),
+            "t0": time.time(),
+            "fixed": [],
+            "real_text": [],
         }
-    res["env"] = child_env(backend)
-    res["versions"] = library_versions()
-    rt.close()
+        _stage(res, "fixed")
+        for b in job["batch_sizes"]:
+            for s in job["seq_lens"]:
+                if only is not None and ["fixed", b, s] not in only:
+                    continue
+                rec: dict[str, Any] = {"batch": b, "seq": s}
+                try:
+                    if (b, s) not in self.batches:
+                        self.batches[(b, s)] = synthetic_batch(rt, b, s, text)
+                    batch = self.batches[(b, s)]
+                    warm = job["warmup"] if (b, s) not in self.last else int(self.last[(b, s)] / 1e3 < budget / 4)
+                    rec["samples"] = time_calls(lambda: rt.run(batch), rt.synchronize, warm, budget, lo, hi)
+                    self.last[(b, s)] = statistics.median(rec["samples"])
+                except Exception as e:  # e.g. seq beyond the position table: this shape only
+                    rec["error"] = f"{type(e).__name__}: {e}"[:500]
+                out["fixed"].append(rec)
+        if self.texts:
+            _stage(res, "real_text")
+            for b in job["batch_sizes"]:
+                if only is not None and ["real", b] not in only:
+                    continue
+                rec, self.cursor[b] = real_text_round(
+                    rt, b, self.texts, self.cursor.get(b, 0), budget, lo, hi, warm=k == 0 or b not in self.cursor
+                )
+                out["real_text"].append(rec)
+        _stage(res, "idle")
+        out["t1"] = time.time()
+        return out
+
+    def finish(self, op: dict[str, Any]) -> dict[str, Any]:
+        """Everything measured once: the real-text check, (CUDA) eager beside graphs, accuracy under the variant's
+        own policy (the eval cut from op's merged real-text records and bound), the reference's policies,
+        invariance, memory. Returns the variant's result (its fixed and real-text records are the parent's)."""
+        rt, job, res = self.rt, self.job, self.res
+        job.update({k: op.get(k) for k in ("bound_ms", "bound_variant")})
+        data, texts = job.get("data") or {}, self.texts
+        cuda = str(rt.device).startswith("cuda")  # a fresh process: torch's peak counters cover the load too
+        if texts:
+            _stage(res, "real_text")
+            res["real_text_check"] = real_text_check(rt, job, texts)
+        if cuda:
+            _stage(res, "fixed")
+            res.update(eager_beside_graphs(rt, job, " ".join(texts[:8]) if texts else FALLBACK_TEXT))
+        if data.get("eval"):
+            _stage(res, "accuracy")
+            res["accuracy"] = accuracy(
+                rt, eval_cut(job, {**res, "real_text": op.get("real_text")}, data["eval"]), cache=self.cache
+            )
+            log(f"{rt.name}: {headline(res['accuracy'])} on {res['accuracy']['n']} texts")
+            if job.get("long_text"):  # the reference compares policies in its own child (runner: the first one)
+                _policies(rt, res, data["eval"], job, res["accuracy"], self.cache)
+        if data.get("invariance_texts"):
+            _stage(res, "invariance")
+            inv_texts = data["invariance_texts"]
+            if res.get("eval_cut"):  # cannot be recommended (eval_cut): its invariance on fewer texts, their count kept
+                inv_texts = invariance.cut(inv_texts, invariance.SLOW_TEXTS)
+            res["invariance"] = invariance.measure(rt, inv_texts)
+            log(f"{rt.name}: batch invariance {invariance.cell(res['invariance'])} (max |Δprob| / label flips)")
+        _stage(res, "idle")
+        res["peak_rss_mb"] = peak_rss_mb()
+        res["model_rss_mb"] = res["rss_after_load_mb"] - res["rss_before_load_mb"]
+        if cuda:
+            import torch
+
+            free, total = torch.cuda.mem_get_info()
+            # ONNX Runtime's CUDA allocations are invisible to torch's counters; device-wide use covers them
+            res["cuda"] = {
+                "max_allocated_mb": torch.cuda.max_memory_allocated() / 2**20,
+                "max_reserved_mb": torch.cuda.max_memory_reserved() / 2**20,
+                "device_used_mb": (total - free) / 2**20,
+                "gpu": torch.cuda.get_device_name(),
+            }
+        res["env"] = child_env(self.backend)
+        res["versions"] = library_versions()
+        return self.result()
+
+    def policies(self, op: dict[str, Any]) -> dict[str, Any]:
+        """The long-text comparison in this loaded process (the recommended variant's, after the rounds)."""
+        job = {**self.job, **{k: op.get(k) for k in ("long_text", "eval_limit")}}
+        out: dict[str, Any] = {}
+        _policies(self.rt, out, (self.job.get("data") or {})["eval"], job, op.get("own"), self.cache)
+        _stage(out, "idle")
+        return {"long_text_policies": out["long_text_policies"], "stage_s": out.get("stage_s")}
+
+    def result(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.res.items() if k not in ("_t",)}
+        if out.get("stage_s"):
+            out["stage_s"] = {k: v for k, v in out["stage_s"].items() if k != "idle"}
+        out["stage"] = "done"
+        return out
+
+    def close(self) -> None:
+        if self.rt is not None:
+            self.rt.close()
+            self.rt = None
+
+
+def measure(job: dict[str, Any]) -> dict[str, Any]:
+    """Every measurement of one variant in this process (`python -m qserve.bench.measure job.json result.json`):
+    open, job["rounds"] rounds back to back, finish. The bench runner instead interleaves the rounds of every
+    variant (worker); raises with `stage` set on the result dict."""
+    s = Session(job)
+    s.open()
+    rounds = [s.round(str(k), k) for k in range(int(job.get("rounds") or 1))]
+    tolerance = float(job.get("stability") or 0.1)
+    fixed, real = merge_fixed(rounds, tolerance), merge_real(rounds, tolerance)
+    res = s.finish({"real_text": real, "bound_ms": job.get("bound_ms"), "bound_variant": job.get("bound_variant")})
+    res.update({"fixed": fixed, "real_text": real})
+    s.close()
     return res
 
 
@@ -344,31 +435,34 @@ def child_env(backend: str) -> dict[str, Any]:
     return env
 
 
-def run_job(job_path: Path, out: Path, shared: bool = False) -> int:
-    """Measure the job in `job_path` into `out` (atomically): 0, or 1 with the failure written as data (the
-    parent marks the variant failed). The one path of a child of its own and of the shared worker (`shared`)."""
-    job = json.loads(Path(job_path).read_text(encoding="utf-8"))
-    if job.get("data_file"):
-        job["data"] = json.loads(Path(job["data_file"]).read_text(encoding="utf-8"))
-    if shared:
-        _reset_peaks()
+def run_job(job_path: Path, out: Path) -> int:
+    """Measure the job in `job_path` into `out` (atomically): 0, or 1 with the failure written as data."""
+    job = _read_job(Path(job_path))
     try:
         res = measure(job)
     except BaseException as e:  # report the failure as data; the parent marks the variant failed
-        res = job.get("_result") or {"variant_dir": job.get("variant_dir")}
-        res["error"] = f"{type(e).__name__}: {e}"
-        res.pop("_t", None)  # the failed stage's start mark (_stage), not a result
-        res["traceback"] = traceback.format_exc()[-4000:]
-        res["peak_rss_mb"] = peak_rss_mb()
-        if shared:
-            res["isolation"] = "shared"
-        write_json_atomic(out, res)
-        log(f"{job.get('variant_dir')}: failed in stage {res.get('stage')}: {res['error']}")
+        write_json_atomic(out, _failure(job, e))
         return 1
-    if shared:
-        res["isolation"] = "shared"
     write_json_atomic(out, res)
     return 0
+
+
+def _read_job(path: Path) -> dict[str, Any]:
+    job = json.loads(path.read_text(encoding="utf-8"))
+    if job.get("data_file"):
+        job["data"] = json.loads(Path(job["data_file"]).read_text(encoding="utf-8"))
+    return job
+
+
+def _failure(job: dict[str, Any], e: BaseException) -> dict[str, Any]:
+    res = dict(job.get("_result") or {"variant_dir": job.get("variant_dir")})
+    res["error"] = f"{type(e).__name__}: {e}"
+    res.pop("_t", None)  # the failed stage's start mark (_stage), not a result
+    res.pop("stage_s", None)
+    res["traceback"] = traceback.format_exc()[-4000:]
+    res["peak_rss_mb"] = peak_rss_mb()
+    log(f"{job.get('variant_dir')}: failed in stage {res.get('stage')}: {res['error']}")
+    return res
 
 
 def _reset_peaks() -> None:
@@ -397,17 +491,52 @@ def _free() -> None:
 
 
 def worker(lines=None) -> int:
-    """Measure ["job.json", "result.json"] lines from stdin until it closes, one after another in this process. A
-    failed job ends the worker (exit 1) once its result is written: the parent starts a fresh one for the next,
-    so no variant runs in a process another one left in an unknown state (CUDA errors are sticky)."""
+    """Serve ops from stdin, one JSON object a line, until it closes: {"op": "open", "tag", "job", "out",
+    "shared"}, {"op": "round", "tag", "id", "round", "only", "out"}, {"op": "finish", "tag", "real_text",
+    "bound_ms", "bound_variant", "out"}, {"op": "policies", "tag", "long_text", "eval_limit", "own", "out"},
+    {"op": "close", "tag"}; each op's answer is written (atomically) to its "out". A process holds one variant (its
+    own process: its memory is its own) or several (the shared worker, --isolation). A failed op ends the worker
+    (exit 1) once its failure is written: the parent starts a fresh one for the variants it still needs, so no
+    variant runs in a process another one left in an unknown state (CUDA errors are sticky)."""
+    sessions: dict[str, Session] = {}
     for line in lines if lines is not None else sys.stdin:
         if not line.strip():
             continue
-        job_path, out = json.loads(line)  # ["job.json", "result.json"]: paths may hold spaces
-        rc = run_job(Path(job_path), Path(out), shared=True)
-        _free()
-        if rc:
-            return rc
+        op = json.loads(line)
+        tag, out = op.get("tag"), op.get("out")
+        s = sessions.get(tag)
+        try:
+            if op["op"] == "open":
+                if op.get("shared"):
+                    _reset_peaks()
+                s = sessions[tag] = Session(_read_job(Path(op["job"])))
+                answer = s.open()
+            elif s is None:
+                raise RuntimeError(f"no variant {tag!r} is open in this worker")
+            elif op["op"] == "round":
+                answer = s.round(op["id"], op["round"], op.get("only"))
+            elif op["op"] == "finish":
+                answer = s.finish(op)
+                if op.get("shared"):
+                    answer["isolation"] = "shared"
+            elif op["op"] == "policies":
+                answer = s.policies(op)
+            else:  # close
+                s.close()
+                del sessions[tag]
+                _free()
+                continue
+        except BaseException as e:  # report the failure as data; the parent marks the variant failed
+            if out:
+                failed = _failure(s.job if s is not None else {"variant_dir": tag}, e)
+                if op.get("shared"):
+                    failed["isolation"] = "shared"
+                write_json_atomic(Path(out), failed)
+            return 1
+        if out:
+            write_json_atomic(Path(out), answer)
+    for s in sessions.values():
+        s.close()
     return 0
 
 

@@ -151,10 +151,12 @@ def decision_points(report: dict[str, Any]) -> list[dict[str, Any]]:
     batch), size, bits."""
     spec = {v["name"]: v.get("spec") or {} for v in report["variants"]}
     ranked, _ = ranked_latency(report)
+    cis = {r["variant"]: r.get("p50_ci") for r in (report.get("recommended") or {}).get("ranking") or []}
     return [
         {
             "name": r["variant"],
             "p50": ranked.get(r["variant"]),
+            "p50_ci": cis.get(r["variant"]),
             "throughput": r["throughput"],
             "size_mb": r["size_mb"],
             "agreement": r["agreement"],
@@ -189,12 +191,19 @@ def decision_figure(report: dict[str, Any]):
 
     fig, axes = plt.subplots(1, 2, figsize=(13.5, 5.8), dpi=DPI, layout="constrained")
     _, what = ranked_latency(report)
+    full = report.get("recommended") or {}
+    versus = (
+        f"\n{rec} vs runner-up {full['runner_up']}: {full['ratio_text']}"
+        + (" — a tie, broken by the tie rule" if full.get("tied") else "")
+        if full.get("ratio_text")
+        else ""
+    )
     panels = [
         (
             axes[0],
             "p50",
-            f"{what} (ms, log scale): left is faster",
-            "Latency (what the recommendation ranks by) vs agreement",
+            f"{what} (ms, log scale; bars: interval over rounds): left is faster",
+            "Latency (what the recommendation ranks by) vs agreement" + versus,
         ),
         (
             axes[1],
@@ -213,6 +222,18 @@ def decision_figure(report: dict[str, Any]):
             if p[key] is None:
                 continue
             sv = st[p["name"]]
+            if key == "p50" and p.get("p50_ci"):  # the interval of the median over rounds
+                lo_ci, hi_ci = p["p50_ci"]
+                ax.errorbar(
+                    [p[key]],
+                    [p["agreement"] * 100],
+                    xerr=[[max(0.0, p[key] - lo_ci)], [max(0.0, hi_ci - p[key])]],
+                    fmt="none",
+                    ecolor=sv.colour,
+                    elinewidth=1.2,
+                    capsize=3,
+                    zorder=2,
+                )
             ax.scatter(
                 [p[key]],
                 [p["agreement"] * 100],

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from qserve.bench.stats import summarize, throughput
 from qserve.runtime.buckets import bucket_for
 
 
@@ -32,49 +31,40 @@ def synthetic_batch(rt, batch: int, seq: int, text: str):
     return {"input_ids": input_ids, "attention_mask": np.ones_like(input_ids)}
 
 
-def real_text(rt, job: dict[str, Any], texts: list[str]) -> list[dict[str, Any]]:
-    """predict() on consecutive batches of real texts: tokenization + dynamic padding included."""
-
-    out = []
-    for b in job["batch_sizes"]:
-        batches = [texts[i : i + b] for i in range(0, len(texts), b)] or [texts]
-        padded: list[float] = []
-        n_texts = 0
-        samples: list[float] = []
-        rt.predict(batches[0])  # warm-up
+def real_text_round(
+    rt, batch: int, texts: list[str], cursor: int, budget_s: float, min_iters: int, max_iters: int, warm: bool
+) -> tuple[dict[str, Any], int]:
+    """One round of predict() on consecutive batches of real texts (tokenization + dynamic padding included),
+    starting at batch number `cursor` (the rounds continue through the texts): ({"batch", "samples", "texts",
+    "padded", "tok_ms"}, the next cursor)."""
+    batches = [texts[i : i + batch] for i in range(0, len(texts), batch)] or [texts]
+    if warm:
+        rt.predict(batches[cursor % len(batches)])
         rt.synchronize()
-        start = time.perf_counter()
-        i = 0
-        while len(samples) < job["max_iters"] and (
-            len(samples) < job["min_iters"] or time.perf_counter() - start < job["time_budget_s"]
-        ):
-            chunk = batches[i % len(batches)]
-            t0 = time.perf_counter()
-            rt.predict(chunk)
-            rt.synchronize()
-            samples.append((time.perf_counter() - t0) * 1e3)
-            n_texts += len(chunk)
-            i += 1
-        tok_ms: list[float] = []  # the text's own tokenization (+ cut and padding), timed apart from the model
-        for chunk in batches[: min(len(batches), len(samples))]:
-            t0 = time.perf_counter()
-            mask = rt.tokenize(chunk)["attention_mask"]
-            tok_ms.append((time.perf_counter() - t0) * 1e3)
-            if rt.buckets:  # a length-bucketed variant runs each text at its bucket, not at the batch's longest
-                padded.append(sum(bucket_for(int(n), rt.buckets) for n in mask.sum(axis=1)) / len(chunk))
-            else:
-                padded.append(int(mask.shape[1]))
-        rec = {
-            "batch": b,
-            **summarize(samples),
-            "texts": n_texts,
-            "throughput": throughput(n_texts, sum(samples) / 1e3),
-            "mean_padded_len": sum(padded) / len(padded) if padded else None,
-            # real-text p50 vs fixed-shape p50 + this: what the real-text path costs beyond tokenizing
-            "tokenize_p50_ms": float(np.median(tok_ms)) if tok_ms else None,
-        }
-        out.append(rec)
-    return out
+    samples: list[float] = []
+    n_texts = 0
+    start = time.perf_counter()
+    i = cursor
+    while len(samples) < max_iters and (len(samples) < min_iters or time.perf_counter() - start < budget_s):
+        chunk = batches[i % len(batches)]
+        t0 = time.perf_counter()
+        rt.predict(chunk)
+        rt.synchronize()
+        samples.append((time.perf_counter() - t0) * 1e3)
+        n_texts += len(chunk)
+        i += 1
+    padded: list[float] = []
+    tok_ms: list[float] = []  # the text's own tokenization (+ cut and padding), timed apart from the model
+    for k in range(cursor, min(i, cursor + len(batches))):
+        chunk = batches[k % len(batches)]
+        t0 = time.perf_counter()
+        mask = rt.tokenize(chunk)["attention_mask"]
+        tok_ms.append((time.perf_counter() - t0) * 1e3)
+        if rt.buckets:  # a length-bucketed variant runs each text at its bucket, not at the batch's longest
+            padded.append(sum(bucket_for(int(n), rt.buckets) for n in mask.sum(axis=1)) / len(chunk))
+        else:
+            padded.append(int(mask.shape[1]))
+    return {"batch": batch, "samples": samples, "texts": n_texts, "padded": padded, "tok_ms": tok_ms}, i
 
 
 CHECK_PAIRS = 12

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
-from qserve.bench.stats import shape_stats
+from qserve.bench.stats import ratio_ci, ratio_text, shape_stats
 from qserve.devices import cpu_info
 from qserve.placement import mark
 
@@ -65,6 +65,9 @@ def recommend(report: dict[str, Any]) -> dict[str, Any]:
                 "bar": bar,
                 "bits": bits,
                 "meets_bar": agr is not None and agr >= bar,
+                "footprint_bytes": v.get("weights_bytes") or v.get("disk_bytes"),
+                "_real": real,
+                "_fixed": st,
                 **({"gate": v["gate"]["passed"], "gate_record": v["gate"]} if v.get("gate") else {}),
             }
         )
@@ -79,7 +82,13 @@ def recommend(report: dict[str, Any]) -> dict[str, Any]:
     if not by_real:
         ranking = [r for r in ranking if r["fixed_p50_ms"] is not None]
     for r in ranking:
+        rec = r.pop("_real") if by_real else r.pop("_fixed")
+        r.pop("_fixed", None)
+        r.pop("_real", None)
         r["p50_ms"] = r["real_b1_p50_ms"] if by_real else r["fixed_p50_ms"]
+        r["p50_ci"] = (rec or {}).get("p50_ci")
+        r["stable"] = (rec or {}).get("stable")
+        r["round_p50"] = (rec or {}).get("round_p50")
     ranking.sort(key=lambda r: r["p50_ms"])
     shape = "b1 on real test texts, each at its own length" if by_real else f"b{b}/s{s}"
     ok = [r for r in ranking if r["meets_bar"]]
@@ -93,8 +102,8 @@ def recommend(report: dict[str, Any]) -> dict[str, Any]:
             else "no variant meets its agreement bar"
         )
         return {"variant": None, "why": why, "shape": shape, "cpu": cpu, "ranking": ranking}
-    best = ok[0]
-    faster = [r["variant"] for r in ranking if r["p50_ms"] < best["p50_ms"]]
+    best, versus = choose(ok)
+    faster = [r["variant"] for r in ranking if r["p50_ms"] < best["p50_ms"] and not r["meets_bar"]]
     fixed = f"; b{b}/s{s} p50 {best['fixed_p50_ms']:.2f} ms" if by_real and best["fixed_p50_ms"] is not None else ""
     metric = f" ({report['agreement_metric']})" if report.get("agreement_metric") else ""
     why = (
@@ -107,15 +116,75 @@ def recommend(report: dict[str, Any]) -> dict[str, Any]:
             if faster
             else ""
         )
+        + (_versus_words(best, versus) if versus else "")
     )
     return {
-        **{k: best[k] for k in ("variant", "dir", "p50_ms", "agreement", "bar")},
+        **{k: best[k] for k in ("variant", "dir", "p50_ms", "agreement", "bar", "p50_ci", "stable")},
+        **(versus or {}),
         "shape": shape,
         "why": why,
         "cpu": cpu,
         "reference": ref,
         "ranking": ranking,
     }
+
+
+TIE_RULE = "the higher gated agreement lower bound (where both are gated), then the smaller footprint, then the name"
+"""How a tie between the fastest candidates is broken (docs/bench.md, "Ties")."""
+
+
+def choose(ok: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(the recommended row, its comparison with the runner-up) among rows meeting their bar, fastest first. The
+    fastest and every candidate whose paired ratio to it holds 1 (stats.ratio_ci over the rounds) are tied; TIE_RULE
+    picks among them. The comparison: {"runner_up", "ratio" (runner-up's latency over the recommended's, with its
+    interval), "tied", "tied_with", "tie_break"}; None with a single candidate."""
+    fastest = ok[0]
+    if len(ok) < 2:
+        return fastest, None
+
+    def ratio(slow: dict[str, Any], fast: dict[str, Any]) -> dict[str, Any]:
+        a = slow.get("round_p50") or {"-": slow["p50_ms"]}
+        b = fast.get("round_p50") or {"-": fast["p50_ms"]}
+        return ratio_ci(a, b)
+
+    tied = [fastest] + [r for r in ok[1:] if ratio(r, fastest)["tied"]]
+    if len(tied) > 1:
+        both_gated = all(r.get("gate_record", {}).get("agreement_lower_bound") is not None for r in tied)
+        ranked = sorted(
+            tied,
+            key=lambda r: (
+                -r["gate_record"]["agreement_lower_bound"] if both_gated else 0.0,
+                r.get("footprint_bytes") or float("inf"),
+                r["variant"],
+            ),
+        )
+        best, runner = ranked[0], ranked[1]
+    else:
+        best, runner = fastest, ok[1]
+    cmp = ratio(runner, best)
+    return best, {
+        "runner_up": runner["variant"],
+        "ratio": cmp,
+        "ratio_text": ratio_text(cmp),
+        "tied": len(tied) > 1,
+        "tied_with": [r["variant"] for r in tied if r is not best],
+        "tie_break": TIE_RULE if len(tied) > 1 else None,
+    }
+
+
+def _versus_words(best: dict[str, Any], v: dict[str, Any]) -> str:
+    r = v["ratio"]
+    how = (
+        f"paired over {r['rounds']} rounds, {r['level']:.0%} interval"
+        if r["paired"]
+        else f"unpaired, {r['level']:.0%} interval"
+    )
+    if v["tied"]:
+        return (
+            f"; tied with {', '.join(v['tied_with'])} ({v['runner_up']} / {best['variant']} = {v['ratio_text']}, "
+            f"{how}: the interval holds 1), broken by {TIE_RULE}"
+        )
+    return f"; {v['ratio_text']} faster than the runner-up {v['runner_up']} ({how})"
 
 
 def _gate_words(g: dict[str, Any]) -> str:

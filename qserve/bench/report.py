@@ -21,6 +21,7 @@ from qserve.bench.pipelinerecord import md_lines as pipeline_md_lines
 from qserve.bench.plots import write_plots
 from qserve.bench.policies import md_lines as long_text_lines
 from qserve.bench.recommend import md_lines
+from qserve.bench.rounds import ci_cell
 from qserve.bench.summary import fixed_shape, peak_memory, shown, summary_rows
 from qserve.devices import cpu_label
 from qserve.files import write_json_atomic, write_text_atomic
@@ -149,6 +150,7 @@ def render_md(report: dict[str, Any]) -> str:
         ]
 
     L += md_lines(report)
+    L += rounds_lines(report)
     if any(r["agreement"] is not None for r in summary_rows(report) if r["status"] == "ok"):
         L += ["![which variant is fast and faithful: latency and throughput against agreement](decision.png)", ""]
     _, memkind = peak_memory(next(iter(report["variants"]), {}))
@@ -157,7 +159,7 @@ def render_md(report: dict[str, Any]) -> str:
         "variant",
         "size (MB)",
         "load (s)",
-        f"p50 b{b}/s{s} (ms)",
+        f"p50 b{b}/s{s} (ms) [interval over rounds]",
         f"p99 b{b}/s{s} (ms)",
         f"throughput b{bmax}/s{s} (seq/s)",
         f"{memkind} (MiB)",
@@ -180,7 +182,7 @@ def render_md(report: dict[str, Any]) -> str:
                 r["shown"],
                 cell(r["size_mb"], 1),
                 cell(r["load_s"], 2),
-                cell(r["p50_ms"], 2),
+                r["p50_cell"],
                 cell(r["p99_ms"], 2),
                 cell(r["throughput"], 1),
                 cell(r["peak_mem_mib"], 0),
@@ -331,6 +333,36 @@ def _execution_lines(report: dict[str, Any]) -> list[str]:
     )
 
 
+def rounds_lines(report: dict[str, Any]) -> list[str]:
+    """How the latencies were measured (interleaved rounds), the interval each carries, and the recommended
+    variant against the runner-up (docs/bench.md, "Rounds")."""
+    r = report.get("rounds")
+    if not r:
+        return []
+    rec = report.get("recommended") or {}
+    lines = [
+        f"Latencies: every variant loaded once in its own process, then measured in {r['asked']} interleaved rounds "
+        "(A B C ... A B C ..., one measuring while the others idle)"
+        + (f" and {r['extra']} extra round(s) for variants whose rounds disagreed" if r.get("extra") else "")
+        + "; each p50 is the median of the rounds' p50s, in brackets the order-statistic interval of that median "
+        f"(about 95%, its coverage in report.json); a number marked unstable has an interval wider than "
+        f"{r['stability']:.0%} of it after the extra rounds."
+    ]
+    if rec.get("ratio"):
+        q = rec["ratio"]
+        lines[0] += (
+            f" {rec['variant']} against the runner-up {rec['runner_up']}: {rec['ratio_text']} "
+            f"(the runner-up's latency over the recommended's, {'paired round by round' if q['paired'] else 'unpaired'}"
+            f" over {q['rounds']} rounds)"
+            + (
+                f", a tie (the interval holds 1), broken by {rec['tie_break']}."
+                if rec.get("tied")
+                else ", a difference."
+            )
+        )
+    return lines + [""]
+
+
 def _grid(report: dict[str, Any]) -> list[str]:
     cfg = report["config"]
     shapes = [(b, s) for s in cfg["seq_lens"] for b in cfg["batch_sizes"]]
@@ -341,12 +373,12 @@ def _grid(report: dict[str, Any]) -> list[str]:
         cells = []
         for b, s in shapes:
             st = fixed_shape(v, b, s)
-            cells.append(f"{st['p50']:.2f} / {st['p99']:.2f}" if st else "error")
+            cells.append(f"{ci_cell(st)} / {st['p99']:.2f}" if st else "error")
         rows.append([shown(v, report)] + cells)
     if not rows:
         return []
     return (
-        ["## Latency grid (p50 / p99 ms)", ""]
+        ["## Latency grid (p50 [interval over rounds] / p99 ms)", ""]
         + md_table(["variant"] + [f"b{b}/s{s}" for b, s in shapes], rows)
         + [
             "",
@@ -364,7 +396,7 @@ def _real_text(report: dict[str, Any]) -> list[str]:
                 [
                     shown(v, report),
                     str(rt["batch"]),
-                    cell(rt.get("p50"), 2),
+                    ci_cell(rt),
                     cell(rt.get("p99"), 2),
                     cell(rt.get("throughput"), 1),
                     cell(rt.get("mean_padded_len"), 1),
@@ -376,7 +408,18 @@ def _real_text(report: dict[str, Any]) -> list[str]:
     ds: dict[str, Any] = next((v["data"] for v in report["variants"] if v.get("data")), {}) or {}
     return (
         [f"## Real text ({ds.get('dataset')} test split, predict() with tokenization and dynamic padding)", ""]
-        + md_table(["variant", "batch", "p50 (ms)", "p99 (ms)", "texts/s", "mean padded length", "calls"], rows)
+        + md_table(
+            [
+                "variant",
+                "batch",
+                "p50 (ms) [interval over rounds]",
+                "p99 (ms)",
+                "texts/s",
+                "mean padded length",
+                "calls",
+            ],
+            rows,
+        )
         + [""]
         + _real_text_check(report)
     )
@@ -537,6 +580,10 @@ CSV_FIELDS = [
     "count",
     "mean_ms",
     "p50_ms",
+    "p50_ci_lo_ms",
+    "p50_ci_hi_ms",
+    "rounds",
+    "stable",
     "p90_ms",
     "p95_ms",
     "p99_ms",
@@ -593,6 +640,9 @@ def render_csv(report: dict[str, Any]) -> str:
                 }
                 for k in ("mean", "p50", "p90", "p95", "p99", "stdev", "min"):
                     row[f"{k}_ms"] = rec.get(k)
+                ci = rec.get("p50_ci") or [None, None]
+                row.update({"p50_ci_lo_ms": ci[0], "p50_ci_hi_ms": ci[1], "rounds": rec.get("rounds")})
+                row["stable"] = rec.get("stable")
                 w.writerow(row)
     return buf.getvalue()
 

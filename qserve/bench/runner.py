@@ -8,9 +8,11 @@ run_bench([Path('models/minilm-imdb-variants/onnx-int8')], BenchConfig(batch_siz
 The parent never imports torch: it reads manifests, loads the evaluation texts once
 (so every variant sees the same inputs), places each variant (qserve.placement: --device auto
 puts on the CPU what the GPU cannot run), starts `python -m qserve.bench.measure` per variant
-(or sends the CUDA variants' jobs to one `--worker`) with the thread count pinned in its
-environment, polls its RSS, and turns a crash, a timeout or an error into a `failed` entry
-while the other variants run on (a crashed worker is started again for the next).
+as one `--worker` per variant (the CUDA variants share one: --isolation) with the thread count pinned in its
+environment, loads every variant once (in parallel where the cores allow), measures them in interleaved rounds
+(A B C ... A B C ..., one at a time: rounds.py), finishes each in the process that holds it, polls RSS, and turns
+a crash, a timeout or an error into a `failed` entry while the other variants run on (a variant still needed
+whose worker died with another is opened again in a fresh one).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from qserve.bench.floor import flops_per_sequence, gemm_shapes
 from qserve.bench.invariance import select_texts
 from qserve.bench.recommend import bar_for, real_text_b1
 from qserve.bench.report import write_reports
+from qserve.bench.rounds import decision_records, merge_fixed, merge_real
 from qserve.data.datasets import load_dataset
 from qserve.devices import resolve_device
 from qserve.files import dir_size, now_iso, refuse_existing, with_root_on_path
@@ -220,17 +223,22 @@ def _outcome(
 
 
 class Worker:
-    """One `python -m qserve.bench.measure --worker` measuring jobs one after another (bench --isolation): the
-    imports and CUDA's start-up are paid once for every variant it measures. A job that crashes, times out or fails
-    ends the worker and fails its variant only; the next job starts a fresh one."""
+    """One `python -m qserve.bench.measure --worker` process holding loaded variants (measure.Session) and answering
+    ops one at a time: one per CPU variant (its memory is its own), or one shared by the CUDA variants
+    (--isolation). A variant whose op crashes, times out or fails ends the worker and fails alone; a variant still
+    needed is opened again in a fresh one (`starts` tells a session which process it lives in)."""
 
-    def __init__(self, work: Path, cfg: BenchConfig, device: str):
+    def __init__(self, work: Path, cfg: BenchConfig, device: str, name: str):
         self.work, self.cfg, self.device = work, cfg, device
-        self.log_path = work / f"worker-{device.replace(':', '_')}.log"
+        self.log_path = work / f"worker-{name.replace(':', '_')}.log"
         self.proc: subprocess.Popen | None = None
         self.starts = 0
+        self.polled = 0.0  # the peak RSS seen of this worker's processes
 
-    def _start(self) -> subprocess.Popen:
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
         logf = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(
@@ -244,44 +252,110 @@ class Worker:
         finally:
             logf.close()  # the child holds its own copy
         self.starts += 1
-        return self.proc
 
-    def run(self, job: dict[str, Any], tag: str) -> dict[str, Any]:
-        job_path, res_path = self.work / f"{tag}.job.json", self.work / f"{tag}.result.json"
-        job_path.write_text(json.dumps(job), encoding="utf-8")
-        proc = self.proc if self.proc is not None and self.proc.poll() is None else self._start()
+    def send(self, op: dict[str, Any]) -> dict[str, Any]:
+        """Write one op; returns what wait() needs (its answer file, its start, where its log begins)."""
+        if not self.alive():
+            self.start()
+        out = Path(op["out"])
+        out.unlink(missing_ok=True)
         start = self.log_path.stat().st_size if self.log_path.is_file() else 0
-        t0 = time.perf_counter()
         try:
-            assert proc.stdin is not None
-            proc.stdin.write((json.dumps([str(job_path), str(res_path)]) + "\n").encode())
-            proc.stdin.flush()
-        except OSError:  # it died between two jobs: polled below as any other death
+            assert self.proc is not None and self.proc.stdin is not None
+            self.proc.stdin.write((json.dumps(op) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError:  # it died between two ops: polled in wait() as any other death
             pass
-        polled, timed_out = _watch(proc, res_path.is_file, t0, self.cfg)
-        res = _read_json(res_path) if res_path.is_file() else None
+        return {"out": out, "t0": time.perf_counter(), "log": start}
+
+    def wait(self, sent: dict[str, Any]) -> dict[str, Any]:
+        """The op's answer with its status (ok, or failed with why: crash, exit, timeout) and its wall time."""
+        proc = self.proc
+        assert proc is not None
+        out = sent["out"]
+        polled, timed_out = _watch(proc, out.is_file, sent["t0"], self.cfg)
+        self.polled = max(self.polled, polled)
+        res = _read_json(out) if out.is_file() else None
         if res is None or res.get("error") or timed_out:
-            rc = proc.wait(timeout=60)  # a failed job ends the worker (measure.worker); a killed one is dead
+            try:
+                rc = proc.wait(timeout=60)  # a failed op ends the worker (measure.worker); a killed one is dead
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = proc.wait()
             self.proc = None
         else:
             rc = 0
         with open(self.log_path, "rb") as f:
-            f.seek(start)
+            f.seek(sent["log"])
             tail = f.read().decode("utf-8", errors="replace")[-3000:]
-        out = _outcome(res, rc, time.perf_counter() - t0, polled, timed_out, tail, self.cfg)
-        out["worker_start"] = self.starts
-        return out
+        return _outcome(res, rc, time.perf_counter() - sent["t0"], self.polled, timed_out, tail, self.cfg)
 
     def close(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
         try:
             assert self.proc.stdin is not None
-            self.proc.stdin.close()  # end of jobs: the worker returns
+            self.proc.stdin.close()  # end of ops: the worker closes its variants and returns
             self.proc.wait(timeout=60)
         except (OSError, subprocess.TimeoutExpired):
             self.proc.kill()
             self.proc.wait()
+
+
+class Variant:
+    """The parent's handle on one variant measured in interleaved rounds: its worker, its job, its rounds so far,
+    its wall time (every op's), and whether it failed (then `failed` is its result)."""
+
+    def __init__(self, index: int, tag: str, job_path: Path, worker: Worker, shared: bool):
+        self.index, self.tag, self.job_path, self.worker, self.shared = index, tag, job_path, worker, shared
+        self.opened: dict[str, Any] | None = None
+        self.gen = -1  # worker.starts when it was opened: another process means open it again
+        self.rounds: list[dict[str, Any]] = []
+        self.wall = 0.0
+        self.failed: dict[str, Any] | None = None
+        self.ops = 0
+
+    def _op(self, op: dict[str, Any]) -> dict[str, Any]:
+        self.ops += 1
+        op = {
+            **op,
+            "tag": self.tag,
+            "shared": self.shared,
+            "out": str(self.job_path.parent / f"{self.tag}.{self.ops}.json"),
+        }
+        res = self.worker.wait(self.worker.send(op))
+        self.wall += res["wall_s"]
+        if res["status"] == "failed":
+            self.failed = res
+        return res
+
+    def send_open(self) -> dict[str, Any]:
+        self.ops += 1
+        op = {"op": "open", "tag": self.tag, "job": str(self.job_path), "shared": self.shared}
+        op["out"] = str(self.job_path.parent / f"{self.tag}.{self.ops}.json")
+        sent = self.worker.send(op)
+        self.gen = self.worker.starts
+        return sent
+
+    def finish_open(self, sent: dict[str, Any]) -> dict[str, Any]:
+        res = self.worker.wait(sent)
+        self.wall += res["wall_s"]
+        if res["status"] == "failed":
+            self.failed = res
+        else:
+            self.opened = res
+        return res
+
+    def op(self, op: dict[str, Any]) -> dict[str, Any]:
+        """One op on this variant, opening it again first in a fresh worker when its process is gone (another
+        variant crashed the shared worker)."""
+        if self.failed is not None:
+            return self.failed
+        if not self.worker.alive() or self.gen != self.worker.starts:
+            self.finish_open(self.send_open())
+            if self.failed is not None:
+                return self.failed
+        return self._op(op)
 
 
 def shared(cfg: BenchConfig, device: str) -> bool:
@@ -353,33 +427,125 @@ def _meets_bar(entry: dict[str, Any], ref: dict[str, Any] | None) -> float | Non
     )
 
 
-def _measure(
-    mode: str,
-    d: Path,
-    meta: VariantMeta,
-    job: dict[str, Any],
-    data: dict[str, Any],
+MAX_ROUNDS_FACTOR = 3
+"""Stability's extra rounds stop at this many times --rounds (or at --stability-budget seconds, first reached)."""
+
+
+def _files(meta: VariantMeta) -> dict[str, Any] | None:
+    """The manifest's file hashes (the store key's "exact files measured")."""
+    return meta.manifest.to_json()["files"] if meta.manifest is not None else None
+
+
+def _open_all(handles: list[Variant], cfg: BenchConfig) -> None:
+    """Start and load every variant once: the processes of their own in parallel, as many at a time as there are
+    physical cores (loading is mostly one Python thread each); a shared worker's variants one after another.
+    Nothing is timed while they load (the load seconds say how many loaded at once)."""
+    alone = [h for h in handles if not h.shared]
+    width = max(1, physical_cores() or 1)
+    for at in range(0, len(alone), width):
+        group = alone[at : at + width]
+        sent = [(h, h.send_open()) for h in group]
+        for h, x in sent:
+            if h.finish_open(x)["status"] == "ok" and h.opened is not None:
+                h.opened["parallel"] = len(group)
+    for h in handles:
+        if h.shared:
+            h.finish_open(h.send_open())
+
+
+def _round(live: list[Variant], rid: str, k: int, only: list | None, dirs: list[Path]) -> list[dict[str, Any]]:
+    """One round over `live` in turn (one variant measuring, the others idle): each one's calls kept on its
+    handle; returns the order it happened in (variant, round, start, end, process)."""
+    seen = []
+    for h in live:
+        if h.failed is not None:
+            continue
+        ans = h.op({"op": "round", "id": rid, "round": k, "only": only})
+        if ans["status"] == "ok":
+            h.rounds.append(ans)
+            seen.append(
+                {
+                    "variant": dirs[h.index].name,
+                    "round": k,
+                    "t0": ans.get("t0"),
+                    "t1": ans.get("t1"),
+                    "pid": ans.get("pid"),
+                }
+            )
+        else:
+            log.error("bench: %s failed in round %d: %s", dirs[h.index], k + 1, ans.get("error"))
+    return seen
+
+
+def _merged(h: Variant, cfg: BenchConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    return merge_fixed(h.rounds, cfg.stability), merge_real(h.rounds, cfg.stability)
+
+
+def _stable(h: Variant, cfg: BenchConfig) -> bool:
+    """Whether the numbers a recommendation ranks this variant by (real-text b1, the headline shape) agree
+    between rounds within --stability."""
+    fixed, real = _merged(h, cfg)
+    return all(r.get("stable") for r in decision_records(fixed, real, cfg.headline()))
+
+
+def _decision_p50(merged: tuple | None, res: dict[str, Any] | None, cfg: BenchConfig) -> float:
+    """What a variant is ranked by, to finish the fastest first (the eval cut's bound is then known soonest)."""
+    fixed, real = merged if merged is not None else ((res or {}).get("fixed") or [], (res or {}).get("real_text") or [])
+    recs = decision_records(fixed, real, cfg.headline())
+    real1 = [r["p50"] for r in recs if "seq" not in r]
+    return real1[0] if real1 else (recs[0]["p50"] if recs else float("inf"))
+
+
+def _policy_pass(
+    entries: dict[int, dict[str, Any]],
+    metas: list[VariantMeta],
+    dirs: list[Path],
+    jobs: dict[int, tuple[dict[str, Any], dict[str, Any]]],
+    raw: dict[int, dict[str, Any]],
+    handles: dict[int, Variant],
+    workers: dict[str, Worker],
     work: Path,
-    tag: str,
     cfg: BenchConfig,
     store: Path | None,
     reuse: bool,
-    workers: dict[str, Worker],
-) -> dict[str, Any]:
-    """One child, or a job of the shared worker (or its stored result when `reuse` and the key matches)."""
-    k = stored.key(meta.manifest.to_json()["files"] if meta.manifest is not None else None, job, data)
-    res = stored.load(store, d, mode, k) if reuse else None
-    if res is not None:
-        log.info("bench: %s %s: reusing the measurement in %s", d.name, mode, store)
-        res["reused"] = True
-        return res
-    device = job["device"]
-    if shared(cfg, device):
-        res = workers.setdefault(device, Worker(work, cfg, device)).run(job, tag)
-    else:
-        res = run_child("qserve.bench.measure", job, work, tag, cfg)
-    stored.save(store, d, mode, k, res)
-    return res
+    device_of: dict[int, str],
+) -> None:
+    """The long-text comparison on the reference and the recommended variant, in the process that holds it
+    loaded already (a variant reused from the store is opened for it)."""
+    picked, rec = _policy_candidates([entries[j] for j in range(len(dirs))], metas, cfg)
+    for i in picked:
+        job, ident = jobs[i]
+        done = entries[i].get("long_text_policies")
+        if done and (i != rec or all(r["n"] == (entries[i].get("accuracy") or {}).get("n") for r in done)):
+            continue  # the reference, compared in its own child already (on every text, if it is chosen)
+        own = raw[i].get("accuracy") or {}
+        # The reference's policy records only feed the agreement column (choose() reads the recommended variant's):
+        # when it is not the recommended one it scores the eval cut's first texts, and each agreement says on how
+        # many (policies.add_agreement, "agreement_n").
+        limit = cfg.slow_eval_samples if (i != rec and cfg.slow_eval_samples) else None
+        pjob = {**job, "mode": "policies", "long_text": cfg.long_text, "eval_limit": limit}
+        k = stored.key(_files(metas[i]), pjob, ident)
+        res = stored.load(store, dirs[i], "policies", k) if reuse else None
+        if res is None:
+            log.info("bench: %s: long-text policies %s", dirs[i], ",".join(cfg.long_text or []))
+            h = handles.get(i)
+            if h is None or h.failed is not None:
+                job_path = work / f"p{i}.job.json"
+                job_path.write_text(json.dumps(job), encoding="utf-8")
+                sh = shared(cfg, device_of[i])
+                wkey = f"shared-{device_of[i]}" if sh else f"p{i}"
+                h = handles[i] = Variant(
+                    i, f"p{i}", job_path, workers.setdefault(wkey, Worker(work, cfg, device_of[i], wkey)), sh
+                )
+            op: dict[str, Any] = {"op": "policies", "long_text": cfg.long_text, "eval_limit": limit}
+            op["own"] = {x: own.get(x) for x in ("policy", "predictions", "seconds")}
+            res = h.op(op)
+            stored.save(store, dirs[i], "policies", k, res)
+        if res["status"] == "ok":
+            entries[i]["long_text_policies"] = res["long_text_policies"]
+        else:
+            log.error("bench: %s: policy comparison failed: %s", dirs[i], res.get("error"))
+            entries[i]["long_text_policies_error"] = res.get("error")
 
 
 def bench_plan(cfg: BenchConfig, metas: list[VariantMeta]) -> Plan | None:
@@ -428,68 +594,129 @@ def run_bench(
     jobs: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="qserve-bench-") as tmp:
         work = Path(tmp)
-        workers: dict[str, Worker] = {}  # the shared workers, by device (--isolation)
+        token_cache = str((store or work) / "pieces")
+        config = next((m.config for m in metas if m.config), None)
+        log.info("bench: measuring the compute floor at %d threads", cfg.threads)
+        floor = run_floor(cfg, config, work)
+        order = _order(metas)
+        ref_index = _reference_index(metas)
+        keys: dict[int, str] = {}
+        for i in order:
+            d, meta = dirs[i], metas[i]
+            key = data_key(cfg, meta)
+            data = load_texts(key, cfg, cache)
+            data_file = work / f"data-{abs(hash(key))}.json"
+            if not data_file.exists():
+                payload = {
+                    "real_texts": data.get("real_texts") or [],
+                    "invariance_texts": data.get("invariance_texts") or [],
+                }
+                if key[3] and data.get("eval"):
+                    payload["eval"] = data["eval"]
+                data_file.write_text(json.dumps(payload), encoding="utf-8")
+            job = {
+                "variant_dir": str(d.resolve()),
+                "device": device_of[i],
+                "threads": cfg.threads,
+                "batch_sizes": cfg.batch_sizes,
+                "seq_lens": cfg.seq_lens,
+                "time_budget_s": cfg.time_budget_s,
+                "warmup": cfg.warmup,
+                "min_iters": cfg.min_iters,
+                "max_iters": cfg.max_iters,
+                "rounds": cfg.rounds,
+                "stability": cfg.stability,
+                "data_file": str(data_file),
+                "allow_extra_files": cfg.allow_extra_files,
+                "long_text": None,
+                "length_buckets": cfg.length_buckets,
+                "token_cache": token_cache,
+                "slow_eval_samples": cfg.slow_eval_samples,
+            }
+            if cfg.long_text and i == ref_index:
+                # The reference's policy records only feed the agreement column: scored in its own child, which is
+                # loaded anyway, on the eval cut's first texts (the policy pass re-scores it in full only if it
+                # turns out to be the recommended variant, whose records choose the served policy).
+                job.update({"long_text": cfg.long_text, "eval_limit": cfg.slow_eval_samples or None})
+            ident = {"key": list(key), "texts": _texts_sha(data)}
+            jobs[i] = (job, ident)
+            keys[i] = stored.key(_files(metas[i]), job, ident)
+            if reuse:
+                res = stored.load(store, d, "variant", keys[i])
+                if res is not None:
+                    log.info("bench: %s: reusing the measurement in %s", d.name, store)
+                    res["reused"] = True
+                    raw[i] = res
+        workers: dict[str, Worker] = {}
+        handles: dict[int, Variant] = {}
+        log_rounds: list[dict[str, Any]] = []
+        extra = 0
         try:
-            token_cache = str((store or work) / "pieces")
-            config = next((m.config for m in metas if m.config), None)
-            log.info("bench: measuring the compute floor at %d threads", cfg.threads)
-            floor = run_floor(cfg, config, work)
+            for i in order:
+                if i in raw:
+                    continue
+                job_path = work / f"v{i}.job.json"
+                job_path.write_text(json.dumps(jobs[i][0]), encoding="utf-8")
+                sh = shared(cfg, device_of[i])
+                wkey = f"shared-{device_of[i]}" if sh else f"v{i}"
+                w = workers.setdefault(wkey, Worker(work, cfg, device_of[i], wkey))
+                handles[i] = Variant(i, f"v{i}", job_path, w, sh)
+            _open_all(list(handles.values()), cfg)
+            run_token = now_iso()
+            live = [handles[i] for i in order if i in handles]
+            for k in range(cfg.rounds):
+                log.info("bench: round %d/%d over %d variants", k + 1, cfg.rounds, len(live))
+                log_rounds += _round(live, f"{run_token}#{k}", k, None, dirs)
+            b, s = cfg.headline()
+            only = [["fixed", b, s], ["real", 1]]
+            t_extra, k = time.perf_counter(), cfg.rounds
+            while k < cfg.rounds * MAX_ROUNDS_FACTOR and time.perf_counter() - t_extra < cfg.stability_budget_s:
+                shaky = [h for h in live if h.failed is None and not _stable(h, cfg)]
+                if not shaky:
+                    break
+                log.info(
+                    "bench: round %d: %s disagree between rounds; more rounds",
+                    k + 1,
+                    ", ".join(dirs[h.index].name for h in shaky),
+                )
+                log_rounds += _round(shaky, f"{run_token}#{k}", k, only, dirs)
+                k, extra = k + 1, extra + 1
+            merged = {h.index: _merged(h, cfg) for h in live if h.failed is None}
             ref: dict[str, Any] | None = None
             bound: tuple[float, str] | None = None
-            order = _order(metas)
-            ref_index = _reference_index(metas)
-            for step, i in enumerate(order):
+            fin = [i for i in order if i == ref_index] + sorted(
+                (i for i in order if i != ref_index), key=lambda i: _decision_p50(merged.get(i), raw.get(i), cfg)
+            )
+            for step, i in enumerate(fin):
                 d, meta = dirs[i], metas[i]
-                key = data_key(cfg, meta)
-                data = load_texts(key, cfg, cache)
-                data_file = work / f"data-{abs(hash(key))}.json"
-                if not data_file.exists():
-                    payload = {
-                        "real_texts": data.get("real_texts") or [],
-                        "invariance_texts": data.get("invariance_texts") or [],
-                    }
-                    if key[3] and data.get("eval"):
-                        payload["eval"] = data["eval"]
-                    data_file.write_text(json.dumps(payload), encoding="utf-8")
-                job = {
-                    "variant_dir": str(d.resolve()),
-                    "device": device_of[i],
-                    "threads": cfg.threads,
-                    "batch_sizes": cfg.batch_sizes,
-                    "seq_lens": cfg.seq_lens,
-                    "time_budget_s": cfg.time_budget_s,
-                    "warmup": cfg.warmup,
-                    "min_iters": cfg.min_iters,
-                    "max_iters": cfg.max_iters,
-                    "data_file": str(data_file),
-                    "allow_extra_files": cfg.allow_extra_files,
-                    "long_text": None,
-                    "length_buckets": cfg.length_buckets,
-                    "token_cache": token_cache,
-                    "slow_eval_samples": cfg.slow_eval_samples,
-                    "bound_ms": bound[0] if bound else None,
-                    "bound_variant": bound[1] if bound else None,
+                if i in handles:
+                    h = handles[i]
+                    if h.failed is None:
+                        fixed, real = merged[i]
+                        ans = h.op(
+                            {
+                                "op": "finish",
+                                "real_text": real,
+                                "bound_ms": bound[0] if bound else None,
+                                "bound_variant": bound[1] if bound else None,
+                            }
+                        )
+                        if ans["status"] == "ok":
+                            ans.update({"fixed": fixed, "real_text": real, "wall_s": h.wall})
+                            ans["load_parallel"] = h.opened.get("parallel") if h.opened else None
+                            stored.save(store, d, "variant", keys[i], ans)
+                    res = h.failed or ans
+                    raw[i] = res
+                res = raw[i]
+                res["data"] = {
+                    k: v
+                    for k, v in load_texts(data_key(cfg, meta), cfg, cache).items()
+                    if k in ("dataset", "seed", "max_eval_samples", "error")
                 }
-                if cfg.long_text and step == 0 and i == ref_index:
-                    # The reference's policy records only feed the agreement column: scored here, in the child that
-                    # is loaded anyway, on the eval cut's first texts (the policy pass re-scores it in full only if it
-                    # turns out to be the recommended variant, whose records choose the served policy).
-                    job.update({"long_text": cfg.long_text, "eval_limit": cfg.slow_eval_samples or None})
-                ident = {"key": list(key), "texts": _texts_sha(data)}
-                jobs[i] = (job, ident)
-                log.info("bench: [%d/%d] %s", step + 1, len(dirs), d)
-                res = _measure("variant", d, meta, job, ident, work, f"v{i}", cfg, store, reuse, workers)
-                res["data"] = {k: v for k, v in data.items() if k in ("dataset", "seed", "max_eval_samples", "error")}
                 if res["status"] == "failed":
                     log.error("bench: %s failed (%s): %s", d, res.get("failure"), res.get("error"))
                 else:
-                    log.info(
-                        "bench: %s done in %.1f s (%s)",
-                        d,
-                        res["wall_s"],
-                        ", ".join(f"{k} {v:.1f}" for k, v in (res.get("stage_s") or {}).items()),
-                    )
-                raw[i] = res
+                    log.info("bench: [%d/%d] %s done (%.1f s in all)", step + 1, len(dirs), d, res.get("wall_s") or 0)
                 entries[i] = analysis.variant_entry(meta, res)
                 # a child that died before loading says no device: the one it was to measure on
                 entries[i]["device"] = entries[i]["device"] or device_of[i]
@@ -502,35 +729,7 @@ def run_bench(
                 if p50 is not None and (bound is None or p50 < bound[0]):
                     bound = (p50, entries[i]["name"])
             if cfg.long_text:
-                picked, rec = _policy_candidates([entries[j] for j in range(len(dirs))], metas, cfg)
-                for i in picked:
-                    job, ident = jobs[i]
-                    done = entries[i].get("long_text_policies")
-                    if done and (i != rec or all(r["n"] == (entries[i].get("accuracy") or {}).get("n") for r in done)):
-                        continue  # the reference, compared in its own child already (on every text, if it is chosen)
-                    own = raw[i].get("accuracy") or {}
-                    # The reference's policy records only feed the agreement column (choose() reads the recommended
-                    # variant's): when it is not the recommended one it scores the eval cut's first texts, and each
-                    # agreement says on how many (policies.add_agreement, "agreement_n").
-                    limit = cfg.slow_eval_samples if (i != rec and cfg.slow_eval_samples) else None
-                    pjob = {
-                        **job,
-                        "mode": "policies",
-                        "long_text": cfg.long_text,
-                        "bound_ms": None,
-                        "bound_variant": None,
-                        "eval_limit": limit,
-                        "own": {k: own.get(k) for k in ("policy", "predictions", "seconds")},
-                    }
-                    log.info("bench: %s: long-text policies %s", dirs[i], ",".join(cfg.long_text))
-                    res = _measure(
-                        "policies", dirs[i], metas[i], pjob, ident, work, f"p{i}", cfg, store, reuse, workers
-                    )
-                    if res["status"] == "ok":
-                        entries[i]["long_text_policies"] = res["long_text_policies"]
-                    else:
-                        log.error("bench: %s: policy comparison failed: %s", dirs[i], res.get("error"))
-                        entries[i]["long_text_policies_error"] = res.get("error")
+                _policy_pass(entries, metas, dirs, jobs, raw, handles, workers, work, cfg, store, reuse, device_of)
         finally:
             for w in workers.values():
                 w.close()
@@ -546,6 +745,13 @@ def run_bench(
         "model": analysis.model_block(metas),
         "floor": floor,
         "variants": [entries[i] for i in range(len(dirs))],
+        "rounds": {
+            "asked": cfg.rounds,
+            "extra": extra,
+            "stability": cfg.stability,
+            "ci": "order-statistic interval of the median over rounds (stats.median_ci)",
+            "log": log_rounds,
+        },
     }
     analysis.finish(report)
     write_reports(report, out)

@@ -71,3 +71,63 @@ def agreement(preds: list[int] | None, ref: list[int] | None) -> float | None:
     if not preds or not ref or len(preds) != len(ref):
         return None
     return sum(int(a == b) for a, b in zip(preds, ref)) / len(preds)
+
+
+CI_LEVEL = 0.95
+"""The coverage asked of a median's interval; with few rounds the order statistics give what they can (stated)."""
+
+
+def median(values: Sequence[float]) -> float:
+    return percentile(values, 50)
+
+
+def median_ci(values: Sequence[float], level: float = CI_LEVEL) -> tuple[float, float, float]:
+    """(lo, hi, coverage): the distribution-free order-statistic interval of a median, the k-th smallest and the
+    k-th largest of n values, with the largest k whose binomial coverage 1 - 2 P(Bin(n, 1/2) < k) is still >= `level`
+    (k = 1, min and max, when none reaches it: its own coverage is returned). One value: (v, v, 0.0)."""
+    xs = sorted(float(x) for x in values)
+    n = len(xs)
+    if n == 0:
+        raise ValueError("median_ci of an empty sample")
+    if n == 1:
+        return xs[0], xs[0], 0.0
+
+    def coverage(k: int) -> float:  # P(x_(k) <= median <= x_(n+1-k))
+        return 1.0 - 2.0 * sum(math.comb(n, j) for j in range(k)) / 2.0**n
+
+    k = 1
+    while k + 1 <= n // 2 and coverage(k + 1) >= level:
+        k += 1
+    return xs[k - 1], xs[n - k], coverage(k)
+
+
+def ratio_ci(slow: dict[int | str, float], fast: dict[int | str, float], level: float = CI_LEVEL) -> dict[str, Any]:
+    """How many times slower `slow` is than `fast` (> 1: `fast` is faster), from paired rounds: round i of one
+    against round i of the other (their keys), so a slow phase of the machine that fell on both cancels. The value is
+    the median of the per-round ratios, its interval median_ci's over them; `tied` when the interval holds 1.
+    Without a shared round (one of them was reused from another run), the ratio of the medians with the widest
+    interval their own intervals allow, marked unpaired."""
+    keys = [k for k in slow if k in fast]
+    if keys:
+        ratios = [slow[k] / fast[k] for k in keys]
+        lo, hi, cov = median_ci(ratios, level)
+        value, paired = median(ratios), True
+    else:
+        s_lo, s_hi, s_cov = median_ci(list(slow.values()), level)
+        f_lo, f_hi, f_cov = median_ci(list(fast.values()), level)
+        value, paired = median(list(slow.values())) / median(list(fast.values())), False
+        lo, hi, cov = s_lo / f_hi, s_hi / f_lo, s_cov * f_cov
+    return {
+        "value": value,
+        "lo": lo,
+        "hi": hi,
+        "level": cov,
+        "rounds": len(keys),
+        "paired": paired,
+        "tied": lo <= 1.0 <= hi,
+    }
+
+
+def ratio_text(r: dict[str, Any]) -> str:
+    """'1.21x [1.12, 1.30]' (the interval's coverage and rounds are said where the ratio is explained)."""
+    return f"{r['value']:.2f}x [{r['lo']:.2f}, {r['hi']:.2f}]"

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from qserve.bench.invariance import cell
+from qserve.bench.rounds import ci_cell
 from qserve.placement import mark
 
 
@@ -58,6 +59,8 @@ def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "size_mb": v["disk_bytes"] / 1e6 if v.get("disk_bytes") is not None else None,
                 "load_s": v.get("load_s"),
                 "p50_ms": st["p50"] if st else None,
+                "p50_ci": st.get("p50_ci") if st else None,
+                "p50_cell": ci_cell(st),
                 "p99_ms": st["p99"] if st else None,
                 "throughput": big["throughput"] if big else None,
                 "peak_mem_mib": mem,

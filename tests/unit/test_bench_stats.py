@@ -90,3 +90,92 @@ def test_config_parsing_and_validation():
         BenchConfig(threads=0).validate()
     rt = BenchConfig.from_json(BenchConfig(out=None, threads=2).to_json())
     assert rt.threads == 2 and rt.batch_sizes == [1, 8, 32]
+
+
+def _ranked(name: str, rounds: list[float], size: int, lb: float | None = None) -> dict:
+    """A report variant measured in made-up rounds (its real-text b1 p50 per round)."""
+    from qserve.bench.rounds import merge_real
+
+    real = merge_real(
+        [{"id": str(k), "real_text": [{"batch": 1, "samples": [x], "texts": 1}]} for k, x in enumerate(rounds)], 0.1
+    )
+    v = {
+        "name": name,
+        "dir": f"/r/{name}",
+        "status": "ok",
+        "spec": {"name": name, "bits": 8},
+        "agreement": 0.995,
+        "weights_bytes": size,
+        "fixed": [],
+        "real_text": real,
+    }
+    if lb is not None:
+        v["gate"] = {"passed": True, "agreement": 0.995, "agreement_lower_bound": lb, "bar": 0.99, "n": 1000}
+    return v
+
+
+def _report(*variants) -> dict:
+    return {"headline": {"batch": 1, "seq": 128}, "agreement_reference": "torch-fp32", "variants": list(variants)}
+
+
+def test_median_interval_by_order_statistics():
+    from qserve.bench.stats import median_ci
+
+    assert median_ci([5.0, 1.0, 3.0, 2.0, 4.0])[:2] == (1.0, 5.0)  # n=5: min..max, 94% coverage
+    lo, hi, cov = median_ci(list(range(1, 10)))
+    assert (lo, hi) == (2, 8) and cov >= 0.95  # n=9: the 2nd and 8th values, 96%
+    assert median_ci([7.0]) == (7.0, 7.0, 0.0)
+
+
+def test_a_clear_difference_is_called_a_difference():
+    from qserve.bench.recommend import recommend
+
+    # the machine has a slow phase in round 2; it falls on both, so the paired ratio stays clear of 1
+    fast = _ranked("ov-int8", [7.0, 7.1, 12.6, 7.0, 7.2], size=30)
+    slow = _ranked("onnx-int8", [8.6, 8.8, 15.4, 8.5, 8.9], size=20)
+    rec = recommend(_report(slow, fast))
+    assert rec["variant"] == "ov-int8" and rec["runner_up"] == "onnx-int8" and rec["tied"] is False
+    r = rec["ratio"]
+    assert r["paired"] and r["rounds"] == 5 and 1.0 < r["lo"] <= r["value"] <= r["hi"]
+    assert rec["ratio_text"] == f"{r['value']:.2f}x [{r['lo']:.2f}, {r['hi']:.2f}]"
+    assert f"{rec['ratio_text']} faster than the runner-up onnx-int8" in rec["why"]
+
+
+def test_a_tie_is_called_a_tie_and_the_rule_breaks_it():
+    from qserve.bench.recommend import TIE_RULE, recommend
+
+    a = _ranked("ov-int8", [7.0, 7.6, 7.2, 7.5, 7.1], size=30)
+    b = _ranked("onnx-int8", [7.3, 7.2, 7.4, 7.1, 7.3], size=20)  # within the noise of a: its ratio holds 1
+    rec = recommend(_report(a, b))
+    assert rec["tied"] is True and rec["ratio"]["lo"] <= 1.0 <= rec["ratio"]["hi"]
+    assert rec["variant"] == "onnx-int8"  # the smaller footprint wins the tie
+    assert rec["runner_up"] == "ov-int8" and rec["tie_break"] == TIE_RULE and "tied with ov-int8" in rec["why"]
+    # gated: the higher agreement lower bound comes first
+    gated = recommend(
+        _report(
+            _ranked("ov-int8", [7.0, 7.6, 7.2, 7.5, 7.1], 30, lb=0.993),
+            _ranked("onnx-int8", [7.3, 7.2, 7.4, 7.1, 7.3], 20, lb=0.991),
+        )
+    )
+    assert gated["variant"] == "ov-int8" and gated["tied"]
+    # the same tie whatever the order the rounds came in
+    again = recommend(
+        _report(_ranked("onnx-int8", [7.1, 7.3, 7.3, 7.2, 7.4], 20), _ranked("ov-int8", [7.1, 7.5, 7.0, 7.6, 7.2], 30))
+    )
+    assert again["variant"] == "onnx-int8" and again["tied"]
+
+
+def test_unstable_rounds_are_said_beside_the_number():
+    from qserve.bench.rounds import ci_cell, merge_fixed
+
+    rounds = [
+        {"id": str(k), "fixed": [{"batch": 1, "seq": 128, "samples": [x, x]}]}
+        for k, x in enumerate([7.4, 12.5, 7.3, 12.6, 7.5])
+    ]
+    (rec,) = merge_fixed(rounds, 0.10)
+    assert rec["p50"] == 7.5 and rec["p50_ci"] == [7.3, 12.6] and rec["stable"] is False and rec["count"] == 10
+    assert ci_cell(rec) == "7.50 [7.30, 12.60] (unstable: rounds 7.30-12.60 ms)"
+    steady = merge_fixed(
+        [{"id": str(k), "fixed": [{"batch": 1, "seq": 128, "samples": [7.0 + k / 100]}]} for k in range(5)], 0.10
+    )
+    assert steady[0]["stable"] is True and "unstable" not in ci_cell(steady[0])

@@ -1,0 +1,139 @@
+"""Interleaved rounds: what one round of a variant measures, and how its rounds become one latency with an interval.
+
+    python -m pytest tests/unit/test_bench_stats.py -q
+
+Every variant is loaded once in its own process and kept loaded; the runner then asks each in turn for a short
+round (A B C ... A B C ...), so a slow phase of the machine falls on every variant alike. A round times every fixed
+shape and every real-text batch size for its share of the time budget. Here the rounds of one variant become its
+records: the p50 is the median of the rounds' p50s, with the order-statistic interval of that median
+(stats.median_ci); p90/p99/mean/stdev/min/max are over every call of every round. A record whose interval is wider
+than the stability tolerance (its width over the p50) is `stable: false`: the runner gives the decision's numbers
+more rounds, and the report says "unstable" beside what stays so.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from qserve.bench.stats import median, median_ci, summarize, throughput
+
+
+def per_round(total: float, rounds: int) -> float:
+    """A round's share of a per-shape time budget (`--time-budget` is the whole of it, over every round)."""
+    return total / max(1, rounds)
+
+
+def round_iters(min_iters: int, max_iters: int, rounds: int) -> tuple[int, int]:
+    """(min, max) timed calls per shape in one round: together the rounds make at least --min-iters and at most
+    --max-iters calls (one call a round, at least)."""
+    lo = max(1, math.ceil(min_iters / max(1, rounds)))
+    return lo, max(lo, max_iters // max(1, rounds))
+
+
+def _interval(round_p50: dict[str, float], tolerance: float) -> dict[str, Any]:
+    vals = list(round_p50.values())
+    lo, hi, cov = median_ci(vals)
+    p50 = median(vals)
+    width = (hi - lo) / p50 if p50 > 0 else 0.0
+    return {
+        "p50": p50,
+        "p50_ci": [lo, hi],
+        "ci_level": cov,
+        "round_p50": round_p50,
+        "rounds": len(vals),
+        "spread": (max(vals) / min(vals)) if min(vals) > 0 else None,
+        "ci_width": width,
+        "stable": len(vals) >= 2 and width <= tolerance,
+    }
+
+
+def merge_fixed(rounds: Sequence[dict[str, Any]], tolerance: float) -> list[dict[str, Any]]:
+    """Fixed-shape records from a variant's rounds (each {"id", "fixed": [{"batch", "seq", "samples"} | error]})."""
+    order: list[tuple[int, int]] = []
+    calls: dict[tuple[int, int], list[float]] = {}
+    p50s: dict[tuple[int, int], dict[str, float]] = {}
+    errors: dict[tuple[int, int], str] = {}
+    for r in rounds:
+        for one in r.get("fixed") or []:
+            k = (one["batch"], one["seq"])
+            if k not in order:
+                order.append(k)
+            if one.get("samples"):
+                calls.setdefault(k, []).extend(one["samples"])
+                p50s.setdefault(k, {})[str(r["id"])] = median(one["samples"])
+            elif one.get("error"):
+                errors.setdefault(k, one["error"])
+    out = []
+    for b, s in order:
+        rec: dict[str, Any] = {"batch": b, "seq": s}
+        if (b, s) in calls:
+            xs = calls[(b, s)]
+            rec.update(summarize(xs))
+            rec.update(_interval(p50s[(b, s)], tolerance))
+            rec["throughput"] = throughput(b * len(xs), sum(xs) / 1e3)
+            rec["tokens_per_s"] = rec["throughput"] * s
+        else:
+            rec["error"] = errors.get((b, s), "not measured")
+        out.append(rec)
+    return out
+
+
+def merge_real(rounds: Sequence[dict[str, Any]], tolerance: float) -> list[dict[str, Any]]:
+    """Real-text records from a variant's rounds (each {"id", "real_text": [{"batch", "samples", "texts",
+    "padded", "tok_ms"}]}): the texts continue from round to round (each round picks up where the last stopped)."""
+    by: dict[int, dict[str, Any]] = {}
+    for r in rounds:
+        for rec in r.get("real_text") or []:
+            if not rec.get("samples"):
+                continue
+            acc = by.setdefault(rec["batch"], {"samples": [], "texts": 0, "padded": [], "tok_ms": [], "p50": {}})
+            acc["samples"].extend(rec["samples"])
+            acc["texts"] += rec["texts"]
+            acc["padded"].extend(rec.get("padded") or [])
+            acc["tok_ms"].extend(rec.get("tok_ms") or [])
+            acc["p50"][str(r["id"])] = median(rec["samples"])
+    out = []
+    for b in sorted(by):
+        acc = by[b]
+        out.append(
+            {
+                "batch": b,
+                **summarize(acc["samples"]),
+                **_interval(acc["p50"], tolerance),
+                "texts": acc["texts"],
+                "throughput": throughput(acc["texts"], sum(acc["samples"]) / 1e3),
+                "mean_padded_len": sum(acc["padded"]) / len(acc["padded"]) if acc["padded"] else None,
+                # real-text p50 vs fixed-shape p50 + this: what the real-text path costs beyond tokenizing
+                "tokenize_p50_ms": statistics.median(acc["tok_ms"]) if acc["tok_ms"] else None,
+            }
+        )
+    return out
+
+
+def decision_records(fixed: list[dict[str, Any]], real: list[dict[str, Any]], headline: tuple[int, int]) -> list:
+    """The records a recommendation ranks by (real-text b1, the headline fixed shape): the ones a variant whose
+    rounds disagree gets more rounds for."""
+    b, s = headline
+    return [r for r in fixed if r.get("batch") == b and r.get("seq") == s and "p50" in r] + [
+        r for r in real if r.get("batch") == 1 and "p50" in r
+    ]
+
+
+def unstable_cell(rec: dict[str, Any] | None) -> str:
+    """' (unstable: rounds 6.93-13.40 ms)' beside a number whose rounds disagree beyond the tolerance, else ''."""
+    if not rec or rec.get("stable", True) or not rec.get("round_p50"):
+        return ""
+    vals = list(rec["round_p50"].values())
+    return f" (unstable: rounds {min(vals):.2f}-{max(vals):.2f} ms)"
+
+
+def ci_cell(rec: dict[str, Any] | None, digits: int = 2) -> str:
+    """'7.30 [7.10, 7.55]' (p50 and its interval over rounds), '7.30' for a record without rounds, '—' for none."""
+    if not rec or rec.get("p50") is None:
+        return "—"
+    ci = rec.get("p50_ci")
+    body = f"{rec['p50']:.{digits}f}" + (f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci else "")
+    return body + unstable_cell(rec)

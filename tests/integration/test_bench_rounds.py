@@ -1,0 +1,62 @@
+"""Interleaved rounds with real child processes: every variant loaded once in its own process and kept loaded, then
+measured in turn (A B C ... A B C ...), one at a time; each latency the median over rounds with its interval (#60).
+
+    python -m pytest tests/integration/test_bench_rounds.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+
+def test_rounds_are_interleaved_one_variant_at_a_time_in_processes_loaded_once(tmp_path):
+    from conftest import bench_variant
+
+    from qserve.bench.config import BenchConfig
+    from qserve.bench.runner import run_bench
+
+    ref = bench_variant(tmp_path, max_eval_samples=16)
+    dirs = [ref]
+    for name in ("copy-a", "copy-b"):
+        shutil.copytree(ref, tmp_path / "variants" / name)
+        dirs.append(tmp_path / "variants" / name)
+    cfg = BenchConfig(
+        batch_sizes=[1],
+        seq_lens=[16],
+        threads=1,
+        out=tmp_path / "report",
+        time_budget_s=0.15,
+        warmup=1,
+        min_iters=3,
+        max_iters=30,
+        rounds=3,
+        stability_budget_s=0,
+        real_text_samples=4,
+        invariance_samples=0,
+        floor=False,
+        force=True,
+    )
+    report = run_bench(dirs, cfg)
+    log = report["rounds"]["log"]
+    names = [d.name for d in dirs]  # the reference first, then the copies (same size: by index)
+    assert [e["variant"] for e in log] == names * 3 and [e["round"] for e in log] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    # one measuring at a time: each round starts after the previous one ended
+    assert all(a["t1"] <= b["t0"] for a, b in zip(log, log[1:]))
+    # each variant in a process of its own, the same one in every round (loaded once)
+    pids = {n: {e["pid"] for e in log if e["variant"] == n} for n in names}
+    assert all(len(p) == 1 for p in pids.values()) and len(set().union(*pids.values())) == 3
+    for v in report["variants"]:
+        assert v["status"] == "ok" and v["accuracy"]["n"] == 16  # scored once, in the loaded child
+        for rec in [*v["fixed"], *v["real_text"]]:
+            assert rec["rounds"] == 3 and len(rec["round_p50"]) == 3
+            lo, hi = rec["p50_ci"]
+            assert lo <= rec["p50"] <= hi and rec["count"] >= 3
+    rec = report["recommended"]
+    assert rec["variant"] and rec["runner_up"] and rec["ratio"]["paired"] and rec["ratio"]["rounds"] == 3
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "interleaved rounds" in md and rec["ratio_text"] in md
+    data = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert data["recommended"]["ratio_text"] == rec["ratio_text"]
+    assert "p50_ci_lo_ms" in (tmp_path / "report" / "report.csv").read_text().splitlines()[0]
+    assert rec["ratio_text"] in (tmp_path / "report" / "report.html").read_text()
