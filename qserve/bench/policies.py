@@ -271,7 +271,12 @@ def md_lines(report: dict[str, Any]) -> list[str]:
                 if lt["fast"]["policy"] == lt.get("own")
                 else f" (`qserve gate VARIANT --long-text {lt['fast']['policy']}`)"
             )
-            + ", else the policy its gate verified.",
+            + ", else the policy its gate verified."
+            + (
+                f" The pipeline gated {lt['variant']} under {lt['gate']['policy']}: {lt['gate'].get('verdict')}."
+                if lt.get("gate")
+                else ""
+            ),
             "",
         ]
     return L

@@ -343,7 +343,7 @@ def run_gate(
         raise GateError("qserve gate needs at least one VARIANT dir")
     resolve_device(cfg.device)  # a bad --device, or cuda without a GPU, fails before any text is scored
     results = []
-    refs: dict[tuple[str, str], Scored] = {}
+    refs: dict[tuple[str, str, str], Scored] = {}
     datasets: dict[tuple[str, str], tuple[DatasetSplits, str, int]] = {}
     for vdir in map(Path, variants):
         vm = verify(vdir, allow_extra_files=cfg.allow_extra_files)  # a tampered variant is not gated
