@@ -78,3 +78,30 @@ def bench_eval_cut() -> str:
         + " vs ".join(f"{p} {pct(pol[p]['accuracy'])}" for p in order)
         + f" on {n_lt:,} reviews, {on(lt_rel)})."
     )
+
+
+B1_MODES = "b1-modes-amd/report.json"
+
+
+def b1_modes() -> str:
+    """docs/bench.md's per-process b1 latency: each setting's per-process medians, and how many were slow."""
+    r = load(B1_MODES)
+    cells = r["cells"]
+    first = next(iter(cells)).split("|")[0]
+
+    def said(c: dict) -> str:
+        return (
+            f"{num(c['median'])} ms (processes {span(c['p50s'])} ms, {num(c['spread'])}x; "
+            f"{c['slow']} of {len(c['p50s'])} above the midpoint {num(c['slow_mode_ms'])} ms)"
+        )
+
+    mine = {k.split("|")[1]: c for k, c in cells.items() if k.startswith(first + "|") and c["p50s"]}
+    others = [f"{k.split('|')[0]} `{k.split('|')[1]}` {said(c)}" for k, c in cells.items() if not k.startswith(first)]
+    fewest = min(mine, key=lambda s: (mine[s]["slow"] / len(mine[s]["p50s"]), mine[s]["spread"]))
+    return (
+        f"{on(B1_MODES)} ({r['cpu_class']}), b1 x s128, {r['procs']} fresh processes per setting, the settings in "
+        f"turn, each process the median of {r['calls']} forwards; {r['conditions']}. {first}: "
+        + "; ".join(f"`{s}` {said(c)}" for s, c in mine.items())
+        + (f". Beside it: {'; '.join(others)}" if others else "")
+        + f". Fewest processes in the slow mode, then the narrowest spread: `{fewest}`."
+    )
