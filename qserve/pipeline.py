@@ -304,7 +304,7 @@ def _gate_stage(report_dir: Path, args, plan: Plan, force: bool) -> dict | None:
     return report["gate"]
 
 
-def _gate_chosen_policy(report: dict, cfg: GateConfig, plan: Plan) -> None:
+def _gate_chosen_policy(report: dict, cfg: GateConfig, plan: Plan | None) -> None:
     """When the report's long-text study separated a better policy than the recommended variant's own (the one
     its gate just verified), gate the variant again under that policy; only a pass replaces the manifest's
     verdict (then `qserve serve MODEL_DIR` serves that policy, gated), and either way report["long_text"]["gate"]

@@ -182,7 +182,8 @@ def test_a_run_dir_serves_the_reports_policy_only_once_a_gate_verdict_covers_it(
     serves head (what was gated) and says why; once the variant is gated under tail, it serves tail, passed."""
     import shutil
 
-    from qserve.cli import main
+    from qserve.gate.config import GateConfig
+    from qserve.pipeline import _gate_chosen_policy
     from qserve.serve.infra.config import ServeConfig
 
     run = tmp_path / "run"
@@ -204,8 +205,11 @@ def test_a_run_dir_serves_the_reports_policy_only_once_a_gate_verdict_covers_it(
     assert m["selection"]["variant"] == "gated-bf16" and m["long_text"] == "head"
     assert m["gate"]["verdict"] == "passed" and m["gate"]["long_text"] == "head"
     assert "the report chose tail" in m["selection"]["long_text_why"]
-    ref = str(gated[0].parent / "torch-fp32")
-    assert main(["gate", str(variant), "--reference", ref, "--threads", "1", "--long-text", "tail"]) == 0
+    # what `qserve pipeline` does once its study separated tail (qserve gate VARIANT --long-text tail by hand)
+    report["long_text"]["changed"] = True
+    _gate_chosen_policy(report, GateConfig(reference=str(gated[0].parent / "torch-fp32"), threads=1), None)
+    assert report["long_text"]["gate"]["policy"] == "tail" and report["long_text"]["gate"]["verdict"].startswith("PASS")
+    (run / "report" / "report.json").write_text(json.dumps(report))
     m = served()
     assert m["long_text"] == "tail" and m["gate"]["verdict"] == "passed" and m["gate"]["gated_long_text"] == "tail"
 
