@@ -89,6 +89,13 @@ def log_selection(name: str, path: str, selection: Selection) -> None:
         selection["why"],
         selection["report"],
     )
+    if selection.get("long_text_why"):
+        log.info(
+            "model %s: long-text policy %s: %s",
+            name,
+            selection["long_text"] or "the variant's own",
+            selection["long_text_why"],
+        )
     if selection["same_cpu"] is False:
         log.warning(
             "that report was measured on %s, not on this CPU: the fastest variant here may differ "
