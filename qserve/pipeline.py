@@ -19,7 +19,7 @@ from pathlib import Path
 
 import exporters
 from qserve import QserveError
-from qserve.artifact import VariantError, checkpoint_hash, read_manifest
+from qserve.artifact import VariantError, checkpoint_hash, read_manifest, reseal
 from qserve.bench import BenchConfig, run_bench
 from qserve.bench.analysis import apply_gates
 from qserve.bench.stages import print_stages, record_stages, rewrite
@@ -291,10 +291,34 @@ def _gate_stage(report_dir: Path, args, plan: Plan, force: bool) -> dict | None:
         **({} if candidates else {"why": why}),
     }
     apply_gates(report, gated)
+    _gate_chosen_policy(report, cfg, plan)
     rewrite(report_dir, report)
     rec = report["recommended"]
     print(f"   recommended: {rec.get('variant') or 'none'} ({rec.get('why')})", flush=True)
     return report["gate"]
+
+
+def _gate_chosen_policy(report: dict, cfg: GateConfig, plan: Plan | None) -> None:
+    """When the report's long-text study separated a better policy than the recommended variant's own (the one
+    its gate just verified), gate the variant again under that policy; only a pass replaces the manifest's
+    verdict (then `qserve serve MODEL_DIR` serves that policy, gated), and either way report["long_text"]["gate"]
+    says what was found. A failed one leaves the verdict for the own policy, which is then what is served."""
+    lt = report.get("long_text") or {}
+    rec = report.get("recommended") or {}
+    if not lt.get("changed") or lt.get("variant") != rec.get("variant") or not rec.get("dir"):
+        return
+    vdir, policy = Path(rec["dir"]), lt["fast"]["policy"]
+    if not (read_manifest(vdir).gate or {}).get("passed"):
+        return  # the reference (never gated), or a variant the gate did not pass: nothing to extend
+    print(f"   {rec['variant']}: gating the long-text policy the report chose, {policy}", flush=True)
+    (res,) = run_gate([vdir], dataclasses.replace(cfg, long_text=policy, record=False), plan=plan)
+    g = res["gate"]
+    if g["passed"]:
+        vm = verify(vdir)
+        calibration = res["calibration"] if res["calibration"] is not None else vm.calibration
+        reseal(vdir, dataclasses.replace(vm, gate=g, calibration=calibration))
+    lt["gate"] = {"policy": policy, **row(res)}
+    print(f"   {policy}: {'PASSED' if g['passed'] else 'FAILED: ' + '; '.join(g['reasons'])}", flush=True)
 
 
 def run_pipeline(args: argparse.Namespace) -> Path:

@@ -466,6 +466,23 @@ STAGES: tuple[Stage, ...] = (
         "training 2 epochs of every review nearly all of it, the onnx-fp32 export seconds, the policy bench minutes",
     ),
     Stage(
+        "b1-modes",
+        "is b1 latency bimodal across processes, and does a setting of ours (ONNX Runtime's spinning, its threads, "
+        "their placement, the memory layout) decide the mode? fresh processes per setting, in turn",
+        (
+            f"$PY -m benchmarks.studies.b1_modes {MODELS}/variants/onnx-int8 {MODELS}/variants/onnx-fp32 "
+            f"{MODELS}/variants/ov-int8 --procs 12 --out benchmarks/reports/b1-modes-amd",
+        ),
+        (
+            Report(
+                "benchmarks/reports/b1-modes-amd/report.json",
+                "benchmarks/reports/b1-modes-amd/report.md",
+                "studies.b1_modes:render",
+            ),
+        ),
+        "fresh processes per (variant, setting), each loading its variant and timing its forwards",
+    ),
+    Stage(
         "serve-windows",
         "windows served on the 2,000 test reviews: answers at concurrency 32 against each "
         "text's answer alone, and windowed texts/s against the ceiling head's texts/s over the windows per "

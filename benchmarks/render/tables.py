@@ -70,6 +70,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "distilbert-base-dims": int8.distilbert_base_dims,
     "int8-breakdown": int8.int8_breakdown,
     "crosscheck": bench.crosscheck,
+    "b1-modes": bench.b1_modes,
     "serve-text": serving.serve_text,
     "serve-protocols": serving.serve_protocols,
     "predict": serving.predict_text,

@@ -5,22 +5,35 @@
 Each variant's child scores the test split once per policy (predict() in batches of 32, tokenization,
 cutting and aggregation included, as served), so texts/s is what the policy costs on real texts. The
 parent adds agreement with the reference variant under the same policy, and names two policies for the
-served variant: the most accurate whose texts/s is at least half of head's (`fast`, what
-`qserve serve MODEL_DIR` serves) and the most accurate overall (`best`). head is always measured: it
+served variant: the one to serve (`fast`) and the most accurate overall (`best`). head is always measured: it
 is the baseline of the speed rule.
+
+The served policy is the variant's own (the one its manifest, bench and gate used) unless another policy at
+>= half of head's texts/s beats it on the same texts: the paired difference of per-text correctness (another
+policy minus the own one), with its 95% bootstrap interval (qserve.intervals, as the gate's accuracy delta),
+lies wholly above 0. A difference the texts cannot separate is a tie, and a tie keeps the own policy. Even a
+policy that wins is served by `qserve serve MODEL_DIR` only once a gate verdict for it exists
+(qserve.bench.recommend.from_model_dir).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from qserve import problemtypes as problems
+from qserve.artifact import Manifest
 from qserve.bench import evalpass
+from qserve.gatepolicy import UNGATED, gated_policy, verdict_for
+from qserve.intervals import paired_bootstrap
 from qserve.placement import mark
-from qserve.problemtypes import SINGLE, agreement
+from qserve.problemtypes import MULTI, SINGLE, agreement
 
 SPEED_FRACTION = 0.5
-"""`fast`: the most accurate policy whose texts/s is at least this fraction of head's."""
+"""A policy may replace the variant's own only at >= this fraction of head's texts/s."""
+CONFIDENCE = 0.95
+"""The two-sided confidence of a policy-against-policy interval."""
 
 
 def with_head(policies: list[str]) -> list[str]:
@@ -56,6 +69,7 @@ def measure(
         else:
             preds, seconds = evalpass.score(rt, texts, policy, stats["tokens"], batch)
         quality = problems.metrics(preds, labels, rt.problem_type, len(rt.labels))
+        hits = _hits(preds, labels, rt.problem_type, len(rt.labels))
         out.append(
             {
                 "asked": asked,
@@ -67,9 +81,20 @@ def measure(
                 "mean_windows": sum(stats["windows"]) / len(texts) if texts else None,
                 "truncated": sum(stats["truncated"]) / len(texts) if texts else None,
                 "predictions": preds,
+                **({"hits": hits} if hits is not None else {}),
             }
         )
     return out
+
+
+def _hits(preds: list[Any], labels: list[Any], problem: str, k: int) -> list[int] | None:
+    """1 where a text is answered right, else 0 (multi-label: the whole label set), in the texts' order: what
+    the paired comparison of two policies reads. None for regression (no right or wrong)."""
+    if problem == MULTI:
+        return [int([int(x) for x in problems.multi_hot(y, k)] == list(p)) for p, y in zip(preds, labels)]
+    if problem == SINGLE:
+        return [int(p == y) for p, y in zip(preds, labels)]
+    return None
 
 
 def add_agreement(variants: list[dict[str, Any]], ref: dict[str, Any] | None) -> None:
@@ -89,29 +114,54 @@ def add_agreement(variants: list[dict[str, Any]], ref: dict[str, Any] | None) ->
                 r["agreement_n"] = m
     for v in variants:
         for r in v.get("long_text_policies") or []:
-            r.pop("predictions", None)
+            r.pop("predictions", None)  # per-text `hits` stay: the paired comparison of choose() reads them
 
 
-def choose(records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """{"fast", "best", "head"}: the most accurate policy at >= half head's texts/s, and the most accurate."""
+def paired(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
+    """Accuracy of policy record `a` minus `b` on the same texts, with its paired bootstrap interval
+    ({"value", "lo", "hi", "n"}); None when either has no per-text hits or they scored different texts."""
+    ha, hb = a.get("hits"), b.get("hits")
+    if not ha or not hb or len(ha) != len(hb):
+        return None
+    value, lo, hi = paired_bootstrap(np.asarray(ha), np.asarray(hb), CONFIDENCE)
+    return {"value": round(value, 6), "lo": round(lo, 6), "hi": round(hi, 6), "n": len(ha)}
+
+
+def choose(records: list[dict[str, Any]], own: str | None = None) -> dict[str, Any] | None:
+    """{"fast", "best", "head", "own", "changed", "against_own"}: `fast` is the policy to serve: the variant's
+    own (`own`; head when unknown or not measured), unless a policy at >= SPEED_FRACTION of head's texts/s is
+    more accurate on the same texts with the interval of the difference wholly above 0 (the most accurate such
+    one). `best` is the most accurate overall; `against_own` every policy's paired difference from the own."""
     scored = [r for r in records if r.get("accuracy") is not None]
     head = next((r for r in scored if r["asked"] == "head"), None)
     if not scored or head is None or not head.get("texts_per_s"):
         return None
+    mine = next((r for r in scored if r["policy"] == own), None) or head
     # ties go to the faster policy
     rank = sorted(scored, key=lambda r: (-r["accuracy"], -(r.get("texts_per_s") or 0.0)))
-    quick = [r for r in rank if (r.get("texts_per_s") or 0.0) >= SPEED_FRACTION * head["texts_per_s"]]
-    keep = ("policy", "accuracy", "agreement", "texts_per_s", "mean_windows", "truncated")
+    diffs = {r["policy"]: paired(r, mine) for r in scored if r is not mine}
+    quick = [
+        r
+        for r in rank
+        if (r.get("texts_per_s") or 0.0) >= SPEED_FRACTION * head["texts_per_s"]
+        and (diffs.get(r["policy"]) or {}).get("lo", 0.0) > 0
+    ]
+    keep = ("policy", "accuracy", "agreement", "texts_per_s", "mean_windows", "truncated", "n")
+    served = quick[0] if quick else mine
     return {
-        "fast": {k: quick[0].get(k) for k in keep},
+        "fast": {k: served.get(k) for k in keep},
         "best": {k: rank[0].get(k) for k in keep},
         "head": {k: head.get(k) for k in keep},
+        "own": mine["policy"],
+        "changed": served is not mine,
+        "against_own": {p: d for p, d in diffs.items() if d is not None},
     }
 
 
 def finish(report: dict[str, Any]) -> None:
     """report["long_text"]: the two named policies, for the recommended variant (else the reference, else the
-    first measured)."""
+    first measured). `served_variant`: whether the records are the recommended variant's own, the only ones a
+    server of that variant may take a policy from (qserve.bench.recommend.from_model_dir)."""
     variants = [v for v in report["variants"] if v.get("status") == "ok" and v.get("long_text_policies")]
     if not variants:
         return
@@ -122,16 +172,48 @@ def finish(report: dict[str, Any]) -> None:
         or next((x for x in variants if x["name"] == ref), None)
         or variants[0]
     )
-    picked = choose(v["long_text_policies"])
+    picked = choose(v["long_text_policies"], v.get("long_text"))
     if picked is None:
         return
-    f, b = picked["fast"], picked["best"]
-    why = (
-        f"on {v['name']}: {f['policy']} is the most accurate policy ({f['accuracy']:.2%}) at >= "
-        f"{SPEED_FRACTION:.0%} of head's texts/s ({f['texts_per_s']:.1f} vs {picked['head']['texts_per_s']:.1f}); "
-        f"the most accurate overall is {b['policy']} ({b['accuracy']:.2%}, {b['texts_per_s']:.1f} texts/s)"
-    )
-    report["long_text"] = {"variant": v["name"], **picked, "why": why}
+    f, b, own = picked["fast"], picked["best"], picked["own"]
+    d = picked["against_own"].get(f["policy"]) or picked["against_own"].get(b["policy"])
+    if picked["changed"]:
+        why = (
+            f"on {v['name']} ({f['n']} texts): {f['policy']} beats the variant's own {own} by "
+            f"{_pp(d)} at >= {SPEED_FRACTION:.0%} of head's texts/s ({f['texts_per_s']:.1f} vs "
+            f"{picked['head']['texts_per_s']:.1f})"
+        )
+    else:
+        why = (
+            f"on {v['name']} ({f['n']} texts): no policy at >= {SPEED_FRACTION:.0%} of head's texts/s beats the "
+            f"variant's own {own} with the interval of the difference above 0, so it keeps {own}"
+            + (f" ({b['policy']} against it: {_pp(d)})" if d and b["policy"] != own else "")
+        )
+    why += f"; the most accurate overall is {b['policy']} ({b['accuracy']:.2%}, {b['texts_per_s']:.1f} texts/s)"
+    report["long_text"] = {"variant": v["name"], "served_variant": v["name"] == rec, **picked, "why": why}
+
+
+def served_policy(report: dict[str, Any], variant: str, manifest: Manifest) -> tuple[str | None, str]:
+    """(the long-text policy `qserve serve MODEL_DIR` serves the recommended `variant` under, why): the report's
+    choice when it was made on that variant's own records and a gate verdict for it exists; otherwise the
+    policy its gate verified (None: the variant's own, when never gated or gated under it)."""
+    lt = report.get("long_text") or {}
+    chosen = (lt.get("fast") or {}).get("policy")
+    gated = gated_policy(manifest)
+    fallback = None if gated is None or gated == verdict_for(manifest, None)["long_text"] else gated
+    if not chosen or lt.get("variant") != variant:
+        return fallback, "the policy its gate verified" if gated else "the variant's own policy (never gated)"
+    held = verdict_for(manifest, chosen)
+    if held["verdict"] != UNGATED or gated is None:
+        return chosen, f"the report's choice ({lt.get('why')})"
+    return fallback, f"the policy its gate verified, {gated}: the report chose {chosen}, but {held['why']}"
+
+
+def _pp(d: dict[str, Any] | None) -> str:
+    """A paired difference as points with its interval: '+2.10 points [+0.80, +3.40] on 1000 texts'."""
+    if not d:
+        return "an unmeasured difference"
+    return f"{d['value'] * 100:+.2f} points [{d['lo'] * 100:+.2f}, {d['hi'] * 100:+.2f}] on {d['n']} texts"
 
 
 def _pct(x: Any) -> str:
@@ -181,8 +263,20 @@ def md_lines(report: dict[str, Any]) -> list[str]:
     lt = report.get("long_text")
     if lt:
         L += [
-            f"**Long-text policy served: {lt['fast']['policy']}** (most accurate overall: {lt['best']['policy']}); "
-            f"{lt['why']}. `qserve serve MODEL_DIR` serves {lt['fast']['policy']}.",
+            f"**Long-text policy chosen: {lt['fast']['policy']}** (the variant's own: {lt.get('own')}; most "
+            f"accurate overall: {lt['best']['policy']}); {lt['why']}. `qserve serve MODEL_DIR` serves "
+            f"{lt['fast']['policy']} once a gate verdict for it exists"
+            + (
+                ""
+                if lt["fast"]["policy"] == lt.get("own")
+                else f" (`qserve gate VARIANT --long-text {lt['fast']['policy']}`)"
+            )
+            + ", else the policy its gate verified."
+            + (
+                f" The pipeline gated {lt['variant']} under {lt['gate']['policy']}: {lt['gate'].get('verdict')}."
+                if lt.get("gate")
+                else ""
+            ),
             "",
         ]
     return L

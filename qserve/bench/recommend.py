@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
+from qserve.artifact import read_manifest
+from qserve.bench.policies import served_policy
 from qserve.bench.stats import ratio_ci, ratio_text, shape_stats
 from qserve.devices import cpu_info
 from qserve.placement import mark
@@ -242,8 +244,8 @@ def from_model_dir(model_dir: str | Path) -> tuple[Path, dict[str, Any]]:
             f"holds it; re-export it or pass a variant dir"
         )
     here = _cpu_model()
-    # the long-text policy the report names for serving (bench --long-text), else the variant's own
-    long_text = ((report.get("long_text") or {}).get("fast") or {}).get("policy")
+    # the long-text policy to serve: the report's choice where its gate verdict covers it (bench/policies.py)
+    long_text, long_text_why = served_policy(report, name, read_manifest(vdir))
     return vdir, {
         "variant": name,
         "why": rec["why"],
@@ -251,6 +253,7 @@ def from_model_dir(model_dir: str | Path) -> tuple[Path, dict[str, Any]]:
         "measured_on": rec.get("cpu"),
         "same_cpu": here == rec.get("cpu") if here and rec.get("cpu") else None,
         "long_text": long_text,
+        "long_text_why": long_text_why,
     }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from qserve import QserveError
+from qserve import QserveError, longtext
 from qserve.configflags import flag
 
 SPLITS = ("test", "val", "train", "all")
@@ -67,6 +67,9 @@ class GateConfig:
     device: str = "auto"
     """Where the variants run: auto (the GPU where a variant runs on it, else the CPU), cpu, cuda or cuda:N (the
     verdict records each one's device)."""
+    long_text: str | None = field(default=None, metadata=flag(default_text="the variant's own (its manifest's)"))
+    """The long-text policy both models score the texts under (head, tail, head-tail[:H], windows[:W[:S[:AGG]]]);
+    the verdict records it and holds for the variant served under that policy only."""
     threads: int | None = field(default=None, metadata=flag(default_text="the library's: all cores"))
     """Intra-op threads for torch / ONNX Runtime / OpenVINO."""
     out: str | None = field(default=None, metadata=flag(metavar="DIR", default_text="no report files"))
@@ -101,6 +104,8 @@ class GateConfig:
             raise QserveError(f"--bar must be in (0, 1) (a share of agreeing texts), got {self.bar}")
         if self.max_accuracy_drop is not None and not 0 <= self.max_accuracy_drop < 1:
             raise QserveError(f"--max-accuracy-drop must be in [0, 1), got {self.max_accuracy_drop}")
+        if self.long_text is not None:
+            longtext.parse(self.long_text, "--long-text")
         if not 0.5 <= self.confidence < 1:
             raise QserveError(f"--confidence must be in [0.5, 1), got {self.confidence}")
         return self

@@ -50,6 +50,8 @@ class Scored:
     logits: np.ndarray
     calibration: np.ndarray | None = None
     device: str = "cpu"
+    long_text: str = "head"
+    """The long-text policy the texts were scored under, written out (what the verdict holds for)."""
 
 
 # -- which reference, which data --------------------------------------------------------------------------
@@ -158,14 +160,19 @@ def logits_of(rt: Any, split: Split, batch: int = 32) -> np.ndarray:
 def load(path: Path, cfg: GateConfig, device: str | None = None) -> Any:
     """The variant's runtime on `device` (a plan's), else on --device (auto: where the variant runs here)."""
     return load_runtime(
-        path, device or cfg.device, RuntimeOptions(threads=cfg.threads), allow_extra_files=cfg.allow_extra_files
+        path,
+        device or cfg.device,
+        RuntimeOptions(threads=cfg.threads, long_text=cfg.long_text),
+        allow_extra_files=cfg.allow_extra_files,
     )
 
 
 def score(path: Path, cfg: GateConfig, gate: Split, calib: Split | None, device: str | None = None) -> Scored:
     rt = load(path, cfg, device)
     try:
-        return Scored(logits_of(rt, gate), None if calib is None else logits_of(rt, calib), rt.device)
+        return Scored(
+            logits_of(rt, gate), None if calib is None else logits_of(rt, calib), rt.device, str(rt.long_text)
+        )
     finally:
         rt.close()
 
@@ -336,7 +343,7 @@ def run_gate(
         raise GateError("qserve gate needs at least one VARIANT dir")
     resolve_device(cfg.device)  # a bad --device, or cuda without a GPU, fails before any text is scored
     results = []
-    refs: dict[tuple[str, str], Scored] = {}
+    refs: dict[tuple[str, str, str], Scored] = {}
     datasets: dict[tuple[str, str], tuple[DatasetSplits, str, int]] = {}
     for vdir in map(Path, variants):
         vm = verify(vdir, allow_extra_files=cfg.allow_extra_files)  # a tampered variant is not gated
@@ -358,7 +365,7 @@ def run_gate(
         bits = vm.spec.bits
         bar = cfg.bar if cfg.bar is not None else agreement_bar(bits)
         drop = cfg.max_accuracy_drop if cfg.max_accuracy_drop is not None else accuracy_drop(bits)
-        rkey = (str(rdir.resolve()), fingerprint(gate_split))
+        rkey = (str(rdir.resolve()), fingerprint(gate_split), str(cfg.long_text))
         if rkey not in refs:
             log.info("gate: scoring the reference %s on %d texts", rdir, len(gate_split))
             refs[rkey] = score(rdir, cfg, gate_split, None, plan.device_of(rm.name) if plan else None)
@@ -401,6 +408,8 @@ def run_gate(
                 "min_n": verdict.pop("min_n"),
             },
             "data": data,
+            # the verdict holds for the variant served under this policy (qserve.gatepolicy.verdict_for)
+            "long_text": var.long_text,
             **verdict,
             "reference": {"dir": str(rdir), "name": rm.name, "version": rm.version, "device": refs[rkey].device},
             "calibration": None

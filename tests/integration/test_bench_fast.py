@@ -125,16 +125,27 @@ def test_eval_cut_only_for_a_variant_slower_than_one_meeting_its_bar():
 def _full_report() -> dict:
     """A full comparison in miniature: every variant with policy records (the old bench's shape)."""
 
+    def hits(acc: float) -> list[int]:  # nested: every text one policy gets right, the more accurate gets too
+        return [1] * round(acc * 1000) + [0] * (1000 - round(acc * 1000))
+
     def pol(acc_tail: float, speed: float) -> list[dict]:
         return [
-            {"asked": "head", "policy": "head", "accuracy": 0.82, "texts_per_s": speed, "n": 100},
-            {"asked": "tail", "policy": "tail", "accuracy": acc_tail, "texts_per_s": speed * 0.97, "n": 100},
+            {"asked": "head", "policy": "head", "accuracy": 0.82, "texts_per_s": speed, "n": 1000, "hits": hits(0.82)},
+            {
+                "asked": "tail",
+                "policy": "tail",
+                "accuracy": acc_tail,
+                "texts_per_s": speed * 0.97,
+                "n": 1000,
+                "hits": hits(acc_tail),
+            },
             {
                 "asked": "windows",
                 "policy": "windows:128:96:mean",
                 "accuracy": 0.87,
                 "texts_per_s": speed / 3.2,
-                "n": 100,
+                "n": 1000,
+                "hits": hits(0.87),
             },
         ]
 

@@ -9,17 +9,35 @@ import pytest
 from qserve.bench.policies import choose
 
 
-def test_choose_names_the_most_accurate_at_half_heads_speed_and_the_most_accurate():
+def _hits(n: int, right: int) -> list[int]:
+    return [1] * right + [0] * (n - right)
+
+
+def test_choose_keeps_the_variants_own_policy_unless_another_is_separated_from_it():
+    n = 1000
     recs = [
-        {"asked": "head", "policy": "head", "accuracy": 0.826, "texts_per_s": 100.0},
-        {"asked": "tail", "policy": "tail", "accuracy": 0.854, "texts_per_s": 99.0},
-        {"asked": "head-tail", "policy": "head-tail:64", "accuracy": 0.861, "texts_per_s": 98.0},
+        {"asked": "head", "policy": "head", "accuracy": 0.826, "texts_per_s": 100.0, "hits": _hits(n, 826)},
+        {"asked": "tail", "policy": "tail", "accuracy": 0.830, "texts_per_s": 99.0, "hits": _hits(n, 830)},
+        {"asked": "head-tail", "policy": "head-tail:64", "accuracy": 0.828, "texts_per_s": 98.0},
         {"asked": "windows", "policy": "windows:128:96:mean", "accuracy": 0.878, "texts_per_s": 33.0},
     ]
-    picked = choose(recs)
-    assert picked["fast"]["policy"] == "head-tail:64" and picked["best"]["policy"] == "windows:128:96:mean"
-    recs[3]["texts_per_s"] = 50.0  # exactly half of head's: fast enough
-    assert choose(recs)["fast"]["policy"] == "windows:128:96:mean"
+    recs[2]["hits"] = _hits(n, 828)
+    recs[3]["hits"] = _hits(n, 878)
+    # tail is 0.4 points more accurate than the own head-tail:64 on the same texts: a tie, so the own is kept
+    picked = choose(recs, "head-tail:64")
+    assert picked["fast"]["policy"] == "head-tail:64" and picked["changed"] is False and picked["own"] == "head-tail:64"
+    tie = picked["against_own"]["tail"]
+    assert tie["lo"] <= 0 <= tie["hi"] and tie["n"] == n
+    assert picked["best"]["policy"] == "windows:128:96:mean"  # the most accurate, but below half head's speed
+    # windows at half head's speed is separated from the own (+5 points, the interval above 0): it is chosen
+    recs[3]["texts_per_s"] = 50.0
+    picked = choose(recs, "head-tail:64")
+    assert picked["fast"]["policy"] == "windows:128:96:mean" and picked["changed"] is True
+    assert picked["against_own"]["windows:128:96:mean"]["lo"] > 0
+    # without per-text hits (or on other texts) nothing can be separated: the own policy stays
+    bare = [{k: v for k, v in r.items() if k != "hits"} for r in recs]
+    assert choose(bare, "head-tail:64")["fast"]["policy"] == "head-tail:64"
+    assert choose(bare)["fast"]["policy"] == "head"  # the own unknown: head, the baseline
     assert choose([r for r in recs if r["asked"] != "head"]) is None  # no baseline, no speed rule
 
 
@@ -61,10 +79,12 @@ def test_bench_reports_each_policy_on_real_test_texts(bench_run):
     assert recs["head"]["accuracy"] == v["accuracy"]["accuracy"]  # the same run under the variant's own policy
     assert recs["windows:64:48:mean"]["mean_windows"] > 1 and recs["head"]["mean_windows"] == 1
     assert recs["head"]["truncated"] > recs["windows:64:48:mean"]["truncated"]  # most reviews exceed 64 tokens
+    assert all(len(r["hits"]) == 24 for r in recs.values())  # per text: what the paired comparison reads
     lt = report["long_text"]
     assert lt["variant"] == "torch-fp32" and lt["fast"]["policy"] in recs and lt["best"]["policy"] in recs
+    assert lt["own"] == "head" and set(lt["against_own"]) == set(recs) - {"head"}
     md = (root / "report" / "report.md").read_text()
-    assert "## Long texts: policies compared" in md and f"Long-text policy served: {lt['fast']['policy']}" in md
+    assert "## Long texts: policies compared" in md and f"Long-text policy chosen: {lt['fast']['policy']}" in md
 
 
 def test_serving_a_model_dir_picks_the_reports_fast_policy(bench_run):

@@ -155,6 +155,65 @@ def test_require_gate_serves_a_gated_variant_and_shows_the_verdict(gated):
             assert meta["gate"] == "passed" and meta["temperature"] == str(t)
 
 
+# -- the long-text policy a verdict holds for ------------------------------------------------------------------
+
+
+def test_a_policy_switch_the_gate_did_not_verify_is_refused_or_served_as_ungated(gated, capsys):
+    from qserve.cli import main
+    from qserve.serve.infra.config import ServeConfig
+
+    variant, _ = gated
+    assert json.loads((variant / "manifest.json").read_text())["gate"]["long_text"] == "head"  # its own policy
+    code = main(["serve", str(variant), "--require-gate", "--long-text", "tail", "--port", "0", "--threads", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "long-text policy tail" in err and "its gate verified head" in err and "--long-text" in err
+    with serving(ServeConfig(variant_dir=str(variant), long_text="tail", threads=1)) as srv:
+        with httpx2.Client(base_url=srv.url, trust_env=False, timeout=30) as c:
+            m = c.get("/v1/models").json()["models"][0]
+            assert m["long_text"] == "tail"
+            g = m["gate"]
+            assert g["verdict"] == "ungated" and g["passed"] is False and g["gated_long_text"] == "head"
+            assert "qserve gate VARIANT --long-text tail" in g["why"]
+            assert c.get(f"/v2/models/{m['id']}").json()["parameters"]["gate"] == "ungated"
+
+
+def test_a_run_dir_serves_the_reports_policy_only_once_a_gate_verdict_covers_it(gated, tmp_path):
+    """The report of a run dir prefers tail for the recommended variant, whose gate verified head: the server
+    serves head (what was gated) and says why; once the variant is gated under tail, it serves tail, passed."""
+    import shutil
+
+    from qserve.gate.config import GateConfig
+    from qserve.pipeline import _gate_chosen_policy
+    from qserve.serve.infra.config import ServeConfig
+
+    run = tmp_path / "run"
+    variant = run / "variants" / "gated-bf16"
+    shutil.copytree(gated[0], variant)
+    (run / "report").mkdir()
+    report = {
+        "recommended": {"variant": "gated-bf16", "dir": str(variant), "why": "the test's"},
+        "long_text": {"variant": "gated-bf16", "fast": {"policy": "tail"}, "own": "head", "why": "tail won"},
+    }
+    (run / "report" / "report.json").write_text(json.dumps(report))
+
+    def served() -> dict:
+        with serving(ServeConfig(variant_dir=str(run), require_gate=True, threads=1)) as srv:
+            with httpx2.Client(base_url=srv.url, trust_env=False, timeout=30) as c:
+                return c.get("/v1/models").json()["models"][0]
+
+    m = served()
+    assert m["selection"]["variant"] == "gated-bf16" and m["long_text"] == "head"
+    assert m["gate"]["verdict"] == "passed" and m["gate"]["long_text"] == "head"
+    assert "the report chose tail" in m["selection"]["long_text_why"]
+    # what `qserve pipeline` does once its study separated tail (qserve gate VARIANT --long-text tail by hand)
+    report["long_text"]["changed"] = True
+    _gate_chosen_policy(report, GateConfig(reference=str(gated[0].parent / "torch-fp32"), threads=1), None)
+    assert report["long_text"]["gate"]["policy"] == "tail" and report["long_text"]["gate"]["verdict"].startswith("PASS")
+    (run / "report" / "report.json").write_text(json.dumps(report))
+    m = served()
+    assert m["long_text"] == "tail" and m["gate"]["verdict"] == "passed" and m["gate"]["gated_long_text"] == "tail"
+
+
 # -- multi-label: per-label thresholds from held-out data ------------------------------------------------------
 
 TOPICS = {"sports": ["goal", "match", "team"], "politics": ["vote", "senate", "law"], "tech": ["chip", "code", "robot"]}

@@ -6,6 +6,7 @@ qserve bench against plain onnxruntime / torch loops.
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from benchmarks.render import rebuild
@@ -77,4 +78,48 @@ def bench_eval_cut() -> str:
         + ". Policy accuracies differ by points ("
         + " vs ".join(f"{p} {pct(pol[p]['accuracy'])}" for p in order)
         + f" on {n_lt:,} reviews, {on(lt_rel)})."
+    )
+
+
+B1_MODES = "b1-modes-amd/report.json"
+
+
+def b1_modes() -> str:
+    """docs/bench.md's per-process b1 latency: each setting's per-process medians, and how many were slow."""
+    r = load(B1_MODES)
+    cells = r["cells"]
+    first = next(iter(cells)).split("|")[0]
+
+    def said(c: dict, setting: str) -> str:
+        cut = r["starved_below"] * (1 if setting == "threads=1" else 2)  # of the CPU its intra-op threads use
+        fed = [x["p50"] for x in c["runs"] if x["cpu_per_wall"] >= cut]
+        starved = [x["p50"] for x in c["runs"] if x["cpu_per_wall"] < cut]
+        split = ", ".join(
+            f"{len(xs)} {name} at a median {num(statistics.median(xs))} ms"
+            for name, xs in (("fed", fed), ("starved", starved))
+            if xs
+        )
+        return (
+            f"{num(c['median'])} ms (processes {span(c['p50s'])} ms, {num(c['spread'])}x; "
+            f"{c['slow']} of {len(c['p50s'])} in the slow mode, above {num(c['slow_mode_ms'])} ms; {split})"
+        )
+
+    mine = {k.split("|")[1]: c for k, c in cells.items() if k.startswith(first + "|") and c["p50s"]}
+    others = [
+        f"{k.split('|')[0]} `{k.split('|')[1]}` {said(c, k.split('|')[1])}"
+        for k, c in cells.items()
+        if not k.startswith(first)
+    ]
+    fewest = min(mine, key=lambda s: (mine[s]["slow"] / len(mine[s]["p50s"]), mine[s]["spread"]))
+    return (
+        f"{on(B1_MODES)} ({r['cpu_class']}), b1 x s128, {r['procs']} fresh processes per setting, the settings in "
+        f"turn, each process the median of {r['calls']} forwards; {r['conditions']}. {first}: "
+        + "; ".join(f"`{s}` {said(c, s)}" for s, c in mine.items())
+        + (f". Beside it: {'; '.join(others)}" if others else "")
+        + f". Fewest processes in the slow mode, then the narrowest spread: `{fewest}`. Every process of the "
+        "two-thread settings by mode and by whether it got the CPU its two threads use while timed (starved: CPU "
+        f"seconds per wall second below {r['starved_below'] * 2:g}; slow: above {r['slow_above']:g}x the variant's "
+        "fastest process): "
+        + ", ".join(f"{k.replace('_', ' and ')} {v}" for k, v in (r.get("starved_vs_slow") or {}).items())
+        + "."
     )

@@ -38,7 +38,9 @@ class Selection(TypedDict):
     measured_on: str | None
     same_cpu: bool | None
     long_text: str | None
-    """The long-text policy the report names for serving (bench --long-text), else None (the variant's own)."""
+    """The long-text policy to serve: the report's choice where the variant's gate verdict covers it, else the
+    one its gate verified (None: the variant's own). qserve.bench.policies.served_policy."""
+    long_text_why: str
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import numpy as np
 
 from qserve import QserveError
 from qserve.artifact import Manifest
+from qserve.gatepolicy import UNGATED, verdict_for
 from qserve.longtext import LongTextError
 from qserve.runtime import RuntimeOptions, load_runtime
 from qserve.runtime.base import Classification
@@ -36,14 +37,21 @@ Offer = Callable[[list[str], list[str], np.ndarray], None]
 """(texts, the policy each was read by, written out in full, their served probabilities) -> None."""
 
 
-def gate_summary(manifest: Manifest) -> dict[str, Any] | None:
-    """The release gate's verdict as /v1/models, V2 metadata and the page show it (None: never gated)."""
+def gate_summary(manifest: Manifest, policy: str | None = None) -> dict[str, Any] | None:
+    """The release gate's verdict for the variant served under `policy` (None: its own) as /v1/models, V2
+    metadata and the page show it (None: never gated). `verdict` is passed, failed, or ungated when the gate
+    verified another policy (`gated_long_text`); `passed` is true only for a passing verdict on this policy."""
     g = manifest.gate
     if not g:
         return None
     agreement = g.get("agreement") or {}
+    held = verdict_for(manifest, policy)
     return {
-        "passed": bool(g.get("passed")),
+        "passed": held["verdict"] == "passed",
+        "verdict": held["verdict"],
+        "long_text": held["long_text"],
+        "gated_long_text": held["gated_long_text"],
+        "why": held["why"],
         "agreement": agreement.get("value"),
         "agreement_lower_bound": agreement.get("lo"),
         "agreement_upper_bound": agreement.get("hi"),
@@ -58,14 +66,22 @@ def gate_summary(manifest: Manifest) -> dict[str, Any] | None:
     }
 
 
-def check_gate(manifest: Manifest, where: str) -> None:
-    """--require-gate: refuse a variant without a passing gate verdict in its (verified) manifest, saying why."""
+def check_gate(manifest: Manifest, where: str, policy: str | None = None) -> None:
+    """--require-gate: refuse a variant without a passing gate verdict in its (verified) manifest for the
+    long-text policy it is to serve (`policy`; None: its own), saying why."""
     g = manifest.gate
     if not g:
         raise QserveError(
             f"--require-gate: {where} ({manifest.name}) has never been gated; run `qserve gate {where}` "
             "(it compares the variant with its fp32 export on labelled data) or serve without "
             "--require-gate"
+        )
+    held = verdict_for(manifest, policy)
+    if held["verdict"] == UNGATED:
+        raise QserveError(
+            f"--require-gate: {where} ({manifest.name}) would serve long-text policy {held['long_text']}, but "
+            f"its gate verified {held['gated_long_text']}: run `qserve gate {where} --long-text "
+            f"{held['long_text']}`, or serve {held['gated_long_text']} (--long-text)"
         )
     if not g.get("passed"):
         raise QserveError(
@@ -123,7 +139,7 @@ class ServedModel:
             "length_buckets": list(rt.buckets) if rt.buckets else None,
             "execution": rt.execution,
             "parity": m.parity,
-            "gate": gate_summary(m),
+            "gate": gate_summary(m, str(rt.long_text)),
             "calibration": m.calibration,
             "created": m.created,
             "device": rt.device,

@@ -37,6 +37,7 @@ from starlette.requests import Request
 
 from qserve import QserveError, longtext, problemtypes
 from qserve.artifact import read_manifest
+from qserve.gatepolicy import UNGATED, verdict_for
 from qserve.runtime.base import Classification
 from qserve.serve.core.answer import Answer, InferenceRequest
 from qserve.serve.core.batcher import Batcher, NotAccepting, QueueFull
@@ -85,6 +86,13 @@ def log_selection(name: str, path: str, selection: Selection) -> None:
         selection["why"],
         selection["report"],
     )
+    if selection.get("long_text_why"):
+        log.info(
+            "model %s: long-text policy %s: %s",
+            name,
+            selection["long_text"] or "the variant's own",
+            selection["long_text_why"],
+        )
     if selection["same_cpu"] is False:
         log.warning(
             "that report was measured on %s, not on this CPU: the fastest variant here may differ "
@@ -273,17 +281,20 @@ class ServeState:
         """Resolve, load (side thread), warm up (inference thread) and start batching one model."""
         loop = asyncio.get_running_loop()
         vdir, selection = await loop.run_in_executor(None, resolve, source.path)
-        if self.config.require_gate:  # before seconds of loading: the manifest alone says (load verifies it)
-            check_gate(await loop.run_in_executor(None, read_manifest, vdir), str(vdir))
         if selection is None and self.selection is not None and source.name == self.default:
             selection = self.selection
         elif selection is not None:
             log_selection(source.name, source.path, selection)
-        # A model dir's report may name the long-text policy to serve (bench --long-text); --long-text wins.
+        # A model dir's report may name the long-text policy to serve (one its gate verified); --long-text wins.
         long_text = self.config.long_text or (selection.get("long_text") if selection else None)
+        if self.config.require_gate:  # before seconds of loading: the manifest alone says (load verifies it)
+            check_gate(await loop.run_in_executor(None, read_manifest, vdir), str(vdir), long_text)
         cfg = dataclasses.replace(self.config, variant_dir=str(vdir), model_name=source.name, long_text=long_text)
         # A side thread: loading takes seconds, and the inference thread keeps serving the old version.
         runtime = await loop.run_in_executor(None, self.loader, cfg)
+        held = verdict_for(runtime.manifest, str(runtime.long_text))
+        if held["verdict"] == UNGATED and runtime.manifest.gate:
+            log.warning("model %s serves long-text policy %s ungated: %s", source.name, held["long_text"], held["why"])
         try:
             version = model_version(runtime.manifest)
             shadow = self.shadows.get(source.name)

@@ -85,21 +85,21 @@ def model_metadata(model: ServedModel) -> dict[str, Any]:
             "max_length": rt.max_length,
             "long_text": str(rt.long_text),
             "model_name": rt.manifest.model_name,
-            **gate_parameters(rt.manifest),
+            **gate_parameters(rt.manifest, str(rt.long_text)),
         },
     }
 
 
-def gate_parameters(manifest: Manifest) -> dict[str, str]:
+def gate_parameters(manifest: Manifest, policy: str | None = None) -> dict[str, str]:
     """The release gate's verdict and the calibration as metadata parameters, only for a gated or calibrated
-    variant (another answers exactly as before): gate = passed|failed, gate_agreement_lower_bound, gate_bar,
-    gate_n, and temperature or thresholds."""
+    variant (another answers exactly as before): gate = passed|failed|ungated (for the served long-text policy),
+    gate_agreement_lower_bound, gate_bar, gate_n, and temperature or thresholds."""
     out: dict[str, str] = {}
-    g = gate_summary(manifest)
+    g = gate_summary(manifest, policy)
     if g is not None:
         out.update(
             {
-                "gate": "passed" if g["passed"] else "failed",
+                "gate": g["verdict"],
                 "gate_agreement_lower_bound": f"{g['agreement_lower_bound']:.6f}",
                 "gate_bar": str(g["bar"]),
                 "gate_n": str(g["n"]),
