@@ -21,7 +21,7 @@ from benchmarks import gpu_stage
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
-SCALE = 0.15  # call B's 300 s in 45 s: its 15% reserve (7 s) then still covers the summary's Python start-ups on a loaded 2-core machine
+SCALE = 0.15  # call B's 300 s in 45 s: its 15% reserve then covers the summary's Python start-ups
 
 
 def _run(tmp: Path, call: str, **env: str) -> tuple[subprocess.CompletedProcess, float]:
