@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from exporters import clipping
 from qserve import QserveError
-from qserve.backends.bnb import BACKEND, BnbOptions
-from qserve.extras import require
+from qserve.backends.bnb import BnbOptions
 from qserve.variants import VariantSpec
 
 if TYPE_CHECKING:
@@ -39,12 +38,6 @@ COMPUTE_DTYPE_4BIT = "bfloat16"
 # Modules bnb does not quantize (embeddings, LayerNorm, head) stay fp32. transformers would
 # default them to fp16, which has no fast CPU kernels, and fp32 LayerNorm/softmax keep parity.
 UNQUANTIZED_DTYPE = "float32"
-
-
-def require_bnb(name: str) -> None:
-    """Fail with an install hint, not a traceback, when bitsandbytes or accelerate is missing."""
-    for module in BACKEND.needs:
-        require(module, name)
 
 
 def quantization_kwargs(spec: VariantSpec, opts: BnbOptions) -> dict[str, Any]:
@@ -97,7 +90,6 @@ def weight_bytes(weights_file: Path, linears: dict[str, tuple[int, int]]) -> dic
 def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, dict[str, Any]]:
     checkpoint = ctx.checkpoint
     opts = BnbOptions.resolve(spec.name, options)
-    require_bnb(spec.name)
     record: dict[str, Any] = {}
     # The clipped fp32 weights are only an input to bitsandbytes' quantizer: a scratch copy,
     # never part of the variant, kept until the quantized model is saved (the unquantized

@@ -46,7 +46,6 @@ from exporters.core import shared_export
 from qserve import QserveError
 from qserve.backends.onnx import OnnxOptions
 from qserve.devices import capabilities
-from qserve.extras import require
 from qserve.modeling import model_inputs
 from qserve.variants import VariantSpec
 
@@ -59,7 +58,6 @@ MODEL_FILE = "model.onnx"
 def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Write model.onnx + config.json for `spec` into `out`; return the manifest's "onnx" record."""
     opts = OnnxOptions.resolve(spec.name, options)  # typed and checked: every value, then the rules across them
-    _require_onnxruntime()
     checkpoint, out = ctx.checkpoint, Path(out)
 
     with tempfile.TemporaryDirectory(prefix="qserve-onnx-") as scratch:
@@ -97,10 +95,6 @@ def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, A
             **record,
         }
     }
-
-
-def _require_onnxruntime() -> None:
-    require("onnxruntime", "ONNX variants")
 
 
 def _read_config(model_dir: Path) -> dict[str, Any]:

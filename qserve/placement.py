@@ -2,21 +2,13 @@
 
     python -c "from qserve.placement import plan; print('\\n'.join(plan('cpu').lines()))"
 
-A run has one device (`--device`: cpu, cuda, cuda:N or auto); a variant runs there when its kernels do, and
-otherwise where its backend's declaration says (`Backend.fallback`: the CPU), or not at all, with the reason said:
+A run has one device (`--device`: cpu, cuda, cuda:N or auto); a variant runs there when its kernels do (its
+declaration's `cuda` and `cuda_probe`: ONNX Runtime's CUDA provider), else where its backend falls back
+(`Backend.fallback`: the CPU, marked so in every table), or not at all, with the reason said. On the CPU it is
+held to the CPU's rules (`variantflags`: too slow, or off its fast path here) and to its `needs` being installed.
 
-- on a CUDA run, a variant whose backend has no CUDA kernels (onnx-int8, OpenVINO) or whose CUDA path needs a
-  library build that is missing here (ONNX Runtime without its CUDAExecutionProvider: the CPU onnxruntime
-  wheel) runs on the CPU, marked so in every table, so a missing provider never costs the user the run;
-- a variant that runs on the CPU is held to the CPU's rules there (`variantflags`: too slow on CPUs, or off its
-  fast path on this CPU's instruction set: skipped with why), and one whose backend is not installed is skipped
-  saying what to install.
-
-`plan(device)` decides this for every variant at once, before any work (the pipeline prints it before training
-and records it in its report); `place(spec, device)` decides it for one variant a user named: `auto` takes the
-same fallback, an explicit `--device cuda` that cannot hold is an error naming the flag and the values that work.
-The capabilities read here are qserve.devices' (CUDA present) and the backends' own (`Backend.cuda_probe`: ONNX
-Runtime's CUDA provider), which tests replace to see a GPU machine's plan on a CPU.
+`plan(device)` decides this for every variant at once, before any work; `place(spec, device)` for one variant a
+user named (an explicit `--device cuda` that cannot hold is an error naming the flag and the values that work).
 """
 
 from __future__ import annotations

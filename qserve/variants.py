@@ -2,11 +2,9 @@
 
     qserve export models/minilm-imdb --bits 8      # -> onnx-int8 on CPU
 
-`REGISTRY` holds the four declarations of qserve/backends/ and any backend a module named in `QSERVE_BACKENDS`
-declares ("module:attr", comma-separated: a plug-in, or the toy backend of tests/toy_backend/). Everything else
-reads it: `VARIANTS`, `BACKENDS`, the export flags and options (qserve.variantflags, exporters/cli.py), the plan
-(qserve.placement), the install hints (qserve.extras), the exporters' builder lookup and `load_runtime`'s dispatch.
-Exporters and runtimes are bound by "module:attr" strings (`load_target`), so the core never imports exporters/.
+`REGISTRY`: the declarations of qserve/backends/ and those `QSERVE_BACKENDS` names ("module:attr", comma-separated:
+a plug-in, tests/toy_backend/). The flags, options, plan, install hints, builders and runtimes all read it; exporters
+and runtimes are bound by "module:attr" strings (`load_target`), so the core never imports exporters/.
 """
 
 from __future__ import annotations
@@ -49,9 +47,7 @@ REGISTRY: dict[str, Backend] = {
 VARIANTS: dict[str, VariantSpec] = {s.name: s for b in REGISTRY.values() for s in b.variants}
 BACKENDS = tuple(REGISTRY)
 
-# UNSUPPORTED: what a variant cannot do for an architecture (config.json model_type), and why: checked before
-# any work, so `qserve export` answers "<variant> unsupported for <arch>: <reason>" at once and `--all` and the
-# pipeline step over it. None yet (tests/integration/test_byo_matrix.py; docs/byo-matrix.md is its result).
+# What a variant cannot build for an architecture, and why (VariantSpec.unsupported): none yet (docs/byo-matrix.md).
 UNSUPPORTED: dict[tuple[str, str], str] = {
     (s.name, arch): why for s in VARIANTS.values() for arch, why in s.unsupported.items()
 }

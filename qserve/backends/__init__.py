@@ -30,22 +30,19 @@ class VariantSpec:
     bits: int
     dtype: str
     cpu: bool = True
-    """Whether the variant runs on CPU at all (speed is the benchmark's business)."""
     cuda: bool = True
+    """Whether the variant runs on CPU / CUDA at all (speed is the benchmark's business)."""
     options: dict[str, Any] = field(default_factory=dict)
     tolerance: float = 0.0
-    """Max |Δlogit| against the fp32 checkpoint on the probe texts before the export warns (recorded either
-    way); one value per dtype (variants of one dtype must agree: exporters.core.TOLERANCE is by dtype)."""
+    """Max |Δlogit| against the fp32 checkpoint on the probes before the export warns; one value per dtype."""
     default_for: tuple[str, ...] = ()
     """The devices on which `qserve export --bits N` without --backend picks this variant: its bits' fast path."""
     slow_on: tuple[str, ...] = ()
     """The devices on which `--all` skips it: it runs there, but only slowly."""
     cpu_needs: tuple[str, ...] = ()
-    """CPU features its fast path needs (qserve.devices.FEATURES: "bf16", "vnni"). On a CPU without one, `--all`
-    and the pipeline skip it with the reason, and an explicit export says it runs off its fast path there."""
+    """CPU features its fast path needs (qserve.devices.FEATURES: "bf16", "vnni"); without one, the plan skips it."""
     unsupported: dict[str, str] = field(default_factory=dict)
-    """Architecture (config.json model_type) -> why the variant cannot be built for it; checked before any
-    work (every other architecture exports, loads and serves: tests/integration/test_byo_matrix.py)."""
+    """Architecture (config.json model_type) -> why the variant cannot be built for it; checked before any work."""
 
     def to_json(self) -> dict[str, Any]:
         """What the manifest records as `spec` (the stored fields only, so manifests keep their bytes)."""
@@ -54,9 +51,8 @@ class VariantSpec:
 
 @dataclass(frozen=True)
 class BackendOptions:
-    """A backend's exporter options for one variant, typed and validated once (`resolve`): each field one
-    `Option` of the backend (its declaration: default per variant, type, allowed values, flag). A field the
-    variant does not understand stays None and is not recorded; `to_json` is the manifest's `options` record."""
+    """A backend's exporter options for one variant, each field one `Option` (qserve/exportoption.py), validated
+    once (`resolve`); a field the variant does not understand stays None; `to_json` is the manifest's record."""
 
     variant: str
 
@@ -77,8 +73,7 @@ class BackendOptions:
 
     @classmethod
     def resolve(cls: type[OptionsT], name: str, given: dict[str, Any] | None = None) -> OptionsT:
-        """`given` over variant `name`'s defaults, every value checked against its Option, then the backend's
-        rules across options (`_check`). Unknown keys name the allowed ones."""
+        """`given` over variant `name`'s defaults, each value checked against its Option, then `_check`."""
         given = dict(given or {})
         declared = {o.key: o for o in options_of(cls)}
         out = cls(variant=name, **{k: declared[k].validate(name, v) for k, v in cls.merge(name, given).items()})
@@ -112,12 +107,10 @@ class Backend:
     libraries: tuple[str, ...] = ()
     """What a bench child imports before its memory baseline, so 'model memory' and the load time leave them out."""
     needs: tuple[str, ...] = ()
-    """The optional libraries (import names) its variants need beyond qserve's own: where one is missing,
-    qserve.extras.require says `install`, and the plan (qserve.placement) skips its variants, saying why."""
+    """Optional libraries (import names) beyond qserve's own: missing, `require` says `install`, the plan skips it."""
     install: str = ""
-    """The command that installs `needs`."""
     cuda_install: str = ""
-    """The command that installs the CUDA build of `needs` where that is another package."""
+    """The commands that install `needs`, and their CUDA build where that is another package."""
     cuda_probe: Callable[[], str | None] | None = None
     """Why its CUDA path cannot start on this machine (None: it can), for a backend whose CUDA kernels come from a
     build of their own (ONNX Runtime's CUDA provider); None: torch's CUDA is enough."""
