@@ -31,7 +31,7 @@ from typing import Any
 from benchmarks.gpu_pack import TRANSPORT, file_metadata, pack_dist, slim_wheel, unpack  # noqa: F401
 from benchmarks.gpu_summary import collect, render
 from benchmarks.harness import write_report
-from qserve import devices
+from qserve.backends import onnx as onnx_backend
 from qserve.provenance import provenance
 
 # -- there: probing ----------------------------------------------------------------------------
@@ -124,9 +124,9 @@ def probe_env(device: str) -> dict[str, Any]:
 
 def ort_cuda_status() -> dict[str, Any]:
     """{'ok': bool, 'reason': str}: whether ONNX Runtime's CUDA provider starts here, as qserve's plan asks it
-    (qserve.devices.cuda_runtime_missing: a one-node session, since ORT lists the provider even when its CUDA
+    (qserve.backends.onnx.cuda_provider_missing: a one-node session, since ORT lists the provider even when its CUDA
     libraries fail to load)."""
-    why = devices.cuda_runtime_missing("onnxruntime")
+    why = onnx_backend.cuda_provider_missing()  # through the module: tests replace the probe there
     if why is None:
         import onnxruntime as ort
 

@@ -14,8 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from exporters.core import Builder, export_variant
-from exporters.core import get_builder as _get_builder
+from exporters.core import export_variant, get_builder
 from qserve.variants import get_spec
 
 if TYPE_CHECKING:
@@ -49,8 +48,3 @@ def export(
         long_text=long_text,
         inputs=inputs,
     )
-
-
-def get_builder(name: str) -> Builder:
-    """The builder function the registry names for variant `name` (its module is imported on use)."""
-    return _get_builder(name)

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from exporters import clipping
 from qserve import QserveError
-from qserve.extras import require
-from qserve.variants import REGISTRY, BnbOptions, VariantSpec, option_defaults
+from qserve.backends.bnb import BnbOptions
+from qserve.variants import VariantSpec
 
 if TYPE_CHECKING:
     from exporters.core import ExportContext
@@ -32,28 +32,12 @@ if TYPE_CHECKING:
 # which a 2-label classifier never is.
 SKIP_MODULES = ("pre_classifier", "classifier")
 
-# Options each variant understands, with their defaults (declared in the backend registry).
-OPTIONS: dict[str, dict[str, Any]] = {s.name: option_defaults(s.name) for s in REGISTRY["bnb"].variants}
 # bitsandbytes computes 4-bit matmuls in bf16: the CPU kernel is bf16-only, and bf16 keeps
 # fp32's range on CUDA.
 COMPUTE_DTYPE_4BIT = "bfloat16"
 # Modules bnb does not quantize (embeddings, LayerNorm, head) stay fp32. transformers would
 # default them to fp16, which has no fast CPU kernels, and fp32 LayerNorm/softmax keep parity.
 UNQUANTIZED_DTYPE = "float32"
-
-
-def require_bnb(name: str) -> None:
-    """Fail with an install hint, not a traceback, when bitsandbytes or accelerate is missing."""
-    for module in REGISTRY["bnb"].needs:
-        require(module, name)
-
-
-def resolve_options(spec: VariantSpec, options: dict[str, Any]) -> BnbOptions:
-    """Defaults merged with the user's options, each checked (qserve.variants.BnbOptions); unknown keys name
-    the allowed ones."""
-    if spec.name not in OPTIONS:
-        raise QserveError(f"exporters.bnb builds {', '.join(OPTIONS)}, not {spec.name!r}")
-    return BnbOptions.resolve(spec.name, options)
 
 
 def quantization_kwargs(spec: VariantSpec, opts: BnbOptions) -> dict[str, Any]:
@@ -105,8 +89,7 @@ def weight_bytes(weights_file: Path, linears: dict[str, tuple[int, int]]) -> dic
 
 def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, dict[str, Any]]:
     checkpoint = ctx.checkpoint
-    opts = resolve_options(spec, options)
-    require_bnb(spec.name)
+    opts = BnbOptions.resolve(spec.name, options)
     record: dict[str, Any] = {}
     # The clipped fp32 weights are only an input to bitsandbytes' quantizer: a scratch copy,
     # never part of the variant, kept until the quantized model is saved (the unquantized

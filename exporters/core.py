@@ -21,6 +21,7 @@ import numpy as np
 from qserve import QserveError, longtext
 from qserve import problemtypes as problems
 from qserve.artifact import Manifest, ModelMeta, checkpoint_hash, read_model_meta, write_manifest
+from qserve.extras import require
 from qserve.files import library_versions, staged_dir
 from qserve.modeling import ARCHITECTURES, model_inputs, usable_positions
 from qserve.problemtypes import from_config
@@ -343,6 +344,8 @@ def _export(
     checkpoint, info, policy = ctx.checkpoint, ctx.info, ctx.policy
     spec = replace(spec, options={**spec.options, **(options or {})})
     texts, pairs = parity_inputs(info, probes)
+    for module in backend_of(spec.name).needs:  # a missing one: its declaration's install hint, before any work
+        require(module, spec.name)
     with staged_dir(out, force=force) as tmp:
         extra = get_builder(spec.name)(ctx, tmp, spec, dict(spec.options)) or {}
         copy_tokenizer(checkpoint, tmp)

@@ -44,32 +44,20 @@ from exporters import rowwise, smoothing
 from exporters.calibration import calibration_set, feed, held_out_set, rows_alone
 from exporters.core import shared_export
 from qserve import QserveError
+from qserve.backends.onnx import OnnxOptions
 from qserve.devices import capabilities
-from qserve.extras import require
 from qserve.modeling import model_inputs
-from qserve.variants import REGISTRY, OnnxOptions, VariantSpec, option_defaults
+from qserve.variants import VariantSpec
 
 if TYPE_CHECKING:
     from exporters.core import ExportContext
 
 MODEL_FILE = "model.onnx"
 
-# Options each variant understands, with their defaults (declared in the backend registry).
-OPTIONS: dict[str, dict[str, Any]] = {s.name: option_defaults(s.name) for s in REGISTRY["onnx"].variants}
-
-
-def resolve_options(name: str, options: dict[str, Any]) -> OnnxOptions:
-    """Merge `options` over the variant's defaults, typed and checked (qserve.variants.OnnxOptions: each value
-    against its Option, then the rules across options); unknown names and bad values are QserveErrors."""
-    if name not in OPTIONS:
-        raise QserveError(f"exporters.onnx builds {', '.join(OPTIONS)}; got {name!r}")
-    return OnnxOptions.resolve(name, options)
-
 
 def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Write model.onnx + config.json for `spec` into `out`; return the manifest's "onnx" record."""
-    opts = resolve_options(spec.name, options)
-    _require_onnxruntime()
+    opts = OnnxOptions.resolve(spec.name, options)  # typed and checked: every value, then the rules across them
     checkpoint, out = ctx.checkpoint, Path(out)
 
     with tempfile.TemporaryDirectory(prefix="qserve-onnx-") as scratch:
@@ -90,7 +78,7 @@ def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, A
             record = quantize_int8(src, dst, _read_config(fp32_dir), opts, Path(scratch), ctx)
         elif spec.dtype == "int4":
             record = quantize_int4(src, dst, opts)
-        else:  # the OPTIONS table and the variant table disagree: a programming error
+        else:  # the declaration (qserve/backends/onnx.py) and this module disagree: a programming error
             raise QserveError(f"exporters.onnx has no conversion for dtype {spec.dtype!r}")
         shutil.copy2(fp32_dir / "config.json", out / "config.json")
     import onnx
@@ -107,10 +95,6 @@ def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, A
             **record,
         }
     }
-
-
-def _require_onnxruntime() -> None:
-    require("onnxruntime", "ONNX variants")
 
 
 def _read_config(model_dir: Path) -> dict[str, Any]:

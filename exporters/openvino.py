@@ -40,9 +40,10 @@ from exporters.core import shared_export
 from exporters.onnx import MODEL_FILE as ONNX_FILE
 from exporters.onnx import export_fp32
 from qserve import QserveError
+from qserve.backends.openvino import OV_FP32, OpenVINOOptions, openvino_precision
 from qserve.extras import require
 from qserve.runtime.ov_probe import require_precision
-from qserve.variants import OV_FP32, REGISTRY, OpenVINOOptions, VariantSpec, openvino_precision, option_defaults
+from qserve.variants import VariantSpec
 
 if TYPE_CHECKING:
     from exporters.core import ExportContext
@@ -50,19 +51,10 @@ if TYPE_CHECKING:
 MODEL_FILE = "openvino_model.xml"
 WEIGHTS_FILE = "openvino_model.bin"
 
-# Options each variant understands, with their defaults (declared in the backend registry).
-OPTIONS: dict[str, dict[str, Any]] = {s.name: option_defaults(s.name) for s in REGISTRY["openvino"].variants}
-
-
-def resolve_options(name: str, options: dict[str, Any]) -> OpenVINOOptions:
-    if name not in OPTIONS:
-        raise QserveError(f"exporters.openvino builds {', '.join(OPTIONS)}; got {name!r}")
-    return OpenVINOOptions.resolve(name, options)
-
 
 def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Write openvino_model.xml/.bin + config.json for `spec` into `out`; return the manifest's "openvino" record."""
-    opts = resolve_options(spec.name, options)
+    opts = OpenVINOOptions.resolve(spec.name, options)
     precision = openvino_precision(spec, opts.inference_precision)
     # Probe first (in a child): NNCF and the parity check run OpenVINO in this process.
     probed = require_precision("int8" if spec.dtype == "int8" and precision == OV_FP32 else precision, spec.name)

@@ -22,7 +22,7 @@ from qserve.files import now_iso, sha256_file, write_json_atomic
 from qserve.problemtypes import PROBLEM_TYPES, SINGLE
 from qserve.textpairs import ALLOWED
 from qserve.textpairs import SINGLE as ONE_TEXT  # problemtypes' SINGLE is the single-label problem type
-from qserve.variants import STORED, VariantSpec
+from qserve.variants import STORED, VariantSpec, spec_of
 
 MANIFEST = "manifest.json"
 FORMAT = "qserve-variant/1"
@@ -346,7 +346,7 @@ def _spec(path: Path, value: object) -> VariantSpec:
         raise VariantError(f"{path}: spec has unknown field(s) {', '.join(unknown)}; allowed: {', '.join(STORED)}")
     if "options" in spec:
         _typed(path, "spec.options", spec["options"], dict, "an object option -> value")
-    return VariantSpec.from_json(spec)
+    return spec_of(spec)
 
 
 @dataclass(frozen=True)

@@ -154,59 +154,6 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-CUDA_RUNTIMES = ("onnxruntime",)
-"""Libraries with a CUDA build of their own, apart from torch's: a backend that needs one (Backend.cuda_runtime)
-runs on CUDA only where `cuda_runtime_missing` finds it working."""
-
-
-@functools.lru_cache(maxsize=None)
-def cuda_runtime_missing(library: str) -> str | None:
-    """Why `library` ("onnxruntime") cannot run on this machine's GPU, or None when its CUDA path starts.
-
-    Asked once per process, and only where CUDA is usable (the CPU path never imports the library for this).
-    ONNX Runtime lists CUDAExecutionProvider whenever the onnxruntime-gpu wheel is installed, even when the
-    CUDA/cuDNN libraries it was built for are missing (a session then falls back to the CPU in silence), so
-    the provider has to start a one-node session before it counts."""
-    if library not in CUDA_RUNTIMES:
-        raise ValueError(f"no CUDA runtime probe for {library!r}; known: {', '.join(CUDA_RUNTIMES)}")
-    if not cuda_available():
-        return "no CUDA GPU is usable here" + (
-            " (QSERVE_FORCE_CPU=1)" if os.environ.get("QSERVE_FORCE_CPU") == "1" else ""
-        )
-    try:
-        import onnxruntime as ort
-    except ImportError as e:
-        return f"onnxruntime is not importable ({e})"
-    providers = ort.get_available_providers()
-    if "CUDAExecutionProvider" not in providers:
-        return (
-            f"onnxruntime {ort.__version__} is the CPU build (providers: {', '.join(providers)}); its CUDA "
-            "provider comes with onnxruntime-gpu instead"
-        )
-    try:
-        from onnx import TensorProto, helper
-
-        if hasattr(ort, "preload_dlls"):  # the CUDA/cuDNN libraries of the pip nvidia-* packages
-            ort.preload_dlls()
-        graph = helper.make_graph(
-            [helper.make_node("Relu", ["x"], ["y"])],
-            "probe",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
-        )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = 8
-        session = ort.InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider"])
-        if "CUDAExecutionProvider" not in session.get_providers():
-            return (
-                f"onnxruntime-gpu {ort.__version__} lists CUDAExecutionProvider but it did not start (the "
-                "CUDA/cuDNN libraries it was built for are not found)"
-            )
-    except Exception as e:  # noqa: BLE001 - whatever stops the provider is the reason
-        return f"onnxruntime {ort.__version__}'s CUDAExecutionProvider failed to start: {type(e).__name__}: {e}"[:400]
-    return None
-
-
 def resolve_device(device: str = "auto") -> str:
     """'auto' -> 'cuda' if a GPU is usable else 'cpu'; 'cuda[:N]' without a GPU is an error."""
     if device == "auto":

@@ -3,7 +3,7 @@
     python -c "from qserve.variants import backend_of; \\
 print([o.flag for o in backend_of('onnx-int8').options if o.help])"
 
-An option is declared once, as a field of its backend's typed options (qserve.variants.BackendOptions):
+An option is declared once, as a field of its backend's typed options (qserve.backends.BackendOptions):
 `per_channel: bool | None = option({"onnx-int8": True}, "one weight scale per output channel")`. The field's
 name is the key, its type the kind; `options_of` reads the declarations back as `Option`s, which the registry
 lists, `qserve export` turns into flags (exporters/cli.py) and `BackendOptions.resolve` validates every value

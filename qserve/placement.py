@@ -2,21 +2,13 @@
 
     python -c "from qserve.placement import plan; print('\\n'.join(plan('cpu').lines()))"
 
-A run has one device (`--device`: cpu, cuda, cuda:N or auto); a variant runs there when its kernels do, and
-otherwise on the CPU, or not at all, with the reason said:
+A run has one device (`--device`: cpu, cuda, cuda:N or auto); a variant runs there when its kernels do (its
+declaration's `cuda` and `cuda_probe`: ONNX Runtime's CUDA provider), else where its backend falls back
+(`Backend.fallback`: the CPU, marked so in every table), or not at all, with the reason said. On the CPU it is
+held to the CPU's rules (`variantflags`: too slow, or off its fast path here) and to its `needs` being installed.
 
-- on a CUDA run, a variant whose backend has no CUDA kernels (onnx-int8, OpenVINO) or whose CUDA path needs a
-  library build that is missing here (ONNX Runtime without its CUDAExecutionProvider: the CPU onnxruntime
-  wheel) runs on the CPU, marked so in every table, so a missing provider never costs the user the run;
-- a variant that runs on the CPU is held to the CPU's rules there (`variantflags`: too slow on CPUs, or off its
-  fast path on this CPU's instruction set: skipped with why), and one whose backend is not installed is skipped
-  saying what to install.
-
-`plan(device)` decides this for every variant at once, before any work (the pipeline prints it before training
-and records it in its report); `place(spec, device)` decides it for one variant a user named: `auto` takes the
-same fallback, an explicit `--device cuda` that cannot hold is an error naming the flag and the values that work.
-The capabilities read here (CUDA present, ONNX Runtime's CUDA provider) are the probes of qserve.devices, which
-tests replace to see a GPU machine's plan on a CPU.
+`plan(device)` decides this for every variant at once, before any work; `place(spec, device)` for one variant a
+user named (an explicit `--device cuda` that cannot hold is an error naming the flag and the values that work).
 """
 
 from __future__ import annotations
@@ -25,7 +17,7 @@ import importlib.util
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from qserve import QserveError, devices
+from qserve import QserveError
 from qserve.devices import Capabilities, capabilities, resolve_device
 from qserve.variantflags import SLOW_ON, off_fast_path
 from qserve.variants import REGISTRY, VARIANTS, VariantSpec, get_spec
@@ -111,15 +103,11 @@ def not_installed(spec: VariantSpec) -> str | None:
 
 def no_cuda(spec: VariantSpec) -> str | None:
     """Why `spec` cannot run on this machine's GPU (None: it can): no CUDA kernels, or its backend's CUDA library
-    build is missing here (ONNX Runtime's CUDA provider)."""
+    build is missing here (its declaration's cuda_probe: ONNX Runtime's CUDA provider)."""
     if not spec.cuda:
         return f"{spec.name} has no CUDA kernels (a CPU-only variant)"
-    runtime = REGISTRY[spec.backend].cuda_runtime
-    if runtime:
-        why = devices.cuda_runtime_missing(runtime)  # read through the module: tests fake the provider there
-        if why:
-            return why
-    return None
+    probe = REGISTRY[spec.backend].cuda_probe
+    return probe() if probe else None
 
 
 def _cpu_rule(spec: VariantSpec, caps: Capabilities | None) -> str | None:
@@ -146,13 +134,16 @@ def plan(
         if missing:
             out.append(Placement(name, None, missing))
             continue
-        where, why = run, ""
+        where: str | None = run
+        why = ""
         if is_cuda(run):
             blocked = no_cuda(spec)
-            if blocked:
-                where, why = CPU, blocked
+            if blocked:  # where its declaration runs it when the GPU cannot (None: skipped)
+                where, why = REGISTRY[spec.backend].fallback, blocked
         elif not spec.cpu:
-            out.append(Placement(name, None, f"{name} does not run on a CPU"))
+            where, why = None, f"{name} does not run on a CPU"
+        if where is None:
+            out.append(Placement(name, None, why))
             continue
         if every and where == CPU and not include_slow:
             rule = _cpu_rule(spec, caps)
@@ -174,8 +165,9 @@ def place(spec: VariantSpec | str, device: str = "auto") -> str:
     blocked = no_cuda(spec)
     if blocked is None:
         return run
-    if device == "auto":
-        return CPU
+    fallback = REGISTRY[spec.backend].fallback
+    if device == "auto" and fallback:
+        return fallback
     raise QserveError(
         f"--device {device}: {spec.name} cannot run on CUDA here ({blocked}); use --device cpu, or "
         f"--device auto (the GPU where a variant runs on it, else the CPU)"

@@ -3,9 +3,8 @@
     qserve export models/minilm-imdb --bits 8                   # the device's default 8-bit variant (onnx-int8 on CPU)
     python -c "from qserve.variantflags import resolve; print(resolve(4, backend='bnb', dtype='nf4').name)"
 
-Every fact used here is declared once, on a VariantSpec in qserve.variants (default_for, slow_on, cpu, cuda);
-this module derives the tables the export command and the pipeline read from those declarations and checks
-them at import (exactly one default per device and bits).
+Every fact used here is declared once, on a VariantSpec of its backend's declaration (qserve/backends/); the
+tables are derived at import, which checks exactly one default per device and bits.
 """
 
 from __future__ import annotations

@@ -188,7 +188,7 @@ ORT_CPU_BUILD = (
     "onnxruntime 1.30.0 is the CPU build (providers: AzureExecutionProvider, CPUExecutionProvider); "
     "its CUDA provider comes with onnxruntime-gpu instead"
 )
-"""What qserve.devices.cuda_runtime_missing says of the H200 machine's onnxruntime (issue 53)."""
+"""What qserve.backends.onnx.cuda_provider_missing says of the H200 machine's onnxruntime (issue 53)."""
 
 
 @pytest.fixture
@@ -198,6 +198,7 @@ def fake_gpu(monkeypatch):
     qserve.devices are replaced, so every decision (resolve_device, the plan, place) sees a GPU machine, while
     whatever a test then runs on the CPU runs for real. Nothing can run on the fake GPU itself."""
     from qserve import devices
+    from qserve.backends import onnx
 
     def use(ort: str | None = ORT_CPU_BUILD):
         monkeypatch.delenv("QSERVE_FORCE_CPU", raising=False)
@@ -207,7 +208,7 @@ def fake_gpu(monkeypatch):
             "_read_cuda",
             lambda: {"cuda": True, "cuda_name": "NVIDIA H200 (faked)", "cuda_bf16": True, "cuda_capability": (9, 0)},
         )
-        monkeypatch.setattr(devices, "cuda_runtime_missing", lambda library: ort)
+        monkeypatch.setattr(onnx, "cuda_provider_missing", lambda: ort)
         devices.capabilities.cache_clear()
 
     devices.capabilities.cache_clear()

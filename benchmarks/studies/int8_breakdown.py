@@ -35,7 +35,8 @@ import numpy as np
 import exporters
 from benchmarks.harness import ROOT, write_markdown, write_report
 from benchmarks.studies.distilbert_base_speed import build_checkpoint, export_all
-from exporters.onnx import quantize_int8, resolve_options
+from exporters.onnx import quantize_int8
+from qserve.backends.onnx import OnnxOptions
 from qserve.bench.envinfo import environment
 from qserve.bench.floor import flops_per_sequence, gemm_shapes, measure_peaks
 from qserve.bench.measure import FALLBACK_TEXT
@@ -245,7 +246,7 @@ def mha_graph(ckpt: Path, fp32_graph: Path, dst: Path, options: dict) -> None:
             )
         model.save_model_to_file(str(fused))
         dst.parent.mkdir(parents=True, exist_ok=True)
-        quantize_int8(fused, dst, config, resolve_options("onnx-int8", options), Path(scratch), ckpt)
+        quantize_int8(fused, dst, config, OnnxOptions.resolve("onnx-int8", options), Path(scratch), ckpt)
 
 
 def render(r: dict) -> str:

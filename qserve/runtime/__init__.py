@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import cast
 
 from qserve.artifact import VariantError
+from qserve.extras import require
 from qserve.placement import place
 from qserve.runtime.base import Classification, Runtime, TextResult
 from qserve.runtime.contract import ModelRuntime
@@ -45,6 +46,8 @@ def load_runtime(
     backend = manifest.backend
     if backend not in BACKENDS:
         raise VariantError(f"{variant_dir}/manifest.json names backend {backend!r}; known: {', '.join(BACKENDS)}")
+    for module in REGISTRY[backend].needs:  # a missing one: its declaration's install hint
+        require(module, manifest.name)
     # auto: the GPU where the variant runs on it, else the CPU (an ONNX variant beside the CPU onnxruntime)
     device = place(manifest.spec, device)
     return runtime_class(backend)(variant_dir, manifest, device, options or RuntimeOptions())

@@ -16,16 +16,16 @@ import numpy as np
 
 from qserve import QserveError
 from qserve.artifact import VariantError
+from qserve.backends.onnx import BACKEND
 from qserve.extras import require
 from qserve.runtime.base import Runtime
 from qserve.runtime.threadnames import named
-from qserve.variants import REGISTRY
 
 if TYPE_CHECKING:
     from qserve.artifact import Manifest
 
 MODEL_FILE = "model.onnx"
-GPU_HINT = REGISTRY["onnx"].cuda_install
+GPU_HINT = BACKEND.cuda_install
 
 
 def session_options(ort, threads: int | None):

@@ -20,11 +20,11 @@ import numpy as np
 
 from qserve import QserveError
 from qserve.artifact import VariantError
+from qserve.backends.openvino import OV_FP32, openvino_precision
 from qserve.devices import usable_cores
 from qserve.extras import require
 from qserve.runtime.base import Runtime
 from qserve.runtime.ov_probe import require_precision
-from qserve.variants import OV_FP32, openvino_precision
 
 if TYPE_CHECKING:
     from qserve.artifact import Manifest

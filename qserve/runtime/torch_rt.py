@@ -28,14 +28,14 @@ import numpy as np
 
 from qserve import QserveError
 from qserve.artifact import Manifest, VariantError
+from qserve.backends.bnb import BnbOptions
 from qserve.devices import capabilities
-from qserve.extras import require
 from qserve.modeling import model_inputs
 from qserve.runtime import graphs
 from qserve.runtime.base import Runtime
 from qserve.runtime.buckets import bucket_for, fit_rows
 from qserve.runtime.options import RuntimeOptions
-from qserve.variants import REGISTRY, VariantSpec, option_defaults
+from qserve.variants import VariantSpec
 
 GPU_LANES = 2
 """Batches a busy server keeps in flight on one GPU (serve/core/batcher.py lanes): one tokenizing on its lane
@@ -377,7 +377,7 @@ def _llm_int8_picks_outliers_per_batch(model, spec: VariantSpec, device: str) ->
     if spec.dtype != "int8":
         return False
     qc = getattr(model.config, "quantization_config", None)
-    unset = option_defaults("bnb-int8")["llm_int8_threshold"]  # the registry's default, which the exporter writes
+    unset = BnbOptions.defaults("bnb-int8")["llm_int8_threshold"]  # the declared default the exporter writes
     threshold = (
         qc.get("llm_int8_threshold", unset) if isinstance(qc, dict) else getattr(qc, "llm_int8_threshold", unset)
     )
@@ -387,8 +387,6 @@ def _llm_int8_picks_outliers_per_batch(model, spec: VariantSpec, device: str) ->
 def _bnb_load_kwargs(variant_dir, name: str, device: str) -> dict:
     """from_pretrained kwargs for a bnb variant: its config.json carries the quantization_config,
     and the safetensors hold the already-quantized weights, so no source checkpoint is needed."""
-    for module in REGISTRY["bnb"].needs:
-        require(module, name)
     cfg = json.loads((variant_dir / "config.json").read_text(encoding="utf-8"))
     if (cfg.get("quantization_config") or {}).get("quant_method") != "bitsandbytes":
         # Without it transformers would silently load the tensors as a plain model.

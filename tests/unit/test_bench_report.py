@@ -29,9 +29,9 @@ def _fixed(p50s: dict[tuple[int, int], float]) -> list[dict]:
 
 def _meta(name: str, dtype: str, backend: str) -> analysis.VariantMeta:
     from qserve.artifact import Manifest, ModelMeta
-    from qserve.variants import VariantSpec
+    from qserve.variants import spec_of
 
-    spec = VariantSpec.from_json({"name": name, "backend": backend, "bits": 32, "dtype": dtype})
+    spec = spec_of({"name": name, "backend": backend, "bits": 32, "dtype": dtype})
     manifest = Manifest(
         spec=spec, labels=("negative", "positive"), max_length=64, model_name="m", parity={"agreement": 1.0}
     )

@@ -3,7 +3,7 @@ import pytest
 from qserve import QserveError
 from qserve.placement import plan
 from qserve.variantflags import resolve
-from qserve.variants import VARIANTS, VariantSpec
+from qserve.variants import VARIANTS, spec_of
 
 
 def test_bits_defaults_per_device():
@@ -37,7 +37,7 @@ def test_unsupported_combination_lists_valid_ones():
 
 def test_spec_json_round_trip():
     for spec in VARIANTS.values():
-        assert VariantSpec.from_json(spec.to_json()) == spec
+        assert spec_of(spec.to_json()) == spec
 
 
 def test_supported_per_device(fake_gpu):
@@ -107,9 +107,11 @@ def test_a_missing_backend_fails_only_its_own_variants(monkeypatch):
 
 
 def test_exporter_options_and_flags_derive_from_the_registry():
-    from exporters import bnb, onnx, openvino
     from exporters.cli import OPTION_FLAGS
-    from qserve.variants import merge_options, option_defaults
+    from qserve.backends.bnb import BnbOptions
+    from qserve.backends.onnx import OnnxOptions
+    from qserve.backends.openvino import OpenVINOOptions
+    from qserve.variants import option_defaults
 
     assert OPTION_FLAGS == {
         "llm_int8_threshold": ("--llm-int8-threshold", {"bnb-int8"}),
@@ -127,21 +129,22 @@ def test_exporter_options_and_flags_derive_from_the_registry():
         "quantize_embeddings": ("--quantize-embeddings", {"onnx-int4"}),
         "inference_precision": ("--inference-precision", {"ov-int8"}),
     }
-    assert bnb.OPTIONS["bnb-fp4"] == {"double_quant": False, "clip": True, "calibration_samples": 64}
-    assert list(onnx.OPTIONS["onnx-int4"]) == [
+    assert option_defaults("bnb-fp4") == {"double_quant": False, "clip": True, "calibration_samples": 64}
+    assert list(OnnxOptions.defaults("onnx-int4")) == [
         "opset",
         "block_size",
         "accuracy_level",
         "symmetric",
         "quantize_embeddings",
     ]
-    assert openvino.OPTIONS == {"ov-fp32": {}, "ov-bf16": {}, "ov-int8": option_defaults("ov-int8")}
-    assert merge_options("ov-int8", {"calibration_samples": 8}) == {
+    assert [OpenVINOOptions.defaults(n) for n in ("ov-fp32", "ov-bf16")] == [{}, {}]
+    assert OpenVINOOptions.merge("ov-int8", {"calibration_samples": 8}) == {
         "calibration_samples": 8,
         "inference_precision": "f32",
     }
     with pytest.raises(QserveError, match=r"unknown option\(s\) 'clip' for onnx-int8; allowed: opset \(default None\)"):
-        merge_options("onnx-int8", {"clip": True})
+        OnnxOptions.merge("onnx-int8", {"clip": True})
+    assert BnbOptions.defaults("bnb-int8") == {"llm_int8_threshold": 6.0}
 
 
 def test_each_variant_fact_is_a_field_of_its_one_declaration():
@@ -163,12 +166,13 @@ def test_each_variant_fact_is_a_field_of_its_one_declaration():
     assert variants.UNSUPPORTED == {(s.name, a): why for s in VARIANTS.values() for a, why in s.unsupported.items()}
     stored = VARIANTS["onnx-int8"].to_json()
     assert list(stored) == list(variants.STORED)  # the manifest's spec keeps its keys and bytes
-    assert VariantSpec.from_json(stored).default_for == ("cpu",)  # the policy comes back from the declaration
+    assert spec_of(stored).default_for == ("cpu",)  # the policy comes back from the declaration
 
 
 # -- typed options (issue 29): one dataclass per backend, every value checked in one place -------------
 def test_an_option_out_of_range_is_refused_naming_the_option_the_allowed_values_and_the_flag():
-    from qserve.variants import OnnxOptions, OpenVINOOptions
+    from qserve.backends.onnx import OnnxOptions
+    from qserve.backends.openvino import OpenVINOOptions
 
     with pytest.raises(
         QserveError,
@@ -190,7 +194,9 @@ def test_an_option_out_of_range_is_refused_naming_the_option_the_allowed_values_
 
 
 def test_typed_options_are_typed_and_record_what_the_manifest_always_recorded():
-    from qserve.variants import BnbOptions, OnnxOptions, option_defaults
+    from qserve.backends.bnb import BnbOptions
+    from qserve.backends.onnx import OnnxOptions
+    from qserve.variants import option_defaults
 
     bnb = BnbOptions.resolve("bnb-int8", {"llm_int8_threshold": "0"})
     assert bnb.llm_int8_threshold == 0.0 and bnb.to_json() == {"llm_int8_threshold": 0.0}
@@ -203,8 +209,9 @@ def test_an_option_is_declared_once_on_its_field():
     """The key is the field's name, the kind its type; the registry, the CLI and the exporters read these."""
     import dataclasses
 
+    from qserve.backends.bnb import BnbOptions
     from qserve.exportoption import option, options_of
-    from qserve.variants import REGISTRY, BnbOptions
+    from qserve.variants import REGISTRY
 
     opts = {o.key: o for o in REGISTRY["bnb"].options}
     assert list(opts) == ["llm_int8_threshold", "double_quant", "clip", "calibration_samples"]
