@@ -210,7 +210,7 @@ def served_policy(report: dict[str, Any], variant: str, manifest: Manifest) -> t
 
 
 def _pp(d: dict[str, Any] | None) -> str:
-    """A paired difference as points with its interval: '+2.10 points [+0.80, +3.40] on 1000 texts'."""
+    """A paired difference as points with its interval: '+D points [LO, HI] on N texts'."""
     if not d:
         return "an unmeasured difference"
     return f"{d['value'] * 100:+.2f} points [{d['lo'] * 100:+.2f}, {d['hi'] * 100:+.2f}] on {d['n']} texts"

@@ -123,7 +123,7 @@ def decision_records(fixed: list[dict[str, Any]], real: list[dict[str, Any]], he
 
 
 def unstable_cell(rec: dict[str, Any] | None) -> str:
-    """' (unstable: rounds 6.93-13.40 ms)' beside a number whose rounds disagree beyond the tolerance, else ''."""
+    """' (unstable: rounds LO-HI ms)' beside a number whose rounds disagree beyond the tolerance, else ''."""
     if not rec or rec.get("stable", True) or not rec.get("round_p50"):
         return ""
     vals = list(rec["round_p50"].values())

@@ -84,7 +84,7 @@ def median(values: Sequence[float]) -> float:
 def median_ci(values: Sequence[float], level: float = CI_LEVEL) -> tuple[float, float, float]:
     """(lo, hi, coverage): the distribution-free order-statistic interval of a median, the k-th smallest and the
     k-th largest of n values, with the largest k whose binomial coverage 1 - 2 P(Bin(n, 1/2) < k) is still >= `level`
-    (k = 1, min and max, when none reaches it: its own coverage is returned). One value: (v, v, 0.0)."""
+    (k = 1, the extremes, when none reaches it: its own coverage is returned). One value: (v, v, 0.0)."""
     xs = sorted(float(x) for x in values)
     n = len(xs)
     if n == 0:
@@ -129,5 +129,5 @@ def ratio_ci(slow: dict[int | str, float], fast: dict[int | str, float], level: 
 
 
 def ratio_text(r: dict[str, Any]) -> str:
-    """'1.21x [1.12, 1.30]' (the interval's coverage and rounds are said where the ratio is explained)."""
+    """'Rx [LO, HI]' (the interval's coverage and rounds are said where the ratio is explained)."""
     return f"{r['value']:.2f}x [{r['lo']:.2f}, {r['hi']:.2f}]"
