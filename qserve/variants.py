@@ -312,6 +312,9 @@ REGISTRY: dict[str, Backend] = {
                 VariantSpec("torch-fp16", "torch", 16, "fp16", tolerance=5e-2, default_for=("cuda",), slow_on=("cpu",)),
             ),
             libraries=("torch", "transformers.models.auto.modeling_auto"),
+            # a serving install (qserve[serve]) has no torch: its torch-* variants need the toolkit
+            needs=("torch",),
+            install="pip install 'qserve[toolkit]'",
             options_type=TorchOptions,
         ),
         Backend(

@@ -74,6 +74,7 @@ class TorchRuntime(Runtime):
         self._set_up_execution()
 
     def _load(self) -> None:
+        require("torch", self.name)  # absent (a serving install), the error names the extra that installs it
         import torch
         from transformers import AutoModelForSequenceClassification
 
