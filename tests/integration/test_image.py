@@ -84,7 +84,10 @@ class Container:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = ["docker", "run", "-d", "--name", self.name, "--read-only", "--tmpfs", "/tmp", "--user", "10001:10001"]
-        cmd += ["-v", f"{variant}:/models:ro", "-p", f"127.0.0.1:{self.port}:8000", image, "serve", *args]
+        # the host's network, so a client meets the server's own socket: behind docker's userland proxy (-p) a
+        # connection made after the listener closed is accepted by the proxy and then reset, not refused
+        cmd += ["--network", "host", "-e", "QSERVE_HOST=127.0.0.1", "-e", f"QSERVE_PORT={self.port}"]
+        cmd += ["-v", f"{variant}:/models:ro", image, "serve", *args]
         self.started = time.monotonic()
         subprocess.run(cmd, check=True, capture_output=True, timeout=60)
 
