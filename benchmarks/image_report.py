@@ -21,8 +21,9 @@ from pathlib import Path
 import httpx2
 
 from benchmarks.harness import ROOT
-from benchmarks.harness.server import free_port, wait_ready
-from qserve.provenance import provenance, with_header
+from benchmarks.harness.report import write_report
+from benchmarks.harness.server import free_port, spawn, wait_ready
+from qserve.provenance import provenance
 
 OUT = ROOT / "benchmarks" / "reports" / "image"
 BARS = {"serve_image_mb": 600, "start_to_ready_s": 5.0}
@@ -116,20 +117,8 @@ def fresh_venv(venv: Path, variant: Path) -> dict:
     )
     names = sorted(p["name"].lower() for p in json.loads(pip.stdout))
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            str(venv / "bin" / "qserve"),
-            "serve",
-            str(variant),
-            "--threads",
-            "1",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        cwd=tempfile.gettempdir(),
-    )
+    cmd = [str(venv / "bin" / "qserve"), "serve", str(variant), "--threads", "1", "--port", str(port)]
+    proc = spawn(cmd, Path(tempfile.gettempdir()), {"PATH": f"{venv}/bin:/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
     try:
         wait_ready(f"http://127.0.0.1:{port}", proc, timeout=300, tag="fresh venv")
         r = httpx2.post(
@@ -189,18 +178,17 @@ def main(argv: list[str] | None = None) -> int:
         }
     if a.venv is not None and variant is not None:
         report["fresh_venv"] = fresh_venv(a.venv, variant.resolve())
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    md = [
-        "# Container images",
-        "",
-        "```json",
-        json.dumps({k: v for k, v in report.items() if k != "provenance"}, indent=2),
-        "```",
-        "",
-    ]
-    (OUT / "report.md").write_text(with_header("\n".join(md), report["provenance"]), encoding="utf-8")  # type: ignore[arg-type]
-    print(json.dumps(report, indent=2))
+    md = "\n".join(
+        [
+            "# Container images",
+            "",
+            "```json",
+            json.dumps({k: v for k, v in report.items() if k != "provenance"}, indent=2),
+            "```",
+            "",
+        ]
+    )
+    write_report(OUT, report, md, echo=False)
     if shutil.which("docker") is None:
         return 1
     return 0
