@@ -6,6 +6,7 @@
 # The install stamp is keyed on pyproject.toml AND the extras (and TORCH_INDEX), so `make demo EXTRAS=gpu,dev` after
 # `make demo` installs again. ONNX Runtime comes in exactly one flavour: onnxruntime (extra cpu) and
 # onnxruntime-gpu (extra gpu) install the same module, so the other one is removed before the install.
+# The toolkit extra (train, export, bench) always goes in: EXTRAS adds to it (docs/dependencies.md: the profiles).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -18,7 +19,7 @@ STAMP := $(VENV)/.installed-$(shell (cat pyproject.toml; echo 'extras=$(EXTRAS) 
 ORT_OTHER := $(if $(filter gpu,$(EXTRA_LIST)),onnxruntime,$(if $(filter cpu,$(EXTRA_LIST)),onnxruntime-gpu,))
 PIP := $(BIN)/pip --disable-pip-version-check
 
-.PHONY: install demo test reports clean-venv
+.PHONY: install demo test reports image clean-venv
 
 $(STAMP): pyproject.toml
 	@if [ -n "$(filter cpu,$(EXTRA_LIST))" ] && [ -n "$(filter gpu,$(EXTRA_LIST))" ]; then \
@@ -28,7 +29,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(PIP) install --quiet torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(if $(ORT_OTHER),$(PIP) uninstall --quiet -y $(ORT_OTHER))
-	$(PIP) install --quiet -e '.[$(EXTRAS)]'
+	$(PIP) install --quiet -e '.[toolkit,$(EXTRAS)]'
 	@# exactly one flavour: a dependency that pulled the other back in would leave a broken module
 	@if $(PIP) show onnxruntime >/dev/null 2>&1 && $(PIP) show onnxruntime-gpu >/dev/null 2>&1; then \
 	  echo "both onnxruntime and onnxruntime-gpu are installed in $(VENV); run make clean-venv and install again" >&2; \
@@ -49,12 +50,24 @@ demo: $(STAMP)
 
 # The browser tests (tests/e2e/test_browser.py) drive the system's chromium through chromedriver. As root (CI)
 # install them when missing; elsewhere, or if apt fails, those tests skip and say why (under CI=true they fail).
+# The image test (tests/integration/test_image.py) needs a docker daemon: as root, docker.io and debootstrap are
+# installed and dockerd started when missing.
 test: $(STAMP)
 	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1 \
 	    || ! command -v wrk >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver wrk) \
 	      >/dev/null 2>&1 || echo "note: could not install chromium, chromium-driver, wrk; the browser and wrk tests will skip"; \
+	  fi; \
+	fi
+	@if [ "$$(id -u)" = 0 ] && ! docker info >/dev/null 2>&1; then \
+	  if ! command -v dockerd >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap) \
+	      >/dev/null 2>&1 || echo "note: could not install docker.io, debootstrap; the image test will skip"; \
+	  fi; \
+	  if command -v dockerd >/dev/null 2>&1; then \
+	    (nohup dockerd >/tmp/qserve-dockerd.log 2>&1 &); \
+	    for i in $$(seq 30); do docker info >/dev/null 2>&1 && break; sleep 1; done; \
 	  fi; \
 	fi
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
@@ -64,6 +77,14 @@ test: $(STAMP)
 # No STAGE: list the stages. FORCE=1 on another CPU: re-render md from JSON, measure nothing.
 reports: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.render.rebuild $(STAGE) $(if $(filter 1 yes true,$(FORCE)),--force)
+
+# The container images (docker/Dockerfile, docs/deploy.md): IMAGE:serve (ONNX Runtime + OpenVINO, no torch) and
+# IMAGE:toolkit. BASE: the base image (default python:3.11-slim-bookworm, or one docker/base.sh makes with
+# debootstrap where docker cannot pull); TORCH_INDEX as above (default for the image: PyTorch's CPU builds).
+IMAGE ?= qserve
+IMAGE_TARGETS ?= serve toolkit
+image:
+	IMAGE=$(IMAGE) BASE=$(BASE) $(if $(TORCH_INDEX),TORCH_INDEX=$(TORCH_INDEX)) docker/build.sh $(IMAGE_TARGETS)
 
 clean-venv:
 	rm -rf $(VENV)

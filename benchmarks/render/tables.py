@@ -93,6 +93,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "long-text-findings": long_text.long_text_findings,
     "bench-eval-cut": bench.bench_eval_cut,
     "export-smoothing": int8.export_smoothing,
+    "image": serving.image,
 }
 
 

@@ -27,4 +27,7 @@ BACKEND = Backend(
     ),
     TorchOptions,
     libraries=("torch", "transformers.models.auto.modeling_auto"),
+    # a serving install (qserve[serve]) has no torch: its torch-* variants need the toolkit
+    needs=("torch", "transformers"),
+    install="pip install 'qserve[toolkit]'",
 )

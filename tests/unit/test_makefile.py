@@ -42,14 +42,14 @@ def stamp_of(out: str) -> str:
 
 def test_the_stamp_is_keyed_on_the_extras_and_the_other_flavour_goes_first(checkout):
     cpu = make(checkout, "EXTRAS=cpu,dev").stdout
-    assert "uninstall --quiet -y onnxruntime-gpu" in cpu and ".[cpu,dev]" in cpu
+    assert "uninstall --quiet -y onnxruntime-gpu" in cpu and ".[toolkit,cpu,dev]" in cpu
     (checkout / stamp_of(cpu)).touch()  # installed with the cpu extra
     assert "Nothing to be done" in make(checkout, "EXTRAS=cpu,dev").stdout
     gpu = make(checkout, "EXTRAS=gpu,dev").stdout  # another key: installs again, the CPU build removed first
     assert stamp_of(gpu) != stamp_of(cpu)
     lines = gpu.splitlines()
     removed = next(i for i, ln in enumerate(lines) if "uninstall --quiet -y onnxruntime" in ln and "-gpu" not in ln)
-    installed = next(i for i, ln in enumerate(lines) if ".[gpu,dev]" in ln)
+    installed = next(i for i, ln in enumerate(lines) if ".[toolkit,gpu,dev]" in ln)
     assert removed < installed
     assert stamp_of(
         make(checkout, "EXTRAS=gpu,dev", "TORCH_INDEX=https://download.pytorch.org/whl/cu128").stdout

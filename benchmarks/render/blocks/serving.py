@@ -359,3 +359,41 @@ def serve_ray_sizing() -> str:
         f"{num(per2, 0)} req/s per 2-core replica ({num(per1, 0)} per 1-core replica) at c32, plus the hop's "
         f"{num(hop, 1)} ms of proxy CPU per request."
     )
+
+
+def image() -> str:
+    """docs/deploy.md: the images' sizes, start to ready, the toolkit's run and the serving profile's fresh venv."""
+    rel = "image/report.json"
+    r = load(rel)
+    s, bars = r["serve_image"], r["bars"]
+    out = [
+        f"{on(rel)}, {r['created'][:10]} (docker {r['docker']}, base `{s.get('base') or 'not recorded'}`"
+        f"{'; ' + r['note'] if r.get('note') else ''}): the serving image is **{num(s['size_mb'], 0)} MB** "
+        f"(`docker image inspect` Size; the bar {bars['serve_image_mb']} MB), with "
+        f"{'none of ' + ', '.join(HEAVY_NAMES) if not s['heavy'] else ', '.join(s['heavy'])} importable."
+    ]
+    if "start_to_ready" in r:
+        t = r["start_to_ready"]
+        out.append(
+            f"Container start to ready (`docker run` to `/ready` 200, {t['variant']}, read-only root and mount, "
+            f"`--threads {t['threads']}`): median **{num(t['median_s'])} s**, at most {num(t['max_s'])} s over "
+            f"{len(t['seconds'])} starts (the bar {num(bars['start_to_ready_s'], 0)} s)."
+        )
+    if "toolkit_run" in r:
+        k, steps = r["toolkit_run"], r["toolkit_run"]["steps"]
+        done = ", ".join(f"{name} {num(v['seconds'], 0)} s (exit {v['exit']})" for name, v in steps.items())
+        out.append(
+            f"The toolkit image ({num(r['toolkit_image']['size_mb'], 0)} MB) ran train ({k['max_samples']} samples) "
+            f"-> export onnx-int8 -> bench: {done}."
+        )
+    if "fresh_venv" in r:
+        v = r["fresh_venv"]
+        out.append(
+            f"`pip install 'qserve[serve]'` in a fresh venv: {v['packages']} packages, "
+            f"{'no torch' if not v['heavy_installed'] else 'with ' + ', '.join(v['heavy_installed'])}; its "
+            f"`qserve serve` answered /v1/classify on the onnx-int8 dir with HTTP {v['classify_status']}."
+        )
+    return " ".join(out) + rendered_from(rel)
+
+
+HEAVY_NAMES = ("torch", "bitsandbytes", "lightning_fabric", "optimum")
