@@ -80,7 +80,7 @@ def toolkit_run(image: str, max_samples: int) -> dict:
     run = ["docker", "run", "--rm", "--read-only", "--tmpfs", "/tmp", "-v", f"{work}:/work", "-w", "/work", image]
     steps = {
         "train": ["train", "--max-samples", str(max_samples), "--max-eval-samples", "200", "--out", "/work/run"],
-        "export": ["export", "/work/run/checkpoint", "--variant", "onnx-int8", "--out", "/work/run/variants/onnx-int8"],
+        "export": ["export", "/work/run", "--variant", "onnx-int8", "--out", "/work/run/variants/onnx-int8"],
         "bench": [
             "bench",
             "/work/run/variants/onnx-int8",
