@@ -344,7 +344,8 @@ def _export(
     checkpoint, info, policy = ctx.checkpoint, ctx.info, ctx.policy
     spec = replace(spec, options={**spec.options, **(options or {})})
     texts, pairs = parity_inputs(info, probes)
-    for module in backend_of(spec.name).needs:  # a missing one: its declaration's install hint, before any work
+    backend = backend_of(spec.name)
+    for module in backend.needs + backend.export_needs:  # a missing one: its install hint, before any work
         require(module, spec.name)
     with staged_dir(out, force=force) as tmp:
         extra = get_builder(spec.name)(ctx, tmp, spec, dict(spec.options)) or {}

@@ -27,6 +27,8 @@ EXTRAS = {
     "datasets": "pip install 'qserve[hub]' (the `datasets` package); a hub id needs network access to huggingface.co",
 }
 """Library (import name) -> the command that installs it, for the optional libraries of no backend."""
+TOOLKIT = "pip install 'qserve[toolkit]'"
+"""What installs an exporter's libraries (train, export, bench, gate): a serving install has none of them."""
 
 
 def install_hint(module: str) -> str:
@@ -35,6 +37,8 @@ def install_hint(module: str) -> str:
     for backend in REGISTRY.values():
         if top in backend.needs:
             return backend.install
+        if top in backend.export_needs:
+            return TOOLKIT
     return EXTRAS[top]
 
 

@@ -94,7 +94,7 @@ def is_cuda(device: str | None) -> bool:
 def not_installed(spec: VariantSpec) -> str | None:
     """Why the backend of `spec` cannot run here because a module it imports is not installed (None: all are)."""
     backend = REGISTRY[spec.backend]
-    missing = [m for m in backend.needs if importlib.util.find_spec(m) is None]
+    missing = [m for m in backend.needs + backend.export_needs if importlib.util.find_spec(m) is None]
     if not missing:
         return None
     hint = f": {backend.install}" if backend.install else ""

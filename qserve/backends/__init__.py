@@ -107,7 +107,9 @@ class Backend:
     libraries: tuple[str, ...] = ()
     """What a bench child imports before its memory baseline, so 'model memory' and the load time leave them out."""
     needs: tuple[str, ...] = ()
-    """Optional libraries (import names) beyond qserve's own: missing, `require` says `install`, the plan skips it."""
+    """Optional libraries (import names) its runtime imports: missing, `require` says `install`, the plan skips it."""
+    export_needs: tuple[str, ...] = ()
+    """What its exporter imports beyond `needs` (a serving install lacks them: they come with the toolkit)."""
     install: str = ""
     cuda_install: str = ""
     """The commands that install `needs`, and their CUDA build where that is another package."""

@@ -168,7 +168,8 @@ BACKEND = Backend(
     ),
     OnnxOptions,
     libraries=("onnxruntime",),
-    needs=("onnxruntime", "onnx"),
+    needs=("onnxruntime",),
+    export_needs=("onnx",),
     install="pip install 'qserve[cpu]' (or 'qserve[gpu]' for CUDA)",
     cuda_install="pip uninstall -y onnxruntime && pip install 'qserve[gpu]'",
     cuda_probe=lambda: cuda_provider_missing(),  # looked up on call: tests replace the probe (conftest.fake_gpu)

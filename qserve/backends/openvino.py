@@ -47,6 +47,7 @@ BACKEND = Backend(
         VariantSpec("ov-int8", "openvino", 8, "int8", cuda=False, tolerance=5e-1, cpu_needs=("vnni",)),
     ),
     OpenVINOOptions,
-    needs=("openvino", "nncf", "optimum"),
+    needs=("openvino",),
+    export_needs=("nncf", "optimum"),
     install="pip install 'qserve[openvino]'",
 )
