@@ -23,6 +23,7 @@ import pytest
 
 from benchmarks.harness import Server
 from benchmarks.harness.server import ROOT, free_port, wait_ready
+from qserve import QserveError
 
 httpx2 = pytest.importorskip("httpx2")
 
@@ -92,13 +93,18 @@ class Container:
         subprocess.run(cmd, check=True, capture_output=True, timeout=60)
 
     def wait_ready(self, timeout: float = 60.0) -> float:
-        """Seconds from `docker run` to /ready answering 200."""
-        try:
-            wait_ready(self.url, timeout=timeout, tag=f"container {self.name}")
-        except Exception:
-            print(self.logs())
-            raise
-        return time.monotonic() - self.started
+        """Seconds from `docker run` to /ready answering 200; a container that exits first fails at once, its log
+        in the message (not after the whole timeout)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                wait_ready(self.url, timeout=2.0, tag=f"container {self.name}")
+                return time.monotonic() - self.started
+            except QserveError:
+                if self.inspect("{{.State.Running}}") != "true":
+                    pytest.fail(f"container {self.name} exited before it was ready:\n{self.logs()[-3000:]}")
+                if time.monotonic() > deadline:
+                    pytest.fail(f"container {self.name} not ready after {timeout:.0f} s:\n{self.logs()[-3000:]}")
 
     def inspect(self, fmt: str) -> str:
         return subprocess.run(
