@@ -102,10 +102,8 @@ def threshold_for(
     Asked of another problem type: a QserveError naming `field` and `model` (serve answers it 422)."""
     if problem != MULTI:
         if asked is not None:
-            kind = "single-label" if problem == SINGLE else "regression"
-            raise QserveError(
-                f"{field} applies to multi-label models only; {model} is a {kind} model: leave {field} out"
-            )
+            kind = "single-label" if problem == SINGLE else "a regression model"
+            raise QserveError(f"{field} applies to multi-label models only; {model} is {kind}: leave {field} out")
         return None
     if asked is not None:
         return asked
