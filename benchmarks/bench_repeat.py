@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import ROOT, finish
+from benchmarks.harness import ROOT, finish, write_report
 
 MAX_SPAN = 1.15
 """The issue's bar (#60): a weighed variant's p50 across the runs spans at most this (max / min)."""
@@ -117,13 +117,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--runs {args.runs}: at least 2 (a repeat needs two runs)")
 
     def run(a: argparse.Namespace, _argv: list[str]) -> dict[str, Any]:
-        runs = [run_once(a.variant_dirs, a.out / "runs" / str(i), extra) for i in range(1, a.runs + 1)]
-        return {
-            "variant_dirs": a.variant_dirs,
-            "bench_args": extra,
-            "runs": runs,
-            "summary": summarize(runs, a.max_span),
-        }
+        runs: list[dict[str, Any]] = []
+        for i in range(1, a.runs + 1):
+            runs.append(run_once(a.variant_dirs, a.out / "runs" / str(i), extra))
+            rep = {"variant_dirs": a.variant_dirs, "bench_args": extra, "runs": runs, "done": i == a.runs}
+            rep["summary"] = summarize(runs, a.max_span)
+            if i < a.runs:  # a killed repeat keeps the runs it finished
+                write_report(a.out, dict(rep), render(rep), echo=False)
+        return rep
 
     return finish(
         "bench_repeat",

@@ -179,3 +179,18 @@ def test_unstable_rounds_are_said_beside_the_number():
         [{"id": str(k), "fixed": [{"batch": 1, "seq": 128, "samples": [7.0 + k / 100]}]} for k in range(5)], 0.10
     )
     assert steady[0]["stable"] is True and "unstable" not in ci_cell(steady[0])
+
+
+def test_a_repeat_names_one_answer_or_several_and_each_weighed_span():
+    from benchmarks.bench_repeat import summarize
+
+    def run(variant, tied, p50):
+        return {"ok": True, "variant": variant, "tied_with": tied, "p50_ms": p50, "meets_bar": sorted(p50)}
+
+    same = [run("a", ["b"], {"a": 7.0, "b": 7.2}), run("a", ["b"], {"a": 7.7, "b": 7.1})]
+    s = summarize(same)
+    assert s["same_answer"] and s["answers"] == [["a", ["b"]]] and s["spans_hold"]
+    assert s["spans"]["a"]["span"] == 1.1
+    flipped = same + [run("b", [], {"a": 12.6, "b": 7.0})]
+    s = summarize(flipped)
+    assert not s["same_answer"] and len(s["answers"]) == 2 and not s["spans_hold"]  # a: 12.6 / 7.0
