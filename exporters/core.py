@@ -36,8 +36,7 @@ Builder = Callable[["ExportContext", Path, VariantSpec, dict[str, Any]], dict[st
 """(context, out_dir, spec, options) -> the backend's manifest records of the variant it wrote into out_dir
 (Manifest.records: {"onnx": {...}}; the context holds the checkpoint, read once, and the long-text policy)."""
 
-# Fixed probe texts for the parity gate: short and long, positive, negative and mixed,
-# plus markup and an empty-ish input, so padding and truncation paths are both exercised.
+# the parity gate's probes: short and long, both polarities, markup, near-empty (padding and truncation paths)
 PROBES = [
     "A wonderful, moving film with superb performances. I loved every minute.",
     "Terrible. The plot made no sense and the acting was wooden; I walked out.",
@@ -49,19 +48,14 @@ PROBES = [
     "Worst movie of the year. Avoid.",
 ]
 
-# Max |Δlogit| tolerated per variant family before the export warns (recorded either way): each variant's
-# VariantSpec.tolerance, by dtype (qserve.variants). The one table this module reads (tests patch it).
+# max |Δlogit| before the export warns, by dtype (VariantSpec.tolerance); the one table read here (tests patch it)
 TOLERANCE: dict[str, float] = dict(VARIANT_TOLERANCE)
 
 # Truncation length of a variant whose checkpoint records none (no qserve_model.json).
 DEFAULT_MAX_LENGTH = 256
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.txt",
-    "added_tokens.json",
+TOKENIZER_FILES = tuple(
+    "tokenizer.json tokenizer_config.json special_tokens_map.json vocab.txt added_tokens.json".split()
 )
 
 
@@ -70,8 +64,7 @@ class ParityError(QserveError):
 
 
 class ExportFailed(QserveError):
-    """A library raised something other than a QserveError while building or checking a variant: the
-    user gets one line (variant, exception type, message), `qserve -v` the traceback."""
+    """A library's non-QserveError while building or checking a variant: one line for the user, the traceback on -v."""
 
     def __init__(self, variant: str, arch: str, error: BaseException):
         self.variant, self.exc_type = variant, type(error).__name__
@@ -87,8 +80,7 @@ def one_line(text: str, limit: int = 300) -> str:
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """What every export step needs from a checkpoint, read once: its HF config.json (labels, architecture,
-    problem type, positions) and its qserve_model.json (qserve_model.json's typed form: `meta`)."""
+    """What every export step needs from a checkpoint, read once: its HF config.json and qserve_model.json (`meta`)."""
 
     path: Path
     labels: tuple[str, ...]
@@ -137,9 +129,8 @@ def checkpoint_info(checkpoint: Path, inputs: tuple[str, ...] | None = None) -> 
 
 @dataclass(frozen=True)
 class ExportContext:
-    """What the build of one variant reads besides its spec and options, passed down explicitly: the source
-    checkpoint (read once), and the long-text policy the variant records, written out in full (calibration texts
-    are cut by it, as the variant will be served; `qserve export --long-text` may override the checkpoint's)."""
+    """What one variant's build reads besides its spec and options: the source checkpoint (read once) and the
+    long-text policy the variant records (calibration texts are cut by it)."""
 
     checkpoint: Path
     info: CheckpointInfo
@@ -147,8 +138,7 @@ class ExportContext:
 
     @classmethod
     def of(cls, checkpoint: Path, long_text: str | None = None, inputs: tuple[str, ...] | None = None) -> ExportContext:
-        """The context for exporting from `checkpoint`: `long_text` (qserve export --long-text) over its
-        recorded policy, `inputs` (--inputs) over its recorded inputs."""
+        """The context for exporting from `checkpoint`: `long_text` and `inputs` over the recorded ones."""
         info = checkpoint_info(Path(checkpoint), inputs)
         return cls(Path(checkpoint), info, variant_policy(info, long_text))
 
@@ -175,8 +165,7 @@ def parse_inputs(value: str | None) -> tuple[str, ...] | None:
 
 
 def variant_policy(info: CheckpointInfo | Path, long_text: str | None = None) -> str:
-    """The long-text policy a variant of the checkpoint records, written out in full: `long_text`
-    (qserve export --long-text) over the checkpoint's qserve_model.json, else head."""
+    """The long-text policy a variant records, in full: `long_text` (--long-text), else the checkpoint's, else head."""
     if not isinstance(info, CheckpointInfo):
         info = checkpoint_info(Path(info))
     if long_text:
@@ -186,9 +175,16 @@ def variant_policy(info: CheckpointInfo | Path, long_text: str | None = None) ->
 
 
 def copy_tokenizer(checkpoint: Path, out: Path) -> None:
+    """The checkpoint's tokenizer files; a checkpoint saved without tokenizer.json (a slow-only tokenizer) gets one,
+    written by transformers as it loads that tokenizer, so the variant serves without transformers
+    (qserve/tokenization.py)."""
     for n in TOKENIZER_FILES:
         if (checkpoint / n).is_file():
             shutil.copy2(checkpoint / n, out / n)
+    if not (out / "tokenizer.json").is_file():
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(str(checkpoint)).save_pretrained(str(out))
     if (checkpoint / "qserve_model.json").is_file():
         shutil.copy2(checkpoint / "qserve_model.json", out / "qserve_model.json")
 
@@ -196,9 +192,8 @@ def copy_tokenizer(checkpoint: Path, out: Path) -> None:
 def reference_logits(
     checkpoint: Path, texts: list[str], max_length: int, policy: str | None = None, pairs: list[str] | None = None
 ) -> np.ndarray:
-    """fp32 torch logits of the source checkpoint under the long-text `policy` (None = head): the
-    yardstick every variant is held to. A windowed text's windows are scored and aggregated as the runtime does;
-    with `pairs` (a pair model), each (text, pair) as its tokenizer encodes and truncates it."""
+    """fp32 torch logits of the source checkpoint under `policy` (None = head), windows and pairs as the runtime
+    handles them: the yardstick every variant is held to."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -242,9 +237,8 @@ def parity(
     problem: str = "single_label_classification",
     label_range: float | None = None,
 ) -> dict[str, Any]:
-    """Max |Δlogit| against the fp32 reference and agreement by problem type (qserve.problemtypes.agreement):
-    the same top label, the same on/off label at 0.5 (multi-label), or 1 - mean |Δvalue| / the labels' range
-    (regression; the training labels' range from qserve_model.json, else the reference's own on the probes)."""
+    """Max |Δlogit| against the fp32 reference and agreement by problem type (problemtypes.agreement; regression's
+    range from qserve_model.json, else the reference's)."""
     if got.shape != ref.shape:
         raise ParityError(f"{name}: output shape {got.shape} differs from the fp32 reference {ref.shape}")
     if not np.issubdtype(got.dtype, np.floating) or not np.all(np.isfinite(got)):
@@ -276,16 +270,14 @@ def parity(
     }
 
 
-# Intermediate exports shared by a checkpoint's variants in this process (the fp32 ONNX graph, the fp32
-# OpenVINO IR), by (checkpoint content hash, what was exported): `export --all` traces the model once
-# per backend instead of once per variant. Each lives in a temp dir removed when the process ends.
+# intermediate exports (fp32 ONNX graph, fp32 IR) shared by a checkpoint's variants in this process, by (content
+# hash, what): `export --all` traces once per backend; temp dirs removed at exit
 _SHARED: dict[tuple, tempfile.TemporaryDirectory] = {}
 _SHARED_LOCK = threading.Lock()
 
 
 def shared_export(checkpoint: Path, what: tuple, make: Callable[[Path], object]) -> Path:
-    """A directory holding `make(dir)`'s output for `checkpoint`, made once per process (a failed make is
-    not kept). The caller copies out of it and never changes it."""
+    """A directory holding `make(dir)`'s output for `checkpoint`, made once per process; callers copy out of it."""
     key = (checkpoint_hash(checkpoint), *what)  # content, not path: a checkpoint retrained in place is new
     with _SHARED_LOCK:
         if key not in _SHARED:

@@ -4,9 +4,8 @@
     qserve pipeline                       # train -> export -> bench -> report (embedded default)
     qserve export models/minilm-imdb --bits 8
 
-Each stage module exposes `register(subparsers)` that adds its sub-command and
-sets `func`; this file only wires them together. Heavy libraries are imported
-inside the commands, so `qserve --help` stays instant.
+Each stage module exposes `register(subparsers)` that adds its sub-command and sets `func`; this file only wires them
+together. Heavy libraries are imported inside the commands, so `qserve --help` stays instant.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from collections.abc import Callable
 
 from qserve import QserveError, __version__
 from qserve.modeling import skip_unused_imports
-from qserve.training.study import run_compare
 
 # module that owns each sub-command, in help order
 COMMANDS = [
@@ -37,12 +35,14 @@ COMMANDS = [
 ]
 
 
-# The commands that load a model (in this process or in children that are `qserve` again): transformers is told
-# scikit-learn and scipy are absent before it imports them (modeling.skip_unused_imports: seconds of each start).
+# commands that load a model: transformers is told scikit-learn and scipy are absent (modeling.skip_unused_imports)
 MODEL_COMMANDS = frozenset({"pipeline", "train", "export", "bench", "gate", "serve", "predict"})
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser; with `command`, only the module that owns it registers: `main` passes the command
+    it runs, so `qserve serve` imports no training, export or bench code (part of a container's start to
+    ready, docs/deploy.md)."""
     parser = argparse.ArgumentParser(
         prog="qserve",
         description="Fine-tune, quantize, benchmark and serve transformer text classifiers.",
@@ -51,8 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     seen = set()
-    for _, module in COMMANDS:
-        if module in seen:
+    for name, module in COMMANDS:
+        if module in seen or command not in (None, name):
             continue
         seen.add(module)
         importlib.import_module(module).register(sub)
@@ -60,16 +60,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def command_func(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
-    """The function that runs the parsed command. `qserve train --compare` is the precision study:
-    qserve.training.study runs qserve.training.train in child processes, so train cannot call the study back without an
-    import circle; the composition root picks the stage instead."""
+    """The function that runs the parsed command; `train --compare` goes to the study here, since the study runs
+    train in children and train cannot import it back."""
     if args.command == "train" and getattr(args, "compare", False):
-        return run_compare
+        return importlib.import_module("qserve.training.study").run_compare
     return args.func
 
 
+def command_named(argv: list[str]) -> str | None:
+    """The command `argv` names (its first word that is not a flag: qserve's own flags take no value), or None."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return word if word in dict(COMMANDS) else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(command_named(argv))
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

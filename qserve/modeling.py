@@ -11,6 +11,7 @@ code path runs without the network. It is named `minilm-l6-distilbert` everywher
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import inspect
 import json
@@ -50,18 +51,49 @@ from transformers import DistilBertForSequenceClassification; print('sklearn' in
     qserve's entry points call this, never the library
     functions a user's process calls, and only before transformers' model code is imported (after that the
     flags were read already). qserve's own code and other libraries import scipy as usual.
+
+    It imports nothing: the checks are replaced when transformers loads them, so a process that never imports
+    transformers (`qserve serve` of an ONNX Runtime or OpenVINO dir, a serving install without it) pays nothing.
     """
     if "transformers.generation.candidate_generator" in sys.modules or "transformers.loss.loss_utils" in sys.modules:
         return
-    import transformers.utils as hf_utils
-    import transformers.utils.import_utils as hf_imports
+    if _IMPORT_UTILS in sys.modules:
+        _clear_checks()
+    elif not any(isinstance(f, _ClearOnLoad) for f in sys.meta_path):
+        sys.meta_path.insert(0, _ClearOnLoad())
 
+
+_IMPORT_UTILS = "transformers.utils.import_utils"
+
+
+def _clear_checks() -> None:
     # transformers 5 asks is_sklearn_available() / is_scipy_available(), imported by name from transformers.utils
     # when the generation and loss modules load: replace both where those imports find them.
-    for module in (hf_utils, hf_imports):
+    for module in (sys.modules.get("transformers.utils"), sys.modules.get(_IMPORT_UTILS)):
         for check in ("is_sklearn_available", "is_scipy_available"):
             if hasattr(module, check):  # the checks of the pinned transformers; absent: do nothing
                 setattr(module, check, _absent)
+
+
+class _ClearOnLoad:
+    """An import hook (first on sys.meta_path until it fires): transformers.utils.import_utils loads as usual, then
+    its checks are replaced, before transformers.utils binds them by name."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != _IMPORT_UTILS:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        loader = getattr(spec, "loader", None)
+        if loader is not None and hasattr(loader, "exec_module"):
+            run = loader.exec_module
+
+            def exec_module(module: Any) -> None:
+                run(module)
+                _clear_checks()
+
+            loader.exec_module = exec_module
+        return spec
 
 
 def _absent() -> bool:
@@ -84,37 +116,6 @@ def default_tokenizer():
     from transformers import BertTokenizerFast
 
     return BertTokenizerFast.from_pretrained(default_model_dir())
-
-
-def load_tokenizer(path: Path | str) -> Any:
-    """The tokenizer saved in `path`, the class AutoTokenizer.from_pretrained(path) picks, without its import.
-
-        python -c "from qserve.modeling import default_model_dir, load_tokenizer; \\
-print(type(load_tokenizer(default_model_dir())))"
-
-    `from transformers import AutoTokenizer` loads the auto-model factory, hence the generation utilities,
-    hence scikit-learn and scipy: about twice the tokenizer class's own import (docs/bench.md), paid by every
-    runtime load (each bench child, `qserve serve`, `qserve predict`). When
-    tokenizer_config.json names its class and tokenizer.json is there, this takes that class as transformers 5's
-    AutoTokenizer does: one tokenizers-backed class per model, named without "Fast" (the `<class>Fast` names are
-    aliases, RoBERTa's an older class); anything else goes to AutoTokenizer.
-    """
-    import transformers
-
-    folder = Path(path)
-    try:
-        name = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class")
-    except (OSError, ValueError, AttributeError):
-        name = None
-    if isinstance(name, str) and name.isidentifier() and (folder / "tokenizer.json").is_file():
-        if name.endswith("Fast") and name != "PreTrainedTokenizerFast":  # the generic one keeps its name
-            name = name[: -len("Fast")]
-        cls = getattr(transformers, name, None)
-        if cls is not None:
-            return cls.from_pretrained(str(folder))
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(folder))
 
 
 # BERT encoder layer -> DistilBERT transformer block, per layer (weight and bias alike).

@@ -153,54 +153,6 @@ def test_model_name_for(tmp_path):
     assert model_name_for(str(tmp_path / "my-ckpt")) == "my-ckpt"
 
 
-def _tokenizer_dirs(tiny_checkpoint, tmp_path):
-    """The embedded default's tokenizer, a saved checkpoint's, and that one with no tokenizer_class recorded."""
-    import shutil
-
-    bare = tmp_path / "no-class"
-    shutil.copytree(tiny_checkpoint, bare)
-    cfg_path = bare / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    assert cfg.pop("tokenizer_class")
-    cfg_path.write_text(json.dumps(cfg))
-    return [default_model_dir(), tiny_checkpoint, bare]
-
-
-def test_load_tokenizer_is_what_autotokenizer_loads(tiny_checkpoint, tmp_path):
-    from transformers import AutoTokenizer
-
-    from qserve.modeling import load_tokenizer
-
-    for folder in _tokenizer_dirs(tiny_checkpoint, tmp_path):
-        ours, auto = load_tokenizer(folder), AutoTokenizer.from_pretrained(folder)
-        assert type(ours) is type(auto), folder
-        assert ours.model_input_names == auto.model_input_names
-        assert ours.all_special_tokens == auto.all_special_tokens and ours.pad_token_id == auto.pad_token_id
-        assert (
-            ours(TEXTS, TEXTS[::-1], truncation=True, max_length=16).data
-            == auto(TEXTS, TEXTS[::-1], truncation=True, max_length=16).data
-        )
-
-
-def test_load_tokenizer_skips_the_auto_classes(tiny_checkpoint):
-    """The point of load_tokenizer: a runtime's load does not pull in the auto factory and, through it,
-    scikit-learn and scipy (seconds of every bench child's and server's start)."""
-    import subprocess
-    import sys
-
-    code = (
-        "import sys; from qserve.modeling import load_tokenizer; "
-        f"t = load_tokenizer({str(tiny_checkpoint)!r}); "
-        "print(type(t).__name__, sorted(m for m in ('sklearn', 'scipy', 'transformers.models.auto.modeling_auto') "
-        "if m in sys.modules))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    from transformers import AutoTokenizer
-
-    # the class AutoTokenizer picks (transformers 5: BertTokenizer, which is tokenizers-backed; 4.x: BertTokenizerFast)
-    assert out == [type(AutoTokenizer.from_pretrained(tiny_checkpoint)).__name__, "[]"], out
-
-
 def test_model_commands_load_torch_models_without_scikit_learn_or_scipy(tiny_checkpoint, tmp_path):
     """modeling.skip_unused_imports, as the CLI's model commands call it: after one of them (here an export
     refused for a checkpoint that is not there), a torch model loads without transformers importing scikit-learn or
@@ -230,3 +182,18 @@ def test_model_commands_load_torch_models_without_scikit_learn_or_scipy(tiny_che
     (plain_logits, plain_mods), (logits, mods) = run(load), run(cli + load)
     assert plain_mods == "True True" and mods == "False False"
     assert logits == plain_logits
+
+
+def test_skipping_the_unused_imports_imports_no_transformers():
+    """skip_unused_imports runs at every model command's start, `qserve serve` of an ONNX dir included: it imports
+    nothing (a serving install has no transformers), and the checks are still replaced once transformers loads."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from qserve.modeling import skip_unused_imports; skip_unused_imports(); skip_unused_imports(); "
+        "print('transformers' in sys.modules); import transformers.utils as u; "
+        "print(u.is_sklearn_available(), u.import_utils.is_scipy_available())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[:2] == ["False", "False False"], out

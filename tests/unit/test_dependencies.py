@@ -55,3 +55,15 @@ def test_core_dependencies_are_installed_at_their_pins():
 def test_installed_extras_are_at_their_pins(extra):
     unmet = _unmet(_project()["optional-dependencies"][extra], required=False)
     assert not unmet, f"extra {extra}: installed versions off pyproject's pins: " + "; ".join(unmet)
+
+
+def test_the_serving_profile_installs_none_of_the_toolkit():
+    """`pip install 'qserve[serve]'` (the core + the serve extra, the serve image's set) names no torch, transformers,
+    bitsandbytes, Lightning or optimum: a variant's tokenizer runs on `tokenizers` (qserve/tokenization.py)."""
+    project = _project()
+    names = {
+        Requirement(r).name.lower() for r in [*project["dependencies"], *project["optional-dependencies"]["serve"]]
+    }
+    toolkit = {"torch", "transformers", "bitsandbytes", "lightning", "lightning-fabric", "optimum", "optimum-intel"}
+    assert not names & toolkit, sorted(names & toolkit)
+    assert {"tokenizers", "onnxruntime", "openvino"} <= names

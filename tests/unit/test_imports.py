@@ -86,6 +86,24 @@ def test_cli_help_is_light():
     assert not [m for m in HEAVY if m in mods], [m for m in HEAVY if m in mods]
 
 
+def test_a_command_builds_only_its_own_parser():
+    """`qserve serve` (a container's PID 1) imports no other stage's code: seconds of every start (docs/deploy.md)."""
+    mods = _loaded_after("from qserve.cli import build_parser, command_named\nbuild_parser(command_named(['serve']))")
+    assert "qserve.serve.cli" in mods
+    assert not [
+        m
+        for m in (
+            "qserve.training.train",
+            "qserve.training.study",
+            "exporters.cli",
+            "qserve.bench.cli",
+            "qserve.gate.cli",
+            "qserve.pipeline",
+        )
+        if m in mods
+    ]
+
+
 def test_help_lists_every_stage():
     out = subprocess.run([sys.executable, "-m", "qserve", "--help"], capture_output=True, text=True, check=True).stdout
     for cmd in ("pipeline", "train", "export", "variants", "bench", "report", "serve", "loadtest"):
