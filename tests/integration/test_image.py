@@ -169,8 +169,8 @@ def test_the_image_serves_as_the_venv_does_and_drains_on_sigterm(serve_image, in
             "python",
             serve_image,
             "-c",
-            "import importlib.util as u; print([m for m in ('torch', 'bitsandbytes', 'lightning_fabric', 'optimum')"
-            " if u.find_spec(m)])",
+            "import importlib.util as u; print([m for m in ('torch', 'transformers', 'bitsandbytes',"
+            " 'lightning_fabric', 'optimum') if u.find_spec(m)])",
         ],
         capture_output=True,
         text=True,
@@ -231,7 +231,9 @@ def test_the_image_serves_as_the_venv_does_and_drains_on_sigterm(serve_image, in
         threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
         for t in threads:
             t.start()
-        time.sleep(2.0)
+        deadline = time.monotonic() + 30.0  # under load: as many answers as clients, not a fixed wait
+        while len(answered) < len(threads) and not lost and time.monotonic() < deadline:
+            time.sleep(0.05)
         before = len(answered)
         signalled.set()
         subprocess.run(["docker", "kill", "--signal", "TERM", box.name], check=True, capture_output=True)

@@ -366,34 +366,89 @@ def image() -> str:
     rel = "image/report.json"
     r = load(rel)
     s, bars = r["serve_image"], r["bars"]
+    heavy = ", ".join(s["heavy"]) if s["heavy"] else "none of " + ", ".join(s["heavy_checked"])
     out = [
         f"{on(rel)}, {r['created'][:10]} (docker {r['docker']}, base `{s.get('base') or 'not recorded'}`"
         f"{'; ' + r['note'] if r.get('note') else ''}): the serving image is **{num(s['size_mb'], 0)} MB** "
         f"(`docker image inspect` Size; the bar {bars['serve_image_mb']} MB), with "
-        f"{'none of ' + ', '.join(HEAVY_NAMES) if not s['heavy'] else ', '.join(s['heavy'])} importable."
+        f"{heavy} importable"
+        + (
+            f", and the bytecode of what a serving start imports ({s['bytecode']['files']} .pyc files, "
+            f"{num(s['bytecode']['mb'], 1)} MB of it)."
+            if "bytecode" in s
+            else "."
+        )
     ]
     if "start_to_ready" in r:
         t = r["start_to_ready"]
+        phases = t.get("phases_median_s", {})
         out.append(
-            f"Container start to ready (`docker run` to `/ready` 200, {t['variant']}, read-only root and mount, "
-            f"`--threads {t['threads']}`): median **{num(t['median_s'])} s**, at most {num(t['max_s'])} s over "
-            f"{len(t['seconds'])} starts (the bar {num(bars['start_to_ready_s'], 0)} s)."
+            f"Container start to ready (`docker run` to `/ready` 200 polled every {num(t.get('polled_every_s'))} s, "
+            f"{t['variant']}, read-only root and mount, `--threads {t['threads']}`"
+            + (f", CPU weight {t['cpu_weight']}" if t.get("cpu_weight") else "")
+            + "): median "
+            f"**{num(t['median_s'])} s**, {num(t.get('min_s'))} to {num(t['max_s'])} s over {len(t['seconds'])} "
+            f"starts (the bar {num(bars['start_to_ready_s'], 0)} s)"
+            + (
+                ": " + ", ".join(f"{PHASE_NAMES.get(k, k)} {num(v)} s" for k, v in phases.items()) + " (medians)."
+                if phases
+                else "."
+            )
+        )
+        if "imports" in t:
+            top = ", ".join(f"{k} {num(v)}" for k, v in list(t["imports"]["by_package_s"].items())[:5])
+            out.append(
+                f"Its imports take {num(t['imports']['total_s'])} s in all (by package, s: {top}; one more start, "
+                f"profiled), and {t['imports']['compiled_at_start']} module(s) compiled from source during the start."
+            )
+    if "venv_start_to_ready" in r:
+        v = r["venv_start_to_ready"]
+        out.append(
+            f"The same dir served from this checkout's venv (the full toolkit, torch beside it), interleaved: median "
+            f"{num(v['median_s'])} s ({num(v['min_s'])} to {num(v['max_s'])} s)."
+        )
+    if "machine" in r:
+        m = r["machine"]
+        out.append(
+            f"Load average {num(m['load_average_before'][0])} when the starts began, {num(m['load_average_after'][0])} "
+            f"when they ended (on {m['cores']} cores)."
         )
     if "toolkit_run" in r:
         k, steps = r["toolkit_run"], r["toolkit_run"]["steps"]
         done = ", ".join(f"{name} {num(v['seconds'], 0)} s (exit {v['exit']})" for name, v in steps.items())
         out.append(
             f"The toolkit image ({num(r['toolkit_image']['size_mb'], 0)} MB) ran train ({k['max_samples']} samples) "
-            f"-> export onnx-int8 -> bench: {done}."
+            f"-> export onnx-int8 -> bench: {done}{_measured(k)}."
+        )
+    if "toolkit_pipeline" in r:
+        k = r["toolkit_pipeline"]
+        out.append(
+            f"`qserve pipeline` in the toolkit image (onnx-int8, {k['argv'][k['argv'].index('--max-samples') + 1]} "
+            f"training samples) {'wrote its report' if k['ok'] else 'failed'} in {num(k['seconds'], 0)} s "
+            f"(exit {k['exit']}){_measured(k)}."
         )
     if "fresh_venv" in r:
         v = r["fresh_venv"]
         out.append(
             f"`pip install 'qserve[serve]'` in a fresh venv: {v['packages']} packages, "
             f"{'no torch' if not v['heavy_installed'] else 'with ' + ', '.join(v['heavy_installed'])}; its "
-            f"`qserve serve` answered /v1/classify on the onnx-int8 dir with HTTP {v['classify_status']}."
+            f"`qserve serve` answered /v1/classify on the onnx-int8 dir with HTTP {v['classify_status']}{_measured(v)}."
         )
     return " ".join(out) + rendered_from(rel)
 
 
-HEAVY_NAMES = ("torch", "bitsandbytes", "lightning_fabric", "optimum")
+def _measured(section: dict[str, Any]) -> str:
+    """Where a section of the image report was carried from an earlier run: when and at which commit it ran."""
+    m = section.get("measured")
+    return f" (measured {m['created'][:10]} at commit `{m['commit'][:12]}`)" if m else ""
+
+
+PHASE_NAMES = {
+    "create_start": "container create and start",
+    "python_imports_cli": "Python, imports and flags",
+    "app_start": "app and server start",
+    "model_load": "model load",
+    "warm_up": "warm-up",
+    "first_ready": "to the first 200",
+}
+"""benchmarks/image_report.py's PHASES, in words."""
