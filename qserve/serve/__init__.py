@@ -9,7 +9,7 @@ Top to bottom (pyproject.toml's import-linter contract "serve-layers"):
 - ray_engine.py (`--engine ray`: Ray Serve replicas on the same app) and app.py (the FastAPI app
   factory: the serving state in the lifespan, error bodies, OpenAPI): the wiring.
 - guard.py: the HTTP front of every route (the ASGI middleware): each request matched once in the route
-  table and taken through the admission layer, the inference routes answered from its fast path.
+  table and taken through the admission layer; the one entrance of every inference route.
 - protocols/: each protocol one module (or package) declaring itself (spec.py), listed in registry.py: the
   probes (probes.py), /v1 (v1.py), KServe V2 over HTTP and gRPC (v2/), TEI (tei.py), vLLM (vllm_api.py),
   the served models' page (page.py).

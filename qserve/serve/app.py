@@ -1,15 +1,11 @@
-"""The FastAPI app factory: the serving state (state.py) wired into the lifespan, error bodies, OpenAPI.
+"""The FastAPI app factory: the serving state (core/state.py) in the lifespan, every protocol's routes, error bodies
+and OpenAPI document, and the guard in front.
 
     qserve serve models/minilm-imdb-variants/onnx-int8 --port 8000
     curl -s 127.0.0.1:8000/openapi.json
 
-The lifespan starts the load in the background, so the server answers at once:
-/health is 200 from the first moment, /ready is 503 until every model is loaded and
-warmed up, and inference routes answer 503 meanwhile. The routes are the protocols'
-(protocols/registry.py): every FastAPI route, the guard's route table and fast path, the metrics labels, the
-traced routes, each error's shape and the OpenAPI additions come from their declarations (protocols/spec.py).
-The models and their lifecycle live in core/state.py. The lifespan also starts what a protocol serves beside
-HTTP on the same state (KServe V2's gRPC API with --grpc-port); OTEL_* variables turn on traces (tracing.py).
+/health is 200 from the first moment; /ready and the inference routes answer 503 until every model is loaded and
+warmed up (the lifespan loads in the background). What a protocol serves beside HTTP (V2's gRPC) starts here too.
 """
 
 from __future__ import annotations
@@ -106,19 +102,13 @@ def create_app(
         "(/v1) and the KServe V2 Open Inference Protocol (/v2).",
     )
     app.state.qserve = st
-    errors = Errors(protocols)
-    _install_error_handlers(app, st, errors)
+    errors = Errors(protocols, config)
+    _install_error_handlers(app, errors)
     for protocol in protocols.all:
         for route in protocol.routes:
             app.add_api_route(route.path, route.endpoint(st), methods=[route.method], **route.options)
-    # every request's one way in (the admission layer, as gRPC's): its route, id, trace, key, limits, metrics
-    app.add_middleware(
-        GuardMiddleware,
-        admission=st.admission,
-        protocols=protocols,
-        fast=spec.fast_routes(st, protocols, errors.response),
-        metrics_public=config.metrics_public,
-    )
+    # every request's one way in (the admission layer, as gRPC's), and the one that answers the inference routes
+    app.add_middleware(GuardMiddleware, state=st, protocols=protocols, render=errors.response)
     _install_openapi(app, config, protocols)
     return app
 
@@ -127,8 +117,8 @@ class Errors:
     """Every error answer, in the error shape of the protocol the request is on (qserve's {"error",
     "request_id"} unless the protocol declares its own)."""
 
-    def __init__(self, protocols: Protocols):
-        self.protocols = protocols
+    def __init__(self, protocols: Protocols, config: ServeConfig):
+        self.protocols, self.config = protocols, config
 
     def match(self, request: Request) -> RouteMatch:
         """The route the request reached, as the guard matched it (under the app's root_path too)."""
@@ -160,34 +150,38 @@ class Errors:
         log.exception("request %s: unhandled error", rid)
         return self.error(request, 500, f"internal error; quote request id {rid}")
 
-    async def response(self, request: Request, exc: Exception) -> JSONResponse:
-        """An exception answered as the handlers answer it (for routes served past FastAPI)."""
-        return await (self.api_error(request, exc) if isinstance(exc, ApiError) else self.unexpected(request, exc))
-
-
-def _install_error_handlers(app: FastAPI, st: ServeState, errors: Errors) -> None:
-    _error = errors.error
-    app.add_exception_handler(ApiError, errors.api_error)  # type: ignore[arg-type]  # Starlette types it as Exception
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # the protocol's own words for what it reads; `validation`: a body that did not parse (its error shape
-        # may answer that apart from a refused value)
-        allowed = errors.protocols.expected(errors.match(request), st.config)
+    async def validation(self, request: Request, exc: RequestValidationError) -> JSONResponse:
+        """A body that did not parse, in the protocol's own words for what it reads (`validation`: its error shape
+        may answer that apart from a refused value)."""
+        allowed = self.protocols.expected(self.match(request), self.config)
         errs = exc.errors()
         bad_json = [e for e in errs if e.get("type") == "json_invalid"]
         if bad_json:
             detail = bad_json[0].get("ctx", {}).get("error", "JSON decode error")
-            return _error(request, 400, f"malformed JSON body ({detail}); {allowed}", validation=True)
+            return self.error(request, 400, f"malformed JSON body ({detail}); {allowed}", validation=True)
         for e in errs:  # pydantic says only "not a valid string" for a lone surrogate: say why
             value = e.get("input")
             if isinstance(value, str) and unicode_problem(value):
-                return _error(request, 422, f"{_loc(e)} {unicode_problem(value)}", validation=True)
+                return self.error(request, 422, f"{_loc(e)} {unicode_problem(value)}", validation=True)
         parts = []
         for e in errs[:4]:
             loc = ".".join(str(p) for p in e.get("loc", ())[1:]) or "body"
             parts.append(f"{loc}: {e.get('msg')}")
-        return _error(request, 422, f"invalid request: {'; '.join(parts)}; {allowed}", validation=True)
+        return self.error(request, 422, f"invalid request: {'; '.join(parts)}; {allowed}", validation=True)
+
+    async def response(self, request: Request, exc: Exception) -> JSONResponse:
+        """An exception answered as the handlers answer it (for the inference routes, answered by the guard)."""
+        if isinstance(exc, ApiError):
+            return await self.api_error(request, exc)
+        if isinstance(exc, RequestValidationError):
+            return await self.validation(request, exc)
+        return await self.unexpected(request, exc)
+
+
+def _install_error_handlers(app: FastAPI, errors: Errors) -> None:
+    _error = errors.error
+    app.add_exception_handler(ApiError, errors.api_error)  # type: ignore[arg-type]  # Starlette types it as Exception
+    app.add_exception_handler(RequestValidationError, errors.validation)  # type: ignore[arg-type]  # the same
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -223,9 +217,7 @@ def _install_openapi(app: FastAPI, config: ServeConfig, protocols: Protocols) ->
         if app.openapi_schema:
             return app.openapi_schema
         schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-        for p in protocols.all:
-            if p.openapi.components is not None:
-                p.openapi.components(schema)
+        spec.document_bodies(schema, protocols.bodies)
         _publish_limits(schema, config, protocols)
         if config.api_key:  # the guard enforces it; this makes /docs offer an Authorize button
             schema.setdefault("components", {})["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}

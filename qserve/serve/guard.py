@@ -1,31 +1,30 @@
-"""The HTTP front of every protocol: each request matched once in the route table and taken through the admission
-layer, the inference routes answered from here once their body is read.
+"""The HTTP front of every route: each request matched once in the route table, taken through the admission layer,
+and an inference route answered here, by the one code path that reads its body and calls its answer.
 
     curl -H "Authorization: Bearer $QSERVE_API_KEY" -H 'Content-Type: application/json' \\
          -d '{"inputs": "fine"}' 127.0.0.1:8000/v1/classify
 
-It runs before FastAPI parses anything, so an unauthenticated caller learns nothing about the body rules, and a
-huge body is refused (413) without being parsed. The steps are the admission layer's (infra/admission.py, the
-same for gRPC): the request id, the request's trace (when tracing is on: every route but the probes, the docs and
-/metrics, and an inference route on an open path), the API key, the early 429 when the queue is full, the arrival
-mark; then what only HTTP has: the Content-Type and Content-Encoding (415), the body read up to --max-body-bytes
-(413); then the fast path (protocols/spec.py fast_routes) or the app. Every request, refused or served, is
-counted by route template and status; its refusals read in the error shape of the protocol its route belongs to.
+It runs before FastAPI, so an unauthenticated caller learns nothing of the body rules and a huge body is refused
+(413) unparsed; every request is counted by route template and status, its refusals in its protocol's error shape.
+The steps, in order: docs/architecture.md ("A request's path").
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Awaitable, Callable
 
+from fastapi import Request, Response
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from qserve.serve.infra.admission import HTTP, Admission, Refusal
-from qserve.serve.protocols.spec import FastRoute, Protocols, RouteMatch, route_path
+from qserve.serve.core.state import ServeState
+from qserve.serve.infra.admission import HTTP, Refusal
+from qserve.serve.protocols.spec import Protocols, Respond, RouteMatch, route_path
 
 JSON_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-DISCONNECTED = object()  # _read_body's answer when the client left before its body was complete
+Render = Callable[[Request, Exception], Awaitable[Response]]
+"""An exception as the app's handlers answer it, in the error shape of the request's protocol (app.Errors)."""
 
 
 def is_json(content_type: str | None) -> bool:
@@ -44,23 +43,18 @@ def error_body(message: str, request_id: str | None) -> bytes:
     return json.dumps({"error": message, "request_id": request_id}, separators=(",", ":")).encode()
 
 
+class ClientLeft(Exception):
+    """The client left before its body was complete."""
+
+
 class GuardMiddleware:
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        admission: Admission,
-        protocols: Protocols,
-        fast: FastRoute | None = None,
-        metrics_public: bool = False,
-    ):
+    def __init__(self, app: ASGIApp, *, state: ServeState, protocols: Protocols, render: Render):
         self.app = app
-        self.admission = admission
-        # the one route table (protocols/spec.py Protocols): each request's route, template and protocol
-        self.protocols = protocols
-        # fast(match, scope, body, send) -> True once it answered: an inference route served from here once the
-        # body is read (protocols/spec.py fast_routes), past the framework; False hands the request on to the app
-        self.fast = fast
+        self.state = state
+        self.admission = state.admission
+        self.protocols = protocols  # the one route table: each request's route, template and protocol
+        self.render = render
+        metrics_public = state.config.metrics_public
         # the docs, the probes and the page stay open so humans can reach them without the key (their protocols
         # declare them open, spec.Route.open); /metrics with --metrics-public
         self.open_paths = protocols.docs | protocols.open_paths | ({"/metrics"} if metrics_public else set())
@@ -134,15 +128,14 @@ class GuardMiddleware:
                         "content_type",
                     )
                 body = await self._read_body(headers, receive)
-                if body is None:
-                    raise self.admission.too_large()
-                if body is DISCONNECTED:
-                    status[0] = 499  # nginx's "client closed request": counted, nobody to answer
-                    return
-                if self.fast is not None and await self.fast(found, scope, body, send_wrapped):
+                answer = found.route.answer if found.route is not None else None
+                if answer is not None:
+                    await self._answer(answer, found, scope, body, send_wrapped)
                     return
                 receive = _replay(body, receive)
             await self.app(scope, receive, send_wrapped)
+        except ClientLeft:
+            status[0] = 499  # nginx's "client closed request": counted, nobody to answer
         except Refusal as refusal:
             await self._refuse(refusal, found, rid, send_wrapped)
             self.admission.refused(call, refusal)
@@ -157,6 +150,24 @@ class GuardMiddleware:
                 {"http.response.status_code": traced[0], **({"http.route": route} if route else {})},
             )
 
+    async def _answer(self, answer: Respond, found: RouteMatch, scope: Scope, body: bytes, send: Send) -> None:
+        """An inference route's one answer: its body read and answered by the route (spec.inference), past FastAPI's
+        per-request machinery (docs/serving.md: what that saves), its errors as the app's handlers render them."""
+        scope["path_params"] = dict(found.params)  # what request.path_params reads, as the router would set it
+        request = Request(scope)
+        try:
+            out = await answer(self.state, body, request)
+        except Exception as e:  # ApiError, a refused body and the unexpected, as the app's handlers answer them
+            out = await self.render(request, e)
+        if isinstance(out, Response):  # an error, or V2's JSON or binary tensor data
+            await out(scope, _no_receive, send)
+            return
+        # What JSONResponse(out) sends, byte for byte (same dumps, same headers), without building one
+        data = json.dumps(out, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode()
+        headers = [(b"content-length", str(len(data)).encode()), (b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": data})
+
     async def _refuse(self, refusal: Refusal, found: RouteMatch, rid: str, send: Send) -> None:
         """The refusal in the error shape of the protocol the request is on, else qserve's {"error", "request_id"}."""
         own = self.protocols.refusal(found, refusal.status, refusal.message)
@@ -166,21 +177,21 @@ class GuardMiddleware:
         await send({"type": "http.response.start", "status": refusal.status, "headers": hdrs})
         await send({"type": "http.response.body", "body": body})
 
-    async def _read_body(self, headers: Headers, receive: Receive) -> Any:  # Any: bytes, None or DISCONNECTED
-        """The whole body, None as soon as it is known to exceed the limit, DISCONNECTED if the client left."""
+    async def _read_body(self, headers: Headers, receive: Receive) -> bytes:
+        """The whole body; refused (413) as soon as it is known to exceed the limit; ClientLeft if the client left."""
         limit = self.admission.max_body_bytes
         declared = headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
-            return None
+            raise self.admission.too_large()
         chunks, size = [], 0
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                return DISCONNECTED
+                raise ClientLeft
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                return None
+                raise self.admission.too_large()
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
@@ -198,3 +209,7 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()  # later calls wait for disconnect, as the real receive would
 
     return replay
+
+
+async def _no_receive() -> Message:
+    return {"type": "http.disconnect"}  # a plain Response never reads; the body was consumed already

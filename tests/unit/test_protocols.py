@@ -56,7 +56,7 @@ def test_every_declared_route_is_served_once_in_declaration_order(tmp_path):
     assert served == declared
 
 
-def test_inference_routes_have_a_fast_path_and_a_protocol():
+def test_inference_routes_are_answered_by_one_path():
     from qserve.serve.protocols.registry import SERVED
 
     inference = [(p.name, r.method, r.path) for p in SERVED.all for r in p.routes if r.inference]
@@ -68,7 +68,13 @@ def test_inference_routes_have_a_fast_path_and_a_protocol():
         ("POST", "/"),
         ("POST", "/classify"),
     }
-    assert all(r.fast is not None for p in SERVED.all for r in p.routes if r.inference)
+    # FastAPI holds the route's OpenAPI entry only: its endpoint answers nothing (the guard answers every request)
+    from qserve.serve.protocols.spec import documented
+
+    assert all(
+        r.answer is not None and r.endpoint(None) is documented for p in SERVED.all for r in p.routes if r.inference
+    )
+    assert not any("Signature" in p.read_text(encoding="utf-8") for p in SERVE.rglob("*.py"))
 
 
 @pytest.mark.parametrize(
@@ -151,7 +157,89 @@ def test_one_way_in_for_http_and_grpc():
 
 
 def test_one_route_table():
-    """Paths are compiled and matched in spec.Protocols only: the guard, the fast path and the app all read it."""
+    """Paths are compiled and matched in spec.Protocols only (and spec.inference reads a path's parameters for the
+    document): the guard and the app read the table."""
     assert _serve_files_matching(r"compile_path|\.matches\(") == {"protocols/spec.py"}
     guard = (SERVE / "guard.py").read_text(encoding="utf-8")
     assert "self.protocols.match(" in guard and "routes=" not in guard
+
+
+# Bodies an inference route may get: good ones, and every way FastAPI refuses one (400 or 422, and its words)
+BODIES = [
+    b'{"inputs": "fine"}',
+    b'{"input": "fine"}',
+    b'\xef\xbb\xbf{"inputs": "fine"}',
+    b"",
+    b"{",
+    b'{"inputs": ',
+    b"\xff\xfe{}",
+    b'{"inputs": "\xff"}',
+    b"null",
+    b"[]",
+    b'"fine"',
+    b'{"inputs": "a\\ud800"}',
+    b'{"inputs": "fine", "top_k": NaN}',
+    b'{"inputs": "fine", "top_k": "2"}',
+    b'{"inputs": "fine", "top_k": 1.0}',
+    b'{"inputs": "fine", "inputs": 3}',
+    b'{"inputs": [], "extra": 1}',
+    b'{"inputs": "fine", "parameters": {"top_k": 0}}',
+    b"[" * 5000 + b"]" * 5000,
+]
+
+
+@pytest.mark.parametrize(
+    "model_name", ["ClassifyRequest", "TeiPredictRequest", "TeiRootRequest", "VllmClassifyRequest"]
+)
+def test_an_inference_body_is_read_as_fastapi_reads_it(model_name):
+    """spec.read_json, the guard's one reading of a JSON body, against a FastAPI route taking the same model: every
+    body gets the same value, or the same refusal (a 400's words, a 422's errors), so no status or message moved
+    when the FastAPI route stopped answering."""
+    import asyncio
+
+    from fastapi import FastAPI
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import PlainTextResponse
+
+    from qserve.serve.infra.errors import ApiError
+    from qserve.serve.protocols.registry import SERVED
+    from qserve.serve.protocols.spec import read_json
+
+    model = {m.__name__: m for m in SERVED.bodies}[model_name]
+
+    def errors(exc: RequestValidationError) -> str:
+        return repr([(e["type"], tuple(e["loc"]), e["msg"], e.get("input"), e.get("ctx")) for e in exc.errors()])
+
+    async def route(body) -> PlainTextResponse:
+        return PlainTextResponse(repr(body))
+
+    route.__annotations__["body"] = model  # what FastAPI reads: this module's annotations are strings
+    app = FastAPI()
+    app.add_api_route("/x", route, methods=["POST"])
+    app.add_exception_handler(RequestValidationError, lambda r, e: PlainTextResponse(errors(e), 422))
+
+    async def post(body: bytes) -> tuple[int, str]:
+        scope = {"type": "http", "method": "POST", "path": "/x", "headers": [(b"content-type", b"application/json")]}
+        scope |= {"query_string": b"", "root_path": "", "scheme": "http", "server": ("t", 80), "http_version": "1.1"}
+        sent = iter([{"type": "http.request", "body": body, "more_body": False}])
+        answer: list = []
+
+        async def receive():
+            return next(sent, {"type": "http.disconnect"})
+
+        async def send(message):
+            answer.append(message.get("status") or message.get("body", b"").decode())
+
+        await app(scope, receive, send)
+        return answer[0], answer[1]
+
+    def ours(body: bytes) -> tuple[int, str]:
+        try:
+            return 200, repr(read_json(model, body))
+        except RequestValidationError as e:
+            return 422, errors(e)
+        except ApiError as e:
+            return e.status, '{"detail":"%s"}' % e.message  # FastAPI's own body for its 400
+
+    for body in BODIES:
+        assert ours(body) == asyncio.run(post(body)), body[:60]

@@ -41,6 +41,9 @@ class Selection(TypedDict):
     """The long-text policy to serve: the report's choice where the variant's gate verdict covers it, else the
     one its gate verified (None: the variant's own). qserve.bench.policies.served_policy."""
     long_text_why: str
+    versus: dict[str, object] | None
+    """The recommended variant against the runner-up: ratio with its interval, tied or not, the tie rule (None with
+    one candidate)."""
 
 
 @dataclass(frozen=True)

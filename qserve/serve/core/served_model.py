@@ -10,6 +10,8 @@ state.py builds and swaps these; routes reach them through ServeState.model(name
 
 from __future__ import annotations
 
+import logging
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +32,8 @@ from qserve.serve.core.shadow import Shadow
 from qserve.serve.infra.config import ServeConfig
 from qserve.serve.infra.errors import ApiError
 from qserve.serve.infra.metrics import ModelMetrics
+
+log = logging.getLogger("qserve.serve")
 
 Loader = Callable[[ServeConfig], ModelRuntime]
 """config -> the loaded model; create_app takes one (tests wrap the real runtime through it)."""
@@ -104,7 +108,11 @@ def load_model(config: ServeConfig) -> ModelRuntime:
         max_batch_tokens=config.max_batch_tokens,
         cuda_graphs=config.cuda_graphs,
     )
-    return load_runtime(config.variant_dir, config.device, options, allow_extra_files=config.allow_extra_files)
+    started = time.perf_counter()
+    runtime = load_runtime(config.variant_dir, config.device, options, allow_extra_files=config.allow_extra_files)
+    # its own line: start to ready split into loading and the warm-up that follows (benchmarks/image_report.py)
+    log.info("loaded %s from %s in %.2f s; warming up", runtime.name, config.variant_dir, time.perf_counter() - started)
+    return runtime
 
 
 @dataclass(eq=False)

@@ -29,7 +29,6 @@ import os
 import signal
 import socket
 from collections.abc import Callable
-from typing import Any
 
 from qserve import QserveError
 
@@ -73,7 +72,7 @@ def die_with_parent() -> None:
         pass
 
 
-def supervise(workers: int, target: Callable[..., Any], args_of: Callable[[int], tuple[Any, ...]]) -> int:
+def supervise(workers: int, target: Callable[..., object], args_of: Callable[[int], tuple[object, ...]]) -> int:
     """Run `target(*args_of(i))` in `workers` spawned processes until they end; 0 when every one ended on the
     supervisor's signal, else the status of the first that ended on its own (the others are stopped)."""
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter each: no forked CUDA, threads or locks

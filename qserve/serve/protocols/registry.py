@@ -2,7 +2,7 @@
 
     python -c "from qserve.serve.protocols.registry import PROTOCOLS; print([p.name for p in PROTOCOLS])"
 
-Each is one module's declaration (spec.ProtocolSpec): the app, the guard's route table and fast path, metrics,
+Each is one module's declaration (spec.ProtocolSpec): the app, the guard's route table, metrics,
 tracing and the OpenAPI document derive everything from this tuple. Adding a protocol: one new module, one line
 here.
 """

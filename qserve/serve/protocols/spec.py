@@ -1,35 +1,27 @@
-"""What a serving protocol declares of itself, and the one route table the app, the guard and the fast path read.
+"""What a serving protocol declares of itself, and the one route table the app, the guard and the metrics read.
 
     python -c "from qserve.serve.protocols.registry import PROTOCOLS; \\
 [print(p.name, r.method, r.path) for p in PROTOCOLS for r in p.routes]"
 
-A ProtocolSpec is one module's declaration: its routes (method, path, the endpoint FastAPI calls and, for a route
-that classifies, how its body is read and the answer function), its error shape, its OpenAPI additions, its
-metrics label and any server it runs beside HTTP (V2's gRPC). registry.py lists the protocols; from that one tuple
-Protocols builds the one route table: the app registers every FastAPI route from it, the guard (qserve/serve/
-guard.py) matches each request against it once (its template for metrics, whether its body is read, its path's
-model) and answers the inference routes from that match on the fast path (fast_routes), metrics label each
-request by it, tracing picks the routes it traces on open paths, and the OpenAPI document gets each protocol's
-additions. A route declared with `answered` gives both its FastAPI route and its fast path, so the two cannot
-drift.
+A ProtocolSpec is one module's declaration (routes, error shape, OpenAPI additions, metrics label, servers beside
+HTTP); Protocols is the one route table built from registry.py's list. An inference route (`inference`) is answered
+by the guard alone; FastAPI holds only its OpenAPI entry (docs/architecture.md).
 """
 
 from __future__ import annotations
 
-import inspect
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from fastapi import Request, Response
+from fastapi import Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette._utils import get_route_path
-from starlette.datastructures import Headers
 from starlette.routing import compile_path
-from starlette.types import Message, Scope, Send
+from starlette.types import Scope
 
 from qserve.artifact import Manifest
 from qserve.serve.core.state import ServeState
@@ -37,18 +29,16 @@ from qserve.serve.infra.config import ServeConfig
 from qserve.serve.infra.errors import ApiError
 
 B = TypeVar("B")
+M = TypeVar("M", bound=BaseModel)
+REF_TEMPLATE = "#/components/schemas/{model}"
 FOUND_CACHE = 4096
 """(path, method) pairs whose protocol Protocols keeps found; more than this are looked up each time."""
 DOCS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
 """The paths FastAPI serves itself (its defaults: the document and its two viewers), GET and HEAD, open to all."""
 
-Bound = Callable[[Request], Awaitable[object]]
-"""A parsed body's answer, still to compute: (the request) -> what the route's JSONResponse holds (or the route's
-Response itself, as V2 builds it)."""
-
-Binder = Callable[[ServeState, Scope, bytes], Bound | None]
-"""One route's fast path: (state, scope, body) -> its answer still to compute, or None when the body does not
-parse, so the FastAPI route answers it exactly as it would have."""
+Respond = Callable[[ServeState, bytes, Request], Awaitable[object]]
+"""An inference route's one answer: (state, its body as read, the request) -> what its JSONResponse holds (or the
+Response itself, as V2 builds it); raises ApiError or RequestValidationError for what it refuses."""
 
 Endpoint = Callable[..., Any]
 """A FastAPI endpoint: its signature is what FastAPI reads (the body model, path and query parameters)."""
@@ -57,99 +47,109 @@ Endpoint = Callable[..., Any]
 @dataclass(frozen=True)
 class Route:
     """One HTTP route: `endpoint(st)` makes what FastAPI calls for `method path`; `options` are FastAPI's
-    add_api_route keywords (tags, summary, response_model, responses, ...). A route with `fast` is an
-    inference route (it queues texts): the guard answers it from its fast path, refuses it early when the
-    queue is full, and tracing follows it even on an open path. `open`: its path answers without the API key
-    (a probe, the page; an inference route on the same path still needs it). `label`: its metrics label when it
-    is not its protocol's."""
+    add_api_route keywords. An inference route (made by `inference`) has `answer`, the guard's one way of
+    answering it, and `body`, the model its OpenAPI entry shows. `open`: its path answers without the API key (an
+    inference route there still needs it). `label`: its metrics label when it is not its protocol's."""
 
     method: str
     path: str
     endpoint: Callable[[ServeState], Endpoint]
     options: Mapping[str, Any] = field(default_factory=dict)
-    fast: Binder | None = None
+    answer: Respond | None = None
+    body: type[BaseModel] | None = None
     open: bool = False
     label: str | None = None
 
     @property
     def inference(self) -> bool:
-        return self.fast is not None
+        return self.answer is not None
 
 
 @dataclass(frozen=True)
-class RawBody(Generic[B]):
-    """A body an inference route reads as bytes, not as one JSON model (V2: JSON, or a JSON header followed by
-    binary tensor data). `parse(body, headers)` -> the request, or raises ApiError / RequestValidationError (the
-    route's 400 / 422). `first(st, request)`: the checks the route answers before any word on the body (V2: the
-    model and version its path names, so an unknown model is a 404 whatever the body); the answer makes them
-    itself for a body that parses."""
+class Body(Generic[B]):
+    """How an inference route reads its body: `read(body, request)` -> what its answer takes, or raises ApiError /
+    RequestValidationError (its 400 / 422); `schema`: the body its OpenAPI entry shows; `first(st, request)`: what
+    the route checks before any word on the body (V2: the model its path names, a 404 whatever the body)."""
 
-    parse: Callable[[bytes, Headers], B]
+    schema: type[BaseModel]
+    read: Callable[[bytes, Request], B]
     first: Callable[[ServeState, Request], object] | None = None
 
 
-def answered(
+def json_body(model: type[M]) -> Body[M]:
+    """A JSON body read as `model`, with FastAPI's statuses and words (read_json)."""
+    return Body(model, lambda data, request: read_json(model, data))
+
+
+def read_json(model: type[M], data: bytes) -> M:
+    """`data` as `model`: pydantic's JSON parser first (one pass); what it refuses is read as FastAPI reads a JSON
+    body (json.loads, then the model), so a BOM is taken and every refusal is FastAPI's RequestValidationError."""
+    try:
+        return model.model_validate_json(data)
+    except ValidationError:
+        pass
+    if not data:
+        raise RequestValidationError([{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}])
+    try:
+        value = json.loads(data)
+    except json.JSONDecodeError as e:
+        error = {"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error", "input": {}}
+        raise RequestValidationError([{**error, "ctx": {"error": e.msg}}]) from None
+    except Exception:  # not UTF-8, too deep: FastAPI's words
+        raise ApiError(400, "There was an error parsing the body") from None
+    try:
+        return model.model_validate(value, from_attributes=True)
+    except ValidationError as e:
+        raise RequestValidationError([{**x, "loc": ("body", *x["loc"])} for x in e.errors(include_url=False)]) from None
+
+
+# What FastAPI holds of an inference route: its OpenAPI entry. No docstring: FastAPI would print it as a description.
+async def documented() -> None:
+    raise RuntimeError("an inference route is answered by the guard (qserve/serve/guard.py), never by FastAPI")
+
+
+def inference(
     method: str,
     path: str,
-    body: type[BaseModel] | RawBody[Any],
-    answer: Callable[[ServeState, Any, Request], Awaitable[object]],
+    body: Body[B],
+    answer: Callable[[ServeState, B, Request], Awaitable[object]],
     name: str,
-    **options: Any,
-) -> Route:  # Any: the parsed body (the model or what the RawBody parses); FastAPI's keywords
-    """An inference route: its body read as `body` (a JSON model, or a RawBody) and answered by `answer(st, parsed
-    body, request)`, as JSON (or the Response it returns). Both the FastAPI route (a JSON model validated by
-    FastAPI and shown in OpenAPI; a raw body parsed by the route, its path parameters in the signature) and the
-    guard's fast path (the same model or parser on the body already read) call `answer`. `name` is the endpoint's
-    name (OpenAPI's operationId)."""
+    **options: object,
+) -> Route:
+    """An inference route: its body read by `body` and answered by `answer(st, read body, request)`, by the guard
+    alone. FastAPI keeps its OpenAPI entry: `name` (the operationId), its body and path parameters, `options`."""
 
-    def endpoint(st: ServeState) -> Endpoint:
-        async def respond(parsed: Any, request: Request) -> Response:  # Any: what `body` reads
-            out = await answer(st, parsed, request)
-            return out if isinstance(out, Response) else JSONResponse(out)
-
-        if isinstance(body, RawBody):
-            raw = body
-
-            async def route(request: Request, **path: str) -> Response:
-                try:
-                    parsed = raw.parse(await request.body(), request.headers)
-                except Exception:
-                    if raw.first is not None:
-                        raw.first(st, request)  # what the route answers before the body's own refusal
-                    raise
-                return await respond(parsed, request)
-
-            params = [
-                inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)
-                for p in compile_path(path)[2]
-            ]
-            returns: type[Response] = Response
-        else:
-
-            async def route(body: Any, request: Request) -> Response:  # type: ignore[misc]  # Any: `body`, as the signature says
-                return await respond(body, request)
-
-            params = [inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=body)]
-            returns = JSONResponse
-
-        route.__name__ = route.__qualname__ = name
-        # FastAPI reads the body model and path parameters from the signature; they are only known here, at run time
-        route.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-            [*params, inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request)],
-            return_annotation=returns,
-        )
-        return route
-
-    def fast(st: ServeState, scope: Scope, data: bytes) -> Bound | None:
+    async def respond(st: ServeState, data: bytes, request: Request) -> object:
         try:
-            parsed = (
-                body.parse(data, Headers(scope=scope)) if isinstance(body, RawBody) else body.model_validate_json(data)
-            )
-        except (ValidationError, ApiError, RequestValidationError):
-            return None
-        return lambda request: answer(st, parsed, request)
+            parsed = body.read(data, request)
+        except Exception:
+            if body.first is not None:
+                body.first(st, request)  # what the route answers before the body's own refusal
+            raise
+        return await answer(st, parsed, request)
 
-    return Route(method, path, endpoint, options, fast)
+    ref = {"$ref": REF_TEMPLATE.format(model=body.schema.__name__)}
+    extra: dict[str, Any] = {"requestBody": {"content": {"application/json": {"schema": ref}}, "required": True}}
+    params = compile_path(path)[2]
+    if params:
+        extra["parameters"] = [
+            {"name": p, "in": "path", "required": True, "schema": {"type": "string", "title": p.title()}}
+            for p in params
+        ]
+    return Route(
+        method, path, lambda st: documented, {"name": name, "openapi_extra": extra, **options}, respond, body.schema
+    )
+
+
+def document_bodies(schema: dict[str, Any], models: Iterable[type[BaseModel]]) -> None:
+    """The inference routes' body models into the OpenAPI components, as FastAPI writes a model's schema (no null
+    values): FastAPI does not read their bodies, so it does not know them."""
+    comps = schema.setdefault("components", {}).setdefault("schemas", {})
+    for model in models:
+        full = jsonable_encoder(model.model_json_schema(ref_template=REF_TEMPLATE), exclude_none=True)
+        comps.update(full.pop("$defs", {}))
+        comps[model.__name__] = full
+    schema["components"]["schemas"] = dict(sorted(comps.items()))
 
 
 @dataclass(frozen=True)
@@ -176,14 +176,11 @@ class Published:
 
 @dataclass(frozen=True)
 class OpenApi:
-    """A protocol's part of the OpenAPI document. `texts`: components whose texts and lists of texts carry this
-    server's --max-chars and --max-inputs; `long_text`: components whose long_text pattern is bounded by the
-    served model's max_length; `components(schema)` adds what FastAPI does not know (before the limits);
-    `publish(components, published)` narrows the protocol's schemas to this server and its model (after them)."""
+    """A protocol's part of the OpenAPI document: `texts` (components given --max-chars and --max-inputs),
+    `long_text` (components whose long_text pattern gets the model's max_length), `publish` (its own narrowing)."""
 
     texts: tuple[str, ...] = ()
     long_text: tuple[str, ...] = ()
-    components: Callable[[dict[str, Any]], None] | None = None
     publish: Callable[[dict[str, Any], Published], None] | None = None
 
 
@@ -199,11 +196,9 @@ Start = Callable[[ServeState], Awaitable[Running | None]]
 
 @dataclass(frozen=True)
 class ProtocolSpec:
-    """One protocol, as its module declares it. `expected(config)`: what a body its routes refuse should have
-    been, said in the 400/422 message (None: the default protocol's); `raw_body`: its POST bodies may come
-    without a Content-Type or as application/octet-stream (binary data), not only as JSON; `hint`: the
-    inference call the 404 message points to, if any; `servers`: servers it runs beside HTTP, by the name the
-    app's state keeps each under (app.state.grpc)."""
+    """One protocol, as its module declares it. `expected(config)`: the 400/422 message's "expected ..." (None: the
+    default protocol's); `raw_body`: its POST bodies may be octet-stream or untyped; `hint`: the 404's pointer;
+    `servers`: what it runs beside HTTP, by its name on app.state (V2's grpc)."""
 
     name: str
     routes: tuple[Route, ...]
@@ -218,12 +213,9 @@ class ProtocolSpec:
 
 @dataclass(frozen=True)
 class RouteMatch:
-    """A request's place in the route table: `template` is the path template of the route it reaches (a route at
-    its path under another method: the 405's path; "unmatched": none); `full` when its method takes a route
-    there, `route` that route (None for FastAPI's own docs), `params` the path's parameters (the model named).
-    `protocol` is the protocol the request belongs to (its error shape, its metrics `label`): the route's; for a
-    method no route at the path takes (a 405), the path's GET route for HEAD, else its POST route (an inference
-    route speaks for its path: POST / beside the page's GET /), else its first; None: the docs, or no route."""
+    """A request's place in the route table: the `template` it reaches ("unmatched": none), `full` when its method
+    takes a `route` there (None: FastAPI's docs), the path's `params`, and the `protocol` it belongs to (for a 405:
+    the path's GET route for HEAD, else its POST route, else its first) with its metrics `label`."""
 
     template: str
     full: bool = False
@@ -237,10 +229,8 @@ UNMATCHED = RouteMatch("unmatched")
 
 
 class Protocols:
-    """The served protocols (registry.PROTOCOLS) and the one route table built from them, read through one
-    lookup: `match(path, method)`, what a request reaches as the app's router will route it (FastAPI's docs
-    first, then every declared route in order) and the protocol it belongs to. The guard, the fast path, the
-    error handlers and the metrics all decide on that match."""
+    """The served protocols and the one route table built from them, read through one lookup, `match(path,
+    method)`: what the app's router will reach (FastAPI's docs first, then the declared routes in order)."""
 
     def __init__(self, protocols: Sequence[ProtocolSpec], default: ProtocolSpec, docs: Sequence[str] = DOCS):
         self.all = tuple(protocols)
@@ -250,6 +240,7 @@ class Protocols:
         self._docs = [(compile_path(d)[0], d) for d in docs]
         self._found: dict[tuple[str, str], RouteMatch] = {}
         self.inference_paths = frozenset(r.path for p in self.all for r in p.routes if r.inference)
+        self.bodies = tuple(dict.fromkeys(r.body for p in self.all for r in p.routes if r.body is not None))
         self.open_paths = frozenset(r.path for p in self.all for r in p.routes if r.open)
         self.raw_body_paths = frozenset(r.path for p in self.all if p.raw_body for r in p.routes if r.method == "POST")
         labels = [p.metrics_label for p in self.all] + [r.label for p in self.all for r in p.routes if r.label]
@@ -310,58 +301,6 @@ def errors(found: RouteMatch) -> ErrorShape | None:
     return None if found.protocol is None else found.protocol.errors
 
 
-FastRoute = Callable[[RouteMatch, Scope, bytes, Send], Awaitable[bool]]
-"""The guard's hook once it holds a request's whole body: (its match, scope, body, send) -> True when it answered."""
-
-
-def fast_routes(
-    st: ServeState, protocols: Protocols, error: Callable[[Request, Exception], Awaitable[Response]]
-) -> FastRoute:
-    """Every inference route answered straight from the guard, past FastAPI's request machinery.
-
-    Profiled at one client (py-spy, onnx-int8), FastAPI's per-request work around the endpoint (body and
-    content-type handling, dependency solving, the exception-handling layers, the response's send chain) was
-    about a third of the event loop's time outside the model. The guard's match in the route table names the
-    route; its body is read by the very model or parser the route declares and answered by the function the route
-    calls (Route.fast); `error` renders an exception as the app's handlers do (in the route's protocol's error
-    shape). A body the route's fast path refuses goes on to the FastAPI route untouched, so every 400/422 reads
-    exactly as before; the routes stay what OpenAPI shows."""
-
-    async def handle(found: RouteMatch, scope: Scope, body: bytes, send: Send) -> bool:
-        if found.route is None or found.route.fast is None:
-            return False
-        bound = found.route.fast(st, scope, body)
-        if bound is None:
-            return False
-        scope["path_params"] = dict(found.params)  # what request.path_params reads, as the router would set it
-        request = Request(scope)
-        try:
-            answer = await bound(request)
-        except Exception as e:  # ApiError and the unexpected, as the app's exception handlers answer them
-            await (await error(request, e))(scope, _no_receive, send)
-            return True
-        if isinstance(answer, Response):  # V2: JSON or binary tensor data, built by the route's own encoder
-            await answer(scope, _no_receive, send)
-            return True
-        # What JSONResponse(answer) sends, byte for byte (same dumps, same headers), without building one
-        out = json.dumps(answer, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-length", str(len(out)).encode()), (b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": out})
-        return True
-
-    return handle
-
-
 def route_path(scope: Scope) -> str:
     """The path the route table matches: the request's path under the app's root_path, as Starlette routes it."""
     return get_route_path(scope)
-
-
-async def _no_receive() -> Message:
-    return {"type": "http.disconnect"}  # a plain Response never reads; the body was consumed already

@@ -5,28 +5,9 @@
     python -c "from huggingface_hub import InferenceClient as C; print(C(model='http://127.0.0.1:8000')\\
 .text_classification('A wonderful film.'))"
 
-What TEI (v1.9) answers for a classifier, and what qserve does with each field:
-- POST /predict {"inputs", "truncate", "truncation_direction", "raw_scores"}: `inputs` as TEI reads it: a
-  string; a flat list (one text, or a [text, text_pair] pair for a pair model: TEI's grammar; a one-text
-  model, which cannot take a pair, reads a flat list of several strings as a batch); or a batch of
-  [text] / [text, text_pair] lists. One sequence answers [{score, label}], a batch a list of those, every
-  label sorted by score; raw_scores: the logits instead of the model's scores.
-- Length: TEI reads `truncate` absent as its server's --auto-truncate. qserve takes true: every other
-  qserve protocol reads a long text by a policy rather than refusing it, so the same text gets the same
-  answer here as on /v1. truncate=true cuts at max_length tokens: truncation_direction Right keeps the
-  start (qserve's `head`), Left keeps the end (`tail`); absent, the served model's own policy reads it (what
-  /v1 reads: a text within max_length is read whole either way, and a long one gets /v1's answer, the
-  policy the model was trained and chosen for, rather than TEI's head cut); truncate=false refuses a longer
-  text (413, TEI's "`inputs` must have less than N tokens"). qserve's own policies stay reachable through
-  the extra field `long_text` (head, tail, head-tail[:H], windows[:W[:S[:AGG]]]), which replaces both.
-- POST / answers as /predict (TEI routes / by model type). huggingface_hub's InferenceClient posts there
-  {"inputs": text, "parameters": {"top_k", "function_to_apply"}}: a body with `parameters` is the HF
-  Inference API form, answered [[{label, score}, ...]] (one list per input, top_k of them), with
-  function_to_apply softmax / sigmoid / none applied to the logits (absent: the model's own scores).
-- GET /info (TEI's Info), POST /tokenize, POST /decode (the served model's tokenizer).
-- Errors are TEI's {"error", "error_type"}: 413 validation (too long, too many inputs), 422 a body TEI
-  cannot read, 424 backend (inference failed or timed out), 429 overloaded, 503 unhealthy, 400 empty.
-TEI's routes serve the default model (TEI serves one); every check, limit, batcher and metric is /v1's.
+POST /predict and POST / (with `parameters`: huggingface_hub's InferenceClient form), GET /info, POST /tokenize,
+POST /decode, in TEI's shapes and error body {"error", "error_type"}, on the default model. Where qserve reads a
+field differently (a missing `truncate`, a flat list, `long_text`) and why: docs/migration.md.
 """
 
 from __future__ import annotations
@@ -48,7 +29,7 @@ from qserve.serve.core.state import ServedModel, ServeState
 from qserve.serve.core.texts import check_texts
 from qserve.serve.infra.config import ServeConfig
 from qserve.serve.infra.errors import ApiError
-from qserve.serve.protocols.spec import ErrorShape, OpenApi, ProtocolSpec, Published, Route, answered
+from qserve.serve.protocols.spec import ErrorShape, OpenApi, ProtocolSpec, Published, Route, inference, json_body
 from qserve.textpairs import PAIR
 
 T = TypeVar("T")
@@ -312,7 +293,7 @@ async def root_answer(st: ServeState, body: TeiRootRequest, request: Request) ->
     return await predict(st, body, request, hf)
 
 
-def info(st: ServeState) -> dict[str, Any]:
+def info(st: ServeState) -> dict[str, object]:
     """TEI's Info for the default model."""
     model = st.model(None)
     rt, cfg = model.runtime, st.config
@@ -384,7 +365,7 @@ async def tokenize(st: ServeState, body: TeiTokenizeRequest, request: Request) -
 
 
 async def decode(st: ServeState, body: TeiDecodeRequest, request: Request) -> list[str]:
-    rows = [body.ids] if body.ids and isinstance(body.ids[0], int) else list(body.ids)
+    rows: list[Any] = [body.ids] if body.ids and isinstance(body.ids[0], int) else list(body.ids)  # lists of ids
     if len(rows) > st.config.max_inputs:
         raise ApiError(422, f"ids has {len(rows)} sequences; at most {st.config.max_inputs} (--max-inputs)")
     rt = st.model(None, request).runtime  # ids its tokenizer does not know decode to nothing, as in TEI
@@ -430,10 +411,10 @@ TEI = ProtocolSpec(
         publish=publish,
     ),
     routes=(
-        answered(
+        inference(
             "POST",
             "/predict",
-            TeiPredictRequest,
+            json_body(TeiPredictRequest),
             predict,
             "tei_predict",
             response_model=PREDICTION,
@@ -442,10 +423,10 @@ TEI = ProtocolSpec(
             summary="TEI: classify a text, a pair or a batch; [{score, label}] per input, by score",
         ),
         # huggingface_hub's InferenceClient posts here; GET / beside it is the page (page.py)
-        answered(
+        inference(
             "POST",
             "/",
-            TeiRootRequest,
+            json_body(TeiRootRequest),
             root_answer,
             "tei_root",
             response_model=PREDICTION,

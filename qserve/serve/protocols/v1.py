@@ -22,7 +22,7 @@ from qserve.serve.core.pairs import text_inputs
 from qserve.serve.core.schemas import ROUTE_ERRORS, ErrorResponse, LongText, PositiveJsonInt, Text, TextPair, Threshold
 from qserve.serve.core.state import ServedModel, ServeState
 from qserve.serve.infra.config import ServeConfig
-from qserve.serve.protocols.spec import Endpoint, OpenApi, ProtocolSpec, Published, Route, answered
+from qserve.serve.protocols.spec import Endpoint, OpenApi, ProtocolSpec, Published, Route, inference, json_body
 from qserve.textpairs import PAIR
 
 ORIGIN = Origin("v1")
@@ -112,7 +112,7 @@ class ClassifyResponse(BaseModel):
 
 
 # -- POST /v1/classify -------------------------------------------------------------------------------
-def threshold_fields(labels: list[str], threshold: Thresholds | None) -> dict[str, Any]:
+def threshold_fields(labels: list[str], threshold: Thresholds | None) -> dict[str, object]:
     """/v1's record of the threshold applied: `threshold` (one for all), `thresholds` (label -> its own), or none."""
     if threshold is None:
         return {}
@@ -122,7 +122,7 @@ def threshold_fields(labels: list[str], threshold: Thresholds | None) -> dict[st
 
 
 async def classify(st: ServeState, body: ClassifyRequest, request: Request) -> dict[str, object]:
-    """POST /v1/classify's answer to a validated body (the route and the guard's fast path both call this)."""
+    """POST /v1/classify's answer to a validated body."""
     model = st.model(body.model, request)
     texts, pairs = text_inputs(st, model, body.inputs)  # a pair model's {text, text_pair} (pairs.py)
     rid = request.state.request_id
@@ -162,7 +162,7 @@ def created(model: ServedModel) -> int:
         return 0
 
 
-def openai_models(st: ServeState) -> dict[str, Any]:
+def openai_models(st: ServeState) -> dict[str, object]:
     """OpenAI's list shape, carried beside /v1/models' own keys."""
     return {
         "object": "list",
@@ -240,10 +240,10 @@ V1 = ProtocolSpec(
                 responses={code: {"model": ErrorResponse} for code in (401, 503)},
             ),
         ),
-        answered(
+        inference(
             "POST",
             "/v1/classify",
-            ClassifyRequest,
+            json_body(ClassifyRequest),
             classify,
             "classify",
             tags=["v1"],

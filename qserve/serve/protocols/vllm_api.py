@@ -3,19 +3,8 @@
     curl -s -H 'Content-Type: application/json' -d '{"model": "onnx-int8", "input": ["great", "awful"]}' \\
       127.0.0.1:8000/classify
 
-As vLLM (docs/models/pooling_models/classify.md) answers it: {"id": "classify-...", "object": "list",
-"created", "model", "data": [{"index", "label", "probs", "num_classes"}], "usage": {"prompt_tokens",
-"total_tokens", "completion_tokens": 0, "prompt_tokens_details": null}}. `probs` are the model's scores by
-its problem type (a softmax row; multi-label: a sigmoid per label; regression: the value), `label` the
-label of the highest one, as vLLM's classify activation and argmax give them. `model` selects a served
-model (null: the default; GET /v1/models lists them in OpenAI's shape too); an unknown name is a 404
-naming the served ones.
-
-Length: vLLM refuses a prompt longer than the model unless `truncate_prompt_tokens` is set; qserve reads
-it by the model's long-text policy instead, so the same text gets the same answer as on /v1 (say
-`long_text`, qserve's extra field, for another policy). truncate_prompt_tokens -1 (or max_length and more)
-keeps the last max_length tokens, as vLLM's left truncation does (qserve's `tail`); fewer tokens than the
-model reads is refused (422). Errors keep qserve's {"error", "request_id"} body.
+vLLM's answer shape (data: index, label, probs, num_classes; usage); `model` selects a served model. A long text is
+read by the model's policy, not refused; truncate_prompt_tokens -1 is qserve's `tail` (docs/migration.md).
 """
 
 from __future__ import annotations
@@ -34,7 +23,7 @@ from qserve.serve.core.schemas import ROUTE_ERRORS, LongText, Text, TextPair, Tr
 from qserve.serve.core.state import ServedModel, ServeState
 from qserve.serve.infra.config import ServeConfig
 from qserve.serve.infra.errors import ApiError
-from qserve.serve.protocols.spec import OpenApi, ProtocolSpec, Published, answered
+from qserve.serve.protocols.spec import OpenApi, ProtocolSpec, Published, inference, json_body
 
 ORIGIN = Origin("vllm")
 
@@ -135,7 +124,7 @@ async def answer(st: ServeState, request: Request, model: ServedModel, texts: li
     return await st.submit(InferenceRequest(model.name, texts, ORIGIN, request.scope, rid, long_text=policy))
 
 
-def encode(ans: Answer) -> dict[str, Any]:
+def encode(ans: Answer) -> dict[str, object]:
     labels = list(ans.labels)
     rows = np.asarray(ans.probs)
     data = []
@@ -160,8 +149,8 @@ def encode(ans: Answer) -> dict[str, Any]:
     }
 
 
-async def classify(st: ServeState, body: VllmClassifyRequest, request: Request) -> dict[str, Any]:
-    """POST /classify's answer to a validated body (the route and the guard's fast path both call this)."""
+async def classify(st: ServeState, body: VllmClassifyRequest, request: Request) -> dict[str, object]:
+    """POST /classify's answer to a validated body."""
     model = st.model(body.model, request)
     inputs: str | list[str | TextPair] = body.input if isinstance(body.input, str) else list(body.input)
     texts, _ = text_inputs(st, model, inputs, "input")  # a pair model refuses lone texts (pairs.py)
@@ -174,10 +163,10 @@ VLLM = ProtocolSpec(
     expected=expected,
     openapi=OpenApi(texts=("VllmClassifyRequest",), long_text=("VllmClassifyRequest",), publish=publish),
     routes=(
-        answered(
+        inference(
             "POST",
             "/classify",
-            VllmClassifyRequest,
+            json_body(VllmClassifyRequest),
             classify,
             "vllm_classify",
             tags=["vllm"],

@@ -1,12 +1,11 @@
-"""KServe V2's part of the OpenAPI document: the infer request FastAPI does not know, narrowed to this server.
+"""KServe V2's part of the OpenAPI document: its schemas narrowed to this server.
 
     curl -s 127.0.0.1:8000/openapi.json | \\
 python -c "import json, sys; print(json.load(sys.stdin)['components']['schemas']['V2InputTensor'])"
 
-`components` puts V2InferRequest (read by hand, rest.py) into the document; `publish` narrows V2's schemas to this
-server and the model it serves by default (spec.Published), so that a schema-valid request is one it accepts:
-the output names of the model's problem type, the inputs it takes (a one-text model's one `text`, a pair model's
-two), and every shape/data pairing up to --max-inputs.
+`publish` narrows V2's schemas to this server and the model it serves by default (spec.Published), so that a
+schema-valid request is one it accepts: the output names of the model's problem type, the inputs it takes (a
+one-text model's one `text`, a pair model's two), and every shape/data pairing up to --max-inputs.
 """
 
 from __future__ import annotations
@@ -14,19 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from qserve.serve.protocols.spec import OpenApi, Published
-from qserve.serve.protocols.v2.schemas import V2InferRequest
 from qserve.serve.protocols.v2.tensors import output_names
 from qserve.textpairs import PAIR, TEXT
 
 MAX_SHAPE_BRANCHES = 256  # above this --max-inputs, the shape/data pairing is stated in prose only
-
-
-def register_schemas(schema: dict[str, Any]) -> None:
-    """Put V2InferRequest (read by hand, so FastAPI does not know it) into the OpenAPI components."""
-    full = V2InferRequest.model_json_schema(ref_template="#/components/schemas/{model}")
-    comps = schema.setdefault("components", {}).setdefault("schemas", {})
-    comps.update(full.pop("$defs", {}))
-    comps["V2InferRequest"] = full
 
 
 def publish(comps: dict[str, Any], published: Published) -> None:
@@ -56,6 +46,4 @@ def publish(comps: dict[str, Any], published: Published) -> None:
         ]
 
 
-OPENAPI = OpenApi(
-    texts=("V2InputTensor",), long_text=("V2RequestParameters",), components=register_schemas, publish=publish
-)
+OPENAPI = OpenApi(texts=("V2InputTensor",), long_text=("V2RequestParameters",), publish=publish)

@@ -4,19 +4,9 @@
 i = t.InferInput('text', [1], 'BYTES'); i.set_data_from_numpy(np.array([b'great'], dtype=object)); \\
 print(c.infer('onnx-int8', [i]).as_numpy('probabilities'))"
 
-What a stock client sends, and what this module does with it:
-- no Content-Type at all (tritonclient.http): the body is JSON, as Triton and KServe assume;
-- the binary tensor data extension (tritonclient's default): an `Inference-Header-Content-Length`
-  header says how many bytes of the body are the JSON header; an input with
-  `parameters.binary_data_size` takes that many bytes of what follows, in input order (a BYTES
-  element is a 4-byte little-endian length + its UTF-8 bytes). Outputs come back the same way when
-  asked: `parameters.binary_data_output` for all, or `binary_data` per requested output;
-- GET /v2/models/{name}/config answers a Triton-style model configuration;
-- every error is the protocol's {"error": "..."} (plus our request_id).
-Versioned paths (/v2/models/{name}/versions/{version}/...) answer like the unversioned ones for the version
-being served, 404 for any other (models.py). POST .../infer is declared as every inference route is
-(spec.answered): its FastAPI route and the guard's fast path read the body with the same parser and answer with
-the same function.
+A body with no Content-Type is JSON (tritonclient.http sends none); the binary tensor data extension both ways
+(Inference-Header-Content-Length); a Triton-style model config; errors {"error", "request_id"}; versioned paths
+for the version being served only. What a stock client sends and gets: docs/protocols.md.
 """
 
 from __future__ import annotations
@@ -32,7 +22,6 @@ from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
-from starlette.datastructures import Headers
 
 from qserve import __version__
 from qserve.serve.core.answer import InferenceRequest, Origin
@@ -41,7 +30,7 @@ from qserve.serve.core.state import ServedModel, ServeState
 from qserve.serve.core.texts import check_texts, unicode_problem
 from qserve.serve.infra.config import ServeConfig
 from qserve.serve.infra.errors import ApiError
-from qserve.serve.protocols.spec import Endpoint, RawBody, Route, answered
+from qserve.serve.protocols.spec import Body, Endpoint, Route, inference
 from qserve.serve.protocols.v2.models import EXTENSIONS, model_config, model_metadata, served
 from qserve.serve.protocols.v2.schemas import V2InferRequest, V2InferResponse, V2ModelMetadata, flatten
 from qserve.serve.protocols.v2.tensors import (
@@ -70,12 +59,6 @@ INFER_RESPONSES: dict[int | str, dict[str, Any]] = {
         "followed by the outputs' bytes",
         "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
     },
-}
-INFER_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/V2InferRequest"}}},
-    }
 }
 INFER_DESCRIPTION = (
     "The body is JSON; a missing Content-Type means JSON (as tritonclient sends it). Binary tensor data "
@@ -111,11 +94,11 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     return body[:n], body[n:]
 
 
-def parse_infer(body: bytes, headers: Headers) -> InferBody:
+def parse_infer(body: bytes, request: Request) -> InferBody:
     """The body of POST .../infer: JSON, or a JSON header followed by binary tensor data (its length in the
     Inference-Header-Content-Length header). A 400 for what is not JSON, a RequestValidationError (the route's
     422, as FastAPI words it) for JSON that is not a V2InferRequest."""
-    header_length = headers.get(HEADER_LENGTH)
+    header_length = request.headers.get(HEADER_LENGTH)
     head, binary = _split_body(body, header_length)
     try:
         obj = json.loads(head)
@@ -223,7 +206,7 @@ def target(st: ServeState, request: Request) -> ServedModel:
 
 
 async def infer(st: ServeState, body: InferBody, request: Request) -> Response:
-    """POST .../infer's answer to a parsed body (the FastAPI route and the guard's fast path both call this)."""
+    """POST .../infer's answer to a parsed body."""
     model = target(st, request)
     req = body.request
     if req.id is not None and unicode_problem(req.id):
@@ -248,7 +231,7 @@ async def infer(st: ServeState, body: InferBody, request: Request) -> Response:
     return encode_response(head, [(*t, flag) for t, flag in zip(tensors, flags)])
 
 
-INFER_BODY_READ = RawBody(parse_infer, first=target)
+INFER_BODY = Body(V2InferRequest, parse_infer, first=target)
 """POST .../infer's body, read by hand (JSON or binary tensor data); the path's model and version answer first."""
 
 
@@ -326,16 +309,15 @@ def _model_routes(prefix: str) -> tuple[Route, ...]:
             _model_route("v2_config", model_config, versioned),
             dict(tags=["v2"], responses=model_errors, summary="Triton-style model configuration" + note),
         ),
-        answered(
+        inference(
             "POST",
             prefix + "/infer",
-            INFER_BODY_READ,
+            INFER_BODY,
             infer,
             "infer_versioned" if versioned else "infer",
             tags=["v2"],
             response_model=V2InferResponse,
             responses=INFER_RESPONSES,
-            openapi_extra=INFER_BODY,
             description=INFER_DESCRIPTION,
             summary="Infer: one BYTES input of n texts -> probabilities FP32 "
             "[n, k], label, truncated; JSON or binary tensor data" + note,

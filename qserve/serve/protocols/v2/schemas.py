@@ -143,16 +143,6 @@ class V2ModelMetadata(BaseModel):
     parameters: dict[str, Any] | None = None
 
 
-def flatten(data: list[Any]) -> list[Any]:
-    """V2 clients send data flat or nested by shape; both mean the same row-major tensor."""
-    out: list[Any] = []
-    stack = [iter(data)]
-    while stack:
-        for x in stack[-1]:
-            if isinstance(x, list):
-                stack.append(iter(x))
-                break
-            out.append(x)
-        else:
-            stack.pop()
-    return out
+def flatten(data: list[str] | list[list[str]]) -> list[str]:
+    """V2 clients send data flat ([n]) or nested by shape ([n, 1]); both mean the same texts."""
+    return [x for row in data for x in (row if isinstance(row, list) else [row])]
