@@ -2,18 +2,8 @@
 
     qserve serve models/minilm-l6-distilbert-imdb      # a model dir: serves the report's recommendation
 
-A bench report names it (report.json "recommended", the headline of report.md):
-among variants measured in that run, the lowest median batch-1 latency over the real
-test texts, each run at its own length (what people send; a length-bucketed variant
-at its bucket, as the server runs it), whose agreement with fp32 on the test split is
-at least the bar for its bits (int8 >= 99%, 4-bit >= 97%; 16/32-bit variants are held
-to the int8 bar). Agreement is by the model's problem type (qserve/problemtypes.py): the same top label;
-for multi-label the same on/off per label (99% at 8 bits); for regression 1 - mean |Δvalue| / the labels'
-range, so the bar is a mean error of at most 1% of the range at 8 bits (3% at 4). A run without real-text latency for
-every candidate ranks by the
-headline shape (b1/s128) instead; the ranking quotes both. Speed comes from the same
-report, so from the machine that ran it: the report names that CPU, and `qserve serve
-MODEL_DIR` warns when it is not the one serving.
+The lowest real-text b1 p50 (else the headline shape's) among the variants whose agreement with fp32 meets the
+bar for their bits (bar_for; agreement by problem type: qserve/problemtypes.py). The rule: docs/bench.md.
 """
 
 from __future__ import annotations
@@ -131,15 +121,15 @@ def recommend(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+VERSUS = ("runner_up", "ratio", "ratio_text", "tied", "tied_with", "tie_break")
+"""The comparison with the runner-up that choose() adds to a recommendation (and a selection record carries)."""
 TIE_RULE = "the higher gated agreement lower bound (where both are gated), then the smaller footprint, then the name"
 """How a tie between the fastest candidates is broken (docs/bench.md, "Ties")."""
 
 
 def choose(ok: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(the recommended row, its comparison with the runner-up) among rows meeting their bar, fastest first. The
-    fastest and every candidate whose paired ratio to it holds 1 (stats.ratio_ci over the rounds) are tied; TIE_RULE
-    picks among them. The comparison: {"runner_up", "ratio" (runner-up's latency over the recommended's, with its
-    interval), "tied", "tied_with", "tie_break"}; None with a single candidate."""
+    """(the recommended row, its comparison with the runner-up) among rows meeting their bar, fastest first; those
+    whose paired ratio to the fastest holds 1 are tied and TIE_RULE picks. No comparison with one candidate."""
     fastest = ok[0]
     if len(ok) < 2:
         return fastest, None
@@ -254,6 +244,7 @@ def from_model_dir(model_dir: str | Path) -> tuple[Path, dict[str, Any]]:
         "same_cpu": here == rec.get("cpu") if here and rec.get("cpu") else None,
         "long_text": long_text,
         "long_text_why": long_text_why,
+        "versus": {k: rec[k] for k in VERSUS if k in rec} or None,
     }
 
 

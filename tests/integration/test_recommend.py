@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from qserve import QserveError
-from qserve.bench.recommend import from_model_dir, md_lines, recommend
+from qserve.bench.recommend import VERSUS, from_model_dir, md_lines, recommend
 
 
 def _report(rows):
@@ -69,6 +69,7 @@ def test_model_dir_resolves_to_the_recommended_variant(tiny_variant, tmp_path):
     vdir, sel = from_model_dir(model_dir)
     assert vdir == model_dir / "variants" / "torch-fp32"
     assert sel["variant"] == "torch-fp32" and "100.00% >= 99%" in sel["why"] and sel["measured_on"] == "Test CPU"
+    assert sel["versus"] is None  # torch-fp32 is the only variant meeting its bar here
     shutil.rmtree(vdir)
     with pytest.raises(QserveError, match="recommends torch-fp32, but neither"):
         from_model_dir(model_dir)
@@ -92,3 +93,16 @@ def test_real_texts_at_their_own_length_rank_before_the_headline_shape():
     # one candidate without real-text latency: the whole ranking falls back to the headline shape
     del rep["variants"][2]["real_text"]
     assert recommend(rep)["variant"] == "ov-int8"
+
+
+def test_model_dir_selection_carries_the_comparison_with_the_runner_up(tiny_variant, tmp_path):
+    model_dir = tmp_path / "run"
+    shutil.copytree(tiny_variant, model_dir / "variants" / "onnx-int8")
+    rep = _report([("torch-fp32", 32, 20.0, 1.0, "ok"), ("onnx-int8", 8, 7.0, 0.995, "ok")])
+    rep["recommended"] = recommend(rep)
+    (model_dir / "report").mkdir()
+    (model_dir / "report" / "report.json").write_text(json.dumps(rep))
+    _, sel = from_model_dir(model_dir)
+    versus = sel["versus"]
+    assert sel["variant"] == "onnx-int8" and versus and versus["runner_up"] == "torch-fp32"
+    assert versus["ratio_text"] in sel["why"] and set(versus) <= set(VERSUS)
