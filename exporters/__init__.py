@@ -2,11 +2,8 @@
 
     qserve export models/minilm-imdb --bits 8          # -> models/minilm-imdb-variants/onnx-int8
 
-`export(checkpoint, name, out)` builds the variant in a temp dir beside `out`,
-copies the tokenizer, writes the manifest, loads it back through the runtime
-contract, gates parity against the fp32 reference, and only then renames it into
-place. A builder only has to write weights + config into the directory it is given;
-which module builds which variant is declared in the backend registry (qserve.variants).
+export() builds in a temp dir, writes the manifest, gates parity against fp32 and only then renames into place;
+a builder writes weights + config; which builds which is declared in qserve.variants.
 """
 
 from __future__ import annotations
@@ -34,9 +31,8 @@ def export(
     long_text: str | None = None,
     inputs: tuple[str, ...] | None = None,
 ) -> Manifest:
-    """Build variant `name` from `checkpoint` into `out`; returns the written manifest. `long_text`
-    overrides the long-text policy the checkpoint recorded (see qserve/longtext.py); `inputs` what one
-    input of the model is (("text", "text_pair"): a pair model trained elsewhere; None: the checkpoint's)."""
+    """Build variant `name` from `checkpoint` into `out`; returns the written manifest. `long_text` overrides the
+    checkpoint's policy; `inputs` what one input is (("text", "text_pair"): a pair model; None: the checkpoint's)."""
     return export_variant(
         Path(checkpoint),
         get_spec(name),

@@ -2,14 +2,9 @@
 
     qserve export models/minilm-l6-distilbert-imdb --bits 4 --backend bnb --dtype nf4
 
-The fp32 checkpoint is loaded through transformers with a `BitsAndBytesConfig`
-(quantization happens on load, on CPU), then written with save_pretrained: the
-safetensors file holds int8 weights + row scales (LLM.int8) or packed 4-bit
-weights + block absmax (nf4/fp4), and config.json holds the quantization_config,
-so loading the variant never needs the fp32 checkpoint again.
-
-fp4 (and nf4 with `--clip`) first clips each weight block to the range that minimises its
-output error on calibration texts (exporters.clipping): same format, better grid.
+Quantized on load through a `BitsAndBytesConfig` and written with save_pretrained (config.json holds the
+quantization_config), so the variant loads without the fp32 checkpoint. fp4 (nf4 with `--clip`) clips each weight
+block first (exporters.clipping).
 """
 
 from __future__ import annotations
@@ -26,17 +21,12 @@ from qserve.variants import VariantSpec
 if TYPE_CHECKING:
     from exporters.core import ExportContext
 
-# The classification head stays in full precision: it is tiny (dim*dim + dim*labels), so
-# quantizing it saves nothing, costs accuracy exactly where the logits are made, and the
-# CPU 4-bit kernel needs out_features divisible by 32 ("N must be divisible by block_n"),
-# which a 2-label classifier never is.
+# The head stays full precision: tiny, where the logits are made, and the CPU 4-bit kernel needs out_features % 32.
 SKIP_MODULES = ("pre_classifier", "classifier")
 
-# bitsandbytes computes 4-bit matmuls in bf16: the CPU kernel is bf16-only, and bf16 keeps
-# fp32's range on CUDA.
+# 4-bit matmuls compute in bf16: the CPU kernel is bf16-only, and bf16 keeps fp32's range on CUDA.
 COMPUTE_DTYPE_4BIT = "bfloat16"
-# Modules bnb does not quantize (embeddings, LayerNorm, head) stay fp32. transformers would
-# default them to fp16, which has no fast CPU kernels, and fp32 LayerNorm/softmax keep parity.
+# Modules bnb does not quantize stay fp32 (transformers' fp16 default has no fast CPU kernels).
 UNQUANTIZED_DTYPE = "float32"
 
 
@@ -91,9 +81,7 @@ def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, A
     checkpoint = ctx.checkpoint
     opts = BnbOptions.resolve(spec.name, options)
     record: dict[str, Any] = {}
-    # The clipped fp32 weights are only an input to bitsandbytes' quantizer: a scratch copy,
-    # never part of the variant, kept until the quantized model is saved (the unquantized
-    # tensors may still be mapped from it).
+    # the clipped fp32 weights: a scratch input to the quantizer, kept until the variant is saved (still mapped)
     with tempfile.TemporaryDirectory(prefix="qserve-clip-") as scratch:
         source = checkpoint
         if opts.clip:
@@ -134,8 +122,7 @@ def _quantized_model(source: Path, spec: VariantSpec, opts: BnbOptions) -> Any:
     config_kwargs = quantization_kwargs(spec, opts)
     if "bnb_4bit_compute_dtype" in config_kwargs:
         config_kwargs["bnb_4bit_compute_dtype"] = getattr(torch, config_kwargs["bnb_4bit_compute_dtype"])
-    # Quantize on CPU whatever the export device: the stored format is the same, and CPU
-    # always exists. Loading on CUDA later moves the already-quantized tensors.
+    # quantize on CPU whatever the export device: the stored format is the same
     return AutoModelForSequenceClassification.from_pretrained(
         source,
         quantization_config=BitsAndBytesConfig(**config_kwargs),
@@ -148,8 +135,7 @@ def _check_clipped(model: Any, clipped: list[str], block: int, name: str) -> Non
     """Clipping is only right for the Linears bitsandbytes then quantized, at the block size it used."""
     linears = quantized_linears(model)
     if set(linears) != set(clipped):
-        # A clipped Linear left in fp32 would lose accuracy for nothing; one quantized unclipped
-        # would be the plain export. Either means the skip rule and transformers' differ.
+        # a mismatch means the skip rule and transformers' differ
         raise QserveError(
             f"{name}: clipping covered {len(clipped)} Linears but bitsandbytes quantized "
             f"{len(linears)} ({sorted(set(clipped) ^ set(linears))[:4]} differ); "

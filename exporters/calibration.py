@@ -15,8 +15,8 @@ import numpy as np
 from exporters.core import PROBES, as_context
 from qserve import longtext
 from qserve.data.datasets import load_dataset
-from qserve.modeling import load_tokenizer
 from qserve.textpairs import PAIR, PROBE_PAIRS, split_pairs
+from qserve.tokenization import load_tokenizer
 
 if TYPE_CHECKING:
     from exporters.core import ExportContext
@@ -29,10 +29,7 @@ def _context(source: ExportContext | Path | str) -> ExportContext:
 
 
 def calibration_texts(checkpoint: ExportContext | Path | str, n: int) -> tuple[list[str], str]:
-    """`n` training texts of the dataset the checkpoint was fine-tuned on, else the parity probes.
-
-    Training texts only: the held-out split the bench scores agreement on never calibrates.
-    """
+    """`n` texts of the checkpoint's training set (never the split the bench scores), else the parity probes."""
     texts, _, source = calibration_inputs(checkpoint, n)
     return texts, source
 
@@ -80,9 +77,8 @@ def calibration_batches(
     policy: str | None = None,
     pairs: list[str] | None = None,
 ) -> list[dict]:
-    """Tokenized, padded batches of the pieces of `texts` under the long-text `policy` (None: the one being
-    exported, the context's): the rows the variant will run. Padding rows enter the int8 ranges
-    at run time, so here too."""
+    """Tokenized, padded batches of the pieces of `texts` under `policy` (None: the export's), padding rows included,
+    as the variant will run them."""
     ctx = _context(checkpoint)
     tok = load_tokenizer(ctx.checkpoint)
     if pairs is not None:  # a pair model: the tokenizer's pair encoding, segment ids included
@@ -92,23 +88,16 @@ def calibration_batches(
     pad_id = int(tok.pad_token_id or 0)
     # token_type_ids too where the tokenizer makes them; each consumer feeds what its model takes (feed()).
     segments = "token_type_ids" in tok.model_input_names
+    cuts = [slice(i, i + batch_size) for i in range(0, len(pieces.ids), batch_size)]
+    types = pieces.types
     return [
-        longtext.pad(
-            pieces.ids[i : i + batch_size],
-            pad_id,
-            tok.padding_side,
-            segments,
-            None if pieces.types is None else pieces.types[i : i + batch_size],
-        )
-        for i in range(0, len(pieces.ids), batch_size)
+        longtext.pad(pieces.ids[c], pad_id, tok.padding_side, segments, None if types is None else types[c])
+        for c in cuts
     ]
 
 
 def calibration_set(checkpoint: ExportContext | Path | str, samples: int) -> tuple[list[dict], str]:
-    """The calibration batches for `checkpoint` (at its max length) and where their texts came from.
-
-    One call per export: every calibrated step of that export reads the same batches.
-    """
+    """The calibration batches for `checkpoint` and where their texts came from; one call per export."""
     ctx = _context(checkpoint)
     texts, pairs, source = calibration_inputs(ctx, samples)
     return calibration_batches(ctx, texts, ctx.info.max_length, pairs=pairs), source

@@ -33,10 +33,8 @@ OPTION_FLAGS: dict[str, tuple[str, set[str]]] = {
 
 
 def default_out_root(checkpoint: Path) -> Path:
-    """Where variants land without --out: beside, never inside, the checkpoint (inside would change the
-    checkpoint's own hash recorded in every manifest). A run dir's checkpoint (RUN/checkpoint, what `qserve
-    train` and `qserve pipeline` write) gets RUN/variants/<name>, the pipeline's layout, so `qserve serve RUN`
-    and the README's tour find them; any other checkpoint dir X gets X-variants/<name>."""
+    """Where variants land without --out: beside, never inside, the checkpoint (its hash is in every manifest):
+    RUN/variants/<name> for a run dir's RUN/checkpoint, else X-variants/<name>."""
     if checkpoint.name == "checkpoint":
         return checkpoint.parent / "variants"
     return checkpoint.parent / f"{checkpoint.name}-variants"
@@ -45,10 +43,8 @@ def default_out_root(checkpoint: Path) -> Path:
 def same_export(
     dest: Path, checkpoint: Path, name: str, options: dict, long_text: str | None, inputs: tuple[str, ...] | None
 ) -> bool:
-    """True when `dest` already holds this very export, verified: the same variant and options, read by the
-    same long-text policy and inputs, built from a checkpoint with the same hash. Exporting it again would
-    write the same thing, so a re-run of the same command keeps it (the README's tour after `make demo`);
-    anything else in `dest` still needs --force."""
+    """True when `dest` already holds this very export, verified (same variant, options, policy, inputs and
+    checkpoint hash), so re-running the same command keeps it; anything else in `dest` needs --force."""
     if not (dest / "manifest.json").is_file():
         return False
     try:
@@ -167,8 +163,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         except (OpenVINOUnavailable, UnsupportedVariant) as e:
             if not args.all:
                 raise
-            # A CPU whose OpenVINO plugin crashes or lacks bf16, or an architecture the variant cannot
-            # hold, skips those variants; the rest go on.
+            # a crashing OpenVINO plugin or an architecture the variant cannot hold skips it; the rest go on
             print(f"    skipped: {e}", file=sys.stderr)
             continue
         except QserveError as e:
@@ -256,9 +251,7 @@ def _default_text(opt: Option) -> str:
 
 
 def _add_option_flag(p: argparse.ArgumentParser, opts: list[Option]) -> None:
-    """One `qserve export` flag for an option key, made by the one flag helper (configflags.add_flags) from the
-    backend's typed options (qserve.variants.BackendOptions); its help names each backend's variants and
-    defaults."""
+    """One `qserve export` flag for an option key, from the backend's typed options (configflags.add_flags)."""
     help_text = "; ".join(f"{', '.join(o.defaults)}: {o.help}{_default_text(o)}" for o in opts)
     first = opts[0]
     typed = backend_of(next(iter(first.defaults))).options_type

@@ -1,13 +1,10 @@
 """Activation-aware weight clipping before bitsandbytes 4-bit: each block's range chosen by its output error.
 
     qserve export models/minilm-l6-distilbert-imdb --bits 4 --backend bnb --dtype fp4             # clipping on
-    qserve export models/minilm-l6-distilbert-imdb --bits 4 --backend bnb --dtype fp4 --no-clip
     qserve export models/minilm-l6-distilbert-imdb --bits 4 --backend bnb --dtype nf4 --clip      # off by default
 
-Clamping a block to r * absmax (r <= 1, from RATIOS; r = 1 wins ties, so no block gets worse) spends error on its few
-largest weights to buy a finer grid for the rest; r minimises the output error the block adds, inputs weighted by
-their mean square on training texts (AWQ's clip search, without its scaling). The variant stays plain bitsandbytes
-format. Why fp4 clips and nf4 does not, and what it did to agreement: docs/export.md.
+Each block is clamped to r * absmax, r from RATIOS minimising the output error on training texts (r = 1 wins
+ties); the variant stays plain bitsandbytes format (docs/export.md).
 """
 
 from __future__ import annotations
@@ -74,11 +71,8 @@ def second_moments(model: Any, batches: list[dict[str, Any]], names: list[str]) 
 
 
 def clip_blocks(weight: Any, h: Any, quant_type: str, block: int, ratios: tuple[float, ...] = RATIOS):
-    """Clip each `block`-sized run of the flattened (out, in) `weight` to its best r * absmax.
-
-    Blocks run over the flattened weight, as bitsandbytes lays them out (they may span rows).
-    Returns (clipped weight, chosen r per block, weighted error before, after).
-    """
+    """Clip each `block`-sized run of the flattened (out, in) `weight` (bitsandbytes' layout) to its best r * absmax:
+    (clipped weight, r per block, weighted error before, after)."""
     import torch
 
     codes, mids = code_book(quant_type)
@@ -109,20 +103,16 @@ def clip_blocks(weight: Any, h: Any, quant_type: str, block: int, ratios: tuple[
 
 
 def skipped(name: str, skip: tuple[str, ...]) -> bool:
-    """Whether bitsandbytes leaves module `name` unquantized for llm_int8_skip_modules `skip`: transformers'
-    rule (integrations.bitsandbytes), a key naming the module or any module it sits in, so RoBERTa's
-    classifier.dense and classifier.out_proj stay fp32 with the `classifier` they belong to."""
+    """Whether bitsandbytes leaves module `name` unquantized for llm_int8_skip_modules `skip` (transformers' rule: a
+    key naming the module or one it sits in)."""
     return any(key == name or key + "." in name for key in skip)
 
 
 def clip_checkpoint(
     source: ExportContext | Path, dst: Path, quant_type: str, samples: int, skip: tuple[str, ...]
 ) -> tuple[dict[str, Any], list[str]]:
-    """Write `checkpoint` to `dst` with every Linear bnb will quantize clipped for `quant_type`.
-
-    Returns the manifest record and the names of the clipped Linears (the caller checks they
-    are exactly the ones bitsandbytes then quantized).
-    """
+    """Write `checkpoint` to `dst` with every Linear bnb will quantize clipped for `quant_type`: (the manifest record,
+    the clipped Linears' names, for the caller to check against what bitsandbytes quantized)."""
     import torch
     from transformers import AutoModelForSequenceClassification
 

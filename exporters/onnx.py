@@ -2,26 +2,10 @@
 
     qserve export models/minilm-imdb --bits 8 --backend onnx     # -> onnx-int8 (avx512_vnni preset)
 
-Every variant starts from one fp32 graph qserve exports itself (export_fp32: torch.onnx's
-TorchScript exporter, dynamic batch and sequence axes, the inputs the architecture takes, logits
-out), made once per checkpoint and process (core.shared_export); only model.onnx and config.json
-are copied into the variant, the layout optimum's `ORTModelForSequenceClassification.from_pretrained(variant)`
-reads, so it loads there unchanged where a user has optimum-onnx. Then:
-
-- fp16: onnxruntime.transformers.float16 with fp32 inputs/outputs (onnxconverter-common's
-  converter writes graphs ORT refuses to load).
-- int8: dynamic quantization with signed int8 weights and uint8 activations: on
-  avx512_vnni CPUs that is the fast u8s8 path (unsigned weights measured slower).
-  Fusing the graph first (`optimize`, ORT's BERT fusions -> QAttention) or ORT's quant
-  pre-processing measured no faster (DistilBERT-base size, b1/s128, 1 thread), so the default
-  stays the plain graph, which needs no contrib ops beyond the quantized MatMuls.
-  Before quantizing, activation outliers are smoothed into the weights (exporters.smoothing,
-  calibrated on training texts) where that measures closer to fp32 on this CPU (smooth unset: both graphs
-  are built and judged on held-out training texts; smooth=true or false decides without measuring). After
-  it, the mean shift
-  of the int8 logits against fp32 on the same texts is taken out of the output bias
-  (correct_logit_bias; option correct_bias=false turns it off).
-- int4: MatMulNBits weight-only 4-bit, blockwise; accuracy_level 4 computes in int8.
+Every variant starts from one fp32 graph qserve exports itself (export_fp32), once per checkpoint and process, in
+the layout optimum's ORTModelForSequenceClassification reads. fp16: ORT's float16 converter, fp32 io; int8:
+dynamic u8s8 quantization after optional smoothing, then an output-bias correction; int4: MatMulNBits.
+Why each choice: docs/export.md.
 """
 
 from __future__ import annotations
@@ -115,8 +99,7 @@ def _quiet() -> Iterator[None]:
         logger.setLevel(level)
 
 
-# optimum-onnx 0.1.0's default for every encoder qserve supports: graphs exported before qserve owned the export
-# carried it, so the default graph keeps the same operators.
+# optimum-onnx 0.1.0's default: the graphs exported before qserve owned the export keep their operators
 DEFAULT_OPSET = 18
 # Where a graph's axes may vary: any batch, any sequence length (the names optimum's exports used).
 _AXES = {0: "batch_size", 1: "sequence_length"}
@@ -125,9 +108,8 @@ _TRACE_TEXTS = ["A short review.", "A longer review, so that the first one in th
 
 
 def graph_inputs(model: Any) -> tuple[str, ...]:
-    """The inputs the exported graph takes: input_ids and attention_mask, and token_type_ids where the model reads
-    segment ids (BERT, ALBERT, ELECTRA). A model with one segment type or none (RoBERTa's type_vocab_size 1,
-    DeBERTa-v3's 0) would only read zeros from them, so its graph has none, as optimum's exports had none."""
+    """The graph's inputs: input_ids, attention_mask, and token_type_ids where the model reads segment ids (not
+    RoBERTa's type_vocab_size 1 or DeBERTa-v3's 0)."""
     segments = int(getattr(model.config, "type_vocab_size", 0) or 0) > 1
     wanted = {n for n in model_inputs(model) if n != "token_type_ids" or segments}
     # In the forward's own order: the TorchScript exporter binds named inputs to the graph's inputs that way.
@@ -138,12 +120,9 @@ def graph_inputs(model: Any) -> tuple[str, ...]:
 def _traceable_masks() -> Iterator[None]:
     """While tracing: give transformers' mask builders a query length they read as one.
 
-    The TorchScript tracer records every tensor size as a 0-d tensor. transformers 5.0-5.5's sdpa/eager mask
-    builders take a tensor `q_length` for the cache_position their older signature had (and index it), so a traced
-    size fails there. Handed that cache_position (arange(q_length) + q_offset) they build the same mask from the
-    traced size, and the graph keeps a dynamic sequence axis. transformers 5.6 dropped that reading (5.17, the GPU
-    machine's, calls arange(q_length), which a traced size passes as it is), and where the builders take no
-    q_length (transformers 4.x) the wrappers pass everything through unchanged."""
+    transformers 5.0-5.5's mask builders index a tensor `q_length`, which a traced size fails; handed the
+    cache_position that equals it, they build the same mask and the sequence axis stays dynamic. Elsewhere the
+    wrappers pass everything through unchanged."""
     import torch
     import transformers
 
@@ -182,17 +161,13 @@ def _traceable_masks() -> Iterator[None]:
 def export_fp32(checkpoint: Path, out: Path, opset: int | None = None) -> int:
     """Export a local checkpoint's classifier to `out`/model.onnx (+ its config.json); returns the opset used.
 
-    torch.onnx.export's TorchScript exporter (dynamo=False) with dynamic_axes: the torch.export path needs
-    dynamic-shape hints for every data-dependent branch of each architecture's mask code, where a trace of the
-    eval forward records the tensor ops alone. The trace batch holds a padded row, so the padding mask is traced
-    on a batch that needs it. Parity against torch on fixed probes is checked by export_variant afterwards."""
+    TorchScript tracing (dynamo=False) with dynamic axes, on a batch with a padded row so the padding mask is
+    traced; export_variant checks parity afterwards."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     out.mkdir(parents=True, exist_ok=True)
-    # Eager attention: under transformers 5 the SDPA path traces a boolean mask and a NaN guard per layer that
-    # ORT's attention fusion (option optimize) does not recognise; the eager graph is the plain MatMul/Softmax
-    # attention, with the additive mask, that it fuses, as the graphs exported under transformers 4.57 were.
+    # eager attention: the plain MatMul/Softmax graph ORT's fusion (option optimize) recognises, not SDPA's
     model = AutoModelForSequenceClassification.from_pretrained(
         checkpoint, dtype=torch.float32, local_files_only=True, attn_implementation="eager"
     ).eval()
@@ -202,9 +177,8 @@ def export_fp32(checkpoint: Path, out: Path, opset: int | None = None) -> int:
     kwargs = {n: enc[n] if n in enc else torch.zeros_like(enc["input_ids"]) for n in names}
     opset = opset or DEFAULT_OPSET
     with _quiet(), _traceable_masks(), torch.no_grad():
-        # Opset 21 (int4 embeddings) is above the TorchScript exporter's 20: it writes the opset-20 operators,
-        # which opset 21 keeps, under the opset-21 header (and warns, silenced here).
-        # The model itself, not a wrapper, is traced: node names keep its module paths (keep_fp32 matches them).
+        # opset 21 (int4 embeddings): opset-20 operators under its header (the warning silenced); the model itself
+        # is traced, not a wrapper, so node names keep its module paths (keep_fp32 matches them)
         torch.onnx.export(
             model,
             (kwargs,),
@@ -266,10 +240,8 @@ def quantize_int8(
 ) -> dict[str, Any]:
     """The int8 graph of `src` into `dst`; returns the manifest's record of how it was made.
 
-    smooth=None (the default) decides by measurement on this CPU: both graphs, plain and smoothed, are
-    quantized, bias-corrected and run on held-out training texts, and the one whose logits sit closer to fp32's
-    is kept. Smoothing lowers int8 error where the u8s8 kernel is VNNI's; where int8 GEMMs take the AVX2 path,
-    which sums pairs in saturating int16, the larger smoothed weights measured worse (docs/export.md)."""
+    smooth=None measures both graphs (plain and smoothed, bias-corrected) on held-out training texts and keeps the
+    one closer to fp32 (docs/export.md)."""
     record: dict[str, Any] = {}
     keep = kept_fp32(src, opts.keep_fp32 or "")  # before the slow steps: a pattern matching nothing fails at once
     batches: list[dict[str, Any]] = []
@@ -277,8 +249,7 @@ def quantize_int8(
     if opts.smooth is not False or opts.correct_bias:
         batches, source = calibration_set(checkpoint, int(opts.calibration_samples or 0))  # read once, used by all
         if opts.calibrate_alone:
-            # Each text alone, as the runtime answers it: measured no better than padded batches on the
-            # embedded default (docs/measurements.md, "One text, one answer: what was tried").
+            # each text alone, as the runtime answers it (docs/measurements.md, "One text, one answer")
             batches = rows_alone(batches)
     if opts.smooth is not None:
         if opts.smooth:
@@ -322,8 +293,7 @@ def _quantize_graph(
     batches: list[dict[str, Any]],
     source: str,
 ) -> dict[str, Any]:
-    """Quantize the (smoothed or plain) fp32 graph `src` into `dst`, bias-corrected against `reference`, the plain
-    fp32 graph: what the correction holds the int8 logits to."""
+    """Quantize the fp32 graph `src` (smoothed or plain) into `dst`, bias-corrected against the plain `reference`."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -360,15 +330,13 @@ def _quantize_graph(
             reduce_range=opts.reduce_range,
             weight_type=QuantType.QInt8,
             nodes_to_exclude=keep,
-            # Shape inference cannot type the outputs of fused contrib ops (Attention,
-            # SkipLayerNormalization); every float tensor in this graph is fp32.
+            # shape inference cannot type fused contrib ops' outputs; every float tensor here is fp32
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
     if opts.correct_bias:
         record["bias_correction"] = correct_logit_bias(dst, reference, batches, source)
     record["quantization"] = {
-        # The same recipe as optimum's AutoQuantizationConfig.avx512_vnni(is_static=False):
-        # dynamic, QOperator format, uint8 activations x signed int8 weights (the VNNI u8s8 kernel).
+        # optimum's AutoQuantizationConfig.avx512_vnni(is_static=False): dynamic, QOperator, u8 activations x s8
         "preset": "avx512_vnni",
         "method": "onnxruntime.quantization.quantize_dynamic",
         "mode": "dynamic",
@@ -415,12 +383,8 @@ def smooth_fp32(src: Path, dst: Path, batches: list[dict[str, Any]], source: str
 
 
 def correct_logit_bias(quantized: Path, reference: Path, batches: list[dict[str, Any]], source: str) -> dict[str, Any]:
-    """Take the int8 graph's mean logit shift against fp32, on calibration texts, out of its output bias.
-
-    Quantization noise is not zero-mean at the output, so it tips near-boundary reviews one way; the output is
-    `Add(MatMul(...), bias)`, so subtracting the shift from that bias moves every output by exactly -shift, at no
-    run-time cost (docs/export.md).
-    """
+    """Take the int8 graph's mean logit shift against fp32 on calibration texts out of its output bias (exact, free at
+    run time: docs/export.md)."""
     import onnx
     from onnx import numpy_helper
 

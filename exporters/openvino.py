@@ -2,28 +2,9 @@
 
     qserve export models/minilm-l6-distilbert-imdb/checkpoint --variant ov-int8
 
-- The IR comes from optimum-intel (`OVModelForSequenceClassification.from_pretrained(ckpt,
-  export=True)`, weights kept fp32), so `OVModelForSequenceClassification.from_pretrained(variant)`
-  loads a variant dir unchanged: openvino_model.xml/.bin + config.json.
-- ModernBERT, whose OpenVINO export optimum-intel 2.2 removed: the IR is OpenVINO's conversion of
-  qserve's own fp32 ONNX graph (FROM_ONNX), in the same files.
-- One optimum-intel export per checkpoint and process (`fp32_ir`): `--all` copies or quantizes it
-  three times instead of exporting three times.
-- ov-fp32 and ov-bf16 share that IR; they differ in the inference-precision hint the
-  runtime compiles with (qserve.runtime.openvino_rt), recorded in the spec.
-- ov-int8 runs `nncf.quantize` on it (model_type TRANSFORMER, NNCF's MIXED preset:
-  symmetric int8 weights per output channel, asymmetric int8 activations per tensor with
-  STATIC ranges from calibration). On the way NNCF applies SmoothQuant (alpha 0.95 on
-  MatMuls, one fixed strength where our onnx-int8 searches one per MatMul group) and fast
-  bias correction (every quantized layer's bias shift, where onnx-int8 corrects the output
-  logits only). Calibration texts: the checkpoint's own training set
-  (exporters.calibration), one unpadded text per sample, 300 by default.
-  Static activation ranges are why ov-int8 answers do not depend on batchmates:
-  onnx-int8 scales activations per batch at run time.
-
-optimum-intel's OVQuantizer wraps the same `nncf.quantize` call but wants a `datasets`
-Dataset for calibration, which qserve does not install; calling NNCF directly keeps the
-same algorithm and the same files.
+The IR comes from optimum-intel (ModernBERT: OpenVINO's conversion of qserve's fp32 ONNX graph), exported once
+per checkpoint and process; ov-fp32 and ov-bf16 share it (the runtime's precision hint differs); ov-int8 is
+`nncf.quantize` on training texts. Why each choice: docs/export.md.
 """
 
 from __future__ import annotations
@@ -86,8 +67,7 @@ def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, A
     return {"openvino": record}
 
 
-# Architectures optimum-intel no longer exports to OpenVINO (2.2 removed ModernBERT's export): their IR is
-# converted from qserve's own fp32 ONNX graph (exporters.onnx.export_fp32) by OpenVINO's ONNX frontend.
+# architectures optimum-intel no longer exports: their IR is converted from qserve's own fp32 ONNX graph
 FROM_ONNX = ("modernbert",)
 
 
@@ -128,12 +108,9 @@ def quantize_int8(ir, ctx: ExportContext, opts: OpenVINOOptions):
     names = {p.any_name for p in ir.inputs}
     items = [feed(names, b) for b in items]
     with _quiet():
+        kind = nncf.ModelType.TRANSFORMER
         quantized = nncf.quantize(
-            ir,
-            nncf.Dataset(items),
-            model_type=nncf.ModelType.TRANSFORMER,
-            subset_size=len(items),
-            fast_bias_correction=True,
+            ir, nncf.Dataset(items), model_type=kind, subset_size=len(items), fast_bias_correction=True
         )
     fq = sum(1 for op in quantized.get_ops() if op.get_type_name() == "FakeQuantize")
     if fq == 0:

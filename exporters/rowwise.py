@@ -2,15 +2,9 @@
 
     qserve export models/minilm-l6-distilbert-imdb/checkpoint --variant onnx-int8 --activation-scales per-row
 
-ORT's dynamic quantization gives a MatMul's whole input one uint8 scale, i.e. one per batch:
-a text's result then moves with its batchmates and their padding. This rewrite quantizes
-every row (token) of a MatMul's input with its own symmetric scale, max|x_row| / 127, and a
-fixed zero point of 128, in ONNX ops before MatMulIntegerToFloat (u8 x s8, the VNNI kernel);
-the int32 product is exact, and the per-column int8 weight scale and the row scale are
-applied after it. A row's output therefore depends on that row alone. MatMuls sharing an
-input (q/k/v) share one quantization and one MatMulInteger over their concatenated weights.
-It costs ~6 extra ops per MatMul group where ORT's graph has one fused op: see the
-README's table for what that measured against running the per-batch graph row by row.
+Each row of a MatMul's input gets its own symmetric scale (max|x_row| / 127, zero point 128) in ONNX ops before
+MatMulIntegerToFloat, so a row's output depends on that row alone; MatMuls sharing an input share one
+quantization. What it costs: docs/measurements.md.
 """
 
 from __future__ import annotations
@@ -91,8 +85,7 @@ def rewrite(model: Any, exclude: list[str] | tuple[str, ...] = ()) -> tuple[Any,
                 if opset >= 13
                 else helper.make_node("Split", [joint], [c.output[0] for c in consumers], axis=-1, split=sizes.tolist())
             )
-        # The new nodes go where the group's first consumer was: x and constants are all they read, and
-        # what reads a later consumer's output may already sit before that consumer.
+        # the new nodes go where the group's first consumer was (they read only x and constants)
         positions = {id(n): i for i, n in enumerate(model.graph.node)}
         first = min(consumers, key=lambda c: positions[id(c)])
         replace[id(first)] = nodes

@@ -3,11 +3,8 @@
     qserve export models/minilm-imdb --bits 8 --backend onnx            # smoothing on (the default)
     qserve export models/minilm-imdb --bits 8 --backend onnx --no-smooth
 
-Dynamic int8 quantizes a MatMul's input with one scale per tensor, and a few hidden channels of BERT-family
-encoders carry outliers that make that scale coarse for the rest. SmoothQuant's rewrite (Xiao et al., 2023), exact
-in fp32, divides input channel k by s_k = max|X_k|^a / max|W_k|^(1-a) and multiplies weight row k by it; a is chosen
-per group of MatMuls sharing an input by simulating ORT's quantizers on calibration batches, and a group that no a
-helps keeps none. What it measured, in error and in latency: docs/export.md and docs/measurements.md.
+SmoothQuant's exact rewrite (divide input channel k by s_k = max|X_k|^a / max|W_k|^(1-a), multiply weight row k),
+a chosen per group of MatMuls sharing an input by simulating ORT's quantizers on calibration batches (docs/export.md).
 """
 
 from __future__ import annotations
@@ -55,9 +52,7 @@ def capture(model: Any, tensors: list[str], batches: list[dict[str, np.ndarray]]
 
 
 def quant_act(x: np.ndarray) -> np.ndarray:
-    """ORT DynamicQuantizeLinear, quantize-dequantize: uint8, asymmetric, range always holds 0. Stays in x's
-    float32: a NumPy float64 zero point would promote the result, and the error search's GEMMs with it, to
-    float64 (each float64 GEMM much slower than its float32 one)."""
+    """ORT DynamicQuantizeLinear, quantize-dequantize (uint8, asymmetric, range holds 0), kept in x's float32."""
     lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
     scale = (hi - lo) / 255.0 or 1.0
     zero = float(min(max(round(-lo / scale), 0), 255))
@@ -79,11 +74,8 @@ def scales(x_max: np.ndarray, w_max: np.ndarray, alpha: float) -> np.ndarray:
 def smooth(model: Any, batches: list[dict[str, np.ndarray]], alphas: tuple[float, ...] = ALPHAS) -> tuple[Any, dict]:
     """Return a smoothed copy of the fp32 ONNX `model` and the record of what was chosen.
 
-    Two passes over the calibration batches, one batch's activations in memory at a time:
-    the first finds each input channel's max |x| (padding rows included), the second adds up, per group and per
-    alpha, the squared error of the simulated int8 outputs on real (unpadded) rows, with
-    the activation range taken over the whole padded batch as at run time.
-    """
+    Two passes over the calibration batches: each input channel's max |x|, then per group and alpha the squared
+    error of simulated int8 outputs on real rows (ranges over the whole padded batch, as at run time)."""
     from onnx import helper, numpy_helper
 
     model = copy.deepcopy(model)
@@ -100,8 +92,7 @@ def smooth(model: Any, batches: list[dict[str, np.ndarray]], alphas: tuple[float
         for t, x in zip(tensors, outs):
             # Padding rows too: they share the batch's int8 range, so a channel they inflate must not be amplified.
             x_max[t] = np.maximum(x_max[t], np.abs(x).max(axis=0))
-    # A group's projections side by side, (K, N1 + N2 + ...): one GEMM per candidate instead of one per projection;
-    # the weights' scales are per column, so quantizing the concatenation quantizes each projection as ORT does.
+    # a group's projections side by side: one GEMM per candidate; per-column scales quantize each as ORT does
     joined = {t: np.concatenate(weights[t], axis=1) for t in tensors}
     candidates = {
         t: [np.ones_like(x_max[t])] + [scales(x_max[t], np.abs(joined[t]).max(axis=1), a) for a in alphas]
@@ -113,8 +104,7 @@ def smooth(model: Any, batches: list[dict[str, np.ndarray]], alphas: tuple[float
     ref = dict.fromkeys(tensors, 0.0)
     for outs, keep in zip(capture(model, tensors, batches), keeps):
         for t, x in zip(tensors, outs):
-            # A tensor with one row per token drops its padding rows; one with a row per text (a pooled
-            # head's input, e.g. ModernBERT's) has none to drop.
+            # one row per token drops its padding rows; one row per text (a pooled head's input) has none
             real = keep if len(x) == len(keep) else slice(None)
             y = x[real] @ joined[t]
             ref[t] += float(np.vdot(y, y))

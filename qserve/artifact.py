@@ -3,10 +3,8 @@
     python -c "from qserve.artifact import read_manifest; \\
 print(read_manifest('models/minilm-l6-distilbert-imdb/variants/onnx-int8').spec)"
 
-A variant is built in a hidden temporary directory beside its destination and renamed into place only
-when complete (qserve/files.py: `staged_dir`), so a crash or a failed parity gate leaves nothing behind.
-`write_manifest` hashes every file and seals the manifest with a digest of its own content; checking all
-of that on load is qserve/verify.py.
+Built in a staged dir and renamed into place (qserve/files.py); the manifest hashes every file and seals its own
+content (checked by qserve/verify.py).
 """
 
 from __future__ import annotations
@@ -42,8 +40,7 @@ class VariantError(QserveError):
 
 
 class CheckpointError(QserveError):
-    """A checkpoint's qserve_model.json that is not valid JSON, of another format, or with a field of the
-    wrong type."""
+    """A checkpoint's qserve_model.json that is not valid JSON, of another format, or with a field of the wrong type."""
 
 
 def hash_files(root: Path) -> dict[str, dict[str, Any]]:
@@ -63,10 +60,7 @@ def checkpoint_hash(checkpoint: Path) -> str:
     return h.hexdigest()
 
 
-# -- the typed artifacts: a variant's manifest.json and a checkpoint's qserve_model.json ----------------------
-# Each is read once into a frozen dataclass, validated once (errors name the file, the field and what is
-# allowed) and written from it: `to_json()` gives back the dict, in the key order qserve has always written,
-# so a manifest read and written again keeps its bytes and its digest.
+# -- the typed artifacts: read once, validated once, written back in their key order (same bytes, same digest) --
 
 
 def check_format(path: Path, value: object) -> None:
@@ -137,31 +131,17 @@ class FileEntry:
     bytes: int
 
 
-# The manifest's own fields, in the order `qserve export` writes them; any other top-level key is a backend's
-# record (onnx, bnb, openvino, conversion ...), kept in `records` and written back between versions and parity.
-_HEAD = (
-    "format",
-    "spec",
-    "model_name",
-    "labels",
-    "problem_type",
-    "max_length",
-    "long_text",
-    "inputs",
-    "source",
-    "export_device",
-    "versions",
+# the manifest's own fields in their written order; any other top-level key is a backend's record (`records`)
+_HEAD = tuple(
+    "format spec model_name labels problem_type max_length long_text inputs source export_device versions".split()
 )
-_TAIL = ("parity", "gate", "calibration", "files", "created", DIGEST_KEY)
-# gate and calibration are written by `qserve gate` after export (qserve/gate/); a manifest without them (every
-# one from before the gate, and every variant not gated yet) keeps its bytes and its digest.
+_TAIL = ("parity", "gate", "calibration", "files", "created", DIGEST_KEY)  # gate, calibration: by `qserve gate`
 
 
 @dataclass(frozen=True)
 class Manifest:
-    """A variant's manifest.json: what the variant is (spec), how its answers read (labels, problem type,
-    inputs, max_length, long_text), where it came from (source, versions, export_device), how close it is to
-    the fp32 checkpoint (parity), its files' hashes, and the backend's own record (`records`)."""
+    """A variant's manifest.json: its spec, how its answers read, where it came from, its parity with fp32, its files'
+    hashes, and the backend's own record (`records`)."""
 
     spec: VariantSpec
     labels: tuple[str, ...]
@@ -351,9 +331,8 @@ def _spec(path: Path, value: object) -> VariantSpec:
 
 @dataclass(frozen=True)
 class ModelMeta:
-    """A checkpoint's qserve_model.json (what `qserve train` records beside the HF files, and what every
-    variant copies): the run's name, base model, dataset and seed, the truncation length and long-text policy,
-    the labels and problem type, and for regression the training labels' range, for pair models `inputs`."""
+    """A checkpoint's qserve_model.json (recorded by `qserve train`, copied by every variant): name, base model, data,
+    truncation and long-text policy, labels and problem type, the regression label range, `inputs` for pairs."""
 
     model_name: str | None = None
     base_model: str | None = None
@@ -426,8 +405,7 @@ class ModelMeta:
 
 
 def read_model_meta(root: Path) -> ModelMeta | None:
-    """A checkpoint's (or a variant's copy of its) qserve_model.json, read and validated once; None when absent
-    (a checkpoint qserve did not train)."""
+    """A checkpoint's (or a variant's copy of its) qserve_model.json, validated; None when absent."""
     path = Path(root) / MODEL_META
     if not path.is_file():
         return None
@@ -459,9 +437,8 @@ def write_manifest(root: Path, manifest: Manifest) -> Manifest:
 
 
 def reseal(root: Path, manifest: Manifest) -> Manifest:
-    """Write `manifest` (e.g. with a gate verdict added) over root's manifest.json, atomically, its file hashes
-    kept as they are and its digest recomputed: for a variant the caller has just verified, whose files did not
-    change. Everything already in the manifest stays (the dataclass carries every field and record)."""
+    """Write `manifest` (e.g. with a gate verdict) over root's manifest.json atomically, file hashes kept, digest
+    recomputed: for a variant just verified, whose files did not change."""
     root = Path(root)
     data = {k: v for k, v in manifest.to_json().items() if k != DIGEST_KEY}
     data = json.loads(json.dumps(data, default=str))  # the digest covers exactly what a reader will see

@@ -47,6 +47,7 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 LIBRARIES = (
     "torch",
     "transformers",
+    "tokenizers",
     "optimum",
     "optimum-onnx",
     "onnx",

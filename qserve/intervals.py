@@ -1,4 +1,4 @@
-"""Paired intervals over the same texts, shared by the release gate and the bench's long-text choice.
+"""Intervals shared by the release gate and the bench: a paired bootstrap over the same texts, and Wilson's.
 
     python -c "import numpy as np; from qserve.intervals import paired_bootstrap; \\
 print(paired_bootstrap(np.ones(200), np.zeros(200)))"    # (1.0, 1.0, 1.0)
@@ -8,6 +8,9 @@ pairing is kept (the gate's accuracy delta; the bench's policy-against-policy ac
 """
 
 from __future__ import annotations
+
+import math
+from statistics import NormalDist
 
 import numpy as np
 
@@ -31,3 +34,24 @@ def paired_bootstrap(
     alpha = (1 - confidence) / 2
     lo, hi = np.quantile(means, [alpha, 1 - alpha])
     return float(d.mean()), float(lo), float(hi)
+
+
+Z95 = 1.959963984540054
+"""The standard normal's quantile for two-sided 95% intervals."""
+
+
+def z_for(confidence: float) -> float:
+    """The two-sided normal quantile for `confidence` (0.95 -> 1.96)."""
+    return Z95 if confidence == 0.95 else NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+def wilson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval (lo, hi) of k successes in n trials; (0, 1) for n = 0."""
+    if n <= 0:
+        return 0.0, 1.0
+    z = z_for(confidence)
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)

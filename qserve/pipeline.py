@@ -67,8 +67,7 @@ def train_recipe(device: str) -> tuple[dict, str]:
 
 
 def recipe_values(args: argparse.Namespace, device: str) -> tuple[dict, str, list[str]]:
-    """The recipe's values with the flags given in their place (--max-samples 0: all), why the recipe, and which
-    flags replaced it."""
+    """The recipe's values with given flags in their place (--max-samples 0: all), why, and which flags replaced it."""
     recipe, why = train_recipe(device)
     given = {k: getattr(args, k) for k in recipe if getattr(args, k) not in (None, recipe[k])}
     values = {**recipe, **given}
@@ -121,20 +120,9 @@ def _training_record(ckpt: Path) -> dict:
         m = json.loads((ckpt / "train_metrics.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    keys = (
-        "precision",
-        "precision_choice",
-        "time_budget",
-        "optimizer_steps",
-        "sizes",
-        "test_accuracy",
-        "val_accuracy",
-        "train_time_s",
-        "step_time_median_s",
-        "batch_choice",
-        "cuda_probe",
-        "samples_per_s",
-        "tokens_per_s",
+    keys = tuple(
+        "precision precision_choice time_budget optimizer_steps sizes test_accuracy val_accuracy train_time_s "
+        "step_time_median_s batch_choice cuda_probe samples_per_s tokens_per_s".split()
     )
     return {k: m[k] for k in keys if k in m}
 
@@ -142,9 +130,7 @@ def _training_record(ckpt: Path) -> dict:
 def _export_stage(
     ckpt: Path, run_dir: Path, plan: Plan, force: bool
 ) -> tuple[list[Path], dict[str, str], dict[str, str]]:
-    """Export every variant the plan runs, each on its device (its parity check runs there); returns the variant
-    dirs, the variants skipped at export (OpenVINO's probe, an architecture a variant cannot hold) and those whose
-    export failed, each with why (the others export, bench and report as usual)."""
+    """Export every variant the plan runs, each on its device: (variant dirs, skipped with why, failed with why)."""
     src_hash = checkpoint_hash(ckpt)
     names = plan.runs
     out: list[Path] = []
@@ -202,8 +188,7 @@ def _bench_stage(variants: list[Path], report_dir: Path, args, plan: Plan, force
         if json.loads(stamp.read_text(encoding="utf-8")) == key:
             print(f"   reusing {report_dir / 'report.md'} (same variants; --force to re-measure)")
             return report_dir / "report.md"
-    # Re-measuring replaces a report this pipeline wrote (it has the stamp, or the measurements of a bench
-    # killed before it finished); anything else in the way needs --force, like every other output.
+    # re-measuring replaces a report this pipeline wrote (stamped, or a killed bench's); anything else needs --force
     store = report_dir / "measured"
     owned = stamp.is_file() or store.is_dir() or not report_dir.exists() or not any(report_dir.iterdir())
     if not owned and not force:
@@ -299,10 +284,8 @@ def _gate_stage(report_dir: Path, args, plan: Plan, force: bool) -> dict | None:
 
 
 def _gate_chosen_policy(report: dict, cfg: GateConfig, plan: Plan | None) -> None:
-    """When the report's long-text study separated a better policy than the recommended variant's own (the one
-    its gate just verified), gate the variant again under that policy; only a pass replaces the manifest's
-    verdict (then `qserve serve MODEL_DIR` serves that policy, gated), and either way report["long_text"]["gate"]
-    says what was found. A failed one leaves the verdict for the own policy, which is then what is served."""
+    """Gate the recommended variant again under the policy the long-text study separated as better; only a pass
+    replaces the manifest's verdict, and report["long_text"]["gate"] says what was found."""
     lt = report.get("long_text") or {}
     rec = report.get("recommended") or {}
     if not lt.get("changed") or lt.get("variant") != rec.get("variant") or not rec.get("dir"):
@@ -342,8 +325,7 @@ def run_pipeline(args: argparse.Namespace) -> Path:
         max_eval_samples=args.max_eval_samples or None,
         train_budget=args.train_budget or None,
     )
-    # What runs where, decided before training: a variant the GPU cannot run (no CUDA kernels, or the CPU
-    # onnxruntime beside it) runs on the CPU, marked so in every table; one that cannot run here is skipped, with why.
+    # what runs where, decided before training: on the CPU what the GPU cannot run; skipped, with why, what cannot
     plan = plan_run(device, [n.strip() for n in args.variants.split(",") if n.strip()] if args.variants else None)
     left_out = plan.skipped
     t_all = time.perf_counter()
@@ -413,12 +395,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     report = run_pipeline(args)
     # the report is written either way; a variant whose export or bench failed makes the exit status say so
     data = json.loads(report.with_suffix(".json").read_text(encoding="utf-8"))
-    failed = sorted(
-        {
-            *((data.get("pipeline") or {}).get("export_failed") or {}),
-            *(v["name"] for v in data.get("variants") or [] if v.get("status") != "ok"),
-        }
-    )
+    bad = {v["name"] for v in data.get("variants") or [] if v.get("status") != "ok"}
+    failed = sorted(bad | set((data.get("pipeline") or {}).get("export_failed") or {}))
     if failed:
         print(f"{len(failed)} variant(s) failed: {', '.join(failed)} (details in {report})")
         return 1
@@ -505,8 +483,7 @@ def register(sub) -> None:
     p.add_argument("--batch-sizes", default="1,8,32", help="bench batch sizes (default %(default)s)")
     p.add_argument("--seq-lens", default="128", help="bench sequence lengths (default %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="bench threads (default: all cores)")
-    # The default's timed calls per shape: dozens of b1 calls of a fast variant, min-iters of a slow one; a longer
-    # budget spent most of the bench on the variants' grid (docs/bench.md, "Where the bench's time goes")
+    # a longer budget spent most of the bench on the grid (docs/bench.md, "Where the bench's time goes")
     p.add_argument(
         "--time-budget",
         type=float,

@@ -3,22 +3,8 @@
     python -c "import numpy as np; from qserve.problemtypes import scores; \\
 print(scores(np.array([[0.0, 2.0]]), 'multi_label_classification'))"
 
-Three, named as Hugging Face names them in a checkpoint's config.json (`problem_type`):
-
-    single_label_classification   one label per text: softmax over the labels (what qserve always did)
-    multi_label_classification    any number of labels per text: a sigmoid per label, on at a threshold
-    regression                    a number per text (num_labels 1): the logit itself, the value
-
-A checkpoint records its problem type in config.json (HF) and qserve_model.json; every variant's manifest
-records it again. A config without `problem_type` is regression when it has one label (as HF reads it),
-else single-label; a manifest without one is single-label (written before problem types existed).
-
-Comparing a variant with its fp32 reference ("agreement", higher is better, held to the same bar):
-single-label, the share of texts with the same top label; multi-label, the share of (text, label) pairs with
-the same on/off decision at 0.5; regression, 1 - mean |Δvalue| / the labels' range (so the 99% bar is a mean
-error of at most 1% of the range).
-
-Heavy imports (numpy, torch) happen inside the functions that need them.
+single_label_classification (softmax), multi_label_classification (a sigmoid per label, on at a threshold) and
+regression (the logit is the value), named as in a Hugging Face config.json; agreement per type: docs/problem-types.md.
 """
 
 from __future__ import annotations
@@ -97,9 +83,8 @@ Threshold = float | tuple[float, ...]
 def threshold_for(
     problem: str, asked: float | None, default: float, calibrated: tuple[float, ...] | None, field: str, model: str
 ) -> Threshold | None:
-    """The threshold answers are read at (multi-label only; None for the others): `asked` (the request's, or
-    predict's --threshold), else the variant's calibrated per-label thresholds (`qserve gate`), else `default`.
-    Asked of another problem type: a QserveError naming `field` and `model` (serve answers it 422)."""
+    """The multi-label threshold (None for other types): `asked`, else the calibrated per-label ones, else `default`;
+    asked of another type, a QserveError naming `field` and `model`."""
     if problem != MULTI:
         if asked is not None:
             kind = "single-label" if problem == SINGLE else "a regression model"
@@ -113,9 +98,8 @@ def threshold_for(
 def label_scores(
     scores: Any, labels: Sequence[str], problem: str, top_k: int | None, threshold: Threshold | None
 ) -> list[list[dict[str, Any]]]:
-    """The answer shape every label-per-text protocol and `qserve predict` share (the HF text-classification
-    pipeline's), per text: [{label, score}] best first (top_k of them); multi-label: every label with `on`
-    (score >= its threshold); regression: [{"label": "value", "score": v}] (one entry per output)."""
+    """The HF text-classification answer shape every label-per-text protocol and `qserve predict` share: top_k
+    [{label, score}] best first; multi-label every label with `on`; regression [{"label": "value", "score": v}]."""
     out = []
     for row in scores:
         if problem == REGRESSION:
@@ -133,9 +117,8 @@ def label_scores(
 
 
 def scores(logits: Any, problem: str, temperature: float | None = None) -> Any:
-    """Logits [n, k] -> float32 scores: softmax rows (single), a sigmoid per label (multi), the values (regression).
-    `temperature` (a calibrated single-label variant's, from its manifest): the softmax of logits / T; None leaves
-    the logits as they are, so an uncalibrated variant's scores keep their bits."""
+    """Logits [n, k] -> float32 scores: softmax (single; of logits / `temperature` when calibrated), sigmoid (multi),
+    the values (regression)."""
     z = np.asarray(logits, dtype=np.float64)
     if temperature is not None and problem == SINGLE:
         z = z / float(temperature)
@@ -173,10 +156,8 @@ def value_range(values: Sequence[Any]) -> float | None:
 def agreement(
     preds: list[Any] | None, ref: list[Any] | None, problem: str = SINGLE, span: float | None = None
 ) -> float | None:
-    """Agreement of `preds` with the reference's, text by text (None unless both cover the same texts).
-
-    single: share of equal top labels; multi: share of equal on/off flags over every (text, label);
-    regression: 1 - mean |Δ| / span, span = the labels' range (else the reference's own range)."""
+    """Agreement of `preds` with the reference's (None unless both cover the same texts): equal top labels, equal
+    on/off flags, or 1 - mean |Δ| / the labels' range (regression)."""
     if not preds or not ref or len(preds) != len(ref):
         return None
     if problem == MULTI:
@@ -190,9 +171,8 @@ def agreement(
 
 
 def metrics(preds: list[Any], labels: Sequence[Label], problem: str, num_labels: int) -> dict[str, float | None]:
-    """Quality against the true labels: accuracy (single); accuracy = exact match of the whole label set
-    (subset accuracy, as scikit-learn's accuracy_score) and label_accuracy (per label) for multi; mae and
-    rmse for regression, which has no accuracy."""
+    """Quality against the true labels: accuracy (single); subset accuracy and label_accuracy (multi); mae and rmse
+    (regression)."""
     n = len(preds)
     if not n or n != len(labels):
         return {"accuracy": None} if problem != REGRESSION else {"mae": None, "rmse": None}
@@ -312,10 +292,8 @@ def infer(values: Sequence[Any], csv: bool = False) -> str:
 def local_labels(
     path: Any, rows: Sequence[tuple[int, Any, Any]], problem: str, where: str
 ) -> tuple[list[str], list[Label]]:
-    """(label names, per-row targets) of a multi-label or regression file; errors name the file and row.
-
-    multi: each label a list of names (or of integer ids 0..K-1; a bare label counts as a list of one),
-    names sorted, an empty list = no label on. regression: each label a number; names = ["value"]."""
+    """(label names, per-row targets) of a multi-label (lists of names or ids) or regression (numbers; names ["value"])
+    file; errors name the file and row."""
     csv = str(path).lower().endswith(".csv")
     if problem == REGRESSION:
         out: list[Label] = []

@@ -2,12 +2,8 @@
 
     qserve bench models/minilm-imdb-variants --threads 2
 
-Python API (what `qserve pipeline` calls):
-
-    from qserve.bench import BenchConfig, run_bench
-    report = run_bench([Path("models/minilm-imdb-variants/onnx-int8")], BenchConfig(out=Path("out/bench")))
-
-Importing this package is cheap (no torch: each variant is measured in a child process that imports its backend).
+Importing this package is cheap (no torch): `from qserve.bench import BenchConfig, run_bench` is what
+`qserve pipeline` calls.
 """
 
 from __future__ import annotations

@@ -2,9 +2,7 @@
 
     python -m pytest tests/unit/test_bench_report.py -q
 
-Pure functions over JSON-shaped dicts (no torch), so the parent and the tests share them.
-Per-text predictions come back from the children only to compute agreement here;
-they are dropped before report.json is written.
+Pure functions over JSON-shaped dicts; per-text predictions are dropped before report.json is written.
 """
 
 from __future__ import annotations
@@ -23,21 +21,15 @@ from qserve.problemtypes import AGREEMENT_METRIC, SINGLE, agreement
 
 REFERENCES = ("torch-fp32", "onnx-fp32")  # agreement and speed-up are measured against these, first found wins
 
-MEMORY_KEYS = (
-    "peak_rss_mb",
-    "peak_rss_load_mb",
-    "rss_before_load_mb",
-    "rss_after_load_mb",
-    "model_rss_mb",
-    "polled_peak_rss_mb",
+MEMORY_KEYS = tuple(
+    "peak_rss_mb peak_rss_load_mb rss_before_load_mb rss_after_load_mb model_rss_mb polled_peak_rss_mb".split()
 )
 
 
 @dataclass
 class VariantMeta:
-    """What the bench parent reads of a variant without loading it (qserve.bench.runner.variant_meta): its
-    manifest (None, with `manifest_error`, when it is unreadable), its qserve_model.json, its HF config.json
-    (the FLOP floor's dims), its sizes."""
+    """What the bench parent reads of a variant without loading it: manifest (or `manifest_error`), qserve_model.json,
+    config.json (the floor's dims), sizes."""
 
     dir: str
     manifest: Manifest | None = None
@@ -109,9 +101,8 @@ def gate_entry(g: dict[str, Any]) -> dict[str, Any]:
 
 
 def apply_gates(report: dict[str, Any], gates: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """A finished report after a gate ran on some of its variants: each entry whose dir is in `gates` (dir -> the
-    manifest's gate record) carries its verdict, and the recommendation is chosen again (only gated variants, or
-    the reference, may be recommended once any is gated: recommend.py). Returns the report, changed in place."""
+    """The report after a gate ran on some variants (`gates`: dir -> gate record): verdicts attached and the
+    recommendation chosen again (recommend.py). Changed in place and returned."""
     for v in report["variants"]:
         g = gates.get(v.get("dir"))
         if g:
@@ -151,9 +142,7 @@ def _unique_names(variants: list[dict[str, Any]]) -> None:
 
 
 def agreement_with(v: dict[str, Any], ref: dict[str, Any] | None) -> float | None:
-    """Agreement of v's predictions with the reference's on the very same test texts: the same split, and
-    the reference's first n when v was scored on fewer (the bench's eval cut for a variant that cannot be
-    recommended: measure.eval_cut)."""
+    """Agreement of v's predictions with the reference's on the same texts (its first n after an eval cut)."""
     if ref is None or not v.get("_predictions") or not ref.get("_predictions"):
         return None
     a, r = v["accuracy"], ref["accuracy"]

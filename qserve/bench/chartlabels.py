@@ -2,15 +2,9 @@
 
     qserve report benchmarks/reports/embedded-default     # every labelled chart goes through place()
 
-Variants pile up (torch-fp32, onnx-fp32 and ov-fp32 share a size and an agreement),
-so a label at a fixed offset lands on its neighbours. place() measures each label
-with the Agg renderer, then tries positions around its point on rings of growing
-radius and keeps the first whose box touches no label placed before it, no marker
-and nothing else it was told to avoid; a label set away from its point gets a thin
-leader line. The figure's layout must be final before place() runs (draw once, then
-switch the layout engine off): the boxes are in pixels, and a later re-layout would
-move the points under them. Every label gets gid "qserve-label", so a test can find
-the boxes and check them.
+place() measures each label with the Agg renderer and keeps the first position, on rings of growing radius,
+whose box touches no earlier label, marker or avoided box (a leader line when set away). The layout must be final
+first (boxes are in pixels). Labels carry gid "qserve-label" for the tests.
 """
 
 from __future__ import annotations
@@ -110,9 +104,8 @@ def place(
 def _find(
     px: float, py: float, w: float, h: float, r0: float, taken: list, areas: tuple, max_r: float
 ) -> tuple[float, float, bool]:
-    """Centre (cx, cy) of the first free spot, and whether it is far enough from the point to need a line.
-    Inside the axes first; then anywhere in the figure; a last resort keeps growing the ring (the
-    figure is full only if a chart has far more labels than qserve draws)."""
+    """Centre (cx, cy) of the first free spot and whether it needs a leader line: inside the axes first, then the
+    figure, then ever larger rings."""
     for area in areas:
         r = r0 + PAD_PX
         while r <= max_r:

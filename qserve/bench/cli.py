@@ -3,11 +3,9 @@
     qserve bench models/minilm-imdb-variants/* --batch-sizes 1,8,32 --seq-lens 32,128,256 --threads 2
     qserve report benchmarks/reports/minilm-l6-distilbert-cpu-t2
 
-`qserve bench` writes into --out (default benchmarks/reports/<model>-<device>-t<threads>,
-or benchmarks/reports/<--name>): report.json, report.csv, report.md, report.html,
-latency_vs_batch.png and (when accuracy was measured) decision.png and accuracy_vs_size.png. It refuses
-to overwrite a non-empty --out without --force. A VARIANT_DIR that holds variant
-directories (e.g. models/minilm-imdb-variants) stands for all of them.
+Writes report.json/csv/md/html and its charts into --out (default benchmarks/reports/<model>-<device>-t<threads>,
+or benchmarks/reports/<--name>; a non-empty one needs --force). A VARIANT_DIR holding variant directories stands
+for all of them.
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
     python -c "from qserve.bench.config import BenchConfig; print(BenchConfig(batch_sizes=[1, 8]))"
 
-The parent writes this config into each child's job file, and into report.json,
-so a report always says exactly how it was measured.
+Written into report.json, so a report always says exactly how it was measured.
 """
 
 from __future__ import annotations

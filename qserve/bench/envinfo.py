@@ -2,8 +2,7 @@
 
     python -c "from qserve.bench.envinfo import environment; print(environment(2, 'cpu'))"
 
-Collected in the parent without importing torch; the children add what only a
-loaded library can say (torch's thread count, the GPU name) and the runner merges it.
+Collected in the parent without torch; the children add what only a loaded library can say, merged by the runner.
 """
 
 from __future__ import annotations

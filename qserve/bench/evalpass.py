@@ -2,15 +2,9 @@
 
     python -m pytest tests/integration/test_bench_fast.py -q
 
-`score` runs predict() (tokenization, cutting, every window and the aggregation included, as served) over
-batches of texts of similar length, so short reviews are not padded to the longest one in a batch of 32;
-the answers come back in the texts' own order. One text, one answer (DESIGN.md) makes them the same as the
-unsorted path's: a text's scores do not depend on what shares its batch.
-
-`piece_stats` is what the bench reads about the pieces without running the model (windows per text, texts
-with unseen tokens, tokens per text: the sort key). Variants exported from one checkpoint share its
-tokenizer, so the stats are cached in the report dir keyed by the tokenizer files' hashes, the resolved
-policy, max_length, max_windows and the texts: the first variant tokenizes, the others read.
+`score` runs predict() over batches of similar length and returns answers in the texts' order (one text, one
+answer makes them the unsorted path's); `piece_stats` (windows, unseen tokens, tokens per text) is cached in the
+report dir by tokenizer hash, policy and texts, so variants of one checkpoint tokenize once.
 """
 
 from __future__ import annotations

@@ -2,19 +2,10 @@
 
     python -m qserve.bench.floor job.json result.json     # what `qserve bench` runs in a child
 
-FLOPs per sequence of length S (embeddings excluded, they are lookups):
-    2 * params_linear_per_layer * S * layers   (q, k, v, out projections and the FFN)
-  + 2 * 2 * S^2 * d * layers                   (Q·Kᵀ and attention·V)
-  + 2 * (d*d + d*num_labels)                   (classification head, on the [CLS] token only)
-The peak is the best rate this machine reaches at the run's thread count: fp32 with
-torch.matmul and an ORT MatMul, bf16 with torch.matmul, int8 with an ORT MatMulInteger
-(u8 x s8, the kernel ORT's dynamic quantization uses) and torch._int_mm. Shapes are
-the model's own GEMMs at the headline batch (-> `model_peaks`, what a kernel reaches on
-exactly this workload's matrices) plus larger saturating shapes (-> `peaks`, the best of
-everything: the machine's peak; on CUDA up to an 8192 cube, what a GPU needs to
-saturate). Timing is best-of-N, so a noisy neighbour can only
-lower a peak, never inflate it.
-floor_ms = FLOPs * batch / peak: no implementation of that arithmetic can be faster.
+FLOPs per sequence of length S (embeddings excluded): 2 * linear params per layer * S * layers
++ 2 * 2 * S^2 * d * layers (attention) + 2 * (d*d + d*num_labels) (the head, on [CLS] only).
+Peaks are best-of-N rates per compute type at the model's own GEMM shapes (`model_peaks`) and at larger
+saturating shapes (`peaks`); floor_ms = FLOPs * batch / peak: no implementation can be faster.
 """
 
 from __future__ import annotations
@@ -202,14 +193,8 @@ def _ort_methods(threads: int | None):
 
     def matmul(M, K, N):
         w = rng.standard_normal((K, N), dtype=np.float32)
-        s = session(
-            helper.make_node("MatMul", ["A", "W"], ["Y"]),
-            TensorProto.FLOAT,
-            TensorProto.FLOAT,
-            K,
-            N,
-            [numpy_helper.from_array(w, "W")],
-        )
+        node = helper.make_node("MatMul", ["A", "W"], ["Y"])
+        s = session(node, TensorProto.FLOAT, TensorProto.FLOAT, K, N, [numpy_helper.from_array(w, "W")])
         a = rng.standard_normal((M, K), dtype=np.float32)
         return lambda: s.run(None, {"A": a})
 
@@ -223,12 +208,8 @@ def measure_peaks(
     budget_s: float = 1.0,
     model_shapes: int = 0,
 ) -> dict[str, Any]:
-    """Best GFLOP/s per dtype over methods and shapes; every attempt is recorded.
-
-    `peaks` is the best over every shape (the machine's peak); `model_peaks` the best
-    over the first `model_shapes` shapes only (the model's own GEMMs at the headline
-    batch), i.e. what the fastest kernel reaches on exactly this workload's matrices.
-    """
+    """Best GFLOP/s per dtype over methods and shapes, every attempt recorded: `peaks` over every shape (the
+    machine's), `model_peaks` over the first `model_shapes` (the model's own GEMMs at the headline batch)."""
     import torch
 
     if threads:

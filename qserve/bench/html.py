@@ -2,11 +2,8 @@
 
     qserve report benchmarks/reports/embedded-default && xdg-open benchmarks/reports/embedded-default/report.html
 
-The machine and the recommendation come first, then the decision chart, then
-everything report.md says (its tables and sections, converted here, so the two never
-disagree), with the charts inline as data: URIs. The page has no script, and its
-Content-Security-Policy allows nothing but inline styles and data: images: opened
-from disk or mailed around, it fetches nothing.
+report.md's content converted (so the two never disagree), charts inline as data: URIs; no script, and a CSP
+that fetches nothing.
 """
 
 from __future__ import annotations

@@ -2,13 +2,8 @@
 
     qserve bench models/minilm-l6-distilbert-imdb/variants/onnx-int8 --batch-sizes 1 --seq-lens 128
 
-Each text is scored alone (predict([text])), then again inside shuffled mixed batches of 8
-and of 32 real test reviews of varied length (half of them cut to their opening words, so
-short reviews are padded next to long ones). The
-bench reports, per variant, the largest |Δprobability| and the label flips between the two,
-through the same predict() the server calls. For a variant the runtime runs row by row
-(its kernels let rows see each other, e.g. onnx-int8's per-batch activation scale) it also
-reports what one batched forward of the same graph would have answered, to show why.
+Each text is scored alone, then in shuffled mixed batches of 8 and 32: the largest |Δprobability| and the label
+flips, plus, for a variant run row by row, what one batched forward would have answered.
 """
 
 from __future__ import annotations
@@ -25,12 +20,8 @@ still both batch sizes; the report names the count beside its row."""
 
 
 def select_texts(texts: list[str], n: int) -> list[str]:
-    """`n` texts spread evenly over the length range of `texts`, every other one cut to its first 3-120 words.
-
-    Most IMDb reviews run past a classifier's max_length, so whole reviews alone would all pad to the
-    same length; the cut ones are real review openings of varied length that get padded next to the
-    long ones in a mixed batch, which is where a batch-dependent kernel shows.
-    """
+    """`n` texts spread evenly over the length range of `texts`, every other one cut to its first 3-120 words, so
+    short texts get padded beside long ones (where a batch-dependent kernel shows)."""
     if n <= 0 or not texts:
         return []
     ranked = sorted(range(len(texts)), key=lambda i: (len(texts[i]), i))

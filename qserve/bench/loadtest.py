@@ -2,12 +2,8 @@
 
     qserve loadtest http://127.0.0.1:8000 --concurrency 1,8,32,64 --duration 10
 
-Expected labels come from a first sequential pass over the texts (one request at a
-time, so batching cannot be involved) or from a csv file of text,label. Every
-response in the timed runs is then checked: a wrong label is a mismatch, a request
-without an HTTP answer is lost, any non-200 is an error (counted by status). The
-tool is bounded in time and requests and only talks to loopback addresses, so it
-cannot be pointed at someone else's service.
+Expected labels come from a first sequential pass (or a csv of text,label); in the timed runs a wrong label is a
+mismatch, no answer is lost, a non-200 an error. Bounded in time and requests, and loopback only.
 """
 
 from __future__ import annotations
@@ -31,30 +27,16 @@ from qserve.bench.stats import percentile
 MAX_CONCURRENCY = 1024
 MAX_DURATION_S = 600.0
 
-_OPENERS = [
-    "I thought",
-    "Honestly,",
-    "My friends said",
-    "The critics agreed",
-    "From the first scene,",
-    "To be fair,",
-    "After two hours,",
-    "In the end",
-]
-_JUDGEMENTS = [
-    "this film was a delight",
-    "the movie was a tedious mess",
-    "the acting felt wooden",
-    "the story moved me to tears",
-    "the script was lazy and predictable",
-    "the soundtrack was wonderful",
-    "nothing about it worked",
-    "it is a quiet masterpiece",
-    "the pacing dragged badly",
-    "every performance was superb",
-    "the jokes fell flat",
-    "I would happily watch it again",
-]
+_OPENERS = (
+    "I thought|Honestly,|My friends said|The critics agreed|From the first scene,|To be fair,|After two hours,|"
+    "In the end"
+).split("|")
+_JUDGEMENTS = (
+    "this film was a delight|the movie was a tedious mess|the acting felt wooden|the story moved me to tears|"
+    "the script was lazy and predictable|the soundtrack was wonderful|nothing about it worked|"
+    "it is a quiet masterpiece|the pacing dragged badly|every performance was superb|the jokes fell flat|"
+    "I would happily watch it again"
+).split("|")
 
 
 def default_texts(n: int = 96) -> list[str]:
@@ -108,14 +90,8 @@ def classify_url(url: str) -> str:
 
 
 class Conn:
-    """One keep-alive HTTP/1.1 connection that POSTs JSON: the load generator's whole client.
-
-    The load tool shares the machine with the server it measures (2 cores here), so its
-    own CPU per request must be small: a general-purpose async client (httpx) spent more
-    CPU per request than the server did, capping the measured throughput at the
-    client's speed. This speaks just enough HTTP/1.1 for qserve's answers
-    (Content-Length or chunked bodies, keep-alive, reconnect after Connection: close).
-    """
+    """One keep-alive HTTP/1.1 connection that POSTs JSON: the load generator's whole client, cheap in CPU (a
+    general async client spent more CPU per request than the server it measured on the same cores)."""
 
     def __init__(self, url: str, headers: dict[str, str], timeout_s: float):
         parts = urlsplit(url)
@@ -319,9 +295,8 @@ def run_loadtest(
     timeout_s: float = 30.0,
     on_level: Callable[[str, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Run each concurrency level for duration_s (or max_requests, whichever first); returns the report.
-
-    `on_level("start"|"end", concurrency)` is called around each level (e.g. to scrape /metrics)."""
+    """Run each concurrency level for duration_s (or max_requests, first reached); `on_level("start"|"end", c)` around
+    each level."""
     target = classify_url(url)
     if not concurrencies or any(not 1 <= c <= MAX_CONCURRENCY for c in concurrencies):
         raise QserveError(f"--concurrency {concurrencies}: each level must be 1..{MAX_CONCURRENCY}")

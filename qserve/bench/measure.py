@@ -3,14 +3,8 @@
     python -m qserve.bench.measure job.json result.json    # one variant, its rounds back to back
     python -m qserve.bench.measure --worker                # then one JSON op a line on stdin (worker())
 
-`qserve bench` starts one `--worker` per CPU variant (its peak memory is its own: VmHWM of a fresh process, and
-a crash takes down only this variant) and one shared by the CUDA variants (`--isolation`: imports, CUDA's
-start-up and the allocator's warm-up paid once; peak counters reset before each variant opens; the RSS figures
-carry what the others hold, and the result says it was measured shared). Each variant is opened (imported and
-loaded) once, then timed in the short rounds the parent interleaves across variants (rounds.py), then finished
-(the real-text check, accuracy, invariance, memory) in the same process. Everything goes through `load_runtime`,
-the same path the server uses. A failure is written as the op's answer with the stage it happened in, and the
-worker exits 1.
+Everything goes through `load_runtime`, the path the server uses. A failure is written as the op's answer with
+the stage it happened in, and the worker exits 1 (docs/bench.md, "The bench in minutes").
 """
 
 from __future__ import annotations
@@ -42,8 +36,7 @@ from qserve.problemtypes import headline
 from qserve.runtime import RuntimeOptions, load_runtime
 from qserve.variants import REGISTRY
 
-# Used when no dataset text is available: long enough to fill any sequence length
-# once repeated, and real English so the ids are ordinary vocabulary ids.
+# without dataset text: real English (ordinary vocabulary ids), repeated to fill any length
 FALLBACK_TEXT = (
     "The film opens slowly, but the performances are strong and the story builds to an ending "
     "that feels earned. Some scenes drag, and the dialogue is uneven, yet I would watch it again."
@@ -99,14 +92,8 @@ def fixed_shapes(rt, job: dict[str, Any], text: str) -> list[dict[str, Any]]:
             rec: dict[str, Any] = {"batch": b, "seq": s}
             try:
                 batch = synthetic_batch(rt, b, s, text)
-                samples = time_calls(
-                    lambda: rt.run(batch),
-                    rt.synchronize,
-                    job["warmup"],
-                    job["time_budget_s"],
-                    job["min_iters"],
-                    job["max_iters"],
-                )
+                limits = (job["warmup"], job["time_budget_s"], job["min_iters"], job["max_iters"])
+                samples = time_calls(lambda: rt.run(batch), rt.synchronize, *limits)
                 rec.update(summarize(samples))
                 rec["throughput"] = throughput(b * len(samples), sum(samples) / 1e3)
                 rec["tokens_per_s"] = rec["throughput"] * s
@@ -121,9 +108,8 @@ def fixed_shapes(rt, job: dict[str, Any], text: str) -> list[dict[str, Any]]:
 
 
 def eager_beside_graphs(rt, job: dict[str, Any], text: str) -> dict[str, Any]:
-    """On CUDA, a torch variant's execution record (eager, CUDA graphs or torch.compile, and why: torch_rt.py) and,
-    when it runs graphs or compile, the same fixed shapes again eager ("fixed_eager"), so the report shows both
-    side by side. Other backends and CPU runs add nothing."""
+    """A CUDA torch variant's execution record and, when it runs graphs or compile, its fixed shapes again eager
+    ("fixed_eager"); other backends and CPU runs add nothing."""
     execution = getattr(rt, "execution", None)
     if not execution:
         return {}
@@ -138,10 +124,8 @@ def eager_beside_graphs(rt, job: dict[str, Any], text: str) -> dict[str, Any]:
 
 
 def accuracy(rt, ev: dict[str, Any], batch: int = 32, cache: dict[str, Any] | None = None) -> dict[str, Any]:
-    """predict() over the test texts (text pairs, for a pair split) under the variant's own long-text policy
-    (as served; a pair is truncated as its tokenizer truncates it), in length-sorted batches (evalpass.py);
-    quality by the variant's problem type (qserve.problemtypes.metrics: accuracy, + label_accuracy for
-    multi-label, or MAE/RMSE)."""
+    """predict() over the test texts (or pairs) under the variant's own long-text policy, in length-sorted batches;
+    quality by its problem type (problemtypes.metrics)."""
     texts, labels, problem = ev["texts"], ev["labels"], rt.problem_type
     pairs = ev.get("pairs")  # a text-pair test split
     cache = cache or {}
@@ -163,10 +147,8 @@ def accuracy(rt, ev: dict[str, Any], batch: int = 32, cache: dict[str, Any] | No
 
 
 def eval_cut(job: dict[str, Any], res: dict[str, Any], ev: dict[str, Any]) -> dict[str, Any]:
-    """The test texts this variant scores: all of them, or the first job["slow_eval_samples"] when its b1 on real
-    texts is slower than job["bound_ms"], a variant of this run that already meets its agreement bar: the
-    recommendation (the fastest meeting its bar) cannot be this one whatever its agreement, so its figures
-    cost less and say on how many texts they were measured (docs/bench.md, "Cheap where it is honest")."""
+    """The test texts this variant scores: all, or the first job["slow_eval_samples"] when its real-text b1 is slower
+    than job["bound_ms"], which can then never be recommended (docs/bench.md, "Cheap where it is honest")."""
     bound, cut = job.get("bound_ms"), job.get("slow_eval_samples")
     real = next((r for r in res.get("real_text") or [] if r.get("batch") == 1 and "p50" in r), None)
     if bound is None or not cut or real is None or real["p50"] <= bound or cut >= len(ev["texts"]):
@@ -206,7 +188,7 @@ def _policies(
 def _preimport(backend: str, device: str) -> None:
     """Import the backend's libraries (the registry's `libraries`) and start CUDA before the baseline, so 'model
     memory' and the load time exclude them; an unknown backend is left for load_runtime to refuse."""
-    import transformers  # noqa: F401  (the tokenizer, every backend)
+    import tokenizers  # noqa: F401  (the tokenizer, every backend)
 
     entry = REGISTRY.get(backend)
     for module in entry.libraries if entry else ():
@@ -244,9 +226,8 @@ def _stage(res: dict[str, Any], name: str) -> None:
 
 
 class Session:
-    """One variant loaded in this process and kept loaded, measured op by op: open (import, load), round (one short
-    pass over every shape: rounds.py), finish (the real-text check, accuracy, invariance, memory), policies, close.
-    `res` is its result as it grows; a failing op raises with res["stage"] naming where."""
+    """One variant loaded and kept loaded, measured op by op (open, round, finish, policies, close); `res` is its result
+    as it grows, and a failing op raises with res["stage"] naming where."""
 
     def __init__(self, job: dict[str, Any]):
         self.job = job
@@ -340,9 +321,8 @@ class Session:
         return out
 
     def finish(self, op: dict[str, Any]) -> dict[str, Any]:
-        """Everything measured once: the real-text check, (CUDA) eager beside graphs, accuracy under the variant's
-        own policy (the eval cut from op's merged real-text records and bound), the reference's policies,
-        invariance, memory. Returns the variant's result (its fixed and real-text records are the parent's)."""
+        """Everything measured once (real-text check, eager beside graphs, accuracy on the eval cut, the reference's
+        policies, invariance, memory); the fixed and real-text records are the parent's."""
         rt, job, res = self.rt, self.job, self.res
         job.update({k: op.get(k) for k in ("bound_ms", "bound_variant")})
         data, texts = job.get("data") or {}, self.texts
@@ -408,9 +388,7 @@ class Session:
 
 
 def measure(job: dict[str, Any]) -> dict[str, Any]:
-    """Every measurement of one variant in this process (`python -m qserve.bench.measure job.json result.json`):
-    open, job["rounds"] rounds back to back, finish. The bench runner instead interleaves the rounds of every
-    variant (worker); raises with `stage` set on the result dict."""
+    """One variant in this process: open, job["rounds"] rounds back to back, finish (the runner interleaves instead)."""
     s = Session(job)
     s.open()
     rounds = [s.round(str(k), k) for k in range(int(job.get("rounds") or 1))]
@@ -491,13 +469,10 @@ def _free() -> None:
 
 
 def worker(lines=None) -> int:
-    """Serve ops from stdin, one JSON object a line, until it closes: {"op": "open", "tag", "job", "out",
-    "shared"}, {"op": "round", "tag", "id", "round", "only", "out"}, {"op": "finish", "tag", "real_text",
-    "bound_ms", "bound_variant", "out"}, {"op": "policies", "tag", "long_text", "eval_limit", "own", "out"},
-    {"op": "close", "tag"}; each op's answer is written (atomically) to its "out". A process holds one variant (its
-    own process: its memory is its own) or several (the shared worker, --isolation). A failed op ends the worker
-    (exit 1) once its failure is written: the parent starts a fresh one for the variants it still needs, so no
-    variant runs in a process another one left in an unknown state (CUDA errors are sticky)."""
+    """Serve JSON ops from stdin, one a line (open, round, finish, policies, close), each answer written to its "out".
+
+    A failed op ends the worker (exit 1) once its failure is written: the parent opens the variants it still needs in
+    a fresh one, so none runs in a process another left in an unknown state (CUDA errors are sticky)."""
     sessions: dict[str, Session] = {}
     for line in lines if lines is not None else sys.stdin:
         if not line.strip():

@@ -1,7 +1,4 @@
-"""What the `qserve pipeline` run that wrote a bench report did and chose, as report.md's closing sections: its
-release gate (report.json "gate"), the training and this machine's choices (the placement plan, the training
-precision, recipe, batch size, GPU probe and time budget, the variants skipped or failed), and its stage times
-(report.json "pipeline"). Nothing here is measured by the bench; qserve/pipeline.py and bench/stages.py record it.
+"""What the `qserve pipeline` run behind a bench report did and chose (gate, choices, stage times): report.md's end.
 
     python -c "from qserve.bench.report import load_report; from qserve.bench.pipelinerecord import md_lines; \\
 print('\\n'.join(md_lines(load_report('benchmarks/reports/pipeline-auto-zen4')[0])))"

@@ -2,19 +2,9 @@
 
     qserve report benchmarks/reports/embedded-default   # re-draws decision, latency_vs_batch, accuracy_vs_size.png
 
-decision.png answers the question the report exists for: which variant is fast and
-faithful here? Left, the latency the recommendation ranks by (p50 of b1 on real test texts, else at the headline
-shape, log) against agreement with the fp32 reference; right, the same for
-throughput at the largest batch. Marker area is size on disk, colour the backend
-family, marker shape the precision; the agreement bar of each bit width is drawn and
-the recommended variant ringed and named.
-latency_vs_batch.png: p50 latency per batch (whiskers to p99) and throughput against
-batch size, one line per variant, one legend for both panels.
-accuracy_vs_size.png: test accuracy with its 95% interval against size on disk.
-
-Every variant has its own colour-marker pair from a colour-blind-safe palette
-(Okabe-Ito), the same in every chart; labels go through chartlabels.place, so they never
-overlap.
+decision.png: latency and throughput against agreement, the bars drawn and the recommendation ringed;
+latency_vs_batch.png and accuracy_vs_size.png. Each variant keeps one colour-blind-safe colour-marker pair in every
+chart, and labels go through chartlabels.place, so they never overlap.
 """
 
 from __future__ import annotations
@@ -28,6 +18,7 @@ from typing import Any
 from qserve.bench.chartlabels import Label, place
 from qserve.bench.recommend import AGREEMENT_BAR
 from qserve.bench.summary import shown, summary_rows
+from qserve.intervals import wilson
 
 DPI = 110
 # Okabe & Ito's palette, which stays distinct under every common colour-vision deficiency.
@@ -35,6 +26,7 @@ FAMILY_COLOURS = {"torch": "#0072B2", "onnx": "#E69F00", "openvino": "#009E73", 
 SPARE_COLOURS = ("#D55E00", "#56B4E9", "#000000", "#F0E442")
 PRECISION_MARKERS = {"fp32": "o", "bf16": "s", "fp16": "D", "int8": "^", "int4": "v", "nf4": "P", "fp4": "X"}
 SPARE_MARKERS = ("h", "p", "*", "<", ">", "d", "8", "H")
+EDGE: dict[str, Any] = {"markeredgecolor": "black", "markeredgewidth": 0.5}  # every marker's outline
 
 
 @dataclass(frozen=True)
@@ -50,9 +42,8 @@ def _ok(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def styles(variants: list[dict[str, Any]]) -> dict[str, Style]:
-    """name -> Style: colour by backend family, marker by precision, each pair used once.
-    A pair already taken (two variants of one family and precision, e.g. with other options)
-    moves to the next spare marker; a family beyond the four known ones takes a spare colour."""
+    """name -> Style: colour by backend family, marker by precision, each pair used once (a taken pair moves to a
+    spare marker; an unknown family takes a spare colour)."""
     out: dict[str, Style] = {}
     used: set[tuple[str, str]] = set()
     spare_colour: dict[str, str] = {}
@@ -90,22 +81,11 @@ def _legend_order(names: list[str], st: dict[str, Style]) -> list[str]:
 def _handle(name: str, s: Style, size: float = 7.0):
     from matplotlib.lines import Line2D
 
-    return Line2D(
-        [],
-        [],
-        linestyle="",
-        marker=s.marker,
-        color=s.colour,
-        markersize=size,
-        markeredgecolor="black",
-        markeredgewidth=0.5,
-        label=name,
-    )
+    return Line2D([], [], linestyle="", marker=s.marker, color=s.colour, markersize=size, label=name, **EDGE)
 
 
 def _plain_log_ticks(axis) -> None:
-    """Log-axis ticks as plain numbers (2, 30, 250 rather than 2×10⁰); minor ones only at 2x, 3x and 5x,
-    so they do not run into each other."""
+    """Log-axis ticks as plain numbers (2, 30, 250), minor ones only at 2x, 3x and 5x."""
     from matplotlib.ticker import FuncFormatter
 
     axis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
@@ -136,8 +116,7 @@ def _title(report: dict[str, Any]) -> str:
 
 # -- decision chart ----------------------------------------------------------------------------------------
 def ranked_latency(report: dict[str, Any]) -> tuple[dict[str, float | None], str]:
-    """({variant: the p50 the recommendation ranked it by}, what that p50 is): b1 on real test texts when it
-    ranked by them, else the headline shape (recommend.py). A report without a ranking: the headline shape."""
+    """({variant: the p50 the recommendation ranked it by}, what that p50 is): real-text b1, else the headline shape."""
     b, s = report["headline"]["batch"], report["headline"]["seq"]
     rec = report.get("recommended") or {}
     ranking = rec.get("ranking") or []
@@ -147,8 +126,7 @@ def ranked_latency(report: dict[str, Any]) -> tuple[dict[str, float | None], str
 
 
 def decision_points(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per variant with an agreement: name, p50 (the figure the recommendation ranks by), throughput (largest
-    batch), size, bits."""
+    """Per variant with an agreement: name, ranked p50 (and interval), throughput, size, agreement, bits."""
     spec = {v["name"]: v.get("spec") or {} for v in report["variants"]}
     ranked, _ = ranked_latency(report)
     cis = {r["variant"]: r.get("p50_ci") for r in (report.get("recommended") or {}).get("ranking") or []}
@@ -221,42 +199,16 @@ def decision_figure(report: dict[str, Any]):
         for p in pts:
             if p[key] is None:
                 continue
-            sv = st[p["name"]]
+            sv, xy = st[p["name"]], ([p[key]], [p["agreement"] * 100])
             if key == "p50" and p.get("p50_ci"):  # the interval of the median over rounds
                 lo_ci, hi_ci = p["p50_ci"]
-                ax.errorbar(
-                    [p[key]],
-                    [p["agreement"] * 100],
-                    xerr=[[max(0.0, p[key] - lo_ci)], [max(0.0, hi_ci - p[key])]],
-                    fmt="none",
-                    ecolor=sv.colour,
-                    elinewidth=1.2,
-                    capsize=3,
-                    zorder=2,
-                )
-            ax.scatter(
-                [p[key]],
-                [p["agreement"] * 100],
-                s=area(p),
-                marker=sv.marker,
-                c=sv.colour,
-                edgecolors="black",
-                linewidths=0.5,
-                zorder=3,
-                alpha=0.9,
-            )
+                xerr = [[max(0.0, p[key] - lo_ci)], [max(0.0, hi_ci - p[key])]]
+                ax.errorbar(*xy, xerr=xerr, fmt="none", ecolor=sv.colour, elinewidth=1.2, capsize=3, zorder=2)
+            dot = {"marker": sv.marker, "c": sv.colour, "edgecolors": "black", "linewidths": 0.5, "alpha": 0.9}
+            ax.scatter(*xy, s=area(p), zorder=3, **dot)
             if p["name"] == rec:
                 ring = (math.sqrt(area(p)) + 9) ** 2
-                ax.scatter(
-                    [p[key]],
-                    [p["agreement"] * 100],
-                    s=ring,
-                    marker="o",
-                    facecolors="none",
-                    edgecolors="black",
-                    linewidths=1.8,
-                    zorder=4,
-                )
+                ax.scatter(*xy, s=ring, marker="o", facecolors="none", edgecolors="black", linewidths=1.8, zorder=4)
         for bar, ls in zip(bars, ("--", ":", "-.")):
             ax.axhline(bar * 100, color="0.3", lw=1, ls=ls, zorder=1)
         ax.set_xscale("log")
@@ -270,35 +222,20 @@ def decision_figure(report: dict[str, Any]):
     handles = [_handle(nm, st[nm]) for nm in _legend_order([p["name"] for p in pts], st)]
     handles.append(Line2D([], [], linestyle="", label=" "))
     for mb in _size_refs(biggest):
+        size = math.sqrt(max(24.0, 300.0 * mb / biggest))
         handles.append(
-            Line2D(
-                [],
-                [],
-                linestyle="",
-                marker="o",
-                color="0.75",
-                markeredgecolor="black",
-                markeredgewidth=0.5,
-                markersize=math.sqrt(max(24.0, 300.0 * mb / biggest)),
-                label=f"{mb:g} MB on disk",
-            )
+            Line2D([], [], linestyle="", marker="o", color="0.75", markersize=size, label=f"{mb:g} MB on disk", **EDGE)
         )
     for bar, ls in zip(bars, ("--", ":", "-.")):
         handles.append(Line2D([], [], color="0.3", lw=1, ls=ls, label=f"agreement bar {bar:.0%} ({bar_bits[bar]}-bit)"))
     if rec:
-        handles.append(
-            Line2D(
-                [],
-                [],
-                linestyle="",
-                marker="o",
-                markersize=13,
-                markerfacecolor="none",
-                markeredgecolor="black",
-                markeredgewidth=1.8,
-                label=f"recommended: {rec}",
-            )
-        )
+        ringed: dict[str, Any] = {
+            "marker": "o",
+            "markersize": 13,
+            "markerfacecolor": "none",
+            "markeredgecolor": "black",
+        }
+        handles.append(Line2D([], [], linestyle="", markeredgewidth=1.8, label=f"recommended: {rec}", **ringed))
     fig.legend(handles=handles, loc="outside right center", fontsize=8, frameon=False, labelspacing=0.9)
     head = fig.suptitle(
         f"Which variant is fast and faithful? {_title(report)}"
@@ -352,14 +289,7 @@ def latency_figure(report: dict[str, Any]):
         p50 = [r["p50"] for r in recs]
         lo = [0.0] * len(recs)  # whiskers only upward: p50 -> p99, the tail a server sees
         hi = [r["p99"] - r["p50"] for r in recs]
-        kw = {
-            "marker": sv.marker,
-            "color": sv.colour,
-            "markeredgecolor": "black",
-            "markeredgewidth": 0.5,
-            "markersize": 6,
-            "lw": 1.3,
-        }
+        kw = {"marker": sv.marker, "color": sv.colour, "markersize": 6, "lw": 1.3, **EDGE}
         # nudge each variant sideways a little so whiskers at the same batch size don't hide each other
         dodge = [bb * 1.04 ** (i - (len(variants) - 1) / 2) for bb in bs]
         ax1.errorbar(dodge, p50, yerr=[lo, hi], capsize=3, elinewidth=1, **kw)
@@ -380,26 +310,13 @@ def latency_figure(report: dict[str, Any]):
     ax2.set_title(f"Throughput vs batch size (seq {s})")
     # one legend for both panels: the same variant is the same colour and marker in each
     label = {v["name"]: shown(v, report) for v in variants}
-    fig.legend(
-        handles=[_handle(label[nm], st[nm]) for nm in _legend_order(drawn, st)],
-        loc="outside right center",
-        fontsize=8,
-        frameon=False,
-        labelspacing=0.9,
-    )
+    handles = [_handle(label[nm], st[nm]) for nm in _legend_order(drawn, st)]
+    fig.legend(handles=handles, loc="outside right center", fontsize=8, frameon=False, labelspacing=0.9)
     fig.suptitle(_title(report))
     return fig
 
 
 # -- accuracy against size ---------------------------------------------------------------------------------
-def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson interval of an accuracy p measured on n texts."""
-    den = 1 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return mid - half, mid + half
-
-
 def accuracy_figure(report: dict[str, Any]):
     import matplotlib
 
@@ -418,22 +335,10 @@ def accuracy_figure(report: dict[str, Any]):
     for v, x in zip(ok, spread):
         a, n = v["accuracy"]["accuracy"], int(v["accuracy"].get("n") or 0)
         y = a * 100
-        lo, hi = wilson(a, n) if n else (a, a)
+        lo, hi = wilson(round(a * n), n) if n else (a, a)
         sv = st[v["name"]]
-        ax.errorbar(
-            [x],
-            [y],
-            yerr=[[y - lo * 100], [hi * 100 - y]],
-            marker=sv.marker,
-            color=sv.colour,
-            markeredgecolor="black",
-            markeredgewidth=0.5,
-            markersize=8,
-            capsize=3,
-            elinewidth=1,
-            alpha=0.9,
-            zorder=3,
-        )
+        kw = {"marker": sv.marker, "color": sv.colour, "markersize": 8, "alpha": 0.9, "zorder": 3, **EDGE}
+        ax.errorbar([x], [y], yerr=[[y - lo * 100], [hi * 100 - y]], capsize=3, elinewidth=1, **kw)
         ys += [lo * 100, hi * 100]
         labels.append(Label(x, y, shown(v, report), radius_px=4 * DPI / 72, bold=v["name"] == rec))
     ax.set_xscale("log")
@@ -457,8 +362,7 @@ def accuracy_figure(report: dict[str, Any]):
 
 
 def _spread(sizes: list[float], step: float = 1.035) -> list[float]:
-    """Sizes within 3% of each other (the fp32 variants of every backend) moved apart by a few percent
-    on the log axis, so no marker or whisker hides another."""
+    """Sizes within 3% of each other moved apart a few percent on the log axis, so no marker hides another."""
     order = sorted(range(len(sizes)), key=lambda i: sizes[i])
     groups: list[list[int]] = []
     for i in order:

@@ -2,18 +2,9 @@
 
     qserve bench models/minilm-l6-distilbert-imdb/variants/torch-fp32 --long-text head,head-tail,windows
 
-Each variant's child scores the test split once per policy (predict() in batches of 32, tokenization,
-cutting and aggregation included, as served), so texts/s is what the policy costs on real texts. The
-parent adds agreement with the reference variant under the same policy, and names two policies for the
-served variant: the one to serve (`fast`) and the most accurate overall (`best`). head is always measured: it
-is the baseline of the speed rule.
-
-The served policy is the variant's own (the one its manifest, bench and gate used) unless another policy at
->= half of head's texts/s beats it on the same texts: the paired difference of per-text correctness (another
-policy minus the own one), with its 95% bootstrap interval (qserve.intervals, as the gate's accuracy delta),
-lies wholly above 0. A difference the texts cannot separate is a tie, and a tie keeps the own policy. Even a
-policy that wins is served by `qserve serve MODEL_DIR` only once a gate verdict for it exists
-(qserve.bench.recommend.from_model_dir).
+Each policy scores the test split through predict(), as served; the parent adds agreement with the reference
+and names `fast` (to serve) and `best`. Another policy replaces the variant's own only when its paired accuracy
+gain is wholly above 0 at >= half of head's texts/s (docs/long-texts.md).
 """
 
 from __future__ import annotations
@@ -48,11 +39,8 @@ def measure(
     batch: int = 32,
     cache: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Child side: one record per policy (resolved for this variant), predictions included for the parent.
-
-    `own` is the variant's accuracy record under its own policy: reused rather than measured twice. Texts are
-    scored in length-sorted batches (evalpass.score: the same answers, in the texts' order); the untimed
-    piece counts come from the tokenizer's cache when another variant already cut the same texts."""
+    """Child side: one record per policy (resolved for this variant), predictions included for the parent; `own`
+    (the accuracy record under the variant's own policy) is reused, not measured twice."""
     texts, labels = ev["texts"], ev["labels"]
     cache = cache or {}
     out = []
@@ -128,10 +116,8 @@ def paired(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def choose(records: list[dict[str, Any]], own: str | None = None) -> dict[str, Any] | None:
-    """{"fast", "best", "head", "own", "changed", "against_own"}: `fast` is the policy to serve: the variant's
-    own (`own`; head when unknown or not measured), unless a policy at >= SPEED_FRACTION of head's texts/s is
-    more accurate on the same texts with the interval of the difference wholly above 0 (the most accurate such
-    one). `best` is the most accurate overall; `against_own` every policy's paired difference from the own."""
+    """{"fast", "best", "head", "own", "changed", "against_own"}: `fast` is the variant's own policy unless one at >=
+    SPEED_FRACTION of head's texts/s is more accurate, the paired interval wholly above 0; `best` the most accurate."""
     scored = [r for r in records if r.get("accuracy") is not None]
     head = next((r for r in scored if r["asked"] == "head"), None)
     if not scored or head is None or not head.get("texts_per_s"):
@@ -159,9 +145,8 @@ def choose(records: list[dict[str, Any]], own: str | None = None) -> dict[str, A
 
 
 def finish(report: dict[str, Any]) -> None:
-    """report["long_text"]: the two named policies, for the recommended variant (else the reference, else the
-    first measured). `served_variant`: whether the records are the recommended variant's own, the only ones a
-    server of that variant may take a policy from (qserve.bench.recommend.from_model_dir)."""
+    """report["long_text"]: the two named policies, from the recommended variant's records (else the reference's,
+    else the first measured); `served_variant` says whether a server may take a policy from them."""
     variants = [v for v in report["variants"] if v.get("status") == "ok" and v.get("long_text_policies")]
     if not variants:
         return
@@ -194,9 +179,8 @@ def finish(report: dict[str, Any]) -> None:
 
 
 def served_policy(report: dict[str, Any], variant: str, manifest: Manifest) -> tuple[str | None, str]:
-    """(the long-text policy `qserve serve MODEL_DIR` serves the recommended `variant` under, why): the report's
-    choice when it was made on that variant's own records and a gate verdict for it exists; otherwise the
-    policy its gate verified (None: the variant's own, when never gated or gated under it)."""
+    """(the policy `qserve serve MODEL_DIR` serves the recommended `variant` under, why): the report's choice when
+    made on its own records and gated; else the policy its gate verified (None: the variant's own)."""
     lt = report.get("long_text") or {}
     chosen = (lt.get("fast") or {}).get("policy")
     gated = gated_policy(manifest)

@@ -34,8 +34,7 @@ def synthetic_batch(rt, batch: int, seq: int, text: str):
 def real_text_round(
     rt, batch: int, texts: list[str], cursor: int, budget_s: float, min_iters: int, max_iters: int, warm: bool
 ) -> tuple[dict[str, Any], int]:
-    """One round of predict() on consecutive batches of real texts (tokenization + dynamic padding included),
-    starting at batch number `cursor` (the rounds continue through the texts): ({"batch", "samples", "texts",
+    """One round of predict() on consecutive batches of real texts from batch `cursor`: ({"batch", "samples", "texts",
     "padded", "tok_ms"}, the next cursor)."""
     batches = [texts[i : i + batch] for i in range(0, len(texts), batch)] or [texts]
     if warm:
@@ -74,11 +73,8 @@ CHECK_BOUND = 1.15
 
 
 def real_text_check(rt, job: dict[str, Any], texts: list[str]) -> dict[str, Any] | None:
-    """Real-text b1 (predict([text])) against the fixed b1 shape's forward plus that text's tokenization, timed
-    call by call in turn (fixed, real, tokenize; CHECK_PAIRS times), so both see the same machine: the grid and
-    the real-text pass run seconds apart, and on a shared 2-core machine their ratio moved far more between those
-    windows than in turn. The ratio is what predict() costs beyond
-    the model's forward and the tokenizer."""
+    """Real-text b1 against the fixed b1 forward plus that text's tokenization, timed call by call in turn (CHECK_PAIRS
+    times, so both see the same machine): what predict() costs beyond the model and the tokenizer."""
     if 1 not in job["batch_sizes"] or not texts:
         return None
     seq = 128 if 128 in job["seq_lens"] else max(job["seq_lens"])

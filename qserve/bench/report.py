@@ -2,8 +2,7 @@
 
     qserve report benchmarks/reports/minilm-l6-distilbert-cpu-t2      # re-render md/csv/html/png from report.json
 
-Rendering is a pure function of report.json (no clock, no machine queries), so
-`qserve report` reproduces the md byte for byte.
+A pure function of report.json (no clock, no machine queries): `qserve report` reproduces the md byte for byte.
 """
 
 from __future__ import annotations
@@ -107,17 +106,8 @@ def _floor_lines(report: dict[str, Any]) -> list[str]:
             ]
         )
     if vrows:
-        lines += md_table(
-            [
-                "variant",
-                "compute",
-                "floor, machine peak (ms)",
-                "p50/floor",
-                "floor, model shapes (ms)",
-                "p50/model-shape floor",
-            ],
-            vrows,
-        ) + [""]
+        head = "variant|compute|floor, machine peak (ms)|p50/floor|floor, model shapes (ms)|p50/model-shape floor"
+        lines += md_table(head.split("|"), vrows) + [""]
     return lines
 
 
@@ -317,14 +307,8 @@ def _execution_lines(report: dict[str, Any]) -> list[str]:
             "",
         ]
         + md_table(
-            [
-                "variant (execution)",
-                f"p50 b{b}/s{s} (ms)",
-                f"p99 b{b}/s{s} (ms)",
-                f"throughput b{bmax}/s{s} (seq/s)",
-                "p50 speed-up",
-                "throughput gain",
-            ],
+            ["variant (execution)", f"p50 b{b}/s{s} (ms)", f"p99 b{b}/s{s} (ms)", f"throughput b{bmax}/s{s} (seq/s)"]
+            + ["p50 speed-up", "throughput gain"],
             rows,
         )
         + [""]
@@ -392,33 +376,15 @@ def _real_text(report: dict[str, Any]) -> list[str]:
     rows = []
     for v in report["variants"]:
         for rt in v.get("real_text") or []:
-            rows.append(
-                [
-                    shown(v, report),
-                    str(rt["batch"]),
-                    ci_cell(rt),
-                    cell(rt.get("p99"), 2),
-                    cell(rt.get("throughput"), 1),
-                    cell(rt.get("mean_padded_len"), 1),
-                    str(rt.get("count")),
-                ]
-            )
+            stats = [cell(rt.get("p99"), 2), cell(rt.get("throughput"), 1), cell(rt.get("mean_padded_len"), 1)]
+            rows.append([shown(v, report), str(rt["batch"]), ci_cell(rt), *stats, str(rt.get("count"))])
     if not rows:
         return []
     ds: dict[str, Any] = next((v["data"] for v in report["variants"] if v.get("data")), {}) or {}
     return (
         [f"## Real text ({ds.get('dataset')} test split, predict() with tokenization and dynamic padding)", ""]
         + md_table(
-            [
-                "variant",
-                "batch",
-                "p50 (ms) [interval over rounds]",
-                "p99 (ms)",
-                "texts/s",
-                "mean padded length",
-                "calls",
-            ],
-            rows,
+            "variant|batch|p50 (ms) [interval over rounds]|p99 (ms)|texts/s|mean padded length|calls".split("|"), rows
         )
         + [""]
         + _real_text_check(report)
@@ -449,13 +415,8 @@ def _real_text_check(report: dict[str, Any]) -> list[str]:
             "",
         ]
         + md_table(
-            [
-                "variant",
-                "real-text b1 p50 (ms)",
-                f"fixed b1/s{c0['seq']} p50 (ms)",
-                "tokenize p50 (ms)",
-                "real / (fixed + tokenize)",
-            ],
+            ["variant", "real-text b1 p50 (ms)", f"fixed b1/s{c0['seq']} p50 (ms)", "tokenize p50 (ms)"]
+            + ["real / (fixed + tokenize)"],
             rows,
         )
         + [""]
@@ -570,38 +531,14 @@ def _la(x: Any) -> str:
     return "/".join(f"{v:.2f}" for v in x) if x else "–"
 
 
-CSV_FIELDS = [
-    "variant",
-    "device",
-    "status",
-    "kind",
-    "batch",
-    "seq",
-    "count",
-    "mean_ms",
-    "p50_ms",
-    "p50_ci_lo_ms",
-    "p50_ci_hi_ms",
-    "rounds",
-    "stable",
-    "p90_ms",
-    "p95_ms",
-    "p99_ms",
-    "stdev_ms",
-    "min_ms",
-    "throughput",
-    "size_mb",
-    "load_s",
-    "peak_mem_mib",
-    "accuracy",
-    "agreement",
-    "speedup_vs_torch_fp32",
-    "floor_ms",
-    "p50_over_floor",
-    "invariance_max_abs_dprob",
-    "invariance_flips",
-    "error",
-]
+CSV_FIELDS = (
+    "variant device status kind batch seq count mean_ms p50_ms p50_ci_lo_ms p50_ci_hi_ms rounds stable p90_ms p95_ms "
+    "p99_ms stdev_ms min_ms throughput size_mb load_s peak_mem_mib accuracy agreement speedup_vs_torch_fp32 floor_ms "
+    "p50_over_floor invariance_max_abs_dprob invariance_flips error"
+).split()
+SUMMARY_CSV = (  # the summary row's fields the csv repeats by name
+    "size_mb load_s peak_mem_mib accuracy agreement floor_ms p50_over_floor invariance_max_abs_dprob invariance_flips"
+).split()
 
 
 def render_csv(report: dict[str, Any]) -> str:
@@ -609,40 +546,18 @@ def render_csv(report: dict[str, Any]) -> str:
     w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
     w.writeheader()
     for v, r in zip(report["variants"], summary_rows(report)):
-        base = {
-            "variant": v["name"],
-            "device": v.get("device"),
-            "status": v["status"],
-            "size_mb": r["size_mb"],
-            "load_s": r["load_s"],
-            "peak_mem_mib": r["peak_mem_mib"],
-            "accuracy": r["accuracy"],
-            "agreement": r["agreement"],
-            "speedup_vs_torch_fp32": r["speedup"],
-            "floor_ms": r["floor_ms"],
-            "p50_over_floor": r["p50_over_floor"],
-            "invariance_max_abs_dprob": r["invariance_max_abs_dprob"],
-            "invariance_flips": r["invariance_flips"],
-        }
+        base = {"variant": v["name"], "device": v.get("device"), "status": v["status"]}
+        base.update({k: r[k] for k in SUMMARY_CSV}, speedup_vs_torch_fp32=r["speedup"])
         if v["status"] != "ok":
             w.writerow({**base, "kind": "failed", "error": v.get("error")})
             continue
         for kind in ("fixed", "real_text", "fixed_eager"):  # fixed_eager: CUDA only (a torch variant run eager)
             for rec in v.get(kind) or []:
-                row = {
-                    **base,
-                    "kind": kind,
-                    "batch": rec.get("batch"),
-                    "seq": rec.get("seq", ""),
-                    "count": rec.get("count"),
-                    "throughput": rec.get("throughput"),
-                    "error": rec.get("error"),
-                }
-                for k in ("mean", "p50", "p90", "p95", "p99", "stdev", "min"):
-                    row[f"{k}_ms"] = rec.get(k)
+                row = {**base, "kind": kind, "seq": rec.get("seq", "")}
+                row.update({k: rec.get(k) for k in ("batch", "count", "throughput", "error", "rounds", "stable")})
+                row.update({f"{k}_ms": rec.get(k) for k in ("mean", "p50", "p90", "p95", "p99", "stdev", "min")})
                 ci = rec.get("p50_ci") or [None, None]
-                row.update({"p50_ci_lo_ms": ci[0], "p50_ci_hi_ms": ci[1], "rounds": rec.get("rounds")})
-                row["stable"] = rec.get("stable")
+                row.update({"p50_ci_lo_ms": ci[0], "p50_ci_hi_ms": ci[1]})
                 w.writerow(row)
     return buf.getvalue()
 

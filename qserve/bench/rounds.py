@@ -2,13 +2,9 @@
 
     python -m pytest tests/unit/test_bench_stats.py -q
 
-Every variant is loaded once in its own process and kept loaded; the runner then asks each in turn for a short
-round (A B C ... A B C ...), so a slow phase of the machine falls on every variant alike. A round times every fixed
-shape and every real-text batch size for its share of the time budget. Here the rounds of one variant become its
-records: the p50 is the median of the rounds' p50s, with the order-statistic interval of that median
-(stats.median_ci); p90/p99/mean/stdev/min/max are over every call of every round. A record whose interval is wider
-than the stability tolerance (its width over the p50) is `stable: false`: the runner gives the decision's numbers
-more rounds, and the report says "unstable" beside what stays so.
+A record's p50 is the median of the rounds' p50s with its order-statistic interval (stats.median_ci); the other
+statistics are over every call. A record whose interval is wider than the stability tolerance is `stable: false`
+(docs/bench.md, "Rounds").
 """
 
 from __future__ import annotations

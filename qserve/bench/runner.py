@@ -1,18 +1,12 @@
-"""Child-process orchestration: one process per CPU variant, one shared worker for the CUDA ones (--isolation),
-then agreement, floor and reports.
+"""Child-process orchestration: one worker process per CPU variant, one shared by the CUDA ones (--isolation),
+interleaved rounds, then agreement, floor and reports.
 
     python -c "from pathlib import Path; from qserve.bench.runner import run_bench; \\
 from qserve.bench.config import BenchConfig; \\
 run_bench([Path('models/minilm-imdb-variants/onnx-int8')], BenchConfig(batch_sizes=[1], seq_lens=[128]))"
 
-The parent never imports torch: it reads manifests, loads the evaluation texts once
-(so every variant sees the same inputs), places each variant (qserve.placement: --device auto
-puts on the CPU what the GPU cannot run), starts `python -m qserve.bench.measure` per variant
-as one `--worker` per variant (the CUDA variants share one: --isolation) with the thread count pinned in its
-environment, loads every variant once (in parallel where the cores allow), measures them in interleaved rounds
-(A B C ... A B C ..., one at a time: rounds.py), finishes each in the process that holds it, polls RSS, and turns
-a crash, a timeout or an error into a `failed` entry while the other variants run on (a variant still needed
-whose worker died with another is opened again in a fresh one).
+The parent never imports torch. A crash, a timeout or an error is a `failed` entry while the others run on
+(docs/bench.md, "Rounds" and "The bench in minutes").
 """
 
 from __future__ import annotations
@@ -103,14 +97,8 @@ def data_key(cfg: BenchConfig, meta: VariantMeta) -> tuple[str | None, int, int 
     seed = cfg.seed if cfg.seed is not None else (m.seed if m.seed is not None else 42)
     max_eval = cfg.max_eval_samples if cfg.max_eval_samples is not None else m.max_eval_samples
     acc = bool(cfg.accuracy and dataset)
-    # Real-text latency needs text even for a speed-only run: the embedded IMDb test split.
-    return (
-        (dataset or "default"),
-        seed,
-        max_eval,
-        acc,
-        (meta.manifest.problem_type if meta.manifest is not None else None),
-    )
+    problem = meta.manifest.problem_type if meta.manifest is not None else None
+    return (dataset or "default"), seed, max_eval, acc, problem  # a speed-only run's real texts: the embedded split
 
 
 def load_texts(key: tuple, cfg: BenchConfig, cache: dict) -> dict[str, Any]:
@@ -223,10 +211,8 @@ def _outcome(
 
 
 class Worker:
-    """One `python -m qserve.bench.measure --worker` process holding loaded variants (measure.Session) and answering
-    ops one at a time: one per CPU variant (its memory is its own), or one shared by the CUDA variants
-    (--isolation). A variant whose op crashes, times out or fails ends the worker and fails alone; a variant still
-    needed is opened again in a fresh one (`starts` tells a session which process it lives in)."""
+    """One `python -m qserve.bench.measure --worker` process answering ops one at a time, for one CPU variant or the
+    CUDA ones (--isolation); a failed op ends it, and a variant still needed opens again in a fresh one (`starts`)."""
 
     def __init__(self, work: Path, cfg: BenchConfig, device: str, name: str):
         self.work, self.cfg, self.device = work, cfg, device
@@ -315,34 +301,26 @@ class Variant:
         self.failed: dict[str, Any] | None = None
         self.ops = 0
 
-    def _op(self, op: dict[str, Any]) -> dict[str, Any]:
+    def _send(self, op: dict[str, Any]) -> dict[str, Any]:
         self.ops += 1
-        op = {
-            **op,
-            "tag": self.tag,
-            "shared": self.shared,
-            "out": str(self.job_path.parent / f"{self.tag}.{self.ops}.json"),
-        }
-        res = self.worker.wait(self.worker.send(op))
+        out = str(self.job_path.parent / f"{self.tag}.{self.ops}.json")
+        return self.worker.send({**op, "tag": self.tag, "shared": self.shared, "out": out})
+
+    def _wait(self, sent: dict[str, Any]) -> dict[str, Any]:
+        res = self.worker.wait(sent)
         self.wall += res["wall_s"]
         if res["status"] == "failed":
             self.failed = res
         return res
 
     def send_open(self) -> dict[str, Any]:
-        self.ops += 1
-        op = {"op": "open", "tag": self.tag, "job": str(self.job_path), "shared": self.shared}
-        op["out"] = str(self.job_path.parent / f"{self.tag}.{self.ops}.json")
-        sent = self.worker.send(op)
+        sent = self._send({"op": "open", "job": str(self.job_path)})
         self.gen = self.worker.starts
         return sent
 
     def finish_open(self, sent: dict[str, Any]) -> dict[str, Any]:
-        res = self.worker.wait(sent)
-        self.wall += res["wall_s"]
-        if res["status"] == "failed":
-            self.failed = res
-        else:
+        res = self._wait(sent)
+        if res["status"] != "failed":
             self.opened = res
         return res
 
@@ -355,7 +333,18 @@ class Variant:
             self.finish_open(self.send_open())
             if self.failed is not None:
                 return self.failed
-        return self._op(op)
+        return self._wait(self._send(op))
+
+
+def _variant(
+    i: int, tag: str, job: dict[str, Any], device: str, workers: dict[str, Worker], work: Path, cfg: BenchConfig
+) -> Variant:
+    """A handle on variant i: its job written, in the shared worker of its device or in one of its own."""
+    job_path = work / f"{tag}.job.json"
+    job_path.write_text(json.dumps(job), encoding="utf-8")
+    sh = shared(cfg, device)
+    wkey = f"shared-{device}" if sh else tag
+    return Variant(i, tag, job_path, workers.setdefault(wkey, Worker(work, cfg, device, wkey)), sh)
 
 
 def shared(cfg: BenchConfig, device: str) -> bool:
@@ -399,9 +388,7 @@ def _texts_sha(data: dict[str, Any]) -> str:
 
 
 def _order(metas: list[VariantMeta]) -> list[int]:
-    """Measuring order (the report keeps the given order): the agreement reference first, then fewer weight
-    bytes first. A fast variant that meets its bar, measured early, is the bound below which a slower one
-    cannot be recommended (measure.eval_cut); the order only decides how soon that bound is known."""
+    """Measuring order: the agreement reference, then fewer weight bytes first (the eval cut's bound known sooner)."""
     ref = _reference_index(metas)
     rest = sorted((i for i in range(len(metas)) if i != ref), key=lambda i: (metas[i].weights_bytes or 0, i))
     return ([ref] if ref is not None else []) + rest
@@ -427,6 +414,10 @@ def _meets_bar(entry: dict[str, Any], ref: dict[str, Any] | None) -> float | Non
     )
 
 
+JOB_FIELDS = tuple(  # what a child's job copies from the config as it is
+    "threads batch_sizes seq_lens time_budget_s warmup min_iters max_iters rounds stability allow_extra_files "
+    "length_buckets slow_eval_samples".split()
+)
 MAX_ROUNDS_FACTOR = 3
 """Stability's extra rounds stop at this many times --rounds (or at --stability-budget seconds, first reached)."""
 
@@ -437,9 +428,7 @@ def _files(meta: VariantMeta) -> dict[str, Any] | None:
 
 
 def _open_all(handles: list[Variant], cfg: BenchConfig) -> None:
-    """Start and load every variant once: the processes of their own in parallel, as many at a time as there are
-    physical cores (loading is mostly one Python thread each); a shared worker's variants one after another.
-    Nothing is timed while they load (the load seconds say how many loaded at once)."""
+    """Load every variant once, untimed: own processes in parallel, one per physical core; a shared worker's in turn."""
     alone = [h for h in handles if not h.shared]
     width = max(1, physical_cores() or 1)
     for at in range(0, len(alone), width):
@@ -463,15 +452,7 @@ def _round(live: list[Variant], rid: str, k: int, only: list | None, dirs: list[
         ans = h.op({"op": "round", "id": rid, "round": k, "only": only})
         if ans["status"] == "ok":
             h.rounds.append(ans)
-            seen.append(
-                {
-                    "variant": dirs[h.index].name,
-                    "round": k,
-                    "t0": ans.get("t0"),
-                    "t1": ans.get("t1"),
-                    "pid": ans.get("pid"),
-                }
-            )
+            seen.append({"variant": dirs[h.index].name, "round": k, **{x: ans.get(x) for x in ("t0", "t1", "pid")}})
         else:
             log.error("bench: %s failed in round %d: %s", dirs[h.index], k + 1, ans.get("error"))
     return seen
@@ -519,9 +500,7 @@ def _policy_pass(
         if done and (i != rec or all(r["n"] == (entries[i].get("accuracy") or {}).get("n") for r in done)):
             continue  # the reference, compared in its own child already (on every text, if it is chosen)
         own = raw[i].get("accuracy") or {}
-        # The reference's policy records only feed the agreement column (choose() reads the recommended variant's):
-        # when it is not the recommended one it scores the eval cut's first texts, and each agreement says on how
-        # many (policies.add_agreement, "agreement_n").
+        # a reference that is not the recommended one feeds only agreement: the eval cut's first texts
         limit = cfg.slow_eval_samples if (i != rec and cfg.slow_eval_samples) else None
         pjob = {**job, "mode": "policies", "long_text": cfg.long_text, "eval_limit": limit}
         k = stored.key(_files(metas[i]), pjob, ident)
@@ -530,13 +509,7 @@ def _policy_pass(
             log.info("bench: %s: long-text policies %s", dirs[i], ",".join(cfg.long_text or []))
             h = handles.get(i)
             if h is None or h.failed is not None:
-                job_path = work / f"p{i}.job.json"
-                job_path.write_text(json.dumps(job), encoding="utf-8")
-                sh = shared(cfg, device_of[i])
-                wkey = f"shared-{device_of[i]}" if sh else f"p{i}"
-                h = handles[i] = Variant(
-                    i, f"p{i}", job_path, workers.setdefault(wkey, Worker(work, cfg, device_of[i], wkey)), sh
-                )
+                h = handles[i] = _variant(i, f"p{i}", job, device_of[i], workers, work, cfg)
             op: dict[str, Any] = {"op": "policies", "long_text": cfg.long_text, "eval_limit": limit}
             op["own"] = {x: own.get(x) for x in ("policy", "predictions", "seconds")}
             res = h.op(op)
@@ -549,9 +522,7 @@ def _policy_pass(
 
 
 def bench_plan(cfg: BenchConfig, metas: list[VariantMeta]) -> Plan | None:
-    """Where each variant is measured: with --device auto, the plan's placement (the GPU where a variant runs on
-    it, else the CPU: qserve.placement); with an explicit device, every variant there (None), so one that cannot
-    run there fails with the reason, and the others are measured."""
+    """Where each variant is measured: --device auto, the placement plan; an explicit device, None (all there)."""
     if cfg.device != "auto":
         return None
     names = list(
@@ -565,11 +536,8 @@ def run_bench(
 ) -> dict[str, Any]:
     """Benchmark every variant in its own child; write report.json/csv/md and plots into cfg.out.
 
-    Every variant is measured under its own long-text policy (what serving that variant answers); the
-    --long-text comparison then runs on the reference and the recommended variant only, the two whose
-    records decide and qualify the policy served (docs/bench.md, "Which variants compare policies").
-    `store`: keep each finished measurement there; `reuse`: read the ones whose key matches (resume). `plan`:
-    the device of each variant (the pipeline's); without one, `bench_plan` decides from cfg.device."""
+    The --long-text comparison runs on the reference and the recommended variant only (docs/bench.md). `store`: keep
+    each finished measurement there; `reuse`: read those whose key matches; `plan`: each variant's device."""
     if not variant_dirs:
         raise QserveError("qserve bench needs at least one VARIANT_DIR")
     cfg.validate()
@@ -614,29 +582,11 @@ def run_bench(
                 if key[3] and data.get("eval"):
                     payload["eval"] = data["eval"]
                 data_file.write_text(json.dumps(payload), encoding="utf-8")
-            job = {
-                "variant_dir": str(d.resolve()),
-                "device": device_of[i],
-                "threads": cfg.threads,
-                "batch_sizes": cfg.batch_sizes,
-                "seq_lens": cfg.seq_lens,
-                "time_budget_s": cfg.time_budget_s,
-                "warmup": cfg.warmup,
-                "min_iters": cfg.min_iters,
-                "max_iters": cfg.max_iters,
-                "rounds": cfg.rounds,
-                "stability": cfg.stability,
-                "data_file": str(data_file),
-                "allow_extra_files": cfg.allow_extra_files,
-                "long_text": None,
-                "length_buckets": cfg.length_buckets,
-                "token_cache": token_cache,
-                "slow_eval_samples": cfg.slow_eval_samples,
-            }
+            job = {k: getattr(cfg, k) for k in JOB_FIELDS}
+            job.update(variant_dir=str(d.resolve()), device=device_of[i], data_file=str(data_file), long_text=None)
+            job["token_cache"] = token_cache
             if cfg.long_text and i == ref_index:
-                # The reference's policy records only feed the agreement column: scored in its own child, which is
-                # loaded anyway, on the eval cut's first texts (the policy pass re-scores it in full only if it
-                # turns out to be the recommended variant, whose records choose the served policy).
+                # the reference's policies, for agreement only: on the eval cut's first texts in its own child
                 job.update({"long_text": cfg.long_text, "eval_limit": cfg.slow_eval_samples or None})
             ident = {"key": list(key), "texts": _texts_sha(data)}
             jobs[i] = (job, ident)
@@ -655,12 +605,7 @@ def run_bench(
             for i in order:
                 if i in raw:
                     continue
-                job_path = work / f"v{i}.job.json"
-                job_path.write_text(json.dumps(jobs[i][0]), encoding="utf-8")
-                sh = shared(cfg, device_of[i])
-                wkey = f"shared-{device_of[i]}" if sh else f"v{i}"
-                w = workers.setdefault(wkey, Worker(work, cfg, device_of[i], wkey))
-                handles[i] = Variant(i, f"v{i}", job_path, w, sh)
+                handles[i] = _variant(i, f"v{i}", jobs[i][0], device_of[i], workers, work, cfg)
             _open_all(list(handles.values()), cfg)
             run_token = now_iso()
             live = [handles[i] for i in order if i in handles]
@@ -693,14 +638,9 @@ def run_bench(
                     h = handles[i]
                     if h.failed is None:
                         fixed, real = merged[i]
-                        ans = h.op(
-                            {
-                                "op": "finish",
-                                "real_text": real,
-                                "bound_ms": bound[0] if bound else None,
-                                "bound_variant": bound[1] if bound else None,
-                            }
-                        )
+                        bound_ms, bound_variant = bound or (None, None)
+                        op = {"op": "finish", "real_text": real, "bound_ms": bound_ms, "bound_variant": bound_variant}
+                        ans = h.op(op)
                         if ans["status"] == "ok":
                             ans.update({"fixed": fixed, "real_text": real, "wall_s": h.wall})
                             ans["load_parallel"] = h.opened.get("parallel") if h.opened else None
@@ -708,11 +648,8 @@ def run_bench(
                     res = h.failed or ans
                     raw[i] = res
                 res = raw[i]
-                res["data"] = {
-                    k: v
-                    for k, v in load_texts(data_key(cfg, meta), cfg, cache).items()
-                    if k in ("dataset", "seed", "max_eval_samples", "error")
-                }
+                data = load_texts(data_key(cfg, meta), cfg, cache)
+                res["data"] = {k: v for k, v in data.items() if k in ("dataset", "seed", "max_eval_samples", "error")}
                 if res["status"] == "failed":
                     log.error("bench: %s failed (%s): %s", d, res.get("failure"), res.get("error"))
                 else:
@@ -761,10 +698,8 @@ def run_bench(
 def _policy_candidates(
     entries: list[dict[str, Any]], metas: list[VariantMeta], cfg: BenchConfig
 ) -> tuple[list[int], int | None]:
-    """(indices of the variants that compare policies, the one whose records name the served policy): the
-    reference (every policy's agreement is against it) and the one the recommendation chooses (policies.finish
-    reads its records); with no recommendation the reference's records decide, as policies.finish falls back,
-    and with neither the first measured."""
+    """(the variants that compare policies, the one whose records name the served policy): the reference and the
+    recommended variant, as analysis.finish will choose them; else the reference, else the first measured."""
 
     draft: dict[str, Any] = {
         "variants": copy.deepcopy(entries),

@@ -2,9 +2,7 @@
 
     python -c "from qserve.bench.stats import summarize; print(summarize([1.0, 2.0, 3.0, 4.0]))"
 
-Pure Python on purpose: the parent process renders reports without numpy/torch, and
-percentiles use linear interpolation between closest ranks (numpy's default
-`method="linear"`), so numbers here match what a reader gets from numpy.
+Pure Python (reports render without numpy); percentiles interpolate as numpy's default does.
 """
 
 from __future__ import annotations
@@ -82,9 +80,8 @@ def median(values: Sequence[float]) -> float:
 
 
 def median_ci(values: Sequence[float], level: float = CI_LEVEL) -> tuple[float, float, float]:
-    """(lo, hi, coverage): the distribution-free order-statistic interval of a median, the k-th smallest and the
-    k-th largest of n values, with the largest k whose binomial coverage 1 - 2 P(Bin(n, 1/2) < k) is still >= `level`
-    (k = 1, the extremes, when none reaches it: its own coverage is returned). One value: (v, v, 0.0)."""
+    """(lo, hi, coverage): the order-statistic interval of a median, the k-th smallest and largest of n values, k the
+    largest whose binomial coverage is >= `level` (else 1); one value: (v, v, 0.0)."""
     xs = sorted(float(x) for x in values)
     n = len(xs)
     if n == 0:
@@ -102,11 +99,8 @@ def median_ci(values: Sequence[float], level: float = CI_LEVEL) -> tuple[float, 
 
 
 def ratio_ci(slow: dict[int | str, float], fast: dict[int | str, float], level: float = CI_LEVEL) -> dict[str, Any]:
-    """How many times slower `slow` is than `fast` (> 1: `fast` is faster), from paired rounds: round i of one
-    against round i of the other (their keys), so a slow phase of the machine that fell on both cancels. The value is
-    the median of the per-round ratios, its interval median_ci's over them; `tied` when the interval holds 1.
-    Without a shared round (one of them was reused from another run), the ratio of the medians with the widest
-    interval their own intervals allow, marked unpaired."""
+    """How many times slower `slow` is than `fast`: the median of paired per-round ratios with median_ci's interval,
+    `tied` when it holds 1; without a shared round, the ratio of the medians with the widest interval, unpaired."""
     keys = [k for k in slow if k in fast]
     if keys:
         ratios = [slow[k] / fast[k] for k in keys]

@@ -2,11 +2,7 @@
 
     qserve pipeline          # killed mid-bench? run it again: only the variants not yet measured are measured
 
-`qserve pipeline` passes <report dir>/measured/ to run_bench: each child's result lands there as soon as it
-is done (written atomically), keyed by what decides it: the variant's manifest file hashes (the exact files
-measured), the job (shapes, budgets, threads, device, policies, the eval cut) and the test texts' identity.
-A re-run reads every entry whose key matches and measures the rest; `--force` measures everything again.
-Failed results are never reused.
+Keyed by the manifest's file hashes, the job and the test texts' identity; failed results are never reused.
 """
 
 from __future__ import annotations

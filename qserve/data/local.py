@@ -4,18 +4,8 @@
 p = Path('/tmp/q.json'); p.write_text(json.dumps({'text': ['good', 'bad'], 'label': [4.5, 1.0]})); \\
 print(read_local(p).problem_type)"   # regression
 
-A local `.csv`, `.jsonl` or `.json` file needs `text` and `label` columns, and may have a
-`text_pair` column (NLI, cross-encoders, rerankers: then every row needs one, and the model
-trained on it takes text pairs, qserve/textpairs.py). Labels are
-either integers 0..K-1 (every class present; names become LABEL_0..LABEL_K-1) or
-strings, mapped to ids in sorted order (`negative` -> 0, `positive` -> 1). A `.json` file is
-either a list of objects or an object of equal-length `text` and `label` lists. A row whose label
-is a list of labels (`["sports", "politics"]`; in a CSV cell, that JSON list) makes the file
-multi-label; a non-integer number (`3.7`) makes it regression (`qserve train --problem-type` says
-so explicitly; qserve/problemtypes.py).
-
-Every error names the file and the line (the item or row, in a .json file) and what is allowed.
-Dropping duplicates and the 80/10/10 split are qserve/data/datasets.py's, which calls read_local.
+Columns `text`, `label` and optionally `text_pair`; integer, string, list (multi-label) or float (regression)
+labels (docs/training.md). Every error names the file, the row and what is allowed.
 """
 
 from __future__ import annotations

@@ -3,12 +3,9 @@
     qserve gate models/minilm-l6-distilbert-imdb/variants/onnx-int8 --out benchmarks/reports/gate
     qserve gate RUN_DIR/variants/onnx-int8 --data reviews.csv --split all --calibrate-on none
 
-Each VARIANT is compared with the fp32 export of its checkpoint (torch-fp32 beside it, or --reference) on
-labelled data (--data, default the checkpoint's own test split): agreement and the accuracy delta with 95%
-intervals, per-class agreement, ECE before and after calibration. The verdict is on agreement's lower bound;
-it and the calibration (a temperature, or per-label thresholds, fitted on held-out data) are sealed into the
-variant's manifest.json, which `qserve serve --require-gate` and the recommendation read. Exit status 1 when a
-variant fails its gate.
+Each VARIANT against the fp32 export of its checkpoint on labelled data (default its test split): the verdict is on
+agreement's lower bound; it and the calibration are sealed into the variant's manifest.json (docs/gate.md). Exit
+status 1 when a variant fails its gate.
 """
 
 from __future__ import annotations

@@ -128,15 +128,8 @@ def picture(results: list[dict[str, Any]], path: Path) -> Path | None:
     for i, r in enumerate(results):
         a = r["gate"]["agreement"]
         color = "tab:green" if r["gate"]["passed"] else "tab:red"
-        ax.errorbar(
-            [a["value"]],
-            [i],
-            xerr=[[a["value"] - a["lo"]], [a["hi"] - a["value"]]],
-            fmt="o",
-            color=color,
-            capsize=5,
-            lw=2,
-        )
+        xerr = [[a["value"] - a["lo"]], [a["hi"] - a["value"]]]
+        ax.errorbar([a["value"]], [i], xerr=xerr, fmt="o", color=color, capsize=5, lw=2)
         ax.annotate(
             f"n={a['of']}  [{a['lo']:.2%}, {a['hi']:.2%}]",
             (a["lo"], i),

@@ -2,11 +2,8 @@
 
     qserve gate models/minilm-l6-distilbert-imdb/variants/onnx-int8 --out benchmarks/reports/gate
 
-Every text goes through the same Runtime that bench and serve use (tokenization, the long-text policy, the
-batch-invariant path), and the gate reads its raw logits: the judgement and the calibration do their own
-softmax / sigmoid, so a variant gated before is scored as it computes, not as its old calibration serves it.
-The reference is scored once for all variants. Calibration is fitted on another split of the data (the
-validation split by default), which the verdict never sees.
+Raw logits through the served Runtime (so an old calibration does not bias the judgement); the reference is
+scored once; calibration is fitted on another split than the verdict's.
 """
 
 from __future__ import annotations
@@ -159,12 +156,8 @@ def logits_of(rt: Any, split: Split, batch: int = 32) -> np.ndarray:
 
 def load(path: Path, cfg: GateConfig, device: str | None = None) -> Any:
     """The variant's runtime on `device` (a plan's), else on --device (auto: where the variant runs here)."""
-    return load_runtime(
-        path,
-        device or cfg.device,
-        RuntimeOptions(threads=cfg.threads, long_text=cfg.long_text),
-        allow_extra_files=cfg.allow_extra_files,
-    )
+    options = RuntimeOptions(threads=cfg.threads, long_text=cfg.long_text)
+    return load_runtime(path, device or cfg.device, options, allow_extra_files=cfg.allow_extra_files)
 
 
 def score(path: Path, cfg: GateConfig, gate: Split, calib: Split | None, device: str | None = None) -> Scored:
@@ -191,13 +184,8 @@ def judge(
     confidence: float,
     span: float | None = None,
 ) -> dict[str, Any]:
-    """Agreement, the accuracy delta and per-class agreement, each with its interval, and the verdict.
-
-    single: agreement = same top label (Wilson); delta = variant - reference accuracy (paired bootstrap over
-    texts, with McNemar's exact p); per class = agreement among the texts the reference puts in that class.
-    multi: agreement = same on/off at 0.5 over every (text, label) (Wilson over the pairs; per label over its
-    texts); delta = per-text label accuracy. regression: agreement = 1 - mean |Δvalue| / range and the delta =
-    the reduction of mean |error| / range (both bootstrapped)."""
+    """Agreement, the accuracy delta and per-class agreement, each with its interval, and the verdict (per problem
+    type: docs/gate.md)."""
     n = len(y)
     out: dict[str, Any] = {"n": n, "metric": problems.AGREEMENT_METRIC[problem]}
     reasons: list[str] = []
@@ -295,9 +283,8 @@ def judge(
 
 
 def calibrate(problem: str, var: Scored, y_gate: np.ndarray, y_cal: np.ndarray | None) -> dict[str, Any] | None:
-    """Fit on the held-out texts (never the gate's), report on the gate's: single-label a temperature (ECE of the
-    top label before and after), multi-label a threshold per label (macro F1 at 0.5 and at the thresholds; ECE of
-    the per-label scores); regression has nothing to calibrate (None)."""
+    """Fit on the held-out texts, report on the gate's: a temperature (single-label), per-label thresholds
+    (multi-label), or None (regression)."""
     if problem == problems.REGRESSION or var.calibration is None or y_cal is None or not len(y_cal):
         return None
     if problem == problems.MULTI:
@@ -334,10 +321,8 @@ def machine(device: str) -> dict[str, Any]:
 def run_gate(
     variants: list[Path], cfg: GateConfig, until_pass: bool = False, plan: Plan | None = None
 ) -> list[dict[str, Any]]:
-    """Gate each variant against its reference; write each verdict and calibration into its manifest (unless
-    cfg.record is False); return the results, one per variant, in order. until_pass: stop after the first variant
-    that passes (the pipeline gates its candidates fastest first, and needs one). `plan`: the device of each
-    variant (the pipeline's, qserve.placement); without one, each is placed by --device (auto: where it runs)."""
+    """Gate each variant against its reference, record verdict and calibration in its manifest (unless cfg.record is
+    False), return the results in order. until_pass: stop at the first pass; `plan`: each variant's device."""
     cfg.validate()
     if not variants:
         raise GateError("qserve gate needs at least one VARIANT dir")
@@ -369,26 +354,13 @@ def run_gate(
         if rkey not in refs:
             log.info("gate: scoring the reference %s on %d texts", rdir, len(gate_split))
             refs[rkey] = score(rdir, cfg, gate_split, None, plan.device_of(rm.name) if plan else None)
-        log.info(
-            "gate: scoring %s on %d texts (+%d held-out for calibration)",
-            vdir,
-            len(gate_split),
-            len(cal_split) if cal_split is not None else 0,
-        )
+        n_cal = len(cal_split) if cal_split is not None else 0
+        log.info("gate: scoring %s on %d texts (+%d held-out for calibration)", vdir, len(gate_split), n_cal)
         var = score(vdir, cfg, gate_split, cal_split, plan.device_of(vm.name) if plan else None)
         y = truth(gate_split, problem, len(labels))
         meta = read_model_meta(vdir)
-        verdict = judge(
-            problem,
-            labels,
-            refs[rkey].logits,
-            var.logits,
-            y,
-            bar,
-            drop,
-            cfg.confidence,
-            meta.label_range if meta else None,
-        )
+        span = meta.label_range if meta else None
+        verdict = judge(problem, labels, refs[rkey].logits, var.logits, y, bar, drop, cfg.confidence, span)
         cal = calibrate(problem, var, y, None if cal_split is None else truth(cal_split, problem, len(labels)))
         data = {
             "dataset": dataset,

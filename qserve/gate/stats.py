@@ -2,50 +2,20 @@
 
     python -c "from qserve.gate.stats import wilson; print(wilson(200, 200))"    # (0.981..., 1.0)
 
-Everything here is plain numpy on arrays the gate has already scored; nothing loads a model.
-
-- `wilson(k, n)`: the Wilson score interval of a proportion (agreement). Unlike the normal approximation it
-  stays inside [0, 1] and is honest at 100% agreement (docs/gate.md gives its bounds for a few test sets).
-- `paired_bootstrap(a, b)`: an interval for mean(a) - mean(b) over the same texts (the accuracy delta, the
-  regression error delta), resampling texts, so the pairing (and, for multi-label, every label of one text) is
-  kept; `mcnemar(a, b)` is the exact two-sided test of the same paired difference for 0/1 outcomes.
-- `min_n(bar)`: the fewest texts whose Wilson lower bound can reach `bar` at all (100% agreement): below it a
-  gate cannot pass, whatever the variant does.
-- `ece(confidence, correct)`: expected calibration error over equal-width bins.
-- `fit_temperature(logits, labels)`: the T that minimises the softmax NLL of logits / T (temperature scaling,
-  Guo et al. 2017), by golden-section search on log T; `fit_thresholds(scores, y)`: per label, the threshold with
-  the best F1 (ties: the one nearest 0.5).
+Plain numpy on arrays the gate has scored: the Wilson interval, a paired bootstrap and McNemar's test, min_n, ECE,
+temperature scaling and per-label F1 thresholds (docs/gate.md).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from statistics import NormalDist
 
 import numpy as np
 
-from qserve.intervals import paired_bootstrap as paired_bootstrap  # the gate reads it here
-
-Z95 = 1.959963984540054
-"""The standard normal's quantile for two-sided 95% intervals."""
-
-
-def z_for(confidence: float) -> float:
-    """The two-sided normal quantile for `confidence` (0.95 -> 1.96)."""
-    return Z95 if confidence == 0.95 else NormalDist().inv_cdf(0.5 + confidence / 2)
-
-
-def wilson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """The Wilson score interval (lo, hi) of k successes in n trials; (0, 1) for n = 0."""
-    if n <= 0:
-        return 0.0, 1.0
-    z = z_for(confidence)
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+from qserve.intervals import paired_bootstrap as paired_bootstrap  # the gate reads them here
+from qserve.intervals import wilson as wilson
+from qserve.intervals import z_for
 
 
 def min_n(bar: float, confidence: float = 0.95) -> int:
@@ -147,9 +117,8 @@ def macro_f1(scores: np.ndarray, truth: np.ndarray, thresholds: np.ndarray | flo
 
 
 def fit_thresholds(scores: np.ndarray, truth: np.ndarray, default: float = 0.5) -> list[float]:
-    """Per label, the threshold with the best F1 on (held-out) texts: the candidates are the midpoints between
-    the label's sorted distinct scores (and `default`); ties go to the one nearest `default`, so a label the data
-    cannot tell apart keeps it."""
+    """Per label, the threshold with the best F1 among the midpoints of its distinct scores and `default`, ties
+    nearest `default`."""
     s = np.asarray(scores, dtype=np.float64)
     y = np.asarray(truth, dtype=bool)
     out = []

@@ -26,9 +26,9 @@ from qserve import QserveError, longtext, textpairs
 from qserve import problemtypes as problems
 from qserve.artifact import Manifest, VariantError
 from qserve.longtext import LongTextPolicy, PolicyArg
-from qserve.modeling import load_tokenizer
 from qserve.runtime.buckets import fit_rows, plan, resolve
 from qserve.runtime.options import RuntimeOptions
+from qserve.tokenization import load_tokenizer
 
 Phase = tuple[str, int, int, dict[str, Any]]
 """(name, start time.time_ns(), end time.time_ns(), attributes): one step of a classify() call, for traces."""

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from qserve.artifact import Manifest
 from qserve.longtext import LongTextPolicy, PolicyArg
 from qserve.runtime.base import Classification, Phase
+from qserve.tokenization import Tokenizer
 
 
 class ModelRuntime(Protocol):
@@ -33,9 +34,9 @@ class ModelRuntime(Protocol):
     """Tokens the model reads at once; a longer text is cut by a long-text policy, and classify() says how."""
     long_text: LongTextPolicy
     """The policy of texts whose request names none (--long-text, else the variant's manifest, else head)."""
-    tokenizer: Any
-    """The variant's transformers tokenizer (TEI's /tokenize and /decode; an untyped library mypy does not follow);
-    not thread-safe: used under tokenizer_lock only."""
+    tokenizer: Tokenizer
+    """The variant's tokenizer (qserve/tokenization.py; TEI's /tokenize and /decode); not thread-safe: used under
+    tokenizer_lock only."""
     tokenizer_lock: threading.Lock
     """Held around every use of the tokenizer: a busy server's lanes (serve/core/batcher.py) tokenize at once."""
     manifest: Manifest

@@ -2,28 +2,9 @@
 
     python -m pytest tests/unit/test_autotune.py -q
 
-On a CPU nothing here measures: the precision is precision.choose_precision's (the CPU's flags and its bf16
-probe) and an automatic batch size is BASE_BATCH, so a CPU run trains exactly as it did before batches could be
-chosen. On one CUDA device a small model is launch-bound at the base batch and compute-bound at a large one, and
-which precision is faster flips between the two, so nothing is assumed: `probe_cuda` loads a private copy of the
-run's model and times full fine-tune steps (forward, loss, backward, clipping, fused AdamW) of each candidate
-precision on a ladder of batch sizes at the run's --max-length, the candidates taking turns at each batch, and
-`pick` takes the fastest within the rules below. The probe's numbers are printed and recorded (train_metrics.json
-`cuda_probe`, `batch_choice`, `precision_choice`), and a resumed run reuses the recorded decision instead of
-measuring again. Explicit flags are obeyed: --precision X is the only candidate, --batch-size N is never changed
-(and --lr is then used as given), --matmul-precision is what every candidate runs at.
-
-The rules (docs/training.md, "Choosing the batch size on a GPU"):
-- candidates: bf16-mixed (16-mixed on a GPU without bf16) and 32-true with TF32 matmuls (Ampere and newer; plain
-  32-true before them);
-- the ladder: BASE_BATCH doubling up to MAX_BATCH, no batch that leaves the run fewer than MIN_STEPS optimizer
-  steps; a batch must fit within MEMORY_SHARE of the GPU memory this process can have (an out-of-memory error
-  in the probe is caught, freed, and ends that candidate's climb);
-- a doubling is taken only when it buys at least BATCH_GAIN times the samples/s (fewer, larger steps cost some
-  accuracy, so a few percent of speed does not pay for them);
-- the learning rate: --lr is the peak at BASE_BATCH and an automatic batch B scales it by sqrt(B / BASE_BATCH),
-  the square-root rule for Adam-family optimizers; the warm-up stays --warmup-ratio of the run, which with
-  MIN_STEPS is at least that share of MIN_STEPS steps.
+On a CPU nothing is measured (precision.choose_precision, BASE_BATCH). On CUDA `probe_cuda` times full fine-tune
+steps of each candidate precision on a ladder of batch sizes and `pick` takes the fastest within the rules of
+docs/training.md, "Choosing the batch size on a GPU". Explicit flags are obeyed; a resumed run reuses the decision.
 """
 
 from __future__ import annotations
@@ -163,8 +144,7 @@ class RunChoices:
 
 
 def candidates(asked: str, matmul: str | None, caps: Capabilities) -> list[Candidate]:
-    """The precisions the probe compares: the one asked for, or for `auto` this GPU's mixed precision and 32-true
-    (with TF32 where the GPU has it and --matmul-precision was not given)."""
+    """The precisions the probe compares: the one asked for, or for `auto` this GPU's mixed one and 32-true (TF32)."""
     if asked != AUTO:
         return [Candidate(asked, matmul)]
     mixed = "bf16-mixed" if caps.cuda_bf16 else "16-mixed"
@@ -198,9 +178,8 @@ def run_ladder(
     budget_s: float = PROBE_BUDGET_S,
     clock: Callable[[], float] = time.perf_counter,
 ) -> list[dict[str, Any]]:
-    """One row per (batch, candidate) tried, climbing the ladder while a doubling still pays (BATCH_GAIN), some
-    candidate still fits and the budget lasts. A row holds step_s, samples_per_s and peak_memory_bytes, or
-    `failed` (why it did not fit)."""
+    """One row per (batch, candidate) tried (step_s, samples_per_s, peak_memory_bytes, or `failed`), climbing while a
+    doubling still pays (BATCH_GAIN), a candidate still fits and the budget lasts."""
     rows: list[dict[str, Any]] = []
     alive, best_before, t0 = list(cands), 0.0, clock()
     for batch in ladder:
@@ -241,9 +220,8 @@ def run_ladder(
 
 
 def pick(rows: list[dict[str, Any]], ladder: list[int]) -> tuple[dict[str, Any], str] | None:
-    """The (batch, candidate) row to train with and why this batch: climb from the base batch while a doubling
-    measured at least BATCH_GAIN times the samples/s; at the batch reached, the fastest candidate. None when no
-    candidate fitted even the base batch."""
+    """The (batch, candidate) row to train with and why: the batch reached by doublings worth BATCH_GAIN, its fastest
+    candidate; None when nothing fitted the base batch."""
     best: dict[int, dict[str, Any]] = {}
     for r in rows:
         if "step_s" in r and (r["batch"] not in best or r["samples_per_s"] > best[r["batch"]]["samples_per_s"]):
@@ -308,10 +286,8 @@ def decide(
 ) -> RunChoices:
     """The run's precision, batch size, learning rate and matmul precision.
 
-    `choice` is the precision already chosen (choose_precision: explicit, a CPU's, or CUDA without a probe), or
-    None when the probe chooses it. `probe(candidates, ladder)` measures (probe_cuda in a real run, a fake in the
-    tests) and returns {"rows": run_ladder's rows, ...}; it is called only where `probes` says so.
-    """
+    `choice`: the precision choose_precision already chose, or None for the probe to choose; `probe(candidates,
+    ladder)` returns {"rows": run_ladder's rows, ...} and is called only where `probes` says so."""
     if probe is None or not probes(cfg, device):
         choice = choice or choose_precision(cfg.precision, device, caps)
         batch = cfg.batch_size or BASE_BATCH
@@ -384,9 +360,8 @@ def decide(
 
 
 class StepTimer:
-    """Full fine-tune steps of a private copy of the model on `device`, timed as the training loop runs them
-    (the host queueing ahead, synchronized only around the timed steps). Runs on a CPU too (the tests time a tiny
-    model there); only CUDA reports peak memory and can run out of it."""
+    """Full fine-tune steps of a private copy of the model on `device`, timed as the loop runs them; only CUDA reports
+    peak memory and can run out of it."""
 
     def __init__(
         self,
@@ -409,8 +384,7 @@ class StepTimer:
         if self.cuda:
             free, _ = torch.cuda.mem_get_info(self.device)
             self.budget = int(MEMORY_SHARE * (free + torch.cuda.memory_reserved(self.device)))
-        # bf16-true trains bf16 weights (Fabric converts the module); only an explicit --precision bf16-true is a
-        # candidate then, alone
+        # bf16-true trains bf16 weights: a candidate only when asked explicitly, alone
         dtype = torch.bfloat16 if any(c.precision == "bf16-true" for c in cands) else torch.float32
         self.model = model.to(device=self.device, dtype=dtype).train()
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -424,8 +398,7 @@ class StepTimer:
         self.inputs: dict[int, dict[str, Any]] = {}
 
     def _batch(self, batch: int) -> dict[str, Any]:
-        """A full-width batch (every row max_length tokens): the widest the run can meet, so its memory bounds every
-        batch of the run."""
+        """A full-width batch (every row max_length tokens): its memory bounds every batch of the run."""
         if batch not in self.inputs:
             torch = self.torch
             self.inputs.clear()  # one batch size at a time on the GPU
@@ -533,8 +506,7 @@ def probe_cuda(
     lr: float,
     bf16_update: str = "compensated",
 ) -> Callable[[list[Candidate], list[int]], dict[str, Any]]:
-    """The probe `decide` calls on CUDA: a fresh copy of the model (load_model()), timed per candidate up the ladder,
-    then freed, so the run starts from its own seeded model and an empty cache."""
+    """The probe `decide` calls on CUDA: a fresh copy of the model timed up the ladder per candidate, then freed."""
 
     def probe(cands: list[Candidate], ladder: list[int]) -> dict[str, Any]:
         import torch

@@ -3,10 +3,8 @@
     python -c "from qserve.training.batches import TokenTable; \\
 print(TokenTable([([101, 7, 102], 1), ([101, 102], 0)], 0).batch([1, 0]))"
 
-qserve/training/train.py's loop uses these for training, validation and test alike, so all three read a text
-the same way: encode_split cuts it by the long-text policy (a pair as the tokenizer truncates it), once per run,
-TokenTable keeps the result as tensors and pads each batch to its own longest sequence, and evaluate sums the
-metrics of qserve.problemtypes exactly over DDP ranks.
+Training, validation and test read a text the same way (encode_split, by the long-text policy); evaluate sums
+the metrics exactly over DDP ranks.
 """
 
 from __future__ import annotations
@@ -19,12 +17,8 @@ from qserve.textpairs import split_pairs
 
 
 class TokenTable:
-    """A split's encoded examples as tensors, built once per run: token ids padded to the longest example, lengths,
-    targets (and token types for pairs). A batch is its rows gathered and cut to their own longest sequence
-    (dynamic padding; order untouched): the tensors a per-batch collate of the Python lists would build, at the
-    cost of one gather instead of a tensor per example. It is also the DataLoader's dataset (an item is its index)
-    and collate_fn, so the sampler, its generator and DDP sharding work on indices exactly as before.
-    """
+    """A split's encoded examples as padded tensors, built once per run; a batch is its rows gathered and cut to their
+    own longest sequence. Also the DataLoader's dataset (an item is its index) and collate_fn."""
 
     def __init__(self, examples: list[tuple], pad_id: int):
         import torch
@@ -88,11 +82,8 @@ def encode_split(tok, split, max_length: int, policy: str, problem: str, k: int)
 
 
 def evaluate(fabric, model, examples: TokenTable, batch_size: int, problem: str = SINGLE) -> dict[str, float]:
-    """Metrics (qserve.problemtypes.finish_sums) and mean loss over `examples`, sharded over ranks and summed exactly.
-
-    Each rank gets the same number of batches (short shards are padded with weight-0
-    examples), so DDP ranks never wait on each other and nothing is counted twice.
-    """
+    """Metrics (problemtypes.finish_sums) and mean loss over `examples`, sharded over ranks (short shards padded with
+    weight-0 examples, so no rank waits) and summed exactly."""
     import torch
 
     ws, rank = fabric.world_size, fabric.global_rank

@@ -22,23 +22,16 @@ from qserve.training.precision import AUTO, BF16_UPDATES, MATMUL_PRECISIONS, PRE
 
 
 def run_dir(model: str, dataset: str) -> Path:
-    """models/<model>-<dataset>: the run dir `qserve pipeline` fills (checkpoint/, variants/, report/) and whose
-    checkpoint/ `qserve train` writes by default, so `qserve export RUN/checkpoint` lands in RUN/variants/ and
-    `qserve serve RUN` finds both. The embedded default is models/minilm-l6-distilbert-imdb."""
+    """models/<model>-<dataset>: the run dir `qserve pipeline` fills and whose checkpoint/ `qserve train` writes by
+    default (the embedded default: models/minilm-l6-distilbert-imdb)."""
     data = {"default": "imdb", "imdb-embedded": "imdb"}.get(dataset, Path(dataset).stem or dataset)
     return Path("models") / f"{model_name_for(model)}-{data}".replace("/", "-")
 
 
 MAX_GRAD_NORM = 1.0  # the usual fine-tuning clip; keeps the first high-lr steps from diverging
-# transformers 5's tokenizer save_pretrained writes tokenizer.json + tokenizer_config.json only (4.x also wrote
-# vocab.txt and special_tokens_map.json, which checkpoints trained then still hold and still load with).
-FILES_WRITTEN = (
-    "config.json",
-    "model.safetensors",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "qserve_model.json",
-    "train_metrics.json",
+# transformers 5 writes tokenizer.json + tokenizer_config.json only; 4.x checkpoints also hold vocab.txt and more
+FILES_WRITTEN = tuple(
+    "config.json model.safetensors tokenizer.json tokenizer_config.json qserve_model.json train_metrics.json".split()
 )
 
 

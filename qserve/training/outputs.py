@@ -20,25 +20,12 @@ from qserve.files import library_versions, now_iso, staged_dir, write_json_atomi
 from qserve.problemtypes import REGRESSION, value_range
 from qserve.textpairs import PAIR
 from qserve.training.precision import peak_memory
+from qserve.training.resume import Progress
 
 
-def metrics(
-    fabric,
-    cfg,
-    data,
-    device,
-    base_name,
-    t0,
-    train_time,
-    step_times,
-    seen,
-    epoch_val,
-    val,
-    test,
-    last_loss,
-    rss_peak,
-    opt,
-) -> dict[str, Any]:
+def metrics(fabric, cfg, data, device, base_name, t0, prog: Progress, val, test, opt) -> dict[str, Any]:
+    """train_metrics.json of a run that started at t0 in this process (its earlier processes' seconds in `prog`)."""
+    train_time, step_times, seen = prog.train_time, prog.step_times, prog.seen
     hw: dict[str, Any] = {"cpu": cpu_info()}
     if device.startswith("cuda"):
         import torch
@@ -47,8 +34,7 @@ def metrics(
     timed = step_times[1:] if len(step_times) > 1 else step_times  # the first step pays one-off warm-up
     samples_per_s = seen / train_time if train_time else None
     tokens = opt.get("tokens") or {}
-    # samples/s x max_length counts every text as max_length tokens (the issue's yardstick: an upper bound on the
-    # work); padded counts what the batches held (what the model computed), real the texts' own tokens
+    # x max_length: an upper bound on the work; padded: what the model computed; real: the texts' own tokens
     rates = {
         "at_max_length": round(samples_per_s * cfg.max_length, 1) if samples_per_s else None,
         **{k: round(tokens[k] / train_time, 1) if train_time and k in tokens else None for k in ("padded", "real")},
@@ -62,18 +48,18 @@ def metrics(
         "device": device,
         "world_size": fabric.world_size,
         **hw,
-        "wall_time_s": round(time.perf_counter() - t0, 3),
+        "wall_time_s": round(time.perf_counter() - t0 + prog.wall_before, 3),
         "train_time_s": round(train_time, 3),
         "optimizer_steps": len(step_times),
         "step_time_median_s": round(statistics.median(timed), 6) if timed else None,
         "samples_per_s": round(samples_per_s, 3) if samples_per_s else None,
         "tokens_per_s": rates,
-        **peak_memory(device, rss_peak),
-        "train_loss_last_epoch": round(last_loss, 6),
+        **peak_memory(device, prog.rss_peak),
+        "train_loss_last_epoch": round(prog.last_loss, 6),
         "problem_type": data.problem_type,
         # val_/test_ accuracy (+ label_accuracy for multi-label), or mae and rmse (regression), and loss
         **{f"{part}_{k}": v for part, m in (("val", val), ("test", test)) for k, v in m.items() if k != "n"},
-        f"val_{'mae' if 'mae' in val else 'accuracy'}_per_epoch": epoch_val,
+        f"val_{'mae' if 'mae' in val else 'accuracy'}_per_epoch": prog.epoch_val,
         "sizes": data.info["sizes"],
         "dataset_info": {k: v for k, v in data.info.items() if k != "sizes"},
         "config": asdict(cfg),
@@ -88,8 +74,7 @@ def write(out: Path, cfg, model, tok, base_name: str, data, metrics: dict[str, A
 
     # force: out holds only this run's own checkpoint by now (resume.plan refused anyone else's files)
     with staged_dir(out, force=True) as tmp:
-        # fp32 on disk whatever the training precision (bf16-true trains bf16 weights):
-        # exporters derive every lower-precision variant from this one reference.
+        # fp32 on disk whatever the training precision: every variant derives from this one reference
         model = model.to(device="cpu", dtype=torch.float32)
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)

@@ -51,9 +51,8 @@ class PrecisionChoice:
 
 
 def probe_bf16(repeats: int = 5) -> dict[str, Any]:
-    """Time one fine-tune block (PROBE_SHAPE's FFN, forward + backward) in fp32 and under bf16 autocast, in
-    `repeats` alternating rounds after a warm-up each, best of each: bf16-mixed's cost against 32-true's on this
-    CPU, side by side, so that another process's load or the machine's drift hits both alike."""
+    """Time one fine-tune block (PROBE_SHAPE's FFN, forward + backward) in fp32 and under bf16 autocast, alternating
+    `repeats` rounds, best of each, so load on the machine hits both alike."""
     import torch
 
     rows, dim, hidden = PROBE_SHAPE
@@ -101,13 +100,8 @@ def choose_precision(
 ) -> PrecisionChoice:
     """The training precision for `asked` on `device`: an explicit one as it is; `auto` by the device.
 
-    CUDA with bf16 -> bf16-mixed; CUDA without -> 16-mixed (where nothing is measured: several devices, the
-    study's reference; one GPU's run measures instead, qserve.training.autotune); a CPU with AMX or avx512_bf16 ->
-    bf16-mixed; any other CPU -> 32-true. On a CPU the probe (`probe_bf16`, a few seconds at most) measures
-    bf16-mixed against 32-true: the flags decide where they can be read (a measurement of seconds on a shared
-    machine is noisier than an instruction set), the probe's numbers are the reason given, and where the flags
-    cannot be read (not Linux) the probe decides.
-    """
+    CUDA: bf16-mixed, or 16-mixed without bf16 (one GPU's run measures instead: autotune). CPU: bf16-mixed with AMX or
+    avx512_bf16, else 32-true; `probe_bf16` gives the reason, and decides where the flags cannot be read."""
     if asked != AUTO:
         if asked not in PRECISIONS:
             raise QserveError(f"--precision must be one of {', '.join(PRECISION_CHOICES)} (got {asked!r})")
@@ -143,19 +137,14 @@ def choose_precision(
     return PrecisionChoice("32-true", AUTO, f"this CPU's flags are unknown: {_measured(m)}", m)
 
 
-# How bf16-true lands AdamW updates on bf16 weights. An update below half a bf16 ulp of its
-# weight (2^-9 relative) rounds away in a plain `p.add_(u)`, so small early steps are lost.
+# How bf16-true lands AdamW updates on bf16 weights (a plain `p.add_(u)` rounds away updates below half an ulp).
 BF16_UPDATES = ("compensated", "plain")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 
 
 def build_optimizer(groups: list[dict[str, Any]], precision: str, bf16_update: str, lr: float, fused: bool = False):
-    """AdamW for `precision`; bf16-true gets one whose small updates still land on bf16 weights.
-
-    fused (asked on CUDA): torch's fused AdamW, one kernel per parameter group, since a small model's step is
-    launch-bound on a GPU. bf16-true: torch-optimi's AdamW with Kahan summation, since plain bf16 AdamW rounds most
-    small updates away (why this one, and what it costs: docs/training.md).
-    """
+    """AdamW for `precision`: fused on CUDA (a small model's step is launch-bound); bf16-true gets torch-optimi's AdamW
+    with Kahan summation, so small updates still land (docs/training.md)."""
     import torch
 
     if precision != "bf16-true":
@@ -164,18 +153,12 @@ def build_optimizer(groups: list[dict[str, Any]], precision: str, bf16_update: s
         return torch.optim.AdamW(groups, lr=lr)
     from optimi import AdamW
 
-    # torch's AdamW defaults (optimi's own are betas (0.9, 0.99), eps 1e-6), so only how the
-    # update lands differs from the other precisions' optimizer. foreach=False: on CPU the
-    # per-tensor loop measured faster than the foreach path (no triton here).
+    # torch's AdamW defaults (not optimi's), so only how the update lands differs; foreach=False measured faster on CPU
     return AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8, kahan_sum=True, foreach=False)
 
 
 def optimizer_state_bytes(optimizer) -> int:
-    """Bytes of the optimizer's per-parameter tensors (moments, Kahan buffers; not the weights).
-
-    0-d tensors (torch's per-parameter step counters) are left out: bookkeeping, not state
-    that grows with the model.
-    """
+    """Bytes of the optimizer's per-parameter tensors (moments, Kahan buffers; not weights, not 0-d step counters)."""
     import torch
 
     inner = getattr(optimizer, "optimizer", optimizer)  # Fabric wraps the optimizer

@@ -2,23 +2,10 @@
 
     python -m pytest tests/integration/test_resume.py -q
 
-While it trains, `qserve train` keeps two files in its out dir: `train_started.json` (the config the run
-was started with and what `auto` decided for it, written once before the first step) and `resume.ckpt`
-(the latest resumable state, replaced every --checkpoint-every optimizer steps). The checkpoint is written by
-fabric.save to `resume.ckpt.partial`, fsynced, then renamed over the previous one, so a kill at any moment leaves
-either the old checkpoint or the new one, never half of one. It holds the model, the optimizer (moments,
-and bf16-true's Kahan compensation buffers, which are optimizer state), the LR scheduler, the gradient
-scaler (16-mixed), the python/numpy/torch(/cuda) RNG states, the data loader generator's state at the
-start of the epoch (which fixes the epoch's shuffled order) and the position in that order, the metrics
-so far, the step, the epoch and the config. When training finishes, the finished checkpoint directory
-replaces the out dir and both files are gone: a dir holding train_metrics.json is a finished run.
-
-Re-running the same command on a dir with an unfinished run resumes it (`--resume` insists, `--no-resume`
-starts it over); a config other than the recorded one is refused, naming the fields (--force starts over).
-
-Test hook (used by tests/integration/test_resume.py to kill a real run at a chosen moment; unset in normal use):
-QSERVE_TEST_CHECKPOINT_KILL=after:N  SIGKILLs the process (every DDP rank) once its N-th checkpoint is in
-place; =torn:N  SIGKILLs it in the middle of writing the N-th (the temp file half written, never renamed).
+`train_started.json` (the config and what `auto` decided) and `resume.ckpt` (every --checkpoint-every steps,
+written to a .partial, fsynced and renamed) sit in the out dir until the run finishes; re-running the same command
+resumes (docs/training.md). Test hook QSERVE_TEST_CHECKPOINT_KILL=after:N | torn:N SIGKILLs the run at its N-th
+checkpoint, after it is in place or half written.
 """
 
 from __future__ import annotations
@@ -180,10 +167,7 @@ def _kill_hook(n: int) -> tuple[str | None, int]:
 
 
 def save(fabric, out: Path, state: dict[str, Any], n: int) -> None:
-    """Write the n-th checkpoint atomically: fabric.save to a temp file, fsync, rename over the last one.
-
-    Every rank calls this (fabric.save is collective); under DDP rank 0 alone writes.
-    """
+    """Write the n-th checkpoint atomically (temp file, fsync, rename); every rank calls it, rank 0 alone writes."""
     ckpt, tmp = out / CHECKPOINT, out / (CHECKPOINT + PARTIAL_SUFFIX)
     fabric.save(tmp, state)
     kind, _ = _kill_hook(n)
@@ -206,10 +190,7 @@ def save(fabric, out: Path, state: dict[str, Any], n: int) -> None:
 
 
 def load(fabric, out: Path, state: dict[str, Any]) -> dict[str, Any]:
-    """Restore `state`'s objects in place from the checkpoint; return the rest (progress, RNG, order).
-
-    weights_only=False: the file holds numpy and python RNG states, and it is this run's own file.
-    """
+    """Restore `state`'s objects in place; return the rest (progress, RNG, order). weights_only=False: our own file."""
     (out / (CHECKPOINT + PARTIAL_SUFFIX)).unlink(missing_ok=True)  # a torn write from a kill: never read
     return fabric.load(out / CHECKPOINT, state, weights_only=False)
 

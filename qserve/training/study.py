@@ -2,15 +2,9 @@
 
     qserve train --compare --max-samples 3000 --max-length 128     # -> benchmarks/reports/precision/
 
-Same data, seed and hyper-parameters for every run; only `--precision` changes (and, for
-bf16-true, `--bf16-update`: the compensated update and the plain one that loses small
-steps). Each run is a child `python -m qserve.training.train` process, so peak memory (RSS on CPU,
-max_memory_reserved on CUDA) belongs to that precision alone. CPU runs 32-true,
-bf16-mixed and bf16-true (16-mixed has no CPU path); CUDA runs all four (bf16 only
-where the GPU supports it). One precision runs a second time with another `--seed` on the
-same data split (`--noise-precision`), so the report can say which accuracy gaps are
-larger than run-to-run noise. Writes precision_study.json and precision_study.md, with
-the seed project's A100 figures beside ours, labelled as a reference.
+Only `--precision` (and bf16-true's `--bf16-update`) changes; each run is a child process, so its peak memory is
+its own; one precision runs again with another seed (`--noise-precision`) to size run-to-run noise. Writes
+precision_study.json and .md, with the seed project's A100 figures beside ours as a reference (docs/training.md).
 """
 
 from __future__ import annotations
@@ -36,23 +30,17 @@ from qserve.training.precision import AUTO, BF16_UPDATES, PRECISION_CHOICES, PRE
 from qserve.training.train import config_from_args
 
 DEFAULT_DIR = "benchmarks/reports/precision"
-KEPT = (
-    "train_time_s",
-    "wall_time_s",
-    "optimizer_steps",
-    "step_time_median_s",
-    "samples_per_s",
-    "peak_memory_bytes",
-    "peak_memory_kind",
-    "val_accuracy",
-    "test_accuracy",
-    "sizes",
-    "device",
-    "model_name",
-    "optimizer",
-    "optimizer_state_bytes",
-    "optimizer_step_median_s",
+KEPT = tuple(  # what the study keeps of each run's train_metrics.json
+    "train_time_s wall_time_s optimizer_steps step_time_median_s samples_per_s peak_memory_bytes peak_memory_kind "
+    "val_accuracy test_accuracy sizes device model_name optimizer optimizer_state_bytes optimizer_step_median_s".split()
 )
+
+
+def _seed(precision: str, matmul: str, minutes: float, gb: float, acc: float, note: str = "", **update: str) -> dict:
+    """One run of the seed project's table, its fields in the order they are recorded."""
+    run = {"precision": precision, "matmul": matmul, **update, "train_time_min": minutes, "peak_memory_gb": gb}
+    return {**run, "test_accuracy": acc, **({"note": note} if note else {})}
+
 
 SEED: dict[str, Any] = {
     "source": "https://github.com/rasbt/LLM-finetuning-scripts/blob/main/conventional/distilbert-movie-review/"
@@ -61,72 +49,15 @@ SEED: dict[str, Any] = {
     "lr 5e-5, every text padded to 512 tokens, one NVIDIA A100; time includes each epoch's validation, "
     "memory is torch.cuda.max_memory_reserved",
     "runs": [
-        {
-            "precision": "32-true",
-            "matmul": "highest",
-            "train_time_min": 21.75,
-            "peak_memory_gb": 5.37,
-            "test_accuracy": 0.8992,
-        },
-        {
-            "precision": "16-mixed",
-            "matmul": "highest",
-            "train_time_min": 7.25,
-            "peak_memory_gb": 4.31,
-            "test_accuracy": 0.9215,
-        },
-        {
-            "precision": "bf16-mixed",
-            "matmul": "highest",
-            "train_time_min": 7.45,
-            "peak_memory_gb": 4.46,
-            "test_accuracy": 0.9261,
-        },
-        {
-            "precision": "16-true",
-            "matmul": "highest",
-            "train_time_min": 5.23,
-            "peak_memory_gb": 2.87,
-            "test_accuracy": 0.5008,
-            "note": "diverged: the loss went NaN",
-        },
-        {
-            "precision": "bf16-true",
-            "matmul": "highest",
-            "bf16_update": "plain",
-            "train_time_min": 5.22,
-            "peak_memory_gb": 2.87,
-            "test_accuracy": 0.9269,
-            "note": "plain Adam on bf16 weights",
-        },
-        {
-            "precision": "64-true",
-            "matmul": "highest",
-            "train_time_min": 24.59,
-            "peak_memory_gb": 10.42,
-            "test_accuracy": 0.9214,
-        },
-        {
-            "precision": "32-true",
-            "matmul": "high",
-            "train_time_min": 8.11,
-            "peak_memory_gb": 5.37,
-            "test_accuracy": 0.9250,
-        },
-        {
-            "precision": "16-mixed",
-            "matmul": "high",
-            "train_time_min": 7.10,
-            "peak_memory_gb": 4.31,
-            "test_accuracy": 0.9215,
-        },
-        {
-            "precision": "bf16-mixed",
-            "matmul": "high",
-            "train_time_min": 7.43,
-            "peak_memory_gb": 4.46,
-            "test_accuracy": 0.9261,
-        },
+        _seed("32-true", "highest", 21.75, 5.37, 0.8992),
+        _seed("16-mixed", "highest", 7.25, 4.31, 0.9215),
+        _seed("bf16-mixed", "highest", 7.45, 4.46, 0.9261),
+        _seed("16-true", "highest", 5.23, 2.87, 0.5008, note="diverged: the loss went NaN"),
+        _seed("bf16-true", "highest", 5.22, 2.87, 0.9269, note="plain Adam on bf16 weights", bf16_update="plain"),
+        _seed("64-true", "highest", 24.59, 10.42, 0.9214),
+        _seed("32-true", "high", 8.11, 5.37, 0.9250),
+        _seed("16-mixed", "high", 7.1, 4.31, 0.9215),
+        _seed("bf16-mixed", "high", 7.43, 4.46, 0.9261),
     ],
 }
 """The seed project's published precision study (Sebastian Raschka's mixed-precision experiment; not measured by
@@ -170,10 +101,8 @@ def label(run: dict[str, Any]) -> str:
 def plan(
     cfg, precisions: list[str] | None, device: str, bf16_updates: list[str] | None, noise_precision: str | None
 ) -> list[dict[str, Any]]:
-    """The runs of a study, in order: one per precision (bf16-true once per update), then the noise run.
-
-    `auto` among the precisions (or as --noise-precision) is what `--precision auto` chooses on this device; the
-    noise run's default is that choice too, the study's reference."""
+    """The runs of a study, in order: one per precision (bf16-true once per update), then the noise run (`auto`: what
+    `--precision auto` chooses here)."""
     supported = supported_precisions(device)
     auto = None
     if AUTO in (precisions or []) or noise_precision in (None, AUTO):
@@ -251,13 +180,8 @@ def compare(
 ) -> dict[str, Any]:
     """Run cfg once per precision (children), write precision_study.json/.md in out_dir, return the study.
 
-    noise_precision: the precision run a second time with seed + 1 on the same data split
-    (default bf16-mixed, else the first studied; "none" skips it).
-    step_rounds: after the full runs, time the step again in this many rounds of short children
-    (step_samples training examples each), every run once per round, taking turns: the full runs
-    follow one another over many minutes, and a machine whose speed drifts that slowly moves their
-    step times more than precisions differ (two seeds of one precision read apart by more, docs/training.md).
-    """
+    noise_precision: run again with seed + 1 ("none" skips it); step_rounds: then time the step again in that many
+    interleaved rounds of short children, since machine drift over the long runs exceeds precision differences."""
     validate(cfg)
     if cfg.batch_size is None:  # one batch for every precision: a study compares precisions, not batches
         cfg = replace(cfg, batch_size=BASE_BATCH)
@@ -393,8 +317,7 @@ def _interleaved(main: list[dict[str, Any]], by: dict[str, dict[str, Any]]) -> d
         for r in main:
             if base and r["step_interleaved_s"]:
                 r[f"step_interleaved_vs_{name}"] = round(r["step_interleaved_s"] / base, 3)
-    # Paired by round as well: two runs of one round met the same machine speed, so the median of the
-    # per-round ratios is the steadier statistic when the machine drifts between rounds.
+    # paired by round too: one round's runs met the same machine speed, steadier when the machine drifts
     mixed = (by.get("bf16-mixed") or {}).get("step_rounds_s") or []
     for r in main:
         pairs = [a / b for a, b in zip(r.get("step_rounds_s") or [], mixed) if a and b]
@@ -415,19 +338,8 @@ def _amx(cpu: dict[str, Any]) -> str:
     return "with AMX (amx_bf16)" if "amx_bf16" in cpu.get("flags", []) else "no AMX"
 
 
-SEED_HEAD = [
-    "run",
-    "train time (min)",
-    "vs 32-true",
-    "peak memory (GB)",
-    "vs 32-true",
-    "test acc",
-    "seed: train time (min)",
-    "vs 32-true",
-    "peak memory (GB)",
-    "vs 32-true",
-    "test acc",
-]
+SEED_HEAD = ["run", "train time (min)", "vs 32-true", "peak memory (GB)", "vs 32-true", "test acc"]
+SEED_HEAD += ["seed: train time (min)", "vs 32-true", "peak memory (GB)", "vs 32-true", "test acc"]
 
 
 def _matmul(run: dict[str, Any], cfg: dict[str, Any]) -> str:

@@ -4,14 +4,8 @@
     qserve train --model distilbert-base-uncased --dataset imdb --precision 16-mixed --devices 2
     qserve train --compare --max-samples 2000           # one run per precision -> precision_study.md
 
-Writes, atomically (staged temp dir renamed into place; an --out holding anything but this run needs --force;
-while training, a resumable checkpoint every --checkpoint-every steps: qserve/training/resume.py):
-an HF checkpoint (config.json with id2label/label2id, model.safetensors in fp32 whatever the
-training precision, tokenizer files), `qserve_model.json` (what exporters and bench read:
-model_name, max_length, long_text, dataset, seed, max_eval_samples, labels, problem_type, and inputs
-["text", "text_pair"] for a model trained on a dataset with a text_pair column) and `train_metrics.json`.
-The test metrics are those of the final weights (no checkpoint selection on val): accuracy (single-label),
-exact-match and per-label accuracy (multi-label), MAE and RMSE (regression).
+Writes atomically an HF checkpoint (fp32 safetensors whatever the precision), `qserve_model.json` (what
+exporters and bench read) and `train_metrics.json` (the final weights' test metrics); resumable: resume.py.
 """
 
 from __future__ import annotations
@@ -55,12 +49,9 @@ BUDGET_STEPS = 4
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Fine-tune per `cfg`, write the checkpoint to cfg.out (or the default), return the metrics.
+    """Fine-tune per `cfg`, write the checkpoint to cfg.out (or the default), return the metrics (rank 0; others None).
 
-    An out dir holding an unfinished run with the same config resumes it (qserve.training.resume) with the choices
-    it started with; one holding a finished run with the same config is returned as it is, never retrained.
-    With several DDP processes every rank trains; rank 0 writes and gets the metrics, the others None.
-    """
+    An unfinished run with the same config resumes; a finished one is returned as it is, never retrained."""
     t0 = time.perf_counter()
     validate(cfg)
     device = resolve_device(cfg.device)
@@ -130,14 +121,8 @@ def budget_steps(budget_min: float, done: int, train_time: float, step_times: li
 
 
 class StepClock:
-    """The loop's step and optimizer-step times, without a host sync per step.
-
-    On a CPU marks are the host clock, read at once, as the loop always timed. On CUDA a mark is an event recorded
-    in the stream, and the times are read back in batches (`flush`: the first steps, each checkpoint, each epoch's
-    end, every FLUSH_STEPS), so the host keeps queueing steps ahead of the GPU instead of waiting for each one. An
-    event pair times the GPU's timeline from one mark to the next, idle gaps included: with the queue running,
-    the step's wall time.
-    """
+    """The loop's step and optimizer-step times, without a host sync per step: host clock on a CPU; on CUDA stream
+    events read back in batches (`flush`), so the host keeps queueing ahead and each step's time is its wall time."""
 
     FLUSH_STEPS = 256
 
@@ -217,8 +202,7 @@ def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float, choices: 
     loader = fabric.setup_dataloaders(loader)
     steps_per_epoch = -(-len(loader) // cfg.grad_accum)
     full = steps_per_epoch * cfg.epochs
-    # The schedule reads the planned length at each step: a time budget (cfg.train_budget) shortens it after
-    # the first steps, and warm-up and decay are re-planned to end where training will stop.
+    # the planned length is read at each step: a time budget shortens it, and warm-up and decay end where training stops
     plan = {"total": full}
 
     def lr_factor(s: int) -> float:
@@ -255,9 +239,7 @@ def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float, choices: 
     fabric.barrier()
     every = cfg.checkpoint_every if cfg.checkpoint_every is not None else resume.auto_interval(prog.step_times)
     clock = StepClock(cuda, prog)
-    # This epoch's loss and real (unpadded) tokens, summed on the device and read back only where they are
-    # shown or saved (a float() per step would wait for the GPU every step). The sum runs in float64 from the
-    # running value, so it is the same number the host's running float sum was.
+    # the epoch's loss and real tokens, summed on the device in float64 and read back only where shown or saved
     sums: dict[str, Any] = {}
 
     def read_sums() -> None:
@@ -386,14 +368,8 @@ def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float, choices: 
         val = evaluate(fabric, model, val_tab, batch_size * 2, problem)
         prog.epoch_val.append(val.get("accuracy", val.get("mae")))
         if fabric.is_global_zero:
-            log.info(
-                "epoch %d/%d: train loss %.4f, val %s (%d examples)",
-                epoch + 1,
-                cfg.epochs,
-                prog.last_loss,
-                headline(val),
-                val["n"],
-            )
+            msg = "epoch %d/%d: train loss %.4f, val %s (%d examples)"
+            log.info(msg, epoch + 1, cfg.epochs, prog.last_loss, headline(val), val["n"])
     test = evaluate(fabric, model, test_tab, batch_size * 2, problem)
     if not cuda:
         prog.rss_peak = max(prog.rss_peak, proc.memory_info().rss)
@@ -423,23 +399,7 @@ def _fit(fabric, cfg: TrainConfig, data, todo, device: str, t0: float, choices: 
             "of_examples": len(train_tab) * cfg.epochs,
             "cut": prog.step < full,
         }
-    metrics = trainout.metrics(
-        fabric,
-        cfg,
-        data,
-        device,
-        base_name,
-        t0 - prog.wall_before,
-        prog.train_time,
-        prog.step_times,
-        prog.seen,
-        prog.epoch_val,
-        val,
-        test,
-        prog.last_loss,
-        prog.rss_peak,
-        opt,
-    )
+    metrics = trainout.metrics(fabric, cfg, data, device, base_name, t0, prog, val, test, opt)
     if fabric.is_global_zero:
         trainout.write(out, cfg, model.module, tok, base_name, data, metrics, split_seed(cfg), policy)
         log.info("wrote %s: val %s, test %s, %.1f s training", out, headline(val), headline(test), prog.train_time)
@@ -489,8 +449,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def run(args) -> int:
-    """`qserve train`: one fine-tune. (`--compare` is the precision study, qserve.training.study, which runs this
-    module in children: the composition root, qserve.cli, sends it there, so train never imports study.)"""
+    """`qserve train`: one fine-tune (`--compare`, the precision study, is routed by qserve.cli to training.study)."""
     if getattr(args, "compare", False):
         raise QserveError(
             "--compare runs the precision study: use `qserve train --compare ...` "
