@@ -110,6 +110,25 @@ def tiny_variant(tiny_checkpoint, tmp_path_factory) -> Path:
     return out
 
 
+def train_problem(base: Path, data: Path, out: Path) -> Path:
+    """`qserve train` (the real CLI, in this process) of `base` on a local file: its labels decide the problem type."""
+    from qserve.cli import main
+
+    argv = ["train", "--model", str(base), "--dataset", str(data), "--out", str(out), "--precision", "32-true"]
+    assert main([*argv, "--max-length", "32", "--batch-size", "16", "--lr", "1e-3", "--epochs", "2"]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def regression_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
+    """The tiny model trained as a regression model (test_problem_types' scores.csv): one training for the suite,
+    read by test_problem_types and test_serve_ray (each training cost seconds of both cores)."""
+    from test_problem_types import write_regression
+
+    root = tmp_path_factory.mktemp("regression")
+    return train_problem(tiny_checkpoint, write_regression(root / "scores.csv"), root / "regression-ck")
+
+
 @pytest.fixture(scope="module")
 def tiny_runtime(tiny_variant):
     """The tiny variant loaded once per module on one torch thread (the thread count is restored after):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import build_tiny_checkpoint, serving
+from conftest import serving, train_problem
 
 from qserve import QserveError
 from qserve import problemtypes as problems
@@ -117,42 +117,12 @@ def test_scores_and_agreement_per_problem_type():
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """{kind: checkpoint} trained by the real CLI from local files on a tiny random DistilBERT."""
-    from qserve.cli import main
-
+def trained(tiny_checkpoint, regression_checkpoint, tmp_path_factory):
+    """{kind: checkpoint} trained by the real CLI from local files on a tiny random DistilBERT (the regression one
+    is the suite's shared regression_checkpoint)."""
     root = tmp_path_factory.mktemp("problems")
-    base = build_tiny_checkpoint(root / "base")
-    files = {"multi": write_multi(root / "topics.jsonl"), "regression": write_regression(root / "scores.csv")}
-    out = {}
-    for kind, data in files.items():
-        ck = root / f"{kind}-ck"
-        assert (
-            main(
-                [
-                    "train",
-                    "--model",
-                    str(base),
-                    "--dataset",
-                    str(data),
-                    "--out",
-                    str(ck),
-                    "--precision",
-                    "32-true",
-                    "--max-length",
-                    "32",
-                    "--batch-size",
-                    "16",
-                    "--lr",
-                    "1e-3",
-                    "--epochs",
-                    "2",
-                ]
-            )
-            == 0
-        )
-        out[kind] = ck
-    return out
+    multi = train_problem(tiny_checkpoint, write_multi(root / "topics.jsonl"), root / "multi-ck")
+    return {"multi": multi, "regression": regression_checkpoint}
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ qserve-infer. Nothing here depends on timing: "alone" is counted from uvicorn's 
 from __future__ import annotations
 
 import json
-import re
 import threading
 
 import numpy as np
@@ -149,141 +148,95 @@ V2_BINARY = (
     b' "parameters": {"binary_data_output": true}}' + b"\x04\x00\x00\x00fine"
 )
 
-# (path, body, whether the fast path answers it: pydantic takes the body; an unknown model is answered 404 by the
-# same handler[, the request's headers]), the bodies every fast-pathed route's FastAPI twin is compared on
+# (path, body[, the request's headers]): every inference route's bodies, good and bad
 BODIES = [
-    ("/v1/classify", b'{"inputs": "a quiet, lovely film"}', True),
-    ("/v1/classify", b'{"inputs": ["fine", "awful"], "top_k": 1}', True),
-    ("/v1/classify", b'{"inputs": "x \\ud83d\\ude00", "long_text": "tail"}', True),
-    ("/v1/classify", b'{"inputs": "dull", "top_k": "2"}', False),
-    ("/v1/classify", b'{"inputs": []}', False),
-    ("/v1/classify", b'{"inputs": "a", "extra": 1}', False),
-    ("/v1/classify", b'{"inputs": "a\\ud800"}', False),
-    ("/v1/classify", b'{"inputs": ', False),
-    ("/v1/classify", b'{"inputs": "fine", "model": "nope"}', True),
-    ("/v1/classify", b'{"inputs": "fine", "threshold": 0.3}', True),
-    ("/v1/classify", b'\xef\xbb\xbf{"inputs": "x"}', False),
+    ("/v1/classify", b'{"inputs": "a quiet, lovely film"}'),
+    ("/v1/classify", b'{"inputs": ["fine", "awful"], "top_k": 1}'),
+    ("/v1/classify", b'{"inputs": "x \\ud83d\\ude00", "long_text": "tail"}'),
+    ("/v1/classify", b'{"inputs": "dull", "top_k": "2"}'),
+    ("/v1/classify", b'{"inputs": []}'),
+    ("/v1/classify", b'{"inputs": "a", "extra": 1}'),
+    ("/v1/classify", b'{"inputs": "a\\ud800"}'),
+    ("/v1/classify", b'{"inputs": '),
+    ("/v1/classify", b'{"inputs": "fine", "model": "nope"}'),
+    ("/v1/classify", b'{"inputs": "fine", "threshold": 0.3}'),
+    ("/v1/classify", b'\xef\xbb\xbf{"inputs": "x"}'),
     # TEI's /predict: a string, a batch, a batch of one-text lists with logits, a cut refused, Left truncation
-    ("/predict", b'{"inputs": "fine"}', True),
-    ("/predict", b'{"inputs": ["fine", "awful"]}', True),
-    ("/predict", b'{"inputs": [["fine"], ["awful"]], "raw_scores": true}', True),
-    ("/predict", b'{"inputs": "' + b"long " * 400 + b'", "truncate": false}', True),
-    ("/predict", b'{"inputs": "fine", "truncation_direction": "Left"}', True),
-    ("/predict", b'{"inputs": "fine", "truncate": "yes"}', False),
-    ("/predict", b'{"inputs": []}', False),
-    ("/predict", b'{"inputs": "a", "extra": 1}', False),
-    ("/predict", b'{"inputs": ', False),
+    ("/predict", b'{"inputs": "fine"}'),
+    ("/predict", b'{"inputs": ["fine", "awful"]}'),
+    ("/predict", b'{"inputs": [["fine"], ["awful"]], "raw_scores": true}'),
+    ("/predict", b'{"inputs": "' + b"long " * 400 + b'", "truncate": false}'),
+    ("/predict", b'{"inputs": "fine", "truncation_direction": "Left"}'),
+    ("/predict", b'{"inputs": "fine", "truncate": "yes"}'),
+    ("/predict", b'{"inputs": []}'),
+    ("/predict", b'{"inputs": "a", "extra": 1}'),
+    ("/predict", b'{"inputs": '),
     # POST /: huggingface_hub's InferenceClient form (with parameters) and TEI's (without)
-    ("/", b'{"inputs": "fine", "parameters": {"top_k": 1}}', True),
-    ("/", b'{"inputs": "fine", "parameters": {"function_to_apply": "sigmoid"}}', True),
-    ("/", b'{"inputs": "fine", "parameters": null}', True),
-    ("/", b'{"inputs": "fine"}', True),
-    ("/", b'{"inputs": "fine", "parameters": {"top_k": 0}}', False),
-    ("/", b'{"parameters": {}}', False),
+    ("/", b'{"inputs": "fine", "parameters": {"top_k": 1}}'),
+    ("/", b'{"inputs": "fine", "parameters": {"function_to_apply": "sigmoid"}}'),
+    ("/", b'{"inputs": "fine", "parameters": null}'),
+    ("/", b'{"inputs": "fine"}'),
+    ("/", b'{"inputs": "fine", "parameters": {"top_k": 0}}'),
+    ("/", b'{"parameters": {}}'),
     # vLLM's /classify
-    ("/classify", b'{"input": "fine"}', True),
-    ("/classify", b'{"input": ["fine", "awful"], "model": null}', True),
-    ("/classify", b'{"input": "fine", "truncate_prompt_tokens": -1}', True),
-    ("/classify", b'{"input": "fine", "model": "nope"}', True),
-    ("/classify", b'{"input": []}', False),
-    ("/classify", b'{"input": "fine", "user": 3}', False),
-    ("/classify", b'{"input": "fine", "long_text": "tail"}', True),
+    ("/classify", b'{"input": "fine"}'),
+    ("/classify", b'{"input": ["fine", "awful"], "model": null}'),
+    ("/classify", b'{"input": "fine", "truncate_prompt_tokens": -1}'),
+    ("/classify", b'{"input": "fine", "model": "nope"}'),
+    ("/classify", b'{"input": []}'),
+    ("/classify", b'{"input": "fine", "user": 3}'),
+    ("/classify", b'{"input": "fine", "long_text": "tail"}'),
     # KServe V2 infer ({m}: the served model, {v}: its version): JSON, binary tensor data both ways, a version
-    # and an id; a wrong version, model or shape answered by the same checks; an unparsable body left to FastAPI
-    ("/v2/models/{m}/infer", b'{"inputs": [' + V2_TEXT % b'[2], "data": ["fine", "awful"]' + b"]}", True),
+    # and an id; a wrong version, model or shape; an unparsable body
+    ("/v2/models/{m}/infer", b'{"inputs": [' + V2_TEXT % b'[2], "data": ["fine", "awful"]' + b"]}"),
     (
         "/v2/models/{m}/infer",
         b'{"id": "q1", "inputs": [' + V2_TEXT % b'[1], "data": ["fine"]' + b'], "outputs": '
         b'[{"name": "probabilities", "parameters": {"binary_data": true}}, {"name": "label"}]}',
-        True,
     ),
     (
         "/v2/models/{m}/infer",
         V2_BINARY,
-        True,
         {"content-type": "application/octet-stream", "inference-header-content-length": str(len(V2_BINARY) - 8)},
     ),
     (
         "/v2/models/{m}/versions/{v}/infer",
         b'{"inputs": [' + V2_TEXT % b'[1], "data": ["fine"]' + b'], "parameters": {"long_text": "tail"}}',
-        True,
     ),
-    ("/v2/models/{m}/versions/nope/infer", b'{"inputs": [' + V2_TEXT % b'[1], "data": ["fine"]' + b"]}", True),
-    ("/v2/models/nope/infer", b'{"inputs": [' + V2_TEXT % b'[1], "data": ["fine"]' + b"]}", True),
-    ("/v2/models/{m}/infer", b'{"inputs": [' + V2_TEXT % b'[3], "data": ["fine"]' + b"]}", True),
-    ("/v2/models/{m}/infer", b'{"id": "a\\ud800", "inputs": [' + V2_TEXT % b'[1], "data": ["fine"]' + b"]}", True),
-    ("/v2/models/{m}/infer", b'{"inputs": ', False),
-    ("/v2/models/{m}/infer", b'{"inputs": [{"name": "text"}]}', False),
+    ("/v2/models/{m}/versions/nope/infer", b'{"inputs": [' + V2_TEXT % b'[1], "data": ["fine"]' + b"]}"),
+    ("/v2/models/nope/infer", b'{"inputs": [' + V2_TEXT % b'[1], "data": ["fine"]' + b"]}"),
+    ("/v2/models/{m}/infer", b'{"inputs": [' + V2_TEXT % b'[3], "data": ["fine"]' + b"]}"),
+    ("/v2/models/{m}/infer", b'{"id": "a\\ud800", "inputs": [' + V2_TEXT % b'[1], "data": ["fine"]' + b"]}"),
+    ("/v2/models/{m}/infer", b'{"inputs": '),
+    ("/v2/models/{m}/infer", b'{"inputs": [{"name": "text"}]}'),
     (
         "/v2/models/{m}/infer",
         V2_BINARY,
-        False,
         {"content-type": "application/octet-stream", "inference-header-content-length": "zz"},
     ),
 ]
 
 
-def test_the_fast_routes_answer_byte_for_byte_as_their_fastapi_routes(tiny_variant, runtime, monkeypatch):
-    """The guard's fast path (spec.fast_routes: /v1/classify, TEI's /predict and POST /, vLLM's /classify, V2 infer)
-    against the FastAPI routes it shortcuts: every body, good or bad, gets the same status, headers and bytes
-    (request ids fixed); a refused body reaches the route."""
-    from qserve.serve.protocols import spec
-
-    def post_all(srv) -> list[tuple[int, list[tuple[str, str]], bytes]]:
+def test_every_inference_route_is_answered_by_the_guard_alone(tiny_variant, runtime):
+    """/v1/classify, TEI's /predict and POST /, vLLM's /classify and V2 infer: every body, good or bad, answered by the
+    guard (spec.inference); FastAPI's endpoint for them (spec.documented) is never called, or it would answer 500.
+    tests/unit/test_protocols.py pins the refusals' words to FastAPI's own reading of the same bodies."""
+    srv = _serve(tiny_variant, Recorded(runtime))
+    try:
         with _client(srv.url) as c:
             _ready(c)
             m = c.get("/ready").json()["model"]
             v = c.get(f"/v2/models/{m}").json()["versions"][0]
-            out = []
-            for i, (path, body, _, *headers) in enumerate(BODIES):
+            answered = []
+            for i, (path, body, *headers) in enumerate(BODIES):
                 r = c.post(
                     path.format(m=m, v=v),
                     content=body,
                     headers={"content-type": "application/json", "x-request-id": f"r{i}", **dict(*headers)},
                 )
-                # vLLM's answer carries a fresh id and the time it was made: those two differ by design
-                content = re.sub(
-                    rb'^\{"id":"classify-[0-9a-f]{32}","object":"list","created":[0-9]+,',
-                    b'{"id":"classify-ID","object":"list","created":T,',
-                    r.content,
-                )
-                out.append((r.status_code, [(k, v) for k, v in r.headers.items() if k != "date"], content))
-            return out
-
-    real = spec.fast_routes
-
-    def through(handled: list[bool], fast: bool):
-        """spec.fast_routes recording, per request, whether it answered; fast=False: it always declines."""
-
-        def make(st, protocols, error):
-            handle = real(st, protocols, error)
-
-            async def recorded(found, scope, body, send):
-                handled.append(fast and await handle(found, scope, body, send))
-                return handled[-1]
-
-            return recorded
-
-        return make
-
-    taken: list[bool] = []
-    monkeypatch.setattr(spec, "fast_routes", through(taken, fast=True))
-    fast = _serve(tiny_variant, Recorded(runtime))
-    try:
-        answered = post_all(fast)
+                answered.append((r.status_code, r.headers, r.content))
     finally:
-        fast.stop()
-    assert taken == [want for _, _, want, *_ in BODIES]
-    declined: list[bool] = []
-    monkeypatch.setattr(spec, "fast_routes", through(declined, fast=False))
-    route = _serve(tiny_variant, Recorded(runtime))
-    try:
-        routed = post_all(route)
-    finally:
-        route.stop()
-    assert declined == [False] * len(BODIES)  # the second server's every request went through FastAPI's routes
-    for (path, body, *_), a, r in zip(BODIES, answered, routed):
-        assert a == r, (path, body[:80])
+        srv.stop()
     # every route answered its good bodies and refused its bad ones, in its own protocol's form (TEI: a length
     # refusal is 413, an unreadable body 422, always {"error", "error_type"})
     assert [a[0] for a in answered] == [

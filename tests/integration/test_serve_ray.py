@@ -107,6 +107,17 @@ def reference(tiny_variant):
     return load_runtime(tiny_variant)
 
 
+@pytest.fixture(scope="module")
+def expected(reference) -> dict[str, np.ndarray]:
+    """{text: the reference's scores} for the load tests' 96 texts, in one batched call: the served answers come from
+    batches of other texts too, so one text's scores hold to 1e-5 in any batch (the property the load tests check);
+    a call per request cost the tests more than their requests (hundreds of calls on a loaded 2-core machine)."""
+    from qserve.bench.loadtest import default_texts
+
+    texts = default_texts(96)
+    return dict(zip(texts, reference.predict(texts)))
+
+
 def _probs(preds: list[dict], labels: list[str]) -> list[float]:
     by = {p["label"]: p["score"] for p in preds}
     return [by[label] for label in labels]
@@ -128,7 +139,7 @@ def test_two_replicas_running_and_reported(ray_app):
     assert f'qserve_replica_info{{engine="ray",replica="{metrics.headers["x-qserve-replica"]}"}} 1.0' in metrics.text
 
 
-def test_64_clients_x_8_requests_all_answered_exactly_across_replicas(ray_app, ray_url, reference):
+def test_64_clients_x_8_requests_all_answered_exactly_across_replicas(ray_app, ray_url, reference, expected):
     from qserve.bench.loadtest import default_texts
 
     texts = default_texts(96)
@@ -154,7 +165,7 @@ def test_64_clients_x_8_requests_all_answered_exactly_across_replicas(ray_app, r
     for body, r in results:
         sent = [body["inputs"]] if isinstance(body["inputs"], str) else body["inputs"]
         got = [_probs(p, reference.labels) for p in r.json()["predictions"]]
-        np.testing.assert_allclose(got, reference.predict(sent), atol=1e-5)
+        np.testing.assert_allclose(got, [expected[t] for t in sent], atol=1e-5)
     served_by = {r.headers["x-qserve-replica"] for _, r in results}
     assert len(served_by) >= 2, f"every answer came from one replica: {served_by}"
 
@@ -208,7 +219,7 @@ def test_bad_input_gets_the_same_4xx_bodies_as_uvicorn(ray_app, uvicorn_client):
         assert "x-qserve-replica" in got.headers
 
 
-def test_killed_replica_is_replaced_and_no_request_hangs(ray_app, ray_url, reference):
+def test_killed_replica_is_replaced_and_no_request_hangs(ray_app, ray_url, reference, expected):
     from qserve.bench.loadtest import default_texts
 
     before = _wait_running(ray_app, 2)
@@ -232,9 +243,7 @@ def test_killed_replica_is_replaced_and_no_request_hangs(ray_app, ray_url, refer
                 continue
             outcomes.append((r.status_code, r.text))
             if r.status_code == 200:
-                np.testing.assert_allclose(
-                    _probs(r.json()["predictions"][0], reference.labels), reference.predict([t])[0], atol=1e-5
-                )
+                np.testing.assert_allclose(_probs(r.json()["predictions"][0], reference.labels), expected[t], atol=1e-5)
 
     async def kill_later() -> None:
         await asyncio.sleep(1.5)  # under load
@@ -336,41 +345,19 @@ def test_deploy_config_runs_under_rays_own_serve_run(ray_app, ray_url, tiny_vari
     assert r.status_code == 422 and "at most 8 per request" in r.json()["error"]
 
 
-def test_regression_model_answers_its_value_on_the_same_instance(ray_app, ray_url, tmp_path):
+def test_regression_model_answers_its_value_on_the_same_instance(ray_app, ray_url, regression_checkpoint, tmp_path):
     """A regression model replaces the app (after the `serve run` test: one replica of one CPU, so the new one
     fits beside it while Serve swaps them) and answers /v1 and V2 as the runtime does. On this module's Ray
-    instance rather than one of its own: a Ray start costs ~15 s of both cores."""
-    from conftest import build_tiny_checkpoint
-    from test_problem_types import TEXTS, write_regression
+    instance rather than one of its own: a Ray start costs ~15 s of both cores. The model is the suite's shared
+    regression checkpoint (trained once by the real `qserve train`, conftest.py)."""
+    from test_problem_types import TEXTS
 
     import exporters
-    from qserve.cli import main
     from qserve.runtime import load_runtime
     from qserve.serve.infra.deploy import Scaling
     from qserve.serve.ray_engine import application
 
-    base = build_tiny_checkpoint(tmp_path / "base")
-    ck = tmp_path / "reg-ck"
-    assert (
-        main(
-            [
-                "train",
-                "--model",
-                str(base),
-                "--dataset",
-                str(write_regression(tmp_path / "s.csv")),
-                "--out",
-                str(ck),
-                "--precision",
-                "32-true",
-                "--max-length",
-                "32",
-                "--epochs",
-                "1",
-            ]
-        )
-        == 0
-    )
+    ck = regression_checkpoint
     variant = tmp_path / "torch-fp32"
     exporters.export(ck, "torch-fp32", variant)
     want = load_runtime(variant).predict(TEXTS)[:, 0]
