@@ -40,12 +40,12 @@ from benchmarks.harness import ROOT
 from benchmarks.harness.report import write_report
 from benchmarks.harness.server import code_env, free_port, spawn, wait_ready
 from qserve.devices import cpu_label, usable_cores
+from qserve.extras import TOOLKIT_ONLY
 from qserve.modeling import default_model_dir
 from qserve.provenance import provenance
 
 OUT = ROOT / "benchmarks" / "reports" / "image"
 BARS = {"serve_image_mb": 600, "start_to_ready_s": 5.0}
-HEAVY = ("torch", "transformers", "bitsandbytes", "lightning_fabric", "optimum")
 NICE_M20 = 88761
 """The CFS weight of nice -20: each container's CPU shares, its cgroup under the root (--cgroup-parent /) where the
 autogroups' tasks are, so a start competes as `echo -20 > /proc/$$/autogroup` makes this process compete."""
@@ -78,7 +78,7 @@ def bytecode(image: str) -> dict:
 
 
 def heavy_in(image: str) -> list[str]:
-    code = f"import importlib.util as u; print(','.join(m for m in {HEAVY!r} if u.find_spec(m)))"
+    code = f"import importlib.util as u; print(','.join(m for m in {TOOLKIT_ONLY!r} if u.find_spec(m)))"
     return [m for m in _docker("run", "--rm", "--entrypoint", "python", image, "-c", code).strip().split(",") if m]
 
 
@@ -305,7 +305,7 @@ def fresh_venv(venv: Path, variant: Path) -> dict:
         proc.wait(60)
     return {
         "packages": len(names),
-        "heavy_installed": [n for n in names if n.replace("-", "_") in HEAVY or n in ("lightning-fabric", "lightning")],
+        "heavy_installed": [n for n in names if n.replace("-", "_") in TOOLKIT_ONLY or n == "lightning"],
         "classify_status": r.status_code,
         "answer": answer,
     }
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     report["serve_image"] = {
         "size_mb": round(image_size_mb(serve), 1),
         "heavy": heavy_in(serve),
-        "heavy_checked": list(HEAVY),
+        "heavy_checked": list(TOOLKIT_ONLY),
         "bytecode": bytecode(serve),
         "labels": json.loads(_docker("image", "inspect", "-f", "{{json .Config.Labels}}", serve)),
         "base": _docker("image", "inspect", "-f", "{{.Config.Image}}", serve).strip() or None,

@@ -29,6 +29,9 @@ EXTRAS = {
 """Library (import name) -> the command that installs it, for the optional libraries of no backend."""
 TOOLKIT = "pip install 'qserve[toolkit]'"
 """What installs an exporter's libraries (train, export, bench, gate): a serving install has none of them."""
+TOOLKIT_ONLY = ("torch", "transformers", "bitsandbytes", "lightning_fabric", "optimum")
+"""The import names a serving install (`pip install 'qserve[serve]'`, the serve image) has none of: the image's
+build, its report and its test check for each."""
 
 
 def install_hint(module: str) -> str:

@@ -24,6 +24,7 @@ import pytest
 from benchmarks.harness import Server
 from benchmarks.harness.server import ROOT, free_port, wait_ready
 from qserve import QserveError
+from qserve.extras import TOOLKIT_ONLY
 
 httpx2 = pytest.importorskip("httpx2")
 
@@ -169,8 +170,7 @@ def test_the_image_serves_as_the_venv_does_and_drains_on_sigterm(serve_image, in
             "python",
             serve_image,
             "-c",
-            "import importlib.util as u; print([m for m in ('torch', 'transformers', 'bitsandbytes',"
-            " 'lightning_fabric', 'optimum') if u.find_spec(m)])",
+            f"import importlib.util as u; print([m for m in {TOOLKIT_ONLY!r} if u.find_spec(m)])",
         ],
         capture_output=True,
         text=True,

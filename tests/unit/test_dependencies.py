@@ -17,6 +17,8 @@ import pytest
 import tomllib
 from packaging.requirements import Requirement
 
+from qserve.extras import TOOLKIT_ONLY
+
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 
@@ -64,6 +66,6 @@ def test_the_serving_profile_installs_none_of_the_toolkit():
     names = {
         Requirement(r).name.lower() for r in [*project["dependencies"], *project["optional-dependencies"]["serve"]]
     }
-    toolkit = {"torch", "transformers", "bitsandbytes", "lightning", "lightning-fabric", "optimum", "optimum-intel"}
+    toolkit = {m.replace("_", "-") for m in TOOLKIT_ONLY} | {"lightning", "optimum-intel"}  # distribution names
     assert not names & toolkit, sorted(names & toolkit)
     assert {"tokenizers", "onnxruntime", "openvino"} <= names
