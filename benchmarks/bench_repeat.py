@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import subprocess
 import sys
 import time
@@ -21,7 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import ROOT, finish, write_report
+from qserve.bench.config import BenchConfig
+from qserve.bench.stats import two_modes
 
+APART = BenchConfig.stability
+"""Two modes are the bench's: medians more than its --stability apart."""
 MAX_SPAN = 1.15
 """The issue's bar (#60): a weighed variant's p50 across the runs spans at most this (max / min)."""
 
@@ -45,6 +51,7 @@ def run_once(dirs: list[str], out: Path, extra: list[str]) -> dict[str, Any]:
         "runner_up": rec.get("runner_up"),
         "why": rec.get("why"),
         "p50_ms": {r["variant"]: r["p50_ms"] for r in rec.get("ranking") or [] if r.get("p50_ms") is not None},
+        "median_ms": {r["variant"]: r["median_ms"] for r in rec.get("ranking") or [] if r.get("median_ms")},
         "meets_bar": sorted(r["variant"] for r in rec.get("ranking") or [] if r.get("meets_bar")),
     }
 
@@ -57,7 +64,10 @@ def summarize(runs: list[dict[str, Any]], max_span: float = MAX_SPAN) -> dict[st
     spans = {}
     for v in weighed:
         vals = [r["p50_ms"][v] for r in ok if v in r["p50_ms"]]
+        medians = [r["median_ms"][v] for r in ok if v in r.get("median_ms", {})]
         spans[v] = {"p50_ms": vals, "span": round(max(vals) / min(vals), 3) if vals else None}
+        if medians:  # over every round, beside the ranked figure (the fast mode's, where the rounds fall in two)
+            spans[v].update({"median_ms": medians, "median_span": round(max(medians) / min(medians), 3)})
     return {
         "runs_ok": len(ok),
         "runs": len(runs),
@@ -66,6 +76,59 @@ def summarize(runs: list[dict[str, Any]], max_span: float = MAX_SPAN) -> dict[st
         "spans": spans,
         "max_span": max_span,
         "spans_hold": all(s["span"] is not None and s["span"] <= max_span for s in spans.values()),
+    }
+
+
+def phases(run_dirs: list[Path]) -> dict[str, Any] | None:
+    """Do slow rounds fall on one process or on every variant at once? Per run, each variant's headline
+    fixed-shape p50 in every round it shares with the others (no text in it: the same work every round), over its
+    fastest round: the mean pairwise correlation of those ratios across variants, and the rounds in which every
+    variant sat in the same mode (qserve.bench.stats.two_modes, as the bench splits them; one mode is all fast)
+    against the number that independent modes would give."""
+    rounds: list[dict[str, float]] = []
+    split: list[dict[str, bool]] = []
+    for run in run_dirs:
+        if not (run / "report.json").is_file():
+            continue  # a failed run
+        rep = json.loads((run / "report.json").read_text(encoding="utf-8"))
+        head = (rep["headline"]["batch"], rep["headline"]["seq"])
+        per = {
+            v["name"]: f["round_p50"]
+            for v in rep["variants"]
+            for f in v.get("fixed") or []
+            if (f.get("batch"), f.get("seq")) == head and f.get("round_p50")
+        }
+        if len(per) < 2:
+            continue
+        common = sorted(set.intersection(*(set(r) for r in per.values())), key=lambda k: int(k.rsplit("#", 1)[1]))
+        low = {n: min(r[k] for k in common) for n, r in per.items()}  # always in the fast mode, in every run
+        modes = {n: two_modes([r[k] for k in common], APART) for n, r in per.items()}
+        cut = {n: m[0][-1] if m else math.inf for n, m in modes.items()}
+        rounds += [{n: per[n][k] / low[n] for n in per} for k in common]
+        split += [{n: per[n][k] > cut[n] for n in per} for k in common]
+    if not rounds or len(rounds[0]) < 2:
+        return None
+    names = sorted(rounds[0])
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
+    corr = [statistics.correlation([r[a] for r in rounds], [r[b] for r in rounds]) for a, b in pairs]
+    slow = {n: sum(s[n] for s in split) / len(split) for n in names}
+    expected = math.prod(slow.values()) + math.prod(1 - x for x in slow.values())
+    return {
+        "rounds": len(rounds),
+        "variants": names,
+        "mean_pair_correlation": round(statistics.mean(corr), 3),
+        "same_side": sum(len(set(s.values())) == 1 for s in split),
+        "same_side_if_independent": round(expected * len(split), 1),
+        "slow_share": {n: round(x, 3) for n, x in slow.items()},
+        "mode_ratio": {
+            n: round(
+                statistics.median(r[n] for r, s in zip(rounds, split) if s[n])
+                / statistics.median(r[n] for r, s in zip(rounds, split) if not s[n]),
+                3,
+            )
+            for n in names
+            if 0 < slow[n] < 1
+        },
     }
 
 
@@ -95,11 +158,28 @@ def render(rep: dict[str, Any]) -> str:
         + ("all within" if s["spans_hold"] else "NOT all within")
         + f" {s['max_span']}x.",
         "",
-        "| variant (meets its bar) | p50 ms per run | span (max / min) |",
-        "|---|---|---|",
+        "The p50 the recommendation ranks by (the fast mode's where a variant's rounds fall in two), and beside it"
+        " the median over every round.",
+        "",
+        "| variant (meets its bar) | ranked p50 ms per run | span (max / min) | median over every round | span |",
+        "|---|---|---|---|---|",
     ]
     for v, sp in s["spans"].items():
-        lines.append(f"| {v} | {' / '.join(f'{x:.2f}' for x in sp['p50_ms'])} | {sp['span']}x |")
+        med = sp.get("median_ms") or []
+        lines.append(
+            f"| {v} | {' / '.join(f'{x:.2f}' for x in sp['p50_ms'])} | {sp['span']}x | "
+            f"{' / '.join(f'{x:.2f}' for x in med) or '-'} | {str(sp['median_span']) + 'x' if med else '-'} |"
+        )
+    if rep.get("phases"):
+        ph = rep["phases"]
+        lines += [
+            "",
+            f"Phases: over {ph['rounds']} rounds shared by every variant, {ph['same_side']} had every variant in the"
+            f" same mode ({ph['same_side_if_independent']} if each variant's mode were its own); mean pairwise"
+            f" correlation of the rounds' headline p50s {ph['mean_pair_correlation']}; slow mode / fast mode: "
+            + ", ".join(f"{n} {x}x" for n, x in ph["mode_ratio"].items())
+            + ".",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -122,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run_once(a.variant_dirs, a.out / "runs" / str(i), extra))
             rep = {"variant_dirs": a.variant_dirs, "bench_args": extra, "runs": runs, "done": i == a.runs}
             rep["summary"] = summarize(runs, a.max_span)
+            rep["phases"] = phases([a.out / "runs" / str(j) for j in range(1, i + 1)])
             if i < a.runs:  # a killed repeat keeps the runs it finished
                 write_report(a.out, dict(rep), render(rep), echo=False)
         return rep

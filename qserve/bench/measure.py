@@ -28,7 +28,7 @@ from qserve.artifact import read_manifest
 from qserve.bench import evalpass, invariance, policies
 from qserve.bench.evalpass import tokenizer_key
 from qserve.bench.realtext import real_text_check, real_text_round, synthetic_batch
-from qserve.bench.rounds import merge_fixed, merge_real, per_round, round_iters
+from qserve.bench.rounds import merge_fixed, merge_real, per_round, ranked, round_iters
 from qserve.bench.stats import summarize, throughput
 from qserve.files import library_versions, write_json_atomic
 from qserve.modeling import skip_unused_imports
@@ -151,12 +151,12 @@ def eval_cut(job: dict[str, Any], res: dict[str, Any], ev: dict[str, Any]) -> di
     than job["bound_ms"], which can then never be recommended (docs/bench.md, "Cheap where it is honest")."""
     bound, cut = job.get("bound_ms"), job.get("slow_eval_samples")
     real = next((r for r in res.get("real_text") or [] if r.get("batch") == 1 and "p50" in r), None)
-    if bound is None or not cut or real is None or real["p50"] <= bound or cut >= len(ev["texts"]):
+    if bound is None or not cut or real is None or ranked(real)[0] <= bound or cut >= len(ev["texts"]):
         return ev
     res["eval_cut"] = {
         "n": cut,
         "of": len(ev["texts"]),
-        "real_b1_p50_ms": real["p50"],
+        "real_b1_p50_ms": ranked(real)[0],
         "bound_ms": bound,
         "bound_variant": job.get("bound_variant"),
     }

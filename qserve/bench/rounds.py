@@ -2,9 +2,10 @@
 
     python -m pytest tests/unit/test_bench_stats.py -q
 
-A record's p50 is the median of the rounds' p50s with its order-statistic interval (stats.median_ci); the other
-statistics are over every call. A record whose interval is wider than the stability tolerance is `stable: false`
-(docs/bench.md, "Rounds").
+A record's p50 is the median of the rounds' p50s with its order-statistic interval (stats.median_ci); where the
+rounds fall in two modes, the fast mode's too, which is what the recommendation ranks by (ranked()). The other
+statistics are over every call. A record whose ranked interval is wider than the stability tolerance is
+`stable: false` (docs/bench.md, "Rounds").
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from qserve.bench.stats import median, median_ci, summarize, throughput
+from qserve.bench.stats import median, median_ci, summarize, throughput, two_modes
 
 
 def per_round(total: float, rounds: int) -> float:
@@ -30,20 +31,47 @@ def round_iters(min_iters: int, max_iters: int, rounds: int) -> tuple[int, int]:
 
 
 def _interval(round_p50: dict[str, float], tolerance: float) -> dict[str, Any]:
+    """The median over rounds with its interval; where the rounds fall in two modes (stats.two_modes: a phase of the
+    machine that slows every process at once, docs/bench.md), also the fast mode's median and interval, what the
+    recommendation ranks by (ranked()), and the slow mode's median and share of the rounds."""
     vals = list(round_p50.values())
     lo, hi, cov = median_ci(vals)
     p50 = median(vals)
-    width = (hi - lo) / p50 if p50 > 0 else 0.0
-    return {
+    rec: dict[str, Any] = {
         "p50": p50,
         "p50_ci": [lo, hi],
         "ci_level": cov,
         "round_p50": round_p50,
         "rounds": len(vals),
         "spread": (max(vals) / min(vals)) if min(vals) > 0 else None,
-        "ci_width": width,
-        "stable": len(vals) >= 2 and width <= tolerance,
     }
+    modes = two_modes(vals, tolerance)
+    if modes is not None:
+        fast, slow = modes
+        f_lo, f_hi, f_cov = median_ci(fast)
+        rec["modes"] = {
+            "fast_p50": median(fast),
+            "fast_ci": [f_lo, f_hi],
+            "fast_ci_level": f_cov,
+            "fast_rounds": [k for k, v in round_p50.items() if v <= fast[-1]],
+            "slow_p50": median(slow),
+            "slow_share": len(slow) / len(vals),
+        }
+    r_p50, r_ci, _, _ = ranked(rec)
+    r_lo, r_hi = r_ci or (lo, hi)
+    rec["ci_width"] = (r_hi - r_lo) / r_p50 if r_p50 > 0 else 0.0
+    rec["stable"] = len(vals) >= 2 and rec["ci_width"] <= tolerance
+    return rec
+
+
+def ranked(rec: dict[str, Any]) -> tuple[float, list[float] | None, float, dict[str, float]]:
+    """(p50, interval, its coverage, the round p50s it rests on) that a recommendation ranks a record by: its fast
+    mode where its rounds fall in two, else its median over every round (a record of one pass: no interval)."""
+    m = rec.get("modes")
+    if not m:
+        return rec["p50"], rec.get("p50_ci"), rec.get("ci_level", 0.0), rec.get("round_p50") or {}
+    rounds = {k: v for k, v in (rec.get("round_p50") or {}).items() if k in set(m["fast_rounds"])}
+    return m["fast_p50"], m["fast_ci"], m["fast_ci_level"], rounds
 
 
 def merge_fixed(rounds: Sequence[dict[str, Any]], tolerance: float) -> list[dict[str, Any]]:
@@ -119,11 +147,21 @@ def decision_records(fixed: list[dict[str, Any]], real: list[dict[str, Any]], he
 
 
 def unstable_cell(rec: dict[str, Any] | None) -> str:
-    """' (unstable: rounds LO-HI ms)' beside a number whose rounds disagree beyond the tolerance, else ''."""
-    if not rec or rec.get("stable", True) or not rec.get("round_p50"):
+    """' (two modes: fast F ms, slow S ms in N% of rounds)' and/or ' (unstable: rounds LO-HI ms)' beside a number,
+    else ''."""
+    if not rec or not rec.get("round_p50"):
         return ""
-    vals = list(rec["round_p50"].values())
-    return f" (unstable: rounds {min(vals):.2f}-{max(vals):.2f} ms)"
+    m = rec.get("modes")
+    out = (
+        f" (two modes: fast {m['fast_p50']:.2f} [{m['fast_ci'][0]:.2f}, {m['fast_ci'][1]:.2f}], slow "
+        f"{m['slow_p50']:.2f} ms in {m['slow_share']:.0%} of rounds)"
+        if m
+        else ""
+    )
+    if not rec.get("stable", True):
+        vals = list(rec["round_p50"].values())
+        out += f" (unstable: rounds {min(vals):.2f}-{max(vals):.2f} ms)"
+    return out
 
 
 def ci_cell(rec: dict[str, Any] | None, digits: int = 2) -> str:

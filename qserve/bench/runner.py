@@ -37,7 +37,7 @@ from qserve.bench.floor import flops_per_sequence, gemm_shapes
 from qserve.bench.invariance import select_texts
 from qserve.bench.recommend import bar_for, real_text_b1
 from qserve.bench.report import write_reports
-from qserve.bench.rounds import decision_records, merge_fixed, merge_real
+from qserve.bench.rounds import decision_records, merge_fixed, merge_real, ranked
 from qserve.data.datasets import load_dataset
 from qserve.devices import resolve_device
 from qserve.files import dir_size, now_iso, refuse_existing, with_root_on_path
@@ -401,14 +401,14 @@ def _reference_index(metas: list[VariantMeta]) -> int | None:
 
 
 def _meets_bar(entry: dict[str, Any], ref: dict[str, Any] | None) -> float | None:
-    """The entry's real-text b1 p50 when it meets its agreement bar against `ref` (else None)."""
+    """The entry's ranked real-text b1 p50 (rounds.ranked) when it meets its agreement bar against `ref` (else None)."""
     if entry.get("status") != "ok" or (entry.get("accuracy") or {}).get("n") != (ref or {}).get("accuracy", {}).get(
         "n"
     ):
         return None  # only a variant scored on every text sets the bound
     agr, real = agreement_with(entry, ref), real_text_b1(entry)
     return (
-        real["p50"]
+        ranked(real)[0]
         if agr is not None and real is not None and agr >= bar_for((entry.get("spec") or {}).get("bits"))
         else None
     )
@@ -473,8 +473,8 @@ def _decision_p50(merged: tuple | None, res: dict[str, Any] | None, cfg: BenchCo
     """What a variant is ranked by, to finish the fastest first (the eval cut's bound is then known soonest)."""
     fixed, real = merged if merged is not None else ((res or {}).get("fixed") or [], (res or {}).get("real_text") or [])
     recs = decision_records(fixed, real, cfg.headline())
-    real1 = [r["p50"] for r in recs if "seq" not in r]
-    return real1[0] if real1 else (recs[0]["p50"] if recs else float("inf"))
+    real1 = [ranked(r)[0] for r in recs if "seq" not in r]
+    return real1[0] if real1 else (ranked(recs[0])[0] if recs else float("inf"))
 
 
 def _policy_pass(

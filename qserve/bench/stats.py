@@ -98,6 +98,25 @@ def median_ci(values: Sequence[float], level: float = CI_LEVEL) -> tuple[float, 
     return xs[k - 1], xs[n - k], coverage(k)
 
 
+def two_modes(values: Sequence[float], apart: float) -> tuple[list[float], list[float]] | None:
+    """(fast, slow): `values` split where the two groups' spread of logs is least (Otsu's rule, so one outlier makes
+    no mode of its own), kept when the fast group holds two values at least and the slow group's median is more
+    than `apart` (a share) above the fast group's; None for one mode. Values spread evenly and widely split too:
+    the fast group is then the faster half, which is what a ranking by the fast mode wants."""
+    xs = sorted(float(x) for x in values)
+    if len(xs) < 3 or xs[0] <= 0:
+        return None
+    logs = [math.log(x) for x in xs]
+
+    def spread(part: list[float]) -> float:
+        m = sum(part) / len(part)
+        return sum((x - m) ** 2 for x in part)
+
+    i = min(range(1, len(xs)), key=lambda j: spread(logs[:j]) + spread(logs[j:]))
+    fast, slow = xs[:i], xs[i:]
+    return (fast, slow) if len(fast) >= 2 and median(slow) > (1 + apart) * median(fast) else None
+
+
 def ratio_ci(slow: dict[int | str, float], fast: dict[int | str, float], level: float = CI_LEVEL) -> dict[str, Any]:
     """How many times slower `slow` is than `fast`: the median of paired per-round ratios with median_ci's interval,
     `tied` when it holds 1; without a shared round, the ratio of the medians with the widest interval, unpaired."""

@@ -130,13 +130,15 @@ def test_median_interval_by_order_statistics():
 def test_a_clear_difference_is_called_a_difference():
     from qserve.bench.recommend import recommend
 
-    # the machine has a slow phase in round 2; it falls on both, so the paired ratio stays clear of 1
+    # the machine has a slow phase in round 2; it falls on both, and both are ranked by their fast mode (the
+    # other four rounds), paired round by round, so the ratio stays clear of 1
     fast = _ranked("ov-int8", [7.0, 7.1, 12.6, 7.0, 7.2], size=30)
     slow = _ranked("onnx-int8", [8.6, 8.8, 15.4, 8.5, 8.9], size=20)
     rec = recommend(_report(slow, fast))
     assert rec["variant"] == "ov-int8" and rec["runner_up"] == "onnx-int8" and rec["tied"] is False
     r = rec["ratio"]
-    assert r["paired"] and r["rounds"] == 5 and 1.0 < r["lo"] <= r["value"] <= r["hi"]
+    assert r["paired"] and r["rounds"] == 4 and 1.0 < r["lo"] <= r["value"] <= r["hi"]
+    assert rec["p50_ms"] == 7.05 and "the fast mode's median 7.05 ms" in rec["why"]
     assert rec["ratio_text"] == f"{r['value']:.2f}x [{r['lo']:.2f}, {r['hi']:.2f}]"
     assert f"{rec['ratio_text']} faster than the runner-up onnx-int8" in rec["why"]
 
@@ -165,16 +167,40 @@ def test_a_tie_is_called_a_tie_and_the_rule_breaks_it():
     assert again["variant"] == "onnx-int8" and again["tied"]
 
 
+def test_two_modes_are_split_and_the_fast_one_is_ranked_whatever_share_the_slow_phase_took():
+    from qserve.bench.rounds import ci_cell, merge_fixed, ranked
+    from qserve.bench.stats import two_modes
+
+    def rec(rounds):
+        (r,) = merge_fixed(
+            [{"id": str(k), "fixed": [{"batch": 1, "seq": 128, "samples": [x, x]}]} for k, x in enumerate(rounds)], 0.10
+        )
+        return r
+
+    mostly_fast, mostly_slow = rec([7.4, 12.5, 7.3, 12.6, 7.5]), rec([12.4, 7.3, 12.5, 7.4, 12.6])
+    assert mostly_fast["p50"] == 7.5 and mostly_slow["p50"] == 12.4  # the median lands in whichever mode has more
+    assert ranked(mostly_fast)[0] == 7.4 and ranked(mostly_slow)[0] == 7.35  # the fast mode either way
+    m = mostly_fast["modes"]
+    assert (m["fast_p50"], m["slow_p50"], m["slow_share"], m["fast_rounds"]) == (7.4, 12.55, 0.4, ["0", "2", "4"])
+    assert mostly_fast["stable"] is True and mostly_fast["count"] == 10
+    assert (
+        ci_cell(mostly_fast) == "7.50 [7.30, 12.60] (two modes: fast 7.40 [7.30, 7.50], slow 12.55 ms in 40% of rounds)"
+    )
+    assert two_modes([7.0, 7.1, 7.2, 7.3, 7.2], 0.10) is None  # one mode
+    assert two_modes([7.0, 7.1, 12.0], 0.10) == ([7.0, 7.1], [12.0])
+    assert two_modes([7.0, 12.0, 12.1], 0.10) is None  # a fast "mode" of one round is an outlier, not a mode
+
+
 def test_unstable_rounds_are_said_beside_the_number():
     from qserve.bench.rounds import ci_cell, merge_fixed
 
     rounds = [
         {"id": str(k), "fixed": [{"batch": 1, "seq": 128, "samples": [x, x]}]}
-        for k, x in enumerate([7.4, 12.5, 7.3, 12.6, 7.5])
+        for k, x in enumerate([7.0, 7.6, 7.3, 7.8, 7.45])
     ]
-    (rec,) = merge_fixed(rounds, 0.10)
-    assert rec["p50"] == 7.5 and rec["p50_ci"] == [7.3, 12.6] and rec["stable"] is False and rec["count"] == 10
-    assert ci_cell(rec) == "7.50 [7.30, 12.60] (unstable: rounds 7.30-12.60 ms)"
+    (rec,) = merge_fixed(rounds, 0.10)  # one mode, but its interval wider than 10% of its median
+    assert "modes" not in rec and rec["p50"] == 7.45 and rec["p50_ci"] == [7.0, 7.8] and rec["stable"] is False
+    assert ci_cell(rec) == "7.45 [7.00, 7.80] (unstable: rounds 7.00-7.80 ms)"
     steady = merge_fixed(
         [{"id": str(k), "fixed": [{"batch": 1, "seq": 128, "samples": [7.0 + k / 100]}]} for k in range(5)], 0.10
     )
