@@ -146,11 +146,15 @@ def accuracy(rt, ev: dict[str, Any], batch: int = 32, cache: dict[str, Any] | No
     }
 
 
-def eval_cut(job: dict[str, Any], res: dict[str, Any], ev: dict[str, Any]) -> dict[str, Any]:
-    """The test texts this variant scores: all, or the first job["slow_eval_samples"] when its real-text b1 is slower
-    than job["bound_ms"], which can then never be recommended (docs/bench.md, "Cheap where it is honest")."""
+def eval_cut(
+    job: dict[str, Any], res: dict[str, Any], ev: dict[str, Any], real_text: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The test texts this variant scores: all, or the first job["slow_eval_samples"] when its real-text b1
+    (`real_text`, the parent's merged rounds, else res's) is slower than job["bound_ms"], which can then never be
+    recommended (docs/bench.md, "Cheap where it is honest"); a cut is recorded in res["eval_cut"]."""
     bound, cut = job.get("bound_ms"), job.get("slow_eval_samples")
-    real = next((r for r in res.get("real_text") or [] if r.get("batch") == 1 and "p50" in r), None)
+    recs = real_text if real_text is not None else res.get("real_text") or []
+    real = next((r for r in recs if r.get("batch") == 1 and "p50" in r), None)
     if bound is None or not cut or real is None or ranked(real)[0] <= bound or cut >= len(ev["texts"]):
         return ev
     res["eval_cut"] = {
@@ -335,9 +339,7 @@ class Session:
             res.update(eager_beside_graphs(rt, job, " ".join(texts[:8]) if texts else FALLBACK_TEXT))
         if data.get("eval"):
             _stage(res, "accuracy")
-            res["accuracy"] = accuracy(
-                rt, eval_cut(job, {**res, "real_text": op.get("real_text")}, data["eval"]), cache=self.cache
-            )
+            res["accuracy"] = accuracy(rt, eval_cut(job, res, data["eval"], op.get("real_text")), cache=self.cache)
             log(f"{rt.name}: {headline(res['accuracy'])} on {res['accuracy']['n']} texts")
             if job.get("long_text"):  # the reference compares policies in its own child (runner: the first one)
                 _policies(rt, res, data["eval"], job, res["accuracy"], self.cache)

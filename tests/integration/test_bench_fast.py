@@ -117,6 +117,10 @@ def test_eval_cut_only_for_a_variant_slower_than_one_meeting_its_bar():
     cut = eval_cut(job, res, ev)
     assert cut["texts"] == ev["texts"][:4] and cut["labels"] == [0] * 4
     assert res["eval_cut"] == {"n": 4, "of": 10, "real_b1_p50_ms": 20.0, "bound_ms": 9.7, "bound_variant": "ov-int8"}
+    # as the child's finish calls it: the parent's merged rounds given apart, the record kept in the child's result
+    # (it decides invariance's fewer texts; it was once written into a copy and lost)
+    res3: dict = {}
+    assert eval_cut(job, res3, ev, [{"batch": 1, "p50": 20.0}])["texts"] == ev["texts"][:4] and res3["eval_cut"]
     for faster in ({**job, "bound_ms": 20.0}, {**job, "bound_ms": None}, {**job, "slow_eval_samples": 0}):
         res2 = {"real_text": [{"batch": 1, "p50": 20.0}]}
         assert eval_cut(faster, res2, ev) is ev and "eval_cut" not in res2  # a tie, no bound, or off: every text
