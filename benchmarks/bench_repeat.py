@@ -28,6 +28,8 @@ from qserve.bench.stats import two_modes
 
 APART = BenchConfig.stability
 """Two modes are the bench's: medians more than its --stability apart."""
+KEEP = ("report.json", "report.md")
+"""What each run keeps: its html, csv and plots are views of its report.json."""
 MAX_SPAN = 1.15
 """The issue's bar (#60): a weighed variant's p50 across the runs spans at most this (max / min)."""
 
@@ -38,6 +40,9 @@ def run_once(dirs: list[str], out: Path, extra: list[str]) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "qserve", "bench", *dirs, "--out", str(out), "--force", *extra]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.monotonic() - t0
+    for f in out.iterdir() if out.is_dir() else []:  # the html, csv and plots are what report.json holds, drawn
+        if f.is_file() and f.name not in KEEP:
+            f.unlink()
     path = out / "report.json"
     if proc.returncode != 0 or not path.is_file():
         return {"ok": False, "wall_s": wall, "error": (proc.stderr or proc.stdout)[-2000:]}

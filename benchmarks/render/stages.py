@@ -483,6 +483,26 @@ STAGES: tuple[Stage, ...] = (
         "fresh processes per (variant, setting), each loading its variant and timing its forwards",
     ),
     Stage(
+        "bench-repeat-zen4",
+        "does the same machine give the same answer? 5 consecutive `qserve bench` runs over the main job's reference "
+        "and its near-tied variants at b1 on 1,000 texts (issue 60), on the AMD EPYC Zen 4 class",
+        (
+            f"$PY -m benchmarks.bench_repeat {MODELS}/variants/torch-fp32 {MODELS}/variants/onnx-int8 "
+            f"{MODELS}/variants/ov-int8 {MODELS}/variants/ov-bf16 {MODELS}/variants/onnx-fp32 --runs 5 "
+            "--out benchmarks/reports/bench-repeat-zen4 "
+            "-- --batch-sizes 1 --seq-lens 128 --threads 2 --max-eval-samples 1000 --no-floor",
+        ),
+        (
+            Report(
+                "benchmarks/reports/bench-repeat-zen4/report.json",
+                "benchmarks/reports/bench-repeat-zen4/report.md",
+                "bench_repeat:render",
+            ),
+        ),
+        "5 runs of `qserve bench`: five children loaded, 5 rounds and the extra ones, 1,000 texts scored per variant",
+        needs=(f"{MODELS}/variants/torch-fp32", f"{MODELS}/variants/onnx-int8", f"{MODELS}/variants/ov-int8"),
+    ),
+    Stage(
         "serve-windows",
         "windows served on the 2,000 test reviews: answers at concurrency 32 against each "
         "text's answer alone, and windowed texts/s against the ceiling head's texts/s over the windows per "
