@@ -71,6 +71,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "int8-breakdown": int8.int8_breakdown,
     "crosscheck": bench.crosscheck,
     "b1-modes": bench.b1_modes,
+    "bench-repeat": bench.bench_repeat,
+    "bench-time": bench.bench_time,
     "serve-text": serving.serve_text,
     "serve-protocols": serving.serve_protocols,
     "predict": serving.predict_text,

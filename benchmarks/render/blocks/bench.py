@@ -9,8 +9,10 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from benchmarks.bench_repeat import phases as bench_repeat_phases
+from benchmarks.harness import ROOT
 from benchmarks.render import rebuild
-from benchmarks.render.blocks.cells import num, pct, span, table
+from benchmarks.render.blocks.cells import minutes, num, pct, span, table
 from benchmarks.render.blocks.long_text import policy_rows
 from benchmarks.render.blocks.reports import MAIN_JOB, cpu_of, load, on
 
@@ -122,4 +124,66 @@ def b1_modes() -> str:
         "fastest process): "
         + ", ".join(f"{k.replace('_', ' and ')} {v}" for k, v in (r.get("starved_vs_slow") or {}).items())
         + "."
+    )
+
+
+BENCH_REPEATS = ("bench-repeat-zen4/report.json", "bench-repeat-zen1/report.json")
+
+
+def bench_repeat() -> str:
+    """docs/bench.md's consecutive `qserve bench` runs: each run's answer, each weighed variant's span, the phases."""
+    said = []
+    for rel in BENCH_REPEATS:
+        r = load(rel)
+        s, ok = r["summary"], [x for x in r["runs"] if x["ok"]]
+        commit = (r.get("provenance") or {}).get("commit", "")[:7]
+        answers = [f"{a[0]}" + (f" tied with {', '.join(a[1])}" if a[1] else "") for a in s["answers"]]
+        ratios = [x["ratio_text"] for x in ok if x.get("ratio_text")]
+        against = f", against {ok[0]['runner_up']} {', '.join(ratios)}" if ratios and ok[0].get("runner_up") else ""
+        spans = "; ".join(
+            f"{v} {span(sp['p50_ms'])} ms, {num(sp['span'], 3)}x"
+            + (f" (the median over every round: {num(sp['median_span'], 3)}x)" if sp.get("median_span") else "")
+            for v, sp in s["spans"].items()
+        )
+        ph = r.get("phases") or bench_repeat_phases(
+            [ROOT / "benchmarks" / "reports" / Path(rel).parent / "runs" / str(i) for i in range(1, s["runs"] + 1)]
+        )
+        phases = (
+            f" Over the {ph['rounds']} rounds every variant shared, {ph['same_side']} had all "
+            f"{len(ph['variants'])} in the same mode ({num(ph['same_side_if_independent'], 1)} if each variant's mode "
+            f"were its own; mean pairwise correlation of the rounds' b1 x s128 p50s {num(ph['mean_pair_correlation'])}"
+            "); slow mode over fast: " + ", ".join(f"{n} {num(x)}x" for n, x in ph["mode_ratio"].items()) + "."
+            if ph
+            else ""
+        )
+        said.append(
+            f"{on(rel)} (commit {commit}): {s['runs_ok']} of {s['runs']} runs over "
+            f"{', '.join(Path(d).name for d in r['variant_dirs'])} (`{' '.join(r['bench_args'])}`), each "
+            f"{span([x['wall_s'] for x in ok], 0)} s; recommended "
+            + (f"{answers[0]} every run" if s["same_answer"] else f"{len(answers)} answers: {'; '.join(answers)}")
+            + f"{against}. The ranked b1 p50 of the variants meeting their bar across the runs (span max / min, bound "
+            f"{s['max_span']}x): {spans}.{phases}"
+        )
+    return "\n\n".join(said)
+
+
+def bench_time() -> str:
+    """docs/bench.md's bench stage of the main job: its minutes, and the variants' steps summed (what it went to)."""
+    rel = f"{MAIN_JOB}/report.json"
+    r = load(rel)
+    pipe = r.get("pipeline") or {}
+    stage_s = pipe.get("stage_s") or {}
+    steps: dict[str, float] = {}
+    for v in r["variants"]:
+        for k, x in (v.get("stage_s") or {}).items():
+            steps[k] = steps.get(k, 0.0) + x
+    rounds = r.get("rounds") or {}
+    return (
+        f"{on(rel)}, `make demo`'s pipeline: the bench stage {minutes(stage_s['bench'])} min of "
+        f"{minutes(stage_s['total'])} (train {minutes(stage_s['train'])}, export {minutes(stage_s['export'])}, gate "
+        f"{minutes(stage_s['gate'])}) over {len(r['variants'])} variants, {rounds.get('asked')} rounds and "
+        f"{rounds.get('extra')} extra for the unstable ones. The variants' steps summed, in seconds: "
+        + ", ".join(f"{k} {num(x, 0)}" for k, x in steps.items())
+        + f" ({num(sum(steps.values()), 0)} s in all); the rest is the compute floor, the loads' waits and the "
+        "recommended variant's policy pass."
     )
