@@ -84,6 +84,14 @@ def summarize(runs: list[dict[str, Any]], max_span: float = MAX_SPAN) -> dict[st
     }
 
 
+def machine(run_dirs: list[Path]) -> dict[str, Any] | None:
+    """The CPU the runs measured on, as the first finished run's report.json records it."""
+    for run in run_dirs:
+        if (run / "report.json").is_file():
+            return json.loads((run / "report.json").read_text(encoding="utf-8"))["environment"].get("cpu")
+    return None
+
+
 def phases(run_dirs: list[Path]) -> dict[str, Any] | None:
     """Do slow rounds fall on one process or on every variant at once? Per run, each variant's headline
     fixed-shape p50 in every round it shares with the others (no text in it: the same work every round), over its
@@ -207,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run_once(a.variant_dirs, a.out / "runs" / str(i), extra))
             rep = {"variant_dirs": a.variant_dirs, "bench_args": extra, "runs": runs, "done": i == a.runs}
             rep["summary"] = summarize(runs, a.max_span)
-            rep["phases"] = phases([a.out / "runs" / str(j) for j in range(1, i + 1)])
+            done = [a.out / "runs" / str(j) for j in range(1, i + 1)]
+            rep["cpu"], rep["phases"] = machine(done), phases(done)
             if i < a.runs:  # a killed repeat keeps the runs it finished
                 write_report(a.out, dict(rep), render(rep), echo=False)
         return rep

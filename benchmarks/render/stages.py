@@ -499,7 +499,8 @@ STAGES: tuple[Stage, ...] = (
                 "bench_repeat:render",
             ),
         ),
-        "5 runs of `qserve bench`: five children loaded, 5 rounds and the extra ones, 1,000 texts scored per variant",
+        "~8 min: 5 runs of `qserve bench`, each five children loaded, 5 rounds and the extra ones, 1,000 texts scored "
+        "per variant",
         needs=(f"{MODELS}/variants/torch-fp32", f"{MODELS}/variants/onnx-int8", f"{MODELS}/variants/ov-int8"),
     ),
     Stage(
