@@ -172,7 +172,7 @@ def _versus_words(best: dict[str, Any], v: dict[str, Any]) -> str:
     how = (
         f"paired over {r['rounds']} rounds, {r['level']:.0%} interval"
         if r["paired"]
-        else f"unpaired, {r['level']:.0%} interval"
+        else f"unpaired ({r['rounds']} shared rounds), {r['level']:.0%} interval"
     )
     if v["tied"]:
         return (

@@ -118,18 +118,25 @@ def two_modes(values: Sequence[float], apart: float) -> tuple[list[float], list[
 
 
 def ratio_ci(slow: dict[int | str, float], fast: dict[int | str, float], level: float = CI_LEVEL) -> dict[str, Any]:
-    """How many times slower `slow` is than `fast`: the median of paired per-round ratios with median_ci's interval,
-    `tied` when it holds 1; without a shared round, the ratio of the medians with the widest interval, unpaired."""
+    """How many times slower `slow` is than `fast`, `tied` when the interval holds 1: the median of paired per-round
+    ratios with median_ci's interval, or, without a shared round or where that interval's coverage is the lower
+    (few shared rounds: two modes can leave two), the ratio of the medians with the widest interval their own
+    intervals allow, unpaired."""
     keys = [k for k in slow if k in fast]
+    s_lo, s_hi, s_cov = median_ci(list(slow.values()), level)
+    f_lo, f_hi, f_cov = median_ci(list(fast.values()), level)
+    value, lo, hi, cov = (
+        median(list(slow.values())) / median(list(fast.values())),
+        s_lo / f_hi,
+        s_hi / f_lo,
+        s_cov * f_cov,
+    )
+    paired = False
     if keys:
         ratios = [slow[k] / fast[k] for k in keys]
-        lo, hi, cov = median_ci(ratios, level)
-        value, paired = median(ratios), True
-    else:
-        s_lo, s_hi, s_cov = median_ci(list(slow.values()), level)
-        f_lo, f_hi, f_cov = median_ci(list(fast.values()), level)
-        value, paired = median(list(slow.values())) / median(list(fast.values())), False
-        lo, hi, cov = s_lo / f_hi, s_hi / f_lo, s_cov * f_cov
+        p_lo, p_hi, p_cov = median_ci(ratios, level)
+        if p_cov >= cov:
+            value, lo, hi, cov, paired = median(ratios), p_lo, p_hi, p_cov, True
     return {
         "value": value,
         "lo": lo,

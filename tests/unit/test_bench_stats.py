@@ -143,6 +143,18 @@ def test_a_clear_difference_is_called_a_difference():
     assert f"{rec['ratio_text']} faster than the runner-up onnx-int8" in rec["why"]
 
 
+def test_a_ratio_is_paired_only_where_its_shared_rounds_cover_more_than_the_unpaired_interval():
+    from qserve.bench.stats import ratio_ci
+
+    slow = {str(k): 10.0 + k / 10 for k in range(8)}
+    fast = {str(k): 7.0 + k / 10 for k in range(5)}
+    assert ratio_ci(slow, fast)["paired"]  # five shared rounds: 94% paired against 97% x 94% unpaired
+    few = {str(k): 7.0 + k / 10 for k in (0, 1, 8, 9, 10, 11)}  # two shared rounds: 50% paired
+    r = ratio_ci(slow, few)
+    assert not r["paired"] and r["rounds"] == 2 and r["level"] > 0.5 and r["lo"] <= r["value"] <= r["hi"]
+    assert (r["value"], r["lo"], r["hi"]) == pytest.approx((10.35 / 7.85, 10.0 / 8.1, 10.7 / 7.0))
+
+
 def test_a_tie_is_called_a_tie_and_the_rule_breaks_it():
     from qserve.bench.recommend import TIE_RULE, recommend
 
