@@ -155,12 +155,13 @@ def eval_cut(
     bound, cut = job.get("bound_ms"), job.get("slow_eval_samples")
     recs = real_text if real_text is not None else res.get("real_text") or []
     real = next((r for r in recs if r.get("batch") == 1 and "p50" in r), None)
-    if bound is None or not cut or real is None or ranked(real)[0] <= bound or cut >= len(ev["texts"]):
+    p50 = ranked(real)[0] if real is not None else None
+    if bound is None or not cut or p50 is None or p50 <= bound or cut >= len(ev["texts"]):
         return ev
     res["eval_cut"] = {
         "n": cut,
         "of": len(ev["texts"]),
-        "real_b1_p50_ms": ranked(real)[0],
+        "real_b1_p50_ms": p50,
         "bound_ms": bound,
         "bound_variant": job.get("bound_variant"),
     }

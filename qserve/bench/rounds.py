@@ -70,7 +70,8 @@ def ranked(rec: dict[str, Any]) -> tuple[float, list[float] | None, float, dict[
     m = rec.get("modes")
     if not m:
         return rec["p50"], rec.get("p50_ci"), rec.get("ci_level", 0.0), rec.get("round_p50") or {}
-    rounds = {k: v for k, v in (rec.get("round_p50") or {}).items() if k in set(m["fast_rounds"])}
+    fast = set(m["fast_rounds"])
+    rounds = {k: v for k, v in (rec.get("round_p50") or {}).items() if k in fast}
     return m["fast_p50"], m["fast_ci"], m["fast_ci_level"], rounds
 
 
