@@ -53,7 +53,11 @@ def test_rounds_are_interleaved_one_variant_at_a_time_in_processes_loaded_once(t
             lo, hi = rec["p50_ci"]
             assert lo <= rec["p50"] <= hi and rec["count"] >= 3
     rec = report["recommended"]
-    assert rec["variant"] and rec["runner_up"] and rec["ratio"]["paired"] and rec["ratio"]["rounds"] == 3
+    assert rec["variant"] and rec["runner_up"]
+    # paired over the rounds both are ranked by: all three, unless noise split a variant's rounds in two modes
+    rows = {r["variant"]: r for r in rec["ranking"]}
+    shared = set(rows[rec["variant"]]["round_p50"]) & set(rows[rec["runner_up"]]["round_p50"])
+    assert rec["ratio"]["rounds"] == len(shared) and (rec["ratio"]["paired"] or len(shared) < 3)
     md = (tmp_path / "report" / "report.md").read_text()
     assert "interleaved rounds" in md and rec["ratio_text"] in md
     data = json.loads((tmp_path / "report" / "report.json").read_text())
