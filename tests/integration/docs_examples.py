@@ -488,7 +488,9 @@ class Runner:
         prelude = "set -eo pipefail\n"
         if self.parse_mode:  # nothing runs but the shims, which parse; every other command is a no-op
             env["PATH"] = str(self.shims)
-            prelude += "command_not_found_handle() { return 0; }\n"
+            # echo and printf are builtins: they would still write, e.g. a nice value to /proc/$$/autogroup,
+            # which only some machines (root, autogroup on) allow
+            prelude += "command_not_found_handle() { return 0; }\necho() { :; }\nprintf() { :; }\n"
         else:  # a command with no shim reaches the runner, which says it must be marked
             prelude += f'command_not_found_handle() {{ "{self.shims}/_missing" "$@"; }}\n'
         return subprocess.run(
