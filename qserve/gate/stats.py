@@ -24,17 +24,6 @@ def min_n(bar: float, confidence: float = 0.95) -> int:
     return max(1, math.ceil(z2 * bar / (1 - bar) - 1e-9)) if bar < 1 else 10**9
 
 
-def n_for(bar: float, expected: float, confidence: float = 0.95) -> int | None:
-    """The texts needed for the Wilson lower bound of an `expected` agreement to reach `bar` (None: never,
-    expected <= bar)."""
-    if expected <= bar:
-        return None
-    n = min_n(bar, confidence)
-    while wilson(round(expected * n), n, confidence)[0] < bar:
-        n = math.ceil(n * 1.1)
-    return n
-
-
 def mcnemar(a: np.ndarray, b: np.ndarray) -> dict[str, float | int]:
     """The exact McNemar test of paired 0/1 outcomes: the discordant counts (a right / b wrong, and the other
     way) and the two-sided binomial p-value that they differ only by chance."""
