@@ -4,8 +4,7 @@
     qserve pipeline                       # train -> export -> bench -> report (embedded default)
     qserve export models/minilm-imdb --bits 8
 
-Each stage module exposes `register(subparsers)` that adds its sub-command and sets `func`; this file only wires them
-together. Heavy libraries are imported inside the commands, so `qserve --help` stays instant.
+Each stage's `register(subparsers)` adds its sub-command; heavy imports stay in the commands, so `--help` is instant.
 """
 
 from __future__ import annotations

@@ -4,18 +4,7 @@
 from qserve.training.config import TrainConfig; p = argparse.ArgumentParser(); add_flags(p, TrainConfig); \\
 p.print_help()"
 
-Every stage keeps its settings in a dataclass whose attribute docstrings say what each
-field means. `add_flags` turns the fields into flags: `--field-name`, typed from the
-annotation (int, float, str, Path, bool, list[int] as a comma list, `X | None`), the
-field's default as the default, its docstring as the help. A bool that defaults to True
-becomes `--no-field-name`. What the field alone cannot say (another flag name, choices,
-a repeatable flag, a positional, how to describe a None default) goes in its metadata:
-`field(default=3.0, metadata=flag(option="--time-budget"))`. `build` reads the parsed
-args back into the dataclass; with `environ`, a flag left unset falls back to the env
-var QSERVE_<FIELD> (serve: defaults < env < flags). So adding a documented field adds
-the flag, its help and (where the command reads env) its env var, with nothing else to edit.
-
-Only the standard library is imported here: every layer of qserve may use it.
+`add_flags` makes each documented field a typed flag, `build` reads them back (unset -> QSERVE_<FIELD>); stdlib only.
 """
 
 from __future__ import annotations
@@ -117,14 +106,8 @@ def add_flags(
 ) -> None:
     """Add one flag per field of dataclass `cls` (or per field in `names`, in that order) to `parser`.
 
-    unset: every flag's parsed default is None, so `build` can tell a flag that was given from
-    one that was not (and then try the env var); the help still shows the field's default.
-    env_prefix: name in each flag's help the env var it can also come from.
-    defaults / help: per-field replacements for the default and for the whole help text.
-    flags: per-field replacements for the field's `flag(...)` metadata (choices, metavar, ... declared elsewhere,
-    e.g. by an exporter Option in qserve.variants).
-    negatable: a bool field is a `--field/--no-field` pair (argparse.BooleanOptionalAction; None when neither is
-    given): how `qserve export` takes an exporter's on/off options.
+    unset: parsed defaults are None (so `build` can try the env var); env_prefix: the env var named in the help;
+    defaults / help / flags: per-field overrides; negatable: a bool is a `--x/--no-x` pair (None when neither).
     """
     docs = field_docs(cls)
     defaults, help, flags = defaults or {}, help or {}, flags or {}

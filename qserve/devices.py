@@ -2,12 +2,9 @@
 
     python -c "from qserve.devices import capabilities; print(capabilities().describe())"
 
-CUDA when present, CPU otherwise (`resolve_device`). Every choice that depends on the hardware (the training
-precision, the variants worth exporting and benching, the int8 recipe) reads `capabilities()`: the CPU's model and
-instruction-set flags and the GPU's bf16 support, read once per process. `QSERVE_CPU_FLAGS` (a space- or
-comma-separated flag list, e.g. "avx2 fma") replaces the CPU's flags, so a test, or a user asking "what would
-qserve do on an AVX2 laptop?", sees the decisions of another CPU class; `QSERVE_FORCE_CPU=1` hides the GPU.
-Importing this module does not import torch; the functions that need it do.
+CUDA when present, else CPU (`resolve_device`); every hardware-dependent choice reads `capabilities()`, read once per
+process. `QSERVE_CPU_FLAGS` replaces the CPU's flags, `QSERVE_FORCE_CPU=1` hides the GPU (docs/training.md,
+docs/gpu.md). Importing this module does not import torch; the functions that need it do.
 """
 
 from __future__ import annotations

@@ -3,11 +3,8 @@
     python -c "from qserve.variants import backend_of; \\
 print([o.flag for o in backend_of('onnx-int8').options if o.help])"
 
-An option is declared once, as a field of its backend's typed options (qserve.backends.BackendOptions):
-`per_channel: bool | None = option({"onnx-int8": True}, "one weight scale per output channel")`. The field's
-name is the key, its type the kind; `options_of` reads the declarations back as `Option`s, which the registry
-lists, `qserve export` turns into flags (exporters/cli.py) and `BackendOptions.resolve` validates every value
-through (`Option.validate`), so a bad value's error names the option, the variant, what is allowed and the flag.
+Declared once, as an `option(...)` field of its backend's BackendOptions; `options_of` reads them back as `Option`s,
+which the registry lists, `qserve export` makes flags of and `resolve` validates every value through.
 """
 
 from __future__ import annotations

@@ -2,12 +2,9 @@
 
     python -c "from qserve.extras import install_hint; print(install_hint('openvino'), install_hint('ray'))"
 
-A backend's libraries and the command that installs them are its registry entry's (qserve/variants.py:
-`Backend.needs`, `Backend.install`); the extras that belong to no backend (Ray, pyarrow, OpenTelemetry, gRPC, the
-hub's `datasets`) are EXTRAS below. `require(module, needed_by)` imports a module of one of them, or raises the
-QserveError that names what needed it and the command that installs it, so a missing optional library fails only
-the command that needs it. What is heavy to import stays imported inside the function that needs it
-(tests/unit/test_imports.py: LAZY).
+A backend's libraries are its registry entry's (`Backend.needs`, `Backend.install`); the other extras' are EXTRAS.
+`require(module, needed_by)` imports one or raises the QserveError naming what needed it and the install command,
+so a missing optional library fails only the command that needs it.
 """
 
 from __future__ import annotations

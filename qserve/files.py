@@ -2,11 +2,9 @@
 
     python -c "from qserve.files import sha256_file; print(sha256_file('pyproject.toml'))"
 
-Every stage writes through these: a report, manifest or checkpoint file goes to a temp file beside it and
-is renamed into place; a variant directory is built in a hidden temp directory and renamed in only when
-complete (`staged_dir`), and nothing existing is replaced unless asked (`refuse_existing`). The variant
-format itself (manifest.json, qserve_model.json) is qserve/artifact.py; checking a variant on load is
-qserve/verify.py.
+A file goes to a temp file beside it and is renamed into place; a variant directory is built in a hidden temp dir
+and renamed in only when complete (`staged_dir`); nothing existing is replaced unless asked (`refuse_existing`).
+The variant format is qserve/artifact.py; checking a variant on load, qserve/verify.py.
 """
 
 from __future__ import annotations

@@ -3,10 +3,8 @@
     python -c "from qserve.artifact import read_manifest; from qserve.gatepolicy import verdict_for; \\
 print(verdict_for(read_manifest('models/minilm-imdb-variants/onnx-int8'), 'tail'))"
 
-A verdict (manifest.gate) was reached on texts scored under one policy (its `long_text`; a verdict recorded
-before the field existed was reached under the manifest's own policy, the only one the gate then ran). It holds
-for the variant served under that policy, and under no other: a different policy cuts long texts differently,
-so agreement and accuracy are another variant's.
+A verdict holds only under the policy its texts were scored under (`gate.long_text`, else the manifest's own): another
+policy cuts long texts differently, so its agreement and accuracy are another variant's (docs/gate.md).
 """
 
 from __future__ import annotations

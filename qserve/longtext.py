@@ -2,27 +2,9 @@
 
     python -c "from qserve.longtext import parse; print(parse('windows').resolve(128))"   # windows:128:96:mean
 
-A classifier reads at most `max_length` tokens. A policy says what it reads of a longer text:
-
-    head            the first tokens (what tokenizers' truncation does; the default when none is recorded)
-    tail            the last tokens
-    head-tail:H     the first H tokens, the rest from the end
-    windows:W:S:AGG every window of W tokens at stride S, each scored, the logits aggregated (mean or max);
-                    an inference policy (training uses head, tail or head-tail)
-
-Token counts are model tokens including the special tokens: under `head-tail:64` at max_length 128 a
-BERT-style piece is [CLS] + 63 head tokens + 63 tail tokens + [SEP]; a window of W tokens holds W minus
-the special tokens of text; the stride S counts text tokens. Shorthands resolve against a max_length
-(`resolve`): `head-tail` = `head-tail:<max_length // 2>`, `windows` = `windows:<max_length>:<3/4 of it>:mean`.
-What is recorded (qserve_model.json, manifest.json) is the resolved, written-out form.
-
-A text that fits (at most max_length tokens with its special tokens) is scored once, unchanged, under
-every policy. A windowed text gets at most `max_windows` windows: past that, that many windows are
-spread evenly from its first token to its last, and it is flagged truncated when some token is then
-in no window (as it is under head, tail and head-tail whenever the text does not fit).
-
-This module has no heavy imports (numpy is imported inside the two functions that build arrays), so
-the CLI, the artifact checks and the server's request validation can use it freely.
+head, tail, head-tail:H, windows:W:S:AGG (docs/long-texts.md); shorthands resolve against a max_length, and what is
+recorded is the written-out form. No heavy imports (numpy only inside the two array builders), so the CLI, the
+artifact checks and the server's request validation use it freely.
 """
 
 from __future__ import annotations

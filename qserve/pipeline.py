@@ -3,9 +3,8 @@
     qserve pipeline                                   # embedded default: train -> export -> bench -> gate -> report
     qserve pipeline --model distilbert-base-uncased --dataset imdb   # hub path, needs network
 
-One run directory (default models/<model>-<dataset>/) holds checkpoint/, variants/<name>/ and report/ (report/gate/
-included). A rerun reuses each finished stage whose inputs are unchanged unless --force; a killed run picks up where
-it stopped (training from its last checkpoint, a half-exported variant exported again).
+One run dir (default models/<model>-<dataset>/) holds checkpoint/, variants/<name>/ and report/. A rerun reuses each
+finished stage whose inputs are unchanged (unless --force); a killed run picks up where it stopped (docs/training.md).
 """
 
 from __future__ import annotations

@@ -2,13 +2,9 @@
 
     python -c "from qserve.placement import plan; print('\\n'.join(plan('cpu').lines()))"
 
-A run has one device (`--device`: cpu, cuda, cuda:N or auto); a variant runs there when its kernels do (its
-declaration's `cuda` and `cuda_probe`: ONNX Runtime's CUDA provider), else where its backend falls back
-(`Backend.fallback`: the CPU, marked so in every table), or not at all, with the reason said. On the CPU it is
-held to the CPU's rules (`variantflags`: too slow, or off its fast path here) and to its `needs` being installed.
-
-`plan(device)` decides this for every variant at once, before any work; `place(spec, device)` for one variant a
-user named (an explicit `--device cuda` that cannot hold is an error naming the flag and the values that work).
+A variant runs on the run's device when its kernels do, else on its backend's `fallback` (the CPU, marked), else not
+at all, with why (docs/gpu.md). `plan(device)` decides for every variant before any work; `place(spec, device)` for
+one named variant, where an explicit `--device cuda` that cannot hold is an error naming the flag.
 """
 
 from __future__ import annotations

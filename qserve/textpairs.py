@@ -3,17 +3,8 @@
     python -c "from qserve.modeling import default_tokenizer as t; from qserve.textpairs import split_pairs; \\
 print(split_pairs(t(), ['a cat sat'], ['a dog ran'], 16).types)"
 
-A pair model reads `text` and `text_pair` as one sequence, exactly as `tokenizer(text, text_pair)`
-builds it: BERT's [CLS] a [SEP] b [SEP] with token_type_ids 0..0 1..1 where the tokenizer makes them
-(BERT, ALBERT, ELECTRA, DeBERTa), RoBERTa's <s> a </s></s> b </s> without. A pair longer than
-max_length is truncated as the tokenizer truncates it (`truncation="longest_first"`: tokens come off
-the longer text first), never windowed: every long-text policy, windows included, falls back to it for
-a pair, and `truncated` says whether part of either text went unseen. Each pair is encoded on its own
-(no padding here), so its answer does not depend on its batchmates.
-
-Whether a model takes pairs is a property of the model: `inputs` in its qserve_model.json (set by
-training on data with a `text_pair` column) and in every variant's manifest: ["text"] (the default when
-absent) or ["text", "text_pair"]. Training, calibration, parity, bench and serving read it from there.
+Each pair is encoded on its own as `tokenizer(text, text_pair)` does, truncated longest_first and never windowed (every
+long-text policy falls back to that); a model takes pairs when its `inputs` say so (docs/long-texts.md).
 """
 
 from __future__ import annotations

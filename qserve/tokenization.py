@@ -3,17 +3,8 @@
     python -c "from qserve.modeling import default_model_dir; from qserve.tokenization import load_tokenizer; \\
 print(load_tokenizer(default_model_dir())(['a cat sat'], ['a dog ran'])['token_type_ids'])"
 
-A saved tokenizer is two parts: tokenizer.json, the `tokenizers` pipeline itself (normalizer, pre-tokenizer, model,
-the post-processor's special-token template, the decoder), and tokenizer_config.json (special_tokens_map.json in
-older saves), what transformers' tokenizer class applies around it: the special tokens (pad token and id), the
-padding and truncation sides, model_max_length, the model's input names (whether token_type_ids are returned).
-`Tokenizer` reads both and answers the calls qserve makes (qserve/longtext.py, qserve/textpairs.py, the runtime,
-TEI's /tokenize and /decode) as transformers' tokenizer does, keyword for keyword (tests/integration/
-test_tokenization.py holds it to transformers' own on the same texts), so a serving install needs no transformers.
-
-A directory without tokenizer.json (a slow-only tokenizer), or whose tokenizer_config.json names no class (transformers
-would then pick one from config.json), is built by transformers, which must be installed (the toolkit extra); its
-`tokenizers` pipeline then runs here the same way. A transformers tokenizer with no such pipeline is refused.
+`Tokenizer` runs tokenizer.json with the tokenizer_config.json settings transformers applies, answering as it does
+(tests/integration/test_tokenization.py), so serving needs no transformers. Other dirs: docs/dependencies.md.
 """
 
 from __future__ import annotations

@@ -2,12 +2,9 @@
 
     python -c "from qserve.verify import verify; print(verify('models/minilm-l6-distilbert-imdb/variants/onnx-int8'))"
 
-Every listed file must match its size and sha256; the manifest's own content must match the digest
-recorded in it (`manifest_sha256`), so an edit to labels, max_length or the spec is refused; labels and
-max_length are also cross-checked against the hashed files they came from (config.json id2label and
-problem_type, qserve_model.json, the model's position table); and a file the manifest does not list is
-refused unless the caller allows extra files. Manifests written before the digest existed still load: the
-cross-checks cover the fields that change answers, and a warning says the rest is unverified.
+Listed files must match size and sha256 and the manifest its own digest (`manifest_sha256`); labels and max_length
+are cross-checked against the hashed files they came from; unlisted files are refused unless allowed. Manifests
+from before the digest load, cross-checked, with a warning (docs/serving.md, "Variant integrity").
 """
 
 from __future__ import annotations
@@ -36,9 +33,8 @@ log = logging.getLogger("qserve.verify")
 
 
 def verify(root: Path, check_hashes: bool = True, allow_extra_files: bool = False) -> Manifest:
-    """Read the manifest and check it: its own digest, every listed file (present, same size,
-    same sha256), no unlisted file (unless `allow_extra_files`), and the fields that change
-    answers against the files they came from.
+    """Read the manifest and check its digest, every listed file (present, size, sha256), no unlisted file (unless
+    `allow_extra_files`), and the fields that change answers against the files they came from.
 
     Returns the manifest. Raises VariantError naming the first problem.
     """

@@ -1,12 +1,10 @@
-"""Child-process orchestration: one worker process per CPU variant, one shared by the CUDA ones (--isolation),
-interleaved rounds, then agreement, floor and reports.
+"""Child processes (one per CPU variant, one shared by the CUDA ones), interleaved rounds, agreement, floor, reports.
 
     python -c "from pathlib import Path; from qserve.bench.runner import run_bench; \\
 from qserve.bench.config import BenchConfig; \\
 run_bench([Path('models/minilm-imdb-variants/onnx-int8')], BenchConfig(batch_sizes=[1], seq_lens=[128]))"
 
-The parent never imports torch. A crash, a timeout or an error is a `failed` entry while the others run on
-(docs/bench.md, "Rounds" and "The bench in minutes").
+The parent never imports torch. A crash, a timeout or an error is a `failed` entry while the others run on.
 """
 
 from __future__ import annotations

@@ -2,17 +2,9 @@
 
     python -c "from qserve.predict.corpus import open_input; print(open_input('rows.jsonl').columns())"
 
-INPUT is a .jsonl (or `-`, jsonl on stdin), a .csv, a .parquet or a directory of .parquet files, read
-chunk by chunk (parquet by record batches), so memory holds one chunk whatever the corpus size. A jsonl
-line that is not a JSON object becomes a row carrying only ROW_ERROR (its error), never a crash. Rows
-are dicts; csv cells stay strings.
-
-OUTPUT's suffix picks the format (.parquet, .jsonl, .csv). While a job runs, OUTPUT.parts/ holds
-ledger.json (what the job is: target, input, settings) and part-000000.<fmt>, ...: each part is the
-answer to one chunk of `chunk_rows` input rows, written to a .tmp name and renamed into place only
-when whole, so a part that exists is complete. A rerun skips the rows of the complete parts (a kill
--9 loses at most the chunk in flight); the merge writes OUTPUT (again through a temp name) from the
-parts in order, then removes OUTPUT.parts/.
+Memory holds one chunk whatever the corpus size; a jsonl line that is not a JSON object becomes a row carrying only
+ROW_ERROR, never a crash. A part is renamed into place only when whole, so a part that exists is complete and a rerun
+skips its rows (docs/predict.md).
 """
 
 from __future__ import annotations

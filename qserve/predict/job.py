@@ -2,13 +2,9 @@
 
     qserve predict models/minilm-l6-distilbert-imdb reviews.jsonl --out scored.parquet --all-scores
 
-The model is loaded as `qserve serve` loads it: the TARGET resolved by the server's own function (a
-variant dir, or a pipeline model dir's recommended variant and the long-text policy its report names),
-then load_runtime with no server settings. A chunk's valid rows are sorted by length and classified
-`batch_size` at a time by Runtime.classify (the batch-invariant path the server's batcher calls), and
-each answer is built by the answer shape and threshold rule /v1 uses (problemtypes.label_scores,
-threshold_for), so a row's label and score are what /v1/classify answers for that text. Rows go back
-in input order; a bad row gets an `error` and no answer, and the rest of its chunk is scored.
+TARGET is resolved and loaded as `qserve serve` does, and a chunk goes through Runtime.classify and /v1's answer and
+threshold rules, so a row's label and score are what /v1/classify answers. Rows go back in input order; a bad row
+gets an `error` and no answer, and the rest of its chunk is scored.
 """
 
 from __future__ import annotations

@@ -3,18 +3,8 @@
     qserve predict models/m/variants/onnx-int8 corpus/ --out scored.parquet --engine ray --replicas auto
     ray start --head --port 6379 && qserve predict ... --engine ray --ray-address 127.0.0.1:6379
 
-ray.data.read_json / read_csv / read_parquet -> map_batches(Scorer, compute=ActorPoolStrategy(size=N))
-with order preserved; each Scorer actor loads the variant once (Model.load: the server's Loader) and
-scores its batches with the local engine's score_chunk, so every row gets the same answer as on the
-local engine and on /v1/classify. The driver streams the answered batches back in order and writes
-them as the same complete parts the local engine writes (corpus.py), then merges them: the output is
-the local engine's, byte for byte in jsonl and csv. Each actor stamps its node id on its rows (a
-column the driver counts, as rows per node, and drops).
-
-Without --ray-address a local Ray instance is started (as `qserve serve --engine ray` does), never a
-cluster `ray start` may have recorded. A rerun after a crash scores the corpus again on this engine
-(the parts it wrote are replaced); resuming from complete parts is the local engine's. Importing this
-module imports Ray; without it a QserveError names the extra to install.
+Each actor scores with the local engine's score_chunk and the driver writes the same parts and merge, so the output
+is the local engine's (docs/predict.md). Importing this module imports Ray; without it a QserveError names the extra.
 """
 
 from __future__ import annotations

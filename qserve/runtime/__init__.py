@@ -3,12 +3,8 @@
     python -c "from qserve.runtime import load_runtime; \\
 r = load_runtime('models/minilm-imdb-variants/onnx-int8'); print(r.predict(['great film']))"
 
-`load_runtime(variant_dir, device)` verifies the manifest, then builds the runtime class
-the backend registry (qserve.variants) names for the spec's backend. Every runtime is a
-`Runtime` (qserve.runtime.base): the same tokenization (truncation to the variant's
-max_length, dynamic padding) and the same methods (`predict`, `classify`, `logits`,
-`run`) over a backend's `forward`, so a benchmark measures exactly what is served. What serving and
-bench may use of one is the typed contract ModelRuntime (contract.py), which mypy checks (tests/unit/test_types.py).
+`load_runtime(variant_dir, device)` verifies the manifest and builds the backend's Runtime (base.py): one tokenization
+and the same predict/classify/logits/run over every forward, so a bench measures what is served (typed: contract.py).
 """
 
 from __future__ import annotations

@@ -3,12 +3,8 @@
     python -c "import numpy as np; from qserve.problemtypes import scores; \\
 print(scores(np.array([[0.0, 1.0]]), 'single_label_classification'))"
 
-A batch of N texts is tokenized once, without truncation, then each text is cut by its long-text
-policy (qserve/longtext.py's Reader: every policy decision) into one piece, or several windows; the
-M >= N pieces are padded and forwarded (at most `max_rows` per forward), and each text's logits are
-aggregated from its own pieces only, so its answer does not depend on its batchmates. The aggregated
-logits become scores by the variant's problem type (qserve/problemtypes.py) in one place, scores():
-softmax, a sigmoid per label, or the value.
+Texts are tokenized once, cut by their long-text policy (longtext.Reader) into pieces forwarded `max_rows` at a time;
+each text's logits aggregate its own pieces only (batchmates never move it), then scores() applies the problem type.
 """
 
 from __future__ import annotations
@@ -93,10 +89,8 @@ class Classification:
 class Runtime:
     """A loaded variant. Subclasses implement `_load()` and `forward(batch) -> logits`.
 
-    Invariant: one text, one answer. A backend whose forward lets rows see each other
-    sets `batch_invariant = False` in `_load`; `run()` then computes such a variant one row at a
-    time (unless RuntimeOptions.batch_dependent == "batched"), so bench, serve and every engine
-    that calls predict/classify get answers that do not depend on batchmates or padding.
+    Invariant, one text, one answer: a backend whose rows can see each other sets `batch_invariant = False` in `_load`,
+    and `run()` then computes it one row at a time (unless RuntimeOptions.batch_dependent == "batched").
     """
 
     batch_invariant: bool = True

@@ -3,16 +3,8 @@
     python -c "from qserve.runtime.buckets import resolve, plan; b = resolve('auto', 128, True); \\
 print(b, plan([9, 40, 12, 128], b, None))"
 
-A variant whose answer for a text moves with the padded length it runs at (ov-int8: see
-openvino_rt.fixed_length) keeps one text, one answer by always running a text at the same
-length. Before buckets that length was max_length for every text, so a 12-token sentence paid
-for 128 tokens. With buckets (e.g. 32,64,128) a text runs padded to the smallest bucket that
-holds it: its bucket depends on its own token count only, never on its batchmates, so its answer
-is still the same alone, in any batch and under any load. A batch is split into one forward per
-bucket; `max_batch_tokens` caps bucket x rows per forward.
-
-Variants that already run unpadded and batch-invariant (everything else) get no buckets: padding
-them would only add work, and their answers must not move.
+A text runs padded to the smallest bucket that holds it, picked by its own token count alone, so batchmates never move
+its answer; one forward per bucket (`max_batch_tokens` caps bucket x rows). Batch-invariant variants get no buckets.
 """
 
 from __future__ import annotations

@@ -2,10 +2,9 @@
 
     python -m mypy qserve/runtime qserve/serve
 
-Every backend's runtime is a Runtime (base.py), which implements this; serve (served_model.py, state.py, the
-protocol modules), the shadow and bench hold a ModelRuntime, so an attribute a caller reads that a backend
-does not have, or a call with the wrong types, fails the type check (tests/unit/test_types.py) instead of a
-request. A test may wrap a real runtime (tests/integration/test_serve_batching.py) as long as it keeps this shape.
+Every Runtime (base.py) implements it; serve, the shadow and bench hold a ModelRuntime, so a missing attribute or a
+wrong type fails the type check (tests/unit/test_types.py), not a request. A test wrapping a real runtime
+(tests/integration/test_serve_batching.py) must keep this shape.
 """
 
 from __future__ import annotations

@@ -2,26 +2,9 @@
 
     python -c "from qserve.runtime.graphs import batch_buckets as b, split; print(b(64), split(45, b(64)))"
 
-On a GPU a small encoder is bound by kernel launches, not math: replaying a forward captured once as a CUDA graph
-(torch.cuda.CUDAGraph) costs one launch instead of hundreds. A graph has fixed shapes, so the torch runtime
-(torch_rt.py) pads each text to its own length bucket (qserve/runtime/buckets.py, as ov-int8 does: its bucket
-depends on its token count only) and each forward's rows to a batch bucket (1, 2, 4, ... up to the batch cap),
-and replays the graph captured for that (batch, length). This module is the part of that which needs no GPU,
-tested on CPU: the modes (`--cuda-graphs`), the buckets, the order and bounds of captures, how rows are split
-over captured graphs, the block a graph's static inputs are filled from, and `auto`'s choice. The capture
-itself (torch.cuda.graph, or torch.compile's reduce-overhead) is a `Capture` the torch runtime supplies.
-
-One text, one answer: a text always runs padded to the length its own token count picks, its padding masked
-(attention_mask 0, input_ids the pad id) exactly as the tokenizer pads; the rows a batch bucket adds are filler
-rows of their own (the pad id, attending to their first token only, so none attends to nothing) whose outputs
-are dropped. A row of a transformer encoder never reads another row, so the only way a batchmate can move a
-text's answer is through the batch bucket's GEMM shape (M = batch x length), which on cuBLAS may pick another
-kernel: that is measured on a GPU (`qserve bench`'s invariance check, benchmarks/gpu_serving.py), not assumed.
-
-Bounds: at most `max_graphs` graphs, captured until they hold `memory_mb` of CUDA memory (they share one memory
-pool, so the capture that crosses the bound is the last one). A shape past either bound is refused, never
-evicted: graphs in one pool free nothing until all go. Rows whose batch bucket was refused run on the smaller
-captured buckets; rows of a length without any graph (a capture failed) run eager, and are counted.
+The GPU-free part of torch_rt.py's CUDA graphs, tested on CPU: the modes, the (batch, length) buckets, capture order
+and bounds, how rows split over graphs, `auto`'s choice; the capture is a `Capture` torch_rt supplies. A shape past
+a bound is refused, never evicted; its rows run on smaller buckets, or eager (counted) where no graph exists.
 """
 
 from __future__ import annotations

@@ -95,10 +95,8 @@ class OnnxRuntime(Runtime):
     def _row_runner(self, ort, path, providers):
         """A second, single-threaded session and a pool to run a row-by-row batch's rows side by side.
 
-        A lone short row keeps two intra-op threads only partly busy (thread hand-offs per op, and
-        spinning while the other waits); rows of one batch are independent, so on CPU each runs whole
-        on one core instead. ORT sessions are safe to run from several threads at once, and the GIL
-        is released inside run(). Batches of one row (the unbatched path) keep the full pool.
+        On CPU a lone short row keeps two intra-op threads only partly busy, so each row runs whole on one core;
+        ORT sessions are safe to run from several threads (run() releases the GIL). One-row batches keep the pool.
         """
         workers = self.options.side_by_side()
         if not self.row_by_row or workers < 2 or self.device.startswith("cuda"):

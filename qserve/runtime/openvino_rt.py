@@ -3,12 +3,8 @@
     python -c "from qserve.runtime import load_runtime; \\
 print(load_runtime('models/minilm-l6-distilbert-imdb/variants/ov-int8', 'cpu').predict(['fine']))"
 
-The precision is part of the variant, not left to the plugin (on AMX / avx512_bf16 CPUs it computes fp32 models in
-bf16 unless told): ov-fp32 and ov-int8 compile with INFERENCE_PRECISION_HINT f32, ov-bf16 with bf16, after
-`ov_probe.require_precision` has checked in a child process that the plugin survives that precision here. A batch
-of several rows runs on a second compiled model, one single-threaded stream per row worker, so no forward waits for
-a thread the event loop took; the answers are bit for bit the same, and row_workers=1 saves that model's memory.
-Compiled models are shared; each calling thread gets its own InferRequests. Why: docs/export.md, docs/serving.md.
+The variant fixes its precision hint (checked by ov_probe); multi-row batches run one stream per row worker on a
+second compiled model. Compiled models are shared; each calling thread gets its own InferRequests (docs/export.md).
 """
 
 from __future__ import annotations
@@ -82,12 +78,8 @@ def compiled_model(variant_dir, manifest: Manifest, precision: str, threads: int
 def fixed_length(manifest: Manifest) -> bool:
     """Whether every batch runs padded to max_length: ov-int8's way to one text, one answer.
 
-    OpenVINO's answers do not depend on a text's batchmates at a given padded length, but its
-    fp32 reductions over the sequence round slightly differently at different lengths, and in
-    ov-int8 such a last-bit change can tip an activation across an int8 rounding boundary
-    downstream. Running each text at a length that depends on the text alone (its length bucket,
-    qserve.runtime.buckets) removes the batch from the computation; padding every text to
-    max_length, as before buckets (--length-buckets off), cost short texts the work of max_length tokens.
+    ov-int8's answers move with the padded length (a last-bit fp32 change can cross an int8 rounding boundary), so each
+    text runs at a length set by itself alone: its bucket (qserve.runtime.buckets), or max_length with buckets off.
     """
     spec = manifest.spec
     return bool(spec.options.get("fixed_length", spec.dtype == "int8"))

@@ -2,18 +2,9 @@
 
     python -m qserve.runtime.ov_probe          # prints one JSON line; exit 0 = the probe ran
 
-OpenVINO releases after 2025.3 die with SIGFPE inside compile_model on some AMD EPYC
-parts (reported on an EPYC 9454). A signal cannot be caught in-process, so before
-qserve exports, benches or loads an ov-* variant it compiles and runs a small
-transformer-shaped graph (MatMul, MVN, Softmax; fp32, int8 FakeQuantize and, where the
-plugin reports BF16, the bf16 precision hint) in a child. A crash or refusal becomes
-`OpenVINOUnavailable("<variant> unavailable on this CPU: <reason>")`, which export
---all, the pipeline, bench and the tests report and step over.
-
-Results are cached per process; a successful probe is also cached on disk per
-(OpenVINO version, CPU model and flags), so bench children do not pay for it again.
-`QSERVE_OV_PROBE_FAULT=SIGFPE` (any signal name, or `refuse`) makes the child fail that
-way: the test hook for the crash the probe guards against.
+A crash (a signal, uncatchable in-process) or refusal becomes `OpenVINOUnavailable`, which callers report and step
+over; the result is cached per process, a pass also on disk. `QSERVE_OV_PROBE_FAULT=SIGFPE` (any signal name, or
+`refuse`) makes the child fail that way. Why: docs/export.md.
 """
 
 from __future__ import annotations

@@ -2,10 +2,8 @@
 
     python -c "from qserve.runtime.threadnames import name_thread; name_thread('qserve-x')"
 
-Python's thread names stay inside Python (3.11 does not pass them to the OS); a ThreadPoolExecutor
-given `initializer=named("qserve-infer")` sets the kernel's name (15 bytes at most) of each of its
-threads. benchmarks/serve_overhead.py reads them to split the server's CPU time by thread. Best effort:
-on a system without prctl the threads keep the process's name.
+Python 3.11 keeps thread names inside Python; a ThreadPoolExecutor given `initializer=named("qserve-infer")` sets
+each thread's kernel name (15 bytes at most; benchmarks/serve_overhead.py reads them). Best effort: no prctl, no name.
 """
 
 from __future__ import annotations

@@ -3,11 +3,8 @@
     python -c "from qserve.runtime import load_runtime; \\
 print(load_runtime('models/minilm-imdb-variants/torch-bf16').predict(['fine']))"
 
-On CUDA a torch variant replays CUDA graphs captured at load per (batch, length) bucket (--cuda-graphs, the
-bucket logic in qserve/runtime/graphs.py): each text padded to its own length bucket, each forward's rows to a
-batch bucket, the graph's static inputs filled from that block, its outputs' own rows copied out. `auto` keeps
-the graphs where a short measurement at load finds them faster than eager; `execution` records what runs and why.
-On CPU nothing changes: eager, unpadded, as before.
+On CUDA a torch variant replays CUDA graphs captured per (batch, length) bucket (--cuda-graphs, graphs.py); `auto`
+keeps them where a measurement at load finds them faster, and `execution` records why. On CPU: eager, unpadded.
 """
 
 from __future__ import annotations
@@ -410,16 +407,10 @@ class _DropInt8CastWarning:
 
 
 def _bnb_prepare(model, device: str) -> None:
-    """Work around two bitsandbytes 0.50.2 CPU limits for 4-bit layers of narrow shapes.
+    """Work around two bitsandbytes 0.50.2 CPU bugs for 4-bit layers of narrow shapes (the tests' tiny models).
 
-    1. It repacks Linear4bit weights for its AVX512-BF16 kernel on the first forward, which
-       needs out_features % 32 == 0 and in_features % blocksize == 0; other shapes crash
-       there ("shape '[32, 0]' is invalid"). Those go to the generic path.
-    2. The generic CPU dequantize blocks each row on its own, while the quantizer's blocks
-       run over the flattened weight: when in_features % blocksize != 0 it computes with
-       wrong weights. Those layers get a forward that dequantizes the stored blocks in their
-       own (flat) layout.
-    Real encoders (dim 384/768, FFN 1536/3072) fit both; the tests' tiny models do not.
+    Layers its AVX512-BF16 repack would crash on (out_features % 32 or in_features % blocksize != 0) take the generic
+    path; where in_features % blocksize != 0 that path dequantizes wrongly, so they dequantize the flat blocks instead.
     """
     if not device.startswith("cpu"):
         return

@@ -1,4 +1,4 @@
-"""`qserve serve` and `qserve loadtest`.
+"""`qserve serve` and `qserve loadtest`; every serve setting is a flag and a QSERVE_<FLAG> env var (the flag wins).
 
     qserve serve models/minilm-imdb-variants/onnx-int8 --max-batch-size 32 --max-wait-ms 5
     qserve serve int8=models/m/variants/onnx-int8 fp32=models/m/variants/torch-fp32   # two models, by name
@@ -6,10 +6,7 @@
     qserve serve models/m/variants/torch-bf16 --device cuda --workers 8      # 8 server processes, one port, one GPU
     qserve loadtest http://127.0.0.1:8000 --concurrency 1,8,32,64 --duration 10
 
-Every serve setting (a ServeConfig field: serve/infra/config.py) is a flag and can also come
-from the environment as QSERVE_<FLAG> (e.g. QSERVE_PORT, QSERVE_API_KEY); a flag given on
-the command line wins. Prefer QSERVE_API_KEY to --api-key: command lines are visible to
-other local users.
+Prefer QSERVE_API_KEY to --api-key: a command line is visible to other local users.
 """
 
 from __future__ import annotations

@@ -4,9 +4,7 @@ and an inference route answered here, by the one code path that reads its body a
     curl -H "Authorization: Bearer $QSERVE_API_KEY" -H 'Content-Type: application/json' \\
          -d '{"inputs": "fine"}' 127.0.0.1:8000/v1/classify
 
-It runs before FastAPI, so an unauthenticated caller learns nothing of the body rules and a huge body is refused
-(413) unparsed; every request is counted by route template and status, its refusals in its protocol's error shape.
-The steps, in order: docs/architecture.md ("A request's path").
+It runs before FastAPI: an unauthenticated caller learns nothing of the body rules, a huge body is refused unparsed.
 """
 
 from __future__ import annotations

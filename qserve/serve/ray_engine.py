@@ -4,37 +4,7 @@
     qserve deploy ray "$PWD/models/minilm-imdb-variants/onnx-int8" --out serve_config.yaml && \\
 serve run serve_config.yaml
 
-Each replica is a Ray actor that builds the app with create_app (so routes, schemas,
-limits, auth, error bodies and metrics are the uvicorn engine's, not a copy), mounted
-through `@serve.ingress` in its late-bound form: Ray calls `__serve_build_asgi_app__`
-inside the replica, after the constructor, so the app and its model are built there
-and never pickled (only the settings and the selection, plain data, travel). The app's
-lifespan loads the variant (state.load_model: load_runtime, manifest verified) and starts
-the replica's own Batcher: dynamic batching happens inside each replica, over the
-requests Ray's router sends it (`max_ongoing_requests` = 2 batches).
-
-Ray only marks a replica RUNNING once its ASGI lifespan startup completes; ReplicaMiddleware
-holds that completion until the model is loaded and warmed up (or fails the startup
-with the load error), so the router never sends a request to a replica still loading.
-It also stamps every response with `X-Qserve-Replica` (Ray's replica id). /v1/models
-reports the engine, the replica count and each replica's state (from the Serve
-controller), and the selection when a model dir chose the variant; /metrics is per replica (the one that answered: see
-the header and the
-`qserve_replica_info` gauge).
-
-Several models (DIR DIR ..., NAME=DIR, --model-repository) and shadows: every replica holds the
-same ServeState with all the models, because a replica runs the same FastAPI app as uvicorn does;
-the app routes by name inside the replica (no Serve multiplexing, no deployment per model). That
-keeps one code path and one set of routes, at the cost of each replica's memory holding every
-model. The names travel to the replicas as plain data (name, dir), each replica loads them itself.
-The repository API (load, unload, hot swap) reaches the one replica Ray routes the call to and
-applies to that replica only: to roll a new version to every replica, redeploy (`serve deploy`
-with the same config re-creates the replicas, which load the directories' current contents).
-
-Without --ray-address, `qserve serve --engine ray` starts a local Ray instance even where
-`ray start` recorded a cluster (see run_ray). Importing this module imports Ray; without the `ray` extra it raises a
-QserveError
-naming the install command. `import qserve` never imports it.
+Importing it imports Ray (without the `ray` extra: QserveError naming the install command); `import qserve` never does.
 """
 
 from __future__ import annotations

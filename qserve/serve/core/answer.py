@@ -2,12 +2,8 @@
 
     python -m pytest tests/integration/test_serve_api.py tests/integration/test_serve_grpc.py -q
 
-A protocol module (protocols/v1.py for /v1, protocols/v2/ for KServe V2 over HTTP and gRPC, and the others beside
-them) decodes its body into an InferenceRequest and hands it to ServeState.submit (state.py), which looks up the
-model serving the request's name at the moment its texts are queued (after a hot swap, the new one), resolves
-against that model, once, what the request asked for (the long-text policy written out in full, the multi-label
-threshold, a protocol's own outputs), queues the texts and returns an Answer for the protocol to encode: no check
-runs twice, and no part of an answer comes from another model than the one that computed it.
+ServeState.submit resolves an InferenceRequest once, against the model that runs its texts, and returns an Answer:
+no check runs twice, and no part of an answer comes from another model than the one that computed it.
 """
 
 from __future__ import annotations

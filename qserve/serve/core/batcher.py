@@ -2,34 +2,9 @@
 
     python -m pytest tests/integration/test_serve_batching.py -q
 
-Each request's texts enter one bounded FIFO as separate items, each with the request's long-text
-policy (None = the server's default). A single collector
-task takes up to `max_batch_size` items, waiting at most `max_wait_ms` after the
-oldest queued item arrived (items that queued while the previous batch ran go at
-once, and nothing waits when no other request is on its way in), runs the batch on the single inference thread (see
-config.py for why one)
-and hands every request exactly its own rows, in order. Limits count texts: the runtime cuts a
-windowed text into several pieces itself and aggregates them back into the text's one answer, which
-depends on that text alone, so texts of different requests and policies share a batch safely. A request with more texts
-than fit in one batch simply spans several batches. When the text that completes a
-batch is queued while the collector waits, that enqueue call submits the batch to the
-inference thread itself: under a flood, the forward pass of the admitted texts then
-overlaps the refusals instead of starting after them. A request the caller found alone in the
-server (ServeState._alone: one connection, one text in one forward) is run by submit() itself, on
-the event loop, when this batcher is idle too: the same batch of one, without the two thread hops.
-
-Lanes (a busy server, a runtime whose rows run on single-threaded workers: OpenVINO, onnx-int8): while
-other requests are in the server (`crowded`), up to `lanes` batches of at most _lane_cap() texts run at
-once, each on a lane thread of its own and whole on one single-threaded worker (Runtime.narrow), instead
-of one batch at a time spread over every worker. A spread batch ends when its slowest worker does, and
-the event loop's answering of the batch before takes a core from one of them; lanes do not wait on each
-other, and one lane's tokenizing overlaps the other's forward (what that bought at 32 clients:
-docs/serving.md, the serving-lanes block). A request alone in the server keeps every worker (the lower
-latency); each text is computed alone either way, so the answers do not change.
-
-Failure isolation: if a batch raises and it held several requests, each request is
-re-run on its own, so only the request that breaks the model fails (500) and its
-neighbours still get answers. The collector itself never dies from a batch error.
+One bounded FIFO of texts, one collector, the single inference thread (lane threads under load). A failing batch of
+several requests is re-run request by request, so only the request that breaks the model fails (500) and the
+collector never dies; why it is built so: docs/architecture.md ("Batching").
 """
 
 from __future__ import annotations

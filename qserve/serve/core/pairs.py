@@ -3,12 +3,8 @@
     curl -s -H 'Content-Type: application/json' 127.0.0.1:8000/v1/classify \\
       -d '{"inputs": [{"text": "A man plays a guitar.", "text_pair": "Someone makes music."}]}'
 
-A pair model (manifest `inputs: ["text", "text_pair"]`, qserve/textpairs.py) takes a pair per input: on
-/v1 the HF pipeline's dict form {"text", "text_pair"} (text_inputs), on KServe V2 (HTTP and gRPC) a second
-BYTES input `text_pair` of the same shape as `text` (protocols/v2/tensors.py). The rule is strict both ways, so
-that no answer is silently about something else: a pair model refuses a lone text (its scores would be about an
-input it was never trained on) and a one-text model refuses a pair (422 / gRPC INVALID_ARGUMENT naming the input
-and what the model takes). An input counts once against --max-inputs; --max-chars holds for each of its texts.
+Strict both ways (a pair model refuses a lone text, a one-text model a pair: 422 naming the input), so no answer
+is silently about an input the model was not trained on; a pair counts once against --max-inputs.
 """
 
 from __future__ import annotations

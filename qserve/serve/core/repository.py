@@ -3,13 +3,8 @@
     qserve serve models/a/variants/onnx-int8 fp32=models/a/variants/torch-fp32
     qserve serve --model-repository /srv/models          # every subdirectory is a model, named by it
 
-A ModelSource pairs a served name with the directory `load` reads: a variant dir, or a model dir
-from `qserve pipeline` (its bench report's recommended variant, chosen again at every load, so a new
-report takes effect on the next load). Names are fixed at start: NAME=DIR names a model, a plain DIR
-is named by its variant's spec name (or --model-name, for a single DIR: exactly today's names), and
-two models with one name are refused, naming both dirs. Under --model-repository, ROOT/NAME is the
-model NAME: a directory added later can be loaded by its name, and nothing else can; a client never
-sends a path. The version a response carries is the manifest's own digest, shortened.
+Names are fixed at start and unique; a load reads only its name's own directory, never a client's path, and a
+model dir's recommended variant is chosen again at every load (docs/serving.md, "Names").
 """
 
 from __future__ import annotations

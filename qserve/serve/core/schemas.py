@@ -2,11 +2,8 @@
 
     curl -s 127.0.0.1:8000/openapi.json | python -m json.tool | less
 
-A text, a long-text policy, integers as JSON means them, a multi-label threshold, a text pair, qserve's error
-body. Each protocol's own bodies live in its module (protocols/v1.py, protocols/v2/schemas.py, ...). Pydantic
-checks only types here; limits that depend on the server's settings (inputs per request, characters per text) are
-checked in code (texts.py) so the error can quote the configured values, and the OpenAPI document carries them
-(app.py).
+Pydantic checks only types here; limits that depend on the server's settings are checked in code (texts.py), so
+the error can quote the configured values, and the OpenAPI document carries them (app.py).
 """
 
 from __future__ import annotations

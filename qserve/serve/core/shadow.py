@@ -3,18 +3,8 @@
     qserve serve int8=models/m/variants/onnx-int8 --shadow int8=models/m/variants/onnx-fp32 --shadow-rate 0.05
     curl -s 127.0.0.1:8000/metrics | grep qserve_shadow
 
-A Shadow holds the reference runtime of one served model and a thread of its own. The
-inference thread, after each successful batch, offers every text with probability
---shadow-rate (with the probabilities it served) to a bounded queue: offering never
-blocks, and a sample that does not fit is dropped and counted, so the served model's
-batches never wait for the reference. The shadow thread re-scores what it takes in small
-batches on its own thread budget (--shadow-threads), each under the long-text policy the served
-model read it by (written out in full, so the reference cuts it the same way) and keeps a rolling window of the last
-WINDOW samples: agreement (same label as the reference) and max |prob - reference prob|
-per text. Both go to /metrics and /v1/models, with the agreement bar the bench holds the
-variant's bits to (qserve.bench.recommend); a warning is logged when rolling agreement
-falls under it (after MIN_SAMPLES samples), and again only after it has recovered.
-A hot swap starts a new window: the samples describe the version that served them.
+A Shadow re-scores sampled texts with the reference on a thread of its own; offering a sample never blocks the
+inference thread (one that does not fit the bounded queue is dropped and counted). See docs/serving.md.
 """
 
 from __future__ import annotations

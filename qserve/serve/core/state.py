@@ -3,21 +3,8 @@ and the checks every route shares.
 
     python -m pytest tests/integration/test_serve_lifecycle.py -q
 
-A Loader (served_model.py) turns a ServeConfig into a ModelRuntime (the runtime contract, qserve/runtime/contract.py;
-the default, load_model, is
-load_runtime on config.variant_dir with the manifest verified). ServeState.load(name) reads the
-model's directory (repository.py says which), loads it on a side thread while the inference thread
-keeps serving, warms it up, starts its Batcher and puts the three under the name as a ServedModel,
-with its version (the manifest's short hash). A name that is already serving is swapped: one dict
-assignment on the event loop switches every later request to the new model, while the old Batcher
-drains what it had accepted; then the old runtime is closed and freed: by refcounting, or, when a
-reference cycle holds it, by gc.unfreeze, collect, freeze (the post-warm-up freeze must not pin
-it). A weakref proves it is gone (ServeState.retired). Routes, the V2 protocol and the Ray engine
-reach a model only through ServeState.model(name), and queue texts through ServeState.submit, which takes
-the one InferenceRequest every protocol decodes, resolves its policy, threshold and outputs once, for the model
-that actually runs the texts, and returns one Answer (answer.py) that the protocol only encodes. The policy
-travels with each of its texts through the batcher to the runtime, which cuts and aggregates them
-(qserve/longtext.py); a shadow re-scores a sampled text under that same policy.
+Protocols reach a model only through ServeState.model(name) and queue texts only through ServeState.submit, so a
+hot swap is one switch and every answer comes from the model that computed it: docs/architecture.md ("Models").
 """
 
 from __future__ import annotations
@@ -422,13 +409,10 @@ class ServeState:
         return model
 
     async def submit(self, req: InferenceRequest) -> Answer:
-        """Queue the request's texts on the batcher of the model serving `req.model` now (after a hot swap since
-        the route looked it up, the new one), resolve against that model, once, what the request asked for, and
-        return the Answer; every failure is an ApiError (an HTTP status, which gRPC maps to its code).
-
-        Resolved in this order, each a 422 naming the field: the threshold (multi-label only), the protocol's
-        outputs, the long-text policy (named as the request's origin names it), and that the model takes the
-        inputs sent (pairs for a pair model)."""
+        """Queue the request's texts on the model serving `req.model` now (after a hot swap, the new one) and return
+        the Answer; every failure is an ApiError (gRPC maps its status). Resolved once, against that model, in this
+        order, each a 422 naming the field as the request's origin names it: the threshold (multi-label only), the
+        protocol's outputs, the long-text policy, the inputs' form (pairs for a pair model)."""
         self.require_ready()
         scope = req.scope
         self.arrivals.end(scope)  # from here on this request is queued, not arriving

@@ -3,12 +3,8 @@ within the request limits (check_texts: --max-inputs, --max-chars).
 
     python -c "from qserve.serve.core.texts import text_problem; print(text_problem('\\u200b\\u200b'))"
 
-JSON lets a client send a lone UTF-16 surrogate ("\\ud800"): Python decodes it into a str
-that no tokenizer or UTF-8 encoder accepts, so it is refused here, per text and with its
-index, before anything is queued. A text of only whitespace, control or zero-width
-characters carries nothing to classify and is refused too. VISIBLE_PATTERN is the same
-rule as a regular expression (Python re and ECMA-262 alike), published in the OpenAPI
-schema so generated clients and fuzzers know exactly what is accepted.
+Checked per text, before anything is queued; VISIBLE_PATTERN is the same rule as a regular expression, published
+in the OpenAPI schema (why these rules: docs/protocols.md, "Hostile input").
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """The one way in for a request, HTTP or gRPC: its id, its trace, the API key, the overload gate, the body limit,
-its arrival mark and its metrics: one gate for both transports, as text-embeddings-inference's router has one
-(`Infer::try_acquire_permit`).
+its arrival mark and its metrics: one gate for both transports.
 
     python -c "from qserve.serve.infra.admission import request_id; print(request_id('abc-1'), request_id('bad id'))"
 
-The HTTP guard (qserve/serve/guard.py) and the gRPC service (protocols/v2/grpc_service.py) turn their request into
-a Call and take it through the same steps, in this order: `enter` (the request id by the one rule below, the
-request's trace begun), `admit` (the key unless the route is open; then, for a request that brings texts, the
-overload gate where the transport can refuse before reading the body, and its arrival mark), `too_large` where the
-transport learns the body's size, and `leave` (the arrival ended, the request counted by route, method, status and
-model, its trace finished). Every refusal is an ApiError, counted by reason (qserve_rejected_total) as it is made;
-each transport renders it: HTTP in the error body of the protocol the route belongs to, gRPC as the status code its
-HTTP status maps to. The token is compared in constant time and never logged or echoed.
+Each transport takes its request (a Call) through `enter`, `admit`, `too_large`, `leave`, in that order. Every refusal
+is an ApiError counted by reason (qserve_rejected_total). The key is compared in constant time, never logged or echoed.
 """
 
 from __future__ import annotations

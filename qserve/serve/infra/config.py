@@ -2,26 +2,8 @@
 
     QSERVE_MAX_BATCH_SIZE=16 QSERVE_API_KEY=secret qserve serve models/minilm-imdb-variants/onnx-int8
 
-Concurrency model: a variant is served by one inference thread per process. torch and ONNX Runtime
-already spread a single forward over all cores with their intra-op thread pools (`--threads`), so running
-two batches at once only splits the same cores between them and thrashes caches; on CUDA, kernels from one
-process are serialized anyway. The HF fast tokenizer also mutates its truncation state per call and is not
-safe to share across threads (one lock guards it). Throughput therefore comes from dynamic batching (many
-requests -> one forward), sized by device (BATCHING: larger batches and a shorter wait on a GPU), while the
-asyncio event loop keeps accepting and validating requests. The one
-exception is inside a forward: a variant run row by row (onnx-int8) computes a
-batch's rows side by side, one intra-op thread each (`--row-workers`), because a
-lone short row keeps two intra-op threads only partly busy (measured: docs/measurements.md, rows side by
-side); OpenVINO runs a
-batch's shares on one single-threaded stream each for the same reason (qserve/runtime/openvino_rt.py). And a request
-alone in the server (--inline-lone) runs on the event loop's thread instead: still one forward at a time. Under
-load such a variant runs several small batches at once instead, one per row worker ("lanes": each whole on one
-single-threaded worker, so no batch waits on another's slowest worker; serve/core/batcher.py), with the
-tokenizer behind one lock; `--row-workers 1` turns lanes off. On a GPU, a torch variant keeps two batches in
-flight the same way (torch_rt.GPU_LANES): one tokenizes on its lane thread while the other's forward holds the GPU.
-When one process's event loop (HTTP, JSON, the answer) is the bound, as it is in front of a GPU, `qserve serve
---workers N` runs N such processes on one port (SO_REUSEPORT), each with its own model (sharing the GPU);
-their /metrics are each their own (serve/infra/workers.py).
+The settings assume one inference thread per variant and process, with throughput from dynamic batching sized by
+device (BATCHING); why, and the exceptions (row workers, lanes, --workers): docs/serving.md, Concurrency model.
 """
 
 from __future__ import annotations

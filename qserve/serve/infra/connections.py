@@ -3,24 +3,8 @@
     qserve serve VARIANT --header-timeout-s 10 --body-timeout-s 30 --keep-alive-s 5 --max-connections 512
     curl -s 127.0.0.1:8000/metrics | grep qserve_connections_closed_total
 
-uvicorn closes an idle kept-alive connection (timeout_keep_alive), but nothing bounds a
-connection that never finishes its request: one that sends nothing, or its headers one
-byte a second (slowloris), or a body that never completes, stays open until the
-open-files limit, and `limit_concurrency` only answers 503 once headers are complete.
-So this module subclasses uvicorn's httptools protocol (the parser qserve installs) with
-three timers and a cap:
-
-- headers: from connect (or from the first byte of the next request on a kept-alive
-  connection) to the end of the headers, at most `header_timeout_s`;
-- body: from the end of the headers to the end of the body, at most `body_timeout_s`;
-- keep-alive: uvicorn's own timer, counted here when it closes a connection;
-- cap: a connection beyond `max_connections` gets 503 and is closed at once, before any of
-  its bytes are parsed.
-
-A timed-out request gets 408 + close when no response has started yet (a silent idle
-connection is just closed). Every close is counted by reason in
-qserve_connections_closed_total, and qserve_open_connections tracks the live count.
-Timers are loop.call_later handles: a slow client costs no task and no thread.
+uvicorn's httptools protocol plus timers and a cap: uvicorn alone bounds no connection that never finishes its
+request (slowloris). Why and how: docs/serving.md, Timeouts and connections.
 """
 
 from __future__ import annotations

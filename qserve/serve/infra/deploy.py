@@ -3,13 +3,8 @@
     qserve deploy ray /srv/models/minilm-imdb-variants/onnx-int8 --replicas 2 --out serve_config.yaml
     serve run serve_config.yaml          # or: serve deploy serve_config.yaml; or KubeRay's serveConfigV2
 
-The file holds one application: import path `qserve.serve.ray_engine:build_app`, its
-args (the ServeConfig fields given, absolute variant path first) and the deployment
-options (replicas or autoscaling, CPUs per replica, max ongoing requests). Everything
-here is plain data and no Ray import happens in this module, so `qserve serve --engine
-ray` computes its deployment options with the same functions without drifting from
-the file. Secrets never go in the file: replicas read QSERVE_API_KEY from their own
-environment (runtime_env env_vars, or a Kubernetes secret on the Ray pods).
+Plain data and no Ray import, so `qserve serve --engine ray` computes its options with these same functions and
+cannot drift from the file. Secrets never go in the file: replicas read QSERVE_API_KEY from their environment.
 """
 
 from __future__ import annotations

@@ -2,12 +2,8 @@
 
     curl -s 127.0.0.1:8000/metrics | grep qserve_batch_size
 
-A registry per app (not prometheus_client's global REGISTRY) lets several apps
-live in one process, as tests and benchmarks do, without "Duplicated timeseries".
-Every series about requests or models carries a `model` label (the served name; "" for a
-request that never reached one, such as /health or a 401); the connection series describe
-the TCP server and carry none. A Batcher gets a ModelMetrics: the same attribute names,
-bound to its model's label.
+A registry per app (not the global REGISTRY) lets several apps live in one process, as tests and benchmarks do.
+Request and model series carry a `model` label; a Batcher gets a ModelMetrics, the same names bound to its model.
 """
 
 from __future__ import annotations

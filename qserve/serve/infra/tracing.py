@@ -2,23 +2,9 @@
 
     OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 OTEL_SERVICE_NAME=qserve qserve serve models/x/variants/ov-int8
 
-Each request (HTTP or gRPC; health probes, /metrics and the docs excepted) becomes one server
-span, a child of the client's W3C `traceparent` when it sends one, with a child span per step:
-receive (auth, body, parsing, checks, until its texts are queued), queue wait, tokenize and
-inference of the batch its texts ran in (a request spread over several batches gets each
-batch's), any further step the runtime records (e.g. windows), and respond. The trace id comes
-back in the `X-Trace-Id` response header (gRPC: `x-trace-id` initial metadata).
-
-The standard OTEL_* variables configure it: OTEL_TRACES_EXPORTER (otlp, console or none),
-OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT / _PROTOCOL (http/protobuf, the default, or grpc) / _HEADERS,
-OTEL_SERVICE_NAME (default qserve), OTEL_RESOURCE_ATTRIBUTES, OTEL_BSP_* (the batch span
-processor), OTEL_PROPAGATORS, OTEL_SDK_DISABLED. Spans leave in the SDK's background thread.
-
-Off, nothing beyond this module's standard-library part is imported and a request pays one `is None` check
-(the admission layer, infra/admission.py, begins and finishes every request's trace, HTTP and gRPC alike).
-On, a request only collects timestamps while it runs (RequestTrace); its spans are built from them when it ends,
-so the batcher and the runtime never call OpenTelemetry (the runtime records its steps when asked:
-Runtime.classify's `phases`).
+Off, only this module's standard-library part is imported and a request pays one `is None` check. On, a request
+collects timestamps (RequestTrace) and its spans are built when it ends, so the batcher and the runtime never call
+OpenTelemetry. The spans and the OTEL_* variables: docs/serving.md, Traces.
 """
 
 from __future__ import annotations

@@ -2,21 +2,9 @@
 
     qserve serve models/minilm-imdb-variants/torch-bf16 --device cuda --workers 8
 
-In front of a GPU the bound is one process's event loop (HTTP parsing, JSON, the answer), not the model: a torch
-variant replaying CUDA graphs answers a batch in well under a millisecond. --workers N runs N whole servers, each
-a spawned process with its own ServeState (its own models, batcher, inference thread and metrics; on a GPU its
-own CUDA context and graphs, the device shared), each listening on its own SO_REUSEPORT socket bound to the one
-port, so the kernel spreads new connections over the workers that listen. A worker listens only once its models
-are loaded (its lifespan waits for them: serve/cli.py), so a connection never lands on a loading worker; until the
-first one listens, the supervisor holds the port with a bound socket that does not listen.
-
-The supervisor (this process) starts the workers, forwards SIGINT/SIGTERM to them once (they drain as one server
-does), and, when one exits on its own (a failed load, a crash), stops the others and exits with its status.
-Answers are the same as one server's: each worker runs the same code on the same model. /metrics, /v1/models and
-the repository API answer for the worker that accepted the connection: metrics are per process, not aggregated
-(each scrape carries qserve_worker_info{worker, workers, pid}; sum a counter over workers by scraping each
-until every worker id was seen), and a repository load or unload reaches one worker only, so hot swaps and
---model-repository are for one worker.
+For when one process's event loop is the bound (in front of a GPU): N spawned servers, each with its own models, on
+SO_REUSEPORT sockets; /metrics and a repository load or unload reach one worker only. The supervisor forwards
+SIGINT/SIGTERM once and stops all when one exits on its own. More: docs/serving.md, On a GPU.
 """
 
 from __future__ import annotations

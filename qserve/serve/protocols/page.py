@@ -2,19 +2,8 @@
 
     qserve serve models/minilm-l6-distilbert-imdb      # then open http://127.0.0.1:8000/ in a browser
 
-The page (page.html, one file: its style and script inline, nothing fetched from
-anywhere else) says what is served, why, and how it is doing, and has a box to try
-a text on any served model. It holds no model data: its script reads everything from the JSON routes
-(/v1/models, /v2/models/{name}, /v1/report, /metrics) and classifies through
-/v1/classify, as any client would. So the page itself is open, and with --api-key
-set it asks for the key and sends it as a bearer token on every call; the key stays
-in the browser tab's memory, never on the server or in storage.
-
-/v1/report?model=NAME (default: the default model) finds the bench report of a
-`qserve pipeline` run dir (MODEL_DIR/report/report.json beside
-MODEL_DIR/variants/<served variant>) of the variant that model serves now and
-answers with the recommendation and the served variant's row; without one, it
-says where it looked. The page asks once per model /v1/models lists.
+The page (page.html) holds no model data: it reads the JSON routes and classifies through /v1/classify as any
+client would, so it is open (with --api-key it asks for the key). See docs/protocols.md ("The served models' page").
 """
 
 from __future__ import annotations

@@ -5,10 +5,7 @@
     python -c "from huggingface_hub import InferenceClient as C; print(C(model='http://127.0.0.1:8000')\\
 .text_classification('A wonderful film.'))"
 
-POST /predict and POST / (with `parameters`: huggingface_hub's InferenceClient form), GET /info, POST /tokenize,
-POST /decode, in TEI's shapes and error body {"error", "error_type"}, on the default model. Where qserve reads a
-field differently (a missing `truncate`, a flat list, `long_text`) and why: docs/migration.md.
-"""
+TEI's routes, shapes and error body, on the default model; where qserve reads a field otherwise: docs/migration.md."""
 
 from __future__ import annotations
 

@@ -5,29 +5,7 @@
 i = t.InferInput('text', [1], 'BYTES'); i.set_data_from_numpy(np.array([b'great'], dtype=object)); \\
 print(c.infer('onnx-int8', [i]).as_numpy('probabilities'))"
 
-The service is the servicer base tritonclient ships (tritonclient.grpc.service_pb2_grpc: the
-proto Triton and KServe serve), run by grpc.aio on the HTTP server's own event loop over the
-same ServeState: the same models by name (model_name routes, as /v2/models/{name} does), one copy
-and one batcher each, so gRPC and HTTP requests share batches. It implements ServerLive/Ready,
-ServerMetadata, ModelReady, ModelMetadata, ModelConfig, ModelInfer and the repository extension
-(RepositoryIndex, RepositoryModelLoad, RepositoryModelUnload: repository.py's functions, the same
-hot swap); the rest (streaming, statistics, shared memory, trace and log settings) answer
-UNIMPLEMENTED, as the base class does. Every answer about a model carries the version it serves now
-(the manifest's short hash); ModelInfer's `parameters.long_text` (a string) picks the long-text
-policy, checked against the model that runs the texts, as on HTTP.
-
-Same way in as HTTP: every RPC goes through the admission layer (qserve/serve/infra/admission.py) that the
-HTTP guard uses: the request id by the same rule, its trace, the API key for every RPC but ServerLive and
-ServerReady (metadata `authorization: Bearer KEY`), --max-body-bytes (on the serialized request), the arrival
-mark of an inference call, and the same metrics, labelled route=/inference.GRPCInferenceService/<Method>,
-method=GRPC, status=the HTTP status the same answer has on /v2 and model=the model it reached. Then the same
-checks (--max-inputs, --max-chars, the text checks) and error messages, with the HTTP status mapped to its gRPC
-code (STATUS below; Retry-After and the request id travel in trailing metadata). An inference input is the
-BYTES tensor `text` of shape [n] or [n, 1] (and for a text-pair model `text_pair`, same shape), in raw_input_contents
-(tritonclient's default: a
-4-byte little-endian length + UTF-8 bytes per element) or in contents.bytes_contents; outputs
-come back in raw_output_contents, as Triton answers.
-"""
+On HTTP's event loop, through its admission layer: the same models, batches, key, limits, errors (STATUS), metrics."""
 
 from __future__ import annotations
 

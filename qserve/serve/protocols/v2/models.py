@@ -4,9 +4,7 @@ metadata and its Triton-style configuration.
     python -c "import tritonclient.http as t; c = t.InferenceServerClient('127.0.0.1:8000'); \\
 print(c.get_model_metadata('onnx-int8'), c.get_model_config('onnx-int8'))"
 
-A model's version is its manifest's short hash (the metadata lists it; every infer answer carries it as
-model_version). A request naming a version is answered only by that version being served (404 for any other);
-one without reaches whatever version serves now (after a hot swap, the new one).
+A version is its manifest's short hash; a request naming one is answered only by that version (404 for any other).
 """
 
 from __future__ import annotations

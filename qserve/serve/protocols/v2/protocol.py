@@ -3,10 +3,7 @@ additions, and its gRPC service beside HTTP (registry.py serves it).
 
     qserve serve models/minilm-imdb-variants/onnx-int8 --grpc-port 8001   # V2 over HTTP on 8000, over gRPC on 8001
 
-The package, by concept: schemas.py (the JSON bodies), tensors.py (inputs and outputs as tensors, BYTES on the
-wire), models.py (the model and version a request names, its metadata and Triton config), rest.py (V2 over HTTP:
-the infer body read and the answer encoded, the routes), repository.py (the model repository extension),
-openapi.py (its part of the document) and grpc_service.py (V2 over gRPC, on the same serving state).
+Its modules, one concept each (bodies, tensors, models, REST, repository, OpenAPI, gRPC): docs/architecture.md.
 """
 
 from __future__ import annotations

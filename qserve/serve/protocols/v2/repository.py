@@ -3,20 +3,8 @@
     python -c "import tritonclient.http as t; c = t.InferenceServerClient('127.0.0.1:8000'); \\
 print(c.get_model_repository_index()); c.load_model('onnx-int8'); c.unload_model('onnx-int8')"
 
-- POST /v2/repository/index: every model this server can load, as Triton lists them:
-  [{"name", "version", "state": "READY" | "LOADING" | "UNAVAILABLE", "reason"}]; the body may be
-  empty or {"ready": true} (ready models only).
-- POST /v2/repository/models/{name}/load: (re)read the model's own directory (ROOT/name under
-  --model-repository, else the DIR it was started with) and serve it; a name that is serving is
-  hot-swapped (state.py). Answers once the new version serves, with it; a directory that fails
-  verification or warm-up is refused (400, the reason) and the old version keeps serving. A load
-  never reads a path the client sends: Triton's `config` and `file:` overrides are refused.
-- POST /v2/repository/models/{name}/unload: stop serving it (requests naming it then get 404);
-  what it already accepted finishes first.
-All three sit behind the API key when one is set (the guard checks every route but the probes).
-Under the Ray engine a call reaches one replica and applies to that replica only. The gRPC service
-(grpc_service.py: RepositoryIndex, RepositoryModelLoad, RepositoryModelUnload) calls the same functions
-below (index, load, unload), behind the same key.
+What HTTP's /v2/repository/... and gRPC's Repository* RPCs both call, behind the API key. A load reads only the
+model's own directory, never a client's path; one that fails leaves the old version serving (docs/serving.md).
 """
 
 from __future__ import annotations

@@ -4,9 +4,7 @@
 i = t.InferInput('text', [1], 'BYTES'); i.set_data_from_numpy(np.array([b'great'], dtype=object)); \\
 print(c.infer('onnx-int8', [i]).as_numpy('probabilities'))"
 
-A body with no Content-Type is JSON (tritonclient.http sends none); the binary tensor data extension both ways
-(Inference-Header-Content-Length); a Triton-style model config; errors {"error", "request_id"}; versioned paths
-for the version being served only. What a stock client sends and gets: docs/protocols.md.
+A body with no Content-Type is JSON (tritonclient.http sends none); what a stock client sends: docs/protocols.md.
 """
 
 from __future__ import annotations

@@ -2,14 +2,8 @@
 
     python -c "from qserve.serve.protocols.v2.tensors import OUTPUTS; print(OUTPUTS)"
 
-Outputs by the model's problem type (in the order they are answered when a request names none):
-single-label   probabilities FP32 [n, k], label BYTES [n]
-multi-label    probabilities FP32 [n, k] (the sigmoid per label)
-regression     value FP32 [n, 1]
-and truncated BOOL [n] for every model. Inputs: the BYTES tensor `text` of shape [n] or [n, 1], and for a
-text-pair model `text_pair` of the same shape (qserve/serve/core/pairs.py: the rule both ways). A BYTES element in
-binary form is a 4-byte little-endian length + its UTF-8 bytes (tritonclient's raw form, HTTP's binary tensor
-data extension and gRPC's raw_input_contents alike).
+Inputs: BYTES `text` of shape [n] or [n, 1] (and `text_pair`, same shape, for a pair model); outputs by problem
+type (OUTPUTS) and truncated BOOL [n]. A binary BYTES element: a 4-byte little-endian length + its UTF-8 bytes.
 """
 
 from __future__ import annotations
