@@ -3,6 +3,7 @@
 python -m pytest tests/e2e/test_pipeline.py -q
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -29,6 +30,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 # What a report row says that does not depend on timing or paths: what the variant is and how it answers.
 ROW_KEYS = ("name", "status", "spec", "model_name", "parity", "weights_bytes", "accuracy", "agreement")
+# One torch thread in every child: the uninterrupted run goes on beside the killed ones, and two processes of one
+# thread each share two cores, where two of two threads each spin in their barriers for a thread the other keeps
+# off its core. One count in every child also sums the gradients in one order (the same weights).
+CHILD_ENV = {"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
 
 def _tiny_pipeline(run: Path, ckpt: Path, data: Path) -> list[str]:
@@ -102,7 +107,7 @@ def _killed_when(argv: list[str], line: str, then=None, env: dict | None = None)
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})},
+        env={**os.environ, **CHILD_ENV, **(env or {})},
     )
     seen = []
     try:
@@ -110,9 +115,10 @@ def _killed_when(argv: list[str], line: str, then=None, env: dict | None = None)
             seen.append(text)
             if line in text:
                 # Stopped, then let run in 5 ms slices until `then()` holds: a step too short to finish
-                # an export, so the kill lands while its staging dir exists.
+                # an export, so the kill lands while its staging dir exists. The deadline only ends a run that
+                # never gets there: the bench's slices share the cores with the uninterrupted run.
                 proc.send_signal(signal.SIGSTOP)
-                deadline = time.monotonic() + 120
+                deadline = time.monotonic() + 300
                 while then is not None and not then() and time.monotonic() < deadline:
                     proc.send_signal(signal.SIGCONT)
                     time.sleep(0.005)
@@ -128,61 +134,74 @@ def _killed_when(argv: list[str], line: str, then=None, env: dict | None = None)
     return "".join(seen)
 
 
+@contextlib.contextmanager
+def _beside(argv: list[str], log: Path):
+    """`qserve ...` in a child while the block runs, its output in `log`; killed if the block leaves first."""
+    with open(log, "w", encoding="utf-8") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "qserve", *argv],
+            cwd=ROOT,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **CHILD_ENV},
+        )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
 def test_pipeline_killed_in_each_stage_finishes_with_the_same_report(tiny_checkpoint, tmp_path, capsys):
     """Killed in training, in an export and in the bench (after the reference's measurement was stored), each
     re-run picks up where the last stopped; the last one's report equals an uninterrupted run's. One run of
     kills, not one per stage: each pipeline start costs its child processes' imports."""
-    from test_resume import toy_rows
+    from test_resume import assert_same_run, toy_rows
 
     from qserve.training.resume import CHECKPOINT, KILL_ENV
     from qserve.verify import verify
 
     data = toy_rows(tmp_path / "toy.csv")
-    ref = tmp_path / "uninterrupted"
-    # in a child like the killed runs: the suite's own process may have changed torch's thread count, and
-    # another count sums the same gradients in another order (the weights then differ in the last bits)
-    done = subprocess.run(
-        [sys.executable, "-m", "qserve", *_tiny_pipeline(ref, tiny_checkpoint, data)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
-    )
-    assert done.returncode == 0 and (ref / "report" / "report.json").is_file(), done.stderr[-3000:]
-    run = tmp_path / "run"
+    ref, run = tmp_path / "uninterrupted", tmp_path / "run"
     argv = _tiny_pipeline(run, tiny_checkpoint, data)
-    # 1. killed in training, right after its first checkpoint (step 5 of 20)
-    _killed_when(argv, "never printed", env={KILL_ENV: "after:1"})
-    assert (run / "checkpoint" / CHECKPOINT).is_file() and not (run / "variants").exists()
-    # 2. re-run: training resumes; killed while the second variant is being exported (its staging dir exists)
-    staging = lambda: any((run / "variants").glob(".torch-bf16.tmp-*"))  # noqa: E731
-    out = _killed_when(argv, "[2/2] torch-bf16: exporting", then=staging)
-    assert "resuming at step 5 of 20" in out and "reusing" not in out
-    first = verify(run / "variants" / "torch-fp32").to_json()
-    assert staging() and not (run / "variants" / "torch-bf16").exists()
-    # 3. re-run: training and the finished variant kept, the cut-short one exported again; killed in the bench
-    # once the reference's measurement is stored and before the second variant's is
-    store = run / "report" / "measured"
-    measured = lambda name: sorted(store.glob(f"{name}-*.variant.json")) if store.is_dir() else []  # noqa: E731
-    out = _killed_when(argv, "== [3/4]", then=lambda: bool(measured("torch-fp32")) and not measured("torch-bf16"))
-    assert "reusing" in out.split("[1/2] torch-fp32")[0] and "[1/2] torch-fp32: reusing" in out
-    assert "[2/2] torch-bf16: exporting" in out and not staging()
-    assert measured("torch-fp32") and not measured("torch-bf16") and not (run / "report" / "report.json").exists()
-    kept = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in measured("torch-fp32")}
-    # 4. re-run: nothing finished is redone (the stored measurement is read back, not redone); the report
-    # equals the uninterrupted run's, timings aside
-    capsys.readouterr()
-    _run_in_process(argv)
-    out = capsys.readouterr().out
-    assert out.count("reusing") == 3 and "exporting" not in out and "resuming" not in out, out
-    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in measured("torch-fp32")} == kept
-    assert measured("torch-bf16")
-    assert verify(run / "variants" / "torch-fp32").to_json()["created"] == first["created"]
-    rows = json.loads((run / "report" / "report.json").read_text())["variants"]
-    assert [(r["name"], r["status"]) for r in rows] == [("torch-fp32", "ok"), ("torch-bf16", "ok")]
+    # The uninterrupted run: in a child like the killed runs (the suite's own process may have changed torch's
+    # thread count, and another count sums the same gradients in another order: the weights then differ in the
+    # last bits), and beside them, as it shares nothing with them but the inputs (a pipeline is mostly one
+    # process at a time importing, loading or waiting on a child, which leaves the other core idle).
+    with _beside(_tiny_pipeline(ref, tiny_checkpoint, data), tmp_path / "uninterrupted.log") as uninterrupted:
+        # 1. killed in training, right after its first checkpoint (step 5 of 20)
+        _killed_when(argv, "never printed", env={KILL_ENV: "after:1"})
+        assert (run / "checkpoint" / CHECKPOINT).is_file() and not (run / "variants").exists()
+        # 2. re-run: training resumes; killed while the second variant is being exported (its staging dir exists)
+        staging = lambda: any((run / "variants").glob(".torch-bf16.tmp-*"))  # noqa: E731
+        out = _killed_when(argv, "[2/2] torch-bf16: exporting", then=staging)
+        assert "resuming at step 5 of 20" in out and "reusing" not in out
+        first = verify(run / "variants" / "torch-fp32").to_json()
+        assert staging() and not (run / "variants" / "torch-bf16").exists()
+        # 3. re-run: training and the finished variant kept, the cut-short one exported again; killed in the
+        # bench once the reference's measurement is stored and before the second variant's is
+        store = run / "report" / "measured"
+        measured = lambda name: sorted(store.glob(f"{name}-*.variant.json")) if store.is_dir() else []  # noqa: E731
+        out = _killed_when(argv, "== [3/4]", then=lambda: bool(measured("torch-fp32")) and not measured("torch-bf16"))
+        assert "reusing" in out.split("[1/2] torch-fp32")[0] and "[1/2] torch-fp32: reusing" in out
+        assert "[2/2] torch-bf16: exporting" in out and not staging()
+        assert measured("torch-fp32") and not measured("torch-bf16") and not (run / "report" / "report.json").exists()
+        kept = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in measured("torch-fp32")}
+        # 4. re-run: nothing finished is redone (the stored measurement is read back, not redone); the report
+        # equals the uninterrupted run's, timings aside
+        capsys.readouterr()
+        _run_in_process(argv)
+        out = capsys.readouterr().out
+        assert out.count("reusing") == 3 and "exporting" not in out and "resuming" not in out, out
+        assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in measured("torch-fp32")} == kept
+        assert measured("torch-bf16")
+        assert verify(run / "variants" / "torch-fp32").to_json()["created"] == first["created"]
+        rows = json.loads((run / "report" / "report.json").read_text())["variants"]
+        assert [(r["name"], r["status"]) for r in rows] == [("torch-fp32", "ok"), ("torch-bf16", "ok")]
+        uninterrupted.wait(timeout=600)
+    log = (tmp_path / "uninterrupted.log").read_text(encoding="utf-8")
+    assert uninterrupted.returncode == 0 and (ref / "report" / "report.json").is_file(), log[-3000:]
     assert _rows(run) == _rows(ref)
-    from test_resume import assert_same_run
-
     assert_same_run(ref / "checkpoint", run / "checkpoint")  # killed in training, resumed: the same weights
     assert sorted(p.name for p in (run / "variants").iterdir()) == ["torch-bf16", "torch-fp32"]

@@ -44,8 +44,9 @@ def _ray_bin(name: str) -> str:
     return str(Path(sys.executable).with_name(name))
 
 
-def _end_processes_under(temp_dir: str) -> None:
-    """Terminate (then kill) every process whose command line names temp_dir, with all its children."""
+def _end_processes_under(temp_dir: str, grace: float = 15) -> None:
+    """Terminate every process whose command line names temp_dir, with all its children; kill what is left after
+    `grace` seconds (0: kill at once, as a crash would) and wait until none runs."""
     procs: dict[int, psutil.Process] = {}
     for p in psutil.process_iter(["cmdline"]):
         try:
@@ -54,22 +55,18 @@ def _end_processes_under(temp_dir: str) -> None:
                 procs.update({c.pid: c for c in p.children(recursive=True)})
         except psutil.Error:
             pass
-    for p in procs.values():
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 30)):
         alive = [p for p in procs.values() if _running(p)]
+        for p in alive:
+            try:
+                p.send_signal(sig)
+            except psutil.Error:
+                pass
+        deadline = time.monotonic() + wait
+        while (alive := [p for p in alive if _running(p)]) and time.monotonic() < deadline:
+            time.sleep(0.1)
         if not alive:
             return
-        time.sleep(0.2)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
 
 
 def _running(p: psutil.Process) -> bool:
@@ -137,7 +134,7 @@ def _serve_and_ask(model_dir: Path, env: dict[str, str], log: Path, more: tuple[
                         break
                 except httpx2.TransportError:
                     pass
-                time.sleep(0.5)
+                time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=90) == 0, log.read_text()[-3000:]
         return info
@@ -185,8 +182,9 @@ def test_local_instance_beside_a_running_and_a_crashed_ray_start_cluster(ray_tmp
     assert model["selection"]["why"] == WHY and model["selection"]["measured_on"] == "Test CPU"
     assert address_file.read_text().strip() == address  # the local instance recorded nothing over it
 
-    # 2. the cluster crashed: its address file stays behind, pointing at nothing
-    _end_processes_under(temp_dir)
+    # 2. the cluster crashed: its address file stays behind, pointing at nothing. SIGKILL is that crash (and
+    # quick: ray start's GCS server ignores SIGTERM, so a polite stop would only wait out the grace period)
+    _end_processes_under(temp_dir, grace=0)
     assert address_file.read_text().strip() == address
     # ... and a second model by name: the replica holds both (the names travel from the command line)
     info = _serve_and_ask(model_dir, env, tmp_path / "stale.log", more=(f"b={tiny_variant}",))
