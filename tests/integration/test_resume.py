@@ -16,6 +16,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
@@ -192,8 +193,17 @@ def test_ddp_run_killed_on_every_rank_resumes_to_the_same_weights(tiny_checkpoin
     from qserve.data.datasets import load_dataset
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(max(1, torch.get_num_threads() // 2))}
-    runs = {}
-    for name, hook in (("uninterrupted", None), ("killed", "after:1"), ("killed", None)):
+    # The uninterrupted run goes on beside the killed-then-resumed pair: each run's ranks import one after another,
+    # mostly one core busy, and the results do not depend on it (fixed thread count, deterministic CPU kernels).
+    # Each run gets its own rendezvous port, picked while all are held open so no two runs can share one.
+    socks = [socket.socket() for _ in range(3)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+
+    def start(name: str, hook: str | None, port: int) -> tuple[subprocess.Popen, str | None, list]:
         cfg = cfg_for(
             tiny_checkpoint,
             toy_csv,
@@ -205,16 +215,41 @@ def test_ddp_run_killed_on_every_rank_resumes_to_the_same_weights(tiny_checkpoin
             checkpoint_every=4 if name == "killed" else 0,
             max_eval_samples=7,
         )
-        proc = subprocess.run(
-            argv_for(cfg),
-            cwd=ROOT,
-            env={**env, **({KILL_ENV: hook} if hook else {})},
-            capture_output=True,
-            text=True,
-            timeout=300,
+        run_env = {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **({KILL_ENV: hook} if hook else {})}
+        logs = [open(tmp_path / f"{name}-{hook}.{x}", "w+", encoding="utf-8") for x in ("out", "err")]
+        # its own process group (rank 0 starts rank 1), so a failing test leaves neither behind; its output goes to
+        # files, so a run waited on later never blocks on a full pipe
+        proc = subprocess.Popen(
+            argv_for(cfg), cwd=ROOT, env=run_env, stdout=logs[0], stderr=logs[1], text=True, start_new_session=True
         )
-        assert proc.returncode == (-signal.SIGKILL if hook else 0), proc.stderr[-3000:]
-        runs[name, hook] = proc.stdout
+        return proc, hook, logs
+
+    def finish(run) -> str:
+        proc, hook, logs = run
+        proc.wait(timeout=300)
+        for f in logs:
+            f.seek(0)
+        out, err = (f.read() for f in logs)
+        for f in logs:
+            f.close()
+        assert proc.returncode == (-signal.SIGKILL if hook else 0), err[-3000:]
+        return out
+
+    started = [start("uninterrupted", None, ports[0])]
+    try:
+        started.append(start("killed", "after:1", ports[1]))
+        runs = {("killed", "after:1"): finish(started[-1])}
+        started.append(start("killed", None, ports[2]))
+        runs["killed", None] = finish(started[-1])
+        runs["uninterrupted", None] = finish(started[0])
+    except BaseException:
+        for proc, _, _ in started:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        raise
     assert "resuming at step 4 of 10 (epoch 1/1, batch 4/10)" in runs["killed", None]
     assert runs["killed", None].count("resuming") == 1 and runs["killed", None].count("trained ") == 1  # rank 0
     assert_same_run(tmp_path / "uninterrupted", tmp_path / "killed")
