@@ -25,9 +25,8 @@ def _inv(inv: dict[str, Any] | None) -> str:
 
 def pipeline_rows(r: dict[str, Any], gate: bool = False) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of every variant of a pipeline report: size, b1/s128 p50 (as ranked: rounds.ranked), b32/s128
-    seq/s, accuracy and
-    agreement (on fewer texts, marked, for a variant under the eval cut), batch invariance; with `gate`, the b1
-    p50 on real text the recommendation ranks by and the release gate's verdict on its lower bound."""
+    seq/s, accuracy and agreement (on fewer texts, marked, for a variant under the eval cut), batch invariance; with
+    `gate`, the b1 p50 on real text the recommendation ranks by and the release gate's verdict on its lower bound."""
     rec = (r.get("recommended") or {}).get("variant")
     ranking = {x["variant"]: x for x in (r.get("recommended") or {}).get("ranking") or []}
     n = r["config"].get("max_eval_samples")
