@@ -18,6 +18,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Servers the tests stop for other reasons stop at the signal; the drain's own tests (test_serve_drain.py,
+# test_image.py) run with the default drain period.
+os.environ.setdefault("QSERVE_DRAIN_SECONDS", "0")
 
 
 def build_tiny_checkpoint(out: Path, seed: int = 0, num_labels: int = 2) -> Path:

@@ -38,11 +38,12 @@ def code_env(code_root: Path, base: dict[str, str] | None = None) -> dict[str, s
     """The child's environment: offline, `code_root`'s qserve first on the path (a benchmark may serve an
     older tree beside this one), then this checkout (for `python -m benchmarks.X` children), then the caller's
     own PYTHONPATH (a private site dir, such as the wheels benchmarks/gpu_check.sh carries to a GPU machine).
-    TOKENIZERS_PARALLELISM and the rest as the caller has them."""
+    A server stops at its SIGTERM (no drain period) unless `base` sets QSERVE_DRAIN_SECONDS (the drain's own bench
+    does). TOKENIZERS_PARALLELISM and the rest as the caller has them."""
     env = os.environ if base is None else base
     inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     path = os.pathsep.join(dict.fromkeys([str(code_root), str(ROOT), *inherited]))
-    return {**env, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
+    return {"QSERVE_DRAIN_SECONDS": "0", **env, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
 
 
 def spawn(cmd: list[str], cwd: Path, env: dict[str, str], **popen: Any) -> subprocess.Popen:
@@ -209,3 +210,55 @@ class VariantServer(Server):
             "grpc": self.grpc_port is not None,
         }
         return self
+
+
+class Container:
+    """`docker run -d` of the serving image as deploy.md runs it: non-root, read-only root, /tmp a tmpfs, `variant`
+    mounted read-only at /models, on the host's network (behind docker's userland proxy a connection made after
+    the listener closed is accepted by the proxy and then reset, not refused)."""
+
+    def __init__(self, image: str, variant: Path, *args: str, env: dict[str, str] | None = None):
+        self.name = f"qserve-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = ["docker", "run", "-d", "--name", self.name, "--read-only", "--tmpfs", "/tmp", "--user", "10001:10001"]
+        cmd += ["--network", "host", "-e", "QSERVE_HOST=127.0.0.1", "-e", f"QSERVE_PORT={self.port}"]
+        cmd += [f"-e{k}={v}" for k, v in (env or {}).items()]
+        cmd += ["-v", f"{variant}:/models:ro", image, "serve", *args]
+        self.started = time.monotonic()
+        subprocess.run(cmd, check=True, capture_output=True, timeout=60)
+
+    def wait_ready(self, timeout: float = 60.0) -> float:
+        """Seconds from `docker run` to /ready answering 200; a container that exits first fails at once."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                wait_ready(self.url, timeout=2.0, tag=f"container {self.name}")
+                return time.monotonic() - self.started
+            except QserveError:
+                if self.inspect("{{.State.Running}}") != "true":
+                    raise QserveError(f"container {self.name} exited before it was ready:\n{self.logs()[-3000:]}")
+                if time.monotonic() > deadline:
+                    raise QserveError(f"container {self.name} not ready after {timeout:.0f} s:\n{self.logs()[-3000:]}")
+
+    def inspect(self, fmt: str) -> str:
+        return subprocess.run(
+            ["docker", "inspect", "-f", fmt, self.name], capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    def signal(self, sig: str = "TERM") -> None:
+        subprocess.run(["docker", "kill", "--signal", sig, self.name], check=True, capture_output=True)
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit status once it exits (None after `timeout` seconds)."""
+        try:
+            r = subprocess.run(["docker", "wait", self.name], capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        return int(r.stdout.strip())
+
+    def logs(self) -> str:
+        return subprocess.run(["docker", "logs", self.name], capture_output=True, text=True, check=False).stderr
+
+    def remove(self) -> None:
+        subprocess.run(["docker", "rm", "-f", self.name], capture_output=True, check=False)

@@ -35,7 +35,7 @@ from qserve.serve.app import create_app
 from qserve.serve.core.repository import Repository, sources_from_dirs, sources_from_root
 from qserve.serve.infra.config import ServeConfig, config_from_sources
 from qserve.serve.infra.deploy import RayOptions, Scaling
-from qserve.serve.infra.uvicorn_server import uvicorn_config
+from qserve.serve.infra.uvicorn_server import server
 from qserve.serve.infra.workers import WORKER_INFO, die_with_parent, reuseport_socket, supervise, worker_threads
 
 log = logging.getLogger("qserve.serve")
@@ -163,16 +163,16 @@ def run_serve(args: argparse.Namespace) -> int:
         return run_workers(cfg, repository, args.workers, args.log_level)
 
     failed: list[BaseException] = []
-    server: uvicorn.Server | None = None
+    running: uvicorn.Server | None = None
 
     def on_load_failure(exc: BaseException) -> None:
         failed.append(exc)
-        if server is not None:
-            server.should_exit = True
+        if running is not None:
+            running.should_exit = True
 
     app = create_app(cfg, on_load_failure=on_load_failure, repository=repository)
-    server = uvicorn.Server(uvicorn_config(app, cfg.host, cfg.port, args.log_level))
-    server.run()
+    running = server(app, cfg.host, cfg.port, args.log_level)
+    running.run()
     if failed:
         what = cfg.model_repository or ", ".join(s.path for s in repository.initial)
         print(f"qserve serve: error: could not load {what}: {failed[0]}", file=sys.stderr)
@@ -223,7 +223,6 @@ def serve_worker(cfg: ServeConfig, repository: Repository, log_level: str, index
     skip_unused_imports()
 
     sock = reuseport_socket(cfg.host, port)
-    server: uvicorn.Server | None = None
     failed: list[BaseException] = []
 
     def on_load_failure(exc: BaseException) -> None:
@@ -243,13 +242,13 @@ def serve_worker(cfg: ServeConfig, repository: Repository, log_level: str, index
 
     st.engine_info = engine_info
     app.router.lifespan_context = listen_once_loaded(app.router.lifespan_context)
-    server = uvicorn.Server(uvicorn_config(app, cfg.host, port, log_level))
+    running = server(app, cfg.host, port, log_level)
     # uvicorn re-raises the signal that stopped it once it has drained: end this worker as a normal exit (its
     # libraries' finalizers run), not by the signal's default action.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: sys.exit(0))
     try:
-        server.run(sockets=[sock])
+        running.run(sockets=[sock])
     except SystemExit:  # uvicorn's startup failure: the lifespan raised because the models did not load
         if not failed:
             raise

@@ -36,6 +36,33 @@ serve = require("ray.serve", "the Ray engine (--engine ray)")
 log = logging.getLogger("qserve.serve")
 
 REPLICA_HEADER = "X-Qserve-Replica"
+DRAIN_ACTOR = ("qserve-drain", "qserve")
+"""The named actor (name, namespace) `qserve serve --engine ray` tells its replicas of a shutdown's drain through."""
+
+
+@ray.remote(num_cpus=0)
+class DrainFlag:
+    """Whether `qserve serve --engine ray` is draining: each replica asks twice a second and fails /ready once so."""
+
+    def __init__(self) -> None:
+        self.on = False
+
+    def begin(self) -> None:
+        self.on = True
+
+    def draining(self) -> bool:
+        return self.on
+
+
+async def watch_drain(st: ServeState) -> None:
+    """A replica's side of the drain: /ready answers 503 once the engine's DrainFlag says so (none: never)."""
+    try:
+        flag = ray.get_actor(DRAIN_ACTOR[0], namespace=DRAIN_ACTOR[1])
+    except ValueError:  # deployed by `serve run`: Ray's own shutdown, no drain flag
+        return
+    while not await flag.draining.remote():
+        await asyncio.sleep(0.5)
+    st.drain.begin("the Ray engine's shutdown")
 
 
 class ReplicaMiddleware:
@@ -45,6 +72,7 @@ class ReplicaMiddleware:
         self.app = app
         self.header = (REPLICA_HEADER.lower().encode(), replica_id.encode())
         self.state = state
+        self.watch: asyncio.Task | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -68,6 +96,8 @@ class ReplicaMiddleware:
         st = self.state
 
         async def gated(message: Message) -> None:
+            if message["type"] == "lifespan.startup.complete":
+                self.watch = asyncio.create_task(watch_drain(st))
             if message["type"] == "lifespan.startup.complete" and st.load_task is not None:
                 await asyncio.shield(st.load_task)
                 if st.load_error:
@@ -246,9 +276,16 @@ def run_ray(
         ray.init(address="local", num_cpus=cores, include_dashboard=False, logging_level=log_level.upper())
     else:
         ray.init(address=address, logging_level=log_level.upper())
+    signals: list[int] = []
     stop = threading.Event()
+
+    def on_signal(sig: int, _: Any) -> None:
+        signals.append(sig)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
+    flag = DrainFlag.options(name=DRAIN_ACTOR[0], namespace=DRAIN_ACTOR[1]).remote()  # type: ignore[attr-defined]
     try:
         serve.start(http_options={"host": cfg.host, "port": port}, logging_config=logging_config(log_level))
         t0 = time.perf_counter()
@@ -273,6 +310,13 @@ def run_ray(
         )
         while not stop.wait(1.0):  # a timed wait keeps the main thread responsive to signals
             pass
+        if cfg.drain_seconds > 0:  # the replicas fail /ready; Ray's proxy answers on until a second signal
+            ray.get(flag.begin.remote())
+            why = signal.Signals(signals[0]).name
+            log.info("%s: draining for %g s (--drain-seconds): /ready answers 503", why, cfg.drain_seconds)
+            deadline = time.monotonic() + cfg.drain_seconds
+            while len(signals) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
         return 0
     finally:
         try:

@@ -35,6 +35,7 @@ from qserve.serve.core.shadow import Shadow, parse_shadows
 from qserve.serve.infra.admission import Admission, Arrivals
 from qserve.serve.infra.config import ServeConfig
 from qserve.serve.infra.connections import HttpLoad
+from qserve.serve.infra.drain import Drain
 from qserve.serve.infra.errors import ApiError
 from qserve.serve.infra.metrics import Metrics
 from qserve.serve.infra.tracing import TRACE_KEY, Tracing
@@ -146,8 +147,11 @@ class ServeState:
     engine_info: Callable[[], Awaitable[dict[str, Any]]] = field(default=_single_process_info, repr=False)
     admission: Admission = field(init=False, repr=False)
     """The one way in for every request, HTTP (qserve/serve/guard.py) and gRPC alike (infra/admission.py)."""
+    drain: Drain = field(init=False, repr=False)
+    """The shutdown's drain (infra/drain.py): while it runs the server answers but is not ready."""
 
     def __post_init__(self) -> None:
+        self.drain = Drain(self.config.drain_seconds, self.metrics)
         self.admission = Admission(
             api_key=self.config.api_key,
             max_body_bytes=self.config.max_body_bytes,
@@ -363,11 +367,14 @@ class ServeState:
     # -- what routes ask -----------------------------------------------------------------------
     @property
     def ready(self) -> bool:
-        return self.started and not self.closing
+        """Readiness (the probes): serving, and not draining for shutdown."""
+        return self.started and not self.closing and not self.drain.active
 
     def not_ready_reason(self) -> str:
         if self.closing:
             return "server is shutting down"
+        if self.drain.active:
+            return f"draining for shutdown: requests are still answered for up to {self.drain.seconds:g} s"
         if self.load_error:
             return f"model failed to load: {self.load_error}"
         return "model is loading; retry when /ready answers 200"
@@ -385,7 +392,10 @@ class ServeState:
         return min(b.retry_after_s() for b in batchers)
 
     def require_ready(self) -> None:
-        if not self.ready:
+        """Work is answered while serving, through a drain too; 503 while loading or stopped."""
+        if not self.started or self.closing:
+            if self.closing:
+                self.drain.count("refused")
             raise ApiError(503, self.not_ready_reason(), {"Retry-After": "1"})
 
     def model(self, name: str | None = None, request: Request | None = None) -> ServedModel:

@@ -103,6 +103,11 @@ class ServeConfig:
     """A request's body must arrive completely within this long after its headers, else 408 + close."""
     keep_alive_s: float = 5.0
     """An idle kept-alive connection is closed after this long without a new request."""
+    drain_seconds: float = 5.0
+    """At SIGTERM (or SIGINT) /ready answers 503 at once and requests are still answered, each with Connection:
+    close, for this long, while the orchestrator stops routing here; then the server stops accepting, answers what
+    it accepted and exits (a second signal: at once). Keep it under terminationGracePeriodSeconds minus
+    --header-timeout-s (docs/deploy.md). 0: stop at the signal."""
     max_connections: int = 512
     """Most open connections; beyond it a new connection gets 503 and is closed at once."""
     length_buckets: str = "auto"
@@ -159,6 +164,7 @@ class ServeConfig:
         for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
             v = getattr(self, name)
             need(0 < v <= 3600, name, f"must be > 0 and <= 3600 seconds, got {v}")
+        need(0 <= self.drain_seconds <= 3600, "drain_seconds", f"must be 0..3600 seconds, got {self.drain_seconds}")
         need(
             1 <= self.max_connections <= 1_000_000, "max_connections", f"must be 1..1000000, got {self.max_connections}"
         )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 if TYPE_CHECKING:
+    from qserve.serve.infra.drain import Drain
     from qserve.serve.infra.metrics import Metrics
 
 
@@ -70,6 +71,7 @@ def protocol_class(
     max_connections: int,
     metrics: Metrics | None = None,
     load: HttpLoad | None = None,
+    drain: Drain | None = None,
 ) -> type:
     """A uvicorn `http=` protocol class bound to these limits and this app's metrics; `load` is handed
     uvicorn's sets of open connections and request tasks (what ServeState asks before running inline)."""
@@ -81,6 +83,8 @@ def protocol_class(
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         _timer: asyncio.TimerHandle | None = None
         _got_bytes = False
+        _last = False
+        """The server is stopping: the next answer closes the connection."""
 
         # -- connection lifecycle -----------------------------------------------------------
         def connection_made(self, transport: asyncio.Transport) -> None:
@@ -122,13 +126,30 @@ def protocol_class(
 
         def on_headers_complete(self) -> None:
             self._disarm()
+            before = self.cycle
             super().on_headers_complete()
+            if self.cycle is not before and (self._last or (drain is not None and drain.active)):
+                self.cycle.keep_alive = False  # draining or stopping: the answer closes its connection
             if self.cycle is not None and self.cycle.more_body:
                 self._arm(body_timeout_s, self._body_timeout)
 
         def on_message_complete(self) -> None:
             self._disarm()
             super().on_message_complete()
+
+        def on_response_complete(self) -> None:
+            if drain is not None:
+                drain.answered()
+            super().on_response_complete()
+
+        def shutdown(self) -> None:
+            """The server stops. A connection with no request read yet may have one on its way: not closed under it
+            (its header timeout closes it), and its answer closes it. After a drain an idle kept-alive one is left to
+            its keep-alive timeout alike. Otherwise uvicorn's: in progress, answered then closed; idle, closed."""
+            self._last = True
+            if self.cycle is None or (drain is not None and drain.active and self.cycle.response_complete):
+                return
+            super().shutdown()
 
         def timeout_keep_alive_handler(self) -> None:
             if not self.transport.is_closing():

@@ -102,6 +102,16 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.drain = Counter(
+            "qserve_drain_requests_total",
+            "Requests since the shutdown signal: answered during the drain, answered after it (queued or in "
+            "flight when the listener closed), refused as the server stopped",
+            ["phase"],
+            registry=r,
+        )
+        self.drain_seconds = Gauge(
+            "qserve_drain_seconds", "Seconds from the shutdown signal to the listener's close", registry=r
+        )
         self.depth_parts: dict[str, dict[int, int]] = {}  # per model: each live batcher's queue depth
         # Lifecycle: loads, swaps and unloads by outcome; the version each model serves (value 1).
         self.loads = Counter(

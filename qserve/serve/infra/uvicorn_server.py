@@ -18,6 +18,7 @@ import uvicorn
 
 from qserve import QserveError
 from qserve.serve.infra.connections import protocol_class
+from qserve.serve.infra.drain import Drain, DrainingServer
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
@@ -39,6 +40,7 @@ def uvicorn_config(
             max_connections=cfg.max_connections,
             metrics=st.metrics,
             load=st.http_load,
+            drain=st.drain,
         )
         kwargs["timeout_keep_alive"] = cfg.keep_alive_s
     # One process, one event loop: the model lives in this process (see config.py for why).
@@ -54,12 +56,19 @@ def uvicorn_config(
     )
 
 
+def server(app: ASGIApp, host: str, port: int, log_level: str = "info", log_config: Any = "default") -> DrainingServer:
+    """A uvicorn server for `app` that drains at SIGTERM as its --drain-seconds say (a qserve app; others: none)."""
+    st = getattr(getattr(app, "state", None), "qserve", None)
+    drain, serving = (st.drain, lambda: st.started) if st is not None else (Drain(0.0), lambda: True)
+    return DrainingServer(uvicorn_config(app, host, port, log_level, log_config), drain, serving)
+
+
 class ServerThread:
     """A uvicorn.Server on a daemon thread; `stop()` is a graceful shutdown (in-flight work finishes)."""
 
     def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
         # log_config=None: keep the host process's logging (pytest's caplog sees everything).
-        self.server = uvicorn.Server(uvicorn_config(app, host, port, log_level, log_config=None))
+        self.server = server(app, host, port, log_level, log_config=None)
         self.thread = threading.Thread(target=self.server.run, name="qserve-uvicorn", daemon=True)
         self.host = host
         self.port: int | None = None

@@ -4,7 +4,8 @@
 
 For when one process's event loop is the bound (in front of a GPU): N spawned servers, each with its own models, on
 SO_REUSEPORT sockets; /metrics and a repository load or unload reach one worker only. The supervisor forwards
-SIGINT/SIGTERM once and stops all when one exits on its own. More: docs/serving.md, On a GPU.
+each SIGINT/SIGTERM (the first starts each worker's drain, a second stops them at once) and stops all when one exits
+on its own. More: docs/serving.md, On a GPU.
 """
 
 from __future__ import annotations
@@ -69,8 +70,6 @@ def supervise(workers: int, target: Callable[..., object], args_of: Callable[[in
 
     def stop(*_: object) -> None:
         nonlocal stopping
-        if stopping:
-            return
         stopping = True
         for p in procs:
             if p.pid is not None and p.exitcode is None:
