@@ -15,6 +15,7 @@ one `main(argv) -> int` over benchmarks.harness (a suite's parts run as its chil
     serve_protocol_cost.py   one request on each protocol's route at one client, the code before and after
     serve_protocols.py       one text, one answer across protocols, and what new routes cost the old ones
     flood_bench.py           overload: do admitted requests wait behind refusals?
+    drain_bench.py           nothing lost at shutdown: SIGTERMs under load, venv server, image and --workers 2
     lifecycle_bench.py       shadow agreement's cost, a hot swap's latency and memory
     predict_bench.py         `qserve predict` over a corpus against the model-bound ceiling
     crosscheck.py            qserve bench's timings against plain onnxruntime / torch loops

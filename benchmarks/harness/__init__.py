@@ -2,9 +2,10 @@
 
   python -c "from benchmarks.harness import free_port, reviews; print(free_port(), len(reviews(4)))"
 
-server   `qserve serve` (or any ASGI app under uvicorn) in a child process: start, wait for /ready, its
-         CPU time from /proc, stop; the one place a benchmark starts a child process (spawn); ROOT, the
-         repository root every benchmark's paths start from
+server   `qserve serve` (or any ASGI app under uvicorn) in a child process or the serving image's container:
+         start, wait for /ready, its CPU time from /proc, stop; the one place a benchmark starts a child process
+         (spawn); ROOT, the repository root every benchmark's paths start from
+drain    a SIGTERM under keep-alive and new-connection clients, every request accounted for
 data     the review texts, from the embedded dataset via qserve.data
 metrics  /metrics scraped with prometheus_client's parser (per worker under serve --workers)
 clients  the keep-alive HTTP client, wrk and its Lua, the slow client
@@ -20,6 +21,7 @@ from benchmarks.harness.report import finish, machine, write_markdown, write_rep
 from benchmarks.harness.rounds import in_turn
 from benchmarks.harness.server import (
     ROOT,
+    Container,
     Server,
     VariantServer,
     archive_tree,
@@ -35,6 +37,7 @@ from benchmarks.harness.server import (
 __all__ = [
     "ROOT",
     "Conn",
+    "Container",
     "Server",
     "VariantServer",
     "archive_tree",

@@ -15,16 +15,16 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import threading
 import time
-import uuid
 
 import pytest
 
-from benchmarks.harness import Server
-from benchmarks.harness.server import ROOT, free_port, wait_ready
+from benchmarks.harness import Container, Server
+from benchmarks.harness.drain import sigterm_under_load
+from benchmarks.harness.server import ROOT
 from qserve import QserveError
 from qserve.extras import TOOLKIT_ONLY
+from qserve.serve.infra.config import ServeConfig
 
 httpx2 = pytest.importorskip("httpx2")
 
@@ -76,47 +76,6 @@ def int8_variant(tiny_checkpoint, tmp_path_factory):
     # the container's user (uid 10001) reads the mount: pytest's temp dirs are the owner's only
     subprocess.run(["chmod", "-R", "a+rX", str(out)], check=True)
     return out
-
-
-class Container:
-    """`docker run` of the serving image: non-root, read-only root, /tmp a tmpfs, the variant at /models (ro)."""
-
-    def __init__(self, image: str, variant, *args: str):
-        self.name = f"qserve-test-{uuid.uuid4().hex[:8]}"
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = ["docker", "run", "-d", "--name", self.name, "--read-only", "--tmpfs", "/tmp", "--user", "10001:10001"]
-        # the host's network, so a client meets the server's own socket: behind docker's userland proxy (-p) a
-        # connection made after the listener closed is accepted by the proxy and then reset, not refused
-        cmd += ["--network", "host", "-e", "QSERVE_HOST=127.0.0.1", "-e", f"QSERVE_PORT={self.port}"]
-        cmd += ["-v", f"{variant}:/models:ro", image, "serve", *args]
-        self.started = time.monotonic()
-        subprocess.run(cmd, check=True, capture_output=True, timeout=60)
-
-    def wait_ready(self, timeout: float = 60.0) -> float:
-        """Seconds from `docker run` to /ready answering 200; a container that exits first fails at once, its log
-        in the message (not after the whole timeout)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                wait_ready(self.url, timeout=2.0, tag=f"container {self.name}")
-                return time.monotonic() - self.started
-            except QserveError:
-                if self.inspect("{{.State.Running}}") != "true":
-                    pytest.fail(f"container {self.name} exited before it was ready:\n{self.logs()[-3000:]}")
-                if time.monotonic() > deadline:
-                    pytest.fail(f"container {self.name} not ready after {timeout:.0f} s:\n{self.logs()[-3000:]}")
-
-    def inspect(self, fmt: str) -> str:
-        return subprocess.run(
-            ["docker", "inspect", "-f", fmt, self.name], capture_output=True, text=True, check=True
-        ).stdout.strip()
-
-    def logs(self) -> str:
-        return subprocess.run(["docker", "logs", self.name], capture_output=True, text=True, check=False).stderr
-
-    def remove(self) -> None:
-        subprocess.run(["docker", "rm", "-f", self.name], capture_output=True, check=False)
 
 
 def _classify(url: str) -> list[list[dict]]:
@@ -187,7 +146,10 @@ def test_the_image_serves_as_the_venv_does_and_drains_on_sigterm(serve_image, in
     )
     box = Container(serve_image, int8_variant, "--threads", "1", "--log-level", "warning")
     try:
-        ready_s = box.wait_ready(300)
+        try:
+            ready_s = box.wait_ready(300)
+        except QserveError as e:
+            pytest.fail(str(e))
         print(f"container start to ready: {ready_s:.2f} s (beside the venv's server starting)")
         venv.wait_ready(300)
         assert box.inspect("{{.Config.User}}") == "10001:10001"
@@ -200,55 +162,13 @@ def test_the_image_serves_as_the_venv_does_and_drains_on_sigterm(serve_image, in
         _same(_classify(box.url), _classify(venv.url))
         _same(_v2(box.url, models[0]["id"]), _v2(venv.url, models[0]["id"]))
 
-        # SIGTERM while 8 clients post: every request the server accepted is answered 200; after the listener
-        # closes a new connection is refused (never accepted, so not lost); the container exits 0. A connection
-        # still in the kernel's accept queue when the listener closes is reset before the server ever read it:
-        # counted apart (at most once per client, each stops there), never as an answer lost mid-request
-        # (docs/deploy.md: an orchestrator stops routing before SIGTERM, so none arrive then).
-        answered, lost, queued, stop, signalled = [], [], [], threading.Event(), threading.Event()
-
-        def client(k: int) -> None:
-            while not stop.is_set():
-                try:
-                    r = httpx2.post(
-                        f"{box.url}/v1/classify",
-                        json={"inputs": [f"{TEXTS[k % 4]} {k}"] * 4},
-                        timeout=60,
-                        trust_env=False,
-                        headers={"connection": "close"},
-                    )
-                except httpx2.ConnectError:
-                    return  # refused: the listener is closed
-                except httpx2.ReadError as e:
-                    # a fresh connection (Connection: close) reset with no byte of an answer: the accept queue's
-                    (queued if "reset by peer" in str(e) and signalled.is_set() else lost).append(repr(e))
-                    return
-                except httpx2.HTTPError as e:
-                    lost.append(repr(e))
-                    return
-                (answered if r.status_code == 200 else lost).append(r.status_code)
-
-        threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + 30.0  # under load: as many answers as clients, not a fixed wait
-        while len(answered) < len(threads) and not lost and time.monotonic() < deadline:
-            time.sleep(0.05)
-        before = len(answered)
-        signalled.set()
-        subprocess.run(["docker", "kill", "--signal", "TERM", box.name], check=True, capture_output=True)
-        exit_code = subprocess.run(
-            ["docker", "wait", box.name], capture_output=True, text=True, timeout=90, check=True
-        ).stdout.strip()
-        stop.set()
-        for t in threads:
-            t.join(60)
-        print(
-            f"SIGTERM under load: {len(answered)} answered ({before} before the signal), {len(lost)} lost, "
-            f"{len(queued)} reset in the accept queue"
-        )
-        assert before > 0 and not lost and len(queued) <= len(threads), (lost, queued)
-        assert exit_code == "0", box.logs()
+        # SIGTERM under keep-alive and new-connection clients (qserve is PID 1): /ready fails at once, answers go
+        # on through the drain (the image's default), nothing is lost (a reset counts as lost), the exit is 0.
+        got = sigterm_under_load(box.url, TEXTS, box.signal, box.wait, ServeConfig().drain_seconds, 8, 4)
+        print(f"SIGTERM under load: {got['answered']} answered ({got['after_signal']} after the signal)")
+        assert not got["lost"] and not got["error_statuses"] and got["unready_ms"] is not None, got
+        assert got["kept_closed"] == 8, got
+        assert got["exit_code"] == 0, box.logs()
     finally:
         venv.stop()
         box.remove()

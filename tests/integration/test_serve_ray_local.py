@@ -136,6 +136,13 @@ def _serve_and_ask(model_dir: Path, env: dict[str, str], log: Path, more: tuple[
                     pass
                 time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
+        if "--drain-seconds" in more:  # the drain: every replica fails /ready, Ray's proxy answers on meanwhile
+            with httpx2.Client(base_url=f"http://127.0.0.1:{port}", timeout=10, trust_env=False) as c:
+                while c.get("/ready").status_code != 503:
+                    assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                    time.sleep(0.1)
+                info["drain_answer"] = c.post("/v1/classify", json={"inputs": ["A wonderful film."]}).status_code
+            proc.send_signal(signal.SIGINT)  # a second signal: at once, not after the 30 s drain
         assert proc.wait(timeout=90) == 0, log.read_text()[-3000:]
         return info
     finally:
@@ -187,8 +194,9 @@ def test_local_instance_beside_a_running_and_a_crashed_ray_start_cluster(ray_tmp
     _end_processes_under(temp_dir, grace=0)
     assert address_file.read_text().strip() == address
     # ... and a second model by name: the replica holds both (the names travel from the command line)
-    info = _serve_and_ask(model_dir, env, tmp_path / "stale.log", more=(f"b={tiny_variant}",))
+    info = _serve_and_ask(model_dir, env, tmp_path / "stale.log", more=(f"b={tiny_variant}", "--drain-seconds", "30"))
     assert info["engine"] == "ray" and info["models"][0]["selection"]["variant"] == tiny_variant.name
+    assert info["drain_answer"] == 200
     assert [m["id"] for m in info["models"]] == [tiny_variant.name, "b"] and info["default"] == tiny_variant.name
     assert info["models"][1]["version"] == info["models"][0]["version"]  # the same variant dir
     assert f"Ray records a cluster at {address}" in (tmp_path / "stale.log").read_text()
