@@ -241,7 +241,7 @@ def serve_worker(cfg: ServeConfig, repository: Repository, log_level: str, index
         return {"engine": "uvicorn", "replica_count": 1, "workers": workers, "worker": index, "pid": os.getpid()}
 
     st.engine_info = engine_info
-    app.router.lifespan_context = listen_once_loaded(app.router.lifespan_context)
+    app.lifespan_context = listen_once_loaded(app.lifespan_context)
     running = server(app, cfg.host, port, log_level)
     # uvicorn re-raises the signal that stopped it once it has drained: end this worker as a normal exit (its
     # libraries' finalizers run), not by the signal's default action.

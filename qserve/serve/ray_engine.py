@@ -1,4 +1,4 @@
-"""The Ray Serve engine: the one FastAPI app (create_app) as N replicas behind Ray's HTTP proxy.
+"""The Ray Serve engine: the one app (create_app) as N replicas behind Ray's HTTP proxy.
 
     qserve serve models/minilm-imdb-variants/onnx-int8 --engine ray --replicas 2
     qserve deploy ray "$PWD/models/minilm-imdb-variants/onnx-int8" --out serve_config.yaml && \\
@@ -84,7 +84,7 @@ class ReplicaMiddleware:
 
         async def stamp(message: Message) -> None:
             if message["type"] == "http.response.start":
-                # Ray's proxy appends its own X-Request-ID (the same id the guard used, as it forwards
+                # Ray's proxy appends its own X-Request-ID (the same id the router used, as it forwards
                 # the header to us): drop ours so clients see one header, not "id, id".
                 hdrs = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"]
                 message = {**message, "headers": hdrs + [self.header]}
@@ -167,8 +167,7 @@ class QserveReplica:
             ["engine", "replica"],
             registry=st.metrics.registry,
         ).labels("ray", replica_id).set(1)
-        app.add_middleware(ReplicaMiddleware, replica_id=replica_id, state=st)
-        return app
+        return ReplicaMiddleware(app, replica_id=replica_id, state=st)
 
 
 def logging_config(log_level: str) -> dict[str, Any]:

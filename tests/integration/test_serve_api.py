@@ -84,6 +84,28 @@ def test_health_ready_docs(client):
     assert client.get("/docs").status_code == 200
 
 
+def test_a_classify_request_passes_each_module_once_down_the_layers(server, client, monkeypatch):
+    """From the server to the serving state, a classify request passes the app, the router and its protocol, in
+    that order and each once: no framework router or middleware between them, no module visited twice."""
+    import sys
+
+    st = server.server.config.app.state.qserve
+    submit, seen = st.submit, []
+
+    async def recorded(req):
+        chain, f = [], sys._getframe(1)
+        while f is not None:
+            chain.append(f.f_globals.get("__name__", ""))
+            f = f.f_back
+        ours = [m for m in reversed(chain) if m.startswith(("qserve.", "fastapi", "starlette"))]
+        seen.append([m for i, m in enumerate(ours) if i == 0 or m != ours[i - 1]])  # a module's frames: one visit
+        return await submit(req)
+
+    monkeypatch.setattr(st, "submit", recorded)
+    assert client.post("/v1/classify", json={"inputs": "fine"}).status_code == 200
+    assert seen == [["qserve.serve.app", "qserve.serve.router", "qserve.serve.protocols.v1"]]
+
+
 def test_classify_single_and_batch_match_the_runtime(client, reference):
     texts = ["A wonderful, moving film.", "Dull and far too long.", "It was fine, I guess."]
     r = client.post("/v1/classify", json={"inputs": texts[0]})

@@ -68,9 +68,9 @@ def test_auth_rejects_missing_and_wrong_tokens_and_never_logs_them(auth_server, 
     assert KEY not in logged and wrong not in logged  # ... and holds neither token
 
 
-def test_under_a_root_path_the_guard_decides_on_the_route_it_routes_by(tiny_variant):
-    """Behind a proxy that strips a prefix (uvicorn --root-path): the guard's open paths, its refusals' error shape
-    and the app's errors follow the route the router reaches, not the prefixed path."""
+def test_under_a_root_path_the_router_decides_on_the_route_it_routes_by(tiny_variant):
+    """Behind a proxy that strips a prefix (uvicorn --root-path): the open paths, the refusals' error shape and the
+    errors follow the route the router reaches, not the prefixed path."""
     from qserve.serve.app import create_app
     from qserve.serve.infra.config import ServeConfig
     from qserve.serve.infra.uvicorn_server import ServerThread
@@ -87,7 +87,7 @@ def test_under_a_root_path_the_guard_decides_on_the_route_it_routes_by(tiny_vari
                 time.sleep(0.02)
             assert c.get("/health").status_code == 200 and c.get("/v2/health/live").status_code == 200
             assert c.get("/v1/models").status_code == 401  # not an open route
-            refused = c.post("/predict", json={"inputs": "fine"})  # the guard's 401 in TEI's own error shape
+            refused = c.post("/predict", json={"inputs": "fine"})  # the router's 401 in TEI's own error shape
             assert refused.status_code == 401 and set(refused.json()) == {"error", "error_type"}
             bad = c.post("/predict", json={"inputs": 3}, headers=auth)  # the app's 422, in TEI's shape too
             assert bad.status_code == 422 and set(bad.json()) == {"error", "error_type"}

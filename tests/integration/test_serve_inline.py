@@ -217,10 +217,10 @@ BODIES = [
 ]
 
 
-def test_every_inference_route_is_answered_by_the_guard_alone(tiny_variant, runtime):
+def test_every_inference_route_is_answered_by_the_router_alone(tiny_variant, runtime):
     """/v1/classify, TEI's /predict and POST /, vLLM's /classify and V2 infer: every body, good or bad, answered by the
-    guard (spec.inference); FastAPI's endpoint for them (spec.documented) is never called, or it would answer 500.
-    tests/unit/test_protocols.py pins the refusals' words to FastAPI's own reading of the same bodies."""
+    router (its route's Body and answer). tests/unit/test_protocols.py pins the refusals' words to FastAPI's own
+    reading of the same bodies."""
     srv = _serve(tiny_variant, Recorded(runtime))
     try:
         with _client(srv.url) as c:

@@ -2,7 +2,7 @@
 
     python -m pytest tests/unit/test_protocols.py -q
 
-No server, no model: the declarations (qserve/serve/protocols/spec.py) and the app built from them.
+No server, no model: the declarations (qserve/serve/protocols/spec.py), the route table and the app built from them.
 """
 
 from __future__ import annotations
@@ -32,35 +32,40 @@ def test_a_protocol_is_spelled_in_its_module_and_the_registry_only(module):
     assert f"protocols/{module}" in found and "protocols/registry.py" in found
 
 
-def test_app_names_no_inference_path():
-    from qserve.serve.protocols.registry import SERVED
-
-    app = (SERVE / "app.py").read_text(encoding="utf-8")
-    assert SERVED.inference_paths, "no inference route declared"
-    for path in SERVED.inference_paths:
-        assert f'"{path}"' not in app and f"'{path}'" not in app, path
-
-
-def test_every_declared_route_is_served_once_in_declaration_order(tmp_path):
-    from fastapi.routing import APIRoute
-
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
     from qserve.serve.app import create_app
     from qserve.serve.core.repository import Repository
     from qserve.serve.infra.config import ServeConfig
-    from qserve.serve.protocols.registry import PROTOCOLS
 
     # no model: nothing loads before the lifespan starts, and the routes are there from the start
-    app = create_app(ServeConfig(variant_dir=str(tmp_path)), repository=Repository([]))
-    served = [(r.path, sorted(r.methods)) for r in app.routes if isinstance(r, APIRoute)]
-    declared = [(r.path, [r.method]) for p in PROTOCOLS for r in p.routes]
-    assert served == declared
+    return create_app(ServeConfig(variant_dir=str(tmp_path_factory.mktemp("none"))), repository=Repository([]))
 
 
-def test_inference_routes_are_answered_by_one_path():
-    from qserve.serve.protocols.registry import SERVED
+def test_app_names_no_inference_path(app):
+    text = (SERVE / "app.py").read_text(encoding="utf-8")
+    assert app.router.table.inference_paths, "no inference route declared"
+    for path in app.router.table.inference_paths:
+        assert f'"{path}"' not in text and f"'{path}'" not in text, path
 
-    inference = [(p.name, r.method, r.path) for p in SERVED.all for r in p.routes if r.inference]
-    assert {(m, path) for _, m, path in inference} == {
+
+def test_every_declared_route_is_served_once_in_declaration_order(app):
+    """One table holds every route the server answers: the document's pages (GET and HEAD), then each protocol's
+    routes as declared."""
+    from qserve.serve.protocols.registry import PROTOCOLS
+
+    pages = [(m, p) for p in ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc") for m in ("GET", "HEAD")]
+    declared = [(r.method, r.path) for p in PROTOCOLS for r in p.routes]
+    assert [(r.method, r.path) for _, r, _ in app.router.table.routes] == pages + declared
+
+
+def test_inference_routes_are_answered_by_one_path(app):
+    """The router answers every route by its declaration: no FastAPI or Starlette app or router behind it, no stub
+    endpoint, no route read back from Starlette's scope."""
+    from starlette.applications import Starlette
+
+    inference = [(r.method, r.path) for _, r, _ in app.router.table.routes if r.inference]
+    assert set(inference) == {
         ("POST", "/v1/classify"),
         ("POST", "/v2/models/{name}/infer"),
         ("POST", "/v2/models/{name}/versions/{version}/infer"),
@@ -68,13 +73,8 @@ def test_inference_routes_are_answered_by_one_path():
         ("POST", "/"),
         ("POST", "/classify"),
     }
-    # FastAPI holds the route's OpenAPI entry only: its endpoint answers nothing (the guard answers every request)
-    from qserve.serve.protocols.spec import documented
-
-    assert all(
-        r.answer is not None and r.endpoint(None) is documented for p in SERVED.all for r in p.routes if r.inference
-    )
-    assert not any("Signature" in p.read_text(encoding="utf-8") for p in SERVE.rglob("*.py"))
+    assert not isinstance(app, Starlette)
+    assert not _serve_files_matching(r"scope\.get\(\"route\"\)|add_api_route|APIRoute|FastAPI\(|Signature")
 
 
 @pytest.mark.parametrize(
@@ -100,30 +100,41 @@ def test_inference_routes_are_answered_by_one_path():
         ("unmatched", "POST", "other", False),
     ],
 )
-def test_a_request_belongs_to_the_protocol_of_its_route(path, method, label, own_errors):
+def test_a_request_belongs_to_the_protocol_of_its_route(app, path, method, label, own_errors):
     """The route for the path and method; for a method no route there takes, the path's POST route, else its first."""
-    from qserve.serve.protocols.registry import SERVED
-    from qserve.serve.protocols.spec import errors
-
-    assert SERVED.label(path, method) == label
-    assert (errors(SERVED.match(path, method)) is not None) is own_errors
+    found = app.router.table.match(path, method)
+    assert found.label == label
+    assert (found.protocol is not None and found.protocol.errors is not None) is own_errors
 
 
-def test_the_guard_refusal_has_the_protocols_error_shape():
-    import json
+def test_every_answer_costs_one_route_lookup_and_has_its_protocols_error_shape(app, monkeypatch):
+    """Each request is looked up once, whatever it gets: a page, a 404, a 405, a refusal (in the error shape of the
+    protocol it reached: TEI's {"error", "error_type"} keeps the refusal's status), a refused body, an unready
+    model; and the table's labels and 404 hint."""
+    from starlette.testclient import TestClient
 
-    from qserve.serve.protocols.registry import SERVED
-
-    body = SERVED.refusal(SERVED.match("/predict", "POST"), 415, "Content-Type must be application/json")
-    assert body is not None and json.loads(body) == {
-        "error": "Content-Type must be application/json",
+    table = app.router.table
+    calls: list[tuple[str, str]] = []
+    match = table.match
+    monkeypatch.setattr(table, "match", lambda path, method: calls.append((path, method)) or match(path, method))
+    c = TestClient(app)
+    tei_ct = c.post("/predict", content=b"{}", headers={"content-type": "text/plain"})
+    assert tei_ct.status_code == 415
+    assert tei_ct.json() == {
+        "error": "Content-Type must be application/json, got 'text/plain'",
         "error_type": "validation",
     }
-    assert (
-        SERVED.refusal(SERVED.match("/classify", "POST"), 415, "x") is None
-    )  # vLLM keeps qserve's {"error", "request_id"}
-    assert SERVED.labels == ("v1", "v2", "tei", "vllm", "other")
-    assert SERVED.hint == "POST /v1/classify or POST /v2/models/{name}/infer"
+    vllm_ct = c.post("/classify", content=b"{}", headers={"content-type": "text/plain"})
+    assert vllm_ct.status_code == 415 and set(vllm_ct.json()) == {"error", "request_id"}  # vLLM keeps qserve's
+    assert c.get("/health").json() == {"status": "alive"} and c.get("/docs").status_code == 200
+    nowhere = c.get("/nowhere")
+    assert nowhere.status_code == 404 and "POST /v1/classify or POST /v2/models/{name}/infer" in nowhere.json()["error"]
+    assert c.put("/").status_code == 405 and c.put("/").headers["allow"] == "GET, POST"
+    assert c.post("/v1/classify", json={"inputs": 3}).status_code == 422
+    assert c.post("/v1/classify", json={"inputs": "fine"}).status_code == 503  # no model loaded
+    assert len(calls) == 9 and [m for _, m in calls].count("PUT") == 2
+    assert table.labels == ("v1", "v2", "tei", "vllm", "other")
+    assert table.hint == "POST /v1/classify or POST /v2/models/{name}/infer"
 
 
 def _serve_files_matching(pattern: str) -> set[str]:
@@ -141,7 +152,7 @@ def test_kserve_v2_is_one_package():
 
 def test_one_way_in_for_http_and_grpc():
     """Both transports take a request through the same admission calls; the request-id rule is written once."""
-    for front in ("guard.py", "protocols/v2/grpc_service.py"):
+    for front in ("router.py", "protocols/v2/grpc_service.py"):
         text = (SERVE / front).read_text(encoding="utf-8")
         for step in ("admission.enter(", "admission.admit(", "admission.leave("):
             assert step in text, (front, step)
@@ -157,11 +168,10 @@ def test_one_way_in_for_http_and_grpc():
 
 
 def test_one_route_table():
-    """Paths are compiled and matched in spec.Protocols only (and spec.inference reads a path's parameters for the
-    document): the guard and the app read the table."""
-    assert _serve_files_matching(r"compile_path|\.matches\(") == {"protocols/spec.py"}
-    guard = (SERVE / "guard.py").read_text(encoding="utf-8")
-    assert "self.protocols.match(" in guard and "routes=" not in guard
+    """Paths are compiled and matched in router.Table only: the router reads it, once per request."""
+    assert _serve_files_matching(r"compile_path|\.matches\(") == {"router.py"}
+    router = (SERVE / "router.py").read_text(encoding="utf-8")
+    assert router.count("self.table.match(") == 1 and "routes=" not in router
 
 
 # Bodies an inference route may get: good ones, and every way FastAPI refuses one (400 or 422, and its words)
@@ -192,7 +202,7 @@ BODIES = [
     "model_name", ["ClassifyRequest", "TeiPredictRequest", "TeiRootRequest", "VllmClassifyRequest"]
 )
 def test_an_inference_body_is_read_as_fastapi_reads_it(model_name):
-    """spec.read_json, the guard's one reading of a JSON body, against a FastAPI route taking the same model: every
+    """spec.read_json, the router's one reading of a JSON body, against a FastAPI route taking the same model: every
     body gets the same value, or the same refusal (a 400's words, a 422's errors), so no status or message moved
     when the FastAPI route stopped answering."""
     import asyncio
@@ -202,10 +212,10 @@ def test_an_inference_body_is_read_as_fastapi_reads_it(model_name):
     from fastapi.responses import PlainTextResponse
 
     from qserve.serve.infra.errors import ApiError
-    from qserve.serve.protocols.registry import SERVED
+    from qserve.serve.protocols.registry import PROTOCOLS
     from qserve.serve.protocols.spec import read_json
 
-    model = {m.__name__: m for m in SERVED.bodies}[model_name]
+    model = {r.body.schema.__name__: r.body.schema for p in PROTOCOLS for r in p.routes if r.body}[model_name]
 
     def errors(exc: RequestValidationError) -> str:
         return repr([(e["type"], tuple(e["loc"]), e["msg"], e.get("input"), e.get("ctx")) for e in exc.errors()])

@@ -216,7 +216,7 @@ def test_steps_read_back_from_the_console_exporter():
             ("inference", t0 + 900_000, t0 + 9_900_000 + k * 1000, {}),
         ]  # inference 9000 (+1 for k=1)
         trace.answered_ns = t0 + 10_150_000  # hop back 250 (249 for k=1)
-        trace.finish("POST /v1/classify", 200)
+        trace.finish(200)
     text = "INFO: some log line {not json}\n" + out.getvalue() + "INFO: shutdown\n"
     rows = serve_steps.per_request(serve_steps.spans(text))
     assert len(rows) == 2

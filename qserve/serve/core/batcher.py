@@ -83,7 +83,7 @@ class Batcher:
         self.max_wait_s = max_wait_ms / 1000.0
         self.max_queue = max_queue
         self.metrics = metrics
-        self.arriving = arriving  # requests on their way to the queue (see guard.Arrivals)
+        self.arriving = arriving  # requests on their way to the queue (see admission.Arrivals)
         self._items: deque[Item] = deque()
         self._wake = asyncio.Event()
         self._closing = False

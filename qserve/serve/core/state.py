@@ -146,7 +146,7 @@ class ServeState:
     # /v1/models' engine block; the Ray engine swaps in one that asks the Serve controller.
     engine_info: Callable[[], Awaitable[dict[str, Any]]] = field(default=_single_process_info, repr=False)
     admission: Admission = field(init=False, repr=False)
-    """The one way in for every request, HTTP (qserve/serve/guard.py) and gRPC alike (infra/admission.py)."""
+    """The one way in for every request, HTTP (qserve/serve/router.py) and gRPC alike (infra/admission.py)."""
     drain: Drain = field(init=False, repr=False)
     """The shutdown's drain (infra/drain.py): while it runs the server answers but is not ready."""
 
@@ -381,7 +381,7 @@ class ServeState:
 
     def queue_full_retry_after(self, name: str | None = None) -> int | None:
         """Retry-After seconds while not one more text fits in the queue of model `name` (None: the body will
-        name it, so only when every model's queue is full), else None. guard.py asks before reading the body."""
+        name it, so only when every model's queue is full), else None. router.py asks before reading the body."""
         if name is not None:
             model = self.models.get(name)
             batchers = [model.batcher] if model is not None else []

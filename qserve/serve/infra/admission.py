@@ -94,6 +94,8 @@ class Call:
     request_id: str
     start: float
     trace: RequestTrace | None = None
+    protocol: str = "other"
+    """The metrics label of the protocol its route belongs to (qserve_protocol_requests_total)."""
 
 
 class Admission:
@@ -126,16 +128,18 @@ class Admission:
         method: str,
         incoming_id: str | None,
         trace: tuple[str, Mapping[str, str], Mapping[str, Any]] | None = None,
+        protocol: str = "other",
     ) -> Call:
         """The request's Call: its id (by REQUEST_ID) and, when tracing is on and `trace` = (span name, the
-        carrier of the client's traceparent, attributes) is given, its trace, begun now."""
+        carrier of the client's traceparent, attributes) is given, its trace, begun now; `protocol`: its metrics
+        label."""
         rid = request_id(incoming_id)
         state = scope.setdefault("state", {})
         state["request_id"] = rid
         begun = None
         if self.tracing is not None and trace is not None:
             begun = state[TRACE_KEY] = self.tracing.begin(*trace)
-        return Call(scope, route, method, rid, time.perf_counter(), begun)
+        return Call(scope, route, method, rid, time.perf_counter(), begun, protocol)
 
     def admit(
         self,
@@ -191,19 +195,11 @@ class Admission:
         if refusal.reason == "queue_full":
             self.metrics.rejection.labels(refusal.model).observe(time.perf_counter() - call.start)
 
-    def leave(
-        self,
-        call: Call,
-        status: int,
-        route: str | None = None,
-        trace_name: str | None = None,
-        trace_status: int | None = None,
-        trace_attributes: Mapping[str, Any] | None = None,
-    ) -> None:
-        """The request is over: its arrival ended, its metrics (by `route` when the transport learnt a better
-        one, and the model the request reached) and its trace (`trace_name` renames the span)."""
+    def leave(self, call: Call, status: int, trace_attributes: Mapping[str, Any] | None = None) -> None:
+        """The request is over: its arrival ended, its metrics (with the model the request reached) and its trace."""
         self.arrivals.end(call.scope)
         model = (call.scope.get("state") or {}).get("qserve_model") or ""
-        self.metrics.observe_request(route or call.route, call.method, status, time.perf_counter() - call.start, model)
+        seconds = time.perf_counter() - call.start
+        self.metrics.observe_request(call.route, call.method, status, seconds, model, call.protocol)
         if call.trace is not None:
-            call.trace.finish(trace_name, status if trace_status is None else trace_status, trace_attributes)
+            call.trace.finish(status, trace_attributes)

@@ -8,7 +8,7 @@ Request and model series carry a `model` label; a Batcher gets a ModelMetrics, t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -25,14 +25,8 @@ QUEUE_WAIT_BUCKETS = (1e-4, 5e-4, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(
-        self,
-        protocol_of: Callable[[str, str], str] = lambda route, method: "other",
-        protocols: Sequence[str] = ("other",),
-    ) -> None:
-        # protocol_of(route template, method) -> its protocol's label, one of `protocols` (the served protocols'
-        # labels, app.py: protocols/spec.py Protocols.label and .labels)
-        self.protocol_of = protocol_of
+    def __init__(self, protocols: Sequence[str] = ("other",)) -> None:
+        # protocols: the served protocols' metrics labels (router.Table.labels), for the help text
         self.registry = r = CollectorRegistry()
         m = ["model"]
         self.requests = Counter(
@@ -153,15 +147,17 @@ class Metrics:
             "qserve_shadow_agreement_bar", "The variant's agreement bar (its bench bar for its bits)", m, registry=r
         )
 
-    def observe_request(self, route: str, method: str, status: int, seconds: float, model: str = "") -> None:
+    def observe_request(
+        self, route: str, method: str, status: int, seconds: float, model: str = "", protocol: str = "other"
+    ) -> None:
         key = (route, method, status, model)
         series = self._series.get(key)
-        if series is None:  # once per (route, method, status, model): labels() and protocol_of off the hot path
+        if series is None:  # once per (route, method, status, model): labels() off the hot path
             labels = (route, method, str(status), model)
             series = (
                 self.requests.labels(*labels),
                 self.latency.labels(*labels),
-                self.protocol.labels(self.protocol_of(route, method), str(status), model),
+                self.protocol.labels(protocol, str(status), model),
             )
             if len(self._series) < SERIES_CACHE:  # routes are templates, so this stays small; a bound all the same
                 self._series[key] = series

@@ -135,7 +135,7 @@ class RequestTrace:
         self.answered_ns = time.time_ns()
         self.phases = phases
 
-    def finish(self, name: str | None, status: int, attributes: Mapping[str, Any] | None = None) -> None:
+    def finish(self, status: int, attributes: Mapping[str, Any] | None = None) -> None:
         """End the request now: its step spans from the collected times, then the server span."""
         from opentelemetry import trace
         from opentelemetry.trace import Status, StatusCode
@@ -154,8 +154,6 @@ class RequestTrace:
             child(step, t0, t1, attrs)
         if self.answered_ns is not None:
             child("respond", self.answered_ns, end)
-        if name:
-            root.update_name(name)
         for k, v in (attributes or {}).items():
             root.set_attribute(k, v)
         if status >= 500:

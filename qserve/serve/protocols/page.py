@@ -8,16 +8,18 @@ client would, so it is open (with --api-key it asks for the key). See docs/proto
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
 import re
+from functools import cache
 from pathlib import Path
 from typing import Any
 
-from fastapi import Query
-from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
 
 from qserve import QserveError
 from qserve.artifact import VariantError, read_manifest
@@ -25,7 +27,7 @@ from qserve.bench.recommend import real_text_b1
 from qserve.bench.report import load_report, summary_rows
 from qserve.serve.core.schemas import ErrorResponse
 from qserve.serve.core.state import ServeState
-from qserve.serve.protocols.spec import Endpoint, ProtocolSpec, Route
+from qserve.serve.protocols.spec import ProtocolSpec, Route
 
 PAGE_HTML = Path(__file__).with_name("page.html")
 
@@ -160,34 +162,39 @@ def _csp(page: str) -> str:
     )
 
 
-def _index(st: ServeState) -> Endpoint:
-    # Whether to ask for a key is the one server fact the page carries, so it never has to fail a call to learn it.
-    page = PAGE_HTML.read_text(encoding="utf-8").replace("{{AUTH}}", "required" if st.config.api_key else "none")
+@cache
+def _page(auth: str) -> tuple[str, dict[str, str]]:
+    page = PAGE_HTML.read_text(encoding="utf-8").replace("{{AUTH}}", auth)
     headers = {
         "Content-Security-Policy": _csp(page),
         "X-Content-Type-Options": "nosniff",
         "Referrer-Policy": "no-referrer",
         "Cache-Control": "no-cache",
     }
-
-    async def index() -> HTMLResponse:
-        return HTMLResponse(page, headers=headers)
-
-    return index
+    return page, headers
 
 
-def _report(st: ServeState) -> Endpoint:
-    def v1_report(
-        model: str | None = Query(
-            default=None, description="A served model (GET /v1/models lists them); default: the default model."
-        ),
-    ) -> ReportSummary:  # a plain def: FastAPI runs the file reads in its thread pool
-        served = st.model(model)
-        out = report_summary(served.variant_dir or st.config.variant_dir)
-        out.model = served.name
-        return out
+async def index(st: ServeState, body: bytes, request: Request) -> HTMLResponse:
+    # Whether to ask for a key is the one server fact the page carries, so it never has to fail a call to learn it.
+    page, headers = _page("required" if st.config.api_key else "none")
+    return HTMLResponse(page, headers=headers)
 
-    return v1_report
+
+async def v1_report(st: ServeState, body: bytes, request: Request) -> ReportSummary:
+    served = st.model(request.query_params.get("model"))
+    out = await asyncio.to_thread(report_summary, served.variant_dir or st.config.variant_dir)  # file reads
+    out.model = served.name
+    return out
+
+
+MODEL = "A served model (GET /v1/models lists them); default: the default model."
+MODEL_QUERY: dict[str, Any] = {
+    "name": "model",
+    "in": "query",
+    "required": False,
+    "description": MODEL,
+    "schema": {"anyOf": [{"type": "string"}, {"type": "null"}], "description": MODEL, "title": "Model"},
+}
 
 
 # GET / is open (it holds no model data); GET /v1/report needs the key like every JSON route, and counts as /v1's.
@@ -198,19 +205,19 @@ PAGE = ProtocolSpec(
         Route(
             "GET",
             "/",
-            _index,
-            dict(tags=["page"], response_class=HTMLResponse, summary="The served models' page (HTML, open)"),
+            index,
+            dict(tags=["page"], media_type="text/html", summary="The served models' page (HTML, open)"),
             open=True,
         ),
         Route(
             "GET",
             "/v1/report",
-            _report,
+            v1_report,
             dict(
                 tags=["v1"],
-                response_model=ReportSummary,
                 summary="The bench report behind a served model's variant: the recommendation and its row",
                 responses={401: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
+                openapi_extra={"parameters": [MODEL_QUERY]},
             ),
             label="v1",
         ),

@@ -8,35 +8,26 @@ unless --metrics-public.
 
 from __future__ import annotations
 
-from fastapi import Response
-from fastapi.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from qserve.serve.core.schemas import ErrorResponse
 from qserve.serve.core.state import ServeState
-from qserve.serve.protocols.spec import Endpoint, ProtocolSpec, Route
+from qserve.serve.protocols.spec import ProtocolSpec, Route
 
 
-def _health(st: ServeState) -> Endpoint:
-    async def health() -> dict:
-        return {"status": "alive"}
-
-    return health
+async def health(st: ServeState, body: bytes, request: Request) -> dict:
+    return {"status": "alive"}
 
 
-def _ready(st: ServeState) -> Endpoint:
-    async def ready() -> JSONResponse:
-        if st.ready:
-            return JSONResponse({"ready": True, "model": st.default})
-        return JSONResponse({"ready": False, "reason": st.not_ready_reason()}, status_code=503)
-
-    return ready
+async def ready(st: ServeState, body: bytes, request: Request) -> JSONResponse:
+    if st.ready:
+        return JSONResponse({"ready": True, "model": st.default})
+    return JSONResponse({"ready": False, "reason": st.not_ready_reason()}, status_code=503)
 
 
-def _metrics(st: ServeState) -> Endpoint:
-    async def metrics() -> Response:
-        return Response(st.metrics.render(), media_type=st.metrics.content_type)
-
-    return metrics
+async def metrics(st: ServeState, body: bytes, request: Request) -> Response:
+    return Response(st.metrics.render(), media_type=st.metrics.content_type)
 
 
 PROBES = ProtocolSpec(
@@ -45,14 +36,14 @@ PROBES = ProtocolSpec(
         Route(
             "GET",
             "/health",
-            _health,
+            health,
             dict(tags=["health"], summary="Liveness: 200 while the process serves HTTP"),
             open=True,
         ),
         Route(
             "GET",
             "/ready",
-            _ready,
+            ready,
             dict(
                 tags=["health"],
                 summary="Readiness: 503 until the model is loaded and warmed up",
@@ -63,11 +54,11 @@ PROBES = ProtocolSpec(
         Route(
             "GET",
             "/metrics",
-            _metrics,
+            metrics,
             dict(
                 tags=["health"],
                 summary="Prometheus metrics (needs the API key unless --metrics-public)",
-                response_class=Response,
+                media_type=None,
                 responses={401: {"model": ErrorResponse}},
             ),
         ),

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
-from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
 
 from qserve import __version__
 from qserve import problemtypes as problems
@@ -26,7 +26,7 @@ from qserve.serve.core.state import ServedModel, ServeState
 from qserve.serve.core.texts import check_texts
 from qserve.serve.infra.config import ServeConfig
 from qserve.serve.infra.errors import ApiError
-from qserve.serve.protocols.spec import ErrorShape, OpenApi, ProtocolSpec, Published, Route, inference, json_body
+from qserve.serve.protocols.spec import ErrorShape, OpenApi, ProtocolSpec, Published, Route, json_body
 from qserve.textpairs import PAIR
 
 T = TypeVar("T")
@@ -290,7 +290,7 @@ async def root_answer(st: ServeState, body: TeiRootRequest, request: Request) ->
     return await predict(st, body, request, hf)
 
 
-def info(st: ServeState) -> dict[str, object]:
+async def tei_info(st: ServeState, body: bytes, request: Request) -> dict[str, object]:
     """TEI's Info for the default model."""
     model = st.model(None)
     rt, cfg = model.runtime, st.config
@@ -375,27 +375,6 @@ async def decode(st: ServeState, body: TeiDecodeRequest, request: Request) -> li
 
 
 # -- the declaration (registry.py serves it) ---------------------------------------------------------------
-def _info(st: ServeState) -> Callable[[], Any]:
-    async def tei_info() -> dict:
-        return info(st)
-
-    return tei_info
-
-
-def _tokenize_route(st: ServeState) -> Callable[..., Any]:
-    async def tei_tokenize(body: TeiTokenizeRequest, request: Request) -> list:
-        return await tokenize(st, body, request)
-
-    return tei_tokenize
-
-
-def _decode_route(st: ServeState) -> Callable[..., Any]:
-    async def tei_decode(body: TeiDecodeRequest, request: Request) -> list[str]:
-        return await decode(st, body, request)
-
-    return tei_decode
-
-
 PREDICTION = list[TeiPrediction] | list[list[TeiPrediction]]
 TEI = ProtocolSpec(
     name="tei",
@@ -408,34 +387,40 @@ TEI = ProtocolSpec(
         publish=publish,
     ),
     routes=(
-        inference(
+        Route(
             "POST",
             "/predict",
-            json_body(TeiPredictRequest),
             predict,
-            "tei_predict",
-            response_model=PREDICTION,
-            tags=["tei"],
-            responses=ERRORS,
-            summary="TEI: classify a text, a pair or a batch; [{score, label}] per input, by score",
+            dict(
+                response_model=PREDICTION,
+                tags=["tei"],
+                responses=ERRORS,
+                summary="TEI: classify a text, a pair or a batch; [{score, label}] per input, by score",
+            ),
+            body=json_body(TeiPredictRequest),
+            name="tei_predict",
+            inference=True,
         ),
         # huggingface_hub's InferenceClient posts here; GET / beside it is the page (page.py)
-        inference(
+        Route(
             "POST",
             "/",
-            json_body(TeiRootRequest),
             root_answer,
-            "tei_root",
-            response_model=PREDICTION,
-            tags=["tei"],
-            responses=ERRORS,
-            summary="TEI's / for a classifier (= /predict); with `parameters`, "
-            "huggingface_hub's InferenceClient form, answered [[{label, score}]]",
+            dict(
+                response_model=PREDICTION,
+                tags=["tei"],
+                responses=ERRORS,
+                summary="TEI's / for a classifier (= /predict); with `parameters`, "
+                "huggingface_hub's InferenceClient form, answered [[{label, score}]]",
+            ),
+            body=json_body(TeiRootRequest),
+            name="tei_root",
+            inference=True,
         ),
         Route(
             "GET",
             "/info",
-            _info,
+            tei_info,
             dict(
                 tags=["tei"],
                 responses={code: {"model": TeiError} for code in (401, 503)},
@@ -445,16 +430,20 @@ TEI = ProtocolSpec(
         Route(
             "POST",
             "/tokenize",
-            _tokenize_route,
+            tokenize,
             dict(tags=["tei"], responses=ERRORS, summary="TEI: the default model's tokens of each input"),
+            body=json_body(TeiTokenizeRequest),
+            name="tei_tokenize",
         ),
         Route(
             "POST",
             "/decode",
-            _decode_route,
+            decode,
             dict(
                 tags=["tei"], responses=ERRORS, summary="TEI: token ids back to text with the default model's tokenizer"
             ),
+            body=json_body(TeiDecodeRequest),
+            name="tei_decode",
         ),
     ),
 )

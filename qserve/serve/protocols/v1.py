@@ -12,8 +12,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
 
 from qserve.problemtypes import MULTI, label_scores
 from qserve.problemtypes import Threshold as Thresholds
@@ -22,7 +22,7 @@ from qserve.serve.core.pairs import text_inputs
 from qserve.serve.core.schemas import ROUTE_ERRORS, ErrorResponse, LongText, PositiveJsonInt, Text, TextPair, Threshold
 from qserve.serve.core.state import ServedModel, ServeState
 from qserve.serve.infra.config import ServeConfig
-from qserve.serve.protocols.spec import Endpoint, OpenApi, ProtocolSpec, Published, Route, inference, json_body
+from qserve.serve.protocols.spec import OpenApi, ProtocolSpec, Published, Route, json_body
 from qserve.textpairs import PAIR
 
 ORIGIN = Origin("v1")
@@ -172,18 +172,15 @@ def openai_models(st: ServeState) -> dict[str, object]:
     }
 
 
-def _models(st: ServeState) -> Endpoint:
-    async def v1_models() -> dict:
-        st.require_ready()
-        # OpenAI's list shape (object, data) beside qserve's own keys, so OpenAI-style clients can list models
-        return {
-            "models": [m.summary() for m in st.models.values()],
-            "default": st.default,
-            **(await st.engine_info()),
-            **openai_models(st),
-        }
-
-    return v1_models
+async def v1_models(st: ServeState, body: bytes, request: Request) -> dict:
+    st.require_ready()
+    # OpenAI's list shape (object, data) beside qserve's own keys, so OpenAI-style clients can list models
+    return {
+        "models": [m.summary() for m in st.models.values()],
+        "default": st.default,
+        **(await st.engine_info()),
+        **openai_models(st),
+    }
 
 
 # -- the OpenAPI document ----------------------------------------------------------------------------
@@ -233,23 +230,25 @@ V1 = ProtocolSpec(
         Route(
             "GET",
             "/v1/models",
-            _models,
+            v1_models,
             dict(
                 tags=["v1"],
                 summary="Every served model: manifest summary, version, shadow agreement",
                 responses={code: {"model": ErrorResponse} for code in (401, 503)},
             ),
         ),
-        inference(
+        Route(
             "POST",
             "/v1/classify",
-            json_body(ClassifyRequest),
             classify,
-            "classify",
-            tags=["v1"],
-            response_model=ClassifyResponse,
-            responses=ROUTE_ERRORS,
-            summary="Classify one text or a list; [{label, score}] per input, best first",
+            dict(
+                tags=["v1"],
+                response_model=ClassifyResponse,
+                responses=ROUTE_ERRORS,
+                summary="Classify one text or a list; [{label, score}] per input, best first",
+            ),
+            body=json_body(ClassifyRequest),
+            inference=True,
         ),
     ),
 )

@@ -14,8 +14,8 @@ import uuid
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
 
 from qserve.serve.core.answer import Answer, InferenceRequest, Origin
 from qserve.serve.core.pairs import text_inputs
@@ -23,7 +23,7 @@ from qserve.serve.core.schemas import ROUTE_ERRORS, LongText, Text, TextPair, Tr
 from qserve.serve.core.state import ServedModel, ServeState
 from qserve.serve.infra.config import ServeConfig
 from qserve.serve.infra.errors import ApiError
-from qserve.serve.protocols.spec import OpenApi, ProtocolSpec, Published, inference, json_body
+from qserve.serve.protocols.spec import OpenApi, ProtocolSpec, Published, Route, json_body
 
 ORIGIN = Origin("vllm")
 
@@ -163,16 +163,19 @@ VLLM = ProtocolSpec(
     expected=expected,
     openapi=OpenApi(texts=("VllmClassifyRequest",), long_text=("VllmClassifyRequest",), publish=publish),
     routes=(
-        inference(
+        Route(
             "POST",
             "/classify",
-            json_body(VllmClassifyRequest),
             classify,
-            "vllm_classify",
-            tags=["vllm"],
-            response_model=VllmClassifyResponse,
-            responses=ROUTE_ERRORS,
-            summary="vLLM: classify a text or a list; per input its label, probs and num_classes",
+            dict(
+                tags=["vllm"],
+                response_model=VllmClassifyResponse,
+                responses=ROUTE_ERRORS,
+                summary="vLLM: classify a text or a list; per input its label, probs and num_classes",
+            ),
+            body=json_body(VllmClassifyRequest),
+            name="vllm_classify",
+            inference=True,
         ),
     ),
 )

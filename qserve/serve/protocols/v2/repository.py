@@ -12,20 +12,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fastapi import Request
+from starlette.requests import Request
 
 from qserve.serve.core.schemas import ErrorResponse
 from qserve.serve.core.state import ServeState
 from qserve.serve.infra.errors import ApiError
-from qserve.serve.protocols.spec import Endpoint, Route
+from qserve.serve.protocols.spec import Route
 
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 415, 503)}
 BODY = {"requestBody": {"required": False, "content": {"application/json": {"schema": {"type": "object"}}}}}
 
 
-async def _body(request: Request, allowed: str) -> dict[str, Any]:
+def _body(raw: bytes, allowed: str) -> dict[str, Any]:
     """The JSON object body; an empty body (tritonclient's index call) is {}."""
-    raw = await request.body()
     if not raw.strip():
         return {}
     try:
@@ -76,36 +75,28 @@ async def unload(st: ServeState, name: str) -> dict[str, str]:
     return {"name": name, "state": "UNAVAILABLE"}
 
 
-def _index(st: ServeState) -> Endpoint:
-    async def repository_index(request: Request) -> list[dict[str, str]]:
-        st.require_ready()
-        body = await _body(request, '{} or {"ready": true}')
-        ready_only = body.get("ready", False)
-        if not isinstance(ready_only, bool):
-            raise ApiError(400, f"ready is {type(ready_only).__name__}; expected true or false")
-        return index(st, ready_only)
-
-    return repository_index
+async def repository_index(st: ServeState, body: bytes, request: Request) -> list[dict[str, str]]:
+    st.require_ready()
+    ready_only = _body(body, '{} or {"ready": true}').get("ready", False)
+    if not isinstance(ready_only, bool):
+        raise ApiError(400, f"ready is {type(ready_only).__name__}; expected true or false")
+    return index(st, ready_only)
 
 
-def _load(st: ServeState) -> Endpoint:
-    async def repository_load(name: str, request: Request) -> dict[str, str]:
-        st.require_ready()
-        params = _parameters(await _body(request, "{} (no parameters)"), "an object")
-        request.state.qserve_model = model_label(st, name, loading=True)
-        return await load(st, name, list(params))
-
-    return repository_load
+async def repository_load(st: ServeState, body: bytes, request: Request) -> dict[str, str]:
+    st.require_ready()
+    params = _parameters(_body(body, "{} (no parameters)"), "an object")
+    name = request.path_params["name"]
+    request.state.qserve_model = model_label(st, name, loading=True)
+    return await load(st, name, list(params))
 
 
-def _unload(st: ServeState) -> Endpoint:
-    async def repository_unload(name: str, request: Request) -> dict[str, str]:
-        st.require_ready()
-        _parameters(await _body(request, '{"parameters": {"unload_dependents": false}}'), "an object")
-        request.state.qserve_model = model_label(st, name, loading=False)
-        return await unload(st, name)
-
-    return repository_unload
+async def repository_unload(st: ServeState, body: bytes, request: Request) -> dict[str, str]:
+    st.require_ready()
+    _parameters(_body(body, '{"parameters": {"unload_dependents": false}}'), "an object")
+    name = request.path_params["name"]
+    request.state.qserve_model = model_label(st, name, loading=False)
+    return await unload(st, name)
 
 
 # V2's routes (protocol.py declares the protocol they belong to)
@@ -113,7 +104,7 @@ ROUTES = (
     Route(
         "POST",
         "/v2/repository/index",
-        _index,
+        repository_index,
         dict(
             tags=["v2 repository"],
             responses=ERRORS,
@@ -124,7 +115,7 @@ ROUTES = (
     Route(
         "POST",
         "/v2/repository/models/{name}/load",
-        _load,
+        repository_load,
         dict(
             tags=["v2 repository"],
             responses=ERRORS,
@@ -135,7 +126,7 @@ ROUTES = (
     Route(
         "POST",
         "/v2/repository/models/{name}/unload",
-        _unload,
+        repository_unload,
         dict(
             tags=["v2 repository"],
             responses=ERRORS,

@@ -16,10 +16,10 @@ from math import prod
 from typing import Any
 
 import numpy as np
-from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from qserve import __version__
 from qserve.serve.core.answer import InferenceRequest, Origin
@@ -28,7 +28,7 @@ from qserve.serve.core.state import ServedModel, ServeState
 from qserve.serve.core.texts import check_texts, unicode_problem
 from qserve.serve.infra.config import ServeConfig
 from qserve.serve.infra.errors import ApiError
-from qserve.serve.protocols.spec import Body, Endpoint, Route, inference
+from qserve.serve.protocols.spec import Answer, Body, Route
 from qserve.serve.protocols.v2.models import EXTENSIONS, model_config, model_metadata, served
 from qserve.serve.protocols.v2.schemas import V2InferRequest, V2InferResponse, V2ModelMetadata, flatten
 from qserve.serve.protocols.v2.tensors import (
@@ -233,48 +233,25 @@ INFER_BODY = Body(V2InferRequest, parse_infer, first=target)
 """POST .../infer's body, read by hand (JSON or binary tensor data); the path's model and version answer first."""
 
 
-def _server(st: ServeState) -> Endpoint:
-    async def v2_server() -> dict:
-        return {"name": "qserve", "version": __version__, "extensions": EXTENSIONS}
-
-    return v2_server
+async def v2_server(st: ServeState, body: bytes, request: Request) -> dict:
+    return {"name": "qserve", "version": __version__, "extensions": EXTENSIONS}
 
 
-def _live(st: ServeState) -> Endpoint:
-    async def v2_live() -> dict:
-        return {"live": True}
-
-    return v2_live
+async def v2_live(st: ServeState, body: bytes, request: Request) -> dict:
+    return {"live": True}
 
 
-def _ready(st: ServeState) -> Endpoint:
-    async def v2_ready() -> JSONResponse:
-        return JSONResponse({"ready": st.ready}, status_code=200 if st.ready else 503)
-
-    return v2_ready
+async def v2_ready(st: ServeState, body: bytes, request: Request) -> JSONResponse:
+    return JSONResponse({"ready": st.ready}, status_code=200 if st.ready else 503)
 
 
-def _model_route(
-    name: str, answer: Callable[[ServeState, ServedModel], Any], versioned: bool
-) -> Callable[[ServeState], Endpoint]:
-    """A GET route about the model (and version) the path names: `answer(st, model)`, as the endpoint `name`
-    (OpenAPI's operationId; `_versioned` under the versioned prefix)."""
+def _model_route(answer: Callable[[ServeState, ServedModel], dict[str, Any]]) -> Answer:
+    """A GET route about the model (and version) the path names: `answer(st, model)`."""
 
-    def endpoint(st: ServeState) -> Endpoint:
-        # the return annotations are FastAPI's response schema where a route declares no response_model
-        if versioned:
+    async def route(st: ServeState, body: bytes, request: Request) -> dict:
+        return answer(st, target(st, request))
 
-            async def route(name: str, version: str, request: Request) -> Any:  # Any: what `answer` answers
-                return answer(st, target(st, request))
-        else:
-
-            async def route(name: str, request: Request) -> dict:  # type: ignore[misc]
-                return answer(st, target(st, request))
-
-        route.__name__ = route.__qualname__ = name + ("_versioned" if versioned else "")
-        return route
-
-    return endpoint
+    return route
 
 
 def _model_routes(prefix: str) -> tuple[Route, ...]:
@@ -282,11 +259,12 @@ def _model_routes(prefix: str) -> tuple[Route, ...]:
     versioned = "{version}" in prefix
     note = " (the version being served only)" if versioned else ""
     model_errors = errors(401, 404, 503)
+    suffix = "_versioned" if versioned else ""
     return (
         Route(
             "GET",
             prefix,
-            _model_route("v2_metadata", lambda st, m: model_metadata(m), versioned),
+            _model_route(lambda st, m: model_metadata(m)),
             dict(
                 tags=["v2"],
                 response_model=V2ModelMetadata,
@@ -294,31 +272,37 @@ def _model_routes(prefix: str) -> tuple[Route, ...]:
                 summary="Model metadata: a BYTES text input (and text_pair for a pair model), FP32 probabilities out"
                 + note,
             ),
+            name="v2_metadata" + suffix,
         ),
         Route(
             "GET",
             prefix + "/ready",
-            _model_route("v2_model_ready", lambda st, m: {"name": m.name, "ready": True}, versioned),
+            _model_route(lambda st, m: {"name": m.name, "ready": True}),
             dict(tags=["v2"], responses=model_errors, summary="Model ready (404 for another model name)" + note),
+            name="v2_model_ready" + suffix,
         ),
         Route(
             "GET",
             prefix + "/config",
-            _model_route("v2_config", model_config, versioned),
+            _model_route(model_config),
             dict(tags=["v2"], responses=model_errors, summary="Triton-style model configuration" + note),
+            name="v2_config" + suffix,
         ),
-        inference(
+        Route(
             "POST",
             prefix + "/infer",
-            INFER_BODY,
             infer,
-            "infer_versioned" if versioned else "infer",
-            tags=["v2"],
-            response_model=V2InferResponse,
-            responses=INFER_RESPONSES,
-            description=INFER_DESCRIPTION,
-            summary="Infer: one BYTES input of n texts -> probabilities FP32 "
-            "[n, k], label, truncated; JSON or binary tensor data" + note,
+            dict(
+                tags=["v2"],
+                response_model=V2InferResponse,
+                responses=INFER_RESPONSES,
+                description=INFER_DESCRIPTION,
+                summary="Infer: one BYTES input of n texts -> probabilities FP32 "
+                "[n, k], label, truncated; JSON or binary tensor data" + note,
+            ),
+            body=INFER_BODY,
+            name="infer" + suffix,
+            inference=True,
         ),
     )
 
@@ -333,12 +317,12 @@ def expected(cfg: ServeConfig) -> str:
 
 
 ROUTES = (
-    Route("GET", "/v2", _server, dict(tags=["v2"], summary="Server metadata", responses=errors(401))),
-    Route("GET", "/v2/health/live", _live, dict(tags=["v2"], summary="Server live"), open=True),
+    Route("GET", "/v2", v2_server, dict(tags=["v2"], summary="Server metadata", responses=errors(401))),
+    Route("GET", "/v2/health/live", v2_live, dict(tags=["v2"], summary="Server live"), open=True),
     Route(
         "GET",
         "/v2/health/ready",
-        _ready,
+        v2_ready,
         dict(
             tags=["v2"],
             summary="Server ready (503 until the model is loaded)",

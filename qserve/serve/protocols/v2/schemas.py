@@ -3,9 +3,9 @@
     python -c "from qserve.serve.protocols.v2.schemas import V2InferRequest; \\
 print(V2InferRequest.model_json_schema()['required'])"
 
-V2InferRequest is read by hand (rest.py: JSON, or a JSON header followed by binary tensor data), so FastAPI does
-not know it: openapi.py puts it in the document. The field types (a text, a long-text policy, JSON integers)
-are every protocol's (qserve/serve/core/schemas.py).
+V2InferRequest is read by hand (rest.py: JSON, or a JSON header followed by binary tensor data); the document shows
+it as the infer routes' body. The field types (a text, a long-text policy, JSON integers) are every protocol's
+(qserve/serve/core/schemas.py).
 """
 
 from __future__ import annotations
