@@ -31,7 +31,7 @@ APART = BenchConfig.stability
 KEEP = ("report.json", "report.md")
 """What each run keeps: its html, csv and plots are views of its report.json."""
 MAX_SPAN = 1.15
-"""The issues' bar (#60, #67): the recommended and runner-up ranked p50 across the runs span at most this (max / min)."""
+"""The issues' bar (#60, #67): the recommended and runner-up ranked p50 across the runs span at most this."""
 
 
 def run_once(dirs: list[str], out: Path, extra: list[str]) -> dict[str, Any]:

@@ -175,7 +175,7 @@ def _verdict(r: dict[str, Any], best: dict[str, Any] | None, ref: str | None, ga
     if decision == "passed" and r.get("repair"):
         return "repaired", f"{len(r['repair'].get('kept') or [])} layer(s) kept in higher precision"
     if gated and not g and r["variant"] != ref:
-        return "not a candidate", "not gated: only a gated variant (or the reference) is recommended"
+        return "not a candidate", "not gated; once a gate ran, only a passed variant or the reference is recommended"
     return "passed", "the reference" if r["variant"] == ref else None
 
 

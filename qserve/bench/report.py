@@ -169,11 +169,11 @@ def _notes(report: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
             lead = f" (in the screen round, over {race.get('factor', 0):g}x the fastest candidate {race.get('best')})"
         each = ", ".join(n for n, _ in items) if shared else "; ".join(f"{n} ({w})" for n, w in items)
         lines.append(f"- **{kind}**{lead}: {each}.")
-    phase = "the fast mode's median where a variant's rounds fell in two"
+    once = "; a raced-out variant's, its one round" if "raced out" in by else ""
     return lines + [
-        f"- Latency: what the recommendation ranks by ({rec.get('shape', 'the headline shape')}; {phase}); a raced-out "
-        "variant's, its one round. Lower bound: the release gate's (95%) where it ran, else Wilson's over the bench's "
-        "texts. The proof is under Details.",
+        f"- Latency: what the recommendation ranks by ({rec.get('shape', 'the headline shape')}; the fast mode's "
+        f"median where a variant's rounds fell in two){once}. Lower bound: the release gate's (95%) where it ran, "
+        "else Wilson's over the bench's texts. The report's details hold the proof.",
         "",
     ]
 

@@ -205,7 +205,10 @@ def test_every_verdict_says_why_and_a_raced_out_variant_is_never_recommended():
         "onnx-int8": ("recommended", None),
         "ov-int8-repaired": ("repaired", "2 layer(s) kept in higher precision"),
         "ov-bf16": ("passed", None),
-        "onnx-fp32": ("not a candidate", "not gated: only a gated variant (or the reference) is recommended"),
+        "onnx-fp32": (
+            "not a candidate",
+            "not gated; once a gate ran, only a passed variant or the reference is recommended",
+        ),
         "torch-fp32": ("passed", "the reference"),
     }
 
