@@ -93,8 +93,9 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "pipeline-auto-zen4",
         "`make demo`'s pipeline (`--precision auto`, the training budget, variants by CPU class, the release gate; "
-        "after issues 53-56: the placement plan, the training loop's token table, the refit) on the AMD EPYC Zen 4 "
-        "class (avx512_bf16 + VNNI), its own checkpoint: README's headline (render/blocks/reports.py MAIN_JOB)",
+        "after issues 53-56: the placement plan, the training loop's token table, the refit; after 67: racing, the "
+        "report's first screen, saved as first-screen.png) on the AMD EPYC Zen 4 class (avx512_bf16 + VNNI), its own "
+        "checkpoint: README's headline (render/blocks/reports.py MAIN_JOB)",
         (
             "$QSERVE pipeline --force --report-dir benchmarks/reports/pipeline-auto-zen4 && "
             f"cp {MODELS}/checkpoint/train_metrics.json benchmarks/reports/pipeline-auto-zen4/",
