@@ -98,7 +98,7 @@ def gate_entry(g: dict[str, Any]) -> dict[str, Any]:
         "agreement": (g.get("agreement") or {}).get("value"),
         "agreement_lower_bound": (g.get("agreement") or {}).get("lo"),
         "bar": (g.get("bar") or {}).get("agreement_lower_bound"),
-        "n": (g.get("data") or {}).get("n"),
+        "n": g.get("n") or (g.get("data") or {}).get("n"),  # a sequential gate: the texts that decided it
         "reasons": g.get("reasons") or [],
     }
 
