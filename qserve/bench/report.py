@@ -132,7 +132,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         f"b{max(report['config']['batch_sizes'])}/s{s} (seq/s)",
         f"{peak_memory(next(iter(report['variants']), {}))[1]} (MiB)",
         "size (MB)",
-        f"agreement vs {report.get('agreement_reference') or 'fp32'}",
+        f"agreement vs {report.get('agreement_reference') or 'fp32'}"
+        + (f" ({report['agreement_metric']})" if report.get("agreement_metric") else ""),
         "its lower bound",
         "verdict",
     ]

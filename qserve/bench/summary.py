@@ -10,6 +10,7 @@ from typing import Any
 
 from qserve.intervals import wilson
 from qserve.placement import mark
+from qserve.problemtypes import SINGLE
 
 
 def shown(v: dict[str, Any], report: dict[str, Any]) -> str:
@@ -37,10 +38,12 @@ def peak_memory(v: dict[str, Any]) -> tuple[float | None, str]:
 
 
 def agreement_lower_bound(v: dict[str, Any]) -> float | None:
-    """The release gate's 95% lower bound on agreement where it ran, else Wilson's over the texts the bench scored."""
-    g, n, agr = v.get("gate") or {}, (v.get("accuracy") or {}).get("n"), v.get("agreement")
+    """The release gate's 95% lower bound on agreement where it ran, else Wilson's over the texts the bench scored
+    (single-label: agreement is then a share of texts)."""
+    g, acc, agr = v.get("gate") or {}, v.get("accuracy") or {}, v.get("agreement")
     if g.get("agreement_lower_bound") is not None:
         return g["agreement_lower_bound"]
+    n = acc.get("n") if acc.get("problem_type", SINGLE) == SINGLE else None
     return wilson(round(agr * n), n)[0] if agr is not None and n else None
 
 
