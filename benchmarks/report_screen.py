@@ -74,7 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("report_dir", type=Path, help="a bench report's directory (holding report.html)")
     args = p.parse_args(argv)
-    driver = chromium()
+    try:
+        driver = chromium()
+    except RuntimeError as e:
+        print(f"report_screen: {e}", file=sys.stderr)
+        return 2
     try:
         boxes = first_screen(driver, args.report_dir / "report.html", args.report_dir / SHOT)
     finally:
