@@ -21,7 +21,8 @@ from qserve import QserveError
 from qserve.artifact import VariantError, checkpoint_hash, read_manifest, reseal
 from qserve.bench import BenchConfig, run_bench
 from qserve.bench.analysis import apply_gates
-from qserve.bench.stages import print_stages, record_stages, rewrite
+from qserve.bench.report import write_reports
+from qserve.bench.stages import print_stages, record_stages
 from qserve.devices import capabilities, resolve_device
 from qserve.files import write_json_atomic
 from qserve.gate.config import GateConfig
@@ -74,7 +75,8 @@ def recipe_values(args: argparse.Namespace, device: str) -> tuple[dict, str, lis
 
 
 PIPELINE_GATE_CANDIDATES = 3
-"""The release gate scores at most this many candidates, fastest first, and stops at the first that passes."""
+"""The release gate scores at most this many candidates, fastest first, and stops once two passed: the
+recommendation and its runner-up, a real alternative to it."""
 PIPELINE_CALIBRATION_TEXTS = 1000
 """Held-out validation texts the gate fits each candidate's calibration on."""
 PIPELINE_FLOOR_BUDGET_S = 0.25
@@ -247,7 +249,7 @@ def _gate_stage(report_dir: Path, args, plan: Plan, force: bool) -> dict | None:
         device=plan.device,
         threads=args.threads,
     ).validate()
-    results = run_gate([Path(c) for c in candidates], cfg, until_pass=True, plan=plan) if candidates else []
+    results = run_gate([Path(c) for c in candidates], cfg, until_pass=2, plan=plan) if candidates else []
     for r in results:
         g = r["gate"]
         print(
@@ -276,7 +278,7 @@ def _gate_stage(report_dir: Path, args, plan: Plan, force: bool) -> dict | None:
     }
     apply_gates(report, gated)
     _gate_chosen_policy(report, cfg, plan)
-    rewrite(report_dir, report)
+    write_reports(report, report_dir)  # every chart, page and table from the verdict the gate left
     rec = report["recommended"]
     print(f"   recommended: {rec.get('variant') or 'none'} ({rec.get('why')})", flush=True)
     return report["gate"]

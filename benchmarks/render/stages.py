@@ -93,11 +93,14 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "pipeline-auto-zen4",
         "`make demo`'s pipeline (`--precision auto`, the training budget, variants by CPU class, the release gate; "
-        "after issues 53-56: the placement plan, the training loop's token table, the refit) on the AMD EPYC Zen 4 "
-        "class (avx512_bf16 + VNNI), its own checkpoint: README's headline (render/blocks/reports.py MAIN_JOB)",
+        "after issues 53-56: the placement plan, the training loop's token table, the refit; after 67: racing, the "
+        "report's first screen, saved as first-screen.png) on the AMD EPYC Zen 4 class (avx512_bf16 + VNNI), its own "
+        "checkpoint: README's headline (render/blocks/reports.py MAIN_JOB)",
         (
             "$QSERVE pipeline --force --report-dir benchmarks/reports/pipeline-auto-zen4 && "
             f"cp {MODELS}/checkpoint/train_metrics.json benchmarks/reports/pipeline-auto-zen4/",
+            # report.html's first screen at 1280x800, committed beside it (issue 67)
+            "$PY -m benchmarks.report_screen benchmarks/reports/pipeline-auto-zen4",
         ),
         (_bench("pipeline-auto-zen4"),),
         "",
@@ -484,13 +487,12 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "bench-repeat-zen4",
-        "does the same machine give the same answer? 5 consecutive `qserve bench` runs over the main job's reference "
-        "and its near-tied variants at b1 on 1,000 texts (issue 60), on the AMD EPYC Zen 4 class",
+        "does the same machine give the same answer? 5 consecutive `qserve bench` runs over the main job's variant "
+        "dirs (the gate verdicts `make demo` sealed into them included) at the pipeline's shapes and 1,000 texts, "
+        "racing as the pipeline does (issues 60, 67), on the AMD EPYC Zen 4 class",
         (
-            f"$PY -m benchmarks.bench_repeat {MODELS}/variants/torch-fp32 {MODELS}/variants/onnx-int8 "
-            f"{MODELS}/variants/ov-int8 {MODELS}/variants/ov-bf16 {MODELS}/variants/onnx-fp32 --runs 5 "
-            "--out benchmarks/reports/bench-repeat-zen4 "
-            "-- --batch-sizes 1 --seq-lens 128 --threads 2 --max-eval-samples 1000 --no-floor",
+            f"$PY -m benchmarks.bench_repeat {MODELS}/variants/* --runs 5 --out benchmarks/reports/bench-repeat-zen4 "
+            "-- --batch-sizes 1,8,32 --seq-lens 128 --threads 2 --time-budget 0.5 --max-eval-samples 1000 --no-floor",
         ),
         (
             Report(
@@ -499,9 +501,9 @@ STAGES: tuple[Stage, ...] = (
                 "bench_repeat:render",
             ),
         ),
-        "~8 min: 5 runs of `qserve bench`, each five children loaded, 5 rounds and the extra ones, 1,000 texts scored "
-        "per variant",
-        needs=(f"{MODELS}/variants/torch-fp32", f"{MODELS}/variants/onnx-int8", f"{MODELS}/variants/ov-int8"),
+        "~12 min (estimate): 5 runs of `qserve bench` over the 12 variants, each a screen round over all, the other "
+        "rounds and 1,000 texts for the contenders",
+        needs=(f"{MODELS}/variants/torch-fp32", f"{MODELS}/variants/onnx-int8"),
     ),
     Stage(
         "serve-windows",
@@ -642,7 +644,7 @@ STAGES: tuple[Stage, ...] = (
             f"$PY -m benchmarks.studies.ov_breakdown {MODELS}/variants/ov-int8 {MODELS}/extra/ov-int8-bf16 "
             f"{MODELS}/variants/ov-bf16 --threads 2 --out benchmarks/reports/ov-breakdown-xeon",
             f"$QSERVE bench {MODELS}/variants/torch-fp32 {MODELS}/variants/ov-int8 {MODELS}/extra/ov-int8-bf16 "
-            f"{MODELS}/variants/ov-bf16 --max-eval-samples 1000 --slow-eval-samples 0 --batch-sizes 1 --seq-lens 128 "
+            f"{MODELS}/variants/ov-bf16 --max-eval-samples 1000 --race 0 --batch-sizes 1 --seq-lens 128 "
             "--no-floor --real-text-samples 0 --threads 2 --time-budget 1 "
             "--out benchmarks/reports/ov-breakdown-xeon/agreement --force",
         ),

@@ -65,7 +65,7 @@ def variant_entry(meta: VariantMeta, res: dict[str, Any]) -> dict[str, Any]:
         "invariance": res.get("invariance"),
         "long_text": res.get("long_text"),
         "long_text_policies": res.get("long_text_policies"),
-        **({"eval_cut": res["eval_cut"]} if res.get("eval_cut") else {}),
+        **({"raced_out": res["raced_out"]} if res.get("raced_out") else {}),  # runner._race: measured once
         # CUDA only (measure.eager_beside_graphs): how a torch variant ran, and its eager fixed shapes beside it
         **{k: res[k] for k in ("execution", "fixed_eager") if res.get(k)},
         **({"isolation": res["isolation"]} if res.get("isolation") else {}),  # measured in the shared worker
@@ -75,6 +75,8 @@ def variant_entry(meta: VariantMeta, res: dict[str, Any]) -> dict[str, Any]:
     }
     if manifest is not None and manifest.gate:  # `qserve gate`'s verdict: the recommendation then picks gated ones
         entry["gate"] = gate_entry(manifest.gate)
+    if manifest is not None and manifest.records.get("repair"):  # a repaired variant: what it kept, of which
+        entry["repair"] = manifest.records["repair"]
     if res.get("cuda"):
         entry["memory"]["cuda"] = res["cuda"]
     acc = res.get("accuracy")
@@ -92,10 +94,11 @@ def gate_entry(g: dict[str, Any]) -> dict[str, Any]:
     """What a report entry keeps of the verdict a manifest holds (`qserve gate`'s record)."""
     return {
         "passed": bool(g.get("passed")),
+        **({"decision": g["decision"]} if g.get("decision") else {}),  # passed, failed or undecided
         "agreement": (g.get("agreement") or {}).get("value"),
         "agreement_lower_bound": (g.get("agreement") or {}).get("lo"),
         "bar": (g.get("bar") or {}).get("agreement_lower_bound"),
-        "n": (g.get("data") or {}).get("n"),
+        "n": g.get("n") or (g.get("data") or {}).get("n"),  # a sequential gate: the texts that decided it
         "reasons": g.get("reasons") or [],
     }
 
@@ -142,7 +145,7 @@ def _unique_names(variants: list[dict[str, Any]]) -> None:
 
 
 def agreement_with(v: dict[str, Any], ref: dict[str, Any] | None) -> float | None:
-    """Agreement of v's predictions with the reference's on the same texts (its first n after an eval cut)."""
+    """Agreement of v's predictions with the reference's on the same texts (the reference's first n)."""
     if ref is None or not v.get("_predictions") or not ref.get("_predictions"):
         return None
     a, r = v["accuracy"], ref["accuracy"]

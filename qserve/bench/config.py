@@ -52,10 +52,10 @@ class BenchConfig:
         default=None, metadata=flag(default_text="the variant's, else the whole test split")
     )
     """Cap on test texts for accuracy."""
-    slow_eval_samples: int = 200
-    """Test texts for a variant whose b1 on real texts is slower than one of this run already meeting its agreement
-    bar (it cannot be recommended; its accuracy and agreement say they are on this many texts); 0 scores every
-    variant on every text."""
+    race: float = 1.3
+    """Racing: after a screen round over every variant, those within this factor of the fastest candidate's b1 there
+    (with the three fastest candidates and the reference) get the other rounds and the full evaluation; the others
+    are measured in that round only, marked raced out, and decide nothing; 0 runs every variant to the end."""
     real_text_samples: int = 128
     """Test texts used for real-text latency (dynamic padding); 0 skips it."""
     long_text: list[str] | None = field(
@@ -130,8 +130,8 @@ class BenchConfig:
             raise QserveError(f"--stability-budget must be >= 0 seconds (got {self.stability_budget_s})")
         if self.max_eval_samples is not None and self.max_eval_samples < 1:
             raise QserveError(f"--max-eval-samples must be >= 1 (got {self.max_eval_samples})")
-        if self.slow_eval_samples < 0:
-            raise QserveError(f"--slow-eval-samples must be >= 0 (got {self.slow_eval_samples})")
+        if self.race != 0 and self.race < 1:
+            raise QserveError(f"--race must be 0 (off) or a factor >= 1, e.g. 1.3 (got {self.race})")
         if self.invariance_samples < 0:
             raise QserveError(f"--invariance-samples must be >= 0 (got {self.invariance_samples})")
 

@@ -13,8 +13,6 @@ import html
 import re
 from typing import Any
 
-from qserve.bench.recommend import md_lines
-
 _IMAGE = re.compile(r"^!\[([^\]]*)\]\(([^)]+)\)$")
 _CELL_SPLIT = re.compile(r"(?<!\\)\|")
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
@@ -25,12 +23,8 @@ main,header{max-width:1500px;margin:0 auto;padding:0 24px}
 header{padding-top:18px}
 h1{font-size:1.5em;margin:.3em 0}
 h2{font-size:1.2em;margin:1.6em 0 .5em;border-bottom:1px solid #d8dee4;padding-bottom:.2em}
-.machine{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:.6em 0;color:#3a434d}
-.machine dt{font-weight:600}
-.machine dd{margin:0}
 .rec{border-left:5px solid #009E73;background:#eef8f4;padding:10px 14px;margin:12px 0;border-radius:4px}
 .rec.none{border-color:#D55E00;background:#fdf1ea}
-.rec .name{font-size:1.25em;font-weight:700}
 figure{margin:14px 0}
 figure img{max-width:100%;height:auto;border:1px solid #e3e7eb;border-radius:4px}
 figcaption{color:#57606a;font-size:.9em}
@@ -109,55 +103,18 @@ def md_to_html(
     return "\n".join(out)
 
 
-def _machine(report: dict[str, Any]) -> list[tuple[str, str]]:
-    env, cfg = report.get("environment") or {}, report["config"]
-    cpu = env.get("cpu") or {}
-    rows = [
-        (
-            "CPU",
-            f"{cpu.get('model', '–')} ({cpu.get('cores', '–')} logical cores"
-            + (f", {', '.join(cpu['flags'])}" if cpu.get("flags") else "")
-            + ")",
-        )
-    ]
-    if env.get("gpu") or str(cfg["device"]).startswith("cuda"):
-        rows.append(("GPU", str(env.get("gpu") or "–")))
-    rows.append(("device, threads", f"{cfg['device']}, {cfg['threads']}"))
-    rows.append(("run", f"{report['run']['name']}, created {report.get('created', '–')}"))
-    return rows
-
-
 def render_html(report: dict[str, Any], md: str, images: dict[str, bytes]) -> str:
-    """The page, from report.json, the report.md rendered from it, and the charts' PNG bytes."""
+    """The page, from report.json, the report.md rendered from it, and the charts' PNG bytes: the verdict and the
+    summary table first, so they fill the first screen."""
     model = report.get("model") or {}
-    cfg = report["config"]
-    title = f"{model.get('name') or 'variants'} on {cfg['device']}: qserve benchmark"
-    rec = report.get("recommended") or {}
-    top = [f"<h1>{html.escape(md.splitlines()[0].lstrip('#').strip())}</h1>", '<dl class="machine">']
-    top += [f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in _machine(report)]
-    top.append("</dl>")
-    if rec.get("variant"):
-        top.append(
-            f'<section class="rec" id="recommended">Recommended on this machine: '
-            f'<span class="name">{html.escape(rec["variant"])}</span><br>{html.escape(rec.get("why", ""))}. '
-            "<code>qserve serve MODEL_DIR</code> serves it by default.</section>"
-        )
-    elif rec:
-        top.append(
-            f'<section class="rec none" id="recommended">No variant recommended: '
-            f"{html.escape(rec.get('why', ''))}.</section>"
-        )
-    if "decision.png" in images:
-        top.append(
-            _figure(
-                "Which variant is fast and faithful: latency and throughput against agreement with "
-                "the fp32 reference (marker area: size on disk; ringed: the recommendation)",
-                images["decision.png"],
-            )
-        )
-    # shown up top already: the title, the recommendation sentence and the decision chart
-    skip = {md.splitlines()[0], *md_lines(report)} | {ln for ln in md.splitlines() if "(decision.png)" in ln}
-    body = md_to_html(md, images, highlight=rec.get("variant"), skip=skip)
+    title = f"{model.get('name') or 'variants'} on {report['config']['device']}: qserve benchmark"
+    rec, lines = report.get("recommended") or {}, md.splitlines()
+    verdict = lines[2] if len(lines) > 2 and lines[2].startswith("**") else ""  # report.render_md's verdict_line
+    top = [f"<h1>{html.escape(lines[0].lstrip('#').strip())}</h1>"]
+    if verdict:
+        none = "" if rec.get("variant") else " none"
+        top.append(f'<section class="rec{none}" id="recommended">{_inline(verdict)}</section>')
+    body = md_to_html(md, images, highlight=rec.get("variant"), skip={lines[0], verdict})
     return (
         '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'

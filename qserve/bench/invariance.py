@@ -14,9 +14,6 @@ from typing import Any
 import numpy as np
 
 BATCH_SIZES = (8, 32)
-SLOW_TEXTS = 32
-"""Texts a variant that cannot be recommended (the bench's eval cut) is checked on: still the length range,
-still both batch sizes; the report names the count beside its row."""
 
 
 def select_texts(texts: list[str], n: int) -> list[str]:
@@ -36,13 +33,6 @@ def select_texts(texts: list[str], n: int) -> list[str]:
         words = texts[i].split()
         out.append(" ".join(words[: 3 + (k * 37) % 118]) if k % 2 else texts[i])
     return out
-
-
-def cut(texts: list[str], n: int) -> list[str]:
-    """`n` of select_texts' texts, spread over them (so still over the length range, cut and whole alike)."""
-    if n <= 0 or n >= len(texts):
-        return list(texts)
-    return [texts[round(k * (len(texts) - 1) / (n - 1))] for k in range(n)] if n > 1 else texts[:1]
 
 
 def compare(predict, texts: list[str], sizes: tuple[int, ...] = BATCH_SIZES, seed: int = 0) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from qserve.artifact import read_manifest
 from qserve.bench import evalpass, invariance, policies
 from qserve.bench.evalpass import tokenizer_key
 from qserve.bench.realtext import real_text_check, real_text_round, synthetic_batch
-from qserve.bench.rounds import merge_fixed, merge_real, per_round, ranked, round_iters
+from qserve.bench.rounds import merge_fixed, merge_real, per_round, round_iters
 from qserve.bench.stats import summarize, throughput
 from qserve.files import library_versions, write_json_atomic
 from qserve.modeling import skip_unused_imports
@@ -143,33 +143,6 @@ def accuracy(rt, ev: dict[str, Any], batch: int = 32, cache: dict[str, Any] | No
         **extra,
         "seconds": seconds,
         "predictions": preds,
-    }
-
-
-def eval_cut(
-    job: dict[str, Any], res: dict[str, Any], ev: dict[str, Any], real_text: list[dict[str, Any]] | None = None
-) -> dict[str, Any]:
-    """The test texts this variant scores: all, or the first job["slow_eval_samples"] when its real-text b1
-    (`real_text`, the parent's merged rounds, else res's) is slower than job["bound_ms"], which can then never be
-    recommended (docs/bench.md, "Cheap where it is honest"); a cut is recorded in res["eval_cut"]."""
-    bound, cut = job.get("bound_ms"), job.get("slow_eval_samples")
-    recs = real_text if real_text is not None else res.get("real_text") or []
-    real = next((r for r in recs if r.get("batch") == 1 and "p50" in r), None)
-    p50 = ranked(real)[0] if real is not None else None
-    if bound is None or not cut or p50 is None or p50 <= bound or cut >= len(ev["texts"]):
-        return ev
-    res["eval_cut"] = {
-        "n": cut,
-        "of": len(ev["texts"]),
-        "real_b1_p50_ms": p50,
-        "bound_ms": bound,
-        "bound_variant": job.get("bound_variant"),
-    }
-    return {
-        **ev,
-        "texts": ev["texts"][:cut],
-        "labels": ev["labels"][:cut],
-        **({"pairs": ev["pairs"][:cut]} if ev.get("pairs") is not None else {}),
     }
 
 
@@ -326,30 +299,28 @@ class Session:
         return out
 
     def finish(self, op: dict[str, Any]) -> dict[str, Any]:
-        """Everything measured once (real-text check, eager beside graphs, accuracy on the eval cut, the reference's
-        policies, invariance, memory); the fixed and real-text records are the parent's."""
+        """Everything measured once (real-text check, eager beside graphs, accuracy, the reference's policies,
+        invariance, memory), or for a variant raced out (op["raced_out"]) its memory alone; the fixed and real-text
+        records are the parent's."""
         rt, job, res = self.rt, self.job, self.res
-        job.update({k: op.get(k) for k in ("bound_ms", "bound_variant")})
-        data, texts = job.get("data") or {}, self.texts
+        full = not op.get("raced_out")
+        data, texts = (job.get("data") or {}) if full else {}, self.texts if full else []
         cuda = str(rt.device).startswith("cuda")  # a fresh process: torch's peak counters cover the load too
         if texts:
             _stage(res, "real_text")
             res["real_text_check"] = real_text_check(rt, job, texts)
-        if cuda:
+        if cuda and full:
             _stage(res, "fixed")
             res.update(eager_beside_graphs(rt, job, " ".join(texts[:8]) if texts else FALLBACK_TEXT))
         if data.get("eval"):
             _stage(res, "accuracy")
-            res["accuracy"] = accuracy(rt, eval_cut(job, res, data["eval"], op.get("real_text")), cache=self.cache)
+            res["accuracy"] = accuracy(rt, data["eval"], cache=self.cache)
             log(f"{rt.name}: {headline(res['accuracy'])} on {res['accuracy']['n']} texts")
             if job.get("long_text"):  # the reference compares policies in its own child (runner: the first one)
                 _policies(rt, res, data["eval"], job, res["accuracy"], self.cache)
         if data.get("invariance_texts"):
             _stage(res, "invariance")
-            inv_texts = data["invariance_texts"]
-            if res.get("eval_cut"):  # cannot be recommended (eval_cut): its invariance on fewer texts, their count kept
-                inv_texts = invariance.cut(inv_texts, invariance.SLOW_TEXTS)
-            res["invariance"] = invariance.measure(rt, inv_texts)
+            res["invariance"] = invariance.measure(rt, data["invariance_texts"])
             log(f"{rt.name}: batch invariance {invariance.cell(res['invariance'])} (max |Δprob| / label flips)")
         _stage(res, "idle")
         res["peak_rss_mb"] = peak_rss_mb()
@@ -397,7 +368,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     rounds = [s.round(str(k), k) for k in range(int(job.get("rounds") or 1))]
     tolerance = float(job.get("stability") or 0.1)
     fixed, real = merge_fixed(rounds, tolerance), merge_real(rounds, tolerance)
-    res = s.finish({"real_text": real, "bound_ms": job.get("bound_ms"), "bound_variant": job.get("bound_variant")})
+    res = s.finish({})
     res.update({"fixed": fixed, "real_text": real})
     s.close()
     return res

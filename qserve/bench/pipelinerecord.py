@@ -25,8 +25,9 @@ def _gate_lines(report: dict[str, Any]) -> list[str]:
     out = [
         "## Release gate",
         "",
-        f"The pipeline gated the variants that meet their agreement bar here, fastest first, until one passed "
-        f"(at most {g.get('max_candidates', '?')}): each against {report.get('agreement_reference') or 'fp32'} on "
+        "The pipeline gated the variants that meet their agreement bar here, fastest first, until two passed (the "
+        f"recommendation and its runner-up; at most {g.get('max_candidates', '?')}): each against "
+        f"{report.get('agreement_reference') or 'fp32'} on "
         f"the {d.get('n', '?')} test texts this bench scored (`{d.get('dataset', '?')}`, fingerprint "
         f"`{str(d.get('fingerprint', ''))[:12]}`), passing on agreement's 95% lower bound; calibration fitted on "
         f"held-out validation texts. Only a gated variant (or the reference) can be recommended. Full report: "
@@ -40,7 +41,7 @@ def _gate_lines(report: dict[str, Any]) -> list[str]:
     else:
         out += [f"No variant was gated: {g.get('why', 'no candidate')}.", ""]
     if g.get("not_gated"):
-        out += [f"Not gated (a faster candidate passed first): {', '.join(g['not_gated'])}.", ""]
+        out += [f"Not gated (two faster candidates passed first): {', '.join(g['not_gated'])}.", ""]
     return out
 
 

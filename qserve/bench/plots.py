@@ -121,8 +121,8 @@ def ranked_latency(report: dict[str, Any]) -> tuple[dict[str, float | None], str
     rec = report.get("recommended") or {}
     ranking = rec.get("ranking") or []
     if ranking and rec.get("shape") and rec["shape"] != f"b{b}/s{s}":
-        return {r["variant"]: r.get("p50_ms") for r in ranking}, f"p50 at {rec['shape']}"
-    return {r["variant"]: r["p50_ms"] for r in summary_rows(report)}, f"p50 of one batch at b{b}/s{s}"
+        return {r["variant"]: r.get("p50_ms") for r in ranking}, "b1 on real texts, p50"
+    return {r["variant"]: r["p50_ms"] for r in summary_rows(report)}, f"b{b}/s{s} p50"
 
 
 def decision_points(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -180,13 +180,13 @@ def decision_figure(report: dict[str, Any]):
         (
             axes[0],
             "p50",
-            f"{what} (ms, log scale; bars: interval over rounds): left is faster",
+            f"{what} (ms, log; bars: interval over rounds): left is faster",
             "Latency (what the recommendation ranks by) vs agreement" + versus,
         ),
         (
             axes[1],
             "throughput",
-            f"throughput at b{bmax}/s{s} (sequences/s, log scale): right is faster",
+            f"b{bmax}/s{s} throughput (seq/s, log): right is faster",
             f"Throughput at batch {bmax} vs agreement",
         ),
     ]
@@ -398,9 +398,12 @@ CHARTS = {
 
 
 def write_plots(report: dict[str, Any], out: Path) -> list[Path]:
+    """Draw every chart from `report` as it is now; one it cannot draw is removed, never left from an earlier draw."""
     written = []
     for name, draw in CHARTS.items():
         fig = draw(report)
         if fig is not None:
             written.append(_save(fig, out / name))
+        else:
+            (out / name).unlink(missing_ok=True)
     return written

@@ -15,16 +15,16 @@ from typing import Any
 
 from qserve import QserveError
 from qserve.bench.html import render_html
+from qserve.bench.invariance import cell as invariance_cell
 from qserve.bench.mdtable import cell, md_table
 from qserve.bench.pipelinerecord import md_lines as pipeline_md_lines
 from qserve.bench.plots import write_plots
 from qserve.bench.policies import md_lines as long_text_lines
-from qserve.bench.recommend import md_lines
 from qserve.bench.rounds import ci_cell
 from qserve.bench.summary import fixed_shape, peak_memory, shown, summary_rows
 from qserve.devices import cpu_label
 from qserve.files import write_json_atomic, write_text_atomic
-from qserve.provenance import with_header
+from qserve.provenance import md_line, with_header
 
 FILES = ("report.json", "report.csv", "report.md", "report.html")
 
@@ -111,18 +111,94 @@ def _floor_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def verdict_line(report: dict[str, Any]) -> str:
+    """The report's first line after its title: the recommendation in one sentence (recommend.recommend's `why`)."""
+    rec = report.get("recommended") or {}
+    if not rec.get("variant"):
+        return f"**No variant to serve:** {rec['why']}." if rec.get("why") else ""
+    head = f"Serve {rec['variant']}:"
+    return f"**{head}** {rec['why'].removeprefix(head).strip()}"
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    """The first screen: the verdict, then one row per variant with one number per cell and its verdict, and why
+    each verdict below it."""
+    rec, rows = report.get("recommended") or {}, summary_rows(report)
+    b, s = report["headline"]["batch"], report["headline"]["seq"]
+    real = str(rec.get("shape", "")).startswith("b1 on real")
+    head = [
+        "variant",
+        "b1 on real texts, p50 (ms)" if real else f"b{b}/s{s} p50 (ms)",
+        f"b{max(report['config']['batch_sizes'])}/s{s} (seq/s)",
+        f"{peak_memory(next(iter(report['variants']), {}))[1]} (MiB)",
+        "size (MB)",
+        f"agreement vs {report.get('agreement_reference') or 'fp32'}"
+        + (f" ({report['agreement_metric']})" if report.get("agreement_metric") else ""),
+        "its lower bound",
+        "verdict",
+    ]
+    body = [
+        [r["shown"], cell(r["b1_ms"], 2), cell(r["throughput"], 1), cell(r["peak_mem_mib"], 0), cell(r["size_mb"], 1)]
+        + [_pct(r["agreement"]), _pct(r["agreement_lo"]), r["verdict"]]
+        for r in rows
+    ]
+    return (
+        [verdict_line(report), ""]
+        + md_table(head, body, ["---"] + ["---:"] * 6 + ["---"])
+        + [""]
+        + _notes(report, rows)
+    )
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2%}"
+
+
+def _notes(report: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """Why each verdict, one line per kind (a reason shared by all of a kind said once); what the cells are."""
+    race, rec = report.get("race") or {}, report.get("recommended") or {}
+    by: dict[str, list[tuple[str, str]]] = {}
+    for r in rows:
+        if r["why"]:
+            by.setdefault(r["verdict"], []).append((r["shown"], r["why"]))
+    lines = []
+    for kind, items in by.items():
+        whys = {w for _, w in items}
+        shared = len(whys) == 1 and kind != "raced out"
+        lead = f" ({whys.pop()})" if shared else ""
+        if kind == "raced out":
+            lead = f" (in the screen round, over {race.get('factor', 0):g}x the fastest candidate {race.get('best')})"
+        each = ", ".join(n for n, _ in items) if shared else "; ".join(f"{n} ({w})" for n, w in items)
+        lines.append(f"- **{kind}**{lead}: {each}.")
+    once = "; a raced-out variant's, its one round" if "raced out" in by else ""
+    return lines + [
+        f"- Latency: what the recommendation ranks by ({rec.get('shape', 'the headline shape')}; the fast mode's "
+        f"median where a variant's rounds fell in two){once}. Lower bound: the release gate's (95%) where it ran, "
+        "else Wilson's over the bench's texts. The report's details hold the proof.",
+        "",
+    ]
+
+
 def render_md(report: dict[str, Any]) -> str:
     cfg, env = report["config"], report["environment"]
-    b, s = report["headline"]["batch"], report["headline"]["seq"]
-    bmax = max(cfg["batch_sizes"])
     model = report.get("model") or {}
     if str(cfg["device"]).startswith("cuda"):
         dev = env.get("gpu")
     else:
         dev = cpu_label(env["cpu"]) if env.get("cpu") else None
+    rec = (report.get("recommended") or {}).get("variant")
     L = [f"# Benchmark: {model.get('name') or 'variants'} on {cfg['device']}, threads={cfg['threads']}", ""]
-    L.append(
+    L += summary_lines(report)
+    L += [
         f"Run `{report['run']['name']}`, created {report['created']}, {dev}. "
+        + (f"`qserve serve MODEL_DIR` serves {rec} by default. " if rec else "")
+        + md_line(report.get("provenance")),
+        "",
+    ]
+    if any(r["agreement"] is not None for r in summary_rows(report) if r["status"] == "ok"):
+        L += ["![which variant is fast and faithful: latency and throughput against agreement](decision.png)", ""]
+    L += ["## Details: how it was measured and chosen", ""]
+    L.append(
         f"Latency: fixed-shape batches of real token ids (full attention mask), after warm-up, "
         f"≤{cfg['time_budget_s']:g} s or ≤{cfg['max_iters']} calls per shape (≥{cfg['min_iters']}). "
         + _isolation(report)
@@ -138,83 +214,7 @@ def render_md(report: dict[str, Any]) -> str:
             + ".",
             "",
         ]
-
-    L += md_lines(report)
-    L += rounds_lines(report)
-    if any(r["agreement"] is not None for r in summary_rows(report) if r["status"] == "ok"):
-        L += ["![which variant is fast and faithful: latency and throughput against agreement](decision.png)", ""]
-    _, memkind = peak_memory(next(iter(report["variants"]), {}))
-    ref = report.get("agreement_reference")
-    header = [
-        "variant",
-        "size (MB)",
-        "load (s)",
-        f"p50 b{b}/s{s} (ms) [interval over rounds]",
-        f"p99 b{b}/s{s} (ms)",
-        f"throughput b{bmax}/s{s} (seq/s)",
-        f"{memkind} (MiB)",
-        "accuracy",
-        f"agreement vs {ref or 'fp32'}",
-        "speed-up vs torch-fp32",
-        f"floor b{b}/s{s} (ms)",
-        "p50/floor",
-        "batch invariance: max \\|Δprob\\| / label flips",
-    ]  # escaped: a bare pipe would split the column
-    rows = []
-    full_n = max((r["eval_n"] or 0 for r in summary_rows(report)), default=0)
-    for r in summary_rows(report):
-        if r["status"] != "ok":
-            rows.append([f"{r['shown']} **FAILED**", cell(r["size_mb"], 1)] + ["–"] * (len(header) - 2))
-            continue
-        few = f" ({r['eval_n']} texts)" if r["eval_n"] and r["eval_n"] < full_n else ""  # the eval cut: say so
-        rows.append(
-            [
-                r["shown"],
-                cell(r["size_mb"], 1),
-                cell(r["load_s"], 2),
-                r["p50_cell"],
-                cell(r["p99_ms"], 2),
-                cell(r["throughput"], 1),
-                cell(r["peak_mem_mib"], 0),
-                cell(r["accuracy"] * 100, 2, "%") + few if r["accuracy"] is not None else "–",
-                cell(r["agreement"] * 100, 2, "%") + few if r["agreement"] is not None else "–",
-                cell(r["speedup"], 2, "×"),
-                cell(r["floor_ms"], 2),
-                cell(r["p50_over_floor"], 2, "×") + (f" ({r['floor_peak']})" if r["floor_peak"] else ""),
-                r["invariance"],
-            ]
-        )
-    L += md_table(header, rows) + [""]
-    notes = []
-    if not any(r["accuracy"] is not None for r in summary_rows(report)):
-        notes.append("accuracy not measured (speed-only run, or the variants name no dataset)")
-    if report.get("speedup_reference") is None:
-        notes.append(f"no torch-fp32 result at b{b}/s{s} in this run, so no speed-up column")
-    cut = [v for v in report["variants"] if (v.get("eval_cut") or {}).get("n")]
-    if cut:
-        c = cut[0]["eval_cut"]
-        why = ", ".join(
-            f"{v['name']} {v['eval_cut']['real_b1_p50_ms']:.2f} ms vs {v['eval_cut'].get('bound_variant')} "
-            f"{v['eval_cut']['bound_ms']:.2f} ms"
-            for v in cut
-        )
-        notes.append(
-            f"accuracy and agreement of {', '.join(v['name'] for v in cut)} on the first {c['n']} of "
-            f"{c['of']} test texts: each is slower at b1 on real texts than a variant measured before it "
-            f"that meets its agreement bar ({why}), so none of them can be recommended (docs/bench.md)"
-        )
-    moved = [v for v in report["variants"] if shown(v, report) != v["name"]]
-    if moved:  # a CUDA run's CPU variants (qserve.placement): every table marks them
-        notes.append(
-            "measured on another device than the run's, marked so in every table: "
-            + "; ".join(f"{shown(v, report)}" + (f" ({v['placement']})" if v.get("placement") else "") for v in moved)
-            + "; their floor is not stated (the floor's peaks are the run device's)"
-        )
-    own = {v["name"]: v.get("long_text") for v in report["variants"] if v.get("long_text")}
-    if any(p != "head" for p in own.values()):  # accuracy above is under each variant's own policy
-        notes.append("long-text policy per variant: " + ", ".join(f"{k} {p}" for k, p in own.items()))
-    if notes:
-        L += ["Notes: " + "; ".join(notes) + ".", ""]
+    L += rounds_lines(report) + _every_variant(report)
     L += _checks(report) + _floor_lines(report)
 
     L += _execution_lines(report)
@@ -232,6 +232,43 @@ def render_md(report: dict[str, Any]) -> str:
         L += ["![accuracy vs size](accuracy_vs_size.png)", ""]
 
     return with_header("\n".join(L).rstrip() + "\n", report.get("provenance"))
+
+
+def _every_variant(report: dict[str, Any]) -> list[str]:
+    """What the summary leaves out, per variant: load time, accuracy, the texts scored, speed-up, batch invariance."""
+    b, s = report["headline"]["batch"], report["headline"]["seq"]
+    rows = [
+        [
+            r["shown"],
+            cell(r["load_s"], 2),
+            _pct(r["accuracy"]),
+            cell(r["eval_n"]),
+            cell(r["speedup"], 2, "×"),
+            invariance_cell(v.get("invariance")),
+        ]
+        for v, r in zip(report["variants"], summary_rows(report))
+        if r["status"] == "ok"
+    ]
+    head = ["variant", "load (s)", "accuracy", "texts scored", f"speed-up vs torch-fp32 b{b}/s{s}"]
+    notes = []
+    if report.get("speedup_reference") is None:
+        notes.append(f"no torch-fp32 result at b{b}/s{s} in this run, so no speed-up")
+    moved = [v for v in report["variants"] if shown(v, report) != v["name"]]
+    if moved:  # a CUDA run's CPU variants (qserve.placement): every table marks them
+        notes.append(
+            "measured on another device than the run's, marked so in every table: "
+            + "; ".join(f"{shown(v, report)}" + (f" ({v['placement']})" if v.get("placement") else "") for v in moved)
+            + "; their floor is not stated (the floor's peaks are the run device's)"
+        )
+    own = {v["name"]: v.get("long_text") for v in report["variants"] if v.get("long_text")}
+    if any(p != "head" for p in own.values()):  # accuracy above is under each variant's own policy
+        notes.append("long-text policy per variant: " + ", ".join(f"{k} {p}" for k, p in own.items()))
+    return (
+        ["## Every variant", ""]
+        + md_table(head + ["batch invariance: max \\|Δprob\\| / label flips"], rows)
+        + [""]
+        + (["Notes: " + "; ".join(notes) + ".", ""] if notes else [])
+    )
 
 
 def _isolation(report: dict[str, Any]) -> str:
@@ -318,26 +355,40 @@ def _execution_lines(report: dict[str, Any]) -> list[str]:
 
 
 def rounds_lines(report: dict[str, Any]) -> list[str]:
-    """How the latencies were measured (interleaved rounds), the interval each carries, and the recommended
-    variant against the runner-up (docs/bench.md, "Rounds")."""
+    """How the latencies were measured (interleaved rounds, the race), the interval each carries, the ranking rule
+    and the recommended variant against the runner-up (docs/bench.md, "Rounds" and "Racing")."""
     r = report.get("rounds")
     if not r:
         return []
-    rec = report.get("recommended") or {}
+    rec, race = report.get("recommended") or {}, report.get("race") or {}
+    raced = [v["name"] for v in report["variants"] if v.get("raced_out")]
     lines = [
-        f"Latencies: every variant loaded once in its own process, then measured in {r['asked']} interleaved rounds "
-        "(A B C ... A B C ..., one measuring while the others idle)"
-        + (f" and {r['extra']} extra round(s) for variants whose rounds disagreed" if r.get("extra") else "")
+        "Latencies: every variant loaded once in its own process, then measured in interleaved rounds (A B C ... "
+        "A B C ..., one measuring while the others idle)"
+        + (
+            f"; racing: the first round screened every variant, and those within {race['factor']:g}x of the fastest "
+            f"candidate's b1 there ({race['best']}), with the {race['keep']} fastest candidates and the reference, "
+            f"ran all {r['asked']} rounds and the full evaluation (accuracy and agreement on every text, batch "
+            f"invariance); {len(raced)} were raced out ({', '.join(raced) or 'none'}): measured in that round only, "
+            "they decide nothing"
+            if race.get("best") and race.get("factor")
+            else f": {r['asked']} of them"
+        )
+        + (f"; {r['extra']} extra round(s) for contenders whose rounds disagreed" if r.get("extra") else "")
         + "; each p50 is the median of the rounds' p50s, in brackets the order-statistic interval of that median "
         f"(about 95%, its coverage in report.json); a number marked unstable has an interval wider than "
-        f"{r['stability']:.0%} of it after the extra rounds."
+        f"{r['stability']:.0%} of it after the extra rounds. The recommendation: the lowest p50 at "
+        f"{rec.get('shape', 'the headline shape')} (the fast mode's median where a variant's rounds fell in two) "
+        f"among the variants whose agreement with {report.get('agreement_reference') or 'fp32'} meets the bar for "
+        "their bits (int8 >= 99%, 4-bit >= 97%, 16/32-bit >= 99%) and, once a release gate ran, that passed it or "
+        "are the reference; the runner-up is the next of them, the reference only when no other qualifies."
     ]
     if rec.get("ratio"):
         q = rec["ratio"]
         lines[0] += (
             f" {rec['variant']} against the runner-up {rec['runner_up']}: {rec['ratio_text']} "
             f"(the runner-up's latency over the recommended's, {'paired round by round' if q['paired'] else 'unpaired'}"
-            f" over {q['rounds']} rounds)"
+            f" over {q['rounds']} rounds, {q['level']:.0%} interval)"
             + (
                 f", a tie (the interval holds 1), broken by {rec['tie_break']}."
                 if rec.get("tied")
@@ -433,9 +484,8 @@ def _invariance(report: dict[str, Any]) -> list[str]:
             continue
         by = inv.get("by_batch") or {}
         raw = inv.get("batched_graph")
-        few = f" ({inv['texts']} texts)" if inv.get("texts") != info.get("texts") else ""  # an eval-cut variant
         rows.append(
-            [shown(v, report), ("row by row" if inv.get("row_by_row") else "batched") + few]
+            [shown(v, report), "row by row" if inv.get("row_by_row") else "batched"]
             + [f"{by[k]['max_abs_dprob']:.2g} / {by[k]['flips']}" if k in by else "–" for k in ("8", "32")]
             + [f"{raw['max_abs_dprob']:.3g} / {raw['flips']} of {raw['scored']}" if raw else "–"]
         )
@@ -452,13 +502,7 @@ def _invariance(report: dict[str, Any]) -> list[str]:
             "(short reviews padded next to long ones), through the same predict() the server calls: the largest "
             "|Δprobability| and the label flips against the text alone. A variant whose kernels let rows see each "
             "other is run row by row by the runtime; the last column shows what one batched forward of its graph "
-            "would answer."
-            + (
-                " A variant that cannot be recommended (the eval cut) is checked on fewer of them, spread over the "
-                "same range; the count is beside its row."
-                if any("texts)" in r[1] for r in rows)
-                else ""
-            ),
+            "would answer.",
             "",
         ]
         + md_table(["variant", "runs a batch", "batches of 8", "batches of 32", "if run batched"], rows)
@@ -532,12 +576,13 @@ def _la(x: Any) -> str:
 
 
 CSV_FIELDS = (
-    "variant device status kind batch seq count mean_ms p50_ms p50_ci_lo_ms p50_ci_hi_ms rounds stable p90_ms p95_ms "
-    "p99_ms stdev_ms min_ms throughput size_mb load_s peak_mem_mib accuracy agreement speedup_vs_torch_fp32 floor_ms "
-    "p50_over_floor invariance_max_abs_dprob invariance_flips error"
+    "variant device status verdict kind batch seq count mean_ms p50_ms p50_ci_lo_ms p50_ci_hi_ms rounds stable p90_ms "
+    "p95_ms p99_ms stdev_ms min_ms throughput size_mb load_s peak_mem_mib accuracy agreement agreement_lo "
+    "speedup_vs_torch_fp32 floor_ms p50_over_floor invariance_max_abs_dprob invariance_flips error"
 ).split()
 SUMMARY_CSV = (  # the summary row's fields the csv repeats by name
-    "size_mb load_s peak_mem_mib accuracy agreement floor_ms p50_over_floor invariance_max_abs_dprob invariance_flips"
+    "verdict size_mb load_s peak_mem_mib accuracy agreement agreement_lo floor_ms p50_over_floor "
+    "invariance_max_abs_dprob invariance_flips"
 ).split()
 
 

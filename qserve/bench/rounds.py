@@ -149,8 +149,8 @@ def decision_records(fixed: list[dict[str, Any]], real: list[dict[str, Any]], he
 
 def unstable_cell(rec: dict[str, Any] | None) -> str:
     """' (two modes: fast F ms, slow S ms in N% of rounds)' and/or ' (unstable: rounds LO-HI ms)' beside a number,
-    else ''."""
-    if not rec or not rec.get("round_p50"):
+    else '' (and for one round: a raced-out variant's)."""
+    if not rec or len(rec.get("round_p50") or {}) < 2:
         return ""
     m = rec.get("modes")
     out = (
@@ -166,9 +166,10 @@ def unstable_cell(rec: dict[str, Any] | None) -> str:
 
 
 def ci_cell(rec: dict[str, Any] | None, digits: int = 2) -> str:
-    """'7.30 [7.10, 7.55]' (p50 and its interval over rounds), '7.30' for a record without rounds, '—' for none."""
+    """'7.30 [7.10, 7.55]' (p50 and its interval over rounds), '7.30' for a record of one round or none, '—' for
+    no record."""
     if not rec or rec.get("p50") is None:
         return "—"
-    ci = rec.get("p50_ci")
+    ci = rec.get("p50_ci") if len(rec.get("round_p50") or {}) > 1 else None
     body = f"{rec['p50']:.{digits}f}" + (f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci else "")
     return body + unstable_cell(rec)

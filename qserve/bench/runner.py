@@ -28,12 +28,12 @@ from qserve import QserveError
 from qserve.artifact import CheckpointError, ModelMeta, VariantError, read_manifest, read_model_meta
 from qserve.bench import analysis
 from qserve.bench import store as stored
-from qserve.bench.analysis import REFERENCES, VariantMeta, agreement_with
+from qserve.bench.analysis import REFERENCES, VariantMeta
 from qserve.bench.config import BenchConfig
 from qserve.bench.envinfo import environment, load_avg, merge_child_env, physical_cores
 from qserve.bench.floor import flops_per_sequence, gemm_shapes
 from qserve.bench.invariance import select_texts
-from qserve.bench.recommend import bar_for, real_text_b1
+from qserve.bench.recommend import RACE_KEEP, race
 from qserve.bench.report import write_reports
 from qserve.bench.rounds import decision_records, merge_fixed, merge_real, ranked
 from qserve.data.datasets import load_dataset
@@ -386,7 +386,7 @@ def _texts_sha(data: dict[str, Any]) -> str:
 
 
 def _order(metas: list[VariantMeta]) -> list[int]:
-    """Measuring order: the agreement reference, then fewer weight bytes first (the eval cut's bound known sooner)."""
+    """Measuring order: the agreement reference, then fewer weight bytes first."""
     ref = _reference_index(metas)
     rest = sorted((i for i in range(len(metas)) if i != ref), key=lambda i: (metas[i].weights_bytes or 0, i))
     return ([ref] if ref is not None else []) + rest
@@ -398,24 +398,13 @@ def _reference_index(metas: list[VariantMeta]) -> int | None:
     return next((names.index(n) for n in REFERENCES if n in names), None)
 
 
-def _meets_bar(entry: dict[str, Any], ref: dict[str, Any] | None) -> float | None:
-    """The entry's ranked real-text b1 p50 (rounds.ranked) when it meets its agreement bar against `ref` (else None)."""
-    if entry.get("status") != "ok" or (entry.get("accuracy") or {}).get("n") != (ref or {}).get("accuracy", {}).get(
-        "n"
-    ):
-        return None  # only a variant scored on every text sets the bound
-    agr, real = agreement_with(entry, ref), real_text_b1(entry)
-    return (
-        ranked(real)[0]
-        if agr is not None and real is not None and agr >= bar_for((entry.get("spec") or {}).get("bits"))
-        else None
-    )
-
-
 JOB_FIELDS = tuple(  # what a child's job copies from the config as it is
     "threads batch_sizes seq_lens time_budget_s warmup min_iters max_iters rounds stability allow_extra_files "
-    "length_buckets slow_eval_samples".split()
+    "length_buckets".split()
 )
+REFERENCE_POLICY_TEXTS = 200
+"""Test texts the reference compares long-text policies on when it is not the recommended variant: its records
+feed only the agreement column (docs/bench.md)."""
 MAX_ROUNDS_FACTOR = 3
 """Stability's extra rounds stop at this many times --rounds (or at --stability-budget seconds, first reached)."""
 
@@ -468,11 +457,43 @@ def _stable(h: Variant, cfg: BenchConfig) -> bool:
 
 
 def _decision_p50(merged: tuple | None, res: dict[str, Any] | None, cfg: BenchConfig) -> float:
-    """What a variant is ranked by, to finish the fastest first (the eval cut's bound is then known soonest)."""
+    """What a variant is ranked by: its screen in the race, from its rounds so far or its stored result."""
     fixed, real = merged if merged is not None else ((res or {}).get("fixed") or [], (res or {}).get("real_text") or [])
     recs = decision_records(fixed, real, cfg.headline())
     real1 = [ranked(r)[0] for r in recs if "seq" not in r]
     return real1[0] if real1 else (ranked(recs[0])[0] if recs else float("inf"))
+
+
+def _race(
+    live: list[Variant], raw: dict[int, dict[str, Any]], metas: list[VariantMeta], ref: int | None, cfg: BenchConfig
+) -> tuple[dict[int, dict[str, Any]], int | None]:
+    """After the screen round: ({index: its race record} of the variants raced out, the fastest candidate there).
+    A candidate is what can still win before agreement is known: any variant, or once one carries a gate verdict,
+    one that passed or the reference (recommend.recommend's rule)."""
+    screen = {h.index: _decision_p50(_merged(h, cfg), None, cfg) for h in live if h.failed is None}
+    screen |= {i: _decision_p50(None, r, cfg) for i, r in raw.items() if r.get("status") == "ok"}
+    gates = {i: m.manifest.gate for i, m in enumerate(metas) if m.manifest is not None and m.manifest.gate}
+    cands = sorted(
+        (i for i in screen if not gates or (gates.get(i) or {}).get("passed") or i == ref), key=screen.__getitem__
+    )
+    keep = race(screen, cands, cfg.race, ref)
+    out = {i: {"screen_ms": p, "of_best": p / screen[cands[0]]} for i, p in screen.items() if i not in keep | set(raw)}
+    return out, (cands[0] if cands else None)
+
+
+def _finish(h: Variant, cfg: BenchConfig, raced_out: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A variant's result: its rounds merged, and what is measured once (the full evaluation, or for a raced-out
+    variant only its memory and environment)."""
+    if h.failed is not None:
+        return h.failed
+    fixed, real = _merged(h, cfg)
+    ans = h.op({"op": "finish", "raced_out": raced_out is not None})
+    if ans["status"] == "ok":
+        ans.update(
+            {"fixed": fixed, "real_text": real, "wall_s": h.wall, **({"raced_out": raced_out} if raced_out else {})}
+        )
+        ans["load_parallel"] = h.opened.get("parallel") if h.opened else None
+    return ans
 
 
 def _policy_pass(
@@ -498,8 +519,8 @@ def _policy_pass(
         if done and (i != rec or all(r["n"] == (entries[i].get("accuracy") or {}).get("n") for r in done)):
             continue  # the reference, compared in its own child already (on every text, if it is chosen)
         own = raw[i].get("accuracy") or {}
-        # a reference that is not the recommended one feeds only agreement: the eval cut's first texts
-        limit = cfg.slow_eval_samples if (i != rec and cfg.slow_eval_samples) else None
+        # a reference that is not the recommended one feeds only agreement: its first texts
+        limit = REFERENCE_POLICY_TEXTS if i != rec else None
         pjob = {**job, "mode": "policies", "long_text": cfg.long_text, "eval_limit": limit}
         k = stored.key(_files(metas[i]), pjob, ident)
         res = stored.load(store, dirs[i], "policies", k) if reuse else None
@@ -584,8 +605,8 @@ def run_bench(
             job.update(variant_dir=str(d.resolve()), device=device_of[i], data_file=str(data_file), long_text=None)
             job["token_cache"] = token_cache
             if cfg.long_text and i == ref_index:
-                # the reference's policies, for agreement only: on the eval cut's first texts in its own child
-                job.update({"long_text": cfg.long_text, "eval_limit": cfg.slow_eval_samples or None})
+                # the reference's policies, for agreement only: on its first texts, in its own child
+                job.update({"long_text": cfg.long_text, "eval_limit": REFERENCE_POLICY_TEXTS})
             ident = {"key": list(key), "texts": _texts_sha(data)}
             jobs[i] = (job, ident)
             keys[i] = stored.key(_files(metas[i]), job, ident)
@@ -607,7 +628,16 @@ def run_bench(
             _open_all(list(handles.values()), cfg)
             run_token = now_iso()
             live = [handles[i] for i in order if i in handles]
-            for k in range(cfg.rounds):
+            log.info("bench: round 1/%d over %d variants, the screen", cfg.rounds, len(live))
+            log_rounds += _round(live, f"{run_token}#0", 0, None, dirs)
+            raced, best = _race(live, raw, metas, ref_index, cfg)
+            for h in live:
+                if h.index in raced:  # measured once: its memory and environment, nothing scored, its process gone
+                    raw[h.index] = _finish(h, cfg, raced[h.index])
+                    if not h.shared:
+                        h.worker.close()
+            live = [h for h in live if h.index not in raced]
+            for k in range(1, cfg.rounds):
                 log.info("bench: round %d/%d over %d variants", k + 1, cfg.rounds, len(live))
                 log_rounds += _round(live, f"{run_token}#{k}", k, None, dirs)
             b, s = cfg.headline()
@@ -624,27 +654,12 @@ def run_bench(
                 )
                 log_rounds += _round(shaky, f"{run_token}#{k}", k, only, dirs)
                 k, extra = k + 1, extra + 1
-            merged = {h.index: _merged(h, cfg) for h in live if h.failed is None}
-            ref: dict[str, Any] | None = None
-            bound: tuple[float, str] | None = None
-            fin = [i for i in order if i == ref_index] + sorted(
-                (i for i in order if i != ref_index), key=lambda i: _decision_p50(merged.get(i), raw.get(i), cfg)
-            )
-            for step, i in enumerate(fin):
+            for step, i in enumerate(order):
                 d, meta = dirs[i], metas[i]
-                if i in handles:
-                    h = handles[i]
-                    if h.failed is None:
-                        fixed, real = merged[i]
-                        bound_ms, bound_variant = bound or (None, None)
-                        op = {"op": "finish", "real_text": real, "bound_ms": bound_ms, "bound_variant": bound_variant}
-                        ans = h.op(op)
-                        if ans["status"] == "ok":
-                            ans.update({"fixed": fixed, "real_text": real, "wall_s": h.wall})
-                            ans["load_parallel"] = h.opened.get("parallel") if h.opened else None
-                            stored.save(store, d, "variant", keys[i], ans)
-                    res = h.failed or ans
-                    raw[i] = res
+                if i not in raw:
+                    raw[i] = _finish(handles[i], cfg)
+                    if raw[i]["status"] == "ok":
+                        stored.save(store, d, "variant", keys[i], raw[i])
                 res = raw[i]
                 data = load_texts(data_key(cfg, meta), cfg, cache)
                 res["data"] = {k: v for k, v in data.items() if k in ("dataset", "seed", "max_eval_samples", "error")}
@@ -658,11 +673,6 @@ def run_bench(
                 placed = plan.get(entries[i]["spec"]["name"]) if plan is not None and entries[i].get("spec") else None
                 if placed is not None and placed.device != cfg.device and placed.why:
                     entries[i]["placement"] = placed.why
-                if step == 0 and entries[i]["name"] and analysis.reference([entries[i]]) is entries[i]:
-                    ref = entries[i]
-                p50 = _meets_bar(entries[i], ref) if ref is not None else None
-                if p50 is not None and (bound is None or p50 < bound[0]):
-                    bound = (p50, entries[i]["name"])
             if cfg.long_text:
                 _policy_pass(entries, metas, dirs, jobs, raw, handles, workers, work, cfg, store, reuse, device_of)
         finally:
@@ -679,6 +689,7 @@ def run_bench(
         "headline": dict(zip(("batch", "seq"), cfg.headline())),
         "model": analysis.model_block(metas),
         "floor": floor,
+        "race": {"factor": cfg.race, "keep": RACE_KEEP, "best": entries[best]["name"] if best is not None else None},
         "variants": [entries[i] for i in range(len(dirs))],
         "rounds": {
             "asked": cfg.rounds,

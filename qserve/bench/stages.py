@@ -11,10 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from qserve.bench.html import render_html
-from qserve.bench.plots import CHARTS
-from qserve.bench.report import render_md
-from qserve.files import write_json_atomic, write_text_atomic
+from qserve.bench.report import write_reports
 
 STAGES = ("train", "export", "bench", "gate", "total")
 
@@ -30,7 +27,7 @@ def print_stages(times: dict[str, float]) -> None:
 
 def record_stages(report_dir: Path, times: dict[str, float], choices: dict | None = None) -> bool:
     """Add the stage times, and what the run chose for this machine (the training precision and why, what was
-    trained on, the variants skipped and why), to a report this run wrote; re-render its md and html."""
+    trained on, the variants skipped and why), to a report this run wrote; render every file of it again."""
     path = Path(report_dir) / "report.json"
     try:
         report = json.loads(path.read_text(encoding="utf-8"))
@@ -39,15 +36,5 @@ def record_stages(report_dir: Path, times: dict[str, float], choices: dict | Non
     if report.get("pipeline"):
         return False  # reused: the times of the run that measured it stay
     report["pipeline"] = {"stage_s": {k: round(times[k], 1) for k in STAGES if k in times}, **(choices or {})}
-    rewrite(path.parent, report)
+    write_reports(report, path.parent)
     return True
-
-
-def rewrite(report_dir: Path, report: dict) -> None:
-    """Write a changed report.json and re-render its report.md and report.html (the charts stay as they are)."""
-    report_dir = Path(report_dir)
-    write_json_atomic(report_dir / "report.json", report)
-    md = render_md(report)
-    write_text_atomic(report_dir / "report.md", md)
-    images = {n: (report_dir / n).read_bytes() for n in CHARTS if (report_dir / n).is_file()}
-    write_text_atomic(report_dir / "report.html", render_html(report, md, images))

@@ -14,9 +14,8 @@ from typing import Any
 
 from qserve.files import write_json_atomic
 
-# Job fields that are not inputs of the measurement: paths of this run, and the bound that only decides the
-# eval cut (the cut itself is in the result, `eval_cut`).
-NOT_KEYED = ("variant_dir", "data_file", "token_cache", "bound_ms", "bound_variant", "own")
+# Job fields that are not inputs of the measurement: paths of this run, and what an op reuses of it.
+NOT_KEYED = ("variant_dir", "data_file", "token_cache", "own")
 
 
 def key(manifest_files: dict[str, Any] | None, job: dict[str, Any], data: dict[str, Any]) -> str:

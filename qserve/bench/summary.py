@@ -1,4 +1,4 @@
-"""The headline row of each variant in a bench report (md table, csv, charts, the served models' page).
+"""Each variant's row of a bench report: the summary table's numbers and verdict (md, html, csv, charts, the page).
 
     python -c "from qserve.bench.report import load_report; from qserve.bench.summary import summary_rows; \\
 print(summary_rows(load_report('benchmarks/reports/embedded-default')[0])[0])"
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from qserve.bench.invariance import cell
-from qserve.bench.rounds import ci_cell
+from qserve.intervals import wilson
 from qserve.placement import mark
+from qserve.problemtypes import SINGLE
 
 
 def shown(v: dict[str, Any], report: dict[str, Any]) -> str:
@@ -37,44 +37,51 @@ def peak_memory(v: dict[str, Any]) -> tuple[float | None, str]:
     return mem.get("peak_rss_mb"), "peak RSS"
 
 
+def agreement_lower_bound(v: dict[str, Any]) -> float | None:
+    """The release gate's 95% lower bound on agreement where it ran, else Wilson's over the texts the bench scored
+    (single-label: agreement is then a share of texts)."""
+    g, acc, agr = v.get("gate") or {}, v.get("accuracy") or {}, v.get("agreement")
+    if g.get("agreement_lower_bound") is not None:
+        return g["agreement_lower_bound"]
+    n = acc.get("n") if acc.get("problem_type", SINGLE) == SINGLE else None
+    return wilson(round(agr * n), n)[0] if agr is not None and n else None
+
+
 def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """One dict per variant with the headline columns (used by md, csv and plots)."""
+    """One dict per variant: the summary table's cells (b1_ms: the p50 the recommendation ranks by; verdict and
+    why: recommend.recommend's) and what the csv, the charts and the served page read."""
     b, s = report["headline"]["batch"], report["headline"]["seq"]
     bmax = max(report["config"]["batch_sizes"])
+    ranking = {r["variant"]: r for r in (report.get("recommended") or {}).get("ranking") or []}
     rows = []
     for v in report["variants"]:
-        st, big = fixed_shape(v, b, s), fixed_shape(v, bmax, s)
-        mem, _ = peak_memory(v)
-        acc = v.get("accuracy") or {}
-        fl = v.get("floor") or {}
+        st, big, r = fixed_shape(v, b, s), fixed_shape(v, bmax, s), ranking.get(v["name"]) or {}
+        acc, fl, inv = v.get("accuracy") or {}, v.get("floor") or {}, v.get("invariance") or {}
+        failed = f"its bench failed: {v.get('failure') or v.get('error') or 'no result'}"
         rows.append(
             {
                 "variant": v["name"],
                 "shown": shown(v, report),
                 "device": v.get("device"),
                 "status": v["status"],
+                "b1_ms": r.get("p50_ms"),
                 "size_mb": v["disk_bytes"] / 1e6 if v.get("disk_bytes") is not None else None,
                 "load_s": v.get("load_s"),
                 "p50_ms": st["p50"] if st else None,
-                "p50_ci": st.get("p50_ci") if st else None,
-                "p50_cell": ci_cell(st),
                 "p99_ms": st["p99"] if st else None,
                 "throughput": big["throughput"] if big else None,
-                "peak_mem_mib": mem,
+                "peak_mem_mib": peak_memory(v)[0],
                 "accuracy": acc.get("accuracy"),
                 "agreement": v.get("agreement"),
+                "agreement_lo": None if v["name"] == report.get("agreement_reference") else agreement_lower_bound(v),
                 "eval_n": acc.get("n"),
                 "speedup": v.get("speedup_vs_torch_fp32"),
                 "floor_ms": fl.get("floor_ms"),
                 "p50_over_floor": fl.get("p50_over_floor"),
-                "floor_peak": fl.get("peak"),
-                "invariance_max_abs_dprob": (v.get("invariance") or {}).get("max_abs_dprob"),
-                "invariance_flips": (v.get("invariance") or {}).get("flips"),
-                "invariance": invariance_cell(v.get("invariance")),
+                "invariance_max_abs_dprob": inv.get("max_abs_dprob"),
+                "invariance_flips": inv.get("flips"),
+                "verdict": r.get("verdict") or ("not a candidate" if v["status"] != "ok" else "–"),
+                "why": r.get("verdict_why") or (failed if v["status"] != "ok" else None),
             }
         )
     return rows
-
-
-def invariance_cell(inv: dict[str, Any] | None) -> str:
-    return cell(inv)

@@ -319,15 +319,16 @@ def machine(device: str) -> dict[str, Any]:
 
 
 def run_gate(
-    variants: list[Path], cfg: GateConfig, until_pass: bool = False, plan: Plan | None = None
+    variants: list[Path], cfg: GateConfig, until_pass: int = 0, plan: Plan | None = None
 ) -> list[dict[str, Any]]:
     """Gate each variant against its reference, record verdict and calibration in its manifest (unless cfg.record is
-    False), return the results in order. until_pass: stop at the first pass; `plan`: each variant's device."""
+    False), return the results in order. until_pass: stop once that many passed (0: never); `plan`: each variant's
+    device."""
     cfg.validate()
     if not variants:
         raise GateError("qserve gate needs at least one VARIANT dir")
     resolve_device(cfg.device)  # a bad --device, or cuda without a GPU, fails before any text is scored
-    results = []
+    results, passes = [], 0
     refs: dict[tuple[str, str, str], Scored] = {}
     datasets: dict[tuple[str, str], tuple[DatasetSplits, str, int]] = {}
     for vdir in map(Path, variants):
@@ -420,6 +421,7 @@ def run_gate(
             }
         )
         log.info("gate: %s %s", vm.name, "PASSED" if record["passed"] else "FAILED: " + "; ".join(record["reasons"]))
-        if until_pass and record["passed"]:
+        passes += bool(record["passed"])
+        if until_pass and passes >= until_pass:
             break
     return results

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -35,32 +36,13 @@ def _unavailable(reason: str):
 @pytest.fixture(scope="module")
 def driver():
     try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
+        from benchmarks.report_screen import chromium  # selenium, a dev extra
+
+        d = chromium()
     except ImportError:
         _unavailable("selenium is not installed (pip install -e '.[dev]')")
-    browser = next(
-        (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None
-    )
-    chromedriver = shutil.which("chromedriver")
-    if not browser or not chromedriver:
-        _unavailable("no chromium/chromedriver on PATH (Debian: apt-get install chromium chromium-driver)")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = browser
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--window-size=1400,1800",
-        "--no-proxy-server",
-    ):
-        opts.add_argument(arg)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    try:  # an explicit driver path: selenium-manager would otherwise try to download one
-        d = webdriver.Chrome(service=Service(chromedriver), options=opts)
-    except Exception as e:  # a browser that cannot start here (no shared memory, a broken install)
-        _unavailable(f"chromium did not start: {type(e).__name__}: {str(e).splitlines()[0]}")
+    except RuntimeError as e:
+        _unavailable(str(e))
     yield d
     d.quit()
 
@@ -200,3 +182,22 @@ def test_report_html_opens_from_disk_without_errors(driver, tmp_path):
     loaded = d.execute_script("return [...document.images].map(i => i.complete && i.naturalWidth > 0)")
     assert len(loaded) == 3 and all(loaded)
     assert _errors(d) == []
+
+
+@pytest.mark.parametrize("which", ["embedded-default", "pipeline-auto-zen4"])
+def test_report_html_opens_on_its_verdict_and_summary_table(driver, tmp_path, which):
+    """At 1280x800 the verdict sentence and the summary table lie inside the first screen; the screenshot is what
+    `python -m benchmarks.report_screen REPORT_DIR` saves beside a committed report."""
+    from benchmarks.report_screen import HEIGHT, SHOT, WIDTH, first_screen, inside
+    from qserve.bench import analysis
+    from qserve.bench.report import write_reports
+
+    report = json.loads((EMBEDDED.parents[1] / which / "report.json").read_text(encoding="utf-8"))
+    analysis.apply_gates(report, {})  # every verdict by today's rule, on the report's own measurements
+    write_reports(report, tmp_path)
+    boxes = first_screen(driver, tmp_path / "report.html", tmp_path / SHOT)
+    assert (boxes["width"], boxes["height"]) == (WIDTH, HEIGHT) and inside(boxes), boxes
+    assert boxes["verdict"]["bottom"] <= boxes["table"]["top"]  # the sentence first, then the table
+    png = (tmp_path / SHOT).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24]) == (WIDTH, HEIGHT)
+    assert _errors(driver) == []

@@ -99,4 +99,5 @@ def test_a_variant_that_crashes_the_worker_fails_alone_and_the_next_gets_a_fresh
     assert ref["status"] == after["status"] == "ok"
     assert after["agreement"] == 1.0  # measured, in a worker started after the crash
     md = (root / f"crash-{mode}" / "report.md").read_text()
-    assert f"{crashed['name']} **FAILED**" in md and f"- **{crashed['name']}** (" in md
+    assert f"- **not a candidate** (its bench failed: {failure}): {crashed['name']}." in md
+    assert f"- **{crashed['name']}** (" in md  # and in the failures' section

@@ -11,7 +11,8 @@ import shutil
 import pytest
 
 from qserve import QserveError
-from qserve.bench.recommend import VERSUS, from_model_dir, md_lines, recommend
+from qserve.bench.recommend import VERSUS, from_model_dir, recommend
+from qserve.bench.report import verdict_line
 
 
 def _report(rows):
@@ -46,10 +47,16 @@ def test_fastest_variant_meeting_its_bar_wins():
     )  # failed runs are never recommended
     rec = recommend(rep)
     assert rec["variant"] == "onnx-int4" and rec["bar"] == 0.97 and rec["p50_ms"] == 6.0
-    assert "faster but below the bar: ov-int8" in rec["why"] and rec["cpu"] == "Test CPU"
-    assert [r["variant"] for r in rec["ranking"]] == ["ov-int8", "onnx-int4", "onnx-int8", "torch-fp32"]
+    assert rec["cpu"] == "Test CPU" and rec["runner_up"] == "onnx-int8"  # the next candidate, not the reference
+    assert [(r["variant"], r["verdict"]) for r in rec["ranking"]] == [
+        ("ov-int8", "below bar"),  # faster, but below its bar: the verdict column says so, and why
+        ("onnx-int4", "recommended"),
+        ("onnx-int8", "passed"),
+        ("torch-fp32", "passed"),
+    ]
+    assert rec["ranking"][0]["verdict_why"] == "agreement 98.50% < 99%"
     rep["recommended"] = rec
-    assert "**Recommended variant on this machine (Test CPU): onnx-int4**" in md_lines(rep)[0]
+    assert verdict_line(rep).startswith("**Serve onnx-int4:** ") and "faster than onnx-int8 at b1/s128" in rec["why"]
 
 
 def test_speed_only_run_recommends_nothing():
@@ -68,7 +75,8 @@ def test_model_dir_resolves_to_the_recommended_variant(tiny_variant, tmp_path):
     (model_dir / "report" / "report.json").write_text(json.dumps(rep))
     vdir, sel = from_model_dir(model_dir)
     assert vdir == model_dir / "variants" / "torch-fp32"
-    assert sel["variant"] == "torch-fp32" and "100.00% >= 99%" in sel["why"] and sel["measured_on"] == "Test CPU"
+    assert sel["variant"] == "torch-fp32" and sel["measured_on"] == "Test CPU"
+    assert sel["why"] == "Serve torch-fp32: the only variant that qualified; it is the reference (no gate needed)."
     assert sel["versus"] is None  # torch-fp32 is the only variant meeting its bar here
     shutil.rmtree(vdir)
     with pytest.raises(QserveError, match="recommends torch-fp32, but neither"):
@@ -84,7 +92,7 @@ def test_real_texts_at_their_own_length_rank_before_the_headline_shape():
         v["real_text"] = [{"batch": 1, "p50": real}, {"batch": 8, "p50": real * 4}]
     rec = recommend(rep)
     assert rec["variant"] == "onnx-int8" and rec["p50_ms"] == 2.0 and rec["shape"].startswith("b1 on real test texts")
-    assert "b1/s128 p50 7.00 ms" in rec["why"]
+    assert "faster than ov-int8 at b1 on real texts" in rec["why"]
     assert [(r["variant"], r["fixed_p50_ms"]) for r in rec["ranking"]] == [
         ("onnx-int8", 7.0),
         ("ov-int8", 5.0),
@@ -105,4 +113,5 @@ def test_model_dir_selection_carries_the_comparison_with_the_runner_up(tiny_vari
     _, sel = from_model_dir(model_dir)
     versus = sel["versus"]
     assert sel["variant"] == "onnx-int8" and versus and versus["runner_up"] == "torch-fp32"
-    assert versus["ratio_text"] in sel["why"] and set(versus) <= set(VERSUS)
+    assert f"{versus['ratio_text']} faster than the reference torch-fp32 (nothing else qualified)" in sel["why"]
+    assert set(versus) <= set(VERSUS)

@@ -76,6 +76,48 @@ def test_no_two_labels_overlap(report, which, chart):
         plt.close(fig)
 
 
+def _drawn_texts(fig) -> list:
+    """(text, extent) of every text the figure draws: titles, axis and tick labels, legends, point labels (a tick
+    label outside its axis' view is not drawn)."""
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    hidden = set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            lo, hi = sorted(axis.get_view_interval())
+            ticks = axis.get_major_ticks() + axis.get_minor_ticks()
+            hidden |= {id(t.label1) for t in ticks if not lo <= t.get_loc() <= hi}
+    return [
+        (t.get_text(), Text.get_window_extent(t, renderer))
+        for t in fig.findobj(Text)
+        if t.get_visible() and t.get_text().strip() and id(t) not in hidden
+    ]
+
+
+@pytest.mark.parametrize("which", ["real", "crowded", "main job"])
+@pytest.mark.parametrize("chart", ["decision.png", "latency_vs_batch.png", "accuracy_vs_size.png"])
+def test_no_chart_text_overlaps_any_other(report, which, chart):
+    """Every text of every chart, from the renderer's own extents: the decision chart's two x-axis labels once
+    overlapped."""
+    import matplotlib.pyplot as plt
+
+    from qserve.bench import plots
+    from qserve.bench.chartlabels import boxes_overlap
+
+    main_job = EMBEDDED.parents[1] / "pipeline-auto-zen4" / "report.json"
+    r = {"real": report, "crowded": crowded(report)}.get(which) or json.loads(main_job.read_text(encoding="utf-8"))
+    fig = plots.CHARTS[chart](r)
+    try:
+        texts = _drawn_texts(fig)
+        assert len(texts) > 20
+        bad = boxes_overlap([b for _, b in texts])
+        assert bad == [], [(texts[i][0], texts[j][0]) for i, j in bad]
+    finally:
+        plt.close(fig)
+
+
 def test_each_variant_has_its_own_colour_and_marker(report):
     import matplotlib.pyplot as plt
 
@@ -148,11 +190,11 @@ def test_report_html_is_self_contained(report, tmp_path):
     assert not re.search(r"""(src|href)\s*=\s*["'](?!data:|#)""", page)
     assert page.count('src="data:image/png;base64,') == 3
     assert "default-src 'none'" in page and "<script" not in page
-    # the machine and the recommendation up top, then the tables from report.md
-    top = page.split("<main>")[0]
+    # the verdict up top, then the summary table (its row highlighted), the chart, the details from report.md
+    top, main = page.split("<main>")
     rec = report["recommended"]["variant"]
-    assert "Intel(R) Xeon(R) Processor" in top and 'id="recommended"' in top and rec in top
-    assert f'<tr class="recommended"><td>{rec}</td>' in page
+    assert 'id="recommended"' in top and f"Serve {rec}:" in top and "Intel(R) Xeon(R) Processor" in main
+    assert main.index(f'<tr class="recommended"><td>{rec}</td>') < main.index("<figure>") < main.index("Details: how")
     assert "batch invariance: max |Δprob| / label flips</th>" in page  # an escaped pipe stays one column
     md = (tmp_path / "report.md").read_text(encoding="utf-8")
-    assert md.index("(decision.png)") < md.index("| variant |")
+    assert md.splitlines()[2].startswith(f"**Serve {rec}:**") and md.index("| variant |") < md.index("(decision.png)")

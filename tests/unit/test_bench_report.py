@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 
 import pytest
 
@@ -145,27 +146,36 @@ def test_agreement_needs_the_same_test_texts():
     assert rep["variants"][0]["agreement"] == 1.0 and rep["variants"][1]["agreement"] is None
 
 
-def test_md_has_every_column_and_states_the_floor():
+def test_md_opens_with_the_verdict_and_one_summary_table_then_the_details():
     md = render_md(synthetic_report())
-    for col in (
-        "size (MB)",
-        "load (s)",
-        "p50 b1/s128 (ms)",
-        "p99 b1/s128 (ms)",
-        "throughput b8/s128 (seq/s)",
-        "peak RSS (MiB)",
-        "accuracy",
-        "agreement vs torch-fp32",
-        "speed-up vs torch-fp32",
-        "floor b1/s128 (ms)",
-        "p50/floor",
-    ):
-        assert col in md, col
-    assert "11.175 GFLOP" in md  # the distilbert-base-dims count at S=128
-    assert "| onnx-int8 | 1.0 | 0.50 | 10.00 |" in md
-    assert "4.00×" in md and "75.00%" in md
-    assert "broken **FAILED**" in md and "## Failures" in md and "VariantError: tampered" in md
-    assert "Test CPU" in md and "threads: 2" in md
+    lines = md.splitlines()
+    assert lines[2] == (
+        "**Serve torch-fp32:** the only variant that qualified; it is the reference (no gate needed)."
+    )  # right under the title: what to serve, against what, and its gate verdict
+    head, align, *body = lines[4:9]
+    assert head == (
+        "| variant | b1 on real texts, p50 (ms) | b8/s128 (seq/s) | peak RSS (MiB) | size (MB) "
+        "| agreement vs torch-fp32 | its lower bound | verdict |"
+    )
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in body]
+    assert [(c[0], c[-1]) for c in cells] == [
+        ("torch-fp32", "recommended"),
+        ("onnx-int8", "below bar"),
+        ("broken", "not a candidate"),
+    ]
+    # one number per cell: no interval, mode or note beside a figure
+    assert all(re.fullmatch(r"–|[\d,]+(\.\d+)?%?", x) for c in cells for x in c[1:-1]), cells
+    assert cells[1][1:7] == ["11.00", cells[1][2], "500", "1.0", "75.00%", cells[1][6]] and lines[9] == ""
+    assert "- **below bar** (agreement 75.00% < 99%): onnx-int8." in md
+    assert "- **not a candidate** (its bench failed: child exited with code 1): broken." in md
+    # the proof after the first screen: rounds, every other column, the floor, the failures, the machine
+    details = md[md.index("## Details") :]
+    for col in ("load (s)", "accuracy", "texts scored", "speed-up vs torch-fp32 b1/s128", "p50/floor"):
+        assert col in details, col
+    assert "11.175 GFLOP" in details  # the distilbert-base-dims count at S=128
+    assert "4.00×" in details  # onnx-int8's speed-up
+    assert "## Failures" in details and "VariantError: tampered" in details
+    assert "Test CPU" in md and "threads: 2" in details
 
 
 def test_checks_section_says_pass_fail_context_or_not_measured():
@@ -299,5 +309,67 @@ def test_a_gate_re_chooses_the_recommendation_and_the_md_shows_it():
     rep["environment"].update({"threads": 2, "device": "cpu", "versions": {}, "python": "3", "platform": "linux"})
     md = render_md(rep)
     assert (
-        "## Release gate" in md and "| onnx-int8 | FAIL |" in md and "Not gated (a faster candidate passed first)" in md
+        "## Release gate" in md
+        and "| onnx-int8 | FAIL |" in md
+        and "Not gated (two faster candidates passed first)" in md
     )
+
+
+def _gate_result(name: str, passed: bool) -> dict:
+    lo = 0.99 if passed else 0.9
+    return {
+        "variant": name,
+        "dir": f"/v/{name}",
+        "gate": {
+            "passed": passed,
+            "reasons": [] if passed else [f"lower bound {lo:.2%} < 98%"],
+            "agreement": {"value": 1.0, "lo": lo, "hi": 1.0, "of": 4},
+            "accuracy": {"delta": {"value": 0.0, "lo": -0.01, "hi": 0.01}},
+            "bar": {"agreement_lower_bound": 0.98},
+            "data": {"n": 4, "dataset": "imdb-embedded", "fingerprint": "ab" * 32},
+        },
+    }
+
+
+def test_a_gate_that_changes_the_pick_redraws_every_chart_from_the_final_verdict(tmp_path, monkeypatch):
+    """The pipeline's gate stage renders every file again from the verdict it leaves: each chart on disk is the
+    chart drawn from the final report.json, byte for byte, and the md, html and csv name the same variant."""
+    from types import SimpleNamespace
+
+    from qserve import pipeline
+    from qserve.bench.plots import CHARTS, decision_figure, write_plots
+
+    rep = _gated_report([1, 1, 0, 0])
+    rep.update(
+        config=BenchConfig(batch_sizes=[1, 8], seq_lens=[128], threads=2).validate().to_json(),
+        created="x",
+        run={"name": "r"},
+        format="qserve-bench/1",
+    )
+    rep["environment"].update({"threads": 2, "device": "cpu", "versions": {}, "python": "3", "platform": "linux"})
+    write_reports(rep, tmp_path)
+    assert rep["recommended"]["variant"] == "onnx-int8"  # on point estimates, before the gate
+    before = {n: (tmp_path / n).read_bytes() for n in CHARTS}
+
+    def gate(dirs, cfg, until_pass, plan):
+        assert [d.name for d in dirs] == ["onnx-int8", "onnx-fp32"] and until_pass == 2  # one more after a pass
+        return [_gate_result("onnx-int8", False), _gate_result("onnx-fp32", True)]
+
+    monkeypatch.setattr(pipeline, "run_gate", gate)
+    monkeypatch.setattr(pipeline, "write_report", lambda results, out, force: None)
+    args = SimpleNamespace(bench_eval_samples=4, threads=1)
+    pipeline._gate_stage(tmp_path, args, SimpleNamespace(device="cpu"), force=True)
+    final, _ = load_report(tmp_path)
+    assert final["recommended"]["variant"] == "onnx-fp32" and final["recommended"]["runner_up"] == "torch-fp32"
+    (tmp_path / "fresh").mkdir()
+    fresh = write_plots(final, tmp_path / "fresh")
+    assert sorted(p.name for p in fresh) == sorted(CHARTS)
+    for p in fresh:
+        assert (tmp_path / p.name).read_bytes() == p.read_bytes(), f"{p.name} is not the final verdict's chart"
+    assert before["decision.png"] != (tmp_path / "decision.png").read_bytes()
+    fig = decision_figure(final)
+    assert fig.get_suptitle().endswith("recommended: onnx-fp32")
+    assert (tmp_path / "report.md").read_text().splitlines()[2].startswith("**Serve onnx-fp32:**")
+    assert 'id="recommended"><strong>Serve onnx-fp32:</strong>' in (tmp_path / "report.html").read_text()
+    verdicts = {r["variant"]: r["verdict"] for r in csv.DictReader(io.StringIO((tmp_path / "report.csv").read_text()))}
+    assert verdicts == {"torch-fp32": "passed", "onnx-int8": "failed gate", "onnx-fp32": "recommended"}

@@ -138,9 +138,9 @@ def test_a_clear_difference_is_called_a_difference():
     assert rec["variant"] == "ov-int8" and rec["runner_up"] == "onnx-int8" and rec["tied"] is False
     r = rec["ratio"]
     assert r["paired"] and r["rounds"] == 4 and 1.0 < r["lo"] <= r["value"] <= r["hi"]
-    assert rec["p50_ms"] == 7.05 and "the fast mode's median 7.05 ms" in rec["why"]
+    assert rec["p50_ms"] == 7.05  # the fast mode's median
     assert rec["ratio_text"] == f"{r['value']:.2f}x [{r['lo']:.2f}, {r['hi']:.2f}]"
-    assert f"{rec['ratio_text']} faster than the runner-up onnx-int8" in rec["why"]
+    assert f"{rec['ratio_text']} faster than onnx-int8 at b1 on real texts (paired over 4 rounds)" in rec["why"]
 
 
 def test_a_ratio_is_paired_only_where_its_shared_rounds_cover_more_than_the_unpaired_interval():
@@ -153,6 +153,114 @@ def test_a_ratio_is_paired_only_where_its_shared_rounds_cover_more_than_the_unpa
     r = ratio_ci(slow, few)
     assert not r["paired"] and r["rounds"] == 2 and r["level"] > 0.5 and r["lo"] <= r["value"] <= r["hi"]
     assert (r["value"], r["lo"], r["hi"]) == pytest.approx((10.35 / 7.85, 10.0 / 8.1, 10.7 / 7.0))
+
+
+def _steady(name: str, ms: float, size: int, lb: float | None = None) -> dict:
+    return _ranked(name, [ms, ms * 1.01, ms * 0.99, ms * 1.02, ms], size, lb)
+
+
+def test_the_runner_up_is_the_reference_only_when_no_other_candidate_qualifies():
+    from qserve.bench.recommend import recommend
+
+    ref, best = _steady("torch-fp32", 20.0, 90), _steady("onnx-int8", 7.0, 20)
+    slow = _steady("bnb-nf4", 30.0, 50)  # slower than the reference, but it qualifies: a real alternative
+    rec = recommend(_report(ref, best, slow))
+    assert rec["variant"] == "onnx-int8" and rec["runner_up"] == "bnb-nf4" and "reference" not in rec["why"]
+    slow["agreement"] = 0.95  # below its bar: nothing else qualifies, and the sentence says whom it compares with
+    rec = recommend(_report(ref, best, slow))
+    assert (
+        rec["runner_up"] == "torch-fp32"
+        and "faster than the reference torch-fp32 (nothing else qualified)" in (rec["why"])
+    )
+    # gated: the runner-up is the next that passed its gate, never the reference while one did
+    gated = recommend(_report(ref, _steady("onnx-int8", 7.0, 20, lb=0.993), _steady("ov-bf16", 9.0, 45, lb=0.992)))
+    assert gated["runner_up"] == "ov-bf16" and gated["ratio"]["paired"] and gated["ratio"]["rounds"] == 5
+
+
+def test_every_verdict_says_why_and_a_raced_out_variant_is_never_recommended():
+    from qserve.bench.recommend import recommend
+
+    raced = _steady(
+        "torch-bf16", 5.0, 45, lb=0.995
+    )  # the fastest, passed its gate, yet measured once: it decides nothing
+    raced["raced_out"] = {"screen_ms": 5.0, "of_best": 1.4}
+    failed = _steady("ov-int8", 6.0, 20, lb=0.985)
+    failed["gate"].update(passed=False, reasons=["lower bound 98.50% < 99%"])
+    undecided = _steady("onnx-int4", 6.5, 30, lb=0.989)
+    undecided["gate"].update(passed=False, decision="undecided", reasons=["the interval holds the bar"])
+    repaired = _steady("ov-int8-repaired", 7.5, 25, lb=0.991)
+    repaired["repair"] = {"of": "ov-int8", "kept": ["layer.0.ffn", "layer.5.ffn"], "trace": []}
+    below, ungated = _steady("bnb-nf4", 4.0, 50), _steady("onnx-fp32", 15.0, 90)
+    below["agreement"] = 0.95
+    variants = [raced, failed, undecided, repaired, below, ungated, _steady("onnx-int8", 7.0, 20, lb=0.993)]
+    variants += [_steady("ov-bf16", 9.0, 45, lb=0.992), _steady("torch-fp32", 20.0, 90)]
+    rec = recommend(_report(*variants))
+    assert rec["variant"] == "onnx-int8" and rec["runner_up"] == "ov-int8-repaired"
+    verdicts = {r["variant"]: (r["verdict"], r["verdict_why"]) for r in rec["ranking"]}
+    assert verdicts == {
+        "bnb-nf4": ("below bar", "agreement 95.00% < 99%"),
+        "torch-bf16": ("raced out", "1.40x"),
+        "ov-int8": ("failed gate", "lower bound 98.50% < 99%"),
+        "onnx-int4": ("undecided at 1000", "the interval holds the bar"),
+        "onnx-int8": ("recommended", None),
+        "ov-int8-repaired": ("repaired", "2 layer(s) kept in higher precision"),
+        "ov-bf16": ("passed", None),
+        "onnx-fp32": (
+            "not a candidate",
+            "not gated; once a gate ran, only a passed variant or the reference is recommended",
+        ),
+        "torch-fp32": ("passed", "the reference"),
+    }
+
+
+@pytest.mark.parametrize(
+    "runner, lb, paired",
+    [("ov-bf16", 0.992, True), ("torch-fp32", None, True), ("ov-bf16", 0.992, False), ("onnx-int8-x", 0.993, True)],
+)
+def test_the_verdict_is_one_sentence_of_at_most_40_words(runner, lb, paired):
+    from qserve.bench.recommend import recommend
+
+    best = _steady("onnx-int8-repaired", 7.0, 20, lb=0.991)
+    best["repair"] = {"of": "onnx-int8", "kept": ["a"], "trace": []}
+    other = _steady(runner, 7.05 if runner.endswith("-x") else 9.0, 45, lb)  # -x: a tie
+    if not paired:
+        other["real_text"][0]["round_p50"] = {f"other-{k}": v for k, v in other["real_text"][0]["round_p50"].items()}
+    ref = _steady("torch-fp32", 20.0, 90)
+    rec = recommend(_report(*([best, ref] if runner == "torch-fp32" else [best, other, ref])))
+    why = rec["why"]
+    assert why.startswith("Serve onnx-int8-repaired: ") and why.endswith(".") and why.count(". ") == 0
+    assert len(why.split()) <= 40, (len(why.split()), why)
+    assert rec["ratio_text"] in why and "repaired, then release gate passed: agreement lower bound 99.10%" in why
+
+
+def test_racing_keeps_every_variant_within_the_factor_and_the_fastest_candidates():
+    import random
+
+    from qserve.bench.recommend import RACE_KEEP, race
+
+    screen = {"ov-int8": 7.36, "onnx-int8": 8.48, "ov-bf16": 9.76, "ov-fp32": 15.4, "onnx-fp32": 16.6}
+    screen |= {"torch-fp32": 23.3, "bnb-int8": 31.9}
+    assert race(screen, list(screen), 1.3, "torch-fp32") == {"ov-int8", "onnx-int8", "ov-bf16", "torch-fp32"}
+    assert race(screen, list(screen), 0, "torch-fp32") == set(screen)  # racing off: every variant to the end
+    # the bound is the fastest CANDIDATE's: a variant whose gate failed (not a candidate) sets none
+    assert race(screen, ["onnx-int8", "ov-fp32", "torch-fp32"], 1.3, "torch-fp32") == {
+        "ov-int8",
+        "onnx-int8",
+        "ov-bf16",
+        "ov-fp32",
+        "torch-fp32",
+    }
+    rng = random.Random(0)
+    for _ in range(200):
+        shot = {f"v{i}": rng.uniform(1, 40) for i in range(rng.randint(1, 12))}
+        cands = [v for v in shot if rng.random() < 0.7]
+        factor = rng.choice([1.0, 1.1, 1.3, 2.0])
+        keep = race(shot, cands, factor, "v0")
+        best = min((shot[c] for c in cands), default=None)
+        assert "v0" in keep and keep <= set(shot)
+        if best is not None:  # never raced out within the factor; the fastest candidates always kept
+            assert {v for v, p in shot.items() if p <= factor * best} <= keep
+            assert set(sorted(cands, key=shot.__getitem__)[:RACE_KEEP]) <= keep
 
 
 def test_a_tie_is_called_a_tie_and_the_rule_breaks_it():
@@ -223,7 +331,8 @@ def test_a_repeat_names_one_answer_or_several_and_each_weighed_span():
     from benchmarks.bench_repeat import summarize
 
     def run(variant, tied, p50):
-        return {"ok": True, "variant": variant, "tied_with": tied, "p50_ms": p50, "meets_bar": sorted(p50)}
+        runner = next(v for v in sorted(p50) if v != variant)
+        return {"ok": True, "variant": variant, "tied_with": tied, "p50_ms": p50, "runner_up": runner}
 
     same = [run("a", ["b"], {"a": 7.0, "b": 7.2}), run("a", ["b"], {"a": 7.7, "b": 7.1})]
     s = summarize(same)

@@ -161,7 +161,7 @@ def bench_repeat() -> str:
             f"{', '.join(Path(d).name for d in r['variant_dirs'])} (`{' '.join(r['bench_args'])}`), each "
             f"{span([x['wall_s'] for x in ok], 0)} s; recommended "
             + (f"{answers[0]} every run" if s["same_answer"] else f"{len(answers)} answers: {'; '.join(answers)}")
-            + f"{against}. The ranked b1 p50 of the variants meeting their bar across the runs (span max / min, bound "
+            + f"{against}. The ranked b1 p50 across the runs of the variants the repeat weighs (span max / min, bound "
             f"{s['max_span']}x): {spans}.{phases}"
         )
     return "\n\n".join(said)
@@ -178,11 +178,13 @@ def bench_time() -> str:
         for k, x in (v.get("stage_s") or {}).items():
             steps[k] = steps.get(k, 0.0) + x
     rounds = r.get("rounds") or {}
+    raced = sum(1 for v in r["variants"] if v.get("raced_out"))
+    race = f", {raced} raced out after the first (measured there only)" if r.get("race") else ""
     return (
         f"{on(rel)}, `make demo`'s pipeline: the bench stage {minutes(stage_s['bench'])} min of "
         f"{minutes(stage_s['total'])} (train {minutes(stage_s['train'])}, export {minutes(stage_s['export'])}, gate "
         f"{minutes(stage_s['gate'])}) over {len(r['variants'])} variants, {rounds.get('asked')} rounds and "
-        f"{rounds.get('extra')} extra for the unstable ones. The variants' steps summed, in seconds: "
+        f"{rounds.get('extra')} extra for the unstable ones{race}. The variants' steps summed, in seconds: "
         + ", ".join(f"{k} {num(x, 0)}" for k, x in steps.items())
         + f" ({num(sum(steps.values()), 0)} s in all); the rest is the compute floor, the loads' waits and the "
         "recommended variant's policy pass."

@@ -1,5 +1,5 @@
-"""The main job and the pipeline runs per machine: every variant (size, latency, accuracy, agreement, batch
-invariance, the release gate), the training, the stage times, and what each run recommends and why.
+"""The main job and the pipeline runs per machine: the main job's verdict and summary table, every variant of the
+others (size, latency, accuracy, agreement, batch invariance), the training, the stage times, what each recommends.
 
     python -c "from benchmarks.render.blocks.pipelines import main_job; print(main_job())"
 """
@@ -10,6 +10,8 @@ from typing import Any
 
 from benchmarks.render.blocks.cells import minutes, num, pct, ratio, span, table
 from benchmarks.render.blocks.reports import MAIN_JOB, RUN_DIR, cpu_of, load, on, rendered_from, train_metrics
+from qserve.bench.recommend import recommend
+from qserve.bench.report import summary_lines
 from qserve.bench.rounds import ranked
 from qserve.bench.summary import fixed_shape
 
@@ -23,36 +25,30 @@ def _inv(inv: dict[str, Any] | None) -> str:
     )
 
 
-def pipeline_rows(r: dict[str, Any], gate: bool = False) -> tuple[list[str], list[list[str]]]:
+def pipeline_rows(r: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of every variant of a pipeline report: size, b1/s128 p50 (as ranked: rounds.ranked), b32/s128
-    seq/s, accuracy and agreement (on fewer texts, marked, for a variant under the eval cut), batch invariance; with
-    `gate`, the b1 p50 on real text the recommendation ranks by and the release gate's verdict on its lower bound."""
+    seq/s, accuracy and agreement (on fewer texts, marked, for a variant under the eval cut of its day), batch
+    invariance."""
     rec = (r.get("recommended") or {}).get("variant")
-    ranking = {x["variant"]: x for x in (r.get("recommended") or {}).get("ranking") or []}
     n = r["config"].get("max_eval_samples")
     rows = []
     for v in r["variants"]:
         if v["status"] != "ok":
-            rows.append([f"{v['name']} (failed)"] + ["–"] * (8 if gate else 6))
+            rows.append([f"{v['name']} (failed)"] + ["–"] * 6)
             continue
         b1, b32 = fixed_shape(v, 1, 128), fixed_shape(v, 32, 128)
         name = f"**{v['name']}** (recommended)" if v["name"] == rec else v["name"]
         acc = v.get("accuracy") or {}
-        # the pipeline scores a variant that cannot be recommended on fewer texts (its eval cut): say how many
+        # that pipeline scored a variant that could not be recommended on fewer texts (its eval cut): say how many
         few = f" ({acc['n']:,})" if acc.get("n") and n and acc["n"] < n else ""
-        rank = ranking.get(v["name"]) or {}
-        real = [num(rank.get("real_b1_p50_ms"))] if gate else []
-        verdict = [_gate_verdict(rank.get("gate_record"))] if gate else []
         rows.append(
             [
                 name,
                 num(v["disk_bytes"] / 1e6, 1),
                 num(b1 and ranked(b1)[0]),
-                *real,
                 num(b32 and b32["throughput"], 1),
                 pct(acc.get("accuracy"), 1) + few,
                 pct(v.get("agreement"), 1) + few,
-                *verdict,
                 _inv(v.get("invariance")),
             ]
         )
@@ -60,23 +56,12 @@ def pipeline_rows(r: dict[str, Any], gate: bool = False) -> tuple[list[str], lis
         "variant",
         "size MB",
         "p50 b1/s128 ms",
-        *(["p50 b1 real text ms"] if gate else []),
         "b32/s128 seq/s",
         f"accuracy ({n:,})",
         f"agreement with fp32 ({n:,})",
-        *(["release gate: agreement lower bound"] if gate else []),
         "max \\|Δprob\\| alone vs batched / flips",
     ]
     return head, rows
-
-
-def _gate_verdict(rec: dict[str, Any] | None) -> str:
-    if not rec:
-        return "not gated"
-    lo, bar = pct(rec["agreement_lower_bound"]), pct(rec["bar"], 0)
-    if rec["passed"]:
-        return f"passed: {lo} ≥ {bar} ({rec['n']:,} texts)"
-    return f"failed: {'; '.join(rec.get('reasons') or [f'{lo} < {bar}'])}"
 
 
 def embedded_default() -> str:
@@ -87,34 +72,24 @@ def embedded_default() -> str:
 
 
 def main_job() -> str:
-    """README's headline: the current main job's every variant, with the machine, its choices and its stage times."""
+    """README's headline: the current main job's verdict and summary table, the report's own first screen, with the
+    machine, its training and its stage times."""
     rel = f"{MAIN_JOB}/report.json"
     r = load(rel)
+    r["recommended"] = recommend(r)  # every verdict by today's rule, on the report's own measurements
     prov, pipe = r.get("provenance") or {}, r.get("pipeline") or {}
     training, stage_s = pipe.get("training") or {}, pipe.get("stage_s") or {}
-    cfg = r["config"]
     choice = (training.get("precision_choice") or {}).get("reason")
     stages = ", ".join(f"{k} {minutes(v)}" for k, v in stage_s.items() if k != "total")
     lead = (
         f"`make demo`'s pipeline (`{prov.get('command')}`, commit `{str(prov.get('commit'))[:7]}`, "
         f"{r['created'][:10]}) on a {r['environment'].get('physical_cores', '?')}-core **{pipe.get('machine')}**: "
         f"trained in {training.get('precision')} ({choice}), {training.get('optimizer_steps')} steps, test "
-        f"accuracy {pct(training.get('test_accuracy'))}; {minutes(stage_s['total'])} min ({stages} min). "
-        f"Latency at b1 and b32, s128, {cfg.get('threads')} threads (a b1 p50 the fast mode's where its rounds fell in "
-        "two, as the recommendation ranks it); accuracy and agreement on the first "
-        f"{cfg['max_eval_samples']:,} test reviews, or {cfg.get('slow_eval_samples')}, marked, for a variant the "
-        f"recommendation provably cannot pick (slower on real text than one already meeting its bar); batch "
-        f"invariance on "
-        f"{cfg.get('invariance_samples')} reviews; the release gate on the candidates' "
-        f"{(r.get('gate') or {}).get('data', {}).get('n', '?'):,} test reviews:"
+        f"accuracy {pct(training.get('test_accuracy'))}; {minutes(stage_s['total'])} min ({stages} min), "
+        f"{r['config'].get('threads')} threads, agreement on {r['config']['max_eval_samples']:,} test reviews. "
+        f"What `qserve serve {RUN_DIR}` serves on that machine, and why:"
     )
-    head, rows = pipeline_rows(r, gate=True)
-    rec = r.get("recommended") or {}
-    after = (
-        f"\n\nRecommended, and what `qserve serve {RUN_DIR}` serves on that machine: **{rec.get('variant')}**, "
-        f"{rec.get('why')}."
-    )
-    return lead + "\n\n" + table(head, rows) + after + rendered_from(rel)
+    return lead + "\n\n" + "\n".join(summary_lines(r)).rstrip() + rendered_from(rel)
 
 
 def embedded_default_amd() -> str:
