@@ -66,8 +66,8 @@ from benchmarks.harness import (
 from benchmarks.harness.server import ROOT, code_env
 from qserve import QserveError
 from qserve.artifact import read_manifest
-from qserve.bench.loadtest import default_texts
 from qserve.bench.measure import fixed_shapes
+from qserve.loadtest import default_texts
 from qserve.modeling import default_tokenizer
 from qserve.runtime import RuntimeOptions, load_runtime
 

@@ -41,9 +41,9 @@ import psutil
 from benchmarks.harness import ROOT, Server, write_report
 from qserve import QserveError
 from qserve.artifact import read_manifest
-from qserve.bench.loadtest import default_texts
 from qserve.devices import cpu_info, cpu_label
 from qserve.files import now_iso, refuse_existing
+from qserve.loadtest import default_texts
 from qserve.provenance import provenance
 
 log = logging.getLogger("lifecycle_bench")

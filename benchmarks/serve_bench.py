@@ -36,9 +36,9 @@ import numpy as np
 from benchmarks import serve_engines
 from benchmarks.harness import ROOT, Server, batch_totals, write_report
 from qserve import QserveError
-from qserve.bench.loadtest import default_texts, run_loadtest
 from qserve.devices import cpu_info, cpu_label
 from qserve.files import now_iso, refuse_existing
+from qserve.loadtest import default_texts, run_loadtest
 from qserve.provenance import provenance
 from qserve.runtime import RuntimeOptions, load_runtime
 from qserve.serve.infra.config import BATCHING, device_kind

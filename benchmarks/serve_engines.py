@@ -32,8 +32,8 @@ import psutil
 
 from benchmarks.harness import ROOT, Server, free_port, in_turn, machine, reviews, wait_ready, write_report
 from benchmarks.trivial_app import trivial_app
-from qserve.bench.loadtest import Conn, _percentiles
 from qserve.files import now_iso, refuse_existing
+from qserve.loadtest import Conn, _percentiles
 from qserve.provenance import provenance
 from qserve.runtime import RuntimeOptions, load_runtime
 from qserve.serve.infra.deploy import Scaling

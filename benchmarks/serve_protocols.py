@@ -36,9 +36,9 @@ import numpy as np
 
 from benchmarks.harness import ROOT, Server, free_port, reviews, write_report
 from qserve import QserveError
-from qserve.bench.loadtest import run_loadtest
 from qserve.devices import cpu_info, cpu_label
 from qserve.files import now_iso, refuse_existing
+from qserve.loadtest import run_loadtest
 from qserve.provenance import provenance
 
 PROTOCOLS = ("v1", "v2", "v2-grpc", "tei", "vllm")

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from qserve import longtext
 from qserve.artifact import Manifest
+from qserve.longtext import LongTextPolicy
 
 PASSED, FAILED, UNGATED = "passed", "failed", "ungated"
 
 
-def written(policy: str | None, manifest: Manifest) -> str:
+def written(policy: str | LongTextPolicy | None, manifest: Manifest) -> str:
     """`policy` (None: the manifest's own, else head) written out for the variant's max_length."""
     return str(longtext.resolve(policy or manifest.long_text or "head", manifest.max_length))
 
@@ -28,7 +29,7 @@ def gated_policy(manifest: Manifest) -> str | None:
     return written(g.get("long_text"), manifest)
 
 
-def verdict_for(manifest: Manifest, policy: str | None) -> dict[str, str | None]:
+def verdict_for(manifest: Manifest, policy: str | LongTextPolicy | None) -> dict[str, str | None]:
     """{"verdict": passed | failed | ungated, "long_text": the served policy, "gated_long_text", "why"} for the
     variant served under `policy` (None: its own)."""
     served, gated = written(policy, manifest), gated_policy(manifest)

@@ -1,4 +1,5 @@
-"""Intervals shared by the release gate and the bench: a paired bootstrap over the same texts, and Wilson's.
+"""Intervals shared by the release gate and the bench (a paired bootstrap over the same texts, Wilson's), and the
+percentile every latency report uses.
 
     python -c "import numpy as np; from qserve.intervals import paired_bootstrap; \\
 print(paired_bootstrap(np.ones(200), np.zeros(200)))"    # (1.0, 1.0, 1.0)
@@ -10,6 +11,7 @@ pairing is kept (the gate's accuracy delta; the bench's policy-against-policy ac
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from statistics import NormalDist
 
 import numpy as np
@@ -55,3 +57,17 @@ def wilson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) by linear interpolation, as numpy.percentile(samples, q)."""
+    if not samples:
+        raise ValueError("percentile of an empty sample")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q must be within 0..100 (got {q})")
+    xs = sorted(float(x) for x in samples)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    frac = pos - lo
+    return xs[lo] + (xs[hi] - xs[lo]) * frac

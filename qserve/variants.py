@@ -20,6 +20,14 @@ from qserve.exportoption import Option, OptionValue
 
 __all__ = ["DEVICES", "STORED", "Backend", "BackendOptions", "VariantSpec"]
 
+AGREEMENT_BAR = {4: 0.97, 8: 0.99, 16: 0.99, 32: 0.99}
+"""The bench's point bar on agreement with fp32, by bits: a variant below it is not a candidate (docs/bench.md)."""
+
+
+def bar_for(bits: int | None) -> float:
+    return AGREEMENT_BAR.get(int(bits or 8), AGREEMENT_BAR[8])
+
+
 PLUGINS = "QSERVE_BACKENDS"
 """The environment variable naming backend declarations outside qserve ("module:attr", comma-separated)."""
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from qserve import QserveError
-from qserve.bench.loadtest import Conn
+from qserve.loadtest import Conn
 
 __all__ = ["Conn", "lua_string", "parse_wrk", "post_json", "require_wrk", "run_wrk", "trickle", "wrk_lua"]
 

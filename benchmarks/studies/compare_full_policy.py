@@ -29,8 +29,9 @@ from typing import Any
 from benchmarks.harness import write_report
 from qserve.bench import policies
 from qserve.bench.analysis import REFERENCES
-from qserve.bench.recommend import bar_for, real_text_b1, recommend
-from qserve.bench.report import load_report
+from qserve.bench.recommend import recommend
+from qserve.benchreport import load_report, real_text_b1
+from qserve.variants import bar_for
 from qserve.provenance import provenance, with_header
 
 

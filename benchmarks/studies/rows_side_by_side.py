@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness import ROOT, reviews, write_report
-from qserve.bench.loadtest import default_texts
 from qserve.devices import cpu_label, usable_cores
 from qserve.files import now_iso
+from qserve.loadtest import default_texts
 from qserve.provenance import provenance
 from qserve.runtime import RuntimeOptions, load_runtime
 

@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness import ROOT, Conn, VariantServer, archive_tree, finish, in_turn, reviews
-from qserve.bench.stats import percentile
 from qserve.devices import cpu_info, cpu_label
 from qserve.files import now_iso, refuse_existing
+from qserve.intervals import percentile
 from qserve.provenance import command_line, provenance
 
 log = logging.getLogger("serve_buckets")

@@ -9,7 +9,8 @@ Importing this package is cheap (no torch): `from qserve.bench import BenchConfi
 from __future__ import annotations
 
 from qserve.bench.config import BenchConfig
-from qserve.bench.report import load_report, write_reports
+from qserve.bench.report import write_reports
 from qserve.bench.runner import run_bench
+from qserve.benchreport import load_report
 
 __all__ = ["BenchConfig", "run_bench", "load_report", "write_reports"]

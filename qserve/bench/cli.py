@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 
 from qserve import QserveError
 from qserve.bench.config import BenchConfig
-from qserve.bench.report import load_report, write_reports
+from qserve.bench.report import write_reports
 from qserve.bench.runner import run_bench
+from qserve.benchreport import load_report
 from qserve.configflags import add_flags, build
 
 if TYPE_CHECKING:

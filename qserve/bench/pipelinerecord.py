@@ -1,6 +1,6 @@
 """What the `qserve pipeline` run behind a bench report did and chose (gate, choices, stage times): report.md's end.
 
-    python -c "from qserve.bench.report import load_report; from qserve.bench.pipelinerecord import md_lines; \\
+    python -c "from qserve.benchreport import load_report; from qserve.bench.pipelinerecord import md_lines; \\
 print('\\n'.join(md_lines(load_report('benchmarks/reports/pipeline-auto-zen4')[0])))"
 """
 

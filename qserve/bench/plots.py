@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from qserve.bench.chartlabels import Label, place
-from qserve.bench.recommend import AGREEMENT_BAR
-from qserve.bench.summary import shown, summary_rows
+from qserve.benchreport import shown, summary_rows
 from qserve.intervals import wilson
+from qserve.variants import AGREEMENT_BAR
 
 DPI = 110
 # Okabe & Ito's palette, which stays distinct under every common colour-vision deficiency.
@@ -122,7 +122,7 @@ def ranked_latency(report: dict[str, Any]) -> tuple[dict[str, float | None], str
     ranking = rec.get("ranking") or []
     if ranking and rec.get("shape") and rec["shape"] != f"b{b}/s{s}":
         return {r["variant"]: r.get("p50_ms") for r in ranking}, "b1 on real texts, p50"
-    return {r["variant"]: r["p50_ms"] for r in summary_rows(report)}, f"b{b}/s{s} p50"
+    return {r.variant: r.p50_ms for r in summary_rows(report)}, f"b{b}/s{s} p50"
 
 
 def decision_points(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -132,16 +132,16 @@ def decision_points(report: dict[str, Any]) -> list[dict[str, Any]]:
     cis = {r["variant"]: r.get("p50_ci") for r in (report.get("recommended") or {}).get("ranking") or []}
     return [
         {
-            "name": r["variant"],
-            "p50": ranked.get(r["variant"]),
-            "p50_ci": cis.get(r["variant"]),
-            "throughput": r["throughput"],
-            "size_mb": r["size_mb"],
-            "agreement": r["agreement"],
-            "bits": spec[r["variant"]].get("bits"),
+            "name": r.variant,
+            "p50": ranked.get(r.variant),
+            "p50_ci": cis.get(r.variant),
+            "throughput": r.throughput,
+            "size_mb": r.size_mb,
+            "agreement": r.agreement,
+            "bits": spec[r.variant].get("bits"),
         }
         for r in summary_rows(report)
-        if r["status"] == "ok" and r["agreement"] is not None
+        if r.status == "ok" and r.agreement is not None
     ]
 
 

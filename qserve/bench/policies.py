@@ -14,9 +14,7 @@ from typing import Any
 import numpy as np
 
 from qserve import problemtypes as problems
-from qserve.artifact import Manifest
 from qserve.bench import evalpass
-from qserve.gatepolicy import UNGATED, gated_policy, verdict_for
 from qserve.intervals import paired_bootstrap
 from qserve.placement import mark
 from qserve.problemtypes import MULTI, SINGLE, agreement
@@ -176,21 +174,6 @@ def finish(report: dict[str, Any]) -> None:
         )
     why += f"; the most accurate overall is {b['policy']} ({b['accuracy']:.2%}, {b['texts_per_s']:.1f} texts/s)"
     report["long_text"] = {"variant": v["name"], "served_variant": v["name"] == rec, **picked, "why": why}
-
-
-def served_policy(report: dict[str, Any], variant: str, manifest: Manifest) -> tuple[str | None, str]:
-    """(the policy `qserve serve MODEL_DIR` serves the recommended `variant` under, why): the report's choice when
-    made on its own records and gated; else the policy its gate verified (None: the variant's own)."""
-    lt = report.get("long_text") or {}
-    chosen = (lt.get("fast") or {}).get("policy")
-    gated = gated_policy(manifest)
-    fallback = None if gated is None or gated == verdict_for(manifest, None)["long_text"] else gated
-    if not chosen or lt.get("variant") != variant:
-        return fallback, "the policy its gate verified" if gated else "the variant's own policy (never gated)"
-    held = verdict_for(manifest, chosen)
-    if held["verdict"] != UNGATED or gated is None:
-        return chosen, f"the report's choice ({lt.get('why')})"
-    return fallback, f"the policy its gate verified, {gated}: the report chose {chosen}, but {held['why']}"
 
 
 def _pp(d: dict[str, Any] | None) -> str:

@@ -9,27 +9,12 @@ runner-up; race() picks the variants the bench measures to the end. The rules: d
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
-from qserve import QserveError
-from qserve.artifact import read_manifest
-from qserve.bench.policies import served_policy
 from qserve.bench.rounds import ranked
 from qserve.bench.stats import ratio_ci, ratio_text, shape_stats
-from qserve.devices import cpu_info
-
-AGREEMENT_BAR = {4: 0.97, 8: 0.99, 16: 0.99, 32: 0.99}
-
-
-def bar_for(bits: int | None) -> float:
-    return AGREEMENT_BAR.get(int(bits or 8), 0.99)
-
-
-def real_text_b1(entry: dict[str, Any]) -> dict[str, Any] | None:
-    """The variant's batch-1 latency over real test texts (each at its own length), or None if not measured."""
-    return next((r for r in entry.get("real_text") or [] if r.get("batch") == 1 and "p50" in r), None)
+from qserve.benchreport import real_text_b1
+from qserve.variants import bar_for
 
 
 def recommend(report: dict[str, Any]) -> dict[str, Any]:
@@ -113,8 +98,6 @@ def recommend(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-VERSUS = ("runner_up", "ratio", "ratio_text", "tied", "tied_with", "tie_break")
-"""The comparison with the runner-up that choose() adds to a recommendation (and a selection record carries)."""
 TIE_RULE = "the higher gated agreement lower bound (where both are gated), then the smaller footprint, then the name"
 """How a tie between the fastest candidates is broken (docs/bench.md, "Ties")."""
 
@@ -206,51 +189,6 @@ def _sentence(best: dict[str, Any], versus: dict[str, Any] | None, ref: str | No
     else:
         gate = f"not gated: agreement {best['agreement']:.2%} ≥ {best['bar']:.0%}, a point estimate"
     return f"Serve {best['variant']}: {cmp}; {gate}."
-
-
-def from_model_dir(model_dir: str | Path) -> tuple[Path, dict[str, Any]]:
-    """(variant dir, selection record) for a pipeline run dir: MODEL_DIR/report/report.json + MODEL_DIR/variants/."""
-    model_dir = Path(model_dir)
-    path = model_dir / "report" / "report.json"
-    if not path.is_file():
-        raise QserveError(
-            f"{model_dir} is neither a variant dir (no manifest.json) nor a model dir with a bench "
-            f"report ({path} is missing); pass a variant dir, or run `qserve pipeline` first"
-        )
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise QserveError(f"{path} is not valid JSON ({e}); re-run `qserve pipeline`") from None
-    rec = report.get("recommended") or recommend(report)
-    if not rec.get("variant"):
-        raise QserveError(f"{path} recommends no variant ({rec.get('why')}); pass a variant dir instead")
-    name = rec["variant"]
-    vdir = model_dir / "variants" / name
-    if not (vdir / "manifest.json").is_file():
-        vdir = Path(rec["dir"])
-    if not (vdir / "manifest.json").is_file():
-        raise QserveError(
-            f"{path} recommends {name}, but neither {model_dir / 'variants' / name} nor {rec['dir']} "
-            f"holds it; re-export it or pass a variant dir"
-        )
-    here = _cpu_model()
-    # the long-text policy to serve: the report's choice where its gate verdict covers it (bench/policies.py)
-    long_text, long_text_why = served_policy(report, name, read_manifest(vdir))
-    return vdir, {
-        "variant": name,
-        "why": rec["why"],
-        "report": str(path),
-        "measured_on": rec.get("cpu"),
-        "same_cpu": here == rec.get("cpu") if here and rec.get("cpu") else None,
-        "long_text": long_text,
-        "long_text_why": long_text_why,
-        "versus": {k: rec[k] for k in VERSUS if k in rec} or None,
-    }
-
-
-def _cpu_model() -> str | None:
-    model = cpu_info().get("model")
-    return None if model == "unknown" else model
 
 
 RACE_KEEP = 3

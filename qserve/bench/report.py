@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from pathlib import Path
 from typing import Any
 
-from qserve import QserveError
 from qserve.bench.html import render_html
 from qserve.bench.invariance import cell as invariance_cell
 from qserve.bench.mdtable import cell, md_table
@@ -21,30 +19,12 @@ from qserve.bench.pipelinerecord import md_lines as pipeline_md_lines
 from qserve.bench.plots import write_plots
 from qserve.bench.policies import md_lines as long_text_lines
 from qserve.bench.rounds import ci_cell
-from qserve.bench.summary import fixed_shape, peak_memory, shown, summary_rows
+from qserve.benchreport import Row, fixed_shape, peak_memory, shown, summary_rows
 from qserve.devices import cpu_label
 from qserve.files import write_json_atomic, write_text_atomic
 from qserve.provenance import md_line, with_header
 
 FILES = ("report.json", "report.csv", "report.md", "report.html")
-
-
-def load_report(path: str | Path) -> tuple[dict[str, Any], Path]:
-    """Read report.json (or DIR/report.json); returns (report, its directory)."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "report.json"
-    if not p.is_file():
-        raise QserveError(f"{p} does not exist; pass a report.json or the directory `qserve bench` wrote")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise QserveError(f"{p} is not valid JSON ({e})") from None
-    if not isinstance(data, dict) or not str(data.get("format", "")).startswith("qserve-bench/"):
-        raise QserveError(
-            f"{p} is not a qserve bench report (format {data.get('format') if isinstance(data, dict) else None!r})"
-        )
-    return data, p.parent
 
 
 def _floor_lines(report: dict[str, Any]) -> list[str]:
@@ -138,8 +118,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         "verdict",
     ]
     body = [
-        [r["shown"], cell(r["b1_ms"], 2), cell(r["throughput"], 1), cell(r["peak_mem_mib"], 0), cell(r["size_mb"], 1)]
-        + [_pct(r["agreement"]), _pct(r["agreement_lo"]), r["verdict"]]
+        [r.shown, cell(r.b1_ms, 2), cell(r.throughput, 1), cell(r.peak_mem_mib, 0), cell(r.size_mb, 1)]
+        + [_pct(r.agreement), _pct(r.agreement_lo), r.verdict]
         for r in rows
     ]
     return (
@@ -154,13 +134,13 @@ def _pct(x: float | None) -> str:
     return "–" if x is None else f"{x:.2%}"
 
 
-def _notes(report: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+def _notes(report: dict[str, Any], rows: list[Row]) -> list[str]:
     """Why each verdict, one line per kind (a reason shared by all of a kind said once); what the cells are."""
     race, rec = report.get("race") or {}, report.get("recommended") or {}
     by: dict[str, list[tuple[str, str]]] = {}
     for r in rows:
-        if r["why"]:
-            by.setdefault(r["verdict"], []).append((r["shown"], r["why"]))
+        if r.why:
+            by.setdefault(r.verdict, []).append((r.shown, r.why))
     lines = []
     for kind, items in by.items():
         whys = {w for _, w in items}
@@ -195,7 +175,7 @@ def render_md(report: dict[str, Any]) -> str:
         + md_line(report.get("provenance")),
         "",
     ]
-    if any(r["agreement"] is not None for r in summary_rows(report) if r["status"] == "ok"):
+    if any(r.agreement is not None for r in summary_rows(report) if r.status == "ok"):
         L += ["![which variant is fast and faithful: latency and throughput against agreement](decision.png)", ""]
     L += ["## Details: how it was measured and chosen", ""]
     L.append(
@@ -228,7 +208,7 @@ def render_md(report: dict[str, Any]) -> str:
     )
     L += pipeline_md_lines(report) + _env(report)
     L += ["## Plots", "", "![latency vs batch size](latency_vs_batch.png)", ""]
-    if any(r["accuracy"] is not None for r in summary_rows(report)):
+    if any(r.accuracy is not None for r in summary_rows(report)):
         L += ["![accuracy vs size](accuracy_vs_size.png)", ""]
 
     return with_header("\n".join(L).rstrip() + "\n", report.get("provenance"))
@@ -239,15 +219,15 @@ def _every_variant(report: dict[str, Any]) -> list[str]:
     b, s = report["headline"]["batch"], report["headline"]["seq"]
     rows = [
         [
-            r["shown"],
-            cell(r["load_s"], 2),
-            _pct(r["accuracy"]),
-            cell(r["eval_n"]),
-            cell(r["speedup"], 2, "×"),
+            r.shown,
+            cell(r.load_s, 2),
+            _pct(r.accuracy),
+            cell(r.eval_n),
+            cell(r.speedup, 2, "×"),
             invariance_cell(v.get("invariance")),
         ]
         for v, r in zip(report["variants"], summary_rows(report))
-        if r["status"] == "ok"
+        if r.status == "ok"
     ]
     head = ["variant", "load (s)", "accuracy", "texts scored", f"speed-up vs torch-fp32 b{b}/s{s}"]
     notes = []
@@ -592,7 +572,7 @@ def render_csv(report: dict[str, Any]) -> str:
     w.writeheader()
     for v, r in zip(report["variants"], summary_rows(report)):
         base = {"variant": v["name"], "device": v.get("device"), "status": v["status"]}
-        base.update({k: r[k] for k in SUMMARY_CSV}, speedup_vs_torch_fp32=r["speedup"])
+        base.update({k: getattr(r, k) for k in SUMMARY_CSV}, speedup_vs_torch_fp32=r.speedup)
         if v["status"] != "ok":
             w.writerow({**base, "kind": "failed", "error": v.get("error")})
             continue

@@ -11,21 +11,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from qserve.intervals import percentile
+
 PERCENTILES = (50, 90, 95, 99)
-
-
-def percentile(samples: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100) by linear interpolation, as numpy.percentile(samples, q)."""
-    if not samples:
-        raise ValueError("percentile of an empty sample")
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile q must be within 0..100 (got {q})")
-    xs = sorted(float(x) for x in samples)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    frac = pos - lo
-    return xs[lo] + (xs[hi] - xs[lo]) * frac
 
 
 def stdev(samples: Sequence[float]) -> float:

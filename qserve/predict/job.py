@@ -27,7 +27,6 @@ from qserve.serve.core.texts import text_problem
 
 if TYPE_CHECKING:
     from qserve.runtime import Runtime
-    from qserve.serve.core.repository import Selection
 
 log = logging.getLogger("qserve.predict")
 
@@ -98,12 +97,12 @@ class Model:
 
 def resolve_model(cfg: PredictConfig) -> Model:
     """TARGET -> the variant and policy `qserve serve TARGET` would serve (the server's own resolve)."""
-    vdir, selection = resolve(cfg.target)
-    sel: Selection | None = selection
+    vdir, sel = resolve(cfg.target)
     if sel is not None:
-        log.info("model dir %s: scoring with %s (%s)", cfg.target, sel["variant"], sel["why"])
+        log.info("model dir %s: scoring with %s (%s)", cfg.target, sel.variant, sel.why)
     # as ServeState._prepare: --long-text wins, else the policy the model dir's report names, else the variant's
-    long_text = cfg.long_text or (sel["long_text"] if sel else None)
+    policy = cfg.long_text or (sel.long_text if sel else None)
+    long_text = None if policy is None else str(policy)
     manifest = read_manifest(Path(vdir))
     # a --threshold the model cannot take is refused here, before the model loads
     problems.threshold_for(manifest.problem, cfg.threshold, problems.DEFAULT_THRESHOLD, None, "--threshold", str(vdir))
@@ -111,7 +110,7 @@ def resolve_model(cfg: PredictConfig) -> Model:
     return Model(
         str(Path(vdir).resolve()),
         long_text,
-        dict(sel) if sel else None,
+        sel.record() if sel else None,
         version,
         cfg.threads,
         cfg.device,

@@ -21,9 +21,10 @@ from typing import Any
 from starlette.datastructures import State
 from starlette.types import Receive, Scope, Send
 
+from qserve.rundir import Served
 from qserve.runtime import threadnames
 from qserve.serve.core.repository import Repository
-from qserve.serve.core.state import Loader, Selection, ServeState, load_model
+from qserve.serve.core.state import Loader, ServeState, load_model
 from qserve.serve.infra.config import ServeConfig
 from qserve.serve.infra.metrics import Metrics
 from qserve.serve.infra.tracing import from_env as tracing_from_env
@@ -39,7 +40,7 @@ def create_app(
     config: ServeConfig,
     loader: Loader | None = None,
     on_load_failure: Callable[[BaseException], None] | None = None,
-    selection: Selection | None = None,
+    selection: Served | None = None,
     repository: Repository | None = None,
 ) -> App:
     """Build the app. `loader(config)` returns a model (default: state.load_model, load_runtime on

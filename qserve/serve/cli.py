@@ -26,10 +26,10 @@ import uvicorn
 from prometheus_client import Gauge
 
 from qserve import QserveError
-from qserve.bench.loadtest import format_report, read_texts_file, run_loadtest
 from qserve.configflags import ENV_PREFIX, add_flags, config_values, field_docs, flag, option_name
 from qserve.devices import usable_cores
 from qserve.files import write_json_atomic
+from qserve.loadtest import format_report, read_texts_file, run_loadtest
 from qserve.modeling import skip_unused_imports
 from qserve.serve.app import create_app
 from qserve.serve.core.repository import Repository, sources_from_dirs, sources_from_root

@@ -24,9 +24,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qserve import QserveError
 from qserve.extras import require
+from qserve.rundir import Served
 from qserve.serve.app import create_app
 from qserve.serve.core.repository import ModelSource, Repository
-from qserve.serve.core.state import Selection, ServeState
+from qserve.serve.core.state import ServeState
 from qserve.serve.infra.config import ServeConfig, config_from_sources, settings_batch_size
 from qserve.serve.infra.deploy import APP_NAME, DEPLOYMENT_NAME, Scaling, app_args, deployment_options
 
@@ -139,7 +140,7 @@ async def ray_engine_info(replica_id: str) -> dict[str, Any]:
 @serve.ingress()  # late-bound: __serve_build_asgi_app__ builds the app inside the replica
 class QserveReplica:
     def __init__(
-        self, settings: dict[str, Any], selection: Selection | None = None, models: list[tuple[str, str]] | None = None
+        self, settings: dict[str, Any], selection: Served | None = None, models: list[tuple[str, str]] | None = None
     ):
         # Settings from the builder args, then QSERVE_* in the replica's own environment (the API key).
         self.cfg = config_from_sources({k: v for k, v in settings.items() if v is not None})
@@ -181,7 +182,7 @@ def application(
     scaling: Scaling,
     cores: int | None = None,
     log_level: str | None = None,
-    selection: Selection | None = None,
+    selection: Served | None = None,
     models: list[tuple[str, str]] | None = None,
 ) -> Any:  # a ray.serve Application (no stubs)
     """The bound Ray Serve application for these ServeConfig settings and this scaling; `selection` (why the
@@ -229,7 +230,7 @@ def run_ray(
     scaling: Scaling,
     address: str | None,
     log_level: str = "info",
-    selection: Selection | None = None,
+    selection: Served | None = None,
     repository: Repository | None = None,
 ) -> int:
     """`qserve serve --engine ray`: start (or join) Ray, run the app on --host/--port, wait for a signal.

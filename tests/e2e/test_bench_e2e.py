@@ -134,7 +134,8 @@ def test_rerender_gives_the_same_md(bench_run):
     """The real run's report.json, read back by `qserve report`'s loader, renders the same md. What `qserve report`
     adds (writing the files and re-drawing the plots, seconds of matplotlib) runs as the real CLI in
     tests/unit/test_bench_report.py and tests/e2e/test_browser.py."""
-    from qserve.bench.report import load_report, render_md
+    from qserve.bench.report import render_md
+    from qserve.benchreport import load_report
 
     _, out, _ = bench_run
     report, _ = load_report(out)

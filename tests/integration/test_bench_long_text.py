@@ -90,7 +90,7 @@ def test_bench_reports_each_policy_on_real_test_texts(bench_run):
 def test_serving_a_model_dir_picks_the_reports_fast_policy(bench_run):
     import shutil
 
-    from qserve.bench.recommend import from_model_dir
+    from qserve.rundir import RunDir, served
 
     report, root = bench_run
     shutil.copytree(root / "report", root / "model" / "report")
@@ -98,6 +98,6 @@ def test_serving_a_model_dir_picks_the_reports_fast_policy(bench_run):
     data = json.loads((root / "model" / "report" / "report.json").read_text())
     data["recommended"] = {"variant": "torch-fp32", "dir": str(root / "variants" / "torch-fp32"), "why": "test"}
     (root / "model" / "report" / "report.json").write_text(json.dumps(data))
-    vdir, selection = from_model_dir(root / "model")
-    assert vdir == root / "model" / "variants" / "torch-fp32"
-    assert selection["long_text"] == report["long_text"]["fast"]["policy"]
+    selection = served(RunDir(root / "model"))
+    assert selection.dir == str(root / "model" / "variants" / "torch-fp32")
+    assert str(selection.long_text) == report["long_text"]["fast"]["policy"]

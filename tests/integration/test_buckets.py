@@ -71,7 +71,7 @@ def test_unpadded_variant_ignores_buckets_and_max_batch_tokens_keeps_answers(tin
 
 def test_each_text_runs_at_the_same_padded_length_alone_and_in_any_batch(tiny_variant):
     # The structural half of one text, one answer: whatever shares its batch, a text is fed at its own bucket.
-    from qserve.bench.loadtest import default_texts
+    from qserve.loadtest import default_texts
     from qserve.runtime import RuntimeOptions, load_runtime
 
     rt = load_runtime(tiny_variant, "cpu", RuntimeOptions(threads=1))

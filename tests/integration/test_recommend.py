@@ -11,8 +11,9 @@ import shutil
 import pytest
 
 from qserve import QserveError
-from qserve.bench.recommend import VERSUS, from_model_dir, recommend
+from qserve.bench.recommend import recommend
 from qserve.bench.report import verdict_line
+from qserve.rundir import VERSUS, RunDir, served
 
 
 def _report(rows):
@@ -28,6 +29,7 @@ def _report(rows):
         for n, bits, p50, agr, st in rows
     ]
     return {
+        "format": "qserve-bench/test",
         "headline": {"batch": 1, "seq": 128},
         "agreement_reference": "torch-fp32",
         "environment": {"cpu": {"model": "Test CPU"}},
@@ -68,19 +70,19 @@ def test_model_dir_resolves_to_the_recommended_variant(tiny_variant, tmp_path):
     model_dir = tmp_path / "run"
     shutil.copytree(tiny_variant, model_dir / "variants" / "torch-fp32")
     with pytest.raises(QserveError, match="report.json is missing"):
-        from_model_dir(model_dir)
+        served(RunDir(model_dir))
     rep = _report([("torch-fp32", 32, 20.0, 1.0, "ok"), ("onnx-int8", 8, 7.0, 0.95, "ok")])
     rep["recommended"] = recommend(rep)
     (model_dir / "report").mkdir()
     (model_dir / "report" / "report.json").write_text(json.dumps(rep))
-    vdir, sel = from_model_dir(model_dir)
-    assert vdir == model_dir / "variants" / "torch-fp32"
-    assert sel["variant"] == "torch-fp32" and sel["measured_on"] == "Test CPU"
-    assert sel["why"] == "Serve torch-fp32: the only variant that qualified; it is the reference (no gate needed)."
-    assert sel["versus"] is None  # torch-fp32 is the only variant meeting its bar here
-    shutil.rmtree(vdir)
-    with pytest.raises(QserveError, match="recommends torch-fp32, but neither"):
-        from_model_dir(model_dir)
+    sel = served(RunDir(model_dir))
+    assert sel.dir == str(model_dir / "variants" / "torch-fp32")
+    assert sel.variant == "torch-fp32" and sel.measured_on == "Test CPU"
+    assert sel.why == "Serve torch-fp32: the only variant that qualified; it is the reference (no gate needed)."
+    assert sel.versus is None  # torch-fp32 is the only variant meeting its bar here
+    shutil.rmtree(sel.dir)
+    with pytest.raises(QserveError, match="recommends torch-fp32, but"):
+        served(RunDir(model_dir))
 
 
 def test_real_texts_at_their_own_length_rank_before_the_headline_shape():
@@ -110,8 +112,8 @@ def test_model_dir_selection_carries_the_comparison_with_the_runner_up(tiny_vari
     rep["recommended"] = recommend(rep)
     (model_dir / "report").mkdir()
     (model_dir / "report" / "report.json").write_text(json.dumps(rep))
-    _, sel = from_model_dir(model_dir)
-    versus = sel["versus"]
-    assert sel["variant"] == "onnx-int8" and versus and versus["runner_up"] == "torch-fp32"
-    assert f"{versus['ratio_text']} faster than the reference torch-fp32 (nothing else qualified)" in sel["why"]
+    sel = served(RunDir(model_dir))
+    versus = sel.versus
+    assert sel.variant == "onnx-int8" and versus and versus["runner_up"] == "torch-fp32"
+    assert f"{versus['ratio_text']} faster than the reference torch-fp32 (nothing else qualified)" in sel.why
     assert set(versus) <= set(VERSUS)

@@ -11,6 +11,8 @@ import json
 import numpy as np
 import pytest
 
+from qserve.rundir import Served
+
 httpx2 = pytest.importorskip("httpx2")
 
 MAX_CHARS, MAX_INPUTS, MAX_BODY = 2000, 16, 64 * 1024
@@ -175,21 +177,24 @@ def test_v1_models_says_why_a_model_dir_chose_the_variant(client, tiny_variant):
     from qserve.serve.infra.uvicorn_server import ServerThread
 
     assert client.get("/v1/models").json()["models"][0]["selection"] is None  # a variant dir: nothing chosen
-    selection = {
-        "variant": "torch-fp32",
-        "why": "fastest meeting its bar",
-        "report": "/run/report/report.json",
-        "measured_on": "Test CPU",
-        "same_cpu": False,
-        "long_text": None,
-    }
+    selection = Served(
+        variant="torch-fp32",
+        dir=str(tiny_variant),
+        why="fastest meeting its bar",
+        report="/run/report/report.json",
+        measured_on="Test CPU",
+        same_cpu=False,
+        long_text=None,
+        long_text_why="the variant's own policy (never gated)",
+        versus=None,
+    )
     threads = torch.get_num_threads()
     srv = ServerThread(create_app(ServeConfig(variant_dir=str(tiny_variant), threads=1), selection=selection)).start()
     try:
         with httpx2.Client(base_url=srv.url, timeout=30, trust_env=False) as c:
             _wait_ready(c)
             (m,) = c.get("/v1/models").json()["models"]
-            assert m["id"] == "torch-fp32" and m["selection"] == selection
+            assert m["id"] == "torch-fp32" and m["selection"] == selection.record()
     finally:
         srv.stop()
         torch.set_num_threads(threads)
@@ -269,7 +274,7 @@ def test_v2_bad_input(client, name, body, status, fragment):
 
 
 def test_64_concurrent_clients_each_get_exactly_their_own_answers(server, reference):
-    from qserve.bench.loadtest import default_texts, run_loadtest
+    from qserve.loadtest import default_texts, run_loadtest
 
     # Direct check: 64 clients at once, distinct texts (some multi-text requests), answers vs the runtime.
     texts = default_texts(96)

@@ -133,7 +133,7 @@ def test_cli_registers_serve_and_loadtest(tmp_path):
 
 
 def test_loadtest_refuses_non_loopback_targets_and_unbounded_runs():
-    from qserve.bench.loadtest import classify_url, run_loadtest
+    from qserve.loadtest import classify_url, run_loadtest
 
     assert classify_url("http://127.0.0.1:8000") == "http://127.0.0.1:8000/v1/classify"
     assert classify_url("http://localhost:8000/") == "http://localhost:8000/v1/classify"

@@ -37,7 +37,7 @@ def ov_int8(tiny_checkpoint, tmp_path_factory):
 
 
 def _texts() -> list[str]:
-    from qserve.bench.loadtest import default_texts
+    from qserve.loadtest import default_texts
 
     short = default_texts(32)  # 10-40 tokens
     long = [f"{t} " * (2 + i % 3) for i, t in enumerate(short)]  # 40-64 (truncated) tokens

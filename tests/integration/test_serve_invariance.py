@@ -28,7 +28,7 @@ def int8_variant(tiny_checkpoint, tmp_path_factory):
 
 
 def _texts() -> list[str]:
-    from qserve.bench.loadtest import default_texts
+    from qserve.loadtest import default_texts
 
     short = default_texts(48)
     long = [f"{t} " * (3 + i % 5) for i, t in enumerate(short[:16])]  # 40-64+ tokens: pads the short ones

@@ -112,7 +112,7 @@ def expected(reference) -> dict[str, np.ndarray]:
     """{text: the reference's scores} for the load tests' 96 texts, in one batched call: the served answers come from
     batches of other texts too, so one text's scores hold to 1e-5 in any batch (the property the load tests check);
     a call per request cost the tests more than their requests (hundreds of calls on a loaded 2-core machine)."""
-    from qserve.bench.loadtest import default_texts
+    from qserve.loadtest import default_texts
 
     texts = default_texts(96)
     return dict(zip(texts, reference.predict(texts)))
@@ -140,7 +140,7 @@ def test_two_replicas_running_and_reported(ray_app):
 
 
 def test_64_clients_x_8_requests_all_answered_exactly_across_replicas(ray_app, ray_url, reference, expected):
-    from qserve.bench.loadtest import default_texts
+    from qserve.loadtest import default_texts
 
     texts = default_texts(96)
     plan = [[texts[(w * 8 + k) % len(texts)] for k in range(8)] for w in range(64)]
@@ -220,7 +220,7 @@ def test_bad_input_gets_the_same_4xx_bodies_as_uvicorn(ray_app, uvicorn_client):
 
 
 def test_killed_replica_is_replaced_and_no_request_hangs(ray_app, ray_url, reference, expected):
-    from qserve.bench.loadtest import default_texts
+    from qserve.loadtest import default_texts
 
     before = _wait_running(ray_app, 2)
     victim = before["replicas"][0]

@@ -94,7 +94,7 @@ def _model_dir(tmp_path: Path, variant: Path) -> Path:
     model_dir = tmp_path / "run"
     (model_dir / "report").mkdir(parents=True)
     rec = {"variant": variant.name, "why": WHY, "dir": str(variant), "cpu": "Test CPU"}
-    (model_dir / "report" / "report.json").write_text(json.dumps({"recommended": rec}))
+    (model_dir / "report" / "report.json").write_text(json.dumps({"format": "qserve-bench/test", "recommended": rec}))
     return model_dir
 
 

@@ -15,7 +15,8 @@ import pytest
 from qserve import QserveError
 from qserve.bench import analysis
 from qserve.bench.config import BenchConfig
-from qserve.bench.report import load_report, render_csv, render_md, summary_rows, write_reports
+from qserve.bench.report import render_csv, render_md, write_reports
+from qserve.benchreport import load_report, summary_rows
 from qserve.bench.stats import summarize
 
 
@@ -199,8 +200,8 @@ def test_csv_rows_and_summary():
     kinds = [(x["variant"], x["kind"], x["batch"]) for x in rows]
     assert ("torch-fp32", "fixed", "1") in kinds and ("onnx-int8", "real_text", "1") in kinds
     assert ("broken", "failed", "") in kinds
-    s = {x["variant"]: x for x in summary_rows(r)}
-    assert s["onnx-int8"]["throughput"] == pytest.approx(r["variants"][1]["fixed"][1]["throughput"])
+    s = {x.variant: x for x in summary_rows(r)}
+    assert s["onnx-int8"].throughput == pytest.approx(r["variants"][1]["fixed"][1]["throughput"])
 
 
 def test_write_and_rerender_from_json(tmp_path):

@@ -62,7 +62,7 @@ def test_a_cycle_an_upward_import_and_a_stray_exporters_import_break_the_contrac
     # each one inside a function: the lazy imports the contracts must see too
     _append(
         root / "qserve" / "bench" / "stats.py",
-        "def _cycle():\n    from qserve.bench.recommend import bar_for\n    return bar_for\n",
+        "def _cycle():\n    from qserve.bench.recommend import recommend\n    return recommend\n",
     )
     _append(
         root / "qserve" / "variants.py",

@@ -10,7 +10,7 @@ from typing import Any
 
 from benchmarks.render.blocks.cells import num, pct, ratio, table
 from benchmarks.render.blocks.reports import load, on, rendered_from
-from qserve.bench.summary import fixed_shape
+from qserve.benchreport import fixed_shape
 
 
 def int8_invariance() -> str:

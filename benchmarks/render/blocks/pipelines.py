@@ -13,7 +13,7 @@ from benchmarks.render.blocks.reports import MAIN_JOB, RUN_DIR, cpu_of, load, on
 from qserve.bench.recommend import recommend
 from qserve.bench.report import summary_lines
 from qserve.bench.rounds import ranked
-from qserve.bench.summary import fixed_shape
+from qserve.benchreport import fixed_shape
 
 
 def _inv(inv: dict[str, Any] | None) -> str:

@@ -12,33 +12,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
 
 from qserve import QserveError
 from qserve.artifact import Manifest, read_manifest
-from qserve.bench.recommend import from_model_dir
+from qserve.rundir import RunDir, Served, served
 from qserve.serve.infra.errors import ApiError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 NAME_RULE = "1-128 characters of letters, digits, '.', '_' and '-', starting with a letter or digit"
 VERSION_CHARS = 12
-
-
-class Selection(TypedDict):
-    """Why a model dir's variant was served (qserve.bench.recommend.from_model_dir): /v1/models' `selection`."""
-
-    variant: str
-    why: str
-    report: str
-    measured_on: str | None
-    same_cpu: bool | None
-    long_text: str | None
-    """The long-text policy to serve: the report's choice where the variant's gate verdict covers it, else the
-    one its gate verified (None: the variant's own). qserve.bench.policies.served_policy."""
-    long_text_why: str
-    versus: dict[str, object] | None
-    """The recommended variant against the runner-up: ratio with its interval, tied or not, the tie rule (None with
-    one candidate)."""
 
 
 @dataclass(frozen=True)
@@ -55,23 +37,18 @@ def model_version(manifest: Manifest) -> str:
     return manifest.version[:VERSION_CHARS]
 
 
-def is_model_dir(path: Path) -> bool:
-    """A `qserve pipeline` run dir (report + variants), not a variant itself."""
-    return not (path / "manifest.json").is_file() and any((path / d).is_dir() for d in ("report", "variants"))
-
-
-def resolve(path: str | Path) -> tuple[Path, Selection | None]:
-    """(the variant dir to load, why it was chosen): the dir itself, or a model dir's recommended variant."""
-    path = Path(path)
-    if is_model_dir(path):
-        vdir, selection = from_model_dir(path)
-        return Path(vdir), Selection(**selection)  # type: ignore[typeddict-item]
-    if not (path / "manifest.json").is_file():
+def resolve(path: str | Path) -> tuple[Path, Served | None]:
+    """(the variant dir to load, why it was chosen): the dir itself, or a run dir's recommended variant."""
+    run = RunDir(Path(path))
+    if run.is_run_dir():
+        chosen = served(run)
+        return Path(chosen.dir), chosen
+    if not (run.path / "manifest.json").is_file():
         raise QserveError(
             f"{path}: no manifest.json (not a variant dir) and no report/ (not a model dir); export "
             "one with `qserve export`"
         )
-    return path, None
+    return run.path, None
 
 
 def _spec_name(path: str) -> str:
@@ -122,7 +99,7 @@ def sources_from_root(root: str | Path) -> list[ModelSource]:
     out = [
         ModelSource(d.name, str(d))
         for d in sorted(root.iterdir())
-        if d.is_dir() and NAME_RE.match(d.name) and ((d / "manifest.json").is_file() or is_model_dir(d))
+        if d.is_dir() and NAME_RE.match(d.name) and ((d / "manifest.json").is_file() or RunDir(d).is_run_dir())
     ]
     if not out:
         raise QserveError(

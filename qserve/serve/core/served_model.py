@@ -22,12 +22,12 @@ import numpy as np
 from qserve import QserveError
 from qserve.artifact import Manifest
 from qserve.gatepolicy import UNGATED, verdict_for
-from qserve.longtext import LongTextError
+from qserve.longtext import LongTextError, LongTextPolicy
+from qserve.rundir import Served
 from qserve.runtime import RuntimeOptions, load_runtime
 from qserve.runtime.base import Classification
 from qserve.runtime.contract import ModelRuntime
 from qserve.serve.core.batcher import Batcher, InferFn
-from qserve.serve.core.repository import Selection
 from qserve.serve.core.shadow import Shadow
 from qserve.serve.infra.config import ServeConfig
 from qserve.serve.infra.errors import ApiError
@@ -70,7 +70,7 @@ def gate_summary(manifest: Manifest, policy: str | None = None) -> dict[str, Any
     }
 
 
-def check_gate(manifest: Manifest, where: str, policy: str | None = None) -> None:
+def check_gate(manifest: Manifest, where: str, policy: str | LongTextPolicy | None = None) -> None:
     """--require-gate: refuse a variant without a passing gate verdict in its (verified) manifest for the
     long-text policy it is to serve (`policy`; None: its own), saying why."""
     g = manifest.gate
@@ -125,7 +125,7 @@ class ServedModel:
     version: str = ""
     """The manifest's short hash: what every answer of this model carries as model_version."""
     variant_dir: str = ""
-    selection: Selection | None = None
+    selection: Served | None = None
     metrics: ModelMetrics | None = field(default=None, repr=False)
     shadow: Shadow | None = field(default=None, repr=False)
 
@@ -155,7 +155,7 @@ class ServedModel:
             "files": len(files),
             "bytes": sum(f.bytes for f in files.values()),
             "versions": m.versions,
-            "selection": self.selection,
+            "selection": None if self.selection is None else self.selection.record(),
             "shadow": self.shadow.summary() if self.shadow is not None else None,
         }
 

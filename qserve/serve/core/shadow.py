@@ -22,11 +22,11 @@ import numpy as np
 from qserve import QserveError
 from qserve import problemtypes as problems
 from qserve.artifact import read_manifest, read_model_meta
-from qserve.bench.recommend import bar_for
 from qserve.runtime import RuntimeOptions, load_runtime
 from qserve.runtime.contract import ModelRuntime
 from qserve.serve.core.repository import resolve
 from qserve.serve.infra.metrics import Metrics
+from qserve.variants import bar_for
 
 log = logging.getLogger("qserve.serve")
 

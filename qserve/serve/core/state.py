@@ -25,11 +25,12 @@ from starlette.requests import Request
 from qserve import QserveError, longtext, problemtypes
 from qserve.artifact import read_manifest
 from qserve.gatepolicy import UNGATED, verdict_for
+from qserve.rundir import Served
 from qserve.runtime.base import Classification
 from qserve.serve.core.answer import Answer, InferenceRequest
 from qserve.serve.core.batcher import Batcher, NotAccepting, QueueFull
 from qserve.serve.core.pairs import check_same_inputs, takes_pairs
-from qserve.serve.core.repository import ModelSource, Repository, Selection, model_version, resolve
+from qserve.serve.core.repository import ModelSource, Repository, model_version, resolve
 from qserve.serve.core.served_model import Loader, ModelRuntime, Retired, ServedModel, check_gate, infer_fn, load_model
 from qserve.serve.core.shadow import Shadow, parse_shadows
 from qserve.serve.infra.admission import Admission, Arrivals
@@ -40,7 +41,7 @@ from qserve.serve.infra.errors import ApiError
 from qserve.serve.infra.metrics import Metrics
 from qserve.serve.infra.tracing import TRACE_KEY, Tracing
 
-__all__ = ["Answer", "Loader", "ModelRuntime", "Retired", "Selection", "ServeState", "ServedModel", "load_model"]
+__all__ = ["Answer", "Loader", "ModelRuntime", "Retired", "ServeState", "ServedModel", "load_model"]
 
 log = logging.getLogger("qserve.serve")
 
@@ -64,28 +65,16 @@ async def warm_up(runtime: ModelRuntime, executor: Executor | None, max_batch_si
         await loop.run_in_executor(executor, warm, texts, default * n, texts if pair else None)
 
 
-def log_selection(name: str, path: str, selection: Selection) -> None:
+def log_selection(name: str, path: str, chosen: Served) -> None:
     """Say which variant a model dir serves, why, and whether its report was measured on another CPU."""
-    log.info(
-        "model %s: model dir %s serves %s (%s; from %s)",
-        name,
-        path,
-        selection["variant"],
-        selection["why"],
-        selection["report"],
-    )
-    if selection.get("long_text_why"):
-        log.info(
-            "model %s: long-text policy %s: %s",
-            name,
-            selection["long_text"] or "the variant's own",
-            selection["long_text_why"],
-        )
-    if selection["same_cpu"] is False:
+    log.info("model %s: model dir %s serves %s (%s; from %s)", name, path, chosen.variant, chosen.why, chosen.report)
+    policy = chosen.long_text or "the variant's own"
+    log.info("model %s: long-text policy %s: %s", name, policy, chosen.long_text_why)
+    if chosen.same_cpu is False:
         log.warning(
             "that report was measured on %s, not on this CPU: the fastest variant here may differ "
             "(re-run `qserve pipeline` here, or pass a variant dir)",
-            selection["measured_on"],
+            chosen.measured_on,
         )
 
 
@@ -123,7 +112,7 @@ class ServeState:
     loader: Loader = load_model
     repository: Repository | None = None
     """Where each name loads from; None: the one model config.variant_dir names."""
-    selection: Selection | None = None
+    selection: Served | None = None
     """Why the default model's variant was chosen, when the caller chose it (a model dir says so itself)."""
     on_load_failure: Callable[[BaseException], None] | None = None
     tracing: Tracing | None = None
@@ -277,10 +266,11 @@ class ServeState:
         elif selection is not None:
             log_selection(source.name, source.path, selection)
         # A model dir's report may name the long-text policy to serve (one its gate verified); --long-text wins.
-        long_text = self.config.long_text or (selection.get("long_text") if selection else None)
+        long_text = self.config.long_text or (selection.long_text if selection else None)
         if self.config.require_gate:  # before seconds of loading: the manifest alone says (load verifies it)
             check_gate(await loop.run_in_executor(None, read_manifest, vdir), str(vdir), long_text)
-        cfg = dataclasses.replace(self.config, variant_dir=str(vdir), model_name=source.name, long_text=long_text)
+        policy = None if long_text is None else str(long_text)
+        cfg = dataclasses.replace(self.config, variant_dir=str(vdir), model_name=source.name, long_text=policy)
         # A side thread: loading takes seconds, and the inference thread keeps serving the old version.
         runtime = await loop.run_in_executor(None, self.loader, cfg)
         held = verdict_for(runtime.manifest, str(runtime.long_text))

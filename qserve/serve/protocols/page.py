@@ -23,8 +23,8 @@ from starlette.responses import HTMLResponse
 
 from qserve import QserveError
 from qserve.artifact import VariantError, read_manifest
-from qserve.bench.recommend import real_text_b1
-from qserve.bench.report import load_report, summary_rows
+from qserve.benchreport import Row, load_report, summary_rows
+from qserve.rundir import RunDir
 from qserve.serve.core.schemas import ErrorResponse
 from qserve.serve.core.state import ServeState
 from qserve.serve.protocols.spec import ProtocolSpec, Route
@@ -77,36 +77,22 @@ class ReportSummary(BaseModel):
     its agreement bar) in the recommendation's order."""
 
 
-def report_candidates(variant_dir: str | Path) -> list[Path]:
-    v = Path(variant_dir)
-    return [v.parent.parent / "report" / "report.json"]  # `qserve pipeline`: RUN/variants/NAME, RUN/report/
-
-
 def report_summary(variant_dir: str | Path) -> ReportSummary:
     if not variant_dir:
         return ReportSummary(served="", reason="no variant dir configured")
     v = Path(variant_dir)
-    served = v.name
-    path = next((p for p in report_candidates(v) if p.is_file()), None)
-    if path is None:
-        where = ", ".join(str(p) for p in report_candidates(v))
-        return ReportSummary(served=served, reason=f"no bench report at {where}; `qserve pipeline` writes one")
+    served, path = v.name, RunDir.holding(v).report_json
+    if not path.is_file():
+        return ReportSummary(served=served, reason=f"no bench report at {path}; `qserve pipeline` writes one")
     try:
         report, _ = load_report(path)
     except QserveError as e:
         return ReportSummary(served=served, report=str(path), reason=str(e))
-    rows = {r["variant"]: r for r in summary_rows(report) if r["status"] == "ok"}
+    rows = {r.variant: r for r in summary_rows(report) if r.status == "ok"}
     rec = report.get("recommended") or {}
     env, cfg = report.get("environment") or {}, report.get("config") or {}
     machine = env.get("gpu") if str(cfg.get("device", "")).startswith("cuda") else (env.get("cpu") or {}).get("model")
-    ranking = {r["variant"]: r for r in rec.get("ranking") or []}
-    keep = list(
-        dict.fromkeys(
-            [served]
-            + ([rec["variant"]] if rec.get("variant") else [])
-            + [n for n, r in ranking.items() if r.get("meets_bar")]
-        )
-    )
+    keep = [served, *([rec["variant"]] if rec.get("variant") else []), *(n for n, r in rows.items() if r.meets_bar)]
     out = ReportSummary(
         served=served,
         report=str(path),
@@ -119,27 +105,28 @@ def report_summary(variant_dir: str | Path) -> ReportSummary:
         why=rec.get("why"),
         served_is_recommended=(rec["variant"] == served) if rec.get("variant") else None,
         measured_files_match=_same_files(path.parent / "inputs.json", v),
-        rows=[_row(n, rows[n], ranking.get(n), report) for n in keep if n in rows],
+        rows=[_row(rows[n]) for n in dict.fromkeys(keep) if n in rows],
     )
     if served not in rows:
         out.reason = f"{path} has no measured row for {served}"
     return out
 
 
-def _row(name: str, row: dict, ranked: dict | None, report: dict) -> BenchRow:
+def _row(r: Row) -> BenchRow:
     """The summary row, its latency the one the recommendation ranked by (so the page and the ranking agree)."""
-    plain = {k: row.get(k) for k in BenchRow.model_fields if k in row and k != "variant"}
-    out = BenchRow(
-        variant=name, **plain, fixed_p50_ms=row.get("p50_ms"), meets_bar=ranked.get("meets_bar") if ranked else None
+    return BenchRow(
+        variant=r.variant,
+        size_mb=r.size_mb,
+        p50_ms=r.b1_ms,
+        p99_ms=r.b1_p99_ms,
+        fixed_p50_ms=r.p50_ms,
+        meets_bar=r.meets_bar,
+        throughput=r.throughput,
+        accuracy=r.accuracy,
+        agreement=r.agreement,
+        speedup=r.speedup,
+        peak_mem_mib=r.peak_mem_mib,
     )
-    rec = report.get("recommended") or {}
-    if ranked and ranked.get("real_b1_p50_ms") is not None and ranked.get("p50_ms") == ranked["real_b1_p50_ms"]:
-        v: dict[str, Any] = next((x for x in report["variants"] if x["name"] == name), {})
-        real = real_text_b1(v) or {}
-        out.p50_ms, out.p99_ms = ranked["p50_ms"], real.get("p99")
-    elif rec.get("ranking") and ranked is None:
-        out.p50_ms = out.p99_ms = None  # not ranked (no latency the ranking used)
-    return out
 
 
 def _same_files(stamp: Path, variant_dir: Path) -> bool | None:

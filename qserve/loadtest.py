@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from qserve import QserveError
-from qserve.bench.stats import percentile
+from qserve.intervals import percentile
 
 MAX_CONCURRENCY = 1024
 MAX_DURATION_S = 600.0
