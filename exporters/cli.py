@@ -21,6 +21,7 @@ from qserve.configflags import Flag, add_flags
 from qserve.devices import resolve_device
 from qserve.exportoption import Option, OptionValue
 from qserve.placement import no_cuda, place, plan
+from qserve.rundir import RunDir
 from qserve.runtime.ov_probe import OpenVINOUnavailable
 from qserve.variantflags import BITS, DEFAULT_FOR_BITS, DTYPES, off_fast_path, resolve
 from qserve.variants import BACKENDS, VARIANTS, UnsupportedVariant, backend_of, flag_options, get_spec
@@ -35,9 +36,8 @@ OPTION_FLAGS: dict[str, tuple[str, set[str]]] = {
 def default_out_root(checkpoint: Path) -> Path:
     """Where variants land without --out: beside, never inside, the checkpoint (its hash is in every manifest):
     RUN/variants/<name> for a run dir's RUN/checkpoint, else X-variants/<name>."""
-    if checkpoint.name == "checkpoint":
-        return checkpoint.parent / "variants"
-    return checkpoint.parent / f"{checkpoint.name}-variants"
+    run = RunDir.of_checkpoint(checkpoint)
+    return run.variants if run else checkpoint.parent / f"{checkpoint.name}-variants"
 
 
 def same_export(

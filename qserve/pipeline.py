@@ -30,6 +30,7 @@ from qserve.gate.report import row, write_report
 from qserve.gate.run import run_gate
 from qserve.placement import Plan
 from qserve.placement import plan as plan_run
+from qserve.rundir import RunDir
 from qserve.runtime.ov_probe import OpenVINOUnavailable
 from qserve.training.config import TrainConfig
 from qserve.training.config import run_dir as default_run_dir
@@ -95,8 +96,8 @@ def _done(t0: float, what: str) -> float:
     return took
 
 
-def _train_stage(cfg, run_dir: Path, force: bool) -> Path:
-    ckpt = run_dir / "checkpoint"
+def _train_stage(cfg, run: RunDir, force: bool) -> Path:
+    ckpt = run.checkpoint
     metrics_path = ckpt / "train_metrics.json"
     want, defaults = dataclasses.asdict(cfg), dataclasses.asdict(TrainConfig())
     # checkpoints trained before the policy existed read the head; fields added since count as their default
@@ -129,7 +130,7 @@ def _training_record(ckpt: Path) -> dict:
 
 
 def _export_stage(
-    ckpt: Path, run_dir: Path, plan: Plan, force: bool
+    ckpt: Path, run: RunDir, plan: Plan, force: bool
 ) -> tuple[list[Path], dict[str, str], dict[str, str]]:
     """Export every variant the plan runs, each on its device: (variant dirs, skipped with why, failed with why)."""
     src_hash = checkpoint_hash(ckpt)
@@ -138,7 +139,7 @@ def _export_stage(
     skipped: dict[str, str] = {}
     failed: dict[str, str] = {}
     for i, name in enumerate(names, 1):
-        dest = run_dir / "variants" / name
+        dest = run.variant(name)
         if dest.exists() and not force:
             try:
                 if (verify(dest).source or {}).get("sha256") == src_hash:
@@ -307,7 +308,7 @@ def _gate_chosen_policy(report: dict, cfg: GateConfig, plan: Plan | None) -> Non
 
 def run_pipeline(args: argparse.Namespace) -> Path:
     device = resolve_device(args.device)
-    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(args.model, args.dataset)
+    run = RunDir(Path(args.run_dir) if args.run_dir else default_run_dir(args.model, args.dataset))
     r, recipe_why, given = recipe_values(args, device)
     cfg = TrainConfig(
         model=args.model,
@@ -319,7 +320,7 @@ def run_pipeline(args: argparse.Namespace) -> Path:
         max_length=r["max_length"],
         max_samples=r["max_samples"],
         seed=args.seed,
-        out=str(run_dir / "checkpoint"),
+        out=str(run.checkpoint),
         device=device,
         force=args.force,
         checkpoint_every=args.checkpoint_every,
@@ -336,7 +337,7 @@ def run_pipeline(args: argparse.Namespace) -> Path:
     print("plan:\n" + "\n".join(f"   {line}" for line in plan.lines()), flush=True)
     n_stages = 3 if args.no_gate else 4
     t0 = _stage(1, n_stages, f"train {args.model} on {args.dataset} ({args.precision}, {device})")
-    ckpt = _train_stage(cfg, run_dir, args.force)
+    ckpt = _train_stage(cfg, run, args.force)
     times["train"] = _done(t0, f"checkpoint: {ckpt}")
     training = _training_record(ckpt)
     budget = training.get("time_budget") or {}
@@ -350,10 +351,10 @@ def run_pipeline(args: argparse.Namespace) -> Path:
         print(f"   skipping {name}: {why}", flush=True)
     names = plan.runs
     t0 = _stage(2, n_stages, f"export {len(names)} variants: {', '.join(names)}")
-    variants, at_export, failed = _export_stage(ckpt, run_dir, plan, args.force)
-    times["export"] = _done(t0, f"variants: {run_dir / 'variants'}")
+    variants, at_export, failed = _export_stage(ckpt, run, plan, args.force)
+    times["export"] = _done(t0, f"variants: {run.variants}")
     t0 = _stage(3, n_stages, "bench + report")
-    report_dir = Path(args.report_dir) if args.report_dir else run_dir / "report"
+    report_dir = Path(args.report_dir) if args.report_dir else run.report_dir
     if not variants:
         why = "; ".join(f"{k}: {v}" for k, v in {**at_export, **failed}.items()) or "none planned"
         raise QserveError(f"no variant was exported ({why}); nothing to bench. The checkpoint is in {ckpt}")

@@ -31,8 +31,8 @@ from qserve.bench import policies
 from qserve.bench.analysis import REFERENCES
 from qserve.bench.recommend import recommend
 from qserve.benchreport import load_report, real_text_b1
-from qserve.variants import bar_for
 from qserve.provenance import provenance, with_header
+from qserve.variants import bar_for
 
 
 def _load(path: str) -> dict[str, Any]:

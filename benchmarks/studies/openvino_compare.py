@@ -46,11 +46,11 @@ from qserve.artifact import ModelMeta, read_model_meta
 from qserve.bench.envinfo import load_avg
 from qserve.bench.measure import FALLBACK_TEXT
 from qserve.bench.realtext import synthetic_batch
-from qserve.variants import bar_for
 from qserve.devices import cpu_info
 from qserve.files import library_versions, now_iso
 from qserve.provenance import provenance
 from qserve.runtime import RuntimeOptions, load_runtime
+from qserve.variants import bar_for
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -16,8 +16,8 @@ from qserve import QserveError
 from qserve.bench import analysis
 from qserve.bench.config import BenchConfig
 from qserve.bench.report import render_csv, render_md, write_reports
-from qserve.benchreport import load_report, summary_rows
 from qserve.bench.stats import summarize
+from qserve.benchreport import load_report, summary_rows
 
 
 def _fixed(p50s: dict[tuple[int, int], float]) -> list[dict]:
