@@ -35,6 +35,6 @@ Beside them: harness/ (what the suites share: servers, review texts, /metrics, l
 repository root, report writing), render/ (the docs' rendering: `make reports`' stages and runner, the measured
 blocks of README and docs/, the bring-your-own-model page), studies/ (finished one-off studies, each named after
 its question, indexed in studies/README.md) and reports/ (the committed reports of suites and studies alike, where
-render/ reads them). Nothing outside tests imports this package (the import contracts in pyproject.toml); it
-imports qserve and exporters.
+render/ reads them; indexed in reports/README.md). Nothing outside tests imports this package (the import
+contracts in pyproject.toml); it imports qserve and exporters.
 """

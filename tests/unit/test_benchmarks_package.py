@@ -128,6 +128,16 @@ def test_every_study_is_in_its_index_with_its_report_and_page():
         assert stem in (ROOT / page).read_text(encoding="utf-8"), f"{page} does not use {rel}"
 
 
+def test_every_report_has_its_row_in_the_reports_index():
+    """benchmarks/reports/README.md (`python -m benchmarks.render.reports_index`) has a row for every folder and file
+    there (a file's .json and .md share one), and every row names what is there."""
+    text = (BENCH / "reports" / "README.md").read_text(encoding="utf-8")
+    cells = [line.split(" | ")[0] for line in text.splitlines() if line.startswith("| `")]
+    listed = sorted(name.rstrip("/") for cell in cells for name in re.findall(r"`([^`]+)`", cell))
+    there = sorted(p.name for p in (BENCH / "reports").iterdir() if p.name != "README.md")
+    assert listed == there, "rebuild the index: python -m benchmarks.render.reports_index"
+
+
 NOT_SUITES = ("studies", "render", "reports")
 
 
@@ -187,6 +197,7 @@ NOT_REPORTS = {
     "serve_overhead/__main__.py": "wrk's Lua script",
     "serve_protocol_cost.py": "wrk's Lua scripts",
     "predict_bench.py": "the corpus it scores (jsonl)",
+    "render/reports_index.py": "benchmarks/reports/README.md, the reports' index (what made each, where it renders)",
     "render/rebuild.py": "stage_times.json: each stage's wall time as `make reports` ran it, read by the stages table",
 }
 WRITES = r"write_json_atomic\(|write_text_atomic\(|json\.dump\(|\.write_text\(|\.write_bytes\(|open\([^)]*[\"']w"
