@@ -31,7 +31,7 @@ class Provenance(TypedDict, total=False):
 
 def command_line(argv: list[str] | None = None) -> str:
     """The command as a user would retype it: `qserve ...`, `python -m benchmarks.x ...` (a benchmark runs as a
-    module of its package) or `python path/to/script.py ...`."""
+    module of its package, a suite with parts as its own package) or `python path/to/script.py ...`."""
     argv = list(sys.argv if argv is None else argv)
     if not argv:
         return "unknown"
@@ -45,7 +45,7 @@ def command_line(argv: list[str] | None = None) -> str:
         except ValueError:
             rel = p
         if not rel.is_absolute() and rel.parts[0] == "benchmarks":
-            head = ["python", "-m", ".".join(rel.with_suffix("").parts)]
+            head = ["python", "-m", ".".join(rel.with_suffix("").parts).removesuffix(".__main__")]
         else:
             head = ["python", str(rel)]
     else:

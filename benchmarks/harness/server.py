@@ -37,7 +37,7 @@ def free_port() -> int:
 def code_env(code_root: Path, base: dict[str, str] | None = None) -> dict[str, str]:
     """The child's environment: offline, `code_root`'s qserve first on the path (a benchmark may serve an
     older tree beside this one), then this checkout (for `python -m benchmarks.X` children), then the caller's
-    own PYTHONPATH (a private site dir, such as the wheels benchmarks/gpu_check.sh carries to a GPU machine).
+    own PYTHONPATH (a private site dir, such as the wheels benchmarks/gpu/check.sh carries to a GPU machine).
     A server stops at its SIGTERM (no drain period) unless `base` sets QSERVE_DRAIN_SECONDS (the drain's own bench
     does). TOKENIZERS_PARALLELISM and the rest as the caller has them."""
     env = os.environ if base is None else base

@@ -351,7 +351,7 @@ STAGES: tuple[Stage, ...] = (
             Report(
                 "benchmarks/reports/serve/serve_report.json",
                 "benchmarks/reports/serve/serve_report.md",
-                "serve_bench:render_md",
+                "serve_bench.__main__:render_md",
             ),
         ),
         "~2.5 min (estimate): the timed load and in-process model timing its settings ask for, ~1.8 "
@@ -401,7 +401,7 @@ STAGES: tuple[Stage, ...] = (
             Report(
                 "benchmarks/reports/serve-ray/report.json",
                 "benchmarks/reports/serve-ray/report.md",
-                "serve_engines:render_md",
+                "serve_bench.engines:render_md",
             ),
         ),
         "the timed load about a third of it; Ray start-ups and the trivial-app cell the rest",
@@ -420,12 +420,12 @@ STAGES: tuple[Stage, ...] = (
             Report(
                 "benchmarks/reports/serve-openvino/onnx-int8/serve_report.json",
                 "benchmarks/reports/serve-openvino/onnx-int8/serve_report.md",
-                "serve_bench:render_md",
+                "serve_bench.__main__:render_md",
             ),
             Report(
                 "benchmarks/reports/serve-openvino/ov-int8/serve_report.json",
                 "benchmarks/reports/serve-openvino/ov-int8/serve_report.md",
-                "serve_bench:render_md",
+                "serve_bench.__main__:render_md",
             ),
         ),
         "2 x 48 s of timed load and model timing, plus start-ups",
@@ -602,7 +602,7 @@ STAGES: tuple[Stage, ...] = (
             Report(
                 "benchmarks/reports/serve-overhead/report.json",
                 "benchmarks/reports/serve-overhead/report.md",
-                "serve_overhead:render",
+                "serve_overhead.__main__:render",
             ),
         ),
         "2 variants x 2 code trees x 3 rounds, each ~60 s: the in-process loops, wrk at 1 and 32 clients for 10 s "
@@ -625,7 +625,7 @@ STAGES: tuple[Stage, ...] = (
             Report(
                 "benchmarks/reports/serve-overhead-xeon/report.json",
                 "benchmarks/reports/serve-overhead-xeon/report.md",
-                "serve_overhead:render",
+                "serve_overhead.__main__:render",
             ),
         ),
         "2 variants x 2 code trees x 3 rounds, the floor and one-process children, the traced servers; exits 1 while "

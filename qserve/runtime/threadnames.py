@@ -3,7 +3,7 @@
     python -c "from qserve.runtime.threadnames import name_thread; name_thread('qserve-x')"
 
 Python 3.11 keeps thread names inside Python; a ThreadPoolExecutor given `initializer=named("qserve-infer")` sets
-each thread's kernel name (15 bytes at most; benchmarks/serve_overhead.py reads them). Best effort: no prctl, no name.
+each thread's kernel name (15 bytes at most; benchmarks/serve_overhead/ reads them). Best effort: no prctl, no name.
 """
 
 from __future__ import annotations

@@ -224,6 +224,8 @@ def parse(prog: str, argv: list[str], cwd: Path) -> tuple[int, str]:
 
             try:
                 module = importlib.import_module(mod)
+                if hasattr(module, "__path__"):  # a package runs its __main__ (a suite with parts)
+                    module = importlib.import_module(f"{mod}.__main__")
             except ImportError as e:
                 return 2, f"python -m {mod}: {e}"
             if not hasattr(module, "main"):

@@ -1,7 +1,7 @@
 """The torch runtime's graph path on CPU, with the capture replaced by a stand-in that computes exactly what a graph
 replays (the model on the staged static block): the wiring, the padding and slicing, one text one answer, the
 fallbacks and the execution record. That a real CUDA graph equals eager and is faster is a GPU's to show
-(benchmarks/gpu_serving.py).
+(benchmarks/gpu/serving.py).
 
     python -m pytest tests/integration/test_cuda_graphs_runtime.py -q
 """

@@ -1,7 +1,8 @@
-"""benchmarks/ is a product with one harness: the maintained suites at the top, the docs' rendering in render/, the
-finished studies in studies/ (each in its index); every module imports, no script edits sys.path, one server
-starter, one review loader, one /metrics parser, one wrk runner, one repository root, one report writer, and every
-command the docs and the `make reports` stages name is a module that exists.
+"""benchmarks/ is a product with one harness: the maintained suites at the top (a suite with parts a package), the
+docs' rendering in render/, the finished studies in studies/ (each in its index), the reports in reports/ (each in
+its index); every module imports, no script edits sys.path, one server starter, one review loader, one /metrics
+parser, one wrk runner, one repository root, one report writer, and every command the docs and the `make reports`
+stages name is a module that exists.
 
     python -m pytest tests/unit/test_benchmarks_package.py -q
 """
@@ -25,10 +26,8 @@ from benchmarks.render import rebuild, stages
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
-HARNESS = BENCH / "harness"
-RENDER = BENCH / "render"
 STUDIES = BENCH / "studies"
-PACKAGES = (BENCH, HARNESS, RENDER, RENDER / "blocks", STUDIES)
+PACKAGES = sorted({p.parent for p in BENCH.rglob("__init__.py") if "reports" not in p.parts})
 MODULE = r"benchmarks\.[a-z0-9_.]+[a-z0-9_]"
 
 
@@ -58,10 +57,12 @@ def test_the_package_holds_every_script_and_the_harness():
         "benchmarks.harness.server",
         "benchmarks.harness.data",
         "benchmarks.serve_bench",
+        "benchmarks.serve_bench.__main__",
+        "benchmarks.gpu.stage",
         "benchmarks.render.tables",
         "benchmarks.render.rebuild",
-        "benchmarks.trivial_app",
-        "benchmarks.inproc",
+        "benchmarks.serve_bench.trivial_app",
+        "benchmarks.serve_overhead.inproc",
         "benchmarks.render.blocks",
         "benchmarks.render.blocks.reports",
         "benchmarks.studies.serve_windows",
@@ -71,26 +72,37 @@ def test_the_package_holds_every_script_and_the_harness():
     assert not (BENCH / "netutil.py").exists() and not (BENCH / "reportio.py").exists()  # merged into the harness
 
 
-def _declared_suites() -> list[str]:
-    """The top-level files benchmarks/__init__.py declares: `    NAME.py   purpose` lines (gpu_* as one line)."""
-    return re.findall(r"(?m)^    ([a-z0-9_]+\.(?:py|sh)|gpu_\*)  +\S", benchmarks.__doc__ or "")
+def _layout() -> dict[str, list[str]]:
+    """benchmarks/__init__.py's layout: {each suite (`NAME.py`, or `NAME/` with parts): its parts}, read from its
+    `    NAME   purpose` lines (a part's indented four more)."""
+    layout: dict[str, list[str]] = {}
+    for indent, name in re.findall(r"(?m)^( {4}| {8})([a-z0-9_]+(?:\.py|\.sh|/))  +\S", benchmarks.__doc__ or ""):
+        if len(indent) == 4:
+            layout[name] = []
+        else:
+            layout[list(layout)[-1]].append(name)
+    return layout
 
 
-def test_the_top_level_holds_only_the_declared_suites_and_the_folders():
-    """benchmarks/ at the top: the maintained suites its docstring declares (and their parts), harness/, render/,
-    studies/ and reports/, nothing else; a one-off study belongs in studies/."""
-    declared = _declared_suites()
-    assert len(declared) == len(set(declared)) > 10
-    assert {"serve_bench.py", "serve_overhead.py", "flood_bench.py", "gpu_*"} <= set(declared)
-    folders = {p.name for p in BENCH.iterdir() if p.is_dir() and p.name != "__pycache__"}
-    assert folders == {"harness", "render", "studies", "reports"}
-    files = {p.name for p in BENCH.iterdir() if p.is_file() and p.name != "__init__.py"}
-    undeclared = {f for f in files if f not in declared and not (f.startswith("gpu_") and "gpu_*" in declared)}
-    assert undeclared == set(), "declare a maintained suite in benchmarks/__init__.py, or move a study to studies/"
-    assert {d for d in declared if d != "gpu_*"} <= files, "benchmarks/__init__.py declares a file that is gone"
-    suites = re.findall(r"(?m)^    ([a-z0-9_]+)\.py  +(?!part of)\S", benchmarks.__doc__ or "")
-    for name in suites:  # a suite (not a suite's part) runs through one main(argv)
-        assert callable(getattr(importlib.import_module(f"benchmarks.{name}"), "main", None)), name
+def test_the_top_level_holds_the_suites_and_the_folders():
+    """benchmarks/ at the top: the maintained suites its docstring declares, each a module or, with parts, a package
+    whose __main__.py is the suite and whose other files are its parts; harness/, render/, studies/ and reports/;
+    nothing else (a one-off study belongs in studies/)."""
+    layout = _layout()
+    assert len(layout) > 10 and {"serve_bench/", "serve_overhead/", "flood_bench.py", "gpu/"} <= set(layout)
+    top = {p.name + "/" * p.is_dir() for p in BENCH.iterdir() if p.name not in ("__init__.py", "__pycache__")}
+    folders = {"harness/", "render/", "studies/", "reports/"}
+    assert top == set(layout) | folders, "declare a suite in benchmarks/__init__.py, or move a study to studies/"
+    for suite, parts in layout.items():
+        name = suite.removesuffix(".py").rstrip("/")
+        if suite.endswith("/"):
+            files = {p.name for p in (BENCH / name).iterdir() if p.is_file()} - {"__init__.py", "__main__.py"}
+            assert files == set(parts), f"{suite}: benchmarks/__init__.py lists every part of the package, no more"
+        if not (BENCH / name).is_dir() or (BENCH / name / "__main__.py").is_file():  # one main(argv) runs a suite
+            mod = f"benchmarks.{name}" + ".__main__" * suite.endswith("/")
+            assert callable(getattr(importlib.import_module(mod), "main", None)), suite
+        else:  # a package without __main__ is run by its shell script (the GPU check: it installs what Python lacks)
+            assert any(p.endswith(".sh") for p in parts), suite
 
 
 def _study_index() -> list[list[str]]:
@@ -116,9 +128,22 @@ def test_every_study_is_in_its_index_with_its_report_and_page():
         assert stem in (ROOT / page).read_text(encoding="utf-8"), f"{page} does not use {rel}"
 
 
+def test_every_report_has_its_row_in_the_reports_index():
+    """benchmarks/reports/README.md (`python -m benchmarks.render.reports_index`) has a row for every folder and file
+    there (a file's .json and .md share one), and every row names what is there."""
+    text = (BENCH / "reports" / "README.md").read_text(encoding="utf-8")
+    cells = [line.split(" | ")[0] for line in text.splitlines() if line.startswith("| `")]
+    listed = sorted(name.rstrip("/") for cell in cells for name in re.findall(r"`([^`]+)`", cell))
+    there = sorted(p.name for p in (BENCH / "reports").iterdir() if p.name != "README.md")
+    assert listed == there, "rebuild the index: python -m benchmarks.render.reports_index"
+
+
+NOT_SUITES = ("studies", "render", "reports")
+
+
 def test_no_maintained_suite_imports_a_study():
     """A study may build what a suite measures (crosscheck reads distilbert_base_speed's model), never its code."""
-    top = {p.name for p in BENCH.glob("*.py")} | {f"harness/{p.name}" for p in HARNESS.glob("*.py")}
+    top = {str(p.relative_to(BENCH)) for p in BENCH.rglob("*.py") if p.relative_to(BENCH).parts[0] not in NOT_SUITES}
     imports = _where(
         r"(?m)^\s*(from benchmarks\.studies\b|import benchmarks\.studies\b|from benchmarks import studies)"
     )
@@ -161,17 +186,18 @@ def test_the_repository_root_is_the_harness_constant():
 NOT_REPORTS = {
     "crosscheck.py": "a child's timings handed back to its parent in a temp file",
     "studies/distilbert_base_speed.py": "a checkpoint's qserve_model.json (the model the bench then measures)",
-    "gpu_pack.py": "the wheels' tar.xz for the GPU machine",
-    "gpu_serving.py": "a --part child's result handed back to its parent; --dry's tiny checkpoint; --user's levels "
-    "so far (loadtest.json, read by gpu_summary)",
-    "gpu_stage.py": "a stage's progress (report.json, rewritten after each step), the preflight's answer, the "
-    "call's settings and the logs' tails: read by gpu_check.sh and gpu_summary",
-    "gpu_tools.py": "the GPU machine's environment probe (`env`), read by gpu_summary",
+    "gpu/pack.py": "the wheels' tar.xz for the GPU machine",
+    "gpu/serving.py": "a --part child's result handed back to its parent; --dry's tiny checkpoint; --user's levels "
+    "so far (loadtest.json, read by gpu/summary.py)",
+    "gpu/stage.py": "a stage's progress (report.json, rewritten after each step), the preflight's answer, the "
+    "call's settings and the logs' tails: read by gpu/check.sh and gpu/summary.py",
+    "gpu/tools.py": "the GPU machine's environment probe (`env`), read by gpu/summary.py",
     "studies/multilabel_gate.py": "the training data it builds (jsonl)",
     "render/tables.py": "the README's and docs' tables",
-    "serve_overhead.py": "wrk's Lua script",
+    "serve_overhead/__main__.py": "wrk's Lua script",
     "serve_protocol_cost.py": "wrk's Lua scripts",
     "predict_bench.py": "the corpus it scores (jsonl)",
+    "render/reports_index.py": "benchmarks/reports/README.md, the reports' index (what made each, where it renders)",
     "render/rebuild.py": "stage_times.json: each stage's wall time as `make reports` ran it, read by the stages table",
 }
 WRITES = r"write_json_atomic\(|write_text_atomic\(|json\.dump\(|\.write_text\(|\.write_bytes\(|open\([^)]*[\"']w"
@@ -184,7 +210,7 @@ def test_every_report_is_written_by_the_harness():
     assert writers - set(NOT_REPORTS) == set(), "write reports with benchmarks.harness.write_report"
     assert _where(r"\bwrite_json_atomic\(|\bwrite_text_atomic\(") - set(NOT_REPORTS) == {"harness/report.py"}
     report_writers = _where(r"\bwrite_report\(|\bwrite_markdown\(|\bfinish\(") - {"harness/report.py"}
-    assert len(report_writers) > 15 and {"serve_bench.py", "flood_bench.py", "gpu_tools.py"} <= report_writers
+    assert len(report_writers) > 15 and {"serve_bench/__main__.py", "flood_bench.py", "gpu/tools.py"} <= report_writers
 
 
 def test_every_stage_command_and_renderer_names_a_module():
@@ -203,7 +229,7 @@ def test_every_stage_command_and_renderer_names_a_module():
 
 
 def test_docs_name_benchmarks_as_modules():
-    files = [ROOT / "README.md", ROOT / "Makefile", *sorted((ROOT / "docs").rglob("*.md")), *BENCH.glob("*.sh")]
+    files = [ROOT / "README.md", ROOT / "Makefile", *sorted((ROOT / "docs").rglob("*.md")), *BENCH.rglob("*.sh")]
     mods = set(_modules())
     for f in files:
         text = f.read_text(encoding="utf-8")
@@ -234,7 +260,11 @@ def test_the_server_starter_runs_an_app_and_stops_it(tmp_path):
     import http.client
 
     srv = Server(
-        ["--log-level", "warning"], ROOT, tmp_path / "app.log", tag="trivial", app="benchmarks.trivial_app:trivial_app"
+        ["--log-level", "warning"],
+        ROOT,
+        tmp_path / "app.log",
+        tag="trivial",
+        app="benchmarks.serve_bench.trivial_app:trivial_app",
     )
     try:
         srv.wait_ready(60)

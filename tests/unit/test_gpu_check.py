@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.sh keeps its budgets: proven on the CPU with the real script, real bash, real Python children.
+"""benchmarks/gpu/check.sh keeps its budgets: proven on the CPU with the real script, real bash, real Python children.
 
     python -m pytest tests/unit/test_gpu_check.py -q
 
@@ -17,10 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import gpu_stage
+from benchmarks.gpu import stage as gpu_stage
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
+SCRIPT = ROOT / "benchmarks" / "gpu" / "check.sh"
 SCALE = 0.15  # call B's 300 s in 45 s: its 15% reserve then covers the summary's Python start-ups
 
 

@@ -1,9 +1,9 @@
-"""benchmarks/gpu_tools.py: what the offline GPU check carries, unpacks and reports.
+"""benchmarks/gpu/tools.py: what the offline GPU check carries, unpacks and reports.
 
     python -m pytest tests/unit/test_gpu_tools.py -q
 
 Built on small fake wheels (zip files laid out as wheels are), so these run in seconds;
-the real packing is exercised by benchmarks/gpu_wheels.sh and the dry run of gpu_check.sh.
+the real packing is exercised by benchmarks/gpu/wheels.sh and the dry run of gpu/check.sh.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu_tools
+from benchmarks.gpu import tools as gpu_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,7 +69,7 @@ def test_slim_wheel_keeps_cpu_and_the_cuda_asked_for(tools, tmp_path):
     assert "bitsandbytes/libbitsandbytes_cuda130.so" in names and "bitsandbytes/libbitsandbytes_cpu.so" in names
     assert not {"bitsandbytes/libbitsandbytes_cuda121.so", "bitsandbytes/libbitsandbytes_rocm64.so"} & names
     assert {line.split(",")[0] for line in record} == names
-    # pip installs it exactly as gpu_check.sh does
+    # pip installs it exactly as gpu/check.sh does
     subprocess.run(
         [
             sys.executable,
@@ -268,13 +268,16 @@ def test_the_onnx_provider_status_is_qserves_own_probe(tools, fake_gpu):
 
 
 def _script(name: str) -> str:
-    return (ROOT / "benchmarks" / name).read_text(encoding="utf-8")
+    return (ROOT / "benchmarks" / "gpu" / name).read_text(encoding="utf-8")
 
 
 def _plan(call: str) -> tuple[int, list[tuple[str, int, int]]]:
-    """(the call's seconds, its stages as (name, limit s, estimate s)) as `gpu_check.sh CALL --plan` prints them."""
+    """(the call's seconds, its stages as (name, limit s, estimate s)) as `gpu/check.sh CALL --plan` prints them."""
     out = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), call, "--plan"], capture_output=True, text=True, check=True
+        ["bash", str(ROOT / "benchmarks" / "gpu" / "check.sh"), call, "--plan"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.splitlines()
     call_s = int(re.match(r"call [AB]: (\d+) s;", out[0]).group(1))
     return call_s, [(n, int(lim), int(est)) for n, lim, est in (ln.split("\t") for ln in out[1:])]
@@ -292,7 +295,7 @@ def test_each_call_fits_five_minutes_with_its_limits_at_most_85_percent():
 
 
 def test_the_check_runs_the_users_commands_and_writes_at_most_8_files():
-    text = _script("gpu_check.sh")
+    text = _script("check.sh")
     assert '"$PY" -m qserve pipeline --run-dir "$RUN" "${PIPELINE_ARGS[@]}"' in text and "PIPELINE_ARGS=()" in text
     assert '--user "$RUN" --levels "$LEVELS"' in text and "LEVELS=1,32,128" in text  # qserve serve + loadtest
     assert "PY=${PYTHON:-python3}" in text
@@ -302,13 +305,13 @@ def test_the_check_runs_the_users_commands_and_writes_at_most_8_files():
         out = set(re.findall(r'^    copy "[^"]+" (\S+)$', block, re.MULTILINE))
         out |= {"summary.md", "gpu_check.json", "gpu_check_files.tar.gz", "logs_tail.txt"}
         assert len(out) <= 8 and all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in out), out
-    assert "-m benchmarks.gpu_serving" in text  # the CUDA graphs and served throughput side by side
+    assert "-m benchmarks.gpu.serving" in text  # the CUDA graphs and served throughput side by side
 
 
 def test_the_carried_wheels_are_pinned_once_each_and_agree_with_pyproject():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-    text = _script("gpu_wheels.sh")
+    text = _script("wheels.sh")
     block = re.search(r"\nWHEELS=\((.*?)\)", text, re.DOTALL).group(1)
     specs = (
         block.split()
@@ -330,20 +333,20 @@ def test_the_carried_wheels_are_pinned_once_each_and_agree_with_pyproject():
     assert {"fastapi", "uvicorn", "httpx2"} <= set(carried)  # the server, and the harness's client (gpu_serving)
 
 
-@pytest.mark.parametrize("script", ["gpu_check.sh", "gpu_wheels.sh"])
+@pytest.mark.parametrize("script", ["check.sh", "wheels.sh"])
 def test_scripts_parse(script):
-    subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / script)], check=True)
+    subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "gpu" / script)], check=True)
 
 
 def test_gpu_check_without_a_call_or_outdir_says_how_to_call_it():
     for args in ([], ["A"], ["C", "/tmp/x"]):
         r = subprocess.run(
-            ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), *args],
+            ["bash", str(ROOT / "benchmarks" / "gpu" / "check.sh"), *args],
             capture_output=True,
             text=True,
             env={"PATH": "/usr/bin:/bin"},
         )
-        assert r.returncode == 2 and "usage: OUT=DIR bash benchmarks/gpu_check.sh A|B" in r.stderr, args
+        assert r.returncode == 2 and "usage: OUT=DIR bash benchmarks/gpu/check.sh A|B" in r.stderr, args
 
 
 def test_summary_of_call_b_and_a_lacking_preflight(tools, tmp_path):

@@ -41,7 +41,7 @@ def test_provenance_names_command_commit_and_cpu():
     from qserve.devices import cpu_info
 
     info = cpu_info()
-    p = provenance([str(ROOT / "benchmarks" / "serve_bench.py"), "models/x", "--duration", "15"])
+    p = provenance([str(ROOT / "benchmarks" / "serve_bench" / "__main__.py"), "models/x", "--duration", "15"])
     assert p["command"] == "python -m benchmarks.serve_bench models/x --duration 15"
     assert p["cpu"] == info["model"]
     assert p["amx"] is any(f.startswith("amx") for f in info["flags"])
@@ -58,6 +58,8 @@ def test_command_line_is_what_a_user_retypes():
     # a benchmark runs as a module of its package (sys.argv[0] is then its file)
     assert command_line([str(ROOT / "benchmarks" / "flood_bench.py"), "v"]) == "python -m benchmarks.flood_bench v"
     assert command_line(["benchmarks/flood_bench.py", "v"]) == "python -m benchmarks.flood_bench v"
+    # a suite with parts runs as its package (sys.argv[0] is its __main__.py)
+    assert command_line(["benchmarks/serve_overhead/__main__.py", "v"]) == "python -m benchmarks.serve_overhead v"
     assert command_line(["/elsewhere/tool.py", "v"]) == "python /elsewhere/tool.py v"
 
 

@@ -13,11 +13,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from benchmarks import bare_server as bfl
-from benchmarks import serve_overhead as so
 from benchmarks import serve_protocol_cost as spc
-from benchmarks import serve_steps
 from benchmarks.harness import parse_wrk, run_wrk
+from benchmarks.serve_overhead import __main__ as so
+from benchmarks.serve_overhead import bare_server as bfl
+from benchmarks.serve_overhead import steps as serve_steps
 
 TRICKY = ['a "quoted" review \\ with a backslash', "two\nlines\r and a tab\t", "café — naïve ☃", "plain"]
 
@@ -180,7 +180,7 @@ def test_summary_and_render_hold_the_targets():
 
 def test_onnx_sessions_spin_inside_a_run_and_stop_when_it_returns():
     """Spinning pool threads took the event loop's core between a server's requests, and not spinning made each
-    parallel section of a b1 forward wait for a wake-up (benchmarks/serve_overhead.py): spin, stopped at run()'s end."""
+    parallel section of a b1 forward wait for a wake-up (benchmarks/serve_overhead/): spin, stopped at run()'s end."""
     import onnxruntime as ort
 
     from qserve.runtime.onnx_rt import session_options

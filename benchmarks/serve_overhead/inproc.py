@@ -1,7 +1,7 @@
 """The in-process measurement of serve_overhead, run in a child of the code tree it times.
 
     echo '{"variant": "models/m/variants/onnx-int8", "threads": 2, "long_text": "head", "texts": ["Great."],
-           "seconds": 1, "batch": 32}' | python -m benchmarks.inproc
+           "seconds": 1, "batch": 32}' | python -m benchmarks.serve_overhead.inproc
 
 Reads its settings as JSON on stdin, prints its result as JSON: every text's answer alone, runtime.predict([text])
 p50 and CPU ms per call (the child's own process time), then predict() on consecutive batches (texts/s, CPU).

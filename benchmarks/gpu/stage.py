@@ -1,8 +1,8 @@
 """One stage of the offline GPU check: its report kept as it goes, its verdict, its logs' tails; standard library only.
 
-    python -m benchmarks.gpu_stage rehearse graphs /tmp/w/graphs --seconds 2 --steps 4   # a stage that only sleeps
+    python -m benchmarks.gpu.stage rehearse graphs /tmp/w/graphs --seconds 2 --steps 4   # a stage that only sleeps
 
-benchmarks/gpu_check.sh runs each stage under a time limit. A stage writes NAME/report.json after every step
+benchmarks/gpu/check.sh runs each stage under a time limit. A stage writes NAME/report.json after every step
 (StageReport), so one killed at its limit keeps what it finished; `verdict` then reads that report and the exit
 status: ok, "ran, N targets missed" (it finished, a number missed its bar), timeout (which steps it kept) or failed
 (in which step, and its log's last line). Also `preflight` (the interpreter has what the call needs, in seconds)
@@ -228,7 +228,7 @@ def tails(work: Path, out: Path, lines: int) -> int:
 
 
 def runinfo(out: Path) -> None:
-    """run.json: the call as gpu_check.sh ran it (its RUN_* variables), for the summary."""
+    """run.json: the call as check.sh ran it (its RUN_* variables), for the summary."""
     e = os.environ
     info = {
         "call": e.get("RUN_CALL"),
@@ -250,7 +250,7 @@ def runinfo(out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="gpu_stage.py", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="benchmarks.gpu.stage", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("rehearse", help="a stage that sleeps its estimate in steps, its report kept as it goes")
     a.add_argument("name")
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("work", type=Path)
     a.add_argument("out", type=Path)
     a.add_argument("--lines", type=int, default=40)
-    a = sub.add_parser("runinfo", help="run.json from gpu_check.sh's RUN_* variables")
+    a = sub.add_parser("runinfo", help="run.json from check.sh's RUN_* variables")
     a.add_argument("out", type=Path)
     args = p.parse_args(argv)
     if args.cmd == "runinfo":

@@ -31,7 +31,7 @@ from typing import Any
 import psutil
 
 from benchmarks.harness import ROOT, Server, free_port, in_turn, machine, reviews, wait_ready, write_report
-from benchmarks.trivial_app import trivial_app
+from benchmarks.serve_bench.trivial_app import trivial_app
 from qserve.files import now_iso, refuse_existing
 from qserve.loadtest import Conn, _percentiles
 from qserve.provenance import provenance
@@ -232,7 +232,7 @@ def run(
                 ROOT,
                 logs / "trivial-uvicorn.log",
                 tag="trivial uvicorn",
-                app="benchmarks.trivial_app:trivial_app",
+                app="benchmarks.serve_bench.trivial_app:trivial_app",
             )
         )
         urls["trivial-uvicorn"] = procs[1].url

@@ -119,9 +119,9 @@ def render(variants: list[dict[str, Any]]) -> list[str]:
     L = [
         "",
         "Where a request's time goes at one client: the median microseconds of each step of the server's own "
-        "trace (this checkout, tracing on with every span held until shutdown; benchmarks/serve_steps.py says what "
-        "each step covers). Everything but tokenize and inference is the serving overhead; tracing's own cost is in "
-        "it too.",
+        "trace (this checkout, tracing on with every span held until shutdown; benchmarks/serve_overhead/steps.py "
+        "says what each step covers). Everything but tokenize and inference is the serving overhead; tracing's own "
+        "cost is in it too.",
         "",
         "| variant | requests | " + " | ".join(STEPS) + " |",
         "|---|---:|" + "---:|" * len(STEPS),

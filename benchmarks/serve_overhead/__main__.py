@@ -14,7 +14,7 @@ PYTHONPATH), one round does, on the same reviews (the embedded IMDb test split, 
    reported) posting the reviews in turn, at 1 connection and at 32, --duration s each. The server's CPU
    ms per request comes from /proc/PID/stat (utime + stime, every thread) before and after each level.
 Code trees alternate within a round and rounds repeat (--rounds), so drift on a shared machine hits both;
-each figure is the median over rounds. With --floor (the default) each round also runs benchmarks.bare_server's
+each figure is the median over rounds. With --floor (the default) each round also runs bare_server.py's
 one-process children: the bare server's floor, and this checkout's qserve timed against its own runtime in
 the same process, at one client and at 32 (served req/s over the in-process b32 runs just before and after
 it); those drift-free readings decide the exit status where they were taken. Targets (the issue's): served p50 at 1
@@ -38,8 +38,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bare_server import floor
-from benchmarks.bare_server import render as render_floor
 from benchmarks.harness import (
     ROOT,
     Server,
@@ -55,8 +53,10 @@ from benchmarks.harness import (
     thread_cpu_s,
     wrk_lua,
 )
-from benchmarks.serve_steps import render as render_steps
-from benchmarks.serve_steps import steps
+from benchmarks.serve_overhead.bare_server import floor
+from benchmarks.serve_overhead.bare_server import render as render_floor
+from benchmarks.serve_overhead.steps import render as render_steps
+from benchmarks.serve_overhead.steps import steps
 from qserve.devices import cpu_info, cpu_label
 from qserve.files import now_iso
 from qserve.provenance import command_line, provenance
@@ -72,7 +72,7 @@ def wrk_script(texts: list[str]) -> str:
 
 
 def in_process(code_root: Path, variant: Path, texts: list[str], args: argparse.Namespace) -> dict[str, Any]:
-    """benchmarks.inproc in a child of the code at `code_root` (so it times that code's runtime)."""
+    """benchmarks.serve_overhead.inproc in a child of the code at `code_root` (so it times that code's runtime)."""
     cfg = {
         "variant": str(variant),
         "threads": args.threads,
@@ -82,7 +82,7 @@ def in_process(code_root: Path, variant: Path, texts: list[str], args: argparse.
         "batch": BATCH,
     }
     out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.inproc"],
+        [sys.executable, "-m", "benchmarks.serve_overhead.inproc"],
         input=json.dumps(cfg),
         capture_output=True,
         text=True,
@@ -325,7 +325,7 @@ def failed(rep: dict[str, Any]) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="benchmarks.serve_overhead", description=__doc__.split("\n\n")[0])
     p.add_argument("variants", nargs="+", type=Path, help="variant dirs, or model dirs (their recommended variant)")
     p.add_argument("--baseline-ref", default=None, help="git commit whose qserve/ is served beside this checkout")
     p.add_argument(
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         "--steps",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="also time each step of a request from the server's own trace (serve_steps.py; default on)",
+        help="also time each step of a request from the server's own trace (steps.py; default on)",
     )
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/reports/serve-overhead")
     args = p.parse_args(argv)

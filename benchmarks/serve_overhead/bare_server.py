@@ -70,7 +70,7 @@ def floor(
     }
     log = tempfile.TemporaryFile("w+")  # the child's log (qserve's access log); its tail explains a failure
     proc = spawn(
-        [sys.executable, "-m", "benchmarks.bare_server"],
+        [sys.executable, "-m", "benchmarks.serve_overhead.bare_server"],
         root,
         code_env(root),
         stdin=subprocess.PIPE,
@@ -134,13 +134,13 @@ def render(variants: list[dict[str, Any]], target_ms: float, target_ratio: float
         return []
     L = [
         "",
-        "In one process (benchmarks/bare_server.py), each round: a child times its runtime's `predict([text])` "
-        "over the reviews, then serves them to wrk at one connection; served p50 minus that in-process p50, with "
-        "no drift between two processes in it. **bare**: uvloop + httptools, the model inline on the event loop, no "
-        "framework, validation, queue, logging or metrics: the floor (loopback TCP, the wake-ups of a round trip, "
-        "parsing) any Python server pays here. **qserve**: this checkout's app under a real uvicorn in the same "
-        "kind of child, access log on, its own runtime timed while it idles. Median of the rounds (per round in "
-        "report.json).",
+        "In one process (benchmarks/serve_overhead/bare_server.py), each round: a child times its runtime's "
+        "`predict([text])` over the reviews, then serves them to wrk at one connection; served p50 minus that "
+        "in-process p50, with no drift between two processes in it. **bare**: uvloop + httptools, the model "
+        "inline on the event loop, no framework, validation, queue, logging or metrics: the floor (loopback TCP, "
+        "the wake-ups of a round trip, parsing) any Python server pays here. **qserve**: this checkout's app "
+        "under a real uvicorn in the same kind of child, access log on, its own runtime timed while it idles. "
+        "Median of the rounds (per round in report.json).",
         "",
         "| variant | server | in-proc p50 ms | served c1 p50 ms | overhead ms | above the floor ms |",
         "|---|---|---:|---:|---:|---:|",

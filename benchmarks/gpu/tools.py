@@ -1,10 +1,10 @@
 """Helpers for the offline GPU check: pack what it carries, unpack it there, probe, summarise.
 
-    python -m benchmarks.gpu_tools env /tmp/env.json --device cpu     # what this machine offers qserve
+    python -m benchmarks.gpu.tools env /tmp/env.json --device cpu     # what this machine offers qserve
 
-Used by benchmarks/gpu_wheels.sh (here, with network: `pack-dist`, `slim-wheel`) and
-benchmarks/gpu_check.sh (there, offline: `unpack`, `env`, `summary`; its stages' own steps are
-benchmarks/gpu_stage.py's). Standard library
+Used by benchmarks/gpu/wheels.sh (here, with network: `pack-dist`, `slim-wheel`) and
+benchmarks/gpu/check.sh (there, offline: `unpack`, `env`, `summary`; its stages' own steps are
+benchmarks/gpu/stage.py's). Standard library
 only at module level; torch/onnxruntime are imported inside the commands that need them.
 
 Why packing at all: what travels to the GPU machine must stay under ~60 MiB, and two of
@@ -28,8 +28,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu_pack import TRANSPORT, file_metadata, pack_dist, slim_wheel, unpack  # noqa: F401
-from benchmarks.gpu_summary import collect, render
+from benchmarks.gpu.pack import TRANSPORT, file_metadata, pack_dist, slim_wheel, unpack  # noqa: F401
+from benchmarks.gpu.summary import collect, render
 from benchmarks.harness import write_report
 from qserve.backends import onnx as onnx_backend
 from qserve.provenance import provenance
@@ -142,7 +142,7 @@ def summary(work: Path, out: Path, run: Path | None = None) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="gpu_tools.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="benchmarks.gpu.tools", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("pack-dist", help="wheel -> .tar.xz (optionally bf16 weights)")
     a.add_argument("wheel", type=Path)
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     a = sub.add_parser("env", help="probe versions, the GPU and ONNX Runtime's CUDA provider")
     a.add_argument("out", type=Path)
     a.add_argument("--device", default="cuda")
-    a = sub.add_parser("summary", help="summary.md + gpu_check.json from a gpu_check work dir")
+    a = sub.add_parser("summary", help="summary.md + gpu_check.json from a check.sh work dir")
     a.add_argument("work", type=Path)
     a.add_argument("out", type=Path)
     a.add_argument("--run", type=Path, help="the pipeline's run dir (call A)")

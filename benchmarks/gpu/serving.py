@@ -1,13 +1,13 @@
 """Issue 54's must-shows on a GPU, side by side in one run: a torch variant eager and under CUDA graphs (plain
 transformers and qserve's runtime), its scores with graphs equal to its scores alone, then served.
 
-    python -m benchmarks.gpu_serving RUN_DIR --out /tmp/gpu-serving             # on the GPU (RUN_DIR: below)
-    python -m benchmarks.gpu_serving --dry --out /tmp/gpu-serving-dry           # the same plumbing on CPU, < 1 min
+    python -m benchmarks.gpu.serving RUN_DIR --out /tmp/gpu-serving             # on the GPU (RUN_DIR: below)
+    python -m benchmarks.gpu.serving --dry --out /tmp/gpu-serving-dry           # the same plumbing on CPU, < 1 min
 
-    python -m benchmarks.gpu_serving --user RUN_DIR --out /tmp/serve             # `qserve serve RUN_DIR` + loadtest
+    python -m benchmarks.gpu.serving --user RUN_DIR --out /tmp/serve             # `qserve serve RUN_DIR` + loadtest
 
 RUN_DIR is a variant dir (manifest.json), or a dir holding variants/VARIANT or VARIANT (--variant, default
-torch-bf16): a `qserve pipeline` run dir (benchmarks/gpu_check.sh keeps its own in .gpu-check/run).
+torch-bf16): a `qserve pipeline` run dir (benchmarks/gpu/check.sh keeps its own in .gpu-check/run).
 The variant is an HF checkpoint as well, so plain transformers loads the same weights. One run measures:
 
   plain     transformers' AutoModelForSequenceClassification in the variant's dtype, at b1/b32/b256 x 128 tokens:
@@ -50,7 +50,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 import exporters
-from benchmarks.gpu_stage import StageReport
+from benchmarks.gpu.stage import StageReport
 from benchmarks.harness import (
     Server,
     finish,
@@ -277,7 +277,7 @@ def run_compile(variant: Path, device: str, work: Path, timeout_s: float) -> dic
         [
             sys.executable,
             "-m",
-            "benchmarks.gpu_serving",
+            "benchmarks.gpu.serving",
             "--part",
             "compile",
             str(variant),
@@ -663,7 +663,7 @@ def render(rep: dict[str, Any]) -> str:
         "",
         f"Variant `{v['dir']}` ({v['model']}), {v['seq']} tokens; torch {rep['versions']['torch']} "
         f"(CUDA {rep['versions']['cuda']}); {rep['machine']['cores']} cores. One run, `python -m "
-        f"benchmarks.gpu_serving` ({rep['total_s']:.0f} s).",
+        f"benchmarks.gpu.serving` ({rep['total_s']:.0f} s).",
         "",
         "## Targets",
         "",

@@ -1,10 +1,10 @@
 """The offline GPU check's summary: every stage's outcome, versions and numbers, as JSON and as markdown.
 
-    python -m benchmarks.gpu_tools summary WORK_DIR OUT_DIR      # the CLI (run by benchmarks/gpu_check.sh)
+    python -m benchmarks.gpu.tools summary WORK_DIR OUT_DIR      # the CLI (run by benchmarks/gpu/check.sh)
 
-collect() reads the work dir one call of gpu_check.sh leaves (stages.tsv, preflight.json, env.json, run.json,
+collect() reads the work dir one call of check.sh leaves (stages.tsv, preflight.json, env.json, run.json,
 serve/, graphs/, floor/, study/) and, for call A, the pipeline's run dir; render() makes the md;
-gpu_tools.summary writes both with provenance.
+tools.summary writes both with provenance.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def _read(path: Path) -> Any:
 
 
 def read_stages(path: Path) -> list[dict[str, Any]]:
-    """stages.tsv rows (name, status, exit code, seconds, note, limit s, estimate s) as gpu_check.sh writes them."""
+    """stages.tsv rows (name, status, exit code, seconds, note, limit s, estimate s) as check.sh writes them."""
     rows = []
     if path.is_file():
         for line in path.read_text(encoding="utf-8").splitlines():
@@ -61,7 +61,7 @@ TRAIN_KEYS = (
 
 
 def collect(work: Path, run: Path | None = None) -> dict[str, Any]:
-    """Everything one call of the check produced, as one JSON-shaped dict (what gpu_tools.summary writes); `run`:
+    """Everything one call of the check produced, as one JSON-shaped dict (what tools.summary writes); `run`:
     the pipeline's run dir (call A)."""
     run = run or work / "run"
     out: dict[str, Any] = {

@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import serve_engines
 from benchmarks.harness import ROOT, Server, batch_totals, write_report
+from benchmarks.serve_bench import engines
 from qserve import QserveError
 from qserve.devices import cpu_info, cpu_label
 from qserve.files import now_iso, refuse_existing
@@ -280,7 +280,7 @@ def render_md(rep: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="benchmarks.serve_bench", description=__doc__.split("\n")[0])
     p.add_argument("variant_dir", type=Path)
     p.add_argument("--bench-report", type=Path, help="a `qserve bench` report.json holding this variant")
     p.add_argument("--duration", type=float, default=15.0, help="seconds per concurrency level (default 15)")
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         "--engine",
         choices=["uvicorn", "ray"],
         default="uvicorn",
-        help="ray: uvicorn vs Ray Serve replicas side by side (benchmarks.serve_engines)",
+        help="ray: uvicorn vs Ray Serve replicas side by side (benchmarks.serve_bench.engines)",
     )
     p.add_argument("--replicas", default="1,2", help="with --engine ray: Ray replica counts to compare")
     p.add_argument("--rounds", type=int, default=3, help="with --engine ray: interleaved rounds per cell")
@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_engines(args: argparse.Namespace) -> int:
-    """--engine ray: uvicorn vs Ray Serve replicas, interleaved in one run (see serve_engines.py)."""
+    """--engine ray: uvicorn vs Ray Serve replicas, interleaved in one run (see engines.py)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -399,11 +399,11 @@ def run_engines(args: argparse.Namespace) -> int:
     )
     try:
         replicas = [int(x) for x in args.replicas.split(",") if x.strip()]
-        rep = serve_engines.run(args.variant_dir, replicas, args.duration, args.rounds, args.reviews, out, args.force)
+        rep = engines.run(args.variant_dir, replicas, args.duration, args.rounds, args.reviews, out, args.force)
     except (QserveError, ValueError) as e:
         print(f"serve_bench: error: {e}", file=sys.stderr)
         return 2
-    print(serve_engines.render_md(rep))
+    print(engines.render_md(rep))
     return 0
 
 
