@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from math import prod
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import grpc
 from google.protobuf import json_format
@@ -37,11 +37,12 @@ from qserve.serve.protocols.v2.tensors import (
 )
 
 log = logging.getLogger("qserve.serve")
-# The request and reply types are the messages tritonclient's generated modules define (service_pb2); they ship
-# no type stubs, so mypy reads them as Any, but each RPC names its own.
+# The request and reply types are the messages tritonclient's generated modules define (service_pb2: the RPC's name
+# plus Request / Response); they ship no type stubs, so they are Any here.
 Scope = dict[str, Any]
 """The ASGI-scope stand-in of one RPC: {"state": {...}}, what ServeState.submit reads and writes."""
 Reply = TypeVar("Reply")
+Context: TypeAlias = grpc.aio.ServicerContext
 SERVICE = "inference.GRPCInferenceService"
 ORIGIN = Origin("v2-grpc", "parameters.long_text")
 OPEN_METHODS = frozenset({"ServerLive", "ServerReady"})  # probes, as /v2/health/* on HTTP
@@ -90,17 +91,24 @@ async def serve_grpc(st: ServeState, host: str, port: int) -> GrpcServer:
     return GrpcServer(server, bound)
 
 
-def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
+def _metadata(context: Context) -> dict[str, str]:
     return {k.lower(): v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+
+
+def rpc(answer: Callable[[Any, Any, Context, Scope, str], Awaitable[Reply]]) -> Callable[..., Awaitable[Reply]]:
+    """An RPC method from its answer, `answer(self, request, context, scope, request_id)`, run through `_call`."""
+
+    async def method(self: V2Servicer, request: Any, context: Context) -> Reply:
+        return await self._call(answer.__name__, context, lambda scope, rid: answer(self, request, context, scope, rid))
+
+    return method
 
 
 class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, st: ServeState):
         self.st = st
 
-    async def _call(
-        self, method: str, context: grpc.aio.ServicerContext, handler: Callable[[Scope, str], Awaitable[Reply]]
-    ) -> Reply:
+    async def _call(self, method: str, context: Context, handler: Callable[[Scope, str], Awaitable[Reply]]) -> Reply:
         """One RPC through the admission layer (the request id, its trace, the key, its arrival, its metrics), its
         errors mapped to gRPC codes."""
         admission = self.st.admission
@@ -140,136 +148,96 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         raise AssertionError("unreachable: context.abort() raises grpc.aio.AbortError")  # pragma: no cover
 
     # -- health and metadata -------------------------------------------------------------------
-    async def ServerLive(
-        self, request: service_pb2.ServerLiveRequest, context: grpc.aio.ServicerContext
-    ) -> service_pb2.ServerLiveResponse:
-        async def live(scope: Scope, rid: str) -> service_pb2.ServerLiveResponse:
-            return service_pb2.ServerLiveResponse(live=True)
+    @rpc
+    async def ServerLive(self, request: Any, context: Context, scope: Scope, rid: str) -> Any:
+        return service_pb2.ServerLiveResponse(live=True)
 
-        return await self._call("ServerLive", context, live)
+    @rpc
+    async def ServerReady(self, request: Any, context: Context, scope: Scope, rid: str) -> Any:
+        return service_pb2.ServerReadyResponse(ready=self.st.ready)
 
-    async def ServerReady(
-        self, request: service_pb2.ServerReadyRequest, context: grpc.aio.ServicerContext
-    ) -> service_pb2.ServerReadyResponse:
-        async def ready(scope: Scope, rid: str) -> service_pb2.ServerReadyResponse:
-            return service_pb2.ServerReadyResponse(ready=self.st.ready)
-
-        return await self._call("ServerReady", context, ready)
-
-    async def ServerMetadata(
-        self, request: service_pb2.ServerMetadataRequest, context: grpc.aio.ServicerContext
-    ) -> service_pb2.ServerMetadataResponse:
-        async def server(scope: Scope, rid: str) -> service_pb2.ServerMetadataResponse:
-            return service_pb2.ServerMetadataResponse(name="qserve", version=__version__, extensions=EXTENSIONS)
-
-        return await self._call("ServerMetadata", context, server)
+    @rpc
+    async def ServerMetadata(self, request: Any, context: Context, scope: Scope, rid: str) -> Any:
+        return service_pb2.ServerMetadataResponse(name="qserve", version=__version__, extensions=EXTENSIONS)
 
     def _model(self, name: str, version: str, scope: Scope) -> ServedModel:
         """The model called `name` (empty: the default), at `version` (empty: the latest, as Triton reads it)."""
         return served(self.st, name, version, scope)
 
-    async def ModelReady(
-        self, request: service_pb2.ModelReadyRequest, context: grpc.aio.ServicerContext
-    ) -> service_pb2.ModelReadyResponse:
-        async def ready(scope: Scope, rid: str) -> service_pb2.ModelReadyResponse:
-            if not self.st.ready:  # as tritonclient reads HTTP's 503: not ready, not an error
-                return service_pb2.ModelReadyResponse(ready=False)
-            self._model(request.name, request.version, scope)
-            return service_pb2.ModelReadyResponse(ready=True)
+    @rpc
+    async def ModelReady(self, request: Any, context: Context, scope: Scope, rid: str) -> Any:
+        if not self.st.ready:  # as tritonclient reads HTTP's 503: not ready, not an error
+            return service_pb2.ModelReadyResponse(ready=False)
+        self._model(request.name, request.version, scope)
+        return service_pb2.ModelReadyResponse(ready=True)
 
-        return await self._call("ModelReady", context, ready)
+    @rpc
+    async def ModelMetadata(self, request: Any, context: Context, scope: Scope, rid: str) -> Any:
+        m = model_metadata(self._model(request.name, request.version, scope))
+        tensor = service_pb2.ModelMetadataResponse.TensorMetadata
+        return service_pb2.ModelMetadataResponse(
+            name=m["name"],
+            versions=m["versions"],
+            platform=m["platform"],
+            inputs=[tensor(**t) for t in m["inputs"]],
+            outputs=[tensor(**t) for t in m["outputs"]],
+        )
 
-    async def ModelMetadata(
-        self, request: service_pb2.ModelMetadataRequest, context: grpc.aio.ServicerContext
-    ) -> service_pb2.ModelMetadataResponse:
-        async def metadata(scope: Scope, rid: str) -> service_pb2.ModelMetadataResponse:
-            m = model_metadata(self._model(request.name, request.version, scope))
-            tensor = service_pb2.ModelMetadataResponse.TensorMetadata
-            return service_pb2.ModelMetadataResponse(
-                name=m["name"],
-                versions=m["versions"],
-                platform=m["platform"],
-                inputs=[tensor(**t) for t in m["inputs"]],
-                outputs=[tensor(**t) for t in m["outputs"]],
-            )
-
-        return await self._call("ModelMetadata", context, metadata)
-
-    async def ModelConfig(
-        self, request: service_pb2.ModelConfigRequest, context: grpc.aio.ServicerContext
-    ) -> service_pb2.ModelConfigResponse:
-        async def config(scope: Scope, rid: str) -> service_pb2.ModelConfigResponse:
-            model = self._model(request.name, request.version, scope)
-            cfg = model_config(self.st, model)
-            # The proto's version_policy holds int64 versions; ours are manifest hashes: the one version
-            # serving now goes in the parameters instead (ModelMetadata's versions list it too).
-            cfg["version_policy"] = {"latest": {"num_versions": 1}}
-            cfg["parameters"]["model_version"] = {"string_value": model.version}
-            return service_pb2.ModelConfigResponse(config=json_format.ParseDict(cfg, model_config_pb2.ModelConfig()))
-
-        return await self._call("ModelConfig", context, config)
+    @rpc
+    async def ModelConfig(self, request: Any, context: Context, scope: Scope, rid: str) -> Any:
+        model = self._model(request.name, request.version, scope)
+        cfg = model_config(self.st, model)
+        # The proto's version_policy holds int64 versions; ours are manifest hashes: the one version
+        # serving now goes in the parameters instead (ModelMetadata's versions list it too).
+        cfg["version_policy"] = {"latest": {"num_versions": 1}}
+        cfg["parameters"]["model_version"] = {"string_value": model.version}
+        return service_pb2.ModelConfigResponse(config=json_format.ParseDict(cfg, model_config_pb2.ModelConfig()))
 
     # -- inference ------------------------------------------------------------------------------
-    async def ModelInfer(
-        self, request: service_pb2.ModelInferRequest, context: grpc.aio.ServicerContext
-    ) -> service_pb2.ModelInferResponse:
-        async def infer(scope: Scope, rid: str) -> service_pb2.ModelInferResponse:
-            st = self.st
-            if request.ByteSize() > st.admission.max_body_bytes:
-                raise st.admission.too_large()
-            model = self._model(request.model_name, request.model_version, scope)
-            if unicode_problem(request.id):
-                raise ApiError(422, f"id {unicode_problem(request.id)}")
-            texts, pairs = request_texts(st, request, model)
-            asked = [o.name for o in request.outputs]  # none: all of the model's (submit resolves them)
-            policy, outputs, deadline = _long_text(request), answered_outputs(asked), context.time_remaining()
-            req = InferenceRequest(model.name, texts, ORIGIN, scope, rid, pairs, policy, None, outputs, deadline)
-            a = await st.submit(req)
-            values = output_values(a)
-            out = service_pb2.ModelInferResponse(model_name=a.name, model_version=a.version, id=request.id or rid)
-            out.parameters["labels"].string_param = ",".join(a.labels)
-            out.parameters["max_length"].int64_param = a.max_length
-            out.parameters["long_text"].string_param = a.policy
-            for name in a.outputs:
-                meta, data = values[name]
-                out.outputs.add(name=name, datatype=meta["datatype"], shape=meta["shape"])
-                out.raw_output_contents.append(tensor_bytes(meta["datatype"], data))
-            return out
-
-        return await self._call("ModelInfer", context, infer)
+    @rpc
+    async def ModelInfer(self, request: Any, context: Context, scope: Scope, rid: str) -> Any:
+        st = self.st
+        if request.ByteSize() > st.admission.max_body_bytes:
+            raise st.admission.too_large()
+        model = self._model(request.model_name, request.model_version, scope)
+        if unicode_problem(request.id):
+            raise ApiError(422, f"id {unicode_problem(request.id)}")
+        texts, pairs = request_texts(st, request, model)
+        asked = [o.name for o in request.outputs]  # none: all of the model's (submit resolves them)
+        policy, outputs, deadline = _long_text(request), answered_outputs(asked), context.time_remaining()
+        req = InferenceRequest(model.name, texts, ORIGIN, scope, rid, pairs, policy, None, outputs, deadline)
+        a = await st.submit(req)
+        values = output_values(a)
+        out = service_pb2.ModelInferResponse(model_name=a.name, model_version=a.version, id=request.id or rid)
+        out.parameters["labels"].string_param = ",".join(a.labels)
+        out.parameters["max_length"].int64_param = a.max_length
+        out.parameters["long_text"].string_param = a.policy
+        for name in a.outputs:
+            meta, data = values[name]
+            out.outputs.add(name=name, datatype=meta["datatype"], shape=meta["shape"])
+            out.raw_output_contents.append(tensor_bytes(meta["datatype"], data))
+        return out
 
     # -- the repository extension (repository.py: the same calls as HTTP) ------------------------------
-    async def RepositoryIndex(
-        self, request: service_pb2.RepositoryIndexRequest, context: grpc.aio.ServicerContext
-    ) -> service_pb2.RepositoryIndexResponse:
-        async def index(scope: Scope, rid: str) -> service_pb2.RepositoryIndexResponse:
-            _repository(request.repository_name)
-            entry = service_pb2.RepositoryIndexResponse.ModelIndex
-            return service_pb2.RepositoryIndexResponse(models=[entry(**m) for m in repo.index(self.st, request.ready)])
+    @rpc
+    async def RepositoryIndex(self, request: Any, context: Context, scope: Scope, rid: str) -> Any:
+        _repository(request.repository_name)
+        entry = service_pb2.RepositoryIndexResponse.ModelIndex
+        return service_pb2.RepositoryIndexResponse(models=[entry(**m) for m in repo.index(self.st, request.ready)])
 
-        return await self._call("RepositoryIndex", context, index)
+    @rpc
+    async def RepositoryModelLoad(self, request: Any, context: Context, scope: Scope, rid: str) -> Any:
+        _repository(request.repository_name)
+        scope["state"]["qserve_model"] = repo.model_label(self.st, request.model_name, loading=True)
+        await repo.load(self.st, request.model_name, list(request.parameters))
+        return service_pb2.RepositoryModelLoadResponse()
 
-    async def RepositoryModelLoad(
-        self, request: service_pb2.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
-    ) -> service_pb2.RepositoryModelLoadResponse:
-        async def load(scope: Scope, rid: str) -> service_pb2.RepositoryModelLoadResponse:
-            _repository(request.repository_name)
-            scope["state"]["qserve_model"] = repo.model_label(self.st, request.model_name, loading=True)
-            await repo.load(self.st, request.model_name, list(request.parameters))
-            return service_pb2.RepositoryModelLoadResponse()
-
-        return await self._call("RepositoryModelLoad", context, load)
-
-    async def RepositoryModelUnload(
-        self, request: service_pb2.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
-    ) -> service_pb2.RepositoryModelUnloadResponse:
-        async def unload(scope: Scope, rid: str) -> service_pb2.RepositoryModelUnloadResponse:
-            _repository(request.repository_name)
-            scope["state"]["qserve_model"] = repo.model_label(self.st, request.model_name, loading=False)
-            await repo.unload(self.st, request.model_name)
-            return service_pb2.RepositoryModelUnloadResponse()
-
-        return await self._call("RepositoryModelUnload", context, unload)
+    @rpc
+    async def RepositoryModelUnload(self, request: Any, context: Context, scope: Scope, rid: str) -> Any:
+        _repository(request.repository_name)
+        scope["state"]["qserve_model"] = repo.model_label(self.st, request.model_name, loading=False)
+        await repo.unload(self.st, request.model_name)
+        return service_pb2.RepositoryModelUnloadResponse()
 
 
 def _repository(name: str) -> None:
