@@ -15,7 +15,7 @@ from qserve.artifact import Manifest, ModelMeta
 from qserve.bench import policies
 from qserve.bench.floor import floor_ms, model_dims, peak_for
 from qserve.bench.recommend import recommend
-from qserve.bench.stats import shape_stats
+from qserve.benchreport import fixed_shape
 from qserve.placement import mark
 from qserve.problemtypes import AGREEMENT_METRIC, SINGLE, agreement
 
@@ -184,10 +184,10 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
     # speed-up at the headline shape, against torch-fp32 measured in this run
     b, s = report["headline"]["batch"], report["headline"]["seq"]
     base = by_spec.get("torch-fp32")
-    base_stats = shape_stats(base, b, s) if base else None
+    base_stats = fixed_shape(base, b, s) if base else None
     report["speedup_reference"] = base["name"] if base and base_stats else None
     for v in variants:
-        st = shape_stats(v, b, s)
+        st = fixed_shape(v, b, s)
         v["speedup_vs_torch_fp32"] = (base_stats["p50"] / st["p50"]) if (st and base_stats) else None
 
     # distance to the compute floor at the headline shape: against the machine's peak, and
@@ -197,7 +197,7 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
     run_device = (report.get("config") or {}).get("device")
     for v in variants:
         v["floor"] = None
-        st = shape_stats(v, b, s)
+        st = fixed_shape(v, b, s)
         dtype = (v.get("spec") or {}).get("dtype")
         if not (flops and dtype) or mark(v.get("device"), run_device):
             continue  # the floor's peaks are the run device's: a variant that ran on another one has none here

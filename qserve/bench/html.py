@@ -13,6 +13,8 @@ import html
 import re
 from typing import Any
 
+from qserve.benchreport import recommendation
+
 _IMAGE = re.compile(r"^!\[([^\]]*)\]\(([^)]+)\)$")
 _CELL_SPLIT = re.compile(r"(?<!\\)\|")
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
@@ -108,13 +110,13 @@ def render_html(report: dict[str, Any], md: str, images: dict[str, bytes]) -> st
     summary table first, so they fill the first screen."""
     model = report.get("model") or {}
     title = f"{model.get('name') or 'variants'} on {report['config']['device']}: qserve benchmark"
-    rec, lines = report.get("recommended") or {}, md.splitlines()
+    rec, lines = recommendation(report).variant, md.splitlines()
     verdict = lines[2] if len(lines) > 2 and lines[2].startswith("**") else ""  # report.render_md's verdict_line
     top = [f"<h1>{html.escape(lines[0].lstrip('#').strip())}</h1>"]
     if verdict:
-        none = "" if rec.get("variant") else " none"
+        none = "" if rec else " none"
         top.append(f'<section class="rec{none}" id="recommended">{_inline(verdict)}</section>')
-    body = md_to_html(md, images, highlight=rec.get("variant"), skip={lines[0], verdict})
+    body = md_to_html(md, images, highlight=rec, skip={lines[0], verdict})
     return (
         '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from qserve.bench.chartlabels import Label, place
-from qserve.benchreport import shown, summary_rows
+from qserve.benchreport import recommendation, shown, summary_rows
 from qserve.intervals import wilson
 from qserve.variants import AGREEMENT_BAR
 
@@ -118,10 +118,9 @@ def _title(report: dict[str, Any]) -> str:
 def ranked_latency(report: dict[str, Any]) -> tuple[dict[str, float | None], str]:
     """({variant: the p50 the recommendation ranked it by}, what that p50 is): real-text b1, else the headline shape."""
     b, s = report["headline"]["batch"], report["headline"]["seq"]
-    rec = report.get("recommended") or {}
-    ranking = rec.get("ranking") or []
-    if ranking and rec.get("shape") and rec["shape"] != f"b{b}/s{s}":
-        return {r["variant"]: r.get("p50_ms") for r in ranking}, "b1 on real texts, p50"
+    rec = recommendation(report)
+    if rec.ranking and rec.shape and rec.shape != f"b{b}/s{s}":
+        return {r.variant: r.p50_ms for r in rec.ranking}, "b1 on real texts, p50"
     return {r.variant: r.p50_ms for r in summary_rows(report)}, f"b{b}/s{s} p50"
 
 
@@ -129,7 +128,7 @@ def decision_points(report: dict[str, Any]) -> list[dict[str, Any]]:
     """Per variant with an agreement: name, ranked p50 (and interval), throughput, size, agreement, bits."""
     spec = {v["name"]: v.get("spec") or {} for v in report["variants"]}
     ranked, _ = ranked_latency(report)
-    cis = {r["variant"]: r.get("p50_ci") for r in (report.get("recommended") or {}).get("ranking") or []}
+    cis = {r.variant: r.p50_ci for r in recommendation(report).ranking}
     return [
         {
             "name": r.variant,
@@ -157,7 +156,8 @@ def decision_figure(report: dict[str, Any]):
     if not pts:
         return None
     st = styles(_ok(report))
-    rec = (report.get("recommended") or {}).get("variant")
+    full = recommendation(report)
+    rec = full.variant
     ref = report.get("agreement_reference") or "fp32"
     s = report["headline"]["seq"]
     bmax = max(report["config"]["batch_sizes"])
@@ -169,13 +169,8 @@ def decision_figure(report: dict[str, Any]):
 
     fig, axes = plt.subplots(1, 2, figsize=(13.5, 5.8), dpi=DPI, layout="constrained")
     _, what = ranked_latency(report)
-    full = report.get("recommended") or {}
-    versus = (
-        f"\n{rec} vs runner-up {full['runner_up']}: {full['ratio_text']}"
-        + (" — a tie, broken by the tie rule" if full.get("tied") else "")
-        if full.get("ratio_text")
-        else ""
-    )
+    tie = " — a tie, broken by the tie rule" if full.tied else ""
+    versus = f"\n{rec} vs runner-up {full.runner_up}: {full.ratio_text}{tie}" if full.ratio_text else ""
     panels = [
         (
             axes[0],
@@ -327,7 +322,7 @@ def accuracy_figure(report: dict[str, Any]):
     if not ok:
         return None
     st = styles(_ok(report))
-    rec = (report.get("recommended") or {}).get("variant")
+    rec = recommendation(report).variant
     acc0 = ok[0]["accuracy"]
     fig, ax = plt.subplots(figsize=(9.5, 5.6), dpi=DPI, layout="constrained")
     ys, labels = [], []

@@ -15,8 +15,8 @@ import numpy as np
 
 from qserve import problemtypes as problems
 from qserve.bench import evalpass
+from qserve.benchreport import recommendation, shown
 from qserve.intervals import paired_bootstrap
-from qserve.placement import mark
 from qserve.problemtypes import MULTI, SINGLE, agreement
 
 SPEED_FRACTION = 0.5
@@ -148,7 +148,7 @@ def finish(report: dict[str, Any]) -> None:
     variants = [v for v in report["variants"] if v.get("status") == "ok" and v.get("long_text_policies")]
     if not variants:
         return
-    rec = (report.get("recommended") or {}).get("variant")
+    rec = recommendation(report).variant
     ref = report.get("agreement_reference")
     v = (
         next((x for x in variants if x["name"] == rec), None)
@@ -196,9 +196,8 @@ def md_lines(report: dict[str, Any]) -> list[str]:
         for r in v.get("long_text_policies") or []:
             few = f" ({r['n']} texts)" if r["n"] < top else ""
             agr = _pct(r.get("agreement")) + (f" ({r['agreement_n']} texts)" if r.get("agreement_n") else few)
-            shown = v["name"] + mark(v.get("device"), (report.get("config") or {}).get("device"))
             rows.append(
-                f"| {shown} | {r['policy']} | {_pct(r.get('accuracy'))}{few} | {agr} | "
+                f"| {shown(v, report)} | {r['policy']} | {_pct(r.get('accuracy'))}{few} | {agr} | "
                 + ("–" if not r.get("texts_per_s") else f"{r['texts_per_s']:.1f}")
                 + f" | {r.get('mean_windows') or 0:.2f} | {_pct(r.get('truncated'))} |"
             )

@@ -19,7 +19,7 @@ from qserve.bench.pipelinerecord import md_lines as pipeline_md_lines
 from qserve.bench.plots import write_plots
 from qserve.bench.policies import md_lines as long_text_lines
 from qserve.bench.rounds import ci_cell
-from qserve.benchreport import Row, fixed_shape, peak_memory, shown, summary_rows
+from qserve.benchreport import Row, fixed_shape, peak_memory, recommendation, shown, summary_rows
 from qserve.devices import cpu_label
 from qserve.files import write_json_atomic, write_text_atomic
 from qserve.provenance import md_line, with_header
@@ -93,19 +93,19 @@ def _floor_lines(report: dict[str, Any]) -> list[str]:
 
 def verdict_line(report: dict[str, Any]) -> str:
     """The report's first line after its title: the recommendation in one sentence (recommend.recommend's `why`)."""
-    rec = report.get("recommended") or {}
-    if not rec.get("variant"):
-        return f"**No variant to serve:** {rec['why']}." if rec.get("why") else ""
-    head = f"Serve {rec['variant']}:"
-    return f"**{head}** {rec['why'].removeprefix(head).strip()}"
+    rec = recommendation(report)
+    if not rec.variant:
+        return f"**No variant to serve:** {rec.why}." if rec.why else ""
+    head = f"Serve {rec.variant}:"
+    return f"**{head}** {(rec.why or '').removeprefix(head).strip()}"
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
     """The first screen: the verdict, then one row per variant with one number per cell and its verdict, and why
     each verdict below it."""
-    rec, rows = report.get("recommended") or {}, summary_rows(report)
+    rows = summary_rows(report)
     b, s = report["headline"]["batch"], report["headline"]["seq"]
-    real = str(rec.get("shape", "")).startswith("b1 on real")
+    real = str(recommendation(report).shape).startswith("b1 on real")
     head = [
         "variant",
         "b1 on real texts, p50 (ms)" if real else f"b{b}/s{s} p50 (ms)",
@@ -136,7 +136,7 @@ def _pct(x: float | None) -> str:
 
 def _notes(report: dict[str, Any], rows: list[Row]) -> list[str]:
     """Why each verdict, one line per kind (a reason shared by all of a kind said once); what the cells are."""
-    race, rec = report.get("race") or {}, report.get("recommended") or {}
+    race, shape = report.get("race") or {}, recommendation(report).shape or "the headline shape"
     by: dict[str, list[tuple[str, str]]] = {}
     for r in rows:
         if r.why:
@@ -152,7 +152,7 @@ def _notes(report: dict[str, Any], rows: list[Row]) -> list[str]:
         lines.append(f"- **{kind}**{lead}: {each}.")
     once = "; a raced-out variant's, its one round" if "raced out" in by else ""
     return lines + [
-        f"- Latency: what the recommendation ranks by ({rec.get('shape', 'the headline shape')}; the fast mode's "
+        f"- Latency: what the recommendation ranks by ({shape}; the fast mode's "
         f"median where a variant's rounds fell in two){once}. Lower bound: the release gate's (95%) where it ran, "
         "else Wilson's over the bench's texts. The report's details hold the proof.",
         "",
@@ -166,7 +166,7 @@ def render_md(report: dict[str, Any]) -> str:
         dev = env.get("gpu")
     else:
         dev = cpu_label(env["cpu"]) if env.get("cpu") else None
-    rec = (report.get("recommended") or {}).get("variant")
+    rec = recommendation(report).variant
     L = [f"# Benchmark: {model.get('name') or 'variants'} on {cfg['device']}, threads={cfg['threads']}", ""]
     L += summary_lines(report)
     L += [
@@ -340,7 +340,7 @@ def rounds_lines(report: dict[str, Any]) -> list[str]:
     r = report.get("rounds")
     if not r:
         return []
-    rec, race = report.get("recommended") or {}, report.get("race") or {}
+    rec, race = recommendation(report), report.get("race") or {}
     raced = [v["name"] for v in report["variants"] if v.get("raced_out")]
     lines = [
         "Latencies: every variant loaded once in its own process, then measured in interleaved rounds (A B C ... "
@@ -358,22 +358,17 @@ def rounds_lines(report: dict[str, Any]) -> list[str]:
         + "; each p50 is the median of the rounds' p50s, in brackets the order-statistic interval of that median "
         f"(about 95%, its coverage in report.json); a number marked unstable has an interval wider than "
         f"{r['stability']:.0%} of it after the extra rounds. The recommendation: the lowest p50 at "
-        f"{rec.get('shape', 'the headline shape')} (the fast mode's median where a variant's rounds fell in two) "
+        f"{rec.shape or 'the headline shape'} (the fast mode's median where a variant's rounds fell in two) "
         f"among the variants whose agreement with {report.get('agreement_reference') or 'fp32'} meets the bar for "
         "their bits (int8 >= 99%, 4-bit >= 97%, 16/32-bit >= 99%) and, once a release gate ran, that passed it or "
         "are the reference; the runner-up is the next of them, the reference only when no other qualifies."
     ]
-    if rec.get("ratio"):
-        q = rec["ratio"]
+    if (q := rec.ratio) is not None:
         lines[0] += (
-            f" {rec['variant']} against the runner-up {rec['runner_up']}: {rec['ratio_text']} "
-            f"(the runner-up's latency over the recommended's, {'paired round by round' if q['paired'] else 'unpaired'}"
-            f" over {q['rounds']} rounds, {q['level']:.0%} interval)"
-            + (
-                f", a tie (the interval holds 1), broken by {rec['tie_break']}."
-                if rec.get("tied")
-                else ", a difference."
-            )
+            f" {rec.variant} against the runner-up {rec.runner_up}: {rec.ratio_text} "
+            f"(the runner-up's latency over the recommended's, {'paired round by round' if q.paired else 'unpaired'}"
+            f" over {q.rounds} rounds, {q.level:.0%} interval)"
+            + (f", a tie (the interval holds 1), broken by {rec.tie_break}." if rec.tied else ", a difference.")
         )
     return lines + [""]
 

@@ -33,9 +33,9 @@ from qserve.bench.config import BenchConfig
 from qserve.bench.envinfo import environment, load_avg, merge_child_env, physical_cores
 from qserve.bench.floor import flops_per_sequence, gemm_shapes
 from qserve.bench.invariance import select_texts
-from qserve.bench.recommend import RACE_KEEP, race
+from qserve.bench.recommend import RACE_KEEP, decisive, race, screen_p50
 from qserve.bench.report import write_reports
-from qserve.bench.rounds import decision_records, merge_fixed, merge_real, ranked
+from qserve.bench.rounds import merge_fixed, merge_real
 from qserve.data.datasets import load_dataset
 from qserve.devices import resolve_device
 from qserve.files import dir_size, now_iso, refuse_existing, with_root_on_path
@@ -453,15 +453,13 @@ def _stable(h: Variant, cfg: BenchConfig) -> bool:
     """Whether the numbers a recommendation ranks this variant by (real-text b1, the headline shape) agree
     between rounds within --stability."""
     fixed, real = _merged(h, cfg)
-    return all(r.get("stable") for r in decision_records(fixed, real, cfg.headline()))
+    return all(r.get("stable") for r in decisive({"fixed": fixed, "real_text": real}, cfg.headline()) if r)
 
 
 def _decision_p50(merged: tuple | None, res: dict[str, Any] | None, cfg: BenchConfig) -> float:
     """What a variant is ranked by: its screen in the race, from its rounds so far or its stored result."""
     fixed, real = merged if merged is not None else ((res or {}).get("fixed") or [], (res or {}).get("real_text") or [])
-    recs = decision_records(fixed, real, cfg.headline())
-    real1 = [ranked(r)[0] for r in recs if "seq" not in r]
-    return real1[0] if real1 else (ranked(recs[0])[0] if recs else float("inf"))
+    return screen_p50({"fixed": fixed, "real_text": real}, cfg.headline())
 
 
 def _race(
