@@ -1,7 +1,6 @@
 """What runs inside a benchmark child: load variants once, keep them loaded, time them in rounds the parent asks for.
 
-    python -m qserve.bench.measure job.json result.json    # one variant, its rounds back to back
-    python -m qserve.bench.measure --worker                # then one JSON op a line on stdin (worker())
+    python -m qserve.bench.measure      # one JSON op a line on stdin: open, round, finish, policies, close, floor
 
 Everything goes through `load_runtime`, the path the server uses. A failure is written as the op's answer with
 the stage it happened in, and the worker exits 1 (docs/bench.md, "The bench in minutes").
@@ -27,6 +26,7 @@ from qserve import problemtypes as problems
 from qserve.artifact import read_manifest
 from qserve.bench import evalpass, invariance, policies
 from qserve.bench.evalpass import tokenizer_key
+from qserve.bench.floor import measure_peaks
 from qserve.bench.realtext import real_text_check, real_text_round, synthetic_batch
 from qserve.bench.rounds import merge_fixed, merge_real, per_round, round_iters
 from qserve.bench.stats import summarize, throughput
@@ -387,18 +387,6 @@ def child_env(backend: str) -> dict[str, Any]:
     return env
 
 
-def run_job(job_path: Path, out: Path) -> int:
-    """Measure the job in `job_path` into `out` (atomically): 0, or 1 with the failure written as data."""
-    job = _read_job(Path(job_path))
-    try:
-        res = measure(job)
-    except BaseException as e:  # report the failure as data; the parent marks the variant failed
-        write_json_atomic(out, _failure(job, e))
-        return 1
-    write_json_atomic(out, res)
-    return 0
-
-
 def _read_job(path: Path) -> dict[str, Any]:
     job = json.loads(path.read_text(encoding="utf-8"))
     if job.get("data_file"):
@@ -443,7 +431,7 @@ def _free() -> None:
 
 
 def worker(lines=None) -> int:
-    """Serve JSON ops from stdin, one a line (open, round, finish, policies, close), each answer written to its "out".
+    """Serve JSON ops from stdin, one a line (open, round, finish, policies, close; floor), each answer to its "out".
 
     A failed op ends the worker (exit 1) once its failure is written: the parent opens the variants it still needs in
     a fresh one, so none runs in a process another left in an unknown state (CUDA errors are sticky)."""
@@ -455,7 +443,11 @@ def worker(lines=None) -> int:
         tag, out = op.get("tag"), op.get("out")
         s = sessions.get(tag)
         try:
-            if op["op"] == "open":
+            if op["op"] == "floor":  # the compute floor's peak GEMM rates (runner.run_floor), in a process of their own
+                shapes = [tuple(x) for x in op["shapes"]]
+                answer = measure_peaks(shapes, op["threads"], op["device"], op["budget_s"], op["model_shapes"])
+                answer["pid"] = os.getpid()
+            elif op["op"] == "open":
                 if op.get("shared"):
                     _reset_peaks()
                 s = sessions[tag] = Session(_read_job(Path(op["job"])))
@@ -489,12 +481,5 @@ def worker(lines=None) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--worker"]:
-        return worker()
-    return run_job(Path(argv[0]), Path(argv[1]))
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(worker())

@@ -80,12 +80,8 @@ def variant_meta(vdir: Path) -> VariantMeta:
 
 
 def default_out(cfg: BenchConfig, metas: list[VariantMeta]) -> Path:
-    if cfg.name:
-        name = cfg.name
-    else:
-        models = [m.manifest.model_name for m in metas if m.manifest is not None]
-        name = f"{models[0] if models else 'bench'}-{cfg.device}-t{cfg.threads}"
-    return Path("benchmarks") / "reports" / name
+    model = ([m.manifest.model_name for m in metas if m.manifest is not None] + ["bench"])[0]
+    return Path("benchmarks") / "reports" / (cfg.name or f"{model}-{cfg.device}-t{cfg.threads}")
 
 
 def data_key(cfg: BenchConfig, meta: VariantMeta) -> tuple[str | None, int, int | None, bool, str | None]:
@@ -146,27 +142,6 @@ def _child_env(cfg: BenchConfig, device: str | None = None) -> dict[str, str]:
     return env
 
 
-def run_child(module: str, job: dict[str, Any], work: Path, tag: str, cfg: BenchConfig) -> dict[str, Any]:
-    """Run `python -m module job.json result.json`; returns the result or a failure record."""
-    job_path, res_path, log_path = work / f"{tag}.job.json", work / f"{tag}.result.json", work / f"{tag}.log"
-    job_path.write_text(json.dumps(job), encoding="utf-8")
-    t0 = time.perf_counter()
-    with open(log_path, "wb") as logf:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", module, str(job_path), str(res_path)],
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            env=_child_env(cfg, job.get("device")),
-            cwd=os.getcwd(),
-        )
-        polled, timed_out = _watch(proc, lambda: False, t0, cfg)
-        rc = proc.wait()
-    tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
-    return _outcome(
-        _read_json(res_path) if res_path.is_file() else None, rc, time.perf_counter() - t0, polled, timed_out, tail, cfg
-    )
-
-
 def _watch(proc: subprocess.Popen, done, t0: float, cfg: BenchConfig) -> tuple[float, bool]:
     """Poll `proc` until it exits or done() holds, killing it past --child-timeout: (peak RSS MiB seen, killed?)."""
     polled, timed_out = 0.0, False
@@ -210,7 +185,7 @@ def _outcome(
 
 
 class Worker:
-    """One `python -m qserve.bench.measure --worker` process answering ops one at a time, for one CPU variant or the
+    """One `python -m qserve.bench.measure` process answering ops one at a time, for one CPU variant or the
     CUDA ones (--isolation); a failed op ends it, and a variant still needed opens again in a fresh one (`starts`)."""
 
     def __init__(self, work: Path, cfg: BenchConfig, device: str, name: str):
@@ -227,7 +202,7 @@ class Worker:
         logf = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "qserve.bench.measure", "--worker"],
+                [sys.executable, "-m", "qserve.bench.measure"],
                 stdin=subprocess.PIPE,
                 stdout=logf,
                 stderr=subprocess.STDOUT,
@@ -349,15 +324,12 @@ def run_floor(cfg: BenchConfig, config: dict[str, Any] | None, work: Path) -> di
     except ValueError as e:
         return {"error": str(e)}
     out: dict[str, Any] = {"flops_per_sequence": flops}
-    if cfg.floor:
-        job = {
-            "threads": cfg.threads,
-            "device": cfg.device,
-            "budget_s": cfg.floor_budget_s,
-            "shapes": gemm_shapes(config, b * s),
-            "model_shapes": 3,
-        }
-        res = run_child("qserve.bench.floor", job, work, "floor", cfg)
+    if cfg.floor:  # in a worker of its own, as a variant is measured: the GEMMs have the machine to themselves
+        op: dict[str, Any] = {"op": "floor", "out": str(work / "floor.json"), "threads": cfg.threads}
+        op.update(device=cfg.device, budget_s=cfg.floor_budget_s, shapes=gemm_shapes(config, b * s), model_shapes=3)
+        worker = Worker(work, cfg, cfg.device, "floor")
+        res = worker.wait(worker.send(op))
+        worker.close()
         if res.get("status") == "failed":
             out["error"] = res["error"]
             out["log_tail"] = res.get("log_tail")
@@ -637,10 +609,8 @@ def bench_plan(cfg: BenchConfig, metas: list[VariantMeta]) -> Plan | None:
     """Where each variant is measured: --device auto, the placement plan; an explicit device, None (all there)."""
     if cfg.device != "auto":
         return None
-    names = list(
-        dict.fromkeys(m.manifest.name for m in metas if m.manifest is not None and m.manifest.name in VARIANTS)
-    )
-    return plan_run("auto", names)
+    names = [m.manifest.name for m in metas if m.manifest is not None and m.manifest.name in VARIANTS]
+    return plan_run("auto", list(dict.fromkeys(names)))
 
 
 def run_bench(
