@@ -142,48 +142,6 @@ def _child_env(cfg: BenchConfig, device: str | None = None) -> dict[str, str]:
     return env
 
 
-def _watch(proc: subprocess.Popen, done, t0: float, cfg: BenchConfig) -> tuple[float, bool]:
-    """Poll `proc` until it exits or done() holds, killing it past --child-timeout: (peak RSS MiB seen, killed?)."""
-    polled, timed_out = 0.0, False
-    try:
-        ps = psutil.Process(proc.pid)
-    except psutil.Error:
-        ps = None
-    while proc.poll() is None and not done():
-        try:
-            polled = max(polled, ps.memory_info().rss / 2**20) if ps else polled
-        except psutil.Error:
-            pass
-        if time.perf_counter() - t0 > cfg.child_timeout_s:
-            proc.kill()
-            timed_out = True
-        time.sleep(0.02)
-    return polled, timed_out
-
-
-def _outcome(
-    res: dict[str, Any] | None, rc: int, wall: float, polled: float, timed_out: bool, tail: str, cfg: BenchConfig
-) -> dict[str, Any]:
-    """A child's (or the shared worker's) result with its status: ok, or failed with why (crash, exit, timeout)."""
-    if res is None:
-        res = {"stage": "unknown"}
-    res.update({"returncode": rc, "wall_s": wall, "polled_peak_rss_mb": polled})
-    if rc != 0 or res.get("error") or timed_out:
-        if timed_out:
-            why = f"killed after --child-timeout {cfg.child_timeout_s:g} s"
-        elif rc < 0:
-            why = f"child died with signal {signal.Signals(-rc).name}"
-        else:
-            why = f"child exited with code {rc}"
-        res["status"] = "failed"
-        res["error"] = res.get("error") or why
-        res["failure"] = why
-        res["log_tail"] = tail
-    else:
-        res["status"] = "ok"
-    return res
-
-
 class Worker:
     """One `python -m qserve.bench.measure` process answering ops one at a time, for one CPU variant or the
     CUDA ones (--isolation); a failed op ends it, and a variant still needed opens again in a fresh one (`starts`)."""
@@ -229,13 +187,24 @@ class Worker:
         return {"out": out, "t0": time.perf_counter(), "log": start}
 
     def wait(self, sent: dict[str, Any]) -> dict[str, Any]:
-        """The op's answer with its status (ok, or failed with why: crash, exit, timeout) and its wall time."""
-        proc = self.proc
+        """The op's answer with its status (ok, or failed with why: crash, exit, timeout) and its wall time: the
+        process polled (its peak RSS kept) until it answers or exits, and killed past --child-timeout."""
+        proc, out, t0, timed_out = self.proc, sent["out"], sent["t0"], False
         assert proc is not None
-        out = sent["out"]
-        polled, timed_out = _watch(proc, out.is_file, sent["t0"], self.cfg)
-        self.polled = max(self.polled, polled)
-        res = _read_json(out) if out.is_file() else None
+        try:
+            ps: psutil.Process | None = psutil.Process(proc.pid)
+        except psutil.Error:
+            ps = None
+        while proc.poll() is None and not out.is_file():
+            try:
+                self.polled = max(self.polled, ps.memory_info().rss / 2**20) if ps else self.polled
+            except psutil.Error:
+                pass
+            if time.perf_counter() - t0 > self.cfg.child_timeout_s:
+                proc.kill()
+                timed_out = True
+            time.sleep(0.02)
+        res, rc = _read_json(out) if out.is_file() else None, 0
         if res is None or res.get("error") or timed_out:
             try:
                 rc = proc.wait(timeout=60)  # a failed op ends the worker (measure.worker); a killed one is dead
@@ -243,12 +212,22 @@ class Worker:
                 proc.kill()
                 rc = proc.wait()
             self.proc = None
-        else:
-            rc = 0
         with open(self.log_path, "rb") as f:
             f.seek(sent["log"])
             tail = f.read().decode("utf-8", errors="replace")[-3000:]
-        return _outcome(res, rc, time.perf_counter() - sent["t0"], self.polled, timed_out, tail, self.cfg)
+        res = res if res is not None else {"stage": "unknown"}
+        res.update({"returncode": rc, "wall_s": time.perf_counter() - t0, "polled_peak_rss_mb": self.polled})
+        if rc == 0 and not res.get("error") and not timed_out:
+            return {**res, "status": "ok"}
+        why = (
+            f"killed after --child-timeout {self.cfg.child_timeout_s:g} s"
+            if timed_out
+            else f"child died with signal {signal.Signals(-rc).name}"
+            if rc < 0
+            else f"child exited with code {rc}"
+        )
+        res.update(status="failed", error=res.get("error") or why, failure=why, log_tail=tail)
+        return res
 
     def close(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
