@@ -232,21 +232,16 @@ class Session:
         if __name__ == "__main__":  # the bench's own child process, not a user's: seconds of its start (modeling.py)
             skip_unused_imports()
         _preimport(self.backend, job["device"])
-        res["import_s"] = time.perf_counter() - t0
-        res["rss_before_load_mb"] = rss_mb()
+        res.update(import_s=time.perf_counter() - t0, rss_before_load_mb=rss_mb())
         _stage(res, "load")
         t0 = time.perf_counter()
         options = RuntimeOptions(threads=job.get("threads"), length_buckets=job.get("length_buckets") or "auto")
         rt = self.rt = load_runtime(
             variant_dir, device=job["device"], options=options, allow_extra_files=bool(job.get("allow_extra_files"))
         )
-        res["load_s"] = time.perf_counter() - t0
-        res["rss_after_load_mb"] = rss_mb()
-        res["peak_rss_load_mb"] = peak_rss_mb()
-        res["name"], res["labels"], res["max_length"] = rt.name, list(rt.labels), rt.max_length
-        res["long_text"] = str(rt.long_text)
-        res["length_buckets"] = list(rt.buckets) if rt.buckets else None
-        res["device"] = rt.device
+        res.update(load_s=time.perf_counter() - t0, rss_after_load_mb=rss_mb(), peak_rss_load_mb=peak_rss_mb())
+        res.update(name=rt.name, labels=list(rt.labels), max_length=rt.max_length, long_text=str(rt.long_text))
+        res.update(length_buckets=list(rt.buckets) if rt.buckets else None, device=rt.device)
         log(f"{rt.name}: loaded in {res['load_s']:.2f} s")
         _fault(variant_dir)
         self.cache = {"dir": job.get("token_cache"), "tokenizer": tokenizer_key(manifest.to_json().get("files") or {})}
@@ -261,14 +256,8 @@ class Session:
         budget = per_round(job["time_budget_s"], rounds)
         lo, hi = round_iters(job["min_iters"], job["max_iters"], rounds)
         text = " ".join(self.texts[:8]) if self.texts else FALLBACK_TEXT
-        out: dict[str, Any] = {
-            "id": rid,
-            "round": k,
-            "pid": os.getpid(),
-            "t0": time.time(),
-            "fixed": [],
-            "real_text": [],
-        }
+        out: dict[str, Any] = {"id": rid, "round": k, "pid": os.getpid(), "t0": time.time(), "fixed": []}
+        out["real_text"] = []
         _stage(res, "fixed")
         for b in job["batch_sizes"]:
             for s in job["seq_lens"]:
@@ -323,8 +312,7 @@ class Session:
             res["invariance"] = invariance.measure(rt, data["invariance_texts"])
             log(f"{rt.name}: batch invariance {invariance.cell(res['invariance'])} (max |Δprob| / label flips)")
         _stage(res, "idle")
-        res["peak_rss_mb"] = peak_rss_mb()
-        res["model_rss_mb"] = res["rss_after_load_mb"] - res["rss_before_load_mb"]
+        res.update(peak_rss_mb=peak_rss_mb(), model_rss_mb=res["rss_after_load_mb"] - res["rss_before_load_mb"])
         if cuda:
             import torch
 
@@ -336,8 +324,7 @@ class Session:
                 "device_used_mb": (total - free) / 2**20,
                 "gpu": torch.cuda.get_device_name(),
             }
-        res["env"] = child_env(self.backend)
-        res["versions"] = library_versions()
+        res.update(env=child_env(self.backend), versions=library_versions())
         return self.result()
 
     def policies(self, op: dict[str, Any]) -> dict[str, Any]:
