@@ -199,14 +199,8 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
             pk = peak_for(dtype, floor.get(key) or {})
             if pk:
                 fm = floor_ms(flops, b, pk[1])
-                rec.update(
-                    {
-                        f"{prefix}peak": pk[0],
-                        f"{prefix}gflops": pk[1],
-                        f"{prefix}floor_ms": fm,
-                        f"{prefix}p50_over_floor": (st["p50"] / fm) if st else None,
-                    }
-                )
+                names = [prefix + k for k in ("peak", "gflops", "floor_ms", "p50_over_floor")]
+                rec.update(zip(names, (pk[0], pk[1], fm, (st["p50"] / fm) if st else None)))
         v["floor"] = rec or None
 
     report["recommended"] = recommend(report)

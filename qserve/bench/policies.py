@@ -46,13 +46,9 @@ def measure(
     for asked in with_head(policies):
         policy = rt.resolve_policy(asked, "--long-text")
         stats = evalpass.piece_stats(rt, texts, policy, cache.get("dir"), cache.get("tokenizer"))
-        if (
-            own
-            and own.get("policy") == str(policy)
-            and own.get("predictions") is not None
-            and len(own["predictions"]) == len(texts)
-        ):
-            preds, seconds = own["predictions"], own["seconds"]
+        mine = own if own and own.get("policy") == str(policy) else {}
+        if mine.get("predictions") is not None and len(mine["predictions"]) == len(texts):
+            preds, seconds = mine["predictions"], mine["seconds"]
         else:
             preds, seconds = evalpass.score(rt, texts, policy, stats["tokens"], batch)
         quality = problems.metrics(preds, labels, rt.problem_type, len(rt.labels))

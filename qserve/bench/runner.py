@@ -310,12 +310,9 @@ def run_floor(cfg: BenchConfig, config: dict[str, Any] | None, work: Path) -> di
         res = worker.wait(worker.send(op))
         worker.close()
         if res.get("status") == "failed":
-            out["error"] = res["error"]
-            out["log_tail"] = res.get("log_tail")
+            out.update(error=res["error"], log_tail=res.get("log_tail"))
         else:
-            out.update(
-                {k: res[k] for k in ("peaks", "model_peaks", "attempts", "threads", "torch_threads") if k in res}
-            )
+            out |= {k: res[k] for k in ("peaks", "model_peaks", "attempts", "threads", "torch_threads") if k in res}
     return out
 
 
