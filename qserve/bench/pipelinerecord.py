@@ -84,15 +84,9 @@ def _choice_lines(pipe: dict[str, Any]) -> list[str]:
             if budget.get("cut")
             else f"the full recipe fit ({budget['steps']} steps, {budget['examples']:,} examples)"
         )
-        out.append(
-            f"- Time budget {budget['minutes']:g} min of optimizer steps: {cut}"
-            + (
-                f", at a median {training['step_time_median_s']:.2f} s a step"
-                if training.get("step_time_median_s")
-                else ""
-            )
-            + "."
-        )
+        step = training.get("step_time_median_s")
+        out.append(f"- Time budget {budget['minutes']:g} min of optimizer steps: {cut}")
+        out[-1] += (f", at a median {step:.2f} s a step" if step else "") + "."
     elif sizes.get("train"):
         out.append(
             f"- Trained on {sizes['train']:,} examples ({training.get('optimizer_steps', '?')} optimizer steps)."
@@ -102,10 +96,8 @@ def _choice_lines(pipe: dict[str, Any]) -> list[str]:
             f"- The checkpoint's test accuracy: {training['test_accuracy']:.2%} "
             f"({sizes.get('test', '?')} reviews; validation {training.get('val_accuracy', float('nan')):.2%})."
         )
-    for name, why in skipped.items():
-        out.append(f"- Skipped **{name}**: {why}.")
-    for name, why in (pipe.get("export_failed") or {}).items():
-        out.append(f"- Export failed for **{name}**: {why}.")
+    out += [f"- Skipped **{name}**: {why}." for name, why in skipped.items()]
+    out += [f"- Export failed for **{name}**: {why}." for name, why in (pipe.get("export_failed") or {}).items()]
     return out + [""]
 
 

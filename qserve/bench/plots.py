@@ -106,6 +106,16 @@ def _furniture(fig, *more) -> list:
     return [p.get_window_extent(r) for p in parts]
 
 
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed), imported when a chart is drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def _title(report: dict[str, Any]) -> str:
     cfg = report["config"]
     cpu = ((report.get("environment") or {}).get("cpu") or {}).get("model")
@@ -146,10 +156,7 @@ def decision_points(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def decision_figure(report: dict[str, Any]):
     """The decision chart as a matplotlib Figure (None without agreement numbers: a speed-only run)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     from matplotlib.lines import Line2D
 
     pts = decision_points(report)
@@ -224,13 +231,8 @@ def decision_figure(report: dict[str, Any]):
     for bar, ls in zip(bars, ("--", ":", "-.")):
         handles.append(Line2D([], [], color="0.3", lw=1, ls=ls, label=f"agreement bar {bar:.0%} ({bar_bits[bar]}-bit)"))
     if rec:
-        ringed: dict[str, Any] = {
-            "marker": "o",
-            "markersize": 13,
-            "markerfacecolor": "none",
-            "markeredgecolor": "black",
-        }
-        handles.append(Line2D([], [], linestyle="", markeredgewidth=1.8, label=f"recommended: {rec}", **ringed))
+        mark: dict[str, Any] = {"marker": "o", "markersize": 13, "markerfacecolor": "none", "markeredgecolor": "black"}
+        handles.append(Line2D([], [], linestyle="", markeredgewidth=1.8, label=f"recommended: {rec}", **mark))
     fig.legend(handles=handles, loc="outside right center", fontsize=8, frameon=False, labelspacing=0.9)
     head = fig.suptitle(
         f"Which variant is fast and faithful? {_title(report)}"
@@ -263,10 +265,7 @@ def _size_refs(biggest: float) -> list[float]:
 
 # -- latency and throughput against batch size -------------------------------------------------------------
 def latency_figure(report: dict[str, Any]):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     s = report["headline"]["seq"]
     variants = _ok(report)
@@ -313,10 +312,7 @@ def latency_figure(report: dict[str, Any]):
 
 # -- accuracy against size ---------------------------------------------------------------------------------
 def accuracy_figure(report: dict[str, Any]):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     ok = [v for v in _ok(report) if (v.get("accuracy") or {}).get("accuracy") is not None and v.get("disk_bytes")]
     if not ok:

@@ -157,18 +157,14 @@ class Worker:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self) -> None:
-        logf = open(self.log_path, "ab")
-        try:
+        with open(self.log_path, "ab") as logf:  # the child holds its own copy
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "qserve.bench.measure"],
                 stdin=subprocess.PIPE,
                 stdout=logf,
                 stderr=subprocess.STDOUT,
                 env=_child_env(self.cfg, self.device),
-                cwd=os.getcwd(),
             )
-        finally:
-            logf.close()  # the child holds its own copy
         self.starts += 1
 
     def send(self, op: dict[str, Any]) -> dict[str, Any]:
