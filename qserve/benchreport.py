@@ -80,16 +80,15 @@ class Ranked(JsonRecord):
     gate_record: dict[str, Any] | None = None
     p50_ci: list[float] | None = None
     round_p50: dict[str, float] | None = None
-    median_ms: float | None = None
-    """Over every round: p50_ms is the fast mode's where the rounds fell in two."""
+    median_ms: float | None = None  # over every round: p50_ms is the fast mode's where the rounds fell in two
     stable: bool | None = None
     modes: dict[str, Any] | None = None
     verdict: str | None = None
     verdict_why: str | None = None
 
 
+# the comparison with the runner-up a recommendation carries (and a run dir's selection record repeats)
 VERSUS = ("runner_up", "ratio", "ratio_text", "tied", "tied_with", "tie_break")
-"""The comparison with the runner-up a recommendation carries (and a selection record repeats)."""
 
 
 @dataclass

@@ -20,8 +20,7 @@ _IMAGE = re.compile(r"^!\[([^\]]*)\]\(([^)]+)\)$")
 _CELL_SPLIT = re.compile(r"(?<!\\)\|")
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 
-STYLE = Path(__file__).with_name("report.css").read_text(encoding="utf-8")
-"""The page's stylesheet, beside this module."""
+STYLE = Path(__file__).with_name("report.css").read_text(encoding="utf-8")  # the page's stylesheet
 
 
 def _inline(text: str) -> str:

@@ -335,20 +335,19 @@ class Run:
     work: Path
     store: Path | None
     reuse: bool
+    # each variant's (job, what identifies its texts, its store key), its texts, and its result as its child
+    # returned it (thread counts, GPU name) or as the store kept it
     jobs: dict[int, tuple[dict[str, Any], dict[str, Any], str]] = field(default_factory=dict)
-    """Each variant's (job, what identifies its texts, its store key)."""
     data: dict[int, dict[str, Any]] = field(default_factory=dict)
     raw: dict[int, dict[str, Any]] = field(default_factory=dict)
-    """Each variant's result as its child returned it (thread counts, GPU name), or as the store kept it."""
     handles: dict[int, Variant] = field(default_factory=dict)
     workers: dict[str, Worker] = field(default_factory=dict)
-    rounds: list[dict[str, Any]] = field(default_factory=list)
-    """Who measured when: (variant, round, start, end, process) in the order it happened."""
+    rounds: list[dict[str, Any]] = field(default_factory=list)  # who measured when, in the order it happened
     extra: int = 0
+    # the variant agreement is measured against (analysis.REFERENCES, by its spec), and the measuring order: the
+    # reference, then fewer weight bytes first
     ref: int | None = field(init=False)
-    """The variant agreement is measured against (analysis.REFERENCES: torch-fp32, else onnx-fp32), by its spec."""
     order: list[int] = field(init=False)
-    """Measuring order: the agreement reference, then fewer weight bytes first."""
 
     def __post_init__(self) -> None:
         names = [m.manifest.name if m.manifest is not None else None for m in self.metas]
