@@ -248,15 +248,15 @@ class Session:
         _stage(res, "idle")
         return {k: res[k] for k in ("name", "device", "load_s", "import_s", "pid")}
 
-    def round(self, rid: str, k: int, only: list | None = None) -> dict[str, Any]:
-        """One round: every fixed shape and every real-text batch size (or the `only` ones: ["fixed", b, s],
-        ["real", b]) for its share of the time budget. Returns the raw calls; the parent merges the rounds."""
-        rt, job, res = self.rt, self.job, self.res
+    def round(self, op: dict[str, Any]) -> dict[str, Any]:
+        """One round (op["round"], named op["id"]): every fixed shape and every real-text batch size (or op["only"]'s:
+        ["fixed", b, s], ["real", b]) for its share of the time budget; the raw calls, the parent merges the rounds."""
+        rt, job, res, k, only = self.rt, self.job, self.res, op["round"], op.get("only")
         rounds = int(job.get("rounds") or 1)
         budget = per_round(job["time_budget_s"], rounds)
         lo, hi = round_iters(job["min_iters"], job["max_iters"], rounds)
         text = " ".join(self.texts[:8]) if self.texts else FALLBACK_TEXT
-        out: dict[str, Any] = {"id": rid, "round": k, "pid": os.getpid(), "t0": time.time(), "fixed": []}
+        out: dict[str, Any] = {"id": op["id"], "round": k, "pid": os.getpid(), "t0": time.time(), "fixed": []}
         out["real_text"] = []
         _stage(res, "fixed")
         for b in job["batch_sizes"]:
@@ -325,6 +325,8 @@ class Session:
                 "gpu": torch.cuda.get_device_name(),
             }
         res.update(env=child_env(self.backend), versions=library_versions())
+        if op.get("shared"):  # measured in the shared worker, after the variants before it
+            res["isolation"] = "shared"
         return self.result()
 
     def policies(self, op: dict[str, Any]) -> dict[str, Any]:
@@ -352,7 +354,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     """One variant in this process: open, job["rounds"] rounds back to back, finish (the runner interleaves instead)."""
     s = Session(job)
     s.open()
-    rounds = [s.round(str(k), k) for k in range(int(job.get("rounds") or 1))]
+    rounds = [s.round({"id": str(k), "round": k}) for k in range(int(job.get("rounds") or 1))]
     tolerance = float(job.get("stability") or 0.1)
     fixed, real = merge_fixed(rounds, tolerance), merge_real(rounds, tolerance)
     res = s.finish({})
@@ -441,19 +443,12 @@ def worker(lines=None) -> int:
                 answer = s.open()
             elif s is None:
                 raise RuntimeError(f"no variant {tag!r} is open in this worker")
-            elif op["op"] == "round":
-                answer = s.round(op["id"], op["round"], op.get("only"))
-            elif op["op"] == "finish":
-                answer = s.finish(op)
-                if op.get("shared"):
-                    answer["isolation"] = "shared"
-            elif op["op"] == "policies":
-                answer = s.policies(op)
-            else:  # close
-                s.close()
-                del sessions[tag]
+            elif op["op"] == "close":
+                sessions.pop(tag).close()
                 _free()
                 continue
+            else:  # round, finish, policies
+                answer = getattr(s, op["op"])(op)
         except BaseException as e:  # report the failure as data; the parent marks the variant failed
             if out:
                 failed = _failure(s.job if s is not None else {"variant_dir": tag}, e)
