@@ -52,14 +52,8 @@ def flops_per_sequence(config: dict[str, Any], seq_len: int) -> dict[str, float]
     linear = 2.0 * params_linear * seq_len * L
     attention = 2.0 * 2.0 * seq_len * seq_len * d * L
     head = 2.0 * (d * d + d * m["labels"])
-    return {
-        "seq_len": seq_len,
-        "params_linear": params_linear * L,
-        "linear": linear,
-        "attention": attention,
-        "head": head,
-        "total": linear + attention + head,
-    }
+    out = {"seq_len": seq_len, "params_linear": params_linear * L, "linear": linear, "attention": attention}
+    return {**out, "head": head, "total": linear + attention + head}
 
 
 def gemm_shapes(config: dict[str, Any], tokens: int) -> list[tuple[int, int, int]]:

@@ -559,13 +559,8 @@ def _policy_pass(run: Run, entries: list[dict[str, Any]]) -> None:
 def _policy_candidates(entries: list[dict[str, Any]], cfg: BenchConfig) -> tuple[list[int], int | None]:
     """(the variants that compare policies, the one whose records name the served policy): the reference and the
     recommended variant, as analysis.finish will choose them; else the reference, else the first measured."""
-    draft: dict[str, Any] = {
-        "variants": copy.deepcopy(entries),
-        "headline": dict(zip(("batch", "seq"), cfg.headline())),
-        "config": cfg.to_json(),
-        "floor": {},
-        "environment": {},
-    }
+    draft: dict[str, Any] = {"variants": copy.deepcopy(entries), "config": cfg.to_json(), "floor": {}}
+    draft.update(headline=dict(zip(("batch", "seq"), cfg.headline())), environment={})
     analysis.finish(draft)  # the same rule, on the same records: which variant the report will recommend
     names = [v["name"] for v in draft["variants"]]
     want = [draft.get("agreement_reference"), (draft.get("recommended") or {}).get("variant")]
