@@ -140,15 +140,8 @@ def decision_points(report: dict[str, Any]) -> list[dict[str, Any]]:
     ranked, _ = ranked_latency(report)
     cis = {r.variant: r.p50_ci for r in recommendation(report).ranking}
     return [
-        {
-            "name": r.variant,
-            "p50": ranked.get(r.variant),
-            "p50_ci": cis.get(r.variant),
-            "throughput": r.throughput,
-            "size_mb": r.size_mb,
-            "agreement": r.agreement,
-            "bits": spec[r.variant].get("bits"),
-        }
+        {"name": r.variant, "p50": ranked.get(r.variant), "p50_ci": cis.get(r.variant), "throughput": r.throughput}
+        | {"size_mb": r.size_mb, "agreement": r.agreement, "bits": spec[r.variant].get("bits")}
         for r in summary_rows(report)
         if r.status == "ok" and r.agreement is not None
     ]

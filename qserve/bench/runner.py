@@ -319,6 +319,7 @@ JOB_FIELDS = tuple(  # what a child's job copies from the config as it is
 REFERENCE_POLICY_TEXTS = 200
 """Test texts the reference compares long-text policies on when it is not the recommended variant: its records
 feed only the agreement column (docs/bench.md)."""
+CI = "order-statistic interval of the median over rounds (stats.median_ci)"  # what report["rounds"] says
 MAX_ROUNDS_FACTOR = 3
 """Stability's extra rounds stop at this many times --rounds (or at --stability-budget seconds, first reached)."""
 
@@ -625,13 +626,7 @@ def run_bench(
         "floor": floor,
         "race": {"factor": cfg.race, "keep": RACE_KEEP, "best": entries[best]["name"] if best is not None else None},
         "variants": entries,
-        "rounds": {
-            "asked": cfg.rounds,
-            "extra": run.extra,
-            "stability": cfg.stability,
-            "ci": "order-statistic interval of the median over rounds (stats.median_ci)",
-            "log": run.rounds,
-        },
+        "rounds": {"asked": cfg.rounds, "extra": run.extra, "stability": cfg.stability, "ci": CI, "log": run.rounds},
     }
     analysis.finish(report)
     write_reports(report, out)
