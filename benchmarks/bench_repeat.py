@@ -24,7 +24,7 @@ from typing import Any
 
 from benchmarks.harness import ROOT, finish, write_report
 from qserve.bench.config import BenchConfig
-from qserve.bench.stats import two_modes
+from qserve.bench.recommend import two_modes
 
 APART = BenchConfig.stability
 """Two modes are the bench's: medians more than its --stability apart."""
@@ -97,7 +97,7 @@ def phases(run_dirs: list[Path]) -> dict[str, Any] | None:
     """Do slow rounds fall on one process or on every variant at once? Per run, each variant's headline
     fixed-shape p50 in every round it shares with the others (no text in it: the same work every round), over its
     fastest round: the mean pairwise correlation of those ratios across variants, and the rounds in which every
-    variant sat in the same mode (qserve.bench.stats.two_modes, as the bench splits them; one mode is all fast)
+    variant sat in the same mode (qserve.bench.recommend.two_modes, as the bench splits them; one mode is all fast)
     against the number that independent modes would give."""
     rounds: list[dict[str, float]] = []
     split: list[dict[str, bool]] = []

@@ -9,14 +9,127 @@ The summary table's numbers and verdict per variant: what the md, html, csv, cha
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from qserve import QserveError
 from qserve.intervals import wilson
 from qserve.placement import mark
 from qserve.problemtypes import SINGLE
+
+J = TypeVar("J", bound="JsonRecord")
+
+
+@dataclass
+class JsonRecord:
+    """A dataclass whose JSON keys are its field names, in their order; those in OPTIONAL left out when None."""
+
+    OPTIONAL: ClassVar[tuple[str, ...]] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {k: _json(x) for k, x in out.items() if x is not None or k not in self.OPTIONAL}
+
+    @classmethod
+    def from_json(cls: type[J], data: dict[str, Any]) -> J:
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+def _json(x: Any) -> Any:
+    return x.to_json() if isinstance(x, JsonRecord) else [_json(y) for y in x] if isinstance(x, list) else x
+
+
+@dataclass
+class Ratio(JsonRecord):
+    """How many times slower one variant is than another: the median of paired per-round ratios (or the ratio of
+    the medians, unpaired), its interval and that interval's coverage; `tied` when the interval holds 1."""
+
+    value: float
+    lo: float
+    hi: float
+    level: float
+    rounds: int
+    paired: bool
+    tied: bool
+
+    def text(self) -> str:
+        """'Rx [LO, HI]' (the interval's coverage and rounds are said where the ratio is explained)."""
+        return f"{self.value:.2f}x [{self.lo:.2f}, {self.hi:.2f}]"
+
+
+@dataclass
+class Ranked(JsonRecord):
+    """A variant as the recommendation ranked it (qserve.bench.recommend): the p50 it is ranked by, over the rounds
+    it rests on, the bar it meets or not, and its verdict with why."""
+
+    OPTIONAL = ("raced_out", "repair", "gate", "gate_record")
+    variant: str
+    dir: str | None = None
+    p50_ms: float | None = None
+    real_b1_p50_ms: float | None = None
+    fixed_p50_ms: float | None = None
+    agreement: float | None = None
+    bar: float = 0.0
+    bits: int | None = None
+    meets_bar: bool = False
+    footprint_bytes: int | None = None
+    raced_out: dict[str, Any] | None = None
+    repair: dict[str, Any] | None = None
+    gate: bool | None = None
+    gate_record: dict[str, Any] | None = None
+    p50_ci: list[float] | None = None
+    round_p50: dict[str, float] | None = None
+    median_ms: float | None = None  # over every round: p50_ms is the fast mode's where the rounds fell in two
+    stable: bool | None = None
+    modes: dict[str, Any] | None = None
+    verdict: str | None = None
+    verdict_why: str | None = None
+
+
+# the comparison with the runner-up a recommendation carries (and a run dir's selection record repeats)
+VERSUS = ("runner_up", "ratio", "ratio_text", "tied", "tied_with", "tie_break")
+
+
+@dataclass
+class Recommendation(JsonRecord):
+    """report["recommended"]: the variant to serve (None: why not) against its runner-up, and the whole ranking."""
+
+    variant: str | None = None
+    dir: str | None = None
+    p50_ms: float | None = None
+    agreement: float | None = None
+    bar: float | None = None
+    p50_ci: list[float] | None = None
+    stable: bool | None = None
+    runner_up: str | None = None
+    ratio: Ratio | None = None
+    ratio_text: str | None = None
+    tied: bool | None = None
+    tied_with: list[str] | None = None
+    tie_break: str | None = None
+    shape: str | None = None
+    why: str | None = None
+    cpu: str | None = None
+    reference: str | None = None
+    ranking: list[Ranked] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        out = super().to_json()
+        if self.variant is None:
+            return {k: out[k] for k in ("variant", "why", "shape", "cpu", "ranking")}
+        return {k: x for k, x in out.items() if self.runner_up is not None or k not in VERSUS}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Recommendation:
+        ratio = Ratio.from_json(data["ratio"]) if data.get("ratio") else None
+        ranking = [Ranked.from_json(r) for r in data.get("ranking") or []]
+        return super().from_json({**data, "ratio": ratio, "ranking": ranking})
+
+
+def recommendation(report: dict[str, Any]) -> Recommendation:
+    """The report's recommendation, typed (empty where the report has none)."""
+    return Recommendation.from_json(report.get("recommended") or {})
 
 
 def shown(v: dict[str, Any], report: dict[str, Any]) -> str:
@@ -114,20 +227,20 @@ def summary_rows(report: dict[str, Any]) -> list[Row]:
     """One row per variant, in the report's order (verdict and why: qserve.bench.recommend's)."""
     b, s = report["headline"]["batch"], report["headline"]["seq"]
     bmax = max(report["config"]["batch_sizes"])
-    ranking = {r["variant"]: r for r in (report.get("recommended") or {}).get("ranking") or []}
+    ranking = {r.variant: r for r in recommendation(report).ranking}
     rows = []
     for v in report["variants"]:
-        st, big, r = fixed_shape(v, b, s), fixed_shape(v, bmax, s), ranking.get(v["name"]) or {}
+        st, big, r = fixed_shape(v, b, s), fixed_shape(v, bmax, s), ranking.get(v["name"])
         acc, fl, inv = v.get("accuracy") or {}, v.get("floor") or {}, v.get("invariance") or {}
         failed = f"its bench failed: {v.get('failure') or v.get('error') or 'no result'}"
-        real = r.get("real_b1_p50_ms") is not None and r.get("p50_ms") == r["real_b1_p50_ms"]
+        real = r is not None and r.real_b1_p50_ms is not None and r.p50_ms == r.real_b1_p50_ms
         rows.append(
             Row(
                 variant=v["name"],
                 shown=shown(v, report),
                 device=v.get("device"),
                 status=v["status"],
-                b1_ms=r.get("p50_ms"),
+                b1_ms=r.p50_ms if r else None,
                 b1_p99_ms=(real_text_b1(v) or {}).get("p99") if real else st["p99"] if st and r else None,
                 size_mb=v["disk_bytes"] / 1e6 if v.get("disk_bytes") is not None else None,
                 load_s=v.get("load_s"),
@@ -144,9 +257,9 @@ def summary_rows(report: dict[str, Any]) -> list[Row]:
                 p50_over_floor=fl.get("p50_over_floor"),
                 invariance_max_abs_dprob=inv.get("max_abs_dprob"),
                 invariance_flips=inv.get("flips"),
-                verdict=r.get("verdict") or ("not a candidate" if v["status"] != "ok" else "–"),
-                why=r.get("verdict_why") or (failed if v["status"] != "ok" else None),
-                meets_bar=r.get("meets_bar") if r else None,
+                verdict=(r.verdict if r else None) or ("not a candidate" if v["status"] != "ok" else "–"),
+                why=(r.verdict_why if r else None) or (failed if v["status"] != "ok" else None),
+                meets_bar=r.meets_bar if r else None,
             )
         )
     return rows

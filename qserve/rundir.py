@@ -14,13 +14,10 @@ from typing import Any
 
 from qserve import QserveError
 from qserve.artifact import Manifest, read_manifest
-from qserve.benchreport import load_report
+from qserve.benchreport import VERSUS, load_report
 from qserve.devices import cpu_info
 from qserve.gatepolicy import UNGATED, gated_policy, verdict_for
 from qserve.longtext import LongTextPolicy, parse
-
-VERSUS = ("runner_up", "ratio", "ratio_text", "tied", "tied_with", "tie_break")
-"""The comparison with the runner-up a recommendation carries (and a selection record repeats)."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from qserve.artifact import Manifest, ModelMeta
 from qserve.bench import policies
 from qserve.bench.floor import floor_ms, model_dims, peak_for
 from qserve.bench.recommend import recommend
-from qserve.bench.stats import shape_stats
+from qserve.benchreport import fixed_shape
 from qserve.placement import mark
 from qserve.problemtypes import AGREEMENT_METRIC, SINGLE, agreement
 
@@ -53,18 +53,11 @@ def variant_entry(meta: VariantMeta, res: dict[str, Any]) -> dict[str, Any]:
         "parity": manifest.parity if manifest is not None else None,
         "disk_bytes": meta.disk_bytes,
         "weights_bytes": meta.weights_bytes,
-        "load_s": res.get("load_s"),
-        "import_s": res.get("import_s"),
-        "wall_s": res.get("wall_s"),
-        "device": res.get("device"),
+        **{k: res.get(k) for k in ("load_s", "import_s", "wall_s", "device")},
         "memory": {k: res[k] for k in MEMORY_KEYS if res.get(k) is not None},
         "fixed": res.get("fixed") or [],
         "real_text": res.get("real_text") or [],
-        "real_text_check": res.get("real_text_check"),
-        "stage_s": res.get("stage_s"),
-        "invariance": res.get("invariance"),
-        "long_text": res.get("long_text"),
-        "long_text_policies": res.get("long_text_policies"),
+        **{k: res.get(k) for k in ("real_text_check", "stage_s", "invariance", "long_text", "long_text_policies")},
         **({"raced_out": res["raced_out"]} if res.get("raced_out") else {}),  # runner._race: measured once
         # CUDA only (measure.eager_beside_graphs): how a torch variant ran, and its eager fixed shapes beside it
         **{k: res[k] for k in ("execution", "fixed_eager") if res.get(k)},
@@ -184,10 +177,10 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
     # speed-up at the headline shape, against torch-fp32 measured in this run
     b, s = report["headline"]["batch"], report["headline"]["seq"]
     base = by_spec.get("torch-fp32")
-    base_stats = shape_stats(base, b, s) if base else None
+    base_stats = fixed_shape(base, b, s) if base else None
     report["speedup_reference"] = base["name"] if base and base_stats else None
     for v in variants:
-        st = shape_stats(v, b, s)
+        st = fixed_shape(v, b, s)
         v["speedup_vs_torch_fp32"] = (base_stats["p50"] / st["p50"]) if (st and base_stats) else None
 
     # distance to the compute floor at the headline shape: against the machine's peak, and
@@ -197,7 +190,7 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
     run_device = (report.get("config") or {}).get("device")
     for v in variants:
         v["floor"] = None
-        st = shape_stats(v, b, s)
+        st = fixed_shape(v, b, s)
         dtype = (v.get("spec") or {}).get("dtype")
         if not (flops and dtype) or mark(v.get("device"), run_device):
             continue  # the floor's peaks are the run device's: a variant that ran on another one has none here
@@ -206,14 +199,8 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
             pk = peak_for(dtype, floor.get(key) or {})
             if pk:
                 fm = floor_ms(flops, b, pk[1])
-                rec.update(
-                    {
-                        f"{prefix}peak": pk[0],
-                        f"{prefix}gflops": pk[1],
-                        f"{prefix}floor_ms": fm,
-                        f"{prefix}p50_over_floor": (st["p50"] / fm) if st else None,
-                    }
-                )
+                names = [prefix + k for k in ("peak", "gflops", "floor_ms", "p50_over_floor")]
+                rec.update(zip(names, (pk[0], pk[1], fm, (st["p50"] / fm) if st else None)))
         v["floor"] = rec or None
 
     report["recommended"] = recommend(report)

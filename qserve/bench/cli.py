@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from qserve import QserveError
 from qserve.bench.config import BenchConfig
@@ -20,9 +19,6 @@ from qserve.bench.report import write_reports
 from qserve.bench.runner import run_bench
 from qserve.benchreport import load_report
 from qserve.configflags import add_flags, build
-
-if TYPE_CHECKING:
-    from qserve.bench.config import BenchConfig
 
 
 def expand_variant_dirs(paths: list[str]) -> list[Path]:

@@ -24,17 +24,9 @@ def physical_cores() -> int:
 
 def environment(threads: int, device: str) -> dict[str, Any]:
     versions = library_versions((*LIBRARIES, "numpy", "psutil", "matplotlib"))
-    return {
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cpu": cpu_info(),
-        "physical_cores": physical_cores(),
-        "threads": threads,
-        "device": device,
-        "versions": versions,
-        "gpu": None,
-        "load_avg_start": load_avg(),
-    }
+    env: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform(), "cpu": cpu_info()}
+    env.update(physical_cores=physical_cores(), threads=threads, device=device, versions=versions, gpu=None)
+    return {**env, "load_avg_start": load_avg()}
 
 
 def load_avg() -> list[float] | None:

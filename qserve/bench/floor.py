@@ -1,6 +1,6 @@
 """The compute floor: FLOPs per sequence from the model config over a measured peak GEMM rate.
 
-    python -m qserve.bench.floor job.json result.json     # what `qserve bench` runs in a child
+    python -c "from qserve.bench.floor import measure_peaks; print(measure_peaks([(128, 384, 384)], 2)['peaks'])"
 
 FLOPs per sequence of length S (embeddings excluded): 2 * linear params per layer * S * layers
 + 2 * 2 * S^2 * d * layers (attention) + 2 * (d*d + d*num_labels) (the head, on [CLS] only).
@@ -10,17 +10,13 @@ saturating shapes (`peaks`); floor_ms = FLOPs * batch / peak: no implementation 
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from qserve.devices import cpu_supports_bf16
-from qserve.files import write_json_atomic
 
 # Which measured peak bounds a variant, by the spec's dtype. 4-bit weights are
 # dequantized or run on integer kernels, so they are held to the fastest peak measured
@@ -56,14 +52,8 @@ def flops_per_sequence(config: dict[str, Any], seq_len: int) -> dict[str, float]
     linear = 2.0 * params_linear * seq_len * L
     attention = 2.0 * 2.0 * seq_len * seq_len * d * L
     head = 2.0 * (d * d + d * m["labels"])
-    return {
-        "seq_len": seq_len,
-        "params_linear": params_linear * L,
-        "linear": linear,
-        "attention": attention,
-        "head": head,
-        "total": linear + attention + head,
-    }
+    out = {"seq_len": seq_len, "params_linear": params_linear * L, "linear": linear, "attention": attention}
+    return {**out, "head": head, "total": linear + attention + head}
 
 
 def gemm_shapes(config: dict[str, Any], tokens: int) -> list[tuple[int, int, int]]:
@@ -252,23 +242,3 @@ def measure_peaks(
         "model_peaks": model_peaks,
         "attempts": attempts,
     }
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
-
-    result = measure_peaks(
-        [tuple(s) for s in job["shapes"]],
-        job.get("threads"),
-        job.get("device", "cpu"),
-        float(job.get("budget_s", 1.0)),
-        int(job.get("model_shapes", 0)),
-    )
-    result["pid"] = os.getpid()
-    write_json_atomic(Path(argv[1]), result)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,33 +11,16 @@ from __future__ import annotations
 import base64
 import html
 import re
+from pathlib import Path
 from typing import Any
+
+from qserve.benchreport import recommendation
 
 _IMAGE = re.compile(r"^!\[([^\]]*)\]\(([^)]+)\)$")
 _CELL_SPLIT = re.compile(r"(?<!\\)\|")
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 
-STYLE = """
-body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1b1f24;background:#fff}
-main,header{max-width:1500px;margin:0 auto;padding:0 24px}
-header{padding-top:18px}
-h1{font-size:1.5em;margin:.3em 0}
-h2{font-size:1.2em;margin:1.6em 0 .5em;border-bottom:1px solid #d8dee4;padding-bottom:.2em}
-.rec{border-left:5px solid #009E73;background:#eef8f4;padding:10px 14px;margin:12px 0;border-radius:4px}
-.rec.none{border-color:#D55E00;background:#fdf1ea}
-figure{margin:14px 0}
-figure img{max-width:100%;height:auto;border:1px solid #e3e7eb;border-radius:4px}
-figcaption{color:#57606a;font-size:.9em}
-.scroll{overflow-x:auto;margin:.5em 0}
-table{border-collapse:collapse;font-size:.88em;font-variant-numeric:tabular-nums}
-th,td{border:1px solid #d8dee4;padding:4px 8px;white-space:nowrap}
-th{background:#f3f5f7;position:sticky;top:0;vertical-align:bottom;white-space:normal;min-width:5em}
-tr:nth-child(even) td{background:#fafbfc}
-tr.recommended td{background:#eef8f4;font-weight:600}
-td.r,th.r{text-align:right}
-code{background:#f3f5f7;padding:0 3px;border-radius:3px;font-size:.92em}
-footer{max-width:1500px;margin:2em auto;padding:0 24px;color:#57606a;font-size:.85em}
-"""
+STYLE = Path(__file__).with_name("report.css").read_text(encoding="utf-8")  # the page's stylesheet
 
 
 def _inline(text: str) -> str:
@@ -108,13 +91,13 @@ def render_html(report: dict[str, Any], md: str, images: dict[str, bytes]) -> st
     summary table first, so they fill the first screen."""
     model = report.get("model") or {}
     title = f"{model.get('name') or 'variants'} on {report['config']['device']}: qserve benchmark"
-    rec, lines = report.get("recommended") or {}, md.splitlines()
+    rec, lines = recommendation(report).variant, md.splitlines()
     verdict = lines[2] if len(lines) > 2 and lines[2].startswith("**") else ""  # report.render_md's verdict_line
     top = [f"<h1>{html.escape(lines[0].lstrip('#').strip())}</h1>"]
     if verdict:
-        none = "" if rec.get("variant") else " none"
+        none = "" if rec else " none"
         top.append(f'<section class="rec{none}" id="recommended">{_inline(verdict)}</section>')
-    body = md_to_html(md, images, highlight=rec.get("variant"), skip={lines[0], verdict})
+    body = md_to_html(md, images, highlight=rec, skip={lines[0], verdict})
     return (
         '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'

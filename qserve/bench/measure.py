@@ -1,7 +1,6 @@
 """What runs inside a benchmark child: load variants once, keep them loaded, time them in rounds the parent asks for.
 
-    python -m qserve.bench.measure job.json result.json    # one variant, its rounds back to back
-    python -m qserve.bench.measure --worker                # then one JSON op a line on stdin (worker())
+    python -m qserve.bench.measure      # one JSON op a line on stdin: open, round, finish, policies, close, floor
 
 Everything goes through `load_runtime`, the path the server uses. A failure is written as the op's answer with
 the stage it happened in, and the worker exits 1 (docs/bench.md, "The bench in minutes").
@@ -27,6 +26,7 @@ from qserve import problemtypes as problems
 from qserve.artifact import read_manifest
 from qserve.bench import evalpass, invariance, policies
 from qserve.bench.evalpass import tokenizer_key
+from qserve.bench.floor import measure_peaks
 from qserve.bench.realtext import real_text_check, real_text_round, synthetic_batch
 from qserve.bench.rounds import merge_fixed, merge_real, per_round, round_iters
 from qserve.bench.stats import summarize, throughput
@@ -232,43 +232,32 @@ class Session:
         if __name__ == "__main__":  # the bench's own child process, not a user's: seconds of its start (modeling.py)
             skip_unused_imports()
         _preimport(self.backend, job["device"])
-        res["import_s"] = time.perf_counter() - t0
-        res["rss_before_load_mb"] = rss_mb()
+        res.update(import_s=time.perf_counter() - t0, rss_before_load_mb=rss_mb())
         _stage(res, "load")
         t0 = time.perf_counter()
         options = RuntimeOptions(threads=job.get("threads"), length_buckets=job.get("length_buckets") or "auto")
         rt = self.rt = load_runtime(
             variant_dir, device=job["device"], options=options, allow_extra_files=bool(job.get("allow_extra_files"))
         )
-        res["load_s"] = time.perf_counter() - t0
-        res["rss_after_load_mb"] = rss_mb()
-        res["peak_rss_load_mb"] = peak_rss_mb()
-        res["name"], res["labels"], res["max_length"] = rt.name, list(rt.labels), rt.max_length
-        res["long_text"] = str(rt.long_text)
-        res["length_buckets"] = list(rt.buckets) if rt.buckets else None
-        res["device"] = rt.device
+        res.update(load_s=time.perf_counter() - t0, rss_after_load_mb=rss_mb(), peak_rss_load_mb=peak_rss_mb())
+        res.update(name=rt.name, labels=list(rt.labels), max_length=rt.max_length, long_text=str(rt.long_text))
+        res.update(length_buckets=list(rt.buckets) if rt.buckets else None, device=rt.device)
         log(f"{rt.name}: loaded in {res['load_s']:.2f} s")
         _fault(variant_dir)
         self.cache = {"dir": job.get("token_cache"), "tokenizer": tokenizer_key(manifest.to_json().get("files") or {})}
         _stage(res, "idle")
         return {k: res[k] for k in ("name", "device", "load_s", "import_s", "pid")}
 
-    def round(self, rid: str, k: int, only: list | None = None) -> dict[str, Any]:
-        """One round: every fixed shape and every real-text batch size (or the `only` ones: ["fixed", b, s],
-        ["real", b]) for its share of the time budget. Returns the raw calls; the parent merges the rounds."""
-        rt, job, res = self.rt, self.job, self.res
+    def round(self, op: dict[str, Any]) -> dict[str, Any]:
+        """One round (op["round"], named op["id"]): every fixed shape and every real-text batch size (or op["only"]'s:
+        ["fixed", b, s], ["real", b]) for its share of the time budget; the raw calls, the parent merges the rounds."""
+        rt, job, res, k, only = self.rt, self.job, self.res, op["round"], op.get("only")
         rounds = int(job.get("rounds") or 1)
         budget = per_round(job["time_budget_s"], rounds)
         lo, hi = round_iters(job["min_iters"], job["max_iters"], rounds)
         text = " ".join(self.texts[:8]) if self.texts else FALLBACK_TEXT
-        out: dict[str, Any] = {
-            "id": rid,
-            "round": k,
-            "pid": os.getpid(),
-            "t0": time.time(),
-            "fixed": [],
-            "real_text": [],
-        }
+        out: dict[str, Any] = {"id": op["id"], "round": k, "pid": os.getpid(), "t0": time.time(), "fixed": []}
+        out["real_text"] = []
         _stage(res, "fixed")
         for b in job["batch_sizes"]:
             for s in job["seq_lens"]:
@@ -323,8 +312,7 @@ class Session:
             res["invariance"] = invariance.measure(rt, data["invariance_texts"])
             log(f"{rt.name}: batch invariance {invariance.cell(res['invariance'])} (max |Δprob| / label flips)")
         _stage(res, "idle")
-        res["peak_rss_mb"] = peak_rss_mb()
-        res["model_rss_mb"] = res["rss_after_load_mb"] - res["rss_before_load_mb"]
+        res.update(peak_rss_mb=peak_rss_mb(), model_rss_mb=res["rss_after_load_mb"] - res["rss_before_load_mb"])
         if cuda:
             import torch
 
@@ -336,8 +324,9 @@ class Session:
                 "device_used_mb": (total - free) / 2**20,
                 "gpu": torch.cuda.get_device_name(),
             }
-        res["env"] = child_env(self.backend)
-        res["versions"] = library_versions()
+        res.update(env=child_env(self.backend), versions=library_versions())
+        if op.get("shared"):  # measured in the shared worker, after the variants before it
+            res["isolation"] = "shared"
         return self.result()
 
     def policies(self, op: dict[str, Any]) -> dict[str, Any]:
@@ -365,7 +354,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     """One variant in this process: open, job["rounds"] rounds back to back, finish (the runner interleaves instead)."""
     s = Session(job)
     s.open()
-    rounds = [s.round(str(k), k) for k in range(int(job.get("rounds") or 1))]
+    rounds = [s.round({"id": str(k), "round": k}) for k in range(int(job.get("rounds") or 1))]
     tolerance = float(job.get("stability") or 0.1)
     fixed, real = merge_fixed(rounds, tolerance), merge_real(rounds, tolerance)
     res = s.finish({})
@@ -385,18 +374,6 @@ def child_env(backend: str) -> dict[str, Any]:
         if torch.cuda.is_available():
             env["gpu"] = torch.cuda.get_device_name()
     return env
-
-
-def run_job(job_path: Path, out: Path) -> int:
-    """Measure the job in `job_path` into `out` (atomically): 0, or 1 with the failure written as data."""
-    job = _read_job(Path(job_path))
-    try:
-        res = measure(job)
-    except BaseException as e:  # report the failure as data; the parent marks the variant failed
-        write_json_atomic(out, _failure(job, e))
-        return 1
-    write_json_atomic(out, res)
-    return 0
 
 
 def _read_job(path: Path) -> dict[str, Any]:
@@ -443,7 +420,7 @@ def _free() -> None:
 
 
 def worker(lines=None) -> int:
-    """Serve JSON ops from stdin, one a line (open, round, finish, policies, close), each answer written to its "out".
+    """Serve JSON ops from stdin, one a line (open, round, finish, policies, close; floor), each answer to its "out".
 
     A failed op ends the worker (exit 1) once its failure is written: the parent opens the variants it still needs in
     a fresh one, so none runs in a process another left in an unknown state (CUDA errors are sticky)."""
@@ -455,26 +432,23 @@ def worker(lines=None) -> int:
         tag, out = op.get("tag"), op.get("out")
         s = sessions.get(tag)
         try:
-            if op["op"] == "open":
+            if op["op"] == "floor":  # the compute floor's peak GEMM rates (runner.run_floor), in a process of their own
+                shapes = [tuple(x) for x in op["shapes"]]
+                answer = measure_peaks(shapes, op["threads"], op["device"], op["budget_s"], op["model_shapes"])
+                answer["pid"] = os.getpid()
+            elif op["op"] == "open":
                 if op.get("shared"):
                     _reset_peaks()
                 s = sessions[tag] = Session(_read_job(Path(op["job"])))
                 answer = s.open()
             elif s is None:
                 raise RuntimeError(f"no variant {tag!r} is open in this worker")
-            elif op["op"] == "round":
-                answer = s.round(op["id"], op["round"], op.get("only"))
-            elif op["op"] == "finish":
-                answer = s.finish(op)
-                if op.get("shared"):
-                    answer["isolation"] = "shared"
-            elif op["op"] == "policies":
-                answer = s.policies(op)
-            else:  # close
-                s.close()
-                del sessions[tag]
+            elif op["op"] == "close":
+                sessions.pop(tag).close()
                 _free()
                 continue
+            else:  # round, finish, policies
+                answer = getattr(s, op["op"])(op)
         except BaseException as e:  # report the failure as data; the parent marks the variant failed
             if out:
                 failed = _failure(s.job if s is not None else {"variant_dir": tag}, e)
@@ -489,12 +463,5 @@ def worker(lines=None) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--worker"]:
-        return worker()
-    return run_job(Path(argv[0]), Path(argv[1]))
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(worker())

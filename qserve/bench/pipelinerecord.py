@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qserve.bench.mdtable import cell, md_table
+from qserve.bench.mdtable import blocks, cell, md_table
 
 
 def md_lines(report: dict[str, Any]) -> list[str]:
@@ -21,10 +21,10 @@ def _gate_lines(report: dict[str, Any]) -> list[str]:
     g = report.get("gate")
     if not g:
         return []
-    d = g.get("data") or {}
-    out = [
+    d, rows, skipped = g.get("data") or {}, g.get("rows") or [], g.get("not_gated")
+    head, none = list(rows[0]) if rows else [], f"No variant was gated: {g.get('why', 'no candidate')}."
+    return blocks(
         "## Release gate",
-        "",
         "The pipeline gated the variants that meet their agreement bar here, fastest first, until two passed (the "
         f"recommendation and its runner-up; at most {g.get('max_candidates', '?')}): each against "
         f"{report.get('agreement_reference') or 'fp32'} on "
@@ -32,17 +32,9 @@ def _gate_lines(report: dict[str, Any]) -> list[str]:
         f"`{str(d.get('fingerprint', ''))[:12]}`), passing on agreement's 95% lower bound; calibration fitted on "
         f"held-out validation texts. Only a gated variant (or the reference) can be recommended. Full report: "
         f"`{g.get('dir', 'gate')}/gate.md`.",
-        "",
-    ]
-    rows = g.get("rows") or []
-    if rows:
-        head = list(rows[0])
-        out += md_table(head, [[r[h] for h in head] for r in rows]) + [""]
-    else:
-        out += [f"No variant was gated: {g.get('why', 'no candidate')}.", ""]
-    if g.get("not_gated"):
-        out += [f"Not gated (two faster candidates passed first): {', '.join(g['not_gated'])}.", ""]
-    return out
+        md_table(head, [[r[h] for h in head] for r in rows]) if rows else none,
+        *([f"Not gated (two faster candidates passed first): {', '.join(skipped)}."] if skipped else []),
+    )
 
 
 def _stage_lines(report: dict[str, Any]) -> list[str]:
@@ -51,16 +43,11 @@ def _stage_lines(report: dict[str, Any]) -> list[str]:
     if not st:
         return []
     rows = [[k, f"{st[k]:,.0f}", f"{st[k] / 60:.1f}"] for k in st]  # in stages.STAGES order, as recorded
-    return _choice_lines(report["pipeline"]) + (
-        [
-            "## Pipeline stages",
-            "",
-            "Wall time of each stage of the `qserve pipeline` run that wrote this report "
-            "(a stage that reused its finished outputs takes seconds).",
-            "",
-        ]
-        + md_table(["stage", "seconds", "minutes"], rows)
-        + [""]
+    return _choice_lines(report["pipeline"]) + blocks(
+        "## Pipeline stages",
+        "Wall time of each stage of the `qserve pipeline` run that wrote this report "
+        "(a stage that reused its finished outputs takes seconds).",
+        md_table(["stage", "seconds", "minutes"], rows),
     )
 
 
@@ -97,15 +84,9 @@ def _choice_lines(pipe: dict[str, Any]) -> list[str]:
             if budget.get("cut")
             else f"the full recipe fit ({budget['steps']} steps, {budget['examples']:,} examples)"
         )
-        out.append(
-            f"- Time budget {budget['minutes']:g} min of optimizer steps: {cut}"
-            + (
-                f", at a median {training['step_time_median_s']:.2f} s a step"
-                if training.get("step_time_median_s")
-                else ""
-            )
-            + "."
-        )
+        step = training.get("step_time_median_s")
+        out.append(f"- Time budget {budget['minutes']:g} min of optimizer steps: {cut}")
+        out[-1] += (f", at a median {step:.2f} s a step" if step else "") + "."
     elif sizes.get("train"):
         out.append(
             f"- Trained on {sizes['train']:,} examples ({training.get('optimizer_steps', '?')} optimizer steps)."
@@ -115,10 +96,8 @@ def _choice_lines(pipe: dict[str, Any]) -> list[str]:
             f"- The checkpoint's test accuracy: {training['test_accuracy']:.2%} "
             f"({sizes.get('test', '?')} reviews; validation {training.get('val_accuracy', float('nan')):.2%})."
         )
-    for name, why in skipped.items():
-        out.append(f"- Skipped **{name}**: {why}.")
-    for name, why in (pipe.get("export_failed") or {}).items():
-        out.append(f"- Export failed for **{name}**: {why}.")
+    out += [f"- Skipped **{name}**: {why}." for name, why in skipped.items()]
+    out += [f"- Export failed for **{name}**: {why}." for name, why in (pipe.get("export_failed") or {}).items()]
     return out + [""]
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from qserve.bench.chartlabels import Label, place
-from qserve.benchreport import shown, summary_rows
+from qserve.benchreport import recommendation, shown, summary_rows
 from qserve.intervals import wilson
 from qserve.variants import AGREEMENT_BAR
 
@@ -106,6 +106,16 @@ def _furniture(fig, *more) -> list:
     return [p.get_window_extent(r) for p in parts]
 
 
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed), imported when a chart is drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def _title(report: dict[str, Any]) -> str:
     cfg = report["config"]
     cpu = ((report.get("environment") or {}).get("cpu") or {}).get("model")
@@ -118,10 +128,9 @@ def _title(report: dict[str, Any]) -> str:
 def ranked_latency(report: dict[str, Any]) -> tuple[dict[str, float | None], str]:
     """({variant: the p50 the recommendation ranked it by}, what that p50 is): real-text b1, else the headline shape."""
     b, s = report["headline"]["batch"], report["headline"]["seq"]
-    rec = report.get("recommended") or {}
-    ranking = rec.get("ranking") or []
-    if ranking and rec.get("shape") and rec["shape"] != f"b{b}/s{s}":
-        return {r["variant"]: r.get("p50_ms") for r in ranking}, "b1 on real texts, p50"
+    rec = recommendation(report)
+    if rec.ranking and rec.shape and rec.shape != f"b{b}/s{s}":
+        return {r.variant: r.p50_ms for r in rec.ranking}, "b1 on real texts, p50"
     return {r.variant: r.p50_ms for r in summary_rows(report)}, f"b{b}/s{s} p50"
 
 
@@ -129,17 +138,10 @@ def decision_points(report: dict[str, Any]) -> list[dict[str, Any]]:
     """Per variant with an agreement: name, ranked p50 (and interval), throughput, size, agreement, bits."""
     spec = {v["name"]: v.get("spec") or {} for v in report["variants"]}
     ranked, _ = ranked_latency(report)
-    cis = {r["variant"]: r.get("p50_ci") for r in (report.get("recommended") or {}).get("ranking") or []}
+    cis = {r.variant: r.p50_ci for r in recommendation(report).ranking}
     return [
-        {
-            "name": r.variant,
-            "p50": ranked.get(r.variant),
-            "p50_ci": cis.get(r.variant),
-            "throughput": r.throughput,
-            "size_mb": r.size_mb,
-            "agreement": r.agreement,
-            "bits": spec[r.variant].get("bits"),
-        }
+        {"name": r.variant, "p50": ranked.get(r.variant), "p50_ci": cis.get(r.variant), "throughput": r.throughput}
+        | {"size_mb": r.size_mb, "agreement": r.agreement, "bits": spec[r.variant].get("bits")}
         for r in summary_rows(report)
         if r.status == "ok" and r.agreement is not None
     ]
@@ -147,17 +149,15 @@ def decision_points(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def decision_figure(report: dict[str, Any]):
     """The decision chart as a matplotlib Figure (None without agreement numbers: a speed-only run)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     from matplotlib.lines import Line2D
 
     pts = decision_points(report)
     if not pts:
         return None
     st = styles(_ok(report))
-    rec = (report.get("recommended") or {}).get("variant")
+    full = recommendation(report)
+    rec = full.variant
     ref = report.get("agreement_reference") or "fp32"
     s = report["headline"]["seq"]
     bmax = max(report["config"]["batch_sizes"])
@@ -169,13 +169,8 @@ def decision_figure(report: dict[str, Any]):
 
     fig, axes = plt.subplots(1, 2, figsize=(13.5, 5.8), dpi=DPI, layout="constrained")
     _, what = ranked_latency(report)
-    full = report.get("recommended") or {}
-    versus = (
-        f"\n{rec} vs runner-up {full['runner_up']}: {full['ratio_text']}"
-        + (" — a tie, broken by the tie rule" if full.get("tied") else "")
-        if full.get("ratio_text")
-        else ""
-    )
+    tie = " — a tie, broken by the tie rule" if full.tied else ""
+    versus = f"\n{rec} vs runner-up {full.runner_up}: {full.ratio_text}{tie}" if full.ratio_text else ""
     panels = [
         (
             axes[0],
@@ -229,13 +224,8 @@ def decision_figure(report: dict[str, Any]):
     for bar, ls in zip(bars, ("--", ":", "-.")):
         handles.append(Line2D([], [], color="0.3", lw=1, ls=ls, label=f"agreement bar {bar:.0%} ({bar_bits[bar]}-bit)"))
     if rec:
-        ringed: dict[str, Any] = {
-            "marker": "o",
-            "markersize": 13,
-            "markerfacecolor": "none",
-            "markeredgecolor": "black",
-        }
-        handles.append(Line2D([], [], linestyle="", markeredgewidth=1.8, label=f"recommended: {rec}", **ringed))
+        mark: dict[str, Any] = {"marker": "o", "markersize": 13, "markerfacecolor": "none", "markeredgecolor": "black"}
+        handles.append(Line2D([], [], linestyle="", markeredgewidth=1.8, label=f"recommended: {rec}", **mark))
     fig.legend(handles=handles, loc="outside right center", fontsize=8, frameon=False, labelspacing=0.9)
     head = fig.suptitle(
         f"Which variant is fast and faithful? {_title(report)}"
@@ -268,10 +258,7 @@ def _size_refs(biggest: float) -> list[float]:
 
 # -- latency and throughput against batch size -------------------------------------------------------------
 def latency_figure(report: dict[str, Any]):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     s = report["headline"]["seq"]
     variants = _ok(report)
@@ -318,16 +305,13 @@ def latency_figure(report: dict[str, Any]):
 
 # -- accuracy against size ---------------------------------------------------------------------------------
 def accuracy_figure(report: dict[str, Any]):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     ok = [v for v in _ok(report) if (v.get("accuracy") or {}).get("accuracy") is not None and v.get("disk_bytes")]
     if not ok:
         return None
     st = styles(_ok(report))
-    rec = (report.get("recommended") or {}).get("variant")
+    rec = recommendation(report).variant
     acc0 = ok[0]["accuracy"]
     fig, ax = plt.subplots(figsize=(9.5, 5.6), dpi=DPI, layout="constrained")
     ys, labels = [], []

@@ -15,8 +15,9 @@ import numpy as np
 
 from qserve import problemtypes as problems
 from qserve.bench import evalpass
+from qserve.bench.mdtable import blocks, md_table, pct
+from qserve.benchreport import recommendation, shown
 from qserve.intervals import paired_bootstrap
-from qserve.placement import mark
 from qserve.problemtypes import MULTI, SINGLE, agreement
 
 SPEED_FRACTION = 0.5
@@ -45,13 +46,9 @@ def measure(
     for asked in with_head(policies):
         policy = rt.resolve_policy(asked, "--long-text")
         stats = evalpass.piece_stats(rt, texts, policy, cache.get("dir"), cache.get("tokenizer"))
-        if (
-            own
-            and own.get("policy") == str(policy)
-            and own.get("predictions") is not None
-            and len(own["predictions"]) == len(texts)
-        ):
-            preds, seconds = own["predictions"], own["seconds"]
+        mine = own if own and own.get("policy") == str(policy) else {}
+        if mine.get("predictions") is not None and len(mine["predictions"]) == len(texts):
+            preds, seconds = mine["predictions"], mine["seconds"]
         else:
             preds, seconds = evalpass.score(rt, texts, policy, stats["tokens"], batch)
         quality = problems.metrics(preds, labels, rt.problem_type, len(rt.labels))
@@ -148,7 +145,7 @@ def finish(report: dict[str, Any]) -> None:
     variants = [v for v in report["variants"] if v.get("status") == "ok" and v.get("long_text_policies")]
     if not variants:
         return
-    rec = (report.get("recommended") or {}).get("variant")
+    rec = recommendation(report).variant
     ref = report.get("agreement_reference")
     v = (
         next((x for x in variants if x["name"] == rec), None)
@@ -183,67 +180,44 @@ def _pp(d: dict[str, Any] | None) -> str:
     return f"{d['value'] * 100:+.2f} points [{d['lo'] * 100:+.2f}, {d['hi'] * 100:+.2f}] on {d['n']} texts"
 
 
-def _pct(x: Any) -> str:
-    return "–" if x is None else f"{x * 100:.2f}%"
-
-
 def md_lines(report: dict[str, Any]) -> list[str]:
-    rows = []
+    """report.md's long-text section: every policy record of every variant, then the policy chosen to serve."""
     top = max((r["n"] for v in report["variants"] for r in v.get("long_text_policies") or []), default=0)
-    for v in report["variants"]:
-        if v.get("status") != "ok":
-            continue
+    rows, ok = [], [v for v in report["variants"] if v.get("status") == "ok"]
+    for v in ok:
         for r in v.get("long_text_policies") or []:
             few = f" ({r['n']} texts)" if r["n"] < top else ""
-            agr = _pct(r.get("agreement")) + (f" ({r['agreement_n']} texts)" if r.get("agreement_n") else few)
-            shown = v["name"] + mark(v.get("device"), (report.get("config") or {}).get("device"))
-            rows.append(
-                f"| {shown} | {r['policy']} | {_pct(r.get('accuracy'))}{few} | {agr} | "
-                + ("–" if not r.get("texts_per_s") else f"{r['texts_per_s']:.1f}")
-                + f" | {r.get('mean_windows') or 0:.2f} | {_pct(r.get('truncated'))} |"
-            )
+            agr = pct(r.get("agreement")) + (f" ({r['agreement_n']} texts)" if r.get("agreement_n") else few)
+            speed = "–" if not r.get("texts_per_s") else f"{r['texts_per_s']:.1f}"
+            rows.append([shown(v, report), r["policy"], pct(r.get("accuracy")) + few, agr, speed])
+            rows[-1] += [f"{r.get('mean_windows') or 0:.2f}", pct(r.get("truncated"))]
     if not rows:
         return []
-    ref = report.get("agreement_reference") or "fp32"
-    n = top
-    L = [
+    once = any(v.get("accuracy") and not v.get("long_text_policies") for v in ok)
+    head = "variant|policy|accuracy|agreement|texts/s|windows per text|truncated".split("|")
+    L = blocks(
         "## Long texts: policies compared",
-        "",
-        f"The first {n} test texts scored under each long-text policy (predict() in batches of 32: tokenization, "
-        f"cutting, every window and the aggregation included); agreement is with {ref} under the same policy; "
+        f"The first {top} test texts scored under each long-text policy (predict() in batches of 32: tokenization, "
+        f"cutting, every window and the aggregation included); agreement is with "
+        f"{report.get('agreement_reference') or 'fp32'} under the same policy; "
         "`truncated` is the share of texts with tokens no piece covered."
         + (
             " Compared on the reference and the recommended variant only, the records the served policy is "
             "qualified and chosen on; every other variant is scored once, under its own policy (docs/bench.md)."
-            if any(
-                v.get("status") == "ok" and v.get("accuracy") and not v.get("long_text_policies")
-                for v in report["variants"]
-            )
+            if once
             else ""
         ),
-        "",
-        "| variant | policy | accuracy | agreement | texts/s | windows per text | truncated |",
-        "|---|---|---:|---:|---:|---:|---:|",
-        *rows,
-        "",
-    ]
+        md_table(head, rows, ["---"] * 2 + ["---:"] * 5),
+    )
     lt = report.get("long_text")
     if lt:
-        L += [
-            f"**Long-text policy chosen: {lt['fast']['policy']}** (the variant's own: {lt.get('own')}; most "
+        fast, gate = lt["fast"]["policy"], lt.get("gate")
+        L += blocks(
+            f"**Long-text policy chosen: {fast}** (the variant's own: {lt.get('own')}; most "
             f"accurate overall: {lt['best']['policy']}); {lt['why']}. `qserve serve MODEL_DIR` serves "
-            f"{lt['fast']['policy']} once a gate verdict for it exists"
-            + (
-                ""
-                if lt["fast"]["policy"] == lt.get("own")
-                else f" (`qserve gate VARIANT --long-text {lt['fast']['policy']}`)"
-            )
+            f"{fast} once a gate verdict for it exists"
+            + ("" if fast == lt.get("own") else f" (`qserve gate VARIANT --long-text {fast}`)")
             + ", else the policy its gate verified."
-            + (
-                f" The pipeline gated {lt['variant']} under {lt['gate']['policy']}: {lt['gate'].get('verdict')}."
-                if lt.get("gate")
-                else ""
-            ),
-            "",
-        ]
+            + (f" The pipeline gated {lt['variant']} under {gate['policy']}: {gate.get('verdict')}." if gate else "")
+        )
     return L

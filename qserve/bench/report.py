@@ -14,98 +14,83 @@ from typing import Any
 
 from qserve.bench.html import render_html
 from qserve.bench.invariance import cell as invariance_cell
-from qserve.bench.mdtable import cell, md_table
+from qserve.bench.mdtable import blocks, cell, md_table, pct
 from qserve.bench.pipelinerecord import md_lines as pipeline_md_lines
 from qserve.bench.plots import write_plots
 from qserve.bench.policies import md_lines as long_text_lines
 from qserve.bench.rounds import ci_cell
-from qserve.benchreport import Row, fixed_shape, peak_memory, shown, summary_rows
+from qserve.benchreport import Row, fixed_shape, peak_memory, recommendation, shown, summary_rows
 from qserve.devices import cpu_label
 from qserve.files import write_json_atomic, write_text_atomic
 from qserve.provenance import md_line, with_header
 
 FILES = ("report.json", "report.csv", "report.md", "report.html")
+FLOOR_OFF = "floor measurement disabled (--no-floor)"
+DECISION_PNG = "![which variant is fast and faithful: latency and throughput against agreement](decision.png)"
 
 
 def _floor_lines(report: dict[str, Any]) -> list[str]:
     b, s = report["headline"]["batch"], report["headline"]["seq"]
     floor = report.get("floor") or {}
     fl = (floor.get("flops_per_sequence") or {}).get(str(s))
-    lines = ["## Compute floor", ""]
     if not fl:
-        return lines + [f"Not stated: {floor.get('error', 'no FLOP count')}.", ""]
-    threads = floor.get("threads", report["config"].get("threads"))
-    lines.append(
+        return blocks("## Compute floor", f"Not stated: {floor.get('error', 'no FLOP count')}.")
+    intro = (
         f"One sequence of {s} tokens costs **{fl['total'] / 1e9:.3f} GFLOP** "
         f"(linear layers {fl['linear'] / 1e9:.3f} = 2 × {fl['params_linear'] / 1e6:.2f}M params × {s}; "
         f"attention {fl['attention'] / 1e9:.3f} = 2·2·S²·d per layer; head {fl['head'] / 1e6:.2f} MFLOP; "
         "embeddings excluded). Peak GEMM rates measured on this machine at "
-        f"{threads} threads (best-of-N timing; the model's own GEMM shapes at {b * s} rows, "
-        "then larger saturating shapes):"
+        f"{floor.get('threads', report['config'].get('threads'))} threads (best-of-N timing; the model's own GEMM "
+        f"shapes at {b * s} rows, then larger saturating shapes):"
     )
-    lines.append("")
     peaks, mpeaks = floor.get("peaks") or {}, floor.get("model_peaks") or {}
     if not peaks:
-        lines += [f"Peak not measured: {floor.get('error', 'floor measurement disabled (--no-floor)')}.", ""]
-        return lines
-    rows = []
-    for name in ("fp32", "bf16", "fp16", "int8"):
-        for kind, table in (("machine peak", peaks), (f"at the model's shapes (M={b * s})", mpeaks)):
-            if name in table:
-                p = table[name]
-                fm = fl["total"] * b / (p["gflops"] * 1e9) * 1e3
-                rows.append(
-                    [name, kind, f"{p['gflops']:,.1f}", p["method"], "×".join(map(str, p["shape"])), f"{fm:.2f}"]
-                )
-    lines += md_table(
-        ["compute", "rate", "GFLOP/s (GOP/s for int8)", "measured with", "M×K×N", f"floor b{b}/s{s} (ms)"],
-        rows,
-        ["---", "---", "---:", "---", "---", "---:"],
-    )
-    lines += [
-        "",
+        return blocks("## Compute floor", intro, f"Peak not measured: {floor.get('error', FLOOR_OFF)}.")
+    rows = [
+        [name, kind, f"{p['gflops']:,.1f}", p["method"], "×".join(map(str, p["shape"]))]
+        + [f"{fl['total'] * b / (p['gflops'] * 1e9) * 1e3:.2f}"]
+        for name in ("fp32", "bf16", "fp16", "int8")
+        for kind, table in (("machine peak", peaks), (f"at the model's shapes (M={b * s})", mpeaks))
+        if (p := table.get(name)) is not None
+    ]
+    cols = (("floor_ms", ""), ("p50_over_floor", "×"), ("model_floor_ms", ""), ("model_p50_over_floor", "×"))
+    vrows = [
+        [shown(v, report), f.get("peak") or "–"] + [cell(f.get(k), 2, x) for k, x in cols]
+        for v in report["variants"]
+        if v["status"] == "ok" and (f := v.get("floor"))
+    ]
+    head = "variant|compute|floor, machine peak (ms)|p50/floor|floor, model shapes (ms)|p50/model-shape floor"
+    return blocks(
+        "## Compute floor",
+        intro,
+        md_table(
+            ["compute", "rate", "GFLOP/s (GOP/s for int8)", "measured with", "M×K×N", f"floor b{b}/s{s} (ms)"],
+            rows,
+            ["---", "---", "---:", "---", "---", "---:"],
+        ),
         "Each variant is held to the peak of its compute type (fp32 → fp32, bf16 → bf16, int8 → int8; "
         "4-bit and other low-bit formats → the fastest peak measured). The summary table's floor uses the "
         "machine peak (the hardest bound); the model-shape floor is what the fastest measured kernel reaches "
         "on this workload's own matrices. p50/floor = 1.0 would mean every FLOP ran at that rate.",
-        "",
-    ]
-    vrows = []
-    for v in report["variants"]:
-        f = v.get("floor") or {}
-        if v["status"] != "ok" or not f:
-            continue
-        vrows.append(
-            [
-                shown(v, report),
-                f.get("peak") or "–",
-                cell(f.get("floor_ms"), 2),
-                cell(f.get("p50_over_floor"), 2, "×"),
-                cell(f.get("model_floor_ms"), 2),
-                cell(f.get("model_p50_over_floor"), 2, "×"),
-            ]
-        )
-    if vrows:
-        head = "variant|compute|floor, machine peak (ms)|p50/floor|floor, model shapes (ms)|p50/model-shape floor"
-        lines += md_table(head.split("|"), vrows) + [""]
-    return lines
+        *([md_table(head.split("|"), vrows)] if vrows else []),
+    )
 
 
 def verdict_line(report: dict[str, Any]) -> str:
     """The report's first line after its title: the recommendation in one sentence (recommend.recommend's `why`)."""
-    rec = report.get("recommended") or {}
-    if not rec.get("variant"):
-        return f"**No variant to serve:** {rec['why']}." if rec.get("why") else ""
-    head = f"Serve {rec['variant']}:"
-    return f"**{head}** {rec['why'].removeprefix(head).strip()}"
+    rec = recommendation(report)
+    if not rec.variant:
+        return f"**No variant to serve:** {rec.why}." if rec.why else ""
+    head = f"Serve {rec.variant}:"
+    return f"**{head}** {(rec.why or '').removeprefix(head).strip()}"
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
     """The first screen: the verdict, then one row per variant with one number per cell and its verdict, and why
     each verdict below it."""
-    rec, rows = report.get("recommended") or {}, summary_rows(report)
+    rows = summary_rows(report)
     b, s = report["headline"]["batch"], report["headline"]["seq"]
-    real = str(rec.get("shape", "")).startswith("b1 on real")
+    real = str(recommendation(report).shape).startswith("b1 on real")
     head = [
         "variant",
         "b1 on real texts, p50 (ms)" if real else f"b{b}/s{s} p50 (ms)",
@@ -119,24 +104,15 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     ]
     body = [
         [r.shown, cell(r.b1_ms, 2), cell(r.throughput, 1), cell(r.peak_mem_mib, 0), cell(r.size_mb, 1)]
-        + [_pct(r.agreement), _pct(r.agreement_lo), r.verdict]
+        + [pct(r.agreement), pct(r.agreement_lo), r.verdict]
         for r in rows
     ]
-    return (
-        [verdict_line(report), ""]
-        + md_table(head, body, ["---"] + ["---:"] * 6 + ["---"])
-        + [""]
-        + _notes(report, rows)
-    )
-
-
-def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{x:.2%}"
+    return blocks(verdict_line(report), md_table(head, body, ["---"] + ["---:"] * 6 + ["---"])) + _notes(report, rows)
 
 
 def _notes(report: dict[str, Any], rows: list[Row]) -> list[str]:
     """Why each verdict, one line per kind (a reason shared by all of a kind said once); what the cells are."""
-    race, rec = report.get("race") or {}, report.get("recommended") or {}
+    race, shape = report.get("race") or {}, recommendation(report).shape or "the headline shape"
     by: dict[str, list[tuple[str, str]]] = {}
     for r in rows:
         if r.why:
@@ -152,7 +128,7 @@ def _notes(report: dict[str, Any], rows: list[Row]) -> list[str]:
         lines.append(f"- **{kind}**{lead}: {each}.")
     once = "; a raced-out variant's, its one round" if "raced out" in by else ""
     return lines + [
-        f"- Latency: what the recommendation ranks by ({rec.get('shape', 'the headline shape')}; the fast mode's "
+        f"- Latency: what the recommendation ranks by ({shape}; the fast mode's "
         f"median where a variant's rounds fell in two){once}. Lower bound: the release gate's (95%) where it ran, "
         "else Wilson's over the bench's texts. The report's details hold the proof.",
         "",
@@ -160,72 +136,51 @@ def _notes(report: dict[str, Any], rows: list[Row]) -> list[str]:
 
 
 def render_md(report: dict[str, Any]) -> str:
-    cfg, env = report["config"], report["environment"]
-    model = report.get("model") or {}
-    if str(cfg["device"]).startswith("cuda"):
-        dev = env.get("gpu")
-    else:
-        dev = cpu_label(env["cpu"]) if env.get("cpu") else None
-    rec = (report.get("recommended") or {}).get("variant")
-    L = [f"# Benchmark: {model.get('name') or 'variants'} on {cfg['device']}, threads={cfg['threads']}", ""]
-    L += summary_lines(report)
-    L += [
+    cfg, env, rows = report["config"], report["environment"], summary_rows(report)
+    cpu = cpu_label(env["cpu"]) if env.get("cpu") else None
+    dev = env.get("gpu") if str(cfg["device"]).startswith("cuda") else cpu
+    rec, agreed = recommendation(report).variant, any(r.agreement is not None for r in rows if r.status == "ok")
+    name = (report.get("model") or {}).get("name") or "variants"
+    L = blocks(f"# Benchmark: {name} on {cfg['device']}, threads={cfg['threads']}")
+    L += summary_lines(report) + blocks(
         f"Run `{report['run']['name']}`, created {report['created']}, {dev}. "
         + (f"`qserve serve MODEL_DIR` serves {rec} by default. " if rec else "")
         + md_line(report.get("provenance")),
-        "",
-    ]
-    if any(r.agreement is not None for r in summary_rows(report) if r.status == "ok"):
-        L += ["![which variant is fast and faithful: latency and throughput against agreement](decision.png)", ""]
-    L += ["## Details: how it was measured and chosen", ""]
-    L.append(
+        *([DECISION_PNG] if agreed else []),
+        "## Details: how it was measured and chosen",
         f"Latency: fixed-shape batches of real token ids (full attention mask), after warm-up, "
         f"≤{cfg['time_budget_s']:g} s or ≤{cfg['max_iters']} calls per shape (≥{cfg['min_iters']}). "
-        + _isolation(report)
+        + _isolation(report),
+        *_suite(report.get("suite") or {}),
     )
-    L.append("")
-    suite = report.get("suite") or {}
-    if suite:
-        fails = suite.get("export_failures") or {}
-        L += [
-            f"Suite `{suite.get('script')}`"
-            + (": **random weights, speed only** (accuracy is meaningless here)" if suite.get("random_weights") else "")
-            + (". Export failed for " + "; ".join(f"{k} ({v})" for k, v in sorted(fails.items())) if fails else "")
-            + ".",
-            "",
-        ]
-    L += rounds_lines(report) + _every_variant(report)
-    L += _checks(report) + _floor_lines(report)
-
-    L += _execution_lines(report)
-    L += (
-        _grid(report)
-        + _real_text(report)
-        + long_text_lines(report)
-        + _invariance(report)
-        + _bench_time_lines(report)
-        + _failures(report)
-    )
-    L += pipeline_md_lines(report) + _env(report)
-    L += ["## Plots", "", "![latency vs batch size](latency_vs_batch.png)", ""]
-    if any(r.accuracy is not None for r in summary_rows(report)):
-        L += ["![accuracy vs size](accuracy_vs_size.png)", ""]
-
+    sections = (rounds_lines, _every_variant, _checks, _floor_lines, _execution_lines, _grid, _real_text)
+    for section in sections + (long_text_lines, _invariance, _bench_time_lines, _failures, pipeline_md_lines, _env):
+        L += section(report)
+    L += blocks("## Plots", "![latency vs batch size](latency_vs_batch.png)")
+    if any(r.accuracy is not None for r in rows):
+        L += blocks("![accuracy vs size](accuracy_vs_size.png)")
     return with_header("\n".join(L).rstrip() + "\n", report.get("provenance"))
+
+
+def _suite(suite: dict[str, Any]) -> list[str]:
+    """The suite that ran this bench (benchmarks/), if one did, and the variants it could not export."""
+    if not suite:
+        return []
+    fails = suite.get("export_failures") or {}
+    return [
+        f"Suite `{suite.get('script')}`"
+        + (": **random weights, speed only** (accuracy is meaningless here)" if suite.get("random_weights") else "")
+        + (". Export failed for " + "; ".join(f"{k} ({v})" for k, v in sorted(fails.items())) if fails else "")
+        + "."
+    ]
 
 
 def _every_variant(report: dict[str, Any]) -> list[str]:
     """What the summary leaves out, per variant: load time, accuracy, the texts scored, speed-up, batch invariance."""
     b, s = report["headline"]["batch"], report["headline"]["seq"]
     rows = [
-        [
-            r.shown,
-            cell(r.load_s, 2),
-            _pct(r.accuracy),
-            cell(r.eval_n),
-            cell(r.speedup, 2, "×"),
-            invariance_cell(v.get("invariance")),
-        ]
+        [r.shown, cell(r.load_s, 2), pct(r.accuracy), cell(r.eval_n), cell(r.speedup, 2, "×")]
+        + [invariance_cell(v.get("invariance"))]
         for v, r in zip(report["variants"], summary_rows(report))
         if r.status == "ok"
     ]
@@ -243,11 +198,10 @@ def _every_variant(report: dict[str, Any]) -> list[str]:
     own = {v["name"]: v.get("long_text") for v in report["variants"] if v.get("long_text")}
     if any(p != "head" for p in own.values()):  # accuracy above is under each variant's own policy
         notes.append("long-text policy per variant: " + ", ".join(f"{k} {p}" for k, p in own.items()))
-    return (
-        ["## Every variant", ""]
-        + md_table(head + ["batch invariance: max \\|Δprob\\| / label flips"], rows)
-        + [""]
-        + (["Notes: " + "; ".join(notes) + ".", ""] if notes else [])
+    return blocks(
+        "## Every variant",
+        md_table(head + ["batch invariance: max \\|Δprob\\| / label flips"], rows),
+        *(["Notes: " + "; ".join(notes) + "."] if notes else []),
     )
 
 
@@ -280,11 +234,7 @@ def _checks(report: dict[str, Any]) -> list[str]:
         return "not measured" if c.get("value") is None else "–"
 
     rows = [[c["name"], cell(c.get("value"), 2, c.get("unit", "")), c.get("target", ""), result(c)] for c in checks]
-    return (
-        ["## Checks", ""]
-        + md_table(["check", "measured", "target", "result"], rows, ["---", "---:", "---", "---"])
-        + [""]
-    )
+    return blocks("## Checks", md_table(["check", "measured", "target", "result"], rows, ["---", "---:", "---", "---"]))
 
 
 def _execution_lines(report: dict[str, Any]) -> list[str]:
@@ -313,24 +263,17 @@ def _execution_lines(report: dict[str, Any]) -> list[str]:
                 cell(tp / eager_tp if mode != "eager" and eager_tp and tp else None, 2, "×"),
             ]
             rows.append([f"{v['name']} ({mode})", cell(p50, 3), cell((st or {}).get("p99"), 3), cell(tp, 1), *gain])
-    if not rows:
-        return []
+    head = ["variant (execution)", f"p50 b{b}/s{s} (ms)", f"p99 b{b}/s{s} (ms)", f"throughput b{bmax}/s{s} (seq/s)"]
     return (
-        [
+        blocks(
             "## Eager and CUDA graphs (torch variants on CUDA)",
-            "",
             "The same fixed shapes, eager and as the variant runs (`--cuda-graphs`, default auto: graphs captured "
             "at load per (batch, length) bucket, kept where a short measurement at load finds them faster).",
-            "",
-        ]
-        + md_table(
-            ["variant (execution)", f"p50 b{b}/s{s} (ms)", f"p99 b{b}/s{s} (ms)", f"throughput b{bmax}/s{s} (seq/s)"]
-            + ["p50 speed-up", "throughput gain"],
-            rows,
+            md_table(head + ["p50 speed-up", "throughput gain"], rows),
+            why,
         )
-        + [""]
-        + why
-        + [""]
+        if rows
+        else []
     )
 
 
@@ -340,7 +283,7 @@ def rounds_lines(report: dict[str, Any]) -> list[str]:
     r = report.get("rounds")
     if not r:
         return []
-    rec, race = report.get("recommended") or {}, report.get("race") or {}
+    rec, race = recommendation(report), report.get("race") or {}
     raced = [v["name"] for v in report["variants"] if v.get("raced_out")]
     lines = [
         "Latencies: every variant loaded once in its own process, then measured in interleaved rounds (A B C ... "
@@ -358,22 +301,17 @@ def rounds_lines(report: dict[str, Any]) -> list[str]:
         + "; each p50 is the median of the rounds' p50s, in brackets the order-statistic interval of that median "
         f"(about 95%, its coverage in report.json); a number marked unstable has an interval wider than "
         f"{r['stability']:.0%} of it after the extra rounds. The recommendation: the lowest p50 at "
-        f"{rec.get('shape', 'the headline shape')} (the fast mode's median where a variant's rounds fell in two) "
+        f"{rec.shape or 'the headline shape'} (the fast mode's median where a variant's rounds fell in two) "
         f"among the variants whose agreement with {report.get('agreement_reference') or 'fp32'} meets the bar for "
         "their bits (int8 >= 99%, 4-bit >= 97%, 16/32-bit >= 99%) and, once a release gate ran, that passed it or "
         "are the reference; the runner-up is the next of them, the reference only when no other qualifies."
     ]
-    if rec.get("ratio"):
-        q = rec["ratio"]
+    if (q := rec.ratio) is not None:
         lines[0] += (
-            f" {rec['variant']} against the runner-up {rec['runner_up']}: {rec['ratio_text']} "
-            f"(the runner-up's latency over the recommended's, {'paired round by round' if q['paired'] else 'unpaired'}"
-            f" over {q['rounds']} rounds, {q['level']:.0%} interval)"
-            + (
-                f", a tie (the interval holds 1), broken by {rec['tie_break']}."
-                if rec.get("tied")
-                else ", a difference."
-            )
+            f" {rec.variant} against the runner-up {rec.runner_up}: {rec.ratio_text} "
+            f"(the runner-up's latency over the recommended's, {'paired round by round' if q.paired else 'unpaired'}"
+            f" over {q.rounds} rounds, {q.level:.0%} interval)"
+            + (f", a tie (the interval holds 1), broken by {rec.tie_break}." if rec.tied else ", a difference.")
         )
     return lines + [""]
 
@@ -392,14 +330,10 @@ def _grid(report: dict[str, Any]) -> list[str]:
         rows.append([shown(v, report)] + cells)
     if not rows:
         return []
-    return (
-        ["## Latency grid (p50 [interval over rounds] / p99 ms)", ""]
-        + md_table(["variant"] + [f"b{b}/s{s}" for b, s in shapes], rows)
-        + [
-            "",
-            "Full statistics (count, mean, p90, p95, stdev, throughput) per shape are in report.json and report.csv.",
-            "",
-        ]
+    return blocks(
+        "## Latency grid (p50 [interval over rounds] / p99 ms)",
+        md_table(["variant"] + [f"b{b}/s{s}" for b, s in shapes], rows),
+        "Full statistics (count, mean, p90, p95, stdev, throughput) per shape are in report.json and report.csv.",
     )
 
 
@@ -412,14 +346,11 @@ def _real_text(report: dict[str, Any]) -> list[str]:
     if not rows:
         return []
     ds: dict[str, Any] = next((v["data"] for v in report["variants"] if v.get("data")), {}) or {}
-    return (
-        [f"## Real text ({ds.get('dataset')} test split, predict() with tokenization and dynamic padding)", ""]
-        + md_table(
-            "variant|batch|p50 (ms) [interval over rounds]|p99 (ms)|texts/s|mean padded length|calls".split("|"), rows
-        )
-        + [""]
-        + _real_text_check(report)
-    )
+    head = "variant|batch|p50 (ms) [interval over rounds]|p99 (ms)|texts/s|mean padded length|calls"
+    return blocks(
+        f"## Real text ({ds.get('dataset')} test split, predict() with tokenization and dynamic padding)",
+        md_table(head.split("|"), rows),
+    ) + _real_text_check(report)
 
 
 def _real_text_check(report: dict[str, Any]) -> list[str]:
@@ -429,28 +360,17 @@ def _real_text_check(report: dict[str, Any]) -> list[str]:
         return []
     c0 = checks[0][1]
     rows = [
-        [
-            name,
-            cell(c["real_p50"], 2),
-            cell(c["fixed_p50"], 2),
-            cell(c["tokenize_p50"], 2),
-            f"{c['ratio']:.2f}x " + ("✓" if c["within"] else "✗"),
-        ]
+        [name]
+        + [cell(c[k], 2) for k in ("real_p50", "fixed_p50", "tokenize_p50")]
+        + [f"{c['ratio']:.2f}x " + ("✓" if c["within"] else "✗")]
         for name, c in checks
     ]
-    return (
-        [
-            f"What the real-text path costs beyond the model and the tokenizer: predict([text]) against the fixed "
-            f"b1/s{c0['seq']} forward plus that text's own tokenization, timed in turn call by call "
-            f"({c0['pairs']} each), so both see the same machine; the bound is {c0['bound']}x.",
-            "",
-        ]
-        + md_table(
-            ["variant", "real-text b1 p50 (ms)", f"fixed b1/s{c0['seq']} p50 (ms)", "tokenize p50 (ms)"]
-            + ["real / (fixed + tokenize)"],
-            rows,
-        )
-        + [""]
+    head = ["variant", "real-text b1 p50 (ms)", f"fixed b1/s{c0['seq']} p50 (ms)", "tokenize p50 (ms)"]
+    return blocks(
+        f"What the real-text path costs beyond the model and the tokenizer: predict([text]) against the fixed "
+        f"b1/s{c0['seq']} forward plus that text's own tokenization, timed in turn call by call "
+        f"({c0['pairs']} each), so both see the same machine; the bound is {c0['bound']}x.",
+        md_table(head + ["real / (fixed + tokenize)"], rows),
     )
 
 
@@ -472,21 +392,16 @@ def _invariance(report: dict[str, Any]) -> list[str]:
     if not rows or info is None:  # rows are only added with an info
         return []
     tl = info.get("token_lengths") or {}
-    return (
-        [
-            "## Batch invariance (one text, one answer)",
-            "",
-            f"{info['texts']} test reviews of varied length (every other one cut to its opening words; {tl.get('min')} "
-            f"to {tl.get('max')} tokens, median "
-            f"{tl.get('median')}) scored alone with predict([text]), then in shuffled mixed batches of 8 and of 32 "
-            "(short reviews padded next to long ones), through the same predict() the server calls: the largest "
-            "|Δprobability| and the label flips against the text alone. A variant whose kernels let rows see each "
-            "other is run row by row by the runtime; the last column shows what one batched forward of its graph "
-            "would answer.",
-            "",
-        ]
-        + md_table(["variant", "runs a batch", "batches of 8", "batches of 32", "if run batched"], rows)
-        + [""]
+    return blocks(
+        "## Batch invariance (one text, one answer)",
+        f"{info['texts']} test reviews of varied length (every other one cut to its opening words; {tl.get('min')} "
+        f"to {tl.get('max')} tokens, median "
+        f"{tl.get('median')}) scored alone with predict([text]), then in shuffled mixed batches of 8 and of 32 "
+        "(short reviews padded next to long ones), through the same predict() the server calls: the largest "
+        "|Δprobability| and the label flips against the text alone. A variant whose kernels let rows see each "
+        "other is run row by row by the runtime; the last column shows what one batched forward of its graph "
+        "would answer.",
+        md_table(["variant", "runs a batch", "batches of 8", "batches of 32", "if run batched"], rows),
     )
 
 
@@ -503,30 +418,22 @@ def _bench_time_lines(report: dict[str, Any]) -> list[str]:
         + [cell(v["stage_s"].get(k), 1) if k in v["stage_s"] else "–" for k in BENCH_STEPS]
         for v in timed
     ]
-    return (
-        [
-            "## Where the bench's time went",
-            "",
-            "Each variant's child, wall seconds by step (`long_text`: the "
-            "reference's policy comparison; the recommended variant's policy pass is a second child, not shown).",
-            "",
-        ]
-        + md_table(["variant", "child", *BENCH_STEPS], rows)
-        + [""]
+    return blocks(
+        "## Where the bench's time went",
+        "Each variant's child, wall seconds by step (`long_text`: the "
+        "reference's policy comparison; the recommended variant's policy pass is a second child, not shown).",
+        md_table(["variant", "child", *BENCH_STEPS], rows),
     )
 
 
 def _failures(report: dict[str, Any]) -> list[str]:
-    bad = [v for v in report["variants"] if v["status"] != "ok"]
-    if not bad:
-        return []
-    L = ["## Failures", ""]
-    for v in bad:
-        L.append(
-            f"- **{shown(v, report)}** ({v['dir']}): {v.get('failure') or 'failed'} in stage `{v.get('stage')}`: "
-            f"{(v.get('error') or '').splitlines()[0] if v.get('error') else ''}"
-        )
-    return L + [""]
+    bad = [
+        f"- **{shown(v, report)}** ({v['dir']}): {v.get('failure') or 'failed'} in stage `{v.get('stage')}`: "
+        f"{(v.get('error') or '').splitlines()[0] if v.get('error') else ''}"
+        for v in report["variants"]
+        if v["status"] != "ok"
+    ]
+    return blocks("## Failures", bad) if bad else []
 
 
 def _env(report: dict[str, Any]) -> list[str]:

@@ -2,10 +2,8 @@
 
     python -m pytest tests/unit/test_bench_stats.py -q
 
-A record's p50 is the median of the rounds' p50s with its order-statistic interval (stats.median_ci); where the
-rounds fall in two modes, the fast mode's too, which is what the recommendation ranks by (ranked()). The other
-statistics are over every call. A record whose ranked interval is wider than the stability tolerance is
-`stable: false` (docs/bench.md, "Rounds").
+A record's p50 and its interval are over the rounds' p50s (recommend.over_rounds: the fast mode's too, where the
+rounds fall in two); the other statistics are over every call (docs/bench.md, "Rounds").
 """
 
 from __future__ import annotations
@@ -15,7 +13,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from qserve.bench.stats import median, median_ci, summarize, throughput, two_modes
+from qserve.bench.recommend import over_rounds
+from qserve.bench.stats import median, summarize, throughput
 
 
 def per_round(total: float, rounds: int) -> float:
@@ -28,51 +27,6 @@ def round_iters(min_iters: int, max_iters: int, rounds: int) -> tuple[int, int]:
     --max-iters calls (one call a round, at least)."""
     lo = max(1, math.ceil(min_iters / max(1, rounds)))
     return lo, max(lo, max_iters // max(1, rounds))
-
-
-def _interval(round_p50: dict[str, float], tolerance: float) -> dict[str, Any]:
-    """The median over rounds with its interval; where the rounds fall in two modes (stats.two_modes: a phase of the
-    machine that slows every process at once, docs/bench.md), also the fast mode's median and interval, what the
-    recommendation ranks by (ranked()), and the slow mode's median and share of the rounds."""
-    vals = list(round_p50.values())
-    lo, hi, cov = median_ci(vals)
-    p50 = median(vals)
-    rec: dict[str, Any] = {
-        "p50": p50,
-        "p50_ci": [lo, hi],
-        "ci_level": cov,
-        "round_p50": round_p50,
-        "rounds": len(vals),
-        "spread": (max(vals) / min(vals)) if min(vals) > 0 else None,
-    }
-    modes = two_modes(vals, tolerance)
-    if modes is not None:
-        fast, slow = modes
-        f_lo, f_hi, f_cov = median_ci(fast)
-        rec["modes"] = {
-            "fast_p50": median(fast),
-            "fast_ci": [f_lo, f_hi],
-            "fast_ci_level": f_cov,
-            "fast_rounds": [k for k, v in round_p50.items() if v <= fast[-1]],
-            "slow_p50": median(slow),
-            "slow_share": len(slow) / len(vals),
-        }
-    r_p50, r_ci, _, _ = ranked(rec)
-    r_lo, r_hi = r_ci or (lo, hi)
-    rec["ci_width"] = (r_hi - r_lo) / r_p50 if r_p50 > 0 else 0.0
-    rec["stable"] = len(vals) >= 2 and rec["ci_width"] <= tolerance
-    return rec
-
-
-def ranked(rec: dict[str, Any]) -> tuple[float, list[float] | None, float, dict[str, float]]:
-    """(p50, interval, its coverage, the round p50s it rests on) that a recommendation ranks a record by: its fast
-    mode where its rounds fall in two, else its median over every round (a record of one pass: no interval)."""
-    m = rec.get("modes")
-    if not m:
-        return rec["p50"], rec.get("p50_ci"), rec.get("ci_level", 0.0), rec.get("round_p50") or {}
-    fast = set(m["fast_rounds"])
-    rounds = {k: v for k, v in (rec.get("round_p50") or {}).items() if k in fast}
-    return m["fast_p50"], m["fast_ci"], m["fast_ci_level"], rounds
 
 
 def merge_fixed(rounds: Sequence[dict[str, Any]], tolerance: float) -> list[dict[str, Any]]:
@@ -97,7 +51,7 @@ def merge_fixed(rounds: Sequence[dict[str, Any]], tolerance: float) -> list[dict
         if (b, s) in calls:
             xs = calls[(b, s)]
             rec.update(summarize(xs))
-            rec.update(_interval(p50s[(b, s)], tolerance))
+            rec.update(over_rounds(p50s[(b, s)], tolerance))
             rec["throughput"] = throughput(b * len(xs), sum(xs) / 1e3)
             rec["tokens_per_s"] = rec["throughput"] * s
         else:
@@ -127,7 +81,7 @@ def merge_real(rounds: Sequence[dict[str, Any]], tolerance: float) -> list[dict[
             {
                 "batch": b,
                 **summarize(acc["samples"]),
-                **_interval(acc["p50"], tolerance),
+                **over_rounds(acc["p50"], tolerance),
                 "texts": acc["texts"],
                 "throughput": throughput(acc["texts"], sum(acc["samples"]) / 1e3),
                 "mean_padded_len": sum(acc["padded"]) / len(acc["padded"]) if acc["padded"] else None,
@@ -136,15 +90,6 @@ def merge_real(rounds: Sequence[dict[str, Any]], tolerance: float) -> list[dict[
             }
         )
     return out
-
-
-def decision_records(fixed: list[dict[str, Any]], real: list[dict[str, Any]], headline: tuple[int, int]) -> list:
-    """The records a recommendation ranks by (real-text b1, the headline fixed shape): the ones a variant whose
-    rounds disagree gets more rounds for."""
-    b, s = headline
-    return [r for r in fixed if r.get("batch") == b and r.get("seq") == s and "p50" in r] + [
-        r for r in real if r.get("batch") == 1 and "p50" in r
-    ]
 
 
 def unstable_cell(rec: dict[str, Any] | None) -> str:

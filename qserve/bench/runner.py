@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +34,9 @@ from qserve.bench.config import BenchConfig
 from qserve.bench.envinfo import environment, load_avg, merge_child_env, physical_cores
 from qserve.bench.floor import flops_per_sequence, gemm_shapes
 from qserve.bench.invariance import select_texts
-from qserve.bench.recommend import RACE_KEEP, race
+from qserve.bench.recommend import RACE_KEEP, candidate, decisive, race, screen_p50
 from qserve.bench.report import write_reports
-from qserve.bench.rounds import decision_records, merge_fixed, merge_real, ranked
+from qserve.bench.rounds import merge_fixed, merge_real
 from qserve.data.datasets import load_dataset
 from qserve.devices import resolve_device
 from qserve.files import dir_size, now_iso, refuse_existing, with_root_on_path
@@ -79,12 +80,8 @@ def variant_meta(vdir: Path) -> VariantMeta:
 
 
 def default_out(cfg: BenchConfig, metas: list[VariantMeta]) -> Path:
-    if cfg.name:
-        name = cfg.name
-    else:
-        models = [m.manifest.model_name for m in metas if m.manifest is not None]
-        name = f"{models[0] if models else 'bench'}-{cfg.device}-t{cfg.threads}"
-    return Path("benchmarks") / "reports" / name
+    model = ([m.manifest.model_name for m in metas if m.manifest is not None] + ["bench"])[0]
+    return Path("benchmarks") / "reports" / (cfg.name or f"{model}-{cfg.device}-t{cfg.threads}")
 
 
 def data_key(cfg: BenchConfig, meta: VariantMeta) -> tuple[str | None, int, int | None, bool, str | None]:
@@ -145,71 +142,8 @@ def _child_env(cfg: BenchConfig, device: str | None = None) -> dict[str, str]:
     return env
 
 
-def run_child(module: str, job: dict[str, Any], work: Path, tag: str, cfg: BenchConfig) -> dict[str, Any]:
-    """Run `python -m module job.json result.json`; returns the result or a failure record."""
-    job_path, res_path, log_path = work / f"{tag}.job.json", work / f"{tag}.result.json", work / f"{tag}.log"
-    job_path.write_text(json.dumps(job), encoding="utf-8")
-    t0 = time.perf_counter()
-    with open(log_path, "wb") as logf:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", module, str(job_path), str(res_path)],
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            env=_child_env(cfg, job.get("device")),
-            cwd=os.getcwd(),
-        )
-        polled, timed_out = _watch(proc, lambda: False, t0, cfg)
-        rc = proc.wait()
-    tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
-    return _outcome(
-        _read_json(res_path) if res_path.is_file() else None, rc, time.perf_counter() - t0, polled, timed_out, tail, cfg
-    )
-
-
-def _watch(proc: subprocess.Popen, done, t0: float, cfg: BenchConfig) -> tuple[float, bool]:
-    """Poll `proc` until it exits or done() holds, killing it past --child-timeout: (peak RSS MiB seen, killed?)."""
-    polled, timed_out = 0.0, False
-    try:
-        ps = psutil.Process(proc.pid)
-    except psutil.Error:
-        ps = None
-    while proc.poll() is None and not done():
-        try:
-            polled = max(polled, ps.memory_info().rss / 2**20) if ps else polled
-        except psutil.Error:
-            pass
-        if time.perf_counter() - t0 > cfg.child_timeout_s:
-            proc.kill()
-            timed_out = True
-        time.sleep(0.02)
-    return polled, timed_out
-
-
-def _outcome(
-    res: dict[str, Any] | None, rc: int, wall: float, polled: float, timed_out: bool, tail: str, cfg: BenchConfig
-) -> dict[str, Any]:
-    """A child's (or the shared worker's) result with its status: ok, or failed with why (crash, exit, timeout)."""
-    if res is None:
-        res = {"stage": "unknown"}
-    res.update({"returncode": rc, "wall_s": wall, "polled_peak_rss_mb": polled})
-    if rc != 0 or res.get("error") or timed_out:
-        if timed_out:
-            why = f"killed after --child-timeout {cfg.child_timeout_s:g} s"
-        elif rc < 0:
-            why = f"child died with signal {signal.Signals(-rc).name}"
-        else:
-            why = f"child exited with code {rc}"
-        res["status"] = "failed"
-        res["error"] = res.get("error") or why
-        res["failure"] = why
-        res["log_tail"] = tail
-    else:
-        res["status"] = "ok"
-    return res
-
-
 class Worker:
-    """One `python -m qserve.bench.measure --worker` process answering ops one at a time, for one CPU variant or the
+    """One `python -m qserve.bench.measure` process answering ops one at a time, for one CPU variant or the
     CUDA ones (--isolation); a failed op ends it, and a variant still needed opens again in a fresh one (`starts`)."""
 
     def __init__(self, work: Path, cfg: BenchConfig, device: str, name: str):
@@ -223,18 +157,14 @@ class Worker:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self) -> None:
-        logf = open(self.log_path, "ab")
-        try:
+        with open(self.log_path, "ab") as logf:  # the child holds its own copy
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "qserve.bench.measure", "--worker"],
+                [sys.executable, "-m", "qserve.bench.measure"],
                 stdin=subprocess.PIPE,
                 stdout=logf,
                 stderr=subprocess.STDOUT,
                 env=_child_env(self.cfg, self.device),
-                cwd=os.getcwd(),
             )
-        finally:
-            logf.close()  # the child holds its own copy
         self.starts += 1
 
     def send(self, op: dict[str, Any]) -> dict[str, Any]:
@@ -253,13 +183,24 @@ class Worker:
         return {"out": out, "t0": time.perf_counter(), "log": start}
 
     def wait(self, sent: dict[str, Any]) -> dict[str, Any]:
-        """The op's answer with its status (ok, or failed with why: crash, exit, timeout) and its wall time."""
-        proc = self.proc
+        """The op's answer with its status (ok, or failed with why: crash, exit, timeout) and its wall time: the
+        process polled (its peak RSS kept) until it answers or exits, and killed past --child-timeout."""
+        proc, out, t0, timed_out = self.proc, sent["out"], sent["t0"], False
         assert proc is not None
-        out = sent["out"]
-        polled, timed_out = _watch(proc, out.is_file, sent["t0"], self.cfg)
-        self.polled = max(self.polled, polled)
-        res = _read_json(out) if out.is_file() else None
+        try:
+            ps: psutil.Process | None = psutil.Process(proc.pid)
+        except psutil.Error:
+            ps = None
+        while proc.poll() is None and not out.is_file():
+            try:
+                self.polled = max(self.polled, ps.memory_info().rss / 2**20) if ps else self.polled
+            except psutil.Error:
+                pass
+            if time.perf_counter() - t0 > self.cfg.child_timeout_s:
+                proc.kill()
+                timed_out = True
+            time.sleep(0.02)
+        res, rc = _read_json(out) if out.is_file() else None, 0
         if res is None or res.get("error") or timed_out:
             try:
                 rc = proc.wait(timeout=60)  # a failed op ends the worker (measure.worker); a killed one is dead
@@ -267,12 +208,22 @@ class Worker:
                 proc.kill()
                 rc = proc.wait()
             self.proc = None
-        else:
-            rc = 0
         with open(self.log_path, "rb") as f:
             f.seek(sent["log"])
             tail = f.read().decode("utf-8", errors="replace")[-3000:]
-        return _outcome(res, rc, time.perf_counter() - sent["t0"], self.polled, timed_out, tail, self.cfg)
+        res = res if res is not None else {"stage": "unknown"}
+        res.update({"returncode": rc, "wall_s": time.perf_counter() - t0, "polled_peak_rss_mb": self.polled})
+        if rc == 0 and not res.get("error") and not timed_out:
+            return {**res, "status": "ok"}
+        why = (
+            f"killed after --child-timeout {self.cfg.child_timeout_s:g} s"
+            if timed_out
+            else f"child died with signal {signal.Signals(-rc).name}"
+            if rc < 0
+            else f"child exited with code {rc}"
+        )
+        res.update(status="failed", error=res.get("error") or why, failure=why, log_tail=tail)
+        return res
 
     def close(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -334,17 +285,6 @@ class Variant:
         return self._wait(self._send(op))
 
 
-def _variant(
-    i: int, tag: str, job: dict[str, Any], device: str, workers: dict[str, Worker], work: Path, cfg: BenchConfig
-) -> Variant:
-    """A handle on variant i: its job written, in the shared worker of its device or in one of its own."""
-    job_path = work / f"{tag}.job.json"
-    job_path.write_text(json.dumps(job), encoding="utf-8")
-    sh = shared(cfg, device)
-    wkey = f"shared-{device}" if sh else tag
-    return Variant(i, tag, job_path, workers.setdefault(wkey, Worker(work, cfg, device, wkey)), sh)
-
-
 def shared(cfg: BenchConfig, device: str) -> bool:
     """Whether a variant measured on `device` goes to the shared worker (--isolation; auto: the CUDA ones)."""
     return cfg.isolation == "shared" or (cfg.isolation == "auto" and str(device).startswith("cuda"))
@@ -359,43 +299,17 @@ def run_floor(cfg: BenchConfig, config: dict[str, Any] | None, work: Path) -> di
     except ValueError as e:
         return {"error": str(e)}
     out: dict[str, Any] = {"flops_per_sequence": flops}
-    if cfg.floor:
-        job = {
-            "threads": cfg.threads,
-            "device": cfg.device,
-            "budget_s": cfg.floor_budget_s,
-            "shapes": gemm_shapes(config, b * s),
-            "model_shapes": 3,
-        }
-        res = run_child("qserve.bench.floor", job, work, "floor", cfg)
+    if cfg.floor:  # in a worker of its own, as a variant is measured: the GEMMs have the machine to themselves
+        op: dict[str, Any] = {"op": "floor", "out": str(work / "floor.json"), "threads": cfg.threads}
+        op.update(device=cfg.device, budget_s=cfg.floor_budget_s, shapes=gemm_shapes(config, b * s), model_shapes=3)
+        worker = Worker(work, cfg, cfg.device, "floor")
+        res = worker.wait(worker.send(op))
+        worker.close()
         if res.get("status") == "failed":
-            out["error"] = res["error"]
-            out["log_tail"] = res.get("log_tail")
+            out.update(error=res["error"], log_tail=res.get("log_tail"))
         else:
-            out.update(
-                {k: res[k] for k in ("peaks", "model_peaks", "attempts", "threads", "torch_threads") if k in res}
-            )
+            out |= {k: res[k] for k in ("peaks", "model_peaks", "attempts", "threads", "torch_threads") if k in res}
     return out
-
-
-def _texts_sha(data: dict[str, Any]) -> str:
-    """Which texts a measurement saw (real-text, invariance, the labelled test split): part of its store key."""
-    ev = data.get("eval") or {}
-    seen = [data.get("real_texts"), data.get("invariance_texts"), ev.get("texts"), ev.get("labels"), ev.get("pairs")]
-    return hashlib.sha256(json.dumps(seen, default=str).encode()).hexdigest()
-
-
-def _order(metas: list[VariantMeta]) -> list[int]:
-    """Measuring order: the agreement reference, then fewer weight bytes first."""
-    ref = _reference_index(metas)
-    rest = sorted((i for i in range(len(metas)) if i != ref), key=lambda i: (metas[i].weights_bytes or 0, i))
-    return ([ref] if ref is not None else []) + rest
-
-
-def _reference_index(metas: list[VariantMeta]) -> int | None:
-    """The variant agreement is measured against (analysis.REFERENCES: torch-fp32, else onnx-fp32), by its spec."""
-    names = [m.manifest.name if m.manifest is not None else None for m in metas]
-    return next((names.index(n) for n in REFERENCES if n in names), None)
 
 
 JOB_FIELDS = tuple(  # what a child's job copies from the config as it is
@@ -405,13 +319,90 @@ JOB_FIELDS = tuple(  # what a child's job copies from the config as it is
 REFERENCE_POLICY_TEXTS = 200
 """Test texts the reference compares long-text policies on when it is not the recommended variant: its records
 feed only the agreement column (docs/bench.md)."""
+CI = "order-statistic interval of the median over rounds (stats.median_ci)"  # what report["rounds"] says
 MAX_ROUNDS_FACTOR = 3
 """Stability's extra rounds stop at this many times --rounds (or at --stability-budget seconds, first reached)."""
 
 
-def _files(meta: VariantMeta) -> dict[str, Any] | None:
-    """The manifest's file hashes (the store key's "exact files measured")."""
-    return meta.manifest.to_json()["files"] if meta.manifest is not None else None
+@dataclass
+class Run:
+    """One bench run as its steps pass it down: the variants as read once (their manifests), where each is
+    measured, its job, data and store key, its handle while measured, and its result once done."""
+
+    cfg: BenchConfig
+    dirs: list[Path]
+    metas: list[VariantMeta]
+    device_of: list[str]
+    work: Path
+    store: Path | None
+    reuse: bool
+    # each variant's (job, what identifies its texts, its store key), its texts, and its result as its child
+    # returned it (thread counts, GPU name) or as the store kept it
+    jobs: dict[int, tuple[dict[str, Any], dict[str, Any], str]] = field(default_factory=dict)
+    data: dict[int, dict[str, Any]] = field(default_factory=dict)
+    raw: dict[int, dict[str, Any]] = field(default_factory=dict)
+    handles: dict[int, Variant] = field(default_factory=dict)
+    workers: dict[str, Worker] = field(default_factory=dict)
+    rounds: list[dict[str, Any]] = field(default_factory=list)  # who measured when, in the order it happened
+    extra: int = 0
+    # the variant agreement is measured against (analysis.REFERENCES, by its spec), and the measuring order: the
+    # reference, then fewer weight bytes first
+    ref: int | None = field(init=False)
+    order: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        names = [m.manifest.name if m.manifest is not None else None for m in self.metas]
+        self.ref = next((names.index(n) for n in REFERENCES if n in names), None)
+        rest = sorted((i for i in range(len(names)) if i != self.ref), key=lambda i: self.metas[i].weights_bytes or 0)
+        self.order = ([self.ref] if self.ref is not None else []) + rest
+
+    def files(self, i: int) -> dict[str, Any] | None:
+        """The manifest's file hashes (the store key's "exact files measured")."""
+        manifest = self.metas[i].manifest
+        return manifest.to_json()["files"] if manifest is not None else None
+
+    def handle(self, i: int, tag: str) -> Variant:
+        """A handle on variant i: its job written, in the shared worker of its device or in one of its own."""
+        job_path, device = self.work / f"{tag}.job.json", self.device_of[i]
+        job_path.write_text(json.dumps(self.jobs[i][0]), encoding="utf-8")
+        key = f"shared-{device}" if shared(self.cfg, device) else tag
+        worker = self.workers.setdefault(key, Worker(self.work, self.cfg, device, key))
+        self.handles[i] = Variant(i, tag, job_path, worker, shared(self.cfg, device))
+        return self.handles[i]
+
+
+def _texts_sha(data: dict[str, Any]) -> str:
+    """Which texts a measurement saw (real-text, invariance, the labelled test split): part of its store key."""
+    ev = data.get("eval") or {}
+    seen = [data.get("real_texts"), data.get("invariance_texts"), ev.get("texts"), ev.get("labels"), ev.get("pairs")]
+    return hashlib.sha256(json.dumps(seen, default=str).encode()).hexdigest()
+
+
+def _jobs(run: Run) -> None:
+    """Each variant's job and its data file (one per dataset key), its store key, and the stored result where
+    --reuse finds one."""
+    cfg, cache = run.cfg, dict[tuple, dict]()
+    for i in run.order:
+        key = data_key(cfg, run.metas[i])
+        data = run.data[i] = load_texts(key, cfg, cache)
+        data_file = run.work / f"data-{abs(hash(key))}.json"
+        if not data_file.exists():
+            payload = {k: data.get(k) or [] for k in ("real_texts", "invariance_texts")}
+            if key[3] and data.get("eval"):
+                payload["eval"] = data["eval"]
+            data_file.write_text(json.dumps(payload), encoding="utf-8")
+        job = {k: getattr(cfg, k) for k in JOB_FIELDS}
+        job.update(variant_dir=str(run.dirs[i].resolve()), device=run.device_of[i], data_file=str(data_file))
+        job.update(long_text=None, token_cache=str((run.store or run.work) / "pieces"))
+        if cfg.long_text and i == run.ref:
+            # the reference's policies, for agreement only: on its first texts, in its own child
+            job.update({"long_text": cfg.long_text, "eval_limit": REFERENCE_POLICY_TEXTS})
+        ident = {"key": list(key), "texts": _texts_sha(data)}
+        run.jobs[i] = (job, ident, stored.key(run.files(i), job, ident))
+        res = stored.load(run.store, run.dirs[i], "variant", run.jobs[i][2]) if run.reuse else None
+        if res is not None:
+            log.info("bench: %s: reusing the measurement in %s", run.dirs[i].name, run.store)
+            run.raw[i] = {**res, "reused": True}
 
 
 def _open_all(handles: list[Variant], cfg: BenchConfig) -> None:
@@ -429,56 +420,77 @@ def _open_all(handles: list[Variant], cfg: BenchConfig) -> None:
             h.finish_open(h.send_open())
 
 
-def _round(live: list[Variant], rid: str, k: int, only: list | None, dirs: list[Path]) -> list[dict[str, Any]]:
+def _round(run: Run, live: list[Variant], rid: str, k: int, only: list | None = None) -> None:
     """One round over `live` in turn (one variant measuring, the others idle): each one's calls kept on its
-    handle; returns the order it happened in (variant, round, start, end, process)."""
-    seen = []
+    handle, the order it happened in on run.rounds."""
     for h in live:
         if h.failed is not None:
             continue
         ans = h.op({"op": "round", "id": rid, "round": k, "only": only})
         if ans["status"] == "ok":
             h.rounds.append(ans)
-            seen.append({"variant": dirs[h.index].name, "round": k, **{x: ans.get(x) for x in ("t0", "t1", "pid")}})
+            when = {x: ans.get(x) for x in ("t0", "t1", "pid")}
+            run.rounds.append({"variant": run.dirs[h.index].name, "round": k, **when})
         else:
-            log.error("bench: %s failed in round %d: %s", dirs[h.index], k + 1, ans.get("error"))
-    return seen
+            log.error("bench: %s failed in round %d: %s", run.dirs[h.index], k + 1, ans.get("error"))
 
 
-def _merged(h: Variant, cfg: BenchConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    return merge_fixed(h.rounds, cfg.stability), merge_real(h.rounds, cfg.stability)
+def _merged(h: Variant, cfg: BenchConfig) -> dict[str, Any]:
+    return {"fixed": merge_fixed(h.rounds, cfg.stability), "real_text": merge_real(h.rounds, cfg.stability)}
 
 
-def _stable(h: Variant, cfg: BenchConfig) -> bool:
-    """Whether the numbers a recommendation ranks this variant by (real-text b1, the headline shape) agree
-    between rounds within --stability."""
-    fixed, real = _merged(h, cfg)
-    return all(r.get("stable") for r in decision_records(fixed, real, cfg.headline()))
+def _measure(run: Run) -> int | None:
+    """Open every variant not reused, the screen round, the race (a raced-out variant finished at once), the other
+    rounds and the extra ones for stability; returns the fastest candidate of the screen round."""
+    cfg = run.cfg
+    for i in run.order:
+        if i not in run.raw:
+            run.handle(i, f"v{i}")
+    _open_all(list(run.handles.values()), cfg)
+    token = now_iso()
+    live = [run.handles[i] for i in run.order if i in run.handles]
+    log.info("bench: round 1/%d over %d variants, the screen", cfg.rounds, len(live))
+    _round(run, live, f"{token}#0", 0)
+    raced, best = _race(run, live)
+    for h in live:
+        if h.index in raced:  # measured once: its memory and environment, nothing scored, its process gone
+            run.raw[h.index] = _finish(h, cfg, raced[h.index])
+            if not h.shared:
+                h.worker.close()
+    live = [h for h in live if h.index not in raced]
+    for k in range(1, cfg.rounds):
+        log.info("bench: round %d/%d over %d variants", k + 1, cfg.rounds, len(live))
+        _round(run, live, f"{token}#{k}", k)
+    only = [["fixed", *cfg.headline()], ["real", 1]]
+    t0, k = time.perf_counter(), cfg.rounds
+    while k < cfg.rounds * MAX_ROUNDS_FACTOR and time.perf_counter() - t0 < cfg.stability_budget_s:
+        # the numbers a variant is ranked by (real-text b1, the headline shape) agree between rounds within --stability?
+        shaky = [
+            h
+            for h in live
+            if h.failed is None and not all(r.get("stable") for r in decisive(_merged(h, cfg), cfg.headline()) if r)
+        ]
+        if not shaky:
+            break
+        names = ", ".join(run.dirs[h.index].name for h in shaky)
+        log.info("bench: round %d: %s disagree between rounds; more rounds", k + 1, names)
+        _round(run, shaky, f"{token}#{k}", k, only)
+        k, run.extra = k + 1, run.extra + 1
+    return best
 
 
-def _decision_p50(merged: tuple | None, res: dict[str, Any] | None, cfg: BenchConfig) -> float:
-    """What a variant is ranked by: its screen in the race, from its rounds so far or its stored result."""
-    fixed, real = merged if merged is not None else ((res or {}).get("fixed") or [], (res or {}).get("real_text") or [])
-    recs = decision_records(fixed, real, cfg.headline())
-    real1 = [ranked(r)[0] for r in recs if "seq" not in r]
-    return real1[0] if real1 else (ranked(recs[0])[0] if recs else float("inf"))
-
-
-def _race(
-    live: list[Variant], raw: dict[int, dict[str, Any]], metas: list[VariantMeta], ref: int | None, cfg: BenchConfig
-) -> tuple[dict[int, dict[str, Any]], int | None]:
+def _race(run: Run, live: list[Variant]) -> tuple[dict[int, dict[str, Any]], int | None]:
     """After the screen round: ({index: its race record} of the variants raced out, the fastest candidate there).
-    A candidate is what can still win before agreement is known: any variant, or once one carries a gate verdict,
-    one that passed or the reference (recommend.recommend's rule)."""
-    screen = {h.index: _decision_p50(_merged(h, cfg), None, cfg) for h in live if h.failed is None}
-    screen |= {i: _decision_p50(None, r, cfg) for i, r in raw.items() if r.get("status") == "ok"}
-    gates = {i: m.manifest.gate for i, m in enumerate(metas) if m.manifest is not None and m.manifest.gate}
-    cands = sorted(
-        (i for i in screen if not gates or (gates.get(i) or {}).get("passed") or i == ref), key=screen.__getitem__
+    A candidate is what can still win before agreement is known (recommend.candidate, from the manifests' gates)."""
+    headline = run.cfg.headline()
+    screen = {h.index: screen_p50(_merged(h, run.cfg), headline) for h in live if h.failed is None}
+    screen |= {i: screen_p50(r, headline) for i, r in run.raw.items() if r.get("status") == "ok"}
+    gates = {i: m.manifest.gate for i, m in enumerate(run.metas) if m.manifest is not None and m.manifest.gate}
+    cands = sorted((i for i in screen if candidate(gates.get(i), i == run.ref, bool(gates))), key=screen.__getitem__)
+    keep = race(screen, cands, run.cfg.race, run.ref) | set(run.raw)
+    return {i: {"screen_ms": p, "of_best": p / screen[cands[0]]} for i, p in screen.items() if i not in keep}, (
+        cands[0] if cands else None
     )
-    keep = race(screen, cands, cfg.race, ref)
-    out = {i: {"screen_ms": p, "of_best": p / screen[cands[0]]} for i, p in screen.items() if i not in keep | set(raw)}
-    return out, (cands[0] if cands else None)
 
 
 def _finish(h: Variant, cfg: BenchConfig, raced_out: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -486,68 +498,86 @@ def _finish(h: Variant, cfg: BenchConfig, raced_out: dict[str, Any] | None = Non
     variant only its memory and environment)."""
     if h.failed is not None:
         return h.failed
-    fixed, real = _merged(h, cfg)
     ans = h.op({"op": "finish", "raced_out": raced_out is not None})
     if ans["status"] == "ok":
-        ans.update(
-            {"fixed": fixed, "real_text": real, "wall_s": h.wall, **({"raced_out": raced_out} if raced_out else {})}
-        )
+        ans.update({**_merged(h, cfg), "wall_s": h.wall, **({"raced_out": raced_out} if raced_out else {})})
         ans["load_parallel"] = h.opened.get("parallel") if h.opened else None
     return ans
 
 
-def _policy_pass(
-    entries: dict[int, dict[str, Any]],
-    metas: list[VariantMeta],
-    dirs: list[Path],
-    jobs: dict[int, tuple[dict[str, Any], dict[str, Any]]],
-    raw: dict[int, dict[str, Any]],
-    handles: dict[int, Variant],
-    workers: dict[str, Worker],
-    work: Path,
-    cfg: BenchConfig,
-    store: Path | None,
-    reuse: bool,
-    device_of: dict[int, str],
-) -> None:
+def _entries(run: Run, plan: Plan | None) -> list[dict[str, Any]]:
+    """Each variant finished (its result kept in the store) and turned into its report entry, in the order given."""
+    entries: dict[int, dict[str, Any]] = {}
+    for step, i in enumerate(run.order):
+        if i not in run.raw:
+            run.raw[i] = _finish(run.handles[i], run.cfg)
+            stored.save(run.store, run.dirs[i], "variant", run.jobs[i][2], run.raw[i])
+        res, d = run.raw[i], run.dirs[i]
+        res["data"] = {k: v for k, v in run.data[i].items() if k in ("dataset", "seed", "max_eval_samples", "error")}
+        if res["status"] == "failed":
+            log.error("bench: %s failed (%s): %s", d, res.get("failure"), res.get("error"))
+        else:
+            log.info("bench: [%d/%d] %s done (%.1f s in all)", step + 1, len(run.dirs), d, res.get("wall_s") or 0)
+        e = entries[i] = analysis.variant_entry(run.metas[i], res)
+        e["device"] = e["device"] or run.device_of[i]  # a child that died before loading: where it was to run
+        placed = plan.get(e["spec"]["name"]) if plan is not None and e.get("spec") else None
+        if placed is not None and placed.device != run.cfg.device and placed.why:
+            e["placement"] = placed.why
+    return [entries[i] for i in range(len(run.dirs))]
+
+
+def _policy_pass(run: Run, entries: list[dict[str, Any]]) -> None:
     """The long-text comparison on the reference and the recommended variant, in the process that holds it
     loaded already (a variant reused from the store is opened for it)."""
-    picked, rec = _policy_candidates([entries[j] for j in range(len(dirs))], metas, cfg)
+    picked, rec = _policy_candidates(entries, run.cfg)
     for i in picked:
-        job, ident = jobs[i]
+        job, ident, _ = run.jobs[i]
         done = entries[i].get("long_text_policies")
         if done and (i != rec or all(r["n"] == (entries[i].get("accuracy") or {}).get("n") for r in done)):
             continue  # the reference, compared in its own child already (on every text, if it is chosen)
-        own = raw[i].get("accuracy") or {}
+        own = run.raw[i].get("accuracy") or {}
         # a reference that is not the recommended one feeds only agreement: its first texts
-        limit = REFERENCE_POLICY_TEXTS if i != rec else None
-        pjob = {**job, "mode": "policies", "long_text": cfg.long_text, "eval_limit": limit}
-        k = stored.key(_files(metas[i]), pjob, ident)
-        res = stored.load(store, dirs[i], "policies", k) if reuse else None
+        op: dict[str, Any] = {
+            "long_text": run.cfg.long_text,
+            "eval_limit": REFERENCE_POLICY_TEXTS if i != rec else None,
+        }
+        k = stored.key(run.files(i), {**job, "mode": "policies", **op}, ident)
+        res = stored.load(run.store, run.dirs[i], "policies", k) if run.reuse else None
         if res is None:
-            log.info("bench: %s: long-text policies %s", dirs[i], ",".join(cfg.long_text or []))
-            h = handles.get(i)
+            log.info("bench: %s: long-text policies %s", run.dirs[i], ",".join(run.cfg.long_text or []))
+            h = run.handles.get(i)
             if h is None or h.failed is not None:
-                h = handles[i] = _variant(i, f"p{i}", job, device_of[i], workers, work, cfg)
-            op: dict[str, Any] = {"op": "policies", "long_text": cfg.long_text, "eval_limit": limit}
-            op["own"] = {x: own.get(x) for x in ("policy", "predictions", "seconds")}
-            res = h.op(op)
-            stored.save(store, dirs[i], "policies", k, res)
+                h = run.handle(i, f"p{i}")
+            res = h.op({"op": "policies", **op, "own": {x: own.get(x) for x in ("policy", "predictions", "seconds")}})
+            stored.save(run.store, run.dirs[i], "policies", k, res)
         if res["status"] == "ok":
             entries[i]["long_text_policies"] = res["long_text_policies"]
         else:
-            log.error("bench: %s: policy comparison failed: %s", dirs[i], res.get("error"))
+            log.error("bench: %s: policy comparison failed: %s", run.dirs[i], res.get("error"))
             entries[i]["long_text_policies_error"] = res.get("error")
+
+
+def _policy_candidates(entries: list[dict[str, Any]], cfg: BenchConfig) -> tuple[list[int], int | None]:
+    """(the variants that compare policies, the one whose records name the served policy): the reference and the
+    recommended variant, as analysis.finish will choose them; else the reference, else the first measured."""
+    draft: dict[str, Any] = {"variants": copy.deepcopy(entries), "config": cfg.to_json(), "floor": {}}
+    draft.update(headline=dict(zip(("batch", "seq"), cfg.headline())), environment={})
+    analysis.finish(draft)  # the same rule, on the same records: which variant the report will recommend
+    names = [v["name"] for v in draft["variants"]]
+    want = [draft.get("agreement_reference"), (draft.get("recommended") or {}).get("variant")]
+    picked = list(dict.fromkeys(names.index(n) for n in want if n in names))
+    if not picked:
+        picked = [i for i, v in enumerate(entries) if v.get("status") == "ok" and v.get("accuracy")][:1]
+    rec = want[1] if want[1] in names else None
+    return picked, (names.index(rec) if rec else (picked[0] if picked else None))
 
 
 def bench_plan(cfg: BenchConfig, metas: list[VariantMeta]) -> Plan | None:
     """Where each variant is measured: --device auto, the placement plan; an explicit device, None (all there)."""
     if cfg.device != "auto":
         return None
-    names = list(
-        dict.fromkeys(m.manifest.name for m in metas if m.manifest is not None and m.manifest.name in VARIANTS)
-    )
-    return plan_run("auto", names)
+    names = [m.manifest.name for m in metas if m.manifest is not None and m.manifest.name in VARIANTS]
+    return plan_run("auto", list(dict.fromkeys(names)))
 
 
 def run_bench(
@@ -563,120 +593,25 @@ def run_bench(
     if cfg.threads is None:
         cfg.threads = physical_cores()
     dirs = [Path(d) for d in variant_dirs]
-    metas = [variant_meta(d) for d in dirs]
+    metas = [variant_meta(d) for d in dirs]  # the manifests, read once: every step below takes them from here
     plan = plan or bench_plan(cfg, metas)
     cfg.device = plan.device if plan is not None else resolve_device(cfg.device)
-    device_of = {
-        i: (plan.device_of(m.manifest.name) if plan is not None and m.manifest is not None else cfg.device)
-        for i, m in enumerate(metas)
-    }
-    out = Path(cfg.out) if cfg.out else default_out(cfg, metas)
-    cfg.out = out
+    device_of = [plan.device_of(m.manifest.name) if plan and m.manifest is not None else cfg.device for m in metas]
+    out = cfg.out = Path(cfg.out) if cfg.out else default_out(cfg, metas)
     refuse_existing(out, cfg.force)
-    created = now_iso()
-    env = environment(cfg.threads, cfg.device)
-    cache: dict = {}
-    raw: dict[int, dict[str, Any]] = {}  # child results as returned (thread counts, GPU name)
-    entries: dict[int, dict[str, Any]] = {}
-    jobs: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+    created, env = now_iso(), environment(cfg.threads, cfg.device)
     with tempfile.TemporaryDirectory(prefix="qserve-bench-") as tmp:
-        work = Path(tmp)
-        token_cache = str((store or work) / "pieces")
-        config = next((m.config for m in metas if m.config), None)
+        run = Run(cfg, dirs, metas, device_of, Path(tmp), store, reuse)
         log.info("bench: measuring the compute floor at %d threads", cfg.threads)
-        floor = run_floor(cfg, config, work)
-        order = _order(metas)
-        ref_index = _reference_index(metas)
-        keys: dict[int, str] = {}
-        for i in order:
-            d, meta = dirs[i], metas[i]
-            key = data_key(cfg, meta)
-            data = load_texts(key, cfg, cache)
-            data_file = work / f"data-{abs(hash(key))}.json"
-            if not data_file.exists():
-                payload = {
-                    "real_texts": data.get("real_texts") or [],
-                    "invariance_texts": data.get("invariance_texts") or [],
-                }
-                if key[3] and data.get("eval"):
-                    payload["eval"] = data["eval"]
-                data_file.write_text(json.dumps(payload), encoding="utf-8")
-            job = {k: getattr(cfg, k) for k in JOB_FIELDS}
-            job.update(variant_dir=str(d.resolve()), device=device_of[i], data_file=str(data_file), long_text=None)
-            job["token_cache"] = token_cache
-            if cfg.long_text and i == ref_index:
-                # the reference's policies, for agreement only: on its first texts, in its own child
-                job.update({"long_text": cfg.long_text, "eval_limit": REFERENCE_POLICY_TEXTS})
-            ident = {"key": list(key), "texts": _texts_sha(data)}
-            jobs[i] = (job, ident)
-            keys[i] = stored.key(_files(metas[i]), job, ident)
-            if reuse:
-                res = stored.load(store, d, "variant", keys[i])
-                if res is not None:
-                    log.info("bench: %s: reusing the measurement in %s", d.name, store)
-                    res["reused"] = True
-                    raw[i] = res
-        workers: dict[str, Worker] = {}
-        handles: dict[int, Variant] = {}
-        log_rounds: list[dict[str, Any]] = []
-        extra = 0
+        floor = run_floor(cfg, next((m.config for m in metas if m.config), None), run.work)
+        _jobs(run)
         try:
-            for i in order:
-                if i in raw:
-                    continue
-                handles[i] = _variant(i, f"v{i}", jobs[i][0], device_of[i], workers, work, cfg)
-            _open_all(list(handles.values()), cfg)
-            run_token = now_iso()
-            live = [handles[i] for i in order if i in handles]
-            log.info("bench: round 1/%d over %d variants, the screen", cfg.rounds, len(live))
-            log_rounds += _round(live, f"{run_token}#0", 0, None, dirs)
-            raced, best = _race(live, raw, metas, ref_index, cfg)
-            for h in live:
-                if h.index in raced:  # measured once: its memory and environment, nothing scored, its process gone
-                    raw[h.index] = _finish(h, cfg, raced[h.index])
-                    if not h.shared:
-                        h.worker.close()
-            live = [h for h in live if h.index not in raced]
-            for k in range(1, cfg.rounds):
-                log.info("bench: round %d/%d over %d variants", k + 1, cfg.rounds, len(live))
-                log_rounds += _round(live, f"{run_token}#{k}", k, None, dirs)
-            b, s = cfg.headline()
-            only = [["fixed", b, s], ["real", 1]]
-            t_extra, k = time.perf_counter(), cfg.rounds
-            while k < cfg.rounds * MAX_ROUNDS_FACTOR and time.perf_counter() - t_extra < cfg.stability_budget_s:
-                shaky = [h for h in live if h.failed is None and not _stable(h, cfg)]
-                if not shaky:
-                    break
-                log.info(
-                    "bench: round %d: %s disagree between rounds; more rounds",
-                    k + 1,
-                    ", ".join(dirs[h.index].name for h in shaky),
-                )
-                log_rounds += _round(shaky, f"{run_token}#{k}", k, only, dirs)
-                k, extra = k + 1, extra + 1
-            for step, i in enumerate(order):
-                d, meta = dirs[i], metas[i]
-                if i not in raw:
-                    raw[i] = _finish(handles[i], cfg)
-                    if raw[i]["status"] == "ok":
-                        stored.save(store, d, "variant", keys[i], raw[i])
-                res = raw[i]
-                data = load_texts(data_key(cfg, meta), cfg, cache)
-                res["data"] = {k: v for k, v in data.items() if k in ("dataset", "seed", "max_eval_samples", "error")}
-                if res["status"] == "failed":
-                    log.error("bench: %s failed (%s): %s", d, res.get("failure"), res.get("error"))
-                else:
-                    log.info("bench: [%d/%d] %s done (%.1f s in all)", step + 1, len(dirs), d, res.get("wall_s") or 0)
-                entries[i] = analysis.variant_entry(meta, res)
-                # a child that died before loading says no device: the one it was to measure on
-                entries[i]["device"] = entries[i]["device"] or device_of[i]
-                placed = plan.get(entries[i]["spec"]["name"]) if plan is not None and entries[i].get("spec") else None
-                if placed is not None and placed.device != cfg.device and placed.why:
-                    entries[i]["placement"] = placed.why
+            best = _measure(run)
+            entries = _entries(run, plan)
             if cfg.long_text:
-                _policy_pass(entries, metas, dirs, jobs, raw, handles, workers, work, cfg, store, reuse, device_of)
+                _policy_pass(run, entries)
         finally:
-            for w in workers.values():
+            for w in run.workers.values():
                 w.close()
     env["load_avg_end"] = load_avg()
     report = {
@@ -684,44 +619,15 @@ def run_bench(
         "created": created,
         "run": {"name": out.name, "out": str(out)},
         "config": cfg.to_json(),
-        "environment": merge_child_env(env, [raw[i] for i in range(len(dirs))]),
+        "environment": merge_child_env(env, [run.raw[i] for i in range(len(dirs))]),
         "provenance": provenance(),
         "headline": dict(zip(("batch", "seq"), cfg.headline())),
         "model": analysis.model_block(metas),
         "floor": floor,
         "race": {"factor": cfg.race, "keep": RACE_KEEP, "best": entries[best]["name"] if best is not None else None},
-        "variants": [entries[i] for i in range(len(dirs))],
-        "rounds": {
-            "asked": cfg.rounds,
-            "extra": extra,
-            "stability": cfg.stability,
-            "ci": "order-statistic interval of the median over rounds (stats.median_ci)",
-            "log": log_rounds,
-        },
+        "variants": entries,
+        "rounds": {"asked": cfg.rounds, "extra": run.extra, "stability": cfg.stability, "ci": CI, "log": run.rounds},
     }
     analysis.finish(report)
     write_reports(report, out)
     return report
-
-
-def _policy_candidates(
-    entries: list[dict[str, Any]], metas: list[VariantMeta], cfg: BenchConfig
-) -> tuple[list[int], int | None]:
-    """(the variants that compare policies, the one whose records name the served policy): the reference and the
-    recommended variant, as analysis.finish will choose them; else the reference, else the first measured."""
-
-    draft: dict[str, Any] = {
-        "variants": copy.deepcopy(entries),
-        "headline": dict(zip(("batch", "seq"), cfg.headline())),
-        "config": cfg.to_json(),
-        "floor": {},
-        "environment": {},
-    }
-    analysis.finish(draft)  # the same rule, on the same records: which variant the report will recommend
-    names = [v["name"] for v in draft["variants"]]
-    want = [draft.get("agreement_reference"), (draft.get("recommended") or {}).get("variant")]
-    picked = list(dict.fromkeys(names.index(n) for n in want if n in names))
-    if not picked:
-        picked = [i for i, v in enumerate(entries) if v.get("status") == "ok" and v.get("accuracy")][:1]
-    rec = want[1] if want[1] in names else None
-    return picked, (names.index(rec) if rec else (picked[0] if picked else None))

@@ -144,15 +144,15 @@ def test_a_clear_difference_is_called_a_difference():
 
 
 def test_a_ratio_is_paired_only_where_its_shared_rounds_cover_more_than_the_unpaired_interval():
-    from qserve.bench.stats import ratio_ci
+    from qserve.bench.recommend import ratio_ci
 
     slow = {str(k): 10.0 + k / 10 for k in range(8)}
     fast = {str(k): 7.0 + k / 10 for k in range(5)}
-    assert ratio_ci(slow, fast)["paired"]  # five shared rounds: 94% paired against 97% x 94% unpaired
+    assert ratio_ci(slow, fast).paired  # five shared rounds: 94% paired against 97% x 94% unpaired
     few = {str(k): 7.0 + k / 10 for k in (0, 1, 8, 9, 10, 11)}  # two shared rounds: 50% paired
     r = ratio_ci(slow, few)
-    assert not r["paired"] and r["rounds"] == 2 and r["level"] > 0.5 and r["lo"] <= r["value"] <= r["hi"]
-    assert (r["value"], r["lo"], r["hi"]) == pytest.approx((10.35 / 7.85, 10.0 / 8.1, 10.7 / 7.0))
+    assert not r.paired and r.rounds == 2 and r.level > 0.5 and r.lo <= r.value <= r.hi
+    assert (r.value, r.lo, r.hi) == pytest.approx((10.35 / 7.85, 10.0 / 8.1, 10.7 / 7.0))
 
 
 def _steady(name: str, ms: float, size: int, lb: float | None = None) -> dict:
@@ -288,8 +288,8 @@ def test_a_tie_is_called_a_tie_and_the_rule_breaks_it():
 
 
 def test_two_modes_are_split_and_the_fast_one_is_ranked_whatever_share_the_slow_phase_took():
-    from qserve.bench.rounds import ci_cell, merge_fixed, ranked
-    from qserve.bench.stats import two_modes
+    from qserve.bench.recommend import ranked, two_modes
+    from qserve.bench.rounds import ci_cell, merge_fixed
 
     def rec(rounds):
         (r,) = merge_fixed(

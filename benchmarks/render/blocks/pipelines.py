@@ -10,9 +10,8 @@ from typing import Any
 
 from benchmarks.render.blocks.cells import minutes, num, pct, ratio, span, table
 from benchmarks.render.blocks.reports import MAIN_JOB, RUN_DIR, cpu_of, load, on, rendered_from, train_metrics
-from qserve.bench.recommend import recommend
+from qserve.bench.recommend import ranked, recommend
 from qserve.bench.report import summary_lines
-from qserve.bench.rounds import ranked
 from qserve.benchreport import fixed_shape
 
 
@@ -26,7 +25,7 @@ def _inv(inv: dict[str, Any] | None) -> str:
 
 
 def pipeline_rows(r: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """(header, rows) of every variant of a pipeline report: size, b1/s128 p50 (as ranked: rounds.ranked), b32/s128
+    """(header, rows) of every variant of a pipeline report: size, b1/s128 p50 (as ranked: recommend.ranked), b32/s128
     seq/s, accuracy and agreement (on fewer texts, marked, for a variant under the eval cut of its day), batch
     invariance."""
     rec = (r.get("recommended") or {}).get("variant")
