@@ -325,8 +325,12 @@ def machine(device: str) -> dict[str, Any]:
 
 def pool_of(first: Split, whole: Split) -> Split:
     """The texts the sequential gate may score, in order: the first look's, then the rest of the whole split."""
-    seen = set(zip(first.texts, first.pairs or [None] * len(first)))
-    rest = whole.take([i for i, t in enumerate(zip(whole.texts, whole.pairs or [None] * len(whole))) if t not in seen])
+
+    def keys(s: Split) -> list[tuple[str, str | None]]:
+        return list(zip(s.texts, s.pairs if s.pairs is not None else [None] * len(s)))
+
+    seen = set(keys(first))
+    rest = whole.take([i for i, t in enumerate(keys(whole)) if t not in seen])
     pairs = None if first.pairs is None else first.pairs + (rest.pairs or [])
     return Split(first.texts + rest.texts, first.labels + rest.labels, pairs)
 
