@@ -19,6 +19,7 @@ one `main(argv) -> int` over benchmarks.harness (a suite's parts run as its chil
     predict_bench.py         `qserve predict` over a corpus against the model-bound ceiling
     crosscheck.py            qserve bench's timings against plain onnxruntime / torch loops
     bench_repeat.py          does `qserve bench` give the same answer twice? N consecutive runs, one verdict
+    repair_bench.py          every int8 and 4-bit variant of a run repaired, gated and benched beside its repair
     image_report.py          the serving image: size, no torch, container start to ready, the toolkit image's run
     gpu_*                    the GPU check on a GPU machine (docs/gpu.md): gpu_check.sh and its parts
 

@@ -16,7 +16,7 @@ from qserve.bench.plots import CHARTS
 from qserve.bench.report import render_md
 from qserve.files import write_json_atomic, write_text_atomic
 
-STAGES = ("train", "export", "bench", "gate", "total")
+STAGES = ("train", "export", "bench", "gate", "repair", "total")
 
 
 def line(times: dict[str, float]) -> str:
