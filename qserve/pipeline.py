@@ -29,7 +29,7 @@ from qserve.gate.report import row, write_report
 from qserve.gate.run import run_gate
 from qserve.placement import Plan
 from qserve.placement import plan as plan_run
-from qserve.repair import RepairConfig, repair
+from qserve.repair import RepairConfig, repair, said
 from qserve.runtime.ov_probe import OpenVINOUnavailable
 from qserve.training.config import TrainConfig
 from qserve.training.config import run_dir as default_run_dir
@@ -330,29 +330,15 @@ def _repair_stage(ckpt: Path, variants: list[Path], report_dir: Path, args, plan
     rows = []
     for d in _repair_candidates(report):
         r = repair(Path(d), ckpt, _gate_config(args, plan), RepairConfig(repair_budget=PIPELINE_REPAIR_BUDGET_S), plan)
-        rec, g = r.get("repair") or {}, r.get("gate") or {}
-        print(
-            f"   {r['variant']}: agreement {r['before']['agreement']:.2%} on the search's texts; "
-            + (
-                f"{len(rec['kept'])} layer(s) kept in fp32 ({rec['closest']['agreement']:.2%}"
-                + ("" if rec["reached"] else f"; {rec['why']}")
-                + f"), gate {g['decision']} at {g['n']} texts"
-                if r["needed"]
-                else "meets its bars there, not repaired"
-            ),
-            flush=True,
-        )
-        rows.append({k: r.get(k) for k in ("variant", "needed", "before", "dir")} | {"gate": g.get("decision")})
+        print(f"   {r['variant']}: {said(r)}", flush=True)
+        g = r.get("gate") or {}
+        rows.append({**{k: r.get(k) for k in ("variant", "needed", "before", "dir", "why")}, "gate": g.get("decision")})
     new = [Path(r["dir"]) for r in rows if r["dir"]]
     if new:  # bench them beside the rest (the others' measurements are reused), then the report chooses again
-        kept = {k: report[k] for k in ("gate", "long_text") if k in report}
+        gate = report.get("gate")
         _bench_stage([*variants, *new], report_dir, args, plan, False)
-        report = {**json.loads(path.read_text(encoding="utf-8")), **kept}
-    report["repair"] = {
-        "max_candidates": PIPELINE_REPAIR_CANDIDATES,
-        "budget_s": PIPELINE_REPAIR_BUDGET_S,
-        "rows": rows,
-    }
+        report = {**json.loads(path.read_text(encoding="utf-8")), "gate": gate}
+    report["repair"] = {"candidates": PIPELINE_REPAIR_CANDIDATES, "budget_s": PIPELINE_REPAIR_BUDGET_S, "rows": rows}
     rewrite(report_dir, report)
 
 

@@ -154,29 +154,23 @@ def repair(
         layers.close()
     # the step exported: the fewest layers that met the bars, else the one that came closest
     met = [s for s in trace if s["met"]]
-    closest = (
-        min(met, key=lambda s: len(s["kept"])) if met else max(trace, key=lambda s: (s["agreement"], -len(s["kept"])))
-    )
-    kept = closest["kept"]
+    closest = min(met, key=lambda s: len(s["kept"])) if met else max(trace, key=lambda s: s["agreement"])
+    ran_out = time.monotonic() > deadline
+    why = f"the {cfg.repair_budget:g}s budget ran out" if ran_out else f"all {len(order)} layers in fp32 miss the bars"
+    if not closest["kept"]:  # nothing to keep (the budget ran out first): no variant to write
+        return {**out, "why": why}
     given = vm.spec.options.get("keep_fp32")
-    options = {**vm.spec.options, "keep_fp32": ",".join([given, *kept] if given else kept)}
-    dest = variant.parent / f"{vm.name}-repaired"
+    options = {**vm.spec.options, "keep_fp32": ",".join([given, *closest["kept"]] if given else closest["kept"])}
+    dest = variant.parent / f"{variant.name}-repaired"
     exporters.export(checkpoint, vm.name, dest, True, options, vm.export_device or "cpu", None, vm.long_text, vm.inputs)
     (result,) = run_gate([dest], gate, plan=plan)
+    target = {"agreement": bar, "accuracy_drop": drop, "texts": {"dataset": dataset, "split": on, "n": len(texts)}}
     record = {
         "of": vm.name,
-        "kept": kept,
+        "kept": closest["kept"],
         "reached": bool(met),
-        "why": None
-        if met
-        else f"the {cfg.repair_budget:g}s budget ran out"
-        if time.monotonic() > deadline
-        else f"all {len(order)} quantized layers in fp32 do not reach the bars",
-        "target": {
-            "agreement": bar,
-            "accuracy_drop": drop,
-            "texts": {"dataset": dataset, "split": on, "n": len(texts)},
-        },
+        "why": None if met else why,
+        "target": target,
         "ranked_on": {"dataset": dataset, "split": "train", "n": len(calib)},
         "ranking": ranking,
         "trace": trace,
@@ -207,16 +201,20 @@ def cmd_export(args: argparse.Namespace, export: Callable[[argparse.Namespace], 
     dirs, code = exported(args)
     for vdir in dirs if code == 0 else []:
         r = repair(vdir, Path(args.checkpoint), gate, cfg)
-        if not r["needed"]:
-            print(f"{r['variant']} meets its bars on the search's texts: {r['before']['agreement']:.2%}; not repaired")
-            continue
-        rec, g = r["repair"], r["gate"]
-        print(
-            f"{r['dir']}: {len(rec['kept'])} layer(s) kept in fp32, agreement {r['before']['agreement']:.2%} -> "
-            f"{rec['closest']['agreement']:.2%} on {rec['target']['texts']['n']} search texts"
-            + ("" if rec["reached"] else f" ({rec['why']})")
-            + f"; gate {g['decision']} at {g['n']} held-out texts"
-            + (f": {'; '.join(g['reasons'])}" if g["reasons"] else "")
-        )
-        code = code or (0 if g["passed"] else 1)
+        print(f"{vdir}: {said(r)}")
+        code = code or (0 if not r["needed"] or (r.get("gate") or {}).get("passed") else 1)
     return code
+
+
+def said(r: dict[str, Any]) -> str:
+    """One line on what repair() did (its command's and the pipeline's)."""
+    head = f"agreement {r['before']['agreement']:.2%} with fp32 on the search's texts"
+    if not r["needed"] or not r.get("repair"):
+        return head + ("; meets its bars, not repaired" if not r["needed"] else f"; not repaired: {r['why']}")
+    rec, g = r["repair"], r["gate"]
+    return (
+        f"{head}; {len(rec['kept'])} layer(s) kept in fp32: {rec['closest']['agreement']:.2%}"
+        + ("" if rec["reached"] else f" ({rec['why']})")
+        + f"; {Path(r['dir']).name}'s gate {g['decision']} at {g['n']} held-out texts"
+        + (f": {'; '.join(g['reasons'])}" if g["reasons"] else "")
+    )

@@ -397,27 +397,23 @@ def run_gate(
             var = grow(var, vdir, cfg, pool, n, cal_split, plan.device_of(vm.name) if plan else None)
             y = y_all[:n]
             verdict = judge(problem, labels, refs[rkey].logits[:n], var.logits, y, bar, drop, conf, span)
-            spent = time.monotonic() - t0
-            looks.append(
-                {
-                    "n": n,
-                    "decision": verdict["decision"],
-                    "agreement": verdict["agreement"],
-                    "accuracy_delta": verdict["accuracy"]["delta"],
-                    "seconds": round(spent, 2),
-                }
-            )
-            if verdict["decision"] != UNDECIDED or n == sizes[-1]:
-                if verdict["decision"] == UNDECIDED and n == len(pool):
-                    verdict["reasons"].append(f"undecided at {n} texts: every text of the {cfg.split} split is scored")
-                elif verdict["decision"] == UNDECIDED:
-                    verdict["reasons"].append(f"undecided at {n} texts: the last of {len(sizes)} planned looks")
-                break
-            if cfg.time_budget is not None and spent * sizes[k + 1] / n > cfg.time_budget:
-                verdict["reasons"].append(
-                    f"undecided at {n} texts: the next look ({sizes[k + 1]} texts) would pass the "
-                    f"--time-budget of {cfg.time_budget:g}s"
-                )
+            spent, nxt = time.monotonic() - t0, sizes[k + 1] if k + 1 < len(sizes) else None
+            agreement, delta = verdict["agreement"], verdict["accuracy"]["delta"]
+            looks.append({"n": n, "decision": verdict["decision"], "agreement": agreement, "accuracy_delta": delta})
+            looks[-1]["seconds"] = round(spent, 2)
+            late = nxt is not None and cfg.time_budget is not None and spent * nxt / n > cfg.time_budget
+            if verdict["decision"] != UNDECIDED or nxt is None or late:
+                if verdict["decision"] == UNDECIDED:
+                    verdict["reasons"].append(
+                        f"undecided at {n} texts: "
+                        + (
+                            f"the next look ({nxt} texts) would pass the --time-budget of {cfg.time_budget:g}s"
+                            if late
+                            else f"every text of the {cfg.split} split is scored"
+                            if n == len(pool)
+                            else f"the last of {len(sizes)} planned looks"
+                        )
+                    )
                 break
         assert var is not None
         cal = calibrate(problem, var, y, None if cal_split is None else truth(cal_split, problem, len(labels)))

@@ -123,6 +123,10 @@ def test_too_few_texts_fail_with_that_reason(run_dir):
         (200, "undecided"),
         (400, "passed"),
     ]
+    # a time budget the next look would pass stops it undecided, and says so
+    (late,) = run_gate([run_dir / "variants" / "torch-bf16"], replace(one, looks=4, time_budget=1e-3))
+    assert late["gate"]["decision"] == "undecided" and len(late["gate"]["sequential"]["looks"]) == 1
+    assert "the next look (100 texts) would pass the --time-budget" in late["gate"]["reasons"][-1]
     assert json.loads((run_dir / "variants" / "torch-bf16" / "manifest.json").read_text()).get("gate") is None
 
 

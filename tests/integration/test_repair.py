@@ -111,3 +111,32 @@ def test_a_bring_your_own_bert_goes_through_export_with_repair_and_the_gate(tmp_
     assert rec["kept"] == [rec["ranking"][0]["layer"]] and "/bert/pooler/dense/" in rec["kept"][0]
     assert repaired.gate is not None and repaired.gate["passed"]
     assert (tmp_path / "variants" / "torch-fp32" / "manifest.json").is_file()  # the reference it exported to compare
+
+
+@pytest.mark.parametrize("name", ["onnx-int4", "ov-int8", "bnb-nf4"])
+def test_each_backend_puts_layers_back_on_its_graph_and_keeps_one_in_its_export(tiny_checkpoint, tmp_path, name):
+    """On the served graph: no layer back is the variant as served, every layer back is fp32's answers (ov-int8:
+    closer to them; NNCF also quantizes inside attention); exported with keep_fp32, the layer is no longer quantized."""
+    import exporters
+    from exporters.core import PROBES, reference_logits
+    from exporters.layers import open_layers
+    from qserve.runtime import load_runtime
+
+    small = {"calibration_samples": 4} if name == "ov-int8" else {}
+    exporters.export(tiny_checkpoint, name, tmp_path / name, options=small)
+    rt = load_runtime(tmp_path / name, "cpu")
+    served = rt.logits(PROBES)
+    rt.close()
+    layers = open_layers(tmp_path / name, tiny_checkpoint, threads=1)
+    names, ref = list(layers.names), reference_logits(tiny_checkpoint, PROBES, 64)
+    assert len(names) >= 12  # 2 layers x (q, k, v, out, lin1, lin2) at least
+    layers.use([])
+    assert np.abs(layers.rt.logits(PROBES) - served).max() < 1e-5
+    layers.use(names)
+    back = np.abs(layers.rt.logits(PROBES) - ref).max()
+    assert back < 1e-4 if name != "ov-int8" else back < np.abs(served - ref).max()
+    layers.close()
+    exporters.export(tiny_checkpoint, name, tmp_path / "kept", options={**small, "keep_fp32": names[0]})
+    kept = open_layers(tmp_path / "kept", tiny_checkpoint, threads=1)
+    assert kept.names == names[1:]
+    kept.close()
