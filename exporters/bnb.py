@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from exporters import clipping
 from exporters.layers import Layers
 from qserve import QserveError
+from qserve.backends import listed
 from qserve.backends.bnb import BnbOptions
 from qserve.variants import VariantSpec
 
@@ -36,7 +37,7 @@ UNQUANTIZED_DTYPE = "float32"
 def skip_modules(opts: BnbOptions) -> tuple[str, ...]:
     """llm_int8_skip_modules: the head, and the keep_fp32 modules by their full names, escaped (transformers reads
     each entry as a regex prefix, an exact name or a suffix)."""
-    return SKIP_MODULES + tuple(re.escape(k.strip()) for k in (opts.keep_fp32 or "").split(",") if k.strip())
+    return SKIP_MODULES + tuple(map(re.escape, listed(opts.keep_fp32)))
 
 
 def quantization_kwargs(spec: VariantSpec, opts: BnbOptions) -> dict[str, Any]:

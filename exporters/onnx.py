@@ -30,6 +30,7 @@ from exporters.core import shared_export
 from exporters.layers import Layers
 from qserve import QserveError
 from qserve.artifact import read_manifest
+from qserve.backends import listed
 from qserve.backends.onnx import OnnxOptions
 from qserve.devices import capabilities
 from qserve.modeling import model_inputs
@@ -361,7 +362,7 @@ def _quantize_graph(
 
 def kept_fp32(src: Path, patterns: str) -> list[str]:
     """Names of the weighted() nodes matching any comma-separated part of `patterns`; each part must match."""
-    parts = [p.strip() for p in patterns.split(",") if p.strip()]
+    parts = listed(patterns)
     if not parts:
         return []
     import onnx

@@ -26,6 +26,7 @@ from exporters.layers import Layers
 from exporters.onnx import MODEL_FILE as ONNX_FILE
 from exporters.onnx import export_fp32
 from qserve import QserveError
+from qserve.backends import listed
 from qserve.backends.openvino import OV_FP32, OpenVINOOptions, openvino_precision
 from qserve.extras import require
 from qserve.runtime.openvino_rt import compile_config
@@ -113,7 +114,7 @@ def quantize_int8(ir, ctx: ExportContext, opts: OpenVINOOptions):
     # Every input the IR declares: a BERT-layout IR left without token_type_ids runs with a stale shape.
     names = {p.any_name for p in ir.inputs}
     items = [feed(names, b) for b in items]
-    keep = [k.strip() for k in (opts.keep_fp32 or "").split(",") if k.strip()]
+    keep = listed(opts.keep_fp32)
     with _quiet():
         kind = nncf.ModelType.TRANSFORMER
         quantized = nncf.quantize(

@@ -1,4 +1,4 @@
-"""`qserve pipeline`: the main job. train -> export every supported variant -> bench -> release gate -> report.
+"""`qserve pipeline`: the main job. train -> export every supported variant -> bench -> gate -> repair -> report.
 
     qserve pipeline                                   # embedded default: train -> export -> bench -> gate -> report
     qserve pipeline --model distilbert-base-uncased --dataset imdb   # hub path, needs network

@@ -82,7 +82,7 @@ def search(measure: Callable[[int], dict[str, Any]], n: int, deadline: float) ->
     """The fewest top-ranked layers (k) whose measure() meets the target: k = 1, 2, 4, ... up to n, then halving
     between the last miss and the first hit; None when none met it before the deadline."""
     lo, hi = 0, None
-    for k in sorted({min(2**i, n) for i in range(n.bit_length() + 1)}):
+    for k in sorted({min(2**i, n) for i in range(n.bit_length() + 1)} - {0}):
         if time.monotonic() > deadline:
             return None
         if measure(k)["met"]:

@@ -150,3 +150,8 @@ def keep_fp32(defaults: dict[str, OptionValue], names: str, example: str) -> Any
         metavar="NAMES",
         allowed=f"a comma-separated string of {names}, e.g. '{example}'",
     )
+
+
+def listed(value: str | None) -> list[str]:
+    """The names a keep_fp32 value lists (comma-separated; blanks dropped)."""
+    return [k.strip() for k in (value or "").split(",") if k.strip()]
