@@ -23,6 +23,10 @@ from qserve.variants import backend_of, load_target
 class Layers:
     """A variant's runtime (CPU, rows one after another) whose quantized layers `use` puts back to fp32."""
 
+    shift: Any = 0.0
+    """What the variant's export would take out of its logits for the layers in use (onnx-int8's bias correction):
+    the runtime's logits minus this are the candidate's."""
+
     def __init__(self, variant: Path, checkpoint: Path, threads: int | None = None):
         self.variant, self.checkpoint = Path(variant), Path(checkpoint)
         # the backend's own Runtime: each subclass swaps what its runtime runs (a session, a compiled model, modules)

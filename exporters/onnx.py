@@ -434,14 +434,13 @@ def shift_output_bias(model: Any, diff: np.ndarray) -> dict[str, Any]:
     }
 
 
-def _logits(model: Path | bytes, batches: list[dict[str, Any]]) -> Any:
+def _logits(model: Path | Any, batches: list[dict[str, Any]]) -> Any:
+    """fp64 logits of the graph at `model` (or of a session) on calibration batches."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    sess = ort.InferenceSession(
-        model if isinstance(model, bytes) else str(model), so, providers=["CPUExecutionProvider"]
-    )
+    sess = model if hasattr(model, "run") else ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
     names = {i.name for i in sess.get_inputs()}
     return np.concatenate([sess.run(None, feed(names, b))[0] for b in batches]).astype(np.float64)
 
@@ -492,7 +491,7 @@ class OnnxLayers(Layers):
         fp32 = fp32_export(self.checkpoint, opts.get("opset"), bool(opts.get("quantize_embeddings")))
         self.quantized = onnx.load(str(self.variant / MODEL_FILE))
         self.fp32 = onnx.load(str(fp32 / MODEL_FILE))
-        # a bias-corrected variant: each candidate corrected again as its export would, on the same texts
+        # a bias-corrected variant: each candidate's shift measured as its export would, on the same texts
         self.bias = (record.get("bias_correction") or {}).get("bias")
         if self.bias:
             batches, _ = calibration_set(self.checkpoint, int(opts.get("calibration_samples") or 0))
@@ -520,8 +519,8 @@ class OnnxLayers(Layers):
             model.graph.node[at[node.output[0]]].name += "/fp32"  # a quantized Gather keeps the original's name
             model.graph.initializer.extend(weights[i] for i in node.input if i in weights and i not in known)
             known |= set(node.input)
-        if kept and self.bias:
+        if kept and self.bias:  # fp32's bias, and the shift the export would take out of it taken out of the logits
             next(i for i in model.graph.initializer if i.name == self.bias).CopyFrom(weights[self.bias])
-            shift_output_bias(model, _logits(model.SerializeToString(), self.batches) - self.ref)
         so = session_options(ort, self.threads)
         self.rt.session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        self.shift = (_logits(self.rt.session, self.batches) - self.ref).mean(axis=0) if kept and self.bias else 0.0

@@ -73,7 +73,7 @@ def rank(layers: Layers, texts: Any, ref: np.ndarray, problem: str, deadline: fl
         if time.monotonic() > deadline:
             break
         layers.use([n for n in layers.names if n != name])
-        far[name] = distance(ref, logits_of(layers.rt, texts), problem)
+        far[name] = distance(ref, logits_of(layers.rt, texts) - layers.shift, problem)
     ranked = sorted(far, key=lambda k: -far[k]) + [n for n in layers.names if n not in far]
     return [{"layer": n, "distance": far.get(n)} for n in ranked]
 
@@ -136,7 +136,7 @@ def repair(
 
         def measure(k: int) -> dict[str, Any]:
             layers.use(order[:k])
-            v = judge(problem, labels, ref, logits_of(layers.rt, texts), y, bar, drop, gate.confidence)
+            v = judge(problem, labels, ref, logits_of(layers.rt, texts) - layers.shift, y, bar, drop, gate.confidence)
             agr, delta = v["agreement"]["value"], v["accuracy"]["delta"]["value"]
             step = {"kept": order[:k], "agreement": agr, "accuracy_delta": delta, "met": agr >= bar and delta >= -drop}
             trace.append({**step, "seconds": round(time.monotonic() - t0, 1)})
