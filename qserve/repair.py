@@ -3,7 +3,7 @@
     qserve export RUN/checkpoint --bits 8 --repair     # RUN/variants/onnx-int8, and onnx-int8-repaired if it misses
     qserve pipeline                                    # repairs a variant that could win and failed (docs/repair.md)
 
-Layers ranked by how far each alone, quantized, moves the outputs from fp32's on training texts
+Layers ranked by how much each alone, back in fp32, brings the outputs to fp32's on training texts
 (exporters/layers.py); the fewest most sensitive kept until agreement and accuracy meet the bars on the search's own
 texts; then one export (keep_fp32), one sequential gate on held-out texts the search never saw.
 """
@@ -66,16 +66,18 @@ def distance(ref: np.ndarray, got: np.ndarray, problem: str) -> float:
 
 
 def rank(layers: Layers, texts: Any, ref: np.ndarray, problem: str, deadline: float) -> list[dict[str, Any]]:
-    """The quantized layers, most sensitive first: by how far each alone, quantized with every other one back in
-    fp32, moves the outputs from fp32's (distance()); those the deadline leaves unmeasured follow in graph order."""
-    far: dict[str, float] = {}
+    """The quantized layers, most sensitive first: by how much putting each alone back in fp32 brings the outputs
+    closer to fp32's (distance()); ties (no gain) and layers the deadline leaves unmeasured keep graph order."""
+    layers.use([])
+    base = distance(ref, logits_of(layers.rt, texts) - layers.shift, problem)
+    gain: dict[str, float] = {}
     for name in layers.names:
         if time.monotonic() > deadline:
             break
-        layers.use([n for n in layers.names if n != name])
-        far[name] = distance(ref, logits_of(layers.rt, texts) - layers.shift, problem)
-    ranked = sorted(far, key=lambda k: -far[k]) + [n for n in layers.names if n not in far]
-    return [{"layer": n, "distance": far.get(n)} for n in ranked]
+        layers.use([name])
+        gain[name] = base - distance(ref, logits_of(layers.rt, texts) - layers.shift, problem)
+    order = sorted(layers.names, key=lambda n: -gain[n] if n in gain else float("inf"))  # a stable sort
+    return [{"layer": n, "gain": gain.get(n)} for n in order]
 
 
 def search(measure: Callable[[int], dict[str, Any]], n: int, deadline: float) -> int | None:
