@@ -400,19 +400,9 @@ def correct_logit_bias(quantized: Path, reference: Path, batches: list[dict[str,
     """Take the int8 graph's mean logit shift against fp32 on calibration texts out of its output bias (exact, free at
     run time: docs/export.md)."""
     import onnx
-
-    model = onnx.load(str(quantized))
-    record = shift_output_bias(model, _logits(quantized, batches) - _logits(reference, batches))
-    if record["applied"]:
-        onnx.save(model, str(quantized))
-        record["calibration"] = source
-    return record
-
-
-def shift_output_bias(model: Any, diff: np.ndarray) -> dict[str, Any]:
-    """Subtract the mean of `diff` (quantized - fp32 logits) from `model`'s output bias, in place; the record."""
     from onnx import numpy_helper
 
+    model = onnx.load(str(quantized))
     inits = {i.name: i for i in model.graph.initializer}
     producer = {o: n for n in model.graph.node for o in n.output}
     output = model.graph.output[0].name
@@ -421,16 +411,18 @@ def shift_output_bias(model: Any, diff: np.ndarray) -> dict[str, Any]:
     bias = next((i for i in node.input if i in inits), None) if node is not None and node.op_type == "Add" else None
     if bias is None or uses.count(bias) != 1:
         return {"applied": False, "why": f"the output {output!r} is not an Add of a bias used nowhere else"}
-    shift = diff.mean(axis=0)
+    shift = (_logits(quantized, batches) - _logits(reference, batches)).mean(axis=0)
     b = numpy_helper.to_array(inits[bias]).astype(np.float32)
     if b.shape != shift.shape:
         return {"applied": False, "why": f"bias {bias!r} has shape {b.shape}, the logits {shift.shape}"}
     inits[bias].CopyFrom(numpy_helper.from_array((b - shift).astype(np.float32), bias))
+    onnx.save(model, str(quantized))
     return {
         "applied": True,
         "method": "mean int8 - fp32 logits on the calibration texts, subtracted from the output bias",
         "bias": bias,
         "shift": [round(float(v), 6) for v in shift],
+        "calibration": source,
     }
 
 
