@@ -426,7 +426,7 @@ def correct_logit_bias(quantized: Path, reference: Path, batches: list[dict[str,
     }
 
 
-def _logits(model: Path | Any, batches: list[dict[str, Any]]) -> Any:
+def _logits(model: Any, batches: list[dict[str, Any]]) -> Any:
     """fp64 logits of the graph at `model` (or of a session) on calibration batches."""
     import onnxruntime as ort
 

@@ -295,14 +295,19 @@ def _gate_stage(report_dir: Path, args, plan: Plan, force: bool) -> dict | None:
 
 def _repair_candidates(report: dict) -> list[str]:
     """Variant dirs that could win and failed, fastest first: faster than the recommended variant (else the
-    reference), below the bench's bar or failed by their gate, of a backend that can keep layers in fp32."""
+    reference), below the bench's bar, failed by their gate or missing its bars on its point estimates, of a
+    backend that can keep layers in fp32."""
     rec, out = report.get("recommended") or {}, []
     for r in rec.get("ranking") or []:
         if r["variant"] in (rec.get("variant"), report.get("agreement_reference")):
             break
-        agreement, gate = r.get("agreement"), r.get("gate_record") or {}
-        failed = (agreement is not None and agreement < r["bar"]) or gate.get("decision") == "failed"
         m = read_manifest(Path(r["dir"]))
+        g = m.gate or {"decision": None}
+        point = g["decision"] and (  # undecided, or decided, on point estimates that miss the bars
+            g["agreement"]["value"] < g["bar"]["agreement_lower_bound"]
+            or g["accuracy"]["delta"]["value"] < -g["bar"]["max_accuracy_drop"]
+        )
+        failed = (r.get("agreement") or 1.0) < r["bar"] or g["decision"] == "failed" or point
         if failed and backend_of(m.name).layers and "repair" not in m.records:
             out.append(r["dir"])
     return out[:PIPELINE_REPAIR_CANDIDATES]
