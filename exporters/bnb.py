@@ -103,6 +103,12 @@ def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, A
         if "clipping" in record:
             _check_clipped(model, clipped, record["clipping"]["block_size"], spec.name)
         linears = quantized_linears(model)
+        unknown = sorted(set(listed(opts.keep_fp32)) - dict(model.named_modules()).keys())
+        if unknown:
+            raise QserveError(
+                f"option keep_fp32: {', '.join(map(repr, unknown))} matches no module; its quantized Linears' "
+                f"names look like {', '.join(list(linears)[:2])}, ... ({len(linears)} in all)"
+            )
         if not linears:
             raise QserveError(
                 f"{spec.name}: bitsandbytes quantized no Linear layer of {checkpoint}; "

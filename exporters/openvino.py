@@ -115,6 +115,12 @@ def quantize_int8(ir, ctx: ExportContext, opts: OpenVINOOptions):
     names = {p.any_name for p in ir.inputs}
     items = [feed(names, b) for b in items]
     keep = listed(opts.keep_fp32)
+    matmuls = [op.get_friendly_name() for op in ir.get_ops() if op.get_type_name() == "MatMul"]
+    if set(keep) - set(matmuls):
+        raise QserveError(
+            f"option keep_fp32: {', '.join(map(repr, sorted(set(keep) - set(matmuls))))} matches no MatMul of the "
+            f"IR; its names look like {', '.join(matmuls[:2])}, ... ({len(matmuls)} in all)"
+        )
     with _quiet():
         kind = nncf.ModelType.TRANSFORMER
         quantized = nncf.quantize(
@@ -123,7 +129,7 @@ def quantize_int8(ir, ctx: ExportContext, opts: OpenVINOOptions):
             model_type=kind,
             subset_size=len(items),
             fast_bias_correction=True,
-            ignored_scope=nncf.IgnoredScope(names=keep) if keep else None,  # names it cannot find: an error
+            ignored_scope=nncf.IgnoredScope(names=keep) if keep else None,
         )
     fq = sum(1 for op in quantized.get_ops() if op.get_type_name() == "FakeQuantize")
     if fq == 0:
