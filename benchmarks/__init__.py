@@ -22,6 +22,7 @@ parts (run as its children or imported by it) are the modules beside it:
     crosscheck.py            qserve bench's timings against plain onnxruntime / torch loops
     bench_repeat.py          does `qserve bench` give the same answer twice? N consecutive runs, one verdict
     report_screen.py         a bench report's first screen in Chromium at 1280x800: verdict and table in it
+    repair_bench.py          every int8 and 4-bit variant of a run repaired, gated and benched beside its repair
     image_report.py          the serving image: size, no torch, container start to ready, the toolkit image's run
     gpu/                     the GPU check on a GPU machine (docs/gpu.md): `bash benchmarks/gpu/check.sh A|B`
         check.sh             the two calls, each stage a child under its time limit, at most 8 files out

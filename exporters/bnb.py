@@ -9,12 +9,16 @@ block first (exporters.clipping).
 
 from __future__ import annotations
 
+import re
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exporters import clipping
+from exporters.layers import Layers
 from qserve import QserveError
+from qserve.backends import listed
 from qserve.backends.bnb import BnbOptions
 from qserve.variants import VariantSpec
 
@@ -30,13 +34,19 @@ COMPUTE_DTYPE_4BIT = "bfloat16"
 UNQUANTIZED_DTYPE = "float32"
 
 
+def skip_modules(opts: BnbOptions) -> tuple[str, ...]:
+    """llm_int8_skip_modules: the head, and the keep_fp32 modules by their full names, escaped (transformers reads
+    each entry as a regex prefix, an exact name or a suffix)."""
+    return SKIP_MODULES + tuple(map(re.escape, listed(opts.keep_fp32)))
+
+
 def quantization_kwargs(spec: VariantSpec, opts: BnbOptions) -> dict[str, Any]:
     """The BitsAndBytesConfig arguments for a variant (plain JSON, recorded in the manifest)."""
     if spec.dtype == "int8":
         return {
             "load_in_8bit": True,
             "llm_int8_threshold": opts.llm_int8_threshold,
-            "llm_int8_skip_modules": list(SKIP_MODULES),
+            "llm_int8_skip_modules": list(skip_modules(opts)),
         }
     if spec.dtype in ("nf4", "fp4"):
         # llm_int8_skip_modules is also the 4-bit skip list in transformers' bnb integration.
@@ -45,7 +55,7 @@ def quantization_kwargs(spec: VariantSpec, opts: BnbOptions) -> dict[str, Any]:
             "bnb_4bit_quant_type": spec.dtype,
             "bnb_4bit_compute_dtype": COMPUTE_DTYPE_4BIT,
             "bnb_4bit_use_double_quant": opts.double_quant,
-            "llm_int8_skip_modules": list(SKIP_MODULES),
+            "llm_int8_skip_modules": list(skip_modules(opts)),
         }
     raise QserveError(f"{spec.name}: bitsandbytes stores int8, nf4 or fp4, not {spec.dtype!r}")
 
@@ -87,12 +97,18 @@ def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, A
         if opts.clip:
             source = Path(scratch)
             record["clipping"], clipped = clipping.clip_checkpoint(
-                ctx, source, spec.dtype, int(opts.calibration_samples or 0), SKIP_MODULES
+                ctx, source, spec.dtype, int(opts.calibration_samples or 0), skip_modules(opts)
             )
         model = _quantized_model(source, spec, opts)
         if "clipping" in record:
             _check_clipped(model, clipped, record["clipping"]["block_size"], spec.name)
         linears = quantized_linears(model)
+        unknown = sorted(set(listed(opts.keep_fp32)) - dict(model.named_modules()).keys())
+        if unknown:
+            raise QserveError(
+                f"option keep_fp32: {', '.join(map(repr, unknown))} matches no module; its quantized Linears' "
+                f"names look like {', '.join(list(linears)[:2])}, ... ({len(linears)} in all)"
+            )
         if not linears:
             raise QserveError(
                 f"{spec.name}: bitsandbytes quantized no Linear layer of {checkpoint}; "
@@ -108,7 +124,7 @@ def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, A
             "options": opts.to_json(),
             "unquantized_dtype": UNQUANTIZED_DTYPE,
             "quantized_linear_modules": len(linears),
-            "skipped_modules": list(SKIP_MODULES),
+            "skipped_modules": list(skip_modules(opts)),
             **sizes,
             **record,
         }
@@ -147,3 +163,21 @@ def _check_clipped(model: Any, clipped: list[str], block: int, name: str) -> Non
             f"{name}: weights were clipped for blocks of {block} but bitsandbytes used {sorted(sizes)}; "
             "export with --no-clip"
         )
+
+
+class BnbLayers(Layers):
+    """bnb-int8 / nf4 / fp4: a layer goes back as the checkpoint's own fp32 Linear, swapped into the loaded model."""
+
+    def open(self) -> list[str]:
+        import torch
+        from transformers import AutoModelForSequenceClassification
+
+        self.fp32 = AutoModelForSequenceClassification.from_pretrained(self.checkpoint, dtype=torch.float32).eval()
+        self.quantized = quantized_linears(self.rt.model)
+        return list(self.quantized)
+
+    def use(self, kept: Sequence[str]) -> None:
+        for name, module in self.quantized.items():
+            parent, _, child = name.rpartition(".")
+            swap = self.fp32.get_submodule(name) if name in kept else module
+            setattr(self.rt.model.get_submodule(parent), child, swap)

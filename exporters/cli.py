@@ -76,6 +76,11 @@ def options_for(name: str, args: argparse.Namespace, strict: bool) -> dict:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    return exported(args)[1]
+
+
+def exported(args: argparse.Namespace) -> tuple[list[Path], int]:
+    """`qserve export`: (the variant dirs it wrote or kept, its exit status)."""
     checkpoint = Path(args.checkpoint)
     if not (checkpoint / "config.json").is_file():
         raise QserveError(
@@ -120,7 +125,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     root = Path(args.out) if args.out else default_out_root(checkpoint)
     # A single variant with --out names the variant dir itself; several go under it.
     single_dir = len(specs) == 1 and args.out is not None and not args.all
-    failures = []
+    failures, written = [], []
     for spec in specs if not args.all else []:
         slow = off_fast_path(spec, devices[spec.name])
         if slow:  # exported as asked, never silently: the user asked for this variant, not for speed at any cost
@@ -133,6 +138,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         dest = root if single_dir else root / spec.name
         if dest.exists() and args.all and not args.force and (dest / "manifest.json").is_file():
             print(f"[{i}/{len(specs)}] {spec.name}: exists at {dest}, kept (use --force to rebuild)")
+            written.append(dest)
             continue
         if (
             dest.exists()
@@ -146,6 +152,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                 f"[{i}/{len(specs)}] {spec.name}: {dest} already holds this export (same checkpoint, options and "
                 "long-text policy), kept (use --force to rebuild)"
             )
+            written.append(dest)
             continue
         print(f"[{i}/{len(specs)}] {spec.name}: exporting to {dest} ...", flush=True)
         t0 = time.perf_counter()
@@ -176,6 +183,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             )
             print(f"    failed: {spec.name}: {kind}: {detail}", file=sys.stderr)
             continue
+        written.append(dest)
         p = m.parity or {}
         size = sum(f.bytes for f in m.files.values())
         print(
@@ -185,8 +193,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         )
     if failures:
         print(f"failed: {', '.join(failures)}", file=sys.stderr)
-        return 1
-    return 0
+        return written, 1
+    return written, 0
 
 
 def find_variants(paths: list[Path]) -> list[Path]:

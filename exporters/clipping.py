@@ -103,9 +103,11 @@ def clip_blocks(weight: Any, h: Any, quant_type: str, block: int, ratios: tuple[
 
 
 def skipped(name: str, skip: tuple[str, ...]) -> bool:
-    """Whether bitsandbytes leaves module `name` unquantized for llm_int8_skip_modules `skip` (transformers' rule: a
-    key naming the module or one it sits in)."""
-    return any(key == name or key + "." in name for key in skip)
+    """Whether bitsandbytes leaves module `name` unquantized for llm_int8_skip_modules `skip`: transformers' own rule
+    (a key matching as a regex prefix, the exact name or a suffix)."""
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    return not should_convert_module(name, list(skip))
 
 
 def clip_checkpoint(

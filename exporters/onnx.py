@@ -17,7 +17,7 @@ import logging
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,10 +27,14 @@ from packaging.version import Version
 from exporters import rowwise, smoothing
 from exporters.calibration import calibration_set, feed, held_out_set, rows_alone
 from exporters.core import shared_export
+from exporters.layers import Layers
 from qserve import QserveError
+from qserve.artifact import read_manifest
+from qserve.backends import listed
 from qserve.backends.onnx import OnnxOptions
 from qserve.devices import capabilities
 from qserve.modeling import model_inputs
+from qserve.runtime.onnx_rt import session_options
 from qserve.variants import VariantSpec
 
 if TYPE_CHECKING:
@@ -45,11 +49,7 @@ def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, A
     checkpoint, out = ctx.checkpoint, Path(out)
 
     with tempfile.TemporaryDirectory(prefix="qserve-onnx-") as scratch:
-        opset = opts.opset
-        if opts.quantize_embeddings:
-            opset = 21  # GatherBlockQuantized stores int4 data, which only opset 21 graphs may hold
-        # One fp32 export per checkpoint and opset in this process, shared by the ONNX variants.
-        fp32_dir = shared_export(checkpoint, ("onnx", opset), lambda d: export_fp32(checkpoint, d, opset=opset))
+        fp32_dir = fp32_export(checkpoint, opts.opset, bool(opts.quantize_embeddings))
         src = fp32_dir / MODEL_FILE
         opset = graph_opset(src)
         dst = out / MODEL_FILE
@@ -79,6 +79,13 @@ def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, A
             **record,
         }
     }
+
+
+def fp32_export(checkpoint: Path, opset: int | None, embeddings: bool) -> Path:
+    """The checkpoint's fp32 graph dir: one export per checkpoint and opset in this process, shared by the ONNX
+    variants (opset 21 for int4 embeddings: GatherBlockQuantized stores int4 data only opset 21 graphs may hold)."""
+    opset = 21 if embeddings else opset
+    return shared_export(checkpoint, ("onnx", opset), lambda d: export_fp32(checkpoint, d, opset=opset))
 
 
 def _read_config(model_dir: Path) -> dict[str, Any]:
@@ -329,7 +336,8 @@ def _quantize_graph(
             per_channel=opts.per_channel,
             reduce_range=opts.reduce_range,
             weight_type=QuantType.QInt8,
-            nodes_to_exclude=keep,
+            # dynamic quantization turns a Gemm into a MatMul named <name>_MatMul first: excluded by that name
+            nodes_to_exclude=[*keep, *(k + "_MatMul" for k in keep)],
             # shape inference cannot type fused contrib ops' outputs; every float tensor here is fp32
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
@@ -353,22 +361,28 @@ def _quantize_graph(
 
 
 def kept_fp32(src: Path, patterns: str) -> list[str]:
-    """Names of the weight MatMuls matching any comma-separated part of `patterns`; each part must match."""
-    parts = [p.strip() for p in patterns.split(",") if p.strip()]
+    """Names of the weighted() nodes matching any comma-separated part of `patterns`; each part must match."""
+    parts = listed(patterns)
     if not parts:
         return []
     import onnx
 
-    graph = onnx.load(str(src), load_external_data=False).graph
-    inits = {i.name for i in graph.initializer}
-    names = [n.name for n in graph.node if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1 and n.input[1] in inits]
+    names = weighted(onnx.load(str(src), load_external_data=False).graph)
     unmatched = [p for p in parts if not any(p in n for n in names)]
     if unmatched:
         raise QserveError(
-            f"option keep_fp32: {', '.join(map(repr, unmatched))} matches no MatMul with weights; "
+            f"option keep_fp32: {', '.join(map(repr, unmatched))} matches no MatMul, Gemm or Gather with weights; "
             f"node names look like {', '.join(names[:3])}, ... ({len(names)} in all)"
         )
     return [n for n in names if any(p in n for p in parts)]
+
+
+def weighted(graph: Any) -> list[str]:
+    """Names of the graph's nodes a quantizer may store in fewer bits, in graph order: MatMul / Gemm by a weight,
+    Gather from a table (the embeddings: quantize_dynamic quantizes them too)."""
+    inits = {i.name for i in graph.initializer}
+    ops = ("MatMul", "Gemm", "Gather")
+    return [n.name for n in graph.node if n.op_type in ops and n.input[n.op_type != "Gather"] in inits]
 
 
 def smooth_fp32(src: Path, dst: Path, batches: list[dict[str, Any]], source: str, record: dict[str, Any]) -> Path:
@@ -412,12 +426,13 @@ def correct_logit_bias(quantized: Path, reference: Path, batches: list[dict[str,
     }
 
 
-def _logits(model_path: Path, batches: list[dict[str, Any]]) -> Any:
+def _logits(model: Any, batches: list[dict[str, Any]]) -> Any:
+    """fp64 logits of the graph at `model` (or of a session) on calibration batches."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
+    sess = model if hasattr(model, "run") else ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
     names = {i.name for i in sess.get_inputs()}
     return np.concatenate([sess.run(None, feed(names, b))[0] for b in batches]).astype(np.float64)
 
@@ -428,6 +443,7 @@ def quantize_int4(src: Path, dst: Path, opts: OnnxOptions) -> dict[str, Any]:
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     ops = ("MatMul", "Gather") if opts.quantize_embeddings else ("MatMul",)
+    keep = kept_fp32(src, opts.keep_fp32 or "")
     model = onnx.load(str(src))
     with _quiet():
         quantizer = MatMulNBitsQuantizer(
@@ -438,6 +454,7 @@ def quantize_int4(src: Path, dst: Path, opts: OnnxOptions) -> dict[str, Any]:
             accuracy_level=opts.accuracy_level,
             quant_format=QuantFormat.QOperator,
             op_types_to_quantize=ops,
+            nodes_to_exclude=keep,
         )
         quantizer.process()
     quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)
@@ -449,5 +466,53 @@ def quantize_int4(src: Path, dst: Path, opts: OnnxOptions) -> dict[str, Any]:
             "accuracy_level": opts.accuracy_level,
             "symmetric": opts.symmetric,
             "op_types": list(ops),
+            **({"kept_fp32": keep} if keep else {}),
         }
     }
+
+
+class OnnxLayers(Layers):
+    """onnx-int8 / onnx-int4: a layer goes back as the fp32 graph's own MatMul in place of the last node of its
+    quantized subgraph (ORT's quantizers keep each output's name; smoothing leaves its input in the graph)."""
+
+    def open(self) -> list[str]:
+        import onnx
+
+        record = read_manifest(self.variant).record("onnx")
+        opts = record.get("options") or {}
+        fp32 = fp32_export(self.checkpoint, opts.get("opset"), bool(opts.get("quantize_embeddings")))
+        self.quantized = onnx.load(str(self.variant / MODEL_FILE))
+        self.fp32 = onnx.load(str(fp32 / MODEL_FILE))
+        # a bias-corrected variant: each candidate's shift measured as its export would, on the same texts
+        self.bias = (record.get("bias_correction") or {}).get("bias")
+        if self.bias:
+            batches, _ = calibration_set(self.checkpoint, int(opts.get("calibration_samples") or 0))
+            self.batches = rows_alone(batches) if opts.get("calibrate_alone") else batches
+            self.ref = _logits(fp32 / MODEL_FILE, self.batches)
+        made = {o: n.op_type for n in self.quantized.graph.node for o in n.output}
+        self.source = {n.name: n for n in self.fp32.graph.node if n.name in weighted(self.fp32.graph)}
+        return [k for k, n in self.source.items() if made.get(n.output[0]) not in (None, n.op_type)]
+
+    def use(self, kept: Sequence[str]) -> None:
+        import onnx
+        import onnxruntime as ort
+
+        model = onnx.ModelProto()
+        model.CopyFrom(self.quantized)
+        at = {o: i for i, n in enumerate(model.graph.node) for o in n.output}
+        known = {*at, *(i.name for i in model.graph.input), *(i.name for i in model.graph.initializer)}
+        weights = {i.name: i for i in self.fp32.graph.initializer}
+        for name in kept:
+            node = self.source[name]
+            missing = [i for i in node.input if i not in known and i not in weights]
+            if missing:  # a fused graph (optimize=true) renames what the fp32 MatMul reads
+                raise QserveError(f"{self.variant}: {name} reads {missing}, which its quantized graph lacks")
+            model.graph.node[at[node.output[0]]].CopyFrom(node)
+            model.graph.node[at[node.output[0]]].name += "/fp32"  # a quantized Gather keeps the original's name
+            model.graph.initializer.extend(weights[i] for i in node.input if i in weights and i not in known)
+            known |= set(node.input)
+        if kept and self.bias:  # fp32's bias, and the shift the export would take out of it taken out of the logits
+            next(i for i in model.graph.initializer if i.name == self.bias).CopyFrom(weights[self.bias])
+        so = session_options(ort, self.threads)
+        self.rt.session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        self.shift = (_logits(self.rt.session, self.batches) - self.ref).mean(axis=0) if kept and self.bias else 0.0

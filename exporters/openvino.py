@@ -12,17 +12,24 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import threading
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from exporters.calibration import calibration_batches, calibration_inputs, feed
 from exporters.core import shared_export
+from exporters.layers import Layers
 from exporters.onnx import MODEL_FILE as ONNX_FILE
 from exporters.onnx import export_fp32
 from qserve import QserveError
+from qserve.backends import listed
 from qserve.backends.openvino import OV_FP32, OpenVINOOptions, openvino_precision
 from qserve.extras import require
+from qserve.runtime.openvino_rt import compile_config
 from qserve.runtime.ov_probe import require_precision
 from qserve.variants import VariantSpec
 
@@ -107,10 +114,22 @@ def quantize_int8(ir, ctx: ExportContext, opts: OpenVINOOptions):
     # Every input the IR declares: a BERT-layout IR left without token_type_ids runs with a stale shape.
     names = {p.any_name for p in ir.inputs}
     items = [feed(names, b) for b in items]
+    keep = listed(opts.keep_fp32)
+    matmuls = [op.get_friendly_name() for op in ir.get_ops() if op.get_type_name() == "MatMul"]
+    if set(keep) - set(matmuls):
+        raise QserveError(
+            f"option keep_fp32: {', '.join(map(repr, sorted(set(keep) - set(matmuls))))} matches no MatMul of the "
+            f"IR; its names look like {', '.join(matmuls[:2])}, ... ({len(matmuls)} in all)"
+        )
     with _quiet():
         kind = nncf.ModelType.TRANSFORMER
         quantized = nncf.quantize(
-            ir, nncf.Dataset(items), model_type=kind, subset_size=len(items), fast_bias_correction=True
+            ir,
+            nncf.Dataset(items),
+            model_type=kind,
+            subset_size=len(items),
+            fast_bias_correction=True,
+            ignored_scope=nncf.IgnoredScope(names=keep) if keep else None,
         )
     fq = sum(1 for op in quantized.get_ops() if op.get_type_name() == "FakeQuantize")
     if fq == 0:
@@ -126,7 +145,50 @@ def quantize_int8(ir, ctx: ExportContext, opts: OpenVINOOptions):
         "subset_size": len(items),
         "fake_quantize_ops": fq,
         "nncf": getattr(nncf, "__version__", None),
+        **({"kept_fp32": keep} if keep else {}),
     }
+
+
+class OpenVINOLayers(Layers):
+    """ov-int8: a layer goes back as its MatMul reading the fp32 IR's weight and the activation from before NNCF's
+    FakeQuantize and SmoothQuant's scale (which the fp32 weight does not carry), recompiled."""
+
+    def open(self) -> list[str]:
+        import openvino as ov
+
+        self.core = ov.Core()
+        self.quantized = self.core.read_model(str(self.variant / MODEL_FILE))
+        exporter = require("optimum.intel", "ov-int8").OVModelForSequenceClassification
+        fp32 = self.core.read_model(str(fp32_ir(self.checkpoint, exporter) / MODEL_FILE))
+        self.fp32 = {op.get_friendly_name(): op for op in fp32.get_ops() if op.get_type_name() == "MatMul"}
+        return [
+            op.get_friendly_name()
+            for op in self.quantized.get_ops()
+            if op.get_type_name() == "MatMul"
+            and op.get_friendly_name() in self.fp32
+            and op.input_value(0).get_node().get_type_name() == "FakeQuantize"
+        ]
+
+    def use(self, kept: Sequence[str]) -> None:
+        import openvino as ov
+
+        model = self.quantized.clone()
+        ops = {op.get_friendly_name(): op for op in model.get_ops()}
+        for name in kept:
+            ref = self.fp32[name]
+            x, source = ops[name].input_value(0), ref.input_value(0).get_node().get_friendly_name()
+            while x.get_node().get_friendly_name() != source and x.get_node().get_type_name() in (
+                "FakeQuantize",
+                "Multiply",
+            ):
+                x = x.get_node().input_value(0)
+            if x.get_node().get_friendly_name() != source:
+                raise QserveError(f"{self.variant}: {name} reads {x.get_node().get_friendly_name()}, not {source}")
+            ops[name].input(0).replace_source_output(x)
+            weight = ref.input_value(1).get_node().get_data().astype(np.float32)
+            ops[name].input(1).replace_source_output(ov.op.Constant(weight).output(0))
+        config = compile_config(self.rt.precision, self.threads)
+        self.rt.compiled, self.rt._local = self.core.compile_model(model, "CPU", config), threading.local()
 
 
 class _quiet:

@@ -23,6 +23,7 @@ COMMANDS = [
     ("pipeline", "qserve.pipeline"),
     ("train", "qserve.training.train"),
     ("export", "exporters.cli"),
+    ("export", "qserve.repair"),  # adds --repair and the gate's data flags to the export command
     ("variants", "exporters.cli"),
     ("bench", "qserve.bench.cli"),
     ("report", "qserve.bench.cli"),

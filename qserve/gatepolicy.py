@@ -30,8 +30,8 @@ def gated_policy(manifest: Manifest) -> str | None:
 
 
 def verdict_for(manifest: Manifest, policy: str | LongTextPolicy | None) -> dict[str, str | None]:
-    """{"verdict": passed | failed | ungated, "long_text": the served policy, "gated_long_text", "why"} for the
-    variant served under `policy` (None: its own)."""
+    """{"verdict": passed | failed | undecided | ungated, "long_text": the served policy, "gated_long_text", "why"}
+    for the variant served under `policy` (None: its own)."""
     served, gated = written(policy, manifest), gated_policy(manifest)
     if gated is None:
         return {"verdict": UNGATED, "long_text": served, "gated_long_text": None, "why": "never gated"}
@@ -43,5 +43,6 @@ def verdict_for(manifest: Manifest, policy: str | LongTextPolicy | None) -> dict
             "why": f"the gate verified {gated}, not {served}; gate it under {served} with "
             f"`qserve gate VARIANT --long-text {served}`",
         }
-    ok = bool((manifest.gate or {}).get("passed"))
-    return {"verdict": PASSED if ok else FAILED, "long_text": served, "gated_long_text": gated, "why": None}
+    g = manifest.gate or {}
+    verdict = g.get("decision") or (PASSED if g.get("passed") else FAILED)  # undecided: more texts could decide it
+    return {"verdict": verdict, "long_text": served, "gated_long_text": gated, "why": None}

@@ -1,4 +1,4 @@
-"""`qserve pipeline`: the main job. train -> export every supported variant -> bench -> release gate -> report.
+"""`qserve pipeline`: the main job. train -> export every supported variant -> bench -> gate -> repair -> report.
 
     qserve pipeline                                   # embedded default: train -> export -> bench -> gate -> report
     qserve pipeline --model distilbert-base-uncased --dataset imdb   # hub path, needs network
@@ -30,6 +30,7 @@ from qserve.gate.report import row, write_report
 from qserve.gate.run import run_gate
 from qserve.placement import Plan
 from qserve.placement import plan as plan_run
+from qserve.repair import RepairConfig, repair, said
 from qserve.rundir import RunDir
 from qserve.runtime.ov_probe import OpenVINOUnavailable
 from qserve.training.config import TrainConfig
@@ -37,7 +38,7 @@ from qserve.training.config import run_dir as default_run_dir
 from qserve.training.precision import PRECISION_CHOICES
 from qserve.training.resume import STARTED, config_diff, describe_diff
 from qserve.training.train import train
-from qserve.variants import UnsupportedVariant
+from qserve.variants import UnsupportedVariant, backend_of
 from qserve.verify import verify
 
 # Pipeline defaults on a CPU, chosen so the whole job fits a short wait on 2 CPU cores and still classifies
@@ -80,6 +81,10 @@ PIPELINE_GATE_CANDIDATES = 3
 recommendation and its runner-up, a real alternative to it."""
 PIPELINE_CALIBRATION_TEXTS = 1000
 """Held-out validation texts the gate fits each candidate's calibration on."""
+PIPELINE_REPAIR_CANDIDATES = 1
+"""The repair stage repairs at most this many variants that could win and failed, fastest first."""
+PIPELINE_REPAIR_BUDGET_S = 180.0
+"""Seconds of each repair's ranking and search (its export, gate and bench come after)."""
 PIPELINE_FLOOR_BUDGET_S = 0.25
 """Seconds per GEMM of the compute floor's best-of timing (`qserve bench` uses 1): hundreds of calls of each
 shape at these sizes, where the best one is what the floor reads."""
@@ -235,6 +240,17 @@ def _gate_candidates(report: dict) -> tuple[list[str], str]:
     return out[:PIPELINE_GATE_CANDIDATES], why
 
 
+def _gate_config(args, plan: Plan) -> GateConfig:
+    """The pipeline's gate: the bench's test texts first (`qserve gate --max-eval-samples N`), then the rest of the
+    split where undecided; calibrated on held-out validation texts."""
+    return GateConfig(
+        max_eval_samples=args.bench_eval_samples,
+        max_calibration_samples=PIPELINE_CALIBRATION_TEXTS,
+        device=plan.device,
+        threads=args.threads,
+    ).validate()
+
+
 def _gate_stage(report_dir: Path, args, plan: Plan, force: bool) -> dict | None:
     """The release gate on the bench's own test texts (`qserve gate --max-eval-samples N`), verdicts sealed into
     the candidates' manifests; the report then recommends a gated variant (bench/analysis.apply_gates)."""
@@ -244,12 +260,7 @@ def _gate_stage(report_dir: Path, args, plan: Plan, force: bool) -> dict | None:
         print(f"   reusing {report_dir / 'gate' / 'gate.md'} (the bench it gated is unchanged; --force to re-gate)")
         return report["gate"]
     candidates, why = _gate_candidates(report)
-    cfg = GateConfig(
-        max_eval_samples=args.bench_eval_samples,
-        max_calibration_samples=PIPELINE_CALIBRATION_TEXTS,
-        device=plan.device,
-        threads=args.threads,
-    ).validate()
+    cfg = _gate_config(args, plan)
     results = run_gate([Path(c) for c in candidates], cfg, until_pass=2, plan=plan) if candidates else []
     for r in results:
         g = r["gate"]
@@ -283,6 +294,60 @@ def _gate_stage(report_dir: Path, args, plan: Plan, force: bool) -> dict | None:
     rec = report["recommended"]
     print(f"   recommended: {rec.get('variant') or 'none'} ({rec.get('why')})", flush=True)
     return report["gate"]
+
+
+def _repair_candidates(report: dict) -> list[str]:
+    """Variant dirs that could win and failed, fastest first: faster than the recommended variant (else the
+    reference), below the bench's bar, failed by their gate or missing its bars on its point estimates, of a
+    backend that can keep layers in fp32."""
+    rec, out = report.get("recommended") or {}, []
+    for r in rec.get("ranking") or []:
+        if r["variant"] in (rec.get("variant"), report.get("agreement_reference")):
+            break
+        m = read_manifest(Path(r["dir"]))
+        g = m.gate or {"decision": None}
+        point = g["decision"] and (  # undecided, or decided, on point estimates that miss the bars
+            g["agreement"]["value"] < g["bar"]["agreement_lower_bound"]
+            or g["accuracy"]["delta"]["value"] < -g["bar"]["max_accuracy_drop"]
+        )
+        failed = (r.get("agreement") or 1.0) < r["bar"] or g["decision"] == "failed" or point
+        if failed and backend_of(m.name).layers and "repair" not in m.records:
+            out.append(r["dir"])
+    return out[:PIPELINE_REPAIR_CANDIDATES]
+
+
+def _repaired(run: RunDir, ckpt: Path) -> list[Path]:
+    """The repaired variants a run of this checkpoint left (benched and reused with the others)."""
+    want, out = checkpoint_hash(ckpt), []
+    for d in sorted(run.variants.glob("*-repaired")):
+        try:
+            out += [d] if (verify(d).source or {}).get("sha256") == want else []
+        except VariantError:
+            continue
+    return out
+
+
+def _repair_stage(ckpt: Path, variants: list[Path], report_dir: Path, args, plan: Plan, force: bool) -> None:
+    """Repair what could win and failed (qserve/repair.py: gated on the bench's test texts), bench it beside the
+    others, and let the report choose again; report["repair"] says what was kept and what it cost."""
+    path = report_dir / "report.json"
+    report = json.loads(path.read_text(encoding="utf-8"))
+    if "repair" in report and not force:
+        print("   reusing the repair the report holds (--force to repair again)")
+        return
+    rows = []
+    for d in _repair_candidates(report):
+        r = repair(Path(d), ckpt, _gate_config(args, plan), RepairConfig(repair_budget=PIPELINE_REPAIR_BUDGET_S), plan)
+        print(f"   {r['variant']}: {said(r)}", flush=True)
+        g = r.get("gate") or {}
+        rows.append({**{k: r.get(k) for k in ("variant", "needed", "before", "dir", "why")}, "gate": g.get("decision")})
+    new = [Path(r["dir"]) for r in rows if r["dir"]]
+    if new:  # bench them beside the rest (the others' measurements are reused), then the report chooses again
+        gate = report.get("gate")
+        _bench_stage([*variants, *new], report_dir, args, plan, False)
+        report = {**json.loads(path.read_text(encoding="utf-8")), "gate": gate}
+    report["repair"] = {"candidates": PIPELINE_REPAIR_CANDIDATES, "budget_s": PIPELINE_REPAIR_BUDGET_S, "rows": rows}
+    write_reports(report, report_dir)  # every chart, page and table from the verdict the repair left
 
 
 def _gate_chosen_policy(report: dict, cfg: GateConfig, plan: Plan | None) -> None:
@@ -335,7 +400,7 @@ def run_pipeline(args: argparse.Namespace) -> Path:
     machine = _machine(device)
     print(f"machine: {machine}", flush=True)
     print("plan:\n" + "\n".join(f"   {line}" for line in plan.lines()), flush=True)
-    n_stages = 3 if args.no_gate else 4
+    n_stages = 3 if args.no_gate else 4 if args.no_repair else 5
     t0 = _stage(1, n_stages, f"train {args.model} on {args.dataset} ({args.precision}, {device})")
     ckpt = _train_stage(cfg, run, args.force)
     times["train"] = _done(t0, f"checkpoint: {ckpt}")
@@ -358,12 +423,17 @@ def run_pipeline(args: argparse.Namespace) -> Path:
     if not variants:
         why = "; ".join(f"{k}: {v}" for k, v in {**at_export, **failed}.items()) or "none planned"
         raise QserveError(f"no variant was exported ({why}); nothing to bench. The checkpoint is in {ckpt}")
+    variants += [] if args.force else _repaired(run, ckpt)  # a finished run's, reused with the rest
     report = _bench_stage(variants, report_dir, args, plan, args.force)
     times["bench"] = _done(t0, "benchmarked")
     if not args.no_gate:
         t0 = _stage(4, n_stages, "release gate: the fastest candidates vs fp32 on the bench's texts")
         _gate_stage(report_dir, args, plan, args.force)
         times["gate"] = _done(t0, f"gated: {report_dir / 'gate'}")
+        if not args.no_repair:
+            t0 = _stage(5, n_stages, "repair: what could win and failed keeps its most sensitive layers in fp32")
+            _repair_stage(ckpt, variants, report_dir, args, plan, args.force)
+            times["repair"] = _done(t0, "repaired")
     times["total"] = time.perf_counter() - t_all
 
     record_stages(
@@ -518,6 +588,11 @@ def register(sub) -> None:
         "--no-gate",
         action="store_true",
         help="skip the release gate (then the recommendation rests on the bench's point estimates)",
+    )
+    p.add_argument(
+        "--no-repair",
+        action="store_true",
+        help="skip the repair of a variant that could win and failed its bar or its gate (docs/repair.md)",
     )
     p.add_argument("--force", action="store_true", help="redo every stage even if its outputs are current")
     p.set_defaults(func=cmd_pipeline)

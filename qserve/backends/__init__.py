@@ -118,6 +118,9 @@ class Backend:
     build of their own (ONNX Runtime's CUDA provider); None: torch's CUDA is enough."""
     fallback: str | None = "cpu"
     """Where its variants run when the run's device cannot hold them (None: they are skipped)."""
+    layers: str | None = None
+    """"module:Class", an exporters.layers.Layers that puts its quantized layers back to fp32 on a loaded variant
+    (the repair's ranking and search; its keep_fp32 option exports the result); None: not repairable."""
 
     @property
     def options(self) -> tuple[Option, ...]:
@@ -135,3 +138,20 @@ def calibration_samples(defaults: dict[str, OptionValue], purpose: str, calibrat
         note=f"training texts that calibrate {calibrates}",
         check=lambda v: 1 <= v <= 1024,
     )
+
+
+def keep_fp32(defaults: dict[str, OptionValue], names: str, example: str) -> Any:
+    """The keep_fp32 option of a quantizing backend: the layers it leaves unquantized, by `names` (what the repair
+    writes: exporters/layers.py), e.g. `example`."""
+    return option(
+        defaults,
+        f"comma-separated {names} to leave in fp32, e.g. '{example}' (more accurate, larger, slower; "
+        "`qserve export --repair` chooses them)",
+        metavar="NAMES",
+        allowed=f"a comma-separated string of {names}, e.g. '{example}'",
+    )
+
+
+def listed(value: str | None) -> list[str]:
+    """The names a keep_fp32 value lists (comma-separated; blanks dropped)."""
+    return [k.strip() for k in (value or "").split(",") if k.strip()]

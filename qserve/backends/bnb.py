@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qserve.backends import Backend, BackendOptions, VariantSpec, calibration_samples
+from qserve.backends import Backend, BackendOptions, VariantSpec, calibration_samples, keep_fp32
 from qserve.exportoption import option
 
 
@@ -33,6 +33,9 @@ class BnbOptions(BackendOptions):
     calibration_samples: int | None = calibration_samples(
         {"bnb-nf4": 64, "bnb-fp4": 64}, "the clipping", "the weight clipping"
     )
+    keep_fp32: str | None = keep_fp32(
+        {"bnb-int8": "", "bnb-nf4": "", "bnb-fp4": ""}, "module names", "distilbert.transformer.layer.0.ffn.lin2"
+    )
 
 
 BACKEND = Backend(
@@ -49,4 +52,5 @@ BACKEND = Backend(
     libraries=("torch", "transformers.models.auto.modeling_auto", "bitsandbytes"),
     needs=("bitsandbytes", "accelerate"),
     install="pip install bitsandbytes==0.50.2 accelerate",
+    layers="exporters.bnb:BnbLayers",
 )

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qserve import QserveError, devices
-from qserve.backends import Backend, BackendOptions, VariantSpec, calibration_samples
+from qserve.backends import Backend, BackendOptions, VariantSpec, calibration_samples, keep_fp32
 from qserve.exportoption import option
 
 
@@ -40,12 +40,8 @@ class OnnxOptions(BackendOptions):
     calibration_samples: int | None = calibration_samples(
         {"onnx-int8": 64}, "the smoothing and bias correction", "the smoothing and the bias correction"
     )
-    keep_fp32: str | None = option(
-        {"onnx-int8": ""},
-        "comma-separated parts of MatMul node names to leave in fp32, e.g. "
-        "'layer.0/ffn/lin2,layer.1/ffn/lin2' (more accurate, larger, slower)",
-        metavar="PATTERNS",
-        allowed="a comma-separated string of MatMul node-name parts, e.g. 'layer.0/ffn/lin2'",
+    keep_fp32: str | None = keep_fp32(
+        {"onnx-int8": "", "onnx-int4": ""}, "parts of MatMul node names", "layer.0/ffn/lin2"
     )
     activation_scales: str | None = option(
         {"onnx-int8": "per-tensor"},
@@ -173,4 +169,5 @@ BACKEND = Backend(
     install="pip install 'qserve[cpu]' (or 'qserve[gpu]' for CUDA)",
     cuda_install="pip uninstall -y onnxruntime && pip install 'qserve[gpu]'",
     cuda_probe=lambda: cuda_provider_missing(),  # looked up on call: tests replace the probe (conftest.fake_gpu)
+    layers="exporters.onnx:OnnxLayers",
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qserve.backends import Backend, BackendOptions, VariantSpec, calibration_samples
+from qserve.backends import Backend, BackendOptions, VariantSpec, calibration_samples, keep_fp32
 from qserve.exportoption import option
 
 OV_FP32 = "f32"
@@ -27,6 +27,11 @@ class OpenVINOOptions(BackendOptions):
         "precision of the ops NNCF leaves unquantized (bf16 needs avx512_bf16 or AMX)",
         choices=(OV_FP32, "bf16"),
         allowed=f"{OV_FP32} or bf16",
+    )
+    keep_fp32: str | None = keep_fp32(
+        {"ov-int8": ""},
+        "MatMul op names of the IR",
+        "__module.distilbert.transformer.layer.0.ffn.lin2/aten::linear/MatMul",
     )
 
 
@@ -50,4 +55,5 @@ BACKEND = Backend(
     needs=("openvino",),
     export_needs=("nncf", "optimum"),
     install="pip install 'qserve[openvino]'",
+    layers="exporters.openvino:OpenVINOLayers",
 )

@@ -68,8 +68,9 @@ def variant_entry(meta: VariantMeta, res: dict[str, Any]) -> dict[str, Any]:
     }
     if manifest is not None and manifest.gate:  # `qserve gate`'s verdict: the recommendation then picks gated ones
         entry["gate"] = gate_entry(manifest.gate)
-    if manifest is not None and manifest.records.get("repair"):  # a repaired variant: what it kept, of which
+    if manifest is not None and manifest.records.get("repair"):  # what a repair kept in higher precision
         entry["repair"] = manifest.records["repair"]
+        entry["name"] = f"{manifest.name}-repaired"  # beside the variant it repairs, under its own name
     if res.get("cuda"):
         entry["memory"]["cuda"] = res["cuda"]
     acc = res.get("accuracy")
@@ -87,11 +88,11 @@ def gate_entry(g: dict[str, Any]) -> dict[str, Any]:
     """What a report entry keeps of the verdict a manifest holds (`qserve gate`'s record)."""
     return {
         "passed": bool(g.get("passed")),
-        **({"decision": g["decision"]} if g.get("decision") else {}),  # passed, failed or undecided
+        "decision": g.get("decision") or ("passed" if g.get("passed") else "failed"),
         "agreement": (g.get("agreement") or {}).get("value"),
         "agreement_lower_bound": (g.get("agreement") or {}).get("lo"),
         "bar": (g.get("bar") or {}).get("agreement_lower_bound"),
-        "n": g.get("n") or (g.get("data") or {}).get("n"),  # a sequential gate: the texts that decided it
+        "n": g.get("n") or (g.get("data") or {}).get("n"),  # the texts that decided it
         "reasons": g.get("reasons") or [],
     }
 

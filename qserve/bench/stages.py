@@ -13,7 +13,7 @@ from pathlib import Path
 
 from qserve.bench.report import write_reports
 
-STAGES = ("train", "export", "bench", "gate", "total")
+STAGES = ("train", "export", "bench", "gate", "repair", "total")
 
 
 def line(times: dict[str, float]) -> str:

@@ -3,8 +3,9 @@
     qserve gate models/minilm-l6-distilbert-imdb/variants/onnx-int8 --out benchmarks/reports/gate
     qserve gate RUN_DIR/variants/onnx-int8 --data reviews.csv --split all --calibrate-on none
 
-Each VARIANT against its checkpoint's fp32 export on labelled data; the verdict (on agreement's lower bound) and the
-calibration are sealed into its manifest.json (docs/gate.md). Exit status 1 when a variant fails its gate.
+Each VARIANT against its checkpoint's fp32 export on labelled data; the verdict (on agreement's lower bound, more
+texts where undecided) and the calibration are sealed into its manifest.json (docs/gate.md). Exit status 1 when a
+variant does not pass (failed or undecided).
 """
 
 from __future__ import annotations

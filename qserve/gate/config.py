@@ -46,7 +46,13 @@ class GateConfig:
     """The held-out split of --data the calibration (temperature, per-label thresholds) is fitted on; never the
     one the gate scores. none: no calibration."""
     max_samples: int | None = field(default=None, metadata=flag(default_text="the whole split"))
-    """Score at most this many texts of the split (seeded, stratified); fewer than the bar needs fails the gate."""
+    """The first look scores at most this many texts of the split (seeded, stratified); an undecided verdict scores
+    more of the split (--looks)."""
+    looks: int = 4
+    """Where an interval straddles a bar, score more of the split, doubling the texts, up to this many looks in all
+    (planned before the first; each at the confidence the looks share: docs/gate.md); 1: one look."""
+    time_budget: float | None = field(default=None, metadata=flag(metavar="SECONDS", default_text="none"))
+    """Stop looking, undecided, where the next look would take a variant's gate past this many seconds."""
     max_calibration_samples: int | None = field(default=2000, metadata=flag())
     """Fit the calibration on at most this many held-out texts (seeded, stratified)."""
     max_eval_samples: int | None = field(default=None, metadata=flag(default_text="the checkpoint's own"))
@@ -100,6 +106,8 @@ class GateConfig:
         ):
             if v is not None and v < 1:
                 raise QserveError(f"--{name.replace('_', '-')} must be a positive integer or unset, got {v}")
+        if self.looks < 1 or (self.time_budget is not None and self.time_budget <= 0):
+            raise QserveError(f"--looks must be >= 1 and --time-budget > 0, got {self.looks} and {self.time_budget}")
         if self.bar is not None and not 0 < self.bar < 1:
             raise QserveError(f"--bar must be in (0, 1) (a share of agreeing texts), got {self.bar}")
         if self.max_accuracy_drop is not None and not 0 <= self.max_accuracy_drop < 1:

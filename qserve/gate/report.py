@@ -30,6 +30,11 @@ def _interval(iv: dict[str, float] | None, signed: bool = False) -> str:
     return f"{_pct(iv['value'], signed)} [{_pct(iv['lo'], signed)}, {_pct(iv['hi'], signed)}]"
 
 
+def decision(g: dict[str, Any]) -> str:
+    """passed, failed or undecided (a verdict from before the sequential gate: passed or failed)."""
+    return str(g.get("decision") or ("passed" if g["passed"] else "failed"))
+
+
 def row(result: dict[str, Any]) -> dict[str, str]:
     """One variant's table row, as text."""
     g = result["gate"]
@@ -51,7 +56,8 @@ def row(result: dict[str, Any]) -> dict[str, str]:
         "accuracy delta [lo, hi]": _interval(g["accuracy"]["delta"], signed=True),
         "worst class": "—" if not worst else f"{worst['label']}: {_interval(worst)} (n={worst['n']})",
         "ECE before -> after": ("—" if not ece else f"{ece['before']:.4f} -> {ece['after']:.4f}") + extra,
-        "verdict": ("PASS" if g["passed"] else "FAIL") + f" (lower bound >= {g['bar']['agreement_lower_bound']:.0%})",
+        "verdict": decision(g).upper() + f" at n={g['agreement']['of']} (lower bound >= "
+        f"{g['bar']['agreement_lower_bound']:.0%})",
     }
 
 
@@ -66,7 +72,9 @@ def markdown(results: list[dict[str, Any]]) -> str:
         f"Each variant against {first['reference']['name']} of the same checkpoint on `{d['dataset']}` "
         f"({d['split']} split, seed {d['seed']}, {d['n']} texts, fingerprint `{d['fingerprint'][:12]}`), "
         f"{first['bar']['confidence']:.0%} intervals: agreement by Wilson, the accuracy delta by a paired "
-        f"bootstrap over texts. A variant passes on the LOWER bound of agreement, never the point estimate. "
+        f"bootstrap over texts. A variant passes on the LOWER bound of agreement, never the point estimate; "
+        "where an interval straddles a bar, more texts are scored under the sequential rule each verdict states "
+        "(its intervals then at the confidence of its looks). "
         f"Measured on {m.get('gpu') or m.get('cpu')} ({m['device']}), {first['when']}"
         + (
             f"; the reference on {first['reference']['device']}"
@@ -85,7 +93,10 @@ def markdown(results: list[dict[str, Any]]) -> str:
         g = r["gate"]
         lines.append(
             f"- **{r['variant']}**: "
-            + ("passed" if g["passed"] else "failed: " + "; ".join(g["reasons"]))
+            + decision(g)
+            + f" at {g['agreement']['of']} texts"
+            + ("" if g["passed"] else ": " + "; ".join(g["reasons"]))
+            + (f" ({g['sequential']['rule']}; looks at {g['sequential']['planned']})" if g.get("sequential") else "")
             + f" (agreement: {g['metric']}; at least {g['bar']['min_n']} "
             + ("pairs" if r["problem_type"].startswith("multi") else "texts")
             + " are needed for the bound to reach the bar at all)."

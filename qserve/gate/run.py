@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ from qserve.verify import verify
 
 log = logging.getLogger("qserve.gate")
 FORMAT = "qserve-gate/1"
+PASSED, FAILED, UNDECIDED = "passed", "failed", "undecided"
+"""The gate's decisions: undecided while an interval straddles a bar (more texts could decide it)."""
 REFERENCES = ("torch-fp32", "onnx-fp32")
 """The reference, by spec name, in the order it is looked for beside a variant (bench's order)."""
 
@@ -264,11 +267,12 @@ def judge(
     out["agreement"] = {**agr.to_json(), "agree": None if problem == problems.REGRESSION else k, "of": trials}
     out["per_class"] = per
     out["min_n"] = need
+    failed = bool(reasons) or agr.hi < bar or delta.hi < -drop  # a bound beyond the bar: more texts cannot help
     if trials < need:
         reasons.insert(
             0,
             f"too few texts: {trials} {'(text, label) pairs' if problem == problems.MULTI else 'texts'}, "
-            f"but even 100% agreement needs {need} for its {confidence:.0%} lower bound to reach the bar "
+            f"but even 100% agreement needs {need} for its {100 * confidence:.4g}% lower bound to reach the bar "
             f"{bar:.0%}; gate on more data (--data, --split, --max-samples)",
         )
     if agr.lo < bar:
@@ -277,6 +281,7 @@ def judge(
         reasons.append(
             f"{out['accuracy']['metric']} delta {delta.value:+.2%}, lower bound {delta.lo:+.2%} < -{drop:.0%}"
         )
+    out["decision"] = PASSED if not reasons else FAILED if failed else UNDECIDED
     out["passed"] = not reasons
     out["reasons"] = reasons
     return out
@@ -318,6 +323,28 @@ def machine(device: str) -> dict[str, Any]:
     return out
 
 
+def pool_of(first: Split, whole: Split) -> Split:
+    """The texts the sequential gate may score, in order: the first look's, then the rest of the whole split."""
+
+    def keys(s: Split) -> list[tuple[str, str | None]]:
+        return list(zip(s.texts, s.pairs if s.pairs is not None else [None] * len(s)))
+
+    seen = set(keys(first))
+    rest = whole.take([i for i, t in enumerate(keys(whole)) if t not in seen])
+    pairs = None if first.pairs is None else first.pairs + (rest.pairs or [])
+    return Split(first.texts + rest.texts, first.labels + rest.labels, pairs)
+
+
+def grow(have: Scored | None, path: Path, cfg: GateConfig, pool: Split, n: int, calib: Split | None, device: Any):
+    """`path`'s logits on the pool's first `n` texts at least, scoring only those not scored yet (the calibration
+    texts with the first)."""
+    done = 0 if have is None else len(have.logits)
+    if have is not None and done >= n:
+        return have
+    got = score(path, cfg, pool.take(list(range(done, n))), calib if have is None else None, device)
+    return got if have is None else replace(have, logits=np.concatenate([have.logits, got.logits]))
+
+
 def run_gate(
     variants: list[Path], cfg: GateConfig, until_pass: int = 0, plan: Plan | None = None
 ) -> list[dict[str, Any]]:
@@ -330,7 +357,7 @@ def run_gate(
     resolve_device(cfg.device)  # a bad --device, or cuda without a GPU, fails before any text is scored
     results, passes = [], 0
     refs: dict[tuple[str, str, str], Scored] = {}
-    datasets: dict[tuple[str, str], tuple[DatasetSplits, str, int]] = {}
+    datasets: dict[tuple[str, str], tuple[DatasetSplits, str, int, Split, int]] = {}
     for vdir in map(Path, variants):
         vm = verify(vdir, allow_extra_files=cfg.allow_extra_files)  # a tampered variant is not gated
         rdir = find_reference(vdir, cfg.reference)
@@ -341,9 +368,14 @@ def run_gate(
             continue
         dkey = (str(cfg.data), str((vm.source or {}).get("sha256")))
         if dkey not in datasets:
-            datasets[dkey] = load_data(cfg, vdir, vm)
-        splits, dataset, seed = datasets[dkey]
-        gate_split = pick(splits, cfg.split, cfg.max_samples, seed)
+            splits, dataset, seed = load_data(cfg, vdir, vm)
+            first = pick(splits, cfg.split, cfg.max_samples, seed)
+            pool = first
+            if cfg.looks > 1:  # the looks after the first read the rest of the split, uncapped
+                whole = load_dataset(dataset, seed=seed, problem_type=vm.problem)
+                pool = pool_of(first, pick(whole, cfg.split, None, seed))
+            datasets[dkey] = (splits, dataset, seed, pool, len(first))
+        splits, dataset, seed, pool, first_n = datasets[dkey]
         cal_split = (
             None if cfg.calibrate_on == "none" else pick(splits, cfg.calibrate_on, cfg.max_calibration_samples, seed)
         )
@@ -351,34 +383,61 @@ def run_gate(
         bits = vm.spec.bits
         bar = cfg.bar if cfg.bar is not None else agreement_bar(bits)
         drop = cfg.max_accuracy_drop if cfg.max_accuracy_drop is not None else accuracy_drop(bits)
-        rkey = (str(rdir.resolve()), fingerprint(gate_split), str(cfg.long_text))
-        if rkey not in refs:
-            log.info("gate: scoring the reference %s on %d texts", rdir, len(gate_split))
-            refs[rkey] = score(rdir, cfg, gate_split, None, plan.device_of(rm.name) if plan else None)
-        n_cal = len(cal_split) if cal_split is not None else 0
-        log.info("gate: scoring %s on %d texts (+%d held-out for calibration)", vdir, len(gate_split), n_cal)
-        var = score(vdir, cfg, gate_split, cal_split, plan.device_of(vm.name) if plan else None)
-        y = truth(gate_split, problem, len(labels))
+        sizes = stats.looks(first_n, len(pool), cfg.looks)
+        conf = stats.look_confidence(cfg.confidence, len(sizes))
+        rkey = (str(rdir.resolve()), fingerprint(pool), str(cfg.long_text))
+        y_all = truth(pool, problem, len(labels))
         meta = read_model_meta(vdir)
         span = meta.label_range if meta else None
-        verdict = judge(problem, labels, refs[rkey].logits, var.logits, y, bar, drop, cfg.confidence, span)
+        var: Scored | None = None
+        looks: list[dict[str, Any]] = []
+        t0 = time.monotonic()
+        for k, n in enumerate(sizes):
+            log.info("gate: look %d of %d: %s and its reference on %d texts", k + 1, len(sizes), vdir, n)
+            refs[rkey] = grow(refs.get(rkey), rdir, cfg, pool, n, None, plan.device_of(rm.name) if plan else None)
+            var = grow(var, vdir, cfg, pool, n, cal_split, plan.device_of(vm.name) if plan else None)
+            y = y_all[:n]
+            verdict = judge(problem, labels, refs[rkey].logits[:n], var.logits, y, bar, drop, conf, span)
+            spent, nxt = time.monotonic() - t0, sizes[k + 1] if k + 1 < len(sizes) else None
+            agreement, delta = verdict["agreement"], verdict["accuracy"]["delta"]
+            looks.append({"n": n, "decision": verdict["decision"], "agreement": agreement, "accuracy_delta": delta})
+            looks[-1]["seconds"] = round(spent, 2)
+            late = nxt is not None and cfg.time_budget is not None and spent * nxt / n > cfg.time_budget
+            if verdict["decision"] != UNDECIDED or nxt is None or late:
+                if verdict["decision"] == UNDECIDED:
+                    verdict["reasons"].append(
+                        f"undecided at {n} texts: "
+                        + (
+                            f"the next look ({nxt} texts) would pass the --time-budget of {cfg.time_budget:g}s"
+                            if late
+                            else f"every text of the {cfg.split} split is scored"
+                            if n == len(pool)
+                            else f"the last of {len(sizes)} planned looks"
+                        )
+                    )
+                break
+        assert var is not None
         cal = calibrate(problem, var, y, None if cal_split is None else truth(cal_split, problem, len(labels)))
-        data = {
-            "dataset": dataset,
-            "split": cfg.split,
-            "seed": seed,
-            "n": len(gate_split),
-            "fingerprint": fingerprint(gate_split),
-        }
+        scored = pool.take(list(range(n)))
+        data = {"dataset": dataset, "split": cfg.split, "seed": seed, "n": n, "fingerprint": fingerprint(scored)}
         record = {
             "format": FORMAT,
             "passed": verdict.pop("passed"),
             "reasons": verdict.pop("reasons"),
+            "decision": verdict.pop("decision"),
+            "n": n,
             "bar": {
                 "agreement_lower_bound": bar,
                 "max_accuracy_drop": drop,
                 "confidence": cfg.confidence,
                 "min_n": verdict.pop("min_n"),
+            },
+            "sequential": {
+                "rule": f"up to {len(sizes)} looks, each at {conf:.4%} two-sided confidence: the one-sided "
+                f"{(1 - cfg.confidence) / 2:g} at each bar split equally over the planned looks (Bonferroni)",
+                "planned": sizes,
+                "per_look_confidence": conf,
+                "looks": looks,
             },
             "data": data,
             # the verdict holds for the variant served under this policy (qserve.gatepolicy.verdict_for)
@@ -420,7 +479,7 @@ def run_gate(
                 "calibration": calibration,
             }
         )
-        log.info("gate: %s %s", vm.name, "PASSED" if record["passed"] else "FAILED: " + "; ".join(record["reasons"]))
+        log.info("gate: %s %s at %d texts: %s", vm.name, record["decision"], n, "; ".join(record["reasons"]) or "-")
         passes += bool(record["passed"])
         if until_pass and passes >= until_pass:
             break

@@ -24,6 +24,22 @@ def min_n(bar: float, confidence: float = 0.95) -> int:
     return max(1, math.ceil(z2 * bar / (1 - bar) - 1e-9)) if bar < 1 else 10**9
 
 
+def looks(first: int, pool: int, most: int) -> list[int]:
+    """The sequential gate's planned look sizes, fixed before any text is scored: `first` texts, doubled at each
+    look, the last at most the whole `pool`, at most `most` looks."""
+    sizes = [min(first, pool)]
+    while len(sizes) < most and sizes[-1] < pool:
+        sizes.append(min(2 * sizes[-1], pool))
+    return sizes
+
+
+def look_confidence(confidence: float, n_looks: int) -> float:
+    """Each look's two-sided confidence under the alpha split: the one-sided (1 - confidence) / 2 at each bar is
+    shared equally by the planned looks (Bonferroni), so no sequence of looks passes a variant at the bar more
+    often than one look at `confidence` would."""
+    return 1 - (1 - confidence) / n_looks
+
+
 def mcnemar(a: np.ndarray, b: np.ndarray) -> dict[str, float | int]:
     """The exact McNemar test of paired 0/1 outcomes: the discordant counts (a right / b wrong, and the other
     way) and the two-sided binomial p-value that they differ only by chance."""

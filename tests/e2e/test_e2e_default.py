@@ -85,7 +85,8 @@ def test_pipeline_outputs(run_dir):
     assert meta["model_name"].startswith("minilm-l6-distilbert") and "distilbert-base" not in meta["model_name"]
     report = json.loads((run_dir / "report" / "report.json").read_text())
     rows = {v["name"]: v for v in report["variants"]}
-    assert set(rows) == {"torch-fp32", "onnx-fp32", "onnx-int8"}
+    repaired = [r for r in report["repair"]["rows"] if r["dir"]]  # onnx-int8, where it could win and failed
+    assert set(rows) == {"torch-fp32", "onnx-fp32", "onnx-int8"} | {f"{r['variant']}-repaired" for r in repaired}
     assert all(v["status"] == "ok" for v in rows.values())
     # This briefly trained model leaves many reviews near p=0.5, where int8 noise flips a few
     # (93.5% measured); the fully trained default agrees >= 99% (benchmarks/reports).
@@ -97,19 +98,24 @@ def test_pipeline_outputs(run_dir):
     md = (run_dir / "report" / "report.md").read_text()
     assert "onnx-int8" in md and "Compute floor" in md
     stages = report["pipeline"]["stage_s"]  # the run that measured the report keeps its stage times
-    assert set(stages) == {"train", "export", "bench", "gate", "total"} and stages["total"] >= stages["bench"] > 0
+    assert set(stages) == {"train", "export", "bench", "gate", "repair", "total"}
+    assert stages["total"] >= stages["bench"] > 0
     # the release gate: candidates faster than the reference that meet their bar, on the 200 texts the bench scored
     gate, rec = report["gate"], report["recommended"]
     assert "## Release gate" in md
     if gate["rows"]:
         results = json.loads((run_dir / "report" / "gate" / "gate.json").read_text())["results"]
-        assert all(r["gate"]["data"]["n"] == 200 for r in results)
+        assert all(r["gate"]["sequential"]["looks"][0]["n"] == 200 for r in results)  # more where undecided
         assert [r["variant"] for r in gate["rows"]] == [r["variant"] for r in results]
         passed = [r["variant"] for r in results if r["gate"]["passed"]]
         assert rec["variant"] in passed or rec["variant"] == "torch-fp32"
         assert rows[rec["variant"]].get("gate", {}).get("passed", rec["variant"] == "torch-fp32")
     else:  # nothing faster than the reference met its bar: the reference is recommended, and the report says why
         assert gate["why"].startswith("no variant faster than the reference") and rec["variant"] == "torch-fp32"
+    for r in repaired:  # its bench row carries what was kept and its search; its gate ran on the test texts
+        row = rows[f"{r['variant']}-repaired"]
+        assert row["repair"]["of"] == r["variant"] and row["repair"]["trace"][0]["kept"] == []
+        assert row["gate"]["decision"] == r["gate"] and row["status"] == "ok"
     assert "## Pipeline stages" in md
     assert f"Training precision: **{want}** (asked: `auto`): {choice['reason']}." in md
     assert report["pipeline"]["training"]["precision_choice"] == choice
@@ -124,7 +130,7 @@ def test_rerun_reuses_every_stage(run_dir, capsys):
     capsys.readouterr()
     assert main(["pipeline", "--run-dir", str(run_dir), *ARGS]) == 0
     out = capsys.readouterr().out
-    assert out.count("reusing") == 6, out  # checkpoint, 3 variants, report, gate
+    assert out.count("reusing") == 7, out  # checkpoint, 3 variants, report, gate, repair
     assert (run_dir / "report" / "report.json").read_bytes() == before
 
 

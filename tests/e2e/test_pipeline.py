@@ -183,7 +183,7 @@ def test_pipeline_killed_in_each_stage_finishes_with_the_same_report(tiny_checkp
         # bench once the reference's measurement is stored and before the second variant's is
         store = run / "report" / "measured"
         measured = lambda name: sorted(store.glob(f"{name}-*.variant.json")) if store.is_dir() else []  # noqa: E731
-        out = _killed_when(argv, "== [3/4]", then=lambda: bool(measured("torch-fp32")) and not measured("torch-bf16"))
+        out = _killed_when(argv, "== [3/5]", then=lambda: bool(measured("torch-fp32")) and not measured("torch-bf16"))
         assert "reusing" in out.split("[1/2] torch-fp32")[0] and "[1/2] torch-fp32: reusing" in out
         assert "[2/2] torch-bf16: exporting" in out and not staging()
         assert measured("torch-fp32") and not measured("torch-bf16") and not (run / "report" / "report.json").exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -78,7 +79,13 @@ def test_the_verdict_is_sealed_in_the_manifest(gated):
     m = verify(variant)  # every file hash still verifies, and the digest covers the new fields
     g = m.gate
     assert g is not None and g["passed"] and g == results[0]["gate"]
-    assert g["data"]["n"] == 300 and g["data"]["split"] == "test" and len(g["data"]["fingerprint"]) == 64
+    # 100% on the checkpoint's 300 test texts cannot clear 98% at the confidence 4 planned looks share (306 needed):
+    # undecided at 300, the next look doubles into the rest of the split and decides it
+    seq = g["sequential"]
+    assert seq["planned"] == [300, 600, 1200, 2400] and seq["per_look_confidence"] == pytest.approx(0.9875)
+    assert [(x["n"], x["decision"]) for x in seq["looks"]] == [(300, "undecided"), (600, "passed")]
+    assert g["decision"] == "passed" and g["n"] == 600 == g["agreement"]["of"]
+    assert g["data"]["n"] == 600 and g["data"]["split"] == "test" and len(g["data"]["fingerprint"]) == 64
     assert g["agreement"]["lo"] >= g["bar"]["agreement_lower_bound"] == 0.98
     assert set(g["accuracy"]["delta"]) == {"value", "lo", "hi"} and g["machine"]["device"] == "cpu"
     assert m.calibration is not None and m.calibration["fitted_on"]["split"] == "val"
@@ -96,17 +103,30 @@ def test_the_verdict_is_sealed_in_the_manifest(gated):
         verify(tampered)
     shutil.rmtree(tampered)
     md = (variant.parent.parent / "gate-report" / "gate.md").read_text()
-    assert "| torch-bf16 | 300 | 100.00% [98.74%, 100.00%] |" in md and "PASS" in md
+    assert "| torch-bf16 | 600 | 100.00% [98.97%, 100.00%] |" in md and "PASSED at n=600" in md
 
 
 def test_too_few_texts_fail_with_that_reason(run_dir):
     from qserve.gate.config import GateConfig
     from qserve.gate.run import run_gate
 
-    results = run_gate([run_dir / "variants" / "torch-bf16"], GateConfig(max_samples=50, threads=1, record=False))
+    one = GateConfig(max_samples=50, threads=1, record=False, looks=1)  # one look: the fixed-n gate
+    results = run_gate([run_dir / "variants" / "torch-bf16"], one)
     g = results[0]["gate"]
     assert not g["passed"] and g["reasons"][0].startswith("too few texts: 50")
-    assert "189" in g["reasons"][0]
+    assert "189" in g["reasons"][0] and g["decision"] == "undecided" and g["n"] == 50
+    # the sequential gate scores more of the split until it decides: 50, 100, 200 undecided (306 needed), 400 passes
+    (seq,) = run_gate([run_dir / "variants" / "torch-bf16"], replace(one, looks=4))
+    assert [(x["n"], x["decision"]) for x in seq["gate"]["sequential"]["looks"]] == [
+        (50, "undecided"),
+        (100, "undecided"),
+        (200, "undecided"),
+        (400, "passed"),
+    ]
+    # a time budget the next look would pass stops it undecided, and says so
+    (late,) = run_gate([run_dir / "variants" / "torch-bf16"], replace(one, looks=4, time_budget=1e-3))
+    assert late["gate"]["decision"] == "undecided" and len(late["gate"]["sequential"]["looks"]) == 1
+    assert "the next look (100 texts) would pass the --time-budget" in late["gate"]["reasons"][-1]
     assert json.loads((run_dir / "variants" / "torch-bf16" / "manifest.json").read_text()).get("gate") is None
 
 
@@ -147,7 +167,7 @@ def test_require_gate_serves_a_gated_variant_and_shows_the_verdict(gated):
     with serving(ServeConfig(variant_dir=str(variant), require_gate=True, threads=1)) as srv:
         with httpx2.Client(base_url=srv.url, trust_env=False, timeout=30) as c:
             m = c.get("/v1/models").json()["models"][0]
-            assert m["gate"]["passed"] is True and m["gate"]["n"] == 300 and m["gate"]["bar"] == 0.98
+            assert m["gate"]["passed"] is True and m["gate"]["n"] == 600 and m["gate"]["bar"] == 0.98
             a = c.post("/v1/classify", json={"inputs": ["a fine film"]}).json()
             t = m["calibration"]["temperature"]
             assert a["temperature"] == t
@@ -288,14 +308,17 @@ def test_the_pipelines_gate_scores_the_bench_texts_and_stops_at_the_first_pass(r
     until_pass stops at the first variant that passes, as the pipeline gates its candidates fastest first."""
     from qserve.data.datasets import load_dataset
     from qserve.gate.config import GateConfig
-    from qserve.gate.run import fingerprint, run_gate
+    from qserve.gate.run import fingerprint, pool_of, run_gate
 
     bf16 = run_dir / "variants" / "torch-bf16"
     cfg = GateConfig(max_eval_samples=200, max_calibration_samples=100, threads=1, record=False)
     results = run_gate([bf16, bf16], cfg, until_pass=True)
     assert len(results) == 1 and results[0]["gate"]["passed"]
     bench_test = load_dataset("default", seed=42, max_eval_samples=200).test  # what the bench scores
-    assert results[0]["gate"]["data"]["n"] == 200 == len(bench_test)
-    assert results[0]["gate"]["data"]["fingerprint"] == fingerprint(bench_test)
+    # the first look is the bench's 200 texts; the next (undecided at 200) adds 200 of the rest of the test split
+    assert results[0]["gate"]["sequential"]["looks"][0]["n"] == 200 == len(bench_test)
+    pool = pool_of(bench_test, load_dataset("default", seed=42).test)
+    assert results[0]["gate"]["data"]["n"] == 400
+    assert results[0]["gate"]["data"]["fingerprint"] == fingerprint(pool.take(list(range(400))))
     assert results[0]["calibration"]["fitted_on"]["n"] == 100
     assert len(run_gate([bf16, bf16], cfg)) == 2  # without until_pass, every variant

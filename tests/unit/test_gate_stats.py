@@ -109,3 +109,41 @@ def test_flags_that_cannot_work_are_named():
     with pytest.raises(QserveError, match="--bar must be in"):
         GateConfig(bar=1.5).validate()
     GateConfig(split="all", calibrate_on="none").validate()
+
+
+def test_the_sequential_rule_decides_an_undecided_verdict_with_more_texts():
+    """Made-up verdicts: 100% agreement on 300 texts cannot clear 98% at the confidence 4 planned looks share (306
+    needed), so it is undecided; at 600 it passes. 85% is decided failed at once: its upper bound is under the bar."""
+    sizes = stats.looks(300, 2490, 4)
+    assert sizes == [300, 600, 1200, 2400] and stats.looks(1000, 2490, 4) == [1000, 2000, 2490]
+    assert stats.looks(1000, 400, 4) == [400] and stats.looks(50, 5000, 1) == [50]
+    conf = stats.look_confidence(0.95, len(sizes))
+    assert conf == pytest.approx(0.9875) and stats.min_n(0.98, conf) == 306
+    ref = [0, 1] * 300
+    y = np.array(ref)
+    first = judge(problems.SINGLE, ["neg", "pos"], _logits(ref[:300]), _logits(ref[:300]), y[:300], 0.98, 0.01, conf)
+    assert first["decision"] == "undecided" and not first["passed"]
+    second = judge(problems.SINGLE, ["neg", "pos"], _logits(ref), _logits(ref), y, 0.98, 0.01, conf)
+    assert second["decision"] == "passed" and second["passed"]
+    worse = [c if i % 7 else 1 - c for i, c in enumerate(ref)]  # every 7th text flipped: 85.7% agreement
+    bad = judge(problems.SINGLE, ["neg", "pos"], _logits(ref), _logits(worse), y, 0.98, 0.01, conf)
+    assert bad["decision"] == "failed" and bad["agreement"]["hi"] < 0.98
+
+
+def test_the_sequential_rules_false_pass_rate_at_the_bar_is_at_most_its_alpha():
+    """20,000 simulated gates of a variant whose true agreement IS the bar (98%), looks at 1,000, 2,000, 4,000 and
+    8,000 texts: the share passed must stay at most the stated one-sided alpha, 2.5%, with the simulation's own 95%
+    upper bound under it too (the tolerance: no more than the simulation's noise). Re-testing each look at 95%
+    instead, the naive rule, passes it far more often than 2.5%: the alpha split is what keeps the stated rate."""
+    rng = np.random.default_rng(0)
+    sims, bar = 20_000, 0.98
+    sizes = stats.looks(1000, 8000, 4)
+    agree = np.cumsum(rng.binomial(np.diff([0, *sizes]), bar, size=(sims, len(sizes))), axis=1)
+
+    def false_passes(confidence: float) -> int:
+        lo = [[stats.wilson(int(a), n, confidence)[0] for a, n in zip(row, sizes)] for row in agree]
+        return int((np.array(lo) >= bar).any(axis=1).sum())
+
+    ours = false_passes(stats.look_confidence(0.95, len(sizes)))
+    assert ours / sims <= 0.025 and stats.wilson(ours, sims)[1] <= 0.025
+    assert false_passes(0.95) / sims > 0.025  # the naive re-test breaks the stated rate

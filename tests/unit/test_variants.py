@@ -122,7 +122,7 @@ def test_exporter_options_and_flags_derive_from_the_registry():
         "per_channel": ("--per-channel", {"onnx-int8"}),
         "smooth": ("--smooth", {"onnx-int8"}),
         "correct_bias": ("--correct-bias", {"onnx-int8"}),
-        "keep_fp32": ("--keep-fp32", {"onnx-int8"}),
+        "keep_fp32": ("--keep-fp32", {"onnx-int8", "onnx-int4", "bnb-int8", "bnb-nf4", "bnb-fp4", "ov-int8"}),
         "activation_scales": ("--activation-scales", {"onnx-int8"}),
         "row_by_row": ("--row-by-row", {"onnx-int8"}),
         "block_size": ("--block-size", {"onnx-int4"}),
@@ -130,9 +130,15 @@ def test_exporter_options_and_flags_derive_from_the_registry():
         "quantize_embeddings": ("--quantize-embeddings", {"onnx-int4"}),
         "inference_precision": ("--inference-precision", {"ov-int8"}),
     }
-    assert option_defaults("bnb-fp4") == {"double_quant": False, "clip": True, "calibration_samples": 64}
+    assert option_defaults("bnb-fp4") == {
+        "double_quant": False,
+        "clip": True,
+        "calibration_samples": 64,
+        "keep_fp32": "",
+    }
     assert list(OnnxOptions.defaults("onnx-int4")) == [
         "opset",
+        "keep_fp32",
         "block_size",
         "accuracy_level",
         "symmetric",
@@ -142,10 +148,11 @@ def test_exporter_options_and_flags_derive_from_the_registry():
     assert OpenVINOOptions.merge("ov-int8", {"calibration_samples": 8}) == {
         "calibration_samples": 8,
         "inference_precision": "f32",
+        "keep_fp32": "",
     }
     with pytest.raises(QserveError, match=r"unknown option\(s\) 'clip' for onnx-int8; allowed: opset \(default None\)"):
         OnnxOptions.merge("onnx-int8", {"clip": True})
-    assert BnbOptions.defaults("bnb-int8") == {"llm_int8_threshold": 6.0}
+    assert BnbOptions.defaults("bnb-int8") == {"llm_int8_threshold": 6.0, "keep_fp32": ""}
 
 
 def test_each_variant_fact_is_a_field_of_its_one_declaration():
@@ -200,7 +207,7 @@ def test_typed_options_are_typed_and_record_what_the_manifest_always_recorded():
     from qserve.variants import option_defaults
 
     bnb = BnbOptions.resolve("bnb-int8", {"llm_int8_threshold": "0"})
-    assert bnb.llm_int8_threshold == 0.0 and bnb.to_json() == {"llm_int8_threshold": 0.0}
+    assert bnb.llm_int8_threshold == 0.0 and bnb.to_json() == {"llm_int8_threshold": 0.0, "keep_fp32": ""}
     onnx = OnnxOptions.resolve("onnx-int8", {"optimize": True})  # asking for fusion turns smoothing off
     assert onnx.smooth is False and list(onnx.to_json()) == list(option_defaults("onnx-int8"))
     assert OnnxOptions.resolve("onnx-int4").block_size == 32 and OnnxOptions.resolve("onnx-int4").smooth is None
@@ -215,7 +222,7 @@ def test_an_option_is_declared_once_on_its_field():
     from qserve.variants import REGISTRY
 
     opts = {o.key: o for o in REGISTRY["bnb"].options}
-    assert list(opts) == ["llm_int8_threshold", "double_quant", "clip", "calibration_samples"]
+    assert list(opts) == ["llm_int8_threshold", "double_quant", "clip", "calibration_samples", "keep_fp32"]
     assert opts["llm_int8_threshold"].kind is float and opts["clip"].defaults == {"bnb-nf4": False, "bnb-fp4": True}
     assert REGISTRY["bnb"].options == options_of(BnbOptions)  # nothing to reconcile: one declaration
 

@@ -43,7 +43,7 @@ Offer = Callable[[list[str], list[str], np.ndarray], None]
 
 def gate_summary(manifest: Manifest, policy: str | None = None) -> dict[str, Any] | None:
     """The release gate's verdict for the variant served under `policy` (None: its own) as /v1/models, V2
-    metadata and the page show it (None: never gated). `verdict` is passed, failed, or ungated when the gate
+    metadata and the page show it (None: never gated). `verdict` is passed, failed, undecided, or ungated when the gate
     verified another policy (`gated_long_text`); `passed` is true only for a passing verdict on this policy."""
     g = manifest.gate
     if not g:
@@ -89,7 +89,7 @@ def check_gate(manifest: Manifest, where: str, policy: str | LongTextPolicy | No
         )
     if not g.get("passed"):
         raise QserveError(
-            f"--require-gate: {where} ({manifest.name}) failed its gate on {g.get('when')}: "
+            f"--require-gate: {where} ({manifest.name}) did not pass its gate ({held['verdict']}) on {g.get('when')}: "
             + "; ".join(g.get("reasons") or ["no reason recorded"])
             + "; serve a variant that passed, or gate it again on more data"
         )
