@@ -20,13 +20,13 @@ from typing import Any
 from benchmarks.harness import finish, machine
 from qserve.artifact import read_manifest
 from qserve.bench import BenchConfig, run_bench
-from qserve.bench.recommend import bar_for, real_text_b1
-from qserve.bench.rounds import ranked
+from qserve.bench.recommend import ranked
+from qserve.benchreport import real_text_b1
 from qserve.gate.config import GateConfig
 from qserve.gate.run import run_gate
 from qserve.placement import plan
 from qserve.repair import RepairConfig, repair
-from qserve.variants import backend_of
+from qserve.variants import backend_of, bar_for
 
 
 def quantized(run_dir: Path) -> list[str]:

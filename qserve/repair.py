@@ -26,12 +26,12 @@ from exporters.layers import Layers, open_layers
 from qserve import QserveError
 from qserve import problemtypes as problems
 from qserve.artifact import reseal
-from qserve.bench.recommend import bar_for
 from qserve.configflags import add_flags, build
 from qserve.files import now_iso
 from qserve.gate.config import GateConfig, accuracy_drop
 from qserve.gate.run import GateError, find_reference, judge, load, load_data, logits_of, pick, run_gate, truth
 from qserve.placement import Plan
+from qserve.variants import bar_for
 from qserve.verify import verify
 
 log = logging.getLogger("qserve.repair")
