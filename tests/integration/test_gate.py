@@ -211,6 +211,7 @@ def test_a_run_dir_serves_the_reports_policy_only_once_a_gate_verdict_covers_it(
     shutil.copytree(gated[0], variant)
     (run / "report").mkdir()
     report = {
+        "format": "qserve-bench/test",
         "recommended": {"variant": "gated-bf16", "dir": str(variant), "why": "the test's"},
         "long_text": {"variant": "gated-bf16", "fast": {"policy": "tail"}, "own": "head", "why": "tail won"},
     }
