@@ -1,6 +1,6 @@
 """Repair every int8 and 4-bit variant of a run: each meets the bench's bar and passes its gate, or says how close.
 
-    python -m benchmarks.repair_bench models/minilm-l6-distilbert-imdb --out benchmarks/reports/repair-zen4
+    python -m benchmarks.repair_bench models/minilm-l6-distilbert-imdb --out benchmarks/reports/repair-xeon
 
 Copies the run's checkpoint, torch-fp32 and quantized variants into --work (the run stays as it is); gates each as
 it is on the 1,000 test texts the pipeline's bench scores (the sequential gate: more where undecided), repairs it

@@ -106,6 +106,19 @@ STAGES: tuple[Stage, ...] = (
         "",
     ),
     Stage(
+        "pipeline-auto-xeon",
+        "`make demo`'s pipeline after issues 66-69 (racing and the first screen, the sequential gate, repair) on the "
+        "Intel Xeon with AMX, its own checkpoint: README's headline (render/blocks/reports.py MAIN_JOB)",
+        (
+            "$QSERVE pipeline --force --report-dir benchmarks/reports/pipeline-auto-xeon && "
+            f"cp {MODELS}/checkpoint/train_metrics.json benchmarks/reports/pipeline-auto-xeon/",
+            "$PY -m benchmarks.report_screen benchmarks/reports/pipeline-auto-xeon",
+        ),
+        (_bench("pipeline-auto-xeon"),),
+        "",
+        pending="new with issues 66-69: measured in the lead's quiet block",
+    ),
+    Stage(
         "gate",
         "the release gate (issue 49) of the embedded default's onnx-int8 and ov-int8 against torch-fp32 on "
         "the 2,000 test texts, calibrated on 2,000 validation texts, verdicts sealed into the manifests",
@@ -507,6 +520,55 @@ STAGES: tuple[Stage, ...] = (
         needs=(f"{MODELS}/variants/torch-fp32", f"{MODELS}/variants/onnx-int8"),
     ),
     Stage(
+        "bench-repeat-xeon",
+        "5 consecutive `qserve bench` runs over the main job's variant dirs, as bench-repeat-zen4, on the Intel Xeon "
+        "with AMX after issues 66-69 (the gate's verdicts and the repaired variants `make demo` left included)",
+        (
+            f"$PY -m benchmarks.bench_repeat {MODELS}/variants/* --runs 5 --out benchmarks/reports/bench-repeat-xeon "
+            "-- --batch-sizes 1,8,32 --seq-lens 128 --threads 2 --time-budget 0.5 --max-eval-samples 1000 --no-floor",
+        ),
+        (
+            Report(
+                "benchmarks/reports/bench-repeat-xeon/report.json",
+                "benchmarks/reports/bench-repeat-xeon/report.md",
+                "bench_repeat:render",
+            ),
+        ),
+        "5 runs of `qserve bench` over the variants, each a screen round over all, the other rounds and 1,000 texts "
+        "for the contenders",
+        needs=(f"{MODELS}/variants/torch-fp32", f"{MODELS}/variants/onnx-int8"),
+        pending="new with issues 66-69: measured in the lead's quiet block",
+    ),
+    Stage(
+        "drain",
+        "nothing lost at shutdown (issue 66): 20 SIGTERMs each for the venv server, the serving image and --workers 2 "
+        "under 32 keep-alive and 8 new-connection clients, with the default drain period, every request accounted",
+        (f"$PY -m benchmarks.drain_bench {VARIANT} --runs 20 --out benchmarks/reports/drain",),
+        (Report("benchmarks/reports/drain/report.json", "benchmarks/reports/drain/report.md", "drain_bench:render"),),
+        "60 server starts, each a drain period under load and its exit; the serving image built first when missing",
+        needs=(VARIANT,),
+        pending="new with issues 66-69: measured in the lead's quiet block",
+    ),
+    Stage(
+        "serve-protocol-cost-refit",
+        "one request on each protocol's classify route at one client (wrk), the code before issue 69's one router "
+        "(70dc2f0) and after, interleaved, on the Intel Xeon with AMX",
+        (
+            f"$PY -m benchmarks.serve_protocol_cost {VARIANT} --baseline-ref 70dc2f0 --rounds 3 --duration 8 "
+            "--out benchmarks/reports/serve-protocol-cost-refit",
+        ),
+        (
+            Report(
+                "benchmarks/reports/serve-protocol-cost-refit/report.json",
+                "benchmarks/reports/serve-protocol-cost-refit/report.md",
+                "serve_protocol_cost:render",
+            ),
+        ),
+        "2 code trees x 3 rounds, each a server start-up, checked answers and 5 routes x 8 s of wrk",
+        needs=(VARIANT,),
+        pending="new with issues 66-69: measured in the lead's quiet block",
+    ),
+    Stage(
         "serve-windows",
         "windows served on the 2,000 test reviews: answers at concurrency 32 against each "
         "text's answer alone, and windowed texts/s against the ceiling head's texts/s over the windows per "
@@ -741,18 +803,18 @@ STAGES: tuple[Stage, ...] = (
         "repair",
         "every int8 and 4-bit variant of the main job's checkpoint gated, repaired where it misses its bars (its "
         "search trace), gated again on the 1,000 held-out test texts, and benched beside its repair",
-        ("$PY -m benchmarks.repair_bench " + MODELS + " --threads 2 --out benchmarks/reports/repair-zen4",),
+        ("$PY -m benchmarks.repair_bench " + MODELS + " --threads 2 --out benchmarks/reports/repair-xeon",),
         (
             Report(
-                "benchmarks/reports/repair-zen4/report.json",
-                "benchmarks/reports/repair-zen4/report.md",
+                "benchmarks/reports/repair-xeon/report.json",
+                "benchmarks/reports/repair-xeon/report.md",
                 "repair_bench:render",
             ),
         ),
         "~30 min (estimate: per variant a gate, a ranking and search within its 300 s budget, an export and a gate, "
         "then one bench of them all)",
         needs=(f"{MODELS}/checkpoint", f"{MODELS}/variants/torch-fp32"),
-        pending="new in issue 68: measured in the lead's quiet block on the Zen 4 class",
+        pending="new in issue 68: measured in the lead's quiet block",
     ),
 )
 BY_NAME = {s.name: s for s in STAGES}
