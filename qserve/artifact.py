@@ -88,11 +88,7 @@ def _typed(
 ) -> Any:
     """`value` if it is of `kind` (a bool is no number), else an error naming the file, the field, what is allowed."""
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    if isinstance(value, bool) and bool not in kinds:
-        ok = False
-    else:
-        ok = isinstance(value, kinds)
-    if not ok:
+    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
         raise error(f"{path}: {key} must be {allowed}, got {value!r}")
     return value
 
@@ -253,9 +249,8 @@ class Manifest:
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
             raise VariantError(f"{path}: max_length must be an integer >= 2, got {max_length!r}")
         problem = _optional(path, data, "problem_type", str, "a string")
-        if problem is not None:
-            if problem not in PROBLEM_TYPES:
-                raise VariantError(f"{path}: problem_type {problem!r} is not one of {', '.join(PROBLEM_TYPES)}")
+        if problem is not None and problem not in PROBLEM_TYPES:
+            raise VariantError(f"{path}: problem_type {problem!r} is not one of {', '.join(PROBLEM_TYPES)}")
         files = _typed(path, "files", data["files"], dict, "an object of file -> {sha256, bytes}")
         entries = {}
         for rel, info in files.items():
@@ -267,10 +262,10 @@ class Manifest:
             ):
                 raise VariantError(f'{path}: files[{rel!r}] must be {{"sha256": str, "bytes": int}}, got {info!r}')
             entries[rel] = FileEntry(info["sha256"], info["bytes"])
-        records = {}
-        for key, value in data.items():
-            if key not in _HEAD and key not in _TAIL:
-                records[key] = _typed(path, key, value, dict, "an object (a backend's record)")
+        own = _HEAD + _TAIL
+        records = {
+            k: _typed(path, k, v, dict, "an object (a backend's record)") for k, v in data.items() if k not in own
+        }
         return cls(
             spec=_spec(path, data["spec"]),
             labels=_strings(path, "labels", data["labels"]),
@@ -315,12 +310,8 @@ def _calibration(path: Path, value: object, num_labels: int) -> dict[str, Any] |
 
 def _spec(path: Path, value: object) -> VariantSpec:
     spec = _typed(path, "spec", value, dict, "an object with " + ", ".join(STORED))
-    for key, kind, allowed in (
-        ("name", str, "a variant name"),
-        ("backend", str, "a backend name"),
-        ("dtype", str, "a dtype name"),
-    ):
-        _typed(path, f"spec.{key}", spec.get(key), kind, allowed)
+    for key, allowed in {"name": "a variant name", "backend": "a backend name", "dtype": "a dtype name"}.items():
+        _typed(path, f"spec.{key}", spec.get(key), str, allowed)
     unknown = sorted(set(spec) - set(STORED))
     if unknown:
         raise VariantError(f"{path}: spec has unknown field(s) {', '.join(unknown)}; allowed: {', '.join(STORED)}")
@@ -429,18 +420,17 @@ def write_manifest(root: Path, manifest: Manifest) -> Manifest:
     data = {"format": FORMAT, **{k: v for k, v in manifest.to_json().items() if k not in ("format", DIGEST_KEY)}}
     data["files"] = hash_files(root)  # in its place when the manifest had files (a reseal), else after parity
     data.setdefault("created", now_iso())
-    # Round-trip through JSON first so the digest covers exactly what a reader will see.
-    data = json.loads(json.dumps(data, default=str))
-    data[DIGEST_KEY] = manifest_digest(data)
-    write_json_atomic(root / MANIFEST, data)
-    return Manifest.from_json(data, root / MANIFEST)
+    return _seal(root, data)
 
 
 def reseal(root: Path, manifest: Manifest) -> Manifest:
     """Write `manifest` (e.g. with a gate verdict) over root's manifest.json atomically, file hashes kept, digest
     recomputed: for a variant just verified, whose files did not change."""
-    root = Path(root)
-    data = {k: v for k, v in manifest.to_json().items() if k != DIGEST_KEY}
+    return _seal(Path(root), {k: v for k, v in manifest.to_json().items() if k != DIGEST_KEY})
+
+
+def _seal(root: Path, data: dict[str, Any]) -> Manifest:
+    """Write `data` as root's manifest.json with its digest, and read it back."""
     data = json.loads(json.dumps(data, default=str))  # the digest covers exactly what a reader will see
     data[DIGEST_KEY] = manifest_digest(data)
     write_json_atomic(root / MANIFEST, data)

@@ -314,10 +314,8 @@ def _from_text(raw: str, fi: _FieldInfo, where: str, error: Callable[[str], Exce
         values = [fi.typ(x) for x in items]
     except ValueError:
         values = []
-    if fi.is_list and values:
-        return values
     if values:
-        return values[0]
+        return values if fi.is_list else values[0]
     if fi.is_list:
         raise error(f"{where} must be a comma-separated list of {fi.typ.__name__} values, e.g. 1,8,32 (got {raw!r})")
     raise error(f"{where} is not a valid {fi.typ.__name__}")

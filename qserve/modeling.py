@@ -219,7 +219,7 @@ def model_inputs(model: Any) -> tuple[str, ...]:
     return tuple(n for n in _INPUTS if n in params)
 
 
-def _label_maps(labels: list[str] | int) -> tuple[list[str], dict[int, str], dict[str, int]]:
+def _label_maps(labels: list[str] | int) -> tuple[dict[int, str], dict[str, int]]:
     if isinstance(labels, int):
         labels = [f"LABEL_{i}" for i in range(labels)]
     labels = [str(x) for x in labels]
@@ -229,14 +229,13 @@ def _label_maps(labels: list[str] | int) -> tuple[list[str], dict[int, str], dic
         raise QserveError(
             f"labels must be at least two distinct names, or [{REGRESSION_LABEL!r}] for regression (got {labels})"
         )
-    return labels, dict(enumerate(labels)), {n: i for i, n in enumerate(labels)}
+    return dict(enumerate(labels)), {n: i for i, n in enumerate(labels)}
 
 
-def _load_default(labels: list[str]):
+def _load_default(id2label: dict[int, str], label2id: dict[str, int]):
     from safetensors.torch import load_file
     from transformers import DistilBertForSequenceClassification
 
-    _, id2label, label2id = _label_maps(labels)
     src = default_model_dir()
     bert_cfg = json.loads((src / "config.json").read_text(encoding="utf-8"))
     dcfg, state = bert_to_distilbert(load_file(src / "model.safetensors"), bert_cfg)
@@ -254,11 +253,10 @@ def _load_default(labels: list[str]):
     return model, tok, DEFAULT_NAME
 
 
-def _load_embedded_bert(labels: list[str]):
+def _load_embedded_bert(id2label: dict[int, str], label2id: dict[str, int]):
     """The embedded all-MiniLM-L6-v2 as a BERT classifier: its own config and weights, no DistilBERT map."""
     from transformers import BertForSequenceClassification
 
-    _, id2label, label2id = _label_maps(labels)
     # The pooler and encoder load from the checkpoint; the classifier starts from the seeded random init.
     model = BertForSequenceClassification.from_pretrained(
         default_model_dir(), num_labels=len(id2label), id2label=id2label, label2id=label2id
@@ -284,11 +282,11 @@ def load_for_training(model: str, labels: list[str] | int) -> tuple[Any, Any, st
     `default` / `embedded-bert`: the embedded MiniLM in DistilBERT layout / as BERT; else a directory or a hub id, named
     by its last path component. Labels come from `labels`; a classifier head of another size is re-initialised.
     """
-    names, id2label, label2id = _label_maps(labels)
+    id2label, label2id = _label_maps(labels)
     if model == "default":
-        return _load_default(names)
+        return _load_default(id2label, label2id)
     if model == EMBEDDED_BERT:
-        return _load_embedded_bert(names)
+        return _load_embedded_bert(id2label, label2id)
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     path = Path(model).expanduser()
@@ -301,7 +299,7 @@ def load_for_training(model: str, labels: list[str] | int) -> tuple[Any, Any, st
             "checkpoint directory written by save_pretrained (config, weights, tokenizer files)"
         )
     source = str(path) if is_dir else model
-    kwargs = dict(num_labels=len(names), id2label=id2label, label2id=label2id, ignore_mismatched_sizes=True)
+    kwargs = dict(num_labels=len(id2label), id2label=id2label, label2id=label2id, ignore_mismatched_sizes=True)
     try:
         tok = AutoTokenizer.from_pretrained(source)
         net = AutoModelForSequenceClassification.from_pretrained(source, **kwargs)

@@ -89,16 +89,10 @@ def clean_text(text: str) -> str:
 
 def dedupe(texts: list[str], labels: list[L]) -> tuple[list[str], list[L], int]:
     """Keep the first occurrence of each text; returns (texts, labels, number dropped)."""
-    seen: set[str] = set()
-    out_t: list[str] = []
-    out_l: list[L] = []
+    kept: dict[str, L] = {}
     for t, lab in zip(texts, labels):
-        if t in seen:
-            continue
-        seen.add(t)
-        out_t.append(t)
-        out_l.append(lab)
-    return out_t, out_l, len(texts) - len(out_t)
+        kept.setdefault(t, lab)
+    return list(kept), list(kept.values()), len(texts) - len(kept)
 
 
 def _rng(seed: int, purpose: str) -> random.Random:
@@ -339,7 +333,7 @@ def _load_hub(name: str, seed: int, max_samples: int | None, max_eval_samples: i
     test = take(ds["test"]) if "test" in ds else None
     if val is None:  # carve val from train (seeded, stratified), as for the embedded data
         tr, va, _ = stratified_split(train.labels, seed, val_fraction=VAL_FRACTION, test_fraction=0.0)
-        train, val = (Split([train.texts[i] for i in ix], [train.labels[i] for i in ix]) for ix in (tr, va))
+        train, val = train.take(tr), train.take(va)
     if test is None or not len(test):
         raise QserveError(f"--dataset {name!r} has no labeled `test` split (splits: {list(ds)})")
     info = {

@@ -48,13 +48,7 @@ def read_local(path: Path, problem_type: str | None = None) -> LocalFile:
     """Read and check `path` (.csv/.jsonl/.json); `problem_type` None = inferred from the labels."""
     rows, raw_pairs = _read_local(path)
     where = "row" if path.suffix.lower() == ".json" else "line"
-    texts = []
-    for n, text, _ in rows:
-        if not isinstance(text, str):
-            raise QserveError(f"{path}, {where} {n}: text must be a string (got {type(text).__name__})")
-        if not text.strip():
-            raise QserveError(f"{path}, {where} {n}: text is empty")
-        texts.append(text)
+    texts = [_string(path, f"{where} {n}", "text", text) for n, text, _ in rows]
     names, ids, problem = _labels(path, rows, where, problem_type)
     pairs = _check_pairs(path, rows, raw_pairs) if raw_pairs is not None else None
     return LocalFile(texts, pairs, ids, names, problem, {"source": f"local file {path}", "rows": len(rows)})
@@ -146,12 +140,17 @@ def _check_pairs(path: Path, rows: list[tuple[int, Any, Any]], pairs: list[Any])
                 f"{path}, {where} {n}: no `text_pair`, which other rows have; a pair dataset needs "
                 "`text_pair` on every row (or on none, for one text per example)"
             )
-        if not isinstance(pair, str):
-            raise QserveError(f"{path}, {where} {n}: text_pair must be a string (got {type(pair).__name__})")
-        if not pair.strip():
-            raise QserveError(f"{path}, {where} {n}: text_pair is empty")
-        out.append(pair)
+        out.append(_string(path, f"{where} {n}", "text_pair", pair))
     return out
+
+
+def _string(path: Path, at: str, column: str, value: Any) -> str:
+    """A row's `column`: a non-empty string (errors name the file and the row)."""
+    if not isinstance(value, str):
+        raise QserveError(f"{path}, {at}: {column} must be a string (got {type(value).__name__})")
+    if not value.strip():
+        raise QserveError(f"{path}, {at}: {column} is empty")
+    return value
 
 
 def _json_row(path: Path, n: int, obj: Any, what: str = "line") -> tuple[int, Any, Any]:

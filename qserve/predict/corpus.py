@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import os
 import shutil
@@ -69,25 +70,15 @@ class Input:
             pq = _pyarrow().parquet
             return sum(pq.ParquetFile(p).metadata.num_rows for p in self.files)
         if self.fmt == "jsonl" and self.path != "-":
-            n = 0
-            with open(self.path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    n += block.count(b"\n")
-            return n  # blank lines count too: close enough for a progress bar
+            with open(self.path, "rb") as f:  # blank lines count too: close enough for a progress bar
+                return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
         return None
 
     def chunks(self, rows: int, skip: int = 0) -> Iterator[list[Row]]:
         """Chunks of `rows` rows from row `skip` on (the rows of complete parts are skipped, not scored)."""
-        it = {"jsonl": self._jsonl, "csv": self._csv, "parquet": self._parquet}[self.fmt]()
-        chunk: list[Row] = []
-        for i, row in enumerate(it):
-            if i < skip:
-                continue
-            chunk.append(row)
-            if len(chunk) == rows:
-                yield chunk
-                chunk = []
-        if chunk:
+        read = {"jsonl": self._jsonl, "csv": self._csv, "parquet": self._parquet}[self.fmt]
+        it = itertools.islice(read(), skip, None)
+        while chunk := list(itertools.islice(it, rows)):
             yield chunk
 
     def _jsonl(self) -> Iterator[Row]:
@@ -197,9 +188,7 @@ def write_part(rows: list[Row], path: Path, fmt: str, types: dict[str, Any] | No
     `types`: pyarrow types of the answer columns (parquet), so every part has the same schema."""
     tmp = path.with_name(path.name + ".tmp")
     if fmt == "parquet":
-        pa = _pyarrow()
-        table = rows_to_table(rows, types or {})
-        pa.parquet.write_table(table, tmp)
+        _pyarrow().parquet.write_table(rows_to_table(rows, types or {}), tmp)
     else:
         with open(tmp, "w", encoding="utf-8", newline="") as f:
             if fmt == "jsonl":

@@ -325,20 +325,9 @@ class Runtime:
         logits = longtext.aggregate(self.forward_pieces(pieces.ids, pieces.types), pieces)
         probs = self.scores(logits)
         if phases is not None:
-            width = max((len(r) for r in pieces.ids), default=0)
             phases += [
                 ("tokenize", t0, t1, {"qserve.texts": len(texts), "qserve.text_pairs": len(texts)}),
-                (
-                    "inference",
-                    t1,
-                    time.time_ns(),
-                    {
-                        "qserve.texts": len(texts),
-                        "qserve.pieces": len(pieces.ids),
-                        "qserve.tokenized_shape": f"{len(pieces.ids)}x{width}",
-                        "qserve.buckets": ",".join(map(str, self.buckets or ())) or "none",
-                    },
-                ),
+                self._inference(len(texts), pieces, t1, time.time_ns()),
             ]
         return self.answer(pieces, logits, probs, phases)
 
@@ -368,34 +357,23 @@ class Runtime:
         logits = longtext.aggregate(self.forward_pieces(pieces.ids), pieces)
         probs = self.scores(logits)
         t3 = time.time_ns()
-        width = max((len(r) for r in pieces.ids), default=0)
         windowed = sum(w > 1 for w in pieces.windows)
         if windowed:
-            phases += [
-                ("tokenize", t0, t1, {"qserve.texts": len(texts)}),
-                (
-                    "windows",
-                    t1,
-                    t2,
-                    {"qserve.texts": len(texts), "qserve.windowed_texts": windowed, "qserve.pieces": len(pieces.ids)},
-                ),
-            ]
+            cut = {"qserve.texts": len(texts), "qserve.windowed_texts": windowed, "qserve.pieces": len(pieces.ids)}
+            phases += [("tokenize", t0, t1, {"qserve.texts": len(texts)}), ("windows", t1, t2, cut)]
         else:
             phases.append(("tokenize", t0, t2, {"qserve.texts": len(texts)}))
-        phases.append(
-            (
-                "inference",
-                t2,
-                t3,
-                {
-                    "qserve.texts": len(texts),
-                    "qserve.pieces": len(pieces.ids),
-                    "qserve.tokenized_shape": f"{len(pieces.ids)}x{width}",
-                    "qserve.buckets": ",".join(map(str, self.buckets or ())) or "none",
-                },
-            )
-        )
+        phases.append(self._inference(len(texts), pieces, t2, t3))
         return self.answer(pieces, logits, probs, phases)
+
+    def _inference(self, texts: int, pieces: longtext.Pieces, start: int, end: int) -> Phase:
+        """The inference step of a classify() call, for traces: its texts, pieces, padded shape and buckets."""
+        n, width = len(pieces.ids), max((len(r) for r in pieces.ids), default=0)
+        shape = {
+            "qserve.tokenized_shape": f"{n}x{width}",
+            "qserve.buckets": ",".join(map(str, self.buckets or ())) or "none",
+        }
+        return "inference", start, end, {"qserve.texts": texts, "qserve.pieces": n, **shape}
 
     def answer(
         self, pieces: longtext.Pieces, logits: np.ndarray, probs: np.ndarray, phases: list[Phase] | None = None

@@ -43,9 +43,9 @@ def parse(spec: str | Sequence[int] | None) -> str | tuple[int, ...]:
     return tuple(sorted(set(values)))
 
 
-def auto_buckets(max_length: int) -> tuple[int, ...]:
-    """Powers of two from 32 below max_length, then max_length itself: 128 -> (32, 64, 128)."""
-    out, b = [], MIN_AUTO_BUCKET
+def auto_buckets(max_length: int, first: int = MIN_AUTO_BUCKET) -> tuple[int, ...]:
+    """`first` (32) doubled while below max_length, then max_length itself: 128 -> (32, 64, 128)."""
+    out, b = [], first
     while b < max_length:
         out.append(b)
         b *= 2
@@ -98,25 +98,21 @@ def fit_rows(batch: dict[str, np.ndarray], rows: Sequence[int], length: int, pad
     picked = mask[list(rows)]
     kept = picked.sum(axis=1)
     width = min(mask.shape[1], length)
-    if bool((picked[:, :width] == (np.arange(width) < kept[:, None])).all()) and bool((kept <= width).all()):
-        # Right-padded rows (how the tokenizer and longtext.pad pad them): their tokens are a prefix, so the block
-        # is column slices, the positions past each row's length set to the padding value; the same block as the
-        # row-by-row copy below, without a Python loop over rows (a CUDA graph's replay is shorter than that loop).
-        keep = np.arange(length) < kept[:, None]
-        out = {}
-        for name, arr in batch.items():
-            value = pad_id if name == "input_ids" else 0
-            block = np.full((len(rows), length), value, dtype=arr.dtype)
-            block[:, :width] = arr[list(rows), :width]
-            block[~keep] = value
-            out[name] = block
-        return out
+    # Right-padded rows (how the tokenizer and longtext.pad pad them): their tokens are a prefix, so the block is
+    # column slices, the positions past each row's length set to the padding value; the same block as the
+    # row-by-row copy, without a Python loop over rows (a CUDA graph's replay is shorter than that loop).
+    prefix = bool((picked[:, :width] == (np.arange(width) < kept[:, None])).all()) and bool((kept <= width).all())
+    past = np.arange(length) >= kept[:, None]
     out = {}
     for name, arr in batch.items():
         value = pad_id if name == "input_ids" else 0
         block = np.full((len(rows), length), value, dtype=arr.dtype)
-        for j, i in enumerate(rows):
-            kept = arr[i][mask[i].astype(bool)]
-            block[j, : len(kept)] = kept
+        if prefix:
+            block[:, :width] = arr[list(rows), :width]
+            block[past] = value
+        else:
+            for j, i in enumerate(rows):
+                tokens = arr[i][mask[i].astype(bool)]
+                block[j, : len(tokens)] = tokens
         out[name] = block
     return out

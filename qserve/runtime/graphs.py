@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from qserve import QserveError
+from qserve.runtime.buckets import auto_buckets
 
 AUTO, OFF, GRAPHS, COMPILE = "auto", "off", "graphs", "compile"
 MODES = (AUTO, OFF, GRAPHS, COMPILE)
@@ -65,11 +66,7 @@ def batch_buckets(cap: int) -> tuple[int, ...]:
     """Powers of two below `cap`, then `cap` itself: 48 -> (1, 2, 4, 8, 16, 32, 48)."""
     if cap < 1:
         raise QserveError(f"the graph batch cap must be >= 1 (got {cap})")
-    out, b = [], 1
-    while b < cap:
-        out.append(b)
-        b *= 2
-    return (*out, cap)
+    return auto_buckets(cap, first=1)
 
 
 def capture_order(lengths: Sequence[int], batches: Sequence[int], max_graphs: int) -> list[Shape]:

@@ -185,14 +185,10 @@ class TorchRuntime(Runtime):
             self._torch.cuda.empty_cache()
 
     def _graph_capture(self) -> graphs.Capture:
-        torch = self._torch
-        pool = torch.cuda.graph_pool_handle()  # one pool: the graphs never replay at once (the GPU lock)
-        names = self._graph_inputs()
-
-        def capture(shape: graphs.Shape) -> graphs.Captured:
-            return _CudaGraph(torch, self.model, names, shape, self.device, pool, self.pad_id)
-
-        return capture
+        pool = self._torch.cuda.graph_pool_handle()  # one pool: the graphs never replay at once (the GPU lock)
+        return functools.partial(
+            _CudaGraph, self._torch, self.model, self._graph_inputs(), device=self.device, pool=pool, pad_id=self.pad_id
+        )
 
     def _compiled_capture(self) -> graphs.Capture:
         import torch._dynamo as dynamo
@@ -201,12 +197,9 @@ class TorchRuntime(Runtime):
         # dynamic=False compiles each (batch, length) bucket once; allow as many as there may be graphs.
         dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, self.options.max_graphs)
         compiled = torch.compile(self.model, mode="reduce-overhead", dynamic=False)
-        names = self._graph_inputs()
-
-        def capture(shape: graphs.Shape) -> graphs.Captured:
-            return _Compiled(torch, compiled, names, shape, self.device, self.pad_id)
-
-        return capture
+        return functools.partial(
+            _Compiled, torch, compiled, self._graph_inputs(), device=self.device, pad_id=self.pad_id
+        )
 
     def _probe(self, rows: int, tokens: int | None = None) -> dict[str, np.ndarray]:
         """`rows` copies of a real sentence's ids, cut or repeated to `tokens` (None: as it tokenizes), padded as

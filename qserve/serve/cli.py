@@ -224,11 +224,7 @@ def serve_worker(cfg: ServeConfig, repository: Repository, log_level: str, index
 
     sock = reuseport_socket(cfg.host, port)
     failed: list[BaseException] = []
-
-    def on_load_failure(exc: BaseException) -> None:
-        failed.append(exc)
-
-    app = create_app(cfg, on_load_failure=on_load_failure, repository=repository)
+    app = create_app(cfg, on_load_failure=failed.append, repository=repository)
     st = app.state.qserve
     Gauge(
         WORKER_INFO,

@@ -10,6 +10,7 @@ Importing it imports Ray (without the `ray` extra: QserveError naming the instal
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -157,11 +158,7 @@ class QserveReplica:
         app = create_app(self.cfg, selection=self.selection, repository=repository)
         st: ServeState = app.state.qserve
         replica_id = self.replica_id
-
-        async def engine_info() -> dict[str, Any]:
-            return await ray_engine_info(replica_id)
-
-        st.engine_info = engine_info
+        st.engine_info = functools.partial(ray_engine_info, replica_id)
         Gauge(
             "qserve_replica_info",
             "The replica this /metrics scrape came from (Ray engine: per-replica metrics)",

@@ -276,6 +276,16 @@ def probes(cfg: TrainConfig, device: str) -> bool:
     return device.startswith("cuda") and cfg.devices == 1 and (cfg.precision == AUTO or cfg.batch_size is None)
 
 
+GIVEN = "given (--batch-size, or the pipeline's recipe for this device)"
+
+
+def _unmeasured(cfg: TrainConfig, choice: PrecisionChoice, why: str, record: dict | None = None) -> RunChoices:
+    """The batch size given, else BASE_BATCH with --lr scaled to it; the matmul precision as given."""
+    batch = cfg.batch_size or BASE_BATCH
+    lr = cfg.lr if cfg.batch_size else scale_lr(cfg.lr, batch)
+    return RunChoices(choice, batch, cfg.batch_size, lr, cfg.lr, cfg.matmul_precision, why, record)
+
+
 def decide(
     cfg: TrainConfig,
     device: str,
@@ -289,19 +299,11 @@ def decide(
     `choice`: the precision choose_precision already chose, or None for the probe to choose; `probe(candidates,
     ladder)` returns {"rows": run_ladder's rows, ...} and is called only where `probes` says so."""
     if probe is None or not probes(cfg, device):
-        choice = choice or choose_precision(cfg.precision, device, caps)
-        batch = cfg.batch_size or BASE_BATCH
-        why = (
-            "given (--batch-size, or the pipeline's recipe for this device)"
-            if cfg.batch_size
-            else (
-                f"the base batch: measured only on a single CUDA device (here {device}"
-                + (f", {cfg.devices} devices" if cfg.devices > 1 else "")
-                + ")"
-            )
+        many = f", {cfg.devices} devices" if cfg.devices > 1 else ""
+        base = f"the base batch: measured only on a single CUDA device (here {device}{many})"
+        return _unmeasured(
+            cfg, choice or choose_precision(cfg.precision, device, caps), GIVEN if cfg.batch_size else base
         )
-        lr = cfg.lr if cfg.batch_size else scale_lr(cfg.lr, batch)
-        return RunChoices(choice, batch, cfg.batch_size, lr, cfg.lr, cfg.matmul_precision, why)
     caps = caps or capabilities(with_cuda=True)
     cands = candidates(choice.precision if choice else AUTO, cfg.matmul_precision, caps)
     ladder = [cfg.batch_size] if cfg.batch_size else batch_ladder(n_train, cfg.epochs, cfg.grad_accum)
@@ -309,22 +311,10 @@ def decide(
     picked = pick(record["rows"], ladder)
     if picked is None:  # not even the base batch fitted: train as before the probe, and say why
         fallback = choice or choose_precision(AUTO, device, caps)
-        fallback = PrecisionChoice(
-            fallback.precision,
-            fallback.asked,
-            fallback.reason + (" (the probe fitted no candidate)" if not choice else ""),
-        )
-        batch = cfg.batch_size or BASE_BATCH
-        return RunChoices(
-            fallback,
-            batch,
-            cfg.batch_size,
-            cfg.lr if cfg.batch_size else scale_lr(cfg.lr, batch),
-            cfg.lr,
-            cfg.matmul_precision,
-            "the probe fitted no candidate at any batch size: the base batch, as asked or by default",
-            record,
-        )
+        note = "" if choice else " (the probe fitted no candidate)"
+        fallback = PrecisionChoice(fallback.precision, fallback.asked, fallback.reason + note)
+        why = "the probe fitted no candidate at any batch size: the base batch, as asked or by default"
+        return _unmeasured(cfg, fallback, why, record)
     row, why = picked
     cand = next(c for c in cands if c.label == row["candidate"])
     if choice is None:
@@ -339,16 +329,7 @@ def decide(
             f"against {vs}",
         )
     if cfg.batch_size:
-        return RunChoices(
-            choice,
-            cfg.batch_size,
-            cfg.batch_size,
-            cfg.lr,
-            cfg.lr,
-            cand.matmul,
-            "given (--batch-size, or the pipeline's recipe for this device)",
-            record,
-        )
+        return RunChoices(choice, cfg.batch_size, cfg.batch_size, cfg.lr, cfg.lr, cand.matmul, GIVEN, record)
     reason = (
         f"measured: {row['samples_per_s']:,.0f} samples/s at batch {row['batch']} ({row['candidate']}); "
         f"larger not taken: {why}"

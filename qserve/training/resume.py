@@ -159,10 +159,7 @@ def auto_interval(step_times: list[float], interval_s: float = DEFAULT_INTERVAL_
 
 
 def _kill_hook(n: int) -> tuple[str | None, int]:
-    spec = os.environ.get(KILL_ENV, "")
-    if ":" not in spec:
-        return None, 0
-    kind, _, at = spec.partition(":")
+    kind, _, at = os.environ.get(KILL_ENV, "").partition(":")
     return (kind, int(at)) if kind in ("after", "torn") and at.isdigit() and int(at) == n else (None, 0)
 
 

@@ -127,15 +127,7 @@ def plan(
             runs.append({"precision": p, "bf16_update": u, "seed": cfg.seed, "noise": False})
         if p == "32-true" and device.startswith("cuda") and cfg.matmul_precision is None:
             # the seed's table has 32-true at both matmul precisions, and TF32 is what a GPU's auto weighs
-            runs.append(
-                {
-                    "precision": p,
-                    "bf16_update": cfg.bf16_update,
-                    "seed": cfg.seed,
-                    "noise": False,
-                    "matmul_precision": "high",
-                }
-            )
+            runs.append({**runs[-1], "matmul_precision": "high"})
     if noise_precision == "none":
         return runs
     if noise_precision is None:
@@ -354,11 +346,7 @@ def seed_rows(study: dict[str, Any]) -> list[list[str]]:
     """Our runs (first seed) and the seed's, one row per (precision, matmul precision, bf16-true update), each
     side's time and memory also as a ratio to its own 32-true; the seed's bf16-true ran plain Adam."""
     cfg = study.get("config") or {}
-    ours = {
-        (r["precision"], _matmul(r, cfg), r["bf16_update"] if r["precision"] == "bf16-true" else None): r
-        for r in study["runs"]
-        if r.get("ok") and not r.get("noise")
-    }
+    ours = {_seed_key({**r, "matmul": _matmul(r, cfg)}): r for r in study["runs"] if r.get("ok") and not r.get("noise")}
     seed = {_seed_key(r): r for r in SEED["runs"]}
     base = ours.get(("32-true", "highest", None)) or {}
     sbase = seed[("32-true", "highest", None)]
@@ -369,16 +357,8 @@ def seed_rows(study: dict[str, Any]) -> list[list[str]]:
     rows = []
     for key in list(ours) + [k for k in seed if k not in ours]:
         o, r = ours.get(key), seed.get(key)
-        name = (
-            o["label"]
-            if o
-            else (
-                f"{key[0]}"
-                + (" (TF32)" if key[1] == "high" else "")
-                + (f" ({key[2]})" if key[2] else "")
-                + " (seed only)"
-            )
-        )
+        tf32, update = " (TF32)" if key[1] == "high" else "", f" ({key[2]})" if key[2] else ""
+        name = o["label"] if o else f"{key[0]}{tf32}{update} (seed only)"
         mine = (
             ["—"] * 5
             if o is None

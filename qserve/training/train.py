@@ -432,15 +432,10 @@ def register(subparsers) -> None:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     compare = bool(getattr(args, "compare", False))
     precisions = args.precision or [TrainConfig.precision]
-    if len(precisions) > 1 and not compare:
-        raise QserveError(
-            f"--precision was given {len(precisions)} times; give it once, or add --compare to compare several"
-        )
     updates = getattr(args, "bf16_update", None) or [TrainConfig.bf16_update]
-    if len(updates) > 1 and not compare:
-        raise QserveError(
-            f"--bf16-update was given {len(updates)} times; give it once, or add --compare to compare several"
-        )
+    for flag, given in (("--precision", precisions), ("--bf16-update", updates)):
+        if len(given) > 1 and not compare:
+            raise QserveError(f"{flag} was given {len(given)} times; give it once, or add --compare to compare several")
     # 0 = no cap: the command line has no other way to say None
     caps = {name: None for name in ("max_samples", "max_eval_samples") if getattr(args, name, None) == 0}
     return build(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import gc
 import logging
 import weakref
@@ -19,7 +20,6 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from starlette.requests import Request
 
 from qserve import QserveError, longtext, problemtypes
@@ -90,7 +90,7 @@ async def collect(retired: Retired) -> None:
     # A reference cycle holds it, and since the post-warm-up gc.freeze() it sits in the permanent
     # generation, where no collection looks: thaw everything, collect, freeze what remains. One full
     # pass over the heap (a large one with torch loaded), so only when refcounting was not enough.
-    for attempt in range(3):
+    for _ in range(3):
         gc.unfreeze()
         gc.collect()
         gc.freeze()
@@ -289,18 +289,7 @@ class ServeState:
         # GC, so full collections under load walk only what requests create.
         gc.collect()
         gc.freeze()
-        offer = None
-        if shadow is not None:
-
-            def offer(
-                texts: list[str],
-                policies: list[str],
-                probs: np.ndarray,
-                shadow: Shadow = shadow,
-                version: str = version,
-            ) -> None:
-                shadow.offer(texts, policies, probs, version)
-
+        offer = None if shadow is None else functools.partial(shadow.offer, version=version)
         mm = self.metrics.for_model(source.name)
         batcher = Batcher(
             infer_fn(runtime, offer, traced=self.tracing is not None),
@@ -499,13 +488,9 @@ class ServeState:
         out = []
         for name in names:
             model = self.models.get(name)
-            state = "READY" if model is not None else ("LOADING" if name in self.loading else "UNAVAILABLE")
-            out.append(
-                {
-                    "name": name,
-                    "version": model.version if model else "",
-                    "state": state,
-                    "reason": "" if model is not None else ("loading" if name in self.loading else "unloaded"),
-                }
-            )
+            if model is not None:
+                state, reason = "READY", ""
+            else:
+                state, reason = ("LOADING", "loading") if name in self.loading else ("UNAVAILABLE", "unloaded")
+            out.append({"name": name, "version": model.version if model else "", "state": state, "reason": reason})
         return out

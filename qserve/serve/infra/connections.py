@@ -22,16 +22,8 @@ if TYPE_CHECKING:
 
 def _raw_response(status: bytes, message: str, extra: bytes = b"") -> bytes:
     body = ('{"error":"%s"}' % message).encode()
-    return (
-        b"HTTP/1.1 "
-        + status
-        + b"\r\ncontent-type: application/json\r\nconnection: close\r\n"
-        + extra
-        + b"content-length: "
-        + str(len(body)).encode()
-        + b"\r\n\r\n"
-        + body
-    )
+    head = b"HTTP/1.1 %s\r\ncontent-type: application/json\r\nconnection: close\r\n%scontent-length: %d\r\n\r\n"
+    return head % (status, extra, len(body)) + body
 
 
 class HttpLoad:

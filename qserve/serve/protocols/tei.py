@@ -22,7 +22,7 @@ from qserve import problemtypes as problems
 from qserve.serve.core.answer import Answer, InferenceRequest, Origin
 from qserve.serve.core.pairs import takes_pairs
 from qserve.serve.core.schemas import LongText, PositiveJsonInt, Text, TokenIdJsonInt
-from qserve.serve.core.state import ServedModel, ServeState
+from qserve.serve.core.state import ModelRuntime, ServedModel, ServeState
 from qserve.serve.core.texts import check_texts
 from qserve.serve.infra.config import ServeConfig
 from qserve.serve.infra.errors import ApiError
@@ -343,22 +343,22 @@ def _tokenize(tokenizer: Any, texts: list[str], special: bool) -> list[list[dict
     return out
 
 
-async def on_inference_thread(st: ServeState, fn: Callable[[], T]) -> T:
-    """The fast tokenizer is not thread-safe: run on the thread that runs the model (under the runtime's
-    tokenizer_lock, which a busy server's lanes take too)."""
-    return await asyncio.get_running_loop().run_in_executor(st.executor, fn)
+async def with_tokenizer(st: ServeState, rt: ModelRuntime, fn: Callable[[Any], T]) -> T:
+    """`fn(the tokenizer)` on the thread that runs the model, under the runtime's tokenizer_lock: the fast tokenizer
+    is not thread-safe, and a busy server's lanes tokenize on their own threads (batcher.py)."""
+
+    def locked() -> T:
+        with rt.tokenizer_lock:
+            return fn(rt.tokenizer)
+
+    return await asyncio.get_running_loop().run_in_executor(st.executor, locked)
 
 
 async def tokenize(st: ServeState, body: TeiTokenizeRequest, request: Request) -> list[list[dict[str, Any]]]:
     texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
     check_texts(st.config, texts, "inputs")
     rt = st.model(None, request).runtime
-
-    def tokens() -> list[list[dict[str, Any]]]:
-        with rt.tokenizer_lock:  # a busy server's lanes tokenize on their own threads (batcher.py)
-            return _tokenize(rt.tokenizer, texts, body.add_special_tokens)
-
-    return await on_inference_thread(st, tokens)
+    return await with_tokenizer(st, rt, lambda tok: _tokenize(tok, texts, body.add_special_tokens))
 
 
 async def decode(st: ServeState, body: TeiDecodeRequest, request: Request) -> list[str]:
@@ -366,12 +366,8 @@ async def decode(st: ServeState, body: TeiDecodeRequest, request: Request) -> li
     if len(rows) > st.config.max_inputs:
         raise ApiError(422, f"ids has {len(rows)} sequences; at most {st.config.max_inputs} (--max-inputs)")
     rt = st.model(None, request).runtime  # ids its tokenizer does not know decode to nothing, as in TEI
-
-    def text() -> list[str]:
-        with rt.tokenizer_lock:
-            return [rt.tokenizer.decode(r, skip_special_tokens=body.skip_special_tokens) for r in rows]
-
-    return await on_inference_thread(st, text)
+    skip = body.skip_special_tokens
+    return await with_tokenizer(st, rt, lambda tok: [tok.decode(r, skip_special_tokens=skip) for r in rows])
 
 
 # -- the declaration (registry.py serves it) ---------------------------------------------------------------

@@ -102,9 +102,7 @@ def parse_infer(body: bytes, request: Request) -> InferBody:
         obj = json.loads(head)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         hint = (
-            ""
-            if header_length is not None
-            else ("; binary tensor data needs the Inference-Header-Content-Length header")
+            "" if header_length is not None else "; binary tensor data needs the Inference-Header-Content-Length header"
         )
         raise ApiError(400, f"malformed JSON body ({e}){hint}") from None
     try:
@@ -222,7 +220,7 @@ async def infer(st: ServeState, body: InferBody, request: Request) -> Response:
     head = {
         "model_name": a.name,
         "model_version": a.version,
-        "id": req.id or request.state.request_id,
+        "id": req.id or rid,
         "parameters": {"labels": ",".join(a.labels), "max_length": a.max_length, "long_text": a.policy},
     }
     tensors: list[Tensor] = [values[w] for w in a.outputs]
