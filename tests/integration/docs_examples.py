@@ -381,14 +381,16 @@ class Runner:
     def serve(self, argv: list[str], cwd: Path, env: dict[str, str]) -> dict[str, Any]:
         """`qserve serve ...` as the CLI runs it (qserve.cli.main, real uvicorn), in a thread: ready, then return."""
         import torch
-        import uvicorn
 
         from qserve.cli import main
+        from qserve.serve.infra import uvicorn_server
 
         self.stop()
         threads = torch.get_num_threads()
         made: list[Any] = []
-        real = uvicorn.Server
+        # the class the CLI's server() builds (looked up at each call); not uvicorn.Server, which DrainingServer
+        # subclassed once, when it was first imported
+        real = uvicorn_server.DrainingServer
 
         class Recorded(real):  # type: ignore[misc, valid-type]
             def __init__(self, *a, **kw):
@@ -406,7 +408,7 @@ class Runner:
                 traceback.print_exc()
                 rc.append(1)
 
-        uvicorn.Server = Recorded  # type: ignore[misc]
+        uvicorn_server.DrainingServer = Recorded  # type: ignore[misc]
         try:
             with _environ(env), _chdir(cwd):
                 t = threading.Thread(target=run, daemon=True, name="docs-qserve-serve")
@@ -415,7 +417,7 @@ class Runner:
                 while not (made and made[0].started) and t.is_alive() and time.monotonic() < deadline:
                     time.sleep(0.02)
         finally:
-            uvicorn.Server = real  # type: ignore[misc]
+            uvicorn_server.DrainingServer = real  # type: ignore[misc]
         if not (made and made[0].started):
             t.join(10)
             return {
