@@ -113,6 +113,18 @@ def tiny_variant(tiny_checkpoint, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_onnx_int8(tiny_checkpoint, tmp_path_factory) -> Path:
+    """The tiny checkpoint exported as onnx-int8, once for the suite: the served int8 of the serving tests, and the
+    variant of those that start servers in child processes (an ONNX server starts without importing torch)."""
+    pytest.importorskip("onnxruntime")
+    import exporters
+
+    out = tmp_path_factory.mktemp("onnx-int8") / "onnx-int8"
+    exporters.export(tiny_checkpoint, "onnx-int8", out)
+    return out
+
+
 def train_problem(base: Path, data: Path, out: Path) -> Path:
     """`qserve train` (the real CLI, in this process) of `base` on a local file: its labels decide the problem type."""
     from qserve.cli import main

@@ -411,7 +411,7 @@ def serve(
     try:
         srv.wait_ready(args.ready_s)
         if workers > 1:  # every worker listens once loaded (and its graphs captured): all of them, by a deadline
-            wait_workers(srv.url, workers, max(5.0, args.ready_s - (time.perf_counter() - t0)))
+            per_worker(srv.url, workers, max(5.0, args.ready_s - (time.perf_counter() - t0)))
         ready_s = time.perf_counter() - t0
         execution = srv.models()["models"][0].get("execution")
         check = served_scores(srv.url, texts, graphed, labels) if graphed is not None else None
@@ -444,19 +444,6 @@ def serve(
         "mean_batch": texts_run / batches if batches else None,
         "per_worker_requests": {w: total(s, "qserve_requests_total", route="/v1/classify") for w, s in metrics.items()},
     }
-
-
-def wait_workers(url: str, workers: int, deadline_s: float) -> dict[str, Any]:
-    """Every worker's /metrics within `deadline_s` seconds: a worker still loading (capturing its graphs) does not
-    accept connections yet, so scrape until each id answered or the time is up (a QserveError naming both)."""
-    end = time.monotonic() + deadline_s
-    while True:
-        try:
-            return per_worker(url, workers, tries=4 * workers)
-        except QserveError as e:
-            if time.monotonic() > end:
-                raise QserveError(f"not every one of {workers} workers answered within {deadline_s:.0f} s ({e})") from e
-            time.sleep(0.25)
 
 
 # -- the user's commands: `qserve serve RUN_DIR` + `qserve loadtest`, one level at a time --------------------------

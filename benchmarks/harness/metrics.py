@@ -5,6 +5,8 @@ python -c "from benchmarks.harness.metrics import total; print(total({}, 'qserve
 
 from __future__ import annotations
 
+import time
+
 import httpx2
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -39,15 +41,21 @@ def batch_totals(url: str) -> tuple[float, float]:
     return total(s, "qserve_batch_size_count"), total(s, "qserve_batch_size_sum")
 
 
-def per_worker(url: str, workers: int, tries: int = 400) -> dict[str, Samples]:
+def per_worker(url: str, workers: int, timeout_s: float = 120.0) -> dict[str, Samples]:
     """Each worker's /metrics under `qserve serve --workers N`, by worker id: a scrape answers for the worker that
-    accepted its (fresh) connection, so scrape until every id was seen (a QserveError after `tries` scrapes)."""
+    accepted its (fresh) connection, and a worker still loading accepts none, so scrape until every id was seen (a
+    QserveError after `timeout_s` seconds)."""
     seen: dict[str, Samples] = {}
-    for _ in range(tries):
+    deadline = time.monotonic() + timeout_s
+    while True:
         samples = scrape(url)
         ids = [dict(lab).get("worker") for (n, lab) in samples if n == "qserve_worker_info"]
         if ids and ids[0] is not None:
             seen.setdefault(ids[0], samples)
         if len(seen) >= workers:
             return seen
-    raise QserveError(f"{url}: /metrics answered for workers {sorted(seen)} only, of {workers}, in {tries} scrapes")
+        if time.monotonic() > deadline:
+            raise QserveError(
+                f"{url}: /metrics answered for workers {sorted(seen)} only, of {workers}, in {timeout_s:.0f} s"
+            )
+        time.sleep(0.02)

@@ -23,7 +23,6 @@ from typing import Any
 import psutil
 
 from qserve import problemtypes as problems
-from qserve.artifact import read_manifest
 from qserve.bench import evalpass, invariance, policies
 from qserve.bench.evalpass import tokenizer_key
 from qserve.bench.floor import measure_peaks
@@ -35,6 +34,7 @@ from qserve.modeling import skip_unused_imports
 from qserve.problemtypes import headline
 from qserve.runtime import RuntimeOptions, load_runtime
 from qserve.variants import REGISTRY
+from qserve.verify import verify
 
 # without dataset text: real English (ordinary vocabulary ids), repeated to fill any length
 FALLBACK_TEXT = (
@@ -224,10 +224,13 @@ class Session:
 
     def open(self) -> dict[str, Any]:
         res, job = self.res, self.job
-        _stage(res, "import")
-        variant_dir = Path(job["variant_dir"])
+        variant_dir, extra = Path(job["variant_dir"]), bool(job.get("allow_extra_files"))
+        _stage(res, "load")  # the files first (sha256): a tampered variant fails before the seconds of imports
         t0 = time.perf_counter()
-        manifest = read_manifest(variant_dir)
+        manifest = verify(variant_dir, allow_extra_files=extra)
+        checked_s = time.perf_counter() - t0
+        _stage(res, "import")
+        t0 = time.perf_counter()
         self.backend = manifest.backend
         if __name__ == "__main__":  # the bench's own child process, not a user's: seconds of its start (modeling.py)
             skip_unused_imports()
@@ -237,9 +240,10 @@ class Session:
         t0 = time.perf_counter()
         options = RuntimeOptions(threads=job.get("threads"), length_buckets=job.get("length_buckets") or "auto")
         rt = self.rt = load_runtime(
-            variant_dir, device=job["device"], options=options, allow_extra_files=bool(job.get("allow_extra_files"))
+            variant_dir, device=job["device"], options=options, verify_hashes=False, allow_extra_files=extra
         )
-        res.update(load_s=time.perf_counter() - t0, rss_after_load_mb=rss_mb(), peak_rss_load_mb=peak_rss_mb())
+        load_s = checked_s + time.perf_counter() - t0  # with the check, as load_runtime's own
+        res.update(load_s=load_s, rss_after_load_mb=rss_mb(), peak_rss_load_mb=peak_rss_mb())
         res.update(name=rt.name, labels=list(rt.labels), max_length=rt.max_length, long_text=str(rt.long_text))
         res.update(length_buckets=list(rt.buckets) if rt.buckets else None, device=rt.device)
         log(f"{rt.name}: loaded in {res['load_s']:.2f} s")

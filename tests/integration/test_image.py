@@ -68,14 +68,10 @@ def serve_image(docker) -> str:
 
 
 @pytest.fixture(scope="module")
-def int8_variant(tiny_checkpoint, tmp_path_factory):
-    import exporters
-
-    out = tmp_path_factory.mktemp("image") / "onnx-int8"
-    exporters.export(tiny_checkpoint, "onnx-int8", out)
+def int8_variant(tiny_onnx_int8):
     # the container's user (uid 10001) reads the mount: pytest's temp dirs are the owner's only
-    subprocess.run(["chmod", "-R", "a+rX", str(out)], check=True)
-    return out
+    subprocess.run(["chmod", "-R", "a+rX", str(tiny_onnx_int8)], check=True)
+    return tiny_onnx_int8
 
 
 def _classify(url: str) -> list[list[dict]]:

@@ -152,11 +152,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_cli_process_from_env_serves_and_exits_cleanly_on_sigterm(tiny_variant, tmp_path):
+def test_cli_process_from_env_serves_and_exits_cleanly_on_sigterm(tiny_onnx_int8, tmp_path):
     port = _free_port()
     env = {
         **os.environ,
-        "QSERVE_VARIANT_DIR": str(tiny_variant),
+        "QSERVE_VARIANT_DIR": str(tiny_onnx_int8),
         "QSERVE_PORT": str(port),
         "QSERVE_THREADS": "1",
         "QSERVE_API_KEY": KEY,

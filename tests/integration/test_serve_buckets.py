@@ -121,17 +121,7 @@ def test_bucketed_ov_int8_answers_alike_sequential_and_32_way_concurrent(ov_int8
         assert {p["label"]: p["score"] for p in got} == pytest.approx(dict(zip(labels, map(float, want))), abs=1e-6)
 
 
-@pytest.fixture(scope="module")
-def onnx_int8(tiny_checkpoint, tmp_path_factory):
-    pytest.importorskip("onnxruntime")
-    import exporters
-
-    out = tmp_path_factory.mktemp("served") / "onnx-int8"
-    exporters.export(tiny_checkpoint, "onnx-int8", out)
-    return out
-
-
-def test_serve_buckets_benchmark_runs_on_the_tiny_fixture(onnx_int8, ov_int8, tmp_path):
+def test_serve_buckets_benchmark_runs_on_the_tiny_fixture(tiny_onnx_int8, ov_int8, tmp_path):
     # The benchmark script end to end, seconds long: every server (the baseline from this commit's own code),
     # both text sets, both protocols; the lead runs it for real with the command in its docstring.
     from benchmarks.studies import serve_buckets as sb
@@ -139,7 +129,7 @@ def test_serve_buckets_benchmark_runs_on_the_tiny_fixture(onnx_int8, ov_int8, tm
     out = tmp_path / "report"
     rc = sb.main(
         [
-            str(onnx_int8),
+            str(tiny_onnx_int8),
             str(ov_int8),
             "--baseline-ref",
             "HEAD",

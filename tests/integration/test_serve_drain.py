@@ -51,8 +51,8 @@ REQUEST = b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/j
 
 
 @pytest.mark.parametrize("workers", [1, 2], ids=["one process", "--workers 2"])
-def test_sigterm_under_load_loses_nothing(tiny_variant, tmp_path, workers):
-    srv = _server(tiny_variant, tmp_path, "--workers", str(workers))
+def test_sigterm_under_load_loses_nothing(tiny_onnx_int8, tmp_path, workers):
+    srv = _server(tiny_onnx_int8, tmp_path, "--workers", str(workers))
     log = tmp_path / "server.log"
     while log.read_text().count("Application startup complete") < workers:  # /ready is one worker's answer
         assert srv.proc.poll() is None, log.read_text()[-3000:]
@@ -72,9 +72,9 @@ def test_sigterm_under_load_loses_nothing(tiny_variant, tmp_path, workers):
     assert log.count("draining for") == workers and log.count("drain over after") == workers, log[-3000:]
 
 
-def test_a_connection_without_its_request_at_the_close_is_answered(tiny_variant, tmp_path):
+def test_a_connection_without_its_request_at_the_close_is_answered(tiny_onnx_int8, tmp_path):
     """Connected during the drain, its request sent only after the listener closed: answered, Connection: close."""
-    srv = _server(tiny_variant, tmp_path, "--drain-seconds", "1")
+    srv = _server(tiny_onnx_int8, tmp_path, "--drain-seconds", "1")
     try:
         early = socket.create_connection(("127.0.0.1", srv.port))
         srv.proc.send_signal(signal.SIGTERM)
@@ -93,10 +93,10 @@ def test_a_connection_without_its_request_at_the_close_is_answered(tiny_variant,
         srv.stop()
 
 
-def test_through_the_drain_http_and_grpc_answer_unready_and_a_second_signal_stops_at_once(tiny_variant, tmp_path):
+def test_through_the_drain_http_and_grpc_answer_unready_and_a_second_signal_stops_at_once(tiny_onnx_int8, tmp_path):
     grpcclient = pytest.importorskip("tritonclient.grpc")
     port = free_port()
-    srv = _server(tiny_variant, tmp_path, "--drain-seconds", "600", "--grpc-port", str(port))
+    srv = _server(tiny_onnx_int8, tmp_path, "--drain-seconds", "600", "--grpc-port", str(port))
     try:
         c = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
         assert c.is_server_ready()
@@ -107,7 +107,7 @@ def test_through_the_drain_http_and_grpc_answer_unready_and_a_second_signal_stop
         assert not c.is_server_ready()
         inp = grpcclient.InferInput("text", [1], "BYTES")
         inp.set_data_from_numpy(np.array([b"A wonderful film."], dtype=object))
-        assert c.infer(tiny_variant.name, [inp]).as_numpy("probabilities").shape == (1, 2)
+        assert c.infer(tiny_onnx_int8.name, [inp]).as_numpy("probabilities").shape == (1, 2)
         conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
         conn.request("GET", "/ready")
         assert conn.getresponse().status == 503

@@ -18,15 +18,6 @@ httpx2 = pytest.importorskip("httpx2")
 pytest.importorskip("onnxruntime")
 
 
-@pytest.fixture(scope="module")
-def int8_variant(tiny_checkpoint, tmp_path_factory):
-    import exporters
-
-    out = tmp_path_factory.mktemp("served") / "onnx-int8"
-    exporters.export(tiny_checkpoint, "onnx-int8", out)
-    return out
-
-
 def _texts() -> list[str]:
     from qserve.loadtest import default_texts
 
@@ -93,10 +84,10 @@ def _serve_and_compare(variant, batch_dependent: str, row_workers: int = 1) -> t
 
 
 @pytest.mark.parametrize("row_workers", [1, 2])  # 2: a batch's rows run side by side (the default on 2 cores)
-def test_served_onnx_int8_answers_64_concurrent_clients_as_the_sequential_pass(int8_variant, row_workers):
+def test_served_onnx_int8_answers_64_concurrent_clients_as_the_sequential_pass(tiny_onnx_int8, row_workers):
     """With 2 row workers the concurrent clients' batches run in lanes (two at once, each on one single-threaded
     worker; the lone sequential requests on both): the answers are the same."""
-    flips, worst, forwards, lanes = _serve_and_compare(int8_variant, "rows", row_workers)
+    flips, worst, forwards, lanes = _serve_and_compare(tiny_onnx_int8, "rows", row_workers)
     assert forwards < 64, "64 concurrent requests were never batched"
     assert flips == 0 and worst <= 1e-5, f"{flips} label differences, max |Δscore| {worst:.3g}"
     if row_workers == 1:
@@ -105,8 +96,8 @@ def test_served_onnx_int8_answers_64_concurrent_clients_as_the_sequential_pass(i
         assert 0 < lanes <= forwards
 
 
-def test_the_same_check_catches_a_server_whose_answers_move_with_batchmates(int8_variant):
-    flips, worst, forwards, _ = _serve_and_compare(int8_variant, "batched")
+def test_the_same_check_catches_a_server_whose_answers_move_with_batchmates(tiny_onnx_int8):
+    flips, worst, forwards, _ = _serve_and_compare(tiny_onnx_int8, "batched")
     assert forwards < 64
     assert worst > 1e-5  # the per-batch graph forwarded as one batch: scores move with batchmates
 

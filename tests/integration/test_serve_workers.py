@@ -44,19 +44,19 @@ def _answers(url: str, repeat: int = 1) -> list[tuple[int, bytes]]:
     return out
 
 
-def _serve(tiny_variant, tmp_path, *extra: str) -> Server:
-    args = [str(tiny_variant), "--device", "cpu", "--threads", "1", "--log-level", "warning", *extra]
+def _serve(tiny_onnx_int8, tmp_path, *extra: str) -> Server:
+    args = [str(tiny_onnx_int8), "--device", "cpu", "--threads", "1", "--log-level", "warning", *extra]
     return Server(args, ROOT, tmp_path / f"serve{'-'.join(extra)}.log", tag=" ".join(extra) or "one worker")
 
 
-def test_two_workers_answer_as_one_and_both_serve(tiny_variant, tmp_path):
-    one = _serve(tiny_variant, tmp_path).wait_ready(120)
+def test_two_workers_answer_as_one_and_both_serve(tiny_onnx_int8, tmp_path):
+    one = _serve(tiny_onnx_int8, tmp_path).wait_ready(120)
     try:
         expected = _answers(one.url)
     finally:
         one.stop()
     assert [s for s, _ in expected] == [200, 200, 200, 200, 422]
-    two = _serve(tiny_variant, tmp_path, "--workers", "2").wait_ready(120)
+    two = _serve(tiny_onnx_int8, tmp_path, "--workers", "2").wait_ready(120)
     try:
         workers = per_worker(two.url, 2)  # both listen (each only once loaded)
         got = _answers(two.url, repeat=8)
@@ -75,14 +75,14 @@ def test_two_workers_answer_as_one_and_both_serve(tiny_variant, tmp_path):
     assert two.proc.returncode == 0  # a SIGTERM drains both workers and the supervisor exits cleanly
 
 
-def test_a_worker_that_cannot_load_stops_the_server(tiny_variant, tmp_path):
+def test_a_worker_that_cannot_load_stops_the_server(tiny_onnx_int8, tmp_path):
     # --require-gate on a variant never gated: each worker's load fails, the supervisor exits 2 and says why
     cmd = [
         sys.executable,
         "-m",
         "qserve.serve",
         "serve",
-        str(tiny_variant),
+        str(tiny_onnx_int8),
         "--device",
         "cpu",
         "--threads",
@@ -108,7 +108,7 @@ def test_a_worker_that_cannot_load_stops_the_server(tiny_variant, tmp_path):
         (["--workers", "2", "--engine", "ray"], "--workers applies to --engine uvicorn"),
     ],
 )
-def test_refused_combinations_name_the_flags(tiny_variant, extra, words):
-    cmd = [sys.executable, "-m", "qserve.serve", "serve", str(tiny_variant), "--device", "cpu", *extra]
+def test_refused_combinations_name_the_flags(tiny_onnx_int8, extra, words):
+    cmd = [sys.executable, "-m", "qserve.serve", "serve", str(tiny_onnx_int8), "--device", "cpu", *extra]
     done = subprocess.run(cmd, cwd=ROOT, env=code_env(ROOT), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and words in done.stderr, done.stderr[-2000:]
