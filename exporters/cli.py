@@ -22,7 +22,6 @@ from qserve.devices import resolve_device
 from qserve.exportoption import Option, OptionValue
 from qserve.placement import no_cuda, place, plan
 from qserve.rundir import RunDir
-from qserve.runtime.ov_probe import OpenVINOUnavailable
 from qserve.variantflags import BITS, DEFAULT_FOR_BITS, DTYPES, off_fast_path, resolve
 from qserve.variants import BACKENDS, VARIANTS, UnsupportedVariant, VariantSpec, backend_of, flag_options, get_spec
 from qserve.verify import verify
@@ -164,7 +163,7 @@ def exported(args: argparse.Namespace) -> tuple[list[Path], int]:
                 long_text=args.long_text,
                 inputs=inputs,
             )
-        except (OpenVINOUnavailable, UnsupportedVariant) as e:
+        except UnsupportedVariant as e:
             if not args.all:
                 raise
             # a crashing OpenVINO plugin or an architecture the variant cannot hold skips it; the rest go on

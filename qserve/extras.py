@@ -35,12 +35,8 @@ TOOLKIT_ONLY = (*dict.fromkeys(_LACKS), "lightning_fabric")
 def install_hint(module: str) -> str:
     """The command that installs `module`'s library: its backend's (the registry), else its extra's."""
     top = module.split(".")[0]
-    for backend in REGISTRY.values():
-        if top in backend.needs:
-            return backend.install
-        if top in backend.export_needs:
-            return TOOLKIT
-    return EXTRAS[top]
+    hints = [b.install if top in b.needs else TOOLKIT for b in REGISTRY.values() if top in b.needs + b.export_needs]
+    return hints[0] if hints else EXTRAS[top]
 
 
 def require(module: str, needed_by: str) -> ModuleType:

@@ -77,12 +77,8 @@ for _s in VARIANTS.values():
 
 
 class UnsupportedVariant(QserveError):
-    """The variant cannot be built for this checkpoint's architecture (VariantSpec.unsupported)."""
-
-
-def unsupported_reason(name: str, model_type: str | None) -> str | None:
-    """Why variant `name` cannot be built for architecture `model_type` (none yet: docs/byo-matrix.md), or None."""
-    return get_spec(name).unsupported.get(model_type or "")
+    """The variant cannot be built here: not for this checkpoint's architecture (VariantSpec.unsupported), or its
+    backend's library cannot run on this machine (runtime.ov_probe.OpenVINOUnavailable)."""
 
 
 def get_spec(name: str) -> VariantSpec:
