@@ -8,39 +8,6 @@ a builder writes weights + config; which builds which is declared in qserve.vari
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from exporters.core import export_variant, get_builder
-from qserve.variants import get_spec
-
-if TYPE_CHECKING:
-    from qserve.artifact import Manifest
+from exporters.core import export, get_builder
 
 __all__ = ["export", "get_builder"]
-
-
-def export(
-    checkpoint: str | Path,
-    name: str,
-    out: str | Path,
-    force: bool = False,
-    options: dict[str, Any] | None = None,
-    device: str = "cpu",
-    probes: list[str] | None = None,
-    long_text: str | None = None,
-    inputs: tuple[str, ...] | None = None,
-) -> Manifest:
-    """Build variant `name` from `checkpoint` into `out`; returns the written manifest. `long_text` overrides the
-    checkpoint's policy; `inputs` what one input is (("text", "text_pair"): a pair model; None: the checkpoint's)."""
-    return export_variant(
-        Path(checkpoint),
-        get_spec(name),
-        Path(out),
-        force=force,
-        options=options or {},
-        device=device,
-        probes=probes,
-        long_text=long_text,
-        inputs=inputs,
-    )

@@ -87,9 +87,8 @@ def weight_bytes(weights_file: Path, linears: dict[str, tuple[int, int]]) -> dic
     return {"quantized_linear_bytes": stored, "quantized_linear_bytes_fp32": fp32}
 
 
-def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def build(ctx: ExportContext, out: Path, spec: VariantSpec, opts: BnbOptions) -> dict[str, dict[str, Any]]:
     checkpoint = ctx.checkpoint
-    opts = BnbOptions.resolve(spec.name, options)
     record: dict[str, Any] = {}
     # the clipped fp32 weights: a scratch input to the quantizer, kept until the variant is saved (still mapped)
     with tempfile.TemporaryDirectory(prefix="qserve-clip-") as scratch:

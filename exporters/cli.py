@@ -22,9 +22,8 @@ from qserve.devices import resolve_device
 from qserve.exportoption import Option, OptionValue
 from qserve.placement import no_cuda, place, plan
 from qserve.rundir import RunDir
-from qserve.runtime.ov_probe import OpenVINOUnavailable
 from qserve.variantflags import BITS, DEFAULT_FOR_BITS, DTYPES, off_fast_path, resolve
-from qserve.variants import BACKENDS, VARIANTS, UnsupportedVariant, backend_of, flag_options, get_spec
+from qserve.variants import BACKENDS, VARIANTS, UnsupportedVariant, VariantSpec, backend_of, flag_options, get_spec
 from qserve.verify import verify
 
 # Exporter options with a flag: option key -> (flag, the variants that understand it), from the registry.
@@ -41,7 +40,7 @@ def default_out_root(checkpoint: Path) -> Path:
 
 
 def same_export(
-    dest: Path, checkpoint: Path, name: str, options: dict, long_text: str | None, inputs: tuple[str, ...] | None
+    dest: Path, checkpoint: Path, spec: VariantSpec, options: dict, long_text: str | None, inputs: tuple | None
 ) -> bool:
     """True when `dest` already holds this very export, verified (same variant, options, policy, inputs and
     checkpoint hash), so re-running the same command keeps it; anything else in `dest` needs --force."""
@@ -51,10 +50,9 @@ def same_export(
         m = verify(dest)
     except VariantError:
         return False
-    spec = get_spec(name)
     info = checkpoint_info(checkpoint, inputs)
     return (
-        m.spec.name == name
+        m.spec.name == spec.name
         and dict(m.spec.options or {}) == {**spec.options, **options}
         and m.long_text == variant_policy(info, long_text)
         and tuple(m.inputs or ("text",)) == info.inputs
@@ -144,9 +142,7 @@ def exported(args: argparse.Namespace) -> tuple[list[Path], int]:
             dest.exists()
             and not args.all
             and not args.force
-            and same_export(
-                dest, checkpoint, spec.name, options_for(spec.name, args, strict=True), args.long_text, inputs
-            )
+            and same_export(dest, checkpoint, spec, options_for(spec.name, args, strict=True), args.long_text, inputs)
         ):
             print(
                 f"[{i}/{len(specs)}] {spec.name}: {dest} already holds this export (same checkpoint, options and "
@@ -159,7 +155,7 @@ def exported(args: argparse.Namespace) -> tuple[list[Path], int]:
         try:
             m = exporters.export(
                 checkpoint,
-                spec.name,
+                spec,
                 dest,
                 force=args.force,
                 options=options_for(spec.name, args, strict=not args.all),
@@ -167,7 +163,7 @@ def exported(args: argparse.Namespace) -> tuple[list[Path], int]:
                 long_text=args.long_text,
                 inputs=inputs,
             )
-        except (OpenVINOUnavailable, UnsupportedVariant) as e:
+        except UnsupportedVariant as e:
             if not args.all:
                 raise
             # a crashing OpenVINO plugin or an architecture the variant cannot hold skips it; the rest go on

@@ -18,23 +18,22 @@ from typing import Any, cast
 
 import numpy as np
 
-from qserve import QserveError, longtext
+from qserve import QserveError, longtext, variants
 from qserve import problemtypes as problems
 from qserve.artifact import Manifest, ModelMeta, checkpoint_hash, read_model_meta, write_manifest
 from qserve.extras import require
-from qserve.files import library_versions, staged_dir
+from qserve.files import staged_dir
 from qserve.modeling import ARCHITECTURES, model_inputs, usable_positions
 from qserve.problemtypes import from_config
 from qserve.runtime import load_runtime
 from qserve.textpairs import ALLOWED, PAIR, PROBE_PAIRS, SINGLE, split_pairs
-from qserve.variants import TOLERANCE as VARIANT_TOLERANCE
-from qserve.variants import UnsupportedVariant, VariantSpec, backend_of, load_target, unsupported_reason
+from qserve.variants import Backend, BackendOptions, UnsupportedVariant, VariantSpec, library_versions, load_target
 
 log = logging.getLogger(__name__)
 
-Builder = Callable[["ExportContext", Path, VariantSpec, dict[str, Any]], dict[str, dict[str, Any]]]
-"""(context, out_dir, spec, options) -> the backend's manifest records of the variant it wrote into out_dir
-(Manifest.records: {"onnx": {...}}; the context holds the checkpoint, read once, and the long-text policy)."""
+Builder = Callable[["ExportContext", Path, VariantSpec, BackendOptions], dict[str, dict[str, Any]]]
+"""(context, out_dir, spec, its options as its backend's type) -> the backend's manifest records of the variant it
+wrote into out_dir (Manifest.records: {"onnx": {...}}; the context: the checkpoint, read once, and its policy)."""
 
 # the parity gate's probes: short and long, both polarities, markup, near-empty (padding and truncation paths)
 PROBES = [
@@ -49,7 +48,7 @@ PROBES = [
 ]
 
 # max |Δlogit| before the export warns, by dtype (VariantSpec.tolerance); the one table read here (tests patch it)
-TOLERANCE: dict[str, float] = dict(VARIANT_TOLERANCE)
+TOLERANCE: dict[str, float] = dict(variants.TOLERANCE)
 
 # Truncation length of a variant whose checkpoint records none (no qserve_model.json).
 DEFAULT_MAX_LENGTH = 256
@@ -291,16 +290,15 @@ def shared_export(checkpoint: Path, what: tuple, make: Callable[[Path], object])
         return Path(_SHARED[key].name) / "out"
 
 
-def get_builder(name: str) -> Builder:
-    """The function the registry names for variant `name`, imported now (a missing backend fails here)."""
-    backend = backend_of(name)
+def get_builder(backend: Backend) -> Builder:
+    """The exporter `backend` names, imported now (a missing backend fails here)."""
     return cast(Builder, load_target(backend.exporter, backend))
 
 
-def export_variant(
-    checkpoint: Path,
-    spec: VariantSpec,
-    out: Path,
+def export(
+    checkpoint: str | Path,
+    variant: str | VariantSpec,
+    out: str | Path,
     force: bool = False,
     options: dict[str, Any] | None = None,
     device: str = "cpu",
@@ -308,15 +306,18 @@ def export_variant(
     long_text: str | None = None,
     inputs: tuple[str, ...] | None = None,
 ) -> Manifest:
-    info = checkpoint_info(checkpoint, inputs)
+    """Build `variant` (its name or spec) from `checkpoint` into `out`; returns the written manifest. `long_text`
+    overrides the checkpoint's policy; `inputs` what one input is (("text", "text_pair"): a pair model)."""
+    spec = variants.get_spec(variant) if isinstance(variant, str) else variant  # resolved here, once, and passed on
+    checkpoint, info = Path(checkpoint), checkpoint_info(Path(checkpoint), inputs)
     arch = ARCHITECTURES.get(info.model_type or "", info.model_type or "an unknown architecture")
-    reason = unsupported_reason(spec.name, info.model_type)
+    reason = spec.unsupported.get(info.model_type or "")
     if reason:
         raise UnsupportedVariant(f"{spec.name} unsupported for {arch}: {reason}")
     # before the slow build: a bad --long-text fails at once
-    ctx = ExportContext(Path(checkpoint), info, variant_policy(info, long_text))
+    ctx = ExportContext(checkpoint, info, variant_policy(info, long_text))
     try:
-        return _export(ctx, spec, out, force, options, device, probes)
+        return _export(ctx, spec, variants.REGISTRY[spec.backend], Path(out), force, options, device, probes)
     except QserveError:
         raise
     except Exception as e:  # noqa: BLE001 - torch, optimum, ORT, OpenVINO and NNCF raise anything
@@ -327,6 +328,7 @@ def export_variant(
 def _export(
     ctx: ExportContext,
     spec: VariantSpec,
+    backend: Backend,
     out: Path,
     force: bool,
     options: dict[str, Any] | None,
@@ -336,11 +338,11 @@ def _export(
     checkpoint, info, policy = ctx.checkpoint, ctx.info, ctx.policy
     spec = replace(spec, options={**spec.options, **(options or {})})
     texts, pairs = parity_inputs(info, probes)
-    backend = backend_of(spec.name)
     for module in backend.needs + backend.export_needs:  # a missing one: its install hint, before any work
         require(module, spec.name)
+    opts = backend.options_type.resolve(spec.name, spec.options)  # typed and checked, then the rules across them
     with staged_dir(out, force=force) as tmp:
-        extra = get_builder(spec.name)(ctx, tmp, spec, dict(spec.options)) or {}
+        extra = get_builder(backend)(ctx, tmp, spec, opts) or {}
         copy_tokenizer(checkpoint, tmp)
         manifest = Manifest(
             spec=spec,

@@ -43,9 +43,8 @@ if TYPE_CHECKING:
 MODEL_FILE = "model.onnx"
 
 
-def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def build(ctx: ExportContext, out: Path, spec: VariantSpec, opts: OnnxOptions) -> dict[str, dict[str, Any]]:
     """Write model.onnx + config.json for `spec` into `out`; return the manifest's "onnx" record."""
-    opts = OnnxOptions.resolve(spec.name, options)  # typed and checked: every value, then the rules across them
     checkpoint, out = ctx.checkpoint, Path(out)
 
     with tempfile.TemporaryDirectory(prefix="qserve-onnx-") as scratch:

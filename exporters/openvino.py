@@ -40,9 +40,8 @@ MODEL_FILE = "openvino_model.xml"
 WEIGHTS_FILE = "openvino_model.bin"
 
 
-def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def build(ctx: ExportContext, out: Path, spec: VariantSpec, opts: OpenVINOOptions) -> dict[str, dict[str, Any]]:
     """Write openvino_model.xml/.bin + config.json for `spec` into `out`; return the manifest's "openvino" record."""
-    opts = OpenVINOOptions.resolve(spec.name, options)
     precision = openvino_precision(spec, opts.inference_precision)
     # Probe first (in a child): NNCF and the parity check run OpenVINO in this process.
     probed = require_precision("int8" if spec.dtype == "int8" and precision == OV_FP32 else precision, spec.name)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qserve.variants import VariantSpec
+from qserve.variants import BackendOptions, VariantSpec
 
 if TYPE_CHECKING:
     from exporters.core import ExportContext
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
-def build(ctx: ExportContext, out: Path, spec: VariantSpec, options: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def build(ctx: ExportContext, out: Path, spec: VariantSpec, opts: BackendOptions) -> dict[str, dict[str, Any]]:
     import torch
     from transformers import AutoModelForSequenceClassification
 

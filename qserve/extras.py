@@ -26,20 +26,17 @@ EXTRAS = {
 """Library (import name) -> the command that installs it, for the optional libraries of no backend."""
 TOOLKIT = "pip install 'qserve[toolkit]'"
 """What installs an exporter's libraries (train, export, bench, gate): a serving install has none of them."""
-TOOLKIT_ONLY = ("torch", "transformers", "bitsandbytes", "lightning_fabric", "optimum")
-"""The import names a serving install (`pip install 'qserve[serve]'`, the serve image) has none of: the image's
-build, its report and its test check for each."""
+# The import names a serving install (`pip install 'qserve[serve]'`, the serve image) has none of: every exporter's,
+# the runtimes' of the backends it does not serve (Backend.serving), training's. The image's build and test check each.
+_LACKS = [m for b in REGISTRY.values() for m in (() if b.serving else b.needs) + b.export_needs]
+TOOLKIT_ONLY = (*dict.fromkeys(_LACKS), "lightning_fabric")
 
 
 def install_hint(module: str) -> str:
     """The command that installs `module`'s library: its backend's (the registry), else its extra's."""
     top = module.split(".")[0]
-    for backend in REGISTRY.values():
-        if top in backend.needs:
-            return backend.install
-        if top in backend.export_needs:
-            return TOOLKIT
-    return EXTRAS[top]
+    hints = [b.install if top in b.needs else TOOLKIT for b in REGISTRY.values() if top in b.needs + b.export_needs]
+    return hints[0] if hints else EXTRAS[top]
 
 
 def require(module: str, needed_by: str) -> ModuleType:

@@ -17,7 +17,6 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -40,35 +39,6 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
-
-
-LIBRARIES = (
-    "torch",
-    "transformers",
-    "tokenizers",
-    "optimum",
-    "optimum-onnx",
-    "onnx",
-    "onnxruntime",
-    "onnxruntime-gpu",
-    "bitsandbytes",
-    "lightning-fabric",
-    "openvino",
-    "nncf",
-    "optimum-intel",
-    "qserve",
-)
-"""The libraries whose versions an artifact or report records (what produced or measured it)."""
-
-
-def library_versions(
-    names: tuple[str, ...] = LIBRARIES,
-) -> dict[str, str]:
-    out = {}
-    for n in names:
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            out[n] = metadata.version(n)
-    return out
 
 
 def now_iso() -> str:

@@ -31,7 +31,7 @@ from qserve.files import now_iso
 from qserve.gate.config import GateConfig, accuracy_drop
 from qserve.gate.run import GateError, find_reference, judge, load, load_data, logits_of, pick, run_gate, truth
 from qserve.placement import Plan
-from qserve.variants import bar_for
+from qserve.variants import REFERENCES, bar_for
 from qserve.verify import verify
 
 log = logging.getLogger("qserve.repair")
@@ -104,9 +104,10 @@ def reference_of(variant: Path, checkpoint: Path, gate: GateConfig) -> Path:
     except GateError:
         if gate.reference:
             raise
-    print(f"   repair: exporting the fp32 reference {variant.parent / 'torch-fp32'} to compare with", flush=True)
-    exporters.export(checkpoint, "torch-fp32", variant.parent / "torch-fp32")
-    return variant.parent / "torch-fp32"
+    reference = variant.parent / REFERENCES[0]
+    print(f"   repair: exporting the fp32 reference {reference} to compare with", flush=True)
+    exporters.export(checkpoint, REFERENCES[0], reference)
+    return reference
 
 
 def repair(

@@ -2,21 +2,23 @@
 
     qserve export models/minilm-imdb --bits 8      # -> onnx-int8 on CPU
 
-`REGISTRY`: the declarations of qserve/backends/ and those `QSERVE_BACKENDS` names ("module:attr", comma-separated:
-a plug-in, tests/toy_backend/). The flags, options, plan, install hints, builders and runtimes all read it; exporters
-and runtimes are bound by "module:attr" strings (`load_target`), so the core never imports exporters/.
+`REGISTRY`: every module of qserve/backends/ (its `BACKEND`) and those `QSERVE_BACKENDS` names ("module:attr",
+comma-separated: a plug-in, tests/toy_backend/). The flags, options, plan, install hints, references, recorded
+versions, builders and runtimes all read it; exporters and runtimes are bound by "module:attr" strings.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import pkgutil
 from dataclasses import replace
+from importlib import metadata
 from typing import Any
 
-from qserve import QserveError
-from qserve.backends import DEVICES, STORED, Backend, BackendOptions, VariantSpec, bnb, onnx, openvino, torch
-from qserve.exportoption import Option, OptionValue
+from qserve import QserveError, backends
+from qserve.backends import DEVICES, STORED, Backend, BackendOptions, VariantSpec
+from qserve.exportoption import Option
 
 __all__ = ["DEVICES", "STORED", "Backend", "BackendOptions", "VariantSpec"]
 
@@ -47,18 +49,25 @@ def load_target(target: str, backend: Backend | None = None) -> Any:
         ) from e
 
 
-REGISTRY: dict[str, Backend] = {
-    b.name: b
-    for b in (torch.BACKEND, bnb.BACKEND, onnx.BACKEND, openvino.BACKEND)
-    + tuple(load_target(t.strip()) for t in os.environ.get(PLUGINS, "").split(",") if t.strip())
-}
+# every module of qserve/backends/ declares one (a new module is all a new built-in takes), then the plug-ins
+_OWN = [importlib.import_module(m.name).BACKEND for m in pkgutil.iter_modules(backends.__path__, "qserve.backends.")]
+_PLUGGED = [load_target(t.strip()) for t in os.environ.get(PLUGINS, "").split(",") if t.strip()]
+REGISTRY: dict[str, Backend] = {b.name: b for b in [*sorted(_OWN, key=lambda b: (b.order, b.name)), *_PLUGGED]}
 VARIANTS: dict[str, VariantSpec] = {s.name: s for b in REGISTRY.values() for s in b.variants}
 BACKENDS = tuple(REGISTRY)
+# the fp32 variants agreement is measured against (bench and gate), first found wins: VariantSpec.reference
+REFERENCES = tuple(s.name for s in sorted(VARIANTS.values(), key=lambda s: s.reference) if s.reference)
+# the backends whose runtimes share torch's process-wide intra-op pool (Backend.torch_threads)
+TORCH_THREADS = tuple(b.name for b in REGISTRY.values() if b.torch_threads)
+# the distributions whose versions an artifact or report records: the backends', the tokenizer's, training's, ours
+LIBRARIES = (*dict.fromkeys(d for b in REGISTRY.values() for d in b.distributions), "tokenizers", "lightning-fabric")
+LIBRARIES += ("qserve",)
 
-# What a variant cannot build for an architecture, and why (VariantSpec.unsupported): none yet (docs/byo-matrix.md).
-UNSUPPORTED: dict[tuple[str, str], str] = {
-    (s.name, arch): why for s in VARIANTS.values() for arch, why in s.unsupported.items()
-}
+
+def library_versions(names: tuple[str, ...] = LIBRARIES) -> dict[str, str]:
+    found = {n: next(iter(metadata.distributions(name=n)), None) for n in names}  # None: not installed
+    return {n: d.version for n, d in found.items() if d is not None}
+
 
 # Parity tolerance by dtype (VariantSpec.tolerance), what exporters.core checks against.
 TOLERANCE: dict[str, float] = {}
@@ -68,13 +77,8 @@ for _s in VARIANTS.values():
 
 
 class UnsupportedVariant(QserveError):
-    """The variant cannot be built for this checkpoint's architecture (declared in UNSUPPORTED)."""
-
-
-def unsupported_reason(name: str, model_type: str | None) -> str | None:
-    """Why variant `name` cannot be built for architecture `model_type`, or None when it can."""
-    get_spec(name)
-    return UNSUPPORTED.get((name, model_type or ""))
+    """The variant cannot be built here: not for this checkpoint's architecture (VariantSpec.unsupported), or its
+    backend's library cannot run on this machine (runtime.ov_probe.OpenVINOUnavailable)."""
 
 
 def get_spec(name: str) -> VariantSpec:
@@ -94,11 +98,6 @@ def spec_of(data: dict[str, Any]) -> VariantSpec:
 def backend_of(name: str) -> Backend:
     """The registry entry that builds and runs variant `name`."""
     return REGISTRY[get_spec(name).backend]
-
-
-def option_defaults(name: str) -> dict[str, OptionValue]:
-    """The exporter options variant `name` understands, with their defaults, in declaration order."""
-    return backend_of(name).options_type.defaults(name)
 
 
 def flag_options() -> dict[str, list[Option]]:

@@ -8,7 +8,7 @@ The page is never edited by hand: the matrix test exports every variant of a tin
 architecture, loads it, checks parity and asks it for an answer, then renders what it saw with `render`
 and compares it with the committed page (`QSERVE_BYO_MATRIX=write` makes it rewrite the page instead).
 A cell is `yes` (exported, loaded, within its parity tolerance, answered) or names the declared reason
-the variant refuses that architecture (qserve.variants.UNSUPPORTED).
+the variant refuses that architecture (its VariantSpec.unsupported).
 """
 
 from __future__ import annotations

@@ -28,11 +28,10 @@ from typing import Any
 
 from benchmarks.harness import write_report
 from qserve.bench import policies
-from qserve.bench.analysis import REFERENCES
 from qserve.bench.recommend import recommend
 from qserve.benchreport import load_report, real_text_b1
 from qserve.provenance import provenance, with_header
-from qserve.variants import bar_for
+from qserve.variants import REFERENCES, bar_for
 
 
 def _load(path: str) -> dict[str, Any]:

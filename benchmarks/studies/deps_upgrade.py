@@ -29,9 +29,9 @@ import numpy as np
 import exporters
 from benchmarks.harness import ROOT, write_markdown, write_report
 from benchmarks.harness.data import reviews
-from qserve.files import library_versions
 from qserve.provenance import provenance, with_header
 from qserve.runtime import load_runtime
+from qserve.variants import library_versions
 
 REFERENCE = "torch-fp32"
 VARIANTS = ("onnx-fp32", "onnx-int8", "ov-int8")

@@ -47,10 +47,10 @@ from qserve.bench.envinfo import load_avg
 from qserve.bench.measure import FALLBACK_TEXT
 from qserve.bench.realtext import synthetic_batch
 from qserve.devices import cpu_info
-from qserve.files import library_versions, now_iso
+from qserve.files import now_iso
 from qserve.provenance import provenance
 from qserve.runtime import RuntimeOptions, load_runtime
-from qserve.variants import bar_for
+from qserve.variants import bar_for, library_versions
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -2,8 +2,8 @@
 
     python -c "from qserve.variants import REGISTRY; print(REGISTRY['onnx'])"
 
-One module per backend in this package holds one `Backend` (torch.py, bnb.py, onnx.py, openvino.py); qserve.variants
-collects them, with any a `QSERVE_BACKENDS` module declares, into the registry every other table reads.
+Each module of this package declares one backend as `BACKEND = Backend(...)` (torch.py, bnb.py, onnx.py, ...);
+qserve.variants finds them all, adds those `QSERVE_BACKENDS` names, and derives every other table from them.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class VariantSpec:
     """CPU features its fast path needs (qserve.devices.FEATURES: "bf16", "vnni"); without one, the plan skips it."""
     unsupported: dict[str, str] = field(default_factory=dict)
     """Architecture (config.json model_type) -> why the variant cannot be built for it; checked before any work."""
+    reference: int = 0  # an fp32 variant's rank as the reference agreement is measured against (1 first; 0: none)
 
     def to_json(self) -> dict[str, Any]:
         """What the manifest records as `spec` (the stored fields only, so manifests keep their bytes)."""
@@ -121,6 +122,11 @@ class Backend:
     layers: str | None = None
     """"module:Class", an exporters.layers.Layers that puts its quantized layers back to fp32 on a loaded variant
     (the repair's ranking and search; its keep_fp32 option exports the result); None: not repairable."""
+    distributions: tuple[str, ...] = ()  # whose versions a manifest or report records (qserve.variants.LIBRARIES)
+    serving: bool = False  # whether a serving install (qserve[serve], the serve image) has its `needs`
+    colour: str = ""  # its variants' colour in the report's charts ("": a spare one)
+    torch_threads: bool = False  # its runtime computes on torch's process-wide intra-op pool
+    order: int = 100  # its place in every list (flags, tables, `--all`); then by name
 
     @property
     def options(self) -> tuple[Option, ...]:

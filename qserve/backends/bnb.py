@@ -53,4 +53,8 @@ BACKEND = Backend(
     needs=("bitsandbytes", "accelerate"),
     install="pip install bitsandbytes==0.50.2 accelerate",
     layers="exporters.bnb:BnbLayers",
+    distributions=("bitsandbytes",),
+    colour="#CC79A7",
+    torch_threads=True,
+    order=1,
 )

@@ -156,7 +156,7 @@ BACKEND = Backend(
     "exporters.onnx:build",
     "qserve.runtime.onnx_rt:OnnxRuntime",
     (
-        VariantSpec("onnx-fp32", "onnx", 32, "fp32", tolerance=1e-3, default_for=("cpu",)),
+        VariantSpec("onnx-fp32", "onnx", 32, "fp32", tolerance=1e-3, default_for=("cpu",), reference=2),
         VariantSpec("onnx-fp16", "onnx", 16, "fp16", tolerance=5e-2),
         # dynamic int8 has no CUDA kernels in ORT's CUDA EP: CPU only.
         VariantSpec("onnx-int8", "onnx", 8, "int8", cuda=False, tolerance=5e-1, default_for=("cpu",)),
@@ -170,4 +170,8 @@ BACKEND = Backend(
     cuda_install="pip uninstall -y onnxruntime && pip install 'qserve[gpu]'",
     cuda_probe=lambda: cuda_provider_missing(),  # looked up on call: tests replace the probe (conftest.fake_gpu)
     layers="exporters.onnx:OnnxLayers",
+    distributions=("onnx", "onnxruntime", "onnxruntime-gpu"),
+    serving=True,
+    colour="#E69F00",
+    order=2,
 )

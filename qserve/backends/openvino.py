@@ -56,4 +56,8 @@ BACKEND = Backend(
     export_needs=("nncf", "optimum"),
     install="pip install 'qserve[openvino]'",
     layers="exporters.openvino:OpenVINOLayers",
+    distributions=("openvino", "nncf", "optimum", "optimum-intel"),
+    serving=True,
+    colour="#009E73",
+    order=3,
 )

@@ -18,8 +18,7 @@ from qserve.bench.recommend import recommend
 from qserve.benchreport import fixed_shape
 from qserve.placement import mark
 from qserve.problemtypes import AGREEMENT_METRIC, SINGLE, agreement
-
-REFERENCES = ("torch-fp32", "onnx-fp32")  # agreement and speed-up are measured against these, first found wins
+from qserve.variants import REFERENCES
 
 MEMORY_KEYS = tuple(
     "peak_rss_mb peak_rss_load_mb rss_before_load_mb rss_after_load_mb model_rss_mb polled_peak_rss_mb".split()
@@ -150,7 +149,7 @@ def agreement_with(v: dict[str, Any], ref: dict[str, Any] | None) -> float | Non
 
 
 def reference(variants: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The variant agreement is measured against: torch-fp32, else onnx-fp32 (first found), with predictions."""
+    """The variant agreement is measured against: the first of REFERENCES (torch-fp32, onnx-fp32) with predictions."""
     ok = [v for v in variants if v.get("status") == "ok"]
     by_spec = {(v.get("spec") or {}).get("name"): v for v in reversed(ok)}
     return next((by_spec[n] for n in REFERENCES if n in by_spec and by_spec[n].get("_predictions")), None)
@@ -163,7 +162,7 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
     ok = [v for v in variants if v["status"] == "ok"]
     by_spec = {(v.get("spec") or {}).get("name"): v for v in reversed(ok)}  # first one wins
 
-    # agreement: against torch-fp32 (else onnx-fp32) on the very same test texts
+    # agreement: against the first reference found on the very same test texts
     ref = reference(variants)
     report["agreement_reference"] = ref["name"] if ref else None
     for v in ok:
@@ -175,9 +174,9 @@ def finish(report: dict[str, Any]) -> dict[str, Any]:
     for v in variants:
         v.pop("_predictions", None)
 
-    # speed-up at the headline shape, against torch-fp32 measured in this run
+    # speed-up at the headline shape, against the first reference (torch-fp32) measured in this run
     b, s = report["headline"]["batch"], report["headline"]["seq"]
-    base = by_spec.get("torch-fp32")
+    base = by_spec.get(REFERENCES[0])
     base_stats = fixed_shape(base, b, s) if base else None
     report["speedup_reference"] = base["name"] if base and base_stats else None
     for v in variants:

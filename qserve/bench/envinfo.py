@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 
 from qserve.devices import cpu_info
-from qserve.files import LIBRARIES, library_versions
+from qserve.variants import LIBRARIES, library_versions
 
 
 def physical_cores() -> int:

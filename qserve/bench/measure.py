@@ -29,11 +29,11 @@ from qserve.bench.floor import measure_peaks
 from qserve.bench.realtext import real_text_check, real_text_round, synthetic_batch
 from qserve.bench.rounds import merge_fixed, merge_real, per_round, round_iters
 from qserve.bench.stats import summarize, throughput
-from qserve.files import library_versions, write_json_atomic
+from qserve.files import write_json_atomic
 from qserve.modeling import skip_unused_imports
 from qserve.problemtypes import headline
 from qserve.runtime import RuntimeOptions, load_runtime
-from qserve.variants import REGISTRY
+from qserve.variants import REGISTRY, library_versions
 from qserve.verify import verify
 
 # without dataset text: real English (ordinary vocabulary ids), repeated to fill any length

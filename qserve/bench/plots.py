@@ -18,12 +18,12 @@ from typing import Any
 from qserve.bench.chartlabels import Label, place
 from qserve.benchreport import recommendation, shown, summary_rows
 from qserve.intervals import wilson
-from qserve.variants import AGREEMENT_BAR
+from qserve.variants import AGREEMENT_BAR, REGISTRY, VARIANTS
 
 DPI = 110
-# Okabe & Ito's palette, which stays distinct under every common colour-vision deficiency.
-FAMILY_COLOURS = {"torch": "#0072B2", "onnx": "#E69F00", "openvino": "#009E73", "bnb": "#CC79A7"}
-SPARE_COLOURS = ("#D55E00", "#56B4E9", "#000000", "#F0E442")
+# each backend's own (Backend.colour), then Okabe & Ito's others: distinct under every colour-vision deficiency
+FAMILY_COLOURS = {b.name: b.colour for b in REGISTRY.values() if b.colour}
+SPARE_COLOURS = tuple(c for c in ("#D55E00", "#56B4E9", "#000000", "#F0E442") if c not in FAMILY_COLOURS.values())
 PRECISION_MARKERS = {"fp32": "o", "bf16": "s", "fp16": "D", "int8": "^", "int4": "v", "nf4": "P", "fp4": "X"}
 SPARE_MARKERS = ("h", "p", "*", "<", ">", "d", "8", "H")
 EDGE: dict[str, Any] = {"markeredgecolor": "black", "markeredgewidth": 0.5}  # every marker's outline
@@ -50,7 +50,7 @@ def styles(variants: list[dict[str, Any]]) -> dict[str, Style]:
     for v in sorted(variants, key=lambda v: v["name"]):
         spec = v.get("spec") or {}
         head, _, tail = v["name"].partition("-")
-        family = str(spec.get("backend") or {"ov": "openvino"}.get(head, head))
+        family = str(spec.get("backend") or getattr(VARIANTS.get(v["name"]), "backend", head))
         precision = str(spec.get("dtype") or tail or "?")
         if family not in FAMILY_COLOURS and family not in spare_colour:
             spare_colour[family] = SPARE_COLOURS[len(spare_colour) % len(SPARE_COLOURS)]

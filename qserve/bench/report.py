@@ -23,6 +23,7 @@ from qserve.benchreport import Row, fixed_shape, peak_memory, recommendation, sh
 from qserve.devices import cpu_label
 from qserve.files import write_json_atomic, write_text_atomic
 from qserve.provenance import md_line, with_header
+from qserve.variants import REFERENCES
 
 FILES = ("report.json", "report.csv", "report.md", "report.html")
 FLOOR_OFF = "floor measurement disabled (--no-floor)"
@@ -184,10 +185,10 @@ def _every_variant(report: dict[str, Any]) -> list[str]:
         for v, r in zip(report["variants"], summary_rows(report))
         if r.status == "ok"
     ]
-    head = ["variant", "load (s)", "accuracy", "texts scored", f"speed-up vs torch-fp32 b{b}/s{s}"]
+    head = ["variant", "load (s)", "accuracy", "texts scored", f"speed-up vs {REFERENCES[0]} b{b}/s{s}"]
     notes = []
     if report.get("speedup_reference") is None:
-        notes.append(f"no torch-fp32 result at b{b}/s{s} in this run, so no speed-up")
+        notes.append(f"no {REFERENCES[0]} result at b{b}/s{s} in this run, so no speed-up")
     moved = [v for v in report["variants"] if shown(v, report) != v["name"]]
     if moved:  # a CUDA run's CPU variants (qserve.placement): every table marks them
         notes.append(

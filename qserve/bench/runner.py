@@ -29,7 +29,7 @@ from qserve import QserveError
 from qserve.artifact import CheckpointError, ModelMeta, VariantError, read_manifest, read_model_meta
 from qserve.bench import analysis
 from qserve.bench import store as stored
-from qserve.bench.analysis import REFERENCES, VariantMeta
+from qserve.bench.analysis import VariantMeta
 from qserve.bench.config import BenchConfig
 from qserve.bench.envinfo import environment, load_avg, merge_child_env, physical_cores
 from qserve.bench.floor import flops_per_sequence, gemm_shapes
@@ -43,7 +43,7 @@ from qserve.files import dir_size, now_iso, refuse_existing, with_root_on_path
 from qserve.placement import Plan
 from qserve.placement import plan as plan_run
 from qserve.provenance import provenance
-from qserve.variants import VARIANTS
+from qserve.variants import REFERENCES, VARIANTS
 
 log = logging.getLogger("qserve.bench")
 FORMAT = "qserve-bench/1"
@@ -345,7 +345,7 @@ class Run:
     workers: dict[str, Worker] = field(default_factory=dict)
     rounds: list[dict[str, Any]] = field(default_factory=list)  # who measured when, in the order it happened
     extra: int = 0
-    # the variant agreement is measured against (analysis.REFERENCES, by its spec), and the measuring order: the
+    # the variant agreement is measured against (variants.REFERENCES, by its spec), and the measuring order: the
     # reference, then fewer weight bytes first
     ref: int | None = field(init=False)
     order: list[int] = field(init=False)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from qserve import QserveError, longtext
 from qserve.configflags import flag
+from qserve.variants import REFERENCES
 
 SPLITS = ("test", "val", "train", "all")
 CALIBRATION_SPLITS = ("val", "train", "test", "none")
@@ -59,7 +60,7 @@ class GateConfig:
     """Rebuild the splits with validation and test capped at this many texts each, as `qserve bench
     --max-eval-samples N` does: the gate then scores the very test texts that bench scored (the pipeline's gate)."""
     reference: str | None = field(
-        default=None, metadata=flag(metavar="DIR", default_text="torch-fp32, else onnx-fp32, beside the variant")
+        default=None, metadata=flag(metavar="DIR", default_text=f"{', else '.join(REFERENCES)}, beside the variant")
     )
     """The fp32 variant of the same checkpoint every variant is compared with."""
     bar: float | None = field(default=None, metadata=flag(default_text="0.98 at 8/16/32 bits, 0.95 at 4"))

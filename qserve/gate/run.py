@@ -28,14 +28,13 @@ from qserve.gate import stats
 from qserve.gate.config import MIN_CLASS_TEXTS, GateConfig, accuracy_drop, agreement_bar
 from qserve.placement import Plan
 from qserve.runtime import RuntimeOptions, load_runtime
+from qserve.variants import REFERENCES
 from qserve.verify import verify
 
 log = logging.getLogger("qserve.gate")
 FORMAT = "qserve-gate/1"
 PASSED, FAILED, UNDECIDED = "passed", "failed", "undecided"
 """The gate's decisions: undecided while an interval straddles a bar (more texts could decide it)."""
-REFERENCES = ("torch-fp32", "onnx-fp32")
-"""The reference, by spec name, in the order it is looked for beside a variant (bench's order)."""
 
 
 class GateError(QserveError):
@@ -58,7 +57,8 @@ class Scored:
 
 
 def find_reference(variant: Path, given: str | None) -> Path:
-    """--reference, else torch-fp32 (then onnx-fp32) beside the variant; an error names --reference otherwise."""
+    """--reference, else the first of REFERENCES (torch-fp32, onnx-fp32) beside the variant; an error names
+    --reference otherwise."""
     if given:
         return Path(given)
     for name in REFERENCES:
@@ -67,7 +67,7 @@ def find_reference(variant: Path, given: str | None) -> Path:
             return cand
     raise GateError(
         f"no fp32 reference beside {variant} ({' or '.join(str(variant.parent / n) for n in REFERENCES)} "
-        "is missing); pass --reference DIR, the torch-fp32 or onnx-fp32 export of the same checkpoint"
+        f"is missing); pass --reference DIR, the {' or '.join(REFERENCES)} export of the same checkpoint"
     )
 
 

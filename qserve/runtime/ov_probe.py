@@ -25,6 +25,7 @@ import numpy as np
 
 from qserve import QserveError
 from qserve.files import with_root_on_path
+from qserve.variants import UnsupportedVariant
 
 FAULT_ENV = "QSERVE_OV_PROBE_FAULT"
 """Test hook: a signal name (SIGFPE, SIGSEGV, ...) kills the probe child with it; `refuse` makes it exit 3."""
@@ -35,8 +36,9 @@ _lock = threading.Lock()
 _result: dict[str, Any] | None = None
 
 
-class OpenVINOUnavailable(QserveError):
-    """OpenVINO cannot run here (not installed, crashed in the probe, or the CPU lacks what a variant needs)."""
+class OpenVINOUnavailable(UnsupportedVariant):
+    """OpenVINO cannot run here (not installed, crashed in the probe, or the CPU lacks what a variant needs): the
+    variant is skipped where several are exported, as one its checkpoint's architecture rules out is."""
 
 
 def _cpu_key() -> str:

@@ -16,11 +16,12 @@ from typing import Any
 
 from qserve.artifact import MODEL_META, ModelMeta
 from qserve.devices import cpu_info
-from qserve.files import library_versions, now_iso, staged_dir, write_json_atomic
+from qserve.files import now_iso, staged_dir, write_json_atomic
 from qserve.problemtypes import REGRESSION, value_range
 from qserve.textpairs import PAIR
 from qserve.training.precision import peak_memory
 from qserve.training.resume import Progress
+from qserve.variants import library_versions
 
 
 def metrics(fabric, cfg, data, device, base_name, t0, prog: Progress, val, test, opt) -> dict[str, Any]:

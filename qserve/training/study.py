@@ -22,12 +22,13 @@ from typing import Any
 
 from qserve import QserveError
 from qserve.devices import capabilities, cpu_info, resolve_device
-from qserve.files import library_versions, now_iso, refuse_existing, write_json_atomic, write_text_atomic
+from qserve.files import now_iso, refuse_existing, write_json_atomic, write_text_atomic
 from qserve.provenance import provenance, with_header
 from qserve.training.autotune import BASE_BATCH
 from qserve.training.config import split_seed, validate
 from qserve.training.precision import AUTO, BF16_UPDATES, PRECISION_CHOICES, PRECISIONS, choose_precision
 from qserve.training.train import config_from_args
+from qserve.variants import library_versions
 
 DEFAULT_DIR = "benchmarks/reports/precision"
 KEPT = tuple(  # what the study keeps of each run's train_metrics.json

@@ -26,9 +26,9 @@ def bert(tmp_path_factory) -> Path:
 
 
 def test_unsupported_is_refused_up_front(bert, tmp_path, capsys, monkeypatch):
-    from qserve import variants
+    from qserve.variants import VARIANTS
 
-    monkeypatch.setitem(variants.UNSUPPORTED, LIMIT, REASON)
+    monkeypatch.setitem(VARIANTS[LIMIT[0]].unsupported, LIMIT[1], REASON)
     assert main(["export", str(bert), "--variant", "onnx-int4", "--out", str(tmp_path / "v")]) == 2
     assert f"qserve export: error: onnx-int4 unsupported for BERT: {REASON}" in capsys.readouterr().err
     assert not (tmp_path / "v").exists()
@@ -38,9 +38,9 @@ def test_all_goes_on_past_a_failed_and_an_unsupported_variant(bert, tmp_path, ca
     """The quantizing variants fail for real (their exporters find no layer named by --keep-fp32): one stderr line
     each with the variant, the exception type and the message, no traceback. onnx-int4 is declared unsupported for BERT:
     skipped with its reason. Every other variant is written; the exit status is 1."""
-    from qserve import variants
+    from qserve.variants import VARIANTS
 
-    monkeypatch.setitem(variants.UNSUPPORTED, LIMIT, REASON)
+    monkeypatch.setitem(VARIANTS[LIMIT[0]].unsupported, LIMIT[1], REASON)
     out = tmp_path / "variants"
     rc = main(
         [

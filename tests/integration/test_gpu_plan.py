@@ -197,8 +197,8 @@ def test_export_all_on_a_gpu_asks_each_variant_for_its_planned_device(
     )
     asked: dict[str, str] = {}
 
-    def export(checkpoint, name, out, device, **kw):
-        asked[name] = device
+    def export(checkpoint, spec, out, device, **kw):
+        asked[spec.name] = device
         raise QserveError("recorded")  # --all reports it and goes on
 
     monkeypatch.setattr(exporters, "export", export)

@@ -1,6 +1,7 @@
 """A backend is one declaration: the toy backend of tests/toy_backend/ (its declaration, exporter and runtime, three
 files) is registered by QSERVE_BACKENDS alone, and `qserve export`, `bench`, `gate` and `serve` run it, each as
-the real command in its own process, with no edit anywhere in qserve/ or exporters/.
+the real command in its own process, with no edit anywhere in qserve/ or exporters/. Its declaration copied into a
+copy of qserve/backends/ makes it a built-in that every table derived from the registry lists.
 
     python -m pytest tests/integration/test_toy_backend.py -q
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -116,3 +118,69 @@ def test_gate_seals_its_verdict_and_serve_answers_from_it(run):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+BUILT_IN = """
+import argparse, json, sys
+from dataclasses import fields
+sys.path.insert(0, "tests/unit")
+import test_dependencies, test_imports
+from exporters import get_builder
+from exporters.cli import register as export_cli
+from qserve import extras, placement, variants
+from qserve.bench import plots
+from qserve.configflags import METADATA_KEY
+from qserve.gate.config import GateConfig
+
+test_imports.test_ruffs_banned_list_is_lazy_and_lazy_own()  # ruff's list in pyproject.toml covers its libraries
+test_dependencies.test_each_backend_names_what_pyproject_declares()
+test_dependencies.test_the_serving_profile_installs_none_of_the_toolkit()
+sub = argparse.ArgumentParser().add_subparsers()
+export_cli(sub)
+print(json.dumps({
+    "registry": variants.__file__, "backends": variants.BACKENDS, "variants": list(variants.VARIANTS),
+    "runs": placement.plan("cpu").runs, "builder": callable(get_builder(variants.REGISTRY["toy"])),
+    "references": variants.REFERENCES, "torch_threads": variants.TORCH_THREADS, "libraries": variants.LIBRARIES,
+    "toolkit_only": extras.TOOLKIT_ONLY, "lazy": test_imports.LAZY, "heavy": test_imports.HEAVY,
+    "colours": plots.FAMILY_COLOURS, "spare": plots.SPARE_COLOURS,
+    "export": sub.choices["export"].format_help(),
+    "gate": next(f.metadata[METADATA_KEY].default_text for f in fields(GateConfig) if f.name == "reference"),
+}))
+"""
+
+
+def test_its_declaration_in_qserve_backends_makes_it_a_built_in(tmp_path):
+    """A copy of the tree (qserve/, exporters/, pyproject.toml and the unit tests that check the registry against
+    pyproject.toml) with one file added, qserve/backends/toy.py (the toy's declaration as it is), and no
+    QSERVE_BACKENDS: every list derived from the registry names the toy, and the checks hold without another edit."""
+    root = TESTS.parent
+    ignore = shutil.ignore_patterns("__pycache__")
+    for part in ("qserve", "exporters"):
+        shutil.copytree(root / part, tmp_path / part, ignore=ignore)
+    shutil.copy2(root / "pyproject.toml", tmp_path)
+    (tmp_path / "tests" / "unit").mkdir(parents=True)
+    for name in ("test_imports.py", "test_dependencies.py"):
+        shutil.copy2(TESTS / "unit" / name, tmp_path / "tests" / "unit" / name)
+    shutil.copy2(TESTS / "toy_backend" / "backend.py", tmp_path / "qserve" / "backends" / "toy.py")  # the one edit
+
+    env = {k: v for k, v in ENV.items() if k != "QSERVE_BACKENDS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(TESTS)])  # the toy's exporter and runtime: tests/
+    done = subprocess.run(
+        [sys.executable, "-c", BUILT_IN], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["registry"].startswith(str(tmp_path))
+    assert got["backends"] == ["torch", "bnb", "onnx", "openvino", "toy"] and got["variants"][-1] == "toy-fp32"
+    assert "toy-fp32" in got["runs"] and got["builder"]
+    assert "--backend {torch,bnb,onnx,openvino,toy}" in got["export"] and "--note TEXT" in got["export"]
+    assert got["references"] == ["torch-fp32", "onnx-fp32", "toy-fp32"]  # bench's and the gate's order
+    assert got["gate"] == "torch-fp32, else onnx-fp32, else toy-fp32, beside the variant"  # gate --reference's help
+    assert got["torch_threads"] == ["torch", "bnb", "toy"]  # the shadow leaves torch's pool alone for it too
+    from qserve.extras import TOOLKIT_ONLY
+    from qserve.variants import LIBRARIES
+
+    assert "safetensors" not in {*LIBRARIES, *TOOLKIT_ONLY}  # no built-in's: the toy's alone below
+    assert "safetensors" in got["libraries"] and "safetensors" in got["toolkit_only"]
+    assert {"torch", "transformers", "safetensors"} <= set(got["lazy"]) & set(got["heavy"])
+    assert got["colours"]["toy"] == "#56B4E9" and "#56B4E9" not in got["spare"]

@@ -5,14 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from toy_backend.backend import ToyOptions
 
-
-def build(ctx: Any, out: Path, spec: Any, options: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def build(ctx: Any, out: Path, spec: Any, opts: Any) -> dict[str, dict[str, Any]]:
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    opts = ToyOptions.resolve(spec.name, options)
     model = AutoModelForSequenceClassification.from_pretrained(ctx.checkpoint, dtype=torch.float32)
     model.save_pretrained(out)
     return {"toy": {"options": opts.to_json(), "files": sorted(p.name for p in Path(out).iterdir())}}

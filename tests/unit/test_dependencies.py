@@ -10,6 +10,7 @@ says what each one is for and why its pin.
 
 from __future__ import annotations
 
+import re
 from importlib import metadata
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import tomllib
 from packaging.requirements import Requirement
 
 from qserve.extras import TOOLKIT_ONLY
+from qserve.variants import REGISTRY
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
@@ -69,3 +71,19 @@ def test_the_serving_profile_installs_none_of_the_toolkit():
     toolkit = {m.replace("_", "-") for m in TOOLKIT_ONLY} | {"lightning", "optimum-intel"}  # distribution names
     assert not names & toolkit, sorted(names & toolkit)
     assert {"tokenizers", "onnxruntime", "openvino"} <= names
+
+
+def test_each_backend_names_what_pyproject_declares():
+    """A backend's facts about packaging hold in pyproject.toml: the extras its install commands name exist, and the
+    distributions whose versions it records are each required by the core or an extra (a new backend's one edit
+    outside its own files is its extra)."""
+    project = _project()
+    extras = set(project["optional-dependencies"])
+    required = {
+        Requirement(r).name.lower()
+        for r in [*project["dependencies"], *sum(project["optional-dependencies"].values(), [])]
+    }
+    for b in REGISTRY.values():
+        named = set(re.findall(r"qserve\[(\w+)\]", b.install + b.cuda_install))
+        assert named <= extras, f"{b.name}: {b.install!r} names {sorted(named - extras)}, no extra of pyproject.toml"
+        assert set(b.distributions) <= required, f"{b.name}: {sorted(set(b.distributions) - required)} not required"

@@ -17,26 +17,25 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from qserve.variants import REGISTRY
+
 ROOT = Path(__file__).resolve().parents[2]
-HEAVY = ["torch", "onnxruntime", "bitsandbytes", "transformers", "lightning_fabric", "optimum", "ray"]
+BACKEND_LIBRARIES = tuple(
+    dict.fromkeys(m.split(".")[0] for b in REGISTRY.values() for m in (*b.needs, *b.export_needs, *b.libraries))
+)
+"""Every backend's libraries (the registry's `needs`, `export_needs` and `libraries`): lazy, so a missing one fails
+only its own backend's commands. Derived, so a new backend's are lazy from its declaration on."""
+HEAVY = [*BACKEND_LIBRARIES, "lightning_fabric", "ray"]
 
 LAZY = (
-    "torch",
-    "transformers",
-    "onnxruntime",
-    "openvino",
-    "bitsandbytes",
+    *BACKEND_LIBRARIES,
     "lightning",
     "lightning_fabric",
-    "optimum",
     "ray",
     "grpc",
     "datasets",
-    "nncf",
     "matplotlib",
-    "onnx",
     "onnxscript",
-    "accelerate",
     "safetensors",
     "tokenizers",
     "huggingface_hub",
@@ -51,11 +50,12 @@ LAZY = (
 )
 """The libraries qserve imports inside the function that needs them, so `qserve --help` answers at once and a
 missing backend fails only its own command:
-- heavy to import: the ML stacks (torch, transformers, tokenizers, safetensors, accelerate, lightning(_fabric),
-  optimum, onnx, onnxscript, huggingface_hub, scipy, sklearn, pandas), matplotlib, and optimi (torch-optimi
-  imports torch);
-- an optional extra's (pyproject.toml): onnxruntime (cpu/gpu), openvino and nncf (openvino), bitsandbytes, ray and
-  pyarrow (ray, predict), grpc and tritonclient (grpc, dev), opentelemetry's SDK (otel), datasets (hub);
+- a backend's (BACKEND_LIBRARIES: torch, transformers, bitsandbytes, accelerate, onnxruntime, onnx, openvino, nncf,
+  optimum);
+- heavy to import: the other ML stacks (tokenizers, safetensors, lightning(_fabric), onnxscript, huggingface_hub,
+  scipy, sklearn, pandas), matplotlib, and optimi (torch-optimi imports torch);
+- an optional extra's (pyproject.toml): ray and pyarrow (ray, predict), grpc and tritonclient (grpc, dev),
+  opentelemetry's SDK (otel), datasets (hub);
 - not a declared dependency: yaml (PyYAML comes with transformers; only `qserve deploy ray` writes YAML).
 Everything else, qserve's own modules first, the standard library, numpy, psutil, uvicorn, httpx2, tqdm and
 prometheus_client (declared dependencies, each imported in well under a second), sits at the top of the module
@@ -112,7 +112,10 @@ def test_help_lists_every_stage():
 
 def test_ruffs_banned_list_is_lazy_and_lazy_own():
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["ruff"]["lint"]
-    assert config["flake8-tidy-imports"]["banned-module-level-imports"] == [*LAZY, *LAZY_OWN]
+    banned = config["flake8-tidy-imports"]["banned-module-level-imports"]
+    assert len(banned) == len(set(banned)) and set(banned) == {*LAZY, *LAZY_OWN}, sorted(
+        {*LAZY, *LAZY_OWN} ^ set(banned)
+    )
     assert {"PLC0415", "TID253"} <= set(config["select"])
 
 

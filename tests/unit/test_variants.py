@@ -83,8 +83,7 @@ def test_every_registry_target_resolves():
 
     for backend in REGISTRY:
         assert issubclass(runtime_class(backend), Runtime)
-    for name in VARIANTS:
-        assert callable(exporters.get_builder(name))
+        assert callable(exporters.get_builder(REGISTRY[backend]))
 
 
 def test_a_missing_backend_fails_only_its_own_variants(monkeypatch):
@@ -92,6 +91,7 @@ def test_a_missing_backend_fails_only_its_own_variants(monkeypatch):
 
     import exporters
     from qserve.runtime import runtime_class
+    from qserve.variants import REGISTRY
 
     monkeypatch.setitem(sys.modules, "exporters.openvino", None)  # makes `import exporters.openvino` fail
     monkeypatch.setitem(sys.modules, "qserve.runtime.openvino_rt", None)
@@ -100,10 +100,10 @@ def test_a_missing_backend_fails_only_its_own_variants(monkeypatch):
         match=r"openvino backend \(ov-fp32, ov-bf16, ov-int8\) is unavailable.*"
         r"pip install 'qserve\[openvino\]'",
     ):
-        exporters.get_builder("ov-int8")
+        exporters.get_builder(REGISTRY["openvino"])
     with pytest.raises(QserveError, match="importing qserve.runtime.openvino_rt failed"):
         runtime_class("openvino")
-    assert callable(exporters.get_builder("onnx-int8"))
+    assert callable(exporters.get_builder(REGISTRY["onnx"]))
     assert runtime_class("onnx").__name__ == "OnnxRuntime"
 
 
@@ -112,7 +112,6 @@ def test_exporter_options_and_flags_derive_from_the_registry():
     from qserve.backends.bnb import BnbOptions
     from qserve.backends.onnx import OnnxOptions
     from qserve.backends.openvino import OpenVINOOptions
-    from qserve.variants import option_defaults
 
     assert OPTION_FLAGS == {
         "llm_int8_threshold": ("--llm-int8-threshold", {"bnb-int8"}),
@@ -130,7 +129,7 @@ def test_exporter_options_and_flags_derive_from_the_registry():
         "quantize_embeddings": ("--quantize-embeddings", {"onnx-int4"}),
         "inference_precision": ("--inference-precision", {"ov-int8"}),
     }
-    assert option_defaults("bnb-fp4") == {
+    assert BnbOptions.defaults("bnb-fp4") == {
         "double_quant": False,
         "clip": True,
         "calibration_samples": 64,
@@ -171,7 +170,6 @@ def test_each_variant_fact_is_a_field_of_its_one_declaration():
     assert variantflags.DEFAULT_FOR_BITS["cpu"] == {32: "onnx-fp32", 16: "torch-bf16", 8: "onnx-int8", 4: "onnx-int4"}
     assert variantflags.SLOW_ON == {"cpu": {"torch-fp16"}, "cuda": set()} and VARIANTS["torch-fp16"].slow_on == ("cpu",)
     assert all(TOLERANCE[s.dtype] == s.tolerance > 0 for s in VARIANTS.values())
-    assert variants.UNSUPPORTED == {(s.name, a): why for s in VARIANTS.values() for a, why in s.unsupported.items()}
     stored = VARIANTS["onnx-int8"].to_json()
     assert list(stored) == list(variants.STORED)  # the manifest's spec keeps its keys and bytes
     assert spec_of(stored).default_for == ("cpu",)  # the policy comes back from the declaration
@@ -204,12 +202,11 @@ def test_an_option_out_of_range_is_refused_naming_the_option_the_allowed_values_
 def test_typed_options_are_typed_and_record_what_the_manifest_always_recorded():
     from qserve.backends.bnb import BnbOptions
     from qserve.backends.onnx import OnnxOptions
-    from qserve.variants import option_defaults
 
     bnb = BnbOptions.resolve("bnb-int8", {"llm_int8_threshold": "0"})
     assert bnb.llm_int8_threshold == 0.0 and bnb.to_json() == {"llm_int8_threshold": 0.0, "keep_fp32": ""}
     onnx = OnnxOptions.resolve("onnx-int8", {"optimize": True})  # asking for fusion turns smoothing off
-    assert onnx.smooth is False and list(onnx.to_json()) == list(option_defaults("onnx-int8"))
+    assert onnx.smooth is False and list(onnx.to_json()) == list(OnnxOptions.defaults("onnx-int8"))
     assert OnnxOptions.resolve("onnx-int4").block_size == 32 and OnnxOptions.resolve("onnx-int4").smooth is None
 
 

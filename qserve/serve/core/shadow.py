@@ -26,7 +26,7 @@ from qserve.runtime import RuntimeOptions, load_runtime
 from qserve.runtime.contract import ModelRuntime
 from qserve.serve.core.repository import resolve
 from qserve.serve.infra.metrics import Metrics
-from qserve.variants import bar_for
+from qserve.variants import TORCH_THREADS, bar_for
 
 log = logging.getLogger("qserve.serve")
 
@@ -101,7 +101,7 @@ class Shadow:
         vdir, _ = resolve(self.reference_dir)
         backend = read_manifest(vdir).backend
         # torch's intra-op pool is process-wide: a torch reference must not resize the served model's.
-        threads = None if backend in ("torch", "bnb") else self.threads
+        threads = None if backend in TORCH_THREADS else self.threads
         options = RuntimeOptions(threads=threads, row_workers=1, max_rows=BATCH)
         if self.max_windows is not None:
             options.max_windows = self.max_windows
