@@ -277,9 +277,10 @@ def test_probe_crash_is_an_error_not_a_crash_when_loading(ov_variants, monkeypat
 def test_probe_crash_keeps_the_pipeline_exporting(probe_crashes, tiny_checkpoint, tmp_path, capsys):
     from qserve.pipeline import _export_stage
     from qserve.placement import plan
+    from qserve.rundir import RunDir
 
     dirs, skipped, failed = _export_stage(
-        tiny_checkpoint, tmp_path, plan("cpu", ["ov-int8", "torch-fp32"]), force=False
+        tiny_checkpoint, RunDir(tmp_path), plan("cpu", ["ov-int8", "torch-fp32"]), force=False
     )
     assert dirs == [tmp_path / "variants" / "torch-fp32"] and set(skipped) == {"ov-int8"} and not failed
     assert "skipped: ov-int8 unavailable on this CPU: OpenVINO's CPU plugin died with SIGFPE" in capsys.readouterr().out

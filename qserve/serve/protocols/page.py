@@ -23,7 +23,7 @@ from starlette.responses import HTMLResponse
 
 from qserve import QserveError
 from qserve.artifact import VariantError, read_manifest
-from qserve.benchreport import Row, load_report, summary_rows
+from qserve.benchreport import Row, load_report, recommendation, summary_rows
 from qserve.rundir import RunDir
 from qserve.serve.core.schemas import ErrorResponse
 from qserve.serve.core.state import ServeState
@@ -92,7 +92,8 @@ def report_summary(variant_dir: str | Path) -> ReportSummary:
     rec = report.get("recommended") or {}
     env, cfg = report.get("environment") or {}, report.get("config") or {}
     machine = env.get("gpu") if str(cfg.get("device", "")).startswith("cuda") else (env.get("cpu") or {}).get("model")
-    keep = [served, *([rec["variant"]] if rec.get("variant") else []), *(n for n, r in rows.items() if r.meets_bar)]
+    ranked = [r.variant for r in recommendation(report).ranking if r.meets_bar]  # in ranked order, as the report's
+    keep = [served, *([rec["variant"]] if rec.get("variant") else []), *ranked]
     out = ReportSummary(
         served=served,
         report=str(path),
