@@ -115,7 +115,7 @@ STAGES: tuple[Stage, ...] = (
             "$PY -m benchmarks.report_screen benchmarks/reports/pipeline-auto-xeon",
         ),
         (_bench("pipeline-auto-xeon"),),
-        "",
+        "~15 min (estimate: `make demo`'s stages: training, the exports, the raced bench, the gate, repair)",
         pending="new with issues 66-69: measured in the lead's quiet block",
     ),
     Stage(
@@ -534,7 +534,8 @@ STAGES: tuple[Stage, ...] = (
                 "bench_repeat:render",
             ),
         ),
-        "5 runs of `qserve bench` over the variants, each a screen round over all, the other rounds and 1,000 texts "
+        "~15 min (estimate): 5 runs of `qserve bench` over the variants, each a screen round over all, the other "
+        "rounds and 1,000 texts "
         "for the contenders",
         needs=(f"{MODELS}/variants/torch-fp32", f"{MODELS}/variants/onnx-int8"),
         pending="new with issues 66-69: measured in the lead's quiet block",
@@ -545,7 +546,8 @@ STAGES: tuple[Stage, ...] = (
         "under 32 keep-alive and 8 new-connection clients, with the default drain period, every request accounted",
         (f"$PY -m benchmarks.drain_bench {VARIANT} --runs 20 --out benchmarks/reports/drain",),
         (Report("benchmarks/reports/drain/report.json", "benchmarks/reports/drain/report.md", "drain_bench:render"),),
-        "60 server starts, each a drain period under load and its exit; the serving image built first when missing",
+        "~20 min (estimate): 60 server starts, each a drain period under load and its exit; the serving image built "
+        "first when missing",
         needs=(VARIANT,),
         pending="new with issues 66-69: measured in the lead's quiet block",
     ),
@@ -564,7 +566,7 @@ STAGES: tuple[Stage, ...] = (
                 "serve_protocol_cost:render",
             ),
         ),
-        "2 code trees x 3 rounds, each a server start-up, checked answers and 5 routes x 8 s of wrk",
+        "~8 min (estimate): 2 code trees x 3 rounds, each a server start-up, checked answers and 5 routes x 8 s of wrk",
         needs=(VARIANT,),
         pending="new with issues 66-69: measured in the lead's quiet block",
     ),
