@@ -175,7 +175,6 @@ async def _expected_pass(conn: Conn, url: str, texts: list[str]) -> tuple[list[s
 
 async def _level(
     make_conn: Callable[[], Conn],
-    url: str,
     texts: list[str],
     expected: list[str],
     exp_scores: list[dict] | None,
@@ -270,7 +269,7 @@ async def _run(
     for c in concurrencies:
         if on_level:
             on_level("start", c)
-        levels.append(await _level(make_conn, url, texts, expected, exp_scores, c, duration_s, max_requests))
+        levels.append(await _level(make_conn, texts, expected, exp_scores, c, duration_s, max_requests))
         if on_level:
             on_level("end", c)
     return {

@@ -92,10 +92,6 @@ async def serve_grpc(st: ServeState, host: str, port: int) -> GrpcServer:
     return GrpcServer(server, bound)
 
 
-def _metadata(context: Context) -> dict[str, str]:
-    return {k.lower(): v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
-
-
 def rpc(answer: Callable[[Any, Any, Context, Scope, str], Awaitable[Reply]]) -> Callable[..., Awaitable[Reply]]:
     """An RPC method from its answer, `answer(self, request, context, scope, request_id)`, run through `_call`."""
 
@@ -113,7 +109,7 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         """One RPC through the admission layer (the request id, its trace, the key, its arrival, its metrics), its
         errors mapped to gRPC codes."""
         admission = self.st.admission
-        meta = _metadata(context)
+        meta = {k.lower(): v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
         scope: Scope = {"state": {}}  # what state.submit reads from an ASGI scope
         open_ = method in OPEN_METHODS
         trace = (
