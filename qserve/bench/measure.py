@@ -373,8 +373,7 @@ def child_env(backend: str) -> dict[str, Any]:
     if "torch" in sys.modules:
         import torch
 
-        env["torch_threads"] = torch.get_num_threads()
-        env["torch_interop_threads"] = torch.get_num_interop_threads()
+        env.update(torch_threads=torch.get_num_threads(), torch_interop_threads=torch.get_num_interop_threads())
         if torch.cuda.is_available():
             env["gpu"] = torch.cuda.get_device_name()
     return env
@@ -392,8 +391,7 @@ def _failure(job: dict[str, Any], e: BaseException) -> dict[str, Any]:
     res["error"] = f"{type(e).__name__}: {e}"
     res.pop("_t", None)  # the failed stage's start mark (_stage), not a result
     res.pop("stage_s", None)
-    res["traceback"] = traceback.format_exc()[-4000:]
-    res["peak_rss_mb"] = peak_rss_mb()
+    res.update(traceback=traceback.format_exc()[-4000:], peak_rss_mb=peak_rss_mb())
     log(f"{job.get('variant_dir')}: failed in stage {res.get('stage')}: {res['error']}")
     return res
 
