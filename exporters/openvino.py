@@ -9,6 +9,7 @@ per checkpoint and process; ov-fp32 and ov-bf16 share it (the runtime's precisio
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -199,12 +200,10 @@ class _quiet:
         self._levels = {n: logging.getLogger(n).level for n in ("", "nncf", "optimum", "transformers")}
         for n in self._levels:
             logging.getLogger(n).setLevel(logging.ERROR)
-        try:
+        with contextlib.suppress(ImportError):
             import nncf
 
             nncf.set_log_level(logging.ERROR)
-        except ImportError:
-            pass
         return self
 
     def __exit__(self, *exc):

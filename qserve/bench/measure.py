@@ -8,6 +8,7 @@ the stage it happened in, and the worker exits 1 (docs/bench.md, "The bench in m
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import json
@@ -55,13 +56,11 @@ def rss_mb() -> float:
 
 def peak_rss_mb() -> float:
     """Peak resident set of this process: VmHWM (Linux), else ru_maxrss."""
-    try:
+    with contextlib.suppress(OSError):
         with open("/proc/self/status", encoding="ascii") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) / 1024
-    except OSError:
-        pass
 
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return r / 2**20 if sys.platform == "darwin" else r / 1024
@@ -399,11 +398,9 @@ def _failure(job: dict[str, Any], e: BaseException) -> dict[str, Any]:
 def _reset_peaks() -> None:
     """Before a shared worker's next variant: CUDA's peak counters and this process's peak RSS (VmHWM) start over
     from what is resident now, so each variant's peaks are its own plus what the earlier ones left."""
-    try:
+    with contextlib.suppress(OSError):
         with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
             f.write("5")  # 5: reset the peak resident set size (Linux >= 4.0)
-    except OSError:
-        pass
     if "torch" in sys.modules:
         import torch
 
