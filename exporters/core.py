@@ -373,5 +373,4 @@ def _export(
         manifest = replace(
             manifest, parity=parity(ref, got, TOLERANCE[spec.dtype], spec.name, info.problem_type, info.label_range)
         )
-        written = write_manifest(tmp, manifest)
-    return written
+        return write_manifest(tmp, manifest)

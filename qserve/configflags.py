@@ -115,7 +115,7 @@ def add_flags(
         if fi.name in flags:
             fi = dataclasses.replace(fi, spec=flags[fi.name])
         spec = fi.spec
-        default = defaults[fi.name] if fi.name in defaults else fi.default
+        default = defaults.get(fi.name, fi.default)
         if fi.name in help:  # said in full by the caller, default included
             text = help[fi.name].replace("%", "%%")
         elif fi.name in docs:

@@ -56,11 +56,10 @@ def rss_mb() -> float:
 
 def peak_rss_mb() -> float:
     """Peak resident set of this process: VmHWM (Linux), else ru_maxrss."""
-    with contextlib.suppress(OSError):
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
+    with contextlib.suppress(OSError), open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
 
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return r / 2**20 if sys.platform == "darwin" else r / 1024
@@ -398,9 +397,8 @@ def _failure(job: dict[str, Any], e: BaseException) -> dict[str, Any]:
 def _reset_peaks() -> None:
     """Before a shared worker's next variant: CUDA's peak counters and this process's peak RSS (VmHWM) start over
     from what is resident now, so each variant's peaks are its own plus what the earlier ones left."""
-    with contextlib.suppress(OSError):
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")  # 5: reset the peak resident set size (Linux >= 4.0)
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+        f.write("5")  # 5: reset the peak resident set size (Linux >= 4.0)
     if "torch" in sys.modules:
         import torch
 
