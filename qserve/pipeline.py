@@ -378,11 +378,7 @@ def run_pipeline(args: argparse.Namespace) -> Path:
         model=args.model,
         dataset=args.dataset,
         precision=args.precision,
-        epochs=r["epochs"],
-        batch_size=r["batch_size"],
-        lr=r["lr"],
-        max_length=r["max_length"],
-        max_samples=r["max_samples"],
+        **r,  # the recipe's epochs, batch_size, lr, max_length and max_samples, given flags in their place
         seed=args.seed,
         out=str(run.checkpoint),
         device=device,
