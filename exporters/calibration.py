@@ -12,20 +12,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from exporters.core import PROBES, as_context
-from qserve import longtext
+from exporters.core import PROBES, as_context, padded_batches
 from qserve.data.datasets import load_dataset
-from qserve.textpairs import PAIR, PROBE_PAIRS, split_pairs
+from qserve.textpairs import PAIR, PROBE_PAIRS
 from qserve.tokenization import load_tokenizer
 
 if TYPE_CHECKING:
     from exporters.core import ExportContext
-
-
-def _context(source: ExportContext | Path | str) -> ExportContext:
-    """What calibration reads from: the export's context (checkpoint read once, the policy being exported), or
-    a bare checkpoint path (its own recorded policy and inputs: a test's or a benchmark's call)."""
-    return as_context(source)
 
 
 def calibration_texts(checkpoint: ExportContext | Path | str, n: int) -> tuple[list[str], str]:
@@ -37,7 +30,7 @@ def calibration_texts(checkpoint: ExportContext | Path | str, n: int) -> tuple[l
 def calibration_inputs(checkpoint: ExportContext | Path | str, n: int) -> tuple[list[str], list[str] | None, str]:
     """calibration_texts() with each text's text_pair for a pair model (qserve/textpairs.py), else None:
     a pair model is calibrated on the pairs it will serve, encoded as its tokenizer encodes them."""
-    ctx = _context(checkpoint)
+    ctx = as_context(checkpoint)
     meta = ctx.info.meta
     dataset = meta.dataset if meta is not None else None
 
@@ -79,26 +72,13 @@ def calibration_batches(
 ) -> list[dict]:
     """Tokenized, padded batches of the pieces of `texts` under `policy` (None: the export's), padding rows included,
     as the variant will run them."""
-    ctx = _context(checkpoint)
-    tok = load_tokenizer(ctx.checkpoint)
-    if pairs is not None:  # a pair model: the tokenizer's pair encoding, segment ids included
-        pieces = split_pairs(tok, texts, pairs, max_length)
-    else:
-        pieces = longtext.split_texts(tok, texts, policy or ctx.policy, max_length)
-    pad_id = int(tok.pad_token_id or 0)
-    # token_type_ids too where the tokenizer makes them; each consumer feeds what its model takes (feed()).
-    segments = "token_type_ids" in tok.model_input_names
-    cuts = [slice(i, i + batch_size) for i in range(0, len(pieces.ids), batch_size)]
-    types = pieces.types
-    return [
-        longtext.pad(pieces.ids[c], pad_id, tok.padding_side, segments, None if types is None else types[c])
-        for c in cuts
-    ]
+    ctx = as_context(checkpoint)
+    return padded_batches(load_tokenizer(ctx.checkpoint), texts, max_length, batch_size, policy or ctx.policy, pairs)[1]
 
 
 def calibration_set(checkpoint: ExportContext | Path | str, samples: int) -> tuple[list[dict], str]:
     """The calibration batches for `checkpoint` and where their texts came from; one call per export."""
-    ctx = _context(checkpoint)
+    ctx = as_context(checkpoint)
     texts, pairs, source = calibration_inputs(ctx, samples)
     return calibration_batches(ctx, texts, ctx.info.max_length, pairs=pairs), source
 
@@ -108,7 +88,7 @@ def held_out_set(
 ) -> tuple[list[dict], str]:
     """The `samples` training texts after the calibration ones, batched like them: texts that did not calibrate
     a recipe, to judge it on. Where the checkpoint records no dataset, `batches` (the calibration set) itself."""
-    ctx = _context(checkpoint)
+    ctx = as_context(checkpoint)
     texts, pairs, more = calibration_inputs(ctx, 2 * samples)
     if len(texts) > samples and "train split" in more:
         return (

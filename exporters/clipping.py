@@ -9,6 +9,7 @@ ties); the variant stays plain bitsandbytes format (docs/export.md).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,17 +47,14 @@ def second_moments(model: Any, batches: list[dict[str, Any]], names: list[str]) 
     counts = dict.fromkeys(names, 0)
     mask: list[Any] = [None]
 
-    def hook(name):
-        def record(_module, inputs, _output):
-            x = inputs[0].detach().float()
-            rows = x[mask[0]] if x.dim() == 3 and x.shape[:2] == mask[0].shape else x.reshape(-1, x.shape[-1])
-            sums[name] = sums.get(name, 0) + (rows**2).sum(0)
-            counts[name] += rows.shape[0]
-
-        return record
+    def record(name, _module, inputs, _output):
+        x = inputs[0].detach().float()
+        rows = x[mask[0]] if x.dim() == 3 and x.shape[:2] == mask[0].shape else x.reshape(-1, x.shape[-1])
+        sums[name] = sums.get(name, 0) + (rows**2).sum(0)
+        counts[name] += rows.shape[0]
 
     modules = dict(model.named_modules())
-    handles = [modules[n].register_forward_hook(hook(n)) for n in names]
+    handles = [modules[n].register_forward_hook(functools.partial(record, n)) for n in names]
     inputs = model_inputs(model)
     try:
         with torch.inference_mode():

@@ -188,6 +188,24 @@ def copy_tokenizer(checkpoint: Path, out: Path) -> None:
         shutil.copy2(checkpoint / "qserve_model.json", out / "qserve_model.json")
 
 
+def padded_batches(
+    tok: Any, texts: list[str], max_length: int, size: int, policy: str | None = None, pairs: list[str] | None = None
+) -> tuple[longtext.Pieces, list[dict]]:
+    """The pieces of `texts` under `policy` (a pair model: the tokenizer's pair encoding of `pairs`) and their
+    padded batches of `size` rows, segment ids included where the tokenizer makes them, as the runtime runs them."""
+    if pairs is not None:
+        pieces = split_pairs(tok, texts, pairs, max_length)
+    else:
+        pieces = longtext.split_texts(tok, texts, policy, max_length)
+    segments, types = "token_type_ids" in tok.model_input_names, pieces.types
+    cuts = [slice(i, i + size) for i in range(0, len(pieces.ids), size)]
+    pad_id = int(tok.pad_token_id or 0)
+    return pieces, [
+        longtext.pad(pieces.ids[c], pad_id, tok.padding_side, segments, None if types is None else types[c])
+        for c in cuts
+    ]
+
+
 def reference_logits(
     checkpoint: Path, texts: list[str], max_length: int, policy: str | None = None, pairs: list[str] | None = None
 ) -> np.ndarray:
@@ -198,23 +216,13 @@ def reference_logits(
 
     tok = AutoTokenizer.from_pretrained(checkpoint)
     model = AutoModelForSequenceClassification.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    if pairs is not None:
-        pieces = split_pairs(tok, texts, pairs, max_length)
-    else:
-        pieces = longtext.split_texts(tok, texts, policy, max_length)
-    segments = "token_type_ids" in tok.model_input_names
+    pieces, batches = padded_batches(tok, texts, max_length, 64, policy, pairs)
     takes = set(model_inputs(model))  # token_type_ids where the model takes them, as the runtimes feed them
-    out = []
     with torch.inference_mode():
-        for i in range(0, len(pieces.ids), 64):
-            batch = longtext.pad(
-                pieces.ids[i : i + 64],
-                int(tok.pad_token_id or 0),
-                tok.padding_side,
-                segments,
-                None if pieces.types is None else pieces.types[i : i + 64],
-            )
-            out.append(model(**{k: torch.from_numpy(v) for k, v in batch.items() if k in takes}).logits.float().numpy())
+        out = [
+            model(**{k: torch.from_numpy(v) for k, v in b.items() if k in takes}).logits.float().numpy()
+            for b in batches
+        ]
     return longtext.aggregate(np.concatenate(out), pieces)
 
 
@@ -365,5 +373,4 @@ def _export(
         manifest = replace(
             manifest, parity=parity(ref, got, TOLERANCE[spec.dtype], spec.name, info.problem_type, info.label_range)
         )
-        written = write_manifest(tmp, manifest)
-    return written
+        return write_manifest(tmp, manifest)

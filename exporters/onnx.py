@@ -258,10 +258,7 @@ def quantize_int8(
             # each text alone, as the runtime answers it (docs/measurements.md, "One text, one answer")
             batches = rows_alone(batches)
     if opts.smooth is not None:
-        if opts.smooth:
-            src_q = smooth_fp32(src, scratch / "smoothed.onnx", batches, source, record)
-        else:
-            src_q = src
+        src_q = smooth_fp32(src, scratch / "smoothed.onnx", batches, source, record) if opts.smooth else src
         record.update(_quantize_graph(src_q, dst, src, config, opts, keep, scratch, batches, source))
         return record
 

@@ -9,11 +9,13 @@ per checkpoint and process; ov-fp32 and ov-bf16 share it (the runtime's precisio
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
 import threading
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -66,9 +68,7 @@ def build(ctx: ExportContext, out: Path, spec: VariantSpec, opts: OpenVINOOption
         shutil.copy2(fp32 / MODEL_FILE, out / MODEL_FILE)
         shutil.copy2(fp32 / WEIGHTS_FILE, out / WEIGHTS_FILE)
     shutil.copy2(fp32 / "config.json", out / "config.json")
-    ops: dict[str, int] = {}
-    for op in ov.Core().read_model(str(out / MODEL_FILE)).get_ops():
-        ops[op.get_type_name()] = ops.get(op.get_type_name(), 0) + 1
+    ops = Counter(op.get_type_name() for op in ov.Core().read_model(str(out / MODEL_FILE)).get_ops())
     record["ops"] = dict(sorted(ops.items()))
     return {"openvino": record}
 
@@ -200,12 +200,10 @@ class _quiet:
         self._levels = {n: logging.getLogger(n).level for n in ("", "nncf", "optimum", "transformers")}
         for n in self._levels:
             logging.getLogger(n).setLevel(logging.ERROR)
-        try:
+        with contextlib.suppress(ImportError):
             import nncf
 
             nncf.set_log_level(logging.ERROR)
-        except ImportError:
-            pass
         return self
 
     def __exit__(self, *exc):

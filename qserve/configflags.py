@@ -115,7 +115,7 @@ def add_flags(
         if fi.name in flags:
             fi = dataclasses.replace(fi, spec=flags[fi.name])
         spec = fi.spec
-        default = defaults[fi.name] if fi.name in defaults else fi.default
+        default = defaults.get(fi.name, fi.default)
         if fi.name in help:  # said in full by the caller, default included
             text = help[fi.name].replace("%", "%%")
         elif fi.name in docs:
@@ -128,11 +128,11 @@ def add_flags(
         if spec.choices is not None:
             kw["choices"] = spec.choices
         if fi.typ is bool and negatable and not (spec.positional or spec.repeat or fi.is_list):
-            kw["action"] = argparse.BooleanOptionalAction
-            kw["default"] = None if unset else default
+            kw.update(action=argparse.BooleanOptionalAction, default=None if unset else default)
         elif fi.typ is bool and not (spec.positional or spec.repeat or fi.is_list):
-            kw["action"] = "store_false" if default is True else "store_true"
-            kw["default"] = None if unset else default is True
+            kw.update(
+                action="store_false" if default is True else "store_true", default=None if unset else default is True
+            )
         else:
             if fi.is_list and isinstance(default, (list, tuple)):
                 default = ",".join(map(str, default))  # a comma list, split by build() into the field's type

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import csv
+import functools
 import ipaddress
 import json
 import socket
@@ -150,15 +151,9 @@ class Conn:
 def _percentiles(lat_s: list[float]) -> dict[str, float | None]:
     """Client-side latency percentiles, computed by the bench's (tested) statistics."""
     if not lat_s:
-        return {"p50_ms": None, "p90_ms": None, "p99_ms": None, "mean_ms": None, "max_ms": None}
+        return dict.fromkeys(("p50_ms", "p90_ms", "p99_ms", "mean_ms", "max_ms"))
     ms = [x * 1000.0 for x in lat_s]
-    return {
-        "p50_ms": percentile(ms, 50),
-        "p90_ms": percentile(ms, 90),
-        "p99_ms": percentile(ms, 99),
-        "mean_ms": sum(ms) / len(ms),
-        "max_ms": max(ms),
-    }
+    return {**{f"p{q}_ms": percentile(ms, q) for q in (50, 90, 99)}, "mean_ms": sum(ms) / len(ms), "max_ms": max(ms)}
 
 
 async def _expected_pass(conn: Conn, url: str, texts: list[str]) -> tuple[list[str], list[dict[str, float]]]:
@@ -175,7 +170,6 @@ async def _expected_pass(conn: Conn, url: str, texts: list[str]) -> tuple[list[s
 
 async def _level(
     make_conn: Callable[[], Conn],
-    url: str,
     texts: list[str],
     expected: list[str],
     exp_scores: list[dict] | None,
@@ -250,10 +244,7 @@ async def _run(
     on_level: Callable[[str, int], None] | None,
 ) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-    def make_conn() -> Conn:
-        return Conn(url, headers, timeout_s)
-
+    make_conn = functools.partial(Conn, url, headers, timeout_s)
     t0 = time.perf_counter()
     if labels is None:
         first = make_conn()
@@ -270,7 +261,7 @@ async def _run(
     for c in concurrencies:
         if on_level:
             on_level("start", c)
-        levels.append(await _level(make_conn, url, texts, expected, exp_scores, c, duration_s, max_requests))
+        levels.append(await _level(make_conn, texts, expected, exp_scores, c, duration_s, max_requests))
         if on_level:
             on_level("end", c)
     return {

@@ -22,7 +22,7 @@ from qserve.artifact import VariantError, checkpoint_hash, read_manifest, reseal
 from qserve.bench import BenchConfig, run_bench
 from qserve.bench.analysis import apply_gates
 from qserve.bench.report import write_reports
-from qserve.bench.stages import print_stages, record_stages
+from qserve.bench.stages import line, record_stages
 from qserve.devices import capabilities, resolve_device
 from qserve.files import write_json_atomic
 from qserve.gate.config import GateConfig
@@ -378,11 +378,7 @@ def run_pipeline(args: argparse.Namespace) -> Path:
         model=args.model,
         dataset=args.dataset,
         precision=args.precision,
-        epochs=r["epochs"],
-        batch_size=r["batch_size"],
-        lr=r["lr"],
-        max_length=r["max_length"],
-        max_samples=r["max_samples"],
+        **r,  # the recipe's epochs, batch_size, lr, max_length and max_samples, given flags in their place
         seed=args.seed,
         out=str(run.checkpoint),
         device=device,
@@ -398,7 +394,7 @@ def run_pipeline(args: argparse.Namespace) -> Path:
     times: dict[str, float] = {}
     machine = _machine(device)
     print(f"machine: {machine}", flush=True)
-    print("plan:\n" + "\n".join(f"   {line}" for line in plan.lines()), flush=True)
+    print("plan:\n" + "\n".join(f"   {step}" for step in plan.lines()), flush=True)
     n_stages = 3 if args.no_gate else 4 if args.no_repair else 5
     t0 = _stage(1, n_stages, f"train {args.model} on {args.dataset} ({args.precision}, {device})")
     ckpt = _train_stage(cfg, run, args.force)
@@ -447,8 +443,7 @@ def run_pipeline(args: argparse.Namespace) -> Path:
             "recipe": {"why": recipe_why, "given": given, **r},
         },
     )
-    print_stages(times)
-    print(f"\npipeline finished in {times['total'] / 60:.1f} min\nreport: {report}", flush=True)
+    print(f"\n{line(times)}\n\npipeline finished in {times['total'] / 60:.1f} min\nreport: {report}", flush=True)
     return report
 
 

@@ -68,14 +68,13 @@ def variant_entry(meta: VariantMeta, res: dict[str, Any]) -> dict[str, Any]:
     if manifest is not None and manifest.gate:  # `qserve gate`'s verdict: the recommendation then picks gated ones
         entry["gate"] = gate_entry(manifest.gate)
     if manifest is not None and manifest.records.get("repair"):  # what a repair kept in higher precision
-        entry["repair"] = manifest.records["repair"]
-        entry["name"] = f"{manifest.name}-repaired"  # beside the variant it repairs, under its own name
+        # beside the variant it repairs, under its own name
+        entry.update(repair=manifest.records["repair"], name=f"{manifest.name}-repaired")
     if res.get("cuda"):
         entry["memory"]["cuda"] = res["cuda"]
     acc = res.get("accuracy")
     if acc:
-        entry["_predictions"] = acc.get("predictions")
-        entry["accuracy"] = {k: v for k, v in acc.items() if k != "predictions"}
+        entry.update(_predictions=acc.get("predictions"), accuracy={k: v for k, v in acc.items() if k != "predictions"})
     if entry["status"] != "ok":
         entry.update({k: res.get(k) for k in ("error", "failure", "stage", "returncode", "traceback", "log_tail")})
         if meta.manifest_error:
@@ -116,8 +115,7 @@ def model_block(metas: list[VariantMeta]) -> dict[str, Any]:
     block: dict[str, Any] = {"names": names, "name": names[0] if len(names) == 1 else ", ".join(names) or None}
     if config:
         try:
-            block["dims"] = model_dims(config)
-            block["model_type"] = config.get("model_type")
+            block.update(dims=model_dims(config), model_type=config.get("model_type"))
         except ValueError as e:
             block["dims_error"] = str(e)
     return block

@@ -43,7 +43,4 @@ def merge_child_env(env: dict[str, Any], results: list[dict[str, Any]]) -> dict[
     for r in results:
         for k, v in (r.get("env") or {}).items():
             seen.setdefault(k, v)
-    env = dict(env)
-    env["child"] = seen
-    env["gpu"] = seen.get("gpu") or env.get("gpu")
-    return env
+    return {**env, "child": seen, "gpu": seen.get("gpu") or env.get("gpu")}

@@ -9,6 +9,7 @@ report dir by tokenizer hash, policy and texts, so variants of one checkpoint to
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -42,10 +43,8 @@ def piece_stats(
             json.dumps([tok_key, str(policy), rt.max_length, rt.options.max_windows, texts, pairs]).encode()
         ).hexdigest()[:32]
         path = Path(cache_dir) / f"pieces-{key}.json"
-        try:
+        with contextlib.suppress(OSError, ValueError):
             return json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            pass
     pieces = rt.split(texts, policy, pairs)
     stats = {
         "windows": list(pieces.windows),

@@ -10,6 +10,7 @@ saturating shapes (`peaks`); floor_ms = FLOPs * batch / peak: no implementation 
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from typing import Any
@@ -117,29 +118,26 @@ def _rate(fn, flops: float, budget_s: float) -> float:
 def _torch_methods(device: str):
     import torch
 
-    def make(dtype):
-        def build(M, K, N):
-            a = torch.randn(M, K, device=device).to(dtype)
-            b = torch.randn(K, N, device=device).to(dtype)
-            sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-            return lambda: (torch.matmul(a, b), sync())
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
-        return build
+    def matmul(dtype, M, K, N):
+        a = torch.randn(M, K, device=device).to(dtype)
+        b = torch.randn(K, N, device=device).to(dtype)
+        return lambda: (torch.matmul(a, b), sync())
 
     def int_mm(M, K, N):
         if not hasattr(torch, "_int_mm"):
             raise RuntimeError("torch._int_mm is not available in this torch")
         a = torch.randint(-128, 127, (M, K), dtype=torch.int8, device=device)
         b = torch.randint(-128, 127, (K, N), dtype=torch.int8, device=device)
-        sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
         return lambda: (torch._int_mm(a, b), sync())
 
-    out = [("fp32", "torch.matmul", make(torch.float32)), ("int8", "torch._int_mm", int_mm)]
+    out = [("fp32", "torch.matmul", functools.partial(matmul, torch.float32)), ("int8", "torch._int_mm", int_mm)]
 
     if device.startswith("cuda") or cpu_supports_bf16():
-        out.append(("bf16", "torch.matmul", make(torch.bfloat16)))
+        out.append(("bf16", "torch.matmul", functools.partial(matmul, torch.bfloat16)))
     if device.startswith("cuda"):
-        out.append(("fp16", "torch.matmul", make(torch.float16)))
+        out.append(("fp16", "torch.matmul", functools.partial(matmul, torch.float16)))
     return out
 
 

@@ -8,6 +8,7 @@ the stage it happened in, and the worker exits 1 (docs/bench.md, "The bench in m
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import json
@@ -55,13 +56,10 @@ def rss_mb() -> float:
 
 def peak_rss_mb() -> float:
     """Peak resident set of this process: VmHWM (Linux), else ru_maxrss."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
 
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return r / 2**20 if sys.platform == "darwin" else r / 1024
@@ -373,8 +371,7 @@ def child_env(backend: str) -> dict[str, Any]:
     if "torch" in sys.modules:
         import torch
 
-        env["torch_threads"] = torch.get_num_threads()
-        env["torch_interop_threads"] = torch.get_num_interop_threads()
+        env.update(torch_threads=torch.get_num_threads(), torch_interop_threads=torch.get_num_interop_threads())
         if torch.cuda.is_available():
             env["gpu"] = torch.cuda.get_device_name()
     return env
@@ -392,8 +389,7 @@ def _failure(job: dict[str, Any], e: BaseException) -> dict[str, Any]:
     res["error"] = f"{type(e).__name__}: {e}"
     res.pop("_t", None)  # the failed stage's start mark (_stage), not a result
     res.pop("stage_s", None)
-    res["traceback"] = traceback.format_exc()[-4000:]
-    res["peak_rss_mb"] = peak_rss_mb()
+    res.update(traceback=traceback.format_exc()[-4000:], peak_rss_mb=peak_rss_mb())
     log(f"{job.get('variant_dir')}: failed in stage {res.get('stage')}: {res['error']}")
     return res
 
@@ -401,11 +397,8 @@ def _failure(job: dict[str, Any], e: BaseException) -> dict[str, Any]:
 def _reset_peaks() -> None:
     """Before a shared worker's next variant: CUDA's peak counters and this process's peak RSS (VmHWM) start over
     from what is resident now, so each variant's peaks are its own plus what the earlier ones left."""
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")  # 5: reset the peak resident set size (Linux >= 4.0)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+        f.write("5")  # 5: reset the peak resident set size (Linux >= 4.0)
     if "torch" in sys.modules:
         import torch
 

@@ -26,10 +26,6 @@ CONFIDENCE = 0.95
 """The two-sided confidence of a policy-against-policy interval."""
 
 
-def with_head(policies: list[str]) -> list[str]:
-    return list(dict.fromkeys(["head", *policies]))
-
-
 def measure(
     rt: Any,
     ev: dict[str, Any],
@@ -43,7 +39,7 @@ def measure(
     texts, labels = ev["texts"], ev["labels"]
     cache = cache or {}
     out = []
-    for asked in with_head(policies):
+    for asked in dict.fromkeys(["head", *policies]):  # head first, each policy once
         policy = rt.resolve_policy(asked, "--long-text")
         stats = evalpass.piece_stats(rt, texts, policy, cache.get("dir"), cache.get("tokenizer"))
         mine = own if own and own.get("policy") == str(policy) else {}

@@ -9,6 +9,7 @@ The parent never imports torch. A crash, a timeout or an error is a `failed` ent
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -174,12 +175,10 @@ class Worker:
         out = Path(op["out"])
         out.unlink(missing_ok=True)
         start = self.log_path.stat().st_size if self.log_path.is_file() else 0
-        try:
+        with contextlib.suppress(OSError):  # it died between two ops: polled in wait() as any other death
             assert self.proc is not None and self.proc.stdin is not None
             self.proc.stdin.write((json.dumps(op) + "\n").encode())
             self.proc.stdin.flush()
-        except OSError:  # it died between two ops: polled in wait() as any other death
-            pass
         return {"out": out, "t0": time.perf_counter(), "log": start}
 
     def wait(self, sent: dict[str, Any]) -> dict[str, Any]:
@@ -192,10 +191,8 @@ class Worker:
         except psutil.Error:
             ps = None
         while proc.poll() is None and not out.is_file():
-            try:
+            with contextlib.suppress(psutil.Error):
                 self.polled = max(self.polled, ps.memory_info().rss / 2**20) if ps else self.polled
-            except psutil.Error:
-                pass
             if time.perf_counter() - t0 > self.cfg.child_timeout_s:
                 proc.kill()
                 timed_out = True

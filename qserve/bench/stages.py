@@ -21,10 +21,6 @@ def line(times: dict[str, float]) -> str:
     return "stage times: " + ", ".join(parts) + (f", total {times['total'] / 60:.1f} min" if "total" in times else "")
 
 
-def print_stages(times: dict[str, float]) -> None:
-    print("\n" + line(times), flush=True)
-
-
 def record_stages(report_dir: Path, times: dict[str, float], choices: dict | None = None) -> bool:
     """Add the stage times, and what the run chose for this machine (the training precision and why, what was
     trained on, the variants skipped and why), to a report this run wrote; render every file of it again."""

@@ -32,9 +32,7 @@ def summarize(samples_ms: Sequence[float]) -> dict[str, float | int]:
     out: dict[str, float | int] = {"count": len(xs), "mean": sum(xs) / len(xs)}
     for q in PERCENTILES:
         out[f"p{q}"] = percentile(xs, q)
-    out["stdev"] = stdev(xs)
-    out["min"] = min(xs)
-    out["max"] = max(xs)
+    out.update(stdev=stdev(xs), min=min(xs), max=max(xs))
     return out
 
 

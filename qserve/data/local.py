@@ -50,7 +50,7 @@ def read_local(path: Path, problem_type: str | None = None) -> LocalFile:
     where = "row" if path.suffix.lower() == ".json" else "line"
     texts = [_string(path, f"{where} {n}", "text", text) for n, text, _ in rows]
     names, ids, problem = _labels(path, rows, where, problem_type)
-    pairs = _check_pairs(path, rows, raw_pairs) if raw_pairs is not None else None
+    pairs = _check_pairs(path, rows, raw_pairs, where) if raw_pairs is not None else None
     return LocalFile(texts, pairs, ids, names, problem, {"source": f"local file {path}", "rows": len(rows)})
 
 
@@ -130,9 +130,8 @@ def _read_local(path: Path) -> tuple[list[tuple[int, Any, Any]], list[Any] | Non
     return rows, (pairs if any(p is not MISSING for p in pairs) else None)
 
 
-def _check_pairs(path: Path, rows: list[tuple[int, Any, Any]], pairs: list[Any]) -> list[str]:
+def _check_pairs(path: Path, rows: list[tuple[int, Any, Any]], pairs: list[Any], where: str) -> list[str]:
     """A file with a text_pair column: every row has one, a non-empty string (errors name the row)."""
-    where = "row" if path.suffix.lower() == ".json" else "line"
     out = []
     for (n, _, _), pair in zip(rows, pairs):
         if pair is MISSING:
@@ -164,9 +163,8 @@ def _json_row(path: Path, n: int, obj: Any, what: str = "line") -> tuple[int, An
     return n, obj["text"], obj["label"]
 
 
-def _label_ids(path: Path, rows: list[tuple[int, Any, Any]]) -> tuple[list[str], list[int]]:
+def _label_ids(path: Path, rows: list[tuple[int, Any, Any]], where: str) -> tuple[list[str], list[int]]:
     """Integer labels must be 0..K-1 with every class present; strings map to sorted ids."""
-    where = "row" if path.suffix.lower() == ".json" else "line"
     values: list[Any] = []
     kind = None
     for n, _, lab in rows:
@@ -206,7 +204,7 @@ def _labels(
     problem = problem_type or infer([lab for _, _, lab in rows], csv=path.suffix.lower() == ".csv")
     if problem != SINGLE:
         return (*local_labels(path, rows, problem, where), problem)
-    names, ids = _label_ids(path, rows)
+    names, ids = _label_ids(path, rows, where)
     if len(names) < 2:
         raise QserveError(f"{path}: only one class ({names[0]!r}); a classifier needs at least two")
     return names, list(ids), problem

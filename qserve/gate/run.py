@@ -176,6 +176,16 @@ def score(path: Path, cfg: GateConfig, gate: Split, calib: Split | None, device:
 # -- the judgement ---------------------------------------------------------------------------------------
 
 
+def _agreed(k: int, n: int, confidence: float) -> stats.Interval:
+    """k texts agreeing of n: the share and its Wilson interval."""
+    return stats.Interval(k / max(n, 1), *stats.wilson(k, n, confidence))
+
+
+def _label_row(name: str, n: int, k: int, confidence: float) -> dict[str, Any]:
+    """One label's row of per_class: its texts, their agreement (k of n) and the flips."""
+    return {"label": name, "n": n, "agreement": _agreed(k, n, confidence).to_json(), "flips": n - k}
+
+
 def judge(
     problem: str,
     labels: list[str],
@@ -214,16 +224,7 @@ def judge(
             ron, von = stats.sigmoid(ref) >= 0.5, stats.sigmoid(var) >= 0.5
             same = ron == von
             k, trials = int(same.sum()), same.size
-            for j, name in enumerate(labels):
-                kj = int(same[:, j].sum())
-                per.append(
-                    {
-                        "label": name,
-                        "n": n,
-                        "agreement": stats.Interval(kj / max(n, 1), *stats.wilson(kj, n, confidence)).to_json(),
-                        "flips": n - kj,
-                    }
-                )
+            per += [_label_row(name, n, int(same[:, j].sum()), confidence) for j, name in enumerate(labels)]
             rc, vc = (ron == y).mean(axis=1), (von == y).mean(axis=1)
             metric = "per-text label accuracy"
         else:
@@ -232,19 +233,11 @@ def judge(
             k, trials = int(same.sum()), n
             for j, name in enumerate(labels):
                 sel = rp == j
-                nj, kj = int(sel.sum()), int(same[sel].sum())
-                per.append(
-                    {
-                        "label": name,
-                        "n": nj,
-                        "agreement": stats.Interval(kj / max(nj, 1), *stats.wilson(kj, nj, confidence)).to_json(),
-                        "flips": nj - kj,
-                    }
-                )
+                per.append(_label_row(name, int(sel.sum()), int(same[sel].sum()), confidence))
             rc, vc = (rp == y).astype(float), (vp == y).astype(float)
             metric = "accuracy"
             out["mcnemar"] = stats.mcnemar(vc, rc)
-        agr = stats.Interval(k / max(trials, 1), *stats.wilson(k, trials, confidence))
+        agr = _agreed(k, trials, confidence)
         delta = stats.Interval(*stats.paired_bootstrap(vc, rc, confidence))
         out["accuracy"] = {
             "metric": metric,
@@ -265,8 +258,7 @@ def judge(
             worst = min(judged or per, key=lambda p: p["agreement"]["lo"])
             out["worst_class"] = {"label": worst["label"], **worst["agreement"], "n": worst["n"]}
     out["agreement"] = {**agr.to_json(), "agree": None if problem == problems.REGRESSION else k, "of": trials}
-    out["per_class"] = per
-    out["min_n"] = need
+    out.update(per_class=per, min_n=need)
     failed = bool(reasons) or agr.hi < bar or delta.hi < -drop  # a bound beyond the bar: more texts cannot help
     if trials < need:
         reasons.insert(
@@ -281,9 +273,7 @@ def judge(
         reasons.append(
             f"{out['accuracy']['metric']} delta {delta.value:+.2%}, lower bound {delta.lo:+.2%} < -{drop:.0%}"
         )
-    out["decision"] = PASSED if not reasons else FAILED if failed else UNDECIDED
-    out["passed"] = not reasons
-    out["reasons"] = reasons
+    out.update(decision=PASSED if not reasons else FAILED if failed else UNDECIDED, passed=not reasons, reasons=reasons)
     return out
 
 

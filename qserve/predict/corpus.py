@@ -192,8 +192,7 @@ def write_part(rows: list[Row], path: Path, fmt: str, types: dict[str, Any] | No
     else:
         with open(tmp, "w", encoding="utf-8", newline="") as f:
             if fmt == "jsonl":
-                for row in rows:
-                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
             else:
                 names = list(dict.fromkeys(k for row in rows for k in row))
                 w = csv.DictWriter(f, fieldnames=names)

@@ -9,6 +9,7 @@ only the onnxruntime-gpu wheel ships (`pip install 'qserve[gpu]'`).
 
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -148,10 +149,8 @@ class OnnxRuntime(Runtime):
         # otherwise the session falls back to CPU and _load refuses it. Best effort: the check in _load
         # still names the failure.
         if hasattr(ort, "preload_dlls"):
-            try:
+            with contextlib.suppress(Exception):
                 ort.preload_dlls()
-            except Exception:  # noqa: BLE001
-                pass
         device_id = int(self.device.split(":", 1)[1]) if ":" in self.device else 0
         return [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"]
 

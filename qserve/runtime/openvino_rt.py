@@ -128,9 +128,7 @@ class OpenVINORuntime(Runtime):
         warm-up runs one), so a process that only ever runs lone rows (the bench's b1 loops) never pays for it."""
         reqs = getattr(self._local, "side", None)
         if reqs is None:
-            side = compiled_model(
-                self.variant_dir, self.manifest, self.precision, self.options.threads, streams=self.row_workers
-            )
+            side = self._streams_model()
             reqs = self._local.side = [side.create_infer_request() for _ in range(self.row_workers)]
         return reqs
 
@@ -138,11 +136,14 @@ class OpenVINORuntime(Runtime):
         """This (lane) thread's one request on the streams model: the plugin runs it on a free stream."""
         req = getattr(self._local, "lane", None)
         if req is None:
-            side = compiled_model(
-                self.variant_dir, self.manifest, self.precision, self.options.threads, streams=self.row_workers
-            )
-            req = self._local.lane = side.create_infer_request()
+            req = self._local.lane = self._streams_model().create_infer_request()
         return req
+
+    def _streams_model(self) -> Any:
+        """The model compiled with one stream per row worker (compiled_model caches it per process)."""
+        return compiled_model(
+            self.variant_dir, self.manifest, self.precision, self.options.threads, streams=self.row_workers
+        )
 
     def forward(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         feed = self.graph_feed(batch, self.input_names, MODEL_FILE)

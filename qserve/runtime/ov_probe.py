@@ -9,6 +9,7 @@ over; the result is cached per process, a pass also on disk. `QSERVE_OV_PROBE_FA
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -101,18 +102,14 @@ def probe() -> dict[str, Any]:
             return _result
         cache = _cache_path(ov_version)
         if not faulty and cache.is_file():
-            try:
+            with contextlib.suppress(ValueError):
                 _result = json.loads(cache.read_text(encoding="utf-8"))
                 return _result
-            except ValueError:
-                pass
         _result = _run_child()
         if _result.get("ok") and not faulty:  # only successes are cached: a failure is re-probed next time
-            try:
+            with contextlib.suppress(OSError):
                 cache.parent.mkdir(parents=True, exist_ok=True)
                 cache.write_text(json.dumps(_result), encoding="utf-8")
-            except OSError:
-                pass
         return _result
 
 

@@ -8,6 +8,7 @@ each thread's kernel name (15 bytes at most; benchmarks/serve_overhead/ reads th
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import sys
@@ -20,11 +21,9 @@ def name_thread(name: str) -> None:
     """Give the calling thread the OS name `name` (cut to the kernel's 15 bytes)."""
     if not sys.platform.startswith("linux"):
         return
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 def named(name: str) -> Callable[[], None]:

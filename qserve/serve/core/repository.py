@@ -51,11 +51,6 @@ def resolve(path: str | Path) -> tuple[Path, Served | None]:
     return run.path, None
 
 
-def _spec_name(path: str) -> str:
-    vdir, _ = resolve(path)
-    return read_manifest(vdir).name
-
-
 def check_name(name: str, where: str) -> str:
     if not NAME_RE.match(name):
         raise QserveError(f"{where}: model name {name!r} is not valid; a name is {NAME_RULE} (it appears in URLs)")
@@ -82,7 +77,7 @@ def sources_from_dirs(entries: list[str], model_name: str | None = None) -> list
         name, path = split_entry(entry)
         if name and model_name:
             raise QserveError(f"{entry}: give the name once, as NAME=DIR or with --model-name, not both")
-        name = name or model_name or _spec_name(path)
+        name = name or model_name or read_manifest(resolve(path)[0]).name
         out.append(ModelSource(check_name(name, entry), path))
     _refuse_clashes(out)
     return out

@@ -52,10 +52,7 @@ def gate_summary(manifest: Manifest, policy: str | None = None) -> dict[str, Any
     held = verdict_for(manifest, policy)
     return {
         "passed": held["verdict"] == "passed",
-        "verdict": held["verdict"],
-        "long_text": held["long_text"],
-        "gated_long_text": held["gated_long_text"],
-        "why": held["why"],
+        **held,  # verdict, long_text, gated_long_text, why
         "agreement": agreement.get("value"),
         "agreement_lower_bound": agreement.get("lo"),
         "agreement_upper_bound": agreement.get("hi"),

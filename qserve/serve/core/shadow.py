@@ -9,6 +9,7 @@ inference thread (one that does not fit the bounded queue is dropped and counted
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import random
@@ -135,10 +136,8 @@ class Shadow:
                     self._queue.put_nowait(None)
                     break
                 except queue.Full:
-                    try:
+                    with contextlib.suppress(queue.Empty):
                         self._queue.get_nowait()
-                    except queue.Empty:
-                        pass
             self._thread.join(60)
         if self.reference is not None:
             self.reference.close()

@@ -10,6 +10,7 @@ on its own. More: docs/serving.md, On a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import multiprocessing
@@ -55,10 +56,8 @@ def worker_threads(workers: int, threads: int | None, cores: int) -> int | None:
 def die_with_parent() -> None:
     """Linux: this process gets SIGTERM when the supervisor dies, so a killed supervisor leaves no worker
     holding the port (best effort elsewhere)."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def supervise(workers: int, target: Callable[..., object], args_of: Callable[[int], tuple[object, ...]]) -> int:

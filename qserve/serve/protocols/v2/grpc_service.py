@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from math import prod
 from typing import Any, TypeAlias, TypeVar
 
 import grpc
@@ -33,7 +32,9 @@ from qserve.serve.protocols.v2.tensors import (
     bytes_elements,
     named_inputs,
     output_values,
+    shaped,
     tensor_bytes,
+    utf8,
 )
 
 log = logging.getLogger("qserve.serve")
@@ -91,10 +92,6 @@ async def serve_grpc(st: ServeState, host: str, port: int) -> GrpcServer:
     return GrpcServer(server, bound)
 
 
-def _metadata(context: Context) -> dict[str, str]:
-    return {k.lower(): v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
-
-
 def rpc(answer: Callable[[Any, Any, Context, Scope, str], Awaitable[Reply]]) -> Callable[..., Awaitable[Reply]]:
     """An RPC method from its answer, `answer(self, request, context, scope, request_id)`, run through `_call`."""
 
@@ -112,7 +109,7 @@ class V2Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         """One RPC through the admission layer (the request id, its trace, the key, its arrival, its metrics), its
         errors mapped to gRPC codes."""
         admission = self.st.admission
-        meta = _metadata(context)
+        meta = {k.lower(): v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
         scope: Scope = {"state": {}}  # what state.submit reads from an ASGI scope
         open_ = method in OPEN_METHODS
         trace = (
@@ -284,27 +281,11 @@ def _tensor_texts(tensor: service_pb2.ModelInferRequest.InferInputTensor, raw: b
     if raw is not None:
         data = bytes_elements(raw, f"inputs[{i}]")
     elif listed:
-        data = []
-        for j, b in enumerate(listed):
-            try:
-                data.append(b.decode("utf-8"))
-            except UnicodeDecodeError as e:
-                raise ApiError(
-                    422,
-                    f"inputs[{i}][{j}] is not valid UTF-8: byte 0x{b[e.start]:02x} at offset "
-                    f"{e.start} ({e.reason}); send UTF-8 text",
-                ) from None
+        data = [utf8(b, f"inputs[{i}][{j}]") for j, b in enumerate(listed)]
     else:
         raise ApiError(
             400,
             f"inputs[{i}] has no data: send the texts in raw_input_contents (tritonclient's "
             "set_data_from_numpy) or in contents.bytes_contents",
         )
-    shape = list(tensor.shape)
-    if not 1 <= len(shape) <= 2 or (len(shape) == 2 and shape[1] != 1) or prod(shape) != len(data):
-        raise ApiError(
-            400,
-            f"inputs[{i}].shape {shape} does not describe its {len(data)} data elements; "
-            "use [n] or [n, 1] with n = number of texts",
-        )
-    return data
+    return shaped(i, list(tensor.shape), data)

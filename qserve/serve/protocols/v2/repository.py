@@ -100,40 +100,25 @@ async def repository_unload(st: ServeState, body: bytes, request: Request) -> di
 
 
 # V2's routes (protocol.py declares the protocol they belong to)
-ROUTES = (
-    Route(
-        "POST",
-        "/v2/repository/index",
-        repository_index,
-        dict(
-            tags=["v2 repository"],
-            responses=ERRORS,
-            openapi_extra=BODY,
-            summary="Every model this server can load, its version and state (READY, LOADING, UNAVAILABLE)",
+ROUTES = tuple(
+    Route("POST", path, answer, dict(tags=["v2 repository"], responses=ERRORS, openapi_extra=BODY, summary=summary))
+    for path, answer, summary in (
+        (
+            "/v2/repository/index",
+            repository_index,
+            "Every model this server can load, its version and state (READY, LOADING, UNAVAILABLE)",
         ),
-    ),
-    Route(
-        "POST",
-        "/v2/repository/models/{name}/load",
-        repository_load,
-        dict(
-            tags=["v2 repository"],
-            responses=ERRORS,
-            openapi_extra=BODY,
-            summary="(Re)load a model from its own directory; hot swap when it is serving",
+        (
+            "/v2/repository/models/{name}/load",
+            repository_load,
+            "(Re)load a model from its own directory; hot swap when it is serving",
         ),
-    ),
-    Route(
-        "POST",
-        "/v2/repository/models/{name}/unload",
-        repository_unload,
-        dict(
-            tags=["v2 repository"],
-            responses=ERRORS,
-            openapi_extra=BODY,
-            summary="Stop serving a model; what it accepted finishes first",
+        (
+            "/v2/repository/models/{name}/unload",
+            repository_unload,
+            "Stop serving a model; what it accepted finishes first",
         ),
-    ),
+    )
 )
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from math import prod
 from typing import Any
 
 import numpy as np
@@ -37,6 +36,7 @@ from qserve.serve.protocols.v2.tensors import (
     bytes_elements,
     named_inputs,
     output_values,
+    shaped,
     tensor_bytes,
 )
 
@@ -148,14 +148,7 @@ def request_texts(
                     "parameters.binary_data_size and the Inference-Header-Content-Length header",
                 )
             data = flatten(tensor.data)
-        shape = tensor.shape
-        if (len(shape) == 2 and shape[1] != 1) or prod(shape) != len(data):
-            raise ApiError(
-                400,
-                f"inputs[{i}].shape {shape} does not describe its {len(data)} data elements; "
-                "use [n] or [n, 1] with n = number of texts",
-            )
-        named[tensor.name] = (i, data)
+        named[tensor.name] = (i, shaped(i, tensor.shape, data))
     if model is None:  # the one-text rule (no model to ask)
         check_texts(st.config, named["text"][1] if "text" in named else [], "inputs[0].data")
         return named["text"][1], None

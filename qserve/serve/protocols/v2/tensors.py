@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from math import prod
 from typing import Any
 
 import numpy as np
@@ -151,16 +152,32 @@ def bytes_elements(raw: bytes, where: str) -> list[str]:
         pos += 4
         if pos + n > len(raw):
             raise ApiError(400, f"{where}: element {len(out)} declares {n} bytes but only {len(raw) - pos} remain")
-        try:
-            out.append(raw[pos : pos + n].decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise ApiError(
-                422,
-                f"{where}[{len(out)}] is not valid UTF-8: byte 0x{raw[pos + e.start]:02x} at "
-                f"offset {e.start} ({e.reason}); send UTF-8 text",
-            ) from None
+        out.append(utf8(raw[pos : pos + n], f"{where}[{len(out)}]"))
         pos += n
     return out
+
+
+def utf8(element: bytes, where: str) -> str:
+    """One BYTES element as text; a 422 naming its first byte that is not UTF-8."""
+    try:
+        return element.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ApiError(
+            422,
+            f"{where} is not valid UTF-8: byte 0x{element[e.start]:02x} at offset {e.start} ({e.reason}); "
+            "send UTF-8 text",
+        ) from None
+
+
+def shaped(i: int, shape: list[int], data: list[str]) -> list[str]:
+    """inputs[i]'s texts, where its shape ([n] or [n, 1]) describes them; else a 400 naming both."""
+    if not 1 <= len(shape) <= 2 or (len(shape) == 2 and shape[1] != 1) or prod(shape) != len(data):
+        raise ApiError(
+            400,
+            f"inputs[{i}].shape {shape} does not describe its {len(data)} data elements; "
+            "use [n] or [n, 1] with n = number of texts",
+        )
+    return data
 
 
 def tensor_bytes(datatype: str, values: Values) -> bytes:
