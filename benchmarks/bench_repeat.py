@@ -62,8 +62,8 @@ def run_once(dirs: list[str], out: Path, extra: list[str]) -> dict[str, Any]:
 
 
 def summarize(runs: list[dict[str, Any]], max_span: float = MAX_SPAN) -> dict[str, Any]:
-    """The verdict over the runs: one answer (variant + tie set) or several; the span of each variant that was the
-    recommendation or its runner-up in a run."""
+    """The verdict over the runs: one recommendation or several, one answer (variant + tie set) or several; the span
+    of each variant that was the recommendation or its runner-up in a run."""
     ok = [r for r in runs if r["ok"]]
     answers = sorted({json.dumps([r["variant"], r["tied_with"]]) for r in ok})
     weighed = sorted({v for r in ok for v in (r["variant"], r.get("runner_up")) if v})
@@ -79,6 +79,8 @@ def summarize(runs: list[dict[str, Any]], max_span: float = MAX_SPAN) -> dict[st
         "runs": len(runs),
         "answers": [json.loads(a) for a in answers],
         "same_answer": len(answers) == 1 and len(ok) == len(runs),
+        # issue 67's bar: the same variant each run, a tie broken by the unchanged rule counting as the same
+        "same_recommendation": len({r["variant"] for r in ok}) == 1 and len(ok) == len(runs),
         "spans": spans,
         "max_span": max_span,
         "spans_hold": all(s["span"] is not None and s["span"] <= max_span for s in spans.values()),
@@ -95,7 +97,8 @@ def machine(run_dirs: list[Path]) -> dict[str, Any] | None:
 
 def phases(run_dirs: list[Path]) -> dict[str, Any] | None:
     """Do slow rounds fall on one process or on every variant at once? Per run, each variant's headline
-    fixed-shape p50 in every round it shares with the others (no text in it: the same work every round), over its
+    fixed-shape p50 in every round it shares with the other contenders (no text in it: the same work every round;
+    a raced-out variant has one round), over its
     fastest round: the mean pairwise correlation of those ratios across variants, and the rounds in which every
     variant sat in the same mode (qserve.bench.recommend.two_modes, as the bench splits them; one mode is all fast)
     against the number that independent modes would give."""
@@ -112,6 +115,7 @@ def phases(run_dirs: list[Path]) -> dict[str, Any] | None:
             for f in v.get("fixed") or []
             if (f.get("batch"), f.get("seq")) == head and f.get("round_p50")
         }
+        per = {n: r for n, r in per.items() if len(r) > 1}  # the contenders: a raced-out variant has one round
         if len(per) < 2:
             continue
         common = sorted(set.intersection(*(set(r) for r in per.values())), key=lambda k: int(k.rsplit("#", 1)[1]))
@@ -120,18 +124,21 @@ def phases(run_dirs: list[Path]) -> dict[str, Any] | None:
         cut = {n: m[0][-1] if m else math.inf for n, m in modes.items()}
         rounds += [{n: per[n][k] / low[n] for n in per} for k in common]
         split += [{n: per[n][k] > cut[n] for n in per} for k in common]
-    if not rounds or len(rounds[0]) < 2:
+    if len(rounds) < 2:  # a correlation needs two rounds
         return None
-    names = sorted(rounds[0])
+    names = sorted(set.intersection(*(set(r) for r in rounds)))  # the contenders of every run
     pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
-    corr = [statistics.correlation([r[a] for r in rounds], [r[b] for r in rounds]) for a, b in pairs]
+    series = {n: [r[n] for r in rounds] for n in names}
+    corr = [statistics.correlation(series[a], series[b]) for a, b in pairs if len({*series[a]}) > 1 < len({*series[b]})]
+    if not corr:
+        return None
     slow = {n: sum(s[n] for s in split) / len(split) for n in names}
     expected = math.prod(slow.values()) + math.prod(1 - x for x in slow.values())
     return {
         "rounds": len(rounds),
         "variants": names,
         "mean_pair_correlation": round(statistics.mean(corr), 3),
-        "same_side": sum(len(set(s.values())) == 1 for s in split),
+        "same_side": sum(len({s[n] for n in names}) == 1 for s in split),
         "same_side_if_independent": round(expected * len(split), 1),
         "slow_share": {n: round(x, 3) for n, x in slow.items()},
         "mode_ratio": {
@@ -147,9 +154,22 @@ def phases(run_dirs: list[Path]) -> dict[str, Any] | None:
 
 
 def render(rep: dict[str, Any]) -> str:
-    s = rep["summary"]
+    s, ok = rep["summary"], [r for r in rep["runs"] if r["ok"]]
+    recs = sorted({a[0] for a in s["answers"]})
+    verdict = (
+        "the same answer every run"
+        if s["same_answer"]
+        else f"the same recommendation every run, {recs[0]} (tied in {sum(bool(r['tied_with']) for r in ok)} of "
+        f"{len(ok)} runs, each tie broken by the unchanged rule)"
+        if s.get("same_recommendation")
+        else f"{len(recs)} different recommendations"
+    )
     lines = [
         "# The same machine gives the same answer: consecutive `qserve bench` runs",
+        "",
+        f"**{verdict[0].upper() + verdict[1:]}**; spans of the recommended and runner-up p50 "
+        + ("all within" if s["spans_hold"] else "NOT all within")
+        + f" {s['max_span']}x.",
         "",
         f"{s['runs']} runs over {len(rep['variant_dirs'])} variant dirs, one after another, nothing else running; "
         f"`qserve bench` flags: `{' '.join(rep['bench_args']) or '(defaults)'}`.",
@@ -165,12 +185,7 @@ def render(rep: dict[str, Any]) -> str:
         lines.append(
             f"| {i} | {r['variant']} | {tie} | {r['ratio_text'] or '-'} ({r['runner_up'] or '-'}) | {r['wall_s']:.0f} |"
         )
-    verdict = "the same answer every run" if s["same_answer"] else f"{len(s['answers'])} different answers"
     lines += [
-        "",
-        f"**{verdict}**; spans of the recommended and runner-up p50 "
-        + ("all within" if s["spans_hold"] else "NOT all within")
-        + f" {s['max_span']}x.",
         "",
         "The p50 the recommendation ranks by (the fast mode's where a variant's rounds fall in two), and beside it"
         " the median over every round.",
@@ -229,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         own,
         run,
         render,
-        lambda r: not (r["summary"]["same_answer"] and r["summary"]["spans_hold"]),
+        lambda r: not (r["summary"]["same_recommendation"] and r["summary"]["spans_hold"]),
     )
 
 

@@ -341,3 +341,7 @@ def test_a_repeat_names_one_answer_or_several_and_each_weighed_span():
     flipped = same + [run("b", [], {"a": 12.6, "b": 7.0})]
     s = summarize(flipped)
     assert not s["same_answer"] and len(s["answers"]) == 2 and not s["spans_hold"]  # a: 12.6 / 7.0
+    assert not s["same_recommendation"]
+    untied = same + [run("a", [], {"a": 7.0, "b": 7.6})]  # a tie broken by the rule is the same recommendation
+    s = summarize(untied)
+    assert s["same_recommendation"] and not s["same_answer"] and len(s["answers"]) == 2

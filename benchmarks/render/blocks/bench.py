@@ -160,7 +160,13 @@ def bench_repeat() -> str:
             f"{on(rel)} (commit {commit}): {s['runs_ok']} of {s['runs']} runs over "
             f"{', '.join(Path(d).name for d in r['variant_dirs'])} (`{' '.join(r['bench_args'])}`), each "
             f"{span([x['wall_s'] for x in ok], 0)} s; recommended "
-            + (f"{answers[0]} every run" if s["same_answer"] else f"{len(answers)} answers: {'; '.join(answers)}")
+            + (
+                f"{answers[0]} every run"
+                if s["same_answer"]
+                else f"{s['answers'][0][0]} every run, its tie set differing ({'; '.join(answers)})"
+                if s.get("same_recommendation")
+                else f"{len(answers)} answers: {'; '.join(answers)}"
+            )
             + f"{against}. The ranked b1 p50 across the runs of the variants the repeat weighs (span max / min, bound "
             f"{s['max_span']}x): {spans}.{phases}"
         )
