@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import ROOT, Container, Server, code_env, finish, reviews
+from benchmarks.harness import ROOT, Container, Server, code_env, finish, machine, reviews
 from benchmarks.harness.drain import FRESH, KEEP_ALIVE, sigterm_under_load
 from qserve.serve.infra.config import ServeConfig
 
@@ -106,7 +106,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             )
             runs.append(r)
     return {
-        "variant": str(variant),
+        "variant": str(variant.resolve().relative_to(ROOT)) if variant.resolve().is_relative_to(ROOT) else str(variant),
+        "machine": machine(),
         "drain_s": drain_s,
         "keep_alive": KEEP_ALIVE,
         "fresh": FRESH,

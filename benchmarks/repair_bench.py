@@ -97,8 +97,14 @@ def _gate(g: dict[str, Any] | None) -> str:
 
 def render(rep: dict[str, Any]) -> str:
     """report.md from report.json: one row per variant, then each search's trace."""
+    rows = rep["rows"]
+    as_is = sum(r["gate_before"]["decision"] == "passed" for r in rows)
+    repaired = sum(bool(r["repair"]) and (r["gate_after"] or {}).get("decision") == "passed" for r in rows)
     lines = [
         "# Repair: the quantized variants, before and after",
+        "",
+        f"**{as_is + repaired} of {len(rows)} int8 and 4-bit variants pass their gate on {rep['texts']:,} test texts: "
+        f"{as_is} as exported, {repaired} after repair, {len(rows) - as_is - repaired} not within the budget.**",
         "",
         f"Run `{rep['run_dir']}` on {rep['machine']['cpu']}: each variant gated as it is, then repaired (search on "
         f"validation texts, {rep['budget_s']:g}s budget) and its repair gated once on the {rep['texts']:,} test texts "
