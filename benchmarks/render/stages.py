@@ -95,7 +95,7 @@ STAGES: tuple[Stage, ...] = (
         "`make demo`'s pipeline (`--precision auto`, the training budget, variants by CPU class, the release gate; "
         "after issues 53-56: the placement plan, the training loop's token table, the refit; after 67: racing, the "
         "report's first screen, saved as first-screen.png) on the AMD EPYC Zen 4 class (avx512_bf16 + VNNI), its own "
-        "checkpoint: README's headline (render/blocks/reports.py MAIN_JOB)",
+        "checkpoint: README's headline until pipeline-auto-xeon",
         (
             "$QSERVE pipeline --force --report-dir benchmarks/reports/pipeline-auto-zen4 && "
             f"cp {MODELS}/checkpoint/train_metrics.json benchmarks/reports/pipeline-auto-zen4/",
@@ -115,8 +115,7 @@ STAGES: tuple[Stage, ...] = (
             "$PY -m benchmarks.report_screen benchmarks/reports/pipeline-auto-xeon",
         ),
         (_bench("pipeline-auto-xeon"),),
-        "~15 min (estimate: `make demo`'s stages: training, the exports, the raced bench, the gate, repair)",
-        pending="new with issues 66-69: measured in the lead's quiet block",
+        "`make demo`'s stages: training, the exports, the raced bench, the gate, repair",
     ),
     Stage(
         "gate",
@@ -538,7 +537,6 @@ STAGES: tuple[Stage, ...] = (
         "rounds and 1,000 texts "
         "for the contenders",
         needs=(f"{MODELS}/variants/torch-fp32", f"{MODELS}/variants/onnx-int8"),
-        pending="new with issues 66-69: measured in the lead's quiet block",
     ),
     Stage(
         "drain",
@@ -549,7 +547,6 @@ STAGES: tuple[Stage, ...] = (
         "~20 min (estimate): 60 server starts, each a drain period under load and its exit; the serving image built "
         "first when missing",
         needs=(VARIANT,),
-        pending="new with issues 66-69: measured in the lead's quiet block",
     ),
     Stage(
         "serve-protocol-cost-refit",
@@ -568,7 +565,6 @@ STAGES: tuple[Stage, ...] = (
         ),
         "~8 min (estimate): 2 code trees x 3 rounds, each a server start-up, checked answers and 5 routes x 8 s of wrk",
         needs=(VARIANT,),
-        pending="new with issues 66-69: measured in the lead's quiet block",
     ),
     Stage(
         "serve-windows",
@@ -816,7 +812,6 @@ STAGES: tuple[Stage, ...] = (
         "~30 min (estimate: per variant a gate, a ranking and search within its 300 s budget, an export and a gate, "
         "then one bench of them all)",
         needs=(f"{MODELS}/checkpoint", f"{MODELS}/variants/torch-fp32"),
-        pending="new in issue 68: measured in the lead's quiet block",
     ),
 )
 BY_NAME = {s.name: s for s in STAGES}

@@ -184,7 +184,7 @@ def test_report_html_opens_from_disk_without_errors(driver, tmp_path):
     assert _errors(d) == []
 
 
-@pytest.mark.parametrize("which", ["embedded-default", "pipeline-auto-zen4"])
+@pytest.mark.parametrize("which", ["embedded-default", "pipeline-auto-zen4", "pipeline-auto-xeon"])
 def test_report_html_opens_on_its_verdict_and_summary_table(driver, tmp_path, which):
     """At 1280x800 the verdict sentence and the summary table lie inside the first screen; the screenshot is what
     `python -m benchmarks.report_screen REPORT_DIR` saves beside a committed report."""

@@ -124,7 +124,8 @@ PIPELINE_RUNS = (
     ("embedded-default", "`make demo`'s pipeline after issue 30"),
     ("embedded-default-amd", "`make demo`'s pipeline before issue 30, from a fresh clone"),
     ("pipeline-fast-amd", "`make demo`'s pipeline after issue 30"),
-    (MAIN_JOB, "the current main job (after issues 46-49: `auto`, transformers 5, the release gate)"),
+    ("pipeline-auto-zen4", "the main job after issues 46-49 (`auto`, transformers 5, the release gate)"),
+    (MAIN_JOB, "the current main job (after issues 66-69: racing, the first screen, the sequential gate, repair)"),
 )
 
 

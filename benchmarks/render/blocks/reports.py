@@ -15,8 +15,8 @@ from benchmarks.harness import ROOT
 from qserve.provenance import recorded_cpu
 
 REPORTS = ROOT / "benchmarks" / "reports"
-MAIN_JOB = "pipeline-auto-zen4"
-"""The current main job's report (`make demo`'s pipeline, `make reports STAGE=pipeline-auto-zen4`): README's
+MAIN_JOB = "pipeline-auto-xeon"
+"""The current main job's report (`make demo`'s pipeline, `make reports STAGE=pipeline-auto-xeon`): README's
 headline."""
 RUN_DIR = "models/minilm-l6-distilbert-imdb"
 
