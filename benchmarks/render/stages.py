@@ -533,7 +533,7 @@ STAGES: tuple[Stage, ...] = (
                 "bench_repeat:render",
             ),
         ),
-        "~15 min (estimate): 5 runs of `qserve bench` over the variants, each a screen round over all, the other "
+        "5 runs of `qserve bench` over the variants, each a screen round over all, the other "
         "rounds and 1,000 texts "
         "for the contenders",
         needs=(f"{MODELS}/variants/torch-fp32", f"{MODELS}/variants/onnx-int8"),
@@ -544,8 +544,7 @@ STAGES: tuple[Stage, ...] = (
         "under 32 keep-alive and 8 new-connection clients, with the default drain period, every request accounted",
         (f"$PY -m benchmarks.drain_bench {VARIANT} --runs 20 --out benchmarks/reports/drain",),
         (Report("benchmarks/reports/drain/report.json", "benchmarks/reports/drain/report.md", "drain_bench:render"),),
-        "~20 min (estimate): 60 server starts, each a drain period under load and its exit; the serving image built "
-        "first when missing",
+        "60 server starts, each a drain period under load and its exit; the serving image built first when missing",
         needs=(VARIANT,),
     ),
     Stage(
@@ -563,7 +562,7 @@ STAGES: tuple[Stage, ...] = (
                 "serve_protocol_cost:render",
             ),
         ),
-        "~8 min (estimate): 2 code trees x 3 rounds, each a server start-up, checked answers and 5 routes x 8 s of wrk",
+        "2 code trees x 3 rounds, each a server start-up, checked answers and 5 routes x 8 s of wrk",
         needs=(VARIANT,),
     ),
     Stage(
@@ -809,8 +808,8 @@ STAGES: tuple[Stage, ...] = (
                 "repair_bench:render",
             ),
         ),
-        "~30 min (estimate: per variant a gate, a ranking and search within its 300 s budget, an export and a gate, "
-        "then one bench of them all)",
+        "per variant a gate, a ranking and search within its 300 s budget, an export and a gate, "
+        "then one bench of them all",
         needs=(f"{MODELS}/checkpoint", f"{MODELS}/variants/torch-fp32"),
     ),
 )
