@@ -148,7 +148,7 @@ def test_a_ratio_is_paired_only_where_its_shared_rounds_cover_more_than_the_unpa
 
     slow = {str(k): 10.0 + k / 10 for k in range(8)}
     fast = {str(k): 7.0 + k / 10 for k in range(5)}
-    assert ratio_ci(slow, fast).paired  # five shared rounds: 94% paired against 97% x 94% unpaired
+    assert ratio_ci(slow, fast).paired  # five shared rounds: the paired coverage beats the unpaired intervals' product
     few = {str(k): 7.0 + k / 10 for k in (0, 1, 8, 9, 10, 11)}  # two shared rounds: 50% paired
     r = ratio_ci(slow, few)
     assert not r.paired and r.rounds == 2 and r.level > 0.5 and r.lo <= r.value <= r.hi
